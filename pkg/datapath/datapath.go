@@ -1,0 +1,97 @@
+// Package datapath loads lanekit's BPF programs (compiled at build time with
+// bpf2go), pins them under the BPF filesystem and keeps the maps that the
+// programs forward by. Everything pinned keeps forwarding while the agent is
+// down; a restarted agent re-adopts what it finds pinned.
+package datapath
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+)
+
+// ErrNotSupported is returned when the running kernel lacks a feature that
+// an operation needs (detected by probes, never by version strings).
+var ErrNotSupported = errors.New("not supported by this kernel")
+
+// DeviceMode says what kind of pod device carries an endpoint.
+type DeviceMode string
+
+const (
+	ModeVeth   DeviceMode = "veth"   // veth pair, tcx programs on the host end
+	ModeNetkit DeviceMode = "netkit" // netkit pair, programs on primary and peer
+)
+
+// Endpoint is what the datapath needs to forward to and from one local pod.
+type Endpoint struct {
+	ID      uint32           // agent-assigned, stable across restarts, > 0
+	Mode    DeviceMode       // device kind, decides how programs attach
+	IfName  string           // host-side device name (veth host end / netkit primary)
+	IfIndex int              // host-side device ifindex
+	IP      netip.Addr       // the endpoint's IPv4 address
+	MAC     net.HardwareAddr // the endpoint's own MAC (inside the pod)
+	HostMAC net.HardwareAddr // host-side device MAC: the pod's gateway MAC
+}
+
+// DropReason is a named code for why the datapath dropped a packet. The
+// numeric values are shared with bpf/lib/consts.h.
+type DropReason uint32
+
+const (
+	DropNone        DropReason = 0
+	DropSpoofedMAC  DropReason = 1 // source MAC is not the endpoint's
+	DropSpoofedIP   DropReason = 2 // source IP is not the endpoint's
+	DropUnknownEP   DropReason = 3 // packet from a device with no endpoint entry
+	DropMalformed   DropReason = 4 // truncated or invalid headers
+	DropTTLExceeded DropReason = 5 // TTL would reach zero when routed
+	DropFIBFailed   DropReason = 6 // no route (blackhole, unreachable, prohibited)
+	DropRedirect    DropReason = 7 // redirect helper failed
+)
+
+func (r DropReason) String() string {
+	switch r {
+	case DropNone:
+		return "none"
+	case DropSpoofedMAC:
+		return "spoofed-mac"
+	case DropSpoofedIP:
+		return "spoofed-ip"
+	case DropUnknownEP:
+		return "unknown-endpoint"
+	case DropMalformed:
+		return "malformed"
+	case DropTTLExceeded:
+		return "ttl-exceeded"
+	case DropFIBFailed:
+		return "fib-failed"
+	case DropRedirect:
+		return "redirect-failed"
+	}
+	return "unknown"
+}
+
+// Counters are one endpoint's packet counters, summed over CPUs.
+// "From" is traffic the endpoint sent, "To" is traffic delivered to it.
+type Counters struct {
+	FromPackets, FromBytes uint64
+	ToPackets, ToBytes     uint64
+	Drops                  map[DropReason]uint64
+}
+
+// Datapath is what the agent drives. The real implementation is *Loader;
+// tests of the agent use a fake.
+type Datapath interface {
+	// UpsertEndpoint attaches the pod programs to ep's host device (or
+	// updates the attachment in place if one is pinned) and writes the
+	// endpoint's map entries. It is idempotent.
+	UpsertEndpoint(ep Endpoint) error
+	// DeleteEndpoint detaches and removes ep's map entries and pins.
+	// Deleting what is already gone is not an error.
+	DeleteEndpoint(ep Endpoint) error
+	// Endpoints lists the endpoint IDs present in the datapath maps.
+	Endpoints() ([]uint32, error)
+	// Counters returns ep's counters.
+	Counters(id uint32) (Counters, error)
+	// Close releases the agent's handles; pinned objects stay and keep forwarding.
+	Close() error
+}

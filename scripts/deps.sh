@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything lanekit builds, tests and demos with. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(clang llvm libbpf-dev bpftool xdp-tools libxdp-dev iperf3 sockperf busybox-static m4
+  protobuf-compiler iproute2 iptables ethtool linux-perf qemu-system-x86 dpdk dpdk-dev cpio
+  kmod pkg-config)
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo ">> apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! mountpoint -q /sys/fs/bpf; then
+  echo ">> mounting bpffs on /sys/fs/bpf"
+  mount -t bpf bpf /sys/fs/bpf
+fi
+
+echo ">> go: downloading modules"
+go mod download
+
+# Reference CNI plugins (bridge, host-local, loopback) for the baseline pods and
+# the upstream cnitool, built from the Go module proxy at pinned versions.
+mkdir -p bin/cni
+for p in bridge host-local loopback; do
+  [ -x "bin/cni/$p" ] || { echo ">> building reference CNI plugin $p"; GOBIN=$PWD/bin/cni go install "github.com/containernetworking/plugins/plugins/$( [ $p = host-local ] && echo ipam || echo main)/$p@v1.9.1"; }
+done
+[ -x bin/cni/cnitool ] || { echo ">> building cnitool"; GOBIN=$PWD/bin/cni go install github.com/containernetworking/cni/cnitool@v1.3.1; }
+
+if [ -f vhost/Cargo.toml ]; then
+  echo ">> cargo: fetching crates"
+  (cd vhost && cargo fetch -q)
+fi
+echo ">> deps ok"
