@@ -95,3 +95,10 @@ type Datapath interface {
 	// Close releases the agent's handles; pinned objects stay and keep forwarding.
 	Close() error
 }
+
+// Config is how an agent opens the datapath. One agent (one node) owns one
+// PinDir; the lab runs several agents, each with its own PinDir.
+type Config struct {
+	PinDir string // where programs, maps and links are pinned, e.g. /sys/fs/bpf/lanekit
+	Uplink string // the node's uplink device (the "wire"); ingress to pods is steered there
+}
