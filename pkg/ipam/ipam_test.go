@@ -1,0 +1,142 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+func open(t *testing.T, dir, cidr string) (*IPAM, *store.Store) {
+	t.Helper()
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(st, netip.MustParsePrefix(cidr))
+	if err != nil {
+		st.Close()
+		t.Fatal(err)
+	}
+	return a, st
+}
+
+func TestLowestFreeSkipsNetworkAndBroadcast(t *testing.T) {
+	a, st := open(t, t.TempDir(), "10.1.0.0/29")
+	defer st.Close()
+	if a.Capacity() != 6 {
+		t.Fatalf("capacity = %d, want 6", a.Capacity())
+	}
+	var got []string
+	for i := range 6 {
+		ip, err := a.Allocate(fmt.Sprintf("c%d/eth0", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ip.String())
+	}
+	want := []string{"10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5", "10.1.0.6"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("allocated %v, want %v", got, want)
+	}
+	if _, err := a.Allocate("c7/eth0"); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("7th allocation err = %v, want ErrExhausted", err)
+	}
+	// Free a hole in the middle: it is the next one handed out.
+	if err := a.Release("c2/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	ip, err := a.Allocate("c8/eth0")
+	if err != nil || ip.String() != "10.1.0.3" {
+		t.Fatalf("after release got %v %v, want 10.1.0.3", ip, err)
+	}
+}
+
+func TestSameOwnerSameAddressAndIdempotentRelease(t *testing.T) {
+	a, st := open(t, t.TempDir(), "10.1.0.0/24")
+	defer st.Close()
+	ip1, _ := a.Allocate("x/eth0")
+	ip2, _ := a.Allocate("x/eth0")
+	if ip1 != ip2 {
+		t.Fatalf("same owner got %v then %v", ip1, ip2)
+	}
+	for range 2 {
+		if err := a.Release("x/eth0"); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+	}
+	if err := a.Release("never/eth0"); err != nil {
+		t.Fatalf("release unknown: %v", err)
+	}
+	if all, _ := a.Allocations(); len(all) != 0 {
+		t.Fatalf("allocations left: %v", all)
+	}
+	if _, err := a.Allocate(""); err == nil {
+		t.Fatal("empty owner accepted")
+	}
+}
+
+func TestSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	a, st := open(t, dir, "10.2.0.0/24")
+	ip, _ := a.Allocate("keep/eth0")
+	st.Close()
+
+	a, st = open(t, dir, "10.2.0.0/24")
+	defer st.Close()
+	got, ok, err := a.Lookup("keep/eth0")
+	if err != nil || !ok || got != ip {
+		t.Fatalf("after restart lookup = %v %v %v, want %v", got, ok, err, ip)
+	}
+	other, _ := a.Allocate("new/eth0")
+	if other == ip {
+		t.Fatalf("double allocation of %v after restart", ip)
+	}
+}
+
+func TestRefusesChangedCIDRWithAllocations(t *testing.T) {
+	dir := t.TempDir()
+	a, st := open(t, dir, "10.3.0.0/24")
+	a.Allocate("a/eth0")
+	st.Close()
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := New(st, netip.MustParsePrefix("10.4.0.0/24")); !errors.Is(err, ErrCIDRChanged) {
+		t.Fatalf("err = %v, want ErrCIDRChanged", err)
+	}
+	if _, err := New(st, netip.MustParsePrefix("fd00::/64")); err == nil {
+		t.Fatal("IPv6 prefix accepted")
+	}
+}
+
+func TestConcurrentNeverDoubleAllocates(t *testing.T) {
+	a, st := open(t, t.TempDir(), "10.5.0.0/24")
+	defer st.Close()
+	var wg sync.WaitGroup
+	ips := make([]netip.Addr, 100)
+	errs := make([]error, 100)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ips[i], errs[i] = a.Allocate(fmt.Sprintf("c%d/eth0", i))
+		}()
+	}
+	wg.Wait()
+	seen := map[netip.Addr]int{}
+	for i, ip := range ips {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if j, dup := seen[ip]; dup {
+			t.Fatalf("%v given to c%d and c%d", ip, j, i)
+		}
+		seen[ip] = i
+	}
+}

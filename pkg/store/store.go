@@ -1,0 +1,161 @@
+// Package store is the agent's persistent state: one bbolt file under the
+// state directory, JSON values, one bucket per concern.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Bucket names one kind of record.
+type Bucket string
+
+const (
+	Endpoints   Bucket = "endpoints"    // attachment key -> endpoint.Endpoint
+	EndpointIDs Bucket = "endpoint-ids" // big-endian uint32 ID -> attachment key
+	IPAM        Bucket = "ipam"         // 4-byte IPv4 address -> ipam.Allocation
+	Meta        Bucket = "meta"         // settings that must not change under existing state
+)
+
+var buckets = []Bucket{Endpoints, EndpointIDs, IPAM, Meta}
+
+// FileName is the database file inside the state directory.
+const FileName = "lanekit.db"
+
+// Store is an open state database.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the database in dir. It fails after a
+// second if another process holds the database.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open state db %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range buckets {
+			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
+				return fmt.Errorf("create bucket %s: %w", b, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init state db %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Update runs fn in a read-write transaction; fn's error rolls it back.
+func (s *Store) Update(fn func(tx *Tx) error) error {
+	return s.db.Update(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+}
+
+// View runs fn in a read-only transaction.
+func (s *Store) View(fn func(tx *Tx) error) error {
+	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+}
+
+// Tx is a transaction over the store's buckets.
+type Tx struct {
+	tx *bolt.Tx
+}
+
+// ErrNoBucket means a bucket name is not one of the store's buckets.
+var ErrNoBucket = errors.New("no such bucket")
+
+func (t *Tx) bucket(b Bucket) (*bolt.Bucket, error) {
+	bk := t.tx.Bucket([]byte(b))
+	if bk == nil {
+		return nil, fmt.Errorf("bucket %s: %w", b, ErrNoBucket)
+	}
+	return bk, nil
+}
+
+// Get decodes the value at key into v. It reports false if key is absent.
+func (t *Tx) Get(b Bucket, key []byte, v any) (bool, error) {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return false, err
+	}
+	raw := bk.Get(key)
+	if raw == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return true, fmt.Errorf("decode %s/%x: %w", b, key, err)
+	}
+	return true, nil
+}
+
+// Has reports whether key is present.
+func (t *Tx) Has(b Bucket, key []byte) (bool, error) {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return false, err
+	}
+	return bk.Get(key) != nil, nil
+}
+
+// Put stores v as JSON at key.
+func (t *Tx) Put(b Bucket, key []byte, v any) error {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s/%x: %w", b, key, err)
+	}
+	if err := bk.Put(key, raw); err != nil {
+		return fmt.Errorf("put %s/%x: %w", b, key, err)
+	}
+	return nil
+}
+
+// Delete removes key; removing an absent key is not an error.
+func (t *Tx) Delete(b Bucket, key []byte) error {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return err
+	}
+	if err := bk.Delete(key); err != nil {
+		return fmt.Errorf("delete %s/%x: %w", b, key, err)
+	}
+	return nil
+}
+
+// ForEach calls fn for each key in byte order with its raw JSON value.
+// fn must not modify the bucket.
+func (t *Tx) ForEach(b Bucket, fn func(key []byte, raw json.RawMessage) error) error {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return err
+	}
+	return bk.ForEach(func(k, v []byte) error { return fn(k, v) })
+}
+
+// Count returns the number of keys in b.
+func (t *Tx) Count(b Bucket) (int, error) {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return 0, err
+	}
+	return bk.Stats().KeyN, nil
+}
