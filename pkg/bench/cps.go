@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CPSResult is what the connection-rate client reports (as one JSON line).
+type CPSResult struct {
+	Conns   int64   `json:"conns"`
+	Errors  int64   `json:"errors"`
+	Seconds float64 `json:"seconds"`
+	CPS     float64 `json:"cps"`
+}
+
+// ServeCPS accepts connections on ln until ctx ends: each connection sends
+// one byte, the server reads it and closes. It runs in the server netns.
+func ServeCPS(ctx context.Context, ln net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("cps server accept: %w", err)
+		}
+		go func(c net.Conn) {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			var b [1]byte
+			_, _ = io.ReadFull(c, b[:])
+		}(c)
+	}
+}
+
+// RunCPS opens connections to addr for d with parallel workers: connect,
+// write one byte, wait for the server's close, close. A connection counts
+// only when the whole exchange succeeded.
+func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CPSResult, error) {
+	if parallel < 1 {
+		parallel = 1
+	}
+	var conns, errs atomic.Int64
+	deadline := time.Now().Add(d)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	dialer := net.Dialer{Timeout: time.Second}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if err := oneConn(ctx, &dialer, addr); err != nil {
+					if ctx.Err() == nil {
+						errs.Add(1)
+					}
+					continue
+				}
+				conns.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	res := CPSResult{Conns: conns.Load(), Errors: errs.Load(), Seconds: secs}
+	if secs > 0 {
+		res.CPS = float64(res.Conns) / secs
+	}
+	if res.Conns == 0 {
+		return res, fmt.Errorf("cps to %s: no connection succeeded (%d errors)", addr, res.Errors)
+	}
+	return res, nil
+}
+
+func oneConn(ctx context.Context, d *net.Dialer, addr string) error {
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte{'x'}); err != nil {
+		return err
+	}
+	var b [1]byte
+	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("expected close from server, got %v", err)
+	}
+	return nil
+}
+
+// ParseCPS decodes the JSON line printed by the cps client subcommand.
+func ParseCPS(data []byte) (CPSResult, error) {
+	var r CPSResult
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("parse cps result %q: %w", data, err)
+	}
+	return r, nil
+}

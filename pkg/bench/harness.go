@@ -1,0 +1,190 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"time"
+)
+
+// Path is one benchmark row: traffic from ClientNS to ServerIP, which lives
+// in ServerNS. Every row (host, pods, later VMs) goes through the same code.
+type Path struct {
+	Name     string
+	ClientNS string
+	ServerNS string
+	ServerIP string
+}
+
+// Options bound a run.
+type Options struct {
+	Duration time.Duration // per measurement
+	Repeat   int           // repetitions; paths are interleaved within each
+	// Self is the lanekit executable; its hidden `lab cps-server` and
+	// `lab cps-client` subcommands measure connection rates.
+	Self     string
+	Progress io.Writer // progress lines; nil for none
+}
+
+// Ports used inside the lab's namespaces.
+const (
+	iperfPort    = 5201
+	sockperfPort = 11111
+	cpsPort      = 12865
+)
+
+// samples holds the raw per-repetition values of one path.
+type samples struct {
+	gbps, p50, p99, cps []float64
+	errs                []string
+}
+
+// metric is one measurement kind; each runs one path once.
+type metric struct {
+	name string
+	run  func(ctx context.Context, o Options, p Path, s *samples) error
+}
+
+var metrics = []metric{
+	{"tcp", runIperf},
+	{"rr", runSockperf},
+	{"cps", runConnRate},
+}
+
+// Run measures every path Repeat times. Within a repetition each metric runs
+// over all paths back to back, starting from a rotating path so no path is
+// always first. A failed measurement is recorded in the row's errors and
+// leaves a gap in its samples; Run itself fails only on a cancelled context.
+func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
+	if o.Repeat < 1 {
+		o.Repeat = 1
+	}
+	if o.Duration < time.Second {
+		o.Duration = time.Second
+	}
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("bench: no paths to measure")
+	}
+	all := make([]samples, len(paths))
+	for rep := 0; rep < o.Repeat; rep++ {
+		for _, m := range metrics {
+			for k := range paths {
+				i := (k + rep) % len(paths)
+				if err := ctx.Err(); err != nil {
+					return nil, fmt.Errorf("bench: %w", err)
+				}
+				err := m.run(ctx, o, paths[i], &all[i])
+				if err != nil {
+					all[i].errs = append(all[i].errs, fmt.Sprintf("rep %d %s: %v", rep+1, m.name, err))
+				}
+				o.progress("rep %d/%d %-4s %-16s %s", rep+1, o.Repeat, m.name, paths[i].Name, lastValue(m.name, &all[i], err))
+			}
+		}
+	}
+	return buildReport(paths, all, o), nil
+}
+
+func (o Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, format+"\n", args...)
+	}
+}
+
+func lastValue(metric string, s *samples, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	last := func(xs []float64) float64 { return xs[len(xs)-1] }
+	switch metric {
+	case "tcp":
+		return fmt.Sprintf("%.2f Gbit/s", last(s.gbps))
+	case "rr":
+		return fmt.Sprintf("p50 %.1f µs p99 %.1f µs", last(s.p50), last(s.p99))
+	default:
+		return fmt.Sprintf("%.0f conn/s", last(s.cps))
+	}
+}
+
+func secondsArg(d time.Duration) string {
+	return strconv.Itoa(int(math.Ceil(d.Seconds())))
+}
+
+func hostPort(ip string, port int) string {
+	return net.JoinHostPort(ip, strconv.Itoa(port))
+}
+
+// runIperf: single-stream TCP throughput with iperf3 (one-off server).
+func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
+	life := o.Duration + 20*time.Second
+	srv, err := startServer(ctx, life, p.ServerNS, iperfPort,
+		"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort))
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+		"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J")
+	gbps, perr := ParseIperf3(out)
+	if perr != nil {
+		if err != nil {
+			return err
+		}
+		return perr
+	}
+	s.gbps = append(s.gbps, gbps)
+	return nil
+}
+
+// runSockperf: TCP request/response round trips with sockperf ping-pong.
+func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
+	life := o.Duration + 20*time.Second
+	srv, err := startServer(ctx, life, p.ServerNS, sockperfPort,
+		"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort))
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+		"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
+		"-t", secondsArg(o.Duration), "--full-rtt")
+	if err != nil {
+		return err
+	}
+	lat, err := ParseSockperf(out)
+	if err != nil {
+		return err
+	}
+	s.p50 = append(s.p50, lat.P50)
+	s.p99 = append(s.p99, lat.P99)
+	return nil
+}
+
+// runConnRate: TCP connections per second (connect, 1 byte, close) with the
+// lanekit helper subcommands.
+func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
+	if o.Self == "" {
+		return fmt.Errorf("cps: lanekit executable unknown")
+	}
+	life := o.Duration + 20*time.Second
+	addr := hostPort(p.ServerIP, cpsPort)
+	srv, err := startServer(ctx, life, p.ServerNS, cpsPort,
+		o.Self, "lab", "cps-server", "--listen", addr, "--for", life.String())
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+		o.Self, "lab", "cps-client", "--addr", addr, "--duration", o.Duration.String())
+	if err != nil {
+		return err
+	}
+	res, err := ParseCPS(out)
+	if err != nil {
+		return err
+	}
+	s.cps = append(s.cps, res.CPS)
+	return nil
+}

@@ -1,0 +1,198 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
+)
+
+// Report is the outcome of one benchmark run; its JSON form is the
+// `lanekit lab bench --json` document.
+type Report struct {
+	Machine   Machine `json:"machine"`
+	Repeat    int     `json:"repeat"`
+	DurationS float64 `json:"duration_s"`
+	Rows      []Row   `json:"rows"`
+}
+
+// Row holds one path's results: TCP throughput as min/median/max, the other
+// metrics as medians with their ranges as siblings.
+type Row struct {
+	Path        string   `json:"path"`
+	ClientNS    string   `json:"client_netns"`
+	ServerNS    string   `json:"server_netns"`
+	ServerIP    string   `json:"server_ip"`
+	TCPGbps     Summary  `json:"tcp_gbps"`
+	RRP50us     float64  `json:"rr_p50_us"`
+	RRP50Range  Summary  `json:"rr_p50_us_range"`
+	RRP99us     float64  `json:"rr_p99_us"`
+	RRP99Range  Summary  `json:"rr_p99_us_range"`
+	CPS         float64  `json:"cps"`
+	CPSRange    Summary  `json:"cps_range"`
+	RatioToHost *Ratios  `json:"ratio_to_host,omitempty"`
+	Errors      []string `json:"errors,omitempty"`
+}
+
+// Ratios are a row's medians divided by the host row's medians; a metric
+// whose host value is missing is null.
+type Ratios struct {
+	TCPGbps *float64 `json:"tcp_gbps"`
+	RRP50us *float64 `json:"rr_p50_us"`
+	RRP99us *float64 `json:"rr_p99_us"`
+	CPS     *float64 `json:"cps"`
+}
+
+// Machine describes where the numbers were measured.
+type Machine struct {
+	Kernel   string `json:"kernel"`
+	CPUModel string `json:"cpu_model"`
+	Cores    int    `json:"cores"`
+}
+
+// HostPath is the row every other row is compared with.
+const HostPath = "host"
+
+func buildReport(paths []Path, all []samples, o Options) *Report {
+	r := &Report{Machine: DescribeMachine(), Repeat: o.Repeat, DurationS: o.Duration.Seconds()}
+	for i, p := range paths {
+		s := all[i]
+		p50, p99, cps := Summarize(s.p50), Summarize(s.p99), Summarize(s.cps)
+		r.Rows = append(r.Rows, Row{
+			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
+			TCPGbps: Summarize(s.gbps),
+			RRP50us: p50.Median, RRP50Range: p50,
+			RRP99us: p99.Median, RRP99Range: p99,
+			CPS: cps.Median, CPSRange: cps,
+			Errors: s.errs,
+		})
+	}
+	r.ComputeRatios()
+	return r
+}
+
+// ComputeRatios fills RatioToHost of every row from the host row, if any.
+func (r *Report) ComputeRatios() {
+	var host *Row
+	for i := range r.Rows {
+		if r.Rows[i].Path == HostPath {
+			host = &r.Rows[i]
+		}
+	}
+	if host == nil {
+		return
+	}
+	ratio := func(a, b float64) *float64 {
+		if a == 0 || b == 0 {
+			return nil
+		}
+		v := Ratio(a, b)
+		return &v
+	}
+	for i := range r.Rows {
+		row := &r.Rows[i]
+		row.RatioToHost = &Ratios{
+			TCPGbps: ratio(row.TCPGbps.Median, host.TCPGbps.Median),
+			RRP50us: ratio(row.RRP50us, host.RRP50us),
+			RRP99us: ratio(row.RRP99us, host.RRP99us),
+			CPS:     ratio(row.CPS, host.CPS),
+		}
+	}
+}
+
+// WriteJSON writes the report as exactly one JSON document.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("encode bench report: %w", err)
+	}
+	return nil
+}
+
+// WriteTable prints medians with (min–max) and the ratio to host per metric.
+func (r *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "machine: %s, %d cores, kernel %s; %d × %gs per metric, paths interleaved\n",
+		r.Machine.CPUModel, r.Machine.Cores, r.Machine.Kernel, r.Repeat, r.DurationS)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "path\tTCP Gbit/s\t×host\tRR p50 µs\t×host\tRR p99 µs\t×host\tconn/s\t×host\t")
+	for _, row := range r.Rows {
+		var rt Ratios
+		if row.RatioToHost != nil {
+			rt = *row.RatioToHost
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Path,
+			spread(row.TCPGbps, "%.2f"), ratioText(rt.TCPGbps),
+			spread(row.RRP50Range, "%.1f"), ratioText(rt.RRP50us),
+			spread(row.RRP99Range, "%.1f"), ratioText(rt.RRP99us),
+			spread(row.CPSRange, "%.0f"), ratioText(rt.CPS))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write bench table: %w", err)
+	}
+	for _, row := range r.Rows {
+		for _, e := range row.Errors {
+			fmt.Fprintf(w, "error: %s: %s\n", row.Path, e)
+		}
+	}
+	return nil
+}
+
+// Failed reports whether any measurement failed.
+func (r *Report) Failed() bool {
+	for _, row := range r.Rows {
+		if len(row.Errors) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func spread(s Summary, f string) string {
+	if s == (Summary{}) {
+		return "-"
+	}
+	return fmt.Sprintf(f+" ("+f+"–"+f+")", s.Median, s.Min, s.Max)
+}
+
+func ratioText(v *float64) string {
+	if v == nil || math.IsNaN(*v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", *v)
+}
+
+// DescribeMachine reads the kernel release, CPU model and core count.
+func DescribeMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), CPUModel: "unknown", Kernel: "unknown"}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m.Kernel = unix.ByteSliceToString(u.Release[:])
+	}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		if model := cpuModel(data); model != "" {
+			m.CPUModel = model
+		}
+	}
+	return m
+}
+
+// cpuModel returns the first "model name" of a /proc/cpuinfo text.
+func cpuModel(cpuinfo []byte) string {
+	sc := bufio.NewScanner(bytes.NewReader(cpuinfo))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
