@@ -46,6 +46,7 @@ const (
 	DropTTLExceeded DropReason = 5 // TTL would reach zero when routed
 	DropFIBFailed   DropReason = 6 // no route (blackhole, unreachable, prohibited)
 	DropRedirect    DropReason = 7 // redirect helper failed
+	DropUnsupported DropReason = 8 // L3 protocol the datapath does not route (IPv6 for now)
 )
 
 func (r DropReason) String() string {
@@ -66,6 +67,8 @@ func (r DropReason) String() string {
 		return "fib-failed"
 	case DropRedirect:
 		return "redirect-failed"
+	case DropUnsupported:
+		return "unsupported-l3"
 	}
 	return "unknown"
 }
@@ -101,4 +104,12 @@ type Datapath interface {
 type Config struct {
 	PinDir string // where programs, maps and links are pinned, e.g. /sys/fs/bpf/lanekit
 	Uplink string // the node's uplink device (the "wire"); ingress to pods is steered there
+	// GatewayIP is the address pods route through; the datapath answers
+	// their ARP requests for it. Zero means DefaultGatewayIP.
+	GatewayIP netip.Addr
+
+	traceRedirects bool // fixtures: record each redirect decision
 }
+
+// DefaultGatewayIP is the link-local next hop every pod routes through.
+var DefaultGatewayIP = netip.MustParseAddr("169.254.1.1")

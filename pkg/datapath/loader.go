@@ -1,26 +1,233 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// Pin names under Config.PinDir. Maps pin themselves by name (lk_endpoints,
+// lk_ep_by_ifindex, lk_metrics); links pin under these names.
+const (
+	pinUplinkTC = "lk_uplink_tc"
+	pinPodLink  = "lk_pod_" // + host-side ifname
 )
 
 // Loader is the BPF implementation of Datapath.
 type Loader struct {
 	cfg Config
 	log *slog.Logger
+
+	mu     sync.Mutex
+	pod    podObjects
+	uplink uplinkObjects
 }
 
 var _ Datapath = (*Loader)(nil)
 
-// Open loads (or re-adopts from PinDir) the programs and maps and attaches the
-// uplink program. (Implementation in progress.)
+// Open loads the programs, re-adopting the maps pinned in cfg.PinDir (so the
+// endpoints and counters of a previous agent stay), and attaches the uplink
+// program to cfg.Uplink. Links already pinned are updated in place to the
+// new programs: no duplicate attachment, no gap in forwarding.
 func Open(cfg Config, log *slog.Logger) (*Loader, error) {
-	return nil, fmt.Errorf("open datapath: %w", ErrNotSupported)
+	if log == nil {
+		log = slog.Default()
+	}
+	if !cfg.GatewayIP.IsValid() {
+		cfg.GatewayIP = DefaultGatewayIP
+	}
+	if !cfg.GatewayIP.Is4() {
+		return nil, fmt.Errorf("open datapath: gateway %s is not IPv4", cfg.GatewayIP)
+	}
+	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("open datapath: create pin dir: %w", err)
+	}
+	l := &Loader{cfg: cfg, log: log}
+	if err := l.load(); err != nil {
+		return nil, fmt.Errorf("open datapath: %w", err)
+	}
+	if cfg.Uplink != "" {
+		ifc, err := net.InterfaceByName(cfg.Uplink)
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("open datapath: uplink %q: %w", cfg.Uplink, err)
+		}
+		if err := l.attach(pinUplinkTC, ifc.Index, ModeVeth, l.uplink.FromUplink); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("open datapath: uplink %s: %w", cfg.Uplink, err)
+		}
+	}
+	log.Info("datapath loaded", "pin_dir", cfg.PinDir, "uplink", cfg.Uplink, "gateway", cfg.GatewayIP)
+	return l, nil
 }
 
-func (l *Loader) UpsertEndpoint(ep Endpoint) error     { return ErrNotSupported }
-func (l *Loader) DeleteEndpoint(ep Endpoint) error     { return ErrNotSupported }
-func (l *Loader) Endpoints() ([]uint32, error)         { return nil, ErrNotSupported }
-func (l *Loader) Counters(id uint32) (Counters, error) { return Counters{}, ErrNotSupported }
-func (l *Loader) Close() error                         { return nil }
+func (l *Loader) load() error {
+	gw := l.cfg.GatewayIP.As4()
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.PinDir}}
+
+	podSpec, err := loadPod()
+	if err != nil {
+		return err
+	}
+	// gateway_ip is __be32: its in-memory bytes are the address in network order.
+	if err := podSpec.Variables["gateway_ip"].Set(gw); err != nil {
+		return fmt.Errorf("set gateway_ip: %w", err)
+	}
+	if err := podSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
+		return fmt.Errorf("set trace_redirects: %w", err)
+	}
+	if err := podSpec.LoadAndAssign(&l.pod, opts); err != nil {
+		return fmt.Errorf("load pod programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
+	}
+
+	upSpec, err := loadUplink()
+	if err != nil {
+		l.pod.Close()
+		return err
+	}
+	if err := upSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
+		l.pod.Close()
+		return fmt.Errorf("set trace_redirects: %w", err)
+	}
+	if err := upSpec.LoadAndAssign(&l.uplink, opts); err != nil {
+		l.pod.Close()
+		return fmt.Errorf("load uplink programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
+	}
+	return nil
+}
+
+func mapIncompatibleHint(err error, dir string) error {
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w (maps pinned in %s come from an incompatible version; remove them to start fresh)", err, dir)
+	}
+	return err
+}
+
+func boolToU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// attach makes prog the program behind the link pinned as pin on ifindex:
+// an existing pinned link on the same device is updated in place; a stale one
+// (device gone or recreated) is unpinned and a new link attached and pinned.
+func (l *Loader) attach(pin string, ifindex int, mode DeviceMode, prog *ebpf.Program) error {
+	path := filepath.Join(l.cfg.PinDir, pin)
+	if old, err := link.LoadPinnedLink(path, nil); err == nil {
+		if linkIfindex(old) == ifindex {
+			err := old.Update(prog)
+			old.Close()
+			if err == nil {
+				return nil
+			}
+			l.log.Warn("pinned link update failed, re-attaching", "pin", pin, "err", err)
+			if old, err = link.LoadPinnedLink(path, nil); err != nil {
+				return fmt.Errorf("reload pinned link %s: %w", pin, err)
+			}
+		}
+		if err := old.Unpin(); err != nil {
+			old.Close()
+			return fmt.Errorf("unpin stale link %s: %w", pin, err)
+		}
+		old.Close()
+	}
+
+	var (
+		lnk link.Link
+		err error
+	)
+	switch mode {
+	case ModeNetkit:
+		// Packets the pod sends run the peer program.
+		lnk, err = link.AttachNetkit(link.NetkitOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachNetkitPeer})
+	default:
+		lnk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
+	}
+	if err != nil {
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("attach %s to ifindex %d: %w", mode, ifindex, ErrNotSupported)
+		}
+		return fmt.Errorf("attach %s to ifindex %d: %w", mode, ifindex, err)
+	}
+	defer lnk.Close()
+	if err := lnk.Pin(path); err != nil {
+		return fmt.Errorf("pin link %s: %w", pin, err)
+	}
+	return nil
+}
+
+// linkIfindex returns the device a tcx/netkit link is attached to, or 0 when
+// it is detached (its device was deleted).
+func linkIfindex(l link.Link) int {
+	info, err := l.Info()
+	if err != nil {
+		return 0
+	}
+	if tcx := info.TCX(); tcx != nil {
+		return int(tcx.Ifindex)
+	}
+	if nk := info.Netkit(); nk != nil {
+		return int(nk.Ifindex)
+	}
+	return 0
+}
+
+// detach unpins (and so releases) the link pinned as pin; missing is fine.
+func (l *Loader) detach(pin string) error {
+	path := filepath.Join(l.cfg.PinDir, pin)
+	lnk, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		// Not a loadable link (e.g. left over from a crash mid-pin): drop the file.
+		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			return fmt.Errorf("remove pin %s: %w", pin, rmErr)
+		}
+		return nil
+	}
+	defer lnk.Close()
+	if err := lnk.Unpin(); err != nil {
+		return fmt.Errorf("unpin %s: %w", pin, err)
+	}
+	return nil
+}
+
+// Close releases the agent's handles. Pinned maps and links stay and keep
+// forwarding.
+func (l *Loader) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return errors.Join(l.pod.Close(), l.uplink.Close())
+}
+
+// Unpin removes everything pinned in the pin directory: links (detaching the
+// programs) and maps. Used by `lab down` and tests; the agent never calls it.
+func Unpin(pinDir string) error {
+	entries, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read pin dir: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(pinDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(pinDir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

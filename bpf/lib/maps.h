@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Maps, pinned by name under the agent's pin directory. */
+#ifndef LK_MAPS_H
+#define LK_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "consts.h"
+#include "structs.h"
+
+/* Local endpoints by IPv4 address: where to deliver. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS);
+	__type(key, __be32);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_endpoints SEC(".maps");
+
+/* Local endpoints by host-side ifindex: who is sending (anti-spoofing). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS);
+	__type(key, __u32);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ep_by_ifindex SEC(".maps");
+
+/* Per-endpoint packet/byte counters and drops by reason, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS * 4);
+	__type(key, struct metrics_key);
+	__type(value, struct metrics_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_metrics SEC(".maps");
+
+/* Test-only trace of the last redirect (see trace_redirects). */
+struct redirect_trace last_redirect;
+
+/* Load-time setting: record redirect decisions in last_redirect (fixtures). */
+const volatile __u8 trace_redirects = 0;
+
+static __always_inline void metrics_add(__u32 ep_id, __u32 kind, __u64 bytes)
+{
+	struct metrics_key key = { .ep_id = ep_id, .kind = kind };
+	struct metrics_val *val = bpf_map_lookup_elem(&lk_metrics, &key);
+
+	if (val) {
+		val->packets++;
+		val->bytes += bytes;
+		return;
+	}
+	struct metrics_val init = { .packets = 1, .bytes = bytes };
+	bpf_map_update_elem(&lk_metrics, &key, &init, BPF_NOEXIST);
+}
+
+static __always_inline void trace_redirect(__u32 ifindex, __u32 kind)
+{
+	if (trace_redirects) {
+		last_redirect.ifindex = ifindex;
+		last_redirect.kind = kind;
+	}
+}
+
+#endif

@@ -1,0 +1,59 @@
+//go:build ignore
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* pod.c: programs on the host side of a pod device (tcx ingress of the veth
+ * host end, or the netkit peer). The pipeline is a chain of small steps:
+ *   parse -> identify endpoint -> anti-spoof -> [LB] -> [policy] -> route
+ * The bracketed steps are where service load balancing and network policy
+ * will plug in. */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+#include "lib/consts.h"
+#include "lib/structs.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/fib.h"
+#include "lib/arp.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* antispoof checks that an IPv4 packet carries the endpoint's own source MAC
+ * and IP. Returns 0 or a drop reason. */
+static __always_inline __u32 antispoof(const struct pkt *p, const struct endpoint_info *ep)
+{
+	if (!mac_equal(p->eth->h_source, ep->mac))
+		return DROP_SPOOFED_MAC;
+	if (p->ip4->saddr != ep->ip)
+		return DROP_SPOOFED_IP;
+	return 0;
+}
+
+SEC("tc")
+int from_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
+	struct pkt p;
+	__u32 reason;
+
+	if (!ep)
+		return drop(skb, 0, DROP_UNKNOWN_EP);
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+		return drop(skb, ep->id, DROP_MALFORMED);
+	if (p.arp)
+		return handle_arp(skb, &p, ep);
+	if (!p.ip4)
+		return drop(skb, ep->id, DROP_UNSUPPORTED_L3);
+
+	reason = antispoof(&p, ep);
+	if (reason)
+		return drop(skb, ep->id, reason);
+	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
+
+	/* [LB] and [policy] steps go here. */
+
+	if (p.ip4->ttl <= 1)
+		return TC_ACT_OK; /* the host stack sends ICMP time exceeded */
+	return route_ipv4(skb, &p, ep->id);
+}

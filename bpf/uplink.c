@@ -1,0 +1,38 @@
+//go:build ignore
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* uplink.c: programs on the node uplink (the "wire").
+ *   from_uplink (tcx ingress): IPv4 for a local pod goes straight into the
+ *     pod's netns with bpf_redirect_peer; everything else continues to the
+ *     host stack. */
+#include <linux/bpf.h>
+#include <linux/if_packet.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+#include "lib/consts.h"
+#include "lib/structs.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/fib.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+SEC("tc")
+int from_uplink(struct __sk_buff *skb)
+{
+	struct endpoint_info *dst;
+	struct pkt p;
+
+	if (skb->pkt_type != PACKET_HOST)
+		return TC_ACT_OK;
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+		return TC_ACT_OK; /* not ours to judge: the stack drops what is broken */
+	if (!p.ip4)
+		return TC_ACT_OK;
+	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
+	if (!dst)
+		return TC_ACT_OK;
+	if (p.ip4->ttl <= 1)
+		return TC_ACT_OK;
+	return deliver_local(skb, &p, dst);
+}

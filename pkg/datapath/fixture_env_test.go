@@ -1,0 +1,164 @@
+package datapath
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// fixtureEnv is a private network namespace, entered by the test's locked OS
+// thread, holding two pod devices, an uplink with routes and neighbours, and
+// a loaded datapath. BPF_PROG_TEST_RUN consults this namespace's FIB.
+type fixtureEnv struct {
+	dp            *Loader
+	pinDir        string
+	h1, h2, up    netlink.Link // pod 1 and pod 2 host ends, uplink
+	ep1, ep2      Endpoint
+	neighMAC      net.HardwareAddr // permanent neighbour 10.77.0.2
+	origNS, newNS netns.NsHandle
+}
+
+var (
+	pod1MAC  = mustMAC("02:00:00:01:00:0a")
+	pod2MAC  = mustMAC("02:00:00:01:00:0b")
+	neighMAC = mustMAC("02:00:00:77:00:02")
+)
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// newFixtureEnv builds the namespace. It locks the calling goroutine to its
+// thread for the rest of the test.
+func newFixtureEnv(t *testing.T) *fixtureEnv {
+	t.Helper()
+	testutil.RequireBPFFS(t)
+	runtime.LockOSThread()
+	e := &fixtureEnv{}
+	var err error
+	if e.origNS, err = netns.Get(); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("get netns: %v", err)
+	}
+	if e.newNS, err = netns.New(); err != nil {
+		e.origNS.Close()
+		runtime.UnlockOSThread()
+		t.Fatalf("new netns: %v", err)
+	}
+	t.Cleanup(func() {
+		if e.dp != nil {
+			e.dp.Close()
+		}
+		Unpin(e.pinDir)
+		netns.Set(e.origNS)
+		e.newNS.Close() // last reference: the namespace and its links go away
+		e.origNS.Close()
+		runtime.UnlockOSThread()
+	})
+
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("ip_forward", os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644))
+	lo, err := netlink.LinkByName("lo")
+	must("lo", err)
+	must("lo up", netlink.LinkSetUp(lo))
+
+	e.h1 = addVeth(t, "lk-fx-h1", "lk-fx-p1")
+	e.h2 = addVeth(t, "lk-fx-h2", "lk-fx-p2")
+	e.up = addVeth(t, "lk-fx-up", "lk-fx-wire")
+	addr, _ := netlink.ParseAddr("10.77.0.1/24")
+	must("uplink addr", netlink.AddrAdd(e.up, addr))
+	must("neigh", netlink.NeighAdd(&netlink.Neigh{LinkIndex: e.up.Attrs().Index, State: netlink.NUD_PERMANENT,
+		IP: net.ParseIP("10.77.0.2"), HardwareAddr: neighMAC, Family: netlink.FAMILY_V4}))
+	e.neighMAC = neighMAC
+	route := func(cidr, gw string, typ int) {
+		_, dst, _ := net.ParseCIDR(cidr)
+		r := &netlink.Route{Dst: dst, Type: typ}
+		if gw != "" {
+			r.Gw = net.ParseIP(gw)
+			r.LinkIndex = e.up.Attrs().Index
+		}
+		must("route "+cidr, netlink.RouteAdd(r))
+	}
+	route("10.244.2.0/24", "10.77.0.2", 0)
+	route("10.244.3.0/24", "10.77.0.3", 0) // no neighbour: NO_NEIGH
+	route("10.99.0.0/16", "", 6)           // RTN_BLACKHOLE
+	route("10.98.0.0/16", "", 7)           // RTN_UNREACHABLE
+
+	e.pinDir = filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-test-%d-%s", os.Getpid(), sanitize(t.Name())))
+	e.dp, err = Open(Config{PinDir: e.pinDir, Uplink: "lk-fx-up", traceRedirects: true}, nil)
+	must("open datapath", err)
+
+	e.ep1 = Endpoint{ID: 1, Mode: ModeVeth, IfName: "lk-fx-h1", IfIndex: e.h1.Attrs().Index,
+		IP: mustAddr("10.244.1.10"), MAC: pod1MAC, HostMAC: e.h1.Attrs().HardwareAddr}
+	e.ep2 = Endpoint{ID: 2, Mode: ModeVeth, IfName: "lk-fx-h2", IfIndex: e.h2.Attrs().Index,
+		IP: mustAddr("10.244.1.11"), MAC: pod2MAC, HostMAC: e.h2.Attrs().HardwareAddr}
+	must("upsert ep1", e.dp.UpsertEndpoint(e.ep1))
+	must("upsert ep2", e.dp.UpsertEndpoint(e.ep2))
+	return e
+}
+
+// enter moves the calling goroutine (a subtest's own) into the namespace for
+// the rest of the test.
+func (e *fixtureEnv) enter(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	if err := netns.Set(e.newNS); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("enter netns: %v", err)
+	}
+	t.Cleanup(func() {
+		netns.Set(e.origNS)
+		runtime.UnlockOSThread()
+	})
+}
+
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 40 {
+		b = b[:40]
+	}
+	return string(b)
+}
+
+func addVeth(t *testing.T, name, peer string) netlink.Link {
+	t.Helper()
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+	if err := netlink.LinkAdd(v); err != nil {
+		t.Fatalf("add veth %s: %v", name, err)
+	}
+	for _, n := range []string{name, peer} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatalf("link %s: %v", n, err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatalf("up %s: %v", n, err)
+		}
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatalf("link %s: %v", name, err)
+	}
+	return l
+}
