@@ -20,7 +20,7 @@ const (
 // BPF_PROG_TEST_RUN lets a test set. ifindex selects skb->dev.
 type skbCtx struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
-	IngressIfindex, Ifindex                                                            uint32
+	IngressIfindex, Ifindex                                                               uint32
 }
 
 // fixture is one packet through one program, Katran style.
