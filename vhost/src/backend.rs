@@ -1,0 +1,394 @@
+//! The `VhostUserBackend` implementation: a virtio-net device with N queue pairs and a control
+//! queue, each queue pair served by its own worker thread and its own [`Port`].
+//!
+//! Queue layout (virtio-net): `2*i` is RX of pair `i`, `2*i+1` its TX, `2*N` the control queue.
+//! Worker thread `i` owns pair `i`; thread 0 also owns the control queue. Event ids on a
+//! worker's epoll: `0` RX kick, `1` TX kick, `2` control kick (thread 0), `num_queues` reserved by
+//! vhost-user-backend (exit / vring enable), [`NetBackend::port_event`] the port fd
+//! (edge-triggered), [`NetBackend::resched_event`] a self-wakeup used when a run hit its budget.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use log::{info, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
+use crate::port::Port;
+
+/// Queue size offered to the frontend.
+pub const MAX_QUEUE_SIZE: usize = 1024;
+/// Most queue pairs: queue masks are 64-bit and need 2 bits per pair plus the control queue.
+pub const MAX_QUEUE_PAIRS: u16 = 31;
+/// Frames (or chains) one queue run handles before yielding to the other queue of its thread.
+pub const BUDGET: usize = 256;
+/// Ethernet header + one VLAN tag: added to the MTU to get the largest frame.
+const L2_OVERHEAD: usize = 18;
+
+/// Virtio features offered. No checksum, GSO or other offload is offered: we implement none, so
+/// the guest computes checksums and never hands us segments larger than the MTU.
+pub const VIRTIO_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
+    | 1 << VIRTIO_NET_F_MRG_RXBUF
+    | 1 << VIRTIO_RING_F_EVENT_IDX
+    | 1 << VIRTIO_RING_F_INDIRECT_DESC
+    | 1 << VIRTIO_NET_F_MQ
+    | 1 << VIRTIO_NET_F_CTRL_VQ
+    | 1 << VIRTIO_NET_F_MAC
+    | 1 << VIRTIO_NET_F_STATUS
+    | 1 << VIRTIO_NET_F_MTU;
+
+/// Static device settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// MAC address reported in config space.
+    pub mac: [u8; 6],
+    /// Queue pairs (1..=[`MAX_QUEUE_PAIRS`]).
+    pub queue_pairs: u16,
+    /// MTU reported to the guest; frames up to MTU + 18 bytes are accepted.
+    pub mtu: u16,
+}
+
+impl DeviceConfig {
+    /// `virtio_net_config`: mac, status, max_virtqueue_pairs, mtu (little endian).
+    pub fn config_space(&self) -> [u8; 12] {
+        let mut c = [0u8; 12];
+        c[..6].copy_from_slice(&self.mac);
+        c[6..8].copy_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        c[8..10].copy_from_slice(&self.queue_pairs.to_le_bytes());
+        c[10..12].copy_from_slice(&self.mtu.to_le_bytes());
+        c
+    }
+}
+
+struct Pair {
+    port: Box<dyn Port>,
+    rx: RxState,
+    tx: TxState,
+}
+
+/// The vhost-user-net backend.
+pub struct NetBackend {
+    config: DeviceConfig,
+    pairs: Vec<Mutex<Pair>>,
+    resched: Vec<EventFd>,
+    mem: RwLock<Option<GuestMemoryAtomic<GuestMemoryMmap>>>,
+    acked: AtomicU64,
+    active_pairs: AtomicU16,
+    stats: Stats,
+}
+
+/// Errors building a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Queue pair count out of range.
+    #[error("queue pairs must be 1..={MAX_QUEUE_PAIRS}, got {0}")]
+    QueuePairs(u16),
+    /// One port per queue pair is required.
+    #[error("{ports} ports for {pairs} queue pairs")]
+    PortCount {
+        /// Ports given.
+        ports: usize,
+        /// Queue pairs configured.
+        pairs: u16,
+    },
+    /// MTU below the Ethernet minimum.
+    #[error("mtu {0} is below 68")]
+    Mtu(u16),
+    /// An eventfd could not be created.
+    #[error("create eventfd: {0}")]
+    EventFd(io::Error),
+}
+
+impl NetBackend {
+    /// A backend with one port per queue pair, in queue pair order.
+    pub fn new(config: DeviceConfig, ports: Vec<Box<dyn Port>>) -> Result<Self, BackendError> {
+        if config.queue_pairs == 0 || config.queue_pairs > MAX_QUEUE_PAIRS {
+            return Err(BackendError::QueuePairs(config.queue_pairs));
+        }
+        if ports.len() != usize::from(config.queue_pairs) {
+            return Err(BackendError::PortCount { ports: ports.len(), pairs: config.queue_pairs });
+        }
+        if config.mtu < 68 {
+            return Err(BackendError::Mtu(config.mtu));
+        }
+        let resched = (0..ports.len())
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(BackendError::EventFd)?;
+        let pairs = ports
+            .into_iter()
+            .map(|port| Mutex::new(Pair { port, rx: RxState::default(), tx: TxState::default() }))
+            .collect();
+        Ok(NetBackend {
+            config,
+            pairs,
+            resched,
+            mem: RwLock::new(None),
+            acked: AtomicU64::new(0),
+            active_pairs: AtomicU16::new(1),
+            stats: Stats::default(),
+        })
+    }
+
+    /// Device settings.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// Datapath counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Queue pairs the guest enabled with `VQ_PAIRS_SET` (1 until it does).
+    pub fn active_pairs(&self) -> u16 {
+        self.active_pairs.load(Ordering::Relaxed)
+    }
+
+    /// Event id of the port fd on a worker's epoll.
+    pub fn port_event(&self) -> u64 {
+        self.num_queues() as u64 + 1
+    }
+
+    /// Event id of the budget self-wakeup on a worker's epoll.
+    pub fn resched_event(&self) -> u64 {
+        self.num_queues() as u64 + 2
+    }
+
+    /// Forget per-connection state: pending frames, negotiated features, active pairs.
+    pub fn reset(&self) {
+        for p in &self.pairs {
+            let mut p = lock(p);
+            p.rx.reset();
+        }
+        self.acked.store(0, Ordering::Relaxed);
+        self.active_pairs.store(1, Ordering::Relaxed);
+    }
+
+    /// Register each pair's port fd and wakeup fd on the worker thread that owns the pair.
+    pub fn register_listeners(
+        &self,
+        handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>],
+    ) -> io::Result<()> {
+        if handlers.len() != self.pairs.len() {
+            return Err(io::Error::other(format!(
+                "{} worker threads for {} queue pairs",
+                handlers.len(),
+                self.pairs.len()
+            )));
+        }
+        for (i, h) in handlers.iter().enumerate() {
+            let fd = lock(&self.pairs[i]).port.fd();
+            h.register_listener(fd, EventSet::IN | EventSet::EDGE_TRIGGERED, self.port_event())?;
+            h.register_listener(self.resched[i].as_raw_fd(), EventSet::IN, self.resched_event())?;
+        }
+        Ok(())
+    }
+
+    fn mode(&self) -> NetMode {
+        let acked = self.acked.load(Ordering::Relaxed);
+        let has = |bit: u32| acked & (1 << bit) != 0;
+        NetMode {
+            hdr_len: if has(VIRTIO_F_VERSION_1) || has(VIRTIO_NET_F_MRG_RXBUF) {
+                net::HDR_LEN
+            } else {
+                net::LEGACY_HDR_LEN
+            },
+            mergeable: has(VIRTIO_NET_F_MRG_RXBUF),
+            max_frame: usize::from(self.config.mtu) + L2_OVERHEAD,
+        }
+    }
+
+    fn memory(&self) -> Option<GuestMemoryAtomic<GuestMemoryMmap>> {
+        self.mem.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Run one queue of `pair` with the pair state and the vring locked.
+    fn run(
+        &self,
+        pair: usize,
+        vring: &VringRwLock,
+        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode) -> QueueRun,
+    ) {
+        let Some(atomic) = self.memory() else { return };
+        let mem = atomic.memory();
+        let Some(p) = self.pairs.get(pair) else { return };
+        let mut p = lock(p);
+        let mut vs = vring.get_mut();
+        if !vs.get_queue().ready() || !vs.is_enabled() {
+            return;
+        }
+        let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode());
+        drop(p);
+        if run.used {
+            match vs.needs_notification() {
+                Ok(true) => {
+                    if let Err(e) = vs.signal_used_queue() {
+                        warn!("queue pair {pair}: signal guest: {e}");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => self.stats.error(&e),
+            }
+        }
+        if run.more {
+            if let Err(e) = self.resched[pair].write(1) {
+                warn!("queue pair {pair}: reschedule: {e}");
+            }
+        }
+    }
+
+    fn run_rx(&self, pair: usize, vring: &VringRwLock) {
+        self.run(pair, vring, |p, q, mem, mode| {
+            net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, &self.stats, BUDGET)
+        });
+    }
+
+    fn run_tx(&self, pair: usize, vring: &VringRwLock) {
+        self.run(pair, vring, |p, q, mem, mode| {
+            net::tx_queue(q, mem, p.port.as_mut(), &mut p.tx, mode, &self.stats, BUDGET)
+        });
+    }
+
+    fn run_ctrl(&self, vring: &VringRwLock) {
+        self.run(0, vring, |_, q, mem, _| {
+            let (run, pairs) = net::ctrl_queue(q, mem, self.config.queue_pairs, &self.stats, BUDGET);
+            if let Some(n) = pairs {
+                info!("guest enabled {n} queue pair(s)");
+                self.active_pairs.store(n, Ordering::Relaxed);
+            }
+            run
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock would be a bug; the state stays usable either way.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl VhostUserBackend for NetBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        2 * self.pairs.len() + 1
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn reset_device(&self) {
+        self.reset();
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {
+        // The vrings already know (vhost-user-backend sets it on each queue); nothing else
+        // depends on it here.
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let space = self.config.config_space();
+        let (start, len) = (offset as usize, size as usize);
+        match start.checked_add(len) {
+            Some(end) if end <= space.len() => space[start..end].to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::PermissionDenied, "virtio-net config space is read-only"))
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        let n = self.pairs.len();
+        (0..n)
+            .map(|i| {
+                let mask = 0b11u64 << (2 * i);
+                if i == 0 {
+                    mask | 1 << (2 * n)
+                } else {
+                    mask
+                }
+            })
+            .collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                warn!("create exit eventfd: {e}");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[VringRwLock],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        let pair = thread_id;
+        let event = u64::from(device_event);
+        let (Some(rx), Some(tx)) = (vrings.first(), vrings.get(1)) else {
+            warn!("worker {thread_id} has {} vrings, expected 2 or 3", vrings.len());
+            return Ok(());
+        };
+        match device_event {
+            0 => self.run_rx(pair, rx),
+            1 => self.run_tx(pair, tx),
+            2 if pair == 0 => {
+                if let Some(ctrl) = vrings.get(2) {
+                    self.run_ctrl(ctrl);
+                }
+            }
+            _ if event == self.port_event() => self.run_rx(pair, rx),
+            _ if event == self.resched_event() => {
+                if let Some(r) = self.resched.get(pair) {
+                    let _ = r.read();
+                }
+                self.run_tx(pair, tx);
+                self.run_rx(pair, rx);
+            }
+            _ => warn!("worker {thread_id}: unknown event {device_event}"),
+        }
+        Ok(())
+    }
+}

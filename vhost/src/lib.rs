@@ -1,0 +1,137 @@
+//! lanekit-vhost: a vhost-user-net device backend that moves Ethernet frames between a VM's
+//! virtio queues and AF_XDP sockets on the node uplink, one socket per queue pair.
+//!
+//! Layout follows rust-vmm's vhost-device template: `main.rs` parses arguments into a
+//! [`Config`] and calls [`start_backend`]; this file holds the error type and the serve loop
+//! (a new daemon per frontend connection, so QEMU can reconnect); `backend.rs` is the
+//! `VhostUserBackend`; `net.rs` the per-queue datapath; `port.rs` the packet port trait;
+//! `xsk.rs` AF_XDP.
+
+pub mod backend;
+pub mod net;
+pub mod port;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::{info, warn};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+pub use backend::{DeviceConfig, NetBackend};
+
+/// Everything that can stop the backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Invalid command line or settings.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The backend could not be built.
+    #[error(transparent)]
+    Backend(#[from] backend::BackendError),
+    /// A port could not be opened.
+    #[error("open port for queue pair {queue}: {source}")]
+    Port {
+        /// Queue pair.
+        queue: usize,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The vhost-user socket could not be created.
+    #[error("listen on {path}: {source}")]
+    Listen {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: vhost::vhost_user::Error,
+    },
+    /// The vhost-user daemon failed outside a connection.
+    #[error("vhost-user daemon: {0}")]
+    Daemon(String),
+    /// Port fds could not be registered on the worker threads.
+    #[error("register port fds: {0}")]
+    Register(io::Error),
+}
+
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where the per-queue-pair ports come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSource {
+    /// Frames sent by the guest come back to it (no network; tests and benchmarks).
+    Loopback,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// vhost-user unix socket path (we listen, the frontend connects).
+    pub socket: PathBuf,
+    /// Device settings.
+    pub device: DeviceConfig,
+    /// Port source.
+    pub ports: PortSource,
+}
+
+/// Open one port per queue pair.
+pub fn open_ports(source: &PortSource, pairs: u16) -> Result<Vec<Box<dyn port::Port>>> {
+    match source {
+        PortSource::Loopback => (0..usize::from(pairs))
+            .map(|i| {
+                port::LoopPort::new(i)
+                    .map(|p| Box::new(p) as Box<dyn port::Port>)
+                    .map_err(|source| Error::Port { queue: i, source })
+            })
+            .collect(),
+    }
+}
+
+/// Open the ports and serve frontends forever.
+pub fn start_backend(config: Config) -> Result<()> {
+    let ports = open_ports(&config.ports, config.device.queue_pairs)?;
+    let backend = Arc::new(NetBackend::new(config.device, ports)?);
+    info!(
+        "serving {} queue pair(s) on {}",
+        config.device.queue_pairs,
+        config.socket.display()
+    );
+    serve(backend, &config.socket, None)
+}
+
+/// Accept frontends on `socket` one after another (a new daemon for each, so a frontend can
+/// disconnect and connect again), stopping after `max_connections` when given.
+pub fn serve(
+    backend: Arc<NetBackend>,
+    socket: &Path,
+    max_connections: Option<usize>,
+) -> Result<()> {
+    let mut listener = Listener::new(socket, true)
+        .map_err(|source| Error::Listen { path: socket.to_path_buf(), source })?;
+    let mut served = 0usize;
+    while max_connections.is_none_or(|m| served < m) {
+        backend.reset();
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mut daemon = VhostUserDaemon::new("lanekit-vhost".into(), backend.clone(), mem)
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+        let handlers = daemon.get_epoll_handlers();
+        backend.register_listeners(&handlers).map_err(Error::Register)?;
+        daemon.start(&mut listener).map_err(|e| Error::Daemon(e.to_string()))?;
+        info!("frontend connected");
+        match daemon.wait() {
+            Ok(()) => info!("frontend disconnected"),
+            Err(e) => warn!("frontend connection ended: {e}"),
+        }
+        for h in &handlers {
+            h.send_exit_event();
+        }
+        drop(handlers);
+        // Dropping the daemon joins its worker threads.
+        drop(daemon);
+        served += 1;
+        info!("stats after connection {served}: {:?}", backend.stats());
+    }
+    Ok(())
+}

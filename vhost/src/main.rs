@@ -1,0 +1,85 @@
+//! `lanekit-vhost`: command line entry point.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource};
+
+/// vhost-user-net backend moving frames between a VM's virtio queues and AF_XDP sockets.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// vhost-user socket to listen on (the VMM connects to it).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Queue pairs offered to the guest (one port per pair).
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// Guest MAC address (xx:xx:xx:xx:xx:xx), reported in virtio config space.
+    #[arg(long, default_value = "52:54:00:12:34:56")]
+    mac: String,
+    /// MTU reported to the guest.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u16,
+    /// Loop every frame the guest sends back to it (no network).
+    #[arg(long)]
+    loopback: bool,
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], Error> {
+    let bad = || Error::Config(format!("bad mac address {s:?}"));
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (b, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    Ok(mac)
+}
+
+impl TryFrom<Args> for Config {
+    type Error = Error;
+
+    fn try_from(a: Args) -> Result<Self, Error> {
+        let ports = match a.loopback {
+            true => PortSource::Loopback,
+            false => return Err(Error::Config("choose a port: --loopback".into())),
+        };
+        Ok(Config {
+            socket: a.socket,
+            device: DeviceConfig { mac: parse_mac(&a.mac)?, queue_pairs: a.queues, mtu: a.mtu },
+            ports,
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let result = Config::try_from(Args::parse()).and_then(start_backend);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanekit-vhost: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_parsing() {
+        assert_eq!(parse_mac("02:00:00:aa:bb:0f").unwrap(), [2, 0, 0, 0xaa, 0xbb, 0x0f]);
+        for bad in ["", "02:00:00:aa:bb", "02:00:00:aa:bb:0g", "002:00:00:aa:bb:0f", "1:2:3:4:5:6"] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+    }
+}
