@@ -68,7 +68,7 @@ func (r *Report) WriteChart(w io.Writer) error {
 	top = math.Ceil(top*maxRatioAxisHeadroomFrac*4) / 4
 	yOf := func(v float64) int { return plotB - int(v/top*float64(plotB-plotT)) }
 
-	text(img, plotL, 20, fmt.Sprintf("lanekit lab bench: ratio to host (%s, %d cores, %d × %gs)",
+	text(img, plotL, 20, fmt.Sprintf("lanekit lab bench: ratio to host (%s, %d cores, %d x %gs)",
 		r.Machine.Kernel, r.Machine.Cores, r.Repeat, r.DurationS), black)
 	// Axis, grid every 0.25 and the 1.0 reference.
 	for v := 0.0; v <= top+1e-9; v += 0.25 {

@@ -76,7 +76,7 @@ func startServer(ctx context.Context, life time.Duration, ns string, port int, a
 			return nil, fmt.Errorf("%s in %s exited early: %v: %s", args[0], ns, err, lastLine(s.out.String()))
 		case <-time.After(20 * time.Millisecond):
 		}
-		if listening(pid, port) {
+		if Listening(pid, port) {
 			return s, nil
 		}
 	}
@@ -98,9 +98,9 @@ func (s *server) stop() {
 	s.done <- err
 }
 
-// listening reports whether the process pid's netns has a TCP socket in
+// Listening reports whether the process pid's netns has a TCP socket in
 // LISTEN state on port.
-func listening(pid, port int) bool {
+func Listening(pid, port int) bool {
 	for _, f := range []string{"tcp", "tcp6"} {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
 		if err != nil {

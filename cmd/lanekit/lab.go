@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/lab"
+)
+
+var labCmd = &cobra.Command{
+	Use:   "lab",
+	Short: "Multi-node lab in network namespaces (lk-*) and side-by-side benchmarks",
+}
+
+func init() {
+	rootCmd.AddCommand(labCmd)
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd())
+}
+
+// signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func labUpCmd() *cobra.Command {
+	var cfg lab.Config
+	var vm bool
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the lab: underlay, nodes with agents and kube-proxy rules, lanekit and baseline pods",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if vm {
+				return errors.New("lab up --vm: VM pods are not available yet (they need the lanekit-vhost fast lane)")
+			}
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			cfg.Bins, cfg.Out = bins, cmd.OutOrStdout()
+			ctx, cancel := signalContext()
+			defer cancel()
+			if _, err := lab.Up(ctx, cfg); err != nil {
+				return fmt.Errorf("%w (the partial lab stays for inspection; `lanekit lab down` removes it)", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
+	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 2, "pods of each kind per node")
+	cmd.Flags().BoolVar(&cfg.BaselineOnly, "baseline-only", false, "no agents and no lanekit pods: only the underlay, nodes and bridge+iptables pods")
+	cmd.Flags().BoolVar(&vm, "vm", false, "add VM pods (not available yet)")
+	return cmd
+}
+
+func labDownCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove everything the lab created (idempotent, also after a failed up)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			out := cmd.OutOrStdout()
+			err = lab.Down(ctx, lab.DownOptions{Bins: bins, Out: func(f string, a ...any) { fmt.Fprintf(out, f+"\n", a...) }})
+			if err == nil {
+				fmt.Fprintln(out, "lab: down")
+			}
+			return err
+		},
+	}
+}
+
+func labStatusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show nodes, agents and pods with their addresses",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return lab.WriteStatus(context.Background(), cmd.OutOrStdout())
+		},
+	}
+}
+
+func labCheckCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Prove the connectivity matrix (ICMP + TCP) of every pod kind; non-zero exit on any failure",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			return lab.Check(ctx, bins, cmd.OutOrStdout())
+		},
+	}
+}
+
+func labBenchCmd() *cobra.Command {
+	var (
+		asJSON bool
+		opts   bench.Options
+		chart  string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Benchmark host, bridge-iptables and lanekit-pod paths side by side (node1 -> node2)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := lab.LoadState()
+			if err != nil {
+				return fmt.Errorf("lab bench: %w", err)
+			}
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			paths, skipped := st.BenchPaths()
+			for _, s := range skipped {
+				fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
+			}
+			opts.Self = bins.Self
+			opts.Progress = cmd.ErrOrStderr()
+			ctx, cancel := signalContext()
+			defer cancel()
+			rep, err := bench.Run(ctx, paths, opts)
+			if err != nil {
+				return err
+			}
+			if chart != "" {
+				if err := writeChart(rep, chart); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				err = rep.WriteJSON(cmd.OutOrStdout())
+			} else {
+				err = rep.WriteTable(cmd.OutOrStdout())
+			}
+			if err != nil {
+				return err
+			}
+			if rep.Failed() {
+				return errors.New("lab bench: some measurements failed (see errors)")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document instead of the table")
+	cmd.Flags().IntVar(&opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
+	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
+	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG bar chart of the ratios to host to this file")
+	return cmd
+}
+
+func writeChart(rep *bench.Report, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	if err := rep.WriteChart(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	return nil
+}

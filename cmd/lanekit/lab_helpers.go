@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/lab"
+)
+
+// Hidden helpers the lab runs inside its namespaces (`ip netns exec NS
+// lanekit lab ...`): the TCP echo of `lab check` and the connection-rate
+// pair of `lab bench`. Each is bounded in time.
+func init() {
+	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd())
+}
+
+func tcpEchoCmd() *cobra.Command {
+	var listen string
+	var life time.Duration
+	cmd := &cobra.Command{
+		Use:    "tcp-echo",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("tcp-echo: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), life)
+			defer cancel()
+			return lab.ServeEcho(ctx, ln)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", fmt.Sprintf("0.0.0.0:%d", lab.EchoPort), "address to listen on")
+	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
+	return cmd
+}
+
+func tcpDialCmd() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:    "tcp-dial ADDR...",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			res := lab.EchoDial(context.Background(), args, timeout)
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-target timeout")
+	return cmd
+}
+
+func cpsServerCmd() *cobra.Command {
+	var listen string
+	var life time.Duration
+	cmd := &cobra.Command{
+		Use:    "cps-server",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("cps-server: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), life)
+			defer cancel()
+			return bench.ServeCPS(ctx, ln)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "", "address to listen on")
+	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
+	return cmd
+}
+
+func cpsClientCmd() *cobra.Command {
+	var addr string
+	var d time.Duration
+	var parallel int
+	cmd := &cobra.Command{
+		Use:    "cps-client",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			res, err := bench.RunCPS(context.Background(), addr, d, parallel)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "server address")
+	cmd.Flags().DurationVar(&d, "duration", 5*time.Second, "how long to open connections")
+	cmd.Flags().IntVar(&parallel, "parallel", 2, "concurrent connection loops")
+	return cmd
+}

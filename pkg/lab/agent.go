@@ -1,0 +1,132 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// agentArgs are lanekitd's flags for node i.
+func agentArgs(i int) []string {
+	return []string{
+		"--state-dir", NodeDir(i) + "/state",
+		"--socket", AgentSocket(i),
+		"--uplink", Uplink,
+		"--pod-cidr", PodCIDR(i),
+		"--bpf-dir", BPFDir(i),
+	}
+}
+
+// startAgent starts lanekitd for node i as a detached daemon inside the node
+// netns, writes its pid file and waits until its socket accepts connections.
+//
+// It enters only the network namespace (nsenter --net): `ip netns exec` also
+// remounts /sys, which would hide the host's bpffs at /sys/fs/bpf and so the
+// agent's pins.
+func startAgent(ctx context.Context, b Bins, i int) (int, error) {
+	if err := os.MkdirAll(NodeDir(i)+"/state", 0o755); err != nil {
+		return 0, fmt.Errorf("agent dir: %w", err)
+	}
+	logf, err := os.OpenFile(AgentLog(i), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("agent log: %w", err)
+	}
+	defer logf.Close()
+	args := append([]string{"--net=" + netnsPath(NodeNS(i)), "--", b.Agent()}, agentArgs(i)...)
+	cmd := exec.Command("nsenter", args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
+	}
+	pid := cmd.Process.Pid // nsenter without --pid execs in place
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	if err := os.WriteFile(AgentPIDFile(i), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+		return pid, fmt.Errorf("agent pid file: %w", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return pid, fmt.Errorf("lanekitd on %s exited: %v; log %s: %s", NodeNS(i), err, AgentLog(i), logTail(AgentLog(i)))
+		case <-ctx.Done():
+			return pid, fmt.Errorf("wait for lanekitd on %s: %w", NodeNS(i), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if c, err := net.DialTimeout("unix", AgentSocket(i), time.Second); err == nil {
+			c.Close()
+			return pid, nil
+		}
+	}
+	return pid, fmt.Errorf("lanekitd on %s: socket %s not answering after 20s; log: %s", NodeNS(i), AgentSocket(i), logTail(AgentLog(i)))
+}
+
+// logTail returns the last lines of a log for error messages.
+func logTail(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log)"
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// readPID reads a pid file; 0 when missing or malformed.
+func readPID(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0
+	}
+	return pid
+}
+
+// alive reports whether pid is a live (non-zombie) process.
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// state is the field after the ")" closing the command name
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
+}
+
+// terminate sends SIGTERM, waits up to grace, then SIGKILL.
+func terminate(pid int, grace time.Duration) {
+	if !alive(pid) {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !alive(pid) {
+			return
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(2 * time.Second); alive(pid) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+}

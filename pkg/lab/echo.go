@@ -1,0 +1,94 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// EchoPort is the TCP echo port `lab check` uses in every target netns.
+const EchoPort = 7777
+
+// ServeEcho echoes every connection on ln back until ctx ends.
+func ServeEcho(ctx context.Context, ln net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("echo accept: %w", err)
+		}
+		go func(c net.Conn) {
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.Copy(c, c)
+		}(c)
+	}
+}
+
+// DialResult is one target of a `lab tcp-dial` run.
+type DialResult struct {
+	Addr  string `json:"addr"`
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// EchoDial connects to every addr concurrently, sends a token and expects
+// it back within timeout.
+func EchoDial(ctx context.Context, addrs []string, timeout time.Duration) []DialResult {
+	out := make([]DialResult, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = DialResult{Addr: a, OK: true}
+			if err := echoOnce(ctx, a, timeout); err != nil {
+				out[i] = DialResult{Addr: a, Error: err.Error()}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func echoOnce(ctx context.Context, addr string, timeout time.Duration) error {
+	d := net.Dialer{Timeout: timeout}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	token := []byte("lanekit-lab-check " + addr)
+	if _, err := c.Write(token); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	got := make([]byte, len(token))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read echo: %w", err)
+	}
+	if !bytes.Equal(got, token) {
+		return fmt.Errorf("echo mismatch: %q", got)
+	}
+	return nil
+}
+
+// ParseDialResults decodes the JSON printed by `lab tcp-dial`.
+func ParseDialResults(data []byte) ([]DialResult, error) {
+	var rs []DialResult
+	if err := json.Unmarshal(data, &rs); err != nil {
+		return nil, fmt.Errorf("parse tcp-dial output %q: %w", data, err)
+	}
+	return rs, nil
+}

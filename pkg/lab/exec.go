@@ -1,0 +1,101 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// run runs a bounded command and returns its stdout; stderr goes into the error.
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err,
+			strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// ip runs `ip args...`.
+func ip(ctx context.Context, args ...string) error {
+	_, err := run(ctx, "ip", args...)
+	return err
+}
+
+// inNS runs a command inside a netns with `ip netns exec`.
+func inNS(ctx context.Context, ns string, args ...string) (string, error) {
+	return run(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+}
+
+// nsCommand builds a command in a netns, in its own process group so that
+// cancelling kills it and its children.
+func nsCommand(ctx context.Context, ns string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	return cmd
+}
+
+// netnsPath is where `ip netns` mounts a named namespace.
+func netnsPath(ns string) string { return "/run/netns/" + ns }
+
+// listLabNetns returns the lk- namespaces that exist.
+func listLabNetns() []string {
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), Prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// netnsExists reports whether a named namespace exists.
+func netnsExists(ns string) bool {
+	_, err := os.Stat(netnsPath(ns))
+	return err == nil
+}
+
+// addNetns creates a namespace with lo up.
+func addNetns(ctx context.Context, ns string) error {
+	if err := ip(ctx, "netns", "add", ns); err != nil {
+		return err
+	}
+	return ip(ctx, "-n", ns, "link", "set", "lo", "up")
+}
+
+// sysctl sets key=value inside ns.
+func sysctl(ctx context.Context, ns, key, value string) error {
+	_, err := inNS(ctx, ns, "sysctl", "-q", "-w", key+"="+value)
+	return err
+}
+
+// podIP reads the IPv4 address of a pod's eth0.
+func podIP(ctx context.Context, ns string) string {
+	out, err := run(ctx, "ip", "-n", ns, "-4", "-o", "addr", "show", "dev", PodIfName)
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(out)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "inet" {
+			addr, _, _ := strings.Cut(f[i+1], "/")
+			return addr
+		}
+	}
+	return ""
+}

@@ -1,0 +1,159 @@
+// Package lab builds a multi-node lanekit lab out of network namespaces: an
+// underlay bridge (lk-wire), one namespace per node with its agent and
+// kube-proxy-like iptables rules, lanekit pods created through the real CNI
+// plugin and baseline pods through the reference bridge + host-local plugins.
+package lab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// Names and addresses. Everything the lab creates is named lk-; traffic only
+// uses the addresses below.
+const (
+	Prefix      = "lk-"
+	WireNS      = "lk-wire"
+	WireBridge  = "lk-br0"
+	BaseBridge  = "lk-cni0"
+	RunDir      = "/run/lanekit/lab"
+	BPFRoot     = "/sys/fs/bpf/lanekit"
+	StateFile   = RunDir + "/lab.json"
+	Uplink      = "eth0"
+	PodIfName   = "eth0"
+	ServiceCIDR = "10.96.0.0/16"
+)
+
+// Kinds of pods.
+const (
+	KindLanekit  = "lanekit"
+	KindBaseline = "baseline"
+)
+
+// Config describes the lab to build.
+type Config struct {
+	Nodes        int
+	PodsPerNode  int
+	BaselineOnly bool // skip agents and lanekit pods
+	Bins         Bins
+	Out          io.Writer // progress lines
+}
+
+// State is what `lab up` built, kept in StateFile for status, check, bench
+// and down.
+type State struct {
+	Nodes        []Node `json:"nodes"`
+	BaselineOnly bool   `json:"baseline_only"`
+}
+
+// Node is one node namespace.
+type Node struct {
+	Index      int    `json:"index"`
+	NS         string `json:"netns"`
+	UnderlayIP string `json:"underlay_ip"`
+	PodCIDR    string `json:"pod_cidr"`
+	BaseCIDR   string `json:"baseline_cidr"`
+	AgentPID   int    `json:"agent_pid,omitempty"`
+	Pods       []Pod  `json:"pods"`
+}
+
+// Pod is one pod namespace.
+type Pod struct {
+	NS   string `json:"netns"`
+	Kind string `json:"kind"`
+	IP   string `json:"ip"`
+}
+
+// NodeNS is the namespace of node i (1-based).
+func NodeNS(i int) string { return fmt.Sprintf("lk-node%d", i) }
+
+// PodNS is the namespace of pod j on node i of a kind.
+func PodNS(i, j int, kind string) string {
+	if kind == KindBaseline {
+		return fmt.Sprintf("lk-n%d-b%d", i, j)
+	}
+	return fmt.Sprintf("lk-n%d-p%d", i, j)
+}
+
+// UnderlayIP is node i's address on the wire.
+func UnderlayIP(i int) string { return fmt.Sprintf("10.77.0.%d", i) }
+
+// PodCIDR is node i's lanekit pod range.
+func PodCIDR(i int) string { return fmt.Sprintf("10.244.%d.0/24", i) }
+
+// BaseCIDR is node i's baseline pod range.
+func BaseCIDR(i int) string { return fmt.Sprintf("10.245.%d.0/24", i) }
+
+// NodeDir holds node i's pid, log, socket and agent state.
+func NodeDir(i int) string { return filepath.Join(RunDir, NodeNS(i)) }
+
+// AgentSocket is node i's agent API socket.
+func AgentSocket(i int) string { return filepath.Join(NodeDir(i), "agent.sock") }
+
+// AgentPIDFile and AgentLog are the daemon's pid and log files.
+func AgentPIDFile(i int) string { return filepath.Join(NodeDir(i), "agent.pid") }
+
+// AgentLog is the agent's log file.
+func AgentLog(i int) string { return filepath.Join(NodeDir(i), "agent.log") }
+
+// BPFDir is node i's pin directory.
+func BPFDir(i int) string { return filepath.Join(BPFRoot, NodeNS(i)) }
+
+// ErrNoLab means no lab state exists.
+var ErrNoLab = errors.New("no lab is up (run `lanekit lab up`)")
+
+// LoadState reads StateFile.
+func LoadState() (*State, error) {
+	data, err := os.ReadFile(StateFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNoLab
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read lab state: %w", err)
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("parse lab state %s: %w", StateFile, err)
+	}
+	return &s, nil
+}
+
+// save writes StateFile atomically.
+func (s *State) save() error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode lab state: %w", err)
+	}
+	tmp := StateFile + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("write lab state: %w", err)
+	}
+	if err := os.Rename(tmp, StateFile); err != nil {
+		return fmt.Errorf("write lab state: %w", err)
+	}
+	return nil
+}
+
+// PodsOf returns the pods of a kind across all nodes, node by node.
+func (s *State) PodsOf(kind string) []Pod {
+	var out []Pod
+	for _, n := range s.Nodes {
+		for _, p := range n.Pods {
+			if p.Kind == kind {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func progress(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
+}

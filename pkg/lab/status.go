@@ -1,0 +1,60 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+// WriteStatus prints nodes, agents and pods with their live addresses.
+func WriteStatus(ctx context.Context, w io.Writer) error {
+	st, err := LoadState()
+	if err != nil {
+		if left := listLabNetns(); len(left) > 0 {
+			return fmt.Errorf("lab status: no lab state but %d lk- netns exist (run `lanekit lab down`): %w", len(left), err)
+		}
+		return fmt.Errorf("lab status: %w", err)
+	}
+	mode := "full (lanekit + baseline pods)"
+	if st.BaselineOnly {
+		mode = "baseline-only"
+	}
+	fmt.Fprintf(w, "lab: %d nodes, %s; underlay %s bridge %s (present: %v)\n", len(st.Nodes), mode, WireNS, WireBridge, netnsExists(WireNS))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tNETNS\tUNDERLAY\tPOD CIDR\tBASELINE CIDR\tAGENT PID\tAGENT\t")
+	for _, n := range st.Nodes {
+		agent := "-"
+		pid := "-"
+		if !st.BaselineOnly {
+			pid = fmt.Sprint(n.AgentPID)
+			agent = "dead"
+			if alive(n.AgentPID) && inLabNetns(n.AgentPID) {
+				agent = "alive"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", n.NS, netnsExists(n.NS), n.UnderlayIP, n.PodCIDR, n.BaseCIDR, pid, agent)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("lab status: %w", err)
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNODE\tKIND\tIP (live eth0)\tIP (cni result)\t")
+	for _, n := range st.Nodes {
+		for _, p := range n.Pods {
+			live := "missing"
+			if netnsExists(p.NS) {
+				live = podIP(ctx, p.NS)
+				if live == "" {
+					live = "no address"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", p.NS, n.NS, p.Kind, live, p.IP)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("lab status: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,108 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Up builds the lab described by cfg. A previous lab (or the debris of a
+// failed one) is torn down first. On failure the partial lab stays for
+// inspection; Down removes it.
+func Up(ctx context.Context, cfg Config) (*State, error) {
+	if cfg.Nodes < 2 || cfg.Nodes > 200 {
+		return nil, fmt.Errorf("lab up: --nodes must be 2..200, got %d", cfg.Nodes)
+	}
+	if cfg.PodsPerNode < 1 || cfg.PodsPerNode > 100 {
+		return nil, fmt.Errorf("lab up: --pods-per-node must be 1..100, got %d", cfg.PodsPerNode)
+	}
+	if err := cfg.Bins.checkBaseline(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	if !cfg.BaselineOnly {
+		if err := cfg.Bins.checkLanekit(); err != nil {
+			return nil, fmt.Errorf("lab up: %w", err)
+		}
+	}
+	if Exists() {
+		progress(cfg.Out, "lab: removing the previous lab")
+		if err := Down(ctx, DownOptions{Bins: cfg.Bins}); err != nil {
+			return nil, fmt.Errorf("lab up: clean previous lab: %w", err)
+		}
+	}
+	start := time.Now()
+	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	st := &State{BaselineOnly: cfg.BaselineOnly}
+	if err := st.save(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+
+	progress(cfg.Out, "lab: underlay %s with bridge %s", WireNS, WireBridge)
+	if err := buildWire(ctx); err != nil {
+		return st, fmt.Errorf("lab up: %w", err)
+	}
+	for i := 1; i <= cfg.Nodes; i++ {
+		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), UnderlayIP(i), PodCIDR(i), BaseCIDR(i))
+		if err := os.MkdirAll(NodeDir(i), 0o755); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+		st.Nodes = append(st.Nodes, Node{Index: i, NS: NodeNS(i), UnderlayIP: UnderlayIP(i),
+			PodCIDR: PodCIDR(i), BaseCIDR: BaseCIDR(i)})
+		if err := st.save(); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+		if err := buildNode(ctx, i, cfg.Nodes); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+	}
+	if !cfg.BaselineOnly {
+		for k := range st.Nodes {
+			n := &st.Nodes[k]
+			pid, err := startAgent(ctx, cfg.Bins, n.Index)
+			n.AgentPID = pid
+			if serr := st.save(); serr != nil && err == nil {
+				err = serr
+			}
+			if err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
+			progress(cfg.Out, "lab: agent on %s pid %d, socket %s", n.NS, pid, AgentSocket(n.Index))
+		}
+	}
+	kinds := []string{KindBaseline}
+	if !cfg.BaselineOnly {
+		kinds = []string{KindLanekit, KindBaseline}
+	}
+	for k := range st.Nodes {
+		n := &st.Nodes[k]
+		for _, kind := range kinds {
+			for j := 1; j <= cfg.PodsPerNode; j++ {
+				ns := PodNS(n.Index, j, kind)
+				n.Pods = append(n.Pods, Pod{NS: ns, Kind: kind})
+				ip, err := addPod(ctx, cfg.Bins, n.Index, ns, kind)
+				n.Pods[len(n.Pods)-1].IP = ip
+				if serr := st.save(); serr != nil && err == nil {
+					err = serr
+				}
+				if err != nil {
+					return st, fmt.Errorf("lab up: %w", err)
+				}
+				progress(cfg.Out, "lab: pod %s (%s) %s", ns, kind, ip)
+			}
+		}
+	}
+	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods", time.Since(start).Round(100*time.Millisecond),
+		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)))
+	return st, nil
+}
+
+// Exists reports whether any part of a lab is present.
+func Exists() bool {
+	if _, err := os.Stat(RunDir); err == nil {
+		return true
+	}
+	return len(listLabNetns()) > 0 || len(bpfNodeDirs()) > 0
+}
