@@ -1,0 +1,84 @@
+// Command lanekitd is the lanekit node agent: it serves the agent API on a
+// unix socket for the CNI plugin and the CLI, and drives the datapath.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/lanekit/lanekit/pkg/agent"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "lanekitd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("lanekitd", flag.ContinueOnError)
+	var (
+		cfg     agent.Config
+		podCIDR string
+		logJSON bool
+		verbose bool
+	)
+	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
+	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
+	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
+	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required)")
+	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links")
+	fs.StringVar(&cfg.Datapath, "datapath", agent.BackendBPF, "datapath backend: bpf, or none (control plane only, for tests)")
+	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
+	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
+	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
+	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
+	fs.BoolVar(&verbose, "v", false, "debug logging")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if podCIDR == "" {
+		return fmt.Errorf("--pod-cidr is required")
+	}
+	p, err := netip.ParsePrefix(podCIDR)
+	if err != nil {
+		return fmt.Errorf("--pod-cidr: %w", err)
+	}
+	cfg.PodCIDR = p
+
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(os.Stderr, opts)
+	if !logJSON {
+		h = slog.NewTextHandler(os.Stderr, opts)
+	}
+	log := slog.New(h)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	runErr := a.Run(ctx)
+	if err := a.Close(); err != nil {
+		log.Error("close", "err", err)
+	}
+	if runErr == nil {
+		log.Info("stopped")
+	}
+	return runErr
+}

@@ -1,0 +1,358 @@
+// Package agent is lanekitd: it owns the node's pod CIDR, the pod devices and
+// the datapath's endpoint entries, persists them in the store and serves the
+// gRPC API (api/v1) on a unix socket.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/ipam"
+	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// Version is reported by Status; set at link time for releases.
+var Version = "0.1.0-dev"
+
+// Datapath backends.
+const (
+	BackendBPF  = "bpf"  // the BPF datapath (pkg/datapath)
+	BackendNone = "none" // no BPF: control plane only, for tests
+)
+
+// Device-mode choices for Config.DeviceMode.
+const (
+	DeviceAuto = "auto" // netkit when the kernel has it, veth otherwise
+)
+
+// Config is how lanekitd is started.
+type Config struct {
+	StateDir   string
+	Socket     string
+	Uplink     string
+	PodCIDR    netip.Prefix
+	BPFDir     string
+	Datapath   string // BackendBPF or BackendNone
+	DeviceMode string // DeviceAuto, "veth" or "netkit"
+	MTU        int    // 0: the uplink's MTU
+	// HostNetns is the node's namespace when it is not the agent's own
+	// (tests and the lab); empty means the current one.
+	HostNetns string
+	// OpenDatapath overrides how the backend is opened (tests inject fakes).
+	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
+}
+
+// Agent is one node's agent.
+type Agent struct {
+	cfg  Config
+	log  *slog.Logger
+	st   *store.Store
+	ipam *ipam.IPAM
+	host *netdev.Host
+	dp   datapath.Datapath
+
+	mode       datapath.DeviceMode
+	modeReason string
+	features   netdev.Features
+	mtu        int
+
+	mu sync.Mutex // serialises changes to endpoints
+}
+
+func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, error) {
+	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink}
+	if cfg.OpenDatapath != nil {
+		return cfg.OpenDatapath(dcfg, log)
+	}
+	switch cfg.Datapath {
+	case BackendNone:
+		return NewMemoryDatapath(), nil
+	case BackendBPF, "":
+		l, err := datapath.Open(dcfg, log)
+		if err != nil {
+			return nil, err
+		}
+		return l, nil
+	}
+	return nil, fmt.Errorf("unknown datapath backend %q (want bpf or none)", cfg.Datapath)
+}
+
+// New starts an agent: enables forwarding, probes the kernel, opens the
+// store and the datapath, and re-adopts stored endpoints.
+func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
+	if cfg.StateDir == "" {
+		return nil, errors.New("new agent: state dir is required")
+	}
+	if !cfg.PodCIDR.IsValid() {
+		return nil, errors.New("new agent: pod CIDR is required")
+	}
+	if cfg.Datapath == "" {
+		cfg.Datapath = BackendBPF
+	}
+	if cfg.DeviceMode == "" {
+		cfg.DeviceMode = DeviceAuto
+	}
+	a := &Agent{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if a.host, err = netdev.NewHost(cfg.HostNetns); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := a.host.EnableForwarding(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	a.mtu = cfg.MTU
+	if a.mtu == 0 {
+		if cfg.Uplink == "" {
+			return nil, errors.New("new agent: need --uplink or --mtu to choose the pod MTU")
+		}
+		if a.mtu, err = a.host.LinkMTU(cfg.Uplink); err != nil {
+			return nil, fmt.Errorf("new agent: uplink mtu: %w", err)
+		}
+	}
+	a.features = a.host.ProbeFeatures(cfg.BPFDir)
+	if err := a.chooseMode(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	log.Info("kernel probed", "release", a.features.Release, "tcx", a.features.TCX.Supported,
+		"netkit", a.features.Netkit.Supported, "bpffs", a.features.BPFFS.Supported, "btf", a.features.BTF.Supported,
+		"device_mode", a.mode, "reason", a.modeReason)
+
+	if a.st, err = store.Open(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if a.ipam, err = ipam.New(a.st, cfg.PodCIDR); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if a.dp, err = openDatapath(cfg, log); err != nil {
+		return nil, fmt.Errorf("new agent: open %s datapath: %w", cfg.Datapath, err)
+	}
+	if err := a.adopt(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	return a, nil
+}
+
+func (a *Agent) chooseMode() error {
+	switch a.cfg.DeviceMode {
+	case DeviceAuto:
+		if a.features.Netkit.Supported {
+			a.mode, a.modeReason = datapath.ModeNetkit, a.features.Netkit.Detail
+		} else {
+			a.mode, a.modeReason = datapath.ModeVeth, "veth fallback: "+a.features.Netkit.Detail
+		}
+	case string(datapath.ModeVeth):
+		a.mode, a.modeReason = datapath.ModeVeth, "veth requested by --device-mode"
+	case string(datapath.ModeNetkit):
+		if !a.features.Netkit.Supported {
+			return fmt.Errorf("--device-mode netkit: %s", a.features.Netkit.Detail)
+		}
+		a.mode, a.modeReason = datapath.ModeNetkit, "netkit requested by --device-mode"
+	default:
+		return fmt.Errorf("unknown device mode %q (want auto, veth or netkit)", a.cfg.DeviceMode)
+	}
+	return nil
+}
+
+// Close releases the agent's handles. Devices, stored state and pinned
+// datapath objects stay: pods keep forwarding while the agent is down.
+func (a *Agent) Close() error {
+	var errs []error
+	if a.dp != nil {
+		errs = append(errs, a.dp.Close())
+	}
+	if a.st != nil {
+		errs = append(errs, a.st.Close())
+	}
+	if a.host != nil {
+		errs = append(errs, a.host.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// endpoints returns every stored endpoint, by ID.
+func (a *Agent) endpoints() ([]endpoint.Endpoint, error) {
+	var out []endpoint.Endpoint
+	err := a.st.View(func(tx *store.Tx) error {
+		return tx.ForEach(store.Endpoints, func(k []byte, raw json.RawMessage) error {
+			var ep endpoint.Endpoint
+			if err := json.Unmarshal(raw, &ep); err != nil {
+				return fmt.Errorf("decode endpoint %q: %w", k, err)
+			}
+			out = append(out, ep)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// adopt reconciles stored state with the node after a (re)start: endpoints
+// whose host device exists are re-programmed (the datapath updates pinned
+// attachments in place), the others are dropped with their addresses;
+// addresses and IDs that belong to no endpoint (a crash mid-ADD) are freed.
+func (a *Agent) adopt() error {
+	eps, err := a.endpoints()
+	if err != nil {
+		return fmt.Errorf("adopt: %w", err)
+	}
+	kept, dropped := 0, 0
+	for _, ep := range eps {
+		hl, ok, err := a.host.LookupHost(ep.HostIfName)
+		if err != nil {
+			return fmt.Errorf("adopt endpoint %d: %w", ep.ID, err)
+		}
+		if !ok {
+			a.log.Info("dropping endpoint whose device is gone", "id", ep.ID, "container", ep.ContainerID, "dev", ep.HostIfName)
+			if dpEp, err := ep.Datapath(); err == nil {
+				if err := a.dp.DeleteEndpoint(dpEp); err != nil {
+					a.log.Warn("delete datapath entry of dropped endpoint", "id", ep.ID, "err", err)
+				}
+			}
+			if err := a.forget(ep.Key(), ep.ID); err != nil {
+				return fmt.Errorf("adopt: %w", err)
+			}
+			dropped++
+			continue
+		}
+		if hl.Index != ep.HostIfIndex || hl.MAC.String() != ep.HostMAC && len(hl.MAC) > 0 {
+			ep.HostIfIndex = hl.Index
+			if len(hl.MAC) > 0 {
+				ep.HostMAC = hl.MAC.String()
+			}
+			if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(ep.Key()), ep) }); err != nil {
+				return fmt.Errorf("adopt endpoint %d: %w", ep.ID, err)
+			}
+		}
+		dpEp, err := ep.Datapath()
+		if err == nil {
+			err = a.dp.UpsertEndpoint(dpEp)
+		}
+		if err != nil {
+			// Keep the record: DEL or GC will clean it; the device still exists.
+			a.log.Error("re-adopt endpoint in datapath", "id", ep.ID, "dev", ep.HostIfName, "err", err)
+			continue
+		}
+		kept++
+	}
+	freed, err := a.freeOrphans(nil)
+	if err != nil {
+		return fmt.Errorf("adopt: %w", err)
+	}
+	a.log.Info("re-adopted endpoints", "kept", kept, "dropped", dropped, "orphans_freed", freed)
+	return nil
+}
+
+// freeOrphans releases addresses and IDs whose owner has no endpoint record
+// and is not in keep.
+func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
+	n := 0
+	err := a.st.Update(func(tx *store.Tx) error {
+		owners := map[string]bool{}
+		err := tx.ForEach(store.IPAM, func(k []byte, raw json.RawMessage) error {
+			var al ipam.Allocation
+			if err := json.Unmarshal(raw, &al); err != nil {
+				return fmt.Errorf("decode allocation %x: %w", k, err)
+			}
+			owners[al.Owner] = true
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		var idKeys [][]byte
+		err = tx.ForEach(store.EndpointIDs, func(k []byte, raw json.RawMessage) error {
+			var owner string
+			if err := json.Unmarshal(raw, &owner); err != nil {
+				return fmt.Errorf("decode endpoint id %x: %w", k, err)
+			}
+			if has, err := tx.Has(store.Endpoints, []byte(owner)); err != nil || has || keep[owner] {
+				return err
+			}
+			idKeys = append(idKeys, append([]byte(nil), k...))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range idKeys {
+			if err := tx.Delete(store.EndpointIDs, k); err != nil {
+				return err
+			}
+		}
+		for owner := range owners {
+			has, err := tx.Has(store.Endpoints, []byte(owner))
+			if err != nil {
+				return err
+			}
+			if has || keep[owner] {
+				continue
+			}
+			a.log.Info("releasing orphaned address", "owner", owner)
+			if err := a.ipam.ReleaseTx(tx, owner); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("free orphans: %w", err)
+	}
+	return n, nil
+}
+
+// forget deletes an endpoint's record, ID and address in one transaction.
+func (a *Agent) forget(key string, id uint32) error {
+	err := a.st.Update(func(tx *store.Tx) error {
+		if err := a.ipam.ReleaseTx(tx, key); err != nil {
+			return err
+		}
+		if id != 0 {
+			if err := tx.Delete(store.EndpointIDs, endpoint.IDKey(id)); err != nil {
+				return err
+			}
+		}
+		return tx.Delete(store.Endpoints, []byte(key))
+	})
+	if err != nil {
+		return fmt.Errorf("forget %s: %w", key, err)
+	}
+	return nil
+}
+
+// Run serves the API on cfg.Socket until ctx is cancelled, then stops
+// gracefully. The caller closes the agent afterwards.
+func (a *Agent) Run(ctx context.Context) error {
+	srv, lis, err := a.listen()
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.cfg.Datapath, "device_mode", a.mode)
+	select {
+	case <-ctx.Done():
+		a.log.Info("shutting down")
+		stopGracefully(srv)
+		<-errc
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", a.cfg.Socket, err)
+	}
+}

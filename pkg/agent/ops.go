@@ -1,0 +1,391 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/ipam"
+	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// Error classes; the gRPC server maps them to status codes, the CNI plugin
+// to CNI error codes.
+var (
+	ErrInvalid   = errors.New("invalid request")
+	ErrNotFound  = errors.New("unknown attachment")
+	ErrConflict  = errors.New("attachment conflict")
+	ErrBadNetns  = errors.New("bad network namespace")
+	ErrExhausted = ipam.ErrExhausted
+)
+
+// AddRequest asks for an endpoint.
+type AddRequest struct {
+	Kind        endpoint.Kind
+	ContainerID string
+	IfName      string
+	Netns       string
+	Network     string
+	MTU         int
+	Subnet      string
+	Labels      map[string]string
+}
+
+func (a *Agent) validateAdd(req *AddRequest) error {
+	if req.Kind == "" {
+		req.Kind = endpoint.KindPod
+	}
+	if req.Kind != endpoint.KindPod {
+		return fmt.Errorf("endpoint kind %q is not supported yet: %w", req.Kind, ErrInvalid)
+	}
+	if err := endpoint.Validate(req.ContainerID, req.IfName); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if req.Netns == "" {
+		return fmt.Errorf("netns is empty: %w", ErrBadNetns)
+	}
+	if fi, err := os.Stat(req.Netns); err != nil {
+		return fmt.Errorf("netns %s: %w: %w", req.Netns, err, ErrBadNetns)
+	} else if fi.IsDir() {
+		return fmt.Errorf("netns %s is a directory: %w", req.Netns, ErrBadNetns)
+	}
+	if req.MTU == 0 {
+		req.MTU = a.mtu
+	}
+	if req.MTU < 68 || req.MTU > 65535 {
+		return fmt.Errorf("mtu %d out of range 68-65535: %w", req.MTU, ErrInvalid)
+	}
+	if req.Subnet != "" {
+		sub, err := netip.ParsePrefix(req.Subnet)
+		if err != nil {
+			return fmt.Errorf("subnet %q: %w: %w", req.Subnet, err, ErrInvalid)
+		}
+		pod := a.ipam.Prefix()
+		if sub.Bits() > pod.Bits() || !sub.Masked().Contains(pod.Addr()) {
+			return fmt.Errorf("subnet %s conflicts with this node's pod CIDR %s: %w", sub, pod, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// lookup returns the endpoint stored under key.
+func (a *Agent) lookup(key string) (endpoint.Endpoint, bool, error) {
+	var ep endpoint.Endpoint
+	var ok bool
+	err := a.st.View(func(tx *store.Tx) error {
+		var err error
+		ok, err = tx.Get(store.Endpoints, []byte(key), &ep)
+		return err
+	})
+	if err != nil {
+		return ep, false, fmt.Errorf("look up %s: %w", key, err)
+	}
+	return ep, ok, nil
+}
+
+// allocIDTx reserves the lowest free endpoint ID (> 0) for key.
+func allocIDTx(tx *store.Tx, key string) (uint32, error) {
+	next := uint32(1)
+	stop := errors.New("stop")
+	err := tx.ForEach(store.EndpointIDs, func(k []byte, _ json.RawMessage) error {
+		if len(k) != 4 {
+			return nil
+		}
+		id := uint32(k[0])<<24 | uint32(k[1])<<16 | uint32(k[2])<<8 | uint32(k[3])
+		if id > next {
+			return stop
+		}
+		if id == next {
+			next++
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, stop) {
+		return 0, fmt.Errorf("allocate endpoint id: %w", err)
+	}
+	if next == 0 {
+		return 0, errors.New("allocate endpoint id: all ids in use")
+	}
+	if err := tx.Put(store.EndpointIDs, endpoint.IDKey(next), key); err != nil {
+		return 0, fmt.Errorf("allocate endpoint id: %w", err)
+	}
+	return next, nil
+}
+
+// Add creates the endpoint for req, or returns the existing one for the same
+// attachment and netns. On failure everything done so far is undone.
+func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
+	if err := a.validateAdd(&req); err != nil {
+		return nil, fmt.Errorf("add %s/%s: %w", req.ContainerID, req.IfName, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := endpoint.Key(req.ContainerID, req.IfName)
+	if ep, ok, err := a.lookup(key); err != nil {
+		return nil, fmt.Errorf("add %s: %w", key, err)
+	} else if ok {
+		if ep.Netns != req.Netns {
+			return nil, fmt.Errorf("add %s: exists in netns %s, asked for %s: %w", key, ep.Netns, req.Netns, ErrConflict)
+		}
+		return &ep, nil
+	}
+
+	var undo []func() error
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](); uerr != nil {
+				a.log.Error("undo failed add", "attachment", key, "err", uerr)
+				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+			}
+		}
+	}()
+
+	var ip netip.Addr
+	var id uint32
+	err = a.st.Update(func(tx *store.Tx) error {
+		var err error
+		if ip, err = a.ipam.AllocateTx(tx, key); err != nil {
+			return err
+		}
+		id, err = allocIDTx(tx, key)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add %s: %w", key, err)
+	}
+	undo = append(undo, func() error { return a.forget(key, id) })
+
+	hostIf := endpoint.HostIfName(req.ContainerID, req.IfName)
+	// A device with our name and no record is left from a crash mid-ADD.
+	if err := a.host.DeletePod(hostIf); err != nil {
+		return nil, fmt.Errorf("add %s: remove stale device: %w", key, err)
+	}
+	links, err := a.host.SetupPod(netdev.PodSpec{
+		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ip, MTU: req.MTU,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add %s: %w", key, err)
+	}
+	undo = append(undo, func() error { return a.host.DeletePod(hostIf) })
+
+	ep := endpoint.Endpoint{
+		ID: id, Kind: req.Kind, ContainerID: req.ContainerID, IfName: req.IfName, Netns: req.Netns,
+		Network: req.Network, Mode: a.mode, HostIfName: hostIf, HostIfIndex: links.HostIfIndex,
+		IfIndex: links.IfIndex, IP: ip, MTU: req.MTU, Labels: req.Labels, Created: time.Now().UTC(),
+	}
+	if links.HostMAC != nil {
+		ep.HostMAC = links.HostMAC.String()
+	}
+	if links.MAC != nil {
+		ep.MAC = links.MAC.String()
+	}
+	dpEp, err := ep.Datapath()
+	if err != nil {
+		return nil, fmt.Errorf("add %s: %w", key, err)
+	}
+	if err := a.dp.UpsertEndpoint(dpEp); err != nil {
+		return nil, fmt.Errorf("add %s: program datapath: %w", key, err)
+	}
+	undo = append(undo, func() error { return a.dp.DeleteEndpoint(dpEp) })
+
+	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
+		return nil, fmt.Errorf("add %s: store endpoint: %w", key, err)
+	}
+	a.log.Info("endpoint added", "id", id, "attachment", key, "ip", ip, "dev", hostIf, "mode", a.mode)
+	return &ep, nil
+}
+
+// Del removes the endpoint for containerID/ifname. Unknown attachments, a
+// missing netns and missing devices are success; existed reports whether
+// there was a record.
+func (a *Agent) Del(containerID, ifname string) (existed bool, err error) {
+	if err := endpoint.Validate(containerID, ifname); err != nil {
+		return false, fmt.Errorf("del %s/%s: %w: %w", containerID, ifname, err, ErrInvalid)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.del(endpoint.Key(containerID, ifname), endpoint.HostIfName(containerID, ifname))
+}
+
+func (a *Agent) del(key, hostIf string) (bool, error) {
+	ep, ok, err := a.lookup(key)
+	if err != nil {
+		return false, fmt.Errorf("del %s: %w", key, err)
+	}
+	if ok {
+		dpEp, err := ep.Datapath()
+		if err != nil {
+			return true, fmt.Errorf("del %s: %w", key, err)
+		}
+		if err := a.dp.DeleteEndpoint(dpEp); err != nil {
+			return true, fmt.Errorf("del %s: datapath: %w", key, err)
+		}
+		hostIf = ep.HostIfName
+	}
+	if err := a.host.DeletePod(hostIf); err != nil {
+		return ok, fmt.Errorf("del %s: %w", key, err)
+	}
+	if err := a.forget(key, ep.ID); err != nil {
+		return ok, fmt.Errorf("del %s: %w", key, err)
+	}
+	if _, err := a.freeIDsOf(key); err != nil {
+		return ok, fmt.Errorf("del %s: %w", key, err)
+	}
+	if ok {
+		a.log.Info("endpoint deleted", "id", ep.ID, "attachment", key, "ip", ep.IP)
+	}
+	return ok, nil
+}
+
+// freeIDsOf removes ID reservations held by key (left by a crash mid-ADD).
+func (a *Agent) freeIDsOf(key string) (int, error) {
+	n := 0
+	err := a.st.Update(func(tx *store.Tx) error {
+		var ks [][]byte
+		err := tx.ForEach(store.EndpointIDs, func(k []byte, raw json.RawMessage) error {
+			var owner string
+			if json.Unmarshal(raw, &owner) == nil && owner == key {
+				ks = append(ks, append([]byte(nil), k...))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range ks {
+			if err := tx.Delete(store.EndpointIDs, k); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
+// Check verifies the endpoint for containerID/ifname: devices, address,
+// routes and the datapath entry.
+func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, error) {
+	if err := endpoint.Validate(containerID, ifname); err != nil {
+		return nil, fmt.Errorf("check %s/%s: %w: %w", containerID, ifname, err, ErrInvalid)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := endpoint.Key(containerID, ifname)
+	ep, ok, err := a.lookup(key)
+	if err != nil {
+		return nil, fmt.Errorf("check %s: %w", key, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("check %s: %w", key, ErrNotFound)
+	}
+	if netns != "" && netns != ep.Netns {
+		return nil, fmt.Errorf("check %s: endpoint is in netns %s, not %s: %w", key, ep.Netns, netns, ErrConflict)
+	}
+	if _, err := os.Stat(ep.Netns); err != nil {
+		return nil, fmt.Errorf("check %s: netns: %w: %w", key, err, ErrBadNetns)
+	}
+	links := netdev.PodLinks{HostIfIndex: ep.HostIfIndex, IfIndex: ep.IfIndex}
+	if ep.MAC != "" {
+		if links.MAC, err = net.ParseMAC(ep.MAC); err != nil {
+			return nil, fmt.Errorf("check %s: stored mac: %w", key, err)
+		}
+	}
+	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, MTU: ep.MTU}
+	if err := a.host.CheckPod(spec, links); err != nil {
+		return nil, fmt.Errorf("check %s: %w", key, err)
+	}
+	ids, err := a.dp.Endpoints()
+	if err != nil {
+		return nil, fmt.Errorf("check %s: list datapath endpoints: %w", key, err)
+	}
+	if !slices.Contains(ids, ep.ID) {
+		return nil, fmt.Errorf("check %s: endpoint %d missing from the datapath", key, ep.ID)
+	}
+	return &ep, nil
+}
+
+// List returns every endpoint, by ID.
+func (a *Agent) List() ([]endpoint.Endpoint, error) { return a.endpoints() }
+
+// Attachment is a container ID + ifname pair.
+type Attachment struct{ ContainerID, IfName string }
+
+// GC deletes every endpoint whose attachment is not in valid and frees
+// orphaned addresses. It returns the attachments it removed.
+func (a *Agent) GC(valid []Attachment) ([]Attachment, error) {
+	keep := map[string]bool{}
+	for _, v := range valid {
+		keep[endpoint.Key(v.ContainerID, v.IfName)] = true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	eps, err := a.endpoints()
+	if err != nil {
+		return nil, fmt.Errorf("gc: %w", err)
+	}
+	var removed []Attachment
+	var errs []error
+	for _, ep := range eps {
+		if keep[ep.Key()] {
+			continue
+		}
+		if _, err := a.del(ep.Key(), ep.HostIfName); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, Attachment{ep.ContainerID, ep.IfName})
+	}
+	if _, err := a.freeOrphans(keep); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return removed, fmt.Errorf("gc: %w", err)
+	}
+	a.log.Info("gc", "valid", len(valid), "removed", len(removed))
+	return removed, nil
+}
+
+// StatusInfo is what Status reports.
+type StatusInfo struct {
+	Version          string
+	Backend          string
+	DeviceMode       datapath.DeviceMode
+	DeviceModeReason string
+	Features         netdev.Features
+	PodCIDR          netip.Prefix
+	Endpoints        int
+	IPsAllocated     int
+	IPsCapacity      int
+}
+
+// Status reports the agent's configuration, probes and counts.
+func (a *Agent) Status() (StatusInfo, error) {
+	s := StatusInfo{
+		Version: Version, Backend: a.cfg.Datapath, DeviceMode: a.mode, DeviceModeReason: a.modeReason,
+		Features: a.features, PodCIDR: a.ipam.Prefix(), IPsCapacity: a.ipam.Capacity(),
+	}
+	err := a.st.View(func(tx *store.Tx) error {
+		var err error
+		if s.Endpoints, err = tx.Count(store.Endpoints); err != nil {
+			return err
+		}
+		s.IPsAllocated, err = tx.Count(store.IPAM)
+		return err
+	})
+	if err != nil {
+		return s, fmt.Errorf("status: %w", err)
+	}
+	return s, nil
+}

@@ -1,0 +1,241 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/netdev"
+)
+
+// listen creates the unix socket (mode 0600, replacing a stale socket file)
+// and the gRPC server.
+func (a *Agent) listen() (*grpc.Server, net.Listener, error) {
+	path := a.cfg.Socket
+	if path == "" {
+		return nil, nil, errors.New("listen: socket path is required")
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, nil, fmt.Errorf("listen on %s: exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+		}
+	}
+	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+		return nil, nil, fmt.Errorf("create socket dir for %s: %w", path, err)
+	}
+	old := syscall.Umask(0o177)
+	lis, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		lis.Close()
+		return nil, nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	srv := grpc.NewServer()
+	apiv1.RegisterAgentServer(srv, &server{a: a})
+	return srv, lis, nil
+}
+
+func dirOf(p string) string {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			if i == 0 {
+				return "/"
+			}
+			return p[:i]
+		}
+	}
+	return "."
+}
+
+func stopGracefully(srv *grpc.Server) {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
+}
+
+// server adapts the Agent to the generated gRPC interface.
+type server struct {
+	apiv1.UnimplementedAgentServer
+	a *Agent
+}
+
+// statusErr maps the agent's error classes to gRPC codes.
+func statusErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrConflict):
+		code = codes.AlreadyExists
+	case errors.Is(err, ErrBadNetns):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrExhausted):
+		code = codes.ResourceExhausted
+	}
+	return status.Error(code, err.Error())
+}
+
+func kindFromProto(k apiv1.EndpointKind) (endpoint.Kind, error) {
+	switch k {
+	case apiv1.EndpointKind_ENDPOINT_KIND_UNSPECIFIED, apiv1.EndpointKind_ENDPOINT_KIND_POD:
+		return endpoint.KindPod, nil
+	case apiv1.EndpointKind_ENDPOINT_KIND_VM:
+		return endpoint.KindVM, nil
+	}
+	return "", fmt.Errorf("endpoint kind %v: %w", k, ErrInvalid)
+}
+
+func kindToProto(k endpoint.Kind) apiv1.EndpointKind {
+	if k == endpoint.KindVM {
+		return apiv1.EndpointKind_ENDPOINT_KIND_VM
+	}
+	return apiv1.EndpointKind_ENDPOINT_KIND_POD
+}
+
+// EndpointToProto converts a stored endpoint to its API form:
+// interfaces[0] host side, interfaces[1] pod side.
+func EndpointToProto(ep *endpoint.Endpoint) *apiv1.Endpoint {
+	return &apiv1.Endpoint{
+		Id:         ep.ID,
+		Kind:       kindToProto(ep.Kind),
+		Attachment: &apiv1.Attachment{ContainerId: ep.ContainerID, Ifname: ep.IfName},
+		Netns:      ep.Netns,
+		Network:    ep.Network,
+		DeviceMode: string(ep.Mode),
+		Interfaces: []*apiv1.Interface{
+			{Name: ep.HostIfName, Mac: ep.HostMAC, Ifindex: int32(ep.HostIfIndex), Mtu: uint32(ep.MTU)},
+			{Name: ep.IfName, Mac: ep.MAC, Sandbox: ep.Netns, Ifindex: int32(ep.IfIndex), Mtu: uint32(ep.MTU)},
+		},
+		Ips: []*apiv1.IPConfig{
+			{Address: ep.IP.String() + "/32", Gateway: endpoint.GatewayIP.String(), Interface: 1},
+		},
+		Routes: []*apiv1.Route{
+			{Dst: endpoint.GatewayIP.String() + "/32", Scope: 253}, // RT_SCOPE_LINK
+			{Dst: "0.0.0.0/0", Gateway: endpoint.GatewayIP.String()},
+		},
+		Labels:      ep.Labels,
+		CreatedUnix: ep.Created.Unix(),
+	}
+}
+
+func attachmentOf(at *apiv1.Attachment) (string, string) {
+	if at == nil {
+		return "", ""
+	}
+	return at.GetContainerId(), at.GetIfname()
+}
+
+func (s *server) AddEndpoint(_ context.Context, req *apiv1.AddEndpointRequest) (*apiv1.AddEndpointResponse, error) {
+	kind, err := kindFromProto(req.GetKind())
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	cid, ifname := attachmentOf(req.GetAttachment())
+	ep, err := s.a.Add(AddRequest{
+		Kind: kind, ContainerID: cid, IfName: ifname, Netns: req.GetNetns(), Network: req.GetNetwork(),
+		MTU: int(req.GetMtu()), Subnet: req.GetSubnet(), Labels: req.GetLabels(),
+	})
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	return &apiv1.AddEndpointResponse{Endpoint: EndpointToProto(ep)}, nil
+}
+
+func (s *server) DelEndpoint(_ context.Context, req *apiv1.DelEndpointRequest) (*apiv1.DelEndpointResponse, error) {
+	cid, ifname := attachmentOf(req.GetAttachment())
+	existed, err := s.a.Del(cid, ifname)
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	return &apiv1.DelEndpointResponse{Existed: existed}, nil
+}
+
+func (s *server) CheckEndpoint(_ context.Context, req *apiv1.CheckEndpointRequest) (*apiv1.CheckEndpointResponse, error) {
+	cid, ifname := attachmentOf(req.GetAttachment())
+	ep, err := s.a.Check(cid, ifname, req.GetNetns())
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	return &apiv1.CheckEndpointResponse{Endpoint: EndpointToProto(ep)}, nil
+}
+
+func (s *server) ListEndpoints(context.Context, *apiv1.ListEndpointsRequest) (*apiv1.ListEndpointsResponse, error) {
+	eps, err := s.a.List()
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	resp := &apiv1.ListEndpointsResponse{}
+	for i := range eps {
+		resp.Endpoints = append(resp.Endpoints, EndpointToProto(&eps[i]))
+	}
+	return resp, nil
+}
+
+func (s *server) GC(_ context.Context, req *apiv1.GCRequest) (*apiv1.GCResponse, error) {
+	var valid []Attachment
+	for _, at := range req.GetValidAttachments() {
+		valid = append(valid, Attachment{at.GetContainerId(), at.GetIfname()})
+	}
+	removed, err := s.a.GC(valid)
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	resp := &apiv1.GCResponse{}
+	for _, r := range removed {
+		resp.Removed = append(resp.Removed, &apiv1.Attachment{ContainerId: r.ContainerID, Ifname: r.IfName})
+	}
+	return resp, nil
+}
+
+func feature(f netdev.Feature) *apiv1.Feature {
+	return &apiv1.Feature{Supported: f.Supported, Detail: f.Detail}
+}
+
+func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusResponse, error) {
+	st, err := s.a.Status()
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	f := st.Features
+	return &apiv1.StatusResponse{
+		Version: st.Version,
+		Datapath: &apiv1.DatapathStatus{
+			Backend: st.Backend, Location: "local",
+			DeviceMode: string(st.DeviceMode), DeviceModeReason: st.DeviceModeReason,
+		},
+		Kernel: &apiv1.KernelFeatures{
+			Release: f.Release,
+			Tcx:     feature(f.TCX), Netkit: feature(f.Netkit), Bpffs: feature(f.BPFFS), Btf: feature(f.BTF),
+		},
+		PodCidr:       st.PodCIDR.String(),
+		EndpointCount: uint32(st.Endpoints),
+		Ready:         true,
+		IpsAllocated:  uint32(st.IPsAllocated),
+		IpsCapacity:   uint32(st.IPsCapacity),
+	}, nil
+}
