@@ -1,0 +1,192 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLabEndToEnd builds the lanekit CLI, brings up a 2-node lab (full when
+// bin/lanekitd and bin/lanekit-cni work, baseline-only otherwise), proves the
+// connectivity matrix, runs a 1 × 1 s bench and tears everything down,
+// asserting nothing is left. Root only.
+func TestLabEndToEnd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces")
+	}
+	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "iperf3", "sockperf", "sysctl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
+		}
+	}
+	root := repoRoot(t)
+	binDir := os.Getenv("LANEKIT_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(root, "bin")
+	}
+	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
+	if err := bins.checkBaseline(); err != nil {
+		t.Skipf("%v", err)
+	}
+	cli := filepath.Join(t.TempDir(), "lanekit")
+	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lanekit: %v\n%s", err, out)
+	}
+	lk := func(t *testing.T, args ...string) (string, error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, cli, args...)
+		cmd.Env = append(os.Environ(), "LANEKIT_BIN="+binDir)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		t.Logf("lanekit %s:\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
+		return stdout.String(), err
+	}
+	assertGone := func(t *testing.T) {
+		t.Helper()
+		if left := listLabNetns(); len(left) > 0 {
+			t.Errorf("lk- netns left behind: %v", left)
+		}
+		if _, err := os.Stat(RunDir); err == nil {
+			t.Errorf("%s left behind", RunDir)
+		}
+		if d := bpfNodeDirs(); len(d) > 0 {
+			t.Errorf("pins left behind: %v", d)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := lk(t, "lab", "down"); err != nil {
+			t.Errorf("cleanup lab down: %v", err)
+		}
+		assertGone(t)
+	})
+
+	full := bins.LanekitReady() && os.Getenv("LANEKIT_LAB_BASELINE_ONLY") == ""
+	up := []string{"lab", "up", "--nodes", "2", "--pods-per-node", "1"}
+	if !full {
+		t.Logf("lanekitd/lanekit-cni not ready in %s: baseline-only lab", binDir)
+		up = append(up, "--baseline-only")
+	}
+	if _, err := lk(t, up...); err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	status, err := lk(t, "lab", "status")
+	if err != nil {
+		t.Fatalf("lab status: %v", err)
+	}
+	wantPods := []string{"lk-n1-b1", "lk-n2-b1"}
+	if full {
+		wantPods = append(wantPods, "lk-n1-p1", "lk-n2-p1")
+		if strings.Count(status, "alive") != 2 {
+			t.Errorf("want 2 live agents in status")
+		}
+	}
+	for _, p := range wantPods {
+		if !strings.Contains(status, p) {
+			t.Errorf("status lacks pod %s", p)
+		}
+	}
+	out, err := lk(t, "lab", "check")
+	if err != nil {
+		t.Fatalf("lab check: %v", err)
+	}
+	if !strings.Contains(out, "all probes passed") || strings.Contains(out, "FAIL") {
+		t.Errorf("lab check output does not prove the matrix")
+	}
+
+	chart := filepath.Join(t.TempDir(), "bench.png")
+	out, err = lk(t, "lab", "bench", "--json", "--repeat", "1", "--duration", "1s", "--chart", chart)
+	if err != nil {
+		t.Fatalf("lab bench: %v", err)
+	}
+	var doc struct {
+		Machine struct {
+			Kernel string `json:"kernel"`
+			Cores  int    `json:"cores"`
+		} `json:"machine"`
+		Rows []struct {
+			Path string `json:"path"`
+			TCP  struct {
+				Median float64 `json:"median"`
+			} `json:"tcp_gbps"`
+			P50 float64 `json:"rr_p50_us"`
+			P99 float64 `json:"rr_p99_us"`
+			CPS float64 `json:"cps"`
+		} `json:"rows"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("bench --json is not one JSON document: %v", err)
+	}
+	wantRows := []string{"host", "bridge-iptables"}
+	if full {
+		wantRows = append(wantRows, "lanekit-pod")
+	}
+	if len(doc.Rows) != len(wantRows) || doc.Machine.Kernel == "" || doc.Machine.Cores == 0 {
+		t.Fatalf("bench report: %+v", doc)
+	}
+	for i, r := range doc.Rows {
+		if r.Path != wantRows[i] || r.TCP.Median <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.CPS <= 0 {
+			t.Errorf("row %d = %+v, want path %s with positive metrics", i, r, wantRows[i])
+		}
+	}
+	if f, err := os.Open(chart); err != nil {
+		t.Errorf("chart: %v", err)
+	} else {
+		if _, err := png.Decode(f); err != nil {
+			t.Errorf("chart is not a PNG: %v", err)
+		}
+		f.Close()
+	}
+
+	if _, err := lk(t, "lab", "down"); err != nil {
+		t.Fatalf("lab down: %v", err)
+	}
+	assertGone(t)
+
+	// Debris of a half-done up: a node netns, a run dir and a pid file of a
+	// long-gone process. Down removes it and stays idempotent.
+	if err := exec.Command("ip", "netns", "add", NodeNS(1)).Run(); err != nil {
+		t.Fatalf("make debris: %v", err)
+	}
+	if err := os.MkdirAll(NodeDir(1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(AgentPIDFile(1), []byte("999999999\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := lk(t, "lab", "down"); err != nil {
+			t.Fatalf("lab down after debris: %v", err)
+		}
+		assertGone(t)
+	}
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
