@@ -1,10 +1,12 @@
 package lab
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -58,26 +60,21 @@ func (b Bins) checkLanekit() error {
 	return nil
 }
 
-// LanekitReady reports whether lanekitd and lanekit-cni exist and lanekitd
-// answers --help: the full lab can be attempted.
+// LanekitReady reports whether lanekitd and lanekit-cni exist and lanekitd's
+// usage lists the flags the lab passes: the full lab can be attempted.
 func (b Bins) LanekitReady() bool {
 	if b.checkLanekit() != nil {
 		return false
 	}
-	cmd := exec.Command(b.Agent(), "--help")
-	done := make(chan error, 1)
-	if err := cmd.Start(); err != nil {
-		return false
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, b.Agent(), "--help").CombinedOutput() // usage exit codes vary
+	for _, flag := range []string{"state-dir", "socket", "uplink", "pod-cidr", "bpf-dir"} {
+		if !strings.Contains(string(out), "-"+flag) {
+			return false
+		}
 	}
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err == nil
-	case <-time.After(5 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		return false
-	}
+	return true
 }
 
 func executable(p string) bool {

@@ -174,4 +174,3 @@ func TestEchoLoopback(t *testing.T) {
 		t.Errorf("round trip = %+v, %v", back, err)
 	}
 }
-
