@@ -1,0 +1,365 @@
+// Package cniplugin is the lanekit CNI plugin (type "lanekit", spec 1.1.0):
+// a thin client that forwards ADD, DEL, CHECK, STATUS and GC to the node
+// agent over its unix socket and turns the answers into CNI results and
+// CNI error codes.
+package cniplugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+)
+
+// PluginType is the CNI "type" this plugin answers to.
+const PluginType = "lanekit"
+
+// DefaultAgentSocket is where lanekitd listens unless the config says otherwise.
+const DefaultAgentSocket = "/run/lanekit/agent.sock"
+
+// Timeout bounds each call to the agent.
+var Timeout = 60 * time.Second
+
+// VersionInfo lists the CNI spec versions the plugin speaks.
+var VersionInfo = version.PluginSupports("0.4.0", "1.0.0", "1.1.0")
+
+// About is printed for the VERSION command's human-readable form.
+const About = "lanekit CNI plugin: forwards to the lanekitd agent"
+
+// NetConf is the plugin's network configuration.
+type NetConf struct {
+	types.PluginConf
+	AgentSocket *string `json:"agentSocket,omitempty"`
+	MTU         int     `json:"mtu,omitempty"`
+	Subnet      string  `json:"subnet,omitempty"`
+}
+
+// Socket returns the agent socket path from the config or the default.
+func (c *NetConf) Socket() string {
+	if c.AgentSocket == nil {
+		return DefaultAgentSocket
+	}
+	return *c.AgentSocket
+}
+
+// ParseConf decodes and validates stdin; errors carry CNI codes 6 (decode)
+// or 7 (invalid config).
+func ParseConf(stdin []byte) (*NetConf, error) {
+	conf := &NetConf{}
+	if err := json.Unmarshal(stdin, conf); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "failed to decode network configuration", err.Error())
+	}
+	invalid := func(msg string) error { return types.NewError(types.ErrInvalidNetworkConfig, msg, "") }
+	if conf.Type != PluginType {
+		return nil, invalid(fmt.Sprintf("config type is %q, want %q", conf.Type, PluginType))
+	}
+	if conf.Name == "" {
+		return nil, invalid("config has no network name")
+	}
+	if conf.AgentSocket != nil && *conf.AgentSocket == "" {
+		return nil, invalid("agentSocket is empty (omit it for " + DefaultAgentSocket + ")")
+	}
+	if conf.MTU != 0 && (conf.MTU < 68 || conf.MTU > 65535) {
+		return nil, invalid(fmt.Sprintf("mtu %d out of range 68-65535", conf.MTU))
+	}
+	if conf.Subnet != "" {
+		p, err := netip.ParsePrefix(conf.Subnet)
+		if err != nil || !p.Addr().Is4() {
+			return nil, invalid(fmt.Sprintf("subnet %q is not an IPv4 CIDR", conf.Subnet))
+		}
+	}
+	if conf.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, "failed to decode prevResult", err.Error())
+		}
+	}
+	return conf, nil
+}
+
+// Funcs returns the plugin's command handlers for skel.PluginMainFuncs.
+func Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: CmdAdd, Del: CmdDel, Check: CmdCheck, Status: CmdStatus, GC: CmdGC}
+}
+
+// Dial connects to the agent at socket. A missing socket is reported as
+// code 11 (try again later): the agent is not running.
+func Dial(socket string) (apiv1.AgentClient, func(), error) {
+	if fi, err := os.Stat(socket); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		msg := "lanekit agent is not running"
+		if err == nil {
+			err = fmt.Errorf("%s is not a socket", socket)
+		}
+		return nil, nil, types.NewError(types.ErrTryAgainLater, msg, fmt.Sprintf("agent socket %s: %v", socket, err))
+	}
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, types.NewError(types.ErrTryAgainLater, "cannot reach the lanekit agent", err.Error())
+	}
+	return apiv1.NewAgentClient(conn), func() { conn.Close() }, nil
+}
+
+// cniError maps an agent error to a CNI error. unavailable is the code for
+// an unreachable agent (11 for most commands, 50 for STATUS).
+func cniError(op string, err error, unavailable uint) error {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te
+	}
+	st, _ := status.FromError(err)
+	msg := st.Message()
+	code := uint(types.ErrInternal)
+	switch st.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return types.NewError(unavailable, "lanekit agent unavailable", fmt.Sprintf("%s: %s", op, msg))
+	case codes.NotFound:
+		code = types.ErrUnknownContainer
+	case codes.InvalidArgument:
+		code = types.ErrInvalidNetworkConfig
+	case codes.FailedPrecondition, codes.AlreadyExists:
+		code = types.ErrInvalidEnvironmentVariables
+	case codes.ResourceExhausted:
+		code = types.ErrTryAgainLater
+	}
+	return types.NewError(code, op+" failed", msg)
+}
+
+func attachment(args *skel.CmdArgs) *apiv1.Attachment {
+	return &apiv1.Attachment{ContainerId: args.ContainerID, Ifname: args.IfName}
+}
+
+func labelsFromArgs(cniArgs string) map[string]string {
+	if cniArgs == "" {
+		return nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(cniArgs, ";") {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && k != "" {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func checkEnv(args *skel.CmdArgs, needNetns bool) error {
+	if args.ContainerID == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_CONTAINERID is empty", "")
+	}
+	if args.IfName == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_IFNAME is empty", "")
+	}
+	if needNetns && args.Netns == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_NETNS is empty", "")
+	}
+	return nil
+}
+
+// Result builds the CNI result for an endpoint: interfaces [host, pod], the
+// pod's /32 on interface 1, the gateway and the routes.
+func Result(ep *apiv1.Endpoint) (*current.Result, error) {
+	res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	for _, itf := range ep.GetInterfaces() {
+		res.Interfaces = append(res.Interfaces, &current.Interface{
+			Name: itf.GetName(), Mac: itf.GetMac(), Mtu: int(itf.GetMtu()), Sandbox: itf.GetSandbox(),
+		})
+	}
+	for _, ipc := range ep.GetIps() {
+		ip, ipn, err := net.ParseCIDR(ipc.GetAddress())
+		if err != nil {
+			return nil, fmt.Errorf("endpoint address %q: %w", ipc.GetAddress(), err)
+		}
+		idx := int(ipc.GetInterface())
+		res.IPs = append(res.IPs, &current.IPConfig{
+			Interface: &idx,
+			Address:   net.IPNet{IP: ip, Mask: ipn.Mask},
+			Gateway:   net.ParseIP(ipc.GetGateway()),
+		})
+	}
+	for _, r := range ep.GetRoutes() {
+		_, dst, err := net.ParseCIDR(r.GetDst())
+		if err != nil {
+			return nil, fmt.Errorf("endpoint route %q: %w", r.GetDst(), err)
+		}
+		rt := &types.Route{Dst: *dst}
+		if r.GetGateway() != "" {
+			rt.GW = net.ParseIP(r.GetGateway())
+		}
+		if r.GetScope() != 0 {
+			scope := int(r.GetScope())
+			rt.Scope = &scope
+		}
+		res.Routes = append(res.Routes, rt)
+	}
+	return res, nil
+}
+
+// CmdAdd asks the agent for the endpoint and prints the result.
+func CmdAdd(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkEnv(args, true); err != nil {
+		return err
+	}
+	c, closeFn, err := Dial(conf.Socket())
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	resp, err := c.AddEndpoint(ctx, &apiv1.AddEndpointRequest{
+		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+		Network: conf.Name, Mtu: uint32(conf.MTU), Subnet: conf.Subnet, Labels: labelsFromArgs(args.Args),
+	})
+	if err != nil {
+		return cniError("add", err, types.ErrTryAgainLater)
+	}
+	res, err := Result(resp.GetEndpoint())
+	if err != nil {
+		return types.NewError(types.ErrInternal, "bad endpoint from agent", err.Error())
+	}
+	return types.PrintResult(res, conf.CNIVersion)
+}
+
+// CmdDel asks the agent to delete the endpoint; unknown ones are success.
+func CmdDel(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkEnv(args, false); err != nil {
+		return err
+	}
+	c, closeFn, err := Dial(conf.Socket())
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	_, err = c.DelEndpoint(ctx, &apiv1.DelEndpointRequest{
+		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+	})
+	if err != nil {
+		return cniError("del", err, types.ErrTryAgainLater)
+	}
+	return nil
+}
+
+// CmdCheck asks the agent to verify the endpoint and compares it with the
+// previous result.
+func CmdCheck(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkEnv(args, true); err != nil {
+		return err
+	}
+	c, closeFn, err := Dial(conf.Socket())
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	resp, err := c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{
+		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+	})
+	if err != nil {
+		return cniError("check", err, types.ErrTryAgainLater)
+	}
+	if conf.PrevResult == nil {
+		return nil
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "failed to convert prevResult", err.Error())
+	}
+	var have []string
+	for _, ipc := range resp.GetEndpoint().GetIps() {
+		have = append(have, ipc.GetAddress())
+	}
+	for _, ipc := range prev.IPs {
+		found := false
+		for _, h := range have {
+			if h == ipc.Address.String() {
+				found = true
+			}
+		}
+		if !found {
+			return types.NewError(types.ErrInternal, "check failed",
+				fmt.Sprintf("prevResult address %s not on the endpoint (has %v)", ipc.Address.String(), have))
+		}
+	}
+	return nil
+}
+
+// CmdStatus reports whether the plugin can add endpoints: code 50 when the
+// agent is unreachable or not ready.
+func CmdStatus(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	c, closeFn, err := Dial(conf.Socket())
+	if err != nil {
+		var te *types.Error
+		if errors.As(err, &te) {
+			return types.NewError(types.ErrPluginNotAvailable, te.Msg, te.Details)
+		}
+		return types.NewError(types.ErrPluginNotAvailable, "lanekit agent unavailable", err.Error())
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	st, err := c.Status(ctx, &apiv1.StatusRequest{})
+	if err != nil {
+		return cniError("status", err, types.ErrPluginNotAvailable)
+	}
+	if !st.GetReady() {
+		return types.NewError(types.ErrPluginNotAvailable, "lanekit agent not ready", st.GetReason())
+	}
+	return nil
+}
+
+// CmdGC removes every endpoint not in the config's valid attachments.
+func CmdGC(args *skel.CmdArgs) error {
+	conf, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	c, closeFn, err := Dial(conf.Socket())
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	req := &apiv1.GCRequest{}
+	for _, at := range conf.ValidAttachments {
+		req.ValidAttachments = append(req.ValidAttachments, &apiv1.Attachment{ContainerId: at.ContainerID, Ifname: at.IfName})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	if _, err := c.GC(ctx, req); err != nil {
+		return cniError("gc", err, types.ErrTryAgainLater)
+	}
+	return nil
+}

@@ -1,0 +1,207 @@
+package cniplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+func conf(socket string, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"lk","type":"lanekit","agentSocket":%q%s}`, socket, extra))
+}
+
+func code(t *testing.T, err error) uint {
+	t.Helper()
+	var te *types.Error
+	if !errors.As(err, &te) {
+		t.Fatalf("error %v (%T) is not a CNI error", err, err)
+	}
+	return te.Code
+}
+
+func TestParseConf(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want uint
+	}{
+		{"not json", `{"cniVersion":`, types.ErrDecodingFailure},
+		{"wrong type", `{"cniVersion":"1.1.0","name":"lk","type":"bridge"}`, types.ErrInvalidNetworkConfig},
+		{"no name", `{"cniVersion":"1.1.0","type":"lanekit"}`, types.ErrInvalidNetworkConfig},
+		{"empty socket", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","agentSocket":""}`, types.ErrInvalidNetworkConfig},
+		{"bad mtu", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","mtu":10}`, types.ErrInvalidNetworkConfig},
+		{"bad subnet", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","subnet":"10.0.0.0"}`, types.ErrInvalidNetworkConfig},
+		{"mtu not a number", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","mtu":"big"}`, types.ErrDecodingFailure},
+	} {
+		_, err := ParseConf([]byte(tc.in))
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+			continue
+		}
+		if got := code(t, err); got != tc.want {
+			t.Errorf("%s: code %d, want %d (%v)", tc.name, got, tc.want, err)
+		}
+	}
+	c, err := ParseConf([]byte(`{"cniVersion":"1.1.0","name":"lk","type":"lanekit","mtu":1400,"subnet":"10.0.0.0/8"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Socket() != DefaultAgentSocket || c.MTU != 1400 || c.Subnet != "10.0.0.0/8" {
+		t.Errorf("conf = %+v socket %s", c, c.Socket())
+	}
+}
+
+func TestAgentDownCodes(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.sock")
+	// A socket file nobody listens on: the agent died without cleaning up.
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	for _, sock := range []string{missing, stale} {
+		args := &skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/proc/self/ns/net", StdinData: conf(sock, "")}
+		for name, fn := range map[string]func(*skel.CmdArgs) error{"add": CmdAdd, "del": CmdDel, "check": CmdCheck, "gc": CmdGC} {
+			if got := code(t, fn(args)); got != types.ErrTryAgainLater {
+				t.Errorf("%s with %s: code %d, want 11", name, filepath.Base(sock), got)
+			}
+		}
+		if got := code(t, CmdStatus(args)); got != types.ErrPluginNotAvailable {
+			t.Errorf("status with %s: code %d, want 50", filepath.Base(sock), got)
+		}
+	}
+}
+
+// startAgent runs an agent in-process on a temp socket, its node side in a
+// test namespace, with the in-memory datapath.
+func startAgent(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	node := netnstest.New(t, "cnode")
+	sock := filepath.Join(dir, "agent.sock")
+	a, err := agent.New(agent.Config{
+		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.88.1.0/24"),
+		Datapath: agent.BackendNone, MTU: 1450, HostNetns: node.Path(),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		a.Close()
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("agent socket did not appear")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return sock
+}
+
+func TestInProcessAddCheckDel(t *testing.T) {
+	testutil.RequireRoot(t)
+	sock := startAgent(t)
+	pod := netnstest.New(t, "cpod")
+	args := &skel.CmdArgs{ContainerID: "ctr1", IfName: "eth0", Netns: pod.Path(), Args: "K8S_POD_NAME=p1", StdinData: conf(sock, "")}
+
+	r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "eth0" || res.Interfaces[1].Sandbox != pod.Path() ||
+		res.Interfaces[0].Sandbox != "" || res.Interfaces[0].Mac == "" || res.Interfaces[1].Mac == "" || res.Interfaces[1].Mtu != 1450 {
+		t.Fatalf("interfaces = %+v", res.Interfaces)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.88.1.1/32" || *res.IPs[0].Interface != 1 ||
+		res.IPs[0].Gateway.String() != "169.254.1.1" {
+		t.Fatalf("ips = %+v", res.IPs)
+	}
+	if len(res.Routes) != 2 {
+		t.Fatalf("routes = %+v", res.Routes)
+	}
+
+	// Duplicate ADD: same address, no second allocation.
+	r2, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, _ := current.NewResultFromResult(r2)
+	if res2.IPs[0].Address.String() != "10.88.1.1/32" {
+		t.Fatalf("duplicate add got %s", res2.IPs[0].Address.String())
+	}
+
+	// CHECK with the ADD result as prevResult.
+	withPrev := conf(sock, `,"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"10.88.1.1/32","interface":1}]}`)
+	chk := &skel.CmdArgs{ContainerID: "ctr1", IfName: "eth0", Netns: pod.Path(), StdinData: withPrev}
+	if err := testutils.CmdCheckWithArgs(chk, func() error { return CmdCheck(chk) }); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	wrongPrev := conf(sock, `,"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"10.88.1.9/32","interface":1}]}`)
+	chk.StdinData = wrongPrev
+	if err := CmdCheck(chk); err == nil {
+		t.Fatal("check with a different prevResult address passed")
+	}
+	unknown := &skel.CmdArgs{ContainerID: "nope", IfName: "eth0", Netns: pod.Path(), StdinData: conf(sock, "")}
+	if got := code(t, CmdCheck(unknown)); got != types.ErrUnknownContainer {
+		t.Fatalf("check unknown container: code %d, want 3", got)
+	}
+	conflict := &skel.CmdArgs{ContainerID: "ctr2", IfName: "eth0", Netns: pod.Path(), StdinData: conf(sock, `,"subnet":"192.168.0.0/16"`)}
+	if got := code(t, CmdAdd(conflict)); got != types.ErrInvalidNetworkConfig {
+		t.Fatalf("conflicting subnet: code %d, want 7", got)
+	}
+	noNetns := &skel.CmdArgs{ContainerID: "ctr3", IfName: "eth0", Netns: "/run/netns/lk-t-gone", StdinData: conf(sock, "")}
+	if got := code(t, CmdAdd(noNetns)); got != types.ErrInvalidEnvironmentVariables {
+		t.Fatalf("missing netns: code %d, want 4", got)
+	}
+	if err := testutils.CmdStatus(func() error { return CmdStatus(args) }); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+
+	// GC keeping nothing removes the endpoint; DEL afterwards still succeeds twice.
+	gc := &skel.CmdArgs{StdinData: conf(sock, `,"cni.dev/valid-attachments":[{"containerID":"other","ifname":"eth0"}]`)}
+	if err := CmdGC(gc); err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	if got := code(t, CmdCheck(&skel.CmdArgs{ContainerID: "ctr1", IfName: "eth0", Netns: pod.Path(), StdinData: conf(sock, "")})); got != types.ErrUnknownContainer {
+		t.Fatalf("check after gc: code %d, want 3", got)
+	}
+	for range 2 {
+		if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+			t.Fatalf("del: %v", err)
+		}
+	}
+}
