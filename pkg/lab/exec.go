@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -49,7 +50,12 @@ func nsCommand(ctx context.Context, ns string, args ...string) *exec.Cmd {
 // netnsPath is where `ip netns` mounts a named namespace.
 func netnsPath(ns string) string { return "/run/netns/" + ns }
 
-// listLabNetns returns the lk- namespaces that exist.
+// labNetnsRe matches the namespaces the lab creates: lk-wire, lk-node<i>,
+// lk-n<i>-<kind letter><j>. Other lk- namespaces (e.g. the lk-t-* ones of
+// other packages' tests) are not the lab's and are left alone.
+var labNetnsRe = regexp.MustCompile(`^lk-(wire|node[0-9]+|n[0-9]+-[a-z][0-9]+)$`)
+
+// listLabNetns returns the lab's namespaces that exist.
 func listLabNetns() []string {
 	entries, err := os.ReadDir("/run/netns")
 	if err != nil {
@@ -57,7 +63,7 @@ func listLabNetns() []string {
 	}
 	var out []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), Prefix) {
+		if labNetnsRe.MatchString(e.Name()) {
 			out = append(out, e.Name())
 		}
 	}

@@ -17,7 +17,6 @@ import (
 // Names and addresses. Everything the lab creates is named lk-; traffic only
 // uses the addresses below.
 const (
-	Prefix      = "lk-"
 	WireNS      = "lk-wire"
 	WireBridge  = "lk-br0"
 	BaseBridge  = "lk-cni0"

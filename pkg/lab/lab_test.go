@@ -29,6 +29,12 @@ func TestNames(t *testing.T) {
 			t.Errorf("got %q, want %q", tt.got, tt.want)
 		}
 	}
+	for ns, want := range map[string]bool{"lk-wire": true, "lk-node12": true, "lk-n1-p2": true, "lk-n3-b1": true,
+		"lk-t-veth-123": false, "lk-nodex": false, "lk-": false, "node1": false} {
+		if got := labNetnsRe.MatchString(ns); got != want {
+			t.Errorf("lab netns %q: got %v, want %v", ns, got, want)
+		}
+	}
 	args := strings.Join(agentArgs(2), " ")
 	want := "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --pod-cidr 10.244.2.0/24 --bpf-dir /sys/fs/bpf/lanekit/lk-node2"
 	if args != want {

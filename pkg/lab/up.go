@@ -11,8 +11,8 @@ import (
 // failed one) is torn down first. On failure the partial lab stays for
 // inspection; Down removes it.
 func Up(ctx context.Context, cfg Config) (*State, error) {
-	if cfg.Nodes < 2 || cfg.Nodes > 200 {
-		return nil, fmt.Errorf("lab up: --nodes must be 2..200, got %d", cfg.Nodes)
+	if cfg.Nodes < 1 || cfg.Nodes > 200 {
+		return nil, fmt.Errorf("lab up: --nodes must be 1..200, got %d", cfg.Nodes)
 	}
 	if cfg.PodsPerNode < 1 || cfg.PodsPerNode > 100 {
 		return nil, fmt.Errorf("lab up: --pods-per-node must be 1..100, got %d", cfg.PodsPerNode)
