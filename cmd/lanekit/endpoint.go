@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/cniplugin"
+)
+
+// agentSocket is the --socket flag shared by the commands that talk to lanekitd.
+var agentSocket string
+
+func dialAgent() (apiv1.AgentClient, func(), error) {
+	if _, err := os.Stat(agentSocket); err != nil {
+		return nil, nil, fmt.Errorf("agent not reachable at %s: %w", agentSocket, err)
+	}
+	conn, err := grpc.NewClient("unix://"+agentSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to agent at %s: %w", agentSocket, err)
+	}
+	return apiv1.NewAgentClient(conn), func() { conn.Close() }, nil
+}
+
+func addSocketFlag(c *cobra.Command) {
+	c.Flags().StringVar(&agentSocket, "socket", cniplugin.DefaultAgentSocket, "the agent's unix socket")
+}
+
+var endpointCmd = &cobra.Command{
+	Use:   "endpoint",
+	Short: "Inspect the agent's endpoints",
+}
+
+var endpointListCmd = &cobra.Command{
+	Use:   "list",
+	Short: "List the endpoints of the local agent",
+	Args:  cobra.NoArgs,
+	RunE: func(cmd *cobra.Command, _ []string) error {
+		c, closeFn, err := dialAgent()
+		if err != nil {
+			return err
+		}
+		defer closeFn()
+		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+		defer cancel()
+		resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+		if err != nil {
+			return fmt.Errorf("list endpoints: %w", err)
+		}
+		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS")
+		for _, ep := range resp.GetEndpoints() {
+			ip, hostDev, ifindex := "", "", int32(0)
+			if len(ep.GetIps()) > 0 {
+				ip = ep.GetIps()[0].GetAddress()
+			}
+			if len(ep.GetInterfaces()) > 0 {
+				hostDev, ifindex = ep.GetInterfaces()[0].GetName(), ep.GetInterfaces()[0].GetIfindex()
+			}
+			cid := ep.GetAttachment().GetContainerId()
+			if len(cid) > 16 {
+				cid = cid[:16]
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
+				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns())
+		}
+		return w.Flush()
+	},
+}
+
+func kindName(k apiv1.EndpointKind) string {
+	switch k {
+	case apiv1.EndpointKind_ENDPOINT_KIND_VM:
+		return "vm"
+	default:
+		return "pod"
+	}
+}
+
+func init() {
+	addSocketFlag(endpointListCmd)
+	endpointCmd.AddCommand(endpointListCmd)
+	rootCmd.AddCommand(endpointCmd)
+}
