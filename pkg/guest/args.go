@@ -1,0 +1,224 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MaxQueues bounds Config.Queues (virtio-net queue pairs).
+const MaxQueues = 16
+
+// Config describes one guest. Kernel and Initrd come from EnsureImage. The NIC
+// is chosen by VhostSocket (vhost-user, the lanekit fast lane), else UserNet
+// (QEMU user-mode networking, for tests that need no backend), else none.
+type Config struct {
+	QEMU     string // binary; default "qemu-system-x86_64"
+	Kernel   string
+	Initrd   string
+	MemoryMB int // guest RAM, shared memfd when VhostSocket is set; default 256
+	CPUs     int // default 1
+
+	IP      string // lk.ip, "10.244.2.50/32"; empty: the guest configures no network
+	Gateway string // lk.gw, on-link gateway, "169.254.1.1"
+	MAC     string // lk.mac and the virtio-net device MAC; default DefaultMAC
+	Queues  int    // queue pairs (lk.queues, netdev queues=, mq=on); default 1
+	MTU     int    // lk.mtu; 0 keeps the driver default
+
+	VhostSocket string   // vhost-user backend socket (QEMU is the client)
+	UserNet     *UserNet // QEMU user-mode network when VhostSocket is empty
+
+	// SerialSocket is the unix socket QEMU serves ttyS0 on (server=on,wait=on:
+	// QEMU waits for the host to connect before the guest runs, so no output is
+	// lost). Start fills it in; empty in QEMUArgs means "-serial stdio".
+	SerialSocket string
+	// CmdTimeout bounds one control command inside the guest (lk.cmdtimeout).
+	CmdTimeout time.Duration
+	// ExtraAppend is added to the kernel command line verbatim.
+	ExtraAppend []string
+}
+
+// UserNet is QEMU's user-mode (slirp) network with restrict=on: the guest
+// reaches nothing outside QEMU, the host reaches it through the forwards.
+type UserNet struct {
+	// Forwards maps a TCP port on 127.0.0.1 to a guest TCP port.
+	Forwards map[int]int
+}
+
+// DefaultMAC is the guest NIC's MAC when Config.MAC is empty.
+const DefaultMAC = "52:54:00:4c:4b:01"
+
+func (c Config) withDefaults() Config {
+	if c.QEMU == "" {
+		c.QEMU = "qemu-system-x86_64"
+	}
+	if c.MemoryMB == 0 {
+		c.MemoryMB = 256
+	}
+	if c.CPUs == 0 {
+		c.CPUs = 1
+	}
+	if c.MAC == "" {
+		c.MAC = DefaultMAC
+	}
+	if c.Queues == 0 {
+		c.Queues = 1
+	}
+	return c
+}
+
+func (c Config) hasNIC() bool { return c.VhostSocket != "" || c.UserNet != nil }
+
+func (c Config) validate() error {
+	if c.Kernel == "" || c.Initrd == "" {
+		return errors.New("guest config: kernel and initrd are required")
+	}
+	if c.MemoryMB < 64 {
+		return fmt.Errorf("guest config: memory %d MiB: need at least 64", c.MemoryMB)
+	}
+	if c.CPUs < 1 || c.CPUs > 64 {
+		return fmt.Errorf("guest config: cpus %d: out of range 1..64", c.CPUs)
+	}
+	if c.IP != "" {
+		p, err := netip.ParsePrefix(c.IP)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("guest config: ip %q: want an IPv4 ADDR/PLEN", c.IP)
+		}
+	}
+	if c.Gateway != "" {
+		if c.IP == "" {
+			return errors.New("guest config: gateway without ip")
+		}
+		a, err := netip.ParseAddr(c.Gateway)
+		if err != nil || !a.Is4() {
+			return fmt.Errorf("guest config: gateway %q: want an IPv4 address", c.Gateway)
+		}
+	}
+	hw, err := net.ParseMAC(c.MAC)
+	if err != nil || len(hw) != 6 {
+		return fmt.Errorf("guest config: mac %q: want a 48-bit MAC", c.MAC)
+	}
+	if hw[0]&1 != 0 {
+		return fmt.Errorf("guest config: mac %q: multicast", c.MAC)
+	}
+	if c.Queues < 1 || c.Queues > MaxQueues {
+		return fmt.Errorf("guest config: queues %d: out of range 1..%d", c.Queues, MaxQueues)
+	}
+	if c.Queues > 1 && c.VhostSocket == "" {
+		return fmt.Errorf("guest config: queues %d: multiqueue needs a vhost-user socket", c.Queues)
+	}
+	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
+		return fmt.Errorf("guest config: mtu %d: out of range 68..65535", c.MTU)
+	}
+	if c.IP != "" && !c.hasNIC() {
+		return errors.New("guest config: ip set but no nic (no vhost socket, no user net)")
+	}
+	for _, s := range []string{c.VhostSocket, c.SerialSocket} {
+		if strings.ContainsAny(s, ", \n") {
+			return fmt.Errorf("guest config: socket path %q: must not contain ',', spaces or newlines", s)
+		}
+	}
+	if c.UserNet != nil {
+		for hp, gp := range c.UserNet.Forwards {
+			if hp < 1 || hp > 65535 || gp < 1 || gp > 65535 {
+				return fmt.Errorf("guest config: user net forward %d->%d: port out of range", hp, gp)
+			}
+		}
+	}
+	for _, a := range c.ExtraAppend {
+		if a == "" || strings.ContainsAny(a, " \t\n\"") {
+			return fmt.Errorf("guest config: extra append %q: one word without quotes", a)
+		}
+	}
+	return nil
+}
+
+// KernelCmdline returns the kernel command line: the console on ttyS0, quiet,
+// the lk.* keys that scripts/guest/init reads, and panic=-1 (with -no-reboot a
+// dead init ends QEMU).
+func KernelCmdline(cfg Config) (string, error) {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return "", err
+	}
+	return c.cmdline(), nil
+}
+
+func (c Config) cmdline() string {
+	w := []string{"console=ttyS0", "quiet"}
+	if c.IP != "" {
+		w = append(w, "lk.ip="+c.IP)
+		if c.Gateway != "" {
+			w = append(w, "lk.gw="+c.Gateway)
+		}
+		w = append(w, "lk.mac="+strings.ToLower(c.MAC))
+		if c.Queues > 1 {
+			w = append(w, "lk.queues="+strconv.Itoa(c.Queues))
+		}
+		if c.MTU != 0 {
+			w = append(w, "lk.mtu="+strconv.Itoa(c.MTU))
+		}
+	}
+	if c.CmdTimeout > 0 {
+		w = append(w, "lk.cmdtimeout="+strconv.Itoa(int((c.CmdTimeout+time.Second-1)/time.Second)))
+	}
+	w = append(w, c.ExtraAppend...)
+	w = append(w, "panic=-1")
+	return strings.Join(w, " ")
+}
+
+// QEMUArgs returns the QEMU command line (argv[0] included) for cfg.
+//
+// The virtio-net device always gets vectors=0 (no MSI-X): QEMU 7.2 under TCG
+// with a vhost-user netdev crashes otherwise. With vhost-user the guest RAM is a
+// shared memfd so the backend can map it; mq=on is added for queues > 1.
+func QEMUArgs(cfg Config) ([]string, error) {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	mem := strconv.Itoa(c.MemoryMB)
+	a := []string{c.QEMU,
+		"-machine", "q35", "-cpu", "max", "-accel", "tcg",
+		"-m", mem, "-smp", strconv.Itoa(c.CPUs),
+		"-nographic", "-no-reboot", "-monitor", "none",
+		"-kernel", c.Kernel, "-initrd", c.Initrd,
+		"-append", c.cmdline(),
+	}
+	mac := strings.ToLower(c.MAC)
+	switch {
+	case c.VhostSocket != "":
+		dev := "virtio-net-pci,netdev=n0,mac=" + mac + ",vectors=0,romfile="
+		if c.Queues > 1 {
+			dev += ",mq=on"
+		}
+		a = append(a,
+			"-object", "memory-backend-memfd,id=mem,size="+mem+"M,share=on",
+			"-numa", "node,memdev=mem",
+			"-chardev", "socket,id=c0,path="+c.VhostSocket,
+			"-netdev", "vhost-user,id=n0,chardev=c0,queues="+strconv.Itoa(c.Queues),
+			"-device", dev)
+	case c.UserNet != nil:
+		nd := "user,id=n0,restrict=on"
+		for _, hp := range slices.Sorted(maps.Keys(c.UserNet.Forwards)) {
+			nd += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", hp, c.UserNet.Forwards[hp])
+		}
+		a = append(a, "-netdev", nd,
+			"-device", "virtio-net-pci,netdev=n0,mac="+mac+",vectors=0,romfile=")
+	default:
+		a = append(a, "-nic", "none")
+	}
+	if c.SerialSocket != "" {
+		a = append(a, "-chardev", "socket,id=ser0,path="+c.SerialSocket+",server=on,wait=on",
+			"-serial", "chardev:ser0")
+	} else {
+		a = append(a, "-serial", "stdio")
+	}
+	return a, nil
+}
