@@ -1,0 +1,433 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+// e2e holds one end-to-end environment: built binaries, a node namespace
+// running lanekitd, a CNI plugin dir and a network config dir.
+type e2e struct {
+	bin, pluginDir, confDir, stateDir, sock string
+	node                                     ns.NetNS
+	backend                                  string
+	agent                                    *exec.Cmd
+	agentLog                                 *bytes.Buffer
+}
+
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// chooseBackend uses the BPF datapath when datapath.Open works in the node
+// namespace, the control-plane-only backend otherwise.
+func chooseBackend(t *testing.T, node ns.NetNS) string {
+	pin := fmt.Sprintf("/sys/fs/bpf/lk-t-probe-%d", os.Getpid())
+	var openErr error
+	node.Do(func(ns.NetNS) error {
+		dp, err := datapath.Open(datapath.Config{PinDir: pin, Uplink: "lo"}, slog.Default())
+		if err == nil {
+			dp.Close()
+		}
+		openErr = err
+		return nil
+	})
+	os.RemoveAll(pin)
+	if openErr != nil {
+		t.Logf("datapath: none (BPF datapath unavailable: %v)", openErr)
+		return "none"
+	}
+	t.Logf("datapath: bpf")
+	return "bpf"
+}
+
+func setup(t *testing.T) *e2e {
+	t.Helper()
+	testutil.RequireRoot(t)
+	cnitool := filepath.Join(moduleRoot(t), "bin", "cni", "cnitool")
+	if _, err := os.Stat(cnitool); err != nil {
+		t.Skipf("skipping: %s missing (run make deps)", cnitool)
+	}
+	dir := t.TempDir()
+	e := &e2e{bin: filepath.Join(dir, "bin"), pluginDir: filepath.Join(dir, "cni"), confDir: filepath.Join(dir, "net.d"),
+		stateDir: filepath.Join(dir, "state"), sock: filepath.Join(dir, "agent.sock")}
+	for _, d := range []string{e.bin, e.pluginDir, e.confDir} {
+		os.MkdirAll(d, 0o755)
+	}
+	build := exec.Command("go", "build", "-o", e.bin+"/", "./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit")
+	build.Dir = moduleRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if err := os.Rename(filepath.Join(e.bin, "lanekit-cni"), filepath.Join(e.pluginDir, "lanekit")); err != nil {
+		t.Fatal(err)
+	}
+	e.node = netnstest.New(t, "enode")
+	e.backend = chooseBackend(t, e.node)
+	e.writeConf(t, "lk", `{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`)
+	e.startAgent(t)
+	return e
+}
+
+func (e *e2e) writeConf(t *testing.T, name, format string) {
+	t.Helper()
+	body := fmt.Sprintf(format, e.sock)
+	if err := os.WriteFile(filepath.Join(e.confDir, name+".conflist"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *e2e) startAgent(t *testing.T) {
+	t.Helper()
+	args := []string{"netns", "exec", netnstest.Name("enode")}
+	daemon := fmt.Sprintf("%s/lanekitd --state-dir %s --socket %s --uplink lo --mtu 1500 --pod-cidr 10.66.0.0/24 --datapath %s --bpf-dir /sys/fs/bpf/lk-t-e2e-%d",
+		e.bin, e.stateDir, e.sock, e.backend, os.Getpid())
+	if e.backend == "bpf" {
+		// ip netns exec remounts /sys; the datapath needs bpffs back.
+		daemon = "mount -t bpf bpf /sys/fs/bpf && exec " + daemon
+	} else {
+		daemon = "exec " + daemon
+	}
+	args = append(args, "sh", "-c", daemon)
+	e.agentLog = &bytes.Buffer{}
+	e.agent = exec.Command("ip", args...)
+	e.agent.Stderr = e.agentLog
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := e.agent
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", e.agentLog)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := e.status(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not come up:\n%s", e.agentLog)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *e2e) stopAgent(t *testing.T) {
+	t.Helper()
+	if err := e.agent.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.Wait(); err != nil {
+		t.Fatalf("agent exit after SIGTERM: %v\n%s", err, e.agentLog)
+	}
+	if !strings.Contains(e.agentLog.String(), `"msg":"stopped"`) {
+		t.Fatalf("agent did not stop gracefully:\n%s", e.agentLog)
+	}
+}
+
+func (e *e2e) client() (apiv1.AgentClient, func(), error) {
+	conn, err := grpc.NewClient("unix://"+e.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return apiv1.NewAgentClient(conn), func() { conn.Close() }, nil
+}
+
+func (e *e2e) status() (*apiv1.StatusResponse, error) {
+	c, closeFn, err := e.client()
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return c.Status(ctx, &apiv1.StatusRequest{})
+}
+
+func (e *e2e) endpoints(t *testing.T) []*apiv1.Endpoint {
+	t.Helper()
+	c, closeFn, err := e.client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	resp, err := c.ListEndpoints(context.Background(), &apiv1.ListEndpointsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetEndpoints()
+}
+
+// assertClean checks that nothing leaked: no endpoint records, no
+// allocations, no lk* devices on the node.
+func (e *e2e) assertClean(t *testing.T) {
+	t.Helper()
+	if eps := e.endpoints(t); len(eps) != 0 {
+		t.Errorf("%d endpoint records leaked", len(eps))
+	}
+	st, err := e.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.GetIpsAllocated() != 0 || st.GetEndpointCount() != 0 {
+		t.Errorf("leaked: %d addresses, %d endpoints", st.GetIpsAllocated(), st.GetEndpointCount())
+	}
+	e.node.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, "lk") {
+				t.Errorf("device %s leaked", l.Attrs().Name)
+			}
+		}
+		return nil
+	})
+}
+
+func (e *e2e) run(cmd *exec.Cmd) (string, error) {
+	cmd.Env = append(os.Environ(), "CNI_PATH="+e.pluginDir, "NETCONFPATH="+e.confDir)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func cniCode(t *testing.T, err error) uint {
+	t.Helper()
+	var te *types.Error
+	if !errors.As(err, &te) {
+		t.Fatalf("error %v (%T) is not a CNI error", err, err)
+	}
+	return te.Code
+}
+
+func TestE2ECnitool(t *testing.T) {
+	e := setup(t)
+	cnitool := filepath.Join(moduleRoot(t), "bin", "cni", "cnitool")
+	tool := func(args ...string) (string, error) { return e.run(exec.Command(cnitool, args...)) }
+	pod := netnstest.New(t, "etpod")
+
+	out, err := tool("add", "lk", pod.Path())
+	if err != nil {
+		t.Fatalf("cnitool add: %v\n%s", err, out)
+	}
+	var res current.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("decode result: %v\n%s", err, out)
+	}
+	if len(res.IPs) != 1 || !strings.HasPrefix(res.IPs[0].Address.String(), "10.66.0.") || len(res.Interfaces) != 2 ||
+		res.Interfaces[1].Sandbox != pod.Path() {
+		t.Fatalf("result = %s", out)
+	}
+	again, err := tool("add", "lk", pod.Path())
+	if err != nil || !strings.Contains(again, res.IPs[0].Address.String()) {
+		t.Fatalf("duplicate add: %v\n%s", err, again)
+	}
+	if out, err := tool("check", "lk", pod.Path()); err != nil {
+		t.Fatalf("cnitool check: %v\n%s", err, out)
+	}
+	if out, err := tool("status", "lk", pod.Path()); err != nil {
+		t.Fatalf("cnitool status: %v\n%s", err, out)
+	}
+	// The CLI sees the endpoint and the agent.
+	cli := filepath.Join(e.bin, "lanekit")
+	if out, err := e.run(exec.Command(cli, "endpoint", "list", "--socket", e.sock)); err != nil ||
+		!strings.Contains(out, strings.TrimSuffix(res.IPs[0].Address.String(), "")) {
+		t.Fatalf("lanekit endpoint list: %v\n%s", err, out)
+	}
+	out, err = e.run(exec.Command(cli, "status", "--socket", e.sock))
+	if err != nil || !strings.Contains(out, "device mode:  veth") && !strings.Contains(out, "device mode:  netkit") ||
+		!strings.Contains(out, "tcx") || !strings.Contains(out, "BTF") {
+		t.Fatalf("lanekit status: %v\n%s", err, out)
+	}
+	for range 2 {
+		if out, err := tool("del", "lk", pod.Path()); err != nil {
+			t.Fatalf("cnitool del: %v\n%s", err, out)
+		}
+	}
+	e.assertClean(t)
+
+	// Malformed plugin config: cnitool fails with the plugin's message.
+	e.writeConf(t, "bad", `{"cniVersion":"1.1.0","name":"bad","plugins":[{"type":"lanekit","agentSocket":%q,"mtu":"big"}]}`)
+	if out, err := tool("add", "bad", pod.Path()); err == nil || !strings.Contains(out, "decode") {
+		t.Fatalf("add with malformed config: %v\n%s", err, out)
+	}
+
+	// 200 ADD/DEL cycles through cnitool leave nothing behind.
+	start := time.Now()
+	for i := range 200 {
+		if out, err := tool("add", "lk", pod.Path()); err != nil {
+			t.Fatalf("cycle %d add: %v\n%s", i, err, out)
+		}
+		if out, err := tool("del", "lk", pod.Path()); err != nil {
+			t.Fatalf("cycle %d del: %v\n%s", i, err, out)
+		}
+	}
+	t.Logf("200 cnitool ADD/DEL cycles in %v (datapath %s)", time.Since(start).Round(time.Millisecond), e.backend)
+	e.assertClean(t)
+
+	// Agent down: ADD fails, STATUS says the plugin is not available.
+	e.stopAgent(t)
+	if out, err := tool("add", "lk", pod.Path()); err == nil || !strings.Contains(out, "agent") {
+		t.Fatalf("add with agent down: %v\n%s", err, out)
+	}
+	if out, err := tool("status", "lk", pod.Path()); err == nil || !strings.Contains(out, "agent") {
+		t.Fatalf("status with agent down: %v\n%s", err, out)
+	}
+}
+
+func TestE2ELibcni(t *testing.T) {
+	e := setup(t)
+	cni := libcni.NewCNIConfigWithCacheDir([]string{e.pluginDir}, t.TempDir(), nil)
+	list, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
+		`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`, e.sock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pod := netnstest.New(t, "elpod")
+	rt := &libcni.RuntimeConf{ContainerID: "libcni-1", NetNS: pod.Path(), IfName: "eth0"}
+
+	r, err := cni.AddNetworkList(ctx, list, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := cni.AddNetworkList(ctx, list, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, _ := current.NewResultFromResult(r2)
+	if res.IPs[0].Address.String() != res2.IPs[0].Address.String() {
+		t.Fatalf("duplicate add: %s then %s", res.IPs[0].Address.String(), res2.IPs[0].Address.String())
+	}
+	if err := cni.CheckNetworkList(ctx, list, rt); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	if err := cni.GetStatusNetworkList(ctx, list); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	unknown := &libcni.RuntimeConf{ContainerID: "libcni-unknown", NetNS: pod.Path(), IfName: "eth0"}
+	// CHECK needs a cached result; give it one, for a container the agent never saw.
+	if err := cni.CheckNetworkList(ctx, list, unknown); err == nil {
+		t.Fatal("check of an unknown container passed")
+	}
+
+	// Malformed plugin configs: decode failure (6) and invalid config (7).
+	for _, tc := range []struct {
+		extra string
+		code  uint
+	}{
+		{`,"mtu":"big"`, types.ErrDecodingFailure},
+		{`,"mtu":10`, types.ErrInvalidNetworkConfig},
+		{`,"subnet":"192.168.0.0/16"`, types.ErrInvalidNetworkConfig},
+	} {
+		bad, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
+			`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q%s}]}`, e.sock, tc.extra)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cni.AddNetworkList(ctx, bad, &libcni.RuntimeConf{ContainerID: "bad", NetNS: pod.Path(), IfName: "eth1"})
+		if got := cniCode(t, err); got != tc.code {
+			t.Errorf("config %s: code %d, want %d (%v)", tc.extra, got, tc.code, err)
+		}
+	}
+
+	// GC keeps only the valid attachment.
+	pod2 := netnstest.New(t, "elpod2")
+	rt2 := &libcni.RuntimeConf{ContainerID: "libcni-2", NetNS: pod2.Path(), IfName: "eth0"}
+	if _, err := cni.AddNetworkList(ctx, list, rt2); err != nil {
+		t.Fatal(err)
+	}
+	err = cni.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: "libcni-1", IfName: "eth0"}}})
+	if err != nil {
+		t.Fatalf("gc: %v", err)
+	}
+	if eps := e.endpoints(t); len(eps) != 1 || eps[0].GetAttachment().GetContainerId() != "libcni-1" {
+		t.Fatalf("after gc: %v", eps)
+	}
+	for range 2 {
+		if err := cni.DelNetworkList(ctx, list, rt); err != nil {
+			t.Fatalf("del: %v", err)
+		}
+	}
+	if err := cni.DelNetworkList(ctx, list, rt2); err != nil {
+		t.Fatalf("del of a gc'd attachment: %v", err)
+	}
+	e.assertClean(t)
+
+	// 200 ADD/DEL cycles with distinct container IDs leave nothing behind.
+	start := time.Now()
+	for i := range 200 {
+		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cycle-%d", i), NetNS: pod.Path(), IfName: "eth0"}
+		if _, err := cni.AddNetworkList(ctx, list, rt); err != nil {
+			t.Fatalf("cycle %d add: %v", i, err)
+		}
+		if err := cni.DelNetworkList(ctx, list, rt); err != nil {
+			t.Fatalf("cycle %d del: %v", i, err)
+		}
+	}
+	t.Logf("200 libcni ADD/DEL cycles in %v (datapath %s)", time.Since(start).Round(time.Millisecond), e.backend)
+	e.assertClean(t)
+
+	// Restart: an endpoint added before is re-adopted and still checks out.
+	if _, err := cni.AddNetworkList(ctx, list, rt); err != nil {
+		t.Fatal(err)
+	}
+	e.stopAgent(t)
+	if _, err := cni.AddNetworkList(ctx, list, rt2); cniCode(t, err) != types.ErrTryAgainLater {
+		t.Fatalf("add with agent down: %v, want code 11", err)
+	}
+	if err := cni.GetStatusNetworkList(ctx, list); cniCode(t, err) != types.ErrPluginNotAvailable {
+		t.Fatalf("status with agent down: %v, want code 50", err)
+	}
+	if err := cni.DelNetworkList(ctx, list, rt); cniCode(t, err) != types.ErrTryAgainLater {
+		t.Fatalf("del with agent down: %v, want code 11", err)
+	}
+	e.startAgent(t)
+	if err := cni.CheckNetworkList(ctx, list, rt); err != nil {
+		t.Fatalf("check after restart: %v", err)
+	}
+	if err := cni.DelNetworkList(ctx, list, rt); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean(t)
+}
