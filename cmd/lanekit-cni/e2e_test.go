@@ -33,10 +33,10 @@ import (
 // running lanekitd, a CNI plugin dir and a network config dir.
 type e2e struct {
 	bin, pluginDir, confDir, stateDir, sock string
-	node                                     ns.NetNS
-	backend                                  string
-	agent                                    *exec.Cmd
-	agentLog                                 *bytes.Buffer
+	node                                    ns.NetNS
+	backend                                 string
+	agent                                   *exec.Cmd
+	agentLog                                *bytes.Buffer
 }
 
 func moduleRoot(t *testing.T) string {
