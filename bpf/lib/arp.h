@@ -13,8 +13,11 @@
 const volatile __be32 gateway_ip = 0;
 
 /* handle_arp answers the endpoint's ARP request for the gateway with the
- * host-side MAC, by turning the request into a reply in place and sending it
- * back out of the device it came in on. Other ARP (replies to the host's own
+ * host-side MAC, by turning the request into a reply in place and handing it
+ * straight back into the endpoint's netns with bpf_redirect_peer. (Not
+ * bpf_redirect out of the host device: that marks the skb as redirected, and
+ * generic XDP on a VM's device skips redirected skbs, so the reply would miss
+ * the VM's AF_XDP socket.) Other ARP (replies to the host's own
  * requests, probes) goes to the host stack. A sender that claims another
  * MAC or IP is dropped as spoofed. */
 static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
@@ -41,8 +44,8 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
 	arp->ar_sip = gateway_ip;
 	mac_copy(p->eth->h_dest, p->eth->h_source);
 	mac_copy(p->eth->h_source, ep->host_mac);
-	trace_redirect(skb->ifindex, REDIR_PLAIN);
-	return bpf_redirect(skb->ifindex, 0);
+	trace_redirect(skb->ifindex, REDIR_PEER);
+	return bpf_redirect_peer(skb->ifindex, 0);
 }
 
 #endif

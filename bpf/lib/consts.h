@@ -23,6 +23,8 @@
 #define DROP_FIB_FAILED 6
 #define DROP_REDIRECT 7
 #define DROP_UNSUPPORTED_L3 8
+#define DROP_NO_SOCKET 9 /* VM frame, but no AF_XDP socket for its queue (backend down) */
+#define DROP_NOT_FOR_VM 10 /* unicast frame for another MAC on a VM device */
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
 #define METRIC_FROM_EP 0 /* packets the endpoint sent */

@@ -27,6 +27,11 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
 	mac_copy(p->eth->h_dest, dst->mac);
 	mac_copy(p->eth->h_source, dst->host_mac);
 	metrics_add(dst->id, METRIC_TO_EP, skb->len);
+	/* A multiqueue endpoint (a VM) receives each flow on one rx queue, chosen
+	 * from the flow hash: the queue its AF_XDP socket is bound to. The rx
+	 * queue is recorded as queue_mapping - 1. */
+	if (dst->queues > 1)
+		skb->queue_mapping = bpf_get_hash_recalc(skb) % dst->queues + 1;
 	trace_redirect(dst->ifindex, REDIR_PEER);
 	return bpf_redirect_peer(dst->ifindex, 0);
 }

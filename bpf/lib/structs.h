@@ -13,7 +13,8 @@ struct endpoint_info {
 	__be32 ip; /* the endpoint's IPv4 address */
 	__u8 mac[6]; /* the endpoint's MAC */
 	__u8 host_mac[6]; /* host-side device MAC: the endpoint's gateway MAC */
-	__u32 flags; /* reserved */
+	__u16 queues; /* rx queues of the endpoint device (VMs: queue pairs); 0/1: one */
+	__u16 flags; /* reserved */
 };
 
 struct metrics_key {
@@ -26,17 +27,14 @@ struct metrics_val {
 	__u64 bytes;
 };
 
-/* A VM served by the fast lane, keyed by its MAC in lk_vm_macs. */
-struct vm_mac_key {
-	__u8 mac[6];
-	__u16 pad;
-};
-
+/* A VM served by the fast lane, keyed by the ifindex of its endpoint device
+ * (eth0 in the VM's pod netns, where its AF_XDP sockets are bound). */
 struct vm_info {
 	__u32 id; /* endpoint id of the VM */
 	__u32 xsk_base; /* first slot of this VM's sockets in lk_xsks */
-	__u32 queues; /* number of queue pairs (sockets) */
-	__u32 flags; /* reserved */
+	__u32 queues; /* number of queue pairs (one socket each) */
+	__u8 mac[6]; /* the VM's MAC: unicast frames for other MACs are not its */
+	__u16 flags; /* reserved */
 };
 
 /* Last redirect decision, written only when trace_redirects is set (tests). */

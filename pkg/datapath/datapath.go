@@ -31,6 +31,7 @@ type Endpoint struct {
 	IP      netip.Addr       // the endpoint's IPv4 address
 	MAC     net.HardwareAddr // the endpoint's own MAC (inside the pod)
 	HostMAC net.HardwareAddr // host-side device MAC: the pod's gateway MAC
+	Queues  uint16           // rx queues of the endpoint's device; > 1 spreads flows (VMs)
 }
 
 // DropReason is a named code for why the datapath dropped a packet. The
@@ -39,14 +40,16 @@ type DropReason uint32
 
 const (
 	DropNone        DropReason = 0
-	DropSpoofedMAC  DropReason = 1 // source MAC is not the endpoint's
-	DropSpoofedIP   DropReason = 2 // source IP is not the endpoint's
-	DropUnknownEP   DropReason = 3 // packet from a device with no endpoint entry
-	DropMalformed   DropReason = 4 // truncated or invalid headers
-	DropTTLExceeded DropReason = 5 // TTL would reach zero when routed
-	DropFIBFailed   DropReason = 6 // no route (blackhole, unreachable, prohibited)
-	DropRedirect    DropReason = 7 // redirect helper failed
-	DropUnsupported DropReason = 8 // L3 protocol the datapath does not route (IPv6 for now)
+	DropSpoofedMAC  DropReason = 1  // source MAC is not the endpoint's
+	DropSpoofedIP   DropReason = 2  // source IP is not the endpoint's
+	DropUnknownEP   DropReason = 3  // packet from a device with no endpoint entry
+	DropMalformed   DropReason = 4  // truncated or invalid headers
+	DropTTLExceeded DropReason = 5  // TTL would reach zero when routed
+	DropFIBFailed   DropReason = 6  // no route (blackhole, unreachable, prohibited)
+	DropRedirect    DropReason = 7  // redirect helper failed
+	DropUnsupported DropReason = 8  // L3 protocol the datapath does not route (IPv6 for now)
+	DropNoSocket    DropReason = 9  // VM frame but no AF_XDP socket on its queue (backend down)
+	DropNotForVM    DropReason = 10 // unicast frame for another MAC on a VM device
 )
 
 func (r DropReason) String() string {
@@ -69,6 +72,10 @@ func (r DropReason) String() string {
 		return "redirect-failed"
 	case DropUnsupported:
 		return "unsupported-l3"
+	case DropNoSocket:
+		return "vm-socket-missing"
+	case DropNotForVM:
+		return "not-for-vm"
 	}
 	return "unknown"
 }

@@ -24,7 +24,7 @@ func (ep Endpoint) validate() error {
 }
 
 func (ep Endpoint) info() podEndpointInfo {
-	v := podEndpointInfo{Ifindex: uint32(ep.IfIndex), Id: ep.ID, Ip: ipKey(ep.IP.As4())}
+	v := podEndpointInfo{Ifindex: uint32(ep.IfIndex), Id: ep.ID, Ip: ipKey(ep.IP.As4()), Queues: ep.Queues}
 	copy(v.Mac[:], ep.MAC)
 	copy(v.HostMac[:], ep.HostMAC)
 	return v
@@ -60,7 +60,7 @@ func (l *Loader) UpsertEndpoint(ep Endpoint) error {
 	if err := l.pod.LkEndpoints.Put(ipk, info); err != nil {
 		return fmt.Errorf("upsert endpoint %d: ip entry: %w", ep.ID, err)
 	}
-	if err := l.attach(pinPodLink+ep.IfName, ep.IfIndex, ep.Mode, l.pod.FromPod); err != nil {
+	if err := l.attach(pinPodLink+ep.IfName, ep.IfIndex, podAttachMode(ep.Mode), l.pod.FromPod); err != nil {
 		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // TC verdicts (linux/pkt_cls.h).
@@ -51,7 +52,7 @@ func routed(in []byte, dst, src net.HardwareAddr) []byte {
 		copy(out[6:12], src)
 	}
 	out[14+8]--
-	binary.BigEndian.PutUint16(out[14+10:], ipv4Checksum(out[14:34]))
+	binary.BigEndian.PutUint16(out[14+10:], testutil.IPv4Checksum(out[14:34]))
 	return out
 }
 
@@ -61,7 +62,7 @@ func fixtures() []fixture {
 		{
 			name: "pod to local pod: redirect_peer into pod 2", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifH2, redirKind: 2,
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, pod2MAC, e.ep2.HostMAC) },
@@ -69,7 +70,7 @@ func fixtures() []fixture {
 		{
 			name: "pod to remote pod, neighbour known: rewrite and redirect out of the uplink", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1,
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, e.neighMAC, e.up.Attrs().HardwareAddr) },
@@ -77,7 +78,7 @@ func fixtures() []fixture {
 		{
 			name: "pod to remote pod, neighbour unresolved: redirect_neigh out of the uplink", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.3.5", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.3.5", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifUp, redirKind: 3,
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, nil, nil) },
@@ -85,94 +86,94 @@ func fixtures() []fixture {
 		{
 			name: "pod to the host's own address: pass to the stack", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.77.0.1", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.77.0.1", 64)
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "pod with TTL 1: pass to the stack for ICMP time exceeded", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 1)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 1)
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "spoofed source IP: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.99", "10.244.2.5", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.99", "10.244.2.5", 64)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropSpoofedIP,
 		},
 		{
 			name: "spoofed source MAC: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod2MAC, "10.244.1.10", "10.244.2.5", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod2MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropSpoofedMAC,
 		},
 		{
 			name: "pod on pod 2's device claiming pod 1's address: drop", prog: fromPod, ifindex: ifH2,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.10", "10.244.2.5", 64)
+				return testutil.IPv4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
 			verdict: tcActShot, dropEP: 2, dropReason: DropSpoofedIP,
 		},
 		{
 			name: "blackhole route: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.99.1.1", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.99.1.1", 64)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropFIBFailed,
 		},
 		{
 			name: "unreachable route: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.98.1.1", 64)
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.98.1.1", 64)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropFIBFailed,
 		},
 		{
 			name: "ARP request for the gateway: answered with the host MAC", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)
+				return testutil.ARPFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)
 			},
-			verdict: tcActRedirect, redirIf: ifH1, redirKind: 1,
+			verdict: tcActRedirect, redirIf: ifH1, redirKind: 2,
 			out: func(e *fixtureEnv, in []byte) []byte {
-				return arpFrame(2, e.ep1.HostMAC, gw, pod1MAC, "10.244.1.10")
+				return testutil.ARPFrame(2, e.ep1.HostMAC, gw, pod1MAC, "10.244.1.10")
 			},
 		},
 		{
 			name: "ARP reply to the host's own request: pass", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(2, pod1MAC, "10.244.1.10", e.ep1.HostMAC, "10.77.0.1")
+				return testutil.ARPFrame(2, pod1MAC, "10.244.1.10", e.ep1.HostMAC, "10.77.0.1")
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "ARP request for another address: pass", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), "10.244.1.1")
+				return testutil.ARPFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), "10.244.1.1")
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "ARP claiming another pod's IP: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(1, pod1MAC, "10.244.1.11", make(net.HardwareAddr, 6), gw)
+				return testutil.ARPFrame(1, pod1MAC, "10.244.1.11", make(net.HardwareAddr, 6), gw)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropSpoofedIP,
 		},
 		{
 			name: "ARP with a foreign sender MAC: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(1, pod2MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)
+				return testutil.ARPFrame(1, pod2MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropSpoofedMAC,
 		},
 		{
 			name: "device without an endpoint: drop", prog: fromPod, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.up.Attrs().HardwareAddr, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
+				return testutil.IPv4Frame(e.up.Attrs().HardwareAddr, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
 			verdict: tcActShot, dropEP: 0, dropReason: DropUnknownEP,
 		},
@@ -181,7 +182,7 @@ func fixtures() []fixture {
 			// BPF_PROG_TEST_RUN: the kernel refuses it with EINVAL.)
 			name: "IPv4 ethertype with version 6 in the header: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				b := ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
+				b := testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 				b[14] = 0x65
 				return b
 			},
@@ -190,7 +191,7 @@ func fixtures() []fixture {
 		{
 			name: "IPv4 header length below 20 bytes: drop", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
-				b := ipv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
+				b := testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 				b[14] = 0x44
 				return b
 			},
@@ -198,13 +199,13 @@ func fixtures() []fixture {
 		},
 		{
 			name: "IPv6 (not routed yet): drop", prog: fromPod, ifindex: ifH1,
-			in:      func(e *fixtureEnv) []byte { return ipv6Frame(e.ep1.HostMAC, pod1MAC) },
+			in:      func(e *fixtureEnv) []byte { return testutil.IPv6Frame(e.ep1.HostMAC, pod1MAC) },
 			verdict: tcActShot, dropEP: 1, dropReason: DropUnsupported,
 		},
 		{
 			name: "uplink: IPv4 for a local pod goes straight into it", prog: fromUplink, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 63)
+				return testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 63)
 			},
 			verdict: tcActRedirect, redirIf: ifH1, redirKind: 2,
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, pod1MAC, e.ep1.HostMAC) },
@@ -212,28 +213,28 @@ func fixtures() []fixture {
 		{
 			name: "uplink: IPv4 for the host: pass", prog: fromUplink, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", "10.77.0.1", 64)
+				return testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", "10.77.0.1", 64)
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "uplink: frame for another MAC is not ours: pass", prog: fromUplink, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(mustMAC("02:00:00:99:99:99"), neighMAC, "10.244.2.5", "10.244.1.10", 64)
+				return testutil.IPv4Frame(mustMAC("02:00:00:99:99:99"), neighMAC, "10.244.2.5", "10.244.1.10", 64)
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "uplink: TTL 1 for a local pod: pass to the stack", prog: fromUplink, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return ipv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 1)
+				return testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 1)
 			},
 			verdict: tcActOK,
 		},
 		{
 			name: "uplink: ARP: pass", prog: fromUplink, ifindex: ifUp,
 			in: func(e *fixtureEnv) []byte {
-				return arpFrame(1, neighMAC, "10.77.0.2", make(net.HardwareAddr, 6), "10.77.0.1")
+				return testutil.ARPFrame(1, neighMAC, "10.77.0.2", make(net.HardwareAddr, 6), "10.77.0.1")
 			},
 			verdict: tcActOK,
 		},
@@ -276,7 +277,7 @@ func TestFixtures(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Fatalf("output bytes differ\n got %x\nwant %x", got, want)
 			}
-			if f.out != nil && len(got) > 34 && got[12] == 0x08 && got[13] == 0 && !ipv4HeaderValid(got) {
+			if f.out != nil && len(got) > 34 && got[12] == 0x08 && got[13] == 0 && !testutil.IPv4HeaderValid(got) {
 				t.Fatalf("IPv4 checksum invalid after rewrite: %x", got[14:34])
 			}
 			if f.verdict == tcActRedirect {

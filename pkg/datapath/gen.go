@@ -2,3 +2,4 @@ package datapath
 
 //go:generate go tool bpf2go -tags linux -target bpfel -cflags "-O2 -g -Wall -Werror" pod ../../bpf/pod.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu
 //go:generate go tool bpf2go -tags linux -target bpfel -cflags "-O2 -g -Wall -Werror" uplink ../../bpf/uplink.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu
+//go:generate go tool bpf2go -tags linux -target bpfel -cflags "-O2 -g -Wall -Werror" vm ../../bpf/vm.c -- -I../../bpf -I/usr/include/x86_64-linux-gnu

@@ -18,6 +18,7 @@ import (
 const (
 	pinUplinkTC = "lk_uplink_tc"
 	pinPodLink  = "lk_pod_" // + host-side ifname
+	pinVMLink   = "lk_vm_"  // + endpoint id
 )
 
 // Loader is the BPF implementation of Datapath.
@@ -28,6 +29,7 @@ type Loader struct {
 	mu     sync.Mutex
 	pod    podObjects
 	uplink uplinkObjects
+	vm     vmObjects
 }
 
 var _ Datapath = (*Loader)(nil)
@@ -59,7 +61,7 @@ func Open(cfg Config, log *slog.Logger) (*Loader, error) {
 			l.Close()
 			return nil, fmt.Errorf("open datapath: uplink %q: %w", cfg.Uplink, err)
 		}
-		if err := l.attach(pinUplinkTC, ifc.Index, ModeVeth, l.uplink.FromUplink); err != nil {
+		if err := l.attach(pinUplinkTC, ifc.Index, attachTCXIngress, l.uplink.FromUplink); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("open datapath: uplink %s: %w", cfg.Uplink, err)
 		}
@@ -100,6 +102,19 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return fmt.Errorf("load uplink programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
 	}
+
+	vmSpec, err := loadVm()
+	if err == nil {
+		err = vmSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects))
+	}
+	if err == nil {
+		err = vmSpec.LoadAndAssign(&l.vm, opts)
+	}
+	if err != nil {
+		l.pod.Close()
+		l.uplink.Close()
+		return fmt.Errorf("load vm programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
+	}
 	return nil
 }
 
@@ -120,7 +135,7 @@ func boolToU8(b bool) uint8 {
 // attach makes prog the program behind the link pinned as pin on ifindex:
 // an existing pinned link on the same device is updated in place; a stale one
 // (device gone or recreated) is unpinned and a new link attached and pinned.
-func (l *Loader) attach(pin string, ifindex int, mode DeviceMode, prog *ebpf.Program) error {
+func (l *Loader) attach(pin string, ifindex int, mode attachMode, prog *ebpf.Program) error {
 	path := filepath.Join(l.cfg.PinDir, pin)
 	if old, err := link.LoadPinnedLink(path, nil); err == nil {
 		if linkIfindex(old) == ifindex {
@@ -146,9 +161,10 @@ func (l *Loader) attach(pin string, ifindex int, mode DeviceMode, prog *ebpf.Pro
 		err error
 	)
 	switch mode {
-	case ModeNetkit:
-		// Packets the pod sends run the peer program.
+	case attachNetkitPeer:
 		lnk, err = link.AttachNetkit(link.NetkitOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachNetkitPeer})
+	case attachXDPGeneric:
+		lnk, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: prog, Flags: link.XDPGenericMode})
 	default:
 		lnk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 	}
@@ -165,6 +181,27 @@ func (l *Loader) attach(pin string, ifindex int, mode DeviceMode, prog *ebpf.Pro
 	return nil
 }
 
+// attachMode is how a program hooks into a device.
+type attachMode int
+
+const (
+	attachTCXIngress attachMode = iota // tcx ingress: veth host ends, the uplink
+	attachNetkitPeer                   // netkit peer program: runs for what the pod sends
+	attachXDPGeneric                   // generic XDP: VM devices (sees redirect_peer'd skbs)
+)
+
+func (m attachMode) String() string {
+	return [...]string{"tcx", "netkit", "xdp-generic"}[m]
+}
+
+// podAttachMode is how the pod program attaches for a device mode.
+func podAttachMode(m DeviceMode) attachMode {
+	if m == ModeNetkit {
+		return attachNetkitPeer
+	}
+	return attachTCXIngress
+}
+
 // linkIfindex returns the device a tcx/netkit link is attached to, or 0 when
 // it is detached (its device was deleted).
 func linkIfindex(l link.Link) int {
@@ -177,6 +214,9 @@ func linkIfindex(l link.Link) int {
 	}
 	if nk := info.Netkit(); nk != nil {
 		return int(nk.Ifindex)
+	}
+	if x := info.XDP(); x != nil {
+		return int(x.Ifindex)
 	}
 	return 0
 }
@@ -207,7 +247,7 @@ func (l *Loader) detach(pin string) error {
 func (l *Loader) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return errors.Join(l.pod.Close(), l.uplink.Close())
+	return errors.Join(l.pod.Close(), l.uplink.Close(), l.vm.Close())
 }
 
 // Unpin removes everything pinned in the pin directory: links (detaching the

@@ -20,7 +20,8 @@ type podEndpointInfo struct {
 	Ip      uint32
 	Mac     [6]uint8
 	HostMac [6]uint8
-	Flags   uint32
+	Queues  uint16
+	Flags   uint16
 }
 
 type podMetricsKey struct {

@@ -20,7 +20,7 @@ func TestProbeFeatures(t *testing.T) {
 
 func TestDropReasonNames(t *testing.T) {
 	seen := map[string]DropReason{}
-	for r := DropNone; r <= DropUnsupported; r++ {
+	for r := DropNone; r <= DropNotForVM; r++ {
 		n := r.String()
 		if n == "unknown" {
 			t.Errorf("drop reason %d has no name", r)

@@ -20,7 +20,8 @@ type uplinkEndpointInfo struct {
 	Ip      uint32
 	Mac     [6]uint8
 	HostMac [6]uint8
-	Flags   uint32
+	Queues  uint16
+	Flags   uint16
 }
 
 type uplinkMetricsKey struct {

@@ -1,0 +1,199 @@
+package xsk
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Request is what the backend sends after connecting.
+type Request struct {
+	Version int    `json:"version"`
+	VM      string `json:"vm"`
+}
+
+// Offer is the agent's answer; the fds travel alongside as SCM_RIGHTS.
+type Offer struct {
+	Version int           `json:"version"`
+	Queues  []QueueConfig `json:"queues,omitempty"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// Provider creates the sockets for one backend connection (in the VM's
+// netns) and publishes them in the XSKMAP. The server sends them and closes
+// its copies.
+type Provider func(req Request) ([]*Socket, error)
+
+// maxRequest bounds what a (possibly hostile) peer can make the agent read.
+const maxRequest = 4096
+
+// Server hands out sockets for one VM.
+type Server struct {
+	path    string
+	vm      string
+	ln      *net.UnixListener
+	provide Provider
+	log     *slog.Logger
+	wg      sync.WaitGroup
+}
+
+// Listen creates the socket file at path, mode 0600 inside a 0700 directory,
+// replacing a stale one.
+func Listen(path, vm string, provide Provider, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("xsk server %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("xsk server: remove stale %s: %w", path, err)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("xsk server: listen %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("xsk server: chmod %s: %w", path, err)
+	}
+	s := &Server{path: path, vm: vm, ln: ln, provide: provide, log: log.With("vm", vm, "socket", path)}
+	s.wg.Add(1)
+	go s.serve()
+	return s, nil
+}
+
+func (s *Server) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.log.Error("accept", "err", err)
+			}
+			return
+		}
+		if err := s.handle(c); err != nil {
+			s.log.Warn("backend connection", "err", err)
+		}
+		c.Close()
+	}
+}
+
+func (s *Server) handle(c *net.UnixConn) error {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, maxRequest)
+	n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
+	if err != nil {
+		return fmt.Errorf("read request: %w", err)
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		return s.refuse(c, fmt.Errorf("request over %d bytes", maxRequest))
+	}
+	var req Request
+	if err := json.Unmarshal(buf[:n], &req); err != nil {
+		return s.refuse(c, fmt.Errorf("malformed request: %w", err))
+	}
+	if req.Version != ProtocolVersion {
+		return s.refuse(c, fmt.Errorf("protocol version %d, agent speaks %d", req.Version, ProtocolVersion))
+	}
+	if req.VM != s.vm {
+		return s.refuse(c, fmt.Errorf("this socket serves vm %q, not %q", s.vm, req.VM))
+	}
+	socks, err := s.provide(req)
+	if err != nil {
+		return s.refuse(c, err)
+	}
+	defer CloseAll(socks)
+	offer := Offer{Version: ProtocolVersion}
+	var fds []int
+	for _, sk := range socks {
+		offer.Queues = append(offer.Queues, sk.Config)
+		fds = append(fds, sk.FD, sk.UmemFD)
+	}
+	body, err := json.Marshal(offer)
+	if err != nil {
+		return err
+	}
+	if _, _, err := c.WriteMsgUnix(body, unix.UnixRights(fds...), nil); err != nil {
+		return fmt.Errorf("send sockets: %w", err)
+	}
+	s.log.Info("sockets handed to backend", "queues", len(socks))
+	return nil
+}
+
+func (s *Server) refuse(c *net.UnixConn, cause error) error {
+	body, _ := json.Marshal(Offer{Version: ProtocolVersion, Error: cause.Error()})
+	c.Write(body)
+	return cause
+}
+
+// Close stops accepting and removes the socket file.
+func (s *Server) Close() error {
+	err := s.ln.Close()
+	s.wg.Wait()
+	os.Remove(s.path)
+	return err
+}
+
+// Fetch is the backend's side of the protocol, for tests and tools written in
+// Go: it returns the offer and the received fds (the caller closes them).
+func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return Offer{}, nil, fmt.Errorf("connect %s: %w", path, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm})
+	if _, err := c.Write(req); err != nil {
+		return Offer{}, nil, fmt.Errorf("send request: %w", err)
+	}
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*2*256))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return Offer{}, nil, fmt.Errorf("read offer: %w", err)
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return Offer{}, nil, fmt.Errorf("parse control message: %w", err)
+		}
+		for _, m := range msgs {
+			f, err := unix.ParseUnixRights(&m)
+			if err == nil {
+				fds = append(fds, f...)
+			}
+		}
+	}
+	var offer Offer
+	if err := json.Unmarshal(buf[:n], &offer); err != nil {
+		closeFDs(fds)
+		return Offer{}, nil, fmt.Errorf("malformed offer: %w", err)
+	}
+	if offer.Error != "" {
+		closeFDs(fds)
+		return offer, nil, fmt.Errorf("agent refused: %s", offer.Error)
+	}
+	if len(fds) != 2*len(offer.Queues) {
+		closeFDs(fds)
+		return offer, nil, fmt.Errorf("offer has %d queues but %d fds", len(offer.Queues), len(fds))
+	}
+	return offer, fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
