@@ -20,6 +20,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -33,6 +34,7 @@ import (
 // running lanekitd, a CNI plugin dir and a network config dir.
 type e2e struct {
 	bin, pluginDir, confDir, stateDir, sock string
+	bpfDir                                  string // on a bpffs mounted for the test (host mount namespace)
 	node                                    ns.NetNS
 	backend                                 string
 	agent                                   *exec.Cmd
@@ -93,6 +95,22 @@ func setup(t *testing.T) *e2e {
 	}
 	e.node = netnstest.New(t, "enode")
 	e.backend = chooseBackend(t, e.node)
+	if e.backend == "bpf" {
+		// A bpffs of our own, mounted in the host mount namespace so it
+		// outlives each agent process (ip netns exec gives every agent a
+		// fresh mount namespace): a restarted agent finds its pins.
+		fs := filepath.Join(dir, "bpffs")
+		os.MkdirAll(fs, 0o700)
+		if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
+			t.Fatalf("mount bpffs on %s: %v", fs, err)
+		}
+		t.Cleanup(func() {
+			if err := unix.Unmount(fs, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount %s: %v", fs, err)
+			}
+		})
+		e.bpfDir = filepath.Join(fs, "lanekit")
+	}
 	e.writeConf(t, "lk", `{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`)
 	e.startAgent(t)
 	return e
@@ -109,15 +127,11 @@ func (e *e2e) writeConf(t *testing.T, name, format string) {
 func (e *e2e) startAgent(t *testing.T) {
 	t.Helper()
 	args := []string{"netns", "exec", netnstest.Name("enode")}
-	daemon := fmt.Sprintf("%s/lanekitd --state-dir %s --socket %s --uplink lo --mtu 1500 --pod-cidr 10.66.0.0/24 --datapath %s --bpf-dir /sys/fs/bpf/lk-t-e2e-%d",
-		e.bin, e.stateDir, e.sock, e.backend, os.Getpid())
-	if e.backend == "bpf" {
-		// ip netns exec remounts /sys; the datapath needs bpffs back.
-		daemon = "mount -t bpf bpf /sys/fs/bpf && exec " + daemon
-	} else {
-		daemon = "exec " + daemon
+	args = append(args, filepath.Join(e.bin, "lanekitd"), "--state-dir", e.stateDir, "--socket", e.sock,
+		"--uplink", "lo", "--mtu", "1500", "--pod-cidr", "10.66.0.0/24", "--datapath", e.backend)
+	if e.bpfDir != "" {
+		args = append(args, "--bpf-dir", e.bpfDir)
 	}
-	args = append(args, "sh", "-c", daemon)
 	e.agentLog = &bytes.Buffer{}
 	e.agent = exec.Command("ip", args...)
 	e.agent.Stderr = e.agentLog
@@ -423,6 +437,9 @@ func TestE2ELibcni(t *testing.T) {
 		t.Fatalf("del with agent down: %v, want code 11", err)
 	}
 	e.startAgent(t)
+	if !strings.Contains(e.agentLog.String(), `"kept":1`) {
+		t.Fatalf("restarted agent did not re-adopt the endpoint:\n%s", e.agentLog)
+	}
 	if err := cni.CheckNetworkList(ctx, list, rt); err != nil {
 		t.Fatalf("check after restart: %v", err)
 	}
