@@ -52,7 +52,7 @@ func CleanLine(s string) string {
 // Result is one finished control command.
 type Result struct {
 	ID     string
-	Output string // stdout and stderr, lines joined with "\n", trailing "\n" kept
+	Output string // stdout and stderr as written, with "\r\n" turned into "\n"
 	Exit   int
 }
 
@@ -82,7 +82,10 @@ func (p *Parser) Feed(raw string) (Event, Result) {
 	line := CleanLine(raw)
 	if p.cur != "" {
 		if id, code, ok := parseOut(line); ok && id == p.cur {
-			r := Result{ID: id, Output: p.out.String(), Exit: code}
+			// The guest writes one "\n" before LKOUT so unterminated output
+			// still ends the line; drop it to return the output as written.
+			out := strings.TrimSuffix(p.out.String(), "\n")
+			r := Result{ID: id, Output: out, Exit: code}
 			p.cur = ""
 			p.out.Reset()
 			return EvResult, r

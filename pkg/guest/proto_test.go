@@ -46,7 +46,7 @@ func TestParserSession(t *testing.T) {
 		t.Fatalf("ReadyField on %q", status)
 	}
 	// Output lines, including ones that look like markers, belong to the command.
-	lines := []string{"LKBEGIN 1", "6.1.0-56-cloud-amd64", "LK-READY fake", "LKOUT 2 0", "", "LKOUT 1 3"}
+	lines := []string{"LKBEGIN 1", "6.1.0-56-cloud-amd64", "LK-READY fake", "LKOUT 2 0", "", "", "LKOUT 1 3"}
 	var res Result
 	var n int
 	for _, l := range lines {
@@ -60,15 +60,21 @@ func TestParserSession(t *testing.T) {
 	}
 	// A command without output.
 	feed("LKBEGIN 2")
+	feed("")
 	if ev, r := feed("LKOUT 2 0"); ev != EvResult || r.Output != "" || r.Exit != 0 {
 		t.Fatalf("empty command: %v %+v", ev, r)
 	}
 	// Malformed exit codes are output, not the end of the command.
 	feed("LKBEGIN 3")
-	if ev, _ := feed("LKOUT 3 x"); ev != EvNone {
+	if ev, _ := feed("no newline at the endLKOUT 3 x"); ev != EvNone {
 		t.Fatal("malformed LKOUT ended the command")
 	}
-	if ev, r := feed("LKOUT 3 127"); ev != EvResult || r.Exit != 127 || r.Output != "LKOUT 3 x\n" {
+	if ev, _ := feed("LKOUT 3 127"); ev != EvResult {
+		t.Fatalf("LKOUT 3 127 gave %v", ev)
+	}
+	feed("LKBEGIN 4")
+	feed("unterminated")
+	if ev, r := feed("LKOUT 4 127"); ev != EvResult || r.Exit != 127 || r.Output != "unterminated" {
 		t.Fatalf("after malformed: %v %+v", ev, r)
 	}
 }
