@@ -103,6 +103,23 @@ func TestBootNoNetwork(t *testing.T) {
 	}
 	fmt.Printf("guest boot (QEMU start to LK-READY, TCG, no NIC): %s\n", vm.BootTime().Round(time.Millisecond))
 
+	// A second EnsureImage reuses the cache: same paths, initrd not rewritten.
+	st1, err := os.Stat(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, i2, err := EnsureImage(filepath.Dir(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := os.Stat(i2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k2 != k || i2 != i || !st2.ModTime().Equal(st1.ModTime()) {
+		t.Fatalf("second EnsureImage: %s %s (mtime %s -> %s): rebuilt or moved", k2, i2, st1.ModTime(), st2.ModTime())
+	}
+
 	kver, err := os.ReadFile(filepath.Join(filepath.Dir(k), "kernel.version"))
 	if err != nil {
 		t.Fatal(err)
@@ -208,5 +225,37 @@ func TestUserNetResponders(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 200 || string(body) != "lanekit guest\n" {
 		t.Fatalf("http = %d %q %v", resp.StatusCode, body, err)
+	}
+
+	// The context given to Start bounds the VM: cancelling it ends QEMU.
+	pid := vm.Pid()
+	cancel()
+	select {
+	case <-vm.Done():
+	case <-time.After(15 * time.Second):
+		t.Fatalf("qemu pid %d still running 15s after its context ended", pid)
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("qemu pid %d after cancel: kill 0 = %v", pid, err)
+	}
+}
+
+// TestNetworkSetupFailure: lk.ip with no matching NIC must surface as an error
+// from WaitReady while the control loop keeps answering.
+func TestNetworkSetupFailure(t *testing.T) {
+	k, i := testImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	// The NIC is 52:54:00:4c:4b:01; the later lk.mac on the command line wins in /init.
+	vm := startVM(t, ctx, Config{Kernel: k, Initrd: i, IP: "10.0.2.15/32", UserNet: &UserNet{},
+		ExtraAppend: []string{"lk.mac=02:00:00:00:00:09"}})
+	wctx, wcancel := context.WithTimeout(ctx, bootTimeout)
+	defer wcancel()
+	status, err := vm.WaitReady(wctx)
+	if err == nil || !strings.Contains(err.Error(), "no nic (mac 02:00:00:00:00:09) after 10s") {
+		t.Fatalf("WaitReady = %q, %v; want the missing-nic failure", status, err)
+	}
+	if out, code := run(t, vm, "cat /sys/class/net/eth0/address"); code != 0 || out != DefaultMAC+"\n" {
+		t.Fatalf("control loop after LK-FAIL: %q exit %d", out, code)
 	}
 }
