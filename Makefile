@@ -22,6 +22,8 @@ build: generate build-go build-vhost
 build-go:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(GO_CMDS))
+	@# A CNI type names an executable: type "lanekit" is bin/cni/lanekit.
+	@mkdir -p $(BIN)/cni && ln -sf ../lanekit-cni $(BIN)/cni/lanekit
 
 build-vhost:
 	@if [ -f vhost/Cargo.toml ]; then \

@@ -1,13 +1,9 @@
 package lab
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"time"
 )
 
 // Bins locates the executables the lab runs.
@@ -37,8 +33,10 @@ func FindBins() (Bins, error) {
 // Agent is the lanekitd path.
 func (b Bins) Agent() string { return filepath.Join(b.Dir, "lanekitd") }
 
-// CNIPaths is where libcni looks for plugins.
-func (b Bins) CNIPaths() []string { return []string{b.Dir, b.CNIDir} }
+// CNIPaths is where libcni looks for plugins. A CNI type names an executable:
+// type "lanekit" is bin/cni/lanekit, which `make build` links to lanekit-cni
+// (bin/lanekit itself is the CLI).
+func (b Bins) CNIPaths() []string { return []string{b.CNIDir} }
 
 // checkBaseline verifies the reference plugins are built.
 func (b Bins) checkBaseline() error {
@@ -52,29 +50,12 @@ func (b Bins) checkBaseline() error {
 
 // checkLanekit verifies the agent and CNI plugin exist.
 func (b Bins) checkLanekit() error {
-	for _, p := range []string{"lanekitd", "lanekit-cni"} {
-		if !executable(filepath.Join(b.Dir, p)) {
-			return fmt.Errorf("%s missing in %s (run make build, or use --baseline-only)", p, b.Dir)
+	for _, p := range []string{filepath.Join(b.Dir, "lanekitd"), filepath.Join(b.Dir, "lanekit-cni"), filepath.Join(b.CNIDir, "lanekit")} {
+		if !executable(p) {
+			return fmt.Errorf("%s missing (run make build, or use --baseline-only)", p)
 		}
 	}
 	return nil
-}
-
-// LanekitReady reports whether lanekitd and lanekit-cni exist and lanekitd's
-// usage lists the flags the lab passes: the full lab can be attempted.
-func (b Bins) LanekitReady() bool {
-	if b.checkLanekit() != nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	out, _ := exec.CommandContext(ctx, b.Agent(), "--help").CombinedOutput() // usage exit codes vary
-	for _, flag := range []string{"state-dir", "socket", "uplink", "pod-cidr", "bpf-dir"} {
-		if !strings.Contains(string(out), "-"+flag) {
-			return false
-		}
-	}
-	return true
 }
 
 func executable(p string) bool {

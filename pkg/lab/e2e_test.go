@@ -13,10 +13,11 @@ import (
 	"time"
 )
 
-// TestLabEndToEnd builds the lanekit CLI, brings up a 2-node lab (full when
-// bin/lanekitd and bin/lanekit-cni work, baseline-only otherwise), proves the
-// connectivity matrix, runs a 1 × 1 s bench and tears everything down,
-// asserting nothing is left. Root only.
+// TestLabEndToEnd builds the lanekit CLI, brings up a full 2-node lab
+// (agents, lanekit pods through the CNI plugin, baseline pods), proves the
+// connectivity matrix, kills an agent with SIGKILL in the middle of an iperf3
+// transfer (the transfer completes, the restarted agent re-adopts), runs a
+// 1 × 1 s bench and tears everything down, asserting nothing is left. Root only.
 func TestLabEndToEnd(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
@@ -32,8 +33,13 @@ func TestLabEndToEnd(t *testing.T) {
 		binDir = filepath.Join(root, "bin")
 	}
 	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
-	if err := bins.checkBaseline(); err != nil {
-		t.Skipf("%v", err)
+	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
+		if err := check(); err != nil {
+			if os.Getenv("LANEKIT_BIN") != "" {
+				t.Fatalf("%v (make test builds them first)", err) // under make test, missing binaries are a failure
+			}
+			t.Skipf("skipping: %v", err)
+		}
 	}
 	cli := filepath.Join(t.TempDir(), "lanekit")
 	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
@@ -72,25 +78,16 @@ func TestLabEndToEnd(t *testing.T) {
 		assertGone(t)
 	})
 
-	full := bins.LanekitReady() && os.Getenv("LANEKIT_LAB_BASELINE_ONLY") == ""
-	up := []string{"lab", "up", "--nodes", "2", "--pods-per-node", "1"}
-	if !full {
-		t.Logf("lanekitd/lanekit-cni not ready in %s: baseline-only lab", binDir)
-		up = append(up, "--baseline-only")
-	}
-	if _, err := lk(t, up...); err != nil {
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
 	status, err := lk(t, "lab", "status")
 	if err != nil {
 		t.Fatalf("lab status: %v", err)
 	}
-	wantPods := []string{"lk-n1-b1", "lk-n2-b1"}
-	if full {
-		wantPods = append(wantPods, "lk-n1-p1", "lk-n2-p1")
-		if strings.Count(status, "alive") != 2 {
-			t.Errorf("want 2 live agents in status")
-		}
+	wantPods := []string{"lk-n1-b1", "lk-n2-b1", "lk-n1-p1", "lk-n2-p1"}
+	if strings.Count(status, "alive") != 2 {
+		t.Errorf("want 2 live agents in status")
 	}
 	for _, p := range wantPods {
 		if !strings.Contains(status, p) {
@@ -103,6 +100,11 @@ func TestLabEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(out, "all probes passed") || strings.Contains(out, "FAIL") {
 		t.Errorf("lab check output does not prove the matrix")
+	}
+
+	agentKilledDuringTransfer(t, bins, lk)
+	if out, err := lk(t, "lab", "check"); err != nil || !strings.Contains(out, "all probes passed") {
+		t.Fatalf("lab check after the agent restart: %v", err)
 	}
 
 	chart := filepath.Join(t.TempDir(), "bench.png")
@@ -128,10 +130,7 @@ func TestLabEndToEnd(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("bench --json is not one JSON document: %v", err)
 	}
-	wantRows := []string{"host", "bridge-iptables"}
-	if full {
-		wantRows = append(wantRows, "lanekit-pod")
-	}
+	wantRows := []string{"host", "bridge-iptables", "lanekit-pod"}
 	if len(doc.Rows) != len(wantRows) || doc.Machine.Kernel == "" || doc.Machine.Cores == 0 {
 		t.Fatalf("bench report: %+v", doc)
 	}
