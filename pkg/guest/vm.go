@@ -204,6 +204,11 @@ func (vm *VM) BootTime() time.Duration {
 // first. The guest bounds each command by lk.cmdtimeout; ctx bounds the wait.
 func (vm *VM) Run(ctx context.Context, cmd string) (string, int, error) {
 	select {
+	case <-vm.exited:
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
+	default:
+	}
+	select {
 	case <-vm.readyCh:
 	case <-ctx.Done():
 		return "", -1, fmt.Errorf("run %q in guest: waiting for control loop: %w", cmd, ctx.Err())
@@ -229,6 +234,11 @@ func (vm *VM) Run(ctx context.Context, cmd string) (string, int, error) {
 	}()
 	vm.conn.SetWriteDeadline(time.Now().Add(serialWriteTime))
 	if _, err := vm.conn.Write([]byte(line)); err != nil {
+		select {
+		case <-vm.exited:
+			return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
+		default:
+		}
 		return "", -1, fmt.Errorf("run %q in guest: write serial: %w", cmd, err)
 	}
 	select {
