@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod net;
 pub mod port;
+pub mod xsk;
 
 use std::io;
 use std::path::{Path, PathBuf};

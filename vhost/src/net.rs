@@ -420,10 +420,17 @@ fn rx_fill<M: GuestMemory>(
                 }
             }
         }
+        let mut rearmed = false;
         while let Some(frame) = st.pending.get(st.pos) {
             match rx_frame(q, mem, frame, mode, &mut st.scratch, stats) {
+                // Buffers that appeared while notifications were being re-enabled are used at
+                // once, but only once: a ring that still yields nothing (corrupt index) waits.
+                RxOutcome::NoBuffers if rearmed => return run,
                 RxOutcome::NoBuffers => match q.enable_notification(mem) {
-                    Ok(true) => continue,
+                    Ok(true) => {
+                        rearmed = true;
+                        continue;
+                    }
                     Ok(false) => return run,
                     Err(e) => {
                         stats.error(&e);
@@ -501,6 +508,7 @@ pub fn tx_queue<M: GuestMemory>(
         if let Err(e) = q.disable_notification(mem) {
             stats.error(&e);
         }
+        let before = run.handled;
         while let Some(chain) = pop_chain(q, mem, stats) {
             let head = chain.head_index();
             if let Err(e) = tx_chain(chain, mem, mode, &mut st.scratch, &mut st.batch) {
@@ -520,8 +528,9 @@ pub fn tx_queue<M: GuestMemory>(
         }
         flush(port, &mut st.batch, stats);
         match q.enable_notification(mem) {
-            Ok(true) => continue,
-            Ok(false) => return run,
+            // More chains arrived: go again, unless this pass found none (corrupt ring).
+            Ok(true) if run.handled > before => continue,
+            Ok(_) => return run,
             Err(e) => {
                 stats.error(&e);
                 return run;
@@ -620,3 +629,7 @@ pub fn ctrl_queue<M: GuestMemory>(
     }
     (run, pairs)
 }
+
+#[cfg(test)]
+#[path = "net_tests.rs"]
+mod tests;

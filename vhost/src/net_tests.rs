@@ -1,0 +1,390 @@
+//! Unit tests of the per-queue datapath with `MockSplitQueue`.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::*;
+use crate::port::{Batch, Port};
+
+const MEM_SIZE: usize = 0x40_0000;
+const BUF_BASE: u64 = 0x10_0000;
+const MODE: NetMode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518 };
+
+/// A port fed and drained directly by the test; `room` bounds what `send` accepts.
+struct TestPort {
+    incoming: VecDeque<Vec<u8>>,
+    sent: Vec<Vec<u8>>,
+    room: usize,
+}
+
+impl TestPort {
+    fn new() -> Self {
+        TestPort { incoming: VecDeque::new(), sent: Vec::new(), room: usize::MAX }
+    }
+}
+
+impl Port for TestPort {
+    fn recv(&mut self, batch: &mut Batch, max: usize) -> io::Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(f) = self.incoming.pop_front() else { break };
+            batch.push(&f);
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn send(&mut self, batch: &Batch) -> io::Result<usize> {
+        let n = batch.len().min(self.room);
+        self.room -= n;
+        self.sent.extend(batch.iter().take(n).map(<[u8]>::to_vec));
+        Ok(n)
+    }
+    fn fd(&self) -> RawFd {
+        -1
+    }
+    fn describe(&self) -> String {
+        "test port".into()
+    }
+}
+
+fn mem() -> GuestMemoryMmap {
+    // The mock puts indirect descriptor tables at 0x3000_0000.
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE), (GuestAddress(0x3000_0000), 0x1_0000)])
+        .unwrap()
+}
+
+/// Put chains (lists of (addr, len, writable)) in the queue, descriptors numbered from `first`.
+fn add_chains(vq: &MockSplitQueue<GuestMemoryMmap>, first: u16, chains: &[Vec<(u64, u32, bool)>]) {
+    let mut descs = Vec::new();
+    let mut idx = first;
+    for chain in chains {
+        for (i, &(addr, len, w)) in chain.iter().enumerate() {
+            let mut flags = if w { VRING_DESC_F_WRITE } else { 0 };
+            if i + 1 < chain.len() {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            descs.push(RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, idx + 1)));
+            idx += 1;
+        }
+    }
+    vq.add_desc_chains(&descs, first).unwrap();
+}
+
+fn frame(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+}
+
+fn used(vq: &MockSplitQueue<GuestMemoryMmap>, i: usize) -> (u32, u32) {
+    let e = vq.used().ring().ref_at(i).unwrap().load();
+    (e.id(), e.len())
+}
+
+fn used_idx(vq: &MockSplitQueue<GuestMemoryMmap>) -> u16 {
+    vq.used().idx().load()
+}
+
+/// Write header + frame into guest memory at `addr`, split into pieces of `piece` bytes.
+fn tx_descs(m: &GuestMemoryMmap, addr: u64, hdr: [u8; 12], f: &[u8], piece: usize) -> Vec<(u64, u32, bool)> {
+    let mut bytes = hdr.to_vec();
+    bytes.extend_from_slice(f);
+    m.write_slice(&bytes, GuestAddress(addr)).unwrap();
+    bytes
+        .chunks(piece)
+        .enumerate()
+        .map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false))
+        .collect()
+}
+
+#[test]
+fn tx_strips_header_and_sends_frames_split_over_descriptors() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let f1 = frame(100, 1);
+    let f2 = frame(1514, 2);
+    let c1 = tx_descs(&m, BUF_BASE, [0; 12], &f1, 10);
+    let c2 = tx_descs(&m, BUF_BASE + 0x1000, [0; 12], &f2, 1000);
+    add_chains(&vq, 0, &[c1.clone(), c2]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(run.handled, 2);
+    assert!(run.used && !run.more);
+    assert_eq!(port.sent, vec![f1, f2]);
+    assert_eq!(used_idx(&vq), 2);
+    assert_eq!(used(&vq, 0), (0, 0));
+    assert_eq!(used(&vq, 1), (c1.len() as u32, 0));
+    let s = stats.snapshot();
+    assert_eq!((s.tx_frames, s.tx_bytes, s.errors), (2, 1614, 0));
+}
+
+#[test]
+fn tx_drops_malformed_chains_and_keeps_going() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let good = frame(60, 3);
+    let mut csum_hdr = [0u8; 12];
+    csum_hdr[0] = 1; // NEEDS_CSUM: not offered
+    let chains = vec![
+        // Device-writable descriptor in a TX chain.
+        vec![(BUF_BASE, 80, true)],
+        // Shorter than header + Ethernet header.
+        tx_descs(&m, BUF_BASE + 0x1000, [0; 12], &[0u8; 13], 64),
+        // Larger than the maximum frame.
+        tx_descs(&m, BUF_BASE + 0x2000, [0; 12], &frame(1519, 0), 2048),
+        // Outside guest memory.
+        vec![(MEM_SIZE as u64 - 8, 80, false)],
+        // Offload requested.
+        tx_descs(&m, BUF_BASE + 0x3000, csum_hdr, &good, 64),
+        // Only zero-length descriptors.
+        vec![(BUF_BASE, 0, false)],
+        tx_descs(&m, BUF_BASE + 0x4000, [0; 12], &good, 64),
+    ];
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(run.handled, 7);
+    assert_eq!(port.sent, vec![good]);
+    assert_eq!(used_idx(&vq), 7, "every chain is returned to the guest");
+    let s = stats.snapshot();
+    assert_eq!((s.errors, s.tx_frames), (6, 1));
+}
+
+#[test]
+fn tx_counts_frames_the_port_refuses_and_stops_on_budget() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let chains: Vec<_> = (0..4)
+        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
+        .collect();
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    port.room = 1;
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 3);
+    assert!(run.more);
+    assert_eq!(run.handled, 3);
+    let s = stats.snapshot();
+    assert_eq!((s.tx_frames, s.tx_dropped), (1, 2));
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 3);
+    assert_eq!((run.handled, run.more), (1, false));
+}
+
+#[test]
+fn tx_accepts_indirect_chains() {
+    let m = mem();
+    let mut vq = MockSplitQueue::new(&m, 16);
+    // The mock builds an indirect table of 3 descriptors whose buffers we then fill.
+    vq.add_indirect_chain(3).unwrap();
+    let table = vq.desc_table().load(0).unwrap();
+    let table = SplitDescriptor::from(table);
+    assert_eq!(table.flags() as u32 & VRING_DESC_F_INDIRECT, VRING_DESC_F_INDIRECT);
+    let f = frame(40, 9);
+    let mut bytes = [0u8; 12].to_vec();
+    bytes.extend_from_slice(&f);
+    let pieces = [12usize, 20, 20];
+    let mut off = 0;
+    for (i, n) in pieces.iter().enumerate() {
+        let addr = BUF_BASE + 0x100 * i as u64;
+        m.write_slice(&bytes[off..off + n], GuestAddress(addr)).unwrap();
+        let next = if i + 1 < pieces.len() { VRING_DESC_F_NEXT } else { 0 };
+        let d = SplitDescriptor::new(addr, *n as u32, next as u16, i as u16 + 1);
+        m.write_obj(d, table.addr().unchecked_add(16 * i as u64)).unwrap();
+        off += n;
+    }
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(port.sent, vec![f]);
+    assert_eq!(stats.snapshot().errors, 0);
+}
+
+fn read_guest(m: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    m.read_slice(&mut v, GuestAddress(addr)).unwrap();
+    v
+}
+
+#[test]
+fn rx_mergeable_frame_spans_chains_of_several_descriptors() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    // Two chains of three 64-byte buffers each: 192 bytes per chain.
+    let chain = |base: u64| (0..3).map(|i| (base + 0x100 * i, 64, true)).collect::<Vec<_>>();
+    add_chains(&vq, 0, &[chain(BUF_BASE), chain(BUF_BASE + 0x1000), chain(BUF_BASE + 0x2000)]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let f = frame(300, 5);
+    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(used_idx(&vq), 2);
+    assert_eq!(used(&vq, 0), (0, 192));
+    assert_eq!(used(&vq, 1), (3, 312 - 192));
+    let mut got = Vec::new();
+    for base in [BUF_BASE, BUF_BASE + 0x1000] {
+        for i in 0..3 {
+            got.extend(read_guest(&m, base + 0x100 * i, 64));
+        }
+    }
+    let mut hdr = [0u8; 12];
+    hdr[10] = 2; // num_buffers
+    assert_eq!(&got[..12], &hdr);
+    assert_eq!(&got[12..312], &f[..]);
+    // The third chain was not touched.
+    assert_eq!(q.next_avail(), 2);
+    assert_eq!(stats.snapshot().rx_frames, 1);
+}
+
+#[test]
+fn rx_without_enough_buffers_consumes_nothing() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 100, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), MODE, &mut s, &stats), RxOutcome::NoBuffers);
+    assert_eq!((q.next_avail(), used_idx(&vq)), (0, 0));
+    // Once the guest adds a buffer the frame fits in two chains.
+    add_chains(&vq, 1, &[vec![(BUF_BASE + 0x1000, 200, true)]]);
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(used(&vq, 0), (0, 100));
+    assert_eq!(used(&vq, 1), (1, 112));
+}
+
+#[test]
+fn rx_non_mergeable_drops_frames_larger_than_a_chain_and_keeps_the_chain() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 100, true), (BUF_BASE + 0x100, 20, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let mode = NetMode { mergeable: false, ..MODE };
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), mode, &mut s, &stats), RxOutcome::Dropped);
+    assert_eq!((q.next_avail(), used_idx(&vq)), (0, 0));
+    let f = frame(108, 4);
+    assert_eq!(rx_frame(&mut q, &m, &f, mode, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(used(&vq, 0), (0, 120));
+    let mut got = read_guest(&m, BUF_BASE, 100);
+    got.extend(read_guest(&m, BUF_BASE + 0x100, 20));
+    assert_eq!(&got[10..12], &[1, 0], "num_buffers is 1 without MRG_RXBUF");
+    assert_eq!(&got[12..], &f[..]);
+    let legacy = NetMode { hdr_len: LEGACY_HDR_LEN, mergeable: false, ..MODE };
+    add_chains(&vq, 2, &[vec![(BUF_BASE + 0x2000, 200, true)]]);
+    assert_eq!(rx_frame(&mut q, &m, &f, legacy, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(used(&vq, 1), (2, 118));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 10, 108), f);
+    let st = stats.snapshot();
+    assert_eq!((st.rx_dropped, st.rx_frames, st.errors), (1, 2, 0));
+}
+
+#[test]
+fn rx_skips_malformed_chains() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(
+        &vq,
+        0,
+        &[
+            vec![(BUF_BASE, 100, false)],                    // device-readable
+            vec![(MEM_SIZE as u64 - 10, 100, true)],         // outside memory
+            vec![(BUF_BASE + 0x1000, 0, true)],              // empty
+            vec![(BUF_BASE + 0x2000, 2048, true)],
+        ],
+    );
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let f = frame(64, 1);
+    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(used_idx(&vq), 4);
+    assert_eq!(used(&vq, 0), (0, 0));
+    assert_eq!(used(&vq, 1), (1, 0));
+    assert_eq!(used(&vq, 2), (2, 0));
+    assert_eq!(used(&vq, 3), (3, 76));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 12, 64), f);
+    assert_eq!(stats.snapshot().errors, 3);
+}
+
+#[test]
+fn rx_bad_chain_in_the_middle_of_a_mergeable_frame_drops_the_frame() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 50, true)], vec![(BUF_BASE + 0x100, 50, false)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    assert_eq!(rx_frame(&mut q, &m, &frame(80, 0), MODE, &mut s, &stats), RxOutcome::Dropped);
+    assert_eq!(used_idx(&vq), 2);
+    assert_eq!(used(&vq, 0), (1, 0));
+    assert_eq!(used(&vq, 1), (0, 0));
+    let st = stats.snapshot();
+    assert_eq!((st.errors, st.rx_dropped), (1, 1));
+}
+
+#[test]
+fn rx_queue_keeps_frames_until_the_guest_adds_buffers() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 2048, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    q.set_event_idx(true);
+    let (mut port, mut st, stats) = (TestPort::new(), RxState::default(), Stats::default());
+    port.incoming.extend([frame(60, 1), frame(70, 2), frame(80, 3)]);
+    let run = rx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert!(run.used);
+    assert_eq!((run.handled, st.backlog()), (1, 2));
+    // With EVENT_IDX the device asked to be kicked at the next buffer.
+    let avail_event: u16 = m.read_obj(vq.used_addr().unchecked_add(4 + 8 * 16)).unwrap();
+    assert_eq!(avail_event, 1);
+    add_chains(&vq, 1, &[vec![(BUF_BASE + 0x1000, 2048, true)], vec![(BUF_BASE + 0x2000, 2048, true)]]);
+    let run = rx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!((run.handled, st.backlog()), (2, 0));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 12, 80), frame(80, 3));
+    assert_eq!(stats.snapshot().rx_frames, 3);
+}
+
+fn ctrl_cmd(m: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>, first: u16, at: u64, cmd: &[u8]) {
+    m.write_slice(cmd, GuestAddress(at)).unwrap();
+    m.write_obj(0xffu8, GuestAddress(at + 0x80)).unwrap();
+    add_chains(vq, first, &[vec![(at, 2, false), (at + 2, cmd.len() as u32 - 2, false), (at + 0x80, 1, true)]]);
+}
+
+#[test]
+fn ctrl_sets_queue_pairs_and_refuses_everything_else() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 32);
+    ctrl_cmd(&m, &vq, 0, BUF_BASE, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 2, 0]);
+    ctrl_cmd(&m, &vq, 3, BUF_BASE + 0x100, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 9, 0]); // > max
+    ctrl_cmd(&m, &vq, 6, BUF_BASE + 0x200, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 0, 0]); // zero
+    ctrl_cmd(&m, &vq, 9, BUF_BASE + 0x300, &[0, 0, 1]); // RX class, PROMISC on: not offered
+    // No ack byte at all.
+    add_chains(&vq, 12, &[vec![(BUF_BASE + 0x400, 4, false)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let stats = Stats::default();
+    let (run, pairs) = ctrl_queue(&mut q, &m, 4, &stats, 64);
+    assert_eq!((run.handled, pairs), (5, Some(2)));
+    let ack = |at: u64| m.read_obj::<u8>(GuestAddress(at + 0x80)).unwrap();
+    assert_eq!(ack(BUF_BASE), VIRTIO_NET_OK);
+    assert_eq!(ack(BUF_BASE + 0x100), VIRTIO_NET_ERR);
+    assert_eq!(ack(BUF_BASE + 0x200), VIRTIO_NET_ERR);
+    assert_eq!(ack(BUF_BASE + 0x300), VIRTIO_NET_ERR);
+    assert_eq!(used(&vq, 0), (0, 1));
+    assert_eq!(used(&vq, 4), (12, 0));
+    assert_eq!(stats.snapshot().errors, 1);
+}
+
+#[test]
+fn corrupt_avail_index_is_an_error_not_a_panic() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    vq.avail().idx().store(1000);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(run.handled, 0);
+    assert!(stats.snapshot().errors >= 1);
+}

@@ -1,0 +1,619 @@
+//! AF_XDP port: a thin layer over libc, for sockets we create or that the agent hands us.
+//!
+//! # Socket handover protocol (agent -> backend)
+//!
+//! The agent (`lanekitd`) creates, configures and binds the AF_XDP sockets and passes them to an
+//! unprivileged backend over a unix socket. Exactly:
+//!
+//! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
+//! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
+//!    `{"version":1,"vm":"<name>"}` (`<name>` from `--vm`).
+//! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
+//!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
+//!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
+//!    with one entry per queue pair, `queue` = 0, 1, ... in order, and an `SCM_RIGHTS` control
+//!    message carrying `2 * queues` fds ordered `[xsk0, umem0, xsk1, umem1, ...]`.
+//!    On failure the agent replies `{"version":1,"error":"<text>"}` without fds.
+//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds).
+//! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
+//!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
+//!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`); its fill,
+//!    completion, RX and TX rings created with the given sizes (powers of two); and is bound to
+//!    (uplink, queue) with its own UMEM (no shared UMEM), copy or zero-copy mode, with or
+//!    without `XDP_USE_NEED_WAKEUP`. The agent has inserted it in its XSKMAP.
+//!    Each `umem` fd is a memfd (or any shareable file) of `umem_size` bytes, the same pages
+//!    the agent registered; the backend maps it `MAP_SHARED`.
+//! 5. The backend owns every frame: it puts frames `[0, fill_frames)` on the fill ring and uses
+//!    the rest for TX; the agent must not touch the rings or the UMEM after the handover.
+//!    The backend closes the unix connection after the reply; it needs no privileges.
+//!
+//! With `--ifname IF` the backend instead creates the sockets itself (needs `CAP_NET_RAW`):
+//! memfd UMEM, `XDP_COPY` bind on queues `0..N-1`. It loads no XDP program: without one that
+//! redirects into an XSKMAP nothing is received, but TX works.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::port::{Batch, Port};
+
+const AF_XDP: libc::c_int = 44;
+const SOL_XDP: libc::c_int = 283;
+const XDP_MMAP_OFFSETS: libc::c_int = 1;
+const XDP_RX_RING: libc::c_int = 2;
+const XDP_TX_RING: libc::c_int = 3;
+const XDP_UMEM_REG: libc::c_int = 4;
+const XDP_UMEM_FILL_RING: libc::c_int = 5;
+const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_PGOFF_RX_RING: libc::off_t = 0;
+const XDP_PGOFF_TX_RING: libc::off_t = 0x8000_0000;
+const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
+const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
+const XDP_COPY: u16 = 1 << 1;
+const XDP_RING_NEED_WAKEUP: u32 = 1;
+
+/// `struct xdp_ring_offset`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct RingOffset {
+    producer: u64,
+    consumer: u64,
+    desc: u64,
+    flags: u64,
+}
+
+/// `struct xdp_mmap_offsets`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct MmapOffsets {
+    rx: RingOffset,
+    tx: RingOffset,
+    fr: RingOffset,
+    cr: RingOffset,
+}
+
+/// `struct xdp_umem_reg` (v1 layout, accepted by every kernel with AF_XDP).
+#[repr(C)]
+struct UmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+}
+
+/// `struct sockaddr_xdp`.
+#[repr(C)]
+struct SockaddrXdp {
+    family: u16,
+    flags: u16,
+    ifindex: u32,
+    queue_id: u32,
+    shared_umem_fd: u32,
+}
+
+/// `struct xdp_desc`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct XdpDesc {
+    addr: u64,
+    len: u32,
+    options: u32,
+}
+
+/// Geometry of one queue's socket and UMEM (one entry of the handover reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XskParams {
+    /// Queue pair (and NIC queue) index.
+    pub queue: u32,
+    /// UMEM bytes; must equal `frame_size * frame_count`.
+    pub umem_size: u64,
+    /// UMEM chunk size.
+    pub frame_size: u32,
+    /// Number of UMEM frames.
+    pub frame_count: u32,
+    /// Fill ring entries (power of two).
+    pub fill_size: u32,
+    /// Completion ring entries (power of two).
+    pub comp_size: u32,
+    /// RX ring entries (power of two).
+    pub rx_size: u32,
+    /// TX ring entries (power of two).
+    pub tx_size: u32,
+}
+
+impl XskParams {
+    /// Defaults used with `--ifname`: 4096 frames of 2048 bytes, 2048-entry rings.
+    pub fn standard(queue: u32) -> Self {
+        XskParams {
+            queue,
+            umem_size: 4096 * 2048,
+            frame_size: 2048,
+            frame_count: 4096,
+            fill_size: 2048,
+            comp_size: 2048,
+            rx_size: 2048,
+            tx_size: 2048,
+        }
+    }
+
+    /// Check everything the rings and frame accounting rely on.
+    pub fn validate(&self) -> io::Result<()> {
+        let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+        for (name, v) in [
+            ("fill_size", self.fill_size),
+            ("comp_size", self.comp_size),
+            ("rx_size", self.rx_size),
+            ("tx_size", self.tx_size),
+        ] {
+            if !v.is_power_of_two() || v > 1 << 20 {
+                return bad(format!("queue {}: {name} {v} is not a power of two <= 2^20", self.queue));
+            }
+        }
+        if !(2048..=65536).contains(&self.frame_size) || !self.frame_size.is_power_of_two() {
+            return bad(format!("queue {}: frame_size {} not a power of two in 2048..=65536", self.queue, self.frame_size));
+        }
+        if self.frame_count < 2 || u64::from(self.frame_count) * u64::from(self.frame_size) != self.umem_size {
+            return bad(format!(
+                "queue {}: umem_size {} != frame_size {} * frame_count {} (>= 2)",
+                self.queue, self.umem_size, self.frame_size, self.frame_count
+            ));
+        }
+        if self.umem_size > 1 << 36 {
+            return bad(format!("queue {}: umem_size {} too large", self.queue, self.umem_size));
+        }
+        Ok(())
+    }
+
+    /// Frames put on the fill ring: half the frames, at most the fill and RX ring sizes.
+    fn fill_frames(&self) -> u32 {
+        (self.frame_count / 2).min(self.fill_size).min(self.rx_size)
+    }
+}
+
+/// A shared memory mapping, unmapped on drop.
+#[derive(Debug)]
+struct Mmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; access is synchronised by
+// the owner (`XskPort` is used by one thread at a time through `&mut self`).
+unsafe impl Send for Mmap {}
+
+impl Mmap {
+    fn map(fd: RawFd, len: usize, offset: libc::off_t) -> io::Result<Mmap> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL); fd and length are checked by
+        // the kernel, and the result is checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                offset,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Mmap { ptr, len })
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a mapping created by `Mmap::map` and not unmapped before.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// One of the four AF_XDP rings: shared producer/consumer indexes and an entry array.
+#[derive(Debug)]
+struct Ring<T> {
+    /// Keeps the mapping the pointers below point into alive.
+    _map: Mmap,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    entries: *mut T,
+    mask: u32,
+    /// Our copy of the index we own (producer for fill/tx, consumer for rx/comp).
+    local: u32,
+    /// Last seen value of the index the kernel owns.
+    cached: u32,
+}
+
+// SAFETY: the raw pointers point into `map`, owned by the ring; the ring is used from one thread
+// at a time (through `&mut`), and the kernel side is synchronised with atomics.
+unsafe impl<T: Send> Send for Ring<T> {}
+
+impl<T: Copy> Ring<T> {
+    fn map(fd: RawFd, off: &RingOffset, size: u32, pgoff: libc::off_t, producer_side: bool) -> io::Result<Self> {
+        let len = usize::try_from(off.desc)
+            .ok()
+            .and_then(|d| d.checked_add(size as usize * size_of::<T>()))
+            .ok_or_else(|| io::Error::other("ring offsets overflow"))?;
+        for o in [off.producer, off.consumer, off.flags] {
+            if o.saturating_add(4) > off.desc {
+                return Err(io::Error::other("ring offsets out of range"));
+            }
+        }
+        let map = Mmap::map(fd, len, pgoff)?;
+        let base = map.ptr.as_ptr();
+        // SAFETY: every offset was checked to lie inside the mapping of `len` bytes above; the
+        // kernel aligns the indexes to 4 bytes and the descriptors to their size.
+        let (producer, consumer, flags, entries) = unsafe {
+            (
+                base.add(off.producer as usize).cast::<AtomicU32>().cast_const(),
+                base.add(off.consumer as usize).cast::<AtomicU32>().cast_const(),
+                base.add(off.flags as usize).cast::<AtomicU32>().cast_const(),
+                base.add(off.desc as usize).cast::<T>(),
+            )
+        };
+        let mut r = Ring { _map: map, producer, consumer, flags, entries, mask: size - 1, local: 0, cached: 0 };
+        if producer_side {
+            r.local = r.producer().load(Ordering::Relaxed);
+            r.cached = r.consumer().load(Ordering::Acquire);
+        } else {
+            r.local = r.consumer().load(Ordering::Relaxed);
+            r.cached = r.producer().load(Ordering::Acquire);
+        }
+        Ok(r)
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: points into the live mapping owned by self (checked in `map`).
+        unsafe { &*self.producer }
+    }
+
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: points into the live mapping owned by self (checked in `map`).
+        unsafe { &*self.consumer }
+    }
+
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: points into the live mapping owned by self (checked in `map`).
+        unsafe { &*self.flags }.load(Ordering::Relaxed) & XDP_RING_NEED_WAKEUP != 0
+    }
+
+    fn write(&mut self, idx: u32, v: T) {
+        // SAFETY: idx & mask < ring size, so the slot is inside the mapping.
+        unsafe { self.entries.add((idx & self.mask) as usize).write_volatile(v) }
+    }
+
+    fn read(&self, idx: u32) -> T {
+        // SAFETY: idx & mask < ring size, so the slot is inside the mapping.
+        unsafe { self.entries.add((idx & self.mask) as usize).read_volatile() }
+    }
+
+    /// Producer side: free slots, refreshing the consumer index when needed.
+    fn free(&mut self, want: u32) -> u32 {
+        let size = self.mask + 1;
+        let mut free = size - self.local.wrapping_sub(self.cached);
+        if free < want {
+            self.cached = self.consumer().load(Ordering::Acquire);
+            free = size - self.local.wrapping_sub(self.cached);
+        }
+        free.min(size)
+    }
+
+    /// Producer side: publish `n` entries written at `local..local+n`.
+    fn submit(&mut self, n: u32) {
+        self.local = self.local.wrapping_add(n);
+        self.producer().store(self.local, Ordering::Release);
+    }
+
+    /// Consumer side: entries ready, refreshing the producer index when none are cached.
+    fn ready(&mut self, want: u32) -> u32 {
+        let mut avail = self.cached.wrapping_sub(self.local);
+        if avail == 0 {
+            self.cached = self.producer().load(Ordering::Acquire);
+            avail = self.cached.wrapping_sub(self.local);
+        }
+        avail.min(want).min(self.mask + 1)
+    }
+
+    /// Consumer side: give `n` entries back to the kernel.
+    fn release(&mut self, n: u32) {
+        self.local = self.local.wrapping_add(n);
+        self.consumer().store(self.local, Ordering::Release);
+    }
+}
+
+fn getsockopt_offsets(fd: RawFd) -> io::Result<MmapOffsets> {
+    let mut off = MmapOffsets::default();
+    let mut len = size_of::<MmapOffsets>() as libc::socklen_t;
+    // SAFETY: off is a writable buffer of `len` bytes; the kernel writes at most len bytes.
+    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&raw mut off).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if (len as usize) < size_of::<MmapOffsets>() {
+        return Err(io::Error::other("kernel without flags in XDP_MMAP_OFFSETS is not supported"));
+    }
+    Ok(off)
+}
+
+fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: v points to a readable T of the given size for the duration of the call.
+    let r = unsafe {
+        libc::setsockopt(fd, SOL_XDP, name, (v as *const T).cast(), size_of::<T>() as libc::socklen_t)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An AF_XDP socket with its UMEM and rings, used as a [`Port`].
+#[derive(Debug)]
+pub struct XskPort {
+    fd: OwnedFd,
+    umem: Mmap,
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    rx: Ring<XdpDesc>,
+    tx: Ring<XdpDesc>,
+    params: XskParams,
+    tx_free: Vec<u64>,
+    fill_pending: Vec<u64>,
+    /// Descriptors from the kernel that pointed outside the UMEM (never expected).
+    pub bad_descs: u64,
+}
+
+impl XskPort {
+    /// Take over a bound AF_XDP socket and its UMEM file (see the module docs).
+    pub fn from_fds(xsk: OwnedFd, umem: &File, params: XskParams) -> io::Result<Self> {
+        params.validate()?;
+        let fd = xsk.as_raw_fd();
+        let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
+        let file_len = umem.metadata()?.len();
+        if file_len < params.umem_size {
+            return Err(io::Error::other(format!("umem file is {file_len} bytes, expected {size}")));
+        }
+        let umem_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
+        let off = getsockopt_offsets(fd)?;
+        let fill = Ring::map(fd, &off.fr, params.fill_size, XDP_UMEM_PGOFF_FILL_RING, true)?;
+        let comp = Ring::map(fd, &off.cr, params.comp_size, XDP_UMEM_PGOFF_COMPLETION_RING, false)?;
+        let rx = Ring::map(fd, &off.rx, params.rx_size, XDP_PGOFF_RX_RING, false)?;
+        let tx = Ring::map(fd, &off.tx, params.tx_size, XDP_PGOFF_TX_RING, true)?;
+        let fs = u64::from(params.frame_size);
+        let nfill = params.fill_frames();
+        let mut port = XskPort {
+            fd: xsk,
+            umem: umem_map,
+            fill,
+            comp,
+            rx,
+            tx,
+            params,
+            tx_free: (nfill..params.frame_count).map(|i| u64::from(i) * fs).collect(),
+            fill_pending: (0..nfill).map(|i| u64::from(i) * fs).collect(),
+            bad_descs: 0,
+        };
+        port.refill();
+        Ok(port)
+    }
+
+    /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode.
+    pub fn create(ifname: &str, params: XskParams) -> io::Result<Self> {
+        params.validate()?;
+        let name = CString::new(ifname).map_err(io::Error::other)?;
+        // SAFETY: name is a valid NUL-terminated string.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
+        }
+        let umem = memfd("lanekit-umem", params.umem_size)?;
+        // SAFETY: plain socket(2) call; the result is checked before being owned.
+        let raw = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a new fd that nothing else owns.
+        let xsk = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
+        // The registration mapping may be dropped after XDP_UMEM_REG: the kernel pins the pages,
+        // which are the memfd's, and `from_fds` maps the same memfd again.
+        let reg_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
+        let reg = UmemReg {
+            addr: reg_map.ptr.as_ptr() as u64,
+            len: params.umem_size,
+            chunk_size: params.frame_size,
+            headroom: 0,
+        };
+        setsockopt(raw, XDP_UMEM_REG, &reg)?;
+        setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
+        setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
+        setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
+        setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
+        let port = XskPort::from_fds(xsk, &umem, params)?;
+        let sa = SockaddrXdp {
+            family: AF_XDP as u16,
+            flags: XDP_COPY,
+            ifindex,
+            queue_id: params.queue,
+            shared_umem_fd: 0,
+        };
+        // SAFETY: sa is a valid sockaddr_xdp of the given length.
+        let r = unsafe {
+            libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t)
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {}: {e}", params.queue)));
+        }
+        drop(reg_map);
+        Ok(port)
+    }
+
+    fn frame(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let end = addr.checked_add(len as u64)?;
+        if end > self.params.umem_size {
+            return None;
+        }
+        // SAFETY: [addr, end) lies inside the UMEM mapping (checked above); the kernel wrote the
+        // frame before publishing its descriptor (acquire on the producer index).
+        Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.as_ptr().add(addr as usize), len) })
+    }
+
+    /// Put pending frames back on the fill ring.
+    fn refill(&mut self) {
+        let n = self.fill.free(self.fill_pending.len() as u32).min(self.fill_pending.len() as u32);
+        if n == 0 {
+            return;
+        }
+        let start = self.fill.local;
+        for i in 0..n {
+            let addr = self.fill_pending.pop().unwrap_or(0);
+            self.fill.write(start.wrapping_add(i), addr);
+        }
+        self.fill.submit(n);
+        if self.fill.needs_wakeup() {
+            // SAFETY: recvfrom with a NULL buffer of length 0 only wakes the driver.
+            unsafe {
+                libc::recvfrom(self.fd.as_raw_fd(), std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut())
+            };
+        }
+    }
+
+    /// Take completed TX frames back.
+    fn reclaim(&mut self) {
+        let n = self.comp.ready(self.params.comp_size);
+        for i in 0..n {
+            let addr = self.comp.read(self.comp.local.wrapping_add(i));
+            let aligned = addr - addr % u64::from(self.params.frame_size);
+            if aligned < self.params.umem_size {
+                self.tx_free.push(aligned);
+            } else {
+                self.bad_descs += 1;
+            }
+        }
+        self.comp.release(n);
+    }
+
+    fn kick(&self) {
+        // SAFETY: sendto with no buffer and no address only asks the kernel to process the TX ring.
+        let r = unsafe {
+            libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => {}
+                _ => log::debug!("queue {}: tx kick: {e}", self.params.queue),
+            }
+        }
+    }
+}
+
+impl Port for XskPort {
+    fn recv(&mut self, batch: &mut Batch, max: usize) -> io::Result<usize> {
+        let n = self.rx.ready(max.min(u32::MAX as usize) as u32);
+        let mut got = 0;
+        for i in 0..n {
+            let d = self.rx.read(self.rx.local.wrapping_add(i));
+            match self.frame(d.addr, d.len as usize) {
+                Some(f) => {
+                    batch.push(f);
+                    got += 1;
+                }
+                None => self.bad_descs += 1,
+            }
+            let fs = u64::from(self.params.frame_size);
+            self.fill_pending.push(d.addr - d.addr % fs);
+        }
+        self.rx.release(n);
+        self.refill();
+        Ok(got)
+    }
+
+    fn send(&mut self, batch: &Batch) -> io::Result<usize> {
+        self.reclaim();
+        let want = batch.len().min(self.tx_free.len()).min(u32::MAX as usize) as u32;
+        let n = self.tx.free(want).min(want);
+        let start = self.tx.local;
+        let mut sent = 0u32;
+        for f in batch.iter().take(n as usize) {
+            if f.len() > self.params.frame_size as usize {
+                break;
+            }
+            let Some(addr) = self.tx_free.pop() else { break };
+            // SAFETY: addr is a frame start inside the UMEM and f.len() <= frame_size, so the copy
+            // stays in the mapping; the kernel does not touch free frames.
+            unsafe {
+                std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.as_ptr().add(addr as usize), f.len())
+            };
+            self.tx.write(start.wrapping_add(sent), XdpDesc { addr, len: f.len() as u32, options: 0 });
+            sent += 1;
+        }
+        if sent > 0 {
+            self.tx.submit(sent);
+        }
+        // Copy mode always needs the kick; with need_wakeup the flag says so.
+        self.kick();
+        self.reclaim();
+        Ok(sent as usize)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn describe(&self) -> String {
+        format!("xsk queue {}", self.params.queue)
+    }
+}
+
+/// A memfd of `size` bytes.
+pub fn memfd(name: &str, size: u64) -> io::Result<File> {
+    let name = CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: name is a valid NUL-terminated string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size)?;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_validation() {
+        assert!(XskParams::standard(0).validate().is_ok());
+        let mut p = XskParams::standard(0);
+        p.rx_size = 1000;
+        assert!(p.validate().is_err());
+        let mut p = XskParams::standard(0);
+        p.umem_size += 1;
+        assert!(p.validate().is_err());
+        let mut p = XskParams::standard(0);
+        p.frame_size = 1024;
+        p.umem_size = 1024 * 4096;
+        assert!(p.validate().is_err());
+        assert_eq!(XskParams::standard(0).fill_frames(), 2048);
+    }
+
+    #[test]
+    fn from_fds_refuses_a_non_xsk_socket() {
+        let umem = memfd("t", XskParams::standard(0).umem_size).unwrap();
+        // SAFETY: plain socket(2); result checked.
+        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0) };
+        assert!(raw >= 0);
+        // SAFETY: new fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        assert!(XskPort::from_fds(fd, &umem, XskParams::standard(0)).is_err());
+    }
+}
