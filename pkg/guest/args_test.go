@@ -145,3 +145,27 @@ func TestConfigRejects(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildScriptLookup(t *testing.T) {
+	p, err := BuildScript()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(p, "/scripts/guest/build.sh") {
+		t.Fatalf("BuildScript = %q", p)
+	}
+	t.Setenv("LANEKIT_GUEST_BUILD", "/nonexistent/build.sh")
+	if _, err := BuildScript(); err == nil || !strings.Contains(err.Error(), "LANEKIT_GUEST_BUILD") {
+		t.Fatalf("missing override: %v", err)
+	}
+	if _, _, err := EnsureImage(t.TempDir()); err == nil {
+		t.Fatal("EnsureImage with a missing build script succeeded")
+	}
+}
+
+func TestStartRejectsMissingImage(t *testing.T) {
+	c := Config{QEMU: "true", Kernel: "/nonexistent/vmlinuz", Initrd: "/nonexistent/initrd"}
+	if _, err := Start(t.Context(), c); err == nil || !strings.HasPrefix(err.Error(), "start guest: ") {
+		t.Fatalf("Start with a missing kernel: %v", err)
+	}
+}

@@ -60,7 +60,7 @@
 //	guest: LKBEGIN <id>
 //	       <stdout and stderr of sh -c, stdin /dev/null>
 //	       "\n" LKOUT <id> <exit code>
-//	host:  LKPING <x>   guest: LKPONG <x>
+//	guest: LKERR unknown line                                 any other non-empty line
 //
 // The extra "\n" before LKOUT ends unterminated output; Run removes it again,
 // so the output comes back as written. Commands run one at a time. Kernel
@@ -75,7 +75,7 @@
 // # Boot time
 //
 // QEMU start to LK-READY under TCG (-cpu max, 1 vCPU, 256 MiB) on this 2-core
-// machine while other builds and tests ran: 3.8-8.0 s with no NIC, 4.7-5.9 s
+// machine while other builds and tests ran: 2.9-8.0 s with no NIC, 4.7-5.9 s
 // with user-mode networking, 9.7-11.1 s with vhost-user while dpdk-testpmd
 // busy-polls one of the two cores. The tests print it (go test -v).
 package guest
