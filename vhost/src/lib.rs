@@ -8,6 +8,7 @@
 //! `xsk.rs` AF_XDP.
 
 pub mod backend;
+pub mod handover;
 pub mod net;
 pub mod port;
 pub mod xsk;
@@ -64,6 +65,15 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub enum PortSource {
     /// Frames sent by the guest come back to it (no network; tests and benchmarks).
     Loopback,
+    /// Create AF_XDP sockets on queues `0..N-1` of this interface (copy mode; needs CAP_NET_RAW).
+    Ifname(String),
+    /// Receive ready AF_XDP sockets from the agent (see `xsk.rs` for the protocol).
+    Agent {
+        /// The agent's `SOCK_SEQPACKET` socket.
+        socket: PathBuf,
+        /// VM name sent in the request.
+        vm: String,
+    },
 }
 
 /// A validated configuration.
@@ -77,8 +87,17 @@ pub struct Config {
     pub ports: PortSource,
 }
 
-/// Open one port per queue pair.
-pub fn open_ports(source: &PortSource, pairs: u16) -> Result<Vec<Box<dyn port::Port>>> {
+/// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
+pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<Vec<Box<dyn port::Port>>> {
+    let boxed = |p: xsk::XskPort| -> Result<Box<dyn port::Port>> {
+        let fs = p.params().frame_size as usize;
+        if fs < max_frame {
+            return Err(Error::Config(format!(
+                "AF_XDP frame size {fs} is smaller than the largest frame {max_frame} (mtu + 18)"
+            )));
+        }
+        Ok(Box::new(p))
+    };
     match source {
         PortSource::Loopback => (0..usize::from(pairs))
             .map(|i| {
@@ -87,12 +106,25 @@ pub fn open_ports(source: &PortSource, pairs: u16) -> Result<Vec<Box<dyn port::P
                     .map_err(|source| Error::Port { queue: i, source })
             })
             .collect(),
+        PortSource::Ifname(ifname) => (0..pairs)
+            .map(|i| {
+                xsk::XskPort::create(ifname, xsk::XskParams::standard(u32::from(i)))
+                    .map_err(|source| Error::Port { queue: usize::from(i), source })
+                    .and_then(boxed)
+            })
+            .collect(),
+        PortSource::Agent { socket, vm } => handover::request_ports(socket, vm, pairs)
+            .map_err(|source| Error::Port { queue: 0, source })?
+            .into_iter()
+            .map(boxed)
+            .collect(),
     }
 }
 
 /// Open the ports and serve frontends forever.
 pub fn start_backend(config: Config) -> Result<()> {
-    let ports = open_ports(&config.ports, config.device.queue_pairs)?;
+    let max_frame = usize::from(config.device.mtu) + 18;
+    let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
     let backend = Arc::new(NetBackend::new(config.device, ports)?);
     info!(
         "serving {} queue pair(s) on {}",

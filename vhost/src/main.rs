@@ -23,8 +23,18 @@ struct Args {
     #[arg(long, default_value_t = 1500)]
     mtu: u16,
     /// Loop every frame the guest sends back to it (no network).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["ifname", "xsk_socket"])]
     loopback: bool,
+    /// Create AF_XDP sockets on queues 0..N-1 of this interface (copy mode, needs CAP_NET_RAW;
+    /// loads no XDP program).
+    #[arg(long, conflicts_with = "xsk_socket")]
+    ifname: Option<String>,
+    /// Get ready AF_XDP sockets from the agent's SOCK_SEQPACKET socket (needs --vm).
+    #[arg(long, requires = "vm")]
+    xsk_socket: Option<PathBuf>,
+    /// VM name sent to the agent with --xsk-socket.
+    #[arg(long)]
+    vm: Option<String>,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], Error> {
@@ -47,9 +57,15 @@ impl TryFrom<Args> for Config {
     type Error = Error;
 
     fn try_from(a: Args) -> Result<Self, Error> {
-        let ports = match a.loopback {
-            true => PortSource::Loopback,
-            false => return Err(Error::Config("choose a port: --loopback".into())),
+        let ports = match (a.loopback, a.ifname, a.xsk_socket, a.vm) {
+            (true, None, None, _) => PortSource::Loopback,
+            (false, Some(ifname), None, _) => PortSource::Ifname(ifname),
+            (false, None, Some(socket), Some(vm)) => PortSource::Agent { socket, vm },
+            _ => {
+                return Err(Error::Config(
+                    "choose one port source: --xsk-socket PATH --vm NAME, --ifname IF or --loopback".into(),
+                ))
+            }
         };
         Ok(Config {
             socket: a.socket,
@@ -74,6 +90,27 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(args: &[&str]) -> Result<Config, String> {
+        let a = Args::try_parse_from([&["lanekit-vhost", "--socket", "/tmp/s"], args].concat())
+            .map_err(|e| e.to_string())?;
+        Config::try_from(a).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn args_to_config() {
+        let c = config(&["--loopback", "--queues", "4", "--mac", "02:00:00:00:00:01"]).unwrap();
+        assert_eq!(c.ports, PortSource::Loopback);
+        assert_eq!(c.device.queue_pairs, 4);
+        assert_eq!(c.device.mac, [2, 0, 0, 0, 0, 1]);
+        assert_eq!(config(&["--ifname", "eth1"]).unwrap().ports, PortSource::Ifname("eth1".into()));
+        let c = config(&["--xsk-socket", "/run/lk.sock", "--vm", "vm1"]).unwrap();
+        assert_eq!(c.ports, PortSource::Agent { socket: "/run/lk.sock".into(), vm: "vm1".into() });
+        assert!(config(&[]).is_err());
+        assert!(config(&["--xsk-socket", "/run/lk.sock"]).is_err());
+        assert!(config(&["--loopback", "--ifname", "eth1"]).is_err());
+        assert!(config(&["--loopback", "--mac", "zz"]).is_err());
+    }
 
     #[test]
     fn mac_parsing() {

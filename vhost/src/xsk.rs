@@ -404,36 +404,14 @@ impl XskPort {
 
     /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode.
     pub fn create(ifname: &str, params: XskParams) -> io::Result<Self> {
-        params.validate()?;
         let name = CString::new(ifname).map_err(io::Error::other)?;
         // SAFETY: name is a valid NUL-terminated string.
         let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
         if ifindex == 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
         }
-        let umem = memfd("lanekit-umem", params.umem_size)?;
-        // SAFETY: plain socket(2) call; the result is checked before being owned.
-        let raw = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: raw is a new fd that nothing else owns.
-        let xsk = unsafe { OwnedFd::from_raw_fd(raw) };
-        let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
-        // The registration mapping may be dropped after XDP_UMEM_REG: the kernel pins the pages,
-        // which are the memfd's, and `from_fds` maps the same memfd again.
-        let reg_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
-        let reg = UmemReg {
-            addr: reg_map.ptr.as_ptr() as u64,
-            len: params.umem_size,
-            chunk_size: params.frame_size,
-            headroom: 0,
-        };
-        setsockopt(raw, XDP_UMEM_REG, &reg)?;
-        setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
-        setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
-        setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
-        setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
+        let (xsk, umem) = create_unbound(params)?;
+        let raw = xsk.as_raw_fd();
         let port = XskPort::from_fds(xsk, &umem, params)?;
         let sa = SockaddrXdp {
             family: AF_XDP as u16,
@@ -450,8 +428,12 @@ impl XskPort {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {}: {e}", params.queue)));
         }
-        drop(reg_map);
         Ok(port)
+    }
+
+    /// Geometry of this socket.
+    pub fn params(&self) -> XskParams {
+        self.params
     }
 
     fn frame(&self, addr: u64, len: usize) -> Option<&[u8]> {
@@ -570,6 +552,36 @@ impl Port for XskPort {
     fn describe(&self) -> String {
         format!("xsk queue {}", self.params.queue)
     }
+}
+
+/// Steps 4 of the handover without the bind: an AF_XDP socket with a memfd UMEM registered
+/// (aligned, headroom 0, chunk = frame size) and its four rings created. Needs `CAP_NET_RAW`.
+pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
+    params.validate()?;
+    let umem = memfd("lanekit-umem", params.umem_size)?;
+    // SAFETY: plain socket(2) call; the result is checked before being owned.
+    let raw = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a new fd that nothing else owns.
+    let xsk = unsafe { OwnedFd::from_raw_fd(raw) };
+    let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
+    // The registration mapping may go away after XDP_UMEM_REG: the kernel pins the pages, which
+    // are the memfd's, and whoever uses the socket maps the same memfd again.
+    let reg_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
+    let reg = UmemReg {
+        addr: reg_map.ptr.as_ptr() as u64,
+        len: params.umem_size,
+        chunk_size: params.frame_size,
+        headroom: 0,
+    };
+    setsockopt(raw, XDP_UMEM_REG, &reg)?;
+    setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
+    setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
+    setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
+    setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
+    Ok((xsk, umem))
 }
 
 /// A memfd of `size` bytes.

@@ -1,0 +1,305 @@
+//! Client side of the agent's AF_XDP socket handover (protocol in `xsk.rs`'s module docs).
+
+use std::fs::File;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::xsk::{XskParams, XskPort};
+
+/// Protocol version spoken.
+pub const VERSION: u32 = 1;
+/// Largest reply body.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Most fds in a reply (31 queue pairs).
+pub const MAX_FDS: usize = 62;
+
+/// The backend's request.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Request {
+    /// [`VERSION`].
+    pub version: u32,
+    /// VM name the sockets are for.
+    pub vm: String,
+}
+
+/// One queue of the agent's reply.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QueueInfo {
+    pub queue: u32,
+    pub umem_size: u64,
+    pub frame_size: u32,
+    pub frame_count: u32,
+    pub fill_size: u32,
+    pub comp_size: u32,
+    pub rx_size: u32,
+    pub tx_size: u32,
+}
+
+impl From<QueueInfo> for XskParams {
+    fn from(q: QueueInfo) -> Self {
+        XskParams {
+            queue: q.queue,
+            umem_size: q.umem_size,
+            frame_size: q.frame_size,
+            frame_count: q.frame_count,
+            fill_size: q.fill_size,
+            comp_size: q.comp_size,
+            rx_size: q.rx_size,
+            tx_size: q.tx_size,
+        }
+    }
+}
+
+/// The agent's reply body.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reply {
+    /// [`VERSION`].
+    pub version: u32,
+    /// One entry per queue pair, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queues: Vec<QueueInfo>,
+    /// Set instead of `queues` when the agent refuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn err(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// A connected or listening `SOCK_SEQPACKET` unix socket.
+pub fn seqpacket(path: &Path, listen: bool) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the result is checked before being owned.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= sa.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    for (d, s) in sa.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let sap = (&raw const sa).cast::<libc::sockaddr>();
+    // SAFETY: sap points to an initialised sockaddr_un of `len` bytes.
+    let r = unsafe {
+        if listen {
+            let r = libc::bind(raw, sap, len);
+            if r == 0 { libc::listen(raw, 8) } else { r }
+        } else {
+            libc::connect(raw, sap, len)
+        }
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Send one message with optional fds.
+pub fn send_msg(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
+    }
+    let mut iov = libc::iovec { iov_base: body.as_ptr() as *mut libc::c_void, iov_len: body.len() };
+    let mut cbuf = vec![0u64; 64];
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let data_len = (fds.len() * size_of::<RawFd>()) as u32;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: msg_control points to a buffer of 512 bytes >= CMSG_SPACE(62 * 4); the
+        // header and data written below stay inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len());
+        }
+    }
+    // SAFETY: msg and everything it points to are valid for the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r as usize != body.len() {
+        return Err(err(format!("short send: {r} of {} bytes", body.len())));
+    }
+    Ok(())
+}
+
+/// Receive one message (at most [`MAX_BODY`] bytes) and the fds sent with it.
+pub fn recv_msg(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut body = vec![0u8; MAX_BODY];
+    let mut iov = libc::iovec { iov_base: body.as_mut_ptr().cast(), iov_len: body.len() };
+    let mut cbuf = vec![0u64; 64];
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = cbuf.len() * 8;
+    // SAFETY: msg points to valid buffers of the declared sizes.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control with well-formed cmsgs within msg_controllen; we
+    // only walk them with the CMSG macros and take ownership of each received fd once.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Err(err("reply truncated (body over 64 KiB or more than 62 fds)".into()));
+    }
+    body.truncate(n as usize);
+    Ok((body, fds))
+}
+
+/// Parse and check a reply for `pairs` queue pairs; returns the queues paired with their fds.
+pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Vec<(QueueInfo, OwnedFd, File)>> {
+    let reply: Reply = serde_json::from_slice(body).map_err(|e| err(format!("bad reply json: {e}")))?;
+    if reply.version != VERSION {
+        return Err(err(format!("agent speaks version {}, we speak {VERSION}", reply.version)));
+    }
+    if let Some(e) = reply.error {
+        return Err(io::Error::other(format!("agent refused: {e}")));
+    }
+    if reply.queues.len() != usize::from(pairs) {
+        return Err(err(format!("agent sent {} queues, {pairs} queue pairs configured", reply.queues.len())));
+    }
+    if fds.len() != 2 * reply.queues.len() {
+        return Err(err(format!("agent sent {} fds for {} queues", fds.len(), reply.queues.len())));
+    }
+    let mut fds = fds.into_iter();
+    let mut out = Vec::new();
+    for (i, q) in reply.queues.into_iter().enumerate() {
+        if q.queue as usize != i {
+            return Err(err(format!("queue entry {i} is for queue {}", q.queue)));
+        }
+        XskParams::from(q).validate()?;
+        let (Some(xsk), Some(umem)) = (fds.next(), fds.next()) else {
+            return Err(err("missing fds".into()));
+        };
+        out.push((q, xsk, File::from(umem)));
+    }
+    Ok(out)
+}
+
+/// Ask the agent at `path` for the sockets of `vm` and take them over as ports.
+pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<Vec<XskPort>> {
+    let sock = seqpacket(path, false)
+        .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
+    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string() }).map_err(io::Error::other)?;
+    send_msg(sock.as_raw_fd(), &req, &[])?;
+    let (body, fds) = recv_msg(sock.as_raw_fd())?;
+    if body.is_empty() {
+        return Err(err("agent closed the connection without a reply".into()));
+    }
+    check_reply(&body, fds, pairs)?
+        .into_iter()
+        .map(|(q, xsk, umem)| {
+            XskPort::from_fds(xsk, &umem, q.into())
+                .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(queue: u32) -> QueueInfo {
+        QueueInfo {
+            queue,
+            umem_size: 4096 * 2048,
+            frame_size: 2048,
+            frame_count: 4096,
+            fill_size: 2048,
+            comp_size: 2048,
+            rx_size: 2048,
+            tx_size: 2048,
+        }
+    }
+
+    fn memfds(n: usize) -> Vec<OwnedFd> {
+        (0..n).map(|_| OwnedFd::from(crate::xsk::memfd("t", 1).unwrap())).collect()
+    }
+
+    #[test]
+    fn request_and_reply_wire_format() {
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into() }).unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
+        let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
+        let r: Reply = serde_json::from_str(body).unwrap();
+        assert_eq!(r.queues, vec![info(0)]);
+        assert_eq!(check_reply(body.as_bytes(), memfds(2), 1).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bad_replies_are_clear_errors() {
+        let ok = |qs: Vec<QueueInfo>| serde_json::to_vec(&Reply { version: 1, queues: qs, error: None }).unwrap();
+        let cases: Vec<(Vec<u8>, usize, u16, &str)> = vec![
+            (b"not json".to_vec(), 0, 1, "bad reply json"),
+            (br#"{"version":2,"queues":[]}"#.to_vec(), 0, 1, "version 2"),
+            (br#"{"version":1,"error":"no such vm"}"#.to_vec(), 0, 1, "no such vm"),
+            (ok(vec![info(0)]), 2, 2, "1 queues, 2 queue pairs"),
+            (ok(vec![info(0)]), 1, 1, "1 fds for 1 queues"),
+            (ok(vec![info(1)]), 2, 1, "entry 0 is for queue 1"),
+            (ok(vec![QueueInfo { rx_size: 1000, ..info(0) }]), 2, 1, "rx_size 1000"),
+        ];
+        for (body, nfds, pairs, want) in cases {
+            let e = check_reply(&body, memfds(nfds), pairs).unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} should mention {want:?}");
+        }
+    }
+
+    #[test]
+    fn fds_travel_with_the_message() {
+        let dir = std::env::temp_dir().join(format!("lk-vhost-handover-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let listener = seqpacket(&dir, true).unwrap();
+        let client = seqpacket(&dir, false).unwrap();
+        // SAFETY: accept on a listening socket; result checked.
+        let server = unsafe { libc::accept(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert!(server >= 0);
+        // SAFETY: new fd owned by nobody else.
+        let server = unsafe { OwnedFd::from_raw_fd(server) };
+        let f = crate::xsk::memfd("payload", 4096).unwrap();
+        send_msg(server.as_raw_fd(), b"hello", &[f.as_raw_fd(), f.as_raw_fd()]).unwrap();
+        let (body, fds) = recv_msg(client.as_raw_fd()).unwrap();
+        assert_eq!(body, b"hello");
+        assert_eq!(fds.len(), 2);
+        assert_eq!(File::from(fds.into_iter().next().unwrap()).metadata().unwrap().len(), 4096);
+        let _ = std::fs::remove_file(&dir);
+    }
+}
