@@ -404,30 +404,10 @@ impl XskPort {
 
     /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode.
     pub fn create(ifname: &str, params: XskParams) -> io::Result<Self> {
-        let name = CString::new(ifname).map_err(io::Error::other)?;
-        // SAFETY: name is a valid NUL-terminated string.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
-        }
         let (xsk, umem) = create_unbound(params)?;
         let raw = xsk.as_raw_fd();
         let port = XskPort::from_fds(xsk, &umem, params)?;
-        let sa = SockaddrXdp {
-            family: AF_XDP as u16,
-            flags: XDP_COPY,
-            ifindex,
-            queue_id: params.queue,
-            shared_umem_fd: 0,
-        };
-        // SAFETY: sa is a valid sockaddr_xdp of the given length.
-        let r = unsafe {
-            libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t)
-        };
-        if r != 0 {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {}: {e}", params.queue)));
-        }
+        bind_copy(raw, ifname, params.queue)?;
         Ok(port)
     }
 
@@ -582,6 +562,24 @@ pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
     setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
     setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
     Ok((xsk, umem))
+}
+
+/// Bind an AF_XDP socket to (`ifname`, `queue`) in copy mode. Needs `CAP_NET_RAW`.
+pub fn bind_copy(fd: RawFd, ifname: &str, queue: u32) -> io::Result<()> {
+    let name = CString::new(ifname).map_err(io::Error::other)?;
+    // SAFETY: name is a valid NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if ifindex == 0 {
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
+    }
+    let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: queue, shared_umem_fd: 0 };
+    // SAFETY: sa is a valid sockaddr_xdp of the given length.
+    let r = unsafe { libc::bind(fd, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {queue}: {e}")));
+    }
+    Ok(())
 }
 
 /// A memfd of `size` bytes.

@@ -2,6 +2,8 @@
 //! laid out in it, and a vhost-user frontend that hands both to the backend.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;

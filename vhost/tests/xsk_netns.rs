@@ -1,0 +1,140 @@
+//! AF_XDP port on a veth pair inside a network namespace this test creates (and always deletes):
+//! guest TX leaves through the xsk and is captured on the peer; frames sent from the peer are
+//! redirected by a tiny XDP program into the xsk and reach the guest. Root only.
+
+mod common;
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::netns::{packet_collect, packet_send, packet_socket, root_or_skip, Netns, XskRedirect};
+use common::{frame, socket_path, Guest, GUEST_FEATURES};
+use lanekit_vhost::port::Port;
+use lanekit_vhost::xsk::{XskParams, XskPort};
+use lanekit_vhost::{serve, DeviceConfig, NetBackend};
+
+const ETHERTYPE: u16 = 0x88b5;
+
+#[test]
+fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
+    if !root_or_skip("guest_frames_cross_af_xdp_on_a_veth_in_a_namespace") {
+        return;
+    }
+    let ns = Netns::new("xsk").expect("create namespace");
+    let (port, cap, redirect) = ns
+        .run(|| -> io::Result<_> {
+            let port = XskPort::create("lkv0", XskParams::standard(0))?;
+            let cap = packet_socket("lkv1")?;
+            let redirect = XskRedirect::attach("lkv0")?;
+            redirect.insert(0, port.fd())?;
+            Ok((port, cap, redirect))
+        })
+        .unwrap()
+        .expect("set up AF_XDP socket, capture socket and XDP redirect");
+    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 1], queue_pairs: 1, mtu: 1500 };
+    let backend = Arc::new(NetBackend::new(cfg, vec![Box::new(port) as Box<dyn Port>]).unwrap());
+    let path = socket_path("xsk");
+    let (b, p) = (backend.clone(), path.clone());
+    let server = std::thread::spawn(move || serve(b, &p, Some(1)).unwrap());
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+
+    // Guest -> xsk TX -> lkv0 -> lkv1.
+    let out: Vec<Vec<u8>> = (0..10).map(|i| frame(60 + 140 * i, i as u8)).collect();
+    g.send(1, &out);
+    let got = packet_collect(cap.as_raw_fd(), ETHERTYPE, out.len(), Duration::from_secs(5));
+    assert_eq!(got, out, "frames captured on the veth peer");
+
+    // lkv1 -> lkv0 -> XDP redirect -> xsk RX -> guest.
+    g.post_rx(0, 64);
+    let inbound: Vec<Vec<u8>> = (0..10).map(|i| frame(1514 - 100 * i, 0x40 + i as u8)).collect();
+    for f in &inbound {
+        packet_send(cap.as_raw_fd(), f).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut rx = Vec::new();
+    while Instant::now() < deadline {
+        rx = g
+            .rx_frames(0, 0, g.used_idx(0))
+            .into_iter()
+            .filter(|f| f.len() >= 14 && u16::from_be_bytes([f[12], f[13]]) == ETHERTYPE)
+            .collect();
+        if rx.len() >= inbound.len() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(rx, inbound, "frames from the veth peer delivered to the guest");
+    let s = backend.stats();
+    assert_eq!((s.tx_frames, s.errors), (10, 0), "{s:?}");
+    drop(g);
+    server.join().unwrap();
+    drop(redirect);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The agent side of the handover, as `xsk.rs` documents it, played by the test: sockets created
+/// and bound "by the agent" in the namespace, handed to the backend over SOCK_SEQPACKET.
+#[test]
+fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
+    use lanekit_vhost::handover::{recv_msg, send_msg, seqpacket, QueueInfo, Reply, Request};
+    use lanekit_vhost::xsk::{bind_copy, create_unbound};
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    if !root_or_skip("sockets_handed_over_by_the_agent_carry_guest_traffic") {
+        return;
+    }
+    let ns = Netns::new("handover").expect("create namespace");
+    let params = XskParams::standard(0);
+    let (xsk, umem, cap) = ns
+        .run(move || -> io::Result<_> {
+            let (xsk, umem) = create_unbound(params)?;
+            bind_copy(xsk.as_raw_fd(), "lkv0", 0)?;
+            Ok((xsk, umem, packet_socket("lkv1")?))
+        })
+        .unwrap()
+        .expect("agent-side socket setup");
+    let agent_path = socket_path("agent");
+    let _ = std::fs::remove_file(&agent_path);
+    let listener = seqpacket(&agent_path, true).unwrap();
+    let agent = std::thread::spawn(move || {
+        // SAFETY: accept on a listening socket; result checked.
+        let c = unsafe { libc::accept(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert!(c >= 0);
+        // SAFETY: new fd owned here.
+        let c = unsafe { OwnedFd::from_raw_fd(c) };
+        let (body, fds) = recv_msg(c.as_raw_fd()).unwrap();
+        assert!(fds.is_empty());
+        let req: Request = serde_json::from_slice(&body).unwrap();
+        assert_eq!(req, Request { version: 1, vm: "vm-test".into() });
+        let q = QueueInfo {
+            queue: 0,
+            umem_size: params.umem_size,
+            frame_size: params.frame_size,
+            frame_count: params.frame_count,
+            fill_size: params.fill_size,
+            comp_size: params.comp_size,
+            rx_size: params.rx_size,
+            tx_size: params.tx_size,
+        };
+        let reply = serde_json::to_vec(&Reply { version: 1, queues: vec![q], error: None }).unwrap();
+        send_msg(c.as_raw_fd(), &reply, &[xsk.as_raw_fd(), umem.as_raw_fd()]).unwrap();
+    });
+    let source = lanekit_vhost::PortSource::Agent { socket: agent_path.clone(), vm: "vm-test".into() };
+    let ports = lanekit_vhost::open_ports(&source, 1, 1518).expect("handover");
+    agent.join().unwrap();
+    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 2], queue_pairs: 1, mtu: 1500 };
+    let backend = Arc::new(NetBackend::new(cfg, ports).unwrap());
+    let path = socket_path("handover");
+    let (b, p) = (backend.clone(), path.clone());
+    let server = std::thread::spawn(move || serve(b, &p, Some(1)).unwrap());
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+    let out: Vec<Vec<u8>> = (0..5).map(|i| frame(100 + i, i as u8)).collect();
+    g.send(1, &out);
+    assert_eq!(packet_collect(cap.as_raw_fd(), ETHERTYPE, 5, Duration::from_secs(5)), out);
+    drop(g);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&agent_path);
+}
