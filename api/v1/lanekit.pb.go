@@ -32,7 +32,7 @@ type EndpointKind int32
 const (
 	EndpointKind_ENDPOINT_KIND_UNSPECIFIED EndpointKind = 0 // treated as POD
 	EndpointKind_ENDPOINT_KIND_POD         EndpointKind = 1 // a network namespace with a veth/netkit device
-	EndpointKind_ENDPOINT_KIND_VM          EndpointKind = 2 // a VM reached through vhost-user (later)
+	EndpointKind_ENDPOINT_KIND_VM          EndpointKind = 2 // a VM reached through vhost-user (AddVM)
 )
 
 // Enum value maps for EndpointKind.
@@ -1327,6 +1327,434 @@ func (x *Endpoint) GetCreatedUnix() int64 {
 	return 0
 }
 
+type AddVMRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The VM's name: 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Path of the VM's (virt-launcher pod's) network namespace.
+	Netns string `protobuf:"bytes,2,opt,name=netns,proto3" json:"netns,omitempty"`
+	// Queue pairs, 1-16.
+	Queues uint32 `protobuf:"varint,3,opt,name=queues,proto3" json:"queues,omitempty"`
+	// Optional MAC for eth0 (and so the guest's virtio-net device); empty: a
+	// random one.
+	Mac string `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
+	// MTU of eth0; 0 = the agent's default capped at 1500 (a copy-mode AF_XDP
+	// frame holds at most 1792 bytes).
+	Mtu           uint32            `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddVMRequest) Reset() {
+	*x = AddVMRequest{}
+	mi := &file_lanekit_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddVMRequest) ProtoMessage() {}
+
+func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddVMRequest.ProtoReflect.Descriptor instead.
+func (*AddVMRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AddVMRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddVMRequest) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *AddVMRequest) GetQueues() uint32 {
+	if x != nil {
+		return x.Queues
+	}
+	return 0
+}
+
+func (x *AddVMRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *AddVMRequest) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *AddVMRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type AddVMResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            *VM                    `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddVMResponse) Reset() {
+	*x = AddVMResponse{}
+	mi := &file_lanekit_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddVMResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddVMResponse) ProtoMessage() {}
+
+func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddVMResponse.ProtoReflect.Descriptor instead.
+func (*AddVMResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AddVMResponse) GetVm() *VM {
+	if x != nil {
+		return x.Vm
+	}
+	return nil
+}
+
+type DelVMRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelVMRequest) Reset() {
+	*x = DelVMRequest{}
+	mi := &file_lanekit_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelVMRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelVMRequest) ProtoMessage() {}
+
+func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelVMRequest.ProtoReflect.Descriptor instead.
+func (*DelVMRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DelVMRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DelVMResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when there was nothing to delete.
+	Existed       bool `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelVMResponse) Reset() {
+	*x = DelVMResponse{}
+	mi := &file_lanekit_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelVMResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelVMResponse) ProtoMessage() {}
+
+func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelVMResponse.ProtoReflect.Descriptor instead.
+func (*DelVMResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DelVMResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
+type ListVMsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVMsRequest) Reset() {
+	*x = ListVMsRequest{}
+	mi := &file_lanekit_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVMsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVMsRequest) ProtoMessage() {}
+
+func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVMsRequest.ProtoReflect.Descriptor instead.
+func (*ListVMsRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{24}
+}
+
+type ListVMsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vms           []*VM                  `protobuf:"bytes,1,rep,name=vms,proto3" json:"vms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVMsResponse) Reset() {
+	*x = ListVMsResponse{}
+	mi := &file_lanekit_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVMsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVMsResponse) ProtoMessage() {}
+
+func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVMsResponse.ProtoReflect.Descriptor instead.
+func (*ListVMsResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListVMsResponse) GetVms() []*VM {
+	if x != nil {
+		return x.Vms
+	}
+	return nil
+}
+
+type VM struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The VM's address, CIDR notation (a /32).
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// The MAC the guest must use (eth0's MAC): the datapath drops frames from
+	// any other source MAC.
+	Mac    string `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
+	Queues uint32 `protobuf:"varint,5,opt,name=queues,proto3" json:"queues,omitempty"`
+	// Unix socket where the backend fetches the AF_XDP sockets (fd-passing
+	// protocol of pkg/xsk).
+	Socket string `protobuf:"bytes,6,opt,name=socket,proto3" json:"socket,omitempty"`
+	// False when the agent could not (re)start the socket server.
+	Serving bool `protobuf:"varint,7,opt,name=serving,proto3" json:"serving,omitempty"`
+	// First AF_XDP socket slot of the VM in the datapath.
+	XskBase uint32 `protobuf:"varint,8,opt,name=xsk_base,json=xskBase,proto3" json:"xsk_base,omitempty"`
+	Mtu     uint32 `protobuf:"varint,9,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// The underlying endpoint (kind VM).
+	Endpoint      *Endpoint `protobuf:"bytes,10,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VM) Reset() {
+	*x = VM{}
+	mi := &file_lanekit_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VM) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VM) ProtoMessage() {}
+
+func (x *VM) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VM.ProtoReflect.Descriptor instead.
+func (*VM) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *VM) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VM) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *VM) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *VM) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *VM) GetQueues() uint32 {
+	if x != nil {
+		return x.Queues
+	}
+	return 0
+}
+
+func (x *VM) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *VM) GetServing() bool {
+	if x != nil {
+		return x.Serving
+	}
+	return false
+}
+
+func (x *VM) GetXskBase() uint32 {
+	if x != nil {
+		return x.XskBase
+	}
+	return 0
+}
+
+func (x *VM) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *VM) GetEndpoint() *Endpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
 var File_lanekit_proto protoreflect.FileDescriptor
 
 const file_lanekit_proto_rawDesc = "" +
@@ -1437,18 +1865,52 @@ const file_lanekit_proto_rawDesc = "" +
 	"\fcreated_unix\x18\v \x01(\x03R\vcreatedUnix\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*Z\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x01\n" +
+	"\fAddVMRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05netns\x18\x02 \x01(\tR\x05netns\x12\x16\n" +
+	"\x06queues\x18\x03 \x01(\rR\x06queues\x12\x10\n" +
+	"\x03mac\x18\x04 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12<\n" +
+	"\x06labels\x18\x06 \x03(\v2$.lanekit.v1.AddVMRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
+	"\rAddVMResponse\x12\x1e\n" +
+	"\x02vm\x18\x01 \x01(\v2\x0e.lanekit.v1.VMR\x02vm\"\"\n" +
+	"\fDelVMRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\")\n" +
+	"\rDelVMResponse\x12\x18\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x10\n" +
+	"\x0eListVMsRequest\"3\n" +
+	"\x0fListVMsResponse\x12 \n" +
+	"\x03vms\x18\x01 \x03(\v2\x0e.lanekit.v1.VMR\x03vms\"\x87\x02\n" +
+	"\x02VM\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\tR\agateway\x12\x10\n" +
+	"\x03mac\x18\x04 \x01(\tR\x03mac\x12\x16\n" +
+	"\x06queues\x18\x05 \x01(\rR\x06queues\x12\x16\n" +
+	"\x06socket\x18\x06 \x01(\tR\x06socket\x12\x18\n" +
+	"\aserving\x18\a \x01(\bR\aserving\x12\x19\n" +
+	"\bxsk_base\x18\b \x01(\rR\axskBase\x12\x10\n" +
+	"\x03mtu\x18\t \x01(\rR\x03mtu\x120\n" +
+	"\bendpoint\x18\n" +
+	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint*Z\n" +
 	"\fEndpointKind\x12\x1d\n" +
 	"\x19ENDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ENDPOINT_KIND_POD\x10\x01\x12\x14\n" +
-	"\x10ENDPOINT_KIND_VM\x10\x022\xc9\x03\n" +
+	"\x10ENDPOINT_KIND_VM\x10\x022\x89\x05\n" +
 	"\x05Agent\x12N\n" +
 	"\vAddEndpoint\x12\x1e.lanekit.v1.AddEndpointRequest\x1a\x1f.lanekit.v1.AddEndpointResponse\x12N\n" +
 	"\vDelEndpoint\x12\x1e.lanekit.v1.DelEndpointRequest\x1a\x1f.lanekit.v1.DelEndpointResponse\x12T\n" +
 	"\rCheckEndpoint\x12 .lanekit.v1.CheckEndpointRequest\x1a!.lanekit.v1.CheckEndpointResponse\x12T\n" +
 	"\rListEndpoints\x12 .lanekit.v1.ListEndpointsRequest\x1a!.lanekit.v1.ListEndpointsResponse\x123\n" +
 	"\x02GC\x12\x15.lanekit.v1.GCRequest\x1a\x16.lanekit.v1.GCResponse\x12?\n" +
-	"\x06Status\x12\x19.lanekit.v1.StatusRequest\x1a\x1a.lanekit.v1.StatusResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
+	"\x06Status\x12\x19.lanekit.v1.StatusRequest\x1a\x1a.lanekit.v1.StatusResponse\x12<\n" +
+	"\x05AddVM\x12\x18.lanekit.v1.AddVMRequest\x1a\x19.lanekit.v1.AddVMResponse\x12<\n" +
+	"\x05DelVM\x12\x18.lanekit.v1.DelVMRequest\x1a\x19.lanekit.v1.DelVMResponse\x12B\n" +
+	"\aListVMs\x12\x1a.lanekit.v1.ListVMsRequest\x1a\x1b.lanekit.v1.ListVMsResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
 
 var (
 	file_lanekit_proto_rawDescOnce sync.Once
@@ -1463,7 +1925,7 @@ func file_lanekit_proto_rawDescGZIP() []byte {
 }
 
 var file_lanekit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_lanekit_proto_goTypes = []any{
 	(EndpointKind)(0),             // 0: lanekit.v1.EndpointKind
 	(*Attachment)(nil),            // 1: lanekit.v1.Attachment
@@ -1486,13 +1948,21 @@ var file_lanekit_proto_goTypes = []any{
 	(*IPConfig)(nil),              // 18: lanekit.v1.IPConfig
 	(*Route)(nil),                 // 19: lanekit.v1.Route
 	(*Endpoint)(nil),              // 20: lanekit.v1.Endpoint
-	nil,                           // 21: lanekit.v1.AddEndpointRequest.LabelsEntry
-	nil,                           // 22: lanekit.v1.Endpoint.LabelsEntry
+	(*AddVMRequest)(nil),          // 21: lanekit.v1.AddVMRequest
+	(*AddVMResponse)(nil),         // 22: lanekit.v1.AddVMResponse
+	(*DelVMRequest)(nil),          // 23: lanekit.v1.DelVMRequest
+	(*DelVMResponse)(nil),         // 24: lanekit.v1.DelVMResponse
+	(*ListVMsRequest)(nil),        // 25: lanekit.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),       // 26: lanekit.v1.ListVMsResponse
+	(*VM)(nil),                    // 27: lanekit.v1.VM
+	nil,                           // 28: lanekit.v1.AddEndpointRequest.LabelsEntry
+	nil,                           // 29: lanekit.v1.Endpoint.LabelsEntry
+	nil,                           // 30: lanekit.v1.AddVMRequest.LabelsEntry
 }
 var file_lanekit_proto_depIdxs = []int32{
 	0,  // 0: lanekit.v1.AddEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 1: lanekit.v1.AddEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	21, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
+	28, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
 	20, // 3: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
 	0,  // 4: lanekit.v1.DelEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 5: lanekit.v1.DelEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
@@ -1513,24 +1983,34 @@ var file_lanekit_proto_depIdxs = []int32{
 	17, // 20: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
 	18, // 21: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
 	19, // 22: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
-	22, // 23: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
-	2,  // 24: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	4,  // 25: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	6,  // 26: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	8,  // 27: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	10, // 28: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
-	12, // 29: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
-	3,  // 30: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
-	5,  // 31: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	7,  // 32: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
-	9,  // 33: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
-	11, // 34: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
-	13, // 35: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
-	30, // [30:36] is the sub-list for method output_type
-	24, // [24:30] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	29, // 23: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
+	30, // 24: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
+	27, // 25: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
+	27, // 26: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
+	20, // 27: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
+	2,  // 28: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	4,  // 29: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	6,  // 30: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	8,  // 31: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	10, // 32: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
+	12, // 33: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
+	21, // 34: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
+	23, // 35: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
+	25, // 36: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
+	3,  // 37: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
+	5,  // 38: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	7,  // 39: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
+	9,  // 40: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
+	11, // 41: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
+	13, // 42: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
+	22, // 43: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
+	24, // 44: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
+	26, // 45: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
+	37, // [37:46] is the sub-list for method output_type
+	28, // [28:37] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_lanekit_proto_init() }
@@ -1544,7 +2024,7 @@ func file_lanekit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lanekit_proto_rawDesc), len(file_lanekit_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

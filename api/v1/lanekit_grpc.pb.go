@@ -31,6 +31,9 @@ const (
 	Agent_ListEndpoints_FullMethodName = "/lanekit.v1.Agent/ListEndpoints"
 	Agent_GC_FullMethodName            = "/lanekit.v1.Agent/GC"
 	Agent_Status_FullMethodName        = "/lanekit.v1.Agent/Status"
+	Agent_AddVM_FullMethodName         = "/lanekit.v1.Agent/AddVM"
+	Agent_DelVM_FullMethodName         = "/lanekit.v1.Agent/DelVM"
+	Agent_ListVMs_FullMethodName       = "/lanekit.v1.Agent/ListVMs"
 )
 
 // AgentClient is the client API for Agent service.
@@ -48,6 +51,14 @@ type AgentClient interface {
 	// GC removes every endpoint whose attachment is not in the valid list.
 	GC(ctx context.Context, in *GCRequest, opts ...grpc.CallOption) (*GCResponse, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// AddVM creates a VM endpoint: a veth whose peer (eth0, one rx/tx queue
+	// per VM queue pair) sits in the VM's pod netns, the steering program on
+	// eth0 and a unix socket where the vhost-user backend fetches the VM's
+	// AF_XDP sockets. ALREADY_EXISTS if the name is taken.
+	AddVM(ctx context.Context, in *AddVMRequest, opts ...grpc.CallOption) (*AddVMResponse, error)
+	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
+	DelVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error)
+	ListVMs(ctx context.Context, in *ListVMsRequest, opts ...grpc.CallOption) (*ListVMsResponse, error)
 }
 
 type agentClient struct {
@@ -118,6 +129,36 @@ func (c *agentClient) Status(ctx context.Context, in *StatusRequest, opts ...grp
 	return out, nil
 }
 
+func (c *agentClient) AddVM(ctx context.Context, in *AddVMRequest, opts ...grpc.CallOption) (*AddVMResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddVMResponse)
+	err := c.cc.Invoke(ctx, Agent_AddVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) DelVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DelVMResponse)
+	err := c.cc.Invoke(ctx, Agent_DelVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListVMs(ctx context.Context, in *ListVMsRequest, opts ...grpc.CallOption) (*ListVMsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListVMsResponse)
+	err := c.cc.Invoke(ctx, Agent_ListVMs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -133,6 +174,14 @@ type AgentServer interface {
 	// GC removes every endpoint whose attachment is not in the valid list.
 	GC(context.Context, *GCRequest) (*GCResponse, error)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// AddVM creates a VM endpoint: a veth whose peer (eth0, one rx/tx queue
+	// per VM queue pair) sits in the VM's pod netns, the steering program on
+	// eth0 and a unix socket where the vhost-user backend fetches the VM's
+	// AF_XDP sockets. ALREADY_EXISTS if the name is taken.
+	AddVM(context.Context, *AddVMRequest) (*AddVMResponse, error)
+	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
+	DelVM(context.Context, *DelVMRequest) (*DelVMResponse, error)
+	ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -160,6 +209,15 @@ func (UnimplementedAgentServer) GC(context.Context, *GCRequest) (*GCResponse, er
 }
 func (UnimplementedAgentServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedAgentServer) AddVM(context.Context, *AddVMRequest) (*AddVMResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddVM not implemented")
+}
+func (UnimplementedAgentServer) DelVM(context.Context, *DelVMRequest) (*DelVMResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DelVM not implemented")
+}
+func (UnimplementedAgentServer) ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListVMs not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -290,6 +348,60 @@ func _Agent_Status_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_AddVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).AddVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_AddVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).AddVM(ctx, req.(*AddVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_DelVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DelVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).DelVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_DelVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).DelVM(ctx, req.(*DelVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListVMs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListVMsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListVMs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListVMs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListVMs(ctx, req.(*ListVMsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -320,6 +432,18 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Agent_Status_Handler,
+		},
+		{
+			MethodName: "AddVM",
+			Handler:    _Agent_AddVM_Handler,
+		},
+		{
+			MethodName: "DelVM",
+			Handler:    _Agent_DelVM_Handler,
+		},
+		{
+			MethodName: "ListVMs",
+			Handler:    _Agent_ListVMs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

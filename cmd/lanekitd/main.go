@@ -38,6 +38,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Datapath, "datapath", agent.BackendBPF, "datapath backend: bpf, or none (control plane only, for tests)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
+	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")

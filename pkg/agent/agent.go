@@ -18,6 +18,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/ipam"
 	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/store"
+	"github.com/lanekit/lanekit/pkg/xsk"
 )
 
 // Version is reported by Status; set at link time for releases.
@@ -47,6 +48,9 @@ type Config struct {
 	// HostNetns is the node's namespace when it is not the agent's own
 	// (tests and the lab); empty means the current one.
 	HostNetns string
+	// VMSocketDir holds one fd-passing socket per VM (<name>.sock); empty
+	// means DefaultVMSocketDir.
+	VMSocketDir string
 	// OpenDatapath overrides how the backend is opened (tests inject fakes).
 	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
 }
@@ -65,7 +69,8 @@ type Agent struct {
 	features   netdev.Features
 	mtu        int
 
-	mu sync.Mutex // serialises changes to endpoints
+	mu  sync.Mutex             // serialises changes to endpoints
+	vms map[string]*xsk.Server // running socket servers by VM name, under mu
 }
 
 func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, error) {
@@ -101,7 +106,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.DeviceMode == "" {
 		cfg.DeviceMode = DeviceAuto
 	}
-	a := &Agent{cfg: cfg, log: log}
+	if cfg.VMSocketDir == "" {
+		cfg.VMSocketDir = DefaultVMSocketDir
+	}
+	a := &Agent{cfg: cfg, log: log, vms: map[string]*xsk.Server{}}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -136,7 +144,12 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.ipam, err = ipam.New(a.st, cfg.PodCIDR); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
-	if a.dp, err = openDatapath(cfg, log); err != nil {
+	err = a.host.Do(func() error {
+		var err error
+		a.dp, err = openDatapath(cfg, log)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("new agent: open %s datapath: %w", cfg.Datapath, err)
 	}
 	if err := a.adopt(); err != nil {
@@ -170,6 +183,11 @@ func (a *Agent) chooseMode() error {
 // datapath objects stay: pods keep forwarding while the agent is down.
 func (a *Agent) Close() error {
 	var errs []error
+	a.mu.Lock()
+	for name := range a.vms {
+		errs = append(errs, a.stopVMServer(name))
+	}
+	a.mu.Unlock()
 	if a.dp != nil {
 		errs = append(errs, a.dp.Close())
 	}
@@ -220,9 +238,12 @@ func (a *Agent) adopt() error {
 		if !ok {
 			a.log.Info("dropping endpoint whose device is gone", "id", ep.ID, "container", ep.ContainerID, "dev", ep.HostIfName)
 			if dpEp, err := ep.Datapath(); err == nil {
-				if err := a.dp.DeleteEndpoint(dpEp); err != nil {
+				if err := a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }); err != nil {
 					a.log.Warn("delete datapath entry of dropped endpoint", "id", ep.ID, "err", err)
 				}
+			}
+			if ep.Kind == endpoint.KindVM {
+				a.detachVM(&ep)
 			}
 			if err := a.forget(ep.Key(), ep.ID); err != nil {
 				return fmt.Errorf("adopt: %w", err)
@@ -241,12 +262,18 @@ func (a *Agent) adopt() error {
 		}
 		dpEp, err := ep.Datapath()
 		if err == nil {
-			err = a.dp.UpsertEndpoint(dpEp)
+			err = a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) })
 		}
 		if err != nil {
 			// Keep the record: DEL or GC will clean it; the device still exists.
 			a.log.Error("re-adopt endpoint in datapath", "id", ep.ID, "dev", ep.HostIfName, "err", err)
 			continue
+		}
+		if ep.Kind == endpoint.KindVM {
+			if err := a.adoptVM(&ep); err != nil {
+				// Keep the record: pods keep forwarding to it, DelVM cleans it.
+				a.log.Error("re-adopt vm", "id", ep.ID, "vm", ep.VM.Name, "err", err)
+			}
 		}
 		kept++
 	}
@@ -295,6 +322,13 @@ func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
 				return err
 			}
 		}
+		_, err = releaseSlotsTx(tx, func(owner string) (bool, error) {
+			has, err := tx.Has(store.Endpoints, []byte(owner))
+			return !has && !keep[owner], err
+		})
+		if err != nil {
+			return err
+		}
 		for owner := range owners {
 			has, err := tx.Has(store.Endpoints, []byte(owner))
 			if err != nil {
@@ -317,10 +351,14 @@ func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
 	return n, nil
 }
 
-// forget deletes an endpoint's record, ID and address in one transaction.
+// forget deletes an endpoint's record, ID, address and socket slots in one
+// transaction.
 func (a *Agent) forget(key string, id uint32) error {
 	err := a.st.Update(func(tx *store.Tx) error {
 		if err := a.ipam.ReleaseTx(tx, key); err != nil {
+			return err
+		}
+		if _, err := releaseSlotsTx(tx, func(owner string) (bool, error) { return owner == key, nil }); err != nil {
 			return err
 		}
 		if id != 0 {

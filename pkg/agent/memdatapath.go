@@ -10,17 +10,80 @@ import (
 
 // MemoryDatapath is the "none" backend: it forwards nothing and remembers
 // the endpoints it was given, so the control plane (ADD/CHECK/DEL/GC and
-// re-adoption) runs without BPF.
+// re-adoption) runs without BPF. VMs are registered like the BPF datapath's
+// lk_vms and lk_xsks would hold them.
 type MemoryDatapath struct {
-	mu  sync.Mutex
-	eps map[uint32]datapath.Endpoint
+	mu   sync.Mutex
+	eps  map[uint32]datapath.Endpoint
+	vms  map[uint32]datapath.VM // by endpoint id
+	xsks map[uint32]int         // socket slot -> fd as published
 }
 
-var _ datapath.Datapath = (*MemoryDatapath)(nil)
+var (
+	_ datapath.Datapath = (*MemoryDatapath)(nil)
+	_ VMDatapath        = (*MemoryDatapath)(nil)
+)
 
 // NewMemoryDatapath returns an empty MemoryDatapath.
 func NewMemoryDatapath() *MemoryDatapath {
-	return &MemoryDatapath{eps: map[uint32]datapath.Endpoint{}}
+	return &MemoryDatapath{eps: map[uint32]datapath.Endpoint{}, vms: map[uint32]datapath.VM{}, xsks: map[uint32]int{}}
+}
+
+// AttachVM registers vm (checked like the BPF datapath checks it).
+func (m *MemoryDatapath) AttachVM(vm datapath.VM) error {
+	switch {
+	case vm.ID == 0:
+		return fmt.Errorf("attach vm: id 0 is reserved")
+	case vm.IfIndex <= 0:
+		return fmt.Errorf("attach vm %d: bad ifindex %d", vm.ID, vm.IfIndex)
+	case len(vm.MAC) != 6:
+		return fmt.Errorf("attach vm %d: mac must be 6 bytes", vm.ID)
+	case vm.Queues < 1 || vm.Queues > 256:
+		return fmt.Errorf("attach vm %d: %d queues (1..256)", vm.ID, vm.Queues)
+	case int(vm.XSKBase)+vm.Queues > datapath.MaxXSKs:
+		return fmt.Errorf("attach vm %d: socket slots beyond %d", vm.ID, datapath.MaxXSKs)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.vms[vm.ID] = vm
+	return nil
+}
+
+// SetVMSocket records fd as the socket of vm's queue.
+func (m *MemoryDatapath) SetVMSocket(vm datapath.VM, queue int, fd int) error {
+	if queue < 0 || queue >= vm.Queues {
+		return fmt.Errorf("vm %d: queue %d out of range", vm.ID, queue)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.xsks[vm.XSKBase+uint32(queue)] = fd
+	return nil
+}
+
+// DetachVM forgets vm and its socket slots; what is gone is not an error.
+func (m *MemoryDatapath) DetachVM(vm datapath.VM) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.vms, vm.ID)
+	for q := 0; q < vm.Queues; q++ {
+		delete(m.xsks, vm.XSKBase+uint32(q))
+	}
+	return nil
+}
+
+// VM returns what was last attached for id.
+func (m *MemoryDatapath) VM(id uint32) (datapath.VM, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	vm, ok := m.vms[id]
+	return vm, ok
+}
+
+// SocketSlots returns the number of published socket slots.
+func (m *MemoryDatapath) SocketSlots() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.xsks)
 }
 
 func (m *MemoryDatapath) UpsertEndpoint(ep datapath.Endpoint) error {

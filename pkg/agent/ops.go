@@ -194,10 +194,10 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
 	}
-	if err := a.dp.UpsertEndpoint(dpEp); err != nil {
+	if err := a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) }); err != nil {
 		return nil, fmt.Errorf("add %s: program datapath: %w", key, err)
 	}
-	undo = append(undo, func() error { return a.dp.DeleteEndpoint(dpEp) })
+	undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
 
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("add %s: store endpoint: %w", key, err)
@@ -215,7 +215,13 @@ func (a *Agent) Del(containerID, ifname string) (existed bool, err error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.del(endpoint.Key(containerID, ifname), endpoint.HostIfName(containerID, ifname))
+	key := endpoint.Key(containerID, ifname)
+	if ep, ok, err := a.lookup(key); err != nil {
+		return false, fmt.Errorf("del %s: %w", key, err)
+	} else if ok && ep.Kind == endpoint.KindVM {
+		return false, fmt.Errorf("del %s: a vm endpoint, delete it with DelVM: %w", key, ErrConflict)
+	}
+	return a.del(key, endpoint.HostIfName(containerID, ifname))
 }
 
 func (a *Agent) del(key, hostIf string) (bool, error) {
@@ -228,7 +234,7 @@ func (a *Agent) del(key, hostIf string) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("del %s: %w", key, err)
 		}
-		if err := a.dp.DeleteEndpoint(dpEp); err != nil {
+		if err := a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }); err != nil {
 			return true, fmt.Errorf("del %s: datapath: %w", key, err)
 		}
 		hostIf = ep.HostIfName
@@ -338,7 +344,8 @@ func (a *Agent) GC(valid []Attachment) ([]Attachment, error) {
 	var removed []Attachment
 	var errs []error
 	for _, ep := range eps {
-		if keep[ep.Key()] {
+		// VM endpoints are not CNI attachments: only DelVM removes them.
+		if keep[ep.Key()] || ep.Kind == endpoint.KindVM {
 			continue
 		}
 		if _, err := a.del(ep.Key(), ep.HostIfName); err != nil {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
@@ -96,6 +97,8 @@ func statusErr(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrExhausted):
 		code = codes.ResourceExhausted
+	case errors.Is(err, datapath.ErrNotSupported):
+		code = codes.Unimplemented
 	}
 	return status.Error(code, err.Error())
 }
@@ -238,4 +241,48 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		IpsAllocated:  uint32(st.IPsAllocated),
 		IpsCapacity:   uint32(st.IPsCapacity),
 	}, nil
+}
+
+// VMToProto converts a VM endpoint to its API form.
+func VMToProto(v *VMInfo) *apiv1.VM {
+	ep := &v.Endpoint
+	out := &apiv1.VM{
+		Address: ep.IP.String() + "/32", Gateway: endpoint.GatewayIP.String(), Mac: ep.MAC,
+		Mtu: uint32(ep.MTU), Serving: v.Serving, Endpoint: EndpointToProto(ep),
+	}
+	if ep.VM != nil {
+		out.Name, out.Queues, out.Socket, out.XskBase = ep.VM.Name, uint32(ep.VM.Queues), ep.VM.Socket, ep.VM.XSKBase
+	}
+	return out
+}
+
+func (s *server) AddVM(_ context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVMResponse, error) {
+	v, err := s.a.AddVM(AddVMRequest{
+		Name: req.GetName(), Netns: req.GetNetns(), Queues: int(req.GetQueues()), MAC: req.GetMac(),
+		MTU: int(req.GetMtu()), Labels: req.GetLabels(),
+	})
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	return &apiv1.AddVMResponse{Vm: VMToProto(v)}, nil
+}
+
+func (s *server) DelVM(_ context.Context, req *apiv1.DelVMRequest) (*apiv1.DelVMResponse, error) {
+	existed, err := s.a.DelVM(req.GetName())
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	return &apiv1.DelVMResponse{Existed: existed}, nil
+}
+
+func (s *server) ListVMs(context.Context, *apiv1.ListVMsRequest) (*apiv1.ListVMsResponse, error) {
+	vms, err := s.a.ListVMs()
+	if err != nil {
+		return nil, statusErr(err)
+	}
+	resp := &apiv1.ListVMsResponse{}
+	for i := range vms {
+		resp.Vms = append(resp.Vms, VMToProto(&vms[i]))
+	}
+	return resp, nil
 }

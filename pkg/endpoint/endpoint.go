@@ -20,7 +20,7 @@ type Kind string
 
 const (
 	KindPod Kind = "pod" // a network namespace with a veth or netkit device
-	KindVM  Kind = "vm"  // a VM behind vhost-user (later)
+	KindVM  Kind = "vm"  // a VM behind vhost-user, its AF_XDP sockets bound to the VM's device
 )
 
 // GatewayIP is the pod's next hop. It is on no device: the datapath answers
@@ -46,6 +46,61 @@ type Endpoint struct {
 	MTU         int                 `json:"mtu"`
 	Labels      map[string]string   `json:"labels,omitempty"`
 	Created     time.Time           `json:"created"`
+	VM          *VM                 `json:"vm,omitempty"` // set for KindVM
+}
+
+// VM is what a VM endpoint adds to a pod endpoint: the device inside the
+// VM's netns (IfName, IfIndex, MAC) carries one rx queue per queue pair, each
+// with an AF_XDP socket in slot XSKBase+queue of the datapath.
+type VM struct {
+	Name    string `json:"name"`
+	Queues  int    `json:"queues"`
+	XSKBase uint32 `json:"xskBase"`
+	Socket  string `json:"socket"` // where the backend fetches the sockets
+}
+
+// VMContainerID is the container ID a VM endpoint is stored under. CNI
+// container IDs cannot contain ':', so it never collides with a pod's.
+func VMContainerID(name string) string { return "vm:" + name }
+
+// VMIfName is the name of a VM's device inside its netns.
+const VMIfName = "eth0"
+
+// MaxVMNameLen bounds a VM name (it becomes a socket file name).
+const MaxVMNameLen = 63
+
+// ValidateVMName checks a VM name: 1-63 of [A-Za-z0-9_.-], not starting
+// with '.' or '-'.
+func ValidateVMName(name string) error {
+	if name == "" {
+		return errors.New("vm name is empty")
+	}
+	if len(name) > MaxVMNameLen {
+		return fmt.Errorf("vm name %q is longer than %d characters", name, MaxVMNameLen)
+	}
+	if name[0] == '.' || name[0] == '-' {
+		return fmt.Errorf("vm name %q starts with %q", name, name[0])
+	}
+	for _, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
+		if !ok {
+			return fmt.Errorf("vm name %q contains %q", name, c)
+		}
+	}
+	return nil
+}
+
+// DatapathVM returns what the VM fast lane needs for e; ok is false for a
+// pod endpoint.
+func (e *Endpoint) DatapathVM() (vm datapath.VM, ok bool, err error) {
+	if e.VM == nil {
+		return vm, false, nil
+	}
+	vm = datapath.VM{ID: e.ID, IfIndex: e.IfIndex, Queues: e.VM.Queues, XSKBase: e.VM.XSKBase}
+	if vm.MAC, err = parseMAC(e.MAC); err != nil {
+		return vm, true, fmt.Errorf("endpoint %d mac: %w", e.ID, err)
+	}
+	return vm, true, nil
 }
 
 // Key is the attachment key: the endpoint's identity in the store and IPAM.
@@ -98,6 +153,9 @@ func (e *Endpoint) Datapath() (datapath.Endpoint, error) {
 		IfName:  e.HostIfName,
 		IfIndex: e.HostIfIndex,
 		IP:      e.IP,
+	}
+	if e.VM != nil {
+		dp.Queues = uint16(e.VM.Queues)
 	}
 	var err error
 	if dp.MAC, err = parseMAC(e.MAC); err != nil {

@@ -61,7 +61,17 @@ type PodSpec struct {
 	Netns      string // path of the pod's namespace
 	IP         netip.Addr
 	MTU        int
+	// Queues > 0 makes a VM device (veth only): both ends get exactly Queues
+	// tx and rx queues, and the pod end is created in the host namespace and
+	// then moved, so it keeps a node-unique ifindex (the VM fast lane keys
+	// VMs by the ifindex of their device).
+	Queues int
+	// MAC of the pod end; nil: random.
+	MAC net.HardwareAddr
 }
+
+// MaxVMQueues bounds PodSpec.Queues.
+const MaxVMQueues = 256
 
 // PodLinks is what the kernel assigned to a created pair.
 type PodLinks struct {
@@ -116,20 +126,48 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 	}
 	defer podNS.Close()
 	peer := tempPeerName(spec.HostIfName)
+	if spec.Queues < 0 || spec.Queues > MaxVMQueues {
+		return links, fmt.Errorf("setup %s: %d queues (0..%d)", spec.HostIfName, spec.Queues, MaxVMQueues)
+	}
+	if spec.Queues > 0 && spec.Mode != datapath.ModeVeth {
+		return links, fmt.Errorf("setup %s: a multiqueue device must be a veth, not %s", spec.HostIfName, spec.Mode)
+	}
 
 	err = h.Do(func() error {
-		switch spec.Mode {
-		case datapath.ModeVeth:
+		switch {
+		case spec.Queues > 0:
+			q := uint32(spec.Queues)
 			veth := &netlink.Veth{
-				LinkAttrs:     netlink.LinkAttrs{Name: spec.HostIfName, MTU: spec.MTU},
-				PeerName:      peer,
-				PeerMTU:       uint32(spec.MTU),
-				PeerNamespace: netlink.NsFd(int(podNS.Fd())),
+				LinkAttrs:        netlink.LinkAttrs{Name: spec.HostIfName, MTU: spec.MTU, NumTxQueues: spec.Queues, NumRxQueues: spec.Queues},
+				PeerName:         peer,
+				PeerMTU:          uint32(spec.MTU),
+				PeerNumTxQueues:  q,
+				PeerNumRxQueues:  q,
+				PeerHardwareAddr: spec.MAC,
+			}
+			if err := netlink.LinkAdd(veth); err != nil {
+				return fmt.Errorf("create veth %s with %d queues: %w", spec.HostIfName, spec.Queues, err)
+			}
+			p, err := netlink.LinkByName(peer)
+			if err == nil {
+				err = netlink.LinkSetNsFd(p, int(podNS.Fd()))
+			}
+			if err != nil {
+				netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spec.HostIfName}})
+				return fmt.Errorf("move %s into the pod: %w", peer, err)
+			}
+		case spec.Mode == datapath.ModeVeth:
+			veth := &netlink.Veth{
+				LinkAttrs:        netlink.LinkAttrs{Name: spec.HostIfName, MTU: spec.MTU},
+				PeerName:         peer,
+				PeerMTU:          uint32(spec.MTU),
+				PeerNamespace:    netlink.NsFd(int(podNS.Fd())),
+				PeerHardwareAddr: spec.MAC,
 			}
 			if err := netlink.LinkAdd(veth); err != nil {
 				return fmt.Errorf("create veth %s: %w", spec.HostIfName, err)
 			}
-		case datapath.ModeNetkit:
+		case spec.Mode == datapath.ModeNetkit:
 			if err := CreateNetkit(NetkitSpec{
 				Name: spec.HostIfName, PeerName: peer, MTU: spec.MTU,
 				PeerNetnsFd: int(podNS.Fd()), Mode: NetkitL3,

@@ -21,9 +21,10 @@ const (
 	EndpointIDs Bucket = "endpoint-ids" // big-endian uint32 ID -> attachment key
 	IPAM        Bucket = "ipam"         // 4-byte IPv4 address -> ipam.Allocation
 	Meta        Bucket = "meta"         // settings that must not change under existing state
+	XSKSlots    Bucket = "xsk-slots"    // big-endian uint32 first slot -> a VM's AF_XDP socket slot range
 )
 
-var buckets = []Bucket{Endpoints, EndpointIDs, IPAM, Meta}
+var buckets = []Bucket{Endpoints, EndpointIDs, IPAM, Meta, XSKSlots}
 
 // FileName is the database file inside the state directory.
 const FileName = "lanekit.db"

@@ -1,0 +1,433 @@
+package agent
+
+// VM endpoints: a pod endpoint whose device inside the VM's (virt-launcher
+// pod's) netns has one rx/tx queue per VM queue pair, the steering program
+// attached to it, and a unix socket where the vhost-user backend fetches the
+// AF_XDP sockets bound to its queues (pkg/xsk's fd-passing protocol).
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/store"
+	"github.com/lanekit/lanekit/pkg/xsk"
+)
+
+// VMDatapath is the part of a datapath that serves VM endpoints;
+// *datapath.Loader and MemoryDatapath implement it.
+type VMDatapath interface {
+	// AttachVM must run in the VM's netns (the ifindex is resolved there).
+	AttachVM(vm datapath.VM) error
+	SetVMSocket(vm datapath.VM, queue int, fd int) error
+	DetachVM(vm datapath.VM) error
+}
+
+var _ VMDatapath = (*datapath.Loader)(nil)
+
+const (
+	// DefaultVMSocketDir is where the per-VM fd-passing sockets live.
+	DefaultVMSocketDir = "/run/lanekit/vm"
+	// MaxVMQueues bounds a VM's queue pairs.
+	MaxVMQueues = 16
+	// defaultVMMTU caps the default MTU of a VM device.
+	defaultVMMTU = 1500
+	// maxVMMTU: a copy-mode AF_XDP frame of 2 KiB holds 2048 - 256 bytes of
+	// XDP headroom, Ethernet header included.
+	maxVMMTU = 2048 - 256 - 14
+	// maxSocketPath is sizeof(sun_path) minus the terminating NUL.
+	maxSocketPath = 107
+)
+
+// AddVMRequest asks for a VM endpoint.
+type AddVMRequest struct {
+	Name   string
+	Netns  string // path of the VM's network namespace
+	Queues int    // queue pairs, 1..MaxVMQueues
+	MAC    string // optional MAC of the VM's device; empty: random
+	MTU    int    // 0: the agent's MTU capped at 1500
+	Labels map[string]string
+}
+
+// VMInfo is a VM endpoint and whether its socket server runs.
+type VMInfo struct {
+	Endpoint endpoint.Endpoint
+	Serving  bool
+}
+
+func vmKey(name string) string { return endpoint.Key(endpoint.VMContainerID(name), endpoint.VMIfName) }
+
+func vmHostIf(name string) string {
+	return endpoint.HostIfName(endpoint.VMContainerID(name), endpoint.VMIfName)
+}
+
+func (a *Agent) vmSocketPath(name string) string {
+	return filepath.Join(a.cfg.VMSocketDir, name+".sock")
+}
+
+// vmDatapath returns the datapath's VM side, or an error if it has none.
+func (a *Agent) vmDatapath() (VMDatapath, error) {
+	vdp, ok := a.dp.(VMDatapath)
+	if !ok {
+		return nil, fmt.Errorf("the %s datapath has no vm fast lane: %w", a.cfg.Datapath, datapath.ErrNotSupported)
+	}
+	return vdp, nil
+}
+
+// validateAddVM checks req, fills defaults and returns the parsed MAC.
+func (a *Agent) validateAddVM(req *AddVMRequest) (net.HardwareAddr, error) {
+	if err := endpoint.ValidateVMName(req.Name); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if req.Queues < 1 || req.Queues > MaxVMQueues {
+		return nil, fmt.Errorf("%d queues out of range 1-%d: %w", req.Queues, MaxVMQueues, ErrInvalid)
+	}
+	if p := a.vmSocketPath(req.Name); len(p) > maxSocketPath {
+		return nil, fmt.Errorf("socket path %s is longer than %d bytes: %w", p, maxSocketPath, ErrInvalid)
+	}
+	if req.MTU == 0 {
+		req.MTU = min(a.mtu, defaultVMMTU)
+	}
+	if req.MTU < 68 || req.MTU > maxVMMTU {
+		return nil, fmt.Errorf("mtu %d out of range 68-%d: %w", req.MTU, maxVMMTU, ErrInvalid)
+	}
+	var mac net.HardwareAddr
+	if req.MAC != "" {
+		var err error
+		if mac, err = net.ParseMAC(req.MAC); err != nil {
+			return nil, fmt.Errorf("mac %q: %w: %w", req.MAC, err, ErrInvalid)
+		}
+		if len(mac) != 6 || mac[0]&1 != 0 || string(mac) == string(make([]byte, 6)) {
+			return nil, fmt.Errorf("mac %s is not a unicast Ethernet address: %w", mac, ErrInvalid)
+		}
+	}
+	if req.Netns == "" {
+		return nil, fmt.Errorf("netns is empty: %w", ErrBadNetns)
+	}
+	if fi, err := os.Stat(req.Netns); err != nil {
+		return nil, fmt.Errorf("netns %s: %w: %w", req.Netns, err, ErrBadNetns)
+	} else if fi.IsDir() {
+		return nil, fmt.Errorf("netns %s is a directory: %w", req.Netns, ErrBadNetns)
+	}
+	return mac, nil
+}
+
+// inNetns runs fn on a locked thread inside the namespace at path.
+func inNetns(path string, fn func() error) error {
+	n, err := ns.GetNS(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer n.Close()
+	return n.Do(func(ns.NetNS) error { return fn() })
+}
+
+// AddVM creates a VM endpoint. A taken name is ErrConflict. On failure
+// everything done so far is undone.
+func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
+	mac, err := a.validateAddVM(&req)
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	vdp, err := a.vmDatapath()
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := vmKey(req.Name)
+	if ep, ok, err := a.lookup(key); err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	} else if ok {
+		return nil, fmt.Errorf("add vm %s: exists (endpoint %d in netns %s): %w", req.Name, ep.ID, ep.Netns, ErrConflict)
+	}
+
+	var undo []func() error
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](); uerr != nil {
+				a.log.Error("undo failed vm add", "vm", req.Name, "err", uerr)
+				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+			}
+		}
+	}()
+
+	ep := endpoint.Endpoint{
+		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: endpoint.VMIfName,
+		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
+		Labels: req.Labels, Created: time.Now().UTC(),
+		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name)},
+	}
+	err = a.st.Update(func(tx *store.Tx) error {
+		var err error
+		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
+			return err
+		}
+		if ep.ID, err = allocIDTx(tx, key); err != nil {
+			return err
+		}
+		ep.VM.XSKBase, err = allocSlotsTx(tx, key, req.Queues)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	undo = append(undo, func() error { return a.forget(key, ep.ID) })
+
+	// A device with our name and no record is left from a crash mid-ADD.
+	if err := a.host.DeletePod(ep.HostIfName); err != nil {
+		return nil, fmt.Errorf("add vm %s: remove stale device: %w", req.Name, err)
+	}
+	links, err := a.host.SetupPod(netdev.PodSpec{
+		Mode: datapath.ModeVeth, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: req.Netns,
+		IP: ep.IP, MTU: req.MTU, Queues: req.Queues, MAC: mac,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	undo = append(undo, func() error { return a.host.DeletePod(ep.HostIfName) })
+	ep.HostIfIndex, ep.HostMAC, ep.IfIndex, ep.MAC = links.HostIfIndex, links.HostMAC.String(), links.IfIndex, links.MAC.String()
+	if err := a.checkVMIfIndex(ep.IfIndex); err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+
+	dpEp, err := ep.Datapath()
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	if err := a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) }); err != nil {
+		return nil, fmt.Errorf("add vm %s: program datapath: %w", req.Name, err)
+	}
+	undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
+
+	dvm, _, err := ep.DatapathVM()
+	if err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	if err := inNetns(req.Netns, func() error { return vdp.AttachVM(dvm) }); err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	undo = append(undo, func() error { return vdp.DetachVM(dvm) })
+
+	if err := a.serveVM(&ep, dvm, vdp); err != nil {
+		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	}
+	undo = append(undo, func() error { return a.stopVMServer(req.Name) })
+
+	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
+		return nil, fmt.Errorf("add vm %s: store endpoint: %w", req.Name, err)
+	}
+	a.log.Info("vm added", "vm", req.Name, "id", ep.ID, "ip", ep.IP, "mac", ep.MAC, "queues", req.Queues,
+		"xsk_base", ep.VM.XSKBase, "socket", ep.VM.Socket, "dev", ep.HostIfName)
+	return &VMInfo{Endpoint: ep, Serving: true}, nil
+}
+
+// checkVMIfIndex refuses a VM device whose ifindex another VM's device has:
+// the fast lane finds VMs by the ifindex of their device, and ifindexes are
+// per netns. SetupPod creates the device in the host netns and moves it, so
+// it keeps a node-unique ifindex unless the VM's netns already uses it.
+func (a *Agent) checkVMIfIndex(ifindex int) error {
+	eps, err := a.endpoints()
+	if err != nil {
+		return err
+	}
+	for _, o := range eps {
+		if o.Kind == endpoint.KindVM && o.IfIndex == ifindex {
+			return fmt.Errorf("device ifindex %d is taken by vm endpoint %d: %w", ifindex, o.ID, ErrConflict)
+		}
+	}
+	return nil
+}
+
+// serveVM starts the fd-passing server of ep. Each backend connection gets
+// fresh sockets, opened in the VM's netns and published in the datapath.
+func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) error {
+	dir := filepath.Dir(ep.VM.Socket)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("vm socket dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("vm socket dir: %w", err)
+	}
+	name, netnsPath := ep.VM.Name, ep.Netns
+	srv, err := xsk.Listen(ep.VM.Socket, name, func(xsk.Request) ([]*xsk.Socket, error) {
+		var socks []*xsk.Socket
+		err := inNetns(netnsPath, func() error {
+			var err error
+			if socks, err = xsk.OpenQueues(dvm.IfIndex, dvm.Queues, xsk.DefaultSizes); err != nil {
+				return err
+			}
+			for q, s := range socks {
+				if err := vdp.SetVMSocket(dvm, q, s.FD); err != nil {
+					xsk.CloseAll(socks)
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("vm %s sockets: %w", name, err)
+		}
+		return socks, nil
+	}, a.log)
+	if err != nil {
+		return err
+	}
+	a.vms[name] = srv
+	return nil
+}
+
+// stopVMServer stops name's socket server if it runs (mu held).
+func (a *Agent) stopVMServer(name string) error {
+	srv, ok := a.vms[name]
+	if !ok {
+		return nil
+	}
+	delete(a.vms, name)
+	if err := srv.Close(); err != nil {
+		return fmt.Errorf("stop vm %s socket server: %w", name, err)
+	}
+	return nil
+}
+
+// detachVM removes ep's steering program, registration and socket slots:
+// inside its netns if that still exists, else from here (the datapath only
+// unpins and deletes map entries then; the stored ifindex is still the key of
+// the VM's registration, checkVMIfIndex keeps it unique). Errors are logged.
+func (a *Agent) detachVM(ep *endpoint.Endpoint) {
+	if ep.VM == nil {
+		return
+	}
+	vdp, err := a.vmDatapath()
+	if err != nil {
+		return
+	}
+	dvm, _, err := ep.DatapathVM()
+	if err != nil {
+		a.log.Warn("detach vm", "vm", ep.VM.Name, "err", err)
+		return
+	}
+	if _, err := os.Stat(ep.Netns); err == nil {
+		err = inNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
+	} else {
+		err = vdp.DetachVM(dvm)
+	}
+	if err != nil {
+		a.log.Warn("detach vm", "vm", ep.VM.Name, "err", err)
+	}
+	if err := os.Remove(ep.VM.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("remove vm socket", "vm", ep.VM.Name, "err", err)
+	}
+}
+
+// DelVM removes the VM endpoint name: its socket server, the steering
+// program and registration, then the endpoint like a pod's. Unknown names, a
+// missing netns and missing devices are success; existed reports whether
+// there was a record.
+func (a *Agent) DelVM(name string) (existed bool, err error) {
+	if err := endpoint.ValidateVMName(name); err != nil {
+		return false, fmt.Errorf("del vm: %w: %w", err, ErrInvalid)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := vmKey(name)
+	if err := a.stopVMServer(name); err != nil {
+		return false, fmt.Errorf("del vm %s: %w", name, err)
+	}
+	ep, ok, err := a.lookup(key)
+	if err != nil {
+		return false, fmt.Errorf("del vm %s: %w", name, err)
+	}
+	if ok {
+		if ep.VM == nil {
+			return true, fmt.Errorf("del vm %s: record %s has no vm part: %w", name, key, ErrConflict)
+		}
+		vdp, err := a.vmDatapath()
+		if err != nil {
+			return true, fmt.Errorf("del vm %s: %w", name, err)
+		}
+		dvm, _, err := ep.DatapathVM()
+		if err != nil {
+			return true, fmt.Errorf("del vm %s: %w", name, err)
+		}
+		if _, serr := os.Stat(ep.Netns); serr == nil {
+			err = inNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
+		} else {
+			err = vdp.DetachVM(dvm) // netns gone: see detachVM
+		}
+		if err != nil {
+			return true, fmt.Errorf("del vm %s: %w", name, err)
+		}
+	}
+	if err := os.Remove(a.vmSocketPath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return ok, fmt.Errorf("del vm %s: remove socket: %w", name, err)
+	}
+	if _, err := a.del(key, vmHostIf(name)); err != nil {
+		return ok, fmt.Errorf("del vm %s: %w", name, err)
+	}
+	if ok {
+		a.log.Info("vm deleted", "vm", name, "id", ep.ID)
+	}
+	return ok, nil
+}
+
+// ListVMs returns every VM endpoint, by ID.
+func (a *Agent) ListVMs() ([]VMInfo, error) {
+	eps, err := a.endpoints()
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []VMInfo
+	for _, ep := range eps {
+		if ep.Kind != endpoint.KindVM || ep.VM == nil {
+			continue
+		}
+		_, serving := a.vms[ep.VM.Name]
+		out = append(out, VMInfo{Endpoint: ep, Serving: serving})
+	}
+	return out, nil
+}
+
+// adoptVM re-attaches a stored VM after a restart (the pinned link is
+// updated in place) and serves its socket again. Its device must still be
+// in its netns under the stored ifindex.
+func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
+	if ep.VM == nil {
+		return fmt.Errorf("record %s has no vm part", ep.Key())
+	}
+	vdp, err := a.vmDatapath()
+	if err != nil {
+		return err
+	}
+	dvm, _, err := ep.DatapathVM()
+	if err != nil {
+		return err
+	}
+	err = inNetns(ep.Netns, func() error {
+		l, err := net.InterfaceByIndex(ep.IfIndex)
+		if err != nil {
+			return fmt.Errorf("device %d: %w", ep.IfIndex, err)
+		}
+		if l.Name != ep.IfName || l.HardwareAddr.String() != ep.MAC {
+			return fmt.Errorf("device %d is %s %s, not %s %s", ep.IfIndex, l.Name, l.HardwareAddr, ep.IfName, ep.MAC)
+		}
+		return vdp.AttachVM(dvm)
+	})
+	if err != nil {
+		return err
+	}
+	return a.serveVM(ep, dvm, vdp)
+}
