@@ -89,6 +89,7 @@ pub struct NetBackend {
     acked: AtomicU64,
     active_pairs: AtomicU16,
     stats: Stats,
+    connection_errors: AtomicU64,
 }
 
 /// Errors building a backend.
@@ -141,6 +142,7 @@ impl NetBackend {
             acked: AtomicU64::new(0),
             active_pairs: AtomicU16::new(1),
             stats: Stats::default(),
+            connection_errors: AtomicU64::new(0),
         })
     }
 
@@ -152,6 +154,15 @@ impl NetBackend {
     /// Datapath counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// Frontend connections that ended with a protocol error (malformed messages).
+    pub fn connection_errors(&self) -> u64 {
+        self.connection_errors.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_connection_error(&self) {
+        self.connection_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Queue pairs the guest enabled with `VQ_PAIRS_SET` (1 until it does).

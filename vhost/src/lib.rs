@@ -8,6 +8,8 @@
 //! `xsk.rs` AF_XDP.
 
 pub mod backend;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handover;
 pub mod net;
 pub mod port;
@@ -155,7 +157,10 @@ pub fn serve(
         info!("frontend connected");
         match daemon.wait() {
             Ok(()) => info!("frontend disconnected"),
-            Err(e) => warn!("frontend connection ended: {e}"),
+            Err(e) => {
+                backend.count_connection_error();
+                warn!("frontend connection ended: {e}");
+            }
         }
         for h in &handlers {
             h.send_exit_event();

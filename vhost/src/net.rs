@@ -178,6 +178,11 @@ pub fn pop_chain<'a, M: GuestMemory>(
 }
 
 fn add_used<M: GuestMemory>(q: &mut Queue, mem: &M, head: u16, len: usize, stats: &Stats) {
+    if head >= q.size() {
+        // A head outside the table yields an empty chain, already counted as an error; there
+        // is no descriptor to give back.
+        return;
+    }
     let len = u32::try_from(len).unwrap_or(u32::MAX);
     if let Err(e) = q.add_used(mem, head, len) {
         stats.error(&e);

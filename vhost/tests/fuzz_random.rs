@@ -1,0 +1,255 @@
+//! Seeded randomized robustness tests (the stable counterpart of the cargo-fuzz targets in
+//! `fuzz/`): thousands of malformed descriptor chains and vhost-user messages. Each must be
+//! dropped and counted, never panic, and leave the backend working.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{frame, socket_path, Guest, GUEST_FEATURES};
+use lanekit_vhost::fuzzing::{queues_from_bytes, send_raw};
+use lanekit_vhost::net::{self, NetMode, RxState, Stats, TxState};
+use lanekit_vhost::port::{channel_port, Batch, LoopPort, Port};
+use lanekit_vhost::{serve, DeviceConfig, NetBackend};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// xorshift64*: deterministic, seeded, good enough to pick test cases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+#[test]
+fn random_bytes_as_rings_never_panic() {
+    let mut rng = Rng(0x1a2e_c0de_5eed_0001);
+    let mut errors = 0;
+    for _ in 0..3000 {
+        let len = rng.below(2048) as usize;
+        let mut data = rng.bytes(len);
+        // Keep the avail index small half of the time so chains are actually walked.
+        if data.len() >= 2 && rng.below(2) == 0 {
+            data[0] = rng.below(17) as u8;
+            data[1] = 0;
+        }
+        errors += queues_from_bytes(&data).errors;
+    }
+    assert!(errors > 0, "random rings must produce counted errors");
+}
+
+const QSIZE: u16 = 64;
+const MEM_SIZE: u64 = 0x20_0000;
+const MODE: NetMode = NetMode { hdr_len: 12, mergeable: true, max_frame: 1518 };
+
+/// A guest ring in fresh memory where the test writes chains of its choosing.
+struct Ring {
+    mem: GuestMemoryMmap,
+    next_desc: u16,
+    avail: u16,
+}
+
+impl Ring {
+    fn new() -> Ring {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
+        Ring { mem, next_desc: 0, avail: 0 }
+    }
+    fn queue(&self) -> Queue {
+        let mut q = Queue::new(QSIZE).unwrap();
+        q.set_size(QSIZE);
+        q.set_desc_table_address(Some(0), Some(0));
+        q.set_avail_ring_address(Some(0x1000), Some(0));
+        q.set_used_ring_address(Some(0x2000), Some(0));
+        q.set_ready(true);
+        q
+    }
+    /// Add a chain of (addr, len, flags); `head` overrides the avail entry.
+    fn add(&mut self, descs: &[(u64, u32, u16)], head: Option<u16>) {
+        let first = self.next_desc;
+        for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+            let idx = self.next_desc;
+            self.next_desc += 1;
+            let flags = if i + 1 < descs.len() { flags | 1 } else { flags & !1 };
+            let at = GuestAddress(16 * u64::from(idx));
+            self.mem.write_obj(addr, at).unwrap();
+            self.mem.write_obj(len, at.unchecked_add(8)).unwrap();
+            self.mem.write_obj(flags, at.unchecked_add(12)).unwrap();
+            self.mem.write_obj(self.next_desc, at.unchecked_add(14)).unwrap();
+        }
+        let slot = GuestAddress(0x1004 + 2 * u64::from(self.avail));
+        self.mem.write_obj(head.unwrap_or(first), slot).unwrap();
+        self.avail += 1;
+        self.mem.write_obj(self.avail, GuestAddress(0x1002)).unwrap();
+    }
+}
+
+use vm_memory::Address;
+
+/// Descriptors for header + frame at `base`, split in up to 4 pieces, all with `flags`.
+fn pieces(rng: &mut Rng, mem: &GuestMemoryMmap, base: u64, hdr: [u8; 12], len: usize, flags: u16) -> Vec<(u64, u32, u16)> {
+    let mut bytes = hdr.to_vec();
+    bytes.extend(rng.bytes(len));
+    mem.write_slice(&bytes, GuestAddress(base)).unwrap();
+    let n = 1 + rng.below(4) as usize;
+    let step = bytes.len().div_ceil(n);
+    bytes
+        .chunks(step.max(1))
+        .enumerate()
+        .map(|(i, c)| (base + (i * step) as u64, c.len() as u32, flags))
+        .collect()
+}
+
+#[test]
+fn malformed_tx_chains_are_dropped_and_counted() {
+    let mut rng = Rng(0x5eed_0000_0000_00f1);
+    for iter in 0..2000 {
+        let mut ring = Ring::new();
+        let (mut want_errors, mut want_frames) = (0u64, 0u64);
+        let chains = 1 + rng.below(8);
+        for c in 0..chains {
+            let base = 0x1_0000 + 0x4000 * c;
+            let kind = rng.below(10);
+            let ok_len = 14 + rng.below(1505) as usize;
+            let mut descs = pieces(&mut rng, &ring.mem, base, [0; 12], ok_len, 0);
+            let mut head = None;
+            match kind {
+                0 | 1 => want_frames += 1,
+                2 => {
+                    let i = rng.below(descs.len() as u64) as usize;
+                    descs[i].2 |= 2; // device-writable in a TX chain
+                }
+                3 => {
+                    let i = rng.below(descs.len() as u64) as usize;
+                    descs[i].0 = [MEM_SIZE - 4, u64::MAX - 8, 1 << 40][rng.below(3) as usize];
+                }
+                4 => descs = vec![(base, 1 + rng.below(25) as u32, 0)],
+                5 => {
+                    let len = 1519 + rng.below(5000) as usize;
+                    descs = pieces(&mut rng, &ring.mem, base, [0; 12], len, 0);
+                }
+                6 => {
+                    let mut hdr = [0u8; 12];
+                    if rng.below(2) == 0 { hdr[0] = 1 } else { hdr[1] = 1 + rng.below(255) as u8 }
+                    descs = pieces(&mut rng, &ring.mem, base, hdr, ok_len, 0);
+                }
+                7 => head = Some(QSIZE + rng.below(1000) as u16),
+                8 => descs = vec![(base, 17 + 16 * rng.below(4) as u32, 4)], // indirect, bad table length
+                _ => descs = vec![(base, 0, 0); 1 + rng.below(3) as usize],
+            }
+            if kind >= 2 {
+                want_errors += 1;
+            }
+            ring.add(&descs, head);
+        }
+        let mut q = ring.queue();
+        let (stats, mut port) = (Stats::default(), LoopPort::new(0).unwrap());
+        let run = net::tx_queue(&mut q, &ring.mem, &mut port, &mut TxState::default(), MODE, &stats, 64);
+        let s = stats.snapshot();
+        assert_eq!(run.handled as u64, chains, "iteration {iter}");
+        assert_eq!((s.errors, s.tx_frames), (want_errors, want_frames), "iteration {iter}: {s:?}");
+        let mut got = Batch::default();
+        assert_eq!(port.recv(&mut got, 64).unwrap() as u64, want_frames);
+    }
+}
+
+#[test]
+fn malformed_rx_chains_are_skipped_and_counted() {
+    let mut rng = Rng(0x5eed_0000_0000_00f2);
+    for iter in 0..2000 {
+        let mut ring = Ring::new();
+        let (mut want_errors, mut valid) = (0u64, 0u64);
+        let chains = 1 + rng.below(8);
+        for c in 0..chains {
+            let base = 0x1_0000 + 0x4000 * c;
+            let mut head = None;
+            let descs = match rng.below(5) {
+                0 | 1 => {
+                    valid += 1;
+                    vec![(base, 1024, 2), (base + 1024, 1024, 2)]
+                }
+                2 => vec![(base, 1024, 2), (base + 1024, 1024, 0)], // device-readable in RX
+                3 => vec![(MEM_SIZE - 100, 2048, 2)],
+                _ => {
+                    head = Some(QSIZE + rng.below(100) as u16);
+                    vec![(base, 2048, 2)]
+                }
+            };
+            if descs.len() == 1 || descs[1].2 == 0 {
+                want_errors += 1;
+            }
+            ring.add(&descs, head);
+        }
+        let mut q = ring.queue();
+        let (stats, mut port) = (Stats::default(), LoopPort::new(0).unwrap());
+        let mut b = Batch::default();
+        for i in 0..chains {
+            b.push(&frame(60 + 180 * i as usize, i as u8));
+        }
+        port.send(&b).unwrap();
+        net::rx_queue(&mut q, &ring.mem, &mut port, &mut RxState::default(), MODE, &stats, 64);
+        let s = stats.snapshot();
+        assert_eq!((s.errors, s.rx_frames, s.rx_dropped), (want_errors, valid, 0), "iteration {iter}: {s:?}");
+    }
+}
+
+/// A vhost-user message: header (request, flags, size) and payload, sometimes lying about size.
+fn message(rng: &mut Rng) -> Vec<u8> {
+    let request = rng.below(50) as u32;
+    let flags = if rng.below(8) == 0 { rng.next() as u32 } else { 1 };
+    let len = rng.below(72) as usize;
+    let payload = rng.bytes(len);
+    let size = if rng.below(6) == 0 { rng.below(300) as u32 } else { payload.len() as u32 };
+    let mut m = Vec::new();
+    m.extend(request.to_le_bytes());
+    m.extend(flags.to_le_bytes());
+    m.extend(size.to_le_bytes());
+    m.extend(payload);
+    m
+}
+
+#[test]
+fn random_vhost_user_messages_never_break_the_backend() {
+    const SESSIONS: usize = 300;
+    let path = socket_path("fuzz-msg");
+    let (port, peer) = channel_port(0).unwrap();
+    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 3], queue_pairs: 1, mtu: 1500 };
+    let backend = Arc::new(NetBackend::new(cfg, vec![Box::new(port) as Box<dyn Port>]).unwrap());
+    let (b, p) = (backend.clone(), path.clone());
+    let server = std::thread::spawn(move || serve(b, &p, Some(SESSIONS + 1)).unwrap());
+    let mut rng = Rng(0x5eed_0000_0000_00f3);
+    for i in 0..SESSIONS {
+        let mut data = Vec::new();
+        // Often start with SET_OWNER (3) so later messages reach deeper handlers.
+        if rng.below(2) == 0 {
+            data.extend([3u32, 1, 0].iter().flat_map(|v| v.to_le_bytes()));
+        }
+        for _ in 0..1 + rng.below(4) {
+            data.extend(message(&mut rng));
+        }
+        if rng.below(5) == 0 {
+            data.truncate(rng.below(data.len() as u64) as usize);
+        }
+        assert!(send_raw(&path, &data, Duration::from_secs(5)), "session {i}: backend hung");
+    }
+    assert!(backend.connection_errors() > 0, "malformed messages must be counted");
+    // The backend still serves a well-behaved frontend.
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+    let f = frame(200, 7);
+    g.send(1, std::slice::from_ref(&f));
+    assert_eq!(peer.wait_sent(1, Duration::from_secs(5)), vec![f]);
+    drop(g);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
