@@ -36,7 +36,19 @@ type fakeDatapath struct {
 	upserts   []datapath.Endpoint
 	deletes   []uint32
 	failNext  error
+	failVM    error // fails the next AttachVM
 	closeHits int
+}
+
+func (f *fakeDatapath) AttachVM(vm datapath.VM) error {
+	f.mu.Lock()
+	if err := f.failVM; err != nil {
+		f.failVM = nil
+		f.mu.Unlock()
+		return err
+	}
+	f.mu.Unlock()
+	return f.MemoryDatapath.AttachVM(vm)
 }
 
 func newFake() *fakeDatapath { return &fakeDatapath{MemoryDatapath: NewMemoryDatapath()} }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
@@ -45,6 +46,8 @@ const (
 	maxVMMTU = 2048 - 256 - 14
 	// maxSocketPath is sizeof(sun_path) minus the terminating NUL.
 	maxSocketPath = 107
+	// xskBusyWait bounds how long opening a VM's sockets retries EBUSY.
+	xskBusyWait = 3 * time.Second
 )
 
 // AddVMRequest asks for a VM endpoint.
@@ -265,7 +268,15 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 		var socks []*xsk.Socket
 		err := inNetns(netnsPath, func() error {
 			var err error
-			if socks, err = xsk.OpenQueues(dvm.IfIndex, dvm.Queues, xsk.DefaultSizes); err != nil {
+			// The kernel frees a closed socket's UMEM from a workqueue: a
+			// backend reconnecting at once finds its queues busy for a moment.
+			for deadline := time.Now().Add(xskBusyWait); ; time.Sleep(20 * time.Millisecond) {
+				socks, err = xsk.OpenQueues(dvm.IfIndex, dvm.Queues, xsk.DefaultSizes)
+				if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+					break
+				}
+			}
+			if err != nil {
 				return err
 			}
 			for q, s := range socks {

@@ -73,3 +73,56 @@ func TestDatapathAndJSONRoundTrip(t *testing.T) {
 		t.Errorf("netkit L3 endpoint without MACs: %+v %v", dp, err)
 	}
 }
+
+func TestValidateVMName(t *testing.T) {
+	for _, tc := range []struct{ name, err string }{
+		{"vm1", ""},
+		{"a.b_c-D9", ""},
+		{strings.Repeat("v", 63), ""},
+		{"", "empty"},
+		{strings.Repeat("v", 64), "longer than 63"},
+		{".hidden", "starts with"},
+		{"-flag", "starts with"},
+		{"a/b", "contains"},
+		{"a b", "contains"},
+		{"vm:1", "contains"},
+		{"é", "contains"},
+	} {
+		err := ValidateVMName(tc.name)
+		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("ValidateVMName(%q) = %v, want %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+func TestVMEndpointDatapath(t *testing.T) {
+	e := Endpoint{ID: 3, Kind: KindVM, ContainerID: VMContainerID("vm1"), IfName: VMIfName, Mode: datapath.ModeVeth,
+		HostIfName: "lky", HostIfIndex: 20, HostMAC: "02:00:00:00:00:01", IfIndex: 21, MAC: "02:00:00:00:00:02",
+		IP: netip.MustParseAddr("10.0.0.6"), VM: &VM{Name: "vm1", Queues: 4, XSKBase: 8}}
+	raw, err := json.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Endpoint
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := back.Datapath()
+	if err != nil || dp.Queues != 4 || dp.IfIndex != 20 {
+		t.Errorf("datapath endpoint = %+v %v", dp, err)
+	}
+	vm, ok, err := back.DatapathVM()
+	if err != nil || !ok || vm.ID != 3 || vm.IfIndex != 21 || vm.MAC.String() != e.MAC || vm.Queues != 4 || vm.XSKBase != 8 {
+		t.Errorf("datapath vm = %+v %v %v", vm, ok, err)
+	}
+	if back.Key() != "vm:vm1/eth0" {
+		t.Errorf("key = %q", back.Key())
+	}
+	pod := Endpoint{ID: 1, MAC: "02:00:00:00:00:03", HostMAC: "02:00:00:00:00:04"}
+	if dp, _ := pod.Datapath(); dp.Queues != 0 {
+		t.Errorf("pod endpoint has %d queues", dp.Queues)
+	}
+	if _, ok, _ := pod.DatapathVM(); ok {
+		t.Error("pod endpoint has a vm part")
+	}
+}
