@@ -156,7 +156,9 @@ pub fn serve(
         daemon.start(&mut listener).map_err(|e| Error::Daemon(e.to_string()))?;
         info!("frontend connected");
         match daemon.wait() {
-            Ok(()) => info!("frontend disconnected"),
+            Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => {
+                info!("frontend disconnected")
+            }
             Err(e) => {
                 backend.count_connection_error();
                 warn!("frontend connection ended: {e}");
