@@ -299,6 +299,30 @@ func TestVMLifecycle(t *testing.T) {
 				t.Fatalf("del vm2 without its netns = %v %v", existed, err)
 			}
 			checkVMGone(t, fx, a, b, nil, v.Endpoint.HostIfName, v.Endpoint.VM.Socket, v.Endpoint.ID, v.Endpoint.IfIndex)
+
+			// The netns vanishes while the agent is down: the restarted agent
+			// drops the VM and cleans the datapath.
+			if out, err := exec.Command("ip", "netns", "add", gone).CombinedOutput(); err != nil {
+				t.Fatalf("ip netns add: %v %s", err, out)
+			}
+			v, err = a.AddVM(AddVMRequest{Name: "vm3", Netns: "/run/netns/" + gone, Queues: 2})
+			if err != nil {
+				t.Fatalf("add vm3: %v", err)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("ip", "netns", "del", gone).CombinedOutput(); err != nil {
+				t.Fatalf("ip netns del: %v %s", err, out)
+			}
+			// Namespaces are torn down asynchronously: wait for the host end to go.
+			for deadline := time.Now().Add(5 * time.Second); fx.hostLinkExists(t, v.Endpoint.HostIfName); time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("host end of vm3 outlived its netns")
+				}
+			}
+			a = b.start(t, fx, vmDir)
+			checkVMGone(t, fx, a, b, nil, v.Endpoint.HostIfName, v.Endpoint.VM.Socket, v.Endpoint.ID, v.Endpoint.IfIndex)
 		})
 	}
 }
