@@ -1,0 +1,236 @@
+package guest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// ErrLinkClosed is returned when the serial link to a guest closed.
+var ErrLinkClosed = errors.New("guest serial link closed")
+
+// Console is a client of a guest's serial control loop (see the package doc).
+// A VM started with Start has one. A process that did not start the guest (a
+// later `lanekit lab check`, say) dials QEMU's serial socket with
+// DialConsole: QEMU's socket chardev takes a new client after the previous
+// one left. Commands run one at a time.
+type Console struct {
+	conn     net.Conn
+	exited   <-chan struct{} // closed when QEMU is gone; nil when unknown
+	linkDown chan struct{}   // closed when the read loop ends
+
+	readyCh chan struct{} // closed on LK-READY or LK-FAIL
+	mu      sync.Mutex
+	readyAt time.Time
+	status  string
+	failed  bool
+	pending map[string]chan Result
+	console []byte
+
+	runMu     sync.Mutex
+	nextID    int
+	closeOnce sync.Once
+}
+
+func newConsole(conn net.Conn, exited <-chan struct{}, ready bool) *Console {
+	c := &Console{conn: conn, exited: exited, linkDown: make(chan struct{}), readyCh: make(chan struct{}),
+		pending: map[string]chan Result{}}
+	if ready {
+		c.readyAt = time.Now()
+		close(c.readyCh)
+	}
+	go c.readLoop()
+	return c
+}
+
+// DialConsole connects to the serial socket of a guest that is already
+// running and past its ready line (its LK-READY went to an earlier client).
+func DialConsole(ctx context.Context, path string) (*Console, error) {
+	conn, err := dialSerial(ctx, path, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return newConsole(conn, nil, true), nil
+}
+
+// dialSerial connects to QEMU's serial socket, retrying until it appears.
+// exited (may be nil) aborts the wait; why describes the exit for errors.
+func dialSerial(ctx context.Context, path string, exited <-chan struct{}, why func() string) (net.Conn, error) {
+	deadline := time.NewTimer(serialDialTimeout)
+	defer deadline.Stop()
+	for {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connect serial %s: %w", path, ctx.Err())
+		case <-exited:
+			return nil, fmt.Errorf("connect serial: %w: %s", ErrExited, why())
+		case <-deadline.C:
+			return nil, fmt.Errorf("connect serial %s: %w (after %s)", path, err, serialDialTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// readLoop feeds console lines to the protocol parser until the link closes.
+func (c *Console) readLoop() {
+	defer close(c.linkDown)
+	var p Parser
+	r := bufio.NewReaderSize(c.conn, 64<<10)
+	for {
+		line, err := r.ReadString('\n')
+		if line != "" {
+			c.mu.Lock()
+			c.console = append(c.console, line...)
+			if len(c.console) > consoleKeep {
+				c.console = append([]byte(nil), c.console[len(c.console)-consoleKeep:]...)
+			}
+			c.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+		switch ev, res := p.Feed(line); ev {
+		case EvReady, EvFail:
+			_, status, failed := p.Ready()
+			c.mu.Lock()
+			c.status, c.failed = status, failed
+			alreadyReady := !c.readyAt.IsZero()
+			if !alreadyReady {
+				c.readyAt = time.Now()
+			}
+			c.mu.Unlock()
+			if !alreadyReady {
+				close(c.readyCh)
+			}
+		case EvResult:
+			c.mu.Lock()
+			ch := c.pending[res.ID]
+			delete(c.pending, res.ID)
+			c.mu.Unlock()
+			if ch != nil {
+				ch <- res
+			}
+		}
+	}
+}
+
+// gone returns the error for a guest that went away, or nil.
+func (c *Console) gone() error {
+	select {
+	case <-c.exited:
+		return ErrExited
+	default:
+	}
+	select {
+	case <-c.linkDown:
+		return ErrLinkClosed
+	default:
+	}
+	return nil
+}
+
+// WaitReady waits for the guest's LK-READY line and returns its status text,
+// e.g. "net=up if=eth0 ip=10.244.2.50/32 queues=1" or "net=none". An LK-FAIL
+// line (network setup failed; the control loop still runs) is an error.
+func (c *Console) WaitReady(ctx context.Context) (string, error) {
+	select {
+	case <-c.readyCh:
+	case <-ctx.Done():
+		return "", fmt.Errorf("wait for guest ready: %w: console: %s", ctx.Err(), tail(c.Text(), 5))
+	case <-c.exited:
+		return "", fmt.Errorf("wait for guest ready: %w", ErrExited)
+	case <-c.linkDown:
+		if err := c.gone(); errors.Is(err, ErrExited) {
+			return "", fmt.Errorf("wait for guest ready: %w", err)
+		}
+		return "", fmt.Errorf("wait for guest ready: %w: console: %s", ErrLinkClosed, tail(c.Text(), 5))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failed {
+		return c.status, fmt.Errorf("guest network setup: %s", c.status)
+	}
+	return c.status, nil
+}
+
+// ReadyAt is when the ready line was seen (zero before).
+func (c *Console) ReadyAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readyAt
+}
+
+// Run runs a shell command in the guest and returns its combined output and
+// exit code. It waits for the control loop first. The guest bounds each
+// command by lk.cmdtimeout; ctx bounds the wait.
+func (c *Console) Run(ctx context.Context, cmd string) (string, int, error) {
+	if err := c.gone(); err != nil {
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, err)
+	}
+	select {
+	case <-c.readyCh:
+	case <-ctx.Done():
+		return "", -1, fmt.Errorf("run %q in guest: waiting for control loop: %w", cmd, ctx.Err())
+	case <-c.exited:
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
+	case <-c.linkDown:
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, c.gone())
+	}
+	c.runMu.Lock()
+	defer c.runMu.Unlock()
+	c.nextID++
+	id := strconv.Itoa(c.nextID)
+	line, err := FormatCmd(id, cmd)
+	if err != nil {
+		return "", -1, fmt.Errorf("run in guest: %w", err)
+	}
+	ch := make(chan Result, 1)
+	c.mu.Lock()
+	c.pending[id] = ch
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+	}()
+	c.conn.SetWriteDeadline(time.Now().Add(serialWriteTime))
+	if _, err := c.conn.Write([]byte(line)); err != nil {
+		if g := c.gone(); g != nil {
+			return "", -1, fmt.Errorf("run %q in guest: %w", cmd, g)
+		}
+		return "", -1, fmt.Errorf("run %q in guest: write serial: %w", cmd, err)
+	}
+	select {
+	case r := <-ch:
+		return r.Output, r.Exit, nil
+	case <-ctx.Done():
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ctx.Err())
+	case <-c.exited:
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
+	case <-c.linkDown:
+		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, c.gone())
+	}
+}
+
+// Text returns the last console output (up to 256 KiB), raw.
+func (c *Console) Text() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return string(c.console)
+}
+
+// Close closes the link; the guest keeps running.
+func (c *Console) Close() error {
+	var err error
+	c.closeOnce.Do(func() { err = c.conn.Close() })
+	return err
+}
