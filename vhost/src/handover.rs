@@ -121,7 +121,7 @@ pub fn send_msg(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     if !fds.is_empty() {
-        let data_len = (fds.len() * size_of::<RawFd>()) as u32;
+        let data_len = std::mem::size_of_val(fds) as u32;
         // SAFETY: CMSG_SPACE is a pure computation.
         msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
         msg.msg_control = cbuf.as_mut_ptr().cast();

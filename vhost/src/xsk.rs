@@ -519,8 +519,14 @@ impl Port for XskPort {
         if sent > 0 {
             self.tx.submit(sent);
         }
-        // Copy mode always needs the kick; with need_wakeup the flag says so.
-        self.kick();
+        // Copy mode always needs the kick, and each kick sends at most 32 frames
+        // (TX_BATCH_SIZE in the kernel), so kick until the ring is drained (bounded).
+        for _ in 0..sent / 32 + 1 {
+            self.kick();
+            if self.tx.free(self.params.tx_size) == self.params.tx_size {
+                break;
+            }
+        }
         self.reclaim();
         Ok(sent as usize)
     }
