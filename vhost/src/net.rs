@@ -442,7 +442,8 @@ fn rx_fill<M: GuestMemory>(
                         return run;
                     }
                 },
-                RxOutcome::Delivered | RxOutcome::Dropped => {}
+                // Progress: a later shortage must re-arm notifications at the new position.
+                RxOutcome::Delivered | RxOutcome::Dropped => rearmed = false,
             }
             st.pos += 1;
             run.handled += 1;

@@ -490,7 +490,10 @@ impl Port for XskPort {
                 None => self.bad_descs += 1,
             }
             let fs = u64::from(self.params.frame_size);
-            self.fill_pending.push(d.addr - d.addr % fs);
+            let frame = d.addr - d.addr % fs;
+            if frame < self.params.umem_size {
+                self.fill_pending.push(frame);
+            }
         }
         self.rx.release(n);
         self.refill();
