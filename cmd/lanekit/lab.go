@@ -32,14 +32,10 @@ func signalContext() (context.Context, context.CancelFunc) {
 
 func labUpCmd() *cobra.Command {
 	var cfg lab.Config
-	var vm bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Build the lab: underlay, nodes with agents and kube-proxy rules, lanekit and baseline pods",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if vm {
-				return errors.New("lab up --vm: VM pods are not available yet (they need the lanekit-vhost fast lane)")
-			}
 			bins, err := lab.FindBins()
 			if err != nil {
 				return err
@@ -56,7 +52,8 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
 	cmd.Flags().IntVar(&cfg.PodsPerNode, "pods-per-node", 2, "pods of each kind per node")
 	cmd.Flags().BoolVar(&cfg.BaselineOnly, "baseline-only", false, "no agents and no lanekit pods: only the underlay, nodes and bridge+iptables pods")
-	cmd.Flags().BoolVar(&vm, "vm", false, "add VM pods (not available yet)")
+	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
+	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
 	return cmd
 }
 

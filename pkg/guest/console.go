@@ -58,6 +58,17 @@ func DialConsole(ctx context.Context, path string) (*Console, error) {
 	return newConsole(conn, nil, true), nil
 }
 
+// DialBootingConsole connects to the serial socket of a guest that is still
+// booting: WaitReady then waits for its LK-READY line. (QEMU started by the
+// caller with the serial server waiting for this first client.)
+func DialBootingConsole(ctx context.Context, path string) (*Console, error) {
+	conn, err := dialSerial(ctx, path, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return newConsole(conn, nil, false), nil
+}
+
 // dialSerial connects to QEMU's serial socket, retrying until it appears.
 // exited (may be nil) aborts the wait; why describes the exit for errors.
 func dialSerial(ctx context.Context, path string, exited <-chan struct{}, why func() string) (net.Conn, error) {

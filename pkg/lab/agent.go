@@ -21,6 +21,7 @@ func agentArgs(i int) []string {
 		"--uplink", Uplink,
 		"--pod-cidr", PodCIDR(i),
 		"--bpf-dir", BPFDir(i),
+		"--vm-socket-dir", NodeDir(i) + "/vm",
 	}
 }
 

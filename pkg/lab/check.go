@@ -31,10 +31,14 @@ type probe struct {
 
 // checkGroup is a set of sources that must reach a set of targets.
 type checkGroup struct {
-	kind    string
+	title   string
 	sources []endpoint
 	targets []endpoint
+	vms     map[string]LabVM // sources that are guests: probed through their console
 }
+
+// vmNS is the pseudo netns name of a guest in check groups.
+func vmNS(name string) string { return "vm:" + name }
 
 // Check proves the connectivity matrix: every pod reaches every other pod of
 // its kind and every node's underlay IP, by ICMP and by a TCP echo. It
@@ -48,15 +52,38 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	for _, n := range st.Nodes {
 		nodes = append(nodes, endpoint{Name: n.NS, NS: n.NS, IP: n.UnderlayIP})
 	}
+	var vms []endpoint
+	vmByNS := map[string]LabVM{}
+	for _, v := range st.VMs {
+		vms = append(vms, endpoint{Name: v.Name, NS: vmNS(v.Name), IP: v.IP})
+		vmByNS[vmNS(v.Name)] = v
+	}
 	var groups []checkGroup
+	var lanekitPods []endpoint
 	for _, kind := range []string{KindLanekit, KindBaseline} {
 		var pods []endpoint
 		for _, p := range st.PodsOf(kind) {
 			pods = append(pods, endpoint{Name: p.NS, NS: p.NS, IP: p.IP})
 		}
-		if len(pods) > 0 {
-			groups = append(groups, checkGroup{kind: kind, sources: pods, targets: append(append([]endpoint{}, pods...), nodes...)})
+		if len(pods) == 0 {
+			continue
 		}
+		targets := append(append([]endpoint{}, pods...), nodes...)
+		title := fmt.Sprintf("%s pods: ICMP + TCP echo to every other %s pod and every node underlay IP", kind, kind)
+		if kind == KindLanekit {
+			lanekitPods = pods
+			if len(vms) > 0 {
+				targets = append(targets, vms...)
+				title += " and every VM"
+			}
+		}
+		groups = append(groups, checkGroup{title: title, sources: pods, targets: targets})
+	}
+	if len(vms) > 0 {
+		groups = append(groups,
+			checkGroup{title: "nodes: ICMP + TCP echo to every VM", sources: nodes, targets: vms},
+			checkGroup{title: "VMs (commands through the guest console): ICMP + TCP echo to every lanekit pod and every node",
+				sources: vms, targets: append(append([]endpoint{}, lanekitPods...), nodes...), vms: vmByNS})
 	}
 	if len(groups) == 0 {
 		return fmt.Errorf("lab check: the lab has no pods")
@@ -72,8 +99,8 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	}()
 	for _, g := range groups {
 		for _, t := range g.targets {
-			if servers[t.NS] != nil {
-				continue
+			if servers[t.NS] != nil || vmByNS[t.NS].Name != "" {
+				continue // guests serve the echo port themselves
 			}
 			cmd, err := startEcho(ctx, b, t.NS)
 			if err != nil {
@@ -85,7 +112,12 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	pingArgv := pingCommand()
 	failed := 0
 	for _, g := range groups {
-		res := probeGroup(ctx, b, g, pingArgv)
+		var res map[[2]string]*probe
+		if g.vms != nil {
+			res = probeFromVMs(ctx, g)
+		} else {
+			res = probeGroup(ctx, b, g, pingArgv)
+		}
 		failed += writeMatrix(w, g, res)
 	}
 	if failed > 0 {
@@ -196,7 +228,7 @@ func otherTargets(ts []endpoint, self string) []endpoint {
 // writeMatrix prints sources × targets: "ok", "-" (self) or what failed.
 // It returns the number of failed probes and lists their errors.
 func writeMatrix(w io.Writer, g checkGroup, res map[[2]string]*probe) int {
-	fmt.Fprintf(w, "\n%s pods: ICMP + TCP echo to every other %s pod and every node underlay IP\n", g.kind, g.kind)
+	fmt.Fprintf(w, "\n%s\n", g.title)
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprint(tw, "from \\ to\t")
 	for _, t := range g.targets {

@@ -22,6 +22,7 @@ type DownOptions struct {
 var labProcs = map[string]bool{
 	"lanekitd": true, "lanekit": true, "lanekit-cni": true, "iperf3": true,
 	"sockperf": true, "ping": true, "busybox": true, "bridge": true, "host-local": true,
+	"lanekit-vhost": true, "qemu-system-x86_64": true, "qemu-system-x86": true,
 }
 
 // Down removes everything the lab may have left, also after a crashed or

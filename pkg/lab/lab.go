@@ -39,6 +39,8 @@ type Config struct {
 	Nodes        int
 	PodsPerNode  int
 	BaselineOnly bool // skip agents and lanekit pods
+	VM           bool // a QEMU guest on the last node through the fast lane
+	VMQueues     int  // its queue pairs (default 1)
 	Bins         Bins
 	Out          io.Writer // progress lines
 }
@@ -46,8 +48,9 @@ type Config struct {
 // State is what `lab up` built, kept in StateFile for status, check, bench
 // and down.
 type State struct {
-	Nodes        []Node `json:"nodes"`
-	BaselineOnly bool   `json:"baseline_only"`
+	Nodes        []Node  `json:"nodes"`
+	BaselineOnly bool    `json:"baseline_only"`
+	VMs          []LabVM `json:"vms,omitempty"`
 }
 
 // Node is one node namespace.

@@ -94,8 +94,16 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			}
 		}
 	}
-	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods", time.Since(start).Round(100*time.Millisecond),
-		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)))
+	if cfg.VM {
+		if cfg.BaselineOnly {
+			return st, fmt.Errorf("lab up: --vm needs the agents (not --baseline-only)")
+		}
+		if err := upVM(ctx, cfg, st, len(st.Nodes)); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+	}
+	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods, %d VMs", time.Since(start).Round(100*time.Millisecond),
+		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)), len(st.VMs))
 	return st, nil
 }
 

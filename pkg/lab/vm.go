@@ -1,0 +1,177 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/guest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// LabVM is a QEMU guest of the lab, served by lanekit-vhost on the fast lane.
+// The backend and QEMU run inside the VM's netns (like virt-launcher).
+type LabVM struct {
+	Name         string  `json:"name"`
+	Node         int     `json:"node"`
+	NS           string  `json:"netns"`
+	IP           string  `json:"ip"`
+	MAC          string  `json:"mac"`
+	Queues       int     `json:"queues"`
+	XSKSocket    string  `json:"xsk_socket"`
+	VhostSocket  string  `json:"vhost_socket"`
+	SerialSocket string  `json:"serial_socket"`
+	BackendPID   int     `json:"backend_pid"`
+	QEMUPID      int     `json:"qemu_pid"`
+	BootSeconds  float64 `json:"boot_seconds"`
+}
+
+// GuestCacheDir holds the guest kernel and initramfs (built once, reused).
+const GuestCacheDir = "/var/cache/lanekit/guest"
+
+// vmBootTimeout bounds a TCG boot on a loaded 2-core machine.
+const vmBootTimeout = 3 * time.Minute
+
+// VMNS is the netns of VM j on node i ("v" fits the lab's lk-n<i>-<k><j> names).
+func VMNS(i, j int) string { return fmt.Sprintf("lk-n%d-v%d", i, j) }
+
+func vmFile(i int, name, suffix string) string {
+	return filepath.Join(NodeDir(i), name+"-"+suffix)
+}
+
+// upVM adds VM "vm1" on node i: agent VM endpoint, backend, QEMU, ready line.
+func upVM(ctx context.Context, cfg Config, st *State, i int) error {
+	name, ns := "vm1", VMNS(i, 1)
+	queues := cfg.VMQueues
+	if queues < 1 {
+		queues = 1
+	}
+	vhostBin := filepath.Join(cfg.Bins.Dir, "lanekit-vhost")
+	if !executable(vhostBin) {
+		return fmt.Errorf("vm: %s missing (make build)", vhostBin)
+	}
+	progress(cfg.Out, "lab: vm %s: building or reusing the guest image in %s", name, GuestCacheDir)
+	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	if err := addNetns(ctx, ns); err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	if _, err := inNS(ctx, ns, "ip", "link", "set", "lo", "up"); err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	vm, err := addVMEndpoint(ctx, AgentSocket(i), name, netnsPath(ns), queues)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	lv := LabVM{Name: name, Node: i, NS: ns, IP: vm.GetAddress(), MAC: vm.GetMac(), Queues: queues,
+		XSKSocket: vm.GetSocket(), VhostSocket: vmFile(i, name, "vhost.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
+	if ip, _, err := net.ParseCIDR(lv.IP); err == nil {
+		lv.IP = ip.String()
+	}
+	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
+
+	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), vhostBin,
+		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(queues), "--mac", lv.MAC,
+		"--xsk-socket", lv.XSKSocket, "--vm", name)
+	if err != nil {
+		return fmt.Errorf("vm %s: backend: %w", name, err)
+	}
+	if err := waitPath(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
+		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
+	}
+	st.VMs = append(st.VMs, lv)
+	if err := st.save(); err != nil {
+		return err
+	}
+
+	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: lv.IP + "/32", Gateway: "169.254.1.1",
+		MAC: lv.MAC, Queues: queues, VhostSocket: lv.VhostSocket, SerialSocket: lv.SerialSocket})
+	if err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	start := time.Now()
+	st.VMs[len(st.VMs)-1].QEMUPID, err = startDaemon(ns, vmFile(i, name, "qemu"), args[0], args[1:]...)
+	if err != nil {
+		return fmt.Errorf("vm %s: qemu: %w", name, err)
+	}
+	if err := st.save(); err != nil {
+		return err
+	}
+	progress(cfg.Out, "lab: vm %s: booting (QEMU under TCG, vhost-user to lanekit-vhost)", name)
+	bctx, cancel := context.WithTimeout(ctx, vmBootTimeout)
+	defer cancel()
+	con, err := guest.DialBootingConsole(bctx, lv.SerialSocket)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w; qemu log: %s", name, err, logTail(vmFile(i, name, "qemu.log")))
+	}
+	defer con.Close()
+	status, err := con.WaitReady(bctx)
+	if err != nil {
+		return fmt.Errorf("vm %s: %w; qemu log: %s; backend log: %s", name, err,
+			logTail(vmFile(i, name, "qemu.log")), logTail(vmFile(i, name, "vhost.log")))
+	}
+	st.VMs[len(st.VMs)-1].BootSeconds = time.Since(start).Seconds()
+	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", name, time.Since(start).Seconds(), status)
+	return st.save()
+}
+
+// addVMEndpoint asks node's agent for a VM endpoint.
+func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues int) (*apiv1.VM, error) {
+	conn, err := grpc.NewClient("unix://"+agentSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", agentSock, err)
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := apiv1.NewAgentClient(conn).AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues)})
+	if err != nil {
+		return nil, fmt.Errorf("add vm endpoint: %w", err)
+	}
+	return resp.GetVm(), nil
+}
+
+// startDaemon starts argv detached inside ns (nsenter --net keeps the host's
+// /sys), logging to base.log with its pid in base.pid.
+func startDaemon(ns, base, bin string, args ...string) (int, error) {
+	logf, err := os.OpenFile(base+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	cmd := exec.Command("nsenter", append([]string{"--net=" + netnsPath(ns), "--", bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
+	}
+	pid := cmd.Process.Pid
+	go cmd.Wait() // reap when it ends while we still run
+	if err := os.WriteFile(base+".pid", []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
+		return pid, err
+	}
+	return pid, nil
+}
+
+// waitPath waits for a socket file to appear while pid lives.
+func waitPath(path string, timeout time.Duration, pid int) error {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		if !alive(pid) {
+			return fmt.Errorf("pid %d exited before creating %s", pid, path)
+		}
+	}
+	return fmt.Errorf("%s did not appear within %s", path, timeout)
+}
