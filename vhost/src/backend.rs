@@ -36,6 +36,8 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 pub const MAX_QUEUE_PAIRS: u16 = 31;
 /// Frames (or chains) one queue run handles before yielding to the other queue of its thread.
 pub const BUDGET: usize = 256;
+/// Largest config space read answered (`virtio_net_config` is 24 bytes today).
+const CONFIG_SPACE_MAX: usize = 256;
 /// Ethernet header + one VLAN tag: added to the MTU to get the largest frame.
 const L2_OVERHEAD: usize = 18;
 
@@ -328,7 +330,10 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let space = self.config.config_space();
+        // Fields past `mtu` (speed, duplex, RSS) belong to features we do not offer and read as
+        // zero, so a frontend asking for the full struct still gets an answer.
+        let mut space = [0u8; CONFIG_SPACE_MAX];
+        space[..12].copy_from_slice(&self.config.config_space());
         let (start, len) = (offset as usize, size as usize);
         match start.checked_add(len) {
             Some(end) if end <= space.len() => space[start..end].to_vec(),

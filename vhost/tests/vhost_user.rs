@@ -59,6 +59,9 @@ fn frames_flow_both_ways_on_every_queue_pair_with_config_and_ctrl() {
     assert_eq!(u16::from_le_bytes([cfg[6], cfg[7]]), 1, "link up");
     assert_eq!(u16::from_le_bytes([cfg[8], cfg[9]]), 2, "max queue pairs");
     assert_eq!(u16::from_le_bytes([cfg[10], cfg[11]]), 1500, "mtu");
+    // The whole virtio_net_config (24 bytes): fields of features not offered read as zero.
+    let full = g.config_bytes(24);
+    assert_eq!((&full[..12], &full[12..]), (&cfg[..], &[0u8; 12][..]));
     assert_eq!(g.ctrl(&[4, 0, 2, 0]), 0, "VQ_PAIRS_SET 2 is accepted");
     assert_eq!(backend.active_pairs(), 2);
     assert_eq!(g.ctrl(&[4, 0, 3, 0]), 1, "more pairs than offered is refused");

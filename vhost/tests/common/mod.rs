@@ -141,7 +141,12 @@ impl Guest {
 
     /// Config space bytes (needs the CONFIG protocol feature).
     pub fn config(&mut self) -> Vec<u8> {
-        let (_, payload) = self.fe.get_config(0, 12, VhostUserConfigFlags::empty(), &[0u8; 12]).unwrap();
+        self.config_bytes(12)
+    }
+
+    /// The first `n` config space bytes.
+    pub fn config_bytes(&mut self, n: usize) -> Vec<u8> {
+        let (_, payload) = self.fe.get_config(0, n as u32, VhostUserConfigFlags::empty(), &vec![0u8; n]).unwrap();
         payload
     }
 
