@@ -13,10 +13,13 @@ pub mod fuzzing;
 pub mod handover;
 pub mod net;
 pub mod port;
+mod relay;
 pub mod xsk;
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::Arc;
 
 use log::{info, warn};
@@ -137,14 +140,20 @@ pub fn start_backend(config: Config) -> Result<()> {
 }
 
 /// Accept frontends on `socket` one after another (a new daemon for each, so a frontend can
-/// disconnect and connect again), stopping after `max_connections` when given.
+/// disconnect and connect again), stopping after `max_connections` when given. Each connection
+/// goes through `relay.rs` (QEMU message-order fix) to the daemon over a private abstract socket.
 pub fn serve(
     backend: Arc<NetBackend>,
     socket: &Path,
     max_connections: Option<usize>,
 ) -> Result<()> {
-    let mut listener = Listener::new(socket, true)
-        .map_err(|source| Error::Listen { path: socket.to_path_buf(), source })?;
+    let listen_err = |e: io::Error| Error::Listen {
+        path: socket.to_path_buf(),
+        source: vhost::vhost_user::Error::SocketError(e),
+    };
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket).map_err(listen_err)?;
+    let _unlink = Unlink(socket.to_path_buf());
     let mut served = 0usize;
     while max_connections.is_none_or(|m| served < m) {
         backend.reset();
@@ -153,7 +162,13 @@ pub fn serve(
             .map_err(|e| Error::Daemon(e.to_string()))?;
         let handlers = daemon.get_epoll_handlers();
         backend.register_listeners(&handlers).map_err(Error::Register)?;
-        daemon.start(&mut listener).map_err(|e| Error::Daemon(e.to_string()))?;
+        let (frontend, _) = listener.accept().map_err(listen_err)?;
+        let name = format!("lanekit-vhost-{}-{served}-{:p}", std::process::id(), Arc::as_ptr(&backend));
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(listen_err)?;
+        let mut inner = Listener::from(UnixListener::bind_addr(&addr).map_err(listen_err)?);
+        let to_daemon = UnixStream::connect_addr(&addr).map_err(listen_err)?;
+        let relay = relay::spawn(frontend, to_daemon).map_err(listen_err)?;
+        daemon.start(&mut inner).map_err(|e| Error::Daemon(e.to_string()))?;
         info!("frontend connected");
         match daemon.wait() {
             Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => {
@@ -168,10 +183,22 @@ pub fn serve(
             h.send_exit_event();
         }
         drop(handlers);
-        // Dropping the daemon joins its worker threads.
+        // Dropping the daemon closes its end, which ends the relay, and joins its workers.
         drop(daemon);
+        for t in relay {
+            let _ = t.join();
+        }
         served += 1;
         info!("stats after connection {served}: {:?}", backend.stats());
     }
     Ok(())
+}
+
+/// Removes the socket file when serving stops.
+struct Unlink(PathBuf);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

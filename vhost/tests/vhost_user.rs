@@ -128,3 +128,52 @@ fn traffic_flows_again_after_the_frontend_reconnects() {
     let s = backend.stats();
     assert_eq!((s.tx_frames, s.rx_frames), (15, 15));
 }
+
+/// QEMU (virtio-net realize) sends SET_VRING_ENABLE before SET_FEATURES; the connection must
+/// survive it (vhost-user-backend alone drops it with "inactive feature").
+#[test]
+fn set_vring_enable_before_set_features_keeps_the_connection() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+
+    let msg = |req: u32, flags: u32, payload: &[u8]| -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend(req.to_le_bytes());
+        m.extend(flags.to_le_bytes());
+        m.extend((payload.len() as u32).to_le_bytes());
+        m.extend(payload);
+        m
+    };
+    let reply = |s: &mut UnixStream| -> (u32, u32, Vec<u8>) {
+        let mut h = [0u8; 12];
+        s.read_exact(&mut h).expect("reply header");
+        let f = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let mut p = vec![0u8; f(8) as usize];
+        s.read_exact(&mut p).expect("reply payload");
+        (f(0), f(4), p)
+    };
+    let path = socket_path("early-enable");
+    let (_backend, _peers, h) = start(1, 1, &path);
+    let deadline = std::time::Instant::now() + T;
+    while !path.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(&msg(3, 1, &[])).unwrap(); // SET_OWNER
+    let enable = [0u32.to_le_bytes(), 1u32.to_le_bytes()].concat();
+    s.write_all(&msg(18, 1 | 8, &enable)).unwrap(); // SET_VRING_ENABLE, NEED_REPLY
+    let (req, flags, payload) = reply(&mut s);
+    assert_eq!((req, flags & 0x4, payload), (18, 0x4, vec![0u8; 8]), "acked");
+    s.write_all(&msg(1, 1, &[])).unwrap(); // GET_FEATURES
+    let (req, _, payload) = reply(&mut s);
+    assert_eq!(req, 1);
+    let features = u64::from_le_bytes(payload.try_into().unwrap());
+    assert_ne!(features & (1 << 30), 0, "connection still alive and offering protocol features");
+    s.write_all(&msg(2, 1, &features.to_le_bytes())).unwrap(); // SET_FEATURES: replays the enable
+    s.write_all(&msg(1, 1, &[])).unwrap();
+    assert_eq!(reply(&mut s).0, 1, "still alive after the replay");
+    drop(s);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}

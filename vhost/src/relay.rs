@@ -1,0 +1,194 @@
+//! A vhost-user message relay between the frontend and the vhost-user-backend daemon.
+//!
+//! It exists for one ordering incompatibility: QEMU's virtio-net (at least 7.2) attaches its
+//! queue pairs when the device is realized and sends `SET_VRING_ENABLE` before `SET_FEATURES`;
+//! vhost-user-backend 0.24 refuses `SET_VRING_ENABLE` until `VHOST_USER_F_PROTOCOL_FEATURES` is
+//! acked ("inactive feature") and drops the connection, so QEMU could not use the backend at all.
+//! The relay holds such early messages (acking them when the frontend asks for a reply) and
+//! replays them right after the `SET_FEATURES` that acks protocol features. Every other message
+//! passes through unchanged, file descriptors included. Only the control path goes through here;
+//! frames move through shared memory and eventfds.
+
+use std::io::{self, Read, Write};
+use std::mem::{size_of, zeroed};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::thread::JoinHandle;
+
+use log::debug;
+
+const HDR: usize = 12;
+/// Larger messages are refused (the backend caps messages far below this).
+const MAX_PAYLOAD: usize = 1 << 20;
+const SET_FEATURES: u32 = 2;
+const SET_VRING_ENABLE: u32 = 18;
+const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const FLAG_REPLY: u32 = 0x4;
+const FLAG_NEED_REPLY: u32 = 0x8;
+const MAX_FDS: usize = 32;
+
+/// One vhost-user message with the fds that came with it.
+struct Msg {
+    bytes: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Msg {
+    fn field(&self, at: usize) -> u32 {
+        u32::from_le_bytes([self.bytes[at], self.bytes[at + 1], self.bytes[at + 2], self.bytes[at + 3]])
+    }
+    fn request(&self) -> u32 {
+        self.field(0)
+    }
+    fn flags(&self) -> u32 {
+        self.field(4)
+    }
+}
+
+/// Read one message; `Ok(None)` on a clean end of stream.
+fn read_msg(sock: &mut UnixStream) -> io::Result<Option<Msg>> {
+    let mut bytes = vec![0u8; HDR];
+    let mut cbuf = [0u64; 32];
+    let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: HDR };
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<[u64; 32]>();
+    // SAFETY: msg points to valid buffers of the declared sizes for the duration of the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control with well-formed cmsgs within msg_controllen; each
+    // received fd is owned exactly once.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "too many fds in one message"));
+    }
+    sock.read_exact(&mut bytes[n as usize..])?;
+    let size = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+    if size > MAX_PAYLOAD {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("message payload of {size} bytes")));
+    }
+    bytes.resize(HDR + size, 0);
+    sock.read_exact(&mut bytes[HDR..])?;
+    Ok(Some(Msg { bytes, fds }))
+}
+
+fn write_msg(sock: &UnixStream, m: &Msg) -> io::Result<()> {
+    if m.fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "too many fds"));
+    }
+    let raw: Vec<RawFd> = m.fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let mut cbuf = [0u64; 32];
+    let mut iov = libc::iovec { iov_base: m.bytes.as_ptr() as *mut libc::c_void, iov_len: m.bytes.len() };
+    // SAFETY: msghdr is plain data; all zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !raw.is_empty() {
+        let data_len = std::mem::size_of_val(raw.as_slice()) as u32;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: cbuf (256 bytes) holds CMSG_SPACE(32 * 4); header and data stay inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), raw.len());
+        }
+    }
+    // SAFETY: msg and everything it points to are valid for the call.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The rest of a partially sent message goes without fds (they went with the first byte).
+    (&*sock).write_all(&m.bytes[n as usize..])
+}
+
+/// Relay frontend -> backend, holding early `SET_VRING_ENABLE`s as described in the module docs.
+fn forward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
+    let mut protocol_acked = false;
+    let mut held: Vec<Msg> = Vec::new();
+    while let Some(mut m) = read_msg(from)? {
+        match m.request() {
+            SET_VRING_ENABLE if !protocol_acked => {
+                debug!("holding SET_VRING_ENABLE sent before protocol features were acked");
+                if m.flags() & FLAG_NEED_REPLY != 0 {
+                    let mut reply = Vec::with_capacity(HDR + 8);
+                    reply.extend(SET_VRING_ENABLE.to_le_bytes());
+                    reply.extend((0x1 | FLAG_REPLY).to_le_bytes());
+                    reply.extend(8u32.to_le_bytes());
+                    reply.extend(0u64.to_le_bytes());
+                    write_msg(from, &Msg { bytes: reply, fds: Vec::new() })?;
+                    let flags = m.flags() & !FLAG_NEED_REPLY;
+                    m.bytes[4..8].copy_from_slice(&flags.to_le_bytes());
+                }
+                held.push(m);
+            }
+            SET_FEATURES if m.bytes.len() >= HDR + 8 => {
+                let mut f = [0u8; 8];
+                f.copy_from_slice(&m.bytes[HDR..HDR + 8]);
+                protocol_acked = u64::from_le_bytes(f) & F_PROTOCOL_FEATURES != 0;
+                write_msg(to, &m)?;
+                if protocol_acked {
+                    for h in held.drain(..) {
+                        write_msg(to, &h)?;
+                    }
+                }
+            }
+            _ => write_msg(to, &m)?,
+        }
+    }
+    Ok(())
+}
+
+/// Relay backend -> frontend unchanged.
+fn backward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
+    while let Some(m) = read_msg(from)? {
+        write_msg(to, &m)?;
+    }
+    Ok(())
+}
+
+/// Start relaying between a frontend connection and a connection to the daemon. Both sockets
+/// are shut down when either side ends; join the returned threads after that.
+pub fn spawn(frontend: UnixStream, backend: UnixStream) -> io::Result<Vec<JoinHandle<()>>> {
+    type Dir = fn(&mut UnixStream, &UnixStream) -> io::Result<()>;
+    let run = |mut from: UnixStream, to: UnixStream, f: Dir, name: &'static str| {
+        std::thread::Builder::new().name(name.into()).spawn(move || {
+            if let Err(e) = f(&mut from, &to) {
+                debug!("{name}: {e}");
+            }
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        })
+    };
+    let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
+    Ok(vec![
+        run(frontend, backend, forward, "vu-relay-in")?,
+        run(b2, f2, backward, "vu-relay-out")?,
+    ])
+}
