@@ -1,10 +1,11 @@
 //go:build ignore
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* vm.c: XDP on a VM's endpoint device (eth0 in the VM's pod netns), attached
- * in generic mode so it sees every frame for the VM, however it arrived:
- * redirect_peer from the uplink or a local pod, or the host stack through the
- * veth. Each frame goes to the AF_XDP socket bound to its rx queue; the
- * lanekit-vhost backend moves it into the guest's virtio queue. */
+ * in native (driver) mode. Every frame for the VM arrives through the host end's
+ * transmit path (from_pod/from_uplink redirect there; the host stack routes
+ * there), where GSO packets are segmented and partial checksums completed, so
+ * the guest gets whole frames. Each frame goes to the AF_XDP socket bound to its
+ * rx queue; the lanekit-vhost backend moves it into the guest's virtio queue. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <bpf/bpf_helpers.h>

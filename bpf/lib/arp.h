@@ -14,10 +14,8 @@ const volatile __be32 gateway_ip = 0;
 
 /* handle_arp answers the endpoint's ARP request for the gateway with the
  * host-side MAC, by turning the request into a reply in place and handing it
- * straight back into the endpoint's netns with bpf_redirect_peer. (Not
- * bpf_redirect out of the host device: that marks the skb as redirected, and
- * generic XDP on a VM's device skips redirected skbs, so the reply would miss
- * the VM's AF_XDP socket.) Other ARP (replies to the host's own
+ * back to the endpoint (to_endpoint: straight into a pod's netns, through the
+ * device to a VM). Other ARP (replies to the host's own
  * requests, probes) goes to the host stack. A sender that claims another
  * MAC or IP is dropped as spoofed. */
 static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
@@ -44,8 +42,7 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
 	arp->ar_sip = gateway_ip;
 	mac_copy(p->eth->h_dest, p->eth->h_source);
 	mac_copy(p->eth->h_source, ep->host_mac);
-	trace_redirect(skb->ifindex, REDIR_PEER);
-	return bpf_redirect_peer(skb->ifindex, 0);
+	return to_endpoint(ep);
 }
 
 #endif

@@ -37,4 +37,7 @@
 #define REDIR_NEIGH 3 /* bpf_redirect_neigh */
 #define REDIR_XSK 4 /* bpf_redirect_map into an XSKMAP */
 
+/* endpoint_info.flags */
+#define EP_F_VM 1 /* a VM's device: native XDP into AF_XDP on the far end */
+
 #endif

@@ -17,9 +17,23 @@ static __always_inline int drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason
 	return TC_ACT_SHOT;
 }
 
-/* deliver_local rewrites the frame for a local endpoint and hands it to the
- * endpoint's netns directly (bpf_redirect_peer: no second pass through the
- * host stack or the backlog queue). */
+/* to_endpoint hands a frame to endpoint ep. A pod gets it in its netns
+ * directly (bpf_redirect_peer: no second pass through the backlog queue). A
+ * VM gets it through its host device's transmit path (bpf_redirect): there the
+ * kernel segments GSO packets and completes partial checksums, which AF_XDP
+ * copy mode would otherwise hand to a guest unfinished, and the veth carries
+ * it to the native XDP program in front of the VM's sockets. */
+static __always_inline int to_endpoint(const struct endpoint_info *ep)
+{
+	if (ep->flags & EP_F_VM) {
+		trace_redirect(ep->ifindex, REDIR_PLAIN);
+		return bpf_redirect(ep->ifindex, 0);
+	}
+	trace_redirect(ep->ifindex, REDIR_PEER);
+	return bpf_redirect_peer(ep->ifindex, 0);
+}
+
+/* deliver_local rewrites the frame for a local endpoint and hands it over. */
 static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
 					 const struct endpoint_info *dst)
 {
@@ -32,8 +46,7 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
 	 * queue is recorded as queue_mapping - 1. */
 	if (dst->queues > 1)
 		skb->queue_mapping = bpf_get_hash_recalc(skb) % dst->queues + 1;
-	trace_redirect(dst->ifindex, REDIR_PEER);
-	return bpf_redirect_peer(dst->ifindex, 0);
+	return to_endpoint(dst);
 }
 
 /* route_ipv4 forwards an IPv4 packet that entered on skb->ifindex.

@@ -14,7 +14,7 @@ struct endpoint_info {
 	__u8 mac[6]; /* the endpoint's MAC */
 	__u8 host_mac[6]; /* host-side device MAC: the endpoint's gateway MAC */
 	__u16 queues; /* rx queues of the endpoint device (VMs: queue pairs); 0/1: one */
-	__u16 flags; /* reserved */
+	__u16 flags; /* EP_F_* */
 };
 
 struct metrics_key {

@@ -91,3 +91,37 @@ func IPv6Frame(dst, src net.HardwareAddr) []byte {
 	b[14+7] = 64
 	return b
 }
+
+// L4ChecksumValid reports whether the TCP or UDP checksum of an Ethernet +
+// IPv4 frame is correct (a UDP checksum of 0 means "none" and is valid).
+func L4ChecksumValid(frame []byte) bool {
+	if len(frame) < 34 || binary.BigEndian.Uint16(frame[12:]) != 0x0800 {
+		return false
+	}
+	ihl := int(frame[14]&0x0f) * 4
+	total := int(binary.BigEndian.Uint16(frame[16:]))
+	if len(frame) < 14+total || total < ihl {
+		return false
+	}
+	proto := frame[23]
+	l4 := frame[14+ihl : 14+total]
+	if proto == 17 && len(l4) >= 8 && binary.BigEndian.Uint16(l4[6:]) == 0 {
+		return true
+	}
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(frame[26:34]) // source and destination addresses
+	sum += uint32(proto) + uint32(len(l4))
+	add(l4)
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return uint16(sum) == 0xffff
+}

@@ -32,7 +32,11 @@ type Endpoint struct {
 	MAC     net.HardwareAddr // the endpoint's own MAC (inside the pod)
 	HostMAC net.HardwareAddr // host-side device MAC: the pod's gateway MAC
 	Queues  uint16           // rx queues of the endpoint's device; > 1 spreads flows (VMs)
+	VM      bool             // a VM endpoint: delivered through the device, to the AF_XDP steering
 }
+
+// epFlagVM is EP_F_VM in bpf/lib/consts.h.
+const epFlagVM = 1
 
 // DropReason is a named code for why the datapath dropped a packet. The
 // numeric values are shared with bpf/lib/consts.h.

@@ -25,6 +25,9 @@ func (ep Endpoint) validate() error {
 
 func (ep Endpoint) info() podEndpointInfo {
 	v := podEndpointInfo{Ifindex: uint32(ep.IfIndex), Id: ep.ID, Ip: ipKey(ep.IP.As4()), Queues: ep.Queues}
+	if ep.VM {
+		v.Flags |= epFlagVM
+	}
 	copy(v.Mac[:], ep.MAC)
 	copy(v.HostMac[:], ep.HostMAC)
 	return v

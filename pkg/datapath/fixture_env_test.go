@@ -17,17 +17,18 @@ import (
 // thread, holding two pod devices, an uplink with routes and neighbours, and
 // a loaded datapath. BPF_PROG_TEST_RUN consults this namespace's FIB.
 type fixtureEnv struct {
-	dp            *Loader
-	pinDir        string
-	h1, h2, up    netlink.Link // pod 1 and pod 2 host ends, uplink
-	ep1, ep2      Endpoint
-	neighMAC      net.HardwareAddr // permanent neighbour 10.77.0.2
-	origNS, newNS netns.NsHandle
+	dp             *Loader
+	pinDir         string
+	h1, h2, h3, up netlink.Link // pod 1, pod 2 and VM 3 host ends, uplink
+	ep1, ep2, ep3  Endpoint
+	neighMAC       net.HardwareAddr // permanent neighbour 10.77.0.2
+	origNS, newNS  netns.NsHandle
 }
 
 var (
 	pod1MAC  = mustMAC("02:00:00:01:00:0a")
 	pod2MAC  = mustMAC("02:00:00:01:00:0b")
+	vm3MAC   = mustMAC("02:00:00:01:00:0c")
 	neighMAC = mustMAC("02:00:00:77:00:02")
 )
 
@@ -80,6 +81,7 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 
 	e.h1 = addVeth(t, "lk-fx-h1", "lk-fx-p1")
 	e.h2 = addVeth(t, "lk-fx-h2", "lk-fx-p2")
+	e.h3 = addVeth(t, "lk-fx-h3", "lk-fx-p3")
 	e.up = addVeth(t, "lk-fx-up", "lk-fx-wire")
 	addr, _ := netlink.ParseAddr("10.77.0.1/24")
 	must("uplink addr", netlink.AddrAdd(e.up, addr))
@@ -108,7 +110,10 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 		IP: mustAddr("10.244.1.10"), MAC: pod1MAC, HostMAC: e.h1.Attrs().HardwareAddr}
 	e.ep2 = Endpoint{ID: 2, Mode: ModeVeth, IfName: "lk-fx-h2", IfIndex: e.h2.Attrs().Index,
 		IP: mustAddr("10.244.1.11"), MAC: pod2MAC, HostMAC: e.h2.Attrs().HardwareAddr}
+	e.ep3 = Endpoint{ID: 3, Mode: ModeVeth, IfName: "lk-fx-h3", IfIndex: e.h3.Attrs().Index,
+		IP: mustAddr("10.244.1.12"), MAC: vm3MAC, HostMAC: e.h3.Attrs().HardwareAddr, Queues: 1, VM: true}
 	must("upsert ep1", e.dp.UpsertEndpoint(e.ep1))
+	must("upsert ep3", e.dp.UpsertEndpoint(e.ep3))
 	must("upsert ep2", e.dp.UpsertEndpoint(e.ep2))
 	return e
 }

@@ -43,6 +43,7 @@ func fromUplink(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.FromUplink }
 func ifH1(e *fixtureEnv) int                 { return e.h1.Attrs().Index }
 func ifH2(e *fixtureEnv) int                 { return e.h2.Attrs().Index }
 func ifUp(e *fixtureEnv) int                 { return e.up.Attrs().Index }
+func ifH3(e *fixtureEnv) int                 { return e.h3.Attrs().Index }
 
 // routed returns in with new MACs and the TTL decremented (checksum patched).
 func routed(in []byte, dst, src net.HardwareAddr) []byte {
@@ -209,6 +210,32 @@ func fixtures() []fixture {
 			},
 			verdict: tcActRedirect, redirIf: ifH1, redirKind: 2,
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, pod1MAC, e.ep1.HostMAC) },
+		},
+		{
+			name: "pod to local VM: through the VM device's transmit path", prog: fromPod, ifindex: ifH1,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.12", 64)
+			},
+			verdict: tcActRedirect, redirIf: ifH3, redirKind: 1,
+			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, vm3MAC, e.ep3.HostMAC) },
+		},
+		{
+			name: "uplink: IPv4 for a local VM: through the VM device's transmit path", prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.12", 63)
+			},
+			verdict: tcActRedirect, redirIf: ifH3, redirKind: 1,
+			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, vm3MAC, e.ep3.HostMAC) },
+		},
+		{
+			name: "VM's ARP request for the gateway: answered back through its device", prog: fromPod, ifindex: ifH3,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.ARPFrame(1, vm3MAC, "10.244.1.12", make(net.HardwareAddr, 6), gw)
+			},
+			verdict: tcActRedirect, redirIf: ifH3, redirKind: 1,
+			out: func(e *fixtureEnv, in []byte) []byte {
+				return testutil.ARPFrame(2, e.ep3.HostMAC, gw, vm3MAC, "10.244.1.12")
+			},
 		},
 		{
 			name: "uplink: IPv4 for the host: pass", prog: fromUplink, ifindex: ifUp,

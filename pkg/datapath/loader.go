@@ -163,8 +163,8 @@ func (l *Loader) attach(pin string, ifindex int, mode attachMode, prog *ebpf.Pro
 	switch mode {
 	case attachNetkitPeer:
 		lnk, err = link.AttachNetkit(link.NetkitOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachNetkitPeer})
-	case attachXDPGeneric:
-		lnk, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: prog, Flags: link.XDPGenericMode})
+	case attachXDPDriver:
+		lnk, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: prog, Flags: link.XDPDriverMode})
 	default:
 		lnk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 	}
@@ -187,11 +187,11 @@ type attachMode int
 const (
 	attachTCXIngress attachMode = iota // tcx ingress: veth host ends, the uplink
 	attachNetkitPeer                   // netkit peer program: runs for what the pod sends
-	attachXDPGeneric                   // generic XDP: VM devices (sees redirect_peer'd skbs)
+	attachXDPDriver                    // native XDP: VM devices
 )
 
 func (m attachMode) String() string {
-	return [...]string{"tcx", "netkit", "xdp-generic"}[m]
+	return [...]string{"tcx", "netkit", "xdp"}[m]
 }
 
 // podAttachMode is how the pod program attaches for a device mode.

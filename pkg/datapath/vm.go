@@ -35,7 +35,7 @@ func (vm VM) validate() error {
 	return nil
 }
 
-// AttachVM attaches the steering program to the VM's device (generic XDP,
+// AttachVM attaches the steering program to the VM's device (native XDP,
 // pinned link) and registers the VM. The calling thread must be in the VM's
 // network namespace: the kernel resolves the ifindex there.
 func (l *Loader) AttachVM(vm VM) error {
@@ -49,7 +49,7 @@ func (l *Loader) AttachVM(vm VM) error {
 	if err := l.vm.LkVms.Put(uint32(vm.IfIndex), info); err != nil {
 		return fmt.Errorf("attach vm %d: register: %w", vm.ID, err)
 	}
-	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPGeneric, l.vm.SteerVm); err != nil {
+	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPDriver, l.vm.SteerVm); err != nil {
 		deleteIgnoreMissing(l.vm.LkVms, uint32(vm.IfIndex))
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}

@@ -156,6 +156,7 @@ func (e *Endpoint) Datapath() (datapath.Endpoint, error) {
 	}
 	if e.VM != nil {
 		dp.Queues = uint16(e.VM.Queues)
+		dp.VM = true
 	}
 	var err error
 	if dp.MAC, err = parseMAC(e.MAC); err != nil {

@@ -235,6 +235,13 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("set %s up: %w", spec.HostIfName, err)
 		}
+		if spec.Queues > 0 {
+			// A VM device: what is sent to the VM must leave with complete
+			// checksums (see SetTxChecksum).
+			if err := SetTxChecksum(spec.HostIfName, false); err != nil {
+				return err
+			}
+		}
 		if err := netlink.RouteReplace(hostRoute(spec.IP, l.Attrs().Index)); err != nil {
 			return fmt.Errorf("route %s to %s: %w", spec.IP, spec.HostIfName, err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/xsk"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -104,6 +105,9 @@ func TestVMSteering(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
+			if err := netdev.SetTxChecksum(name, false); err != nil { // as the agent does for VM devices
+				return nil, err
+			}
 			return l, netlink.LinkSetUp(l)
 		}
 		var err error
@@ -147,7 +151,7 @@ func TestVMSteering(t *testing.T) {
 	t.Cleanup(func() { datapath.Unpin(pinDir) })
 	var dp *datapath.Loader
 	vmEP := datapath.Endpoint{ID: 7, Mode: datapath.ModeVeth, IfName: "lk-sv-hv", IfIndex: hostVM.Attrs().Index,
-		IP: netip.MustParseAddr("10.244.1.50"), MAC: vmMAC, HostMAC: hostVM.Attrs().HardwareAddr, Queues: 1}
+		IP: netip.MustParseAddr("10.244.1.50"), MAC: vmMAC, HostMAC: hostVM.Attrs().HardwareAddr, Queues: 1, VM: true}
 	must(t, "open datapath", inNS(t, node, func() error {
 		var err error
 		if dp, err = datapath.Open(datapath.Config{PinDir: pinDir}, nil); err != nil {
@@ -243,6 +247,11 @@ func TestVMSteering(t *testing.T) {
 	}
 	if !bytes.Equal(f[0:6], vmMAC) || !bytes.Equal(f[42:], payload) {
 		t.Fatalf("frame for the VM is wrong: %x", f)
+	}
+	// A guest without checksum offload drops a frame whose checksum the
+	// sender left to "hardware" (CHECKSUM_PARTIAL): it must arrive complete.
+	if !testutil.L4ChecksumValid(f) {
+		t.Fatalf("UDP checksum of the frame for the VM is not complete: %x", f[34:42])
 	}
 
 	// VM -> datapath: an ARP request for the gateway is answered into the VM.
