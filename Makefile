@@ -45,8 +45,8 @@ test-vhost:
 # Lab up -> connectivity -> benchmark table -> lab down.
 demo: deps build
 	$(BIN)/lanekit lab down
-	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2
-	$(BIN)/lanekit lab check
+	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2 --vm --vm-queues 2
+	$(BIN)/lanekit lab check || { $(BIN)/lanekit lab down; exit 1; }
 	$(BIN)/lanekit lab bench --repeat 5 --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 bench: build
