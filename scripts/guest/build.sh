@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lanekit test guest: Debian's cloud kernel (extracted, never installed)
-# and a gzip'd newc initramfs with busybox-static, the virtio-net modules, ethtool
-# and scripts/guest/init. Idempotent and cached: a second run with the same inputs
+# and a gzip'd newc initramfs with busybox-static, the virtio-net modules, ethtool,
+# the benchmark servers (iperf3, sockperf, and lk-bench: the harness's Go connection-rate
+# tool built static from pkg/bench/cmd/lk-bench) and scripts/guest/init. Idempotent and cached: a second run with the same inputs
 # only prints the paths.
 #
 #   scripts/guest/build.sh [--refresh] [CACHE_DIR]     (default /var/cache/lanekit/guest)
@@ -32,7 +33,7 @@ log() { echo ">> guest: $*" >&2; }
 
 # Packages the build needs, installed with apt when missing (fresh machine).
 need=()
-for p in busybox-static cpio ethtool kmod xz-utils zstd; do
+for p in busybox-static cpio ethtool iperf3 sockperf kmod xz-utils zstd; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -73,10 +74,27 @@ mods=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci 
 bb=/bin/busybox
 [ -x "$bb" ] || bb=$(command -v busybox)
 ethtool_bin=$(command -v ethtool || echo /usr/sbin/ethtool)
-libs=$(ldd "$ethtool_bin" | awk '/=>/ {print $3} /^\s*\/.*ld-linux/ {print $1}')
+iperf3_bin=$(command -v iperf3 || echo /usr/bin/iperf3)
+sockperf_bin=$(command -v sockperf || echo /usr/bin/sockperf)
+dyn_bins=("$ethtool_bin" "$iperf3_bin" "$sockperf_bin")
+libs=$(ldd "${dyn_bins[@]}" | awk '/=>/ {print $3} /^\s*\/.*ld-linux/ {print $1}' | sort -u)
+
+# lk-bench: static Go binary (CGO_ENABLED=0) from this checkout, rebuilt when its
+# sources change (Go's build cache makes an unchanged rebuild cheap).
+repo=$(cd "$here/../.." && pwd)
+gobin=$(command -v go || echo /usr/local/go/bin/go)
+lkbench=$cache/lk-bench
+if [ -x "$gobin" ] && [ -f "$repo/go.mod" ]; then
+	(cd "$repo" && CGO_ENABLED=0 "$gobin" build -trimpath -ldflags='-s -w' \
+		-o "$lkbench.tmp" ./pkg/bench/cmd/lk-bench) >&2 || { echo "build.sh: go build lk-bench failed" >&2; exit 1; }
+	if cmp -s "$lkbench.tmp" "$lkbench"; then rm -f "$lkbench.tmp"; else mv "$lkbench.tmp" "$lkbench"; fi
+elif [ ! -x "$lkbench" ]; then
+	echo "build.sh: go not found (PATH or /usr/local/go/bin) and no cached $lkbench" >&2
+	exit 1
+fi
 stamp=$( {
 	echo "kver=$kver mods=${mods[*]}"
-	sha256sum "$0" "$here/init" "$here/lk-responder" "$bb" "$ethtool_bin" $libs
+	sha256sum "$0" "$here/init" "$here/lk-responder" "$bb" "${dyn_bins[@]}" "$lkbench" $libs
 } | sha256sum | cut -d' ' -f1)
 if [ -s "$cache/initrd.img" ] && [ "$(cat "$cache/initrd.stamp" 2>/dev/null)" = "$stamp" ]; then
 	log "up to date ($kver)"
@@ -98,8 +116,12 @@ install -m 0755 "$here/init" "$root/init"
 install -m 0755 "$here/lk-responder" "$root/bin/lk-responder"
 echo "lanekit guest" >"$root/www/index.html"
 
-# ethtool (busybox has none) with the shared libraries ldd reports.
+# ethtool (busybox has none), iperf3 and sockperf with the shared libraries ldd
+# reports; lk-bench is static.
 install -m 0755 "$ethtool_bin" "$root/bin/ethtool"
+install -m 0755 "$iperf3_bin" "$root/bin/iperf3"
+install -m 0755 "$sockperf_bin" "$root/bin/sockperf"
+install -m 0755 "$lkbench" "$root/bin/lk-bench"
 for l in $libs; do
 	mkdir -p "$root$(dirname "$l")"
 	cp -L "$l" "$root$l"
