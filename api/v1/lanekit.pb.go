@@ -1340,8 +1340,12 @@ type AddVMRequest struct {
 	Mac string `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
 	// MTU of eth0; 0 = the agent's default capped at 1500 (a copy-mode AF_XDP
 	// frame holds at most 1792 bytes).
-	Mtu           uint32            `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Mtu    uint32            `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Owner of the fd-passing socket: the user the unprivileged vhost-user
+	// backend runs as (the socket stays mode 0600). Unset: root.
+	SocketUid     *uint32 `protobuf:"varint,7,opt,name=socket_uid,json=socketUid,proto3,oneof" json:"socket_uid,omitempty"`
+	SocketGid     *uint32 `protobuf:"varint,8,opt,name=socket_gid,json=socketGid,proto3,oneof" json:"socket_gid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1416,6 +1420,20 @@ func (x *AddVMRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *AddVMRequest) GetSocketUid() uint32 {
+	if x != nil && x.SocketUid != nil {
+		return *x.SocketUid
+	}
+	return 0
+}
+
+func (x *AddVMRequest) GetSocketGid() uint32 {
+	if x != nil && x.SocketGid != nil {
+		return *x.SocketGid
+	}
+	return 0
 }
 
 type AddVMResponse struct {
@@ -1865,17 +1883,23 @@ const file_lanekit_proto_rawDesc = "" +
 	"\fcreated_unix\x18\v \x01(\x03R\vcreatedUnix\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
 	"\fAddVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05netns\x18\x02 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06queues\x18\x03 \x01(\rR\x06queues\x12\x10\n" +
 	"\x03mac\x18\x04 \x01(\tR\x03mac\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12<\n" +
-	"\x06labels\x18\x06 \x03(\v2$.lanekit.v1.AddVMRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x06 \x03(\v2$.lanekit.v1.AddVMRequest.LabelsEntryR\x06labels\x12\"\n" +
+	"\n" +
+	"socket_uid\x18\a \x01(\rH\x00R\tsocketUid\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"socket_gid\x18\b \x01(\rH\x01R\tsocketGid\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_socket_uidB\r\n" +
+	"\v_socket_gid\"/\n" +
 	"\rAddVMResponse\x12\x1e\n" +
 	"\x02vm\x18\x01 \x01(\v2\x0e.lanekit.v1.VMR\x02vm\"\"\n" +
 	"\fDelVMRequest\x12\x12\n" +
@@ -2018,6 +2042,7 @@ func file_lanekit_proto_init() {
 	if File_lanekit_proto != nil {
 		return
 	}
+	file_lanekit_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

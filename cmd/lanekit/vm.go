@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,7 +26,31 @@ var (
 	vmMAC    string
 	vmMTU    uint32
 	vmJSON   bool
+	vmOwner  string
 )
+
+// parseOwner parses "UID" or "UID:GID".
+func parseOwner(s string) (uid, gid *uint32, err error) {
+	if s == "" {
+		return nil, nil, nil
+	}
+	u, g, hasGID := strings.Cut(s, ":")
+	n, err := strconv.ParseUint(u, 10, 32)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--socket-owner %q: uid: %w", s, err)
+	}
+	v := uint32(n)
+	uid = &v
+	if hasGID {
+		n, err := strconv.ParseUint(g, 10, 32)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--socket-owner %q: gid: %w", s, err)
+		}
+		w := uint32(n)
+		gid = &w
+	}
+	return uid, gid, nil
+}
 
 // vmView is what `vm add --json` and `vm list --json` print per VM.
 type vmView struct {
@@ -87,7 +113,12 @@ The guest's virtio-net MAC must be the printed MAC.`,
 			return fmt.Errorf("vm add %s: --netns is required", args[0])
 		}
 		return vmCall(cmd, func(ctx context.Context, c apiv1.AgentClient) error {
-			resp, err := c.AddVM(ctx, &apiv1.AddVMRequest{Name: args[0], Netns: vmNetns, Queues: vmQueues, Mac: vmMAC, Mtu: vmMTU})
+			uid, gid, err := parseOwner(vmOwner)
+			if err != nil {
+				return err
+			}
+			resp, err := c.AddVM(ctx, &apiv1.AddVMRequest{Name: args[0], Netns: vmNetns, Queues: vmQueues, Mac: vmMAC, Mtu: vmMTU,
+				SocketUid: uid, SocketGid: gid})
 			if err != nil {
 				return fmt.Errorf("add vm %s: %w", args[0], err)
 			}
@@ -163,6 +194,7 @@ func init() {
 	vmAddCmd.Flags().StringVar(&vmMAC, "mac", "", "MAC of the VM (default: random)")
 	vmAddCmd.Flags().Uint32Var(&vmMTU, "mtu", 0, "MTU (default: the agent's, at most 1500)")
 	vmAddCmd.Flags().BoolVar(&vmJSON, "json", false, "print JSON")
+	vmAddCmd.Flags().StringVar(&vmOwner, "socket-owner", "", "UID[:GID] owning the backend's fd-passing socket (the unprivileged backend's user; default root)")
 	vmListCmd.Flags().BoolVar(&vmJSON, "json", false, "print JSON")
 	for _, c := range []*cobra.Command{vmAddCmd, vmDelCmd, vmListCmd} {
 		addSocketFlag(c)

@@ -259,7 +259,7 @@ func VMToProto(v *VMInfo) *apiv1.VM {
 func (s *server) AddVM(_ context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVMResponse, error) {
 	v, err := s.a.AddVM(AddVMRequest{
 		Name: req.GetName(), Netns: req.GetNetns(), Queues: int(req.GetQueues()), MAC: req.GetMac(),
-		MTU: int(req.GetMtu()), Labels: req.GetLabels(),
+		MTU: int(req.GetMtu()), Labels: req.GetLabels(), SocketUID: req.SocketUid, SocketGID: req.SocketGid,
 	})
 	if err != nil {
 		return nil, statusErr(err)

@@ -58,6 +58,8 @@ type AddVMRequest struct {
 	MAC    string // optional MAC of the VM's device; empty: random
 	MTU    int    // 0: the agent's MTU capped at 1500
 	Labels map[string]string
+	// Owner of the fd-passing socket (the backend's user); nil: root.
+	SocketUID, SocketGID *uint32
 }
 
 // VMInfo is a VM endpoint and whether its socket server runs.
@@ -170,7 +172,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: endpoint.VMIfName,
 		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
 		Labels: req.Labels, Created: time.Now().UTC(),
-		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name)},
+		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID},
 	}
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
@@ -256,11 +258,13 @@ func (a *Agent) checkVMIfIndex(ifindex int) error {
 // serveVM starts the fd-passing server of ep. Each backend connection gets
 // fresh sockets, opened in the VM's netns and published in the datapath.
 func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) error {
+	// The directory can be traversed but not listed: each socket is 0600 and
+	// owned by its VM's backend user.
 	dir := filepath.Dir(ep.VM.Socket)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return fmt.Errorf("vm socket dir: %w", err)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	if err := os.Chmod(dir, 0o711); err != nil {
 		return fmt.Errorf("vm socket dir: %w", err)
 	}
 	name, netnsPath := ep.VM.Name, ep.Netns
@@ -294,6 +298,19 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 	}, a.log)
 	if err != nil {
 		return err
+	}
+	if ep.VM.SocketUID != nil || ep.VM.SocketGID != nil {
+		uid, gid := -1, -1
+		if ep.VM.SocketUID != nil {
+			uid = int(*ep.VM.SocketUID)
+		}
+		if ep.VM.SocketGID != nil {
+			gid = int(*ep.VM.SocketGID)
+		}
+		if err := os.Chown(ep.VM.Socket, uid, gid); err != nil {
+			srv.Close()
+			return fmt.Errorf("vm %s socket owner: %w", name, err)
+		}
 	}
 	a.vms[name] = srv
 	return nil

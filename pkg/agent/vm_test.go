@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/store"
 	"github.com/lanekit/lanekit/pkg/xsk"
@@ -226,7 +228,8 @@ func TestVMLifecycle(t *testing.T) {
 			defer func() { a.Close() }()
 			vmNS := netnstest.New(t, "vm-"+b.name)
 
-			v, err := a.AddVM(AddVMRequest{Name: "vm1", Netns: vmNS.Path(), Queues: 2})
+			nobody := uint32(65534)
+			v, err := a.AddVM(AddVMRequest{Name: "vm1", Netns: vmNS.Path(), Queues: 2, SocketUID: &nobody, SocketGID: &nobody})
 			if err != nil {
 				t.Fatalf("add vm: %v", err)
 			}
@@ -249,9 +252,22 @@ func TestVMLifecycle(t *testing.T) {
 			}
 			if fi, err := os.Stat(ep.VM.Socket); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
 				t.Fatalf("socket %s: %v %v", ep.VM.Socket, fi, err)
+			} else if st := fi.Sys().(*syscall.Stat_t); st.Uid != nobody || st.Gid != nobody {
+				t.Fatalf("socket owned by %d:%d, want the backend's user %d", st.Uid, st.Gid, nobody)
 			}
-			if fi, err := os.Stat(vmDir); err != nil || fi.Mode().Perm() != 0o700 {
+			// Traversable, not listable: each socket is private to its backend's user.
+			if fi, err := os.Stat(vmDir); err != nil || fi.Mode().Perm() != 0o711 {
 				t.Fatalf("socket dir: %v %v", fi, err)
+			}
+			// What the host end sends to the VM leaves with complete checksums.
+			if err := fx.nodeNS.Do(func(ns.NetNS) error {
+				on, err := netdev.TxChecksum(ep.HostIfName)
+				if err == nil && on {
+					err = fmt.Errorf("tx checksum offload is on")
+				}
+				return err
+			}); err != nil {
+				t.Fatalf("host end %s: %v", ep.HostIfName, err)
 			}
 			fetchVM(t, ep.VM.Socket, "vm1", 2)
 			fetchVM(t, ep.VM.Socket, "vm1", 2) // a reconnecting backend gets fresh sockets

@@ -57,6 +57,9 @@ type VM struct {
 	Queues  int    `json:"queues"`
 	XSKBase uint32 `json:"xskBase"`
 	Socket  string `json:"socket"` // where the backend fetches the sockets
+	// Owner of Socket (the backend's user); nil: root.
+	SocketUID *uint32 `json:"socketUid,omitempty"`
+	SocketGID *uint32 `json:"socketGid,omitempty"`
 }
 
 // VMContainerID is the container ID a VM endpoint is stored under. CNI

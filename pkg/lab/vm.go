@@ -40,12 +40,20 @@ const GuestCacheDir = "/var/cache/lanekit/guest"
 // vmBootTimeout bounds a TCG boot on a loaded 2-core machine.
 const vmBootTimeout = 3 * time.Minute
 
+// backendUser is the unprivileged user lanekit-vhost runs as in the lab
+// ("nobody"): it gets ready AF_XDP sockets from the agent and needs no
+// capabilities.
+const backendUser = 65534
+
 // VMNS is the netns of VM j on node i ("v" fits the lab's lk-n<i>-<k><j> names).
 func VMNS(i, j int) string { return fmt.Sprintf("lk-n%d-v%d", i, j) }
 
 func vmFile(i int, name, suffix string) string {
 	return filepath.Join(NodeDir(i), name+"-"+suffix)
 }
+
+// vmBackendDir holds the backend's vhost-user socket, owned by backendUser.
+func vmBackendDir(i int, name string) string { return filepath.Join(NodeDir(i), name+"-backend") }
 
 // upVM adds VM "vm1" on node i: agent VM endpoint, backend, QEMU, ready line.
 func upVM(ctx context.Context, cfg Config, st *State, i int) error {
@@ -69,18 +77,27 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if _, err := inNS(ctx, ns, "ip", "link", "set", "lo", "up"); err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
-	vm, err := addVMEndpoint(ctx, AgentSocket(i), name, netnsPath(ns), queues)
+	vm, err := addVMEndpoint(ctx, AgentSocket(i), name, netnsPath(ns), queues, backendUser)
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	lv := LabVM{Name: name, Node: i, NS: ns, IP: vm.GetAddress(), MAC: vm.GetMac(), Queues: queues,
-		XSKSocket: vm.GetSocket(), VhostSocket: vmFile(i, name, "vhost.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
+		XSKSocket: vm.GetSocket(), VhostSocket: filepath.Join(vmBackendDir(i, name), "vhost.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
 	if ip, _, err := net.ParseCIDR(lv.IP); err == nil {
 		lv.IP = ip.String()
 	}
 	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
 
-	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), vhostBin,
+	if err := os.MkdirAll(vmBackendDir(i, name), 0o700); err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	if err := os.Chown(vmBackendDir(i, name), backendUser, backendUser); err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
+	// setpriv drops to backendUser with no capabilities and no_new_privs.
+	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), "setpriv",
+		"--reuid", strconv.Itoa(backendUser), "--regid", strconv.Itoa(backendUser), "--clear-groups",
+		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", vhostBin,
 		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(queues), "--mac", lv.MAC,
 		"--xsk-socket", lv.XSKSocket, "--vm", name)
 	if err != nil {
@@ -126,7 +143,7 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 }
 
 // addVMEndpoint asks node's agent for a VM endpoint.
-func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues int) (*apiv1.VM, error) {
+func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues int, owner uint32) (*apiv1.VM, error) {
 	conn, err := grpc.NewClient("unix://"+agentSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", agentSock, err)
@@ -134,7 +151,8 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := apiv1.NewAgentClient(conn).AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues)})
+	resp, err := apiv1.NewAgentClient(conn).AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues),
+		SocketUid: &owner, SocketGid: &owner})
 	if err != nil {
 		return nil, fmt.Errorf("add vm endpoint: %w", err)
 	}
