@@ -209,13 +209,14 @@ func Result(ep *apiv1.Endpoint) (*current.Result, error) {
 	return res, nil
 }
 
-// CmdAdd asks the agent for the endpoint and prints the result.
-func CmdAdd(args *skel.CmdArgs) error {
+// withAgent parses the network config, checks the CNI environment (the
+// netns too when needNetns) and runs f against the agent, bounded by Timeout.
+func withAgent(args *skel.CmdArgs, needNetns bool, f func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error) error {
 	conf, err := ParseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if err := checkEnv(args, true); err != nil {
+	if err := checkEnv(args, needNetns); err != nil {
 		return err
 	}
 	c, closeFn, err := Dial(conf.Socket())
@@ -225,92 +226,75 @@ func CmdAdd(args *skel.CmdArgs) error {
 	defer closeFn()
 	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
 	defer cancel()
-	resp, err := c.AddEndpoint(ctx, &apiv1.AddEndpointRequest{
-		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
-		Network: conf.Name, Mtu: uint32(conf.MTU), Subnet: conf.Subnet, Labels: labelsFromArgs(args.Args),
+	return f(ctx, conf, c)
+}
+
+// CmdAdd asks the agent for the endpoint and prints the result.
+func CmdAdd(args *skel.CmdArgs) error {
+	return withAgent(args, true, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
+		resp, err := c.AddEndpoint(ctx, &apiv1.AddEndpointRequest{
+			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+			Network: conf.Name, Mtu: uint32(conf.MTU), Subnet: conf.Subnet, Labels: labelsFromArgs(args.Args),
+		})
+		if err != nil {
+			return cniError("add", err, types.ErrTryAgainLater)
+		}
+		res, err := Result(resp.GetEndpoint())
+		if err != nil {
+			return types.NewError(types.ErrInternal, "bad endpoint from agent", err.Error())
+		}
+		return types.PrintResult(res, conf.CNIVersion)
 	})
-	if err != nil {
-		return cniError("add", err, types.ErrTryAgainLater)
-	}
-	res, err := Result(resp.GetEndpoint())
-	if err != nil {
-		return types.NewError(types.ErrInternal, "bad endpoint from agent", err.Error())
-	}
-	return types.PrintResult(res, conf.CNIVersion)
 }
 
 // CmdDel asks the agent to delete the endpoint; unknown ones are success.
 func CmdDel(args *skel.CmdArgs) error {
-	conf, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
-	if err := checkEnv(args, false); err != nil {
-		return err
-	}
-	c, closeFn, err := Dial(conf.Socket())
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
-	defer cancel()
-	_, err = c.DelEndpoint(ctx, &apiv1.DelEndpointRequest{
-		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+	return withAgent(args, false, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
+		_, err := c.DelEndpoint(ctx, &apiv1.DelEndpointRequest{
+			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+		})
+		if err != nil {
+			return cniError("del", err, types.ErrTryAgainLater)
+		}
+		return nil
 	})
-	if err != nil {
-		return cniError("del", err, types.ErrTryAgainLater)
-	}
-	return nil
 }
 
 // CmdCheck asks the agent to verify the endpoint and compares it with the
 // previous result.
 func CmdCheck(args *skel.CmdArgs) error {
-	conf, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
-	if err := checkEnv(args, true); err != nil {
-		return err
-	}
-	c, closeFn, err := Dial(conf.Socket())
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
-	defer cancel()
-	resp, err := c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{
-		Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
-	})
-	if err != nil {
-		return cniError("check", err, types.ErrTryAgainLater)
-	}
-	if conf.PrevResult == nil {
-		return nil
-	}
-	prev, err := current.NewResultFromResult(conf.PrevResult)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, "failed to convert prevResult", err.Error())
-	}
-	var have []string
-	for _, ipc := range resp.GetEndpoint().GetIps() {
-		have = append(have, ipc.GetAddress())
-	}
-	for _, ipc := range prev.IPs {
-		found := false
-		for _, h := range have {
-			if h == ipc.Address.String() {
-				found = true
+	return withAgent(args, true, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
+		resp, err := c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{
+			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+		})
+		if err != nil {
+			return cniError("check", err, types.ErrTryAgainLater)
+		}
+		if conf.PrevResult == nil {
+			return nil
+		}
+		prev, err := current.NewResultFromResult(conf.PrevResult)
+		if err != nil {
+			return types.NewError(types.ErrDecodingFailure, "failed to convert prevResult", err.Error())
+		}
+		var have []string
+		for _, ipc := range resp.GetEndpoint().GetIps() {
+			have = append(have, ipc.GetAddress())
+		}
+		for _, ipc := range prev.IPs {
+			found := false
+			for _, h := range have {
+				if h == ipc.Address.String() {
+					found = true
+				}
+			}
+			if !found {
+				return types.NewError(types.ErrInternal, "check failed",
+					fmt.Sprintf("prevResult address %s not on the endpoint (has %v)", ipc.Address.String(), have))
 			}
 		}
-		if !found {
-			return types.NewError(types.ErrInternal, "check failed",
-				fmt.Sprintf("prevResult address %s not on the endpoint (has %v)", ipc.Address.String(), have))
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // CmdStatus reports whether the plugin can add endpoints: code 50 when the
