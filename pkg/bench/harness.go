@@ -11,12 +11,29 @@ import (
 )
 
 // Path is one benchmark row: traffic from ClientNS to ServerIP, which lives
-// in ServerNS. Every row (host, pods, later VMs) goes through the same code.
+// in ServerNS, or inside a VM when Guest is set (its servers are then started
+// through the guest's console). Every row (host, pods, VMs) goes through the
+// same code.
 type Path struct {
 	Name     string
 	ClientNS string
-	ServerNS string
+	ServerNS string // for a guest: the netns its QEMU runs in (informational)
 	ServerIP string
+	Guest    *Guest // nil: servers run in ServerNS
+	Note     string // caveat printed with the row (e.g. "TCG guest")
+}
+
+// server starts a measurement's server for p: in ServerNS, or in the guest.
+// guestArgs, when non-nil, replaces args inside a guest (a tool with another
+// name there).
+func (p Path) server(ctx context.Context, life time.Duration, port int, args, guestArgs []string) (stopper, error) {
+	if p.Guest != nil {
+		if guestArgs == nil {
+			guestArgs = args
+		}
+		return startGuestServer(ctx, p.Guest, life, port, guestArgs...)
+	}
+	return startServer(ctx, life, p.ServerNS, port, args...)
 }
 
 // Options bound a run.
@@ -67,6 +84,11 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 	}
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("bench: no paths to measure")
+	}
+	for _, p := range paths {
+		if p.Guest != nil {
+			defer p.Guest.Close()
+		}
 	}
 	all := make([]samples, len(paths))
 	for rep := 0; rep < o.Repeat; rep++ {
@@ -119,8 +141,8 @@ func hostPort(ip string, port int) string {
 // runIperf: single-stream TCP throughput with iperf3 (one-off server).
 func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 	life := o.Duration + 20*time.Second
-	srv, err := startServer(ctx, life, p.ServerNS, iperfPort,
-		"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort))
+	srv, err := p.server(ctx, life, iperfPort,
+		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
 	if err != nil {
 		return err
 	}
@@ -141,8 +163,8 @@ func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 // runSockperf: TCP request/response round trips with sockperf ping-pong.
 func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 	life := o.Duration + 20*time.Second
-	srv, err := startServer(ctx, life, p.ServerNS, sockperfPort,
-		"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort))
+	srv, err := p.server(ctx, life, sockperfPort,
+		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
 	if err != nil {
 		return err
 	}
@@ -170,8 +192,9 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	}
 	life := o.Duration + 20*time.Second
 	addr := hostPort(p.ServerIP, cpsPort)
-	srv, err := startServer(ctx, life, p.ServerNS, cpsPort,
-		o.Self, "lab", "cps-server", "--listen", addr, "--for", life.String())
+	srv, err := p.server(ctx, life, cpsPort,
+		[]string{o.Self, "lab", "cps-server", "--listen", addr, "--for", life.String()},
+		[]string{"lk-bench", "cps-server", "--listen", addr, "--for", life.String()})
 	if err != nil {
 		return err
 	}

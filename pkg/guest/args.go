@@ -16,8 +16,9 @@ import (
 const MaxQueues = 16
 
 // Config describes one guest. Kernel and Initrd come from EnsureImage. The NIC
-// is chosen by VhostSocket (vhost-user, the lanekit fast lane), else UserNet
-// (QEMU user-mode networking, for tests that need no backend), else none.
+// is chosen by VhostSocket (vhost-user, the lanekit fast lane), else Tap (an
+// existing tap device, QEMU's userspace virtio-net: the standard VM path), else
+// UserNet (QEMU user-mode networking, for tests that need no backend), else none.
 type Config struct {
 	QEMU     string // binary; default "qemu-system-x86_64"
 	Kernel   string
@@ -32,7 +33,8 @@ type Config struct {
 	MTU     int    // lk.mtu; 0 keeps the driver default
 
 	VhostSocket string   // vhost-user backend socket (QEMU is the client)
-	UserNet     *UserNet // QEMU user-mode network when VhostSocket is empty
+	Tap         string   // existing tap device name (script=no, vhost=off) when VhostSocket is empty
+	UserNet     *UserNet // QEMU user-mode network when VhostSocket and Tap are empty
 
 	// SerialSocket is the unix socket QEMU serves ttyS0 on (server=on,wait=on:
 	// QEMU waits for the host to connect before the guest runs, so no output is
@@ -73,7 +75,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) hasNIC() bool { return c.VhostSocket != "" || c.UserNet != nil }
+func (c Config) hasNIC() bool { return c.VhostSocket != "" || c.Tap != "" || c.UserNet != nil }
 
 func (c Config) validate() error {
 	if c.Kernel == "" || c.Initrd == "" {
@@ -123,6 +125,12 @@ func (c Config) validate() error {
 		if strings.ContainsAny(s, ", \n") {
 			return fmt.Errorf("guest config: socket path %q: must not contain ',', spaces or newlines", s)
 		}
+	}
+	if c.Tap != "" && (len(c.Tap) > 15 || strings.ContainsAny(c.Tap, ",/ \t\n")) {
+		return fmt.Errorf("guest config: tap %q: want an interface name (at most 15 bytes, no ',', '/' or spaces)", c.Tap)
+	}
+	if c.VhostSocket != "" && c.Tap != "" {
+		return errors.New("guest config: both a vhost-user socket and a tap")
 	}
 	if c.UserNet != nil {
 		for hp, gp := range c.UserNet.Forwards {
@@ -204,6 +212,12 @@ func QEMUArgs(cfg Config) ([]string, error) {
 			"-chardev", "socket,id=c0,path="+c.VhostSocket,
 			"-netdev", "vhost-user,id=n0,chardev=c0,queues="+strconv.Itoa(c.Queues),
 			"-device", dev)
+	case c.Tap != "":
+		// QEMU's own virtio-net emulation on a tap (no vhost_net here): the
+		// path KubeVirt's bridge binding takes. vectors=0 like the fast lane,
+		// so both guests take interrupts the same way.
+		a = append(a, "-netdev", "tap,id=n0,ifname="+c.Tap+",script=no,downscript=no,vhost=off",
+			"-device", "virtio-net-pci,netdev=n0,mac="+mac+",vectors=0,romfile=")
 	case c.UserNet != nil:
 		nd := "user,id=n0,restrict=on"
 		for _, hp := range slices.Sorted(maps.Keys(c.UserNet.Forwards)) {

@@ -117,6 +117,27 @@ func TestQEMUArgsNoNICAndUserNet(t *testing.T) {
 	}
 }
 
+func TestQEMUArgsTap(t *testing.T) {
+	c := base()
+	c.IP, c.Gateway, c.Tap, c.MAC = "10.245.2.200/24", "10.245.2.1", "lk-tap0", "52:54:00:4C:53:02"
+	a, err := QEMUArgs(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := argAfter(t, a, "-netdev", 0); got != "tap,id=n0,ifname=lk-tap0,script=no,downscript=no,vhost=off" {
+		t.Fatalf("tap netdev %q", got)
+	}
+	if got := argAfter(t, a, "-device", 0); got != "virtio-net-pci,netdev=n0,mac=52:54:00:4c:53:02,vectors=0,romfile=" {
+		t.Fatalf("tap device %q", got)
+	}
+	if strings.Contains(strings.Join(a, " "), "memory-backend") {
+		t.Fatal("tap guest gets a shared memory backend")
+	}
+	if !strings.Contains(argAfter(t, a, "-append", 0), "lk.ip=10.245.2.200/24 lk.gw=10.245.2.1") {
+		t.Fatalf("append %q", argAfter(t, a, "-append", 0))
+	}
+}
+
 func TestConfigRejects(t *testing.T) {
 	cases := map[string]func(*Config){
 		"no kernel":        func(c *Config) { c.Kernel = "" },
@@ -134,6 +155,9 @@ func TestConfigRejects(t *testing.T) {
 		"bad mtu":          func(c *Config) { c.MTU = 20 },
 		"spaced append":    func(c *Config) { c.ExtraAppend = []string{"a b"} },
 		"bad forward":      func(c *Config) { c.UserNet = &UserNet{Forwards: map[int]int{0: 80}} },
+		"long tap":         func(c *Config) { c.Tap = "lk-tap-much-too-long" },
+		"comma in tap":     func(c *Config) { c.Tap = "lk,tap" },
+		"tap and vhost":    func(c *Config) { c.Tap, c.VhostSocket = "lk-tap0", "/s" },
 	}
 	for name, mut := range cases {
 		c := base()

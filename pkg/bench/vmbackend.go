@@ -1,0 +1,497 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The VM backend comparison (the Go form of vhost/bench/compare.sh): DPDK
+// testpmd's virtio_user PMD plays the guest driver and transmits (txonly)
+// into a vhost-user backend whose AF_XDP port sits on a veth in a namespace
+// created here; frames are counted as they arrive on the veth peer.
+//
+//	lanekit_vhost: virtio_user -> lanekit-vhost --ifname lkb0 -> lkb1
+//	testpmd:       virtio_user -> testpmd vhost PMD <-> af_xdp PMD (io forwarding) -> lkb1
+//
+// Same core budget for both: the frontend on CPU 0, the backend on CPU 1.
+// Backends alternate within every repetition (the first one rotates).
+
+// BackendOptions bound a backend comparison.
+type BackendOptions struct {
+	VhostBin string        // lanekit-vhost
+	Testpmd  string        // default "dpdk-testpmd"
+	Duration time.Duration // counting window per measurement (min 1 s)
+	Repeat   int
+	Progress io.Writer
+}
+
+// BackendReport is the "vm_backend" object of the bench JSON.
+type BackendReport struct {
+	PPS64    BackendMetric `json:"pps_64"`
+	Gbps1500 BackendMetric `json:"gbps_1500"`
+	Repeat   int           `json:"repeat"`
+	Seconds  float64       `json:"seconds"`
+	Setup    string        `json:"setup"`
+	Errors   []string      `json:"errors,omitempty"`
+}
+
+// BackendMetric compares lanekit-vhost with testpmd on one metric; Ratio is
+// the median of lanekit-vhost over the median of testpmd (null when unknown).
+type BackendMetric struct {
+	LanekitVhost Summary  `json:"lanekit_vhost"`
+	Testpmd      Summary  `json:"testpmd"`
+	Ratio        *float64 `json:"ratio"`
+}
+
+// Backend comparison constants.
+const (
+	backendSetup = "frontend: dpdk-testpmd virtio_user txonly on CPU 0; backend on CPU 1; " +
+		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer"
+	bfVeth, bfPeer  = "lkb0", "lkb1"
+	frameSize1500   = 1500
+	backendReady    = 15 * time.Second // socket / "Press enter" wait
+	backendSlack    = 30 * time.Second // beyond the window, per process
+	dpdkRuntimeRoot = "/var/run/dpdk"
+	pressEnter      = "Press enter to exit"
+)
+
+var backendKinds = []string{"lanekit_vhost", "testpmd"}
+
+// RunBackendCompare measures 64-byte packets/s and 1500-byte Gbit/s through
+// both backends, Repeat times, interleaved. The namespace, sockets and DPDK
+// runtime files are removed on every return; a failed measurement is
+// recorded in Errors.
+func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, error) {
+	if o.Repeat < 1 {
+		o.Repeat = 1
+	}
+	if o.Duration < time.Second {
+		o.Duration = time.Second
+	}
+	if o.Testpmd == "" {
+		o.Testpmd = "dpdk-testpmd"
+	}
+	if err := backendPreflight(o); err != nil {
+		return nil, err
+	}
+	b, err := newBackendBench(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer b.cleanup()
+
+	vals := map[string]map[int][]float64{} // kind -> size -> values
+	for _, k := range backendKinds {
+		vals[k] = map[int][]float64{}
+	}
+	rep := &BackendReport{Repeat: o.Repeat, Seconds: o.Duration.Seconds(), Setup: backendSetup}
+	for r := 0; r < o.Repeat; r++ {
+		for _, size := range []int{64, frameSize1500} {
+			for k := range backendKinds {
+				kind := backendKinds[(k+r)%len(backendKinds)]
+				if err := ctx.Err(); err != nil {
+					return nil, fmt.Errorf("vm backend bench: %w", err)
+				}
+				pps, err := b.measure(ctx, kind, size)
+				msg := ""
+				if err != nil {
+					rep.Errors = append(rep.Errors, fmt.Sprintf("rep %d %s %dB: %v", r+1, kind, size, err))
+					msg = "error: " + err.Error()
+				} else {
+					v := pps
+					if size == frameSize1500 {
+						v = ppsToGbps(pps, size)
+						msg = fmt.Sprintf("%.2f Gbit/s", v)
+					} else {
+						msg = fmt.Sprintf("%.3f Mpps", pps/1e6)
+					}
+					vals[kind][size] = append(vals[kind][size], v)
+				}
+				o.progress("vm backend rep %d/%d %-13s %4dB %s", r+1, o.Repeat, kind, size, msg)
+			}
+		}
+	}
+	rep.PPS64 = backendMetric(vals["lanekit_vhost"][64], vals["testpmd"][64])
+	rep.Gbps1500 = backendMetric(vals["lanekit_vhost"][frameSize1500], vals["testpmd"][frameSize1500])
+	return rep, nil
+}
+
+func (o BackendOptions) progress(format string, args ...any) {
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, format+"\n", args...)
+	}
+}
+
+func backendMetric(lk, tp []float64) BackendMetric {
+	m := BackendMetric{LanekitVhost: Summarize(lk), Testpmd: Summarize(tp)}
+	if m.LanekitVhost.Median > 0 && m.Testpmd.Median > 0 {
+		r := Ratio(m.LanekitVhost.Median, m.Testpmd.Median)
+		m.Ratio = &r
+	}
+	return m
+}
+
+// ppsToGbps converts frames/s of size bytes to Gbit/s (frame bytes, as the
+// script counts).
+func ppsToGbps(pps float64, size int) float64 { return pps * float64(size) * 8 / 1e9 }
+
+func backendPreflight(o BackendOptions) error {
+	if os.Geteuid() != 0 {
+		return errors.New("vm backend bench: needs root (netns, AF_XDP)")
+	}
+	if runtime.NumCPU() < 2 {
+		return errors.New("vm backend bench: needs 2 CPUs (frontend and backend pinned apart)")
+	}
+	if _, err := exec.LookPath(o.Testpmd); err != nil {
+		return fmt.Errorf("vm backend bench: %w (make deps installs dpdk)", err)
+	}
+	for _, t := range []string{"taskset", "stdbuf"} {
+		if _, err := exec.LookPath(t); err != nil {
+			return fmt.Errorf("vm backend bench: %w", err)
+		}
+	}
+	if st, err := os.Stat(o.VhostBin); err != nil || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("vm backend bench: lanekit-vhost %q not executable (make build)", o.VhostBin)
+	}
+	return nil
+}
+
+// backendBench owns one comparison's namespace, directory and DPDK prefixes.
+type backendBench struct {
+	o        BackendOptions
+	ns, dir  string
+	prefixes []string
+}
+
+func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, error) {
+	pid := os.Getpid()
+	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid),
+		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid)}}
+	dir, err := os.MkdirTemp("", "lk-vhost-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("vm backend bench: %w", err)
+	}
+	b.dir = dir
+	steps := [][]string{
+		{"netns", "add", b.ns},
+		{"netns", "exec", b.ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"},
+		{"-n", b.ns, "link", "add", bfVeth, "type", "veth", "peer", "name", bfPeer},
+		{"-n", b.ns, "link", "set", bfVeth, "up"},
+		{"-n", b.ns, "link", "set", bfPeer, "up"},
+	}
+	for _, s := range steps {
+		if err := runIP(ctx, s...); err != nil {
+			b.cleanup()
+			return nil, fmt.Errorf("vm backend bench: setup: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// cleanup removes the namespace, the directory and DPDK's runtime files;
+// processes are gone by then (each measurement kills its own).
+func (b *backendBench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := os.Stat("/run/netns/" + b.ns); err == nil {
+		if err := runIP(ctx, "netns", "del", b.ns); err != nil {
+			b.o.progress("vm backend bench: cleanup: %v", err)
+		}
+	}
+	os.RemoveAll(b.dir)
+	for _, p := range b.prefixes {
+		os.RemoveAll(filepath.Join(dpdkRuntimeRoot, p))
+	}
+}
+
+func runIP(ctx context.Context, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// proc is a bounded helper process in its own group (killed with it), dying
+// with this process too.
+type proc struct {
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string // stdout+stderr lines; closed at EOF
+	log   *tailLog
+	done  chan struct{}
+	err   error
+}
+
+func startProc(ctx context.Context, life time.Duration, name string, argv ...string) (*proc, error) {
+	ctx, cancel := context.WithTimeout(ctx, life)
+	p := &proc{name: name, lines: make(chan string, 256), log: &tailLog{}, done: make(chan struct{})}
+	p.cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p.cmd.Cancel = func() error { return syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
+	p.cmd.WaitDelay = 2 * time.Second
+	in, err := p.cmd.StdinPipe()
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	p.stdin = in
+	p.cmd.Stdout, p.cmd.Stderr = pw, pw
+	if err := p.cmd.Start(); err != nil {
+		cancel()
+		pr.Close()
+		pw.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	pw.Close()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.log.add(sc.Text())
+			select {
+			case p.lines <- sc.Text():
+			default: // nobody waits for lines any more
+			}
+		}
+		pr.Close()
+		close(p.lines)
+	}()
+	go func() {
+		p.err = p.cmd.Wait()
+		cancel()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// waitLine waits for a line containing want, the process's end or timeout.
+func (p *proc) waitLine(want string, timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case l, ok := <-p.lines:
+			if !ok {
+				<-p.done
+				return fmt.Errorf("%s exited (%v) before %q: %s", p.name, p.err, want, p.log.last())
+			}
+			if strings.Contains(l, want) {
+				return nil
+			}
+		case <-t.C:
+			return fmt.Errorf("%s: no %q after %s: %s", p.name, want, timeout, p.log.last())
+		}
+	}
+}
+
+// stop asks politely (Enter, then SIGTERM) and kills the group after grace.
+func (p *proc) stop(grace time.Duration) {
+	_, _ = p.stdin.Write([]byte("\n"))
+	p.stdin.Close()
+	select {
+	case <-p.done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// tailLog keeps a process's last output lines for error messages.
+type tailLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (t *tailLog) add(l string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lines = append(t.lines, l)
+	if len(t.lines) > 8 {
+		t.lines = t.lines[len(t.lines)-8:]
+	}
+}
+
+func (t *tailLog) last() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.Join(t.lines, " | ")
+}
+
+// measure starts one backend, drives size-byte frames into it for the
+// window and returns the frames/s that reached the veth peer.
+func (b *backendBench) measure(ctx context.Context, kind string, size int) (float64, error) {
+	life := b.o.Duration + backendReady + backendSlack
+	sock := filepath.Join(b.dir, kind+".sock")
+	os.Remove(sock)
+	defer os.Remove(sock)
+	var argv []string
+	switch kind {
+	case "lanekit_vhost":
+		argv = []string{"ip", "netns", "exec", b.ns, "taskset", "-c", "1", b.o.VhostBin,
+			"--ifname", bfVeth, "--socket", sock}
+	case "testpmd":
+		argv = []string{"ip", "netns", "exec", b.ns, "stdbuf", "-oL", "-eL", b.o.Testpmd,
+			"--lcores", "0@1,1@1", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[1],
+			"--vdev", "net_vhost0,iface=" + sock + ",queues=1",
+			"--vdev", "net_af_xdp0,iface=" + bfVeth + ",start_queue=0,queue_count=1", "--",
+			"--total-num-mbufs=16384", "--forward-mode=io", "--stats-period", "0"}
+	default:
+		return 0, fmt.Errorf("unknown backend %q", kind)
+	}
+	be, err := b.startBackend(ctx, life, kind, sock, argv)
+	if err != nil {
+		return 0, err
+	}
+	defer be.stop(2 * time.Second)
+	return b.drive(ctx, sock, size)
+}
+
+// startBackend starts a backend until it serves its socket. The previous
+// measurement's AF_XDP socket on the veth queue is released asynchronously
+// by the kernel: a bind that fails with EBUSY is retried for a while.
+func (b *backendBench) startBackend(ctx context.Context, life time.Duration, kind, sock string, argv []string) (*proc, error) {
+	deadline := time.Now().Add(backendReady)
+	for {
+		be, err := startProc(ctx, life, kind, argv...)
+		if err != nil {
+			return nil, err
+		}
+		err = waitSocket(sock, backendReady, be)
+		if err == nil && kind == "testpmd" {
+			err = be.waitLine(pressEnter, backendReady)
+		}
+		if err == nil {
+			return be, nil
+		}
+		be.stop(time.Second)
+		os.Remove(sock)
+		busy := strings.Contains(strings.ToLower(be.log.last()), "busy")
+		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// drive runs the txonly frontend and counts frames on the peer over the
+// window that starts once forwarding runs.
+func (b *backendBench) drive(ctx context.Context, sock string, size int) (float64, error) {
+	life := b.o.Duration + backendReady + backendSlack
+	fe, err := startProc(ctx, life, "frontend", "stdbuf", "-oL", "-eL", b.o.Testpmd,
+		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[0],
+		"--vdev", "net_virtio_user0,path="+sock+",queues=1", "--",
+		"--total-num-mbufs=16384", "--forward-mode=txonly", "--txpkts="+strconv.Itoa(size), "--stats-period", "0")
+	if err != nil {
+		return 0, err
+	}
+	defer fe.stop(2 * time.Second)
+	if err := fe.waitLine(pressEnter, backendReady); err != nil {
+		return 0, err
+	}
+	n0, t0, err := b.rxPackets(ctx)
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-fe.done:
+		return 0, fmt.Errorf("frontend exited during the window (%v): %s", fe.err, fe.log.last())
+	case <-time.After(b.o.Duration):
+	}
+	n1, t1, err := b.rxPackets(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if n1 <= n0 {
+		return 0, fmt.Errorf("no frames reached %s in %s", bfPeer, t1.Sub(t0).Round(time.Millisecond))
+	}
+	return float64(n1-n0) / t1.Sub(t0).Seconds(), nil
+}
+
+// rxPackets reads the peer's rx packet counter and when it was read (the
+// midpoint of the ip call).
+func (b *backendBench) rxPackets(ctx context.Context) (uint64, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "ip", "-n", b.ns, "-s", "-j", "link", "show", "dev", bfPeer).Output()
+	end := time.Now()
+	if err != nil {
+		return 0, end, fmt.Errorf("read %s counters: %w", bfPeer, err)
+	}
+	n, err := ParseIPLinkRxPackets(out)
+	return n, start.Add(end.Sub(start) / 2), err
+}
+
+// ParseIPLinkRxPackets reads stats64.rx.packets of the first link in
+// `ip -s -j link show` output.
+func ParseIPLinkRxPackets(data []byte) (uint64, error) {
+	var links []struct {
+		Stats64 *struct {
+			RX struct {
+				Packets *uint64 `json:"packets"`
+			} `json:"rx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal(data, &links); err != nil {
+		return 0, fmt.Errorf("parse ip link json: %w", err)
+	}
+	if len(links) == 0 || links[0].Stats64 == nil || links[0].Stats64.RX.Packets == nil {
+		return 0, errors.New("parse ip link json: no stats64.rx.packets")
+	}
+	return *links[0].Stats64.RX.Packets, nil
+}
+
+// waitSocket waits for a unix socket file while p runs.
+func waitSocket(path string, timeout time.Duration, p *proc) error {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (%v) before creating %s: %s", p.name, p.err, path, p.log.last())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s: no socket %s after %s: %s", p.name, path, timeout, p.log.last())
+}
+
+// ratioText for the backend table.
+func backendRatio(r *float64) string {
+	if r == nil || math.IsNaN(*r) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", *r)
+}
