@@ -206,9 +206,19 @@ func (e *e2e) endpoints(t *testing.T) []*apiv1.Endpoint {
 }
 
 // assertClean checks that nothing leaked: no endpoint records, no
-// allocations, no lk* devices on the node.
+// allocations, no lk* devices on the node and, with the BPF datapath, no
+// endpoint map entries, counters or pinned links.
 func (e *e2e) assertClean(t *testing.T) {
 	t.Helper()
+	if e.bpfDir != "" {
+		st, err := datapath.InspectPins(e.bpfDir)
+		if err != nil {
+			t.Fatalf("inspect pins: %v", err)
+		}
+		if err := st.Leaks(); err != nil {
+			t.Errorf("datapath leaked: %v", err)
+		}
+	}
 	if eps := e.endpoints(t); len(eps) != 0 {
 		t.Errorf("%d endpoint records leaked", len(eps))
 	}

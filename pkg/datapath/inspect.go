@@ -1,0 +1,98 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+)
+
+// PinnedState is what an agent's pin directory holds, read without loading
+// any program: for leak checks and diagnostics.
+type PinnedState struct {
+	Endpoints      int               // lk_endpoints entries (by IP)
+	EndpointsByDev int               // lk_ep_by_ifindex entries
+	Metrics        map[uint32]int    // lk_metrics entries per endpoint id (0: not attributable)
+	PodLinks       []string          // pinned lk_pod_* links
+	VMLinks        []string          // pinned lk_vm_* links
+	Other          map[string]string // other pins, name -> kind
+}
+
+// InspectPins reads the pinned maps and links of pinDir.
+func InspectPins(pinDir string) (PinnedState, error) {
+	st := PinnedState{Metrics: map[uint32]int{}, Other: map[string]string{}}
+	count := func(name string) (int, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return 0, fmt.Errorf("open pinned %s: %w", name, err)
+		}
+		defer m.Close()
+		n := 0
+		var k, v []byte
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		return n, it.Err()
+	}
+	var err error
+	if st.Endpoints, err = count("lk_endpoints"); err != nil {
+		return st, err
+	}
+	if st.EndpointsByDev, err = count("lk_ep_by_ifindex"); err != nil {
+		return st, err
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_metrics"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return st, fmt.Errorf("open pinned lk_metrics: %w", err)
+	}
+	defer m.Close()
+	var (
+		key  podMetricsKey
+		vals []podMetricsVal
+	)
+	it := m.Iterate()
+	for it.Next(&key, &vals) {
+		st.Metrics[key.EpId]++
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read lk_metrics: %w", err)
+	}
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		return st, fmt.Errorf("read pin dir: %w", err)
+	}
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case strings.HasPrefix(n, pinPodLink):
+			st.PodLinks = append(st.PodLinks, n)
+		case strings.HasPrefix(n, pinVMLink):
+			st.VMLinks = append(st.VMLinks, n)
+		case n == "lk_endpoints" || n == "lk_ep_by_ifindex" || n == "lk_metrics" || n == "lk_xsks" || n == "lk_vms" || n == pinUplinkTC:
+		default:
+			st.Other[n] = "unknown"
+		}
+	}
+	return st, nil
+}
+
+// Leaks describes what st holds for endpoints: entries, per-endpoint
+// counters and pinned pod/VM links. Empty when nothing endpoint-related is left.
+func (st PinnedState) Leaks() error {
+	var errs []error
+	if st.Endpoints != 0 || st.EndpointsByDev != 0 {
+		errs = append(errs, fmt.Errorf("%d endpoint entries by IP, %d by device", st.Endpoints, st.EndpointsByDev))
+	}
+	for id, n := range st.Metrics {
+		if id != 0 {
+			errs = append(errs, fmt.Errorf("%d counter entries of endpoint %d", n, id))
+		}
+	}
+	if len(st.PodLinks)+len(st.VMLinks) > 0 {
+		errs = append(errs, fmt.Errorf("pinned links %v %v", st.PodLinks, st.VMLinks))
+	}
+	return errors.Join(errs...)
+}
