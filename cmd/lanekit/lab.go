@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -106,35 +107,60 @@ func labCheckCmd() *cobra.Command {
 
 func labBenchCmd() *cobra.Command {
 	var (
-		asJSON bool
-		opts   bench.Options
-		chart  string
+		asJSON    bool
+		opts      bench.Options
+		chart     string
+		vmBackend string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmark host, bridge-iptables and lanekit-pod paths side by side (node1 -> node2)",
+		Short: "Benchmark host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
+		Long: `Benchmark the lab's datapaths side by side, interleaved, --repeat times: host, bridge-iptables,
+lanekit-pod and, with a lab brought up with --vm, lanekit-vm (lanekit pod -> fast-lane guest) and
+bridge-tap-vm (baseline pod -> guest on a tap on the baseline bridge). Guests run under TCG: their
+rows are bounded by the emulated guest CPU.
+
+--vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
+and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
+PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := lab.LoadState()
-			if err != nil {
-				return fmt.Errorf("lab bench: %w", err)
+			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" {
+				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on or off", vmBackend)
 			}
 			bins, err := lab.FindBins()
 			if err != nil {
 				return err
 			}
-			paths, skipped := st.BenchPaths()
-			for _, s := range skipped {
-				fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
+			st, err := lab.LoadState()
+			switch {
+			case errors.Is(err, lab.ErrNoLab) && vmBackend == "on":
+				st = &lab.State{}
+			case err != nil:
+				return fmt.Errorf("lab bench: %w", err)
 			}
 			opts.Self = bins.Self
 			opts.Progress = cmd.ErrOrStderr()
 			ctx, cancel := signalContext()
 			defer cancel()
-			rep, err := bench.Run(ctx, paths, opts)
-			if err != nil {
-				return err
+			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
+			if len(st.Nodes) > 0 {
+				paths, skipped := st.BenchPaths()
+				for _, s := range skipped {
+					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
+				}
+				if rep, err = bench.Run(ctx, paths, opts); err != nil {
+					return err
+				}
 			}
-			if chart != "" {
+			if vmBackend == "on" || (vmBackend == "auto" && st.HasVM()) {
+				rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
+					VhostBin: filepath.Join(bins.Dir, "lanekit-vhost"), Duration: opts.Duration,
+					Repeat: opts.Repeat, Progress: cmd.ErrOrStderr()})
+				if err != nil {
+					return fmt.Errorf("lab bench: %w", err)
+				}
+			}
+			if chart != "" && len(rep.Rows) > 0 {
 				if err := writeChart(rep, chart); err != nil {
 					return err
 				}
@@ -157,6 +183,7 @@ func labBenchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG bar chart of the ratios to host to this file")
+	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off")
 	return cmd
 }
 

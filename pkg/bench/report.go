@@ -22,6 +22,8 @@ type Report struct {
 	Repeat    int     `json:"repeat"`
 	DurationS float64 `json:"duration_s"`
 	Rows      []Row   `json:"rows"`
+	// VMBackend compares lanekit-vhost with DPDK testpmd (nil when not run).
+	VMBackend *BackendReport `json:"vm_backend,omitempty"`
 }
 
 // Row holds one path's results: TCP throughput as min/median/max, the other
@@ -31,6 +33,8 @@ type Row struct {
 	ClientNS    string   `json:"client_netns"`
 	ServerNS    string   `json:"server_netns"`
 	ServerIP    string   `json:"server_ip"`
+	Server      string   `json:"server"` // "netns" or "guest:<vm>"
+	Note        string   `json:"note,omitempty"`
 	TCPGbps     Summary  `json:"tcp_gbps"`
 	RRP50us     float64  `json:"rr_p50_us"`
 	RRP50Range  Summary  `json:"rr_p50_us_range"`
@@ -66,8 +70,13 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 	for i, p := range paths {
 		s := all[i]
 		p50, p99, cps := Summarize(s.p50), Summarize(s.p99), Summarize(s.cps)
+		server := "netns"
+		if p.Guest != nil {
+			server = "guest:" + p.Guest.Name
+		}
 		r.Rows = append(r.Rows, Row{
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
+			Server: server, Note: p.Note,
 			TCPGbps: Summarize(s.gbps),
 			RRP50us: p50.Median, RRP50Range: p50,
 			RRP99us: p99.Median, RRP99Range: p99,
@@ -122,6 +131,21 @@ func (r *Report) WriteJSON(w io.Writer) error {
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "machine: %s, %d cores, kernel %s; %d × %gs per metric, paths interleaved\n",
 		r.Machine.CPUModel, r.Machine.Cores, r.Machine.Kernel, r.Repeat, r.DurationS)
+	if len(r.Rows) > 0 {
+		if err := r.writeRows(w); err != nil {
+			return err
+		}
+	}
+	if r.VMBackend != nil {
+		if err := r.VMBackend.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeRows prints the paths table, the rows' notes and errors.
+func (r *Report) writeRows(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "path\tTCP Gbit/s\t×host\tRR p50 µs\t×host\tRR p99 µs\t×host\tconn/s\t×host\t")
 	for _, row := range r.Rows {
@@ -129,7 +153,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if row.RatioToHost != nil {
 			rt = *row.RatioToHost
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.Path,
+		name := row.Path
+		if row.Note != "" {
+			name += " *"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name,
 			spread(row.TCPGbps, "%.2f"), ratioText(rt.TCPGbps),
 			spread(row.RRP50Range, "%.1f"), ratioText(rt.RRP50us),
 			spread(row.RRP99Range, "%.1f"), ratioText(rt.RRP99us),
@@ -139,11 +167,45 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return fmt.Errorf("write bench table: %w", err)
 	}
 	for _, row := range r.Rows {
+		if row.Note != "" {
+			fmt.Fprintf(w, "* %s: %s\n", row.Path, row.Note)
+		}
+	}
+	for _, row := range r.Rows {
 		for _, e := range row.Errors {
 			fmt.Fprintf(w, "error: %s: %s\n", row.Path, e)
 		}
 	}
 	return nil
+}
+
+// WriteTable prints the backend comparison as a small table of its own.
+func (b *BackendReport) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; %s)\n", b.Repeat, b.Seconds, b.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "metric\tlanekit-vhost\ttestpmd vhost+af_xdp\tratio\t")
+	for _, m := range []struct {
+		name, f string
+		scale   float64
+		v       BackendMetric
+	}{
+		{"64 B Mpps", "%.3f", 1e-6, b.PPS64},
+		{"1500 B Gbit/s", "%.2f", 1, b.Gbps1500},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", m.name, spread(scaled(m.v.LanekitVhost, m.scale), m.f),
+			spread(scaled(m.v.Testpmd, m.scale), m.f), backendRatio(m.v.Ratio))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write vm backend table: %w", err)
+	}
+	for _, e := range b.Errors {
+		fmt.Fprintf(w, "error: vm backend: %s\n", e)
+	}
+	return nil
+}
+
+func scaled(s Summary, k float64) Summary {
+	return Summary{Min: s.Min * k, Median: s.Median * k, Max: s.Max * k}
 }
 
 // Failed reports whether any measurement failed.
@@ -153,7 +215,7 @@ func (r *Report) Failed() bool {
 			return true
 		}
 	}
-	return false
+	return r.VMBackend != nil && len(r.VMBackend.Errors) > 0
 }
 
 func spread(s Summary, f string) string {

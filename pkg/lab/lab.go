@@ -51,6 +51,9 @@ type State struct {
 	Nodes        []Node  `json:"nodes"`
 	BaselineOnly bool    `json:"baseline_only"`
 	VMs          []LabVM `json:"vms,omitempty"`
+	// TapVMs are guests on the standard path (tap on the baseline bridge,
+	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
+	TapVMs []LabVM `json:"tap_vms,omitempty"`
 }
 
 // Node is one node namespace.

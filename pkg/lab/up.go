@@ -101,6 +101,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := upVM(ctx, cfg, st, len(st.Nodes)); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
+		if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
 	}
 	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods, %d VMs", time.Since(start).Round(100*time.Millisecond),
 		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)), len(st.VMs))
