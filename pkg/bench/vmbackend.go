@@ -149,23 +149,24 @@ func backendMetric(lk, tp []float64) BackendMetric {
 // script counts).
 func ppsToGbps(pps float64, size int) float64 { return pps * float64(size) * 8 / 1e9 }
 
+// ErrBackendUnavailable wraps the reasons the comparison cannot run here
+// (not root, one CPU, no dpdk-testpmd, no lanekit-vhost).
+var ErrBackendUnavailable = errors.New("vm backend bench unavailable")
+
 func backendPreflight(o BackendOptions) error {
 	if os.Geteuid() != 0 {
-		return errors.New("vm backend bench: needs root (netns, AF_XDP)")
+		return fmt.Errorf("%w: needs root (netns, AF_XDP)", ErrBackendUnavailable)
 	}
 	if runtime.NumCPU() < 2 {
-		return errors.New("vm backend bench: needs 2 CPUs (frontend and backend pinned apart)")
+		return fmt.Errorf("%w: needs 2 CPUs (frontend and backend pinned apart)", ErrBackendUnavailable)
 	}
-	if _, err := exec.LookPath(o.Testpmd); err != nil {
-		return fmt.Errorf("vm backend bench: %w (make deps installs dpdk)", err)
-	}
-	for _, t := range []string{"taskset", "stdbuf"} {
+	for _, t := range []string{o.Testpmd, "taskset", "stdbuf"} {
 		if _, err := exec.LookPath(t); err != nil {
-			return fmt.Errorf("vm backend bench: %w", err)
+			return fmt.Errorf("%w: %v (make deps installs dpdk)", ErrBackendUnavailable, err)
 		}
 	}
 	if st, err := os.Stat(o.VhostBin); err != nil || st.Mode()&0o111 == 0 {
-		return fmt.Errorf("vm backend bench: lanekit-vhost %q not executable (make build)", o.VhostBin)
+		return fmt.Errorf("%w: lanekit-vhost %q not executable (make build)", ErrBackendUnavailable, o.VhostBin)
 	}
 	return nil
 }

@@ -1,7 +1,8 @@
 // Package guest builds and boots lanekit's test VM: a real, tiny Linux guest
 // that QEMU 7.2 boots under TCG, with virtio-net on vhost-user (the lanekit
-// fast lane, or DPDK's vhost PMD as a stand-in backend), user-mode networking,
-// or no NIC at all, driven over its serial console.
+// fast lane, or DPDK's vhost PMD as a stand-in backend), a tap device (QEMU's
+// userspace virtio-net: the standard path the benchmark compares with),
+// user-mode networking, or no NIC at all, driven over its serial console.
 //
 // # API
 //
@@ -30,7 +31,10 @@
 //
 // The initramfs holds /init (scripts/guest/init), busybox-static with an applet
 // symlink per command in /bin, ethtool with its shared libraries (busybox has
-// none; used for lk.queues), /bin/lk-responder, /www/index.html, and
+// none; used for lk.queues), the benchmark servers `lanekit lab bench` starts
+// in guests (iperf3 and sockperf with their shared libraries, and lk-bench: the
+// harness's connection-rate tool from pkg/bench/cmd/lk-bench, built static with
+// CGO_ENABLED=0 by build.sh from the checkout), /bin/lk-responder, /www/index.html, and
 // /lib/modules/lk/NN-<name>.ko: virtio_ring, virtio, virtio_pci_legacy_dev,
 // virtio_pci_modern_dev, virtio_pci, failover, net_failover, virtio_net,
 // decompressed if Debian ships them compressed, loaded by busybox insmod in

@@ -6,6 +6,8 @@
 # Same core budget: the frontend on CPU 0, the backend (lanekit-vhost or forwarding testpmd) on
 # CPU 1. Counts frames arriving on the veth peer over a fixed window. Needs root and dpdk-testpmd.
 # Prints {"backend":{"pps_64":..,"gbps_1500":..},"testpmd":{"pps_64":..,"gbps_1500":..}}.
+# One shot, for working on the backend alone. The repeated, interleaved form with medians and
+# min/max is Go (pkg/bench/vmbackend.go): `lanekit lab bench --vm-backend on` (no lab needed).
 set -euo pipefail
 
 SECS=${SECS:-5}
