@@ -106,10 +106,19 @@ func (r *Report) WriteChart(w io.Writer) error {
 	}
 	// Legend.
 	lx := plotL
+	note := ""
 	for ri, row := range r.Rows {
+		label := row.Path
+		if row.Note != "" {
+			label += " *"
+			note = row.Note
+		}
 		fill(img, image.Rect(lx, plotB+40, lx+12, plotB+52), palette[ri%len(palette)])
-		text(img, lx+16, plotB+51, row.Path, black)
-		lx += 16 + 7*len(row.Path) + 24
+		text(img, lx+16, plotB+51, label, black)
+		lx += 16 + 7*len(label) + 24
+	}
+	if note != "" {
+		text(img, plotL, plotB+72, "* "+note, black)
 	}
 	if err := png.Encode(w, img); err != nil {
 		return fmt.Errorf("encode chart png: %w", err)
