@@ -182,7 +182,9 @@ func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, erro
 	pid := os.Getpid()
 	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid),
 		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid)}}
-	dir, err := os.MkdirTemp("", "lk-vhost-bench-")
+	// The pid in the name tells this run's processes (their arguments name
+	// the directory) from a concurrent run's.
+	dir, err := os.MkdirTemp("", benchDirPrefix(os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("vm backend bench: %w", err)
 	}
@@ -496,3 +498,6 @@ func backendRatio(r *float64) string {
 	}
 	return fmt.Sprintf("%.2f×", *r)
 }
+
+// benchDirPrefix is the temp-dir prefix of the backend comparison run by pid.
+func benchDirPrefix(pid int) string { return fmt.Sprintf("lk-vhost-bench-%d-", pid) }

@@ -55,7 +55,7 @@ func TestBackendCompareRoot(t *testing.T) {
 			t.Errorf("DPDK runtime dir %s left behind", p)
 		}
 	}
-	out, _ := exec.Command("pgrep", "-f", "lk-vhost-bench-").Output()
+	out, _ := exec.Command("pgrep", "-f", benchDirPrefix(os.Getpid())).Output()
 	if len(strings.TrimSpace(string(out))) > 0 {
 		t.Errorf("processes left behind: %s", out)
 	}
