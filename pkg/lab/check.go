@@ -52,14 +52,18 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	for _, n := range st.Nodes {
 		nodes = append(nodes, endpoint{Name: n.NS, NS: n.NS, IP: n.UnderlayIP})
 	}
-	var vms []endpoint
+	// Fast-lane guests pair with lanekit pods, standard-path guests (tap on
+	// the baseline bridge) with baseline pods.
+	vmsOf := map[string][]endpoint{}
 	vmByNS := map[string]LabVM{}
-	for _, v := range st.VMs {
-		vms = append(vms, endpoint{Name: v.Name, NS: vmNS(v.Name), IP: v.IP})
-		vmByNS[vmNS(v.Name)] = v
+	for kind, list := range map[string][]LabVM{KindLanekit: st.VMs, KindBaseline: st.TapVMs} {
+		for _, v := range list {
+			vmsOf[kind] = append(vmsOf[kind], endpoint{Name: v.Name, NS: vmNS(v.Name), IP: v.IP})
+			vmByNS[vmNS(v.Name)] = v
+		}
 	}
 	var groups []checkGroup
-	var lanekitPods []endpoint
+	podsOf := map[string][]endpoint{}
 	for _, kind := range []string{KindLanekit, KindBaseline} {
 		var pods []endpoint
 		for _, p := range st.PodsOf(kind) {
@@ -68,22 +72,24 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 		if len(pods) == 0 {
 			continue
 		}
+		podsOf[kind] = pods
 		targets := append(append([]endpoint{}, pods...), nodes...)
 		title := fmt.Sprintf("%s pods: ICMP + TCP echo to every other %s pod and every node underlay IP", kind, kind)
-		if kind == KindLanekit {
-			lanekitPods = pods
-			if len(vms) > 0 {
-				targets = append(targets, vms...)
-				title += " and every VM"
-			}
+		if vms := vmsOf[kind]; len(vms) > 0 {
+			targets = append(targets, vms...)
+			title += fmt.Sprintf(" and every %s VM", kind)
 		}
 		groups = append(groups, checkGroup{title: title, sources: pods, targets: targets})
 	}
-	if len(vms) > 0 {
-		groups = append(groups,
-			checkGroup{title: "nodes: ICMP + TCP echo to every VM", sources: nodes, targets: vms},
-			checkGroup{title: "VMs (commands through the guest console): ICMP + TCP echo to every lanekit pod and every node",
-				sources: vms, targets: append(append([]endpoint{}, lanekitPods...), nodes...), vms: vmByNS})
+	if all := append(append([]endpoint{}, vmsOf[KindLanekit]...), vmsOf[KindBaseline]...); len(all) > 0 {
+		groups = append(groups, checkGroup{title: "nodes: ICMP + TCP echo to every VM", sources: nodes, targets: all})
+	}
+	for _, kind := range []string{KindLanekit, KindBaseline} {
+		if vms := vmsOf[kind]; len(vms) > 0 {
+			groups = append(groups, checkGroup{
+				title:   fmt.Sprintf("%s VMs (commands through the guest console): ICMP + TCP echo to every %s pod and every node", kind, kind),
+				sources: vms, targets: append(append([]endpoint{}, podsOf[kind]...), nodes...), vms: vmByNS})
+		}
 	}
 	if len(groups) == 0 {
 		return fmt.Errorf("lab check: the lab has no pods")

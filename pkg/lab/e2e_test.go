@@ -90,7 +90,7 @@ func TestLabEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lab status: %v", err)
 	}
-	wantPods := []string{"lk-n1-b1", "lk-n2-b1", "lk-n1-p1", "lk-n2-p1", "vm1"}
+	wantPods := []string{"lk-n1-b1", "lk-n2-b1", "lk-n1-p1", "lk-n2-p1", "vm1", "vm-std"}
 	if strings.Count(status, "alive") != 2 {
 		t.Errorf("want 2 live agents in status")
 	}
@@ -106,7 +106,8 @@ func TestLabEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "all probes passed") || strings.Contains(out, "FAIL") {
 		t.Errorf("lab check output does not prove the matrix")
 	}
-	for _, want := range []string{"nodes: ICMP + TCP echo to every VM", "VMs (commands through the guest console)", "and every VM"} {
+	for _, want := range []string{"nodes: ICMP + TCP echo to every VM", "lanekit VMs (commands through the guest console)",
+		"baseline VMs (commands through the guest console)", "and every lanekit VM", "and every baseline VM"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("lab check did not probe the VM (%q missing)", want)
 		}
@@ -155,7 +156,7 @@ func TestLabEndToEnd(t *testing.T) {
 			t.Errorf("row %d = %+v: want positive metrics", i, r)
 		}
 	}
-	for _, want := range []string{"host", "bridge-iptables", "lanekit-pod"} {
+	for _, want := range []string{"host", "bridge-iptables", "lanekit-pod", "lanekit-vm", "bridge-tap-vm"} {
 		if !got[want] {
 			t.Errorf("bench report has no %s row: %+v", want, doc.Rows)
 		}

@@ -56,21 +56,25 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)
 	}
-	if len(st.VMs) == 0 {
+	if len(st.VMs)+len(st.TapVMs) == 0 {
 		return nil
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VM\tNODE\tNETNS\tIP\tMAC\tQUEUES\tBACKEND\tQEMU\tBOOT\t")
-	for _, v := range st.VMs {
+	fmt.Fprintln(tw, "VM\tPATH\tNODE\tNETNS\tIP\tMAC\tQUEUES\tBACKEND\tQEMU\tBOOT\t")
+	for _, v := range append(append([]LabVM{}, st.VMs...), st.TapVMs...) {
 		state := func(pid int) string {
 			if alive(pid) {
 				return fmt.Sprintf("%d running", pid)
 			}
 			return fmt.Sprintf("%d exited", pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fs\t\n", v.Name, NodeNS(v.Node), v.NS, v.IP, v.MAC, v.Queues,
-			state(v.BackendPID), state(v.QEMUPID), v.BootSeconds)
+		path, backend := "fast lane (vhost-user, AF_XDP)", state(v.BackendPID)
+		if v.BackendPID == 0 {
+			path, backend = "standard (tap on lk-cni0)", "qemu virtio"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fs\t\n", v.Name, path, NodeNS(v.Node), v.NS, v.IP, v.MAC, v.Queues,
+			backend, state(v.QEMUPID), v.BootSeconds)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)
