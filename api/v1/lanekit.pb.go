@@ -1211,11 +1211,13 @@ type Endpoint struct {
 	// "veth" or "netkit" for pods.
 	DeviceMode string `protobuf:"bytes,6,opt,name=device_mode,json=deviceMode,proto3" json:"device_mode,omitempty"`
 	// interfaces[0] is the host side, interfaces[1] the pod (or VM) side.
-	Interfaces    []*Interface      `protobuf:"bytes,7,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
-	Ips           []*IPConfig       `protobuf:"bytes,8,rep,name=ips,proto3" json:"ips,omitempty"`
-	Routes        []*Route          `protobuf:"bytes,9,rep,name=routes,proto3" json:"routes,omitempty"`
-	Labels        map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	CreatedUnix   int64             `protobuf:"varint,11,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Interfaces  []*Interface      `protobuf:"bytes,7,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Ips         []*IPConfig       `protobuf:"bytes,8,rep,name=ips,proto3" json:"ips,omitempty"`
+	Routes      []*Route          `protobuf:"bytes,9,rep,name=routes,proto3" json:"routes,omitempty"`
+	Labels      map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CreatedUnix int64             `protobuf:"varint,11,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	// Datapath counters (ListEndpoints only; absent without a datapath).
+	Counters      *EndpointCounters `protobuf:"bytes,12,opt,name=counters,proto3" json:"counters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1327,6 +1329,92 @@ func (x *Endpoint) GetCreatedUnix() int64 {
 	return 0
 }
 
+func (x *Endpoint) GetCounters() *EndpointCounters {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+// What the datapath counted for one endpoint, summed over CPUs. "from" is
+// what the endpoint sent, "to" what was delivered to it.
+type EndpointCounters struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	FromPackets uint64                 `protobuf:"varint,1,opt,name=from_packets,json=fromPackets,proto3" json:"from_packets,omitempty"`
+	FromBytes   uint64                 `protobuf:"varint,2,opt,name=from_bytes,json=fromBytes,proto3" json:"from_bytes,omitempty"`
+	ToPackets   uint64                 `protobuf:"varint,3,opt,name=to_packets,json=toPackets,proto3" json:"to_packets,omitempty"`
+	ToBytes     uint64                 `protobuf:"varint,4,opt,name=to_bytes,json=toBytes,proto3" json:"to_bytes,omitempty"`
+	// Dropped packets by reason (datapath.DropReason names: "spoofed-ip", ...).
+	Drops         map[string]uint64 `protobuf:"bytes,5,rep,name=drops,proto3" json:"drops,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointCounters) Reset() {
+	*x = EndpointCounters{}
+	mi := &file_lanekit_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointCounters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointCounters) ProtoMessage() {}
+
+func (x *EndpointCounters) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointCounters.ProtoReflect.Descriptor instead.
+func (*EndpointCounters) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *EndpointCounters) GetFromPackets() uint64 {
+	if x != nil {
+		return x.FromPackets
+	}
+	return 0
+}
+
+func (x *EndpointCounters) GetFromBytes() uint64 {
+	if x != nil {
+		return x.FromBytes
+	}
+	return 0
+}
+
+func (x *EndpointCounters) GetToPackets() uint64 {
+	if x != nil {
+		return x.ToPackets
+	}
+	return 0
+}
+
+func (x *EndpointCounters) GetToBytes() uint64 {
+	if x != nil {
+		return x.ToBytes
+	}
+	return 0
+}
+
+func (x *EndpointCounters) GetDrops() map[string]uint64 {
+	if x != nil {
+		return x.Drops
+	}
+	return nil
+}
+
 type AddVMRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The VM's name: 1-63 of [A-Za-z0-9_.-], not starting with '.' or '-'.
@@ -1352,7 +1440,7 @@ type AddVMRequest struct {
 
 func (x *AddVMRequest) Reset() {
 	*x = AddVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1452,7 @@ func (x *AddVMRequest) String() string {
 func (*AddVMRequest) ProtoMessage() {}
 
 func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1465,7 @@ func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMRequest.ProtoReflect.Descriptor instead.
 func (*AddVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{20}
+	return file_lanekit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AddVMRequest) GetName() string {
@@ -1445,7 +1533,7 @@ type AddVMResponse struct {
 
 func (x *AddVMResponse) Reset() {
 	*x = AddVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1545,7 @@ func (x *AddVMResponse) String() string {
 func (*AddVMResponse) ProtoMessage() {}
 
 func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1558,7 @@ func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMResponse.ProtoReflect.Descriptor instead.
 func (*AddVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{21}
+	return file_lanekit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AddVMResponse) GetVm() *VM {
@@ -1489,7 +1577,7 @@ type DelVMRequest struct {
 
 func (x *DelVMRequest) Reset() {
 	*x = DelVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1589,7 @@ func (x *DelVMRequest) String() string {
 func (*DelVMRequest) ProtoMessage() {}
 
 func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1602,7 @@ func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMRequest.ProtoReflect.Descriptor instead.
 func (*DelVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{22}
+	return file_lanekit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DelVMRequest) GetName() string {
@@ -1534,7 +1622,7 @@ type DelVMResponse struct {
 
 func (x *DelVMResponse) Reset() {
 	*x = DelVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1634,7 @@ func (x *DelVMResponse) String() string {
 func (*DelVMResponse) ProtoMessage() {}
 
 func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1647,7 @@ func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMResponse.ProtoReflect.Descriptor instead.
 func (*DelVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{23}
+	return file_lanekit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DelVMResponse) GetExisted() bool {
@@ -1577,7 +1665,7 @@ type ListVMsRequest struct {
 
 func (x *ListVMsRequest) Reset() {
 	*x = ListVMsRequest{}
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1677,7 @@ func (x *ListVMsRequest) String() string {
 func (*ListVMsRequest) ProtoMessage() {}
 
 func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1690,7 @@ func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsRequest.ProtoReflect.Descriptor instead.
 func (*ListVMsRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{24}
+	return file_lanekit_proto_rawDescGZIP(), []int{25}
 }
 
 type ListVMsResponse struct {
@@ -1614,7 +1702,7 @@ type ListVMsResponse struct {
 
 func (x *ListVMsResponse) Reset() {
 	*x = ListVMsResponse{}
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1714,7 @@ func (x *ListVMsResponse) String() string {
 func (*ListVMsResponse) ProtoMessage() {}
 
 func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1727,7 @@ func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsResponse.ProtoReflect.Descriptor instead.
 func (*ListVMsResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{25}
+	return file_lanekit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListVMsResponse) GetVms() []*VM {
@@ -1675,7 +1763,7 @@ type VM struct {
 
 func (x *VM) Reset() {
 	*x = VM{}
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1775,7 @@ func (x *VM) String() string {
 func (*VM) ProtoMessage() {}
 
 func (x *VM) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1788,7 @@ func (x *VM) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VM.ProtoReflect.Descriptor instead.
 func (*VM) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{26}
+	return file_lanekit_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VM) GetName() string {
@@ -1862,7 +1950,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x05Route\x12\x10\n" +
 	"\x03dst\x18\x01 \x01(\tR\x03dst\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x14\n" +
-	"\x05scope\x18\x03 \x01(\x05R\x05scope\"\xf3\x03\n" +
+	"\x05scope\x18\x03 \x01(\x05R\x05scope\"\xad\x04\n" +
 	"\bEndpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12,\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x18.lanekit.v1.EndpointKindR\x04kind\x126\n" +
@@ -1880,10 +1968,23 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x06routes\x18\t \x03(\v2\x11.lanekit.v1.RouteR\x06routes\x128\n" +
 	"\x06labels\x18\n" +
 	" \x03(\v2 .lanekit.v1.Endpoint.LabelsEntryR\x06labels\x12!\n" +
-	"\fcreated_unix\x18\v \x01(\x03R\vcreatedUnix\x1a9\n" +
+	"\fcreated_unix\x18\v \x01(\x03R\vcreatedUnix\x128\n" +
+	"\bcounters\x18\f \x01(\v2\x1c.lanekit.v1.EndpointCountersR\bcounters\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x02\n" +
+	"\x10EndpointCounters\x12!\n" +
+	"\ffrom_packets\x18\x01 \x01(\x04R\vfromPackets\x12\x1d\n" +
+	"\n" +
+	"from_bytes\x18\x02 \x01(\x04R\tfromBytes\x12\x1d\n" +
+	"\n" +
+	"to_packets\x18\x03 \x01(\x04R\ttoPackets\x12\x19\n" +
+	"\bto_bytes\x18\x04 \x01(\x04R\atoBytes\x12=\n" +
+	"\x05drops\x18\x05 \x03(\v2'.lanekit.v1.EndpointCounters.DropsEntryR\x05drops\x1a8\n" +
+	"\n" +
+	"DropsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd3\x02\n" +
 	"\fAddVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05netns\x18\x02 \x01(\tR\x05netns\x12\x16\n" +
@@ -1949,7 +2050,7 @@ func file_lanekit_proto_rawDescGZIP() []byte {
 }
 
 var file_lanekit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_lanekit_proto_goTypes = []any{
 	(EndpointKind)(0),             // 0: lanekit.v1.EndpointKind
 	(*Attachment)(nil),            // 1: lanekit.v1.Attachment
@@ -1972,21 +2073,23 @@ var file_lanekit_proto_goTypes = []any{
 	(*IPConfig)(nil),              // 18: lanekit.v1.IPConfig
 	(*Route)(nil),                 // 19: lanekit.v1.Route
 	(*Endpoint)(nil),              // 20: lanekit.v1.Endpoint
-	(*AddVMRequest)(nil),          // 21: lanekit.v1.AddVMRequest
-	(*AddVMResponse)(nil),         // 22: lanekit.v1.AddVMResponse
-	(*DelVMRequest)(nil),          // 23: lanekit.v1.DelVMRequest
-	(*DelVMResponse)(nil),         // 24: lanekit.v1.DelVMResponse
-	(*ListVMsRequest)(nil),        // 25: lanekit.v1.ListVMsRequest
-	(*ListVMsResponse)(nil),       // 26: lanekit.v1.ListVMsResponse
-	(*VM)(nil),                    // 27: lanekit.v1.VM
-	nil,                           // 28: lanekit.v1.AddEndpointRequest.LabelsEntry
-	nil,                           // 29: lanekit.v1.Endpoint.LabelsEntry
-	nil,                           // 30: lanekit.v1.AddVMRequest.LabelsEntry
+	(*EndpointCounters)(nil),      // 21: lanekit.v1.EndpointCounters
+	(*AddVMRequest)(nil),          // 22: lanekit.v1.AddVMRequest
+	(*AddVMResponse)(nil),         // 23: lanekit.v1.AddVMResponse
+	(*DelVMRequest)(nil),          // 24: lanekit.v1.DelVMRequest
+	(*DelVMResponse)(nil),         // 25: lanekit.v1.DelVMResponse
+	(*ListVMsRequest)(nil),        // 26: lanekit.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),       // 27: lanekit.v1.ListVMsResponse
+	(*VM)(nil),                    // 28: lanekit.v1.VM
+	nil,                           // 29: lanekit.v1.AddEndpointRequest.LabelsEntry
+	nil,                           // 30: lanekit.v1.Endpoint.LabelsEntry
+	nil,                           // 31: lanekit.v1.EndpointCounters.DropsEntry
+	nil,                           // 32: lanekit.v1.AddVMRequest.LabelsEntry
 }
 var file_lanekit_proto_depIdxs = []int32{
 	0,  // 0: lanekit.v1.AddEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 1: lanekit.v1.AddEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	28, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
+	29, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
 	20, // 3: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
 	0,  // 4: lanekit.v1.DelEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 5: lanekit.v1.DelEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
@@ -2007,34 +2110,36 @@ var file_lanekit_proto_depIdxs = []int32{
 	17, // 20: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
 	18, // 21: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
 	19, // 22: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
-	29, // 23: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
-	30, // 24: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
-	27, // 25: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
-	27, // 26: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
-	20, // 27: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
-	2,  // 28: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	4,  // 29: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	6,  // 30: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	8,  // 31: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	10, // 32: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
-	12, // 33: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
-	21, // 34: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
-	23, // 35: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
-	25, // 36: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
-	3,  // 37: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
-	5,  // 38: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	7,  // 39: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
-	9,  // 40: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
-	11, // 41: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
-	13, // 42: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
-	22, // 43: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
-	24, // 44: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
-	26, // 45: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
-	37, // [37:46] is the sub-list for method output_type
-	28, // [28:37] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	30, // 23: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
+	21, // 24: lanekit.v1.Endpoint.counters:type_name -> lanekit.v1.EndpointCounters
+	31, // 25: lanekit.v1.EndpointCounters.drops:type_name -> lanekit.v1.EndpointCounters.DropsEntry
+	32, // 26: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
+	28, // 27: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
+	28, // 28: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
+	20, // 29: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
+	2,  // 30: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	4,  // 31: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	6,  // 32: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	8,  // 33: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	10, // 34: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
+	12, // 35: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
+	22, // 36: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
+	24, // 37: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
+	26, // 38: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
+	3,  // 39: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
+	5,  // 40: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	7,  // 41: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
+	9,  // 42: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
+	11, // 43: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
+	13, // 44: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
+	23, // 45: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
+	25, // 46: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
+	27, // 47: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
+	39, // [39:48] is the sub-list for method output_type
+	30, // [30:39] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_lanekit_proto_init() }
@@ -2042,14 +2147,14 @@ func file_lanekit_proto_init() {
 	if File_lanekit_proto != nil {
 		return
 	}
-	file_lanekit_proto_msgTypes[20].OneofWrappers = []any{}
+	file_lanekit_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lanekit_proto_rawDesc), len(file_lanekit_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

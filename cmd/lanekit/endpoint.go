@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -55,7 +57,7 @@ var endpointListCmd = &cobra.Command{
 			return fmt.Errorf("list endpoints: %w", err)
 		}
 		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS")
+		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tSENT pkts/bytes\tRECEIVED pkts/bytes\tDROPS")
 		for _, ep := range resp.GetEndpoints() {
 			ip, hostDev, ifindex := "", "", int32(0)
 			if len(ep.GetIps()) > 0 {
@@ -68,8 +70,10 @@ var endpointListCmd = &cobra.Command{
 			if len(cid) > 16 {
 				cid = cid[:16]
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
-				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns())
+			c := ep.GetCounters()
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d/%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
+				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns(),
+				c.GetFromPackets(), c.GetFromBytes(), c.GetToPackets(), c.GetToBytes(), dropsText(c.GetDrops()))
 		}
 		return w.Flush()
 	},
@@ -88,4 +92,17 @@ func init() {
 	addSocketFlag(endpointListCmd)
 	endpointCmd.AddCommand(endpointListCmd)
 	rootCmd.AddCommand(endpointCmd)
+}
+
+// dropsText formats drops by reason, "-" when there are none.
+func dropsText(d map[string]uint64) string {
+	if len(d) == 0 {
+		return "-"
+	}
+	var parts []string
+	for r, n := range d {
+		parts = append(parts, fmt.Sprintf("%s=%d", r, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
 }

@@ -325,6 +325,9 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 // List returns every endpoint, by ID.
 func (a *Agent) List() ([]endpoint.Endpoint, error) { return a.endpoints() }
 
+// Counters returns what the datapath counted for endpoint id.
+func (a *Agent) Counters(id uint32) (datapath.Counters, error) { return a.dp.Counters(id) }
+
 // Attachment is a container ID + ifname pair.
 type Attachment struct{ ContainerID, IfName string }
 

@@ -194,7 +194,11 @@ func (s *server) ListEndpoints(context.Context, *apiv1.ListEndpointsRequest) (*a
 	}
 	resp := &apiv1.ListEndpointsResponse{}
 	for i := range eps {
-		resp.Endpoints = append(resp.Endpoints, EndpointToProto(&eps[i]))
+		pe := EndpointToProto(&eps[i])
+		if c, err := s.a.Counters(eps[i].ID); err == nil {
+			pe.Counters = CountersToProto(c)
+		}
+		resp.Endpoints = append(resp.Endpoints, pe)
 	}
 	return resp, nil
 }
@@ -285,4 +289,16 @@ func (s *server) ListVMs(context.Context, *apiv1.ListVMsRequest) (*apiv1.ListVMs
 		resp.Vms = append(resp.Vms, VMToProto(&vms[i]))
 	}
 	return resp, nil
+}
+
+// CountersToProto converts datapath counters.
+func CountersToProto(c datapath.Counters) *apiv1.EndpointCounters {
+	pc := &apiv1.EndpointCounters{FromPackets: c.FromPackets, FromBytes: c.FromBytes, ToPackets: c.ToPackets, ToBytes: c.ToBytes}
+	for r, n := range c.Drops {
+		if pc.Drops == nil {
+			pc.Drops = map[string]uint64{}
+		}
+		pc.Drops[r.String()] = n
+	}
+	return pc
 }
