@@ -119,6 +119,7 @@ func TestLabEndToEnd(t *testing.T) {
 	}
 
 	agentKilledDuringTransfer(t, bins, lk)
+	vmAgentKilled(t, bins, lk)
 	if out, err := lk(t, "lab", "check"); err != nil || !strings.Contains(out, "all probes passed") {
 		t.Fatalf("lab check after the agent restart: %v", err)
 	}

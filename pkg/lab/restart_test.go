@@ -146,3 +146,36 @@ func tcxProgramsPerDevice(_ context.Context, ns string) (map[string]int, error) 
 	r := <-c
 	return r.n, r.err
 }
+
+// vmAgentKilled: the agent of the VM's node dies by SIGKILL. The guest keeps
+// its connectivity (pinned datapath, sockets held by the backend); a new
+// agent re-adopts the VM and serves its sockets again.
+func vmAgentKilled(t *testing.T, bins Bins, lk func(*testing.T, ...string) (string, error)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := LoadState()
+	if err != nil || len(st.VMs) == 0 {
+		t.Fatalf("lab state without a VM: %v", err)
+	}
+	vm := st.VMs[0]
+	pid := readPID(AgentPIDFile(vm.Node))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill agent of node %d: %v", vm.Node, err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	// With no agent at all on its node, pods on node 1 still reach the VM.
+	client := PodNS(1, 1, KindLanekit)
+	if _, err := inNS(ctx, client, append(pingCommand(), "-c", "1", "-W", "2", vm.IP)...); err != nil {
+		t.Errorf("pod -> VM with the VM's agent down: %v", err)
+	}
+	if _, err := startAgent(ctx, bins, vm.Node); err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	out, err := lk(t, "vm", "list", "--socket", AgentSocket(vm.Node))
+	if err != nil || !strings.Contains(out, vm.Name) || !strings.Contains(out, vm.IP) || !strings.Contains(out, "true") { // serving
+		t.Errorf("vm list after restart: %v\n%s", err, out)
+	}
+}
