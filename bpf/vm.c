@@ -5,7 +5,11 @@
  * transmit path (from_pod/from_uplink redirect there; the host stack routes
  * there), where GSO packets are segmented and partial checksums completed, so
  * the guest gets whole frames. Each frame goes to the AF_XDP socket bound to its
- * rx queue; the lanekit-vhost backend moves it into the guest's virtio queue. */
+ * rx queue; the lanekit-vhost backend moves it into the guest's virtio queue.
+ *
+ * One program instance per VM: the VM's identity is load-time settings, not a
+ * map entry, so nothing is keyed by an ifindex (which is only unique within a
+ * netns). */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <bpf/bpf_helpers.h>
@@ -17,7 +21,7 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-/* AF_XDP sockets of every VM: slot = vm_info.xsk_base + rx queue. */
+/* AF_XDP sockets of every VM: slot = vm_xsk_base + rx queue. */
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
 	__uint(max_entries, LK_MAX_XSKS);
@@ -26,16 +30,24 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_xsks SEC(".maps");
 
-/* VMs by the ifindex of their endpoint device. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, LK_MAX_VMS);
-	__type(key, __u32);
-	__type(value, struct vm_info);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lk_vms SEC(".maps");
+/* Load-time settings: the VM this instance serves. */
+const volatile __u32 vm_id = 0; /* the VM's endpoint id (counters) */
+const volatile __u32 vm_xsk_base = 0; /* its first slot in lk_xsks */
+const volatile __u32 vm_queues = 0; /* its queue pairs: one socket each */
+const volatile __u8 vm_mac[ETH_ALEN] = {}; /* unicast frames for other MACs are not its */
 
-static __always_inline int xdp_drop(struct xdp_md *ctx, __u32 vm_id, __u32 reason)
+/* is_vm_mac compares with the load-time MAC. Each byte is read through the
+ * volatile object: a cast to a plain pointer would let the compiler fold the
+ * zero initializer in. */
+static __always_inline int is_vm_mac(const __u8 *mac)
+{
+	for (int i = 0; i < ETH_ALEN; i++)
+		if (mac[i] != vm_mac[i])
+			return 0;
+	return 1;
+}
+
+static __always_inline int xdp_drop(struct xdp_md *ctx, __u32 reason)
 {
 	metrics_add(vm_id, METRIC_DROP_BASE + reason, ctx->data_end - ctx->data);
 	return XDP_DROP;
@@ -46,25 +58,23 @@ int steer_vm(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
-	__u32 ifindex = ctx->ingress_ifindex;
-	struct vm_info *vm = bpf_map_lookup_elem(&lk_vms, &ifindex);
 	struct ethhdr *eth = data;
 	__u32 q, slot;
 
-	if (!vm)
-		return XDP_PASS; /* not a VM device (yet): leave it to the stack */
+	if (!vm_queues)
+		return XDP_PASS; /* not configured for a VM */
 	if ((void *)(eth + 1) > data_end)
-		return xdp_drop(ctx, vm->id, DROP_MALFORMED);
+		return xdp_drop(ctx, DROP_MALFORMED);
 	/* Broadcast and multicast (ARP requests...) are the VM's too. */
-	if (!(eth->h_dest[0] & 1) && !mac_equal(eth->h_dest, vm->mac))
-		return xdp_drop(ctx, vm->id, DROP_NOT_FOR_VM);
+	if (!(eth->h_dest[0] & 1) && !is_vm_mac(eth->h_dest))
+		return xdp_drop(ctx, DROP_NOT_FOR_VM);
 
 	q = ctx->rx_queue_index;
-	if (q >= vm->queues) /* a socket only takes frames of the queue it is bound to */
-		return xdp_drop(ctx, vm->id, DROP_NO_SOCKET);
-	slot = vm->xsk_base + q;
+	if (q >= vm_queues) /* a socket only takes frames of the queue it is bound to */
+		return xdp_drop(ctx, DROP_NO_SOCKET);
+	slot = vm_xsk_base + q;
 	trace_redirect(slot, REDIR_XSK);
 	if (!bpf_map_lookup_elem(&lk_xsks, &slot))
-		return xdp_drop(ctx, vm->id, DROP_NO_SOCKET);
+		return xdp_drop(ctx, DROP_NO_SOCKET);
 	return bpf_redirect_map(&lk_xsks, slot, XDP_DROP);
 }

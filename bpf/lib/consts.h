@@ -11,7 +11,6 @@
 #define ARPOP_REPLY 2
 
 #define LK_MAX_ENDPOINTS 4096
-#define LK_MAX_VMS 256
 #define LK_MAX_XSKS 1024
 
 /* Drop reasons: datapath.DropReason. */

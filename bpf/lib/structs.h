@@ -27,16 +27,6 @@ struct metrics_val {
 	__u64 bytes;
 };
 
-/* A VM served by the fast lane, keyed by the ifindex of its endpoint device
- * (eth0 in the VM's pod netns, where its AF_XDP sockets are bound). */
-struct vm_info {
-	__u32 id; /* endpoint id of the VM */
-	__u32 xsk_base; /* first slot of this VM's sockets in lk_xsks */
-	__u32 queues; /* number of queue pairs (one socket each) */
-	__u8 mac[6]; /* the VM's MAC: unicast frames for other MACs are not its */
-	__u16 flags; /* reserved */
-};
-
 /* Last redirect decision, written only when trace_redirects is set (tests). */
 struct redirect_trace {
 	__u32 ifindex;

@@ -10,8 +10,8 @@ import (
 
 // MemoryDatapath is the "none" backend: it forwards nothing and remembers
 // the endpoints it was given, so the control plane (ADD/CHECK/DEL/GC and
-// re-adoption) runs without BPF. VMs are registered like the BPF datapath's
-// lk_vms and lk_xsks would hold them.
+// re-adoption) runs without BPF. VMs are remembered as the BPF datapath's
+// steering programs and lk_xsks would hold them.
 type MemoryDatapath struct {
 	mu   sync.Mutex
 	eps  map[uint32]datapath.Endpoint

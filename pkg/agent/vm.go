@@ -203,9 +203,6 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	}
 	undo = append(undo, func() error { return a.host.DeletePod(ep.HostIfName) })
 	ep.HostIfIndex, ep.HostMAC, ep.IfIndex, ep.MAC = links.HostIfIndex, links.HostMAC.String(), links.IfIndex, links.MAC.String()
-	if err := a.checkVMIfIndex(ep.IfIndex); err != nil {
-		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
-	}
 
 	dpEp, err := ep.Datapath()
 	if err != nil {
@@ -236,23 +233,6 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	a.log.Info("vm added", "vm", req.Name, "id", ep.ID, "ip", ep.IP, "mac", ep.MAC, "queues", req.Queues,
 		"xsk_base", ep.VM.XSKBase, "socket", ep.VM.Socket, "dev", ep.HostIfName)
 	return &VMInfo{Endpoint: ep, Serving: true}, nil
-}
-
-// checkVMIfIndex refuses a VM device whose ifindex another VM's device has:
-// the fast lane finds VMs by the ifindex of their device, and ifindexes are
-// per netns. SetupPod creates the device in the host netns and moves it, so
-// it keeps a node-unique ifindex unless the VM's netns already uses it.
-func (a *Agent) checkVMIfIndex(ifindex int) error {
-	eps, err := a.endpoints()
-	if err != nil {
-		return err
-	}
-	for _, o := range eps {
-		if o.Kind == endpoint.KindVM && o.IfIndex == ifindex {
-			return fmt.Errorf("device ifindex %d is taken by vm endpoint %d: %w", ifindex, o.ID, ErrConflict)
-		}
-	}
-	return nil
 }
 
 // serveVM starts the fd-passing server of ep. Each backend connection gets
@@ -329,10 +309,9 @@ func (a *Agent) stopVMServer(name string) error {
 	return nil
 }
 
-// detachVM removes ep's steering program, registration and socket slots:
-// inside its netns if that still exists, else from here (the datapath only
-// unpins and deletes map entries then; the stored ifindex is still the key of
-// the VM's registration, checkVMIfIndex keeps it unique). Errors are logged.
+// detachVM removes ep's steering program and socket slots: inside its netns
+// if that still exists, else from here (the datapath only unpins and clears
+// map entries then). Errors are logged.
 func (a *Agent) detachVM(ep *endpoint.Endpoint) {
 	if ep.VM == nil {
 		return

@@ -29,7 +29,7 @@ type Loader struct {
 	mu     sync.Mutex
 	pod    podObjects
 	uplink uplinkObjects
-	vm     vmObjects
+	vm     vmMaps // lk_xsks; each VM gets its own steer_vm instance (AttachVM)
 }
 
 var _ Datapath = (*Loader)(nil)
@@ -104,9 +104,6 @@ func (l *Loader) load() error {
 	}
 
 	vmSpec, err := loadVm()
-	if err == nil {
-		err = vmSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects))
-	}
 	if err == nil {
 		err = vmSpec.LoadAndAssign(&l.vm, opts)
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/cilium/ebpf"
 )
 
 // MaxXSKs is the number of AF_XDP socket slots shared by all VMs of a node.
@@ -35,22 +37,36 @@ func (vm VM) validate() error {
 	return nil
 }
 
-// AttachVM attaches the steering program to the VM's device (native XDP,
-// pinned link) and registers the VM. The calling thread must be in the VM's
-// network namespace: the kernel resolves the ifindex there.
+// AttachVM loads a steering program for vm (its identity set at load time)
+// and attaches it to the VM's device (native XDP, pinned link; an existing
+// link is updated in place). The calling thread must be in the VM's network
+// namespace: the kernel resolves the ifindex there.
 func (l *Loader) AttachVM(vm VM) error {
 	if err := vm.validate(); err != nil {
 		return fmt.Errorf("attach vm: %w", err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	info := vmVmInfo{Id: vm.ID, XskBase: vm.XSKBase, Queues: uint32(vm.Queues)}
-	copy(info.Mac[:], vm.MAC)
-	if err := l.vm.LkVms.Put(uint32(vm.IfIndex), info); err != nil {
-		return fmt.Errorf("attach vm %d: register: %w", vm.ID, err)
+	spec, err := loadVm()
+	if err != nil {
+		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
-	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPDriver, l.vm.SteerVm); err != nil {
-		deleteIgnoreMissing(l.vm.LkVms, uint32(vm.IfIndex))
+	var mac [6]byte
+	copy(mac[:], vm.MAC)
+	for name, v := range map[string]any{
+		"vm_id": vm.ID, "vm_xsk_base": vm.XSKBase, "vm_queues": uint32(vm.Queues), "vm_mac": mac,
+		"trace_redirects": boolToU8(l.cfg.traceRedirects),
+	} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("attach vm %d: set %s: %w", vm.ID, name, err)
+		}
+	}
+	var progs vmPrograms
+	if err := spec.LoadAndAssign(&progs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: l.cfg.PinDir}}); err != nil {
+		return fmt.Errorf("attach vm %d: load: %w", vm.ID, err)
+	}
+	defer progs.Close() // the pinned link holds the program
+	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPDriver, progs.SteerVm); err != nil {
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
 	return nil
@@ -69,18 +85,13 @@ func (l *Loader) SetVMSocket(vm VM, queue int, fd int) error {
 	return nil
 }
 
-// DetachVM removes the steering program, the registration and the VM's
-// socket slots. What is already gone is not an error.
+// DetachVM removes the steering program and the VM's socket slots. What is
+// already gone is not an error.
 func (l *Loader) DetachVM(vm VM) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := l.detach(vmPin(vm.ID)); err != nil {
 		return fmt.Errorf("detach vm %d: %w", vm.ID, err)
-	}
-	if vm.IfIndex > 0 {
-		if err := deleteIgnoreMissing(l.vm.LkVms, uint32(vm.IfIndex)); err != nil {
-			return fmt.Errorf("detach vm %d: %w", vm.ID, err)
-		}
 	}
 	for q := 0; q < vm.Queues; q++ {
 		if err := deleteIgnoreMissing(l.vm.LkXsks, vm.XSKBase+uint32(q)); err != nil {

@@ -42,15 +42,6 @@ type vmRedirectTrace struct {
 	Kind    uint32
 }
 
-type vmVmInfo struct {
-	_       structs.HostLayout
-	Id      uint32
-	XskBase uint32
-	Queues  uint32
-	Mac     [6]uint8
-	Flags   uint16
-}
-
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -58,11 +49,14 @@ const (
 	vmMapLkEndpoints    = "lk_endpoints"
 	vmMapLkEpByIfindex  = "lk_ep_by_ifindex"
 	vmMapLkMetrics      = "lk_metrics"
-	vmMapLkVms          = "lk_vms"
 	vmMapLkXsks         = "lk_xsks"
 	vmProgSteerVm       = "steer_vm"
 	vmVarLastRedirect   = "last_redirect"
 	vmVarTraceRedirects = "trace_redirects"
+	vmVarVmId           = "vm_id"
+	vmVarVmMac          = "vm_mac"
+	vmVarVmQueues       = "vm_queues"
+	vmVarVmXskBase      = "vm_xsk_base"
 )
 
 // loadVm returns the embedded CollectionSpec for vm.
@@ -117,7 +111,6 @@ type vmMapSpecs struct {
 	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkVms         *ebpf.MapSpec `ebpf:"lk_vms"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
 
@@ -127,6 +120,10 @@ type vmMapSpecs struct {
 type vmVariableSpecs struct {
 	LastRedirect   *ebpf.VariableSpec `ebpf:"last_redirect"`
 	TraceRedirects *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	VmId           *ebpf.VariableSpec `ebpf:"vm_id"`
+	VmMac          *ebpf.VariableSpec `ebpf:"vm_mac"`
+	VmQueues       *ebpf.VariableSpec `ebpf:"vm_queues"`
+	VmXskBase      *ebpf.VariableSpec `ebpf:"vm_xsk_base"`
 }
 
 // vmObjects contains all objects after they have been loaded into the kernel.
@@ -152,7 +149,6 @@ type vmMaps struct {
 	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkVms         *ebpf.Map `ebpf:"lk_vms"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
 
@@ -161,7 +157,6 @@ func (m *vmMaps) Close() error {
 		m.LkEndpoints,
 		m.LkEpByIfindex,
 		m.LkMetrics,
-		m.LkVms,
 		m.LkXsks,
 	)
 }
@@ -172,6 +167,10 @@ func (m *vmMaps) Close() error {
 type vmVariables struct {
 	LastRedirect   *ebpf.Variable `ebpf:"last_redirect"`
 	TraceRedirects *ebpf.Variable `ebpf:"trace_redirects"`
+	VmId           *ebpf.Variable `ebpf:"vm_id"`
+	VmMac          *ebpf.Variable `ebpf:"vm_mac"`
+	VmQueues       *ebpf.Variable `ebpf:"vm_queues"`
+	VmXskBase      *ebpf.Variable `ebpf:"vm_xsk_base"`
 }
 
 // vmPrograms contains all programs after they have been loaded into the kernel.

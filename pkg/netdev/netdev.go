@@ -62,9 +62,8 @@ type PodSpec struct {
 	IP         netip.Addr
 	MTU        int
 	// Queues > 0 makes a VM device (veth only): both ends get exactly Queues
-	// tx and rx queues, and the pod end is created in the host namespace and
-	// then moved, so it keeps a node-unique ifindex (the VM fast lane keys
-	// VMs by the ifindex of their device).
+	// tx and rx queues (every rx queue has an AF_XDP socket bound to it), and
+	// the host end gets tx checksum offload off.
 	Queues int
 	// MAC of the pod end; nil: random.
 	MAC net.HardwareAddr

@@ -243,7 +243,8 @@ func TestVMSteering(t *testing.T) {
 	}))
 	f := waitFrame(func(f []byte) bool { return len(f) > 42 && bytes.Equal(f[30:34], []byte{10, 244, 1, 50}) })
 	if f == nil {
-		t.Fatal("no frame for the VM arrived on its AF_XDP socket")
+		c, _ := dp.Counters(7)
+		t.Fatalf("no frame for the VM arrived on its AF_XDP socket (VM endpoint counters %+v)", c)
 	}
 	if !bytes.Equal(f[0:6], vmMAC) || !bytes.Equal(f[42:], payload) {
 		t.Fatalf("frame for the VM is wrong: %x", f)
