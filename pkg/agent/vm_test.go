@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -152,21 +151,6 @@ func linkIn(t *testing.T, n ns.NetNS, name string) netlink.Link {
 		return nil
 	})
 	return l
-}
-
-func countKeys(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	n := 0
-	var k uint32
-	v := make([]byte, m.ValueSize())
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("iterate %v: %v", m, err)
-	}
-	return n
 }
 
 func slotCount(t *testing.T, a *Agent) int {
