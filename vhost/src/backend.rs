@@ -245,17 +245,13 @@ impl NetBackend {
         if !vs.get_queue().ready() || !vs.is_enabled() {
             return;
         }
+        let old_used = vs.get_queue().next_used();
         let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode());
         drop(p);
-        if run.used {
-            match vs.needs_notification() {
-                Ok(true) => {
-                    if let Err(e) = vs.signal_used_queue() {
-                        warn!("queue pair {pair}: signal guest: {e}");
-                    }
-                }
-                Ok(false) => {}
-                Err(e) => self.stats.error(&e),
+        // One notification decision per run (not per frame), from the used index before it.
+        if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, &self.stats) {
+            if let Err(e) = vs.signal_used_queue() {
+                warn!("queue pair {pair}: signal guest: {e}");
             }
         }
         if run.more {

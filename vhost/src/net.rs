@@ -451,100 +451,6 @@ fn rx_fill<M: GuestMemory>(
     }
 }
 
-/// Validate one TX chain and append its frame (header stripped) to `out`.
-pub fn tx_chain<M: GuestMemory>(
-    chain: DescriptorChain<&M>,
-    mem: &M,
-    mode: NetMode,
-    s: &mut Scratch,
-    out: &mut Batch,
-) -> Result<usize, ChainError> {
-    s.segs.clear();
-    let total = collect(chain, mem, false, mode.hdr_len + mode.max_frame, &mut s.segs)?;
-    if total < mode.hdr_len + ETH_HLEN {
-        return Err(ChainError::TooShort(total));
-    }
-    let mut hdr = [0u8; HDR_LEN];
-    gather(mem, &s.segs, 0, &mut hdr[..mode.hdr_len])?;
-    if hdr[0] & HDR_F_NEEDS_CSUM != 0 || hdr[1] != 0 {
-        return Err(ChainError::Offload(hdr[0], hdr[1]));
-    }
-    let len = total - mode.hdr_len;
-    out.push_with(len, |buf| gather(mem, &s.segs, mode.hdr_len, buf))?;
-    Ok(len)
-}
-
-/// TX state of one queue pair.
-#[derive(Debug, Default)]
-pub struct TxState {
-    batch: Batch,
-    scratch: Scratch,
-}
-
-fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
-    if batch.is_empty() {
-        return;
-    }
-    let sent = match port.send(batch) {
-        Ok(n) => n.min(batch.len()),
-        Err(e) => {
-            log::warn!("{}: send failed: {e}", port.describe());
-            0
-        }
-    };
-    let bytes: usize = batch.iter().take(sent).map(<[u8]>::len).sum();
-    Stats::add(&stats.tx_frames, sent as u64);
-    Stats::add(&stats.tx_bytes, bytes as u64);
-    Stats::add(&stats.tx_dropped, (batch.len() - sent) as u64);
-    batch.clear();
-}
-
-/// Move frames from the TX queue to `port` in batches until the queue is empty or `budget`.
-pub fn tx_queue<M: GuestMemory>(
-    q: &mut Queue,
-    mem: &M,
-    port: &mut dyn Port,
-    st: &mut TxState,
-    mode: NetMode,
-    stats: &Stats,
-    budget: usize,
-) -> QueueRun {
-    let mut run = QueueRun::default();
-    loop {
-        if let Err(e) = q.disable_notification(mem) {
-            stats.error(&e);
-        }
-        let before = run.handled;
-        while let Some(chain) = pop_chain(q, mem, stats) {
-            let head = chain.head_index();
-            if let Err(e) = tx_chain(chain, mem, mode, &mut st.scratch, &mut st.batch) {
-                stats.error(&e);
-            }
-            add_used(q, mem, head, 0, stats);
-            run.used = true;
-            run.handled += 1;
-            if st.batch.len() >= BATCH {
-                flush(port, &mut st.batch, stats);
-            }
-            if run.handled >= budget {
-                flush(port, &mut st.batch, stats);
-                run.more = true;
-                return run;
-            }
-        }
-        flush(port, &mut st.batch, stats);
-        match q.enable_notification(mem) {
-            // More chains arrived: go again, unless this pass found none (corrupt ring).
-            Ok(true) if run.handled > before => continue,
-            Ok(_) => return run,
-            Err(e) => {
-                stats.error(&e);
-                return run;
-            }
-        }
-    }
-}
-
 /// One control command's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CtrlReply {
@@ -635,6 +541,10 @@ pub fn ctrl_queue<M: GuestMemory>(
     }
     (run, pairs)
 }
+
+#[path = "net_tx.rs"]
+mod tx;
+pub use tx::{needs_signal, tx_chain, tx_queue, TxState};
 
 #[cfg(test)]
 #[path = "net_tests.rs"]

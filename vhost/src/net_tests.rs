@@ -18,15 +18,18 @@ const BUF_BASE: u64 = 0x10_0000;
 const MODE: NetMode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518 };
 
 /// A port fed and drained directly by the test; `room` bounds what `send` accepts.
+/// With `lend` set it also lends buffers of that size (direct TX).
 struct TestPort {
     incoming: VecDeque<Vec<u8>>,
     sent: Vec<Vec<u8>>,
     room: usize,
+    lend: Option<usize>,
+    lent: Vec<Vec<u8>>,
 }
 
 impl TestPort {
     fn new() -> Self {
-        TestPort { incoming: VecDeque::new(), sent: Vec::new(), room: usize::MAX }
+        TestPort { incoming: VecDeque::new(), sent: Vec::new(), room: usize::MAX, lend: None, lent: Vec::new() }
     }
 }
 
@@ -45,6 +48,23 @@ impl Port for TestPort {
         self.room -= n;
         self.sent.extend(batch.iter().take(n).map(<[u8]>::to_vec));
         Ok(n)
+    }
+    fn tx_reserve(&mut self, n: usize) -> usize {
+        let Some(size) = self.lend else { return 0 };
+        self.lent = vec![vec![0xee; size]; n.min(self.room)];
+        self.lent.len()
+    }
+    fn tx_buf(&mut self, i: usize) -> &mut [u8] {
+        self.lent.get_mut(i).map_or(&mut [], |b| &mut b[..])
+    }
+    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+        assert!(frames.len() <= self.lent.len(), "more frames than lent buffers");
+        for (b, &(off, len)) in self.lent.iter().zip(frames) {
+            self.sent.push(b[off..off + len].to_vec());
+        }
+        self.room -= frames.len();
+        self.lent.clear();
+        Ok(frames.len())
     }
     fn fd(&self) -> RawFd {
         -1
@@ -387,4 +407,97 @@ fn corrupt_avail_index_is_an_error_not_a_panic() {
     let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
     assert_eq!(run.handled, 0);
     assert!(stats.snapshot().errors >= 1);
+}
+
+#[test]
+fn tx_copies_into_lent_buffers_and_publishes_the_used_index_once() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 64);
+    let (f1, f2, f3) = (frame(100, 1), frame(1514, 2), frame(1518, 3));
+    let mut csum_hdr = [0u8; 12];
+    csum_hdr[0] = 1;
+    let chains = vec![
+        tx_descs(&m, BUF_BASE, [0; 12], &f1, 10),
+        tx_descs(&m, BUF_BASE + 0x1000, csum_hdr, &f1, 64),
+        // Header + frame do not fit a 1516-byte buffer, the frame alone does.
+        tx_descs(&m, BUF_BASE + 0x2000, [0; 12], &f2, 1000),
+        // The frame alone does not fit: the port refuses it.
+        tx_descs(&m, BUF_BASE + 0x3000, [0; 12], &f3, 2048),
+        tx_descs(&m, BUF_BASE + 0x4000, [0; 12], &f1, 60),
+        tx_descs(&m, BUF_BASE + 0x5000, [0; 12], &f1, 112),
+    ];
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    port.lend = Some(1516);
+    port.room = 3;
+    let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!((run.handled, run.used, run.more), (6, true, false));
+    // Three buffers lent for five valid chains: the last valid one finds no buffer.
+    let lens: Vec<_> = port.sent.iter().map(Vec::len).collect();
+    assert_eq!(lens, vec![100, 1514, 100]);
+    assert!(port.sent == vec![f1.clone(), f2, f1]);
+    assert_eq!(used_idx(&vq), 6);
+    for i in 0..6 {
+        assert_eq!(used(&vq, i).1, 0, "tx chains are returned with length 0");
+    }
+    let s = stats.snapshot();
+    assert_eq!((s.tx_frames, s.tx_bytes, s.tx_dropped, s.errors), (3, 1714, 2, 1));
+}
+
+#[test]
+fn tx_with_lent_buffers_matches_the_batch_path() {
+    for lend in [None, Some(2048)] {
+        let m = mem();
+        // 256: the mock's used ring overlaps avail entries past size / 2.
+        let vq = MockSplitQueue::new(&m, 256);
+        let frames: Vec<_> = (0..100).map(|i| frame(60 + i * 13, i as u8)).collect();
+        let chains: Vec<_> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| tx_descs(&m, BUF_BASE + 0x1000 * i as u64, [0; 12], f, 2048))
+            .collect();
+        add_chains(&vq, 0, &chains);
+        let mut q: Queue = vq.create_queue().unwrap();
+        let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+        port.lend = lend;
+        let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 70);
+        assert_eq!((run.handled, run.more), (70, true));
+        let run = tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 70);
+        assert_eq!((run.handled, run.more), (30, false));
+        let lens = |v: &[Vec<u8>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(lens(&port.sent), lens(&frames), "lend {lend:?}");
+        assert!(port.sent == frames, "lend {lend:?}: frames differ");
+        assert_eq!(used_idx(&vq), 100);
+    }
+}
+
+#[test]
+fn needs_signal_follows_used_event_and_no_interrupt() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let chains: Vec<_> = (0..4)
+        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
+        .collect();
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    q.set_event_idx(true);
+    let used_event = GuestAddress(q.avail_ring() + 4 + 2 * 16);
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(q.next_used(), 4);
+    // used_event in [old, new): the driver asked to be told once entry used_event is used.
+    for (ev, old, want) in [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)] {
+        m.write_obj(ev.to_le(), used_event).unwrap();
+        assert_eq!(needs_signal(&q, &m, old, &stats), want, "used_event {ev} old {old}");
+    }
+    assert!(!needs_signal(&q, &m, 4, &stats), "nothing used, nothing to signal");
+    // Without EVENT_IDX only VRING_AVAIL_F_NO_INTERRUPT suppresses.
+    q.set_event_idx(false);
+    let flags = GuestAddress(q.avail_ring());
+    m.write_obj(1u16.to_le(), flags).unwrap();
+    assert!(!needs_signal(&q, &m, 0, &stats));
+    m.write_obj(0u16.to_le(), flags).unwrap();
+    assert!(needs_signal(&q, &m, 0, &stats));
+    assert_eq!(stats.snapshot().errors, 0);
 }

@@ -90,6 +90,25 @@ pub trait Port: Send {
     /// number were not sent (the port is full); the caller counts them as dropped. Never blocks.
     fn send(&mut self, batch: &Batch) -> io::Result<usize>;
 
+    /// Direct TX, step 1: lend up to `n` of the port's own frame buffers so the caller can write
+    /// frames in place (no intermediate copy). Returns how many are lent (each at least
+    /// [`Port::tx_buf`]`.len()` bytes); 0 when the port has none free or does not lend buffers,
+    /// and the caller then uses [`Port::send`]. A new call forgets an earlier, uncommitted loan.
+    fn tx_reserve(&mut self, _n: usize) -> usize {
+        0
+    }
+
+    /// Direct TX, step 2: buffer `i` (`< tx_reserve()`) of the current loan; empty otherwise.
+    fn tx_buf(&mut self, _i: usize) -> &mut [u8] {
+        &mut []
+    }
+
+    /// Direct TX, step 3: send `frames[k] = (offset, len)` out of lent buffer `k`, in order, and
+    /// end the loan (unused buffers go back to the port). Returns how many were accepted.
+    fn tx_commit(&mut self, _frames: &[(usize, usize)]) -> io::Result<usize> {
+        Ok(0)
+    }
+
     /// A file descriptor that becomes readable (edge: on each arrival) when `recv` may return
     /// frames. The backend registers it edge-triggered on its epoll loop.
     fn fd(&self) -> RawFd;

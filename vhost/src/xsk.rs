@@ -364,6 +364,8 @@ pub struct XskPort {
     params: XskParams,
     tx_free: Vec<u64>,
     fill_pending: Vec<u64>,
+    /// Frames at the end of `tx_free` lent by `tx_reserve` (the last one is buffer 0).
+    tx_lent: usize,
     /// Descriptors from the kernel that pointed outside the UMEM (never expected).
     pub bad_descs: u64,
 }
@@ -396,6 +398,7 @@ impl XskPort {
             params,
             tx_free: (nfill..params.frame_count).map(|i| u64::from(i) * fs).collect(),
             fill_pending: (0..nfill).map(|i| u64::from(i) * fs).collect(),
+            tx_lent: 0,
             bad_descs: 0,
         };
         port.refill();
@@ -461,6 +464,23 @@ impl XskPort {
         self.comp.release(n);
     }
 
+    /// Publish `sent` TX descriptors written at the producer position and have the kernel send
+    /// them. Copy mode always needs the kick, and each kick sends at most 32 frames
+    /// (TX_BATCH_SIZE in the kernel), so kick until the ring is drained (bounded); one kick per
+    /// 32 frames, not per frame.
+    fn publish_tx(&mut self, sent: u32) {
+        if sent > 0 {
+            self.tx.submit(sent);
+        }
+        for _ in 0..sent / 32 + 1 {
+            self.kick();
+            if self.tx.free(self.params.tx_size) == self.params.tx_size {
+                break;
+            }
+        }
+        self.reclaim();
+    }
+
     fn kick(&self) {
         // SAFETY: sendto with no buffer and no address only asks the kernel to process the TX ring.
         let r = unsafe {
@@ -501,6 +521,7 @@ impl Port for XskPort {
     }
 
     fn send(&mut self, batch: &Batch) -> io::Result<usize> {
+        self.tx_lent = 0;
         self.reclaim();
         let want = batch.len().min(self.tx_free.len()).min(u32::MAX as usize) as u32;
         let n = self.tx.free(want).min(want);
@@ -519,18 +540,46 @@ impl Port for XskPort {
             self.tx.write(start.wrapping_add(sent), XdpDesc { addr, len: f.len() as u32, options: 0 });
             sent += 1;
         }
-        if sent > 0 {
-            self.tx.submit(sent);
+        self.publish_tx(sent);
+        Ok(sent as usize)
+    }
+
+    fn tx_reserve(&mut self, n: usize) -> usize {
+        self.reclaim();
+        let want = n.min(self.tx_free.len()).min(u32::MAX as usize) as u32;
+        self.tx_lent = self.tx.free(want).min(want) as usize;
+        self.tx_lent
+    }
+
+    fn tx_buf(&mut self, i: usize) -> &mut [u8] {
+        if i >= self.tx_lent {
+            return &mut [];
         }
-        // Copy mode always needs the kick, and each kick sends at most 32 frames
-        // (TX_BATCH_SIZE in the kernel), so kick until the ring is drained (bounded).
-        for _ in 0..sent / 32 + 1 {
-            self.kick();
-            if self.tx.free(self.params.tx_size) == self.params.tx_size {
+        let addr = self.tx_free[self.tx_free.len() - 1 - i];
+        let fs = self.params.frame_size as usize;
+        // SAFETY: addr is a frame start taken from `tx_free` (frame-aligned, inside the UMEM, see
+        // `reclaim`), so [addr, addr + frame_size) lies in the mapping; free frames are not on any
+        // ring, so the kernel does not touch them, and `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(addr as usize), fs) }
+    }
+
+    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+        let n = frames.len().min(self.tx_lent);
+        self.tx_lent = 0;
+        let fs = self.params.frame_size as usize;
+        let start = self.tx.local;
+        let mut sent = 0u32;
+        for &(off, len) in &frames[..n] {
+            if off.checked_add(len).is_none_or(|end| end > fs) {
                 break;
             }
+            let Some(addr) = self.tx_free.pop() else { break };
+            // In aligned mode a descriptor may start anywhere in its chunk (not past its end).
+            let desc = XdpDesc { addr: addr + off as u64, len: len as u32, options: 0 };
+            self.tx.write(start.wrapping_add(sent), desc);
+            sent += 1;
         }
-        self.reclaim();
+        self.publish_tx(sent);
         Ok(sent as usize)
     }
 

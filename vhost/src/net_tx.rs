@@ -1,0 +1,322 @@
+//! TX (guest -> port) datapath of one queue, in batches: pop up to [`BATCH`] chains with one read
+//! of the available index, copy each frame straight into a buffer lent by the port (one copy per
+//! descriptor, header and frame together), send the batch with one port call, then add every
+//! chain to the used ring and publish the used index once. The notification decision for the
+//! whole run is [`needs_signal`] (EVENT_IDX `used_event`, or `VRING_AVAIL_F_NO_INTERRUPT`).
+
+use std::sync::atomic::{fence, Ordering};
+
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+
+use super::{collect, gather, ChainError, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
+use super::{HDR_F_NEEDS_CSUM, HDR_LEN};
+use crate::port::{Batch, Port};
+
+/// Validate one TX chain and append its frame (header stripped) to `out`.
+pub fn tx_chain<M: GuestMemory>(
+    chain: DescriptorChain<&M>,
+    mem: &M,
+    mode: NetMode,
+    s: &mut Scratch,
+    out: &mut Batch,
+) -> Result<usize, ChainError> {
+    s.segs.clear();
+    let total = collect(chain, mem, false, mode.hdr_len + mode.max_frame, &mut s.segs)?;
+    if total < mode.hdr_len + ETH_HLEN {
+        return Err(ChainError::TooShort(total));
+    }
+    to_batch(mem, mode, &s.segs, total, out)
+}
+
+fn check_hdr(hdr: &[u8]) -> Result<(), ChainError> {
+    match hdr {
+        [flags, gso, ..] if flags & HDR_F_NEEDS_CSUM != 0 || *gso != 0 => {
+            Err(ChainError::Offload(*flags, *gso))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Append the frame of a collected chain (`total` bytes in `segs`) to `out`.
+fn to_batch<M: GuestMemory>(
+    mem: &M,
+    mode: NetMode,
+    segs: &[(GuestAddress, usize)],
+    total: usize,
+    out: &mut Batch,
+) -> Result<usize, ChainError> {
+    let mut hdr = [0u8; HDR_LEN];
+    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    check_hdr(&hdr)?;
+    let len = total - mode.hdr_len;
+    out.push_with(len, |buf| gather(mem, segs, mode.hdr_len, buf))?;
+    Ok(len)
+}
+
+/// Copy a collected chain into the port buffer `buf`; returns where the frame is in it
+/// (`(offset, len)`). Header and frame are copied together when they fit (the frame then starts
+/// after the header), else the header goes to the stack and the frame to the buffer's start.
+fn to_buf<M: GuestMemory>(
+    mem: &M,
+    mode: NetMode,
+    segs: &[(GuestAddress, usize)],
+    total: usize,
+    buf: &mut [u8],
+) -> Result<(usize, usize), ChainError> {
+    let (len, cap) = (total - mode.hdr_len, buf.len());
+    if total <= cap {
+        let all = &mut buf[..total];
+        gather(mem, segs, 0, all)?;
+        // Checked on our copy: the guest cannot change it between check and send.
+        check_hdr(&all[..mode.hdr_len])?;
+        return Ok((mode.hdr_len, len));
+    }
+    let out = buf.get_mut(..len).ok_or(ChainError::TooLarge(cap))?;
+    let mut hdr = [0u8; HDR_LEN];
+    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    check_hdr(&hdr)?;
+    gather(mem, segs, mode.hdr_len, out)?;
+    Ok((0, len))
+}
+
+/// A chain popped in the current pass: its head, its segments in the scratch list and its byte
+/// count (0: invalid, already counted; it is only returned to the guest).
+#[derive(Debug, Clone, Copy)]
+struct Popped {
+    head: u16,
+    start: usize,
+    end: usize,
+    total: usize,
+}
+
+/// TX state of one queue pair (reusable buffers; no allocation once warmed up).
+#[derive(Debug, Default)]
+pub struct TxState {
+    batch: Batch,
+    scratch: Scratch,
+    popped: Vec<Popped>,
+    frames: Vec<(usize, usize)>,
+}
+
+fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
+    if batch.is_empty() {
+        return;
+    }
+    let sent = match port.send(batch) {
+        Ok(n) => n.min(batch.len()),
+        Err(e) => {
+            log::warn!("{}: send failed: {e}", port.describe());
+            0
+        }
+    };
+    let bytes: usize = batch.iter().take(sent).map(<[u8]>::len).sum();
+    Stats::add(&stats.tx_frames, sent as u64);
+    Stats::add(&stats.tx_bytes, bytes as u64);
+    Stats::add(&stats.tx_dropped, (batch.len() - sent) as u64);
+    batch.clear();
+}
+
+/// Send the valid popped chains: into buffers the port lends, or through a [`Batch`].
+fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, mode: NetMode, stats: &Stats) {
+    let valid = st.popped.iter().filter(|p| p.total > 0).count();
+    if valid == 0 {
+        return;
+    }
+    let lent = port.tx_reserve(valid);
+    let chains = st.popped.iter().filter(|p| p.total > 0);
+    if lent == 0 {
+        for p in chains {
+            let segs = &st.scratch.segs[p.start..p.end];
+            if let Err(e) = to_batch(mem, mode, segs, p.total, &mut st.batch) {
+                stats.error(&e);
+            }
+        }
+        flush(port, &mut st.batch, stats);
+        return;
+    }
+    st.frames.clear();
+    let mut dropped = 0usize;
+    for p in chains {
+        if st.frames.len() == lent {
+            dropped += 1;
+            continue;
+        }
+        let segs = &st.scratch.segs[p.start..p.end];
+        match to_buf(mem, mode, segs, p.total, port.tx_buf(st.frames.len())) {
+            Ok(frame) => st.frames.push(frame),
+            // Valid, but larger than the port's frames: the port refuses it.
+            Err(ChainError::TooLarge(_)) => dropped += 1,
+            Err(e) => stats.error(&e),
+        }
+    }
+    // Commit even an empty list: it ends the loan.
+    let sent = match port.tx_commit(&st.frames) {
+        Ok(n) => n.min(st.frames.len()),
+        Err(e) => {
+            log::warn!("{}: send failed: {e}", port.describe());
+            0
+        }
+    };
+    let bytes: usize = st.frames[..sent].iter().map(|f| f.1).sum();
+    Stats::add(&stats.tx_frames, sent as u64);
+    Stats::add(&stats.tx_bytes, bytes as u64);
+    Stats::add(&stats.tx_dropped, (st.frames.len() - sent + dropped) as u64);
+}
+
+/// Add every popped chain to the used ring (length 0: TX buffers are only read) and publish
+/// the used index once.
+fn add_used_batch<M: GuestMemory>(q: &mut Queue, mem: &M, popped: &[Popped], stats: &Stats) {
+    let (size, ring) = (q.size(), GuestAddress(q.used_ring()));
+    let mut next = q.next_used();
+    for p in popped {
+        if p.head >= size {
+            // A head outside the table yields an empty chain, already counted as an error;
+            // there is no descriptor to give back.
+            continue;
+        }
+        // virtq_used_elem { le32 id; le32 len = 0 } after the 4-byte used ring header.
+        let at = ring.checked_add(4 + 8 * u64::from(next % size));
+        match at.map(|a| mem.write_obj(u64::from(p.head).to_le(), a)) {
+            Some(Ok(())) => next = next.wrapping_add(1),
+            Some(Err(e)) => {
+                stats.error(&e);
+                break;
+            }
+            None => {
+                stats.error(&ChainError::BadAddress(ring.0, 8));
+                break;
+            }
+        }
+    }
+    if next == q.next_used() {
+        return;
+    }
+    // Release: the elements are visible before the index that hands them to the driver.
+    let published = ring.checked_add(2).map(|a| mem.store(next.to_le(), a, Ordering::Release));
+    match published {
+        Some(Ok(())) => q.set_next_used(next),
+        Some(Err(e)) => stats.error(&e),
+        None => stats.error(&ChainError::BadAddress(ring.0, 2)),
+    }
+}
+
+/// One pass: pop up to `want` chains, send their frames, return them. Returns chains handled.
+fn tx_pass<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    port: &mut dyn Port,
+    st: &mut TxState,
+    mode: NetMode,
+    stats: &Stats,
+    want: usize,
+) -> usize {
+    st.popped.clear();
+    st.scratch.segs.clear();
+    let limit = mode.hdr_len + mode.max_frame;
+    // One read of the available index for the whole pass.
+    let mut it = match q.iter(mem) {
+        Ok(it) => it,
+        Err(e) => {
+            stats.error(&e);
+            return 0;
+        }
+    };
+    while st.popped.len() < want {
+        let Some(chain) = it.next() else { break };
+        let head = chain.head_index();
+        let start = st.scratch.segs.len();
+        let total = match collect(chain, mem, false, limit, &mut st.scratch.segs) {
+            Ok(t) if t >= mode.hdr_len + ETH_HLEN => t,
+            res => {
+                let e = res.map_or_else(|e| e, ChainError::TooShort);
+                stats.error(&e);
+                st.scratch.segs.truncate(start);
+                0
+            }
+        };
+        st.popped.push(Popped { head, start, end: st.scratch.segs.len(), total });
+    }
+    if st.popped.is_empty() {
+        return 0;
+    }
+    send_popped(mem, port, st, mode, stats);
+    add_used_batch(q, mem, &st.popped, stats);
+    st.popped.len()
+}
+
+/// Move frames from the TX queue to `port` in batches until the queue is empty or `budget`.
+pub fn tx_queue<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    port: &mut dyn Port,
+    st: &mut TxState,
+    mode: NetMode,
+    stats: &Stats,
+    budget: usize,
+) -> QueueRun {
+    let mut run = QueueRun::default();
+    loop {
+        if let Err(e) = q.disable_notification(mem) {
+            stats.error(&e);
+        }
+        let before = run.handled;
+        loop {
+            let want = BATCH.min(budget.saturating_sub(run.handled));
+            if want == 0 {
+                run.more = true;
+                return run;
+            }
+            let n = tx_pass(q, mem, port, st, mode, stats, want);
+            if n == 0 {
+                break;
+            }
+            run.used = true;
+            run.handled += n;
+        }
+        match q.enable_notification(mem) {
+            // More chains arrived: go again, unless this pass found none (corrupt ring).
+            Ok(true) if run.handled > before => continue,
+            Ok(_) => return run,
+            Err(e) => {
+                stats.error(&e);
+                return run;
+            }
+        }
+    }
+}
+
+/// Whether the driver wants a used-buffer notification now that the used index moved from
+/// `old` to `q.next_used()`: with EVENT_IDX when `used_event` lies in `[old, new)`, else unless
+/// the driver set `VRING_AVAIL_F_NO_INTERRUPT`. Unreadable fields count as an error and signal.
+pub fn needs_signal<M: GuestMemory>(q: &Queue, mem: &M, old: u16, stats: &Stats) -> bool {
+    let new = q.next_used();
+    if new == old {
+        return false;
+    }
+    // The used index must be visible before the driver's suppression fields are read (pairs with
+    // the driver's barrier between writing them and reading the used index).
+    fence(Ordering::SeqCst);
+    let avail = GuestAddress(q.avail_ring());
+    let (at, event_idx) = if q.event_idx_enabled() {
+        // used_event follows the avail ring's flags, idx and `size` entries.
+        (avail.checked_add(4 + 2 * u64::from(q.size())), true)
+    } else {
+        (Some(avail), false)
+    };
+    let Some(at) = at else {
+        stats.error(&ChainError::BadAddress(avail.0, 2));
+        return true;
+    };
+    match mem.load::<u16>(at, Ordering::Relaxed).map(u16::from_le) {
+        Ok(used_event) if event_idx => {
+            new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(old)
+        }
+        Ok(flags) => flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0,
+        Err(e) => {
+            stats.error(&e);
+            true
+        }
+    }
+}
