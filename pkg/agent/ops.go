@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -138,18 +139,8 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 		return &ep, nil
 	}
 
-	var undo []func() error
-	defer func() {
-		if err == nil {
-			return
-		}
-		for i := len(undo) - 1; i >= 0; i-- {
-			if uerr := undo[i](); uerr != nil {
-				a.log.Error("undo failed add", "attachment", key, "err", uerr)
-				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
-			}
-		}
-	}()
+	var undo undoStack
+	defer func() { err = undo.unwind(err, a.log.With("attachment", key)) }()
 
 	var ip netip.Addr
 	var id uint32
@@ -398,4 +389,23 @@ func (a *Agent) Status() (StatusInfo, error) {
 		return s, fmt.Errorf("status: %w", err)
 	}
 	return s, nil
+}
+
+// undoStack collects what an ADD did, to take it back in reverse order when
+// a later step fails.
+type undoStack []func() error
+
+// unwind runs the stack when err is set and returns err joined with whatever
+// could not be undone.
+func (u undoStack) unwind(err error, log *slog.Logger) error {
+	if err == nil {
+		return nil
+	}
+	for i := len(u) - 1; i >= 0; i-- {
+		if uerr := u[i](); uerr != nil {
+			log.Error("undo failed add", "err", uerr)
+			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+		}
+	}
+	return err
 }

@@ -155,18 +155,8 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("add vm %s: exists (endpoint %d in netns %s): %w", req.Name, ep.ID, ep.Netns, ErrConflict)
 	}
 
-	var undo []func() error
-	defer func() {
-		if err == nil {
-			return
-		}
-		for i := len(undo) - 1; i >= 0; i-- {
-			if uerr := undo[i](); uerr != nil {
-				a.log.Error("undo failed vm add", "vm", req.Name, "err", uerr)
-				err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
-			}
-		}
-	}()
+	var undo undoStack
+	defer func() { err = undo.unwind(err, a.log.With("vm", req.Name)) }()
 
 	ep := endpoint.Endpoint{
 		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: endpoint.VMIfName,

@@ -125,17 +125,9 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 		return err
 	}
 	progress(cfg.Out, "lab: vm %s: booting (QEMU under TCG, vhost-user to lanekit-vhost)", name)
-	bctx, cancel := context.WithTimeout(ctx, vmBootTimeout)
-	defer cancel()
-	con, err := guest.DialBootingConsole(bctx, lv.SerialSocket)
+	status, err := waitGuestReady(ctx, lv.SerialSocket, vmFile(i, name, "qemu.log"), vmFile(i, name, "vhost.log"))
 	if err != nil {
-		return fmt.Errorf("vm %s: %w; qemu log: %s", name, err, logTail(vmFile(i, name, "qemu.log")))
-	}
-	defer con.Close()
-	status, err := con.WaitReady(bctx)
-	if err != nil {
-		return fmt.Errorf("vm %s: %w; qemu log: %s; backend log: %s", name, err,
-			logTail(vmFile(i, name, "qemu.log")), logTail(vmFile(i, name, "vhost.log")))
+		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	st.VMs[len(st.VMs)-1].BootSeconds = time.Since(start).Seconds()
 	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", name, time.Since(start).Seconds(), status)
@@ -192,4 +184,28 @@ func waitPath(path string, timeout time.Duration, pid int) error {
 		}
 	}
 	return fmt.Errorf("%s did not appear within %s", path, timeout)
+}
+
+// waitGuestReady takes the first client place on a booting guest's serial
+// socket and waits (bounded by vmBootTimeout) for its ready line. Errors
+// carry the tails of the given logs.
+func waitGuestReady(ctx context.Context, serial string, logs ...string) (string, error) {
+	bctx, cancel := context.WithTimeout(ctx, vmBootTimeout)
+	defer cancel()
+	withLogs := func(err error) error {
+		for _, l := range logs {
+			err = fmt.Errorf("%w; %s: %s", err, filepath.Base(l), logTail(l))
+		}
+		return err
+	}
+	con, err := guest.DialBootingConsole(bctx, serial)
+	if err != nil {
+		return "", withLogs(err)
+	}
+	defer con.Close()
+	status, err := con.WaitReady(bctx)
+	if err != nil {
+		return "", withLogs(err)
+	}
+	return status, nil
 }

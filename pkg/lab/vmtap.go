@@ -70,16 +70,9 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 		return err
 	}
 	progress(cfg.Out, "lab: vm %s: booting %s/%d gw %s (QEMU under TCG, tap)", name, addr, plen, gw)
-	bctx, cancel := context.WithTimeout(ctx, vmBootTimeout)
-	defer cancel()
-	con, err := guest.DialBootingConsole(bctx, lv.SerialSocket)
+	status, err := waitGuestReady(ctx, lv.SerialSocket, vmFile(i, name, "qemu.log"))
 	if err != nil {
-		return fmt.Errorf("vm %s: %w; qemu log: %s", name, err, logTail(vmFile(i, name, "qemu.log")))
-	}
-	defer con.Close()
-	status, err := con.WaitReady(bctx)
-	if err != nil {
-		return fmt.Errorf("vm %s: %w; qemu log: %s", name, err, logTail(vmFile(i, name, "qemu.log")))
+		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	st.TapVMs[len(st.TapVMs)-1].BootSeconds = time.Since(start).Seconds()
 	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", name, time.Since(start).Seconds(), status)
