@@ -6,11 +6,20 @@
 //! worker's epoll: `0` RX kick, `1` TX kick, `2` control kick (thread 0), `num_queues` reserved by
 //! vhost-user-backend (exit / vring enable), [`NetBackend::port_event`] the port fd
 //! (edge-triggered), [`NetBackend::resched_event`] a self-wakeup used when a run hit its budget.
+//!
+//! Adaptive polling (`poll`, default [`DEFAULT_POLL`]): an event starts a serve loop that runs
+//! both queues of the pair and keeps polling them (guest kicks stay suppressed, the port fd is
+//! taken off the epoll once traffic is sustained) until nothing arrived for `poll`. Before the
+//! worker sleeps it re-arms everything and checks again: TX kicks through
+//! `enable_notification` (EVENT_IDX `avail_event` / `VRING_USED_F_NO_NOTIFY`), which reports
+//! chains that raced with it, and the port fd, which epoll reports at once when frames are
+//! already waiting. A zero `poll` is the purely event-driven mode (port fd always registered).
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -23,7 +32,7 @@ use virtio_bindings::virtio_net::{
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
-use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -36,6 +45,8 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 pub const MAX_QUEUE_PAIRS: u16 = 31;
 /// Frames (or chains) one queue run handles before yielding to the other queue of its thread.
 pub const BUDGET: usize = 256;
+/// Default polling window after the last frame before a worker sleeps (see module docs).
+pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 /// Largest config space read answered (`virtio_net_config` is 24 bytes today).
 const CONFIG_SPACE_MAX: usize = 256;
 /// Ethernet header + one VLAN tag: added to the MTU to get the largest frame.
@@ -80,6 +91,18 @@ struct Pair {
     port: Box<dyn Port>,
     rx: RxState,
     tx: TxState,
+    /// Holds the port fd (edge-triggered) while armed; itself on the worker's epoll
+    /// (level-triggered, [`NetBackend::port_event`]), so arming needs no handler reference.
+    port_ep: Epoll,
+    /// The port fd is on `port_ep`.
+    armed: bool,
+}
+
+/// What one serve-loop iteration found.
+#[derive(Debug, Default, Clone, Copy)]
+struct Served {
+    handled: usize,
+    more: bool,
 }
 
 /// The vhost-user-net backend.
@@ -92,6 +115,7 @@ pub struct NetBackend {
     active_pairs: AtomicU16,
     stats: Stats,
     connection_errors: AtomicU64,
+    poll: Duration,
 }
 
 /// Errors building a backend.
@@ -111,8 +135,8 @@ pub enum BackendError {
     /// MTU below the Ethernet minimum.
     #[error("mtu {0} is below 68")]
     Mtu(u16),
-    /// An eventfd could not be created.
-    #[error("create eventfd: {0}")]
+    /// An eventfd or epoll fd could not be created.
+    #[error("create eventfd/epoll: {0}")]
     EventFd(io::Error),
 }
 
@@ -134,8 +158,13 @@ impl NetBackend {
             .map_err(BackendError::EventFd)?;
         let pairs = ports
             .into_iter()
-            .map(|port| Mutex::new(Pair { port, rx: RxState::default(), tx: TxState::default() }))
-            .collect();
+            .map(|port| {
+                let (rx, tx) = (RxState::default(), TxState::default());
+                let port_ep = Epoll::new()?;
+                Ok(Mutex::new(Pair { port, rx, tx, port_ep, armed: false }))
+            })
+            .collect::<io::Result<_>>()
+            .map_err(BackendError::EventFd)?;
         Ok(NetBackend {
             config,
             pairs,
@@ -145,7 +174,14 @@ impl NetBackend {
             active_pairs: AtomicU16::new(1),
             stats: Stats::default(),
             connection_errors: AtomicU64::new(0),
+            poll: DEFAULT_POLL,
         })
+    }
+
+    /// Set the polling window (zero: purely event-driven). See the module docs.
+    pub fn with_poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     /// Device settings.
@@ -205,11 +241,43 @@ impl NetBackend {
             )));
         }
         for (i, h) in handlers.iter().enumerate() {
-            let fd = lock(&self.pairs[i]).port.fd();
-            h.register_listener(fd, EventSet::IN | EventSet::EDGE_TRIGGERED, self.port_event())?;
+            let mut p = lock(&self.pairs[i]);
+            h.register_listener(p.port_ep.as_raw_fd(), EventSet::IN, self.port_event())?;
+            self.arm_port(&mut p, true)?;
             h.register_listener(self.resched[i].as_raw_fd(), EventSet::IN, self.resched_event())?;
         }
         Ok(())
+    }
+
+    /// Put the port fd on (or take it off) the worker's epoll. Off, the port costs no wakeups
+    /// (with AF_XDP every frame sent or received wakes the socket's waiters).
+    /// Arming reports frames already waiting at once (epoll checks readiness on insertion).
+    fn arm_port(&self, p: &mut Pair, on: bool) -> io::Result<()> {
+        if p.armed == on {
+            return Ok(());
+        }
+        let op = if on { ControlOperation::Add } else { ControlOperation::Delete };
+        let ev = EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, 0);
+        p.port_ep.ctl(op, p.port.fd(), ev)?;
+        p.armed = on;
+        Ok(())
+    }
+
+    /// Consume `port_ep`'s readiness (its edge-triggered entry), so the level-triggered
+    /// registration on the worker's epoll stops reporting it until the port fires again.
+    fn drain_port_ep(&self, pair: usize) {
+        let Some(p) = self.pairs.get(pair) else { return };
+        let mut ev = [EpollEvent::default(); 4];
+        if let Err(e) = lock(p).port_ep.wait(0, &mut ev) {
+            warn!("queue pair {pair}: port epoll: {e}");
+        }
+    }
+
+    fn set_port_armed(&self, pair: usize, on: bool) {
+        let Some(p) = self.pairs.get(pair) else { return };
+        if let Err(e) = self.arm_port(&mut lock(p), on) {
+            warn!("queue pair {pair}: {} port fd: {e}", if on { "arm" } else { "disarm" });
+        }
     }
 
     fn mode(&self) -> NetMode {
@@ -236,14 +304,14 @@ impl NetBackend {
         pair: usize,
         vring: &VringRwLock,
         f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode) -> QueueRun,
-    ) {
-        let Some(atomic) = self.memory() else { return };
+    ) -> Served {
+        let Some(atomic) = self.memory() else { return Served::default() };
         let mem = atomic.memory();
-        let Some(p) = self.pairs.get(pair) else { return };
+        let Some(p) = self.pairs.get(pair) else { return Served::default() };
         let mut p = lock(p);
         let mut vs = vring.get_mut();
         if !vs.get_queue().ready() || !vs.is_enabled() {
-            return;
+            return Served::default();
         }
         let old_used = vs.get_queue().next_used();
         let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode());
@@ -254,27 +322,94 @@ impl NetBackend {
                 warn!("queue pair {pair}: signal guest: {e}");
             }
         }
-        if run.more {
-            if let Err(e) = self.resched[pair].write(1) {
-                warn!("queue pair {pair}: reschedule: {e}");
-            }
+        Served { handled: run.handled, more: run.more }
+    }
+
+    fn resched(&self, pair: usize) {
+        if let Err(e) = self.resched[pair].write(1) {
+            warn!("queue pair {pair}: reschedule: {e}");
         }
     }
 
-    fn run_rx(&self, pair: usize, vring: &VringRwLock) {
+    fn run_rx(&self, pair: usize, vring: &VringRwLock) -> Served {
         self.run(pair, vring, |p, q, mem, mode| {
             net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, &self.stats, BUDGET)
-        });
+        })
     }
 
-    fn run_tx(&self, pair: usize, vring: &VringRwLock) {
+    /// Run TX; with `poll` guest kicks stay disabled when the queue runs empty.
+    fn run_tx(&self, pair: usize, vring: &VringRwLock, poll: bool) -> Served {
         self.run(pair, vring, |p, q, mem, mode| {
-            net::tx_queue(q, mem, p.port.as_mut(), &mut p.tx, mode, &self.stats, BUDGET)
-        });
+            let (port, st, stats) = (p.port.as_mut(), &mut p.tx, &self.stats);
+            if poll {
+                net::tx_poll(q, mem, port, st, mode, stats, BUDGET)
+            } else {
+                net::tx_queue(q, mem, port, st, mode, stats, BUDGET)
+            }
+        })
+    }
+
+    /// Re-enable TX kicks before sleeping; true when chains arrived meanwhile.
+    fn arm_tx(&self, vring: &VringRwLock) -> bool {
+        let Some(atomic) = self.memory() else { return false };
+        let mut vs = vring.get_mut();
+        if !vs.get_queue().ready() || !vs.is_enabled() {
+            return false;
+        }
+        net::arm_tx(vs.get_queue_mut(), &*atomic.memory(), &self.stats)
+    }
+
+    /// Serve pair `pair` after an event: both queues, then (with polling) keep polling until
+    /// nothing arrived for `self.poll`, re-arm notifications and re-check before returning.
+    /// Returns early, with a self-wakeup queued, when a run hits its budget (other events of
+    /// the worker, e.g. exit, get their turn).
+    fn serve(&self, pair: usize, rx: &VringRwLock, tx: &VringRwLock) {
+        if self.poll.is_zero() {
+            let (t, r) = (self.run_tx(pair, tx, false), self.run_rx(pair, rx));
+            if t.more || r.more {
+                self.resched(pair);
+            }
+            return;
+        }
+        let mut last_work = Instant::now();
+        let (mut busy_rounds, mut rechecked) = (0u32, false);
+        loop {
+            let (t, r) = (self.run_tx(pair, tx, true), self.run_rx(pair, rx));
+            if t.more || r.more {
+                self.set_port_armed(pair, false);
+                self.resched(pair);
+                return;
+            }
+            if t.handled + r.handled > 0 {
+                last_work = Instant::now();
+                rechecked = false;
+                busy_rounds += 1;
+                if busy_rounds == 2 {
+                    // Sustained traffic: poll the port instead of taking its wakeups.
+                    self.set_port_armed(pair, false);
+                }
+                continue;
+            }
+            if last_work.elapsed() < self.poll {
+                std::hint::spin_loop();
+                continue;
+            }
+            if rechecked {
+                // Armed, and the recheck found nothing to do (or a corrupt ring): sleep.
+                return;
+            }
+            // Going to sleep: re-arm, then look once more (work that raced with the arming).
+            self.set_port_armed(pair, true);
+            rechecked = true;
+            if self.arm_tx(tx) {
+                continue;
+            }
+            return;
+        }
     }
 
     fn run_ctrl(&self, vring: &VringRwLock) {
-        self.run(0, vring, |_, q, mem, _| {
+        let run = self.run(0, vring, |_, q, mem, _| {
             let (run, pairs) = net::ctrl_queue(q, mem, self.config.queue_pairs, &self.stats, BUDGET);
             if let Some(n) = pairs {
                 info!("guest enabled {n} queue pair(s)");
@@ -282,6 +417,9 @@ impl NetBackend {
             }
             run
         });
+        if run.more {
+            self.resched(0);
+        }
     }
 }
 
@@ -384,20 +522,23 @@ impl VhostUserBackend for NetBackend {
             return Ok(());
         };
         match device_event {
-            0 => self.run_rx(pair, rx),
-            1 => self.run_tx(pair, tx),
+            0 | 1 if !self.poll.is_zero() => self.serve(pair, rx, tx),
+            0 => { self.run_rx(pair, rx); }
+            1 => { if self.run_tx(pair, tx, false).more { self.resched(pair) } }
             2 if pair == 0 => {
                 if let Some(ctrl) = vrings.get(2) {
                     self.run_ctrl(ctrl);
                 }
             }
-            _ if event == self.port_event() => self.run_rx(pair, rx),
+            _ if event == self.port_event() => {
+                self.drain_port_ep(pair);
+                self.serve(pair, rx, tx);
+            }
             _ if event == self.resched_event() => {
                 if let Some(r) = self.resched.get(pair) {
                     let _ = r.read();
                 }
-                self.run_tx(pair, tx);
-                self.run_rx(pair, rx);
+                self.serve(pair, rx, tx);
             }
             _ => warn!("worker {thread_id}: unknown event {device_event}"),
         }

@@ -90,6 +90,8 @@ pub struct Config {
     pub device: DeviceConfig,
     /// Port source.
     pub ports: PortSource,
+    /// Adaptive polling window (zero: event-driven only); see `backend.rs`.
+    pub poll: std::time::Duration,
 }
 
 /// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
@@ -130,7 +132,7 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<V
 pub fn start_backend(config: Config) -> Result<()> {
     let max_frame = usize::from(config.device.mtu) + 18;
     let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
-    let backend = Arc::new(NetBackend::new(config.device, ports)?);
+    let backend = Arc::new(NetBackend::new(config.device, ports)?.with_poll(config.poll));
     info!(
         "serving {} queue pair(s) on {}",
         config.device.queue_pairs,

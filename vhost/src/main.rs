@@ -35,6 +35,11 @@ struct Args {
     /// VM name sent to the agent with --xsk-socket.
     #[arg(long)]
     vm: Option<String>,
+    /// Microseconds a worker keeps polling its queues and port after the last frame before it
+    /// sleeps (0: purely event-driven). Polling saves wakeups and syscalls under load, at the
+    /// cost of up to this much busy CPU after each burst.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    poll_us: u64,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], Error> {
@@ -71,6 +76,7 @@ impl TryFrom<Args> for Config {
             socket: a.socket,
             device: DeviceConfig { mac: parse_mac(&a.mac)?, queue_pairs: a.queues, mtu: a.mtu },
             ports,
+            poll: std::time::Duration::from_micros(a.poll_us),
         })
     }
 }
@@ -110,6 +116,9 @@ mod tests {
         assert!(config(&["--xsk-socket", "/run/lk.sock"]).is_err());
         assert!(config(&["--loopback", "--ifname", "eth1"]).is_err());
         assert!(config(&["--loopback", "--mac", "zz"]).is_err());
+        assert_eq!(config(&["--loopback"]).unwrap().poll, std::time::Duration::from_micros(50));
+        assert!(config(&["--loopback", "--poll-us", "0"]).unwrap().poll.is_zero());
+        assert!(config(&["--loopback", "--poll-us", "2000000"]).is_err());
     }
 
     #[test]

@@ -544,7 +544,7 @@ pub fn ctrl_queue<M: GuestMemory>(
 
 #[path = "net_tx.rs"]
 mod tx;
-pub use tx::{needs_signal, tx_chain, tx_queue, TxState};
+pub use tx::{arm_tx, needs_signal, tx_chain, tx_poll, tx_queue, TxState};
 
 #[cfg(test)]
 #[path = "net_tests.rs"]

@@ -246,7 +246,8 @@ fn tx_pass<M: GuestMemory>(
     st.popped.len()
 }
 
-/// Move frames from the TX queue to `port` in batches until the queue is empty or `budget`.
+/// Move frames from the TX queue to `port` in batches until the queue is empty or `budget`;
+/// guest kicks are re-enabled when it runs empty (chains that raced with that are handled).
 pub fn tx_queue<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
@@ -255,6 +256,45 @@ pub fn tx_queue<M: GuestMemory>(
     mode: NetMode,
     stats: &Stats,
     budget: usize,
+) -> QueueRun {
+    tx_run(q, mem, port, st, mode, stats, budget, true)
+}
+
+/// [`tx_queue`] for a polling caller: guest kicks stay disabled when the queue runs empty. The
+/// caller must call [`arm_tx`] before it stops polling.
+pub fn tx_poll<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    port: &mut dyn Port,
+    st: &mut TxState,
+    mode: NetMode,
+    stats: &Stats,
+    budget: usize,
+) -> QueueRun {
+    tx_run(q, mem, port, st, mode, stats, budget, false)
+}
+
+/// Re-enable guest TX kicks (EVENT_IDX `avail_event` at the next chain, else clear
+/// `VRING_USED_F_NO_NOTIFY`), then look at the available index once more: true when chains
+/// arrived before the driver could see the change (poll again instead of sleeping; the driver
+/// kicks for anything published after it).
+pub fn arm_tx<M: GuestMemory>(q: &mut Queue, mem: &M, stats: &Stats) -> bool {
+    q.enable_notification(mem).unwrap_or_else(|e| {
+        stats.error(&e);
+        false
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tx_run<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    port: &mut dyn Port,
+    st: &mut TxState,
+    mode: NetMode,
+    stats: &Stats,
+    budget: usize,
+    rearm: bool,
 ) -> QueueRun {
     let mut run = QueueRun::default();
     loop {
@@ -274,6 +314,9 @@ pub fn tx_queue<M: GuestMemory>(
             }
             run.used = true;
             run.handled += n;
+        }
+        if !rearm {
+            return run;
         }
         match q.enable_notification(mem) {
             // More chains arrived: go again, unless this pass found none (corrupt ring).
