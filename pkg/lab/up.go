@@ -106,7 +106,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods, %d VMs", time.Since(start).Round(100*time.Millisecond),
-		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)), len(st.VMs))
+		len(st.Nodes), len(st.PodsOf(KindLanekit))+len(st.PodsOf(KindBaseline)), len(st.VMs)+len(st.TapVMs))
 	return st, nil
 }
 
