@@ -162,22 +162,8 @@ pub fn recv_msg(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled msg_control with well-formed cmsgs within msg_controllen; we
-    // only walk them with the CMSG macros and take ownership of each received fd once.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    // SAFETY: msg was just filled by a successful recvmsg and its control buffer is alive.
+    let fds = unsafe { take_scm_rights(&msg) };
     if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
         return Err(err("reply truncated (body over 64 KiB or more than 62 fds)".into()));
     }
@@ -232,6 +218,32 @@ pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<Vec<XskPor
                 .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))
         })
         .collect()
+}
+
+/// Takes ownership of the fds carried in the SCM_RIGHTS control messages of
+/// `msg`.
+///
+/// # Safety
+/// `msg` must be a msghdr that a successful `recvmsg` call just filled, with
+/// its control buffer still alive; each fd is then owned exactly once, here.
+pub(crate) unsafe fn take_scm_rights(msg: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    // SAFETY: per this function's contract the kernel filled msg_control with well-formed cmsgs
+    // within msg_controllen; we only walk them with the CMSG macros.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    fds
 }
 
 #[cfg(test)]

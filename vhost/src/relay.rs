@@ -12,11 +12,13 @@
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 
 use log::debug;
+
+use crate::handover::take_scm_rights;
 
 const HDR: usize = 12;
 /// Larger messages are refused (the backend caps messages far below this).
@@ -62,22 +64,8 @@ fn read_msg(sock: &mut UnixStream) -> io::Result<Option<Msg>> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut fds = Vec::new();
-    // SAFETY: the kernel filled msg_control with well-formed cmsgs within msg_controllen; each
-    // received fd is owned exactly once.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    // SAFETY: msg was just filled by a successful recvmsg and its control buffer is alive.
+    let fds = unsafe { take_scm_rights(&msg) };
     if n == 0 {
         return Ok(None);
     }

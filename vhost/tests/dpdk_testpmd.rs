@@ -4,7 +4,11 @@
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Serializes the testpmd runs of this file.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 struct Kill(Child);
 
@@ -38,6 +42,8 @@ fn accumulated(out: &str, key: &str) -> Option<u64> {
 
 fn run(queues: u16) {
     let Some(testpmd) = testpmd() else { return };
+    // Each run busy-polls both cores: two at once starve each other's start-up.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sock = std::env::temp_dir().join(format!("lk-vhost-{}-testpmd{queues}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
     let backend = Kill(
