@@ -164,19 +164,9 @@ func (l *Loader) Endpoints() ([]uint32, error) {
 func (l *Loader) MapEntryCount() (endpoints, byIfindex, metrics int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	count := func(m *ebpf.Map) (int, error) {
-		n := 0
-		var k []byte
-		var v []byte
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			n++
-		}
-		return n, it.Err()
-	}
 	var e1, e2, e3 error
-	endpoints, e1 = count(l.pod.LkEndpoints)
-	byIfindex, e2 = count(l.pod.LkEpByIfindex)
-	metrics, e3 = count(l.pod.LkMetrics)
+	endpoints, e1 = countEntries(l.pod.LkEndpoints)
+	byIfindex, e2 = countEntries(l.pod.LkEpByIfindex)
+	metrics, e3 = countEntries(l.pod.LkMetrics)
 	return endpoints, byIfindex, metrics, errors.Join(e1, e2, e3)
 }

@@ -30,13 +30,7 @@ func InspectPins(pinDir string) (PinnedState, error) {
 			return 0, fmt.Errorf("open pinned %s: %w", name, err)
 		}
 		defer m.Close()
-		n := 0
-		var k, v []byte
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			n++
-		}
-		return n, it.Err()
+		return countEntries(m)
 	}
 	var err error
 	if st.Endpoints, err = count("lk_endpoints"); err != nil {
@@ -95,4 +89,15 @@ func (st PinnedState) Leaks() error {
 		errs = append(errs, fmt.Errorf("pinned links %v %v", st.PodLinks, st.VMLinks))
 	}
 	return errors.Join(errs...)
+}
+
+// countEntries counts the entries of any map.
+func countEntries(m *ebpf.Map) (int, error) {
+	n := 0
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n, it.Err()
 }
