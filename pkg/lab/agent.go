@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,32 +35,19 @@ func startAgent(ctx context.Context, b Bins, i int) (int, error) {
 	if err := os.MkdirAll(NodeDir(i)+"/state", 0o755); err != nil {
 		return 0, fmt.Errorf("agent dir: %w", err)
 	}
-	logf, err := os.OpenFile(AgentLog(i), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// startDaemon writes AgentLog(i) and AgentPIDFile(i): base NodeDir(i)/agent.
+	pid, err := startDaemon(NodeNS(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgs(i)...)
 	if err != nil {
-		return 0, fmt.Errorf("agent log: %w", err)
+		return pid, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
 	}
-	defer logf.Close()
-	args := append([]string{"--net=" + netnsPath(NodeNS(i)), "--", b.Agent()}, agentArgs(i)...)
-	cmd := exec.Command("nsenter", args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
-	}
-	pid := cmd.Process.Pid // nsenter without --pid execs in place
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	if err := os.WriteFile(AgentPIDFile(i), []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
-		return pid, fmt.Errorf("agent pid file: %w", err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		select {
-		case err := <-exited:
-			return pid, fmt.Errorf("lanekitd on %s exited: %v; log %s: %s", NodeNS(i), err, AgentLog(i), logTail(AgentLog(i)))
 		case <-ctx.Done():
 			return pid, fmt.Errorf("wait for lanekitd on %s: %w", NodeNS(i), ctx.Err())
 		case <-time.After(100 * time.Millisecond):
+		}
+		if !alive(pid) {
+			return pid, fmt.Errorf("lanekitd on %s exited; log %s: %s", NodeNS(i), AgentLog(i), logTail(AgentLog(i)))
 		}
 		if c, err := net.DialTimeout("unix", AgentSocket(i), time.Second); err == nil {
 			c.Close()
