@@ -15,7 +15,7 @@ deps:
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:
-	$(GO) generate ./pkg/datapath/...
+	$(GO) generate ./pkg/datapath/... ./pkg/rss/...
 
 build: generate build-go build-vhost
 
