@@ -1,0 +1,350 @@
+package rss
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+const (
+	testTap    = "lkrss0"
+	testQueues = 4
+)
+
+// steerEnv is a netns with a persistent 4-queue tap, the test holding every
+// queue fd (as QEMU would), addresses and permanent neighbours so the stack
+// routes packets out of the tap without ARP/ND.
+type steerEnv struct {
+	netns  ns.NetNS
+	name   string
+	queues []*os.File
+}
+
+func newSteerEnv(t *testing.T) *steerEnv {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: netns, multiqueue tap, TUNSETSTEERINGEBPF")
+	}
+	e := &steerEnv{netns: netnstest.New(t, "rss"), name: netnstest.Name("rss")}
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"-n", e.name}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	ip("tuntap", "add", "dev", testTap, "mode", "tap", "multi_queue")
+	err := e.netns.Do(func(ns.NetNS) error {
+		for i := 0; i < testQueues; i++ {
+			f, err := OpenTapQueue(testTap)
+			if err != nil {
+				return err
+			}
+			e.queues = append(e.queues, f)
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		for _, f := range e.queues {
+			f.Close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip("link", "set", testTap, "up")
+	ip("addr", "add", "10.77.0.1/24", "dev", testTap)
+	ip("addr", "add", "fd77::1/64", "dev", testTap, "nodad")
+	ip("neigh", "add", "10.77.0.2", "lladdr", "02:00:00:00:77:02", "dev", testTap, "nud", "permanent")
+	ip("neigh", "add", "fd77::2", "lladdr", "02:00:00:00:77:02", "dev", testTap, "nud", "permanent")
+	return e
+}
+
+// udpSocket is a UDP socket created in the env's netns, bound to port.
+func (e *steerEnv) udpSocket(t *testing.T, v6 bool, port int) int {
+	t.Helper()
+	var fd int
+	err := e.netns.Do(func(ns.NetNS) error {
+		var err error
+		if v6 {
+			fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err == nil {
+				err = unix.Bind(fd, &unix.SockaddrInet6{Port: port, Addr: netip.MustParseAddr("fd77::1").As16()})
+			}
+		} else {
+			fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err == nil {
+				err = unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{10, 77, 0, 1}})
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("udp socket port %d: %v", port, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}
+
+// sendFlows sends packets of UDP flows 10.77.0.1:sport -> 10.77.0.2:dport
+// (and the IPv6 twins) through the netns stack: they leave through the tap.
+// It returns how many packets it sent.
+func (e *steerEnv) sendFlows(t *testing.T, flows, perFlow int) int {
+	t.Helper()
+	sent := 0
+	for i := 0; i < flows; i++ {
+		v6 := i%3 == 2
+		fd := e.udpSocket(t, v6, 20000+i)
+		var to unix.Sockaddr = &unix.SockaddrInet4{Port: 5000 + i%5, Addr: [4]byte{10, 77, 0, 2}}
+		if v6 {
+			to = &unix.SockaddrInet6{Port: 5000 + i%5, Addr: netip.MustParseAddr("fd77::2").As16()}
+		}
+		for j := 0; j < perFlow; j++ {
+			if err := unix.Sendto(fd, []byte(fmt.Sprintf("flow %d pkt %d", i, j)), 0, to); err != nil {
+				t.Fatalf("send flow %d: %v", i, err)
+			}
+			sent++
+		}
+	}
+	return sent
+}
+
+// frame is one frame read from a tap queue.
+type frame struct {
+	queue int
+	data  []byte
+}
+
+// drain reads every queue until at least want UDP frames arrived and the
+// queues are empty, or 5 s passed (a bound, not an assertion: the test checks
+// the counts).
+func (e *steerEnv) drain(t *testing.T, want int) []frame {
+	t.Helper()
+	var out []frame
+	udp := 0
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(5 * time.Second)
+	for got := true; (got || udp < want) && time.Now().Before(deadline); {
+		got = false
+		for q, f := range e.queues {
+			n, err := unix.Read(int(f.Fd()), buf)
+			if errors.Is(err, unix.EAGAIN) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("read queue %d: %v", q, err)
+			}
+			got = true
+			out = append(out, frame{queue: q, data: append([]byte{}, buf[:n]...)})
+			if _, r, ok := parseFrame(buf[:n]); ok && (r == ReportUDPv4 || r == ReportUDPv6) {
+				udp++
+			}
+		}
+		if !got {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return out
+}
+
+// parseFrame is the test's own reading of a frame (independent of the BPF
+// parser): the flow and the report type a full-type RSS would give it.
+// ok is false for non-IP frames.
+func parseFrame(b []byte) (Flow, Report, bool) {
+	if len(b) < 14 {
+		return Flow{}, ReportNone, false
+	}
+	switch binary.BigEndian.Uint16(b[12:]) {
+	case 0x0800:
+		ip := b[14:]
+		ihl := int(ip[0]&0x0f) * 4
+		src, _ := netip.AddrFromSlice(ip[12:16])
+		dst, _ := netip.AddrFromSlice(ip[16:20])
+		f := Flow{Src: src, Dst: dst}
+		frag := binary.BigEndian.Uint16(ip[6:])&0x3fff != 0
+		if !frag && (ip[9] == ProtoUDP || ip[9] == ProtoTCP) {
+			f.Sport, f.Dport = binary.BigEndian.Uint16(ip[ihl:]), binary.BigEndian.Uint16(ip[ihl+2:])
+			if ip[9] == ProtoUDP {
+				return f, ReportUDPv4, true
+			}
+			return f, ReportTCPv4, true
+		}
+		return f, ReportIPv4, true
+	case 0x86dd:
+		ip := b[14:]
+		src, _ := netip.AddrFromSlice(ip[8:24])
+		dst, _ := netip.AddrFromSlice(ip[24:40])
+		f := Flow{Src: src, Dst: dst}
+		if ip[6] == ProtoUDP || ip[6] == ProtoTCP {
+			f.Sport, f.Dport = binary.BigEndian.Uint16(ip[40:]), binary.BigEndian.Uint16(ip[42:])
+			if ip[6] == ProtoUDP {
+				return f, ReportUDPv6, true
+			}
+			return f, ReportTCPv6, true
+		}
+		return f, ReportIPv6, true
+	}
+	return Flow{}, ReportNone, false
+}
+
+func loadTestSteering(t *testing.T) (*Steering, string) {
+	t.Helper()
+	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lanekit-test-rss-%d", os.Getpid()), testTap)
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(pin)) })
+	s, err := LoadSteering(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, pin
+}
+
+// TestTapSteering steers a real 4-queue tap: every UDP flow (IPv4 and IPv6,
+// sent through the netns stack) lands on table[hash % len] as the Go model
+// computes it, a flow never spreads over two queues, and frames without a
+// hash (ARP) land on the default queue. The setter's own queue fd is closed
+// before any traffic: the program stays with the device.
+func TestTapSteering(t *testing.T) {
+	e := newSteerEnv(t)
+	s, _ := loadTestSteering(t)
+
+	rng := rand.New(rand.NewPCG(14, 2))
+	table := make([]uint16, TableSize)
+	for i := range table {
+		table[i] = uint16(rng.IntN(testQueues))
+	}
+	key := DefaultKey
+	rng.Shuffle(len(key), func(i, j int) { key[i], key[j] = key[j], key[i] })
+	cfg := Config{Redirect: true, HashTypes: AllTypes, Table: table, DefaultQueue: 3}
+	if err := s.Update(key, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AttachTap(e.name, testTap); err != nil {
+		t.Fatal(err)
+	}
+
+	const flows, perFlow = 60, 4
+	sent := e.sendFlows(t, flows, perFlow)
+	// One IPv4 packet to an address without a neighbour entry makes the
+	// stack send ARP requests out of the tap: no hash, default queue.
+	e.sendTo(t, netip.MustParseAddrPort("10.77.0.3:9"))
+	frames := e.drain(t, sent)
+
+	flowQueue := map[Flow]int{}
+	perQueue := make([]int, testQueues)
+	udp, arp := 0, 0
+	for _, fr := range frames {
+		f, r, ok := parseFrame(fr.data)
+		if !ok {
+			if binary.BigEndian.Uint16(fr.data[12:]) == 0x0806 {
+				arp++
+				if fr.queue != int(cfg.DefaultQueue) {
+					t.Errorf("ARP on queue %d, want default queue %d", fr.queue, cfg.DefaultQueue)
+				}
+			}
+			continue
+		}
+		want := int(table[refToeplitz(key, f.Input(r))%uint32(len(table))])
+		if fr.queue != want {
+			t.Errorf("%s %s:%d -> %s:%d on queue %d, table says %d", r, f.Src, f.Sport, f.Dst, f.Dport, fr.queue, want)
+		}
+		if r == ReportUDPv4 || r == ReportUDPv6 {
+			udp++
+			perQueue[fr.queue]++
+			if q, seen := flowQueue[f]; seen && q != fr.queue {
+				t.Errorf("flow %v on queues %d and %d", f, q, fr.queue)
+			}
+			flowQueue[f] = fr.queue
+		}
+	}
+	if udp != sent || len(flowQueue) != flows {
+		t.Fatalf("read %d UDP frames of %d flows, sent %d of %d", udp, len(flowQueue), sent, flows)
+	}
+	if arp == 0 {
+		t.Errorf("no ARP frame read: the default-queue case was not exercised")
+	}
+	used := 0
+	for _, n := range perQueue {
+		if n > 0 {
+			used++
+		}
+	}
+	if used < 3 {
+		t.Errorf("UDP frames per queue %v: want the flows spread over at least 3 of %d queues", perQueue, testQueues)
+	}
+	hashed, dflt, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hashed < uint64(sent) || dflt < uint64(arp) {
+		t.Errorf("stats hashed %d default %d, want >= %d and >= %d", hashed, dflt, sent, arp)
+	}
+	t.Logf("%d flows, %d UDP frames, per queue %v, %d ARP frames", len(flowQueue), udp, perQueue, arp)
+}
+
+// sendTo sends one UDP datagram from the netns to ap.
+func (e *steerEnv) sendTo(t *testing.T, ap netip.AddrPort) {
+	t.Helper()
+	err := e.netns.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ap))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte("arp please"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send to %s: %v", ap, err)
+	}
+}
+
+// TestTapSteeringUpdateThroughPins re-opens the pinned maps (as the agent or
+// a second `lanekit tap steer` does) and narrows the hash types to TCPv4:
+// UDP flows then get no hash and all land on the default queue.
+func TestTapSteeringUpdateThroughPins(t *testing.T) {
+	e := newSteerEnv(t)
+	s, pin := loadTestSteering(t)
+	cfg := Config{Redirect: true, HashTypes: AllTypes, Table: RoundRobin(testQueues, TableSize), DefaultQueue: 1}
+	if err := s.Update(DefaultKey, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AttachTap(e.name, testTap); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := LoadSteering(pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	cfg.HashTypes = TypeTCPv4
+	if err := s2.Update(DefaultKey, cfg); err != nil {
+		t.Fatal(err)
+	}
+	sent := e.sendFlows(t, 24, 2)
+	frames := e.drain(t, sent)
+	udp := 0
+	for _, fr := range frames {
+		if _, r, ok := parseFrame(fr.data); ok && (r == ReportUDPv4 || r == ReportUDPv6) {
+			udp++
+			if fr.queue != int(cfg.DefaultQueue) {
+				t.Errorf("UDP frame on queue %d with only tcpv4 enabled, want default queue %d", fr.queue, cfg.DefaultQueue)
+			}
+		}
+	}
+	if udp != sent {
+		t.Fatalf("read %d UDP frames, sent %d", udp, sent)
+	}
+}
