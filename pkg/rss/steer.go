@@ -1,6 +1,7 @@
 package rss
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -195,6 +197,14 @@ func inNetns(netns string, fn func() error) error {
 // outlives our queue).
 func setSteering(netns, tap string, progFD int) error {
 	return inNetns(netns, func() error {
+		// TUNSETIFF would create a missing tap: look first.
+		link, err := netlink.LinkByName(tap)
+		if err != nil {
+			return fmt.Errorf("find tap %s: %w", tap, err)
+		}
+		if link.Type() != "tuntap" {
+			return fmt.Errorf("%s is a %s device, not a tap", tap, link.Type())
+		}
 		f, err := OpenTapQueue(tap)
 		if err != nil {
 			return err
@@ -215,3 +225,48 @@ func (s *Steering) AttachTap(netns, tap string) error {
 // DetachTap removes any steering program from the tap (the kernel falls back
 // to its flow hash).
 func DetachTap(netns, tap string) error { return setSteering(netns, tap, -1) }
+
+// Read returns the key and configuration in the maps.
+func (s *Steering) Read() (Key, Config, error) {
+	var key Key
+	var cfg Config
+	zero := uint32(0)
+	var kb, cb []byte
+	if err := s.objs.LkTapRssKey.Lookup(zero, &kb); err != nil {
+		return key, cfg, fmt.Errorf("read rss key: %w", err)
+	}
+	if err := s.objs.LkTapRssConfig.Lookup(zero, &cb); err != nil {
+		return key, cfg, fmt.Errorf("read rss config: %w", err)
+	}
+	if len(kb) != KeySize || len(cb) != 10 {
+		return key, cfg, fmt.Errorf("read rss maps: value sizes %d and %d, want %d and 10", len(kb), len(cb), KeySize)
+	}
+	binary.BigEndian.PutUint32(key[:4], binary.LittleEndian.Uint32(kb[:4]))
+	copy(key[4:], kb[4:])
+	cfg.Redirect = cb[0] != 0
+	cfg.PopulateHash = cb[1] != 0
+	cfg.HashTypes = HashTypes(binary.LittleEndian.Uint32(cb[2:6]))
+	n := int(binary.LittleEndian.Uint16(cb[6:8]))
+	cfg.DefaultQueue = binary.LittleEndian.Uint16(cb[8:10])
+	if n > TableSize {
+		return key, cfg, fmt.Errorf("read rss config: table length %d > %d", n, TableSize)
+	}
+	cfg.Table = make([]uint16, n)
+	for i := range cfg.Table {
+		if err := s.objs.LkTapRssTable.Lookup(uint32(i), &cfg.Table[i]); err != nil {
+			return key, cfg, fmt.Errorf("read indirection table entry %d: %w", i, err)
+		}
+	}
+	return key, cfg, nil
+}
+
+// OpenPinnedSteering opens the maps a previous LoadSteering pinned in
+// pinDir; it fails when there are none.
+func OpenPinnedSteering(pinDir string) (*Steering, error) {
+	for _, name := range []string{MapConfig, MapKey, MapTable, MapStats} {
+		if _, err := os.Stat(filepath.Join(pinDir, name)); err != nil {
+			return nil, fmt.Errorf("no steering maps in %s (run 'lanekit tap steer' first): %w", pinDir, err)
+		}
+	}
+	return LoadSteering(pinDir)
+}
