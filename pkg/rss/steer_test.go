@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,17 +36,35 @@ type steerEnv struct {
 
 func newSteerEnv(t *testing.T) *steerEnv {
 	t.Helper()
+	e := newSteerEnvNoQueues(t)
+	e.openQueues(t)
+	return e
+}
+
+// newSteerEnvNoQueues creates the netns and the persistent tap with no queue
+// attached (a tap made ready before the VM starts).
+func newSteerEnvNoQueues(t *testing.T) *steerEnv {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: netns, multiqueue tap, TUNSETSTEERINGEBPF")
 	}
 	e := &steerEnv{netns: netnstest.New(t, "rss"), name: netnstest.Name("rss")}
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", append([]string{"-n", e.name}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
+	e.ip(t, "tuntap", "add", "dev", testTap, "mode", "tap", "multi_queue")
+	return e
+}
+
+func (e *steerEnv) ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"-n", e.name}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
 	}
-	ip("tuntap", "add", "dev", testTap, "mode", "tap", "multi_queue")
+}
+
+// openQueues attaches testQueues queues (as QEMU does), brings the tap up
+// and adds addresses and neighbours.
+func (e *steerEnv) openQueues(t *testing.T) {
+	t.Helper()
+	ip := func(args ...string) { t.Helper(); e.ip(t, args...) }
 	err := e.netns.Do(func(ns.NetNS) error {
 		for i := 0; i < testQueues; i++ {
 			f, err := OpenTapQueue(testTap)
@@ -69,7 +88,6 @@ func newSteerEnv(t *testing.T) *steerEnv {
 	ip("addr", "add", "fd77::1/64", "dev", testTap, "nodad")
 	ip("neigh", "add", "10.77.0.2", "lladdr", "02:00:00:00:77:02", "dev", testTap, "nud", "permanent")
 	ip("neigh", "add", "fd77::2", "lladdr", "02:00:00:00:77:02", "dev", testTap, "nud", "permanent")
-	return e
 }
 
 // udpSocket is a UDP socket created in the env's netns, bound to port.
@@ -127,7 +145,7 @@ type frame struct {
 	data  []byte
 }
 
-// drain reads every queue until at least want UDP frames arrived and the
+// drain reads every queue until at least want TCP/UDP frames arrived and the
 // queues are empty, or 5 s passed (a bound, not an assertion: the test checks
 // the counts).
 func (e *steerEnv) drain(t *testing.T, want int) []frame {
@@ -148,7 +166,7 @@ func (e *steerEnv) drain(t *testing.T, want int) []frame {
 			}
 			got = true
 			out = append(out, frame{queue: q, data: append([]byte{}, buf[:n]...)})
-			if _, r, ok := parseFrame(buf[:n]); ok && (r == ReportUDPv4 || r == ReportUDPv6) {
+			if _, r, ok := parseFrame(buf[:n]); ok && r != ReportIPv4 && r != ReportIPv6 {
 				udp++
 			}
 		}
@@ -211,32 +229,61 @@ func loadTestSteering(t *testing.T) (*Steering, string) {
 	return s, pin
 }
 
-// TestTapSteering steers a real 4-queue tap: every UDP flow (IPv4 and IPv6,
-// sent through the netns stack) lands on table[hash % len] as the Go model
-// computes it, a flow never spreads over two queues, and frames without a
-// hash (ARP) land on the default queue. The setter's own queue fd is closed
+// TestTapSteering steers a real 4-queue tap: every flow (UDP and TCP, IPv4
+// and IPv6, sent through the netns stack) lands on table[hash % len] as the Go
+// model computes it, a flow never spreads over two queues, and frames without
+// a hash (ARP) land on the default queue. The setter's own queue fd is closed
 // before any traffic: the program stays with the device.
 func TestTapSteering(t *testing.T) {
 	e := newSteerEnv(t)
 	s, _ := loadTestSteering(t)
-
-	rng := rand.New(rand.NewPCG(14, 2))
-	table := make([]uint16, TableSize)
-	for i := range table {
-		table[i] = uint16(rng.IntN(testQueues))
-	}
-	key := DefaultKey
-	rng.Shuffle(len(key), func(i, j int) { key[i], key[j] = key[j], key[i] })
-	cfg := Config{Redirect: true, HashTypes: AllTypes, Table: table, DefaultQueue: 3}
+	key, cfg := randomSteering(14)
 	if err := s.Update(key, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.AttachTap(e.name, testTap); err != nil {
 		t.Fatal(err)
 	}
+	checkSteering(t, e, s, key, cfg)
+}
 
-	const flows, perFlow = 60, 4
+// TestTapSteeringSetBeforeQueues sets the program on a persistent tap with
+// no queue attached (the tap exists before its VM starts), then attaches the
+// VM's queues: the program is still there and steers.
+func TestTapSteeringSetBeforeQueues(t *testing.T) {
+	e := newSteerEnvNoQueues(t)
+	s, _ := loadTestSteering(t)
+	key, cfg := randomSteering(15)
+	if err := s.Update(key, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AttachTap(e.name, testTap); err != nil {
+		t.Fatal(err)
+	}
+	e.openQueues(t)
+	checkSteering(t, e, s, key, cfg)
+}
+
+// randomSteering is a shuffled key and a random 128-entry table over the
+// test's queues, default queue 3.
+func randomSteering(seed uint64) (Key, Config) {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	table := make([]uint16, TableSize)
+	for i := range table {
+		table[i] = uint16(rng.IntN(testQueues))
+	}
+	key := DefaultKey
+	rng.Shuffle(len(key), func(i, j int) { key[i], key[j] = key[j], key[i] })
+	return key, Config{Redirect: true, HashTypes: AllTypes, Table: table, DefaultQueue: 3}
+}
+
+// checkSteering sends UDP flows, TCP SYNs and one ARP-triggering datagram
+// through the netns stack and checks where each frame landed.
+func checkSteering(t *testing.T, e *steerEnv, s *Steering, key Key, cfg Config) {
+	t.Helper()
+	const flows, perFlow, tcpFlows = 60, 4, 16
 	sent := e.sendFlows(t, flows, perFlow)
+	sent += e.sendSYNs(t, tcpFlows)
 	// One IPv4 packet to an address without a neighbour entry makes the
 	// stack send ARP requests out of the tap: no hash, default queue.
 	e.sendTo(t, netip.MustParseAddrPort("10.77.0.3:9"))
@@ -244,7 +291,8 @@ func TestTapSteering(t *testing.T) {
 
 	flowQueue := map[Flow]int{}
 	perQueue := make([]int, testQueues)
-	udp, arp := 0, 0
+	l4, arp := 0, 0
+	byType := map[Report]int{}
 	for _, fr := range frames {
 		f, r, ok := parseFrame(fr.data)
 		if !ok {
@@ -256,21 +304,28 @@ func TestTapSteering(t *testing.T) {
 			}
 			continue
 		}
-		want := int(table[refToeplitz(key, f.Input(r))%uint32(len(table))])
+		byType[r]++
+		want := int(cfg.Table[refToeplitz(key, f.Input(r))%uint32(len(cfg.Table))])
 		if fr.queue != want {
 			t.Errorf("%s %s:%d -> %s:%d on queue %d, table says %d", r, f.Src, f.Sport, f.Dst, f.Dport, fr.queue, want)
 		}
-		if r == ReportUDPv4 || r == ReportUDPv6 {
-			udp++
-			perQueue[fr.queue]++
-			if q, seen := flowQueue[f]; seen && q != fr.queue {
-				t.Errorf("flow %v on queues %d and %d", f, q, fr.queue)
-			}
-			flowQueue[f] = fr.queue
+		if r == ReportIPv4 || r == ReportIPv6 {
+			continue
 		}
+		l4++
+		perQueue[fr.queue]++
+		if q, seen := flowQueue[f]; seen && q != fr.queue {
+			t.Errorf("flow %v on queues %d and %d", f, q, fr.queue)
+		}
+		flowQueue[f] = fr.queue
 	}
-	if udp != sent || len(flowQueue) != flows {
-		t.Fatalf("read %d UDP frames of %d flows, sent %d of %d", udp, len(flowQueue), sent, flows)
+	if l4 < sent || len(flowQueue) != flows+tcpFlows {
+		t.Fatalf("read %d TCP/UDP frames of %d flows, sent %d of %d", l4, len(flowQueue), sent, flows+tcpFlows)
+	}
+	for _, r := range []Report{ReportUDPv4, ReportUDPv6, ReportTCPv4, ReportTCPv6} {
+		if byType[r] == 0 {
+			t.Errorf("no %s frame read", r)
+		}
 	}
 	if arp == 0 {
 		t.Errorf("no ARP frame read: the default-queue case was not exercised")
@@ -282,7 +337,7 @@ func TestTapSteering(t *testing.T) {
 		}
 	}
 	if used < 3 {
-		t.Errorf("UDP frames per queue %v: want the flows spread over at least 3 of %d queues", perQueue, testQueues)
+		t.Errorf("TCP/UDP frames per queue %v: want the flows spread over at least 3 of %d queues", perQueue, testQueues)
 	}
 	hashed, dflt, err := s.Stats()
 	if err != nil {
@@ -291,7 +346,44 @@ func TestTapSteering(t *testing.T) {
 	if hashed < uint64(sent) || dflt < uint64(arp) {
 		t.Errorf("stats hashed %d default %d, want >= %d and >= %d", hashed, dflt, sent, arp)
 	}
-	t.Logf("%d flows, %d UDP frames, per queue %v, %d ARP frames", len(flowQueue), udp, perQueue, arp)
+	t.Logf("%d flows, %d TCP/UDP frames %v, per queue %v, %d ARP frames", len(flowQueue), l4, byType, perQueue, arp)
+}
+
+// sendSYNs starts TCP connections 10.77.0.1:30000+i -> 10.77.0.2:80 (odd i:
+// the IPv6 twins): each sends a SYN out of the tap. It returns the flows.
+func (e *steerEnv) sendSYNs(t *testing.T, flows int) int {
+	t.Helper()
+	for i := 0; i < flows; i++ {
+		v6 := i%2 == 1
+		var fd int
+		err := e.netns.Do(func(ns.NetNS) error {
+			var err error
+			var local, to unix.Sockaddr
+			dom := unix.AF_INET
+			local = &unix.SockaddrInet4{Port: 30000 + i, Addr: [4]byte{10, 77, 0, 1}}
+			to = &unix.SockaddrInet4{Port: 80, Addr: [4]byte{10, 77, 0, 2}}
+			if v6 {
+				dom = unix.AF_INET6
+				local = &unix.SockaddrInet6{Port: 30000 + i, Addr: netip.MustParseAddr("fd77::1").As16()}
+				to = &unix.SockaddrInet6{Port: 80, Addr: netip.MustParseAddr("fd77::2").As16()}
+			}
+			if fd, err = unix.Socket(dom, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			if err = unix.Bind(fd, local); err != nil {
+				return err
+			}
+			if err = unix.Connect(fd, to); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+				return err
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("tcp flow %d: %v", i, err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+	}
+	return flows
 }
 
 // sendTo sends one UDP datagram from the netns to ap.
@@ -332,6 +424,14 @@ func TestTapSteeringUpdateThroughPins(t *testing.T) {
 	cfg.HashTypes = TypeTCPv4
 	if err := s2.Update(DefaultKey, cfg); err != nil {
 		t.Fatal(err)
+	}
+	// The first handle sees the second one's write: both hold the pinned maps.
+	gotKey, gotCfg, err := s.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotKey != DefaultKey || gotCfg.HashTypes != TypeTCPv4 || gotCfg.DefaultQueue != 1 || !slices.Equal(gotCfg.Table, cfg.Table) {
+		t.Fatalf("read back key %s config %+v, want %s %+v", gotKey, gotCfg, DefaultKey, cfg)
 	}
 	sent := e.sendFlows(t, 24, 2)
 	frames := e.drain(t, sent)
