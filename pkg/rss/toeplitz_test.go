@@ -216,3 +216,37 @@ func randomFlow(rng *rand.Rand, v4 bool) Flow {
 	}
 	return Flow{Src: addr(), Dst: addr(), Sport: uint16(rng.Uint32()), Dport: uint16(rng.Uint32())}
 }
+
+// BenchmarkBPFHash measures the BPF hash program per frame in the kernel
+// (BPF_PROG_TEST_RUN repeat), parse + Toeplitz, for the shortest and the
+// longest input.
+func BenchmarkBPFHash(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("BPF_PROG_TEST_RUN needs root (CAP_BPF)")
+	}
+	h, err := NewHasher()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	for _, c := range []struct {
+		name string
+		v    msVector
+		t    HashTypes
+		p    uint8
+	}{{"ipv4", msVectors[0], TypeIPv4, ProtoNone}, {"tcpv6", msVectors[5], TypeTCPv6, ProtoTCP}} {
+		b.Run(c.name, func(b *testing.B) {
+			frame, err := BuildFrame(c.v.flow(), c.p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := h.HashFrame(DefaultKey, c.t, frame); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			if _, _, err := h.objs.RssHash.Benchmark(frame, b.N, b.ResetTimer); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
