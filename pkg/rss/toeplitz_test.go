@@ -169,6 +169,40 @@ func TestBPFTypeSelection(t *testing.T) {
 	if res, _ := h.HashFrame(DefaultKey, AllTypes, frame); res.Report != ReportIPv4 || res.Hash != msVectors[0].ip {
 		t.Errorf("fragment: %s 0x%08x, want ipv4 0x%08x", res.Report, res.Hash, msVectors[0].ip)
 	}
+	// Headers the parser has to walk: an 802.1Q tag, IPv4 options, IPv6
+	// extension headers (a fragment header means addresses only).
+	insert := func(b []byte, at int, ins ...byte) []byte {
+		return append(append(append([]byte{}, b[:at]...), ins...), b[at:]...)
+	}
+	tcp4, _ := BuildFrame(v4, ProtoTCP)
+	udp6, _ := BuildFrame(v6, ProtoUDP)
+	vlan := insert(tcp4, 12, 0x81, 0x00, 0x00, 0x07)
+	opts := insert(tcp4, 14+20, 1, 1, 1, 0) // NOP NOP NOP EOL
+	opts[14] = 0x46
+	hbh := insert(udp6, 14+40, ProtoUDP, 0, 1, 4, 0, 0, 0, 0)     // PadN
+	hbh[14+6] = 0                                                 // next header: hop-by-hop
+	fragHdr := insert(udp6, 14+40, ProtoUDP, 0, 0, 1, 0, 0, 0, 9) // offset 0, M=1
+	fragHdr[14+6] = 44
+	for _, c := range []struct {
+		name  string
+		frame []byte
+		want  Report
+		hash  uint32
+	}{
+		{"vlan tcp4", vlan, ReportTCPv4, msVectors[0].tcp},
+		{"tcp4 with ip options", opts, ReportTCPv4, msVectors[0].tcp},
+		{"udp6 after hop-by-hop", hbh, ReportUDPv6, msVectors[5].tcp},
+		{"udp6 fragment", fragHdr, ReportIPv6, msVectors[5].ip},
+	} {
+		res, err := h.HashFrame(DefaultKey, AllTypes, c.frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Report != c.want || res.Hash != c.hash {
+			t.Errorf("%s: %s 0x%08x, want %s 0x%08x", c.name, res.Report, res.Hash, c.want, c.hash)
+		}
+	}
+
 	// ARP gets no hash.
 	arp := append(append([]byte{}, frame[:12]...), 0x08, 0x06)
 	arp = append(arp, make([]byte, 28)...)
