@@ -55,28 +55,37 @@ struct lk_rss_input {
 
 /* lk_toeplitz hashes in[0..len) with key. For each input bit from the most
  * significant bit of in[0] on: if the bit is set, xor the current 32-bit key
- * window into the result; then slide the window one bit to the left, pulling
- * in the next key bit. One bounded loop over at most 36 bytes. */
+ * window into the result; the window then slides one key bit to the right.
+ *
+ * w holds 64 key bits, key bytes i..i+7 while input byte i is hashed, so the
+ * window of bit j (0 = most significant) of that byte is w >> (32 - j); after
+ * the byte, w moves on by one key byte. One bounded loop over at most 36
+ * bytes; the bit loop unrolls. */
 static __always_inline __u32 lk_toeplitz(const struct lk_toeplitz_key *key,
 					 const __u8 *in, __u32 len)
 {
-	__u32 window = key->leftmost_32_bits;
+	__u64 w = ((__u64)key->leftmost_32_bits << 32) |
+		  ((__u64)key->next_byte[0] << 24) | ((__u64)key->next_byte[1] << 16) |
+		  ((__u64)key->next_byte[2] << 8) | (__u64)key->next_byte[3];
 	__u32 result = 0;
 	__u32 i;
 
 	for (i = 0; i < LK_RSS_INPUT_MAX; i++) {
-		__u8 b, k;
+		__u64 next = 0;
+		__u8 b;
 		int bit;
 
 		if (i >= len)
 			break;
 		b = in[i];
-		k = key->next_byte[i];
-		for (bit = 7; bit >= 0; bit--) {
-			if (b & (1u << bit))
-				result ^= window;
-			window = (window << 1) | ((k >> bit) & 1);
+		for (bit = 0; bit < 8; bit++) {
+			if (b & (0x80 >> bit))
+				result ^= (__u32)(w >> (32 - bit));
 		}
+		/* key byte i + 8 is next_byte[i + 4]; the key has 40 bytes */
+		if (i + 4 < LK_RSS_INPUT_MAX)
+			next = key->next_byte[i + 4];
+		w = (w << 8) | next;
 	}
 	return result;
 }
