@@ -29,6 +29,14 @@ func tapPinDir() string {
 	return rss.PinDir(tapOpts.netns, tapOpts.tap)
 }
 
+// removeEmptyNetnsDir removes the default pin layout's netns directory when
+// its last tap is gone (os.Remove fails on a non-empty directory).
+func removeEmptyNetnsDir() {
+	if tapOpts.pinDir == "" {
+		_ = os.Remove(filepath.Dir(rss.PinDir(tapOpts.netns, tapOpts.tap)))
+	}
+}
+
 var tapSteerCmd = &cobra.Command{
 	Use:   "steer --tap NAME [--netns NS] [--key HEX] (--queues N | --table q,q,...) [--types LIST] [--default-queue N]",
 	Short: "Steer a multiqueue tap's packets to queues by Toeplitz RSS (needs root)",
@@ -94,7 +102,7 @@ same tap rewrites the pinned maps and re-sets the program.`,
 		if err != nil {
 			if fresh { // do not leave maps of a tap we never steered
 				_ = os.RemoveAll(pin)
-				_ = os.Remove(filepath.Dir(pin)) // the netns dir, when now empty
+				removeEmptyNetnsDir()
 			}
 			return err
 		}
@@ -115,7 +123,7 @@ var tapUnsteerCmd = &cobra.Command{
 		if err := os.RemoveAll(tapPinDir()); err != nil {
 			return fmt.Errorf("remove pinned maps: %w", err)
 		}
-		_ = os.Remove(filepath.Dir(tapPinDir())) // the netns dir, when now empty
+		removeEmptyNetnsDir()
 		fmt.Fprintf(cmd.OutOrStdout(), "tap %s: steering program removed\n", tapOpts.tap)
 		return nil
 	},
