@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -109,7 +111,11 @@ recv:
 func probeZeroCopy(uplink string) Feature {
 	x, err := XDPFeatures(uplink)
 	if err != nil {
-		return Feature{Unknown: true, Detail: err.Error()}
+		drv := "unknown driver"
+		if p, lerr := os.Readlink("/sys/class/net/" + uplink + "/device/driver"); lerr == nil {
+			drv = "driver " + filepath.Base(p)
+		}
+		return Feature{Unknown: true, Detail: fmt.Sprintf("%s (%s): the kernel did not answer the netdev netlink query: %v", uplink, drv, err)}
 	}
 	if x.ZeroCopy {
 		return Feature{Supported: true, Detail: uplink + " driver supports AF_XDP zero-copy"}
