@@ -62,7 +62,7 @@ func (f Features) Table() []NamedFeature {
 		{"af_xdp", "VM fast lane sockets (copy mode)", f.AFXDP},
 		{"af_xdp_zerocopy", "zero-copy VM sockets on the uplink", f.AFXDPZeroCopy},
 		{"tun_steering_ebpf", "multiqueue tap steering", f.TunSteering},
-		{"btf", "CO-RE and map introspection", f.BTF},
+		{"BTF", "CO-RE and map introspection", f.BTF},
 		{"bpffs", "pins survive agent restarts", f.BPFFS},
 		{"ringbuf", "flow events", f.RingBuf},
 	}

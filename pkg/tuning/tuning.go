@@ -138,7 +138,7 @@ func featureItems(f netdev.Features) []Item {
 		"af_xdp":            "no VM fast lane (the backend needs AF_XDP sockets)",
 		"af_xdp_zerocopy":   "AF_XDP runs in copy mode (one copy per packet)",
 		"tun_steering_ebpf": "tap-based VMs cannot get Toeplitz RSS steering",
-		"btf":               "no CO-RE; map contents are shown without types",
+		"BTF":               "no CO-RE; map contents are shown without types",
 		"bpffs":             "pins do not survive an agent restart: pods lose forwarding",
 		"ringbuf":           "no flow events",
 	}

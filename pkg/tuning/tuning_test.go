@@ -154,8 +154,8 @@ func TestCheckMissingUplinkAndFeatures(t *testing.T) {
 	if m["uplink-mtu"].Status != StatusMissing || m["uplink-multiqueue"].Status != StatusMissing {
 		t.Errorf("missing uplink: %+v %+v", m["uplink-mtu"], m["uplink-multiqueue"])
 	}
-	if m["tcx"].Status != StatusOK || m["netkit"].Status != StatusMissing || m["btf"].Status != StatusWarn {
-		t.Errorf("features: tcx %s netkit %s btf %s", m["tcx"].Status, m["netkit"].Status, m["btf"].Status)
+	if m["tcx"].Status != StatusOK || m["netkit"].Status != StatusMissing || m["BTF"].Status != StatusWarn {
+		t.Errorf("features: tcx %s netkit %s btf %s", m["tcx"].Status, m["netkit"].Status, m["BTF"].Status)
 	}
 	if !strings.Contains(m["netkit"].Why, "veth") {
 		t.Errorf("netkit why = %q, want the veth fallback named", m["netkit"].Why)
