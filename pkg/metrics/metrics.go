@@ -168,7 +168,7 @@ var (
 	descLoaded = prometheus.NewDesc(NameDatapathLoaded, "1 when the datapath backend is in place (BPF: its pinned maps open).", []string{"backend"}, nil)
 	descEPs    = prometheus.NewDesc(NameEndpoints, "Endpoints the agent manages, by kind.", []string{"kind"}, nil)
 	descAddrs  = prometheus.NewDesc(NameAddresses, "Pod CIDR addresses: allocated and capacity.", []string{"state"}, nil)
-	descFeat   = prometheus.NewDesc(NameFeature, "Kernel features probed at agent start-up (1 supported, 0 not).", []string{"feature"}, nil)
+	descFeat   = prometheus.NewDesc(NameFeature, "Kernel features probed at agent start-up (1 supported, 0 not; absent when the probe could not decide).", []string{"feature"}, nil)
 	descMode   = prometheus.NewDesc(NameDeviceMode, "The pod device kind the agent chose (always 1).", []string{"mode"}, nil)
 	descPkts   = prometheus.NewDesc(NamePackets, "Packets the datapath forwarded for an endpoint; direction from = sent by it, to = delivered to it.", append(epLabels, "direction"), nil)
 	descBytes  = prometheus.NewDesc(NameBytes, "Bytes (frames incl. Ethernet header) the datapath forwarded for an endpoint.", append(epLabels, "direction"), nil)
@@ -234,6 +234,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descAddrs, float64(st.IPsCapacity), "capacity")
 		gauge(descMode, 1, string(st.DeviceMode))
 		for _, row := range st.Features.Table() {
+			if row.Feature.Unknown {
+				continue // not decided at start-up: no sample rather than a false 0
+			}
 			v := 0.0
 			if row.Feature.Supported {
 				v = 1

@@ -55,7 +55,7 @@ func newFakeSource() *fakeSource {
 			9: {},
 		},
 		st: agent.StatusInfo{Backend: agent.BackendBPF, DeviceMode: datapath.ModeVeth, IPsAllocated: 3, IPsCapacity: 254,
-			Features: netdev.Features{TCX: netdev.Feature{Supported: true}}},
+			Features: netdev.Features{TCX: netdev.Feature{Supported: true}, AFXDPZeroCopy: netdev.Feature{Unknown: true}}},
 	}
 }
 
@@ -166,6 +166,9 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NameDeviceMode, map[string]string{"mode": "veth"}, 1)
 	mustValue(t, fams, NameFeature, map[string]string{"feature": "tcx"}, 1)
 	mustValue(t, fams, NameFeature, map[string]string{"feature": "netkit"}, 0)
+	if v, ok := value(t, fams, NameFeature, map[string]string{"feature": "af_xdp_zerocopy"}); ok {
+		t.Errorf("undecided feature exported as %v", v)
+	}
 	mustValue(t, fams, NameRPCDuration, map[string]string{"method": "AddEndpoint", "code": "ResourceExhausted"}, 1)
 	if f := fams[NamePackets]; f.GetType() != dto.MetricType_COUNTER {
 		t.Errorf("%s is %s, want a counter", NamePackets, f.GetType())
