@@ -22,6 +22,7 @@ var nodeOpts struct {
 	state       string
 	bpfDir      string
 	root        string
+	only        []string
 }
 
 var nodeCmd = &cobra.Command{
@@ -49,6 +50,7 @@ func init() {
 	f.StringVar(&nodeOpts.uplink, "uplink", "", "the node's uplink device (MTU, queues, AF_XDP zero-copy)")
 	f.StringVar(&nodeOpts.state, "state", "/var/lib/lanekit/node-tuning.json", "where --apply records previous values")
 	f.StringVar(&nodeOpts.bpfDir, "bpf-dir", "/sys/fs/bpf/lanekit", "the agent's pin directory (checked for bpffs)")
+	f.StringSliceVar(&nodeOpts.only, "only", nil, "check (and apply) only these items, e.g. net.ipv4.tcp_rmem,net.core.somaxconn")
 	f.StringVar(&nodeOpts.root, "root", "/", "root of /proc, /sys and /dev (for checking a chroot or a test tree)")
 	nodeCmd.AddCommand(nodeCheckCmd)
 	rootCmd.AddCommand(nodeCmd)
@@ -66,7 +68,7 @@ func runNodeCheck(cmd *cobra.Command, _ []string) error {
 	if nodeOpts.apply && nodeOpts.revert {
 		return fmt.Errorf("--apply and --revert exclude each other")
 	}
-	o := tuning.Options{Root: nodeOpts.root, Uplink: nodeOpts.uplink}
+	o := tuning.Options{Root: nodeOpts.root, Uplink: nodeOpts.uplink, Only: nodeOpts.only}
 	if nodeOpts.guestMemory != "" {
 		n, err := tuning.ParseBytes(nodeOpts.guestMemory)
 		if err != nil {
@@ -86,6 +88,15 @@ func runNodeCheck(cmd *cobra.Command, _ []string) error {
 	f := netdev.ProbeKernel(nodeOpts.bpfDir, nodeOpts.uplink)
 	o.Features = &f
 	rep.Items = tuning.Check(o)
+	for _, n := range nodeOpts.only {
+		found := false
+		for _, it := range rep.Items {
+			found = found || it.Name == n
+		}
+		if !found {
+			return fmt.Errorf("--only: no item %q (see `lanekit node check` for the names)", n)
+		}
+	}
 	if nodeOpts.apply {
 		ch, err := tuning.Apply(o, rep.Items, nodeOpts.state)
 		rep.Applied = ch
@@ -135,15 +146,19 @@ func printChanges(w io.Writer, verb string, ch []tuning.Change) {
 func printItems(w io.Writer, items []tuning.Item) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STATUS\tITEM\tCURRENT\tRECOMMENDED\tWHY")
+	starred := false
 	for _, it := range items {
 		name := it.Name
 		if it.Applicable && it.Status != tuning.StatusOK {
 			name += " *"
+			starred = true
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", it.Status, name, clip(it.Current, 48), clip(it.Recommended, 40), it.Why)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(* raised by --apply)")
+	if starred {
+		fmt.Fprintln(w, "(* raised by --apply)")
+	}
 }
 
 func printChoices(w io.Writer, ch []tuning.Choice) {
