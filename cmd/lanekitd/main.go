@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
@@ -78,11 +79,13 @@ func run(args []string) error {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})
 		cfg.ServerOptions = append(cfg.ServerOptions, m.ServerOption())
 	}
+	start := time.Now()
 	a, err := agent.New(cfg, log)
 	if err != nil {
 		return err
 	}
 	if m != nil {
+		m.ObserveStartup(time.Since(start))
 		if err := startMetrics(ctx, m, a, cfg, metrics, log); err != nil {
 			a.Close()
 			return err

@@ -48,6 +48,7 @@ const (
 	NameDrops          = "lanekit_endpoint_drops_total"
 	NameUnattributed   = "lanekit_unattributed_drops_total"
 	NameRPCDuration    = "lanekit_api_request_duration_seconds"
+	NameStartup        = "lanekit_agent_startup_duration_seconds"
 )
 
 // Options configure the collector.
@@ -72,6 +73,7 @@ func PinsLoaded(pinDir string) func() error {
 type Metrics struct {
 	Registry *prometheus.Registry
 	rpc      *prometheus.HistogramVec
+	startup  prometheus.Gauge
 	opts     Options
 }
 
@@ -87,9 +89,16 @@ func New(opts Options) *Metrics {
 		// 100 µs .. ~13 s: a pod ADD creates devices and programs maps.
 		Buckets: prometheus.ExponentialBuckets(100e-6, 2.5, 14),
 	}, []string{"method", "code"})
-	m.Registry.MustRegister(m.rpc)
+	m.startup = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: NameStartup,
+		Help: "How long the agent's start-up took: kernel probes, store, datapath load and the re-adoption (reconcile) of stored endpoints.",
+	})
+	m.Registry.MustRegister(m.rpc, m.startup)
 	return m
 }
+
+// ObserveStartup records how long the agent took to start.
+func (m *Metrics) ObserveStartup(d time.Duration) { m.startup.Set(d.Seconds()) }
 
 // UnaryInterceptor records the duration of each API call.
 func (m *Metrics) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -136,6 +137,7 @@ func TestScrapeFakeAgent(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("interceptor changed the error: %v", err)
 	}
+	m.ObserveStartup(1500 * time.Millisecond)
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
 	fams := scrape(t, srv.URL)
@@ -162,6 +164,7 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NameAddresses, map[string]string{"state": "allocated"}, 3)
 	mustValue(t, fams, NameAddresses, map[string]string{"state": "capacity"}, 254)
 	mustValue(t, fams, NameUp, nil, 1)
+	mustValue(t, fams, NameStartup, nil, 1.5)
 	mustValue(t, fams, NameDatapathLoaded, map[string]string{"backend": "bpf"}, 1)
 	mustValue(t, fams, NameDeviceMode, map[string]string{"mode": "veth"}, 1)
 	mustValue(t, fams, NameFeature, map[string]string{"feature": "tcx"}, 1)
