@@ -51,7 +51,7 @@ func init() {
 	f.StringVar(&nodeOpts.state, "state", "/var/lib/lanekit/node-tuning.json", "where --apply records previous values")
 	f.StringVar(&nodeOpts.bpfDir, "bpf-dir", "/sys/fs/bpf/lanekit", "the agent's pin directory (checked for bpffs)")
 	f.StringSliceVar(&nodeOpts.only, "only", nil, "check (and apply) only these items, e.g. net.ipv4.tcp_rmem,net.core.somaxconn")
-	f.StringVar(&nodeOpts.root, "root", "/", "root of /proc, /sys and /dev (for checking a chroot or a test tree)")
+	f.StringVar(&nodeOpts.root, "root", "/", "root of /proc, /sys and /dev (a chroot or a test tree; kernel features are always probed live)")
 	nodeCmd.AddCommand(nodeCheckCmd)
 	rootCmd.AddCommand(nodeCmd)
 }
