@@ -3,62 +3,96 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/tuning"
 )
+
+var statusOpts struct {
+	uplink string
+	bpfDir string
+}
 
 var statusCmd = &cobra.Command{
 	Use:   "status",
-	Short: "Show the local agent: reachable, datapath mode and why, kernel features",
+	Short: "Show the local agent, the kernel features and what lanekit chose because of them",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		out := cmd.OutOrStdout()
-		c, closeFn, err := dialAgent()
-		if err != nil {
-			fmt.Fprintf(out, "agent:        unreachable (%v)\n", err)
-			return fmt.Errorf("agent unreachable")
+		st, agentErr := agentStatus(cmd.Context(), out)
+		// The feature table is probed here, with the same probes the agent
+		// runs at start-up: it is shown even when the agent is down.
+		f := netdev.ProbeKernel(statusOpts.bpfDir, statusOpts.uplink)
+		fmt.Fprintf(out, "kernel:       %s\n", f.Release)
+		printFeatures(out, f)
+		if k := st.GetKernel(); k != nil && k.GetNetkit().GetSupported() != f.Netkit.Supported {
+			fmt.Fprintf(out, "  note: the agent saw netkit=%v at start-up: %s\n", k.GetNetkit().GetSupported(), k.GetNetkit().GetDetail())
 		}
-		defer closeFn()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-		defer cancel()
-		st, err := c.Status(ctx, &apiv1.StatusRequest{})
-		if err != nil {
-			fmt.Fprintf(out, "agent:        unreachable at %s (%v)\n", agentSocket, err)
-			return fmt.Errorf("agent unreachable")
-		}
-		ready := "ready"
-		if !st.GetReady() {
-			ready = "not ready: " + st.GetReason()
-		}
+		fmt.Fprintln(out)
 		dp := st.GetDatapath()
-		k := st.GetKernel()
-		fmt.Fprintf(out, "agent:        reachable at %s, version %s, %s\n", agentSocket, st.GetVersion(), ready)
-		fmt.Fprintf(out, "datapath:     %s (%s)\n", dp.GetBackend(), dp.GetLocation())
-		if dp.GetError() != "" {
-			fmt.Fprintf(out, "  error:      %s\n", dp.GetError())
-		}
-		fmt.Fprintf(out, "device mode:  %s (%s)\n", dp.GetDeviceMode(), dp.GetDeviceModeReason())
-		fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
-		fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
-		fmt.Fprintf(out, "kernel:       %s\n", k.GetRelease())
-		for _, f := range []struct {
-			name string
-			f    *apiv1.Feature
-		}{{"tcx", k.GetTcx()}, {"netkit", k.GetNetkit()}, {"bpffs", k.GetBpffs()}, {"BTF", k.GetBtf()}} {
-			mark := "no "
-			if f.f.GetSupported() {
-				mark = "yes"
-			}
-			fmt.Fprintf(out, "  %-7s     %s  %s\n", f.name, mark, f.f.GetDetail())
-		}
-		return nil
+		printChoices(out, tuning.Choices(f, dp.GetDeviceMode(), dp.GetDeviceModeReason()))
+		return agentErr
 	},
+}
+
+// agentStatus prints the agent's part of the status; the error says the
+// agent is unreachable.
+func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, error) {
+	c, closeFn, err := dialAgent()
+	if err != nil {
+		fmt.Fprintf(out, "agent:        unreachable (%v)\n", err)
+		return nil, fmt.Errorf("agent unreachable")
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx, &apiv1.StatusRequest{})
+	if err != nil {
+		fmt.Fprintf(out, "agent:        unreachable at %s (%v)\n", agentSocket, err)
+		return nil, fmt.Errorf("agent unreachable")
+	}
+	ready := "ready"
+	if !st.GetReady() {
+		ready = "not ready: " + st.GetReason()
+	}
+	dp := st.GetDatapath()
+	fmt.Fprintf(out, "agent:        reachable at %s, version %s, %s\n", agentSocket, st.GetVersion(), ready)
+	fmt.Fprintf(out, "datapath:     %s (%s)\n", dp.GetBackend(), dp.GetLocation())
+	if dp.GetError() != "" {
+		fmt.Fprintf(out, "  error:      %s\n", dp.GetError())
+	}
+	fmt.Fprintf(out, "device mode:  %s (%s)\n", dp.GetDeviceMode(), dp.GetDeviceModeReason())
+	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
+	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
+	return st, nil
+}
+
+// printFeatures prints the kernel feature table shared with `node check`.
+func printFeatures(out io.Writer, f netdev.Features) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  FEATURE\tSUPPORTED\tUSED FOR\tPROBE")
+	for _, row := range f.Table() {
+		mark := "no"
+		switch {
+		case row.Feature.Supported:
+			mark = "yes"
+		case row.Feature.Unknown:
+			mark = "unknown"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", row.Name, mark, row.Uses, row.Feature.Detail)
+	}
+	tw.Flush()
 }
 
 func init() {
 	addSocketFlag(statusCmd)
+	statusCmd.Flags().StringVar(&statusOpts.uplink, "uplink", "", "the node's uplink (probes AF_XDP zero-copy on its driver)")
+	statusCmd.Flags().StringVar(&statusOpts.bpfDir, "bpf-dir", "/sys/fs/bpf/lanekit", "the agent's pin directory (checked for bpffs)")
 	rootCmd.AddCommand(statusCmd)
 }

@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 )
 
 func main() {
@@ -29,6 +31,7 @@ func run(args []string) error {
 		podCIDR string
 		logJSON bool
 		verbose bool
+		metrics string
 	)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
@@ -40,6 +43,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
+	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")
 	if err := fs.Parse(args); err != nil {
@@ -70,9 +74,22 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	var m *lkmetrics.Metrics
+	if metrics != "" {
+		m = lkmetrics.New(lkmetrics.Options{Log: log})
+		cfg.ServerOptions = append(cfg.ServerOptions, m.ServerOption())
+	}
+	start := time.Now()
 	a, err := agent.New(cfg, log)
 	if err != nil {
 		return err
+	}
+	if m != nil {
+		m.ObserveStartup(time.Since(start))
+		if err := startMetrics(ctx, m, a, cfg, metrics, log); err != nil {
+			a.Close()
+			return err
+		}
 	}
 	runErr := a.Run(ctx)
 	if err := a.Close(); err != nil {
@@ -82,4 +99,20 @@ func run(args []string) error {
 		log.Info("stopped")
 	}
 	return runErr
+}
+
+// startMetrics registers the agent with the metrics registry and serves it.
+func startMetrics(ctx context.Context, m *lkmetrics.Metrics, a *agent.Agent, cfg agent.Config, addr string, log *slog.Logger) error {
+	if cfg.Datapath == agent.BackendBPF {
+		m = m.WithDatapathCheck(lkmetrics.PinsLoaded(cfg.BPFDir))
+	}
+	if err := m.Watch(a); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	bound, err := m.Serve(ctx, addr)
+	if err != nil {
+		return err
+	}
+	log.Info("serving metrics", "addr", bound.String(), "path", "/metrics")
+	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"sync"
 
+	"google.golang.org/grpc"
+
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/ipam"
@@ -53,6 +55,9 @@ type Config struct {
 	VMSocketDir string
 	// OpenDatapath overrides how the backend is opened (tests inject fakes).
 	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
+	// ServerOptions are added to the API's gRPC server (the metrics
+	// interceptor that times each call).
+	ServerOptions []grpc.ServerOption
 }
 
 // Agent is one node's agent.

@@ -47,7 +47,7 @@ func (a *Agent) listen() (*grpc.Server, net.Listener, error) {
 		lis.Close()
 		return nil, nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(a.cfg.ServerOptions...)
 	apiv1.RegisterAgentServer(srv, &server{a: a})
 	return srv, lis, nil
 }

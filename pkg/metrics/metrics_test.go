@@ -1,0 +1,192 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/netdev"
+)
+
+type fakeSource struct {
+	eps      []endpoint.Endpoint
+	counters map[uint32]datapath.Counters
+	st       agent.StatusInfo
+	listErr  error
+}
+
+func (f *fakeSource) List() ([]endpoint.Endpoint, error) { return f.eps, f.listErr }
+func (f *fakeSource) Counters(id uint32) (datapath.Counters, error) {
+	c, ok := f.counters[id]
+	if !ok {
+		return datapath.Counters{}, errors.New("no such endpoint")
+	}
+	return c, nil
+}
+func (f *fakeSource) Status() (agent.StatusInfo, error) { return f.st, nil }
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newFakeSource() *fakeSource {
+	return &fakeSource{
+		eps: []endpoint.Endpoint{
+			{ID: 3, Kind: endpoint.KindPod, ContainerID: "0123456789abcdef", Labels: map[string]string{"K8S_POD_NAME": "web-1", "K8S_POD_NAMESPACE": "shop"}},
+			{ID: 7, Kind: endpoint.KindVM, ContainerID: "vm-x", VM: &endpoint.VM{Name: "vm1"}},
+			{ID: 9, Kind: endpoint.KindPod, ContainerID: "fedcba9876543210"},
+		},
+		counters: map[uint32]datapath.Counters{
+			0: {Drops: map[datapath.DropReason]uint64{datapath.DropUnknownEP: 4}},
+			3: {FromPackets: 10, FromBytes: 1000, ToPackets: 20, ToBytes: 3000, Drops: map[datapath.DropReason]uint64{datapath.DropSpoofedIP: 5, datapath.DropFIBFailed: 1}},
+			7: {FromPackets: 1, FromBytes: 60, Drops: map[datapath.DropReason]uint64{datapath.DropNoSocket: 2}},
+			9: {},
+		},
+		st: agent.StatusInfo{Backend: agent.BackendBPF, DeviceMode: datapath.ModeVeth, IPsAllocated: 3, IPsCapacity: 254,
+			Features: netdev.Features{TCX: netdev.Feature{Supported: true}, AFXDPZeroCopy: netdev.Feature{Unknown: true}}},
+	}
+}
+
+// scrape fetches /metrics over HTTP and parses it with the Prometheus text parser.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Accept", "text/plain; version=0.0.4")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse scrape: %v", err)
+	}
+	return fams
+}
+
+// value finds the sample of family name whose labels include want.
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if got[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func mustValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string, v float64) {
+	t.Helper()
+	got, ok := value(t, fams, name, want)
+	if !ok {
+		t.Errorf("%s%v: no sample", name, want)
+		return
+	}
+	if got != v {
+		t.Errorf("%s%v = %v, want %v", name, want, got, v)
+	}
+}
+
+func TestScrapeFakeAgent(t *testing.T) {
+	src := newFakeSource()
+	m := New(Options{Log: quiet()})
+	loadedErr := error(nil)
+	m.WithDatapathCheck(func() error { return loadedErr })
+	if err := m.Watch(src); err != nil {
+		t.Fatal(err)
+	}
+	// One API call through the interceptor, as the gRPC server would make it.
+	_, err := m.UnaryInterceptor(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/lanekit.v1.Agent/AddEndpoint"},
+		func(context.Context, any) (any, error) { return nil, status.Error(codes.ResourceExhausted, "full") })
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("interceptor changed the error: %v", err)
+	}
+	m.ObserveStartup(1500 * time.Millisecond)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+
+	web := map[string]string{"endpoint": "web-1", "namespace": "shop", "endpoint_id": "3", "kind": "pod"}
+	with := func(base map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for a, b := range base {
+			out[a] = b
+		}
+		return out
+	}
+	mustValue(t, fams, NamePackets, with(web, "direction", "from"), 10)
+	mustValue(t, fams, NamePackets, with(web, "direction", "to"), 20)
+	mustValue(t, fams, NameBytes, with(web, "direction", "from"), 1000)
+	mustValue(t, fams, NameBytes, with(web, "direction", "to"), 3000)
+	mustValue(t, fams, NameDrops, with(web, "reason", "spoofed-ip"), 5)
+	mustValue(t, fams, NameDrops, with(web, "reason", "fib-failed"), 1)
+	mustValue(t, fams, NameDrops, map[string]string{"endpoint": "vm1", "kind": "vm", "reason": "vm-socket-missing"}, 2)
+	mustValue(t, fams, NamePackets, map[string]string{"endpoint": "fedcba987654", "namespace": "", "direction": "from"}, 0)
+	mustValue(t, fams, NameUnattributed, map[string]string{"reason": "unknown-endpoint"}, 4)
+	mustValue(t, fams, NameEndpoints, map[string]string{"kind": "pod"}, 2)
+	mustValue(t, fams, NameEndpoints, map[string]string{"kind": "vm"}, 1)
+	mustValue(t, fams, NameAddresses, map[string]string{"state": "allocated"}, 3)
+	mustValue(t, fams, NameAddresses, map[string]string{"state": "capacity"}, 254)
+	mustValue(t, fams, NameUp, nil, 1)
+	mustValue(t, fams, NameStartup, nil, 1.5)
+	mustValue(t, fams, NameDatapathLoaded, map[string]string{"backend": "bpf"}, 1)
+	mustValue(t, fams, NameDeviceMode, map[string]string{"mode": "veth"}, 1)
+	mustValue(t, fams, NameFeature, map[string]string{"feature": "tcx"}, 1)
+	mustValue(t, fams, NameFeature, map[string]string{"feature": "netkit"}, 0)
+	if v, ok := value(t, fams, NameFeature, map[string]string{"feature": "af_xdp_zerocopy"}); ok {
+		t.Errorf("undecided feature exported as %v", v)
+	}
+	mustValue(t, fams, NameRPCDuration, map[string]string{"method": "AddEndpoint", "code": "ResourceExhausted"}, 1)
+	if f := fams[NamePackets]; f.GetType() != dto.MetricType_COUNTER {
+		t.Errorf("%s is %s, want a counter", NamePackets, f.GetType())
+	}
+
+	// A broken datapath and a failing agent show up as 0, not as a failed scrape.
+	loadedErr = errors.New("pins gone")
+	src.listErr = errors.New("store closed")
+	fams = scrape(t, srv.URL)
+	mustValue(t, fams, NameDatapathLoaded, map[string]string{"backend": "bpf"}, 0)
+	mustValue(t, fams, NameUp, nil, 0)
+}
+
+func TestMethodName(t *testing.T) {
+	if got := methodName("/lanekit.v1.Agent/DelEndpoint"); got != "DelEndpoint" {
+		t.Errorf("methodName = %q", got)
+	}
+}
