@@ -1,12 +1,15 @@
 package netdev
 
 import (
+	"encoding/binary"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -87,4 +90,38 @@ func TestXDPFeaturesVeth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestDevGetRequestBytes pins the wire format of the single-device
+// NETDEV_CMD_DEV_GET request: NLM_F_REQUEST only (no dump), a 4-byte genl
+// header whose reserved field is zero, and NETDEV_A_DEV_IFINDEX. The netdev
+// family answers EINVAL to a non-zero reserved field. A header serializer
+// that reads past its own 2 bytes (as nl.Genlmsg does) picks up the next tiny
+// heap object, here the ifindex value: the loop shifts the allocator's offset
+// with 1-byte objects so that the header lands right before it at least once.
+func TestDevGetRequestBytes(t *testing.T) {
+	var sink []*byte
+	for i := 0; i < 64; i++ {
+		for j := 0; j < i%16; j++ {
+			sink = append(sink, new(byte))
+		}
+		req := devGetRequest(0x14, 1, 7)
+		b := req.Serialize()
+		if len(b) != 28 {
+			t.Fatalf("request is %d bytes, want 28: %x", len(b), b)
+		}
+		hdr := func(off int) uint16 { return binary.NativeEndian.Uint16(b[off:]) }
+		if l, typ, flags := binary.NativeEndian.Uint32(b), hdr(4), hdr(6); l != 28 || typ != 0x14 || flags != unix.NLM_F_REQUEST {
+			t.Fatalf("nlmsghdr len %d type %#x flags %#x, want 28 0x14 NLM_F_REQUEST", l, typ, flags)
+		}
+		genl := b[16:20]
+		if genl[0] != netdevCmdDevGet || genl[1] != 1 || genl[2] != 0 || genl[3] != 0 {
+			t.Fatalf("genl header %x, want cmd %d version 1 reserved 0", genl, netdevCmdDevGet)
+		}
+		attr := b[20:28]
+		if hdr(20) != 8 || hdr(22) != netdevADevIfindex || binary.NativeEndian.Uint32(attr[4:]) != 7 {
+			t.Fatalf("ifindex attribute %x, want len 8 type %d value 7", attr, netdevADevIfindex)
+		}
+	}
+	runtime.KeepAlive(sink)
 }

@@ -32,8 +32,28 @@ type DeviceXDP struct {
 	ZeroCopy bool // AF_XDP zero-copy
 }
 
+// genlHeader is struct genlmsghdr with its reserved field written as zero.
+// nl.Genlmsg is a 2-byte struct whose Serialize reads 4 bytes through
+// unsafe, so its "reserved" bytes are whatever the heap holds next to it;
+// the kernel rejects a non-zero reserved field with EINVAL for families that
+// validate it (netdev does, for every command), hence never use nl.Genlmsg.
+type genlHeader struct{ cmd, version uint8 }
+
+func (h genlHeader) Len() int          { return nl.SizeofGenlmsg }
+func (h genlHeader) Serialize() []byte { return []byte{h.cmd, h.version, 0, 0} }
+
+// devGetRequest builds NETDEV_CMD_DEV_GET for one device (the "do" form:
+// NLM_F_REQUEST only, NETDEV_A_DEV_IFINDEX set), not a dump of every device.
+func devGetRequest(family uint16, version uint8, ifindex int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(int(family), 0)
+	req.AddData(genlHeader{cmd: netdevCmdDevGet, version: version})
+	req.AddData(nl.NewRtAttr(netdevADevIfindex, nl.Uint32Attr(uint32(ifindex))))
+	return req
+}
+
 // XDPFeatures asks the kernel which XDP actions the driver of ifname
-// supports. The calling thread must be in the device's namespace.
+// supports. The calling thread must be in the device's namespace (the
+// netlink socket is opened there, and the ifindex is looked up there).
 func XDPFeatures(ifname string) (DeviceXDP, error) {
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
@@ -43,68 +63,48 @@ func XDPFeatures(ifname string) (DeviceXDP, error) {
 	if err != nil {
 		return DeviceXDP{}, fmt.Errorf("xdp features of %s: generic netlink family netdev: %w", ifname, err)
 	}
-	// A dump of every device, filtered here, read on our own socket.
-	sock, err := nl.Subscribe(unix.NETLINK_GENERIC)
+	// Execute opens a socket in the current thread's namespace and only
+	// accepts answers carrying our sequence number and port id.
+	req := devGetRequest(fam.ID, uint8(fam.Version), ifc.Index)
+	msgs, err := req.Execute(unix.NETLINK_GENERIC, fam.ID)
 	if err != nil {
-		return DeviceXDP{}, fmt.Errorf("xdp features of %s: netlink socket: %w", ifname, err)
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s (ifindex %d): %w", ifname, ifc.Index, err)
 	}
-	defer sock.Close()
-	req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_DUMP)
-	req.AddData(&nl.Genlmsg{Command: netdevCmdDevGet, Version: 1})
-	if err := sock.Send(req); err != nil {
-		return DeviceXDP{}, fmt.Errorf("xdp features of %s: send: %w", ifname, err)
+	if len(msgs) != 1 {
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s: %d answers to a single-device request", ifname, len(msgs))
 	}
-	var msgs [][]byte
-recv:
-	for {
-		batch, _, err := sock.Receive()
-		if err != nil {
-			return DeviceXDP{}, fmt.Errorf("xdp features of %s: receive: %w", ifname, err)
-		}
-		for _, m := range batch {
-			switch m.Header.Type {
-			case unix.NLMSG_DONE:
-				break recv
-			case unix.NLMSG_ERROR:
-				if len(m.Data) >= 4 {
-					if errno := int32(binary.NativeEndian.Uint32(m.Data)); errno != 0 {
-						return DeviceXDP{}, fmt.Errorf("xdp features of %s: %w", ifname, unix.Errno(-errno))
-					}
-				}
-				break recv
-			}
-			msgs = append(msgs, m.Data)
+	return parseDevGet(ifname, ifc.Index, msgs[0])
+}
+
+// parseDevGet decodes one NETDEV_CMD_DEV_GET answer (genl header and
+// attributes) for the device with ifindex.
+func parseDevGet(ifname string, ifindex int, m []byte) (DeviceXDP, error) {
+	if len(m) < nl.SizeofGenlmsg {
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s: short answer (%d bytes)", ifname, len(m))
+	}
+	attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
+	if err != nil {
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s: parse: %w", ifname, err)
+	}
+	idx, v, have := -1, uint64(0), false
+	for _, a := range attrs {
+		switch {
+		case a.Attr.Type == netdevADevIfindex && len(a.Value) >= 4:
+			idx = int(binary.NativeEndian.Uint32(a.Value))
+		case a.Attr.Type == netdevADevXDPFeatures && len(a.Value) >= 8:
+			v, have = binary.NativeEndian.Uint64(a.Value), true
 		}
 	}
-	for _, m := range msgs {
-		if len(m) < nl.SizeofGenlmsg {
-			continue
-		}
-		attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
-		if err != nil {
-			return DeviceXDP{}, fmt.Errorf("xdp features of %s: parse: %w", ifname, err)
-		}
-		idx, v, have := -1, uint64(0), false
-		for _, a := range attrs {
-			switch {
-			case a.Attr.Type == netdevADevIfindex && len(a.Value) >= 4:
-				idx = int(binary.NativeEndian.Uint32(a.Value))
-			case a.Attr.Type == netdevADevXDPFeatures && len(a.Value) >= 8:
-				v, have = binary.NativeEndian.Uint64(a.Value), true
-			}
-		}
-		if idx != ifc.Index {
-			continue
-		}
-		if !have {
-			return DeviceXDP{}, fmt.Errorf("xdp features of %s: no xdp-features attribute in the answer", ifname)
-		}
-		return DeviceXDP{
-			Native: v&netdevXDPActBasic != 0, Redirect: v&netdevXDPActRedirect != 0,
-			NdoXmit: v&netdevXDPActNdoXmit != 0, ZeroCopy: v&netdevXDPActXSKZeroCopy != 0,
-		}, nil
+	if idx != ifindex {
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s: the kernel answered for ifindex %d, asked %d", ifname, idx, ifindex)
 	}
-	return DeviceXDP{}, fmt.Errorf("xdp features of %s: the kernel did not list ifindex %d", ifname, ifc.Index)
+	if !have {
+		return DeviceXDP{}, fmt.Errorf("xdp features of %s: no xdp-features attribute in the answer", ifname)
+	}
+	return DeviceXDP{
+		Native: v&netdevXDPActBasic != 0, Redirect: v&netdevXDPActRedirect != 0,
+		NdoXmit: v&netdevXDPActNdoXmit != 0, ZeroCopy: v&netdevXDPActXSKZeroCopy != 0,
+	}, nil
 }
 
 // probeZeroCopy reports whether the uplink's driver does AF_XDP zero-copy.
