@@ -7,10 +7,12 @@ import (
 
 var nativeEndian = binary.NativeEndian
 
+// Metric kinds: enum lk_metric_kind in bpf/lib/consts.h (generated).
 const (
-	metricFromEP   = 0
-	metricToEP     = 1
-	metricDropBase = 0x100
+	metricFromEP   = uint32(podLkMetricKindMETRIC_FROM_EP)
+	metricToEP     = uint32(podLkMetricKindMETRIC_TO_EP)
+	metricToStack  = uint32(podLkMetricKindMETRIC_TO_STACK)
+	metricDropBase = uint32(podLkMetricKindMETRIC_DROP_BASE)
 )
 
 // Counters returns endpoint id's counters summed over CPUs. Drops not
@@ -38,6 +40,8 @@ func (l *Loader) Counters(id uint32) (Counters, error) {
 			c.FromPackets, c.FromBytes = pk, by
 		case key.Kind == metricToEP:
 			c.ToPackets, c.ToBytes = pk, by
+		case key.Kind == metricToStack:
+			c.StackPackets, c.StackBytes = pk, by
 		case key.Kind >= metricDropBase:
 			c.Drops[DropReason(key.Kind-metricDropBase)] += pk
 		}
