@@ -3,6 +3,8 @@ package datapath
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/cilium/ebpf"
 )
 
 var nativeEndian = binary.NativeEndian
@@ -20,12 +22,17 @@ const (
 func (l *Loader) Counters(id uint32) (Counters, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return sumCounters(l.pod.LkMetrics, id)
+}
+
+// sumCounters sums endpoint id's entries of an lk_metrics map over CPUs.
+func sumCounters(m *ebpf.Map, id uint32) (Counters, error) {
 	c := Counters{Drops: map[DropReason]uint64{}}
 	var (
 		key  podMetricsKey
 		vals []podMetricsVal
 	)
-	it := l.pod.LkMetrics.Iterate()
+	it := m.Iterate()
 	for it.Next(&key, &vals) {
 		if key.EpId != id {
 			continue
