@@ -4,6 +4,7 @@
 #define LK_FIB_H
 
 #include <linux/bpf.h>
+#include <linux/in.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include "consts.h"
@@ -62,12 +63,28 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
  * ip_exceeds_mtu): a packet fits the egress device when its length does, a
  * GSO packet when each of the segments it will be cut into does. GSO/TSO
  * packets (up to 64 KiB) are the bulk of TCP; judging them by their total
- * length would send every one of them to the host stack. */
-static __always_inline int fits_mtu(struct __sk_buff *skb, __u32 ifindex)
+ * length would send every one of them to the host stack.
+ *
+ * For TCP (TSO, nearly all GSO traffic) the segment size is computed here:
+ * IP header + TCP header + gso_size, what skb_gso_validate_network_len
+ * computes. Other GSO packets (UDP GSO, tunnels) are left to the kernel's
+ * BPF_MTU_CHK_SEGS. (The TCP case is done here rather than with
+ * BPF_MTU_CHK_SEGS so that BPF_PROG_TEST_RUN fixtures, whose skbs carry
+ * no transport header offset, can exercise it.) */
+static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *iph, __u32 ifindex)
 {
-	__u32 mtu_len = 0; /* 0: judge the skb itself; required with CHK_SEGS */
+	__u32 mtu = 0; /* in: 0, judge the skb itself; out: the device MTU */
+	__u32 gso_size = skb->gso_size;
+	__u32 ihl = iph->ihl * 4;
+	__u8 doff;
 
-	return bpf_check_mtu(skb, ifindex, &mtu_len, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
+	if (!gso_size || iph->protocol != IPPROTO_TCP)
+		return bpf_check_mtu(skb, ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
+	if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+		return 0;
+	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl + 12, &doff, 1) < 0)
+		return 0;
+	return ihl + (doff >> 4) * 4 + gso_size <= mtu;
 }
 
 /* route_ipv4 forwards an IPv4 packet that entered on skb->ifindex.
@@ -97,7 +114,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		/* Route and neighbour known: rewrite and transmit directly. */
-		if (!fits_mtu(skb, fib.ifindex))
+		if (!fits_mtu(skb, iph, fib.ifindex))
 			return to_stack(skb, ep_id); /* ICMP frag needed, or fragment */
 		ipv4_decrease_ttl(iph);
 		mac_copy(p->eth->h_dest, fib.dmac);
@@ -112,7 +129,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 			.ipv4_nh = fib.ipv4_dst,
 		};
 
-		if (!fits_mtu(skb, fib.ifindex))
+		if (!fits_mtu(skb, iph, fib.ifindex))
 			return to_stack(skb, ep_id);
 		ipv4_decrease_ttl(iph);
 		trace_redirect(fib.ifindex, REDIR_NEIGH, skb->queue_mapping);
