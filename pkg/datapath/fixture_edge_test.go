@@ -229,6 +229,13 @@ func edgeFixtures() []fixture {
 			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: viaNeigh,
 		},
 		{
+			name: "L3 endpoint with a crafted source MAC: not an identity there, routed with MACs rewritten", prog: fromPod, ifindex: ifH4,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(zero, pod2MAC, "10.244.1.13", "10.244.2.5", 64)
+			},
+			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: viaNeigh,
+		},
+		{
 			name: "L3 endpoint to local pod: redirect_peer", prog: fromPod, ifindex: ifH4,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(zero, zero, "10.244.1.13", "10.244.1.11", 64)
