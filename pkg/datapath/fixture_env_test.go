@@ -21,8 +21,8 @@ type fixtureEnv struct {
 	pinDir         string
 	h1, h2, h3, up netlink.Link // pod 1, pod 2 and VM 3 host ends, uplink
 	ep1, ep2, ep3  Endpoint
-	ep4            Endpoint // an L3 netkit pod (map entries only: this kernel may lack netkit)
-	ep5            Endpoint // a VM with 4 queues (map entries only)
+	ep4            Endpoint         // an L3 netkit pod (map entries only: this kernel may lack netkit)
+	ep5            Endpoint         // a VM with 4 queues (map entries only)
 	neighMAC       net.HardwareAddr // permanent neighbour 10.77.0.2
 	origNS, newNS  netns.NsHandle
 }
