@@ -19,7 +19,10 @@ type DeviceMode string
 
 const (
 	ModeVeth   DeviceMode = "veth"   // veth pair, tcx programs on the host end
-	ModeNetkit DeviceMode = "netkit" // netkit pair, programs on primary and peer
+	// ModeNetkit is a netkit pair in L3 mode (pkg/netdev creates them so):
+	// IFF_NOARP and all-zero MACs, so the datapath does not check the source
+	// MAC (the source IP is the identity) and drops ARP from it.
+	ModeNetkit DeviceMode = "netkit"
 )
 
 // Endpoint is what the datapath needs to forward to and from one local pod.
