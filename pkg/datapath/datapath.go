@@ -18,7 +18,7 @@ var ErrNotSupported = errors.New("not supported by this kernel")
 type DeviceMode string
 
 const (
-	ModeVeth   DeviceMode = "veth"   // veth pair, tcx programs on the host end
+	ModeVeth DeviceMode = "veth" // veth pair, tcx programs on the host end
 	// ModeNetkit is a netkit pair in L3 mode (pkg/netdev creates them so):
 	// IFF_NOARP and all-zero MACs, so the datapath does not check the source
 	// MAC (the source IP is the identity) and drops ARP from it.
