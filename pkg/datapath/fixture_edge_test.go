@@ -127,6 +127,22 @@ func edgeFixtures() []fixture {
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, nil, nil) },
 		},
 		{
+			name: "TSO packet to a local VM: whole into its device (segmented on its transmit path)", prog: fromPod, ifindex: ifH1,
+			in: func(e *fixtureEnv) []byte {
+				return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.12", 3000)
+			},
+			gsoSize: 1448, verdict: tcActRedirect, redirIf: ifH3, redirKind: 1,
+			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, vm3MAC, e.ep3.HostMAC) },
+		},
+		{
+			name: "uplink: GRO/TSO packet for a local pod: redirect_peer whole", prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				return tcpFrame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 3000)
+			},
+			gsoSize: 1448, verdict: tcActRedirect, redirIf: ifH1, redirKind: 2,
+			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, pod1MAC, e.ep1.HostMAC) },
+		},
+		{
 			name: "TSO packet whose segments exceed the MTU by 1 byte: host stack", prog: fromPod, ifindex: ifH1,
 			in: tcpToRemote(3600), gsoSize: 1461, verdict: tcActOK, stackEP: 1,
 		},
@@ -198,6 +214,31 @@ func edgeFixtures() []fixture {
 				return testutil.ARPFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)[:14+20]
 			},
 			verdict: tcActShot, dropEP: 1, dropReason: DropMalformed,
+		},
+		{
+			name: "ARP for another hardware type: drop", prog: fromPod, ifindex: ifH1,
+			in: func(e *fixtureEnv) []byte {
+				b := testutil.ARPFrame(1, pod1MAC, "10.244.1.10", make(net.HardwareAddr, 6), gw)
+				b[15] = 6 // ar_hrd IEEE 802
+				return b
+			},
+			verdict: tcActShot, dropEP: 1, dropReason: DropMalformed,
+		},
+		{
+			name: "prohibit route: drop", prog: fromPod, ifindex: ifH1,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.97.1.1", 64)
+			},
+			verdict: tcActShot, dropEP: 1, dropReason: DropFIBFailed,
+		},
+		{
+			name: "uplink: malformed IPv4 for a local pod: host stack judges it", prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				b := testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 63)
+				b[14] = 0x44
+				return b
+			},
+			verdict: tcActOK,
 		},
 		{
 			name: "802.1Q tag in the frame: drop", prog: fromPod, ifindex: ifH1,

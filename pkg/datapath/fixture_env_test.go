@@ -103,6 +103,7 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 	route("10.244.3.0/24", "10.77.0.3", 0) // no neighbour: NO_NEIGH
 	route("10.99.0.0/16", "", 6)           // RTN_BLACKHOLE
 	route("10.98.0.0/16", "", 7)           // RTN_UNREACHABLE
+	route("10.97.0.0/16", "", 8)           // RTN_PROHIBIT
 	route("0.0.0.0/0", "10.77.0.2", 0)     // a default route, as nodes have: multicast/broadcast must not follow it
 
 	e.pinDir = filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-test-%d-%s", os.Getpid(), sanitize(t.Name())))
