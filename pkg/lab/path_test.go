@@ -51,27 +51,7 @@ func samplePath(t *testing.T, ctx context.Context, node int, pod string, ip neti
 // total length hands nearly all of them to ip_forward. Root only; brings up
 // the global lab (run it under flock /tmp/lanekit-lab.lock).
 func TestBulkTCPTakesTheBPFPath(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and reads pinned BPF maps")
-	}
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "iperf3", "sysctl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(repoRoot(t), "bin")
-	}
-	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
-	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
-		if err := check(); err != nil {
-			if os.Getenv("LANEKIT_BIN") != "" {
-				t.Fatalf("%v (make test builds them first)", err)
-			}
-			t.Skipf("skipping: %v", err)
-		}
-	}
+	bins := pathTestBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
@@ -123,6 +103,34 @@ func TestBulkTCPTakesTheBPFPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pathTestBins returns the lab binaries, or skips (fails under make test)
+// when something is missing.
+func pathTestBins(t *testing.T) Bins {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and reads pinned BPF maps")
+	}
+	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "iperf3", "sysctl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
+		}
+	}
+	binDir := os.Getenv("LANEKIT_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(repoRoot(t), "bin")
+	}
+	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
+	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
+		if err := check(); err != nil {
+			if os.Getenv("LANEKIT_BIN") != "" {
+				t.Fatalf("%v (make test builds them first)", err)
+			}
+			t.Skipf("skipping: %v", err)
+		}
+	}
+	return bins
 }
 
 // bulkTCP runs a bounded 3 s iperf3 transfer from client to server.
