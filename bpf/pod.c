@@ -69,5 +69,9 @@ int from_pod(struct __sk_buff *skb)
 		return to_stack(skb, ep->id);
 	if (p.ip4->ttl <= 1)
 		return to_stack(skb, ep->id); /* the host stack sends ICMP time exceeded */
+	/* IP options (record route, timestamps, source routing, which the
+	 * kernel refuses unless accept_source_route) are the stack's to process. */
+	if (p.ip4->ihl > 5)
+		return to_stack(skb, ep->id);
 	return route_ipv4(skb, &p, ep->id);
 }

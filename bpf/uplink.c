@@ -37,7 +37,7 @@ int from_uplink(struct __sk_buff *skb)
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK;
-	if (p.ip4->ttl <= 1)
-		return TC_ACT_OK;
+	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
+		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, dst);
 }

@@ -47,17 +47,6 @@ func fragment(in []byte, flagsOff uint16) []byte {
 	return out
 }
 
-// routedHdr is routed() for a header of any length (IHL > 5).
-func routedHdr(in []byte, dst, src net.HardwareAddr) []byte {
-	out := bytes.Clone(in)
-	copy(out[0:6], dst)
-	copy(out[6:12], src)
-	out[14+8]--
-	hl := int(out[14]&0xf) * 4
-	binary.BigEndian.PutUint16(out[24:], testutil.IPv4Checksum(out[14:14+hl]))
-	return out
-}
-
 // vlanTagged puts an in-band 802.1Q/802.1ad tag (VID 100) into the frame.
 func vlanTagged(in []byte, tpid uint16) []byte {
 	out := make([]byte, 0, len(in)+4)
@@ -151,12 +140,18 @@ func edgeFixtures() []fixture {
 			in: tcpToRemote(3000), verdict: tcActOK, stackEP: 1,
 		},
 		{
-			name: "IP options (IHL 6): routed, checksum over the whole header", prog: fromPod, ifindex: ifH1,
+			name: "IP options (IHL 6): host stack (record route, source routing policy)", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return withOptions(testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64))
 			},
-			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1,
-			out: func(e *fixtureEnv, in []byte) []byte { return routedHdr(in, e.neighMAC, e.up.Attrs().HardwareAddr) },
+			verdict: tcActOK, stackEP: 1,
+		},
+		{
+			name: "uplink: IP options for a local pod: host stack", prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				return withOptions(testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 63))
+			},
+			verdict: tcActOK,
 		},
 		{
 			name: "first fragment (MF): routed as is", prog: fromPod, ifindex: ifH1,
