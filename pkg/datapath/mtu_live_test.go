@@ -59,7 +59,9 @@ func TestLiveFragNeeded(t *testing.T) {
 		must("control", raw.Control(func(fd uintptr) { ferr = f(int(fd)) }))
 		must("sockopt", ferr)
 	}
-	sockopt(func(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO) })
+	sockopt(func(fd int) error {
+		return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	})
 	probe := bytes.Repeat([]byte{0x5a}, 3000-28)
 	if _, err := c.Write(probe); err != nil {
 		t.Fatalf("first 3000-byte datagram (route MTU 9000) refused: %v", err)
