@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit
 
-.PHONY: all deps generate build build-go build-vhost test test-go test-vhost demo bench clean lint
+.PHONY: all deps generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint
 
 all: build
 
@@ -16,6 +16,19 @@ deps:
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:
 	$(GO) generate ./pkg/datapath/... ./pkg/rss/...
+
+# CI: the committed bpf2go output (objects and Go bindings, constants included)
+# must be what the C sources compile to. Regenerates in a scratch copy.
+check-generated:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	mkdir -p "$$tmp/pkg/datapath" && cp -r go.mod go.sum bpf "$$tmp/" && cp pkg/datapath/gen.go "$$tmp/pkg/datapath/" && \
+	(cd "$$tmp" && $(GO) generate ./pkg/datapath/) && \
+	stale=0 && for f in "$$tmp"/pkg/datapath/*_bpfel.*; do \
+		cmp -s "$$f" "pkg/datapath/$$(basename "$$f")" || { echo "pkg/datapath/$$(basename "$$f") is stale"; stale=1; }; \
+	done && \
+	for f in pkg/datapath/*_bpfel.*; do [ -e "$$tmp/$$f" ] || { echo "$$f is not generated any more"; stale=1; }; done && \
+	if [ $$stale = 1 ]; then echo "generated BPF files differ from bpf/: run make generate and commit"; exit 1; fi && \
+	echo "generated BPF files are up to date"
 
 build: generate build-go build-vhost
 

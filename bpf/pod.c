@@ -19,10 +19,13 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /* antispoof checks that an IPv4 packet carries the endpoint's own source MAC
- * and IP. Returns 0 or a drop reason. */
+ * and IP. Returns 0 or a drop reason. An L3 device (netkit L3) has no MAC:
+ * the kernel fills both Ethernet addresses with its all-zero address, and
+ * the frame never leaves with them (they are rewritten on every path), so
+ * there the source IP is the identity. */
 static __always_inline __u32 antispoof(const struct pkt *p, const struct endpoint_info *ep)
 {
-	if (!mac_equal(p->eth->h_source, ep->mac))
+	if (!(ep->flags & EP_F_L3) && !mac_equal(p->eth->h_source, ep->mac))
 		return DROP_SPOOFED_MAC;
 	if (p->ip4->saddr != ep->ip)
 		return DROP_SPOOFED_IP;
@@ -39,8 +42,16 @@ int from_pod(struct __sk_buff *skb)
 
 	if (!ep)
 		return drop(skb, 0, DROP_UNKNOWN_EP);
+	/* 802.1Q/802.1ad: an endpoint with CAP_NET_RAW could put frames for
+	 * any VLAN on the underlay. The kernel has moved the (outer) tag into
+	 * skb metadata before tc runs; an inner tag (QinQ) or one the device
+	 * did not offload is still in the frame. */
+	if (skb->vlan_present)
+		return drop(skb, ep->id, DROP_VLAN);
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
 		return drop(skb, ep->id, DROP_MALFORMED);
+	if (is_vlan_proto(p.eth->h_proto))
+		return drop(skb, ep->id, DROP_VLAN);
 	if (p.arp)
 		return handle_arp(skb, &p, ep);
 	if (!p.ip4)
@@ -53,7 +64,14 @@ int from_pod(struct __sk_buff *skb)
 
 	/* [LB] and [policy] steps go here. */
 
+	/* Broadcast and multicast are not routed: the host stack takes them. */
+	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))
+		return to_stack(skb, ep->id);
 	if (p.ip4->ttl <= 1)
-		return TC_ACT_OK; /* the host stack sends ICMP time exceeded */
+		return to_stack(skb, ep->id); /* the host stack sends ICMP time exceeded */
+	/* IP options (record route, timestamps, source routing, which the
+	 * kernel refuses unless accept_source_route) are the stack's to process. */
+	if (p.ip4->ihl > 5)
+		return to_stack(skb, ep->id);
 	return route_ipv4(skb, &p, ep->id);
 }

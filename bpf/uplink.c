@@ -1,9 +1,9 @@
 //go:build ignore
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* uplink.c: programs on the node uplink (the "wire").
- *   from_uplink (tcx ingress): IPv4 for a local pod goes straight into the
- *     pod's netns with bpf_redirect_peer; everything else continues to the
- *     host stack. */
+ *   from_uplink (tcx ingress): untagged IPv4 for a local pod goes straight
+ *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
+ *     tagged frames included) continues to the host stack. */
 #include <linux/bpf.h>
 #include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
@@ -25,6 +25,11 @@ int from_uplink(struct __sk_buff *skb)
 
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
+	/* A VLAN-tagged frame (tag in metadata, or still in the frame: then it
+	 * does not parse as IPv4 below) belongs to whatever VLAN device the
+	 * host has, never straight into a pod: the host stack decides. */
+	if (skb->vlan_present)
+		return TC_ACT_OK;
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
 		return TC_ACT_OK; /* not ours to judge: the stack drops what is broken */
 	if (!p.ip4)
@@ -32,7 +37,7 @@ int from_uplink(struct __sk_buff *skb)
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK;
-	if (p.ip4->ttl <= 1)
-		return TC_ACT_OK;
+	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
+		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, dst);
 }

@@ -73,7 +73,7 @@ int steer_vm(struct xdp_md *ctx)
 	if (q >= vm_queues) /* a socket only takes frames of the queue it is bound to */
 		return xdp_drop(ctx, DROP_NO_SOCKET);
 	slot = vm_xsk_base + q;
-	trace_redirect(slot, REDIR_XSK);
+	trace_redirect(slot, REDIR_XSK, q);
 	if (!bpf_map_lookup_elem(&lk_xsks, &slot))
 		return xdp_drop(ctx, DROP_NO_SOCKET);
 	return bpf_redirect_map(&lk_xsks, slot, XDP_DROP);

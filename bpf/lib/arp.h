@@ -17,12 +17,15 @@ const volatile __be32 gateway_ip = 0;
  * back to the endpoint (to_endpoint: straight into a pod's netns, through the
  * device to a VM). Other ARP (replies to the host's own
  * requests, probes) goes to the host stack. A sender that claims another
- * MAC or IP is dropped as spoofed. */
+ * MAC or IP is dropped as spoofed. An L3 endpoint (netkit L3: IFF_NOARP,
+ * all-zero MACs) never ARPs: whatever ARP it sends is crafted, and dropped. */
 static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
 				      const struct endpoint_info *ep)
 {
 	struct arp_eth *arp = p->arp;
 
+	if (ep->flags & EP_F_L3) /* an L3 device has no link-layer addresses to resolve */
+		return drop(skb, ep->id, DROP_UNSUPPORTED_L3);
 	if (arp->ar_hrd != bpf_htons(ARPHRD_ETHER) || arp->ar_pro != bpf_htons(ETH_P_IP) ||
 	    arp->ar_hln != ETH_ALEN || arp->ar_pln != 4)
 		return drop(skb, ep->id, DROP_MALFORMED);
@@ -42,7 +45,7 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct pkt *p,
 	arp->ar_sip = gateway_ip;
 	mac_copy(p->eth->h_dest, p->eth->h_source);
 	mac_copy(p->eth->h_source, ep->host_mac);
-	return to_endpoint(ep);
+	return to_endpoint(skb, ep);
 }
 
 #endif

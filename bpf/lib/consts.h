@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Constants shared with Go (pkg/datapath/datapath.go keeps the same numbers). */
+/* Constants shared with Go. The enums reach Go through BTF: bpf2go -type
+ * generates pkg/datapath's numbers from them (see gen.go), so the two sides
+ * cannot drift apart. */
 #ifndef LK_CONSTS_H
 #define LK_CONSTS_H
 
@@ -10,33 +12,54 @@
 #define ARPOP_REQUEST 1
 #define ARPOP_REPLY 2
 
+/* 802.1Q / 802.1ad tag ethertypes (linux/if_ether.h ETH_P_8021Q/AD). */
+#define LK_ETH_P_8021Q 0x8100
+#define LK_ETH_P_8021AD 0x88A8
+
 #define LK_MAX_ENDPOINTS 4096
 #define LK_MAX_XSKS 1024
 
 /* Drop reasons: datapath.DropReason. */
-#define DROP_SPOOFED_MAC 1
-#define DROP_SPOOFED_IP 2
-#define DROP_UNKNOWN_EP 3
-#define DROP_MALFORMED 4
-#define DROP_TTL_EXCEEDED 5
-#define DROP_FIB_FAILED 6
-#define DROP_REDIRECT 7
-#define DROP_UNSUPPORTED_L3 8
-#define DROP_NO_SOCKET 9 /* VM frame, but no AF_XDP socket for its queue (backend down) */
-#define DROP_NOT_FOR_VM 10 /* unicast frame for another MAC on a VM device */
+enum lk_drop_reason {
+	DROP_SPOOFED_MAC = 1,
+	DROP_SPOOFED_IP = 2,
+	DROP_UNKNOWN_EP = 3,
+	DROP_MALFORMED = 4,
+	DROP_TTL_EXCEEDED = 5,
+	DROP_FIB_FAILED = 6,
+	DROP_REDIRECT = 7,
+	DROP_UNSUPPORTED_L3 = 8,
+	DROP_NO_SOCKET = 9, /* VM frame, but no AF_XDP socket for its queue (backend down) */
+	DROP_NOT_FOR_VM = 10, /* unicast frame for another MAC on a VM device */
+	DROP_VLAN = 11, /* 802.1Q/802.1ad tagged frame from an endpoint */
+};
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
-#define METRIC_FROM_EP 0 /* packets the endpoint sent */
-#define METRIC_TO_EP 1 /* packets delivered to the endpoint */
-#define METRIC_DROP_BASE 0x100 /* + drop reason */
+enum lk_metric_kind {
+	METRIC_FROM_EP = 0, /* packets the endpoint sent (that passed anti-spoofing) */
+	METRIC_TO_EP = 1, /* packets delivered to the endpoint */
+	METRIC_TO_STACK = 2, /* packets the endpoint sent that went to the host stack */
+	METRIC_DROP_BASE = 0x100, /* + drop reason */
+};
 
 /* Redirect kinds recorded by the test trace (struct redirect_trace). */
-#define REDIR_PLAIN 1 /* bpf_redirect */
-#define REDIR_PEER 2 /* bpf_redirect_peer */
-#define REDIR_NEIGH 3 /* bpf_redirect_neigh */
-#define REDIR_XSK 4 /* bpf_redirect_map into an XSKMAP */
+enum lk_redirect_kind {
+	REDIR_PLAIN = 1, /* bpf_redirect */
+	REDIR_PEER = 2, /* bpf_redirect_peer */
+	REDIR_NEIGH = 3, /* bpf_redirect_neigh */
+	REDIR_XSK = 4, /* bpf_redirect_map into an XSKMAP */
+};
 
 /* endpoint_info.flags */
-#define EP_F_VM 1 /* a VM's device: native XDP into AF_XDP on the far end */
+enum lk_endpoint_flags {
+	EP_F_VM = 1, /* a VM's device: native XDP into AF_XDP on the far end */
+	EP_F_L3 = 2, /* an L3 device (netkit L3): no link-layer addresses, no ARP */
+};
+
+/* Keep the enums in BTF for bpf2go -type even where no code names the type. */
+const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));
+const enum lk_metric_kind *lk_unused_metric_kind __attribute__((unused));
+const enum lk_redirect_kind *lk_unused_redirect_kind __attribute__((unused));
+const enum lk_endpoint_flags *lk_unused_endpoint_flags __attribute__((unused));
 
 #endif

@@ -4,6 +4,7 @@
 #define LK_FIB_H
 
 #include <linux/bpf.h>
+#include <linux/in.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include "consts.h"
@@ -17,19 +18,28 @@ static __always_inline int drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason
 	return TC_ACT_SHOT;
 }
 
+/* to_stack hands a packet endpoint ep_id sent to the host stack (it knows
+ * what to do: deliver locally, send ICMP, fragment) and counts it, so the
+ * share of traffic that does not take the BPF path is visible. */
+static __always_inline int to_stack(struct __sk_buff *skb, __u32 ep_id)
+{
+	metrics_add(ep_id, METRIC_TO_STACK, skb->len);
+	return TC_ACT_OK;
+}
+
 /* to_endpoint hands a frame to endpoint ep. A pod gets it in its netns
  * directly (bpf_redirect_peer: no second pass through the backlog queue). A
  * VM gets it through its host device's transmit path (bpf_redirect): there the
  * kernel segments GSO packets and completes partial checksums, which AF_XDP
  * copy mode would otherwise hand to a guest unfinished, and the veth carries
  * it to the native XDP program in front of the VM's sockets. */
-static __always_inline int to_endpoint(const struct endpoint_info *ep)
+static __always_inline int to_endpoint(struct __sk_buff *skb, const struct endpoint_info *ep)
 {
 	if (ep->flags & EP_F_VM) {
-		trace_redirect(ep->ifindex, REDIR_PLAIN);
+		trace_redirect(ep->ifindex, REDIR_PLAIN, skb->queue_mapping);
 		return bpf_redirect(ep->ifindex, 0);
 	}
-	trace_redirect(ep->ifindex, REDIR_PEER);
+	trace_redirect(ep->ifindex, REDIR_PEER, skb->queue_mapping);
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
@@ -46,7 +56,35 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
 	 * queue is recorded as queue_mapping - 1. */
 	if (dst->queues > 1)
 		skb->queue_mapping = bpf_get_hash_recalc(skb) % dst->queues + 1;
-	return to_endpoint(dst);
+	return to_endpoint(skb, dst);
+}
+
+/* fits_mtu is the kernel's forwarding MTU test (ip_forward's
+ * ip_exceeds_mtu): a packet fits the egress device when its length does, a
+ * GSO packet when each of the segments it will be cut into does. GSO/TSO
+ * packets (up to 64 KiB) are the bulk of TCP; judging them by their total
+ * length would send every one of them to the host stack.
+ *
+ * For TCP (TSO, nearly all GSO traffic) the segment size is computed here:
+ * IP header + TCP header + gso_size, what skb_gso_validate_network_len
+ * computes. Other GSO packets (UDP GSO, tunnels) are left to the kernel's
+ * BPF_MTU_CHK_SEGS. (The TCP case is done here rather than with
+ * BPF_MTU_CHK_SEGS so that BPF_PROG_TEST_RUN fixtures, whose skbs carry
+ * no transport header offset, can exercise it.) */
+static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *iph, __u32 ifindex)
+{
+	__u32 mtu = 0; /* in: 0, judge the skb itself; out: the device MTU */
+	__u32 gso_size = skb->gso_size;
+	__u32 ihl = iph->ihl * 4;
+	__u8 doff;
+
+	if (!gso_size || iph->protocol != IPPROTO_TCP)
+		return bpf_check_mtu(skb, ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
+	if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+		return 0;
+	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl + 12, &doff, 1) < 0)
+		return 0;
+	return ihl + (doff >> 4) * 4 + gso_size <= mtu;
 }
 
 /* route_ipv4 forwards an IPv4 packet that entered on skb->ifindex.
@@ -60,11 +98,13 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 	if (dst)
 		return deliver_local(skb, p, dst);
 
+	/* tot_len 0: no MTU check on the IP length inside the lookup (it would
+	 * fail every GSO packet); fits_mtu below does the GSO-aware one. */
 	struct bpf_fib_lookup fib = {
 		.family = AF_INET,
 		.tos = iph->tos,
 		.l4_protocol = iph->protocol,
-		.tot_len = bpf_ntohs(iph->tot_len),
+		.tot_len = 0,
 		.ipv4_src = iph->saddr,
 		.ipv4_dst = iph->daddr,
 		.ifindex = skb->ifindex,
@@ -74,10 +114,12 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 		/* Route and neighbour known: rewrite and transmit directly. */
+		if (!fits_mtu(skb, iph, fib.ifindex))
+			return to_stack(skb, ep_id); /* ICMP frag needed, or fragment */
 		ipv4_decrease_ttl(iph);
 		mac_copy(p->eth->h_dest, fib.dmac);
 		mac_copy(p->eth->h_source, fib.smac);
-		trace_redirect(fib.ifindex, REDIR_PLAIN);
+		trace_redirect(fib.ifindex, REDIR_PLAIN, skb->queue_mapping);
 		return bpf_redirect(fib.ifindex, 0);
 	case BPF_FIB_LKUP_RET_NO_NEIGH: {
 		/* Route known, neighbour not resolved yet: let the kernel's
@@ -87,8 +129,10 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 			.ipv4_nh = fib.ipv4_dst,
 		};
 
+		if (!fits_mtu(skb, iph, fib.ifindex))
+			return to_stack(skb, ep_id);
 		ipv4_decrease_ttl(iph);
-		trace_redirect(fib.ifindex, REDIR_NEIGH);
+		trace_redirect(fib.ifindex, REDIR_NEIGH, skb->queue_mapping);
 		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 	}
 	case BPF_FIB_LKUP_RET_BLACKHOLE:
@@ -99,7 +143,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 		/* NOT_FWDED (for the host itself, broadcast), FWD_DISABLED,
 		 * FRAG_NEEDED, UNSUPP_LWT: the host stack knows what to do
 		 * (deliver locally, send ICMP). */
-		return TC_ACT_OK;
+		return to_stack(skb, ep_id);
 	}
 }
 

@@ -55,11 +55,12 @@ static __always_inline void metrics_add(__u32 ep_id, __u32 kind, __u64 bytes)
 	bpf_map_update_elem(&lk_metrics, &key, &init, BPF_NOEXIST);
 }
 
-static __always_inline void trace_redirect(__u32 ifindex, __u32 kind)
+static __always_inline void trace_redirect(__u32 ifindex, __u32 kind, __u32 queue_mapping)
 {
 	if (trace_redirects) {
 		last_redirect.ifindex = ifindex;
 		last_redirect.kind = kind;
+		last_redirect.queue_mapping = queue_mapping;
 	}
 }
 

@@ -8,6 +8,7 @@
 #include <linux/ip.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "consts.h"
 
 /* ARP for IPv4 over Ethernet (the fixed-size form of struct arphdr). */
 struct arp_eth {
@@ -66,6 +67,23 @@ static __always_inline int mac_equal(const __u8 *a, const __u8 *b)
 {
 	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] &&
 	       a[5] == b[5];
+}
+
+/* is_multicast_ether: group bit set (broadcast is a multicast address too). */
+static __always_inline int is_multicast_ether(const __u8 *mac)
+{
+	return mac[0] & 1;
+}
+
+/* is_multicast_or_bcast_ipv4: 224.0.0.0/4 or 255.255.255.255. */
+static __always_inline int is_multicast_or_bcast_ipv4(__be32 addr)
+{
+	return (bpf_ntohl(addr) >> 28) == 0xe || addr == 0xffffffff;
+}
+
+static __always_inline int is_vlan_proto(__be16 proto)
+{
+	return proto == bpf_htons(LK_ETH_P_8021Q) || proto == bpf_htons(LK_ETH_P_8021AD);
 }
 
 static __always_inline void mac_copy(__u8 *dst, const __u8 *src)

@@ -14,7 +14,7 @@ struct endpoint_info {
 	__u8 mac[6]; /* the endpoint's MAC */
 	__u8 host_mac[6]; /* host-side device MAC: the endpoint's gateway MAC */
 	__u16 queues; /* rx queues of the endpoint device (VMs: queue pairs); 0/1: one */
-	__u16 flags; /* EP_F_* */
+	__u16 flags; /* enum lk_endpoint_flags */
 };
 
 struct metrics_key {
@@ -31,6 +31,7 @@ struct metrics_val {
 struct redirect_trace {
 	__u32 ifindex;
 	__u32 kind;
+	__u32 queue_mapping; /* skb->queue_mapping when the redirect was decided */
 };
 
 #endif

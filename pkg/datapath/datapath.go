@@ -18,8 +18,11 @@ var ErrNotSupported = errors.New("not supported by this kernel")
 type DeviceMode string
 
 const (
-	ModeVeth   DeviceMode = "veth"   // veth pair, tcx programs on the host end
-	ModeNetkit DeviceMode = "netkit" // netkit pair, programs on primary and peer
+	ModeVeth DeviceMode = "veth" // veth pair, tcx programs on the host end
+	// ModeNetkit is a netkit pair in L3 mode (pkg/netdev creates them so):
+	// IFF_NOARP and all-zero MACs, so the datapath does not check the source
+	// MAC (the source IP is the identity) and drops ARP from it.
+	ModeNetkit DeviceMode = "netkit"
 )
 
 // Endpoint is what the datapath needs to forward to and from one local pod.
@@ -35,25 +38,29 @@ type Endpoint struct {
 	VM      bool             // a VM endpoint: delivered through the device, to the AF_XDP steering
 }
 
-// epFlagVM is EP_F_VM in bpf/lib/consts.h.
-const epFlagVM = 1
+// Endpoint flags (enum lk_endpoint_flags in bpf/lib/consts.h, generated).
+const (
+	epFlagVM = uint16(podLkEndpointFlagsEP_F_VM)
+	epFlagL3 = uint16(podLkEndpointFlagsEP_F_L3) // netkit L3: no MACs, no ARP
+)
 
 // DropReason is a named code for why the datapath dropped a packet. The
-// numeric values are shared with bpf/lib/consts.h.
+// numbers come from enum lk_drop_reason in bpf/lib/consts.h (bpf2go -type).
 type DropReason uint32
 
 const (
 	DropNone        DropReason = 0
-	DropSpoofedMAC  DropReason = 1  // source MAC is not the endpoint's
-	DropSpoofedIP   DropReason = 2  // source IP is not the endpoint's
-	DropUnknownEP   DropReason = 3  // packet from a device with no endpoint entry
-	DropMalformed   DropReason = 4  // truncated or invalid headers
-	DropTTLExceeded DropReason = 5  // TTL would reach zero when routed
-	DropFIBFailed   DropReason = 6  // no route (blackhole, unreachable, prohibited)
-	DropRedirect    DropReason = 7  // redirect helper failed
-	DropUnsupported DropReason = 8  // L3 protocol the datapath does not route (IPv6 for now)
-	DropNoSocket    DropReason = 9  // VM frame but no AF_XDP socket on its queue (backend down)
-	DropNotForVM    DropReason = 10 // unicast frame for another MAC on a VM device
+	DropSpoofedMAC  DropReason = DropReason(podLkDropReasonDROP_SPOOFED_MAC)    // source MAC is not the endpoint's
+	DropSpoofedIP   DropReason = DropReason(podLkDropReasonDROP_SPOOFED_IP)     // source IP is not the endpoint's
+	DropUnknownEP   DropReason = DropReason(podLkDropReasonDROP_UNKNOWN_EP)     // packet from a device with no endpoint entry
+	DropMalformed   DropReason = DropReason(podLkDropReasonDROP_MALFORMED)      // truncated or invalid headers
+	DropTTLExceeded DropReason = DropReason(podLkDropReasonDROP_TTL_EXCEEDED)   // TTL would reach zero when routed
+	DropFIBFailed   DropReason = DropReason(podLkDropReasonDROP_FIB_FAILED)     // no route (blackhole, unreachable, prohibited)
+	DropRedirect    DropReason = DropReason(podLkDropReasonDROP_REDIRECT)       // redirect helper failed
+	DropUnsupported DropReason = DropReason(podLkDropReasonDROP_UNSUPPORTED_L3) // L3 protocol the datapath does not route (IPv6 for now)
+	DropNoSocket    DropReason = DropReason(podLkDropReasonDROP_NO_SOCKET)      // VM frame but no AF_XDP socket on its queue (backend down)
+	DropNotForVM    DropReason = DropReason(podLkDropReasonDROP_NOT_FOR_VM)     // unicast frame for another MAC on a VM device
+	DropVLAN        DropReason = DropReason(podLkDropReasonDROP_VLAN)           // 802.1Q/802.1ad tagged frame from an endpoint
 )
 
 func (r DropReason) String() string {
@@ -80,6 +87,8 @@ func (r DropReason) String() string {
 		return "vm-socket-missing"
 	case DropNotForVM:
 		return "not-for-vm"
+	case DropVLAN:
+		return "vlan-tagged"
 	}
 	return "unknown"
 }
@@ -89,7 +98,11 @@ func (r DropReason) String() string {
 type Counters struct {
 	FromPackets, FromBytes uint64
 	ToPackets, ToBytes     uint64
-	Drops                  map[DropReason]uint64
+	// StackPackets/StackBytes: of what the endpoint sent, what the datapath
+	// handed to the host stack instead of forwarding it itself (for the
+	// host, broadcast/multicast, TTL 1, too big for the egress MTU).
+	StackPackets, StackBytes uint64
+	Drops                    map[DropReason]uint64
 }
 
 // Datapath is what the agent drives. The real implementation is *Loader;

@@ -28,6 +28,10 @@ func (ep Endpoint) info() podEndpointInfo {
 	if ep.VM {
 		v.Flags |= epFlagVM
 	}
+	// lanekit creates netkit pairs in L3 mode (pkg/netdev): no MACs, no ARP.
+	if ep.Mode == ModeNetkit {
+		v.Flags |= epFlagL3
+	}
 	copy(v.Mac[:], ep.MAC)
 	copy(v.HostMac[:], ep.HostMAC)
 	return v

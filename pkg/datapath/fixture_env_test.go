@@ -21,6 +21,8 @@ type fixtureEnv struct {
 	pinDir         string
 	h1, h2, h3, up netlink.Link // pod 1, pod 2 and VM 3 host ends, uplink
 	ep1, ep2, ep3  Endpoint
+	ep4            Endpoint         // an L3 netkit pod (map entries only: this kernel may lack netkit)
+	ep5            Endpoint         // a VM with 4 queues (map entries only)
 	neighMAC       net.HardwareAddr // permanent neighbour 10.77.0.2
 	origNS, newNS  netns.NsHandle
 }
@@ -101,6 +103,8 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 	route("10.244.3.0/24", "10.77.0.3", 0) // no neighbour: NO_NEIGH
 	route("10.99.0.0/16", "", 6)           // RTN_BLACKHOLE
 	route("10.98.0.0/16", "", 7)           // RTN_UNREACHABLE
+	route("10.97.0.0/16", "", 8)           // RTN_PROHIBIT
+	route("0.0.0.0/0", "10.77.0.2", 0)     // a default route, as nodes have: multicast/broadcast must not follow it
 
 	e.pinDir = filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-test-%d-%s", os.Getpid(), sanitize(t.Name())))
 	e.dp, err = Open(Config{PinDir: e.pinDir, Uplink: "lk-fx-up", traceRedirects: true}, nil)
@@ -115,6 +119,22 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 	must("upsert ep1", e.dp.UpsertEndpoint(e.ep1))
 	must("upsert ep3", e.dp.UpsertEndpoint(e.ep3))
 	must("upsert ep2", e.dp.UpsertEndpoint(e.ep2))
+
+	// A netkit L3 device has the all-zero MAC on both ends. The pod program
+	// is the same; only the endpoint's mode differs. Its entries are written
+	// directly (attaching would need netkit in the kernel), on a device of
+	// its own so that the fixtures run the program as if on that device.
+	h4 := addVeth(t, "lk-fx-h4", "lk-fx-p4")
+	zero := make(net.HardwareAddr, 6)
+	e.ep4 = Endpoint{ID: 4, Mode: ModeNetkit, IfName: "lk-fx-h4", IfIndex: h4.Attrs().Index,
+		IP: mustAddr("10.244.1.13"), MAC: zero, HostMAC: zero}
+	e.ep5 = Endpoint{ID: 5, Mode: ModeVeth, IfName: "lk-fx-h5", IfIndex: 999, // never transmitted on: test runs only
+		IP: mustAddr("10.244.1.14"), MAC: mustMAC("02:00:00:01:00:0e"), HostMAC: mustMAC("02:00:00:01:00:0f"), Queues: 4, VM: true}
+	for _, ep := range []Endpoint{e.ep4, e.ep5} {
+		info := ep.info()
+		must("endpoint by ifindex", e.dp.pod.LkEpByIfindex.Put(uint32(ep.IfIndex), info))
+		must("endpoint by ip", e.dp.pod.LkEndpoints.Put(info.Ip, info))
+	}
 	return e
 }
 

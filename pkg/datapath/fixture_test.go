@@ -17,11 +17,25 @@ const (
 	tcActRedirect = 7
 )
 
-// skbCtx is the prefix of struct __sk_buff up to ifindex: the fields
-// BPF_PROG_TEST_RUN lets a test set. ifindex selects skb->dev.
+// skbCtx is struct __sk_buff (linux/bpf.h). BPF_PROG_TEST_RUN lets a test
+// set a few of its fields (mark, priority, ifindex, cb, tstamp, wire_len,
+// gso_segs, gso_size, hwtstamp) and refuses the rest non-zero: ifindex
+// selects skb->dev, gso_size makes the packet a GSO packet (skb_is_gso).
+// The VLAN fields cannot be set: VLAN tags are tested live (vlan_test.go).
 type skbCtx struct {
 	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTCI, VlanProto, Priority uint32
-	IngressIfindex, Ifindex                                                               uint32
+	IngressIfindex, Ifindex, TCIndex                                                      uint32
+	CB                                                                                    [5]uint32
+	Hash, TCClassid, Data, DataEnd, NapiID, Family, RemoteIP4, LocalIP4                   uint32
+	RemoteIP6, LocalIP6                                                                   [4]uint32
+	RemotePort, LocalPort, DataMeta                                                       uint32
+	FlowKeys, Tstamp                                                                      uint64
+	WireLen, GSOSegs                                                                      uint32
+	Sk                                                                                    uint64
+	GSOSize                                                                               uint32
+	TstampType                                                                            uint8
+	_                                                                                     [3]uint8
+	HWTstamp                                                                              uint64
 }
 
 // fixture is one packet through one program, Katran style.
@@ -36,6 +50,8 @@ type fixture struct {
 	out        func(e *fixtureEnv, in []byte) []byte // expected output bytes; nil: unchanged
 	dropEP     uint32                                // endpoint charged with the drop
 	dropReason DropReason
+	gsoSize    uint32 // > 0: a GSO packet cut into segments of this payload size
+	stackEP    uint32 // > 0: TC_ACT_OK counted as handed to the host stack for this endpoint
 }
 
 func fromPod(e *fixtureEnv) *ebpf.Program    { return e.dp.pod.FromPod }
@@ -89,14 +105,14 @@ func fixtures() []fixture {
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.77.0.1", 64)
 			},
-			verdict: tcActOK,
+			verdict: tcActOK, stackEP: 1,
 		},
 		{
 			name: "pod with TTL 1: pass to the stack for ICMP time exceeded", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 1)
 			},
-			verdict: tcActOK,
+			verdict: tcActOK, stackEP: 1,
 		},
 		{
 			name: "spoofed source IP: drop", prog: fromPod, ifindex: ifH1,
@@ -270,14 +286,20 @@ func fixtures() []fixture {
 
 func TestFixtures(t *testing.T) {
 	e := newFixtureEnv(t)
-	for _, f := range fixtures() {
+	for _, f := range append(fixtures(), edgeFixtures()...) {
 		t.Run(f.name, func(t *testing.T) {
 			e.enter(t)
 			in := f.in(e)
-			var before Counters
+			var before, beforeStack Counters
 			if f.dropReason != DropNone {
 				var err error
 				if before, err = e.dp.Counters(f.dropEP); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if f.stackEP != 0 {
+				var err error
+				if beforeStack, err = e.dp.Counters(f.stackEP); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -288,7 +310,12 @@ func TestFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := make([]byte, len(in)+256)
-			opts := &ebpf.RunOptions{Data: bytes.Clone(in), DataOut: out, Context: skbCtx{Ifindex: uint32(f.ifindex(e))}}
+			ctx := skbCtx{Ifindex: uint32(f.ifindex(e))}
+			if f.gsoSize > 0 {
+				ctx.GSOSize = f.gsoSize
+				ctx.GSOSegs = (uint32(len(in)) + f.gsoSize - 1) / f.gsoSize
+			}
+			opts := &ebpf.RunOptions{Data: bytes.Clone(in), DataOut: out, Context: ctx}
 			ret, err := f.prog(e).Run(opts)
 			if err != nil {
 				t.Fatalf("run: %v", err)
@@ -304,8 +331,10 @@ func TestFixtures(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Fatalf("output bytes differ\n got %x\nwant %x", got, want)
 			}
-			if f.out != nil && len(got) > 34 && got[12] == 0x08 && got[13] == 0 && !testutil.IPv4HeaderValid(got) {
-				t.Fatalf("IPv4 checksum invalid after rewrite: %x", got[14:34])
+			if f.out != nil && len(got) > 34 && got[12] == 0x08 && got[13] == 0 {
+				if h := got[14 : 14+int(got[14]&0xf)*4]; binary.BigEndian.Uint16(h[10:]) != testutil.IPv4Checksum(h) {
+					t.Fatalf("IPv4 checksum invalid after rewrite: %x", h)
+				}
 			}
 			if f.verdict == tcActRedirect {
 				var tr podRedirectTrace
@@ -321,6 +350,16 @@ func TestFixtures(t *testing.T) {
 				}
 				if int(tr.Ifindex) != f.redirIf(e) || tr.Kind != f.redirKind {
 					t.Fatalf("redirect to ifindex %d kind %d, want ifindex %d kind %d", tr.Ifindex, tr.Kind, f.redirIf(e), f.redirKind)
+				}
+			}
+			if f.stackEP != 0 {
+				after, err := e.dp.Counters(f.stackEP)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f.verdict != tcActOK || after.StackPackets-beforeStack.StackPackets != 1 {
+					t.Fatalf("to-stack counter of endpoint %d grew by %d (verdict %d), want 1 with TC_ACT_OK",
+						f.stackEP, after.StackPackets-beforeStack.StackPackets, f.verdict)
 				}
 			}
 			if f.dropReason != DropNone {

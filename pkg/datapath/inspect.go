@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,4 +101,33 @@ func countEntries(m *ebpf.Map) (int, error) {
 		n++
 	}
 	return n, it.Err()
+}
+
+// PinnedCounters reads the counters of the endpoint with address ip from
+// the maps pinned in pinDir, without loading any program: for tests and
+// diagnostics that look at a running agent's datapath from outside. It
+// returns the endpoint's id too.
+func PinnedCounters(pinDir string, ip netip.Addr) (uint32, Counters, error) {
+	if !ip.Is4() {
+		return 0, Counters{}, fmt.Errorf("pinned counters: %v is not an IPv4 address", ip)
+	}
+	eps, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_endpoints"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return 0, Counters{}, fmt.Errorf("pinned counters: open lk_endpoints: %w", err)
+	}
+	defer eps.Close()
+	var info podEndpointInfo
+	if err := eps.Lookup(ipKey(ip.As4()), &info); err != nil {
+		return 0, Counters{}, fmt.Errorf("pinned counters: endpoint %v: %w", ip, err)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_metrics"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return 0, Counters{}, fmt.Errorf("pinned counters: open lk_metrics: %w", err)
+	}
+	defer m.Close()
+	c, err := sumCounters(m, info.Id)
+	if err != nil {
+		return 0, Counters{}, fmt.Errorf("pinned counters: %w", err)
+	}
+	return info.Id, c, nil
 }

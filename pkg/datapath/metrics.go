@@ -3,14 +3,18 @@ package datapath
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/cilium/ebpf"
 )
 
 var nativeEndian = binary.NativeEndian
 
+// Metric kinds: enum lk_metric_kind in bpf/lib/consts.h (generated).
 const (
-	metricFromEP   = 0
-	metricToEP     = 1
-	metricDropBase = 0x100
+	metricFromEP   = uint32(podLkMetricKindMETRIC_FROM_EP)
+	metricToEP     = uint32(podLkMetricKindMETRIC_TO_EP)
+	metricToStack  = uint32(podLkMetricKindMETRIC_TO_STACK)
+	metricDropBase = uint32(podLkMetricKindMETRIC_DROP_BASE)
 )
 
 // Counters returns endpoint id's counters summed over CPUs. Drops not
@@ -18,12 +22,17 @@ const (
 func (l *Loader) Counters(id uint32) (Counters, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return sumCounters(l.pod.LkMetrics, id)
+}
+
+// sumCounters sums endpoint id's entries of an lk_metrics map over CPUs.
+func sumCounters(m *ebpf.Map, id uint32) (Counters, error) {
 	c := Counters{Drops: map[DropReason]uint64{}}
 	var (
 		key  podMetricsKey
 		vals []podMetricsVal
 	)
-	it := l.pod.LkMetrics.Iterate()
+	it := m.Iterate()
 	for it.Next(&key, &vals) {
 		if key.EpId != id {
 			continue
@@ -38,6 +47,8 @@ func (l *Loader) Counters(id uint32) (Counters, error) {
 			c.FromPackets, c.FromBytes = pk, by
 		case key.Kind == metricToEP:
 			c.ToPackets, c.ToBytes = pk, by
+		case key.Kind == metricToStack:
+			c.StackPackets, c.StackBytes = pk, by
 		case key.Kind >= metricDropBase:
 			c.Drops[DropReason(key.Kind-metricDropBase)] += pk
 		}

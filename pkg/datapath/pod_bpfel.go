@@ -24,6 +24,47 @@ type podEndpointInfo struct {
 	Flags   uint16
 }
 
+type podLkDropReason uint32
+
+const (
+	podLkDropReasonDROP_SPOOFED_MAC    podLkDropReason = 1
+	podLkDropReasonDROP_SPOOFED_IP     podLkDropReason = 2
+	podLkDropReasonDROP_UNKNOWN_EP     podLkDropReason = 3
+	podLkDropReasonDROP_MALFORMED      podLkDropReason = 4
+	podLkDropReasonDROP_TTL_EXCEEDED   podLkDropReason = 5
+	podLkDropReasonDROP_FIB_FAILED     podLkDropReason = 6
+	podLkDropReasonDROP_REDIRECT       podLkDropReason = 7
+	podLkDropReasonDROP_UNSUPPORTED_L3 podLkDropReason = 8
+	podLkDropReasonDROP_NO_SOCKET      podLkDropReason = 9
+	podLkDropReasonDROP_NOT_FOR_VM     podLkDropReason = 10
+	podLkDropReasonDROP_VLAN           podLkDropReason = 11
+)
+
+type podLkEndpointFlags uint32
+
+const (
+	podLkEndpointFlagsEP_F_VM podLkEndpointFlags = 1
+	podLkEndpointFlagsEP_F_L3 podLkEndpointFlags = 2
+)
+
+type podLkMetricKind uint32
+
+const (
+	podLkMetricKindMETRIC_FROM_EP   podLkMetricKind = 0
+	podLkMetricKindMETRIC_TO_EP     podLkMetricKind = 1
+	podLkMetricKindMETRIC_TO_STACK  podLkMetricKind = 2
+	podLkMetricKindMETRIC_DROP_BASE podLkMetricKind = 256
+)
+
+type podLkRedirectKind uint32
+
+const (
+	podLkRedirectKindREDIR_PLAIN podLkRedirectKind = 1
+	podLkRedirectKindREDIR_PEER  podLkRedirectKind = 2
+	podLkRedirectKindREDIR_NEIGH podLkRedirectKind = 3
+	podLkRedirectKindREDIR_XSK   podLkRedirectKind = 4
+)
+
 type podMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -37,22 +78,27 @@ type podMetricsVal struct {
 }
 
 type podRedirectTrace struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Kind    uint32
+	_            structs.HostLayout
+	Ifindex      uint32
+	Kind         uint32
+	QueueMapping uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	podMapLkEndpoints    = "lk_endpoints"
-	podMapLkEpByIfindex  = "lk_ep_by_ifindex"
-	podMapLkMetrics      = "lk_metrics"
-	podProgFromPod       = "from_pod"
-	podVarGatewayIp      = "gateway_ip"
-	podVarLastRedirect   = "last_redirect"
-	podVarTraceRedirects = "trace_redirects"
+	podMapLkEndpoints           = "lk_endpoints"
+	podMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	podMapLkMetrics             = "lk_metrics"
+	podProgFromPod              = "from_pod"
+	podVarGatewayIp             = "gateway_ip"
+	podVarLastRedirect          = "last_redirect"
+	podVarLkUnusedDropReason    = "lk_unused_drop_reason"
+	podVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	podVarTraceRedirects        = "trace_redirects"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -113,9 +159,13 @@ type podMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podVariableSpecs struct {
-	GatewayIp      *ebpf.VariableSpec `ebpf:"gateway_ip"`
-	LastRedirect   *ebpf.VariableSpec `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
+	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
 
 // podObjects contains all objects after they have been loaded into the kernel.
@@ -155,9 +205,13 @@ func (m *podMaps) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podVariables struct {
-	GatewayIp      *ebpf.Variable `ebpf:"gateway_ip"`
-	LastRedirect   *ebpf.Variable `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.Variable `ebpf:"trace_redirects"`
+	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
+	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }
 
 // podPrograms contains all programs after they have been loaded into the kernel.

@@ -37,21 +37,26 @@ type uplinkMetricsVal struct {
 }
 
 type uplinkRedirectTrace struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Kind    uint32
+	_            structs.HostLayout
+	Ifindex      uint32
+	Kind         uint32
+	QueueMapping uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	uplinkMapLkEndpoints    = "lk_endpoints"
-	uplinkMapLkEpByIfindex  = "lk_ep_by_ifindex"
-	uplinkMapLkMetrics      = "lk_metrics"
-	uplinkProgFromUplink    = "from_uplink"
-	uplinkVarLastRedirect   = "last_redirect"
-	uplinkVarTraceRedirects = "trace_redirects"
+	uplinkMapLkEndpoints           = "lk_endpoints"
+	uplinkMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	uplinkMapLkMetrics             = "lk_metrics"
+	uplinkProgFromUplink           = "from_uplink"
+	uplinkVarLastRedirect          = "last_redirect"
+	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
+	uplinkVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	uplinkVarTraceRedirects        = "trace_redirects"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -112,8 +117,12 @@ type uplinkMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
-	LastRedirect   *ebpf.VariableSpec `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -153,8 +162,12 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
-	LastRedirect   *ebpf.Variable `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.Variable `ebpf:"trace_redirects"`
+	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

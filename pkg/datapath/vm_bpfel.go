@@ -37,26 +37,31 @@ type vmMetricsVal struct {
 }
 
 type vmRedirectTrace struct {
-	_       structs.HostLayout
-	Ifindex uint32
-	Kind    uint32
+	_            structs.HostLayout
+	Ifindex      uint32
+	Kind         uint32
+	QueueMapping uint32
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	vmMapLkEndpoints    = "lk_endpoints"
-	vmMapLkEpByIfindex  = "lk_ep_by_ifindex"
-	vmMapLkMetrics      = "lk_metrics"
-	vmMapLkXsks         = "lk_xsks"
-	vmProgSteerVm       = "steer_vm"
-	vmVarLastRedirect   = "last_redirect"
-	vmVarTraceRedirects = "trace_redirects"
-	vmVarVmId           = "vm_id"
-	vmVarVmMac          = "vm_mac"
-	vmVarVmQueues       = "vm_queues"
-	vmVarVmXskBase      = "vm_xsk_base"
+	vmMapLkEndpoints           = "lk_endpoints"
+	vmMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	vmMapLkMetrics             = "lk_metrics"
+	vmMapLkXsks                = "lk_xsks"
+	vmProgSteerVm              = "steer_vm"
+	vmVarLastRedirect          = "last_redirect"
+	vmVarLkUnusedDropReason    = "lk_unused_drop_reason"
+	vmVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	vmVarTraceRedirects        = "trace_redirects"
+	vmVarVmId                  = "vm_id"
+	vmVarVmMac                 = "vm_mac"
+	vmVarVmQueues              = "vm_queues"
+	vmVarVmXskBase             = "vm_xsk_base"
 )
 
 // loadVm returns the embedded CollectionSpec for vm.
@@ -118,12 +123,16 @@ type vmMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vmVariableSpecs struct {
-	LastRedirect   *ebpf.VariableSpec `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.VariableSpec `ebpf:"trace_redirects"`
-	VmId           *ebpf.VariableSpec `ebpf:"vm_id"`
-	VmMac          *ebpf.VariableSpec `ebpf:"vm_mac"`
-	VmQueues       *ebpf.VariableSpec `ebpf:"vm_queues"`
-	VmXskBase      *ebpf.VariableSpec `ebpf:"vm_xsk_base"`
+	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	VmId                  *ebpf.VariableSpec `ebpf:"vm_id"`
+	VmMac                 *ebpf.VariableSpec `ebpf:"vm_mac"`
+	VmQueues              *ebpf.VariableSpec `ebpf:"vm_queues"`
+	VmXskBase             *ebpf.VariableSpec `ebpf:"vm_xsk_base"`
 }
 
 // vmObjects contains all objects after they have been loaded into the kernel.
@@ -165,12 +174,16 @@ func (m *vmMaps) Close() error {
 //
 // It can be passed to loadVmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vmVariables struct {
-	LastRedirect   *ebpf.Variable `ebpf:"last_redirect"`
-	TraceRedirects *ebpf.Variable `ebpf:"trace_redirects"`
-	VmId           *ebpf.Variable `ebpf:"vm_id"`
-	VmMac          *ebpf.Variable `ebpf:"vm_mac"`
-	VmQueues       *ebpf.Variable `ebpf:"vm_queues"`
-	VmXskBase      *ebpf.Variable `ebpf:"vm_xsk_base"`
+	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
+	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
+	VmId                  *ebpf.Variable `ebpf:"vm_id"`
+	VmMac                 *ebpf.Variable `ebpf:"vm_mac"`
+	VmQueues              *ebpf.Variable `ebpf:"vm_queues"`
+	VmXskBase             *ebpf.Variable `ebpf:"vm_xsk_base"`
 }
 
 // vmPrograms contains all programs after they have been loaded into the kernel.

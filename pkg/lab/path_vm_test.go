@@ -1,0 +1,151 @@
+package lab
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/guest"
+)
+
+// TestPodVMTakesTheBPFPath is TestBulkTCPTakesTheBPFPath between a lanekit
+// pod on node 1 and the fast-lane VM on node 2 (QEMU under TCG, so the
+// guest bounds the rate; the packet counts are what matter): in both
+// directions each node's kernel forwards at most 2 % of the packets, and the
+// pod's and the VM's endpoint counters account for the rest. Root only;
+// brings up the global lab with a VM (run it under the lab lock).
+func TestPodVMTakesTheBPFPath(t *testing.T) {
+	bins := pathTestBins(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("qemu-system-x86_64 not installed: %v", err)
+	}
+	if !executable(filepath.Join(bins.Dir, "lanekit-vhost")) {
+		if os.Getenv("LANEKIT_BIN") != "" {
+			t.Fatalf("lanekit-vhost missing in %s", bins.Dir)
+		}
+		t.Skipf("lanekit-vhost missing in %s (make build-vhost)", bins.Dir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, Bins: bins, Out: testLog{t}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
+		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
+	}
+	vm := st.VMs[0]
+	vmIP, err := netip.ParseAddr(vm.IP)
+	if err != nil {
+		t.Fatalf("vm address %q: %v", vm.IP, err)
+	}
+	pod := PodNS(1, 1, KindLanekit)
+	podIPAddr, err := netip.ParseAddr(podIP(ctx, pod))
+	if err != nil {
+		t.Fatalf("pod address: %v", err)
+	}
+	con, err := guest.DialConsole(ctx, vm.SerialSocket)
+	if err != nil {
+		t.Fatalf("guest console: %v", err)
+	}
+	defer con.Close()
+
+	for _, dir := range []struct {
+		name    string
+		reverse bool
+	}{{"pod to VM", false}, {"VM to pod", true}} {
+		t.Run(dir.name, func(t *testing.T) {
+			if out, code, err := con.Run(ctx, "cd /tmp && timeout 40 iperf3 -s -1 -p 5201 >/tmp/lk-path.log 2>&1 </dev/null &"); err != nil || code != 0 {
+				t.Fatalf("start iperf3 in the guest: %v (exit %d) %s", err, code, out)
+			}
+			type sample struct {
+				fwd1, fwd2 uint64
+				tx, rx     uint64
+				podC, vmC  datapath.Counters
+			}
+			take := func() sample {
+				var s sample
+				var err error
+				if s.fwd1, err = IPForwDatagrams(ctx, NodeNS(1)); err == nil {
+					s.fwd2, err = IPForwDatagrams(ctx, NodeNS(2))
+				}
+				if err == nil {
+					s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
+				}
+				if err == nil {
+					_, s.podC, err = datapath.PinnedCounters(BPFDir(1), podIPAddr)
+				}
+				if err == nil {
+					_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			b := take()
+			args := []string{"iperf3", "-c", vm.IP, "-p", "5201", "-t", "3"}
+			if dir.reverse {
+				args = append(args, "-R")
+			}
+			var out []byte
+			var cerr error
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+				if out, cerr = nsCommand(ctx, pod, args...).CombinedOutput(); cerr == nil {
+					break
+				}
+			}
+			if cerr != nil {
+				t.Fatalf("iperf3 %v: %v\n%s", args, cerr, out)
+			}
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, "receiver") {
+					t.Logf("iperf3: %s", strings.Join(strings.Fields(l), " "))
+				}
+			}
+			a := take()
+			sent, recv := a.tx-b.tx, a.rx-b.rx
+			total := float64(sent + recv)
+			t.Logf("pod sent %d, received %d; node1 kernel forwarded %d, node2 %d; BPF: pod from %d (stack %d) to %d, VM from %d (stack %d) to %d",
+				sent, recv, a.fwd1-b.fwd1, a.fwd2-b.fwd2,
+				a.podC.FromPackets-b.podC.FromPackets, a.podC.StackPackets-b.podC.StackPackets, a.podC.ToPackets-b.podC.ToPackets,
+				a.vmC.FromPackets-b.vmC.FromPackets, a.vmC.StackPackets-b.vmC.StackPackets, a.vmC.ToPackets-b.vmC.ToPackets)
+			if sent+recv < 1000 {
+				t.Fatalf("only %d packets moved: no bulk transfer to judge", sent+recv)
+			}
+			for n, fwd := range map[int]uint64{1: a.fwd1 - b.fwd1, 2: a.fwd2 - b.fwd2} {
+				if float64(fwd) > maxKernelShare*total {
+					t.Errorf("node%d: the kernel forwarded %d datagrams, more than %.0f %% of the %d packets: not on the BPF path",
+						n, fwd, 100*maxKernelShare, sent+recv)
+				}
+			}
+			podFwd := (a.podC.FromPackets - b.podC.FromPackets) - (a.podC.StackPackets - b.podC.StackPackets)
+			if float64(podFwd) < (1-maxKernelShare)*float64(sent) {
+				t.Errorf("BPF forwarded %d of the %d packets the pod sent", podFwd, sent)
+			}
+			if to := a.podC.ToPackets - b.podC.ToPackets; float64(to) < (1-maxKernelShare)*float64(recv) {
+				t.Errorf("BPF delivered %d of the %d packets the pod received", to, recv)
+			}
+			// The VM's side: what the pod sent reached it through BPF, what
+			// the pod received left it through BPF.
+			if to := a.vmC.ToPackets - b.vmC.ToPackets; float64(to) < (1-maxKernelShare)*float64(sent) {
+				t.Errorf("BPF delivered %d packets to the VM, of the %d the pod sent", to, sent)
+			}
+			vmFwd := (a.vmC.FromPackets - b.vmC.FromPackets) - (a.vmC.StackPackets - b.vmC.StackPackets)
+			if float64(vmFwd) < (1-maxKernelShare)*float64(recv) {
+				t.Errorf("BPF forwarded %d packets from the VM, of the %d the pod received", vmFwd, recv)
+			}
+		})
+	}
+}
