@@ -10,14 +10,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// True when running as root; otherwise prints why the test is skipped.
-pub fn root_or_skip(test: &str) -> bool {
+/// Root-only tests are `#[ignore]`d (reported as ignored, never as passed) and run by
+/// `make test-vhost` as root (`cargo test -- --ignored`); run without root they fail.
+pub fn require_root(test: &str) {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("skipping {test}: needs root (network namespaces, AF_XDP, BPF)");
-        return false;
-    }
-    true
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "{test} needs root (network namespaces, AF_XDP, BPF): run `make test-vhost` as root");
 }
 
 fn ip(args: &[&str]) -> io::Result<()> {
