@@ -26,8 +26,8 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
-    VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
+    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
@@ -262,10 +262,7 @@ impl NetBackend {
     }
 
     /// Register each pair's port fd and wakeup fd on the worker thread that owns the pair.
-    pub fn register_listeners(
-        &self,
-        handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>],
-    ) -> io::Result<()> {
+    pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>]) -> io::Result<()> {
         if handlers.len() != self.pairs.len() {
             return Err(io::Error::other(format!(
                 "{} worker threads for {} queue pairs",
@@ -494,9 +491,7 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
     }
 
     fn reset_device(&self) {
@@ -595,8 +590,14 @@ impl VhostUserBackend for NetBackend {
         };
         match device_event {
             0 | 1 if !self.poll.is_zero() => self.serve(pair, rx, tx),
-            0 => { self.run_rx(pair, rx); }
-            1 => { if self.run_tx(pair, tx, false).more { self.resched(pair) } }
+            0 => {
+                self.run_rx(pair, rx);
+            }
+            1 => {
+                if self.run_tx(pair, tx, false).more {
+                    self.resched(pair)
+                }
+            }
             2 if pair == 0 => {
                 if let Some(ctrl) = vrings.get(2) {
                     self.run_ctrl(ctrl);

@@ -20,9 +20,9 @@ mod validate;
 pub mod xsk;
 
 use std::io;
-use std::path::{Path, PathBuf};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use log::{debug, info, warn};
@@ -139,26 +139,16 @@ pub fn start_backend(config: Config) -> Result<()> {
     let max_frame = usize::from(config.device.mtu) + 18;
     let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
     let backend = Arc::new(NetBackend::new(config.device, ports)?.with_poll(config.poll));
-    info!(
-        "serving {} queue pair(s) on {}",
-        config.device.queue_pairs,
-        config.socket.display()
-    );
+    info!("serving {} queue pair(s) on {}", config.device.queue_pairs, config.socket.display());
     serve(backend, &config.socket, None)
 }
 
 /// Accept frontends on `socket` one after another (a new daemon for each, so a frontend can
 /// disconnect and connect again), stopping after `max_connections` when given. Each connection
 /// goes through `relay.rs` (QEMU message-order fix) to the daemon over a private abstract socket.
-pub fn serve(
-    backend: Arc<NetBackend>,
-    socket: &Path,
-    max_connections: Option<usize>,
-) -> Result<()> {
-    let listen_err = |e: io::Error| Error::Listen {
-        path: socket.to_path_buf(),
-        source: vhost::vhost_user::Error::SocketError(e),
-    };
+pub fn serve(backend: Arc<NetBackend>, socket: &Path, max_connections: Option<usize>) -> Result<()> {
+    let listen_err =
+        |e: io::Error| Error::Listen { path: socket.to_path_buf(), source: vhost::vhost_user::Error::SocketError(e) };
     sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).map_err(listen_err)?;

@@ -163,11 +163,7 @@ pub struct QueueRun {
 }
 
 /// Pop the next available chain; a corrupt available ring is counted as an error.
-pub fn pop_chain<'a, M: GuestMemory>(
-    q: &mut Queue,
-    mem: &'a M,
-    stats: &Stats,
-) -> Option<DescriptorChain<&'a M>> {
+pub fn pop_chain<'a, M: GuestMemory>(q: &mut Queue, mem: &'a M, stats: &Stats) -> Option<DescriptorChain<&'a M>> {
     match q.iter(mem) {
         Ok(mut it) => it.next(),
         Err(e) => {
@@ -231,11 +227,7 @@ fn collect<M: GuestMemory>(
 }
 
 /// Write `parts` back to back into `segs`.
-fn scatter<M: GuestMemory>(
-    mem: &M,
-    segs: &[(GuestAddress, usize)],
-    parts: &[&[u8]],
-) -> Result<(), ChainError> {
+fn scatter<M: GuestMemory>(mem: &M, segs: &[(GuestAddress, usize)], parts: &[&[u8]]) -> Result<(), ChainError> {
     let (mut i, mut off) = (0usize, 0usize);
     for part in parts {
         let mut p = *part;
@@ -484,8 +476,7 @@ pub fn ctrl_chain<M: GuestMemory>(
             return Err(ChainError::Direction { expected_writable: true });
         } else if got < cmd.len() {
             let n = len.min(cmd.len() - got);
-            mem.read_slice(&mut cmd[got..got + n], d.addr())
-                .map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
+            mem.read_slice(&mut cmd[got..got + n], d.addr()).map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
             got += n;
         }
     }
@@ -501,8 +492,7 @@ pub fn ctrl_chain<M: GuestMemory>(
         }
         _ => CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None },
     };
-    mem.write_obj(reply.ack, ack_at)
-        .map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
+    mem.write_obj(reply.ack, ack_at).map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
     Ok(reply)
 }
 

@@ -76,8 +76,7 @@ impl Port for TestPort {
 
 fn mem() -> GuestMemoryMmap {
     // The mock puts indirect descriptor tables at 0x3000_0000.
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE), (GuestAddress(0x3000_0000), 0x1_0000)])
-        .unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE), (GuestAddress(0x3000_0000), 0x1_0000)]).unwrap()
 }
 
 /// Put chains (lists of (addr, len, writable)) in the queue, descriptors numbered from `first`.
@@ -115,11 +114,7 @@ fn tx_descs(m: &GuestMemoryMmap, addr: u64, hdr: [u8; 12], f: &[u8], piece: usiz
     let mut bytes = hdr.to_vec();
     bytes.extend_from_slice(f);
     m.write_slice(&bytes, GuestAddress(addr)).unwrap();
-    bytes
-        .chunks(piece)
-        .enumerate()
-        .map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false))
-        .collect()
+    bytes.chunks(piece).enumerate().map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false)).collect()
 }
 
 #[test]
@@ -181,9 +176,8 @@ fn tx_drops_malformed_chains_and_keeps_going() {
 fn tx_counts_frames_the_port_refuses_and_stops_on_budget() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> = (0..4)
-        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
-        .collect();
+    let chains: Vec<_> =
+        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
     add_chains(&vq, 0, &chains);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
@@ -311,9 +305,9 @@ fn rx_skips_malformed_chains() {
         &vq,
         0,
         &[
-            vec![(BUF_BASE, 100, false)],                    // device-readable
-            vec![(MEM_SIZE as u64 - 10, 100, true)],         // outside memory
-            vec![(BUF_BASE + 0x1000, 0, true)],              // empty
+            vec![(BUF_BASE, 100, false)],            // device-readable
+            vec![(MEM_SIZE as u64 - 10, 100, true)], // outside memory
+            vec![(BUF_BASE + 0x1000, 0, true)],      // empty
             vec![(BUF_BASE + 0x2000, 2048, true)],
         ],
     );
@@ -381,7 +375,7 @@ fn ctrl_sets_queue_pairs_and_refuses_everything_else() {
     ctrl_cmd(&m, &vq, 3, BUF_BASE + 0x100, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 9, 0]); // > max
     ctrl_cmd(&m, &vq, 6, BUF_BASE + 0x200, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 0, 0]); // zero
     ctrl_cmd(&m, &vq, 9, BUF_BASE + 0x300, &[0, 0, 1]); // RX class, PROMISC on: not offered
-    // No ack byte at all.
+                                                        // No ack byte at all.
     add_chains(&vq, 12, &[vec![(BUF_BASE + 0x400, 4, false)]]);
     let mut q: Queue = vq.create_queue().unwrap();
     let stats = Stats::default();
@@ -476,9 +470,8 @@ fn tx_with_lent_buffers_matches_the_batch_path() {
 fn needs_signal_follows_used_event_and_no_interrupt() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> = (0..4)
-        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
-        .collect();
+    let chains: Vec<_> =
+        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
     add_chains(&vq, 0, &chains);
     let mut q: Queue = vq.create_queue().unwrap();
     q.set_event_idx(true);
@@ -487,7 +480,9 @@ fn needs_signal_follows_used_event_and_no_interrupt() {
     tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
     assert_eq!(q.next_used(), 4);
     // used_event in [old, new): the driver asked to be told once entry used_event is used.
-    for (ev, old, want) in [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)] {
+    for (ev, old, want) in
+        [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)]
+    {
         m.write_obj(ev.to_le(), used_event).unwrap();
         assert_eq!(needs_signal(&q, &m, old, &stats), want, "used_event {ev} old {old}");
     }

@@ -124,9 +124,8 @@ pub fn register(owner: usize, fd: RawFd, maps: &[Mapping]) -> io::Result<()> {
         });
         let slot = match same {
             Some(s) => s,
-            None => free_slot(owner, maps).ok_or_else(|| {
-                io::Error::other(format!("more than {SLOTS} guest memory mappings to guard"))
-            })?,
+            None => free_slot(owner, maps)
+                .ok_or_else(|| io::Error::other(format!("more than {SLOTS} guest memory mappings to guard")))?,
         };
         slot.end.store(0, Ordering::Release);
         slot.start.store(m.start, Ordering::Relaxed);
@@ -162,10 +161,7 @@ pub fn unregister(owner: usize) {
 
 /// Mappings currently tracked for `owner`.
 pub fn registered(owner: usize) -> usize {
-    TABLE
-        .iter()
-        .filter(|s| s.end.load(Ordering::Acquire) != 0 && s.owner.load(Ordering::Relaxed) == owner)
-        .count()
+    TABLE.iter().filter(|s| s.end.load(Ordering::Acquire) != 0 && s.owner.load(Ordering::Relaxed) == owner).count()
 }
 
 fn page_size() -> usize {
@@ -251,7 +247,14 @@ mod tests {
         let file = crate::xsk::memfd("sigbus-test", size as u64).unwrap();
         // SAFETY: a fresh shared mapping of our own memfd, unmapped below.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         let base = p as usize;

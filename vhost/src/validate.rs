@@ -114,8 +114,8 @@ impl Checker {
                     _ => "err",
                 };
                 let index = payload.first().copied().unwrap_or(0);
-                let nofd = payload.len() == 8
-                    && u64::from_le_bytes(payload.try_into().unwrap_or([0; 8])) & VRING_NOFD != 0;
+                let nofd =
+                    payload.len() == 8 && u64::from_le_bytes(payload.try_into().unwrap_or([0; 8])) & VRING_NOFD != 0;
                 match (fds, nofd) {
                     ([fd], false) => eventfd(fd, what, index),
                     // Message-level problems (missing fd, extra fds) are the library's to refuse.
@@ -169,9 +169,7 @@ impl Checker {
             [("descriptor table", f(0), 16 * num), ("used ring", f(1), 6 + 8 * num), ("avail ring", f(2), 6 + 2 * num)]
         {
             if !self.regions.iter().any(|r| r.contains(addr, len)) {
-                return Err(refuse(format!(
-                    "vring {index}: {name} at {addr:#x} (+{len}) is outside guest memory"
-                )));
+                return Err(refuse(format!("vring {index}: {name} at {addr:#x} (+{len}) is outside guest memory")));
             }
         }
         Ok(())
@@ -271,7 +269,8 @@ mod tests {
             let e = c.check(&msg(SET_MEM_TABLE, &table(&[r])), &[memfd(0x10000)]).unwrap_err();
             assert!(e.to_string().contains(why), "{r:?}: {e}");
         }
-        let e = c.check(&msg(ADD_MEM_REG, &[&[0u8; 8][..], &table(&[[0, 0x20000, 0, 0]])[8..]].concat()), &[memfd(0x1000)]);
+        let e =
+            c.check(&msg(ADD_MEM_REG, &[&[0u8; 8][..], &table(&[[0, 0x20000, 0, 0]])[8..]].concat()), &[memfd(0x1000)]);
         assert!(e.unwrap_err().to_string().contains("past the end"));
         let mut p = [0; 2];
         // SAFETY: p is a valid array of two ints.

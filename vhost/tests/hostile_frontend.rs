@@ -32,7 +32,11 @@ fn malformed_messages_are_refused() {
     let (pr, _pw) = pipe();
     let big = 0xffff_ffffu32.to_le_bytes();
     let cases: Vec<(&str, Vec<u8>, Vec<i32>)> = vec![
-        ("version 0 header", [&SET_VRING_NUM.to_le_bytes()[..], &[8, 0, 0, 0], &8u32.to_le_bytes(), &state(0, 64)].concat(), vec![]),
+        (
+            "version 0 header",
+            [&SET_VRING_NUM.to_le_bytes()[..], &[8, 0, 0, 0], &8u32.to_le_bytes(), &state(0, 64)].concat(),
+            vec![],
+        ),
         ("version 3 header", [GET_FEATURES.to_le_bytes(), [3 | 8, 0, 0, 0], [0; 4]].concat(), vec![]),
         ("unknown request", msg(999, NEED_REPLY, &[]), vec![]),
         ("size field of 4 GiB", [SET_VRING_NUM.to_le_bytes(), [1 | 8, 0, 0, 0], big].concat(), vec![]),
@@ -43,15 +47,27 @@ fn malformed_messages_are_refused() {
         ("SET_VRING_NUM of 100, not a power of two", msg(SET_VRING_NUM, NEED_REPLY, &state(0, 100)), vec![]),
         ("GET_FEATURES with an fd attached", msg(GET_FEATURES, 0, &[]), vec![pr.as_raw_fd()]),
         ("SET_VRING_KICK for vring 200", msg(SET_VRING_KICK, NEED_REPLY, &u64s(&[200])), vec![pr.as_raw_fd()]),
-        ("SET_VRING_ADDR before SET_MEM_TABLE", msg(SET_VRING_ADDR, NEED_REPLY, &Guest::vring_addr(0, 0, 0, 0)), vec![]),
+        (
+            "SET_VRING_ADDR before SET_MEM_TABLE",
+            msg(SET_VRING_ADDR, NEED_REPLY, &Guest::vring_addr(0, 0, 0, 0)),
+            vec![],
+        ),
         ("GET_VRING_BASE for a queue that does not exist", msg(GET_VRING_BASE, 0, &state(9, 0)), vec![]),
         ("SET_FEATURES with features never offered", msg(SET_FEATURES, NEED_REPLY, &u64s(&[u64::MAX])), vec![]),
-        ("SET_MEM_TABLE with 9 regions", msg(SET_MEM_TABLE, NEED_REPLY, &mem_table(&[Region::whole(MEM_SIZE); 9])), vec![]),
-        ("SET_MEM_TABLE whose count disagrees with its size", {
-            let mut p = mem_table(&[Region::whole(MEM_SIZE)]);
-            p[0] = 3;
-            msg(SET_MEM_TABLE, NEED_REPLY, &p)
-        }, vec![]),
+        (
+            "SET_MEM_TABLE with 9 regions",
+            msg(SET_MEM_TABLE, NEED_REPLY, &mem_table(&[Region::whole(MEM_SIZE); 9])),
+            vec![],
+        ),
+        (
+            "SET_MEM_TABLE whose count disagrees with its size",
+            {
+                let mut p = mem_table(&[Region::whole(MEM_SIZE)]);
+                p[0] = 3;
+                msg(SET_MEM_TABLE, NEED_REPLY, &p)
+            },
+            vec![],
+        ),
         ("SET_MEM_TABLE without fds", msg(SET_MEM_TABLE, NEED_REPLY, &mem_table(&[Region::whole(MEM_SIZE)])), vec![]),
     ];
     for (case, bytes, fds) in cases {
@@ -154,7 +170,9 @@ fn region_larger_than_its_file_is_refused_before_anything_touches_it() {
 #[test]
 fn memfd_shrunk_after_set_mem_table_fails_only_that_device() {
     let mut b = Backend::start("sigbus-shrink");
-    for (n, (case, keep)) in [("buffers truncated away", 0x3_0000u64), ("rings truncated away", 0)].into_iter().enumerate() {
+    for (n, (case, keep)) in
+        [("buffers truncated away", 0x3_0000u64), ("rings truncated away", 0)].into_iter().enumerate()
+    {
         let mut g = Guest::new(&b, false);
         g.setup();
         g.round_trip(1);

@@ -8,7 +8,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::mem::{size_of, zeroed};
+use std::mem::zeroed;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
@@ -276,7 +276,7 @@ impl Conn {
         mh.msg_iovlen = 1;
         if !fds.is_empty() {
             assert!(fds.len() <= 16, "too many fds for the test's control buffer");
-            let data_len = size_of::<RawFd>() * fds.len();
+            let data_len = std::mem::size_of_val(fds);
             mh.msg_control = cbuf.as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE is a pure computation.
             mh.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
@@ -306,9 +306,7 @@ impl Conn {
         let mut hdr = [0u8; 12];
         match self.s.read_exact(&mut hdr) {
             Ok(()) => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Outcome::Hung
-            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Outcome::Hung,
             Err(_) => return Outcome::Closed,
         }
         let f = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
@@ -471,10 +469,7 @@ impl Guest {
         let c = &mut self.conn;
         for (req, p) in [
             (SET_VRING_NUM, state(q as u32, u32::from(QSIZE))),
-            (
-                SET_VRING_ADDR,
-                Self::vring_addr(q, UADDR + desc_table(q), UADDR + used_ring(q), UADDR + avail_ring(q)),
-            ),
+            (SET_VRING_ADDR, Self::vring_addr(q, UADDR + desc_table(q), UADDR + used_ring(q), UADDR + avail_ring(q))),
             (SET_VRING_BASE, state(q as u32, 0)),
         ] {
             let o = c.ack(req, &p, &[]);
