@@ -139,6 +139,12 @@ impl Checker {
         for (i, (chunk, fd)) in body.chunks_exact(REGION).zip(fds).enumerate() {
             let r = Region::parse(chunk);
             check_region(&r, fd).map_err(|e| refuse(format!("memory region {i}: {e}")))?;
+            log::info!(
+                "guest memory region {i}: {} MiB of {}, {}",
+                r.size >> 20,
+                fd_name(fd),
+                if sealed_against_shrink(fd) { "sealed against shrinking" } else { "not sealed (SIGBUS guard)" }
+            );
             regions.push(r);
         }
         self.regions = regions;
@@ -198,6 +204,13 @@ fn check_region(r: &Region, fd: &OwnedFd) -> Result<(), String> {
             fd_name(fd)
         )),
     }
+}
+
+/// The file cannot shrink under our mapping (`F_SEAL_SHRINK`, e.g. QEMU's memfd default).
+fn sealed_against_shrink(fd: &OwnedFd) -> bool {
+    // SAFETY: fcntl on an fd we own; F_GET_SEALS takes no argument (EINVAL on non-memfds).
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
 }
 
 fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {

@@ -354,6 +354,7 @@ fn kick_and_call_fds_cannot_wedge_the_backend() {
     g.round_trip(3);
     g.round_trip(4);
     assert_ne!(g.stop(), Outcome::Hung, "call eventfd at max count: GET_VRING_BASE got no reply");
+    assert!(b.wait_log("signal guest", 1), "the failed signal is logged:\n{}", b.log());
     drop(g);
     serve_check(&mut b, "call eventfd at its maximum count");
 }
@@ -393,7 +394,8 @@ fn aborted_setups_leave_nothing_behind() {
     }
     // One more frontend after all of them, then everything must be back to the baseline.
     serve_check(&mut b, "after aborted setups");
-    b.assert_settles(base, 4096, &format!("{} aborted setups", 4 * CYCLES));
+    let after = b.assert_settles(base, 4096, &format!("{} aborted setups", 4 * CYCLES));
+    println!("{} aborted setups: before {base:?}, after {after:?}", 4 * CYCLES);
 }
 
 /// Usage once the backend is idle (two equal readings in a row).

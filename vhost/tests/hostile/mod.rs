@@ -157,7 +157,7 @@ impl Backend {
 
     /// Wait until the backend is back to `base` (fds, threads, guest mappings; RSS within
     /// `rss_slack_kb`) after its frontends went away; panics with the counts otherwise.
-    pub fn assert_settles(&mut self, base: Usage, rss_slack_kb: u64, case: &str) {
+    pub fn assert_settles(&mut self, base: Usage, rss_slack_kb: u64, case: &str) -> Usage {
         let deadline = Instant::now() + T;
         loop {
             self.assert_alive(case);
@@ -167,7 +167,7 @@ impl Backend {
                 && now.maps == 0
                 && now.rss_kb <= base.rss_kb + rss_slack_kb;
             if ok {
-                return;
+                return now;
             }
             if Instant::now() > deadline {
                 let fds = std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
