@@ -62,6 +62,11 @@ pub enum ChainError {
     /// A control command without a writable ack byte.
     #[error("control command has no writable ack byte")]
     NoAck,
+    /// The walk stopped at a descriptor that still says NEXT: the chain loops (longer than
+    /// the queue), or a next index, a descriptor table read or an indirect table is invalid.
+    /// virtio-queue's iterator just ends there; the truncated chain is refused, not used.
+    #[error("descriptor chain loops or continues past the table")]
+    Unterminated,
 }
 
 /// Datapath counters, shared by all queues of a device.
@@ -198,7 +203,9 @@ fn collect<M: GuestMemory>(
     let perm = if writable { Permissions::Write } else { Permissions::Read };
     let mut total = 0usize;
     let res = (|| {
+        let mut open = false;
         for d in chain {
+            open = d.has_next();
             if d.is_write_only() != writable {
                 return Err(ChainError::Direction { expected_writable: writable });
             }
@@ -214,6 +221,9 @@ fn collect<M: GuestMemory>(
                 return Err(ChainError::BadAddress(d.addr().0, len));
             }
             segs.push((d.addr(), len));
+        }
+        if open {
+            return Err(ChainError::Unterminated);
         }
         if segs.len() == start {
             return Err(ChainError::Empty);
@@ -462,7 +472,9 @@ pub fn ctrl_chain<M: GuestMemory>(
     let mut cmd = [0u8; 4];
     let mut got = 0usize;
     let mut ack_at = None;
+    let mut open = false;
     for d in chain {
+        open = d.has_next();
         let len = d.len() as usize;
         let perm = if d.is_write_only() { Permissions::Write } else { Permissions::Read };
         if len > 0 && !mem.check_range(d.addr(), len, perm) {
@@ -479,6 +491,9 @@ pub fn ctrl_chain<M: GuestMemory>(
             mem.read_slice(&mut cmd[got..got + n], d.addr()).map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
             got += n;
         }
+    }
+    if open {
+        return Err(ChainError::Unterminated);
     }
     let ack_at = ack_at.ok_or(ChainError::NoAck)?;
     let reply = match (got, cmd[0], cmd[1]) {

@@ -172,6 +172,53 @@ fn tx_drops_malformed_chains_and_keeps_going() {
     assert_eq!((s.errors, s.tx_frames), (6, 1));
 }
 
+/// One descriptor with NEXT set, pointing at `next`, at index `at` (its own chain).
+fn dangling(vq: &MockSplitQueue<GuestMemoryMmap>, at: u16, addr: u64, len: u32, write: bool, next: u16) {
+    let flags = VRING_DESC_F_NEXT | if write { VRING_DESC_F_WRITE } else { 0 };
+    vq.add_desc_chains(&[RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))], at).unwrap();
+}
+
+#[test]
+fn chains_that_loop_or_run_off_the_table_are_refused_not_truncated() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let good = frame(60, 5);
+    m.write_slice(&[0u8; 80], GuestAddress(BUF_BASE)).unwrap();
+    // A 20-byte descriptor whose next is itself: the walk gives up after 16, which would make
+    // a 308-byte frame of repeats; and an 80-byte one whose next index is past the table.
+    dangling(&vq, 0, BUF_BASE, 20, false, 0);
+    dangling(&vq, 1, BUF_BASE, 80, false, 200);
+    add_chains(&vq, 2, &[tx_descs(&m, BUF_BASE + 0x1000, [0; 12], &good, 64)]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(port.sent, vec![good], "only the well-formed chain is sent");
+    assert_eq!((used_idx(&vq), stats.snapshot().errors), (3, 2));
+
+    // RX: a looping writable descriptor is skipped, the frame goes to the next chain.
+    let vq = MockSplitQueue::new(&m, 16);
+    dangling(&vq, 0, BUF_BASE, 2048, true, 0);
+    add_chains(&vq, 1, &[vec![(BUF_BASE + 0x2000, 2048, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let f = frame(64, 9);
+    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!((used(&vq, 0), used(&vq, 1)), ((0, 0), (1, 76)));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 12, 64), f);
+
+    // Control: a command whose chain loops is not executed.
+    let vq = MockSplitQueue::new(&m, 16);
+    m.write_slice(&[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 2, 0], GuestAddress(BUF_BASE + 0x3000)).unwrap();
+    let (next, write) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+    let cmd = SplitDescriptor::new(BUF_BASE + 0x3000, 4, next, 1);
+    let ack = SplitDescriptor::new(BUF_BASE + 0x3010, 1, next | write, 1); // loops on itself
+    vq.add_desc_chains(&[RawDescriptor::from(cmd), RawDescriptor::from(ack)], 0).unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let stats = Stats::default();
+    let (run, pairs) = ctrl_queue(&mut q, &m, 4, &stats, 64);
+    assert_eq!((run.handled, pairs, stats.snapshot().errors), (1, None, 1));
+}
+
 #[test]
 fn tx_counts_frames_the_port_refuses_and_stops_on_budget() {
     let m = mem();

@@ -293,6 +293,29 @@ fn hostile_descriptor_chains_are_dropped() {
         b.assert_alive(case);
         g.round_trip(1);
     }
+    // The same on RX: each bad receive chain comes back with length 0 and the frame goes into
+    // the good buffer the guest posts after it (`round_trip`).
+    let rxbuf = buf(RX, 60);
+    let rx_cases: Vec<(&str, Vec<D>)> = vec![
+        ("read-only RX buffer", vec![(rxbuf, 2048, 0, 0)]),
+        ("RX buffer outside memory", vec![(64 * MEM_SIZE, 2048, w, 0)]),
+        ("RX descriptor pointing at itself", vec![(rxbuf, 2048, w | n, 0)]),
+        ("RX next index past the table", vec![(rxbuf, 100, w | n, 500)]),
+        ("RX indirect table outside memory", vec![(64 * MEM_SIZE, 32, ind, 0)]),
+    ];
+    for (case, descs) in rx_cases {
+        let used = g.used_idx(RX);
+        let head = g.alloc(RX, descs.len() as u16);
+        for (k, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let i = (head + k as u16) % QSIZE;
+            let next = if next >= 500 { next } else { (head + next) % QSIZE };
+            g.write_desc(RX, i, addr, len, flags, next);
+        }
+        g.publish(RX, head);
+        g.round_trip(2);
+        assert_eq!(g.used_elem(RX, used), (u32::from(head), 0), "{case}: returned unused");
+        b.assert_alive(case);
+    }
     // A head index past the descriptor table: there is nothing to return; the ring goes on.
     g.publish(TX, 1000);
     g.kick(TX);

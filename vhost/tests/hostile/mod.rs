@@ -575,7 +575,7 @@ impl Guest {
         let rx_slot = u64::from(self.next_desc[RX]);
         let rx_buf = buf(RX, rx_slot);
         let rx_used = self.used_idx(RX);
-        self.chain(RX, &[(rx_buf, 2048, true)]);
+        let head = self.chain(RX, &[(rx_buf, 2048, true)]);
         self.kick(RX);
         let tx_buf = buf(TX, u64::from(self.next_desc[TX]));
         self.mem.write_slice(&[0u8; 12], GuestAddress(tx_buf)).unwrap();
@@ -584,8 +584,27 @@ impl Guest {
         self.chain(TX, &[(tx_buf, 12 + frame.len() as u32, false)]);
         self.kick(TX);
         assert!(self.wait_used(TX, tx_used.wrapping_add(1)), "the TX chain was not returned");
-        assert!(self.wait_used(RX, rx_used.wrapping_add(1)), "the frame did not come back on RX");
-        let (_, len) = self.used_elem(RX, rx_used);
+        // Bad chains the guest queued before this buffer come back first (length 0).
+        let deadline = Instant::now() + T;
+        let len = loop {
+            let now = self.used_idx(RX);
+            let mut i = rx_used;
+            let found = loop {
+                if i == now {
+                    break None;
+                }
+                let (id, len) = self.used_elem(RX, i);
+                if id == u32::from(head) {
+                    break Some(len);
+                }
+                i = i.wrapping_add(1);
+            };
+            if let Some(len) = found {
+                break len;
+            }
+            assert!(Instant::now() < deadline, "the frame did not come back on RX");
+            std::thread::sleep(Duration::from_millis(1));
+        };
         let mut got = vec![0u8; len as usize];
         self.mem.read_slice(&mut got, GuestAddress(rx_buf)).unwrap();
         assert_eq!(&got[12..], &frame[..], "looped-back frame");
