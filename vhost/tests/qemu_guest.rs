@@ -94,14 +94,16 @@ fn linux_guest_traffic_crosses_the_backend() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (sock, serial) = (dir.join("v.sock"), dir.join("serial.sock"));
+    let log = dir.join("backend.log");
     let _backend = Kill(
         Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
             .args(["--loopback", "--queues", "2", "--socket"])
             .arg(&sock)
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap(),
     );
+    let backend_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !sock.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -135,7 +137,7 @@ fn linux_guest_traffic_crosses_the_backend() {
     s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut buf = String::new();
     let ready = line_with(&mut s, &mut buf, &["LK-READY", "LK-FAIL"], deadline);
-    let ready = ready.unwrap_or_else(|| panic!("guest did not boot:\n{buf}"));
+    let ready = ready.unwrap_or_else(|| panic!("guest did not boot:\n{buf}\n--- backend ---\n{}", backend_log()));
     assert!(ready.starts_with("LK-READY net=up"), "guest network not up: {ready:?}\n{buf}");
     buf.clear();
     s.write_all(b"LKCMD 1 ping -c 3 -W 1 169.254.77.1; cat /sys/class/net/eth0/statistics/rx_packets\n").unwrap();
@@ -143,6 +145,10 @@ fn linux_guest_traffic_crosses_the_backend() {
     assert!(done.is_some(), "command did not finish:\n{buf}");
     let out = &buf[buf.find("LKBEGIN 1").unwrap_or(0)..buf.find("LKOUT 1").unwrap()];
     let rx: u64 = out.lines().rev().find_map(|l| l.trim().parse().ok()).expect("rx_packets");
-    assert!(rx >= 3, "the guest's looped-back ARP requests must arrive (rx_packets {rx}):\n{out}");
+    assert!(rx >= 3, "the guest's looped-back ARP requests must arrive (rx_packets {rx}):\n{out}\n{}", backend_log());
+    // QEMU's memory-backend-memfd seals its memfd against shrinking (seal=on by default).
+    for l in backend_log().lines().filter(|l| l.contains("guest memory region")) {
+        println!("{l}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
