@@ -140,8 +140,8 @@ impl Checker {
             let r = Region::parse(chunk);
             check_region(&r, fd).map_err(|e| refuse(format!("memory region {i}: {e}")))?;
             log::info!(
-                "guest memory region {i}: {} MiB of {}, {}",
-                r.size >> 20,
+                "guest memory region {i}: {} KiB of {}, {}",
+                r.size >> 10,
                 fd_name(fd),
                 if sealed_against_shrink(fd) { "sealed against shrinking" } else { "not sealed (SIGBUS guard)" }
             );
