@@ -16,7 +16,7 @@
 //! already waiting. A zero `poll` is the purely event-driven mode (port fd always registered).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -26,18 +26,19 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
-    VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
+    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
 use crate::port::Port;
+use crate::sigbus;
 
 /// Queue size offered to the frontend.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -110,11 +111,16 @@ pub struct NetBackend {
     config: DeviceConfig,
     pairs: Vec<Mutex<Pair>>,
     resched: Vec<EventFd>,
+    /// One exit eventfd per worker thread, kept for the backend's lifetime (see `exit_event`).
+    exits: Vec<EventFd>,
+    /// Written by the SIGBUS guard when guest memory vanished under us (`sigbus.rs`).
+    fault: EventFd,
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemoryMmap>>>,
     acked: AtomicU64,
     active_pairs: AtomicU16,
     stats: Stats,
     connection_errors: AtomicU64,
+    signal_errors: AtomicU64,
     poll: Duration,
 }
 
@@ -152,10 +158,12 @@ impl NetBackend {
         if config.mtu < 68 {
             return Err(BackendError::Mtu(config.mtu));
         }
-        let resched = (0..ports.len())
-            .map(|_| EventFd::new(EFD_NONBLOCK))
-            .collect::<io::Result<Vec<_>>>()
-            .map_err(BackendError::EventFd)?;
+        let eventfds = |n: usize| {
+            (0..n).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<io::Result<Vec<_>>>().map_err(BackendError::EventFd)
+        };
+        let resched = eventfds(ports.len())?;
+        let exits = eventfds(ports.len())?;
+        let fault = EventFd::new(EFD_NONBLOCK).map_err(BackendError::EventFd)?;
         let pairs = ports
             .into_iter()
             .map(|port| {
@@ -169,11 +177,14 @@ impl NetBackend {
             config,
             pairs,
             resched,
+            exits,
+            fault,
             mem: RwLock::new(None),
             acked: AtomicU64::new(0),
             active_pairs: AtomicU16::new(1),
             stats: Stats::default(),
             connection_errors: AtomicU64::new(0),
+            signal_errors: AtomicU64::new(0),
             poll: DEFAULT_POLL,
         })
     }
@@ -228,11 +239,32 @@ impl NetBackend {
         self.active_pairs.store(1, Ordering::Relaxed);
     }
 
+    /// Release everything a frontend connection held once its daemon is gone (workers joined):
+    /// the guest memory (and its SIGBUS guard entries), a pending fault report and the exit
+    /// events sent to the old workers (the next daemon's workers would otherwise exit at once).
+    pub fn end_connection(&self) {
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = None;
+        sigbus::unregister(self.owner());
+        let _ = self.fault.read();
+        for e in &self.exits {
+            let _ = e.read();
+        }
+        self.reset();
+    }
+
+    /// A duplicate of the eventfd the SIGBUS guard writes when this backend's guest memory
+    /// faulted (the relay polls it and ends the connection).
+    pub fn fault_fd(&self) -> io::Result<EventFd> {
+        self.fault.try_clone()
+    }
+
+    /// Identity of this backend in the SIGBUS guard's table.
+    fn owner(&self) -> usize {
+        self as *const NetBackend as usize
+    }
+
     /// Register each pair's port fd and wakeup fd on the worker thread that owns the pair.
-    pub fn register_listeners(
-        &self,
-        handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>],
-    ) -> io::Result<()> {
+    pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>]) -> io::Result<()> {
         if handlers.len() != self.pairs.len() {
             return Err(io::Error::other(format!(
                 "{} worker threads for {} queue pairs",
@@ -319,7 +351,12 @@ impl NetBackend {
         // One notification decision per run (not per frame), from the used index before it.
         if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, &self.stats) {
             if let Err(e) = vs.signal_used_queue() {
-                warn!("queue pair {pair}: signal guest: {e}");
+                // A call eventfd at its maximum count (the frontend never reads it) fails every
+                // time: log the 1st, 2nd, 4th, 8th... failure only.
+                let n = self.signal_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    warn!("queue pair {pair}: signal guest: {e} ({n} failed signals)");
+                }
             }
         }
         Served { handled: run.handled, more: run.more }
@@ -423,6 +460,18 @@ impl NetBackend {
     }
 }
 
+impl Drop for NetBackend {
+    fn drop(&mut self) {
+        sigbus::unregister(self.owner());
+    }
+}
+
+/// The file's I/O block size: the page size of its mapping (huge page size on hugetlbfs).
+fn block_size(f: &std::fs::File) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().map_or(0, |m| m.blksize() as usize).next_power_of_two()
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock would be a bug; the state stays usable either way.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -449,9 +498,7 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
     }
 
     fn reset_device(&self) {
@@ -480,6 +527,17 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+        // Guard the new mappings against the file shrinking under them (see `sigbus.rs`).
+        let maps: Vec<sigbus::Mapping> = mem
+            .memory()
+            .iter()
+            .map(|r| sigbus::Mapping {
+                start: r.as_ptr() as usize,
+                len: r.len() as usize,
+                align: r.file_offset().map_or(0, |f| block_size(f.file())),
+            })
+            .collect();
+        sigbus::register(self.owner(), self.fault.as_raw_fd(), &maps)?;
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
         Ok(())
     }
@@ -498,14 +556,30 @@ impl VhostUserBackend for NetBackend {
             .collect()
     }
 
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
-            Ok(pair) => Some(pair),
+    /// vhost-user-backend 0.24 registers the consumer's fd on the worker's epoll with
+    /// `consumer.into_raw_fd()` and never closes it: a fresh eventfd per daemon (one per
+    /// connection) would leak one fd per worker per connection. So the consumer is this
+    /// backend's own long-lived eventfd for the thread (drained in `end_connection`), and only
+    /// the notifier, which upstream owns and closes, is a duplicate.
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let Some(exit) = self.exits.get(thread_index) else {
+            warn!("no exit eventfd for worker {thread_index}");
+            return None;
+        };
+        let notifier = match exit.try_clone() {
+            // SAFETY: a fresh duplicate, owned by nobody else; upstream owns and closes it.
+            Ok(dup) => unsafe { EventNotifier::from_raw_fd(dup.into_raw_fd()) },
             Err(e) => {
-                warn!("create exit eventfd: {e}");
-                None
+                warn!("duplicate exit eventfd: {e}");
+                return None;
             }
-        }
+        };
+        // SAFETY: the fd stays open for the backend's lifetime (`self.exits`). Upstream turns
+        // this consumer straight back into a raw fd (`into_raw_fd`, no close) to put it on the
+        // worker's epoll, so it is never closed through the consumer. Re-check this when
+        // upgrading vhost-user-backend (`VringEpollHandler::new`).
+        let consumer = unsafe { EventConsumer::from_raw_fd(exit.as_raw_fd()) };
+        Some((consumer, notifier))
     }
 
     fn handle_event(
@@ -523,8 +597,14 @@ impl VhostUserBackend for NetBackend {
         };
         match device_event {
             0 | 1 if !self.poll.is_zero() => self.serve(pair, rx, tx),
-            0 => { self.run_rx(pair, rx); }
-            1 => { if self.run_tx(pair, tx, false).more { self.resched(pair) } }
+            0 => {
+                self.run_rx(pair, rx);
+            }
+            1 => {
+                if self.run_tx(pair, tx, false).more {
+                    self.resched(pair)
+                }
+            }
             2 if pair == 0 => {
                 if let Some(ctrl) = vrings.get(2) {
                     self.run_ctrl(ctrl);

@@ -98,7 +98,11 @@ pub fn seqpacket(path: &Path, listen: bool) -> io::Result<OwnedFd> {
     let r = unsafe {
         if listen {
             let r = libc::bind(raw, sap, len);
-            if r == 0 { libc::listen(raw, 8) } else { r }
+            if r == 0 {
+                libc::listen(raw, 8)
+            } else {
+                r
+            }
         } else {
             libc::connect(raw, sap, len)
         }

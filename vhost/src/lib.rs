@@ -5,7 +5,8 @@
 //! [`Config`] and calls [`start_backend`]; this file holds the error type and the serve loop
 //! (a new daemon per frontend connection, so QEMU can reconnect); `backend.rs` is the
 //! `VhostUserBackend`; `net.rs` the per-queue datapath; `port.rs` the packet port trait;
-//! `xsk.rs` AF_XDP.
+//! `xsk.rs` AF_XDP; `relay.rs` sits between the frontend and the daemon and runs the checks
+//! of `validate.rs` on every message; `sigbus.rs` survives guest memory shrinking under us.
 
 pub mod backend;
 #[doc(hidden)]
@@ -14,15 +15,17 @@ pub mod handover;
 pub mod net;
 pub mod port;
 mod relay;
+pub mod sigbus;
+mod validate;
 pub mod xsk;
 
 use std::io;
-use std::path::{Path, PathBuf};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -60,6 +63,9 @@ pub enum Error {
     /// Port fds could not be registered on the worker threads.
     #[error("register port fds: {0}")]
     Register(io::Error),
+    /// Per-process or per-connection setup failed (SIGBUS guard, fault eventfd).
+    #[error("{0}: {1}")]
+    Setup(&'static str, io::Error),
 }
 
 /// Result with [`Error`].
@@ -133,26 +139,17 @@ pub fn start_backend(config: Config) -> Result<()> {
     let max_frame = usize::from(config.device.mtu) + 18;
     let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
     let backend = Arc::new(NetBackend::new(config.device, ports)?.with_poll(config.poll));
-    info!(
-        "serving {} queue pair(s) on {}",
-        config.device.queue_pairs,
-        config.socket.display()
-    );
+    info!("serving {} queue pair(s) on {}", config.device.queue_pairs, config.socket.display());
     serve(backend, &config.socket, None)
 }
 
 /// Accept frontends on `socket` one after another (a new daemon for each, so a frontend can
 /// disconnect and connect again), stopping after `max_connections` when given. Each connection
 /// goes through `relay.rs` (QEMU message-order fix) to the daemon over a private abstract socket.
-pub fn serve(
-    backend: Arc<NetBackend>,
-    socket: &Path,
-    max_connections: Option<usize>,
-) -> Result<()> {
-    let listen_err = |e: io::Error| Error::Listen {
-        path: socket.to_path_buf(),
-        source: vhost::vhost_user::Error::SocketError(e),
-    };
+pub fn serve(backend: Arc<NetBackend>, socket: &Path, max_connections: Option<usize>) -> Result<()> {
+    let listen_err =
+        |e: io::Error| Error::Listen { path: socket.to_path_buf(), source: vhost::vhost_user::Error::SocketError(e) };
+    sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).map_err(listen_err)?;
     let _unlink = Unlink(socket.to_path_buf());
@@ -169,7 +166,8 @@ pub fn serve(
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(listen_err)?;
         let mut inner = Listener::from(UnixListener::bind_addr(&addr).map_err(listen_err)?);
         let to_daemon = UnixStream::connect_addr(&addr).map_err(listen_err)?;
-        let relay = relay::spawn(frontend, to_daemon).map_err(listen_err)?;
+        let fault = backend.fault_fd().map_err(|e| Error::Setup("duplicate fault eventfd", e))?;
+        let relay = relay::spawn(frontend, to_daemon, fault).map_err(listen_err)?;
         daemon.start(&mut inner).map_err(|e| Error::Daemon(e.to_string()))?;
         info!("frontend connected");
         match daemon.wait() {
@@ -188,8 +186,17 @@ pub fn serve(
         // Dropping the daemon closes its end, which ends the relay, and joins its workers.
         drop(daemon);
         for t in relay {
-            let _ = t.join();
+            match t.join() {
+                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
+                    backend.count_connection_error();
+                    warn!("frontend refused: {e}");
+                }
+                Ok(Err(e)) => debug!("relay: {e}"),
+                Ok(Ok(())) => {}
+                Err(_) => warn!("relay thread panicked"),
+            }
         }
+        backend.end_connection();
         served += 1;
         info!("stats after connection {served}: {:?}", backend.stats());
     }

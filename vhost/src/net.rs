@@ -62,6 +62,11 @@ pub enum ChainError {
     /// A control command without a writable ack byte.
     #[error("control command has no writable ack byte")]
     NoAck,
+    /// The walk stopped at a descriptor that still says NEXT: the chain loops (longer than
+    /// the queue), or a next index, a descriptor table read or an indirect table is invalid.
+    /// virtio-queue's iterator just ends there; the truncated chain is refused, not used.
+    #[error("descriptor chain loops or continues past the table")]
+    Unterminated,
 }
 
 /// Datapath counters, shared by all queues of a device.
@@ -163,11 +168,7 @@ pub struct QueueRun {
 }
 
 /// Pop the next available chain; a corrupt available ring is counted as an error.
-pub fn pop_chain<'a, M: GuestMemory>(
-    q: &mut Queue,
-    mem: &'a M,
-    stats: &Stats,
-) -> Option<DescriptorChain<&'a M>> {
+pub fn pop_chain<'a, M: GuestMemory>(q: &mut Queue, mem: &'a M, stats: &Stats) -> Option<DescriptorChain<&'a M>> {
     match q.iter(mem) {
         Ok(mut it) => it.next(),
         Err(e) => {
@@ -202,7 +203,9 @@ fn collect<M: GuestMemory>(
     let perm = if writable { Permissions::Write } else { Permissions::Read };
     let mut total = 0usize;
     let res = (|| {
+        let mut open = false;
         for d in chain {
+            open = d.has_next();
             if d.is_write_only() != writable {
                 return Err(ChainError::Direction { expected_writable: writable });
             }
@@ -219,6 +222,9 @@ fn collect<M: GuestMemory>(
             }
             segs.push((d.addr(), len));
         }
+        if open {
+            return Err(ChainError::Unterminated);
+        }
         if segs.len() == start {
             return Err(ChainError::Empty);
         }
@@ -231,11 +237,7 @@ fn collect<M: GuestMemory>(
 }
 
 /// Write `parts` back to back into `segs`.
-fn scatter<M: GuestMemory>(
-    mem: &M,
-    segs: &[(GuestAddress, usize)],
-    parts: &[&[u8]],
-) -> Result<(), ChainError> {
+fn scatter<M: GuestMemory>(mem: &M, segs: &[(GuestAddress, usize)], parts: &[&[u8]]) -> Result<(), ChainError> {
     let (mut i, mut off) = (0usize, 0usize);
     for part in parts {
         let mut p = *part;
@@ -470,7 +472,9 @@ pub fn ctrl_chain<M: GuestMemory>(
     let mut cmd = [0u8; 4];
     let mut got = 0usize;
     let mut ack_at = None;
+    let mut open = false;
     for d in chain {
+        open = d.has_next();
         let len = d.len() as usize;
         let perm = if d.is_write_only() { Permissions::Write } else { Permissions::Read };
         if len > 0 && !mem.check_range(d.addr(), len, perm) {
@@ -484,10 +488,12 @@ pub fn ctrl_chain<M: GuestMemory>(
             return Err(ChainError::Direction { expected_writable: true });
         } else if got < cmd.len() {
             let n = len.min(cmd.len() - got);
-            mem.read_slice(&mut cmd[got..got + n], d.addr())
-                .map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
+            mem.read_slice(&mut cmd[got..got + n], d.addr()).map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
             got += n;
         }
+    }
+    if open {
+        return Err(ChainError::Unterminated);
     }
     let ack_at = ack_at.ok_or(ChainError::NoAck)?;
     let reply = match (got, cmd[0], cmd[1]) {
@@ -501,8 +507,7 @@ pub fn ctrl_chain<M: GuestMemory>(
         }
         _ => CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None },
     };
-    mem.write_obj(reply.ack, ack_at)
-        .map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
+    mem.write_obj(reply.ack, ack_at).map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
     Ok(reply)
 }
 

@@ -76,8 +76,7 @@ impl Port for TestPort {
 
 fn mem() -> GuestMemoryMmap {
     // The mock puts indirect descriptor tables at 0x3000_0000.
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE), (GuestAddress(0x3000_0000), 0x1_0000)])
-        .unwrap()
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE), (GuestAddress(0x3000_0000), 0x1_0000)]).unwrap()
 }
 
 /// Put chains (lists of (addr, len, writable)) in the queue, descriptors numbered from `first`.
@@ -115,11 +114,7 @@ fn tx_descs(m: &GuestMemoryMmap, addr: u64, hdr: [u8; 12], f: &[u8], piece: usiz
     let mut bytes = hdr.to_vec();
     bytes.extend_from_slice(f);
     m.write_slice(&bytes, GuestAddress(addr)).unwrap();
-    bytes
-        .chunks(piece)
-        .enumerate()
-        .map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false))
-        .collect()
+    bytes.chunks(piece).enumerate().map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false)).collect()
 }
 
 #[test]
@@ -177,13 +172,59 @@ fn tx_drops_malformed_chains_and_keeps_going() {
     assert_eq!((s.errors, s.tx_frames), (6, 1));
 }
 
+/// One descriptor with NEXT set, pointing at `next`, at index `at` (its own chain).
+fn dangling(vq: &MockSplitQueue<GuestMemoryMmap>, at: u16, addr: u64, len: u32, write: bool, next: u16) {
+    let flags = VRING_DESC_F_NEXT | if write { VRING_DESC_F_WRITE } else { 0 };
+    vq.add_desc_chains(&[RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))], at).unwrap();
+}
+
+#[test]
+fn chains_that_loop_or_run_off_the_table_are_refused_not_truncated() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let good = frame(60, 5);
+    m.write_slice(&[0u8; 80], GuestAddress(BUF_BASE)).unwrap();
+    // A 20-byte descriptor whose next is itself: the walk gives up after 16, which would make
+    // a 308-byte frame of repeats; and an 80-byte one whose next index is past the table.
+    dangling(&vq, 0, BUF_BASE, 20, false, 0);
+    dangling(&vq, 1, BUF_BASE, 80, false, 200);
+    add_chains(&vq, 2, &[tx_descs(&m, BUF_BASE + 0x1000, [0; 12], &good, 64)]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
+    assert_eq!(port.sent, vec![good], "only the well-formed chain is sent");
+    assert_eq!((used_idx(&vq), stats.snapshot().errors), (3, 2));
+
+    // RX: a looping writable descriptor is skipped, the frame goes to the next chain.
+    let vq = MockSplitQueue::new(&m, 16);
+    dangling(&vq, 0, BUF_BASE, 2048, true, 0);
+    add_chains(&vq, 1, &[vec![(BUF_BASE + 0x2000, 2048, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let f = frame(64, 9);
+    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!((used(&vq, 0), used(&vq, 1)), ((0, 0), (1, 76)));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 12, 64), f);
+
+    // Control: a command whose chain loops is not executed.
+    let vq = MockSplitQueue::new(&m, 16);
+    m.write_slice(&[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 2, 0], GuestAddress(BUF_BASE + 0x3000)).unwrap();
+    let (next, write) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+    let cmd = SplitDescriptor::new(BUF_BASE + 0x3000, 4, next, 1);
+    let ack = SplitDescriptor::new(BUF_BASE + 0x3010, 1, next | write, 1); // loops on itself
+    vq.add_desc_chains(&[RawDescriptor::from(cmd), RawDescriptor::from(ack)], 0).unwrap();
+    let mut q: Queue = vq.create_queue().unwrap();
+    let stats = Stats::default();
+    let (run, pairs) = ctrl_queue(&mut q, &m, 4, &stats, 64);
+    assert_eq!((run.handled, pairs, stats.snapshot().errors), (1, None, 1));
+}
+
 #[test]
 fn tx_counts_frames_the_port_refuses_and_stops_on_budget() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> = (0..4)
-        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
-        .collect();
+    let chains: Vec<_> =
+        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
     add_chains(&vq, 0, &chains);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
@@ -311,9 +352,9 @@ fn rx_skips_malformed_chains() {
         &vq,
         0,
         &[
-            vec![(BUF_BASE, 100, false)],                    // device-readable
-            vec![(MEM_SIZE as u64 - 10, 100, true)],         // outside memory
-            vec![(BUF_BASE + 0x1000, 0, true)],              // empty
+            vec![(BUF_BASE, 100, false)],            // device-readable
+            vec![(MEM_SIZE as u64 - 10, 100, true)], // outside memory
+            vec![(BUF_BASE + 0x1000, 0, true)],      // empty
             vec![(BUF_BASE + 0x2000, 2048, true)],
         ],
     );
@@ -381,7 +422,7 @@ fn ctrl_sets_queue_pairs_and_refuses_everything_else() {
     ctrl_cmd(&m, &vq, 3, BUF_BASE + 0x100, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 9, 0]); // > max
     ctrl_cmd(&m, &vq, 6, BUF_BASE + 0x200, &[CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, 0, 0]); // zero
     ctrl_cmd(&m, &vq, 9, BUF_BASE + 0x300, &[0, 0, 1]); // RX class, PROMISC on: not offered
-    // No ack byte at all.
+                                                        // No ack byte at all.
     add_chains(&vq, 12, &[vec![(BUF_BASE + 0x400, 4, false)]]);
     let mut q: Queue = vq.create_queue().unwrap();
     let stats = Stats::default();
@@ -476,9 +517,8 @@ fn tx_with_lent_buffers_matches_the_batch_path() {
 fn needs_signal_follows_used_event_and_no_interrupt() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> = (0..4)
-        .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64))
-        .collect();
+    let chains: Vec<_> =
+        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
     add_chains(&vq, 0, &chains);
     let mut q: Queue = vq.create_queue().unwrap();
     q.set_event_idx(true);
@@ -487,7 +527,9 @@ fn needs_signal_follows_used_event_and_no_interrupt() {
     tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
     assert_eq!(q.next_used(), 4);
     // used_event in [old, new): the driver asked to be told once entry used_event is used.
-    for (ev, old, want) in [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)] {
+    for (ev, old, want) in
+        [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)]
+    {
         m.write_obj(ev.to_le(), used_event).unwrap();
         assert_eq!(needs_signal(&q, &m, old, &stats), want, "used_event {ev} old {old}");
     }

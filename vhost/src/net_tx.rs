@@ -32,9 +32,7 @@ pub fn tx_chain<M: GuestMemory>(
 
 fn check_hdr(hdr: &[u8]) -> Result<(), ChainError> {
     match hdr {
-        [flags, gso, ..] if flags & HDR_F_NEEDS_CSUM != 0 || *gso != 0 => {
-            Err(ChainError::Offload(*flags, *gso))
-        }
+        [flags, gso, ..] if flags & HDR_F_NEEDS_CSUM != 0 || *gso != 0 => Err(ChainError::Offload(*flags, *gso)),
         _ => Ok(()),
     }
 }
@@ -353,9 +351,7 @@ pub fn needs_signal<M: GuestMemory>(q: &Queue, mem: &M, old: u16, stats: &Stats)
         return true;
     };
     match mem.load::<u16>(at, Ordering::Relaxed).map(u16::from_le) {
-        Ok(used_event) if event_idx => {
-            new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(old)
-        }
+        Ok(used_event) if event_idx => new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(old),
         Ok(flags) => flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0,
         Err(e) => {
             stats.error(&e);

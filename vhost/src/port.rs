@@ -48,11 +48,7 @@ impl Batch {
     }
 
     /// Append a frame of `len` bytes written by `fill`; nothing is appended when `fill` fails.
-    pub fn push_with<E>(
-        &mut self,
-        len: usize,
-        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
-    ) -> Result<(), E> {
+    pub fn push_with<E>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<(), E> {
         let start = self.data.len();
         self.data.resize(start + len, 0);
         match fill(&mut self.data[start..]) {
@@ -148,10 +144,7 @@ pub struct ChannelPeer {
 pub fn channel_port(index: usize) -> io::Result<(ChannelPort, ChannelPeer)> {
     let shared = Arc::new((Mutex::new(Queues::default()), Condvar::new()));
     let event = Arc::new(EventFd::new(EFD_NONBLOCK)?);
-    Ok((
-        ChannelPort { shared: shared.clone(), event: event.clone(), index },
-        ChannelPeer { shared, event },
-    ))
+    Ok((ChannelPort { shared: shared.clone(), event: event.clone(), index }, ChannelPeer { shared, event }))
 }
 
 fn lock(shared: &(Mutex<Queues>, Condvar)) -> std::sync::MutexGuard<'_, Queues> {

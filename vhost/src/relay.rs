@@ -6,8 +6,11 @@
 //! acked ("inactive feature") and drops the connection, so QEMU could not use the backend at all.
 //! The relay holds such early messages (acking them when the frontend asks for a reply) and
 //! replays them right after the `SET_FEATURES` that acks protocol features. Every other message
-//! passes through unchanged, file descriptors included. Only the control path goes through here;
-//! frames move through shared memory and eventfds.
+//! passes through unchanged, file descriptors included, after the checks of `validate.rs`
+//! (a failed check ends the connection with an `InvalidData` error naming the cause). The
+//! frontend direction also watches the backend's fault eventfd (`sigbus.rs`): guest memory that
+//! vanished under the backend ends the connection the same way. Only the control path goes
+//! through here; frames move through shared memory and eventfds.
 
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
@@ -16,9 +19,10 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 
-use log::debug;
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::handover::take_scm_rights;
+use crate::validate::Checker;
 
 const HDR: usize = 12;
 /// Larger messages are refused (the backend caps messages far below this).
@@ -116,14 +120,47 @@ fn write_msg(sock: &UnixStream, m: &Msg) -> io::Result<()> {
     (&*sock).write_all(&m.bytes[n as usize..])
 }
 
+/// Wait until `sock` is readable; an error when `fault` fires first.
+fn wait_readable(sock: &UnixStream, fault: &EventFd) -> io::Result<()> {
+    let mut fds = [
+        libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: fault.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    loop {
+        // SAFETY: fds is a valid array of two pollfds for the duration of the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "guest memory shrank under the backend's mapping (SIGBUS caught): \
+                 the frontend truncated a memory file after SET_MEM_TABLE",
+            ));
+        }
+        if fds[0].revents != 0 {
+            return Ok(());
+        }
+    }
+}
+
 /// Relay frontend -> backend, holding early `SET_VRING_ENABLE`s as described in the module docs.
-fn forward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
+fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd) -> io::Result<()> {
     let mut protocol_acked = false;
     let mut held: Vec<Msg> = Vec::new();
-    while let Some(mut m) = read_msg(from)? {
+    let mut checker = Checker::default();
+    loop {
+        wait_readable(from, fault)?;
+        let Some(mut m) = read_msg(from)? else { return Ok(()) };
+        checker.check(&m.bytes, &m.fds)?;
         match m.request() {
             SET_VRING_ENABLE if !protocol_acked => {
-                debug!("holding SET_VRING_ENABLE sent before protocol features were acked");
+                log::debug!("holding SET_VRING_ENABLE sent before protocol features were acked");
                 if m.flags() & FLAG_NEED_REPLY != 0 {
                     let mut reply = Vec::with_capacity(HDR + 8);
                     reply.extend(SET_VRING_ENABLE.to_le_bytes());
@@ -150,7 +187,6 @@ fn forward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
             _ => write_msg(to, &m)?,
         }
     }
-    Ok(())
 }
 
 /// Relay backend -> frontend unchanged.
@@ -161,22 +197,36 @@ fn backward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Start relaying between a frontend connection and a connection to the daemon. Both sockets
-/// are shut down when either side ends; join the returned threads after that.
-pub fn spawn(frontend: UnixStream, backend: UnixStream) -> io::Result<Vec<JoinHandle<()>>> {
-    type Dir = fn(&mut UnixStream, &UnixStream) -> io::Result<()>;
-    let run = |mut from: UnixStream, to: UnixStream, f: Dir, name: &'static str| {
-        std::thread::Builder::new().name(name.into()).spawn(move || {
-            if let Err(e) = f(&mut from, &to) {
-                debug!("{name}: {e}");
-            }
-            let _ = from.shutdown(Shutdown::Both);
-            let _ = to.shutdown(Shutdown::Both);
-        })
-    };
+/// Start relaying between a frontend connection and a connection to the daemon; `fault` is the
+/// backend's guest memory fault eventfd. Both sockets are shut down when either side ends; join
+/// the returned threads after that: each returns why its direction ended (`InvalidData`: the
+/// frontend was refused).
+pub fn spawn(frontend: UnixStream, backend: UnixStream, fault: EventFd) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
-    Ok(vec![
-        run(frontend, backend, forward, "vu-relay-in")?,
-        run(b2, f2, backward, "vu-relay-out")?,
-    ])
+    let end = |a: &UnixStream, b: &UnixStream| {
+        let _ = a.shutdown(Shutdown::Both);
+        let _ = b.shutdown(Shutdown::Both);
+    };
+    let spawn = |name: &str, f: Box<dyn FnOnce() -> io::Result<()> + Send>| {
+        std::thread::Builder::new().name(name.into()).spawn(f)
+    };
+    let (mut from, to) = (frontend, backend);
+    let inbound = spawn(
+        "vu-relay-in",
+        Box::new(move || {
+            let r = forward(&mut from, &to, &fault);
+            end(&from, &to);
+            r
+        }),
+    )?;
+    let (mut from, to) = (b2, f2);
+    let outbound = spawn(
+        "vu-relay-out",
+        Box::new(move || {
+            let r = backward(&mut from, &to);
+            end(&from, &to);
+            r
+        }),
+    )?;
+    Ok(vec![inbound, outbound])
 }

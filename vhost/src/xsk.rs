@@ -154,7 +154,10 @@ impl XskParams {
             }
         }
         if !(2048..=65536).contains(&self.frame_size) || !self.frame_size.is_power_of_two() {
-            return bad(format!("queue {}: frame_size {} not a power of two in 2048..=65536", self.queue, self.frame_size));
+            return bad(format!(
+                "queue {}: frame_size {} not a power of two in 2048..=65536",
+                self.queue, self.frame_size
+            ));
         }
         if self.frame_count < 2 || u64::from(self.frame_count) * u64::from(self.frame_size) != self.umem_size {
             return bad(format!(
@@ -343,9 +346,7 @@ fn getsockopt_offsets(fd: RawFd) -> io::Result<MmapOffsets> {
 
 fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: v points to a readable T of the given size for the duration of the call.
-    let r = unsafe {
-        libc::setsockopt(fd, SOL_XDP, name, (v as *const T).cast(), size_of::<T>() as libc::socklen_t)
-    };
+    let r = unsafe { libc::setsockopt(fd, SOL_XDP, name, (v as *const T).cast(), size_of::<T>() as libc::socklen_t) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -444,7 +445,14 @@ impl XskPort {
         if self.fill.needs_wakeup() {
             // SAFETY: recvfrom with a NULL buffer of length 0 only wakes the driver.
             unsafe {
-                libc::recvfrom(self.fd.as_raw_fd(), std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut())
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
             };
         }
     }
@@ -483,9 +491,8 @@ impl XskPort {
 
     fn kick(&self) {
         // SAFETY: sendto with no buffer and no address only asks the kernel to process the TX ring.
-        let r = unsafe {
-            libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
-        };
+        let r =
+            unsafe { libc::sendto(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
         if r < 0 {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
@@ -534,9 +541,7 @@ impl Port for XskPort {
             let Some(addr) = self.tx_free.pop() else { break };
             // SAFETY: addr is a frame start inside the UMEM and f.len() <= frame_size, so the copy
             // stays in the mapping; the kernel does not touch free frames.
-            unsafe {
-                std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.as_ptr().add(addr as usize), f.len())
-            };
+            unsafe { std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.as_ptr().add(addr as usize), f.len()) };
             self.tx.write(start.wrapping_add(sent), XdpDesc { addr, len: f.len() as u32, options: 0 });
             sent += 1;
         }

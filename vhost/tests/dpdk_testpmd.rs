@@ -1,6 +1,6 @@
 //! DPDK testpmd as a real virtio driver (virtio_user PMD) against the `lanekit-vhost` binary in
 //! loopback mode: testpmd's io forwarding with `--tx-first` bounces frames through our TX and
-//! RX paths. Root only (DPDK), skipped when `dpdk-testpmd` is missing. Bounded in time.
+//! RX paths. Root only (DPDK): `#[ignore]`d, run by `make test-vhost` as root. Bounded in time.
 
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
@@ -19,18 +19,14 @@ impl Drop for Kill {
     }
 }
 
-fn testpmd() -> Option<String> {
+/// The testpmd binary; these tests are `#[ignore]`d and run by `make test-vhost` as root, where
+/// a missing prerequisite is a failure (`make deps` installs DPDK), not a silent pass.
+fn testpmd() -> String {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("skipping: dpdk-testpmd needs root");
-        return None;
-    }
-    let found = Command::new("sh").args(["-c", "command -v dpdk-testpmd"]).output().ok()?;
-    if !found.status.success() {
-        println!("skipping: dpdk-testpmd not installed (apt-get install dpdk dpdk-dev)");
-        return None;
-    }
-    Some(String::from_utf8_lossy(&found.stdout).trim().to_string())
+    assert_eq!(unsafe { libc::geteuid() }, 0, "dpdk-testpmd needs root: run `make test-vhost` as root");
+    let found = Command::new("sh").args(["-c", "command -v dpdk-testpmd"]).output().expect("run sh");
+    assert!(found.status.success(), "dpdk-testpmd not installed (make deps, or apt-get install dpdk)");
+    String::from_utf8_lossy(&found.stdout).trim().to_string()
 }
 
 /// Packet counters from testpmd's "Accumulated forward statistics" block.
@@ -41,7 +37,7 @@ fn accumulated(out: &str, key: &str) -> Option<u64> {
 }
 
 fn run(queues: u16) {
-    let Some(testpmd) = testpmd() else { return };
+    let testpmd = testpmd();
     // Each run busy-polls both cores: two at once starve each other's start-up.
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let sock = std::env::temp_dir().join(format!("lk-vhost-{}-testpmd{queues}.sock", std::process::id()));
@@ -98,11 +94,13 @@ fn run(queues: u16) {
 }
 
 #[test]
+#[ignore = "needs root and DPDK (make test-vhost as root)"]
 fn testpmd_virtio_user_forwards_through_the_backend() {
     run(1);
 }
 
 #[test]
+#[ignore = "needs root and DPDK (make test-vhost as root)"]
 fn testpmd_virtio_user_with_two_queue_pairs() {
     run(2);
 }

@@ -98,17 +98,20 @@ impl Ring {
 use vm_memory::Address;
 
 /// Descriptors for header + frame at `base`, split in up to 4 pieces, all with `flags`.
-fn pieces(rng: &mut Rng, mem: &GuestMemoryMmap, base: u64, hdr: [u8; 12], len: usize, flags: u16) -> Vec<(u64, u32, u16)> {
+fn pieces(
+    rng: &mut Rng,
+    mem: &GuestMemoryMmap,
+    base: u64,
+    hdr: [u8; 12],
+    len: usize,
+    flags: u16,
+) -> Vec<(u64, u32, u16)> {
     let mut bytes = hdr.to_vec();
     bytes.extend(rng.bytes(len));
     mem.write_slice(&bytes, GuestAddress(base)).unwrap();
     let n = 1 + rng.below(4) as usize;
     let step = bytes.len().div_ceil(n);
-    bytes
-        .chunks(step.max(1))
-        .enumerate()
-        .map(|(i, c)| (base + (i * step) as u64, c.len() as u32, flags))
-        .collect()
+    bytes.chunks(step.max(1)).enumerate().map(|(i, c)| (base + (i * step) as u64, c.len() as u32, flags)).collect()
 }
 
 #[test]
@@ -141,7 +144,11 @@ fn malformed_tx_chains_are_dropped_and_counted() {
                 }
                 6 => {
                     let mut hdr = [0u8; 12];
-                    if rng.below(2) == 0 { hdr[0] = 1 } else { hdr[1] = 1 + rng.below(255) as u8 }
+                    if rng.below(2) == 0 {
+                        hdr[0] = 1
+                    } else {
+                        hdr[1] = 1 + rng.below(255) as u8
+                    }
                     descs = pieces(&mut rng, &ring.mem, base, hdr, ok_len, 0);
                 }
                 7 => head = Some(QSIZE + rng.below(1000) as u16),

@@ -23,8 +23,7 @@ fn start(pairs: u16, connections: usize, path: &Path) -> (Arc<NetBackend>, Vec<C
         ports.push(Box::new(p));
         peers.push(peer);
     }
-    let backend =
-        Arc::new(NetBackend::new(DeviceConfig { mac: MAC, queue_pairs: pairs, mtu: 1500 }, ports).unwrap());
+    let backend = Arc::new(NetBackend::new(DeviceConfig { mac: MAC, queue_pairs: pairs, mtu: 1500 }, ports).unwrap());
     let (b, p) = (backend.clone(), path.to_path_buf());
     let h = std::thread::spawn(move || serve(b, &p, Some(connections)).unwrap());
     (backend, peers, h)

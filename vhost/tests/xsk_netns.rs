@@ -1,6 +1,7 @@
 //! AF_XDP port on a veth pair inside a network namespace this test creates (and always deletes):
 //! guest TX leaves through the xsk and is captured on the peer; frames sent from the peer are
-//! redirected by a tiny XDP program into the xsk and reach the guest. Root only.
+//! redirected by a tiny XDP program into the xsk and reach the guest. Root only: `#[ignore]`d,
+//! run by `make test-vhost` as root.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::netns::{packet_collect, packet_send, packet_socket, root_or_skip, Netns, XskRedirect};
+use common::netns::{packet_collect, packet_send, packet_socket, require_root, Netns, XskRedirect};
 use common::{frame, socket_path, Guest, GUEST_FEATURES};
 use lanekit_vhost::port::Port;
 use lanekit_vhost::xsk::{XskParams, XskPort};
@@ -18,10 +19,9 @@ use lanekit_vhost::{serve, DeviceConfig, NetBackend};
 const ETHERTYPE: u16 = 0x88b5;
 
 #[test]
+#[ignore = "needs root: network namespace, AF_XDP, XDP (make test-vhost as root)"]
 fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
-    if !root_or_skip("guest_frames_cross_af_xdp_on_a_veth_in_a_namespace") {
-        return;
-    }
+    require_root("guest_frames_cross_af_xdp_on_a_veth_in_a_namespace");
     let ns = Netns::new("xsk").expect("create namespace");
     let (port, cap, redirect) = ns
         .run(|| -> io::Result<_> {
@@ -77,14 +77,13 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
 /// The agent side of the handover, as `xsk.rs` documents it, played by the test: sockets created
 /// and bound "by the agent" in the namespace, handed to the backend over SOCK_SEQPACKET.
 #[test]
+#[ignore = "needs root: network namespace, AF_XDP, XDP (make test-vhost as root)"]
 fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
     use lanekit_vhost::handover::{recv_msg, send_msg, seqpacket, QueueInfo, Reply, Request};
     use lanekit_vhost::xsk::{bind_copy, create_unbound};
     use std::os::fd::{FromRawFd, OwnedFd};
 
-    if !root_or_skip("sockets_handed_over_by_the_agent_carry_guest_traffic") {
-        return;
-    }
+    require_root("sockets_handed_over_by_the_agent_carry_guest_traffic");
     let ns = Netns::new("handover").expect("create namespace");
     let params = XskParams::standard(0);
     let (xsk, umem, cap) = ns

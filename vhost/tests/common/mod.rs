@@ -170,9 +170,7 @@ impl Guest {
         let slot = gq.avail() + 4 + 2 * u64::from(gq.avail_idx % QSIZE);
         self.mem.write_obj(head, GuestAddress(slot)).unwrap();
         gq.avail_idx = gq.avail_idx.wrapping_add(1);
-        self.mem
-            .store(gq.avail_idx, GuestAddress(gq.avail() + 2), Ordering::Release)
-            .unwrap();
+        self.mem.store(gq.avail_idx, GuestAddress(gq.avail() + 2), Ordering::Release).unwrap();
         head
     }
 
@@ -221,10 +219,7 @@ impl Guest {
     /// Used element `i` of queue `q`: (head, len).
     pub fn used_elem(&self, q: usize, i: u16) -> (u32, u32) {
         let at = self.queues[q].used() + 4 + 8 * u64::from(i % QSIZE);
-        (
-            self.mem.read_obj(GuestAddress(at)).unwrap(),
-            self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
-        )
+        (self.mem.read_obj(GuestAddress(at)).unwrap(), self.mem.read_obj(GuestAddress(at + 4)).unwrap())
     }
 
     /// Received frames (header checked and stripped) for used entries `from..to` of RX queue `q`
@@ -233,10 +228,7 @@ impl Guest {
         (from..to)
             .map(|i| {
                 let (head, len) = self.used_elem(q, i);
-                let addr: u64 = self
-                    .mem
-                    .read_obj(GuestAddress(self.queues[q].desc() + 16 * u64::from(head)))
-                    .unwrap();
+                let addr: u64 = self.mem.read_obj(GuestAddress(self.queues[q].desc() + 16 * u64::from(head))).unwrap();
                 let mut buf = vec![0u8; len as usize];
                 self.mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
                 assert!(buf.len() >= 12, "used length {len} shorter than the header");

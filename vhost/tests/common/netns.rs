@@ -10,14 +10,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// True when running as root; otherwise prints why the test is skipped.
-pub fn root_or_skip(test: &str) -> bool {
+/// Root-only tests are `#[ignore]`d (reported as ignored, never as passed) and run by
+/// `make test-vhost` as root (`cargo test -- --ignored`); run without root they fail.
+pub fn require_root(test: &str) {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("skipping {test}: needs root (network namespaces, AF_XDP, BPF)");
-        return false;
-    }
-    true
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "{test} needs root (network namespaces, AF_XDP, BPF): run `make test-vhost` as root");
 }
 
 fn ip(args: &[&str]) -> io::Result<()> {
@@ -109,7 +107,13 @@ pub fn packet_socket(ifname: &str) -> io::Result<OwnedFd> {
     let tv = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
     // SAFETY: tv is a valid timeval.
     unsafe {
-        libc::setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&raw const tv).cast(), size_of::<libc::timeval>() as u32)
+        libc::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const tv).cast(),
+            size_of::<libc::timeval>() as u32,
+        )
     };
     Ok(fd)
 }
@@ -166,12 +170,12 @@ impl XskRedirect {
             u64::from(code) | u64::from(dst | src << 4) << 8 | u64::from(off as u16) << 16 | u64::from(imm as u32) << 32
         };
         let prog = [
-            insn(0x61, 2, 1, 16, 0),                      // r2 = ctx->rx_queue_index
-            insn(0x18, 1, 1, 0, map.as_raw_fd()),         // r1 = map (ld_imm64, pseudo map fd)
+            insn(0x61, 2, 1, 16, 0),              // r2 = ctx->rx_queue_index
+            insn(0x18, 1, 1, 0, map.as_raw_fd()), // r1 = map (ld_imm64, pseudo map fd)
             0,
-            insn(0xb7, 3, 0, 0, 2),                       // r3 = XDP_PASS
-            insn(0x85, 0, 0, 0, 51),                      // call bpf_redirect_map
-            insn(0x95, 0, 0, 0, 0),                       // exit
+            insn(0xb7, 3, 0, 0, 2),  // r3 = XDP_PASS
+            insn(0x85, 0, 0, 0, 51), // call bpf_redirect_map
+            insn(0x95, 0, 0, 0, 0),  // exit
         ];
         let license = c"GPL";
         let mut log = vec![0u8; 4096];
