@@ -65,6 +65,17 @@ test-vhost:
 		fi; \
 	fi
 
+# Static checks CI runs before the tests: formatting, vet, staticcheck, a tidy
+# go.mod, BPF objects matching bpf/, and the Rust lints.
+lint: lint-go check-generated lint-vhost
+
+lint-go:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+	$(GO) mod tidy -diff
+
 lint-vhost:
 	cd vhost && $(CARGO) fmt --check && $(CARGO) clippy --release --locked --all-targets -- -D warnings
 

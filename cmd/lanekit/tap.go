@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -78,7 +79,7 @@ same tap rewrites the pinned maps and re-sets the program.`,
 		case o.queues > 0 && o.queues <= 256:
 			table = rss.RoundRobin(o.queues, rss.TableSize)
 		default:
-			return fmt.Errorf("give --queues N (1..256) or --table q,q,...")
+			return errors.New("give --queues N (1..256) or --table q,q,… (a comma-separated queue list)")
 		}
 		if o.defaultQueue < 0 || o.defaultQueue > 0xffff {
 			return fmt.Errorf("--default-queue %d out of range", o.defaultQueue)

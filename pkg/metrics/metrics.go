@@ -35,8 +35,6 @@ type Source interface {
 
 // Metric names. The Grafana dashboard in deploy/grafana uses exactly these.
 const (
-	namespace = "lanekit"
-
 	NameUp             = "lanekit_up"
 	NameDatapathLoaded = "lanekit_datapath_loaded"
 	NameEndpoints      = "lanekit_endpoints"
