@@ -41,6 +41,13 @@ var statusCmd = &cobra.Command{
 			fmt.Fprintf(out, "  error:      %s\n", dp.GetError())
 		}
 		fmt.Fprintf(out, "device mode:  %s (%s)\n", dp.GetDeviceMode(), dp.GetDeviceModeReason())
+		if c := dp.GetCounterCapacity(); c > 0 {
+			full := ""
+			if dp.GetCounterEntries() >= c {
+				full = " FULL: new counters are not recorded"
+			}
+			fmt.Fprintf(out, "counters:     %d/%d entries%s\n", dp.GetCounterEntries(), c, full)
+		}
 		fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
 		fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
 		fmt.Fprintf(out, "kernel:       %s\n", k.GetRelease())
@@ -53,6 +60,9 @@ var statusCmd = &cobra.Command{
 				mark = "yes"
 			}
 			fmt.Fprintf(out, "  %-7s     %s  %s\n", f.name, mark, f.f.GetDetail())
+		}
+		if !st.GetReady() {
+			return fmt.Errorf("agent not ready: %s", st.GetReason())
 		}
 		return nil
 	},

@@ -91,8 +91,8 @@ func (fx *fixture) start(t *testing.T, dp datapath.Datapath) *Agent {
 	t.Helper()
 	a, err := New(Config{
 		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), Datapath: BackendNone,
-		MTU: 1400, HostNetns: fx.nodeNS.Path(),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"),
+		MTU:     1400, HostNetns: fx.nodeNS.Path(),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
 	}, quietLog())
 	if err != nil {
@@ -210,9 +210,9 @@ func TestAddUndoesOnFailure(t *testing.T) {
 	if eps, _ := a.List(); len(eps) != 0 {
 		t.Fatalf("failed add left records: %+v", eps)
 	}
-	// The ID and the address are free again.
+	// The ID is free again; the address rotates on (host-local style).
 	ep, err := a.Add(AddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path()})
-	if err != nil || ep.ID != 1 || ep.IP.String() != "10.77.0.1" {
+	if err != nil || ep.ID != 1 || ep.IP.String() != "10.77.0.2" {
 		t.Fatalf("add after undo = %+v %v", ep, err)
 	}
 	// A clashing ifname fails inside the pod: everything is undone too.
@@ -331,8 +331,8 @@ func TestReadoptAfterRestart(t *testing.T) {
 		t.Fatalf("check re-adopted endpoint: %v", err)
 	}
 	ep, err := a.Add(AddRequest{ContainerID: "c", IfName: "eth0", Netns: podB.Path()})
-	if err != nil || ep.ID != epB.ID || ep.IP != epB.IP {
-		t.Fatalf("add after restart = %+v %v, want b's id and ip back", ep, err)
+	if err != nil || ep.ID != epB.ID || ep.IP.String() != "10.77.0.3" {
+		t.Fatalf("add after restart = %+v %v, want b's id back and the next address (10.77.0.3)", ep, err)
 	}
 }
 

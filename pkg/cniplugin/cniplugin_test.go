@@ -102,7 +102,7 @@ func startAgent(t *testing.T) string {
 	sock := filepath.Join(dir, "agent.sock")
 	a, err := agent.New(agent.Config{
 		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.88.1.0/24"),
-		Datapath: agent.BackendNone, MTU: 1450, HostNetns: node.Path(),
+		MTU: 1450, HostNetns: node.Path(),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
