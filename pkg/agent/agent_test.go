@@ -133,9 +133,20 @@ func TestAddCheckDelIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ep.ID != 1 || ep.IP.String() != "10.77.0.1" || ep.Mode != datapath.ModeVeth || ep.MTU != 1400 {
-		t.Fatalf("endpoint = %+v", ep)
+	if ep.ID != 1 || ep.IP.String() != "10.77.0.1" || ep.Mode != probedMode(a) || ep.MTU != 1400 {
+		t.Fatalf("endpoint = %+v, want mode %s", ep, probedMode(a))
 	}
+	// The host device is of the kind the probe chose.
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(ep.HostIfName)
+		if err != nil {
+			t.Fatalf("host device: %v", err)
+		}
+		if l.Type() != string(ep.Mode) {
+			t.Errorf("host device %s is %s, endpoint mode %s", ep.HostIfName, l.Type(), ep.Mode)
+		}
+		return nil
+	})
 	if len(fake.upserts) != 1 || fake.upserts[0].IfIndex != ep.HostIfIndex || fake.upserts[0].HostMAC.String() != ep.HostMAC ||
 		fake.upserts[0].MAC.String() != ep.MAC || fake.upserts[0].IP != ep.IP {
 		t.Fatalf("datapath got %+v for %+v", fake.upserts, ep)
@@ -222,6 +233,15 @@ func TestAddUndoesOnFailure(t *testing.T) {
 	if n := allocCount(t, a); n != 1 {
 		t.Fatalf("allocations = %d after failed add, want 1", n)
 	}
+}
+
+// probedMode is the device mode the netdev probe leads an auto agent to:
+// netkit where the kernel has it, veth otherwise.
+func probedMode(a *Agent) datapath.DeviceMode {
+	if a.features.Netkit.Supported {
+		return datapath.ModeNetkit
+	}
+	return datapath.ModeVeth
 }
 
 func hostIfOf(cid, ifname string) string {
@@ -399,9 +419,12 @@ func TestServeSocketAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.PodCidr != "10.77.0.0/28" || st.Datapath.DeviceMode != "veth" || st.Datapath.DeviceModeReason == "" ||
-		st.Kernel.Release == "" || st.IpsCapacity != 14 || !st.Ready {
-		t.Fatalf("status = %v", st)
+	if st.PodCidr != "10.77.0.0/28" || st.Datapath.DeviceMode != string(probedMode(a)) || st.Datapath.DeviceModeReason == "" ||
+		st.Kernel.Release == "" || st.IpsCapacity != 14 || !st.Ready || st.Datapath.Backend != "test" {
+		t.Fatalf("status = %v, want device mode %s", st, probedMode(a))
+	}
+	if st.Kernel.Netkit.Supported != (st.Datapath.DeviceMode == "netkit") {
+		t.Fatalf("device mode %s with netkit probe %v", st.Datapath.DeviceMode, st.Kernel.Netkit)
 	}
 	_, err = c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{Attachment: &apiv1.Attachment{ContainerId: "x", Ifname: "eth0"}})
 	if status.Code(err) != codes.NotFound {
