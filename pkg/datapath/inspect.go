@@ -92,15 +92,25 @@ func (st PinnedState) Leaks() error {
 	return errors.Join(errs...)
 }
 
-// countEntries counts the entries of any map.
+// countEntries counts the entries of any map, per-CPU ones included (it
+// walks keys only).
 func countEntries(m *ebpf.Map) (int, error) {
 	n := 0
-	var k, v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	key := make([]byte, m.KeySize())
+	next := make([]byte, m.KeySize())
+	var prev any // nil: the first key
+	for {
+		err := m.NextKey(prev, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("walk %s: %w", m, err)
+		}
 		n++
+		copy(key, next)
+		prev = key
 	}
-	return n, it.Err()
 }
 
 // Health reports whether the loaded datapath still forwards: the pin

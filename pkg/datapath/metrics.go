@@ -111,7 +111,7 @@ func (l *Loader) AllCounters() (map[uint32]Counters, error) {
 func (l *Loader) MetricsUsage() (entries, capacity int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n, err := countEntries(l.pod.LkMetrics)
+	n, err := countEntries(l.pod.LkMetrics) // keys only: per-CPU values need not be read
 	if err != nil {
 		return 0, 0, fmt.Errorf("count counters: %w", err)
 	}
