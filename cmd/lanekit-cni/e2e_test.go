@@ -362,6 +362,21 @@ func TestE2ECnitool(t *testing.T) {
 	}
 	e.assertClean(t)
 
+	// The uplink program goes away under the agent (its pinned link is
+	// removed): STATUS says not ready with the reason; a restarted agent
+	// loads it again and is ready.
+	if err := os.Remove(filepath.Join(e.bpfDir, "lk_uplink_tc")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tool("status", "lk", pod.Path()); err == nil || !strings.Contains(out, "not ready") || !strings.Contains(out, "uplink") {
+		t.Fatalf("status with the uplink program gone: %v\n%s", err, out)
+	}
+	e.stopAgent(t)
+	e.startAgent(t)
+	if out, err := tool("status", "lk", pod.Path()); err != nil {
+		t.Fatalf("status after restart: %v\n%s", err, out)
+	}
+
 	// Agent down: ADD fails, STATUS says the plugin is not available.
 	e.stopAgent(t)
 	if out, err := tool("add", "lk", pod.Path()); err == nil || !strings.Contains(out, "agent") {

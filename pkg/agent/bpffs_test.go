@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,5 +62,23 @@ func TestBPFFSChild(t *testing.T) {
 	err := ensureBPFFS(other, quietLog())
 	if err == nil || !strings.Contains(err.Error(), "mount -t bpf bpf") {
 		t.Fatalf("ensure on %s = %v, want instructions", other, err)
+	}
+}
+
+// TestNewFailsWhenBPFCannotOpen: without an injected datapath the agent
+// opens BPF or fails; it never falls back to forwarding nothing.
+func TestNewFailsWhenBPFCannotOpen(t *testing.T) {
+	fx := newFixture(t)
+	pins := filepath.Join(t.TempDir(), "not-bpffs", "lanekit")
+	a, err := New(Config{
+		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), MTU: 1400, HostNetns: fx.nodeNS.Path(), BPFDir: pins,
+	}, quietLog())
+	if err == nil {
+		a.Close()
+		t.Fatal("agent started without a BPF filesystem for its pins")
+	}
+	if !strings.Contains(err.Error(), "not on a BPF filesystem") || !strings.Contains(err.Error(), "mount -t bpf bpf") {
+		t.Fatalf("error %q does not say what to do", err)
 	}
 }
