@@ -339,18 +339,11 @@ func (a *Agent) List() ([]endpoint.Endpoint, error) {
 // Counters returns what the datapath counted for endpoint id.
 func (a *Agent) Counters(id uint32) (datapath.Counters, error) { return a.dp.Counters(id) }
 
-// allCounters is a datapath that reads every endpoint's counters at once.
-type allCounters interface {
-	AllCounters() (map[uint32]datapath.Counters, error)
-}
-
-// CountersOf returns the counters of each id: one walk of the datapath's
-// counters when it can, a direct read per endpoint otherwise.
+// CountersOf returns the counters of each id, looked up directly per
+// endpoint: the datapath's lock is held for one endpoint's keys at a time,
+// and the cost grows with the endpoints listed, not with the map.
 func (a *Agent) CountersOf(ids []uint32) (map[uint32]datapath.Counters, error) {
-	if ac, ok := a.dp.(allCounters); ok {
-		return ac.AllCounters()
-	}
-	out := map[uint32]datapath.Counters{}
+	out := make(map[uint32]datapath.Counters, len(ids))
 	for _, id := range ids {
 		c, err := a.dp.Counters(id)
 		if err != nil {

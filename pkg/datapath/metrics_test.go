@@ -13,7 +13,7 @@ import (
 	"github.com/lanekit/lanekit/internal/testutil"
 )
 
-func openMetricsLoader(t *testing.T) *Loader {
+func openMetricsLoader(t testing.TB) *Loader {
 	t.Helper()
 	testutil.RequireBPFFS(t)
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-metrics-%d", os.Getpid()))
@@ -95,4 +95,65 @@ func TestMetricsHoldEveryEndpoint(t *testing.T) {
 	if err != nil || n != MetricsMaxEntries || capacity != MetricsMaxEntries {
 		t.Fatalf("usage = %d/%d %v, want full at %d", n, capacity, err, MetricsMaxEntries)
 	}
+}
+
+// TestSweepCounters: counters of endpoints no record owns go, those of
+// owned endpoints and of endpoint 0 stay.
+func TestSweepCounters(t *testing.T) {
+	l := openMetricsLoader(t)
+	m := l.pod.LkMetrics
+	putMetric(t, m, 7, metricToEP, 1)
+	putMetric(t, m, 9, metricFromEP, 1)
+	putMetric(t, m, 9, metricDropBase+uint32(DropSpoofedMAC), 1)
+	putMetric(t, m, 0, metricDropBase+uint32(DropUnknownEP), 1)
+	sw, err := l.Sweep(Owned{IDs: map[uint32]bool{7: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := l.AllCounters()
+	if sw.Metrics != 2 || len(all) != 2 || all[7].ToPackets == 0 || all[0].Drops[DropUnknownEP] == 0 {
+		t.Fatalf("swept %+v, left %+v", sw, all)
+	}
+}
+
+// BenchmarkListCounters reads the counters of 1000 endpoints with lk_metrics
+// holding every counter of every possible endpoint: one walk (what
+// `endpoint list` does), direct lookups per endpoint, and a walk per
+// endpoint (what it did before; 100 endpoints, it grows linearly).
+func BenchmarkListCounters(b *testing.B) {
+	l := openMetricsLoader(b)
+	m := l.pod.LkMetrics
+	vals := make([]podMetricsVal, ebpf.MustPossibleCPU())
+	for id := uint32(0); id <= maxEndpoints; id++ {
+		for _, k := range metricKeys(id) {
+			if err := m.Put(k, vals); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("one-walk", func(b *testing.B) {
+		for range b.N {
+			if _, err := l.AllCounters(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("direct-x1000", func(b *testing.B) {
+		for range b.N {
+			for id := uint32(1); id <= 1000; id++ {
+				if _, err := l.Counters(id); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	b.Run("walk-per-endpoint-x100", func(b *testing.B) {
+		for range b.N {
+			for range 100 {
+				if _, err := l.AllCounters(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
 }
