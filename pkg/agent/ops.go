@@ -449,11 +449,13 @@ func (a *Agent) Status() (StatusInfo, error) {
 			return s, fmt.Errorf("status: %w", err)
 		}
 	}
-	err := a.st.View(func(tx *store.Tx) error {
+	eps, err := a.List() // ADDs in progress are not endpoints yet
+	if err != nil {
+		return s, fmt.Errorf("status: %w", err)
+	}
+	s.Endpoints = len(eps)
+	err = a.st.View(func(tx *store.Tx) error {
 		var err error
-		if s.Endpoints, err = tx.Count(store.Endpoints); err != nil {
-			return err
-		}
 		s.IPsAllocated, err = tx.Count(store.IPAM)
 		return err
 	})
