@@ -795,7 +795,7 @@ func (x *StatusResponse) GetIpsCapacity() uint32 {
 
 type DatapathStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Backend: "bpf" or "none" (control plane only).
+	// Backend: "bpf" ("test" for an in-memory datapath injected by tests).
 	Backend string `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
 	// Where the datapath runs: "local" now, "remote" for a DPU later.
 	Location string `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
@@ -803,9 +803,13 @@ type DatapathStatus struct {
 	DeviceMode       string `protobuf:"bytes,3,opt,name=device_mode,json=deviceMode,proto3" json:"device_mode,omitempty"`
 	DeviceModeReason string `protobuf:"bytes,4,opt,name=device_mode_reason,json=deviceModeReason,proto3" json:"device_mode_reason,omitempty"`
 	// Set when the backend failed to open.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// Per-endpoint counter entries in use and the counter map's capacity: at
+	// capacity the datapath cannot record new counters.
+	CounterEntries  uint32 `protobuf:"varint,6,opt,name=counter_entries,json=counterEntries,proto3" json:"counter_entries,omitempty"`
+	CounterCapacity uint32 `protobuf:"varint,7,opt,name=counter_capacity,json=counterCapacity,proto3" json:"counter_capacity,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DatapathStatus) Reset() {
@@ -871,6 +875,20 @@ func (x *DatapathStatus) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *DatapathStatus) GetCounterEntries() uint32 {
+	if x != nil {
+		return x.CounterEntries
+	}
+	return 0
+}
+
+func (x *DatapathStatus) GetCounterCapacity() uint32 {
+	if x != nil {
+		return x.CounterCapacity
+	}
+	return 0
 }
 
 type KernelFeatures struct {
@@ -1920,14 +1938,16 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x12#\n" +
 	"\rips_allocated\x18\b \x01(\rR\fipsAllocated\x12!\n" +
-	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\"\xab\x01\n" +
+	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\"\xff\x01\n" +
 	"\x0eDatapathStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x1f\n" +
 	"\vdevice_mode\x18\x03 \x01(\tR\n" +
 	"deviceMode\x12,\n" +
 	"\x12device_mode_reason\x18\x04 \x01(\tR\x10deviceModeReason\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xd0\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12'\n" +
+	"\x0fcounter_entries\x18\x06 \x01(\rR\x0ecounterEntries\x12)\n" +
+	"\x10counter_capacity\x18\a \x01(\rR\x0fcounterCapacity\"\xd0\x01\n" +
 	"\x0eKernelFeatures\x12\x18\n" +
 	"\arelease\x18\x01 \x01(\tR\arelease\x12%\n" +
 	"\x03tcx\x18\x02 \x01(\v2\x13.lanekit.v1.FeatureR\x03tcx\x12+\n" +

@@ -36,7 +36,6 @@ type e2e struct {
 	bin, pluginDir, confDir, stateDir, sock string
 	bpfDir                                  string // on a bpffs mounted for the test (host mount namespace)
 	node                                    ns.NetNS
-	backend                                 string
 	agent                                   *exec.Cmd
 	agentLog                                *bytes.Buffer
 }
@@ -50,9 +49,11 @@ func moduleRoot(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-// chooseBackend uses the BPF datapath when datapath.Open works in the node
-// namespace, the control-plane-only backend otherwise.
-func chooseBackend(t *testing.T, node ns.NetNS) string {
+// requireBPF fails the test unless datapath.Open works in the node
+// namespace: as root, a kernel or build that cannot load the programs is a
+// failure, never a quiet switch to a datapath that forwards nothing.
+func requireBPF(t *testing.T, node ns.NetNS) {
+	t.Helper()
 	pin := fmt.Sprintf("/sys/fs/bpf/lk-t-probe-%d", os.Getpid())
 	var openErr error
 	node.Do(func(ns.NetNS) error {
@@ -63,13 +64,10 @@ func chooseBackend(t *testing.T, node ns.NetNS) string {
 		openErr = err
 		return nil
 	})
-	os.RemoveAll(pin)
+	datapath.Unpin(pin)
 	if openErr != nil {
-		t.Logf("datapath: none (BPF datapath unavailable: %v)", openErr)
-		return "none"
+		t.Fatalf("BPF datapath does not open as root: %v", openErr)
 	}
-	t.Logf("datapath: bpf")
-	return "bpf"
 }
 
 func setup(t *testing.T) *e2e {
@@ -94,23 +92,20 @@ func setup(t *testing.T) *e2e {
 		t.Fatal(err)
 	}
 	e.node = netnstest.New(t, "enode")
-	e.backend = chooseBackend(t, e.node)
-	if e.backend == "bpf" {
-		// A bpffs of our own, mounted in the host mount namespace so it
-		// outlives each agent process (ip netns exec gives every agent a
-		// fresh mount namespace): a restarted agent finds its pins.
-		fs := filepath.Join(dir, "bpffs")
-		os.MkdirAll(fs, 0o700)
-		if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
-			t.Fatalf("mount bpffs on %s: %v", fs, err)
-		}
-		t.Cleanup(func() {
-			if err := unix.Unmount(fs, unix.MNT_DETACH); err != nil {
-				t.Errorf("unmount %s: %v", fs, err)
-			}
-		})
-		e.bpfDir = filepath.Join(fs, "lanekit")
+	requireBPF(t, e.node)
+	// A bpffs of our own, in the host mount namespace so it outlives each
+	// agent process: a restarted agent finds its pins.
+	fs := filepath.Join(dir, "bpffs")
+	os.MkdirAll(fs, 0o700)
+	if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount bpffs on %s: %v", fs, err)
 	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(fs, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", fs, err)
+		}
+	})
+	e.bpfDir = filepath.Join(fs, "lanekit")
 	e.writeConf(t, "lk", `{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`)
 	e.startAgent(t)
 	return e
@@ -126,15 +121,15 @@ func (e *e2e) writeConf(t *testing.T, name, format string) {
 
 func (e *e2e) startAgent(t *testing.T) {
 	t.Helper()
-	args := []string{"netns", "exec", netnstest.Name("enode")}
-	args = append(args, filepath.Join(e.bin, "lanekitd"), "--state-dir", e.stateDir, "--socket", e.sock,
-		"--uplink", "lo", "--mtu", "1500", "--pod-cidr", "10.66.0.0/24", "--datapath", e.backend)
-	if e.bpfDir != "" {
-		args = append(args, "--bpf-dir", e.bpfDir)
-	}
+	e.startAgentEnv(t)
+}
+
+// startAgentEnv starts lanekitd in the node namespace (nsenter: the host's
+// mount namespace, unlike ip netns exec) with extra environment variables.
+func (e *e2e) startAgentEnv(t *testing.T, env ...string) {
+	t.Helper()
 	e.agentLog = &bytes.Buffer{}
-	e.agent = exec.Command("ip", args...)
-	e.agent.Stderr = e.agentLog
+	e.agent = e.agentCmd(env...)
 	if err := e.agent.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -149,14 +144,24 @@ func (e *e2e) startAgent(t *testing.T) {
 		}
 	})
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := e.status(); err == nil {
+		_, err := e.status()
+		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("agent did not come up:\n%s", e.agentLog)
+			t.Fatalf("agent did not come up (status: %v):\n%s", err, e.agentLog)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func (e *e2e) agentCmd(env ...string) *exec.Cmd {
+	cmd := exec.Command("nsenter", "--net="+e.node.Path(), "--", filepath.Join(e.bin, "lanekitd"),
+		"--state-dir", e.stateDir, "--socket", e.sock, "--uplink", "lo", "--mtu", "1500",
+		"--pod-cidr", "10.66.0.0/24", "--bpf-dir", e.bpfDir)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = e.agentLog
+	return cmd
 }
 
 func (e *e2e) stopAgent(t *testing.T) {
@@ -210,24 +215,22 @@ func (e *e2e) endpoints(t *testing.T) []*apiv1.Endpoint {
 // endpoint map entries, counters or pinned links.
 func (e *e2e) assertClean(t *testing.T) {
 	t.Helper()
-	if e.bpfDir != "" {
-		st, err := datapath.InspectPins(e.bpfDir)
-		if err != nil {
-			t.Fatalf("inspect pins: %v", err)
-		}
-		if err := st.Leaks(); err != nil {
-			t.Errorf("datapath leaked: %v", err)
-		}
+	st, err := datapath.InspectPins(e.bpfDir)
+	if err != nil {
+		t.Fatalf("inspect pins: %v", err)
+	}
+	if err := st.Leaks(); err != nil {
+		t.Errorf("datapath leaked: %v", err)
 	}
 	if eps := e.endpoints(t); len(eps) != 0 {
 		t.Errorf("%d endpoint records leaked", len(eps))
 	}
-	st, err := e.status()
+	as, err := e.status()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.GetIpsAllocated() != 0 || st.GetEndpointCount() != 0 {
-		t.Errorf("leaked: %d addresses, %d endpoints", st.GetIpsAllocated(), st.GetEndpointCount())
+	if as.GetIpsAllocated() != 0 || as.GetEndpointCount() != 0 {
+		t.Errorf("leaked: %d addresses, %d endpoints", as.GetIpsAllocated(), as.GetEndpointCount())
 	}
 	e.node.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
@@ -312,18 +315,67 @@ func TestE2ECnitool(t *testing.T) {
 		t.Fatalf("add with malformed config: %v\n%s", err, out)
 	}
 
-	// 200 ADD/DEL cycles through cnitool leave nothing behind.
+	// 200 ADD/DEL cycles through cnitool leave nothing behind. cnitool
+	// derives the container ID from the netns path: each cycle reaches the
+	// pod's namespace through its own bind mount, so every cycle is a new
+	// container (nothing is overwritten by reuse), and a sample of them
+	// carries traffic to an anchor pod through the datapath.
+	anchorNS := netnstest.New(t, "etanchor")
+	out, err = tool("add", "lk", anchorNS.Path())
+	if err != nil {
+		t.Fatalf("cnitool add anchor: %v\n%s", err, out)
+	}
+	anchor := resultOf(t, out)
 	start := time.Now()
+	seen := map[string]bool{}
 	for i := range 200 {
-		if out, err := tool("add", "lk", pod.Path()); err != nil {
+		path := bindNetns(t, pod.Path(), filepath.Join(t.TempDir(), fmt.Sprintf("ns-%d", i)))
+		out, err := tool("add", "lk", path)
+		if err != nil {
 			t.Fatalf("cycle %d add: %v\n%s", i, err, out)
 		}
-		if out, err := tool("del", "lk", pod.Path()); err != nil {
+		r := resultOf(t, out)
+		if i%40 == 0 {
+			eps := e.endpoints(t)
+			cid := ""
+			for _, ep := range eps {
+				if ep.GetNetns() == path {
+					cid = ep.GetAttachment().GetContainerId()
+				}
+			}
+			if cid == "" || seen[cid] {
+				t.Fatalf("cycle %d: container id %q not new (seen %v)", i, cid, seen)
+			}
+			seen[cid] = true
+			e.talkThrough(t, path, r.IPs[0].Address.IP.String(), anchorNS.Path(), anchor.IPs[0].Address.IP.String())
+		}
+		if out, err := tool("del", "lk", path); err != nil {
 			t.Fatalf("cycle %d del: %v\n%s", i, err, out)
 		}
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			t.Fatalf("unmount %s: %v", path, err)
+		}
 	}
-	t.Logf("200 cnitool ADD/DEL cycles in %v (datapath %s)", time.Since(start).Round(time.Millisecond), e.backend)
+	t.Logf("200 cnitool ADD/DEL cycles in %v", time.Since(start).Round(time.Millisecond))
+	if out, err := tool("del", "lk", anchorNS.Path()); err != nil {
+		t.Fatalf("cnitool del anchor: %v\n%s", err, out)
+	}
 	e.assertClean(t)
+
+	// The uplink program goes away under the agent (its pinned link is
+	// removed): STATUS says not ready with the reason; a restarted agent
+	// loads it again and is ready.
+	if err := os.Remove(filepath.Join(e.bpfDir, "lk_uplink_tc")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tool("status", "lk", pod.Path()); err == nil || !strings.Contains(out, "not ready") || !strings.Contains(out, "uplink") {
+		t.Fatalf("status with the uplink program gone: %v\n%s", err, out)
+	}
+	e.stopAgent(t)
+	e.startAgent(t)
+	if out, err := tool("status", "lk", pod.Path()); err != nil {
+		t.Fatalf("status after restart: %v\n%s", err, out)
+	}
 
 	// Agent down: ADD fails, STATUS says the plugin is not available.
 	e.stopAgent(t)
@@ -418,18 +470,33 @@ func TestE2ELibcni(t *testing.T) {
 	}
 	e.assertClean(t)
 
-	// 200 ADD/DEL cycles with distinct container IDs leave nothing behind.
+	// 200 ADD/DEL cycles with distinct container IDs leave nothing behind;
+	// a sample carries traffic to an anchor pod through the datapath.
+	anchorRT := &libcni.RuntimeConf{ContainerID: "libcni-anchor", NetNS: pod2.Path(), IfName: "eth0"}
+	ar, err := cni.AddNetworkList(ctx, list, anchorRT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchor, _ := current.NewResultFromResult(ar)
 	start := time.Now()
 	for i := range 200 {
 		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("cycle-%d", i), NetNS: pod.Path(), IfName: "eth0"}
-		if _, err := cni.AddNetworkList(ctx, list, rt); err != nil {
+		r, err := cni.AddNetworkList(ctx, list, rt)
+		if err != nil {
 			t.Fatalf("cycle %d add: %v", i, err)
+		}
+		if i%40 == 0 {
+			res, _ := current.NewResultFromResult(r)
+			e.talkThrough(t, pod.Path(), res.IPs[0].Address.IP.String(), pod2.Path(), anchor.IPs[0].Address.IP.String())
 		}
 		if err := cni.DelNetworkList(ctx, list, rt); err != nil {
 			t.Fatalf("cycle %d del: %v", i, err)
 		}
 	}
-	t.Logf("200 libcni ADD/DEL cycles in %v (datapath %s)", time.Since(start).Round(time.Millisecond), e.backend)
+	t.Logf("200 libcni ADD/DEL cycles in %v", time.Since(start).Round(time.Millisecond))
+	if err := cni.DelNetworkList(ctx, list, anchorRT); err != nil {
+		t.Fatal(err)
+	}
 	e.assertClean(t)
 
 	// Restart: an endpoint added before is re-adopted and still checks out.

@@ -68,8 +68,18 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 		fmt.Fprintf(out, "  error:      %s\n", dp.GetError())
 	}
 	fmt.Fprintf(out, "device mode:  %s (%s)\n", dp.GetDeviceMode(), dp.GetDeviceModeReason())
+	if c := dp.GetCounterCapacity(); c > 0 {
+		full := ""
+		if dp.GetCounterEntries() >= c {
+			full = " FULL: new counters are not recorded"
+		}
+		fmt.Fprintf(out, "counters:     %d/%d entries%s\n", dp.GetCounterEntries(), c, full)
+	}
 	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
 	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
+	if !st.GetReady() {
+		return st, fmt.Errorf("agent not ready: %s", st.GetReason())
+	}
 	return st, nil
 }
 

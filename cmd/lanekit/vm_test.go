@@ -15,6 +15,7 @@ import (
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/xsk"
 	"golang.org/x/sys/unix"
@@ -41,8 +42,8 @@ func TestVMCommands(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
 	a, err := agent.New(agent.Config{
-		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.78.0.0/28"), Datapath: agent.BackendNone,
-		MTU: 1500, HostNetns: node.Path(), VMSocketDir: filepath.Join(dir, "vm"),
+		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.78.0.0/28"),
+		MTU: 1500, OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil }, HostNetns: node.Path(), VMSocketDir: filepath.Join(dir, "vm"),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -37,8 +37,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
 	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required)")
-	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links")
-	fs.StringVar(&cfg.Datapath, "datapath", agent.BackendBPF, "datapath backend: bpf, or none (control plane only, for tests)")
+	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
@@ -103,9 +102,7 @@ func run(args []string) error {
 
 // startMetrics registers the agent with the metrics registry and serves it.
 func startMetrics(ctx context.Context, m *lkmetrics.Metrics, a *agent.Agent, cfg agent.Config, addr string, log *slog.Logger) error {
-	if cfg.Datapath == agent.BackendBPF {
-		m = m.WithDatapathCheck(lkmetrics.PinsLoaded(cfg.BPFDir))
-	}
+	m = m.WithDatapathCheck(lkmetrics.PinsLoaded(cfg.BPFDir))
 	if err := m.Watch(a); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}

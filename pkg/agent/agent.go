@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sort"
 	"sync"
 
@@ -26,12 +27,6 @@ import (
 // Version is reported by Status; set at link time for releases.
 var Version = "0.1.0-dev"
 
-// Datapath backends.
-const (
-	BackendBPF  = "bpf"  // the BPF datapath (pkg/datapath)
-	BackendNone = "none" // no BPF: control plane only, for tests
-)
-
 // Device-mode choices for Config.DeviceMode.
 const (
 	DeviceAuto = "auto" // netkit when the kernel has it, veth otherwise
@@ -43,8 +38,7 @@ type Config struct {
 	Socket     string
 	Uplink     string
 	PodCIDR    netip.Prefix
-	BPFDir     string
-	Datapath   string // BackendBPF or BackendNone
+	BPFDir     string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
 	DeviceMode string // DeviceAuto, "veth" or "netkit"
 	MTU        int    // 0: the uplink's MTU
 	// HostNetns is the node's namespace when it is not the agent's own
@@ -53,7 +47,8 @@ type Config struct {
 	// VMSocketDir holds one fd-passing socket per VM (<name>.sock); empty
 	// means DefaultVMSocketDir.
 	VMSocketDir string
-	// OpenDatapath overrides how the backend is opened (tests inject fakes).
+	// OpenDatapath overrides how the datapath is opened: tests inject an
+	// in-memory one (MemoryDatapath) or fakes. Nil: the BPF datapath.
 	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
 	// ServerOptions are added to the API's gRPC server (the metrics
 	// interceptor that times each call).
@@ -68,6 +63,9 @@ type Agent struct {
 	ipam *ipam.IPAM
 	host *netdev.Host
 	dp   datapath.Datapath
+	// backend names the datapath in Status: "bpf", or "test" for an
+	// injected one.
+	backend string
 
 	mode       datapath.DeviceMode
 	modeReason string
@@ -78,22 +76,23 @@ type Agent struct {
 	vms map[string]*xsk.Server // running socket servers by VM name, under mu
 }
 
-func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, error) {
+func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {
 	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink}
 	if cfg.OpenDatapath != nil {
-		return cfg.OpenDatapath(dcfg, log)
+		dp, err := cfg.OpenDatapath(dcfg, log)
+		return dp, "test", err
 	}
-	switch cfg.Datapath {
-	case BackendNone:
-		return NewMemoryDatapath(), nil
-	case BackendBPF, "":
-		l, err := datapath.Open(dcfg, log)
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
+	if cfg.BPFDir == "" {
+		return nil, "", errors.New("bpf dir is required")
 	}
-	return nil, fmt.Errorf("unknown datapath backend %q (want bpf or none)", cfg.Datapath)
+	if err := ensureBPFFS(cfg.BPFDir, log); err != nil {
+		return nil, "", err
+	}
+	l, err := datapath.Open(dcfg, log)
+	if err != nil {
+		return nil, "", err
+	}
+	return l, "bpf", nil
 }
 
 // New starts an agent: enables forwarding, probes the kernel, opens the
@@ -104,9 +103,6 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if !cfg.PodCIDR.IsValid() {
 		return nil, errors.New("new agent: pod CIDR is required")
-	}
-	if cfg.Datapath == "" {
-		cfg.Datapath = BackendBPF
 	}
 	if cfg.DeviceMode == "" {
 		cfg.DeviceMode = DeviceAuto
@@ -151,11 +147,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	err = a.host.Do(func() error {
 		var err error
-		a.dp, err = openDatapath(cfg, log)
+		a.dp, a.backend, err = openDatapath(cfg, log)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("new agent: open %s datapath: %w", cfg.Datapath, err)
+		return nil, fmt.Errorf("new agent: open datapath: %w", err)
 	}
 	if err := a.adopt(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
@@ -225,17 +221,27 @@ func (a *Agent) endpoints() ([]endpoint.Endpoint, error) {
 	return out, nil
 }
 
-// adopt reconciles stored state with the node after a (re)start: endpoints
-// whose host device exists are re-programmed (the datapath updates pinned
-// attachments in place), the others are dropped with their addresses;
-// addresses and IDs that belong to no endpoint (a crash mid-ADD) are freed.
+// adopt reconciles stored state with the node after a (re)start: pending
+// records (an ADD the previous agent did not finish) are rolled back;
+// endpoints whose host device exists are re-programmed (the datapath updates
+// pinned attachments in place), the others are dropped with their addresses;
+// addresses and IDs that belong to no endpoint are freed; finally map
+// entries, counters, socket slots and pinned links that no record owns are
+// swept from the datapath.
 func (a *Agent) adopt() error {
 	eps, err := a.endpoints()
 	if err != nil {
 		return fmt.Errorf("adopt: %w", err)
 	}
-	kept, dropped := 0, 0
+	kept, dropped, rolledBack := 0, 0, 0
 	for _, ep := range eps {
+		if ep.Pending {
+			if err := a.rollback(&ep); err != nil {
+				return fmt.Errorf("adopt: %w", err)
+			}
+			rolledBack++
+			continue
+		}
 		hl, ok, err := a.host.LookupHost(ep.HostIfName)
 		if err != nil {
 			return fmt.Errorf("adopt endpoint %d: %w", ep.ID, err)
@@ -286,8 +292,76 @@ func (a *Agent) adopt() error {
 	if err != nil {
 		return fmt.Errorf("adopt: %w", err)
 	}
-	a.log.Info("re-adopted endpoints", "kept", kept, "dropped", dropped, "orphans_freed", freed)
+	swept, err := a.sweep()
+	if err != nil {
+		return fmt.Errorf("adopt: %w", err)
+	}
+	a.log.Info("re-adopted endpoints", "kept", kept, "dropped", dropped, "rolled_back", rolledBack,
+		"orphans_freed", freed, "datapath_swept", swept.Total())
 	return nil
+}
+
+// rollback undoes an ADD that a previous agent did not finish: its devices,
+// socket file and records go; sweep removes its datapath state.
+func (a *Agent) rollback(ep *endpoint.Endpoint) error {
+	a.log.Info("rolling back unfinished add", "id", ep.ID, "attachment", ep.Key(), "dev", ep.HostIfName)
+	if err := a.host.DeletePod(ep.HostIfName); err != nil {
+		return fmt.Errorf("roll back %s: %w", ep.Key(), err)
+	}
+	if ep.VM != nil && ep.VM.Socket != "" {
+		if err := os.Remove(ep.VM.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("roll back %s: remove socket: %w", ep.Key(), err)
+		}
+	}
+	if err := a.forget(ep.Key(), ep.ID); err != nil {
+		return fmt.Errorf("roll back %s: %w", ep.Key(), err)
+	}
+	return nil
+}
+
+// sweeper is a datapath that can drop what no record owns.
+type sweeper interface {
+	Sweep(datapath.Owned) (datapath.Swept, error)
+}
+
+// sweep removes datapath state that no committed record owns.
+func (a *Agent) sweep() (datapath.Swept, error) {
+	sw, ok := a.dp.(sweeper)
+	if !ok {
+		return datapath.Swept{}, nil
+	}
+	eps, err := a.endpoints()
+	if err != nil {
+		return datapath.Swept{}, fmt.Errorf("sweep: %w", err)
+	}
+	own := datapath.Owned{IDs: map[uint32]bool{}, PodLinks: map[string]bool{}, VMs: map[uint32]bool{}, XSKSlots: map[uint32]bool{}}
+	for _, ep := range eps {
+		if ep.Pending {
+			continue
+		}
+		own.IDs[ep.ID] = true
+		own.PodLinks[ep.HostIfName] = true
+		if ep.Kind == endpoint.KindVM && ep.VM != nil {
+			own.VMs[ep.ID] = true
+			for q := 0; q < ep.VM.Queues; q++ {
+				own.XSKSlots[ep.VM.XSKBase+uint32(q)] = true
+			}
+		}
+	}
+	var got datapath.Swept
+	err = a.host.Do(func() error {
+		var err error
+		got, err = sw.Sweep(own)
+		return err
+	})
+	if err != nil {
+		return got, fmt.Errorf("sweep: %w", err)
+	}
+	if got.Total() > 0 {
+		a.log.Warn("swept datapath state no record owns", "endpoints", got.Endpoints, "by_ifindex", got.ByIfindex,
+			"counters", got.Metrics, "pod_links", got.PodLinks, "vm_links", got.VMLinks)
+	}
+	return got, nil
 }
 
 // freeOrphans releases addresses and IDs whose owner has no endpoint record
@@ -388,7 +462,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.cfg.Datapath, "device_mode", a.mode)
+	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.backend, "device_mode", a.mode)
 	select {
 	case <-ctx.Done():
 		a.log.Info("shutting down")

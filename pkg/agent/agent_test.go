@@ -91,8 +91,8 @@ func (fx *fixture) start(t *testing.T, dp datapath.Datapath) *Agent {
 	t.Helper()
 	a, err := New(Config{
 		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), Datapath: BackendNone,
-		MTU: 1400, HostNetns: fx.nodeNS.Path(),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"),
+		MTU:     1400, HostNetns: fx.nodeNS.Path(),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
 	}, quietLog())
 	if err != nil {
@@ -133,9 +133,20 @@ func TestAddCheckDelIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ep.ID != 1 || ep.IP.String() != "10.77.0.1" || ep.Mode != datapath.ModeVeth || ep.MTU != 1400 {
-		t.Fatalf("endpoint = %+v", ep)
+	if ep.ID != 1 || ep.IP.String() != "10.77.0.1" || ep.Mode != probedMode(a) || ep.MTU != 1400 {
+		t.Fatalf("endpoint = %+v, want mode %s", ep, probedMode(a))
 	}
+	// The host device is of the kind the probe chose.
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(ep.HostIfName)
+		if err != nil {
+			t.Fatalf("host device: %v", err)
+		}
+		if l.Type() != string(ep.Mode) {
+			t.Errorf("host device %s is %s, endpoint mode %s", ep.HostIfName, l.Type(), ep.Mode)
+		}
+		return nil
+	})
 	if len(fake.upserts) != 1 || fake.upserts[0].IfIndex != ep.HostIfIndex || fake.upserts[0].HostMAC.String() != ep.HostMAC ||
 		fake.upserts[0].MAC.String() != ep.MAC || fake.upserts[0].IP != ep.IP {
 		t.Fatalf("datapath got %+v for %+v", fake.upserts, ep)
@@ -210,9 +221,9 @@ func TestAddUndoesOnFailure(t *testing.T) {
 	if eps, _ := a.List(); len(eps) != 0 {
 		t.Fatalf("failed add left records: %+v", eps)
 	}
-	// The ID and the address are free again.
+	// The ID is free again; the address rotates on (host-local style).
 	ep, err := a.Add(AddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path()})
-	if err != nil || ep.ID != 1 || ep.IP.String() != "10.77.0.1" {
+	if err != nil || ep.ID != 1 || ep.IP.String() != "10.77.0.2" {
 		t.Fatalf("add after undo = %+v %v", ep, err)
 	}
 	// A clashing ifname fails inside the pod: everything is undone too.
@@ -222,6 +233,15 @@ func TestAddUndoesOnFailure(t *testing.T) {
 	if n := allocCount(t, a); n != 1 {
 		t.Fatalf("allocations = %d after failed add, want 1", n)
 	}
+}
+
+// probedMode is the device mode the netdev probe leads an auto agent to:
+// netkit where the kernel has it, veth otherwise.
+func probedMode(a *Agent) datapath.DeviceMode {
+	if a.features.Netkit.Supported {
+		return datapath.ModeNetkit
+	}
+	return datapath.ModeVeth
 }
 
 func hostIfOf(cid, ifname string) string {
@@ -331,8 +351,8 @@ func TestReadoptAfterRestart(t *testing.T) {
 		t.Fatalf("check re-adopted endpoint: %v", err)
 	}
 	ep, err := a.Add(AddRequest{ContainerID: "c", IfName: "eth0", Netns: podB.Path()})
-	if err != nil || ep.ID != epB.ID || ep.IP != epB.IP {
-		t.Fatalf("add after restart = %+v %v, want b's id and ip back", ep, err)
+	if err != nil || ep.ID != epB.ID || ep.IP.String() != "10.77.0.3" {
+		t.Fatalf("add after restart = %+v %v, want b's id back and the next address (10.77.0.3)", ep, err)
 	}
 }
 
@@ -399,9 +419,12 @@ func TestServeSocketAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.PodCidr != "10.77.0.0/28" || st.Datapath.DeviceMode != "veth" || st.Datapath.DeviceModeReason == "" ||
-		st.Kernel.Release == "" || st.IpsCapacity != 14 || !st.Ready {
-		t.Fatalf("status = %v", st)
+	if st.PodCidr != "10.77.0.0/28" || st.Datapath.DeviceMode != string(probedMode(a)) || st.Datapath.DeviceModeReason == "" ||
+		st.Kernel.Release == "" || st.IpsCapacity != 14 || !st.Ready || st.Datapath.Backend != "test" {
+		t.Fatalf("status = %v, want device mode %s", st, probedMode(a))
+	}
+	if st.Kernel.Netkit.Supported != (st.Datapath.DeviceMode == "netkit") {
+		t.Fatalf("device mode %s with netkit probe %v", st.Datapath.DeviceMode, st.Kernel.Netkit)
 	}
 	_, err = c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{Attachment: &apiv1.Attachment{ContainerId: "x", Ifname: "eth0"}})
 	if status.Code(err) != codes.NotFound {

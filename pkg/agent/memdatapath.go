@@ -8,9 +8,10 @@ import (
 	"github.com/lanekit/lanekit/pkg/datapath"
 )
 
-// MemoryDatapath is the "none" backend: it forwards nothing and remembers
-// the endpoints it was given, so the control plane (ADD/CHECK/DEL/GC and
-// re-adoption) runs without BPF. VMs are remembered as the BPF datapath's
+// MemoryDatapath is an in-memory datapath for tests (injected through
+// Config.OpenDatapath; lanekitd has no flag for it): it forwards nothing and
+// remembers the endpoints it was given, so the control plane (ADD/CHECK/DEL/
+// GC, re-adoption and the crash sweep) runs without BPF. VMs are remembered as the BPF datapath's
 // steering programs and lk_xsks would hold them.
 type MemoryDatapath struct {
 	mu   sync.Mutex
@@ -135,3 +136,28 @@ func (m *MemoryDatapath) Counters(id uint32) (datapath.Counters, error) {
 }
 
 func (m *MemoryDatapath) Close() error { return nil }
+
+// Sweep forgets endpoints, VMs and socket slots that own does not list.
+func (m *MemoryDatapath) Sweep(own datapath.Owned) (datapath.Swept, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sw datapath.Swept
+	for id := range m.eps {
+		if !own.IDs[id] {
+			delete(m.eps, id)
+			sw.Endpoints++
+		}
+	}
+	for id := range m.vms {
+		if !own.VMs[id] {
+			delete(m.vms, id)
+			sw.VMLinks++
+		}
+	}
+	for slot := range m.xsks {
+		if !own.XSKSlots[slot] {
+			delete(m.xsks, slot)
+		}
+	}
+	return sw, nil
+}

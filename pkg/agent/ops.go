@@ -142,45 +142,56 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	var undo undoStack
 	defer func() { err = undo.unwind(err, a.log.With("attachment", key)) }()
 
-	var ip netip.Addr
-	var id uint32
+	// Intent first: the pending record owns the address, the ID and the
+	// device name before anything exists on the node, so a crash at any later
+	// step leaves a record the next agent rolls back.
+	hostIf := endpoint.HostIfName(req.ContainerID, req.IfName)
+	ep := endpoint.Endpoint{
+		Kind: req.Kind, ContainerID: req.ContainerID, IfName: req.IfName, Netns: req.Netns,
+		Network: req.Network, Mode: a.mode, HostIfName: hostIf, MTU: req.MTU, Labels: req.Labels,
+		Created: time.Now().UTC(), Pending: true,
+	}
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
-		if ip, err = a.ipam.AllocateTx(tx, key); err != nil {
+		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
 			return err
 		}
-		id, err = allocIDTx(tx, key)
-		return err
+		if ep.ID, err = allocIDTx(tx, key); err != nil {
+			return err
+		}
+		return tx.Put(store.Endpoints, []byte(key), ep)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
 	}
-	undo = append(undo, func() error { return a.forget(key, id) })
+	undo = append(undo, func() error { return a.forget(key, ep.ID) })
+	crashAt(StepIntent)
 
-	hostIf := endpoint.HostIfName(req.ContainerID, req.IfName)
 	// A device with our name and no record is left from a crash mid-ADD.
 	if err := a.host.DeletePod(hostIf); err != nil {
 		return nil, fmt.Errorf("add %s: remove stale device: %w", key, err)
 	}
 	links, err := a.host.SetupPod(netdev.PodSpec{
-		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ip, MTU: req.MTU,
+		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ep.IP, MTU: req.MTU,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
 	}
 	undo = append(undo, func() error { return a.host.DeletePod(hostIf) })
+	crashAt(StepDevice)
 
-	ep := endpoint.Endpoint{
-		ID: id, Kind: req.Kind, ContainerID: req.ContainerID, IfName: req.IfName, Netns: req.Netns,
-		Network: req.Network, Mode: a.mode, HostIfName: hostIf, HostIfIndex: links.HostIfIndex,
-		IfIndex: links.IfIndex, IP: ip, MTU: req.MTU, Labels: req.Labels, Created: time.Now().UTC(),
-	}
+	ep.HostIfIndex, ep.IfIndex = links.HostIfIndex, links.IfIndex
 	if links.HostMAC != nil {
 		ep.HostMAC = links.HostMAC.String()
 	}
 	if links.MAC != nil {
 		ep.MAC = links.MAC.String()
 	}
+	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
+		return nil, fmt.Errorf("add %s: record devices: %w", key, err)
+	}
+	crashAt(StepRecorded)
+
 	dpEp, err := ep.Datapath()
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
@@ -189,11 +200,14 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 		return nil, fmt.Errorf("add %s: program datapath: %w", key, err)
 	}
 	undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
+	crashAt(StepDatapath)
 
+	ep.Pending = false
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("add %s: store endpoint: %w", key, err)
 	}
-	a.log.Info("endpoint added", "id", id, "attachment", key, "ip", ip, "dev", hostIf, "mode", a.mode)
+	crashAt(StepCommitted)
+	a.log.Info("endpoint added", "id", ep.ID, "attachment", key, "ip", ep.IP, "dev", hostIf, "mode", a.mode)
 	return &ep, nil
 }
 
@@ -313,11 +327,32 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 	return &ep, nil
 }
 
-// List returns every endpoint, by ID.
-func (a *Agent) List() ([]endpoint.Endpoint, error) { return a.endpoints() }
+// List returns every endpoint, by ID (ADDs in progress excluded).
+func (a *Agent) List() ([]endpoint.Endpoint, error) {
+	eps, err := a.endpoints()
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(eps, func(ep endpoint.Endpoint) bool { return ep.Pending }), nil
+}
 
 // Counters returns what the datapath counted for endpoint id.
 func (a *Agent) Counters(id uint32) (datapath.Counters, error) { return a.dp.Counters(id) }
+
+// CountersOf returns the counters of each id, looked up directly per
+// endpoint: the datapath's lock is held for one endpoint's keys at a time,
+// and the cost grows with the endpoints listed, not with the map.
+func (a *Agent) CountersOf(ids []uint32) (map[uint32]datapath.Counters, error) {
+	out := make(map[uint32]datapath.Counters, len(ids))
+	for _, id := range ids {
+		c, err := a.dp.Counters(id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = c
+	}
+	return out, nil
+}
 
 // Attachment is a container ID + ifname pair.
 type Attachment struct{ ContainerID, IfName string }
@@ -369,19 +404,58 @@ type StatusInfo struct {
 	Endpoints        int
 	IPsAllocated     int
 	IPsCapacity      int
+	// Ready is whether the datapath is loaded and forwarding; otherwise
+	// NotReadyReason says why.
+	Ready          bool
+	NotReadyReason string
+	// Counter map use: at capacity, new counters are not recorded.
+	MetricsEntries, MetricsCapacity int
+}
+
+// healthChecker is a datapath that can tell whether it still forwards.
+type healthChecker interface{ Health() error }
+
+// metricsUsage is a datapath whose counter map can fill up.
+type metricsUsage interface {
+	MetricsUsage() (entries, capacity int, err error)
+}
+
+// ready reports whether the agent can serve endpoints: its datapath is
+// open and, when it can tell, loaded and attached.
+func (a *Agent) ready() (bool, string) {
+	if a.dp == nil {
+		return false, "datapath not open"
+	}
+	if hc, ok := a.dp.(healthChecker); ok {
+		var err error
+		a.host.Do(func() error { err = hc.Health(); return nil })
+		if err != nil {
+			return false, "datapath not loaded: " + err.Error()
+		}
+	}
+	return true, ""
 }
 
 // Status reports the agent's configuration, probes and counts.
 func (a *Agent) Status() (StatusInfo, error) {
 	s := StatusInfo{
-		Version: Version, Backend: a.cfg.Datapath, DeviceMode: a.mode, DeviceModeReason: a.modeReason,
+		Version: Version, Backend: a.backend, DeviceMode: a.mode, DeviceModeReason: a.modeReason,
 		Features: a.features, PodCIDR: a.ipam.Prefix(), IPsCapacity: a.ipam.Capacity(),
 	}
-	err := a.st.View(func(tx *store.Tx) error {
+	s.Ready, s.NotReadyReason = a.ready()
+	if mu, ok := a.dp.(metricsUsage); ok {
 		var err error
-		if s.Endpoints, err = tx.Count(store.Endpoints); err != nil {
-			return err
+		if s.MetricsEntries, s.MetricsCapacity, err = mu.MetricsUsage(); err != nil {
+			return s, fmt.Errorf("status: %w", err)
 		}
+	}
+	eps, err := a.List() // ADDs in progress are not endpoints yet
+	if err != nil {
+		return s, fmt.Errorf("status: %w", err)
+	}
+	s.Endpoints = len(eps)
+	err = a.st.View(func(tx *store.Tx) error {
+		var err error
 		s.IPsAllocated, err = tx.Count(store.IPAM)
 		return err
 	})

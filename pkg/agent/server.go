@@ -192,11 +192,16 @@ func (s *server) ListEndpoints(context.Context, *apiv1.ListEndpointsRequest) (*a
 	if err != nil {
 		return nil, statusErr(err)
 	}
+	ids := make([]uint32, len(eps))
+	for i := range eps {
+		ids[i] = eps[i].ID
+	}
+	counters, cerr := s.a.CountersOf(ids)
 	resp := &apiv1.ListEndpointsResponse{}
 	for i := range eps {
 		pe := EndpointToProto(&eps[i])
-		if c, err := s.a.Counters(eps[i].ID); err == nil {
-			pe.Counters = CountersToProto(c)
+		if cerr == nil {
+			pe.Counters = CountersToProto(counters[eps[i].ID])
 		}
 		resp.Endpoints = append(resp.Endpoints, pe)
 	}
@@ -234,6 +239,7 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		Datapath: &apiv1.DatapathStatus{
 			Backend: st.Backend, Location: "local",
 			DeviceMode: string(st.DeviceMode), DeviceModeReason: st.DeviceModeReason,
+			CounterEntries: uint32(st.MetricsEntries), CounterCapacity: uint32(st.MetricsCapacity),
 		},
 		Kernel: &apiv1.KernelFeatures{
 			Release: f.Release,
@@ -241,7 +247,8 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		},
 		PodCidr:       st.PodCIDR.String(),
 		EndpointCount: uint32(st.Endpoints),
-		Ready:         true,
+		Ready:         st.Ready,
+		Reason:        st.NotReadyReason,
 		IpsAllocated:  uint32(st.IPsAllocated),
 		IpsCapacity:   uint32(st.IPsCapacity),
 	}, nil

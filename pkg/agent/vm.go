@@ -82,7 +82,7 @@ func (a *Agent) vmSocketPath(name string) string {
 func (a *Agent) vmDatapath() (VMDatapath, error) {
 	vdp, ok := a.dp.(VMDatapath)
 	if !ok {
-		return nil, fmt.Errorf("the %s datapath has no vm fast lane: %w", a.cfg.Datapath, datapath.ErrNotSupported)
+		return nil, fmt.Errorf("the %s datapath has no vm fast lane: %w", a.backend, datapath.ErrNotSupported)
 	}
 	return vdp, nil
 }
@@ -161,9 +161,13 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	ep := endpoint.Endpoint{
 		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: endpoint.VMIfName,
 		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
-		Labels: req.Labels, Created: time.Now().UTC(),
+		Labels: req.Labels, Created: time.Now().UTC(), Pending: true,
 		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID},
 	}
+	if ep.VM.NetnsCookie, ep.VM.NetnsIno, err = netnsIdentity(req.Netns); err != nil {
+		return nil, fmt.Errorf("add vm %s: %w: %w", req.Name, err, ErrBadNetns)
+	}
+	// Intent first (see Add): a pending record owns the address, ID and slots.
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
 		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
@@ -172,13 +176,16 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		if ep.ID, err = allocIDTx(tx, key); err != nil {
 			return err
 		}
-		ep.VM.XSKBase, err = allocSlotsTx(tx, key, req.Queues)
-		return err
+		if ep.VM.XSKBase, err = allocSlotsTx(tx, key, req.Queues); err != nil {
+			return err
+		}
+		return tx.Put(store.Endpoints, []byte(key), ep)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return a.forget(key, ep.ID) })
+	crashAt(StepIntent)
 
 	// A device with our name and no record is left from a crash mid-ADD.
 	if err := a.host.DeletePod(ep.HostIfName); err != nil {
@@ -192,7 +199,12 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return a.host.DeletePod(ep.HostIfName) })
+	crashAt(StepDevice)
 	ep.HostIfIndex, ep.HostMAC, ep.IfIndex, ep.MAC = links.HostIfIndex, links.HostMAC.String(), links.IfIndex, links.MAC.String()
+	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
+		return nil, fmt.Errorf("add vm %s: record devices: %w", req.Name, err)
+	}
+	crashAt(StepRecorded)
 
 	dpEp, err := ep.Datapath()
 	if err != nil {
@@ -202,6 +214,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("add vm %s: program datapath: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
+	crashAt(StepDatapath)
 
 	dvm, _, err := ep.DatapathVM()
 	if err != nil {
@@ -211,15 +224,18 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return vdp.DetachVM(dvm) })
+	crashAt(StepVMAttach)
 
 	if err := a.serveVM(&ep, dvm, vdp); err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return a.stopVMServer(req.Name) })
 
+	ep.Pending = false
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("add vm %s: store endpoint: %w", req.Name, err)
 	}
+	crashAt(StepCommitted)
 	a.log.Info("vm added", "vm", req.Name, "id", ep.ID, "ip", ep.IP, "mac", ep.MAC, "queues", req.Queues,
 		"xsk_base", ep.VM.XSKBase, "socket", ep.VM.Socket, "dev", ep.HostIfName)
 	return &VMInfo{Endpoint: ep, Serving: true}, nil
@@ -315,7 +331,7 @@ func (a *Agent) detachVM(ep *endpoint.Endpoint) {
 		a.log.Warn("detach vm", "vm", ep.VM.Name, "err", err)
 		return
 	}
-	if _, err := os.Stat(ep.Netns); err == nil {
+	if _, serr := os.Stat(ep.Netns); serr == nil {
 		err = inNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
 	} else {
 		err = vdp.DetachVM(dvm)
@@ -389,7 +405,7 @@ func (a *Agent) ListVMs() ([]VMInfo, error) {
 	defer a.mu.Unlock()
 	var out []VMInfo
 	for _, ep := range eps {
-		if ep.Kind != endpoint.KindVM || ep.VM == nil {
+		if ep.Kind != endpoint.KindVM || ep.VM == nil || ep.Pending {
 			continue
 		}
 		_, serving := a.vms[ep.VM.Name]
@@ -400,7 +416,9 @@ func (a *Agent) ListVMs() ([]VMInfo, error) {
 
 // adoptVM re-attaches a stored VM after a restart (the pinned link is
 // updated in place) and serves its socket again. Its device must still be
-// in its netns under the stored ifindex.
+// in the same netns (by cookie or inode: the path may now name another
+// namespace, and ifindexes repeat across namespaces) under the stored
+// ifindex, name and MAC.
 func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 	if ep.VM == nil {
 		return fmt.Errorf("record %s has no vm part", ep.Key())
@@ -412,6 +430,14 @@ func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 	dvm, _, err := ep.DatapathVM()
 	if err != nil {
 		return err
+	}
+	cookie, ino, err := netnsIdentity(ep.Netns)
+	if err != nil {
+		return err
+	}
+	if ep.VM.NetnsCookie != 0 && cookie != 0 && cookie != ep.VM.NetnsCookie || ep.VM.NetnsIno != 0 && ino != ep.VM.NetnsIno {
+		return fmt.Errorf("netns %s is another namespace now (cookie %d inode %d, recorded %d %d)",
+			ep.Netns, cookie, ino, ep.VM.NetnsCookie, ep.VM.NetnsIno)
 	}
 	err = inNetns(ep.Netns, func() error {
 		l, err := net.InterfaceByIndex(ep.IfIndex)
@@ -427,4 +453,31 @@ func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 		return err
 	}
 	return a.serveVM(ep, dvm, vdp)
+}
+
+// netnsIdentity returns the netns cookie (0 when the kernel has none) and
+// the nsfs inode of the namespace at path.
+func netnsIdentity(path string) (cookie, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, fmt.Errorf("netns %s: %w", path, err)
+	}
+	err = inNetns(path, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("socket in netns: %w", err)
+		}
+		defer unix.Close(fd)
+		c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		if err == nil {
+			cookie = c
+		} else if !errors.Is(err, unix.ENOPROTOOPT) {
+			return fmt.Errorf("netns cookie: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return cookie, st.Ino, nil
 }

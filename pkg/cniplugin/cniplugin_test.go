@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,13 +99,57 @@ func TestAgentDownCodes(t *testing.T) {
 // test namespace, with the in-memory datapath.
 func startAgent(t *testing.T) string {
 	t.Helper()
+	return startAgentWith(t, agent.NewMemoryDatapath())
+}
+
+// healthDatapath is the memory datapath with a health check the test sets.
+type healthDatapath struct {
+	*agent.MemoryDatapath
+	mu  sync.Mutex
+	err error
+}
+
+func (h *healthDatapath) Health() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+func (h *healthDatapath) set(err error) {
+	h.mu.Lock()
+	h.err = err
+	h.mu.Unlock()
+}
+
+// TestStatusFollowsDatapath: STATUS succeeds while the datapath is loaded
+// and answers code 50 with the agent's reason once it is not.
+func TestStatusFollowsDatapath(t *testing.T) {
+	dp := &healthDatapath{MemoryDatapath: agent.NewMemoryDatapath()}
+	sock := startAgentWith(t, dp)
+	args := &skel.CmdArgs{StdinData: conf(sock, "")}
+	if err := CmdStatus(args); err != nil {
+		t.Fatalf("status with a loaded datapath: %v", err)
+	}
+	dp.set(errors.New("uplink lk0 program is detached"))
+	err := CmdStatus(args)
+	if got := code(t, err); got != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "detached") {
+		t.Fatalf("status with the datapath gone: %v (code %d), want 50 with the reason", err, got)
+	}
+	dp.set(nil)
+	if err := CmdStatus(args); err != nil {
+		t.Fatalf("status after recovery: %v", err)
+	}
+}
+
+func startAgentWith(t *testing.T, dp datapath.Datapath) string {
+	t.Helper()
 	dir := t.TempDir()
 	node := netnstest.New(t, "cnode")
 	sock := filepath.Join(dir, "agent.sock")
 	a, err := agent.New(agent.Config{
 		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.88.1.0/24"),
-		Datapath: agent.BackendNone, MTU: 1450, HostNetns: node.Path(),
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+		MTU: 1450, HostNetns: node.Path(),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

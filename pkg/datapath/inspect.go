@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 )
 
 // PinnedState is what an agent's pin directory holds, read without loading
@@ -92,15 +93,52 @@ func (st PinnedState) Leaks() error {
 	return errors.Join(errs...)
 }
 
-// countEntries counts the entries of any map.
+// countEntries counts the entries of any map, per-CPU ones included (it
+// walks keys only).
 func countEntries(m *ebpf.Map) (int, error) {
 	n := 0
-	var k, v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
+	key := make([]byte, m.KeySize())
+	next := make([]byte, m.KeySize())
+	var prev any // nil: the first key
+	for {
+		err := m.NextKey(prev, next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("walk %s: %w", m, err)
+		}
 		n++
+		copy(key, next)
+		prev = key
 	}
-	return n, it.Err()
+}
+
+// Health reports whether the loaded datapath still forwards: the pin
+// directory is there and, with an uplink, its program is still attached.
+func (l *Loader) Health() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, err := os.Stat(l.cfg.PinDir); err != nil {
+		return fmt.Errorf("pin dir: %w", err)
+	}
+	for _, name := range []string{"lk_endpoints", "lk_ep_by_ifindex", "lk_metrics"} {
+		if _, err := os.Stat(filepath.Join(l.cfg.PinDir, name)); err != nil {
+			return fmt.Errorf("pinned map %s: %w", name, err)
+		}
+	}
+	if l.cfg.Uplink == "" {
+		return nil
+	}
+	lnk, err := link.LoadPinnedLink(filepath.Join(l.cfg.PinDir, pinUplinkTC), nil)
+	if err != nil {
+		return fmt.Errorf("uplink %s program: %w", l.cfg.Uplink, err)
+	}
+	defer lnk.Close()
+	if linkIfindex(lnk) == 0 {
+		return fmt.Errorf("uplink %s program is detached (device gone?)", l.cfg.Uplink)
+	}
+	return nil
 }
 
 // PinnedCounters reads the counters of the endpoint with address ip from

@@ -78,6 +78,7 @@ func (l *Loader) load() error {
 	if err != nil {
 		return err
 	}
+	sizeMetrics(podSpec)
 	// gateway_ip is __be32: its in-memory bytes are the address in network order.
 	if err := podSpec.Variables["gateway_ip"].Set(gw); err != nil {
 		return fmt.Errorf("set gateway_ip: %w", err)
@@ -94,6 +95,7 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return err
 	}
+	sizeMetrics(upSpec)
 	if err := upSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
@@ -105,6 +107,7 @@ func (l *Loader) load() error {
 
 	vmSpec, err := loadVm()
 	if err == nil {
+		sizeMetrics(vmSpec)
 		err = vmSpec.LoadAndAssign(&l.vm, opts)
 	}
 	if err != nil {

@@ -51,6 +51,7 @@ func (l *Loader) AttachVM(vm VM) error {
 	if err != nil {
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
+	sizeMetrics(spec)
 	var mac [6]byte
 	copy(mac[:], vm.MAC)
 	for name, v := range map[string]any{

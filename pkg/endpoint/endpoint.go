@@ -47,6 +47,10 @@ type Endpoint struct {
 	Labels      map[string]string   `json:"labels,omitempty"`
 	Created     time.Time           `json:"created"`
 	VM          *VM                 `json:"vm,omitempty"` // set for KindVM
+	// Pending marks an intent: the agent writes the record before it touches
+	// devices or the datapath and clears the flag when the ADD completes. A
+	// restarted agent rolls pending records back.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // VM is what a VM endpoint adds to a pod endpoint: the device inside the
@@ -60,6 +64,12 @@ type VM struct {
 	// Owner of Socket (the backend's user); nil: root.
 	SocketUID *uint32 `json:"socketUid,omitempty"`
 	SocketGID *uint32 `json:"socketGid,omitempty"`
+	// The VM's netns identity: ifindexes repeat across namespaces (every
+	// netns has ifindex 1, 2, ...), so a restarted agent re-adopts the
+	// device only in the same namespace (cookie, or inode when the kernel
+	// has no netns cookies).
+	NetnsCookie uint64 `json:"netnsCookie,omitempty"`
+	NetnsIno    uint64 `json:"netnsIno,omitempty"`
 }
 
 // VMContainerID is the container ID a VM endpoint is stored under. CNI

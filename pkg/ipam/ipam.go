@@ -1,6 +1,8 @@
 // Package ipam hands out IPv4 addresses from the node's pod CIDR. Allocations
 // are keyed by owner (container ID + ifname), persisted in the store and
-// survive restarts; the lowest free address is always chosen.
+// survive restarts. Like the host-local plugin, the search for a free address
+// starts after the last one handed out (wrapping at the end of the range), so
+// an address just freed is not reused at once; that cursor is persisted too.
 package ipam
 
 import (
@@ -31,7 +33,10 @@ type IPAM struct {
 	prefix netip.Prefix
 }
 
-var metaCIDRKey = []byte("pod-cidr")
+var (
+	metaCIDRKey = []byte("pod-cidr")
+	metaLastKey = []byte("ipam-last-reserved")
+)
 
 // New returns an allocator for prefix (IPv4, /30 or larger). It refuses a
 // prefix that differs from the one recorded in st while allocations exist.
@@ -94,8 +99,9 @@ func (a *IPAM) bounds() (uint32, uint32) {
 	return net + 1, net + size - 2
 }
 
-// Allocate returns owner's address, allocating the lowest free one if owner
-// has none. Calling it again for the same owner returns the same address.
+// Allocate returns owner's address, allocating the first free one after the
+// last address handed out if owner has none. Calling it again for the same
+// owner returns the same address.
 func (a *IPAM) Allocate(owner string) (netip.Addr, error) {
 	var got netip.Addr
 	err := a.st.Update(func(tx *store.Tx) error {
@@ -115,41 +121,42 @@ func (a *IPAM) AllocateTx(tx *store.Tx, owner string) (netip.Addr, error) {
 		return ip, err
 	}
 	lo, hi := a.bounds()
-	next := lo
-	found := false
-	// Keys are big-endian addresses, so the walk is in address order: the
-	// first gap is the lowest free address.
-	stop := errors.New("stop")
+	used := map[uint32]bool{}
 	err := tx.ForEach(store.IPAM, func(k []byte, _ json.RawMessage) error {
-		if len(k) != 4 {
-			return nil
+		if len(k) == 4 {
+			used[binary.BigEndian.Uint32(k)] = true
 		}
-		v := binary.BigEndian.Uint32(k)
-		if v < next {
-			return nil
-		}
-		if v > next {
-			found = true
-			return stop
-		}
-		if next == hi {
-			next = hi + 1
-			return stop
-		}
-		next++
 		return nil
 	})
-	if err != nil && !errors.Is(err, stop) {
+	if err != nil {
 		return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
 	}
-	if !found && next > hi {
-		return netip.Addr{}, fmt.Errorf("allocate ip for %s in %s: %w", owner, a.prefix, ErrExhausted)
-	}
-	ip := addr(next)
-	if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
+	start := lo
+	var last string
+	if ok, err := tx.Get(store.Meta, metaLastKey, &last); err != nil {
 		return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+	} else if ok {
+		if ip, err := netip.ParseAddr(last); err == nil && a.prefix.Contains(ip) && u32(ip) >= lo && u32(ip) < hi {
+			start = u32(ip) + 1
+		}
 	}
-	return ip, nil
+	// Walk start..hi, then wrap to lo..start-1.
+	n := hi - lo + 1
+	for i := uint32(0); i < n; i++ {
+		v := lo + (start-lo+i)%n
+		if used[v] {
+			continue
+		}
+		ip := addr(v)
+		if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
+			return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+		}
+		if err := tx.Put(store.Meta, metaLastKey, ip.String()); err != nil {
+			return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+		}
+		return ip, nil
+	}
+	return netip.Addr{}, fmt.Errorf("allocate ip for %s in %s: %w", owner, a.prefix, ErrExhausted)
 }
 
 // Lookup returns owner's address if it has one.

@@ -24,7 +24,7 @@ func open(t *testing.T, dir, cidr string) (*IPAM, *store.Store) {
 	return a, st
 }
 
-func TestLowestFreeSkipsNetworkAndBroadcast(t *testing.T) {
+func TestFillsRangeSkippingNetworkAndBroadcast(t *testing.T) {
 	a, st := open(t, t.TempDir(), "10.1.0.0/29")
 	defer st.Close()
 	if a.Capacity() != 6 {
@@ -45,13 +45,56 @@ func TestLowestFreeSkipsNetworkAndBroadcast(t *testing.T) {
 	if _, err := a.Allocate("c7/eth0"); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("7th allocation err = %v, want ErrExhausted", err)
 	}
-	// Free a hole in the middle: it is the next one handed out.
+	// Free a hole in the middle: the search wraps around to it.
 	if err := a.Release("c2/eth0"); err != nil {
 		t.Fatal(err)
 	}
 	ip, err := a.Allocate("c8/eth0")
 	if err != nil || ip.String() != "10.1.0.3" {
 		t.Fatalf("after release got %v %v, want 10.1.0.3", ip, err)
+	}
+}
+
+// TestRotatesAfterLastReserved: like host-local, a just-freed address is not
+// handed out again while later ones are free, and the cursor survives a
+// restart.
+func TestRotatesAfterLastReserved(t *testing.T) {
+	dir := t.TempDir()
+	a, st := open(t, dir, "10.1.0.0/29") // .1 - .6
+	alloc := func(owner string) string {
+		t.Helper()
+		ip, err := a.Allocate(owner)
+		if err != nil {
+			t.Fatalf("allocate %s: %v", owner, err)
+		}
+		return ip.String()
+	}
+	if got := alloc("a/eth0"); got != "10.1.0.1" {
+		t.Fatalf("first = %s", got)
+	}
+	if err := a.Release("a/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := alloc("b/eth0"); got != "10.1.0.2" {
+		t.Fatalf("after freeing .1 got %s, want 10.1.0.2 (no immediate reuse)", got)
+	}
+	alloc("c/eth0") // .3
+	a.Release("c/eth0")
+	st.Close()
+
+	a, st = open(t, dir, "10.1.0.0/29")
+	defer st.Close()
+	var got []string
+	for _, o := range []string{"d", "e", "f", "g", "h"} {
+		got = append(got, alloc(o+"/eth0"))
+	}
+	// .4 .5 .6 after the persisted cursor (.3), then wrap: .1, then .3 (.2 is b's).
+	want := []string{"10.1.0.4", "10.1.0.5", "10.1.0.6", "10.1.0.1", "10.1.0.3"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("allocated %v, want %v", got, want)
+	}
+	if _, err := a.Allocate("i/eth0"); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("full pool: %v, want ErrExhausted", err)
 	}
 }
 

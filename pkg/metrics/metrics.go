@@ -233,7 +233,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			} else {
 				c.opts.Log.Warn("metrics: datapath check", "err", err)
 			}
-		case st.Backend == agent.BackendBPF:
+		case st.Ready:
 			loaded = 1
 		}
 		gauge(descLoaded, loaded, st.Backend)

@@ -55,7 +55,7 @@ func newFakeSource() *fakeSource {
 			7: {FromPackets: 1, FromBytes: 60, Drops: map[datapath.DropReason]uint64{datapath.DropNoSocket: 2}},
 			9: {},
 		},
-		st: agent.StatusInfo{Backend: agent.BackendBPF, DeviceMode: datapath.ModeVeth, IPsAllocated: 3, IPsCapacity: 254,
+		st: agent.StatusInfo{Backend: "bpf", Ready: true, DeviceMode: datapath.ModeVeth, IPsAllocated: 3, IPsCapacity: 254,
 			Features: netdev.Features{TCX: netdev.Feature{Supported: true}, AFXDPZeroCopy: netdev.Feature{Unknown: true}}},
 	}
 }
