@@ -35,6 +35,7 @@ func (e *fixtureEnv) loadSteer(t *testing.T, vm VM) *vmObjects {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sizeMetrics(spec) // as AttachVM does: the pinned lk_metrics is shared
 	var mac [6]byte
 	copy(mac[:], vm.MAC)
 	for name, v := range map[string]any{"vm_id": vm.ID, "vm_xsk_base": vm.XSKBase, "vm_queues": uint32(vm.Queues),
