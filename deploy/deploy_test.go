@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -624,5 +625,46 @@ func TestContainerfiles(t *testing.T) {
 				t.Error("no COPY lines")
 			}
 		})
+	}
+}
+
+// TestKustomizeBuild renders the kustomization with kubectl's built-in
+// kustomize (when kubectl is installed) and decodes the result strictly:
+// what a user applies is what the other tests checked.
+func TestKustomizeBuild(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed")
+	}
+	out, err := exec.Command(kubectl, "kustomize", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+	}
+	m := load(t)
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ser := kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme, scheme, kjson.SerializerOptions{Yaml: true, Strict: true})
+	kinds := map[string]int{}
+	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
+		obj, gvk, err := ser.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("rendered manifest: %v\n%s", err, doc)
+		}
+		kinds[gvk.Kind]++
+		if ds, ok := obj.(*appsv1.DaemonSet); ok {
+			for i, c := range ds.Spec.Template.Spec.Containers {
+				if c.Image != m.ds.Spec.Template.Spec.Containers[i].Image {
+					t.Errorf("rendered image %q, manifest %q", c.Image, m.ds.Spec.Template.Spec.Containers[i].Image)
+				}
+			}
+		}
+	}
+	want := map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "ConfigMap": 1, "DaemonSet": 1}
+	if fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Errorf("rendered kinds %v, want %v", kinds, want)
 	}
 }
