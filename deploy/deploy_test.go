@@ -19,6 +19,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
+	kvv1 "kubevirt.io/api/core/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -444,6 +445,13 @@ func TestKubeVirtBinding(t *testing.T) {
 	}
 	var p bindingPatch
 	strictYAML(t, data, &p)
+	// And with KubeVirt's own types (kubevirt.io/api v1.9.0): the patch is a
+	// valid piece of a KubeVirt CR.
+	var kv kvv1.KubeVirt
+	strictYAML(t, data, &kv)
+	if kv.Spec.Configuration.NetworkConfiguration == nil || kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName].DownwardAPI != kvv1.DeviceInfo {
+		t.Errorf("KubeVirt types see %+v", kv.Spec.Configuration.NetworkConfiguration)
+	}
 	b, ok := p.Spec.Configuration.Network.Binding[kubevirt.BindingName]
 	if !ok || len(p.Spec.Configuration.Network.Binding) != 1 {
 		t.Fatalf("binding %q not registered: %+v", kubevirt.BindingName, p.Spec.Configuration.Network.Binding)
@@ -512,6 +520,11 @@ func TestKubeVirtBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// KubeVirt's types decode it (their custom unmarshalers hide some
+	// unknown fields from the strict check; the checks below cover the
+	// fields the binding needs).
+	var typed kvv1.VirtualMachineInstance
+	strictYAML(t, data, &typed)
 	vmi, err := kubevirt.ParseVMI(j)
 	if err != nil {
 		t.Fatal(err)
