@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -75,6 +76,9 @@ func (n *NetworkInfo) Socket(network string) (VhostSocket, error) {
 		}
 		if d.VhostUser == nil || d.VhostUser.Path == "" {
 			return VhostSocket{}, fmt.Errorf("network %q: device-info has no vhost-user path", network)
+		}
+		if !filepath.IsAbs(d.VhostUser.Path) {
+			return VhostSocket{}, fmt.Errorf("network %q: device-info vhost-user path %q is not absolute", network, d.VhostUser.Path)
 		}
 		if d.VhostUser.Mode != "client" && d.VhostUser.Mode != "server" {
 			return VhostSocket{}, fmt.Errorf("network %q: device-info vhost-user mode %q, want client or server", network, d.VhostUser.Mode)

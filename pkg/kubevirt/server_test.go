@@ -32,6 +32,7 @@ func TestNetworkInfoSocket(t *testing.T) {
 		{name: "no device info", doc: `{"interfaces":[{"network":"fast"}]}`, net: "fast", wantErr: "no deviceInfo"},
 		{name: "pci device", doc: `{"interfaces":[{"network":"fast","deviceInfo":{"type":"pci","version":"1.1.0"}}]}`, net: "fast", wantErr: `type "pci"`},
 		{name: "no path", doc: `{"interfaces":[{"network":"fast","deviceInfo":{"type":"vhost-user","vhost-user":{"mode":"client"}}}]}`, net: "fast", wantErr: "no vhost-user path"},
+		{name: "relative path", doc: `{"interfaces":[{"network":"fast","deviceInfo":{"type":"vhost-user","vhost-user":{"mode":"client","path":"x.sock"}}}]}`, net: "fast", wantErr: "not absolute"},
 		{name: "bad mode", doc: `{"interfaces":[{"network":"fast","deviceInfo":{"type":"vhost-user","vhost-user":{"mode":"both","path":"/p"}}}]}`, net: "fast", wantErr: `mode "both"`},
 		{name: "other network", doc: networkInfo, net: "slow", wantErr: `network "slow": not in network-info`},
 	}
