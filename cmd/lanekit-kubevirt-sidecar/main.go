@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,9 @@ func run(args []string) error {
 	info := fs.String("network-info", kubevirt.NetworkInfoPath, "downward API file with the pod's network-info (device-info per network)")
 	wait := fs.Duration("wait", 45*time.Second, "how long OnDefineDomain waits for the network-info file to list the VMI's lanekit networks (virt-launcher gives a hook one minute)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	if fs.NArg() > 0 {
