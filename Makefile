@@ -4,7 +4,7 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
 GO ?= go
 CARGO ?= cargo
 BIN := $(CURDIR)/bin
-GO_CMDS := lanekitd lanekit-cni lanekit
+GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
 .PHONY: all deps generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
 
