@@ -23,7 +23,9 @@ func TestRunServesUntilShutdown(t *testing.T) {
 	sock := filepath.Join(dir, "hooks", "x.sock")
 	t.Setenv("LANEKIT_BINDING", "lanekit-fast")
 	done := make(chan error, 1)
-	go func() { done <- run([]string{"--socket", sock, "--network-info", filepath.Join(dir, "none"), "--wait", "1ms"}) }()
+	go func() {
+		done <- run([]string{"--socket", sock, "--network-info", filepath.Join(dir, "none"), "--wait", "1ms"})
+	}()
 
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -106,7 +106,7 @@ func TestRewrite(t *testing.T) {
 			vmi:   vmiJSON("", `{"name":"fast","binding":{"name":"lanekit"},"macAddress":"02:00:00:aa:00:01","pciAddress":"0000:02:05.0","bootOrder":2}`),
 			socks: sockets("fast"), golden: "pci.out.xml", nIfaces: 2},
 		{name: "mac from network-info", in: "pod-and-secondary.xml", vmi: vmiJSON("", `{"name":"fast","binding":{"name":"lanekit"}}`),
-			socks: map[string]VhostSocket{"fast": {Path: "/var/run/kubevirt-hooks/lanekit/fast.sock", Mode: "client", MAC: "02:00:00:AA:00:01"}},
+			socks:  map[string]VhostSocket{"fast": {Path: "/var/run/kubevirt-hooks/lanekit/fast.sock", Mode: "client", MAC: "02:00:00:AA:00:01"}},
 			golden: "pod-and-secondary.out.xml", nIfaces: 2},
 		{name: "socket missing", in: "pod-and-secondary.xml", vmi: vmiJSON("", lkIface), socks: sockets("other"),
 			wantErr: `interface "fast": no vhost-user socket reported`},
