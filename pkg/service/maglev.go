@@ -73,14 +73,16 @@ func Maglev(keys []string, m int) []int32 {
 	if n == 0 || m <= 0 {
 		return nil
 	}
-	offset := make([]uint64, n)
-	skip := make([]uint64, n)
-	next := make([]uint64, n)
+	// pos[i] is backend i's current preference (offset + next·skip) mod m,
+	// advanced by adding skip — the same sequence without a division per step.
+	mm := uint32(m)
+	pos := make([]uint32, n)
+	skip := make([]uint32, n)
 	for i, k := range keys {
 		h1, h2 := maglevHashes(k)
-		offset[i] = h1 % uint64(m)
+		pos[i] = uint32(h1 % uint64(m))
 		if m > 1 {
-			skip[i] = h2%uint64(m-1) + 1
+			skip[i] = uint32(h2%uint64(m-1) + 1)
 		} else {
 			skip[i] = 1
 		}
@@ -92,13 +94,17 @@ func Maglev(keys []string, m int) []int32 {
 	filled := 0
 	for {
 		for i := 0; i < n; i++ {
-			c := (offset[i] + next[i]*skip[i]) % uint64(m)
+			c := pos[i]
 			for table[c] >= 0 {
-				next[i]++
-				c = (offset[i] + next[i]*skip[i]) % uint64(m)
+				if c += skip[i]; c >= mm {
+					c -= mm
+				}
 			}
 			table[c] = int32(i)
-			next[i]++
+			if c += skip[i]; c >= mm {
+				c -= mm
+			}
+			pos[i] = c
 			filled++
 			if filled == m {
 				return table

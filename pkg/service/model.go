@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -313,17 +315,35 @@ func Build(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, opts Option
 		id := ServiceID{es.Namespace, es.Labels[k8sobj.ServiceNameLabel]}
 		bySvc[id] = append(bySvc[id], es)
 	}
+	// Translation is per service and independent: spread it over the CPUs,
+	// then insert in input order (errors and clashes are reported as a
+	// sequential build would).
+	type result struct {
+		fes []*Frontend
+		err error
+	}
+	res := make([]result, len(svcs))
+	var wg sync.WaitGroup
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(svcs)/64))
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(svcs); i += workers {
+				s := svcs[i]
+				res[i].fes, res[i].err = Translate(s, bySvc[ServiceID{s.Namespace, s.Name}], opts)
+			}
+		})
+	}
+	wg.Wait()
 	m := NewModel(opts)
-	for _, s := range svcs {
+	for i, s := range svcs {
 		id := ServiceID{s.Namespace, s.Name}
 		if _, dup := m.byService[id]; dup {
 			return nil, fmt.Errorf("service %s: duplicate", id)
 		}
-		fes, err := Translate(s, bySvc[id], opts)
-		if err != nil {
-			return nil, err
+		if res[i].err != nil {
+			return nil, res[i].err
 		}
-		if err := m.insert(id, fes); err != nil {
+		if err := m.insert(id, res[i].fes); err != nil {
 			return nil, err
 		}
 	}
