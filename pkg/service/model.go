@@ -412,7 +412,9 @@ func (m *Model) Frontends() []*Frontend {
 // Services returns the IDs of all services, sorted.
 func (m *Model) Services() []ServiceID {
 	out := slices.Collect(maps.Keys(m.byService))
-	slices.SortFunc(out, func(a, b ServiceID) int { return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name)) })
+	slices.SortFunc(out, func(a, b ServiceID) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return out
 }
 

@@ -51,10 +51,10 @@ func active(n int) []BackendState { return make([]BackendState, n) }
 // fakeMaps applies Updates in the documented order and checks that no lookup
 // could see a dangling ID at the end of each phase.
 type fakeMaps struct {
-	svc     map[ServiceKey]ServiceValue
-	back    map[BackendKey]BackendValue
-	maglev  map[uint32][]uint32
-	revnat  map[RevNatKey]RevNatValue
+	svc    map[ServiceKey]ServiceValue
+	back   map[BackendKey]BackendValue
+	maglev map[uint32][]uint32
+	revnat map[RevNatKey]RevNatValue
 }
 
 func newFakeMaps() *fakeMaps {
