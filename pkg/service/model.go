@@ -385,6 +385,49 @@ func (m *Model) With(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*Mo
 	return n, nil
 }
 
+// Set replaces the service in place (the agent's incremental path) and returns
+// only that service's changes; the cost does not depend on how many other
+// services the model holds. On error the model is unchanged.
+func (m *Model) Set(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (Changes, error) {
+	fes, err := Translate(svc, eps, m.opts)
+	if err != nil {
+		return Changes{}, err
+	}
+	id := ServiceID{svc.Namespace, svc.Name}
+	for _, f := range fes {
+		if other, taken := m.frontends[f.Key]; taken && other.Service != id {
+			return Changes{}, fmt.Errorf("service %s: frontend %s already belongs to service %s", id, f.Key, other.Service)
+		}
+	}
+	old := map[FrontendKey]*Frontend{}
+	for _, k := range m.byService[id] {
+		old[k] = m.frontends[k]
+	}
+	m.remove(id)
+	if err := m.insert(id, fes); err != nil {
+		return Changes{}, err // unreachable: checked above
+	}
+	var c Changes
+	for _, f := range fes {
+		if o, ok := old[f.Key]; !ok || !equalFrontend(o, f) {
+			c.Upserted = append(c.Upserted, f)
+		}
+		delete(old, f.Key)
+	}
+	for k := range old {
+		c.Removed = append(c.Removed, k)
+	}
+	slices.SortFunc(c.Removed, compareKeys)
+	return c, nil
+}
+
+// Delete removes the service in place and returns its removed frontends.
+func (m *Model) Delete(id ServiceID) Changes {
+	c := Changes{Removed: slices.Clone(m.byService[id])}
+	m.remove(id)
+	return c
+}
+
 // Without returns a model without the service id.
 func (m *Model) Without(id ServiceID) *Model {
 	n := m.clone()

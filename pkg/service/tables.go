@@ -2,7 +2,6 @@ package service
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 )
@@ -128,15 +127,17 @@ func (u *Update) Ops() int {
 		len(u.ServiceDeletes) + len(u.RevNatDeletes) + len(u.MaglevDeletes) + len(u.BackendDeletes)
 }
 
-type backendIdent struct {
-	addr netip.AddrPort
+// progBackend is one programmed backend of a frontend.
+type progBackend struct {
+	ap  netip.AddrPort
+	id  uint32
+	val BackendValue
 }
 
 type programmed struct {
 	id       uint32
 	svcVal   ServiceValue
-	backends map[backendIdent]uint32 // → backend ID
-	bvals    map[uint32]BackendValue
+	backends []progBackend // sorted by ap, like Frontend.Backends
 	maglev   []uint32
 }
 
@@ -196,9 +197,9 @@ func (t *Tables) Apply(c Changes) *Update {
 		if p.maglev != nil {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		}
-		for _, bid := range sortedIDs(p.bvals) {
-			u.BackendDeletes = append(u.BackendDeletes, BackendKey{bid})
-			delete(t.usedBack, bid)
+		for _, b := range p.backends {
+			u.BackendDeletes = append(u.BackendDeletes, BackendKey{b.id})
+			delete(t.usedBack, b.id)
 		}
 		delete(t.usedFront, p.id)
 		delete(t.fronts, k)
@@ -209,46 +210,44 @@ func (t *Tables) Apply(c Changes) *Update {
 	return u
 }
 
-func sortedIDs(m map[uint32]BackendValue) []uint32 {
-	ids := slices.Collect(maps.Keys(m))
-	slices.Sort(ids)
-	return ids
-}
-
 func (t *Tables) upsert(f *Frontend, u *Update) {
 	p, existed := t.fronts[f.Key]
 	if !existed {
-		p = &programmed{id: t.allocFront(), backends: map[backendIdent]uint32{}, bvals: map[uint32]BackendValue{}}
+		p = &programmed{id: t.allocFront()}
 		t.fronts[f.Key] = p
 		u.RevNat[RevNatKey{p.id}] = RevNatValue{Addr: f.Key.Addr.As4(), Port: f.Key.Port}
 	}
-	// Backends: keep IDs of backends still present, allocate new ones, delete gone ones.
+	// Backends: merge the sorted programmed list with the sorted new one; keep
+	// IDs of backends still present, allocate new ones, delete gone ones.
 	ids := make([]uint32, len(f.Backends))
-	keep := make(map[backendIdent]bool, len(f.Backends))
-	for i, b := range f.Backends {
-		bi := backendIdent{netip.AddrPortFrom(b.Addr, b.Port)}
-		keep[bi] = true
-		id, ok := p.backends[bi]
-		if !ok {
-			id = t.allocBack()
-			p.backends[bi] = id
-		}
-		ids[i] = id
-		v := BackendValue{Addr: b.Addr.As4(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: p.id}
-		if old, ok := p.bvals[id]; !ok || old != v {
-			u.Backends[BackendKey{id}] = v
-			p.bvals[id] = v
-		}
-	}
+	next := make([]progBackend, 0, len(f.Backends))
 	var gone []uint32
-	for bi, id := range p.backends {
-		if !keep[bi] {
-			gone = append(gone, id)
-			delete(p.backends, bi)
-			delete(p.bvals, id)
+	old := p.backends
+	for i, b := range f.Backends {
+		ap := netip.AddrPortFrom(b.Addr, b.Port)
+		for len(old) > 0 && old[0].ap.Compare(ap) < 0 {
+			gone = append(gone, old[0].id)
+			old = old[1:]
 		}
+		v := BackendValue{Addr: b.Addr.As4(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: p.id}
+		var pb progBackend
+		if len(old) > 0 && old[0].ap == ap {
+			pb = old[0]
+			old = old[1:]
+		} else {
+			pb = progBackend{ap: ap, id: t.allocBack()}
+		}
+		if pb.val != v {
+			u.Backends[BackendKey{pb.id}] = v
+			pb.val = v
+		}
+		ids[i] = pb.id
+		next = append(next, pb)
 	}
-	slices.Sort(gone)
+	for _, b := range old {
+		gone = append(gone, b.id)
+	}
+	p.backends = next
 	// Maglev (written before the service value that announces its size).
 	var table []uint32
 	if f.Maglev != nil {
@@ -296,8 +295,8 @@ func (t *Tables) Snapshot() *Update {
 		if p.maglev != nil {
 			u.Maglev[p.id] = slices.Clone(p.maglev)
 		}
-		for id, v := range p.bvals {
-			u.Backends[BackendKey{id}] = v
+		for _, b := range p.backends {
+			u.Backends[BackendKey{b.id}] = b.val
 		}
 	}
 	return u

@@ -256,8 +256,8 @@ func TestTablesIncremental(t *testing.T) {
 func backendIDs(t *Tables, f *Frontend) map[netip.AddrPort]uint32 {
 	p := t.fronts[f.Key]
 	out := map[netip.AddrPort]uint32{}
-	for bi, id := range p.backends {
-		out[bi.addr] = id
+	for _, b := range p.backends {
+		out[b.ap] = b.id
 	}
 	return out
 }
@@ -342,15 +342,55 @@ func BenchmarkOneChange10k(b *testing.B) {
 	b.ResetTimer()
 	i := 0
 	for b.Loop() {
-		next, err := m.With(svcs[777], variants[i%2:i%2+1])
+		c, err := m.Set(svcs[777], variants[i%2:i%2+1])
 		if err != nil {
 			b.Fatal(err)
 		}
-		u := tab.Apply(Diff(m, next))
-		if u.Ops() == 0 {
+		if u := tab.Apply(c); u.Ops() == 0 {
 			b.Fatal("no change")
 		}
-		m = next
 		i++
+	}
+}
+
+// TestSetMatchesDiff: the in-place path (Set/Delete) yields the same map
+// updates as diffing immutable snapshots.
+func TestSetMatchesDiff(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	opts := Options{NodeAddrs: []netip.Addr{node}}
+	snap, inplace := NewModel(opts), NewModel(opts)
+	t1, t2 := NewTables(), NewTables()
+	f1, f2 := newFakeMaps(), newFakeMaps()
+	for step := range 200 {
+		i := rng.IntN(10)
+		var next *Model
+		var c Changes
+		if rng.IntN(5) == 0 {
+			id := ServiceID{fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc%d", i)}
+			next, c = snap.Without(id), inplace.Delete(id)
+		} else {
+			states := make([]BackendState, rng.IntN(5))
+			for j := range states {
+				states[j] = BackendState(rng.IntN(3))
+			}
+			s, e := genService(i, states, rng.IntN(2) == 0)
+			var err error
+			if next, err = snap.With(s, []*discoveryv1.EndpointSlice{e}); err != nil {
+				t.Fatal(err)
+			}
+			if c, err = inplace.Set(s, []*discoveryv1.EndpointSlice{e}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u1, u2 := t1.Apply(Diff(snap, next)), t2.Apply(c)
+		if u1.String() != u2.String() {
+			t.Fatalf("step %d: diff path %s, in-place path %s", step, u1, u2)
+		}
+		f1.apply(t, u1)
+		f2.apply(t, u2)
+		snap = next
+		if !equalViews(f2.resolved(), modelView(inplace)) || !equalViews(f1.resolved(), f2.resolved()) {
+			t.Fatalf("step %d: views differ", step)
+		}
 	}
 }
