@@ -363,3 +363,18 @@ func Encode(objs []Object) ([]byte, error) {
 	}
 	return buf.Bytes(), nil
 }
+
+// Split sorts decoded objects by kind, keeping their order.
+func Split(objs []Object) (svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, policies []*networkingv1.NetworkPolicy) {
+	for _, o := range objs {
+		switch {
+		case o.Service != nil:
+			svcs = append(svcs, o.Service)
+		case o.EndpointSlice != nil:
+			slices = append(slices, o.EndpointSlice)
+		case o.NetworkPolicy != nil:
+			policies = append(policies, o.NetworkPolicy)
+		}
+	}
+	return svcs, slices, policies
+}

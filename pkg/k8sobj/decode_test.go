@@ -38,6 +38,10 @@ func TestDecodeValid(t *testing.T) {
 	if svc.Spec.Ports[0].TargetPort.StrVal != "http" || svc.Spec.Ports[1].NodePort != 30053 {
 		t.Errorf("service ports decoded wrong: %+v", svc.Spec.Ports)
 	}
+	svcs, slices, pols := Split(objs)
+	if len(svcs) != 1 || len(slices) != 1 || len(pols) != 1 || pols[0] != objs[2].NetworkPolicy {
+		t.Errorf("Split: %d %d %d", len(svcs), len(slices), len(pols))
+	}
 	np := objs[2].NetworkPolicy
 	if np.Spec.Ingress[0].Ports[1].EndPort == nil || *np.Spec.Ingress[0].Ports[1].EndPort != 2000 {
 		t.Errorf("endPort not decoded: %+v", np.Spec.Ingress[0].Ports[1])
