@@ -1,0 +1,367 @@
+package k8sobj
+
+import (
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Session affinity timeout bounds (Kubernetes: 0 < timeoutSeconds <= 86400,
+// default 10800).
+const (
+	MaxAffinityTimeoutSeconds     = 86400
+	DefaultAffinityTimeoutSeconds = 10800
+)
+
+// ServiceNameLabel links an EndpointSlice to its Service.
+const ServiceNameLabel = discoveryv1.LabelServiceName
+
+// Validate checks one object for what lanekit's translation relies on. It
+// returns nil or an error listing every problem with its field path.
+func Validate(o Object) error {
+	var errs field.ErrorList
+	switch {
+	case o.Service != nil:
+		errs = validateService(o.Service)
+	case o.EndpointSlice != nil:
+		errs = validateEndpointSlice(o.EndpointSlice)
+	case o.NetworkPolicy != nil:
+		errs = validateNetworkPolicy(o.NetworkPolicy)
+	default:
+		return fmt.Errorf("empty object")
+	}
+	return errs.ToAggregate()
+}
+
+func validateMeta(m *metav1.ObjectMeta, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if m.Name == "" {
+		errs = append(errs, field.Required(p.Child("name"), ""))
+	} else {
+		for _, msg := range validation.IsDNS1123Subdomain(m.Name) {
+			errs = append(errs, field.Invalid(p.Child("name"), m.Name, msg))
+		}
+	}
+	for _, msg := range validation.IsDNS1123Label(m.Namespace) {
+		errs = append(errs, field.Invalid(p.Child("namespace"), m.Namespace, msg))
+	}
+	errs = append(errs, validateLabels(m.Labels, p.Child("labels"))...)
+	return errs
+}
+
+func validateLabels(labels map[string]string, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for k, v := range labels {
+		for _, msg := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(p.Key(k), k, msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(p.Key(k), v, msg))
+		}
+	}
+	return errs
+}
+
+// validateProtocol accepts "" (TCP), TCP and UDP; SCTP is an explicit
+// unsupported error.
+func validateProtocol(proto *corev1.Protocol, p *field.Path) field.ErrorList {
+	if proto == nil {
+		return nil
+	}
+	switch *proto {
+	case "", corev1.ProtocolTCP, corev1.ProtocolUDP:
+		return nil
+	case corev1.ProtocolSCTP:
+		return field.ErrorList{field.Invalid(p, *proto, "SCTP is unsupported by lanekit (TCP and UDP are)")}
+	}
+	return field.ErrorList{field.NotSupported(p, *proto, []string{"TCP", "UDP"})}
+}
+
+func validatePortNumber(port int32, p *field.Path) field.ErrorList {
+	if port < 1 || port > 65535 {
+		return field.ErrorList{field.Invalid(p, port, "must be between 1 and 65535, inclusive")}
+	}
+	return nil
+}
+
+// validatePortNumOrName checks an IntOrString port: a number 1-65535 or an
+// IANA_SVC_NAME. allowZero accepts the zero value (meaning "unset").
+func validatePortNumOrName(v intstr.IntOrString, p *field.Path, allowZero bool) field.ErrorList {
+	if v.Type == intstr.Int {
+		if v.IntVal == 0 && allowZero {
+			return nil
+		}
+		return validatePortNumber(v.IntVal, p)
+	}
+	if v.StrVal == "" && allowZero {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, msg := range validation.IsValidPortName(v.StrVal) {
+		errs = append(errs, field.Invalid(p, v.StrVal, msg))
+	}
+	return errs
+}
+
+func validateService(s *corev1.Service) field.ErrorList {
+	errs := validateMeta(&s.ObjectMeta, field.NewPath("metadata"))
+	spec := field.NewPath("spec")
+	switch s.Spec.Type {
+	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("type"), s.Spec.Type,
+			[]string{"ClusterIP", "NodePort", "LoadBalancer"}))
+	}
+	headless := s.Spec.ClusterIP == corev1.ClusterIPNone
+	switch {
+	case headless:
+	case s.Spec.ClusterIP == "":
+		errs = append(errs, field.Required(spec.Child("clusterIP"),
+			"lanekit does not allocate cluster IPs; set one (or \"None\" for headless)"))
+	default:
+		ip, err := netip.ParseAddr(s.Spec.ClusterIP)
+		if err != nil || !ip.Is4() {
+			errs = append(errs, field.Invalid(spec.Child("clusterIP"), s.Spec.ClusterIP, "must be an IPv4 address or \"None\""))
+		}
+	}
+	for i, ip := range s.Spec.ClusterIPs {
+		if i == 0 && ip != s.Spec.ClusterIP {
+			errs = append(errs, field.Invalid(spec.Child("clusterIPs").Index(0), ip, "must match spec.clusterIP"))
+		} else if i > 0 {
+			errs = append(errs, field.Invalid(spec.Child("clusterIPs").Index(i), ip, "only one cluster IP (IPv4) is supported"))
+		}
+	}
+	nodePortAllowed := s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer
+	if len(s.Spec.Ports) == 0 && !headless {
+		errs = append(errs, field.Required(spec.Child("ports"), ""))
+	}
+	names := map[string]bool{}
+	type pp struct {
+		port  int32
+		proto corev1.Protocol
+	}
+	seen := map[pp]bool{}
+	seenNode := map[pp]bool{}
+	for i := range s.Spec.Ports {
+		port := &s.Spec.Ports[i]
+		pp0 := spec.Child("ports").Index(i)
+		if len(s.Spec.Ports) > 1 && port.Name == "" {
+			errs = append(errs, field.Required(pp0.Child("name"), "required when a service has more than one port"))
+		}
+		if port.Name != "" {
+			for _, msg := range validation.IsDNS1123Label(port.Name) {
+				errs = append(errs, field.Invalid(pp0.Child("name"), port.Name, msg))
+			}
+			if names[port.Name] {
+				errs = append(errs, field.Duplicate(pp0.Child("name"), port.Name))
+			}
+			names[port.Name] = true
+		}
+		errs = append(errs, validatePortNumber(port.Port, pp0.Child("port"))...)
+		errs = append(errs, validateProtocol(&port.Protocol, pp0.Child("protocol"))...)
+		proto := port.Protocol
+		if proto == "" {
+			proto = corev1.ProtocolTCP
+		}
+		if seen[pp{port.Port, proto}] {
+			errs = append(errs, field.Duplicate(pp0, fmt.Sprintf("%d/%s", port.Port, proto)))
+		}
+		seen[pp{port.Port, proto}] = true
+		errs = append(errs, validatePortNumOrName(port.TargetPort, pp0.Child("targetPort"), true)...)
+		if port.NodePort != 0 {
+			if !nodePortAllowed {
+				errs = append(errs, field.Forbidden(pp0.Child("nodePort"), "only for type NodePort or LoadBalancer"))
+			} else {
+				errs = append(errs, validatePortNumber(port.NodePort, pp0.Child("nodePort"))...)
+				if seenNode[pp{port.NodePort, proto}] {
+					errs = append(errs, field.Duplicate(pp0.Child("nodePort"), port.NodePort))
+				}
+				seenNode[pp{port.NodePort, proto}] = true
+			}
+		} else if s.Spec.Type == corev1.ServiceTypeNodePort {
+			errs = append(errs, field.Required(pp0.Child("nodePort"), "lanekit does not allocate node ports"))
+		}
+	}
+	switch s.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+		if s.Spec.SessionAffinityConfig != nil {
+			errs = append(errs, field.Forbidden(spec.Child("sessionAffinityConfig"), "only with sessionAffinity ClientIP"))
+		}
+	case corev1.ServiceAffinityClientIP:
+		if c := s.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			t := *c.ClientIP.TimeoutSeconds
+			if t <= 0 || t > MaxAffinityTimeoutSeconds {
+				errs = append(errs, field.Invalid(spec.Child("sessionAffinityConfig", "clientIP", "timeoutSeconds"), t,
+					fmt.Sprintf("must be greater than 0 and at most %d", MaxAffinityTimeoutSeconds)))
+			}
+		}
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("sessionAffinity"), s.Spec.SessionAffinity, []string{"None", "ClientIP"}))
+	}
+	return errs
+}
+
+func validateEndpointSlice(es *discoveryv1.EndpointSlice) field.ErrorList {
+	errs := validateMeta(&es.ObjectMeta, field.NewPath("metadata"))
+	svc := es.Labels[ServiceNameLabel]
+	if svc == "" {
+		errs = append(errs, field.Required(field.NewPath("metadata", "labels").Key(ServiceNameLabel), "names the slice's Service"))
+	}
+	switch es.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+	case "":
+		errs = append(errs, field.Required(field.NewPath("addressType"), ""))
+	default:
+		errs = append(errs, field.NotSupported(field.NewPath("addressType"), es.AddressType, []string{"IPv4"}))
+	}
+	names := map[string]bool{}
+	for i, port := range es.Ports {
+		p := field.NewPath("ports").Index(i)
+		name := ""
+		if port.Name != nil {
+			name = *port.Name
+			if name != "" {
+				for _, msg := range validation.IsDNS1123Label(name) {
+					errs = append(errs, field.Invalid(p.Child("name"), name, msg))
+				}
+			}
+		}
+		if names[name] {
+			errs = append(errs, field.Duplicate(p.Child("name"), name))
+		}
+		names[name] = true
+		if port.Port == nil {
+			errs = append(errs, field.Required(p.Child("port"), "lanekit needs a port number"))
+		} else {
+			errs = append(errs, validatePortNumber(*port.Port, p.Child("port"))...)
+		}
+		errs = append(errs, validateProtocol(port.Protocol, p.Child("protocol"))...)
+	}
+	for i, ep := range es.Endpoints {
+		p := field.NewPath("endpoints").Index(i)
+		if len(ep.Addresses) == 0 {
+			errs = append(errs, field.Required(p.Child("addresses"), ""))
+		}
+		for j, a := range ep.Addresses {
+			ip, err := netip.ParseAddr(a)
+			if err != nil || !ip.Is4() {
+				errs = append(errs, field.Invalid(p.Child("addresses").Index(j), a, "must be an IPv4 address"))
+			}
+		}
+	}
+	return errs
+}
+
+func validateSelector(sel *metav1.LabelSelector, p *field.Path) field.ErrorList {
+	if sel == nil {
+		return nil
+	}
+	if _, err := metav1.LabelSelectorAsSelector(sel); err != nil {
+		return field.ErrorList{field.Invalid(p, sel.String(), err.Error())}
+	}
+	return nil
+}
+
+func validateNetworkPolicy(np *networkingv1.NetworkPolicy) field.ErrorList {
+	errs := validateMeta(&np.ObjectMeta, field.NewPath("metadata"))
+	spec := field.NewPath("spec")
+	errs = append(errs, validateSelector(&np.Spec.PodSelector, spec.Child("podSelector"))...)
+	seenTypes := map[networkingv1.PolicyType]bool{}
+	for i, t := range np.Spec.PolicyTypes {
+		p := spec.Child("policyTypes").Index(i)
+		switch t {
+		case networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress:
+		default:
+			errs = append(errs, field.NotSupported(p, t, []string{"Ingress", "Egress"}))
+		}
+		if seenTypes[t] {
+			errs = append(errs, field.Duplicate(p, t))
+		}
+		seenTypes[t] = true
+	}
+	for i, r := range np.Spec.Ingress {
+		p := spec.Child("ingress").Index(i)
+		errs = append(errs, validatePolicyPorts(r.Ports, p.Child("ports"))...)
+		for j := range r.From {
+			errs = append(errs, validatePeer(&r.From[j], p.Child("from").Index(j))...)
+		}
+	}
+	for i, r := range np.Spec.Egress {
+		p := spec.Child("egress").Index(i)
+		errs = append(errs, validatePolicyPorts(r.Ports, p.Child("ports"))...)
+		for j := range r.To {
+			errs = append(errs, validatePeer(&r.To[j], p.Child("to").Index(j))...)
+		}
+	}
+	return errs
+}
+
+func validatePolicyPorts(ports []networkingv1.NetworkPolicyPort, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, port := range ports {
+		pp := p.Index(i)
+		errs = append(errs, validateProtocol(port.Protocol, pp.Child("protocol"))...)
+		if port.Port != nil {
+			errs = append(errs, validatePortNumOrName(*port.Port, pp.Child("port"), false)...)
+		}
+		if port.EndPort != nil {
+			switch {
+			case port.Port == nil:
+				errs = append(errs, field.Required(pp.Child("port"), "required when endPort is set"))
+			case port.Port.Type != intstr.Int:
+				errs = append(errs, field.Forbidden(pp.Child("endPort"), "may not be used with a named port"))
+			case *port.EndPort < port.Port.IntVal:
+				errs = append(errs, field.Invalid(pp.Child("endPort"), *port.EndPort, "must be greater than or equal to port"))
+			case *port.EndPort > 65535:
+				errs = append(errs, field.Invalid(pp.Child("endPort"), *port.EndPort, "must be between 1 and 65535, inclusive"))
+			}
+		}
+	}
+	return errs
+}
+
+func validatePeer(peer *networkingv1.NetworkPolicyPeer, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	n := 0
+	if peer.PodSelector != nil || peer.NamespaceSelector != nil {
+		n++
+	}
+	if peer.IPBlock != nil {
+		n++
+	}
+	if n == 0 {
+		return field.ErrorList{field.Required(p, "must specify a peer")}
+	}
+	if n > 1 {
+		errs = append(errs, field.Forbidden(p, "ipBlock may not be combined with podSelector or namespaceSelector"))
+	}
+	errs = append(errs, validateSelector(peer.PodSelector, p.Child("podSelector"))...)
+	errs = append(errs, validateSelector(peer.NamespaceSelector, p.Child("namespaceSelector"))...)
+	if b := peer.IPBlock; b != nil {
+		bp := p.Child("ipBlock")
+		cidr, err := netip.ParsePrefix(b.CIDR)
+		if err != nil || !cidr.Addr().Is4() {
+			errs = append(errs, field.Invalid(bp.Child("cidr"), b.CIDR, "must be an IPv4 CIDR"))
+			return errs
+		}
+		cidr = cidr.Masked()
+		for i, e := range b.Except {
+			ex, err := netip.ParsePrefix(e)
+			if err != nil || !ex.Addr().Is4() {
+				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be an IPv4 CIDR"))
+				continue
+			}
+			if ex.Bits() <= cidr.Bits() || !cidr.Contains(ex.Addr()) {
+				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be strictly within "+b.CIDR))
+			}
+		}
+	}
+	return errs
+}

@@ -1,0 +1,461 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// Proto numbers in rule keys; ProtoAny matches every protocol.
+const (
+	ProtoAny uint8 = 0
+	ProtoTCP uint8 = 6
+	ProtoUDP uint8 = 17
+)
+
+// Direction of a rule, seen from its subject endpoint.
+type Direction uint8
+
+const (
+	Ingress Direction = 0
+	Egress  Direction = 1
+)
+
+func (d Direction) String() string {
+	if d == Egress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+// NamedPort is a container port with a name (from the pod spec), needed to
+// resolve NetworkPolicy ports given by name.
+type NamedPort struct {
+	Name  string
+	Proto uint8
+	Port  uint16
+}
+
+// Endpoint is a pod or VM endpoint as policy sees it.
+type Endpoint struct {
+	Namespace  string
+	Name       string
+	Labels     map[string]string
+	IP         netip.Addr
+	NamedPorts []NamedPort
+}
+
+// Input is everything a compilation needs.
+type Input struct {
+	Endpoints []Endpoint
+	// NamespaceLabels: labels of each namespace; kubernetes.io/metadata.name
+	// is added as Kubernetes does. Namespaces not listed have only that label.
+	NamespaceLabels map[string]map[string]string
+	Policies        []*networkingv1.NetworkPolicy
+}
+
+// RuleKey keys the policy map (C: struct policy_key, an LPM trie key). The
+// fixed part is Subject, Direction, Peer and Proto; PortPrefix is the number of
+// leading bits of Port that must match (0 = any port, 16 = exactly Port). A
+// datapath looks up (subject, dir, peer, proto, port) with the peer as is and
+// as IdentityAny, and the proto as is and as ProtoAny: four LPM lookups.
+type RuleKey struct {
+	Subject    Identity
+	Peer       Identity
+	Direction  Direction
+	Proto      uint8
+	Port       uint16
+	PortPrefix uint8
+	_          [3]byte
+}
+
+// PrefixLen is the LPM trie prefix length of the key in bits, counting the
+// fixed fields (Subject 32, Peer 32, Direction 8, Proto 8) plus PortPrefix.
+func (k RuleKey) PrefixLen() uint32 { return 80 + uint32(k.PortPrefix) }
+
+// RuleValue is the policy map value: which policy (index into
+// Compiled.Policies) allowed the traffic, for per-policy verdict counters.
+type RuleValue struct{ Policy uint32 }
+
+// Isolation is the per-identity default-deny state (C: struct policy_isolation,
+// keyed by identity): a direction is default-deny when Policy{In,E}gress ≠ 0;
+// the value is 1 + the index of the first policy that isolates it.
+type Isolation struct {
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+// PolicyRef names a compiled policy.
+type PolicyRef struct{ Namespace, Name string }
+
+func (r PolicyRef) String() string { return r.Namespace + "/" + r.Name }
+
+// Compiled is the datapath-ready result.
+type Compiled struct {
+	// Policies in input order; RuleValue.Policy indexes it.
+	Policies []PolicyRef
+	// IPCache maps endpoint IPs to their identity (exact /32 entries).
+	IPCache map[netip.Addr]Identity
+	// CIDRs maps every ipBlock prefix (and 0.0.0.0/0 → IdentityWorld) to its
+	// CIDR identity; a non-endpoint IP resolves by longest prefix match.
+	CIDRs map[netip.Prefix]Identity
+	// Isolated lists identities that are default-deny in some direction.
+	Isolated map[Identity]Isolation
+	// Rules are the allow entries.
+	Rules map[RuleKey]RuleValue
+	// Warnings: named ports whose number differs between endpoints of one
+	// identity (the compiled rule allows all those numbers).
+	Warnings []string
+}
+
+// identityState is the per-compilation view of one endpoint identity.
+type identityState struct {
+	id     Identity
+	ns     string
+	labels labels.Set
+	ports  map[string]map[portProto]bool // name → numbers
+}
+
+type portProto struct {
+	proto uint8
+	port  uint16
+}
+
+// Compile compiles the input. Policies are validated (k8sobj.Validate) and an
+// invalid one fails the whole compilation, naming it.
+func Compile(in Input, ids *Identities) (*Compiled, error) {
+	c := &Compiled{IPCache: map[netip.Addr]Identity{}, CIDRs: map[netip.Prefix]Identity{},
+		Isolated: map[Identity]Isolation{}, Rules: map[RuleKey]RuleValue{}}
+	for _, p := range in.Policies {
+		if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindNetworkPolicy, NetworkPolicy: p}); err != nil {
+			return nil, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		c.Policies = append(c.Policies, PolicyRef{p.Namespace, p.Name})
+	}
+	// Endpoint identities.
+	states := map[Identity]*identityState{}
+	for _, ep := range in.Endpoints {
+		if !ep.IP.Is4() {
+			return nil, fmt.Errorf("endpoint %s/%s: IPv4 address required, got %v", ep.Namespace, ep.Name, ep.IP)
+		}
+		if prev, dup := c.IPCache[ep.IP]; dup {
+			return nil, fmt.Errorf("endpoint %s/%s: IP %s already used (identity %d)", ep.Namespace, ep.Name, ep.IP, prev)
+		}
+		id := ids.ForLabels(ep.Namespace, ep.Labels)
+		c.IPCache[ep.IP] = id
+		st := states[id]
+		if st == nil {
+			st = &identityState{id: id, ns: ep.Namespace, labels: labels.Set(ep.Labels), ports: map[string]map[portProto]bool{}}
+			states[id] = st
+		}
+		for _, np := range ep.NamedPorts {
+			if st.ports[np.Name] == nil {
+				st.ports[np.Name] = map[portProto]bool{}
+			}
+			st.ports[np.Name][portProto{np.Proto, np.Port}] = true
+		}
+	}
+	order := slices.SortedFunc(maps.Values(states), func(a, b *identityState) int { return cmp.Compare(a.id, b.id) })
+	for _, st := range order {
+		for _, name := range slices.Sorted(maps.Keys(st.ports)) {
+			if len(st.ports[name]) > 1 {
+				c.Warnings = append(c.Warnings, fmt.Sprintf("identity %d (namespace %s): port name %q maps to %d different numbers; all are allowed",
+					st.id, st.ns, name, len(st.ports[name])))
+			}
+		}
+	}
+	// CIDR identities: every prefix that appears in an ipBlock.
+	c.CIDRs[netip.MustParsePrefix("0.0.0.0/0")] = IdentityWorld
+	for _, p := range in.Policies {
+		for _, peer := range allPeers(p) {
+			if peer.IPBlock == nil {
+				continue
+			}
+			for _, s := range append([]string{peer.IPBlock.CIDR}, peer.IPBlock.Except...) {
+				pfx := netip.MustParsePrefix(s).Masked() // validated
+				c.CIDRs[pfx] = ids.ForCIDR(pfx)
+			}
+		}
+	}
+	if len(c.CIDRs) >= int(firstEndpointIdentity-firstCIDRIdentity) {
+		return nil, fmt.Errorf("too many distinct ipBlock prefixes (%d)", len(c.CIDRs))
+	}
+	nsLabels := func(ns string) labels.Set {
+		l := labels.Set{}
+		maps.Copy(l, in.NamespaceLabels[ns])
+		l[MetadataNameLabel] = ns
+		return l
+	}
+	comp := compiler{c: c, states: order, nsLabels: nsLabels}
+	for i, p := range in.Policies {
+		comp.policy(uint32(i), p)
+	}
+	return c, nil
+}
+
+func allPeers(p *networkingv1.NetworkPolicy) []networkingv1.NetworkPolicyPeer {
+	var out []networkingv1.NetworkPolicyPeer
+	for _, r := range p.Spec.Ingress {
+		out = append(out, r.From...)
+	}
+	for _, r := range p.Spec.Egress {
+		out = append(out, r.To...)
+	}
+	return out
+}
+
+// EffectivePolicyTypes returns the directions a policy governs, with the
+// Kubernetes defaulting: [Ingress] plus Egress if it has egress rules.
+func EffectivePolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool) {
+	if len(p.Spec.PolicyTypes) == 0 {
+		return true, len(p.Spec.Egress) > 0
+	}
+	for _, t := range p.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			ingress = true
+		case networkingv1.PolicyTypeEgress:
+			egress = true
+		}
+	}
+	return ingress, egress
+}
+
+type compiler struct {
+	c        *Compiled
+	states   []*identityState
+	nsLabels func(string) labels.Set
+}
+
+func mustSelector(s *metav1.LabelSelector) labels.Selector {
+	sel, err := metav1.LabelSelectorAsSelector(s)
+	if err != nil {
+		panic(fmt.Sprintf("validated selector does not parse: %v", err)) // Compile validated it
+	}
+	return sel
+}
+
+func (cp *compiler) policy(idx uint32, p *networkingv1.NetworkPolicy) {
+	podSel := mustSelector(&p.Spec.PodSelector)
+	var subjects []*identityState
+	for _, st := range cp.states {
+		if st.ns == p.Namespace && podSel.Matches(st.labels) {
+			subjects = append(subjects, st)
+		}
+	}
+	ing, egr := EffectivePolicyTypes(p)
+	for _, s := range subjects {
+		iso := cp.c.Isolated[s.id]
+		if ing && iso.PolicyIngress == 0 {
+			iso.PolicyIngress = idx + 1
+		}
+		if egr && iso.PolicyEgress == 0 {
+			iso.PolicyEgress = idx + 1
+		}
+		cp.c.Isolated[s.id] = iso
+	}
+	if ing {
+		for _, r := range p.Spec.Ingress {
+			cp.rule(idx, p.Namespace, subjects, Ingress, r.From, r.Ports)
+		}
+	}
+	if egr {
+		for _, r := range p.Spec.Egress {
+			cp.rule(idx, p.Namespace, subjects, Egress, r.To, r.Ports)
+		}
+	}
+}
+
+// peer is a resolved rule peer: an identity, or IdentityAny for "all peers".
+type peer struct {
+	id    Identity
+	state *identityState // nil for CIDR identities and IdentityAny
+}
+
+func (cp *compiler) peers(ns string, from []networkingv1.NetworkPolicyPeer) []peer {
+	if len(from) == 0 {
+		return []peer{{id: IdentityAny}}
+	}
+	set := map[Identity]*identityState{}
+	for _, pr := range from {
+		if b := pr.IPBlock; b != nil {
+			cidr := netip.MustParsePrefix(b.CIDR).Masked()
+			var except []netip.Prefix
+			for _, e := range b.Except {
+				except = append(except, netip.MustParsePrefix(e).Masked())
+			}
+			// A non-endpoint IP resolves to its longest matching known
+			// prefix P; it is in cidr∖except exactly when P ⊆ cidr and P ⊄
+			// every except prefix.
+			for pfx, id := range cp.c.CIDRs {
+				if !within(pfx, cidr) || slices.ContainsFunc(except, func(e netip.Prefix) bool { return within(pfx, e) }) {
+					continue
+				}
+				set[id] = nil
+			}
+			continue
+		}
+		var nsSel, podSel labels.Selector
+		if pr.NamespaceSelector != nil {
+			nsSel = mustSelector(pr.NamespaceSelector)
+		}
+		if pr.PodSelector != nil {
+			podSel = mustSelector(pr.PodSelector)
+		}
+		for _, st := range cp.states {
+			if nsSel == nil {
+				if st.ns != ns { // podSelector alone: the policy's namespace
+					continue
+				}
+			} else if !nsSel.Matches(cp.nsLabels(st.ns)) {
+				continue
+			}
+			if podSel != nil && !podSel.Matches(st.labels) {
+				continue
+			}
+			set[st.id] = st
+		}
+	}
+	out := make([]peer, 0, len(set))
+	for _, id := range slices.Sorted(maps.Keys(set)) {
+		out = append(out, peer{id: id, state: set[id]})
+	}
+	return out
+}
+
+// within reports whether prefix a is contained in prefix b.
+func within(a, b netip.Prefix) bool {
+	return a.Bits() >= b.Bits() && b.Contains(a.Addr())
+}
+
+// portSpec is one resolved port entry: a protocol and a port range.
+type portSpec struct {
+	proto  uint8
+	lo, hi uint16
+}
+
+func protoNum(p *corev1.Protocol) uint8 {
+	if p != nil && *p == corev1.ProtocolUDP {
+		return ProtoUDP
+	}
+	return ProtoTCP
+}
+
+// resolvePorts resolves a rule's ports for a destination identity (nil when the
+// destination is not an endpoint: named ports then match nothing).
+func resolvePorts(ports []networkingv1.NetworkPolicyPort, dst *identityState) []portSpec {
+	if len(ports) == 0 {
+		return []portSpec{{proto: ProtoAny, lo: 0, hi: 65535}}
+	}
+	var out []portSpec
+	for _, p := range ports {
+		proto := protoNum(p.Protocol)
+		switch {
+		case p.Port == nil:
+			out = append(out, portSpec{proto, 0, 65535})
+		case p.Port.Type == intstr.Int:
+			hi := p.Port.IntVal
+			if p.EndPort != nil {
+				hi = *p.EndPort
+			}
+			out = append(out, portSpec{proto, uint16(p.Port.IntVal), uint16(hi)})
+		default:
+			if dst == nil {
+				continue
+			}
+			for pp := range dst.ports[p.Port.StrVal] {
+				if pp.proto == proto {
+					out = append(out, portSpec{proto, pp.port, pp.port})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func hasNamedPort(ports []networkingv1.NetworkPolicyPort) bool {
+	return slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool {
+		return p.Port != nil && p.Port.Type == intstr.String
+	})
+}
+
+func (cp *compiler) rule(idx uint32, ns string, subjects []*identityState, dir Direction,
+	from []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) {
+	peers := cp.peers(ns, from)
+	if dir == Egress && hasNamedPort(ports) && len(peers) == 1 && peers[0].id == IdentityAny {
+		// Egress to all peers on a named port: the name resolves per
+		// destination, so expand "all peers" to every endpoint identity (a
+		// named port never matches a non-endpoint destination).
+		peers = peers[:0]
+		for _, st := range cp.states {
+			peers = append(peers, peer{id: st.id, state: st})
+		}
+		// Numeric entries of the same rule still apply to every peer.
+		var numeric []networkingv1.NetworkPolicyPort
+		for _, p := range ports {
+			if p.Port == nil || p.Port.Type == intstr.Int {
+				numeric = append(numeric, p)
+			}
+		}
+		if len(numeric) > 0 {
+			for _, s := range subjects {
+				cp.add(idx, s.id, dir, IdentityAny, resolvePorts(numeric, nil))
+			}
+		}
+	}
+	for _, s := range subjects {
+		for _, pe := range peers {
+			dst := s // ingress: ports are the subject's
+			if dir == Egress {
+				dst = pe.state
+			}
+			cp.add(idx, s.id, dir, pe.id, resolvePorts(ports, dst))
+		}
+	}
+}
+
+func (cp *compiler) add(idx uint32, subject Identity, dir Direction, peer Identity, specs []portSpec) {
+	for _, ps := range specs {
+		for _, blk := range portBlocks(ps.lo, ps.hi) {
+			k := RuleKey{Subject: subject, Peer: peer, Direction: dir, Proto: ps.proto, Port: blk.port, PortPrefix: blk.prefix}
+			if _, exists := cp.c.Rules[k]; !exists {
+				cp.c.Rules[k] = RuleValue{Policy: idx}
+			}
+		}
+	}
+}
+
+type portBlock struct {
+	port   uint16
+	prefix uint8
+}
+
+// portBlocks splits [lo, hi] into the fewest aligned power-of-two blocks, each
+// a (port, prefix length) LPM entry.
+func portBlocks(lo, hi uint16) []portBlock {
+	var out []portBlock
+	l, h := uint32(lo), uint32(hi)
+	for l <= h {
+		size := uint32(1)
+		for l%(size*2) == 0 && l+size*2-1 <= h && size < 1<<16 {
+			size *= 2
+		}
+		bits := uint8(0)
+		for s := size; s > 1; s >>= 1 {
+			bits++
+		}
+		out = append(out, portBlock{port: uint16(l), prefix: 16 - bits})
+		l += size
+	}
+	return out
+}

@@ -1,0 +1,471 @@
+// Package service translates Kubernetes Services and their EndpointSlices into a
+// datapath-neutral load-balancing model (frontends → backends with Maglev tables)
+// and, through Tables, into map-shaped key/value updates a BPF datapath loads.
+//
+// The same translation serves `lanekit service apply -f` files (objects from
+// k8sobj.Decode) and the API-server watchers (objects from informers):
+//
+//	m := service.NewModel(opts)
+//	m2, _ := m.With(svc, slices)       // or Build(services, slices, opts)
+//	upd := tables.Apply(service.Diff(m, m2))
+//	// load upd into the maps (order: Update doc), then m = m2
+package service
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// Proto is an IP protocol number.
+type Proto uint8
+
+// Protocols lanekit load-balances.
+const (
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	}
+	return "proto-" + strconv.Itoa(int(p))
+}
+
+func protoOf(p *corev1.Protocol) Proto {
+	if p != nil && *p == corev1.ProtocolUDP {
+		return UDP
+	}
+	return TCP
+}
+
+// Scope tells how a frontend is reached.
+type Scope uint8
+
+const (
+	// ScopeClusterIP: the Service's cluster IP and port.
+	ScopeClusterIP Scope = 0
+	// ScopeNodePort: a node address and the Service's node port.
+	ScopeNodePort Scope = 1
+)
+
+// ServiceID names a Service.
+type ServiceID struct{ Namespace, Name string }
+
+func (id ServiceID) String() string { return id.Namespace + "/" + id.Name }
+
+// FrontendKey is what a client connects to.
+type FrontendKey struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Proto
+	Scope Scope
+}
+
+func (k FrontendKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Proto)
+}
+
+// BackendState says whether a backend takes new flows.
+type BackendState uint8
+
+const (
+	// BackendActive: ready; takes new flows.
+	BackendActive BackendState = 0
+	// BackendTerminating: serving but terminating; no new flows (unless the
+	// frontend has no active backend, as kube-proxy does), existing flows stay.
+	BackendTerminating BackendState = 1
+	// BackendNotReady: listed but neither ready nor serving; no new flows,
+	// existing flows stay.
+	BackendNotReady BackendState = 2
+)
+
+func (s BackendState) String() string {
+	return [...]string{"active", "terminating", "not-ready"}[s]
+}
+
+// Backend is one endpoint of a frontend, with the target port resolved.
+type Backend struct {
+	Addr  netip.Addr
+	Port  uint16
+	State BackendState
+}
+
+// Key is the backend's identity for Maglev: "addr:port/proto" of the frontend.
+func (b Backend) key(p Proto) string {
+	return netip.AddrPortFrom(b.Addr, b.Port).String() + "/" + p.String()
+}
+
+// Frontend is one translated frontend with everything the datapath needs.
+// Frontends are immutable once built; models share them.
+type Frontend struct {
+	Key      FrontendKey
+	Service  ServiceID
+	PortName string
+	// Backends: every known backend, sorted by address and port.
+	Backends []Backend
+	// AffinityTimeout is the ClientIP session affinity timeout; 0 = none.
+	AffinityTimeout time.Duration
+	// Maglev holds, per slot, an index into Backends; nil when no backend takes
+	// new flows (the datapath then answers ICMP unreachable / TCP reset).
+	Maglev []int32
+}
+
+// Eligible returns how many distinct backends appear in the Maglev table.
+func (f *Frontend) Eligible() int {
+	n := 0
+	for _, b := range f.Backends {
+		if b.State == f.eligibleState() {
+			n++
+		}
+	}
+	if f.Maglev == nil {
+		return 0
+	}
+	return n
+}
+
+func (f *Frontend) eligibleState() BackendState {
+	for _, b := range f.Backends {
+		if b.State == BackendActive {
+			return BackendActive
+		}
+	}
+	return BackendTerminating
+}
+
+// Options are the node-local inputs of the translation.
+type Options struct {
+	// NodeAddrs are this node's addresses that NodePort frontends listen on.
+	NodeAddrs []netip.Addr
+}
+
+// Translate turns one Service and its EndpointSlices (those labelled
+// kubernetes.io/service-name=<name> in its namespace; others are ignored) into
+// frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
+// Translate validates them again and returns an error naming the object.
+func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) ([]*Frontend, error) {
+	if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindService, Service: svc}); err != nil {
+		return nil, fmt.Errorf("service %s/%s: %w", svc.Namespace, svc.Name, err)
+	}
+	id := ServiceID{svc.Namespace, svc.Name}
+	var mine []*discoveryv1.EndpointSlice
+	for _, es := range eps {
+		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+			continue
+		}
+		if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es}); err != nil {
+			return nil, fmt.Errorf("endpointslice %s/%s: %w", es.Namespace, es.Name, err)
+		}
+		mine = append(mine, es)
+	}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil, nil // headless: no virtual IP
+	}
+	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
+	var affinity time.Duration
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		secs := int32(k8sobj.DefaultAffinityTimeoutSeconds)
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			secs = *c.ClientIP.TimeoutSeconds
+		}
+		affinity = time.Duration(secs) * time.Second
+	}
+	var out []*Frontend
+	for _, sp := range svc.Spec.Ports {
+		proto := protoOf(&sp.Protocol)
+		backends := resolveBackends(sp.Name, proto, mine)
+		table := maglevFor(backends, proto)
+		mk := func(key FrontendKey) *Frontend {
+			return &Frontend{Key: key, Service: id, PortName: sp.Name, Backends: backends,
+				AffinityTimeout: affinity, Maglev: table}
+		}
+		out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}))
+		if sp.NodePort != 0 {
+			for _, a := range opts.NodeAddrs {
+				out = append(out, mk(FrontendKey{Addr: a, Port: uint16(sp.NodePort), Proto: proto, Scope: ScopeNodePort}))
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	return out, nil
+}
+
+func compareKeys(a, b FrontendKey) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Scope, b.Scope))
+}
+
+// resolveBackends collects the backends of the service port named portName: for
+// each slice, the slice port with that name and protocol gives the target port
+// number for the slice's endpoints (that is how Kubernetes resolves named
+// target ports, which may differ per pod).
+func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) []Backend {
+	seen := map[netip.AddrPort]int{}
+	var out []Backend
+	for _, es := range eps {
+		var port int32
+		for _, p := range es.Ports {
+			name := ""
+			if p.Name != nil {
+				name = *p.Name
+			}
+			if name == portName && protoOf(p.Protocol) == proto && p.Port != nil {
+				port = *p.Port
+				break
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			st := endpointState(ep.Conditions)
+			for _, a := range ep.Addresses {
+				ap := netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port))
+				if i, dup := seen[ap]; dup {
+					// The same endpoint in two slices (during a slice
+					// handover): the better state wins.
+					out[i].State = min(out[i].State, st)
+					continue
+				}
+				seen[ap] = len(out)
+				out = append(out, Backend{Addr: ap.Addr(), Port: ap.Port(), State: st})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Backend) int {
+		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}
+
+// endpointState maps EndpointSlice conditions to a BackendState. Per the API,
+// a nil ready or serving means ready/serving; nil terminating means false.
+func endpointState(c discoveryv1.EndpointConditions) BackendState {
+	ready := c.Ready == nil || *c.Ready
+	serving := ready
+	if c.Serving != nil {
+		serving = *c.Serving
+	}
+	terminating := c.Terminating != nil && *c.Terminating
+	switch {
+	case ready && !terminating:
+		return BackendActive
+	case serving && terminating:
+		return BackendTerminating
+	}
+	return BackendNotReady
+}
+
+// maglevFor builds the Maglev table over the backends that take new flows: the
+// active ones, or — when none is active — the serving terminating ones.
+func maglevFor(backends []Backend, proto Proto) []int32 {
+	want := BackendActive
+	if !slices.ContainsFunc(backends, func(b Backend) bool { return b.State == BackendActive }) {
+		want = BackendTerminating
+	}
+	var keys []string
+	var idx []int32
+	for i, b := range backends {
+		if b.State == want {
+			keys = append(keys, b.key(proto))
+			idx = append(idx, int32(i))
+		}
+	}
+	t := Maglev(keys, MaglevSize(len(keys)))
+	for i, k := range t {
+		t[i] = idx[k]
+	}
+	return t
+}
+
+// Model is the translated state of all services: an immutable snapshot. With
+// and Without return new snapshots that share unchanged frontends, so Diff
+// between them costs one pointer compare per unchanged frontend.
+type Model struct {
+	opts      Options
+	frontends map[FrontendKey]*Frontend
+	byService map[ServiceID][]FrontendKey
+}
+
+// NewModel returns an empty model for a node.
+func NewModel(opts Options) *Model {
+	return &Model{opts: opts, frontends: map[FrontendKey]*Frontend{}, byService: map[ServiceID][]FrontendKey{}}
+}
+
+// Build translates all services with their slices into a model. Slices of
+// services not in svcs are ignored.
+func Build(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (*Model, error) {
+	bySvc := map[ServiceID][]*discoveryv1.EndpointSlice{}
+	for _, es := range eps {
+		id := ServiceID{es.Namespace, es.Labels[k8sobj.ServiceNameLabel]}
+		bySvc[id] = append(bySvc[id], es)
+	}
+	// Translation is per service and independent: spread it over the CPUs,
+	// then insert in input order (errors and clashes are reported as a
+	// sequential build would).
+	type result struct {
+		fes []*Frontend
+		err error
+	}
+	res := make([]result, len(svcs))
+	var wg sync.WaitGroup
+	workers := min(runtime.GOMAXPROCS(0), max(1, len(svcs)/64))
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(svcs); i += workers {
+				s := svcs[i]
+				res[i].fes, res[i].err = Translate(s, bySvc[ServiceID{s.Namespace, s.Name}], opts)
+			}
+		})
+	}
+	wg.Wait()
+	m := NewModel(opts)
+	for i, s := range svcs {
+		id := ServiceID{s.Namespace, s.Name}
+		if _, dup := m.byService[id]; dup {
+			return nil, fmt.Errorf("service %s: duplicate", id)
+		}
+		if res[i].err != nil {
+			return nil, res[i].err
+		}
+		if err := m.insert(id, res[i].fes); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *Model) insert(id ServiceID, fes []*Frontend) error {
+	keys := make([]FrontendKey, 0, len(fes))
+	for _, f := range fes {
+		if other, taken := m.frontends[f.Key]; taken && other.Service != id {
+			return fmt.Errorf("service %s: frontend %s already belongs to service %s", id, f.Key, other.Service)
+		}
+	}
+	for _, f := range fes {
+		m.frontends[f.Key] = f
+		keys = append(keys, f.Key)
+	}
+	m.byService[id] = keys
+	return nil
+}
+
+func (m *Model) clone() *Model {
+	return &Model{opts: m.opts, frontends: maps.Clone(m.frontends), byService: maps.Clone(m.byService)}
+}
+
+// With returns a model where svc (with its slices) replaces any earlier version
+// of that service. The receiver is unchanged.
+func (m *Model) With(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*Model, error) {
+	fes, err := Translate(svc, eps, m.opts)
+	if err != nil {
+		return nil, err
+	}
+	id := ServiceID{svc.Namespace, svc.Name}
+	n := m.clone()
+	n.remove(id)
+	if err := n.insert(id, fes); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// Set replaces the service in place (the agent's incremental path) and returns
+// only that service's changes; the cost does not depend on how many other
+// services the model holds. On error the model is unchanged.
+func (m *Model) Set(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (Changes, error) {
+	fes, err := Translate(svc, eps, m.opts)
+	if err != nil {
+		return Changes{}, err
+	}
+	id := ServiceID{svc.Namespace, svc.Name}
+	for _, f := range fes {
+		if other, taken := m.frontends[f.Key]; taken && other.Service != id {
+			return Changes{}, fmt.Errorf("service %s: frontend %s already belongs to service %s", id, f.Key, other.Service)
+		}
+	}
+	old := map[FrontendKey]*Frontend{}
+	for _, k := range m.byService[id] {
+		old[k] = m.frontends[k]
+	}
+	m.remove(id)
+	if err := m.insert(id, fes); err != nil {
+		return Changes{}, err // unreachable: checked above
+	}
+	var c Changes
+	for _, f := range fes {
+		if o, ok := old[f.Key]; !ok || !equalFrontend(o, f) {
+			c.Upserted = append(c.Upserted, f)
+		}
+		delete(old, f.Key)
+	}
+	for k := range old {
+		c.Removed = append(c.Removed, k)
+	}
+	slices.SortFunc(c.Removed, compareKeys)
+	return c, nil
+}
+
+// Delete removes the service in place and returns its removed frontends.
+func (m *Model) Delete(id ServiceID) Changes {
+	c := Changes{Removed: slices.Clone(m.byService[id])}
+	m.remove(id)
+	return c
+}
+
+// Without returns a model without the service id.
+func (m *Model) Without(id ServiceID) *Model {
+	n := m.clone()
+	n.remove(id)
+	return n
+}
+
+func (m *Model) remove(id ServiceID) {
+	for _, k := range m.byService[id] {
+		delete(m.frontends, k)
+	}
+	delete(m.byService, id)
+}
+
+// Frontend returns the frontend for key, or nil.
+func (m *Model) Frontend(key FrontendKey) *Frontend { return m.frontends[key] }
+
+// Frontends returns all frontends sorted by key.
+func (m *Model) Frontends() []*Frontend {
+	out := slices.Collect(maps.Values(m.frontends))
+	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// Services returns the IDs of all services, sorted.
+func (m *Model) Services() []ServiceID {
+	out := slices.Collect(maps.Keys(m.byService))
+	slices.SortFunc(out, func(a, b ServiceID) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}
+
+// Select returns the backend a new flow with the given hash takes, as the
+// datapath does: Maglev[hash % len]. ok is false when no backend takes new flows.
+func (f *Frontend) Select(hash uint32) (Backend, bool) {
+	if len(f.Maglev) == 0 {
+		return Backend{}, false
+	}
+	return f.Backends[f.Maglev[hash%uint32(len(f.Maglev))]], true
+}

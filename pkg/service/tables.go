@@ -1,0 +1,319 @@
+package service
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Changes is the service-level difference between two models.
+type Changes struct {
+	// Upserted are frontends that are new or differ from the old model.
+	Upserted []*Frontend
+	// Removed are keys of frontends no longer in the new model.
+	Removed []FrontendKey
+}
+
+// Empty reports whether nothing changed.
+func (c Changes) Empty() bool { return len(c.Upserted) == 0 && len(c.Removed) == 0 }
+
+// Diff returns what changed from old to new. Frontends shared between the
+// models (the common case after Model.With) cost one pointer compare; others
+// are compared by value, so re-translating an unchanged service yields nothing.
+// A nil old is an empty model.
+func Diff(old, new *Model) Changes {
+	var c Changes
+	var oldF map[FrontendKey]*Frontend
+	if old != nil {
+		oldF = old.frontends
+	}
+	for k, f := range new.frontends {
+		if o, ok := oldF[k]; !ok || (o != f && !equalFrontend(o, f)) {
+			c.Upserted = append(c.Upserted, f)
+		}
+	}
+	for k := range oldF {
+		if _, ok := new.frontends[k]; !ok {
+			c.Removed = append(c.Removed, k)
+		}
+	}
+	slices.SortFunc(c.Upserted, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(c.Removed, compareKeys)
+	return c
+}
+
+func equalFrontend(a, b *Frontend) bool {
+	return a.Key == b.Key && a.Service == b.Service && a.PortName == b.PortName &&
+		a.AffinityTimeout == b.AffinityTimeout && slices.Equal(a.Backends, b.Backends) &&
+		slices.Equal(a.Maglev, b.Maglev)
+}
+
+// The map-shaped form a BPF datapath loads. Addresses are IPv4 in network byte
+// order ([4]byte as on the wire); ports are host byte order (the datapath
+// converts once when it builds its lookup key). Struct layouts have no implicit
+// padding so they can be mirrored 1:1 in C.
+
+// ServiceKey keys the frontend map (C: struct lb_svc_key).
+type ServiceKey struct {
+	Addr  [4]byte
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+// Service value flags.
+const (
+	// ServiceFlagAffinity: ClientIP session affinity (timeout in AffinitySeconds).
+	ServiceFlagAffinity uint8 = 1 << 0
+	// ServiceFlagNodePort: the frontend is a NodePort on a node address.
+	ServiceFlagNodePort uint8 = 1 << 1
+)
+
+// ServiceValue is the frontend map value (C: struct lb_svc_value). FrontendID
+// keys the Maglev and rev-NAT maps and goes into conntrack entries. MaglevSize 0
+// means no backend takes new flows (answer ICMP unreachable / TCP reset).
+type ServiceValue struct {
+	FrontendID      uint32
+	MaglevSize      uint32
+	AffinitySeconds uint32
+	Flags           uint8
+	_               [3]byte
+}
+
+// BackendKey keys the backend map (C: struct lb_backend_key).
+type BackendKey struct{ ID uint32 }
+
+// BackendValue is the backend map value (C: struct lb_backend_value). A backend
+// ID belongs to one frontend (FrontendID), so its State is that frontend's view.
+// Conntrack and affinity entries hold backend IDs; the datapath keeps using an
+// ID for existing flows while it is in the map, whatever its State, and uses
+// only the Maglev table for new flows.
+type BackendValue struct {
+	Addr       [4]byte
+	Port       uint16
+	Proto      uint8
+	State      uint8 // BackendState
+	FrontendID uint32
+}
+
+// RevNatKey keys the reverse-NAT map (C: struct lb_revnat_key).
+type RevNatKey struct{ FrontendID uint32 }
+
+// RevNatValue is what replies are rewritten to (C: struct lb_revnat_value).
+type RevNatValue struct {
+	Addr [4]byte
+	Port uint16
+	_    [2]byte
+}
+
+// Update is the minimal set of map operations that moves the datapath from one
+// model to the next. Apply in this order so that no lookup ever sees a dangling
+// ID: Backends, Maglev, RevNat, Services upserts; then ServiceDeletes,
+// RevNatDeletes, MaglevDeletes, BackendDeletes.
+type Update struct {
+	Backends       map[BackendKey]BackendValue
+	Maglev         map[uint32][]uint32 // FrontendID → backend ID per slot
+	RevNat         map[RevNatKey]RevNatValue
+	Services       map[ServiceKey]ServiceValue
+	ServiceDeletes []ServiceKey
+	RevNatDeletes  []RevNatKey
+	MaglevDeletes  []uint32
+	BackendDeletes []BackendKey
+}
+
+// Ops is the number of map operations in u (a Maglev table counts as one).
+func (u *Update) Ops() int {
+	return len(u.Backends) + len(u.Maglev) + len(u.RevNat) + len(u.Services) +
+		len(u.ServiceDeletes) + len(u.RevNatDeletes) + len(u.MaglevDeletes) + len(u.BackendDeletes)
+}
+
+// progBackend is one programmed backend of a frontend.
+type progBackend struct {
+	ap  netip.AddrPort
+	id  uint32
+	val BackendValue
+}
+
+type programmed struct {
+	id       uint32
+	svcVal   ServiceValue
+	backends []progBackend // sorted by ap, like Frontend.Backends
+	maglev   []uint32
+}
+
+// Tables tracks what is programmed and allocates frontend and backend IDs. IDs
+// are node-local (never 0) and stable while the frontend or backend exists, so
+// conntrack entries stay valid across updates; Maglev tables are computed from
+// backend addresses only, so every node picks the same backend for a flow.
+// Tables is not safe for concurrent use.
+type Tables struct {
+	fronts    map[FrontendKey]*programmed
+	nextFront uint32
+	nextBack  uint32
+	usedFront map[uint32]bool
+	usedBack  map[uint32]bool
+}
+
+// NewTables returns empty tables (nothing programmed).
+func NewTables() *Tables {
+	return &Tables{fronts: map[FrontendKey]*programmed{}, usedFront: map[uint32]bool{}, usedBack: map[uint32]bool{}}
+}
+
+// alloc returns the next unused ID after *next. IDs are not reused until the
+// 32-bit space wraps, so a stale conntrack entry never lands on a recycled ID in
+// practice.
+func alloc(next *uint32, used map[uint32]bool) uint32 {
+	for {
+		*next++
+		if *next != 0 && !used[*next] {
+			used[*next] = true
+			return *next
+		}
+	}
+}
+
+func (t *Tables) allocFront() uint32 { return alloc(&t.nextFront, t.usedFront) }
+func (t *Tables) allocBack() uint32  { return alloc(&t.nextBack, t.usedBack) }
+
+// ServiceKeyOf returns the map key of a frontend.
+func ServiceKeyOf(k FrontendKey) ServiceKey {
+	return ServiceKey{Addr: k.Addr.As4(), Port: k.Port, Proto: uint8(k.Proto), Scope: uint8(k.Scope)}
+}
+
+// Apply records changes as programmed and returns the map operations that
+// program them: only entries whose value changes are included.
+func (t *Tables) Apply(c Changes) *Update {
+	u := &Update{
+		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
+		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{},
+	}
+	for _, k := range c.Removed {
+		p, ok := t.fronts[k]
+		if !ok {
+			continue
+		}
+		u.ServiceDeletes = append(u.ServiceDeletes, ServiceKeyOf(k))
+		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
+		if p.maglev != nil {
+			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
+		}
+		for _, b := range p.backends {
+			u.BackendDeletes = append(u.BackendDeletes, BackendKey{b.id})
+			delete(t.usedBack, b.id)
+		}
+		delete(t.usedFront, p.id)
+		delete(t.fronts, k)
+	}
+	for _, f := range c.Upserted {
+		t.upsert(f, u)
+	}
+	return u
+}
+
+func (t *Tables) upsert(f *Frontend, u *Update) {
+	p, existed := t.fronts[f.Key]
+	if !existed {
+		p = &programmed{id: t.allocFront()}
+		t.fronts[f.Key] = p
+		u.RevNat[RevNatKey{p.id}] = RevNatValue{Addr: f.Key.Addr.As4(), Port: f.Key.Port}
+	}
+	// Backends: merge the sorted programmed list with the sorted new one; keep
+	// IDs of backends still present, allocate new ones, delete gone ones.
+	ids := make([]uint32, len(f.Backends))
+	next := make([]progBackend, 0, len(f.Backends))
+	var gone []uint32
+	old := p.backends
+	for i, b := range f.Backends {
+		ap := netip.AddrPortFrom(b.Addr, b.Port)
+		for len(old) > 0 && old[0].ap.Compare(ap) < 0 {
+			gone = append(gone, old[0].id)
+			old = old[1:]
+		}
+		v := BackendValue{Addr: b.Addr.As4(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: p.id}
+		var pb progBackend
+		if len(old) > 0 && old[0].ap == ap {
+			pb = old[0]
+			old = old[1:]
+		} else {
+			pb = progBackend{ap: ap, id: t.allocBack()}
+		}
+		if pb.val != v {
+			u.Backends[BackendKey{pb.id}] = v
+			pb.val = v
+		}
+		ids[i] = pb.id
+		next = append(next, pb)
+	}
+	for _, b := range old {
+		gone = append(gone, b.id)
+	}
+	p.backends = next
+	// Maglev (written before the service value that announces its size).
+	var table []uint32
+	if f.Maglev != nil {
+		table = make([]uint32, len(f.Maglev))
+		for i, bi := range f.Maglev {
+			table[i] = ids[bi]
+		}
+	}
+	if !slices.Equal(table, p.maglev) {
+		if table == nil {
+			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
+		} else {
+			u.Maglev[p.id] = table
+		}
+		p.maglev = table
+	}
+	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(table)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
+	if f.AffinityTimeout > 0 {
+		sv.Flags |= ServiceFlagAffinity
+	}
+	if f.Key.Scope == ScopeNodePort {
+		sv.Flags |= ServiceFlagNodePort
+	}
+	if !existed || sv != p.svcVal {
+		u.Services[ServiceKeyOf(f.Key)] = sv
+		p.svcVal = sv
+	}
+	// Removed backends go last: the new Maglev table no longer refers to them.
+	for _, id := range gone {
+		u.BackendDeletes = append(u.BackendDeletes, BackendKey{id})
+		delete(t.usedBack, id)
+	}
+}
+
+// Snapshot returns the full contents the maps should hold now (what a restarted
+// agent compares against the pinned maps).
+func (t *Tables) Snapshot() *Update {
+	u := &Update{
+		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
+		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{},
+	}
+	for k, p := range t.fronts {
+		u.Services[ServiceKeyOf(k)] = p.svcVal
+		u.RevNat[RevNatKey{p.id}] = RevNatValue{Addr: k.Addr.As4(), Port: k.Port}
+		if p.maglev != nil {
+			u.Maglev[p.id] = slices.Clone(p.maglev)
+		}
+		for _, b := range p.backends {
+			u.Backends[BackendKey{b.id}] = b.val
+		}
+	}
+	return u
+}
+
+// FrontendID returns the ID programmed for key.
+func (t *Tables) FrontendID(key FrontendKey) (uint32, bool) {
+	p, ok := t.fronts[key]
+	if !ok {
+		return 0, false
+	}
+	return p.id, true
+}
+
+// String summarizes an update for logs.
+func (u *Update) String() string {
+	return fmt.Sprintf("services +%d -%d, backends +%d -%d, maglev +%d -%d, revnat +%d -%d",
+		len(u.Services), len(u.ServiceDeletes), len(u.Backends), len(u.BackendDeletes),
+		len(u.Maglev), len(u.MaglevDeletes), len(u.RevNat), len(u.RevNatDeletes))
+}
