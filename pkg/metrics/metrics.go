@@ -73,6 +73,7 @@ type Metrics struct {
 	rpc      *prometheus.HistogramVec
 	startup  prometheus.Gauge
 	opts     Options
+	src      Source // set by Watch; /readyz asks it
 }
 
 // New creates the registry with the API timing histogram.
@@ -130,7 +131,34 @@ func (m *Metrics) WithDatapathCheck(check func() error) *Metrics {
 
 // Watch registers the collector reading src at each scrape.
 func (m *Metrics) Watch(src Source) error {
-	return m.Registry.Register(&collector{src: src, opts: m.opts})
+	if err := m.Registry.Register(&collector{src: src, opts: m.opts}); err != nil {
+		return err
+	}
+	m.src = src
+	return nil
+}
+
+// Healthz answers the DaemonSet's liveness probe: the agent process serves.
+func (m *Metrics) Healthz(w http.ResponseWriter, _ *http.Request) {
+	fmt.Fprintln(w, "ok")
+}
+
+// Readyz answers the readiness probe: 200 when the agent reports Ready (its
+// datapath is loaded and forwarding), 503 with the reason otherwise.
+func (m *Metrics) Readyz(w http.ResponseWriter, _ *http.Request) {
+	if m.src == nil {
+		http.Error(w, "not ready: no agent watched", http.StatusServiceUnavailable)
+		return
+	}
+	st, err := m.src.Status()
+	switch {
+	case err != nil:
+		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+	case !st.Ready:
+		http.Error(w, "not ready: "+st.NotReadyReason, http.StatusServiceUnavailable)
+	default:
+		fmt.Fprintln(w, "ready")
+	}
 }
 
 // Handler serves the registry in the Prometheus exposition formats.
@@ -154,6 +182,8 @@ func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", m.Healthz)
+	mux.HandleFunc("/readyz", m.Readyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,5 +189,44 @@ func TestScrapeFakeAgent(t *testing.T) {
 func TestMethodName(t *testing.T) {
 	if got := methodName("/lanekit.v1.Agent/DelEndpoint"); got != "DelEndpoint" {
 		t.Errorf("methodName = %q", got)
+	}
+}
+
+// TestHealthAndReadiness checks the DaemonSet probes: /healthz while the
+// process serves, /readyz following the agent's Ready.
+func TestHealthAndReadiness(t *testing.T) {
+	src := newFakeSource()
+	m := New(Options{Log: quiet()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, err := m.Serve(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz = %d", code)
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "no agent") {
+		t.Errorf("/readyz before Watch = %d %q, want 503", code, body)
+	}
+	if err := m.Watch(src); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz of a ready agent = %d %q", code, body)
+	}
+	src.st.Ready, src.st.NotReadyReason = false, "uplink program detached"
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "uplink program detached") {
+		t.Errorf("/readyz of a not-ready agent = %d %q, want 503 with the reason", code, body)
 	}
 }
