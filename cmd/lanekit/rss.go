@@ -29,13 +29,9 @@ The key defaults to the Microsoft RSS verification key.`,
 	Args: cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		o := rssHashOpts
-		key := rss.DefaultKey
-		if o.key != "" {
-			k, err := rss.ParseKey(o.key)
-			if err != nil {
-				return err
-			}
-			key = k
+		key, err := rss.KeyOrDefault(o.key)
+		if err != nil {
+			return err
 		}
 		t, err := rss.ParseHashTypes(o.typ)
 		if err != nil {

@@ -52,13 +52,9 @@ same tap rewrites the pinned maps and re-sets the program.`,
 	Args: cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		o := tapOpts
-		key := rss.DefaultKey
-		if o.key != "" {
-			k, err := rss.ParseKey(o.key)
-			if err != nil {
-				return err
-			}
-			key = k
+		key, err := rss.KeyOrDefault(o.key)
+		if err != nil {
+			return err
 		}
 		types, err := rss.ParseHashTypes(o.types)
 		if err != nil {

@@ -34,6 +34,14 @@ var DefaultKey = Key{
 	0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
 }
 
+// KeyOrDefault parses s as ParseKey does; empty s is DefaultKey.
+func KeyOrDefault(s string) (Key, error) {
+	if s == "" {
+		return DefaultKey, nil
+	}
+	return ParseKey(s)
+}
+
 // ParseKey reads a key written as 80 hex digits, optionally with ':' between
 // bytes (the ethtool -x form).
 func ParseKey(s string) (Key, error) {
