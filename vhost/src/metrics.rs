@@ -247,7 +247,12 @@ impl MetricsListener {
     /// Listen on `addr`: a unix socket path when it contains `/`, else a TCP `host:port`.
     pub fn bind(addr: &str) -> io::Result<Self> {
         if addr.contains('/') {
-            let _ = std::fs::remove_file(addr);
+            // A stale socket from an earlier run is replaced; any other file is left alone
+            // (bind then fails with "address in use").
+            use std::os::unix::fs::FileTypeExt;
+            if std::fs::symlink_metadata(addr).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(addr)?;
+            }
             UnixListener::bind(addr).map(MetricsListener::Unix)
         } else {
             TcpListener::bind(addr).map(MetricsListener::Tcp)
