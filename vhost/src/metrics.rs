@@ -344,6 +344,30 @@ mod tests {
         assert_eq!(have, golden(), "{GOLDEN} is stale: run LANEKIT_UPDATE_GOLDEN=1 cargo test golden");
     }
 
+    /// Over TCP (port 0 here): GET /metrics answers 200 with the text, other paths 404,
+    /// other methods 405.
+    #[test]
+    fn serves_over_tcp() {
+        let ports: Vec<Box<dyn Port>> = vec![Box::new(LoopPort::new(0).unwrap())];
+        let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 1], queue_pairs: 1, mtu: 1500 };
+        let backend = Arc::new(NetBackend::new(cfg, ports).unwrap());
+        let l = MetricsListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        spawn(l, Exporter::new(backend, "vm-t").registry()).unwrap();
+        let get = |req: &str| {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.write_all(req.as_bytes()).unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        };
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.0 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("\nlanekit_vhost_up{vm=\"vm-t\"} 1\n"), "{ok}");
+        assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.0 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.0 405"));
+    }
+
     /// Every family the exporter emits is declared (the `family` lookup panics otherwise) and
     /// carries exactly the declared labels; without AF_XDP ports the xdp families are absent.
     #[test]
