@@ -12,7 +12,13 @@ import (
 	"google.golang.org/grpc"
 )
 
-const dashboardPath = "../../deploy/grafana/lanekit.json"
+const (
+	dashboardPath = "../../deploy/grafana/lanekit.json"
+	// The lanekit-vhost backend exports its own metrics; its Rust test
+	// (vhost/src/metrics.rs) keeps this list equal to what it exports.
+	vhostDashboardPath = "../../deploy/grafana/lanekit-vhost.json"
+	vhostMetricsPath   = "../../deploy/grafana/lanekit-vhost-metrics.txt"
+)
 
 // queries collects every PromQL string of a Grafana dashboard: panel and
 // target "expr"s and the templating queries.
@@ -79,7 +85,34 @@ func registered(t *testing.T) map[string]map[string]bool {
 // TestDashboardUsesRegisteredMetrics: every metric and label the dashboard
 // queries exists in the registry, and every registered family is shown.
 func TestDashboardUsesRegisteredMetrics(t *testing.T) {
-	raw, err := os.ReadFile(dashboardPath)
+	checkDashboard(t, dashboardPath, registered(t))
+}
+
+// TestVhostDashboardUsesBackendMetrics: the same for the backend dashboard
+// against the backend's golden list ("name label,label" per line).
+func TestVhostDashboardUsesBackendMetrics(t *testing.T) {
+	raw, err := os.ReadFile(vhostMetricsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := map[string]map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		name, labels, _ := strings.Cut(line, " ")
+		set := map[string]bool{"instance": true, "job": true}
+		for _, l := range strings.Split(labels, ",") {
+			set[l] = true
+		}
+		reg[name] = set
+	}
+	if len(reg) < 10 || reg["lanekit_vhost_rx_packets_total"] == nil {
+		t.Fatalf("%s lists %d metrics", vhostMetricsPath, len(reg))
+	}
+	checkDashboard(t, vhostDashboardPath, reg)
+}
+
+func checkDashboard(t *testing.T, path string, reg map[string]map[string]bool) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +125,6 @@ func TestDashboardUsesRegisteredMetrics(t *testing.T) {
 	if len(qs) < 10 {
 		t.Fatalf("only %d queries found in the dashboard", len(qs))
 	}
-	reg := registered(t)
 	used := map[string]bool{}
 	for _, q := range qs {
 		names := metricRef.FindAllString(q, -1)

@@ -118,7 +118,12 @@ pub struct NetBackend {
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemoryMmap>>>,
     acked: AtomicU64,
     active_pairs: AtomicU16,
-    stats: Stats,
+    /// One per queue pair (the control queue counts with pair 0).
+    stats: Vec<Stats>,
+    /// AF_XDP socket fds (per pair, when the port is one) for `XDP_STATISTICS` at scrape time.
+    xsk_fds: Vec<Option<std::os::fd::RawFd>>,
+    connections: AtomicU64,
+    refusals: AtomicU64,
     connection_errors: AtomicU64,
     signal_errors: AtomicU64,
     poll: Duration,
@@ -164,6 +169,7 @@ impl NetBackend {
         let resched = eventfds(ports.len())?;
         let exits = eventfds(ports.len())?;
         let fault = EventFd::new(EFD_NONBLOCK).map_err(BackendError::EventFd)?;
+        let xsk_fds = ports.iter().map(|p| p.xsk_fd()).collect();
         let pairs = ports
             .into_iter()
             .map(|port| {
@@ -182,7 +188,10 @@ impl NetBackend {
             mem: RwLock::new(None),
             acked: AtomicU64::new(0),
             active_pairs: AtomicU16::new(1),
-            stats: Stats::default(),
+            stats: (0..usize::from(config.queue_pairs)).map(|_| Stats::default()).collect(),
+            xsk_fds,
+            connections: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
             connection_errors: AtomicU64::new(0),
             signal_errors: AtomicU64::new(0),
             poll: DEFAULT_POLL,
@@ -200,9 +209,46 @@ impl NetBackend {
         &self.config
     }
 
-    /// Datapath counters.
+    /// Datapath counters, summed over the queue pairs.
     pub fn stats(&self) -> StatsSnapshot {
-        self.stats.snapshot()
+        self.stats.iter().fold(StatsSnapshot::default(), |a, s| a.sum(s.snapshot()))
+    }
+
+    /// Datapath counters of each queue pair.
+    pub fn pair_stats(&self) -> Vec<StatsSnapshot> {
+        self.stats.iter().map(Stats::snapshot).collect()
+    }
+
+    /// The AF_XDP socket fd of each queue pair's port (None for other ports). The fds stay
+    /// open for the backend's lifetime (the ports are owned by it).
+    pub fn xsk_fds(&self) -> &[Option<std::os::fd::RawFd>] {
+        &self.xsk_fds
+    }
+
+    /// Frames received from the port and waiting for guest RX buffers, per queue pair (takes
+    /// each pair's lock briefly: for scrapes, not the datapath).
+    pub fn rx_backlog(&self) -> Vec<usize> {
+        self.pairs.iter().map(|p| lock(p).rx.backlog()).collect()
+    }
+
+    /// Frontend connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Frontend connections refused by the hostile-frontend checks (`validate.rs`); also
+    /// counted in [`Self::connection_errors`].
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_connection(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_refusal(&self) {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        self.count_connection_error();
     }
 
     /// Frontend connections that ended with a protocol error (malformed messages).
@@ -334,22 +380,26 @@ impl NetBackend {
     fn run(
         &self,
         pair: usize,
+        is_rx: bool,
         vring: &VringRwLock,
-        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode) -> QueueRun,
+        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode, &Stats) -> QueueRun,
     ) -> Served {
         let Some(atomic) = self.memory() else { return Served::default() };
         let mem = atomic.memory();
-        let Some(p) = self.pairs.get(pair) else { return Served::default() };
+        let (Some(p), Some(stats)) = (self.pairs.get(pair), self.stats.get(pair)) else {
+            return Served::default();
+        };
         let mut p = lock(p);
         let mut vs = vring.get_mut();
         if !vs.get_queue().ready() || !vs.is_enabled() {
             return Served::default();
         }
         let old_used = vs.get_queue().next_used();
-        let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode());
+        let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode(), stats);
         drop(p);
         // One notification decision per run (not per frame), from the used index before it.
-        if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, &self.stats) {
+        if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, stats) {
+            let sent = if is_rx { &stats.rx_notifications } else { &stats.tx_notifications };
             if let Err(e) = vs.signal_used_queue() {
                 // A call eventfd at its maximum count (the frontend never reads it) fails every
                 // time: log the 1st, 2nd, 4th, 8th... failure only.
@@ -357,6 +407,8 @@ impl NetBackend {
                 if n.is_power_of_two() {
                     warn!("queue pair {pair}: signal guest: {e} ({n} failed signals)");
                 }
+            } else {
+                Stats::add(sent, 1);
             }
         }
         Served { handled: run.handled, more: run.more }
@@ -369,15 +421,15 @@ impl NetBackend {
     }
 
     fn run_rx(&self, pair: usize, vring: &VringRwLock) -> Served {
-        self.run(pair, vring, |p, q, mem, mode| {
-            net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, &self.stats, BUDGET)
+        self.run(pair, true, vring, |p, q, mem, mode, stats| {
+            net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, stats, BUDGET)
         })
     }
 
     /// Run TX; with `poll` guest kicks stay disabled when the queue runs empty.
     fn run_tx(&self, pair: usize, vring: &VringRwLock, poll: bool) -> Served {
-        self.run(pair, vring, |p, q, mem, mode| {
-            let (port, st, stats) = (p.port.as_mut(), &mut p.tx, &self.stats);
+        self.run(pair, false, vring, |p, q, mem, mode, stats| {
+            let (port, st) = (p.port.as_mut(), &mut p.tx);
             if poll {
                 net::tx_poll(q, mem, port, st, mode, stats, BUDGET)
             } else {
@@ -387,13 +439,13 @@ impl NetBackend {
     }
 
     /// Re-enable TX kicks before sleeping; true when chains arrived meanwhile.
-    fn arm_tx(&self, vring: &VringRwLock) -> bool {
-        let Some(atomic) = self.memory() else { return false };
+    fn arm_tx(&self, pair: usize, vring: &VringRwLock) -> bool {
+        let (Some(atomic), Some(stats)) = (self.memory(), self.stats.get(pair)) else { return false };
         let mut vs = vring.get_mut();
         if !vs.get_queue().ready() || !vs.is_enabled() {
             return false;
         }
-        net::arm_tx(vs.get_queue_mut(), &*atomic.memory(), &self.stats)
+        net::arm_tx(vs.get_queue_mut(), &*atomic.memory(), stats)
     }
 
     /// Serve pair `pair` after an event: both queues, then (with polling) keep polling until
@@ -438,7 +490,7 @@ impl NetBackend {
             // Going to sleep: re-arm, then look once more (work that raced with the arming).
             self.set_port_armed(pair, true);
             rechecked = true;
-            if self.arm_tx(tx) {
+            if self.arm_tx(pair, tx) {
                 continue;
             }
             return;
@@ -446,8 +498,8 @@ impl NetBackend {
     }
 
     fn run_ctrl(&self, vring: &VringRwLock) {
-        let run = self.run(0, vring, |_, q, mem, _| {
-            let (run, pairs) = net::ctrl_queue(q, mem, self.config.queue_pairs, &self.stats, BUDGET);
+        let run = self.run(0, false, vring, |_, q, mem, _, stats| {
+            let (run, pairs) = net::ctrl_queue(q, mem, self.config.queue_pairs, stats, BUDGET);
             if let Some(n) = pairs {
                 info!("guest enabled {n} queue pair(s)");
                 self.active_pairs.store(n, Ordering::Relaxed);

@@ -12,6 +12,7 @@ pub mod backend;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handover;
+pub mod metrics;
 pub mod net;
 pub mod port;
 mod relay;
@@ -98,6 +99,10 @@ pub struct Config {
     pub ports: PortSource,
     /// Adaptive polling window (zero: event-driven only); see `backend.rs`.
     pub poll: std::time::Duration,
+    /// Serve Prometheus metrics here (`host:port`, or a unix socket path); see `metrics.rs`.
+    pub metrics_listen: Option<String>,
+    /// The `vm` label of the metrics.
+    pub vm: String,
 }
 
 /// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
@@ -139,6 +144,12 @@ pub fn start_backend(config: Config) -> Result<()> {
     let max_frame = usize::from(config.device.mtu) + 18;
     let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
     let backend = Arc::new(NetBackend::new(config.device, ports)?.with_poll(config.poll));
+    if let Some(addr) = &config.metrics_listen {
+        let listener = metrics::MetricsListener::bind(addr).map_err(|e| Error::Setup("listen for metrics", e))?;
+        let registry = metrics::Exporter::new(backend.clone(), config.vm.clone()).registry();
+        metrics::spawn(listener, registry).map_err(|e| Error::Setup("start metrics thread", e))?;
+        info!("serving metrics on {addr}");
+    }
     info!("serving {} queue pair(s) on {}", config.device.queue_pairs, config.socket.display());
     serve(backend, &config.socket, None)
 }
@@ -169,6 +180,7 @@ pub fn serve(backend: Arc<NetBackend>, socket: &Path, max_connections: Option<us
         let fault = backend.fault_fd().map_err(|e| Error::Setup("duplicate fault eventfd", e))?;
         let relay = relay::spawn(frontend, to_daemon, fault).map_err(listen_err)?;
         daemon.start(&mut inner).map_err(|e| Error::Daemon(e.to_string()))?;
+        backend.count_connection();
         info!("frontend connected");
         match daemon.wait() {
             Ok(()) | Err(vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::Disconnected)) => {
@@ -188,7 +200,7 @@ pub fn serve(backend: Arc<NetBackend>, socket: &Path, max_connections: Option<us
         for t in relay {
             match t.join() {
                 Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
-                    backend.count_connection_error();
+                    backend.count_refusal();
                     warn!("frontend refused: {e}");
                 }
                 Ok(Err(e)) => debug!("relay: {e}"),

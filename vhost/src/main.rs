@@ -32,9 +32,14 @@ struct Args {
     /// Get ready AF_XDP sockets from the agent's SOCK_SEQPACKET socket (needs --vm).
     #[arg(long, requires = "vm")]
     xsk_socket: Option<PathBuf>,
-    /// VM name sent to the agent with --xsk-socket.
+    /// VM name: sent to the agent with --xsk-socket, and the `vm` label of the metrics
+    /// (default: the --socket file name).
     #[arg(long)]
     vm: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (ADDR: host:port, or a unix socket path
+    /// containing '/'). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
     /// Microseconds a worker keeps polling its queues and port after the last frame before it
     /// sleeps (0: purely event-driven). Polling saves wakeups and syscalls under load, at the
     /// cost of up to this much busy CPU after each burst.
@@ -62,6 +67,9 @@ impl TryFrom<Args> for Config {
     type Error = Error;
 
     fn try_from(a: Args) -> Result<Self, Error> {
+        let vm = a.vm.clone().unwrap_or_else(|| {
+            a.socket.file_name().map_or_else(|| "lanekit-vhost".into(), |n| n.to_string_lossy().into_owned())
+        });
         let ports = match (a.loopback, a.ifname, a.xsk_socket, a.vm) {
             (true, None, None, _) => PortSource::Loopback,
             (false, Some(ifname), None, _) => PortSource::Ifname(ifname),
@@ -77,6 +85,8 @@ impl TryFrom<Args> for Config {
             device: DeviceConfig { mac: parse_mac(&a.mac)?, queue_pairs: a.queues, mtu: a.mtu },
             ports,
             poll: std::time::Duration::from_micros(a.poll_us),
+            metrics_listen: a.metrics_listen,
+            vm,
         })
     }
 }
@@ -119,6 +129,10 @@ mod tests {
         assert_eq!(config(&["--loopback"]).unwrap().poll, std::time::Duration::from_micros(50));
         assert!(config(&["--loopback", "--poll-us", "0"]).unwrap().poll.is_zero());
         assert!(config(&["--loopback", "--poll-us", "2000000"]).is_err());
+        let c = config(&["--loopback", "--metrics-listen", "127.0.0.1:9200"]).unwrap();
+        assert_eq!((c.metrics_listen.as_deref(), c.vm.as_str()), (Some("127.0.0.1:9200"), "s"));
+        assert_eq!(config(&["--loopback", "--vm", "vm7"]).unwrap().vm, "vm7");
+        assert_eq!(config(&["--loopback"]).unwrap().metrics_listen, None);
     }
 
     #[test]

@@ -112,7 +112,7 @@ fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
     let bytes: usize = batch.iter().take(sent).map(<[u8]>::len).sum();
     Stats::add(&stats.tx_frames, sent as u64);
     Stats::add(&stats.tx_bytes, bytes as u64);
-    Stats::add(&stats.tx_dropped, (batch.len() - sent) as u64);
+    stats.tx_drop((batch.len() - sent) as u64, 0);
     batch.clear();
 }
 
@@ -135,17 +135,17 @@ fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, m
         return;
     }
     st.frames.clear();
-    let mut dropped = 0usize;
+    let (mut full, mut large) = (0usize, 0usize);
     for p in chains {
         if st.frames.len() == lent {
-            dropped += 1;
+            full += 1;
             continue;
         }
         let segs = &st.scratch.segs[p.start..p.end];
         match to_buf(mem, mode, segs, p.total, port.tx_buf(st.frames.len())) {
             Ok(frame) => st.frames.push(frame),
             // Valid, but larger than the port's frames: the port refuses it.
-            Err(ChainError::TooLarge(_)) => dropped += 1,
+            Err(ChainError::TooLarge(_)) => large += 1,
             Err(e) => stats.error(&e),
         }
     }
@@ -160,7 +160,7 @@ fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, m
     let bytes: usize = st.frames[..sent].iter().map(|f| f.1).sum();
     Stats::add(&stats.tx_frames, sent as u64);
     Stats::add(&stats.tx_bytes, bytes as u64);
-    Stats::add(&stats.tx_dropped, (st.frames.len() - sent + dropped) as u64);
+    stats.tx_drop((st.frames.len() - sent + full) as u64, large as u64);
 }
 
 /// Add every popped chain to the used ring (length 0: TX buffers are only read) and publish

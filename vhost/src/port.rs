@@ -109,6 +109,11 @@ pub trait Port: Send {
     /// frames. The backend registers it edge-triggered on its epoll loop.
     fn fd(&self) -> RawFd;
 
+    /// The AF_XDP socket behind this port, if it is one (for `XDP_STATISTICS` at scrape time).
+    fn xsk_fd(&self) -> Option<RawFd> {
+        None
+    }
+
     /// Short description for logs.
     fn describe(&self) -> String;
 }

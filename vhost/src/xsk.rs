@@ -49,6 +49,7 @@ const XDP_TX_RING: libc::c_int = 3;
 const XDP_UMEM_REG: libc::c_int = 4;
 const XDP_UMEM_FILL_RING: libc::c_int = 5;
 const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_STATISTICS: libc::c_int = 7;
 const XDP_PGOFF_RX_RING: libc::off_t = 0;
 const XDP_PGOFF_TX_RING: libc::off_t = 0x8000_0000;
 const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
@@ -330,6 +331,38 @@ impl<T: Copy> Ring<T> {
     }
 }
 
+/// `struct xdp_statistics` (`getsockopt(SOL_XDP, XDP_STATISTICS)`): the kernel's counters of
+/// one AF_XDP socket. Kernels before 5.9 fill only the first three (the others read 0).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct XdpStatistics {
+    /// Frames dropped for reasons other than invalid descriptors (e.g. no fill ring entry).
+    pub rx_dropped: u64,
+    /// Invalid descriptors dropped on RX (fill ring).
+    pub rx_invalid_descs: u64,
+    /// Invalid descriptors dropped on TX.
+    pub tx_invalid_descs: u64,
+    /// Frames dropped because the RX ring was full.
+    pub rx_ring_full: u64,
+    /// Times the fill ring was empty when the kernel needed a buffer.
+    pub rx_fill_ring_empty_descs: u64,
+    /// Times the TX ring was empty when the kernel looked for frames to send.
+    pub tx_ring_empty_descs: u64,
+}
+
+/// Read `XDP_STATISTICS` of the AF_XDP socket `fd`.
+pub fn xdp_statistics(fd: RawFd) -> io::Result<XdpStatistics> {
+    let mut st = XdpStatistics::default();
+    let mut len = size_of::<XdpStatistics>() as libc::socklen_t;
+    // SAFETY: st is a writable, initialised buffer of `len` bytes; the kernel writes at most len
+    // bytes and reports how many in len. A bad fd only makes the call fail.
+    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_STATISTICS, (&raw mut st).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
 fn getsockopt_offsets(fd: RawFd) -> io::Result<MmapOffsets> {
     let mut off = MmapOffsets::default();
     let mut len = size_of::<MmapOffsets>() as libc::socklen_t;
@@ -590,6 +623,10 @@ impl Port for XskPort {
 
     fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    fn xsk_fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
     }
 
     fn describe(&self) -> String {

@@ -68,10 +68,40 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
     assert_eq!(rx, inbound, "frames from the veth peer delivered to the guest");
     let s = backend.stats();
     assert_eq!((s.tx_frames, s.errors), (10, 0), "{s:?}");
+    check_xdp_metrics(&backend);
     drop(g);
     server.join().unwrap();
     drop(redirect);
     let _ = std::fs::remove_file(&path);
+}
+
+/// The exporter's `lanekit_vhost_xdp_*` samples are the socket's own `XDP_STATISTICS`: equal to
+/// a direct `getsockopt` on the backend's fd, and not all zero (copy-mode TX finds the TX ring
+/// empty at the end of every kick, `tx_ring_empty_descs`).
+fn check_xdp_metrics(backend: &Arc<NetBackend>) {
+    use lanekit_vhost::metrics::{render, Exporter};
+    use lanekit_vhost::xsk::xdp_statistics;
+
+    let fd = backend.xsk_fds()[0].expect("the port is an AF_XDP socket");
+    let text = render(&Exporter::new(backend.clone(), "vm-x").registry());
+    let direct = xdp_statistics(fd).expect("XDP_STATISTICS");
+    let sample = |name: &str| -> u64 {
+        let prefix = format!("lanekit_vhost_xdp_{name}_total{{vm=\"vm-x\",queue=\"0\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix} in\n{text}"));
+        line[prefix.len()..].parse().unwrap()
+    };
+    let scraped = lanekit_vhost::xsk::XdpStatistics {
+        rx_dropped: sample("rx_dropped"),
+        rx_invalid_descs: sample("rx_invalid_descs"),
+        tx_invalid_descs: sample("tx_invalid_descs"),
+        rx_ring_full: sample("rx_ring_full"),
+        rx_fill_ring_empty_descs: sample("rx_fill_ring_empty_descs"),
+        tx_ring_empty_descs: sample("tx_ring_empty_descs"),
+    };
+    assert_eq!(scraped, direct, "exported XDP statistics vs getsockopt");
+    assert!(direct.tx_ring_empty_descs > 0, "{direct:?}");
+    assert_eq!((direct.rx_invalid_descs, direct.tx_invalid_descs), (0, 0), "{direct:?}");
+    assert!(text.contains("lanekit_vhost_tx_packets_total{vm=\"vm-x\",queue=\"0\"} 10\n"), "{text}");
 }
 
 /// The agent side of the handover, as `xsk.rs` documents it, played by the test: sockets created

@@ -68,6 +68,11 @@ pub struct Backend {
 
 impl Backend {
     pub fn start(tag: &str) -> Backend {
+        Self::start_with(tag, &[])
+    }
+
+    /// [`Backend::start`] with extra command line arguments.
+    pub fn start_with(tag: &str, extra: &[&str]) -> Backend {
         let dir = std::env::temp_dir();
         let path = dir.join(format!("lk-hostile-{}-{tag}.sock", std::process::id()));
         let log = path.with_extension("log");
@@ -75,6 +80,7 @@ impl Backend {
         let child = Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
             .args(["--loopback", "--queues", "1", "--socket"])
             .arg(&path)
+            .args(extra)
             .env("RUST_LOG", "info")
             .stderr(File::create(&log).expect("backend log"))
             .stdout(Stdio::null())
