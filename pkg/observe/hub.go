@@ -131,11 +131,13 @@ type Subscription struct {
 
 // Subscribe adds a subscriber, starting the reader (and enabling the BPF
 // events) if it is the first.
-func (h *Hub) Subscribe(f Filter) (*Subscription, error) {
+func (h *Hub) Subscribe(f Filter) (*Subscription, error) { return h.subscribe(f, h.opts.QueueLen) }
+
+func (h *Hub) subscribe(f Filter, queueLen int) (*Subscription, error) {
 	if err := f.Validate(); err != nil {
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
-	s := &Subscription{h: h, filter: f, ch: make(chan *Flow, h.opts.QueueLen), notify: make(chan struct{}, 1)}
+	s := &Subscription{h: h, filter: f, ch: make(chan *Flow, queueLen), notify: make(chan struct{}, 1)}
 	h.life.Lock()
 	defer h.life.Unlock()
 	h.mu.Lock()

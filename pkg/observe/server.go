@@ -115,4 +115,3 @@ func OpenPinned(pinDir string) func() (Source, error) {
 		return r, nil
 	}
 }
-
