@@ -31,7 +31,9 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type ObserverClient interface {
 	// Observe streams flow events until the client cancels. The BPF programs
-	// report events only while at least one Observe call is open.
+	// report events only while at least one Observe call is open. The server
+	// sends the response headers once the events are on: everything the
+	// datapath does after that is reported.
 	Observe(ctx context.Context, in *ObserveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowEvent], error)
 }
 
@@ -67,7 +69,9 @@ type Observer_ObserveClient = grpc.ServerStreamingClient[FlowEvent]
 // for forward compatibility.
 type ObserverServer interface {
 	// Observe streams flow events until the client cancels. The BPF programs
-	// report events only while at least one Observe call is open.
+	// report events only while at least one Observe call is open. The server
+	// sends the response headers once the events are on: everything the
+	// datapath does after that is reported.
 	Observe(*ObserveRequest, grpc.ServerStreamingServer[FlowEvent]) error
 	mustEmbedUnimplementedObserverServer()
 }

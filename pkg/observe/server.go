@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
@@ -50,6 +51,11 @@ func (s *Server) Observe(req *apiv1.ObserveRequest, stream grpc.ServerStreamingS
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	defer sub.Close()
+	// Headers tell the client that events are on: what happens from now
+	// on is reported.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
 	ctx := stream.Context()
 	for {
 		m, err := sub.Next(ctx)
