@@ -97,8 +97,10 @@ func observe(ctx context.Context, out io.Writer, req *apiv1.ObserveRequest) erro
 	for observeOpts.count == 0 || n < observeOpts.count {
 		ev, err := stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) || ctx.Err() != nil && status.Code(err) == codes.DeadlineExceeded ||
-				status.Code(err) == codes.Canceled {
+			// The window closing (gRPC may see the deadline before ctx
+			// does) or an interrupt end the stream normally.
+			code := status.Code(err)
+			if errors.Is(err, io.EOF) || code == codes.Canceled || !observeOpts.follow && code == codes.DeadlineExceeded {
 				return nil
 			}
 			return fmt.Errorf("observe: %w", err)
