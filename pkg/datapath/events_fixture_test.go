@@ -24,7 +24,7 @@ func runPod(t *testing.T, e *fixtureEnv, ifindex int, in []byte) uint32 {
 }
 
 // readEvents returns every event already in the ring.
-func readEvents(t *testing.T, r *EventReader) []Event {
+func readEvents(t testing.TB, r *EventReader) []Event {
 	t.Helper()
 	var evs []Event
 	for {
