@@ -103,6 +103,9 @@ func observe(ctx context.Context, out io.Writer, req *apiv1.ObserveRequest) erro
 			if errors.Is(err, io.EOF) || code == codes.Canceled || !observeOpts.follow && code == codes.DeadlineExceeded {
 				return nil
 			}
+			if code == codes.Unimplemented {
+				return fmt.Errorf("observe: the agent at %s serves no flow events (it runs without the BPF datapath, or predates them)", agentSocket)
+			}
 			return fmt.Errorf("observe: %w", err)
 		}
 		if observeOpts.json {

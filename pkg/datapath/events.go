@@ -79,7 +79,8 @@ type EventReader struct {
 	monoOffset        time.Duration // wall clock - CLOCK_MONOTONIC
 }
 
-// OpenEvents opens the event maps pinned in pinDir by a loaded datapath.
+// OpenEvents opens the event maps pinned in pinDir by a loaded datapath,
+// skipping the events already in the ring.
 func OpenEvents(pinDir string) (*EventReader, error) {
 	var ms [3]*ebpf.Map
 	for i, name := range []string{pinEvents, pinEventsCfg, pinEventsLost} {
@@ -117,7 +118,23 @@ func newEventReader(events, cfg, lost *ebpf.Map) (*EventReader, error) {
 		return nil, fmt.Errorf("open events: read monotonic clock: %w", err)
 	}
 	off := time.Duration(time.Now().UnixNano() - ts.Nano())
-	return &EventReader{events: events, cfg: cfg, lost: lost, rd: rd, monoOffset: off}, nil
+	r := &EventReader{events: events, cfg: cfg, lost: lost, rd: rd, monoOffset: off}
+	r.discard()
+	return r, nil
+}
+
+// discard skips the records already in the ring: the tail of an earlier
+// reader's session (written before it turned the events off), or what the
+// programs wrote while an agent that had them on was down.
+func (r *EventReader) discard() {
+	var rec ringbuf.Record
+	for {
+		r.rd.SetDeadline(time.Now())
+		if err := r.rd.ReadInto(&rec); err != nil {
+			break
+		}
+	}
+	r.rd.SetDeadline(time.Time{})
 }
 
 // Configure writes which events the programs emit. The zero config stops

@@ -115,6 +115,29 @@ func TestEventsFixture(t *testing.T) {
 	if lost, err := r.Lost(); err != nil || lost != 0 {
 		t.Fatalf("lost = %d, %v; want 0", lost, err)
 	}
+
+	// Left on by an agent that died: a new datapath turns them off, and a
+	// new reader skips what was written meanwhile.
+	if err := r.Configure(EventsConfig{Drops: true}); err != nil {
+		t.Fatal(err)
+	}
+	r.rd.Close() // the agent dies: nobody turns them off
+	r.events.Close()
+	r.cfg.Close()
+	r.lost.Close()
+	runPod(t, e, ifH1(e), spoofed)
+	dp2, err := Open(Config{PinDir: e.pinDir, traceRedirects: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp2.Close()
+	if r, err = OpenEvents(e.pinDir); err != nil {
+		t.Fatal(err)
+	}
+	runPod(t, e, ifH1(e), spoofed)
+	if evs := readEvents(t, r); len(evs) != 0 {
+		t.Fatalf("after a restart: read %+v, want nothing (stale event skipped, events off)", evs)
+	}
 }
 
 // TestEventsRingFull: when the ring is full, events are counted lost.
