@@ -103,6 +103,35 @@ func TestEventsFixture(t *testing.T) {
 		t.Fatalf("forwarded events %+v, want one from endpoint %d to %d", evs, e.ep1.ID, e.ep2.ID)
 	}
 
+	// From the uplink into pod 1, and pod 1 to a remote pod (out of the
+	// uplink): sampled too, with no sending / no receiving endpoint.
+	fromWire := testutil.IPv4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", "10.244.1.10", 63)
+	opts := &ebpf.RunOptions{Data: fromWire, DataOut: make([]byte, len(fromWire)+256), Context: skbCtx{Ifindex: uint32(ifUp(e))}}
+	if ret, err := e.dp.uplink.FromUplink.Run(opts); err != nil || ret != tcActRedirect {
+		t.Fatalf("uplink frame: verdict %d, %v", ret, err)
+	}
+	if ret := runPod(t, e, ifH1(e), testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)); ret != tcActRedirect {
+		t.Fatalf("frame to a remote pod: verdict %d, want redirect", ret)
+	}
+	evs = readEvents(t, r)
+	if len(evs) != 2 || evs[0].EndpointID != 0 || evs[0].PeerID != e.ep1.ID || evs[0].IfIndex != uint32(ifUp(e)) ||
+		evs[1].EndpointID != e.ep1.ID || evs[1].PeerID != 0 || evs[1].Dst != netip.MustParseAddr("10.244.2.5") {
+		t.Fatalf("forwarded events %+v, want uplink -> endpoint %d, then endpoint %d -> remote", evs, e.ep1.ID, e.ep1.ID)
+	}
+
+	// One in N: over many packets, about 1/N of them (a loose bound: the
+	// choice is random).
+	if err := r.Configure(EventsConfig{Forwarded: true, SampleRate: 4}); err != nil {
+		t.Fatal(err)
+	}
+	const sent = 400
+	for i := 0; i < sent; i++ {
+		runPod(t, e, ifH1(e), toPod2)
+	}
+	if n := len(readEvents(t, r)); n < sent/4/3 || n > sent/4*3 {
+		t.Fatalf("1 in 4 of %d packets: %d events", sent, n)
+	}
+
 	// Off again: nothing more.
 	if err := r.Configure(EventsConfig{}); err != nil {
 		t.Fatal(err)
