@@ -39,5 +39,5 @@ int from_uplink(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
-	return deliver_local(skb, &p, dst);
+	return deliver_local(skb, &p, 0, dst);
 }

@@ -18,6 +18,7 @@
 #include "lib/structs.h"
 #include "lib/maps.h"
 #include "lib/parse.h"
+#include "lib/events.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -50,6 +51,8 @@ static __always_inline int is_vm_mac(const __u8 *mac)
 static __always_inline int xdp_drop(struct xdp_md *ctx, __u32 reason)
 {
 	metrics_add(vm_id, METRIC_DROP_BASE + reason, ctx->data_end - ctx->data);
+	event_drop(reason, vm_id, ctx->ingress_ifindex, ctx->data_end - ctx->data,
+		   (void *)(long)ctx->data, (void *)(long)ctx->data_end);
 	return XDP_DROP;
 }
 

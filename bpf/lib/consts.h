@@ -18,6 +18,7 @@
 
 #define LK_MAX_ENDPOINTS 4096
 #define LK_MAX_XSKS 1024
+#define LK_EVENTS_RING_BYTES (256 * 1024) /* lk_events: ~5000 events */
 
 /* Drop reasons: datapath.DropReason. */
 enum lk_drop_reason {
@@ -56,10 +57,24 @@ enum lk_endpoint_flags {
 	EP_F_L3 = 2, /* an L3 device (netkit L3): no link-layer addresses, no ARP */
 };
 
+/* Flow event kinds: struct lk_event.kind. */
+enum lk_event_kind {
+	EVENT_DROP = 1, /* the datapath dropped the packet; reason set */
+	EVENT_FORWARDED = 2, /* a sampled packet the datapath forwarded */
+};
+
+/* events_cfg.flags: which events the BPF programs emit. */
+enum lk_events_flags {
+	EVENTS_F_DROPS = 1,
+	EVENTS_F_FORWARDED = 2, /* one in events_cfg.sample_rate forwarded packets */
+};
+
 /* Keep the enums in BTF for bpf2go -type even where no code names the type. */
 const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));
 const enum lk_metric_kind *lk_unused_metric_kind __attribute__((unused));
 const enum lk_redirect_kind *lk_unused_redirect_kind __attribute__((unused));
 const enum lk_endpoint_flags *lk_unused_endpoint_flags __attribute__((unused));
+const enum lk_event_kind *lk_unused_event_kind __attribute__((unused));
+const enum lk_events_flags *lk_unused_events_flags __attribute__((unused));
 
 #endif

@@ -9,12 +9,15 @@
 #include <bpf/bpf_helpers.h>
 #include "consts.h"
 #include "csum.h"
+#include "events.h"
 #include "maps.h"
 #include "parse.h"
 
 static __always_inline int drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason)
 {
 	metrics_add(ep_id, METRIC_DROP_BASE + reason, skb->len);
+	event_drop(reason, ep_id, skb->ifindex, skb->len, (void *)(long)skb->data,
+		   (void *)(long)skb->data_end);
 	return TC_ACT_SHOT;
 }
 
@@ -43,10 +46,12 @@ static __always_inline int to_endpoint(struct __sk_buff *skb, const struct endpo
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
-/* deliver_local rewrites the frame for a local endpoint and hands it over. */
-static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p,
+/* deliver_local rewrites the frame for a local endpoint and hands it over.
+ * src_id is the sending endpoint (0: from the uplink). */
+static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 src_id,
 					 const struct endpoint_info *dst)
 {
+	skb_event_forwarded(skb, src_id, dst->id);
 	ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, dst->mac);
 	mac_copy(p->eth->h_source, dst->host_mac);
@@ -96,7 +101,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints, &iph->daddr);
 
 	if (dst)
-		return deliver_local(skb, p, dst);
+		return deliver_local(skb, p, ep_id, dst);
 
 	/* tot_len 0: no MTU check on the IP length inside the lookup (it would
 	 * fail every GSO packet); fits_mtu below does the GSO-aware one. */
@@ -116,6 +121,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 		/* Route and neighbour known: rewrite and transmit directly. */
 		if (!fits_mtu(skb, iph, fib.ifindex))
 			return to_stack(skb, ep_id); /* ICMP frag needed, or fragment */
+		skb_event_forwarded(skb, ep_id, 0);
 		ipv4_decrease_ttl(iph);
 		mac_copy(p->eth->h_dest, fib.dmac);
 		mac_copy(p->eth->h_source, fib.smac);
@@ -131,6 +137,7 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 
 		if (!fits_mtu(skb, iph, fib.ifindex))
 			return to_stack(skb, ep_id);
+		skb_event_forwarded(skb, ep_id, 0);
 		ipv4_decrease_ttl(iph);
 		trace_redirect(fib.ifindex, REDIR_NEIGH, skb->queue_mapping);
 		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);

@@ -34,4 +34,28 @@ struct redirect_trace {
 	__u32 queue_mapping; /* skb->queue_mapping when the redirect was decided */
 };
 
+/* lk_events_cfg's one value: what the programs report (agent-written). */
+struct events_cfg {
+	__u32 flags; /* enum lk_events_flags; 0: nothing, no cost beyond this lookup */
+	__u32 sample_rate; /* EVENTS_F_FORWARDED: one in sample_rate packets (0/1: all) */
+};
+
+/* One flow event in lk_events. */
+struct lk_event {
+	__u64 ts_ns; /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
+	__u32 kind; /* enum lk_event_kind */
+	__u32 reason; /* enum lk_drop_reason for EVENT_DROP */
+	__u32 ep_id; /* endpoint charged (drop) or sending (forwarded); 0: none */
+	__u32 peer_ep_id; /* forwarded: the local endpoint receiving it; 0: none */
+	__u32 ifindex; /* device the packet entered on */
+	__u32 len; /* packet length in bytes */
+	__be32 saddr; /* IPv4 only */
+	__be32 daddr;
+	__be16 sport; /* TCP/UDP only */
+	__be16 dport;
+	__be16 l3_proto; /* EtherType; 0: too short */
+	__u8 l4_proto; /* IPv4 protocol */
+	__u8 pad;
+};
+
 #endif

@@ -13,8 +13,11 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/lanekit/lanekit/pkg/agent"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
+	"github.com/lanekit/lanekit/pkg/observe"
 )
 
 func main() {
@@ -78,8 +81,16 @@ func run(args []string) error {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})
 		cfg.ServerOptions = append(cfg.ServerOptions, m.ServerOption())
 	}
+	var a *agent.Agent
+	cfg.ExtraServices = func(srv *grpc.Server) {
+		observe.NewServer(observe.NewHub(observe.Options{
+			Open: observe.OpenPinned(cfg.BPFDir), Endpoints: a, Log: log})).Register(srv)
+	}
+	if cfg.Datapath == agent.BackendNone {
+		cfg.ExtraServices = nil // flow events come from the BPF datapath
+	}
 	start := time.Now()
-	a, err := agent.New(cfg, log)
+	a, err = agent.New(cfg, log)
 	if err != nil {
 		return err
 	}

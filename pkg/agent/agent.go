@@ -53,6 +53,9 @@ type Config struct {
 	// ServerOptions are added to the API's gRPC server (the metrics
 	// interceptor that times each call).
 	ServerOptions []grpc.ServerOption
+	// ExtraServices registers more services on the API's gRPC server (the
+	// flow event Observer, pkg/observe).
+	ExtraServices func(*grpc.Server)
 }
 
 // Agent is one node's agent.

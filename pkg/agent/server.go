@@ -49,6 +49,9 @@ func (a *Agent) listen() (*grpc.Server, net.Listener, error) {
 	}
 	srv := grpc.NewServer(a.cfg.ServerOptions...)
 	apiv1.RegisterAgentServer(srv, &server{a: a})
+	if a.cfg.ExtraServices != nil {
+		a.cfg.ExtraServices(srv)
+	}
 	return srv, lis, nil
 }
 

@@ -115,6 +115,14 @@ func (l *Loader) load() error {
 		l.uplink.Close()
 		return fmt.Errorf("load vm programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
 	}
+	// Flow events start off: a previous agent may have died with them on,
+	// and nobody reads them until someone observes.
+	if err := l.pod.LkEventsCfg.Put(uint32(0), podEventsCfg{}); err != nil {
+		l.pod.Close()
+		l.uplink.Close()
+		l.vm.Close()
+		return fmt.Errorf("turn flow events off: %w", err)
+	}
 	return nil
 }
 

@@ -24,6 +24,12 @@ type podEndpointInfo struct {
 	Flags   uint16
 }
 
+type podEventsCfg struct {
+	_          structs.HostLayout
+	Flags      uint32
+	SampleRate uint32
+}
+
 type podLkDropReason uint32
 
 const (
@@ -45,6 +51,38 @@ type podLkEndpointFlags uint32
 const (
 	podLkEndpointFlagsEP_F_VM podLkEndpointFlags = 1
 	podLkEndpointFlagsEP_F_L3 podLkEndpointFlags = 2
+)
+
+type podLkEvent struct {
+	_        structs.HostLayout
+	TsNs     uint64
+	Kind     uint32
+	Reason   uint32
+	EpId     uint32
+	PeerEpId uint32
+	Ifindex  uint32
+	Len      uint32
+	Saddr    uint32
+	Daddr    uint32
+	Sport    uint16
+	Dport    uint16
+	L3Proto  uint16
+	L4Proto  uint8
+	Pad      uint8
+}
+
+type podLkEventKind uint32
+
+const (
+	podLkEventKindEVENT_DROP      podLkEventKind = 1
+	podLkEventKindEVENT_FORWARDED podLkEventKind = 2
+)
+
+type podLkEventsFlags uint32
+
+const (
+	podLkEventsFlagsEVENTS_F_DROPS     podLkEventsFlags = 1
+	podLkEventsFlagsEVENTS_F_FORWARDED podLkEventsFlags = 2
 )
 
 type podLkMetricKind uint32
@@ -90,12 +128,18 @@ type podRedirectTrace struct {
 const (
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	podMapLkEvents              = "lk_events"
+	podMapLkEventsCfg           = "lk_events_cfg"
+	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkMetrics             = "lk_metrics"
 	podProgFromPod              = "from_pod"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
 	podVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	podVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	podVarLkUnusedEvent         = "lk_unused_event"
+	podVarLkUnusedEventKind     = "lk_unused_event_kind"
+	podVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	podVarTraceRedirects        = "trace_redirects"
@@ -152,6 +196,9 @@ type podProgramSpecs struct {
 type podMapSpecs struct {
 	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 }
 
@@ -163,6 +210,9 @@ type podVariableSpecs struct {
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
@@ -190,6 +240,9 @@ func (o *podObjects) Close() error {
 type podMaps struct {
 	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 }
 
@@ -197,6 +250,9 @@ func (m *podMaps) Close() error {
 	return _PodClose(
 		m.LkEndpoints,
 		m.LkEpByIfindex,
+		m.LkEvents,
+		m.LkEventsCfg,
+		m.LkEventsLost,
 		m.LkMetrics,
 	)
 }
@@ -209,6 +265,9 @@ type podVariables struct {
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`

@@ -89,6 +89,15 @@ func TestSteerVMFixtures(t *testing.T) {
 	}
 	t.Cleanup(func() { xl.Close() })
 	unconfigured := e.loadSteer(t, VM{ID: 8, MAC: vmMAC})
+	// Drop events on: each drop must report exactly one, for the VM.
+	events, err := OpenEvents(e.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { events.Close() })
+	if err := events.Configure(EventsConfig{Drops: true}); err != nil {
+		t.Fatal(err)
+	}
 
 	toVM := testutil.IPv4Frame(vmMAC, neighMAC, "10.244.2.5", "10.244.1.12", 63)
 	run := func(t *testing.T, prog *ebpf.Program, frame []byte, queue uint32) uint32 {
@@ -113,11 +122,19 @@ func TestSteerVMFixtures(t *testing.T) {
 		if d := after.Drops[reason] - before.Drops[reason]; d != 1 {
 			t.Fatalf("drop counter %s grew by %d, want 1", reason, d)
 		}
+		evs := readEvents(t, events)
+		if len(evs) != 1 || evs[0].Kind != EventDrop || evs[0].Reason != reason || evs[0].EndpointID != oneQ.ID ||
+			evs[0].IfIndex != uint32(ifx) || evs[0].Len != uint32(len(frame)) {
+			t.Fatalf("drop events %+v, want one %s drop of VM %d on ifindex %d", evs, reason, oneQ.ID, ifx)
+		}
 	}
 	expectRedirect := func(t *testing.T, frame []byte) {
 		t.Helper()
 		if ret := run(t, steer.SteerVm, frame, 0); ret != xdpRedirect {
 			t.Fatalf("verdict %d, want XDP_REDIRECT", ret)
+		}
+		if evs := readEvents(t, events); len(evs) != 0 {
+			t.Fatalf("delivered frame reported: %+v", evs)
 		}
 		var tr vmRedirectTrace
 		if err := steer.LastRedirect.Get(&tr); err != nil {

@@ -24,6 +24,12 @@ type uplinkEndpointInfo struct {
 	Flags   uint16
 }
 
+type uplinkEventsCfg struct {
+	_          structs.HostLayout
+	Flags      uint32
+	SampleRate uint32
+}
+
 type uplinkMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -49,11 +55,17 @@ type uplinkRedirectTrace struct {
 const (
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	uplinkMapLkEvents              = "lk_events"
+	uplinkMapLkEventsCfg           = "lk_events_cfg"
+	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	uplinkVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	uplinkVarLkUnusedEvent         = "lk_unused_event"
+	uplinkVarLkUnusedEventKind     = "lk_unused_event_kind"
+	uplinkVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarTraceRedirects        = "trace_redirects"
@@ -110,6 +122,9 @@ type uplinkProgramSpecs struct {
 type uplinkMapSpecs struct {
 	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 }
 
@@ -120,6 +135,9 @@ type uplinkVariableSpecs struct {
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
@@ -147,6 +165,9 @@ func (o *uplinkObjects) Close() error {
 type uplinkMaps struct {
 	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 }
 
@@ -154,6 +175,9 @@ func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
 		m.LkEndpoints,
 		m.LkEpByIfindex,
+		m.LkEvents,
+		m.LkEventsCfg,
+		m.LkEventsLost,
 		m.LkMetrics,
 	)
 }
@@ -165,6 +189,9 @@ type uplinkVariables struct {
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`

@@ -24,6 +24,12 @@ type vmEndpointInfo struct {
 	Flags   uint16
 }
 
+type vmEventsCfg struct {
+	_          structs.HostLayout
+	Flags      uint32
+	SampleRate uint32
+}
+
 type vmMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -49,12 +55,18 @@ type vmRedirectTrace struct {
 const (
 	vmMapLkEndpoints           = "lk_endpoints"
 	vmMapLkEpByIfindex         = "lk_ep_by_ifindex"
+	vmMapLkEvents              = "lk_events"
+	vmMapLkEventsCfg           = "lk_events_cfg"
+	vmMapLkEventsLost          = "lk_events_lost"
 	vmMapLkMetrics             = "lk_metrics"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
 	vmVarLastRedirect          = "last_redirect"
 	vmVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	vmVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
+	vmVarLkUnusedEvent         = "lk_unused_event"
+	vmVarLkUnusedEventKind     = "lk_unused_event_kind"
+	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	vmVarTraceRedirects        = "trace_redirects"
@@ -115,6 +127,9 @@ type vmProgramSpecs struct {
 type vmMapSpecs struct {
 	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
@@ -126,6 +141,9 @@ type vmVariableSpecs struct {
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
@@ -157,6 +175,9 @@ func (o *vmObjects) Close() error {
 type vmMaps struct {
 	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents      *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
@@ -165,6 +186,9 @@ func (m *vmMaps) Close() error {
 	return _VmClose(
 		m.LkEndpoints,
 		m.LkEpByIfindex,
+		m.LkEvents,
+		m.LkEventsCfg,
+		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkXsks,
 	)
@@ -177,6 +201,9 @@ type vmVariables struct {
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
+	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
+	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
+	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
