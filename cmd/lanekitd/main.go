@@ -86,9 +86,6 @@ func run(args []string) error {
 		observe.NewServer(observe.NewHub(observe.Options{
 			Open: observe.OpenPinned(cfg.BPFDir), Endpoints: a, Log: log})).Register(srv)
 	}
-	if cfg.Datapath == agent.BackendNone {
-		cfg.ExtraServices = nil // flow events come from the BPF datapath
-	}
 	start := time.Now()
 	a, err = agent.New(cfg, log)
 	if err != nil {
