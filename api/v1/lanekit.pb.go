@@ -808,8 +808,10 @@ type DatapathStatus struct {
 	// capacity the datapath cannot record new counters.
 	CounterEntries  uint32 `protobuf:"varint,6,opt,name=counter_entries,json=counterEntries,proto3" json:"counter_entries,omitempty"`
 	CounterCapacity uint32 `protobuf:"varint,7,opt,name=counter_capacity,json=counterCapacity,proto3" json:"counter_capacity,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Counter updates the datapath could not record because the map was full.
+	CounterUpdatesLost uint64 `protobuf:"varint,8,opt,name=counter_updates_lost,json=counterUpdatesLost,proto3" json:"counter_updates_lost,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DatapathStatus) Reset() {
@@ -887,6 +889,13 @@ func (x *DatapathStatus) GetCounterEntries() uint32 {
 func (x *DatapathStatus) GetCounterCapacity() uint32 {
 	if x != nil {
 		return x.CounterCapacity
+	}
+	return 0
+}
+
+func (x *DatapathStatus) GetCounterUpdatesLost() uint64 {
+	if x != nil {
+		return x.CounterUpdatesLost
 	}
 	return 0
 }
@@ -1938,7 +1947,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x12#\n" +
 	"\rips_allocated\x18\b \x01(\rR\fipsAllocated\x12!\n" +
-	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\"\xff\x01\n" +
+	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\"\xb1\x02\n" +
 	"\x0eDatapathStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x1f\n" +
@@ -1947,7 +1956,8 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x12device_mode_reason\x18\x04 \x01(\tR\x10deviceModeReason\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12'\n" +
 	"\x0fcounter_entries\x18\x06 \x01(\rR\x0ecounterEntries\x12)\n" +
-	"\x10counter_capacity\x18\a \x01(\rR\x0fcounterCapacity\"\xd0\x01\n" +
+	"\x10counter_capacity\x18\a \x01(\rR\x0fcounterCapacity\x120\n" +
+	"\x14counter_updates_lost\x18\b \x01(\x04R\x12counterUpdatesLost\"\xd0\x01\n" +
 	"\x0eKernelFeatures\x12\x18\n" +
 	"\arelease\x18\x01 \x01(\tR\arelease\x12%\n" +
 	"\x03tcx\x18\x02 \x01(\v2\x13.lanekit.v1.FeatureR\x03tcx\x12+\n" +

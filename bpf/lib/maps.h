@@ -35,6 +35,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_metrics SEC(".maps");
 
+/* Counter updates lk_metrics had no room for (a full map), per CPU, index 0:
+ * a full table is counted, never silent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_metrics_lost SEC(".maps");
+
 /* Test-only trace of the last redirect (see trace_redirects). */
 struct redirect_trace last_redirect;
 
@@ -52,7 +62,20 @@ static __always_inline void metrics_add(__u32 ep_id, __u32 kind, __u64 bytes)
 		return;
 	}
 	struct metrics_val init = { .packets = 1, .bytes = bytes };
-	bpf_map_update_elem(&lk_metrics, &key, &init, BPF_NOEXIST);
+	if (!bpf_map_update_elem(&lk_metrics, &key, &init, BPF_NOEXIST))
+		return;
+	/* Another CPU created the key meanwhile: count on this CPU's value. */
+	val = bpf_map_lookup_elem(&lk_metrics, &key);
+	if (val) {
+		val->packets++;
+		val->bytes += bytes;
+		return;
+	}
+	__u32 zero = 0;
+	__u64 *lost = bpf_map_lookup_elem(&lk_metrics_lost, &zero);
+
+	if (lost)
+		(*lost)++;
 }
 
 static __always_inline void trace_redirect(__u32 ifindex, __u32 kind, __u32 queue_mapping)

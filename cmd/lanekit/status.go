@@ -73,6 +73,9 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 		if dp.GetCounterEntries() >= c {
 			full = " FULL: new counters are not recorded"
 		}
+		if n := dp.GetCounterUpdatesLost(); n > 0 {
+			full += fmt.Sprintf(", %d counter updates lost", n)
+		}
 		fmt.Fprintf(out, "counters:     %d/%d entries%s\n", dp.GetCounterEntries(), c, full)
 	}
 	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())

@@ -410,6 +410,8 @@ type StatusInfo struct {
 	NotReadyReason string
 	// Counter map use: at capacity, new counters are not recorded.
 	MetricsEntries, MetricsCapacity int
+	// Counter updates the datapath could not record (counter map full).
+	MetricsLost uint64
 }
 
 // healthChecker is a datapath that can tell whether it still forwards.
@@ -417,7 +419,7 @@ type healthChecker interface{ Health() error }
 
 // metricsUsage is a datapath whose counter map can fill up.
 type metricsUsage interface {
-	MetricsUsage() (entries, capacity int, err error)
+	MetricsUsage() (entries, capacity int, lost uint64, err error)
 }
 
 // ready reports whether the agent can serve endpoints: its datapath is
@@ -445,7 +447,7 @@ func (a *Agent) Status() (StatusInfo, error) {
 	s.Ready, s.NotReadyReason = a.ready()
 	if mu, ok := a.dp.(metricsUsage); ok {
 		var err error
-		if s.MetricsEntries, s.MetricsCapacity, err = mu.MetricsUsage(); err != nil {
+		if s.MetricsEntries, s.MetricsCapacity, s.MetricsLost, err = mu.MetricsUsage(); err != nil {
 			return s, fmt.Errorf("status: %w", err)
 		}
 	}

@@ -243,6 +243,7 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 			Backend: st.Backend, Location: "local",
 			DeviceMode: string(st.DeviceMode), DeviceModeReason: st.DeviceModeReason,
 			CounterEntries: uint32(st.MetricsEntries), CounterCapacity: uint32(st.MetricsCapacity),
+			CounterUpdatesLost: st.MetricsLost,
 		},
 		Kernel: &apiv1.KernelFeatures{
 			Release: f.Release,

@@ -115,16 +115,24 @@ func (l *Loader) AllCounters() (map[uint32]Counters, error) {
 	return out, nil
 }
 
-// MetricsUsage returns how many counter entries lk_metrics holds and its
-// capacity: at capacity, new counters are not recorded.
-func (l *Loader) MetricsUsage() (entries, capacity int, err error) {
+// MetricsUsage returns how many counter entries lk_metrics holds, its
+// capacity, and how many counter updates the programs could not record
+// because it was full (lk_metrics_lost, summed over CPUs).
+func (l *Loader) MetricsUsage() (entries, capacity int, lost uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n, err := countEntries(l.pod.LkMetrics) // keys only: per-CPU values need not be read
 	if err != nil {
-		return 0, 0, fmt.Errorf("count counters: %w", err)
+		return 0, 0, 0, fmt.Errorf("count counters: %w", err)
 	}
-	return n, int(l.pod.LkMetrics.MaxEntries()), nil
+	var perCPU []uint64
+	if err := l.pod.LkMetricsLost.Lookup(uint32(0), &perCPU); err != nil {
+		return 0, 0, 0, fmt.Errorf("read lost counter updates: %w", err)
+	}
+	for _, v := range perCPU {
+		lost += v
+	}
+	return n, int(l.pod.LkMetrics.MaxEntries()), lost, nil
 }
 
 func (l *Loader) deleteMetrics(id uint32) error {

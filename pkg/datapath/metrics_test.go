@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 )
@@ -91,7 +93,7 @@ func TestMetricsHoldEveryEndpoint(t *testing.T) {
 			}
 		}
 	}
-	n, capacity, err := l.MetricsUsage()
+	n, capacity, _, err := l.MetricsUsage()
 	if err != nil || n != MetricsMaxEntries || capacity != MetricsMaxEntries {
 		t.Fatalf("usage = %d/%d %v, want full at %d", n, capacity, err, MetricsMaxEntries)
 	}
@@ -156,4 +158,58 @@ func BenchmarkListCounters(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestMetricsLostWhenFull: with lk_metrics full, an update that finds no room
+// is counted in lk_metrics_lost (and reported by MetricsUsage), never silent;
+// counters that already have an entry keep counting.
+func TestMetricsLostWhenFull(t *testing.T) {
+	e := newFixtureEnv(t)
+	frame := testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", 64)
+	// One counter that exists before the map fills: pod 1's "from" counter.
+	if v := runPod(t, e, ifH1(e), frame); v != tcActRedirect {
+		t.Fatalf("pod 1 to pod 2: verdict %d", v)
+	}
+	m := e.dp.pod.LkMetrics
+	n, capacity, lost, err := e.dp.MetricsUsage()
+	if err != nil || lost != 0 {
+		t.Fatalf("usage before filling: %d/%d, %d lost, %v", n, capacity, lost, err)
+	}
+	vals := make([]podMetricsVal, ebpf.MustPossibleCPU())
+	// Fill with ids no endpoint has, until the kernel refuses (E2BIG): the
+	// hash may run out of free elements a little before max_entries.
+	for id := uint32(1 << 20); ; id++ {
+		err := m.Update(podMetricsKey{EpId: id, Kind: metricFromEP}, vals, ebpf.UpdateNoExist)
+		if errors.Is(err, unix.E2BIG) {
+			break
+		}
+		if err != nil || n > capacity {
+			t.Fatalf("fill lk_metrics at %d/%d: %v", n, capacity, err)
+		}
+		n++
+	}
+	if n < capacity-ebpf.MustPossibleCPU() {
+		t.Fatalf("lk_metrics refused new entries at %d of %d", n, capacity)
+	}
+	// The uplink is no endpoint: from_pod drops as unknown-endpoint, whose
+	// counter (endpoint 0) has no entry and no room.
+	for range 3 {
+		if v := runPod(t, e, ifUp(e), frame); v != tcActShot {
+			t.Fatalf("frame from a non-endpoint device: verdict %d, want drop", v)
+		}
+	}
+	if v := runPod(t, e, ifH1(e), frame); v != tcActRedirect {
+		t.Fatalf("pod 1 to pod 2 with the map full: verdict %d", v)
+	}
+	// At least the 3 drops: the kernel may also send IPv6 neighbour discovery
+	// through the fixture's pod devices, whose drop counters have no room either.
+	if _, _, lost, err = e.dp.MetricsUsage(); err != nil || lost < 3 {
+		t.Fatalf("lost counter updates = %d (%v), want at least 3", lost, err)
+	}
+	if c, err := e.dp.Counters(0); err != nil || c.Drops[DropUnknownEP] != 0 {
+		t.Fatalf("endpoint 0 counters %+v (%v): the drop had no room to be counted", c, err)
+	}
+	if c, err := e.dp.Counters(e.ep1.ID); err != nil || c.FromPackets != 2 {
+		t.Fatalf("pod 1 counters %+v (%v): its existing entry must keep counting (want 2 sent)", c, err)
+	}
 }

@@ -132,6 +132,7 @@ const (
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkMetrics             = "lk_metrics"
+	podMapLkMetricsLost         = "lk_metrics_lost"
 	podProgFromPod              = "from_pod"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
@@ -200,6 +201,7 @@ type podMapSpecs struct {
 	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -244,6 +246,7 @@ type podMaps struct {
 	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
 }
 
 func (m *podMaps) Close() error {
@@ -254,6 +257,7 @@ func (m *podMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkMetrics,
+		m.LkMetricsLost,
 	)
 }
 

@@ -59,6 +59,7 @@ const (
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkMetrics             = "lk_metrics"
+	uplinkMapLkMetricsLost         = "lk_metrics_lost"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
@@ -126,6 +127,7 @@ type uplinkMapSpecs struct {
 	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -169,6 +171,7 @@ type uplinkMaps struct {
 	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -179,6 +182,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkMetrics,
+		m.LkMetricsLost,
 	)
 }
 

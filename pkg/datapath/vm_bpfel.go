@@ -59,6 +59,7 @@ const (
 	vmMapLkEventsCfg           = "lk_events_cfg"
 	vmMapLkEventsLost          = "lk_events_lost"
 	vmMapLkMetrics             = "lk_metrics"
+	vmMapLkMetricsLost         = "lk_metrics_lost"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
 	vmVarLastRedirect          = "last_redirect"
@@ -131,6 +132,7 @@ type vmMapSpecs struct {
 	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
 
@@ -179,6 +181,7 @@ type vmMaps struct {
 	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
 
@@ -190,6 +193,7 @@ func (m *vmMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkMetrics,
+		m.LkMetricsLost,
 		m.LkXsks,
 	)
 }
