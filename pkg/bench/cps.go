@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // CPSResult is what the connection-rate client reports (as one JSON line).
@@ -23,29 +25,12 @@ type CPSResult struct {
 // ServeCPS accepts connections on ln until ctx ends: each connection sends
 // one byte, the server reads it and closes. It runs in the server netns.
 func ServeCPS(ctx context.Context, ln net.Listener) error {
-	go func() {
-		<-ctx.Done()
-		ln.Close()
-	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return fmt.Errorf("cps server accept: %w", err)
-		}
-		go func(c net.Conn) {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			var b [1]byte
-			_, _ = io.ReadFull(c, b[:])
-		}(c)
-	}
+	return nsexec.Serve(ctx, ln, "cps server", func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		var b [1]byte
+		_, _ = io.ReadFull(c, b[:])
+	})
 }
 
 // RunCPS opens connections to addr for d with parallel workers: connect,
