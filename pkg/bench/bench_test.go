@@ -115,11 +115,16 @@ func sampleReport() *Report {
 		{Name: "bridge-iptables", ClientNS: "lk-n1-b1", ServerNS: "lk-n2-b1", ServerIP: "10.245.2.2"},
 		{Name: "lanekit-pod", ClientNS: "lk-n1-p1", ServerNS: "lk-n2-p1", ServerIP: "10.244.2.2"},
 	}
+	nan := math.NaN()
 	all := []samples{
 		{gbps: []float64{10, 12, 11}, p50: []float64{20, 22, 21}, p99: []float64{40, 44, 42}, cps: []float64{1000, 1200, 1100}},
-		{gbps: []float64{7, 8, 9}, p50: []float64{25, 26, 27}, p99: []float64{50, 52}, cps: []float64{800, 900, 1000},
+		{gbps: []float64{7, 8, 9}, p50: []float64{25, 26, 27}, p99: []float64{50, 52, nan}, cps: []float64{800, 900, 1000},
 			errs: []string{"rep 3 rr: boom"}},
-		{gbps: nil, p50: []float64{21}, p99: []float64{43}, cps: []float64{1050}},
+		{gbps: []float64{nan, nan, nan}, p50: []float64{21, nan, nan}, p99: []float64{43, nan, nan}, cps: []float64{1050, nan, nan}},
+	}
+	for i := range all {
+		all[i].cpsConns = []float64{100, 100, 100}
+		all[i].cpsErrs = []float64{0, 0, 0}
 	}
 	return buildReport(paths, all, Options{Repeat: 3, Duration: 2 * time.Second})
 }
@@ -182,7 +187,7 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"11.00 (10.00–12.00)", "1.00", "0.73", "error: bridge-iptables: rep 3 rr: boom", "lanekit-pod"} {
+	for _, want := range []string{"11.00 (10.00–12.00)", "1.00 (1.00–1.00)", "0.70 (0.67–0.82)", "error: bridge-iptables: rep 3 rr: boom", "lanekit-pod"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
