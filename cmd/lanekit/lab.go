@@ -114,11 +114,17 @@ func labBenchCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmark host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
-		Long: `Benchmark the lab's datapaths side by side, interleaved, --repeat times: host, bridge-iptables,
-lanekit-pod and, with a lab brought up with --vm, lanekit-vm (lanekit pod -> fast-lane guest) and
-bridge-tap-vm (baseline pod -> guest on a tap on the baseline bridge). Guests run under TCG: their
-rows are bounded by the emulated guest CPU.
+		Short: "Benchmark host-raw, host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
+		Long: `Benchmark the lab's datapaths side by side, interleaved, --repeat times: host-raw (two raw hosts
+on the wire: no netfilter rules, no conntrack, the physical limit), host (node to node through the
+nodes' kube-proxy rules and conntrack), bridge-iptables, lanekit-pod and, with a lab brought up with
+--vm, lanekit-vm (lanekit pod -> fast-lane guest) and bridge-tap-vm (baseline pod -> guest on a tap
+on the baseline bridge). Guests run under TCG: their rows are bounded by the emulated guest CPU.
+
+Every row is labelled with what its traffic pays for (BPF, netfilter, conntrack). Ratios are paired:
+each repetition measures every path back to back, the ratio is taken per repetition, and the table
+shows their median (min–max) against host-raw, with the targets checked against it. --busy-cpus
+keeps every CPU busy (SCHED_IDLE spinners) during RR so latencies exclude idle-exit.
 
 --vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
 and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
@@ -185,7 +191,8 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document instead of the table")
 	cmd.Flags().IntVar(&opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
-	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG bar chart of the ratios to host to this file")
+	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
+	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off")
 	return cmd
 }
