@@ -73,6 +73,7 @@ const (
 type samples struct {
 	gbps, p50, p99, cps []float64
 	cpsConns, cpsErrs   []float64 // connections made and failed, per repetition
+	cpsKinds            map[string]int64
 	errs                []string
 	cur                 int // the repetition being measured
 }
@@ -249,5 +250,11 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	}
 	s.cps[s.cur] = res.CPS
 	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
+	for k, n := range res.ErrorKinds {
+		if s.cpsKinds == nil {
+			s.cpsKinds = map[string]int64{}
+		}
+		s.cpsKinds[k] += n
+	}
 	return nil
 }

@@ -2,8 +2,10 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -134,5 +136,18 @@ func TestPairedTableAndJSON(t *testing.T) {
 	if !doc.BusyCPUs || lk.CPSErrs != 5 || lk.Includes["bpf"] != true || lk.Reps["tcp_gbps"][2] != nil ||
 		lk.Paired[RawPath] == nil || lk.TCP["median"] != 6.75 || len(doc.Targets) != 4 {
 		t.Errorf("json = %+v", doc)
+	}
+}
+
+func TestCPSErrorKinds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens: every connection is refused
+	res, err := RunCPS(context.Background(), addr, 100*time.Millisecond, 1)
+	if err == nil || res.Errors == 0 || res.ErrorKinds["connection refused"] != res.Errors {
+		t.Errorf("refused: %+v, %v", res, err)
 	}
 }

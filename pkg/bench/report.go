@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -55,6 +56,8 @@ type Row struct {
 	// CPSConns and CPSErrors total the connections made and failed.
 	CPSConns  int64 `json:"cps_conns"`
 	CPSErrors int64 `json:"cps_errors"`
+	// CPSErrorKinds counts the failed connections by cause.
+	CPSErrorKinds map[string]int64 `json:"cps_error_kinds,omitempty"`
 	// Paired holds, per reference row, the spread of this row's
 	// per-repetition ratios to it (both measured back to back in the same
 	// repetition).
@@ -122,7 +125,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			Includes: p.Includes,
 			Reps: Reps{TCPGbps: reps(s.gbps), RRP50us: reps(s.p50), RRP99us: reps(s.p99),
 				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
-			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)),
+			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
 		})
 	}
 	r.BusyCPUs = o.BusyCPUs
@@ -246,6 +249,12 @@ func (r *Report) writeRows(w io.Writer) error {
 		fmt.Fprintf(w, "target: %s\n", t)
 	}
 	for _, row := range r.Rows {
+		if row.CPSErrors > 0 {
+			fmt.Fprintf(w, "conn errors: %s: %d of %d attempts (%s); conn/s counts completed connections only\n",
+				row.Path, row.CPSErrors, row.CPSErrors+row.CPSConns, kindsText(row.CPSErrorKinds))
+		}
+	}
+	for _, row := range r.Rows {
 		if row.Note != "" {
 			fmt.Fprintf(w, "* %s: %s\n", row.Path, row.Note)
 		}
@@ -269,6 +278,28 @@ func (r *Report) reference() string {
 		}
 	}
 	return ""
+}
+
+// kindsText lists error causes, most frequent first.
+func kindsText(kinds map[string]int64) string {
+	keys := make([]string, 0, len(kinds))
+	for k := range kinds {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if kinds[keys[i]] != kinds[keys[j]] {
+			return kinds[keys[i]] > kinds[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d × %s", kinds[k], k)
+	}
+	if len(parts) == 0 {
+		return "causes not reported"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func pairedText(s *Summary) string {
