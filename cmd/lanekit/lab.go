@@ -111,6 +111,7 @@ func labBenchCmd() *cobra.Command {
 		opts      bench.Options
 		chart     string
 		vmBackend string
+		vhostBin  string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -128,10 +129,11 @@ keeps every CPU busy (SCHED_IDLE spinners) during RR so latencies exclude idle-e
 
 --vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
 and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
-PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never.`,
+PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never;
+only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" {
-				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on or off", vmBackend)
+			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" && vmBackend != "only" {
+				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", vmBackend)
 			}
 			bins, err := lab.FindBins()
 			if err != nil {
@@ -139,6 +141,8 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 			}
 			st, err := lab.LoadState()
 			switch {
+			case vmBackend == "only":
+				st = &lab.State{}
 			case errors.Is(err, lab.ErrNoLab) && vmBackend == "on":
 				st = &lab.State{}
 			case err != nil:
@@ -158,9 +162,12 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 					return err
 				}
 			}
-			if vmBackend == "on" || (vmBackend == "auto" && st.HasVM()) {
+			if vmBackend == "on" || vmBackend == "only" || (vmBackend == "auto" && st.HasVM()) {
+				if vhostBin == "" {
+					vhostBin = filepath.Join(bins.Dir, "lanekit-vhost")
+				}
 				rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
-					VhostBin: filepath.Join(bins.Dir, "lanekit-vhost"), Duration: opts.Duration,
+					VhostBin: vhostBin, Duration: opts.Duration,
 					Repeat: opts.Repeat, Progress: cmd.ErrOrStderr()})
 				switch {
 				case errors.Is(err, bench.ErrBackendUnavailable) && vmBackend == "auto":
@@ -193,7 +200,8 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
 	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
-	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off")
+	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
+	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }
 

@@ -199,11 +199,6 @@ func (r *Report) WriteJSON(w io.Writer) error {
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "machine: %s, %d cores, kernel %s; %d × %gs per metric, paths interleaved\n",
 		r.Machine.CPUModel, r.Machine.Cores, r.Machine.Kernel, r.Repeat, r.DurationS)
-	if r.BusyCPUs {
-		fmt.Fprintln(w, "RR measured with every CPU kept busy (SCHED_IDLE spinners): no idle-exit latency")
-	} else {
-		fmt.Fprintln(w, "RR measured with idle CPUs (latencies include idle-exit; --busy-cpus avoids it)")
-	}
 	if len(r.Rows) > 0 {
 		if err := r.writeRows(w); err != nil {
 			return err
@@ -220,6 +215,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 // writeRows prints the paths table (medians with min–max, and the paired
 // ratios to the reference row), the labels, the targets, notes and errors.
 func (r *Report) writeRows(w io.Writer) error {
+	if r.BusyCPUs {
+		fmt.Fprintln(w, "RR measured with every CPU kept busy (SCHED_IDLE spinners): no idle-exit latency")
+	} else {
+		fmt.Fprintln(w, "RR measured with idle CPUs (latencies include idle-exit; --busy-cpus avoids it)")
+	}
 	ref := r.reference()
 	x := "×" + ref
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-// The VM backend comparison (the Go form of vhost/bench/compare.sh): DPDK
+// The VM backend comparison (vhost/bench/compare.sh only wraps it): DPDK
 // testpmd's virtio_user PMD plays the guest driver and transmits (txonly)
 // into a vhost-user backend whose AF_XDP port sits on a veth in a namespace
 // created here; frames are counted as they arrive on the veth peer.
