@@ -60,7 +60,8 @@ type BackendMetric struct {
 // Backend comparison constants.
 const (
 	backendSetup = "frontend: dpdk-testpmd virtio_user txonly on CPU 0; backend on CPU 1; " +
-		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer"
+		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer; guest->wire only: " +
+		"lanekit-vhost --ifname makes its own sockets and loads no XDP program, so it receives nothing without the agent's steer_vm"
 	bfVeth, bfPeer  = "lkb0", "lkb1"
 	frameSize1500   = 1500
 	backendReady    = 15 * time.Second // socket / "Press enter" wait

@@ -37,7 +37,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 	client, server := PodNS(1, 1, KindLanekit), PodNS(2, 1, KindLanekit)
 	serverIP := podIP(ctx, server)
 	linksBefore, err := tcxLinkIDs(NodeNS(1))
-	if err != nil || len(linksBefore) != 2 {
+	if err != nil || len(linksBefore) < 2 {
 		t.Fatalf("tcx links of node 1 before the kill: %v %v (want the uplink's and the pod's)", linksBefore, err)
 	}
 	srv := nsCommand(ctx, server, "iperf3", "-s", "-1")
