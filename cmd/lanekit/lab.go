@@ -113,7 +113,7 @@ func labBenchCmd() *cobra.Command {
 		chart     string
 		vmBackend string
 		vhostBin  string
-		chartFrom string
+		from      string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -134,8 +134,20 @@ and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between it
 PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never;
 only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if chartFrom != "" {
-				return chartFromJSON(chartFrom, chart)
+			if from != "" {
+				rep, err := loadReport(from)
+				if err != nil {
+					return err
+				}
+				if chart != "" {
+					if err := writeChart(rep, chart); err != nil {
+						return err
+					}
+				}
+				if asJSON {
+					return rep.WriteJSON(cmd.OutOrStdout())
+				}
+				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" && vmBackend != "only" {
 				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", vmBackend)
@@ -206,25 +218,24 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
 	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
-	cmd.Flags().StringVar(&chartFrom, "chart-from", "", "measure nothing: draw --chart from this saved --json report")
+	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }
 
-// chartFromJSON draws the chart of a report saved with --json.
-func chartFromJSON(from, chart string) error {
-	if chart == "" {
-		return errors.New("lab bench: --chart-from needs --chart FILE.png")
-	}
+// loadReport reads a report saved with --json; ratios and targets are
+// recomputed from its per-repetition values.
+func loadReport(from string) (*bench.Report, error) {
 	data, err := os.ReadFile(from)
 	if err != nil {
-		return fmt.Errorf("lab bench: %w", err)
+		return nil, fmt.Errorf("lab bench: %w", err)
 	}
 	var rep bench.Report
 	if err := json.Unmarshal(data, &rep); err != nil {
-		return fmt.Errorf("lab bench: parse %s: %w", from, err)
+		return nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
 	}
-	return writeChart(&rep, chart)
+	rep.ComputeRatios()
+	return &rep, nil
 }
 
 func writeChart(rep *bench.Report, path string) error {

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestChartFromJSON(t *testing.T) {
+func TestBenchFromJSON(t *testing.T) {
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.png")
 	doc := `{"machine":{"kernel":"6.x","cpu_model":"cpu","cores":2},"repeat":3,"duration_s":5,"rows":[
@@ -17,7 +17,11 @@ func TestChartFromJSON(t *testing.T) {
 	if err := os.WriteFile(in, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := chartFromJSON(in, out); err != nil {
+	rep, err := loadReport(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeChart(rep, out); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(out)
@@ -28,13 +32,10 @@ func TestChartFromJSON(t *testing.T) {
 	if _, err := png.Decode(f); err != nil {
 		t.Fatalf("not a png: %v", err)
 	}
-	if err := chartFromJSON(in, ""); err == nil || !strings.Contains(err.Error(), "--chart") {
-		t.Errorf("no --chart: %v", err)
-	}
 	if err := os.WriteFile(in, []byte("{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := chartFromJSON(in, out); err == nil || !strings.Contains(err.Error(), "parse") {
+	if _, err := loadReport(in); err == nil || !strings.Contains(err.Error(), "parse") {
 		t.Errorf("bad json: %v", err)
 	}
 }

@@ -96,9 +96,8 @@ func TestPairedTableAndJSON(t *testing.T) {
 	out := buf.String()
 	for _, want := range []string{
 		"×host-raw", "conn errors", "includes",
-		"no BPF, no netfilter, no conntrack (node to node, no rules)",
-		"BPF, no netfilter, no conntrack",
-		"no BPF, netfilter, conntrack",
+		"includes: host-raw: node to node, no rules",
+		"  none  ", "  BPF  ", "  netfilter+conntrack  ",
 		"0.90 (0.90–0.90)",
 		"target: lanekit-pod TCP >= 0.97 × host-raw",
 		"SCHED_IDLE spinners",

@@ -245,6 +245,11 @@ func (r *Report) writeRows(w io.Writer) error {
 	if ref != "" {
 		fmt.Fprintf(w, "%s: median (min–max) over repetitions of the per-repetition ratio to %s (both measured back to back)\n", x, ref)
 	}
+	for _, row := range r.Rows {
+		if row.Includes.Detail != "" {
+			fmt.Fprintf(w, "includes: %s: %s\n", row.Path, row.Includes.Detail)
+		}
+	}
 	for _, t := range r.Targets {
 		fmt.Fprintf(w, "target: %s\n", t)
 	}
@@ -309,24 +314,22 @@ func pairedText(s *Summary) string {
 	return fmt.Sprintf("%.2f (%.2f–%.2f)", s.Median, s.Min, s.Max)
 }
 
-// includesText renders a row's label: what its traffic pays for.
+// includesText renders a row's label: what its traffic pays for ("none":
+// the bare link).
 func includesText(in Includes) string {
 	var parts []string
-	mark := func(on bool, what string) {
-		if on {
-			parts = append(parts, what)
-		} else {
-			parts = append(parts, "no "+what)
+	for _, f := range []struct {
+		on   bool
+		what string
+	}{{in.BPF, "BPF"}, {in.Netfilter, "netfilter"}, {in.Conntrack, "conntrack"}} {
+		if f.on {
+			parts = append(parts, f.what)
 		}
 	}
-	mark(in.BPF, "BPF")
-	mark(in.Netfilter, "netfilter")
-	mark(in.Conntrack, "conntrack")
-	s := strings.Join(parts, ", ")
-	if in.Detail != "" {
-		s += " (" + in.Detail + ")"
+	if len(parts) == 0 {
+		return "none"
 	}
-	return s
+	return strings.Join(parts, "+")
 }
 
 // WriteTable prints the backend comparison as a small table of its own.
