@@ -82,6 +82,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 	}
 	// 1.5 s of bulk TCP is tens of thousands of packets (ACKs at least);
 	// with the programs detached the counters stand still.
+	t.Logf("node 1 BPF counters with the agent dead: +%d packets in 1.5 s", after-before)
 	if grown := after - before; grown < minDeadPackets {
 		t.Errorf("node 1 BPF counters grew by %d packets in 1.5 s with the agent dead, want >= %d: the programs did not carry the flow",
 			grown, minDeadPackets)
@@ -94,6 +95,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("iperf3 seconds (agent killed at ~2 s): %v", secs)
 	if err := checkDeadSeconds(secs, 2, 3); err != nil {
 		t.Error(err)
 	}
