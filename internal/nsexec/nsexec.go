@@ -23,6 +23,17 @@ func Command(ctx context.Context, ns string, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// GroupCommand builds argv in its own process group that dies with this
+// process (Pdeathsig) and whose whole group a cancelled ctx kills; Wait
+// gives up on its output pipes waitDelay after that.
+func GroupCommand(ctx context.Context, waitDelay time.Duration, argv ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = waitDelay
+	return cmd
+}
+
 // Serve accepts connections on ln until ctx ends and runs handle for each in
 // its own goroutine; handle owns (and closes) the connection. Temporary
 // accept errors (timeouts) are retried; what is the server's name in errors.

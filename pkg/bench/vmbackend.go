@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // The VM backend comparison (vhost/bench/compare.sh only wraps it): DPDK
@@ -247,10 +249,7 @@ type proc struct {
 func startProc(ctx context.Context, life time.Duration, name string, argv ...string) (*proc, error) {
 	ctx, cancel := context.WithTimeout(ctx, life)
 	p := &proc{name: name, lines: make(chan string, 256), log: &tailLog{}, done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p.cmd.Cancel = func() error { return syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
-	p.cmd.WaitDelay = 2 * time.Second
+	p.cmd = nsexec.GroupCommand(ctx, 2*time.Second, argv...)
 	in, err := p.cmd.StdinPipe()
 	if err != nil {
 		cancel()
