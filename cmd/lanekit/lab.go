@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -111,21 +112,45 @@ func labBenchCmd() *cobra.Command {
 		opts      bench.Options
 		chart     string
 		vmBackend string
+		vhostBin  string
+		from      string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmark host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
-		Long: `Benchmark the lab's datapaths side by side, interleaved, --repeat times: host, bridge-iptables,
-lanekit-pod and, with a lab brought up with --vm, lanekit-vm (lanekit pod -> fast-lane guest) and
-bridge-tap-vm (baseline pod -> guest on a tap on the baseline bridge). Guests run under TCG: their
-rows are bounded by the emulated guest CPU.
+		Short: "Benchmark host-raw, host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
+		Long: `Benchmark the lab's datapaths side by side, interleaved, --repeat times: host-raw (two raw hosts
+on the wire: no netfilter rules, no conntrack, the physical limit), host (node to node through the
+nodes' kube-proxy rules and conntrack), bridge-iptables, lanekit-pod and, with a lab brought up with
+--vm, lanekit-vm (lanekit pod -> fast-lane guest) and bridge-tap-vm (baseline pod -> guest on a tap
+on the baseline bridge). Guests run under TCG: their rows are bounded by the emulated guest CPU.
+
+Every row is labelled with what its traffic pays for (BPF, netfilter, conntrack). Ratios are paired:
+each repetition measures every path back to back, the ratio is taken per repetition, and the table
+shows their median (min–max) against host-raw, with the targets checked against it. --busy-cpus
+keeps every CPU busy (SCHED_IDLE spinners) during RR so latencies exclude idle-exit.
 
 --vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
 and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
-PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never.`,
+PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never;
+only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" {
-				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on or off", vmBackend)
+			if from != "" {
+				rep, err := loadReport(from)
+				if err != nil {
+					return err
+				}
+				if chart != "" {
+					if err := writeChart(rep, chart); err != nil {
+						return err
+					}
+				}
+				if asJSON {
+					return rep.WriteJSON(cmd.OutOrStdout())
+				}
+				return rep.WriteTable(cmd.OutOrStdout())
+			}
+			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" && vmBackend != "only" {
+				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", vmBackend)
 			}
 			bins, err := lab.FindBins()
 			if err != nil {
@@ -133,6 +158,8 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 			}
 			st, err := lab.LoadState()
 			switch {
+			case vmBackend == "only":
+				st = &lab.State{}
 			case errors.Is(err, lab.ErrNoLab) && vmBackend == "on":
 				st = &lab.State{}
 			case err != nil:
@@ -152,9 +179,12 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 					return err
 				}
 			}
-			if vmBackend == "on" || (vmBackend == "auto" && st.HasVM()) {
+			if vmBackend == "on" || vmBackend == "only" || (vmBackend == "auto" && st.HasVM()) {
+				if vhostBin == "" {
+					vhostBin = filepath.Join(bins.Dir, "lanekit-vhost")
+				}
 				rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
-					VhostBin: filepath.Join(bins.Dir, "lanekit-vhost"), Duration: opts.Duration,
+					VhostBin: vhostBin, Duration: opts.Duration,
 					Repeat: opts.Repeat, Progress: cmd.ErrOrStderr()})
 				switch {
 				case errors.Is(err, bench.ErrBackendUnavailable) && vmBackend == "auto":
@@ -185,9 +215,27 @@ PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also withou
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document instead of the table")
 	cmd.Flags().IntVar(&opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
-	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG bar chart of the ratios to host to this file")
-	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off")
+	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
+	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
+	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
+	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
+	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
+}
+
+// loadReport reads a report saved with --json; ratios and targets are
+// recomputed from its per-repetition values.
+func loadReport(from string) (*bench.Report, error) {
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
+	}
+	rep.ComputeRatios()
+	return &rep, nil
 }
 
 func writeChart(rep *bench.Report, path string) error {

@@ -17,7 +17,7 @@ import (
 // lanekit lab ...`): the TCP echo of `lab check` and the connection-rate
 // pair of `lab bench`. Each is bounded in time.
 func init() {
-	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd())
+	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd(), cpuSpinCmd())
 }
 
 func tcpEchoCmd() *cobra.Command {
@@ -98,5 +98,21 @@ func cpsClientCmd() *cobra.Command {
 	cmd.Flags().StringVar(&addr, "addr", "", "server address")
 	cmd.Flags().DurationVar(&d, "duration", 5*time.Second, "how long to open connections")
 	cmd.Flags().IntVar(&parallel, "parallel", 2, "concurrent connection loops")
+	return cmd
+}
+
+// cpuSpinCmd keeps one CPU busy at SCHED_IDLE (started by `lab bench
+// --busy-cpus` under chrt --idle and taskset).
+func cpuSpinCmd() *cobra.Command {
+	var life time.Duration
+	cmd := &cobra.Command{
+		Use:    "cpu-spin",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.Spin(life)
+		},
+	}
+	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
 	return cmd
 }

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"image/color"
 	"image/png"
+	"io"
 	"math"
 	"net"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -115,11 +118,16 @@ func sampleReport() *Report {
 		{Name: "bridge-iptables", ClientNS: "lk-n1-b1", ServerNS: "lk-n2-b1", ServerIP: "10.245.2.2"},
 		{Name: "lanekit-pod", ClientNS: "lk-n1-p1", ServerNS: "lk-n2-p1", ServerIP: "10.244.2.2"},
 	}
+	nan := math.NaN()
 	all := []samples{
 		{gbps: []float64{10, 12, 11}, p50: []float64{20, 22, 21}, p99: []float64{40, 44, 42}, cps: []float64{1000, 1200, 1100}},
-		{gbps: []float64{7, 8, 9}, p50: []float64{25, 26, 27}, p99: []float64{50, 52}, cps: []float64{800, 900, 1000},
+		{gbps: []float64{7, 8, 9}, p50: []float64{25, 26, 27}, p99: []float64{50, 52, nan}, cps: []float64{800, 900, 1000},
 			errs: []string{"rep 3 rr: boom"}},
-		{gbps: nil, p50: []float64{21}, p99: []float64{43}, cps: []float64{1050}},
+		{gbps: []float64{nan, nan, nan}, p50: []float64{21, nan, nan}, p99: []float64{43, nan, nan}, cps: []float64{1050, nan, nan}},
+	}
+	for i := range all {
+		all[i].cpsConns = []float64{100, 100, 100}
+		all[i].cpsErrs = []float64{0, 0, 0}
 	}
 	return buildReport(paths, all, Options{Repeat: 3, Duration: 2 * time.Second})
 }
@@ -182,7 +190,7 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"11.00 (10.00–12.00)", "1.00", "0.73", "error: bridge-iptables: rep 3 rr: boom", "lanekit-pod"} {
+	for _, want := range []string{"11.00 (10.00–12.00)", "1.00 (1.00–1.00)", "0.70 (0.67–0.82)", "error: bridge-iptables: rep 3 rr: boom", "lanekit-pod"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -193,31 +201,50 @@ func TestReportTable(t *testing.T) {
 }
 
 func TestChart(t *testing.T) {
-	var buf bytes.Buffer
-	if err := sampleReport().WriteChart(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatalf("decode png: %v", err)
-	}
-	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
-		t.Fatalf("size = %v", b)
-	}
-	// Each row's colour appears (its bars and legend swatch).
-	seen := map[[3]uint32]bool{}
-	b := img.Bounds()
-	for y := b.Min.Y; y < b.Max.Y; y++ {
-		for x := b.Min.X; x < b.Max.X; x++ {
-			r, g, bl, _ := img.At(x, y).RGBA()
-			seen[[3]uint32{r >> 8, g >> 8, bl >> 8}] = true
+	// With guest rows the chart has a second row of panels; the guests'
+	// scale (here 0.3 Gbit/s, 900 µs) does not squash the netns rows.
+	withGuests := pairedReport()
+	withGuests.Rows = append(withGuests.Rows,
+		Row{Path: "lanekit-vm", Server: "guest:vm1", TCPGbps: Summary{0.2, 0.3, 0.35},
+			RRP50us: 900, RRP99us: 2500, CPSRange: Summary{150, 160, 170}},
+		Row{Path: "bridge-tap-vm", Server: "guest:vm-std", TCPGbps: Summary{0.1, 0.2, 0.25},
+			RRP50us: 1100, RRP99us: 3000, CPSRange: Summary{100, 120, 130}})
+	for _, c := range []struct {
+		name      string
+		r         *Report
+		panelRows int
+	}{{"netns", pairedReport(), 1}, {"guests", withGuests, 2}} {
+		panelH := max(chartPanelMin, chartRowH*3) // 3 netns rows at most
+		var buf bytes.Buffer
+		if err := c.r.WriteChart(&buf); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if dir := os.Getenv("LANEKIT_CHART_DIR"); dir != "" { // to look at it
+			_ = os.WriteFile(dir+"/chart-"+c.name+".png", buf.Bytes(), 0o644)
+		}
+		img, err := png.Decode(&buf)
+		if err != nil {
+			t.Fatalf("%s: decode png: %v", c.name, err)
+		}
+		if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartHeaderH+panelH*c.panelRows {
+			t.Errorf("%s: size %v, want %dx%d", c.name, b, chartW, chartHeaderH+panelH*c.panelRows)
+		}
+		seen := map[color.RGBA]bool{}
+		b := img.Bounds()
+		for y := b.Min.Y; y < b.Max.Y; y++ {
+			for x := b.Min.X; x < b.Max.X; x++ {
+				r, g, bl, a := img.At(x, y).RGBA()
+				seen[color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(bl >> 8), uint8(a >> 8)}] = true
+			}
+		}
+		for _, want := range []color.RGBA{colourMedian, colourP50, colourP99} {
+			if !seen[want] {
+				t.Errorf("%s: bar colour %v missing", c.name, want)
+			}
 		}
 	}
-	for i := range 3 {
-		c := palette[i]
-		if !seen[[3]uint32{uint32(c.R), uint32(c.G), uint32(c.B)}] {
-			t.Errorf("colour of row %d missing from chart", i)
-		}
+	if err := (&Report{}).WriteChart(io.Discard); err == nil {
+		t.Error("chart of an empty report: no error")
 	}
 }
 
@@ -242,7 +269,7 @@ func TestCPSLoopback(t *testing.T) {
 	}
 	line, _ := json.Marshal(res)
 	back, err := ParseCPS(line)
-	if err != nil || back != res {
+	if err != nil || !reflect.DeepEqual(back, res) {
 		t.Errorf("ParseCPS round trip = %+v, %v", back, err)
 	}
 }

@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // CPSResult is what the connection-rate client reports (as one JSON line).
@@ -18,34 +22,47 @@ type CPSResult struct {
 	Errors  int64   `json:"errors"`
 	Seconds float64 `json:"seconds"`
 	CPS     float64 `json:"cps"`
+	// ErrorKinds counts the failed connections by cause.
+	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
 }
+
+// errorKind names the cause of a failed connection, without addresses.
+func errorKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return "no local port (EADDRNOTAVAIL)"
+	case errors.Is(err, errNoClose):
+		return "server did not close"
+	case errors.As(err, &ne) && ne.Timeout():
+		var op *net.OpError
+		if errors.As(err, &op) {
+			return op.Op + " timeout"
+		}
+		return "timeout"
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	return msg
+}
+
+var errNoClose = errors.New("expected close from server")
 
 // ServeCPS accepts connections on ln until ctx ends: each connection sends
 // one byte, the server reads it and closes. It runs in the server netns.
 func ServeCPS(ctx context.Context, ln net.Listener) error {
-	go func() {
-		<-ctx.Done()
-		ln.Close()
-	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return fmt.Errorf("cps server accept: %w", err)
-		}
-		go func(c net.Conn) {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			var b [1]byte
-			_, _ = io.ReadFull(c, b[:])
-		}(c)
-	}
+	return nsexec.Serve(ctx, ln, "cps server", func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		var b [1]byte
+		_, _ = io.ReadFull(c, b[:])
+	})
 }
 
 // RunCPS opens connections to addr for d with parallel workers: connect,
@@ -56,6 +73,8 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 		parallel = 1
 	}
 	var conns, errs atomic.Int64
+	var mu sync.Mutex
+	kinds := map[string]int64{}
 	deadline := time.Now().Add(d)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -68,8 +87,13 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 			defer wg.Done()
 			for ctx.Err() == nil {
 				if err := oneConn(ctx, &dialer, addr); err != nil {
-					if ctx.Err() == nil {
+					// Past the deadline a dial fails at once ("i/o
+					// timeout") even before ctx reports it: not an error.
+					if ctx.Err() == nil && time.Now().Before(deadline) {
 						errs.Add(1)
+						mu.Lock()
+						kinds[errorKind(err)]++
+						mu.Unlock()
 					}
 					continue
 				}
@@ -80,6 +104,9 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 	wg.Wait()
 	secs := time.Since(start).Seconds()
 	res := CPSResult{Conns: conns.Load(), Errors: errs.Load(), Seconds: secs}
+	if len(kinds) > 0 {
+		res.ErrorKinds = kinds
+	}
 	if secs > 0 {
 		res.CPS = float64(res.Conns) / secs
 	}
@@ -101,7 +128,7 @@ func oneConn(ctx context.Context, d *net.Dialer, addr string) error {
 	}
 	var b [1]byte
 	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("expected close from server, got %v", err)
+		return fmt.Errorf("%w, got %w", errNoClose, err)
 	}
 	return nil
 }

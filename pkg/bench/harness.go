@@ -21,6 +21,18 @@ type Path struct {
 	ServerIP string
 	Guest    *Guest // nil: servers run in ServerNS
 	Note     string // caveat printed with the row (e.g. "TCG guest")
+	// Includes says what the path pays for (netfilter, conntrack, BPF), so
+	// that rows which are not feature-equivalent are labelled as such.
+	Includes Includes
+}
+
+// Includes labels a row with the packet processing its traffic goes
+// through between the two endpoints.
+type Includes struct {
+	Netfilter bool   `json:"netfilter"` // iptables rules traversed (kube-proxy style, bridge plugin)
+	Conntrack bool   `json:"conntrack"` // connection tracking on the path
+	BPF       bool   `json:"bpf"`       // lanekit's BPF programs forward it
+	Detail    string `json:"detail"`    // one line for the table
 }
 
 // server starts a measurement's server for p: in ServerNS, or in the guest.
@@ -44,6 +56,9 @@ type Options struct {
 	// `lab cps-client` subcommands measure connection rates.
 	Self     string
 	Progress io.Writer // progress lines; nil for none
+	// BusyCPUs keeps every CPU busy with SCHED_IDLE spinners while RR runs,
+	// so latencies do not include waking a CPU from an idle state.
+	BusyCPUs bool
 }
 
 // Ports used inside the lab's namespaces.
@@ -53,10 +68,25 @@ const (
 	cpsPort      = 12865
 )
 
-// samples holds the raw per-repetition values of one path.
+// samples holds the raw values of one path, indexed by repetition; NaN
+// marks a failed measurement.
 type samples struct {
 	gbps, p50, p99, cps []float64
+	cpsConns, cpsErrs   []float64 // connections made and failed, per repetition
+	cpsKinds            map[string]int64
 	errs                []string
+	cur                 int // the repetition being measured
+}
+
+func newSamples(repeat int) samples {
+	nan := func() []float64 {
+		xs := make([]float64, repeat)
+		for i := range xs {
+			xs[i] = math.NaN()
+		}
+		return xs
+	}
+	return samples{gbps: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
 }
 
 // metric is one measurement kind; each runs one path once.
@@ -91,6 +121,9 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 		}
 	}
 	all := make([]samples, len(paths))
+	for i := range all {
+		all[i] = newSamples(o.Repeat)
+	}
 	for rep := 0; rep < o.Repeat; rep++ {
 		for _, m := range metrics {
 			for k := range paths {
@@ -98,6 +131,7 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 				if err := ctx.Err(); err != nil {
 					return nil, fmt.Errorf("bench: %w", err)
 				}
+				all[i].cur = rep
 				err := m.run(ctx, o, paths[i], &all[i])
 				if err != nil {
 					all[i].errs = append(all[i].errs, fmt.Sprintf("rep %d %s: %v", rep+1, m.name, err))
@@ -119,14 +153,14 @@ func lastValue(metric string, s *samples, err error) string {
 	if err != nil {
 		return "error: " + err.Error()
 	}
-	last := func(xs []float64) float64 { return xs[len(xs)-1] }
+	last := func(xs []float64) float64 { return xs[s.cur] }
 	switch metric {
 	case "tcp":
 		return fmt.Sprintf("%.2f Gbit/s", last(s.gbps))
 	case "rr":
 		return fmt.Sprintf("p50 %.1f µs p99 %.1f µs", last(s.p50), last(s.p99))
 	default:
-		return fmt.Sprintf("%.0f conn/s", last(s.cps))
+		return fmt.Sprintf("%.0f conn/s, %.0f connection errors", last(s.cps), last(s.cpsErrs))
 	}
 }
 
@@ -156,7 +190,7 @@ func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 		}
 		return perr
 	}
-	s.gbps = append(s.gbps, gbps)
+	s.gbps[s.cur] = gbps
 	return nil
 }
 
@@ -169,6 +203,13 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 		return err
 	}
 	defer srv.stop()
+	if o.BusyCPUs {
+		sp, err := startSpinners(ctx, o.Self, life)
+		if err != nil {
+			return err
+		}
+		defer sp.stop()
+	}
 	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
 		"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
 		"-t", secondsArg(o.Duration), "--full-rtt")
@@ -179,8 +220,7 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	s.p50 = append(s.p50, lat.P50)
-	s.p99 = append(s.p99, lat.P99)
+	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
 	return nil
 }
 
@@ -208,6 +248,13 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	s.cps = append(s.cps, res.CPS)
+	s.cps[s.cur] = res.CPS
+	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
+	for k, n := range res.ErrorKinds {
+		if s.cpsKinds == nil {
+			s.cpsKinds = map[string]int64{}
+		}
+		s.cpsKinds[k] += n
+	}
 	return nil
 }

@@ -11,18 +11,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
-// nsCommand builds `ip netns exec NS args...` in its own process group, so a
-// cancelled context kills the tool and anything it spawned. `ip netns exec`
-// execs in place: the pid is the tool's.
-func nsCommand(ctx context.Context, ns string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
-	return cmd
-}
+// nsCommand builds `ip netns exec NS args...` in its own process group (see
+// nsexec.Command).
+var nsCommand = nsexec.Command
 
 // runIn runs a bounded command in a netns and returns its stdout; stderr is
 // folded into the error.

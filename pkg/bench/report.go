@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -21,7 +22,11 @@ type Report struct {
 	Machine   Machine `json:"machine"`
 	Repeat    int     `json:"repeat"`
 	DurationS float64 `json:"duration_s"`
-	Rows      []Row   `json:"rows"`
+	// BusyCPUs: RR ran with SCHED_IDLE spinners on every CPU.
+	BusyCPUs bool  `json:"busy_cpus"`
+	Rows     []Row `json:"rows"`
+	// Targets are the foundation's goals, checked against the paired ratios.
+	Targets []TargetResult `json:"targets,omitempty"`
 	// VMBackend compares lanekit-vhost with DPDK testpmd (nil when not run).
 	VMBackend *BackendReport `json:"vm_backend,omitempty"`
 }
@@ -44,6 +49,37 @@ type Row struct {
 	CPSRange    Summary  `json:"cps_range"`
 	RatioToHost *Ratios  `json:"ratio_to_host,omitempty"`
 	Errors      []string `json:"errors,omitempty"`
+
+	Includes Includes `json:"includes"`
+	// Per repetition (null: that measurement failed), in the order measured.
+	Reps Reps `json:"reps"`
+	// CPSConns and CPSErrors total the connections made and failed.
+	CPSConns  int64 `json:"cps_conns"`
+	CPSErrors int64 `json:"cps_errors"`
+	// CPSErrorKinds counts the failed connections by cause.
+	CPSErrorKinds map[string]int64 `json:"cps_error_kinds,omitempty"`
+	// Paired holds, per reference row, the spread of this row's
+	// per-repetition ratios to it (both measured back to back in the same
+	// repetition).
+	Paired map[string]PairedRatios `json:"paired_ratios,omitempty"`
+}
+
+// Reps are a row's raw values per repetition.
+type Reps struct {
+	TCPGbps   []*float64 `json:"tcp_gbps"`
+	RRP50us   []*float64 `json:"rr_p50_us"`
+	RRP99us   []*float64 `json:"rr_p99_us"`
+	CPS       []*float64 `json:"cps"`
+	CPSErrors []*float64 `json:"cps_errors"`
+}
+
+// PairedRatios are min/median/max of per-repetition ratios; nil when no
+// repetition has both values.
+type PairedRatios struct {
+	TCPGbps *Summary `json:"tcp_gbps"`
+	RRP50us *Summary `json:"rr_p50_us"`
+	RRP99us *Summary `json:"rr_p99_us"`
+	CPS     *Summary `json:"cps"`
 }
 
 // Ratios are a row's medians divided by the host row's medians; a metric
@@ -62,8 +98,12 @@ type Machine struct {
 	Cores    int    `json:"cores"`
 }
 
-// HostPath is the row every other row is compared with.
-const HostPath = "host"
+// HostPath is the node-to-node row with the node's netfilter rules and
+// conntrack; RawPath the node-to-node physical limit with neither.
+const (
+	HostPath = "host"
+	RawPath  = "host-raw"
+)
 
 func buildReport(paths []Path, all []samples, o Options) *Report {
 	r := &Report{Machine: DescribeMachine(), Repeat: o.Repeat, DurationS: o.Duration.Seconds()}
@@ -81,15 +121,43 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			RRP50us: p50.Median, RRP50Range: p50,
 			RRP99us: p99.Median, RRP99Range: p99,
 			CPS: cps.Median, CPSRange: cps,
-			Errors: s.errs,
+			Errors:   s.errs,
+			Includes: p.Includes,
+			Reps: Reps{TCPGbps: reps(s.gbps), RRP50us: reps(s.p50), RRP99us: reps(s.p99),
+				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
+			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
 		})
 	}
+	r.BusyCPUs = o.BusyCPUs
 	r.ComputeRatios()
 	return r
 }
 
-// ComputeRatios fills RatioToHost of every row from the host row, if any.
+func reps(xs []float64) []*float64 {
+	out := make([]*float64, len(xs))
+	for i, x := range xs {
+		if !math.IsNaN(x) {
+			out[i] = &x
+		}
+	}
+	return out
+}
+
+func sum(xs []float64) float64 {
+	t := 0.0
+	for _, x := range xs {
+		if !math.IsNaN(x) {
+			t += x
+		}
+	}
+	return t
+}
+
+// ComputeRatios fills RatioToHost (ratio of medians) of every row from the
+// host row, the paired ratios to host and host-raw, and the targets.
 func (r *Report) ComputeRatios() {
+	r.computePaired()
+	r.Targets = checkTargets(r)
 	var host *Row
 	for i := range r.Rows {
 		if r.Rows[i].Path == HostPath {
@@ -144,27 +212,52 @@ func (r *Report) WriteTable(w io.Writer) error {
 	return nil
 }
 
-// writeRows prints the paths table, the rows' notes and errors.
+// writeRows prints the paths table (medians with min–max, and the paired
+// ratios to the reference row), the labels, the targets, notes and errors.
 func (r *Report) writeRows(w io.Writer) error {
+	if r.BusyCPUs {
+		fmt.Fprintln(w, "RR measured with every CPU kept busy (SCHED_IDLE spinners): no idle-exit latency")
+	} else {
+		fmt.Fprintln(w, "RR measured with idle CPUs (latencies include idle-exit; --busy-cpus avoids it)")
+	}
+	ref := r.reference()
+	x := "×" + ref
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "path\tTCP Gbit/s\t×host\tRR p50 µs\t×host\tRR p99 µs\t×host\tconn/s\t×host\t")
+	fmt.Fprintf(tw, "path\tTCP Gbit/s\t%s\tRR p50 µs\t%s\tRR p99 µs\t%s\tconn/s\t%s\tconn errors\tincludes\t\n", x, x, x, x)
 	for _, row := range r.Rows {
-		var rt Ratios
-		if row.RatioToHost != nil {
-			rt = *row.RatioToHost
+		var pr PairedRatios
+		if ref != "" {
+			pr = row.Paired[ref]
 		}
 		name := row.Path
 		if row.Note != "" {
 			name += " *"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name,
-			spread(row.TCPGbps, "%.2f"), ratioText(rt.TCPGbps),
-			spread(row.RRP50Range, "%.1f"), ratioText(rt.RRP50us),
-			spread(row.RRP99Range, "%.1f"), ratioText(rt.RRP99us),
-			spread(row.CPSRange, "%.0f"), ratioText(rt.CPS))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", name,
+			spread(row.TCPGbps, "%.2f"), pairedText(pr.TCPGbps),
+			spread(row.RRP50Range, "%.1f"), pairedText(pr.RRP50us),
+			spread(row.RRP99Range, "%.1f"), pairedText(pr.RRP99us),
+			spread(row.CPSRange, "%.0f"), pairedText(pr.CPS), row.CPSErrors, includesText(row.Includes))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write bench table: %w", err)
+	}
+	if ref != "" {
+		fmt.Fprintf(w, "%s: median (min–max) over repetitions of the per-repetition ratio to %s (both measured back to back)\n", x, ref)
+	}
+	for _, row := range r.Rows {
+		if row.Includes.Detail != "" {
+			fmt.Fprintf(w, "includes: %s: %s\n", row.Path, row.Includes.Detail)
+		}
+	}
+	for _, t := range r.Targets {
+		fmt.Fprintf(w, "target: %s\n", t)
+	}
+	for _, row := range r.Rows {
+		if row.CPSErrors > 0 {
+			fmt.Fprintf(w, "conn errors: %s: %d of %d attempts (%s); conn/s counts completed connections only\n",
+				row.Path, row.CPSErrors, row.CPSErrors+row.CPSConns, kindsText(row.CPSErrorKinds))
+		}
 	}
 	for _, row := range r.Rows {
 		if row.Note != "" {
@@ -177,6 +270,66 @@ func (r *Report) writeRows(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// reference is the row the table compares with: host-raw when measured,
+// else host.
+func (r *Report) reference() string {
+	for _, want := range []string{RawPath, HostPath} {
+		for _, row := range r.Rows {
+			if row.Path == want {
+				return want
+			}
+		}
+	}
+	return ""
+}
+
+// kindsText lists error causes, most frequent first.
+func kindsText(kinds map[string]int64) string {
+	keys := make([]string, 0, len(kinds))
+	for k := range kinds {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if kinds[keys[i]] != kinds[keys[j]] {
+			return kinds[keys[i]] > kinds[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d × %s", kinds[k], k)
+	}
+	if len(parts) == 0 {
+		return "causes not reported"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func pairedText(s *Summary) string {
+	if s == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", s.Median, s.Min, s.Max)
+}
+
+// includesText renders a row's label: what its traffic pays for ("none":
+// the bare link).
+func includesText(in Includes) string {
+	var parts []string
+	for _, f := range []struct {
+		on   bool
+		what string
+	}{{in.BPF, "BPF"}, {in.Netfilter, "netfilter"}, {in.Conntrack, "conntrack"}} {
+		if f.on {
+			parts = append(parts, f.what)
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "+")
 }
 
 // WriteTable prints the backend comparison as a small table of its own.
@@ -223,13 +376,6 @@ func spread(s Summary, f string) string {
 		return "-"
 	}
 	return fmt.Sprintf(f+" ("+f+"–"+f+")", s.Median, s.Min, s.Max)
-}
-
-func ratioText(v *float64) string {
-	if v == nil || math.IsNaN(*v) {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", *v)
 }
 
 // DescribeMachine reads the kernel release, CPU model and core count.

@@ -17,9 +17,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
-// The VM backend comparison (the Go form of vhost/bench/compare.sh): DPDK
+// The VM backend comparison (vhost/bench/compare.sh only wraps it): DPDK
 // testpmd's virtio_user PMD plays the guest driver and transmits (txonly)
 // into a vhost-user backend whose AF_XDP port sits on a veth in a namespace
 // created here; frames are counted as they arrive on the veth peer.
@@ -60,7 +62,8 @@ type BackendMetric struct {
 // Backend comparison constants.
 const (
 	backendSetup = "frontend: dpdk-testpmd virtio_user txonly on CPU 0; backend on CPU 1; " +
-		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer"
+		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer; guest->wire only: " +
+		"lanekit-vhost --ifname makes its own sockets and loads no XDP program, so it receives nothing without the agent's steer_vm"
 	bfVeth, bfPeer  = "lkb0", "lkb1"
 	frameSize1500   = 1500
 	backendReady    = 15 * time.Second // socket / "Press enter" wait
@@ -246,10 +249,7 @@ type proc struct {
 func startProc(ctx context.Context, life time.Duration, name string, argv ...string) (*proc, error) {
 	ctx, cancel := context.WithTimeout(ctx, life)
 	p := &proc{name: name, lines: make(chan string, 256), log: &tailLog{}, done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p.cmd.Cancel = func() error { return syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) }
-	p.cmd.WaitDelay = 2 * time.Second
+	p.cmd = nsexec.GroupCommand(ctx, 2*time.Second, argv...)
 	in, err := p.cmd.StdinPipe()
 	if err != nil {
 		cancel()
@@ -491,7 +491,7 @@ func waitSocket(path string, timeout time.Duration, p *proc) error {
 	return fmt.Errorf("%s: no socket %s after %s: %s", p.name, path, timeout, p.log.last())
 }
 
-// ratioText for the backend table.
+// backendRatio formats a ratio for the backend table ("-" when unknown).
 func backendRatio(r *float64) string {
 	if r == nil || math.IsNaN(*r) {
 		return "-"

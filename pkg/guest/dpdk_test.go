@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // testpmd is DPDK's testpmd as a vhost-user backend in rxonly mode: it counts
@@ -41,15 +43,12 @@ func startTestpmd(t *testing.T, ctx context.Context, sock string, queues int) *t
 	q := strconv.Itoa(queues)
 	tp := &testpmd{}
 	tp.out.max = 1 << 20
-	tp.cmd = exec.CommandContext(ctx, "dpdk-testpmd",
+	tp.cmd = nsexec.GroupCommand(ctx, 5*time.Second, "dpdk-testpmd",
 		"--no-huge", "-m", "512", "--no-pci", "--file-prefix", prefix, "-l", "0,1",
 		"--vdev", "net_vhost0,iface="+sock+",queues="+q,
 		"--", "--total-num-mbufs=16384", "--forward-mode=rxonly", "--nb-cores=1",
 		"--rxq="+q, "--txq="+q, "--stats-period", "1")
 	tp.cmd.Stdout, tp.cmd.Stderr = &tp.out, &tp.out
-	tp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	tp.cmd.Cancel = func() error { return syscall.Kill(-tp.cmd.Process.Pid, syscall.SIGKILL) }
-	tp.cmd.WaitDelay = 5 * time.Second
 	if err := tp.cmd.Start(); err != nil {
 		t.Fatalf("start dpdk-testpmd: %v", err)
 	}

@@ -7,22 +7,22 @@ import (
 
 func TestBenchPathsVMRows(t *testing.T) {
 	st := &State{Nodes: []Node{
-		{Index: 1, NS: "lk-node1", UnderlayIP: "10.77.0.1", Pods: []Pod{
+		{Index: 1, NS: "lk-node1", UnderlayIP: "10.77.0.1", RawNS: RawNS(1), RawIP: RawIP(1), Pods: []Pod{
 			{NS: "lk-n1-p1", Kind: KindLanekit, IP: "10.244.1.1"}, {NS: "lk-n1-b1", Kind: KindBaseline, IP: "10.245.1.2"}}},
-		{Index: 2, NS: "lk-node2", UnderlayIP: "10.77.0.2", Pods: []Pod{
+		{Index: 2, NS: "lk-node2", UnderlayIP: "10.77.0.2", RawNS: RawNS(2), RawIP: RawIP(2), Pods: []Pod{
 			{NS: "lk-n2-p1", Kind: KindLanekit, IP: "10.244.2.1"}, {NS: "lk-n2-b1", Kind: KindBaseline, IP: "10.245.2.2"}}},
 	}}
 	paths, skipped := st.BenchPaths()
-	if len(paths) != 3 || len(skipped) != 0 {
+	if len(paths) != 4 || len(skipped) != 0 {
 		t.Fatalf("no VMs: %d paths, skipped %v", len(paths), skipped)
 	}
 	st.VMs = []LabVM{{Name: "vm1", Node: 2, NS: "lk-n2-v1", IP: "10.244.2.2", SerialSocket: "/run/x/vm1-serial.sock"}}
 	st.TapVMs = []LabVM{{Name: TapVMName, Node: 2, NS: "lk-node2", IP: "10.245.2.200", SerialSocket: "/run/x/vm-std-serial.sock"}}
 	paths, skipped = st.BenchPaths()
-	if len(paths) != 5 || len(skipped) != 0 {
+	if len(paths) != 6 || len(skipped) != 0 {
 		t.Fatalf("with VMs: %d paths, skipped %v", len(paths), skipped)
 	}
-	vm, tap := paths[3], paths[4]
+	vm, tap := paths[4], paths[5]
 	if vm.Name != "lanekit-vm" || vm.ClientNS != "lk-n1-p1" || vm.ServerIP != "10.244.2.2" || vm.Guest == nil ||
 		vm.Guest.Serial != "/run/x/vm1-serial.sock" || vm.Note != TCGNote {
 		t.Errorf("lanekit-vm row %+v", vm)
@@ -35,7 +35,7 @@ func TestBenchPathsVMRows(t *testing.T) {
 		t.Error("HasVM false")
 	}
 	st.TapVMs[0].SerialSocket = ""
-	if paths, skipped = st.BenchPaths(); len(paths) != 4 || len(skipped) != 1 || !strings.Contains(skipped[0], "bridge-tap-vm") {
+	if paths, skipped = st.BenchPaths(); len(paths) != 5 || len(skipped) != 1 || !strings.Contains(skipped[0], "bridge-tap-vm") {
 		t.Errorf("tap VM without console: %d paths, skipped %v", len(paths), skipped)
 	}
 }

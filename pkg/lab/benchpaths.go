@@ -20,11 +20,22 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 		return nil, []string{"the lab has fewer than 2 nodes"}
 	}
 	n1, n2 := s.Nodes[0], s.Nodes[1]
-	paths := []bench.Path{{Name: bench.HostPath, ClientNS: n1.NS, ServerNS: n2.NS, ServerIP: n2.UnderlayIP}}
+	var paths []bench.Path
 	var skipped []string
-	for _, row := range []struct{ name, kind string }{
-		{"bridge-iptables", KindBaseline},
-		{"lanekit-pod", KindLanekit},
+	if n1.RawNS != "" && n2.RawNS != "" {
+		paths = append(paths, bench.Path{Name: bench.RawPath, ClientNS: n1.RawNS, ServerNS: n2.RawNS, ServerIP: n2.RawIP,
+			Includes: IncludesRaw})
+	} else {
+		skipped = append(skipped, bench.RawPath+": the lab has no raw hosts (brought up by an older lanekit)")
+	}
+	paths = append(paths, bench.Path{Name: bench.HostPath, ClientNS: n1.NS, ServerNS: n2.NS, ServerIP: n2.UnderlayIP,
+		Includes: IncludesHost})
+	for _, row := range []struct {
+		name, kind string
+		includes   bench.Includes
+	}{
+		{"bridge-iptables", KindBaseline, IncludesBridge},
+		{"lanekit-pod", KindLanekit, IncludesLanekitPod},
 	} {
 		c, okc := firstPod(n1, row.kind)
 		sv, oks := firstPod(n2, row.kind)
@@ -32,14 +43,15 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 			skipped = append(skipped, fmt.Sprintf("%s: no %s pods on %s and %s", row.name, row.kind, n1.NS, n2.NS))
 			continue
 		}
-		paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: sv.NS, ServerIP: sv.IP})
+		paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: sv.NS, ServerIP: sv.IP, Includes: row.includes})
 	}
 	vmRows := []struct {
 		name, kind string
 		vms        []LabVM
+		includes   bench.Includes
 	}{
-		{"lanekit-vm", KindLanekit, s.VMs},
-		{"bridge-tap-vm", KindBaseline, s.TapVMs},
+		{"lanekit-vm", KindLanekit, s.VMs, IncludesLanekitVM},
+		{"bridge-tap-vm", KindBaseline, s.TapVMs, IncludesTapVM},
 	}
 	for _, row := range vmRows {
 		if len(row.vms) == 0 {
@@ -56,11 +68,27 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 			skipped = append(skipped, fmt.Sprintf("%s: %s has no address or console", row.name, v.Name))
 		default:
 			paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: v.NS, ServerIP: v.IP,
-				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: TCGNote})
+				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: TCGNote, Includes: row.includes})
 		}
 	}
 	return paths, skipped
 }
+
+// What each row's traffic goes through between the two endpoints (the
+// bench table prints these labels): only host-raw is the bare link.
+var (
+	IncludesRaw  = bench.Includes{Detail: "raw hosts on the wire bridge, no rules: the physical limit"}
+	IncludesHost = bench.Includes{Netfilter: true, Conntrack: true,
+		Detail: "node to node through both nodes' kube-proxy rules (OUTPUT/INPUT chains)"}
+	IncludesBridge = bench.Includes{Netfilter: true, Conntrack: true,
+		Detail: "pod veth, Linux bridge, node forwarding with kube-proxy + bridge plugin rules on both nodes"}
+	IncludesLanekitPod = bench.Includes{BPF: true,
+		Detail: "tcx redirect_neigh/redirect_peer past both nodes' netfilter; packets the program hands to the kernel pay it"}
+	IncludesLanekitVM = bench.Includes{BPF: true,
+		Detail: "lanekit pod to the fast-lane guest: tcx + steer_vm + AF_XDP, TCG guest"}
+	IncludesTapVM = bench.Includes{Netfilter: true, Conntrack: true,
+		Detail: "baseline pod to a tap guest on the baseline bridge, TCG guest"}
+)
 
 // HasVM reports whether the lab runs a fast-lane guest.
 func (s *State) HasVM() bool { return len(s.VMs) > 0 }

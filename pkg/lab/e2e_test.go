@@ -125,7 +125,7 @@ func TestLabEndToEnd(t *testing.T) {
 	}
 
 	chart := filepath.Join(t.TempDir(), "bench.png")
-	out, err = lk(t, "lab", "bench", "--json", "--repeat", "1", "--duration", "1s", "--chart", chart)
+	out, err = lk(t, "lab", "bench", "--json", "--repeat", "1", "--duration", "1s", "--busy-cpus", "--chart", chart)
 	if err != nil {
 		t.Fatalf("lab bench: %v", err)
 	}
@@ -157,7 +157,7 @@ func TestLabEndToEnd(t *testing.T) {
 			t.Errorf("row %d = %+v: want positive metrics", i, r)
 		}
 	}
-	for _, want := range []string{"host", "bridge-iptables", "lanekit-pod", "lanekit-vm", "bridge-tap-vm"} {
+	for _, want := range []string{"host-raw", "host", "bridge-iptables", "lanekit-pod", "lanekit-vm", "bridge-tap-vm"} {
 		if !got[want] {
 			t.Errorf("bench report has no %s row: %+v", want, doc.Rows)
 		}

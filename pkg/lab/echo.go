@@ -9,6 +9,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // EchoPort is the TCP echo port `lab check` uses in every target netns.
@@ -16,24 +18,11 @@ const EchoPort = 7777
 
 // ServeEcho echoes every connection on ln back until ctx ends.
 func ServeEcho(ctx context.Context, ln net.Listener) error {
-	go func() {
-		<-ctx.Done()
-		ln.Close()
-	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("echo accept: %w", err)
-		}
-		go func(c net.Conn) {
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = io.Copy(c, c)
-		}(c)
-	}
+	return nsexec.Serve(ctx, ln, "echo", func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.Copy(c, c)
+	})
 }
 
 // DialResult is one target of a `lab tcp-dial` run.

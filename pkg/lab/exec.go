@@ -8,8 +8,9 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // run runs a bounded command and returns its stdout; stderr goes into the error.
@@ -40,11 +41,7 @@ func inNS(ctx context.Context, ns string, args ...string) (string, error) {
 // nsCommand builds a command in a netns, in its own process group so that
 // cancelling kills it and its children.
 func nsCommand(ctx context.Context, ns string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 2 * time.Second
-	return cmd
+	return nsexec.Command(ctx, ns, args...)
 }
 
 // netnsPath is where `ip netns` mounts a named namespace.

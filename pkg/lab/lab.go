@@ -65,6 +65,9 @@ type Node struct {
 	BaseCIDR   string `json:"baseline_cidr"`
 	AgentPID   int    `json:"agent_pid,omitempty"`
 	Pods       []Pod  `json:"pods"`
+	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
+	RawNS string `json:"raw_netns,omitempty"`
+	RawIP string `json:"raw_ip,omitempty"`
 }
 
 // Pod is one pod namespace.

@@ -131,21 +131,29 @@ func TestPluginErr(t *testing.T) {
 
 func TestBenchPaths(t *testing.T) {
 	st := &State{Nodes: []Node{
-		{Index: 1, NS: "lk-node1", UnderlayIP: "10.77.0.1", Pods: []Pod{
+		{Index: 1, NS: "lk-node1", UnderlayIP: "10.77.0.1", RawNS: RawNS(1), RawIP: RawIP(1), Pods: []Pod{
 			{NS: "lk-n1-p1", Kind: KindLanekit, IP: "10.244.1.2"},
 			{NS: "lk-n1-b1", Kind: KindBaseline, IP: "10.245.1.2"}}},
-		{Index: 2, NS: "lk-node2", UnderlayIP: "10.77.0.2", Pods: []Pod{
+		{Index: 2, NS: "lk-node2", UnderlayIP: "10.77.0.2", RawNS: RawNS(2), RawIP: RawIP(2), Pods: []Pod{
 			{NS: "lk-n2-b1", Kind: KindBaseline, IP: "10.245.2.2"}}},
 	}}
 	paths, skipped := st.BenchPaths()
-	if len(paths) != 2 || len(skipped) != 1 {
+	if len(paths) != 3 || len(skipped) != 1 {
 		t.Fatalf("paths %v skipped %v", paths, skipped)
 	}
-	if p := paths[0]; p.Name != "host" || p.ClientNS != "lk-node1" || p.ServerNS != "lk-node2" || p.ServerIP != "10.77.0.2" {
+	if p := paths[0]; p.Name != "host-raw" || p.ClientNS != "lk-n1-r1" || p.ServerNS != "lk-n2-r1" || p.ServerIP != "10.77.0.252" ||
+		p.Includes.Netfilter || p.Includes.Conntrack || p.Includes.BPF {
+		t.Errorf("host-raw path = %+v", p)
+	}
+	if p := paths[1]; p.Name != "host" || p.ClientNS != "lk-node1" || p.ServerNS != "lk-node2" || p.ServerIP != "10.77.0.2" ||
+		!p.Includes.Netfilter || !p.Includes.Conntrack {
 		t.Errorf("host path = %+v", p)
 	}
-	if p := paths[1]; p.Name != "bridge-iptables" || p.ClientNS != "lk-n1-b1" || p.ServerNS != "lk-n2-b1" || p.ServerIP != "10.245.2.2" {
+	if p := paths[2]; p.Name != "bridge-iptables" || p.ClientNS != "lk-n1-b1" || p.ServerNS != "lk-n2-b1" || p.ServerIP != "10.245.2.2" {
 		t.Errorf("bridge path = %+v", p)
+	}
+	if !labNetnsRe.MatchString(RawNS(1)) {
+		t.Errorf("lab down would leave %s behind", RawNS(1))
 	}
 	if !strings.Contains(skipped[0], "lanekit-pod") {
 		t.Errorf("skipped = %v", skipped)

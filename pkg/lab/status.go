@@ -52,6 +52,13 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", p.NS, n.NS, p.Kind, live, p.IP)
 		}
+		if n.RawNS != "" { // the raw host beside the node: the bench's host-raw row
+			live := "missing"
+			if netnsExists(n.RawNS) {
+				live = "present"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", n.RawNS, n.NS, "raw host (no rules)", live, n.RawIP)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)

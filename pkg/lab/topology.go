@@ -62,6 +62,40 @@ func buildNode(ctx context.Context, i, n int) error {
 	return nil
 }
 
+// RawHosts is how many raw hosts the lab has (on nodes 1 and 2, the bench's
+// client and server side).
+const RawHosts = 2
+
+// RawNS is the raw host namespace next to node i: plain veth onto the same
+// wire bridge as the node's uplink, no routes beyond the underlay subnet, no
+// netfilter rules, so no conntrack hooks either (the kernel registers them
+// per netns only when a rule needs them). The host-raw bench row runs between
+// two of them: the physical limit of the node-to-node link.
+func RawNS(i int) string { return fmt.Sprintf("lk-n%d-r1", i) }
+
+// RawIP is raw host i's underlay address (nodes use .1–.200).
+func RawIP(i int) string { return fmt.Sprintf("10.77.0.%d", 250+i) }
+
+// buildRawHost creates raw host i, wired like node i's uplink.
+func buildRawHost(ctx context.Context, i int) error {
+	ns := RawNS(i)
+	if err := addNetns(ctx, ns); err != nil {
+		return fmt.Errorf("raw host %s: %w", ns, err)
+	}
+	wirePort := fmt.Sprintf("lk-wr%d", i)
+	for _, args := range [][]string{
+		{"link", "add", "name", Uplink, "netns", ns, "type", "veth", "peer", "name", wirePort, "netns", WireNS},
+		{"-n", WireNS, "link", "set", wirePort, "master", WireBridge, "up"},
+		{"-n", ns, "addr", "add", RawIP(i) + "/24", "dev", Uplink},
+		{"-n", ns, "link", "set", Uplink, "up"},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			return fmt.Errorf("raw host %s: %w", ns, err)
+		}
+	}
+	return nil
+}
+
 // kubeServices is how many ClusterIP services the node's rules carry.
 const kubeServices = 32
 

@@ -57,6 +57,16 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := buildNode(ctx, i, cfg.Nodes); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
+		if cfg.Nodes >= 2 && i <= RawHosts {
+			if err := buildRawHost(ctx, i); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
+			n := &st.Nodes[len(st.Nodes)-1]
+			n.RawNS, n.RawIP = RawNS(i), RawIP(i)
+			if err := st.save(); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
+		}
 	}
 	if !cfg.BaselineOnly {
 		for k := range st.Nodes {

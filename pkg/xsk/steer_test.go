@@ -21,32 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// inNS runs f on a locked thread inside ns.
-func inNS(t *testing.T, ns netns.NsHandle, f func() error) error {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is left locked (and so discarded) if setting back fails.
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
 func must(t *testing.T, what string, err error) {
 	t.Helper()
 	if err != nil {
@@ -83,7 +57,7 @@ func TestVMSteering(t *testing.T) {
 	node, pod, vm = newNS(), newNS(), newNS()
 
 	var hostPod, hostVM netlink.Link
-	must(t, "node setup", inNS(t, node, func() error {
+	must(t, "node setup", testutil.InNetns(node, func() error {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return err
 		}
@@ -119,7 +93,7 @@ func TestVMSteering(t *testing.T) {
 	}))
 	var podMAC, vmMAC net.HardwareAddr
 	var vmIfindex int
-	must(t, "pod setup", inNS(t, pod, func() error {
+	must(t, "pod setup", testutil.InNetns(pod, func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -138,7 +112,7 @@ func TestVMSteering(t *testing.T) {
 		}
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw})
 	}))
-	must(t, "vm setup", inNS(t, vm, func() error {
+	must(t, "vm setup", testutil.InNetns(vm, func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -152,7 +126,7 @@ func TestVMSteering(t *testing.T) {
 	var dp *datapath.Loader
 	vmEP := datapath.Endpoint{ID: 7, Mode: datapath.ModeVeth, IfName: "lk-sv-hv", IfIndex: hostVM.Attrs().Index,
 		IP: netip.MustParseAddr("10.244.1.50"), MAC: vmMAC, HostMAC: hostVM.Attrs().HardwareAddr, Queues: 1, VM: true}
-	must(t, "open datapath", inNS(t, node, func() error {
+	must(t, "open datapath", testutil.InNetns(node, func() error {
 		var err error
 		if dp, err = datapath.Open(datapath.Config{PinDir: pinDir}, nil); err != nil {
 			return err
@@ -165,13 +139,13 @@ func TestVMSteering(t *testing.T) {
 	}))
 	t.Cleanup(func() { dp.Close() })
 	dvm := datapath.VM{ID: 7, IfIndex: vmIfindex, MAC: vmMAC, Queues: 1, XSKBase: 0}
-	must(t, "attach vm", inNS(t, vm, func() error { return dp.AttachVM(dvm) }))
+	must(t, "attach vm", testutil.InNetns(vm, func() error { return dp.AttachVM(dvm) }))
 
 	sock := filepath.Join(t.TempDir(), "vm1.xsk.sock")
 	sizes := xsk.Sizes{FrameSize: 2048, FrameCount: 256, FillSize: 128, CompSize: 128, RxSize: 128, TxSize: 128}
 	srv, err := xsk.Listen(sock, "vm1", func(req xsk.Request) ([]*xsk.Socket, error) {
 		var socks []*xsk.Socket
-		err := inNS(t, vm, func() error {
+		err := testutil.InNetns(vm, func() error {
 			var err error
 			if socks, err = xsk.OpenQueues(vmIfindex, dvm.Queues, sizes); err != nil {
 				return err
@@ -227,7 +201,7 @@ func TestVMSteering(t *testing.T) {
 
 	// pod -> VM
 	payload := []byte("hello vm over af_xdp")
-	must(t, "pod send", inNS(t, pod, func() error {
+	must(t, "pod send", testutil.InNetns(pod, func() error {
 		c, err := net.Dial("udp4", "10.244.1.50:9999")
 		if err != nil {
 			return err
@@ -276,7 +250,7 @@ func TestVMSteering(t *testing.T) {
 	}
 	fds = nil
 	before, _ := dp.Counters(7)
-	must(t, "pod send", inNS(t, pod, func() error {
+	must(t, "pod send", testutil.InNetns(pod, func() error {
 		c, err := net.Dial("udp4", "10.244.1.50:9999")
 		if err != nil {
 			return err
@@ -297,6 +271,6 @@ func TestVMSteering(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	must(t, "detach", inNS(t, vm, func() error { return dp.DetachVM(dvm) }))
-	must(t, "detach again", inNS(t, vm, func() error { return dp.DetachVM(dvm) }))
+	must(t, "detach", testutil.InNetns(vm, func() error { return dp.DetachVM(dvm) }))
+	must(t, "detach again", testutil.InNetns(vm, func() error { return dp.DetachVM(dvm) }))
 }

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBenchFromJSON(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.png")
+	doc := `{"machine":{"kernel":"6.x","cpu_model":"cpu","cores":2},"repeat":3,"duration_s":5,"rows":[
+	  {"path":"host-raw","server":"netns","tcp_gbps":{"min":9,"median":10,"max":11},"rr_p50_us":20,"rr_p99_us":40,"cps_range":{"min":1,"median":2,"max":3}},
+	  {"path":"lanekit-vm","server":"guest:vm1","tcp_gbps":{"min":0.1,"median":0.2,"max":0.3},"rr_p50_us":900,"rr_p99_us":2000}]}`
+	if err := os.WriteFile(in, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := loadReport(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeChart(rep, out); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("not a png: %v", err)
+	}
+	if err := os.WriteFile(in, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadReport(in); err == nil || !strings.Contains(err.Error(), "parse") {
+		t.Errorf("bad json: %v", err)
+	}
+}
