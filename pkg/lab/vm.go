@@ -20,18 +20,20 @@ import (
 // LabVM is a QEMU guest of the lab, served by lanekit-vhost on the fast lane.
 // The backend and QEMU run inside the VM's netns (like virt-launcher).
 type LabVM struct {
-	Name         string  `json:"name"`
-	Node         int     `json:"node"`
-	NS           string  `json:"netns"`
-	IP           string  `json:"ip"`
-	MAC          string  `json:"mac"`
-	Queues       int     `json:"queues"`
-	XSKSocket    string  `json:"xsk_socket"`
-	VhostSocket  string  `json:"vhost_socket"`
-	SerialSocket string  `json:"serial_socket"`
-	BackendPID   int     `json:"backend_pid"`
-	QEMUPID      int     `json:"qemu_pid"`
-	BootSeconds  float64 `json:"boot_seconds"`
+	Name        string `json:"name"`
+	Node        int    `json:"node"`
+	NS          string `json:"netns"`
+	IP          string `json:"ip"`
+	MAC         string `json:"mac"`
+	Queues      int    `json:"queues"`
+	XSKSocket   string `json:"xsk_socket"`
+	VhostSocket string `json:"vhost_socket"`
+	// MetricsSocket is the backend's --metrics-listen socket (Prometheus text).
+	MetricsSocket string  `json:"metrics_socket,omitempty"`
+	SerialSocket  string  `json:"serial_socket"`
+	BackendPID    int     `json:"backend_pid"`
+	QEMUPID       int     `json:"qemu_pid"`
+	BootSeconds   float64 `json:"boot_seconds"`
 }
 
 // GuestCacheDir holds the guest kernel and initramfs (built once, reused).
@@ -82,7 +84,8 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	lv := LabVM{Name: name, Node: i, NS: ns, IP: vm.GetAddress(), MAC: vm.GetMac(), Queues: queues,
-		XSKSocket: vm.GetSocket(), VhostSocket: filepath.Join(vmBackendDir(i, name), "vhost.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
+		XSKSocket: vm.GetSocket(), VhostSocket: filepath.Join(vmBackendDir(i, name), "vhost.sock"),
+		MetricsSocket: filepath.Join(vmBackendDir(i, name), "metrics.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
 	if ip, _, err := net.ParseCIDR(lv.IP); err == nil {
 		lv.IP = ip.String()
 	}
@@ -99,7 +102,7 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 		"--reuid", strconv.Itoa(backendUser), "--regid", strconv.Itoa(backendUser), "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", vhostBin,
 		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(queues), "--mac", lv.MAC,
-		"--xsk-socket", lv.XSKSocket, "--vm", name)
+		"--xsk-socket", lv.XSKSocket, "--vm", name, "--metrics-listen", lv.MetricsSocket)
 	if err != nil {
 		return fmt.Errorf("vm %s: backend: %w", name, err)
 	}
