@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -22,36 +21,6 @@ import (
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
-
-// sendFrames writes raw Ethernet frames on ifname inside n (AF_PACKET): the
-// exact frames, so the BPF counters can be checked to the byte.
-func sendFrames(t *testing.T, n ns.NetNS, ifname string, frame []byte, count int) {
-	t.Helper()
-	err := n.Do(func(ns.NetNS) error {
-		ifc, err := net.InterfaceByName(ifname)
-		if err != nil {
-			return err
-		}
-		proto := int(htons(unix.ETH_P_ALL))
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		sa := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Protocol: uint16(proto)}
-		for i := 0; i < count; i++ {
-			if err := unix.Sendto(fd, frame, 0, sa); err != nil {
-				return fmt.Errorf("send frame %d: %w", i, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("send frames in %s: %v", n.Path(), err)
-	}
-}
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // TestScrapeRealAgent runs an agent with the BPF datapath in test
 // namespaces, sends known frames between two pods and checks that the
@@ -103,9 +72,9 @@ func TestScrapeRealAgent(t *testing.T) {
 
 	const good, spoofed = 17, 5
 	frame := testutil.UDPFrame(hostA, macA, epA.IP.String(), epB.IP.String(), 64, make([]byte, 100))
-	sendFrames(t, podA, "eth0", frame, good)
+	testutil.SendFrames(t, podA, "eth0", frame, good)
 	bad := testutil.UDPFrame(hostA, macA, "10.99.0.1", epB.IP.String(), 64, make([]byte, 10))
-	sendFrames(t, podA, "eth0", bad, spoofed)
+	testutil.SendFrames(t, podA, "eth0", bad, spoofed)
 
 	// One API call over the agent's socket, to see the interceptor at work.
 	conn, err := grpc.NewClient("unix://"+filepath.Join(stateDir, "agent.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -24,33 +24,6 @@ import (
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
-// sendFrames writes raw Ethernet frames on ifname inside n (AF_PACKET).
-func sendFrames(t *testing.T, n ns.NetNS, ifname string, frame []byte, count int) {
-	t.Helper()
-	err := n.Do(func(ns.NetNS) error {
-		ifc, err := net.InterfaceByName(ifname)
-		if err != nil {
-			return err
-		}
-		proto := int(uint16(unix.ETH_P_ALL)<<8 | uint16(unix.ETH_P_ALL)>>8)
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		sa := &unix.SockaddrLinklayer{Ifindex: ifc.Index, Protocol: uint16(proto)}
-		for i := 0; i < count; i++ {
-			if err := unix.Sendto(fd, frame, 0, sa); err != nil {
-				return fmt.Errorf("send frame %d: %w", i, err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("send frames in %s: %v", n.Path(), err)
-	}
-}
-
 // TestObserveRealAgent runs an agent with the BPF datapath in test
 // namespaces and the Observer service on its socket, sends spoofed frames
 // from a pod and reads them back through the gRPC Observe stream, named.
@@ -145,8 +118,8 @@ func TestObserveRealAgent(t *testing.T) {
 	good := testutil.UDPFrame(hostA, macA, epA.IP.String(), epB.IP.String(), 64, make([]byte, 100))
 	bad := testutil.UDPFrame(hostA, macA, "10.99.0.1", epB.IP.String(), 64, make([]byte, 10))
 	const spoofed = 5
-	sendFrames(t, podA, "eth0", good, 10)
-	sendFrames(t, podA, "eth0", bad, spoofed)
+	testutil.SendFrames(t, podA, "eth0", good, 10)
+	testutil.SendFrames(t, podA, "eth0", bad, spoofed)
 	for i := 0; i < spoofed; i++ {
 		ev := recv()
 		if ev.GetEtherType() != unix.ETH_P_IP {
