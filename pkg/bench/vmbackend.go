@@ -208,6 +208,7 @@ type backendBench struct {
 	prefixes []string    // DPDK file prefixes: frontend, backend, generator
 	agent    *benchAgent // nil: no agent path
 	agentRx  uint64      // frames lanekit-vhost took from the agent's sockets (wire→guest runs)
+	guestRx  uint64      // frames the frontend counted in those runs' windows
 }
 
 func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, error) {
@@ -437,7 +438,7 @@ func (b *backendBench) probe() (*BackendPathCheck, error) {
 // finishCheck records the handovers and the endpoint's drops at the end.
 func (b *backendBench) finishCheck(c *BackendPathCheck) {
 	c.Handovers = b.agent.handovers.Load()
-	c.BackendRxFrames = b.agentRx
+	c.BackendRxFrames, c.GuestRxFrames = b.agentRx, b.guestRx
 	if d, err := b.agent.steerDrops(); err == nil && len(d) > 0 {
 		c.SteerDrops = map[string]uint64{}
 		for r, n := range d {
@@ -481,17 +482,24 @@ func (b *backendBench) measure(ctx context.Context, kind backendKind, size int) 
 	if err != nil {
 		return 0, err
 	}
-	defer be.stop(2 * time.Second)
+	if kind.testpmd {
+		defer be.stop(2 * time.Second)
+	} else {
+		defer be.term(2 * time.Second) // lanekit-vhost ignores stdin
+	}
 	if !kind.rx {
 		return b.drive(ctx, sock, wire, size)
 	}
-	pps, err := b.driveRX(ctx, sock, wire, size)
+	pps, frames, err := b.driveRX(ctx, sock, wire, size)
 	if err == nil && kind.agent {
-		rx, serr := scrapeVhostRx(ctx, metrics)
-		if serr != nil {
-			return 0, serr
+		// Read after the window: the backend has delivered at least what
+		// the frontend counted.
+		rx, err := scrapeVhostRx(ctx, metrics)
+		if err != nil {
+			return 0, err
 		}
 		b.agentRx += rx
+		b.guestRx += frames
 	}
 	return pps, err
 }

@@ -58,6 +58,9 @@ type BackendPathCheck struct {
 	// BackendRxFrames: lanekit_vhost_rx_packets_total (frames from the
 	// agent's sockets into the guest) summed over the wire→guest runs.
 	BackendRxFrames uint64 `json:"backend_rx_frames"`
+	// GuestRxFrames: what the frontend counted in those runs' windows (a
+	// part of BackendRxFrames: lanekit-vhost's only port is the agent's).
+	GuestRxFrames uint64 `json:"guest_rx_frames"`
 	// SteerDrops: the VM endpoint's drops by reason at the end (probe included).
 	SteerDrops map[string]uint64 `json:"steer_drops,omitempty"`
 }
@@ -133,8 +136,8 @@ func (b *BackendReport) WriteTable(w io.Writer) error {
 	}
 	if c := b.PathCheck; c != nil {
 		fmt.Fprintf(w, "agent path: XDP program %q on %s, %d socket handover(s), %d/%d not-for-vm probes counted by the VM endpoint, "+
-			"%d frames from agent sockets into the guest%s\n", c.XDPProgram, c.VMDevice, c.Handovers, c.ProbeCounted, c.ProbeSent,
-			c.BackendRxFrames, formatDrops(c.SteerDrops))
+			"%d frames from agent sockets into the guest (%d counted by it in the windows)%s\n", c.XDPProgram, c.VMDevice, c.Handovers,
+			c.ProbeCounted, c.ProbeSent, c.BackendRxFrames, c.GuestRxFrames, formatDrops(c.SteerDrops))
 	}
 	for _, e := range b.Errors {
 		fmt.Fprintf(w, "error: vm backend: %s\n", e)

@@ -27,21 +27,21 @@ type rxSample struct {
 
 // driveRX runs the rxonly frontend on sock and the generator on wire, and
 // returns the frames/s the frontend received over the window that starts
-// once the generator runs.
-func (b *backendBench) driveRX(ctx context.Context, sock, wire string, size int) (float64, error) {
+// once the generator runs, and the frames counted in the window.
+func (b *backendBench) driveRX(ctx context.Context, sock, wire string, size int) (float64, uint64, error) {
 	life := b.o.Duration + 2*backendReady + backendSlack
 	fe, err := startProc(ctx, life, "frontend", "stdbuf", "-oL", "-eL", b.o.Testpmd,
 		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[0],
 		"--vdev", "net_virtio_user0,path="+sock+",queues=1", "--",
 		"--total-num-mbufs=16384", "--forward-mode=rxonly", "--stats-period", "1")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// With a stats period testpmd ignores stdin until a signal.
 	defer fe.term(2 * time.Second)
 	samples := rxSamples(fe)
 	if _, err := nextSample(samples, fe, backendReady, time.Time{}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	gen, err := startProc(ctx, life, "generator", "ip", "netns", "exec", b.ns, "stdbuf", "-oL", "-eL", b.o.Testpmd,
 		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[2],
@@ -49,30 +49,30 @@ func (b *backendBench) driveRX(ctx context.Context, sock, wire string, size int)
 		"--total-num-mbufs=16384", "--forward-mode=txonly", "--txpkts="+strconv.Itoa(size),
 		"--eth-peer=0,"+benchVMMAC.String(), "--stats-period", "0")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer gen.stop(2 * time.Second)
 	if err := gen.waitLine(pressEnter, backendReady); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	started := time.Now()
 	s0, err := nextSample(samples, fe, 5*time.Second, started)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	s1, err := nextSample(samples, fe, b.o.Duration+5*time.Second, s0.t.Add(b.o.Duration))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	select {
 	case <-gen.done:
-		return 0, fmt.Errorf("generator exited during the window (%v): %s", gen.err, gen.log.last())
+		return 0, 0, fmt.Errorf("generator exited during the window (%v): %s", gen.err, gen.log.last())
 	default:
 	}
 	if s1.n <= s0.n {
-		return 0, fmt.Errorf("no frames reached the guest in %s", s1.t.Sub(s0.t).Round(time.Millisecond))
+		return 0, 0, fmt.Errorf("no frames reached the guest in %s", s1.t.Sub(s0.t).Round(time.Millisecond))
 	}
-	return float64(s1.n-s0.n) / s1.t.Sub(s0.t).Seconds(), nil
+	return float64(s1.n-s0.n) / s1.t.Sub(s0.t).Seconds(), s1.n - s0.n, nil
 }
 
 // rxSamples turns p's output into samples as the lines arrive.
