@@ -45,7 +45,7 @@ func (b *backendBench) driveRX(ctx context.Context, sock, wire string, size int)
 	}
 	gen, err := startProc(ctx, life, "generator", "ip", "netns", "exec", b.ns, "stdbuf", "-oL", "-eL", b.o.Testpmd,
 		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[2],
-		"--vdev", "net_af_packet0,iface="+wire+",qpairs=1", "--",
+		"--vdev", "net_af_packet0,iface="+wire+",qpairs=1,qdisc_bypass=1", "--",
 		"--total-num-mbufs=16384", "--forward-mode=txonly", "--txpkts="+strconv.Itoa(size),
 		"--eth-peer=0,"+benchVMMAC.String(), "--stats-period", "0")
 	if err != nil {
