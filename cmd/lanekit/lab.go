@@ -108,12 +108,13 @@ func labCheckCmd() *cobra.Command {
 
 func labBenchCmd() *cobra.Command {
 	var (
-		asJSON    bool
-		opts      bench.Options
-		chart     string
-		vmBackend string
-		vhostBin  string
-		from      string
+		asJSON           bool
+		opts             bench.Options
+		chart            string
+		vmBackend        string
+		vhostBin         string
+		vmBackendOwnOnly bool
+		from             string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -184,7 +185,7 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 					vhostBin = filepath.Join(bins.Dir, "lanekit-vhost")
 				}
 				rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
-					VhostBin: vhostBin, Duration: opts.Duration,
+					VhostBin: vhostBin, Duration: opts.Duration, OwnOnly: vmBackendOwnOnly,
 					Repeat: opts.Repeat, Progress: cmd.ErrOrStderr()})
 				switch {
 				case errors.Is(err, bench.ErrBackendUnavailable) && vmBackend == "auto":
@@ -219,6 +220,7 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
 	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
+	cmd.Flags().BoolVar(&vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }

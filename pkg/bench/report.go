@@ -332,31 +332,6 @@ func includesText(in Includes) string {
 	return strings.Join(parts, "+")
 }
 
-// WriteTable prints the backend comparison as a small table of its own.
-func (b *BackendReport) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; %s)\n", b.Repeat, b.Seconds, b.Setup)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "metric\tlanekit-vhost\ttestpmd vhost+af_xdp\tratio\t")
-	for _, m := range []struct {
-		name, f string
-		scale   float64
-		v       BackendMetric
-	}{
-		{"64 B Mpps", "%.3f", 1e-6, b.PPS64},
-		{"1500 B Gbit/s", "%.2f", 1, b.Gbps1500},
-	} {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", m.name, spread(scaled(m.v.LanekitVhost, m.scale), m.f),
-			spread(scaled(m.v.Testpmd, m.scale), m.f), backendRatio(m.v.Ratio))
-	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write vm backend table: %w", err)
-	}
-	for _, e := range b.Errors {
-		fmt.Fprintf(w, "error: vm backend: %s\n", e)
-	}
-	return nil
-}
-
 func scaled(s Summary, k float64) Summary {
 	return Summary{Min: s.Min * k, Median: s.Median * k, Max: s.Max * k}
 }

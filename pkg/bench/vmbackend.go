@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,18 +19,32 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
+	"github.com/lanekit/lanekit/pkg/datapath"
 )
 
 // The VM backend comparison (vhost/bench/compare.sh only wraps it): DPDK
-// testpmd's virtio_user PMD plays the guest driver and transmits (txonly)
-// into a vhost-user backend whose AF_XDP port sits on a veth in a namespace
-// created here; frames are counted as they arrive on the veth peer.
+// testpmd's virtio_user PMD plays the guest driver; the backends sit on
+// veths in a namespace created here.
 //
-//	lanekit_vhost: virtio_user -> lanekit-vhost --ifname lkb0 -> lkb1
-//	testpmd:       virtio_user -> testpmd vhost PMD <-> af_xdp PMD (io forwarding) -> lkb1
+// guest→wire (frontend txonly, frames counted as they arrive on the veth peer):
 //
-// Same core budget for both: the frontend on CPU 0, the backend on CPU 1.
-// Backends alternate within every repetition (the first one rotates).
+//	own sockets:   virtio_user -> lanekit-vhost --ifname lkb0 -> lkb1
+//	agent sockets: virtio_user -> lanekit-vhost --xsk-socket (steer_vm on lkv0) -> lkv1
+//	testpmd:       virtio_user -> testpmd vhost PMD <-> af_xdp PMD (io forwarding) lkb0 -> lkb1
+//
+// wire→guest (a testpmd af_packet txonly generator on the peer; frames
+// counted by the frontend, rxonly):
+//
+//	agent sockets: lkv1 -> lkv0 steer_vm -> lk_xsks -> lanekit-vhost --xsk-socket -> virtio_user
+//	testpmd:       lkb1 -> lkb0 af_xdp PMD (its own XDP program) -> vhost PMD -> virtio_user
+//
+// For the agent sockets the bench acts as lanekitd (benchAgent): the
+// datapath in a private pin dir, steer_vm on lkv0, sockets made with pkg/xsk
+// and handed over the fd-passing socket. Same core budget for all: the
+// frontend on CPU 0, the backend on CPU 1, the generator on CPU 0 with the
+// frontend (the veth's XDP and AF_XDP copy run in the sender's softirq, so
+// also on CPU 0). Backends alternate within every repetition (the first one
+// rotates).
 
 // BackendOptions bound a backend comparison.
 type BackendOptions struct {
@@ -39,45 +53,57 @@ type BackendOptions struct {
 	Duration time.Duration // counting window per measurement (min 1 s)
 	Repeat   int
 	Progress io.Writer
-}
-
-// BackendReport is the "vm_backend" object of the bench JSON.
-type BackendReport struct {
-	PPS64    BackendMetric `json:"pps_64"`
-	Gbps1500 BackendMetric `json:"gbps_1500"`
-	Repeat   int           `json:"repeat"`
-	Seconds  float64       `json:"seconds"`
-	Setup    string        `json:"setup"`
-	Errors   []string      `json:"errors,omitempty"`
-}
-
-// BackendMetric compares lanekit-vhost with testpmd on one metric; Ratio is
-// the median of lanekit-vhost over the median of testpmd (null when unknown).
-type BackendMetric struct {
-	LanekitVhost Summary  `json:"lanekit_vhost"`
-	Testpmd      Summary  `json:"testpmd"`
-	Ratio        *float64 `json:"ratio"`
+	// OwnOnly measures guest→wire with lanekit-vhost's own sockets only (no
+	// agent path, no wire→guest).
+	OwnOnly bool
 }
 
 // Backend comparison constants.
 const (
-	backendSetup = "frontend: dpdk-testpmd virtio_user txonly on CPU 0; backend on CPU 1; " +
-		"AF_XDP (copy mode) on a veth in a throwaway netns, counted on the peer; guest->wire only: " +
-		"lanekit-vhost --ifname makes its own sockets and loads no XDP program, so it receives nothing without the agent's steer_vm"
-	bfVeth, bfPeer  = "lkb0", "lkb1"
-	frameSize1500   = 1500
-	backendReady    = 15 * time.Second // socket / "Press enter" wait
-	backendSlack    = 30 * time.Second // beyond the window, per process
-	dpdkRuntimeRoot = "/var/run/dpdk"
-	pressEnter      = "Press enter to exit"
+	backendSetup = "frontend: dpdk-testpmd virtio_user (txonly guest→wire, rxonly wire→guest) on CPU 0; backend on CPU 1; " +
+		"wire→guest generator: testpmd af_packet txonly on the veth peer, CPU 0; AF_XDP (copy mode) on veths in a throwaway netns; " +
+		"own sockets: lanekit-vhost --ifname (no XDP program, so guest→wire only); " +
+		"agent sockets: the bench acts as lanekitd (datapath in a private pin dir, steer_vm, lk_xsks, fd handover)"
+	bfVeth, bfPeer   = "lkb0", "lkb1" // own sockets and testpmd
+	bfVMDev, bfVMWir = "lkv0", "lkv1" // the VM device (steer_vm) and its wire side
+	frameSize1500    = 1500
+	backendReady     = 15 * time.Second // socket / "Press enter" wait
+	backendSlack     = 30 * time.Second // beyond the window, per process
+	dpdkRuntimeRoot  = "/var/run/dpdk"
+	pressEnter       = "Press enter to exit"
+	probeFrames      = 16
 )
 
-var backendKinds = []string{"lanekit_vhost", "testpmd"}
+// benchVMMAC is the VM's MAC: lkv0's address, lanekit-vhost's --mac and the
+// generator's destination.
+var benchVMMAC = net.HardwareAddr{0x02, 0x6c, 0x6b, 0x00, 0x00, 0x01}
+
+// Measurement kinds.
+const (
+	kindOwn       = "lanekit_vhost"
+	kindTestpmd   = "testpmd"
+	kindRealTX    = "lanekit_vhost_agent"
+	kindRealRX    = "lanekit_vhost_agent_rx"
+	kindTestpmdRX = "testpmd_rx"
+)
+
+type backendKind struct {
+	name    string
+	rx      bool // wire→guest
+	agent   bool // lanekit-vhost with the bench agent's sockets
+	testpmd bool
+}
+
+var allBackendKinds = []backendKind{
+	{name: kindOwn}, {name: kindTestpmd, testpmd: true},
+	{name: kindRealTX, agent: true},
+	{name: kindRealRX, rx: true, agent: true}, {name: kindTestpmdRX, rx: true, testpmd: true},
+}
 
 // RunBackendCompare measures 64-byte packets/s and 1500-byte Gbit/s through
-// both backends, Repeat times, interleaved. The namespace, sockets and DPDK
-// runtime files are removed on every return; a failed measurement is
-// recorded in Errors.
+// the backends, Repeat times, interleaved. The namespace, pins, sockets and
+// DPDK runtime files are removed on every return; a failed measurement (or
+// a failed agent setup: its rows are then skipped) is recorded in Errors.
 func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, error) {
 	if o.Repeat < 1 {
 		o.Repeat = 1
@@ -97,22 +123,30 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	}
 	defer b.cleanup()
 
-	vals := map[string]map[int][]float64{} // kind -> size -> values
-	for _, k := range backendKinds {
-		vals[k] = map[int][]float64{}
-	}
 	rep := &BackendReport{Repeat: o.Repeat, Seconds: o.Duration.Seconds(), Setup: backendSetup}
+	kinds := allBackendKinds[:2]
+	if !o.OwnOnly {
+		if err := b.startAgent(); err != nil {
+			rep.Errors = append(rep.Errors, err.Error())
+		} else {
+			kinds = allBackendKinds
+			if rep.PathCheck, err = b.probe(); err != nil {
+				rep.Errors = append(rep.Errors, err.Error())
+			}
+		}
+	}
+	vals := backendValues{}
 	for r := 0; r < o.Repeat; r++ {
 		for _, size := range []int{64, frameSize1500} {
-			for k := range backendKinds {
-				kind := backendKinds[(k+r)%len(backendKinds)]
+			for k := range kinds {
+				kind := kinds[(k+r)%len(kinds)]
 				if err := ctx.Err(); err != nil {
 					return nil, fmt.Errorf("vm backend bench: %w", err)
 				}
 				pps, err := b.measure(ctx, kind, size)
 				msg := ""
 				if err != nil {
-					rep.Errors = append(rep.Errors, fmt.Sprintf("rep %d %s %dB: %v", r+1, kind, size, err))
+					rep.Errors = append(rep.Errors, fmt.Sprintf("rep %d %s %dB: %v", r+1, kind.name, size, err))
 					msg = "error: " + err.Error()
 				} else {
 					v := pps
@@ -122,14 +156,16 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 					} else {
 						msg = fmt.Sprintf("%.3f Mpps", pps/1e6)
 					}
-					vals[kind][size] = append(vals[kind][size], v)
+					vals.add(kind.name, size, v)
 				}
-				o.progress("vm backend rep %d/%d %-13s %4dB %s", r+1, o.Repeat, kind, size, msg)
+				o.progress("vm backend rep %d/%d %-22s %4dB %s", r+1, o.Repeat, kind.name, size, msg)
 			}
 		}
 	}
-	rep.PPS64 = backendMetric(vals["lanekit_vhost"][64], vals["testpmd"][64])
-	rep.Gbps1500 = backendMetric(vals["lanekit_vhost"][frameSize1500], vals["testpmd"][frameSize1500])
+	rep.fill(vals, b.agent != nil)
+	if b.agent != nil && rep.PathCheck != nil {
+		b.finishCheck(rep.PathCheck)
+	}
 	return rep, nil
 }
 
@@ -137,15 +173,6 @@ func (o BackendOptions) progress(format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, format+"\n", args...)
 	}
-}
-
-func backendMetric(lk, tp []float64) BackendMetric {
-	m := BackendMetric{LanekitVhost: Summarize(lk), Testpmd: Summarize(tp)}
-	if m.LanekitVhost.Median > 0 && m.Testpmd.Median > 0 {
-		r := Ratio(m.LanekitVhost.Median, m.Testpmd.Median)
-		m.Ratio = &r
-	}
-	return m
 }
 
 // ppsToGbps converts frames/s of size bytes to Gbit/s (frame bytes, as the
@@ -178,13 +205,16 @@ func backendPreflight(o BackendOptions) error {
 type backendBench struct {
 	o        BackendOptions
 	ns, dir  string
-	prefixes []string
+	prefixes []string    // DPDK file prefixes: frontend, backend, generator
+	agent    *benchAgent // nil: no agent path
+	agentRx  uint64      // frames lanekit-vhost took from the agent's sockets (wire→guest runs)
+	guestRx  uint64      // frames the frontend counted in those runs' windows
 }
 
 func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, error) {
 	pid := os.Getpid()
 	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid),
-		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid)}}
+		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid), fmt.Sprintf("lkbg%d", pid)}}
 	// The pid in the name tells this run's processes (their arguments name
 	// the directory) from a concurrent run's.
 	dir, err := os.MkdirTemp("", benchDirPrefix(os.Getpid()))
@@ -198,6 +228,9 @@ func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, erro
 		{"-n", b.ns, "link", "add", bfVeth, "type", "veth", "peer", "name", bfPeer},
 		{"-n", b.ns, "link", "set", bfVeth, "up"},
 		{"-n", b.ns, "link", "set", bfPeer, "up"},
+		{"-n", b.ns, "link", "add", bfVMDev, "address", benchVMMAC.String(), "type", "veth", "peer", "name", bfVMWir},
+		{"-n", b.ns, "link", "set", bfVMDev, "up"},
+		{"-n", b.ns, "link", "set", bfVMWir, "up"},
 	}
 	for _, s := range steps {
 		if err := runIP(ctx, s...); err != nil {
@@ -213,6 +246,12 @@ func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, erro
 func (b *backendBench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if b.agent != nil {
+		if err := b.agent.close(); err != nil {
+			b.o.progress("vm backend bench: cleanup: %v", err)
+		}
+		b.agent = nil
+	}
 	if _, err := os.Stat("/run/netns/" + b.ns); err == nil {
 		if err := runIP(ctx, "netns", "del", b.ns); err != nil {
 			b.o.progress("vm backend bench: cleanup: %v", err)
@@ -350,33 +389,119 @@ func (t *tailLog) last() string {
 	return strings.Join(t.lines, " | ")
 }
 
-// measure starts one backend, drives size-byte frames into it for the
-// window and returns the frames/s that reached the veth peer.
-func (b *backendBench) measure(ctx context.Context, kind string, size int) (float64, error) {
+// startAgent makes the agent path: the bench acts as lanekitd for the VM
+// device lkv0.
+func (b *backendBench) startAgent() error {
+	pinDir := filepath.Join("/sys/fs/bpf", "lk-vhb-"+strconv.Itoa(os.Getpid()))
+	a, err := newBenchAgent("/run/netns/"+b.ns, bfVMDev, pinDir, filepath.Join(b.dir, "agent.sock"), benchVMMAC)
+	if err != nil {
+		return fmt.Errorf("agent path: %w", err)
+	}
+	b.agent = a
+	return nil
+}
+
+// probe checks steer_vm of the VM endpoint sees what arrives from the wire:
+// the program on lkv0 is steer_vm, and frames for a foreign MAC sent on lkv1
+// show up in the endpoint's not-for-vm drop counter.
+func (b *backendBench) probe() (*BackendPathCheck, error) {
+	c := &BackendPathCheck{VMDevice: bfVMDev, ProbeSent: probeFrames}
+	var err error
+	if c.XDPProgram, err = b.agent.xdpProgram(bfVMDev); err != nil {
+		return c, fmt.Errorf("agent path check: %w", err)
+	}
+	before, err := b.agent.steerDrops()
+	if err != nil {
+		return c, fmt.Errorf("agent path check: %w", err)
+	}
+	foreign := net.HardwareAddr{0x02, 0x6c, 0x6b, 0x00, 0x00, 0x99}
+	if err := sendRaw("/run/netns/"+b.ns, bfVMWir, probeFrame(foreign, net.HardwareAddr{0x02, 0x6c, 0x6b, 0, 0, 2}), probeFrames); err != nil {
+		return c, fmt.Errorf("agent path check: %w", err)
+	}
+	// The veth delivers from a NAPI poll: wait for the counter a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		after, err := b.agent.steerDrops()
+		if err != nil {
+			return c, fmt.Errorf("agent path check: %w", err)
+		}
+		c.ProbeCounted = after[datapath.DropNotForVM] - before[datapath.DropNotForVM]
+		if c.ProbeCounted >= probeFrames || time.Now().After(deadline) {
+			break
+		}
+	}
+	if c.ProbeCounted != probeFrames {
+		return c, fmt.Errorf("agent path check: %d of %d not-for-vm probes counted by the vm endpoint", c.ProbeCounted, probeFrames)
+	}
+	return c, nil
+}
+
+// finishCheck records the handovers and the endpoint's drops at the end.
+func (b *backendBench) finishCheck(c *BackendPathCheck) {
+	c.Handovers = b.agent.handovers.Load()
+	c.BackendRxFrames, c.GuestRxFrames = b.agentRx, b.guestRx
+	if d, err := b.agent.steerDrops(); err == nil && len(d) > 0 {
+		c.SteerDrops = map[string]uint64{}
+		for r, n := range d {
+			c.SteerDrops[r.String()] = n
+		}
+	}
+}
+
+// measure starts one backend, drives size-byte frames through it for the
+// window and returns the frames/s that reached the far side.
+func (b *backendBench) measure(ctx context.Context, kind backendKind, size int) (float64, error) {
 	life := b.o.Duration + backendReady + backendSlack
-	sock := filepath.Join(b.dir, kind+".sock")
+	sock := filepath.Join(b.dir, kind.name+".sock")
+	metrics := filepath.Join(b.dir, "metrics.sock")
 	os.Remove(sock)
 	defer os.Remove(sock)
+	wire := bfPeer
 	var argv []string
-	switch kind {
-	case "lanekit_vhost":
-		argv = []string{"ip", "netns", "exec", b.ns, "taskset", "-c", "1", b.o.VhostBin,
-			"--ifname", bfVeth, "--socket", sock}
-	case "testpmd":
+	switch {
+	case kind.testpmd:
 		argv = []string{"ip", "netns", "exec", b.ns, "stdbuf", "-oL", "-eL", b.o.Testpmd,
 			"--lcores", "0@1,1@1", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[1],
 			"--vdev", "net_vhost0,iface=" + sock + ",queues=1",
 			"--vdev", "net_af_xdp0,iface=" + bfVeth + ",start_queue=0,queue_count=1", "--",
 			"--total-num-mbufs=16384", "--forward-mode=io", "--stats-period", "0"}
+	case kind.agent:
+		if b.agent == nil {
+			return 0, errors.New("no agent path")
+		}
+		wire = bfVMWir
+		os.Remove(metrics)
+		defer os.Remove(metrics)
+		argv = []string{"ip", "netns", "exec", b.ns, "taskset", "-c", "1", b.o.VhostBin,
+			"--xsk-socket", b.agent.sock, "--vm", benchVMName, "--mac", benchVMMAC.String(),
+			"--socket", sock, "--metrics-listen", metrics}
 	default:
-		return 0, fmt.Errorf("unknown backend %q", kind)
+		argv = []string{"ip", "netns", "exec", b.ns, "taskset", "-c", "1", b.o.VhostBin,
+			"--ifname", bfVeth, "--socket", sock}
 	}
-	be, err := b.startBackend(ctx, life, kind, sock, argv)
+	be, err := b.startBackend(ctx, life, kind.name, sock, argv)
 	if err != nil {
 		return 0, err
 	}
-	defer be.stop(2 * time.Second)
-	return b.drive(ctx, sock, size)
+	if kind.testpmd {
+		defer be.stop(2 * time.Second)
+	} else {
+		defer be.term(2 * time.Second) // lanekit-vhost ignores stdin
+	}
+	if !kind.rx {
+		return b.drive(ctx, sock, wire, size)
+	}
+	pps, frames, err := b.driveRX(ctx, sock, wire, size)
+	if err == nil && kind.agent {
+		// Read after the window: the backend has delivered at least what
+		// the frontend counted.
+		rx, err := scrapeVhostRx(ctx, metrics)
+		if err != nil {
+			return 0, err
+		}
+		b.agentRx += rx
+		b.guestRx += frames
+	}
+	return pps, err
 }
 
 // startBackend starts a backend until it serves its socket. The previous
@@ -408,7 +533,7 @@ func (b *backendBench) startBackend(ctx context.Context, life time.Duration, kin
 
 // drive runs the txonly frontend and counts frames on the peer over the
 // window that starts once forwarding runs.
-func (b *backendBench) drive(ctx context.Context, sock string, size int) (float64, error) {
+func (b *backendBench) drive(ctx context.Context, sock, peer string, size int) (float64, error) {
 	life := b.o.Duration + backendReady + backendSlack
 	fe, err := startProc(ctx, life, "frontend", "stdbuf", "-oL", "-eL", b.o.Testpmd,
 		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[0],
@@ -421,7 +546,7 @@ func (b *backendBench) drive(ctx context.Context, sock string, size int) (float6
 	if err := fe.waitLine(pressEnter, backendReady); err != nil {
 		return 0, err
 	}
-	n0, t0, err := b.rxPackets(ctx)
+	n0, t0, err := b.rxPackets(ctx, peer)
 	if err != nil {
 		return 0, err
 	}
@@ -432,26 +557,26 @@ func (b *backendBench) drive(ctx context.Context, sock string, size int) (float6
 		return 0, fmt.Errorf("frontend exited during the window (%v): %s", fe.err, fe.log.last())
 	case <-time.After(b.o.Duration):
 	}
-	n1, t1, err := b.rxPackets(ctx)
+	n1, t1, err := b.rxPackets(ctx, peer)
 	if err != nil {
 		return 0, err
 	}
 	if n1 <= n0 {
-		return 0, fmt.Errorf("no frames reached %s in %s", bfPeer, t1.Sub(t0).Round(time.Millisecond))
+		return 0, fmt.Errorf("no frames reached %s in %s", peer, t1.Sub(t0).Round(time.Millisecond))
 	}
 	return float64(n1-n0) / t1.Sub(t0).Seconds(), nil
 }
 
 // rxPackets reads the peer's rx packet counter and when it was read (the
 // midpoint of the ip call).
-func (b *backendBench) rxPackets(ctx context.Context) (uint64, time.Time, error) {
+func (b *backendBench) rxPackets(ctx context.Context, dev string) (uint64, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, "ip", "-n", b.ns, "-s", "-j", "link", "show", "dev", bfPeer).Output()
+	out, err := exec.CommandContext(ctx, "ip", "-n", b.ns, "-s", "-j", "link", "show", "dev", dev).Output()
 	end := time.Now()
 	if err != nil {
-		return 0, end, fmt.Errorf("read %s counters: %w", bfPeer, err)
+		return 0, end, fmt.Errorf("read %s counters: %w", dev, err)
 	}
 	n, err := ParseIPLinkRxPackets(out)
 	return n, start.Add(end.Sub(start) / 2), err
@@ -489,14 +614,6 @@ func waitSocket(path string, timeout time.Duration, p *proc) error {
 		}
 	}
 	return fmt.Errorf("%s: no socket %s after %s: %s", p.name, path, timeout, p.log.last())
-}
-
-// backendRatio formats a ratio for the backend table ("-" when unknown).
-func backendRatio(r *float64) string {
-	if r == nil || math.IsNaN(*r) {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f×", *r)
 }
 
 // benchDirPrefix is the temp-dir prefix of the backend comparison run by pid.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,11 +13,19 @@ import (
 )
 
 // TestBackendCompareRoot runs the real comparison once (1 s windows) and
-// checks both backends moved frames and nothing is left behind: no netns, no
-// DPDK runtime files, no processes.
+// checks every row moved frames, the agent rows took the agent's path
+// (steer_vm on the VM device, its endpoint counters saw the probe, socket
+// handovers, every frame the guest counted came from the agent's sockets),
+// and nothing is left behind: no netns, pins, DPDK runtime files, processes.
 func TestBackendCompareRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, AF_XDP)")
+		t.Skip("needs root (netns, AF_XDP, BPF)")
+	}
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs (frontend and backend pinned apart)")
+	}
+	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
+		t.Skip("no bpffs at /sys/fs/bpf")
 	}
 	if testing.Short() {
 		t.Skip("runs DPDK testpmd: skipped with -short")
@@ -31,7 +40,7 @@ func TestBackendCompareRoot(t *testing.T) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("lanekit-vhost not built (%s): make build", bin)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log strings.Builder
 	rep, err := RunBackendCompare(ctx, BackendOptions{VhostBin: bin, Duration: time.Second, Repeat: 1, Progress: &log})
@@ -42,22 +51,49 @@ func TestBackendCompareRoot(t *testing.T) {
 	if len(rep.Errors) > 0 {
 		t.Fatalf("errors: %v", rep.Errors)
 	}
-	for name, m := range map[string]BackendMetric{"pps_64": rep.PPS64, "gbps_1500": rep.Gbps1500} {
+	if rep.GuestToWireReal == nil || rep.WireToGuestReal == nil || rep.PathCheck == nil {
+		t.Fatalf("no agent-path rows: %+v", rep)
+	}
+	for name, m := range map[string]BackendMetric{
+		"own pps_64": rep.PPS64, "own gbps_1500": rep.Gbps1500,
+		"guest->wire agent pps_64": rep.GuestToWireReal.PPS64, "guest->wire agent gbps_1500": rep.GuestToWireReal.Gbps1500,
+		"wire->guest agent pps_64": rep.WireToGuestReal.PPS64, "wire->guest agent gbps_1500": rep.WireToGuestReal.Gbps1500,
+	} {
 		if m.LanekitVhost.Median <= 0 || m.Testpmd.Median <= 0 || m.Ratio == nil || *m.Ratio <= 0 {
 			t.Errorf("%s: %+v", name, m)
 		}
 	}
+	c := rep.PathCheck
+	t.Logf("path check: %+v", *c)
+	if c.XDPProgram != "steer_vm" {
+		t.Errorf("xdp program on %s: %q, want steer_vm", c.VMDevice, c.XDPProgram)
+	}
+	if c.ProbeSent == 0 || c.ProbeCounted != c.ProbeSent {
+		t.Errorf("steer_vm counted %d of %d not-for-vm probes", c.ProbeCounted, c.ProbeSent)
+	}
+	// One handover per agent-path backend start: 2 kinds x 2 sizes.
+	if c.Handovers < 4 {
+		t.Errorf("%d socket handovers, want >= 4", c.Handovers)
+	}
+	if c.GuestRxFrames == 0 || c.BackendRxFrames < c.GuestRxFrames {
+		t.Errorf("guest counted %d frames, lanekit-vhost took %d from the agent's sockets", c.GuestRxFrames, c.BackendRxFrames)
+	}
 	if _, err := os.Stat("/run/netns/lk-vhb-" + itoa(os.Getpid())); err == nil {
 		t.Error("netns left behind")
 	}
-	for _, p := range []string{"lkbf", "lkbb"} {
+	if _, err := os.Stat("/sys/fs/bpf/lk-vhb-" + itoa(os.Getpid())); err == nil {
+		t.Error("bpf pin dir left behind")
+	}
+	for _, p := range []string{"lkbf", "lkbb", "lkbg"} {
 		if _, err := os.Stat(filepath.Join(dpdkRuntimeRoot, p+itoa(os.Getpid()))); err == nil {
 			t.Errorf("DPDK runtime dir %s left behind", p)
 		}
 	}
-	out, _ := exec.Command("pgrep", "-f", benchDirPrefix(os.Getpid())).Output()
-	if len(strings.TrimSpace(string(out))) > 0 {
-		t.Errorf("processes left behind: %s", out)
+	for _, pat := range []string{benchDirPrefix(os.Getpid()), "lkbg" + itoa(os.Getpid())} {
+		out, _ := exec.Command("pgrep", "-f", pat).Output()
+		if len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("processes left behind (%s): %s", pat, out)
+		}
 	}
 }
 

@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// BackendReport is the "vm_backend" object of the bench JSON. PPS64 and
+// Gbps1500 are guest→wire with lanekit-vhost's own sockets (--ifname); the
+// real-path rows feed lanekit-vhost the sockets the bench made as lanekitd
+// does (steer_vm, lk_xsks, fd handover).
+type BackendReport struct {
+	PPS64    BackendMetric `json:"pps_64"`
+	Gbps1500 BackendMetric `json:"gbps_1500"`
+	// GuestToWireReal: its testpmd column is the same testpmd measurement as
+	// the own-socket row's (testpmd has no agent path).
+	GuestToWireReal *BackendDirection `json:"guest_to_wire_real,omitempty"`
+	// WireToGuestReal: a generator on the wire side, counted by the frontend
+	// (rxonly); testpmd forwards af_xdp -> vhost from the same generator.
+	WireToGuestReal *BackendDirection `json:"wire_to_guest_real,omitempty"`
+	PathCheck       *BackendPathCheck `json:"path_check,omitempty"`
+	Repeat          int               `json:"repeat"`
+	Seconds         float64           `json:"seconds"`
+	Setup           string            `json:"setup"`
+	Errors          []string          `json:"errors,omitempty"`
+}
+
+// BackendDirection is one direction's two metrics.
+type BackendDirection struct {
+	PPS64    BackendMetric `json:"pps_64"`
+	Gbps1500 BackendMetric `json:"gbps_1500"`
+}
+
+// BackendMetric compares lanekit-vhost with testpmd on one metric; Ratio is
+// the median of lanekit-vhost over the median of testpmd (null when unknown).
+type BackendMetric struct {
+	LanekitVhost Summary  `json:"lanekit_vhost"`
+	Testpmd      Summary  `json:"testpmd"`
+	Ratio        *float64 `json:"ratio"`
+}
+
+// BackendPathCheck is the evidence that the real-path rows took the agent's
+// path: the program on the VM device, the socket handovers served, steer_vm's
+// per-endpoint drop counters seeing a probe, and the frames lanekit-vhost
+// took from the agent's sockets.
+type BackendPathCheck struct {
+	VMDevice   string `json:"vm_device"`
+	XDPProgram string `json:"xdp_program"` // attached to VMDevice, read back from the kernel
+	Handovers  int64  `json:"handovers"`   // socket sets handed to lanekit-vhost
+	// ProbeSent unicast frames for a foreign MAC were sent from the wire side;
+	// ProbeCounted is the VM endpoint's not-for-vm drop counter afterwards.
+	ProbeSent    uint64 `json:"not_for_vm_probe_sent"`
+	ProbeCounted uint64 `json:"not_for_vm_probe_counted"`
+	// BackendRxFrames: lanekit_vhost_rx_packets_total (frames from the
+	// agent's sockets into the guest) summed over the wire→guest runs.
+	BackendRxFrames uint64 `json:"backend_rx_frames"`
+	// GuestRxFrames: what the frontend counted in those runs' windows (a
+	// part of BackendRxFrames: lanekit-vhost's only port is the agent's).
+	GuestRxFrames uint64 `json:"guest_rx_frames"`
+	// SteerDrops: the VM endpoint's drops by reason at the end (probe included).
+	SteerDrops map[string]uint64 `json:"steer_drops,omitempty"`
+}
+
+// backendValues are per-kind, per-frame-size measurements (Mpps for 64 B as
+// frames/s, Gbit/s for 1500 B).
+type backendValues map[string]map[int][]float64
+
+func (v backendValues) add(kind string, size int, x float64) {
+	if v[kind] == nil {
+		v[kind] = map[int][]float64{}
+	}
+	v[kind][size] = append(v[kind][size], x)
+}
+
+// fill sets the report's metrics from vals; real-path rows only when the
+// real path was part of the run.
+func (r *BackendReport) fill(vals backendValues, real bool) {
+	dir := func(lk, tp string) BackendDirection {
+		return BackendDirection{
+			PPS64:    backendMetric(vals[lk][64], vals[tp][64]),
+			Gbps1500: backendMetric(vals[lk][frameSize1500], vals[tp][frameSize1500]),
+		}
+	}
+	own := dir(kindOwn, kindTestpmd)
+	r.PPS64, r.Gbps1500 = own.PPS64, own.Gbps1500
+	if real {
+		tx, rx := dir(kindRealTX, kindTestpmd), dir(kindRealRX, kindTestpmdRX)
+		r.GuestToWireReal, r.WireToGuestReal = &tx, &rx
+	}
+}
+
+func backendMetric(lk, tp []float64) BackendMetric {
+	m := BackendMetric{LanekitVhost: Summarize(lk), Testpmd: Summarize(tp)}
+	if m.LanekitVhost.Median > 0 && m.Testpmd.Median > 0 {
+		r := Ratio(m.LanekitVhost.Median, m.Testpmd.Median)
+		m.Ratio = &r
+	}
+	return m
+}
+
+// WriteTable prints the backend comparison as a small table of its own.
+func (b *BackendReport) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; %s)\n", b.Repeat, b.Seconds, b.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "direction\tsockets\tmetric\tlanekit-vhost\ttestpmd vhost+af_xdp\tratio\t")
+	rows := []struct {
+		dir, socks string
+		d          *BackendDirection
+	}{
+		{"guest→wire", "own (--ifname)", &BackendDirection{PPS64: b.PPS64, Gbps1500: b.Gbps1500}},
+		{"guest→wire", "agent (steer_vm)", b.GuestToWireReal},
+		{"wire→guest", "agent (steer_vm)", b.WireToGuestReal},
+	}
+	for _, r := range rows {
+		if r.d == nil {
+			continue
+		}
+		for _, m := range []struct {
+			name, f string
+			scale   float64
+			v       BackendMetric
+		}{
+			{"64 B Mpps", "%.3f", 1e-6, r.d.PPS64},
+			{"1500 B Gbit/s", "%.2f", 1, r.d.Gbps1500},
+		} {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", r.dir, r.socks, m.name, spread(scaled(m.v.LanekitVhost, m.scale), m.f),
+				spread(scaled(m.v.Testpmd, m.scale), m.f), backendRatio(m.v.Ratio))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write vm backend table: %w", err)
+	}
+	if c := b.PathCheck; c != nil {
+		fmt.Fprintf(w, "agent path: XDP program %q on %s, %d socket handover(s), %d/%d not-for-vm probes counted by the VM endpoint, "+
+			"%d frames from agent sockets into the guest (%d counted by it in the windows)%s\n", c.XDPProgram, c.VMDevice, c.Handovers,
+			c.ProbeCounted, c.ProbeSent, c.BackendRxFrames, c.GuestRxFrames, formatDrops(c.SteerDrops))
+	}
+	for _, e := range b.Errors {
+		fmt.Fprintf(w, "error: vm backend: %s\n", e)
+	}
+	return nil
+}
+
+func formatDrops(d map[string]uint64) string {
+	if len(d) == 0 {
+		return ""
+	}
+	var parts []string
+	for k, v := range d {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(parts)
+	return "; steer_vm drops: " + strings.Join(parts, " ")
+}
+
+// backendRatio formats a ratio for the backend table ("-" when unknown).
+func backendRatio(r *float64) string {
+	if r == nil || math.IsNaN(*r) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", *r)
+}

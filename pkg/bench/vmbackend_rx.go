@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The wire→guest direction: a generator transmits on the wire side of the
+// backend's veth; the frontend (virtio_user, rxonly) counts what the backend
+// put into the guest's queue. testpmd prints its port statistics every
+// second (--stats-period 1); each "RX-packets:" line is a sample of the
+// cumulative count, timestamped as it arrives.
+
+// rxSample is the frontend's cumulative received frames at a moment.
+type rxSample struct {
+	n uint64
+	t time.Time
+}
+
+// driveRX runs the rxonly frontend on sock and the generator on wire, and
+// returns the frames/s the frontend received over the window that starts
+// once the generator runs, and the frames counted in the window.
+func (b *backendBench) driveRX(ctx context.Context, sock, wire string, size int) (float64, uint64, error) {
+	life := b.o.Duration + 2*backendReady + backendSlack
+	fe, err := startProc(ctx, life, "frontend", "stdbuf", "-oL", "-eL", b.o.Testpmd,
+		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[0],
+		"--vdev", "net_virtio_user0,path="+sock+",queues=1", "--",
+		"--total-num-mbufs=16384", "--forward-mode=rxonly", "--stats-period", "1")
+	if err != nil {
+		return 0, 0, err
+	}
+	// With a stats period testpmd ignores stdin until a signal.
+	defer fe.term(2 * time.Second)
+	samples := rxSamples(fe)
+	if _, err := nextSample(samples, fe, backendReady, time.Time{}); err != nil {
+		return 0, 0, err
+	}
+	gen, err := startProc(ctx, life, "generator", "ip", "netns", "exec", b.ns, "stdbuf", "-oL", "-eL", b.o.Testpmd,
+		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[2],
+		"--vdev", "net_af_packet0,iface="+wire+",qpairs=1,qdisc_bypass=1", "--",
+		"--total-num-mbufs=16384", "--forward-mode=txonly", "--txpkts="+strconv.Itoa(size),
+		"--eth-peer=0,"+benchVMMAC.String(), "--stats-period", "0")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer gen.stop(2 * time.Second)
+	if err := gen.waitLine(pressEnter, backendReady); err != nil {
+		return 0, 0, err
+	}
+	started := time.Now()
+	s0, err := nextSample(samples, fe, 5*time.Second, started)
+	if err != nil {
+		return 0, 0, err
+	}
+	s1, err := nextSample(samples, fe, b.o.Duration+5*time.Second, s0.t.Add(b.o.Duration))
+	if err != nil {
+		return 0, 0, err
+	}
+	select {
+	case <-gen.done:
+		return 0, 0, fmt.Errorf("generator exited during the window (%v): %s", gen.err, gen.log.last())
+	default:
+	}
+	if s1.n <= s0.n {
+		return 0, 0, fmt.Errorf("no frames reached the guest in %s", s1.t.Sub(s0.t).Round(time.Millisecond))
+	}
+	return float64(s1.n-s0.n) / s1.t.Sub(s0.t).Seconds(), s1.n - s0.n, nil
+}
+
+// rxSamples turns p's output into samples as the lines arrive.
+func rxSamples(p *proc) <-chan rxSample {
+	ch := make(chan rxSample, 1024)
+	go func() {
+		defer close(ch)
+		for l := range p.lines {
+			if n, ok := ParseTestpmdRxPackets(l); ok {
+				select {
+				case ch <- rxSample{n: n, t: time.Now()}:
+				default: // nobody reads any more
+				}
+			}
+		}
+	}()
+	return ch
+}
+
+// nextSample returns the first sample taken at or after notBefore.
+func nextSample(ch <-chan rxSample, p *proc, timeout time.Duration, notBefore time.Time) (rxSample, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case s, ok := <-ch:
+			if !ok {
+				<-p.done
+				return rxSample{}, fmt.Errorf("%s exited (%v): %s", p.name, p.err, p.log.last())
+			}
+			if !s.t.Before(notBefore) {
+				return s, nil
+			}
+		case <-t.C:
+			return rxSample{}, fmt.Errorf("%s: no port statistics after %s: %s", p.name, timeout, p.log.last())
+		}
+	}
+}
+
+// ParseTestpmdRxPackets reads the count of a testpmd port statistics line
+// ("  RX-packets: 123  RX-missed: 0  RX-bytes: 7872").
+func ParseTestpmdRxPackets(line string) (uint64, bool) {
+	_, rest, ok := strings.Cut(line, "RX-packets:")
+	if !ok {
+		return 0, false
+	}
+	f := strings.Fields(rest)
+	if len(f) == 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(f[0], 10, 64)
+	return n, err == nil
+}
+
+// term ends a process with SIGTERM (testpmd exits cleanly on it), then
+// SIGKILL after grace.
+func (p *proc) term(grace time.Duration) {
+	p.stdin.Close()
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// scrapeVhostRx reads lanekit-vhost's metrics socket and returns the frames
+// it delivered to the guest.
+func scrapeVhostRx(ctx context.Context, sock string) (uint64, error) {
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://backend/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("scrape lanekit-vhost %s: %w", sock, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("scrape lanekit-vhost %s: status %d: %v", sock, resp.StatusCode, err)
+	}
+	return parseVhostRxPackets(string(body))
+}
+
+// parseVhostRxPackets sums lanekit_vhost_rx_packets_total over its labels.
+func parseVhostRxPackets(text string) (uint64, error) {
+	var sum uint64
+	found := false
+	for _, l := range strings.Split(text, "\n") {
+		name, rest, ok := strings.Cut(l, "{")
+		if !ok || name != "lanekit_vhost_rx_packets_total" {
+			continue
+		}
+		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(f) == 0 {
+			return 0, fmt.Errorf("lanekit-vhost metrics: no value in %q", l)
+		}
+		v, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("lanekit-vhost metrics: %q: %w", l, err)
+		}
+		sum += uint64(v)
+		found = true
+	}
+	if !found {
+		return 0, errors.New("lanekit-vhost metrics: no lanekit_vhost_rx_packets_total")
+	}
+	return sum, nil
+}
