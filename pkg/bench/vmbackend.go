@@ -494,7 +494,7 @@ func (b *backendBench) measure(ctx context.Context, kind backendKind, size int) 
 	if err == nil && kind.agent {
 		// Read after the window: the backend has delivered at least what
 		// the frontend counted.
-		rx, err := scrapeVhostRx(ctx, metrics)
+		rx, _, err := BackendPackets(ctx, metrics)
 		if err != nil {
 			return 0, err
 		}

@@ -141,51 +141,55 @@ func (p *proc) term(grace time.Duration) {
 	<-p.done
 }
 
-// scrapeVhostRx reads lanekit-vhost's metrics socket and returns the frames
-// it delivered to the guest.
-func scrapeVhostRx(ctx context.Context, sock string) (uint64, error) {
+// BackendPackets scrapes a lanekit-vhost metrics socket (--metrics-listen
+// PATH) and returns the frames it moved into the guest (rx: from its AF_XDP
+// sockets) and out of it (tx), summed over queue pairs.
+func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error) {
 	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		}}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://backend/metrics", nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("scrape lanekit-vhost %s: %w", sock, err)
+		return 0, 0, fmt.Errorf("scrape backend %s: %w", sock, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("scrape lanekit-vhost %s: status %d: %v", sock, resp.StatusCode, err)
+		return 0, 0, fmt.Errorf("scrape backend %s: status %d: %v", sock, resp.StatusCode, err)
 	}
-	return parseVhostRxPackets(string(body))
+	return backendPackets(string(body))
 }
 
-// parseVhostRxPackets sums lanekit_vhost_rx_packets_total over its labels.
-func parseVhostRxPackets(text string) (uint64, error) {
-	var sum uint64
-	found := false
+// backendPackets sums lanekit_vhost_{rx,tx}_packets_total over their labels.
+func backendPackets(text string) (rx, tx uint64, err error) {
+	found := 0
 	for _, l := range strings.Split(text, "\n") {
 		name, rest, ok := strings.Cut(l, "{")
-		if !ok || name != "lanekit_vhost_rx_packets_total" {
+		if !ok || (name != "lanekit_vhost_rx_packets_total" && name != "lanekit_vhost_tx_packets_total") {
 			continue
 		}
 		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
 		if len(f) == 0 {
-			return 0, fmt.Errorf("lanekit-vhost metrics: no value in %q", l)
+			return 0, 0, fmt.Errorf("backend metrics: no value in %q", l)
 		}
 		v, err := strconv.ParseFloat(f[0], 64)
 		if err != nil {
-			return 0, fmt.Errorf("lanekit-vhost metrics: %q: %w", l, err)
+			return 0, 0, fmt.Errorf("backend metrics: %q: %w", l, err)
 		}
-		sum += uint64(v)
-		found = true
+		found++
+		if name == "lanekit_vhost_rx_packets_total" {
+			rx += uint64(v)
+		} else {
+			tx += uint64(v)
+		}
 	}
-	if !found {
-		return 0, errors.New("lanekit-vhost metrics: no lanekit_vhost_rx_packets_total")
+	if found == 0 {
+		return 0, 0, errors.New("backend metrics: no lanekit_vhost_{rx,tx}_packets_total")
 	}
-	return sum, nil
+	return rx, tx, nil
 }

@@ -160,20 +160,20 @@ func TestParseTestpmdRxPackets(t *testing.T) {
 	}
 }
 
-func TestParseVhostRxPackets(t *testing.T) {
+func TestBackendPacketsParse(t *testing.T) {
 	text := "# HELP lanekit_vhost_rx_packets Frames delivered to the guest\n" +
 		"# TYPE lanekit_vhost_rx_packets counter\n" +
 		`lanekit_vhost_rx_packets_total{vm="vmbench",queue="0"} 1000` + "\n" +
 		`lanekit_vhost_rx_packets_total{vm="vmbench",queue="1"} 234` + "\n" +
 		`lanekit_vhost_tx_packets_total{vm="vmbench",queue="0"} 99` + "\n" +
-		`lanekit_vhost_rx_bytes_total{vm="vmbench",queue="0"} 64000` + "\n"
-	if n, err := parseVhostRxPackets(text); err != nil || n != 1234 {
-		t.Errorf("got %d, %v; want 1234", n, err)
+		`lanekit_vhost_rx_bytes_total{vm="vmbench",queue="0"} 64000` + "\n" + "# EOF\n"
+	if rx, tx, err := backendPackets(text); err != nil || rx != 1234 || tx != 99 {
+		t.Errorf("got %d, %d, %v; want 1234, 99", rx, tx, err)
 	}
-	if _, err := parseVhostRxPackets(`lanekit_vhost_tx_packets_total{vm="x"} 1`); err == nil {
-		t.Error("no rx family: no error")
+	if _, _, err := backendPackets(`lanekit_vhost_up{vm="x"} 1`); err == nil {
+		t.Error("no packet counters: no error")
 	}
-	if _, err := parseVhostRxPackets(`lanekit_vhost_rx_packets_total{vm="x"} abc`); err == nil {
+	if _, _, err := backendPackets(`lanekit_vhost_rx_packets_total{vm="x"} abc`); err == nil {
 		t.Error("bad value: no error")
 	}
 }

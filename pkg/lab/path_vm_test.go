@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
 )
@@ -91,7 +92,7 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 					_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
 				}
 				if err == nil {
-					s.vhRX, s.vhTX, err = BackendPackets(ctx, vm.MetricsSocket)
+					s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, vm.MetricsSocket)
 				}
 				if err != nil {
 					t.Fatal(err)

@@ -5,12 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Path checks: which path a node's traffic took. The kernel counts every
@@ -82,57 +78,4 @@ func parseLinkPackets(js string) (tx, rx uint64, err error) {
 		return 0, 0, fmt.Errorf("link stats: %d links in the answer, want 1", len(links))
 	}
 	return links[0].Stats.TX.Packets, links[0].Stats.RX.Packets, nil
-}
-
-// BackendPackets scrapes a lanekit-vhost metrics socket (--metrics-listen
-// PATH) and returns the frames it moved into the guest (rx: from its AF_XDP
-// sockets) and out of it (tx), summed over queue pairs.
-func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error) {
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://backend/metrics", nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, 0, fmt.Errorf("scrape backend %s: %w", sock, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("scrape backend %s: status %d: %v", sock, resp.StatusCode, err)
-	}
-	return backendPackets(string(body))
-}
-
-// backendPackets sums lanekit_vhost_{rx,tx}_packets_total over their labels.
-func backendPackets(text string) (rx, tx uint64, err error) {
-	found := 0
-	for _, l := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(l, "{")
-		if !ok || (name != "lanekit_vhost_rx_packets_total" && name != "lanekit_vhost_tx_packets_total") {
-			continue
-		}
-		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
-		if len(f) == 0 {
-			return 0, 0, fmt.Errorf("backend metrics: no value in %q", l)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("backend metrics: %q: %w", l, err)
-		}
-		found++
-		if name == "lanekit_vhost_rx_packets_total" {
-			rx += uint64(v)
-		} else {
-			tx += uint64(v)
-		}
-	}
-	if found == 0 {
-		return 0, 0, fmt.Errorf("backend metrics: no lanekit_vhost_{rx,tx}_packets_total")
-	}
-	return rx, tx, nil
 }

@@ -27,20 +27,3 @@ func TestParseLinkPackets(t *testing.T) {
 		t.Error("no link must be an error")
 	}
 }
-
-func TestBackendPackets(t *testing.T) {
-	text := `# TYPE lanekit_vhost_rx_packets counter
-lanekit_vhost_rx_packets_total{vm="vm1",queue="0"} 10
-lanekit_vhost_rx_packets_total{vm="vm1",queue="1"} 5
-lanekit_vhost_tx_packets_total{vm="vm1",queue="0"} 7
-lanekit_vhost_rx_bytes_total{vm="vm1",queue="0"} 999
-# EOF
-`
-	rx, tx, err := backendPackets(text)
-	if err != nil || rx != 15 || tx != 7 {
-		t.Fatalf("backendPackets = %d, %d, %v; want 15, 7", rx, tx, err)
-	}
-	if _, _, err := backendPackets("lanekit_vhost_up{vm=\"x\"} 1\n"); err == nil {
-		t.Error("no packet counters: want an error")
-	}
-}
