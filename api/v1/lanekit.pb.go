@@ -1372,7 +1372,12 @@ type EndpointCounters struct {
 	ToPackets   uint64                 `protobuf:"varint,3,opt,name=to_packets,json=toPackets,proto3" json:"to_packets,omitempty"`
 	ToBytes     uint64                 `protobuf:"varint,4,opt,name=to_bytes,json=toBytes,proto3" json:"to_bytes,omitempty"`
 	// Dropped packets by reason (datapath.DropReason names: "spoofed-ip", ...).
-	Drops         map[string]uint64 `protobuf:"bytes,5,rep,name=drops,proto3" json:"drops,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Drops map[string]uint64 `protobuf:"bytes,5,rep,name=drops,proto3" json:"drops,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Packets the endpoint sent that BPF handed to the host stack instead of
+	// forwarding (too big for the egress MTU, IP options, TTL 1, broadcast,
+	// traffic for the node).
+	StackPackets  uint64 `protobuf:"varint,6,opt,name=stack_packets,json=stackPackets,proto3" json:"stack_packets,omitempty"`
+	StackBytes    uint64 `protobuf:"varint,7,opt,name=stack_bytes,json=stackBytes,proto3" json:"stack_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1440,6 +1445,20 @@ func (x *EndpointCounters) GetDrops() map[string]uint64 {
 		return x.Drops
 	}
 	return nil
+}
+
+func (x *EndpointCounters) GetStackPackets() uint64 {
+	if x != nil {
+		return x.StackPackets
+	}
+	return 0
+}
+
+func (x *EndpointCounters) GetStackBytes() uint64 {
+	if x != nil {
+		return x.StackBytes
+	}
+	return 0
 }
 
 type AddVMRequest struct {
@@ -2002,7 +2021,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\bcounters\x18\f \x01(\v2\x1c.lanekit.v1.EndpointCountersR\bcounters\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +
 	"\x10EndpointCounters\x12!\n" +
 	"\ffrom_packets\x18\x01 \x01(\x04R\vfromPackets\x12\x1d\n" +
 	"\n" +
@@ -2010,7 +2029,10 @@ const file_lanekit_proto_rawDesc = "" +
 	"\n" +
 	"to_packets\x18\x03 \x01(\x04R\ttoPackets\x12\x19\n" +
 	"\bto_bytes\x18\x04 \x01(\x04R\atoBytes\x12=\n" +
-	"\x05drops\x18\x05 \x03(\v2'.lanekit.v1.EndpointCounters.DropsEntryR\x05drops\x1a8\n" +
+	"\x05drops\x18\x05 \x03(\v2'.lanekit.v1.EndpointCounters.DropsEntryR\x05drops\x12#\n" +
+	"\rstack_packets\x18\x06 \x01(\x04R\fstackPackets\x12\x1f\n" +
+	"\vstack_bytes\x18\a \x01(\x04R\n" +
+	"stackBytes\x1a8\n" +
 	"\n" +
 	"DropsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

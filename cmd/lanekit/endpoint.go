@@ -57,7 +57,7 @@ var endpointListCmd = &cobra.Command{
 			return fmt.Errorf("list endpoints: %w", err)
 		}
 		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tSENT pkts/bytes\tRECEIVED pkts/bytes\tDROPS")
+		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS")
 		for _, ep := range resp.GetEndpoints() {
 			ip, hostDev, ifindex := "", "", int32(0)
 			if len(ep.GetIps()) > 0 {
@@ -71,9 +71,10 @@ var endpointListCmd = &cobra.Command{
 				cid = cid[:16]
 			}
 			c := ep.GetCounters()
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d/%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d/%d\t%d/%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
 				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns(),
-				c.GetFromPackets(), c.GetFromBytes(), c.GetToPackets(), c.GetToBytes(), dropsText(c.GetDrops()))
+				c.GetFromPackets(), c.GetFromBytes(), c.GetStackPackets(), c.GetStackBytes(), c.GetToPackets(), c.GetToBytes(),
+				dropsText(c.GetDrops()))
 		}
 		return w.Flush()
 	},

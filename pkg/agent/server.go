@@ -304,7 +304,8 @@ func (s *server) ListVMs(context.Context, *apiv1.ListVMsRequest) (*apiv1.ListVMs
 
 // CountersToProto converts datapath counters.
 func CountersToProto(c datapath.Counters) *apiv1.EndpointCounters {
-	pc := &apiv1.EndpointCounters{FromPackets: c.FromPackets, FromBytes: c.FromBytes, ToPackets: c.ToPackets, ToBytes: c.ToBytes}
+	pc := &apiv1.EndpointCounters{FromPackets: c.FromPackets, FromBytes: c.FromBytes, ToPackets: c.ToPackets, ToBytes: c.ToBytes,
+		StackPackets: c.StackPackets, StackBytes: c.StackBytes}
 	for r, n := range c.Drops {
 		if pc.Drops == nil {
 			pc.Drops = map[string]uint64{}
