@@ -43,6 +43,7 @@ const (
 	NameDeviceMode     = "lanekit_device_mode_info"
 	NamePackets        = "lanekit_endpoint_packets_total"
 	NameBytes          = "lanekit_endpoint_bytes_total"
+	NameStackFallback  = "lanekit_endpoint_stack_fallback_packets_total"
 	NameDrops          = "lanekit_endpoint_drops_total"
 	NameUnattributed   = "lanekit_unattributed_drops_total"
 	NameRPCDuration    = "lanekit_api_request_duration_seconds"
@@ -208,6 +209,7 @@ var (
 	descFeat   = prometheus.NewDesc(NameFeature, "Kernel features probed at agent start-up (1 supported, 0 not; absent when the probe could not decide).", []string{"feature"}, nil)
 	descMode   = prometheus.NewDesc(NameDeviceMode, "The pod device kind the agent chose (always 1).", []string{"mode"}, nil)
 	descPkts   = prometheus.NewDesc(NamePackets, "Packets the datapath forwarded for an endpoint; direction from = sent by it, to = delivered to it.", append(epLabels, "direction"), nil)
+	descStack  = prometheus.NewDesc(NameStackFallback, "Packets an endpoint sent that BPF handed to the host stack instead of forwarding (too big for the egress MTU, IP options, TTL 1, broadcast/multicast, traffic for the node).", epLabels, nil)
 	descBytes  = prometheus.NewDesc(NameBytes, "Bytes (frames incl. Ethernet header) the datapath forwarded for an endpoint.", append(epLabels, "direction"), nil)
 	descDrops  = prometheus.NewDesc(NameDrops, "Packets the datapath dropped for an endpoint, by reason.", append(epLabels, "reason"), nil)
 	descUnattr = prometheus.NewDesc(NameUnattributed, "Drops the datapath could not attribute to an endpoint (e.g. unknown device), by reason.", []string{"reason"}, nil)
@@ -219,7 +221,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descLoaded, descEPs, descAddrs, descFeat, descMode, descPkts, descBytes, descDrops, descUnattr} {
+	for _, d := range []*prometheus.Desc{descUp, descLoaded, descEPs, descAddrs, descFeat, descMode, descPkts, descBytes, descStack, descDrops, descUnattr} {
 		ch <- d
 	}
 }
@@ -304,6 +306,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descPkts, cs.ToPackets, append(l, "to")...)
 		counter(descBytes, cs.FromBytes, append(l, "from")...)
 		counter(descBytes, cs.ToBytes, append(l, "to")...)
+		counter(descStack, cs.StackPackets, l...)
 		for r, n := range cs.Drops {
 			counter(descDrops, n, append(l, r.String())...)
 		}

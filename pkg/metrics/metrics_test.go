@@ -52,7 +52,7 @@ func newFakeSource() *fakeSource {
 		},
 		counters: map[uint32]datapath.Counters{
 			0: {Drops: map[datapath.DropReason]uint64{datapath.DropUnknownEP: 4}},
-			3: {FromPackets: 10, FromBytes: 1000, ToPackets: 20, ToBytes: 3000, Drops: map[datapath.DropReason]uint64{datapath.DropSpoofedIP: 5, datapath.DropFIBFailed: 1}},
+			3: {FromPackets: 10, FromBytes: 1000, ToPackets: 20, ToBytes: 3000, StackPackets: 2, Drops: map[datapath.DropReason]uint64{datapath.DropSpoofedIP: 5, datapath.DropFIBFailed: 1}},
 			7: {FromPackets: 1, FromBytes: 60, Drops: map[datapath.DropReason]uint64{datapath.DropNoSocket: 2}},
 			9: {},
 		},
@@ -155,6 +155,7 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NamePackets, with(web, "direction", "to"), 20)
 	mustValue(t, fams, NameBytes, with(web, "direction", "from"), 1000)
 	mustValue(t, fams, NameBytes, with(web, "direction", "to"), 3000)
+	mustValue(t, fams, NameStackFallback, web, 2)
 	mustValue(t, fams, NameDrops, with(web, "reason", "spoofed-ip"), 5)
 	mustValue(t, fams, NameDrops, with(web, "reason", "fib-failed"), 1)
 	mustValue(t, fams, NameDrops, map[string]string{"endpoint": "vm1", "kind": "vm", "reason": "vm-socket-missing"}, 2)
