@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -125,16 +124,6 @@ func (a *Agent) validateAddVM(req *AddVMRequest) (net.HardwareAddr, error) {
 	return mac, nil
 }
 
-// inNetns runs fn on a locked thread inside the namespace at path.
-func inNetns(path string, fn func() error) error {
-	n, err := ns.GetNS(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer n.Close()
-	return n.Do(func(ns.NetNS) error { return fn() })
-}
-
 // AddVM creates a VM endpoint. A taken name is ErrConflict. On failure
 // everything done so far is undone.
 func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
@@ -220,7 +209,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
-	if err := inNetns(req.Netns, func() error { return vdp.AttachVM(dvm) }); err != nil {
+	if err := netdev.InNetns(req.Netns, func() error { return vdp.AttachVM(dvm) }); err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 	}
 	undo = append(undo, func() error { return vdp.DetachVM(dvm) })
@@ -256,7 +245,7 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 	name, netnsPath := ep.VM.Name, ep.Netns
 	srv, err := xsk.Listen(ep.VM.Socket, name, func(xsk.Request) ([]*xsk.Socket, error) {
 		var socks []*xsk.Socket
-		err := inNetns(netnsPath, func() error {
+		err := netdev.InNetns(netnsPath, func() error {
 			var err error
 			// The kernel frees a closed socket's UMEM from a workqueue: a
 			// backend reconnecting at once finds its queues busy for a moment.
@@ -332,7 +321,7 @@ func (a *Agent) detachVM(ep *endpoint.Endpoint) {
 		return
 	}
 	if _, serr := os.Stat(ep.Netns); serr == nil {
-		err = inNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
+		err = netdev.InNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
 	} else {
 		err = vdp.DetachVM(dvm)
 	}
@@ -375,7 +364,7 @@ func (a *Agent) DelVM(name string) (existed bool, err error) {
 			return true, fmt.Errorf("del vm %s: %w", name, err)
 		}
 		if _, serr := os.Stat(ep.Netns); serr == nil {
-			err = inNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
+			err = netdev.InNetns(ep.Netns, func() error { return vdp.DetachVM(dvm) })
 		} else {
 			err = vdp.DetachVM(dvm) // netns gone: see detachVM
 		}
@@ -439,7 +428,7 @@ func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 		return fmt.Errorf("netns %s is another namespace now (cookie %d inode %d, recorded %d %d)",
 			ep.Netns, cookie, ino, ep.VM.NetnsCookie, ep.VM.NetnsIno)
 	}
-	err = inNetns(ep.Netns, func() error {
+	err = netdev.InNetns(ep.Netns, func() error {
 		l, err := net.InterfaceByIndex(ep.IfIndex)
 		if err != nil {
 			return fmt.Errorf("device %d: %w", ep.IfIndex, err)
@@ -462,7 +451,7 @@ func netnsIdentity(path string) (cookie, ino uint64, err error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return 0, 0, fmt.Errorf("netns %s: %w", path, err)
 	}
-	err = inNetns(path, func() error {
+	err = netdev.InNetns(path, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("socket in netns: %w", err)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -56,7 +56,7 @@ func newBenchAgent(nsPath, vmDev, pinDir, sock string, mac net.HardwareAddr) (_ 
 	if a.loader, err = datapath.Open(datapath.Config{PinDir: pinDir}, quiet); err != nil {
 		return nil, fmt.Errorf("bench agent: %w", err)
 	}
-	err = inNS(nsPath, func() error {
+	err = netdev.InNetns(nsPath, func() error {
 		ifc, err := net.InterfaceByName(vmDev)
 		if err != nil {
 			return err
@@ -78,7 +78,7 @@ func newBenchAgent(nsPath, vmDev, pinDir, sock string, mac net.HardwareAddr) (_ 
 // in lk_xsks, as the agent's provider does for every backend connection.
 func (a *benchAgent) provide(xsk.Request) ([]*xsk.Socket, error) {
 	var socks []*xsk.Socket
-	err := inNS(a.nsPath, func() error {
+	err := netdev.InNetns(a.nsPath, func() error {
 		var err error
 		for deadline := time.Now().Add(agentBusyWait); ; time.Sleep(20 * time.Millisecond) {
 			socks, err = xsk.OpenQueues(a.vm.IfIndex, a.vm.Queues, xsk.DefaultSizes)
@@ -116,7 +116,7 @@ func (a *benchAgent) steerDrops() (map[datapath.DropReason]uint64, error) {
 // xdpProgram names the XDP program attached to dev in the namespace.
 func (a *benchAgent) xdpProgram(dev string) (string, error) {
 	var id uint32
-	err := inNS(a.nsPath, func() error {
+	err := netdev.InNetns(a.nsPath, func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
@@ -151,7 +151,7 @@ func (a *benchAgent) close() error {
 		errs = append(errs, a.srv.Close())
 	}
 	if a.attached {
-		errs = append(errs, inNS(a.nsPath, func() error { return a.loader.DetachVM(a.vm) }))
+		errs = append(errs, netdev.InNetns(a.nsPath, func() error { return a.loader.DetachVM(a.vm) }))
 	}
 	if a.loader != nil {
 		errs = append(errs, a.loader.Close())
@@ -167,7 +167,7 @@ func (a *benchAgent) close() error {
 
 // sendRaw sends n copies of frame on dev in the namespace (AF_PACKET).
 func sendRaw(nsPath, dev string, frame []byte, n int) error {
-	return inNS(nsPath, func() error {
+	return netdev.InNetns(nsPath, func() error {
 		ifc, err := net.InterfaceByName(dev)
 		if err != nil {
 			return err
@@ -196,14 +196,4 @@ func probeFrame(dst, src net.HardwareAddr) []byte {
 	copy(f[6:12], src)
 	f[12], f[13] = 0x08, 0x00
 	return f
-}
-
-// inNS runs fn on a locked thread inside the namespace at path.
-func inNS(path string, fn func() error) error {
-	n, err := ns.GetNS(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer n.Close()
-	return n.Do(func(ns.NetNS) error { return fn() })
 }

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -182,12 +182,7 @@ func inNetns(netns string, fn func() error) error {
 	if filepath.Base(path) == path {
 		path = filepath.Join("/run/netns", netns)
 	}
-	n, err := ns.GetNS(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", netns, err)
-	}
-	defer n.Close()
-	return n.Do(func(ns.NetNS) error { return fn() })
+	return netdev.InNetns(path, fn)
 }
 
 // setSteering attaches a queue fd to tap, sets the steering program (progFD,
