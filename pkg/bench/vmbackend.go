@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
@@ -358,14 +357,7 @@ func (p *proc) stop(grace time.Duration) {
 		return
 	case <-time.After(grace):
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return
-	case <-time.After(grace):
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
+	p.term(grace)
 }
 
 // tailLog keeps a process's last output lines for error messages.

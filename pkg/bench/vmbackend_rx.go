@@ -130,7 +130,7 @@ func ParseTestpmdRxPackets(line string) (uint64, bool) {
 // term ends a process with SIGTERM (testpmd exits cleanly on it), then
 // SIGKILL after grace.
 func (p *proc) term(grace time.Duration) {
-	p.stdin.Close()
+	p.stdin.Close() // already closed when stop calls it: the error does not matter
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-p.done:
