@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +20,7 @@ import (
 // and a new one can be added, carry traffic and be deleted.
 func TestE2ECrashDuringAdd(t *testing.T) {
 	e := setup(t)
-	cni := libcni.NewCNIConfigWithCacheDir([]string{e.pluginDir}, t.TempDir(), nil)
-	list, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
-		`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`, e.sock)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cni, list := e.libcni(t)
 	ctx := context.Background()
 	pod := netnstest.New(t, "ecpod")
 	pod2 := netnstest.New(t, "ecpod2")

@@ -70,6 +70,18 @@ func requireBPF(t *testing.T, node ns.NetNS) {
 	}
 }
 
+// libcni returns a libcni client that finds the plugin in the test's plugin
+// dir, and the "lk" network list pointing at the test's agent.
+func (e *e2e) libcni(t *testing.T) (*libcni.CNIConfig, *libcni.NetworkConfigList) {
+	t.Helper()
+	list, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
+		`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`, e.sock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return libcni.NewCNIConfigWithCacheDir([]string{e.pluginDir}, t.TempDir(), nil), list
+}
+
 func setup(t *testing.T) *e2e {
 	t.Helper()
 	testutil.RequireRoot(t)
@@ -389,12 +401,7 @@ func TestE2ECnitool(t *testing.T) {
 
 func TestE2ELibcni(t *testing.T) {
 	e := setup(t)
-	cni := libcni.NewCNIConfigWithCacheDir([]string{e.pluginDir}, t.TempDir(), nil)
-	list, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
-		`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`, e.sock)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cni, list := e.libcni(t)
 	ctx := context.Background()
 	pod := netnstest.New(t, "elpod")
 	rt := &libcni.RuntimeConf{ContainerID: "libcni-1", NetNS: pod.Path(), IfName: "eth0"}
