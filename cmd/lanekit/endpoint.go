@@ -21,14 +21,24 @@ import (
 var agentSocket string
 
 func dialAgent() (apiv1.AgentClient, func(), error) {
+	conn, err := agentConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	return apiv1.NewAgentClient(conn), func() { conn.Close() }, nil
+}
+
+// agentConn opens a gRPC connection to the agent's socket (the Agent and
+// Observer services share it).
+func agentConn() (*grpc.ClientConn, error) {
 	if _, err := os.Stat(agentSocket); err != nil {
-		return nil, nil, fmt.Errorf("agent not reachable at %s: %w", agentSocket, err)
+		return nil, fmt.Errorf("agent not reachable at %s: %w", agentSocket, err)
 	}
 	conn, err := grpc.NewClient("unix://"+agentSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to agent at %s: %w", agentSocket, err)
+		return nil, fmt.Errorf("connect to agent at %s: %w", agentSocket, err)
 	}
-	return apiv1.NewAgentClient(conn), func() { conn.Close() }, nil
+	return conn, nil
 }
 
 func addSocketFlag(c *cobra.Command) {

@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -74,12 +71,9 @@ func init() {
 }
 
 func observe(ctx context.Context, out io.Writer, req *apiv1.ObserveRequest) error {
-	if _, err := os.Stat(agentSocket); err != nil {
-		return fmt.Errorf("agent not reachable at %s: %w", agentSocket, err)
-	}
-	conn, err := grpc.NewClient("unix://"+agentSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := agentConn()
 	if err != nil {
-		return fmt.Errorf("connect to agent at %s: %w", agentSocket, err)
+		return err
 	}
 	defer conn.Close()
 	if !observeOpts.follow {
