@@ -59,6 +59,14 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 		runtime.UnlockOSThread()
 		t.Fatalf("new netns: %v", err)
 	}
+	// No IPv6 in the fixture namespace: the kernel's router solicitations and
+	// neighbour discovery on the test devices would pass through the programs
+	// under test and add counters and events the tests do not expect.
+	for _, f := range []string{"all", "default"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("1"), 0); err != nil {
+			t.Logf("disable IPv6 in the fixture netns: %v", err)
+		}
+	}
 	t.Cleanup(func() {
 		if e.dp != nil {
 			e.dp.Close()
