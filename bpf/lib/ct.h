@@ -103,7 +103,7 @@ enum lk_ct_timeout {
 };
 
 /* lk_ct_count slots. */
-enum lk_ct_count {
+enum lk_ct_counter {
 	CT_COUNT_CREATED = 0, /* entries created by the datapath (atomic) */
 	CT_COUNT_EVICTED = 1, /* creations while the table was full: an LRU eviction each */
 	CT_COUNT_GC_REMOVED = 2, /* written by the agent's GC only (re-bases the live count) */
@@ -141,7 +141,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_ct4 SEC(".maps");
 
-/* Creation/eviction counters (enum lk_ct_count), shared by all CPUs: touched
+/* Creation/eviction counters (enum lk_ct_counter), shared by all CPUs: touched
  * once per new flow, never per packet. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -159,7 +159,7 @@ const enum lk_ct_result *lk_unused_ct_result __attribute__((unused));
 const enum lk_ct_key_flags *lk_unused_ct_key_flags __attribute__((unused));
 const enum lk_ct_flags *lk_unused_ct_flags __attribute__((unused));
 const enum lk_ct_timeout *lk_unused_ct_timeout __attribute__((unused));
-const enum lk_ct_count *lk_unused_ct_count __attribute__((unused));
+const enum lk_ct_counter *lk_unused_ct_counter __attribute__((unused));
 
 /* From linux/icmp.h, which drags in libc headers. */
 #define LK_ICMP_ECHOREPLY 0
