@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -141,12 +142,19 @@ func checkUpdate(u *service.Update) error {
 		if len(t) == 0 {
 			return fmt.Errorf("maglev table of frontend %d: empty (delete it instead)", id)
 		}
+		// Each distinct backend ID once (a table holds few, many times).
+		var distinct []uint32
 		for i, b := range t {
 			if b == 0 {
 				return fmt.Errorf("maglev table of frontend %d: slot %d holds backend ID 0", id, i)
 			}
+			if len(distinct) < 32 && !slices.Contains(distinct, b) {
+				distinct = append(distinct, b)
+			}
+		}
+		for _, b := range distinct {
 			if bv, ok := u.Backends[service.BackendKey{ID: b}]; ok && bv.FrontendID != id {
-				return fmt.Errorf("maglev table of frontend %d: slot %d holds backend %d of frontend %d", id, i, b, bv.FrontendID)
+				return fmt.Errorf("maglev table of frontend %d: backend %d belongs to frontend %d", id, b, bv.FrontendID)
 			}
 		}
 	}
@@ -188,10 +196,8 @@ func (l *Loader) applyServices(u *service.Update) error {
 			return fmt.Errorf("backends: %w", err)
 		}
 	}
-	for id, t := range u.Maglev {
-		if err := l.putMaglev(id, t); err != nil {
-			return fmt.Errorf("maglev table of frontend %d: %w", id, err)
-		}
+	if err := l.putMaglev(u.Maglev); err != nil {
+		return err
 	}
 	if len(u.RevNat) > 0 {
 		keys := make([]service.RevNatKey, 0, len(u.RevNat))
@@ -225,10 +231,8 @@ func (l *Loader) applyServices(u *service.Update) error {
 			return fmt.Errorf("delete rev-NAT %d: %w", k.FrontendID, err)
 		}
 	}
-	for _, id := range u.MaglevDeletes {
-		if err := deleteIfPresent(l.pod.LkLbMaglev, id); err != nil {
-			return fmt.Errorf("delete maglev table %d: %w", id, err)
-		}
+	if err := l.deleteMaglev(u.MaglevDeletes); err != nil {
+		return err
 	}
 	for _, k := range u.BackendDeletes {
 		if err := deleteIfPresent(l.pod.LkLbBackends, k); err != nil {
@@ -260,27 +264,114 @@ func deleteIfPresent(m *ebpf.Map, key any) error {
 	return nil
 }
 
-// putMaglev builds the frontend's table as a new array of exactly its size
-// and swaps it into lk_lb_maglev: a lookup sees the old or the new table,
-// never a mix.
-func (l *Loader) putMaglev(id uint32, table []uint32) error {
-	inner, err := ebpf.NewMap(&ebpf.MapSpec{
-		Name: "lk_lb_maglev_in", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: uint32(len(table)),
-		Flags: unix.BPF_F_INNER_MAP, // as the template in lb.h: sizes may differ
-	})
+// putMaglev writes Maglev tables. A table whose size is unchanged is
+// rewritten in place (one batch write into the frontend's array: a new flow
+// racing with it may take a slot of the old or of the new table, both of
+// which name backends that exist). A new or resized table is a new array of
+// exactly its size, swapped into lk_lb_maglev; all swaps of an update go in
+// one batch, because every write to a map of maps waits for an RCU grace
+// period (maybe_wait_bpf_programs, ~10-20 ms here), once per syscall.
+func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
+	var (
+		ids  []uint32
+		fds  []uint32
+		news []*ebpf.Map
+	)
+	defer func() {
+		for _, m := range news {
+			m.Close()
+		}
+	}()
+	for id, table := range tables {
+		if cur := l.maglevTable(id); cur != nil {
+			same := cur.MaxEntries() == uint32(len(table))
+			var err error
+			if same {
+				keys := make([]uint32, len(table))
+				for i := range keys {
+					keys[i] = uint32(i)
+				}
+				err = batchPut(cur, keys, table)
+			}
+			cur.Close()
+			if same && err == nil {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("maglev table of frontend %d: rewrite: %w", id, err)
+			}
+		}
+		inner, err := ebpf.NewMap(&ebpf.MapSpec{
+			Name: "lk_lb_maglev_in", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: uint32(len(table)),
+			Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE, // as the template in lb.h
+		})
+		if err != nil {
+			return fmt.Errorf("maglev table of frontend %d: create: %w", id, err)
+		}
+		news = append(news, inner)
+		if err := fillArray(inner, table); err != nil {
+			return fmt.Errorf("maglev table of frontend %d: fill: %w", id, err)
+		}
+		ids = append(ids, id)
+		fds = append(fds, uint32(inner.FD()))
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := batchPut(l.pod.LkLbMaglev, ids, fds); err != nil {
+		return fmt.Errorf("install %d maglev tables: %w", len(ids), err)
+	}
+	return nil
+}
+
+// fillArray writes a new (not yet installed) mmapable u32 array in one copy.
+func fillArray(m *ebpf.Map, vals []uint32) error {
+	mem, err := m.Memory()
 	if err != nil {
-		return fmt.Errorf("create table: %w", err)
+		return err
 	}
-	defer inner.Close()
-	keys := make([]uint32, len(table))
-	for i := range keys {
-		keys[i] = uint32(i)
+	buf := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		nativeEndian.PutUint32(buf[4*i:], v)
 	}
-	if err := batchPut(inner, keys, table); err != nil {
-		return fmt.Errorf("fill table: %w", err)
+	_, err = mem.WriteAt(buf, 0)
+	return err
+}
+
+// maglevTable returns the array installed for frontend id, or nil.
+func (l *Loader) maglevTable(id uint32) *ebpf.Map {
+	var innerID uint32
+	if err := l.pod.LkLbMaglev.Lookup(id, &innerID); err != nil {
+		return nil
 	}
-	if err := l.pod.LkLbMaglev.Put(id, inner); err != nil {
-		return fmt.Errorf("install table: %w", err)
+	m, err := ebpf.NewMapFromID(ebpf.MapID(innerID))
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
+// deleteMaglev removes the tables of ids that are present, in one batch.
+func (l *Loader) deleteMaglev(ids []uint32) error {
+	var present []uint32
+	var innerID uint32
+	for _, id := range ids {
+		if l.pod.LkLbMaglev.Lookup(id, &innerID) == nil {
+			present = append(present, id)
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	if _, err := l.pod.LkLbMaglev.BatchDelete(present, nil); err != nil {
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("delete %d maglev tables: %w", len(present), err)
+		}
+		for _, id := range present {
+			if err := deleteIfPresent(l.pod.LkLbMaglev, id); err != nil {
+				return fmt.Errorf("delete maglev table %d: %w", id, err)
+			}
+		}
 	}
 	return nil
 }
@@ -321,16 +412,7 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dump maglev table %d: %w", id, err)
 		}
-		n := inner.MaxEntries()
-		table := make([]uint32, n)
-		var k, v uint32
-		it := inner.Iterate()
-		for it.Next(&k, &v) {
-			if k < n {
-				table[k] = v
-			}
-		}
-		err = it.Err()
+		table, err := readArray(inner)
 		inner.Close()
 		if err != nil {
 			return nil, fmt.Errorf("dump maglev table %d: %w", id, err)
@@ -338,6 +420,23 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 		u.Maglev[id] = table
 	}
 	return u, nil
+}
+
+// readArray reads an mmapable u32 array.
+func readArray(m *ebpf.Map) ([]uint32, error) {
+	mem, err := m.Memory()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 4*m.MaxEntries())
+	if _, err := mem.ReadAt(buf, 0); err != nil {
+		return nil, err
+	}
+	out := make([]uint32, m.MaxEntries())
+	for i := range out {
+		out[i] = nativeEndian.Uint32(buf[4*i:])
+	}
+	return out, nil
 }
 
 func dumpInto[K comparable, V any](m *ebpf.Map, out map[K]V) error {

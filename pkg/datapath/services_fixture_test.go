@@ -168,7 +168,11 @@ type svcEnv struct {
 }
 
 func newSvcEnv(t *testing.T) *svcEnv {
-	e := newFixtureEnv(t)
+	return newSvcEnvCfg(t, nil)
+}
+
+func newSvcEnvCfg(t *testing.T, adjust func(*Config)) *svcEnv {
+	e := newFixtureEnvCfg(t, adjust)
 	node := netip.MustParseAddr("10.77.0.1")
 	return &svcEnv{fixtureEnv: e, model: service.NewModel(service.Options{NodeAddrs: []netip.Addr{node}}),
 		tables: service.NewTables(), node: node}
@@ -700,4 +704,43 @@ func icmpChecksum(b []byte) uint16 {
 		sum = sum>>16 + sum&0xffff
 	}
 	return uint16(sum)
+}
+
+// A full conntrack table evicts (LRU) and every eviction is counted.
+func TestConntrackFullCounted(t *testing.T) {
+	const capacity = 64
+	s := newSvcEnvCfg(t, func(c *Config) { c.ConntrackEntries = capacity })
+	s.apply(t, svcYAML("full", "10.96.0.30", 53, "UDP", "", "10.244.2.5"))
+	pod := fromPod(s.fixtureEnv)
+	for p := uint16(30000); p < 30100; p++ {
+		in := l4Frame(s.ep1.HostMAC, pod1MAC, "10.244.1.10", p, "10.96.0.30", 53, 17, 0, 0, 0, []byte("q"))
+		if r := s.run(t, pod, ifH1(s.fixtureEnv), in); r.verdict != tcActRedirect {
+			t.Fatalf("flow %d: verdict %d", p, r.verdict)
+		}
+	}
+	st := s.stats(t)
+	// Each new flow creates a service entry and a flow entry.
+	if st.ConntrackCreated != 200 || st.ConntrackCapacity != capacity {
+		t.Fatalf("created %d capacity %d, want 200 and %d", st.ConntrackCreated, st.ConntrackCapacity, capacity)
+	}
+	if st.ConntrackEvicted != st.ConntrackCreated-capacity || st.ConntrackEntries != capacity {
+		t.Fatalf("evicted %d entries %d, want %d and %d", st.ConntrackEvicted, st.ConntrackEntries, st.ConntrackCreated-capacity, capacity)
+	}
+	n := 0
+	var k podCtKey
+	var v podCtEntry
+	it := s.dp.pod.LkCt4.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if n > capacity {
+		t.Fatalf("lk_ct4 holds %d entries, capacity %d", n, capacity)
+	}
+	// GC re-bases the live count on what the table holds.
+	if _, err := s.dp.GCConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.stats(t); st.ConntrackEntries != uint64(n) {
+		t.Fatalf("after gc the live count is %d, the table holds %d", st.ConntrackEntries, n)
+	}
 }
