@@ -324,15 +324,19 @@ func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 	return nil
 }
 
+// arrayStride is an array map's element size for 4-byte values: the kernel
+// rounds elements up to 8 bytes (round_up(value_size, 8) in arraymap.c).
+const arrayStride = 8
+
 // fillArray writes a new (not yet installed) mmapable u32 array in one copy.
 func fillArray(m *ebpf.Map, vals []uint32) error {
 	mem, err := m.Memory()
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 4*len(vals))
+	buf := make([]byte, arrayStride*len(vals))
 	for i, v := range vals {
-		nativeEndian.PutUint32(buf[4*i:], v)
+		nativeEndian.PutUint32(buf[arrayStride*i:], v)
 	}
 	_, err = mem.WriteAt(buf, 0)
 	return err
@@ -428,13 +432,13 @@ func readArray(m *ebpf.Map) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	buf := make([]byte, 4*m.MaxEntries())
+	buf := make([]byte, arrayStride*m.MaxEntries())
 	if _, err := mem.ReadAt(buf, 0); err != nil {
 		return nil, err
 	}
 	out := make([]uint32, m.MaxEntries())
 	for i := range out {
-		out[i] = nativeEndian.Uint32(buf[4*i:])
+		out[i] = nativeEndian.Uint32(buf[arrayStride*i:])
 	}
 	return out, nil
 }
