@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -78,6 +79,12 @@ func (e *liveEnv) echoOn(t *testing.T, ns netns.NsHandle, ip string) {
 // saw and the remote address the client's socket has.
 func (e *liveEnv) dialVia(t *testing.T, ns netns.NsHandle, addr string) (seen, remote string, err error) {
 	t.Helper()
+	return e.dialViaPayload(t, ns, addr, "ping")
+}
+
+// dialViaPayload is dialVia with a given word (no spaces) echoed back.
+func (e *liveEnv) dialViaPayload(t *testing.T, ns netns.NsHandle, addr, payload string) (seen, remote string, err error) {
+	t.Helper()
 	var c net.Conn
 	e.in(t, ns, func() {
 		c, err = net.DialTimeout("tcp4", addr, 3*time.Second)
@@ -87,16 +94,14 @@ func (e *liveEnv) dialVia(t *testing.T, ns netns.NsHandle, addr string) (seen, r
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := c.Write([]byte("ping\n")); err != nil {
-		return "", "", err
-	}
+	go c.Write([]byte(payload + "\n"))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		return "", "", fmt.Errorf("echo via %s: %w", addr, err)
 	}
-	var who, word string
-	if _, err := fmt.Sscanf(line, "%s %s", &who, &word); err != nil || word != "ping" {
-		return "", "", fmt.Errorf("echo via %s: %q", addr, line)
+	who, word, _ := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
+	if word != payload {
+		return "", "", fmt.Errorf("echo via %s: %d bytes back, want the %d sent", addr, len(word), len(payload))
 	}
 	return who, c.RemoteAddr().String(), nil
 }
@@ -173,6 +178,15 @@ func TestLiveServices(t *testing.T) {
 		}
 		if msg := c.check(before, stats()); msg != "" {
 			t.Errorf("%s: counters: %s", c.name, msg)
+		}
+	}
+
+	// Bulk data both ways (TSO/GRO-sized segments, partial checksums)
+	// through DNAT and rev-NAT, local and remote backend.
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	for _, vip := range []string{"10.96.0.10:80", "10.96.0.11:80"} {
+		if _, _, err := e.dialViaPayload(t, e.pod1, vip, big); err != nil {
+			t.Errorf("1 MiB each way via %s: %v", vip, err)
 		}
 	}
 
