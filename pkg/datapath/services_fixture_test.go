@@ -633,6 +633,25 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("NodePort without backends: reset sent back out of the uplink", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("npnone", "10.96.0.22", 80, "TCP", "nodePort=30082"))
+		before, _ := s.dp.Counters(0)
+		in := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", 50002, "10.77.0.1", 30082, 6, tcpSYN, 41, 0, nil)
+		r := s.run(t, up, ifUp(s.fixtureEnv), in)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifUp(s.fixtureEnv) || r.redirKind != 1 ||
+			got.src != ap("10.77.0.1:30082") || got.dst != ap("10.77.0.2:50002") || got.flags != tcpRST|tcpACK || got.ack != 42 {
+			t.Fatalf("verdict %d to %d kind %d, reply %+v", r.verdict, r.redirIf, r.redirKind, got)
+		}
+		if !bytes.Equal(r.out[0:6], neighMAC) || !bytes.Equal(r.out[6:12], s.up.Attrs().HardwareAddr) {
+			t.Fatalf("reply MACs %x", r.out[0:12])
+		}
+		if after, _ := s.dp.Counters(0); after.Drops[DropNoBackend]-before.Drops[DropNoBackend] != 1 {
+			t.Fatal("no-backend on the uplink not counted")
+		}
+	})
+
 	t.Run("hairpin: a pod reaching its own service through the VIP", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("hairpin", "10.96.0.21", 80, "TCP", "", "10.244.1.10"))

@@ -202,10 +202,29 @@ func TestLiveServices(t *testing.T) {
 		t.Errorf("pod 1 no-backend drops %d, want 1", c.Drops[DropNoBackend])
 	}
 
-	// Agent restart: services and established flows stay in the pinned maps.
+	// Agent restart: services and established flows stay in the pinned
+	// maps. A connection opened before the restart keeps working through it
+	// (and after it, its conntrack entry keeps its backend).
+	var held net.Conn
+	e.in(t, e.pod1, func() { held, err = net.DialTimeout("tcp4", "10.96.0.10:80", 3*time.Second) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	e.dp.Close()
 	e.dp = nil
 	e.in(t, e.node, func() { e.open(t) })
+	ctBefore := stats().ConntrackHits
+	held.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := held.Write([]byte("held\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(held).ReadString('\n'); err != nil || !strings.HasSuffix(line, " held\n") {
+		t.Errorf("connection across the agent restart: %q, %v", line, err)
+	}
+	if stats().ConntrackHits == ctBefore {
+		t.Error("the held connection did not take its conntrack entry after the restart")
+	}
 	got, err := e.dp.DumpServices()
 	if err != nil {
 		t.Fatal(err)
