@@ -19,7 +19,9 @@
  *   - NodePort (on the uplink) to a backend on another node: source -> the
  *     node address, so the reply comes back through this node
  *     (externalTrafficPolicy Cluster). To a local backend the client
- *     address is kept.
+ *     address is kept. A local pod reaching a NodePort on this node's
+ *     address (from_pod looks NodePort frontends up after ClusterIP ones)
+ *     keeps its address too: its replies come back here anyway.
  * SNAT source ports: the client's port if that tuple is free, else one of
  * LB_SNAT_TRIES hashed ports in [LB_SNAT_PORT_MIN, LB_SNAT_PORT_MAX]
  * (above the NodePort range); none free -> DROP_NAT_NO_PORT.
@@ -536,7 +538,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
 			snat_flags = CT_F_SNAT | CT_F_HAIRPIN;
 			lb_stat(LB_STAT_HAIRPIN);
-		} else if (scope == LB_SCOPE_NODEPORT) {
+		} else if (scope == LB_SCOPE_NODEPORT && !ep) {
+			/* An external client: the reply must come back through
+			 * this node. (A local pod client gets its replies here
+			 * anyway: it lives on this node.) */
 			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
 				snat_addr = t->daddr;
 				snat_flags = CT_F_SNAT | CT_F_NODEPORT;
@@ -658,6 +663,13 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 	k.proto = t.proto;
 	k.scope = scope;
 	svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+	if (!svc && scope == LB_SCOPE_CLUSTERIP) {
+		/* A pod reaching a NodePort on this node's address. */
+		k.scope = LB_SCOPE_NODEPORT;
+		svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+		if (svc)
+			scope = LB_SCOPE_NODEPORT;
+	}
 	if (svc) {
 		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep);
 		if (r == LB_CONTINUE)

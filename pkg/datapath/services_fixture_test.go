@@ -633,6 +633,21 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("pod to a NodePort on its node's address, remote backend: no SNAT, reply translated on the uplink", func(t *testing.T) {
+		s.enter(t)
+		r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.77.0.1", 30081, 52000, tcpSYN))
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifUp(s.fixtureEnv) || got.dst != ap("10.244.2.5:8080") || got.src != ap("10.244.1.10:52000") {
+			t.Fatalf("verdict %d to %d, %s -> %s", r.verdict, r.redirIf, got.src, got.dst)
+		}
+		reply := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", 8080, "10.244.1.10", 52000, 6, tcpSYN|tcpACK, 9, 2, nil)
+		r = s.run(t, up, ifUp(s.fixtureEnv), reply)
+		back := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifH1(s.fixtureEnv) || back.src != ap("10.77.0.1:30081") || back.dst != ap("10.244.1.10:52000") {
+			t.Fatalf("reply: verdict %d to %d, %s -> %s", r.verdict, r.redirIf, back.src, back.dst)
+		}
+	})
+
 	t.Run("NodePort without backends: reset sent back out of the uplink", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("npnone", "10.96.0.22", 80, "TCP", "nodePort=30082"))
