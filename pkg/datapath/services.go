@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -121,7 +122,7 @@ func sizeConntrack(spec *ebpf.CollectionSpec, entries uint32) error {
 // table the datapath cannot use, before anything is written.
 func checkUpdate(u *service.Update) error {
 	for k, v := range u.Services {
-		what := fmt.Sprintf("service %v:%d/%d scope %d", k.Addr, k.Port, k.Proto, k.Scope)
+		what := fmt.Sprintf("service %v:%d/%d scope %d", netip.AddrFrom4(k.Addr), k.Port, k.Proto, k.Scope)
 		if v.FrontendID == 0 {
 			return fmt.Errorf("%s: frontend ID 0", what)
 		}
@@ -223,7 +224,7 @@ func (l *Loader) applyServices(u *service.Update) error {
 	}
 	for _, k := range u.ServiceDeletes {
 		if err := deleteIfPresent(l.pod.LkLbSvc, k); err != nil {
-			return fmt.Errorf("delete service %v:%d: %w", k.Addr, k.Port, err)
+			return fmt.Errorf("delete service %v:%d: %w", netip.AddrFrom4(k.Addr), k.Port, err)
 		}
 	}
 	for _, k := range u.RevNatDeletes {
