@@ -394,6 +394,21 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("VM endpoint as client: DNAT, reply rev-NATed into the VM's device", func(t *testing.T) {
+		s.enter(t)
+		in := l4Frame(s.ep3.HostMAC, vm3MAC, "10.244.1.12", 41001, "10.96.0.11", 53, 17, 0, 0, 0, []byte("query"))
+		r := s.run(t, pod, ifH3(s.fixtureEnv), in)
+		if got := parseTuple(t, r.out); r.verdict != tcActRedirect || r.redirIf != ifH2(s.fixtureEnv) || got.dst != ap("10.244.1.11:8080") {
+			t.Fatalf("verdict %d to %d, dst %s", r.verdict, r.redirIf, got.dst)
+		}
+		reply := l4Frame(s.ep2.HostMAC, pod2MAC, "10.244.1.11", 8080, "10.244.1.12", 41001, 17, 0, 0, 0, []byte("answer"))
+		r = s.run(t, pod, ifH2(s.fixtureEnv), reply)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifH3(s.fixtureEnv) || r.redirKind != 1 || got.src != ap("10.96.0.11:53") {
+			t.Fatalf("reply: verdict %d to %d kind %d, from %s", r.verdict, r.redirIf, r.redirKind, got.src)
+		}
+	})
+
 	t.Run("remote backend: reply rev-NATed on the uplink", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("remote", "10.96.0.12", 80, "TCP", "", "10.244.2.5"))
