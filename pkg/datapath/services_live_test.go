@@ -123,6 +123,7 @@ func TestLiveServices(t *testing.T) {
 	applyYAML(t, e.dp, m, tables, svcYAML("hairpin", "10.96.0.12", 80, "TCP", "", "10.244.1.10"))
 	applyYAML(t, e.dp, m, tables, svcYAML("nodeport", "10.96.0.13", 80, "TCP", "nodePort=30080", "10.244.1.11"))
 	applyYAML(t, e.dp, m, tables, svcYAML("empty", "10.96.0.14", 80, "TCP", ""))
+	applyYAML(t, e.dp, m, tables, svcYAML("udpdead", "10.96.0.15", 53, "UDP", "", "10.244.1.11"))
 
 	stats := func() ServiceStats {
 		s, err := e.dp.ServiceStats()
@@ -200,6 +201,24 @@ func TestLiveServices(t *testing.T) {
 	}
 	if c, _ := e.dp.Counters(1); c.Drops[DropNoBackend] != 1 {
 		t.Errorf("pod 1 no-backend drops %d, want 1", c.Drops[DropNoBackend])
+	}
+
+	// UDP to a backend with nothing listening: its ICMP port unreachable,
+	// translated back to the frontend, reaches the client's socket.
+	before = stats()
+	var uc net.Conn
+	e.in(t, e.pod1, func() { uc, err = net.Dial("udp4", "10.96.0.15:53") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	uc.SetDeadline(time.Now().Add(2 * time.Second))
+	uc.Write([]byte("q"))
+	if _, err := uc.Read(make([]byte, 16)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("UDP to a backend without a listener: %v, want connection refused (ICMP translated back)", err)
+	}
+	if a := stats(); a.RevNAT-before.RevNAT != 1 {
+		t.Errorf("rev-NAT counter grew by %d for the ICMP error, want 1", a.RevNAT-before.RevNAT)
 	}
 
 	// Agent restart: services and established flows stay in the pinned
