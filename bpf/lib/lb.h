@@ -74,6 +74,7 @@
 #define LB_SNAT_PORT_MAX 60999
 #define LB_SNAT_TRIES 16
 #define LB_CONTINUE -1
+#define LB_MAGLEV_FLOOR 251 /* service.MaglevFloor: the smallest table */
 
 /* service.ServiceKey */
 struct lb_svc_key {
@@ -459,8 +460,15 @@ static __always_inline __u32 lb_select(const struct lb_svc_value *svc, const str
 		return 0;
 	slot = lb_flow_hash(t) % svc->maglev_size;
 	idp = bpf_map_lookup_elem(table, &slot);
-	if (!idp)
-		return 0;
+	if (!idp) {
+		/* A smaller table was swapped in and the service value (its
+		 * size) is not updated yet: every table has at least
+		 * LB_MAGLEV_FLOOR slots (service.MaglevFloor). */
+		slot = lb_flow_hash(t) % LB_MAGLEV_FLOOR;
+		idp = bpf_map_lookup_elem(table, &slot);
+		if (!idp)
+			return 0;
+	}
 	id = *idp;
 	be = lb_backend(id, svc->frontend_id);
 	if (!be)

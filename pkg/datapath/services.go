@@ -143,6 +143,9 @@ func checkUpdate(u *service.Update) error {
 		if len(t) == 0 {
 			return fmt.Errorf("maglev table of frontend %d: empty (delete it instead)", id)
 		}
+		if len(t) < service.MaglevFloor {
+			return fmt.Errorf("maglev table of frontend %d: %d slots, fewer than service.MaglevFloor (%d)", id, len(t), service.MaglevFloor)
+		}
 		// Each distinct backend ID once (a table holds few, many times).
 		var distinct []uint32
 		for i, b := range t {

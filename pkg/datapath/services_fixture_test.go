@@ -730,6 +730,30 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("a table smaller than the service value says (mid-update): new flows still get backends", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("shrink", "10.96.0.23", 80, "TCP", "", "10.244.2.5", "10.244.2.6"))
+		k := service.ServiceKey{Addr: [4]byte{10, 96, 0, 23}, Port: 80, Proto: 6}
+		var v service.ServiceValue
+		if err := s.dp.pod.LkLbSvc.Lookup(k, &v); err != nil {
+			t.Fatal(err)
+		}
+		v.MaglevSize = 809 // as if the 251-slot table had just replaced an 809-slot one
+		if err := s.dp.pod.LkLbSvc.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+		for p := uint16(53000); p < 53040; p++ {
+			r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.96.0.23", 80, p, tcpSYN))
+			if got := parseTuple(t, r.out); r.verdict != tcActRedirect || got.dst.Port() != 8080 {
+				t.Fatalf("sport %d: verdict %d, %s -> %s", p, r.verdict, got.src, got.dst)
+			}
+		}
+		v.MaglevSize = 251
+		if err := s.dp.pod.LkLbSvc.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("dump returns what was applied", func(t *testing.T) {
 		s.enter(t)
 		got, err := s.dp.DumpServices()
