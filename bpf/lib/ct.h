@@ -21,7 +21,8 @@
  *
  *   int ct_lookup4(&key, tcp_flags, &entry)
  *       Looks the key up as-is (CT_ESTABLISHED: the packet goes the original
- *       way) and reversed (CT_REPLY: the packet is a reply). Returns CT_NEW
+ *       way) and reversed (CT_REPLY: the packet is a reply; not for
+ *       CT_KEY_SERVICE keys). Returns CT_NEW
  *       when neither exists or the entry has timed out. On a hit, *entry
  *       points at the map value (fields may be changed in place, e.g. flags),
  *       last_seen is refreshed (at most once a second) and the TCP state
@@ -262,6 +263,8 @@ static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, 
 	if (!e) {
 		struct ct_key rev;
 
+		if (key->flags & CT_KEY_SERVICE)
+			return CT_NEW; /* service entries have no reply direction */
 		ct_key_reverse(key, &rev);
 		e = bpf_map_lookup_elem(&lk_ct4, &rev);
 		if (!e)
