@@ -15,6 +15,7 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/arp.h"
+#include "lib/lb.h" /* [LB] */
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -62,7 +63,21 @@ int from_pod(struct __sk_buff *skb)
 		return drop(skb, ep->id, reason);
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [LB] and [policy] steps go here. */
+	/* [LB]: service frontends (ClusterIP) are load-balanced; replies of
+	 * flows this node load-balanced are translated back. */
+	{
+		int changed, v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, ep, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed && parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+			return drop(skb, ep->id, DROP_MALFORMED);
+		if (changed && !p.ip4)
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
+	/* [/LB] */
+
+	/* [policy] step goes here. */
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

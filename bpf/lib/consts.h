@@ -33,6 +33,10 @@ enum lk_drop_reason {
 	DROP_NO_SOCKET = 9, /* VM frame, but no AF_XDP socket for its queue (backend down) */
 	DROP_NOT_FOR_VM = 10, /* unicast frame for another MAC on a VM device */
 	DROP_VLAN = 11, /* 802.1Q/802.1ad tagged frame from an endpoint */
+	/* [LB] */
+	DROP_NO_BACKEND = 12, /* service without a backend for new flows: TCP reset / ICMP unreachable sent */
+	DROP_NAT_NO_PORT = 13, /* no free source port for a NodePort/hairpin SNAT */
+	/* [/LB] */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
@@ -68,6 +72,22 @@ enum lk_events_flags {
 	EVENTS_F_DROPS = 1,
 	EVENTS_F_FORWARDED = 2, /* one in events_cfg.sample_rate forwarded packets */
 };
+
+/* [LB] Service load-balancing counters: index into lk_lb_stats (per CPU). */
+enum lk_lb_stat {
+	LB_STAT_NEW_FLOW = 0, /* a new flow to a frontend took a backend (Maglev or affinity) */
+	LB_STAT_CT_HIT = 1, /* a packet of a tracked flow kept its backend */
+	LB_STAT_RESELECT = 2, /* a tracked flow's backend was gone: chosen again */
+	LB_STAT_AFFINITY = 3, /* a new flow followed its client's affinity entry */
+	LB_STAT_REVNAT = 4, /* a reply was translated back (rev-NAT and/or un-SNAT) */
+	LB_STAT_NO_BACKEND = 5, /* a new flow found no backend (reset / unreachable sent) */
+	LB_STAT_HAIRPIN = 6, /* a new flow whose client is its own backend (SNAT to the hairpin address) */
+	LB_STAT_NODEPORT_LOCAL = 7, /* a new NodePort flow to a local backend (client address kept) */
+	LB_STAT_NODEPORT_SNAT = 8, /* a new NodePort flow to a remote backend (SNAT to the node address) */
+	LB_STAT_MAX = 9,
+};
+const enum lk_lb_stat *lk_unused_lb_stat __attribute__((unused));
+/* [/LB] */
 
 /* Keep the enums in BTF for bpf2go -type even where no code names the type. */
 const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));

@@ -68,6 +68,7 @@ const (
 	vmVarLkUnusedEvent         = "lk_unused_event"
 	vmVarLkUnusedEventKind     = "lk_unused_event_kind"
 	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
+	vmVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	vmVarTraceRedirects        = "trace_redirects"
@@ -146,6 +147,7 @@ type vmVariableSpecs struct {
 	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
@@ -208,6 +210,7 @@ type vmVariables struct {
 	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
