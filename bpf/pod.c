@@ -15,6 +15,7 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/arp.h"
+#include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -38,7 +39,7 @@ int from_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
 	struct pkt p;
-	__u32 reason;
+	__u32 reason, charge;
 
 	if (!ep)
 		return drop(skb, 0, DROP_UNKNOWN_EP);
@@ -62,7 +63,14 @@ int from_pod(struct __sk_buff *skb)
 		return drop(skb, ep->id, reason);
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [LB] and [policy] steps go here. */
+	/* [LB] step goes here. */
+
+	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
+	 * receiver's ingress, on the packet as load balancing left it. */
+	reason = policy_from_endpoint(skb, &p, ep->id, &charge);
+	if (reason)
+		return drop(skb, charge, reason);
+	/* [/policy] */
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

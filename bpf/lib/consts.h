@@ -33,6 +33,9 @@ enum lk_drop_reason {
 	DROP_NO_SOCKET = 9, /* VM frame, but no AF_XDP socket for its queue (backend down) */
 	DROP_NOT_FOR_VM = 10, /* unicast frame for another MAC on a VM device */
 	DROP_VLAN = 11, /* 802.1Q/802.1ad tagged frame from an endpoint */
+	/* policy (bpf/lib/policy.h) */
+	DROP_POLICY_INGRESS = 12, /* the receiving local endpoint's NetworkPolicy ingress denies it */
+	DROP_POLICY_EGRESS = 13, /* the sending local endpoint's NetworkPolicy egress denies it */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
@@ -69,6 +72,12 @@ enum lk_events_flags {
 	EVENTS_F_FORWARDED = 2, /* one in events_cfg.sample_rate forwarded packets */
 };
 
+/* Direction of a policy rule, seen from its subject (policy.Direction). */
+enum lk_policy_dir {
+	POLICY_DIR_INGRESS = 0,
+	POLICY_DIR_EGRESS = 1,
+};
+
 /* Keep the enums in BTF for bpf2go -type even where no code names the type. */
 const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));
 const enum lk_metric_kind *lk_unused_metric_kind __attribute__((unused));
@@ -76,5 +85,6 @@ const enum lk_redirect_kind *lk_unused_redirect_kind __attribute__((unused));
 const enum lk_endpoint_flags *lk_unused_endpoint_flags __attribute__((unused));
 const enum lk_event_kind *lk_unused_event_kind __attribute__((unused));
 const enum lk_events_flags *lk_unused_events_flags __attribute__((unused));
+const enum lk_policy_dir *lk_unused_policy_dir __attribute__((unused));
 
 #endif

@@ -61,6 +61,9 @@ const (
 	DropNoSocket    DropReason = DropReason(podLkDropReasonDROP_NO_SOCKET)      // VM frame but no AF_XDP socket on its queue (backend down)
 	DropNotForVM    DropReason = DropReason(podLkDropReasonDROP_NOT_FOR_VM)     // unicast frame for another MAC on a VM device
 	DropVLAN        DropReason = DropReason(podLkDropReasonDROP_VLAN)           // 802.1Q/802.1ad tagged frame from an endpoint
+	// policy (policy.go)
+	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
+	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
 )
 
 func (r DropReason) String() string {
@@ -89,6 +92,10 @@ func (r DropReason) String() string {
 		return "not-for-vm"
 	case DropVLAN:
 		return "vlan-tagged"
+	case DropPolicyIngress:
+		return "policy-ingress"
+	case DropPolicyEgress:
+		return "policy-egress"
 	}
 	return "unknown"
 }

@@ -44,6 +44,8 @@ const (
 	podLkDropReasonDROP_NO_SOCKET      podLkDropReason = 9
 	podLkDropReasonDROP_NOT_FOR_VM     podLkDropReason = 10
 	podLkDropReasonDROP_VLAN           podLkDropReason = 11
+	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 12
+	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 13
 )
 
 type podLkEndpointFlags uint32
@@ -94,6 +96,13 @@ const (
 	podLkMetricKindMETRIC_DROP_BASE podLkMetricKind = 256
 )
 
+type podLkPolicyDir uint32
+
+const (
+	podLkPolicyDirPOLICY_DIR_INGRESS podLkPolicyDir = 0
+	podLkPolicyDirPOLICY_DIR_EGRESS  podLkPolicyDir = 1
+)
+
 type podLkRedirectKind uint32
 
 const (
@@ -115,6 +124,39 @@ type podMetricsVal struct {
 	Bytes   uint64
 }
 
+type podPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type podPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type podPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type podPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type podPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
+}
+
 type podRedirectTrace struct {
 	_            structs.HostLayout
 	Ifindex      uint32
@@ -133,6 +175,11 @@ const (
 	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
+	podMapLkPolicyCidrs         = "lk_policy_cidrs"
+	podMapLkPolicyIpcache       = "lk_policy_ipcache"
+	podMapLkPolicyIsolation     = "lk_policy_isolation"
+	podMapLkPolicyRules         = "lk_policy_rules"
+	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podProgFromPod              = "from_pod"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
@@ -142,6 +189,7 @@ const (
 	podVarLkUnusedEventKind     = "lk_unused_event_kind"
 	podVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	podVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	podVarTraceRedirects        = "trace_redirects"
 )
@@ -195,13 +243,18 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -216,6 +269,7 @@ type podVariableSpecs struct {
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -240,13 +294,18 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *podMaps) Close() error {
@@ -258,6 +317,11 @@ func (m *podMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -273,6 +337,7 @@ type podVariables struct {
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

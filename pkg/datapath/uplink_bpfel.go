@@ -42,6 +42,39 @@ type uplinkMetricsVal struct {
 	Bytes   uint64
 }
 
+type uplinkPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type uplinkPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type uplinkPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type uplinkPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type uplinkPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
+}
+
 type uplinkRedirectTrace struct {
 	_            structs.HostLayout
 	Ifindex      uint32
@@ -60,6 +93,11 @@ const (
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
+	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
+	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
+	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
+	uplinkMapLkPolicyRules         = "lk_policy_rules"
+	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
@@ -68,6 +106,7 @@ const (
 	uplinkVarLkUnusedEventKind     = "lk_unused_event_kind"
 	uplinkVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	uplinkVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarTraceRedirects        = "trace_redirects"
 )
@@ -121,13 +160,18 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -141,6 +185,7 @@ type uplinkVariableSpecs struct {
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -165,13 +210,18 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -183,6 +233,11 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -197,6 +252,7 @@ type uplinkVariables struct {
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

@@ -69,6 +69,7 @@ const (
 	vmVarLkUnusedEventKind     = "lk_unused_event_kind"
 	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	vmVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	vmVarTraceRedirects        = "trace_redirects"
 	vmVarVmId                  = "vm_id"
@@ -147,6 +148,7 @@ type vmVariableSpecs struct {
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	VmId                  *ebpf.VariableSpec `ebpf:"vm_id"`
@@ -209,6 +211,7 @@ type vmVariables struct {
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	VmId                  *ebpf.Variable `ebpf:"vm_id"`
