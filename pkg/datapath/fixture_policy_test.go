@@ -114,11 +114,15 @@ type policyScenario struct {
 }
 
 func fromPodTo(dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
-	return func(e *fixtureEnv) []byte { return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, sport, dport) }
+	return func(e *fixtureEnv) []byte {
+		return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, sport, dport)
+	}
 }
 
 func fromPod2To(dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
-	return func(e *fixtureEnv) []byte { return l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, sport, dport) }
+	return func(e *fixtureEnv) []byte {
+		return l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, sport, dport)
+	}
 }
 
 func fromWire(src, dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
