@@ -15,6 +15,7 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/arp.h"
+#include "lib/lb.h" /* [LB] */
 #include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -63,11 +64,23 @@ int from_pod(struct __sk_buff *skb)
 		return drop(skb, ep->id, reason);
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [LB] step goes here. */
+	/* [LB]: service frontends (ClusterIP) are load-balanced; replies of
+	 * flows this node load-balanced are translated back. */
+	{
+		int changed, v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, ep, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed && parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+			return drop(skb, ep->id, DROP_MALFORMED);
+		if (changed && !p.ip4)
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
+	/* [/LB] */
 
 	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
 	 * receiver's ingress, on the packet as load balancing left it. */
-	reason = policy_from_endpoint(skb, &p, ep->id, &charge);
+	reason = policy_from_endpoint(skb, &p, ep, &charge);
 	if (reason)
 		return drop(skb, charge, reason);
 	/* [/policy] */

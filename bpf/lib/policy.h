@@ -37,6 +37,7 @@
 #include "structs.h"
 #include "maps.h"
 #include "parse.h"
+#include "ct.h"
 
 /* Map sizes. The LPM tries and the ipcache are not preallocated: max_entries
  * is a cap, memory follows what the agent writes. */
@@ -219,36 +220,42 @@ static __always_inline struct policy_value *policy_rule(struct policy_key *k, __
 	return bpf_map_lookup_elem(&lk_policy_rules, k);
 }
 
-/* policy_decide judges one direction of a new connection for the local
- * endpoint identity subject (0: not an endpoint, nothing to enforce) against
- * the peer at peer_ip (resolved only when the direction is isolated). Returns 1 (allowed) or 0 (denied), counting the verdict against the
- * deciding policy: the rule's on allow, the first isolating one on deny.
- * *policy gets that index, or LK_POLICY_NONE when the direction is not
- * isolated. */
-static __always_inline int policy_decide(__u32 subject, __u8 dir, __be32 peer_ip, __u8 proto,
-					 __u16 port, __u32 *policy)
+/* policy_isolation_of returns identity id's isolation (all zero: none, or
+ * id 0: not an endpoint). By value: the callers test fields, not pointers
+ * (clang would OR two pointers for "neither", which the verifier refuses). */
+static __always_inline struct policy_isolation policy_isolation_of(__u32 id)
 {
-	struct policy_isolation *iso;
-	struct policy_value *v;
-	__u32 isolating, peer;
+	struct policy_isolation none = {}, *iso;
 
-	*policy = LK_POLICY_NONE;
-	if (!subject)
-		return 1;
-	iso = bpf_map_lookup_elem(&lk_policy_isolation, &subject);
-	if (!iso)
-		return 1;
+	if (!id)
+		return none;
+	iso = bpf_map_lookup_elem(&lk_policy_isolation, &id);
+	return iso ? *iso : none;
+}
+
+/* policy_decide judges one direction of a new connection for the local
+ * endpoint identity subject with isolation iso against the peer at peer_ip (resolved only when the
+ * direction is isolated). Returns 1 (allowed) or 0 (denied), counting the
+ * verdict against the deciding policy: the rule's on allow, the first
+ * isolating one on deny. A direction that is not isolated is not counted. */
+static __always_inline int policy_decide(__u32 subject, const struct policy_isolation *iso, __u8 dir,
+					 __be32 peer_ip, __u8 proto, __u16 port)
+{
+	struct policy_value *v;
+	__u32 isolating;
+
 	isolating = dir == POLICY_DIR_EGRESS ? iso->policy_egress : iso->policy_ingress;
 	if (!isolating)
 		return 1;
 
-	peer = policy_identity(peer_ip);
 	struct policy_key k = {
 		.prefixlen = LK_POLICY_KEY_FULL_BITS,
 		.subject = subject,
 		.direction = dir,
 		.port = bpf_htons(port),
 	};
+	__u32 peer = policy_identity(peer_ip);
+
 	v = policy_rule(&k, peer, proto);
 	if (!v)
 		v = policy_rule(&k, peer, LK_POLICY_PROTO_ANY);
@@ -257,75 +264,97 @@ static __always_inline int policy_decide(__u32 subject, __u8 dir, __be32 peer_ip
 	if (!v)
 		v = policy_rule(&k, LK_IDENTITY_ANY, LK_POLICY_PROTO_ANY);
 	if (v) {
-		*policy = v->policy;
 		policy_count(v->policy, 1);
 		return 1;
 	}
-	*policy = isolating - 1;
 	policy_count(isolating - 1, 0);
 	return 0;
 }
 
-/* policy_check_egress judges a new connection the local endpoint at
- * f->saddr sends: 0 or DROP_POLICY_EGRESS. */
-static __always_inline __u32 policy_check_egress(const struct policy_flow *f)
+/* policy_enforce judges packet p between a local sender (src_id: its
+ * identity, src_iso: its isolation; zero when the sender is not local) and
+ * a local receiver (dst_id, dst_iso likewise). Returns 0 or
+ * DROP_POLICY_EGRESS / DROP_POLICY_INGRESS.
+ *
+ * Connection state (bpf/lib/ct.h, lk_ct4): a packet of a connection policy
+ * allowed (an entry with CT_F_POLICY, in either direction: later packets and
+ * replies) passes without evaluation. Otherwise the packet is judged as a
+ * new connection and, when allowed, its flow entry is created with
+ * CT_F_POLICY (or the flag is set on the flow entry load balancing created
+ * for it). Only connections touching an endpoint some policy selects (an
+ * isolation entry in any direction, so that replies into an ingress-isolated
+ * sender find their entry) are tracked: the rest of the traffic pays two
+ * hash lookups. Packets conntrack cannot key (later fragments, ICMP other
+ * than echo, other protocols) are judged on their own, every time. */
+static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
+					    const struct policy_isolation *src_iso, __u32 dst_id,
+					    const struct policy_isolation *dst_iso)
 {
-	__u32 policy;
-
-	if (!policy_decide(policy_endpoint_identity(f->saddr), POLICY_DIR_EGRESS, f->daddr,
-			   f->proto, f->dport, &policy))
-		return DROP_POLICY_EGRESS;
-	return 0;
-}
-
-/* policy_check_ingress judges a new connection to the local endpoint at
- * f->daddr: 0 or DROP_POLICY_INGRESS. */
-static __always_inline __u32 policy_check_ingress(const struct policy_flow *f)
-{
-	__u32 policy;
-
-	if (!policy_decide(policy_endpoint_identity(f->daddr), POLICY_DIR_INGRESS, f->saddr,
-			   f->proto, f->dport, &policy))
-		return DROP_POLICY_INGRESS;
-	return 0;
-}
-
-/* policy_from_endpoint judges an IPv4 packet the local endpoint src_id sent
- * (after load balancing: the destination is the chosen backend): the
- * sender's egress, then, when the destination is a local endpoint, its
- * ingress. Returns 0 or a drop reason; *charge is the endpoint the drop
- * counts against (the sender for egress, the receiver for ingress). */
-static __always_inline __u32 policy_from_endpoint(struct __sk_buff *skb, const struct pkt *p,
-						  __u32 src_id, __u32 *charge)
-{
-	struct endpoint_info *dst;
+	struct ct_entry *e = 0;
 	struct policy_flow f;
-	__u32 reason;
+	struct ct_key key;
+	int res = CT_NEW, tracked;
+	__u8 tcp_flags;
 
+	if (!(src_iso->policy_ingress | src_iso->policy_egress | dst_iso->policy_ingress |
+	      dst_iso->policy_egress))
+		return 0;
+	tracked = ct_tuple4(skb, p->ip4, &key, &tcp_flags) == 0;
+	if (tracked) {
+		res = ct_lookup4(&key, tcp_flags, &e);
+		if (res != CT_NEW && e && (e->flags & CT_F_POLICY))
+			return 0;
+	}
 	policy_flow_of(skb, p, &f);
-	*charge = src_id;
-	reason = policy_check_egress(&f);
-	if (reason)
-		return reason;
-	dst = bpf_map_lookup_elem(&lk_endpoints, &f.daddr);
-	if (dst) {
-		*charge = dst->id;
-		reason = policy_check_ingress(&f);
-		if (reason)
-			return reason;
+	if (!policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport))
+		return DROP_POLICY_EGRESS;
+	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport))
+		return DROP_POLICY_INGRESS;
+	if (!tracked)
+		return 0;
+	if (res == CT_ESTABLISHED && e) {
+		e->flags |= CT_F_POLICY; /* load balancing's flow entry */
+	} else {
+		struct ct_entry init = { .flags = CT_F_POLICY };
+
+		ct_create4(&key, &init); /* a full table: the next packet is judged again */
 	}
 	return 0;
 }
 
-/* policy_to_endpoint judges an IPv4 packet from outside the node for the
- * local endpoint at its destination: that endpoint's ingress. Returns 0 or
- * DROP_POLICY_INGRESS. */
-static __always_inline __u32 policy_to_endpoint(struct __sk_buff *skb, const struct pkt *p)
+/* policy_from_endpoint judges an IPv4 packet the local endpoint ep sent
+ * (after load balancing: the destination is the chosen backend): ep's
+ * egress and, when the destination is a local endpoint, its ingress. The
+ * sender's identity is that of its own address (a hairpin flow's source is
+ * rewritten by then). Returns 0 or a drop reason; *charge is the endpoint the
+ * drop counts against (the sender for egress, the receiver for ingress). */
+static __always_inline __u32 policy_from_endpoint(struct __sk_buff *skb, const struct pkt *p,
+						  const struct endpoint_info *ep, __u32 *charge)
 {
-	struct policy_flow f;
+	__u32 src_id = policy_endpoint_identity(ep->ip), dst_id = 0, dst_ep = 0, reason;
+	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints, &p->ip4->daddr);
+	struct policy_isolation src_iso, dst_iso;
 
-	policy_flow_of(skb, p, &f);
-	return policy_check_ingress(&f);
+	if (dst) {
+		dst_id = policy_endpoint_identity(dst->ip);
+		dst_ep = dst->id;
+	}
+	src_iso = policy_isolation_of(src_id);
+	dst_iso = policy_isolation_of(dst_id);
+	reason = policy_enforce(skb, p, src_id, &src_iso, dst_id, &dst_iso);
+	*charge = reason == DROP_POLICY_INGRESS ? dst_ep : ep->id;
+	return reason;
+}
+
+/* policy_to_endpoint judges an IPv4 packet from outside the node for the
+ * local endpoint dst: its ingress. Returns 0 or DROP_POLICY_INGRESS. */
+static __always_inline __u32 policy_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
+						const struct endpoint_info *dst)
+{
+	__u32 dst_id = policy_endpoint_identity(dst->ip);
+	struct policy_isolation src_iso = {}, dst_iso = policy_isolation_of(dst_id);
+
+	return policy_enforce(skb, p, 0, &src_iso, dst_id, &dst_iso);
 }
 
 #endif

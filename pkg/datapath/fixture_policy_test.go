@@ -113,21 +113,32 @@ type policyScenario struct {
 	cases    []policyCase
 }
 
-func fromPodTo(dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
+// fixtureSport hands out source ports (ICMP echo ids): every packet of the
+// fixtures opens a connection of its own, so that conntrack (which lets
+// later packets of an allowed connection pass unjudged) does not carry
+// verdicts from one case to the next.
+var fixtureSport uint16 = 30000
+
+func nextSport() uint16 {
+	fixtureSport++
+	return fixtureSport
+}
+
+func fromPodTo(dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, sport, dport)
+		return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, nextSport(), dport)
 	}
 }
 
-func fromPod2To(dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
+func fromPod2To(dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, sport, dport)
+		return l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, nextSport(), dport)
 	}
 }
 
-func fromWire(src, dst string, proto uint8, sport, dport uint16) func(e *fixtureEnv) []byte {
+func fromWire(src, dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, sport, dport)
+		return l4Frame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, nextSport(), dport)
 	}
 }
 
@@ -197,81 +208,81 @@ func policyScenarios() []policyScenario {
 			name: "named port, namespaceSelector AND podSelector", policies: polWebIngress,
 			cases: []policyCase{
 				{name: "local client to web:http (8080/TCP): allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/web-ingress"}},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/web-ingress"}},
 				{name: "local client to web:80/TCP (not the named port): ingress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 80), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 80), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
 				{name: "local client to web:8080/UDP (http is TCP): ingress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoUDP, 40000, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
+					in: fromPodTo("10.244.1.11", ipProtoUDP, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
 				{name: "remote client in a blue namespace to web:http: allowed", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.5", "10.244.1.11", ipProtoTCP, 40000, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/web-ingress"}},
+					in: fromWire("10.244.2.5", "10.244.1.11", ipProtoTCP, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/web-ingress"}},
 				{name: "remote client in a red namespace to web:http: ingress denied", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.6", "10.244.1.11", ipProtoTCP, 40000, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
+					in: fromWire("10.244.2.6", "10.244.1.11", ipProtoTCP, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
 				{name: "external address to web:http: ingress denied", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("192.168.7.7", "10.244.1.11", ipProtoTCP, 40000, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
+					in: fromWire("192.168.7.7", "10.244.1.11", ipProtoTCP, 8080), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/web-ingress"},
 				{name: "web to the client (neither isolated that way): passes uncounted", prog: fromPod, ifindex: ifH2,
-					in: fromPod2To("10.244.1.10", ipProtoUDP, 40000, 9999), verdict: tcActRedirect},
+					in: fromPod2To("10.244.1.10", ipProtoUDP, 9999), verdict: tcActRedirect},
 				{name: "non-isolated client to anywhere: passes uncounted", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("8.8.8.8", ipProtoICMP, 7, 0), verdict: tcActRedirect},
+					in: fromPodTo("8.8.8.8", ipProtoICMP, 0), verdict: tcActRedirect},
 				{name: "remote pod to the non-isolated db VM: passes uncounted", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoTCP, 40000, 5432), verdict: tcActRedirect},
+					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoTCP, 5432), verdict: tcActRedirect},
 			},
 		},
 		{
 			name: "podSelector alone is the policy's namespace; namespaceSelector alone is every pod there", policies: polPodVsNamespace,
 			cases: []policyCase{
 				{name: "client in the policy's namespace: allowed on any port", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 1), verdict: tcActRedirect, allowedBy: []string{"alpha/from-own-namespace-clients"}},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 1), verdict: tcActRedirect, allowedBy: []string{"alpha/from-own-namespace-clients"}},
 				{name: "client of another (blue) namespace: ingress denied", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.5", "10.244.1.11", ipProtoTCP, 40000, 80), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/from-own-namespace-clients"},
+					in: fromWire("10.244.2.5", "10.244.1.11", ipProtoTCP, 80), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyIngress, deniedBy: "alpha/from-own-namespace-clients"},
 				{name: "pod of a red namespace: allowed by the namespaceSelector policy", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.6", "10.244.1.11", ipProtoUDP, 40000, 53), verdict: tcActRedirect, allowedBy: []string{"alpha/from-red-namespaces"}},
+					in: fromWire("10.244.2.6", "10.244.1.11", ipProtoUDP, 53), verdict: tcActRedirect, allowedBy: []string{"alpha/from-red-namespaces"}},
 			},
 		},
 		{
 			name: "egress: ipBlock with except, port range edges", policies: polClientEgress,
 			cases: []policyCase{
 				{name: "to 192.168.2.5 (in the ipBlock): allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("192.168.2.5", ipProtoUDP, 40000, 53), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
+					in: fromPodTo("192.168.2.5", ipProtoUDP, 53), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
 				{name: "to 192.168.1.5 (in the except): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("192.168.1.5", ipProtoUDP, 40000, 53), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("192.168.1.5", ipProtoUDP, 53), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "to 172.16.0.1 (outside the ipBlock): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("172.16.0.1", ipProtoTCP, 40000, 443), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("172.16.0.1", ipProtoTCP, 443), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "to web:8000/TCP (range start): allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 8000), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 8000), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
 				{name: "to web:8080/TCP (range end): allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 8080), verdict: tcActRedirect, allowedBy: []string{"alpha/client-egress"}},
 				{name: "to web:7999/TCP (below the range): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 7999), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 7999), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "to web:8081/TCP (above the range): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 8081), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 8081), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "to web:8000/UDP (the range is TCP): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoUDP, 40000, 8000), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("10.244.1.11", ipProtoUDP, 8000), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "ICMP to web (the rule has ports): egress denied", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoICMP, 7, 0), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
+					in: fromPodTo("10.244.1.11", ipProtoICMP, 0), verdict: tcActShot, dropEP: 1, dropReason: DropPolicyEgress, deniedBy: "alpha/client-egress"},
 				{name: "the isolated client still receives (ingress not isolated)", prog: fromPod, ifindex: ifH2,
-					in: fromPod2To("10.244.1.10", ipProtoTCP, 8080, 40000), verdict: tcActRedirect},
+					in: fromPod2To("10.244.1.10", ipProtoTCP, 40000), verdict: tcActRedirect},
 			},
 		},
 		{
 			name: "a rule without ports allows every protocol", policies: polDBAnyProto,
 			cases: []policyCase{
 				{name: "ICMP from alpha to the db VM: allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.12", ipProtoICMP, 7, 0), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
+					in: fromPodTo("10.244.1.12", ipProtoICMP, 0), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
 				{name: "UDP from alpha to the db VM: allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.12", ipProtoUDP, 40000, 9999), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
+					in: fromPodTo("10.244.1.12", ipProtoUDP, 9999), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
 				{name: "TCP from alpha to the db VM: allowed", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.12", ipProtoTCP, 40000, 5432), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
+					in: fromPodTo("10.244.1.12", ipProtoTCP, 5432), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
 				{name: "ICMP from gamma to the db VM: ingress denied", prog: fromUplink, ifindex: ifUp,
-					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoICMP, 7, 0), verdict: tcActShot, dropEP: 3, dropReason: DropPolicyIngress, deniedBy: "beta/db-from-alpha"},
+					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoICMP, 0), verdict: tcActShot, dropEP: 3, dropReason: DropPolicyIngress, deniedBy: "beta/db-from-alpha"},
 			},
 		},
 		{
 			name: "no policies: everything passes", policies: "",
 			cases: []policyCase{
 				{name: "client to web:80 again passes once the policy is gone", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("10.244.1.11", ipProtoTCP, 40000, 80), verdict: tcActRedirect},
+					in: fromPodTo("10.244.1.11", ipProtoTCP, 80), verdict: tcActRedirect},
 				{name: "client to 172.16.0.1 passes", prog: fromPod, ifindex: ifH1,
-					in: fromPodTo("172.16.0.1", ipProtoTCP, 40000, 443), verdict: tcActRedirect},
+					in: fromPodTo("172.16.0.1", ipProtoTCP, 443), verdict: tcActRedirect},
 			},
 		},
 	}

@@ -68,6 +68,7 @@ const (
 	vmVarLkUnusedEvent         = "lk_unused_event"
 	vmVarLkUnusedEventKind     = "lk_unused_event_kind"
 	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
+	vmVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	vmVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
@@ -147,6 +148,7 @@ type vmVariableSpecs struct {
 	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
@@ -210,6 +212,7 @@ type vmVariables struct {
 	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
