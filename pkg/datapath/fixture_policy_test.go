@@ -25,6 +25,17 @@ const (
 // l4Frame builds Ethernet + IPv4 (TTL 64, valid header checksum) + a TCP SYN,
 // a UDP header or an ICMP echo request (id = sport) with a short payload.
 func l4Frame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
+	return l4FrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
+}
+
+// TCP flags for l4FrameFlags.
+const (
+	tcpSYN = 0x02
+	tcpACK = 0x10
+)
+
+// l4FrameFlags is l4Frame with the TCP flags given.
+func l4FrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
 	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoICMP: 8}[proto]
 	payload := []byte("policy fixture")
 	b := make([]byte, 14+20+l4len+len(payload))
@@ -46,7 +57,7 @@ func l4Frame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport,
 		binary.BigEndian.PutUint16(l4[0:], sport)
 		binary.BigEndian.PutUint16(l4[2:], dport)
 		l4[12] = 5 << 4
-		l4[13] = 0x02 // SYN
+		l4[13] = tcpFlags
 	case ipProtoUDP:
 		binary.BigEndian.PutUint16(l4[0:], sport)
 		binary.BigEndian.PutUint16(l4[2:], dport)
@@ -86,6 +97,7 @@ func policyWorld(e *fixtureEnv) policy.Input {
 			{Namespace: "beta", Name: "db", IP: e.ep3.IP, Labels: map[string]string{"app": "db"}},
 			{Namespace: "beta", Name: "remote-client", IP: netip.MustParseAddr("10.244.2.5"), Labels: map[string]string{"app": "client"}},
 			{Namespace: "gamma", Name: "remote-client", IP: netip.MustParseAddr("10.244.2.6"), Labels: map[string]string{"app": "client"}},
+			{Namespace: "alpha", Name: "remote-client", IP: netip.MustParseAddr("10.244.2.7"), Labels: map[string]string{"app": "client"}},
 		},
 	}
 }
@@ -190,6 +202,19 @@ spec:
     ports:
     - {protocol: TCP, port: 8000, endPort: 8080}
 `
+	polWebLocked = `
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-locked, namespace: alpha}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress, Egress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {app: client}}
+    ports:
+    - {protocol: TCP, port: 8080}
+`
 	polDBAnyProto = `
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -274,6 +299,54 @@ func policyScenarios() []policyScenario {
 					in: fromPodTo("10.244.1.12", ipProtoTCP, 5432), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
 				{name: "ICMP from gamma to the db VM: ingress denied", prog: fromUplink, ifindex: ifUp,
 					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoICMP, 0), verdict: tcActShot, dropEP: 3, dropReason: DropPolicyIngress, deniedBy: "beta/db-from-alpha"},
+			},
+		},
+		{
+			// web may receive on 8080 from clients and send nothing
+			// (egress isolated without rules): only replies of the
+			// connections it accepted leave it.
+			name: "conntrack: replies of allowed connections pass, new connections the other way do not", policies: polWebLocked,
+			cases: []policyCase{
+				{name: "client:41000 to web:8080 (SYN): allowed", prog: fromPod, ifindex: ifH1,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpSYN)
+					},
+					verdict: tcActRedirect, allowedBy: []string{"alpha/web-locked"}},
+				{name: "web:8080 to client:41000 (SYN-ACK, a reply): passes unjudged", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41000, tcpSYN|tcpACK)
+					},
+					verdict: tcActRedirect},
+				{name: "client:41000 to web:8080 (ACK, later packet): passes unjudged", prog: fromPod, ifindex: ifH1,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpACK)
+					},
+					verdict: tcActRedirect},
+				{name: "web:8080 to client:41001 (a new connection from web): egress denied", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41001, tcpSYN)
+					},
+					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
+				{name: "remote client:42000 to web:8080 over the wire: allowed", prog: fromUplink, ifindex: ifUp,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.7", "10.244.1.11", ipProtoTCP, 42000, 8080, tcpSYN)
+					},
+					verdict: tcActRedirect, allowedBy: []string{"alpha/web-locked"}},
+				{name: "web's reply to the remote client: passes unjudged, out of the uplink", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42000, tcpSYN|tcpACK)
+					},
+					verdict: tcActRedirect},
+				{name: "web to the remote client on a new port: egress denied", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
+					},
+					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
+				{name: "a denied connection left no state: its retry is judged (and denied) again", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
+					},
+					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
 			},
 		},
 		{
