@@ -215,6 +215,16 @@ spec:
     ports:
     - {protocol: TCP, port: 8080}
 `
+	polDBOpen = `
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: db-open, namespace: beta}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress, Egress]
+  ingress:
+  - {}
+`
 	polDBAnyProto = `
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -299,6 +309,20 @@ func policyScenarios() []policyScenario {
 					in: fromPodTo("10.244.1.12", ipProtoTCP, 5432), verdict: tcActRedirect, allowedBy: []string{"beta/db-from-alpha"}},
 				{name: "ICMP from gamma to the db VM: ingress denied", prog: fromUplink, ifindex: ifUp,
 					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoICMP, 0), verdict: tcActShot, dropEP: 3, dropReason: DropPolicyIngress, deniedBy: "beta/db-from-alpha"},
+			},
+		},
+		{
+			name: "an empty rule allows every peer, port and protocol; no egress rule denies all", policies: polDBOpen,
+			cases: []policyCase{
+				{name: "ICMP from an external address to the db VM: allowed", prog: fromUplink, ifindex: ifUp,
+					in: fromWire("8.8.8.8", "10.244.1.12", ipProtoICMP, 0), verdict: tcActRedirect, allowedBy: []string{"beta/db-open"}},
+				{name: "TCP from a gamma pod to the db VM: allowed", prog: fromUplink, ifindex: ifUp,
+					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoTCP, 65535), verdict: tcActRedirect, allowedBy: []string{"beta/db-open"}},
+				{name: "the db VM's own new connection: egress denied", prog: fromPod, ifindex: ifH3,
+					in: func(e *fixtureEnv) []byte {
+						return l4Frame(e.ep3.HostMAC, vm3MAC, "10.244.1.12", "10.244.1.10", ipProtoUDP, nextSport(), 53)
+					},
+					verdict: tcActShot, dropEP: 3, dropReason: DropPolicyEgress, deniedBy: "beta/db-open"},
 			},
 		},
 		{
