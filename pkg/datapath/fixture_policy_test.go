@@ -498,3 +498,66 @@ func TestPolicyFixtures(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyDropEvents: policy drops reach the flow events (lanekit observe)
+// with their reason, the endpoint charged and the packet's ports.
+func TestPolicyDropEvents(t *testing.T) {
+	e := newFixtureEnv(t)
+	e.enter(t)
+	in := policyWorld(e)
+	in.Policies = decodePolicies(t, polWebIngress+"---"+polClientEgress)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := OpenEvents(e.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Configure(EventsConfig{Drops: true}); err != nil {
+		t.Fatal(err)
+	}
+	toWeb80 := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 44000, 80)
+	toExcept := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "192.168.1.5", ipProtoUDP, 44001, 53)
+	fromRed := l4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.6", "10.244.1.11", ipProtoTCP, 44002, 8080)
+	if ret := runPod(t, e, ifH1(e), toExcept); ret != tcActShot {
+		t.Fatalf("to the except block: verdict %d", ret)
+	}
+	opts := &ebpf.RunOptions{Data: bytes.Clone(fromRed), DataOut: make([]byte, len(fromRed)+256), Context: skbCtx{Ifindex: uint32(ifUp(e))}}
+	if ret, err := e.dp.uplink.FromUplink.Run(opts); err != nil || ret != tcActShot {
+		t.Fatalf("from a red namespace: verdict %d, %v", ret, err)
+	}
+	// client-egress allows web:8000-8080 only, so this one is the
+	// client's egress drop, not web's ingress.
+	if ret := runPod(t, e, ifH1(e), toWeb80); ret != tcActShot {
+		t.Fatalf("to web:80: verdict %d", ret)
+	}
+	evs := readEvents(t, r)
+	type short struct {
+		reason     DropReason
+		ep         uint32
+		src, dst   string
+		sport, dpt uint16
+	}
+	var got []short
+	for _, ev := range evs {
+		got = append(got, short{ev.Reason, ev.EndpointID, ev.Src.String(), ev.Dst.String(), ev.SrcPort, ev.DstPort})
+	}
+	want := []short{
+		{DropPolicyEgress, 1, "10.244.1.10", "192.168.1.5", 44001, 53},
+		{DropPolicyIngress, 2, "10.244.2.6", "10.244.1.11", 44002, 8080},
+		{DropPolicyEgress, 1, "10.244.1.10", "10.244.1.11", 44000, 80},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("events %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] || evs[i].Kind != EventDrop {
+			t.Errorf("event %d: %+v (%s), want %+v", i, got[i], evs[i].Kind, want[i])
+		}
+	}
+}
