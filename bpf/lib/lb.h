@@ -150,7 +150,9 @@ struct {
 struct lb_maglev_inner {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 251); /* a template: each frontend's array has its own size */
-	__uint(map_flags, BPF_F_INNER_MAP);
+	/* INNER_MAP: each frontend's array has its own size; MMAPABLE: the
+	 * agent fills a new array with one memcpy, not a syscall per slot. */
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, __u32); /* backend ID */
 };

@@ -146,6 +146,9 @@ type Config struct {
 	// GatewayIP is the address pods route through; the datapath answers
 	// their ARP requests for it. Zero means DefaultGatewayIP.
 	GatewayIP netip.Addr
+	// ConntrackEntries sizes the conntrack table lk_ct4 (0: 262144). A pinned
+	// table of another size is refused (remove it to resize).
+	ConntrackEntries int
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

@@ -22,20 +22,14 @@ const (
 	ipProtoUDP  = 17
 )
 
-// l4Frame builds Ethernet + IPv4 (TTL 64, valid header checksum) + a TCP SYN,
+// polFrame builds Ethernet + IPv4 (TTL 64, valid header checksum) + a TCP SYN,
 // a UDP header or an ICMP echo request (id = sport) with a short payload.
-func l4Frame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
-	return l4FrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
+func polFrame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
+	return polFrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
 }
 
-// TCP flags for l4FrameFlags.
-const (
-	tcpSYN = 0x02
-	tcpACK = 0x10
-)
-
-// l4FrameFlags is l4Frame with the TCP flags given.
-func l4FrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
+// polFrameFlags is polFrame with the TCP flags given.
+func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
 	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoICMP: 8}[proto]
 	payload := []byte("policy fixture")
 	b := make([]byte, 14+20+l4len+len(payload))
@@ -138,19 +132,19 @@ func nextSport() uint16 {
 
 func fromPodTo(dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, nextSport(), dport)
+		return polFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, proto, nextSport(), dport)
 	}
 }
 
 func fromPod2To(dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, nextSport(), dport)
+		return polFrame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, nextSport(), dport)
 	}
 }
 
 func fromWire(src, dst string, proto uint8, dport uint16) func(e *fixtureEnv) []byte {
 	return func(e *fixtureEnv) []byte {
-		return l4Frame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, nextSport(), dport)
+		return polFrame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, nextSport(), dport)
 	}
 }
 
@@ -320,7 +314,7 @@ func policyScenarios() []policyScenario {
 					in: fromWire("10.244.2.6", "10.244.1.12", ipProtoTCP, 65535), verdict: tcActRedirect, allowedBy: []string{"beta/db-open"}},
 				{name: "the db VM's own new connection: egress denied", prog: fromPod, ifindex: ifH3,
 					in: func(e *fixtureEnv) []byte {
-						return l4Frame(e.ep3.HostMAC, vm3MAC, "10.244.1.12", "10.244.1.10", ipProtoUDP, nextSport(), 53)
+						return polFrame(e.ep3.HostMAC, vm3MAC, "10.244.1.12", "10.244.1.10", ipProtoUDP, nextSport(), 53)
 					},
 					verdict: tcActShot, dropEP: 3, dropReason: DropPolicyEgress, deniedBy: "beta/db-open"},
 			},
@@ -333,42 +327,42 @@ func policyScenarios() []policyScenario {
 			cases: []policyCase{
 				{name: "client:41000 to web:8080 (SYN): allowed", prog: fromPod, ifindex: ifH1,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpSYN)
+						return polFrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpSYN)
 					},
 					verdict: tcActRedirect, allowedBy: []string{"alpha/web-locked"}},
 				{name: "web:8080 to client:41000 (SYN-ACK, a reply): passes unjudged", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41000, tcpSYN|tcpACK)
+						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41000, tcpSYN|tcpACK)
 					},
 					verdict: tcActRedirect},
 				{name: "client:41000 to web:8080 (ACK, later packet): passes unjudged", prog: fromPod, ifindex: ifH1,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpACK)
+						return polFrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpACK)
 					},
 					verdict: tcActRedirect},
 				{name: "web:8080 to client:41001 (a new connection from web): egress denied", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41001, tcpSYN)
+						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41001, tcpSYN)
 					},
 					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
 				{name: "remote client:42000 to web:8080 over the wire: allowed", prog: fromUplink, ifindex: ifUp,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.7", "10.244.1.11", ipProtoTCP, 42000, 8080, tcpSYN)
+						return polFrameFlags(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.7", "10.244.1.11", ipProtoTCP, 42000, 8080, tcpSYN)
 					},
 					verdict: tcActRedirect, allowedBy: []string{"alpha/web-locked"}},
 				{name: "web's reply to the remote client: passes unjudged, out of the uplink", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42000, tcpSYN|tcpACK)
+						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42000, tcpSYN|tcpACK)
 					},
 					verdict: tcActRedirect},
 				{name: "web to the remote client on a new port: egress denied", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
+						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
 					},
 					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
 				{name: "a denied connection left no state: its retry is judged (and denied) again", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
-						return l4FrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
+						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.2.7", ipProtoTCP, 8080, 42001, tcpSYN)
 					},
 					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
 			},
@@ -521,9 +515,9 @@ func TestPolicyDropEvents(t *testing.T) {
 	if err := r.Configure(EventsConfig{Drops: true}); err != nil {
 		t.Fatal(err)
 	}
-	toWeb80 := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 44000, 80)
-	toExcept := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "192.168.1.5", ipProtoUDP, 44001, 53)
-	fromRed := l4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.6", "10.244.1.11", ipProtoTCP, 44002, 8080)
+	toWeb80 := polFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 44000, 80)
+	toExcept := polFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "192.168.1.5", ipProtoUDP, 44001, 53)
+	fromRed := polFrame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.6", "10.244.1.11", ipProtoTCP, 44002, 8080)
 	if ret := runPod(t, e, ifH1(e), toExcept); ret != tcActShot {
 		t.Fatalf("to the except block: verdict %d", ret)
 	}

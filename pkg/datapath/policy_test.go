@@ -14,7 +14,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/policy"
@@ -112,12 +111,12 @@ func TestPolicyMatchesCompiled(t *testing.T) {
 				t.Fatal(err)
 			}
 			prog, ifindex = e.dp.pod.FromPod, e.h1.Attrs().Index
-			frame = l4Frame(e.ep1.HostMAC, pod1MAC, src, dst, proto, nextSport(), port)
+			frame = polFrame(e.ep1.HostMAC, pod1MAC, src, dst, proto, nextSport(), port)
 		default: // from outside the cluster into a pod
 			src = externals[rng.IntN(len(externals))]
 			dst = pods[rng.IntN(len(pods))].IP.String()
 			prog, ifindex = e.dp.uplink.FromUplink, e.up.Attrs().Index
-			frame = l4Frame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, nextSport(), port)
+			frame = polFrame(e.up.Attrs().HardwareAddr, neighMAC, src, dst, proto, nextSport(), port)
 		}
 		if src == dst {
 			continue // a pod talking to itself does not leave it
@@ -156,7 +155,7 @@ func TestPolicySizeIndependentOfPods(t *testing.T) {
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
 					From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", (i+1)%5)}}},
 						{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.0.0/16", Except: []string{fmt.Sprintf("192.168.%d.0/24", i)}}}},
-					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("http"))}, {Port: ptr.To(intstr.FromInt32(int32(1000 + i))), EndPort: ptr.To(int32(1100 + i))}},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr(intstr.FromString("http"))}, {Port: ptr(intstr.FromInt32(int32(1000 + i))), EndPort: ptr(int32(1100 + i))}},
 				}}}})
 	}
 	pods := func(n int) []policy.Endpoint {
