@@ -555,3 +555,83 @@ func TestPolicyDropEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyServiceFlows: policy judges a service flow after load
+// balancing, against the chosen backend pod and its target port (not the
+// ClusterIP and service port), and the rev-NATed reply passes.
+func TestPolicyServiceFlows(t *testing.T) {
+	s := newSvcEnv(t)
+	e := s.fixtureEnv
+	s.apply(t, svcYAML("web", "10.96.0.10", 80, "TCP", "", "10.244.1.11"))
+	ids := policy.NewIdentities()
+	compile := func(y string) *policy.Compiled {
+		in := policyWorld(e)
+		in.Policies = decodePolicies(t, y)
+		c, err := policy.Compile(in, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// The client may only talk to web pods on 8000-8080 (the VIP is in
+	// no ipBlock); web admits clients on its named port http (8080).
+	c := compile(polClientEgress + "---" + polWebIngress)
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.dp.PolicyVerdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.10", 80, 45000, tcpSYN))
+	if r.verdict != tcActRedirect || r.redirIf != ifH2(e) {
+		t.Fatalf("client to the service: verdict %d to ifindex %d, want redirect into web", r.verdict, r.redirIf)
+	}
+	if dst := netip.AddrFrom4([4]byte(r.out[30:34])); dst != e.ep2.IP || binary.BigEndian.Uint16(r.out[36:]) != 8080 {
+		t.Fatalf("service flow not translated to the backend: %s:%d", dst, binary.BigEndian.Uint16(r.out[36:]))
+	}
+	after, err := e.dp.PolicyVerdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range c.Policies { // both sides judged: each policy allowed one connection
+		if d := after[uint32(i)].Allowed - before[uint32(i)].Allowed; d != 1 {
+			t.Errorf("policy %s allowed %d connections, want 1", name, d)
+		}
+	}
+	// web's reply (web is ingress-isolated; replies never need a rule)
+	// leaves rev-NATed from the service address.
+	r = s.run(t, fromPod(e), ifH2(e), l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", 8080, "10.244.1.10", 45000, ipProtoTCP, tcpSYN|tcpACK, 5000, 1001, nil))
+	if r.verdict != tcActRedirect || r.redirIf != ifH1(e) {
+		t.Fatalf("web's reply: verdict %d to ifindex %d, want redirect into the client", r.verdict, r.redirIf)
+	}
+	if src := netip.AddrFrom4([4]byte(r.out[26:30])); src.String() != "10.96.0.10" || binary.BigEndian.Uint16(r.out[34:]) != 80 {
+		t.Fatalf("reply not rev-NATed: from %s:%d", src, binary.BigEndian.Uint16(r.out[34:]))
+	}
+
+	// A policy that admits the service port (80) admits nothing here: the
+	// pod is reached on its target port 8080.
+	next := compile(`
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-port-80, namespace: alpha}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - ports: [{port: 80}]
+`)
+	if err := e.dp.ApplyPolicy(policy.Diff(c, next)); err != nil {
+		t.Fatal(err)
+	}
+	drops, err := e.dp.Counters(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.10", 80, 45001, tcpSYN))
+	if r.verdict != tcActShot {
+		t.Fatalf("client to the service under web-port-80: verdict %d, want drop", r.verdict)
+	}
+	if a, err := e.dp.Counters(2); err != nil || a.Drops[DropPolicyIngress]-drops.Drops[DropPolicyIngress] != 1 {
+		t.Fatalf("web's policy-ingress drops grew by %d (%v), want 1", a.Drops[DropPolicyIngress]-drops.Drops[DropPolicyIngress], err)
+	}
+}
