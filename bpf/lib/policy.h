@@ -50,6 +50,11 @@
 /* Identities and wildcards (pkg/policy: IdentityAny, IdentityWorld, ProtoAny). */
 #define LK_IDENTITY_ANY 0
 #define LK_IDENTITY_WORLD 2
+/* The node's own addresses (Loader.SetPolicyHostAddrs): Kubernetes does not
+ * let a pod block its node (kubelet probes). Traffic from the node into a pod
+ * never meets these programs; the pod's answers to it (see struct
+ * policy_flow.answer) pass its egress. */
+#define LK_IDENTITY_HOST 1
 #define LK_POLICY_PROTO_ANY 0
 /* struct policy_key.prefixlen with the whole port significant: subject 32 +
  * peer 32 + direction 8 + proto 8 + port 16 (policy.RuleKey.PrefixLen). */
@@ -154,12 +159,15 @@ struct policy_flow {
 	__be32 daddr;
 	__u16 dport; /* host order; 0 when the protocol has no ports */
 	__u8 proto;
+	__u8 answer; /* shaped like an answer: TCP other than a bare SYN, ICMP echo reply or error */
 };
 
 /* policy_flow_of fills f from the IPv4 packet p. TCP and UDP carry their
  * destination port; a later fragment (no L4 header) and every other protocol
  * get port 0, which only port-less rules ("all ports and protocols", or a
  * protocol without ports) match. */
+#define LK_TCP_SYN 0x02
+#define LK_TCP_ACK 0x10
 static __always_inline void policy_flow_of(struct __sk_buff *skb, const struct pkt *p,
 					   struct policy_flow *f)
 {
@@ -170,10 +178,25 @@ static __always_inline void policy_flow_of(struct __sk_buff *skb, const struct p
 	f->daddr = iph->daddr;
 	f->proto = iph->protocol;
 	f->dport = 0;
-	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
-		return;
+	f->answer = 0;
 	if (iph->frag_off & bpf_htons(0x1fff))
 		return;
+	if (iph->protocol == IPPROTO_ICMP) {
+		__u8 type;
+
+		if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + iph->ihl * 4, &type, 1) == 0)
+			f->answer = type == 0 /* echo reply */ || type == 3 /* unreachable */ ||
+				    type == 11 /* time exceeded */;
+		return;
+	}
+	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
+		return;
+	if (iph->protocol == IPPROTO_TCP) {
+		__u8 flags;
+
+		if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + iph->ihl * 4 + 13, &flags, 1) == 0)
+			f->answer = (flags & (LK_TCP_SYN | LK_TCP_ACK)) != LK_TCP_SYN;
+	}
 	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + iph->ihl * 4 + 2, &port, sizeof(port)) < 0)
 		return;
 	f->dport = bpf_ntohs(port);
@@ -237,9 +260,11 @@ static __always_inline struct policy_isolation policy_isolation_of(__u32 id)
  * endpoint identity subject with isolation iso against the peer at peer_ip (resolved only when the
  * direction is isolated). Returns 1 (allowed) or 0 (denied), counting the
  * verdict against the deciding policy: the rule's on allow, the first
- * isolating one on deny. A direction that is not isolated is not counted. */
+ * isolating one on deny. A direction that is not isolated is not counted.
+ * answer: the packet is shaped like an answer: egress to the node passes
+ * it, returning 2 (allowed for this packet only: no connection state). */
 static __always_inline int policy_decide(__u32 subject, const struct policy_isolation *iso, __u8 dir,
-					 __be32 peer_ip, __u8 proto, __u16 port)
+					 __be32 peer_ip, __u8 proto, __u16 port, __u8 answer)
 {
 	struct policy_value *v;
 	__u32 isolating;
@@ -255,6 +280,9 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 		.port = bpf_htons(port),
 	};
 	__u32 peer = policy_identity(peer_ip);
+
+	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_EGRESS && answer)
+		return 2; /* passes, but opens nothing: the caller tracks no state */
 
 	v = policy_rule(&k, peer, proto);
 	if (!v)
@@ -293,7 +321,7 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	struct ct_entry *e = 0;
 	struct policy_flow f;
 	struct ct_key key;
-	int res = CT_NEW, tracked;
+	int res = CT_NEW, tracked, egress;
 	__u8 tcp_flags;
 
 	if (!(src_iso->policy_ingress | src_iso->policy_egress | dst_iso->policy_ingress |
@@ -306,11 +334,12 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 			return 0;
 	}
 	policy_flow_of(skb, p, &f);
-	if (!policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport))
+	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer);
+	if (!egress)
 		return DROP_POLICY_EGRESS;
-	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport))
+	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport, 0))
 		return DROP_POLICY_INGRESS;
-	if (!tracked)
+	if (!tracked || egress == 2)
 		return 0;
 	if (res == CT_ESTABLISHED && e) {
 		e->flags |= CT_F_POLICY; /* load balancing's flow entry */

@@ -635,3 +635,66 @@ spec:
 		t.Fatalf("web's policy-ingress drops grew by %d (%v), want 1", a.Drops[DropPolicyIngress]-drops.Drops[DropPolicyIngress], err)
 	}
 }
+
+// TestPolicyHostAnswers: a pod whose egress is closed still answers its
+// node (kubelet probes reach it through the host stack, past these
+// programs), but opens nothing to it; other addresses get nothing.
+func TestPolicyHostAnswers(t *testing.T) {
+	e := newFixtureEnv(t)
+	e.enter(t)
+	in := policyWorld(e)
+	in.Policies = decodePolicies(t, polWebLocked)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("fd00::1")}); err == nil {
+		t.Fatal("an IPv6 host address was accepted")
+	}
+	web := func(dst string, proto uint8, sport, dport uint16, flags uint8) []byte {
+		if proto == ipProtoICMP {
+			b := polFrame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, sport, dport)
+			b[34] = flags // ICMP type
+			return b
+		}
+		return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, proto, sport, dport, flags)
+	}
+	cases := []struct {
+		name    string
+		in      []byte
+		verdict uint32
+	}{
+		{"SYN-ACK to the node: passes (to the host stack)", web("10.77.0.1", ipProtoTCP, 8080, 50000, tcpSYN|tcpACK), tcActOK},
+		{"ACK to the node: passes", web("10.77.0.1", ipProtoTCP, 8080, 50000, tcpACK), tcActOK},
+		{"ICMP echo reply to the node: passes", web("10.77.0.1", ipProtoICMP, 9, 0, 0), tcActOK},
+		{"SYN to the node (a new connection): egress denied", web("10.77.0.1", ipProtoTCP, 50001, 10250, tcpSYN), tcActShot},
+		{"SYN on the tuple an ACK passed on: still denied (answers leave no state)", web("10.77.0.1", ipProtoTCP, 8080, 50000, tcpSYN), tcActShot},
+		{"ICMP echo request to the node: egress denied", web("10.77.0.1", ipProtoICMP, 9, 0, 8), tcActShot},
+		{"UDP to the node: egress denied", web("10.77.0.1", ipProtoUDP, 53, 50000, 0), tcActShot},
+		{"ACK to another address: egress denied", web("10.77.0.2", ipProtoTCP, 8080, 50000, tcpACK), tcActShot},
+	}
+	for _, tc := range cases {
+		if ret := runPod(t, e, ifH2(e), tc.in); ret != tc.verdict {
+			t.Errorf("%s: verdict %d, want %d", tc.name, ret, tc.verdict)
+		}
+	}
+	dumped, err := e.dp.DumpPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := policy.Diff(dumped, c); u.Ops() != 0 {
+		t.Fatalf("host addresses leak into the dump: %s", u)
+	}
+	if err := e.dp.SetPolicyHostAddrs(nil); err != nil {
+		t.Fatal(err)
+	}
+	if ret := runPod(t, e, ifH2(e), web("10.77.0.1", ipProtoTCP, 8080, 50002, tcpACK)); ret != tcActShot {
+		t.Fatalf("host addresses removed, but an ACK to 10.77.0.1 still passes (verdict %d)", ret)
+	}
+}

@@ -46,6 +46,56 @@ const (
 	MaxPolicies = 16384
 )
 
+// IdentityHost is the reserved identity of the node's own addresses in
+// lk_policy_ipcache (LK_IDENTITY_HOST, SetPolicyHostAddrs); pkg/policy never
+// allocates it.
+const IdentityHost policy.Identity = 1
+
+// SetPolicyHostAddrs makes addrs the node's own addresses for policy
+// (replacing the previous set): Kubernetes does not let a pod block its node
+// (kubelet probes). Traffic from the node into a pod does not pass the BPF
+// programs; what a pod sends to these addresses passes its egress policy when
+// it is shaped like an answer (TCP other than a bare SYN, ICMP echo reply or
+// error). New connections from the pod to the node stay subject to its egress
+// policy (an ipBlock can allow them). The agent calls it at start with
+// the node's addresses.
+func (l *Loader) SetPolicyHostAddrs(addrs []netip.Addr) error {
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		if !a.Is4() {
+			return fmt.Errorf("set policy host addresses: %v is not an IPv4 address", a)
+		}
+		want[ipKey(a.As4())] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.pod.LkPolicyIpcache
+	var (
+		k, id uint32
+		stale []uint32
+	)
+	it := m.Iterate()
+	for it.Next(&k, &id) {
+		if policy.Identity(id) == IdentityHost && !want[k] {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("set policy host addresses: %w", err)
+	}
+	for k := range want {
+		if err := m.Put(k, uint32(IdentityHost)); err != nil {
+			return fmt.Errorf("set policy host addresses: %w", err)
+		}
+	}
+	for _, k := range stale {
+		if err := deleteIgnoreMissing(m, k); err != nil {
+			return fmt.Errorf("set policy host addresses: %w", err)
+		}
+	}
+	return nil
+}
+
 // PolicyMapCounts are the entry counts of the policy maps.
 type PolicyMapCounts struct {
 	IPCache, CIDRs, Isolated, Rules int
@@ -75,7 +125,7 @@ func validatePolicyUpdate(u *policy.Update) error {
 		if !ip.Is4() {
 			return fmt.Errorf("ipcache: %v is not an IPv4 address", ip)
 		}
-		if id == policy.IdentityAny || id.IsCIDR() {
+		if id == policy.IdentityAny || id == IdentityHost || id.IsCIDR() {
 			return fmt.Errorf("ipcache: %v: identity %d is not an endpoint identity", ip, id)
 		}
 	}
@@ -251,6 +301,9 @@ func (l *Loader) DumpPolicy() (*policy.Compiled, error) {
 	var errs []error
 	it := l.pod.LkPolicyIpcache.Iterate()
 	for it.Next(&ip4, &id) {
+		if policy.Identity(id) == IdentityHost {
+			continue // SetPolicyHostAddrs', not a compilation's
+		}
 		var a [4]byte
 		nativeEndian.PutUint32(a[:], ip4)
 		c.IPCache[netip.AddrFrom4(a)] = policy.Identity(id)
