@@ -187,9 +187,10 @@ func validatePolicyUpdate(u *policy.Update) error {
 // then isolation, so a newly isolated identity already has its allow rules),
 // then deletes (isolation first, so nothing turns default-deny without its
 // rules; then rules, CIDRs, ipcache). Deleting what is missing is no error.
-// A map running full stops the update at that point with an error: what was
-// written before it is consistent by the order above (it allows what either
-// the old or the new state allows, minus what the old state denied).
+// Everything is checked before the first write; a map error after that (a
+// full map) stops the update there and is returned: the maps then hold the
+// operations before it, in the order above, and applying the same update
+// again (upserts and deletes are idempotent) completes it.
 func (l *Loader) ApplyPolicy(u *policy.Update) error {
 	if u == nil {
 		return nil
