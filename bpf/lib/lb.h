@@ -19,7 +19,9 @@
  *   - NodePort (on the uplink) to a backend on another node: source -> the
  *     node address, so the reply comes back through this node
  *     (externalTrafficPolicy Cluster). To a local backend the client
- *     address is kept.
+ *     address is kept. A local pod reaching a NodePort on this node's
+ *     address (from_pod looks NodePort frontends up after ClusterIP ones)
+ *     keeps its address too: its replies come back here anyway.
  * SNAT source ports: the client's port if that tuple is free, else one of
  * LB_SNAT_TRIES hashed ports in [LB_SNAT_PORT_MIN, LB_SNAT_PORT_MAX]
  * (above the NodePort range); none free -> DROP_NAT_NO_PORT.
@@ -28,6 +30,9 @@
  * flow entry in the reply direction is translated back. Local client: the
  * backend's from_pod does it (or from_uplink when the backend is remote);
  * NodePort SNAT: from_uplink.
+ *
+ * ICMP errors about a load-balanced flow (lb_icmp_rev_nat) are translated
+ * back the same way.
  *
  * No backend: TCP gets a reset, UDP an ICMP port unreachable, both sent back
  * where the packet came from and counted as DROP_NO_BACKEND.
@@ -536,7 +541,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
 			snat_flags = CT_F_SNAT | CT_F_HAIRPIN;
 			lb_stat(LB_STAT_HAIRPIN);
-		} else if (scope == LB_SCOPE_NODEPORT) {
+		} else if (scope == LB_SCOPE_NODEPORT && !ep) {
+			/* An external client: the reply must come back through
+			 * this node. (A local pod client gets its replies here
+			 * anyway: it lives on this node.) */
 			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
 				snat_addr = t->daddr;
 				snat_flags = CT_F_SNAT | CT_F_NODEPORT;
@@ -632,6 +640,93 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 	return 1;
 }
 
+struct lb_icmp_err {
+	__u8 type, code;
+	__be16 check;
+	__be32 unused;
+	struct iphdr in; /* the quoted packet (what the client's flow carried) */
+	__be16 sport, dport;
+} __attribute__((packed));
+
+#define LB_ICMP_TIME_EXCEEDED 11
+
+/* lb_icmp_rev_nat translates an ICMP error (destination unreachable, time
+ * exceeded) about a load-balanced flow back, as its replies are: the
+ * quoted packet's destination becomes the frontend again (and its source
+ * the client, for SNATed flows), the outer source the frontend when the
+ * backend itself sent it. So a client learns "port unreachable" or "need to
+ * fragment" for the address it used. The quoted L4 checksum is left alone
+ * (receivers do not check it; for TCP it is not even quoted). Returns 1 when
+ * rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
+{
+	__u32 in_off = l4off + 8, csum_off = l4off + 2;
+	struct lb_revnat_value *rn;
+	struct lb_icmp_err h;
+	struct ct_key k = {};
+	struct ct_entry *e;
+	__be32 outer_saddr;
+	__be16 old_check, new_check, fport;
+
+	if (bpf_skb_load_bytes(skb, l4off, &h, sizeof(h)) < 0)
+		return 0;
+	if (h.type != LK_ICMP_DEST_UNREACH && h.type != LB_ICMP_TIME_EXCEEDED)
+		return 0;
+	if (h.in.ihl != 5 || (h.in.protocol != IPPROTO_TCP && h.in.protocol != IPPROTO_UDP))
+		return 0;
+	k.saddr = h.in.saddr;
+	k.daddr = h.in.daddr;
+	k.sport = h.sport;
+	k.dport = h.dport;
+	k.proto = h.in.protocol;
+	e = bpf_map_lookup_elem(&lk_ct4, &k);
+	if (!e || !(e->flags & CT_F_REVNAT))
+		return 0;
+	rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
+	if (!rn)
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &outer_saddr, 4) < 0)
+		return -1;
+	old_check = h.in.check;
+	/* Quoted destination -> the frontend. */
+	if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.daddr, rn->addr, 4) < 0 ||
+	    bpf_l4_csum_replace(skb, csum_off, h.in.daddr, rn->addr, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, daddr), &rn->addr, 4, 0) < 0)
+		return -1;
+	fport = bpf_htons(rn->port);
+	if (bpf_l4_csum_replace(skb, csum_off, h.dport, fport, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, in_off + 22, &fport, 2, 0) < 0)
+		return -1;
+	/* Quoted source -> the client, for a flow this node SNATed. */
+	if (e->flags & CT_F_SNAT) {
+		__be32 ca = e->nat_addr;
+		__be16 cp = e->nat_port;
+
+		if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.saddr, ca, 4) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, h.in.saddr, ca, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, saddr), &ca, 4, 0) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, h.sport, cp, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + 20, &cp, 2, 0) < 0)
+			return -1;
+		/* Outer destination -> the client. */
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), h.in.saddr, ca, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &ca, 4, 0) < 0)
+			return -1;
+	}
+	/* The quoted header's checksum changed: the ICMP checksum covers it. */
+	if (bpf_skb_load_bytes(skb, in_off + offsetof(struct iphdr, check), &new_check, 2) < 0 ||
+	    bpf_l4_csum_replace(skb, csum_off, old_check, new_check, 2) < 0)
+		return -1;
+	/* Sent by the backend itself: it comes from the frontend. */
+	if (outer_saddr == h.in.daddr) {
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), outer_saddr, rn->addr, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &rn->addr, 4, 0) < 0)
+			return -1;
+	}
+	lb_stat(LB_STAT_REVNAT);
+	return 1;
+}
+
 /* lb4 is the [LB] step: frontends of scope `scope` are load-balanced,
  * replies of load-balanced flows translated back. ep is the sending
  * endpoint (NULL on the uplink). Returns LB_CONTINUE (*changed set when the
@@ -649,6 +744,13 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 	int r;
 
 	*changed = 0;
+	if (p->ip4->protocol == IPPROTO_ICMP && !(p->ip4->frag_off & bpf_htons(0x3fff))) {
+		r = lb_icmp_rev_nat(skb, l4off);
+		if (r < 0)
+			return TC_ACT_SHOT;
+		*changed = r;
+		return LB_CONTINUE;
+	}
 	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
 		return LB_CONTINUE;
 	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
@@ -658,6 +760,13 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 	k.proto = t.proto;
 	k.scope = scope;
 	svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+	if (!svc && scope == LB_SCOPE_CLUSTERIP) {
+		/* A pod reaching a NodePort on this node's address. */
+		k.scope = LB_SCOPE_NODEPORT;
+		svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+		if (svc)
+			scope = LB_SCOPE_NODEPORT;
+	}
 	if (svc) {
 		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep);
 		if (r == LB_CONTINUE)

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -121,7 +122,7 @@ func sizeConntrack(spec *ebpf.CollectionSpec, entries uint32) error {
 // table the datapath cannot use, before anything is written.
 func checkUpdate(u *service.Update) error {
 	for k, v := range u.Services {
-		what := fmt.Sprintf("service %v:%d/%d scope %d", k.Addr, k.Port, k.Proto, k.Scope)
+		what := fmt.Sprintf("service %v:%d/%d scope %d", netip.AddrFrom4(k.Addr), k.Port, k.Proto, k.Scope)
 		if v.FrontendID == 0 {
 			return fmt.Errorf("%s: frontend ID 0", what)
 		}
@@ -223,7 +224,7 @@ func (l *Loader) applyServices(u *service.Update) error {
 	}
 	for _, k := range u.ServiceDeletes {
 		if err := deleteIfPresent(l.pod.LkLbSvc, k); err != nil {
-			return fmt.Errorf("delete service %v:%d: %w", k.Addr, k.Port, err)
+			return fmt.Errorf("delete service %v:%d: %w", netip.AddrFrom4(k.Addr), k.Port, err)
 		}
 	}
 	for _, k := range u.RevNatDeletes {
@@ -461,29 +462,22 @@ func (l *Loader) GCConntrack() (int, error) {
 	defer l.mu.Unlock()
 	now := monotonicNow()
 	var (
-		k       podCtKey
-		v       podCtEntry
 		expired []podCtKey
 		live    uint64
 	)
-	it := l.pod.LkCt4.Iterate()
-	for it.Next(&k, &v) {
+	visit := func(k podCtKey, v podCtEntry) {
 		if now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags) {
 			expired = append(expired, k)
 		} else {
 			live++
 		}
 	}
-	if err := it.Err(); err != nil {
+	if err := walkCT(l.pod.LkCt4, visit); err != nil {
 		return 0, fmt.Errorf("conntrack gc: %w", err)
 	}
-	removed := 0
-	for _, k := range expired {
-		if err := l.pod.LkCt4.Delete(k); err == nil {
-			removed++
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return removed, fmt.Errorf("conntrack gc: delete: %w", err)
-		}
+	removed, err := deleteCT(l.pod.LkCt4, expired)
+	if err != nil {
+		return removed, fmt.Errorf("conntrack gc: delete: %w", err)
 	}
 	// Re-base the live count the datapath keeps (created - evicted - GC
 	// removed) on what the walk found.
@@ -503,6 +497,69 @@ func (l *Loader) GCConntrack() (int, error) {
 	}
 	if err := l.gcAffinity(now); err != nil {
 		return removed, err
+	}
+	return removed, nil
+}
+
+// walkCT visits every conntrack entry, in batches of ctBatch (one
+// syscall per batch; element by element where the kernel lacks batches).
+func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
+	keys := make([]podCtKey, ctBatch)
+	vals := make([]podCtEntry, ctBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			visit(keys[i], vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var (
+		k podCtKey
+		v podCtEntry
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		visit(k, v)
+	}
+	return it.Err()
+}
+
+const ctBatch = 4096
+
+// deleteCT deletes keys in batches; keys gone meanwhile (the datapath
+// replaced or the LRU evicted them) are skipped. Returns how many it deleted.
+func deleteCT(m *ebpf.Map, keys []podCtKey) (int, error) {
+	removed := 0
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), ctBatch)]
+		n, err := m.BatchDelete(chunk, nil)
+		removed += n
+		switch {
+		case err == nil:
+			keys = keys[len(chunk):]
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			keys = keys[n+1:] // the batch stopped at a key that is gone
+		case errors.Is(err, ebpf.ErrNotSupported):
+			for _, k := range keys {
+				if err := m.Delete(k); err == nil {
+					removed++
+				} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return removed, err
+				}
+			}
+			return removed, nil
+		default:
+			return removed, err
+		}
 	}
 	return removed, nil
 }

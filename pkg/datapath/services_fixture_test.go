@@ -394,6 +394,49 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("ICMP port unreachable from the backend: translated back to the frontend", func(t *testing.T) {
+		s.enter(t)
+		// What pod 1's datagram looked like at the backend (after DNAT).
+		quoted := l4Frame(s.ep2.HostMAC, pod2MAC, "10.244.1.10", 41000, "10.244.1.11", 8080, 17, 0, 0, 0, []byte("query"))[14 : 14+28]
+		in := icmpErrFrame(s.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", 3, 3, quoted)
+		before := s.stats(t)
+		r := s.run(t, pod, ifH2(s.fixtureEnv), in)
+		out := r.out
+		if r.verdict != tcActRedirect || r.redirIf != ifH1(s.fixtureEnv) || len(out) != len(in) {
+			t.Fatalf("verdict %d to %d, %x", r.verdict, r.redirIf, out)
+		}
+		q := out[42:]
+		if netip.AddrFrom4([4]byte(out[26:30])) != netip.MustParseAddr("10.96.0.11") ||
+			netip.AddrFrom4([4]byte(q[16:20])) != netip.MustParseAddr("10.96.0.11") || binary.BigEndian.Uint16(q[22:]) != 53 ||
+			netip.AddrFrom4([4]byte(q[12:16])) != netip.MustParseAddr("10.244.1.10") || binary.BigEndian.Uint16(q[20:]) != 41000 {
+			t.Fatalf("not translated to the frontend: outer src %v, quoted %x", out[26:30], q)
+		}
+		if testutil.IPv4Checksum(q[:20]) != binary.BigEndian.Uint16(q[10:]) {
+			t.Fatalf("quoted IPv4 checksum invalid: %x", q[:20])
+		}
+		if icmpChecksum(out[34:]) != 0xffff {
+			t.Fatalf("ICMP checksum invalid: %x", out[34:])
+		}
+		if s.stats(t).RevNAT-before.RevNAT != 1 {
+			t.Fatal("rev-NAT not counted")
+		}
+	})
+
+	t.Run("VM endpoint as client: DNAT, reply rev-NATed into the VM's device", func(t *testing.T) {
+		s.enter(t)
+		in := l4Frame(s.ep3.HostMAC, vm3MAC, "10.244.1.12", 41001, "10.96.0.11", 53, 17, 0, 0, 0, []byte("query"))
+		r := s.run(t, pod, ifH3(s.fixtureEnv), in)
+		if got := parseTuple(t, r.out); r.verdict != tcActRedirect || r.redirIf != ifH2(s.fixtureEnv) || got.dst != ap("10.244.1.11:8080") {
+			t.Fatalf("verdict %d to %d, dst %s", r.verdict, r.redirIf, got.dst)
+		}
+		reply := l4Frame(s.ep2.HostMAC, pod2MAC, "10.244.1.11", 8080, "10.244.1.12", 41001, 17, 0, 0, 0, []byte("answer"))
+		r = s.run(t, pod, ifH2(s.fixtureEnv), reply)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifH3(s.fixtureEnv) || r.redirKind != 1 || got.src != ap("10.96.0.11:53") {
+			t.Fatalf("reply: verdict %d to %d kind %d, from %s", r.verdict, r.redirIf, r.redirKind, got.src)
+		}
+	})
+
 	t.Run("remote backend: reply rev-NATed on the uplink", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("remote", "10.96.0.12", 80, "TCP", "", "10.244.2.5"))
@@ -633,6 +676,40 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("pod to a NodePort on its node's address, remote backend: no SNAT, reply translated on the uplink", func(t *testing.T) {
+		s.enter(t)
+		r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.77.0.1", 30081, 52000, tcpSYN))
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifUp(s.fixtureEnv) || got.dst != ap("10.244.2.5:8080") || got.src != ap("10.244.1.10:52000") {
+			t.Fatalf("verdict %d to %d, %s -> %s", r.verdict, r.redirIf, got.src, got.dst)
+		}
+		reply := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", 8080, "10.244.1.10", 52000, 6, tcpSYN|tcpACK, 9, 2, nil)
+		r = s.run(t, up, ifUp(s.fixtureEnv), reply)
+		back := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifH1(s.fixtureEnv) || back.src != ap("10.77.0.1:30081") || back.dst != ap("10.244.1.10:52000") {
+			t.Fatalf("reply: verdict %d to %d, %s -> %s", r.verdict, r.redirIf, back.src, back.dst)
+		}
+	})
+
+	t.Run("NodePort without backends: reset sent back out of the uplink", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("npnone", "10.96.0.22", 80, "TCP", "nodePort=30082"))
+		before, _ := s.dp.Counters(0)
+		in := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", 50002, "10.77.0.1", 30082, 6, tcpSYN, 41, 0, nil)
+		r := s.run(t, up, ifUp(s.fixtureEnv), in)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || r.redirIf != ifUp(s.fixtureEnv) || r.redirKind != 1 ||
+			got.src != ap("10.77.0.1:30082") || got.dst != ap("10.77.0.2:50002") || got.flags != tcpRST|tcpACK || got.ack != 42 {
+			t.Fatalf("verdict %d to %d kind %d, reply %+v", r.verdict, r.redirIf, r.redirKind, got)
+		}
+		if !bytes.Equal(r.out[0:6], neighMAC) || !bytes.Equal(r.out[6:12], s.up.Attrs().HardwareAddr) {
+			t.Fatalf("reply MACs %x", r.out[0:12])
+		}
+		if after, _ := s.dp.Counters(0); after.Drops[DropNoBackend]-before.Drops[DropNoBackend] != 1 {
+			t.Fatal("no-backend on the uplink not counted")
+		}
+	})
+
 	t.Run("hairpin: a pod reaching its own service through the VIP", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("hairpin", "10.96.0.21", 80, "TCP", "", "10.244.1.10"))
@@ -693,6 +770,27 @@ func TestServiceFixtures(t *testing.T) {
 			t.Fatalf("stats after gc: %+v", st)
 		}
 	})
+}
+
+// icmpErrFrame builds Ethernet + IPv4 + an ICMP error quoting quoted.
+func icmpErrFrame(dst, src net.HardwareAddr, saddr, daddr string, typ, code byte, quoted []byte) []byte {
+	b := make([]byte, 14+20+8+len(quoted))
+	copy(b[0:6], dst)
+	copy(b[6:12], src)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(quoted)))
+	ip[8] = 64
+	ip[9] = 1
+	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
+	copy(ip[12:16], s4[:])
+	copy(ip[16:20], d4[:])
+	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b[34], b[35] = typ, code
+	copy(b[42:], quoted)
+	binary.BigEndian.PutUint16(b[36:], ^icmpChecksum(b[34:]))
+	return b
 }
 
 func icmpChecksum(b []byte) uint16 {
