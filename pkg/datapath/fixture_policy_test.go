@@ -691,6 +691,23 @@ func TestPolicyHostAnswers(t *testing.T) {
 	if u := policy.Diff(dumped, c); u.Ops() != 0 {
 		t.Fatalf("host addresses leak into the dump: %s", u)
 	}
+	// An agent restart re-adopts the pinned maps: the policy is still there
+	// for the new agent to diff against.
+	if err := e.dp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e.dp, err = Open(Config{PinDir: e.pinDir, Uplink: "lk-fx-up", traceRedirects: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if dumped, err = e.dp.DumpPolicy(); err != nil {
+		t.Fatal(err)
+	}
+	if u := policy.Diff(dumped, c); u.Ops() != 0 {
+		t.Fatalf("after re-adopting the pinned maps: %s", u)
+	}
+	if ret := runPod(t, e, ifH2(e), web("10.77.0.2", ipProtoTCP, 8080, 50003, tcpACK)); ret != tcActShot {
+		t.Fatalf("after re-adopting the pinned maps, web's egress is open (verdict %d)", ret)
+	}
 	if err := e.dp.SetPolicyHostAddrs(nil); err != nil {
 		t.Fatal(err)
 	}
