@@ -299,6 +299,49 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 	return 0;
 }
 
+/* The head of an ICMP error: type, code, checksum, 4 bytes, then the
+ * quoted IPv4 header and the first L4 bytes (the ports). */
+struct policy_icmp_err {
+	__u8 type;
+	__u8 code;
+	__u16 check;
+	__u32 rest;
+	struct iphdr in;
+	__be16 sport;
+	__be16 dport;
+};
+
+/* policy_related reports whether packet p is an ICMP error (destination
+ * unreachable, time exceeded) about a connection policy allowed, quoted in
+ * either direction: such errors (fragmentation needed, port unreachable)
+ * belong to the connection and pass with it. */
+static __always_inline int policy_related(struct __sk_buff *skb, const struct iphdr *ip4)
+{
+	struct policy_icmp_err h;
+	struct ct_key k = {}, r;
+	struct ct_entry *e;
+
+	if (ip4->protocol != IPPROTO_ICMP || (ip4->frag_off & bpf_htons(0x3fff)))
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + ip4->ihl * 4, &h, sizeof(h)) < 0)
+		return 0;
+	if (h.type != LK_ICMP_DEST_UNREACH && h.type != 11 /* time exceeded */)
+		return 0;
+	if (h.in.ihl != 5 || (h.in.protocol != IPPROTO_TCP && h.in.protocol != IPPROTO_UDP))
+		return 0;
+	k.saddr = h.in.saddr;
+	k.daddr = h.in.daddr;
+	k.sport = h.sport;
+	k.dport = h.dport;
+	k.proto = h.in.protocol;
+	e = bpf_map_lookup_elem(&lk_ct4, &k);
+	if (!e) {
+		ct_key_reverse(&k, &r);
+		e = bpf_map_lookup_elem(&lk_ct4, &r);
+	}
+	return e && (e->flags & CT_F_POLICY);
+}
+
 /* policy_enforce judges packet p between a local sender (src_id: its
  * identity, src_iso: its isolation; zero when the sender is not local) and
  * a local receiver (dst_id, dst_iso likewise). Returns 0 or
@@ -312,8 +355,9 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
  * for it). Only connections touching an endpoint some policy selects (an
  * isolation entry in any direction, so that replies into an ingress-isolated
  * sender find their entry) are tracked: the rest of the traffic pays two
- * hash lookups. Packets conntrack cannot key (later fragments, ICMP other
- * than echo, other protocols) are judged on their own, every time. */
+ * hash lookups. ICMP errors pass with the connection they quote
+ * (policy_related). Other packets conntrack cannot key (later fragments,
+ * other ICMP, other protocols) are judged on their own, every time. */
 static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
 					    const struct policy_isolation *src_iso, __u32 dst_id,
 					    const struct policy_isolation *dst_iso)
@@ -333,6 +377,8 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 		if (res != CT_NEW && e && (e->flags & CT_F_POLICY))
 			return 0;
 	}
+	if (!tracked && policy_related(skb, p->ip4))
+		return 0;
 	policy_flow_of(skb, p, &f);
 	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer);
 	if (!egress)

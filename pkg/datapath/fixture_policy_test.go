@@ -64,6 +64,18 @@ func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, 
 	return b
 }
 
+// icmpErrorFrame builds an ICMP "fragmentation needed" from saddr to daddr
+// quoting a TCP segment qsrc:sport -> qdst:dport.
+func icmpErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {
+	b := polFrame(dst, src, saddr, daddr, ipProtoICMP, 0, 0)[:34]
+	quoted := polFrameFlags(src, dst, qsrc, qdst, ipProtoTCP, sport, dport, tcpSYN)[14 : 14+28]
+	icmp := append([]byte{3, 4, 0, 0, 0, 0, 0x05, 0xdc}, quoted...)
+	b = append(b, icmp...)
+	binary.BigEndian.PutUint16(b[16:], uint16(20+len(icmp)))
+	binary.BigEndian.PutUint16(b[24:], testutil.IPv4Checksum(b[14:34]))
+	return b
+}
+
 // decodePolicies decodes NetworkPolicy YAML the way the CLI does.
 func decodePolicies(t *testing.T, yaml string) []*networkingv1.NetworkPolicy {
 	t.Helper()
@@ -340,6 +352,16 @@ func policyScenarios() []policyScenario {
 						return polFrameFlags(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.11", ipProtoTCP, 41000, 8080, tcpACK)
 					},
 					verdict: tcActRedirect},
+				{name: "web's ICMP error quoting the allowed connection: passes with it", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return icmpErrorFrame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", "10.244.1.10", "10.244.1.11", 41000, 8080)
+					},
+					verdict: tcActRedirect},
+				{name: "web's ICMP error quoting a connection nobody allowed: egress denied", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return icmpErrorFrame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", "10.244.1.10", "10.244.1.11", 41999, 8080)
+					},
+					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-locked"},
 				{name: "web:8080 to client:41001 (a new connection from web): egress denied", prog: fromPod, ifindex: ifH2,
 					in: func(e *fixtureEnv) []byte {
 						return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", "10.244.1.10", ipProtoTCP, 8080, 41001, tcpSYN)
