@@ -16,6 +16,7 @@
 #include "lib/fib.h"
 #include "lib/arp.h"
 #include "lib/lb.h" /* [LB] */
+#include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -39,7 +40,7 @@ int from_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
 	struct pkt p;
-	__u32 reason;
+	__u32 reason, charge;
 
 	if (!ep)
 		return drop(skb, 0, DROP_UNKNOWN_EP);
@@ -77,7 +78,12 @@ int from_pod(struct __sk_buff *skb)
 	}
 	/* [/LB] */
 
-	/* [policy] step goes here. */
+	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
+	 * receiver's ingress, on the packet as load balancing left it. */
+	reason = policy_from_endpoint(skb, &p, ep, &charge);
+	if (reason)
+		return drop(skb, charge, reason);
+	/* [/policy] */
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

@@ -15,6 +15,7 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/lb.h" /* [LB] */
+#include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -23,6 +24,7 @@ int from_uplink(struct __sk_buff *skb)
 {
 	struct endpoint_info *dst;
 	struct pkt p;
+	__u32 reason;
 
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
@@ -59,6 +61,12 @@ int from_uplink(struct __sk_buff *skb)
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK;
+	/* [policy] the receiver's ingress, before any path into it (the host
+	 * stack's included). */
+	reason = policy_to_endpoint(skb, &p, dst);
+	if (reason)
+		return drop(skb, dst->id, reason);
+	/* [/policy] */
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, 0, dst);

@@ -37,6 +37,9 @@ enum lk_drop_reason {
 	DROP_NO_BACKEND = 12, /* service without a backend for new flows: TCP reset / ICMP unreachable sent */
 	DROP_NAT_NO_PORT = 13, /* no free source port for a NodePort/hairpin SNAT */
 	/* [/LB] */
+	/* policy (bpf/lib/policy.h) */
+	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
+	DROP_POLICY_EGRESS = 15, /* the sending local endpoint's NetworkPolicy egress denies it */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
@@ -88,6 +91,11 @@ enum lk_lb_stat {
 };
 const enum lk_lb_stat *lk_unused_lb_stat __attribute__((unused));
 /* [/LB] */
+/* Direction of a policy rule, seen from its subject (policy.Direction). */
+enum lk_policy_dir {
+	POLICY_DIR_INGRESS = 0,
+	POLICY_DIR_EGRESS = 1,
+};
 
 /* Keep the enums in BTF for bpf2go -type even where no code names the type. */
 const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));
@@ -96,5 +104,6 @@ const enum lk_redirect_kind *lk_unused_redirect_kind __attribute__((unused));
 const enum lk_endpoint_flags *lk_unused_endpoint_flags __attribute__((unused));
 const enum lk_event_kind *lk_unused_event_kind __attribute__((unused));
 const enum lk_events_flags *lk_unused_events_flags __attribute__((unused));
+const enum lk_policy_dir *lk_unused_policy_dir __attribute__((unused));
 
 #endif

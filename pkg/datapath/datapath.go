@@ -65,6 +65,9 @@ const (
 	DropNoBackend DropReason = DropReason(podLkDropReasonDROP_NO_BACKEND)  // service without a backend: TCP reset / ICMP unreachable sent
 	DropNATNoPort DropReason = DropReason(podLkDropReasonDROP_NAT_NO_PORT) // no free source port for a NodePort/hairpin SNAT
 	// [/LB]
+	// policy (policy.go)
+	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
+	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
 )
 
 func (r DropReason) String() string {
@@ -97,6 +100,10 @@ func (r DropReason) String() string {
 		return "no-backend"
 	case DropNATNoPort: // [LB]
 		return "nat-no-port"
+	case DropPolicyIngress:
+		return "policy-ingress"
+	case DropPolicyEgress:
+		return "policy-egress"
 	}
 	return "unknown"
 }

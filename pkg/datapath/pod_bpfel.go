@@ -153,6 +153,8 @@ const (
 	podLkDropReasonDROP_VLAN           podLkDropReason = 11
 	podLkDropReasonDROP_NO_BACKEND     podLkDropReason = 12
 	podLkDropReasonDROP_NAT_NO_PORT    podLkDropReason = 13
+	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 14
+	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 15
 )
 
 type podLkEndpointFlags uint32
@@ -218,6 +220,13 @@ const (
 	podLkMetricKindMETRIC_DROP_BASE podLkMetricKind = 256
 )
 
+type podLkPolicyDir uint32
+
+const (
+	podLkPolicyDirPOLICY_DIR_INGRESS podLkPolicyDir = 0
+	podLkPolicyDirPOLICY_DIR_EGRESS  podLkPolicyDir = 1
+)
+
 type podLkRedirectKind uint32
 
 const (
@@ -237,6 +246,39 @@ type podMetricsVal struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type podPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type podPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type podPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type podPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type podPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
 }
 
 type podRedirectTrace struct {
@@ -265,6 +307,11 @@ const (
 	podMapLkLbSvc               = "lk_lb_svc"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
+	podMapLkPolicyCidrs         = "lk_policy_cidrs"
+	podMapLkPolicyIpcache       = "lk_policy_ipcache"
+	podMapLkPolicyIsolation     = "lk_policy_isolation"
+	podMapLkPolicyRules         = "lk_policy_rules"
+	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podProgFromPod              = "from_pod"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
@@ -281,6 +328,7 @@ const (
 	podVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	podVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	podVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	podVarTraceRedirects        = "trace_redirects"
 )
@@ -334,21 +382,26 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
-	LkCt4         *ebpf.MapSpec `ebpf:"lk_ct4"`
-	LkCtCount     *ebpf.MapSpec `ebpf:"lk_ct_count"`
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkLbAffinity  *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
-	LkLbBackends  *ebpf.MapSpec `ebpf:"lk_lb_backends"`
-	LkLbMaglev    *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
-	LkLbRevnat    *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
-	LkLbStats     *ebpf.MapSpec `ebpf:"lk_lb_stats"`
-	LkLbSvc       *ebpf.MapSpec `ebpf:"lk_lb_svc"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -370,6 +423,7 @@ type podVariableSpecs struct {
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -394,21 +448,26 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
-	LkCt4         *ebpf.Map `ebpf:"lk_ct4"`
-	LkCtCount     *ebpf.Map `ebpf:"lk_ct_count"`
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkLbAffinity  *ebpf.Map `ebpf:"lk_lb_affinity"`
-	LkLbBackends  *ebpf.Map `ebpf:"lk_lb_backends"`
-	LkLbMaglev    *ebpf.Map `ebpf:"lk_lb_maglev"`
-	LkLbRevnat    *ebpf.Map `ebpf:"lk_lb_revnat"`
-	LkLbStats     *ebpf.Map `ebpf:"lk_lb_stats"`
-	LkLbSvc       *ebpf.Map `ebpf:"lk_lb_svc"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *podMaps) Close() error {
@@ -428,6 +487,11 @@ func (m *podMaps) Close() error {
 		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -450,6 +514,7 @@ type podVariables struct {
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

@@ -112,6 +112,39 @@ type uplinkMetricsVal struct {
 	Bytes   uint64
 }
 
+type uplinkPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type uplinkPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type uplinkPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type uplinkPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type uplinkPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
+}
+
 type uplinkRedirectTrace struct {
 	_            structs.HostLayout
 	Ifindex      uint32
@@ -138,6 +171,11 @@ const (
 	uplinkMapLkLbSvc               = "lk_lb_svc"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
+	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
+	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
+	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
+	uplinkMapLkPolicyRules         = "lk_policy_rules"
+	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -153,6 +191,7 @@ const (
 	uplinkVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	uplinkVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	uplinkVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarTraceRedirects        = "trace_redirects"
 )
@@ -206,21 +245,26 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	LkCt4         *ebpf.MapSpec `ebpf:"lk_ct4"`
-	LkCtCount     *ebpf.MapSpec `ebpf:"lk_ct_count"`
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkLbAffinity  *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
-	LkLbBackends  *ebpf.MapSpec `ebpf:"lk_lb_backends"`
-	LkLbMaglev    *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
-	LkLbRevnat    *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
-	LkLbStats     *ebpf.MapSpec `ebpf:"lk_lb_stats"`
-	LkLbSvc       *ebpf.MapSpec `ebpf:"lk_lb_svc"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -241,6 +285,7 @@ type uplinkVariableSpecs struct {
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -265,21 +310,26 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	LkCt4         *ebpf.Map `ebpf:"lk_ct4"`
-	LkCtCount     *ebpf.Map `ebpf:"lk_ct_count"`
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkLbAffinity  *ebpf.Map `ebpf:"lk_lb_affinity"`
-	LkLbBackends  *ebpf.Map `ebpf:"lk_lb_backends"`
-	LkLbMaglev    *ebpf.Map `ebpf:"lk_lb_maglev"`
-	LkLbRevnat    *ebpf.Map `ebpf:"lk_lb_revnat"`
-	LkLbStats     *ebpf.Map `ebpf:"lk_lb_stats"`
-	LkLbSvc       *ebpf.Map `ebpf:"lk_lb_svc"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -299,6 +349,11 @@ func (m *uplinkMaps) Close() error {
 		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -320,6 +375,7 @@ type uplinkVariables struct {
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

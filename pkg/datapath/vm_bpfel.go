@@ -70,6 +70,7 @@ const (
 	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
 	vmVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	vmVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	vmVarTraceRedirects        = "trace_redirects"
 	vmVarVmId                  = "vm_id"
@@ -149,6 +150,7 @@ type vmVariableSpecs struct {
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	VmId                  *ebpf.VariableSpec `ebpf:"vm_id"`
@@ -212,6 +214,7 @@ type vmVariables struct {
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
 	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	VmId                  *ebpf.Variable `ebpf:"vm_id"`
