@@ -382,3 +382,19 @@ func (a *Agent) ApplyObjects(data []byte) ([]k8sobj.Object, error) {
 	}
 	return objs, nil
 }
+
+func wrapInvalid(err error) error { return fmt.Errorf("%w: %w", err, ErrInvalid) }
+
+// hasObject reports whether the object is stored.
+func (a *Agent) hasObject(kind k8sobj.Kind, ns, name string) bool {
+	if !kind.Namespaced() {
+		ns = ""
+	} else if ns == "" {
+		ns = k8sobj.DefaultNamespace
+	}
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.objs[k8sobj.ObjectKey(kind, ns, name)]
+	return ok
+}

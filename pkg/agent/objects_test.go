@@ -265,4 +265,3 @@ func snapshotState(t testing.TB, a *Agent, dp *MemoryDatapath) string {
 	fmt.Fprintf(&b, "maps %d %d %d %d %d %d %d %d", s, be, m, r, ic, c, ru, is)
 	return b.String()
 }
-
