@@ -90,10 +90,10 @@ func TestObjectCommands(t *testing.T) {
 	var list struct {
 		Frontends []struct {
 			Namespace, Name, Address, Scope, Protocol string
-			Port, MaglevSize, EligibleBackends       uint32
-			FrontendID                               uint32 `json:"frontend_id"`
-			Affinity                                 uint32 `json:"affinity_timeout_seconds"`
-			Backends                                 []struct {
+			Port, MaglevSize, EligibleBackends        uint32
+			FrontendID                                uint32 `json:"frontend_id"`
+			Affinity                                  uint32 `json:"affinity_timeout_seconds"`
+			Backends                                  []struct {
 				Address, State string
 				Port           uint32
 			}
