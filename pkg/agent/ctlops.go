@@ -320,23 +320,25 @@ type PolicyInfo struct {
 
 // ControlStats are the control plane's counts for status and metrics.
 type ControlStats struct {
-	Objects      map[k8sobj.Kind]int
-	Services     int
-	Frontends    int
-	Backends     int
-	Policies     int
-	Identities   int
-	Rules        int
-	Endpoints    int // endpoints (local and remote) policy knows
-	PendingSvc   int // service updates waiting for a retry
-	PendingPol   int
-	ServiceDP    bool // the datapath load-balances
-	PolicyDP     bool // the datapath enforces policy
-	GCRuns       uint64
-	GCRemoved    uint64
-	GCLastError  string
-	Conntrack    *datapath.ServiceStats // nil without a service datapath or on error
-	ConntrackErr string
+	Objects   map[k8sobj.Kind]int
+	Services  int
+	Frontends int
+	// FrontendsByScope counts frontends by "ClusterIP" and "NodePort".
+	FrontendsByScope map[string]int
+	Backends         int
+	Policies         int
+	Identities       int
+	Rules            int
+	Endpoints        int // endpoints (local and remote) policy knows
+	PendingSvc       int // service updates waiting for a retry
+	PendingPol       int
+	ServiceDP        bool // the datapath load-balances
+	PolicyDP         bool // the datapath enforces policy
+	GCRuns           uint64
+	GCRemoved        uint64
+	GCLastError      string
+	Conntrack        *datapath.ServiceStats // nil without a service datapath or on error
+	ConntrackErr     string
 }
 
 // Policies returns the stored NetworkPolicies with their verdict counters.
@@ -390,8 +392,10 @@ func (a *Agent) ControlStats() ControlStats {
 	for _, o := range c.objs {
 		s.Objects[o.Kind]++
 	}
+	s.FrontendsByScope = map[string]int{}
 	for _, f := range c.model.Frontends() {
 		s.Frontends++
+		s.FrontendsByScope[scopeName(f.Key.Scope)]++
 		s.Backends += len(f.Backends)
 	}
 	c.mu.Unlock()
