@@ -30,6 +30,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	for ns, want := range map[string]bool{"lk-wire": true, "lk-node12": true, "lk-n1-p2": true, "lk-n3-b1": true,
+		"lk-p-web-1": true, "lk-p-": false, "lk-p-Web": false, "lk-p-a-": false,
 		"lk-t-veth-123": false, "lk-nodex": false, "lk-": false, "node1": false} {
 		if got := labNetnsRe.MatchString(ns); got != want {
 			t.Errorf("lab netns %q: got %v, want %v", ns, got, want)
