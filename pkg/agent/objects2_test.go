@@ -24,13 +24,15 @@ func TestRestartRestoresControlPlane(t *testing.T) {
 	dir := t.TempDir()
 	a := newCtlAgent(t, dir, dp)
 	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
-	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy+"---\n"+webPod)); err != nil {
+	// A service that the restarted agent will no longer have: its frontend
+	// is in the datapath but not in the store (deleted while the datapath
+	// kept forwarding, e.g. an older agent version's object). It takes the
+	// first frontend ID, so a restart that re-allocated IDs instead of
+	// re-adopting them would give shop/web other IDs.
+	if err := a.UpsertObjects(decodeObjs(t, "apiVersion: v1\nkind: Service\nmetadata: {name: gone, namespace: shop}\nspec: {clusterIP: 10.96.0.99, ports: [{port: 53}]}\n")); err != nil {
 		t.Fatal(err)
 	}
-	// A second service that the restarted agent will no longer have: its
-	// frontend is in the datapath but not in the store (deleted while the
-	// datapath kept forwarding, e.g. an older agent version's object).
-	if err := a.UpsertObjects(decodeObjs(t, "apiVersion: v1\nkind: Service\nmetadata: {name: gone, namespace: shop}\nspec: {clusterIP: 10.96.0.99, ports: [{port: 53}]}\n")); err != nil {
+	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy+"---\n"+webPod)); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.st.Update(func(tx *store.Tx) error {
