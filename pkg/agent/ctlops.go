@@ -31,13 +31,6 @@ func (a *Agent) policyDP() datapath.PolicyDatapath {
 	return pd
 }
 
-// errNoServiceDatapath / errNoPolicyDatapath: the datapath cannot load
-// balance or enforce policy; objects are stored and translated regardless.
-var (
-	errNoServiceDatapath = fmt.Errorf("datapath has no service load balancing: %w", datapath.ErrNotSupported)
-	errNoPolicyDatapath  = fmt.Errorf("datapath has no network policy: %w", datapath.ErrNotSupported)
-)
-
 // applyServices programs u after any earlier update that failed; on failure
 // u is queued for the maintenance loop. Called with ctl.mu.
 func (a *Agent) applyServices(u *service.Update) error {
