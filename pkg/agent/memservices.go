@@ -112,7 +112,7 @@ func (m *MemoryDatapath) GCCalls() int {
 
 // ServiceStats reports an empty conntrack table.
 func (m *MemoryDatapath) ServiceStats() (datapath.ServiceStats, error) {
-	return datapath.ServiceStats{ConntrackCapacity: 65536, LB: map[string]uint64{}}, nil
+	return datapath.ServiceStats{ConntrackCapacity: 65536}, nil
 }
 
 // Resolve returns the backend a new flow to the frontend at key takes for a

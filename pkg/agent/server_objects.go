@@ -84,7 +84,7 @@ func ControlPlaneToProto(st ControlStats) *apiv1.ControlPlaneStatus {
 		pc.Objects[string(k)] = uint32(n)
 	}
 	if ct := st.Conntrack; ct != nil {
-		pc.ConntrackEntries, pc.ConntrackCapacity, pc.ConntrackFull, pc.LbCounters = uint32(ct.ConntrackEntries), uint32(ct.ConntrackCapacity), ct.ConntrackFull, ct.LB
+		pc.ConntrackEntries, pc.ConntrackCapacity, pc.ConntrackFull, pc.LbCounters = uint32(ct.ConntrackEntries), uint32(ct.ConntrackCapacity), ct.ConntrackEvicted, LBCounters(*ct)
 	}
 	return pc
 }

@@ -22,13 +22,30 @@ type ServiceDatapath interface {
 	ServiceStats() (ServiceStats, error)
 }
 
-// ServiceStats are conntrack and load-balancer statistics.
+// ServiceStats are conntrack occupancy and load-balancing counters, summed
+// over CPUs (the same definition as the lb work's services.go).
 type ServiceStats struct {
-	ConntrackEntries  int    // entries in the conntrack table now
-	ConntrackCapacity int    // maximum entries
-	ConntrackFull     uint64 // new flows not tracked because the table was full
-	// LB counts load-balancer events by name ("new-flow", "no-backend", ...).
-	LB map[string]uint64
+	// ConntrackEntries is the live entry count.
+	ConntrackEntries uint64
+	// ConntrackCapacity is lk_ct4's size.
+	ConntrackCapacity uint64
+	// ConntrackCreated counts entries the datapath created.
+	ConntrackCreated uint64
+	// ConntrackEvicted counts creations while the table was full: each made
+	// the LRU evict a tracked flow.
+	ConntrackEvicted uint64
+	// ConntrackFailed counts creations the map refused.
+	ConntrackFailed uint64
+
+	NewFlows      uint64 // new flows that took a backend
+	ConntrackHits uint64 // packets of tracked flows that kept their backend
+	Reselected    uint64 // tracked flows whose backend was gone, chosen again
+	AffinityHits  uint64 // new flows that followed a ClientIP affinity entry
+	RevNAT        uint64 // replies translated back
+	NoBackend     uint64 // new flows without a backend (reset / unreachable sent)
+	Hairpin       uint64 // new flows whose client is its own backend
+	NodePortLocal uint64 // new NodePort flows to a local backend
+	NodePortSNAT  uint64 // new NodePort flows to a remote backend (SNAT)
 }
 
 // PolicyDatapath programs network policy.

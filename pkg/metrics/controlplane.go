@@ -28,7 +28,9 @@ const (
 	NamePolicyPending     = "lanekit_policy_pending_updates"
 	NameConntrackEntries  = "lanekit_conntrack_entries"
 	NameConntrackCapacity = "lanekit_conntrack_capacity"
-	NameConntrackFull     = "lanekit_conntrack_full_total"
+	NameConntrackEvicted  = "lanekit_conntrack_evicted_total"
+	NameConntrackFailed   = "lanekit_conntrack_failed_total"
+	NameConntrackCreated  = "lanekit_conntrack_created_total"
 	NameConntrackGC       = "lanekit_conntrack_gc_removed_total"
 )
 
@@ -45,12 +47,14 @@ var (
 	descPolPend   = prometheus.NewDesc(NamePolicyPending, "Policy map updates the datapath failed to apply, waiting for a retry.", nil, nil)
 	descCTEntries = prometheus.NewDesc(NameConntrackEntries, "Entries in the datapath's conntrack table.", nil, nil)
 	descCTCap     = prometheus.NewDesc(NameConntrackCapacity, "Capacity of the datapath's conntrack table.", nil, nil)
-	descCTFull    = prometheus.NewDesc(NameConntrackFull, "New flows the datapath could not track because the conntrack table was full.", nil, nil)
+	descCTEvict   = prometheus.NewDesc(NameConntrackEvicted, "Conntrack entries created while the table was full: each evicted a tracked flow (which loses its backend or NAT).", nil, nil)
+	descCTFailed  = prometheus.NewDesc(NameConntrackFailed, "Conntrack entries the datapath could not create.", nil, nil)
+	descCTCreated = prometheus.NewDesc(NameConntrackCreated, "Conntrack entries the datapath created.", nil, nil)
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
 )
 
 var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descLBEvents, descSvcPend, descPolicies, descPolIDs,
-	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTFull, descCTGC}
+	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC}
 
 func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlPlaneSource) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -81,8 +85,10 @@ func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlP
 	if ct := st.Conntrack; ct != nil {
 		gauge(descCTEntries, float64(ct.ConntrackEntries))
 		gauge(descCTCap, float64(ct.ConntrackCapacity))
-		counter(descCTFull, ct.ConntrackFull)
-		for ev, n := range ct.LB {
+		counter(descCTEvict, ct.ConntrackEvicted)
+		counter(descCTFailed, ct.ConntrackFailed)
+		counter(descCTCreated, ct.ConntrackCreated)
+		for ev, n := range agent.LBCounters(*ct) {
 			counter(descLBEvents, n, ev)
 		}
 	} else if st.ConntrackErr != "" {

@@ -47,7 +47,7 @@ func (f *fakeSource) ControlStats() agent.ControlStats {
 		Objects:  map[k8sobj.Kind]int{k8sobj.KindService: 2, k8sobj.KindPod: 5},
 		Services: 2, Frontends: 3, FrontendsByScope: map[string]int{"ClusterIP": 2, "NodePort": 1}, Backends: 6,
 		Policies: 1, Identities: 4, Rules: 9, PendingSvc: 1, GCRemoved: 11,
-		Conntrack: &datapath.ServiceStats{ConntrackEntries: 100, ConntrackCapacity: 1000, ConntrackFull: 3, LB: map[string]uint64{"no-backend": 2}},
+		Conntrack: &datapath.ServiceStats{ConntrackEntries: 100, ConntrackCapacity: 1000, ConntrackEvicted: 3, ConntrackFailed: 1, ConntrackCreated: 500, NoBackend: 2},
 	}
 }
 
@@ -205,7 +205,9 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NamePolicyPending, nil, 0)
 	mustValue(t, fams, NameConntrackEntries, nil, 100)
 	mustValue(t, fams, NameConntrackCapacity, nil, 1000)
-	mustValue(t, fams, NameConntrackFull, nil, 3)
+	mustValue(t, fams, NameConntrackEvicted, nil, 3)
+	mustValue(t, fams, NameConntrackFailed, nil, 1)
+	mustValue(t, fams, NameConntrackCreated, nil, 500)
 	mustValue(t, fams, NameConntrackGC, nil, 11)
 	if f := fams[NamePackets]; f.GetType() != dto.MetricType_COUNTER {
 		t.Errorf("%s is %s, want a counter", NamePackets, f.GetType())
