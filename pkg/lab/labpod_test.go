@@ -18,6 +18,13 @@ import (
 // not root or when the lab's binaries are missing. Run the tests that use
 // it under `flock /tmp/lanekit-lab.lock` (the lab is global).
 func labCLI(t *testing.T) func(t *testing.T, args ...string) (string, error) {
+	lk, _ := labCLIPath(t)
+	return lk
+}
+
+// labCLIPath is labCLI that also returns the built CLI's path (for
+// background helpers such as tcp-whoami).
+func labCLIPath(t *testing.T) (func(t *testing.T, args ...string) (string, error), string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
@@ -64,7 +71,7 @@ func labCLI(t *testing.T) func(t *testing.T, args ...string) (string, error) {
 			return stdout.String(), fmt.Errorf("%w: %s", err, stderr.String())
 		}
 		return stdout.String(), nil
-	}
+	}, cli
 }
 
 func agentStatus(t *testing.T, node int) *apiv1.StatusResponse {
