@@ -242,20 +242,24 @@ func (a *Agent) maintain(ctx context.Context, every time.Duration) {
 func (a *Agent) MaintainOnce() {
 	c := a.ctl
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err := a.applyServices(nil); err != nil {
 		a.log.Warn("retry service update", "err", err)
 	}
 	if err := a.applyPolicy(nil); err != nil {
 		a.log.Warn("retry policy update", "err", err)
 	}
+	c.mu.Unlock()
 	sd := a.serviceDP()
 	if sd == nil {
 		return
 	}
+	// GC walks the whole conntrack table: outside the lock, so object
+	// changes do not wait for it.
 	var n int
 	var err error
 	a.host.Do(func() error { n, err = sd.GCConntrack(); return nil })
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.gc.runs++
 	if err != nil {
 		c.gc.lastErr = err.Error()
