@@ -240,4 +240,3 @@ func servicesE2E(t *testing.T, lk func(t *testing.T, args ...string) (string, er
 		t.Errorf("node 1 NodePort: want flows to the local backend and SNATed ones to the remote backend: %v -> %v", np, after)
 	}
 }
-
