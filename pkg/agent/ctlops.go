@@ -104,6 +104,12 @@ func (a *Agent) recompileLocked() error {
 	return a.applyPolicy(u)
 }
 
+// policyDumper is a datapath that can say what its policy maps hold
+// (*datapath.Loader's DumpPolicy).
+type policyDumper interface {
+	DumpPolicy() (*policy.Compiled, error)
+}
+
 // nodeAddrs returns the addresses NodePort frontends listen on: the
 // configured ones, else the uplink's IPv4 addresses.
 func (a *Agent) nodeAddrs() ([]netip.Addr, error) {
@@ -213,6 +219,17 @@ func (a *Agent) restoreControlPlane() error {
 	c.model = model
 	if err := a.applyServices(c.tables.Apply(changes)); err != nil {
 		return err
+	}
+	// Policy: diff the first compilation against what the pinned maps hold
+	// (when the datapath can tell), so entries of endpoints or policies that
+	// went away while the agent was down are deleted, not left behind.
+	if pd, ok := a.dp.(policyDumper); ok && a.policyDP() != nil {
+		var dump *policy.Compiled
+		a.host.Do(func() error { dump, err = pd.DumpPolicy(); return nil })
+		if err != nil {
+			return fmt.Errorf("restore policy: dump datapath: %w", err)
+		}
+		c.compiled = dump
 	}
 	if err := a.recompileLocked(); err != nil {
 		return fmt.Errorf("restore policy: %w", err)

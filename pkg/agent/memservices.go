@@ -252,3 +252,12 @@ func (m *MemoryDatapath) IdentityOf(ip netip.Addr) (policy.Identity, bool) {
 	id, ok := m.pol.ipcache[ip]
 	return id, ok
 }
+
+// DumpPolicy returns a copy of the policy maps as a Compiled (maps only).
+func (m *MemoryDatapath) DumpPolicy() (*policy.Compiled, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.initServices()
+	return &policy.Compiled{IPCache: maps.Clone(m.pol.ipcache), CIDRs: maps.Clone(m.pol.cidrs),
+		Rules: maps.Clone(m.pol.rules), Isolated: maps.Clone(m.pol.isolated)}, nil
+}

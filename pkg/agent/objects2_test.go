@@ -40,6 +40,16 @@ func TestRestartRestoresControlPlane(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// A remote pod deleted while the agent is down (the store loses it, the
+	// pinned maps still hold its ipcache entry).
+	if err := a.st.Update(func(tx *store.Tx) error {
+		return tx.Delete(store.Objects, []byte(k8sobj.ObjectKey(k8sobj.KindPod, "shop", "other-remote")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.10")); !ok {
+		t.Fatal("other-remote not in the ipcache before the restart")
+	}
 	ids := frontendIDs(a)
 	webID, _ := dp.IdentityOf(netip.MustParseAddr("10.244.1.2"))
 	clientID, _ := dp.IdentityOf(netip.MustParseAddr("10.244.2.9"))
@@ -51,8 +61,11 @@ func TestRestartRestoresControlPlane(t *testing.T) {
 
 	// Restart against the same (pinned) datapath.
 	b := newCtlAgent(t, dir, dp)
-	if got := len(b.Objects("")); got != 7 {
-		t.Fatalf("restored %d objects, want 7", got)
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.10")); ok {
+		t.Error("ipcache entry of a pod gone while the agent was down survived the restart")
+	}
+	if got := len(b.Objects("")); got != 6 {
+		t.Fatalf("restored %d objects, want 6", got)
 	}
 	for k, id := range frontendIDs(b) {
 		if ids[k] != id {
@@ -78,7 +91,7 @@ func TestRestartRestoresControlPlane(t *testing.T) {
 		t.Errorf("new endpoint got identity %d (web %d, client %d)", id, webID, clientID)
 	}
 	if !dp.Allowed(netip.MustParseAddr("10.244.2.9"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) ||
-		dp.Allowed(netip.MustParseAddr("10.244.2.10"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) {
+		dp.Allowed(netip.MustParseAddr("10.244.2.77"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) {
 		t.Error("policy verdicts differ after restart")
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
 )
 
 // TestLabServices: pods on two nodes reach a ClusterIP service whose
@@ -73,6 +75,19 @@ endpoints:
 	if err := os.WriteFile(file, []byte(objs), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A short-lived service first takes node 1's first frontend ID, so that
+	// re-adopted IDs after the agent restart below differ from freshly
+	// allocated ones.
+	tmp := filepath.Join(t.TempDir(), "tmp.yaml")
+	if err := os.WriteFile(tmp, []byte("apiVersion: v1\nkind: Service\nmetadata: {name: tmp, namespace: shop}\nspec: {clusterIP: 10.96.100.99, ports: [{port: 1}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lk(t, "service", "apply", "-f", tmp, "--socket", AgentSocket(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lk(t, "service", "delete", "shop/tmp", "--socket", AgentSocket(1)); err != nil {
+		t.Fatal(err)
+	}
 	for node := 1; node <= 2; node++ {
 		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
 			t.Fatal(err)
@@ -105,6 +120,42 @@ endpoints:
 	}
 	if after := lb(1); after["new-flow"]-before["new-flow"] < n {
 		t.Errorf("node 1 LB new-flow counter grew by %d for %d connections", after["new-flow"]-before["new-flow"], n)
+	}
+	// Agent restart on node 1: the frontend and backend IDs come back from
+	// the pinned maps (DumpServices), not from a fresh allocation, and the
+	// service keeps answering.
+	ids := func() map[string]uint32 {
+		c, closeFn, err := agentClient(AgentSocket(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeFn()
+		resp, err := c.ListServices(context.Background(), &apiv1.ListServicesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint32{}
+		for _, f := range resp.GetFrontends() {
+			out[fmt.Sprintf("%s:%d/%s", f.GetAddress(), f.GetPort(), f.GetProtocol())] = f.GetFrontendId()
+		}
+		return out
+	}
+	idsBefore := ids()
+	if pid := st.Nodes[0].AgentPID; pid > 0 {
+		terminate(pid, 3*time.Second)
+	}
+	binDir := os.Getenv("LANEKIT_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(repoRoot(t), "bin")
+	}
+	if _, err := startAgent(context.Background(), Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}, 1); err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	if got := ids(); fmt.Sprint(got) != fmt.Sprint(idsBefore) || len(got) != 2 {
+		t.Errorf("frontend IDs after restart %v, before %v", got, idsBefore)
+	}
+	if got := ask(t, "client1", "10.96.100.10:80", 10); got[ips["be1"]+":8080"]+got[ips["be2"]+":8080"] != 10 {
+		t.Errorf("client1 -> ClusterIP after agent restart: %v", got)
 	}
 	// NodePort on node 2's address from a pod on node 1.
 	np := lb(2)
