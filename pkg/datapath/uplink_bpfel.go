@@ -60,6 +60,7 @@ const (
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
+	uplinkMapLkVmRss               = "lk_vm_rss"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
@@ -128,6 +129,7 @@ type uplinkMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkVmRss       *ebpf.MapSpec `ebpf:"lk_vm_rss"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -172,6 +174,7 @@ type uplinkMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkVmRss       *ebpf.Map `ebpf:"lk_vm_rss"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -183,6 +186,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkVmRss,
 	)
 }
 

@@ -60,6 +60,7 @@ const (
 	vmMapLkEventsLost          = "lk_events_lost"
 	vmMapLkMetrics             = "lk_metrics"
 	vmMapLkMetricsLost         = "lk_metrics_lost"
+	vmMapLkVmRss               = "lk_vm_rss"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
 	vmVarLastRedirect          = "last_redirect"
@@ -133,6 +134,7 @@ type vmMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkVmRss       *ebpf.MapSpec `ebpf:"lk_vm_rss"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
 
@@ -182,6 +184,7 @@ type vmMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkVmRss       *ebpf.Map `ebpf:"lk_vm_rss"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
 
@@ -194,6 +197,7 @@ func (m *vmMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkVmRss,
 		m.LkXsks,
 	)
 }

@@ -40,6 +40,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::port::{Batch, Port};
+use crate::rss::{self, XskMeta};
 
 const AF_XDP: libc::c_int = 44;
 const SOL_XDP: libc::c_int = 283;
@@ -463,6 +464,36 @@ impl XskPort {
         Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.as_ptr().add(addr as usize), len) })
     }
 
+    /// Where the XDP metadata in front of the frame at `addr` starts: inside the same chunk
+    /// (copy mode puts frames XDP_PACKET_HEADROOM into their chunk) and the UMEM, else None.
+    fn meta_at(&self, addr: u64) -> Option<usize> {
+        let fs = u64::from(self.params.frame_size);
+        let at = addr.checked_sub(rss::META_LEN as u64)?;
+        if addr % fs < rss::META_LEN as u64 || addr > self.params.umem_size {
+            return None;
+        }
+        usize::try_from(at).ok()
+    }
+
+    /// The hash `steer_vm` put in front of the frame at `addr`, if it did.
+    fn meta(&self, addr: u64) -> Option<XskMeta> {
+        let at = self.meta_at(addr)?;
+        let mut b = [0u8; rss::META_LEN];
+        // SAFETY: [at, at + META_LEN) lies in the frame's chunk inside the UMEM (meta_at); the
+        // kernel wrote it with the frame, before publishing the descriptor.
+        unsafe { std::ptr::copy_nonoverlapping(self.umem.ptr.as_ptr().add(at), b.as_mut_ptr(), rss::META_LEN) };
+        XskMeta::decode(&b)
+    }
+
+    /// Forget the metadata in front of a frame before its chunk goes back to the fill ring: a
+    /// later frame the program put no metadata in front of must not inherit this hash.
+    fn clear_meta(&mut self, addr: u64) {
+        if let Some(at) = self.meta_at(addr) {
+            // SAFETY: as in `meta`; the chunk is ours until it is put on the fill ring.
+            unsafe { std::ptr::write_bytes(self.umem.ptr.as_ptr().add(at), 0, rss::META_LEN) };
+        }
+    }
+
     /// Put pending frames back on the fill ring.
     fn refill(&mut self) {
         let n = self.fill.free(self.fill_pending.len() as u32).min(self.fill_pending.len() as u32);
@@ -558,6 +589,35 @@ impl Port for XskPort {
         self.rx.release(n);
         self.refill();
         Ok(got)
+    }
+
+    fn rx_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool) -> Option<io::Result<usize>> {
+        let n = self.rx.ready(max.min(u32::MAX as usize) as u32);
+        let fs = u64::from(self.params.frame_size);
+        let mut done = 0u32;
+        while done < n {
+            let d = self.rx.read(self.rx.local.wrapping_add(done));
+            let meta = self.meta(d.addr);
+            match self.frame(d.addr, d.len as usize) {
+                Some(frame) => {
+                    if !f(frame, meta) {
+                        break;
+                    }
+                }
+                None => self.bad_descs += 1,
+            }
+            if meta.is_some() {
+                self.clear_meta(d.addr);
+            }
+            let frame = d.addr - d.addr % fs;
+            if frame < self.params.umem_size {
+                self.fill_pending.push(frame);
+            }
+            done += 1;
+        }
+        self.rx.release(done);
+        self.refill();
+        Some(Ok(done as usize))
     }
 
     fn send(&mut self, batch: &Batch) -> io::Result<usize> {
