@@ -25,7 +25,22 @@ type Offer struct {
 	Version int           `json:"version"`
 	Queues  []QueueConfig `json:"queues,omitempty"`
 	Error   string        `json:"error,omitempty"`
+	// RSS is present when the VM's RSS configuration map travels too (its
+	// fd is the last one).
+	RSS *RSSInfo `json:"rss,omitempty"`
 }
+
+// RSSInfo describes the VM's RSS map in an offer: a one-entry
+// BPF_F_MMAPABLE array whose value is struct lk_vm_rss_cfg
+// (bpf/lib/vm_rss.h) of ValueSize bytes. The backend writes its guest's RSS
+// configuration there through an mmap of the fd.
+type RSSInfo struct {
+	ValueSize int `json:"value_size"`
+}
+
+// RSSProvider returns an fd of the VM's RSS map for one backend connection
+// (the server closes it once sent) and the map's value size.
+type RSSProvider func() (fd int, valueSize int, err error)
 
 // Provider creates the sockets for one backend connection (in the VM's
 // netns) and publishes them in the XSKMAP. The server sends them and closes
@@ -41,6 +56,7 @@ type Server struct {
 	vm      string
 	ln      *net.UnixListener
 	provide Provider
+	rss     RSSProvider
 	log     *slog.Logger
 	wg      sync.WaitGroup
 }
@@ -48,6 +64,11 @@ type Server struct {
 // Listen creates the socket file at path, mode 0600 inside a 0700 directory,
 // replacing a stale one.
 func Listen(path, vm string, provide Provider, log *slog.Logger) (*Server, error) {
+	return ListenRSS(path, vm, provide, nil, log)
+}
+
+// ListenRSS is Listen that also hands the VM's RSS map (rss nil: none).
+func ListenRSS(path, vm string, provide Provider, rss RSSProvider, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -65,7 +86,7 @@ func Listen(path, vm string, provide Provider, log *slog.Logger) (*Server, error
 		ln.Close()
 		return nil, fmt.Errorf("xsk server: chmod %s: %w", path, err)
 	}
-	s := &Server{path: path, vm: vm, ln: ln, provide: provide, log: log.With("vm", vm, "socket", path)}
+	s := &Server{path: path, vm: vm, ln: ln, provide: provide, rss: rss, log: log.With("vm", vm, "socket", path)}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -119,6 +140,15 @@ func (s *Server) handle(c *net.UnixConn) error {
 		offer.Queues = append(offer.Queues, sk.Config)
 		fds = append(fds, sk.FD, sk.UmemFD)
 	}
+	if s.rss != nil {
+		fd, size, err := s.rss()
+		if err != nil {
+			return s.refuse(c, fmt.Errorf("rss map: %w", err))
+		}
+		defer unix.Close(fd)
+		offer.RSS = &RSSInfo{ValueSize: size}
+		fds = append(fds, fd)
+	}
 	body, err := json.Marshal(offer)
 	if err != nil {
 		return err
@@ -158,7 +188,7 @@ func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
 		return Offer{}, nil, fmt.Errorf("send request: %w", err)
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4*2*256))
+	oob := make([]byte, unix.CmsgSpace(4*(2*256+1)))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("read offer: %w", err)
@@ -185,9 +215,13 @@ func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
 		closeFDs(fds)
 		return offer, nil, fmt.Errorf("agent refused: %s", offer.Error)
 	}
-	if len(fds) != 2*len(offer.Queues) {
+	want := 2 * len(offer.Queues)
+	if offer.RSS != nil {
+		want++ // the RSS map, last
+	}
+	if len(fds) != want {
 		closeFDs(fds)
-		return offer, nil, fmt.Errorf("offer has %d queues but %d fds", len(offer.Queues), len(fds))
+		return offer, nil, fmt.Errorf("offer has %d queues (rss map: %t) but %d fds", len(offer.Queues), offer.RSS != nil, len(fds))
 	}
 	return offer, fds, nil
 }

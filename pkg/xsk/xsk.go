@@ -14,7 +14,9 @@
 //	{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,
 //	  "fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}
 //
-// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...]. Each xsk
+// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...]. When the
+// agent hands the VM's RSS map too, the body has "rss":{"value_size":N} and
+// the map's fd comes last (see RSSInfo). Each xsk
 // is already bound (copy mode) to queue i of the VM's device and inserted into
 // the XSKMAP; its UMEM is the memfd umem_i, registered in aligned mode with
 // headroom 0 and chunk = frame_size. The backend mmaps the memfd and the four
