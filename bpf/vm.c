@@ -8,7 +8,7 @@
  * rx queue; the lanekit-vhost backend moves it into the guest's virtio queue.
  *
  * When the VM's guest configured hashing (RSS_CONFIG / HASH_CONFIG, written
- * by the backend into the VM's lk_vm_rss entry, see lib/vm_rss.h), each frame
+ * by the backend into the VM's lk_rss_vms entry, see lib/vm_rss.h), each frame
  * carries struct lk_xsk_meta in front of it: the Toeplitz hash over the types
  * the guest enabled and its report type. AF_XDP copies the metadata area into
  * the UMEM headroom in front of the frame, where the backend reads it for

@@ -11,7 +11,7 @@
  *     type in front of the frame as XDP metadata (struct lk_xsk_meta) for the
  *     backend's virtio_net_hdr_v1_hash.
  *
- * Each VM has its own one-entry array (BPF_F_MMAPABLE) in lk_vm_rss, keyed by
+ * Each VM has its own one-entry array (BPF_F_MMAPABLE) in lk_rss_vms, keyed by
  * endpoint id. The agent hands that inner map's fd to the VM's unprivileged
  * vhost-user backend with the AF_XDP sockets; the backend writes its guest's
  * configuration through an mmap of it and can reach no other VM's. */
@@ -54,7 +54,7 @@ struct {
 	__type(key, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct lk_vm_rss_inner);
-} lk_vm_rss SEC(".maps");
+} lk_rss_vms SEC(".maps");
 
 /* XDP metadata steer_vm puts in front of each frame it hands to a socket.
  * Mirrored by vhost/src/rss.rs (XskMeta). */
@@ -72,7 +72,7 @@ static __always_inline struct lk_vm_rss_cfg *lk_vm_rss_get(__u32 ep_id)
 	void *inner;
 	__u32 zero = 0;
 
-	inner = bpf_map_lookup_elem(&lk_vm_rss, &ep_id);
+	inner = bpf_map_lookup_elem(&lk_rss_vms, &ep_id);
 	if (!inner)
 		return 0;
 	cfg = bpf_map_lookup_elem(inner, &zero);

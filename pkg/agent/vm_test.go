@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/cilium/ebpf"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -178,15 +179,34 @@ func fetchVM(t *testing.T, path, name string, queues int) {
 			unix.Close(fd)
 		}
 	}()
-	if len(offer.Queues) != queues || len(fds) != 2*queues {
-		t.Fatalf("offer %+v with %d fds, want %d queues and %d fds", offer, len(fds), queues, 2*queues)
+	// The BPF datapath hands the VM's RSS map too (its fd last).
+	want := 2 * queues
+	if offer.RSS != nil {
+		want++
+		if offer.RSS.ValueSize != datapath.VMRSSValueSize {
+			t.Fatalf("rss map value size %d, want %d", offer.RSS.ValueSize, datapath.VMRSSValueSize)
+		}
+	}
+	if len(offer.Queues) != queues || len(fds) != want {
+		t.Fatalf("offer %+v with %d fds, want %d queues and %d fds", offer, len(fds), queues, want)
 	}
 	for i, q := range offer.Queues {
 		if q.Queue != uint32(i) || q.FrameSize != xsk.DefaultSizes.FrameSize || q.UmemSize == 0 {
 			t.Fatalf("queue %d config %+v", i, q)
 		}
 	}
-	// fds alternate xsk, umem memfd.
+	// fds alternate xsk, umem memfd; then the RSS map, a BPF map.
+	if offer.RSS != nil {
+		m, err := ebpf.NewMapFromFD(fds[len(fds)-1])
+		if err != nil {
+			t.Fatalf("rss map fd: %v", err)
+		}
+		if m.ValueSize() != datapath.VMRSSValueSize || m.MaxEntries() != 1 {
+			t.Fatalf("rss map %v: value size %d, %d entries", m, m.ValueSize(), m.MaxEntries())
+		}
+		fds = fds[:len(fds)-1] // NewMapFromFD took this fd over
+		m.Close()
+	}
 	for i, fd := range fds {
 		dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 		if i%2 == 0 && (err != nil || dom != unix.AF_XDP) {

@@ -133,7 +133,7 @@ const (
 	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
-	podMapLkVmRss               = "lk_vm_rss"
+	podMapLkRssVms              = "lk_rss_vms"
 	podProgFromPod              = "from_pod"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
@@ -203,7 +203,7 @@ type podMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.MapSpec `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -249,7 +249,7 @@ type podMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.Map `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.Map `ebpf:"lk_rss_vms"`
 }
 
 func (m *podMaps) Close() error {
@@ -261,7 +261,7 @@ func (m *podMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
-		m.LkVmRss,
+		m.LkRssVms,
 	)
 }
 

@@ -60,7 +60,7 @@ const (
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
-	uplinkMapLkVmRss               = "lk_vm_rss"
+	uplinkMapLkRssVms              = "lk_rss_vms"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
@@ -129,7 +129,7 @@ type uplinkMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.MapSpec `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -174,7 +174,7 @@ type uplinkMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.Map `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.Map `ebpf:"lk_rss_vms"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -186,7 +186,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
-		m.LkVmRss,
+		m.LkRssVms,
 	)
 }
 

@@ -110,20 +110,20 @@ func NewVMRSS(key [40]byte, hashTypes uint32, table []uint16, unclassified uint1
 	return c, nil
 }
 
-// ensureVMRSS gives VM id its configuration map in lk_vm_rss, unless it has
+// ensureVMRSS gives VM id its configuration map in lk_rss_vms, unless it has
 // one (an agent restart keeps the map the backend may have mapped).
 func (l *Loader) ensureVMRSS(spec *ebpf.CollectionSpec, id uint32) error {
 	var inner *ebpf.Map
-	err := l.vm.LkVmRss.Lookup(id, &inner)
+	err := l.vm.LkRssVms.Lookup(id, &inner)
 	if err == nil {
 		return inner.Close()
 	}
 	if !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("rss map: %w", err)
 	}
-	ms, ok := spec.Maps["lk_vm_rss"]
+	ms, ok := spec.Maps["lk_rss_vms"]
 	if !ok || ms.InnerMap == nil {
-		return fmt.Errorf("rss map: lk_vm_rss has no inner map spec")
+		return fmt.Errorf("rss map: lk_rss_vms has no inner map spec")
 	}
 	is := ms.InnerMap.Copy()
 	is.Name = "lk_vmrss_" + strconv.FormatUint(uint64(id), 10)
@@ -135,7 +135,7 @@ func (l *Loader) ensureVMRSS(spec *ebpf.CollectionSpec, id uint32) error {
 		return fmt.Errorf("create rss map: %w", err)
 	}
 	defer m.Close()
-	if err := l.vm.LkVmRss.Update(id, m, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	if err := l.vm.LkRssVms.Update(id, m, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("publish rss map: %w", err)
 	}
 	return nil
@@ -145,7 +145,7 @@ func (l *Loader) ensureVMRSS(spec *ebpf.CollectionSpec, id uint32) error {
 // agent hands its fd to the VM's backend with the AF_XDP sockets.
 func (l *Loader) VMRSSMap(vm VM) (*ebpf.Map, error) {
 	var inner *ebpf.Map
-	if err := l.vm.LkVmRss.Lookup(vm.ID, &inner); err != nil {
+	if err := l.vm.LkRssVms.Lookup(vm.ID, &inner); err != nil {
 		return nil, fmt.Errorf("vm %d: rss map: %w", vm.ID, err)
 	}
 	return inner, nil
@@ -172,7 +172,7 @@ func (l *Loader) DetachVM(vm VM) error {
 	if err := l.detach(vmPin(vm.ID)); err != nil {
 		return fmt.Errorf("detach vm %d: %w", vm.ID, err)
 	}
-	if err := deleteIgnoreMissing(l.vm.LkVmRss, vm.ID); err != nil {
+	if err := deleteIgnoreMissing(l.vm.LkRssVms, vm.ID); err != nil {
 		return fmt.Errorf("detach vm %d: rss map: %w", vm.ID, err)
 	}
 	for q := 0; q < vm.Queues; q++ {

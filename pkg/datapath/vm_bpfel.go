@@ -60,7 +60,7 @@ const (
 	vmMapLkEventsLost          = "lk_events_lost"
 	vmMapLkMetrics             = "lk_metrics"
 	vmMapLkMetricsLost         = "lk_metrics_lost"
-	vmMapLkVmRss               = "lk_vm_rss"
+	vmMapLkRssVms              = "lk_rss_vms"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
 	vmVarLastRedirect          = "last_redirect"
@@ -134,7 +134,7 @@ type vmMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.MapSpec `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
 
@@ -184,7 +184,7 @@ type vmMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
-	LkVmRss       *ebpf.Map `ebpf:"lk_vm_rss"`
+	LkRssVms      *ebpf.Map `ebpf:"lk_rss_vms"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
 
@@ -197,7 +197,7 @@ func (m *vmMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
-		m.LkVmRss,
+		m.LkRssVms,
 		m.LkXsks,
 	)
 }
