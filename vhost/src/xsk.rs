@@ -14,7 +14,11 @@
 //!    with one entry per queue pair, `queue` = 0, 1, ... in order, and an `SCM_RIGHTS` control
 //!    message carrying `2 * queues` fds ordered `[xsk0, umem0, xsk1, umem1, ...]`.
 //!    On failure the agent replies `{"version":1,"error":"<text>"}` without fds.
-//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds).
+//!    When the agent also hands the VM's RSS configuration map (a one-entry
+//!    `BPF_F_MMAPABLE` array, value `struct lk_vm_rss_cfg`, see `rss.rs`), the body has
+//!    `"rss":{"value_size":312}` and that map's fd comes last: `2 * queues + 1` fds. The backend
+//!    then offers VIRTIO_NET_F_RSS and VIRTIO_NET_F_HASH_REPORT.
+//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
 //!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`); its fill,
