@@ -14,7 +14,7 @@
 //! or `--frames` frames, and prints the report.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod common;
 
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ const MS_KEY: &str = "6d5a56da255b0ec24167253d43a38fb0d0ca2bcbae7b30b477cb2da380
 
 fn hex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.trim_start_matches("0x").replace(':', "");
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("odd hex length in {s:?}"));
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| e.to_string())).collect()
@@ -89,7 +89,10 @@ fn run(a: Args) -> Result<(), String> {
     let table: Vec<u16> = if a.table == "rr" {
         (0..128).map(|i| i % a.queues).collect()
     } else {
-        a.table.split(',').map(|q| q.trim().parse::<u16>().map_err(|e| format!("--table: {e}"))).collect::<Result<_, _>>()?
+        a.table
+            .split(',')
+            .map(|q| q.trim().parse::<u16>().map_err(|e| format!("--table: {e}")))
+            .collect::<Result<_, _>>()?
     };
     let mut want = GUEST_FEATURES;
     if a.rss {

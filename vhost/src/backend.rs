@@ -592,11 +592,7 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn features(&self) -> u64 {
-        let rss = if self.rss.is_some() {
-            1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT
-        } else {
-            0
-        };
+        let rss = if self.rss.is_some() { 1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT } else { 0 };
         VIRTIO_FEATURES | rss | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 

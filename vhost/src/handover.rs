@@ -315,7 +315,8 @@ mod tests {
 
     #[test]
     fn bad_replies_are_clear_errors() {
-        let ok = |qs: Vec<QueueInfo>| serde_json::to_vec(&Reply { version: 1, queues: qs, error: None, rss: None }).unwrap();
+        let ok =
+            |qs: Vec<QueueInfo>| serde_json::to_vec(&Reply { version: 1, queues: qs, error: None, rss: None }).unwrap();
         let with_rss = |qs: Vec<QueueInfo>| {
             serde_json::to_vec(&Reply { version: 1, queues: qs, error: None, rss: Some(RssInfo { value_size: 312 }) })
                 .unwrap()

@@ -620,20 +620,28 @@ fn ctrl_rss_and_hash_config() {
             let at = BUF_BASE + 0x1000 * i as u64;
             m.write_slice(c, GuestAddress(at)).unwrap();
             let ack = at + 0x800;
-            add_chains(&vq, (3 * i) as u16, &[vec![(at, 2, false), (at + 2, c.len() as u32 - 2, false), (ack, 1, true)]]);
+            add_chains(
+                &vq,
+                (3 * i) as u16,
+                &[vec![(at, 2, false), (at + 2, c.len() as u32 - 2, false), (ack, 1, true)]],
+            );
         }
         let mut q: Queue = vq.create_queue().unwrap();
         let stats = Stats::default();
         let (_, ch) = ctrl_queue(&mut q, &m, 4, f, &stats, 64);
-        let acks: Vec<u8> =
-            (0..cmds.len()).map(|i| m.read_obj::<u8>(GuestAddress(BUF_BASE + 0x1000 * i as u64 + 0x800)).unwrap()).collect();
+        let acks: Vec<u8> = (0..cmds.len())
+            .map(|i| m.read_obj::<u8>(GuestAddress(BUF_BASE + 0x1000 * i as u64 + 0x800)).unwrap())
+            .collect();
         (ch, acks)
     };
     let both = CtrlFeatures { rss: true, hash_report: true };
     let (ch, acks) = run(&[&good], both);
     assert_eq!(acks, vec![VIRTIO_NET_OK]);
     let c = ch.rss.unwrap();
-    assert_eq!((c.hash_types, c.table, c.unclassified_queue, c.key, ch.pairs), (types, table.clone(), 2, MS_KEY, Some(3)));
+    assert_eq!(
+        (c.hash_types, c.table, c.unclassified_queue, c.key, ch.pairs),
+        (types, table.clone(), 2, MS_KEY, Some(3))
+    );
     // Not negotiated: refused.
     let (ch, acks) = run(&[&good, &hash], CtrlFeatures::default());
     assert_eq!((ch.rss, acks), (None, vec![VIRTIO_NET_ERR, VIRTIO_NET_ERR]));

@@ -112,7 +112,11 @@ pub trait Port: Send {
     /// returns false when it could not take the frame: that frame and the ones after it stay in
     /// the port for the next call. Returns how many frames `f` took; None when the port does not
     /// lend its frames (the caller then uses [`Port::recv`]).
-    fn rx_each(&mut self, _max: usize, _f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool) -> Option<io::Result<usize>> {
+    fn rx_each(
+        &mut self,
+        _max: usize,
+        _f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool,
+    ) -> Option<io::Result<usize>> {
         None
     }
 

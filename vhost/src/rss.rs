@@ -49,12 +49,8 @@ pub mod hash_type {
 
 /// Hash types the device reports in `supported_hash_types` (not the `_EX` ones: the BPF
 /// hash does not follow IPv6 home address / routing header addresses).
-pub const SUPPORTED_HASH_TYPES: u32 = hash_type::IPV4
-    | hash_type::TCPV4
-    | hash_type::UDPV4
-    | hash_type::IPV6
-    | hash_type::TCPV6
-    | hash_type::UDPV6;
+pub const SUPPORTED_HASH_TYPES: u32 =
+    hash_type::IPV4 | hash_type::TCPV4 | hash_type::UDPV4 | hash_type::IPV6 | hash_type::TCPV6 | hash_type::UDPV6;
 
 /// `VIRTIO_NET_HASH_REPORT_UDPv6_EX`: the largest report type.
 pub const MAX_REPORT: u16 = 9;
@@ -248,7 +244,14 @@ impl RssMap {
         // SAFETY: a fresh shared mapping chosen by the kernel; the kernel checks fd and length
         // (an array map refuses mappings beyond its value area) and the result is checked.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             let e = io::Error::last_os_error();

@@ -58,11 +58,10 @@ fn rss_config_refuses_bad_fields() {
         (rss_cmd(TCP_UDP_V4, &[0, 1, 2], 0, 4, &MS_KEY), RssError::TableLength(3)),
         // 256 entries: beyond rss_max_indirection_table_length
         (rss_cmd(TCP_UDP_V4, &[0; 256], 0, 4, &MS_KEY), RssError::TableLength(256)),
-        (rss_cmd(TCP_UDP_V4, &[0, 1, 2, 4], 0, 4, &MS_KEY), RssError::Queue {
-            what: "indirection table entry",
-            queue: 4,
-            pairs: 4,
-        }),
+        (
+            rss_cmd(TCP_UDP_V4, &[0, 1, 2, 4], 0, 4, &MS_KEY),
+            RssError::Queue { what: "indirection table entry", queue: 4, pairs: 4 },
+        ),
         (rss_cmd(TCP_UDP_V4, &t4, 9, 4, &MS_KEY), RssError::Queue { what: "unclassified_queue", queue: 9, pairs: 4 }),
         (rss_cmd(TCP_UDP_V4, &t4, 0, 0, &MS_KEY), RssError::TxQueues(0, 4)),
         (rss_cmd(TCP_UDP_V4, &t4, 0, 5, &MS_KEY), RssError::TxQueues(5, 4)),
@@ -114,7 +113,7 @@ impl Rng {
 /// encodes back to the exact input.
 #[test]
 fn random_commands_never_break_the_invariants() {
-    let mut rng = Rng(0x0055_4e_5eed_0014);
+    let mut rng = Rng(0x0000_554e_5eed_0014);
     let (mut accepted, mut refused) = (0, 0);
     for i in 0..20000 {
         let pairs = (rng.next() % 31 + 1) as u16;
@@ -143,8 +142,7 @@ fn random_commands_never_break_the_invariants() {
                 assert!(c.table.iter().all(|&q| q < pairs) && c.unclassified_queue < pairs);
                 assert_eq!(c.hash_types & !SUPPORTED_HASH_TYPES, 0);
                 let keylen = usize::from(cmd[8 + 2 * c.table.len() + 2]);
-                let again =
-                    rss_cmd(c.hash_types, &c.table, c.unclassified_queue, c.pairs.unwrap(), &c.key[..keylen]);
+                let again = rss_cmd(c.hash_types, &c.table, c.unclassified_queue, c.pairs.unwrap(), &c.key[..keylen]);
                 assert_eq!(again, cmd);
             }
             Err(_) => refused += 1,

@@ -102,7 +102,11 @@ fn qemu_passes_hash_report_but_not_rss_and_keeps_the_control_queue() {
         if let Ok(s) = UnixStream::connect(&serial) {
             break s;
         }
-        assert!(Instant::now() < deadline, "no serial socket from QEMU: {}", std::fs::read_to_string(&qemu_log).unwrap_or_default());
+        assert!(
+            Instant::now() < deadline,
+            "no serial socket from QEMU: {}",
+            std::fs::read_to_string(&qemu_log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
