@@ -18,6 +18,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/rss"
@@ -185,7 +188,7 @@ func RunSteering(ctx context.Context, o SteerOptions) (*SteerReport, error) {
 		gen = "testpmd pcap replay -> af_packet (infinite)"
 	}
 	rep := &SteerReport{Flows: o.Flows, Queues: o.Queues, Size: o.Size,
-		Setup: fmt.Sprintf("%d UDP flows -> uplink from_uplink -> VM host end -> %d-queue VM device (steer_vm) -> agent AF_XDP sockets -> lanekit-vhost (CPU 1) -> rss_guest (CPU 0); generator: %s",
+		Setup: fmt.Sprintf("%d UDP flows -> uplink (XDP_PASS, then from_uplink) -> VM host end -> %d-queue VM device (steer_vm) -> agent AF_XDP sockets -> lanekit-vhost (CPU 1) -> rss_guest (CPU 0); generator: %s",
 			o.Flows, o.Queues, gen)}
 	for _, guestRSS := range []bool{false, true} {
 		run, err := s.run(ctx, guestRSS, useTestpmd)
@@ -204,6 +207,7 @@ type steerBench struct {
 	agent  *benchAgent
 	flows  [][]byte
 	hasher *rss.Hasher
+	linear link.Link // XDP_PASS on the uplink (see linearize)
 }
 
 func newSteerBench(ctx context.Context, o SteerOptions) (_ *steerBench, err error) {
@@ -240,7 +244,38 @@ func newSteerBench(ctx context.Context, o SteerOptions) (_ *steerBench, err erro
 	if s.hasher, err = rss.NewHasher(); err != nil {
 		return nil, fmt.Errorf("steering bench: %w", err)
 	}
+	if s.linear, err = linearize("/run/netns/"+s.ns, stUplink); err != nil {
+		return nil, fmt.Errorf("steering bench: %w", err)
+	}
 	return s, nil
+}
+
+// linearize attaches an XDP_PASS program to dev (native mode). testpmd's
+// af_packet PMD transmits from a PACKET_TX_RING: the skbs it makes hold only
+// the Ethernet header in their linear part and the rest in page fragments,
+// and from_uplink, which reads headers by direct packet access, passes such
+// frames to the stack. Native XDP on a veth hands the stack a linear copy, as
+// a NIC driver would build it.
+func linearize(nsPath, dev string) (link.Link, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		return nil, fmt.Errorf("xdp pass program: %w", err)
+	}
+	defer prog.Close()
+	var l link.Link
+	err = netdev.InNetns(nsPath, func() error {
+		ifc, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Interface: ifc.Index, Program: prog, Flags: link.XDPDriverMode})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp pass to %s: %w", dev, err)
+	}
+	return l, nil
 }
 
 func (s *steerBench) cleanup() {
@@ -248,6 +283,9 @@ func (s *steerBench) cleanup() {
 	defer cancel()
 	if s.hasher != nil {
 		s.hasher.Close()
+	}
+	if s.linear != nil {
+		s.linear.Close()
 	}
 	if s.agent != nil {
 		if err := s.agent.close(); err != nil {
@@ -397,8 +435,10 @@ func (s *steerBench) run(ctx context.Context, guestRSS, useTestpmd bool) (*Steer
 	if err := waitSocket(sock, backendReady, be); err != nil {
 		return nil, err
 	}
+	// The guest stops on a line on stdin (after the generator), at the latest
+	// when its process life ends.
 	argv := []string{"taskset", "-c", "0", s.o.GuestBin, "--socket", sock, "--queues", strconv.Itoa(s.o.Queues),
-		"--duration", strconv.FormatFloat((s.o.Duration + 2*time.Second).Seconds(), 'f', 1, 64)}
+		"--stdin-stop", "--duration", strconv.FormatFloat((life - backendSlack/2).Seconds(), 'f', 1, 64)}
 	if guestRSS {
 		ts := make([]string, len(table))
 		for i, q := range table {
@@ -425,6 +465,9 @@ func (s *steerBench) run(ctx context.Context, guestRSS, useTestpmd bool) (*Steer
 	} else if err := s.generateGo(); err != nil {
 		return nil, err
 	}
+	// Frames still in flight: a moment, then stop the guest.
+	time.Sleep(200 * time.Millisecond)
+	_, _ = guest.stdin.Write([]byte("\n"))
 	var out string
 	for l := range guest.lines {
 		if strings.HasPrefix(l, "{") {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,5 +86,37 @@ func TestSteeringRoot(t *testing.T) {
 	}
 	if _, err := os.Stat("/sys/fs/bpf/lk-vhs-" + itoa(os.Getpid())); err == nil {
 		t.Error("bpf pin dir left behind")
+	}
+}
+
+// TestSteeringTestpmdRoot runs the bench's throughput mode (testpmd replaying
+// the flows at full speed) briefly: frames arrive on every queue, no flow is
+// split, and with the guest's table the queues are balanced.
+func TestSteeringTestpmdRoot(t *testing.T) {
+	vhost, guest := steerBins(t)
+	if _, err := exec.LookPath("dpdk-testpmd"); err != nil {
+		t.Skip("dpdk-testpmd not installed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var log strings.Builder
+	rep, err := RunSteering(ctx, SteerOptions{VhostBin: vhost, GuestBin: guest, Testpmd: "dpdk-testpmd",
+		Duration: 2 * time.Second, Progress: &log})
+	t.Log(log.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := rep.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(b.String())
+	for _, r := range rep.Runs {
+		if r.Frames == 0 || r.Split != 0 {
+			t.Errorf("%s: %d frames, %d split flows", r.Mode, r.Frames, r.Split)
+		}
+	}
+	if on := rep.Runs[1]; on.Balance < 1 || on.Balance > 1.3 || on.QueueOK != 8 || on.HashOK != 8 {
+		t.Errorf("guest-rss: balance %.2f, %d/8 on the table's queue, %d/8 hashes", on.Balance, on.QueueOK, on.HashOK)
 	}
 }

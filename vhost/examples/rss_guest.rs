@@ -53,6 +53,9 @@ struct Args {
     /// Stop after this many frames (0: no limit).
     #[arg(long, default_value_t = 0)]
     frames: u64,
+    /// Also stop when a line (or end of file) arrives on stdin.
+    #[arg(long)]
+    stdin_stop: bool,
 }
 
 const MS_KEY: &str = "6d5a56da255b0ec24167253d43a38fb0d0ca2bcbae7b30b477cb2da38030f20c6a42b73bbeac01fa";
@@ -144,6 +147,15 @@ fn run(a: Args) -> Result<(), String> {
     for q in 0..nq {
         g.post_rx(2 * q, QSIZE);
     }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if a.stdin_stop {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     eprintln!("ready");
     let mut seen = vec![0u16; nq];
     let mut per_queue = vec![0u64; nq];
@@ -154,7 +166,10 @@ fn run(a: Args) -> Result<(), String> {
     let (mut first, mut last) = (None::<Instant>, start);
     let end = start + Duration::from_secs_f64(a.duration);
     let mut buf = vec![0u8; BUF as usize];
-    while Instant::now() < end && (a.frames == 0 || total < a.frames) {
+    while Instant::now() < end
+        && (a.frames == 0 || total < a.frames)
+        && !stop.load(std::sync::atomic::Ordering::Relaxed)
+    {
         let mut progress = false;
         for q in 0..nq {
             let rxq = 2 * q;
