@@ -168,9 +168,20 @@ func slotCount(t *testing.T, a *Agent) int {
 	return n
 }
 
-func fetchVM(t *testing.T, path, name string, queues int) {
+// fetchVM fetches the VM's sockets as a backend that does not know the RSS
+// map (it must get none) and as one that does; it returns whether the
+// latter got the map.
+func fetchVM(t *testing.T, path, name string, queues int) bool {
 	t.Helper()
-	offer, fds, err := xsk.Fetch(path, name, 10*time.Second)
+	if fetchVMOffer(t, path, name, queues, false) {
+		t.Fatal("the RSS map was handed to a backend that did not ask for it")
+	}
+	return fetchVMOffer(t, path, name, queues, true)
+}
+
+func fetchVMOffer(t *testing.T, path, name string, queues int, rss bool) bool {
+	t.Helper()
+	offer, fds, err := xsk.FetchRSS(path, name, rss, 10*time.Second)
 	if err != nil {
 		t.Fatalf("fetch sockets of %s: %v", name, err)
 	}
@@ -216,6 +227,7 @@ func fetchVM(t *testing.T, path, name string, queues int) {
 			t.Fatalf("fd %d (umem) is a socket", i)
 		}
 	}
+	return offer.RSS != nil
 }
 
 // TestVMLifecycle: add a 2-queue VM, fetch its sockets, restart the agent
@@ -274,7 +286,9 @@ func TestVMLifecycle(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("host end %s: %v", ep.HostIfName, err)
 			}
-			fetchVM(t, ep.VM.Socket, "vm1", 2)
+			if gotRSS := fetchVM(t, ep.VM.Socket, "vm1", 2); gotRSS != (b.name == "bpf") {
+				t.Fatalf("%s datapath: RSS map handed = %t", b.name, gotRSS)
+			}
 			fetchVM(t, ep.VM.Socket, "vm1", 2) // a reconnecting backend gets fresh sockets
 			if _, _, err := xsk.Fetch(ep.VM.Socket, "vm2", 2*time.Second); err == nil {
 				t.Fatal("the socket of vm1 served vm2")

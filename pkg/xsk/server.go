@@ -18,6 +18,9 @@ import (
 type Request struct {
 	Version int    `json:"version"`
 	VM      string `json:"vm"`
+	// RSS: the backend takes the VM's RSS map. Only then does the offer
+	// carry it, so a backend that predates it gets the reply it expects.
+	RSS bool `json:"rss,omitempty"`
 }
 
 // Offer is the agent's answer; the fds travel alongside as SCM_RIGHTS.
@@ -140,7 +143,7 @@ func (s *Server) handle(c *net.UnixConn) error {
 		offer.Queues = append(offer.Queues, sk.Config)
 		fds = append(fds, sk.FD, sk.UmemFD)
 	}
-	if s.rss != nil {
+	if s.rss != nil && req.RSS {
 		fd, size, err := s.rss()
 		if err != nil {
 			return s.refuse(c, fmt.Errorf("rss map: %w", err))
@@ -177,13 +180,18 @@ func (s *Server) Close() error {
 // Fetch is the backend's side of the protocol, for tests and tools written in
 // Go: it returns the offer and the received fds (the caller closes them).
 func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
+	return FetchRSS(path, vm, false, timeout)
+}
+
+// FetchRSS is Fetch that also asks for the VM's RSS map (its fd comes last).
+func FetchRSS(path, vm string, rss bool, timeout time.Duration) (Offer, []int, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("connect %s: %w", path, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
-	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm})
+	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm, RSS: rss})
 	if _, err := c.Write(req); err != nil {
 		return Offer{}, nil, fmt.Errorf("send request: %w", err)
 	}

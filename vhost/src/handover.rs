@@ -26,6 +26,10 @@ pub struct Request {
     pub version: u32,
     /// VM name the sockets are for.
     pub vm: String,
+    /// The backend takes the VM's RSS map (and offers virtio RSS): the agent adds it to the
+    /// reply only when asked, so a backend that does not know it gets the old reply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rss: bool,
 }
 
 /// One queue of the agent's reply.
@@ -234,7 +238,8 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
 pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string() }).map_err(io::Error::other)?;
+    let req =
+        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true }).map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {
@@ -301,8 +306,10 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into() }).unwrap();
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false }).unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true }).unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();
         assert_eq!(r.queues, vec![info(0)]);

@@ -7,14 +7,16 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>"}` (`<name>` from `--vm`).
+//!    `{"version":1,"vm":"<name>","rss":true}` (`<name>` from `--vm`; `"rss":true`: the backend
+//!    takes the VM's RSS map, see step 3; agents that do not know the field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
 //!    with one entry per queue pair, `queue` = 0, 1, ... in order, and an `SCM_RIGHTS` control
 //!    message carrying `2 * queues` fds ordered `[xsk0, umem0, xsk1, umem1, ...]`.
 //!    On failure the agent replies `{"version":1,"error":"<text>"}` without fds.
-//!    When the agent also hands the VM's RSS configuration map (a one-entry
+//!    When the request says `"rss":true` and the agent has one, it also hands the VM's RSS
+//!    configuration map (a one-entry
 //!    `BPF_F_MMAPABLE` array, value `struct lk_vm_rss_cfg`, see `rss.rs`), the body has
 //!    `"rss":{"value_size":312}` and that map's fd comes last: `2 * queues + 1` fds. The backend
 //!    then offers VIRTIO_NET_F_RSS and VIRTIO_NET_F_HASH_REPORT.

@@ -155,7 +155,7 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
         let (body, fds) = recv_msg(c.as_raw_fd()).unwrap();
         assert!(fds.is_empty());
         let req: Request = serde_json::from_slice(&body).unwrap();
-        assert_eq!(req, Request { version: 1, vm: "vm-test".into() });
+        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true });
         let q = QueueInfo {
             queue: 0,
             umem_size: params.umem_size,
