@@ -213,6 +213,11 @@ impl NetBackend {
         self
     }
 
+    /// The virtio features the frontend acked (0 before it set any).
+    pub fn acked_features(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
     /// The guest's hashing configuration in force (None: the agent's default steering).
     pub fn rss_config(&self) -> Option<RssConfig> {
         lock(&self.rss_config).clone()
