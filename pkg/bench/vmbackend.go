@@ -56,7 +56,8 @@ type BackendOptions struct {
 	// agent path, no wire→guest).
 	OwnOnly bool
 	// GuestBin is rss_guest for the steering runs (default:
-	// lanekit-rss-guest next to VhostBin; missing: no steering runs).
+	// lanekit-rss-guest next to VhostBin, else examples/rss_guest there;
+	// missing: no steering runs, an error in the report).
 	GuestBin string
 }
 
@@ -171,7 +172,11 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	if !o.OwnOnly {
 		guest := o.GuestBin
 		if guest == "" {
+			// bin/ (make build), or cargo's target dir (compare.sh).
 			guest = filepath.Join(filepath.Dir(o.VhostBin), "lanekit-rss-guest")
+			if _, err := os.Stat(guest); err != nil {
+				guest = filepath.Join(filepath.Dir(o.VhostBin), "examples", "rss_guest")
+			}
 		}
 		if _, err := os.Stat(guest); err != nil {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("steering: no rss_guest (%s): make build", guest))
