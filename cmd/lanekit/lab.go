@@ -115,6 +115,10 @@ func labBenchCmd() *cobra.Command {
 		vhostBin         string
 		vmBackendOwnOnly bool
 		from             string
+		svcCounts        []int
+		svcModes         []string
+		servicesOnly     bool
+		svcTimeout       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -171,7 +175,7 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 			ctx, cancel := signalContext()
 			defer cancel()
 			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
-			if len(st.Nodes) > 0 {
+			if len(st.Nodes) > 0 && !servicesOnly {
 				paths, skipped := st.BenchPaths()
 				for _, s := range skipped {
 					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
@@ -194,7 +198,12 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 					return fmt.Errorf("lab bench: %w", err)
 				}
 			}
-			if chart != "" && len(rep.Rows) > 0 {
+			if len(svcCounts) > 0 {
+				if rep.Services, err = runServiceRows(ctx, cmd, st, svcCounts, svcModes, bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}); err != nil {
+					return err
+				}
+			}
+			if chart != "" && (len(rep.Rows) > 0 || rep.Services != nil) {
 				if err := writeChart(rep, chart); err != nil {
 					return err
 				}
@@ -221,8 +230,38 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
 	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
 	cmd.Flags().BoolVar(&vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
+	cmd.Flags().IntSliceVar(&svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
+	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit}, "service rows: which datapaths")
+	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
+	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 15*time.Minute, "service rows: bound on one full programming step (iptables-restore of 10,000 services takes minutes)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
+}
+
+// runServiceRows builds the service rows' namespaces, measures them and
+// removes the namespaces again (also on failure or interrupt).
+func runServiceRows(ctx context.Context, cmd *cobra.Command, st *lab.State, counts []int, modes []string, o bench.SvcOptions) (*bench.SvcReport, error) {
+	for _, n := range counts {
+		if n < 1 || n > bench.MaxSvcSetSize {
+			return nil, fmt.Errorf("lab bench: --services %d: want 1..%d", n, bench.MaxSvcSetSize)
+		}
+	}
+	paths, skipped, cleanup, err := st.ServiceRows(ctx, lab.SvcBench{Counts: counts, Modes: modes})
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	defer cleanup()
+	for _, s := range skipped {
+		fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping service rows", s)
+	}
+	if len(paths) == 0 {
+		return nil, errors.New("lab bench: no service rows to measure")
+	}
+	rep, err := bench.RunServices(ctx, paths, o)
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	return rep, nil
 }
 
 // loadReport reads a report saved with --json; ratios and targets are

@@ -29,6 +29,9 @@ type Report struct {
 	Targets []TargetResult `json:"targets,omitempty"`
 	// VMBackend compares lanekit-vhost with DPDK testpmd (nil when not run).
 	VMBackend *BackendReport `json:"vm_backend,omitempty"`
+	// Services: the service rows (kube-proxy iptables/nftables vs lanekit;
+	// nil when not run).
+	Services *SvcReport `json:"services,omitempty"`
 }
 
 // Row holds one path's results: TCP throughput as min/median/max, the other
@@ -158,6 +161,9 @@ func sum(xs []float64) float64 {
 func (r *Report) ComputeRatios() {
 	r.computePaired()
 	r.Targets = checkTargets(r)
+	if r.Services != nil {
+		r.Services.Compute()
+	}
 	var host *Row
 	for i := range r.Rows {
 		if r.Rows[i].Path == HostPath {
@@ -206,6 +212,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if r.VMBackend != nil {
 		if err := r.VMBackend.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	if r.Services != nil {
+		if err := r.Services.WriteTable(w); err != nil {
 			return err
 		}
 	}
@@ -343,7 +354,7 @@ func (r *Report) Failed() bool {
 			return true
 		}
 	}
-	return r.VMBackend != nil && len(r.VMBackend.Errors) > 0
+	return (r.VMBackend != nil && len(r.VMBackend.Errors) > 0) || (r.Services != nil && r.Services.Failed())
 }
 
 func spread(s Summary, f string) string {
