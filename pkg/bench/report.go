@@ -390,3 +390,11 @@ func cpuModel(cpuinfo []byte) string {
 	}
 	return ""
 }
+
+// svcRepeat is the services section's repetitions (0 without one).
+func (r *Report) svcRepeat() int {
+	if r.Services == nil {
+		return 0
+	}
+	return r.Services.Repeat
+}

@@ -6,6 +6,9 @@ import (
 	"math"
 	"sort"
 	"text/tabwriter"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
 )
 
 // SvcReport is the services section of a run (`services` in the JSON).
@@ -278,4 +281,69 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// panels draws the service rows: conn/s and RR through the VIP, and the
+// time to program all services on a log scale (milliseconds to minutes).
+func (r *SvcReport) panels() ([]*plot.Plot, error) {
+	rows := make([]Row, len(r.Rows))
+	names := make([]string, len(r.Rows))
+	n := len(r.Rows)
+	for i, row := range r.Rows {
+		rows[i] = row.Row
+		rows[i].Path = fmt.Sprintf("%s/%d", row.Mode, row.Services)
+		names[n-1-i] = rows[i].Path
+	}
+	cps, err := summaryPanel(rows, "services: conn/s through the VIP", "conn/s (higher is better)",
+		func(r Row) Summary { return r.CPSRange }, "%.0f")
+	if err != nil {
+		return nil, err
+	}
+	rr, err := latencyPanel(rows, "services: RR round trip through the VIP")
+	if err != nil {
+		return nil, err
+	}
+	prog := plot.New()
+	prog.Title.Text, prog.X.Label.Text = "services: program all (log scale)", "ms (lower is better)"
+	prog.X.Scale, prog.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	pts := errorPoints{}
+	labels := plotter.XYLabels{}
+	lo, hi := math.Inf(1), 0.0
+	for i, row := range r.Rows {
+		s, y := row.ProgramMs, float64(n-1-i)
+		text := "not measured"
+		if s != (Summary{}) && s.Min > 0 {
+			pts.xys = append(pts.xys, plotter.XY{X: s.Median, Y: y})
+			pts.errs = append(pts.errs, struct{ Low, High float64 }{s.Median - s.Min, s.Max - s.Median})
+			text = fmt.Sprintf("%.1f ms", s.Median)
+			lo, hi = min(lo, s.Min), max(hi, s.Max)
+			labels.XYs = append(labels.XYs, plotter.XY{X: s.Max, Y: y})
+			labels.Labels = append(labels.Labels, "  "+text)
+		}
+	}
+	if len(pts.xys) > 0 {
+		sc, err := plotter.NewScatter(pts)
+		if err != nil {
+			return nil, fmt.Errorf("chart: %w", err)
+		}
+		sc.Color = colourMedian
+		eb, err := plotter.NewXErrorBars(pts)
+		if err != nil {
+			return nil, fmt.Errorf("chart: %w", err)
+		}
+		prog.Add(sc, eb)
+		if err := addLabels(prog, labels); err != nil {
+			return nil, err
+		}
+		prog.X.Min, prog.X.Max = lo/2, hi*40
+	}
+	for _, p := range []*plot.Plot{cps, rr, prog} {
+		p.NominalY(names...)
+		p.Y.Padding = 0
+		p.Y.Min, p.Y.Max = -0.6, float64(n-1)+0.6
+		p.Add(plotter.NewGrid())
+	}
+	cps.X.Min, rr.X.Min = 0, 0
+	cps.X.Padding, rr.X.Padding = 0, 0
+	return []*plot.Plot{cps, rr, prog}, nil
 }
