@@ -24,9 +24,11 @@ const (
 	maxSvcNodes    = 30
 )
 
-// SvcNodeNS and SvcClientNS are baseline service node k's namespaces.
-func SvcNodeNS(k int) string   { return fmt.Sprintf("lk-sbn%d", k) }
-func SvcClientNS(k int) string { return fmt.Sprintf("lk-sbc%d", k) }
+// SvcNodeNS and SvcClientNS are baseline service node k's namespaces, named
+// like pods of a node 0 the lab never has, so that `lab down` removes them
+// with the rest if a bench was killed before its cleanup.
+func SvcNodeNS(k int) string   { return fmt.Sprintf("lk-n0-s%d", k) }
+func SvcClientNS(k int) string { return fmt.Sprintf("lk-n0-c%d", k) }
 
 func svcClientNet(k int) string    { return fmt.Sprintf("10.246.%d.0/24", k) }
 func svcClientGW(k int) string     { return fmt.Sprintf("10.246.%d.1", k) }
@@ -168,7 +170,7 @@ func removeSvcNode(ctx context.Context, serverNS string, k int) {
 func cleanSvcNodes(ctx context.Context, serverNS string) {
 	entries, _ := os.ReadDir("/run/netns")
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "lk-sbn") || strings.HasPrefix(e.Name(), "lk-sbc") {
+		if strings.HasPrefix(e.Name(), "lk-n0-s") || strings.HasPrefix(e.Name(), "lk-n0-c") {
 			_ = ip(ctx, "netns", "del", e.Name())
 		}
 	}
