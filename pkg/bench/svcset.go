@@ -46,6 +46,9 @@ var (
 	svcFakeEPBase = netip.MustParseAddr("10.244.16.1")
 )
 
+// SvcNamespace is the namespace of every bench Service.
+const SvcNamespace = "bench"
+
 // SvcEndpointsPerService is how many endpoints every other service has.
 const SvcEndpointsPerService = 4
 
@@ -66,7 +69,7 @@ func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR net
 	s := &SvcSet{ClusterCIDR: clusterCIDR, Used: n / 2, Services: make([]Svc, n)}
 	vip, ep := svcVIPBase, svcFakeEPBase
 	for i := range s.Services {
-		svc := Svc{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i), IP: vip}
+		svc := Svc{Namespace: SvcNamespace, Name: fmt.Sprintf("svc-%05d", i), IP: vip}
 		vip = vip.Next()
 		if i == s.Used {
 			svc.Name = "svc-client"
