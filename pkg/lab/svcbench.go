@@ -59,13 +59,18 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 	}
 	cleanSvcNodes(ctx, s.Nodes[1].NS)
 	var built []int
+	var paths []bench.SvcPath
 	cleanup := func() {
 		for _, k := range built {
 			removeSvcNode(context.WithoutCancel(ctx), s.Nodes[1].NS, k)
 		}
+		for _, p := range paths {
+			if c, ok := p.Prog.(interface{ Close() }); ok {
+				c.Close()
+			}
+		}
 	}
 	cidr := netip.MustParsePrefix(SvcClusterCIDR)
-	var paths []bench.SvcPath
 	var skipped []string
 	k := 0
 	for _, mode := range b.Modes {
