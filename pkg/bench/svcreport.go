@@ -34,8 +34,11 @@ type SvcRow struct {
 	NodeNS       string   `json:"node_netns,omitempty"`
 	// ProgramMs: time to program all services; ChangeMs: one endpoint
 	// removed from one service; ChangeBackMs: the same endpoint restored.
-	ProgramMs    Summary    `json:"program_ms"`
-	ProgramWhat  string     `json:"program_what"`
+	ProgramMs   Summary `json:"program_ms"`
+	ProgramWhat string  `json:"program_what"`
+	// ProgramNote: the timed programming step did not finish (ProgramMs is
+	// then empty) and how the rules were loaded instead.
+	ProgramNote  string     `json:"program_note,omitempty"`
 	ChangeMs     Summary    `json:"change_ms"`
 	ChangeBackMs Summary    `json:"change_back_ms"`
 	ChangeWhat   string     `json:"change_what"`
@@ -106,7 +109,7 @@ func buildSvcReport(paths []SvcPath, all []svcSamples, o SvcOptions) *SvcReport 
 			},
 			Mode: p.Mode, Services: p.Services, ServicePorts: ports, Endpoints: s.set.Endpoints(),
 			Backends: backends, NodeNS: p.NodeNS,
-			ProgramMs: Summarize(s.program), ProgramWhat: p.Prog.ProgramLabel(),
+			ProgramMs: Summarize(s.program), ProgramWhat: p.Prog.ProgramLabel(), ProgramNote: s.programNote,
 			ChangeMs: Summarize(s.change), ChangeBackMs: Summarize(s.changeBack), ChangeWhat: p.Prog.ChangeLabel(),
 			ProgramReps: reps(s.program), ChangeReps: reps(s.change), ChangeBack: reps(s.changeBack),
 		})
@@ -252,7 +255,7 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", row.Mode, row.Services, row.Endpoints,
 			spread(row.CPSRange, "%.0f"), pairedText(vi.CPS), pairedText(vf.CPS),
 			spread(row.RRP50Range, "%.1f"), spread(row.RRP99Range, "%.1f"), pairedText(vi.RRP99us),
-			spread(row.ProgramMs, "%.1f"), spread(row.ChangeMs, "%.2f"), spread(row.ChangeBackMs, "%.2f"), row.CPSErrors)
+			programText(row), spread(row.ChangeMs, "%.2f"), spread(row.ChangeBackMs, "%.2f"), row.CPSErrors)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write services table: %w", err)
@@ -272,6 +275,9 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "target: %s\n", t)
 	}
 	for _, row := range r.Rows {
+		if row.ProgramNote != "" {
+			fmt.Fprintf(w, "program: %s/%d: %s\n", row.Mode, row.Services, row.ProgramNote)
+		}
 		if row.CPSErrors > 0 {
 			fmt.Fprintf(w, "conn errors: %s/%d: %d of %d attempts (%s)\n", row.Mode, row.Services,
 				row.CPSErrors, row.CPSErrors+row.CPSConns, kindsText(row.CPSErrorKinds))
@@ -346,4 +352,13 @@ func (r *SvcReport) panels() ([]*plot.Plot, error) {
 	cps.X.Min, rr.X.Min = 0, 0
 	cps.X.Padding, rr.X.Padding = 0, 0
 	return []*plot.Plot{cps, rr, prog}, nil
+}
+
+// programText is the program column: median (min–max), or "> limit" when
+// the timed step never finished.
+func programText(row SvcRow) string {
+	if row.ProgramMs == (Summary{}) && row.ProgramNote != "" {
+		return "not finished (see below)"
+	}
+	return spread(row.ProgramMs, "%.1f")
 }

@@ -34,7 +34,7 @@ func epString(ep netip.Addr, p SvcPort) string { return fmt.Sprintf("%s:%d", ep,
 // restore) and a full sync of the filter and nat tables. Load it with
 // `iptables-restore --noflush`.
 func (s *SvcSet) IptablesFull() string {
-	return s.iptablesSync(nil, -1)
+	return s.iptablesRender(iptOpts{jumps: true, all: true, nodeports: true})
 }
 
 // IptablesPartial is kube-proxy's partial sync after service `changed`
@@ -43,11 +43,46 @@ func (s *SvcSet) IptablesFull() string {
 // service's chains rewritten and its chains that no longer exist flushed and
 // deleted (-X). Load it with `iptables-restore --noflush`.
 func (s *SvcSet) IptablesPartial(old *SvcSet, changed int) string {
-	return s.iptablesSync(old, changed)
+	o := iptOpts{all: true, nodeports: true, from: changed, to: changed + 1}
+	if changed >= 0 && changed < len(s.Services) && changed < len(old.Services) {
+		o.stale = staleSepChains(&old.Services[changed], &s.Services[changed])
+	}
+	return s.iptablesRender(o)
 }
 
-func (s *SvcSet) iptablesSync(old *SvcSet, changed int) string {
-	full := old == nil
+// IptablesChunks loads the same rules as IptablesFull in restores of size
+// services each (the first sets up the jumps and top-level chains, each
+// appends its services' KUBE-SERVICES rules and chains, the last adds the
+// nodeports rule): a way to get a large ruleset into the kernel when one
+// restore of it takes too long. Not how kube-proxy syncs.
+func (s *SvcSet) IptablesChunks(size int) []string {
+	size = max(size, 1)
+	var out []string
+	for from := 0; from < len(s.Services); from += size {
+		to := min(from+size, len(s.Services))
+		out = append(out, s.iptablesRender(iptOpts{jumps: from == 0, top: from == 0, from: from, to: to,
+			appendOnly: from > 0, nodeports: to == len(s.Services)}))
+	}
+	return out
+}
+
+// iptOpts select what iptablesRender writes.
+type iptOpts struct {
+	jumps      bool     // the built-in chains' jump rules
+	all        bool     // every service's KUBE-SERVICES rule and every chain (full sync) ...
+	top        bool     // declare and fill the top-level chains (implied by all)
+	from, to   int      // ... else the chains of services [from, to)
+	appendOnly bool     // chunk: only append to KUBE-SERVICES, declare nothing top-level
+	nodeports  bool     // the KUBE-SERVICES nodeports rule (last in the chain)
+	stale      []string // endpoint chains to flush and delete
+}
+
+func (s *SvcSet) iptablesRender(o iptOpts) string {
+	full := o.all && o.from == 0 && o.to == 0
+	if full {
+		o.to = len(s.Services)
+	}
+	top := o.all || o.top
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	large := s.Endpoints() > kubeLargeClusterEndpoints
@@ -58,36 +93,36 @@ func (s *SvcSet) iptablesSync(old *SvcSet, changed int) string {
 		return fmt.Sprintf("-m comment --comment %s ", quoteComment(text))
 	}
 
-	w("*filter")
-	for _, c := range []string{"KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"} {
-		w(":%s - [0:0]", c)
+	if !o.appendOnly {
+		w("*filter")
+		for _, c := range []string{"KUBE-NODEPORTS", "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-PROXY-FIREWALL"} {
+			w(":%s - [0:0]", c)
+		}
+		if o.jumps {
+			w(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
+			w(`-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS`)
+			w(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES`)
+			w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
+			w(`-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD`)
+			w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
+			w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES`)
+			w(`-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
+			w(`-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
+		}
+		w(`-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP`)
+		w(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT`)
+		w(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
+		w("COMMIT")
 	}
-	if full {
-		w(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
-		w(`-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS`)
-		w(`-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES`)
-		w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
-		w(`-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD`)
-		w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
-		w(`-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES`)
-		w(`-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL`)
-		w(`-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
-	}
-	w(`-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP`)
-	w(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT`)
-	w(`-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
-	w("COMMIT")
 
 	w("*nat")
-	for _, c := range []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"} {
-		w(":%s - [0:0]", c)
-	}
-	// Chains of the services written in this sync, and stale ones.
-	var stale []string
-	for i := range s.Services {
-		if !full && i != changed {
-			continue
+	if top {
+		for _, c := range []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"} {
+			w(":%s - [0:0]", c)
 		}
+	}
+	// Chains of the services written in this restore, and stale ones.
+	for i := o.from; i < o.to; i++ {
 		svc := &s.Services[i]
 		for _, p := range svc.Ports {
 			w(":%s - [0:0]", iptSvcChain(svc, p))
@@ -95,34 +130,36 @@ func (s *SvcSet) iptablesSync(old *SvcSet, changed int) string {
 				w(":%s - [0:0]", iptSepChain(svc, p, ep))
 			}
 		}
-		if !full && changed < len(old.Services) {
-			stale = staleSepChains(&old.Services[changed], svc)
-		}
 	}
-	for _, c := range stale {
+	for _, c := range o.stale {
 		w(":%s - [0:0]", c)
 	}
-	if full {
+	if o.jumps {
 		w(`-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
 		w(`-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES`)
 		w(`-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING`)
 	}
-	for i := range s.Services {
+	svcRulesFrom, svcRulesTo := o.from, o.to
+	if o.all {
+		svcRulesFrom, svcRulesTo = 0, len(s.Services)
+	}
+	for i := svcRulesFrom; i < svcRulesTo; i++ {
 		svc := &s.Services[i]
 		for _, p := range svc.Ports {
 			w(`-A KUBE-SERVICES -m comment --comment %s -m tcp -p tcp -d %s/32 --dport %d -j %s`,
 				quoteComment(svc.portName(p)+" cluster IP"), svc.IP, p.Port, iptSvcChain(svc, p))
 		}
 	}
-	w(`-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`)
-	w(`-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000`)
-	w(`-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN`)
-	w(`-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000`)
-	w(`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
-	for i := range s.Services {
-		if !full && i != changed {
-			continue
-		}
+	if o.nodeports {
+		w(`-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS`)
+	}
+	if top {
+		w(`-A KUBE-MARK-MASQ -j MARK --or-mark 0x4000`)
+		w(`-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN`)
+		w(`-A KUBE-POSTROUTING -j MARK --xor-mark 0x4000`)
+		w(`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
+	}
+	for i := o.from; i < o.to; i++ {
 		svc := &s.Services[i]
 		for _, p := range svc.Ports {
 			svcChain, name := iptSvcChain(svc, p), svc.portName(p)
@@ -143,7 +180,7 @@ func (s *SvcSet) iptablesSync(old *SvcSet, changed int) string {
 			}
 		}
 	}
-	for _, c := range stale {
+	for _, c := range o.stale {
 		w("-X %s", c)
 	}
 	w("COMMIT")

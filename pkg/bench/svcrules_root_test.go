@@ -69,7 +69,7 @@ func TestSvcRulesLoad(t *testing.T) {
 			if err := r.Clear(ctx); err != nil {
 				t.Fatal(err)
 			}
-			took, err := r.Program(ctx, set)
+			took, err := r.Program(ctx, set, 5*time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,5 +132,47 @@ func TestSvcRulesCheck10000(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("%s: 10000 services accepted in %s", strings.Join(c.argv, " "), took)
+	}
+}
+
+// Loading in chunks (the fallback when one restore takes too long) leaves
+// exactly the rules of the one full restore, in the same order.
+func TestSvcRulesChunks(t *testing.T) {
+	ns := tempNetns(t, "k")
+	set, err := NewSvcSet(300, svcUsedPorts, []netip.Addr{netip.MustParseAddr("10.245.2.2"), netip.MustParseAddr("10.245.2.3")},
+		netip.MustParsePrefix("10.244.0.0/14"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r := RuleProgrammer{NS: ns, Mode: SvcModeIptables}
+	save := func() string {
+		var keep []string
+		for _, l := range strings.Split(nsOutput(t, ns, "iptables-save"), "\n") {
+			if !strings.HasPrefix(l, "#") {
+				keep = append(keep, l)
+			}
+		}
+		return strings.Join(keep, "\n")
+	}
+	if _, err := r.load(ctx, set.IptablesFull(), "iptables-restore", "--noflush"); err != nil {
+		t.Fatal(err)
+	}
+	want := save()
+	if err := r.Clear(ctx); err != nil {
+		t.Fatal(err)
+	}
+	chunks := set.IptablesChunks(70)
+	if len(chunks) != 5 {
+		t.Fatalf("%d chunks of 70 for 300 services", len(chunks))
+	}
+	for _, c := range chunks {
+		if _, err := r.load(ctx, c, "iptables-restore", "--noflush"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := save(); got != want {
+		t.Errorf("chunked load differs from the full restore:\n--- full\n%s\n--- chunks\n%s", want, got)
 	}
 }
