@@ -61,6 +61,10 @@ type Row struct {
 	CPSErrors int64 `json:"cps_errors"`
 	// CPSErrorKinds counts the failed connections by cause.
 	CPSErrorKinds map[string]int64 `json:"cps_error_kinds,omitempty"`
+	// Policies: measured with this many NetworkPolicies selecting the pods
+	// (policy rows only); PolicyBase groups a row with its zero-policy twin.
+	Policies   *int   `json:"policies,omitempty"`
+	PolicyBase string `json:"policy_base,omitempty"`
 	// Paired holds, per reference row, the spread of this row's
 	// per-repetition ratios to it (both measured back to back in the same
 	// repetition).
@@ -129,6 +133,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			Reps: Reps{TCPGbps: reps(s.gbps), RRP50us: reps(s.p50), RRP99us: reps(s.p99),
 				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
 			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
+			Policies: p.Policies, PolicyBase: p.PolicyBase,
 		})
 	}
 	r.BusyCPUs = o.BusyCPUs
