@@ -62,7 +62,7 @@ func TestSvcRulesTwoServices(t *testing.T) {
 	full := s.IptablesFull()
 	golden(t, "svc2-iptables-full.txt", full)
 	for _, want := range []string{
-		`-A KUBE-SERVICES -m comment --comment "bench/svc-00000:http cluster IP" -m tcp -p tcp -d 10.96.128.1/32 --dport 80 -j KUBE-SVC-`,
+		`-A KUBE-SERVICES -m comment --comment "bench/svc-00000:http cluster IP" -m tcp -p tcp -d 10.96.128.2/32 --dport 80 -j KUBE-SVC-`,
 		`-m statistic --mode random --probability 0.2500000000 -j KUBE-SEP-`,
 		`-m statistic --mode random --probability 0.3333333333 -j KUBE-SEP-`,
 		`-m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-`,
@@ -100,7 +100,7 @@ func TestSvcRulesTwoServices(t *testing.T) {
 	nfull := s.NftFull()
 	golden(t, "svc2-nft-full.txt", nfull)
 	for _, want := range []string{
-		"add element ip kube-proxy service-ips { 10.96.128.1 . tcp . 80 : goto service-",
+		"add element ip kube-proxy service-ips { 10.96.128.2 . tcp . 80 : goto service-",
 		"numgen random mod 4 vmap { 0 : goto endpoint-",
 		"numgen random mod 2 vmap { 0 : goto endpoint-",
 		"meta l4proto tcp dnat to 10.245.2.2:12865",
@@ -131,8 +131,12 @@ func TestSvcSetLarge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Used != 5000 || s.Services[5000].Name != "svc-client" {
+	if s.Used != 5000 || s.Services[5000].Name != SvcClientName {
 		t.Errorf("the client's service is %d, want the middle one", s.Used)
+	}
+	small, _ := NewSvcSet(10, svcUsedPorts, s.Services[s.Used].Endpoints, s.ClusterCIDR)
+	if small.Services[small.Used].IP != s.Services[s.Used].IP || small.Services[small.Used].Name != SvcClientName {
+		t.Error("the client's service differs between set sizes")
 	}
 	if got, want := s.Endpoints(), 9999*4+2*2; got != want {
 		t.Errorf("endpoints %d, want %d", got, want)

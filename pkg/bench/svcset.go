@@ -49,6 +49,9 @@ var (
 // SvcNamespace is the namespace of every bench Service.
 const SvcNamespace = "bench"
 
+// SvcClientName is the name of the service the bench client connects to.
+const SvcClientName = "svc-client"
+
 // SvcEndpointsPerService is how many endpoints every other service has.
 const SvcEndpointsPerService = 4
 
@@ -56,8 +59,8 @@ const SvcEndpointsPerService = 4
 const MaxSvcSetSize = 30000
 
 // NewSvcSet builds n services: service Used (the middle one, where kube-proxy's
-// map-ordered KUBE-SERVICES chain puts a service on average) has usedPorts
-// and usedEPs (real pods); every other service has one port "http" 80 ->
+// map-ordered KUBE-SERVICES chain puts a service on average) is SvcClientName
+// at the first cluster IP with usedPorts and usedEPs (real pods); every other service has one port "http" 80 ->
 // 8080 and SvcEndpointsPerService endpoints that need not exist.
 func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR netip.Prefix) (*SvcSet, error) {
 	if n < 1 || n > MaxSvcSetSize {
@@ -67,15 +70,17 @@ func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR net
 		return nil, fmt.Errorf("service set: the client's service needs ports and endpoints")
 	}
 	s := &SvcSet{ClusterCIDR: clusterCIDR, Used: n / 2, Services: make([]Svc, n)}
-	vip, ep := svcVIPBase, svcFakeEPBase
+	vip, ep := svcVIPBase.Next(), svcFakeEPBase
 	for i := range s.Services {
-		svc := Svc{Namespace: SvcNamespace, Name: fmt.Sprintf("svc-%05d", i), IP: vip}
-		vip = vip.Next()
+		svc := Svc{Namespace: SvcNamespace, Name: fmt.Sprintf("svc-%05d", i)}
 		if i == s.Used {
-			svc.Name = "svc-client"
+			// The client's service is the same in every set (name, VIP,
+			// endpoints): rows differ only in how many others there are.
+			svc.Name, svc.IP = SvcClientName, svcVIPBase
 			svc.Ports = append([]SvcPort(nil), usedPorts...)
 			svc.Endpoints = append([]netip.Addr(nil), usedEPs...)
 		} else {
+			svc.IP, vip = vip, vip.Next()
 			svc.Ports = []SvcPort{{Name: "http", Port: 80, TargetPort: 8080}}
 			for range SvcEndpointsPerService {
 				svc.Endpoints = append(svc.Endpoints, ep)
