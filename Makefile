@@ -84,12 +84,12 @@ demo: deps build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2 --vm --vm-queues 2
 	$(BIN)/lanekit lab check || { $(BIN)/lanekit lab down; exit 1; }
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --services 10,1000 --svc-repeat 1 --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 bench: build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --services 10,1000,10000 --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 clean:
 	rm -rf $(BIN) vhost/target

@@ -119,6 +119,7 @@ func labBenchCmd() *cobra.Command {
 		svcModes         []string
 		servicesOnly     bool
 		svcTimeout       time.Duration
+		svcRepeat        int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -199,7 +200,11 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 				}
 			}
 			if len(svcCounts) > 0 {
-				if rep.Services, err = runServiceRows(ctx, cmd, st, svcCounts, svcModes, bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}); err != nil {
+				so := bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}
+				if svcRepeat > 0 {
+					so.Repeat = svcRepeat
+				}
+				if rep.Services, err = runServiceRows(ctx, cmd, st, svcCounts, svcModes, so); err != nil {
 					return err
 				}
 			}
@@ -233,7 +238,8 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().IntSliceVar(&svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
 	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit}, "service rows: which datapaths")
 	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
-	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 15*time.Minute, "service rows: bound on one full programming step (iptables-restore of 10,000 services takes minutes)")
+	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
+	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }
