@@ -74,8 +74,15 @@ type SvcOptions struct {
 	ProgramTimeout time.Duration
 }
 
-// Ports of the client's service (targets are the same numbers).
-var svcUsedPorts = []SvcPort{{Name: "cps", Port: cpsPort, TargetPort: cpsPort}, {Name: "rr", Port: sockperfPort, TargetPort: sockperfPort}}
+// Ports of the client's service (targets are the same numbers): not the
+// pod rows' ports, so that no flow of the service rows shares its backend
+// 4-tuple with a pod row's direct flow to the same pod.
+const (
+	svcCPSPort = cpsPort + 1
+	svcRRPort  = sockperfPort + 1
+)
+
+var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSPort}, {Name: "rr", Port: svcRRPort, TargetPort: svcRRPort}}
 
 // svcSamples are one service row's raw values per repetition.
 type svcSamples struct {
@@ -231,15 +238,15 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 		return fmt.Errorf("cps: lanekit executable unknown")
 	}
 	life := o.Duration + 20*time.Second
-	stop, err := backendServers(ctx, life, p, cpsPort, func(ip string) []string {
-		return []string{o.Self, "lab", "cps-server", "--listen", hostPort(ip, cpsPort), "--for", life.String()}
+	stop, err := backendServers(ctx, life, p, svcCPSPort, func(ip string) []string {
+		return []string{o.Self, "lab", "cps-server", "--listen", hostPort(ip, svcCPSPort), "--for", life.String()}
 	})
 	if err != nil {
 		return err
 	}
 	defer stop()
 	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-		o.Self, "lab", "cps-client", "--addr", hostPort(vip, cpsPort), "--duration", o.Duration.String())
+		o.Self, "lab", "cps-client", "--addr", hostPort(vip, svcCPSPort), "--duration", o.Duration.String())
 	if err != nil {
 		return err
 	}
@@ -261,8 +268,8 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 // svcRR: sockperf ping-pong to the VIP (one connection: one backend).
 func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSamples) error {
 	life := o.Duration + 20*time.Second
-	stop, err := backendServers(ctx, life, p, sockperfPort, func(ip string) []string {
-		return []string{"sockperf", "sr", "--tcp", "-i", ip, "-p", strconv.Itoa(sockperfPort)}
+	stop, err := backendServers(ctx, life, p, svcRRPort, func(ip string) []string {
+		return []string{"sockperf", "sr", "--tcp", "-i", ip, "-p", strconv.Itoa(svcRRPort)}
 	})
 	if err != nil {
 		return err
@@ -276,7 +283,7 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 		defer sp.stop()
 	}
 	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-		"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(sockperfPort),
+		"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(svcRRPort),
 		"-t", secondsArg(o.Duration), "--full-rtt")
 	if err != nil {
 		return err

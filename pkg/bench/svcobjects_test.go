@@ -43,8 +43,8 @@ func TestSvcObjectsTranslate(t *testing.T) {
 		t.Errorf("%d backends, the rules carry %d endpoints", backends, set.Endpoints())
 	}
 	used := set.Services[set.Used]
-	f := m.Frontend(service.FrontendKey{Addr: used.IP, Port: cpsPort, Proto: service.TCP, Scope: service.ScopeClusterIP})
-	if f == nil || len(f.Backends) != 2 || f.Backends[0].Port != cpsPort || f.Eligible() != 2 {
+	f := m.Frontend(service.FrontendKey{Addr: used.IP, Port: svcCPSPort, Proto: service.TCP, Scope: service.ScopeClusterIP})
+	if f == nil || len(f.Backends) != 2 || f.Backends[0].Port != svcCPSPort || f.Eligible() != 2 {
 		t.Fatalf("the client's cps frontend: %+v", f)
 	}
 	// One change: the slice alone, one endpoint fewer.
