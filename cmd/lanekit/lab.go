@@ -24,7 +24,7 @@ var labCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(labCmd)
-	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd())
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd())
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.
