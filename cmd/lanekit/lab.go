@@ -120,6 +120,8 @@ func labBenchCmd() *cobra.Command {
 		servicesOnly     bool
 		svcTimeout       time.Duration
 		svcRepeat        int
+		policyCounts     []int
+		policiesOnly     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -178,6 +180,16 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
 			if len(st.Nodes) > 0 && !servicesOnly {
 				paths, skipped := st.BenchPaths()
+				if policiesOnly {
+					paths = nil
+				}
+				if len(policyCounts) > 0 {
+					var pskipped []string
+					var pcleanup func()
+					paths, pskipped, pcleanup = st.PolicyRows(policyCounts, paths)
+					defer pcleanup()
+					skipped = append(skipped, pskipped...)
+				}
 				for _, s := range skipped {
 					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
 				}
@@ -240,6 +252,8 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
 	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
 	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
+	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows")
+	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }

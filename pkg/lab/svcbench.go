@@ -189,11 +189,3 @@ func cleanSvcNodes(ctx context.Context, serverNS string) {
 		}
 	}
 }
-
-// lanekitSvcRows are the lanekit service rows: client lanekit pod on node 1,
-// backends the lanekit pods on node 2, services through node 1's agent.
-func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix) ([]bench.SvcPath, string) {
-	_ = counts
-	_ = cidr
-	return nil, "lanekit: this build's agent has no service API yet"
-}
