@@ -61,6 +61,10 @@ type SvcPath struct {
 	// of the mode's rows), so the row is programmed at every repetition;
 	// otherwise it is programmed once, before the first repetition.
 	Shared bool
+	// Datapath, when set, is timed too (program all, one change) at every
+	// repetition, without traffic: lanekit's datapath alone next to the
+	// agent's end-to-end times.
+	Datapath SvcProgrammer
 }
 
 // Name is the row's label.
@@ -88,6 +92,7 @@ var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSP
 type svcSamples struct {
 	samples
 	program, change, changeBack []float64 // ms
+	dpProgram, dpChange         []float64 // ms, SvcPath.Datapath
 	set                         *SvcSet
 	programmed                  bool
 	programNote                 string // the timed programming step did not finish
@@ -126,13 +131,19 @@ func RunServices(ctx context.Context, paths []SvcPath, o SvcOptions) (*SvcReport
 			return nil, fmt.Errorf("services bench: %s: %w", p.Name(), err)
 		}
 		nan := func() []float64 { return newSamples(o.Repeat).cps }
-		all[i] = svcSamples{samples: newSamples(o.Repeat), program: nan(), change: nan(), changeBack: nan(), set: set}
+		all[i] = svcSamples{samples: newSamples(o.Repeat), program: nan(), change: nan(), changeBack: nan(),
+			dpProgram: nan(), dpChange: nan(), set: set}
 	}
 	defer func() {
 		for _, p := range paths {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.ProgramTimeout)
-			if err := p.Prog.Clear(cctx); err != nil {
-				o.progress("services: clear %s: %v", p.Name(), err)
+			for _, prog := range []SvcProgrammer{p.Prog, p.Datapath} {
+				if prog == nil {
+					continue
+				}
+				if err := prog.Clear(cctx); err != nil {
+					o.progress("services: clear %s: %v", p.Name(), err)
+				}
 			}
 			cancel()
 		}
@@ -198,6 +209,11 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 			o.progress("services rep %d/%d %-26s one endpoint removed: %.2f ms, restored: %.2f ms", rep+1, o.Repeat, p.Name(), ms(d1), ms(d2))
 		}
 	}
+	if p.Datapath != nil {
+		if err := svcDatapathTimes(ctx, o, p, s, rep); err != nil {
+			fail("datapath only", err)
+		}
+	}
 	vip := s.set.Services[s.set.Used].IP.String()
 	if err := svcConnRate(ctx, o, p, vip, s); err != nil {
 		fail("cps", err)
@@ -212,6 +228,28 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// svcDatapathTimes times p.Datapath: program all, then the change (its
+// restoration is not recorded), then frees it.
+func svcDatapathTimes(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep int) error {
+	defer p.Datapath.Clear(ctx)
+	d, err := p.Datapath.Program(ctx, s.set, o.ProgramTimeout)
+	if err != nil {
+		return err
+	}
+	change := s.set.DefaultChange()
+	without, err := s.set.Without(change)
+	if err != nil {
+		return err
+	}
+	c, err := p.Datapath.Change(ctx, s.set, without, change.Service)
+	if err != nil {
+		return err
+	}
+	s.dpProgram[rep], s.dpChange[rep] = ms(d), ms(c)
+	o.progress("services rep %d/%d %-26s datapath only: program %.1f ms, one endpoint removed %.2f ms", rep+1, o.Repeat, p.Name(), ms(d), ms(c))
+	return nil
+}
 
 // backendServers starts args(ip) in every backend pod of p.
 func backendServers(ctx context.Context, life time.Duration, p SvcPath, port int, args func(ip string) []string) (func(), error) {

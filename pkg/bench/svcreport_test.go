@@ -49,8 +49,8 @@ func TestSvcReportTargets(t *testing.T) {
 	check("lanekit RR p50 at 10000 vs 10 services", true, 1)
 	check("lanekit RR p99 at 10000 vs 10 services", false, 1.2)
 	check("lanekit conn/s at 10000 services vs kube-proxy iptables mode", true, 1.96)
-	check("lanekit programming 10000 services + 40000 endpoints", true, 900)
-	check("lanekit one change at 10000 services", false, 12)
+	check("lanekit programming 10000 services + 40000 endpoints (agent end to end)", true, 900)
+	check("lanekit one change at 10000 services (agent end to end)", false, 12)
 	if lk := r.find(SvcModeLanekit, 10000); lk.VsIptables == nil || lk.VsIptables.CPS.Min != 1.5 || lk.VsIptables.CPS.Max != 2.75 {
 		t.Errorf("paired conn/s to iptables: %+v", lk.VsIptables)
 	}

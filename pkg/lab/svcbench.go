@@ -65,8 +65,10 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 			removeSvcNode(context.WithoutCancel(ctx), s.Nodes[1].NS, k)
 		}
 		for _, p := range paths {
-			if c, ok := p.Prog.(interface{ Close() }); ok {
-				c.Close()
+			for _, prog := range []bench.SvcProgrammer{p.Prog, p.Datapath} {
+				if c, ok := prog.(interface{ Close() }); ok {
+					c.Close()
+				}
 			}
 		}
 	}

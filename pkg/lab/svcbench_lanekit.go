@@ -36,10 +36,11 @@ func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix) ([]bench.SvcPath
 		return nil, fmt.Sprintf("lanekit: no lanekit pods on %s and %s", n1.NS, n2.NS)
 	}
 	prog := &AgentProgrammer{Socket: AgentSocket(n1.Index)}
+	dp := bench.NewDatapathProgrammer()
 	var rows []bench.SvcPath
 	for _, n := range counts {
 		rows = append(rows, bench.SvcPath{Mode: bench.SvcModeLanekit, Services: n, ClientNS: client.NS, NodeNS: n1.NS,
-			Backends: backends, ClusterCIDR: cidr, Includes: IncludesSvcLanekit, Prog: prog, Shared: true})
+			Backends: backends, ClusterCIDR: cidr, Includes: IncludesSvcLanekit, Prog: prog, Shared: true, Datapath: dp})
 	}
 	return rows, ""
 }
