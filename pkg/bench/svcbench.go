@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,9 +58,11 @@ type SvcPath struct {
 	ClusterCIDR netip.Prefix
 	Includes    Includes
 	Prog        SvcProgrammer
-	// Shared: the datapath holds one SvcSet at a time (one agent serves all
-	// of the mode's rows), so the row is programmed at every repetition;
-	// otherwise it is programmed once, before the first repetition.
+	// Shared: one datapath serves all of the mode's rows (one agent), so it
+	// is not cleared before the row is programmed: the sets are nested and
+	// rows run in ascending service count, so programming a row's set only
+	// adds services (the previous row's are unchanged upserts). Deleting
+	// thousands of services one API call at a time takes minutes.
 	Shared bool
 	// Datapath, when set, is timed too (program all, one change) at every
 	// repetition, without traffic: lanekit's datapath alone next to the
@@ -138,8 +141,8 @@ func RunServices(ctx context.Context, paths []SvcPath, o SvcOptions) (*SvcReport
 		for _, p := range paths {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.ProgramTimeout)
 			for _, prog := range []SvcProgrammer{p.Prog, p.Datapath} {
-				if prog == nil {
-					continue
+				if prog == nil || (prog == p.Prog && p.Shared) {
+					continue // the owner of a shared programmer removes its services
 				}
 				if err := prog.Clear(cctx); err != nil {
 					o.progress("services: clear %s: %v", p.Name(), err)
@@ -148,13 +151,31 @@ func RunServices(ctx context.Context, paths []SvcPath, o SvcOptions) (*SvcReport
 			cancel()
 		}
 	}()
-	for rep := 0; rep < o.Repeat; rep++ {
-		for k := range paths {
-			i := (k + rep) % len(paths)
-			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("services bench: %w", err)
+	// Stages by service count, ascending: within a stage every row with that
+	// count is measured Repeat times, interleaved from a rotating start, so
+	// the modes are compared back to back at the same count.
+	var counts []int
+	for _, p := range paths {
+		if !slices.Contains(counts, p.Services) {
+			counts = append(counts, p.Services)
+		}
+	}
+	slices.Sort(counts)
+	for _, n := range counts {
+		var stage []int
+		for i, p := range paths {
+			if p.Services == n {
+				stage = append(stage, i)
 			}
-			runSvcRow(ctx, o, paths[i], &all[i], rep)
+		}
+		for rep := 0; rep < o.Repeat; rep++ {
+			for k := range stage {
+				i := stage[(k+rep)%len(stage)]
+				if err := ctx.Err(); err != nil {
+					return nil, fmt.Errorf("services bench: %w", err)
+				}
+				runSvcRow(ctx, o, paths[i], &all[i], rep)
+			}
 		}
 	}
 	return buildSvcReport(paths, all, o), nil
@@ -170,10 +191,12 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 	if s.broken {
 		return
 	}
-	if p.Shared || !s.programmed {
-		if err := p.Prog.Clear(ctx); err != nil {
-			fail("clear", err)
-			return
+	if !s.programmed {
+		if !p.Shared {
+			if err := p.Prog.Clear(ctx); err != nil {
+				fail("clear", err)
+				return
+			}
 		}
 		d, err := p.Prog.Program(ctx, s.set, o.ProgramTimeout)
 		var slow *ProgramTimeoutError
@@ -183,7 +206,7 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 			o.progress("services rep %d/%d %-26s program %d services: %v", rep+1, o.Repeat, p.Name(), p.Services, slow)
 		case err != nil:
 			fail("program", err)
-			s.broken = !p.Shared // a fixed row without rules has nothing to measure
+			s.broken = true // a row without its services has nothing to measure
 			return
 		default:
 			s.program[rep] = ms(d)

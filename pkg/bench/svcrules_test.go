@@ -2,6 +2,7 @@ package bench
 
 import (
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -134,9 +135,20 @@ func TestSvcSetLarge(t *testing.T) {
 	if s.Used != 5000 || s.Services[5000].Name != SvcClientName {
 		t.Errorf("the client's service is %d, want the middle one", s.Used)
 	}
-	small, _ := NewSvcSet(10, svcUsedPorts, s.Services[s.Used].Endpoints, s.ClusterCIDR)
+	small, _ := NewSvcSet(1000, svcUsedPorts, s.Services[s.Used].Endpoints, s.ClusterCIDR)
 	if small.Services[small.Used].IP != s.Services[s.Used].IP || small.Services[small.Used].Name != SvcClientName {
 		t.Error("the client's service differs between set sizes")
+	}
+	// Nested: every service of the smaller set is the same in the larger.
+	byName := map[string]Svc{}
+	for _, svc := range s.Services {
+		byName[svc.Name] = svc
+	}
+	for _, svc := range small.Services {
+		big, ok := byName[svc.Name]
+		if !ok || big.IP != svc.IP || fmt.Sprint(big.Endpoints) != fmt.Sprint(svc.Endpoints) || fmt.Sprint(big.Ports) != fmt.Sprint(svc.Ports) {
+			t.Fatalf("%s differs between the 1000 and the 10000 set: %+v vs %+v", svc.Name, svc, big)
+		}
 	}
 	if got, want := s.Endpoints(), 9999*4+2*2; got != want {
 		t.Errorf("endpoints %d, want %d", got, want)

@@ -70,7 +70,6 @@ func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR net
 		return nil, fmt.Errorf("service set: the client's service needs ports and endpoints")
 	}
 	s := &SvcSet{ClusterCIDR: clusterCIDR, Used: n / 2, Services: make([]Svc, n)}
-	vip, ep := svcVIPBase.Next(), svcFakeEPBase
 	for i := range s.Services {
 		svc := Svc{Namespace: SvcNamespace, Name: fmt.Sprintf("svc-%05d", i)}
 		if i == s.Used {
@@ -80,11 +79,10 @@ func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR net
 			svc.Ports = append([]SvcPort(nil), usedPorts...)
 			svc.Endpoints = append([]netip.Addr(nil), usedEPs...)
 		} else {
-			svc.IP, vip = vip, vip.Next()
+			svc.IP = addrPlus(svcVIPBase, 1+i)
 			svc.Ports = []SvcPort{{Name: "http", Port: 80, TargetPort: 8080}}
-			for range SvcEndpointsPerService {
-				svc.Endpoints = append(svc.Endpoints, ep)
-				ep = nextHostAddr(ep)
+			for k := range SvcEndpointsPerService {
+				svc.Endpoints = append(svc.Endpoints, fakeEndpoint(i*SvcEndpointsPerService+k))
 			}
 		}
 		s.Services[i] = svc
@@ -92,14 +90,20 @@ func NewSvcSet(n int, usedPorts []SvcPort, usedEPs []netip.Addr, clusterCIDR net
 	return s, nil
 }
 
-// nextHostAddr skips .0 and .255 so fake endpoints look like pod addresses.
-func nextHostAddr(a netip.Addr) netip.Addr {
-	for {
-		a = a.Next()
-		if b := a.As4(); b[3] != 0 && b[3] != 255 {
-			return a
-		}
-	}
+// addrPlus is a + k (IPv4).
+func addrPlus(a netip.Addr, k int) netip.Addr {
+	b := a.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(k)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// fakeEndpoint is the j-th endpoint address of the services the client
+// does not use: host addresses (.1 to .254) of consecutive /24s from
+// svcFakeEPBase. Service i's endpoints depend only on i, so a smaller set's
+// services are the same objects in a larger set (its rows only add).
+func fakeEndpoint(j int) netip.Addr {
+	return addrPlus(svcFakeEPBase, (j/254)*256+j%254)
 }
 
 // Endpoints counts the endpoints of all service ports (what kube-proxy's

@@ -22,6 +22,9 @@ var IncludesSvcLanekit = bench.Includes{BPF: true,
 // ApplyObjects call carries: gRPC's 4 MiB message bound fits about 2,500.
 const svcApplyChunk = 1000
 
+// svcCloseBound bounds removing the bench services from the agent.
+const svcCloseBound = 2 * time.Minute
+
 // lanekitSvcRows are the lanekit service rows: client lanekit pod on node 1,
 // backends the lanekit pods on node 2, services through node 1's agent
 // (one agent for every count: the rows are programmed at every repetition).
@@ -71,12 +74,13 @@ func (a *AgentProgrammer) dial() (apiv1.AgentClient, error) {
 	return a.client, nil
 }
 
-// Close removes every bench service, the client's too (best effort), and
-// closes the agent connection.
+// Close removes the bench services (best effort, at most svcCloseBound:
+// `lanekit lab down` removes what is left with the agent) and closes the
+// agent connection.
 func (a *AgentProgrammer) Close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), svcCloseBound)
 	defer cancel()
-	_ = a.clear(ctx, true)
+	_ = a.Clear(ctx)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.conn != nil {
@@ -87,7 +91,7 @@ func (a *AgentProgrammer) Close() {
 
 // ProgramLabel says what Program times.
 func (a *AgentProgrammer) ProgramLabel() string {
-	return fmt.Sprintf("agent end to end: ApplyObjects gRPC calls of %d Services + EndpointSlices each (decode, validate, store, translate, ApplyServices into the BPF maps), summed; the client's service is already there (kept between sets)", svcApplyChunk)
+	return fmt.Sprintf("agent end to end: the whole set in ApplyObjects gRPC calls of %d Services + EndpointSlices (decode, validate, store, translate, ApplyServices into the BPF maps), summed; the previous (smaller) row's services are already there and unchanged", svcApplyChunk)
 }
 
 // ChangeLabel says what Change times.
@@ -111,6 +115,13 @@ func (a *AgentProgrammer) Program(ctx context.Context, set *bench.SvcSet, limit 
 			return 0, err
 		}
 		chunks = append(chunks, data)
+	}
+	if a.loaded == nil {
+		// The first row: remove what an interrupted run left, so the row
+		// holds exactly its set.
+		if err := a.Clear(ctx); err != nil {
+			return 0, err
+		}
 	}
 	a.loaded = set
 	var took time.Duration
@@ -144,16 +155,12 @@ func (a *AgentProgrammer) Change(ctx context.Context, _, cur *bench.SvcSet, chan
 	return took, nil
 }
 
-// Clear deletes the bench's Services and EndpointSlices from the agent
-// (those Program applied and any the agent lists in the bench namespace,
-// left by an interrupted run) except the client's service, which is the
-// same in every set: re-creating it would give it a new frontend while
-// conntrack still holds the old one's flows.
+// Clear deletes the bench's Services and EndpointSlices from the agent:
+// those Program applied and any the agent lists in the bench namespace (left
+// by an interrupted run). The agent deletes one object per call, so 10,000
+// services take minutes; the rows never clear between them (see
+// bench.SvcPath.Shared), only Close does.
 func (a *AgentProgrammer) Clear(ctx context.Context) error {
-	return a.clear(ctx, false)
-}
-
-func (a *AgentProgrammer) clear(ctx context.Context, all bool) error {
 	c, err := a.dial()
 	if err != nil {
 		return err
@@ -172,9 +179,6 @@ func (a *AgentProgrammer) clear(ctx context.Context, all bool) error {
 		if f.GetNamespace() == bench.SvcNamespace {
 			names[f.GetName()] = true
 		}
-	}
-	if !all {
-		delete(names, bench.SvcClientName)
 	}
 	for name := range names {
 		for _, ref := range []*apiv1.ObjectRef{
