@@ -89,7 +89,7 @@ demo: deps build
 bench: build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --services 10,1000,10000 --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --policies 0,1000 --services 10,1000,10000 --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 clean:
 	rm -rf $(BIN) vhost/target
