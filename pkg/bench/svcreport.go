@@ -356,6 +356,12 @@ func (r *SvcReport) panels() ([]*plot.Plot, error) {
 			labels.Labels = append(labels.Labels, "  "+text)
 		}
 	}
+	for i, row := range r.Rows {
+		if row.ProgramMs == (Summary{}) && row.ProgramNote != "" && len(pts.xys) > 0 {
+			labels.XYs = append(labels.XYs, plotter.XY{X: lo / 2, Y: float64(n - 1 - i)})
+			labels.Labels = append(labels.Labels, "  timed full sync did not finish (see table)")
+		}
+	}
 	if len(pts.xys) > 0 {
 		sc, err := plotter.NewScatter(pts)
 		if err != nil {
