@@ -1,5 +1,6 @@
 // Package k8sobj decodes the Kubernetes objects lanekit translates — v1 Service,
-// discovery.k8s.io/v1 EndpointSlice and networking.k8s.io/v1 NetworkPolicy — from
+// discovery.k8s.io/v1 EndpointSlice, networking.k8s.io/v1 NetworkPolicy, v1
+// Namespace and v1 Pod — from
 // multi-document YAML or a stream of JSON objects into the typed k8s.io/api structs,
 // strictly (unknown or duplicate fields are errors) and validated for what lanekit's
 // service and policy translation relies on.
@@ -27,19 +28,43 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+// Kind names an object kind.
+type Kind string
+
 // Kind names accepted by Decode.
 const (
-	KindService       = "Service"
-	KindEndpointSlice = "EndpointSlice"
-	KindNetworkPolicy = "NetworkPolicy"
-	kindList          = "List"
+	KindService       Kind = "Service"
+	KindEndpointSlice Kind = "EndpointSlice"
+	KindNetworkPolicy Kind = "NetworkPolicy"
+	// KindNamespace is cluster-scoped: its objects have no namespace.
+	KindNamespace Kind = "Namespace"
+	KindPod       Kind = "Pod"
+	kindList           = "List"
 )
 
+// Kinds lists the supported kinds in the order an agent applies them.
+var Kinds = []Kind{KindNamespace, KindPod, KindService, KindEndpointSlice, KindNetworkPolicy}
+
+// ParseKind returns the Kind named s (case-insensitive).
+func ParseKind(s string) (Kind, error) {
+	for _, k := range Kinds {
+		if strings.EqualFold(s, string(k)) {
+			return k, nil
+		}
+	}
+	return "", fmt.Errorf("kind %q is not supported (want Service, EndpointSlice, NetworkPolicy, Namespace or Pod)", s)
+}
+
+// Namespaced reports whether objects of kind k live in a namespace.
+func (k Kind) Namespaced() bool { return k != KindNamespace }
+
 // API versions accepted for each kind.
-var apiVersions = map[string]string{
+var apiVersions = map[Kind]string{
 	KindService:       "v1",
 	KindEndpointSlice: "discovery.k8s.io/v1",
 	KindNetworkPolicy: "networking.k8s.io/v1",
+	KindNamespace:     "v1",
+	KindPod:           "v1",
 }
 
 // DefaultNamespace is the namespace of objects whose metadata.namespace is empty,
@@ -50,16 +75,18 @@ const DefaultNamespace = "default"
 // allocate without limit.
 const MaxDocumentBytes = 4 << 20
 
-// Object is one decoded object. Exactly one of Service, EndpointSlice and
-// NetworkPolicy is set, matching Kind.
+// Object is one decoded object. Exactly one of Service, EndpointSlice,
+// NetworkPolicy, Namespace and Pod is set, matching Kind.
 type Object struct {
 	// Index is the 0-based index of the document in the input, counting
 	// non-empty documents only (items of a List share their List's index).
 	Index         int
-	Kind          string
+	Kind          Kind
 	Service       *corev1.Service
 	EndpointSlice *discoveryv1.EndpointSlice
 	NetworkPolicy *networkingv1.NetworkPolicy
+	NamespaceObj  *corev1.Namespace // Kind Namespace (Namespace() is every kind's namespace accessor)
+	Pod           *corev1.Pod
 }
 
 // Namespace returns the object's namespace.
@@ -68,8 +95,15 @@ func (o Object) Namespace() string { ns, _ := o.nsName(); return ns }
 // Name returns the object's name.
 func (o Object) Name() string { _, n := o.nsName(); return n }
 
-// String is "Kind namespace/name".
+// String is "Kind namespace/name" ("Namespace name" for namespaces).
 func (o Object) String() string { return describe(o.Kind, o.Namespace(), o.Name()) }
+
+// Key identifies the object among all kinds: "Kind/namespace/name" (namespace
+// empty for cluster-scoped kinds).
+func (o Object) Key() string { return ObjectKey(o.Kind, o.Namespace(), o.Name()) }
+
+// ObjectKey is Object.Key for a kind, namespace and name.
+func ObjectKey(kind Kind, ns, name string) string { return string(kind) + "/" + ns + "/" + name }
 
 func (o Object) nsName() (string, string) {
 	switch {
@@ -79,16 +113,23 @@ func (o Object) nsName() (string, string) {
 		return o.EndpointSlice.Namespace, o.EndpointSlice.Name
 	case o.NetworkPolicy != nil:
 		return o.NetworkPolicy.Namespace, o.NetworkPolicy.Name
+	case o.NamespaceObj != nil:
+		return "", o.NamespaceObj.Name
+	case o.Pod != nil:
+		return o.Pod.Namespace, o.Pod.Name
 	}
 	return "", ""
 }
 
-func describe(kind, ns, name string) string {
+func describe(kind Kind, ns, name string) string {
 	if kind == "" {
 		kind = "object"
 	}
 	if name == "" {
 		name = "<no name>"
+	}
+	if kind == KindNamespace {
+		return fmt.Sprintf("%s %s", kind, name)
 	}
 	if ns == "" {
 		ns = DefaultNamespace
@@ -222,7 +263,7 @@ func decodeDocument(index int, doc []byte) ([]Object, error) {
 	if err := json.Unmarshal(js, &tm); err != nil {
 		return nil, &DocError{Index: index, Object: "object", Err: fmt.Errorf("not an object: %w", err)}
 	}
-	what := describe(tm.Kind, tm.Metadata.Namespace, tm.Metadata.Name)
+	what := describe(Kind(tm.Kind), tm.Metadata.Namespace, tm.Metadata.Name)
 	if tm.Kind == kindList && tm.APIVersion == "v1" {
 		var l list
 		if err := strictUnmarshal(js, &l); err != nil {
@@ -254,22 +295,22 @@ func decodeOne(index int, js []byte) (Object, error) {
 	if err := json.Unmarshal(js, &tm); err != nil {
 		return Object{}, &DocError{Index: index, Object: "object", Err: fmt.Errorf("not an object: %w", err)}
 	}
-	what := describe(tm.Kind, tm.Metadata.Namespace, tm.Metadata.Name)
-	want, ok := apiVersions[tm.Kind]
+	what := describe(Kind(tm.Kind), tm.Metadata.Namespace, tm.Metadata.Name)
+	want, ok := apiVersions[Kind(tm.Kind)]
 	if !ok {
 		if tm.Kind == "" {
 			return Object{}, &DocError{Index: index, Object: what, Err: errors.New("kind: Required value")}
 		}
 		return Object{}, &DocError{Index: index, Object: what, Err: fmt.Errorf(
-			"kind %q is not supported (want Service, EndpointSlice or NetworkPolicy)", tm.Kind)}
+			"kind %q is not supported (want Service, EndpointSlice, NetworkPolicy, Namespace or Pod)", tm.Kind)}
 	}
 	if tm.APIVersion != want {
 		return Object{}, &DocError{Index: index, Object: what, Err: fmt.Errorf(
 			"apiVersion %q is not supported for %s (want %q)", tm.APIVersion, tm.Kind, want)}
 	}
-	o := Object{Index: index, Kind: tm.Kind}
+	o := Object{Index: index, Kind: Kind(tm.Kind)}
 	var target any
-	switch tm.Kind {
+	switch o.Kind {
 	case KindService:
 		o.Service = &corev1.Service{}
 		target = o.Service
@@ -279,6 +320,12 @@ func decodeOne(index int, js []byte) (Object, error) {
 	case KindNetworkPolicy:
 		o.NetworkPolicy = &networkingv1.NetworkPolicy{}
 		target = o.NetworkPolicy
+	case KindNamespace:
+		o.NamespaceObj = &corev1.Namespace{}
+		target = o.NamespaceObj
+	case KindPod:
+		o.Pod = &corev1.Pod{}
+		target = o.Pod
 	}
 	if err := strictUnmarshal(js, target); err != nil {
 		return Object{}, &DocError{Index: index, Object: what, Err: err}
@@ -315,6 +362,8 @@ func defaultNamespace(o *Object) {
 		o.EndpointSlice.Namespace = DefaultNamespace
 	case o.NetworkPolicy != nil && o.NetworkPolicy.Namespace == "":
 		o.NetworkPolicy.Namespace = DefaultNamespace
+	case o.Pod != nil && o.Pod.Namespace == "":
+		o.Pod.Namespace = DefaultNamespace
 	}
 }
 
@@ -339,15 +388,23 @@ func Encode(objs []Object) ([]byte, error) {
 		switch {
 		case o.Service != nil:
 			c := o.Service.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindService], KindService
+			c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
 			v = c
 		case o.EndpointSlice != nil:
 			c := o.EndpointSlice.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], KindEndpointSlice
+			c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
 			v = c
 		case o.NetworkPolicy != nil:
 			c := o.NetworkPolicy.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], KindNetworkPolicy
+			c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
+			v = c
+		case o.NamespaceObj != nil:
+			c := o.NamespaceObj.DeepCopy()
+			c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
+			v = c
+		case o.Pod != nil:
+			c := o.Pod.DeepCopy()
+			c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
 			v = c
 		default:
 			return nil, fmt.Errorf("encode object %d: empty object", i)
@@ -364,7 +421,8 @@ func Encode(objs []Object) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Split sorts decoded objects by kind, keeping their order.
+// Split sorts decoded Services, EndpointSlices and NetworkPolicies by kind,
+// keeping their order (other kinds are left out).
 func Split(objs []Object) (svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, policies []*networkingv1.NetworkPolicy) {
 	for _, o := range objs {
 		switch {

@@ -107,7 +107,7 @@ func TestDecodeInvalid(t *testing.T) {
 			[]string{"spec.sessionAffinityConfig.clientIP.timeoutSeconds"}},
 		{"affinity config without clientip", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 80}], sessionAffinityConfig: {clientIP: {timeoutSeconds: 5}}}\n",
 			[]string{"spec.sessionAffinityConfig"}},
-		{"unsupported kind", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", []string{"document 0", "Pod default/p", `kind "Pod" is not supported`}},
+		{"unsupported kind", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: p}\n", []string{"document 0", "Deployment default/p", `kind "Deployment" is not supported`}},
 		{"wrong apiVersion", "apiVersion: networking.k8s.io/v1beta1\nkind: NetworkPolicy\nmetadata: {name: p}\nspec: {podSelector: {}}\n", []string{"apiVersion"}},
 		{"missing kind", "apiVersion: v1\nmetadata: {name: p}\n", []string{"kind: Required"}},
 		{"no name", "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n", []string{"metadata.name"}},

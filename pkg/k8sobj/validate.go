@@ -34,6 +34,10 @@ func Validate(o Object) error {
 		errs = validateEndpointSlice(o.EndpointSlice)
 	case o.NetworkPolicy != nil:
 		errs = validateNetworkPolicy(o.NetworkPolicy)
+	case o.NamespaceObj != nil:
+		errs = validateNamespace(o.NamespaceObj)
+	case o.Pod != nil:
+		errs = validatePod(o.Pod)
 	default:
 		return fmt.Errorf("empty object")
 	}
@@ -362,6 +366,90 @@ func validatePeer(peer *networkingv1.NetworkPolicyPeer, p *field.Path) field.Err
 				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be strictly within "+b.CIDR))
 			}
 		}
+	}
+	return errs
+}
+
+func validateNamespace(ns *corev1.Namespace) field.ErrorList {
+	var errs field.ErrorList
+	p := field.NewPath("metadata")
+	if ns.Name == "" {
+		errs = append(errs, field.Required(p.Child("name"), ""))
+	} else {
+		for _, msg := range validation.IsDNS1123Label(ns.Name) {
+			errs = append(errs, field.Invalid(p.Child("name"), ns.Name, msg))
+		}
+	}
+	if ns.Namespace != "" {
+		errs = append(errs, field.Forbidden(p.Child("namespace"), "a Namespace is cluster-scoped"))
+	}
+	errs = append(errs, validateLabels(ns.Labels, p.Child("labels"))...)
+	return errs
+}
+
+// PodIPv4 returns the pod's IPv4 address (status.podIPs, else status.podIP);
+// ok is false when it has none yet.
+func PodIPv4(pod *corev1.Pod) (netip.Addr, bool) {
+	for _, pip := range pod.Status.PodIPs {
+		if ip, err := netip.ParseAddr(pip.IP); err == nil && ip.Is4() {
+			return ip, true
+		}
+	}
+	if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil && ip.Is4() {
+		return ip, true
+	}
+	return netip.Addr{}, false
+}
+
+func validatePod(pod *corev1.Pod) field.ErrorList {
+	errs := validateMeta(&pod.ObjectMeta, field.NewPath("metadata"))
+	if pod.Namespace == "" {
+		errs = append(errs, field.Required(field.NewPath("metadata", "namespace"), ""))
+	}
+	if n := pod.Spec.NodeName; n != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(n) {
+			errs = append(errs, field.Invalid(field.NewPath("spec", "nodeName"), n, msg))
+		}
+	}
+	st := field.NewPath("status")
+	if pod.Status.PodIP != "" {
+		if _, err := netip.ParseAddr(pod.Status.PodIP); err != nil {
+			errs = append(errs, field.Invalid(st.Child("podIP"), pod.Status.PodIP, "must be an IP address"))
+		}
+	}
+	for i, pip := range pod.Status.PodIPs {
+		ip, err := netip.ParseAddr(pip.IP)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(st.Child("podIPs").Index(i).Child("ip"), pip.IP, "must be an IP address"))
+		case i == 0 && pod.Status.PodIP != "" && ip.String() != pod.Status.PodIP:
+			errs = append(errs, field.Invalid(st.Child("podIPs").Index(0).Child("ip"), pip.IP, "must match status.podIP"))
+		}
+	}
+	names := map[string]bool{}
+	check := func(p *field.Path, ports []corev1.ContainerPort) {
+		for j, cp := range ports {
+			pp := p.Index(j)
+			errs = append(errs, validatePortNumber(cp.ContainerPort, pp.Child("containerPort"))...)
+			proto := cp.Protocol
+			errs = append(errs, validateProtocol(&proto, pp.Child("protocol"))...)
+			if cp.Name == "" {
+				continue
+			}
+			for _, msg := range validation.IsValidPortName(cp.Name) {
+				errs = append(errs, field.Invalid(pp.Child("name"), cp.Name, msg))
+			}
+			if names[cp.Name] {
+				errs = append(errs, field.Duplicate(pp.Child("name"), cp.Name))
+			}
+			names[cp.Name] = true
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		check(field.NewPath("spec", "initContainers").Index(i).Child("ports"), pod.Spec.InitContainers[i].Ports)
+	}
+	for i := range pod.Spec.Containers {
+		check(field.NewPath("spec", "containers").Index(i).Child("ports"), pod.Spec.Containers[i].Ports)
 	}
 	return errs
 }
