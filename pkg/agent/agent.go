@@ -77,6 +77,9 @@ type Agent struct {
 
 	mu  sync.Mutex             // serialises changes to endpoints
 	vms map[string]*xsk.Server // running socket servers by VM name, under mu
+
+	readyMu     sync.Mutex
+	readyChecks []readyCheck // more readiness conditions (AddReadyCheck)
 }
 
 func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {

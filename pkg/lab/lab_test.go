@@ -35,7 +35,7 @@ func TestNames(t *testing.T) {
 			t.Errorf("lab netns %q: got %v, want %v", ns, got, want)
 		}
 	}
-	args := strings.Join(agentArgs(2), " ")
+	args := strings.Join(agentArgs(2, false), " ")
 	want := "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --pod-cidr 10.244.2.0/24 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm"
 	if args != want {
 		t.Errorf("agent args = %q, want %q", args, want)
