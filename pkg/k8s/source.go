@@ -352,23 +352,22 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	}
 	ro = ro.DeepCopyObject()
 	obj := k8sobj.Object{Kind: kind}
-	tm := typeMeta[kind]
 	switch v := ro.(type) {
 	case *corev1.Namespace:
-		v.TypeMeta, obj.NamespaceObj = tm, v
+		v.TypeMeta, obj.NamespaceObj = typeMeta[k8sobj.KindNamespace], v
 	case *corev1.Pod:
-		v.TypeMeta, obj.Pod = tm, v
+		v.TypeMeta, obj.Pod = typeMeta[k8sobj.KindPod], v
 	case *corev1.Service:
-		v.TypeMeta, obj.Service = tm, v
+		v.TypeMeta, obj.Service = typeMeta[k8sobj.KindService], v
 	case *discoveryv1.EndpointSlice:
-		v.TypeMeta, obj.EndpointSlice = tm, v
+		v.TypeMeta, obj.EndpointSlice = typeMeta[k8sobj.KindEndpointSlice], v
 	case *networkingv1.NetworkPolicy:
-		v.TypeMeta, obj.NetworkPolicy = tm, v
+		v.TypeMeta, obj.NetworkPolicy = typeMeta[k8sobj.KindNetworkPolicy], v
 	default:
 		return obj, fmt.Errorf("%s: unexpected %T", kind, o)
 	}
-	if obj.Kind != kind || typeMeta[kind].Kind != string(kind) {
-		return obj, fmt.Errorf("%s: object of another kind", kind)
+	if got := ro.GetObjectKind().GroupVersionKind().Kind; got != string(kind) {
+		return obj, fmt.Errorf("%s: got a %s", kind, got)
 	}
 	if err := k8sobj.Validate(obj); err != nil {
 		return obj, fmt.Errorf("%s: %w: %w", obj, err, errInvalid)
