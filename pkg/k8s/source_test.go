@@ -3,7 +3,10 @@ package k8s
 import (
 	"context"
 	"net/netip"
+	"runtime/pprof"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,16 +59,23 @@ func run(t *testing.T, cfg Config) (*Source, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	stop := func() {
+	var once sync.Once
+	stop := func() { once.Do(func() { stopNow(t, cancel, done) }) }
+	t.Cleanup(stop)
+	return s, stop
+}
+
+func stopNow(t *testing.T, cancel func(), done chan error) {
+	{
 		cancel()
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):
-			t.Error("source did not stop")
+			var b strings.Builder
+			_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+			t.Errorf("source did not stop; goroutines:\n%s", b.String())
 		}
 	}
-	t.Cleanup(stop)
-	return s, stop
 }
 
 func mustCreate[T any](t *testing.T, create func(context.Context, T, metav1.CreateOptions) (T, error), obj T) T {

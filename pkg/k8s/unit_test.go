@@ -22,8 +22,12 @@ func TestDesiredRoutes(t *testing.T) {
 		n.Status.Addresses = addrs
 		return n
 	}
-	internal := func(ip string) corev1.NodeAddress { return corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip} }
-	external := func(ip string) corev1.NodeAddress { return corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: ip} }
+	internal := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip}
+	}
+	external := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: ip}
+	}
 	nodes := []*corev1.Node{
 		node("self", []string{"10.244.1.0/24"}, internal("10.0.0.1")),
 		node("dual", []string{"fd00::/64", "10.244.3.0/24"}, internal("fd00::3"), internal("10.0.0.3")),
