@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8s"
@@ -58,11 +59,11 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if podCIDR == "" && kube.nodeName == "" {
-		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
-	}
 	if kube.kubeconfig != "" && kube.nodeName == "" {
 		return fmt.Errorf("--kubeconfig needs --node-name")
+	}
+	if podCIDR == "" && kube.nodeName == "" {
+		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
 	}
 
 	level := slog.LevelInfo
@@ -75,6 +76,8 @@ func run(args []string) error {
 		h = slog.NewTextHandler(os.Stderr, opts)
 	}
 	log := slog.New(h)
+	// client-go logs through klog: into the agent's log.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
