@@ -15,6 +15,8 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/arp.h"
+#include "lib/lb.h" /* [LB] */
+#include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -38,7 +40,7 @@ int from_pod(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
 	struct pkt p;
-	__u32 reason;
+	__u32 reason, charge;
 
 	if (!ep)
 		return drop(skb, 0, DROP_UNKNOWN_EP);
@@ -62,7 +64,26 @@ int from_pod(struct __sk_buff *skb)
 		return drop(skb, ep->id, reason);
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [LB] and [policy] steps go here. */
+	/* [LB]: service frontends (ClusterIP) are load-balanced; replies of
+	 * flows this node load-balanced are translated back. */
+	{
+		int changed, v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, ep, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed && parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+			return drop(skb, ep->id, DROP_MALFORMED);
+		if (changed && !p.ip4)
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
+	/* [/LB] */
+
+	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
+	 * receiver's ingress, on the packet as load balancing left it. */
+	reason = policy_from_endpoint(skb, &p, ep, &charge);
+	if (reason)
+		return drop(skb, charge, reason);
+	/* [/policy] */
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

@@ -14,6 +14,8 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/fib.h"
+#include "lib/lb.h" /* [LB] */
+#include "lib/policy.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -22,6 +24,7 @@ int from_uplink(struct __sk_buff *skb)
 {
 	struct endpoint_info *dst;
 	struct pkt p;
+	__u32 reason;
 
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
@@ -34,9 +37,36 @@ int from_uplink(struct __sk_buff *skb)
 		return TC_ACT_OK; /* not ours to judge: the stack drops what is broken */
 	if (!p.ip4)
 		return TC_ACT_OK;
+	/* [LB]: NodePort frontends on this node's addresses are load-balanced;
+	 * replies of flows this node load-balanced (its pods' service flows,
+	 * NodePort flows it source-NATed) are translated back. */
+	{
+		int changed, v = lb4(skb, &p, LB_SCOPE_NODEPORT, 0, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed) {
+			if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+				return TC_ACT_SHOT;
+			if (!bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr)) {
+				/* Translated for another node (NodePort to a
+				 * remote backend, or its reply to the client). */
+				if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
+					return TC_ACT_OK;
+				return route_ipv4(skb, &p, 0);
+			}
+		}
+	}
+	/* [/LB] */
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK;
+	/* [policy] the receiver's ingress, before any path into it (the host
+	 * stack's included). */
+	reason = policy_to_endpoint(skb, &p, dst);
+	if (reason)
+		return drop(skb, dst->id, reason);
+	/* [/policy] */
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, 0, dst);

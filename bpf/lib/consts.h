@@ -33,6 +33,13 @@ enum lk_drop_reason {
 	DROP_NO_SOCKET = 9, /* VM frame, but no AF_XDP socket for its queue (backend down) */
 	DROP_NOT_FOR_VM = 10, /* unicast frame for another MAC on a VM device */
 	DROP_VLAN = 11, /* 802.1Q/802.1ad tagged frame from an endpoint */
+	/* [LB] */
+	DROP_NO_BACKEND = 12, /* service without a backend for new flows: TCP reset / ICMP unreachable sent */
+	DROP_NAT_NO_PORT = 13, /* no free source port for a NodePort/hairpin SNAT */
+	/* [/LB] */
+	/* policy (bpf/lib/policy.h) */
+	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
+	DROP_POLICY_EGRESS = 15, /* the sending local endpoint's NetworkPolicy egress denies it */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
@@ -69,6 +76,27 @@ enum lk_events_flags {
 	EVENTS_F_FORWARDED = 2, /* one in events_cfg.sample_rate forwarded packets */
 };
 
+/* [LB] Service load-balancing counters: index into lk_lb_stats (per CPU). */
+enum lk_lb_stat {
+	LB_STAT_NEW_FLOW = 0, /* a new flow to a frontend took a backend (Maglev or affinity) */
+	LB_STAT_CT_HIT = 1, /* a packet of a tracked flow kept its backend */
+	LB_STAT_RESELECT = 2, /* a tracked flow's backend was gone: chosen again */
+	LB_STAT_AFFINITY = 3, /* a new flow followed its client's affinity entry */
+	LB_STAT_REVNAT = 4, /* a reply was translated back (rev-NAT and/or un-SNAT) */
+	LB_STAT_NO_BACKEND = 5, /* a new flow found no backend (reset / unreachable sent) */
+	LB_STAT_HAIRPIN = 6, /* a new flow whose client is its own backend (SNAT to the hairpin address) */
+	LB_STAT_NODEPORT_LOCAL = 7, /* a new NodePort flow to a local backend (client address kept) */
+	LB_STAT_NODEPORT_SNAT = 8, /* a new NodePort flow to a remote backend (SNAT to the node address) */
+	LB_STAT_MAX = 9,
+};
+const enum lk_lb_stat *lk_unused_lb_stat __attribute__((unused));
+/* [/LB] */
+/* Direction of a policy rule, seen from its subject (policy.Direction). */
+enum lk_policy_dir {
+	POLICY_DIR_INGRESS = 0,
+	POLICY_DIR_EGRESS = 1,
+};
+
 /* Keep the enums in BTF for bpf2go -type even where no code names the type. */
 const enum lk_drop_reason *lk_unused_drop_reason __attribute__((unused));
 const enum lk_metric_kind *lk_unused_metric_kind __attribute__((unused));
@@ -76,5 +104,6 @@ const enum lk_redirect_kind *lk_unused_redirect_kind __attribute__((unused));
 const enum lk_endpoint_flags *lk_unused_endpoint_flags __attribute__((unused));
 const enum lk_event_kind *lk_unused_event_kind __attribute__((unused));
 const enum lk_events_flags *lk_unused_events_flags __attribute__((unused));
+const enum lk_policy_dir *lk_unused_policy_dir __attribute__((unused));
 
 #endif

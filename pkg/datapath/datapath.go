@@ -61,6 +61,13 @@ const (
 	DropNoSocket    DropReason = DropReason(podLkDropReasonDROP_NO_SOCKET)      // VM frame but no AF_XDP socket on its queue (backend down)
 	DropNotForVM    DropReason = DropReason(podLkDropReasonDROP_NOT_FOR_VM)     // unicast frame for another MAC on a VM device
 	DropVLAN        DropReason = DropReason(podLkDropReasonDROP_VLAN)           // 802.1Q/802.1ad tagged frame from an endpoint
+	// [LB]
+	DropNoBackend DropReason = DropReason(podLkDropReasonDROP_NO_BACKEND)  // service without a backend: TCP reset / ICMP unreachable sent
+	DropNATNoPort DropReason = DropReason(podLkDropReasonDROP_NAT_NO_PORT) // no free source port for a NodePort/hairpin SNAT
+	// [/LB]
+	// policy (policy.go)
+	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
+	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
 )
 
 func (r DropReason) String() string {
@@ -89,6 +96,14 @@ func (r DropReason) String() string {
 		return "not-for-vm"
 	case DropVLAN:
 		return "vlan-tagged"
+	case DropNoBackend: // [LB]
+		return "no-backend"
+	case DropNATNoPort: // [LB]
+		return "nat-no-port"
+	case DropPolicyIngress:
+		return "policy-ingress"
+	case DropPolicyEgress:
+		return "policy-egress"
 	}
 	return "unknown"
 }
@@ -131,6 +146,9 @@ type Config struct {
 	// GatewayIP is the address pods route through; the datapath answers
 	// their ARP requests for it. Zero means DefaultGatewayIP.
 	GatewayIP netip.Addr
+	// ConntrackEntries sizes the conntrack table lk_ct4 (0: 262144). A pinned
+	// table of another size is refused (remove it to resize).
+	ConntrackEntries int
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

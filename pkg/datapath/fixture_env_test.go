@@ -46,6 +46,13 @@ func mustMAC(s string) net.HardwareAddr {
 // thread for the rest of the test.
 func newFixtureEnv(t *testing.T) *fixtureEnv {
 	t.Helper()
+	return newFixtureEnvCfg(t, nil)
+}
+
+// newFixtureEnvCfg is newFixtureEnv with a hook that adjusts the datapath
+// configuration before it is opened.
+func newFixtureEnvCfg(t *testing.T, adjust func(*Config)) *fixtureEnv {
+	t.Helper()
 	testutil.RequireBPFFS(t)
 	runtime.LockOSThread()
 	e := &fixtureEnv{}
@@ -58,6 +65,14 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 		e.origNS.Close()
 		runtime.UnlockOSThread()
 		t.Fatalf("new netns: %v", err)
+	}
+	// No IPv6 in the fixture namespace: the kernel's router solicitations and
+	// neighbour discovery on the test devices would pass through the programs
+	// under test and add counters and events the tests do not expect.
+	for _, f := range []string{"all", "default"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("1"), 0); err != nil {
+			t.Logf("disable IPv6 in the fixture netns: %v", err)
+		}
 	}
 	t.Cleanup(func() {
 		if e.dp != nil {
@@ -107,7 +122,11 @@ func newFixtureEnv(t *testing.T) *fixtureEnv {
 	route("0.0.0.0/0", "10.77.0.2", 0)     // a default route, as nodes have: multicast/broadcast must not follow it
 
 	e.pinDir = filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-test-%d-%s", os.Getpid(), sanitize(t.Name())))
-	e.dp, err = Open(Config{PinDir: e.pinDir, Uplink: "lk-fx-up", traceRedirects: true}, nil)
+	cfg := Config{PinDir: e.pinDir, Uplink: "lk-fx-up", traceRedirects: true}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	e.dp, err = Open(cfg, nil)
 	must("open datapath", err)
 
 	e.ep1 = Endpoint{ID: 1, Mode: ModeVeth, IfName: "lk-fx-h1", IfIndex: e.h1.Attrs().Index,

@@ -79,6 +79,9 @@ func (l *Loader) load() error {
 		return err
 	}
 	sizeMetrics(podSpec)
+	if err := sizeConntrack(podSpec, l.ctEntries()); err != nil {
+		return err
+	}
 	// gateway_ip is __be32: its in-memory bytes are the address in network order.
 	if err := podSpec.Variables["gateway_ip"].Set(gw); err != nil {
 		return fmt.Errorf("set gateway_ip: %w", err)
@@ -96,6 +99,10 @@ func (l *Loader) load() error {
 		return err
 	}
 	sizeMetrics(upSpec)
+	if err := sizeConntrack(upSpec, l.ctEntries()); err != nil {
+		l.pod.Close()
+		return err
+	}
 	if err := upSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
@@ -124,6 +131,14 @@ func (l *Loader) load() error {
 		return fmt.Errorf("turn flow events off: %w", err)
 	}
 	return nil
+}
+
+// ctEntries is lk_ct4's size (Config.ConntrackEntries or the default).
+func (l *Loader) ctEntries() uint32 {
+	if l.cfg.ConntrackEntries > 0 {
+		return uint32(l.cfg.ConntrackEntries)
+	}
+	return DefaultConntrackEntries
 }
 
 func mapIncompatibleHint(err error, dir string) error {

@@ -13,6 +13,30 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podCtEntry struct {
+	_           structs.HostLayout
+	LastSeen    uint64
+	BackendId   uint32
+	RevNatId    uint32
+	NatAddr     uint32
+	NatPort     uint16
+	Flags       uint16
+	TcpFlagsFwd uint8
+	TcpFlagsRev uint8
+	Pad         [6]uint8
+}
+
+type podCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type podEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -30,6 +54,89 @@ type podEventsCfg struct {
 	SampleRate uint32
 }
 
+type podLbAffinityKey struct {
+	_          structs.HostLayout
+	Client     uint32
+	FrontendId uint32
+}
+
+type podLbAffinityValue struct {
+	_         structs.HostLayout
+	LastUsed  uint64
+	BackendId uint32
+	Pad       uint32
+}
+
+type podLbBackendValue struct {
+	_          structs.HostLayout
+	Addr       uint32
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
+}
+
+type podLbRevnatValue struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type podLbSvcKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+type podLbSvcValue struct {
+	_               structs.HostLayout
+	FrontendId      uint32
+	MaglevSize      uint32
+	AffinitySeconds uint32
+	Flags           uint8
+	Pad             [3]uint8
+}
+
+type podLkCtCounter uint32
+
+const (
+	podLkCtCounterCT_COUNT_CREATED    podLkCtCounter = 0
+	podLkCtCounterCT_COUNT_EVICTED    podLkCtCounter = 1
+	podLkCtCounterCT_COUNT_GC_REMOVED podLkCtCounter = 2
+	podLkCtCounterCT_COUNT_FAILED     podLkCtCounter = 3
+	podLkCtCounterCT_COUNT_MAX        podLkCtCounter = 4
+)
+
+type podLkCtFlags uint32
+
+const (
+	podLkCtFlagsCT_F_SEEN_REPLY podLkCtFlags = 1
+	podLkCtFlagsCT_F_CLOSING    podLkCtFlags = 2
+	podLkCtFlagsCT_F_REVNAT     podLkCtFlags = 4
+	podLkCtFlagsCT_F_SNAT       podLkCtFlags = 8
+	podLkCtFlagsCT_F_HAIRPIN    podLkCtFlags = 16
+	podLkCtFlagsCT_F_NODEPORT   podLkCtFlags = 32
+	podLkCtFlagsCT_F_POLICY     podLkCtFlags = 64
+)
+
+type podLkCtKeyFlags uint32
+
+const (
+	podLkCtKeyFlagsCT_KEY_SERVICE podLkCtKeyFlags = 1
+)
+
+type podLkCtTimeout uint32
+
+const (
+	podLkCtTimeoutCT_TIMEOUT_TCP       podLkCtTimeout = 21600
+	podLkCtTimeoutCT_TIMEOUT_TCP_SYN   podLkCtTimeout = 60
+	podLkCtTimeoutCT_TIMEOUT_TCP_CLOSE podLkCtTimeout = 10
+	podLkCtTimeoutCT_TIMEOUT_NONTCP    podLkCtTimeout = 60
+)
+
 type podLkDropReason uint32
 
 const (
@@ -44,6 +151,10 @@ const (
 	podLkDropReasonDROP_NO_SOCKET      podLkDropReason = 9
 	podLkDropReasonDROP_NOT_FOR_VM     podLkDropReason = 10
 	podLkDropReasonDROP_VLAN           podLkDropReason = 11
+	podLkDropReasonDROP_NO_BACKEND     podLkDropReason = 12
+	podLkDropReasonDROP_NAT_NO_PORT    podLkDropReason = 13
+	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 14
+	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 15
 )
 
 type podLkEndpointFlags uint32
@@ -85,6 +196,21 @@ const (
 	podLkEventsFlagsEVENTS_F_FORWARDED podLkEventsFlags = 2
 )
 
+type podLkLbStat uint32
+
+const (
+	podLkLbStatLB_STAT_NEW_FLOW       podLkLbStat = 0
+	podLkLbStatLB_STAT_CT_HIT         podLkLbStat = 1
+	podLkLbStatLB_STAT_RESELECT       podLkLbStat = 2
+	podLkLbStatLB_STAT_AFFINITY       podLkLbStat = 3
+	podLkLbStatLB_STAT_REVNAT         podLkLbStat = 4
+	podLkLbStatLB_STAT_NO_BACKEND     podLkLbStat = 5
+	podLkLbStatLB_STAT_HAIRPIN        podLkLbStat = 6
+	podLkLbStatLB_STAT_NODEPORT_LOCAL podLkLbStat = 7
+	podLkLbStatLB_STAT_NODEPORT_SNAT  podLkLbStat = 8
+	podLkLbStatLB_STAT_MAX            podLkLbStat = 9
+)
+
 type podLkMetricKind uint32
 
 const (
@@ -92,6 +218,13 @@ const (
 	podLkMetricKindMETRIC_TO_EP     podLkMetricKind = 1
 	podLkMetricKindMETRIC_TO_STACK  podLkMetricKind = 2
 	podLkMetricKindMETRIC_DROP_BASE podLkMetricKind = 256
+)
+
+type podLkPolicyDir uint32
+
+const (
+	podLkPolicyDirPOLICY_DIR_INGRESS podLkPolicyDir = 0
+	podLkPolicyDirPOLICY_DIR_EGRESS  podLkPolicyDir = 1
 )
 
 type podLkRedirectKind uint32
@@ -115,6 +248,39 @@ type podMetricsVal struct {
 	Bytes   uint64
 }
 
+type podPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type podPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type podPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type podPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type podPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
+}
+
 type podRedirectTrace struct {
 	_            structs.HostLayout
 	Ifindex      uint32
@@ -126,22 +292,43 @@ type podRedirectTrace struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	podMapLkCt4                 = "lk_ct4"
+	podMapLkCtCount             = "lk_ct_count"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEpByIfindex         = "lk_ep_by_ifindex"
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
+	podMapLkLbAffinity          = "lk_lb_affinity"
+	podMapLkLbBackends          = "lk_lb_backends"
+	podMapLkLbMaglev            = "lk_lb_maglev"
+	podMapLkLbRevnat            = "lk_lb_revnat"
+	podMapLkLbStats             = "lk_lb_stats"
+	podMapLkLbSvc               = "lk_lb_svc"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
+	podMapLkPolicyCidrs         = "lk_policy_cidrs"
+	podMapLkPolicyIpcache       = "lk_policy_ipcache"
+	podMapLkPolicyIsolation     = "lk_policy_isolation"
+	podMapLkPolicyRules         = "lk_policy_rules"
+	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podProgFromPod              = "from_pod"
+	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
+	podVarLkUnusedCtCounter     = "lk_unused_ct_counter"
+	podVarLkUnusedCtFlags       = "lk_unused_ct_flags"
+	podVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
+	podVarLkUnusedCtResult      = "lk_unused_ct_result"
+	podVarLkUnusedCtTimeout     = "lk_unused_ct_timeout"
 	podVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	podVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
 	podVarLkUnusedEvent         = "lk_unused_event"
 	podVarLkUnusedEventKind     = "lk_unused_event_kind"
 	podVarLkUnusedEventsFlags   = "lk_unused_events_flags"
+	podVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	podVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	podVarTraceRedirects        = "trace_redirects"
 )
@@ -195,27 +382,48 @@ type podProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podVariableSpecs struct {
+	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
+	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
+	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
+	LkUnusedCtResult      *ebpf.VariableSpec `ebpf:"lk_unused_ct_result"`
+	LkUnusedCtTimeout     *ebpf.VariableSpec `ebpf:"lk_unused_ct_timeout"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -240,24 +448,50 @@ func (o *podObjects) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *podMaps) Close() error {
 	return _PodClose(
+		m.LkCt4,
+		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEpByIfindex,
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkLbAffinity,
+		m.LkLbBackends,
+		m.LkLbMaglev,
+		m.LkLbRevnat,
+		m.LkLbStats,
+		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -265,14 +499,22 @@ func (m *podMaps) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podVariables struct {
+	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
+	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
+	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`
+	LkUnusedCtResult      *ebpf.Variable `ebpf:"lk_unused_ct_result"`
+	LkUnusedCtTimeout     *ebpf.Variable `ebpf:"lk_unused_ct_timeout"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

@@ -13,6 +13,30 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type uplinkCtEntry struct {
+	_           structs.HostLayout
+	LastSeen    uint64
+	BackendId   uint32
+	RevNatId    uint32
+	NatAddr     uint32
+	NatPort     uint16
+	Flags       uint16
+	TcpFlagsFwd uint8
+	TcpFlagsRev uint8
+	Pad         [6]uint8
+}
+
+type uplinkCtKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type uplinkEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -30,6 +54,52 @@ type uplinkEventsCfg struct {
 	SampleRate uint32
 }
 
+type uplinkLbAffinityKey struct {
+	_          structs.HostLayout
+	Client     uint32
+	FrontendId uint32
+}
+
+type uplinkLbAffinityValue struct {
+	_         structs.HostLayout
+	LastUsed  uint64
+	BackendId uint32
+	Pad       uint32
+}
+
+type uplinkLbBackendValue struct {
+	_          structs.HostLayout
+	Addr       uint32
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
+}
+
+type uplinkLbRevnatValue struct {
+	_    structs.HostLayout
+	Addr uint32
+	Port uint16
+	Pad  uint16
+}
+
+type uplinkLbSvcKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+type uplinkLbSvcValue struct {
+	_               structs.HostLayout
+	FrontendId      uint32
+	MaglevSize      uint32
+	AffinitySeconds uint32
+	Flags           uint8
+	Pad             [3]uint8
+}
+
 type uplinkMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -40,6 +110,39 @@ type uplinkMetricsVal struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type uplinkPolicyCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type uplinkPolicyIsolation struct {
+	_             structs.HostLayout
+	PolicyIngress uint32
+	PolicyEgress  uint32
+}
+
+type uplinkPolicyKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Subject   uint32
+	Peer      uint32
+	Direction uint8
+	Proto     uint8
+	Port      uint16
+}
+
+type uplinkPolicyValue struct {
+	_      structs.HostLayout
+	Policy uint32
+}
+
+type uplinkPolicyVerdict struct {
+	_       structs.HostLayout
+	Allowed uint64
+	Denied  uint64
 }
 
 type uplinkRedirectTrace struct {
@@ -53,21 +156,42 @@ type uplinkRedirectTrace struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	uplinkMapLkCt4                 = "lk_ct4"
+	uplinkMapLkCtCount             = "lk_ct_count"
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEpByIfindex         = "lk_ep_by_ifindex"
 	uplinkMapLkEvents              = "lk_events"
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
+	uplinkMapLkLbAffinity          = "lk_lb_affinity"
+	uplinkMapLkLbBackends          = "lk_lb_backends"
+	uplinkMapLkLbMaglev            = "lk_lb_maglev"
+	uplinkMapLkLbRevnat            = "lk_lb_revnat"
+	uplinkMapLkLbStats             = "lk_lb_stats"
+	uplinkMapLkLbSvc               = "lk_lb_svc"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
+	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
+	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
+	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
+	uplinkMapLkPolicyRules         = "lk_policy_rules"
+	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	uplinkProgFromUplink           = "from_uplink"
+	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
+	uplinkVarLkUnusedCtCounter     = "lk_unused_ct_counter"
+	uplinkVarLkUnusedCtFlags       = "lk_unused_ct_flags"
+	uplinkVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
+	uplinkVarLkUnusedCtResult      = "lk_unused_ct_result"
+	uplinkVarLkUnusedCtTimeout     = "lk_unused_ct_timeout"
 	uplinkVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	uplinkVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
 	uplinkVarLkUnusedEvent         = "lk_unused_event"
 	uplinkVarLkUnusedEventKind     = "lk_unused_event_kind"
 	uplinkVarLkUnusedEventsFlags   = "lk_unused_events_flags"
+	uplinkVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	uplinkVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarTraceRedirects        = "trace_redirects"
 )
@@ -121,26 +245,47 @@ type uplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
-	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
+	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
+	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
+	LkUnusedCtResult      *ebpf.VariableSpec `ebpf:"lk_unused_ct_result"`
+	LkUnusedCtTimeout     *ebpf.VariableSpec `ebpf:"lk_unused_ct_timeout"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
@@ -165,24 +310,50 @@ func (o *uplinkObjects) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
-	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
-	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
-	LkEvents      *ebpf.Map `ebpf:"lk_events"`
-	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
-	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
-	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
-	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
+	LkEvents          *ebpf.Map `ebpf:"lk_events"`
+	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
+	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
+	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
+	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
+	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
+	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 }
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
+		m.LkCt4,
+		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEpByIfindex,
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkLbAffinity,
+		m.LkLbBackends,
+		m.LkLbMaglev,
+		m.LkLbRevnat,
+		m.LkLbStats,
+		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPolicyCidrs,
+		m.LkPolicyIpcache,
+		m.LkPolicyIsolation,
+		m.LkPolicyRules,
+		m.LkPolicyVerdicts,
 	)
 }
 
@@ -190,13 +361,21 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
+	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
+	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`
+	LkUnusedCtResult      *ebpf.Variable `ebpf:"lk_unused_ct_result"`
+	LkUnusedCtTimeout     *ebpf.Variable `ebpf:"lk_unused_ct_timeout"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }

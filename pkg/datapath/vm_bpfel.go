@@ -68,7 +68,9 @@ const (
 	vmVarLkUnusedEvent         = "lk_unused_event"
 	vmVarLkUnusedEventKind     = "lk_unused_event_kind"
 	vmVarLkUnusedEventsFlags   = "lk_unused_events_flags"
+	vmVarLkUnusedLbStat        = "lk_unused_lb_stat"
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
+	vmVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	vmVarTraceRedirects        = "trace_redirects"
 	vmVarVmId                  = "vm_id"
@@ -146,7 +148,9 @@ type vmVariableSpecs struct {
 	LkUnusedEvent         *ebpf.VariableSpec `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.VariableSpec `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.VariableSpec `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	VmId                  *ebpf.VariableSpec `ebpf:"vm_id"`
@@ -208,7 +212,9 @@ type vmVariables struct {
 	LkUnusedEvent         *ebpf.Variable `ebpf:"lk_unused_event"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`
 	LkUnusedEventsFlags   *ebpf.Variable `ebpf:"lk_unused_events_flags"`
+	LkUnusedLbStat        *ebpf.Variable `ebpf:"lk_unused_lb_stat"`
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
+	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	VmId                  *ebpf.Variable `ebpf:"vm_id"`

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -238,4 +239,17 @@ func BenchmarkCompile1000(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(len(c.Rules)), "rules")
+}
+
+// TestCompileRefusesSCTP: SCTP ports are refused at compile time, naming
+// the policy and the field (the datapath matches TCP and UDP only).
+func TestCompileRefusesSCTP(t *testing.T) {
+	sctp := corev1.ProtocolSCTP
+	p := testPolicy("a", "sctp", nil, networkingv1.NetworkPolicyIngressRule{
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &sctp, Port: ptr.To(intstr.FromInt32(5000))}}})
+	_, err := Compile(Input{Policies: []*networkingv1.NetworkPolicy{p}}, NewIdentities())
+	if err == nil || !strings.Contains(err.Error(), "networkpolicy a/sctp") ||
+		!strings.Contains(err.Error(), "spec.ingress[0].ports[0].protocol") || !strings.Contains(err.Error(), "SCTP is unsupported") {
+		t.Fatalf("SCTP policy: %v", err)
+	}
 }

@@ -1,0 +1,361 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* ct.h: IPv4 connection tracking (TCP, UDP, ICMP echo), shared by service
+ * load balancing (lb.h) and network policy (policy.h).
+ *
+ * API (stable; owned by lb):
+ *
+ *   struct ct_key   { saddr, daddr, sport, dport, proto, flags, pad }  16 bytes
+ *       A flow in its ORIGINAL direction (the direction of the packet that
+ *       created the entry). Addresses/ports in network byte order. ICMP echo
+ *       request/reply: sport = dport = the echo identifier (so a reply's key,
+ *       reversed, equals the request's). flags: CT_KEY_SERVICE marks the
+ *       LB's pre-DNAT "service" entries (client -> VIP:port); every other
+ *       entry (flags 0) is a plain flow entry on the tuple as it is on the
+ *       wire after any NAT this node did.
+ *
+ *   int ct_tuple4(skb, ip4, &key, &tcp_flags)
+ *       Fills key (flags 0) and the TCP flags byte from the packet. Returns
+ *       0, or -1 when the packet is not trackable (fragment, other protocol,
+ *       ICMP other than echo, truncated): the caller decides (policy: judge
+ *       statelessly; LB: leave it alone).
+ *
+ *   int ct_lookup4(&key, tcp_flags, &entry)
+ *       Looks the key up as-is (CT_ESTABLISHED: the packet goes the original
+ *       way) and reversed (CT_REPLY: the packet is a reply; not for
+ *       CT_KEY_SERVICE keys). Returns CT_NEW
+ *       when neither exists or the entry has timed out. On a hit, *entry
+ *       points at the map value (fields may be changed in place, e.g. flags),
+ *       last_seen is refreshed (at most once a second) and the TCP state
+ *       advanced (SYN/FIN/RST, reply seen).
+ *
+ *   int ct_create4(&key, &init)
+ *       Inserts (or replaces an expired / same-key) entry with init's
+ *       fields, last_seen = now. Returns 0, or -1 when the map refused (then
+ *       counted in lk_ct_count[CT_COUNT_FAILED]). lk_ct4 is an LRU: a full
+ *       table evicts its least recently used flow instead of failing; each
+ *       creation beyond capacity is counted in lk_ct_count[CT_COUNT_EVICTED]
+ *       (never silent: datapath.ServiceStats reports it).
+ *
+ *   int ct_create4_unique(&key, &init)
+ *       As ct_create4 but fails (-1, not counted) when a live entry with the
+ *       key exists: for SNAT port allocation.
+ *
+ *   void ct_delete4(&key)
+ *
+ * Entry flags (struct ct_entry.flags, enum lk_ct_flags): CT_F_SEEN_REPLY
+ * (a reply passed: "established" for policy), CT_F_CLOSING (FIN or RST seen),
+ * CT_F_REVNAT (replies get their source rewritten to lk_lb_revnat[rev_nat_id]),
+ * CT_F_SNAT (this node rewrote the source: replies get their destination
+ * restored to nat_addr:nat_port), CT_F_HAIRPIN, CT_F_NODEPORT (LB detail),
+ * CT_F_POLICY (created by the policy path: an allowed connection; policy may
+ * also set it on an LB-created flow entry). Bits 12-15 are free for policy.
+ *
+ * Timeouts (enum lk_ct_timeout, seconds; mirrored in Go by bpf2go): TCP
+ * before a reply CT_TIMEOUT_TCP_SYN, established CT_TIMEOUT_TCP, after
+ * FIN/RST CT_TIMEOUT_TCP_CLOSE; UDP and ICMP CT_TIMEOUT_NONTCP. An expired
+ * entry is treated as absent by the datapath and removed by the agent's GC
+ * (datapath.Loader.GCConntrack), which uses the same rules.
+ *
+ * last_seen is bpf_ktime_get_ns() (CLOCK_MONOTONIC). */
+#ifndef LK_CT_H
+#define LK_CT_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "consts.h"
+
+#define LK_CT_ENTRIES 262144 /* default lk_ct4 size; the loader may change it */
+
+/* Lookup results. */
+enum lk_ct_result {
+	CT_NEW = 0,
+	CT_ESTABLISHED = 1,
+	CT_REPLY = 2,
+};
+
+/* struct ct_key.flags */
+enum lk_ct_key_flags {
+	CT_KEY_SERVICE = 1, /* LB pre-DNAT entry: client -> frontend */
+};
+
+/* struct ct_entry.flags */
+enum lk_ct_flags {
+	CT_F_SEEN_REPLY = 1 << 0,
+	CT_F_CLOSING = 1 << 1,
+	CT_F_REVNAT = 1 << 2,
+	CT_F_SNAT = 1 << 3,
+	CT_F_HAIRPIN = 1 << 4,
+	CT_F_NODEPORT = 1 << 5,
+	CT_F_POLICY = 1 << 6,
+};
+
+/* Timeouts in seconds. */
+enum lk_ct_timeout {
+	CT_TIMEOUT_TCP = 21600,
+	CT_TIMEOUT_TCP_SYN = 60,
+	CT_TIMEOUT_TCP_CLOSE = 10,
+	CT_TIMEOUT_NONTCP = 60,
+};
+
+/* lk_ct_count slots. */
+enum lk_ct_counter {
+	CT_COUNT_CREATED = 0, /* entries created by the datapath (atomic) */
+	CT_COUNT_EVICTED = 1, /* creations while the table was full: an LRU eviction each */
+	CT_COUNT_GC_REMOVED = 2, /* written by the agent's GC only (re-bases the live count) */
+	CT_COUNT_FAILED = 3, /* creations the map refused */
+	CT_COUNT_MAX = 4,
+};
+
+struct ct_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 flags; /* enum lk_ct_key_flags */
+	__u16 pad;
+};
+
+struct ct_entry {
+	__u64 last_seen; /* bpf_ktime_get_ns */
+	__u32 backend_id; /* LB service entries: the chosen backend */
+	__u32 rev_nat_id; /* CT_F_REVNAT: lk_lb_revnat key (the frontend id) */
+	__be32 nat_addr; /* CT_F_SNAT flow entries: the original source; service entries: the SNAT source used */
+	__be16 nat_port;
+	__u16 flags; /* enum lk_ct_flags */
+	__u8 tcp_flags_fwd; /* TCP flags seen in the original direction (OR) */
+	__u8 tcp_flags_rev; /* ... in the reply direction */
+	__u8 pad[6];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_CT_ENTRIES);
+	__type(key, struct ct_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ct4 SEC(".maps");
+
+/* Creation/eviction counters (enum lk_ct_counter), shared by all CPUs: touched
+ * once per new flow, never per packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_COUNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ct_count SEC(".maps");
+
+/* Load-time setting: lk_ct4's max_entries (the loader sets both). */
+const volatile __u32 ct_max_entries = LK_CT_ENTRIES;
+
+/* Keep the enums in BTF for bpf2go -type. */
+const enum lk_ct_result *lk_unused_ct_result __attribute__((unused));
+const enum lk_ct_key_flags *lk_unused_ct_key_flags __attribute__((unused));
+const enum lk_ct_flags *lk_unused_ct_flags __attribute__((unused));
+const enum lk_ct_timeout *lk_unused_ct_timeout __attribute__((unused));
+const enum lk_ct_counter *lk_unused_ct_counter __attribute__((unused));
+
+/* From linux/icmp.h, which drags in libc headers. */
+#define LK_ICMP_ECHOREPLY 0
+#define LK_ICMP_DEST_UNREACH 3
+#define LK_ICMP_PORT_UNREACH 3
+#define LK_ICMP_ECHO 8
+
+#define CT_TCP_FIN 0x01
+#define CT_TCP_SYN 0x02
+#define CT_TCP_RST 0x04
+#define CT_TCP_ACK 0x10
+#define CT_REFRESH_NS 1000000000ULL
+
+static __always_inline int ct_tuple4(struct __sk_buff *skb, const struct iphdr *ip4, struct ct_key *key,
+				     __u8 *tcp_flags)
+{
+	__u32 l4off = ETH_HLEN + ip4->ihl * 4;
+
+	key->saddr = ip4->saddr;
+	key->daddr = ip4->daddr;
+	key->proto = ip4->protocol;
+	key->flags = 0;
+	key->pad = 0;
+	*tcp_flags = 0;
+	if (ip4->frag_off & bpf_htons(0x3fff)) /* MF or an offset: no (reliable) ports */
+		return -1;
+	switch (ip4->protocol) {
+	case IPPROTO_TCP: {
+		__u8 b[14];
+
+		if (bpf_skb_load_bytes(skb, l4off, b, sizeof(b)) < 0)
+			return -1;
+		__builtin_memcpy(&key->sport, &b[0], 2);
+		__builtin_memcpy(&key->dport, &b[2], 2);
+		*tcp_flags = b[13];
+		return 0;
+	}
+	case IPPROTO_UDP: {
+		__be16 ports[2];
+
+		if (bpf_skb_load_bytes(skb, l4off, ports, sizeof(ports)) < 0)
+			return -1;
+		key->sport = ports[0];
+		key->dport = ports[1];
+		return 0;
+	}
+	case IPPROTO_ICMP: {
+		__u8 b[6];
+
+		if (bpf_skb_load_bytes(skb, l4off, b, sizeof(b)) < 0)
+			return -1;
+		if (b[0] != LK_ICMP_ECHO && b[0] != LK_ICMP_ECHOREPLY)
+			return -1;
+		__builtin_memcpy(&key->sport, &b[4], 2);
+		key->dport = key->sport;
+		return 0;
+	}
+	}
+	return -1;
+}
+
+static __always_inline void ct_key_reverse(const struct ct_key *k, struct ct_key *r)
+{
+	r->saddr = k->daddr;
+	r->daddr = k->saddr;
+	r->sport = k->dport;
+	r->dport = k->sport;
+	r->proto = k->proto;
+	r->flags = k->flags;
+	r->pad = 0;
+}
+
+static __always_inline __u64 ct_timeout_ns(const struct ct_entry *e, __u8 proto)
+{
+	__u64 s = CT_TIMEOUT_NONTCP;
+
+	if (proto == IPPROTO_TCP) {
+		if (e->flags & CT_F_CLOSING)
+			s = CT_TIMEOUT_TCP_CLOSE;
+		else if (e->flags & CT_F_SEEN_REPLY)
+			s = CT_TIMEOUT_TCP;
+		else
+			s = CT_TIMEOUT_TCP_SYN;
+	}
+	return s * 1000000000ULL;
+}
+
+static __always_inline int ct_expired(const struct ct_entry *e, __u8 proto, __u64 now)
+{
+	return now > e->last_seen && now - e->last_seen > ct_timeout_ns(e, proto);
+}
+
+static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, struct ct_entry **out)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&lk_ct4, key);
+	int res = CT_ESTABLISHED;
+	__u64 now = bpf_ktime_get_ns();
+	__u16 flags;
+
+	if (!e) {
+		struct ct_key rev;
+
+		if (key->flags & CT_KEY_SERVICE)
+			return CT_NEW; /* service entries have no reply direction */
+		ct_key_reverse(key, &rev);
+		e = bpf_map_lookup_elem(&lk_ct4, &rev);
+		if (!e)
+			return CT_NEW;
+		res = CT_REPLY;
+	}
+	if (ct_expired(e, key->proto, now))
+		return CT_NEW;
+	flags = e->flags;
+	if (res == CT_REPLY) {
+		flags |= CT_F_SEEN_REPLY;
+		e->tcp_flags_rev |= tcp_flags;
+	} else {
+		/* A fresh SYN on a closed flow's tuple (port reuse): a new
+		 * connection, its reply not seen yet. */
+		if ((tcp_flags & (CT_TCP_SYN | CT_TCP_ACK)) == CT_TCP_SYN && (flags & CT_F_CLOSING))
+			flags &= ~(CT_F_CLOSING | CT_F_SEEN_REPLY);
+		e->tcp_flags_fwd |= tcp_flags;
+	}
+	if (tcp_flags & (CT_TCP_FIN | CT_TCP_RST))
+		flags |= CT_F_CLOSING;
+	if (flags != e->flags || now - e->last_seen > CT_REFRESH_NS) {
+		e->flags = flags;
+		e->last_seen = now;
+	}
+	*out = e;
+	return res;
+}
+
+static __always_inline void ct_count(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&lk_ct_count, &slot);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+/* ct_note_created counts a new entry and, when the live count (created -
+ * evicted - removed by GC) has reached the capacity, the eviction the LRU
+ * made room with. */
+static __always_inline void ct_note_created(void)
+{
+	__u32 k0 = CT_COUNT_CREATED, k1 = CT_COUNT_EVICTED, k2 = CT_COUNT_GC_REMOVED;
+	__u64 *created = bpf_map_lookup_elem(&lk_ct_count, &k0);
+	__u64 *evicted = bpf_map_lookup_elem(&lk_ct_count, &k1);
+	__u64 *removed = bpf_map_lookup_elem(&lk_ct_count, &k2);
+	__u64 c;
+
+	if (!created || !evicted || !removed)
+		return;
+	c = __sync_fetch_and_add(created, 1);
+	if (c >= *evicted + *removed + ct_max_entries)
+		__sync_fetch_and_add(evicted, 1);
+}
+
+static __always_inline int ct_create4_flags(const struct ct_key *key, const struct ct_entry *init, __u64 mode)
+{
+	struct ct_entry e = *init;
+	struct ct_entry *old;
+
+	e.last_seen = bpf_ktime_get_ns();
+	if (!bpf_map_update_elem(&lk_ct4, key, &e, BPF_NOEXIST)) {
+		ct_note_created();
+		return 0;
+	}
+	/* The key exists (or the map refused): replace an entry that is
+	 * expired, or any entry when the caller allows it. */
+	old = bpf_map_lookup_elem(&lk_ct4, key);
+	if (old && (mode == BPF_ANY || ct_expired(old, key->proto, e.last_seen))) {
+		if (!bpf_map_update_elem(&lk_ct4, key, &e, BPF_EXIST))
+			return 0;
+	}
+	if (old && mode != BPF_ANY)
+		return -1; /* in use: not a failure of the table */
+	ct_count(CT_COUNT_FAILED);
+	return -1;
+}
+
+static __always_inline int ct_create4(const struct ct_key *key, const struct ct_entry *init)
+{
+	return ct_create4_flags(key, init, BPF_ANY);
+}
+
+static __always_inline int ct_create4_unique(const struct ct_key *key, const struct ct_entry *init)
+{
+	return ct_create4_flags(key, init, BPF_NOEXIST);
+}
+
+static __always_inline void ct_delete4(const struct ct_key *key)
+{
+	bpf_map_delete_elem(&lk_ct4, key);
+}
+
+#endif

@@ -1,0 +1,791 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* lb.h: service load balancing (Kubernetes ClusterIP and NodePort), as
+ * Cilium's kube-proxy replacement does it, on the maps pkg/service fills
+ * (service.Update; the structs below mirror its Go structs byte for byte).
+ *
+ * Forward path (lb_forward): a packet to a frontend (lk_lb_svc: VIP or node
+ * address, port, protocol, scope) keeps the backend its conntrack "service"
+ * entry (struct ct_key.flags CT_KEY_SERVICE, the client -> frontend tuple)
+ * recorded while that backend ID is still in lk_lb_backends, whatever its
+ * State (terminating backends keep their flows). A new flow, or one whose
+ * backend is gone, takes the client's affinity entry (ClientIP affinity,
+ * while fresh and the backend active) or Maglev[flow hash % size]. The
+ * packet is DNATed to the backend (checksums patched incrementally) and a
+ * flow entry on the translated tuple records how replies are translated
+ * back: CT_F_REVNAT (source -> frontend via lk_lb_revnat) and, when this node
+ * also rewrote the source, CT_F_SNAT (destination -> original client):
+ *   - hairpin: the client is its own backend: source -> LB_HAIRPIN_IP
+ *     (169.254.42.1, as Cilium), which the pod routes back to us;
+ *   - NodePort (on the uplink) to a backend on another node: source -> the
+ *     node address, so the reply comes back through this node
+ *     (externalTrafficPolicy Cluster). To a local backend the client
+ *     address is kept. A local pod reaching a NodePort on this node's
+ *     address (from_pod looks NodePort frontends up after ClusterIP ones)
+ *     keeps its address too: its replies come back here anyway.
+ * SNAT source ports: the client's port if that tuple is free, else one of
+ * LB_SNAT_TRIES hashed ports in [LB_SNAT_PORT_MIN, LB_SNAT_PORT_MAX]
+ * (above the NodePort range); none free -> DROP_NAT_NO_PORT.
+ *
+ * Reply path (lb_rev_nat): a packet that is not for a frontend and matches a
+ * flow entry in the reply direction is translated back. Local client: the
+ * backend's from_pod does it (or from_uplink when the backend is remote);
+ * NodePort SNAT: from_uplink.
+ *
+ * ICMP errors about a load-balanced flow (lb_icmp_rev_nat) are translated
+ * back the same way.
+ *
+ * No backend: TCP gets a reset, UDP an ICMP port unreachable, both sent back
+ * where the packet came from and counted as DROP_NO_BACKEND.
+ *
+ * Maglev tables: lk_lb_maglev is a hash of maps, frontend ID -> an array of
+ * backend IDs of exactly that frontend's size (BPF_F_INNER_MAP lets the inner
+ * arrays differ in size). Chosen over one big array with per-frontend
+ * offsets because sizes vary per frontend (251 .. 100 x 2^k slots, see
+ * service.MaglevSize): a big array would need an offset allocator with
+ * fragmentation and a fixed, preallocated worst-case size (10,000 services
+ * x a few backends is ~4 M slots, but one 1,000-backend service alone is
+ * 100 k), while per-frontend arrays cost exactly their size and a table is
+ * replaced atomically (fill a new array, swap it into the outer map), so a
+ * lookup never sees half a table. The cost is one map creation per table
+ * change (measured in pkg/datapath: see services_test.go). */
+#ifndef LK_LB_H
+#define LK_LB_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "consts.h"
+#include "structs.h"
+#include "maps.h"
+#include "parse.h"
+#include "ct.h"
+#include "events.h"
+#include "fib.h"
+
+#define LK_LB_FRONTENDS 65536
+#define LK_LB_BACKENDS 262144
+#define LK_LB_AFFINITY 65536
+#define LB_HAIRPIN_IP 0xa9fe2a01 /* 169.254.42.1, host order */
+#define LB_SNAT_PORT_MIN 32768
+#define LB_SNAT_PORT_MAX 60999
+#define LB_SNAT_TRIES 16
+#define LB_CONTINUE -1
+#define LB_MAGLEV_FLOOR 251 /* service.MaglevFloor: the smallest table */
+
+/* service.ServiceKey */
+struct lb_svc_key {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 scope; /* LB_SCOPE_* */
+};
+
+#define LB_SCOPE_CLUSTERIP 0
+#define LB_SCOPE_NODEPORT 1
+#define LB_SVC_F_AFFINITY 1
+#define LB_SVC_F_NODEPORT 2
+#define LB_BACKEND_ACTIVE 0
+
+/* service.ServiceValue */
+struct lb_svc_value {
+	__u32 frontend_id;
+	__u32 maglev_size; /* 0: no backend takes new flows */
+	__u32 affinity_seconds;
+	__u8 flags;
+	__u8 pad[3];
+};
+
+/* service.BackendValue (key: the backend ID, __u32) */
+struct lb_backend_value {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 state; /* service.BackendState: 0 active, 1 terminating, 2 not ready */
+	__u32 frontend_id;
+};
+
+/* service.RevNatValue (key: the frontend ID, __u32) */
+struct lb_revnat_value {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u16 pad;
+};
+
+struct lb_affinity_key {
+	__be32 client;
+	__u32 frontend_id;
+};
+
+struct lb_affinity_value {
+	__u64 last_used; /* bpf_ktime_get_ns */
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, struct lb_svc_key);
+	__type(value, struct lb_svc_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct lb_backend_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, __u32);
+	__type(value, struct lb_revnat_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_revnat SEC(".maps");
+
+struct lb_maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 251); /* a template: each frontend's array has its own size */
+	/* INNER_MAP: each frontend's array has its own size; MMAPABLE: the
+	 * agent fills a new array with one memcpy, not a syscall per slot. */
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u32); /* backend ID */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, __u32); /* frontend ID */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct lb_maglev_inner);
+} lk_lb_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_LB_AFFINITY);
+	__type(key, struct lb_affinity_key);
+	__type(value, struct lb_affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_stats SEC(".maps");
+
+static __always_inline void lb_stat(__u32 which)
+{
+	__u64 *v = bpf_map_lookup_elem(&lk_lb_stats, &which);
+
+	if (v)
+		(*v)++;
+}
+
+/* jhash_3words (Bob Jenkins, as in the kernel's jhash.h). */
+static __always_inline __u32 lb_rol32(__u32 w, int s)
+{
+	return (w << s) | (w >> (32 - s));
+}
+
+static __always_inline __u32 lb_flow_hash(const struct ct_key *t)
+{
+	__u32 a = t->saddr, b = t->daddr, c = ((__u32)t->sport << 16) | t->dport;
+
+	a += 0xdeadbeef + 12 + t->proto;
+	b += 0xdeadbeef + 12;
+	c += 0xdeadbeef + 12;
+	c ^= b; c -= lb_rol32(b, 14);
+	a ^= c; a -= lb_rol32(c, 11);
+	b ^= a; b -= lb_rol32(a, 25);
+	c ^= b; c -= lb_rol32(b, 16);
+	a ^= c; a -= lb_rol32(c, 4);
+	b ^= a; b -= lb_rol32(a, 14);
+	c ^= b; c -= lb_rol32(b, 24);
+	return c;
+}
+
+static __always_inline __u16 lb_csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* lb_rewrite4 rewrites the source (src=1) or destination address and port of
+ * a TCP/UDP packet, patching the IPv4 and L4 checksums incrementally. */
+static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 proto, int src,
+				       __be32 old_addr, __be32 new_addr, __be16 old_port, __be16 new_port)
+{
+	__u32 addr_off = ETH_HLEN + (src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+	__u32 port_off = l4off + (src ? 0 : 2);
+	__u32 csum_off = l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (old_addr != new_addr) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
+			return -1;
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_addr, new_addr, 4) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, addr_off, &new_addr, 4, 0) < 0)
+			return -1;
+	}
+	if (old_port != new_port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled | 2) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* lb_count_drop counts a packet the LB answered instead of forwarding. */
+static __always_inline void lb_count_drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason)
+{
+	metrics_add(ep_id, METRIC_DROP_BASE + reason, skb->len);
+	event_drop(reason, ep_id, skb->ifindex, skb->len, (void *)(long)skb->data, (void *)(long)skb->data_end);
+}
+
+struct lb_reply_hdr {
+	__u8 dmac[6];
+	__u8 smac[6];
+	__be16 proto;
+	struct iphdr ip;
+} __attribute__((packed));
+
+/* lb_reply_ip fills a reply's Ethernet + IPv4 header (addresses swapped)
+ * with its checksum. */
+static __always_inline int lb_reply_ip(struct __sk_buff *skb, struct lb_reply_hdr *h, const struct ct_key *t,
+				       __u8 proto, __u16 l4len)
+{
+	__u8 macs[12];
+
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) < 0)
+		return -1;
+	__builtin_memcpy(h->dmac, &macs[6], 6);
+	__builtin_memcpy(h->smac, &macs[0], 6);
+	h->proto = bpf_htons(ETH_P_IP);
+	struct iphdr ip = {};
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tot_len = bpf_htons(20 + l4len);
+	ip.frag_off = bpf_htons(0x4000); /* DF */
+	ip.ttl = 64;
+	ip.protocol = proto;
+	ip.saddr = t->daddr;
+	ip.daddr = t->saddr;
+	ip.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	__builtin_memcpy(&h->ip, &ip, sizeof(ip));
+	return 0;
+}
+
+struct lb_rst {
+	struct lb_reply_hdr h;
+	__be16 sport, dport;
+	__be32 seq, ack;
+	__u8 doff, flags;
+	__be16 window, check, urg;
+} __attribute__((packed));
+
+/* lb_reply_rst turns a TCP segment into the reset a closed port answers
+ * (RFC 9293 3.10.7.1). Returns 0, or -1 to drop (e.g. it is a reset). */
+static __always_inline int lb_reply_rst(struct __sk_buff *skb, const struct ct_key *t, __u32 l4off,
+					__u16 tot_len, __u32 ihl)
+{
+	__u8 th[14];
+	struct lb_rst r;
+	struct {
+		__be32 saddr, daddr;
+		__u8 zero, proto;
+		__be16 len;
+		__be16 sport, dport;
+		__be32 seq, ack;
+		__u8 doff, flags;
+		__be16 window, check, urg;
+	} __attribute__((packed)) ps;
+	__u32 seq, paylen;
+	__u8 doff;
+
+	if (bpf_skb_load_bytes(skb, l4off, th, sizeof(th)) < 0)
+		return -1;
+	if (th[13] & CT_TCP_RST)
+		return -1;
+	doff = (th[12] >> 4) * 4;
+	paylen = tot_len > ihl + doff ? tot_len - ihl - doff : 0;
+	if (lb_reply_ip(skb, &r.h, t, IPPROTO_TCP, 20) < 0)
+		return -1;
+	r.sport = t->dport;
+	r.dport = t->sport;
+	r.doff = 5 << 4;
+	r.window = 0;
+	r.check = 0;
+	r.urg = 0;
+	if (th[13] & CT_TCP_ACK) {
+		__builtin_memcpy(&r.seq, &th[8], 4);
+		r.ack = 0;
+		r.flags = CT_TCP_RST;
+	} else {
+		__builtin_memcpy(&seq, &th[4], 4);
+		seq = bpf_ntohl(seq) + paylen + !!(th[13] & CT_TCP_SYN) + !!(th[13] & CT_TCP_FIN);
+		r.seq = 0;
+		r.ack = bpf_htonl(seq);
+		r.flags = CT_TCP_RST | CT_TCP_ACK;
+	}
+	ps.saddr = r.h.ip.saddr;
+	ps.daddr = r.h.ip.daddr;
+	ps.zero = 0;
+	ps.proto = IPPROTO_TCP;
+	ps.len = bpf_htons(20);
+	__builtin_memcpy(&ps.sport, &r.sport, 20);
+	r.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ps, sizeof(ps), 0));
+	if (bpf_skb_change_tail(skb, sizeof(r), 0) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, 0, &r, sizeof(r), 0) < 0)
+		return -1;
+	return 0;
+}
+
+struct lb_icmp_unreach {
+	__u8 type, code;
+	__be16 check;
+	__be32 unused;
+	__u8 orig[28]; /* the offending IPv4 header + 8 bytes */
+};
+
+struct lb_unreach {
+	struct lb_reply_hdr h;
+	struct lb_icmp_unreach icmp;
+} __attribute__((packed));
+
+/* lb_reply_unreach turns a UDP datagram into ICMP port unreachable. */
+static __always_inline int lb_reply_unreach(struct __sk_buff *skb, const struct ct_key *t, __u32 ihl)
+{
+	struct lb_icmp_unreach icmp = {};
+	struct lb_unreach r;
+
+	if (ihl != 20)
+		return -1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, icmp.orig, sizeof(icmp.orig)) < 0)
+		return -1;
+	if (lb_reply_ip(skb, &r.h, t, IPPROTO_ICMP, sizeof(icmp)) < 0)
+		return -1;
+	icmp.type = LK_ICMP_DEST_UNREACH;
+	icmp.code = LK_ICMP_PORT_UNREACH;
+	icmp.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&icmp, sizeof(icmp), 0));
+	__builtin_memcpy(&r.icmp, &icmp, sizeof(icmp));
+	if (bpf_skb_change_tail(skb, sizeof(r), 0) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, 0, &r, sizeof(r), 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* lb_no_backend answers a new flow to a frontend without backends: a TCP
+ * reset or ICMP port unreachable, sent back where the packet came from (ep:
+ * into the sending endpoint; NULL: out of the device it arrived on). */
+static __always_inline int lb_no_backend(struct __sk_buff *skb, const struct ct_key *t, __u32 l4off,
+					 __u16 tot_len, __u32 ihl, const struct endpoint_info *ep)
+{
+	int err;
+
+	lb_stat(LB_STAT_NO_BACKEND);
+	lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
+	if (t->proto == IPPROTO_TCP)
+		err = lb_reply_rst(skb, t, l4off, tot_len, ihl);
+	else
+		err = lb_reply_unreach(skb, t, ihl);
+	if (err < 0)
+		return TC_ACT_SHOT;
+	if (ep)
+		return to_endpoint(skb, ep);
+	trace_redirect(skb->ifindex, REDIR_PLAIN, skb->queue_mapping);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* lb_backend returns backend id if it exists and belongs to the frontend. */
+static __always_inline struct lb_backend_value *lb_backend(__u32 id, __u32 frontend_id)
+{
+	struct lb_backend_value *be = bpf_map_lookup_elem(&lk_lb_backends, &id);
+
+	if (be && be->frontend_id != frontend_id)
+		return 0;
+	return be;
+}
+
+/* lb_select chooses a backend for a new flow: the client's affinity entry
+ * (fresh, active backend) or Maglev. Returns the backend ID, 0 for none. */
+static __always_inline __u32 lb_select(const struct lb_svc_value *svc, const struct ct_key *t,
+				       struct lb_backend_value **out)
+{
+	struct lb_affinity_key ak = { .client = t->saddr, .frontend_id = svc->frontend_id };
+	struct lb_affinity_value *av = 0;
+	struct lb_backend_value *be;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 id, slot, *idp;
+	void *table;
+
+	if (svc->flags & LB_SVC_F_AFFINITY) {
+		av = bpf_map_lookup_elem(&lk_lb_affinity, &ak);
+		if (av && now - av->last_used <= (__u64)svc->affinity_seconds * 1000000000ULL) {
+			id = av->backend_id;
+			be = lb_backend(id, svc->frontend_id);
+			if (be && be->state == LB_BACKEND_ACTIVE) {
+				av->last_used = now;
+				lb_stat(LB_STAT_AFFINITY);
+				*out = be;
+				return id;
+			}
+		}
+	}
+	if (!svc->maglev_size)
+		return 0;
+	table = bpf_map_lookup_elem(&lk_lb_maglev, &svc->frontend_id);
+	if (!table)
+		return 0;
+	slot = lb_flow_hash(t) % svc->maglev_size;
+	idp = bpf_map_lookup_elem(table, &slot);
+	if (!idp) {
+		/* A smaller table was swapped in and the service value (its
+		 * size) is not updated yet: every table has at least
+		 * LB_MAGLEV_FLOOR slots (service.MaglevFloor). */
+		slot = lb_flow_hash(t) % LB_MAGLEV_FLOOR;
+		idp = bpf_map_lookup_elem(table, &slot);
+		if (!idp)
+			return 0;
+	}
+	id = *idp;
+	be = lb_backend(id, svc->frontend_id);
+	if (!be)
+		return 0;
+	if (svc->flags & LB_SVC_F_AFFINITY) {
+		struct lb_affinity_value nv = { .last_used = now, .backend_id = id };
+
+		bpf_map_update_elem(&lk_lb_affinity, &ak, &nv, BPF_ANY);
+	}
+	*out = be;
+	return id;
+}
+
+/* lb_snat_flow creates the flow entry of a source-NATed flow with a free
+ * source port (the client's own if free). Returns the port, 0 if none. */
+static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __be16 client_port)
+{
+	__u32 h = lb_flow_hash(ft);
+
+	ft->sport = client_port;
+	if (!ct_create4_unique(ft, fe))
+		return ft->sport;
+	for (int i = 1; i < LB_SNAT_TRIES; i++) {
+		__u32 p = LB_SNAT_PORT_MIN + (h + i * 7919) % (LB_SNAT_PORT_MAX - LB_SNAT_PORT_MIN + 1);
+
+		ft->sport = bpf_htons(p);
+		if (!ct_create4_unique(ft, fe))
+			return ft->sport;
+	}
+	return 0;
+}
+
+/* lb_forward load-balances a packet to frontend svc (tuple t). Returns
+ * LB_CONTINUE with the packet translated, or a TC verdict. */
+static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key *t, __u8 tcpf,
+				      const struct lb_svc_value *svc, __u8 scope, __u32 l4off, __u16 tot_len,
+				      __u32 ihl, const struct endpoint_info *ep)
+{
+	struct ct_key sk = *t;
+	struct ct_key ft = {};
+	struct ct_entry *se = 0, *fe = 0;
+	struct lb_backend_value *be = 0;
+	__be32 snat_addr = 0;
+	__be16 snat_port = 0;
+	__u32 bid = 0;
+	__u16 snat_flags = 0;
+	int res;
+
+	sk.flags = CT_KEY_SERVICE;
+	res = ct_lookup4(&sk, tcpf, &se);
+	if (res == CT_ESTABLISHED) {
+		bid = se->backend_id;
+		be = lb_backend(bid, svc->frontend_id);
+		if (be) {
+			lb_stat(LB_STAT_CT_HIT);
+			if (se->flags & CT_F_SNAT) {
+				snat_addr = se->nat_addr;
+				snat_port = se->nat_port;
+				snat_flags = se->flags & (CT_F_SNAT | CT_F_HAIRPIN | CT_F_NODEPORT);
+			}
+		} else {
+			lb_stat(LB_STAT_RESELECT);
+		}
+	}
+	if (!be) {
+		struct ct_entry ne = {};
+
+		bid = lb_select(svc, t, &be);
+		if (!be)
+			return lb_no_backend(skb, t, l4off, tot_len, ihl, ep);
+		lb_stat(LB_STAT_NEW_FLOW);
+		ft.saddr = t->saddr;
+		ft.daddr = be->addr;
+		ft.sport = t->sport;
+		ft.dport = bpf_htons(be->port);
+		ft.proto = t->proto;
+		if (be->addr == t->saddr) {
+			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
+			snat_flags = CT_F_SNAT | CT_F_HAIRPIN;
+			lb_stat(LB_STAT_HAIRPIN);
+		} else if (scope == LB_SCOPE_NODEPORT && !ep) {
+			/* An external client: the reply must come back through
+			 * this node. (A local pod client gets its replies here
+			 * anyway: it lives on this node.) */
+			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
+				snat_addr = t->daddr;
+				snat_flags = CT_F_SNAT | CT_F_NODEPORT;
+				lb_stat(LB_STAT_NODEPORT_SNAT);
+			} else {
+				lb_stat(LB_STAT_NODEPORT_LOCAL);
+			}
+		}
+		if (snat_flags) {
+			struct ct_entry nf = {
+				.rev_nat_id = svc->frontend_id,
+				.nat_addr = t->saddr,
+				.nat_port = t->sport,
+				.flags = CT_F_REVNAT | snat_flags,
+			};
+
+			ft.saddr = snat_addr;
+			snat_port = lb_snat_flow(&ft, &nf, t->sport);
+			if (!snat_port) {
+				lb_count_drop(skb, ep ? ep->id : 0, DROP_NAT_NO_PORT);
+				return TC_ACT_SHOT;
+			}
+		}
+		ne.backend_id = bid;
+		ne.rev_nat_id = svc->frontend_id;
+		ne.nat_addr = snat_addr;
+		ne.nat_port = snat_port;
+		ne.flags = snat_flags;
+		ct_create4(&sk, &ne);
+		se = 0;
+	}
+	/* The flow entry on the translated tuple (replies match it reversed). */
+	ft.saddr = snat_flags ? snat_addr : t->saddr;
+	ft.daddr = be->addr;
+	ft.sport = snat_flags ? snat_port : t->sport;
+	ft.dport = bpf_htons(be->port);
+	ft.proto = t->proto;
+	ft.flags = 0;
+	ft.pad = 0;
+	if (ct_lookup4(&ft, tcpf, &fe) == CT_NEW) {
+		struct ct_entry nf = {
+			.rev_nat_id = svc->frontend_id,
+			.nat_addr = t->saddr,
+			.nat_port = t->sport,
+			.flags = CT_F_REVNAT | snat_flags,
+		};
+
+		ct_create4(&ft, &nf);
+	} else if (fe) {
+		/* A flow entry policy created first: add what replies need. */
+		if (!(fe->flags & CT_F_REVNAT) || fe->rev_nat_id != svc->frontend_id) {
+			fe->rev_nat_id = svc->frontend_id;
+			fe->flags |= CT_F_REVNAT;
+		}
+		/* The service entry lives as long as its flow: it sees no
+		 * replies itself, so it takes the flow's TCP state. */
+		if (se)
+			se->flags = (se->flags & ~(CT_F_SEEN_REPLY | CT_F_CLOSING)) |
+				    (fe->flags & (CT_F_SEEN_REPLY | CT_F_CLOSING));
+	}
+	if (lb_rewrite4(skb, l4off, t->proto, 0, t->daddr, be->addr, t->dport, bpf_htons(be->port)) < 0)
+		return TC_ACT_SHOT;
+	if (snat_flags && lb_rewrite4(skb, l4off, t->proto, 1, t->saddr, snat_addr, t->sport, snat_port) < 0)
+		return TC_ACT_SHOT;
+	return LB_CONTINUE;
+}
+
+/* lb_rev_nat translates a reply of a load-balanced flow back. Returns 1 when
+ * the packet was rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key *t, __u8 tcpf, __u32 l4off)
+{
+	struct ct_entry *e = 0;
+	struct lb_revnat_value *rn;
+	__u16 flags;
+	__be32 nat_addr;
+	__be16 nat_port;
+
+	if (ct_lookup4(t, tcpf, &e) != CT_REPLY || !e)
+		return 0;
+	flags = e->flags;
+	if (!(flags & (CT_F_REVNAT | CT_F_SNAT)))
+		return 0;
+	nat_addr = e->nat_addr;
+	nat_port = e->nat_port;
+	if (flags & CT_F_REVNAT) {
+		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
+		if (rn && lb_rewrite4(skb, l4off, t->proto, 1, t->saddr, rn->addr, t->sport, bpf_htons(rn->port)) < 0)
+			return -1;
+	}
+	if ((flags & CT_F_SNAT) && lb_rewrite4(skb, l4off, t->proto, 0, t->daddr, nat_addr, t->dport, nat_port) < 0)
+		return -1;
+	lb_stat(LB_STAT_REVNAT);
+	return 1;
+}
+
+struct lb_icmp_err {
+	__u8 type, code;
+	__be16 check;
+	__be32 unused;
+	struct iphdr in; /* the quoted packet (what the client's flow carried) */
+	__be16 sport, dport;
+} __attribute__((packed));
+
+#define LB_ICMP_TIME_EXCEEDED 11
+
+/* lb_icmp_rev_nat translates an ICMP error (destination unreachable, time
+ * exceeded) about a load-balanced flow back, as its replies are: the
+ * quoted packet's destination becomes the frontend again (and its source
+ * the client, for SNATed flows), the outer source the frontend when the
+ * backend itself sent it. So a client learns "port unreachable" or "need to
+ * fragment" for the address it used. The quoted L4 checksum is left alone
+ * (receivers do not check it; for TCP it is not even quoted). Returns 1 when
+ * rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
+{
+	__u32 in_off = l4off + 8, csum_off = l4off + 2;
+	struct lb_revnat_value *rn;
+	struct lb_icmp_err h;
+	struct ct_key k = {};
+	struct ct_entry *e;
+	__be32 outer_saddr;
+	__be16 old_check, new_check, fport;
+
+	if (bpf_skb_load_bytes(skb, l4off, &h, sizeof(h)) < 0)
+		return 0;
+	if (h.type != LK_ICMP_DEST_UNREACH && h.type != LB_ICMP_TIME_EXCEEDED)
+		return 0;
+	if (h.in.ihl != 5 || (h.in.protocol != IPPROTO_TCP && h.in.protocol != IPPROTO_UDP))
+		return 0;
+	k.saddr = h.in.saddr;
+	k.daddr = h.in.daddr;
+	k.sport = h.sport;
+	k.dport = h.dport;
+	k.proto = h.in.protocol;
+	e = bpf_map_lookup_elem(&lk_ct4, &k);
+	if (!e || !(e->flags & CT_F_REVNAT))
+		return 0;
+	rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
+	if (!rn)
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &outer_saddr, 4) < 0)
+		return -1;
+	old_check = h.in.check;
+	/* Quoted destination -> the frontend. */
+	if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.daddr, rn->addr, 4) < 0 ||
+	    bpf_l4_csum_replace(skb, csum_off, h.in.daddr, rn->addr, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, daddr), &rn->addr, 4, 0) < 0)
+		return -1;
+	fport = bpf_htons(rn->port);
+	if (bpf_l4_csum_replace(skb, csum_off, h.dport, fport, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, in_off + 22, &fport, 2, 0) < 0)
+		return -1;
+	/* Quoted source -> the client, for a flow this node SNATed. */
+	if (e->flags & CT_F_SNAT) {
+		__be32 ca = e->nat_addr;
+		__be16 cp = e->nat_port;
+
+		if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.saddr, ca, 4) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, h.in.saddr, ca, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, saddr), &ca, 4, 0) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, h.sport, cp, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + 20, &cp, 2, 0) < 0)
+			return -1;
+		/* Outer destination -> the client. */
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), h.in.saddr, ca, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &ca, 4, 0) < 0)
+			return -1;
+	}
+	/* The quoted header's checksum changed: the ICMP checksum covers it. */
+	if (bpf_skb_load_bytes(skb, in_off + offsetof(struct iphdr, check), &new_check, 2) < 0 ||
+	    bpf_l4_csum_replace(skb, csum_off, old_check, new_check, 2) < 0)
+		return -1;
+	/* Sent by the backend itself: it comes from the frontend. */
+	if (outer_saddr == h.in.daddr) {
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), outer_saddr, rn->addr, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &rn->addr, 4, 0) < 0)
+			return -1;
+	}
+	lb_stat(LB_STAT_REVNAT);
+	return 1;
+}
+
+/* lb4 is the [LB] step: frontends of scope `scope` are load-balanced,
+ * replies of load-balanced flows translated back. ep is the sending
+ * endpoint (NULL on the uplink). Returns LB_CONTINUE (*changed set when the
+ * packet was rewritten: the caller re-parses) or a TC verdict. */
+static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
+			       const struct endpoint_info *ep, int *changed)
+{
+	struct ct_key t;
+	struct lb_svc_key k;
+	struct lb_svc_value *svc;
+	__u32 ihl = p->ip4->ihl * 4;
+	__u32 l4off = ETH_HLEN + ihl;
+	__u16 tot_len = bpf_ntohs(p->ip4->tot_len);
+	__u8 tcpf;
+	int r;
+
+	*changed = 0;
+	if (p->ip4->protocol == IPPROTO_ICMP && !(p->ip4->frag_off & bpf_htons(0x3fff))) {
+		r = lb_icmp_rev_nat(skb, l4off);
+		if (r < 0)
+			return TC_ACT_SHOT;
+		*changed = r;
+		return LB_CONTINUE;
+	}
+	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
+		return LB_CONTINUE;
+	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
+		return LB_CONTINUE;
+	k.addr = t.daddr;
+	k.port = bpf_ntohs(t.dport);
+	k.proto = t.proto;
+	k.scope = scope;
+	svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+	if (!svc && scope == LB_SCOPE_CLUSTERIP) {
+		/* A pod reaching a NodePort on this node's address. */
+		k.scope = LB_SCOPE_NODEPORT;
+		svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+		if (svc)
+			scope = LB_SCOPE_NODEPORT;
+	}
+	if (svc) {
+		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep);
+		if (r == LB_CONTINUE)
+			*changed = 1;
+		return r;
+	}
+	r = lb_rev_nat(skb, &t, tcpf, l4off);
+	if (r < 0)
+		return TC_ACT_SHOT;
+	*changed = r;
+	return LB_CONTINUE;
+}
+
+#endif
