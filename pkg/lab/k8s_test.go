@@ -11,14 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"net"
+	"strconv"
+	"syscall"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
@@ -253,6 +261,106 @@ func TestLabK8s(t *testing.T) {
 	}
 
 	t.Run("VMI", func(t *testing.T) { testLabVMI(ctx, t, srv, c) })
+	t.Run("ServicesAndPolicies", func(t *testing.T) { testLabServices(ctx, t, bins, c, p1, p2) })
+}
+
+// dial connects from ns to addr through `lanekit lab tcp-dial` (a TCP echo
+// round trip); it returns the error or "".
+func dial(ctx context.Context, t *testing.T, b Bins, ns, addr string) string {
+	t.Helper()
+	out, err := nsCommand(ctx, ns, b.Self, "lab", "tcp-dial", "--timeout", "1s", addr).Output()
+	if err != nil {
+		t.Fatalf("tcp-dial in %s: %v", ns, err)
+	}
+	rs, err := ParseDialResults(out)
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("tcp-dial output %q: %v", out, err)
+	}
+	if rs[0].OK {
+		return ""
+	}
+	return rs[0].Error
+}
+
+// testLabServices: a Service + EndpointSlice created through the API makes
+// the VIP connect (lb datapath, fed by the agent's object seam); deleting
+// the slice while node 1's agent is down is converged by its resync after
+// the restart; a NetworkPolicy through the API isolates the backend pod.
+func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Interface, client, backend Pod) {
+	echo, err := startEcho(ctx, b, backend.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = syscall.Kill(-echo.Process.Pid, syscall.SIGKILL)
+		_ = echo.Wait()
+	}()
+	direct := net.JoinHostPort(backend.IP, strconv.Itoa(EchoPort))
+	if e := dial(ctx, t, b, client.NS, direct); e != "" {
+		t.Fatalf("echo %s from %s: %s", direct, client.NS, e)
+	}
+	svc, err := c.CoreV1().Services(PodNamespace).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: PodNamespace},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "lab"},
+			Ports: []corev1.ServicePort{{Name: "echo", Port: 80, TargetPort: intstr.FromInt32(EchoPort), Protocol: corev1.ProtocolTCP}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No endpointslice controller runs here: the test writes the slice.
+	_, err = c.DiscoveryV1().EndpointSlices(PodNamespace).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "echo-1", Namespace: PodNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: "echo"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{backend.IP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("echo"), Port: ptr.To[int32](EchoPort), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	var last string
+	waitFor(t, "VIP "+vip+" connects from node 1", 30*time.Second, func() bool { last = dial(ctx, t, b, client.NS, vip); return last == "" })
+
+	// Node 1's agent is down while the slice is deleted: the pinned
+	// service maps keep the VIP working until the restarted agent's
+	// resync removes it.
+	st, err := LoadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminate(st.Nodes[0].AgentPID, 5*time.Second)
+	if err := c.DiscoveryV1().EndpointSlices(PodNamespace).Delete(ctx, "echo-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if e := dial(ctx, t, b, client.NS, vip); e != "" {
+		t.Errorf("VIP stopped with the agent (the datapath should keep it): %s", e)
+	}
+	pid, err := startAgent(ctx, b, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Nodes[0].AgentPID = pid
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "VIP without backends refused after the agent's resync", 30*time.Second, func() bool {
+		return dial(ctx, t, b, client.NS, vip) != ""
+	})
+
+	// Default-deny ingress for the lab pods, through the API.
+	_, err = c.NetworkingV1().NetworkPolicies(PodNamespace).Create(ctx, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-lab", Namespace: PodNamespace},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "lab"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "policy isolates the backend", 30*time.Second, func() bool { return dial(ctx, t, b, client.NS, direct) != "" })
+	if err := c.NetworkingV1().NetworkPolicies(PodNamespace).Delete(ctx, "deny-lab", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "backend reachable once the policy is deleted", 30*time.Second, func() bool { return dial(ctx, t, b, client.NS, direct) == "" })
 }
 
 // testLabVMI: a VMI scheduled to node 2 with its launcher pod there becomes
