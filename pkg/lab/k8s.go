@@ -11,7 +11,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -162,10 +161,4 @@ func downK8s() {
 	if srv, err := k8stest.Load(K8sDir); err == nil {
 		srv.Stop()
 	}
-}
-
-// k8sUp reports whether the lab runs with --k8s.
-func k8sUp() bool {
-	_, err := os.Stat(filepath.Join(K8sDir, "server.json"))
-	return err == nil
 }
