@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -50,7 +51,7 @@ func InstallKubeVirtCRD(ctx context.Context, cfg *rest.Config) error {
 			}},
 		},
 	}}
-	if _, err := dc.Resource(CRDResource).Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+	if _, err := dc.Resource(CRDResource).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create VMI CRD: %w", err)
 	}
 	// Established, then listable through the new endpoint.

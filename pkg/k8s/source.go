@@ -179,19 +179,10 @@ func (s *Source) Run(ctx context.Context) error {
 	defer s.queue.ShutDown()
 	s.factory.Start(ctx.Done())
 	defer s.factory.Shutdown()
-	if s.vmi != nil {
-		if err := s.vmi.start(ctx); err != nil {
-			s.log.Warn("not watching VirtualMachineInstances", "err", err)
-			s.vmi = nil
-		}
-	}
 	s.log.Info("waiting for the API caches", "node", s.cfg.NodeName)
 	syncs := []cache.InformerSynced{s.nodes.HasSynced}
 	for _, inf := range s.kinds {
 		syncs = append(syncs, inf.HasSynced)
-	}
-	if s.vmi != nil {
-		syncs = append(syncs, s.vmi.inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
 		return ctx.Err()
@@ -228,7 +219,7 @@ func (s *Source) Run(ctx context.Context) error {
 		wg.Go(func() { s.routeLoop(ctx) })
 	}
 	if s.vmi != nil {
-		wg.Go(func() { s.vmi.loop(ctx) })
+		wg.Go(func() { s.vmi.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()

@@ -309,9 +309,6 @@ func TestNodeRoutes(t *testing.T) {
 func TestVMIBecomesVMEndpoint(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
-		t.Fatal(err)
-	}
 	launcher := mustCreate(t, e.c.CoreV1().Pods("default").Create, pod("default", "virt-launcher-vm1-abcde", "node-1", map[string]string{"kubevirt.io": "virt-launcher"}))
 	vms := newVMStore()
 	vms.pods = []endpoint.Endpoint{{ID: 7, Kind: endpoint.KindPod, Netns: "/run/netns/launcher",
@@ -321,6 +318,12 @@ func TestVMIBecomesVMEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, Config{NodeName: "node-1", Client: e.c, Dynamic: e.dc, VMs: vms, VMResync: 200 * time.Millisecond})
+	// KubeVirt arrives after lanekit: the source starts watching VMIs once
+	// they are served.
+	time.Sleep(time.Second)
+	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
+		t.Fatal(err)
+	}
 
 	vmi := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",

@@ -96,7 +96,28 @@ func (w *vmiWatch) start(ctx context.Context) error {
 	return nil
 }
 
-func (w *vmiWatch) loop(ctx context.Context) {
+// run waits until the API server serves VMIs (KubeVirt may be installed
+// after lanekit), then reconciles on every change and every VMResync.
+func (w *vmiWatch) run(ctx context.Context) {
+	for logged := false; ; {
+		err := w.start(ctx)
+		if err == nil {
+			break
+		}
+		if !logged {
+			w.s.log.Info("not watching VirtualMachineInstances yet (retrying every 10s)", "err", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Second):
+		}
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), w.inf.HasSynced) {
+		return
+	}
+	w.s.log.Info("watching VirtualMachineInstances", "node", w.s.cfg.NodeName)
 	t := time.NewTicker(w.s.cfg.VMResync)
 	defer t.Stop()
 	w.kick()

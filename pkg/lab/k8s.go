@@ -72,6 +72,10 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 			return nil, err
 		}
 	}
+	// KubeVirt's VMI type (no KubeVirt controllers): the agents watch VMIs.
+	if err := k8stest.InstallKubeVirtCRD(ctx, srv.RESTConfig()); err != nil {
+		return nil, err
+	}
 	// Pods need their namespace's default ServiceAccount only with the
 	// admission plugin, which is off; the namespace itself exists.
 	return c, nil
