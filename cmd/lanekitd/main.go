@@ -97,6 +97,14 @@ func run(args []string) error {
 		}
 		podCIDR = cidr
 		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr)
+		if cfg.Uplink == "" {
+			// The device with the Node's InternalIP carries pod traffic
+			// between nodes (native routing).
+			if cfg.Uplink, err = k8s.NodeUplink(ctx, kc.client, kube.nodeName, cfg.HostNetns); err != nil {
+				return fmt.Errorf("--uplink not given: %w", err)
+			}
+			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)
+		}
 	}
 	p, err := netip.ParsePrefix(podCIDR)
 	if err != nil {

@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -8,6 +9,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 )
@@ -71,5 +75,39 @@ func TestNetlinkRoutes(t *testing.T) {
 	}
 	if got, _ := r.Routes(); !slices.Equal(got, []Route{rt("10.244.3.0/24", "10.77.0.3")}) {
 		t.Errorf("after a partial failure: %v", got)
+	}
+}
+
+// TestNodeUplink: without --uplink the agent uses the device holding its
+// Node's InternalIP.
+func TestNodeUplink(t *testing.T) {
+	testutil.RequireRoot(t)
+	e := newEnv(t)
+	ns := fmt.Sprintf("lk-t-k8suplink-%d", os.Getpid())
+	for _, args := range [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "add", "up0", "type", "veth", "peer", "name", "other0"},
+		{"-n", ns, "addr", "add", "10.77.0.9/24", "dev", "other0"},
+		{"-n", ns, "addr", "add", "10.77.1.1/24", "dev", "up0"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+		if args[0] == "netns" {
+			t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+		}
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	n = mustCreate(t, e.c.CoreV1().Nodes().Create, n)
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "10.77.0.9"}, {Type: corev1.NodeInternalIP, Address: "10.77.1.1"}}
+	if _, err := e.c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := NodeUplink(context.Background(), e.c, "n1", "/run/netns/"+ns)
+	if err != nil || got != "up0" {
+		t.Errorf("NodeUplink = %q, %v; want up0 (the InternalIP's device)", got, err)
+	}
+	if _, err := NodeUplink(context.Background(), e.c, "n1", ""); err == nil || !strings.Contains(err.Error(), "10.77.1.1") {
+		t.Errorf("NodeUplink in a netns without the address: %v", err)
 	}
 }

@@ -72,8 +72,8 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 
 // ping sends count pings from netns ns to addr; it returns the loss.
 func ping(ctx context.Context, ns, addr string, count int, interval string) (string, error) {
-	out, err := inNS(ctx, ns, "ping", "-n", "-q", "-c", fmt.Sprint(count), "-i", interval, "-W", "1", addr)
-	return out, err
+	argv := append(pingCommand(), "-q", "-c", fmt.Sprint(count), "-i", interval, "-W", "1", addr)
+	return inNS(ctx, ns, argv...)
 }
 
 // TestLabK8s runs the lab against a real API server (`lab up --k8s`): the
@@ -88,7 +88,7 @@ func TestLabK8s(t *testing.T) {
 		t.Skip("needs root: creates network namespaces")
 	}
 	k8stest.RequireBins(t)
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "ping"} {
+	for _, tool := range []string{"ip", "iptables-restore", "nsenter", pingCommand()[0]} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
 		}
