@@ -150,7 +150,7 @@ func (v *vmStore) AddVM(req agent.AddVMRequest) (*agent.VMInfo, error) {
 }
 
 func (v *vmStore) endpoint(req agent.AddVMRequest, id uint32) endpoint.Endpoint {
-	return endpoint.Endpoint{ID: id, Kind: endpoint.KindVM, Netns: req.Netns, MAC: req.MAC, Labels: req.Labels,
+	return endpoint.Endpoint{ID: id, Kind: endpoint.KindVM, Netns: req.Netns, IfName: req.IfName, MAC: req.MAC, Labels: req.Labels,
 		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues}}
 }
 

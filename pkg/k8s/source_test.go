@@ -355,7 +355,7 @@ func TestVMIBecomesVMEndpoint(t *testing.T) {
 	}
 	eventually(t, "VM endpoint for the VMI", func() bool { _, ok := vms.get("default.vm1"); return ok })
 	got, _ := vms.get("default.vm1")
-	if got.Netns != "/run/netns/launcher" || got.Queues != 4 || got.MAC != "02:00:00:aa:00:01" ||
+	if got.Netns != "/run/netns/launcher" || got.IfName != VMIfName || got.Queues != 4 || got.MAC != "02:00:00:aa:00:01" ||
 		got.Labels[LabelVMI] != "default/vm1" || got.Labels["app"] != "db" {
 		t.Errorf("VM endpoint %+v: want the launcher's netns, 4 queues (multiqueue, 4 vCPUs), the interface MAC and the VMI's labels", got)
 	}

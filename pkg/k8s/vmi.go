@@ -48,6 +48,10 @@ const (
 	argPodName      = "K8S_POD_NAME"
 )
 
+// VMIfName is the VM device the agent creates in the virt-launcher pod's
+// netns (its eth0 is the pod network's).
+const VMIfName = "lkvm0"
+
 type vmiWatch struct {
 	s    *Source
 	dc   dynamic.Interface
@@ -194,6 +198,7 @@ func (w *vmiWatch) desiredVM(u *unstructured.Unstructured, podEps map[string]end
 	return agent.AddVMRequest{
 		Name:   VMName(vmi.Namespace, vmi.Name),
 		Netns:  ep.Netns,
+		IfName: VMIfName,
 		Queues: int(kv.Queues()),
 		MAC:    ifs[0].MacAddress,
 		Labels: labels,
@@ -238,7 +243,7 @@ func (w *vmiWatch) reconcile() error {
 			continue
 		}
 		req, ok := want[ep.VM.Name]
-		if ok && req.Netns == ep.Netns && req.Queues == ep.VM.Queues && (req.MAC == "" || equalMAC(req.MAC, ep.MAC)) {
+		if ok && req.Netns == ep.Netns && req.IfName == ep.IfName && req.Queues == ep.VM.Queues && (req.MAC == "" || equalMAC(req.MAC, ep.MAC)) {
 			delete(want, ep.VM.Name)
 			continue
 		}
