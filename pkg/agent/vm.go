@@ -193,6 +193,9 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	links, err := a.host.SetupPod(netdev.PodSpec{
 		Mode: datapath.ModeVeth, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: req.Netns,
 		IP: ep.IP, MTU: req.MTU, Queues: req.Queues, MAC: mac,
+		// A device not named eth0 sits beside the pod's own (KubeVirt's
+		// virt-launcher): the pod keeps its routes.
+		NoRoutes: req.IfName != endpoint.VMIfName,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)

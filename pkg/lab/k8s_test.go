@@ -29,8 +29,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
-	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
