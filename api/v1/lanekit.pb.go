@@ -692,10 +692,11 @@ type StatusResponse struct {
 	PodCidr       string                 `protobuf:"bytes,4,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
 	EndpointCount uint32                 `protobuf:"varint,5,opt,name=endpoint_count,json=endpointCount,proto3" json:"endpoint_count,omitempty"`
 	// Ready is false while the agent cannot add endpoints (reason says why).
-	Ready         bool   `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
-	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
-	IpsAllocated  uint32 `protobuf:"varint,8,opt,name=ips_allocated,json=ipsAllocated,proto3" json:"ips_allocated,omitempty"`
-	IpsCapacity   uint32 `protobuf:"varint,9,opt,name=ips_capacity,json=ipsCapacity,proto3" json:"ips_capacity,omitempty"`
+	Ready         bool                `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason        string              `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	IpsAllocated  uint32              `protobuf:"varint,8,opt,name=ips_allocated,json=ipsAllocated,proto3" json:"ips_allocated,omitempty"`
+	IpsCapacity   uint32              `protobuf:"varint,9,opt,name=ips_capacity,json=ipsCapacity,proto3" json:"ips_capacity,omitempty"`
+	ControlPlane  *ControlPlaneStatus `protobuf:"bytes,10,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -793,6 +794,191 @@ func (x *StatusResponse) GetIpsCapacity() uint32 {
 	return 0
 }
 
+func (x *StatusResponse) GetControlPlane() *ControlPlaneStatus {
+	if x != nil {
+		return x.ControlPlane
+	}
+	return nil
+}
+
+// The service and policy control plane.
+type ControlPlaneStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stored objects by kind ("Service", "Pod", ...).
+	Objects     map[string]uint32 `protobuf:"bytes,1,rep,name=objects,proto3" json:"objects,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Services    uint32            `protobuf:"varint,2,opt,name=services,proto3" json:"services,omitempty"`
+	Frontends   uint32            `protobuf:"varint,3,opt,name=frontends,proto3" json:"frontends,omitempty"`
+	Backends    uint32            `protobuf:"varint,4,opt,name=backends,proto3" json:"backends,omitempty"`
+	Policies    uint32            `protobuf:"varint,5,opt,name=policies,proto3" json:"policies,omitempty"`
+	Identities  uint32            `protobuf:"varint,6,opt,name=identities,proto3" json:"identities,omitempty"`
+	PolicyRules uint32            `protobuf:"varint,7,opt,name=policy_rules,json=policyRules,proto3" json:"policy_rules,omitempty"`
+	// Whether the datapath load-balances services / enforces policy.
+	ServiceDatapath bool `protobuf:"varint,8,opt,name=service_datapath,json=serviceDatapath,proto3" json:"service_datapath,omitempty"`
+	PolicyDatapath  bool `protobuf:"varint,9,opt,name=policy_datapath,json=policyDatapath,proto3" json:"policy_datapath,omitempty"`
+	// Datapath updates that failed and wait for a retry.
+	PendingUpdates    uint32 `protobuf:"varint,10,opt,name=pending_updates,json=pendingUpdates,proto3" json:"pending_updates,omitempty"`
+	ConntrackEntries  uint32 `protobuf:"varint,11,opt,name=conntrack_entries,json=conntrackEntries,proto3" json:"conntrack_entries,omitempty"`
+	ConntrackCapacity uint32 `protobuf:"varint,12,opt,name=conntrack_capacity,json=conntrackCapacity,proto3" json:"conntrack_capacity,omitempty"`
+	// New flows not tracked because the conntrack table was full.
+	ConntrackFull      uint64 `protobuf:"varint,13,opt,name=conntrack_full,json=conntrackFull,proto3" json:"conntrack_full,omitempty"`
+	ConntrackGcRuns    uint64 `protobuf:"varint,14,opt,name=conntrack_gc_runs,json=conntrackGcRuns,proto3" json:"conntrack_gc_runs,omitempty"`
+	ConntrackGcRemoved uint64 `protobuf:"varint,15,opt,name=conntrack_gc_removed,json=conntrackGcRemoved,proto3" json:"conntrack_gc_removed,omitempty"`
+	// Load-balancer counters by name.
+	LbCounters    map[string]uint64 `protobuf:"bytes,16,rep,name=lb_counters,json=lbCounters,proto3" json:"lb_counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Error         string            `protobuf:"bytes,17,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControlPlaneStatus) Reset() {
+	*x = ControlPlaneStatus{}
+	mi := &file_lanekit_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControlPlaneStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControlPlaneStatus) ProtoMessage() {}
+
+func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
+func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ControlPlaneStatus) GetObjects() map[string]uint32 {
+	if x != nil {
+		return x.Objects
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetServices() uint32 {
+	if x != nil {
+		return x.Services
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetFrontends() uint32 {
+	if x != nil {
+		return x.Frontends
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetBackends() uint32 {
+	if x != nil {
+		return x.Backends
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetPolicies() uint32 {
+	if x != nil {
+		return x.Policies
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetIdentities() uint32 {
+	if x != nil {
+		return x.Identities
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetPolicyRules() uint32 {
+	if x != nil {
+		return x.PolicyRules
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetServiceDatapath() bool {
+	if x != nil {
+		return x.ServiceDatapath
+	}
+	return false
+}
+
+func (x *ControlPlaneStatus) GetPolicyDatapath() bool {
+	if x != nil {
+		return x.PolicyDatapath
+	}
+	return false
+}
+
+func (x *ControlPlaneStatus) GetPendingUpdates() uint32 {
+	if x != nil {
+		return x.PendingUpdates
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetConntrackEntries() uint32 {
+	if x != nil {
+		return x.ConntrackEntries
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetConntrackCapacity() uint32 {
+	if x != nil {
+		return x.ConntrackCapacity
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetConntrackFull() uint64 {
+	if x != nil {
+		return x.ConntrackFull
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetConntrackGcRuns() uint64 {
+	if x != nil {
+		return x.ConntrackGcRuns
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetConntrackGcRemoved() uint64 {
+	if x != nil {
+		return x.ConntrackGcRemoved
+	}
+	return 0
+}
+
+func (x *ControlPlaneStatus) GetLbCounters() map[string]uint64 {
+	if x != nil {
+		return x.LbCounters
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type DatapathStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backend: "bpf" ("test" for an in-memory datapath injected by tests).
@@ -816,7 +1002,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_lanekit_proto_msgTypes[13]
+	mi := &file_lanekit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1014,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[13]
+	mi := &file_lanekit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1027,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{13}
+	return file_lanekit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -913,7 +1099,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_lanekit_proto_msgTypes[14]
+	mi := &file_lanekit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1111,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[14]
+	mi := &file_lanekit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1124,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{14}
+	return file_lanekit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -986,7 +1172,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_lanekit_proto_msgTypes[15]
+	mi := &file_lanekit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1184,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[15]
+	mi := &file_lanekit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1197,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{15}
+	return file_lanekit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -1042,7 +1228,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_lanekit_proto_msgTypes[16]
+	mi := &file_lanekit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1240,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[16]
+	mi := &file_lanekit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1253,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{16}
+	return file_lanekit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Interface) GetName() string {
@@ -1118,7 +1304,7 @@ type IPConfig struct {
 
 func (x *IPConfig) Reset() {
 	*x = IPConfig{}
-	mi := &file_lanekit_proto_msgTypes[17]
+	mi := &file_lanekit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1316,7 @@ func (x *IPConfig) String() string {
 func (*IPConfig) ProtoMessage() {}
 
 func (x *IPConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[17]
+	mi := &file_lanekit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1329,7 @@ func (x *IPConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPConfig.ProtoReflect.Descriptor instead.
 func (*IPConfig) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{17}
+	return file_lanekit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *IPConfig) GetAddress() string {
@@ -1179,7 +1365,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_lanekit_proto_msgTypes[18]
+	mi := &file_lanekit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1377,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[18]
+	mi := &file_lanekit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1390,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{18}
+	return file_lanekit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Route) GetDst() string {
@@ -1244,14 +1430,18 @@ type Endpoint struct {
 	Labels      map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	CreatedUnix int64             `protobuf:"varint,11,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	// Datapath counters (ListEndpoints only; absent without a datapath).
-	Counters      *EndpointCounters `protobuf:"bytes,12,opt,name=counters,proto3" json:"counters,omitempty"`
+	Counters *EndpointCounters `protobuf:"bytes,12,opt,name=counters,proto3" json:"counters,omitempty"`
+	// How policy sees the endpoint (ListEndpoints only): its pod's namespace,
+	// name and labels (from a Pod object, else from the CNI args) and the
+	// security identity they map to.
+	Policy        *EndpointPolicy `protobuf:"bytes,13,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_lanekit_proto_msgTypes[19]
+	mi := &file_lanekit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1453,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[19]
+	mi := &file_lanekit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1466,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{19}
+	return file_lanekit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Endpoint) GetId() uint32 {
@@ -1363,6 +1553,90 @@ func (x *Endpoint) GetCounters() *EndpointCounters {
 	return nil
 }
 
+func (x *Endpoint) GetPolicy() *EndpointPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type EndpointPolicy struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Labels    map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Identity  uint32                 `protobuf:"varint,4,opt,name=identity,proto3" json:"identity,omitempty"`
+	// True when a Pod object gave the labels, false when the CNI args did.
+	FromPod       bool `protobuf:"varint,5,opt,name=from_pod,json=fromPod,proto3" json:"from_pod,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointPolicy) Reset() {
+	*x = EndpointPolicy{}
+	mi := &file_lanekit_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointPolicy) ProtoMessage() {}
+
+func (x *EndpointPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointPolicy.ProtoReflect.Descriptor instead.
+func (*EndpointPolicy) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *EndpointPolicy) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *EndpointPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EndpointPolicy) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *EndpointPolicy) GetIdentity() uint32 {
+	if x != nil {
+		return x.Identity
+	}
+	return 0
+}
+
+func (x *EndpointPolicy) GetFromPod() bool {
+	if x != nil {
+		return x.FromPod
+	}
+	return false
+}
+
 // What the datapath counted for one endpoint, summed over CPUs. "from" is
 // what the endpoint sent, "to" what was delivered to it.
 type EndpointCounters struct {
@@ -1384,7 +1658,7 @@ type EndpointCounters struct {
 
 func (x *EndpointCounters) Reset() {
 	*x = EndpointCounters{}
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1670,7 @@ func (x *EndpointCounters) String() string {
 func (*EndpointCounters) ProtoMessage() {}
 
 func (x *EndpointCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1683,7 @@ func (x *EndpointCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointCounters.ProtoReflect.Descriptor instead.
 func (*EndpointCounters) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{20}
+	return file_lanekit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EndpointCounters) GetFromPackets() uint64 {
@@ -1486,7 +1760,7 @@ type AddVMRequest struct {
 
 func (x *AddVMRequest) Reset() {
 	*x = AddVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1772,7 @@ func (x *AddVMRequest) String() string {
 func (*AddVMRequest) ProtoMessage() {}
 
 func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1785,7 @@ func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMRequest.ProtoReflect.Descriptor instead.
 func (*AddVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{21}
+	return file_lanekit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AddVMRequest) GetName() string {
@@ -1579,7 +1853,7 @@ type AddVMResponse struct {
 
 func (x *AddVMResponse) Reset() {
 	*x = AddVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1591,7 +1865,7 @@ func (x *AddVMResponse) String() string {
 func (*AddVMResponse) ProtoMessage() {}
 
 func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1604,7 +1878,7 @@ func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMResponse.ProtoReflect.Descriptor instead.
 func (*AddVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{22}
+	return file_lanekit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AddVMResponse) GetVm() *VM {
@@ -1623,7 +1897,7 @@ type DelVMRequest struct {
 
 func (x *DelVMRequest) Reset() {
 	*x = DelVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1909,7 @@ func (x *DelVMRequest) String() string {
 func (*DelVMRequest) ProtoMessage() {}
 
 func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1922,7 @@ func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMRequest.ProtoReflect.Descriptor instead.
 func (*DelVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{23}
+	return file_lanekit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DelVMRequest) GetName() string {
@@ -1668,7 +1942,7 @@ type DelVMResponse struct {
 
 func (x *DelVMResponse) Reset() {
 	*x = DelVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1954,7 @@ func (x *DelVMResponse) String() string {
 func (*DelVMResponse) ProtoMessage() {}
 
 func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1967,7 @@ func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMResponse.ProtoReflect.Descriptor instead.
 func (*DelVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{24}
+	return file_lanekit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DelVMResponse) GetExisted() bool {
@@ -1711,7 +1985,7 @@ type ListVMsRequest struct {
 
 func (x *ListVMsRequest) Reset() {
 	*x = ListVMsRequest{}
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1997,7 @@ func (x *ListVMsRequest) String() string {
 func (*ListVMsRequest) ProtoMessage() {}
 
 func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +2010,7 @@ func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsRequest.ProtoReflect.Descriptor instead.
 func (*ListVMsRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{25}
+	return file_lanekit_proto_rawDescGZIP(), []int{27}
 }
 
 type ListVMsResponse struct {
@@ -1748,7 +2022,7 @@ type ListVMsResponse struct {
 
 func (x *ListVMsResponse) Reset() {
 	*x = ListVMsResponse{}
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2034,7 @@ func (x *ListVMsResponse) String() string {
 func (*ListVMsResponse) ProtoMessage() {}
 
 func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2047,7 @@ func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsResponse.ProtoReflect.Descriptor instead.
 func (*ListVMsResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{26}
+	return file_lanekit_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListVMsResponse) GetVms() []*VM {
@@ -1809,7 +2083,7 @@ type VM struct {
 
 func (x *VM) Reset() {
 	*x = VM{}
-	mi := &file_lanekit_proto_msgTypes[27]
+	mi := &file_lanekit_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2095,7 @@ func (x *VM) String() string {
 func (*VM) ProtoMessage() {}
 
 func (x *VM) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[27]
+	mi := &file_lanekit_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2108,7 @@ func (x *VM) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VM.ProtoReflect.Descriptor instead.
 func (*VM) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{27}
+	return file_lanekit_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *VM) GetName() string {
@@ -1907,6 +2181,690 @@ func (x *VM) GetEndpoint() *Endpoint {
 	return nil
 }
 
+type ObjectRef struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "Service", "EndpointSlice", "NetworkPolicy", "Namespace" or "Pod".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Empty for Namespace; "default" when empty for the others.
+	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectRef) Reset() {
+	*x = ObjectRef{}
+	mi := &file_lanekit_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectRef) ProtoMessage() {}
+
+func (x *ObjectRef) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectRef.ProtoReflect.Descriptor instead.
+func (*ObjectRef) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ObjectRef) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ObjectRef) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ObjectRef) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ApplyObjectsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Multi-document YAML, a JSON object stream, or a v1 List.
+	Data          []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyObjectsRequest) Reset() {
+	*x = ApplyObjectsRequest{}
+	mi := &file_lanekit_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyObjectsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyObjectsRequest) ProtoMessage() {}
+
+func (x *ApplyObjectsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyObjectsRequest.ProtoReflect.Descriptor instead.
+func (*ApplyObjectsRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ApplyObjectsRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ApplyObjectsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Applied       []*ObjectRef           `protobuf:"bytes,1,rep,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyObjectsResponse) Reset() {
+	*x = ApplyObjectsResponse{}
+	mi := &file_lanekit_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyObjectsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyObjectsResponse) ProtoMessage() {}
+
+func (x *ApplyObjectsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyObjectsResponse.ProtoReflect.Descriptor instead.
+func (*ApplyObjectsResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ApplyObjectsResponse) GetApplied() []*ObjectRef {
+	if x != nil {
+		return x.Applied
+	}
+	return nil
+}
+
+type DeleteObjectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Object        *ObjectRef             `protobuf:"bytes,1,opt,name=object,proto3" json:"object,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteObjectRequest) Reset() {
+	*x = DeleteObjectRequest{}
+	mi := &file_lanekit_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteObjectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteObjectRequest) ProtoMessage() {}
+
+func (x *DeleteObjectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteObjectRequest.ProtoReflect.Descriptor instead.
+func (*DeleteObjectRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteObjectRequest) GetObject() *ObjectRef {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+type DeleteObjectResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Existed       bool                   `protobuf:"varint,1,opt,name=existed,proto3" json:"existed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteObjectResponse) Reset() {
+	*x = DeleteObjectResponse{}
+	mi := &file_lanekit_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteObjectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteObjectResponse) ProtoMessage() {}
+
+func (x *DeleteObjectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteObjectResponse.ProtoReflect.Descriptor instead.
+func (*DeleteObjectResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *DeleteObjectResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
+type ListServicesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesRequest) Reset() {
+	*x = ListServicesRequest{}
+	mi := &file_lanekit_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesRequest) ProtoMessage() {}
+
+func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
+func (*ListServicesRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{35}
+}
+
+type ListServicesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Frontends     []*ServiceFrontend     `protobuf:"bytes,1,rep,name=frontends,proto3" json:"frontends,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesResponse) Reset() {
+	*x = ListServicesResponse{}
+	mi := &file_lanekit_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesResponse) ProtoMessage() {}
+
+func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
+func (*ListServicesResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListServicesResponse) GetFrontends() []*ServiceFrontend {
+	if x != nil {
+		return x.Frontends
+	}
+	return nil
+}
+
+type ServiceFrontend struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	PortName  string                 `protobuf:"bytes,3,opt,name=port_name,json=portName,proto3" json:"port_name,omitempty"`
+	Address   string                 `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
+	Port      uint32                 `protobuf:"varint,5,opt,name=port,proto3" json:"port,omitempty"`
+	// "TCP" or "UDP".
+	Protocol string `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// "ClusterIP" or "NodePort".
+	Scope string `protobuf:"bytes,7,opt,name=scope,proto3" json:"scope,omitempty"`
+	// The datapath's frontend ID (conntrack entries refer to it).
+	FrontendId uint32            `protobuf:"varint,8,opt,name=frontend_id,json=frontendId,proto3" json:"frontend_id,omitempty"`
+	Backends   []*ServiceBackend `protobuf:"bytes,9,rep,name=backends,proto3" json:"backends,omitempty"`
+	// Maglev table size; 0 when no backend takes new flows.
+	MaglevSize uint32 `protobuf:"varint,10,opt,name=maglev_size,json=maglevSize,proto3" json:"maglev_size,omitempty"`
+	// Backends in the Maglev table.
+	EligibleBackends uint32 `protobuf:"varint,11,opt,name=eligible_backends,json=eligibleBackends,proto3" json:"eligible_backends,omitempty"`
+	// ClientIP session affinity timeout; 0 = none.
+	AffinityTimeoutSeconds uint32 `protobuf:"varint,12,opt,name=affinity_timeout_seconds,json=affinityTimeoutSeconds,proto3" json:"affinity_timeout_seconds,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *ServiceFrontend) Reset() {
+	*x = ServiceFrontend{}
+	mi := &file_lanekit_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceFrontend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceFrontend) ProtoMessage() {}
+
+func (x *ServiceFrontend) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceFrontend.ProtoReflect.Descriptor instead.
+func (*ServiceFrontend) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ServiceFrontend) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetPortName() string {
+	if x != nil {
+		return x.PortName
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ServiceFrontend) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *ServiceFrontend) GetFrontendId() uint32 {
+	if x != nil {
+		return x.FrontendId
+	}
+	return 0
+}
+
+func (x *ServiceFrontend) GetBackends() []*ServiceBackend {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *ServiceFrontend) GetMaglevSize() uint32 {
+	if x != nil {
+		return x.MaglevSize
+	}
+	return 0
+}
+
+func (x *ServiceFrontend) GetEligibleBackends() uint32 {
+	if x != nil {
+		return x.EligibleBackends
+	}
+	return 0
+}
+
+func (x *ServiceFrontend) GetAffinityTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.AffinityTimeoutSeconds
+	}
+	return 0
+}
+
+type ServiceBackend struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Port    uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// "active", "terminating" or "not-ready".
+	State         string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceBackend) Reset() {
+	*x = ServiceBackend{}
+	mi := &file_lanekit_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceBackend) ProtoMessage() {}
+
+func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceBackend.ProtoReflect.Descriptor instead.
+func (*ServiceBackend) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ServiceBackend) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ServiceBackend) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ServiceBackend) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type ListPoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesRequest) Reset() {
+	*x = ListPoliciesRequest{}
+	mi := &file_lanekit_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesRequest) ProtoMessage() {}
+
+func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{39}
+}
+
+type ListPoliciesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policies      []*NetworkPolicy       `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPoliciesResponse) Reset() {
+	*x = ListPoliciesResponse{}
+	mi := &file_lanekit_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPoliciesResponse) ProtoMessage() {}
+
+func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListPoliciesResponse) GetPolicies() []*NetworkPolicy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+type NetworkPolicy struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Directions the policy isolates the pods it selects in.
+	Ingress bool `protobuf:"varint,3,opt,name=ingress,proto3" json:"ingress,omitempty"`
+	Egress  bool `protobuf:"varint,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	// Packets its allow rules matched / its default deny dropped.
+	AllowedPackets uint64 `protobuf:"varint,5,opt,name=allowed_packets,json=allowedPackets,proto3" json:"allowed_packets,omitempty"`
+	DeniedPackets  uint64 `protobuf:"varint,6,opt,name=denied_packets,json=deniedPackets,proto3" json:"denied_packets,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_lanekit_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *NetworkPolicy) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *NetworkPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkPolicy) GetIngress() bool {
+	if x != nil {
+		return x.Ingress
+	}
+	return false
+}
+
+func (x *NetworkPolicy) GetEgress() bool {
+	if x != nil {
+		return x.Egress
+	}
+	return false
+}
+
+func (x *NetworkPolicy) GetAllowedPackets() uint64 {
+	if x != nil {
+		return x.AllowedPackets
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetDeniedPackets() uint64 {
+	if x != nil {
+		return x.DeniedPackets
+	}
+	return 0
+}
+
 var File_lanekit_proto protoreflect.FileDescriptor
 
 const file_lanekit_proto_rawDesc = "" +
@@ -1956,7 +2914,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\n" +
 	"GCResponse\x120\n" +
 	"\aremoved\x18\x01 \x03(\v2\x16.lanekit.v1.AttachmentR\aremoved\"\x0f\n" +
-	"\rStatusRequest\"\xce\x02\n" +
+	"\rStatusRequest\"\x93\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x126\n" +
 	"\bdatapath\x18\x02 \x01(\v2\x1a.lanekit.v1.DatapathStatusR\bdatapath\x122\n" +
@@ -1966,7 +2924,37 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x05ready\x18\x06 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06reason\x18\a \x01(\tR\x06reason\x12#\n" +
 	"\rips_allocated\x18\b \x01(\rR\fipsAllocated\x12!\n" +
-	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\"\xb1\x02\n" +
+	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\x12C\n" +
+	"\rcontrol_plane\x18\n" +
+	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\"\xd0\x06\n" +
+	"\x12ControlPlaneStatus\x12E\n" +
+	"\aobjects\x18\x01 \x03(\v2+.lanekit.v1.ControlPlaneStatus.ObjectsEntryR\aobjects\x12\x1a\n" +
+	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1c\n" +
+	"\tfrontends\x18\x03 \x01(\rR\tfrontends\x12\x1a\n" +
+	"\bbackends\x18\x04 \x01(\rR\bbackends\x12\x1a\n" +
+	"\bpolicies\x18\x05 \x01(\rR\bpolicies\x12\x1e\n" +
+	"\n" +
+	"identities\x18\x06 \x01(\rR\n" +
+	"identities\x12!\n" +
+	"\fpolicy_rules\x18\a \x01(\rR\vpolicyRules\x12)\n" +
+	"\x10service_datapath\x18\b \x01(\bR\x0fserviceDatapath\x12'\n" +
+	"\x0fpolicy_datapath\x18\t \x01(\bR\x0epolicyDatapath\x12'\n" +
+	"\x0fpending_updates\x18\n" +
+	" \x01(\rR\x0ependingUpdates\x12+\n" +
+	"\x11conntrack_entries\x18\v \x01(\rR\x10conntrackEntries\x12-\n" +
+	"\x12conntrack_capacity\x18\f \x01(\rR\x11conntrackCapacity\x12%\n" +
+	"\x0econntrack_full\x18\r \x01(\x04R\rconntrackFull\x12*\n" +
+	"\x11conntrack_gc_runs\x18\x0e \x01(\x04R\x0fconntrackGcRuns\x120\n" +
+	"\x14conntrack_gc_removed\x18\x0f \x01(\x04R\x12conntrackGcRemoved\x12O\n" +
+	"\vlb_counters\x18\x10 \x03(\v2..lanekit.v1.ControlPlaneStatus.LbCountersEntryR\n" +
+	"lbCounters\x12\x14\n" +
+	"\x05error\x18\x11 \x01(\tR\x05error\x1a:\n" +
+	"\fObjectsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a=\n" +
+	"\x0fLbCountersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb1\x02\n" +
 	"\x0eDatapathStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x1f\n" +
@@ -1999,7 +2987,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x05Route\x12\x10\n" +
 	"\x03dst\x18\x01 \x01(\tR\x03dst\x12\x18\n" +
 	"\agateway\x18\x02 \x01(\tR\agateway\x12\x14\n" +
-	"\x05scope\x18\x03 \x01(\x05R\x05scope\"\xad\x04\n" +
+	"\x05scope\x18\x03 \x01(\x05R\x05scope\"\xe1\x04\n" +
 	"\bEndpoint\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12,\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x18.lanekit.v1.EndpointKindR\x04kind\x126\n" +
@@ -2018,7 +3006,17 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x06labels\x18\n" +
 	" \x03(\v2 .lanekit.v1.Endpoint.LabelsEntryR\x06labels\x12!\n" +
 	"\fcreated_unix\x18\v \x01(\x03R\vcreatedUnix\x128\n" +
-	"\bcounters\x18\f \x01(\v2\x1c.lanekit.v1.EndpointCountersR\bcounters\x1a9\n" +
+	"\bcounters\x18\f \x01(\v2\x1c.lanekit.v1.EndpointCountersR\bcounters\x122\n" +
+	"\x06policy\x18\r \x01(\v2\x1a.lanekit.v1.EndpointPolicyR\x06policy\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x01\n" +
+	"\x0eEndpointPolicy\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12>\n" +
+	"\x06labels\x18\x03 \x03(\v2&.lanekit.v1.EndpointPolicy.LabelsEntryR\x06labels\x12\x1a\n" +
+	"\bidentity\x18\x04 \x01(\rR\bidentity\x12\x19\n" +
+	"\bfrom_pod\x18\x05 \x01(\bR\afromPod\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +
@@ -2073,11 +3071,56 @@ const file_lanekit_proto_rawDesc = "" +
 	"\bxsk_base\x18\b \x01(\rR\axskBase\x12\x10\n" +
 	"\x03mtu\x18\t \x01(\rR\x03mtu\x120\n" +
 	"\bendpoint\x18\n" +
-	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint*Z\n" +
+	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\"Q\n" +
+	"\tObjectRef\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\")\n" +
+	"\x13ApplyObjectsRequest\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"G\n" +
+	"\x14ApplyObjectsResponse\x12/\n" +
+	"\aapplied\x18\x01 \x03(\v2\x15.lanekit.v1.ObjectRefR\aapplied\"D\n" +
+	"\x13DeleteObjectRequest\x12-\n" +
+	"\x06object\x18\x01 \x01(\v2\x15.lanekit.v1.ObjectRefR\x06object\"0\n" +
+	"\x14DeleteObjectResponse\x12\x18\n" +
+	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x15\n" +
+	"\x13ListServicesRequest\"Q\n" +
+	"\x14ListServicesResponse\x129\n" +
+	"\tfrontends\x18\x01 \x03(\v2\x1b.lanekit.v1.ServiceFrontendR\tfrontends\"\xa1\x03\n" +
+	"\x0fServiceFrontend\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
+	"\tport_name\x18\x03 \x01(\tR\bportName\x12\x18\n" +
+	"\aaddress\x18\x04 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x05 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x06 \x01(\tR\bprotocol\x12\x14\n" +
+	"\x05scope\x18\a \x01(\tR\x05scope\x12\x1f\n" +
+	"\vfrontend_id\x18\b \x01(\rR\n" +
+	"frontendId\x126\n" +
+	"\bbackends\x18\t \x03(\v2\x1a.lanekit.v1.ServiceBackendR\bbackends\x12\x1f\n" +
+	"\vmaglev_size\x18\n" +
+	" \x01(\rR\n" +
+	"maglevSize\x12+\n" +
+	"\x11eligible_backends\x18\v \x01(\rR\x10eligibleBackends\x128\n" +
+	"\x18affinity_timeout_seconds\x18\f \x01(\rR\x16affinityTimeoutSeconds\"T\n" +
+	"\x0eServiceBackend\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\"\x15\n" +
+	"\x13ListPoliciesRequest\"M\n" +
+	"\x14ListPoliciesResponse\x125\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x19.lanekit.v1.NetworkPolicyR\bpolicies\"\xc3\x01\n" +
+	"\rNetworkPolicy\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aingress\x18\x03 \x01(\bR\aingress\x12\x16\n" +
+	"\x06egress\x18\x04 \x01(\bR\x06egress\x12'\n" +
+	"\x0fallowed_packets\x18\x05 \x01(\x04R\x0eallowedPackets\x12%\n" +
+	"\x0edenied_packets\x18\x06 \x01(\x04R\rdeniedPackets*Z\n" +
 	"\fEndpointKind\x12\x1d\n" +
 	"\x19ENDPOINT_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ENDPOINT_KIND_POD\x10\x01\x12\x14\n" +
-	"\x10ENDPOINT_KIND_VM\x10\x022\x89\x05\n" +
+	"\x10ENDPOINT_KIND_VM\x10\x022\xd5\a\n" +
 	"\x05Agent\x12N\n" +
 	"\vAddEndpoint\x12\x1e.lanekit.v1.AddEndpointRequest\x1a\x1f.lanekit.v1.AddEndpointResponse\x12N\n" +
 	"\vDelEndpoint\x12\x1e.lanekit.v1.DelEndpointRequest\x1a\x1f.lanekit.v1.DelEndpointResponse\x12T\n" +
@@ -2087,7 +3130,11 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x06Status\x12\x19.lanekit.v1.StatusRequest\x1a\x1a.lanekit.v1.StatusResponse\x12<\n" +
 	"\x05AddVM\x12\x18.lanekit.v1.AddVMRequest\x1a\x19.lanekit.v1.AddVMResponse\x12<\n" +
 	"\x05DelVM\x12\x18.lanekit.v1.DelVMRequest\x1a\x19.lanekit.v1.DelVMResponse\x12B\n" +
-	"\aListVMs\x12\x1a.lanekit.v1.ListVMsRequest\x1a\x1b.lanekit.v1.ListVMsResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
+	"\aListVMs\x12\x1a.lanekit.v1.ListVMsRequest\x1a\x1b.lanekit.v1.ListVMsResponse\x12Q\n" +
+	"\fApplyObjects\x12\x1f.lanekit.v1.ApplyObjectsRequest\x1a .lanekit.v1.ApplyObjectsResponse\x12Q\n" +
+	"\fDeleteObject\x12\x1f.lanekit.v1.DeleteObjectRequest\x1a .lanekit.v1.DeleteObjectResponse\x12Q\n" +
+	"\fListServices\x12\x1f.lanekit.v1.ListServicesRequest\x1a .lanekit.v1.ListServicesResponse\x12Q\n" +
+	"\fListPolicies\x12\x1f.lanekit.v1.ListPoliciesRequest\x1a .lanekit.v1.ListPoliciesResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
 
 var (
 	file_lanekit_proto_rawDescOnce sync.Once
@@ -2102,7 +3149,7 @@ func file_lanekit_proto_rawDescGZIP() []byte {
 }
 
 var file_lanekit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_lanekit_proto_goTypes = []any{
 	(EndpointKind)(0),             // 0: lanekit.v1.EndpointKind
 	(*Attachment)(nil),            // 1: lanekit.v1.Attachment
@@ -2118,80 +3165,115 @@ var file_lanekit_proto_goTypes = []any{
 	(*GCResponse)(nil),            // 11: lanekit.v1.GCResponse
 	(*StatusRequest)(nil),         // 12: lanekit.v1.StatusRequest
 	(*StatusResponse)(nil),        // 13: lanekit.v1.StatusResponse
-	(*DatapathStatus)(nil),        // 14: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),        // 15: lanekit.v1.KernelFeatures
-	(*Feature)(nil),               // 16: lanekit.v1.Feature
-	(*Interface)(nil),             // 17: lanekit.v1.Interface
-	(*IPConfig)(nil),              // 18: lanekit.v1.IPConfig
-	(*Route)(nil),                 // 19: lanekit.v1.Route
-	(*Endpoint)(nil),              // 20: lanekit.v1.Endpoint
-	(*EndpointCounters)(nil),      // 21: lanekit.v1.EndpointCounters
-	(*AddVMRequest)(nil),          // 22: lanekit.v1.AddVMRequest
-	(*AddVMResponse)(nil),         // 23: lanekit.v1.AddVMResponse
-	(*DelVMRequest)(nil),          // 24: lanekit.v1.DelVMRequest
-	(*DelVMResponse)(nil),         // 25: lanekit.v1.DelVMResponse
-	(*ListVMsRequest)(nil),        // 26: lanekit.v1.ListVMsRequest
-	(*ListVMsResponse)(nil),       // 27: lanekit.v1.ListVMsResponse
-	(*VM)(nil),                    // 28: lanekit.v1.VM
-	nil,                           // 29: lanekit.v1.AddEndpointRequest.LabelsEntry
-	nil,                           // 30: lanekit.v1.Endpoint.LabelsEntry
-	nil,                           // 31: lanekit.v1.EndpointCounters.DropsEntry
-	nil,                           // 32: lanekit.v1.AddVMRequest.LabelsEntry
+	(*ControlPlaneStatus)(nil),    // 14: lanekit.v1.ControlPlaneStatus
+	(*DatapathStatus)(nil),        // 15: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),        // 16: lanekit.v1.KernelFeatures
+	(*Feature)(nil),               // 17: lanekit.v1.Feature
+	(*Interface)(nil),             // 18: lanekit.v1.Interface
+	(*IPConfig)(nil),              // 19: lanekit.v1.IPConfig
+	(*Route)(nil),                 // 20: lanekit.v1.Route
+	(*Endpoint)(nil),              // 21: lanekit.v1.Endpoint
+	(*EndpointPolicy)(nil),        // 22: lanekit.v1.EndpointPolicy
+	(*EndpointCounters)(nil),      // 23: lanekit.v1.EndpointCounters
+	(*AddVMRequest)(nil),          // 24: lanekit.v1.AddVMRequest
+	(*AddVMResponse)(nil),         // 25: lanekit.v1.AddVMResponse
+	(*DelVMRequest)(nil),          // 26: lanekit.v1.DelVMRequest
+	(*DelVMResponse)(nil),         // 27: lanekit.v1.DelVMResponse
+	(*ListVMsRequest)(nil),        // 28: lanekit.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),       // 29: lanekit.v1.ListVMsResponse
+	(*VM)(nil),                    // 30: lanekit.v1.VM
+	(*ObjectRef)(nil),             // 31: lanekit.v1.ObjectRef
+	(*ApplyObjectsRequest)(nil),   // 32: lanekit.v1.ApplyObjectsRequest
+	(*ApplyObjectsResponse)(nil),  // 33: lanekit.v1.ApplyObjectsResponse
+	(*DeleteObjectRequest)(nil),   // 34: lanekit.v1.DeleteObjectRequest
+	(*DeleteObjectResponse)(nil),  // 35: lanekit.v1.DeleteObjectResponse
+	(*ListServicesRequest)(nil),   // 36: lanekit.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 37: lanekit.v1.ListServicesResponse
+	(*ServiceFrontend)(nil),       // 38: lanekit.v1.ServiceFrontend
+	(*ServiceBackend)(nil),        // 39: lanekit.v1.ServiceBackend
+	(*ListPoliciesRequest)(nil),   // 40: lanekit.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 41: lanekit.v1.ListPoliciesResponse
+	(*NetworkPolicy)(nil),         // 42: lanekit.v1.NetworkPolicy
+	nil,                           // 43: lanekit.v1.AddEndpointRequest.LabelsEntry
+	nil,                           // 44: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                           // 45: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	nil,                           // 46: lanekit.v1.Endpoint.LabelsEntry
+	nil,                           // 47: lanekit.v1.EndpointPolicy.LabelsEntry
+	nil,                           // 48: lanekit.v1.EndpointCounters.DropsEntry
+	nil,                           // 49: lanekit.v1.AddVMRequest.LabelsEntry
 }
 var file_lanekit_proto_depIdxs = []int32{
 	0,  // 0: lanekit.v1.AddEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 1: lanekit.v1.AddEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	29, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
-	20, // 3: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
+	43, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
+	21, // 3: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
 	0,  // 4: lanekit.v1.DelEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 5: lanekit.v1.DelEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
 	0,  // 6: lanekit.v1.CheckEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 7: lanekit.v1.CheckEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	20, // 8: lanekit.v1.CheckEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
-	20, // 9: lanekit.v1.ListEndpointsResponse.endpoints:type_name -> lanekit.v1.Endpoint
+	21, // 8: lanekit.v1.CheckEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
+	21, // 9: lanekit.v1.ListEndpointsResponse.endpoints:type_name -> lanekit.v1.Endpoint
 	1,  // 10: lanekit.v1.GCRequest.valid_attachments:type_name -> lanekit.v1.Attachment
 	1,  // 11: lanekit.v1.GCResponse.removed:type_name -> lanekit.v1.Attachment
-	14, // 12: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	15, // 13: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
-	16, // 14: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	16, // 15: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	16, // 16: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	16, // 17: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	0,  // 18: lanekit.v1.Endpoint.kind:type_name -> lanekit.v1.EndpointKind
-	1,  // 19: lanekit.v1.Endpoint.attachment:type_name -> lanekit.v1.Attachment
-	17, // 20: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
-	18, // 21: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
-	19, // 22: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
-	30, // 23: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
-	21, // 24: lanekit.v1.Endpoint.counters:type_name -> lanekit.v1.EndpointCounters
-	31, // 25: lanekit.v1.EndpointCounters.drops:type_name -> lanekit.v1.EndpointCounters.DropsEntry
-	32, // 26: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
-	28, // 27: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
-	28, // 28: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
-	20, // 29: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
-	2,  // 30: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	4,  // 31: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	6,  // 32: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	8,  // 33: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	10, // 34: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
-	12, // 35: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
-	22, // 36: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
-	24, // 37: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
-	26, // 38: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
-	3,  // 39: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
-	5,  // 40: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	7,  // 41: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
-	9,  // 42: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
-	11, // 43: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
-	13, // 44: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
-	23, // 45: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
-	25, // 46: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
-	27, // 47: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
-	39, // [39:48] is the sub-list for method output_type
-	30, // [30:39] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	15, // 12: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	16, // 13: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	14, // 14: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
+	44, // 15: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	45, // 16: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	17, // 17: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	17, // 18: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	17, // 19: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	17, // 20: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	0,  // 21: lanekit.v1.Endpoint.kind:type_name -> lanekit.v1.EndpointKind
+	1,  // 22: lanekit.v1.Endpoint.attachment:type_name -> lanekit.v1.Attachment
+	18, // 23: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
+	19, // 24: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
+	20, // 25: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
+	46, // 26: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
+	23, // 27: lanekit.v1.Endpoint.counters:type_name -> lanekit.v1.EndpointCounters
+	22, // 28: lanekit.v1.Endpoint.policy:type_name -> lanekit.v1.EndpointPolicy
+	47, // 29: lanekit.v1.EndpointPolicy.labels:type_name -> lanekit.v1.EndpointPolicy.LabelsEntry
+	48, // 30: lanekit.v1.EndpointCounters.drops:type_name -> lanekit.v1.EndpointCounters.DropsEntry
+	49, // 31: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
+	30, // 32: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
+	30, // 33: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
+	21, // 34: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
+	31, // 35: lanekit.v1.ApplyObjectsResponse.applied:type_name -> lanekit.v1.ObjectRef
+	31, // 36: lanekit.v1.DeleteObjectRequest.object:type_name -> lanekit.v1.ObjectRef
+	38, // 37: lanekit.v1.ListServicesResponse.frontends:type_name -> lanekit.v1.ServiceFrontend
+	39, // 38: lanekit.v1.ServiceFrontend.backends:type_name -> lanekit.v1.ServiceBackend
+	42, // 39: lanekit.v1.ListPoliciesResponse.policies:type_name -> lanekit.v1.NetworkPolicy
+	2,  // 40: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	4,  // 41: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	6,  // 42: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	8,  // 43: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	10, // 44: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
+	12, // 45: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
+	24, // 46: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
+	26, // 47: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
+	28, // 48: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
+	32, // 49: lanekit.v1.Agent.ApplyObjects:input_type -> lanekit.v1.ApplyObjectsRequest
+	34, // 50: lanekit.v1.Agent.DeleteObject:input_type -> lanekit.v1.DeleteObjectRequest
+	36, // 51: lanekit.v1.Agent.ListServices:input_type -> lanekit.v1.ListServicesRequest
+	40, // 52: lanekit.v1.Agent.ListPolicies:input_type -> lanekit.v1.ListPoliciesRequest
+	3,  // 53: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
+	5,  // 54: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	7,  // 55: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
+	9,  // 56: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
+	11, // 57: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
+	13, // 58: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
+	25, // 59: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
+	27, // 60: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
+	29, // 61: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
+	33, // 62: lanekit.v1.Agent.ApplyObjects:output_type -> lanekit.v1.ApplyObjectsResponse
+	35, // 63: lanekit.v1.Agent.DeleteObject:output_type -> lanekit.v1.DeleteObjectResponse
+	37, // 64: lanekit.v1.Agent.ListServices:output_type -> lanekit.v1.ListServicesResponse
+	41, // 65: lanekit.v1.Agent.ListPolicies:output_type -> lanekit.v1.ListPoliciesResponse
+	53, // [53:66] is the sub-list for method output_type
+	40, // [40:53] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_lanekit_proto_init() }
@@ -2199,14 +3281,14 @@ func file_lanekit_proto_init() {
 	if File_lanekit_proto != nil {
 		return
 	}
-	file_lanekit_proto_msgTypes[21].OneofWrappers = []any{}
+	file_lanekit_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lanekit_proto_rawDesc), len(file_lanekit_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,10 @@ const (
 	Agent_AddVM_FullMethodName         = "/lanekit.v1.Agent/AddVM"
 	Agent_DelVM_FullMethodName         = "/lanekit.v1.Agent/DelVM"
 	Agent_ListVMs_FullMethodName       = "/lanekit.v1.Agent/ListVMs"
+	Agent_ApplyObjects_FullMethodName  = "/lanekit.v1.Agent/ApplyObjects"
+	Agent_DeleteObject_FullMethodName  = "/lanekit.v1.Agent/DeleteObject"
+	Agent_ListServices_FullMethodName  = "/lanekit.v1.Agent/ListServices"
+	Agent_ListPolicies_FullMethodName  = "/lanekit.v1.Agent/ListPolicies"
 )
 
 // AgentClient is the client API for Agent service.
@@ -59,6 +63,17 @@ type AgentClient interface {
 	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
 	DelVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error)
 	ListVMs(ctx context.Context, in *ListVMsRequest, opts ...grpc.CallOption) (*ListVMsResponse, error)
+	// ApplyObjects decodes Kubernetes objects (Service, EndpointSlice,
+	// NetworkPolicy, Namespace, Pod) from YAML or JSON bytes, strictly, and
+	// applies all of them or none. INVALID_ARGUMENT names the document, object
+	// and field.
+	ApplyObjects(ctx context.Context, in *ApplyObjectsRequest, opts ...grpc.CallOption) (*ApplyObjectsResponse, error)
+	// DeleteObject removes one object; deleting an unknown one succeeds.
+	DeleteObject(ctx context.Context, in *DeleteObjectRequest, opts ...grpc.CallOption) (*DeleteObjectResponse, error)
+	// ListServices lists the service frontends with their backends.
+	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
+	// ListPolicies lists the NetworkPolicies with their verdict counters.
+	ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error)
 }
 
 type agentClient struct {
@@ -159,6 +174,46 @@ func (c *agentClient) ListVMs(ctx context.Context, in *ListVMsRequest, opts ...g
 	return out, nil
 }
 
+func (c *agentClient) ApplyObjects(ctx context.Context, in *ApplyObjectsRequest, opts ...grpc.CallOption) (*ApplyObjectsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyObjectsResponse)
+	err := c.cc.Invoke(ctx, Agent_ApplyObjects_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) DeleteObject(ctx context.Context, in *DeleteObjectRequest, opts ...grpc.CallOption) (*DeleteObjectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteObjectResponse)
+	err := c.cc.Invoke(ctx, Agent_DeleteObject_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServicesResponse)
+	err := c.cc.Invoke(ctx, Agent_ListServices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListPolicies(ctx context.Context, in *ListPoliciesRequest, opts ...grpc.CallOption) (*ListPoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPoliciesResponse)
+	err := c.cc.Invoke(ctx, Agent_ListPolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -182,6 +237,17 @@ type AgentServer interface {
 	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
 	DelVM(context.Context, *DelVMRequest) (*DelVMResponse, error)
 	ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error)
+	// ApplyObjects decodes Kubernetes objects (Service, EndpointSlice,
+	// NetworkPolicy, Namespace, Pod) from YAML or JSON bytes, strictly, and
+	// applies all of them or none. INVALID_ARGUMENT names the document, object
+	// and field.
+	ApplyObjects(context.Context, *ApplyObjectsRequest) (*ApplyObjectsResponse, error)
+	// DeleteObject removes one object; deleting an unknown one succeeds.
+	DeleteObject(context.Context, *DeleteObjectRequest) (*DeleteObjectResponse, error)
+	// ListServices lists the service frontends with their backends.
+	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
+	// ListPolicies lists the NetworkPolicies with their verdict counters.
+	ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -218,6 +284,18 @@ func (UnimplementedAgentServer) DelVM(context.Context, *DelVMRequest) (*DelVMRes
 }
 func (UnimplementedAgentServer) ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListVMs not implemented")
+}
+func (UnimplementedAgentServer) ApplyObjects(context.Context, *ApplyObjectsRequest) (*ApplyObjectsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyObjects not implemented")
+}
+func (UnimplementedAgentServer) DeleteObject(context.Context, *DeleteObjectRequest) (*DeleteObjectResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteObject not implemented")
+}
+func (UnimplementedAgentServer) ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListServices not implemented")
+}
+func (UnimplementedAgentServer) ListPolicies(context.Context, *ListPoliciesRequest) (*ListPoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPolicies not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -402,6 +480,78 @@ func _Agent_ListVMs_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ApplyObjects_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyObjectsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ApplyObjects(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ApplyObjects_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ApplyObjects(ctx, req.(*ApplyObjectsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_DeleteObject_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteObjectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).DeleteObject(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_DeleteObject_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).DeleteObject(ctx, req.(*DeleteObjectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListServices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServicesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListServices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListServices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListServices(ctx, req.(*ListServicesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListPolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListPolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListPolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListPolicies(ctx, req.(*ListPoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -444,6 +594,22 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListVMs",
 			Handler:    _Agent_ListVMs_Handler,
+		},
+		{
+			MethodName: "ApplyObjects",
+			Handler:    _Agent_ApplyObjects_Handler,
+		},
+		{
+			MethodName: "DeleteObject",
+			Handler:    _Agent_DeleteObject_Handler,
+		},
+		{
+			MethodName: "ListServices",
+			Handler:    _Agent_ListServices_Handler,
+		},
+		{
+			MethodName: "ListPolicies",
+			Handler:    _Agent_ListPolicies_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

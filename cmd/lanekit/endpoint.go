@@ -67,7 +67,7 @@ var endpointListCmd = &cobra.Command{
 			return fmt.Errorf("list endpoints: %w", err)
 		}
 		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS")
+		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tPOD\tLABELS\tIDENTITY\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS\tPOLICY-DROPS")
 		for _, ep := range resp.GetEndpoints() {
 			ip, hostDev, ifindex := "", "", int32(0)
 			if len(ep.GetIps()) > 0 {
@@ -81,10 +81,17 @@ var endpointListCmd = &cobra.Command{
 				cid = cid[:16]
 			}
 			c := ep.GetCounters()
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d/%d\t%d/%d\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
+			pol := ep.GetPolicy()
+			pod, identity := "-", "-"
+			if pol != nil {
+				pod, identity = pol.GetNamespace()+"/"+pol.GetName(), fmt.Sprint(pol.GetIdentity())
+			}
+			drops, policyDrops := splitPolicyDrops(c.GetDrops())
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d/%d\t%s\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
 				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns(),
+				pod, labelsText(pol.GetLabels()), identity,
 				c.GetFromPackets(), c.GetFromBytes(), c.GetStackPackets(), c.GetStackBytes(), c.GetToPackets(), c.GetToBytes(),
-				dropsText(c.GetDrops()))
+				dropsText(drops), dropsText(policyDrops))
 		}
 		return w.Flush()
 	},
@@ -116,4 +123,23 @@ func dropsText(d map[string]uint64) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",")
+}
+
+// splitPolicyDrops separates the policy drop reasons (named "policy-..." after
+// enum lk_drop_reason's DROP_POLICY_* values) from the others.
+func splitPolicyDrops(d map[string]uint64) (other, policy map[string]uint64) {
+	for r, n := range d {
+		if strings.HasPrefix(r, "policy") {
+			if policy == nil {
+				policy = map[string]uint64{}
+			}
+			policy[r] = n
+			continue
+		}
+		if other == nil {
+			other = map[string]uint64{}
+		}
+		other[r] = n
+	}
+	return other, policy
 }

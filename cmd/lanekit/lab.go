@@ -27,7 +27,7 @@ var labCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(labCmd)
-	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labKubeletCmd())
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd(), labKubeletCmd())
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.

@@ -17,7 +17,45 @@ import (
 // lanekit lab ...`): the TCP echo of `lab check` and the connection-rate
 // pair of `lab bench`. Each is bounded in time.
 func init() {
-	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd(), cpuSpinCmd())
+	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd(), cpuSpinCmd(), whoamiCmd(), askCmd())
+}
+
+func whoamiCmd() *cobra.Command {
+	var listen string
+	var life time.Duration
+	cmd := &cobra.Command{
+		Use:    "tcp-whoami",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("tcp-whoami: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), life)
+			defer cancel()
+			return lab.ServeWhoami(ctx, ln)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "0.0.0.0:8080", "address to listen on")
+	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
+	return cmd
+}
+
+func askCmd() *cobra.Command {
+	var count int
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:    "tcp-ask ADDR",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.AskWhoami(context.Background(), args[0], count, timeout))
+		},
+	}
+	cmd.Flags().IntVar(&count, "count", 30, "connections to open")
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Second, "per-connection timeout")
+	return cmd
 }
 
 func tcpEchoCmd() *cobra.Command {

@@ -80,6 +80,27 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 	}
 	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
 	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
+	if cp := st.GetControlPlane(); cp != nil {
+		lb, pol := "load-balanced", "enforced"
+		if !cp.GetServiceDatapath() {
+			lb = "not load-balanced: the datapath has no service support"
+		}
+		if !cp.GetPolicyDatapath() {
+			pol = "not enforced: the datapath has no policy support"
+		}
+		fmt.Fprintf(out, "services:     %d (%d frontends, %d backends), %s\n", cp.GetServices(), cp.GetFrontends(), cp.GetBackends(), lb)
+		fmt.Fprintf(out, "policies:     %d (%d identities, %d rules), %s\n", cp.GetPolicies(), cp.GetIdentities(), cp.GetPolicyRules(), pol)
+		if cp.GetServiceDatapath() {
+			fmt.Fprintf(out, "conntrack:    %d/%d entries, %d evicted (table full), gc removed %d in %d runs\n", cp.GetConntrackEntries(),
+				cp.GetConntrackCapacity(), cp.GetConntrackFull(), cp.GetConntrackGcRemoved(), cp.GetConntrackGcRuns())
+		}
+		if n := cp.GetPendingUpdates(); n > 0 {
+			fmt.Fprintf(out, "  warning:    %d datapath updates failed and wait for a retry\n", n)
+		}
+		if e := cp.GetError(); e != "" {
+			fmt.Fprintf(out, "  error:      %s\n", e)
+		}
+	}
 	if !st.GetReady() {
 		return st, fmt.Errorf("agent not ready: %s", st.GetReason())
 	}

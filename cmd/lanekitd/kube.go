@@ -59,13 +59,9 @@ func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string,
 	if err != nil {
 		return nil, err
 	}
-	objects, ok := any(a).(k8s.ObjectSink)
-	if !ok {
-		log.Warn("this agent has no object seam: Services, EndpointSlices, NetworkPolicies, Pods and Namespaces from the API are not applied")
-	}
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
-		Objects: objects, VMs: a, Routes: routes, Log: log,
+		Objects: a, VMs: a, Routes: routes, Log: log,
 	})
 	if err != nil {
 		return nil, err

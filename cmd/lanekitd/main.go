@@ -50,6 +50,15 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
+	fs.Func("node-addr", "an address NodePort services listen on (repeatable; default: the uplink's IPv4 addresses)", func(v string) error {
+		a, err := netip.ParseAddr(v)
+		if err != nil || !a.Is4() {
+			return fmt.Errorf("want an IPv4 address, got %q", v)
+		}
+		cfg.NodeAddrs = append(cfg.NodeAddrs, a)
+		return nil
+	})
+	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")

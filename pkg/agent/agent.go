@@ -13,6 +13,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -56,6 +57,13 @@ type Config struct {
 	// ExtraServices registers more services on the API's gRPC server (the
 	// flow event Observer, pkg/observe).
 	ExtraServices func(*grpc.Server)
+	// NodeAddrs are the addresses NodePort services listen on; empty means
+	// the uplink's IPv4 addresses.
+	NodeAddrs []netip.Addr
+	// MaintenanceInterval is how often Run collects expired conntrack
+	// entries and retries failed datapath updates; 0 means
+	// DefaultMaintenanceInterval.
+	MaintenanceInterval time.Duration
 }
 
 // Agent is one node's agent.
@@ -80,6 +88,10 @@ type Agent struct {
 
 	readyMu     sync.Mutex
 	readyChecks []readyCheck // more readiness conditions (AddReadyCheck)
+
+	// ctl is the service and policy control plane (objects.go); its own
+	// lock nests inside mu.
+	ctl *ctlPlane
 }
 
 func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {
@@ -160,6 +172,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("new agent: open datapath: %w", err)
 	}
 	if err := a.adopt(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := a.restoreControlPlane(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	return a, nil
@@ -468,6 +483,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
+	every := a.cfg.MaintenanceInterval
+	if every <= 0 {
+		every = DefaultMaintenanceInterval
+	}
+	mctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go a.maintain(mctx, every)
 	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.backend, "device_mode", a.mode)
 	select {
 	case <-ctx.Done():

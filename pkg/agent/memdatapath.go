@@ -18,6 +18,14 @@ type MemoryDatapath struct {
 	eps  map[uint32]datapath.Endpoint
 	vms  map[uint32]datapath.VM // by endpoint id
 	xsks map[uint32]int         // socket slot -> fd as published
+
+	// Service and policy maps (memservices.go).
+	svcs       memServices
+	pol        memPolicy
+	verdicts   map[uint32]datapath.PolicyVerdict
+	failApply  bool
+	svcApplies int
+	gcCalls    int
 }
 
 var (

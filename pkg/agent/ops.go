@@ -124,6 +124,11 @@ func allocIDTx(tx *store.Tx, key string) (uint32, error) {
 // Add creates the endpoint for req, or returns the existing one for the same
 // attachment and netns. On failure everything done so far is undone.
 func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
+	defer func() {
+		if err == nil {
+			a.endpointsChanged()
+		}
+	}()
 	if err := a.validateAdd(&req); err != nil {
 		return nil, fmt.Errorf("add %s/%s: %w", req.ContainerID, req.IfName, err)
 	}
@@ -215,6 +220,11 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 // missing netns and missing devices are success; existed reports whether
 // there was a record.
 func (a *Agent) Del(containerID, ifname string) (existed bool, err error) {
+	defer func() {
+		if err == nil {
+			a.endpointsChanged()
+		}
+	}()
 	if err := endpoint.Validate(containerID, ifname); err != nil {
 		return false, fmt.Errorf("del %s/%s: %w: %w", containerID, ifname, err, ErrInvalid)
 	}
@@ -364,6 +374,7 @@ func (a *Agent) GC(valid []Attachment) ([]Attachment, error) {
 	for _, v := range valid {
 		keep[endpoint.Key(v.ContainerID, v.IfName)] = true
 	}
+	defer a.endpointsChanged()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	eps, err := a.endpoints()

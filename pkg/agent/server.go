@@ -206,6 +206,9 @@ func (s *server) ListEndpoints(context.Context, *apiv1.ListEndpointsRequest) (*a
 		if cerr == nil {
 			pe.Counters = CountersToProto(counters[eps[i].ID])
 		}
+		if pi, ok := s.a.PolicyInfoOf(eps[i].ID); ok {
+			pe.Policy = EndpointPolicyToProto(pi)
+		}
 		resp.Endpoints = append(resp.Endpoints, pe)
 	}
 	return resp, nil
@@ -255,6 +258,7 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		Reason:        st.NotReadyReason,
 		IpsAllocated:  uint32(st.IPsAllocated),
 		IpsCapacity:   uint32(st.IPsCapacity),
+		ControlPlane:  ControlPlaneToProto(s.a.ControlStats()),
 	}, nil
 }
 

@@ -137,6 +137,11 @@ func (a *Agent) validateAddVM(req *AddVMRequest) (net.HardwareAddr, error) {
 // AddVM creates a VM endpoint. A taken name is ErrConflict. On failure
 // everything done so far is undone.
 func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
+	defer func() {
+		if err == nil {
+			a.endpointsChanged()
+		}
+	}()
 	mac, err := a.validateAddVM(&req)
 	if err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
@@ -351,6 +356,11 @@ func (a *Agent) detachVM(ep *endpoint.Endpoint) {
 // missing netns and missing devices are success; existed reports whether
 // there was a record.
 func (a *Agent) DelVM(name string) (existed bool, err error) {
+	defer func() {
+		if err == nil {
+			a.endpointsChanged()
+		}
+	}()
 	if err := endpoint.ValidateVMName(name); err != nil {
 		return false, fmt.Errorf("del vm: %w: %w", err, ErrInvalid)
 	}

@@ -360,7 +360,7 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	if got := ro.GetObjectKind().GroupVersionKind().Kind; got != string(kind) {
 		return obj, fmt.Errorf("%s: got a %s", kind, got)
 	}
-	if err := k8sobj.Validate(obj); err != nil {
+	if err := k8sobj.Check(obj); err != nil {
 		return obj, fmt.Errorf("%s: %w: %w", obj, err, errInvalid)
 	}
 	return obj, nil

@@ -33,7 +33,10 @@ type VMSink interface {
 	List() ([]endpoint.Endpoint, error)
 }
 
-var _ VMSink = (*agent.Agent)(nil)
+var (
+	_ VMSink     = (*agent.Agent)(nil)
+	_ ObjectSink = (*agent.Agent)(nil)
+)
 
 // VMIResource is KubeVirt's kubevirt.io/v1 virtualmachineinstances.
 var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}

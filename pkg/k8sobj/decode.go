@@ -384,30 +384,9 @@ func checkDuplicates(objs []Object) error {
 func Encode(objs []Object) ([]byte, error) {
 	var buf bytes.Buffer
 	for i, o := range objs {
-		var v any
-		switch {
-		case o.Service != nil:
-			c := o.Service.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
-			v = c
-		case o.EndpointSlice != nil:
-			c := o.EndpointSlice.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
-			v = c
-		case o.NetworkPolicy != nil:
-			c := o.NetworkPolicy.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
-			v = c
-		case o.NamespaceObj != nil:
-			c := o.NamespaceObj.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
-			v = c
-		case o.Pod != nil:
-			c := o.Pod.DeepCopy()
-			c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
-			v = c
-		default:
-			return nil, fmt.Errorf("encode object %d: empty object", i)
+		v, err := typed(o)
+		if err != nil {
+			return nil, fmt.Errorf("encode object %d: %w", i, err)
 		}
 		b, err := yaml.Marshal(v)
 		if err != nil {
@@ -419,6 +398,73 @@ func Encode(objs []Object) ([]byte, error) {
 		buf.Write(b)
 	}
 	return buf.Bytes(), nil
+}
+
+// EncodeJSON returns o as one JSON document with apiVersion and kind set
+// (Decode reads it back).
+func EncodeJSON(o Object) ([]byte, error) {
+	v, err := typed(o)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", o, err)
+	}
+	return b, nil
+}
+
+// typed returns a copy of o's object with its TypeMeta filled in.
+func typed(o Object) (any, error) {
+	switch {
+	case o.Service != nil:
+		c := o.Service.DeepCopy()
+		c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
+		return c, nil
+	case o.EndpointSlice != nil:
+		c := o.EndpointSlice.DeepCopy()
+		c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
+		return c, nil
+	case o.NetworkPolicy != nil:
+		c := o.NetworkPolicy.DeepCopy()
+		c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
+		return c, nil
+	case o.NamespaceObj != nil:
+		c := o.NamespaceObj.DeepCopy()
+		c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
+		return c, nil
+	case o.Pod != nil:
+		c := o.Pod.DeepCopy()
+		c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
+		return c, nil
+	}
+	return nil, errors.New("empty object")
+}
+
+// Check validates an object built in code (not decoded): exactly one object
+// set, matching Kind, and Validate. Decode does the same for files.
+func Check(o Object) error {
+	n := 0
+	var k Kind
+	for _, x := range []struct {
+		set  bool
+		kind Kind
+	}{{o.Service != nil, KindService}, {o.EndpointSlice != nil, KindEndpointSlice}, {o.NetworkPolicy != nil, KindNetworkPolicy},
+		{o.NamespaceObj != nil, KindNamespace}, {o.Pod != nil, KindPod}} {
+		if x.set {
+			n++
+			k = x.kind
+		}
+	}
+	switch {
+	case n == 0:
+		return fmt.Errorf("%s: empty object", describe(o.Kind, "", ""))
+	case n > 1:
+		return fmt.Errorf("%s: more than one object set", o)
+	case o.Kind != "" && o.Kind != k:
+		return fmt.Errorf("%s: kind %q does not match the object (a %s)", o, o.Kind, k)
+	}
+	return Validate(o)
 }
 
 // Split sorts decoded Services, EndpointSlices and NetworkPolicies by kind,

@@ -53,6 +53,11 @@ func Down(ctx context.Context, o DownOptions) error {
 				}
 			}
 		}
+		for _, p := range st.NamedPods {
+			if err := delNamedPod(ctx, o.Bins, st, &p); err != nil {
+				say("lab down: %v (continuing)", err)
+			}
+		}
 	}
 	downK8s()
 	pidFiles, _ := filepath.Glob(filepath.Join(RunDir, "*", "*.pid"))

@@ -30,12 +30,11 @@ import (
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
-	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
-// agentClient dials node i's agent API.
-func agentClient(t *testing.T, i int) apiv1.AgentClient {
+// nodeAgent dials node i's agent API.
+func nodeAgent(t *testing.T, i int) apiv1.AgentClient {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+AgentSocket(i), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -50,7 +49,7 @@ func endpointFor(t *testing.T, i int, ns, name string) *apiv1.Endpoint {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := agentClient(t, i).ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+	resp, err := nodeAgent(t, i).ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +232,7 @@ func TestLabK8s(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	for i := 1; i <= 2; i++ {
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-		stResp, err := agentClient(t, i).Status(sctx, &apiv1.StatusRequest{})
+		stResp, err := nodeAgent(t, i).Status(sctx, &apiv1.StatusRequest{})
 		scancel()
 		if err != nil || !stResp.GetReady() {
 			t.Errorf("agent %d with the API server down: ready=%v reason=%q err=%v", i, stResp.GetReady(), stResp.GetReason(), err)
@@ -288,9 +287,6 @@ func dial(ctx context.Context, t *testing.T, b Bins, ns, addr string) string {
 // the slice while node 1's agent is down is converged by its resync after
 // the restart; a NetworkPolicy through the API isolates the backend pod.
 func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Interface, client, backend Pod) {
-	if _, ok := any(&agent.Agent{}).(k8s.ObjectSink); !ok {
-		t.Skip("skipping: the agent has no object seam (UpsertObjects/DeleteObject/ReplaceObjects) in this build")
-	}
 	echo, err := startEcho(ctx, b, backend.NS)
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +407,7 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 	findVM := func() *apiv1.VM {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		resp, err := agentClient(t, 2).ListVMs(lctx, &apiv1.ListVMsRequest{})
+		resp, err := nodeAgent(t, 2).ListVMs(lctx, &apiv1.ListVMsRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}

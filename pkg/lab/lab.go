@@ -58,6 +58,8 @@ type State struct {
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
 	TapVMs []LabVM `json:"tap_vms,omitempty"`
+	// NamedPods were added with `lanekit lab pod add` (labpod.go).
+	NamedPods []NamedPod `json:"named_pods,omitempty"`
 }
 
 // Node is one node namespace.

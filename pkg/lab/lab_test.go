@@ -30,6 +30,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	for ns, want := range map[string]bool{"lk-wire": true, "lk-node12": true, "lk-n1-p2": true, "lk-n3-b1": true,
+		"lk-p-web-1": true, "lk-p-": false, "lk-p-Web": false, "lk-p-a-": false,
 		"lk-t-veth-123": false, "lk-nodex": false, "lk-": false, "node1": false} {
 		if got := labNetnsRe.MatchString(ns); got != want {
 			t.Errorf("lab netns %q: got %v, want %v", ns, got, want)
@@ -186,5 +187,39 @@ func TestEchoLoopback(t *testing.T) {
 	back, err := ParseDialResults(data)
 	if err != nil || len(back) != 2 || back[0] != res[0] {
 		t.Errorf("round trip = %+v, %v", back, err)
+	}
+}
+
+func TestParsePodFlags(t *testing.T) {
+	l, err := ParseLabels("app=web, tier=front,empty=")
+	if err != nil || len(l) != 3 || l["app"] != "web" || l["tier"] != "front" || l["empty"] != "" {
+		t.Errorf("ParseLabels = %v, %v", l, err)
+	}
+	for _, bad := range []string{"app", "=x", "a=1,a=2"} {
+		if _, err := ParseLabels(bad); err == nil {
+			t.Errorf("ParseLabels(%q) succeeded", bad)
+		}
+	}
+	p, err := ParsePorts("http=8080/tcp,dns=53/UDP,metrics=9090")
+	if err != nil || len(p) != 3 || p[0] != (PodPort{"http", 8080, "TCP"}) || p[1] != (PodPort{"dns", 53, "UDP"}) || p[2].Protocol != "TCP" {
+		t.Errorf("ParsePorts = %v, %v", p, err)
+	}
+	for _, bad := range []string{"8080", "http=x", "=80"} {
+		if _, err := ParsePorts(bad); err == nil {
+			t.Errorf("ParsePorts(%q) succeeded", bad)
+		}
+	}
+	// The Pod object a named pod gets carries labels, node and named ports.
+	np := NamedPod{Name: "web", Namespace: "shop", Node: 2, IP: "10.244.2.5", Labels: map[string]string{"app": "web"}, Ports: p[:1]}
+	o := np.podObject()
+	if o.Pod.Spec.NodeName != "lk-node2" || o.Pod.Status.PodIP != "10.244.2.5" || o.Pod.Spec.Containers[0].Ports[0].Name != "http" || o.Pod.Labels["app"] != "web" {
+		t.Errorf("pod object %+v", o.Pod)
+	}
+	args := map[string]string{}
+	for _, kv := range np.cniArgs() {
+		args[kv[0]] = kv[1]
+	}
+	if args["K8S_POD_NAMESPACE"] != "shop" || args["K8S_POD_NAME"] != "web" || args["LANEKIT_LABEL_app"] != "web" {
+		t.Errorf("cni args %v", args)
 	}
 }

@@ -224,6 +224,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descLoaded, descEPs, descAddrs, descFeat, descMode, descPkts, descBytes, descStack, descDrops, descUnattr} {
 		ch <- d
 	}
+	if _, ok := c.src.(ControlPlaneSource); ok {
+		for _, d := range controlDescs {
+			ch <- d
+		}
+	}
 }
 
 // EndpointLabels names an endpoint for the metric labels: the pod (from the
@@ -320,6 +325,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	} else if up == 1 {
 		c.opts.Log.Warn("metrics: unattributed drops", "err", err)
+	}
+	if cp, ok := c.src.(ControlPlaneSource); ok {
+		c.collectControlPlane(ch, cp)
 	}
 	gauge(descUp, up)
 }

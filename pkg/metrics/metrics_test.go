@@ -21,6 +21,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
@@ -40,6 +41,19 @@ func (f *fakeSource) Counters(id uint32) (datapath.Counters, error) {
 	return c, nil
 }
 func (f *fakeSource) Status() (agent.StatusInfo, error) { return f.st, nil }
+
+func (f *fakeSource) ControlStats() agent.ControlStats {
+	return agent.ControlStats{
+		Objects:  map[k8sobj.Kind]int{k8sobj.KindService: 2, k8sobj.KindPod: 5},
+		Services: 2, Frontends: 3, FrontendsByScope: map[string]int{"ClusterIP": 2, "NodePort": 1}, Backends: 6,
+		Policies: 1, Identities: 4, Rules: 9, PendingSvc: 1, GCRemoved: 11,
+		Conntrack: &datapath.ServiceStats{ConntrackEntries: 100, ConntrackCapacity: 1000, ConntrackEvicted: 3, ConntrackFailed: 1, ConntrackCreated: 500, NoBackend: 2},
+	}
+}
+
+func (f *fakeSource) Policies() ([]agent.PolicyInfo, error) {
+	return []agent.PolicyInfo{{Namespace: "shop", Name: "web", Ingress: true, Verdict: datapath.PolicyVerdict{Allowed: 40, Denied: 8}}}, nil
+}
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -175,6 +189,26 @@ func TestScrapeFakeAgent(t *testing.T) {
 		t.Errorf("undecided feature exported as %v", v)
 	}
 	mustValue(t, fams, NameRPCDuration, map[string]string{"method": "AddEndpoint", "code": "ResourceExhausted"}, 1)
+	// Services, policy and conntrack.
+	mustValue(t, fams, NameServiceFrontends, map[string]string{"scope": "ClusterIP"}, 2)
+	mustValue(t, fams, NameServiceFrontends, map[string]string{"scope": "NodePort"}, 1)
+	mustValue(t, fams, NameServiceBackends, nil, 6)
+	mustValue(t, fams, NameServiceObjects, map[string]string{"kind": "Pod"}, 5)
+	mustValue(t, fams, NameServiceObjects, map[string]string{"kind": "NetworkPolicy"}, 0)
+	mustValue(t, fams, NameServiceLBEvents, map[string]string{"event": "no-backend"}, 2)
+	mustValue(t, fams, NamePendingUpdates, nil, 1)
+	mustValue(t, fams, NamePolicies, nil, 1)
+	mustValue(t, fams, NamePolicyIdentities, nil, 4)
+	mustValue(t, fams, NamePolicyRules, nil, 9)
+	mustValue(t, fams, NamePolicyVerdicts, map[string]string{"policy_namespace": "shop", "policy": "web", "verdict": "allowed"}, 40)
+	mustValue(t, fams, NamePolicyVerdicts, map[string]string{"policy_namespace": "shop", "policy": "web", "verdict": "denied"}, 8)
+	mustValue(t, fams, NamePolicyPending, nil, 0)
+	mustValue(t, fams, NameConntrackEntries, nil, 100)
+	mustValue(t, fams, NameConntrackCapacity, nil, 1000)
+	mustValue(t, fams, NameConntrackEvicted, nil, 3)
+	mustValue(t, fams, NameConntrackFailed, nil, 1)
+	mustValue(t, fams, NameConntrackCreated, nil, 500)
+	mustValue(t, fams, NameConntrackGC, nil, 11)
 	if f := fams[NamePackets]; f.GetType() != dto.MetricType_COUNTER {
 		t.Errorf("%s is %s, want a counter", NamePackets, f.GetType())
 	}

@@ -22,9 +22,11 @@ const (
 	IPAM        Bucket = "ipam"         // 4-byte IPv4 address -> ipam.Allocation
 	Meta        Bucket = "meta"         // settings that must not change under existing state
 	XSKSlots    Bucket = "xsk-slots"    // big-endian uint32 first slot -> a VM's AF_XDP socket slot range
+	Objects     Bucket = "objects"      // "Kind/namespace/name" -> the Kubernetes object (JSON with apiVersion/kind)
+	Identities  Bucket = "identities"   // big-endian uint32 policy identity -> what it was allocated for
 )
 
-var buckets = []Bucket{Endpoints, EndpointIDs, IPAM, Meta, XSKSlots}
+var buckets = []Bucket{Endpoints, EndpointIDs, IPAM, Meta, XSKSlots, Objects, Identities}
 
 // FileName is the database file inside the state directory.
 const FileName = "lanekit.db"

@@ -1,0 +1,447 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/policy"
+	"github.com/lanekit/lanekit/pkg/service"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// DefaultMaintenanceInterval is how often the agent collects expired
+// conntrack entries and retries datapath updates that failed.
+const DefaultMaintenanceInterval = 30 * time.Second
+
+func (a *Agent) serviceDP() datapath.ServiceDatapath {
+	sd, _ := a.dp.(datapath.ServiceDatapath)
+	return sd
+}
+
+func (a *Agent) policyDP() datapath.PolicyDatapath {
+	pd, _ := a.dp.(datapath.PolicyDatapath)
+	return pd
+}
+
+// applyServices programs u after any earlier update that failed; on failure
+// u is queued for the maintenance loop. Called with ctl.mu.
+func (a *Agent) applyServices(u *service.Update) error {
+	c := a.ctl
+	sd := a.serviceDP()
+	if sd == nil {
+		return nil // nothing to program; status reports it
+	}
+	if u != nil && u.Ops() > 0 {
+		c.svcRetry = append(c.svcRetry, u)
+	}
+	for len(c.svcRetry) > 0 {
+		var err error
+		a.host.Do(func() error { err = sd.ApplyServices(c.svcRetry[0]); return nil })
+		if err != nil {
+			return fmt.Errorf("apply services: %w", err)
+		}
+		c.svcRetry = c.svcRetry[1:]
+	}
+	return nil
+}
+
+// applyPolicy is applyServices for policy updates.
+func (a *Agent) applyPolicy(u *policy.Update) error {
+	c := a.ctl
+	pd := a.policyDP()
+	if pd == nil {
+		return nil
+	}
+	if u != nil && u.Ops() > 0 {
+		c.polRetry = append(c.polRetry, u)
+	}
+	for len(c.polRetry) > 0 {
+		var err error
+		a.host.Do(func() error { err = pd.ApplyPolicy(c.polRetry[0]); return nil })
+		if err != nil {
+			return fmt.Errorf("apply policy: %w", err)
+		}
+		c.polRetry = c.polRetry[1:]
+	}
+	return nil
+}
+
+// endpointsChanged recompiles policy after this node's endpoints changed
+// (CNI ADD/DEL, VMs, GC): a new pod needs its identity in the ipcache and its
+// default-deny state before it sends.
+func (a *Agent) endpointsChanged() {
+	c := a.ctl
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := a.recompileLocked(); err != nil {
+		a.log.Error("recompile policy after endpoint change", "err", err)
+	}
+}
+
+func (a *Agent) recompileLocked() error {
+	c := a.ctl
+	compiled, locals, err := a.compilePolicy(c.objs)
+	if err != nil {
+		return err
+	}
+	if err := a.st.Update(c.saveIdentitiesTx); err != nil {
+		return fmt.Errorf("store identities: %w", err)
+	}
+	c.markIdentitiesSaved()
+	u := policy.Diff(c.compiled, compiled)
+	c.compiled, c.locals = compiled, locals
+	return a.applyPolicy(u)
+}
+
+// policyDumper is a datapath that can say what its policy maps hold
+// (*datapath.Loader's DumpPolicy).
+type policyDumper interface {
+	DumpPolicy() (*policy.Compiled, error)
+}
+
+// nodeAddrs returns the addresses NodePort frontends listen on: the
+// configured ones, else the uplink's IPv4 addresses.
+func (a *Agent) nodeAddrs() ([]netip.Addr, error) {
+	if len(a.cfg.NodeAddrs) > 0 || a.cfg.Uplink == "" {
+		return a.cfg.NodeAddrs, nil
+	}
+	var out []netip.Addr
+	err := a.host.Do(func() error {
+		link, err := netlink.LinkByName(a.cfg.Uplink)
+		if err != nil {
+			return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			return fmt.Errorf("addresses of %s: %w", a.cfg.Uplink, err)
+		}
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ip.IsGlobalUnicast() {
+				out = append(out, ip)
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, err
+}
+
+// restoreControlPlane runs at start-up after the endpoints are re-adopted:
+// it loads the stored objects and identities, re-adopts the service IDs the
+// pinned maps hold (so established flows keep their backends), removes what
+// the stored objects no longer have, and programs policy.
+func (a *Agent) restoreControlPlane() error {
+	addrs, err := a.nodeAddrs()
+	if err != nil {
+		a.log.Warn("no node addresses for NodePort services", "err", err)
+	}
+	a.ctl = newCtlPlane(service.Options{NodeAddrs: addrs})
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := a.restoreIdentities(); err != nil {
+		return err
+	}
+	var bad []string
+	err = a.st.View(func(tx *store.Tx) error {
+		return tx.ForEach(store.Objects, func(k []byte, raw json.RawMessage) error {
+			objs, err := k8sobj.Decode(raw)
+			if err != nil || len(objs) != 1 || objs[0].Key() != string(k) {
+				a.log.Error("dropping stored object that no longer decodes", "key", string(k), "err", err)
+				bad = append(bad, string(k))
+				return nil
+			}
+			c.objs[string(k)] = objs[0]
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("restore objects: %w", err)
+	}
+	if len(bad) > 0 {
+		if err := a.st.Update(func(tx *store.Tx) error {
+			for _, k := range bad {
+				if err := tx.Delete(store.Objects, []byte(k)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("restore objects: %w", err)
+		}
+	}
+	// Services: the model from the stored objects; a service that no longer
+	// translates (it cannot: it was accepted) is dropped from the model.
+	svcs, eps, _ := k8sobj.Split(sortedObjects(c.objs))
+	model, err := service.Build(svcs, eps, c.svcOpts)
+	if err != nil {
+		a.log.Error("stored services do not translate; adding them one by one", "err", err)
+		model = service.NewModel(c.svcOpts)
+		slicesOf := splitSlices(c.objs)
+		for _, s := range svcs {
+			id := service.ServiceID{Namespace: s.Namespace, Name: s.Name}
+			if m, err := model.With(s, slicesOf[id]); err == nil {
+				model = m
+			} else {
+				a.log.Error("service left out", "service", id, "err", err)
+			}
+		}
+	}
+	changes := service.Diff(nil, model)
+	if sd := a.serviceDP(); sd != nil {
+		var dump *service.Update
+		a.host.Do(func() error { dump, err = sd.DumpServices(); return nil })
+		if err != nil {
+			return fmt.Errorf("restore services: dump datapath: %w", err)
+		}
+		adopted, repair := c.tables.Adopt(dump)
+		for _, k := range adopted {
+			if model.Frontend(k) == nil {
+				changes.Removed = append(changes.Removed, k)
+			}
+		}
+		if err := a.applyServices(repair); err != nil {
+			return err
+		}
+		a.log.Info("re-adopted services from the datapath", "frontends", len(adopted), "stale", len(changes.Removed))
+	}
+	c.model = model
+	if err := a.applyServices(c.tables.Apply(changes)); err != nil {
+		return err
+	}
+	// Policy: diff the first compilation against what the pinned maps hold
+	// (when the datapath can tell), so entries of endpoints or policies that
+	// went away while the agent was down are deleted, not left behind.
+	if pd, ok := a.dp.(policyDumper); ok && a.policyDP() != nil {
+		var dump *policy.Compiled
+		a.host.Do(func() error { dump, err = pd.DumpPolicy(); return nil })
+		if err != nil {
+			return fmt.Errorf("restore policy: dump datapath: %w", err)
+		}
+		c.compiled = dump
+	}
+	if err := a.recompileLocked(); err != nil {
+		return fmt.Errorf("restore policy: %w", err)
+	}
+	a.log.Info("control plane restored", "objects", len(c.objs), "frontends", len(model.Frontends()),
+		"policies", len(c.compiled.Policies), "identities", len(c.idsStored))
+	return nil
+}
+
+// maintain runs the periodic work until ctx ends: conntrack GC and retries
+// of failed datapath updates.
+func (a *Agent) maintain(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.MaintainOnce()
+		}
+	}
+}
+
+// MaintainOnce collects expired conntrack entries and retries failed
+// datapath updates (what the periodic loop does each interval).
+func (a *Agent) MaintainOnce() {
+	c := a.ctl
+	c.mu.Lock()
+	if err := a.applyServices(nil); err != nil {
+		a.log.Warn("retry service update", "err", err)
+	}
+	if err := a.applyPolicy(nil); err != nil {
+		a.log.Warn("retry policy update", "err", err)
+	}
+	c.mu.Unlock()
+	sd := a.serviceDP()
+	if sd == nil {
+		return
+	}
+	// GC walks the whole conntrack table: outside the lock, so object
+	// changes do not wait for it.
+	var n int
+	var err error
+	a.host.Do(func() error { n, err = sd.GCConntrack(); return nil })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gc.runs++
+	if err != nil {
+		c.gc.lastErr = err.Error()
+		a.log.Warn("conntrack gc", "err", err)
+		return
+	}
+	c.gc.lastErr = ""
+	c.gc.removed += uint64(n)
+}
+
+// ServiceBackend is one backend of a frontend, for the API.
+type ServiceBackend struct {
+	Addr      netip.AddrPort
+	State     service.BackendState
+	BackendID uint32
+}
+
+// FrontendInfo is one programmed frontend, for the API.
+type FrontendInfo struct {
+	Service         service.ServiceID
+	PortName        string
+	Key             service.FrontendKey
+	FrontendID      uint32
+	Backends        []ServiceBackend
+	MaglevSize      int
+	Eligible        int
+	AffinityTimeout time.Duration
+}
+
+// Frontends returns every frontend of the service model with its IDs.
+func (a *Agent) Frontends() []FrontendInfo {
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []FrontendInfo
+	for _, f := range c.model.Frontends() {
+		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: len(f.Maglev),
+			Eligible: f.Eligible(), AffinityTimeout: f.AffinityTimeout}
+		fi.FrontendID, _ = c.tables.FrontendID(f.Key)
+		for _, b := range f.Backends {
+			fi.Backends = append(fi.Backends, ServiceBackend{Addr: netip.AddrPortFrom(b.Addr, b.Port), State: b.State})
+		}
+		out = append(out, fi)
+	}
+	return out
+}
+
+// PolicyInfo is one stored NetworkPolicy with its datapath verdicts.
+type PolicyInfo struct {
+	Namespace, Name string
+	Ingress, Egress bool // the directions it isolates
+	Index           int  // index in the compiled policy set; -1: not compiled
+	Verdict         datapath.PolicyVerdict
+}
+
+// ControlStats are the control plane's counts for status and metrics.
+type ControlStats struct {
+	Objects   map[k8sobj.Kind]int
+	Services  int
+	Frontends int
+	// FrontendsByScope counts frontends by "ClusterIP" and "NodePort".
+	FrontendsByScope map[string]int
+	Backends         int
+	Policies         int
+	Identities       int
+	Rules            int
+	Endpoints        int // endpoints (local and remote) policy knows
+	PendingSvc       int // service updates waiting for a retry
+	PendingPol       int
+	ServiceDP        bool // the datapath load-balances
+	PolicyDP         bool // the datapath enforces policy
+	GCRuns           uint64
+	GCRemoved        uint64
+	GCLastError      string
+	Conntrack        *datapath.ServiceStats // nil without a service datapath or on error
+	ConntrackErr     string
+}
+
+// Policies returns the stored NetworkPolicies with their verdict counters.
+func (a *Agent) Policies() ([]PolicyInfo, error) {
+	c := a.ctl
+	c.mu.Lock()
+	idx := map[policy.PolicyRef]int{}
+	for i, r := range c.compiled.Policies {
+		idx[r] = i
+	}
+	var out []PolicyInfo
+	for _, o := range sortedObjects(c.objs) {
+		if o.NetworkPolicy == nil {
+			continue
+		}
+		pi := PolicyInfo{Namespace: o.NetworkPolicy.Namespace, Name: o.NetworkPolicy.Name, Index: -1}
+		pi.Ingress, pi.Egress = policy.EffectivePolicyTypes(o.NetworkPolicy)
+		if i, ok := idx[policy.PolicyRef{Namespace: pi.Namespace, Name: pi.Name}]; ok {
+			pi.Index = i
+		}
+		out = append(out, pi)
+	}
+	c.mu.Unlock()
+	pd := a.policyDP()
+	if pd == nil || len(out) == 0 {
+		return out, nil
+	}
+	var verdicts map[uint32]datapath.PolicyVerdict
+	var err error
+	a.host.Do(func() error { verdicts, err = pd.PolicyVerdicts(); return nil })
+	if err != nil {
+		return out, fmt.Errorf("policy verdicts: %w", err)
+	}
+	for i := range out {
+		if out[i].Index >= 0 {
+			out[i].Verdict = verdicts[uint32(out[i].Index)]
+		}
+	}
+	return out, nil
+}
+
+// ControlStats returns the control plane's counts and the datapath's
+// conntrack statistics.
+func (a *Agent) ControlStats() ControlStats {
+	c := a.ctl
+	c.mu.Lock()
+	s := ControlStats{Objects: map[k8sobj.Kind]int{}, Services: len(c.model.Services()), Policies: len(c.compiled.Policies),
+		Identities: len(c.idsStored), Rules: len(c.compiled.Rules), Endpoints: len(c.compiled.IPCache),
+		PendingSvc: len(c.svcRetry), PendingPol: len(c.polRetry), ServiceDP: a.serviceDP() != nil, PolicyDP: a.policyDP() != nil,
+		GCRuns: c.gc.runs, GCRemoved: c.gc.removed, GCLastError: c.gc.lastErr}
+	for _, o := range c.objs {
+		s.Objects[o.Kind]++
+	}
+	s.FrontendsByScope = map[string]int{}
+	for _, f := range c.model.Frontends() {
+		s.Frontends++
+		s.FrontendsByScope[scopeName(f.Key.Scope)]++
+		s.Backends += len(f.Backends)
+	}
+	c.mu.Unlock()
+	if sd := a.serviceDP(); sd != nil {
+		var st datapath.ServiceStats
+		var err error
+		a.host.Do(func() error { st, err = sd.ServiceStats(); return nil })
+		if err != nil {
+			s.ConntrackErr = err.Error()
+		} else {
+			s.Conntrack = &st
+		}
+	}
+	return s
+}
+
+// PolicyVerdicts returns the datapath's verdicts by policy (namespace/name).
+func (a *Agent) PolicyVerdicts() (map[policy.PolicyRef]datapath.PolicyVerdict, error) {
+	pols, err := a.Policies()
+	out := map[policy.PolicyRef]datapath.PolicyVerdict{}
+	for _, p := range pols {
+		out[policy.PolicyRef{Namespace: p.Namespace, Name: p.Name}] = p.Verdict
+	}
+	return out, err
+}
+
+// LBCounters names the load-balancer counters of st (the lb_events metric
+// and the API's lb_counters).
+func LBCounters(st datapath.ServiceStats) map[string]uint64 {
+	return map[string]uint64{
+		"new-flow": st.NewFlows, "conntrack-hit": st.ConntrackHits, "reselected": st.Reselected,
+		"affinity-hit": st.AffinityHits, "rev-nat": st.RevNAT, "no-backend": st.NoBackend, "hairpin": st.Hairpin,
+		"nodeport-local": st.NodePortLocal, "nodeport-snat": st.NodePortSNAT,
+	}
+}

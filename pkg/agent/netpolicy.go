@@ -1,0 +1,297 @@
+package agent
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/policy"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// CNI args (CNI_ARGS, stored as the endpoint's labels) that place a local
+// endpoint in the policy world when no Pod object describes it: the pod's
+// namespace and name as kubelet passes them, and its labels, one arg per label
+// (LANEKIT_LABEL_app=web), as `lanekit lab pod add` passes them.
+const (
+	ArgPodNamespace = "K8S_POD_NAMESPACE"
+	ArgPodName      = "K8S_POD_NAME"
+	ArgLabelPrefix  = "LANEKIT_LABEL_"
+)
+
+// localEndpoint is how policy sees one of this node's endpoints.
+type localEndpoint struct {
+	Namespace string
+	Name      string
+	Labels    map[string]string
+	// FromPod: namespace/labels come from a Pod object, not the CNI args.
+	FromPod  bool
+	Identity policy.Identity
+}
+
+// EndpointPolicyInfo is the policy view of a local endpoint for the API.
+type EndpointPolicyInfo struct {
+	Namespace, Name string
+	Labels          map[string]string
+	Identity        uint32
+	FromPod         bool
+}
+
+// PolicyInfoOf returns the policy view of local endpoint id as of the last
+// compilation.
+func (a *Agent) PolicyInfoOf(id uint32) (EndpointPolicyInfo, bool) {
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.locals[id]
+	if !ok {
+		return EndpointPolicyInfo{}, false
+	}
+	return EndpointPolicyInfo{Namespace: l.Namespace, Name: l.Name, Labels: maps.Clone(l.Labels), Identity: uint32(l.Identity), FromPod: l.FromPod}, true
+}
+
+// argsView returns the namespace, name and labels an endpoint's CNI args give.
+func argsView(ep *endpoint.Endpoint) (ns, name string, labels map[string]string) {
+	ns, name = ep.Labels[ArgPodNamespace], ep.Labels[ArgPodName]
+	if ns == "" {
+		ns = k8sobj.DefaultNamespace
+	}
+	if name == "" {
+		name = ep.ContainerID
+		if ep.VM != nil {
+			name = ep.VM.Name
+		}
+	}
+	labels = map[string]string{}
+	for k, v := range ep.Labels {
+		if l, ok := strings.CutPrefix(k, ArgLabelPrefix); ok && l != "" {
+			labels[l] = v
+		}
+	}
+	return ns, name, labels
+}
+
+func namedPorts(pod *corev1.Pod) []policy.NamedPort {
+	var out []policy.NamedPort
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, ctr := range cs {
+			for _, p := range ctr.Ports {
+				if p.Name == "" {
+					continue
+				}
+				proto := policy.ProtoTCP
+				if p.Protocol == corev1.ProtocolUDP {
+					proto = policy.ProtoUDP
+				}
+				out = append(out, policy.NamedPort{Name: p.Name, Proto: proto, Port: uint16(p.ContainerPort)})
+			}
+		}
+	}
+	return out
+}
+
+// podLive: a pod whose IP may be in use (not finished, not host network).
+func podLive(p *corev1.Pod) bool {
+	return !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// policyInput assembles the compilation input: this node's endpoints (from
+// the store; a Pod object with the same namespace/name overrides the CNI
+// args' labels and adds named ports), remote pods (Pod objects whose IP is
+// not in this node's pod CIDR), namespaces and policies.
+func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[uint32]localEndpoint, error) {
+	in := policy.Input{NamespaceLabels: map[string]map[string]string{}}
+	pods := map[string]*corev1.Pod{}
+	for _, key := range slices.Sorted(maps.Keys(objs)) {
+		o := objs[key]
+		switch {
+		case o.NamespaceObj != nil:
+			in.NamespaceLabels[o.NamespaceObj.Name] = o.NamespaceObj.Labels
+		case o.NetworkPolicy != nil:
+			in.Policies = append(in.Policies, o.NetworkPolicy)
+		case o.Pod != nil:
+			pods[o.Pod.Namespace+"/"+o.Pod.Name] = o.Pod
+		}
+	}
+	eps, err := a.endpoints()
+	if err != nil {
+		return in, nil, err
+	}
+	locals := map[uint32]localEndpoint{}
+	used := map[netip.Addr]bool{}
+	for i := range eps {
+		ep := &eps[i]
+		if ep.Pending || !ep.IP.IsValid() {
+			continue
+		}
+		ns, name, labels := argsView(ep)
+		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP}
+		fromPod := false
+		if pod := pods[ns+"/"+name]; pod != nil && podLive(pod) {
+			pe.Labels, pe.NamedPorts, fromPod = maps.Clone(pod.Labels), namedPorts(pod), true
+			if pe.Labels == nil {
+				pe.Labels = map[string]string{}
+			}
+		}
+		if used[ep.IP] {
+			continue // cannot happen: IPAM hands out each address once
+		}
+		used[ep.IP] = true
+		in.Endpoints = append(in.Endpoints, pe)
+		locals[ep.ID] = localEndpoint{Namespace: ns, Name: name, Labels: pe.Labels, FromPod: fromPod}
+	}
+	podCIDR := a.cfg.PodCIDR
+	for _, key := range slices.Sorted(maps.Keys(pods)) {
+		pod := pods[key]
+		ip, ok := k8sobj.PodIPv4(pod)
+		if !ok || !podLive(pod) || used[ip] || podCIDR.Contains(ip) {
+			// Local pods are the endpoints above; a pod object with a
+			// local address but no endpoint is stale or not added yet.
+			continue
+		}
+		used[ip] = true
+		in.Endpoints = append(in.Endpoints, policy.Endpoint{Namespace: pod.Namespace, Name: pod.Name,
+			Labels: pod.Labels, IP: ip, NamedPorts: namedPorts(pod)})
+	}
+	return in, locals, nil
+}
+
+// compilePolicy compiles next with the agent's identities. Identities it
+// allocates are queued for the store (commit writes them before anything
+// uses them in the datapath). Called with ctl.mu.
+func (a *Agent) compilePolicy(next map[string]k8sobj.Object) (*policy.Compiled, map[uint32]localEndpoint, error) {
+	c := a.ctl
+	in, locals, err := a.policyInput(next)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy input: %w", err)
+	}
+	// Allocate up front what Compile would, so every identity is recorded.
+	for _, ep := range in.Endpoints {
+		c.noteIdentity(c.ids.ForLabels(ep.Namespace, ep.Labels))
+	}
+	for _, p := range in.Policies {
+		for _, r := range p.Spec.Ingress {
+			c.notePeers(r.From)
+		}
+		for _, r := range p.Spec.Egress {
+			c.notePeers(r.To)
+		}
+	}
+	compiled, err := policy.Compile(in, c.ids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("compile policy: %w: %w", err, ErrInvalid)
+	}
+	for id, l := range locals {
+		l.Identity = c.ids.ForLabels(l.Namespace, l.Labels)
+		locals[id] = l
+	}
+	for _, w := range compiled.Warnings {
+		a.log.Warn("policy", "warning", w)
+	}
+	return compiled, locals, nil
+}
+
+func (c *ctlPlane) notePeers(peers []networkingv1.NetworkPolicyPeer) {
+	for _, p := range peers {
+		if p.IPBlock == nil {
+			continue
+		}
+		for _, s := range append([]string{p.IPBlock.CIDR}, p.IPBlock.Except...) {
+			if pfx, err := netip.ParsePrefix(s); err == nil && pfx.Addr().Is4() {
+				c.noteIdentity(c.ids.ForCIDR(pfx))
+			}
+		}
+	}
+}
+
+func (c *ctlPlane) noteIdentity(id policy.Identity) {
+	if c.idsStored[id] || id == policy.IdentityWorld {
+		return
+	}
+	if _, queued := c.idsToSave[id]; queued {
+		return
+	}
+	info, _ := c.ids.Info(id)
+	si := storedIdentity{Namespace: info.Namespace, Labels: info.Labels}
+	if info.Prefix.IsValid() && id.IsCIDR() {
+		si = storedIdentity{Prefix: info.Prefix.String()}
+	}
+	c.idsToSave[id] = si
+}
+
+func identityKey(id policy.Identity) []byte { return binary.BigEndian.AppendUint32(nil, uint32(id)) }
+
+func (c *ctlPlane) saveIdentitiesTx(tx *store.Tx) error {
+	for id, si := range c.idsToSave {
+		if err := tx.Put(store.Identities, identityKey(id), si); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *ctlPlane) markIdentitiesSaved() {
+	for id := range c.idsToSave {
+		c.idsStored[id] = true
+	}
+	clear(c.idsToSave)
+}
+
+// restoreIdentities replays the stored identity allocations in ID order, so
+// the allocator hands out the same identities as before the restart (the
+// pinned policy maps are keyed by them).
+func (a *Agent) restoreIdentities() error {
+	c := a.ctl
+	type rec struct {
+		id policy.Identity
+		si storedIdentity
+	}
+	var recs []rec
+	err := a.st.View(func(tx *store.Tx) error {
+		return tx.ForEach(store.Identities, func(k []byte, raw json.RawMessage) error {
+			if len(k) != 4 {
+				return nil
+			}
+			var si storedIdentity
+			if err := json.Unmarshal(raw, &si); err != nil {
+				return fmt.Errorf("decode identity %x: %w", k, err)
+			}
+			recs = append(recs, rec{policy.Identity(binary.BigEndian.Uint32(k)), si})
+			return nil
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("restore identities: %w", err)
+	}
+	mismatch := 0
+	for _, r := range recs { // byte order of big-endian keys = ID order
+		var got policy.Identity
+		if r.si.Prefix != "" {
+			pfx, err := netip.ParsePrefix(r.si.Prefix)
+			if err != nil {
+				return fmt.Errorf("restore identity %d: %w", r.id, err)
+			}
+			got = c.ids.ForCIDR(pfx)
+		} else {
+			got = c.ids.ForLabels(r.si.Namespace, r.si.Labels)
+		}
+		c.idsStored[r.id] = true
+		if got != r.id {
+			mismatch++
+			c.noteIdentity(got)
+		}
+	}
+	if mismatch > 0 {
+		a.log.Error("restored identities differ from the stored ones; policy maps are rewritten", "mismatched", mismatch)
+	}
+	return nil
+}

@@ -1,0 +1,400 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/policy"
+	"github.com/lanekit/lanekit/pkg/service"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// The control plane: Kubernetes objects (from `lanekit service|policy apply`
+// files or the API-server watchers) are kept in the store and translated into
+// the datapath's service and policy maps.
+//
+// Every change goes through commit: the candidate object set is validated and
+// translated in full (service model, policy compilation) before anything is
+// stored or programmed, so an invalid batch changes nothing.
+
+// ctlPlane is the agent's service and policy state, guarded by mu.
+type ctlPlane struct {
+	mu      sync.Mutex
+	objs    map[string]k8sobj.Object // by Object.Key
+	svcOpts service.Options
+	model   *service.Model
+	tables  *service.Tables
+	// ids lives as long as the agent (and across restarts through the
+	// Identities bucket): an endpoint's identity does not change while its
+	// label set exists.
+	ids       *policy.Identities
+	idsStored map[policy.Identity]bool
+	idsToSave map[policy.Identity]storedIdentity
+	compiled  *policy.Compiled
+	// locals is the policy view of this node's endpoints at the last
+	// compilation, by endpoint ID.
+	locals map[uint32]localEndpoint
+	// Updates the datapath failed to apply, retried in order by the
+	// maintenance loop before anything newer.
+	svcRetry []*service.Update
+	polRetry []*policy.Update
+	gc       gcStats
+}
+
+type gcStats struct {
+	runs, removed uint64
+	lastErr       string
+}
+
+// storedIdentity is what an identity was allocated for (the Identities bucket).
+type storedIdentity struct {
+	Namespace string            `json:"namespace,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Prefix    string            `json:"prefix,omitempty"` // CIDR identities
+}
+
+func newCtlPlane(opts service.Options) *ctlPlane {
+	return &ctlPlane{
+		objs: map[string]k8sobj.Object{}, svcOpts: opts, model: service.NewModel(opts), tables: service.NewTables(),
+		ids: policy.NewIdentities(), idsStored: map[policy.Identity]bool{}, idsToSave: map[policy.Identity]storedIdentity{},
+		compiled: &policy.Compiled{}, locals: map[uint32]localEndpoint{},
+	}
+}
+
+// kindOf returns the kind of the object o holds.
+func kindOf(o k8sobj.Object) k8sobj.Kind {
+	switch {
+	case o.Service != nil:
+		return k8sobj.KindService
+	case o.EndpointSlice != nil:
+		return k8sobj.KindEndpointSlice
+	case o.NetworkPolicy != nil:
+		return k8sobj.KindNetworkPolicy
+	case o.NamespaceObj != nil:
+		return k8sobj.KindNamespace
+	case o.Pod != nil:
+		return k8sobj.KindPod
+	}
+	return o.Kind
+}
+
+// checkObjects validates a batch: every object on its own (errors name the
+// object and the field) and no object twice.
+func checkObjects(objs []k8sobj.Object) ([]k8sobj.Object, error) {
+	out := make([]k8sobj.Object, len(objs))
+	seen := map[string]bool{}
+	for i, o := range objs {
+		if err := k8sobj.Check(o); err != nil {
+			return nil, fmt.Errorf("object %d (%s): %w: %w", i, o, err, ErrInvalid)
+		}
+		o.Kind = kindOf(o)
+		if seen[o.Key()] {
+			return nil, fmt.Errorf("object %d (%s): given twice: %w", i, o, ErrInvalid)
+		}
+		seen[o.Key()] = true
+		out[i] = o
+	}
+	return out, nil
+}
+
+// UpsertObjects adds or replaces objects (Service, EndpointSlice,
+// NetworkPolicy, Namespace, Pod). All or nothing: if any object is invalid,
+// or the resulting set does not translate (two services claiming one
+// frontend, ...), the error names the object and field and nothing changes.
+func (a *Agent) UpsertObjects(objs []k8sobj.Object) error {
+	objs, err := checkObjects(objs)
+	if err != nil {
+		return fmt.Errorf("upsert objects: %w", err)
+	}
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := maps.Clone(c.objs)
+	changed := map[string]bool{}
+	for _, o := range objs {
+		next[o.Key()] = o
+		changed[o.Key()] = true
+	}
+	if err := a.commit(next, changed); err != nil {
+		return fmt.Errorf("upsert objects: %w", err)
+	}
+	return nil
+}
+
+// DeleteObject removes one object; deleting what is not there is not an
+// error. Cluster-scoped kinds (Namespace) take an empty namespace.
+func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
+	k, err := k8sobj.ParseKind(string(kind))
+	if err != nil {
+		return fmt.Errorf("delete object: %w: %w", err, ErrInvalid)
+	}
+	if !k.Namespaced() {
+		namespace = ""
+	} else if namespace == "" {
+		namespace = k8sobj.DefaultNamespace
+	}
+	if name == "" {
+		return fmt.Errorf("delete %s: name is empty: %w", k, ErrInvalid)
+	}
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := k8sobj.ObjectKey(k, namespace, name)
+	if _, ok := c.objs[key]; !ok {
+		return nil
+	}
+	next := maps.Clone(c.objs)
+	delete(next, key)
+	if err := a.commit(next, map[string]bool{key: true}); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// ReplaceObjects makes objs the full set of objects of kind (an informer's
+// resync): objects of that kind not in objs are deleted. All or nothing.
+func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+	k, err := k8sobj.ParseKind(string(kind))
+	if err != nil {
+		return fmt.Errorf("replace objects: %w: %w", err, ErrInvalid)
+	}
+	objs, err = checkObjects(objs)
+	if err != nil {
+		return fmt.Errorf("replace %s objects: %w", k, err)
+	}
+	for i, o := range objs {
+		if o.Kind != k {
+			return fmt.Errorf("replace %s objects: object %d (%s) is a %s: %w", k, i, o, o.Kind, ErrInvalid)
+		}
+	}
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := map[string]k8sobj.Object{}
+	changed := map[string]bool{}
+	for key, o := range c.objs {
+		if o.Kind == k {
+			changed[key] = true // deleted unless given again
+			continue
+		}
+		next[key] = o
+	}
+	for _, o := range objs {
+		next[o.Key()] = o
+		changed[o.Key()] = true
+	}
+	if err := a.commit(next, changed); err != nil {
+		return fmt.Errorf("replace %s objects: %w", k, err)
+	}
+	return nil
+}
+
+// Objects returns the stored objects of kind ("" for all), sorted by key.
+func (a *Agent) Objects(kind k8sobj.Kind) []k8sobj.Object {
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []k8sobj.Object
+	for _, key := range slices.Sorted(maps.Keys(c.objs)) {
+		if o := c.objs[key]; kind == "" || o.Kind == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// affectedServices returns the services whose translation depends on the
+// changed objects (old or new version).
+func affectedServices(old, next map[string]k8sobj.Object, changed map[string]bool) []service.ServiceID {
+	set := map[service.ServiceID]bool{}
+	add := func(o k8sobj.Object, ok bool) {
+		switch {
+		case !ok:
+		case o.Service != nil:
+			set[service.ServiceID{Namespace: o.Service.Namespace, Name: o.Service.Name}] = true
+		case o.EndpointSlice != nil:
+			set[service.ServiceID{Namespace: o.EndpointSlice.Namespace, Name: o.EndpointSlice.Labels[k8sobj.ServiceNameLabel]}] = true
+		}
+	}
+	for key := range changed {
+		o, ok := old[key]
+		add(o, ok)
+		o, ok = next[key]
+		add(o, ok)
+	}
+	return slices.SortedFunc(maps.Keys(set), func(x, y service.ServiceID) int {
+		if x.Namespace != y.Namespace {
+			return compareStr(x.Namespace, y.Namespace)
+		}
+		return compareStr(x.Name, y.Name)
+	})
+}
+
+func compareStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// buildServices returns the service model for next: the current model with
+// the affected services re-translated, or — when that fails, for example
+// because two services swap a frontend within one batch — a full build, whose
+// error is the definitive one.
+func (c *ctlPlane) buildServices(next map[string]k8sobj.Object, affected []service.ServiceID) (*service.Model, error) {
+	if len(affected) == 0 {
+		return c.model, nil
+	}
+	slicesOf := splitSlices(next)
+	m := c.model
+	var err error
+	for _, id := range affected {
+		o, ok := next[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)]
+		if !ok {
+			m = m.Without(id)
+			continue
+		}
+		if m, err = m.With(o.Service, slicesOf[id]); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		return m, nil
+	}
+	svcs, eps, _ := k8sobj.Split(sortedObjects(next))
+	return service.Build(svcs, eps, c.svcOpts)
+}
+
+func splitSlices(objs map[string]k8sobj.Object) map[service.ServiceID][]*discoveryv1.EndpointSlice {
+	out := map[service.ServiceID][]*discoveryv1.EndpointSlice{}
+	for _, key := range slices.Sorted(maps.Keys(objs)) {
+		if es := objs[key].EndpointSlice; es != nil {
+			id := service.ServiceID{Namespace: es.Namespace, Name: es.Labels[k8sobj.ServiceNameLabel]}
+			out[id] = append(out[id], es)
+		}
+	}
+	return out
+}
+
+func sortedObjects(objs map[string]k8sobj.Object) []k8sobj.Object {
+	out := make([]k8sobj.Object, 0, len(objs))
+	for _, key := range slices.Sorted(maps.Keys(objs)) {
+		out = append(out, objs[key])
+	}
+	return out
+}
+
+// policyKinds are the kinds policy compilation reads.
+func policyRelevant(o k8sobj.Object) bool {
+	return o.NetworkPolicy != nil || o.Pod != nil || o.NamespaceObj != nil
+}
+
+// commit moves the control plane to next: translate everything first (an
+// error leaves the agent as it was), then store the changed objects and new
+// identities in one transaction, then program the datapath. Called with c.mu.
+func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) error {
+	c := a.ctl
+	model, err := c.buildServices(next, affectedServices(c.objs, next, changed))
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	recompile := false
+	for key := range changed {
+		if o, ok := c.objs[key]; ok && policyRelevant(o) {
+			recompile = true
+		}
+		if o, ok := next[key]; ok && policyRelevant(o) {
+			recompile = true
+		}
+	}
+	compiled, locals := c.compiled, c.locals
+	if recompile {
+		if compiled, locals, err = a.compilePolicy(next); err != nil {
+			return err
+		}
+	}
+	err = a.st.Update(func(tx *store.Tx) error {
+		for key := range changed {
+			o, ok := next[key]
+			if !ok {
+				if err := tx.Delete(store.Objects, []byte(key)); err != nil {
+					return err
+				}
+				continue
+			}
+			raw, err := k8sobj.EncodeJSON(o)
+			if err != nil {
+				return err
+			}
+			if err := tx.Put(store.Objects, []byte(key), json.RawMessage(raw)); err != nil {
+				return err
+			}
+		}
+		return c.saveIdentitiesTx(tx)
+	})
+	if err != nil {
+		return fmt.Errorf("store objects: %w", err)
+	}
+	c.markIdentitiesSaved()
+	c.objs = next
+	svcUpd := c.tables.Apply(service.Diff(c.model, model))
+	c.model = model
+	var errs []error
+	if err := a.applyServices(svcUpd); err != nil {
+		errs = append(errs, err)
+	}
+	if recompile {
+		polUpd := policy.Diff(c.compiled, compiled)
+		c.compiled, c.locals = compiled, locals
+		if err := a.applyPolicy(polUpd); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("stored, but the datapath failed (retried in the background): %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// ApplyObjects decodes a YAML or JSON file of objects with k8sobj (strict,
+// validated; the same code the CLI and the watchers use) and upserts them all
+// or none. It returns what was applied.
+func (a *Agent) ApplyObjects(data []byte) ([]k8sobj.Object, error) {
+	objs, err := k8sobj.Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("apply objects: %w: %w", err, ErrInvalid)
+	}
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("apply objects: no objects in the input: %w", ErrInvalid)
+	}
+	if err := a.UpsertObjects(objs); err != nil {
+		return nil, err
+	}
+	return objs, nil
+}
+
+func wrapInvalid(err error) error { return fmt.Errorf("%w: %w", err, ErrInvalid) }
+
+// hasObject reports whether the object is stored.
+func (a *Agent) hasObject(kind k8sobj.Kind, ns, name string) bool {
+	if !kind.Namespaced() {
+		ns = ""
+	} else if ns == "" {
+		ns = k8sobj.DefaultNamespace
+	}
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.objs[k8sobj.ObjectKey(kind, ns, name)]
+	return ok
+}

@@ -1,0 +1,242 @@
+package agent
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/policy"
+	"github.com/lanekit/lanekit/pkg/service"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+func frontendIDs(a *Agent) map[service.FrontendKey]uint32 {
+	out := map[service.FrontendKey]uint32{}
+	for _, f := range a.Frontends() {
+		out[f.Key] = f.FrontendID
+	}
+	return out
+}
+
+func TestRestartRestoresControlPlane(t *testing.T) {
+	dp := NewMemoryDatapath()
+	dir := t.TempDir()
+	a := newCtlAgent(t, dir, dp)
+	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
+	// A service that the restarted agent will no longer have: its frontend
+	// is in the datapath but not in the store (deleted while the datapath
+	// kept forwarding, e.g. an older agent version's object). It takes the
+	// first frontend ID, so a restart that re-allocated IDs instead of
+	// re-adopting them would give shop/web other IDs.
+	if err := a.UpsertObjects(decodeObjs(t, "apiVersion: v1\nkind: Service\nmetadata: {name: gone, namespace: shop}\nspec: {clusterIP: 10.96.0.99, ports: [{port: 53}]}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy+"---\n"+webPod)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.Update(func(tx *store.Tx) error {
+		return tx.Delete(store.Objects, []byte(k8sobj.ObjectKey(k8sobj.KindService, "shop", "gone")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A remote pod deleted while the agent is down (the store loses it, the
+	// pinned maps still hold its ipcache entry).
+	if err := a.st.Update(func(tx *store.Tx) error {
+		return tx.Delete(store.Objects, []byte(k8sobj.ObjectKey(k8sobj.KindPod, "shop", "other-remote")))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.10")); !ok {
+		t.Fatal("other-remote not in the ipcache before the restart")
+	}
+	ids := frontendIDs(a)
+	webID, _ := dp.IdentityOf(netip.MustParseAddr("10.244.1.2"))
+	clientID, _ := dp.IdentityOf(netip.MustParseAddr("10.244.2.9"))
+	if !dp.Allowed(netip.MustParseAddr("10.244.2.9"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) ||
+		dp.Allowed(netip.MustParseAddr("10.244.2.10"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) {
+		t.Fatal("policy verdicts wrong before restart")
+	}
+	a.st.Close()
+
+	// Restart against the same (pinned) datapath.
+	b := newCtlAgent(t, dir, dp)
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.10")); ok {
+		t.Error("ipcache entry of a pod gone while the agent was down survived the restart")
+	}
+	if got := len(b.Objects("")); got != 6 {
+		t.Fatalf("restored %d objects, want 6", got)
+	}
+	for k, id := range frontendIDs(b) {
+		if ids[k] != id {
+			t.Errorf("frontend %v: id %d after restart, was %d", k, id, ids[k])
+		}
+	}
+	if _, ok := dp.Resolve(svcKey("10.96.0.99", 53, service.ScopeClusterIP), 1); ok {
+		t.Error("stale frontend 10.96.0.99:53 still programmed after restart")
+	}
+	svcs, _, _, revnat := dp.ServiceEntries()
+	if svcs != 2 || revnat != 2 {
+		t.Errorf("after restart: %d services, %d rev-nat entries, want 2 and 2", svcs, revnat)
+	}
+	if id, _ := dp.IdentityOf(netip.MustParseAddr("10.244.1.2")); id != webID {
+		t.Errorf("web identity %d after restart, was %d", id, webID)
+	}
+	if id, _ := dp.IdentityOf(netip.MustParseAddr("10.244.2.9")); id != clientID {
+		t.Errorf("client identity %d after restart, was %d", id, clientID)
+	}
+	// New label sets get fresh identities, not reused ones.
+	addLocal(t, b, 2, "10.244.1.7", "shop", "new", map[string]string{"app": "new"})
+	if id, _ := dp.IdentityOf(netip.MustParseAddr("10.244.1.7")); id == webID || id == clientID || id == 0 {
+		t.Errorf("new endpoint got identity %d (web %d, client %d)", id, webID, clientID)
+	}
+	if !dp.Allowed(netip.MustParseAddr("10.244.2.9"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) ||
+		dp.Allowed(netip.MustParseAddr("10.244.2.77"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) {
+		t.Error("policy verdicts differ after restart")
+	}
+}
+
+func TestEndpointChangesRecompilePolicy(t *testing.T) {
+	dp := NewMemoryDatapath()
+	a := newCtlAgent(t, t.TempDir(), dp)
+	if err := a.UpsertObjects(decodeObjs(t, ctlPolicy)); err != nil {
+		t.Fatal(err)
+	}
+	web := netip.MustParseAddr("10.244.1.2")
+	client := netip.MustParseAddr("10.244.2.9")
+	other := netip.MustParseAddr("10.244.2.10")
+	if _, ok := dp.IdentityOf(web); ok {
+		t.Fatal("identity before the endpoint exists")
+	}
+	// CNI ADD with labels in the args: isolated at once (no Pod object yet);
+	// the policy's named port is unknown without the Pod, so nothing is allowed.
+	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
+	if _, ok := dp.IdentityOf(web); !ok {
+		t.Fatal("endpoint add did not reach the ipcache")
+	}
+	if dp.Allowed(other, web, policy.ProtoTCP, 8080) {
+		t.Error("new endpoint not isolated by the policy selecting it")
+	}
+	info, _ := a.PolicyInfoOf(1)
+	if info.FromPod || info.Labels["app"] != "web" {
+		t.Errorf("info from CNI args: %+v", info)
+	}
+	// A Pod object overrides the CNI args: other labels, no longer selected.
+	if err := a.UpsertObjects(decodeObjs(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: web-a, namespace: shop, labels: {app: db}}\nstatus: {podIP: 10.244.1.2}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if !dp.Allowed(other, web, policy.ProtoTCP, 8080) {
+		t.Error("Pod object labels did not override the CNI args")
+	}
+	if info, _ := a.PolicyInfoOf(1); !info.FromPod || info.Labels["app"] != "db" {
+		t.Errorf("info from Pod: %+v", info)
+	}
+	// CNI DEL: gone from the ipcache.
+	delLocal(t, a, "web-a")
+	if _, ok := dp.IdentityOf(web); ok {
+		t.Error("endpoint del left its ipcache entry")
+	}
+	if _, ok := a.PolicyInfoOf(1); ok {
+		t.Error("policy info of a deleted endpoint")
+	}
+	_ = client
+}
+
+func TestReplaceAndDeleteObjects(t *testing.T) {
+	dp := NewMemoryDatapath()
+	a := newCtlAgent(t, t.TempDir(), dp)
+	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy)); err != nil {
+		t.Fatal(err)
+	}
+	keep := decodeObjs(t, ctlPolicy)[1] // client-remote
+	if err := a.ReplaceObjects(k8sobj.KindPod, []k8sobj.Object{keep}); err != nil {
+		t.Fatal(err)
+	}
+	pods := a.Objects(k8sobj.KindPod)
+	if len(pods) != 1 || pods[0].Name() != "client-remote" {
+		t.Fatalf("pods after replace: %v", pods)
+	}
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.10")); ok {
+		t.Error("replaced-away pod still in the ipcache")
+	}
+	if _, ok := dp.IdentityOf(netip.MustParseAddr("10.244.2.9")); !ok {
+		t.Error("kept pod missing from the ipcache")
+	}
+	if len(a.Objects(k8sobj.KindService)) != 1 {
+		t.Error("replace of pods touched services")
+	}
+	// A replace with an object of another kind is rejected whole.
+	if err := a.ReplaceObjects(k8sobj.KindPod, decodeObjs(t, ctlServices)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("replace pods with services: %v", err)
+	}
+	// Replacing slices with none empties the service's backends.
+	if err := a.ReplaceObjects(k8sobj.KindEndpointSlice, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dp.Resolve(svcKey("10.96.0.10", 80, service.ScopeClusterIP), 1); ok {
+		t.Error("service still has backends after its slices were replaced away")
+	}
+	if _, backends, _, _ := dp.ServiceEntries(); backends != 0 {
+		t.Errorf("%d backends left", backends)
+	}
+	// Delete is idempotent; deleting the service removes its frontends.
+	for range 2 {
+		if err := a.DeleteObject(k8sobj.KindService, "shop", "web"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if svcs, _, _, revnat := dp.ServiceEntries(); svcs != 0 || revnat != 0 {
+		t.Errorf("after delete: %d services %d rev-nat", svcs, revnat)
+	}
+	if err := a.DeleteObject("Namespace", "ignored", "shop"); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Objects(k8sobj.KindNamespace)) != 0 {
+		t.Error("namespace not deleted")
+	}
+	if err := a.DeleteObject("Deployment", "shop", "x"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("delete of unknown kind: %v", err)
+	}
+	err := a.st.View(func(tx *store.Tx) error {
+		n, err := tx.Count(store.Objects)
+		if n != 2 { // the client-remote pod and the policy
+			t.Errorf("%d stored objects, want 2", n)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDatapathFailureIsRetried(t *testing.T) {
+	dp := NewMemoryDatapath()
+	a := newCtlAgent(t, t.TempDir(), dp)
+	dp.SetFailApply(true)
+	err := a.UpsertObjects(decodeObjs(t, ctlServices))
+	if err == nil || !errors.Is(err, ErrInjected) {
+		t.Fatalf("err = %v, want the datapath failure", err)
+	}
+	if len(a.Objects("")) != 2 {
+		t.Fatal("objects not kept after a datapath failure")
+	}
+	if st := a.ControlStats(); st.PendingSvc != 1 {
+		t.Errorf("pending service updates: %d", st.PendingSvc)
+	}
+	dp.SetFailApply(false)
+	a.MaintainOnce()
+	if _, ok := dp.Resolve(svcKey("10.96.0.10", 80, service.ScopeClusterIP), 1); !ok {
+		t.Error("retry did not program the service")
+	}
+	if st := a.ControlStats(); st.PendingSvc != 0 || st.GCRuns != 1 || dp.GCCalls() != 1 {
+		t.Errorf("after maintenance: %+v, gc calls %d", st, dp.GCCalls())
+	}
+}
+
+const webPod = `
+apiVersion: v1
+kind: Pod
+metadata: {name: web-a, namespace: shop, labels: {app: web}}
+spec: {containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}]}]}
+status: {podIP: 10.244.1.2}
+`
