@@ -147,6 +147,10 @@ func TestLabK8s(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var status bytes.Buffer
+	if err := WriteStatus(ctx, &status); err != nil || !strings.Contains(status.String(), "k8s: kube-apiserver https://"+APIAddress) {
+		t.Errorf("lab status: %v\n%s", err, status.String())
+	}
 
 	// Routes to the other node's pods come from its Node object: lanekit's
 	// route protocol, no static route.
