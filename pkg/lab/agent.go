@@ -20,13 +20,16 @@ func agentArgs(i int, k8s bool) []string {
 		"--state-dir", NodeDir(i) + "/state",
 		"--socket", AgentSocket(i),
 		"--uplink", Uplink,
-		"--bpf-dir", BPFDir(i),
-		"--vm-socket-dir", NodeDir(i) + "/vm",
 	}
 	if k8s {
-		return append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
+		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
+	} else {
+		args = append(args, "--pod-cidr", PodCIDR(i))
 	}
-	return append(args, "--pod-cidr", PodCIDR(i))
+	return append(args,
+		"--bpf-dir", BPFDir(i),
+		"--vm-socket-dir", NodeDir(i)+"/vm",
+	)
 }
 
 // startAgent starts lanekitd for node i as a detached daemon inside the node
