@@ -45,7 +45,9 @@ build-go:
 
 build-vhost:
 	@if [ -f vhost/Cargo.toml ]; then \
-		cd vhost && $(CARGO) build --release --locked -q && install -m 0755 target/release/lanekit-vhost $(BIN)/; \
+		cd vhost && $(CARGO) build --release --locked -q && install -m 0755 target/release/lanekit-vhost $(BIN)/ && \
+		$(CARGO) build --release --locked -q --example rss_guest && \
+		install -m 0755 target/release/examples/rss_guest $(BIN)/lanekit-rss-guest; \
 	fi
 
 # The whole suite: unit tests (skip cleanly without root), BPF packet fixtures

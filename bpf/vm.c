@@ -7,6 +7,15 @@
  * the guest gets whole frames. Each frame goes to the AF_XDP socket bound to its
  * rx queue; the lanekit-vhost backend moves it into the guest's virtio queue.
  *
+ * When the VM's guest configured hashing (RSS_CONFIG / HASH_CONFIG, written
+ * by the backend into the VM's lk_rss_vms entry, see lib/vm_rss.h), each frame
+ * carries struct lk_xsk_meta in front of it: the Toeplitz hash over the types
+ * the guest enabled and its report type. AF_XDP copies the metadata area into
+ * the UMEM headroom in front of the frame, where the backend reads it for
+ * virtio_net_hdr_v1_hash. The rx queue itself was chosen before the device's
+ * transmit (lib/fib.h deliver_local): a socket only takes frames of the queue
+ * it is bound to, so this program cannot move a frame to another queue.
+ *
  * One program instance per VM: the VM's identity is load-time settings, not a
  * map entry, so nothing is keyed by an ifindex (which is only unique within a
  * netns). */
@@ -19,6 +28,7 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/events.h"
+#include "lib/vm_rss.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -56,6 +66,35 @@ static __always_inline int xdp_drop(struct xdp_md *ctx, __u32 reason)
 	return XDP_DROP;
 }
 
+/* put_meta writes the frame's hash in front of it (struct lk_xsk_meta) when
+ * the guest configured hashing. A frame without metadata tells the backend
+ * "no hash" (it checks the magic), so failing here only loses the report. */
+static __always_inline void put_meta(struct xdp_md *ctx)
+{
+	struct lk_rss_input in = {};
+	struct lk_xsk_meta *meta;
+	struct lk_vm_rss_cfg *cfg;
+	__u32 hash = 0, report = VIRTIO_NET_HASH_REPORT_NONE;
+	void *data;
+
+	cfg = lk_vm_rss_get(vm_id);
+	if (!cfg)
+		return;
+	if (!lk_rss_input_xdp(ctx, cfg->hash_types, &in)) {
+		hash = lk_toeplitz(&cfg->key, in.bytes, in.len);
+		report = in.report;
+	}
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		return;
+	meta = (void *)(long)ctx->data_meta;
+	data = (void *)(long)ctx->data;
+	if ((void *)(meta + 1) > data)
+		return;
+	meta->hash = hash;
+	meta->report = report;
+	meta->magic = LK_XSK_META_MAGIC;
+}
+
 SEC("xdp")
 int steer_vm(struct xdp_md *ctx)
 {
@@ -79,5 +118,6 @@ int steer_vm(struct xdp_md *ctx)
 	trace_redirect(slot, REDIR_XSK, q);
 	if (!bpf_map_lookup_elem(&lk_xsks, &slot))
 		return xdp_drop(ctx, DROP_NO_SOCKET);
+	put_meta(ctx);
 	return bpf_redirect_map(&lk_xsks, slot, XDP_DROP);
 }

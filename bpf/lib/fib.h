@@ -12,6 +12,7 @@
 #include "events.h"
 #include "maps.h"
 #include "parse.h"
+#include "vm_rss.h"
 
 static __always_inline int drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason)
 {
@@ -57,10 +58,11 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, _
 	mac_copy(p->eth->h_source, dst->host_mac);
 	metrics_add(dst->id, METRIC_TO_EP, skb->len);
 	/* A multiqueue endpoint (a VM) receives each flow on one rx queue, chosen
-	 * from the flow hash: the queue its AF_XDP socket is bound to. The rx
-	 * queue is recorded as queue_mapping - 1. */
+	 * from its guest's RSS table or else the flow hash (lib/vm_rss.h): the
+	 * queue its AF_XDP socket is bound to. The rx queue is recorded as
+	 * queue_mapping - 1. */
 	if (dst->queues > 1)
-		skb->queue_mapping = bpf_get_hash_recalc(skb) % dst->queues + 1;
+		skb->queue_mapping = lk_vm_rx_queue(skb, dst->id, dst->queues) + 1;
 	return to_endpoint(skb, dst);
 }
 

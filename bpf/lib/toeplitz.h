@@ -95,113 +95,127 @@ static __always_inline int lk_load(struct __sk_buff *skb, __u32 off, void *to, _
 	return bpf_skb_load_bytes_relative(skb, off, to, len, BPF_HDR_START_MAC);
 }
 
-/* lk_rss_l4 appends the two ports at l4off to in (after addr_len address
- * bytes) when the packet is TCP/UDP of an enabled type. Returns 1 when it did. */
-static __always_inline int lk_rss_l4(struct __sk_buff *skb, struct lk_rss_input *in,
-				     __u32 types, __u8 proto, __u32 l4off, int v6)
+/* lk_load_xdp reads from an XDP frame (offsets from the Ethernet header). */
+static __always_inline int lk_load_xdp(struct xdp_md *ctx, __u32 off, void *to, __u32 len)
 {
-	__u32 tcp = v6 ? VIRTIO_NET_RSS_HASH_TYPE_TCPv6 : VIRTIO_NET_RSS_HASH_TYPE_TCPv4;
-	__u32 udp = v6 ? VIRTIO_NET_RSS_HASH_TYPE_UDPv6 : VIRTIO_NET_RSS_HASH_TYPE_UDPv4;
-	__u32 off = v6 ? 32 : 8;
-
-	if (proto == IPPROTO_TCP && (types & tcp)) {
-		in->report = v6 ? VIRTIO_NET_HASH_REPORT_TCPv6 : VIRTIO_NET_HASH_REPORT_TCPv4;
-	} else if (proto == IPPROTO_UDP && (types & udp)) {
-		in->report = v6 ? VIRTIO_NET_HASH_REPORT_UDPv6 : VIRTIO_NET_HASH_REPORT_UDPv4;
-	} else {
-		return 0;
-	}
-	/* source port, destination port: the first 4 bytes of both headers */
-	if (v6) {
-		if (lk_load(skb, l4off, &in->bytes[32], 4))
-			return 0;
-	} else {
-		if (lk_load(skb, l4off, &in->bytes[8], 4))
-			return 0;
-	}
-	in->len = off + 4;
-	return 1;
+	return bpf_xdp_load_bytes(ctx, off, to, len);
 }
 
-/* lk_rss_input_skb builds the hash input of the frame in skb (Ethernet at the
- * MAC header, one optional 802.1Q tag) for the enabled hash types, in the
- * virtio order of preference: TCP, then UDP, then the address-only type.
- * IPv4 fragments and IPv6 packets with a fragment header hash on addresses
- * only. Returns 0 with in filled, or -1 when the packet gets no hash
- * (not IP, malformed, or no enabled type applies). */
-static __always_inline int lk_rss_input_skb(struct __sk_buff *skb, __u32 types,
-					    struct lk_rss_input *in)
-{
-	__u32 l3 = ETH_HLEN;
-	__be16 proto;
-
-	if (lk_load(skb, 12, &proto, sizeof(proto)))
-		return -1;
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
-		if (lk_load(skb, 16, &proto, sizeof(proto)))
-			return -1;
-		l3 += 4;
-	}
-
-	if (proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr ip;
-		int frag;
-
-		if (lk_load(skb, l3, &ip, sizeof(ip)))
-			return -1;
-		if (ip.version != 4 || ip.ihl < 5)
-			return -1;
-		if (lk_load(skb, l3 + 12, &in->bytes[0], 8)) /* saddr, daddr */
-			return -1;
-		frag = ip.frag_off & bpf_htons(0x3fff); /* MF or an offset */
-		if (!frag && lk_rss_l4(skb, in, types, ip.protocol, l3 + ip.ihl * 4, 0))
-			return 0;
-		if (!(types & VIRTIO_NET_RSS_HASH_TYPE_IPv4))
-			return -1;
-		in->len = 8;
-		in->report = VIRTIO_NET_HASH_REPORT_IPv4;
-		return 0;
-	}
-
-	if (proto == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr ip6;
-		__u32 off = l3 + sizeof(ip6);
-		__u8 nh;
-		int frag = 0;
-		int i;
-
-		if (lk_load(skb, l3, &ip6, sizeof(ip6)))
-			return -1;
-		if (ip6.version != 6)
-			return -1;
-		if (lk_load(skb, l3 + 8, &in->bytes[0], 32)) /* saddr, daddr */
-			return -1;
-		nh = ip6.nexthdr;
-		for (i = 0; i < LK_RSS_IP6_EXT_MAX; i++) {
-			struct ipv6_opt_hdr ext;
-
-			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING &&
-			    nh != IPPROTO_DSTOPTS && nh != IPPROTO_FRAGMENT)
-				break;
-			if (lk_load(skb, off, &ext, sizeof(ext)))
-				return -1;
-			if (nh == IPPROTO_FRAGMENT) {
-				frag = 1;
-				off += 8;
-			} else {
-				off += (ext.hdrlen + 1) * 8;
-			}
-			nh = ext.nexthdr;
-		}
-		if (!frag && lk_rss_l4(skb, in, types, nh, off, 1))
-			return 0;
-		if (!(types & VIRTIO_NET_RSS_HASH_TYPE_IPv6))
-			return -1;
-		in->len = 32;
-		in->report = VIRTIO_NET_HASH_REPORT_IPv6;
-		return 0;
-	}
-	return -1;
+/* LK_RSS_INPUT_FNS defines SUFFIX's hash input builder for context type CTX,
+ * reading packet bytes with LOAD: lk_rss_l4##SUFFIX and lk_rss_input##SUFFIX.
+ * One body for socket filters/tc (skb) and XDP, so that the two cannot hash
+ * the same packet differently. */
+#define LK_RSS_INPUT_FNS(SUFFIX, CTX, LOAD)								\
+/* lk_rss_l4 appends the two ports at l4off to in (after the address bytes)	\
+ * when the packet is TCP/UDP of an enabled type. Returns 1 when it did. */	\
+static __always_inline int lk_rss_l4##SUFFIX(CTX *ctx, struct lk_rss_input *in,	\
+					     __u32 types, __u8 proto, __u32 l4off, int v6)	\
+{										\
+	__u32 tcp = v6 ? VIRTIO_NET_RSS_HASH_TYPE_TCPv6 : VIRTIO_NET_RSS_HASH_TYPE_TCPv4;	\
+	__u32 udp = v6 ? VIRTIO_NET_RSS_HASH_TYPE_UDPv6 : VIRTIO_NET_RSS_HASH_TYPE_UDPv4;	\
+	__u32 off = v6 ? 32 : 8;						\
+										\
+	if (proto == IPPROTO_TCP && (types & tcp)) {				\
+		in->report = v6 ? VIRTIO_NET_HASH_REPORT_TCPv6 : VIRTIO_NET_HASH_REPORT_TCPv4;	\
+	} else if (proto == IPPROTO_UDP && (types & udp)) {			\
+		in->report = v6 ? VIRTIO_NET_HASH_REPORT_UDPv6 : VIRTIO_NET_HASH_REPORT_UDPv4;	\
+	} else {								\
+		return 0;							\
+	}									\
+	/* source port, destination port: the first 4 bytes of both headers */	\
+	if (v6) {								\
+		if (LOAD(ctx, l4off, &in->bytes[32], 4))			\
+			return 0;						\
+	} else {								\
+		if (LOAD(ctx, l4off, &in->bytes[8], 4))				\
+			return 0;						\
+	}									\
+	in->len = off + 4;							\
+	return 1;								\
+}										\
+										\
+/* lk_rss_input builds the hash input of the frame in ctx (Ethernet first,	\
+ * one optional 802.1Q tag) for the enabled hash types, in the virtio order	\
+ * of preference: TCP, then UDP, then the address-only type. IPv4 fragments	\
+ * and IPv6 packets with a fragment header hash on addresses only. Returns 0	\
+ * with in filled, or -1 when the packet gets no hash (not IP, malformed, or	\
+ * no enabled type applies). */							\
+static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
+						struct lk_rss_input *in)	\
+{										\
+	__u32 l3 = ETH_HLEN;							\
+	__be16 proto;								\
+										\
+	if (LOAD(ctx, 12, &proto, sizeof(proto)))				\
+		return -1;							\
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {	\
+		if (LOAD(ctx, 16, &proto, sizeof(proto)))			\
+			return -1;						\
+		l3 += 4;							\
+	}									\
+										\
+	if (proto == bpf_htons(ETH_P_IP)) {					\
+		struct iphdr ip;						\
+		int frag;							\
+										\
+		if (LOAD(ctx, l3, &ip, sizeof(ip)))				\
+			return -1;						\
+		if (ip.version != 4 || ip.ihl < 5)				\
+			return -1;						\
+		if (LOAD(ctx, l3 + 12, &in->bytes[0], 8)) /* saddr, daddr */	\
+			return -1;						\
+		frag = ip.frag_off & bpf_htons(0x3fff); /* MF or an offset */	\
+		if (!frag && lk_rss_l4##SUFFIX(ctx, in, types, ip.protocol, l3 + ip.ihl * 4, 0))	\
+			return 0;						\
+		if (!(types & VIRTIO_NET_RSS_HASH_TYPE_IPv4))			\
+			return -1;						\
+		in->len = 8;							\
+		in->report = VIRTIO_NET_HASH_REPORT_IPv4;			\
+		return 0;							\
+	}									\
+										\
+	if (proto == bpf_htons(ETH_P_IPV6)) {					\
+		struct ipv6hdr ip6;						\
+		__u32 off = l3 + sizeof(ip6);					\
+		__u8 nh;							\
+		int frag = 0;							\
+		int i;								\
+										\
+		if (LOAD(ctx, l3, &ip6, sizeof(ip6)))				\
+			return -1;						\
+		if (ip6.version != 6)						\
+			return -1;						\
+		if (LOAD(ctx, l3 + 8, &in->bytes[0], 32)) /* saddr, daddr */	\
+			return -1;						\
+		nh = ip6.nexthdr;						\
+		for (i = 0; i < LK_RSS_IP6_EXT_MAX; i++) {			\
+			struct ipv6_opt_hdr ext;				\
+										\
+			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING &&	\
+			    nh != IPPROTO_DSTOPTS && nh != IPPROTO_FRAGMENT)	\
+				break;						\
+			if (LOAD(ctx, off, &ext, sizeof(ext)))			\
+				return -1;					\
+			if (nh == IPPROTO_FRAGMENT) {				\
+				frag = 1;					\
+				off += 8;					\
+			} else {						\
+				off += (ext.hdrlen + 1) * 8;			\
+			}							\
+			nh = ext.nexthdr;					\
+		}								\
+		if (!frag && lk_rss_l4##SUFFIX(ctx, in, types, nh, off, 1))	\
+			return 0;						\
+		if (!(types & VIRTIO_NET_RSS_HASH_TYPE_IPv6))			\
+			return -1;						\
+		in->len = 32;							\
+		in->report = VIRTIO_NET_HASH_REPORT_IPv6;			\
+		return 0;							\
+	}									\
+	return -1;								\
 }
+
+LK_RSS_INPUT_FNS(_skb, struct __sk_buff, lk_load)
+LK_RSS_INPUT_FNS(_xdp, struct xdp_md, lk_load_xdp)
 
 #endif /* LK_TOEPLITZ_H */

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -32,6 +33,16 @@ type VMDatapath interface {
 }
 
 var _ VMDatapath = (*datapath.Loader)(nil)
+
+// VMRSSDatapath is a VM datapath that steers by the guest's RSS
+// configuration: it has a map per VM that the backend writes (handed over
+// with the sockets). Optional: without it backends get no map and offer no
+// virtio RSS / hash report.
+type VMRSSDatapath interface {
+	VMRSSMap(vm datapath.VM) (*ebpf.Map, error)
+}
+
+var _ VMRSSDatapath = (*datapath.Loader)(nil)
 
 const (
 	// DefaultVMSocketDir is where the per-VM fd-passing sockets live.
@@ -261,7 +272,22 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 		return fmt.Errorf("vm socket dir: %w", err)
 	}
 	name, netnsPath := ep.VM.Name, ep.Netns
-	srv, err := xsk.Listen(ep.VM.Socket, name, func(xsk.Request) ([]*xsk.Socket, error) {
+	var rssMap xsk.RSSProvider
+	if rdp, ok := vdp.(VMRSSDatapath); ok {
+		rssMap = func() (int, int, error) {
+			m, err := rdp.VMRSSMap(dvm)
+			if err != nil {
+				return -1, 0, err
+			}
+			defer m.Close()
+			fd, err := unix.Dup(m.FD())
+			if err != nil {
+				return -1, 0, fmt.Errorf("vm %s rss map: %w", name, err)
+			}
+			return fd, int(m.ValueSize()), nil
+		}
+	}
+	srv, err := xsk.ListenRSS(ep.VM.Socket, name, func(xsk.Request) ([]*xsk.Socket, error) {
 		var socks []*xsk.Socket
 		err := netdev.InNetns(netnsPath, func() error {
 			var err error
@@ -288,7 +314,7 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 			return nil, fmt.Errorf("vm %s sockets: %w", name, err)
 		}
 		return socks, nil
-	}, a.log)
+	}, rssMap, a.log)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/cilium/ebpf"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -167,9 +168,20 @@ func slotCount(t *testing.T, a *Agent) int {
 	return n
 }
 
-func fetchVM(t *testing.T, path, name string, queues int) {
+// fetchVM fetches the VM's sockets as a backend that does not know the RSS
+// map (it must get none) and as one that does; it returns whether the
+// latter got the map.
+func fetchVM(t *testing.T, path, name string, queues int) bool {
 	t.Helper()
-	offer, fds, err := xsk.Fetch(path, name, 10*time.Second)
+	if fetchVMOffer(t, path, name, queues, false) {
+		t.Fatal("the RSS map was handed to a backend that did not ask for it")
+	}
+	return fetchVMOffer(t, path, name, queues, true)
+}
+
+func fetchVMOffer(t *testing.T, path, name string, queues int, rss bool) bool {
+	t.Helper()
+	offer, fds, err := xsk.FetchRSS(path, name, rss, 10*time.Second)
 	if err != nil {
 		t.Fatalf("fetch sockets of %s: %v", name, err)
 	}
@@ -178,15 +190,34 @@ func fetchVM(t *testing.T, path, name string, queues int) {
 			unix.Close(fd)
 		}
 	}()
-	if len(offer.Queues) != queues || len(fds) != 2*queues {
-		t.Fatalf("offer %+v with %d fds, want %d queues and %d fds", offer, len(fds), queues, 2*queues)
+	// The BPF datapath hands the VM's RSS map too (its fd last).
+	want := 2 * queues
+	if offer.RSS != nil {
+		want++
+		if offer.RSS.ValueSize != datapath.VMRSSValueSize {
+			t.Fatalf("rss map value size %d, want %d", offer.RSS.ValueSize, datapath.VMRSSValueSize)
+		}
+	}
+	if len(offer.Queues) != queues || len(fds) != want {
+		t.Fatalf("offer %+v with %d fds, want %d queues and %d fds", offer, len(fds), queues, want)
 	}
 	for i, q := range offer.Queues {
 		if q.Queue != uint32(i) || q.FrameSize != xsk.DefaultSizes.FrameSize || q.UmemSize == 0 {
 			t.Fatalf("queue %d config %+v", i, q)
 		}
 	}
-	// fds alternate xsk, umem memfd.
+	// fds alternate xsk, umem memfd; then the RSS map, a BPF map.
+	if offer.RSS != nil {
+		m, err := ebpf.NewMapFromFD(fds[len(fds)-1])
+		if err != nil {
+			t.Fatalf("rss map fd: %v", err)
+		}
+		if m.ValueSize() != datapath.VMRSSValueSize || m.MaxEntries() != 1 {
+			t.Fatalf("rss map %v: value size %d, %d entries", m, m.ValueSize(), m.MaxEntries())
+		}
+		fds = fds[:len(fds)-1] // NewMapFromFD took this fd over
+		m.Close()
+	}
 	for i, fd := range fds {
 		dom, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 		if i%2 == 0 && (err != nil || dom != unix.AF_XDP) {
@@ -196,6 +227,7 @@ func fetchVM(t *testing.T, path, name string, queues int) {
 			t.Fatalf("fd %d (umem) is a socket", i)
 		}
 	}
+	return offer.RSS != nil
 }
 
 // TestVMLifecycle: add a 2-queue VM, fetch its sockets, restart the agent
@@ -254,7 +286,9 @@ func TestVMLifecycle(t *testing.T) {
 			}); err != nil {
 				t.Fatalf("host end %s: %v", ep.HostIfName, err)
 			}
-			fetchVM(t, ep.VM.Socket, "vm1", 2)
+			if gotRSS := fetchVM(t, ep.VM.Socket, "vm1", 2); gotRSS != (b.name == "bpf") {
+				t.Fatalf("%s datapath: RSS map handed = %t", b.name, gotRSS)
+			}
 			fetchVM(t, ep.VM.Socket, "vm1", 2) // a reconnecting backend gets fresh sockets
 			if _, _, err := xsk.Fetch(ep.VM.Socket, "vm2", 2*time.Second); err == nil {
 				t.Fatal("the socket of vm1 served vm2")

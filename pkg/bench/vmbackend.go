@@ -55,6 +55,10 @@ type BackendOptions struct {
 	// OwnOnly measures guest→wire with lanekit-vhost's own sockets only (no
 	// agent path, no wire→guest).
 	OwnOnly bool
+	// GuestBin is rss_guest for the steering runs (default:
+	// lanekit-rss-guest next to VhostBin, else examples/rss_guest there;
+	// missing: no steering runs, an error in the report).
+	GuestBin string
 }
 
 // Backend comparison constants.
@@ -164,6 +168,26 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	rep.fill(vals, b.agent != nil)
 	if b.agent != nil && rep.PathCheck != nil {
 		b.finishCheck(rep.PathCheck)
+	}
+	if !o.OwnOnly {
+		guest := o.GuestBin
+		if guest == "" {
+			// bin/ (make build), or cargo's target dir (compare.sh).
+			guest = filepath.Join(filepath.Dir(o.VhostBin), "lanekit-rss-guest")
+			if _, err := os.Stat(guest); err != nil {
+				guest = filepath.Join(filepath.Dir(o.VhostBin), "examples", "rss_guest")
+			}
+		}
+		if _, err := os.Stat(guest); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("steering: no rss_guest (%s): make build", guest))
+		} else {
+			st, err := RunSteering(ctx, SteerOptions{VhostBin: o.VhostBin, GuestBin: guest, Testpmd: o.Testpmd,
+				Duration: o.Duration, Progress: o.Progress})
+			if err != nil {
+				rep.Errors = append(rep.Errors, fmt.Sprintf("steering: %v", err))
+			}
+			rep.Steering = st
+		}
 	}
 	return rep, nil
 }

@@ -23,10 +23,13 @@ type BackendReport struct {
 	// (rxonly); testpmd forwards af_xdp -> vhost from the same generator.
 	WireToGuestReal *BackendDirection `json:"wire_to_guest_real,omitempty"`
 	PathCheck       *BackendPathCheck `json:"path_check,omitempty"`
-	Repeat          int               `json:"repeat"`
-	Seconds         float64           `json:"seconds"`
-	Setup           string            `json:"setup"`
-	Errors          []string          `json:"errors,omitempty"`
+	// Steering: flows into a multiqueue VM with and without the guest's
+	// RSS configuration (vmsteer.go).
+	Steering *SteerReport `json:"steering,omitempty"`
+	Repeat   int          `json:"repeat"`
+	Seconds  float64      `json:"seconds"`
+	Setup    string       `json:"setup"`
+	Errors   []string     `json:"errors,omitempty"`
 }
 
 // BackendDirection is one direction's two metrics.
@@ -139,8 +142,37 @@ func (b *BackendReport) WriteTable(w io.Writer) error {
 			"%d frames from agent sockets into the guest (%d counted by it in the windows)%s\n", c.XDPProgram, c.VMDevice, c.Handovers,
 			c.ProbeCounted, c.ProbeSent, c.BackendRxFrames, c.GuestRxFrames, formatDrops(c.SteerDrops))
 	}
+	if st := b.Steering; st != nil {
+		if err := st.WriteTable(w); err != nil {
+			return err
+		}
+	}
 	for _, e := range b.Errors {
 		fmt.Fprintf(w, "error: vm backend: %s\n", e)
+	}
+	return nil
+}
+
+// WriteTable prints the steering runs.
+func (st *SteerReport) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "\nVM receive steering: %d flows into %d queues, %d B (%s)\n", st.Flows, st.Queues, st.Size, st.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "steering\tframes/queue\tmax/min\tflows on 2+ queues\tMpps into guest\thash = reference\ton table's queue\t")
+	for _, r := range st.Runs {
+		bal := "-"
+		if r.Balance > 0 {
+			bal = fmt.Sprintf("%.2f", r.Balance)
+		}
+		check := func(n int) string {
+			if r.Mode != "guest-rss" {
+				return "-"
+			}
+			return fmt.Sprintf("%d/%d", n, st.Flows)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%.3f\t%s\t%s\t\n", r.Mode, r.PerQueue, bal, r.Split, r.Mpps, check(r.HashOK), check(r.QueueOK))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write steering table: %w", err)
 	}
 	return nil
 }

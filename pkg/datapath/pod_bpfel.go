@@ -312,6 +312,7 @@ const (
 	podMapLkPolicyIsolation     = "lk_policy_isolation"
 	podMapLkPolicyRules         = "lk_policy_rules"
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
+	podMapLkRssVms              = "lk_rss_vms"
 	podProgFromPod              = "from_pod"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
@@ -402,6 +403,7 @@ type podMapSpecs struct {
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
+	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -468,6 +470,7 @@ type podMaps struct {
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
+	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
 }
 
 func (m *podMaps) Close() error {
@@ -492,6 +495,7 @@ func (m *podMaps) Close() error {
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
+		m.LkRssVms,
 	)
 }
 

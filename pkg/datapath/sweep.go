@@ -97,6 +97,28 @@ func (l *Loader) Sweep(own Owned) (Swept, error) {
 		}
 	}
 
+	// RSS maps of VMs that are gone.
+	var (
+		rk   uint32
+		rv   *ebpf.Map
+		rdel []uint32
+	)
+	rit := l.vm.LkRssVms.Iterate()
+	for rit.Next(&rk, &rv) {
+		rv.Close()
+		if !own.VMs[rk] {
+			rdel = append(rdel, rk)
+		}
+	}
+	if err := rit.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("scan vm rss maps: %w", err))
+	}
+	for _, k := range rdel {
+		if err := deleteIgnoreMissing(l.vm.LkRssVms, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
 	entries, err := os.ReadDir(l.cfg.PinDir)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("read pin dir: %w", err))

@@ -176,6 +176,7 @@ const (
 	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
 	uplinkMapLkPolicyRules         = "lk_policy_rules"
 	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
+	uplinkMapLkRssVms              = "lk_rss_vms"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -265,6 +266,7 @@ type uplinkMapSpecs struct {
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
+	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -330,6 +332,7 @@ type uplinkMaps struct {
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
+	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -354,6 +357,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
+		m.LkRssVms,
 	)
 }
 

@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -67,10 +69,86 @@ func (l *Loader) AttachVM(vm VM) error {
 		return fmt.Errorf("attach vm %d: load: %w", vm.ID, err)
 	}
 	defer progs.Close() // the pinned link holds the program
+	if err := l.ensureVMRSS(spec, vm.ID); err != nil {
+		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
+	}
 	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPDriver, progs.SteerVm); err != nil {
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
 	return nil
+}
+
+// VMRSSValueSize is the size of struct lk_vm_rss_cfg (bpf/lib/vm_rss.h).
+const VMRSSValueSize = 312
+
+// VMRSS mirrors struct lk_vm_rss_cfg: a VM guest's RSS configuration as its
+// backend writes it (lanekit-vhost rss.rs). HashTypes 0 is "no guest
+// configuration": the flow-hash queue and no hash metadata.
+type VMRSS struct {
+	HashTypes         uint32 // VIRTIO_NET_RSS_HASH_TYPE_*
+	Steer             uint16 // 1: the table picks the queue (RSS_CONFIG); 0: hash only (HASH_CONFIG)
+	TableMask         uint16 // table entries - 1
+	UnclassifiedQueue uint16
+	Pad               uint16
+	Seq               uint32   // odd while being rewritten
+	Key               [40]byte // QEMU rss.bpf.c layout (see NewVMRSS)
+	Table             [128]uint16
+}
+
+// NewVMRSS builds a steering configuration from a 40-byte Toeplitz key (in
+// wire order), the enabled hash types and a power-of-two indirection table.
+func NewVMRSS(key [40]byte, hashTypes uint32, table []uint16, unclassified uint16) (VMRSS, error) {
+	n := len(table)
+	if n == 0 || n > 128 || n&(n-1) != 0 {
+		return VMRSS{}, fmt.Errorf("vm rss: indirection table of %d entries: want a power of two in 1..128", n)
+	}
+	c := VMRSS{HashTypes: hashTypes, Steer: 1, TableMask: uint16(n - 1), UnclassifiedQueue: unclassified}
+	// QEMU layout: key bytes 0..3 as one host-order u32 of their big-endian value.
+	binary.NativeEndian.PutUint32(c.Key[:4], binary.BigEndian.Uint32(key[:4]))
+	copy(c.Key[4:], key[4:])
+	copy(c.Table[:], table)
+	return c, nil
+}
+
+// ensureVMRSS gives VM id its configuration map in lk_rss_vms, unless it has
+// one (an agent restart keeps the map the backend may have mapped).
+func (l *Loader) ensureVMRSS(spec *ebpf.CollectionSpec, id uint32) error {
+	var inner *ebpf.Map
+	err := l.vm.LkRssVms.Lookup(id, &inner)
+	if err == nil {
+		return inner.Close()
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("rss map: %w", err)
+	}
+	ms, ok := spec.Maps["lk_rss_vms"]
+	if !ok || ms.InnerMap == nil {
+		return fmt.Errorf("rss map: lk_rss_vms has no inner map spec")
+	}
+	is := ms.InnerMap.Copy()
+	is.Name = "lk_vmrss_" + strconv.FormatUint(uint64(id), 10)
+	if is.ValueSize != VMRSSValueSize {
+		return fmt.Errorf("rss map: value size %d, Go side expects %d", is.ValueSize, VMRSSValueSize)
+	}
+	m, err := ebpf.NewMap(is)
+	if err != nil {
+		return fmt.Errorf("create rss map: %w", err)
+	}
+	defer m.Close()
+	if err := l.vm.LkRssVms.Update(id, m, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("publish rss map: %w", err)
+	}
+	return nil
+}
+
+// VMRSSMap returns vm's RSS configuration map (the caller closes it): the
+// agent hands its fd to the VM's backend with the AF_XDP sockets.
+func (l *Loader) VMRSSMap(vm VM) (*ebpf.Map, error) {
+	var inner *ebpf.Map
+	if err := l.vm.LkRssVms.Lookup(vm.ID, &inner); err != nil {
+		return nil, fmt.Errorf("vm %d: rss map: %w", vm.ID, err)
+	}
+	return inner, nil
 }
 
 func vmPin(id uint32) string { return pinVMLink + strconv.FormatUint(uint64(id), 10) }
@@ -93,6 +171,9 @@ func (l *Loader) DetachVM(vm VM) error {
 	defer l.mu.Unlock()
 	if err := l.detach(vmPin(vm.ID)); err != nil {
 		return fmt.Errorf("detach vm %d: %w", vm.ID, err)
+	}
+	if err := deleteIgnoreMissing(l.vm.LkRssVms, vm.ID); err != nil {
+		return fmt.Errorf("detach vm %d: rss map: %w", vm.ID, err)
 	}
 	for q := 0; q < vm.Queues; q++ {
 		if err := deleteIgnoreMissing(l.vm.LkXsks, vm.XSKBase+uint32(q)); err != nil {

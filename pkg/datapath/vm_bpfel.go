@@ -60,6 +60,7 @@ const (
 	vmMapLkEventsLost          = "lk_events_lost"
 	vmMapLkMetrics             = "lk_metrics"
 	vmMapLkMetricsLost         = "lk_metrics_lost"
+	vmMapLkRssVms              = "lk_rss_vms"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
 	vmVarLastRedirect          = "last_redirect"
@@ -135,6 +136,7 @@ type vmMapSpecs struct {
 	LkEventsLost  *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkRssVms      *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 	LkXsks        *ebpf.MapSpec `ebpf:"lk_xsks"`
 }
 
@@ -186,6 +188,7 @@ type vmMaps struct {
 	LkEventsLost  *ebpf.Map `ebpf:"lk_events_lost"`
 	LkMetrics     *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkRssVms      *ebpf.Map `ebpf:"lk_rss_vms"`
 	LkXsks        *ebpf.Map `ebpf:"lk_xsks"`
 }
 
@@ -198,6 +201,7 @@ func (m *vmMaps) Close() error {
 		m.LkEventsLost,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkRssVms,
 		m.LkXsks,
 	)
 }

@@ -157,6 +157,7 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 // startDaemon starts argv detached inside ns (nsenter --net keeps the host's
 // /sys), logging to base.log with its pid in base.pid.
 func startDaemon(ns, base, bin string, args ...string) (int, error) {
+	closeInheritedOnExec()
 	logf, err := os.OpenFile(base+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err

@@ -18,6 +18,9 @@ import (
 type Request struct {
 	Version int    `json:"version"`
 	VM      string `json:"vm"`
+	// RSS: the backend takes the VM's RSS map. Only then does the offer
+	// carry it, so a backend that predates it gets the reply it expects.
+	RSS bool `json:"rss,omitempty"`
 }
 
 // Offer is the agent's answer; the fds travel alongside as SCM_RIGHTS.
@@ -25,7 +28,22 @@ type Offer struct {
 	Version int           `json:"version"`
 	Queues  []QueueConfig `json:"queues,omitempty"`
 	Error   string        `json:"error,omitempty"`
+	// RSS is present when the VM's RSS configuration map travels too (its
+	// fd is the last one).
+	RSS *RSSInfo `json:"rss,omitempty"`
 }
+
+// RSSInfo describes the VM's RSS map in an offer: a one-entry
+// BPF_F_MMAPABLE array whose value is struct lk_vm_rss_cfg
+// (bpf/lib/vm_rss.h) of ValueSize bytes. The backend writes its guest's RSS
+// configuration there through an mmap of the fd.
+type RSSInfo struct {
+	ValueSize int `json:"value_size"`
+}
+
+// RSSProvider returns an fd of the VM's RSS map for one backend connection
+// (the server closes it once sent) and the map's value size.
+type RSSProvider func() (fd int, valueSize int, err error)
 
 // Provider creates the sockets for one backend connection (in the VM's
 // netns) and publishes them in the XSKMAP. The server sends them and closes
@@ -41,6 +59,7 @@ type Server struct {
 	vm      string
 	ln      *net.UnixListener
 	provide Provider
+	rss     RSSProvider
 	log     *slog.Logger
 	wg      sync.WaitGroup
 }
@@ -48,6 +67,11 @@ type Server struct {
 // Listen creates the socket file at path, mode 0600 inside a 0700 directory,
 // replacing a stale one.
 func Listen(path, vm string, provide Provider, log *slog.Logger) (*Server, error) {
+	return ListenRSS(path, vm, provide, nil, log)
+}
+
+// ListenRSS is Listen that also hands the VM's RSS map (rss nil: none).
+func ListenRSS(path, vm string, provide Provider, rss RSSProvider, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -65,7 +89,7 @@ func Listen(path, vm string, provide Provider, log *slog.Logger) (*Server, error
 		ln.Close()
 		return nil, fmt.Errorf("xsk server: chmod %s: %w", path, err)
 	}
-	s := &Server{path: path, vm: vm, ln: ln, provide: provide, log: log.With("vm", vm, "socket", path)}
+	s := &Server{path: path, vm: vm, ln: ln, provide: provide, rss: rss, log: log.With("vm", vm, "socket", path)}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -119,6 +143,15 @@ func (s *Server) handle(c *net.UnixConn) error {
 		offer.Queues = append(offer.Queues, sk.Config)
 		fds = append(fds, sk.FD, sk.UmemFD)
 	}
+	if s.rss != nil && req.RSS {
+		fd, size, err := s.rss()
+		if err != nil {
+			return s.refuse(c, fmt.Errorf("rss map: %w", err))
+		}
+		defer unix.Close(fd)
+		offer.RSS = &RSSInfo{ValueSize: size}
+		fds = append(fds, fd)
+	}
 	body, err := json.Marshal(offer)
 	if err != nil {
 		return err
@@ -147,18 +180,23 @@ func (s *Server) Close() error {
 // Fetch is the backend's side of the protocol, for tests and tools written in
 // Go: it returns the offer and the received fds (the caller closes them).
 func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
+	return FetchRSS(path, vm, false, timeout)
+}
+
+// FetchRSS is Fetch that also asks for the VM's RSS map (its fd comes last).
+func FetchRSS(path, vm string, rss bool, timeout time.Duration) (Offer, []int, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("connect %s: %w", path, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
-	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm})
+	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm, RSS: rss})
 	if _, err := c.Write(req); err != nil {
 		return Offer{}, nil, fmt.Errorf("send request: %w", err)
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4*2*256))
+	oob := make([]byte, unix.CmsgSpace(4*(2*256+1)))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("read offer: %w", err)
@@ -185,9 +223,13 @@ func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
 		closeFDs(fds)
 		return offer, nil, fmt.Errorf("agent refused: %s", offer.Error)
 	}
-	if len(fds) != 2*len(offer.Queues) {
+	want := 2 * len(offer.Queues)
+	if offer.RSS != nil {
+		want++ // the RSS map, last
+	}
+	if len(fds) != want {
 		closeFDs(fds)
-		return offer, nil, fmt.Errorf("offer has %d queues but %d fds", len(offer.Queues), len(fds))
+		return offer, nil, fmt.Errorf("offer has %d queues (rss map: %t) but %d fds", len(offer.Queues), offer.RSS != nil, len(fds))
 	}
 	return offer, fds, nil
 }

@@ -7,15 +7,19 @@
 // The agent listens on a unix SOCK_SEQPACKET socket (mode 0600), one per VM.
 // The backend connects and sends one message, a JSON request:
 //
-//	{"version":1,"vm":"<name>"}
+//	{"version":1,"vm":"<name>","rss":true}
+//
+// ("rss" optional: the backend takes the VM's RSS map.)
 //
 // The agent answers with ONE message: a JSON body
 //
 //	{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,
 //	  "fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}
 //
-// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...]. Each xsk
-// is already bound (copy mode) to queue i of the VM's device and inserted into
+// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...]. When the
+// backend asked for it ("rss":true) and the agent has the VM's RSS map, the
+// body also has "rss":{"value_size":N} and the map's fd comes last (see
+// RSSInfo). Each xsk is already bound (copy mode) to queue i of the VM's device and inserted into
 // the XSKMAP; its UMEM is the memfd umem_i, registered in aligned mode with
 // headroom 0 and chunk = frame_size. The backend mmaps the memfd and the four
 // rings (getsockopt XDP_MMAP_OFFSETS), owns every frame (it fills the fill ring

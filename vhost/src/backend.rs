@@ -38,6 +38,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
 use crate::port::Port;
+use crate::rss::{self, RssConfig, RssMap};
 use crate::sigbus;
 
 /// Queue size offered to the frontend.
@@ -127,6 +128,11 @@ pub struct NetBackend {
     connection_errors: AtomicU64,
     signal_errors: AtomicU64,
     poll: Duration,
+    /// The VM's RSS map (from the agent): with it, VIRTIO_NET_F_RSS and F_HASH_REPORT are
+    /// offered and the guest's configuration is written there (see `rss.rs`).
+    rss: Option<Mutex<RssMap>>,
+    /// The guest configuration in force (None: the default steering).
+    rss_config: Mutex<Option<RssConfig>>,
 }
 
 /// Errors building a backend.
@@ -195,7 +201,33 @@ impl NetBackend {
             connection_errors: AtomicU64::new(0),
             signal_errors: AtomicU64::new(0),
             poll: DEFAULT_POLL,
+            rss: None,
+            rss_config: Mutex::new(None),
         })
+    }
+
+    /// Offer virtio RSS and hash report, writing the guest's configuration into `map`.
+    pub fn with_rss(mut self, mut map: RssMap) -> Self {
+        map.write(None);
+        self.rss = Some(Mutex::new(map));
+        self
+    }
+
+    /// The virtio features the frontend acked (0 before it set any).
+    pub fn acked_features(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
+    /// The guest's hashing configuration in force (None: the agent's default steering).
+    pub fn rss_config(&self) -> Option<RssConfig> {
+        lock(&self.rss_config).clone()
+    }
+
+    fn set_rss(&self, cfg: Option<RssConfig>) {
+        if let Some(map) = &self.rss {
+            lock(map).write(cfg.as_ref());
+        }
+        *lock(&self.rss_config) = cfg;
     }
 
     /// Set the polling window (zero: purely event-driven). See the module docs.
@@ -283,6 +315,10 @@ impl NetBackend {
         }
         self.acked.store(0, Ordering::Relaxed);
         self.active_pairs.store(1, Ordering::Relaxed);
+        if self.rss.is_some() && self.rss_config().is_some() {
+            // A new guest (or a reset one) starts with the default steering.
+            self.set_rss(None);
+        }
     }
 
     /// Release everything a frontend connection held once its daemon is gone (workers joined):
@@ -369,6 +405,16 @@ impl NetBackend {
             },
             mergeable: has(VIRTIO_NET_F_MRG_RXBUF),
             max_frame: usize::from(self.config.mtu) + L2_OVERHEAD,
+            hash_report: false,
+        }
+        .with_hash_report(has(rss::VIRTIO_NET_F_HASH_REPORT) && has(VIRTIO_F_VERSION_1))
+    }
+
+    fn ctrl_features(&self) -> net::CtrlFeatures {
+        let acked = self.acked.load(Ordering::Relaxed);
+        net::CtrlFeatures {
+            rss: acked & (1 << rss::VIRTIO_NET_F_RSS) != 0,
+            hash_report: acked & (1 << rss::VIRTIO_NET_F_HASH_REPORT) != 0,
         }
     }
 
@@ -499,10 +545,19 @@ impl NetBackend {
 
     fn run_ctrl(&self, vring: &VringRwLock) {
         let run = self.run(0, false, vring, |_, q, mem, _, stats| {
-            let (run, pairs) = net::ctrl_queue(q, mem, self.config.queue_pairs, stats, BUDGET);
-            if let Some(n) = pairs {
+            let (run, changes) = net::ctrl_queue(q, mem, self.config.queue_pairs, self.ctrl_features(), stats, BUDGET);
+            if let Some(n) = changes.pairs {
                 info!("guest enabled {n} queue pair(s)");
                 self.active_pairs.store(n, Ordering::Relaxed);
+            }
+            if let Some(c) = changes.rss {
+                info!(
+                    "guest {} hash types {:#x}, {} table entries",
+                    if c.steer { "set RSS:" } else { "set hash report:" },
+                    c.hash_types,
+                    c.table.len()
+                );
+                self.set_rss(Some(c).filter(|c| c.hash_types != 0));
             }
             run
         });
@@ -542,7 +597,8 @@ impl VhostUserBackend for NetBackend {
     }
 
     fn features(&self) -> u64 {
-        VIRTIO_FEATURES | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        let rss = if self.rss.is_some() { 1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT } else { 0 };
+        VIRTIO_FEATURES | rss | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
     fn acked_features(&self, features: u64) {
@@ -567,6 +623,13 @@ impl VhostUserBackend for NetBackend {
         // zero, so a frontend asking for the full struct still gets an answer.
         let mut space = [0u8; CONFIG_SPACE_MAX];
         space[..12].copy_from_slice(&self.config.config_space());
+        if self.rss.is_some() {
+            // speed, duplex (12..17) stay zero; then rss_max_key_size,
+            // rss_max_indirection_table_length, supported_hash_types.
+            space[17] = rss::KEY_SIZE as u8;
+            space[18..20].copy_from_slice(&(rss::TABLE_SIZE as u16).to_le_bytes());
+            space[20..24].copy_from_slice(&rss::SUPPORTED_HASH_TYPES.to_le_bytes());
+        }
         let (start, len) = (offset as usize, size as usize);
         match start.checked_add(len) {
             Some(end) if end <= space.len() => space[start..end].to_vec(),

@@ -43,7 +43,12 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
     let rest = &rest[..rest.len().min(MEM - DATA as usize)];
     let _ = mem.write_slice(rest, GuestAddress(DATA));
     let stats = Stats::default();
-    let mode = NetMode { hdr_len: net::HDR_LEN, mergeable: data.first().is_some_and(|b| b & 1 == 1), max_frame: 1518 };
+    let mode = NetMode {
+        hdr_len: net::HDR_LEN,
+        mergeable: data.first().is_some_and(|b| b & 1 == 1),
+        max_frame: 1518,
+        hash_report: false,
+    };
     let new_queue = || -> Option<Queue> {
         let mut q = Queue::new(QSIZE).ok()?;
         q.set_size(QSIZE);
@@ -68,7 +73,7 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
         net::rx_queue(&mut q, &mem, &mut port, &mut RxState::default(), mode, &stats, 64);
     }
     if let Some(mut q) = new_queue() {
-        net::ctrl_queue(&mut q, &mem, 4, &stats, 64);
+        net::ctrl_queue(&mut q, &mem, 4, net::CtrlFeatures { rss: true, hash_report: true }, &stats, 64);
     }
     stats.snapshot()
 }

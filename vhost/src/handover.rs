@@ -9,14 +9,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rss::RssMap;
 use crate::xsk::{XskParams, XskPort};
 
 /// Protocol version spoken.
 pub const VERSION: u32 = 1;
 /// Largest reply body.
 pub const MAX_BODY: usize = 64 * 1024;
-/// Most fds in a reply (31 queue pairs).
-pub const MAX_FDS: usize = 62;
+/// Most fds in a reply (31 queue pairs and the RSS map).
+pub const MAX_FDS: usize = 63;
 
 /// The backend's request.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -25,6 +26,10 @@ pub struct Request {
     pub version: u32,
     /// VM name the sockets are for.
     pub vm: String,
+    /// The backend takes the VM's RSS map (and offers virtio RSS): the agent adds it to the
+    /// reply only when asked, so a backend that does not know it gets the old reply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rss: bool,
 }
 
 /// One queue of the agent's reply.
@@ -67,7 +72,21 @@ pub struct Reply {
     /// Set instead of `queues` when the agent refuses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The VM's RSS configuration map, when the agent hands one (its fd is the last one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss: Option<RssInfo>,
 }
+
+/// The RSS map entry of the reply: a one-entry `BPF_F_MMAPABLE` array whose value is
+/// `struct lk_vm_rss_cfg` (`bpf/lib/vm_rss.h`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RssInfo {
+    /// Size of the map's value; must be [`crate::rss::MAP_VALUE_SIZE`].
+    pub value_size: u32,
+}
+
+/// What a valid reply carries.
+pub type Handout = (Vec<(QueueInfo, OwnedFd, File)>, Option<(RssInfo, OwnedFd)>);
 
 fn err(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
@@ -176,7 +195,7 @@ pub fn recv_msg(fd: RawFd) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
 }
 
 /// Parse and check a reply for `pairs` queue pairs; returns the queues paired with their fds.
-pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Vec<(QueueInfo, OwnedFd, File)>> {
+pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Handout> {
     let reply: Reply = serde_json::from_slice(body).map_err(|e| err(format!("bad reply json: {e}")))?;
     if reply.version != VERSION {
         return Err(err(format!("agent speaks version {}, we speak {VERSION}", reply.version)));
@@ -187,8 +206,14 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Vec
     if reply.queues.len() != usize::from(pairs) {
         return Err(err(format!("agent sent {} queues, {pairs} queue pairs configured", reply.queues.len())));
     }
-    if fds.len() != 2 * reply.queues.len() {
-        return Err(err(format!("agent sent {} fds for {} queues", fds.len(), reply.queues.len())));
+    let want = 2 * reply.queues.len() + usize::from(reply.rss.is_some());
+    if fds.len() != want {
+        return Err(err(format!(
+            "agent sent {} fds for {} queues{}",
+            fds.len(),
+            reply.queues.len(),
+            if reply.rss.is_some() { " and the rss map" } else { "" }
+        )));
     }
     let mut fds = fds.into_iter();
     let mut out = Vec::new();
@@ -202,26 +227,34 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Vec
         };
         out.push((q, xsk, File::from(umem)));
     }
-    Ok(out)
+    let rss = match (reply.rss, fds.next()) {
+        (Some(info), Some(fd)) => Some((info, fd)),
+        _ => None,
+    };
+    Ok((out, rss))
 }
 
 /// Ask the agent at `path` for the sockets of `vm` and take them over as ports.
-pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<Vec<XskPort>> {
+pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string() }).map_err(io::Error::other)?;
+    let req =
+        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true }).map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {
         return Err(err("agent closed the connection without a reply".into()));
     }
-    check_reply(&body, fds, pairs)?
+    let (queues, rss) = check_reply(&body, fds, pairs)?;
+    let ports = queues
         .into_iter()
         .map(|(q, xsk, umem)| {
             XskPort::from_fds(xsk, &umem, q.into())
                 .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))
         })
-        .collect()
+        .collect::<io::Result<Vec<_>>>()?;
+    let rss = rss.map(|(info, fd)| RssMap::from_fd(fd, info.value_size as usize)).transpose()?;
+    Ok((ports, rss))
 }
 
 /// Takes ownership of the fds carried in the SCM_RIGHTS control messages of
@@ -273,17 +306,28 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into() }).unwrap();
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false }).unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true }).unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();
         assert_eq!(r.queues, vec![info(0)]);
-        assert_eq!(check_reply(body.as_bytes(), memfds(2), 1).unwrap().len(), 1);
+        assert_eq!(check_reply(body.as_bytes(), memfds(2), 1).unwrap().0.len(), 1);
+        // With the RSS map: its fd comes last.
+        let body = body.replace("}]}", r#"}],"rss":{"value_size":312}}"#);
+        let (qs, rss) = check_reply(body.as_bytes(), memfds(3), 1).unwrap();
+        assert_eq!((qs.len(), rss.map(|r| r.0.value_size)), (1, Some(312)));
     }
 
     #[test]
     fn bad_replies_are_clear_errors() {
-        let ok = |qs: Vec<QueueInfo>| serde_json::to_vec(&Reply { version: 1, queues: qs, error: None }).unwrap();
+        let ok =
+            |qs: Vec<QueueInfo>| serde_json::to_vec(&Reply { version: 1, queues: qs, error: None, rss: None }).unwrap();
+        let with_rss = |qs: Vec<QueueInfo>| {
+            serde_json::to_vec(&Reply { version: 1, queues: qs, error: None, rss: Some(RssInfo { value_size: 312 }) })
+                .unwrap()
+        };
         let cases: Vec<(Vec<u8>, usize, u16, &str)> = vec![
             (b"not json".to_vec(), 0, 1, "bad reply json"),
             (br#"{"version":2,"queues":[]}"#.to_vec(), 0, 1, "version 2"),
@@ -291,6 +335,7 @@ mod tests {
             (ok(vec![info(0)]), 2, 2, "1 queues, 2 queue pairs"),
             (ok(vec![info(0)]), 1, 1, "1 fds for 1 queues"),
             (ok(vec![info(1)]), 2, 1, "entry 0 is for queue 1"),
+            (with_rss(vec![info(0)]), 2, 1, "2 fds for 1 queues and the rss map"),
             (ok(vec![QueueInfo { rx_size: 1000, ..info(0) }]), 2, 1, "rx_size 1000"),
         ];
         for (body, nfds, pairs, want) in cases {

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod net;
 pub mod port;
 mod relay;
+pub mod rss;
 pub mod sigbus;
 mod validate;
 pub mod xsk;
@@ -105,8 +106,11 @@ pub struct Config {
     pub vm: String,
 }
 
+/// Ports of every queue pair, and the VM's RSS map when the agent handed one.
+pub type Ports = (Vec<Box<dyn port::Port>>, Option<rss::RssMap>);
+
 /// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
-pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<Vec<Box<dyn port::Port>>> {
+pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<Ports> {
     let boxed = |p: xsk::XskPort| -> Result<Box<dyn port::Port>> {
         let fs = p.params().frame_size as usize;
         if fs < max_frame {
@@ -116,7 +120,7 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<V
         }
         Ok(Box::new(p))
     };
-    match source {
+    let ports: Result<Vec<Box<dyn port::Port>>> = match source {
         PortSource::Loopback => (0..usize::from(pairs))
             .map(|i| {
                 port::LoopPort::new(i)
@@ -131,19 +135,25 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<V
                     .and_then(boxed)
             })
             .collect(),
-        PortSource::Agent { socket, vm } => handover::request_ports(socket, vm, pairs)
-            .map_err(|source| Error::Port { queue: 0, source })?
-            .into_iter()
-            .map(boxed)
-            .collect(),
-    }
+        PortSource::Agent { socket, vm } => {
+            let (ports, rss) =
+                handover::request_ports(socket, vm, pairs).map_err(|source| Error::Port { queue: 0, source })?;
+            return Ok((ports.into_iter().map(boxed).collect::<Result<_>>()?, rss));
+        }
+    };
+    Ok((ports?, None))
 }
 
 /// Open the ports and serve frontends forever.
 pub fn start_backend(config: Config) -> Result<()> {
     let max_frame = usize::from(config.device.mtu) + 18;
-    let ports = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
-    let backend = Arc::new(NetBackend::new(config.device, ports)?.with_poll(config.poll));
+    let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
+    let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll);
+    if let Some(map) = rss {
+        info!("offering virtio RSS and hash report (the agent handed the VM's RSS map)");
+        backend = backend.with_rss(map);
+    }
+    let backend = Arc::new(backend);
     if let Some(addr) = &config.metrics_listen {
         let listener = metrics::MetricsListener::bind(addr).map_err(|e| Error::Setup("listen for metrics", e))?;
         let registry = metrics::Exporter::new(backend.clone(), config.vm.clone()).registry();

@@ -15,9 +15,13 @@ use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::port::{Batch, Port};
+use crate::rss::{self, RssConfig, XskMeta};
 
 /// `virtio_net_hdr_v1` / `virtio_net_hdr_mrg_rxbuf`: used with VERSION_1 or MRG_RXBUF.
 pub const HDR_LEN: usize = 12;
+/// `virtio_net_hdr_v1_hash`: used with VIRTIO_NET_F_HASH_REPORT (`hash_value`, `hash_report`,
+/// padding after the v1 header).
+pub const HASH_HDR_LEN: usize = 20;
 /// The legacy `virtio_net_hdr` without `num_buffers`.
 pub const LEGACY_HDR_LEN: usize = 10;
 /// Shortest frame accepted from the guest: an Ethernet header.
@@ -34,6 +38,9 @@ pub const VIRTIO_NET_ERR: u8 = 1;
 pub const CTRL_MQ: u8 = 4;
 /// See [`CTRL_MQ`].
 pub const CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
+/// Longest control command data read (RSS_CONFIG with a 128-entry table and a 40-byte key is
+/// 307 bytes); a longer command is refused.
+pub const MAX_CTRL_DATA: usize = 512;
 
 /// Why a descriptor chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -264,6 +271,20 @@ pub struct NetMode {
     pub mergeable: bool,
     /// Largest frame (without virtio header) accepted from the guest.
     pub max_frame: usize,
+    /// VIRTIO_NET_F_HASH_REPORT negotiated: the RX header is `virtio_net_hdr_v1_hash`
+    /// ([`HASH_HDR_LEN`]) and carries the hash `steer_vm` computed.
+    pub hash_report: bool,
+}
+
+impl NetMode {
+    /// With `on`, the RX header is `virtio_net_hdr_v1_hash` (needs VERSION_1).
+    pub fn with_hash_report(mut self, on: bool) -> Self {
+        self.hash_report = on;
+        if on {
+            self.hdr_len = HASH_HDR_LEN;
+        }
+        self
+    }
 }
 
 /// Reusable per-queue buffers.
@@ -419,6 +440,7 @@ pub fn rx_frame<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
     frame: &[u8],
+    meta: Option<XskMeta>,
     mode: NetMode,
     s: &mut Scratch,
     stats: &Stats,
@@ -460,10 +482,18 @@ pub fn rx_frame<M: GuestMemory>(
             }
         }
     }
-    let mut hdr = [0u8; HDR_LEN];
-    if mode.hdr_len == HDR_LEN {
+    let mut hdr = [0u8; HASH_HDR_LEN];
+    if mode.hdr_len >= HDR_LEN {
         // num_buffers <= queue size <= 32768, so it fits.
         hdr[10..12].copy_from_slice(&(s.used.len() as u16).to_le_bytes());
+    }
+    if mode.hash_report && mode.hdr_len == HASH_HDR_LEN {
+        // No metadata: hash_report VIRTIO_NET_HASH_REPORT_NONE (the guest enabled no type
+        // that applies, or configured none).
+        if let Some(m) = meta.filter(|m| m.report != 0) {
+            hdr[12..16].copy_from_slice(&m.hash.to_le_bytes());
+            hdr[16..18].copy_from_slice(&m.report.to_le_bytes());
+        }
     }
     if let Err(e) = scatter(mem, &s.segs, &[&hdr[..mode.hdr_len], frame]) {
         stats.error(&e);
@@ -538,6 +568,11 @@ fn rx_fill<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> QueueRun {
+    if st.pos >= st.pending.len() {
+        if let Some(run) = rx_direct(q, mem, port, &mut st.scratch, mode, stats, budget) {
+            return run;
+        }
+    }
     let mut run = QueueRun::default();
     loop {
         if st.pos >= st.pending.len() {
@@ -557,7 +592,7 @@ fn rx_fill<M: GuestMemory>(
         }
         let mut rearmed = false;
         while let Some(frame) = st.pending.get(st.pos) {
-            match rx_frame(q, mem, frame, mode, &mut st.scratch, stats) {
+            match rx_frame(q, mem, frame, None, mode, &mut st.scratch, stats) {
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed => return run,
@@ -581,23 +616,102 @@ fn rx_fill<M: GuestMemory>(
     }
 }
 
+/// RX without an intermediate copy: each frame goes from the port's buffer (the AF_XDP UMEM)
+/// straight into the guest's descriptor chain; a frame the guest has no buffer for stays in
+/// the port. None when the port does not lend its frames ([`Port::rx_each`]).
+fn rx_direct<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    port: &mut dyn Port,
+    scratch: &mut Scratch,
+    mode: NetMode,
+    stats: &Stats,
+    budget: usize,
+) -> Option<QueueRun> {
+    use std::cell::Cell;
+    let mut run = QueueRun::default();
+    let (stop, rearmed) = (Cell::new(false), Cell::new(false));
+    let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
+        loop {
+            match rx_frame(q, mem, frame, meta, mode, scratch, stats) {
+                // Buffers that appeared while notifications were being re-enabled are used at
+                // once, but only once: a ring that still yields nothing (corrupt index) waits.
+                RxOutcome::NoBuffers if rearmed.get() => {}
+                RxOutcome::NoBuffers => match q.enable_notification(mem) {
+                    Ok(true) => {
+                        rearmed.set(true);
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => stats.error(&e),
+                },
+                // Progress: a later shortage must re-arm notifications at the new position.
+                RxOutcome::Delivered | RxOutcome::Dropped => {
+                    rearmed.set(false);
+                    return true;
+                }
+            }
+            stop.set(true);
+            return false;
+        }
+    };
+    loop {
+        if run.handled >= budget {
+            run.more = true;
+            return Some(run);
+        }
+        match port.rx_each(BATCH.min(budget - run.handled), &mut deliver) {
+            None => return if run.handled == 0 { None } else { Some(run) },
+            Some(Ok(0)) => return Some(run),
+            Some(Ok(n)) => run.handled += n,
+            Some(Err(e)) => {
+                log::warn!("{}: receive failed: {e}", port.describe());
+                return Some(run);
+            }
+        }
+        if stop.get() {
+            return Some(run);
+        }
+    }
+}
+
 /// One control command's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CtrlReply {
     /// [`VIRTIO_NET_OK`] or [`VIRTIO_NET_ERR`], written to the guest.
     pub ack: u8,
-    /// A valid `VQ_PAIRS_SET` value.
+    /// A valid `VQ_PAIRS_SET` value (or RSS_CONFIG's `max_tx_vq`).
     pub set_pairs: Option<u16>,
+    /// A valid RSS_CONFIG or HASH_CONFIG.
+    pub rss: Option<RssConfig>,
+}
+
+/// Which hashing features the guest negotiated (they decide which commands are accepted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtrlFeatures {
+    /// VIRTIO_NET_F_RSS: RSS_CONFIG.
+    pub rss: bool,
+    /// VIRTIO_NET_F_HASH_REPORT: HASH_CONFIG (and RSS_CONFIG with F_RSS).
+    pub hash_report: bool,
+}
+
+impl CtrlReply {
+    fn err() -> Self {
+        CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None, rss: None }
+    }
 }
 
 /// Execute one control command (`class`, `command`, data; then one writable ack byte).
-/// Only `MQ / VQ_PAIRS_SET` is supported; everything else is answered with `VIRTIO_NET_ERR`.
+/// Supported: `MQ / VQ_PAIRS_SET`, and with the features negotiated `MQ / RSS_CONFIG` and
+/// `MQ / HASH_CONFIG` (parsed by `rss.rs`); everything else, and every invalid command, is
+/// answered with `VIRTIO_NET_ERR` and changes nothing.
 pub fn ctrl_chain<M: GuestMemory>(
     chain: DescriptorChain<&M>,
     mem: &M,
     max_pairs: u16,
+    features: CtrlFeatures,
 ) -> Result<CtrlReply, ChainError> {
-    let mut cmd = [0u8; 4];
+    let mut cmd = [0u8; 2 + MAX_CTRL_DATA + 1];
     let mut got = 0usize;
     let mut ack_at = None;
     let mut open = false;
@@ -618,45 +732,79 @@ pub fn ctrl_chain<M: GuestMemory>(
             let n = len.min(cmd.len() - got);
             mem.read_slice(&mut cmd[got..got + n], d.addr()).map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
             got += n;
+        } else {
+            got = got.saturating_add(len);
         }
     }
     if open {
         return Err(ChainError::Unterminated);
     }
     let ack_at = ack_at.ok_or(ChainError::NoAck)?;
+    // More than MAX_CTRL_DATA bytes of data: `got` counts past the buffer, so it matches no
+    // command below and every parser sees a length error.
+    let data = &cmd[2.min(got)..got.min(cmd.len())];
     let reply = match (got, cmd[0], cmd[1]) {
         (4, CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET) => {
             let pairs = u16::from_le_bytes([cmd[2], cmd[3]]);
             if (1..=max_pairs).contains(&pairs) {
-                CtrlReply { ack: VIRTIO_NET_OK, set_pairs: Some(pairs) }
+                CtrlReply { ack: VIRTIO_NET_OK, set_pairs: Some(pairs), rss: None }
             } else {
-                CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None }
+                CtrlReply::err()
             }
         }
-        _ => CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None },
+        (n, CTRL_MQ, rss::CTRL_MQ_RSS_CONFIG) if features.rss && n < cmd.len() => {
+            match rss::parse_rss_config(data, max_pairs) {
+                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: c.pairs, rss: Some(c) },
+                Err(e) => {
+                    debug!("RSS_CONFIG refused: {e}");
+                    CtrlReply::err()
+                }
+            }
+        }
+        (n, CTRL_MQ, rss::CTRL_MQ_HASH_CONFIG) if features.hash_report && n < cmd.len() => {
+            match rss::parse_hash_config(data) {
+                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: None, rss: Some(c) },
+                Err(e) => {
+                    debug!("HASH_CONFIG refused: {e}");
+                    CtrlReply::err()
+                }
+            }
+        }
+        _ => CtrlReply::err(),
     };
     mem.write_obj(reply.ack, ack_at).map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
     Ok(reply)
 }
 
-/// Execute every pending control command. Returns the run and the last valid pair count set.
+/// What a control queue run changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CtrlChanges {
+    /// The last valid pair count set.
+    pub pairs: Option<u16>,
+    /// The last valid hashing configuration set.
+    pub rss: Option<RssConfig>,
+}
+
+/// Execute every pending control command. Returns the run and what the commands changed.
 pub fn ctrl_queue<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
     max_pairs: u16,
+    features: CtrlFeatures,
     stats: &Stats,
     budget: usize,
-) -> (QueueRun, Option<u16>) {
+) -> (QueueRun, CtrlChanges) {
     let mut run = QueueRun::default();
-    let mut pairs = None;
+    let mut changes = CtrlChanges::default();
     while let Some(chain) = pop_chain(q, mem, stats) {
         let head = chain.head_index();
-        let len = match ctrl_chain(chain, mem, max_pairs) {
+        let len = match ctrl_chain(chain, mem, max_pairs, features) {
             Ok(reply) => {
                 if reply.ack != VIRTIO_NET_OK {
                     debug!("control command refused with VIRTIO_NET_ERR");
                 }
-                pairs = reply.set_pairs.or(pairs);
+                changes.pairs = reply.set_pairs.or(changes.pairs);
+                changes.rss = reply.rss.or(changes.rss);
                 1
             }
             Err(e) => {
@@ -672,7 +820,7 @@ pub fn ctrl_queue<M: GuestMemory>(
             break;
         }
     }
-    (run, pairs)
+    (run, changes)
 }
 
 #[path = "net_tx.rs"]

@@ -15,7 +15,7 @@ use crate::port::{Batch, Port};
 
 const MEM_SIZE: usize = 0x40_0000;
 const BUF_BASE: u64 = 0x10_0000;
-const MODE: NetMode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518 };
+const MODE: NetMode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
 
 /// A port fed and drained directly by the test; `room` bounds what `send` accepts.
 /// With `lend` set it also lends buffers of that size (direct TX).
@@ -202,7 +202,7 @@ fn chains_that_loop_or_run_off_the_table_are_refused_not_truncated() {
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
     let f = frame(64, 9);
-    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &f, None, MODE, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!((used(&vq, 0), used(&vq, 1)), ((0, 0), (1, 76)));
     assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 12, 64), f);
 
@@ -215,8 +215,8 @@ fn chains_that_loop_or_run_off_the_table_are_refused_not_truncated() {
     vq.add_desc_chains(&[RawDescriptor::from(cmd), RawDescriptor::from(ack)], 0).unwrap();
     let mut q: Queue = vq.create_queue().unwrap();
     let stats = Stats::default();
-    let (run, pairs) = ctrl_queue(&mut q, &m, 4, &stats, 64);
-    assert_eq!((run.handled, pairs, stats.snapshot().errors), (1, None, 1));
+    let (run, ch) = ctrl_queue(&mut q, &m, 4, CtrlFeatures::default(), &stats, 64);
+    assert_eq!((run.handled, ch.pairs, stats.snapshot().errors), (1, None, 1));
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn rx_mergeable_frame_spans_chains_of_several_descriptors() {
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
     let f = frame(300, 5);
-    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &f, None, MODE, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!(used_idx(&vq), 2);
     assert_eq!(used(&vq, 0), (0, 192));
     assert_eq!(used(&vq, 1), (3, 312 - 192));
@@ -309,11 +309,11 @@ fn rx_without_enough_buffers_consumes_nothing() {
     add_chains(&vq, 0, &[vec![(BUF_BASE, 100, true)]]);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
-    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), MODE, &mut s, &stats), RxOutcome::NoBuffers);
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), None, MODE, &mut s, &stats), RxOutcome::NoBuffers);
     assert_eq!((q.next_avail(), used_idx(&vq)), (0, 0));
     // Once the guest adds a buffer the frame fits in two chains.
     add_chains(&vq, 1, &[vec![(BUF_BASE + 0x1000, 200, true)]]);
-    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), None, MODE, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!(used(&vq, 0), (0, 100));
     assert_eq!(used(&vq, 1), (1, 112));
 }
@@ -326,10 +326,10 @@ fn rx_non_mergeable_drops_frames_larger_than_a_chain_and_keeps_the_chain() {
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
     let mode = NetMode { mergeable: false, ..MODE };
-    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), mode, &mut s, &stats), RxOutcome::Dropped);
+    assert_eq!(rx_frame(&mut q, &m, &frame(200, 0), None, mode, &mut s, &stats), RxOutcome::Dropped);
     assert_eq!((q.next_avail(), used_idx(&vq)), (0, 0));
     let f = frame(108, 4);
-    assert_eq!(rx_frame(&mut q, &m, &f, mode, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &f, None, mode, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!(used(&vq, 0), (0, 120));
     let mut got = read_guest(&m, BUF_BASE, 100);
     got.extend(read_guest(&m, BUF_BASE + 0x100, 20));
@@ -337,7 +337,7 @@ fn rx_non_mergeable_drops_frames_larger_than_a_chain_and_keeps_the_chain() {
     assert_eq!(&got[12..], &f[..]);
     let legacy = NetMode { hdr_len: LEGACY_HDR_LEN, mergeable: false, ..MODE };
     add_chains(&vq, 2, &[vec![(BUF_BASE + 0x2000, 200, true)]]);
-    assert_eq!(rx_frame(&mut q, &m, &f, legacy, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &f, None, legacy, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!(used(&vq, 1), (2, 118));
     assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + 10, 108), f);
     let st = stats.snapshot();
@@ -361,7 +361,7 @@ fn rx_skips_malformed_chains() {
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
     let f = frame(64, 1);
-    assert_eq!(rx_frame(&mut q, &m, &f, MODE, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(rx_frame(&mut q, &m, &f, None, MODE, &mut s, &stats), RxOutcome::Delivered);
     assert_eq!(used_idx(&vq), 4);
     assert_eq!(used(&vq, 0), (0, 0));
     assert_eq!(used(&vq, 1), (1, 0));
@@ -378,7 +378,7 @@ fn rx_bad_chain_in_the_middle_of_a_mergeable_frame_drops_the_frame() {
     add_chains(&vq, 0, &[vec![(BUF_BASE, 50, true)], vec![(BUF_BASE + 0x100, 50, false)]]);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut s, stats) = (Scratch::default(), Stats::default());
-    assert_eq!(rx_frame(&mut q, &m, &frame(80, 0), MODE, &mut s, &stats), RxOutcome::Dropped);
+    assert_eq!(rx_frame(&mut q, &m, &frame(80, 0), None, MODE, &mut s, &stats), RxOutcome::Dropped);
     assert_eq!(used_idx(&vq), 2);
     assert_eq!(used(&vq, 0), (1, 0));
     assert_eq!(used(&vq, 1), (0, 0));
@@ -426,8 +426,8 @@ fn ctrl_sets_queue_pairs_and_refuses_everything_else() {
     add_chains(&vq, 12, &[vec![(BUF_BASE + 0x400, 4, false)]]);
     let mut q: Queue = vq.create_queue().unwrap();
     let stats = Stats::default();
-    let (run, pairs) = ctrl_queue(&mut q, &m, 4, &stats, 64);
-    assert_eq!((run.handled, pairs), (5, Some(2)));
+    let (run, ch) = ctrl_queue(&mut q, &m, 4, CtrlFeatures::default(), &stats, 64);
+    assert_eq!((run.handled, ch.pairs), (5, Some(2)));
     let ack = |at: u64| m.read_obj::<u8>(GuestAddress(at + 0x80)).unwrap();
     assert_eq!(ack(BUF_BASE), VIRTIO_NET_OK);
     assert_eq!(ack(BUF_BASE + 0x100), VIRTIO_NET_ERR);
@@ -587,5 +587,162 @@ fn polling_keeps_kicks_off_and_arming_reports_chains_that_raced() {
         }
         assert_eq!(port.sent.len(), 4);
         assert_eq!(stats.snapshot().errors, 0);
+    }
+}
+
+/// Control commands for RSS: accepted only with the feature negotiated, a valid one sets the
+/// configuration (and RSS_CONFIG's queue pairs), an invalid one is refused and changes nothing.
+#[test]
+fn ctrl_rss_and_hash_config() {
+    use crate::rss::tests::{rss_cmd, MS_KEY};
+    use crate::rss::{hash_type, CTRL_MQ_HASH_CONFIG, CTRL_MQ_RSS_CONFIG};
+    let types = hash_type::TCPV4 | hash_type::IPV4;
+    let table: Vec<u16> = (0..16).map(|i| i % 3).collect();
+    let with = |cmd: u8, data: &[u8]| {
+        let mut b = vec![CTRL_MQ, cmd];
+        b.extend_from_slice(data);
+        b
+    };
+    let good = with(CTRL_MQ_RSS_CONFIG, &rss_cmd(types, &table, 2, 3, &MS_KEY));
+    let bad_queue = with(CTRL_MQ_RSS_CONFIG, &rss_cmd(types, &table, 4, 3, &MS_KEY));
+    let mut hash = with(CTRL_MQ_HASH_CONFIG, &hash_type::UDPV4.to_le_bytes());
+    hash.extend_from_slice(&[0; 8]);
+    hash.push(40);
+    hash.extend_from_slice(&MS_KEY);
+    let mut oversized = good.clone();
+    oversized.resize(2 + MAX_CTRL_DATA + 8, 0);
+
+    let run = |cmds: &[&[u8]], f: CtrlFeatures| {
+        let m = mem();
+        let vq = MockSplitQueue::new(&m, 64);
+        for (i, c) in cmds.iter().enumerate() {
+            // Split each command over two descriptors: class+cmd, then data.
+            let at = BUF_BASE + 0x1000 * i as u64;
+            m.write_slice(c, GuestAddress(at)).unwrap();
+            let ack = at + 0x800;
+            add_chains(
+                &vq,
+                (3 * i) as u16,
+                &[vec![(at, 2, false), (at + 2, c.len() as u32 - 2, false), (ack, 1, true)]],
+            );
+        }
+        let mut q: Queue = vq.create_queue().unwrap();
+        let stats = Stats::default();
+        let (_, ch) = ctrl_queue(&mut q, &m, 4, f, &stats, 64);
+        let acks: Vec<u8> = (0..cmds.len())
+            .map(|i| m.read_obj::<u8>(GuestAddress(BUF_BASE + 0x1000 * i as u64 + 0x800)).unwrap())
+            .collect();
+        (ch, acks)
+    };
+    let both = CtrlFeatures { rss: true, hash_report: true };
+    let (ch, acks) = run(&[&good], both);
+    assert_eq!(acks, vec![VIRTIO_NET_OK]);
+    let c = ch.rss.unwrap();
+    assert_eq!(
+        (c.hash_types, c.table, c.unclassified_queue, c.key, ch.pairs),
+        (types, table.clone(), 2, MS_KEY, Some(3))
+    );
+    // Not negotiated: refused.
+    let (ch, acks) = run(&[&good, &hash], CtrlFeatures::default());
+    assert_eq!((ch.rss, acks), (None, vec![VIRTIO_NET_ERR, VIRTIO_NET_ERR]));
+    // Hash report only: HASH_CONFIG yes, RSS_CONFIG no.
+    let (ch, acks) = run(&[&hash, &good], CtrlFeatures { rss: false, hash_report: true });
+    assert_eq!(acks, vec![VIRTIO_NET_OK, VIRTIO_NET_ERR]);
+    let c = ch.rss.unwrap();
+    assert_eq!((c.hash_types, c.steer), (hash_type::UDPV4, false));
+    // Invalid and oversized commands change nothing; the last valid one wins.
+    let (ch, acks) = run(&[&good, &bad_queue, &oversized], both);
+    assert_eq!(acks, vec![VIRTIO_NET_OK, VIRTIO_NET_ERR, VIRTIO_NET_ERR]);
+    assert_eq!(ch.rss.unwrap().unclassified_queue, 2);
+}
+
+/// With hash report the RX header is virtio_net_hdr_v1_hash: hash_value and hash_report from
+/// the frame's metadata, num_buffers as before; without metadata the report is NONE.
+#[test]
+fn rx_fills_the_hash_header() {
+    use crate::rss::XskMeta;
+    let mode = MODE.with_hash_report(true);
+    assert_eq!(mode.hdr_len, HASH_HDR_LEN);
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 2048, true)], vec![(BUF_BASE + 0x1000, 2048, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let f = frame(100, 7);
+    let meta = XskMeta { hash: 0x51ccc178, report: 2 };
+    assert_eq!(rx_frame(&mut q, &m, &f, Some(meta), mode, &mut s, &stats), RxOutcome::Delivered);
+    let hdr = read_guest(&m, BUF_BASE, HASH_HDR_LEN);
+    assert_eq!(&hdr[10..12], &1u16.to_le_bytes(), "num_buffers");
+    assert_eq!(&hdr[12..16], &0x51ccc178u32.to_le_bytes(), "hash_value");
+    assert_eq!(&hdr[16..18], &2u16.to_le_bytes(), "hash_report");
+    assert_eq!(&hdr[18..20], &[0, 0], "padding");
+    assert_eq!(read_guest(&m, BUF_BASE + HASH_HDR_LEN as u64, f.len()), f);
+    assert_eq!(used(&vq, 0), (0, (HASH_HDR_LEN + f.len()) as u32));
+    // No metadata: zero hash, report NONE.
+    m.write_slice(&[0xff; 32], GuestAddress(BUF_BASE + 0x1000)).unwrap();
+    assert_eq!(rx_frame(&mut q, &m, &f, None, mode, &mut s, &stats), RxOutcome::Delivered);
+    assert_eq!(&read_guest(&m, BUF_BASE + 0x1000, HASH_HDR_LEN)[10..], &[1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+/// Direct RX: frames go from the port's own buffers into the guest; a frame without a guest
+/// buffer stays in the port (nothing is copied aside), and arrives once the guest adds one.
+#[test]
+fn rx_direct_leaves_undelivered_frames_in_the_port() {
+    use crate::rss::XskMeta;
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    add_chains(&vq, 0, &[vec![(BUF_BASE, 2048, true)], vec![(BUF_BASE + 0x1000, 2048, true)]]);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let mut port = LendingPort { frames: (0..3u8).map(|i| (frame(60, i), i as u32)).collect(), offered: 0 };
+    let (mut st, stats) = (RxState::default(), Stats::default());
+    let mode = MODE.with_hash_report(true);
+    let run = rx_queue(&mut q, &m, &mut port, &mut st, mode, &stats, 64);
+    assert_eq!((run.handled, port.frames.len()), (2, 1));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x1000 + HASH_HDR_LEN as u64, 60), frame(60, 1));
+    assert_eq!(&read_guest(&m, BUF_BASE + 0x1000, HASH_HDR_LEN)[12..16], &1u32.to_le_bytes());
+    // The guest adds a buffer: the frame left in the port arrives.
+    add_chains(&vq, 2, &[vec![(BUF_BASE + 0x2000, 2048, true)]]);
+    let run = rx_queue(&mut q, &m, &mut port, &mut st, mode, &stats, 64);
+    assert_eq!((run.handled, port.frames.len()), (1, 0));
+    assert_eq!(read_guest(&m, BUF_BASE + 0x2000 + HASH_HDR_LEN as u64, 60), frame(60, 2));
+    assert!(port.offered >= 4, "the undelivered frame was offered again");
+    let _ = XskMeta::default();
+}
+
+/// A port that lends its frames (like `XskPort`), each with a hash equal to its index.
+struct LendingPort {
+    frames: VecDeque<(Vec<u8>, u32)>,
+    offered: usize,
+}
+
+impl Port for LendingPort {
+    fn recv(&mut self, _batch: &mut Batch, _max: usize) -> io::Result<usize> {
+        panic!("a lending port is read with rx_each only")
+    }
+    fn send(&mut self, batch: &Batch) -> io::Result<usize> {
+        Ok(batch.len())
+    }
+    fn rx_each(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], Option<crate::rss::XskMeta>) -> bool,
+    ) -> Option<io::Result<usize>> {
+        let mut n = 0;
+        while n < max {
+            let Some((fr, h)) = self.frames.front() else { break };
+            self.offered += 1;
+            if !f(fr, Some(crate::rss::XskMeta { hash: *h, report: 2 })) {
+                break;
+            }
+            self.frames.pop_front();
+            n += 1;
+        }
+        Some(Ok(n))
+    }
+    fn fd(&self) -> RawFd {
+        -1
+    }
+    fn describe(&self) -> String {
+        "lending port".into()
     }
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::rss::XskMeta;
+
 /// Frames stored back to back in one reusable buffer (no allocation once warmed up).
 #[derive(Debug, Default, Clone)]
 pub struct Batch {
@@ -103,6 +105,19 @@ pub trait Port: Send {
     /// end the loan (unused buffers go back to the port). Returns how many were accepted.
     fn tx_commit(&mut self, _frames: &[(usize, usize)]) -> io::Result<usize> {
         Ok(0)
+    }
+
+    /// Direct RX: hand up to `max` received frames, in order, to `f` straight from the port's
+    /// own buffers (no copy out), with the hash metadata `steer_vm` put in front of each. `f`
+    /// returns false when it could not take the frame: that frame and the ones after it stay in
+    /// the port for the next call. Returns how many frames `f` took; None when the port does not
+    /// lend its frames (the caller then uses [`Port::recv`]).
+    fn rx_each(
+        &mut self,
+        _max: usize,
+        _f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool,
+    ) -> Option<io::Result<usize>> {
+        None
     }
 
     /// A file descriptor that becomes readable (edge: on each arrival) when `recv` may return

@@ -7,14 +7,20 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>"}` (`<name>` from `--vm`).
+//!    `{"version":1,"vm":"<name>","rss":true}` (`<name>` from `--vm`; `"rss":true`: the backend
+//!    takes the VM's RSS map, see step 3; agents that do not know the field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
 //!    with one entry per queue pair, `queue` = 0, 1, ... in order, and an `SCM_RIGHTS` control
 //!    message carrying `2 * queues` fds ordered `[xsk0, umem0, xsk1, umem1, ...]`.
 //!    On failure the agent replies `{"version":1,"error":"<text>"}` without fds.
-//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds).
+//!    When the request says `"rss":true` and the agent has one, it also hands the VM's RSS
+//!    configuration map (a one-entry
+//!    `BPF_F_MMAPABLE` array, value `struct lk_vm_rss_cfg`, see `rss.rs`), the body has
+//!    `"rss":{"value_size":312}` and that map's fd comes last: `2 * queues + 1` fds. The backend
+//!    then offers VIRTIO_NET_F_RSS and VIRTIO_NET_F_HASH_REPORT.
+//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
 //!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`); its fill,
@@ -40,6 +46,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::port::{Batch, Port};
+use crate::rss::{self, XskMeta};
 
 const AF_XDP: libc::c_int = 44;
 const SOL_XDP: libc::c_int = 283;
@@ -463,6 +470,36 @@ impl XskPort {
         Some(unsafe { std::slice::from_raw_parts(self.umem.ptr.as_ptr().add(addr as usize), len) })
     }
 
+    /// Where the XDP metadata in front of the frame at `addr` starts: inside the same chunk
+    /// (copy mode puts frames XDP_PACKET_HEADROOM into their chunk) and the UMEM, else None.
+    fn meta_at(&self, addr: u64) -> Option<usize> {
+        let fs = u64::from(self.params.frame_size);
+        let at = addr.checked_sub(rss::META_LEN as u64)?;
+        if addr % fs < rss::META_LEN as u64 || addr > self.params.umem_size {
+            return None;
+        }
+        usize::try_from(at).ok()
+    }
+
+    /// The hash `steer_vm` put in front of the frame at `addr`, if it did.
+    fn meta(&self, addr: u64) -> Option<XskMeta> {
+        let at = self.meta_at(addr)?;
+        let mut b = [0u8; rss::META_LEN];
+        // SAFETY: [at, at + META_LEN) lies in the frame's chunk inside the UMEM (meta_at); the
+        // kernel wrote it with the frame, before publishing the descriptor.
+        unsafe { std::ptr::copy_nonoverlapping(self.umem.ptr.as_ptr().add(at), b.as_mut_ptr(), rss::META_LEN) };
+        XskMeta::decode(&b)
+    }
+
+    /// Forget the metadata in front of a frame before its chunk goes back to the fill ring: a
+    /// later frame the program put no metadata in front of must not inherit this hash.
+    fn clear_meta(&mut self, addr: u64) {
+        if let Some(at) = self.meta_at(addr) {
+            // SAFETY: as in `meta`; the chunk is ours until it is put on the fill ring.
+            unsafe { std::ptr::write_bytes(self.umem.ptr.as_ptr().add(at), 0, rss::META_LEN) };
+        }
+    }
+
     /// Put pending frames back on the fill ring.
     fn refill(&mut self) {
         let n = self.fill.free(self.fill_pending.len() as u32).min(self.fill_pending.len() as u32);
@@ -558,6 +595,35 @@ impl Port for XskPort {
         self.rx.release(n);
         self.refill();
         Ok(got)
+    }
+
+    fn rx_each(&mut self, max: usize, f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool) -> Option<io::Result<usize>> {
+        let n = self.rx.ready(max.min(u32::MAX as usize) as u32);
+        let fs = u64::from(self.params.frame_size);
+        let mut done = 0u32;
+        while done < n {
+            let d = self.rx.read(self.rx.local.wrapping_add(done));
+            let meta = self.meta(d.addr);
+            match self.frame(d.addr, d.len as usize) {
+                Some(frame) => {
+                    if !f(frame, meta) {
+                        break;
+                    }
+                }
+                None => self.bad_descs += 1,
+            }
+            if meta.is_some() {
+                self.clear_meta(d.addr);
+            }
+            let frame = d.addr - d.addr % fs;
+            if frame < self.params.umem_size {
+                self.fill_pending.push(frame);
+            }
+            done += 1;
+        }
+        self.rx.release(done);
+        self.refill();
+        Some(Ok(done as usize))
     }
 
     fn send(&mut self, batch: &Batch) -> io::Result<usize> {
