@@ -363,6 +363,15 @@ func (s *Server) spawn(bin, log string, args ...string) (int, error) {
 		args = append([]string{"--net=" + s.Netns, "--", bin}, args...)
 		bin = "nsenter"
 	}
+	// Descriptors inherited without close-on-exec (flock(1)'s lab lock)
+	// must not stay open in servers that outlive the caller.
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		for _, e := range ents {
+			if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+				syscall.CloseOnExec(fd)
+			}
+		}
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
