@@ -6,12 +6,17 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
+.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
 
 all: build
 
 deps:
 	./scripts/deps.sh
+
+# etcd + kube-apiserver for the tests against a real API server, built once per
+# machine into ~/.cache/lanekit/k8s (scripts/k8s-bins.sh; slow the first time).
+k8s-bins:
+	nice ./scripts/k8s-bins.sh
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:

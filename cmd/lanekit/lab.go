@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/lab"
@@ -24,7 +27,7 @@ var labCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(labCmd)
-	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd())
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd(), labKubeletCmd())
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.
@@ -56,6 +59,39 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.BaselineOnly, "baseline-only", false, "no agents and no lanekit pods: only the underlay, nodes and bridge+iptables pods")
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
+	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
+	return cmd
+}
+
+// labKubeletCmd is the per-node lab kubelet `lab up --k8s` starts.
+func labKubeletCmd() *cobra.Command {
+	var node int
+	cmd := &cobra.Command{
+		Use:    "kubelet",
+		Short:  "Lab kubelet for one node: attach the Pods bound to it through CNI (started by lab up --k8s)",
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			cfg, err := clientcmd.BuildConfigFromFlags("", lab.Kubeconfig)
+			if err != nil {
+				return err
+			}
+			c, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			k := &lab.Kubelet{Index: node, Client: c, Bins: bins,
+				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("node", lab.KubeNodeName(node))}
+			return k.Run(ctx)
+		},
+	}
+	cmd.Flags().IntVar(&node, "node", 0, "lab node index (1-based)")
+	_ = cmd.MarkFlagRequired("node")
 	return cmd
 }
 
