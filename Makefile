@@ -6,12 +6,17 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
+.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
 
 all: build
 
 deps:
 	./scripts/deps.sh
+
+# etcd + kube-apiserver for the tests against a real API server, built once per
+# machine into ~/.cache/lanekit/k8s (scripts/k8s-bins.sh; slow the first time).
+k8s-bins:
+	nice ./scripts/k8s-bins.sh
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:
@@ -86,12 +91,12 @@ demo: deps build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2 --vm --vm-queues 2
 	$(BIN)/lanekit lab check || { $(BIN)/lanekit lab down; exit 1; }
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --services 10,1000 --svc-repeat 1 --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 bench: build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --policies 0,1000 --services 10,1000,10000 --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 clean:
 	rm -rf $(BIN) vhost/target

@@ -683,10 +683,8 @@ func TestKustomizeBuild(t *testing.T) {
 }
 
 // pendingAgentFlags are DaemonSet flags for agent features that have not
-// landed yet: the API-server source (issue 13) adds --node-name, from which
-// the agent reads its pod CIDR (Node spec.podCIDR). Until then the DaemonSet
-// cannot start the agent; the README says so.
-var pendingAgentFlags = map[string]bool{"node-name": true}
+// landed yet (none now: --node-name, the API-server source, has).
+var pendingAgentFlags = map[string]bool{}
 
 // TestDaemonSetFlagsExist runs the built lanekitd -h and checks that every
 // flag the DaemonSet passes is one the agent accepts, so the manifest cannot

@@ -34,6 +34,10 @@ for p in bridge host-local loopback; do
 done
 [ -x bin/cni/cnitool ] || { echo ">> building cnitool"; GOBIN=$PWD/bin/cni go install github.com/containernetworking/cni/cnitool@v1.3.1; }
 
+# etcd + kube-apiserver for the Kubernetes tests (cached per machine, outside the repo).
+echo ">> k8s: etcd + kube-apiserver ($(./scripts/k8s-bins.sh dir))"
+nice ./scripts/k8s-bins.sh >/dev/null
+
 if [ -f vhost/Cargo.toml ]; then
   echo ">> cargo: fetching crates"
   (cd vhost && cargo fetch -q)

@@ -630,7 +630,24 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 	__be32 nat_addr;
 	__be16 nat_port;
 
-	if (ct_lookup4(t, tcpf, &e) != CT_REPLY || !e)
+	switch (ct_lookup4(t, tcpf, &e)) {
+	case CT_REPLY:
+		break;
+	case CT_ESTABLISHED:
+		/* A SYN straight to a backend on the very tuple a load-balanced
+		 * flow used after DNAT: the client reused its port for a direct
+		 * connection. That flow's reverse NAT must not apply to the new
+		 * connection's replies (they would come "from the VIP" and be
+		 * refused). A load-balanced SYN never gets here: its tuple is the
+		 * frontend's and takes lb_forward. */
+		if (e && (e->flags & CT_F_REVNAT) && t->proto == IPPROTO_TCP &&
+		    (tcpf & (CT_TCP_SYN | CT_TCP_ACK)) == CT_TCP_SYN)
+			e->flags &= ~CT_F_REVNAT;
+		return 0;
+	default:
+		return 0;
+	}
+	if (!e)
 		return 0;
 	flags = e->flags;
 	if (!(flags & (CT_F_REVNAT | CT_F_SNAT)))

@@ -55,14 +55,9 @@ var endpointListCmd = &cobra.Command{
 	Short: "List the endpoints of the local agent",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
-		c, closeFn, err := dialAgent()
-		if err != nil {
-			return err
-		}
-		defer closeFn()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-		defer cancel()
-		resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+		resp, err := agentGet(cmd, 10*time.Second, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ListEndpointsResponse, error) {
+			return c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+		})
 		if err != nil {
 			return fmt.Errorf("list endpoints: %w", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/lab"
@@ -24,7 +27,7 @@ var labCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(labCmd)
-	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd())
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd(), labKubeletCmd())
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.
@@ -56,6 +59,39 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.BaselineOnly, "baseline-only", false, "no agents and no lanekit pods: only the underlay, nodes and bridge+iptables pods")
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
+	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
+	return cmd
+}
+
+// labKubeletCmd is the per-node lab kubelet `lab up --k8s` starts.
+func labKubeletCmd() *cobra.Command {
+	var node int
+	cmd := &cobra.Command{
+		Use:    "kubelet",
+		Short:  "Lab kubelet for one node: attach the Pods bound to it through CNI (started by lab up --k8s)",
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			cfg, err := clientcmd.BuildConfigFromFlags("", lab.Kubeconfig)
+			if err != nil {
+				return err
+			}
+			c, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			k := &lab.Kubelet{Index: node, Client: c, Bins: bins,
+				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("node", lab.KubeNodeName(node))}
+			return k.Run(ctx)
+		},
+	}
+	cmd.Flags().IntVar(&node, "node", 0, "lab node index (1-based)")
+	_ = cmd.MarkFlagRequired("node")
 	return cmd
 }
 
@@ -115,6 +151,13 @@ func labBenchCmd() *cobra.Command {
 		vhostBin         string
 		vmBackendOwnOnly bool
 		from             string
+		svcCounts        []int
+		svcModes         []string
+		servicesOnly     bool
+		svcTimeout       time.Duration
+		svcRepeat        int
+		policyCounts     []int
+		policiesOnly     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -171,8 +214,18 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 			ctx, cancel := signalContext()
 			defer cancel()
 			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
-			if len(st.Nodes) > 0 {
+			if len(st.Nodes) > 0 && !servicesOnly {
 				paths, skipped := st.BenchPaths()
+				if policiesOnly {
+					paths = nil
+				}
+				if len(policyCounts) > 0 {
+					var pskipped []string
+					var pcleanup func()
+					paths, pskipped, pcleanup = st.PolicyRows(policyCounts, paths)
+					defer pcleanup()
+					skipped = append(skipped, pskipped...)
+				}
 				for _, s := range skipped {
 					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
 				}
@@ -194,7 +247,16 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 					return fmt.Errorf("lab bench: %w", err)
 				}
 			}
-			if chart != "" && len(rep.Rows) > 0 {
+			if len(svcCounts) > 0 {
+				so := bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}
+				if svcRepeat > 0 {
+					so.Repeat = svcRepeat
+				}
+				if rep.Services, err = runServiceRows(ctx, cmd, st, svcCounts, svcModes, so); err != nil {
+					return err
+				}
+			}
+			if chart != "" && (len(rep.Rows) > 0 || rep.Services != nil) {
 				if err := writeChart(rep, chart); err != nil {
 					return err
 				}
@@ -221,8 +283,41 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
 	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
 	cmd.Flags().BoolVar(&vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
+	cmd.Flags().IntSliceVar(&svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
+	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit}, "service rows: which datapaths")
+	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
+	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
+	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
+	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows")
+	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
+}
+
+// runServiceRows builds the service rows' namespaces, measures them and
+// removes the namespaces again (also on failure or interrupt).
+func runServiceRows(ctx context.Context, cmd *cobra.Command, st *lab.State, counts []int, modes []string, o bench.SvcOptions) (*bench.SvcReport, error) {
+	for _, n := range counts {
+		if n < 1 || n > bench.MaxSvcSetSize {
+			return nil, fmt.Errorf("lab bench: --services %d: want 1..%d", n, bench.MaxSvcSetSize)
+		}
+	}
+	paths, skipped, cleanup, err := st.ServiceRows(ctx, lab.SvcBench{Counts: counts, Modes: modes})
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	defer cleanup()
+	for _, s := range skipped {
+		fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping service rows", s)
+	}
+	if len(paths) == 0 {
+		return nil, errors.New("lab bench: no service rows to measure")
+	}
+	rep, err := bench.RunServices(ctx, paths, o)
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	return rep, nil
 }
 
 // loadReport reads a report saved with --json; ratios and targets are

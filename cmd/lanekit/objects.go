@@ -91,14 +91,9 @@ func applyCmd(use, short string, kinds ...k8sobj.Kind) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			client, closeFn, err := dialAgent()
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
-			resp, err := client.ApplyObjects(ctx, &apiv1.ApplyObjectsRequest{Data: data})
+			resp, err := agentGet(cmd, 30*time.Second, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ApplyObjectsResponse, error) {
+				return c.ApplyObjects(ctx, &apiv1.ApplyObjectsRequest{Data: data})
+			})
 			if err != nil {
 				return rpcErr("apply", err)
 			}
@@ -133,15 +128,10 @@ func deleteCmd(use, short string, kind k8sobj.Kind) *cobra.Command {
 			if ns == "" || name == "" || strings.Contains(name, "/") {
 				return fmt.Errorf("%q: want NAMESPACE/NAME or NAME", args[0])
 			}
-			client, closeFn, err := dialAgent()
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
 			ref := &apiv1.ObjectRef{Kind: string(kind), Namespace: ns, Name: name}
-			resp, err := client.DeleteObject(ctx, &apiv1.DeleteObjectRequest{Object: ref})
+			resp, err := agentGet(cmd, 30*time.Second, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.DeleteObjectResponse, error) {
+				return c.DeleteObject(ctx, &apiv1.DeleteObjectRequest{Object: ref})
+			})
 			if err != nil {
 				return rpcErr("delete", err)
 			}
@@ -164,14 +154,9 @@ var serviceListCmd = &cobra.Command{
 	Short: "List service frontends with their backends",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
-		client, closeFn, err := dialAgent()
-		if err != nil {
-			return err
-		}
-		defer closeFn()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-		defer cancel()
-		resp, err := client.ListServices(ctx, &apiv1.ListServicesRequest{})
+		resp, err := agentGet(cmd, 10*time.Second, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ListServicesResponse, error) {
+			return c.ListServices(ctx, &apiv1.ListServicesRequest{})
+		})
 		if err != nil {
 			return rpcErr("list services", err)
 		}
@@ -211,14 +196,9 @@ var policyListCmd = &cobra.Command{
 	Short: "List NetworkPolicies with their verdict counters",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
-		client, closeFn, err := dialAgent()
-		if err != nil {
-			return err
-		}
-		defer closeFn()
-		ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-		defer cancel()
-		resp, err := client.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
+		resp, err := agentGet(cmd, 10*time.Second, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ListPoliciesResponse, error) {
+			return c.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
+		})
 		if err != nil {
 			return rpcErr("list policies", err)
 		}

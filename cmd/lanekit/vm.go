@@ -89,13 +89,24 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func vmCall(cmd *cobra.Command, f func(ctx context.Context, c apiv1.AgentClient) error) error {
+// agentGet runs one bounded call on the agent and returns its answer.
+func agentGet[T any](cmd *cobra.Command, timeout time.Duration, call func(ctx context.Context, c apiv1.AgentClient) (T, error)) (T, error) {
+	var out T
+	err := agentCall(cmd, timeout, func(ctx context.Context, c apiv1.AgentClient) (err error) {
+		out, err = call(ctx, c)
+		return err
+	})
+	return out, err
+}
+
+// agentCall dials the agent and runs f with a context bounded by timeout.
+func agentCall(cmd *cobra.Command, timeout time.Duration, f func(ctx context.Context, c apiv1.AgentClient) error) error {
 	c, closeFn, err := dialAgent()
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	defer cancel()
 	return f(ctx, c)
 }
@@ -112,7 +123,7 @@ The guest's virtio-net MAC must be the printed MAC.`,
 		if vmNetns == "" {
 			return fmt.Errorf("vm add %s: --netns is required", args[0])
 		}
-		return vmCall(cmd, func(ctx context.Context, c apiv1.AgentClient) error {
+		return agentCall(cmd, 30*time.Second, func(ctx context.Context, c apiv1.AgentClient) error {
 			uid, gid, err := parseOwner(vmOwner)
 			if err != nil {
 				return err
@@ -145,7 +156,7 @@ var vmDelCmd = &cobra.Command{
 	Short: "Delete a VM endpoint (deleting an unknown one succeeds)",
 	Args:  cobra.ExactArgs(1),
 	RunE: func(cmd *cobra.Command, args []string) error {
-		return vmCall(cmd, func(ctx context.Context, c apiv1.AgentClient) error {
+		return agentCall(cmd, 30*time.Second, func(ctx context.Context, c apiv1.AgentClient) error {
 			resp, err := c.DelVM(ctx, &apiv1.DelVMRequest{Name: args[0]})
 			if err != nil {
 				return fmt.Errorf("del vm %s: %w", args[0], err)
@@ -165,7 +176,7 @@ var vmListCmd = &cobra.Command{
 	Short: "List the VM endpoints of the local agent",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
-		return vmCall(cmd, func(ctx context.Context, c apiv1.AgentClient) error {
+		return agentCall(cmd, 30*time.Second, func(ctx context.Context, c apiv1.AgentClient) error {
 			resp, err := c.ListVMs(ctx, &apiv1.ListVMsRequest{})
 			if err != nil {
 				return fmt.Errorf("list vms: %w", err)

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/k8s"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
 )
@@ -35,11 +37,14 @@ func run(args []string) error {
 		logJSON bool
 		verbose bool
 		metrics string
+		kube    kubeFlags
 	)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
-	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required)")
+	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required without --node-name; with it, the Node's spec.podCIDR is used)")
+	fs.StringVar(&kube.nodeName, "node-name", "", "this node's name in Kubernetes: watch the API server (Pods, Namespaces, Services, EndpointSlices, NetworkPolicies, Nodes, KubeVirt VMIs)")
+	fs.StringVar(&kube.kubeconfig, "kubeconfig", "", "kubeconfig for the API server (default with --node-name: the in-cluster service account)")
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
@@ -63,14 +68,12 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if podCIDR == "" {
-		return fmt.Errorf("--pod-cidr is required")
+	if kube.kubeconfig != "" && kube.nodeName == "" {
+		return fmt.Errorf("--kubeconfig needs --node-name")
 	}
-	p, err := netip.ParsePrefix(podCIDR)
-	if err != nil {
-		return fmt.Errorf("--pod-cidr: %w", err)
+	if podCIDR == "" && kube.nodeName == "" {
+		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
 	}
-	cfg.PodCIDR = p
 
 	level := slog.LevelInfo
 	if verbose {
@@ -82,9 +85,41 @@ func run(args []string) error {
 		h = slog.NewTextHandler(os.Stderr, opts)
 	}
 	log := slog.New(h)
+	// client-go logs through klog: into the agent's log.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	var kc *kubeClients
+	if kube.nodeName != "" {
+		var err error
+		if kc, err = kube.clients(); err != nil {
+			return err
+		}
+		// The Node's pod CIDR; with --pod-cidr too, they must agree.
+		cidr, err := k8s.WaitPodCIDR(ctx, kc.client, kube.nodeName, log)
+		if err != nil {
+			return fmt.Errorf("pod CIDR of node %s: %w", kube.nodeName, err)
+		}
+		if podCIDR != "" && podCIDR != cidr {
+			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)
+		}
+		podCIDR = cidr
+		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr)
+		if cfg.Uplink == "" {
+			// The device with the Node's InternalIP carries pod traffic
+			// between nodes (native routing).
+			if cfg.Uplink, err = k8s.NodeUplink(ctx, kc.client, kube.nodeName, cfg.HostNetns); err != nil {
+				return fmt.Errorf("--uplink not given: %w", err)
+			}
+			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)
+		}
+	}
+	p, err := netip.ParsePrefix(podCIDR)
+	if err != nil {
+		return fmt.Errorf("--pod-cidr: %w", err)
+	}
+	cfg.PodCIDR = p
 	var m *lkmetrics.Metrics
 	if metrics != "" {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})
@@ -107,7 +142,25 @@ func run(args []string) error {
 			return err
 		}
 	}
+	srcDone := make(chan struct{})
+	if kc != nil {
+		src, err := startSource(kc, kube.nodeName, a, cfg.HostNetns, log)
+		if err != nil {
+			a.Close()
+			return err
+		}
+		go func() {
+			defer close(srcDone)
+			if err := src.Run(ctx); err != nil && ctx.Err() == nil {
+				log.Error("k8s source stopped", "err", err)
+			}
+		}()
+	} else {
+		close(srcDone)
+	}
 	runErr := a.Run(ctx)
+	stop()
+	<-srcDone
 	if err := a.Close(); err != nil {
 		log.Error("close", "err", err)
 	}

@@ -13,3 +13,21 @@ func TestNoMemoryDatapathFlag(t *testing.T) {
 		t.Fatalf("--datapath none = %v, want an unknown flag", err)
 	}
 }
+
+// TestKubeFlags: the pod CIDR comes from --pod-cidr or from the Node named by
+// --node-name; --kubeconfig alone names no node.
+func TestKubeFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--pod-cidr is required (or --node-name"},
+		{[]string{"--kubeconfig", "/nonexistent"}, "--kubeconfig needs --node-name"},
+		{[]string{"--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig"}, "kubernetes client config"},
+	} {
+		err := run(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("lanekitd %v = %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -86,6 +86,9 @@ type Agent struct {
 	mu  sync.Mutex             // serialises changes to endpoints
 	vms map[string]*xsk.Server // running socket servers by VM name, under mu
 
+	readyMu     sync.Mutex
+	readyChecks []readyCheck // more readiness conditions (AddReadyCheck)
+
 	// ctl is the service and policy control plane (objects.go); its own
 	// lock nests inside mu.
 	ctl *ctlPlane

@@ -247,32 +247,63 @@ func compareStr(a, b string) int {
 	return 0
 }
 
-// buildServices returns the service model for next: the current model with
-// the affected services re-translated, or — when that fails, for example
-// because two services swap a frontend within one batch — a full build, whose
+// editServices moves the service model to next for the affected services,
+// in place: Model.Batch costs what the affected services cost, whatever the
+// model holds. It returns the changes and an undo for a later failing step.
+// When the batch does not apply on the current model — for example two
+// services swap a frontend within one batch — a full build decides, and its
 // error is the definitive one.
-func (c *ctlPlane) buildServices(next map[string]k8sobj.Object, affected []service.ServiceID) (*service.Model, error) {
+func (c *ctlPlane) editServices(next map[string]k8sobj.Object, affected []service.ServiceID) (service.Changes, func(), error) {
 	if len(affected) == 0 {
-		return c.model, nil
+		return service.Changes{}, func() {}, nil
 	}
-	slicesOf := splitSlices(next)
-	m := c.model
-	var err error
+	slicesOf := slicesFor(next, affected)
+	edits := make([]service.Edit, 0, len(affected))
 	for _, id := range affected {
-		o, ok := next[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)]
-		if !ok {
-			m = m.Without(id)
-			continue
+		e := service.Edit{ID: id}
+		if o, ok := next[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)]; ok {
+			e.Service, e.Slices = o.Service, slicesOf[id]
 		}
-		if m, err = m.With(o.Service, slicesOf[id]); err != nil {
-			break
-		}
+		edits = append(edits, e)
 	}
-	if err == nil {
-		return m, nil
+	if ch, undo, err := c.model.Batch(edits); err == nil {
+		return ch, undo, nil
 	}
 	svcs, eps, _ := k8sobj.Split(sortedObjects(next))
-	return service.Build(svcs, eps, c.svcOpts)
+	m, err := service.Build(svcs, eps, c.svcOpts)
+	if err != nil {
+		return service.Changes{}, nil, err
+	}
+	old := c.model
+	ch := service.Diff(old, m)
+	c.model = m
+	return ch, func() { c.model = old }, nil
+}
+
+// slicesFor returns the EndpointSlices of the given services, each service's
+// in key order; one pass over the objects, no sort of all of them.
+func slicesFor(objs map[string]k8sobj.Object, ids []service.ServiceID) map[service.ServiceID][]*discoveryv1.EndpointSlice {
+	want := make(map[service.ServiceID]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	keys := map[service.ServiceID][]string{}
+	for key, o := range objs {
+		if es := o.EndpointSlice; es != nil {
+			id := service.ServiceID{Namespace: es.Namespace, Name: es.Labels[k8sobj.ServiceNameLabel]}
+			if want[id] {
+				keys[id] = append(keys[id], key)
+			}
+		}
+	}
+	out := make(map[service.ServiceID][]*discoveryv1.EndpointSlice, len(keys))
+	for id, ks := range keys {
+		slices.Sort(ks)
+		for _, k := range ks {
+			out[id] = append(out[id], objs[k].EndpointSlice)
+		}
+	}
+	return out
 }
 
 func splitSlices(objs map[string]k8sobj.Object) map[service.ServiceID][]*discoveryv1.EndpointSlice {
@@ -304,7 +335,7 @@ func policyRelevant(o k8sobj.Object) bool {
 // identities in one transaction, then program the datapath. Called with c.mu.
 func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) error {
 	c := a.ctl
-	model, err := c.buildServices(next, affectedServices(c.objs, next, changed))
+	svcChanges, undoServices, err := c.editServices(next, affectedServices(c.objs, next, changed))
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
@@ -320,6 +351,7 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 	compiled, locals := c.compiled, c.locals
 	if recompile {
 		if compiled, locals, err = a.compilePolicy(next); err != nil {
+			undoServices()
 			return err
 		}
 	}
@@ -343,12 +375,12 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 		return c.saveIdentitiesTx(tx)
 	})
 	if err != nil {
+		undoServices()
 		return fmt.Errorf("store objects: %w", err)
 	}
 	c.markIdentitiesSaved()
 	c.objs = next
-	svcUpd := c.tables.Apply(service.Diff(c.model, model))
-	c.model = model
+	svcUpd := c.tables.Apply(svcChanges)
 	var errs []error
 	if err := a.applyServices(svcUpd); err != nil {
 		errs = append(errs, err)

@@ -446,7 +446,30 @@ func (a *Agent) ready() (bool, string) {
 			return false, "datapath not loaded: " + err.Error()
 		}
 	}
+	a.readyMu.Lock()
+	checks := slices.Clone(a.readyChecks)
+	a.readyMu.Unlock()
+	for _, c := range checks {
+		if err := c.check(); err != nil {
+			return false, c.name + ": " + err.Error()
+		}
+	}
 	return true, ""
+}
+
+// readyCheck is a readiness condition beyond the datapath's.
+type readyCheck struct {
+	name  string
+	check func() error
+}
+
+// AddReadyCheck makes readiness (Status, /readyz, CNI STATUS) also require
+// check to return nil; name prefixes the reason otherwise. The Kubernetes
+// source adds "k8s caches synced".
+func (a *Agent) AddReadyCheck(name string, check func() error) {
+	a.readyMu.Lock()
+	defer a.readyMu.Unlock()
+	a.readyChecks = append(a.readyChecks, readyCheck{name, check})
 }
 
 // Status reports the agent's configuration, probes and counts.

@@ -67,6 +67,10 @@ type AddVMRequest struct {
 	Queues int    // queue pairs, 1..MaxVMQueues
 	MAC    string // optional MAC of the VM's device; empty: random
 	MTU    int    // 0: the agent's MTU capped at 1500
+	// IfName is the VM's device in its netns; empty: endpoint.VMIfName
+	// (eth0). A VM in a pod that has its own eth0 (KubeVirt's
+	// virt-launcher) needs another name.
+	IfName string
 	Labels map[string]string
 	// Owner of the fd-passing socket (the backend's user); nil: root.
 	SocketUID, SocketGID *uint32
@@ -100,6 +104,12 @@ func (a *Agent) vmDatapath() (VMDatapath, error) {
 // validateAddVM checks req, fills defaults and returns the parsed MAC.
 func (a *Agent) validateAddVM(req *AddVMRequest) (net.HardwareAddr, error) {
 	if err := endpoint.ValidateVMName(req.Name); err != nil {
+		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	if req.IfName == "" {
+		req.IfName = endpoint.VMIfName
+	}
+	if err := endpoint.Validate(endpoint.VMContainerID(req.Name), req.IfName); err != nil {
 		return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	if req.Queues < 1 || req.Queues > MaxVMQueues {
@@ -164,7 +174,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	defer func() { err = undo.unwind(err, a.log.With("vm", req.Name)) }()
 
 	ep := endpoint.Endpoint{
-		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: endpoint.VMIfName,
+		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: req.IfName,
 		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
 		Labels: req.Labels, Created: time.Now().UTC(), Pending: true,
 		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID},
@@ -199,6 +209,9 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	links, err := a.host.SetupPod(netdev.PodSpec{
 		Mode: datapath.ModeVeth, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: req.Netns,
 		IP: ep.IP, MTU: req.MTU, Queues: req.Queues, MAC: mac,
+		// A device not named eth0 sits beside the pod's own (KubeVirt's
+		// virt-launcher): the pod keeps its routes.
+		NoRoutes: req.IfName != endpoint.VMIfName,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)

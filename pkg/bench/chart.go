@@ -51,20 +51,32 @@ func (r *Report) WriteChart(w io.Writer) error {
 	if len(guest) > 0 {
 		groups, titles = append(groups, guest), append(titles, "guest rows (TCG: the guest CPU bounds them)")
 	}
-	if len(groups) == 0 {
+	panelRows := len(groups)
+	if r.Services != nil && len(r.Services.Rows) > 0 {
+		panelRows++
+	}
+	if panelRows == 0 {
 		return fmt.Errorf("chart: the report has no rows")
 	}
-	plots := make([][]*plot.Plot, len(groups))
+	plots := make([][]*plot.Plot, 0, panelRows)
 	heights := 0
 	for gi, rows := range groups {
 		ps, err := metricPanels(rows, titles[gi])
 		if err != nil {
 			return err
 		}
-		plots[gi] = ps
+		plots = append(plots, ps)
 		heights = max(heights, max(chartPanelMin, chartRowH*len(rows)))
 	}
-	hpx := chartHeaderH + heights*len(groups)
+	if panelRows > len(groups) {
+		ps, err := r.Services.panels()
+		if err != nil {
+			return err
+		}
+		plots = append(plots, ps)
+		heights = max(heights, max(chartPanelMin, chartRowH*len(r.Services.Rows)))
+	}
+	hpx := chartHeaderH + heights*panelRows
 	img := vgimg.NewWith(vgimg.UseWH(px(chartW), px(hpx)), vgimg.UseDPI(chartDPI), vgimg.UseBackgroundColor(color.White))
 	dc := draw.New(img)
 	header := plot.New().Title.TextStyle
@@ -75,9 +87,9 @@ func (r *Report) WriteChart(w io.Writer) error {
 	}
 	dc.FillText(header, vg.Point{X: dc.Center().X, Y: dc.Max.Y - px(chartHeaderH)/2},
 		fmt.Sprintf("lanekit lab bench: %s, %d cores, kernel %s; %d × %gs per metric; RR with %s; median, whiskers min–max",
-			r.Machine.CPUModel, r.Machine.Cores, r.Machine.Kernel, r.Repeat, r.DurationS, busy))
+			r.Machine.CPUModel, r.Machine.Cores, r.Machine.Kernel, max(r.Repeat, r.svcRepeat()), r.DurationS, busy))
 	body := draw.Crop(dc, 0, 0, 0, -px(chartHeaderH))
-	tiles := draw.Tiles{Rows: len(groups), Cols: 3, PadX: px(24), PadY: px(24),
+	tiles := draw.Tiles{Rows: panelRows, Cols: 3, PadX: px(24), PadY: px(24),
 		PadTop: px(6), PadBottom: px(10), PadLeft: px(10), PadRight: px(30)}
 	canvases := plot.Align(plots, tiles, body)
 	for i := range plots {

@@ -24,6 +24,14 @@ type Path struct {
 	// Includes says what the path pays for (netfilter, conntrack, BPF), so
 	// that rows which are not feature-equivalent are labelled as such.
 	Includes Includes
+	// Prepare, when set, runs before each of the path's measurements (e.g.
+	// loads the NetworkPolicies the row is measured with); its failure is
+	// that measurement's error.
+	Prepare func(ctx context.Context) error
+	// Policies: the row is measured with this many NetworkPolicies
+	// selecting its pods; rows with the same PolicyBase are compared.
+	Policies   *int
+	PolicyBase string
 }
 
 // Includes labels a row with the packet processing its traffic goes
@@ -132,7 +140,13 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 					return nil, fmt.Errorf("bench: %w", err)
 				}
 				all[i].cur = rep
-				err := m.run(ctx, o, paths[i], &all[i])
+				var err error
+				if paths[i].Prepare != nil {
+					err = paths[i].Prepare(ctx)
+				}
+				if err == nil {
+					err = m.run(ctx, o, paths[i], &all[i])
+				}
 				if err != nil {
 					all[i].errs = append(all[i].errs, fmt.Sprintf("rep %d %s: %v", rep+1, m.name, err))
 				}

@@ -123,7 +123,7 @@ func checkTargets(r *Report) []TargetResult {
 		}
 		out = append(out, res)
 	}
-	return out
+	return append(out, policyTargets(r)...)
 }
 
 func metricReps(row *Row, metric string) []*float64 {

@@ -29,6 +29,9 @@ type Report struct {
 	Targets []TargetResult `json:"targets,omitempty"`
 	// VMBackend compares lanekit-vhost with DPDK testpmd (nil when not run).
 	VMBackend *BackendReport `json:"vm_backend,omitempty"`
+	// Services: the service rows (kube-proxy iptables/nftables vs lanekit;
+	// nil when not run).
+	Services *SvcReport `json:"services,omitempty"`
 }
 
 // Row holds one path's results: TCP throughput as min/median/max, the other
@@ -58,6 +61,10 @@ type Row struct {
 	CPSErrors int64 `json:"cps_errors"`
 	// CPSErrorKinds counts the failed connections by cause.
 	CPSErrorKinds map[string]int64 `json:"cps_error_kinds,omitempty"`
+	// Policies: measured with this many NetworkPolicies selecting the pods
+	// (policy rows only); PolicyBase groups a row with its zero-policy twin.
+	Policies   *int   `json:"policies,omitempty"`
+	PolicyBase string `json:"policy_base,omitempty"`
 	// Paired holds, per reference row, the spread of this row's
 	// per-repetition ratios to it (both measured back to back in the same
 	// repetition).
@@ -126,6 +133,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			Reps: Reps{TCPGbps: reps(s.gbps), RRP50us: reps(s.p50), RRP99us: reps(s.p99),
 				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
 			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
+			Policies: p.Policies, PolicyBase: p.PolicyBase,
 		})
 	}
 	r.BusyCPUs = o.BusyCPUs
@@ -158,6 +166,9 @@ func sum(xs []float64) float64 {
 func (r *Report) ComputeRatios() {
 	r.computePaired()
 	r.Targets = checkTargets(r)
+	if r.Services != nil {
+		r.Services.Compute()
+	}
 	var host *Row
 	for i := range r.Rows {
 		if r.Rows[i].Path == HostPath {
@@ -206,6 +217,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if r.VMBackend != nil {
 		if err := r.VMBackend.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	if r.Services != nil {
+		if err := r.Services.WriteTable(w); err != nil {
 			return err
 		}
 	}
@@ -343,7 +359,7 @@ func (r *Report) Failed() bool {
 			return true
 		}
 	}
-	return r.VMBackend != nil && len(r.VMBackend.Errors) > 0
+	return (r.VMBackend != nil && len(r.VMBackend.Errors) > 0) || (r.Services != nil && r.Services.Failed())
 }
 
 func spread(s Summary, f string) string {
@@ -378,4 +394,12 @@ func cpuModel(cpuinfo []byte) string {
 		}
 	}
 	return ""
+}
+
+// svcRepeat is the services section's repetitions (0 without one).
+func (r *Report) svcRepeat() int {
+	if r.Services == nil {
+		return 0
+	}
+	return r.Services.Repeat
 }

@@ -39,9 +39,32 @@ func startSpinners(ctx context.Context, self string, life time.Duration) (*spinn
 		}
 		sp.procs = append(sp.procs, p)
 	}
-	// A spinner that cannot set its policy exits at once: say so rather than
-	// measure with idle CPUs.
-	time.Sleep(100 * time.Millisecond)
+	// Wait until every spinner is pinned (taskset, the last step of its exec
+	// chain, has run: chrt has set SCHED_IDLE before it), so measurements do
+	// not start before the spinners are in place. A spinner that cannot set
+	// its policy exits at once: say so rather than measure with idle CPUs.
+	deadline := time.Now().Add(5 * time.Second)
+	for cpu := 0; cpu < len(sp.procs); {
+		p := sp.procs[cpu]
+		select {
+		case <-p.done:
+			sp.stop()
+			return nil, fmt.Errorf("busy cpus: %s exited: %v: %s", p.name, p.err, p.log.last())
+		default:
+		}
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(p.cmd.Process.Pid, &set) == nil && set.Count() == 1 && set.IsSet(cpu) {
+			cpu++
+			continue
+		}
+		if time.Now().After(deadline) {
+			sp.stop()
+			return nil, fmt.Errorf("busy cpus: %s not pinned to CPU %d after 5s", p.name, cpu)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// One more look: a spinner that refuses its policy exits right after exec.
+	time.Sleep(50 * time.Millisecond)
 	for _, p := range sp.procs {
 		select {
 		case <-p.done:

@@ -452,6 +452,30 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("a direct connection reusing a service flow's tuple gets no rev-NAT", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("reuse", "10.96.0.113", 80, "TCP", "", "10.244.2.5"))
+		// A service flow from port 42100, answered.
+		r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.96.0.113", 80, 42100, tcpSYN))
+		if got := parseTuple(t, r.out); r.verdict != tcActRedirect || got.dst != ap("10.244.2.5:8080") {
+			t.Fatalf("service SYN: verdict %d, dst %s", r.verdict, got.dst)
+		}
+		reply := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", 8080, "10.244.1.10", 42100, 6, tcpSYN|tcpACK, 5000, 1001, nil)
+		if got := parseTuple(t, s.run(t, up, ifUp(s.fixtureEnv), reply).out); got.src != ap("10.96.0.113:80") {
+			t.Fatalf("service reply from %s, want the VIP", got.src)
+		}
+		// The client closes it and connects straight to the backend from the same port.
+		s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.96.0.113", 80, 42100, tcpFIN|tcpACK))
+		r = s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.244.2.5", 8080, 42100, tcpSYN))
+		if got := parseTuple(t, r.out); r.verdict != tcActRedirect || got.dst != ap("10.244.2.5:8080") {
+			t.Fatalf("direct SYN: verdict %d, dst %s", r.verdict, got.dst)
+		}
+		r = s.run(t, up, ifUp(s.fixtureEnv), reply)
+		if got := parseTuple(t, r.out); r.verdict != tcActRedirect || got.src != ap("10.244.2.5:8080") || got.dst != ap("10.244.1.10:42100") {
+			t.Fatalf("direct connection's reply: verdict %d, %s -> %s; want it from the backend itself", r.verdict, got.src, got.dst)
+		}
+	})
+
 	t.Run("conntrack keeps a flow's backend when the Maglev table changes", func(t *testing.T) {
 		s.enter(t)
 		s.apply(t, svcYAML("sticky", "10.96.0.13", 80, "TCP", "", "10.244.2.5", "10.244.2.6", "10.244.2.7"))

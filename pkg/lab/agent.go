@@ -13,16 +13,23 @@ import (
 	"time"
 )
 
-// agentArgs are lanekitd's flags for node i.
-func agentArgs(i int) []string {
-	return []string{
+// agentArgs are lanekitd's flags for node i; with k8s the pod CIDR comes
+// from the node's Node object.
+func agentArgs(i int, k8s bool) []string {
+	args := []string{
 		"--state-dir", NodeDir(i) + "/state",
 		"--socket", AgentSocket(i),
 		"--uplink", Uplink,
-		"--pod-cidr", PodCIDR(i),
-		"--bpf-dir", BPFDir(i),
-		"--vm-socket-dir", NodeDir(i) + "/vm",
 	}
+	if k8s {
+		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
+	} else {
+		args = append(args, "--pod-cidr", PodCIDR(i))
+	}
+	return append(args,
+		"--bpf-dir", BPFDir(i),
+		"--vm-socket-dir", NodeDir(i)+"/vm",
+	)
 }
 
 // startAgent starts lanekitd for node i as a detached daemon inside the node
@@ -31,12 +38,12 @@ func agentArgs(i int) []string {
 // It enters only the network namespace (nsenter --net): `ip netns exec` also
 // remounts /sys, which would hide the host's bpffs at /sys/fs/bpf and so the
 // agent's pins.
-func startAgent(ctx context.Context, b Bins, i int) (int, error) {
+func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 	if err := os.MkdirAll(NodeDir(i)+"/state", 0o755); err != nil {
 		return 0, fmt.Errorf("agent dir: %w", err)
 	}
 	// startDaemon writes AgentLog(i) and AgentPIDFile(i): base NodeDir(i)/agent.
-	pid, err := startDaemon(NodeNS(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgs(i)...)
+	pid, err := startDaemon(NodeNS(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgs(i, k8s)...)
 	if err != nil {
 		return pid, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
 	}

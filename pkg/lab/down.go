@@ -23,6 +23,7 @@ var labProcs = map[string]bool{
 	"lanekitd": true, "lanekit": true, "lanekit-cni": true, "iperf3": true,
 	"sockperf": true, "ping": true, "busybox": true, "bridge": true, "host-local": true,
 	"lanekit-vhost": true, "qemu-system-x86_64": true, "qemu-system-x86": true,
+	"etcd": true, "kube-apiserver": true,
 }
 
 // Down removes everything the lab may have left, also after a crashed or
@@ -44,6 +45,9 @@ func Down(ctx context.Context, o DownOptions) error {
 				if p.Kind == KindLanekit && !alive(n.AgentPID) {
 					continue // the agent owns the pod's state; nothing answers DEL
 				}
+				if p.Kind == KindLanekit && st.K8s {
+					continue // the lab kubelet's pods: their netns and the agent's state go below
+				}
 				if err := delPod(ctx, o.Bins, n.Index, p.NS, p.Kind); err != nil {
 					say("lab down: %v (continuing)", err)
 				}
@@ -55,6 +59,7 @@ func Down(ctx context.Context, o DownOptions) error {
 			}
 		}
 	}
+	downK8s()
 	pidFiles, _ := filepath.Glob(filepath.Join(RunDir, "*", "*.pid"))
 	for _, f := range pidFiles {
 		if pid := readPID(f); pid > 0 && inLabNetns(pid) {

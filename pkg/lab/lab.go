@@ -41,8 +41,11 @@ type Config struct {
 	BaselineOnly bool // skip agents and lanekit pods
 	VM           bool // a QEMU guest on the last node through the fast lane
 	VMQueues     int  // its queue pairs (default 1)
-	Bins         Bins
-	Out          io.Writer // progress lines
+	// K8s runs the lab against a real API server (k8s.go): agents watch
+	// it, lab kubelets attach the lanekit pods.
+	K8s  bool
+	Bins Bins
+	Out  io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
@@ -50,6 +53,7 @@ type Config struct {
 type State struct {
 	Nodes        []Node  `json:"nodes"`
 	BaselineOnly bool    `json:"baseline_only"`
+	K8s          bool    `json:"k8s,omitempty"`
 	VMs          []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
@@ -66,6 +70,7 @@ type Node struct {
 	PodCIDR    string `json:"pod_cidr"`
 	BaseCIDR   string `json:"baseline_cidr"`
 	AgentPID   int    `json:"agent_pid,omitempty"`
+	KubeletPID int    `json:"kubelet_pid,omitempty"`
 	Pods       []Pod  `json:"pods"`
 	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
 	RawNS string `json:"raw_netns,omitempty"`

@@ -36,10 +36,19 @@ func TestNames(t *testing.T) {
 			t.Errorf("lab netns %q: got %v, want %v", ns, got, want)
 		}
 	}
-	args := strings.Join(agentArgs(2), " ")
+	// The lab kubelet's pod namespaces are lab namespaces (lab down removes them).
+	if ns := PodNetns(3, "0b6c1f0e-5a57-4a8c-9d3c-2f1e0c6b7a11"); !labNetnsRe.MatchString(ns) {
+		t.Errorf("kubelet pod netns %q is not a lab netns", ns)
+	}
+	args := strings.Join(agentArgs(2, false), " ")
 	want := "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --pod-cidr 10.244.2.0/24 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm"
 	if args != want {
 		t.Errorf("agent args = %q, want %q", args, want)
+	}
+	args = strings.Join(agentArgs(2, true), " ")
+	want = "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --kubeconfig /run/lanekit/lab/k8s/kubeconfig --node-name lk-node2 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm"
+	if args != want {
+		t.Errorf("k8s agent args = %q, want %q", args, want)
 	}
 }
 

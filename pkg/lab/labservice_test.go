@@ -148,7 +148,7 @@ endpoints:
 	if binDir == "" {
 		binDir = filepath.Join(repoRoot(t), "bin")
 	}
-	if _, err := startAgent(context.Background(), Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}, 1); err != nil {
+	if _, err := startAgent(context.Background(), Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}, 1, false); err != nil {
 		t.Fatalf("restart agent: %v", err)
 	}
 	if got := ids(); fmt.Sprint(got) != fmt.Sprint(idsBefore) || len(got) != 2 {

@@ -100,7 +100,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 		t.Error(err)
 	}
 
-	if _, err := startAgent(ctx, bins, 1); err != nil {
+	if _, err := startAgent(ctx, bins, 1, false); err != nil {
 		t.Fatalf("restart agent: %v", err)
 	}
 	log, _ := os.ReadFile(AgentLog(1))
@@ -297,7 +297,7 @@ func vmAgentKilled(t *testing.T, bins Bins, lk func(*testing.T, ...string) (stri
 	if _, err := inNS(ctx, client, append(pingCommand(), "-c", "1", "-W", "2", vm.IP)...); err != nil {
 		t.Errorf("pod -> VM with the VM's agent down: %v", err)
 	}
-	if _, err := startAgent(ctx, bins, vm.Node); err != nil {
+	if _, err := startAgent(ctx, bins, vm.Node, false); err != nil {
 		t.Fatalf("restart agent: %v", err)
 	}
 	out, err := lk(t, "vm", "list", "--socket", AgentSocket(vm.Node))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
 )
 
 // WriteStatus prints nodes, agents and pods with their live addresses.
@@ -21,6 +23,18 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 		mode = "baseline-only"
 	}
 	fmt.Fprintf(w, "lab: %d nodes, %s; underlay %s bridge %s (present: %v)\n", len(st.Nodes), mode, WireNS, WireBridge, netnsExists(WireNS))
+	if st.K8s {
+		if srv, err := k8stest.Load(K8sDir); err == nil {
+			fmt.Fprintf(w, "k8s: kube-apiserver %s (pid %d, alive %v), etcd pid %d (alive %v); kubeconfig %s; kubelets:",
+				srv.Host(), srv.APIPID, alive(srv.APIPID), srv.EtcdPID, alive(srv.EtcdPID), Kubeconfig)
+			for _, n := range st.Nodes {
+				fmt.Fprintf(w, " %s pid %d (alive %v)", KubeNodeName(n.Index), n.KubeletPID, alive(n.KubeletPID))
+			}
+			fmt.Fprintln(w)
+		} else {
+			fmt.Fprintf(w, "k8s: no API server state in %s: %v\n", K8sDir, err)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tNETNS\tUNDERLAY\tPOD CIDR\tBASELINE CIDR\tAGENT PID\tAGENT\t")
 	for _, n := range st.Nodes {

@@ -23,7 +23,10 @@ func buildWire(ctx context.Context) error {
 // buildNode creates node i (of n): namespace, uplink veth onto the wire
 // bridge, underlay address, native routes to the other nodes' pod ranges,
 // forwarding and bridge netfilter sysctls, and the kube-proxy rules.
-func buildNode(ctx context.Context, i, n int) error {
+//
+// With k8s the routes to the other nodes' lanekit pod ranges are left to the
+// agents (from the Node objects); the baseline ranges keep static routes.
+func buildNode(ctx context.Context, i, n int, k8s bool) error {
 	ns := NodeNS(i)
 	if err := addNetns(ctx, ns); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
@@ -39,9 +42,10 @@ func buildNode(ctx context.Context, i, n int) error {
 		if j == i {
 			continue
 		}
-		steps = append(steps,
-			[]string{"-n", ns, "route", "add", PodCIDR(j), "via", UnderlayIP(j), "dev", Uplink},
-			[]string{"-n", ns, "route", "add", BaseCIDR(j), "via", UnderlayIP(j), "dev", Uplink})
+		if !k8s {
+			steps = append(steps, []string{"-n", ns, "route", "add", PodCIDR(j), "via", UnderlayIP(j), "dev", Uplink})
+		}
+		steps = append(steps, []string{"-n", ns, "route", "add", BaseCIDR(j), "via", UnderlayIP(j), "dev", Uplink})
 	}
 	for _, args := range steps {
 		if err := ip(ctx, args...); err != nil {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
 )
 
 // Up builds the lab described by cfg. A previous lab (or the debris of a
@@ -19,6 +21,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	}
 	if err := cfg.Bins.checkBaseline(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	if cfg.K8s && cfg.BaselineOnly {
+		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
 	if !cfg.BaselineOnly {
 		if err := cfg.Bins.checkLanekit(); err != nil {
@@ -35,7 +40,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s}
 	if err := st.save(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
@@ -43,6 +48,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	progress(cfg.Out, "lab: underlay %s with bridge %s", WireNS, WireBridge)
 	if err := buildWire(ctx); err != nil {
 		return st, fmt.Errorf("lab up: %w", err)
+	}
+	var kc kubernetes.Interface
+	if cfg.K8s {
+		var err error
+		if kc, err = upK8s(ctx, cfg); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
 		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), UnderlayIP(i), PodCIDR(i), BaseCIDR(i))
@@ -54,7 +66,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := st.save(); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if err := buildNode(ctx, i, cfg.Nodes); err != nil {
+		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if cfg.Nodes >= 2 && i <= RawHosts {
@@ -71,7 +83,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if !cfg.BaselineOnly {
 		for k := range st.Nodes {
 			n := &st.Nodes[k]
-			pid, err := startAgent(ctx, cfg.Bins, n.Index)
+			pid, err := startAgent(ctx, cfg.Bins, n.Index, cfg.K8s)
 			n.AgentPID = pid
 			if serr := st.save(); serr != nil && err == nil {
 				err = serr
@@ -80,6 +92,18 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 			progress(cfg.Out, "lab: agent on %s pid %d, socket %s", n.NS, pid, AgentSocket(n.Index))
+			if !cfg.K8s {
+				continue
+			}
+			pid, err = startKubelet(cfg.Bins, n.Index)
+			n.KubeletPID = pid
+			if serr := st.save(); serr != nil && err == nil {
+				err = serr
+			}
+			if err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
+			progress(cfg.Out, "lab: kubelet on %s pid %d (node %s)", n.NS, pid, KubeNodeName(n.Index))
 		}
 	}
 	kinds := []string{KindBaseline}
@@ -90,6 +114,18 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		n := &st.Nodes[k]
 		for _, kind := range kinds {
 			for j := 1; j <= cfg.PodsPerNode; j++ {
+				if cfg.K8s && kind == KindLanekit {
+					p, err := createLabPod(ctx, kc, n.Index, j)
+					if err != nil {
+						return st, fmt.Errorf("lab up: %w", err)
+					}
+					n.Pods = append(n.Pods, p)
+					if err := st.save(); err != nil {
+						return st, fmt.Errorf("lab up: %w", err)
+					}
+					progress(cfg.Out, "lab: pod %s/n%d-p%d (%s, netns %s) %s", PodNamespace, n.Index, j, kind, p.NS, p.IP)
+					continue
+				}
 				ns := PodNS(n.Index, j, kind)
 				n.Pods = append(n.Pods, Pod{NS: ns, Kind: kind})
 				ip, err := addPod(ctx, cfg.Bins, n.Index, ns, kind)

@@ -67,6 +67,10 @@ type PodSpec struct {
 	Queues int
 	// MAC of the pod end; nil: random.
 	MAC net.HardwareAddr
+	// NoRoutes leaves the namespace's routes alone: a second device in a
+	// namespace that has its own default route (a VM device beside a
+	// virt-launcher pod's eth0).
+	NoRoutes bool
 }
 
 // MaxVMQueues bounds PodSpec.Queues.
@@ -206,11 +210,13 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		if err := netlink.AddrAdd(l, addr); err != nil {
 			return fmt.Errorf("add %s to %s: %w", addr.IPNet, spec.IfName, err)
 		}
-		if err := netlink.RouteAdd(gwRoute(idx)); err != nil {
-			return fmt.Errorf("add gateway route on %s: %w", spec.IfName, err)
-		}
-		if err := netlink.RouteAdd(defaultRoute(idx)); err != nil {
-			return fmt.Errorf("add default route on %s: %w", spec.IfName, err)
+		if !spec.NoRoutes {
+			if err := netlink.RouteAdd(gwRoute(idx)); err != nil {
+				return fmt.Errorf("add gateway route on %s: %w", spec.IfName, err)
+			}
+			if err := netlink.RouteAdd(defaultRoute(idx)); err != nil {
+				return fmt.Errorf("add default route on %s: %w", spec.IfName, err)
+			}
 		}
 		l, err = netlink.LinkByIndex(idx)
 		if err != nil {

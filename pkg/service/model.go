@@ -469,3 +469,94 @@ func (f *Frontend) Select(hash uint32) (Backend, bool) {
 	}
 	return f.Backends[f.Maglev[hash%uint32(len(f.Maglev))]], true
 }
+
+// Edit is one service's new version in a Batch; a nil Service removes ID.
+type Edit struct {
+	ID      ServiceID
+	Service *corev1.Service
+	Slices  []*discoveryv1.EndpointSlice
+}
+
+// Batch applies edits to the model in place, all or nothing: on error the
+// model is as it was. It returns the edited services' changes and an undo
+// that restores the model as it was before the batch (for a caller whose
+// later step fails). Its cost depends on the edited services only, not on
+// how many the model holds (With/Without copy the model per call).
+func (m *Model) Batch(edits []Edit) (Changes, func(), error) {
+	type saved struct {
+		keys    []FrontendKey
+		fes     []*Frontend
+		present bool
+	}
+	old := make(map[ServiceID]saved, len(edits))
+	for _, e := range edits {
+		if _, seen := old[e.ID]; seen {
+			continue
+		}
+		var s saved
+		if keys, ok := m.byService[e.ID]; ok {
+			s = saved{keys: keys, present: true}
+			for _, k := range keys {
+				s.fes = append(s.fes, m.frontends[k])
+			}
+		}
+		old[e.ID] = s
+	}
+	undo := func() {
+		for id := range old {
+			m.remove(id)
+		}
+		for id, s := range old {
+			if !s.present {
+				continue
+			}
+			for i, k := range s.keys {
+				m.frontends[k] = s.fes[i]
+			}
+			m.byService[id] = s.keys
+		}
+	}
+	for _, e := range edits {
+		if e.Service == nil {
+			m.remove(e.ID)
+			continue
+		}
+		if (ServiceID{e.Service.Namespace, e.Service.Name}) != e.ID {
+			undo()
+			return Changes{}, nil, fmt.Errorf("service %s: edit for %s", ServiceID{e.Service.Namespace, e.Service.Name}, e.ID)
+		}
+		fes, err := Translate(e.Service, e.Slices, m.opts)
+		if err != nil {
+			undo()
+			return Changes{}, nil, err
+		}
+		m.remove(e.ID)
+		if err := m.insert(e.ID, fes); err != nil {
+			undo()
+			return Changes{}, nil, err
+		}
+	}
+	var c Changes
+	for id, s := range old {
+		prev := make(map[FrontendKey]*Frontend, len(s.keys))
+		for i, k := range s.keys {
+			prev[k] = s.fes[i]
+		}
+		for _, k := range m.byService[id] {
+			f := m.frontends[k]
+			if o, ok := prev[k]; !ok || (o != f && !equalFrontend(o, f)) {
+				c.Upserted = append(c.Upserted, f)
+			}
+			delete(prev, k)
+		}
+		for k := range prev {
+			// A frontend another edited service took over is that service's upsert.
+			if _, taken := m.frontends[k]; !taken {
+				c.Removed = append(c.Removed, k)
+			}
+		}
+	}
+	slices.SortFunc(c.Upserted, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(c.Removed, compareKeys)
+	return c, undo, nil
+}

@@ -1,0 +1,150 @@
+package deploy
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8s"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// countingSink accepts everything (the agent's seam semantics are tested in
+// pkg/agent); it only records that objects arrived.
+type countingSink struct {
+	mu sync.Mutex
+	n  map[k8sobj.Kind]int
+}
+
+func (s *countingSink) UpsertObjects(objs []k8sobj.Object) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range objs {
+		s.n[o.Kind]++
+	}
+	return nil
+}
+func (s *countingSink) DeleteObject(k8sobj.Kind, string, string) error { return nil }
+func (s *countingSink) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n[kind] += len(objs)
+	return nil
+}
+
+type noVMs struct{}
+
+func (noVMs) AddVM(agent.AddVMRequest) (*agent.VMInfo, error) { return nil, os.ErrInvalid }
+func (noVMs) DelVM(string) (bool, error)                      { return false, nil }
+func (noVMs) ListVMs() ([]agent.VMInfo, error)                { return nil, nil }
+func (noVMs) List() ([]endpoint.Endpoint, error)              { return nil, nil }
+
+// TestAgentRBACIsEnough applies the manifests' ServiceAccount and RBAC for
+// real, then runs the agent's Kubernetes source with that ServiceAccount's
+// token: it must sync every kind it watches (VMIs included) and read its
+// Node's pod CIDR, and must not be able to write anything.
+func TestAgentRBACIsEnough(t *testing.T) {
+	srv := k8stest.StartT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := srv.RESTConfig()
+	if err := k8stest.InstallKubeVirtCRD(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &applier{dc: dc, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))}
+	for _, d := range decodeDocs(t, kustomizeBuild(t)) {
+		switch d.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+			if err := a.apply(ctx, d, false); err != nil {
+				t.Fatalf("apply %s %s: %v", d.GetKind(), d.GetName(), err)
+			}
+		}
+	}
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := load(t)
+	tok, err := admin.CoreV1().ServiceAccounts(m.sa.Namespace).CreateToken(ctx, m.sa.Name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	saCfg := &rest.Config{Host: cfg.Host, BearerToken: tok.Status.Token, TLSClientConfig: cfg.TLSClientConfig, Dial: cfg.Dial}
+	c, err := kubernetes.NewForConfig(saCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdc, err := dynamic.NewForConfig(saCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	cidr, err := k8s.WaitPodCIDR(wctx, c, "n1", log)
+	wcancel()
+	if err != nil || cidr != "10.244.1.0/24" {
+		t.Fatalf("the agent's ServiceAccount reads its pod CIDR: %q, %v", cidr, err)
+	}
+	sink := &countingSink{n: map[k8sobj.Kind]int{}}
+	src, err := k8s.New(k8s.Config{NodeName: "n1", Client: c, Dynamic: sdc, Objects: sink, VMs: noVMs{}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- src.Run(sctx) }()
+	defer func() { scancel(); <-done }()
+	for deadline := time.Now().Add(30 * time.Second); src.Synced() != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the source never synced with the agent's ServiceAccount: %v (RBAC too narrow?)", src.Synced())
+		}
+	}
+	sink.mu.Lock()
+	if sink.n[k8sobj.KindNamespace] == 0 {
+		t.Errorf("no namespaces listed: %v", sink.n)
+	}
+	sink.mu.Unlock()
+	if _, err := sdc.Resource(k8s.VMIResource).Namespace("default").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("the agent cannot list VMIs: %v", err)
+	}
+	// Read only: no writes, no secrets.
+	_, err = c.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("the agent's ServiceAccount may create pods: %v", err)
+	}
+	if _, err := c.CoreV1().Secrets(m.sa.Namespace).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent's ServiceAccount may list secrets: %v", err)
+	}
+}

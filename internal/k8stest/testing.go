@@ -1,0 +1,36 @@
+package k8stest
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+)
+
+// StartT starts a control plane for t on 127.0.0.1 and stops it when t ends.
+// Without the binaries t is skipped (saying how to build them), or fails when
+// LANEKIT_K8S_REQUIRED is set (CI).
+func StartT(t testing.TB) *Server {
+	t.Helper()
+	RequireBins(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// RequireBins skips t (or fails it under LANEKIT_K8S_REQUIRED) unless etcd
+// and kube-apiserver are built.
+func RequireBins(t testing.TB) {
+	t.Helper()
+	if _, _, err := Bins(); err != nil {
+		if os.Getenv(EnvRequired) != "" {
+			t.Fatalf("%s is set: %v", EnvRequired, err)
+		}
+		t.Skipf("skipping: %v", err)
+	}
+}

@@ -1,0 +1,210 @@
+package k8s
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// objectStore is an ObjectSink that keeps what the agent would: objects by
+// key, with the seam's semantics (replace = the full set of a kind).
+type objectStore struct {
+	mu       sync.Mutex
+	objs     map[string]k8sobj.Object
+	replaces map[k8sobj.Kind]int
+	fail     error // returned by every call while set
+}
+
+func newObjectStore() *objectStore {
+	return &objectStore{objs: map[string]k8sobj.Object{}, replaces: map[k8sobj.Kind]int{}}
+}
+
+func (s *objectStore) UpsertObjects(objs []k8sobj.Object) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	for _, o := range objs {
+		if err := k8sobj.Validate(o); err != nil {
+			return err
+		}
+	}
+	for _, o := range objs {
+		s.objs[o.Key()] = o
+	}
+	return nil
+}
+
+func (s *objectStore) DeleteObject(kind k8sobj.Kind, ns, name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	delete(s.objs, k8sobj.ObjectKey(kind, ns, name))
+	return nil
+}
+
+func (s *objectStore) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	for k, o := range s.objs {
+		if o.Kind == kind {
+			delete(s.objs, k)
+		}
+	}
+	for _, o := range objs {
+		if o.Kind != kind {
+			return fmt.Errorf("replace %s got %s", kind, o)
+		}
+		s.objs[o.Key()] = o
+	}
+	s.replaces[kind]++
+	return nil
+}
+
+func (s *objectStore) has(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.objs[key]
+	return ok
+}
+
+func (s *objectStore) get(key string) (k8sobj.Object, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.objs[key]
+	return o, ok
+}
+
+func (s *objectStore) keys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for k := range s.objs {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// routeStore is a RouteSink that keeps the last set.
+type routeStore struct {
+	mu     sync.Mutex
+	routes []Route
+	syncs  int
+}
+
+func (r *routeStore) SyncRoutes(routes []Route) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routes = append([]Route(nil), routes...)
+	r.syncs++
+	return nil
+}
+
+func (r *routeStore) get() []Route {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Route(nil), r.routes...)
+}
+
+// vmStore is a VMSink: pod endpoints given by the test, VMs added and
+// deleted by the source.
+type vmStore struct {
+	mu     sync.Mutex
+	pods   []endpoint.Endpoint
+	vms    map[string]agent.AddVMRequest
+	adds   int
+	dels   int
+	nextID uint32
+}
+
+func newVMStore() *vmStore { return &vmStore{vms: map[string]agent.AddVMRequest{}, nextID: 100} }
+
+func (v *vmStore) AddVM(req agent.AddVMRequest) (*agent.VMInfo, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.vms[req.Name]; ok {
+		return nil, fmt.Errorf("vm %s: %w", req.Name, agent.ErrConflict)
+	}
+	if err := endpoint.ValidateVMName(req.Name); err != nil {
+		return nil, err
+	}
+	v.vms[req.Name] = req
+	v.adds++
+	v.nextID++
+	return &agent.VMInfo{Endpoint: v.endpoint(req, v.nextID)}, nil
+}
+
+func (v *vmStore) endpoint(req agent.AddVMRequest, id uint32) endpoint.Endpoint {
+	return endpoint.Endpoint{ID: id, Kind: endpoint.KindVM, Netns: req.Netns, IfName: req.IfName, MAC: req.MAC, Labels: req.Labels,
+		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues}}
+}
+
+func (v *vmStore) DelVM(name string) (bool, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_, ok := v.vms[name]
+	delete(v.vms, name)
+	if ok {
+		v.dels++
+	}
+	return ok, nil
+}
+
+func (v *vmStore) ListVMs() ([]agent.VMInfo, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []agent.VMInfo
+	for _, req := range v.vms {
+		out = append(out, agent.VMInfo{Endpoint: v.endpoint(req, 1)})
+	}
+	return out, nil
+}
+
+func (v *vmStore) List() ([]endpoint.Endpoint, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]endpoint.Endpoint(nil), v.pods...), nil
+}
+
+func (v *vmStore) get(name string) (agent.AddVMRequest, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.vms[name]
+	return r, ok
+}
+
+// eventually polls cond for up to 20s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+	}
+}
+
+func testLog() *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("LANEKIT_TEST_VERBOSE") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}

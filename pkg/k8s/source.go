@@ -1,0 +1,409 @@
+// Package k8s is the agent's Kubernetes source: client-go informers on the
+// API server feed the agent. Namespaces, Pods (cluster-wide: remote pods give
+// identities), Services, EndpointSlices and NetworkPolicies go to the agent's
+// object seam (UpsertObjects/DeleteObject, ReplaceObjects after each initial
+// list); other Nodes' pod CIDRs become native routes via their InternalIP;
+// KubeVirt VirtualMachineInstances on this node become VM endpoints in their
+// virt-launcher pod's network namespace.
+//
+// A lost watch or a restarted API server is a relist: client-go turns it
+// into the adds, updates and deletes that converge the agent. While the API
+// server is down nothing is removed: the datapath keeps forwarding on what
+// it has.
+package k8s
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// ObjectSink is the agent's object seam (SEAMS.md §2).
+type ObjectSink interface {
+	UpsertObjects(objs []k8sobj.Object) error                    // all-or-nothing
+	DeleteObject(kind k8sobj.Kind, namespace, name string) error // idempotent
+	ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error // the full set of a kind
+}
+
+// Config is what a Source watches and where it sends what it sees.
+type Config struct {
+	NodeName string
+	Client   kubernetes.Interface
+	// Dynamic watches KubeVirt VMIs; nil, or an API server without the
+	// kubevirt.io CRD, leaves VMs alone.
+	Dynamic dynamic.Interface
+	// Objects receives the objects; nil: only Nodes (routes) and VMIs.
+	Objects ObjectSink
+	// VMs receives VMI → VM endpoint changes; nil: VMIs are not watched.
+	VMs VMSink
+	// Routes receives the other nodes' pod CIDRs; nil: no routes.
+	Routes RouteSink
+	Log    *slog.Logger
+	// VMResync is how often VMs are reconciled without an event (a VMI's
+	// launcher pod gets its endpoint through CNI, not through the API);
+	// 0: 5s.
+	VMResync time.Duration
+}
+
+// Source runs the informers. Create it with New, then Run.
+type Source struct {
+	cfg     Config
+	log     *slog.Logger
+	factory informers.SharedInformerFactory
+	kinds   map[k8sobj.Kind]cache.SharedIndexInformer
+	queue   workqueue.TypedRateLimitingInterface[objKey]
+	nodes   cache.SharedIndexInformer
+	pods    cache.SharedIndexInformer
+	vmi     *vmiWatch
+	routesQ chan struct{}
+
+	mu       sync.Mutex
+	synced   bool
+	syncErr  error
+	replaced map[k8sobj.Kind]bool
+}
+
+// objKey names a queued object.
+type objKey struct {
+	kind      k8sobj.Kind
+	namespace string
+	name      string
+}
+
+func (k objKey) String() string { return string(k.kind) + " " + k.namespace + "/" + k.name }
+
+// New sets up the informers (nothing runs until Run).
+func New(cfg Config) (*Source, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("k8s source: node name is required")
+	}
+	if cfg.Client == nil {
+		return nil, errors.New("k8s source: client is required")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.VMResync == 0 {
+		cfg.VMResync = 5 * time.Second
+	}
+	s := &Source{
+		cfg: cfg, log: cfg.Log.With("source", "k8s"),
+		kinds:    map[k8sobj.Kind]cache.SharedIndexInformer{},
+		routesQ:  make(chan struct{}, 1),
+		replaced: map[k8sobj.Kind]bool{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
+	}
+	// Managed fields are most of an object's size and nothing reads them.
+	s.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(stripManagedFields))
+	f := s.factory
+	s.kinds[k8sobj.KindNamespace] = f.Core().V1().Namespaces().Informer()
+	s.kinds[k8sobj.KindPod] = f.Core().V1().Pods().Informer()
+	s.kinds[k8sobj.KindService] = f.Core().V1().Services().Informer()
+	s.kinds[k8sobj.KindEndpointSlice] = f.Discovery().V1().EndpointSlices().Informer()
+	s.kinds[k8sobj.KindNetworkPolicy] = f.Networking().V1().NetworkPolicies().Informer()
+	s.pods = s.kinds[k8sobj.KindPod]
+	for kind, inf := range s.kinds {
+		if _, err := inf.AddEventHandler(s.handler(kind)); err != nil {
+			return nil, fmt.Errorf("k8s source: %s handler: %w", kind, err)
+		}
+	}
+	s.nodes = f.Core().V1().Nodes().Informer()
+	if _, err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.kickRoutes() },
+		UpdateFunc: func(any, any) { s.kickRoutes() },
+		DeleteFunc: func(any) { s.kickRoutes() },
+	}); err != nil {
+		return nil, fmt.Errorf("k8s source: node handler: %w", err)
+	}
+	if cfg.VMs != nil && cfg.Dynamic != nil {
+		s.vmi = newVMIWatch(s, cfg.Dynamic, cfg.VMs)
+	}
+	return s, nil
+}
+
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// handler queues each add, update and delete of kind by name; the worker
+// reads the current state from the informer's store.
+func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
+	enqueue := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		m, ok := obj.(metav1.Object)
+		if !ok {
+			return
+		}
+		if s.cfg.Objects != nil {
+			s.queue.Add(objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()})
+		}
+		if kind == k8sobj.KindPod {
+			s.vmi.kickSafe()
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: enqueue,
+	}
+}
+
+// Run starts the informers, hands the agent the full set of each kind once
+// the caches are synced, then applies changes until ctx ends.
+func (s *Source) Run(ctx context.Context) error {
+	defer s.queue.ShutDown()
+	s.factory.Start(ctx.Done())
+	defer s.factory.Shutdown()
+	s.log.Info("waiting for the API caches", "node", s.cfg.NodeName)
+	syncs := []cache.InformerSynced{s.nodes.HasSynced}
+	for _, inf := range s.kinds {
+		syncs = append(syncs, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
+		return ctx.Err()
+	}
+	// The agent's store may hold objects deleted while it was down: the
+	// first apply of each kind is the full set (all-or-nothing; retried).
+	for _, kind := range k8sobj.Kinds {
+		inf, ok := s.kinds[kind]
+		if !ok || s.cfg.Objects == nil {
+			continue
+		}
+		for attempt := 0; ; attempt++ {
+			err := s.replace(kind, inf)
+			if err == nil {
+				break
+			}
+			s.setSyncErr(err)
+			s.log.Error("initial sync", "kind", kind, "err", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(min(time.Duration(attempt+1)*time.Second, 10*time.Second)):
+			}
+		}
+	}
+	s.mu.Lock()
+	s.synced, s.syncErr = true, nil
+	s.mu.Unlock()
+	s.log.Info("API caches synced", "node", s.cfg.NodeName)
+
+	var wg sync.WaitGroup
+	wg.Go(func() { s.work(ctx) })
+	if s.cfg.Routes != nil {
+		wg.Go(func() { s.routeLoop(ctx) })
+	}
+	if s.vmi != nil {
+		wg.Go(func() { s.vmi.run(ctx) })
+	}
+	<-ctx.Done()
+	s.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// Synced is nil once the caches are synced and the agent has the full set
+// of every kind; otherwise it says what is missing (the readiness check).
+func (s *Source) Synced() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.synced {
+		return nil
+	}
+	if s.syncErr != nil {
+		return fmt.Errorf("k8s caches not synced: %w", s.syncErr)
+	}
+	return errors.New("k8s caches not synced")
+}
+
+func (s *Source) setSyncErr(err error) {
+	s.mu.Lock()
+	s.syncErr = err
+	s.mu.Unlock()
+}
+
+// replace hands the agent every valid object of kind in the cache.
+func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error {
+	var objs []k8sobj.Object
+	for _, o := range inf.GetStore().List() {
+		obj, err := toObject(kind, o)
+		if err != nil {
+			s.log.Warn("ignoring object", "kind", kind, "err", err)
+			continue
+		}
+		objs = append(objs, obj)
+	}
+	if err := s.cfg.Objects.ReplaceObjects(kind, objs); err != nil {
+		return fmt.Errorf("replace %d %s objects: %w", len(objs), kind, err)
+	}
+	s.mu.Lock()
+	s.replaced[kind] = true
+	s.mu.Unlock()
+	s.log.Info("synced", "kind", kind, "objects", len(objs))
+	return nil
+}
+
+// work applies queued changes: present in the cache → upsert, gone →
+// delete. Failures are retried with backoff; an object the agent rejects
+// as invalid is logged and dropped (it cannot become valid without an
+// update, which queues it again).
+func (s *Source) work(ctx context.Context) {
+	for {
+		k, quit := s.queue.Get()
+		if quit {
+			return
+		}
+		err := s.apply(k)
+		switch {
+		case err == nil:
+			s.queue.Forget(k)
+		case errors.Is(err, errInvalid):
+			s.log.Warn("ignoring object", "object", k, "err", err)
+			s.queue.Forget(k)
+		default:
+			if n := s.queue.NumRequeues(k); n%10 == 0 {
+				s.log.Error("apply", "object", k, "attempt", n+1, "err", err)
+			}
+			s.queue.AddRateLimited(k)
+		}
+		s.queue.Done(k)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+var errInvalid = errors.New("invalid object")
+
+func (s *Source) apply(k objKey) error {
+	inf := s.kinds[k.kind]
+	key := k.name
+	if k.namespace != "" {
+		key = k.namespace + "/" + k.name
+	}
+	o, exists, err := inf.GetStore().GetByKey(key)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return s.cfg.Objects.DeleteObject(k.kind, k.namespace, k.name)
+	}
+	obj, err := toObject(k.kind, o)
+	if err != nil {
+		// What the agent would refuse goes: an update that made a valid
+		// object invalid must not leave the old version in force.
+		if derr := s.cfg.Objects.DeleteObject(k.kind, k.namespace, k.name); derr != nil {
+			return derr
+		}
+		return err
+	}
+	return s.cfg.Objects.UpsertObjects([]k8sobj.Object{obj})
+}
+
+// apiVersions by kind: informers hand out objects without TypeMeta.
+var typeMeta = map[k8sobj.Kind]metav1.TypeMeta{
+	k8sobj.KindNamespace:     {APIVersion: "v1", Kind: "Namespace"},
+	k8sobj.KindPod:           {APIVersion: "v1", Kind: "Pod"},
+	k8sobj.KindService:       {APIVersion: "v1", Kind: "Service"},
+	k8sobj.KindEndpointSlice: {APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
+	k8sobj.KindNetworkPolicy: {APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+}
+
+// toObject wraps an informer object (a copy: the cache's must not change)
+// and validates it like the agent does for files.
+func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
+	ro, ok := o.(runtime.Object)
+	if !ok {
+		return k8sobj.Object{}, fmt.Errorf("%s: unexpected %T", kind, o)
+	}
+	ro = ro.DeepCopyObject()
+	obj := k8sobj.Object{Kind: kind}
+	switch v := ro.(type) {
+	case *corev1.Namespace:
+		v.TypeMeta, obj.NamespaceObj = typeMeta[k8sobj.KindNamespace], v
+	case *corev1.Pod:
+		v.TypeMeta, obj.Pod = typeMeta[k8sobj.KindPod], v
+	case *corev1.Service:
+		v.TypeMeta, obj.Service = typeMeta[k8sobj.KindService], v
+	case *discoveryv1.EndpointSlice:
+		v.TypeMeta, obj.EndpointSlice = typeMeta[k8sobj.KindEndpointSlice], v
+	case *networkingv1.NetworkPolicy:
+		v.TypeMeta, obj.NetworkPolicy = typeMeta[k8sobj.KindNetworkPolicy], v
+	default:
+		return obj, fmt.Errorf("%s: unexpected %T", kind, o)
+	}
+	if got := ro.GetObjectKind().GroupVersionKind().Kind; got != string(kind) {
+		return obj, fmt.Errorf("%s: got a %s", kind, got)
+	}
+	if err := k8sobj.Check(obj); err != nil {
+		return obj, fmt.Errorf("%s: %w: %w", obj, err, errInvalid)
+	}
+	return obj, nil
+}
+
+// WaitPodCIDR returns node's IPv4 spec.podCIDR(s), waiting until it is set
+// (the node IPAM controller assigns it after the Node registers).
+func WaitPodCIDR(ctx context.Context, client kubernetes.Interface, node string, log *slog.Logger) (string, error) {
+	var lastErr error
+	logged := time.Time{}
+	for {
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			if cidr := nodePodCIDRv4(n); cidr != "" {
+				return cidr, nil
+			}
+			lastErr = fmt.Errorf("node %s has no IPv4 spec.podCIDR yet", node)
+		case apierrors.IsNotFound(err):
+			lastErr = fmt.Errorf("node %s is not registered yet", node)
+		default:
+			lastErr = fmt.Errorf("get node %s: %w", node, err)
+		}
+		if time.Since(logged) > 10*time.Second {
+			log.Info("waiting for this node's pod CIDR", "node", node, "reason", lastErr)
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w (last: %v)", ctx.Err(), lastErr)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// nodePodCIDRv4 is a Node's IPv4 pod CIDR (spec.podCIDRs, else spec.podCIDR).
+func nodePodCIDRv4(n *corev1.Node) string {
+	for _, c := range append(slicesClone(n.Spec.PodCIDRs), n.Spec.PodCIDR) {
+		if c != "" && !strings.Contains(c, ":") {
+			return c
+		}
+	}
+	return ""
+}
+
+func slicesClone(s []string) []string { return append([]string(nil), s...) }

@@ -1,0 +1,282 @@
+package lab
+
+// The lab "kubelet": one per node in `lab up --k8s`. It watches the Pods
+// bound to its node (spec.nodeName) and does what kubelet and its container
+// runtime do for the network: a network namespace per pod, the CNI plugin
+// called through libcni with kubelet's CNI_ARGS (ADD when the pod appears,
+// DEL when it is deleted), the pod IP written to the Pod's status, and the
+// final delete (grace period 0) once the network is torn down. No containers
+// run: the namespace is the pod.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Kubelet attaches the pods of lab node Index.
+type Kubelet struct {
+	Index  int
+	Client kubernetes.Interface
+	Bins   Bins
+	Log    *slog.Logger
+
+	pods   cache.SharedIndexInformer
+	queue  workqueue.TypedRateLimitingInterface[string]
+	netns  map[string]types.UID // attached pods: "ns/name" → UID
+	byUID  map[types.UID]string // UID → netns
+	nodeIP string
+}
+
+// KubeNodeName is node i's Node name in `lab up --k8s`.
+func KubeNodeName(i int) string { return NodeNS(i) }
+
+// PodNetns is the network namespace the lab kubelet creates for a pod on
+// node i: lk-n<i>-k<number from the pod UID> (a lab namespace that
+// `lab down` removes).
+func PodNetns(i int, uid types.UID) string {
+	h := sha256.Sum256([]byte(uid))
+	return fmt.Sprintf("lk-n%d-k%d", i, binary.BigEndian.Uint32(h[:4])>>4)
+}
+
+// InfraContainerID is the sandbox ("infra container") ID kubelet would pass
+// as CNI_CONTAINERID and K8S_POD_INFRA_CONTAINER_ID.
+func InfraContainerID(uid types.UID) string {
+	h := sha256.Sum256([]byte("sandbox/" + uid))
+	return hex.EncodeToString(h[:])
+}
+
+// Run watches the node's pods until ctx ends.
+func (k *Kubelet) Run(ctx context.Context) error {
+	if k.Log == nil {
+		k.Log = slog.Default()
+	}
+	k.netns, k.byUID = map[string]types.UID{}, map[types.UID]string{}
+	k.nodeIP = UnderlayIP(k.Index)
+	node := KubeNodeName(k.Index)
+	f := informers.NewSharedInformerFactoryWithOptions(k.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+	k.pods = f.Core().V1().Pods().Informer()
+	k.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](200*time.Millisecond, 10*time.Second))
+	defer k.queue.ShutDown()
+	enqueue := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if p, ok := obj.(*corev1.Pod); ok {
+			k.queue.Add(p.Namespace + "/" + p.Name)
+		}
+	}
+	if _, err := k.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), k.pods.HasSynced) {
+		return ctx.Err()
+	}
+	k.Log.Info("lab kubelet running", "node", node)
+	go func() {
+		<-ctx.Done()
+		k.queue.ShutDown()
+	}()
+	for {
+		key, quit := k.queue.Get()
+		if quit {
+			return nil
+		}
+		if err := k.sync(ctx, key); err != nil {
+			k.Log.Error("sync pod", "pod", key, "err", err)
+			k.queue.AddRateLimited(key)
+		} else {
+			k.queue.Forget(key)
+		}
+		k.queue.Done(key)
+	}
+}
+
+// sync brings one pod's network to what the API says.
+func (k *Kubelet) sync(ctx context.Context, key string) error {
+	o, exists, err := k.pods.GetStore().GetByKey(key)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		// Deleted with grace period 0 (or by us): tear down if attached.
+		if uid, ok := k.netns[key]; ok {
+			ns, name, _ := cache.SplitMetaNamespaceKey(key)
+			return k.teardown(ctx, ns, name, uid)
+		}
+		return nil
+	}
+	p := o.(*corev1.Pod)
+	if old, ok := k.netns[key]; ok && old != p.UID {
+		// The same name, a new pod: the old one's network goes first.
+		if err := k.teardown(ctx, p.Namespace, p.Name, old); err != nil {
+			return err
+		}
+	}
+	if p.DeletionTimestamp != nil {
+		if _, ok := k.netns[key]; ok {
+			if err := k.teardown(ctx, p.Namespace, p.Name, p.UID); err != nil {
+				return err
+			}
+		}
+		// What kubelet does once the pod's containers and sandbox are gone.
+		err := k.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &p.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("final delete: %w", err)
+		}
+		return nil
+	}
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	if _, ok := k.netns[key]; ok {
+		return nil
+	}
+	if ns := PodNetns(k.Index, p.UID); p.Status.PodIP != "" && netnsExists(ns) {
+		// Attached by this kubelet before a restart.
+		k.netns[key], k.byUID[p.UID] = p.UID, ns
+		return nil
+	}
+	return k.setup(ctx, p)
+}
+
+func (k *Kubelet) cniArgs(p *corev1.Pod, uid types.UID) *libcni.RuntimeConf {
+	ns := PodNetns(k.Index, uid)
+	return &libcni.RuntimeConf{
+		ContainerID: InfraContainerID(uid),
+		NetNS:       netnsPath(ns),
+		IfName:      PodIfName,
+		// As kubelet's dockershim/CRI runtimes pass them.
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", p.Namespace},
+			{"K8S_POD_NAME", p.Name},
+			{"K8S_POD_INFRA_CONTAINER_ID", InfraContainerID(uid)},
+			{"K8S_POD_UID", string(uid)},
+		},
+	}
+}
+
+// setup creates the pod's netns, runs CNI ADD and reports the IP.
+func (k *Kubelet) setup(ctx context.Context, p *corev1.Pod) error {
+	key := p.Namespace + "/" + p.Name
+	ns := PodNetns(k.Index, p.UID)
+	if !netnsExists(ns) {
+		if err := addNetns(ctx, ns); err != nil {
+			return fmt.Errorf("pod %s: %w", key, err)
+		}
+	}
+	cni, list, err := cniFor(k.Bins, k.Index, KindLanekit)
+	if err != nil {
+		return err
+	}
+	rt := k.cniArgs(p, p.UID)
+	res, err := cni.AddNetworkList(ctx, list, rt)
+	if err != nil {
+		// Like kubelet: the sandbox is torn down and retried.
+		_ = cni.DelNetworkList(ctx, list, rt)
+		_ = ip(ctx, "netns", "del", ns)
+		return fmt.Errorf("pod %s: cni add: %w", key, err)
+	}
+	k.netns[key], k.byUID[p.UID] = p.UID, ns
+	r, err := current.NewResultFromResult(res)
+	if err != nil {
+		return fmt.Errorf("pod %s: cni result: %w", key, err)
+	}
+	var podIP string
+	for _, ipc := range r.IPs {
+		if v4 := ipc.Address.IP.To4(); v4 != nil {
+			podIP = v4.String()
+			break
+		}
+	}
+	if net.ParseIP(podIP) == nil {
+		return fmt.Errorf("pod %s: cni result has no ipv4 address", key)
+	}
+	k.Log.Info("pod attached", "pod", key, "netns", ns, "ip", podIP)
+	return k.reportRunning(ctx, p, podIP)
+}
+
+// reportRunning writes the pod IP and a running, ready status.
+func (k *Kubelet) reportRunning(ctx context.Context, p *corev1.Pod, podIP string) error {
+	now := metav1.Now()
+	for attempt := 0; ; attempt++ {
+		cur, err := k.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		if cur.UID != p.UID {
+			return nil
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.HostIP, cur.Status.HostIPs = k.nodeIP, []corev1.HostIP{{IP: k.nodeIP}}
+		cur.Status.PodIP, cur.Status.PodIPs = podIP, []corev1.PodIP{{IP: podIP}}
+		cur.Status.StartTime = &now
+		cur.Status.Conditions = []corev1.PodCondition{
+			{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		}
+		_, err = k.Client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		if err == nil || !apierrors.IsConflict(err) || attempt > 5 {
+			if err != nil {
+				return fmt.Errorf("pod %s/%s status: %w", p.Namespace, p.Name, err)
+			}
+			return nil
+		}
+	}
+}
+
+// teardown runs CNI DEL and removes the pod's netns.
+func (k *Kubelet) teardown(ctx context.Context, namespace, name string, uid types.UID) error {
+	key := namespace + "/" + name
+	cni, list, err := cniFor(k.Bins, k.Index, KindLanekit)
+	if err != nil {
+		return err
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := cni.DelNetworkList(dctx, list, k.cniArgs(p, uid)); err != nil {
+		return fmt.Errorf("pod %s: cni del: %w", key, err)
+	}
+	ns := PodNetns(k.Index, uid)
+	if netnsExists(ns) {
+		if err := ip(ctx, "netns", "del", ns); err != nil {
+			return fmt.Errorf("pod %s: %w", key, err)
+		}
+	}
+	delete(k.netns, key)
+	delete(k.byUID, uid)
+	k.Log.Info("pod detached", "pod", key, "netns", ns)
+	return nil
+}
+
+// errNoLabK8s means the lab runs without --k8s.
+var errNoLabK8s = errors.New("the lab is not up with --k8s")
