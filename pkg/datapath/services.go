@@ -307,7 +307,7 @@ func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 		}
 		inner, err := ebpf.NewMap(&ebpf.MapSpec{
 			Name: "lk_lb_maglev_in", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: uint32(len(table)),
-			Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE, // as the template in lb.h
+			Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE, // as the template in lb_maps.h
 		})
 		if err != nil {
 			return fmt.Errorf("maglev table of frontend %d: create: %w", id, err)

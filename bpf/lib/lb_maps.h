@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* lb_maps.h: the service load balancer's map keys, values and maps. The
+ * structs mirror pkg/service's map-shaped types (service.ServiceKey, ...)
+ * 1:1; lb.h explains the layout choices (Maglev as a map of per-frontend
+ * arrays). */
+#ifndef LK_LB_MAPS_H
+#define LK_LB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "consts.h"
+
+#define LK_LB_FRONTENDS 65536
+#define LK_LB_BACKENDS 262144
+#define LK_LB_AFFINITY 65536
+#define LB_HAIRPIN_IP 0xa9fe2a01 /* 169.254.42.1, host order */
+#define LB_SNAT_PORT_MIN 32768
+#define LB_SNAT_PORT_MAX 60999
+#define LB_SNAT_TRIES 16
+#define LB_CONTINUE -1
+#define LB_MAGLEV_FLOOR 251 /* service.MaglevFloor: the smallest table */
+
+/* service.ServiceKey */
+struct lb_svc_key {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 scope; /* LB_SCOPE_* */
+};
+
+#define LB_SCOPE_CLUSTERIP 0
+#define LB_SCOPE_NODEPORT 1
+#define LB_SVC_F_AFFINITY 1
+#define LB_SVC_F_NODEPORT 2
+#define LB_BACKEND_ACTIVE 0
+
+/* service.ServiceValue */
+struct lb_svc_value {
+	__u32 frontend_id;
+	__u32 maglev_size; /* 0: no backend takes new flows */
+	__u32 affinity_seconds;
+	__u8 flags;
+	__u8 pad[3];
+};
+
+/* service.BackendValue (key: the backend ID, __u32) */
+struct lb_backend_value {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 state; /* service.BackendState: 0 active, 1 terminating, 2 not ready */
+	__u32 frontend_id;
+};
+
+/* service.RevNatValue (key: the frontend ID, __u32) */
+struct lb_revnat_value {
+	__be32 addr;
+	__u16 port; /* host byte order */
+	__u16 pad;
+};
+
+struct lb_affinity_key {
+	__be32 client;
+	__u32 frontend_id;
+};
+
+struct lb_affinity_value {
+	__u64 last_used; /* bpf_ktime_get_ns */
+	__u32 backend_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, struct lb_svc_key);
+	__type(value, struct lb_svc_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct lb_backend_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, __u32);
+	__type(value, struct lb_revnat_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_revnat SEC(".maps");
+
+struct lb_maglev_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 251); /* a template: each frontend's array has its own size */
+	/* INNER_MAP: each frontend's array has its own size; MMAPABLE: the
+	 * agent fills a new array with one memcpy, not a syscall per slot. */
+	__uint(map_flags, BPF_F_INNER_MAP | BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u32); /* backend ID */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, __u32); /* frontend ID */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct lb_maglev_inner);
+} lk_lb_maglev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_LB_AFFINITY);
+	__type(key, struct lb_affinity_key);
+	__type(value, struct lb_affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_affinity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_stats SEC(".maps");
+
+#endif
