@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
@@ -363,15 +364,7 @@ func (s *Server) spawn(bin, log string, args ...string) (int, error) {
 		args = append([]string{"--net=" + s.Netns, "--", bin}, args...)
 		bin = "nsenter"
 	}
-	// Descriptors inherited without close-on-exec (flock(1)'s lab lock)
-	// must not stay open in servers that outlive the caller.
-	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
-		for _, e := range ents {
-			if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
-				syscall.CloseOnExec(fd)
-			}
-		}
-	}
+	nsexec.CloseInheritedOnExec() // the servers outlive the caller
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -7,30 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
 )
-
-// closeInheritedOnExec marks every descriptor above stderr close-on-exec.
-// Go opens its own files that way, but descriptors inherited from the caller
-// are not: under `flock LOCK lanekit lab up` the lock's descriptor would pass
-// to every daemon the lab leaves running, and the lock would stay held until
-// lab down.
-func closeInheritedOnExec() {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
-			syscall.CloseOnExec(fd)
-		}
-	}
-}
 
 // run runs a bounded command and returns its stdout; stderr goes into the error.
 func run(ctx context.Context, name string, args ...string) (string, error) {

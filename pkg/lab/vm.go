@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/pkg/guest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -157,7 +158,7 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 // startDaemon starts argv detached inside ns (nsenter --net keeps the host's
 // /sys), logging to base.log with its pid in base.pid.
 func startDaemon(ns, base, bin string, args ...string) (int, error) {
-	closeInheritedOnExec()
+	nsexec.CloseInheritedOnExec()
 	logf, err := os.OpenFile(base+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err

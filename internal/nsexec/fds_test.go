@@ -1,4 +1,4 @@
-package lab
+package nsexec
 
 import (
 	"path/filepath"
@@ -20,7 +20,7 @@ func TestCloseInheritedOnExec(t *testing.T) {
 	if err != nil || flags&unix.FD_CLOEXEC != 0 {
 		t.Fatalf("setup: flags %#x, %v", flags, err)
 	}
-	closeInheritedOnExec()
+	CloseInheritedOnExec()
 	if flags, err = unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || flags&unix.FD_CLOEXEC == 0 {
 		t.Fatalf("inherited descriptor still passes to children: flags %#x, %v", flags, err)
 	}
