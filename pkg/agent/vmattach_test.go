@@ -6,34 +6,16 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
-
-// fakeVhost is a stand-in for lanekit-vhost: it listens on --socket (as the
-// real one does, removing a stale file first) and waits for a signal.
-const fakeVhost = `#!/usr/bin/python3
-import os, signal, socket, sys
-a = sys.argv[1:]
-path = a[a.index("--socket") + 1]
-try:
-    os.unlink(path)
-except FileNotFoundError:
-    pass
-s = socket.socket(socket.AF_UNIX)
-s.bind(path)
-s.listen(1)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-while True:
-    signal.pause()
-`
 
 type attachEnv struct {
 	fx      *fixture
@@ -45,17 +27,8 @@ type attachEnv struct {
 
 func newAttachEnv(t *testing.T) *attachEnv {
 	fx := newFixture(t)
-	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("the fake backend needs /usr/bin/python3")
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "fake-vhost")
-	if err := os.WriteFile(bin, []byte(fakeVhost), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// Backends outlive their agent by design: none may outlive the test.
-	t.Cleanup(func() { _ = exec.Command("pkill", "-KILL", "-f", bin).Run() })
-	return &attachEnv{fx: fx, bin: bin, kubelet: filepath.Join(dir, "kubelet"), vmDir: filepath.Join(dir, "vm")}
+	return &attachEnv{fx: fx, bin: testutil.FakeVhost(t), kubelet: filepath.Join(dir, "kubelet"), vmDir: filepath.Join(dir, "vm")}
 }
 
 func (e *attachEnv) start(t *testing.T) *Agent {
