@@ -21,17 +21,17 @@ import (
 // Error classes; the gRPC server maps them to status codes, the CNI plugin
 // to CNI error codes.
 var (
-	ErrInvalid   = errors.New("invalid request")
-	ErrNotFound  = errors.New("unknown attachment")
-	ErrConflict  = errors.New("attachment conflict")
-	ErrBadNetns  = errors.New("bad network namespace")
+	ErrInvalid  = errors.New("invalid request")
+	ErrNotFound = errors.New("unknown attachment")
+	ErrConflict = errors.New("attachment conflict")
+	ErrBadNetns = errors.New("bad network namespace")
 	// ErrNotReady: the node cannot serve the request as deployed (no
 	// lanekit-vhost binary for a VM attachment, say).
 	ErrNotReady = errors.New("not ready")
 	// ErrUnavailable: something the request needs cannot be read now (the
 	// API server); retry.
 	ErrUnavailable = errors.New("unavailable")
-	ErrExhausted = ipam.ErrExhausted
+	ErrExhausted   = ipam.ErrExhausted
 )
 
 // AddRequest asks for an endpoint.

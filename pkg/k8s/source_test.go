@@ -367,4 +367,3 @@ func TestVMIResolver(t *testing.T) {
 		t.Errorf("resolve with a recreated VMI: %v, want the UID mismatch", err)
 	}
 }
-
