@@ -225,15 +225,9 @@ func (k *Kubelet) delSecondary(ctx context.Context, uid k8stypes.UID, base *libc
 }
 
 func (k *Kubelet) secondaryCNI(n secondaryNet, base *libcni.RuntimeConf) (*libcni.CNIConfig, *libcni.NetworkConfigList, *libcni.RuntimeConf, error) {
-	list, err := libcni.ConfListFromBytes(n.Config)
+	list, err := libcni.NetworkConfFromBytes(n.Config)
 	if err != nil {
-		conf, cerr := libcni.ConfFromBytes(n.Config)
-		if cerr != nil {
-			return nil, nil, nil, fmt.Errorf("network %s: config: %w", n.Name, err)
-		}
-		if list, err = libcni.ConfListFromConf(conf); err != nil {
-			return nil, nil, nil, fmt.Errorf("network %s: config: %w", n.Name, err)
-		}
+		return nil, nil, nil, fmt.Errorf("network %s: config: %w", n.Name, err)
 	}
 	cni, _, err := cniFor(k.Bins, k.Index, KindLanekit)
 	if err != nil {
@@ -248,7 +242,7 @@ func (k *Kubelet) secondaryCNI(n secondaryNet, base *libcni.RuntimeConf) (*libcn
 	return cni, list, &rt, nil
 }
 
-// pointAtNodeAgent sets agentSocket in the config's lanekit plugins to this
+// pointAtNodeAgent makes the config a list and sets agentSocket in the config's lanekit plugins to this
 // lab node's agent (on a real cluster every node has its agent at the same
 // path; the lab's nodes share one filesystem).
 func (k *Kubelet) pointAtNodeAgent(conf []byte) ([]byte, error) {
@@ -256,19 +250,16 @@ func (k *Kubelet) pointAtNodeAgent(conf []byte) ([]byte, error) {
 	if err := json.Unmarshal(conf, &m); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	set := func(p map[string]any) {
-		if p["type"] == "lanekit" {
-			p["agentSocket"] = AgentSocket(k.Index)
-		}
+	plugins, ok := m["plugins"].([]any)
+	if !ok {
+		// A single plugin's config: Multus runs it as a list of one.
+		m = map[string]any{"cniVersion": m["cniVersion"], "name": m["name"], "plugins": []any{m}}
+		plugins = m["plugins"].([]any)
 	}
-	if plugins, ok := m["plugins"].([]any); ok {
-		for _, p := range plugins {
-			if pm, ok := p.(map[string]any); ok {
-				set(pm)
-			}
+	for _, p := range plugins {
+		if pm, ok := p.(map[string]any); ok && pm["type"] == "lanekit" {
+			pm["agentSocket"] = AgentSocket(k.Index)
 		}
-	} else {
-		set(m)
 	}
 	return json.Marshal(m)
 }
