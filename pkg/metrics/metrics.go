@@ -229,6 +229,10 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- d
 		}
 	}
+	if _, ok := c.src.(VMBackendSource); ok {
+		ch <- descVMBackendUp
+		ch <- descVMBackendRestarts
+	}
 }
 
 // EndpointLabels names an endpoint for the metric labels: the pod (from the
@@ -328,6 +332,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if cp, ok := c.src.(ControlPlaneSource); ok {
 		c.collectControlPlane(ch, cp)
+	}
+	if vs, ok := c.src.(VMBackendSource); ok {
+		c.collectVMBackends(ch, vs)
 	}
 	gauge(descUp, up)
 }

@@ -33,6 +33,19 @@ type fakeSource struct {
 }
 
 func (f *fakeSource) List() ([]endpoint.Endpoint, error) { return f.eps, f.listErr }
+
+// ListVMs: vm1 runs its backend elsewhere; vm2's backend runs (restarted
+// twice), vm3's is between restarts.
+func (f *fakeSource) ListVMs() ([]agent.VMInfo, error) {
+	withBackend := func(name string) endpoint.Endpoint {
+		return endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: name, Backend: &endpoint.VMBackend{}}}
+	}
+	return []agent.VMInfo{
+		{Endpoint: endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: "vm1"}}},
+		{Endpoint: withBackend("vm2"), Backend: &agent.BackendInfo{PID: 42, Restarts: 2}},
+		{Endpoint: withBackend("vm3"), Backend: &agent.BackendInfo{Restarts: 5}},
+	}, nil
+}
 func (f *fakeSource) Counters(id uint32) (datapath.Counters, error) {
 	c, ok := f.counters[id]
 	if !ok {
@@ -209,6 +222,13 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NameConntrackFailed, nil, 1)
 	mustValue(t, fams, NameConntrackCreated, nil, 500)
 	mustValue(t, fams, NameConntrackGC, nil, 11)
+	mustValue(t, fams, NameVMBackendUp, map[string]string{"vm": "vm2"}, 1)
+	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm2"}, 2)
+	mustValue(t, fams, NameVMBackendUp, map[string]string{"vm": "vm3"}, 0)
+	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm3"}, 5)
+	if _, ok := value(t, fams, NameVMBackendUp, map[string]string{"vm": "vm1"}); ok {
+		t.Error("a VM whose backend the agent does not run has a backend metric")
+	}
 	if f := fams[NamePackets]; f.GetType() != dto.MetricType_COUNTER {
 		t.Errorf("%s is %s, want a counter", NamePackets, f.GetType())
 	}
