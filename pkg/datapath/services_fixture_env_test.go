@@ -36,19 +36,7 @@ func l4Frame(dst, src net.HardwareAddr, saddr string, sport uint16, daddr string
 	if proto == 6 {
 		l4len = 20
 	}
-	b := make([]byte, 14+20+l4len+len(payload))
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len+len(payload)))
-	ip[8] = 64
-	ip[9] = proto
-	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, proto, l4len+len(payload))
 	l4 := b[34:]
 	binary.BigEndian.PutUint16(l4[0:], sport)
 	binary.BigEndian.PutUint16(l4[2:], dport)
@@ -340,19 +328,7 @@ func specExtra(extra string) string {
 
 // icmpErrFrame builds Ethernet + IPv4 + an ICMP error quoting quoted.
 func icmpErrFrame(dst, src net.HardwareAddr, saddr, daddr string, typ, code byte, quoted []byte) []byte {
-	b := make([]byte, 14+20+8+len(quoted))
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(quoted)))
-	ip[8] = 64
-	ip[9] = 1
-	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, 1, 8+len(quoted))
 	b[34], b[35] = typ, code
 	copy(b[42:], quoted)
 	binary.BigEndian.PutUint16(b[36:], ^icmpChecksum(b[34:]))
