@@ -165,8 +165,8 @@ func newSvcEnvCfg(t *testing.T, adjust func(*Config)) *svcEnv {
 		tables: service.NewTables(), node: node}
 }
 
-// apply translates YAML (one Service and its EndpointSlices) and programs it.
-func (s *svcEnv) apply(t *testing.T, y string) {
+// applyYAML translates one Service with its EndpointSlices and programs it.
+func applyYAML(t *testing.T, dp *Loader, m *service.Model, tables *service.Tables, y string) {
 	t.Helper()
 	objs, err := k8sobj.Decode([]byte(y))
 	if err != nil {
@@ -182,13 +182,19 @@ func (s *svcEnv) apply(t *testing.T, y string) {
 			eps = append(eps, o.EndpointSlice)
 		}
 	}
-	c, err := s.model.Set(svc, eps)
+	c, err := m.Set(svc, eps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.dp.ApplyServices(s.tables.Apply(c)); err != nil {
+	if err := dp.ApplyServices(tables.Apply(c)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// apply translates YAML (one Service and its EndpointSlices) and programs it.
+func (s *svcEnv) apply(t *testing.T, y string) {
+	t.Helper()
+	applyYAML(t, s.dp, s.model, s.tables, y)
 }
 
 func (s *svcEnv) frontend(t *testing.T, vip string, port uint16, proto service.Proto, scope service.Scope) *service.Frontend {
