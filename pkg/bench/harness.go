@@ -97,6 +97,23 @@ func newSamples(repeat int) samples {
 	return samples{gbps: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
 }
 
+// addCPS records a cps-client run's output as the current repetition.
+func (s *samples) addCPS(out []byte) error {
+	res, err := ParseCPS(out)
+	if err != nil {
+		return err
+	}
+	s.cps[s.cur] = res.CPS
+	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
+	for k, n := range res.ErrorKinds {
+		if s.cpsKinds == nil {
+			s.cpsKinds = map[string]int64{}
+		}
+		s.cpsKinds[k] += n
+	}
+	return nil
+}
+
 // metric is one measurement kind; each runs one path once.
 type metric struct {
 	name string
@@ -258,17 +275,5 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	res, err := ParseCPS(out)
-	if err != nil {
-		return err
-	}
-	s.cps[s.cur] = res.CPS
-	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
-	for k, n := range res.ErrorKinds {
-		if s.cpsKinds == nil {
-			s.cpsKinds = map[string]int64{}
-		}
-		s.cpsKinds[k] += n
-	}
-	return nil
+	return s.addCPS(out)
 }

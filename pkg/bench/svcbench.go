@@ -311,19 +311,7 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 	if err != nil {
 		return err
 	}
-	res, err := ParseCPS(out)
-	if err != nil {
-		return err
-	}
-	s.cps[s.cur] = res.CPS
-	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
-	for k, n := range res.ErrorKinds {
-		if s.cpsKinds == nil {
-			s.cpsKinds = map[string]int64{}
-		}
-		s.cpsKinds[k] += n
-	}
-	return nil
+	return s.addCPS(out)
 }
 
 // svcRR: sockperf ping-pong to the VIP (one connection: one backend).
