@@ -337,12 +337,7 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 	if err != nil {
 		return err
 	}
-	lat, err := ParseSockperf(out)
-	if err != nil {
-		return err
-	}
-	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
-	return nil
+	return s.addLatency(out)
 }
 
 // RuleProgrammer loads kube-proxy-shaped rules into a node netns the way
