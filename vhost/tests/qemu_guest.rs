@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::drivers::{guest_image, line_with, serial_console, Kill};
+use common::drivers::{guest_image, line_with, serial_console, start_qemu, Kill};
 
 #[test]
 fn line_with_waits_for_the_whole_line() {
@@ -57,24 +57,7 @@ fn linux_guest_traffic_crosses_the_backend() {
     while !sock.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _qemu = Kill(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "pc,accel=tcg", "-m", "256", "-no-reboot", "-display", "none", "-monitor", "none"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=c0,path={}", sock.display()))
-            .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-            .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=0,mac=52:54:00:12:34:56"])
-            .args(["-kernel", &kernel, "-initrd", &initrd])
-            // Link-local address; the loopback backend sends nothing anywhere.
-            .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
-            .arg("-serial")
-            .arg(format!("unix:{},server=on,wait=off", serial.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _qemu = start_qemu(&sock, &serial, "", &kernel, &initrd, Stdio::null());
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut s = serial_console(&serial, deadline, String::new);
     let mut buf = String::new();

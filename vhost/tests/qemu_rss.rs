@@ -11,10 +11,9 @@
 mod common;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::drivers::{guest_image, line_with, rss_loop_backend, serial_console, Kill};
+use common::drivers::{guest_image, line_with, rss_loop_backend, serial_console, start_qemu};
 use lanekit_vhost::rss::{VIRTIO_NET_F_HASH_REPORT, VIRTIO_NET_F_RSS};
 
 #[test]
@@ -29,23 +28,8 @@ fn qemu_passes_hash_report_but_not_rss_and_keeps_the_control_queue() {
 
     let backend = rss_loop_backend([0x52, 0x54, 0, 0x12, 0x34, 0x56], &sock);
     let qemu_log = dir.join("qemu.log");
-    let _qemu = Kill(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "pc,accel=tcg", "-m", "256", "-no-reboot", "-display", "none", "-monitor", "none"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=c0,path={}", sock.display()))
-            .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-            .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=0,rss=on,hash=on,mac=52:54:00:12:34:56"])
-            .args(["-kernel", &kernel, "-initrd", &initrd])
-            .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
-            .arg("-serial")
-            .arg(format!("unix:{},server=on,wait=off", serial.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&qemu_log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let qemu_err = std::fs::File::create(&qemu_log).unwrap();
+    let _qemu = start_qemu(&sock, &serial, "rss=on,hash=on", &kernel, &initrd, qemu_err.into());
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut s =
         serial_console(&serial, deadline, || format!(": {}", std::fs::read_to_string(&qemu_log).unwrap_or_default()));

@@ -48,6 +48,35 @@ pub fn guest_image() -> (String, String) {
     }
 }
 
+/// Boot the guest image under QEMU (TCG, 256 MiB of shared memfd memory) with one
+/// virtio-net-pci device on the vhost-user socket `sock` (2 queue pairs, MAC 52:54:00:12:34:56,
+/// `device_opts` appended to the device's options), its console on the serial socket `serial`
+/// and QEMU's stderr to `stderr`. The guest's init takes the link-local address 169.254.77.2/24;
+/// a loopback backend sends nothing anywhere.
+pub fn start_qemu(sock: &Path, serial: &Path, device_opts: &str, kernel: &str, initrd: &str, stderr: Stdio) -> Kill {
+    let mut device = "virtio-net-pci,netdev=n0,mq=on,vectors=0".to_string();
+    if !device_opts.is_empty() {
+        device = format!("{device},{device_opts}");
+    }
+    Kill(
+        Command::new("qemu-system-x86_64")
+            .args(["-machine", "pc,accel=tcg", "-m", "256", "-no-reboot", "-display", "none", "-monitor", "none"])
+            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
+            .arg("-chardev")
+            .arg(format!("socket,id=c0,path={}", sock.display()))
+            .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
+            .args(["-device", &format!("{device},mac=52:54:00:12:34:56")])
+            .args(["-kernel", kernel, "-initrd", initrd])
+            .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
+            .arg("-serial")
+            .arg(format!("unix:{},server=on,wait=off", serial.display()))
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start qemu-system-x86_64"),
+    )
+}
+
 /// Read from the serial socket until a whole line (terminated by `\n`) containing one of
 /// `pats` has arrived, and return that line from the pattern on; `None` at the deadline or
 /// when the socket closes. A pattern seen on a partial line is not enough: the rest of the line
