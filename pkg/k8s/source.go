@@ -52,15 +52,12 @@ type Config struct {
 	Dynamic dynamic.Interface
 	// Objects receives the objects; nil: only Nodes (routes) and VMIs.
 	Objects ObjectSink
-	// VMs receives VMI → VM endpoint changes; nil: VMIs are not watched.
+	// VMs asks which VMI a launcher pod runs (VM attachments); nil: no
+	// VMI lookups.
 	VMs VMSink
 	// Routes receives the other nodes' pod CIDRs; nil: no routes.
 	Routes RouteSink
 	Log    *slog.Logger
-	// VMResync is how often VMs are reconciled without an event (a VMI's
-	// launcher pod gets its endpoint through CNI, not through the API);
-	// 0: 5s.
-	VMResync time.Duration
 }
 
 // Source runs the informers. Create it with New, then Run.
@@ -72,7 +69,6 @@ type Source struct {
 	queue   workqueue.TypedRateLimitingInterface[objKey]
 	nodes   cache.SharedIndexInformer
 	pods    cache.SharedIndexInformer
-	vmi     *vmiWatch
 	routesQ chan struct{}
 
 	mu       sync.Mutex
@@ -100,9 +96,6 @@ func New(cfg Config) (*Source, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
-	}
-	if cfg.VMResync == 0 {
-		cfg.VMResync = 5 * time.Second
 	}
 	s := &Source{
 		cfg: cfg, log: cfg.Log.With("source", "k8s"),
@@ -136,7 +129,8 @@ func New(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("k8s source: node handler: %w", err)
 	}
 	if cfg.VMs != nil && cfg.Dynamic != nil {
-		s.vmi = newVMIWatch(s, cfg.Dynamic, cfg.VMs)
+		r := &vmiResolver{s: s, dc: cfg.Dynamic}
+		cfg.VMs.SetVMIResolver(r.resolve)
 	}
 	return s, nil
 }
@@ -161,9 +155,6 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 		}
 		if s.cfg.Objects != nil {
 			s.queue.Add(objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()})
-		}
-		if kind == k8sobj.KindPod {
-			s.vmi.kickSafe()
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
@@ -217,9 +208,6 @@ func (s *Source) Run(ctx context.Context) error {
 	wg.Go(func() { s.work(ctx) })
 	if s.cfg.Routes != nil {
 		wg.Go(func() { s.routeLoop(ctx) })
-	}
-	if s.vmi != nil {
-		wg.Go(func() { s.vmi.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()
