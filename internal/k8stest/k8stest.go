@@ -355,20 +355,8 @@ func (s *Server) freePorts(n int) ([]int, error) {
 // spawn starts bin detached (own session, output to Dir/log) so a lab's
 // servers outlive the command that started them.
 func (s *Server) spawn(bin, log string, args ...string) (int, error) {
-	f, err := os.OpenFile(filepath.Join(s.Dir, log), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cmd, err := nsexec.StartDaemon(s.Netns, filepath.Join(s.Dir, log), bin, args...)
 	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	if s.Netns != "" {
-		args = append([]string{"--net=" + s.Netns, "--", bin}, args...)
-		bin = "nsenter"
-	}
-	nsexec.CloseInheritedOnExec() // the servers outlive the caller
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		return 0, err
 	}
 	pid := cmd.Process.Pid
@@ -376,7 +364,6 @@ func (s *Server) spawn(bin, log string, args ...string) (int, error) {
 		s.procs = map[int]*exec.Cmd{}
 	}
 	s.procs[pid] = cmd
-	go cmd.Wait() //nolint:errcheck // reaps the child; alive() sees it gone
 	return pid, nil
 }
 

@@ -14,21 +14,29 @@ func IPv4Frame(dst, src net.HardwareAddr, saddr, daddr string, ttl byte) []byte 
 	return UDPFrame(dst, src, saddr, daddr, ttl, []byte("lanekit fixture payload"))
 }
 
-// UDPFrame builds Ethernet + IPv4 + UDP (40000 -> 5201) around payload.
-func UDPFrame(dst, src net.HardwareAddr, saddr, daddr string, ttl byte, payload []byte) []byte {
-	b := make([]byte, 14+20+8+len(payload))
+// EthIPv4 allocates a frame of Ethernet + IPv4 (no options, the given TTL
+// and protocol, a valid header checksum) + l4len zero bytes for the caller's
+// transport header and payload, which start at offset 34.
+func EthIPv4(dst, src net.HardwareAddr, saddr, daddr string, ttl, proto byte, l4len int) []byte {
+	b := make([]byte, 14+20+l4len)
 	copy(b[0:6], dst)
 	copy(b[6:12], src)
 	binary.BigEndian.PutUint16(b[12:], 0x0800)
 	ip := b[14:34]
 	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len))
 	ip[8] = ttl
-	ip[9] = 17
+	ip[9] = proto
 	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
 	copy(ip[12:16], s4[:])
 	copy(ip[16:20], d4[:])
 	binary.BigEndian.PutUint16(ip[10:], IPv4Checksum(ip))
+	return b
+}
+
+// UDPFrame builds Ethernet + IPv4 + UDP (40000 -> 5201) around payload.
+func UDPFrame(dst, src net.HardwareAddr, saddr, daddr string, ttl byte, payload []byte) []byte {
+	b := EthIPv4(dst, src, saddr, daddr, ttl, 17, 8+len(payload))
 	udp := b[34:42]
 	binary.BigEndian.PutUint16(udp[0:], 40000)
 	binary.BigEndian.PutUint16(udp[2:], 5201)

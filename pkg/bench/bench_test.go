@@ -273,3 +273,23 @@ func TestCPSLoopback(t *testing.T) {
 		t.Errorf("ParseCPS round trip = %+v, %v", back, err)
 	}
 }
+
+// addCPS fills the current repetition and sums the error kinds over
+// repetitions (both the pod and the service benchmarks record through it).
+func TestSamplesAddCPS(t *testing.T) {
+	s := newSamples(2)
+	if err := s.addCPS([]byte(`{"conns":100,"errors":2,"seconds":1,"cps":98,"error_kinds":{"reset":2}}`)); err != nil {
+		t.Fatal(err)
+	}
+	s.cur = 1
+	if err := s.addCPS([]byte(`{"conns":50,"errors":3,"seconds":1,"cps":47,"error_kinds":{"reset":1,"timeout":2}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(s.cps, []float64{98, 47}) || !reflect.DeepEqual(s.cpsConns, []float64{100, 50}) ||
+		!reflect.DeepEqual(s.cpsErrs, []float64{2, 3}) || !reflect.DeepEqual(s.cpsKinds, map[string]int64{"reset": 3, "timeout": 2}) {
+		t.Errorf("samples = cps %v conns %v errs %v kinds %v", s.cps, s.cpsConns, s.cpsErrs, s.cpsKinds)
+	}
+	if err := s.addCPS([]byte("not json")); err == nil {
+		t.Error("bad output accepted")
+	}
+}

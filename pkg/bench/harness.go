@@ -97,6 +97,34 @@ func newSamples(repeat int) samples {
 	return samples{gbps: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
 }
 
+// addLatency records a sockperf ping-pong run's output as the current
+// repetition.
+func (s *samples) addLatency(out []byte) error {
+	lat, err := ParseSockperf(out)
+	if err != nil {
+		return err
+	}
+	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
+	return nil
+}
+
+// addCPS records a cps-client run's output as the current repetition.
+func (s *samples) addCPS(out []byte) error {
+	res, err := ParseCPS(out)
+	if err != nil {
+		return err
+	}
+	s.cps[s.cur] = res.CPS
+	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
+	for k, n := range res.ErrorKinds {
+		if s.cpsKinds == nil {
+			s.cpsKinds = map[string]int64{}
+		}
+		s.cpsKinds[k] += n
+	}
+	return nil
+}
+
 // metric is one measurement kind; each runs one path once.
 type metric struct {
 	name string
@@ -230,12 +258,7 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	lat, err := ParseSockperf(out)
-	if err != nil {
-		return err
-	}
-	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
-	return nil
+	return s.addLatency(out)
 }
 
 // runConnRate: TCP connections per second (connect, 1 byte, close) with the
@@ -258,17 +281,5 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	res, err := ParseCPS(out)
-	if err != nil {
-		return err
-	}
-	s.cps[s.cur] = res.CPS
-	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
-	for k, n := range res.ErrorKinds {
-		if s.cpsKinds == nil {
-			s.cpsKinds = map[string]int64{}
-		}
-		s.cpsKinds[k] += n
-	}
-	return nil
+	return s.addCPS(out)
 }

@@ -311,19 +311,7 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 	if err != nil {
 		return err
 	}
-	res, err := ParseCPS(out)
-	if err != nil {
-		return err
-	}
-	s.cps[s.cur] = res.CPS
-	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
-	for k, n := range res.ErrorKinds {
-		if s.cpsKinds == nil {
-			s.cpsKinds = map[string]int64{}
-		}
-		s.cpsKinds[k] += n
-	}
-	return nil
+	return s.addCPS(out)
 }
 
 // svcRR: sockperf ping-pong to the VIP (one connection: one backend).
@@ -349,12 +337,7 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 	if err != nil {
 		return err
 	}
-	lat, err := ParseSockperf(out)
-	if err != nil {
-		return err
-	}
-	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
-	return nil
+	return s.addLatency(out)
 }
 
 // RuleProgrammer loads kube-proxy-shaped rules into a node netns the way

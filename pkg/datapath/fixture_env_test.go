@@ -187,11 +187,18 @@ func sanitize(s string) string {
 
 func addVeth(t *testing.T, name, peer string) netlink.Link {
 	t.Helper()
-	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+	return addVethSpec(t, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer})
+}
+
+// addVethSpec adds the veth pair v describes, sets both ends up and returns
+// the first end.
+func addVethSpec(t *testing.T, v *netlink.Veth) netlink.Link {
+	t.Helper()
+	name := v.Name
 	if err := netlink.LinkAdd(v); err != nil {
 		t.Fatalf("add veth %s: %v", name, err)
 	}
-	for _, n := range []string{name, peer} {
+	for _, n := range []string{name, v.PeerName} {
 		l, err := netlink.LinkByName(n)
 		if err != nil {
 			t.Fatalf("link %s: %v", n, err)

@@ -32,19 +32,7 @@ func polFrame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport
 func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
 	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoICMP: 8}[proto]
 	payload := []byte("policy fixture")
-	b := make([]byte, 14+20+l4len+len(payload))
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len+len(payload)))
-	ip[8] = 64
-	ip[9] = proto
-	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, proto, l4len+len(payload))
 	l4 := b[34:]
 	switch proto {
 	case ipProtoTCP:

@@ -171,13 +171,21 @@ func (e *liveEnv) open(t *testing.T) {
 	}
 }
 
-// echo starts a one-shot TCP echo server in ns and returns its address.
+// echo starts a TCP echo server in ns (one line per connection) and returns
+// its address.
 func (e *liveEnv) echo(t *testing.T, ns netns.NsHandle, ip string) string {
+	t.Helper()
+	return e.lineServer(t, ns, ip+":0", func(c net.Conn, line string) { c.Write([]byte(line)) }).String()
+}
+
+// lineServer listens on addr (TCP) in ns until the test ends, reads the
+// first line of each connection (5 s at most) and answers it with reply.
+func (e *liveEnv) lineServer(t *testing.T, ns netns.NsHandle, addr string, reply func(c net.Conn, line string)) net.Addr {
 	t.Helper()
 	var ln net.Listener
 	e.in(t, ns, func() {
 		var err error
-		if ln, err = net.Listen("tcp4", ip+":0"); err != nil {
+		if ln, err = net.Listen("tcp4", addr); err != nil {
 			t.Fatalf("listen: %v", err)
 		}
 	})
@@ -193,12 +201,12 @@ func (e *liveEnv) echo(t *testing.T, ns netns.NsHandle, ip string) string {
 				c.SetDeadline(time.Now().Add(5 * time.Second))
 				line, err := bufio.NewReader(c).ReadString('\n')
 				if err == nil {
-					c.Write([]byte(line))
+					reply(c, line)
 				}
 			}()
 		}
 	}()
-	return ln.Addr().String()
+	return ln.Addr()
 }
 
 // roundTrip dials addr from ns and checks the echo.

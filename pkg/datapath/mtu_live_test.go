@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,16 +25,7 @@ func TestLiveFragNeeded(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	e.in(t, e.node, func() {
-		l, err := netlink.LinkByName("lk-lv-h1")
-		must("h1", err)
-		must("h1 mtu", netlink.LinkSetMTU(l, 9000))
-	})
-	e.in(t, e.pod1, func() {
-		l, err := netlink.LinkByName("eth0")
-		must("eth0", err)
-		must("eth0 mtu", netlink.LinkSetMTU(l, 9000))
-	})
+	e.jumboPod1(t)
 	// The remote counts datagrams of the probe's size that arrive.
 	var ln *net.UDPConn
 	e.in(t, e.remote, func() {
@@ -108,16 +100,7 @@ func TestLiveTSOSegmentsOverMTU(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	e.in(t, e.node, func() {
-		l, err := netlink.LinkByName("lk-lv-h1")
-		must("h1", err)
-		must("h1 mtu", netlink.LinkSetMTU(l, 9000))
-	})
-	e.in(t, e.pod1, func() {
-		l, err := netlink.LinkByName("eth0")
-		must("eth0", err)
-		must("eth0 mtu", netlink.LinkSetMTU(l, 9000))
-	})
+	e.jumboPod1(t)
 	// The remote end is jumbo too, so it advertises a ~9000-byte MSS: only
 	// the node's uplink hop is 1500 (TCP's MSS exchange cannot see it).
 	var ln net.Listener
@@ -263,5 +246,25 @@ func captureMaxSegment(t *testing.T, e *liveEnv, dev string, src net.IP) func() 
 	return func() int {
 		close(stop)
 		return <-res
+	}
+}
+
+// jumboPod1 sets pod1's link (both ends: lk-lv-h1 on the node, eth0 in the
+// pod) to MTU 9000; the node's uplink stays at 1500.
+func (e *liveEnv) jumboPod1(t *testing.T) {
+	t.Helper()
+	for _, l := range []struct {
+		ns   netns.NsHandle
+		name string
+	}{{e.node, "lk-lv-h1"}, {e.pod1, "eth0"}} {
+		e.in(t, l.ns, func() {
+			link, err := netlink.LinkByName(l.name)
+			if err != nil {
+				t.Fatalf("%s: %v", l.name, err)
+			}
+			if err := netlink.LinkSetMTU(link, 9000); err != nil {
+				t.Fatalf("%s mtu: %v", l.name, err)
+			}
+		})
 	}
 }

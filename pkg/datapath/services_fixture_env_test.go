@@ -36,19 +36,7 @@ func l4Frame(dst, src net.HardwareAddr, saddr string, sport uint16, daddr string
 	if proto == 6 {
 		l4len = 20
 	}
-	b := make([]byte, 14+20+l4len+len(payload))
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len+len(payload)))
-	ip[8] = 64
-	ip[9] = proto
-	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, proto, l4len+len(payload))
 	l4 := b[34:]
 	binary.BigEndian.PutUint16(l4[0:], sport)
 	binary.BigEndian.PutUint16(l4[2:], dport)
@@ -177,8 +165,8 @@ func newSvcEnvCfg(t *testing.T, adjust func(*Config)) *svcEnv {
 		tables: service.NewTables(), node: node}
 }
 
-// apply translates YAML (one Service and its EndpointSlices) and programs it.
-func (s *svcEnv) apply(t *testing.T, y string) {
+// applyYAML translates one Service with its EndpointSlices and programs it.
+func applyYAML(t *testing.T, dp *Loader, m *service.Model, tables *service.Tables, y string) {
 	t.Helper()
 	objs, err := k8sobj.Decode([]byte(y))
 	if err != nil {
@@ -194,13 +182,19 @@ func (s *svcEnv) apply(t *testing.T, y string) {
 			eps = append(eps, o.EndpointSlice)
 		}
 	}
-	c, err := s.model.Set(svc, eps)
+	c, err := m.Set(svc, eps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.dp.ApplyServices(s.tables.Apply(c)); err != nil {
+	if err := dp.ApplyServices(tables.Apply(c)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// apply translates YAML (one Service and its EndpointSlices) and programs it.
+func (s *svcEnv) apply(t *testing.T, y string) {
+	t.Helper()
+	applyYAML(t, s.dp, s.model, s.tables, y)
 }
 
 func (s *svcEnv) frontend(t *testing.T, vip string, port uint16, proto service.Proto, scope service.Scope) *service.Frontend {
@@ -340,19 +334,7 @@ func specExtra(extra string) string {
 
 // icmpErrFrame builds Ethernet + IPv4 + an ICMP error quoting quoted.
 func icmpErrFrame(dst, src net.HardwareAddr, saddr, daddr string, typ, code byte, quoted []byte) []byte {
-	b := make([]byte, 14+20+8+len(quoted))
-	copy(b[0:6], dst)
-	copy(b[6:12], src)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(quoted)))
-	ip[8] = 64
-	ip[9] = 1
-	s4, d4 := netip.MustParseAddr(saddr).As4(), netip.MustParseAddr(daddr).As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], testutil.IPv4Checksum(ip))
+	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, 1, 8+len(quoted))
 	b[34], b[35] = typ, code
 	copy(b[42:], quoted)
 	binary.BigEndian.PutUint16(b[36:], ^icmpChecksum(b[34:]))

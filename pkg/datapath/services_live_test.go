@@ -12,67 +12,15 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
-
-// applyYAML translates one Service with its EndpointSlices and programs it.
-func applyYAML(t *testing.T, dp *Loader, m *service.Model, tables *service.Tables, y string) {
-	t.Helper()
-	objs, err := k8sobj.Decode([]byte(y))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var svc *corev1.Service
-	var eps []*discoveryv1.EndpointSlice
-	for _, o := range objs {
-		if o.Service != nil {
-			svc = o.Service
-		}
-		if o.EndpointSlice != nil {
-			eps = append(eps, o.EndpointSlice)
-		}
-	}
-	c, err := m.Set(svc, eps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dp.ApplyServices(tables.Apply(c)); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // echoOn starts a TCP echo server on ip:8080 in ns that prefixes each line
 // with the peer address it saw.
 func (e *liveEnv) echoOn(t *testing.T, ns netns.NsHandle, ip string) {
 	t.Helper()
-	var ln net.Listener
-	e.in(t, ns, func() {
-		var err error
-		if ln, err = net.Listen("tcp4", ip+":8080"); err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-	})
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err == nil {
-					fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
-				}
-			}()
-		}
-	}()
+	e.lineServer(t, ns, ip+":8080", func(c net.Conn, line string) { fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line) })
 }
 
 // dialVia connects from ns to addr and returns the peer address the server

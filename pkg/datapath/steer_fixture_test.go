@@ -52,6 +52,18 @@ func (e *fixtureEnv) loadSteer(t *testing.T, vm VM) *vmObjects {
 	return &objs
 }
 
+// attachSteer attaches steer_vm to ifx in native mode until the test ends:
+// native XDP registers the device's rx queue info, which a test run on a
+// given rx queue needs.
+func attachSteer(t *testing.T, ifx int, steer *vmObjects) {
+	t.Helper()
+	xl, err := link.AttachXDP(link.XDPOptions{Interface: ifx, Program: steer.SteerVm, Flags: link.XDPDriverMode})
+	if err != nil {
+		t.Fatalf("attach steer_vm: %v", err)
+	}
+	t.Cleanup(func() { xl.Close() })
+}
+
 // TestSteerVMFixtures runs every branch of steer_vm. (Its "shorter than an
 // Ethernet header" branch is a bounds guard no device or test run can
 // reach: BPF_PROG_TEST_RUN refuses frames under 14 bytes.)
@@ -59,35 +71,12 @@ func TestSteerVMFixtures(t *testing.T) {
 	e := newFixtureEnv(t)
 	// The VM device: two rx queues, so that a frame can arrive on a queue
 	// the VM has no socket for.
-	vmDev := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-fx-vm", NumRxQueues: 2, NumTxQueues: 2},
-		PeerName: "lk-fx-vmp", PeerNumRxQueues: 2, PeerNumTxQueues: 2}
-	if err := netlink.LinkAdd(vmDev); err != nil {
-		t.Fatalf("add vm veth: %v", err)
-	}
-	for _, n := range []string{"lk-fx-vm", "lk-fx-vmp"} {
-		l, err := netlink.LinkByName(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dev, err := netlink.LinkByName("lk-fx-vm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ifx := dev.Attrs().Index
+	ifx := addVethSpec(t, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-fx-vm", NumRxQueues: 2, NumTxQueues: 2},
+		PeerName: "lk-fx-vmp", PeerNumRxQueues: 2, PeerNumTxQueues: 2}).Attrs().Index
 	vmMAC := mustMAC("02:00:00:01:00:1a")
 	oneQ := VM{ID: 7, IfIndex: ifx, MAC: vmMAC, Queues: 1, XSKBase: 10}
 	steer := e.loadSteer(t, oneQ)
-	// Native XDP registers the device's rx queue info, which a test run
-	// on a given rx queue needs.
-	xl, err := link.AttachXDP(link.XDPOptions{Interface: ifx, Program: steer.SteerVm, Flags: link.XDPDriverMode})
-	if err != nil {
-		t.Fatalf("attach steer_vm: %v", err)
-	}
-	t.Cleanup(func() { xl.Close() })
+	attachSteer(t, ifx, steer)
 	unconfigured := e.loadSteer(t, VM{ID: 8, MAC: vmMAC})
 	// Drop events on: each drop must report exactly one, for the VM.
 	events, err := OpenEvents(e.pinDir)

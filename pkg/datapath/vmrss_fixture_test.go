@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/xsk"
 	"github.com/vishvananda/netlink"
@@ -98,30 +97,12 @@ func setVMRSS(t *testing.T, l *Loader, id uint32, c VMRSS) {
 // is rewriting (odd seq), no metadata.
 func TestVMRSSMetadata(t *testing.T) {
 	e := newFixtureEnv(t)
-	vmDev := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-fx-rv", NumRxQueues: 1, NumTxQueues: 1},
-		PeerName: "lk-fx-rvp"}
-	if err := netlink.LinkAdd(vmDev); err != nil {
-		t.Fatalf("add vm veth: %v", err)
-	}
-	for _, n := range []string{"lk-fx-rv", "lk-fx-rvp"} {
-		l, _ := netlink.LinkByName(n)
-		if err := netlink.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dev, err := netlink.LinkByName("lk-fx-rv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ifx := dev.Attrs().Index
+	ifx := addVethSpec(t, &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-fx-rv", NumRxQueues: 1, NumTxQueues: 1},
+		PeerName: "lk-fx-rvp"}).Attrs().Index
 	vmMAC := mustMAC("02:00:00:01:00:2a")
 	vm := VM{ID: 21, IfIndex: ifx, MAC: vmMAC, Queues: 1, XSKBase: 30}
 	steer := e.loadSteer(t, vm)
-	xl, err := link.AttachXDP(link.XDPOptions{Interface: ifx, Program: steer.SteerVm, Flags: link.XDPDriverMode})
-	if err != nil {
-		t.Fatalf("attach steer_vm: %v", err)
-	}
-	t.Cleanup(func() { xl.Close() })
+	attachSteer(t, ifx, steer)
 	sock, err := xsk.Open(ifx, 0, xsk.Sizes{FrameSize: 2048, FrameCount: 64, FillSize: 64, CompSize: 64, RxSize: 64, TxSize: 64})
 	if err != nil {
 		t.Fatalf("open AF_XDP socket: %v", err)

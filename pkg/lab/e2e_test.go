@@ -19,28 +19,8 @@ import (
 // transfer (the transfer completes, the restarted agent re-adopts), runs a
 // 1 × 1 s bench and tears everything down, asserting nothing is left. Root only.
 func TestLabEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "iperf3", "sockperf", "sysctl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
-	root := repoRoot(t)
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(root, "bin")
-	}
-	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
-	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
-		if err := check(); err != nil {
-			if os.Getenv("LANEKIT_BIN") != "" {
-				t.Fatalf("%v (make test builds them first)", err) // under make test, missing binaries are a failure
-			}
-			t.Skipf("skipping: %v", err)
-		}
-	}
+	bins := requireLabBins(t, "creates network namespaces", "ip", "iptables-restore", "nsenter", "iperf3", "sockperf", "sysctl")
+	root, binDir := repoRoot(t), bins.Dir
 	cli := filepath.Join(t.TempDir(), "lanekit")
 	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
 	build.Dir = root
@@ -211,4 +191,39 @@ func repoRoot(t *testing.T) string {
 		}
 		dir = parent
 	}
+}
+
+// testBins are the lab's binaries: in $LANEKIT_BIN, else the repository's bin/.
+func testBins(t *testing.T) Bins {
+	t.Helper()
+	binDir := os.Getenv("LANEKIT_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(repoRoot(t), "bin")
+	}
+	return Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
+}
+
+// requireLabBins skips t unless it runs as root (which it needs for why) with
+// tools installed, and returns testBins; a missing binary skips too, but fails
+// under make test (which sets LANEKIT_BIN after building them).
+func requireLabBins(t *testing.T, why string, tools ...string) Bins {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: " + why)
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
+		}
+	}
+	bins := testBins(t)
+	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
+		if err := check(); err != nil {
+			if os.Getenv("LANEKIT_BIN") != "" {
+				t.Fatalf("%v (make test builds them first)", err)
+			}
+			t.Skipf("skipping: %v", err)
+		}
+	}
+	return bins
 }

@@ -26,28 +26,8 @@ func labCLI(t *testing.T) func(t *testing.T, args ...string) (string, error) {
 // background helpers such as tcp-whoami).
 func labCLIPath(t *testing.T) (func(t *testing.T, args ...string) (string, error), string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "sysctl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
-	root := repoRoot(t)
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(root, "bin")
-	}
-	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
-	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
-		if err := check(); err != nil {
-			if os.Getenv("LANEKIT_BIN") != "" {
-				t.Fatalf("%v (make test builds them first)", err)
-			}
-			t.Skipf("skipping: %v", err)
-		}
-	}
+	bins := requireLabBins(t, "creates network namespaces", "ip", "iptables-restore", "nsenter", "sysctl")
+	root, binDir := repoRoot(t), bins.Dir
 	if _, err := os.Stat(StateFile); err == nil {
 		t.Skip("a lab is up; this test brings up its own (run it under flock /tmp/lanekit-lab.lock with no lab up)")
 	}

@@ -144,11 +144,7 @@ endpoints:
 	if pid := st.Nodes[0].AgentPID; pid > 0 {
 		terminate(pid, 3*time.Second)
 	}
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(repoRoot(t), "bin")
-	}
-	if _, err := startAgent(context.Background(), Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}, 1, false); err != nil {
+	if _, err := startAgent(context.Background(), testBins(t), 1, false); err != nil {
 		t.Fatalf("restart agent: %v", err)
 	}
 	if got := ids(); fmt.Sprint(got) != fmt.Sprint(idsBefore) || len(got) != 2 {

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -109,28 +106,7 @@ func TestBulkTCPTakesTheBPFPath(t *testing.T) {
 // when something is missing.
 func pathTestBins(t *testing.T) Bins {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and reads pinned BPF maps")
-	}
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", "iperf3", "sysctl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(repoRoot(t), "bin")
-	}
-	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
-	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
-		if err := check(); err != nil {
-			if os.Getenv("LANEKIT_BIN") != "" {
-				t.Fatalf("%v (make test builds them first)", err)
-			}
-			t.Skipf("skipping: %v", err)
-		}
-	}
-	return bins
+	return requireLabBins(t, "creates network namespaces and reads pinned BPF maps", "ip", "iptables-restore", "nsenter", "iperf3", "sysctl")
 }
 
 // bulkTCP runs a bounded 3 s iperf3 transfer from client to server.

@@ -318,13 +318,9 @@ func TestAgentKilledOnLiveLab(t *testing.T) {
 	if _, err := LoadState(); err != nil {
 		t.Fatalf("LANEKIT_LIVE_LAB=1 but: %v", err)
 	}
-	binDir := os.Getenv("LANEKIT_BIN")
-	if binDir == "" {
-		binDir = filepath.Join(repoRoot(t), "bin")
-	}
-	bins := Bins{Dir: binDir, CNIDir: filepath.Join(binDir, "cni")}
+	bins := testBins(t)
 	lk := func(t *testing.T, args ...string) (string, error) {
-		out, err := exec.Command(filepath.Join(binDir, "lanekit"), args...).Output()
+		out, err := exec.Command(filepath.Join(bins.Dir, "lanekit"), args...).Output()
 		return string(out), err
 	}
 	agentKilledDuringTransfer(t, bins, lk)

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/policymodel"
 )
 
 // TestLabServicesPolicyE2E is issue 12's end-to-end suite on one 2-node lab
@@ -209,14 +212,20 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 	pods := addLabPods(t, lk, truthPods)
 	routeRawHosts(t)
 	var peers []truthPeer
-	model := &policyModel{nsLabels: truthNamespaces, policies: parsePolicies(t, truthPolicies)}
+	// The independent model of NetworkPolicy semantics (pkg/policy's unit
+	// tests check the compiler against it too) gives each cell's verdict.
+	policies, err := policymodel.DecodePolicies(truthPolicies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := &policymodel.Model{NamespaceLabels: truthNamespaces, Policies: policies}
 	for _, spec := range truthPods {
 		p := pods[spec.name]
-		mp := &modelPod{name: p.Name, ns: p.Namespace, ip: p.PodAddr(), labels: p.Labels}
+		mp := policymodel.Pod{Name: p.Name, Namespace: p.Namespace, IP: p.PodAddr(), Labels: p.Labels}
 		for _, pp := range p.Ports {
-			mp.ports = append(mp.ports, modelPort{name: pp.Name, port: int(pp.Port), proto: pp.Protocol})
+			mp.Ports = append(mp.Ports, policymodel.Port{Name: pp.Name, Port: int(pp.Port), Protocol: corev1.Protocol(pp.Protocol)})
 		}
-		model.pods = append(model.pods, mp)
+		model.Pods = append(model.Pods, mp)
 		peers = append(peers, truthPeer{name: p.Name, ns: p.NS, ip: p.PodAddr(), node: p.Node})
 	}
 	for r := 1; r <= RawHosts; r++ {
@@ -234,7 +243,7 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 		src, dst truthPeer
 		proto    string
 		port     int
-		want     verdict
+		want     policymodel.Verdict
 	}
 	var cells []cell
 	var probes []netProbe
@@ -245,7 +254,7 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 			}
 			for _, proto := range []string{"TCP", "UDP"} {
 				for _, port := range []int{80, 81} {
-					c := cell{src: src, dst: dst, proto: proto, port: port, want: model.decide(src.ip, dst.ip, proto, port)}
+					c := cell{src: src, dst: dst, proto: proto, port: port, want: model.Decide(src.ip, dst.ip, corev1.Protocol(proto), port)}
 					cells = append(cells, c)
 					probes = append(probes, netProbe{From: src.ns, Proto: strings.ToLower(proto), Addr: fmt.Sprintf("%s:%d", dst.ip, port)})
 				}
@@ -262,7 +271,7 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 	// egress drops on the sender's node, charged to the sender; one denied by
 	// the receiver's ingress on the receiver's node, charged to the receiver.
 	wantDrops := map[string]map[string]int{} // pod name -> reason -> denied cells
-	counts := map[verdict]int{}
+	counts := map[policymodel.Verdict]int{}
 	var wrong []string
 	for i, c := range cells {
 		counts[c.want]++
@@ -273,7 +282,7 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 		} else if r.Answer != c.dst.name {
 			got = "answer from " + r.Answer
 		}
-		if (c.want == allowed) != (got == "allow") {
+		if (c.want == policymodel.Allowed) != (got == "allow") {
 			detail := ""
 			if r.Err != nil {
 				detail = ": " + r.Err.Error()
@@ -281,18 +290,18 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 			wrong = append(wrong, fmt.Sprintf("%s -> %s %s/%d: model %s, datapath %s%s", c.src.name, c.dst.name, c.proto, c.port, c.want, got, detail))
 		}
 		switch c.want {
-		case deniedEgress:
+		case policymodel.DeniedEgress:
 			addDrop(wantDrops, c.src.name, "policy-egress")
-		case deniedIngress:
+		case policymodel.DeniedIngress:
 			addDrop(wantDrops, c.dst.name, "policy-ingress")
 		}
 	}
 	t.Logf("truth table: %d cells (%d allowed, %d denied at egress, %d at ingress) in %s",
-		len(cells), counts[allowed], counts[deniedEgress], counts[deniedIngress], elapsed.Round(10*time.Millisecond))
+		len(cells), counts[policymodel.Allowed], counts[policymodel.DeniedEgress], counts[policymodel.DeniedIngress], elapsed.Round(10*time.Millisecond))
 	if len(wrong) > 0 {
 		t.Errorf("%d of %d cells disagree with the model:\n%s", len(wrong), len(cells), strings.Join(wrong, "\n"))
 	}
-	for _, kind := range []verdict{allowed, deniedEgress, deniedIngress} {
+	for _, kind := range []policymodel.Verdict{policymodel.Allowed, policymodel.DeniedEgress, policymodel.DeniedIngress} {
 		if counts[kind] < 10 {
 			t.Errorf("the policy set gives only %d %s cells: the table does not exercise the datapath", counts[kind], kind)
 		}

@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
@@ -158,20 +156,11 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 // startDaemon starts argv detached inside ns (nsenter --net keeps the host's
 // /sys), logging to base.log with its pid in base.pid.
 func startDaemon(ns, base, bin string, args ...string) (int, error) {
-	nsexec.CloseInheritedOnExec()
-	logf, err := os.OpenFile(base+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cmd, err := nsexec.StartDaemon(netnsPath(ns), base+".log", bin, args...)
 	if err != nil {
-		return 0, err
-	}
-	defer logf.Close()
-	cmd := exec.Command("nsenter", append([]string{"--net=" + netnsPath(ns), "--", bin}, args...)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}
 	pid := cmd.Process.Pid
-	go cmd.Wait() // reap when it ends while we still run
 	if err := os.WriteFile(base+".pid", []byte(strconv.Itoa(pid)+"\n"), 0o644); err != nil {
 		return pid, err
 	}

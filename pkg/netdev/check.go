@@ -41,26 +41,37 @@ func defaultRouteMatches(routes []netlink.Route, want *netlink.Route) bool {
 	return false
 }
 
+// checkLink finds the side ("host" or "pod") device name in the current
+// namespace and checks its type, ifindex and that it is up.
+func checkLink(side, name, wantType string, wantIndex int) (netlink.Link, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("%s device %s: %w", side, name, err)
+	}
+	a := l.Attrs()
+	if l.Type() != wantType {
+		return nil, fmt.Errorf("%s device %s is %s, want %s", side, name, l.Type(), wantType)
+	}
+	if a.Index != wantIndex {
+		return nil, fmt.Errorf("%s device %s has ifindex %d, want %d", side, name, a.Index, wantIndex)
+	}
+	if a.Flags&net.FlagUp == 0 {
+		return nil, fmt.Errorf("%s device %s is down", side, name)
+	}
+	return l, nil
+}
+
 // CheckPod verifies that the pair for spec exists as links describes: the
 // host end up with the pod's /32 routed to it, the pod end up with the
 // address, the gateway route and the default route.
 func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 	wantType := string(spec.Mode)
 	err := h.Do(func() error {
-		l, err := netlink.LinkByName(spec.HostIfName)
+		l, err := checkLink("host", spec.HostIfName, wantType, links.HostIfIndex)
 		if err != nil {
-			return fmt.Errorf("host device %s: %w", spec.HostIfName, err)
+			return err
 		}
 		a := l.Attrs()
-		if l.Type() != wantType {
-			return fmt.Errorf("host device %s is %s, want %s", spec.HostIfName, l.Type(), wantType)
-		}
-		if a.Index != links.HostIfIndex {
-			return fmt.Errorf("host device %s has ifindex %d, want %d", spec.HostIfName, a.Index, links.HostIfIndex)
-		}
-		if a.Flags&net.FlagUp == 0 {
-			return fmt.Errorf("host device %s is down", spec.HostIfName)
-		}
 		routes, err := netlink.RouteList(l, netlink.FAMILY_V4)
 		if err != nil {
 			return fmt.Errorf("list routes of %s: %w", spec.HostIfName, err)
@@ -74,20 +85,11 @@ func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 		return fmt.Errorf("check %s: %w", spec.HostIfName, err)
 	}
 	err = ns.WithNetNSPath(spec.Netns, func(ns.NetNS) error {
-		l, err := netlink.LinkByName(spec.IfName)
+		l, err := checkLink("pod", spec.IfName, wantType, links.IfIndex)
 		if err != nil {
-			return fmt.Errorf("pod device %s: %w", spec.IfName, err)
+			return err
 		}
 		a := l.Attrs()
-		if l.Type() != wantType {
-			return fmt.Errorf("pod device %s is %s, want %s", spec.IfName, l.Type(), wantType)
-		}
-		if a.Index != links.IfIndex {
-			return fmt.Errorf("pod device %s has ifindex %d, want %d", spec.IfName, a.Index, links.IfIndex)
-		}
-		if a.Flags&net.FlagUp == 0 {
-			return fmt.Errorf("pod device %s is down", spec.IfName)
-		}
 		if links.MAC != nil && a.HardwareAddr.String() != links.MAC.String() {
 			return fmt.Errorf("pod device %s has MAC %s, want %s", spec.IfName, a.HardwareAddr, links.MAC)
 		}

@@ -134,11 +134,21 @@ pub fn seqpacket(path: &Path, listen: bool) -> io::Result<OwnedFd> {
 
 /// Send one message with optional fds.
 pub fn send_msg(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let r = sendmsg_fds(fd, body, fds)?;
+    if r != body.len() {
+        return Err(err(format!("short send: {r} of {} bytes", body.len())));
+    }
+    Ok(())
+}
+
+/// One `sendmsg` of `body` with `fds` attached (SCM_RIGHTS; at most [`MAX_FDS`]); returns the
+/// bytes sent, which may be fewer than `body` on a stream socket (the fds go with the first).
+pub(crate) fn sendmsg_fds(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
     }
     let mut iov = libc::iovec { iov_base: body.as_ptr() as *mut libc::c_void, iov_len: body.len() };
-    let mut cbuf = vec![0u64; 64];
+    let mut cbuf = [0u64; 64];
     // SAFETY: msghdr is plain data; all zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { zeroed() };
     msg.msg_iov = &mut iov;
@@ -148,8 +158,8 @@ pub fn send_msg(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
         // SAFETY: CMSG_SPACE is a pure computation.
         msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
         msg.msg_control = cbuf.as_mut_ptr().cast();
-        // SAFETY: msg_control points to a buffer of 512 bytes >= CMSG_SPACE(62 * 4); the
-        // header and data written below stay inside it.
+        // SAFETY: msg_control points to cbuf, 512 bytes >= CMSG_SPACE(MAX_FDS * 4); the header
+        // and data written below stay inside it.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
@@ -163,10 +173,7 @@ pub fn send_msg(fd: RawFd, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    if r as usize != body.len() {
-        return Err(err(format!("short send: {r} of {} bytes", body.len())));
-    }
-    Ok(())
+    Ok(r as usize)
 }
 
 /// Receive one message (at most [`MAX_BODY`] bytes) and the fds sent with it.

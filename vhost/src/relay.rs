@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::handover::take_scm_rights;
+use crate::handover::{sendmsg_fds, take_scm_rights};
 use crate::validate::Checker;
 
 const HDR: usize = 12;
@@ -91,33 +91,9 @@ fn write_msg(sock: &UnixStream, m: &Msg) -> io::Result<()> {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "too many fds"));
     }
     let raw: Vec<RawFd> = m.fds.iter().map(AsRawFd::as_raw_fd).collect();
-    let mut cbuf = [0u64; 32];
-    let mut iov = libc::iovec { iov_base: m.bytes.as_ptr() as *mut libc::c_void, iov_len: m.bytes.len() };
-    // SAFETY: msghdr is plain data; all zeroes is a valid value.
-    let mut msg: libc::msghdr = unsafe { zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !raw.is_empty() {
-        let data_len = std::mem::size_of_val(raw.as_slice()) as u32;
-        // SAFETY: CMSG_SPACE is a pure computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        // SAFETY: cbuf (256 bytes) holds CMSG_SPACE(32 * 4); header and data stay inside it.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
-            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), raw.len());
-        }
-    }
-    // SAFETY: msg and everything it points to are valid for the call.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = sendmsg_fds(sock.as_raw_fd(), &m.bytes, &raw)?;
     // The rest of a partially sent message goes without fds (they went with the first byte).
-    (&*sock).write_all(&m.bytes[n as usize..])
+    (&*sock).write_all(&m.bytes[n..])
 }
 
 /// Wait until `sock` is readable; an error when `fault` fires first.

@@ -4,35 +4,21 @@
 //! F_RSS), and the test reads what virtio_user acked and whether an RSS command reached the
 //! backend's control queue. Root only (DPDK): `#[ignore]`d, run by `make test-vhost` as root.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lanekit_vhost::port::{LoopPort, Port};
-use lanekit_vhost::rss::{RssMap, MAP_VALUE_SIZE, VIRTIO_NET_F_HASH_REPORT, VIRTIO_NET_F_RSS};
-use lanekit_vhost::{serve, DeviceConfig, NetBackend};
+use common::drivers::{rss_loop_backend, testpmd};
+use lanekit_vhost::rss::{VIRTIO_NET_F_HASH_REPORT, VIRTIO_NET_F_RSS};
 
 #[test]
 #[ignore = "needs root and DPDK (make test-vhost as root)"]
 fn virtio_user_masks_rss_and_hash_report() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "dpdk-testpmd needs root: run `make test-vhost` as root");
-    let found = Command::new("sh").args(["-c", "command -v dpdk-testpmd"]).output().expect("run sh");
-    assert!(found.status.success(), "dpdk-testpmd not installed (make deps)");
-    let testpmd = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    let testpmd = testpmd();
     let sock = std::env::temp_dir().join(format!("lk-vhost-{}-dpdk-rss.sock", std::process::id()));
-    let map = lanekit_vhost::xsk::memfd("rss", 4096).unwrap();
-    let rss = RssMap::from_fd(map.into(), MAP_VALUE_SIZE).unwrap();
-    let ports: Vec<Box<dyn Port>> = (0..2).map(|i| Box::new(LoopPort::new(i).unwrap()) as Box<dyn Port>).collect();
-    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 9], queue_pairs: 2, mtu: 1500 };
-    let backend = Arc::new(NetBackend::new(cfg, ports).unwrap().with_rss(rss));
-    let (b, p) = (backend.clone(), sock.clone());
-    std::thread::spawn(move || serve(b, &p, Some(1)));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !sock.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let backend = rss_loop_backend([2, 0, 0, 0, 0, 9], &sock);
     let log_path = sock.with_extension("log");
     let mut pmd = Command::new(&testpmd)
         .args(["-l", "0,1", "--no-huge", "-m", "512", "--no-pci"])

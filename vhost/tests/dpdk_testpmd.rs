@@ -2,32 +2,17 @@
 //! loopback mode: testpmd's io forwarding with `--tx-first` bounces frames through our TX and
 //! RX paths. Root only (DPDK): `#[ignore]`d, run by `make test-vhost` as root. Bounded in time.
 
+mod common;
+
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::drivers::{testpmd, Kill};
+
 /// Serializes the testpmd runs of this file.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The testpmd binary; these tests are `#[ignore]`d and run by `make test-vhost` as root, where
-/// a missing prerequisite is a failure (`make deps` installs DPDK), not a silent pass.
-fn testpmd() -> String {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "dpdk-testpmd needs root: run `make test-vhost` as root");
-    let found = Command::new("sh").args(["-c", "command -v dpdk-testpmd"]).output().expect("run sh");
-    assert!(found.status.success(), "dpdk-testpmd not installed (make deps, or apt-get install dpdk)");
-    String::from_utf8_lossy(&found.stdout).trim().to_string()
-}
 
 /// Packet counters from testpmd's "Accumulated forward statistics" block.
 fn accumulated(out: &str, key: &str) -> Option<u64> {

@@ -8,65 +8,14 @@
 //! /var/cache/lanekit/guest), so it does not depend on another suite having run first.
 //! Bounded in time.
 
-use std::io::{Read, Write};
+mod common;
+
+use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CACHE: &str = "/var/cache/lanekit/guest";
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Build or find the guest image: (kernel, initrd), from build.sh's `KERNEL=` / `INITRD=` lines.
-fn guest_image() -> (String, String) {
-    let script = std::env::var_os("LANEKIT_GUEST_BUILD")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/guest/build.sh"));
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(CACHE)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{} failed ({}):\n{stdout}", script.display(), out.status);
-    let field = |k: &str| stdout.lines().find_map(|l| l.strip_prefix(k)).map(str::to_string);
-    match (field("KERNEL="), field("INITRD=")) {
-        (Some(k), Some(i)) => (k, i),
-        _ => panic!("{}: no KERNEL=/INITRD= lines in its output:\n{stdout}", script.display()),
-    }
-}
-
-/// Read from the serial socket until a whole line (terminated by `\n`) containing one of
-/// `pats` has arrived, and return that line from the pattern on; `None` at the deadline or
-/// when the socket closes. A pattern seen on a partial line is not enough: the rest of the line
-/// may still be in flight.
-fn line_with(s: &mut UnixStream, buf: &mut String, pats: &[&str], deadline: Instant) -> Option<String> {
-    let mut chunk = [0u8; 4096];
-    loop {
-        for line in buf.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
-            if let Some(at) = pats.iter().find_map(|p| line.find(p)) {
-                return Some(line[at..].trim_end().to_string());
-            }
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        match s.read(&mut chunk) {
-            Ok(0) => return None,
-            Ok(n) => buf.push_str(&String::from_utf8_lossy(&chunk[..n])),
-            Err(_) => {} // read timeout: check the deadline again
-        }
-    }
-}
+use common::drivers::{guest_image, line_with, serial_console, start_qemu, Kill};
 
 #[test]
 fn line_with_waits_for_the_whole_line() {
@@ -108,33 +57,9 @@ fn linux_guest_traffic_crosses_the_backend() {
     while !sock.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let _qemu = Kill(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "pc,accel=tcg", "-m", "256", "-no-reboot", "-display", "none", "-monitor", "none"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=c0,path={}", sock.display()))
-            .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-            .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=0,mac=52:54:00:12:34:56"])
-            .args(["-kernel", &kernel, "-initrd", &initrd])
-            // Link-local address; the loopback backend sends nothing anywhere.
-            .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
-            .arg("-serial")
-            .arg(format!("unix:{},server=on,wait=off", serial.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _qemu = start_qemu(&sock, &serial, "", &kernel, &initrd, Stdio::null());
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut s = loop {
-        if let Ok(s) = UnixStream::connect(&serial) {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no serial socket from QEMU");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut s = serial_console(&serial, deadline, String::new);
     let mut buf = String::new();
     let ready = line_with(&mut s, &mut buf, &["LK-READY", "LK-FAIL"], deadline);
     let ready = ready.unwrap_or_else(|| panic!("guest did not boot:\n{buf}\n--- backend ---\n{}", backend_log()));

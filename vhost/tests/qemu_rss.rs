@@ -10,53 +10,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
-use lanekit_vhost::port::{LoopPort, Port};
-use lanekit_vhost::rss::{RssMap, MAP_VALUE_SIZE, VIRTIO_NET_F_HASH_REPORT, VIRTIO_NET_F_RSS};
-use lanekit_vhost::{serve, DeviceConfig, NetBackend};
-
-const CACHE: &str = "/var/cache/lanekit/guest";
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The guest image (kernel, initrd) from `scripts/guest/build.sh` (cached), as qemu_guest.rs.
-fn guest_image() -> (String, String) {
-    let script = std::env::var_os("LANEKIT_GUEST_BUILD")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/guest/build.sh"));
-    let out = Command::new("bash").arg(&script).arg(CACHE).stderr(Stdio::inherit()).output().expect("run build.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{} failed:\n{stdout}", script.display());
-    let field = |k: &str| stdout.lines().find_map(|l| l.strip_prefix(k)).map(str::to_string);
-    (field("KERNEL=").expect("KERNEL= line"), field("INITRD=").expect("INITRD= line"))
-}
-
-fn read_until(s: &mut UnixStream, buf: &mut String, pat: &str, deadline: Instant) -> bool {
-    let mut chunk = [0u8; 4096];
-    while Instant::now() < deadline {
-        if buf.contains(pat) && buf[buf.find(pat).unwrap_or(0)..].contains('\n') {
-            return true;
-        }
-        match s.read(&mut chunk) {
-            Ok(0) => return false,
-            Ok(n) => buf.push_str(&String::from_utf8_lossy(&chunk[..n])),
-            Err(_) => {}
-        }
-    }
-    false
-}
+use common::drivers::{guest_image, line_with, rss_loop_backend, serial_console, start_qemu};
+use lanekit_vhost::rss::{VIRTIO_NET_F_HASH_REPORT, VIRTIO_NET_F_RSS};
 
 #[test]
 #[ignore = "needs root, QEMU and the cached guest image (make test-vhost as root)"]
@@ -68,53 +26,18 @@ fn qemu_passes_hash_report_but_not_rss_and_keeps_the_control_queue() {
     std::fs::create_dir_all(&dir).unwrap();
     let (sock, serial) = (dir.join("v.sock"), dir.join("serial.sock"));
 
-    let map = lanekit_vhost::xsk::memfd("rss", 4096).unwrap();
-    let rss = RssMap::from_fd(map.into(), MAP_VALUE_SIZE).unwrap();
-    let ports: Vec<Box<dyn Port>> = (0..2).map(|i| Box::new(LoopPort::new(i).unwrap()) as Box<dyn Port>).collect();
-    let cfg = DeviceConfig { mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56], queue_pairs: 2, mtu: 1500 };
-    let backend = Arc::new(NetBackend::new(cfg, ports).unwrap().with_rss(rss));
-    let (b, p) = (backend.clone(), sock.clone());
-    std::thread::spawn(move || serve(b, &p, Some(1)));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !sock.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let backend = rss_loop_backend([0x52, 0x54, 0, 0x12, 0x34, 0x56], &sock);
     let qemu_log = dir.join("qemu.log");
-    let _qemu = Kill(
-        Command::new("qemu-system-x86_64")
-            .args(["-machine", "pc,accel=tcg", "-m", "256", "-no-reboot", "-display", "none", "-monitor", "none"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
-            .arg("-chardev")
-            .arg(format!("socket,id=c0,path={}", sock.display()))
-            .args(["-netdev", "vhost-user,id=n0,chardev=c0,queues=2"])
-            .args(["-device", "virtio-net-pci,netdev=n0,mq=on,vectors=0,rss=on,hash=on,mac=52:54:00:12:34:56"])
-            .args(["-kernel", &kernel, "-initrd", &initrd])
-            .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
-            .arg("-serial")
-            .arg(format!("unix:{},server=on,wait=off", serial.display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&qemu_log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let qemu_err = std::fs::File::create(&qemu_log).unwrap();
+    let _qemu = start_qemu(&sock, &serial, "rss=on,hash=on", &kernel, &initrd, qemu_err.into());
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut s = loop {
-        if let Ok(s) = UnixStream::connect(&serial) {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no serial socket from QEMU: {}",
-            std::fs::read_to_string(&qemu_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut s =
+        serial_console(&serial, deadline, || format!(": {}", std::fs::read_to_string(&qemu_log).unwrap_or_default()));
     let mut buf = String::new();
-    assert!(read_until(&mut s, &mut buf, "LK-READY", deadline), "guest did not boot:\n{buf}");
+    assert!(line_with(&mut s, &mut buf, &["LK-READY"], deadline).is_some(), "guest did not boot:\n{buf}");
     buf.clear();
     s.write_all(b"LKCMD 1 cat /sys/bus/virtio/devices/*/features\n").unwrap();
-    assert!(read_until(&mut s, &mut buf, "LKOUT 1 ", deadline), "command did not finish:\n{buf}");
+    assert!(line_with(&mut s, &mut buf, &["LKOUT 1 "], deadline).is_some(), "command did not finish:\n{buf}");
     // The virtio device's features: one '0'/'1' per bit, bit 0 first (64 or more characters).
     let bits = buf.lines().map(str::trim).find(|l| l.len() >= 64 && l.chars().all(|c| c == '0' || c == '1'));
     let bits = bits.unwrap_or_else(|| panic!("no features line:\n{buf}"));

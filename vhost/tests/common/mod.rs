@@ -2,6 +2,7 @@
 //! laid out in it, and a vhost-user frontend that hands both to the backend.
 #![allow(dead_code)]
 
+pub mod drivers;
 pub mod netns;
 
 use std::fs::File;

@@ -1,0 +1,172 @@
+//! The control queue: `VIRTIO_NET_CTRL_*` commands from the guest. Each chain is validated like
+//! any other guest input (a bad one is counted in [`Stats::errors`] and returned with length 0),
+//! then dispatched: `MQ / VQ_PAIRS_SET`, and with the features negotiated `MQ / RSS_CONFIG` and
+//! `MQ / HASH_CONFIG` (parsed by `rss.rs`). What the commands change is handed back to the
+//! backend, which applies it.
+
+use log::debug;
+use virtio_queue::{DescriptorChain, Queue};
+use vm_memory::{Bytes, GuestMemory, Permissions};
+
+use super::{add_used, pop_chain, ChainError, QueueRun, Stats};
+use crate::rss::{self, RssConfig};
+
+/// Control queue acks.
+pub const VIRTIO_NET_OK: u8 = 0;
+/// Control queue acks.
+pub const VIRTIO_NET_ERR: u8 = 1;
+/// Control class and command for setting the number of queue pairs.
+pub const CTRL_MQ: u8 = 4;
+/// See [`CTRL_MQ`].
+pub const CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
+/// Longest control command data read (RSS_CONFIG with a 128-entry table and a 40-byte key is
+/// 307 bytes); a longer command is refused.
+pub const MAX_CTRL_DATA: usize = 512;
+
+/// One control command's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlReply {
+    /// [`VIRTIO_NET_OK`] or [`VIRTIO_NET_ERR`], written to the guest.
+    pub ack: u8,
+    /// A valid `VQ_PAIRS_SET` value (or RSS_CONFIG's `max_tx_vq`).
+    pub set_pairs: Option<u16>,
+    /// A valid RSS_CONFIG or HASH_CONFIG.
+    pub rss: Option<RssConfig>,
+}
+
+/// Which hashing features the guest negotiated (they decide which commands are accepted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtrlFeatures {
+    /// VIRTIO_NET_F_RSS: RSS_CONFIG.
+    pub rss: bool,
+    /// VIRTIO_NET_F_HASH_REPORT: HASH_CONFIG (and RSS_CONFIG with F_RSS).
+    pub hash_report: bool,
+}
+
+impl CtrlReply {
+    fn err() -> Self {
+        CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None, rss: None }
+    }
+}
+
+/// Execute one control command (`class`, `command`, data; then one writable ack byte).
+/// Supported: `MQ / VQ_PAIRS_SET`, and with the features negotiated `MQ / RSS_CONFIG` and
+/// `MQ / HASH_CONFIG` (parsed by `rss.rs`); everything else, and every invalid command, is
+/// answered with `VIRTIO_NET_ERR` and changes nothing.
+pub fn ctrl_chain<M: GuestMemory>(
+    chain: DescriptorChain<&M>,
+    mem: &M,
+    max_pairs: u16,
+    features: CtrlFeatures,
+) -> Result<CtrlReply, ChainError> {
+    let mut cmd = [0u8; 2 + MAX_CTRL_DATA + 1];
+    let mut got = 0usize;
+    let mut ack_at = None;
+    let mut open = false;
+    for d in chain {
+        open = d.has_next();
+        let len = d.len() as usize;
+        let perm = if d.is_write_only() { Permissions::Write } else { Permissions::Read };
+        if len > 0 && !mem.check_range(d.addr(), len, perm) {
+            return Err(ChainError::BadAddress(d.addr().0, len));
+        }
+        if d.is_write_only() {
+            if ack_at.is_none() && len > 0 {
+                ack_at = Some(d.addr());
+            }
+        } else if ack_at.is_some() {
+            return Err(ChainError::Direction { expected_writable: true });
+        } else if got < cmd.len() {
+            let n = len.min(cmd.len() - got);
+            mem.read_slice(&mut cmd[got..got + n], d.addr()).map_err(|_| ChainError::BadAddress(d.addr().0, n))?;
+            got += n;
+        } else {
+            got = got.saturating_add(len);
+        }
+    }
+    if open {
+        return Err(ChainError::Unterminated);
+    }
+    let ack_at = ack_at.ok_or(ChainError::NoAck)?;
+    // More than MAX_CTRL_DATA bytes of data: `got` counts past the buffer, so it matches no
+    // command below and every parser sees a length error.
+    let data = &cmd[2.min(got)..got.min(cmd.len())];
+    let reply = match (got, cmd[0], cmd[1]) {
+        (4, CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET) => {
+            let pairs = u16::from_le_bytes([cmd[2], cmd[3]]);
+            if (1..=max_pairs).contains(&pairs) {
+                CtrlReply { ack: VIRTIO_NET_OK, set_pairs: Some(pairs), rss: None }
+            } else {
+                CtrlReply::err()
+            }
+        }
+        (n, CTRL_MQ, rss::CTRL_MQ_RSS_CONFIG) if features.rss && n < cmd.len() => {
+            match rss::parse_rss_config(data, max_pairs) {
+                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: c.pairs, rss: Some(c) },
+                Err(e) => {
+                    debug!("RSS_CONFIG refused: {e}");
+                    CtrlReply::err()
+                }
+            }
+        }
+        (n, CTRL_MQ, rss::CTRL_MQ_HASH_CONFIG) if features.hash_report && n < cmd.len() => {
+            match rss::parse_hash_config(data) {
+                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: None, rss: Some(c) },
+                Err(e) => {
+                    debug!("HASH_CONFIG refused: {e}");
+                    CtrlReply::err()
+                }
+            }
+        }
+        _ => CtrlReply::err(),
+    };
+    mem.write_obj(reply.ack, ack_at).map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;
+    Ok(reply)
+}
+
+/// What a control queue run changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CtrlChanges {
+    /// The last valid pair count set.
+    pub pairs: Option<u16>,
+    /// The last valid hashing configuration set.
+    pub rss: Option<RssConfig>,
+}
+
+/// Execute every pending control command. Returns the run and what the commands changed.
+pub fn ctrl_queue<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    max_pairs: u16,
+    features: CtrlFeatures,
+    stats: &Stats,
+    budget: usize,
+) -> (QueueRun, CtrlChanges) {
+    let mut run = QueueRun::default();
+    let mut changes = CtrlChanges::default();
+    while let Some(chain) = pop_chain(q, mem, stats) {
+        let head = chain.head_index();
+        let len = match ctrl_chain(chain, mem, max_pairs, features) {
+            Ok(reply) => {
+                if reply.ack != VIRTIO_NET_OK {
+                    debug!("control command refused with VIRTIO_NET_ERR");
+                }
+                changes.pairs = reply.set_pairs.or(changes.pairs);
+                changes.rss = reply.rss.or(changes.rss);
+                1
+            }
+            Err(e) => {
+                stats.error(&e);
+                0
+            }
+        };
+        add_used(q, mem, head, len, stats);
+        run.used = true;
+        run.handled += 1;
+        if run.handled >= budget {
+            run.more = true;
+            break;
+        }
+    }
+    (run, changes)
+}
