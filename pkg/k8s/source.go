@@ -6,6 +6,13 @@
 // KubeVirt VirtualMachineInstances on this node become VM endpoints in their
 // virt-launcher pod's network namespace.
 //
+// An object the agent cannot take — invalid, or a Service claiming a
+// frontend an older Service holds — is refused on its own: logged, counted
+// (Agent.Refused, the lanekit_k8s_objects_refused metric), and everything
+// else applies; the source is ready all the same. While a kind has refused
+// objects, every change to that kind hands the agent the kind's full set
+// again (coalesced), so a refused object applies once its clash is gone.
+//
 // A lost watch or a restarted API server is a relist: client-go turns it
 // into the adds, updates and deletes that converge the agent. While the API
 // server is down nothing is removed: the datapath keeps forwarding on what
@@ -17,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +42,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -40,8 +50,15 @@ import (
 type ObjectSink interface {
 	UpsertObjects(objs []k8sobj.Object) error                    // all-or-nothing
 	DeleteObject(kind k8sobj.Kind, namespace, name string) error // idempotent
-	ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error // the full set of a kind
+	// ReplaceObjects takes the full set of a kind, refusing objects on
+	// their own (agent.ErrInvalid) and applying the rest; the error is for
+	// what is not about one object.
+	ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error)
 }
+
+// resyncDelay coalesces the changes that hand the agent a kind's full set
+// again while some of its objects are refused.
+const resyncDelay = time.Second
 
 // Config is what a Source watches and where it sends what it sees.
 type Config struct {
@@ -79,16 +96,27 @@ type Source struct {
 	synced   bool
 	syncErr  error
 	replaced map[k8sobj.Kind]bool
+	// refused: the objects the agent refused, with the reason, by kind.
+	refused map[k8sobj.Kind]map[objKey]string
 }
 
-// objKey names a queued object.
+// objKey names a queued object, or with all the full set of its kind.
 type objKey struct {
 	kind      k8sobj.Kind
 	namespace string
 	name      string
+	all       bool
 }
 
-func (k objKey) String() string { return string(k.kind) + " " + k.namespace + "/" + k.name }
+func (k objKey) String() string {
+	switch {
+	case k.all:
+		return string(k.kind) + " (all)"
+	case k.namespace == "":
+		return string(k.kind) + " " + k.name
+	}
+	return string(k.kind) + " " + k.namespace + "/" + k.name
+}
 
 // New sets up the informers (nothing runs until Run).
 func New(cfg Config) (*Source, error) {
@@ -109,6 +137,7 @@ func New(cfg Config) (*Source, error) {
 		kinds:    map[k8sobj.Kind]cache.SharedIndexInformer{},
 		routesQ:  make(chan struct{}, 1),
 		replaced: map[k8sobj.Kind]bool{},
+		refused:  map[k8sobj.Kind]map[objKey]string{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
@@ -161,6 +190,9 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 		}
 		if s.cfg.Objects != nil {
 			s.queue.Add(objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()})
+			if s.hasRefused(kind) {
+				s.queue.AddAfter(objKey{kind: kind, all: true}, resyncDelay)
+			}
 		}
 		if kind == k8sobj.KindPod {
 			s.vmi.kickSafe()
@@ -188,7 +220,8 @@ func (s *Source) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	// The agent's store may hold objects deleted while it was down: the
-	// first apply of each kind is the full set (all-or-nothing; retried).
+	// first apply of each kind is the full set. Objects the agent refuses
+	// do not hold readiness back; any other failure is retried.
 	for _, kind := range k8sobj.Kinds {
 		inf, ok := s.kinds[kind]
 		if !ok || s.cfg.Objects == nil {
@@ -247,31 +280,94 @@ func (s *Source) setSyncErr(err error) {
 	s.mu.Unlock()
 }
 
-// replace hands the agent every valid object of kind in the cache.
+// replace hands the agent every object of kind in the cache (invalid ones
+// too: the agent refuses them, and counts them with the others it refuses).
 func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error {
 	var objs []k8sobj.Object
 	for _, o := range inf.GetStore().List() {
 		obj, err := toObject(kind, o)
-		if err != nil {
+		if err != nil && !errors.Is(err, errInvalid) {
 			s.log.Warn("ignoring object", "kind", kind, "err", err)
 			continue
 		}
 		objs = append(objs, obj)
 	}
-	if err := s.cfg.Objects.ReplaceObjects(kind, objs); err != nil {
+	refused, err := s.cfg.Objects.ReplaceObjects(kind, objs)
+	if err != nil {
 		return fmt.Errorf("replace %d %s objects: %w", len(objs), kind, err)
 	}
+	s.noteRefused(kind, refused)
 	s.mu.Lock()
+	first := !s.replaced[kind]
 	s.replaced[kind] = true
 	s.mu.Unlock()
-	s.log.Info("synced", "kind", kind, "objects", len(objs))
+	if first {
+		s.log.Info("synced", "kind", kind, "objects", len(objs)-len(refused), "refused", len(refused))
+	}
 	return nil
 }
 
+// noteRefused records the refusals of kind's full set, logging what is
+// newly refused (or for another reason) and what no longer is.
+func (s *Source) noteRefused(kind k8sobj.Kind, rs []agent.Refusal) {
+	now := make(map[objKey]string, len(rs))
+	for _, r := range rs {
+		now[objKey{kind: kind, namespace: r.Object.Namespace(), name: r.Object.Name()}] = r.Err.Error()
+	}
+	s.mu.Lock()
+	prev := s.refused[kind]
+	s.refused[kind] = now
+	s.mu.Unlock()
+	for _, k := range slices.SortedFunc(maps.Keys(now), compareKeys) {
+		if prev[k] != now[k] {
+			s.log.Warn("object refused", "object", k, "reason", now[k])
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(prev), compareKeys) {
+		if _, still := now[k]; !still {
+			s.log.Info("object no longer refused", "object", k)
+		}
+	}
+}
+
+// settled drops k from the refused objects (it applied, or is gone).
+func (s *Source) settled(k objKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.refused[k.kind][k]; ok {
+		delete(s.refused[k.kind], k)
+		s.log.Info("object no longer refused", "object", k)
+	}
+}
+
+func (s *Source) hasRefused(kind k8sobj.Kind) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.refused[kind]) > 0
+}
+
+// Refused returns the objects the agent refused ("Kind namespace/name")
+// with the reason.
+func (s *Source) Refused() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for _, m := range s.refused {
+		for k, why := range m {
+			out[k.String()] = why
+		}
+	}
+	return out
+}
+
+func compareKeys(a, b objKey) int { return strings.Compare(a.String(), b.String()) }
+
 // work applies queued changes: present in the cache → upsert, gone →
-// delete. Failures are retried with backoff; an object the agent rejects
-// as invalid is logged and dropped (it cannot become valid without an
-// update, which queues it again).
+// delete, all → the kind's full set. An object the agent refuses on its own
+// (invalid, or clashing with another) makes the kind's full set decide: the
+// agent refuses the same objects a restart would (the oldest of clashing
+// objects wins) and counts them; the refused object is retried with every
+// change to its kind. Other failures are retried with backoff.
 func (s *Source) work(ctx context.Context) {
 	for {
 		k, quit := s.queue.Get()
@@ -282,9 +378,13 @@ func (s *Source) work(ctx context.Context) {
 		switch {
 		case err == nil:
 			s.queue.Forget(k)
-		case errors.Is(err, errInvalid):
-			s.log.Warn("ignoring object", "object", k, "err", err)
+			if !k.all {
+				s.settled(k)
+			}
+		case !k.all && (errors.Is(err, errInvalid) || errors.Is(err, agent.ErrInvalid)):
+			s.log.Debug("refused; the kind's full set decides", "object", k, "err", err)
 			s.queue.Forget(k)
+			s.queue.Add(objKey{kind: k.kind, all: true})
 		default:
 			if n := s.queue.NumRequeues(k); n%10 == 0 {
 				s.log.Error("apply", "object", k, "attempt", n+1, "err", err)
@@ -302,6 +402,9 @@ var errInvalid = errors.New("invalid object")
 
 func (s *Source) apply(k objKey) error {
 	inf := s.kinds[k.kind]
+	if k.all {
+		return s.replace(k.kind, inf)
+	}
 	key := k.name
 	if k.namespace != "" {
 		key = k.namespace + "/" + k.name
