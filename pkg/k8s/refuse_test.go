@@ -39,22 +39,24 @@ func TestRefusedObjectKeepsSourceReady(t *testing.T) {
 		t.Errorf("Refused() = %v, want Namespace bad with the agent's reason", got)
 	}
 
-	// Refused in a live change: recorded, still ready.
+	// The agent would take it now: a change to another Namespace retries it.
+	store.setRefuse("Namespace//bad", false)
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "poke"}})
+	eventually(t, "refused object retried on a change to its kind", func() bool {
+		return store.has("Namespace//bad") && len(src.Refused()) == 0
+	})
+
+	// Refused in a live change (nothing else refused): recorded the same
+	// way, still ready, retried on the next change.
 	store.setRefuse("Namespace//late", true)
 	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "late"}})
 	eventually(t, "live refusal recorded", func() bool { _, ok := src.Refused()["Namespace late"]; return ok })
 	if err := src.Synced(); err != nil || store.has("Namespace//late") {
 		t.Errorf("after a live refusal: synced %v, agent has late %v", err, store.has("Namespace//late"))
 	}
-
-	// The agent would take them now: a change to another Namespace is
-	// enough to retry both.
-	store.setRefuse("Namespace//bad", false)
 	store.setRefuse("Namespace//late", false)
-	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "poke"}})
-	eventually(t, "refused objects retried on a change to their kind", func() bool {
-		return store.has("Namespace//bad") && store.has("Namespace//late") && len(src.Refused()) == 0
-	})
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "poke2"}})
+	eventually(t, "live refusal retried", func() bool { return store.has("Namespace//late") && len(src.Refused()) == 0 })
 }
 
 // clusterIPService is a Service with a fixed cluster IP and one TCP port.
