@@ -171,6 +171,11 @@ func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
 type Refusal struct {
 	Object k8sobj.Object
 	Err    error
+	// By are the keys (Object.Key) of the objects whose change may settle
+	// the refusal besides the object's own: the older Services holding the
+	// frontends it claims. Only its own change settles an invalid object
+	// (By is its key); nil: unknown.
+	By []string
 }
 
 // ReplaceObjects makes objs the full set of objects of kind (an informer's
@@ -200,12 +205,12 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 			return nil, fmt.Errorf("replace %s objects: object %d (%s) is a %s: %w", k, i, o, ok, ErrInvalid)
 		}
 		if err := k8sobj.Check(o); err != nil {
-			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: %w: %w", o, err, ErrInvalid)})
+			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: %w: %w", o, err, ErrInvalid), By: []string{o.Key()}})
 			continue
 		}
 		o.Kind = k
 		if seen[o.Key()] {
-			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: given twice: %w", o, ErrInvalid)})
+			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: given twice: %w", o, ErrInvalid), By: []string{o.Key()}})
 			continue
 		}
 		seen[o.Key()] = true
@@ -271,10 +276,27 @@ func (c *ctlPlane) refuseClashes(next map[string]k8sobj.Object, svcs []k8sobj.Ob
 	var out []Refusal
 	for i, o := range order {
 		if _, err := m.Set(o.Service, slicesOf[ids[i]]); err != nil {
-			out = append(out, Refusal{Object: o, Err: fmt.Errorf("%w: %w", err, ErrInvalid)})
+			out = append(out, Refusal{Object: o, Err: fmt.Errorf("%w: %w", err, ErrInvalid), By: holders(m, o, slicesOf[ids[i]], c.svcOpts)})
 		}
 	}
 	return out
+}
+
+// holders returns the keys of the Services in m that hold a frontend svc
+// claims, and svc's own key.
+func holders(m *service.Model, svc k8sobj.Object, eps []*discoveryv1.EndpointSlice, opts service.Options) []string {
+	by := []string{svc.Key()}
+	fes, err := service.Translate(svc.Service, eps, opts)
+	if err != nil {
+		return by
+	}
+	for _, f := range fes {
+		if h := m.Frontend(f.Key); h != nil {
+			by = append(by, k8sobj.ObjectKey(k8sobj.KindService, h.Service.Namespace, h.Service.Name))
+		}
+	}
+	slices.Sort(by)
+	return slices.Compact(by)
 }
 
 // olderFirst orders objects by creationTimestamp, then namespace and name.

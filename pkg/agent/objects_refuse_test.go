@@ -94,8 +94,15 @@ func TestReplaceRefusesPerObject(t *testing.T) {
 			if !errors.Is(r.Err, ErrInvalid) || !strings.Contains(r.Err.Error(), r.Object.Name()) {
 				t.Errorf("refusal of %s: %v (want ErrInvalid naming it)", r.Object, r.Err)
 			}
-			if r.Object.Name() == "a-new" && !strings.Contains(r.Err.Error(), "shop/z-old") {
-				t.Errorf("clash refusal does not name the holder: %v", r.Err)
+			by := []string{r.Object.Key()}
+			if r.Object.Name() == "a-new" {
+				if !strings.Contains(r.Err.Error(), "shop/z-old") {
+					t.Errorf("clash refusal does not name the holder: %v", r.Err)
+				}
+				by = []string{"Service/shop/a-new", "Service/shop/z-old"}
+			}
+			if !slices.Equal(r.By, by) {
+				t.Errorf("refusal of %s settles with %v, want %v", r.Object, r.By, by)
 			}
 		}
 		if got := objectKeys(a.Objects(k8sobj.KindService)); !slices.Equal(got, []string{"Service/shop/ok", "Service/shop/z-old"}) {
@@ -142,5 +149,39 @@ func TestReplaceRefusesPerObject(t *testing.T) {
 	}
 	if len(a.Refused()) != 0 || ownerOf(a, "10.96.0.20") != "a-new" {
 		t.Errorf("after the upsert: refused %v, owner %q", refusedKeys(a.Refused()), ownerOf(a, "10.96.0.20"))
+	}
+}
+
+// BenchmarkReplaceServicesAt10k: the full set of 10,000 Services handed to
+// the agent again (the k8s source's resync), without and with one Service
+// claiming another's frontend (refused on its own).
+func BenchmarkReplaceServicesAt10k(b *testing.B) {
+	for _, clash := range []bool{false, true} {
+		b.Run(fmt.Sprintf("clash=%v", clash), func(b *testing.B) {
+			a := newCtlAgent(b, b.TempDir(), NewMemoryDatapath())
+			objs := benchServiceObjects(10000)
+			for i := 0; i < len(objs); i += 2000 {
+				if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var svcs []k8sobj.Object
+			for i := 0; i < len(objs); i += 2 {
+				svcs = append(svcs, objs[i])
+			}
+			if clash {
+				dup := svcs[0]
+				dup.Service = dup.Service.DeepCopy()
+				dup.Service.Name = "zz-clash"
+				svcs = append(svcs, dup)
+			}
+			b.ResetTimer()
+			for range b.N {
+				rs, err := a.ReplaceObjects(k8sobj.KindService, svcs)
+				if err != nil || len(rs) != map[bool]int{false: 0, true: 1}[clash] {
+					b.Fatal(len(rs), err)
+				}
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +64,17 @@ func TestRefusedObjectKeepsSourceReady(t *testing.T) {
 func clusterIPService(name, ip string, port int32) *corev1.Service {
 	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: corev1.ServiceSpec{ClusterIP: ip, Ports: []corev1.ServicePort{{Name: "p", Port: port, Protocol: corev1.ProtocolTCP}}}}
+}
+
+// replaceCounter is the agent with a count of its ReplaceObjects calls.
+type replaceCounter struct {
+	*agent.Agent
+	n atomic.Int64
+}
+
+func (r *replaceCounter) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error) {
+	r.n.Add(1)
+	return r.Agent.ReplaceObjects(kind, objs)
 }
 
 // newMemAgent is a real agent (translation, store, readiness) on the memory
@@ -140,7 +152,8 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService("aa-newer", vip, 80))
 	mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService("valid", "10.96.0.51", 80))
 
-	src, stop := run(t, Config{NodeName: "n", Client: e.c, Objects: a})
+	sink := &replaceCounter{Agent: a}
+	src, stop := run(t, Config{NodeName: "n", Client: e.c, Objects: sink})
 	a.AddReadyCheck("k8s", func() error { return src.Synced() })
 	eventually(t, "initial sync", func() bool { return src.Synced() == nil && frontendOwner(a, "10.96.0.51", 80) == "valid" })
 	if got := frontendOwner(a, vip, 80); got != "aa-newer" || len(a.Refused()) != 0 {
@@ -182,6 +195,17 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	}
 	check("live update")
 
+	// A change to an unrelated Service applies on its own: only a change to
+	// the refused Service or to the one holding its frontend makes the
+	// agent decide over the full set again (a second at 10,000 Services).
+	replaces := sink.n.Load()
+	mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService("other", "10.96.0.52", 80))
+	eventually(t, "unrelated service applies", func() bool { return frontendOwner(a, "10.96.0.52", 80) == "other" })
+	time.Sleep(resyncDelay + 500*time.Millisecond)
+	if n := sink.n.Load() - replaces; n != 0 {
+		t.Errorf("an unrelated Service change made %d full-set replaces, want 0", n)
+	}
+
 	// A restarted source (same agent) decides the same way.
 	stop()
 	src, _ = run(t, Config{NodeName: "n", Client: e.c, Objects: a})
@@ -202,7 +226,7 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	for _, o := range a.Objects(k8sobj.KindService) {
 		names = append(names, o.Name())
 	}
-	if !slices.Equal(names, []string{"aa-newer", "kubernetes", "valid"}) {
+	if !slices.Equal(names, []string{"aa-newer", "kubernetes", "other", "valid"}) {
 		t.Errorf("services in the agent: %v", names)
 	}
 }

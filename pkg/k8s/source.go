@@ -9,9 +9,11 @@
 // An object the agent cannot take — invalid, or a Service claiming a
 // frontend an older Service holds — is refused on its own: logged, counted
 // (Agent.Refused, the lanekit_k8s_objects_refused metric), and everything
-// else applies; the source is ready all the same. While a kind has refused
-// objects, every change to that kind hands the agent the kind's full set
-// again (coalesced), so a refused object applies once its clash is gone.
+// else applies; the source is ready all the same. A change to a refused
+// object, or to an object it clashes with (the agent says which), hands the
+// agent the kind's full set again (coalesced), so the refused object applies
+// once the clash is gone; the full set decides as at start-up (the oldest of
+// clashing Services keeps the frontend).
 //
 // A lost watch or a restarted API server is a relist: client-go turns it
 // into the adds, updates and deletes that converge the agent. While the API
@@ -57,7 +59,7 @@ type ObjectSink interface {
 }
 
 // resyncDelay coalesces the changes that hand the agent a kind's full set
-// again while some of its objects are refused.
+// again because they may settle a refusal.
 const resyncDelay = time.Second
 
 // Config is what a Source watches and where it sends what it sees.
@@ -96,8 +98,15 @@ type Source struct {
 	synced   bool
 	syncErr  error
 	replaced map[k8sobj.Kind]bool
-	// refused: the objects the agent refused, with the reason, by kind.
-	refused map[k8sobj.Kind]map[objKey]string
+	// refused: the objects the agent refused, by kind.
+	refused map[k8sobj.Kind]map[objKey]refusal
+}
+
+// refusal is why the agent refused an object, and the objects whose change
+// may settle it (nil: any object of its kind).
+type refusal struct {
+	reason string
+	by     []objKey
 }
 
 // objKey names a queued object, or with all the full set of its kind.
@@ -137,7 +146,7 @@ func New(cfg Config) (*Source, error) {
 		kinds:    map[k8sobj.Kind]cache.SharedIndexInformer{},
 		routesQ:  make(chan struct{}, 1),
 		replaced: map[k8sobj.Kind]bool{},
-		refused:  map[k8sobj.Kind]map[objKey]string{},
+		refused:  map[k8sobj.Kind]map[objKey]refusal{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
@@ -189,8 +198,9 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 			return
 		}
 		if s.cfg.Objects != nil {
-			s.queue.Add(objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()})
-			if s.hasRefused(kind) {
+			k := objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
+			s.queue.Add(k)
+			for _, kind := range s.maySettle(k) {
 				s.queue.AddAfter(objKey{kind: kind, all: true}, resyncDelay)
 			}
 		}
@@ -310,17 +320,26 @@ func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error 
 // noteRefused records the refusals of kind's full set, logging what is
 // newly refused (or for another reason) and what no longer is.
 func (s *Source) noteRefused(kind k8sobj.Kind, rs []agent.Refusal) {
-	now := make(map[objKey]string, len(rs))
+	now := make(map[objKey]refusal, len(rs))
 	for _, r := range rs {
-		now[objKey{kind: kind, namespace: r.Object.Namespace(), name: r.Object.Name()}] = r.Err.Error()
+		ref := refusal{reason: r.Err.Error()}
+		for _, b := range r.By {
+			if bk, ok := parseKey(b); ok {
+				ref.by = append(ref.by, bk)
+			}
+		}
+		if len(ref.by) < len(r.By) {
+			ref.by = nil // unknown: any change to the kind
+		}
+		now[objKey{kind: kind, namespace: r.Object.Namespace(), name: r.Object.Name()}] = ref
 	}
 	s.mu.Lock()
 	prev := s.refused[kind]
 	s.refused[kind] = now
 	s.mu.Unlock()
 	for _, k := range slices.SortedFunc(maps.Keys(now), compareKeys) {
-		if prev[k] != now[k] {
-			s.log.Warn("object refused", "object", k, "reason", now[k])
+		if prev[k].reason != now[k].reason {
+			s.log.Warn("object refused", "object", k, "reason", now[k].reason)
 		}
 	}
 	for _, k := range slices.SortedFunc(maps.Keys(prev), compareKeys) {
@@ -340,10 +359,34 @@ func (s *Source) settled(k objKey) {
 	}
 }
 
-func (s *Source) hasRefused(kind k8sobj.Kind) bool {
+// maySettle returns the kinds with a refusal that a change to k may settle:
+// k holds what a refused object claims, or the refusal does not say.
+func (s *Source) maySettle(k objKey) []k8sobj.Kind {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.refused[kind]) > 0
+	var out []k8sobj.Kind
+	for kind, m := range s.refused {
+		for _, r := range m {
+			if (r.by == nil && kind == k.kind) || slices.Contains(r.by, k) {
+				out = append(out, kind)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// parseKey parses an Object.Key ("Kind/namespace/name").
+func parseKey(key string) (objKey, bool) {
+	parts := strings.SplitN(key, "/", 3)
+	if len(parts) != 3 {
+		return objKey{}, false
+	}
+	kind, err := k8sobj.ParseKind(parts[0])
+	if err != nil {
+		return objKey{}, false
+	}
+	return objKey{kind: kind, namespace: parts[1], name: parts[2]}, true
 }
 
 // Refused returns the objects the agent refused ("Kind namespace/name")
@@ -353,8 +396,8 @@ func (s *Source) Refused() map[string]string {
 	defer s.mu.Unlock()
 	out := map[string]string{}
 	for _, m := range s.refused {
-		for k, why := range m {
-			out[k.String()] = why
+		for k, r := range m {
+			out[k.String()] = r.reason
 		}
 	}
 	return out
@@ -366,8 +409,8 @@ func compareKeys(a, b objKey) int { return strings.Compare(a.String(), b.String(
 // delete, all → the kind's full set. An object the agent refuses on its own
 // (invalid, or clashing with another) makes the kind's full set decide: the
 // agent refuses the same objects a restart would (the oldest of clashing
-// objects wins) and counts them; the refused object is retried with every
-// change to its kind. Other failures are retried with backoff.
+// objects wins) and counts them; the refused object is retried when it or
+// what it clashes with changes. Other failures are retried with backoff.
 func (s *Source) work(ctx context.Context) {
 	for {
 		k, quit := s.queue.Get()
