@@ -36,6 +36,10 @@ var watched = []struct{ group, resource string }{
 	{"", "services"},
 	{"discovery.k8s.io", "endpointslices"},
 	{"networking.k8s.io", "networkpolicies"},
+}
+
+// read are resources the agent only gets (a VM attachment's VMI).
+var read = []struct{ group, resource string }{
 	{"kubevirt.io", "virtualmachineinstances"},
 }
 
@@ -197,6 +201,12 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		}
 		delete(granted, w.group+"/"+w.resource)
 	}
+	for _, r := range read {
+		if v := granted[r.group+"/"+r.resource]; !slices.Equal(v, []string{"get"}) {
+			t.Errorf("agent gets %s/%s: RBAC grants %v, want exactly get", r.group, r.resource, v)
+		}
+		delete(granted, r.group+"/"+r.resource)
+	}
 	for k := range granted {
 		t.Errorf("RBAC grants %s, which the agent does not watch", k)
 	}
@@ -324,6 +334,10 @@ func TestDaemonSet(t *testing.T) {
 		if f[flag] == "" || hostMount(f[flag]) == "" {
 			t.Errorf("--%s=%q is not on a hostPath mount", flag, f[flag])
 		}
+	}
+	// VM attachments find launcher pods' volumes under kubelet's directory.
+	if root := f["kubelet-root-dir"]; root == "" || hostMount(root+"/pods/x") != root+"/pods/x" {
+		t.Errorf("--kubelet-root-dir=%q: its pods directory is not the host's", root)
 	}
 	if f["node-name"] != "$(NODE_NAME)" {
 		t.Errorf("--node-name = %q, want the downward API node name", f["node-name"])

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/pkg/agent"
-	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/k8s"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -49,12 +49,17 @@ func (s *countingSink) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([
 	return nil, nil
 }
 
-type noVMs struct{}
+// vmResolver keeps the VMI resolver the source hands the agent.
+type vmResolver struct {
+	mu sync.Mutex
+	r  agent.VMIResolver
+}
 
-func (noVMs) AddVM(agent.AddVMRequest) (*agent.VMInfo, error) { return nil, os.ErrInvalid }
-func (noVMs) DelVM(string) (bool, error)                      { return false, nil }
-func (noVMs) ListVMs() ([]agent.VMInfo, error)                { return nil, nil }
-func (noVMs) List() ([]endpoint.Endpoint, error)              { return nil, nil }
+func (v *vmResolver) SetVMIResolver(r agent.VMIResolver) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.r = r
+}
 
 // TestAgentRBACIsEnough applies the manifests' ServiceAccount and RBAC for
 // real, then runs the agent's Kubernetes source with that ServiceAccount's
@@ -117,7 +122,8 @@ func TestAgentRBACIsEnough(t *testing.T) {
 		t.Fatalf("the agent's ServiceAccount reads its pod CIDR: %q, %v", cidr, err)
 	}
 	sink := &countingSink{n: map[k8sobj.Kind]int{}}
-	src, err := k8s.New(k8s.Config{NodeName: "n1", Client: c, Dynamic: sdc, Objects: sink, VMs: noVMs{}, Log: log})
+	vms := &vmResolver{}
+	src, err := k8s.New(k8s.Config{NodeName: "n1", Client: c, Dynamic: sdc, Objects: sink, VMs: vms, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +141,32 @@ func TestAgentRBACIsEnough(t *testing.T) {
 		t.Errorf("no namespaces listed: %v", sink.n)
 	}
 	sink.mu.Unlock()
-	if _, err := sdc.Resource(k8s.VMIResource).Namespace("default").List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("the agent cannot list VMIs: %v", err)
+	// A VM attachment's ADD reads its launcher pod and VMI.
+	vmi, err := dc.Resource(k8s.VMIResource).Namespace("default").Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+		"metadata": map[string]any{"name": "vm1", "namespace": "default"},
+		"spec":     map[string]any{"domain": map[string]any{"devices": map[string]any{}}},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcher, err := admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "virt-launcher-vm1-x", Namespace: "default",
+			Labels:      map[string]string{"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": string(vmi.GetUID())},
+			Annotations: map[string]string{"kubevirt.io/domain": "vm1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "compute", Image: "x"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms.mu.Lock()
+	resolve := vms.r
+	vms.mu.Unlock()
+	if resolve == nil {
+		t.Fatal("the source set no VMI resolver")
+	}
+	if info, ok, err := resolve("default", launcher.Name, string(launcher.UID)); err != nil || !ok || info.Name != "vm1" {
+		t.Errorf("the agent's ServiceAccount cannot resolve a launcher pod's VMI: %+v %v %v", info, ok, err)
 	}
 	// Read only: no writes, no secrets.
 	_, err = c.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},

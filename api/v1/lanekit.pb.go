@@ -143,7 +143,12 @@ type AddEndpointRequest struct {
 	// contain its pod CIDR.
 	Subnet string `protobuf:"bytes,6,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	// Free-form metadata (CNI_ARGS such as K8S_POD_NAME, a VM's name...).
-	Labels        map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Kind VM: a VM attachment made through the CNI (a KubeVirt virt-launcher
+	// pod's network whose CNI config has "vhostUser"). The agent creates a VM
+	// endpoint (device named after the attachment's ifname in netns), starts
+	// its vhost-user backend and reports the socket QEMU connects to.
+	VhostUser     *VhostUserAttachment `protobuf:"bytes,8,opt,name=vhost_user,json=vhostUser,proto3" json:"vhost_user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -227,16 +232,173 @@ func (x *AddEndpointRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *AddEndpointRequest) GetVhostUser() *VhostUserAttachment {
+	if x != nil {
+		return x.VhostUser
+	}
+	return nil
+}
+
+type VhostUserAttachment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Queue pairs; 0: from the VMI (when the agent watches KubeVirt), else 1.
+	Queues uint32 `protobuf:"varint,1,opt,name=queues,proto3" json:"queues,omitempty"`
+	// The VM's MAC (CNI runtimeConfig "mac"); empty: the VMI interface's,
+	// else random.
+	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	// The socket's directory as QEMU sees it (in the compute container).
+	SocketDir string `protobuf:"bytes,3,opt,name=socket_dir,json=socketDir,proto3" json:"socket_dir,omitempty"`
+	// The pod's emptyDir volume mounted at socket_dir: the agent finds it on
+	// the host under the kubelet's pod directory (K8S_POD_UID in labels).
+	PodVolume string `protobuf:"bytes,4,opt,name=pod_volume,json=podVolume,proto3" json:"pod_volume,omitempty"`
+	// Instead of pod_volume: a host directory that QEMU sees at socket_dir.
+	HostSocketDir string `protobuf:"bytes,5,opt,name=host_socket_dir,json=hostSocketDir,proto3" json:"host_socket_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VhostUserAttachment) Reset() {
+	*x = VhostUserAttachment{}
+	mi := &file_lanekit_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VhostUserAttachment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VhostUserAttachment) ProtoMessage() {}
+
+func (x *VhostUserAttachment) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VhostUserAttachment.ProtoReflect.Descriptor instead.
+func (*VhostUserAttachment) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *VhostUserAttachment) GetQueues() uint32 {
+	if x != nil {
+		return x.Queues
+	}
+	return 0
+}
+
+func (x *VhostUserAttachment) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *VhostUserAttachment) GetSocketDir() string {
+	if x != nil {
+		return x.SocketDir
+	}
+	return ""
+}
+
+func (x *VhostUserAttachment) GetPodVolume() string {
+	if x != nil {
+		return x.PodVolume
+	}
+	return ""
+}
+
+func (x *VhostUserAttachment) GetHostSocketDir() string {
+	if x != nil {
+		return x.HostSocketDir
+	}
+	return ""
+}
+
+// VhostUserDevice is what the CNI plugin reports as device-info (NPWG
+// device-info spec, type vhost-user).
+type VhostUserDevice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// QEMU's role: "client" (the backend listens, QEMU connects).
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// The socket as QEMU sees it.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The VM endpoint's name (lanekit vm list).
+	VmName        string `protobuf:"bytes,3,opt,name=vm_name,json=vmName,proto3" json:"vm_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VhostUserDevice) Reset() {
+	*x = VhostUserDevice{}
+	mi := &file_lanekit_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VhostUserDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VhostUserDevice) ProtoMessage() {}
+
+func (x *VhostUserDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VhostUserDevice.ProtoReflect.Descriptor instead.
+func (*VhostUserDevice) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *VhostUserDevice) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *VhostUserDevice) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *VhostUserDevice) GetVmName() string {
+	if x != nil {
+		return x.VmName
+	}
+	return ""
+}
+
 type AddEndpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Kind VM: where QEMU reaches the backend.
+	VhostUser     *VhostUserDevice `protobuf:"bytes,2,opt,name=vhost_user,json=vhostUser,proto3" json:"vhost_user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddEndpointResponse) Reset() {
 	*x = AddEndpointResponse{}
-	mi := &file_lanekit_proto_msgTypes[2]
+	mi := &file_lanekit_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +410,7 @@ func (x *AddEndpointResponse) String() string {
 func (*AddEndpointResponse) ProtoMessage() {}
 
 func (x *AddEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[2]
+	mi := &file_lanekit_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,12 +423,19 @@ func (x *AddEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddEndpointResponse.ProtoReflect.Descriptor instead.
 func (*AddEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{2}
+	return file_lanekit_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AddEndpointResponse) GetEndpoint() *Endpoint {
 	if x != nil {
 		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *AddEndpointResponse) GetVhostUser() *VhostUserDevice {
+	if x != nil {
+		return x.VhostUser
 	}
 	return nil
 }
@@ -282,7 +451,7 @@ type DelEndpointRequest struct {
 
 func (x *DelEndpointRequest) Reset() {
 	*x = DelEndpointRequest{}
-	mi := &file_lanekit_proto_msgTypes[3]
+	mi := &file_lanekit_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +463,7 @@ func (x *DelEndpointRequest) String() string {
 func (*DelEndpointRequest) ProtoMessage() {}
 
 func (x *DelEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[3]
+	mi := &file_lanekit_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +476,7 @@ func (x *DelEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelEndpointRequest.ProtoReflect.Descriptor instead.
 func (*DelEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{3}
+	return file_lanekit_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DelEndpointRequest) GetKind() EndpointKind {
@@ -341,7 +510,7 @@ type DelEndpointResponse struct {
 
 func (x *DelEndpointResponse) Reset() {
 	*x = DelEndpointResponse{}
-	mi := &file_lanekit_proto_msgTypes[4]
+	mi := &file_lanekit_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +522,7 @@ func (x *DelEndpointResponse) String() string {
 func (*DelEndpointResponse) ProtoMessage() {}
 
 func (x *DelEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[4]
+	mi := &file_lanekit_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +535,7 @@ func (x *DelEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelEndpointResponse.ProtoReflect.Descriptor instead.
 func (*DelEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{4}
+	return file_lanekit_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DelEndpointResponse) GetExisted() bool {
@@ -387,7 +556,7 @@ type CheckEndpointRequest struct {
 
 func (x *CheckEndpointRequest) Reset() {
 	*x = CheckEndpointRequest{}
-	mi := &file_lanekit_proto_msgTypes[5]
+	mi := &file_lanekit_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +568,7 @@ func (x *CheckEndpointRequest) String() string {
 func (*CheckEndpointRequest) ProtoMessage() {}
 
 func (x *CheckEndpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[5]
+	mi := &file_lanekit_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +581,7 @@ func (x *CheckEndpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckEndpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckEndpointRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{5}
+	return file_lanekit_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CheckEndpointRequest) GetKind() EndpointKind {
@@ -439,13 +608,14 @@ func (x *CheckEndpointRequest) GetNetns() string {
 type CheckEndpointResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Endpoint      *Endpoint              `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	VhostUser     *VhostUserDevice       `protobuf:"bytes,2,opt,name=vhost_user,json=vhostUser,proto3" json:"vhost_user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckEndpointResponse) Reset() {
 	*x = CheckEndpointResponse{}
-	mi := &file_lanekit_proto_msgTypes[6]
+	mi := &file_lanekit_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +627,7 @@ func (x *CheckEndpointResponse) String() string {
 func (*CheckEndpointResponse) ProtoMessage() {}
 
 func (x *CheckEndpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[6]
+	mi := &file_lanekit_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,12 +640,19 @@ func (x *CheckEndpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckEndpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckEndpointResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{6}
+	return file_lanekit_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckEndpointResponse) GetEndpoint() *Endpoint {
 	if x != nil {
 		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *CheckEndpointResponse) GetVhostUser() *VhostUserDevice {
+	if x != nil {
+		return x.VhostUser
 	}
 	return nil
 }
@@ -488,7 +665,7 @@ type ListEndpointsRequest struct {
 
 func (x *ListEndpointsRequest) Reset() {
 	*x = ListEndpointsRequest{}
-	mi := &file_lanekit_proto_msgTypes[7]
+	mi := &file_lanekit_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +677,7 @@ func (x *ListEndpointsRequest) String() string {
 func (*ListEndpointsRequest) ProtoMessage() {}
 
 func (x *ListEndpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[7]
+	mi := &file_lanekit_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +690,7 @@ func (x *ListEndpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListEndpointsRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{7}
+	return file_lanekit_proto_rawDescGZIP(), []int{9}
 }
 
 type ListEndpointsResponse struct {
@@ -525,7 +702,7 @@ type ListEndpointsResponse struct {
 
 func (x *ListEndpointsResponse) Reset() {
 	*x = ListEndpointsResponse{}
-	mi := &file_lanekit_proto_msgTypes[8]
+	mi := &file_lanekit_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +714,7 @@ func (x *ListEndpointsResponse) String() string {
 func (*ListEndpointsResponse) ProtoMessage() {}
 
 func (x *ListEndpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[8]
+	mi := &file_lanekit_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +727,7 @@ func (x *ListEndpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListEndpointsResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{8}
+	return file_lanekit_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListEndpointsResponse) GetEndpoints() []*Endpoint {
@@ -569,7 +746,7 @@ type GCRequest struct {
 
 func (x *GCRequest) Reset() {
 	*x = GCRequest{}
-	mi := &file_lanekit_proto_msgTypes[9]
+	mi := &file_lanekit_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +758,7 @@ func (x *GCRequest) String() string {
 func (*GCRequest) ProtoMessage() {}
 
 func (x *GCRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[9]
+	mi := &file_lanekit_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +771,7 @@ func (x *GCRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCRequest.ProtoReflect.Descriptor instead.
 func (*GCRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{9}
+	return file_lanekit_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GCRequest) GetValidAttachments() []*Attachment {
@@ -613,7 +790,7 @@ type GCResponse struct {
 
 func (x *GCResponse) Reset() {
 	*x = GCResponse{}
-	mi := &file_lanekit_proto_msgTypes[10]
+	mi := &file_lanekit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +802,7 @@ func (x *GCResponse) String() string {
 func (*GCResponse) ProtoMessage() {}
 
 func (x *GCResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[10]
+	mi := &file_lanekit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +815,7 @@ func (x *GCResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GCResponse.ProtoReflect.Descriptor instead.
 func (*GCResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{10}
+	return file_lanekit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GCResponse) GetRemoved() []*Attachment {
@@ -656,7 +833,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_lanekit_proto_msgTypes[11]
+	mi := &file_lanekit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +845,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[11]
+	mi := &file_lanekit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +858,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{11}
+	return file_lanekit_proto_rawDescGZIP(), []int{13}
 }
 
 type StatusResponse struct {
@@ -703,7 +880,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_lanekit_proto_msgTypes[12]
+	mi := &file_lanekit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +892,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[12]
+	mi := &file_lanekit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +905,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{12}
+	return file_lanekit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -832,7 +1009,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_lanekit_proto_msgTypes[13]
+	mi := &file_lanekit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +1021,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[13]
+	mi := &file_lanekit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1034,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{13}
+	return file_lanekit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ControlPlaneStatus) GetObjects() map[string]uint32 {
@@ -1002,7 +1179,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_lanekit_proto_msgTypes[14]
+	mi := &file_lanekit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1191,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[14]
+	mi := &file_lanekit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1204,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{14}
+	return file_lanekit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -1099,7 +1276,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_lanekit_proto_msgTypes[15]
+	mi := &file_lanekit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1288,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[15]
+	mi := &file_lanekit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1301,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{15}
+	return file_lanekit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -1172,7 +1349,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_lanekit_proto_msgTypes[16]
+	mi := &file_lanekit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1361,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[16]
+	mi := &file_lanekit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1374,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{16}
+	return file_lanekit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -1228,7 +1405,7 @@ type Interface struct {
 
 func (x *Interface) Reset() {
 	*x = Interface{}
-	mi := &file_lanekit_proto_msgTypes[17]
+	mi := &file_lanekit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1417,7 @@ func (x *Interface) String() string {
 func (*Interface) ProtoMessage() {}
 
 func (x *Interface) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[17]
+	mi := &file_lanekit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1430,7 @@ func (x *Interface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Interface.ProtoReflect.Descriptor instead.
 func (*Interface) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{17}
+	return file_lanekit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Interface) GetName() string {
@@ -1304,7 +1481,7 @@ type IPConfig struct {
 
 func (x *IPConfig) Reset() {
 	*x = IPConfig{}
-	mi := &file_lanekit_proto_msgTypes[18]
+	mi := &file_lanekit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1493,7 @@ func (x *IPConfig) String() string {
 func (*IPConfig) ProtoMessage() {}
 
 func (x *IPConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[18]
+	mi := &file_lanekit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1506,7 @@ func (x *IPConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IPConfig.ProtoReflect.Descriptor instead.
 func (*IPConfig) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{18}
+	return file_lanekit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *IPConfig) GetAddress() string {
@@ -1365,7 +1542,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_lanekit_proto_msgTypes[19]
+	mi := &file_lanekit_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1554,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[19]
+	mi := &file_lanekit_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1567,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{19}
+	return file_lanekit_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Route) GetDst() string {
@@ -1441,7 +1618,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1630,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[20]
+	mi := &file_lanekit_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1643,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{20}
+	return file_lanekit_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Endpoint) GetId() uint32 {
@@ -1574,7 +1751,7 @@ type EndpointPolicy struct {
 
 func (x *EndpointPolicy) Reset() {
 	*x = EndpointPolicy{}
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1763,7 @@ func (x *EndpointPolicy) String() string {
 func (*EndpointPolicy) ProtoMessage() {}
 
 func (x *EndpointPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[21]
+	mi := &file_lanekit_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1776,7 @@ func (x *EndpointPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointPolicy.ProtoReflect.Descriptor instead.
 func (*EndpointPolicy) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{21}
+	return file_lanekit_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EndpointPolicy) GetNamespace() string {
@@ -1658,7 +1835,7 @@ type EndpointCounters struct {
 
 func (x *EndpointCounters) Reset() {
 	*x = EndpointCounters{}
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1847,7 @@ func (x *EndpointCounters) String() string {
 func (*EndpointCounters) ProtoMessage() {}
 
 func (x *EndpointCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[22]
+	mi := &file_lanekit_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1860,7 @@ func (x *EndpointCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndpointCounters.ProtoReflect.Descriptor instead.
 func (*EndpointCounters) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{22}
+	return file_lanekit_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *EndpointCounters) GetFromPackets() uint64 {
@@ -1760,7 +1937,7 @@ type AddVMRequest struct {
 
 func (x *AddVMRequest) Reset() {
 	*x = AddVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1949,7 @@ func (x *AddVMRequest) String() string {
 func (*AddVMRequest) ProtoMessage() {}
 
 func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[23]
+	mi := &file_lanekit_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1962,7 @@ func (x *AddVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMRequest.ProtoReflect.Descriptor instead.
 func (*AddVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{23}
+	return file_lanekit_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddVMRequest) GetName() string {
@@ -1853,7 +2030,7 @@ type AddVMResponse struct {
 
 func (x *AddVMResponse) Reset() {
 	*x = AddVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +2042,7 @@ func (x *AddVMResponse) String() string {
 func (*AddVMResponse) ProtoMessage() {}
 
 func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[24]
+	mi := &file_lanekit_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +2055,7 @@ func (x *AddVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddVMResponse.ProtoReflect.Descriptor instead.
 func (*AddVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{24}
+	return file_lanekit_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AddVMResponse) GetVm() *VM {
@@ -1897,7 +2074,7 @@ type DelVMRequest struct {
 
 func (x *DelVMRequest) Reset() {
 	*x = DelVMRequest{}
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2086,7 @@ func (x *DelVMRequest) String() string {
 func (*DelVMRequest) ProtoMessage() {}
 
 func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[25]
+	mi := &file_lanekit_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2099,7 @@ func (x *DelVMRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMRequest.ProtoReflect.Descriptor instead.
 func (*DelVMRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{25}
+	return file_lanekit_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DelVMRequest) GetName() string {
@@ -1942,7 +2119,7 @@ type DelVMResponse struct {
 
 func (x *DelVMResponse) Reset() {
 	*x = DelVMResponse{}
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2131,7 @@ func (x *DelVMResponse) String() string {
 func (*DelVMResponse) ProtoMessage() {}
 
 func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[26]
+	mi := &file_lanekit_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2144,7 @@ func (x *DelVMResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelVMResponse.ProtoReflect.Descriptor instead.
 func (*DelVMResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{26}
+	return file_lanekit_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DelVMResponse) GetExisted() bool {
@@ -1985,7 +2162,7 @@ type ListVMsRequest struct {
 
 func (x *ListVMsRequest) Reset() {
 	*x = ListVMsRequest{}
-	mi := &file_lanekit_proto_msgTypes[27]
+	mi := &file_lanekit_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2174,7 @@ func (x *ListVMsRequest) String() string {
 func (*ListVMsRequest) ProtoMessage() {}
 
 func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[27]
+	mi := &file_lanekit_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2187,7 @@ func (x *ListVMsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsRequest.ProtoReflect.Descriptor instead.
 func (*ListVMsRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{27}
+	return file_lanekit_proto_rawDescGZIP(), []int{29}
 }
 
 type ListVMsResponse struct {
@@ -2022,7 +2199,7 @@ type ListVMsResponse struct {
 
 func (x *ListVMsResponse) Reset() {
 	*x = ListVMsResponse{}
-	mi := &file_lanekit_proto_msgTypes[28]
+	mi := &file_lanekit_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2211,7 @@ func (x *ListVMsResponse) String() string {
 func (*ListVMsResponse) ProtoMessage() {}
 
 func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[28]
+	mi := &file_lanekit_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2224,7 @@ func (x *ListVMsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVMsResponse.ProtoReflect.Descriptor instead.
 func (*ListVMsResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{28}
+	return file_lanekit_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListVMsResponse) GetVms() []*VM {
@@ -2076,14 +2253,16 @@ type VM struct {
 	XskBase uint32 `protobuf:"varint,8,opt,name=xsk_base,json=xskBase,proto3" json:"xsk_base,omitempty"`
 	Mtu     uint32 `protobuf:"varint,9,opt,name=mtu,proto3" json:"mtu,omitempty"`
 	// The underlying endpoint (kind VM).
-	Endpoint      *Endpoint `protobuf:"bytes,10,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Endpoint *Endpoint `protobuf:"bytes,10,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Set when the agent runs the VM's backend (a CNI VM attachment).
+	Backend       *VMBackend `protobuf:"bytes,11,opt,name=backend,proto3" json:"backend,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VM) Reset() {
 	*x = VM{}
-	mi := &file_lanekit_proto_msgTypes[29]
+	mi := &file_lanekit_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2274,7 @@ func (x *VM) String() string {
 func (*VM) ProtoMessage() {}
 
 func (x *VM) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[29]
+	mi := &file_lanekit_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2287,7 @@ func (x *VM) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VM.ProtoReflect.Descriptor instead.
 func (*VM) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{29}
+	return file_lanekit_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *VM) GetName() string {
@@ -2181,6 +2360,92 @@ func (x *VM) GetEndpoint() *Endpoint {
 	return nil
 }
 
+func (x *VM) GetBackend() *VMBackend {
+	if x != nil {
+		return x.Backend
+	}
+	return nil
+}
+
+// VMBackend is the vhost-user backend the agent runs for a VM.
+type VMBackend struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The vhost-user socket on the host, and as QEMU sees it.
+	HostSocket string `protobuf:"bytes,1,opt,name=host_socket,json=hostSocket,proto3" json:"host_socket,omitempty"`
+	Socket     string `protobuf:"bytes,2,opt,name=socket,proto3" json:"socket,omitempty"`
+	Pid        int32  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`           // 0 while not running
+	Restarts   uint32 `protobuf:"varint,4,opt,name=restarts,proto3" json:"restarts,omitempty"` // unexpected exits since the agent started
+	// The CNI attachment that made the VM.
+	Attachment    *Attachment `protobuf:"bytes,5,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMBackend) Reset() {
+	*x = VMBackend{}
+	mi := &file_lanekit_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMBackend) ProtoMessage() {}
+
+func (x *VMBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_lanekit_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMBackend.ProtoReflect.Descriptor instead.
+func (*VMBackend) Descriptor() ([]byte, []int) {
+	return file_lanekit_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *VMBackend) GetHostSocket() string {
+	if x != nil {
+		return x.HostSocket
+	}
+	return ""
+}
+
+func (x *VMBackend) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *VMBackend) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *VMBackend) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *VMBackend) GetAttachment() *Attachment {
+	if x != nil {
+		return x.Attachment
+	}
+	return nil
+}
+
 type ObjectRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "Service", "EndpointSlice", "NetworkPolicy", "Namespace" or "Pod".
@@ -2194,7 +2459,7 @@ type ObjectRef struct {
 
 func (x *ObjectRef) Reset() {
 	*x = ObjectRef{}
-	mi := &file_lanekit_proto_msgTypes[30]
+	mi := &file_lanekit_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2471,7 @@ func (x *ObjectRef) String() string {
 func (*ObjectRef) ProtoMessage() {}
 
 func (x *ObjectRef) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[30]
+	mi := &file_lanekit_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2484,7 @@ func (x *ObjectRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectRef.ProtoReflect.Descriptor instead.
 func (*ObjectRef) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{30}
+	return file_lanekit_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ObjectRef) GetKind() string {
@@ -2253,7 +2518,7 @@ type ApplyObjectsRequest struct {
 
 func (x *ApplyObjectsRequest) Reset() {
 	*x = ApplyObjectsRequest{}
-	mi := &file_lanekit_proto_msgTypes[31]
+	mi := &file_lanekit_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2530,7 @@ func (x *ApplyObjectsRequest) String() string {
 func (*ApplyObjectsRequest) ProtoMessage() {}
 
 func (x *ApplyObjectsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[31]
+	mi := &file_lanekit_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2543,7 @@ func (x *ApplyObjectsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyObjectsRequest.ProtoReflect.Descriptor instead.
 func (*ApplyObjectsRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{31}
+	return file_lanekit_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ApplyObjectsRequest) GetData() []byte {
@@ -2297,7 +2562,7 @@ type ApplyObjectsResponse struct {
 
 func (x *ApplyObjectsResponse) Reset() {
 	*x = ApplyObjectsResponse{}
-	mi := &file_lanekit_proto_msgTypes[32]
+	mi := &file_lanekit_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2574,7 @@ func (x *ApplyObjectsResponse) String() string {
 func (*ApplyObjectsResponse) ProtoMessage() {}
 
 func (x *ApplyObjectsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[32]
+	mi := &file_lanekit_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2587,7 @@ func (x *ApplyObjectsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyObjectsResponse.ProtoReflect.Descriptor instead.
 func (*ApplyObjectsResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{32}
+	return file_lanekit_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ApplyObjectsResponse) GetApplied() []*ObjectRef {
@@ -2341,7 +2606,7 @@ type DeleteObjectRequest struct {
 
 func (x *DeleteObjectRequest) Reset() {
 	*x = DeleteObjectRequest{}
-	mi := &file_lanekit_proto_msgTypes[33]
+	mi := &file_lanekit_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2618,7 @@ func (x *DeleteObjectRequest) String() string {
 func (*DeleteObjectRequest) ProtoMessage() {}
 
 func (x *DeleteObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[33]
+	mi := &file_lanekit_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2631,7 @@ func (x *DeleteObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteObjectRequest.ProtoReflect.Descriptor instead.
 func (*DeleteObjectRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{33}
+	return file_lanekit_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteObjectRequest) GetObject() *ObjectRef {
@@ -2385,7 +2650,7 @@ type DeleteObjectResponse struct {
 
 func (x *DeleteObjectResponse) Reset() {
 	*x = DeleteObjectResponse{}
-	mi := &file_lanekit_proto_msgTypes[34]
+	mi := &file_lanekit_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2662,7 @@ func (x *DeleteObjectResponse) String() string {
 func (*DeleteObjectResponse) ProtoMessage() {}
 
 func (x *DeleteObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[34]
+	mi := &file_lanekit_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2675,7 @@ func (x *DeleteObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteObjectResponse.ProtoReflect.Descriptor instead.
 func (*DeleteObjectResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{34}
+	return file_lanekit_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteObjectResponse) GetExisted() bool {
@@ -2428,7 +2693,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_lanekit_proto_msgTypes[35]
+	mi := &file_lanekit_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2705,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[35]
+	mi := &file_lanekit_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2718,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{35}
+	return file_lanekit_proto_rawDescGZIP(), []int{38}
 }
 
 type ListServicesResponse struct {
@@ -2465,7 +2730,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_lanekit_proto_msgTypes[36]
+	mi := &file_lanekit_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2742,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[36]
+	mi := &file_lanekit_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2755,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{36}
+	return file_lanekit_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListServicesResponse) GetFrontends() []*ServiceFrontend {
@@ -2526,7 +2791,7 @@ type ServiceFrontend struct {
 
 func (x *ServiceFrontend) Reset() {
 	*x = ServiceFrontend{}
-	mi := &file_lanekit_proto_msgTypes[37]
+	mi := &file_lanekit_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2538,7 +2803,7 @@ func (x *ServiceFrontend) String() string {
 func (*ServiceFrontend) ProtoMessage() {}
 
 func (x *ServiceFrontend) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[37]
+	mi := &file_lanekit_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2816,7 @@ func (x *ServiceFrontend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceFrontend.ProtoReflect.Descriptor instead.
 func (*ServiceFrontend) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{37}
+	return file_lanekit_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ServiceFrontend) GetNamespace() string {
@@ -2650,7 +2915,7 @@ type ServiceBackend struct {
 
 func (x *ServiceBackend) Reset() {
 	*x = ServiceBackend{}
-	mi := &file_lanekit_proto_msgTypes[38]
+	mi := &file_lanekit_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2927,7 @@ func (x *ServiceBackend) String() string {
 func (*ServiceBackend) ProtoMessage() {}
 
 func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[38]
+	mi := &file_lanekit_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2940,7 @@ func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceBackend.ProtoReflect.Descriptor instead.
 func (*ServiceBackend) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{38}
+	return file_lanekit_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ServiceBackend) GetAddress() string {
@@ -2707,7 +2972,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_lanekit_proto_msgTypes[39]
+	mi := &file_lanekit_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2984,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[39]
+	mi := &file_lanekit_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2997,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{39}
+	return file_lanekit_proto_rawDescGZIP(), []int{42}
 }
 
 type ListPoliciesResponse struct {
@@ -2744,7 +3009,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_lanekit_proto_msgTypes[40]
+	mi := &file_lanekit_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +3021,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[40]
+	mi := &file_lanekit_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +3034,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{40}
+	return file_lanekit_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListPoliciesResponse) GetPolicies() []*NetworkPolicy {
@@ -2795,7 +3060,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_lanekit_proto_msgTypes[41]
+	mi := &file_lanekit_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +3072,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_lanekit_proto_msgTypes[41]
+	mi := &file_lanekit_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +3085,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_lanekit_proto_rawDescGZIP(), []int{41}
+	return file_lanekit_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NetworkPolicy) GetNamespace() string {
@@ -2874,7 +3139,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\n" +
 	"Attachment\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
-	"\x06ifname\x18\x02 \x01(\tR\x06ifname\"\xd3\x02\n" +
+	"\x06ifname\x18\x02 \x01(\tR\x06ifname\"\x93\x03\n" +
 	"\x12AddEndpointRequest\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.lanekit.v1.EndpointKindR\x04kind\x126\n" +
 	"\n" +
@@ -2884,12 +3149,28 @@ const file_lanekit_proto_rawDesc = "" +
 	"\anetwork\x18\x04 \x01(\tR\anetwork\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x16\n" +
 	"\x06subnet\x18\x06 \x01(\tR\x06subnet\x12B\n" +
-	"\x06labels\x18\a \x03(\v2*.lanekit.v1.AddEndpointRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\a \x03(\v2*.lanekit.v1.AddEndpointRequest.LabelsEntryR\x06labels\x12>\n" +
+	"\n" +
+	"vhost_user\x18\b \x01(\v2\x1f.lanekit.v1.VhostUserAttachmentR\tvhostUser\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"G\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x01\n" +
+	"\x13VhostUserAttachment\x12\x16\n" +
+	"\x06queues\x18\x01 \x01(\rR\x06queues\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x1d\n" +
+	"\n" +
+	"socket_dir\x18\x03 \x01(\tR\tsocketDir\x12\x1d\n" +
+	"\n" +
+	"pod_volume\x18\x04 \x01(\tR\tpodVolume\x12&\n" +
+	"\x0fhost_socket_dir\x18\x05 \x01(\tR\rhostSocketDir\"R\n" +
+	"\x0fVhostUserDevice\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x17\n" +
+	"\avm_name\x18\x03 \x01(\tR\x06vmName\"\x83\x01\n" +
 	"\x13AddEndpointResponse\x120\n" +
-	"\bendpoint\x18\x01 \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\"\x90\x01\n" +
+	"\bendpoint\x18\x01 \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\x12:\n" +
+	"\n" +
+	"vhost_user\x18\x02 \x01(\v2\x1b.lanekit.v1.VhostUserDeviceR\tvhostUser\"\x90\x01\n" +
 	"\x12DelEndpointRequest\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.lanekit.v1.EndpointKindR\x04kind\x126\n" +
 	"\n" +
@@ -2903,9 +3184,11 @@ const file_lanekit_proto_rawDesc = "" +
 	"\n" +
 	"attachment\x18\x02 \x01(\v2\x16.lanekit.v1.AttachmentR\n" +
 	"attachment\x12\x14\n" +
-	"\x05netns\x18\x03 \x01(\tR\x05netns\"I\n" +
+	"\x05netns\x18\x03 \x01(\tR\x05netns\"\x85\x01\n" +
 	"\x15CheckEndpointResponse\x120\n" +
-	"\bendpoint\x18\x01 \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\"\x16\n" +
+	"\bendpoint\x18\x01 \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\x12:\n" +
+	"\n" +
+	"vhost_user\x18\x02 \x01(\v2\x1b.lanekit.v1.VhostUserDeviceR\tvhostUser\"\x16\n" +
 	"\x14ListEndpointsRequest\"K\n" +
 	"\x15ListEndpointsResponse\x122\n" +
 	"\tendpoints\x18\x01 \x03(\v2\x14.lanekit.v1.EndpointR\tendpoints\"P\n" +
@@ -3059,7 +3342,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x10\n" +
 	"\x0eListVMsRequest\"3\n" +
 	"\x0fListVMsResponse\x12 \n" +
-	"\x03vms\x18\x01 \x03(\v2\x0e.lanekit.v1.VMR\x03vms\"\x87\x02\n" +
+	"\x03vms\x18\x01 \x03(\v2\x0e.lanekit.v1.VMR\x03vms\"\xb8\x02\n" +
 	"\x02VM\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
@@ -3071,7 +3354,17 @@ const file_lanekit_proto_rawDesc = "" +
 	"\bxsk_base\x18\b \x01(\rR\axskBase\x12\x10\n" +
 	"\x03mtu\x18\t \x01(\rR\x03mtu\x120\n" +
 	"\bendpoint\x18\n" +
-	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\"Q\n" +
+	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\x12/\n" +
+	"\abackend\x18\v \x01(\v2\x15.lanekit.v1.VMBackendR\abackend\"\xaa\x01\n" +
+	"\tVMBackend\x12\x1f\n" +
+	"\vhost_socket\x18\x01 \x01(\tR\n" +
+	"hostSocket\x12\x16\n" +
+	"\x06socket\x18\x02 \x01(\tR\x06socket\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x1a\n" +
+	"\brestarts\x18\x04 \x01(\rR\brestarts\x126\n" +
+	"\n" +
+	"attachment\x18\x05 \x01(\v2\x16.lanekit.v1.AttachmentR\n" +
+	"attachment\"Q\n" +
 	"\tObjectRef\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -3149,131 +3442,139 @@ func file_lanekit_proto_rawDescGZIP() []byte {
 }
 
 var file_lanekit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_lanekit_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_lanekit_proto_goTypes = []any{
 	(EndpointKind)(0),             // 0: lanekit.v1.EndpointKind
 	(*Attachment)(nil),            // 1: lanekit.v1.Attachment
 	(*AddEndpointRequest)(nil),    // 2: lanekit.v1.AddEndpointRequest
-	(*AddEndpointResponse)(nil),   // 3: lanekit.v1.AddEndpointResponse
-	(*DelEndpointRequest)(nil),    // 4: lanekit.v1.DelEndpointRequest
-	(*DelEndpointResponse)(nil),   // 5: lanekit.v1.DelEndpointResponse
-	(*CheckEndpointRequest)(nil),  // 6: lanekit.v1.CheckEndpointRequest
-	(*CheckEndpointResponse)(nil), // 7: lanekit.v1.CheckEndpointResponse
-	(*ListEndpointsRequest)(nil),  // 8: lanekit.v1.ListEndpointsRequest
-	(*ListEndpointsResponse)(nil), // 9: lanekit.v1.ListEndpointsResponse
-	(*GCRequest)(nil),             // 10: lanekit.v1.GCRequest
-	(*GCResponse)(nil),            // 11: lanekit.v1.GCResponse
-	(*StatusRequest)(nil),         // 12: lanekit.v1.StatusRequest
-	(*StatusResponse)(nil),        // 13: lanekit.v1.StatusResponse
-	(*ControlPlaneStatus)(nil),    // 14: lanekit.v1.ControlPlaneStatus
-	(*DatapathStatus)(nil),        // 15: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),        // 16: lanekit.v1.KernelFeatures
-	(*Feature)(nil),               // 17: lanekit.v1.Feature
-	(*Interface)(nil),             // 18: lanekit.v1.Interface
-	(*IPConfig)(nil),              // 19: lanekit.v1.IPConfig
-	(*Route)(nil),                 // 20: lanekit.v1.Route
-	(*Endpoint)(nil),              // 21: lanekit.v1.Endpoint
-	(*EndpointPolicy)(nil),        // 22: lanekit.v1.EndpointPolicy
-	(*EndpointCounters)(nil),      // 23: lanekit.v1.EndpointCounters
-	(*AddVMRequest)(nil),          // 24: lanekit.v1.AddVMRequest
-	(*AddVMResponse)(nil),         // 25: lanekit.v1.AddVMResponse
-	(*DelVMRequest)(nil),          // 26: lanekit.v1.DelVMRequest
-	(*DelVMResponse)(nil),         // 27: lanekit.v1.DelVMResponse
-	(*ListVMsRequest)(nil),        // 28: lanekit.v1.ListVMsRequest
-	(*ListVMsResponse)(nil),       // 29: lanekit.v1.ListVMsResponse
-	(*VM)(nil),                    // 30: lanekit.v1.VM
-	(*ObjectRef)(nil),             // 31: lanekit.v1.ObjectRef
-	(*ApplyObjectsRequest)(nil),   // 32: lanekit.v1.ApplyObjectsRequest
-	(*ApplyObjectsResponse)(nil),  // 33: lanekit.v1.ApplyObjectsResponse
-	(*DeleteObjectRequest)(nil),   // 34: lanekit.v1.DeleteObjectRequest
-	(*DeleteObjectResponse)(nil),  // 35: lanekit.v1.DeleteObjectResponse
-	(*ListServicesRequest)(nil),   // 36: lanekit.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),  // 37: lanekit.v1.ListServicesResponse
-	(*ServiceFrontend)(nil),       // 38: lanekit.v1.ServiceFrontend
-	(*ServiceBackend)(nil),        // 39: lanekit.v1.ServiceBackend
-	(*ListPoliciesRequest)(nil),   // 40: lanekit.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),  // 41: lanekit.v1.ListPoliciesResponse
-	(*NetworkPolicy)(nil),         // 42: lanekit.v1.NetworkPolicy
-	nil,                           // 43: lanekit.v1.AddEndpointRequest.LabelsEntry
-	nil,                           // 44: lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	nil,                           // 45: lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	nil,                           // 46: lanekit.v1.Endpoint.LabelsEntry
-	nil,                           // 47: lanekit.v1.EndpointPolicy.LabelsEntry
-	nil,                           // 48: lanekit.v1.EndpointCounters.DropsEntry
-	nil,                           // 49: lanekit.v1.AddVMRequest.LabelsEntry
+	(*VhostUserAttachment)(nil),   // 3: lanekit.v1.VhostUserAttachment
+	(*VhostUserDevice)(nil),       // 4: lanekit.v1.VhostUserDevice
+	(*AddEndpointResponse)(nil),   // 5: lanekit.v1.AddEndpointResponse
+	(*DelEndpointRequest)(nil),    // 6: lanekit.v1.DelEndpointRequest
+	(*DelEndpointResponse)(nil),   // 7: lanekit.v1.DelEndpointResponse
+	(*CheckEndpointRequest)(nil),  // 8: lanekit.v1.CheckEndpointRequest
+	(*CheckEndpointResponse)(nil), // 9: lanekit.v1.CheckEndpointResponse
+	(*ListEndpointsRequest)(nil),  // 10: lanekit.v1.ListEndpointsRequest
+	(*ListEndpointsResponse)(nil), // 11: lanekit.v1.ListEndpointsResponse
+	(*GCRequest)(nil),             // 12: lanekit.v1.GCRequest
+	(*GCResponse)(nil),            // 13: lanekit.v1.GCResponse
+	(*StatusRequest)(nil),         // 14: lanekit.v1.StatusRequest
+	(*StatusResponse)(nil),        // 15: lanekit.v1.StatusResponse
+	(*ControlPlaneStatus)(nil),    // 16: lanekit.v1.ControlPlaneStatus
+	(*DatapathStatus)(nil),        // 17: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),        // 18: lanekit.v1.KernelFeatures
+	(*Feature)(nil),               // 19: lanekit.v1.Feature
+	(*Interface)(nil),             // 20: lanekit.v1.Interface
+	(*IPConfig)(nil),              // 21: lanekit.v1.IPConfig
+	(*Route)(nil),                 // 22: lanekit.v1.Route
+	(*Endpoint)(nil),              // 23: lanekit.v1.Endpoint
+	(*EndpointPolicy)(nil),        // 24: lanekit.v1.EndpointPolicy
+	(*EndpointCounters)(nil),      // 25: lanekit.v1.EndpointCounters
+	(*AddVMRequest)(nil),          // 26: lanekit.v1.AddVMRequest
+	(*AddVMResponse)(nil),         // 27: lanekit.v1.AddVMResponse
+	(*DelVMRequest)(nil),          // 28: lanekit.v1.DelVMRequest
+	(*DelVMResponse)(nil),         // 29: lanekit.v1.DelVMResponse
+	(*ListVMsRequest)(nil),        // 30: lanekit.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),       // 31: lanekit.v1.ListVMsResponse
+	(*VM)(nil),                    // 32: lanekit.v1.VM
+	(*VMBackend)(nil),             // 33: lanekit.v1.VMBackend
+	(*ObjectRef)(nil),             // 34: lanekit.v1.ObjectRef
+	(*ApplyObjectsRequest)(nil),   // 35: lanekit.v1.ApplyObjectsRequest
+	(*ApplyObjectsResponse)(nil),  // 36: lanekit.v1.ApplyObjectsResponse
+	(*DeleteObjectRequest)(nil),   // 37: lanekit.v1.DeleteObjectRequest
+	(*DeleteObjectResponse)(nil),  // 38: lanekit.v1.DeleteObjectResponse
+	(*ListServicesRequest)(nil),   // 39: lanekit.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),  // 40: lanekit.v1.ListServicesResponse
+	(*ServiceFrontend)(nil),       // 41: lanekit.v1.ServiceFrontend
+	(*ServiceBackend)(nil),        // 42: lanekit.v1.ServiceBackend
+	(*ListPoliciesRequest)(nil),   // 43: lanekit.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 44: lanekit.v1.ListPoliciesResponse
+	(*NetworkPolicy)(nil),         // 45: lanekit.v1.NetworkPolicy
+	nil,                           // 46: lanekit.v1.AddEndpointRequest.LabelsEntry
+	nil,                           // 47: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                           // 48: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	nil,                           // 49: lanekit.v1.Endpoint.LabelsEntry
+	nil,                           // 50: lanekit.v1.EndpointPolicy.LabelsEntry
+	nil,                           // 51: lanekit.v1.EndpointCounters.DropsEntry
+	nil,                           // 52: lanekit.v1.AddVMRequest.LabelsEntry
 }
 var file_lanekit_proto_depIdxs = []int32{
 	0,  // 0: lanekit.v1.AddEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
 	1,  // 1: lanekit.v1.AddEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	43, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
-	21, // 3: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
-	0,  // 4: lanekit.v1.DelEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
-	1,  // 5: lanekit.v1.DelEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	0,  // 6: lanekit.v1.CheckEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
-	1,  // 7: lanekit.v1.CheckEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
-	21, // 8: lanekit.v1.CheckEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
-	21, // 9: lanekit.v1.ListEndpointsResponse.endpoints:type_name -> lanekit.v1.Endpoint
-	1,  // 10: lanekit.v1.GCRequest.valid_attachments:type_name -> lanekit.v1.Attachment
-	1,  // 11: lanekit.v1.GCResponse.removed:type_name -> lanekit.v1.Attachment
-	15, // 12: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	16, // 13: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
-	14, // 14: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
-	44, // 15: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	45, // 16: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	17, // 17: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	17, // 18: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	17, // 19: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	17, // 20: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	0,  // 21: lanekit.v1.Endpoint.kind:type_name -> lanekit.v1.EndpointKind
-	1,  // 22: lanekit.v1.Endpoint.attachment:type_name -> lanekit.v1.Attachment
-	18, // 23: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
-	19, // 24: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
-	20, // 25: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
-	46, // 26: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
-	23, // 27: lanekit.v1.Endpoint.counters:type_name -> lanekit.v1.EndpointCounters
-	22, // 28: lanekit.v1.Endpoint.policy:type_name -> lanekit.v1.EndpointPolicy
-	47, // 29: lanekit.v1.EndpointPolicy.labels:type_name -> lanekit.v1.EndpointPolicy.LabelsEntry
-	48, // 30: lanekit.v1.EndpointCounters.drops:type_name -> lanekit.v1.EndpointCounters.DropsEntry
-	49, // 31: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
-	30, // 32: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
-	30, // 33: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
-	21, // 34: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
-	31, // 35: lanekit.v1.ApplyObjectsResponse.applied:type_name -> lanekit.v1.ObjectRef
-	31, // 36: lanekit.v1.DeleteObjectRequest.object:type_name -> lanekit.v1.ObjectRef
-	38, // 37: lanekit.v1.ListServicesResponse.frontends:type_name -> lanekit.v1.ServiceFrontend
-	39, // 38: lanekit.v1.ServiceFrontend.backends:type_name -> lanekit.v1.ServiceBackend
-	42, // 39: lanekit.v1.ListPoliciesResponse.policies:type_name -> lanekit.v1.NetworkPolicy
-	2,  // 40: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	4,  // 41: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	6,  // 42: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	8,  // 43: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	10, // 44: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
-	12, // 45: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
-	24, // 46: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
-	26, // 47: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
-	28, // 48: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
-	32, // 49: lanekit.v1.Agent.ApplyObjects:input_type -> lanekit.v1.ApplyObjectsRequest
-	34, // 50: lanekit.v1.Agent.DeleteObject:input_type -> lanekit.v1.DeleteObjectRequest
-	36, // 51: lanekit.v1.Agent.ListServices:input_type -> lanekit.v1.ListServicesRequest
-	40, // 52: lanekit.v1.Agent.ListPolicies:input_type -> lanekit.v1.ListPoliciesRequest
-	3,  // 53: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
-	5,  // 54: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	7,  // 55: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
-	9,  // 56: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
-	11, // 57: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
-	13, // 58: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
-	25, // 59: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
-	27, // 60: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
-	29, // 61: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
-	33, // 62: lanekit.v1.Agent.ApplyObjects:output_type -> lanekit.v1.ApplyObjectsResponse
-	35, // 63: lanekit.v1.Agent.DeleteObject:output_type -> lanekit.v1.DeleteObjectResponse
-	37, // 64: lanekit.v1.Agent.ListServices:output_type -> lanekit.v1.ListServicesResponse
-	41, // 65: lanekit.v1.Agent.ListPolicies:output_type -> lanekit.v1.ListPoliciesResponse
-	53, // [53:66] is the sub-list for method output_type
-	40, // [40:53] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	46, // 2: lanekit.v1.AddEndpointRequest.labels:type_name -> lanekit.v1.AddEndpointRequest.LabelsEntry
+	3,  // 3: lanekit.v1.AddEndpointRequest.vhost_user:type_name -> lanekit.v1.VhostUserAttachment
+	23, // 4: lanekit.v1.AddEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
+	4,  // 5: lanekit.v1.AddEndpointResponse.vhost_user:type_name -> lanekit.v1.VhostUserDevice
+	0,  // 6: lanekit.v1.DelEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
+	1,  // 7: lanekit.v1.DelEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
+	0,  // 8: lanekit.v1.CheckEndpointRequest.kind:type_name -> lanekit.v1.EndpointKind
+	1,  // 9: lanekit.v1.CheckEndpointRequest.attachment:type_name -> lanekit.v1.Attachment
+	23, // 10: lanekit.v1.CheckEndpointResponse.endpoint:type_name -> lanekit.v1.Endpoint
+	4,  // 11: lanekit.v1.CheckEndpointResponse.vhost_user:type_name -> lanekit.v1.VhostUserDevice
+	23, // 12: lanekit.v1.ListEndpointsResponse.endpoints:type_name -> lanekit.v1.Endpoint
+	1,  // 13: lanekit.v1.GCRequest.valid_attachments:type_name -> lanekit.v1.Attachment
+	1,  // 14: lanekit.v1.GCResponse.removed:type_name -> lanekit.v1.Attachment
+	17, // 15: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	18, // 16: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	16, // 17: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
+	47, // 18: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	48, // 19: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	19, // 20: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	19, // 21: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	19, // 22: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	19, // 23: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	0,  // 24: lanekit.v1.Endpoint.kind:type_name -> lanekit.v1.EndpointKind
+	1,  // 25: lanekit.v1.Endpoint.attachment:type_name -> lanekit.v1.Attachment
+	20, // 26: lanekit.v1.Endpoint.interfaces:type_name -> lanekit.v1.Interface
+	21, // 27: lanekit.v1.Endpoint.ips:type_name -> lanekit.v1.IPConfig
+	22, // 28: lanekit.v1.Endpoint.routes:type_name -> lanekit.v1.Route
+	49, // 29: lanekit.v1.Endpoint.labels:type_name -> lanekit.v1.Endpoint.LabelsEntry
+	25, // 30: lanekit.v1.Endpoint.counters:type_name -> lanekit.v1.EndpointCounters
+	24, // 31: lanekit.v1.Endpoint.policy:type_name -> lanekit.v1.EndpointPolicy
+	50, // 32: lanekit.v1.EndpointPolicy.labels:type_name -> lanekit.v1.EndpointPolicy.LabelsEntry
+	51, // 33: lanekit.v1.EndpointCounters.drops:type_name -> lanekit.v1.EndpointCounters.DropsEntry
+	52, // 34: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
+	32, // 35: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
+	32, // 36: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
+	23, // 37: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
+	33, // 38: lanekit.v1.VM.backend:type_name -> lanekit.v1.VMBackend
+	1,  // 39: lanekit.v1.VMBackend.attachment:type_name -> lanekit.v1.Attachment
+	34, // 40: lanekit.v1.ApplyObjectsResponse.applied:type_name -> lanekit.v1.ObjectRef
+	34, // 41: lanekit.v1.DeleteObjectRequest.object:type_name -> lanekit.v1.ObjectRef
+	41, // 42: lanekit.v1.ListServicesResponse.frontends:type_name -> lanekit.v1.ServiceFrontend
+	42, // 43: lanekit.v1.ServiceFrontend.backends:type_name -> lanekit.v1.ServiceBackend
+	45, // 44: lanekit.v1.ListPoliciesResponse.policies:type_name -> lanekit.v1.NetworkPolicy
+	2,  // 45: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	6,  // 46: lanekit.v1.Agent.DelEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	8,  // 47: lanekit.v1.Agent.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	10, // 48: lanekit.v1.Agent.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	12, // 49: lanekit.v1.Agent.GC:input_type -> lanekit.v1.GCRequest
+	14, // 50: lanekit.v1.Agent.Status:input_type -> lanekit.v1.StatusRequest
+	26, // 51: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
+	28, // 52: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
+	30, // 53: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
+	35, // 54: lanekit.v1.Agent.ApplyObjects:input_type -> lanekit.v1.ApplyObjectsRequest
+	37, // 55: lanekit.v1.Agent.DeleteObject:input_type -> lanekit.v1.DeleteObjectRequest
+	39, // 56: lanekit.v1.Agent.ListServices:input_type -> lanekit.v1.ListServicesRequest
+	43, // 57: lanekit.v1.Agent.ListPolicies:input_type -> lanekit.v1.ListPoliciesRequest
+	5,  // 58: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
+	7,  // 59: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	9,  // 60: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
+	11, // 61: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
+	13, // 62: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
+	15, // 63: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
+	27, // 64: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
+	29, // 65: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
+	31, // 66: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
+	36, // 67: lanekit.v1.Agent.ApplyObjects:output_type -> lanekit.v1.ApplyObjectsResponse
+	38, // 68: lanekit.v1.Agent.DeleteObject:output_type -> lanekit.v1.DeleteObjectResponse
+	40, // 69: lanekit.v1.Agent.ListServices:output_type -> lanekit.v1.ListServicesResponse
+	44, // 70: lanekit.v1.Agent.ListPolicies:output_type -> lanekit.v1.ListPoliciesResponse
+	58, // [58:71] is the sub-list for method output_type
+	45, // [45:58] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_lanekit_proto_init() }
@@ -3281,14 +3582,14 @@ func file_lanekit_proto_init() {
 	if File_lanekit_proto != nil {
 		return
 	}
-	file_lanekit_proto_msgTypes[23].OneofWrappers = []any{}
+	file_lanekit_proto_msgTypes[25].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lanekit_proto_rawDesc), len(file_lanekit_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -83,9 +84,13 @@ func labKubeletCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			dc, err := dynamic.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			k := &lab.Kubelet{Index: node, Client: c, Bins: bins,
+			k := &lab.Kubelet{Index: node, Client: c, Dynamic: dc, Bins: bins,
 				Log: slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("node", lab.KubeNodeName(node))}
 			return k.Run(ctx)
 		},

@@ -67,12 +67,27 @@ type vmView struct {
 	HostDev  string `json:"host_dev"`
 	XSKBase  uint32 `json:"xsk_base"`
 	DeviceIf int32  `json:"ifindex"`
+	// Backend is set when the agent runs the VM's lanekit-vhost (a CNI VM
+	// attachment).
+	Backend *vmBackendView `json:"backend,omitempty"`
+}
+
+type vmBackendView struct {
+	PID        int32  `json:"pid"`
+	Restarts   uint32 `json:"restarts"`
+	Socket     string `json:"socket"`      // as QEMU sees it
+	HostSocket string `json:"host_socket"` // on the node
+	Attachment string `json:"attachment"`  // CNI container ID/ifname
 }
 
 func viewOf(v *apiv1.VM) vmView {
 	out := vmView{
 		Name: v.GetName(), Address: v.GetAddress(), Gateway: v.GetGateway(), MAC: v.GetMac(),
 		Queues: v.GetQueues(), MTU: v.GetMtu(), Socket: v.GetSocket(), Serving: v.GetServing(), XSKBase: v.GetXskBase(),
+	}
+	if b := v.GetBackend(); b != nil {
+		out.Backend = &vmBackendView{PID: b.GetPid(), Restarts: b.GetRestarts(), Socket: b.GetSocket(), HostSocket: b.GetHostSocket(),
+			Attachment: b.GetAttachment().GetContainerId() + "/" + b.GetAttachment().GetIfname()}
 	}
 	if ep := v.GetEndpoint(); ep != nil {
 		out.ID, out.Netns = ep.GetId(), ep.GetNetns()
@@ -190,9 +205,13 @@ var vmListCmd = &cobra.Command{
 				return printJSON(out, map[string]any{"vms": views})
 			}
 			w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tID\tIP\tMAC\tQUEUES\tSERVING\tSOCKET\tNETNS")
+			fmt.Fprintln(w, "NAME\tID\tIP\tMAC\tQUEUES\tSERVING\tSOCKET\tNETNS\tBACKEND")
 			for _, v := range views {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%t\t%s\t%s\n", v.Name, v.ID, v.Address, v.MAC, v.Queues, v.Serving, v.Socket, v.Netns)
+				backend := "-"
+				if b := v.Backend; b != nil {
+					backend = fmt.Sprintf("pid %d, %d restarts, %s", b.PID, b.Restarts, b.HostSocket)
+				}
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%t\t%s\t%s\t%s\n", v.Name, v.ID, v.Address, v.MAC, v.Queues, v.Serving, v.Socket, v.Netns, backend)
 			}
 			return w.Flush()
 		})

@@ -52,7 +52,7 @@ func (f kubeFlags) clients() (*kubeClients, error) {
 }
 
 // startSource wires the Kubernetes source to the agent: objects to its
-// object seam, VMIs to its VM API, other nodes' pod CIDRs to routes in the
+// object seam, launcher pods' VMIs to its VM attachments, other nodes' pod CIDRs to routes in the
 // node's netns, and "caches synced" into its readiness.
 func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, log *slog.Logger) (*k8s.Source, error) {
 	routes, err := k8s.NewNetlinkRoutes(hostNetns)

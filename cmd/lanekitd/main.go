@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,6 +60,19 @@ func run(args []string) error {
 		cfg.NodeAddrs = append(cfg.NodeAddrs, a)
 		return nil
 	})
+	fs.StringVar(&cfg.VhostBin, "vhost-bin", "", "lanekit-vhost binary run for each CNI VM attachment (default: next to lanekitd, else on PATH)")
+	fs.Func("vhost-user", "UID:GID the VM backends run as (default 107:107, KubeVirt's qemu user: QEMU must be able to connect to the backend's socket)", func(v string) error {
+		u, g, ok := strings.Cut(v, ":")
+		uid, err1 := strconv.ParseUint(u, 10, 32)
+		gid, err2 := strconv.ParseUint(g, 10, 32)
+		if !ok || err1 != nil || err2 != nil {
+			return fmt.Errorf("want UID:GID, got %q", v)
+		}
+		uid32, gid32 := uint32(uid), uint32(gid)
+		cfg.VhostUID, cfg.VhostGID = &uid32, &gid32
+		return nil
+	})
+	fs.StringVar(&cfg.KubeletRootDir, "kubelet-root-dir", agent.DefaultKubeletRootDir, "kubelet's --root-dir: VM attachments find the launcher pod's socket volume under <dir>/pods/<uid>/volumes")
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")

@@ -64,6 +64,15 @@ type Config struct {
 	// entries and retries failed datapath updates; 0 means
 	// DefaultMaintenanceInterval.
 	MaintenanceInterval time.Duration
+	// VhostBin is the lanekit-vhost binary the agent runs for CNI VM
+	// attachments; empty: next to the agent's binary, else on PATH.
+	VhostBin string
+	// VhostUID/GID is the user those backends run as; nil: DefaultVhostUID
+	// (KubeVirt's qemu user, so QEMU may connect to the backend's socket).
+	VhostUID, VhostGID *uint32
+	// KubeletRootDir is kubelet's --root-dir: VM attachments find the
+	// launcher pod's socket volume under it. Empty: DefaultKubeletRootDir.
+	KubeletRootDir string
 }
 
 // Agent is one node's agent.
@@ -85,6 +94,12 @@ type Agent struct {
 
 	mu  sync.Mutex             // serialises changes to endpoints
 	vms map[string]*xsk.Server // running socket servers by VM name, under mu
+	// backends are the vhost-user backends the agent runs (CNI VM
+	// attachments), by VM name, under mu.
+	backends map[string]*backendProc
+
+	resolverMu sync.Mutex
+	resolver   VMIResolver // how VM attachments find their VMI (SetVMIResolver)
 
 	readyMu     sync.Mutex
 	readyChecks []readyCheck // more readiness conditions (AddReadyCheck)
@@ -128,7 +143,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.VMSocketDir == "" {
 		cfg.VMSocketDir = DefaultVMSocketDir
 	}
-	a := &Agent{cfg: cfg, log: log, vms: map[string]*xsk.Server{}}
+	a := &Agent{cfg: cfg, log: log, vms: map[string]*xsk.Server{}, backends: map[string]*backendProc{}}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -209,6 +224,7 @@ func (a *Agent) Close() error {
 	for name := range a.vms {
 		errs = append(errs, a.stopVMServer(name))
 	}
+	a.detachBackends()
 	a.mu.Unlock()
 	if a.dp != nil {
 		errs = append(errs, a.dp.Close())
@@ -276,6 +292,7 @@ func (a *Agent) adopt() error {
 			}
 			if ep.Kind == endpoint.KindVM {
 				a.detachVM(&ep)
+				a.stopVMBackend(&ep)
 			}
 			if err := a.forget(ep.Key(), ep.ID); err != nil {
 				return fmt.Errorf("adopt: %w", err)
@@ -305,6 +322,11 @@ func (a *Agent) adopt() error {
 			if err := a.adoptVM(&ep); err != nil {
 				// Keep the record: pods keep forwarding to it, DelVM cleans it.
 				a.log.Error("re-adopt vm", "id", ep.ID, "vm", ep.VM.Name, "err", err)
+			} else if ep.VM.Backend != nil {
+				if err := a.runBackend(&ep); err != nil {
+					// Keep the record: a repeated ADD retries, DEL cleans it.
+					a.log.Error("re-adopt vm backend", "vm", ep.VM.Name, "err", err)
+				}
 			}
 		}
 		kept++

@@ -21,11 +21,17 @@ import (
 // Error classes; the gRPC server maps them to status codes, the CNI plugin
 // to CNI error codes.
 var (
-	ErrInvalid   = errors.New("invalid request")
-	ErrNotFound  = errors.New("unknown attachment")
-	ErrConflict  = errors.New("attachment conflict")
-	ErrBadNetns  = errors.New("bad network namespace")
-	ErrExhausted = ipam.ErrExhausted
+	ErrInvalid  = errors.New("invalid request")
+	ErrNotFound = errors.New("unknown attachment")
+	ErrConflict = errors.New("attachment conflict")
+	ErrBadNetns = errors.New("bad network namespace")
+	// ErrNotReady: the node cannot serve the request as deployed (no
+	// lanekit-vhost binary for a VM attachment, say).
+	ErrNotReady = errors.New("not ready")
+	// ErrUnavailable: something the request needs cannot be read now (the
+	// API server); retry.
+	ErrUnavailable = errors.New("unavailable")
+	ErrExhausted   = ipam.ErrExhausted
 )
 
 // AddRequest asks for an endpoint.
@@ -384,8 +390,21 @@ func (a *Agent) GC(valid []Attachment) ([]Attachment, error) {
 	var removed []Attachment
 	var errs []error
 	for _, ep := range eps {
-		// VM endpoints are not CNI attachments: only DelVM removes them.
-		if keep[ep.Key()] || ep.Kind == endpoint.KindVM {
+		if ep.Kind == endpoint.KindVM {
+			// VMs added by name are not CNI attachments: only DelVM
+			// removes them. VM attachments go with their attachment.
+			at := vmAttachmentOf(&ep)
+			if at == nil || keep[endpoint.Key(at.ContainerID, at.IfName)] || ep.Pending {
+				continue
+			}
+			if _, err := a.delVM(ep.VM.Name); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, Attachment{at.ContainerID, at.IfName})
+			continue
+		}
+		if keep[ep.Key()] {
 			continue
 		}
 		if _, err := a.del(ep.Key(), ep.HostIfName); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -96,8 +97,10 @@ func statusErr(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, ErrConflict):
 		code = codes.AlreadyExists
-	case errors.Is(err, ErrBadNetns):
+	case errors.Is(err, ErrBadNetns), errors.Is(err, ErrNotReady):
 		code = codes.FailedPrecondition
+	case errors.Is(err, ErrUnavailable):
+		code = codes.Unavailable
 	case errors.Is(err, ErrExhausted):
 		code = codes.ResourceExhausted
 	case errors.Is(err, datapath.ErrNotSupported):
@@ -162,6 +165,21 @@ func (s *server) AddEndpoint(_ context.Context, req *apiv1.AddEndpointRequest) (
 		return nil, statusErr(err)
 	}
 	cid, ifname := attachmentOf(req.GetAttachment())
+	if kind == endpoint.KindVM {
+		vu := req.GetVhostUser()
+		if vu == nil {
+			return nil, statusErr(fmt.Errorf("add %s/%s: kind vm needs vhost_user (or use AddVM): %w", cid, ifname, ErrInvalid))
+		}
+		va, err := s.a.AttachVM(VMAttachRequest{
+			ContainerID: cid, IfName: ifname, Netns: req.GetNetns(), Network: req.GetNetwork(), Labels: req.GetLabels(),
+			Queues: int(vu.GetQueues()), MAC: vu.GetMac(), MTU: int(req.GetMtu()),
+			SocketDir: vu.GetSocketDir(), PodVolume: vu.GetPodVolume(), HostSocketDir: vu.GetHostSocketDir(),
+		})
+		if err != nil {
+			return nil, statusErr(err)
+		}
+		return &apiv1.AddEndpointResponse{Endpoint: vmAttachmentEndpoint(va), VhostUser: vhostUserDevice(va)}, nil
+	}
 	ep, err := s.a.Add(AddRequest{
 		Kind: kind, ContainerID: cid, IfName: ifname, Netns: req.GetNetns(), Network: req.GetNetwork(),
 		MTU: int(req.GetMtu()), Subnet: req.GetSubnet(), Labels: req.GetLabels(),
@@ -174,7 +192,15 @@ func (s *server) AddEndpoint(_ context.Context, req *apiv1.AddEndpointRequest) (
 
 func (s *server) DelEndpoint(_ context.Context, req *apiv1.DelEndpointRequest) (*apiv1.DelEndpointResponse, error) {
 	cid, ifname := attachmentOf(req.GetAttachment())
-	existed, err := s.a.Del(cid, ifname)
+	var existed bool
+	var err error
+	if req.GetKind() != apiv1.EndpointKind_ENDPOINT_KIND_VM {
+		existed, err = s.a.Del(cid, ifname)
+	}
+	if err == nil && !existed {
+		// A VM attachment (or a DEL whose config lost "vhostUser").
+		existed, err = s.a.DetachVM(cid, ifname)
+	}
 	if err != nil {
 		return nil, statusErr(err)
 	}
@@ -183,6 +209,13 @@ func (s *server) DelEndpoint(_ context.Context, req *apiv1.DelEndpointRequest) (
 
 func (s *server) CheckEndpoint(_ context.Context, req *apiv1.CheckEndpointRequest) (*apiv1.CheckEndpointResponse, error) {
 	cid, ifname := attachmentOf(req.GetAttachment())
+	if req.GetKind() == apiv1.EndpointKind_ENDPOINT_KIND_VM {
+		va, err := s.a.CheckVMAttachment(cid, ifname, req.GetNetns())
+		if err != nil {
+			return nil, statusErr(err)
+		}
+		return &apiv1.CheckEndpointResponse{Endpoint: vmAttachmentEndpoint(va), VhostUser: vhostUserDevice(va)}, nil
+	}
 	ep, err := s.a.Check(cid, ifname, req.GetNetns())
 	if err != nil {
 		return nil, statusErr(err)
@@ -271,8 +304,33 @@ func VMToProto(v *VMInfo) *apiv1.VM {
 	}
 	if ep.VM != nil {
 		out.Name, out.Queues, out.Socket, out.XskBase = ep.VM.Name, uint32(ep.VM.Queues), ep.VM.Socket, ep.VM.XSKBase
+		if b := ep.VM.Backend; b != nil {
+			out.Backend = &apiv1.VMBackend{HostSocket: filepath.Join(b.HostDir, b.File), Socket: b.ReportedPath}
+			if v.Backend != nil {
+				out.Backend.Pid, out.Backend.Restarts = int32(v.Backend.PID), v.Backend.Restarts
+			}
+			if at := ep.VM.Attachment; at != nil {
+				out.Backend.Attachment = &apiv1.Attachment{ContainerId: at.ContainerID, Ifname: at.IfName}
+			}
+		}
 	}
 	return out
+}
+
+// vmAttachmentEndpoint is a VM attachment as a CNI endpoint: the VM's
+// device and address, no routes (a secondary network: the pod keeps its
+// own).
+func vmAttachmentEndpoint(va *VMAttachment) *apiv1.Endpoint {
+	pe := EndpointToProto(&va.VM.Endpoint)
+	pe.Routes = nil
+	for _, ipc := range pe.Ips {
+		ipc.Gateway = ""
+	}
+	return pe
+}
+
+func vhostUserDevice(va *VMAttachment) *apiv1.VhostUserDevice {
+	return &apiv1.VhostUserDevice{Mode: va.Mode, Path: va.Path, VmName: va.VM.Endpoint.VM.Name}
 }
 
 func (s *server) AddVM(_ context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVMResponse, error) {

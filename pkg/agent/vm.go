@@ -74,12 +74,18 @@ type AddVMRequest struct {
 	Labels map[string]string
 	// Owner of the fd-passing socket (the backend's user); nil: root.
 	SocketUID, SocketGID *uint32
+
+	// Set by AttachVM: the CNI attachment and the backend the agent runs.
+	attachment *endpoint.CNIAttachment
+	backend    *endpoint.VMBackend
 }
 
 // VMInfo is a VM endpoint and whether its socket server runs.
 type VMInfo struct {
 	Endpoint endpoint.Endpoint
 	Serving  bool
+	// Backend is set when the agent runs the VM's backend.
+	Backend *BackendInfo
 }
 
 func vmKey(name string) string { return endpoint.Key(endpoint.VMContainerID(name), endpoint.VMIfName) }
@@ -177,7 +183,8 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		Kind: endpoint.KindVM, ContainerID: endpoint.VMContainerID(req.Name), IfName: req.IfName,
 		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
 		Labels: req.Labels, Created: time.Now().UTC(), Pending: true,
-		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID},
+		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID,
+			Attachment: req.attachment, Backend: req.backend},
 	}
 	if ep.VM.NetnsCookie, ep.VM.NetnsIno, err = netnsIdentity(req.Netns); err != nil {
 		return nil, fmt.Errorf("add vm %s: %w: %w", req.Name, err, ErrBadNetns)
@@ -392,6 +399,11 @@ func (a *Agent) DelVM(name string) (existed bool, err error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.delVM(name)
+}
+
+// delVM is DelVM with mu held.
+func (a *Agent) delVM(name string) (existed bool, err error) {
 	key := vmKey(name)
 	if err := a.stopVMServer(name); err != nil {
 		return false, fmt.Errorf("del vm %s: %w", name, err)
@@ -404,6 +416,7 @@ func (a *Agent) DelVM(name string) (existed bool, err error) {
 		if ep.VM == nil {
 			return true, fmt.Errorf("del vm %s: record %s has no vm part: %w", name, key, ErrConflict)
 		}
+		a.stopVMBackend(&ep)
 		vdp, err := a.vmDatapath()
 		if err != nil {
 			return true, fmt.Errorf("del vm %s: %w", name, err)
@@ -447,7 +460,12 @@ func (a *Agent) ListVMs() ([]VMInfo, error) {
 			continue
 		}
 		_, serving := a.vms[ep.VM.Name]
-		out = append(out, VMInfo{Endpoint: ep, Serving: serving})
+		vi := VMInfo{Endpoint: ep, Serving: serving}
+		if p, ok := a.backends[ep.VM.Name]; ok {
+			bi := p.info()
+			vi.Backend = &bi
+		}
+		out = append(out, vi)
 	}
 	return out, nil
 }

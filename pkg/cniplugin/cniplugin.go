@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -48,6 +49,37 @@ type NetConf struct {
 	AgentSocket *string `json:"agentSocket,omitempty"`
 	MTU         int     `json:"mtu,omitempty"`
 	Subnet      string  `json:"subnet,omitempty"`
+	// VhostUser makes the network a VM attachment (KubeVirt's binding
+	// "lanekit", through a NetworkAttachmentDefinition): the interface is a
+	// VM endpoint, the agent runs its vhost-user backend and the plugin
+	// reports the socket as device-info.
+	VhostUser     *VhostUserConf `json:"vhostUser,omitempty"`
+	RuntimeConfig RuntimeConfig  `json:"runtimeConfig,omitempty"`
+}
+
+// VhostUserConf is where a VM attachment's vhost-user socket goes.
+type VhostUserConf struct {
+	// Queues: queue pairs; 0 (default) takes the VMI's (one per vCPU with
+	// networkInterfaceMultiqueue), else 1.
+	Queues int `json:"queues,omitempty"`
+	// SocketDir is the socket's directory as QEMU sees it; default
+	// /var/run/kubevirt/sockets (virt-launcher's "sockets" emptyDir).
+	SocketDir string `json:"socketDir,omitempty"`
+	// PodVolume is the launcher pod's emptyDir mounted at SocketDir; default
+	// "sockets". The agent finds it under kubelet's pod directory.
+	PodVolume string `json:"podVolume,omitempty"`
+	// HostSocketDir replaces PodVolume with a host directory that QEMU sees
+	// at SocketDir (runtimes without kubelet volumes).
+	HostSocketDir string `json:"hostSocketDir,omitempty"`
+}
+
+// RuntimeConfig holds the capability arguments the plugin understands
+// ("capabilities": {"mac": true, "CNIDeviceInfoFile": true}).
+type RuntimeConfig struct {
+	// MAC is the VM's MAC (Multus passes the network selection's "mac").
+	MAC string `json:"mac,omitempty"`
+	// CNIDeviceInfoFile is where Multus wants the device-info written.
+	CNIDeviceInfoFile string `json:"CNIDeviceInfoFile,omitempty"`
 }
 
 // Socket returns the agent socket path from the config or the default.
@@ -83,6 +115,30 @@ func ParseConf(stdin []byte) (*NetConf, error) {
 		if err != nil || !p.Addr().Is4() {
 			return nil, invalid(fmt.Sprintf("subnet %q is not an IPv4 CIDR", conf.Subnet))
 		}
+	}
+	if v := conf.VhostUser; v != nil {
+		if v.Queues < 0 || v.Queues > 16 {
+			return nil, invalid(fmt.Sprintf("vhostUser.queues %d out of range 0-16", v.Queues))
+		}
+		for k, d := range map[string]string{"socketDir": v.SocketDir, "hostSocketDir": v.HostSocketDir} {
+			if d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
+				return nil, invalid(fmt.Sprintf("vhostUser.%s %q is not a clean absolute path", k, d))
+			}
+		}
+		if v.PodVolume != "" && v.HostSocketDir != "" {
+			return nil, invalid("vhostUser: set podVolume or hostSocketDir, not both")
+		}
+		if v.PodVolume != "" && (strings.ContainsAny(v.PodVolume, "/.") || len(v.PodVolume) > 63) {
+			return nil, invalid(fmt.Sprintf("vhostUser.podVolume %q is not a volume name", v.PodVolume))
+		}
+	}
+	if m := conf.RuntimeConfig.MAC; m != "" {
+		if hw, err := net.ParseMAC(m); err != nil || len(hw) != 6 {
+			return nil, invalid(fmt.Sprintf("runtimeConfig.mac %q is not an Ethernet address", m))
+		}
+	}
+	if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && !filepath.IsAbs(f) {
+		return nil, invalid(fmt.Sprintf("runtimeConfig.CNIDeviceInfoFile %q is not absolute", f))
 	}
 	if conf.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
@@ -137,6 +193,14 @@ func cniError(op string, err error, unavailable uint) error {
 		code = types.ErrTryAgainLater
 	}
 	return types.NewError(code, op+" failed", msg)
+}
+
+// kindOf is the endpoint kind a network config makes.
+func kindOf(conf *NetConf) apiv1.EndpointKind {
+	if conf.VhostUser != nil {
+		return apiv1.EndpointKind_ENDPOINT_KIND_VM
+	}
+	return apiv1.EndpointKind_ENDPOINT_KIND_POD
 }
 
 func attachment(args *skel.CmdArgs) *apiv1.Attachment {
@@ -232,10 +296,18 @@ func withAgent(args *skel.CmdArgs, needNetns bool, f func(ctx context.Context, c
 // CmdAdd asks the agent for the endpoint and prints the result.
 func CmdAdd(args *skel.CmdArgs) error {
 	return withAgent(args, true, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
-		resp, err := c.AddEndpoint(ctx, &apiv1.AddEndpointRequest{
+		req := &apiv1.AddEndpointRequest{
 			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
 			Network: conf.Name, Mtu: uint32(conf.MTU), Subnet: conf.Subnet, Labels: labelsFromArgs(args.Args),
-		})
+		}
+		if v := conf.VhostUser; v != nil {
+			req.Kind = apiv1.EndpointKind_ENDPOINT_KIND_VM
+			req.VhostUser = &apiv1.VhostUserAttachment{
+				Queues: uint32(v.Queues), Mac: conf.RuntimeConfig.MAC,
+				SocketDir: v.SocketDir, PodVolume: v.PodVolume, HostSocketDir: v.HostSocketDir,
+			}
+		}
+		resp, err := c.AddEndpoint(ctx, req)
 		if err != nil {
 			return cniError("add", err, types.ErrTryAgainLater)
 		}
@@ -243,18 +315,77 @@ func CmdAdd(args *skel.CmdArgs) error {
 		if err != nil {
 			return types.NewError(types.ErrInternal, "bad endpoint from agent", err.Error())
 		}
+		if conf.VhostUser != nil {
+			dev := resp.GetVhostUser()
+			if dev.GetPath() == "" {
+				return types.NewError(types.ErrInternal, "bad answer from agent", "a VM attachment without a vhost-user socket")
+			}
+			if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" {
+				if err := WriteDeviceInfo(f, dev.GetMode(), dev.GetPath()); err != nil {
+					return types.NewError(types.ErrIOFailure, "write device-info", err.Error())
+				}
+			}
+		}
 		return types.PrintResult(res, conf.CNIVersion)
 	})
+}
+
+// DeviceInfo is the NPWG device-info document (spec 1.1.0) for a
+// vhost-user interface: Multus copies it into the pod's network-status,
+// KubeVirt into the binding sidecar's network-info.
+type DeviceInfo struct {
+	Type      string          `json:"type"`
+	Version   string          `json:"version"`
+	VhostUser DeviceVhostUser `json:"vhost-user"`
+}
+
+// DeviceVhostUser is device-info's vhost-user part: mode is QEMU's role.
+type DeviceVhostUser struct {
+	Mode string `json:"mode"`
+	Path string `json:"path"`
+}
+
+// WriteDeviceInfo writes a vhost-user device-info file atomically.
+func WriteDeviceInfo(path, mode, socket string) error {
+	raw, err := json.Marshal(DeviceInfo{Type: "vhost-user", Version: "1.1.0", VhostUser: DeviceVhostUser{Mode: mode, Path: socket}})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".lanekit-devinfo-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(raw); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // CmdDel asks the agent to delete the endpoint; unknown ones are success.
 func CmdDel(args *skel.CmdArgs) error {
 	return withAgent(args, false, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
 		_, err := c.DelEndpoint(ctx, &apiv1.DelEndpointRequest{
-			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+			Kind: kindOf(conf), Attachment: attachment(args), Netns: args.Netns,
 		})
 		if err != nil {
 			return cniError("del", err, types.ErrTryAgainLater)
+		}
+		if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && conf.VhostUser != nil {
+			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return types.NewError(types.ErrIOFailure, "remove device-info", err.Error())
+			}
 		}
 		return nil
 	})
@@ -265,7 +396,7 @@ func CmdDel(args *skel.CmdArgs) error {
 func CmdCheck(args *skel.CmdArgs) error {
 	return withAgent(args, true, func(ctx context.Context, conf *NetConf, c apiv1.AgentClient) error {
 		resp, err := c.CheckEndpoint(ctx, &apiv1.CheckEndpointRequest{
-			Kind: apiv1.EndpointKind_ENDPOINT_KIND_POD, Attachment: attachment(args), Netns: args.Netns,
+			Kind: kindOf(conf), Attachment: attachment(args), Netns: args.Netns,
 		})
 		if err != nil {
 			return cniError("check", err, types.ErrTryAgainLater)

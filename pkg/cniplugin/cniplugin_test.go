@@ -52,6 +52,14 @@ func TestParseConf(t *testing.T) {
 		{"bad mtu", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","mtu":10}`, types.ErrInvalidNetworkConfig},
 		{"bad subnet", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","subnet":"10.0.0.0"}`, types.ErrInvalidNetworkConfig},
 		{"mtu not a number", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","mtu":"big"}`, types.ErrDecodingFailure},
+		{"vm queues", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":{"queues":17}}`, types.ErrInvalidNetworkConfig},
+		{"vm relative dir", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":{"socketDir":"run/x"}}`, types.ErrInvalidNetworkConfig},
+		{"vm unclean dir", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":{"hostSocketDir":"/a/../b"}}`, types.ErrInvalidNetworkConfig},
+		{"vm volume and dir", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":{"podVolume":"s","hostSocketDir":"/b"}}`, types.ErrInvalidNetworkConfig},
+		{"vm volume path", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":{"podVolume":"../etc"}}`, types.ErrInvalidNetworkConfig},
+		{"vm not an object", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":true}`, types.ErrDecodingFailure},
+		{"runtime mac", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"mac":"02:00"}}`, types.ErrInvalidNetworkConfig},
+		{"device-info path", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"CNIDeviceInfoFile":"x.json"}}`, types.ErrInvalidNetworkConfig},
 	} {
 		_, err := ParseConf([]byte(tc.in))
 		if err == nil {
@@ -141,16 +149,20 @@ func TestStatusFollowsDatapath(t *testing.T) {
 	}
 }
 
-func startAgentWith(t *testing.T, dp datapath.Datapath) string {
+func startAgentWith(t *testing.T, dp datapath.Datapath, tweak ...func(*agent.Config)) string {
 	t.Helper()
 	dir := t.TempDir()
 	node := netnstest.New(t, "cnode")
 	sock := filepath.Join(dir, "agent.sock")
-	a, err := agent.New(agent.Config{
+	cfg := agent.Config{
 		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.88.1.0/24"),
 		MTU: 1450, HostNetns: node.Path(),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
-	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	a, err := agent.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,5 +261,74 @@ func TestInProcessAddCheckDel(t *testing.T) {
 		if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
 			t.Fatalf("del: %v", err)
 		}
+	}
+}
+
+// TestInProcessVMAttachment: a network with "vhostUser" makes the CNI ifname
+// a VM endpoint with its backend running, returns the VM's device and
+// address (no routes: a secondary network) and writes the vhost-user
+// device-info where Multus asked; DEL removes both, twice.
+func TestInProcessVMAttachment(t *testing.T) {
+	testutil.RequireRoot(t)
+	fake := testutil.FakeVhost(t)
+	root := uint32(0)
+	sock := startAgentWith(t, agent.NewMemoryDatapath(), func(c *agent.Config) {
+		c.VhostBin, c.VhostUID, c.VhostGID = fake, &root, &root
+		c.VMSocketDir = filepath.Join(c.StateDir, "vm")
+	})
+	pod := netnstest.New(t, "clauncher")
+	dir := t.TempDir()
+	devinfo := filepath.Join(dir, "devinfo", "net1.json")
+	vmConf := conf(sock, fmt.Sprintf(`,"vhostUser":{"hostSocketDir":%q},"runtimeConfig":{"mac":"02:00:00:cc:00:01","CNIDeviceInfoFile":%q}`, dir, devinfo))
+	args := &skel.CmdArgs{ContainerID: "launcher1", IfName: "net1", Netns: pod.Path(),
+		Args: "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=virt-launcher-a", StdinData: vmConf}
+	r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "net1" || res.Interfaces[1].Mac != "02:00:00:cc:00:01" ||
+		res.Interfaces[1].Sandbox != pod.Path() || len(res.IPs) != 1 || len(res.Routes) != 0 || res.IPs[0].Gateway != nil {
+		t.Fatalf("result %+v ips %+v routes %+v", res.Interfaces, res.IPs, res.Routes)
+	}
+	raw, err := os.ReadFile(devinfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"type":"vhost-user","version":"1.1.0","vhost-user":{"mode":"client","path":"/var/run/kubevirt/sockets/lanekit-net1.sock"}}`
+	if string(raw) != want {
+		t.Fatalf("device-info %s, want %s", raw, want)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "lanekit-net1.sock")); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("backend socket: %v", err)
+	}
+	if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	// The same attachment through a pod-network config is not a second endpoint.
+	podArgs := *args
+	podArgs.StdinData = conf(sock, "")
+	if err := CmdDel(&podArgs); err != nil {
+		t.Fatalf("DEL without vhostUser: %v", err)
+	}
+	if got := code(t, CmdCheck(args)); got != types.ErrUnknownContainer {
+		t.Fatalf("check after DEL: code %d, want 3 (unknown)", got)
+	}
+	if err := CmdAdd(args); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+			t.Fatalf("del: %v", err)
+		}
+	}
+	if _, err := os.Stat(devinfo); !os.IsNotExist(err) {
+		t.Errorf("device-info left after DEL: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lanekit-net1.sock")); !os.IsNotExist(err) {
+		t.Errorf("backend socket left after DEL: %v", err)
 	}
 }

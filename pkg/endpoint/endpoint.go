@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -70,7 +71,35 @@ type VM struct {
 	// has no netns cookies).
 	NetnsCookie uint64 `json:"netnsCookie,omitempty"`
 	NetnsIno    uint64 `json:"netnsIno,omitempty"`
+	// Attachment is the CNI attachment that made the VM (a KubeVirt
+	// virt-launcher pod's network); nil for VMs added by name (AddVM).
+	Attachment *CNIAttachment `json:"attachment,omitempty"`
+	// Backend is the vhost-user backend the agent runs for the VM; nil when
+	// something else runs it (the lab, `lanekit vm add` users).
+	Backend *VMBackend `json:"backend,omitempty"`
 }
+
+// CNIAttachment is a CNI container ID + ifname.
+type CNIAttachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+// VMBackend is how the agent runs a VM's lanekit-vhost: it listens on
+// Socket, which is BindDir/File on the host, where BindDir is a short link
+// to HostDir (a unix socket path holds 107 bytes; kubelet's pod volume
+// paths are longer). QEMU sees the same file as ReportedPath.
+type VMBackend struct {
+	HostDir      string `json:"hostDir"`
+	BindDir      string `json:"bindDir"`
+	File         string `json:"file"`
+	ReportedPath string `json:"reportedPath"`
+	UID          uint32 `json:"uid"`
+	GID          uint32 `json:"gid"`
+}
+
+// Socket is the path the backend binds.
+func (b *VMBackend) Socket() string { return b.BindDir + "/" + b.File }
 
 // VMContainerID is the container ID a VM endpoint is stored under. CNI
 // container IDs cannot contain ':', so it never collides with a pod's.
@@ -81,6 +110,18 @@ const VMIfName = "eth0"
 
 // MaxVMNameLen bounds a VM name (it becomes a socket file name).
 const MaxVMNameLen = 63
+
+// VMName is a VM name made of parts (a namespace and a VMI name, say)
+// joined by '.', or "vm-" and a hash of them when that is longer than a VM
+// name may be.
+func VMName(parts ...string) string {
+	n := strings.Join(parts, ".")
+	if len(n) <= MaxVMNameLen && ValidateVMName(n) == nil {
+		return n
+	}
+	h := sha256.Sum256([]byte(strings.Join(parts, "/")))
+	return "vm-" + hex.EncodeToString(h[:])[:32]
+}
 
 // ValidateVMName checks a VM name: 1-63 of [A-Za-z0-9_.-], not starting
 // with '.' or '-'.

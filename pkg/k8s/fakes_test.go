@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/pkg/agent"
-	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -149,71 +148,26 @@ func (r *routeStore) get() []Route {
 	return append([]Route(nil), r.routes...)
 }
 
-// vmStore is a VMSink: pod endpoints given by the test, VMs added and
-// deleted by the source.
+// vmStore is a VMSink: it keeps the resolver the source hands it.
 type vmStore struct {
-	mu     sync.Mutex
-	pods   []endpoint.Endpoint
-	vms    map[string]agent.AddVMRequest
-	adds   int
-	dels   int
-	nextID uint32
+	mu       sync.Mutex
+	resolver agent.VMIResolver
 }
 
-func newVMStore() *vmStore { return &vmStore{vms: map[string]agent.AddVMRequest{}, nextID: 100} }
-
-func (v *vmStore) AddVM(req agent.AddVMRequest) (*agent.VMInfo, error) {
+func (v *vmStore) SetVMIResolver(r agent.VMIResolver) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if _, ok := v.vms[req.Name]; ok {
-		return nil, fmt.Errorf("vm %s: %w", req.Name, agent.ErrConflict)
+	v.resolver = r
+}
+
+func (v *vmStore) resolve(ns, name, uid string) (agent.VMIInfo, bool, error) {
+	v.mu.Lock()
+	r := v.resolver
+	v.mu.Unlock()
+	if r == nil {
+		return agent.VMIInfo{}, false, fmt.Errorf("no resolver set")
 	}
-	if err := endpoint.ValidateVMName(req.Name); err != nil {
-		return nil, err
-	}
-	v.vms[req.Name] = req
-	v.adds++
-	v.nextID++
-	return &agent.VMInfo{Endpoint: v.endpoint(req, v.nextID)}, nil
-}
-
-func (v *vmStore) endpoint(req agent.AddVMRequest, id uint32) endpoint.Endpoint {
-	return endpoint.Endpoint{ID: id, Kind: endpoint.KindVM, Netns: req.Netns, IfName: req.IfName, MAC: req.MAC, Labels: req.Labels,
-		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues}}
-}
-
-func (v *vmStore) DelVM(name string) (bool, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	_, ok := v.vms[name]
-	delete(v.vms, name)
-	if ok {
-		v.dels++
-	}
-	return ok, nil
-}
-
-func (v *vmStore) ListVMs() ([]agent.VMInfo, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	var out []agent.VMInfo
-	for _, req := range v.vms {
-		out = append(out, agent.VMInfo{Endpoint: v.endpoint(req, 1)})
-	}
-	return out, nil
-}
-
-func (v *vmStore) List() ([]endpoint.Endpoint, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return append([]endpoint.Endpoint(nil), v.pods...), nil
-}
-
-func (v *vmStore) get(name string) (agent.AddVMRequest, bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	r, ok := v.vms[name]
-	return r, ok
+	return r(ns, name, uid)
 }
 
 // eventually polls cond for up to 20s.

@@ -71,15 +71,12 @@ type Config struct {
 	Dynamic dynamic.Interface
 	// Objects receives the objects; nil: only Nodes (routes) and VMIs.
 	Objects ObjectSink
-	// VMs receives VMI → VM endpoint changes; nil: VMIs are not watched.
+	// VMs asks which VMI a launcher pod runs (VM attachments); nil: no
+	// VMI lookups.
 	VMs VMSink
 	// Routes receives the other nodes' pod CIDRs; nil: no routes.
 	Routes RouteSink
 	Log    *slog.Logger
-	// VMResync is how often VMs are reconciled without an event (a VMI's
-	// launcher pod gets its endpoint through CNI, not through the API);
-	// 0: 5s.
-	VMResync time.Duration
 }
 
 // Source runs the informers. Create it with New, then Run.
@@ -91,7 +88,6 @@ type Source struct {
 	queue   workqueue.TypedRateLimitingInterface[objKey]
 	nodes   cache.SharedIndexInformer
 	pods    cache.SharedIndexInformer
-	vmi     *vmiWatch
 	routesQ chan struct{}
 
 	mu       sync.Mutex
@@ -138,9 +134,6 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.VMResync == 0 {
-		cfg.VMResync = 5 * time.Second
-	}
 	s := &Source{
 		cfg: cfg, log: cfg.Log.With("source", "k8s"),
 		kinds:    map[k8sobj.Kind]cache.SharedIndexInformer{},
@@ -174,7 +167,8 @@ func New(cfg Config) (*Source, error) {
 		return nil, fmt.Errorf("k8s source: node handler: %w", err)
 	}
 	if cfg.VMs != nil && cfg.Dynamic != nil {
-		s.vmi = newVMIWatch(s, cfg.Dynamic, cfg.VMs)
+		r := &vmiResolver{s: s, dc: cfg.Dynamic}
+		cfg.VMs.SetVMIResolver(r.resolve)
 	}
 	return s, nil
 }
@@ -203,9 +197,6 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 			for _, kind := range s.maySettle(k) {
 				s.queue.AddAfter(objKey{kind: kind, all: true}, resyncDelay)
 			}
-		}
-		if kind == k8sobj.KindPod {
-			s.vmi.kickSafe()
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
@@ -260,9 +251,6 @@ func (s *Source) Run(ctx context.Context) error {
 	wg.Go(func() { s.work(ctx) })
 	if s.cfg.Routes != nil {
 		wg.Go(func() { s.routeLoop(ctx) })
-	}
-	if s.vmi != nil {
-		wg.Go(func() { s.vmi.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()

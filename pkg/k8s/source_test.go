@@ -21,8 +21,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
-	"github.com/lanekit/lanekit/pkg/agent"
-	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -306,29 +304,22 @@ func TestNodeRoutes(t *testing.T) {
 	}
 }
 
-func TestVMIBecomesVMEndpoint(t *testing.T) {
+// TestVMIResolver: a VM attachment's ADD learns its VMI from the launcher
+// pod (KubeVirt's domain annotation and created-by label): queues from the
+// vCPUs with multiqueue, the lanekit interface's MAC, the VMI's labels. A
+// pod that is not a launcher is no VMI; a launcher whose VMI cannot be read
+// (not yet there, or recreated) is an error, never a guess.
+func TestVMIResolver(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	launcher := mustCreate(t, e.c.CoreV1().Pods("default").Create, pod("default", "virt-launcher-vm1-abcde", "node-1", map[string]string{"kubevirt.io": "virt-launcher"}))
-	vms := newVMStore()
-	vms.pods = []endpoint.Endpoint{{ID: 7, Kind: endpoint.KindPod, Netns: "/run/netns/launcher",
-		Labels: map[string]string{argPodNamespace: "default", argPodName: launcher.Name}}}
-	// A VM made by hand (`lanekit vm add`) is not the source's to remove.
-	if _, err := vms.AddVM(vmReq("manual", "/run/netns/x", 1, "")); err != nil {
-		t.Fatal(err)
-	}
-	run(t, Config{NodeName: "node-1", Client: e.c, Dynamic: e.dc, VMs: vms, VMResync: 200 * time.Millisecond})
-	// KubeVirt arrives after lanekit: the source starts watching VMIs once
-	// they are served.
-	time.Sleep(time.Second)
+	vms := &vmStore{}
+	run(t, Config{NodeName: "node-1", Client: e.c, Dynamic: e.dc, VMs: vms})
 	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
 		t.Fatal(err)
 	}
-
 	vmi := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-		"metadata": map[string]any{"name": "vm1", "namespace": "default",
-			"labels": map[string]any{"kubevirt.io/nodeName": "node-1", "app": "db"}},
+		"metadata": map[string]any{"name": "vm1", "namespace": "default", "labels": map[string]any{"app": "db"}},
 		"spec": map[string]any{"domain": map[string]any{
 			"cpu": map[string]any{"cores": int64(4)},
 			"devices": map[string]any{
@@ -343,32 +334,36 @@ func TestVMIBecomesVMEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
-	if _, ok := vms.get("default.vm1"); ok {
-		t.Fatal("VM endpoint added before the VMI is scheduled here (no status.nodeName/activePods)")
-	}
-	// What virt-handler writes once the launcher pod runs here.
-	created.Object["status"] = map[string]any{"nodeName": "node-1", "phase": "Running",
-		"activePods": map[string]any{string(launcher.UID): "node-1"}}
-	if _, err := e.dc.Resource(VMIResource).Namespace("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "VM endpoint for the VMI", func() bool { _, ok := vms.get("default.vm1"); return ok })
-	got, _ := vms.get("default.vm1")
-	if got.Netns != "/run/netns/launcher" || got.IfName != VMIfName || got.Queues != 4 || got.MAC != "02:00:00:aa:00:01" ||
-		got.Labels[LabelVMI] != "default/vm1" || got.Labels["app"] != "db" {
-		t.Errorf("VM endpoint %+v: want the launcher's netns, 4 queues (multiqueue, 4 vCPUs), the interface MAC and the VMI's labels", got)
-	}
+	lp := pod("default", "virt-launcher-vm1-abcde", "node-1", map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
+	lp.Annotations = map[string]string{annotationDomain: "vm1"}
+	launcher := mustCreate(t, e.c.CoreV1().Pods("default").Create, lp)
+	other := mustCreate(t, e.c.CoreV1().Pods("default").Create, pod("default", "web", "node-1", map[string]string{"app": "web"}))
 
+	got, ok, err := vms.resolve("default", launcher.Name, string(launcher.UID))
+	if err != nil || !ok {
+		t.Fatalf("resolve launcher: %v %v", ok, err)
+	}
+	if got.Namespace != "default" || got.Name != "vm1" || got.Queues != 4 || got.MAC != "02:00:00:aa:00:01" || got.Labels["app"] != "db" {
+		t.Errorf("resolved %+v: want default/vm1, 4 queues (multiqueue, 4 vCPUs), the interface MAC and the VMI's labels", got)
+	}
+	if _, ok, err := vms.resolve("default", other.Name, string(other.UID)); ok || err != nil {
+		t.Errorf("resolve a pod that is not a launcher: ok %v err %v, want neither", ok, err)
+	}
+	if _, _, err := vms.resolve("default", launcher.Name, "0000-other-uid"); err == nil {
+		t.Error("resolve with another pod UID than the pod's: no error")
+	}
+	// The VMI recreated under the same name: not the launcher's VMI.
 	if err := e.dc.Resource(VMIResource).Namespace("default").Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "VM endpoint removed with the VMI", func() bool { _, ok := vms.get("default.vm1"); return !ok })
-	if _, ok := vms.get("manual"); !ok {
-		t.Error("the source removed a VM it did not create")
+	if _, _, err := vms.resolve("default", launcher.Name, string(launcher.UID)); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("resolve with the VMI gone: %v, want not found", err)
 	}
-}
-
-func vmReq(name, netns string, queues int, mac string) agent.AddVMRequest {
-	return agent.AddVMRequest{Name: name, Netns: netns, Queues: queues, MAC: mac}
+	vmi.SetResourceVersion("")
+	if _, err := e.dc.Resource(VMIResource).Namespace("default").Create(ctx, vmi, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := vms.resolve("default", launcher.Name, string(launcher.UID)); err == nil || !strings.Contains(err.Error(), "recreated") {
+		t.Errorf("resolve with a recreated VMI: %v, want the UID mismatch", err)
+	}
 }

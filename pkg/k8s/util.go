@@ -2,7 +2,6 @@ package k8s
 
 import (
 	"context"
-	"net"
 	"time"
 )
 
@@ -20,11 +19,4 @@ func afterChan(ctx context.Context, d time.Duration) <-chan struct{} {
 		}
 	}()
 	return c
-}
-
-// equalMAC compares two MAC addresses in any notation.
-func equalMAC(a, b string) bool {
-	ma, err1 := net.ParseMAC(a)
-	mb, err2 := net.ParseMAC(b)
-	return err1 == nil && err2 == nil && ma.String() == mb.String()
 }

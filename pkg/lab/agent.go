@@ -29,6 +29,10 @@ func agentArgs(i int, k8s bool) []string {
 	return append(args,
 		"--bpf-dir", BPFDir(i),
 		"--vm-socket-dir", NodeDir(i)+"/vm",
+		// VM attachments (lab kubelet + NetworkAttachmentDefinition): the
+		// pod volumes are the lab kubelets', backends run as nobody.
+		"--kubelet-root-dir", KubeletRootDir(),
+		"--vhost-user", fmt.Sprintf("%d:%d", backendUser, backendUser),
 	)
 }
 

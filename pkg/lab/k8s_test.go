@@ -1,19 +1,21 @@
 package lab
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
-
-	"net"
-	"strconv"
-	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -26,11 +28,13 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/pkg/k8s"
+	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
 // nodeAgent dials node i's agent API.
@@ -264,7 +268,7 @@ func TestLabK8s(t *testing.T) {
 		t.Errorf("ping the pod created after the restart: %v\n%s", err, out)
 	}
 
-	t.Run("VMI", func(t *testing.T) { testLabVMI(ctx, t, srv, c) })
+	t.Run("VMI", func(t *testing.T) { testLabVMI(ctx, t, srv, c, bins, p1) })
 	t.Run("ServicesAndPolicies", func(t *testing.T) { testLabServices(ctx, t, bins, c, p1, p2) })
 }
 
@@ -367,45 +371,70 @@ func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Int
 	waitFor(t, "backend reachable once the policy is deleted", 30*time.Second, func() bool { return dial(ctx, t, b, client.NS, direct) == "" })
 }
 
-// testLabVMI: a VMI scheduled to node 2 with its launcher pod there becomes
-// a VM endpoint in the launcher pod's netns; deleting the VMI removes it.
-func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubernetes.Interface) {
+// testLabVMI: a KubeVirt VM on lanekit's fast lane, as a cluster sets it up.
+// A VMI with a lanekit-bound interface, its launcher pod asking for the
+// lanekit-vm network (a NetworkAttachmentDefinition with "vhostUser") and
+// carrying KubeVirt's "sockets" emptyDir: the lab kubelet (as kubelet +
+// Multus) runs the lanekit CNI for it, the agent makes the VM endpoint on
+// the Multus ifname with the VMI's queue count and MAC and starts
+// lanekit-vhost in the pod's volume; the plugin's device-info reaches
+// network-status; the binding sidecar's planner turns it (as network-info)
+// into the domain's vhost-user interface; a virtio frontend (rss_guest) on
+// that socket receives what a pod on node 1 sends to the VM's address, which
+// only the fast lane delivers there. Deleting the pod removes it all.
+func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubernetes.Interface, bins Bins, client Pod) {
 	cfg := srv.RESTConfig()
-	if err := k8stest.InstallKubeVirtCRD(ctx, cfg); err != nil {
-		t.Fatal(err)
+	for _, install := range []func(context.Context, *rest.Config) error{k8stest.InstallKubeVirtCRD, k8stest.InstallNADCRD} {
+		if err := install(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	launcher, err := c.CoreV1().Pods(PodNamespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "virt-launcher-vm1", Namespace: PodNamespace, Labels: map[string]string{"kubevirt.io": "virt-launcher"}},
-		Spec:       corev1.PodSpec{NodeName: KubeNodeName(2), Containers: []corev1.Container{{Name: "compute", Image: "none"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
+	nad := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+		"metadata": map[string]any{"name": "lanekit-vm", "namespace": PodNamespace},
+		"spec": map[string]any{"config": `{"cniVersion":"1.1.0","name":"lanekit-vm","plugins":[{"type":"lanekit",` +
+			`"vhostUser":{},"capabilities":{"mac":true,"CNIDeviceInfoFile":true}}]}`},
+	}}
+	if _, err := dc.Resource(k8stest.NADResource).Namespace(PodNamespace).Create(ctx, nad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := WaitPodIP(ctx, c, PodNamespace, launcher.Name, time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	const mac = "02:00:00:aa:00:01"
 	vmi := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-		"metadata": map[string]any{"name": "vm1", "namespace": PodNamespace,
-			"labels": map[string]any{"kubevirt.io/nodeName": KubeNodeName(2), "app": "vm1"}},
-		"spec": map[string]any{"domain": map[string]any{
-			"cpu": map[string]any{"cores": int64(2)},
-			"devices": map[string]any{"networkInterfaceMultiqueue": true, "interfaces": []any{
-				map[string]any{"name": "fast", "binding": map[string]any{"name": "lanekit"}, "macAddress": "02:00:00:aa:00:01"}}},
-		}},
+		"metadata": map[string]any{"name": "vm1", "namespace": PodNamespace, "labels": map[string]any{"app": "vm1"}},
+		"spec": map[string]any{
+			"domain": map[string]any{
+				"cpu": map[string]any{"cores": int64(2)},
+				"devices": map[string]any{"networkInterfaceMultiqueue": true, "interfaces": []any{
+					map[string]any{"name": "fast", "binding": map[string]any{"name": "lanekit"}, "macAddress": mac}}},
+			},
+			"networks": []any{map[string]any{"name": "fast", "multus": map[string]any{"networkName": "lanekit-vm"}}},
+		},
 	}}
 	created, err := dc.Resource(k8s.VMIResource).Namespace(PodNamespace).Create(ctx, vmi, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	created.Object["status"] = map[string]any{"nodeName": KubeNodeName(2), "phase": "Running",
-		"activePods": map[string]any{string(launcher.UID): KubeNodeName(2)}}
-	if _, err := dc.Resource(k8s.VMIResource).Namespace(PodNamespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	// What virt-controller creates: KubeVirt names a secondary interface
+	// pod<hash of the network name>.
+	const ifname = "pod16477688c0e"
+	launcher, err := c.CoreV1().Pods(PodNamespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "virt-launcher-vm1-abcde", Namespace: PodNamespace,
+			Labels: map[string]string{"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": string(created.GetUID())},
+			Annotations: map[string]string{"kubevirt.io/domain": "vm1",
+				NetworksAnnotation: `[{"name":"lanekit-vm","namespace":"` + PodNamespace + `","interface":"` + ifname + `","mac":"` + mac + `"}]`}},
+		Spec: corev1.PodSpec{NodeName: KubeNodeName(2), Containers: []corev1.Container{{Name: "compute", Image: "none"}},
+			Volumes: []corev1.Volume{{Name: "sockets", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := WaitPodIP(ctx, c, PodNamespace, launcher.Name, time.Minute); err != nil {
+		t.Fatalf("%v; kubelet: %s; agent: %s", err, logTail(KubeletLog(2)), logTail(AgentLog(2)))
 	}
 	name := k8s.VMName(PodNamespace, "vm1")
 	findVM := func() *apiv1.VM {
@@ -422,21 +451,149 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 		}
 		return nil
 	}
-	waitFor(t, "VM endpoint "+name+" on node 2", 60*time.Second, func() bool { return findVM() != nil })
 	vm := findVM()
-	if vm.GetQueues() != 2 || vm.GetMac() != "02:00:00:aa:00:01" {
-		t.Errorf("VM endpoint %v: want 2 queues (multiqueue, 2 vCPUs) and the VMI interface's MAC", vm)
+	if vm == nil {
+		t.Fatalf("no VM endpoint %s on node 2", name)
 	}
-	// The VM's device sits beside the launcher pod's eth0.
+	sockPath := "/var/run/kubevirt/sockets/lanekit-" + ifname + ".sock"
+	hostSock := filepath.Join(PodVolumeDir(launcher.UID, "sockets"), "lanekit-"+ifname+".sock")
+	be := vm.GetBackend()
+	if vm.GetQueues() != 2 || vm.GetMac() != mac || be.GetPid() == 0 || be.GetSocket() != sockPath || be.GetHostSocket() != hostSock {
+		t.Fatalf("VM endpoint %v: want 2 queues (multiqueue, 2 vCPUs), the VMI's MAC and a running backend on %s", vm, hostSock)
+	}
 	launcherNS := PodNetns(2, launcher.UID)
-	if out, err := run(ctx, "ip", "-n", launcherNS, "-o", "link", "show", k8s.VMIfName); err != nil || !strings.Contains(out, "02:00:00:aa:00:01") {
-		t.Errorf("%s in %s: %v %s", k8s.VMIfName, launcherNS, err, out)
+	if out, err := run(ctx, "ip", "-n", launcherNS, "-o", "link", "show", ifname); err != nil || !strings.Contains(out, mac) {
+		t.Errorf("%s in %s: %v %s", ifname, launcherNS, err, out)
 	}
-	if ip := podIP(ctx, launcherNS); ip == "" {
-		t.Errorf("the launcher pod's eth0 lost its address")
-	}
-	if err := dc.Resource(k8s.VMIResource).Namespace(PodNamespace).Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
+
+	// Multus' network-status carries the plugin's device-info.
+	lp, err := c.CoreV1().Pods(PodNamespace).Get(ctx, launcher.Name, metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "VM endpoint removed with its VMI", 60*time.Second, func() bool { return findVM() == nil })
+	var status []NetworkStatus
+	if err := json.Unmarshal([]byte(lp.Annotations[NetworkStatusAnnotation]), &status); err != nil || len(status) != 2 {
+		t.Fatalf("network-status %q: %v", lp.Annotations[NetworkStatusAnnotation], err)
+	}
+	var dev kubevirt.DeviceInfo
+	if err := json.Unmarshal(status[1].DeviceInfo, &dev); err != nil || dev.Type != "vhost-user" || dev.VhostUser == nil ||
+		dev.VhostUser.Mode != "client" || dev.VhostUser.Path != sockPath || status[1].Interface != ifname {
+		t.Fatalf("network-status entry %+v device-info %s: want vhost-user client on %s", status[1], status[1].DeviceInfo, sockPath)
+	}
+	// virt-controller copies it into network-info; the sidecar plans the
+	// domain's interface from that and the VMI.
+	info := kubevirt.NetworkInfo{Interfaces: []kubevirt.NetworkInfoInterface{{Network: "fast", DeviceInfo: &dev}}}
+	sock, err := info.Socket("fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(created.Object)
+	kv, err := kubevirt.ParseVMI(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atts, err := kubevirt.Plan(kv, kubevirt.BindingName, map[string]kubevirt.VhostSocket{"fast": sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	domain, err := os.ReadFile(filepath.Join(repoRoot(t), "pkg/kubevirt/testdata/pod-and-secondary.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := kubevirt.Rewrite(domain, atts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`type="vhostuser"`, `path="` + sockPath + `"`, `mode="client"`, `queues="2"`, `address="` + mac + `"`} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("domain after the sidecar lacks %s", want)
+		}
+	}
+
+	// A virtio frontend where QEMU would be: it sees what pods send the VM.
+	vmIP, _, _ := strings.Cut(vm.GetAddress(), "/")
+	// Through a short link, as the compute container's mount is (kubelet's
+	// volume path is longer than a unix socket path may be).
+	mount := filepath.Join(t.TempDir(), "sockets")
+	if err := os.Symlink(PodVolumeDir(launcher.UID, "sockets"), mount); err != nil {
+		t.Fatal(err)
+	}
+	guest := exec.CommandContext(ctx, filepath.Join(bins.Dir, "lanekit-rss-guest"), "--socket", filepath.Join(mount, filepath.Base(hostSock)), "--queues", "2",
+		"--stdin-stop", "--duration", "60")
+	var report bytes.Buffer
+	guest.Stdout = &report
+	stop, err := guest.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := guest.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guest.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Process.Kill()
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		var lines []string
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "ready") {
+				ready <- nil
+				io.Copy(io.Discard, stderr)
+				return
+			}
+			lines = append(lines, sc.Text())
+		}
+		ready <- fmt.Errorf("rss_guest ended before ready: %s", strings.Join(lines, " | "))
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("rss_guest not ready after 20s")
+	}
+	send := `for p in 1 2 3 4 5 6 7 8; do echo lanekit > /dev/udp/` + vmIP + `/$((9000 + p)); sleep 0.05; done`
+	if out, err := nsCommand(ctx, client.NS, "bash", "-c", send).CombinedOutput(); err != nil {
+		t.Fatalf("send from %s: %v %s", client.NS, err, out)
+	}
+	time.Sleep(time.Second)
+	fmt.Fprintln(stop)
+	if err := guest.Wait(); err != nil {
+		t.Fatalf("rss_guest: %v; backend log: %s", err, logTail(filepath.Join(NodeDir(2), "state", "vhost", name+".log")))
+	}
+	var rep struct {
+		Frames uint64 `json:"frames"`
+		Flows  []struct {
+			Flow   string `json:"flow"`
+			Frames uint64 `json:"frames"`
+		} `json:"flows"`
+	}
+	if err := json.Unmarshal(report.Bytes(), &rep); err != nil {
+		t.Fatalf("rss_guest report %q: %v", report.String(), err)
+	}
+	fromClient := uint64(0)
+	for _, f := range rep.Flows {
+		if strings.Contains(f.Flow, client.IP+":") && strings.Contains(f.Flow, vmIP+":") {
+			fromClient += f.Frames
+		}
+	}
+	if fromClient < 8 {
+		t.Errorf("the VM's frontend got %d of the 8 datagrams from pod %s (report %s)", fromClient, client.IP, report.String())
+	}
+
+	if err := c.CoreV1().Pods(PodNamespace).Delete(ctx, launcher.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "VM endpoint removed with its launcher pod", 60*time.Second, func() bool { return findVM() == nil })
+	if err := syscall.Kill(int(be.GetPid()), 0); err == nil {
+		t.Errorf("backend pid %d still runs after the pod's DEL", be.GetPid())
+	}
+	waitFor(t, "the pod's volume removed with it", 30*time.Second, func() bool {
+		_, err := os.Stat(PodVolumeDir(launcher.UID, "sockets"))
+		return os.IsNotExist(err)
+	})
 }

@@ -13,10 +13,13 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -26,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -36,8 +40,11 @@ import (
 type Kubelet struct {
 	Index  int
 	Client kubernetes.Interface
-	Bins   Bins
-	Log    *slog.Logger
+	// Dynamic reads NetworkAttachmentDefinitions (secondary networks,
+	// multus.go); nil: pods asking for them fail.
+	Dynamic dynamic.Interface
+	Bins    Bins
+	Log     *slog.Logger
 
 	pods   cache.SharedIndexInformer
 	queue  workqueue.TypedRateLimitingInterface[string]
@@ -191,12 +198,22 @@ func (k *Kubelet) setup(ctx context.Context, p *corev1.Pod) error {
 			return fmt.Errorf("pod %s: %w", key, err)
 		}
 	}
+	if err := makeVolumes(p); err != nil {
+		return fmt.Errorf("pod %s: volumes: %w", key, err)
+	}
 	cni, list, err := cniFor(k.Bins, k.Index, KindLanekit)
 	if err != nil {
 		return err
 	}
 	rt := k.cniArgs(p, p.UID)
 	res, err := cni.AddNetworkList(ctx, list, rt)
+	var statuses []NetworkStatus
+	if err == nil {
+		// Multus: the cluster network, then the pod's secondary networks.
+		if statuses, err = k.addSecondary(ctx, p, rt); err != nil {
+			_ = k.delSecondary(ctx, p.UID, rt)
+		}
+	}
 	if err != nil {
 		// Like kubelet: the sandbox is torn down and retried.
 		_ = cni.DelNetworkList(ctx, list, rt)
@@ -219,6 +236,20 @@ func (k *Kubelet) setup(ctx context.Context, p *corev1.Pod) error {
 		return fmt.Errorf("pod %s: cni result has no ipv4 address", key)
 	}
 	k.Log.Info("pod attached", "pod", key, "netns", ns, "ip", podIP)
+	if len(statuses) > 0 {
+		all := append([]NetworkStatus{{Name: list.Name, Interface: PodIfName, IPs: []string{podIP}, Default: true}}, statuses...)
+		raw, err := json.Marshal(all)
+		if err != nil {
+			return err
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{NetworkStatusAnnotation: string(raw)}}})
+		if err != nil {
+			return err
+		}
+		if _, err := k.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("pod %s: network-status: %w", key, err)
+		}
+	}
 	return k.reportRunning(ctx, p, podIP)
 }
 
@@ -263,8 +294,16 @@ func (k *Kubelet) teardown(ctx context.Context, namespace, name string, uid type
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
 	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := cni.DelNetworkList(dctx, list, k.cniArgs(p, uid)); err != nil {
+	rt := k.cniArgs(p, uid)
+	if err := k.delSecondary(dctx, uid, rt); err != nil {
+		return fmt.Errorf("pod %s: %w", key, err)
+	}
+	if err := cni.DelNetworkList(dctx, list, rt); err != nil {
 		return fmt.Errorf("pod %s: cni del: %w", key, err)
+	}
+	// The pod's volumes go with it.
+	if err := os.RemoveAll(filepath.Join(KubeletRootDir(), "pods", string(uid))); err != nil {
+		return fmt.Errorf("pod %s: volumes: %w", key, err)
 	}
 	ns := PodNetns(k.Index, uid)
 	if netnsExists(ns) {

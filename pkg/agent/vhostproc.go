@@ -1,0 +1,413 @@
+package agent
+
+// The vhost-user backends the agent runs for CNI VM attachments: one
+// lanekit-vhost per VM, unprivileged (the VM's backend user, no
+// capabilities: the agent hands it ready AF_XDP sockets), in its own session
+// so that it outlives an agent restart (the new agent adopts it by pid file
+// and command line), restarted with backoff when it exits, stopped by DEL.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+)
+
+const (
+	// backendStartWait bounds how long a new backend may take to listen.
+	backendStartWait = 10 * time.Second
+	// backendStopWait is how long a stopping backend gets after SIGTERM.
+	backendStopWait = 5 * time.Second
+	// backendBackoffMax caps the wait between restarts; a backend that ran
+	// for backendStableAfter starts over at backendBackoffMin.
+	backendBackoffMin  = 500 * time.Millisecond
+	backendBackoffMax  = 30 * time.Second
+	backendStableAfter = time.Minute
+	// backendLogMax: a backend log larger than this is truncated at start.
+	backendLogMax = 4 << 20
+)
+
+// backendProc supervises one VM's backend.
+type backendProc struct {
+	name, socket     string
+	argv             []string
+	uid, gid         uint32
+	logPath, pidPath string
+	log              *slog.Logger
+
+	mu       sync.Mutex
+	pid      int
+	restarts uint32
+	stopping bool
+	wake     chan struct{} // closed by stop
+	done     chan struct{} // closed when run returns
+}
+
+// BackendInfo is what ListVMs reports about a VM's backend.
+type BackendInfo struct {
+	PID      int
+	Restarts uint32
+}
+
+func (p *backendProc) info() BackendInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return BackendInfo{PID: p.pid, Restarts: p.restarts}
+}
+
+// vhostBin is the backend binary: Config.VhostBin, else lanekit-vhost next
+// to the agent's own binary, else on PATH.
+func (a *Agent) vhostBin() (string, error) {
+	if a.cfg.VhostBin != "" {
+		return a.cfg.VhostBin, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(self), "lanekit-vhost"); isExecutable(p) {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("lanekit-vhost")
+	if err != nil {
+		return "", fmt.Errorf("lanekit-vhost not found next to the agent or on PATH (set --vhost-bin): %w", err)
+	}
+	return p, nil
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// backendDir holds the backends' pid files and logs.
+func (a *Agent) backendDir() string { return filepath.Join(a.cfg.StateDir, "vhost") }
+
+// newBackendProc describes ep's backend (ep.VM.Backend set).
+func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
+	bin, err := a.vhostBin()
+	if err != nil {
+		return nil, err
+	}
+	b := ep.VM.Backend
+	argv := []string{bin,
+		"--socket", b.Socket(),
+		"--xsk-socket", ep.VM.Socket, "--vm", ep.VM.Name,
+		"--queues", strconv.Itoa(ep.VM.Queues), "--mac", ep.MAC, "--mtu", strconv.Itoa(ep.MTU),
+	}
+	dir := a.backendDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("backend dir: %w", err)
+	}
+	return &backendProc{
+		name: ep.VM.Name, socket: b.Socket(), argv: argv, uid: b.UID, gid: b.GID,
+		logPath: filepath.Join(dir, ep.VM.Name+".log"), pidPath: filepath.Join(dir, ep.VM.Name+".pid"),
+		log: a.log.With("vm", ep.VM.Name), wake: make(chan struct{}), done: make(chan struct{}),
+	}, nil
+}
+
+// startBackend runs ep's backend (mu held): a backend left running by a
+// previous agent with the same command line is adopted; another backend of
+// this VM (other arguments) is stopped first. A fresh backend must listen
+// within backendStartWait.
+func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
+	p, err := a.newBackendProc(ep)
+	if err != nil {
+		return fmt.Errorf("vm %s backend: %w", ep.VM.Name, err)
+	}
+	pidfd := -1
+	if old := readPIDFile(p.pidPath); old > 0 {
+		switch same, ours := p.matches(old); {
+		case same:
+			if fd, err := unix.PidfdOpen(old, 0); err == nil {
+				pidfd = fd
+				p.pid = old
+				p.log.Info("adopted running vm backend", "pid", old)
+			}
+		case ours:
+			p.log.Info("stopping vm backend started with other arguments", "pid", old)
+			killWait(old, backendStopWait)
+		}
+	}
+	var cmd *exec.Cmd
+	if pidfd < 0 {
+		if cmd, err = p.spawn(); err != nil {
+			return fmt.Errorf("vm %s backend: %w", ep.VM.Name, err)
+		}
+		if err := waitSocket(p.socket, backendStartWait, cmd); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			_ = os.Remove(p.pidPath)
+			return fmt.Errorf("vm %s backend: %w; log %s: %s", ep.VM.Name, err, p.logPath, tail(p.logPath))
+		}
+	}
+	a.backends[ep.VM.Name] = p
+	go p.run(cmd, pidfd)
+	return nil
+}
+
+// stopBackend stops name's backend if the agent runs one (mu held): SIGTERM,
+// then SIGKILL after backendStopWait. Its socket file is removed.
+func (a *Agent) stopBackend(name string) {
+	p, ok := a.backends[name]
+	if !ok {
+		return
+	}
+	delete(a.backends, name)
+	p.mu.Lock()
+	p.stopping = true
+	pid := p.pid
+	close(p.wake)
+	p.mu.Unlock()
+	if pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(backendStopWait):
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			<-p.done
+		}
+	}
+	<-p.done
+	_ = os.Remove(p.pidPath)
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		p.log.Warn("remove backend socket", "socket", p.socket, "err", err)
+	}
+	p.log.Info("vm backend stopped", "pid", pid)
+}
+
+// detachBackends stops supervising every backend without stopping it (agent
+// Close): the VMs keep their network while the agent is down, and the next
+// agent adopts the processes.
+func (a *Agent) detachBackends() {
+	for name, p := range a.backends {
+		delete(a.backends, name)
+		p.mu.Lock()
+		p.stopping = true
+		close(p.wake)
+		p.mu.Unlock()
+	}
+}
+
+// spawn starts the backend as its user, in its own session, with its pid
+// file written.
+func (p *backendProc) spawn() (*exec.Cmd, error) {
+	nsexec.CloseInheritedOnExec()
+	if fi, err := os.Stat(p.logPath); err == nil && fi.Size() > backendLogMax {
+		_ = os.Truncate(p.logPath, 0)
+	}
+	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = []string{"RUST_LOG=info"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setsid:     true,
+		Credential: &syscall.Credential{Uid: p.uid, Gid: p.gid, Groups: []uint32{}},
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", p.argv[0], err)
+	}
+	p.mu.Lock()
+	p.pid = cmd.Process.Pid
+	p.mu.Unlock()
+	if err := os.WriteFile(p.pidPath, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600); err != nil {
+		p.log.Warn("write backend pid file", "err", err)
+	}
+	p.log.Info("vm backend started", "pid", cmd.Process.Pid, "socket", p.socket)
+	return cmd, nil
+}
+
+// run waits for the backend to exit and restarts it until stopped. cmd is
+// the child it started, or nil with pidfd an adopted process.
+func (p *backendProc) run(cmd *exec.Cmd, pidfd int) {
+	defer close(p.done)
+	backoff := backendBackoffMin
+	for {
+		started := time.Now()
+		var why string
+		if cmd != nil {
+			err := cmd.Wait()
+			why = fmt.Sprint(err)
+			if err == nil {
+				why = "exit status 0"
+			}
+		} else {
+			waitPidfd(pidfd)
+			unix.Close(pidfd)
+			why = "adopted process ended"
+		}
+		p.mu.Lock()
+		p.pid = 0
+		stopping := p.stopping
+		if !stopping {
+			p.restarts++
+		}
+		p.mu.Unlock()
+		if stopping {
+			return
+		}
+		if time.Since(started) > backendStableAfter {
+			backoff = backendBackoffMin
+		}
+		p.log.Warn("vm backend exited; restarting", "why", why, "in", backoff, "log", tail(p.logPath))
+		for {
+			select {
+			case <-p.wake:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, backendBackoffMax)
+			p.mu.Lock()
+			if p.stopping {
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			var err error
+			if cmd, err = p.spawn(); err == nil {
+				break
+			}
+			p.log.Error("restart vm backend", "err", err, "next_in", backoff)
+		}
+		p.mu.Lock()
+		if p.stopping { // stopped while starting: stopBackend saw pid 0
+			pid := p.pid
+			p.mu.Unlock()
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+			_ = cmd.Wait()
+			return
+		}
+		p.mu.Unlock()
+		pidfd = -1
+	}
+}
+
+// matches reports whether pid runs this backend's exact command line
+// (same), or at least a backend of this VM (ours).
+func (p *backendProc) matches(pid int) (same, ours bool) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(raw) == 0 {
+		return false, false
+	}
+	args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	// A script's command line starts with its interpreter.
+	if len(args) == len(p.argv)+1 {
+		args = args[1:]
+	}
+	if slicesEqual(args, p.argv) {
+		return true, true
+	}
+	return false, filepath.Base(args[0]) == filepath.Base(p.argv[0]) &&
+		bytes.Contains(raw, []byte("\x00--vm\x00"+p.name+"\x00"))
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// waitSocket waits until path is a socket while cmd runs.
+func waitSocket(path string, timeout time.Duration, cmd *exec.Cmd) error {
+	exited := make(chan struct{})
+	go func() {
+		// Wait for exit without reaping: run() owns Wait.
+		var info unix.Siginfo
+		_ = waitidNoReap(cmd.Process.Pid, &info)
+		close(exited)
+	}()
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("exited before listening on %s", path)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("not listening on %s after %s", path, timeout)
+}
+
+// waitidNoReap blocks until pid exits, leaving it to be reaped by Wait.
+func waitidNoReap(pid int, info *unix.Siginfo) error {
+	for {
+		err := unix.Waitid(unix.P_PID, pid, info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// waitPidfd blocks until the process behind pidfd ends.
+func waitPidfd(pidfd int) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, -1)
+		if n > 0 || err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// killWait sends SIGTERM to pid, then SIGKILL after grace.
+func killWait(pid int, grace time.Duration) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_ = unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(fds, int(grace/time.Millisecond)); n > 0 {
+		return
+	}
+	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	_, _ = unix.Poll(fds, 1000)
+}
+
+func readPIDFile(path string) int {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || pid <= 1 {
+		return 0
+	}
+	return pid
+}
+
+// tail returns the last lines of a log file, for error messages.
+func tail(path string) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, " | ")
+}

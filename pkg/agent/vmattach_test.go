@@ -1,0 +1,276 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+type attachEnv struct {
+	fx      *fixture
+	bin     string
+	kubelet string
+	vmDir   string
+	root    uint32
+}
+
+func newAttachEnv(t *testing.T) *attachEnv {
+	fx := newFixture(t)
+	dir := t.TempDir()
+	return &attachEnv{fx: fx, bin: testutil.FakeVhost(t), kubelet: filepath.Join(dir, "kubelet"), vmDir: filepath.Join(dir, "vm")}
+}
+
+func (e *attachEnv) start(t *testing.T) *Agent {
+	t.Helper()
+	a, err := New(Config{
+		StateDir: e.fx.stateDir, Socket: filepath.Join(e.fx.stateDir, "agent.sock"),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), MTU: 1400, HostNetns: e.fx.nodeNS.Path(),
+		VMSocketDir: e.vmDir, VhostBin: e.bin, VhostUID: &e.root, VhostGID: &e.root, KubeletRootDir: e.kubelet,
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return newFake(), nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	return a
+}
+
+func alivePID(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	// A zombie (state Z) has exited.
+	return err == nil && !strings.Contains(string(raw), ") Z ")
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func backendOf(t *testing.T, a *Agent, name string) BackendInfo {
+	t.Helper()
+	vms, err := a.ListVMs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vms {
+		if v.Endpoint.VM.Name == name {
+			if v.Backend == nil {
+				return BackendInfo{}
+			}
+			return *v.Backend
+		}
+	}
+	t.Fatalf("no vm %s", name)
+	return BackendInfo{}
+}
+
+// TestVMAttachmentLifecycle: a CNI VM attachment creates the VM endpoint on
+// the attachment's ifname, runs its backend on the socket QEMU will see,
+// keeps the backend running (restart on exit, adoption by a restarted
+// agent) and removes everything on DEL or GC.
+func TestVMAttachmentLifecycle(t *testing.T) {
+	e := newAttachEnv(t)
+	a := e.start(t)
+	defer func() { a.Close() }()
+	vmNS := netnstest.New(t, "launcher")
+	sockets := filepath.Join(t.TempDir(), "sockets")
+	if err := os.Mkdir(sockets, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	req := VMAttachRequest{
+		ContainerID: "c0ffee", IfName: "pod1a2b", Netns: vmNS.Path(), Network: "lanekit-vm",
+		Labels: map[string]string{argPodNamespace: "default", argPodName: "virt-launcher-vm1-x"},
+		Queues: 2, MAC: "02:00:00:aa:00:07", SocketDir: "/var/run/kubevirt/sockets", HostSocketDir: sockets,
+	}
+	va, err := a.AttachVM(req)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	ep := va.VM.Endpoint
+	if va.Mode != "client" || va.Path != "/var/run/kubevirt/sockets/lanekit-pod1a2b.sock" || ep.VM.Name != "default.virt-launcher-vm1-x" ||
+		ep.VM.Queues != 2 || ep.MAC != "02:00:00:aa:00:07" || ep.IfName != "pod1a2b" || !va.VM.Serving {
+		t.Fatalf("attachment %+v endpoint %+v vm %+v", va, ep, ep.VM)
+	}
+	if l := linkIn(t, vmNS, "pod1a2b"); l == nil || l.Attrs().NumRxQueues != 2 {
+		t.Fatalf("device pod1a2b in the launcher netns: %+v", l)
+	}
+	hostSock := filepath.Join(sockets, "lanekit-pod1a2b.sock")
+	if fi, err := os.Stat(hostSock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("backend socket %s: %v", hostSock, err)
+	}
+	b := backendOf(t, a, ep.VM.Name)
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", b.PID))
+	args := strings.ReplaceAll(string(cmdline), "\x00", " ")
+	for _, want := range []string{"--xsk-socket " + ep.VM.Socket, "--vm default.virt-launcher-vm1-x", "--queues 2", "--mac 02:00:00:aa:00:07", "--mtu 1400"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("backend command line %q lacks %q", args, want)
+		}
+	}
+
+	// A repeated ADD returns the same attachment and backend.
+	again, err := a.AttachVM(req)
+	if err != nil || again.VM.Endpoint.ID != ep.ID || backendOf(t, a, ep.VM.Name).PID != b.PID {
+		t.Fatalf("repeated ADD: %+v %v", again, err)
+	}
+	other := req
+	other.Netns = "/proc/1/ns/net"
+	if _, err := a.AttachVM(other); !errors.Is(err, ErrConflict) {
+		t.Fatalf("ADD of the same attachment in another netns: %v, want a conflict", err)
+	}
+	if _, err := a.CheckVMAttachment(req.ContainerID, req.IfName, req.Netns); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+
+	// The backend dies: the agent starts it again, and CHECK says so meanwhile.
+	if err := syscall.Kill(b.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "backend restarted", func() bool {
+		n := backendOf(t, a, ep.VM.Name)
+		return n.PID != 0 && n.PID != b.PID && n.Restarts == 1 && alivePID(n.PID)
+	})
+	b = backendOf(t, a, ep.VM.Name)
+
+	// Agent restart: the running backend is adopted, not restarted, and
+	// still supervised.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !alivePID(b.PID) {
+		t.Fatal("the backend stopped with the agent: VMs would lose their network on agent restarts")
+	}
+	a = e.start(t)
+	if n := backendOf(t, a, ep.VM.Name); n.PID != b.PID {
+		t.Fatalf("after restart backend %+v, want the running pid %d adopted", n, b.PID)
+	}
+	if _, err := a.CheckVMAttachment(req.ContainerID, req.IfName, req.Netns); err != nil {
+		t.Fatalf("check after restart: %v", err)
+	}
+	_ = syscall.Kill(b.PID, syscall.SIGKILL)
+	waitUntil(t, "adopted backend restarted", func() bool {
+		n := backendOf(t, a, ep.VM.Name)
+		return n.PID != 0 && n.PID != b.PID && alivePID(n.PID)
+	})
+	b = backendOf(t, a, ep.VM.Name)
+
+	// GC without the attachment removes the VM, its backend and socket.
+	removed, err := a.GC([]Attachment{{"someone-else", "eth0"}})
+	if err != nil || len(removed) != 1 || removed[0] != (Attachment{req.ContainerID, req.IfName}) {
+		t.Fatalf("gc: %v %v", removed, err)
+	}
+	waitUntil(t, "backend stopped", func() bool { return !alivePID(b.PID) })
+	if _, err := os.Stat(hostSock); !os.IsNotExist(err) {
+		t.Errorf("backend socket left behind: %v", err)
+	}
+	if vms, _ := a.ListVMs(); len(vms) != 0 {
+		t.Errorf("vms after gc: %+v", vms)
+	}
+	if l := linkIn(t, vmNS, "pod1a2b"); l != nil {
+		t.Error("device left in the launcher netns")
+	}
+	if existed, err := a.DetachVM(req.ContainerID, req.IfName); existed || err != nil {
+		t.Errorf("DEL of a gone attachment: %v %v", existed, err)
+	}
+	if _, err := a.CheckVMAttachment(req.ContainerID, req.IfName, ""); !errors.Is(err, ErrNotFound) {
+		t.Errorf("check of a gone attachment: %v", err)
+	}
+}
+
+// TestVMAttachmentPodVolumeAndVMI: the socket goes into the launcher pod's
+// emptyDir under kubelet's pod directory; the VMI gives name, queues, MAC
+// and labels; bad or missing inputs fail the ADD and leave nothing.
+func TestVMAttachmentPodVolumeAndVMI(t *testing.T) {
+	e := newAttachEnv(t)
+	a := e.start(t)
+	defer func() { a.Close() }()
+	vmNS := netnstest.New(t, "launcher2")
+	uid := "4f1c2d3e-0000-4000-8000-00000000abcd"
+	req := VMAttachRequest{
+		ContainerID: "c1", IfName: "net1", Netns: vmNS.Path(),
+		Labels: map[string]string{argPodNamespace: "ns1", argPodName: "virt-launcher-db-abc", LabelPodUID: uid},
+	}
+	noLeftovers := func(what string) {
+		t.Helper()
+		if vms, _ := a.ListVMs(); len(vms) != 0 {
+			t.Errorf("%s: vms left: %+v", what, vms)
+		}
+		if l := linkIn(t, vmNS, "net1"); l != nil {
+			t.Errorf("%s: device left", what)
+		}
+	}
+	if _, err := a.AttachVM(req); !errors.Is(err, ErrBadNetns) || !strings.Contains(err.Error(), "kubernetes.io~empty-dir/sockets") {
+		t.Fatalf("ADD before kubelet made the volume: %v", err)
+	}
+	noLeftovers("no volume")
+	noUID := req
+	noUID.Labels = map[string]string{argPodNamespace: "ns1", argPodName: "p"}
+	if _, err := a.AttachVM(noUID); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "K8S_POD_UID") {
+		t.Fatalf("ADD without K8S_POD_UID: %v", err)
+	}
+	a.SetVMIResolver(func(ns, name, podUID string) (VMIInfo, bool, error) {
+		return VMIInfo{}, false, errors.New("api server down")
+	})
+	vol := filepath.Join(e.kubelet, "pods", uid, "volumes", "kubernetes.io~empty-dir", "sockets")
+	if err := os.MkdirAll(vol, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AttachVM(req); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("ADD while the VMI cannot be read: %v, want unavailable (retry, no guessed queue count)", err)
+	}
+	noLeftovers("resolver error")
+	var asked []string
+	a.SetVMIResolver(func(ns, name, podUID string) (VMIInfo, bool, error) {
+		asked = append(asked, ns+"/"+name+"/"+podUID)
+		return VMIInfo{Namespace: "ns1", Name: "db", Queues: 3, MAC: "02:00:00:bb:00:01", Labels: map[string]string{"app": "db"}}, true, nil
+	})
+	va, err := a.AttachVM(req)
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	ep := va.VM.Endpoint
+	if len(asked) != 1 || asked[0] != "ns1/virt-launcher-db-abc/"+uid {
+		t.Errorf("resolver asked %v", asked)
+	}
+	if ep.VM.Name != "ns1.db" || ep.VM.Queues != 3 || ep.MAC != "02:00:00:bb:00:01" || ep.Labels["app"] != "db" || ep.Labels[LabelVMI] != "ns1/db" {
+		t.Errorf("endpoint %+v vm %+v: want the VMI's name, queues, MAC and labels", ep, ep.VM)
+	}
+	if va.Path != DefaultVMSocketMountDir+"/lanekit-net1.sock" {
+		t.Errorf("reported path %s", va.Path)
+	}
+	if fi, err := os.Stat(filepath.Join(vol, "lanekit-net1.sock")); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("socket not in the pod volume: %v", err)
+	}
+	if l := len(ep.VM.Backend.Socket()); l > maxSocketPath {
+		t.Errorf("bind path %d bytes", l)
+	}
+	// A second lanekit network of the same VMI gets its own VM.
+	second := req
+	second.IfName = "net2"
+	vb, err := a.AttachVM(second)
+	if err != nil || vb.VM.Endpoint.VM.Name != "ns1.db.net2" {
+		t.Fatalf("second attachment: %+v %v", vb, err)
+	}
+	for _, at := range []VMAttachRequest{req, second} {
+		if existed, err := a.DetachVM(at.ContainerID, at.IfName); !existed || err != nil {
+			t.Errorf("DEL %s: %v %v", at.IfName, existed, err)
+		}
+	}
+	noLeftovers("after DEL")
+}
