@@ -42,11 +42,11 @@ func (s *countingSink) UpsertObjects(objs []k8sobj.Object) error {
 	return nil
 }
 func (s *countingSink) DeleteObject(k8sobj.Kind, string, string) error { return nil }
-func (s *countingSink) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+func (s *countingSink) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.n[kind] += len(objs)
-	return nil
+	return nil, nil
 }
 
 // vmResolver keeps the VMI resolver the source hands the agent.

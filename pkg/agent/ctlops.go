@@ -334,7 +334,9 @@ type PolicyInfo struct {
 
 // ControlStats are the control plane's counts for status and metrics.
 type ControlStats struct {
-	Objects   map[k8sobj.Kind]int
+	Objects map[k8sobj.Kind]int
+	// Refused counts the objects ReplaceObjects refused, by kind (Refused).
+	Refused   map[k8sobj.Kind]int
 	Services  int
 	Frontends int
 	// FrontendsByScope counts frontends by "ClusterIP" and "NodePort".
@@ -405,6 +407,10 @@ func (a *Agent) ControlStats() ControlStats {
 		GCRuns: c.gc.runs, GCRemoved: c.gc.removed, GCLastError: c.gc.lastErr}
 	for _, o := range c.objs {
 		s.Objects[o.Kind]++
+	}
+	s.Refused = map[k8sobj.Kind]int{}
+	for _, r := range c.refused {
+		s.Refused[r.Object.Kind]++
 	}
 	s.FrontendsByScope = map[string]int{}
 	for _, f := range c.model.Frontends() {

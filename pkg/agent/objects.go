@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 
@@ -46,6 +48,8 @@ type ctlPlane struct {
 	svcRetry []*service.Update
 	polRetry []*policy.Update
 	gc       gcStats
+	// refused are the objects ReplaceObjects refused, by Object.Key.
+	refused map[string]Refusal
 }
 
 type gcStats struct {
@@ -64,7 +68,7 @@ func newCtlPlane(opts service.Options) *ctlPlane {
 	return &ctlPlane{
 		objs: map[string]k8sobj.Object{}, svcOpts: opts, model: service.NewModel(opts), tables: service.NewTables(),
 		ids: policy.NewIdentities(), idsStored: map[policy.Identity]bool{}, idsToSave: map[policy.Identity]storedIdentity{},
-		compiled: &policy.Compiled{}, locals: map[uint32]localEndpoint{},
+		compiled: &policy.Compiled{}, locals: map[uint32]localEndpoint{}, refused: map[string]Refusal{},
 	}
 }
 
@@ -125,6 +129,9 @@ func (a *Agent) UpsertObjects(objs []k8sobj.Object) error {
 	if err := a.commit(next, changed); err != nil {
 		return fmt.Errorf("upsert objects: %w", err)
 	}
+	for key := range changed {
+		delete(c.refused, key)
+	}
 	return nil
 }
 
@@ -147,6 +154,7 @@ func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := k8sobj.ObjectKey(k, namespace, name)
+	delete(c.refused, key)
 	if _, ok := c.objs[key]; !ok {
 		return nil
 	}
@@ -158,25 +166,84 @@ func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
 	return nil
 }
 
+// Refusal is an object the agent did not take, and why: Err names the object
+// and wraps ErrInvalid.
+type Refusal struct {
+	Object k8sobj.Object
+	Err    error
+	// By are the keys (Object.Key) of the objects whose change may settle
+	// the refusal besides the object's own: the older Services holding the
+	// frontends it claims. Only its own change settles an invalid object
+	// (By is its key); nil: unknown.
+	By []string
+}
+
 // ReplaceObjects makes objs the full set of objects of kind (an informer's
-// resync): objects of that kind not in objs are deleted. All or nothing.
-func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+// resync): objects of that kind not in objs are deleted. An object the agent
+// cannot take is refused on its own and everything else applies atomically:
+// an invalid object, one given twice, or a Service claiming a frontend
+// (address, port, protocol) an older Service holds — the oldest by
+// creationTimestamp, then namespace/name, keeps it, so a restart decides the
+// same way. A refused object is not stored (an earlier version of it is
+// deleted). The refusals are returned and kept until the next replace of the
+// kind, an upsert or a delete of the object (Refused, ControlStats).
+//
+// The error is for what is not about one object, and then nothing changes:
+// an object of another kind (ErrInvalid), the store, or a translation of the
+// whole set that fails (the policy's ipBlock capacity). A datapath failure
+// is an error too, but the set is stored and retried in the background.
+func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusal, error) {
 	k, err := k8sobj.ParseKind(string(kind))
 	if err != nil {
-		return fmt.Errorf("replace objects: %w: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("replace objects: %w: %w", err, ErrInvalid)
 	}
-	objs, err = checkObjects(objs)
-	if err != nil {
-		return fmt.Errorf("replace %s objects: %w", k, err)
-	}
+	var refused []Refusal
+	take := make([]k8sobj.Object, 0, len(objs))
+	seen := map[string]bool{}
 	for i, o := range objs {
-		if o.Kind != k {
-			return fmt.Errorf("replace %s objects: object %d (%s) is a %s: %w", k, i, o, o.Kind, ErrInvalid)
+		if ok := kindOf(o); ok != k {
+			return nil, fmt.Errorf("replace %s objects: object %d (%s) is a %s: %w", k, i, o, ok, ErrInvalid)
 		}
+		if err := k8sobj.Check(o); err != nil {
+			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: %w: %w", o, err, ErrInvalid), By: []string{o.Key()}})
+			continue
+		}
+		o.Kind = k
+		if seen[o.Key()] {
+			refused = append(refused, Refusal{Object: o, Err: fmt.Errorf("%s: given twice: %w", o, ErrInvalid), By: []string{o.Key()}})
+			continue
+		}
+		seen[o.Key()] = true
+		take = append(take, o)
 	}
 	c := a.ctl
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	next, changed := c.replaceSet(k, take)
+	err = a.commit(next, changed)
+	if errors.Is(err, ErrInvalid) && k == k8sobj.KindService {
+		// Services that claim one frontend: the oldest keeps it.
+		if clashes := c.refuseClashes(next, take); len(clashes) > 0 {
+			for _, r := range clashes {
+				delete(next, r.Object.Key()) // stays in changed: an earlier version goes
+			}
+			refused = append(refused, clashes...)
+			err = a.commit(next, changed)
+		}
+	}
+	if errors.Is(err, ErrInvalid) {
+		return nil, fmt.Errorf("replace %s objects: %w", k, err)
+	}
+	c.setRefused(k, refused)
+	if err != nil {
+		return refused, fmt.Errorf("replace %s objects: %w", k, err)
+	}
+	return refused, nil
+}
+
+// replaceSet is the object set with objs as the full set of kind k, and the
+// keys that change (every key of kind k, old or new).
+func (c *ctlPlane) replaceSet(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k8sobj.Object, map[string]bool) {
 	next := map[string]k8sobj.Object{}
 	changed := map[string]bool{}
 	for key, o := range c.objs {
@@ -190,10 +257,92 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
 		next[o.Key()] = o
 		changed[o.Key()] = true
 	}
-	if err := a.commit(next, changed); err != nil {
-		return fmt.Errorf("replace %s objects: %w", k, err)
+	return next, changed
+}
+
+// refuseClashes decides which of svcs (every Service in next) keep their
+// frontends: in age order (creationTimestamp, then namespace/name) each
+// Service takes its frontends unless an older one holds one of them; such a
+// Service is refused whole, as kube-proxy and Cilium keep the first.
+func (c *ctlPlane) refuseClashes(next map[string]k8sobj.Object, svcs []k8sobj.Object) []Refusal {
+	order := slices.Clone(svcs)
+	slices.SortFunc(order, olderFirst)
+	ids := make([]service.ServiceID, len(order))
+	for i, o := range order {
+		ids[i] = service.ServiceID{Namespace: o.Service.Namespace, Name: o.Service.Name}
 	}
-	return nil
+	slicesOf := slicesFor(next, ids)
+	m := service.NewModel(c.svcOpts)
+	var out []Refusal
+	for i, o := range order {
+		if _, err := m.Set(o.Service, slicesOf[ids[i]]); err != nil {
+			out = append(out, Refusal{Object: o, Err: fmt.Errorf("%w: %w", err, ErrInvalid), By: holders(m, o, slicesOf[ids[i]], c.svcOpts)})
+		}
+	}
+	return out
+}
+
+// holders returns the keys of the Services in m that hold a frontend svc
+// claims, and svc's own key.
+func holders(m *service.Model, svc k8sobj.Object, eps []*discoveryv1.EndpointSlice, opts service.Options) []string {
+	by := []string{svc.Key()}
+	fes, err := service.Translate(svc.Service, eps, opts)
+	if err != nil {
+		return by
+	}
+	for _, f := range fes {
+		if h := m.Frontend(f.Key); h != nil {
+			by = append(by, k8sobj.ObjectKey(k8sobj.KindService, h.Service.Namespace, h.Service.Name))
+		}
+	}
+	slices.Sort(by)
+	return slices.Compact(by)
+}
+
+// olderFirst orders objects by creationTimestamp, then namespace and name.
+func olderFirst(x, y k8sobj.Object) int {
+	return cmp.Or(creationTime(x).Compare(creationTime(y)), cmp.Compare(x.Namespace(), y.Namespace()), cmp.Compare(x.Name(), y.Name()))
+}
+
+func creationTime(o k8sobj.Object) time.Time {
+	switch {
+	case o.Service != nil:
+		return o.Service.CreationTimestamp.Time
+	case o.EndpointSlice != nil:
+		return o.EndpointSlice.CreationTimestamp.Time
+	case o.NetworkPolicy != nil:
+		return o.NetworkPolicy.CreationTimestamp.Time
+	case o.NamespaceObj != nil:
+		return o.NamespaceObj.CreationTimestamp.Time
+	case o.Pod != nil:
+		return o.Pod.CreationTimestamp.Time
+	}
+	return time.Time{}
+}
+
+// setRefused makes rs the refusals of kind k. Called with c.mu.
+func (c *ctlPlane) setRefused(k k8sobj.Kind, rs []Refusal) {
+	for key, r := range c.refused {
+		if r.Object.Kind == k {
+			delete(c.refused, key)
+		}
+	}
+	for _, r := range rs {
+		c.refused[r.Object.Key()] = r
+	}
+}
+
+// Refused returns the objects the last ReplaceObjects of their kind refused
+// and no upsert or delete has settled since, sorted by key.
+func (a *Agent) Refused() []Refusal {
+	c := a.ctl
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Refusal, 0, len(c.refused))
+	for _, key := range slices.Sorted(maps.Keys(c.refused)) {
+		out = append(out, c.refused[key])
+	}
+	return out
 }
 
 // Objects returns the stored objects of kind ("" for all), sorted by key.

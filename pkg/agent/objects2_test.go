@@ -149,8 +149,8 @@ func TestReplaceAndDeleteObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	keep := decodeObjs(t, ctlPolicy)[1] // client-remote
-	if err := a.ReplaceObjects(k8sobj.KindPod, []k8sobj.Object{keep}); err != nil {
-		t.Fatal(err)
+	if rs, err := a.ReplaceObjects(k8sobj.KindPod, []k8sobj.Object{keep}); err != nil || len(rs) != 0 {
+		t.Fatal(rs, err)
 	}
 	pods := a.Objects(k8sobj.KindPod)
 	if len(pods) != 1 || pods[0].Name() != "client-remote" {
@@ -166,11 +166,11 @@ func TestReplaceAndDeleteObjects(t *testing.T) {
 		t.Error("replace of pods touched services")
 	}
 	// A replace with an object of another kind is rejected whole.
-	if err := a.ReplaceObjects(k8sobj.KindPod, decodeObjs(t, ctlServices)); !errors.Is(err, ErrInvalid) {
-		t.Errorf("replace pods with services: %v", err)
+	if rs, err := a.ReplaceObjects(k8sobj.KindPod, decodeObjs(t, ctlServices)); !errors.Is(err, ErrInvalid) || rs != nil {
+		t.Errorf("replace pods with services: %v, %v", rs, err)
 	}
 	// Replacing slices with none empties the service's backends.
-	if err := a.ReplaceObjects(k8sobj.KindEndpointSlice, nil); err != nil {
+	if _, err := a.ReplaceObjects(k8sobj.KindEndpointSlice, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := dp.Resolve(svcKey("10.96.0.10", 80, service.ScopeClusterIP), 1); ok {

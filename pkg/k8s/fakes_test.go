@@ -14,16 +14,20 @@ import (
 )
 
 // objectStore is an ObjectSink that keeps what the agent would: objects by
-// key, with the seam's semantics (replace = the full set of a kind).
+// key, with the seam's semantics (replace = the full set of a kind, objects
+// refused on their own).
 type objectStore struct {
 	mu       sync.Mutex
 	objs     map[string]k8sobj.Object
 	replaces map[k8sobj.Kind]int
 	fail     error // returned by every call while set
+	// refuse: objects by key the store refuses (agent.ErrInvalid) as the
+	// agent refuses a Service clashing with an older one.
+	refuse map[string]bool
 }
 
 func newObjectStore() *objectStore {
-	return &objectStore{objs: map[string]k8sobj.Object{}, replaces: map[k8sobj.Kind]int{}}
+	return &objectStore{objs: map[string]k8sobj.Object{}, replaces: map[k8sobj.Kind]int{}, refuse: map[string]bool{}}
 }
 
 func (s *objectStore) UpsertObjects(objs []k8sobj.Object) error {
@@ -33,7 +37,7 @@ func (s *objectStore) UpsertObjects(objs []k8sobj.Object) error {
 		return s.fail
 	}
 	for _, o := range objs {
-		if err := k8sobj.Validate(o); err != nil {
+		if err := s.refusal(o); err != nil {
 			return err
 		}
 	}
@@ -41,6 +45,23 @@ func (s *objectStore) UpsertObjects(objs []k8sobj.Object) error {
 		s.objs[o.Key()] = o
 	}
 	return nil
+}
+
+// refusal is why the store refuses o (nil: it takes it). Called with mu.
+func (s *objectStore) refusal(o k8sobj.Object) error {
+	if err := k8sobj.Validate(o); err != nil {
+		return fmt.Errorf("%s: %w: %w", o, err, agent.ErrInvalid)
+	}
+	if s.refuse[o.Key()] {
+		return fmt.Errorf("%s: refused by the test: %w", o, agent.ErrInvalid)
+	}
+	return nil
+}
+
+func (s *objectStore) setRefuse(key string, refuse bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[key] = refuse
 }
 
 func (s *objectStore) DeleteObject(kind k8sobj.Kind, ns, name string) error {
@@ -53,25 +74,32 @@ func (s *objectStore) DeleteObject(kind k8sobj.Kind, ns, name string) error {
 	return nil
 }
 
-func (s *objectStore) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error {
+func (s *objectStore) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fail != nil {
-		return s.fail
+		return nil, s.fail
+	}
+	for _, o := range objs {
+		if o.Kind != kind {
+			return nil, fmt.Errorf("replace %s got %s", kind, o)
+		}
 	}
 	for k, o := range s.objs {
 		if o.Kind == kind {
 			delete(s.objs, k)
 		}
 	}
+	var refused []agent.Refusal
 	for _, o := range objs {
-		if o.Kind != kind {
-			return fmt.Errorf("replace %s got %s", kind, o)
+		if err := s.refusal(o); err != nil {
+			refused = append(refused, agent.Refusal{Object: o, Err: err})
+			continue
 		}
 		s.objs[o.Key()] = o
 	}
 	s.replaces[kind]++
-	return nil
+	return refused, nil
 }
 
 func (s *objectStore) has(key string) bool {

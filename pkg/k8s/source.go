@@ -6,6 +6,15 @@
 // KubeVirt VirtualMachineInstances on this node become VM endpoints in their
 // virt-launcher pod's network namespace.
 //
+// An object the agent cannot take — invalid, or a Service claiming a
+// frontend an older Service holds — is refused on its own: logged, counted
+// (Agent.Refused, the lanekit_k8s_objects_refused metric), and everything
+// else applies; the source is ready all the same. A change to a refused
+// object, or to an object it clashes with (the agent says which), hands the
+// agent the kind's full set again (coalesced), so the refused object applies
+// once the clash is gone; the full set decides as at start-up (the oldest of
+// clashing Services keeps the frontend).
+//
 // A lost watch or a restarted API server is a relist: client-go turns it
 // into the adds, updates and deletes that converge the agent. While the API
 // server is down nothing is removed: the datapath keeps forwarding on what
@@ -17,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +44,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -40,8 +52,15 @@ import (
 type ObjectSink interface {
 	UpsertObjects(objs []k8sobj.Object) error                    // all-or-nothing
 	DeleteObject(kind k8sobj.Kind, namespace, name string) error // idempotent
-	ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) error // the full set of a kind
+	// ReplaceObjects takes the full set of a kind, refusing objects on
+	// their own (agent.ErrInvalid) and applying the rest; the error is for
+	// what is not about one object.
+	ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error)
 }
+
+// resyncDelay coalesces the changes that hand the agent a kind's full set
+// again because they may settle a refusal.
+const resyncDelay = time.Second
 
 // Config is what a Source watches and where it sends what it sees.
 type Config struct {
@@ -75,16 +94,34 @@ type Source struct {
 	synced   bool
 	syncErr  error
 	replaced map[k8sobj.Kind]bool
+	// refused: the objects the agent refused, by kind.
+	refused map[k8sobj.Kind]map[objKey]refusal
 }
 
-// objKey names a queued object.
+// refusal is why the agent refused an object, and the objects whose change
+// may settle it (nil: any object of its kind).
+type refusal struct {
+	reason string
+	by     []objKey
+}
+
+// objKey names a queued object, or with all the full set of its kind.
 type objKey struct {
 	kind      k8sobj.Kind
 	namespace string
 	name      string
+	all       bool
 }
 
-func (k objKey) String() string { return string(k.kind) + " " + k.namespace + "/" + k.name }
+func (k objKey) String() string {
+	switch {
+	case k.all:
+		return string(k.kind) + " (all)"
+	case k.namespace == "":
+		return string(k.kind) + " " + k.name
+	}
+	return string(k.kind) + " " + k.namespace + "/" + k.name
+}
 
 // New sets up the informers (nothing runs until Run).
 func New(cfg Config) (*Source, error) {
@@ -102,6 +139,7 @@ func New(cfg Config) (*Source, error) {
 		kinds:    map[k8sobj.Kind]cache.SharedIndexInformer{},
 		routesQ:  make(chan struct{}, 1),
 		replaced: map[k8sobj.Kind]bool{},
+		refused:  map[k8sobj.Kind]map[objKey]refusal{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
@@ -154,7 +192,11 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 			return
 		}
 		if s.cfg.Objects != nil {
-			s.queue.Add(objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()})
+			k := objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
+			s.queue.Add(k)
+			for _, kind := range s.maySettle(k) {
+				s.queue.AddAfter(objKey{kind: kind, all: true}, resyncDelay)
+			}
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
@@ -179,7 +221,8 @@ func (s *Source) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	// The agent's store may hold objects deleted while it was down: the
-	// first apply of each kind is the full set (all-or-nothing; retried).
+	// first apply of each kind is the full set. Objects the agent refuses
+	// do not hold readiness back; any other failure is retried.
 	for _, kind := range k8sobj.Kinds {
 		inf, ok := s.kinds[kind]
 		if !ok || s.cfg.Objects == nil {
@@ -235,31 +278,127 @@ func (s *Source) setSyncErr(err error) {
 	s.mu.Unlock()
 }
 
-// replace hands the agent every valid object of kind in the cache.
+// replace hands the agent every object of kind in the cache (invalid ones
+// too: the agent refuses them, and counts them with the others it refuses).
 func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error {
 	var objs []k8sobj.Object
 	for _, o := range inf.GetStore().List() {
 		obj, err := toObject(kind, o)
-		if err != nil {
+		if err != nil && !errors.Is(err, errInvalid) {
 			s.log.Warn("ignoring object", "kind", kind, "err", err)
 			continue
 		}
 		objs = append(objs, obj)
 	}
-	if err := s.cfg.Objects.ReplaceObjects(kind, objs); err != nil {
+	refused, err := s.cfg.Objects.ReplaceObjects(kind, objs)
+	if err != nil {
 		return fmt.Errorf("replace %d %s objects: %w", len(objs), kind, err)
 	}
+	s.noteRefused(kind, refused)
 	s.mu.Lock()
+	first := !s.replaced[kind]
 	s.replaced[kind] = true
 	s.mu.Unlock()
-	s.log.Info("synced", "kind", kind, "objects", len(objs))
+	if first {
+		s.log.Info("synced", "kind", kind, "objects", len(objs)-len(refused), "refused", len(refused))
+	}
 	return nil
 }
 
+// noteRefused records the refusals of kind's full set, logging what is
+// newly refused (or for another reason) and what no longer is.
+func (s *Source) noteRefused(kind k8sobj.Kind, rs []agent.Refusal) {
+	now := make(map[objKey]refusal, len(rs))
+	for _, r := range rs {
+		ref := refusal{reason: r.Err.Error()}
+		for _, b := range r.By {
+			if bk, ok := parseKey(b); ok {
+				ref.by = append(ref.by, bk)
+			}
+		}
+		if len(ref.by) < len(r.By) {
+			ref.by = nil // unknown: any change to the kind
+		}
+		now[objKey{kind: kind, namespace: r.Object.Namespace(), name: r.Object.Name()}] = ref
+	}
+	s.mu.Lock()
+	prev := s.refused[kind]
+	s.refused[kind] = now
+	s.mu.Unlock()
+	for _, k := range slices.SortedFunc(maps.Keys(now), compareKeys) {
+		if prev[k].reason != now[k].reason {
+			s.log.Warn("object refused", "object", k, "reason", now[k].reason)
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(prev), compareKeys) {
+		if _, still := now[k]; !still {
+			s.log.Info("object no longer refused", "object", k)
+		}
+	}
+}
+
+// settled drops k from the refused objects (it applied, or is gone).
+func (s *Source) settled(k objKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.refused[k.kind][k]; ok {
+		delete(s.refused[k.kind], k)
+		s.log.Info("object no longer refused", "object", k)
+	}
+}
+
+// maySettle returns the kinds with a refusal that a change to k may settle:
+// k holds what a refused object claims, or the refusal does not say.
+func (s *Source) maySettle(k objKey) []k8sobj.Kind {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []k8sobj.Kind
+	for kind, m := range s.refused {
+		for _, r := range m {
+			if (r.by == nil && kind == k.kind) || slices.Contains(r.by, k) {
+				out = append(out, kind)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// parseKey parses an Object.Key ("Kind/namespace/name").
+func parseKey(key string) (objKey, bool) {
+	parts := strings.SplitN(key, "/", 3)
+	if len(parts) != 3 {
+		return objKey{}, false
+	}
+	kind, err := k8sobj.ParseKind(parts[0])
+	if err != nil {
+		return objKey{}, false
+	}
+	return objKey{kind: kind, namespace: parts[1], name: parts[2]}, true
+}
+
+// Refused returns the objects the agent refused ("Kind namespace/name")
+// with the reason.
+func (s *Source) Refused() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for _, m := range s.refused {
+		for k, r := range m {
+			out[k.String()] = r.reason
+		}
+	}
+	return out
+}
+
+func compareKeys(a, b objKey) int { return strings.Compare(a.String(), b.String()) }
+
 // work applies queued changes: present in the cache → upsert, gone →
-// delete. Failures are retried with backoff; an object the agent rejects
-// as invalid is logged and dropped (it cannot become valid without an
-// update, which queues it again).
+// delete, all → the kind's full set. An object the agent refuses on its own
+// (invalid, or clashing with another) makes the kind's full set decide: the
+// agent refuses the same objects a restart would (the oldest of clashing
+// objects wins) and counts them; the refused object is retried when it or
+// what it clashes with changes. Other failures are retried with backoff.
 func (s *Source) work(ctx context.Context) {
 	for {
 		k, quit := s.queue.Get()
@@ -270,9 +409,13 @@ func (s *Source) work(ctx context.Context) {
 		switch {
 		case err == nil:
 			s.queue.Forget(k)
-		case errors.Is(err, errInvalid):
-			s.log.Warn("ignoring object", "object", k, "err", err)
+			if !k.all {
+				s.settled(k)
+			}
+		case !k.all && (errors.Is(err, errInvalid) || errors.Is(err, agent.ErrInvalid)):
+			s.log.Debug("refused; the kind's full set decides", "object", k, "err", err)
 			s.queue.Forget(k)
+			s.queue.Add(objKey{kind: k.kind, all: true})
 		default:
 			if n := s.queue.NumRequeues(k); n%10 == 0 {
 				s.log.Error("apply", "object", k, "attempt", n+1, "err", err)
@@ -290,6 +433,9 @@ var errInvalid = errors.New("invalid object")
 
 func (s *Source) apply(k objKey) error {
 	inf := s.kinds[k.kind]
+	if k.all {
+		return s.replace(k.kind, inf)
+	}
 	key := k.name
 	if k.namespace != "" {
 		key = k.namespace + "/" + k.name

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // ControlPlaneSource is a Source that also has the service and policy
@@ -19,6 +20,7 @@ const (
 	NameServiceFrontends  = "lanekit_service_frontends"
 	NameServiceBackends   = "lanekit_service_backends"
 	NameServiceObjects    = "lanekit_service_objects"
+	NameObjectsRefused    = "lanekit_k8s_objects_refused"
 	NameServiceLBEvents   = "lanekit_service_lb_events_total"
 	NamePendingUpdates    = "lanekit_service_pending_updates"
 	NamePolicies          = "lanekit_policy_policies"
@@ -38,6 +40,7 @@ var (
 	descSvcFront  = prometheus.NewDesc(NameServiceFrontends, "Service frontends (cluster IP or node address + port + protocol) the agent programs, by scope.", []string{"scope"}, nil)
 	descSvcBack   = prometheus.NewDesc(NameServiceBackends, "Backends over all service frontends.", nil, nil)
 	descSvcObjs   = prometheus.NewDesc(NameServiceObjects, "Kubernetes objects the agent holds, by kind (Service, EndpointSlice, NetworkPolicy, Namespace, Pod).", []string{"kind"}, nil)
+	descRefused   = prometheus.NewDesc(NameObjectsRefused, "Kubernetes objects the agent refused on its own (invalid, or a Service claiming a frontend an older Service holds), by kind; retried with every change to their kind.", []string{"kind"}, nil)
 	descLBEvents  = prometheus.NewDesc(NameServiceLBEvents, "Load-balancer events the datapath counted, by event.", []string{"event"}, nil)
 	descSvcPend   = prometheus.NewDesc(NamePendingUpdates, "Service map updates the datapath failed to apply, waiting for a retry.", nil, nil)
 	descPolicies  = prometheus.NewDesc(NamePolicies, "NetworkPolicies compiled into the datapath.", nil, nil)
@@ -53,7 +56,7 @@ var (
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
 )
 
-var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descLBEvents, descSvcPend, descPolicies, descPolIDs,
+var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descRefused, descLBEvents, descSvcPend, descPolicies, descPolIDs,
 	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC}
 
 func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlPlaneSource) {
@@ -75,6 +78,7 @@ func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlP
 			}
 		}
 		gauge(descSvcObjs, float64(n), k)
+		gauge(descRefused, float64(st.Refused[k8sobj.Kind(k)]), k)
 	}
 	gauge(descSvcPend, float64(st.PendingSvc))
 	gauge(descPolicies, float64(st.Policies))

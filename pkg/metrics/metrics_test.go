@@ -58,6 +58,7 @@ func (f *fakeSource) Status() (agent.StatusInfo, error) { return f.st, nil }
 func (f *fakeSource) ControlStats() agent.ControlStats {
 	return agent.ControlStats{
 		Objects:  map[k8sobj.Kind]int{k8sobj.KindService: 2, k8sobj.KindPod: 5},
+		Refused:  map[k8sobj.Kind]int{k8sobj.KindService: 1},
 		Services: 2, Frontends: 3, FrontendsByScope: map[string]int{"ClusterIP": 2, "NodePort": 1}, Backends: 6,
 		Policies: 1, Identities: 4, Rules: 9, PendingSvc: 1, GCRemoved: 11,
 		Conntrack: &datapath.ServiceStats{ConntrackEntries: 100, ConntrackCapacity: 1000, ConntrackEvicted: 3, ConntrackFailed: 1, ConntrackCreated: 500, NoBackend: 2},
@@ -208,6 +209,8 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NameServiceBackends, nil, 6)
 	mustValue(t, fams, NameServiceObjects, map[string]string{"kind": "Pod"}, 5)
 	mustValue(t, fams, NameServiceObjects, map[string]string{"kind": "NetworkPolicy"}, 0)
+	mustValue(t, fams, NameObjectsRefused, map[string]string{"kind": "Service"}, 1)
+	mustValue(t, fams, NameObjectsRefused, map[string]string{"kind": "Pod"}, 0)
 	mustValue(t, fams, NameServiceLBEvents, map[string]string{"event": "no-backend"}, 2)
 	mustValue(t, fams, NamePendingUpdates, nil, 1)
 	mustValue(t, fams, NamePolicies, nil, 1)

@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/service"
+)
+
+// refuseSvc is a ClusterIP Service with one TCP port and a creation time.
+func refuseSvc(name, ip, created string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %s, namespace: shop, creationTimestamp: %q}
+spec: {clusterIP: %s, ports: [{name: http, port: 80, targetPort: 8080}]}
+`, name, created, ip)
+}
+
+func refusedKeys(rs []Refusal) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Object.Key())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func objectKeys(objs []k8sobj.Object) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.Key())
+	}
+	return out
+}
+
+func ownerOf(a *Agent, ip string) string {
+	for _, f := range a.Frontends() {
+		if f.Key.Addr.String() == ip && f.Key.Port == 80 && f.Key.Scope == service.ScopeClusterIP {
+			return f.Service.Name
+		}
+	}
+	return ""
+}
+
+func reversed[T any](s []T) []T {
+	out := slices.Clone(s)
+	slices.Reverse(out)
+	return out
+}
+
+// programmed: the datapath has the ClusterIP frontend ip:80/TCP.
+func programmed(dp *MemoryDatapath, ip string) bool {
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	_, ok := dp.svcs.svc[svcKey(ip, 80, service.ScopeClusterIP)]
+	return ok
+}
+
+// Two Services claim one frontend: the older one keeps it (by
+// creationTimestamp, not by name or input order), the other is refused on
+// its own with an invalid object and a duplicate, and everything else
+// applies; the refusals are counted until the clash is gone.
+func TestReplaceRefusesPerObject(t *testing.T) {
+	dp := NewMemoryDatapath()
+	a := newCtlAgent(t, t.TempDir(), dp)
+	// "a-new" held the frontend before (applied alone): the replace's
+	// decision by age takes it away.
+	newer := refuseSvc("a-new", "10.96.0.20", "2026-02-01T00:00:00Z")
+	if err := a.UpsertObjects(decodeObjs(t, newer)); err != nil {
+		t.Fatal(err)
+	}
+	older := refuseSvc("z-old", "10.96.0.20", "2026-01-01T00:00:00Z")
+	ok := refuseSvc("ok", "10.96.0.21", "2026-03-01T00:00:00Z")
+	objs := decodeObjs(t, newer+"---\n"+ok+"---\n"+older)
+	bad := decodeObjs(t, ok)[0]
+	bad.Service = bad.Service.DeepCopy()
+	bad.Service.Name, bad.Service.Spec.ClusterIP = "bad", "not-an-ip"
+	objs = append(objs, bad, objs[1]) // an invalid one and "ok" twice
+
+	wantRefused := []string{"Service/shop/a-new", "Service/shop/bad", "Service/shop/ok"}
+	for _, order := range [][]k8sobj.Object{objs, reversed(objs)} {
+		rs, err := a.ReplaceObjects(k8sobj.KindService, order)
+		if err != nil {
+			t.Fatalf("replace: %v", err)
+		}
+		if got := refusedKeys(rs); !slices.Equal(got, wantRefused) {
+			t.Fatalf("refused %v, want %v", got, wantRefused)
+		}
+		for _, r := range rs {
+			if !errors.Is(r.Err, ErrInvalid) || !strings.Contains(r.Err.Error(), r.Object.Name()) {
+				t.Errorf("refusal of %s: %v (want ErrInvalid naming it)", r.Object, r.Err)
+			}
+			by := []string{r.Object.Key()}
+			if r.Object.Name() == "a-new" {
+				if !strings.Contains(r.Err.Error(), "shop/z-old") {
+					t.Errorf("clash refusal does not name the holder: %v", r.Err)
+				}
+				by = []string{"Service/shop/a-new", "Service/shop/z-old"}
+			}
+			if !slices.Equal(r.By, by) {
+				t.Errorf("refusal of %s settles with %v, want %v", r.Object, r.By, by)
+			}
+		}
+		if got := objectKeys(a.Objects(k8sobj.KindService)); !slices.Equal(got, []string{"Service/shop/ok", "Service/shop/z-old"}) {
+			t.Errorf("services after replace: %v", got)
+		}
+		if o := ownerOf(a, "10.96.0.20"); o != "z-old" {
+			t.Errorf("10.96.0.20:80 belongs to %q, want the older z-old", o)
+		}
+		if ownerOf(a, "10.96.0.21") != "ok" || !programmed(dp, "10.96.0.21") || !programmed(dp, "10.96.0.20") {
+			t.Error("the valid services are not programmed")
+		}
+		if st := a.ControlStats(); st.Refused[k8sobj.KindService] != 3 {
+			t.Errorf("ControlStats.Refused = %v, want 3 Services", st.Refused)
+		}
+	}
+	if got := refusedKeys(a.Refused()); !slices.Equal(got, wantRefused) {
+		t.Errorf("Refused() = %v", got)
+	}
+
+	// The older one goes: the next replace takes the newer one.
+	rs, err := a.ReplaceObjects(k8sobj.KindService, decodeObjs(t, newer+"---\n"+ok))
+	if err != nil || len(rs) != 0 {
+		t.Fatalf("replace without the clash: %v, %v", refusedKeys(rs), err)
+	}
+	if o := ownerOf(a, "10.96.0.20"); o != "a-new" {
+		t.Errorf("10.96.0.20:80 belongs to %q after z-old went, want a-new", o)
+	}
+	if st := a.ControlStats(); st.Refused[k8sobj.KindService] != 0 {
+		t.Errorf("refusals left: %v", st.Refused)
+	}
+
+	// A refusal is settled by an upsert or a delete of the object.
+	if rs, err := a.ReplaceObjects(k8sobj.KindService, decodeObjs(t, newer+"---\n"+older)); err != nil || len(rs) != 1 {
+		t.Fatalf("replace: %v, %v", refusedKeys(rs), err)
+	}
+	if err := a.UpsertObjects(decodeObjs(t, newer)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("upsert of the newer clashing service: %v, want ErrInvalid", err)
+	}
+	if err := a.DeleteObject(k8sobj.KindService, "shop", "z-old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.UpsertObjects(decodeObjs(t, newer)); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Refused()) != 0 || ownerOf(a, "10.96.0.20") != "a-new" {
+		t.Errorf("after the upsert: refused %v, owner %q", refusedKeys(a.Refused()), ownerOf(a, "10.96.0.20"))
+	}
+}
+
+// BenchmarkReplaceServicesAt10k: the full set of 10,000 Services handed to
+// the agent again (the k8s source's resync), without and with one Service
+// claiming another's frontend (refused on its own).
+func BenchmarkReplaceServicesAt10k(b *testing.B) {
+	for _, clash := range []bool{false, true} {
+		b.Run(fmt.Sprintf("clash=%v", clash), func(b *testing.B) {
+			a := newCtlAgent(b, b.TempDir(), NewMemoryDatapath())
+			objs := benchServiceObjects(10000)
+			for i := 0; i < len(objs); i += 2000 {
+				if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var svcs []k8sobj.Object
+			for i := 0; i < len(objs); i += 2 {
+				svcs = append(svcs, objs[i])
+			}
+			if clash {
+				dup := svcs[0]
+				dup.Service = dup.Service.DeepCopy()
+				dup.Service.Name = "zz-clash"
+				svcs = append(svcs, dup)
+			}
+			b.ResetTimer()
+			for range b.N {
+				rs, err := a.ReplaceObjects(k8sobj.KindService, svcs)
+				if err != nil || len(rs) != map[bool]int{false: 0, true: 1}[clash] {
+					b.Fatal(len(rs), err)
+				}
+			}
+		})
+	}
+}
