@@ -183,7 +183,7 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if alive(s.APIPID) {
+	if nsexec.Alive(s.APIPID) {
 		return fmt.Errorf("k8stest: kube-apiserver pid %d is still running", s.APIPID)
 	}
 	d := s.Dir
@@ -373,14 +373,14 @@ func (s *Server) wait(ctx context.Context, limit time.Duration, pid int, log str
 	deadline := time.Now().Add(limit)
 	var last error
 	for {
-		if !alive(pid) {
-			return fmt.Errorf("exited; %s: %s", filepath.Join(s.Dir, log), tail(filepath.Join(s.Dir, log)))
+		if !nsexec.Alive(pid) {
+			return fmt.Errorf("exited; %s: %s", filepath.Join(s.Dir, log), logTail(filepath.Join(s.Dir, log)))
 		}
 		if last = check(hc); last == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %s: %v; %s: %s", limit, last, filepath.Join(s.Dir, log), tail(filepath.Join(s.Dir, log)))
+			return fmt.Errorf("not ready after %s: %v; %s: %s", limit, last, filepath.Join(s.Dir, log), logTail(filepath.Join(s.Dir, log)))
 		}
 		select {
 		case <-ctx.Done():
@@ -391,34 +391,19 @@ func (s *Server) wait(ctx context.Context, limit time.Duration, pid int, log str
 }
 
 func (s *Server) kill(pid int, sig syscall.Signal) {
-	if pid <= 0 || !alive(pid) {
+	if pid <= 0 || !nsexec.Alive(pid) {
 		return
 	}
 	_ = syscall.Kill(pid, sig)
-	for deadline := time.Now().Add(10 * time.Second); alive(pid) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); nsexec.Alive(pid) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if alive(pid) {
+	if nsexec.Alive(pid) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		for deadline := time.Now().Add(5 * time.Second); alive(pid) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); nsexec.Alive(pid) && time.Now().Before(deadline); {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-}
-
-// alive reports whether pid runs (not a zombie).
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z'
-	}
-	return true
 }
 
 // writeCredentials creates a CA and the API server's serving certificate
@@ -502,15 +487,5 @@ func lastLine(b []byte) string {
 	return lines[len(lines)-1]
 }
 
-// tail is the end of a log for error messages.
-func tail(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "(no log)"
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if len(lines) > 8 {
-		lines = lines[len(lines)-8:]
-	}
-	return strings.Join(lines, " | ")
-}
+// logTail is the end of a log for error messages.
+func logTail(path string) string { return nsexec.LogTail(path, 8) }

@@ -127,7 +127,7 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 		return fmt.Errorf("vm %s backend: %w", ep.VM.Name, err)
 	}
 	pidfd := -1
-	if old := readPIDFile(p.pidPath); old > 0 {
+	if old := nsexec.ReadPIDFile(p.pidPath); old > 0 {
 		switch same, ours := p.matches(old); {
 		case same:
 			if fd, err := unix.PidfdOpen(old, 0); err == nil {
@@ -149,7 +149,7 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			_ = os.Remove(p.pidPath)
-			return fmt.Errorf("vm %s backend: %w; log %s: %s", ep.VM.Name, err, p.logPath, tail(p.logPath))
+			return fmt.Errorf("vm %s backend: %w; log %s: %s", ep.VM.Name, err, p.logPath, nsexec.LogTail(p.logPath, 5))
 		}
 	}
 	a.backends[ep.VM.Name] = p
@@ -264,7 +264,7 @@ func (p *backendProc) run(cmd *exec.Cmd, pidfd int) {
 		if time.Since(started) > backendStableAfter {
 			backoff = backendBackoffMin
 		}
-		p.log.Warn("vm backend exited; restarting", "why", why, "in", backoff, "log", tail(p.logPath))
+		p.log.Warn("vm backend exited; restarting", "why", why, "in", backoff, "log", nsexec.LogTail(p.logPath, 5))
 		for {
 			select {
 			case <-p.wake:
@@ -385,29 +385,4 @@ func killWait(pid int, grace time.Duration) {
 	}
 	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 	_, _ = unix.Poll(fds, 1000)
-}
-
-func readPIDFile(path string) int {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil || pid <= 1 {
-		return 0
-	}
-	return pid
-}
-
-// tail returns the last lines of a log file, for error messages.
-func tail(path string) string {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return strings.Join(lines, " | ")
 }

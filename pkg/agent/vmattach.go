@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 )
 
@@ -323,7 +324,7 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 	// A backend this agent did not supervise (its record was dropped
 	// before): stop it by its pid file.
 	if p, err := a.newBackendProc(ep); err == nil {
-		if pid := readPIDFile(p.pidPath); pid > 0 {
+		if pid := nsexec.ReadPIDFile(p.pidPath); pid > 0 {
 			if _, ours := p.matches(pid); ours {
 				killWait(pid, backendStopWait)
 			}

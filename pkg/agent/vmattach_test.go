@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -43,15 +44,6 @@ func (e *attachEnv) start(t *testing.T) *Agent {
 		t.Fatalf("start agent: %v", err)
 	}
 	return a
-}
-
-func alivePID(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	// A zombie (state Z) has exited.
-	return err == nil && !strings.Contains(string(raw), ") Z ")
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -144,7 +136,7 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	}
 	waitUntil(t, "backend restarted", func() bool {
 		n := backendOf(t, a, ep.VM.Name)
-		return n.PID != 0 && n.PID != b.PID && n.Restarts == 1 && alivePID(n.PID)
+		return n.PID != 0 && n.PID != b.PID && n.Restarts == 1 && nsexec.Alive(n.PID)
 	})
 	b = backendOf(t, a, ep.VM.Name)
 
@@ -153,7 +145,7 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if !alivePID(b.PID) {
+	if !nsexec.Alive(b.PID) {
 		t.Fatal("the backend stopped with the agent: VMs would lose their network on agent restarts")
 	}
 	a = e.start(t)
@@ -166,7 +158,7 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	_ = syscall.Kill(b.PID, syscall.SIGKILL)
 	waitUntil(t, "adopted backend restarted", func() bool {
 		n := backendOf(t, a, ep.VM.Name)
-		return n.PID != 0 && n.PID != b.PID && alivePID(n.PID)
+		return n.PID != 0 && n.PID != b.PID && nsexec.Alive(n.PID)
 	})
 	b = backendOf(t, a, ep.VM.Name)
 
@@ -175,7 +167,7 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	if err != nil || len(removed) != 1 || removed[0] != (Attachment{req.ContainerID, req.IfName}) {
 		t.Fatalf("gc: %v %v", removed, err)
 	}
-	waitUntil(t, "backend stopped", func() bool { return !alivePID(b.PID) })
+	waitUntil(t, "backend stopped", func() bool { return !nsexec.Alive(b.PID) })
 	if _, err := os.Stat(hostSock); !os.IsNotExist(err) {
 		t.Errorf("backend socket left behind: %v", err)
 	}

@@ -2,15 +2,14 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
 // agentArgs are lanekitd's flags for node i; with k8s the pod CIDR comes
@@ -68,51 +67,6 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 	return pid, fmt.Errorf("lanekitd on %s: socket %s not answering after 20s; log: %s", NodeNS(i), AgentSocket(i), logTail(AgentLog(i)))
 }
 
-// logTail returns the last lines of a log for error messages.
-func logTail(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "(no log)"
-	}
-	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return strings.Join(lines, " | ")
-}
-
-// readPID reads a pid file; 0 when missing or malformed.
-func readPID(path string) int {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		return 0
-	}
-	return pid
-}
-
-// alive reports whether pid is a live (non-zombie) process.
-func alive(pid int) bool {
-	if pid <= 0 {
-		return false
-	}
-	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// state is the field after the ")" closing the command name
-	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
-		return stat[i+2] != 'Z'
-	}
-	return true
-}
-
 // terminate sends SIGTERM, waits up to grace, then SIGKILL.
 func terminate(pid int, grace time.Duration) {
 	if !alive(pid) {
@@ -129,3 +83,12 @@ func terminate(pid int, grace time.Duration) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Process helpers shared with the agent and the test API server.
+var (
+	alive   = nsexec.Alive
+	readPID = nsexec.ReadPIDFile
+)
+
+// logTail returns the last lines of a log for error messages.
+func logTail(path string) string { return nsexec.LogTail(path, 5) }
