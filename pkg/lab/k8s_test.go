@@ -24,15 +24,13 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
@@ -84,8 +82,9 @@ func ping(ctx context.Context, ns, addr string, count int, interval string) (str
 // agents take their pod CIDRs and routes from Node objects, lab kubelets
 // attach Pods created through the API (CNI ADD via libcni with kubelet's
 // CNI_ARGS) and detach deleted ones; traffic keeps flowing while the API
-// server is down, and after its restart new Pods work again; a VMI becomes
-// a VM endpoint. Root only; uses the global lab: run it under
+// server is down, and after its restart new Pods work again; KubeVirt VMs
+// (a QEMU guest from lab up --k8s --vm, and a VMI whose socket a virtio test
+// frontend takes) come through the CNI on the fast lane. Root only; uses the global lab: run it under
 // flock /tmp/lanekit-lab.lock.
 func TestLabK8s(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -121,7 +120,7 @@ func TestLabK8s(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var upLog bytes.Buffer
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Bins: bins, Out: &upLog})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, VM: true, VMQueues: 2, Bins: bins, Out: &upLog})
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i := 1; i <= 2; i++ {
@@ -268,6 +267,7 @@ func TestLabK8s(t *testing.T) {
 		t.Errorf("ping the pod created after the restart: %v\n%s", err, out)
 	}
 
+	t.Run("KubeVirtGuest", func(t *testing.T) { testLabKubeVirtGuest(ctx, t, st, p1) })
 	t.Run("VMI", func(t *testing.T) { testLabVMI(ctx, t, srv, c, bins, p1) })
 	t.Run("ServicesAndPolicies", func(t *testing.T) { testLabServices(ctx, t, bins, c, p1, p2) })
 }
@@ -371,6 +371,52 @@ func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Int
 	waitFor(t, "backend reachable once the policy is deleted", 30*time.Second, func() bool { return dial(ctx, t, b, client.NS, direct) == "" })
 }
 
+// testLabKubeVirtGuest: `lab up --k8s --vm` made its QEMU guest the
+// KubeVirt way (VMI + launcher pod through the API, VM endpoint and backend
+// from the CNI, QEMU on the device-info socket). The guest's only NIC is
+// vhost-user to the agent's lanekit-vhost, whose only port is the VM
+// endpoint's AF_XDP sockets: a pod on node 1 and the guest reach each other
+// both ways, and the VM endpoint's datapath counters saw it.
+func testLabKubeVirtGuest(ctx context.Context, t *testing.T, st *State, client Pod) {
+	if len(st.VMs) != 1 {
+		t.Fatalf("lab VMs %+v, want the KubeVirt guest", st.VMs)
+	}
+	v := st.VMs[0]
+	vm, err := labVMEndpoint(ctx, v.Node, k8s.VMName(PodNamespace, v.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.GetBackend().GetPid() == 0 || vm.GetQueues() != 2 {
+		t.Fatalf("VM endpoint %v: want the agent's backend running and 2 queues", vm)
+	}
+	if out, err := ping(ctx, client.NS, v.IP, 3, "0.2"); err != nil {
+		t.Errorf("pod %s -> guest %s: %v\n%s", client.IP, v.IP, err, out)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	con, err := guest.DialConsole(cctx, v.SerialSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer con.Close()
+	if err := guestRun(cctx, con, "ping -c 2 -W 2 "+client.IP, ""); err != nil {
+		t.Errorf("guest -> pod %s: %v", client.IP, err)
+	}
+	eps, err := nodeAgent(t, v.Node).ListEndpoints(cctx, &apiv1.ListEndpointsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps.GetEndpoints() {
+		if ep.GetId() == vm.GetEndpoint().GetId() {
+			if c := ep.GetCounters(); c.GetToPackets() < 3 || c.GetFromPackets() < 3 {
+				t.Errorf("VM endpoint counters %v: the datapath did not carry the pings", c)
+			}
+			return
+		}
+	}
+	t.Errorf("VM endpoint %d not listed", vm.GetEndpoint().GetId())
+}
+
 // testLabVMI: a KubeVirt VM on lanekit's fast lane, as a cluster sets it up.
 // A VMI with a lanekit-bound interface, its launcher pod asking for the
 // lanekit-vm network (a NetworkAttachmentDefinition with "vhostUser") and
@@ -383,60 +429,17 @@ func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Int
 // that socket receives what a pod on node 1 sends to the VM's address, which
 // only the fast lane delivers there. Deleting the pod removes it all.
 func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubernetes.Interface, bins Bins, client Pod) {
-	cfg := srv.RESTConfig()
-	for _, install := range []func(context.Context, *rest.Config) error{k8stest.InstallKubeVirtCRD, k8stest.InstallNADCRD} {
-		if err := install(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dc, err := dynamic.NewForConfig(cfg)
+	dc, err := SetupKubeVirt(ctx, srv.RESTConfig())
 	if err != nil {
-		t.Fatal(err)
-	}
-	nad := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-		"metadata": map[string]any{"name": "lanekit-vm", "namespace": PodNamespace},
-		"spec": map[string]any{"config": `{"cniVersion":"1.1.0","name":"lanekit-vm","plugins":[{"type":"lanekit",` +
-			`"vhostUser":{},"capabilities":{"mac":true,"CNIDeviceInfoFile":true}}]}`},
-	}}
-	if _, err := dc.Resource(k8stest.NADResource).Namespace(PodNamespace).Create(ctx, nad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	const mac = "02:00:00:aa:00:01"
-	vmi := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-		"metadata": map[string]any{"name": "vm1", "namespace": PodNamespace, "labels": map[string]any{"app": "vm1"}},
-		"spec": map[string]any{
-			"domain": map[string]any{
-				"cpu": map[string]any{"cores": int64(2)},
-				"devices": map[string]any{"networkInterfaceMultiqueue": true, "interfaces": []any{
-					map[string]any{"name": "fast", "binding": map[string]any{"name": "lanekit"}, "macAddress": mac}}},
-			},
-			"networks": []any{map[string]any{"name": "fast", "multus": map[string]any{"networkName": "lanekit-vm"}}},
-		},
-	}}
-	created, err := dc.Resource(k8s.VMIResource).Namespace(PodNamespace).Create(ctx, vmi, metav1.CreateOptions{})
+	kvm, err := CreateKubeVirtVM(ctx, c, dc, 2, "vm-rx", 2, mac, map[string]string{"app": "vm-rx"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What virt-controller creates: KubeVirt names a secondary interface
-	// pod<hash of the network name>.
-	const ifname = "pod16477688c0e"
-	launcher, err := c.CoreV1().Pods(PodNamespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "virt-launcher-vm1-abcde", Namespace: PodNamespace,
-			Labels: map[string]string{"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": string(created.GetUID())},
-			Annotations: map[string]string{"kubevirt.io/domain": "vm1",
-				NetworksAnnotation: `[{"name":"lanekit-vm","namespace":"` + PodNamespace + `","interface":"` + ifname + `","mac":"` + mac + `"}]`}},
-		Spec: corev1.PodSpec{NodeName: KubeNodeName(2), Containers: []corev1.Container{{Name: "compute", Image: "none"}},
-			Volumes: []corev1.Volume{{Name: "sockets", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := WaitPodIP(ctx, c, PodNamespace, launcher.Name, time.Minute); err != nil {
-		t.Fatalf("%v; kubelet: %s; agent: %s", err, logTail(KubeletLog(2)), logTail(AgentLog(2)))
-	}
-	name := k8s.VMName(PodNamespace, "vm1")
+	launcher, created, ifname := kvm.Launcher, kvm.VMI, kvm.IfName
+	name := k8s.VMName(PodNamespace, "vm-rx")
 	findVM := func() *apiv1.VM {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -466,27 +469,18 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 		t.Errorf("%s in %s: %v %s", ifname, launcherNS, err, out)
 	}
 
-	// Multus' network-status carries the plugin's device-info.
-	lp, err := c.CoreV1().Pods(PodNamespace).Get(ctx, launcher.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var status []NetworkStatus
-	if err := json.Unmarshal([]byte(lp.Annotations[NetworkStatusAnnotation]), &status); err != nil || len(status) != 2 {
-		t.Fatalf("network-status %q: %v", lp.Annotations[NetworkStatusAnnotation], err)
+	// Multus' network-status carries the plugin's device-info, which
+	// virt-controller copies into the sidecar's network-info.
+	if st := kvm.Status; len(st.IPs) != 1 || st.IPs[0]+"/32" != vm.GetAddress() || st.MAC != mac {
+		t.Errorf("network-status entry %+v: want the VM's address %s and MAC", st, vm.GetAddress())
 	}
 	var dev kubevirt.DeviceInfo
-	if err := json.Unmarshal(status[1].DeviceInfo, &dev); err != nil || dev.Type != "vhost-user" || dev.VhostUser == nil ||
-		dev.VhostUser.Mode != "client" || dev.VhostUser.Path != sockPath || status[1].Interface != ifname {
-		t.Fatalf("network-status entry %+v device-info %s: want vhost-user client on %s", status[1], status[1].DeviceInfo, sockPath)
+	if err := json.Unmarshal(kvm.Status.DeviceInfo, &dev); err != nil || dev.Type != "vhost-user" || dev.VhostUser == nil ||
+		dev.VhostUser.Mode != "client" || dev.VhostUser.Path != sockPath || kvm.Socket.Path != sockPath || kvm.HostSocket != hostSock {
+		t.Fatalf("network-status entry %+v device-info %s (host %s): want vhost-user client on %s", kvm.Status, kvm.Status.DeviceInfo, kvm.HostSocket, sockPath)
 	}
-	// virt-controller copies it into network-info; the sidecar plans the
-	// domain's interface from that and the VMI.
-	info := kubevirt.NetworkInfo{Interfaces: []kubevirt.NetworkInfoInterface{{Network: "fast", DeviceInfo: &dev}}}
-	sock, err := info.Socket("fast")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The sidecar plans the domain's interface from network-info and the VMI.
+	sock := kvm.Socket
 	raw, _ := json.Marshal(created.Object)
 	kv, err := kubevirt.ParseVMI(raw)
 	if err != nil {

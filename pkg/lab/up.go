@@ -144,7 +144,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if cfg.BaselineOnly {
 			return st, fmt.Errorf("lab up: --vm needs the agents (not --baseline-only)")
 		}
-		if err := upVM(ctx, cfg, st, len(st.Nodes)); err != nil {
+		up := upVM
+		if cfg.K8s {
+			up = func(ctx context.Context, cfg Config, st *State, i int) error {
+				return upKubeVirtVM(ctx, cfg, st, i, kc)
+			}
+		}
+		if err := up(ctx, cfg, st, len(st.Nodes)); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {

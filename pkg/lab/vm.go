@@ -108,31 +108,36 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if err := waitPath(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
 		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
 	}
+	return bootLabVM(ctx, cfg, st, lv, kernel, initrd, vmFile(i, name, "vhost.log"))
+}
+
+// bootLabVM records lv and boots its QEMU guest (TCG) on lv.VhostSocket,
+// inside lv.NS, until the guest's ready line.
+func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, kernel, initrd, backendLog string) error {
 	st.VMs = append(st.VMs, lv)
 	if err := st.save(); err != nil {
 		return err
 	}
-
 	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: lv.IP + "/32", Gateway: "169.254.1.1",
-		MAC: lv.MAC, Queues: queues, VhostSocket: lv.VhostSocket, SerialSocket: lv.SerialSocket})
+		MAC: lv.MAC, Queues: lv.Queues, VhostSocket: lv.VhostSocket, SerialSocket: lv.SerialSocket})
 	if err != nil {
-		return fmt.Errorf("vm %s: %w", name, err)
+		return fmt.Errorf("vm %s: %w", lv.Name, err)
 	}
 	start := time.Now()
-	st.VMs[len(st.VMs)-1].QEMUPID, err = startDaemon(ns, vmFile(i, name, "qemu"), args[0], args[1:]...)
+	st.VMs[len(st.VMs)-1].QEMUPID, err = startDaemon(lv.NS, vmFile(lv.Node, lv.Name, "qemu"), args[0], args[1:]...)
 	if err != nil {
-		return fmt.Errorf("vm %s: qemu: %w", name, err)
+		return fmt.Errorf("vm %s: qemu: %w", lv.Name, err)
 	}
 	if err := st.save(); err != nil {
 		return err
 	}
-	progress(cfg.Out, "lab: vm %s: booting (QEMU under TCG, vhost-user to lanekit-vhost)", name)
-	status, err := waitGuestReady(ctx, lv.SerialSocket, vmFile(i, name, "qemu.log"), vmFile(i, name, "vhost.log"))
+	progress(cfg.Out, "lab: vm %s: booting (QEMU under TCG, vhost-user to lanekit-vhost)", lv.Name)
+	status, err := waitGuestReady(ctx, lv.SerialSocket, vmFile(lv.Node, lv.Name, "qemu.log"), backendLog)
 	if err != nil {
-		return fmt.Errorf("vm %s: %w", name, err)
+		return fmt.Errorf("vm %s: %w", lv.Name, err)
 	}
 	st.VMs[len(st.VMs)-1].BootSeconds = time.Since(start).Seconds()
-	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", name, time.Since(start).Seconds(), status)
+	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", lv.Name, time.Since(start).Seconds(), status)
 	return st.save()
 }
 
