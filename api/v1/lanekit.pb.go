@@ -2376,7 +2376,10 @@ type VMBackend struct {
 	Pid        int32  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`           // 0 while not running
 	Restarts   uint32 `protobuf:"varint,4,opt,name=restarts,proto3" json:"restarts,omitempty"` // unexpected exits since the agent started
 	// The CNI attachment that made the VM.
-	Attachment    *Attachment `protobuf:"bytes,5,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	Attachment *Attachment `protobuf:"bytes,5,opt,name=attachment,proto3" json:"attachment,omitempty"`
+	// The backend's Prometheus metrics (unix socket; the agent's /metrics
+	// includes them).
+	MetricsSocket string `protobuf:"bytes,6,opt,name=metrics_socket,json=metricsSocket,proto3" json:"metrics_socket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2444,6 +2447,13 @@ func (x *VMBackend) GetAttachment() *Attachment {
 		return x.Attachment
 	}
 	return nil
+}
+
+func (x *VMBackend) GetMetricsSocket() string {
+	if x != nil {
+		return x.MetricsSocket
+	}
+	return ""
 }
 
 type ObjectRef struct {
@@ -3355,7 +3365,7 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x03mtu\x18\t \x01(\rR\x03mtu\x120\n" +
 	"\bendpoint\x18\n" +
 	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\x12/\n" +
-	"\abackend\x18\v \x01(\v2\x15.lanekit.v1.VMBackendR\abackend\"\xaa\x01\n" +
+	"\abackend\x18\v \x01(\v2\x15.lanekit.v1.VMBackendR\abackend\"\xd1\x01\n" +
 	"\tVMBackend\x12\x1f\n" +
 	"\vhost_socket\x18\x01 \x01(\tR\n" +
 	"hostSocket\x12\x16\n" +
@@ -3364,7 +3374,8 @@ const file_lanekit_proto_rawDesc = "" +
 	"\brestarts\x18\x04 \x01(\rR\brestarts\x126\n" +
 	"\n" +
 	"attachment\x18\x05 \x01(\v2\x16.lanekit.v1.AttachmentR\n" +
-	"attachment\"Q\n" +
+	"attachment\x12%\n" +
+	"\x0emetrics_socket\x18\x06 \x01(\tR\rmetricsSocket\"Q\n" +
 	"\tObjectRef\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +

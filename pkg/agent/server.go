@@ -305,7 +305,7 @@ func VMToProto(v *VMInfo) *apiv1.VM {
 	if ep.VM != nil {
 		out.Name, out.Queues, out.Socket, out.XskBase = ep.VM.Name, uint32(ep.VM.Queues), ep.VM.Socket, ep.VM.XSKBase
 		if b := ep.VM.Backend; b != nil {
-			out.Backend = &apiv1.VMBackend{HostSocket: filepath.Join(b.HostDir, b.File), Socket: b.ReportedPath}
+			out.Backend = &apiv1.VMBackend{HostSocket: filepath.Join(b.HostDir, b.File), Socket: b.ReportedPath, MetricsSocket: b.MetricsSocket}
 			if v.Backend != nil {
 				out.Backend.Pid, out.Backend.Restarts = int32(v.Backend.PID), v.Backend.Restarts
 			}

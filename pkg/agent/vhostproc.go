@@ -106,6 +106,9 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 		"--xsk-socket", ep.VM.Socket, "--vm", ep.VM.Name,
 		"--queues", strconv.Itoa(ep.VM.Queues), "--mac", ep.MAC, "--mtu", strconv.Itoa(ep.MTU),
 	}
+	if b.MetricsSocket != "" {
+		argv = append(argv, "--metrics-listen", b.MetricsSocket)
+	}
 	dir := a.backendDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("backend dir: %w", err)

@@ -149,14 +149,18 @@ func (a *Agent) vmBackendFor(name string, req *VMAttachRequest) (*endpoint.VMBac
 		File: "lanekit-" + req.IfName + ".sock", UID: DefaultVhostUID, GID: DefaultVhostUID,
 	}
 	b.ReportedPath = filepath.Join(mount, b.File)
+	// In a directory of the backends' user (they create the socket).
+	b.MetricsSocket = filepath.Join(a.cfg.VMSocketDir, backendMetricsDir, "m-"+hex.EncodeToString(h[:5])+".sock")
 	if a.cfg.VhostUID != nil {
 		b.UID = *a.cfg.VhostUID
 	}
 	if a.cfg.VhostGID != nil {
 		b.GID = *a.cfg.VhostGID
 	}
-	if p := b.Socket(); len(p) > maxSocketPath {
-		return nil, fmt.Errorf("backend socket path %s is longer than %d bytes: %w", p, maxSocketPath, ErrInvalid)
+	for _, p := range []string{b.Socket(), b.MetricsSocket} {
+		if len(p) > maxSocketPath {
+			return nil, fmt.Errorf("backend socket path %s is longer than %d bytes: %w", p, maxSocketPath, ErrInvalid)
+		}
 	}
 	return b, nil
 }
@@ -299,10 +303,23 @@ func (a *Agent) existingAttachment(req VMAttachRequest) (*VMAttachment, bool, er
 	return a.attachmentInfo(&ep), true, nil
 }
 
+// backendMetricsDir (under the VM socket directory) holds the backends'
+// metrics sockets; it belongs to the backends' user, mode 0700.
+const backendMetricsDir = "backend-metrics"
+
 // runBackend links the backend's bind directory to its socket directory and
 // starts (or adopts) the backend (mu held).
 func (a *Agent) runBackend(ep *endpoint.Endpoint) error {
 	b := ep.VM.Backend
+	if b.MetricsSocket != "" {
+		dir := filepath.Dir(b.MetricsSocket)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("backend metrics dir: %w", err)
+		}
+		if err := os.Chown(dir, int(b.UID), int(b.GID)); err != nil {
+			return fmt.Errorf("backend metrics dir: %w", err)
+		}
+	}
 	if cur, err := os.Readlink(b.BindDir); err != nil || cur != b.HostDir {
 		if err := os.Remove(b.BindDir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("backend link %s: %w", b.BindDir, err)
@@ -332,6 +349,9 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 		}
 	}
 	_ = os.Remove(filepath.Join(b.HostDir, b.File))
+	if b.MetricsSocket != "" {
+		_ = os.Remove(b.MetricsSocket)
+	}
 	if cur, err := os.Readlink(b.BindDir); err == nil && cur == b.HostDir {
 		_ = os.Remove(b.BindDir)
 	}

@@ -110,7 +110,8 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	b := backendOf(t, a, ep.VM.Name)
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", b.PID))
 	args := strings.ReplaceAll(string(cmdline), "\x00", " ")
-	for _, want := range []string{"--xsk-socket " + ep.VM.Socket, "--vm default.virt-launcher-vm1-x", "--queues 2", "--mac 02:00:00:aa:00:07", "--mtu 1400"} {
+	for _, want := range []string{"--xsk-socket " + ep.VM.Socket, "--vm default.virt-launcher-vm1-x", "--queues 2", "--mac 02:00:00:aa:00:07", "--mtu 1400",
+		"--metrics-listen " + filepath.Join(e.vmDir, backendMetricsDir) + "/m-"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("backend command line %q lacks %q", args, want)
 		}

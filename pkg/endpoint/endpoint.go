@@ -96,6 +96,9 @@ type VMBackend struct {
 	ReportedPath string `json:"reportedPath"`
 	UID          uint32 `json:"uid"`
 	GID          uint32 `json:"gid"`
+	// MetricsSocket is where the backend serves its Prometheus metrics (the
+	// agent's /metrics includes them).
+	MetricsSocket string `json:"metricsSocket,omitempty"`
 }
 
 // Socket is the path the backend binds.

@@ -30,6 +30,7 @@ import (
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
@@ -401,6 +402,11 @@ func testLabKubeVirtGuest(ctx context.Context, t *testing.T, st *State, client P
 	defer con.Close()
 	if err := guestRun(cctx, con, "ping -c 2 -W 2 "+client.IP, ""); err != nil {
 		t.Errorf("guest -> pod %s: %v", client.IP, err)
+	}
+	// The agent-run backend moved them (its metrics socket, also part of the
+	// agent's /metrics).
+	if rx, tx, err := bench.BackendPackets(cctx, vm.GetBackend().GetMetricsSocket()); err != nil || rx < 3 || tx < 3 {
+		t.Errorf("backend packets rx %d tx %d (%v): the guest's traffic did not cross lanekit-vhost", rx, tx, err)
 	}
 	eps, err := nodeAgent(t, v.Node).ListEndpoints(cctx, &apiv1.ListEndpointsRequest{})
 	if err != nil {

@@ -162,9 +162,14 @@ func (m *Metrics) Readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-// Handler serves the registry in the Prometheus exposition formats.
+// Handler serves the registry in the Prometheus exposition formats, with
+// the metrics of the VM backends the agent runs (after Watch).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{
+	var g prometheus.Gatherer = m.Registry
+	if vs, ok := m.src.(VMBackendSource); ok {
+		g = prometheus.Gatherers{m.Registry, backendGatherer{src: vs, log: m.opts.Log}}
+	}
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorHandling: promhttp.ContinueOnError,
 		ErrorLog:      slogPrinter{m.opts.Log},
 	})

@@ -3,10 +3,13 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +33,8 @@ type fakeSource struct {
 	counters map[uint32]datapath.Counters
 	st       agent.StatusInfo
 	listErr  error
+	// backendMetrics is vm2's backend metrics socket.
+	backendMetrics string
 }
 
 func (f *fakeSource) List() ([]endpoint.Endpoint, error) { return f.eps, f.listErr }
@@ -42,7 +47,8 @@ func (f *fakeSource) ListVMs() ([]agent.VMInfo, error) {
 	}
 	return []agent.VMInfo{
 		{Endpoint: endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: "vm1"}}},
-		{Endpoint: withBackend("vm2"), Backend: &agent.BackendInfo{PID: 42, Restarts: 2}},
+		{Endpoint: endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: "vm2", Backend: &endpoint.VMBackend{MetricsSocket: f.backendMetrics}}},
+			Backend: &agent.BackendInfo{PID: 42, Restarts: 2}},
 		{Endpoint: withBackend("vm3"), Backend: &agent.BackendInfo{Restarts: 5}},
 	}, nil
 }
@@ -154,6 +160,19 @@ func mustValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, wan
 
 func TestScrapeFakeAgent(t *testing.T) {
 	src := newFakeSource()
+	// vm2's backend serves its metrics on a unix socket, as lanekit-vhost
+	// --metrics-listen does.
+	src.backendMetrics = filepath.Join(t.TempDir(), "m.sock")
+	lis, err := net.Listen("unix", src.backendMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bsrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "# HELP lanekit_vhost_rx_packets_total Frames.\n# TYPE lanekit_vhost_rx_packets_total counter\n"+
+			"lanekit_vhost_rx_packets_total{vm=\"vm2\",queue=\"0\"} 7\nlanekit_vhost_rx_packets_total{vm=\"vm2\",queue=\"1\"} 9\n")
+	})}
+	go bsrv.Serve(lis)
+	defer bsrv.Close()
 	m := New(Options{Log: quiet()})
 	loadedErr := error(nil)
 	m.WithDatapathCheck(func() error { return loadedErr })
@@ -161,7 +180,7 @@ func TestScrapeFakeAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One API call through the interceptor, as the gRPC server would make it.
-	_, err := m.UnaryInterceptor(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/lanekit.v1.Agent/AddEndpoint"},
+	_, err = m.UnaryInterceptor(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/lanekit.v1.Agent/AddEndpoint"},
 		func(context.Context, any) (any, error) { return nil, status.Error(codes.ResourceExhausted, "full") })
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("interceptor changed the error: %v", err)
@@ -226,6 +245,8 @@ func TestScrapeFakeAgent(t *testing.T) {
 	mustValue(t, fams, NameConntrackCreated, nil, 500)
 	mustValue(t, fams, NameConntrackGC, nil, 11)
 	mustValue(t, fams, NameVMBackendUp, map[string]string{"vm": "vm2"}, 1)
+	// The backend's own metrics come through the agent's endpoint.
+	mustValue(t, fams, "lanekit_vhost_rx_packets_total", map[string]string{"vm": "vm2", "queue": "1"}, 9)
 	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm2"}, 2)
 	mustValue(t, fams, NameVMBackendUp, map[string]string{"vm": "vm3"}, 0)
 	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm3"}, 5)

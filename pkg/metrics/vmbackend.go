@@ -1,7 +1,19 @@
 package metrics
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/lanekit/lanekit/pkg/agent"
 )
@@ -47,4 +59,74 @@ func (c *collector) collectVMBackends(ch chan<- prometheus.Metric, src VMBackend
 		ch <- prometheus.MustNewConstMetric(descVMBackendUp, prometheus.GaugeValue, up, v.Endpoint.VM.Name)
 		ch <- prometheus.MustNewConstMetric(descVMBackendRestarts, prometheus.CounterValue, float64(restarts), v.Endpoint.VM.Name)
 	}
+}
+
+// backendScrapeTimeout bounds one backend's answer within a scrape.
+const backendScrapeTimeout = 2 * time.Second
+
+// backendGatherer adds the metrics of the backends the agent runs
+// (lanekit_vhost_*, labelled by vm) to the agent's /metrics: in a cluster,
+// Prometheus scrapes the agent, not each backend's unix socket.
+type backendGatherer struct {
+	src VMBackendSource
+	log *slog.Logger
+}
+
+func (g backendGatherer) Gather() ([]*dto.MetricFamily, error) {
+	vms, err := g.src.ListVMs()
+	if err != nil {
+		return nil, fmt.Errorf("list vms: %w", err)
+	}
+	byName := map[string]*dto.MetricFamily{}
+	var names []string
+	for _, v := range vms {
+		if v.Endpoint.VM == nil || v.Endpoint.VM.Backend == nil || v.Backend == nil || v.Backend.PID == 0 {
+			continue
+		}
+		b := v.Endpoint.VM.Backend
+		if b.MetricsSocket == "" {
+			continue
+		}
+		fams, err := scrapeUnix(b.MetricsSocket)
+		if err != nil {
+			g.log.Warn("metrics: vm backend", "vm", v.Endpoint.VM.Name, "err", err)
+			continue
+		}
+		for name, f := range fams {
+			if cur, ok := byName[name]; ok {
+				cur.Metric = append(cur.Metric, f.Metric...)
+				continue
+			}
+			byName[name] = f
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	out := make([]*dto.MetricFamily, 0, len(names))
+	for _, n := range names {
+		out = append(out, byName[n])
+	}
+	return out, nil
+}
+
+// scrapeUnix reads the Prometheus text a backend serves on a unix socket.
+func scrapeUnix(sock string) (map[string]*dto.MetricFamily, error) {
+	c := http.Client{Timeout: backendScrapeTimeout, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := c.Get("http://backend/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: status %d", sock, resp.StatusCode)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", sock, err)
+	}
+	return fams, nil
 }
