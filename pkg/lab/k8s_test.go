@@ -268,7 +268,7 @@ func TestLabK8s(t *testing.T) {
 		t.Errorf("ping the pod created after the restart: %v\n%s", err, out)
 	}
 
-	t.Run("KubeVirtGuest", func(t *testing.T) { testLabKubeVirtGuest(ctx, t, st, p1) })
+	t.Run("KubeVirtGuest", func(t *testing.T) { testLabKubeVirtGuest(ctx, t, bins, st, p1) })
 	t.Run("VMI", func(t *testing.T) { testLabVMI(ctx, t, srv, c, bins, p1) })
 	t.Run("ServicesAndPolicies", func(t *testing.T) { testLabServices(ctx, t, bins, c, p1, p2) })
 }
@@ -377,8 +377,10 @@ func testLabServices(ctx context.Context, t *testing.T, b Bins, c kubernetes.Int
 // from the CNI, QEMU on the device-info socket). The guest's only NIC is
 // vhost-user to the agent's lanekit-vhost, whose only port is the VM
 // endpoint's AF_XDP sockets: a pod on node 1 and the guest reach each other
-// both ways, and the VM endpoint's datapath counters saw it.
-func testLabKubeVirtGuest(ctx context.Context, t *testing.T, st *State, client Pod) {
+// both ways, and the VM endpoint's datapath counters saw it. The agent
+// SIGKILLed: the guest stays reachable (the backend outlives it); restarted:
+// it adopts the same backend process.
+func testLabKubeVirtGuest(ctx context.Context, t *testing.T, b Bins, st *State, client Pod) {
 	if len(st.VMs) != 1 {
 		t.Fatalf("lab VMs %+v, want the KubeVirt guest", st.VMs)
 	}
@@ -417,10 +419,35 @@ func testLabKubeVirtGuest(ctx context.Context, t *testing.T, st *State, client P
 			if c := ep.GetCounters(); c.GetToPackets() < 3 || c.GetFromPackets() < 3 {
 				t.Errorf("VM endpoint counters %v: the datapath did not carry the pings", c)
 			}
-			return
 		}
 	}
-	t.Errorf("VM endpoint %d not listed", vm.GetEndpoint().GetId())
+
+	n := &st.Nodes[v.Node-1]
+	if err := syscall.Kill(n.AgentPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "agent gone", 5*time.Second, func() bool { return !alive(n.AgentPID) })
+	if out, err := ping(ctx, client.NS, v.IP, 3, "0.2"); err != nil {
+		t.Errorf("pod -> guest with its node's agent down: %v\n%s", err, out)
+	}
+	pid, err := startAgent(ctx, b, v.Node, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.AgentPID = pid
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := labVMEndpoint(ctx, v.Node, vm.GetName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.GetBackend().GetPid() != vm.GetBackend().GetPid() || !after.GetServing() {
+		t.Errorf("after the agent restart: backend %v serving %v, want pid %d adopted", after.GetBackend(), after.GetServing(), vm.GetBackend().GetPid())
+	}
+	if out, err := ping(ctx, client.NS, v.IP, 3, "0.2"); err != nil {
+		t.Errorf("pod -> guest after the agent restart: %v\n%s", err, out)
+	}
 }
 
 // testLabVMI: a KubeVirt VM on lanekit's fast lane, as a cluster sets it up.
