@@ -33,6 +33,10 @@ type Config struct {
 	MTU     int    // lk.mtu; 0 keeps the driver default
 
 	VhostSocket string   // vhost-user backend socket (QEMU is the client)
+	// VhostReconnect: seconds between QEMU's attempts to reconnect to a
+	// backend that went away (what KubeVirt's libvirt <reconnect> sets);
+	// 0: no reconnect.
+	VhostReconnect int
 	Tap         string   // existing tap device name (script=no, vhost=off) when VhostSocket is empty
 	UserNet     *UserNet // QEMU user-mode network when VhostSocket and Tap are empty
 
@@ -209,7 +213,7 @@ func QEMUArgs(cfg Config) ([]string, error) {
 		a = append(a,
 			"-object", "memory-backend-memfd,id=mem,size="+mem+"M,share=on",
 			"-numa", "node,memdev=mem",
-			"-chardev", "socket,id=c0,path="+c.VhostSocket,
+			"-chardev", "socket,id=c0,path="+c.VhostSocket+reconnect(c.VhostReconnect),
 			"-netdev", "vhost-user,id=n0,chardev=c0,queues="+strconv.Itoa(c.Queues),
 			"-device", dev)
 	case c.Tap != "":
@@ -235,4 +239,11 @@ func QEMUArgs(cfg Config) ([]string, error) {
 		a = append(a, "-serial", "stdio")
 	}
 	return a, nil
+}
+
+func reconnect(seconds int) string {
+	if seconds <= 0 {
+		return ""
+	}
+	return ",reconnect=" + strconv.Itoa(seconds)
 }

@@ -73,6 +73,13 @@ func TestQEMUArgsVhostUser(t *testing.T) {
 	if strings.Contains(joined, "-nic none") {
 		t.Errorf("vhost-user args carry -nic none")
 	}
+	if strings.Contains(joined, "reconnect") {
+		t.Errorf("reconnect without VhostReconnect: %s", joined)
+	}
+	c.VhostReconnect = 1
+	if a, err = QEMUArgs(c); err != nil || !strings.Contains(strings.Join(a, " "), "-chardev socket,id=c0,path=/run/lk/vm0.sock,reconnect=1 ") {
+		t.Errorf("VhostReconnect 1: %v %v", err, a)
+	}
 }
 
 func TestQEMUArgsSingleQueueNoMQ(t *testing.T) {

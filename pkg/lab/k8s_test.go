@@ -448,6 +448,24 @@ func testLabKubeVirtGuest(ctx context.Context, t *testing.T, b Bins, st *State, 
 	if out, err := ping(ctx, client.NS, v.IP, 3, "0.2"); err != nil {
 		t.Errorf("pod -> guest after the agent restart: %v\n%s", err, out)
 	}
+
+	// The backend crashes: the agent starts a new one, QEMU reconnects (as
+	// the sidecar's domain asks) and the guest is reachable again.
+	if err := syscall.Kill(int(after.GetBackend().GetPid()), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var restarted *apiv1.VM
+	waitFor(t, "backend restarted by the agent", 20*time.Second, func() bool {
+		restarted, _ = labVMEndpoint(ctx, v.Node, vm.GetName())
+		return restarted != nil && restarted.GetBackend().GetPid() != 0 && restarted.GetBackend().GetPid() != after.GetBackend().GetPid()
+	})
+	if restarted.GetBackend().GetRestarts() != 1 {
+		t.Errorf("backend restarts %d, want 1", restarted.GetBackend().GetRestarts())
+	}
+	waitFor(t, "guest reachable through the new backend", 30*time.Second, func() bool {
+		_, err := ping(ctx, client.NS, v.IP, 1, "0.2")
+		return err == nil
+	})
 }
 
 // testLabVMI: a KubeVirt VM on lanekit's fast lane, as a cluster sets it up.

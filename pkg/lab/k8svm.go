@@ -208,7 +208,8 @@ func upKubeVirtVM(ctx context.Context, cfg Config, st *State, i int, c kubernete
 	progress(cfg.Out, "lab: vm %s: VMI %s/%s, launcher pod %s, endpoint %s mac %s, %d queue pair(s), lanekit-vhost pid %d on %s (device-info %s)",
 		name, PodNamespace, name, kv.Launcher.Name, lv.IP, lv.MAC, lv.Queues, lv.BackendPID, kv.HostSocket, kv.Socket.Path)
 	backendLog := filepath.Join(NodeDir(i), "state", "vhost", vm.GetName()+".log")
-	return bootLabVM(ctx, cfg, st, lv, kernel, initrd, backendLog)
+	// QEMU reconnects to a restarted backend, as the sidecar's domain says.
+	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd, VhostReconnect: kubevirt.ReconnectSeconds}, backendLog)
 }
 
 // labVMEndpoint returns node i's VM endpoint name.

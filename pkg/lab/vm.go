@@ -108,18 +108,19 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if err := waitPath(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
 		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
 	}
-	return bootLabVM(ctx, cfg, st, lv, kernel, initrd, vmFile(i, name, "vhost.log"))
+	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd}, vmFile(i, name, "vhost.log"))
 }
 
 // bootLabVM records lv and boots its QEMU guest (TCG) on lv.VhostSocket,
-// inside lv.NS, until the guest's ready line.
-func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, kernel, initrd, backendLog string) error {
+// inside lv.NS, until the guest's ready line. gc gives the image and
+// options; the network and console come from lv.
+func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, gc guest.Config, backendLog string) error {
 	st.VMs = append(st.VMs, lv)
 	if err := st.save(); err != nil {
 		return err
 	}
-	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: lv.IP + "/32", Gateway: "169.254.1.1",
-		MAC: lv.MAC, Queues: lv.Queues, VhostSocket: lv.VhostSocket, SerialSocket: lv.SerialSocket})
+	gc.IP, gc.Gateway, gc.MAC, gc.Queues, gc.VhostSocket, gc.SerialSocket = lv.IP+"/32", "169.254.1.1", lv.MAC, lv.Queues, lv.VhostSocket, lv.SerialSocket
+	args, err := guest.QEMUArgs(gc)
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", lv.Name, err)
 	}
