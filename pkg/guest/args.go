@@ -32,13 +32,13 @@ type Config struct {
 	Queues  int    // queue pairs (lk.queues, netdev queues=, mq=on); default 1
 	MTU     int    // lk.mtu; 0 keeps the driver default
 
-	VhostSocket string   // vhost-user backend socket (QEMU is the client)
+	VhostSocket string // vhost-user backend socket (QEMU is the client)
 	// VhostReconnect: seconds between QEMU's attempts to reconnect to a
 	// backend that went away (what KubeVirt's libvirt <reconnect> sets);
 	// 0: no reconnect.
 	VhostReconnect int
-	Tap         string   // existing tap device name (script=no, vhost=off) when VhostSocket is empty
-	UserNet     *UserNet // QEMU user-mode network when VhostSocket and Tap are empty
+	Tap            string   // existing tap device name (script=no, vhost=off) when VhostSocket is empty
+	UserNet        *UserNet // QEMU user-mode network when VhostSocket and Tap are empty
 
 	// SerialSocket is the unix socket QEMU serves ttyS0 on (server=on,wait=on:
 	// QEMU waits for the host to connect before the guest runs, so no output is
