@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -312,23 +313,11 @@ func (p *backendProc) matches(pid int) (same, ours bool) {
 	if len(args) == len(p.argv)+1 {
 		args = args[1:]
 	}
-	if slicesEqual(args, p.argv) {
+	if slices.Equal(args, p.argv) {
 		return true, true
 	}
 	return false, filepath.Base(args[0]) == filepath.Base(p.argv[0]) &&
 		bytes.Contains(raw, []byte("\x00--vm\x00"+p.name+"\x00"))
-}
-
-func slicesEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // waitSocket waits until path is a socket while cmd runs.
