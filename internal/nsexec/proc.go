@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Alive reports whether pid is a live process (not a zombie).
@@ -54,4 +55,36 @@ func LogTail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Terminate sends pid SIGTERM, waits up to grace for it to end, then sends
+// SIGKILL and waits up to 2 s more. A pid that does not run is left alone.
+func Terminate(pid int, grace time.Duration) {
+	if !Alive(pid) {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !Alive(pid) {
+			return
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(2 * time.Second); Alive(pid) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitSocket waits up to timeout for path to be a unix socket while pid
+// runs (a daemon that listens once it is ready).
+func WaitSocket(path string, timeout time.Duration, pid int) error {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		if !Alive(pid) {
+			return fmt.Errorf("pid %d exited before listening on %s", pid, path)
+		}
+	}
+	return fmt.Errorf("%s is not listening after %s", path, timeout)
 }

@@ -95,6 +95,8 @@ func isExecutable(p string) bool {
 // backendDir holds the backends' pid files and logs.
 func (a *Agent) backendDir() string { return filepath.Join(a.cfg.StateDir, "vhost") }
 
+func (a *Agent) backendPIDPath(name string) string { return filepath.Join(a.backendDir(), name+".pid") }
+
 // newBackendProc describes ep's backend (ep.VM.Backend set).
 func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 	bin, err := a.vhostBin()
@@ -110,13 +112,9 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 	if b.MetricsSocket != "" {
 		argv = append(argv, "--metrics-listen", b.MetricsSocket)
 	}
-	dir := a.backendDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("backend dir: %w", err)
-	}
 	return &backendProc{
 		name: ep.VM.Name, socket: b.Socket(), argv: argv, uid: b.UID, gid: b.GID,
-		logPath: filepath.Join(dir, ep.VM.Name+".log"), pidPath: filepath.Join(dir, ep.VM.Name+".pid"),
+		logPath: filepath.Join(a.backendDir(), ep.VM.Name+".log"), pidPath: a.backendPIDPath(ep.VM.Name),
 		log: a.log.With("vm", ep.VM.Name), wake: make(chan struct{}), done: make(chan struct{}),
 	}, nil
 }
@@ -141,7 +139,7 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 			}
 		case ours:
 			p.log.Info("stopping vm backend started with other arguments", "pid", old)
-			killWait(old, backendStopWait)
+			nsexec.Terminate(old, backendStopWait)
 		}
 	}
 	var cmd *exec.Cmd
@@ -149,7 +147,7 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 		if cmd, err = p.spawn(); err != nil {
 			return fmt.Errorf("vm %s backend: %w", ep.VM.Name, err)
 		}
-		if err := waitSocket(p.socket, backendStartWait, cmd); err != nil {
+		if err := nsexec.WaitSocket(p.socket, backendStartWait, cmd.Process.Pid); err != nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			_ = os.Remove(p.pidPath)
@@ -161,12 +159,13 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 	return nil
 }
 
-// stopBackend stops name's backend if the agent runs one (mu held): SIGTERM,
-// then SIGKILL after backendStopWait. Its socket file is removed.
-func (a *Agent) stopBackend(name string) {
+// stopBackend stops name's backend if the agent supervises one (mu held):
+// SIGTERM, then SIGKILL after backendStopWait. It reports whether there was
+// one; stopVMBackend removes the files.
+func (a *Agent) stopBackend(name string) bool {
 	p, ok := a.backends[name]
 	if !ok {
-		return
+		return false
 	}
 	delete(a.backends, name)
 	p.mu.Lock()
@@ -184,11 +183,8 @@ func (a *Agent) stopBackend(name string) {
 		}
 	}
 	<-p.done
-	_ = os.Remove(p.pidPath)
-	if err := os.Remove(p.socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		p.log.Warn("remove backend socket", "socket", p.socket, "err", err)
-	}
 	p.log.Info("vm backend stopped", "pid", pid)
+	return true
 }
 
 // detachBackends stops supervising every backend without stopping it (agent
@@ -208,6 +204,9 @@ func (a *Agent) detachBackends() {
 // file written.
 func (p *backendProc) spawn() (*exec.Cmd, error) {
 	nsexec.CloseInheritedOnExec()
+	if err := os.MkdirAll(filepath.Dir(p.logPath), 0o700); err != nil {
+		return nil, fmt.Errorf("backend dir: %w", err)
+	}
 	if fi, err := os.Stat(p.logPath); err == nil && fi.Size() > backendLogMax {
 		_ = os.Truncate(p.logPath, 0)
 	}
@@ -320,38 +319,6 @@ func (p *backendProc) matches(pid int) (same, ours bool) {
 		bytes.Contains(raw, []byte("\x00--vm\x00"+p.name+"\x00"))
 }
 
-// waitSocket waits until path is a socket while cmd runs.
-func waitSocket(path string, timeout time.Duration, cmd *exec.Cmd) error {
-	exited := make(chan struct{})
-	go func() {
-		// Wait for exit without reaping: run() owns Wait.
-		var info unix.Siginfo
-		_ = waitidNoReap(cmd.Process.Pid, &info)
-		close(exited)
-	}()
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
-		if fi, err := os.Stat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			return nil
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("exited before listening on %s", path)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("not listening on %s after %s", path, timeout)
-}
-
-// waitidNoReap blocks until pid exits, leaving it to be reaped by Wait.
-func waitidNoReap(pid int, info *unix.Siginfo) error {
-	for {
-		err := unix.Waitid(unix.P_PID, pid, info, unix.WEXITED|unix.WNOWAIT, nil)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
 // waitPidfd blocks until the process behind pidfd ends.
 func waitPidfd(pidfd int) {
 	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
@@ -361,20 +328,4 @@ func waitPidfd(pidfd int) {
 			return
 		}
 	}
-}
-
-// killWait sends SIGTERM to pid, then SIGKILL after grace.
-func killWait(pid int, grace time.Duration) {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return
-	}
-	defer unix.Close(fd)
-	_ = unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, _ := unix.Poll(fds, int(grace/time.Millisecond)); n > 0 {
-		return
-	}
-	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-	_, _ = unix.Poll(fds, 1000)
 }

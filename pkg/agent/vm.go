@@ -446,6 +446,18 @@ func (a *Agent) delVM(name string) (existed bool, err error) {
 	return ok, nil
 }
 
+// vmInfo is ep with whether its socket server runs and, when the agent runs
+// it, its backend (mu held).
+func (a *Agent) vmInfo(ep endpoint.Endpoint) VMInfo {
+	_, serving := a.vms[ep.VM.Name]
+	vi := VMInfo{Endpoint: ep, Serving: serving}
+	if p, ok := a.backends[ep.VM.Name]; ok {
+		bi := p.info()
+		vi.Backend = &bi
+	}
+	return vi
+}
+
 // ListVMs returns every VM endpoint, by ID.
 func (a *Agent) ListVMs() ([]VMInfo, error) {
 	eps, err := a.endpoints()
@@ -459,13 +471,7 @@ func (a *Agent) ListVMs() ([]VMInfo, error) {
 		if ep.Kind != endpoint.KindVM || ep.VM == nil || ep.Pending {
 			continue
 		}
-		_, serving := a.vms[ep.VM.Name]
-		vi := VMInfo{Endpoint: ep, Serving: serving}
-		if p, ok := a.backends[ep.VM.Name]; ok {
-			bi := p.info()
-			vi.Backend = &bi
-		}
-		out = append(out, vi)
+		out = append(out, a.vmInfo(ep))
 	}
 	return out, nil
 }

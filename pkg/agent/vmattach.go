@@ -331,24 +331,29 @@ func (a *Agent) runBackend(ep *endpoint.Endpoint) error {
 	return a.startBackend(ep)
 }
 
-// stopVMBackend stops ep's backend and removes its link (mu held).
+// stopVMBackend stops ep's backend and removes its pid file, sockets and
+// link (mu held).
 func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 	if ep.VM == nil || ep.VM.Backend == nil {
 		return
 	}
-	a.stopBackend(ep.VM.Name)
-	b := ep.VM.Backend
-	// A backend this agent did not supervise (its record was dropped
-	// before): stop it by its pid file.
-	if p, err := a.newBackendProc(ep); err == nil {
-		if pid := nsexec.ReadPIDFile(p.pidPath); pid > 0 {
-			if _, ours := p.matches(pid); ours {
-				killWait(pid, backendStopWait)
+	pidPath := a.backendPIDPath(ep.VM.Name)
+	if !a.stopBackend(ep.VM.Name) {
+		// A backend this agent did not supervise (the VM was not re-adopted
+		// after a restart): stop it by its pid file.
+		if pid := nsexec.ReadPIDFile(pidPath); pid > 0 {
+			if p, err := a.newBackendProc(ep); err == nil {
+				if _, ours := p.matches(pid); ours {
+					nsexec.Terminate(pid, backendStopWait)
+				}
 			}
-			_ = os.Remove(p.pidPath)
 		}
 	}
-	_ = os.Remove(filepath.Join(b.HostDir, b.File))
+	_ = os.Remove(pidPath)
+	b := ep.VM.Backend
+	if err := os.Remove(filepath.Join(b.HostDir, b.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("remove backend socket", "vm", ep.VM.Name, "err", err)
+	}
 	if b.MetricsSocket != "" {
 		_ = os.Remove(b.MetricsSocket)
 	}
@@ -358,13 +363,7 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 }
 
 func (a *Agent) attachmentInfo(ep *endpoint.Endpoint) *VMAttachment {
-	_, serving := a.vms[ep.VM.Name]
-	out := &VMAttachment{VM: VMInfo{Endpoint: *ep, Serving: serving}, Mode: VhostUserModeClient, Path: ep.VM.Backend.ReportedPath}
-	if p, ok := a.backends[ep.VM.Name]; ok {
-		bi := p.info()
-		out.VM.Backend = &bi
-	}
-	return out
+	return &VMAttachment{VM: a.vmInfo(*ep), Mode: VhostUserModeClient, Path: ep.VM.Backend.ReportedPath}
 }
 
 // DetachVM is the DEL of a VM attachment; unknown attachments are success.
