@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
@@ -67,27 +66,11 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 	return pid, fmt.Errorf("lanekitd on %s: socket %s not answering after 20s; log: %s", NodeNS(i), AgentSocket(i), logTail(AgentLog(i)))
 }
 
-// terminate sends SIGTERM, waits up to grace, then SIGKILL.
-func terminate(pid int, grace time.Duration) {
-	if !alive(pid) {
-		return
-	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	for deadline := time.Now().Add(grace); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if !alive(pid) {
-			return
-		}
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	for deadline := time.Now().Add(2 * time.Second); alive(pid) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // Process helpers shared with the agent and the test API server.
 var (
-	alive   = nsexec.Alive
-	readPID = nsexec.ReadPIDFile
+	alive     = nsexec.Alive
+	readPID   = nsexec.ReadPIDFile
+	terminate = nsexec.Terminate
 )
 
 // logTail returns the last lines of a log for error messages.

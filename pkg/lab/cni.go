@@ -121,8 +121,12 @@ func cniFor(b Bins, i int, kind string) (*libcni.CNIConfig, *libcni.NetworkConfi
 	if err != nil {
 		return nil, nil, fmt.Errorf("cni config for %s: %w", kind, err)
 	}
-	cni := libcni.NewCNIConfigWithCacheDir(b.CNIPaths(), CNICacheDir, &netnsExec{node: NodeNS(i)})
-	return cni, list, nil
+	return labCNI(b, i), list, nil
+}
+
+// labCNI runs CNI plugins for node i (in its netns, as its runtime would).
+func labCNI(b Bins, i int) *libcni.CNIConfig {
+	return libcni.NewCNIConfigWithCacheDir(b.CNIPaths(), CNICacheDir, &netnsExec{node: NodeNS(i)})
 }
 
 func runtimeConf(ns string) *libcni.RuntimeConf {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -492,18 +493,14 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 	launcher, created, ifname := kvm.Launcher, kvm.VMI, kvm.IfName
 	name := k8s.VMName(PodNamespace, "vm-rx")
 	findVM := func() *apiv1.VM {
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		resp, err := nodeAgent(t, 2).ListVMs(lctx, &apiv1.ListVMsRequest{})
+		vm, err := labVMEndpoint(ctx, 2, name)
+		if errors.Is(err, errNoVM) {
+			return nil
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, vm := range resp.GetVms() {
-			if vm.GetName() == name {
-				return vm
-			}
-		}
-		return nil
+		return vm
 	}
 	vm := findVM()
 	if vm == nil {

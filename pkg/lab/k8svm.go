@@ -13,14 +13,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -212,16 +211,19 @@ func upKubeVirtVM(ctx context.Context, cfg Config, st *State, i int, c kubernete
 	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd, VhostReconnect: kubevirt.ReconnectSeconds}, backendLog)
 }
 
-// labVMEndpoint returns node i's VM endpoint name.
+// errNoVM: the agent has no VM endpoint of that name.
+var errNoVM = errors.New("no vm endpoint")
+
+// labVMEndpoint returns node i's VM endpoint name (errNoVM if none).
 func labVMEndpoint(ctx context.Context, i int, name string) (*apiv1.VM, error) {
-	conn, err := grpc.NewClient("unix://"+AgentSocket(i), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, closeFn, err := agentClient(AgentSocket(i))
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
+	defer closeFn()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := apiv1.NewAgentClient(conn).ListVMs(cctx, &apiv1.ListVMsRequest{})
+	resp, err := c.ListVMs(cctx, &apiv1.ListVMsRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("list vms on node %d: %w", i, err)
 	}
@@ -230,5 +232,5 @@ func labVMEndpoint(ctx context.Context, i int, name string) (*apiv1.VM, error) {
 			return vm, nil
 		}
 	}
-	return nil, fmt.Errorf("no vm endpoint %s on node %d", name, i)
+	return nil, fmt.Errorf("%w %s on node %d", errNoVM, name, i)
 }

@@ -229,17 +229,13 @@ func (k *Kubelet) secondaryCNI(n secondaryNet, base *libcni.RuntimeConf) (*libcn
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("network %s: config: %w", n.Name, err)
 	}
-	cni, _, err := cniFor(k.Bins, k.Index, KindLanekit)
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	rt := *base
 	rt.IfName = n.IfName
 	rt.CapabilityArgs = map[string]any{}
 	for key, v := range n.Caps {
 		rt.CapabilityArgs[key] = v
 	}
-	return cni, list, &rt, nil
+	return labCNI(k.Bins, k.Index), list, &rt, nil
 }
 
 // pointAtNodeAgent makes the config a list and sets agentSocket in the config's lanekit plugins to this

@@ -12,8 +12,6 @@ import (
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/pkg/guest"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // LabVM is a QEMU guest of the lab, served by lanekit-vhost on the fast lane.
@@ -105,7 +103,7 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if err != nil {
 		return fmt.Errorf("vm %s: backend: %w", name, err)
 	}
-	if err := waitPath(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
+	if err := nsexec.WaitSocket(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
 		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
 	}
 	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd}, vmFile(i, name, "vhost.log"))
@@ -144,14 +142,14 @@ func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, gc guest.Co
 
 // addVMEndpoint asks node's agent for a VM endpoint.
 func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues int, owner uint32) (*apiv1.VM, error) {
-	conn, err := grpc.NewClient("unix://"+agentSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, closeFn, err := agentClient(agentSock)
 	if err != nil {
-		return nil, fmt.Errorf("agent %s: %w", agentSock, err)
+		return nil, err
 	}
-	defer conn.Close()
+	defer closeFn()
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := apiv1.NewAgentClient(conn).AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues),
+	resp, err := c.AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues),
 		SocketUid: &owner, SocketGid: &owner})
 	if err != nil {
 		return nil, fmt.Errorf("add vm endpoint: %w", err)
@@ -171,19 +169,6 @@ func startDaemon(ns, base, bin string, args ...string) (int, error) {
 		return pid, err
 	}
 	return pid, nil
-}
-
-// waitPath waits for a socket file to appear while pid lives.
-func waitPath(path string, timeout time.Duration, pid int) error {
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		}
-		if !alive(pid) {
-			return fmt.Errorf("pid %d exited before creating %s", pid, path)
-		}
-	}
-	return fmt.Errorf("%s did not appear within %s", path, timeout)
 }
 
 // waitGuestReady takes the first client place on a booting guest's serial
