@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/unixhttp"
 )
 
 // The wire→guest direction: a generator transmits on the wire side of the
@@ -145,22 +144,11 @@ func (p *proc) term(grace time.Duration) {
 // PATH) and returns the frames it moved into the guest (rx: from its AF_XDP
 // sockets) and out of it (tx), summed over queue pairs.
 func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error) {
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://backend/metrics", nil)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	body, err := unixhttp.Get(ctx, sock, "/metrics")
 	if err != nil {
-		return 0, 0, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0, 0, fmt.Errorf("scrape backend %s: %w", sock, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("scrape backend %s: status %d: %v", sock, resp.StatusCode, err)
+		return 0, 0, fmt.Errorf("backend: %w", err)
 	}
 	return backendPackets(string(body))
 }

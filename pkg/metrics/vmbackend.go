@@ -1,12 +1,10 @@
 package metrics
 
 import (
+	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"sort"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/lanekit/lanekit/internal/unixhttp"
 	"github.com/lanekit/lanekit/pkg/agent"
 )
 
@@ -87,7 +86,7 @@ func (g backendGatherer) Gather() ([]*dto.MetricFamily, error) {
 		if b.MetricsSocket == "" {
 			continue
 		}
-		fams, err := scrapeUnix(b.MetricsSocket)
+		fams, err := parseBackend(b.MetricsSocket)
 		if err != nil {
 			g.log.Warn("metrics: vm backend", "vm", v.Endpoint.VM.Name, "err", err)
 			continue
@@ -109,22 +108,16 @@ func (g backendGatherer) Gather() ([]*dto.MetricFamily, error) {
 	return out, nil
 }
 
-// scrapeUnix reads the Prometheus text a backend serves on a unix socket.
-func scrapeUnix(sock string) (map[string]*dto.MetricFamily, error) {
-	c := http.Client{Timeout: backendScrapeTimeout, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
-	resp, err := c.Get("http://backend/metrics")
+// parseBackend reads and parses the metrics a backend serves.
+func parseBackend(sock string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), backendScrapeTimeout)
+	defer cancel()
+	text, err := unixhttp.Get(ctx, sock, "/metrics")
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: status %d", sock, resp.StatusCode)
-	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(io.LimitReader(resp.Body, 8<<20))
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", sock, err)
 	}
