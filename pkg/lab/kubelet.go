@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -302,7 +301,7 @@ func (k *Kubelet) teardown(ctx context.Context, namespace, name string, uid type
 		return fmt.Errorf("pod %s: cni del: %w", key, err)
 	}
 	// The pod's volumes go with it.
-	if err := os.RemoveAll(filepath.Join(KubeletRootDir(), "pods", string(uid))); err != nil {
+	if err := os.RemoveAll(podDir(uid)); err != nil {
 		return fmt.Errorf("pod %s: volumes: %w", key, err)
 	}
 	ns := PodNetns(k.Index, uid)

@@ -23,8 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
 )
 
 // Multus' annotations.
@@ -33,16 +34,17 @@ const (
 	NetworkStatusAnnotation = "k8s.v1.cni.cncf.io/network-status"
 )
 
-// NADResource is Multus' NetworkAttachmentDefinition.
-var NADResource = schema.GroupVersionResource{Group: "k8s.cni.cncf.io", Version: "v1", Resource: "network-attachment-definitions"}
-
 // KubeletRootDir is the lab kubelets' --root-dir (shared by the nodes, as
 // pod UIDs are unique): pod volumes live under pods/<uid>/volumes.
 func KubeletRootDir() string { return filepath.Join(RunDir, "kubelet") }
 
+// podDir is kubelet's directory of a pod (its volumes, and what the lab
+// kubelet records for it).
+func podDir(uid k8stypes.UID) string { return filepath.Join(KubeletRootDir(), "pods", string(uid)) }
+
 // PodVolumeDir is where kubelet keeps a pod's emptyDir volume on the host.
 func PodVolumeDir(uid k8stypes.UID, volume string) string {
-	return filepath.Join(KubeletRootDir(), "pods", string(uid), "volumes", "kubernetes.io~empty-dir", volume)
+	return filepath.Join(podDir(uid), "volumes", "kubernetes.io~empty-dir", volume)
 }
 
 // NetworkSelection is one entry of the networks annotation.
@@ -128,7 +130,7 @@ func makeVolumes(p *corev1.Pod) error {
 }
 
 func podStateFile(uid k8stypes.UID) string {
-	return filepath.Join(KubeletRootDir(), "pods", string(uid), "lab-networks.json")
+	return filepath.Join(podDir(uid), "lab-networks.json")
 }
 
 // addSecondary runs ADD for each network the pod asks for and returns their
@@ -143,7 +145,7 @@ func (k *Kubelet) addSecondary(ctx context.Context, p *corev1.Pod, base *libcni.
 	}
 	var nets []secondaryNet
 	for _, s := range sel {
-		nad, err := k.Dynamic.Resource(NADResource).Namespace(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
+		nad, err := k.Dynamic.Resource(k8stest.NADResource).Namespace(s.Namespace).Get(ctx, s.Name, metav1.GetOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("network %s/%s: %w", s.Namespace, s.Name, err)
 		}
@@ -155,7 +157,7 @@ func (k *Kubelet) addSecondary(ctx context.Context, p *corev1.Pod, base *libcni.
 		if err != nil {
 			return nil, fmt.Errorf("network %s/%s: %w", s.Namespace, s.Name, err)
 		}
-		caps := map[string]string{"CNIDeviceInfoFile": filepath.Join(KubeletRootDir(), "pods", string(p.UID), "devinfo-"+s.Interface+".json")}
+		caps := map[string]string{"CNIDeviceInfoFile": filepath.Join(podDir(p.UID), "devinfo-"+s.Interface+".json")}
 		if s.MAC != "" {
 			caps["mac"] = s.MAC
 		}
