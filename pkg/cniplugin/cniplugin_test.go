@@ -186,12 +186,9 @@ func startAgentWith(t *testing.T, dp datapath.Datapath, tweak ...func(*agent.Con
 	return sock
 }
 
-func TestInProcessAddCheckDel(t *testing.T) {
-	testutil.RequireRoot(t)
-	sock := startAgent(t)
-	pod := netnstest.New(t, "cpod")
-	args := &skel.CmdArgs{ContainerID: "ctr1", IfName: "eth0", Netns: pod.Path(), Args: "K8S_POD_NAME=p1", StdinData: conf(sock, "")}
-
+// mustAdd runs CmdAdd as a runtime would and returns its result.
+func mustAdd(t *testing.T, args *skel.CmdArgs) *current.Result {
+	t.Helper()
 	r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +197,16 @@ func TestInProcessAddCheckDel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return res
+}
+
+func TestInProcessAddCheckDel(t *testing.T) {
+	testutil.RequireRoot(t)
+	sock := startAgent(t)
+	pod := netnstest.New(t, "cpod")
+	args := &skel.CmdArgs{ContainerID: "ctr1", IfName: "eth0", Netns: pod.Path(), Args: "K8S_POD_NAME=p1", StdinData: conf(sock, "")}
+
+	res := mustAdd(t, args)
 	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "eth0" || res.Interfaces[1].Sandbox != pod.Path() ||
 		res.Interfaces[0].Sandbox != "" || res.Interfaces[0].Mac == "" || res.Interfaces[1].Mac == "" || res.Interfaces[1].Mtu != 1450 {
 		t.Fatalf("interfaces = %+v", res.Interfaces)
@@ -213,11 +220,7 @@ func TestInProcessAddCheckDel(t *testing.T) {
 	}
 
 	// Duplicate ADD: same address, no second allocation.
-	r2, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	res2, _ := current.NewResultFromResult(r2)
+	res2 := mustAdd(t, args)
 	if res2.IPs[0].Address.String() != "10.88.1.1/32" {
 		t.Fatalf("duplicate add got %s", res2.IPs[0].Address.String())
 	}
@@ -282,14 +285,7 @@ func TestInProcessVMAttachment(t *testing.T) {
 	vmConf := conf(sock, fmt.Sprintf(`,"vhostUser":{"hostSocketDir":%q},"runtimeConfig":{"mac":"02:00:00:cc:00:01","CNIDeviceInfoFile":%q}`, dir, devinfo))
 	args := &skel.CmdArgs{ContainerID: "launcher1", IfName: "net1", Netns: pod.Path(),
 		Args: "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=virt-launcher-a", StdinData: vmConf}
-	r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := current.NewResultFromResult(r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := mustAdd(t, args)
 	if len(res.Interfaces) != 2 || res.Interfaces[1].Name != "net1" || res.Interfaces[1].Mac != "02:00:00:cc:00:01" ||
 		res.Interfaces[1].Sandbox != pod.Path() || len(res.IPs) != 1 || len(res.Routes) != 0 || res.IPs[0].Gateway != nil {
 		t.Fatalf("result %+v ips %+v routes %+v", res.Interfaces, res.IPs, res.Routes)
