@@ -14,16 +14,32 @@ import (
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 )
 
-// labCLI builds the lanekit CLI and returns a runner for it; it skips when
-// not root or when the lab's binaries are missing. Run the tests that use
-// it under `flock /tmp/lanekit-lab.lock` (the lab is global).
-func labCLI(t *testing.T) func(t *testing.T, args ...string) (string, error) {
-	lk, _ := labCLIPath(t)
-	return lk
+// upLabCLI brings up a 2-node lab with one pod per node through the built
+// CLI and takes it down when the test ends, checking that no lab netns is
+// left. It returns what labCLIPath does.
+func upLabCLI(t *testing.T) (func(t *testing.T, args ...string) (string, error), string) {
+	t.Helper()
+	lk, cli := labCLIPath(t)
+	t.Cleanup(func() {
+		if _, err := lk(t, "lab", "down"); err != nil {
+			t.Errorf("cleanup lab down: %v", err)
+		}
+		if left := listLabNetns(); len(left) > 0 {
+			t.Errorf("lab netns left behind: %v", left)
+		}
+	})
+	start := time.Now()
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("lab up in %s", time.Since(start).Round(100*time.Millisecond))
+	return lk, cli
 }
 
-// labCLIPath is labCLI that also returns the built CLI's path (for
-// background helpers such as tcp-whoami).
+// labCLIPath builds the lanekit CLI and returns a runner for it and its path
+// (for background helpers such as tcp-whoami); it skips when not root or
+// when the lab's binaries are missing. Run the tests that use it under
+// `flock /tmp/lanekit-lab.lock` (the lab is global).
 func labCLIPath(t *testing.T) (func(t *testing.T, args ...string) (string, error), string) {
 	t.Helper()
 	bins := requireLabBins(t, "creates network namespaces", "ip", "iptables-restore", "nsenter", "sysctl")
@@ -75,18 +91,7 @@ func agentStatus(t *testing.T, node int) *apiv1.StatusResponse {
 // agent shows namespace/labels/identity, `pod del` reverses it (twice is
 // fine) and `lab down` leaves nothing.
 func TestLabPods(t *testing.T) {
-	lk := labCLI(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-		if left := listLabNetns(); len(left) > 0 {
-			t.Errorf("lk- netns left behind: %v", left)
-		}
-	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
-		t.Fatal(err)
-	}
+	lk, _ := upLabCLI(t)
 	out, err := lk(t, "lab", "pod", "add", "web", "--node", "1", "--namespace", "shop", "--labels", "app=web,tier=front", "--port", "http=8080/TCP")
 	if err != nil || !strings.Contains(out, "pod shop/web on lk-node1: 10.244.1.") {
 		t.Fatalf("pod add web = %v: %s", err, out)

@@ -19,15 +19,7 @@ import (
 // 2 is dropped, with the policy's verdict counters and the endpoint's policy
 // drop reason saying so. Skips while the datapath has no policy.
 func TestLabPolicy(t *testing.T) {
-	lk, cli := labCLIPath(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
-		t.Fatal(err)
-	}
+	lk, cli := upLabCLI(t)
 	if !agentStatus(t, 1).GetControlPlane().GetPolicyDatapath() {
 		t.Skip("the datapath has no network policy (PolicyDatapath) yet")
 	}

@@ -20,15 +20,7 @@ import (
 // datapath's LB counters (new flows, NodePort), not only connectivity. Skips
 // while the datapath has no service load balancing.
 func TestLabServices(t *testing.T) {
-	lk, cli := labCLIPath(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
-		t.Fatal(err)
-	}
+	lk, cli := upLabCLI(t)
 	if !agentStatus(t, 1).GetControlPlane().GetServiceDatapath() {
 		t.Skip("the datapath has no service load balancing (ServiceDatapath) yet")
 	}

@@ -33,24 +33,11 @@ import (
 //
 // Run it under `flock /tmp/lanekit-lab.lock` (the lab is global). Root only.
 func TestLabServicesPolicyE2E(t *testing.T) {
-	lk, _ := labCLIPath(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-		if left := listLabNetns(); len(left) > 0 {
-			t.Errorf("lab netns left behind: %v", left)
-		}
-	})
-	start := time.Now()
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1"); err != nil {
-		t.Fatal(err)
-	}
+	lk, _ := upLabCLI(t)
 	cp := agentStatus(t, 1).GetControlPlane()
 	if !cp.GetServiceDatapath() || !cp.GetPolicyDatapath() {
 		t.Skipf("the datapath lacks services (%v) or policy (%v)", cp.GetServiceDatapath(), cp.GetPolicyDatapath())
 	}
-	t.Logf("lab up in %s", time.Since(start).Round(100*time.Millisecond))
 	t.Run("policy-truth-table", func(t *testing.T) { policyTruthTable(t, lk) })
 	t.Run("services", func(t *testing.T) { servicesE2E(t, lk) })
 	t.Run("invalid-objects", func(t *testing.T) { invalidObjectsE2E(t, lk) })
