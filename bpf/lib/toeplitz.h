@@ -136,10 +136,22 @@ static __always_inline int lk_rss_l4##SUFFIX(CTX *ctx, struct lk_rss_input *in,	
 										\
 /* lk_rss_input builds the hash input of the frame in ctx (Ethernet first,	\
  * one optional 802.1Q tag) for the enabled hash types, in the virtio order	\
- * of preference: TCP, then UDP, then the address-only type. IPv4 fragments	\
- * and IPv6 packets with a fragment header hash on addresses only. Returns 0	\
- * with in filled, or -1 when the packet gets no hash (not IP, malformed, or	\
- * no enabled type applies). */							\
+ * of preference: TCP, then UDP, then the address-only type (virtio 1.3	\
+ * 5.1.6.4.3; lanekit offers no _EX type, so IPv6 extension headers are	\
+ * skipped, as the spec says for that case). The rules, which pkg/rss's	\
+ * FrameInput models in Go:							\
+ * - the L4 type applies when the TCP/UDP header's ports are in the frame	\
+ *   and the packet is not a fragment: IPv4 MF or offset set, or an IPv6	\
+ *   fragment header (first fragment included, so a datagram's fragments	\
+ *   share a queue);							\
+ * - IPv6 hop-by-hop, routing, destination-options and fragment headers are	\
+ *   walked, at most LK_RSS_IP6_EXT_MAX of them; a longer chain, a truncated	\
+ *   extension header, AH/ESP and any other payload (ICMPv6, no next header)	\
+ *   leave L4 unknown: the address type applies;				\
+ * - the address type applies to every IP header that is whole (IPv4: 20	\
+ *   bytes, version 4, IHL >= 5; IPv6: 40 bytes, version 6).		\
+ * Returns 0 with in filled, or -1 when the packet gets no hash (not IP, a	\
+ * broken IP header, or no enabled type applies). */			\
 static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
 						struct lk_rss_input *in)	\
 {										\
@@ -194,8 +206,10 @@ static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
 			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING &&	\
 			    nh != IPPROTO_DSTOPTS && nh != IPPROTO_FRAGMENT)	\
 				break;						\
-			if (LOAD(ctx, off, &ext, sizeof(ext)))			\
-				return -1;					\
+			if (LOAD(ctx, off, &ext, sizeof(ext))) {		\
+				nh = IPPROTO_NONE; /* truncated: addresses */	\
+				break;						\
+			}							\
 			if (nh == IPPROTO_FRAGMENT) {				\
 				frag = 1;					\
 				off += 8;					\

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
+
 	"github.com/lanekit/lanekit/internal/testutil"
 )
 
@@ -12,11 +14,7 @@ import (
 func TestRSSHashCommand(t *testing.T) {
 	testutil.RequireRoot(t)
 	run := func(args ...string) (string, error) {
-		rssHashOpts = struct {
-			key, typ, src, dst string
-			sport, dport       uint16
-			verbose            bool
-		}{}
+		rssHashOpts = rssHashOptions{}
 		return runCLI(t, append([]string{"rss", "hash"}, args...)...)
 	}
 	// First, while --sport/--dport were never set in this process (cobra
@@ -46,5 +44,46 @@ func TestRSSHashCommand(t *testing.T) {
 	}
 	if _, err := run("--type", "tcpv4", "--src", "10.0.0.1", "--dst", "fd00::1", "--sport", "1", "--dport", "2"); err == nil {
 		t.Errorf("mixed families: no error")
+	}
+}
+
+// TestRSSHashFrameCommand hashes whole frames with `lanekit rss hash
+// --frame`: an MLD report (IPv6, hop-by-hop header, ICMPv6: the addresses),
+// a UDP datagram behind a hop-by-hop header (the ports too), ARP (none). The
+// expected hashes are Microsoft's vectors (pkg/rss/toeplitz_test.go).
+func TestRSSHashFrameCommand(t *testing.T) {
+	testutil.RequireRoot(t)
+	run := func(args ...string) (string, error) {
+		rssHashOpts = rssHashOptions{}
+		// cobra remembers that a flag was set in an earlier Execute.
+		rssHashCmd.Flags().VisitAll(func(f *pflag.Flag) { f.Changed = false })
+		return runCLI(t, append([]string{"rss", "hash"}, args...)...)
+	}
+	const eth6, eth4 = "020000000002020000000001" + "86dd", "020000000002020000000001" + "0806"
+	// 3ffe:2501:200:1fff::7 -> 3ffe:2501:200:3::1, ports 2794 -> 1766
+	const addrs = "3ffe250102001fff00000000000000073ffe2501020000030000000000000001"
+	hbh := "11000104" + "00000000" // next: UDP, PadN
+	udp := "0aea06e6" + "0010" + "0000" + "0000000000000000"
+	for _, c := range []struct {
+		name, frame, types, want string
+	}{
+		{"mld", eth6 + "60000000" + "0010" + "00" + "01" + addrs + "3a000104" + "00000000" + "8f000000" + "00000000", "all", "0x2cc18cd5 ipv6 (32 input bytes)"},
+		{"udp after hop-by-hop", eth6 + "60000000" + "0018" + "00" + "40" + addrs + hbh + udp, "all", "0x40207d3d udpv6 (36 input bytes)"},
+		{"udp after hop-by-hop, ipv6 only", eth6 + "60000000" + "0018" + "00" + "40" + addrs + hbh + udp, "ipv6", "0x2cc18cd5 ipv6 (32 input bytes)"},
+		{"arp", eth4 + strings.Repeat("00", 28), "all", "none"},
+	} {
+		out, err := run("--frame", c.frame, "--type", c.types, "-v")
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if !strings.HasPrefix(strings.TrimSpace(out), c.want) {
+			t.Errorf("%s: %q, want it to start with %q", c.name, out, c.want)
+		}
+	}
+	if _, err := run("--frame", "zz", "--type", "all"); err == nil {
+		t.Errorf("bad hex: no error")
+	}
+	if _, err := run("--frame", eth4, "--type", "all", "--src", "10.0.0.1"); err == nil {
+		t.Errorf("--frame with --src: no error")
 	}
 }
