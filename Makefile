@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-go test-vhost demo bench clean lint lint-go lint-vhost
+.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
 
 all: build
 
@@ -20,20 +20,12 @@ k8s-bins:
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:
-	$(GO) generate ./pkg/datapath/... ./pkg/rss/...
+	$(GO) generate $$(git grep -l 'go:generate go tool bpf2go' -- '*.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')
 
-# CI: the committed bpf2go output (objects and Go bindings, constants included)
-# must be what the C sources compile to. Regenerates in a scratch copy.
+# CI: the committed bpf2go output of every package that generates BPF must be
+# what the C sources compile to (regenerated in a scratch copy).
 check-generated:
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	mkdir -p "$$tmp/pkg/datapath" && cp -r go.mod go.sum bpf "$$tmp/" && cp pkg/datapath/gen.go "$$tmp/pkg/datapath/" && \
-	(cd "$$tmp" && $(GO) generate ./pkg/datapath/) && \
-	stale=0 && for f in "$$tmp"/pkg/datapath/*_bpfel.*; do \
-		cmp -s "$$f" "pkg/datapath/$$(basename "$$f")" || { echo "pkg/datapath/$$(basename "$$f") is stale"; stale=1; }; \
-	done && \
-	for f in pkg/datapath/*_bpfel.*; do [ -e "$$tmp/$$f" ] || { echo "$$f is not generated any more"; stale=1; }; done && \
-	if [ $$stale = 1 ]; then echo "generated BPF files differ from bpf/: run make generate and commit"; exit 1; fi && \
-	echo "generated BPF files are up to date"
+	./scripts/check-generated.sh
 
 build: generate build-go build-vhost
 
@@ -50,25 +42,54 @@ build-vhost:
 		install -m 0755 target/release/examples/rss_guest $(BIN)/lanekit-rss-guest; \
 	fi
 
-# The whole suite: unit tests (skip cleanly without root), BPF packet fixtures
-# (BPF_PROG_TEST_RUN) and end-to-end tests in network namespaces.
-test: build test-go test-vhost
-	@echo "make test: all suites passed"
+# The whole suite: unit tests, BPF packet fixtures (BPF_PROG_TEST_RUN) and
+# end-to-end tests in network namespaces. Needs root: as non-root it stops and
+# says so, unless asked for the unprivileged subset (make test-unprivileged).
+# Under root, what make deps provides must be there: a test missing a tool,
+# bpffs or a built binary fails instead of skipping (LANEKIT_TEST_STRICT).
+# Every suite runs even when one fails; the summary at the end lists passed,
+# failed and skipped tests per suite and every skip with its reason.
+RESULTS := $(CURDIR)/.testresults
+TESTSUMMARY := $(BIN)/testsummary
+TEST_ENV := LANEKIT_BIN=$(BIN) $(if $(LANEKIT_TEST_UNPRIVILEGED),,LANEKIT_TEST_STRICT=1)
 
-test-go:
+test: build
+	@if [ "$$(id -u)" != 0 ] && [ -z "$(LANEKIT_TEST_UNPRIVILEGED)" ]; then \
+		echo "make test needs root (network namespaces, BPF, XDP, AF_XDP, QEMU and DPDK tests): run it as root," >&2; \
+		echo "or run 'make test-unprivileged' for the unprivileged subset (most datapath and lab tests then skip)." >&2; \
+		exit 1; \
+	fi
+	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
+	@rc=0; \
+	$(MAKE) --no-print-directory test-go || rc=1; \
+	$(MAKE) --no-print-directory test-vhost || rc=1; \
+	$(TESTSUMMARY) report $(RESULTS) || rc=1; \
+	exit $$rc
+
+test-unprivileged:
+	@$(MAKE) --no-print-directory test LANEKIT_TEST_UNPRIVILEGED=1
+
+$(TESTSUMMARY): FORCE
+	@mkdir -p $(BIN) && $(GO) build -o $@ ./internal/tools/testsummary
+
+FORCE:
+
+test-go: $(TESTSUMMARY)
 	$(GO) vet ./...
-	LANEKIT_BIN=$(BIN) $(GO) test -count=1 -timeout 15m ./...
+	@mkdir -p $(RESULTS)
+	set -o pipefail; $(TEST_ENV) $(GO) test -json -count=1 -timeout 15m ./... 2>&1 | $(TESTSUMMARY) go $(RESULTS)/go.json
 
-# Rust backend. Root-only tests (AF_XDP in a netns, DPDK testpmd, a QEMU guest) are
-# #[ignore]d: run one at a time as root, listed as skipped otherwise.
-test-vhost:
+# Rust backend. Root-only tests (AF_XDP in a netns, DPDK testpmd, a QEMU guest)
+# are #[ignore]d: run one at a time as root, listed as skipped otherwise.
+test-vhost: $(TESTSUMMARY)
+	@mkdir -p $(RESULTS)
 	@if [ -f vhost/Cargo.toml ]; then \
-		cd vhost && $(CARGO) test --release --locked && \
+		set -o pipefail; cd vhost && \
+		$(CARGO) test --release --locked 2>&1 | $(TESTSUMMARY) cargo $(RESULTS)/vhost.cargo && \
 		if [ "$$(id -u)" = 0 ]; then \
-			$(CARGO) test --release --locked -- --ignored --test-threads=1; \
+			$(CARGO) test --release --locked -- --ignored --test-threads=1 2>&1 | $(TESTSUMMARY) cargo $(RESULTS)/vhost-root.cargo; \
 		else \
-			echo "test-vhost: SKIPPED (need root; run make test-vhost as root):"; \
-			$(CARGO) test --release --locked -q -- --ignored --list 2>/dev/null | sed -n 's/: test$$//p' | sed 's/^/  /'; \
+			echo "test-vhost: root-only tests not run (not root); the summary lists them as skipped"; \
 		fi; \
 	fi
 

@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every tool a test runs is here: under make test a missing one fails the test
+# (internal/testutil.MissingDep), it does not skip.
 APT_PKGS=(clang llvm libbpf-dev bpftool xdp-tools libxdp-dev iperf3 sockperf busybox-static m4
-  protobuf-compiler iproute2 iptables ethtool linux-perf qemu-system-x86 dpdk dpdk-dev cpio
-  kmod pkg-config)
+  protobuf-compiler iproute2 iptables nftables ethtool linux-perf qemu-system-x86 dpdk dpdk-dev cpio
+  kmod pkg-config python3 procps util-linux)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do

@@ -87,7 +87,7 @@ func setup(t *testing.T) *e2e {
 	testutil.RequireRoot(t)
 	cnitool := filepath.Join(moduleRoot(t), "bin", "cni", "cnitool")
 	if _, err := os.Stat(cnitool); err != nil {
-		t.Skipf("skipping: %s missing (run make deps)", cnitool)
+		testutil.MissingDep(t, "%s missing", cnitool)
 	}
 	dir := t.TempDir()
 	e := &e2e{bin: filepath.Join(dir, "bin"), pluginDir: filepath.Join(dir, "cni"), confDir: filepath.Join(dir, "net.d"),

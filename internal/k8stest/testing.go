@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // StartT starts a control plane for t on 127.0.0.1 and stops it when t ends.
@@ -23,14 +25,14 @@ func StartT(t testing.TB) *Server {
 	return s
 }
 
-// RequireBins skips t (or fails it under LANEKIT_K8S_REQUIRED) unless etcd
-// and kube-apiserver are built.
+// RequireBins skips t unless etcd and kube-apiserver are built, or fails it
+// under LANEKIT_K8S_REQUIRED (CI) or make test (make deps builds them).
 func RequireBins(t testing.TB) {
 	t.Helper()
 	if _, _, err := Bins(); err != nil {
 		if os.Getenv(EnvRequired) != "" {
 			t.Fatalf("%s is set: %v", EnvRequired, err)
 		}
-		t.Skipf("skipping: %v", err)
+		testutil.MissingDep(t, "%v", err)
 	}
 }

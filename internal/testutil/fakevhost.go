@@ -28,11 +28,11 @@ while True:
 
 // FakeVhost writes the fake backend and returns its path; every process of
 // it is killed when the test ends (backends outlive their agent by design).
-// Skips without /usr/bin/python3.
+// Needs /usr/bin/python3 (make deps installs it; MissingDep otherwise).
 func FakeVhost(t testing.TB) string {
 	t.Helper()
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("the fake vhost-user backend needs /usr/bin/python3")
+		MissingDep(t, "the fake vhost-user backend needs /usr/bin/python3")
 	}
 	bin := filepath.Join(t.TempDir(), "fake-vhost")
 	if err := os.WriteFile(bin, []byte(fakeVhost), 0o755); err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // TestMain lets this test binary stand in for `lanekit lab cpu-spin`: the
@@ -29,11 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestSpinners(t *testing.T) {
-	for _, tool := range []string{"chrt", "taskset"} {
-		if _, err := os.Stat("/usr/bin/" + tool); err != nil {
-			t.Skipf("skipping: %s not installed (util-linux)", tool)
-		}
-	}
+	testutil.RequireTools(t, "chrt", "taskset")
 	t.Setenv("LANEKIT_TEST_SPIN_HELPER", "1")
 	sp, err := startSpinners(context.Background(), os.Args[0], 20*time.Second)
 	if err != nil {

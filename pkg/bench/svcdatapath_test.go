@@ -6,17 +6,14 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // The datapath-only programmer loads a set into fresh pinned maps, applies
 // the change, and removes its pins.
 func TestDatapathProgrammer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads BPF maps")
-	}
-	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
-		t.Skip("needs bpffs at /sys/fs/bpf")
-	}
+	testutil.RequireBPFFS(t)
 	set, err := NewSvcSet(1000, svcUsedPorts, []netip.Addr{netip.MustParseAddr("10.244.2.1"), netip.MustParseAddr("10.244.2.2")},
 		netip.MustParsePrefix("10.244.0.0/14"))
 	if err != nil {

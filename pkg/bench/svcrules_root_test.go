@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // tempNetns creates a throwaway netns for rule loading, removed at cleanup.
@@ -17,11 +19,7 @@ func tempNetns(t *testing.T, tag string) string {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads rules into a throwaway netns")
 	}
-	for _, tool := range []string{"ip", "iptables-restore", "iptables-save", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s", tool)
-		}
-	}
+	testutil.RequireTools(t, "ip", "iptables-restore", "iptables-save", "nft")
 	ns := fmt.Sprintf("lk-t-svc%s-%d", tag, os.Getpid())
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", ns, err, out)

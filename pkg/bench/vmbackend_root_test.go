@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // TestBackendCompareRoot runs the real comparison once (1 s windows) and
@@ -24,21 +26,17 @@ func TestBackendCompareRoot(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs 2 CPUs (frontend and backend pinned apart)")
 	}
-	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
-		t.Skip("no bpffs at /sys/fs/bpf")
-	}
+	testutil.RequireBPFFS(t)
 	if testing.Short() {
 		t.Skip("runs DPDK testpmd: skipped with -short")
 	}
-	if _, err := exec.LookPath("dpdk-testpmd"); err != nil {
-		t.Skip("dpdk-testpmd not installed")
-	}
+	testutil.RequireBinary(t, "dpdk-testpmd")
 	bin := os.Getenv("LANEKIT_VHOST")
 	if bin == "" {
 		bin, _ = filepath.Abs("../../bin/lanekit-vhost")
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("lanekit-vhost not built (%s): make build", bin)
+		testutil.MissingDep(t, "lanekit-vhost not built (%s)", bin)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -3,23 +3,19 @@ package bench
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // steerBins finds lanekit-vhost and rss_guest (make build installs both in
 // bin/; LANEKIT_VHOST and LANEKIT_RSS_GUEST override).
 func steerBins(t *testing.T) (vhost, guest string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (netns, AF_XDP, BPF)")
-	}
-	if _, err := os.Stat("/sys/fs/bpf"); err != nil {
-		t.Skip("no bpffs at /sys/fs/bpf")
-	}
+	testutil.RequireBPFFS(t)
 	vhost, guest = os.Getenv("LANEKIT_VHOST"), os.Getenv("LANEKIT_RSS_GUEST")
 	if vhost == "" {
 		vhost, _ = filepath.Abs("../../bin/lanekit-vhost")
@@ -29,7 +25,7 @@ func steerBins(t *testing.T) (vhost, guest string) {
 	}
 	for _, b := range []string{vhost, guest} {
 		if _, err := os.Stat(b); err != nil {
-			t.Skipf("%s not built: make build", b)
+			testutil.MissingDep(t, "%s not built", b)
 		}
 	}
 	return vhost, guest
@@ -94,9 +90,7 @@ func TestSteeringRoot(t *testing.T) {
 // split, and with the guest's table the queues are balanced.
 func TestSteeringTestpmdRoot(t *testing.T) {
 	vhost, guest := steerBins(t)
-	if _, err := exec.LookPath("dpdk-testpmd"); err != nil {
-		t.Skip("dpdk-testpmd not installed")
-	}
+	testutil.RequireBinary(t, "dpdk-testpmd")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log strings.Builder

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // testpmd is DPDK's testpmd as a vhost-user backend in rxonly mode: it counts
@@ -87,9 +88,7 @@ func startTestpmd(t *testing.T, ctx context.Context, sock string, queues int) *t
 // requested queue pairs, and the guest's pings arrive at the backend.
 func TestVhostUserDPDK(t *testing.T) {
 	k, i := testImage(t)
-	if _, err := exec.LookPath("dpdk-testpmd"); err != nil {
-		t.Skip("dpdk-testpmd not installed (make deps installs dpdk, dpdk-dev)")
-	}
+	testutil.RequireBinary(t, "dpdk-testpmd")
 	if os.Geteuid() != 0 {
 		t.Skip("dpdk-testpmd needs root")
 	}

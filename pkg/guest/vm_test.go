@@ -9,12 +9,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // bootTimeout bounds boot-to-ready under TCG on a loaded 2-core machine.
@@ -26,9 +27,7 @@ func testImage(t *testing.T) (kernel, initrd string) {
 	if testing.Short() {
 		t.Skip("boots a VM: skipped with -short")
 	}
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 not installed (make deps installs qemu-system-x86)")
-	}
+	testutil.RequireBinary(t, "qemu-system-x86_64")
 	dir := os.Getenv("LANEKIT_GUEST_CACHE")
 	if dir == "" {
 		dir = DefaultCacheDir

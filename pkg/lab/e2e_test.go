@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // TestLabEndToEnd builds the lanekit CLI, brings up a full 2-node lab
@@ -211,18 +213,14 @@ func requireLabBins(t *testing.T, why string, tools ...string) Bins {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: " + why)
 	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
+	testutil.RequireTools(t, tools...)
 	bins := testBins(t)
 	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {
 		if err := check(); err != nil {
 			if os.Getenv("LANEKIT_BIN") != "" {
 				t.Fatalf("%v (make test builds them first)", err)
 			}
-			t.Skipf("skipping: %v", err)
+			testutil.MissingDep(t, "%v", err)
 		}
 	}
 	return bins

@@ -31,6 +31,7 @@ import (
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
@@ -93,11 +94,7 @@ func TestLabK8s(t *testing.T) {
 		t.Skip("needs root: creates network namespaces")
 	}
 	k8stest.RequireBins(t)
-	for _, tool := range []string{"ip", "iptables-restore", "nsenter", pingCommand()[0]} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (run ./scripts/deps.sh)", tool)
-		}
-	}
+	testutil.RequireTools(t, "ip", "iptables-restore", "nsenter", pingCommand()[0])
 	root := repoRoot(t)
 	binDir := os.Getenv("LANEKIT_BIN")
 	if binDir == "" {
@@ -109,7 +106,7 @@ func TestLabK8s(t *testing.T) {
 			if os.Getenv("LANEKIT_BIN") != "" {
 				t.Fatalf("%v (make test builds them first)", err)
 			}
-			t.Skipf("skipping: %v", err)
+			testutil.MissingDep(t, "%v", err)
 		}
 	}
 	bins.Self = filepath.Join(t.TempDir(), "lanekit")

@@ -4,12 +4,12 @@ import (
 	"context"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
@@ -23,14 +23,12 @@ import (
 // brings up the global lab with a VM (run it under the lab lock).
 func TestPodVMTakesTheBPFPath(t *testing.T) {
 	bins := pathTestBins(t)
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skipf("qemu-system-x86_64 not installed: %v", err)
-	}
+	testutil.RequireBinary(t, "qemu-system-x86_64")
 	if !executable(filepath.Join(bins.Dir, "lanekit-vhost")) {
 		if os.Getenv("LANEKIT_BIN") != "" {
 			t.Fatalf("lanekit-vhost missing in %s", bins.Dir)
 		}
-		t.Skipf("lanekit-vhost missing in %s (make build-vhost)", bins.Dir)
+		testutil.MissingDep(t, "lanekit-vhost missing in %s", bins.Dir)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
