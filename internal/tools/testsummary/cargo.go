@@ -13,8 +13,11 @@ var (
 	cargoRunning = regexp.MustCompile(`^\s+Running (\S+(?: \S+)?) \(`)
 	// "   Doc-tests lanekit_vhost"
 	cargoDoc = regexp.MustCompile(`^\s+Doc-tests (\S+)`)
-	// "test net::tests::rx ... ok" / "... FAILED" / "... ignored, needs root"
-	cargoTest = regexp.MustCompile(`^test (.+?) \.\.\. (ok|FAILED|ignored)(?:, (.*))?$`)
+	// "test net::tests::rx ... ok" / "... FAILED" / "... ignored, needs root";
+	// what a test or its children print to stderr can come between the
+	// name and the outcome, which then starts a line of its own.
+	cargoTest    = regexp.MustCompile(`^test (.+?) \.\.\. (.*)$`)
+	cargoOutcome = regexp.MustCompile(`^(ok|FAILED|ignored)(?:, (.*))?$`)
 	// "error: test failed, to rerun pass `--test foo`" and build errors
 	cargoError = regexp.MustCompile(`^error(\[E\d+\])?: `)
 )
@@ -33,19 +36,37 @@ func streamCargo(in io.Reader, rec io.Writer, out io.Writer) error {
 // loadCargo reads recorded cargo test logs. The runs of one make test (all
 // tests, then the root-only #[ignore]d ones with --ignored) are merged per
 // test binary and name: a test ignored by one run and run by another counts
-// once, as run.
+// once, as run. A test whose outcome never came (its binary died) failed.
 func (s *summary) loadCargo(paths []string) error {
 	type key struct{ unit, name string }
 	byKey := map[key]*result{}
 	var order []key
+	record := func(r result) {
+		k := key{r.unit, r.name}
+		old, seen := byKey[k]
+		if !seen {
+			order = append(order, k)
+			byKey[k] = &r
+		} else if old.st == stSkip || r.st == stFail {
+			*old = r // a run beats an ignore; a failure beats a pass
+		}
+	}
 	for _, p := range paths {
-		unit := "?"
+		unit, pending := "?", ""
+		flush := func() {
+			if pending != "" {
+				record(result{suite: "cargo", unit: unit, name: pending, st: stFail, why: "no outcome: the test binary died"})
+				pending = ""
+			}
+		}
 		err := readLines(p, func(line string) error {
 			if m := cargoRunning.FindStringSubmatch(line); m != nil {
+				flush()
 				unit = m[1]
 				return nil
 			}
 			if m := cargoDoc.FindStringSubmatch(line); m != nil {
+				flush()
 				unit = "doc-tests " + m[1]
 				return nil
 			}
@@ -53,35 +74,39 @@ func (s *summary) loadCargo(paths []string) error {
 				s.broken = append(s.broken, result{suite: "cargo", unit: unit, name: "(build)", st: stFail, why: oneLine(line, 300)})
 				return nil
 			}
-			m := cargoTest.FindStringSubmatch(line)
-			if m == nil {
+			name, outcome := pending, line
+			if m := cargoTest.FindStringSubmatch(line); m != nil {
+				flush()
+				name, outcome = m[1], m[2]
+			}
+			if name == "" {
 				return nil
 			}
-			k := key{unit, m[1]}
-			r := result{suite: "cargo", unit: unit, name: m[1]}
-			switch m[2] {
+			o := cargoOutcome.FindStringSubmatch(outcome)
+			if o == nil {
+				pending = name // the outcome comes on a later line
+				return nil
+			}
+			pending = ""
+			r := result{suite: "cargo", unit: unit, name: name}
+			switch o[1] {
 			case "ok":
 				r.st = stPass
 			case "FAILED":
 				r.st = stFail
 			case "ignored":
-				r.st, r.why = stSkip, m[3]
+				r.st, r.why = stSkip, o[2]
 				if r.why == "" {
 					r.why = "#[ignore] without a reason"
 				}
 			}
-			old, seen := byKey[k]
-			if !seen {
-				order = append(order, k)
-				byKey[k] = &r
-			} else if old.st == stSkip || r.st == stFail {
-				*old = r // a run beats an ignore; a failure beats a pass
-			}
+			record(r)
 			return nil
 		})
 		if err != nil {
 			return err
 		}
+		flush()
 	}
 	for _, k := range order {
 		s.results = append(s.results, *byKey[k])

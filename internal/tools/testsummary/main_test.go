@@ -10,29 +10,30 @@ import (
 
 // TestReport reads the recorded runs in testdata: a go package with a pass, a
 // skip and a failure, a package that failed outside any test, a package
-// without tests, and two cargo runs where the second runs a test the first
-// ignored.
+// without tests, and two cargo runs where the second runs tests the first
+// ignored (one printing between its name and its outcome) and one dies.
 func TestReport(t *testing.T) {
 	var out bytes.Buffer
 	err := run([]string{"report", "testdata"}, nil, &out)
-	if err == nil || !strings.Contains(err.Error(), "1 test(s) and 1 package(s) failed") {
+	if err == nil || !strings.Contains(err.Error(), "2 test(s) and 1 package(s) failed") {
 		t.Fatalf("report: err %v, want the failures counted", err)
 	}
 	s := out.String()
 	for _, want := range []string{
 		"go              1        1        1",
-		"cargo           3        0        1",
+		"cargo           4        1        1",
 		"pkg/a TestRoot: a_test.go:9: skipping: needs root (network namespaces, BPF, netlink)",
 		"tests/xsk_netns.rs xsk_other: #[ignore] without a reason",
 		"pkg/a TestBad: a_test.go:12: want 2, got 3",
 		"pkg/b (package): panic: boom in TestMain",
-		"\nsummary: 4 passed, 2 failed, 2 skipped\n",
+		"tests/qemu_guest.rs guest_crash: no outcome: the test binary died",
+		"\nsummary: 5 passed, 3 failed, 2 skipped\n",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("report lacks %q:\n%s", want, s)
 		}
 	}
-	if strings.Contains(s, "xsk_roundtrip: needs root") {
+	if strings.Contains(s, "xsk_roundtrip: needs root") || strings.Contains(s, "guest_traffic: needs root") {
 		t.Errorf("a test the root run ran is listed as skipped:\n%s", s)
 	}
 }
