@@ -1,6 +1,11 @@
 package datapath
 
-import "testing"
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/lanekit/lanekit/pkg/policy"
+)
 
 // ipBlocks that cover pods: a peer matches by identity or by address, the
 // union (Kubernetes semantics; bpf/lib/policy.h's CIDR fallback). The
@@ -76,4 +81,50 @@ func ipBlockScenarios() []policyScenario {
 // from_uplink.
 func TestPolicyIPBlockCoversPods(t *testing.T) {
 	runPolicyScenarios(t, ipBlockScenarios())
+}
+
+// TestPolicyIPBlockCoversNode: the node's own addresses (the host identity
+// in the ipcache) also match by address: an ipBlock lets a pod under an
+// egress policy open connections to its node, with except.
+func TestPolicyIPBlockCoversNode(t *testing.T) {
+	e := newFixtureEnv(t)
+	e.enter(t)
+	in := policyWorld(e)
+	in.Policies = decodePolicies(t, `
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-to-nodes, namespace: alpha}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: 10.77.0.0/24, except: [10.77.0.2/32]}}]
+    ports: [{protocol: TCP, port: 10250}]
+`)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("10.77.0.2")}); err != nil {
+		t.Fatal(err)
+	}
+	syn := func(dst string, dport uint16) []byte {
+		return polFrameFlags(e.ep2.HostMAC, pod2MAC, "10.244.1.11", dst, ipProtoTCP, nextSport(), dport, tcpSYN)
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		shot bool
+	}{
+		{"SYN to the node 10.77.0.1:10250 (in the ipBlock): allowed", syn("10.77.0.1", 10250), false},
+		{"SYN to the node 10.77.0.2:10250 (in the except): egress denied", syn("10.77.0.2", 10250), true},
+		{"SYN to the node 10.77.0.1:22 (the rule's port is 10250): egress denied", syn("10.77.0.1", 22), true},
+	} {
+		if ret := runPod(t, e, ifH2(e), tc.in); (ret == tcActShot) != tc.shot {
+			t.Errorf("%s: verdict %d", tc.name, ret)
+		}
+	}
 }
