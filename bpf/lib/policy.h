@@ -8,14 +8,19 @@
  *   lk_policy_rules     (subject, peer, direction, proto, port prefix) LPM -> policy
  *   lk_policy_verdicts  per-policy allowed/denied packet counters, per CPU
  *
- * An IP resolves to its endpoint identity when it is a known endpoint (exact
- * hash hit, so an endpoint wins even against a /32 ipBlock, as
- * policy.Compiled.IdentityOf), else to the CIDR identity of its longest
- * ipBlock prefix. Two maps rather than one LPM trie with /32 endpoint
- * entries: pod-to-pod (the common case) costs one hash lookup, the trie stays
- * as small as the number of distinct ipBlock prefixes, and an endpoint IP
- * that is also an ipBlock /32 needs no shadowing logic: each map is exactly
- * one of Compiled's tables.
+ * A peer matches a rule by identity or by address, the union (Kubernetes:
+ * podSelector/namespaceSelector select pods, an ipBlock every address in it,
+ * pods' included). An IP resolves to its endpoint identity when it is a
+ * known endpoint (exact hash hit), else to the CIDR identity of its longest
+ * ipBlock prefix; when an endpoint's identity finds no rule, its CIDR
+ * identity is tried too (policy.Compiled.LookupPeer). The fallback lives in
+ * the lookup rather than in the rules (no /32 rule per pod an ipBlock
+ * covers): rules keep growing with label sets and prefixes, not pods, a pod
+ * entering or leaving a range changes no rule, and only a packet the identity
+ * rules deny pays the extra LPM lookups. Two maps rather than one LPM trie
+ * with /32 endpoint entries: pod-to-pod (the common case) costs one hash
+ * lookup, the trie stays as small as the number of distinct ipBlock
+ * prefixes, and each map is exactly one of Compiled's tables.
  *
  * A direction that is not isolated allows everything. An isolated one allows
  * what some rule allows; the rule lookup is the documented four LPM lookups
@@ -211,16 +216,13 @@ static __always_inline __u32 policy_endpoint_identity(__be32 ip)
 	return id ? *id : 0;
 }
 
-/* policy_identity resolves ip as policy.Compiled.IdentityOf does. */
-static __always_inline __u32 policy_identity(__be32 ip)
+/* policy_cidr_identity resolves ip by address only, as
+ * policy.Compiled.CIDRIdentityOf: its longest ipBlock prefix's identity. */
+static __always_inline __u32 policy_cidr_identity(__be32 ip)
 {
 	struct policy_cidr_key k = { .prefixlen = 32, .addr = ip };
-	__u32 id = policy_endpoint_identity(ip);
-	__u32 *cid;
+	__u32 *cid = bpf_map_lookup_elem(&lk_policy_cidrs, &k);
 
-	if (id)
-		return id;
-	cid = bpf_map_lookup_elem(&lk_policy_cidrs, &k);
 	return cid ? *cid : LK_IDENTITY_WORLD;
 }
 
@@ -279,7 +281,8 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 		.direction = dir,
 		.port = bpf_htons(port),
 	};
-	__u32 peer = policy_identity(peer_ip);
+	__u32 ep = policy_endpoint_identity(peer_ip);
+	__u32 peer = ep ? ep : policy_cidr_identity(peer_ip);
 
 	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_EGRESS && answer)
 		return 2; /* passes, but opens nothing: the caller tracks no state */
@@ -291,6 +294,14 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 		v = policy_rule(&k, LK_IDENTITY_ANY, proto);
 	if (!v)
 		v = policy_rule(&k, LK_IDENTITY_ANY, LK_POLICY_PROTO_ANY);
+	if (!v && ep) {
+		/* An endpoint (or the node) matches by address too: the ipBlocks
+		 * covering it (IdentityAny was tried above). */
+		peer = policy_cidr_identity(peer_ip);
+		v = policy_rule(&k, peer, proto);
+		if (!v)
+			v = policy_rule(&k, peer, LK_POLICY_PROTO_ANY);
+	}
 	if (v) {
 		policy_count(v->policy, 1);
 		return 1;

@@ -6,8 +6,11 @@
 // test) or pkg/k8sobj (its decoder): DecodePolicies uses sigs.k8s.io/yaml.
 // Keep it that way: importing either would make it check itself.
 //
-// The one implementation choice it encodes is lanekit's (and Cilium's): an
-// ipBlock never matches the IP of a pod (pods are selected by labels).
+// A peer matches by identity (podSelector/namespaceSelector: pods only) or
+// by address (ipBlock: every address in cidr minus except, pods' included);
+// a rule admits the union. Kubernetes' own netpol e2e tests rely on ipBlocks
+// covering pod addresses ("should allow egress access to server in CIDR
+// block", "...except clause...").
 package policymodel
 
 import (
@@ -170,9 +173,7 @@ func (m *Model) peerAdmits(policyNS string, peers []networkingv1.NetworkPolicyPe
 	}
 	for _, pr := range peers {
 		if pr.IPBlock != nil {
-			if other != nil {
-				continue // ipBlock never matches pod IPs
-			}
+			// By address, whether or not a pod has it.
 			if !netip.MustParsePrefix(pr.IPBlock.CIDR).Contains(ip) {
 				continue
 			}

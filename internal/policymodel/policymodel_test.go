@@ -20,7 +20,7 @@ spec:
     ports: [{port: http}]
   - from: [{namespaceSelector: {matchLabels: {team: blue}}}]
     ports: [{protocol: UDP, port: 70, endPort: 75}]
-  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16]}}]
+  - from: [{ipBlock: {cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.244.0.0/16]}}]
 ---
 apiVersion: v1
 kind: Namespace
@@ -32,12 +32,22 @@ metadata: {namespace: b, name: probe-out}
 spec:
   podSelector: {matchLabels: {app: probe}}
   egress: [{to: [{ipBlock: {cidr: 0.0.0.0/0}}]}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: b, name: excl}
+spec:
+  podSelector: {matchLabels: {app: excl}}
+  ingress:
+  - from: [{ipBlock: {cidr: 10.244.1.0/24}}, {podSelector: {matchLabels: {app: client}}}]
+  egress:
+  - to: [{ipBlock: {cidr: 10.244.0.0/24, except: [10.244.0.2/32]}}]
 `)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(policies) != 2 {
-		t.Fatalf("decoded %d policies, want 2 (the Namespace is skipped)", len(policies))
+	if len(policies) != 3 {
+		t.Fatalf("decoded %d policies, want 3 (the Namespace is skipped)", len(policies))
 	}
 	ip := netip.MustParseAddr
 	m := &Model{
@@ -48,11 +58,12 @@ spec:
 			{Name: "other", Namespace: "a", IP: ip("10.244.0.3"), Labels: map[string]string{"app": "other"}},
 			{Name: "client", Namespace: "b", IP: ip("10.244.1.2"), Labels: map[string]string{"app": "client"}},
 			{Name: "probe", Namespace: "b", IP: ip("10.244.1.3"), Labels: map[string]string{"app": "probe"}},
+			{Name: "excl", Namespace: "b", IP: ip("10.244.1.4"), Labels: map[string]string{"app": "excl"}},
 		},
 		NamespaceLabels: map[string]map[string]string{"b": {"team": "blue"}},
 		Policies:        policies,
 	}
-	web, aClient, aOther, bClient, bProbe := ip("10.244.0.1"), ip("10.244.0.2"), ip("10.244.0.3"), ip("10.244.1.2"), ip("10.244.1.3")
+	web, aClient, aOther, bClient, bProbe, bExcl := ip("10.244.0.1"), ip("10.244.0.2"), ip("10.244.0.3"), ip("10.244.1.2"), ip("10.244.1.3"), ip("10.244.1.4")
 	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
 	for _, c := range []struct {
 		what     string
@@ -74,11 +85,18 @@ spec:
 		{"ipBlock inside cidr", ip("10.2.0.1"), web, tcp, 1, Allowed},
 		{"ipBlock except", ip("10.1.2.3"), web, tcp, 1, DeniedIngress},
 		{"ipBlock outside cidr", ip("192.168.0.1"), web, tcp, 1, DeniedIngress},
-		{"ipBlock never matches a pod IP", aOther, web, tcp, 1, DeniedIngress},
+		{"ipBlock except holds for a pod IP too", aOther, web, tcp, 1, DeniedIngress},
 		{"unselected receiver is not isolated", ip("192.168.0.1"), aOther, tcp, 1, Allowed},
-		{"egress: ipBlock never matches a pod IP", bProbe, aOther, tcp, 1, DeniedEgress},
+		{"egress: ipBlock 0.0.0.0/0 matches a pod IP", bProbe, aOther, tcp, 1, Allowed},
+		{"egress: ipBlock with except, pod in the except", bExcl, aClient, tcp, 1, DeniedEgress},
+		{"egress: ipBlock with except, pod in the cidr", bExcl, aOther, tcp, 1, Allowed},
+		{"egress: ipBlock with except, pod outside the cidr", bExcl, bClient, tcp, 1, DeniedEgress},
+		{"ingress: a pod only the ipBlock covers", bProbe, bExcl, tcp, 1, Allowed},
+		{"ingress: a pod covered by ipBlock and podSelector", bClient, bExcl, tcp, 1, Allowed},
+		{"ingress: a pod neither covers (podSelector is the policy's namespace)", aClient, bExcl, tcp, 1, DeniedIngress},
+		{"ingress: a pod outside the ipBlock", web, bExcl, tcp, 1, DeniedIngress},
 		{"egress: ipBlock admits an external address", bProbe, ip("8.8.8.8"), tcp, 1, Allowed},
-		{"egress is checked first", bProbe, web, tcp, 80, DeniedEgress},
+		{"egress is checked first", bExcl, bProbe, tcp, 80, DeniedEgress},
 		{"no policyTypes: an egress-only policy isolates ingress too", aOther, bProbe, tcp, 1, DeniedIngress},
 		{"no policyTypes: an ingress-only policy leaves egress open", web, ip("8.8.8.8"), tcp, 1, Allowed},
 	} {

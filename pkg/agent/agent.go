@@ -107,6 +107,12 @@ type Agent struct {
 	// ctl is the service and policy control plane (objects.go); its own
 	// lock nests inside mu.
 	ctl *ctlPlane
+
+	// The node's addresses last written to the policy ipcache
+	// (hostaddrs.go), under hostAddrMu.
+	hostAddrMu      sync.Mutex
+	hostAddrs       []netip.Addr
+	hostAddrsSynced bool
 }
 
 func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {
@@ -191,6 +197,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if err := a.restoreControlPlane(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	// The node's addresses before the API serves (kubelet probes of pods
+	// under an egress default-deny); MaintainOnce retries a failure.
+	if err := a.SyncHostAddrs(); err != nil {
+		log.Warn("node addresses for policy", "err", err)
 	}
 	return a, nil
 }
@@ -512,6 +523,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go a.maintain(mctx, every)
+	go a.watchHostAddrs(mctx)
 	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.backend, "device_mode", a.mode)
 	select {
 	case <-ctx.Done():

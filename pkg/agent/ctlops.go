@@ -239,8 +239,8 @@ func (a *Agent) restoreControlPlane() error {
 	return nil
 }
 
-// maintain runs the periodic work until ctx ends: conntrack GC and retries
-// of failed datapath updates.
+// maintain runs the periodic work until ctx ends: conntrack GC, retries
+// of failed datapath updates and a resync of the node's addresses.
 func (a *Agent) maintain(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -254,9 +254,13 @@ func (a *Agent) maintain(ctx context.Context, every time.Duration) {
 	}
 }
 
-// MaintainOnce collects expired conntrack entries and retries failed
-// datapath updates (what the periodic loop does each interval).
+// MaintainOnce resyncs the node's addresses for policy, collects expired
+// conntrack entries and retries failed datapath updates (what the periodic
+// loop does each interval).
 func (a *Agent) MaintainOnce() {
+	if err := a.SyncHostAddrs(); err != nil { // a backstop for the address watcher
+		a.log.Warn("sync node addresses", "err", err)
+	}
 	c := a.ctl
 	c.mu.Lock()
 	if err := a.applyServices(nil); err != nil {

@@ -468,10 +468,16 @@ func runPolicyCase(t *testing.T, e *fixtureEnv, c *policy.Compiled, pc policyCas
 // through from_pod and from_uplink: verdict, drop reason and counter, and
 // the per-policy verdict counter of the deciding policy.
 func TestPolicyFixtures(t *testing.T) {
+	runPolicyScenarios(t, policyScenarios())
+}
+
+// runPolicyScenarios runs scenarios in order on one fixture env, each
+// policy set applied as a Diff from the previous one.
+func runPolicyScenarios(t *testing.T, scenarios []policyScenario) {
 	e := newFixtureEnv(t)
 	ids := policy.NewIdentities()
 	var prev *policy.Compiled
-	for _, sc := range policyScenarios() {
+	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			e.enter(t)
 			in := policyWorld(e)

@@ -57,8 +57,9 @@ const IdentityHost policy.Identity = 1
 // programs; what a pod sends to these addresses passes its egress policy when
 // it is shaped like an answer (TCP other than a bare SYN, ICMP echo reply or
 // error). New connections from the pod to the node stay subject to its egress
-// policy (an ipBlock can allow them). The agent calls it at start with
-// the node's addresses.
+// policy (an ipBlock can allow them). The agent calls it with every address
+// of the node netns, at start and whenever they change (pkg/agent's
+// hostaddrs.go).
 func (l *Loader) SetPolicyHostAddrs(addrs []netip.Addr) error {
 	want := map[uint32]bool{}
 	for _, a := range addrs {

@@ -77,6 +77,8 @@ func routeRawHosts(t *testing.T) {
 //	    port) and to non-prod namespaces (NotIn) on TCP 81.
 //	gamma (env=dev)  only db: egress deny-all (policyTypes [Egress], no
 //	    rules): what reaches it must still be answered (replies pass).
+//	  ipBlocks that cover pods (truthIPBlockPolicies, templated with the
+//	  pods' addresses): see there.
 const truthPolicies = `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web-in, namespace: alpha}
@@ -150,6 +152,43 @@ spec:
   policyTypes: [Egress]
 `
 
+// truthIPBlockPolicies are the truth table's ipBlocks that cover pods (an
+// ipBlock matches every address in it, pods' included; a peer matches by
+// identity or by address), templated with the pods' addresses:
+//
+//	gamma client (node 1): egress to node 2's pod range except a-db (every
+//	    port), and to a-web's /32 or gamma's web pods (podSelector) on UDP 80;
+//	gamma web (node 1): ingress from node 1's pod range except b-cli (every
+//	    port), from node 2's pod range on TCP 80, and from team=alpha
+//	    namespaces' pods (namespaceSelector) on UDP 81.
+func truthIPBlockPolicies(pods map[string]NamedPod) string {
+	addr := func(name string) netip.Addr { p := pods[name]; return p.PodAddr() }
+	return fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: cli-to-cidrs, namespace: gamma}
+spec:
+  podSelector: {matchLabels: {role: client}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{ipBlock: {cidr: %[1]s, except: [%[3]s/32]}}]
+  - to: [{ipBlock: {cidr: %[4]s/32}}, {podSelector: {matchLabels: {app: web}}}]
+    ports: [{protocol: UDP, port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-cidrs, namespace: gamma}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: %[2]s, except: [%[5]s/32]}}]
+  - from: [{ipBlock: {cidr: %[1]s}}]
+    ports: [{protocol: TCP, port: 80}]
+  - from: [{namespaceSelector: {matchLabels: {team: alpha}}}]
+    ports: [{protocol: UDP, port: 81}]
+`, PodCIDR(2), PodCIDR(1), addr("a-db"), addr("a-web"), addr("b-cli"))
+}
+
 var truthNamespaces = map[string]map[string]string{
 	"alpha": {"team": "alpha", "env": "prod"},
 	"beta":  {"team": "beta", "env": "prod"},
@@ -201,7 +240,8 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 	var peers []truthPeer
 	// The independent model of NetworkPolicy semantics (pkg/policy's unit
 	// tests check the compiler against it too) gives each cell's verdict.
-	policies, err := policymodel.DecodePolicies(truthPolicies)
+	allPolicies := truthPolicies + "---\n" + truthIPBlockPolicies(pods)
+	policies, err := policymodel.DecodePolicies(allPolicies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +261,7 @@ func policyTruthTable(t *testing.T, lk func(t *testing.T, args ...string) (strin
 	for _, p := range peers {
 		startNameServer(t, p.ns, p.name, []int{80, 81}, []int{80, 81})
 	}
-	file := writeTemp(t, "truth.yaml", namespaceObjects(truthNamespaces)+truthPolicies)
+	file := writeTemp(t, "truth.yaml", namespaceObjects(truthNamespaces)+allPolicies)
 	if _, err := lk(t, "lab", "apply", "-f", file); err != nil {
 		t.Fatal(err)
 	}

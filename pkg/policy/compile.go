@@ -114,7 +114,8 @@ type Compiled struct {
 	// Rules are the allow entries.
 	Rules map[RuleKey]RuleValue
 	// Warnings: named ports whose number differs between endpoints of one
-	// identity (the compiled rule allows all those numbers).
+	// identity (the compiled rule allows all those numbers); named ports in
+	// egress rules with an ipBlock peer (they match nothing through it).
 	Warnings []string
 }
 
@@ -199,6 +200,12 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 	comp := compiler{c: c, states: order, nsLabels: nsLabels}
 	for i, p := range in.Policies {
 		comp.policy(uint32(i), p)
+		for j, r := range p.Spec.Egress {
+			if hasNamedPort(r.Ports) && slices.ContainsFunc(r.To, func(pr networkingv1.NetworkPolicyPeer) bool { return pr.IPBlock != nil }) {
+				c.Warnings = append(c.Warnings, fmt.Sprintf("networkpolicy %s/%s: spec.egress[%d]: a named port matches nothing through an ipBlock peer (use a number)",
+					p.Namespace, p.Name, j))
+			}
+		}
 	}
 	return c, nil
 }

@@ -5,24 +5,43 @@ import (
 	"net/netip"
 )
 
-// IdentityOf resolves an IP as the datapath does: an endpoint IP to its
-// endpoint identity (exact match wins), any other IP to the CIDR identity of
-// its longest matching ipBlock prefix (IdentityWorld when none). endpoint
-// reports whether the IP is a known endpoint.
+// IdentityOf resolves an IP as the datapath does first: an endpoint IP to
+// its endpoint identity (exact match wins), any other IP to its CIDR identity
+// (CIDRIdentityOf). endpoint reports whether the IP is a known endpoint.
 func (c *Compiled) IdentityOf(ip netip.Addr) (id Identity, endpoint bool) {
 	if id, ok := c.IPCache[ip]; ok {
 		return id, true
 	}
+	return c.CIDRIdentityOf(ip), false
+}
+
+// CIDRIdentityOf is the CIDR identity of ip's longest matching ipBlock prefix
+// (IdentityWorld when none), whether or not ip is an endpoint: what an
+// ipBlock peer matches by address.
+func (c *Compiled) CIDRIdentityOf(ip netip.Addr) Identity {
 	for bits := ip.BitLen(); bits >= 0; bits-- {
 		p, err := ip.Prefix(bits)
 		if err != nil {
 			continue
 		}
 		if id, ok := c.CIDRs[p]; ok {
-			return id, false
+			return id
 		}
 	}
-	return IdentityWorld, false
+	return IdentityWorld
+}
+
+// LookupPeer finds the rule allowing (subject, dir, the peer at ip, proto,
+// port) as the datapath does: by the peer's identity (Lookup), then, when
+// the peer is an endpoint and nothing matched, by its address (its CIDR
+// identity, the ipBlocks covering it): a peer matches by identity or by
+// address, the union of the two.
+func (c *Compiled) LookupPeer(subject Identity, dir Direction, ip netip.Addr, proto uint8, port uint16) (RuleValue, bool) {
+	id, ep := c.IdentityOf(ip)
+	if v, ok := c.Lookup(subject, dir, id, proto, port); ok || !ep {
+		return v, ok
+	}
+	return c.Lookup(subject, dir, c.CIDRIdentityOf(ip), proto, port)
 }
 
 // Lookup finds the rule allowing (subject, dir, peer, proto, port) the way a
@@ -68,7 +87,7 @@ func (c *Compiled) Allowed(src, dst netip.Addr, proto uint8, port uint16) Verdic
 	v := Verdict{Allowed: true}
 	if sEP {
 		if iso := c.Isolated[sid]; iso.PolicyEgress != 0 {
-			if r, ok := c.Lookup(sid, Egress, did, proto, port); ok {
+			if r, ok := c.LookupPeer(sid, Egress, dst, proto, port); ok {
 				v.Egress = c.Policies[r.Policy].String()
 			} else {
 				v.Allowed = false
@@ -79,7 +98,7 @@ func (c *Compiled) Allowed(src, dst netip.Addr, proto uint8, port uint16) Verdic
 	}
 	if dEP {
 		if iso := c.Isolated[did]; iso.PolicyIngress != 0 {
-			if r, ok := c.Lookup(did, Ingress, sid, proto, port); ok {
+			if r, ok := c.LookupPeer(did, Ingress, src, proto, port); ok {
 				v.Ingress = c.Policies[r.Policy].String()
 			} else {
 				v.Allowed = false

@@ -19,11 +19,18 @@
 // protocol, port prefix), so their number grows with distinct label sets, not
 // with pods.
 //
-// ipBlock and pod IPs: Kubernetes leaves it to the implementation whether
-// ipBlock matches pod IPs. lanekit does what Cilium does: an IP that belongs to a
-// known endpoint always resolves to that endpoint's identity, so ipBlock peers
-// match only IPs that are not endpoints (cluster-external addresses); select
-// pods with podSelector/namespaceSelector.
+// ipBlock and pod IPs: a peer matches by identity (podSelector,
+// namespaceSelector) or by address (ipBlock: cidr minus except, pods'
+// addresses included, as Kubernetes' netpol e2e tests expect); a rule admits
+// the union. An IP resolves first to its endpoint identity (lk_policy_ipcache)
+// and, when no rule matches that, to the CIDR identity of its longest ipBlock
+// prefix (lk_policy_cidrs), as for any other address: Compiled.LookupPeer.
+// The fallback is in the lookup, not in the rules (no per-pod entries for the
+// pods an ipBlock covers), so the rules still grow with label sets and
+// prefixes, not pods, and a pod that moves in or out of an ipBlock needs no
+// rule change. Limitation: a named port in an egress rule whose peer is an
+// ipBlock resolves against no pod (a CIDR identity has no container ports),
+// so it matches nothing; use a port number.
 package policy
 
 import (

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -176,12 +177,13 @@ func TestTruthTableSpotChecks(t *testing.T) {
 		{ip("gamma", "client"), ip("beta", "web"), ProtoTCP, 80, false, "beta/web-http", ""},
 		// beta/client egress: env=prod namespaces on 80-81/TCP, ipBlock, named dns anywhere.
 		{ip("beta", "client"), ip("beta", "web"), ProtoTCP, 81, true, "beta/web-http", "beta/client-egress"},
-		{ip("beta", "client"), ip("alpha", "web"), ProtoTCP, 80, false, "alpha/web-from-blue-clients", "beta/client-egress"},
+		// the ipBlock 10.0.0.0/8 covers alpha's pods (10.244.0.x): by address.
+		{ip("beta", "client"), ip("alpha", "web"), ProtoTCP, 80, true, "alpha/web-from-blue-clients", "beta/client-egress"},
 		{ip("beta", "client"), ip("gamma", "web"), ProtoUDP, 81, true, "", "beta/client-egress"},
 		{ip("beta", "client"), ip("gamma", "web"), ProtoUDP, 80, false, "", "beta/client-egress"},
 		{ip("beta", "client"), ip("10.2.0.1", ""), ProtoTCP, 80, true, "", "beta/client-egress"},
 		{ip("beta", "client"), ip("10.1.2.3", ""), ProtoTCP, 80, false, "", "beta/client-egress"},
-		// ipBlock 10.0.0.0/8 does not match pod IPs (Cilium's choice): gamma/client is 10.244.2.3.
+		// gamma's pods (10.244.2.x) are in the ipBlock's except: gamma/client is 10.244.2.3.
 		{ip("beta", "client"), ip("gamma", "client"), ProtoTCP, 82, false, "", "beta/client-egress"},
 	}
 	for _, tt := range tests {
@@ -242,7 +244,10 @@ func randomPolicy(rng *rand.Rand, i int) *networkingv1.NetworkPolicy {
 		}
 		return out
 	}
-	ports := func() []networkingv1.NetworkPolicyPort {
+	// named: whether a port may be a name. Not in egress rules with an
+	// ipBlock peer: a named port there matches nothing (a documented
+	// limitation, a compile warning), the model resolves it on the pod.
+	ports := func(named bool) []networkingv1.NetworkPolicyPort {
 		var out []networkingv1.NetworkPolicyPort
 		for range rng.IntN(3) {
 			p := networkingv1.NetworkPolicyPort{}
@@ -251,7 +256,11 @@ func randomPolicy(rng *rand.Rand, i int) *networkingv1.NetworkPolicy {
 			} else if rng.IntN(2) == 0 {
 				p.Protocol = ptr.To(corev1.ProtocolTCP)
 			}
-			switch rng.IntN(4) {
+			n := 4
+			if !named {
+				n = 3
+			}
+			switch rng.IntN(n) {
 			case 0:
 			case 1:
 				p.Port = ptr.To(intstr.FromInt32(int32(79 + rng.IntN(4))))
@@ -268,10 +277,12 @@ func randomPolicy(rng *rand.Rand, i int) *networkingv1.NetworkPolicy {
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: pick(nss...), Name: fmt.Sprintf("p%d", i)},
 		Spec: networkingv1.NetworkPolicySpec{PodSelector: *sel()}}
 	for range rng.IntN(3) {
-		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers(), Ports: ports()})
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers(), Ports: ports(true)})
 	}
 	for range rng.IntN(3) {
-		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers(), Ports: ports()})
+		to := peers()
+		ipBlock := slices.ContainsFunc(to, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil })
+		np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: to, Ports: ports(!ipBlock)})
 	}
 	switch rng.IntN(4) {
 	case 1:
