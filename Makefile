@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
+.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
 
 all: build
 
@@ -53,18 +53,20 @@ RESULTS := $(CURDIR)/.testresults
 TESTSUMMARY := $(BIN)/testsummary
 TEST_ENV := LANEKIT_BIN=$(BIN) $(if $(LANEKIT_TEST_UNPRIVILEGED),,LANEKIT_TEST_STRICT=1)
 
-test: build
-	@if [ "$$(id -u)" != 0 ] && [ -z "$(LANEKIT_TEST_UNPRIVILEGED)" ]; then \
-		echo "make test needs root (network namespaces, BPF, XDP, AF_XDP, QEMU and DPDK tests): run it as root," >&2; \
-		echo "or run 'make test-unprivileged' for the unprivileged subset (most datapath and lab tests then skip)." >&2; \
-		exit 1; \
-	fi
+test: test-preflight build
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@rc=0; \
 	$(MAKE) --no-print-directory test-go || rc=1; \
 	$(MAKE) --no-print-directory test-vhost || rc=1; \
 	$(TESTSUMMARY) report $(RESULTS) || rc=1; \
 	exit $$rc
+
+test-preflight:
+	@if [ "$$(id -u)" != 0 ] && [ -z "$(LANEKIT_TEST_UNPRIVILEGED)" ]; then \
+		echo "make test needs root (network namespaces, BPF, XDP, AF_XDP, QEMU and DPDK tests): run it as root," >&2; \
+		echo "or run 'make test-unprivileged' for the unprivileged subset (most datapath and lab tests then skip)." >&2; \
+		exit 1; \
+	fi
 
 test-unprivileged:
 	@$(MAKE) --no-print-directory test LANEKIT_TEST_UNPRIVILEGED=1
