@@ -1,4 +1,7 @@
-// Command lanekit is the lanekit CLI: lab, benchmarks, endpoints and status.
+// Command lanekit is the lanekit CLI: endpoints, VMs, services and policies,
+// status, observe, node checks, RSS. A checkout's build adds the lab and the
+// benchmarks (lab*.go); the agent image builds with -tags nolab and ships
+// without them (ship_test.go checks what the shipped binaries link).
 package main
 
 import (
