@@ -214,29 +214,15 @@ func (l *Loader) ApplyPolicy(u *policy.Update) error {
 		}
 		return nil
 	}
-	for ip, id := range u.IPCache {
-		if err := put(m.LkPolicyIpcache, ipKey(ip.As4()), uint32(id)); err != nil {
-			return err
-		}
-	}
-	for p, id := range u.CIDRs {
-		if err := put(m.LkPolicyCidrs, cidrKey(p), uint32(id)); err != nil {
-			return err
-		}
-	}
-	for k, v := range u.Rules {
-		if err := put(m.LkPolicyRules, policyKey(k), podPolicyValue{Policy: v.Policy}); err != nil {
-			return err
-		}
-	}
+	// Fail closed: a pod a new policy selects is isolated before anything
+	// else is written, and a pod no policy selects any more is opened last;
+	// removed allows and prefixes go before new ones (a full map gets the
+	// room back first). An update that stops at an error therefore leaves
+	// the pods it touches denied, not open; the agent keeps it queued and
+	// applies it whole again (every step is idempotent).
 	for id, iso := range u.Isolated {
 		val := podPolicyIsolation{PolicyIngress: iso.PolicyIngress, PolicyEgress: iso.PolicyEgress}
 		if err := put(m.LkPolicyIsolation, uint32(id), val); err != nil {
-			return err
-		}
-	}
-	for _, id := range u.IsolatedDelete {
-		if err := del(m.LkPolicyIsolation, uint32(id)); err != nil {
 			return err
 		}
 	}
@@ -252,6 +238,26 @@ func (l *Loader) ApplyPolicy(u *policy.Update) error {
 	}
 	for _, ip := range u.IPCacheDelete {
 		if err := del(m.LkPolicyIpcache, ipKey(ip.As4())); err != nil {
+			return err
+		}
+	}
+	for ip, id := range u.IPCache {
+		if err := put(m.LkPolicyIpcache, ipKey(ip.As4()), uint32(id)); err != nil {
+			return err
+		}
+	}
+	for p, id := range u.CIDRs {
+		if err := put(m.LkPolicyCidrs, cidrKey(p), uint32(id)); err != nil {
+			return err
+		}
+	}
+	for k, v := range u.Rules {
+		if err := put(m.LkPolicyRules, policyKey(k), podPolicyValue{Policy: v.Policy}); err != nil {
+			return err
+		}
+	}
+	for _, id := range u.IsolatedDelete {
+		if err := del(m.LkPolicyIsolation, uint32(id)); err != nil {
 			return err
 		}
 	}

@@ -241,3 +241,67 @@ func mapWith(m map[policy.RuleKey]policy.RuleValue, k policy.RuleKey) map[policy
 	}
 	return m
 }
+
+// TestApplyPolicyFailsClosed: an update that cannot be written whole (the
+// rules map is full) leaves the pods it newly selects isolated and the pods
+// it would open still isolated, and reports the error; applied again once
+// there is room, it completes. The rules map the loader writes is swapped for
+// a one-entry map to make it full.
+func TestApplyPolicyFailsClosed(t *testing.T) {
+	e := newFixtureEnv(t)
+	const newlySelected, wasSelected = policy.Identity(70010), policy.Identity(70011)
+	rule := func(subject policy.Identity, port uint16) policy.RuleKey {
+		return policy.RuleKey{Subject: subject, Peer: 70020, Direction: policy.Ingress, Proto: policy.ProtoTCP, Port: port, PortPrefix: 16}
+	}
+	// Before: wasSelected is isolated with one allow.
+	before := &policy.Update{
+		Isolated: map[policy.Identity]policy.Isolation{wasSelected: {PolicyIngress: 1}},
+		Rules:    map[policy.RuleKey]policy.RuleValue{rule(wasSelected, 80): {}},
+	}
+	if err := e.dp.ApplyPolicy(before); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.dp.pod.LkPolicyRules.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiny, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LPMTrie, KeySize: info.KeySize, ValueSize: info.ValueSize, MaxEntries: 1, Flags: info.Flags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tiny.Close()
+	if err := tiny.Put(policyKey(rule(70099, 1)), podPolicyValue{}); err != nil { // now full
+		t.Fatal(err)
+	}
+	orig := e.dp.pod.LkPolicyRules
+	e.dp.pod.LkPolicyRules = tiny
+	// The update: newlySelected becomes isolated with two allows; wasSelected
+	// is no longer selected (its rule goes, its isolation goes).
+	u := &policy.Update{
+		Isolated:       map[policy.Identity]policy.Isolation{newlySelected: {PolicyIngress: 1}},
+		Rules:          map[policy.RuleKey]policy.RuleValue{rule(newlySelected, 80): {}, rule(newlySelected, 443): {}},
+		IsolatedDelete: []policy.Identity{wasSelected},
+	}
+	err = e.dp.ApplyPolicy(u)
+	e.dp.pod.LkPolicyRules = orig
+	if err == nil {
+		t.Fatal("an update that does not fit was applied without error")
+	}
+	isolated := func(id policy.Identity) bool {
+		var v podPolicyIsolation
+		return e.dp.pod.LkPolicyIsolation.Lookup(uint32(id), &v) == nil && v.PolicyIngress != 0
+	}
+	if !isolated(newlySelected) {
+		t.Errorf("the failed update left the pod it selects open: no isolation for %d (%v)", newlySelected, err)
+	}
+	if !isolated(wasSelected) {
+		t.Errorf("the failed update opened %d before its allows were written (%v)", wasSelected, err)
+	}
+	// Applied again with room (the agent keeps a failed update queued).
+	if err := e.dp.ApplyPolicy(u); err != nil {
+		t.Fatalf("re-apply: %v", err)
+	}
+	if !isolated(newlySelected) || isolated(wasSelected) {
+		t.Errorf("after re-apply: isolated %d %v, %d %v", newlySelected, isolated(newlySelected), wasSelected, isolated(wasSelected))
+	}
+}
