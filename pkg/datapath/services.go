@@ -468,8 +468,11 @@ func (l *Loader) GCConntrack() (int, error) {
 		expired []podCtKey
 		live    uint64
 	)
+	isExpired := func(k podCtKey, v podCtEntry) bool {
+		return now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags)
+	}
 	visit := func(k podCtKey, v podCtEntry) {
-		if now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags) {
+		if isExpired(k, v) {
 			expired = append(expired, k)
 		} else {
 			live++
@@ -478,10 +481,11 @@ func (l *Loader) GCConntrack() (int, error) {
 	if err := walkCT(l.pod.LkCt4, visit); err != nil {
 		return 0, fmt.Errorf("conntrack gc: %w", err)
 	}
-	removed, err := deleteCT(l.pod.LkCt4, expired)
+	removed, err := deleteExpiredCT(l.pod.LkCt4, expired, isExpired)
 	if err != nil {
 		return removed, fmt.Errorf("conntrack gc: delete: %w", err)
 	}
+	live += uint64(len(expired) - removed) // refreshed since the walk, kept
 	// Re-base the live count the datapath keeps (created - evicted - GC
 	// removed) on what the walk found.
 	var created, evicted uint64
@@ -538,31 +542,40 @@ func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
 
 const ctBatch = 4096
 
-// deleteCT deletes keys in batches; keys gone meanwhile (the datapath
-// replaced or the LRU evicted them) are skipped. Returns how many it deleted.
-func deleteCT(m *ebpf.Map, keys []podCtKey) (int, error) {
+// deleteExpiredCT deletes the entries of keys that are still expired when
+// deleted. Between the walk that found them and the delete, the datapath may
+// have refreshed an entry or replaced it with a new connection's (same tuple):
+// each key is taken out with one atomic lookup-and-delete, and an entry that
+// is not expired any more goes back (unless the datapath made a new one in
+// that instant), so GC never removes a live flow's state. Returns how many it
+// removed.
+func deleteExpiredCT(m *ebpf.Map, keys []podCtKey, expired func(podCtKey, podCtEntry) bool) (int, error) {
 	removed := 0
-	for len(keys) > 0 {
-		chunk := keys[:min(len(keys), ctBatch)]
-		n, err := m.BatchDelete(chunk, nil)
-		removed += n
-		switch {
-		case err == nil:
-			keys = keys[len(chunk):]
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			keys = keys[n+1:] // the batch stopped at a key that is gone
-		case errors.Is(err, ebpf.ErrNotSupported):
-			for _, k := range keys {
-				if err := m.Delete(k); err == nil {
-					removed++
-				} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return removed, err
+	for _, k := range keys {
+		var v podCtEntry
+		err := m.LookupAndDelete(k, &v)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			// No atomic lookup-and-delete (kernel < 5.14): check, then delete.
+			if err = m.Lookup(k, &v); err == nil {
+				if !expired(k, v) {
+					continue
 				}
+				err = m.Delete(k)
 			}
-			return removed, nil
-		default:
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
 			return removed, err
 		}
+		if !expired(k, v) {
+			if err := m.Update(k, v, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+				return removed, fmt.Errorf("put back refreshed entry: %w", err)
+			}
+			continue
+		}
+		removed++
 	}
 	return removed, nil
 }

@@ -498,6 +498,40 @@ func TestServiceFixtures(t *testing.T) {
 			t.Fatalf("stats after gc: %+v", st)
 		}
 	})
+
+	t.Run("conntrack GC keeps an entry refreshed after its walk", func(t *testing.T) {
+		s.enter(t)
+		m := s.dp.pod.LkCt4
+		stale := podCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 6, Proto: 17}
+		reused := podCtKey{Saddr: 1, Daddr: 2, Sport: 3, Dport: 7, Proto: 17}
+		now := monotonicNow()
+		for _, k := range []podCtKey{stale, reused} {
+			if err := m.Put(k, podCtEntry{LastSeen: now - 61e9}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		isExpired := func(k podCtKey, v podCtEntry) bool {
+			return now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags)
+		}
+		// GC's walk found both expired; then, before its delete, a packet
+		// of a new connection on reused's tuple replaced the entry (the
+		// datapath overwrites an expired entry), as GCConntrack can meet.
+		expired := []podCtKey{stale, reused}
+		if err := m.Put(reused, podCtEntry{LastSeen: now + 1e6, BackendId: 9}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := deleteExpiredCT(m, expired, isExpired)
+		if err != nil || n != 1 {
+			t.Fatalf("removed %d (%v), want 1", n, err)
+		}
+		var v podCtEntry
+		if m.Lookup(stale, &v) == nil {
+			t.Fatal("expired entry survived")
+		}
+		if err := m.Lookup(reused, &v); err != nil || v.BackendId != 9 {
+			t.Fatalf("the new connection's entry was deleted: %v %+v", err, v)
+		}
+	})
 }
 
 // A full conntrack table evicts (LRU) and every eviction is counted.
