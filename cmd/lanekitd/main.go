@@ -45,8 +45,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
 	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required without --node-name; with it, the Node's spec.podCIDR is used)")
-	fs.StringVar(&kube.nodeName, "node-name", "", "this node's name in Kubernetes: watch the API server (Pods, Namespaces, Services, EndpointSlices, NetworkPolicies, Nodes, KubeVirt VMIs)")
-	fs.StringVar(&kube.kubeconfig, "kubeconfig", "", "kubeconfig for the API server (default with --node-name: the in-cluster service account)")
+	kube.addFlags(fs)
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
@@ -83,8 +82,8 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if kube.kubeconfig != "" && kube.nodeName == "" {
-		return fmt.Errorf("--kubeconfig needs --node-name")
+	if err := kube.validate(); err != nil {
+		return err
 	}
 	if podCIDR == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
@@ -108,7 +107,7 @@ func run(args []string) error {
 	var kc *kubeClients
 	if kube.nodeName != "" {
 		var err error
-		if kc, err = kube.clients(); err != nil {
+		if kc, err = kube.clients(log); err != nil {
 			return err
 		}
 		// The Node's pod CIDR; with --pod-cidr too, they must agree.
