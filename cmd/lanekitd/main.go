@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,6 +73,14 @@ func run(args []string) error {
 		return nil
 	})
 	fs.StringVar(&cfg.KubeletRootDir, "kubelet-root-dir", agent.DefaultKubeletRootDir, "kubelet's --root-dir: VM attachments find the launcher pod's socket volume under <dir>/pods/<uid>/volumes")
+	fs.Func("vm-host-socket-root", "a directory a VM attachment's hostSocketDir (CNI config) may be beneath (repeatable; default: <kubelet-root-dir>/pods and "+
+		agent.DefaultVMHostSocketRoot+")", func(v string) error {
+		if !filepath.IsAbs(v) {
+			return fmt.Errorf("want an absolute path, got %q", v)
+		}
+		cfg.VMHostSocketRoots = append(cfg.VMHostSocketRoots, filepath.Clean(v))
+		return nil
+	})
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
