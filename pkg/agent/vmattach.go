@@ -207,6 +207,23 @@ func (a *Agent) confineHostSocketDir(dir string) error {
 		dir, strings.Join(roots, ", "), ErrInvalid)
 }
 
+// removeHostSocket removes the backend's socket file from dir as root: when
+// dir is beneath one of the roots, resolved again without following a
+// symbolic link (one planted below the root after the ADD is refused).
+func (a *Agent) removeHostSocket(dir, file string) error {
+	for _, root := range a.hostSocketRoots() {
+		if rel, err := beneath.Rel(root, dir); err == nil {
+			d, err := beneath.OpenDir(root, rel, 0)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			return beneath.RemoveAt(d, file)
+		}
+	}
+	return os.Remove(filepath.Join(dir, file))
+}
+
 // vmNameFor names the VM of an attachment: after its VMI, else its pod, else
 // its container ID.
 func vmNameFor(req *VMAttachRequest, vmi VMIInfo, found bool) string {
@@ -393,7 +410,7 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 	}
 	_ = os.Remove(pidPath)
 	b := ep.VM.Backend
-	if err := os.Remove(filepath.Join(b.HostDir, b.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := a.removeHostSocket(b.HostDir, b.File); err != nil && !errors.Is(err, os.ErrNotExist) {
 		a.log.Warn("remove backend socket", "vm", ep.VM.Name, "err", err)
 	}
 	if b.MetricsSocket != "" {

@@ -305,6 +305,30 @@ func TestVMAttachmentHostSocketDirConfined(t *testing.T) {
 	if l := linkIn(t, vmNS, "net1"); l != nil {
 		t.Error("device left in the launcher netns")
 	}
+	// A directory swapped for a link after the ADD: DEL does not remove the
+	// socket's namesake through it.
+	good := filepath.Join(e.hostRoot, "good")
+	os.Mkdir(good, 0o777)
+	req := VMAttachRequest{ContainerID: "c9", IfName: "net1", Netns: vmNS.Path(), HostSocketDir: good,
+		Labels: map[string]string{argPodNamespace: "ns1", argPodName: "virt-launcher-9"}}
+	if _, err := a.AttachVM(req); err != nil {
+		t.Fatalf("attach with hostSocketDir %s: %v", good, err)
+	}
+	elsewhere := t.TempDir()
+	namesake := filepath.Join(elsewhere, "lanekit-net1.sock")
+	os.WriteFile(namesake, []byte("keep"), 0o600)
+	if err := os.Rename(good, good+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, good); err != nil {
+		t.Fatal(err)
+	}
+	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {
+		t.Fatalf("DEL: %v %v", existed, err)
+	}
+	if _, err := os.Stat(namesake); err != nil {
+		t.Errorf("DEL removed a file through a link planted after the ADD: %v", err)
+	}
 	// Defaults: kubelet's pod directories and KubeVirt's run directory.
 	d := &Agent{cfg: Config{KubeletRootDir: "/k"}}
 	if got := d.hostSocketRoots(); len(got) != 2 || got[0] != "/k/pods" || got[1] != DefaultVMHostSocketRoot {
