@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -94,7 +95,7 @@ func WriteFileAt(dir *os.File, name string, data []byte, perm os.FileMode) error
 		return fmt.Errorf("%q is not a file name: %w", name, ErrOutside)
 	}
 	dfd := int(dir.Fd())
-	tmp := fmt.Sprintf(".%s.%d.tmp", name, os.Getpid())
+	tmp := fmt.Sprintf(".%s.%d.%d.tmp", name, os.Getpid(), time.Now().UnixNano())
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Perm()))
 	if err != nil {
 		return &os.PathError{Op: "create", Path: filepath.Join(dir.Name(), tmp), Err: err}
