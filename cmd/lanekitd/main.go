@@ -115,14 +115,13 @@ func run(args []string) error {
 	defer stop()
 	var kc *kubeClients
 	if kube.nodeName != "" {
-		var err error
-		if kc, err = kube.clients(log); err != nil {
-			return err
-		}
+		var (
+			cidr string
+			err  error
+		)
 		// The Node's pod CIDR; with --pod-cidr too, they must agree.
-		cidr, err := k8s.WaitPodCIDR(ctx, kc.client, kube.nodeName, log)
-		if err != nil {
-			return fmt.Errorf("pod CIDR of node %s: %w", kube.nodeName, err)
+		if kc, cidr, err = kube.nodePodCIDR(ctx, log); err != nil {
+			return err
 		}
 		if podCIDR != "" && podCIDR != cidr {
 			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)
