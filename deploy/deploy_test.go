@@ -343,15 +343,18 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("--node-name = %q, want the downward API node name", f["node-name"])
 	}
 
-	// Probes hit the agent's health endpoints on the metrics listener.
+	// Probes hit the agent's health endpoints on the metrics listener, on
+	// the node's loopback: the listener is unauthenticated and stays off the
+	// node's addresses unless the ConfigMap opts in (agentconfig_test.go).
 	port := keys["metrics-port"]
-	if f["metrics-listen"] != "$(NODE_IP):$(LANEKIT_METRICS_PORT)" || len(agent.Ports) != 1 ||
+	if f["metrics-listen"] != "$(LANEKIT_METRICS_HOST):$(LANEKIT_METRICS_PORT)" || len(agent.Ports) != 1 ||
 		fmt.Sprint(agent.Ports[0].ContainerPort) != port {
 		t.Errorf("metrics listener %q / ports %+v do not match metrics-port %q", f["metrics-listen"], agent.Ports, port)
 	}
 	for probe, path := range map[*corev1.Probe]string{agent.LivenessProbe: "/healthz", agent.ReadinessProbe: "/readyz"} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.StrVal != agent.Ports[0].Name {
-			t.Errorf("probe %+v, want GET %s on port %q", probe, path, agent.Ports[0].Name)
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.StrVal != agent.Ports[0].Name ||
+			probe.HTTPGet.Host != "127.0.0.1" {
+			t.Errorf("probe %+v, want GET 127.0.0.1 %s on port %q", probe, path, agent.Ports[0].Name)
 		}
 	}
 

@@ -3,7 +3,9 @@ package deploy
 import (
 	"context"
 	"log/slog"
+	"net/url"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -61,10 +63,42 @@ func (v *vmResolver) SetVMIResolver(r agent.VMIResolver) {
 	v.r = r
 }
 
+// agentRESTConfig writes token and the API server's CA in kubelet's
+// service-account layout and builds the agent's client configuration from it
+// with the API server's address given explicitly (k8s.ServiceAccountConfig,
+// what lanekitd --k8s-service-host does).
+func agentRESTConfig(t *testing.T, srv *k8stest.Server, token string) *rest.Config {
+	t.Helper()
+	sa := t.TempDir()
+	ca, err := os.ReadFile(srv.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string][]byte{"token": []byte(token), "ca.crt": ca, "namespace": []byte("lanekit-system")} {
+		if err := os.WriteFile(filepath.Join(sa, name), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(srv.Host())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := k8s.ServiceAccountConfig(k8s.APIServer{Host: u.Hostname(), Port: u.Port()}, sa)
+	if err != nil {
+		t.Fatalf("the agent's client config by explicit address: %v", err)
+	}
+	if cfg.Host != srv.Host() {
+		t.Fatalf("client config host %q, want %q", cfg.Host, srv.Host())
+	}
+	cfg.Dial = srv.RESTConfig().Dial
+	return cfg
+}
+
 // TestAgentRBACIsEnough applies the manifests' ServiceAccount and RBAC for
 // real, then runs the agent's Kubernetes source with that ServiceAccount's
-// token: it must sync every kind it watches (VMIs included) and read its
-// Node's pod CIDR, and must not be able to write anything.
+// token, reaching the API server by explicit address as the DaemonSet does
+// without kube-proxy: it must sync every kind it watches (VMIs included) and
+// read its Node's pod CIDR, and must not be able to write anything.
 func TestAgentRBACIsEnough(t *testing.T) {
 	srv := k8stest.StartT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -105,7 +139,10 @@ func TestAgentRBACIsEnough(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	saCfg := &rest.Config{Host: cfg.Host, BearerToken: tok.Status.Token, TLSClientConfig: cfg.TLSClientConfig, Dial: cfg.Dial}
+	// The agent's client as the DaemonSet makes it without kube-proxy: the
+	// API server by explicit address (k8s-service-host/port), the token and
+	// CA from the pod's service-account directory (mirrored here).
+	saCfg := agentRESTConfig(t, srv, tok.Status.Token)
 	c, err := kubernetes.NewForConfig(saCfg)
 	if err != nil {
 		t.Fatal(err)

@@ -95,7 +95,8 @@ func setup(t *testing.T) *e2e {
 	for _, d := range []string{e.bin, e.pluginDir, e.confDir} {
 		os.MkdirAll(d, 0o755)
 	}
-	build := exec.Command("go", "build", "-o", e.bin+"/", "./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit")
+	// lanekit_testhooks: the agent reads agent.CrashEnv (crash tests).
+	build := exec.Command("go", "build", "-tags", "lanekit_testhooks", "-o", e.bin+"/", "./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit")
 	build.Dir = moduleRoot(t)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)

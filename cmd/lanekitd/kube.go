@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
+	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -17,6 +21,93 @@ import (
 type kubeFlags struct {
 	nodeName   string
 	kubeconfig string
+	// api is the API server's own address (--k8s-service-host,
+	// --k8s-service-port): without kube-proxy, the "kubernetes" ClusterIP
+	// that rest.InClusterConfig uses is served to no host-network process.
+	api k8s.APIServer
+	// saDir holds the service-account token and CA (tests mirror kubelet's
+	// layout elsewhere; empty: k8s.ServiceAccountDir).
+	saDir string
+}
+
+// addFlags registers the Kubernetes flags on fs.
+func (f *kubeFlags) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.nodeName, "node-name", "", "this node's name in Kubernetes: watch the API server (Pods, Namespaces, Services, EndpointSlices, NetworkPolicies, Nodes, KubeVirt VMIs)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the API server (default with --node-name: the in-cluster service account)")
+	fs.Func("k8s-service-host", "the API server's host name or IP address, reached directly with the in-cluster service account's token and CA "+
+		"(needed without kube-proxy: the kubernetes Service's ClusterIP is not served to the node); empty: the in-cluster KUBERNETES_SERVICE_HOST", func(v string) error {
+		f.api.Host = unsetRef(v)
+		return nil
+	})
+	f.api.Port = defaultAPIPort
+	fs.Func("k8s-service-port", "the API server's port with --k8s-service-host (default "+defaultAPIPort+")", func(v string) error {
+		if v = unsetRef(v); v == "" {
+			v = defaultAPIPort
+		}
+		f.api.Port = v
+		return nil
+	})
+}
+
+// defaultAPIPort is kube-apiserver's default --secure-port.
+const defaultAPIPort = "6443"
+
+// unsetRef maps a Kubernetes $(VAR) reference left in an argument (the
+// DaemonSet's optional ConfigMap key is missing, so the container has no
+// VAR and kubelet leaves the reference as it is) to "not set".
+func unsetRef(v string) string {
+	if strings.HasPrefix(v, "$(") && strings.HasSuffix(v, ")") {
+		return ""
+	}
+	return v
+}
+
+// validate checks the combinations of Kubernetes flags.
+func (f kubeFlags) validate() error {
+	if f.kubeconfig != "" && f.nodeName == "" {
+		return fmt.Errorf("--kubeconfig needs --node-name")
+	}
+	if f.api.Set() {
+		if f.nodeName == "" {
+			return fmt.Errorf("--k8s-service-host needs --node-name")
+		}
+		if f.kubeconfig != "" {
+			return fmt.Errorf("--k8s-service-host and --kubeconfig both name the API server: give one")
+		}
+		if err := f.api.Validate(); err != nil {
+			return fmt.Errorf("--k8s-service-host/--k8s-service-port: %w", err)
+		}
+	}
+	return nil
+}
+
+// restConfig is the client configuration: --kubeconfig, else the in-cluster
+// service account at --k8s-service-host, else rest.InClusterConfig.
+func (f kubeFlags) restConfig(log *slog.Logger) (*rest.Config, error) {
+	switch {
+	case f.kubeconfig != "":
+		return clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	case f.api.Set():
+		return k8s.ServiceAccountConfig(f.api, f.saDir)
+	}
+	log.Warn("no --k8s-service-host: reaching the API server through the kubernetes Service's ClusterIP "+
+		"(KUBERNETES_SERVICE_HOST); without kube-proxy nothing serves it to the node and the agent cannot start: "+
+		"set k8s-service-host in the lanekit-config ConfigMap", "kubernetes_service_host", os.Getenv("KUBERNETES_SERVICE_HOST"))
+	return rest.InClusterConfig()
+}
+
+// nodePodCIDR connects to the API server and waits for this node's pod
+// CIDR (the Node's spec.podCIDR).
+func (f kubeFlags) nodePodCIDR(ctx context.Context, log *slog.Logger) (*kubeClients, string, error) {
+	kc, err := f.clients(log)
+	if err != nil {
+		return nil, "", err
+	}
+	cidr, err := k8s.WaitPodCIDR(ctx, kc.client, f.nodeName, log)
+	if err != nil {
+		return nil, "", fmt.Errorf("pod CIDR of node %s: %w", f.nodeName, err)
+	}
+	return kc, cidr, nil
 }
 
 type kubeClients struct {
@@ -26,16 +117,8 @@ type kubeClients struct {
 
 // clients builds the API clients from --kubeconfig or the in-cluster
 // service account.
-func (f kubeFlags) clients() (*kubeClients, error) {
-	var (
-		cfg *rest.Config
-		err error
-	)
-	if f.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+func (f kubeFlags) clients(log *slog.Logger) (*kubeClients, error) {
+	cfg, err := f.restConfig(log)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}

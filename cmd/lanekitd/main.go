@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,8 +46,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
 	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required without --node-name; with it, the Node's spec.podCIDR is used)")
-	fs.StringVar(&kube.nodeName, "node-name", "", "this node's name in Kubernetes: watch the API server (Pods, Namespaces, Services, EndpointSlices, NetworkPolicies, Nodes, KubeVirt VMIs)")
-	fs.StringVar(&kube.kubeconfig, "kubeconfig", "", "kubeconfig for the API server (default with --node-name: the in-cluster service account)")
+	kube.addFlags(fs)
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
@@ -73,6 +73,14 @@ func run(args []string) error {
 		return nil
 	})
 	fs.StringVar(&cfg.KubeletRootDir, "kubelet-root-dir", agent.DefaultKubeletRootDir, "kubelet's --root-dir: VM attachments find the launcher pod's socket volume under <dir>/pods/<uid>/volumes")
+	fs.Func("vm-host-socket-root", "a directory a VM attachment's hostSocketDir (CNI config) may be beneath (repeatable; default: <kubelet-root-dir>/pods and "+
+		agent.DefaultVMHostSocketRoot+")", func(v string) error {
+		if !filepath.IsAbs(v) {
+			return fmt.Errorf("want an absolute path, got %q", v)
+		}
+		cfg.VMHostSocketRoots = append(cfg.VMHostSocketRoots, filepath.Clean(v))
+		return nil
+	})
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
@@ -83,8 +91,8 @@ func run(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if kube.kubeconfig != "" && kube.nodeName == "" {
-		return fmt.Errorf("--kubeconfig needs --node-name")
+	if err := kube.validate(); err != nil {
+		return err
 	}
 	if podCIDR == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
@@ -107,14 +115,13 @@ func run(args []string) error {
 	defer stop()
 	var kc *kubeClients
 	if kube.nodeName != "" {
-		var err error
-		if kc, err = kube.clients(); err != nil {
-			return err
-		}
+		var (
+			cidr string
+			err  error
+		)
 		// The Node's pod CIDR; with --pod-cidr too, they must agree.
-		cidr, err := k8s.WaitPodCIDR(ctx, kc.client, kube.nodeName, log)
-		if err != nil {
-			return fmt.Errorf("pod CIDR of node %s: %w", kube.nodeName, err)
+		if kc, cidr, err = kube.nodePodCIDR(ctx, log); err != nil {
+			return err
 		}
 		if podCIDR != "" && podCIDR != cidr {
 			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)

@@ -73,6 +73,11 @@ type Config struct {
 	// KubeletRootDir is kubelet's --root-dir: VM attachments find the
 	// launcher pod's socket volume under it. Empty: DefaultKubeletRootDir.
 	KubeletRootDir string
+	// VMHostSocketRoots are the directories a VM attachment's hostSocketDir
+	// (from the CNI config, i.e. a NetworkAttachmentDefinition) must be
+	// beneath, with no symbolic link below them. Empty:
+	// <KubeletRootDir>/pods and DefaultVMHostSocketRoot.
+	VMHostSocketRoots []string
 }
 
 // Agent is one node's agent.

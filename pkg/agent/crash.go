@@ -1,14 +1,10 @@
 package agent
 
-import (
-	"os"
-	"syscall"
-)
-
 // CrashEnv names the environment variable that makes lanekitd kill itself
 // (SIGKILL) when an ADD reaches the named step: crash-consistency tests use
 // it to stop the agent between programming the datapath and recording it.
-// It is not a flag and has no effect unless set.
+// Only a lanekitd built with -tags lanekit_testhooks reads it (the tests
+// build their own); the shipped binaries do not contain the hook.
 const CrashEnv = "LANEKIT_TEST_CRASH_AT"
 
 // Steps of an ADD (pod or VM) a crash can be injected after.
@@ -24,11 +20,6 @@ const (
 // AddSteps lists the pod ADD's steps in order.
 var AddSteps = []string{StepIntent, StepDevice, StepRecorded, StepDatapath, StepCommitted}
 
-// crashAt is called after each step of an ADD; tests inside the package
-// replace it.
-var crashAt = func(step string) {
-	if want := os.Getenv(CrashEnv); want != "" && want == step {
-		syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // the signal is on its way
-	}
-}
+// crashAt is called after each step of an ADD: crashHook, a no-op unless
+// built with lanekit_testhooks; tests inside the package replace it.
+var crashAt = crashHook

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/lanekit/lanekit/internal/beneath"
 	"github.com/lanekit/lanekit/internal/nsexec"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 )
@@ -30,6 +31,9 @@ const (
 	DefaultVMSocketVolume = "sockets"
 	// DefaultKubeletRootDir is kubelet's --root-dir.
 	DefaultKubeletRootDir = "/var/lib/kubelet"
+	// DefaultVMHostSocketRoot is KubeVirt's run directory on the node, one
+	// of the default roots a hostSocketDir may be beneath.
+	DefaultVMHostSocketRoot = "/var/run/kubevirt"
 	// DefaultVhostUID is the backend's user by default: KubeVirt's qemu
 	// user (107), so that QEMU may connect to the socket the backend creates.
 	DefaultVhostUID = 107
@@ -115,6 +119,9 @@ func (a *Agent) vmBackendFor(name string, req *VMAttachRequest) (*endpoint.VMBac
 		if !filepath.IsAbs(hostDir) || filepath.Clean(hostDir) != hostDir {
 			return nil, fmt.Errorf("hostSocketDir %q is not a clean absolute path: %w", hostDir, ErrInvalid)
 		}
+		if err := a.confineHostSocketDir(hostDir); err != nil {
+			return nil, err
+		}
 	default:
 		vol := req.PodVolume
 		if vol == "" {
@@ -163,6 +170,58 @@ func (a *Agent) vmBackendFor(name string, req *VMAttachRequest) (*endpoint.VMBac
 		}
 	}
 	return b, nil
+}
+
+// hostSocketRoots are the directories a hostSocketDir may be beneath.
+func (a *Agent) hostSocketRoots() []string {
+	if len(a.cfg.VMHostSocketRoots) > 0 {
+		return a.cfg.VMHostSocketRoots
+	}
+	root := a.cfg.KubeletRootDir
+	if root == "" {
+		root = DefaultKubeletRootDir
+	}
+	return []string{filepath.Join(root, "pods"), DefaultVMHostSocketRoot}
+}
+
+// confineHostSocketDir refuses a hostSocketDir (named by the CNI config,
+// which a NetworkAttachmentDefinition's author writes) that is not beneath
+// one of the agent's roots or reaches out of it through a symbolic link:
+// the agent creates and removes sockets there as root and links it for the
+// backend.
+func (a *Agent) confineHostSocketDir(dir string) error {
+	roots := a.hostSocketRoots()
+	for _, root := range roots {
+		rel, err := beneath.Rel(root, dir)
+		if err != nil {
+			continue
+		}
+		d, err := beneath.OpenDir(root, rel, 0)
+		if err != nil {
+			return fmt.Errorf("hostSocketDir %s: %v: %w", dir, err, ErrInvalid)
+		}
+		d.Close()
+		return nil
+	}
+	return fmt.Errorf("hostSocketDir %s is not beneath %s (the agent's --vm-host-socket-root): %w",
+		dir, strings.Join(roots, ", "), ErrInvalid)
+}
+
+// removeHostSocket removes the backend's socket file from dir as root: when
+// dir is beneath one of the roots, resolved again without following a
+// symbolic link (one planted below the root after the ADD is refused).
+func (a *Agent) removeHostSocket(dir, file string) error {
+	for _, root := range a.hostSocketRoots() {
+		if rel, err := beneath.Rel(root, dir); err == nil {
+			d, err := beneath.OpenDir(root, rel, 0)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			return beneath.RemoveAt(d, file)
+		}
+	}
+	return os.Remove(filepath.Join(dir, file))
 }
 
 // vmNameFor names the VM of an attachment: after its VMI, else its pod, else
@@ -351,7 +410,7 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 	}
 	_ = os.Remove(pidPath)
 	b := ep.VM.Backend
-	if err := os.Remove(filepath.Join(b.HostDir, b.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := a.removeHostSocket(b.HostDir, b.File); err != nil && !errors.Is(err, os.ErrNotExist) {
 		a.log.Warn("remove backend socket", "vm", ep.VM.Name, "err", err)
 	}
 	if b.MetricsSocket != "" {

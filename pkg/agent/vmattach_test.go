@@ -19,17 +19,19 @@ import (
 )
 
 type attachEnv struct {
-	fx      *fixture
-	bin     string
-	kubelet string
-	vmDir   string
-	root    uint32
+	fx       *fixture
+	bin      string
+	kubelet  string
+	vmDir    string
+	hostRoot string // the agent's only VMHostSocketRoots entry
+	root     uint32
 }
 
 func newAttachEnv(t *testing.T) *attachEnv {
 	fx := newFixture(t)
 	dir := t.TempDir()
-	return &attachEnv{fx: fx, bin: testutil.FakeVhost(t), kubelet: filepath.Join(dir, "kubelet"), vmDir: filepath.Join(dir, "vm")}
+	return &attachEnv{fx: fx, bin: testutil.FakeVhost(t), kubelet: filepath.Join(dir, "kubelet"), vmDir: filepath.Join(dir, "vm"),
+		hostRoot: filepath.Join(dir, "host-sockets")}
 }
 
 func (e *attachEnv) start(t *testing.T) *Agent {
@@ -38,7 +40,8 @@ func (e *attachEnv) start(t *testing.T) *Agent {
 		StateDir: e.fx.stateDir, Socket: filepath.Join(e.fx.stateDir, "agent.sock"),
 		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), MTU: 1400, HostNetns: e.fx.nodeNS.Path(),
 		VMSocketDir: e.vmDir, VhostBin: e.bin, VhostUID: &e.root, VhostGID: &e.root, KubeletRootDir: e.kubelet,
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return newFake(), nil },
+		VMHostSocketRoots: []string{e.hostRoot},
+		OpenDatapath:      func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return newFake(), nil },
 	}, quietLog())
 	if err != nil {
 		t.Fatalf("start agent: %v", err)
@@ -82,8 +85,8 @@ func TestVMAttachmentLifecycle(t *testing.T) {
 	a := e.start(t)
 	defer func() { a.Close() }()
 	vmNS := netnstest.New(t, "launcher")
-	sockets := filepath.Join(t.TempDir(), "sockets")
-	if err := os.Mkdir(sockets, 0o777); err != nil {
+	sockets := filepath.Join(e.hostRoot, "sockets")
+	if err := os.MkdirAll(sockets, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	req := VMAttachRequest{
@@ -266,4 +269,69 @@ func TestVMAttachmentPodVolumeAndVMI(t *testing.T) {
 		}
 	}
 	noLeftovers("after DEL")
+}
+
+// TestVMAttachmentHostSocketDirConfined: a hostSocketDir (written by a
+// NetworkAttachmentDefinition's author) outside the agent's roots, the root
+// itself, or reaching out through a symbolic link fails the ADD as invalid,
+// before any endpoint, backend or socket exists.
+func TestVMAttachmentHostSocketDirConfined(t *testing.T) {
+	e := newAttachEnv(t)
+	a := e.start(t)
+	defer func() { a.Close() }()
+	vmNS := netnstest.New(t, "launcher3")
+	outside := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(e.hostRoot, "ok", "sub"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(outside, filepath.Join(e.hostRoot, "link"))
+	os.Symlink("../..", filepath.Join(e.hostRoot, "ok", "up"))
+	os.Symlink(outside, filepath.Join(e.hostRoot, "ok", "sub", "deep"))
+	for i, dir := range []string{outside, filepath.Dir(e.hostRoot), e.hostRoot, filepath.Join(e.hostRoot, "link"),
+		filepath.Join(e.hostRoot, "ok", "up"), filepath.Join(e.hostRoot, "ok", "sub", "deep")} {
+		req := VMAttachRequest{ContainerID: fmt.Sprintf("c%d", i), IfName: "net1", Netns: vmNS.Path(), HostSocketDir: dir,
+			Labels: map[string]string{argPodNamespace: "ns1", argPodName: fmt.Sprintf("virt-launcher-%d", i)}}
+		_, err := a.AttachVM(req)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "hostSocketDir") {
+			t.Errorf("hostSocketDir %s: %v, want refused as invalid", dir, err)
+		}
+		if vms, _ := a.ListVMs(); len(vms) != 0 {
+			t.Errorf("hostSocketDir %s: vms %+v", dir, vms)
+		}
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Errorf("the agent wrote outside its roots: %v", ents)
+	}
+	if l := linkIn(t, vmNS, "net1"); l != nil {
+		t.Error("device left in the launcher netns")
+	}
+	// A directory swapped for a link after the ADD: DEL does not remove the
+	// socket's namesake through it.
+	good := filepath.Join(e.hostRoot, "good")
+	os.Mkdir(good, 0o777)
+	req := VMAttachRequest{ContainerID: "c9", IfName: "net1", Netns: vmNS.Path(), HostSocketDir: good,
+		Labels: map[string]string{argPodNamespace: "ns1", argPodName: "virt-launcher-9"}}
+	if _, err := a.AttachVM(req); err != nil {
+		t.Fatalf("attach with hostSocketDir %s: %v", good, err)
+	}
+	elsewhere := t.TempDir()
+	namesake := filepath.Join(elsewhere, "lanekit-net1.sock")
+	os.WriteFile(namesake, []byte("keep"), 0o600)
+	if err := os.Rename(good, good+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, good); err != nil {
+		t.Fatal(err)
+	}
+	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {
+		t.Fatalf("DEL: %v %v", existed, err)
+	}
+	if _, err := os.Stat(namesake); err != nil {
+		t.Errorf("DEL removed a file through a link planted after the ADD: %v", err)
+	}
+	// Defaults: kubelet's pod directories and KubeVirt's run directory.
+	d := &Agent{cfg: Config{KubeletRootDir: "/k"}}
+	if got := d.hostSocketRoots(); len(got) != 2 || got[0] != "/k/pods" || got[1] != DefaultVMHostSocketRoot {
+		t.Errorf("default roots %v", got)
+	}
 }

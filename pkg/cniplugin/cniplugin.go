@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/beneath"
 )
 
 // PluginType is the CNI "type" this plugin answers to.
@@ -33,6 +34,24 @@ const PluginType = "lanekit"
 
 // DefaultAgentSocket is where lanekitd listens unless the config says otherwise.
 const DefaultAgentSocket = "/run/lanekit/agent.sock"
+
+// DefaultDeviceInfoDir is where Multus asks for device-info files
+// (runtimeConfig.CNIDeviceInfoFile); the plugin writes and removes them as
+// root, so it refuses a path anywhere else.
+const DefaultDeviceInfoDir = "/var/run/k8s.cni.cncf.io/devinfo"
+
+// DeviceInfoDirEnv overrides DefaultDeviceInfoDir. It is the plugin's
+// environment, set by the runtime or installer; a network configuration
+// (a NetworkAttachmentDefinition) cannot change it.
+const DeviceInfoDirEnv = "LANEKIT_CNI_DEVICE_INFO_DIR"
+
+// DeviceInfoDir is the directory device-info files must be under.
+func DeviceInfoDir() string {
+	if d := os.Getenv(DeviceInfoDirEnv); d != "" {
+		return filepath.Clean(d)
+	}
+	return DefaultDeviceInfoDir
+}
 
 // Timeout bounds each call to the agent.
 var Timeout = 60 * time.Second
@@ -137,8 +156,10 @@ func ParseConf(stdin []byte) (*NetConf, error) {
 			return nil, invalid(fmt.Sprintf("runtimeConfig.mac %q is not an Ethernet address", m))
 		}
 	}
-	if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && !filepath.IsAbs(f) {
-		return nil, invalid(fmt.Sprintf("runtimeConfig.CNIDeviceInfoFile %q is not absolute", f))
+	if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" {
+		if _, err := beneath.Rel(DeviceInfoDir(), f); err != nil {
+			return nil, invalid(fmt.Sprintf("runtimeConfig.CNIDeviceInfoFile: %v", err))
+		}
 	}
 	if conf.RawPrevResult != nil {
 		if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
@@ -307,6 +328,16 @@ func CmdAdd(args *skel.CmdArgs) error {
 				SocketDir: v.SocketDir, PodVolume: v.PodVolume, HostSocketDir: v.HostSocketDir,
 			}
 		}
+		var devinfo *os.File
+		if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && conf.VhostUser != nil {
+			// Refused before the agent does anything: a link on the way.
+			d, err := openDeviceInfoDir(f, true)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			devinfo = d
+		}
 		resp, err := c.AddEndpoint(ctx, req)
 		if err != nil {
 			return cniError("add", err, types.ErrTryAgainLater)
@@ -320,8 +351,8 @@ func CmdAdd(args *skel.CmdArgs) error {
 			if dev.GetPath() == "" {
 				return types.NewError(types.ErrInternal, "bad answer from agent", "a VM attachment without a vhost-user socket")
 			}
-			if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" {
-				if err := WriteDeviceInfo(f, dev.GetMode(), dev.GetPath()); err != nil {
+			if devinfo != nil {
+				if err := WriteDeviceInfo(devinfo, filepath.Base(conf.RuntimeConfig.CNIDeviceInfoFile), dev.GetMode(), dev.GetPath()); err != nil {
 					return types.NewError(types.ErrIOFailure, "write device-info", err.Error())
 				}
 			}
@@ -345,32 +376,40 @@ type DeviceVhostUser struct {
 	Path string `json:"path"`
 }
 
-// WriteDeviceInfo writes a vhost-user device-info file atomically.
-func WriteDeviceInfo(path, mode, socket string) error {
+// openDeviceInfoDir opens the directory of a device-info file beneath
+// DeviceInfoDir, creating it (mode 0700) if create, else nil when it does
+// not exist; a path outside it or through a symbolic link is an
+// invalid-config CNI error.
+func openDeviceInfoDir(path string, create bool) (*os.File, error) {
+	root := DeviceInfoDir()
+	rel, err := beneath.Rel(root, path)
+	if err == nil {
+		var mode os.FileMode
+		if create {
+			mode = 0o700
+		}
+		var d *os.File
+		if d, err = beneath.OpenDir(root, filepath.Dir(rel), mode); err == nil {
+			return d, nil
+		}
+	}
+	if !create && errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if errors.Is(err, beneath.ErrOutside) {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "runtimeConfig.CNIDeviceInfoFile refused", err.Error())
+	}
+	return nil, types.NewError(types.ErrIOFailure, "device-info directory", err.Error())
+}
+
+// WriteDeviceInfo writes a vhost-user device-info file name in dir
+// atomically, never through a symbolic link.
+func WriteDeviceInfo(dir *os.File, name, mode, socket string) error {
 	raw, err := json.Marshal(DeviceInfo{Type: "vhost-user", Version: "1.1.0", VhostUser: DeviceVhostUser{Mode: mode, Path: socket}})
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".lanekit-devinfo-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(raw); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return beneath.WriteFileAt(dir, name, raw, 0o644)
 }
 
 // CmdDel asks the agent to delete the endpoint; unknown ones are success.
@@ -383,7 +422,12 @@ func CmdDel(args *skel.CmdArgs) error {
 			return cniError("del", err, types.ErrTryAgainLater)
 		}
 		if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && conf.VhostUser != nil {
-			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d, err := openDeviceInfoDir(f, false)
+			if err != nil || d == nil { // nil: no directory, no file
+				return err
+			}
+			defer d.Close()
+			if err := beneath.RemoveAt(d, filepath.Base(f)); err != nil {
 				return types.NewError(types.ErrIOFailure, "remove device-info", err.Error())
 			}
 		}

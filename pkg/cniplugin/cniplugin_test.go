@@ -40,6 +40,7 @@ func code(t *testing.T, err error) uint {
 }
 
 func TestParseConf(t *testing.T) {
+	t.Setenv(DeviceInfoDirEnv, "") // Multus' directory
 	for _, tc := range []struct {
 		name string
 		in   string
@@ -60,6 +61,9 @@ func TestParseConf(t *testing.T) {
 		{"vm not an object", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","vhostUser":true}`, types.ErrDecodingFailure},
 		{"runtime mac", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"mac":"02:00"}}`, types.ErrInvalidNetworkConfig},
 		{"device-info path", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"CNIDeviceInfoFile":"x.json"}}`, types.ErrInvalidNetworkConfig},
+		{"device-info elsewhere", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"CNIDeviceInfoFile":"/etc/cron.d/x"}}`, types.ErrInvalidNetworkConfig},
+		{"device-info dotdot", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfo/../../../etc/x"}}`, types.ErrInvalidNetworkConfig},
+		{"device-info the dir", `{"cniVersion":"1.1.0","name":"lk","type":"lanekit","runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfo"}}`, types.ErrInvalidNetworkConfig},
 	} {
 		_, err := ParseConf([]byte(tc.in))
 		if err == nil {
@@ -275,14 +279,20 @@ func TestInProcessVMAttachment(t *testing.T) {
 	testutil.RequireRoot(t)
 	fake := testutil.FakeVhost(t)
 	root := uint32(0)
+	dir := t.TempDir()
+	sockets := filepath.Join(dir, "sockets")
+	if err := os.Mkdir(sockets, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sock := startAgentWith(t, agent.NewMemoryDatapath(), func(c *agent.Config) {
 		c.VhostBin, c.VhostUID, c.VhostGID = fake, &root, &root
 		c.VMSocketDir = filepath.Join(c.StateDir, "vm")
+		c.VMHostSocketRoots = []string{dir}
 	})
 	pod := netnstest.New(t, "clauncher")
-	dir := t.TempDir()
-	devinfo := filepath.Join(dir, "devinfo", "net1.json")
-	vmConf := conf(sock, fmt.Sprintf(`,"vhostUser":{"hostSocketDir":%q},"runtimeConfig":{"mac":"02:00:00:cc:00:01","CNIDeviceInfoFile":%q}`, dir, devinfo))
+	t.Setenv(DeviceInfoDirEnv, filepath.Join(dir, "devinfo"))
+	devinfo := filepath.Join(dir, "devinfo", "cni", "net1.json")
+	vmConf := conf(sock, fmt.Sprintf(`,"vhostUser":{"hostSocketDir":%q},"runtimeConfig":{"mac":"02:00:00:cc:00:01","CNIDeviceInfoFile":%q}`, sockets, devinfo))
 	args := &skel.CmdArgs{ContainerID: "launcher1", IfName: "net1", Netns: pod.Path(),
 		Args: "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=virt-launcher-a", StdinData: vmConf}
 	res := mustAdd(t, args)
@@ -298,7 +308,7 @@ func TestInProcessVMAttachment(t *testing.T) {
 	if string(raw) != want {
 		t.Fatalf("device-info %s, want %s", raw, want)
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "lanekit-net1.sock")); err != nil || fi.Mode()&os.ModeSocket == 0 {
+	if fi, err := os.Stat(filepath.Join(sockets, "lanekit-net1.sock")); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("backend socket: %v", err)
 	}
 	if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err != nil {
@@ -324,7 +334,7 @@ func TestInProcessVMAttachment(t *testing.T) {
 	if _, err := os.Stat(devinfo); !os.IsNotExist(err) {
 		t.Errorf("device-info left after DEL: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "lanekit-net1.sock")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(sockets, "lanekit-net1.sock")); !os.IsNotExist(err) {
 		t.Errorf("backend socket left after DEL: %v", err)
 	}
 }

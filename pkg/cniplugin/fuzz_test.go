@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -22,10 +23,14 @@ func FuzzParseConf(f *testing.F) {
 		`{"cniVersion":"1.1.0","name":"vm","type":"lanekit","vhostUser":{"hostSocketDir":"/a/../b"}}`,
 		`{"cniVersion":"1.1.0","name":"lk","type":"lanekit","prevResult":{"cniVersion":"1.1.0","ips":[{"address":"10.0.0.1/32"}]}}`,
 		`{"type":"lanekit","vhostUser":null,"runtimeConfig":{}}`,
+		`{"cniVersion":"1.1.0","name":"vm","type":"lanekit","vhostUser":{},"runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfo/../x"}}`,
+		`{"cniVersion":"1.1.0","name":"vm","type":"lanekit","vhostUser":{},"runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfo"}}`,
+		`{"cniVersion":"1.1.0","name":"vm","type":"lanekit","vhostUser":{},"runtimeConfig":{"CNIDeviceInfoFile":"/var/run/k8s.cni.cncf.io/devinfoX/x"}}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		t.Setenv(DeviceInfoDirEnv, "")
 		c, err := ParseConf(data)
 		if err != nil {
 			var te *types.Error
@@ -48,6 +53,15 @@ func FuzzParseConf(f *testing.F) {
 				if d != "" && (!filepath.IsAbs(d) || filepath.Clean(d) != d) {
 					t.Fatalf("accepted directory %q", d)
 				}
+			}
+		}
+		// The plugin writes and removes the device-info file as root: only
+		// strictly beneath Multus' directory (symbolic links are refused when
+		// it is opened).
+		if f := c.RuntimeConfig.CNIDeviceInfoFile; f != "" {
+			rel, err := filepath.Rel(DefaultDeviceInfoDir, f)
+			if err != nil || filepath.Clean(f) != f || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+				t.Fatalf("accepted device-info file %q", f)
 			}
 		}
 		if m := c.RuntimeConfig.MAC; m != "" {

@@ -16,6 +16,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/lanekit/lanekit/pkg/cniplugin"
 )
 
 // CNICacheDir is libcni's result cache for the lab.
@@ -30,12 +32,17 @@ type netnsExec struct {
 
 var _ invoke.Exec = (*netnsExec)(nil)
 
+// DeviceInfoDir is the lab's Multus device-info directory: the lanekit
+// plugin writes device-info files only beneath it (its
+// cniplugin.DeviceInfoDirEnv, set by the runtime, here the lab).
+const DeviceInfoDir = RunDir + "/devinfo"
+
 // ExecPlugin runs the plugin in the node netns with the CNI environment.
 func (e *netnsExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", e.node, pluginPath)
-	cmd.Env = environ
+	cmd.Env = append(environ, cniplugin.DeviceInfoDirEnv+"="+DeviceInfoDir)
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

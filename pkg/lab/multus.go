@@ -157,7 +157,7 @@ func (k *Kubelet) addSecondary(ctx context.Context, p *corev1.Pod, base *libcni.
 		if err != nil {
 			return nil, fmt.Errorf("network %s/%s: %w", s.Namespace, s.Name, err)
 		}
-		caps := map[string]string{"CNIDeviceInfoFile": filepath.Join(podDir(p.UID), "devinfo-"+s.Interface+".json")}
+		caps := map[string]string{"CNIDeviceInfoFile": filepath.Join(DeviceInfoDir, string(p.UID)+"-"+s.Interface+".json")}
 		if s.MAC != "" {
 			caps["mac"] = s.MAC
 		}
