@@ -3,8 +3,8 @@
 /* pod.c: programs on the host side of a pod device (tcx ingress of the veth
  * host end, or the netkit peer). The pipeline is a chain of small steps:
  *   parse -> identify endpoint -> anti-spoof -> [LB] -> [policy] -> route
- * The bracketed steps are where service load balancing and network policy
- * will plug in. */
+ * The bracketed steps are service load balancing and network policy.
+ * to_pod (at the end) judges what the host stack sends into the pod. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
@@ -95,4 +95,32 @@ int from_pod(struct __sk_buff *skb)
 	if (p.ip4->ihl > 5)
 		return to_stack(skb, ep->id);
 	return route_ipv4(skb, &p, ep->id);
+}
+
+/* to_pod runs where the host stack sends a packet into a pod: tcx egress of
+ * the veth host end (netkit: the primary device's program). Deliveries by
+ * bpf_redirect_peer (from_pod, from_uplink) never pass here; what does is
+ * everything the stack routes to the pod: the node itself and hostNetwork
+ * pods, a second NIC, a tunnel device, and the packets from_pod/from_uplink
+ * hand to the stack (TTL 1, IP options, after their own policy check). The
+ * pod's ingress policy judges it all, so no path into a pod skips it;
+ * traffic from the node's own addresses passes (Kubernetes: a pod's node
+ * always reaches it). A packet already judged on its way belongs to a
+ * connection policy allowed and passes on its conntrack entry. */
+SEC("tc")
+int to_pod(struct __sk_buff *skb)
+{
+	struct endpoint_info *dst;
+	struct pkt p;
+	__u32 reason;
+
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_OK; /* the stack's own ARP; IPv6 the pod never gets a route for */
+	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
+	if (!dst)
+		return TC_ACT_OK; /* broadcast, multicast: no endpoint's address */
+	reason = policy_to_endpoint(skb, &p, dst, 1);
+	if (reason)
+		return drop(skb, dst->id, reason);
+	return TC_ACT_OK;
 }

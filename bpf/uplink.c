@@ -63,7 +63,7 @@ int from_uplink(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	/* [policy] the receiver's ingress, before any path into it (the host
 	 * stack's included). */
-	reason = policy_to_endpoint(skb, &p, dst);
+	reason = policy_to_endpoint(skb, &p, dst, 0);
 	if (reason)
 		return drop(skb, dst->id, reason);
 	/* [/policy] */

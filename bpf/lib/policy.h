@@ -264,9 +264,14 @@ static __always_inline struct policy_isolation policy_isolation_of(__u32 id)
  * verdict against the deciding policy: the rule's on allow, the first
  * isolating one on deny. A direction that is not isolated is not counted.
  * answer: the packet is shaped like an answer: egress to the node passes
- * it, returning 2 (allowed for this packet only: no connection state). */
+ * it, returning 2 (allowed for this packet only: no connection state).
+ * from_stack: the packet comes from this node's stack (to_pod): ingress from
+ * the node's own addresses passes, as Kubernetes requires (traffic from the
+ * node where a pod runs is always allowed: kubelet's probes), as a tracked
+ * connection so the pod's replies pass too. Packets from the wire never get
+ * this (an address of the node in their source is a spoof there). */
 static __always_inline int policy_decide(__u32 subject, const struct policy_isolation *iso, __u8 dir,
-					 __be32 peer_ip, __u8 proto, __u16 port, __u8 answer)
+					 __be32 peer_ip, __u8 proto, __u16 port, __u8 answer, __u8 from_stack)
 {
 	struct policy_value *v;
 	__u32 isolating;
@@ -286,6 +291,8 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 
 	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_EGRESS && answer)
 		return 2; /* passes, but opens nothing: the caller tracks no state */
+	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_INGRESS && from_stack)
+		return 1;
 
 	v = policy_rule(&k, peer, proto);
 	if (!v)
@@ -371,7 +378,7 @@ static __always_inline int policy_related(struct __sk_buff *skb, const struct ip
  * other ICMP, other protocols) are judged on their own, every time. */
 static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
 					    const struct policy_isolation *src_iso, __u32 dst_id,
-					    const struct policy_isolation *dst_iso)
+					    const struct policy_isolation *dst_iso, __u8 from_stack)
 {
 	struct ct_entry *e = 0;
 	struct policy_flow f;
@@ -391,10 +398,10 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	if (!tracked && policy_related(skb, p->ip4))
 		return 0;
 	policy_flow_of(skb, p, &f);
-	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer);
+	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer, 0);
 	if (!egress)
 		return DROP_POLICY_EGRESS;
-	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport, 0))
+	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport, 0, from_stack))
 		return DROP_POLICY_INGRESS;
 	if (!tracked || egress == 2)
 		return 0;
@@ -427,20 +434,21 @@ static __always_inline __u32 policy_from_endpoint(struct __sk_buff *skb, const s
 	}
 	src_iso = policy_isolation_of(src_id);
 	dst_iso = policy_isolation_of(dst_id);
-	reason = policy_enforce(skb, p, src_id, &src_iso, dst_id, &dst_iso);
+	reason = policy_enforce(skb, p, src_id, &src_iso, dst_id, &dst_iso, 0);
 	*charge = reason == DROP_POLICY_INGRESS ? dst_ep : ep->id;
 	return reason;
 }
 
-/* policy_to_endpoint judges an IPv4 packet from outside the node for the
- * local endpoint dst: its ingress. Returns 0 or DROP_POLICY_INGRESS. */
+/* policy_to_endpoint judges an IPv4 packet for the local endpoint dst that
+ * comes from the wire (from_uplink) or from this node's stack (to_pod,
+ * from_stack set): dst's ingress. Returns 0 or DROP_POLICY_INGRESS. */
 static __always_inline __u32 policy_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
-						const struct endpoint_info *dst)
+						const struct endpoint_info *dst, __u8 from_stack)
 {
 	__u32 dst_id = policy_endpoint_identity(dst->ip);
 	struct policy_isolation src_iso = {}, dst_iso = policy_isolation_of(dst_id);
 
-	return policy_enforce(skb, p, 0, &src_iso, dst_id, &dst_iso);
+	return policy_enforce(skb, p, 0, &src_iso, dst_id, &dst_iso, from_stack);
 }
 
 #endif

@@ -70,6 +70,9 @@ func (l *Loader) UpsertEndpoint(ep Endpoint) error {
 	if err := l.attach(pinPodLink+ep.IfName, ep.IfIndex, podAttachMode(ep.Mode), l.pod.FromPod); err != nil {
 		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
 	}
+	if err := l.attach(pinToPod+ep.IfName, ep.IfIndex, toPodAttachMode(ep.Mode), l.pod.ToPod); err != nil {
+		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
+	}
 	return nil
 }
 
@@ -120,7 +123,7 @@ func (l *Loader) DeleteEndpoint(ep Endpoint) error {
 	defer l.mu.Unlock()
 	var errs []error
 	if ep.IfName != "" {
-		errs = append(errs, l.detach(pinPodLink+ep.IfName))
+		errs = append(errs, l.detach(pinPodLink+ep.IfName), l.detach(pinToPod+ep.IfName))
 	}
 	if ep.IfIndex > 0 {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEpByIfindex, uint32(ep.IfIndex)))

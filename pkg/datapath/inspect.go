@@ -63,7 +63,7 @@ func InspectPins(pinDir string) (PinnedState, error) {
 	}
 	for _, e := range entries {
 		switch n := e.Name(); {
-		case strings.HasPrefix(n, pinPodLink):
+		case strings.HasPrefix(n, pinPodLink) || strings.HasPrefix(n, pinToPod):
 			st.PodLinks = append(st.PodLinks, n)
 		case strings.HasPrefix(n, pinVMLink):
 			st.VMLinks = append(st.VMLinks, n)

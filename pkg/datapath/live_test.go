@@ -272,12 +272,14 @@ func TestLiveForwarding(t *testing.T) {
 	e.in(t, e.node, func() { e.open(t) })
 	e.in(t, e.node, func() {
 		for _, ifx := range []int{e.ep1.IfIndex, e.ep2.IfIndex} {
-			res, err := link.QueryPrograms(link.QueryOptions{Target: ifx, Attach: ebpf.AttachTCXIngress})
-			if err != nil {
-				t.Fatalf("query tcx: %v", err)
-			}
-			if len(res.Programs) != 1 {
-				t.Errorf("ifindex %d has %d tcx programs after re-adopt, want 1", ifx, len(res.Programs))
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} { // from_pod, to_pod
+				res, err := link.QueryPrograms(link.QueryOptions{Target: ifx, Attach: at})
+				if err != nil {
+					t.Fatalf("query tcx: %v", err)
+				}
+				if len(res.Programs) != 1 {
+					t.Errorf("ifindex %d has %d %s programs after re-adopt, want 1", ifx, len(res.Programs), at)
+				}
 			}
 		}
 	})
@@ -315,12 +317,14 @@ func TestLiveForwarding(t *testing.T) {
 		}
 	}
 	e.in(t, e.node, func() {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: e.ep1.IfIndex, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(res.Programs) != 0 {
-			t.Errorf("%d programs still attached after delete", len(res.Programs))
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: e.ep1.IfIndex, Attach: at})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Programs) != 0 {
+				t.Errorf("%d %s programs still attached after delete", len(res.Programs), at)
+			}
 		}
 	})
 }

@@ -17,8 +17,9 @@ import (
 // lk_ep_by_ifindex, lk_metrics); links pin under these names.
 const (
 	pinUplinkTC = "lk_uplink_tc"
-	pinPodLink  = "lk_pod_" // + host-side ifname
-	pinVMLink   = "lk_vm_"  // + endpoint id
+	pinPodLink  = "lk_pod_"   // + host-side ifname
+	pinToPod    = "lk_topod_" // + host-side ifname: to_pod
+	pinVMLink   = "lk_vm_"    // + endpoint id
 )
 
 // Loader is the BPF implementation of Datapath.
@@ -186,6 +187,10 @@ func (l *Loader) attach(pin string, ifindex int, mode attachMode, prog *ebpf.Pro
 	switch mode {
 	case attachNetkitPeer:
 		lnk, err = link.AttachNetkit(link.NetkitOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachNetkitPeer})
+	case attachNetkitPrimary:
+		lnk, err = link.AttachNetkit(link.NetkitOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachNetkitPrimary})
+	case attachTCXEgress:
+		lnk, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})
 	case attachXDPDriver:
 		lnk, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: prog, Flags: link.XDPDriverMode})
 	default:
@@ -208,13 +213,15 @@ func (l *Loader) attach(pin string, ifindex int, mode attachMode, prog *ebpf.Pro
 type attachMode int
 
 const (
-	attachTCXIngress attachMode = iota // tcx ingress: veth host ends, the uplink
-	attachNetkitPeer                   // netkit peer program: runs for what the pod sends
-	attachXDPDriver                    // native XDP: VM devices
+	attachTCXIngress    attachMode = iota // tcx ingress: veth host ends, the uplink
+	attachNetkitPeer                      // netkit peer program: runs for what the pod sends
+	attachXDPDriver                       // native XDP: VM devices
+	attachTCXEgress                       // tcx egress: veth host ends (what the stack sends into a pod)
+	attachNetkitPrimary                   // netkit primary program: runs for what is sent into the pod
 )
 
 func (m attachMode) String() string {
-	return [...]string{"tcx", "netkit", "xdp"}[m]
+	return [...]string{"tcx", "netkit", "xdp", "tcx-egress", "netkit-primary"}[m]
 }
 
 // podAttachMode is how the pod program attaches for a device mode.
@@ -223,6 +230,15 @@ func podAttachMode(m DeviceMode) attachMode {
 		return attachNetkitPeer
 	}
 	return attachTCXIngress
+}
+
+// toPodAttachMode is how to_pod attaches: on the path the host stack takes
+// into the pod.
+func toPodAttachMode(m DeviceMode) attachMode {
+	if m == ModeNetkit {
+		return attachNetkitPrimary
+	}
+	return attachTCXEgress
 }
 
 // linkIfindex returns the device a tcx/netkit link is attached to, or 0 when

@@ -314,6 +314,7 @@ const (
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podMapLkRssVms              = "lk_rss_vms"
 	podProgFromPod              = "from_pod"
+	podProgToPod                = "to_pod"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
@@ -377,6 +378,7 @@ type podSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podProgramSpecs struct {
 	FromPod *ebpf.ProgramSpec `ebpf:"from_pod"`
+	ToPod   *ebpf.ProgramSpec `ebpf:"to_pod"`
 }
 
 // podMapSpecs contains maps before they are loaded into the kernel.
@@ -528,11 +530,13 @@ type podVariables struct {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podPrograms struct {
 	FromPod *ebpf.Program `ebpf:"from_pod"`
+	ToPod   *ebpf.Program `ebpf:"to_pod"`
 }
 
 func (p *podPrograms) Close() error {
 	return _PodClose(
 		p.FromPod,
+		p.ToPod,
 	)
 }
 

@@ -126,8 +126,8 @@ func (l *Loader) Sweep(own Owned) (Swept, error) {
 	for _, e := range entries {
 		n := e.Name()
 		switch {
-		case strings.HasPrefix(n, pinPodLink):
-			if own.PodLinks[strings.TrimPrefix(n, pinPodLink)] {
+		case strings.HasPrefix(n, pinPodLink) || strings.HasPrefix(n, pinToPod):
+			if own.PodLinks[strings.TrimPrefix(strings.TrimPrefix(n, pinPodLink), pinToPod)] {
 				continue
 			}
 			if err := l.detach(n); err != nil {
