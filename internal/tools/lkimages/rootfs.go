@@ -32,7 +32,10 @@ func (d debian) key() string {
 func (d debian) args(out string) []string {
 	a := []string{"--variant=minbase", "--quiet",
 		// No device nodes in the image (the runtime mounts /dev).
-		"--skip=output/dev"}
+		"--skip=output/dev",
+		// Merged /usr set up by mmdebstrap, not by the usrmerge package (which
+		// pulls in perl).
+		"--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr"}
 	// As Debian's -slim images: no docs (but the copyrights), man pages or locales.
 	for _, o := range []string{"path-exclude=/usr/share/doc/*", "path-include=/usr/share/doc/*/copyright",
 		"path-exclude=/usr/share/man/*", "path-exclude=/usr/share/groff/*", "path-exclude=/usr/share/info/*",
@@ -67,11 +70,11 @@ func (d debian) rootfs(cacheDir string) (string, error) {
 	tmp := out + ".tmp.tar" // mmdebstrap picks the format from the suffix
 	fmt.Fprintf(os.Stderr, "lkimages: building the %s rootfs (%s + %s) into %s\n",
 		d.Name, d.Suite, strings.Join(d.Packages, " "), out)
-	cmd := exec.Command("nice", append([]string{"-n", "19", mm}, d.args(tmp)...)...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
+	// Its hooks talk even with --quiet: show the output only on failure.
+	output, err := exec.Command("nice", append([]string{"-n", "19", mm}, d.args(tmp)...)...).CombinedOutput()
+	if err != nil {
 		os.Remove(tmp)
-		return "", fmt.Errorf("mmdebstrap %s: %w", d.Name, err)
+		return "", fmt.Errorf("mmdebstrap %s: %w\n%s", d.Name, err, output)
 	}
 	return out, os.Rename(tmp, out)
 }
