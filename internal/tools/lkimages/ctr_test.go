@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -31,9 +30,16 @@ func nodeBins(t *testing.T, need ...string) string {
 }
 
 // containerd is a throwaway containerd: its own root, state, socket and
-// config under a temporary directory, no CRI, NRI or /opt plugin.
+// config under a temporary directory, no CRI, NRI or /opt plugin, in a
+// private mount namespace with a tmpfs /run (its shims put their sockets in
+// /run/containerd/s).
+//
+// ctr runs in that namespace too (nsenter), so its FIFOs and image mounts stay
+// there and vanish with it; the test reads mounted files through
+// /proc/PID/root.
 type containerd struct {
 	bins, sock string
+	pid        int
 }
 
 func startContainerd(t *testing.T, bins string) *containerd {
@@ -55,13 +61,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	cmd := exec.Command(filepath.Join(bins, "containerd"), "--config", cfgFile, "--log-level", "warn")
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs tmpfs /run && exec "$0" --config "$1" --log-level warn`,
+		filepath.Join(bins, "containerd"), cfgFile)
 	cmd.Env = append(os.Environ(), "PATH="+bins+":"+os.Getenv("PATH"))
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	c.pid = cmd.Process.Pid
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
@@ -72,13 +81,13 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 			_ = cmd.Process.Kill()
 			<-done
 		}
-		unmountUnder(t, d)
+		killShims(t, c.sock)
 		if t.Failed() {
 			t.Logf("containerd log:\n%s", log.String())
 		}
 	})
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if err := exec.Command(filepath.Join(bins, "ctr"), "--address", c.sock, "version").Run(); err == nil {
+		if err := c.command("version").Run(); err == nil {
 			return c
 		}
 		select {
@@ -92,32 +101,36 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", 
 	}
 }
 
-// unmountUnder detaches any mount left below dir (a failed test's image mount).
-func unmountUnder(t *testing.T, dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer f.Close()
-	var mounts []string
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fields := strings.Fields(s.Text()); len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			mounts = append(mounts, fields[4])
+// killShims kills the shims containerd started for sock that outlived it (a
+// failed test's container): they name the socket on their command line.
+func killShims(t *testing.T, sock string) {
+	pids, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range pids {
+		cmdline, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(cmdline, []byte(sock)) {
+			continue
 		}
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := syscall.Unmount(mounts[i], syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", mounts[i], err)
+		var pid int
+		if _, err := fmt.Sscanf(f, "/proc/%d/cmdline", &pid); err == nil {
+			t.Logf("killing leftover %q (pid %d)", bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}), pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }
 
+// command is ctr with args in containerd's mount namespace.
+func (c *containerd) command(args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.pid), "--",
+		filepath.Join(c.bins, "ctr"), "--address", c.sock}, args...)...)
+}
+
+// path is p as containerd's mount namespace sees it.
+func (c *containerd) path(p string) string { return fmt.Sprintf("/proc/%d/root%s", c.pid, p) }
+
 // ctr runs ctr against c in the k8s.io namespace (kubelet's) and returns stdout.
 func (c *containerd) ctr(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(c.bins, "ctr"), append([]string{"--address", c.sock, "--namespace", "k8s.io"}, args...)...)
+	cmd := c.command(append([]string{"--namespace", "k8s.io"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -175,12 +188,12 @@ func TestCtrImport(t *testing.T) {
 		}
 		c.ctr(t, "images", "mount", ck.tag, mnt)
 		for p, want := range ck.files {
-			if got, err := os.ReadFile(filepath.Join(mnt, p)); err != nil || string(got) != want {
+			if got, err := os.ReadFile(c.path(filepath.Join(mnt, p))); err != nil || string(got) != want {
 				t.Errorf("%s: %s = %.40q, %v; want %.40q", ck.tag, p, got, err, want)
 			}
 		}
 		for p, want := range ck.mode {
-			st, err := os.Lstat(filepath.Join(mnt, p))
+			st, err := os.Lstat(c.path(filepath.Join(mnt, p)))
 			if err != nil {
 				t.Errorf("%s: %v", ck.tag, err)
 			} else if st.Mode() != want {
@@ -188,5 +201,16 @@ func TestCtrImport(t *testing.T) {
 			}
 		}
 		c.ctr(t, "images", "unmount", "--rm", mnt)
+	}
+	// The image runs: runc starts the pause binary from the unpacked rootfs.
+	// A one-level relative cgroup path nests under our own cgroup and is
+	// removed with the container.
+	cg := fmt.Sprintf("lkimages-test-%d", os.Getpid())
+	got := c.ctr(t, "run", "--rm", "--cgroup", cg, pauseImage, cg, "/pause", "-v")
+	if !strings.HasPrefix(got, "pause.c v") {
+		t.Errorf("pause -v in the pause image printed %q", got)
+	}
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/" + cg); len(left) > 0 {
+		t.Errorf("cgroups left behind: %v", left)
 	}
 }
