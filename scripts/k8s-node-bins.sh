@@ -52,10 +52,10 @@ build=(nice -n 19 "$GO" build -trimpath)
 
 log() { echo ">> k8s-node-bins: $*" >&2; }
 
-# need NAME...: true if any of the named binaries is missing from $DIR.
+# need NAME...: true if any of the named files is missing from $DIR.
 need() {
   local b
-  for b in "$@"; do [ -x "$DIR/$b" ] || return 0; done
+  for b in "$@"; do [ -s "$DIR/$b" ] || return 0; done
   return 1
 }
 
