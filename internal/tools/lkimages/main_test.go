@@ -323,23 +323,25 @@ func TestNamesMatchUpstream(t *testing.T) {
 		t.Errorf("coredns image %s, the script builds %s", corednsImage, want)
 	}
 	// The e2e tests' image list, when the module is in the local cache (no download in tests).
-	modcache, err := exec.Command("go", "env", "GOMODCACHE").Output()
-	if err != nil {
-		t.Skipf("go env GOMODCACHE: %v", err)
-	}
-	manifest := filepath.Join(strings.TrimSpace(string(modcache)), "k8s.io/kubernetes@"+pin("K8S_VERSION"), "test/utils/image/manifest.go")
-	src, err := os.ReadFile(manifest)
-	if err != nil {
-		t.Skipf("e2e image list not in the module cache (scripts/k8s-node-bins.sh downloads it): %v", err)
-	}
-	for _, w := range []struct{ key, tag string }{{"Agnhost", agnhostImage}, {"AgnhostPrev", agnhostPrev}, {"Pause", pauseImage}} {
-		m := regexp.MustCompile(`configs\[` + w.key + `\] = Config\{[^,]+, "([^"]+)", "([^"]+)"\}`).FindStringSubmatch(string(src))
-		if m == nil {
-			t.Errorf("%s: no configs[%s] entry", manifest, w.key)
-			continue
+	t.Run("e2e manifest", func(t *testing.T) {
+		modcache, err := exec.Command("go", "env", "GOMODCACHE").Output()
+		if err != nil {
+			t.Skipf("go env GOMODCACHE: %v", err)
 		}
-		if !strings.HasSuffix(w.tag, "/"+m[1]+":"+m[2]) {
-			t.Errorf("e2e %s is %s:%s, lkimages writes %s", w.key, m[1], m[2], w.tag)
+		manifest := filepath.Join(strings.TrimSpace(string(modcache)), "k8s.io/kubernetes@"+pin("K8S_VERSION"), "test/utils/image/manifest.go")
+		src, err := os.ReadFile(manifest)
+		if err != nil {
+			t.Skipf("e2e image list not in the module cache (scripts/k8s-node-bins.sh downloads it): %v", err)
 		}
-	}
+		for _, w := range []struct{ key, tag string }{{"Agnhost", agnhostImage}, {"AgnhostPrev", agnhostPrev}, {"Pause", pauseImage}} {
+			m := regexp.MustCompile(`configs\[` + w.key + `\] = Config\{[^,]+, "([^"]+)", "([^"]+)"\}`).FindStringSubmatch(string(src))
+			if m == nil {
+				t.Errorf("%s: no configs[%s] entry", manifest, w.key)
+				continue
+			}
+			if !strings.HasSuffix(w.tag, "/"+m[1]+":"+m[2]) {
+				t.Errorf("e2e %s is %s:%s, lkimages writes %s", w.key, m[1], m[2], w.tag)
+			}
+		}
+	})
 }
