@@ -3,11 +3,13 @@
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns]
 //
-// Inputs: bin/ after `make build` (the agent image: the same binaries and
-// layout as deploy/images/agent.Containerfile, which stays the recipe for real
-// registries), the node binaries of scripts/k8s-node-bins.sh (pause, agnhost,
+// Inputs: the agent image's Go binaries built the way
+// deploy/images/agent.Containerfile builds them (its `go build` line is read and
+// run: CGO off, the tags that leave the lab out) plus lanekit-vhost from bin/
+// after `make build`, in the Containerfile's layout (it stays the recipe for
+// real registries), the node binaries of scripts/k8s-node-bins.sh (pause, agnhost,
 // CoreDNS; default: `scripts/k8s-node-bins.sh dir`), and Debian root
 // filesystems that mmdebstrap builds from Debian's archive (Debian's
 // bookworm-slim stands in for the agent's base, and agnhost's upstream Alpine
@@ -32,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -77,7 +80,8 @@ var (
 
 // inputs are where the images' files come from.
 type inputs struct {
-	Bin      string // lanekit binaries (make build)
+	Bin      string // lanekit binaries (make build): lanekit-vhost
+	AgentGo  string // the agent image's Go binaries; "": built as the Containerfile does
 	NodeBins string // scripts/k8s-node-bins.sh dir
 	Cache    string // Debian rootfs cache
 }
@@ -107,7 +111,11 @@ func specFor(n string, in inputs) (spec, error) {
 			Env:        []string{"PATH=/opt/lanekit/bin:" + pathEnv},
 			Entrypoint: []string{"/opt/lanekit/bin/lanekitd"}}
 		for _, b := range agentBins {
-			s.Files = append(s.Files, regular("/opt/lanekit/bin/"+b, filepath.Join(in.Bin, b), 0o755))
+			src := filepath.Join(in.AgentGo, b)
+			if b == "lanekit-vhost" {
+				src = filepath.Join(in.Bin, b)
+			}
+			s.Files = append(s.Files, regular("/opt/lanekit/bin/"+b, src, 0o755))
 		}
 		return s, nil
 	case "agnhost":
@@ -140,7 +148,8 @@ func defaultCache() string {
 func main() {
 	out := flag.String("out", defaultOutDir, "directory for the archives (NAME.tar)")
 	in := inputs{}
-	flag.StringVar(&in.Bin, "bin", "bin", "lanekit binaries (after make build)")
+	flag.StringVar(&in.Bin, "bin", "bin", "lanekit-vhost (after make build)")
+	flag.StringVar(&in.AgentGo, "agent-go", "", "lanekitd, lanekit-cni, lanekit for the agent image (default: built as "+containerfile+" builds them)")
 	flag.StringVar(&in.NodeBins, "node-bins", "", "node binaries (default: scripts/k8s-node-bins.sh dir)")
 	flag.StringVar(&in.Cache, "cache", defaultCache(), "cache of the Debian root filesystems")
 	flag.Parse()
@@ -163,6 +172,17 @@ func run(out string, in inputs, want []string) error {
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
+	}
+	if in.AgentGo == "" && slices.Contains(want, "agent") {
+		tmp, err := os.MkdirTemp("", "lkimages-agent-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := buildAgentGo(tmp); err != nil {
+			return err
+		}
+		in.AgentGo = tmp
 	}
 	for _, n := range want {
 		s, err := specFor(n, in)

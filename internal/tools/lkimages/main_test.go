@@ -56,7 +56,7 @@ func writeTar(t *testing.T, file string, files map[string]string) {
 func fakeInputs(t *testing.T) inputs {
 	t.Helper()
 	d := t.TempDir()
-	in := inputs{Bin: filepath.Join(d, "bin"), NodeBins: filepath.Join(d, "node"), Cache: filepath.Join(d, "cache")}
+	in := inputs{Bin: filepath.Join(d, "bin"), AgentGo: filepath.Join(d, "bin"), NodeBins: filepath.Join(d, "node"), Cache: filepath.Join(d, "cache")}
 	for _, f := range []string{in.Bin, filepath.Join(in.NodeBins, "agnhost-porter"), in.Cache} {
 		if err := os.MkdirAll(f, 0o755); err != nil {
 			t.Fatal(err)
@@ -344,4 +344,29 @@ func TestNamesMatchUpstream(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestAgentGoBuild: the agent's Go binaries are built with the Containerfile's
+// own go build line (environment, flags, packages), read from the file.
+func TestAgentGoBuild(t *testing.T) {
+	recipe, err := os.ReadFile(filepath.Join(repoRoot, containerfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, flags, pkgs, err := agentGoBuild(string(recipe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(env, []string{"CGO_ENABLED=0"}) || !slices.Contains(flags, "-trimpath") ||
+		!slices.Equal(pkgs, []string{"./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit"}) {
+		t.Errorf("%s: env %q flags %q packages %q", containerfile, env, flags, pkgs)
+	}
+	line := "RUN go generate ./pkg/... \\\n    && CGO_ENABLED=0 go build -trimpath -tags nolab -o /out/ ./cmd/lanekitd ./cmd/lanekit\n"
+	if _, flags, pkgs, err := agentGoBuild(line); err != nil || !slices.Equal(flags, []string{"-trimpath", "-tags", "nolab"}) ||
+		!slices.Equal(pkgs, []string{"./cmd/lanekitd", "./cmd/lanekit"}) {
+		t.Errorf("tags line: flags %q packages %q err %v", flags, pkgs, err)
+	}
+	if _, _, _, err := agentGoBuild("RUN cargo build\n"); err == nil {
+		t.Error("no go build line: no error")
+	}
 }
