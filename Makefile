@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
+.PHONY: all deps k8s-bins k8s-node-bins generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
 
 all: build
 
@@ -17,6 +17,12 @@ deps:
 # machine into ~/.cache/lanekit/k8s (scripts/k8s-bins.sh; slow the first time).
 k8s-bins:
 	nice ./scripts/k8s-bins.sh
+
+# The components of a real node (kubelet, containerd, runc, e2e.test, CoreDNS...)
+# for `lanekit lab up --k8s --kubelet`; opt-in, tens of minutes the first time
+# (scripts/k8s-node-bins.sh).
+k8s-node-bins:
+	./scripts/k8s-node-bins.sh
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:

@@ -1,0 +1,199 @@
+// Command lkimages writes the container images of a lab node as image
+// archives, without a registry: pause, the lanekit agent, agnhost and CoreDNS,
+// each a docker-archive tarball (NAME.tar) tagged with the names the manifests
+// (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
+//
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns]
+//
+// Inputs: the agent image's Go binaries built the way
+// deploy/images/agent.Containerfile builds them (its `go build` line is read and
+// run: CGO off, the tags that leave the lab out) plus lanekit-vhost from bin/
+// after `make build`, in the Containerfile's layout (it stays the recipe for
+// real registries), the node binaries of scripts/k8s-node-bins.sh (pause, agnhost,
+// CoreDNS; default: `scripts/k8s-node-bins.sh dir`), and Debian root
+// filesystems that mmdebstrap builds from Debian's archive (Debian's
+// bookworm-slim stands in for the agent's base, and agnhost's upstream Alpine
+// base is replaced by Debian with the tools the e2e tests exec in it), cached
+// under -cache. The images are built with go-containerregistry; nothing here
+// writes tar or JSON formats by hand.
+//
+// How the coming `lanekit lab up --k8s --kubelet` uses it: after the lab has
+// built the archives once (they depend only on the inputs above), each node's
+// containerd imports every archive at node start (`ctr -n k8s.io images import
+// --digests NAME.tar`, as kind loads images; TestCtrImport does exactly that),
+// before kubelet starts; kubelet's pods use imagePullPolicy
+// IfNotPresent (the DaemonSet) or the e2e framework's defaults, which find the
+// tags present, and containerd's sandbox image is the pause tag below.
+//
+// This is a development tool: no shipped binary links it.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Image names. The pause and agnhost tags are the e2e tests' (test/utils/image/
+// manifest.go at k8s.io/kubernetes v1.37.2; pause is also containerd v2.4's
+// default sandbox image), the agent's is deploy/daemonset.yaml's, CoreDNS's is
+// the upstream name at the version scripts/k8s-node-bins.sh builds.
+const (
+	pauseImage    = "registry.k8s.io/pause:3.10.2"
+	agentImage    = "ghcr.io/lanekit/lanekit-agent:v0.1.0"
+	agnhostImage  = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+	agnhostPrev   = "registry.k8s.io/e2e-test-images/agnhost:2.55" // AgnhostPrev: same binary
+	corednsImage  = "registry.k8s.io/coredns/coredns:v1.15.0"
+	debianMirror  = "http://deb.debian.org/debian"
+	debianSuite   = "bookworm"
+	defaultOutDir = "images"
+)
+
+// pathEnv is the PATH of Debian's images (bookworm-slim's ENV).
+const pathEnv = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// agentBins are the binaries of the agent image, as in agent.Containerfile.
+var agentBins = []string{"lanekitd", "lanekit-cni", "lanekit", "lanekit-vhost"}
+
+// Debian root filesystems.
+var (
+	// slim stands in for debian:bookworm-slim (minbase: sh, coreutils, install, mv).
+	slim = debian{Name: "slim", Suite: debianSuite, Mirror: debianMirror}
+	// agnhostRoot has what the e2e tests exec in agnhost (upstream installs
+	// bind-tools curl netcat-openbsd iproute2 iperf bash util-linux-misc socat
+	// on Alpine) and the user and group its image defines.
+	agnhostRoot = debian{
+		Name: "agnhost", Suite: debianSuite, Mirror: debianMirror,
+		Packages: []string{"bash", "curl", "wget", "netcat-openbsd", "iproute2", "dnsutils",
+			"socat", "iperf", "iputils-ping", "procps"},
+		Hooks: []string{
+			`chroot "$1" groupadd -g 50000 group-defined-in-image`,
+			`chroot "$1" useradd -u 1000 -M -G group-defined-in-image user-defined-in-image`,
+			`mkdir -p "$1/uploads"`,
+		},
+	}
+)
+
+// inputs are where the images' files come from.
+type inputs struct {
+	Bin      string // lanekit binaries (make build): lanekit-vhost
+	AgentGo  string // the agent image's Go binaries; "": built as the Containerfile does
+	NodeBins string // scripts/k8s-node-bins.sh dir
+	Cache    string // Debian rootfs cache
+}
+
+// names are the images in the order they are written by default.
+var names = []string{"pause", "agent", "agnhost", "coredns"}
+
+// specFor returns the spec of the named image, building (or taking from the
+// cache) the Debian rootfs it needs.
+func specFor(n string, in inputs) (spec, error) {
+	node := func(f string) string { return filepath.Join(in.NodeBins, f) }
+	switch n {
+	case "pause":
+		return spec{Name: n, Tags: []string{pauseImage},
+			Files:      []entry{regular("/pause", node("pause"), 0o755)},
+			Entrypoint: []string{"/pause"}}, nil
+	case "coredns":
+		return spec{Name: n, Tags: []string{corednsImage},
+			Files:      []entry{regular("/coredns", node("coredns"), 0o755)},
+			Entrypoint: []string{"/coredns"}}, nil
+	case "agent":
+		base, err := slim.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		s := spec{Name: n, Tags: []string{agentImage}, Base: base,
+			Env:        []string{"PATH=/opt/lanekit/bin:" + pathEnv},
+			Entrypoint: []string{"/opt/lanekit/bin/lanekitd"}}
+		for _, b := range agentBins {
+			src := filepath.Join(in.AgentGo, b)
+			if b == "lanekit-vhost" {
+				src = filepath.Join(in.Bin, b)
+			}
+			s.Files = append(s.Files, regular("/opt/lanekit/bin/"+b, src, 0o755))
+		}
+		return s, nil
+	case "agnhost":
+		base, err := agnhostRoot.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		return spec{Name: n, Tags: []string{agnhostImage, agnhostPrev}, Base: base,
+			Files: []entry{
+				regular("/agnhost", node("agnhost"), 0o755),
+				symlink("/agnhost-2", "agnhost"),
+				symlink("/usr/local/bin/iperf", "/usr/bin/iperf"),
+				regular("/localhost.crt", node("agnhost-porter/localhost.crt"), 0o644),
+				regular("/localhost.key", node("agnhost-porter/localhost.key"), 0o644),
+			},
+			Env:        []string{"PATH=" + pathEnv},
+			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}, nil
+	}
+	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(names, ", "))
+}
+
+func defaultCache() string {
+	c, err := os.UserCacheDir()
+	if err != nil {
+		c = os.TempDir()
+	}
+	return filepath.Join(c, "lanekit", "rootfs")
+}
+
+func main() {
+	out := flag.String("out", defaultOutDir, "directory for the archives (NAME.tar)")
+	in := inputs{}
+	flag.StringVar(&in.Bin, "bin", "bin", "lanekit-vhost (after make build)")
+	flag.StringVar(&in.AgentGo, "agent-go", "", "lanekitd, lanekit-cni, lanekit for the agent image (default: built as "+containerfile+" builds them)")
+	flag.StringVar(&in.NodeBins, "node-bins", "", "node binaries (default: scripts/k8s-node-bins.sh dir)")
+	flag.StringVar(&in.Cache, "cache", defaultCache(), "cache of the Debian root filesystems")
+	flag.Parse()
+	if err := run(*out, in, flag.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "lkimages:", err)
+		os.Exit(1)
+	}
+}
+
+func run(out string, in inputs, want []string) error {
+	if len(want) == 0 {
+		want = names
+	}
+	if in.NodeBins == "" {
+		d, err := exec.Command("scripts/k8s-node-bins.sh", "dir").Output()
+		if err != nil {
+			return fmt.Errorf("-node-bins not given and scripts/k8s-node-bins.sh dir failed (run from the repo root): %w", err)
+		}
+		in.NodeBins = strings.TrimSpace(string(d))
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	if in.AgentGo == "" && slices.Contains(want, "agent") {
+		tmp, err := os.MkdirTemp("", "lkimages-agent-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if err := buildAgentGo(tmp); err != nil {
+			return err
+		}
+		in.AgentGo = tmp
+	}
+	for _, n := range want {
+		s, err := specFor(n, in)
+		if err != nil {
+			return err
+		}
+		f := filepath.Join(out, n+".tar")
+		if err := write(s, f); err != nil {
+			return err
+		}
+		fmt.Printf("%s\t%s\n", f, strings.Join(s.Tags, " "))
+	}
+	return nil
+}

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Builds the components of a real Kubernetes node from the Go module proxy into
+# a per-machine cache (outside the repo): kubelet, kube-controller-manager,
+# kube-scheduler, kubectl, the upstream e2e test binary (e2e.test), agnhost,
+# ginkgo, CoreDNS, containerd v2 (containerd, containerd-shim-runc-v2, ctr) and
+# runc. Opt-in (`make k8s-node-bins`), not part of `make deps`: the first build
+# takes tens of minutes on two cores. Idempotent: skips what exists.
+#
+#   scripts/k8s-node-bins.sh          build (if needed), check, print the directory
+#   scripts/k8s-node-bins.sh dir      print the directory only (no build)
+#
+# Every version is pinned here and is part of the directory name, so changing
+# one builds a fresh set. The Kubernetes binaries come from the same wrapper
+# module as scripts/k8s-bins.sh (k8s.io/kubernetes + its staging repos at their
+# published v0.Y.Z); ginkgo is the version that k8s.io/kubernetes' go.mod requires
+# (checked). Builds run under `nice -n 19` with `-p 1` (LANEKIT_BUILD_JOBS to
+# change it) so a shared two-core machine stays usable.
+#
+# How the coming `lanekit lab up --k8s --kubelet` uses this directory: each lab
+# node runs this containerd (its own root, state, socket and CRI config, the
+# runtime being this runc and containerd-shim-runc-v2, found through PATH) and
+# this kubelet in the node's network and mount namespaces; the control plane adds
+# kube-controller-manager, kube-scheduler and CoreDNS next to kube-apiserver and
+# etcd from scripts/k8s-bins.sh. There is no registry: at node start the lab
+# imports the image archives written by internal/tools/lkimages (pause, the
+# lanekit agent, agnhost, CoreDNS) into the node's containerd (`ctr -n k8s.io
+# images import`), under the names the manifests and the e2e tests use;
+# `make conformance` runs e2e.test with ginkgo and kubectl from here.
+set -euo pipefail
+
+K8S_VERSION=v1.37.2
+PAUSE_VERSION=3.10.2   # = build/pause/Makefile's TAG and the e2e tests' pause image
+GINKGO_VERSION=v2.32.0 # = k8s.io/kubernetes@$K8S_VERSION's require (checked below)
+COREDNS_VERSION=v1.15.0
+CONTAINERD_VERSION=v2.4.2
+RUNC_VERSION=v1.5.2
+DIR=${LANEKIT_K8S_NODE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lanekit/k8s-node/kube-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_coredns-${COREDNS_VERSION}}
+
+if [ "${1:-}" = dir ]; then
+  echo "$DIR"
+  exit 0
+fi
+
+export PATH=$PATH:/usr/local/go/bin
+GO=${GO:-go}
+mkdir -p "$DIR"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# The wrapper modules must not pick up the repo's workspace or flags.
+export GOWORK=off GOFLAGS="-mod=mod -p=${LANEKIT_BUILD_JOBS:-1}" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+build=(nice -n 19 "$GO" build -trimpath)
+
+log() { echo ">> k8s-node-bins: $*" >&2; }
+
+# need NAME...: true if any of the named files is missing from $DIR.
+need() {
+  local b
+  for b in "$@"; do [ -s "$DIR/$b" ] || return 0; done
+  return 1
+}
+
+# timed NAME CMD...: runs CMD, logs how long it took.
+timed() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  log "$name built in $((SECONDS - start)) s"
+}
+
+# module NAME: creates the wrapper module $work/NAME and cds into it.
+module() {
+  mkdir -p "$work/$1"
+  cd "$work/$1"
+  "$GO" mod init "lanekit.local/$1" >/dev/null 2>&1
+}
+
+# kube_module: the wrapper module for k8s.io/kubernetes (see scripts/k8s-bins.sh).
+kube_module() {
+  module kube
+  "$GO" mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  local staging=${K8S_VERSION/#v1./v0.} modfile m
+  modfile=$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",*$/\1/p')
+  [ -f "$modfile" ] || { echo "k8s-node-bins: no go.mod for k8s.io/kubernetes@$K8S_VERSION" >&2; exit 1; }
+  for m in $(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$modfile"); do
+    "$GO" mod edit -replace="$m=$m@$staging"
+  done
+  if ! grep -q "github.com/onsi/ginkgo/v2 $GINKGO_VERSION\$" "$modfile"; then
+    echo "k8s-node-bins: k8s.io/kubernetes@$K8S_VERSION does not require ginkgo $GINKGO_VERSION:" >&2
+    grep 'onsi/ginkgo' "$modfile" >&2
+    exit 1
+  fi
+}
+
+# kube_src: the k8s.io/kubernetes module's source directory.
+kube_src() {
+  "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",*$/\1/p'
+}
+
+# What hack/lib/version.sh stamps, so kubelet reports $K8S_VERSION to the Node
+# and kubectl/e2e see the real server and client versions.
+kube_ldflags() {
+  local minor=${K8S_VERSION#v1.} p f=""
+  minor=${minor%%.*}
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    f+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "-s -w$f"
+}
+
+if need runc; then
+  if ! pkg-config --exists libseccomp 2>/dev/null; then
+    log "installing libseccomp-dev (runc is built with -tags seccomp)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libseccomp-dev >&2
+  fi
+  log "building runc $RUNC_VERSION into $DIR"
+  (
+    module runc
+    "$GO" mod edit -require="github.com/opencontainers/runc@$RUNC_VERSION"
+    timed runc "${build[@]}" -tags seccomp -ldflags "-s -w -X main.version=${RUNC_VERSION#v}" \
+      -o "$work/runc.bin" github.com/opencontainers/runc
+  )
+  install -m 0755 "$work/runc.bin" "$DIR/runc"
+fi
+
+if need containerd containerd-shim-runc-v2 ctr; then
+  log "building containerd $CONTAINERD_VERSION into $DIR"
+  (
+    module containerd
+    "$GO" mod edit -require="github.com/containerd/containerd/v2@$CONTAINERD_VERSION"
+    v="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+    # No btrfs headers here and the lab uses overlayfs: leave btrfs out.
+    timed containerd "${build[@]}" -tags "urfave_cli_no_docs no_btrfs" -ldflags "-s -w $v" \
+      -o "$work/containerd.bin" github.com/containerd/containerd/v2/cmd/containerd
+    timed ctr "${build[@]}" -tags "urfave_cli_no_docs no_btrfs" -ldflags "-s -w $v" \
+      -o "$work/ctr.bin" github.com/containerd/containerd/v2/cmd/ctr
+    # As upstream's Makefile: a static shim (CGO off) without the gRPC server.
+    CGO_ENABLED=0 timed containerd-shim-runc-v2 "${build[@]}" -tags "urfave_cli_no_docs no_grpc" \
+      -ldflags "-s -w $v" -o "$work/shim.bin" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+  )
+  install -m 0755 "$work/containerd.bin" "$DIR/containerd"
+  install -m 0755 "$work/ctr.bin" "$DIR/ctr"
+  install -m 0755 "$work/shim.bin" "$DIR/containerd-shim-runc-v2"
+fi
+
+kube_bins=(kubelet kubectl kube-controller-manager kube-scheduler)
+if need "${kube_bins[@]}" agnhost e2e.test ginkgo; then
+  log "building Kubernetes $K8S_VERSION node binaries into $DIR (slow: tens of minutes)"
+  (
+    kube_module
+    ldflags=$(kube_ldflags)
+    for b in "${kube_bins[@]}"; do
+      need "$b" || continue
+      timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "k8s.io/kubernetes/cmd/$b"
+      install -m 0755 "$work/$b.bin" "$DIR/$b"
+    done
+    if need agnhost; then
+      timed agnhost "${build[@]}" -ldflags "-s -w" -o "$work/agnhost.bin" k8s.io/kubernetes/test/images/agnhost
+      install -m 0755 "$work/agnhost.bin" "$DIR/agnhost"
+    fi
+    if need ginkgo; then
+      timed ginkgo "${build[@]}" -ldflags "-s -w" -o "$work/ginkgo.bin" github.com/onsi/ginkgo/v2/ginkgo
+      install -m 0755 "$work/ginkgo.bin" "$DIR/ginkgo"
+    fi
+    if need e2e.test; then
+      timed e2e.test nice -n 19 "$GO" test -c -trimpath -ldflags "$ldflags" \
+        -o "$work/e2e.test.bin" k8s.io/kubernetes/test/e2e
+      install -m 0755 "$work/e2e.test.bin" "$DIR/e2e.test"
+    fi
+  )
+fi
+
+# pause as upstream builds it (build/pause/Makefile: a static pause.c), and
+# agnhost's porter certificates, which its image carries (/localhost.crt, .key).
+if need pause agnhost-porter/localhost.crt; then
+  log "building pause $PAUSE_VERSION into $DIR"
+  (
+    kube_module
+    src=$(kube_src)
+    grep -q "^TAG ?= $PAUSE_VERSION\$" "$src/build/pause/Makefile" ||
+      { echo "k8s-node-bins: pause in k8s.io/kubernetes@$K8S_VERSION is not $PAUSE_VERSION" >&2; exit 1; }
+    nice -n 19 gcc -Os -Wall -Werror -static -s -DVERSION="v$PAUSE_VERSION-lanekit" \
+      -o "$work/pause.bin" "$src/build/pause/linux/pause.c"
+    install -m 0755 "$work/pause.bin" "$DIR/pause"
+    install -D -m 0644 "$src/test/images/agnhost/porter/localhost.crt" "$DIR/agnhost-porter/localhost.crt"
+    install -D -m 0644 "$src/test/images/agnhost/porter/localhost.key" "$DIR/agnhost-porter/localhost.key"
+  )
+fi
+
+if need coredns; then
+  log "building CoreDNS $COREDNS_VERSION into $DIR"
+  (
+    module coredns
+    "$GO" mod edit -require="github.com/coredns/coredns@$COREDNS_VERSION"
+    # Upstream's plugin list: core/plugin/zplugin.go as released (plugin.cfg).
+    CGO_ENABLED=0 timed coredns "${build[@]}" -ldflags "-s -w" -o "$work/coredns.bin" github.com/coredns/coredns
+  )
+  install -m 0755 "$work/coredns.bin" "$DIR/coredns"
+fi
+
+# Every binary runs and reports the pinned version.
+check() {
+  local b=$1 want=$2
+  shift 2
+  local out
+  out=$("$DIR/$b" "$@" 2>&1) || { echo "k8s-node-bins: $b $* failed: $out" >&2; exit 1; }
+  case $out in
+    *"$want"*) ;;
+    *) echo "k8s-node-bins: $b $*: want $want in: $out" >&2; exit 1 ;;
+  esac
+}
+check pause "v$PAUSE_VERSION" -v
+check runc "${RUNC_VERSION#v}" --version
+check containerd "$CONTAINERD_VERSION" --version
+check ctr "$CONTAINERD_VERSION" --version
+check containerd-shim-runc-v2 "$CONTAINERD_VERSION" -v
+for b in kubelet kube-controller-manager kube-scheduler; do
+  check "$b" "$K8S_VERSION" --version
+done
+check kubectl "$K8S_VERSION" version --client
+check agnhost "" --help
+check ginkgo "${GINKGO_VERSION#v}" version
+check e2e.test "$K8S_VERSION" --version
+check coredns "CoreDNS-${COREDNS_VERSION#v}" -version
+echo "$DIR"
