@@ -61,7 +61,18 @@ func run(args []string) error {
 		return nil
 	})
 	fs.StringVar(&cfg.VhostBin, "vhost-bin", "", "lanekit-vhost binary run for each CNI VM attachment (default: next to lanekitd, else on PATH)")
-	fs.Func("vhost-user", "UID:GID the VM backends run as (default 107:107, KubeVirt's qemu user: QEMU must be able to connect to the backend's socket)", func(v string) error {
+	fs.Func("vhost-uid-range", "FIRST-LAST: each VM backend runs as its own uid (and gid) from this range (default "+agent.DefaultVhostUIDRange.String()+")", func(v string) error {
+		r, err := agent.ParseUIDRange(v)
+		cfg.VhostUIDRange = &r
+		return err
+	})
+	fs.Func("vhost-frontend-uid", "uid granted access to each VM backend's vhost-user socket (default 107, KubeVirt's qemu user)", func(v string) error {
+		u, err := strconv.ParseUint(v, 10, 32)
+		u32 := uint32(u)
+		cfg.VhostFrontendUID = &u32
+		return err
+	})
+	fs.Func("vhost-user", "UID:GID every VM backend runs as, instead of a uid per VM (no isolation between backends; debugging)", func(v string) error {
 		u, g, ok := strings.Cut(v, ":")
 		uid, err1 := strconv.ParseUint(u, 10, 32)
 		gid, err2 := strconv.ParseUint(g, 10, 32)

@@ -67,9 +67,16 @@ type Config struct {
 	// VhostBin is the lanekit-vhost binary the agent runs for CNI VM
 	// attachments; empty: next to the agent's binary, else on PATH.
 	VhostBin string
-	// VhostUID/GID is the user those backends run as; nil: DefaultVhostUID
-	// (KubeVirt's qemu user, so QEMU may connect to the backend's socket).
+	// VhostUID/GID, when set, is the one user every backend runs as (shared:
+	// no isolation between backends; tests). nil: each VM's backend gets its
+	// own uid and gid from VhostUIDRange.
 	VhostUID, VhostGID *uint32
+	// VhostUIDRange is where per-VM backend uids come from; nil:
+	// DefaultVhostUIDRange.
+	VhostUIDRange *UIDRange
+	// VhostFrontendUID is granted access (an ACL) to each backend's
+	// vhost-user socket; nil: DefaultVhostFrontendUID (KubeVirt's qemu).
+	VhostFrontendUID *uint32
 	// KubeletRootDir is kubelet's --root-dir: VM attachments find the
 	// launcher pod's socket volume under it. Empty: DefaultKubeletRootDir.
 	KubeletRootDir string

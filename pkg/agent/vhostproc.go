@@ -1,8 +1,9 @@
 package agent
 
 // The vhost-user backends the agent runs for CNI VM attachments: one
-// lanekit-vhost per VM, unprivileged (the VM's backend user, no
-// capabilities: the agent hands it ready AF_XDP sockets), in its own session
+// lanekit-vhost per VM, unprivileged (the VM's own backend user, no
+// capabilities, no_new_privs, non-dumpable, seccomp: the agent hands it
+// ready AF_XDP sockets; see lanekit-vhost's confine.rs), in its own session
 // so that it outlives an agent restart (the new agent adopts it by pid file
 // and command line), restarted with backoff when it exits, stopped by DEL.
 
@@ -112,6 +113,13 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 	if b.MetricsSocket != "" {
 		argv = append(argv, "--metrics-listen", b.MetricsSocket)
 	}
+	frontend := uint32(DefaultVhostFrontendUID)
+	if a.cfg.VhostFrontendUID != nil {
+		frontend = *a.cfg.VhostFrontendUID
+	}
+	// Started as root: the backend drops to its user with no capabilities
+	// itself (the bounding set needs CAP_SETPCAP to drop), then locks down.
+	argv = append(argv, "--run-as", fmt.Sprintf("%d:%d", b.UID, b.GID), "--frontend-uid", strconv.FormatUint(uint64(frontend), 10))
 	return &backendProc{
 		name: ep.VM.Name, socket: b.Socket(), argv: argv, uid: b.UID, gid: b.GID,
 		logPath: filepath.Join(a.backendDir(), ep.VM.Name+".log"), pidPath: a.backendPIDPath(ep.VM.Name),
@@ -218,10 +226,9 @@ func (p *backendProc) spawn() (*exec.Cmd, error) {
 	cmd := exec.Command(p.argv[0], p.argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = []string{"RUST_LOG=info"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setsid:     true,
-		Credential: &syscall.Credential{Uid: p.uid, Gid: p.gid, Groups: []uint32{}},
-	}
+	// No Credential: --run-as makes the backend drop to p.uid:p.gid, its
+	// bounding set and every capability before it talks to anyone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.argv[0], err)
 	}

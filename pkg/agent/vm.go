@@ -75,9 +75,12 @@ type AddVMRequest struct {
 	// Owner of the fd-passing socket (the backend's user); nil: root.
 	SocketUID, SocketGID *uint32
 
-	// Set by AttachVM: the CNI attachment and the backend the agent runs.
+	// Set by AttachVM: the CNI attachment and the backend the agent runs;
+	// allocUID: the backend gets its own uid (and gid), which also owns the
+	// fd-passing socket.
 	attachment *endpoint.CNIAttachment
 	backend    *endpoint.VMBackend
+	allocUID   bool
 }
 
 // VMInfo is a VM endpoint and whether its socket server runs.
@@ -200,6 +203,16 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		}
 		if ep.VM.XSKBase, err = allocSlotsTx(tx, key, req.Queues); err != nil {
 			return err
+		}
+		if req.allocUID && ep.VM.Backend != nil {
+			uid, err := allocBackendUIDTx(tx, a.vhostUIDRange())
+			if err != nil {
+				return err
+			}
+			b := *ep.VM.Backend
+			b.UID, b.GID = uid, uid
+			ep.VM.Backend = &b
+			ep.VM.SocketUID, ep.VM.SocketGID = &b.UID, &b.GID
 		}
 		return tx.Put(store.Endpoints, []byte(key), ep)
 	})
@@ -336,6 +349,9 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 		if err := os.Chown(ep.VM.Socket, uid, gid); err != nil {
 			srv.Close()
 			return fmt.Errorf("vm %s socket owner: %w", name, err)
+		}
+		if uid > 0 {
+			srv.SetPeerUID(uint32(uid))
 		}
 	}
 	a.vms[name] = srv

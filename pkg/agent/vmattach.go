@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"github.com/lanekit/lanekit/internal/beneath"
 	"github.com/lanekit/lanekit/internal/nsexec"
@@ -156,8 +157,8 @@ func (a *Agent) vmBackendFor(name string, req *VMAttachRequest) (*endpoint.VMBac
 		File: "lanekit-" + req.IfName + ".sock", UID: DefaultVhostUID, GID: DefaultVhostUID,
 	}
 	b.ReportedPath = filepath.Join(mount, b.File)
-	// In a directory of the backends' user (they create the socket).
-	b.MetricsSocket = filepath.Join(a.cfg.VMSocketDir, backendMetricsDir, "m-"+hex.EncodeToString(h[:5])+".sock")
+	// In a directory of the VM's backend user alone (it creates the socket).
+	b.MetricsSocket = filepath.Join(a.cfg.VMSocketDir, backendMetricsDir, "m-"+hex.EncodeToString(h[:5]), BackendMetricsFile)
 	if a.cfg.VhostUID != nil {
 		b.UID = *a.cfg.VhostUID
 	}
@@ -307,7 +308,7 @@ func (a *Agent) AttachVM(req VMAttachRequest) (*VMAttachment, error) {
 		}
 		info, err = a.AddVM(AddVMRequest{
 			Name: name, Netns: req.Netns, IfName: req.IfName, Queues: queues, MAC: mac, MTU: req.MTU, Labels: labels,
-			SocketUID: &backend.UID, SocketGID: &backend.GID,
+			SocketUID: &backend.UID, SocketGID: &backend.GID, allocUID: a.cfg.VhostUID == nil,
 			attachment: &endpoint.CNIAttachment{ContainerID: req.ContainerID, IfName: req.IfName}, backend: backend,
 		})
 		if err == nil {
@@ -362,20 +363,20 @@ func (a *Agent) existingAttachment(req VMAttachRequest) (*VMAttachment, bool, er
 	return a.attachmentInfo(&ep), true, nil
 }
 
-// backendMetricsDir (under the VM socket directory) holds the backends'
-// metrics sockets; it belongs to the backends' user, mode 0700.
+// backendMetricsDir (under the VM socket directory, root's, 0711) holds one
+// directory per VM backend, owned by that VM's uid, mode 0700, with its
+// metrics socket BackendMetricsFile inside.
 const backendMetricsDir = "backend-metrics"
+
+// BackendMetricsFile is the name of a backend's metrics socket.
+const BackendMetricsFile = "metrics.sock"
 
 // runBackend links the backend's bind directory to its socket directory and
 // starts (or adopts) the backend (mu held).
 func (a *Agent) runBackend(ep *endpoint.Endpoint) error {
 	b := ep.VM.Backend
 	if b.MetricsSocket != "" {
-		dir := filepath.Dir(b.MetricsSocket)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("backend metrics dir: %w", err)
-		}
-		if err := os.Chown(dir, int(b.UID), int(b.GID)); err != nil {
+		if err := backendMetricsDirFor(b); err != nil {
 			return fmt.Errorf("backend metrics dir: %w", err)
 		}
 	}
@@ -414,7 +415,7 @@ func (a *Agent) stopVMBackend(ep *endpoint.Endpoint) {
 		a.log.Warn("remove backend socket", "vm", ep.VM.Name, "err", err)
 	}
 	if b.MetricsSocket != "" {
-		_ = os.Remove(b.MetricsSocket)
+		_ = os.RemoveAll(filepath.Dir(b.MetricsSocket))
 	}
 	if cur, err := os.Readlink(b.BindDir); err == nil && cur == b.HostDir {
 		_ = os.Remove(b.BindDir)
@@ -473,4 +474,31 @@ func (a *Agent) CheckVMAttachment(containerID, ifname, netns string) (*VMAttachm
 		return nil, fmt.Errorf("check vm %s: backend socket %s: %v", key, sock, strings.TrimSpace(fmt.Sprint(err)))
 	}
 	return a.attachmentInfo(&ep), nil
+}
+
+// backendMetricsDirFor makes b's metrics directory: its parent root's and
+// 0711, itself b's user's and 0700 (whatever was there is replaced unless it
+// already is exactly that).
+func backendMetricsDirFor(b *endpoint.VMBackend) error {
+	dir := filepath.Dir(b.MetricsSocket)
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o711); err != nil {
+		return err
+	}
+	if err := os.Chmod(parent, 0o711); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(dir); err == nil {
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if fi.IsDir() && fi.Mode().Perm() == 0o700 && st != nil && st.Uid == b.UID && st.Gid == b.GID {
+			return nil
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Lchown(dir, int(b.UID), int(b.GID))
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -62,7 +63,44 @@ type Server struct {
 	rss     RSSProvider
 	log     *slog.Logger
 	wg      sync.WaitGroup
+	// peerUID is the one non-root uid served (SetPeerUID); -1: root only.
+	peerUID atomic.Int64
+	refused atomic.Uint64
 }
+
+// SetPeerUID makes the server hand sockets to connectors running as uid
+// (SO_PEERCRED; the VM's backend user) besides root. Everyone else is
+// refused, logged and counted (Refused).
+func (s *Server) SetPeerUID(uid uint32) { s.peerUID.Store(int64(uid)) }
+
+// Refused counts connectors refused for their credentials.
+func (s *Server) Refused() uint64 { return s.refused.Load() }
+
+// checkPeer refuses a connector that is neither root nor the VM's uid.
+func (s *Server) checkPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if cred.Uid == 0 || int64(cred.Uid) == s.peerUID.Load() {
+		return nil
+	}
+	s.refused.Add(1)
+	return fmt.Errorf("%w: pid %d uid %d is not vm %s's backend user", ErrPeerRefused, cred.Pid, cred.Uid, s.vm)
+}
+
+// ErrPeerRefused: a connector whose credentials are not the VM's backend's.
+var ErrPeerRefused = errors.New("peer refused")
 
 // Listen creates the socket file at path, mode 0600 inside a 0700 directory,
 // replacing a stale one.
@@ -90,6 +128,7 @@ func ListenRSS(path, vm string, provide Provider, rss RSSProvider, log *slog.Log
 		return nil, fmt.Errorf("xsk server: chmod %s: %w", path, err)
 	}
 	s := &Server{path: path, vm: vm, ln: ln, provide: provide, rss: rss, log: log.With("vm", vm, "socket", path)}
+	s.peerUID.Store(-1)
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -114,6 +153,9 @@ func (s *Server) serve() {
 
 func (s *Server) handle(c *net.UnixConn) error {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := s.checkPeer(c); err != nil {
+		return s.refuse(c, err)
+	}
 	buf := make([]byte, maxRequest)
 	n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
 	if err != nil {

@@ -9,6 +9,7 @@
 //! of `validate.rs` on every message; `sigbus.rs` survives guest memory shrinking under us.
 
 pub mod backend;
+pub mod confine;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handover;
@@ -104,6 +105,12 @@ pub struct Config {
     pub metrics_listen: Option<String>,
     /// The `vm` label of the metrics.
     pub vm: String,
+    /// Run as this uid:gid with no capabilities (`--run-as`; the agent starts us as root).
+    pub run_as: Option<(u32, u32)>,
+    /// The frontend's uid, granted access to the vhost-user socket by an ACL (`--frontend-uid`).
+    pub frontend_uid: Option<u32>,
+    /// Install the seccomp filter before serving (`--no-seccomp` turns it off for debugging).
+    pub seccomp: bool,
 }
 
 /// Ports of every queue pair, and the VM's RSS map when the agent handed one.
@@ -144,8 +151,13 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<P
     Ok((ports?, None))
 }
 
-/// Open the ports and serve frontends forever.
+/// Open the ports and serve frontends forever. With `run_as`, privileges are dropped before
+/// anything else; the process is locked down (`confine.rs`) before the first frontend.
 pub fn start_backend(config: Config) -> Result<()> {
+    if let Some((uid, gid)) = config.run_as {
+        confine::drop_privileges(uid, gid).map_err(|e| Error::Setup("drop privileges", e))?;
+    }
+    confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
     let max_frame = usize::from(config.device.mtu) + 18;
     let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
     let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll);
@@ -160,20 +172,47 @@ pub fn start_backend(config: Config) -> Result<()> {
         metrics::spawn(listener, registry).map_err(|e| Error::Setup("start metrics thread", e))?;
         info!("serving metrics on {addr}");
     }
+    let listener = listen(&config.socket)?;
+    let _unlink = Unlink(config.socket.clone());
+    if let Some(uid) = config.frontend_uid {
+        confine::grant_frontend(&config.socket, uid).map_err(|e| Error::Setup("socket access", e))?;
+    }
+    sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
+    if config.seccomp {
+        confine::install_seccomp().map_err(|e| Error::Setup("seccomp", e))?;
+        info!("seccomp filter installed");
+    } else {
+        warn!("seccomp filter off (--no-seccomp)");
+    }
     info!("serving {} queue pair(s) on {}", config.device.queue_pairs, config.socket.display());
-    serve(backend, &config.socket, None)
+    serve_on(backend, &listener, &config.socket, None)
+}
+
+fn listen(socket: &Path) -> Result<UnixListener> {
+    let _ = std::fs::remove_file(socket);
+    UnixListener::bind(socket)
+        .map_err(|e| Error::Listen { path: socket.to_path_buf(), source: vhost::vhost_user::Error::SocketError(e) })
 }
 
 /// Accept frontends on `socket` one after another (a new daemon for each, so a frontend can
 /// disconnect and connect again), stopping after `max_connections` when given. Each connection
 /// goes through `relay.rs` (QEMU message-order fix) to the daemon over a private abstract socket.
 pub fn serve(backend: Arc<NetBackend>, socket: &Path, max_connections: Option<usize>) -> Result<()> {
+    sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
+    let listener = listen(socket)?;
+    let _unlink = Unlink(socket.to_path_buf());
+    serve_on(backend, &listener, socket, max_connections)
+}
+
+/// [`serve`] on a bound listener (`socket` names it in errors).
+fn serve_on(
+    backend: Arc<NetBackend>,
+    listener: &UnixListener,
+    socket: &Path,
+    max_connections: Option<usize>,
+) -> Result<()> {
     let listen_err =
         |e: io::Error| Error::Listen { path: socket.to_path_buf(), source: vhost::vhost_user::Error::SocketError(e) };
-    sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
-    let _ = std::fs::remove_file(socket);
-    let listener = UnixListener::bind(socket).map_err(listen_err)?;
-    let _unlink = Unlink(socket.to_path_buf());
     let mut served = 0usize;
     while max_connections.is_none_or(|m| served < m) {
         backend.reset();

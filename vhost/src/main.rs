@@ -45,6 +45,22 @@ struct Args {
     /// cost of up to this much busy CPU after each burst.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     poll_us: u64,
+    /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
+    /// uid). Done before the AF_XDP handover.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
+    run_as: Option<(u32, u32)>,
+    /// Grant this uid (the frontend's, KubeVirt's qemu: 107) access to the vhost-user socket with
+    /// a POSIX ACL; the socket is otherwise 0600.
+    #[arg(long, value_name = "UID")]
+    frontend_uid: Option<u32>,
+    /// Do not install the seccomp filter (debugging only).
+    #[arg(long)]
+    no_seccomp: bool,
+}
+
+fn parse_ids(s: &str) -> Result<(u32, u32), String> {
+    let (u, g) = s.split_once(':').ok_or_else(|| format!("want UID:GID, got {s:?}"))?;
+    Ok((u.parse().map_err(|_| format!("bad uid {u:?}"))?, g.parse().map_err(|_| format!("bad gid {g:?}"))?))
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], Error> {
@@ -87,6 +103,9 @@ impl TryFrom<Args> for Config {
             poll: std::time::Duration::from_micros(a.poll_us),
             metrics_listen: a.metrics_listen,
             vm,
+            run_as: a.run_as,
+            frontend_uid: a.frontend_uid,
+            seccomp: !a.no_seccomp,
         })
     }
 }
@@ -133,6 +152,10 @@ mod tests {
         assert_eq!((c.metrics_listen.as_deref(), c.vm.as_str()), (Some("127.0.0.1:9200"), "s"));
         assert_eq!(config(&["--loopback", "--vm", "vm7"]).unwrap().vm, "vm7");
         assert_eq!(config(&["--loopback"]).unwrap().metrics_listen, None);
+        let c = config(&["--loopback", "--run-as", "200000:200001", "--frontend-uid", "107"]).unwrap();
+        assert_eq!((c.run_as, c.frontend_uid, c.seccomp), (Some((200000, 200001)), Some(107), true));
+        assert!(!config(&["--loopback", "--no-seccomp"]).unwrap().seccomp);
+        assert!(config(&["--loopback", "--run-as", "1"]).is_err());
     }
 
     #[test]
