@@ -8,17 +8,46 @@ import (
 	"io"
 	"net"
 	"net/http"
+
+	"golang.org/x/sys/unix"
 )
 
 // MaxBody bounds what Get reads.
 const MaxBody = 8 << 20
 
+// Options narrow what Get accepts.
+type Options struct {
+	// MaxBody bounds the body read (0: MaxBody); a longer body is an error.
+	MaxBody int64
+	// PeerUID, when set, is the uid the server's process must run as
+	// (SO_PEERCRED of the connection), checked before anything is sent.
+	PeerUID *uint32
+}
+
 // Get returns the body of GET path on the HTTP server at unix socket sock;
 // a status other than 200 is an error.
 func Get(ctx context.Context, sock, path string) ([]byte, error) {
+	return GetWith(ctx, sock, path, Options{})
+}
+
+// GetWith is Get with the server's credentials and the body size checked.
+func GetWith(ctx context.Context, sock, path string, o Options) ([]byte, error) {
+	limit := o.MaxBody
+	if limit <= 0 {
+		limit = MaxBody
+	}
 	c := http.Client{Transport: &http.Transport{
+		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+			conn, err := (&net.Dialer{}).DialContext(ctx, "unix", sock)
+			if err != nil || o.PeerUID == nil {
+				return conn, err
+			}
+			if err := checkPeer(conn.(*net.UnixConn), *o.PeerUID); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return conn, nil
 		}}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://unix"+path, nil)
 	if err != nil {
@@ -29,9 +58,36 @@ func Get(ctx context.Context, sock, path string) ([]byte, error) {
 		return nil, fmt.Errorf("get %s on %s: %w", path, sock, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("get %s on %s: status %d: %v", path, sock, resp.StatusCode, err)
 	}
+	if int64(len(body)) > limit {
+		return nil, fmt.Errorf("get %s on %s: body over %d bytes", path, sock, limit)
+	}
 	return body, nil
+}
+
+// checkPeer compares the uid of the process at the other end of c with uid.
+func checkPeer(c *net.UnixConn, uid uint32) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var (
+		cred *unix.Ucred
+		cerr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if cred.Uid != uid {
+		return fmt.Errorf("server runs as uid %d, want %d", cred.Uid, uid)
+	}
+	return nil
 }
