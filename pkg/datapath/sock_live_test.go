@@ -1,0 +1,308 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/pkg/service"
+)
+
+// sockClientEnv makes the test binary a socket client (sockClient) instead
+// of running tests: the "host process" of TestLiveSockLB, started in a
+// chosen cgroup and network namespace.
+const sockClientEnv = "LANEKIT_SOCKLB_CLIENT"
+
+func TestMain(m *testing.M) {
+	if ops := os.Getenv(sockClientEnv); ops != "" {
+		sockClient(ops)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// sockClient runs ops ("tcp|udp|udpc ADDR", separated by ';') and prints
+// one line per op: "ok <backend> <peer>" (the backend names itself; peer is
+// getpeername for tcp/udpc, the reply's source for udp) or "err <errno>".
+func sockClient(ops string) {
+	for _, op := range strings.Split(ops, ";") {
+		kind, addr, _ := strings.Cut(op, " ")
+		backend, peer, err := sockOp(kind, addr)
+		if err != nil {
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				fmt.Printf("err %s\n", unix.ErrnoName(errno))
+			} else {
+				fmt.Printf("err %q\n", err.Error())
+			}
+			continue
+		}
+		fmt.Printf("ok %s %s\n", backend, peer)
+	}
+}
+
+func sockOp(kind, addr string) (backend, peer string, err error) {
+	deadline := time.Now().Add(3 * time.Second)
+	switch kind {
+	case "tcp", "udpc":
+		network := map[string]string{"tcp": "tcp4", "udpc": "udp4"}[kind]
+		c, err := net.DialTimeout(network, addr, 3*time.Second)
+		if err != nil {
+			return "", "", err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return "", "", err
+		}
+		buf := make([]byte, 128)
+		n, err := c.Read(buf)
+		if err != nil {
+			return "", "", err
+		}
+		// Go fills RemoteAddr from getpeername after connect.
+		return strings.Fields(string(buf[:n]))[0], c.RemoteAddr().String(), nil
+	case "udp":
+		to, err := net.ResolveUDPAddr("udp4", addr)
+		if err != nil {
+			return "", "", err
+		}
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			return "", "", err
+		}
+		defer c.Close()
+		c.SetDeadline(deadline)
+		if _, err := c.WriteToUDP([]byte("ping\n"), to); err != nil {
+			return "", "", err
+		}
+		buf := make([]byte, 128)
+		n, from, err := c.ReadFromUDP(buf)
+		if err != nil {
+			return "", "", err
+		}
+		return strings.Fields(string(buf[:n]))[0], from.String(), nil
+	}
+	return "", "", fmt.Errorf("unknown op %q", kind)
+}
+
+// sockCgroup is a child cgroup2 of the test's own (never the root of the
+// hierarchy: that would translate every process's connections).
+func sockCgroup(t *testing.T) string {
+	t.Helper()
+	mnt := t.TempDir()
+	if err := EnsureCgroup2(mnt); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	cg := filepath.Join(mnt, fmt.Sprintf("lk-test-sock-%d", os.Getpid()))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(cg); err != nil {
+			t.Errorf("remove cgroup %s: %v", cg, err)
+		}
+	})
+	return cg
+}
+
+// runClient runs the test binary as sockClient in netns ns and, when cg is
+// not empty, in cgroup cg (from its first instruction: clone3 into the
+// cgroup), and returns its output lines.
+func runClient(t *testing.T, ns netns.NsHandle, cg string, ops ...string) []string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(ns)), self)
+	cmd.Env = append(os.Environ(), sockClientEnv+"="+strings.Join(ops, ";"))
+	if cg != "" {
+		f, err := os.Open(cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("client %v: %v", ops, err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(ops) {
+		t.Fatalf("client %v: %d result lines, want %d: %q", ops, len(lines), len(ops), out)
+	}
+	return lines
+}
+
+// backendServers answers TCP and UDP on ip:8080 in ns with ip itself.
+func (e *liveEnv) backendServers(t *testing.T, ns netns.NsHandle, ip string) {
+	t.Helper()
+	e.lineServer(t, ns, ip+":8080", func(c net.Conn, _ string) { fmt.Fprintf(c, "%s\n", ip) })
+	var pc net.PacketConn
+	e.in(t, ns, func() {
+		var err error
+		if pc, err = net.ListenPacket("udp4", ip+":8080"); err != nil {
+			t.Fatalf("listen udp: %v", err)
+		}
+	})
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 128)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(ip+"\n"), from)
+		}
+	}()
+}
+
+func repeat(op string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = op
+	}
+	return out
+}
+
+// TestLiveSockLB: a process in the node's netns and the node's cgroup (the
+// node itself or a hostNetwork pod) reaches a ClusterIP over TCP, connected
+// and unconnected UDP, and a NodePort on the node's address and on loopback;
+// both backends (a local pod, a pod on the other node) serve it, the client
+// sees the service address (getpeername, recvfrom), and the socket LB's
+// counters account for every call. No backend: ECONNREFUSED. A process
+// outside the cgroup, or in the cgroup but another netns, is not translated
+// by the socket LB; with the programs detached the host client fails.
+func TestLiveSockLB(t *testing.T) {
+	e := newLiveEnv(t)
+	e.backendServers(t, e.pod2, "10.244.1.11")
+	e.backendServers(t, e.remote, "10.244.2.1")
+	m := service.NewModel(service.Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	tables := service.NewTables()
+	applyYAML(t, e.dp, m, tables, svcYAML("web", "10.96.0.20", 80, "TCP", "nodePort=30090", "10.244.1.11", "10.244.2.1"))
+	applyYAML(t, e.dp, m, tables, svcYAML("dns", "10.96.0.21", 53, "UDP", "", "10.244.1.11", "10.244.2.1"))
+	applyYAML(t, e.dp, m, tables, svcYAML("empty", "10.96.0.22", 80, "TCP", ""))
+	applyYAML(t, e.dp, m, tables, svcYAML("emptyudp", "10.96.0.23", 53, "UDP", ""))
+
+	cg := sockCgroup(t)
+	var err error
+	e.in(t, e.node, func() {
+		err = e.dp.AttachSockLB(SockLBConfig{Cgroup: cg, NodeAddr: netip.MustParseAddr("10.77.0.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.dp.DetachSockLB(); err != nil {
+			t.Errorf("detach: %v", err)
+		}
+	})
+	stats := func() map[string]SockCounters {
+		s, err := e.dp.SockLBStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	const n = 16
+	cases := []struct {
+		name, op, peer string
+		fwd, rev       string // hooks that must count n translations
+	}{
+		{"tcp clusterip", "tcp 10.96.0.20:80", "10.96.0.20:80", "connect4", "getpeername4"},
+		{"tcp nodeport", "tcp 10.77.0.1:30090", "10.77.0.1:30090", "connect4", "getpeername4"},
+		{"tcp nodeport loopback", "tcp 127.0.0.1:30090", "127.0.0.1:30090", "connect4", "getpeername4"},
+		{"udp clusterip", "udp 10.96.0.21:53", "10.96.0.21:53", "sendmsg4", "recvmsg4"},
+		{"connected udp clusterip", "udpc 10.96.0.21:53", "10.96.0.21:53", "connect4", "getpeername4"},
+	}
+	for _, c := range cases {
+		before := stats()
+		seen := map[string]int{}
+		for _, line := range runClient(t, e.node, cg, repeat(c.op, n)...) {
+			f := strings.Fields(line)
+			if len(f) != 3 || f[0] != "ok" {
+				t.Errorf("%s: %q, want a reply", c.name, line)
+				continue
+			}
+			seen[f[1]]++
+			if f[2] != c.peer {
+				t.Errorf("%s: the client sees %s, want the service address %s", c.name, f[2], c.peer)
+			}
+		}
+		if seen["10.244.1.11"] == 0 || seen["10.244.2.1"] == 0 {
+			t.Errorf("%s: backends reached %v, want both", c.name, seen)
+		}
+		after := stats()
+		for _, h := range []string{c.fwd, c.rev} {
+			if d := after[h].Translated - before[h].Translated; d < n {
+				t.Errorf("%s: %s translated %d, want >= %d", c.name, h, d, n)
+			}
+		}
+	}
+
+	// No backend: the call fails as a closed port would.
+	before := stats()
+	for i, line := range runClient(t, e.node, cg, "tcp 10.96.0.22:80", "udp 10.96.0.23:53") {
+		if line != "err ECONNREFUSED" {
+			t.Errorf("no backend, op %d: %q, want err ECONNREFUSED", i, line)
+		}
+	}
+	after := stats()
+	if after["connect4"].NoBackend-before["connect4"].NoBackend != 1 || after["sendmsg4"].NoBackend-before["sendmsg4"].NoBackend != 1 {
+		t.Errorf("no-backend counters: before %v after %v", before, after)
+	}
+
+	// Outside the node's cgroup: the node netns has no route to the
+	// service range, so untranslated means unreachable.
+	before = stats()
+	if got := runClient(t, e.node, "", "tcp 10.96.0.20:80")[0]; got != "err ENETUNREACH" {
+		t.Errorf("process outside the cgroup: %q, want err ENETUNREACH (not translated)", got)
+	}
+	// In the cgroup but another netns (a pod): the packet path serves it,
+	// the socket LB leaves it alone.
+	lbBefore, err := e.dp.ServiceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := runClient(t, e.pod1, cg, "tcp 10.96.0.20:80")[0]; !strings.HasPrefix(got, "ok ") || !strings.HasSuffix(got, " 10.96.0.20:80") {
+		t.Errorf("pod netns client in the node cgroup: %q, want served by the packet path", got)
+	}
+	lbAfter, err := e.dp.ServiceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lbAfter.NewFlows == lbBefore.NewFlows {
+		t.Errorf("pod client: the packet path's new-flow counter did not move")
+	}
+	if after := stats(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("socket LB counters moved for clients it must not translate: before %v after %v", before, after)
+	}
+
+	// Detached: the same host client fails.
+	if err := e.dp.DetachSockLB(); err != nil {
+		t.Fatal(err)
+	}
+	if got := runClient(t, e.node, cg, "tcp 10.96.0.20:80")[0]; got != "err ENETUNREACH" {
+		t.Errorf("programs detached: %q, want err ENETUNREACH", got)
+	}
+}
