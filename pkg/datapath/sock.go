@@ -83,13 +83,26 @@ func NetnsCookie() (uint64, error) {
 }
 
 // EnsureCgroup2 makes dir a cgroup2 directory: an existing one (a mount or a
-// cgroup below one) is used as it is; otherwise the cgroup2 hierarchy is
-// mounted there (created if missing), as Cilium does when the node has no
-// cgroup2 mount.
+// cgroup below one) is used as it is; a missing dir below a cgroup2 mount is
+// created (a child cgroup); otherwise the cgroup2 hierarchy is mounted at dir
+// (created if missing), as Cilium does when the node has no cgroup2 mount.
 func EnsureCgroup2(dir string) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-		return nil
+	dir = filepath.Clean(dir)
+	for d := dir; ; d = filepath.Dir(d) {
+		var st unix.Statfs_t
+		err := unix.Statfs(d, &st)
+		if err == nil {
+			if st.Type == unix.CGROUP2_SUPER_MAGIC {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return fmt.Errorf("cgroup %s: %w", dir, err)
+				}
+				return nil
+			}
+			break
+		}
+		if !errors.Is(err, unix.ENOENT) || d == filepath.Dir(d) {
+			break
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("cgroup2 at %s: %w", dir, err)
@@ -226,6 +239,11 @@ func (l *Loader) DetachSockLB() error {
 func (l *Loader) SockLBStats() (map[string]SockCounters, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.sockStats()
+}
+
+// sockStats is SockLBStats under l.mu.
+func (l *Loader) sockStats() (map[string]SockCounters, error) {
 	out := map[string]SockCounters{}
 	if l.sock == nil || l.sock.LkSockStats == nil {
 		return out, nil

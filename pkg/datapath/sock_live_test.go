@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -176,6 +178,21 @@ func (e *liveEnv) backendServers(t *testing.T, ns netns.NsHandle, ip string) {
 	}()
 }
 
+// attachedCount is how many programs are attached to cgroup cg at at.
+func attachedCount(t *testing.T, cg string, at ebpf.AttachType) int {
+	t.Helper()
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(r.Programs)
+}
+
 func repeat(op string, n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -296,6 +313,34 @@ func TestLiveSockLB(t *testing.T) {
 	}
 	if after := stats(); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("socket LB counters moved for clients it must not translate: before %v after %v", before, after)
+	}
+
+	// Agent restart: with the loader closed (agent down) the pinned links
+	// keep translating; a new loader updates them in place, one program
+	// per hook.
+	e.dp.Close()
+	e.dp = nil
+	if got := runClient(t, e.node, cg, "tcp 10.96.0.20:80")[0]; !strings.HasSuffix(got, " 10.96.0.20:80") {
+		t.Errorf("agent down: %q, want served", got)
+	}
+	e.in(t, e.node, func() {
+		e.open(t)
+		err = e.dp.AttachSockLB(SockLBConfig{Cgroup: cg, NodeAddr: netip.MustParseAddr("10.77.0.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range sockHooks {
+		if n := attachedCount(t, cg, h.attach); n != 1 {
+			t.Errorf("after restart: %d programs on %s, want 1", n, h.name)
+		}
+	}
+	before = stats()
+	if got := runClient(t, e.node, cg, "tcp 10.96.0.20:80")[0]; !strings.HasSuffix(got, " 10.96.0.20:80") {
+		t.Errorf("after restart: %q, want served", got)
+	}
+	if after := stats(); after["connect4"].Translated != before["connect4"].Translated+1 {
+		t.Errorf("after restart: connect4 translated %d -> %d, want +1", before["connect4"].Translated, after["connect4"].Translated)
 	}
 
 	// Detached: the same host client fails.
