@@ -1,102 +1,26 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanekit/lanekit/internal/socktest"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
-// sockClientEnv makes the test binary a socket client (sockClient) instead
-// of running tests: the "host process" of TestLiveSockLB, started in a
-// chosen cgroup and network namespace.
-const sockClientEnv = "LANEKIT_SOCKLB_CLIENT"
-
 func TestMain(m *testing.M) {
-	if ops := os.Getenv(sockClientEnv); ops != "" {
-		sockClient(ops)
-		os.Exit(0)
-	}
+	socktest.MaybeClient()
 	os.Exit(m.Run())
-}
-
-// sockClient runs ops ("tcp|udp|udpc ADDR", separated by ';') and prints
-// one line per op: "ok <backend> <peer>" (the backend names itself; peer is
-// getpeername for tcp/udpc, the reply's source for udp) or "err <errno>".
-func sockClient(ops string) {
-	for _, op := range strings.Split(ops, ";") {
-		kind, addr, _ := strings.Cut(op, " ")
-		backend, peer, err := sockOp(kind, addr)
-		if err != nil {
-			var errno syscall.Errno
-			if errors.As(err, &errno) {
-				fmt.Printf("err %s\n", unix.ErrnoName(errno))
-			} else {
-				fmt.Printf("err %q\n", err.Error())
-			}
-			continue
-		}
-		fmt.Printf("ok %s %s\n", backend, peer)
-	}
-}
-
-func sockOp(kind, addr string) (backend, peer string, err error) {
-	deadline := time.Now().Add(3 * time.Second)
-	switch kind {
-	case "tcp", "udpc":
-		network := map[string]string{"tcp": "tcp4", "udpc": "udp4"}[kind]
-		c, err := net.DialTimeout(network, addr, 3*time.Second)
-		if err != nil {
-			return "", "", err
-		}
-		defer c.Close()
-		c.SetDeadline(deadline)
-		if _, err := c.Write([]byte("ping\n")); err != nil {
-			return "", "", err
-		}
-		buf := make([]byte, 128)
-		n, err := c.Read(buf)
-		if err != nil {
-			return "", "", err
-		}
-		// Go fills RemoteAddr from getpeername after connect.
-		return strings.Fields(string(buf[:n]))[0], c.RemoteAddr().String(), nil
-	case "udp":
-		to, err := net.ResolveUDPAddr("udp4", addr)
-		if err != nil {
-			return "", "", err
-		}
-		c, err := net.ListenUDP("udp4", nil)
-		if err != nil {
-			return "", "", err
-		}
-		defer c.Close()
-		c.SetDeadline(deadline)
-		if _, err := c.WriteToUDP([]byte("ping\n"), to); err != nil {
-			return "", "", err
-		}
-		buf := make([]byte, 128)
-		n, from, err := c.ReadFromUDP(buf)
-		if err != nil {
-			return "", "", err
-		}
-		return strings.Fields(string(buf[:n]))[0], from.String(), nil
-	}
-	return "", "", fmt.Errorf("unknown op %q", kind)
 }
 
 // sockCgroup is a child cgroup2 of the test's own (never the root of the
@@ -124,32 +48,13 @@ func sockCgroup(t *testing.T) string {
 	return cg
 }
 
-// runClient runs the test binary as sockClient in netns ns and, when cg is
-// not empty, in cgroup cg (from its first instruction: clone3 into the
-// cgroup), and returns its output lines.
+// runClient runs ops as a socktest client in netns ns and, when cg is not
+// empty, in cgroup cg, and returns its output lines.
 func runClient(t *testing.T, ns netns.NsHandle, cg string, ops ...string) []string {
 	t.Helper()
-	self, err := os.Executable()
+	lines, err := socktest.Run(fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(ns)), cg, ops...)
 	if err != nil {
 		t.Fatal(err)
-	}
-	cmd := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(ns)), self)
-	cmd.Env = append(os.Environ(), sockClientEnv+"="+strings.Join(ops, ";"))
-	if cg != "" {
-		f, err := os.Open(cg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(f.Fd())}
-	}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("client %v: %v", ops, err)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != len(ops) {
-		t.Fatalf("client %v: %d result lines, want %d: %q", ops, len(lines), len(ops), out)
 	}
 	return lines
 }
