@@ -124,6 +124,7 @@ func TestLiveSockLB(t *testing.T) {
 	applyYAML(t, e.dp, m, tables, svcYAML("dns", "10.96.0.21", 53, "UDP", "", "10.244.1.11", "10.244.2.1"))
 	applyYAML(t, e.dp, m, tables, svcYAML("empty", "10.96.0.22", 80, "TCP", ""))
 	applyYAML(t, e.dp, m, tables, svcYAML("emptyudp", "10.96.0.23", 53, "UDP", ""))
+	applyYAML(t, e.dp, m, tables, svcYAML("sticky", "10.96.0.24", 80, "TCP", "affinity=60", "10.244.1.11", "10.244.2.1"))
 
 	cg := sockCgroup(t)
 	var err error
@@ -182,6 +183,32 @@ func TestLiveSockLB(t *testing.T) {
 		}
 	}
 
+	// ClientIP affinity, on the packet path's affinity map: every host
+	// socket is the node's address as a client, so all go to one backend.
+	lbBefore, err := e.dp.ServiceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, line := range runClient(t, e.node, cg, repeat("tcp 10.96.0.24:80", n)...) {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[2] != "10.96.0.24:80" {
+			t.Errorf("affinity: %q, want an answer through 10.96.0.24:80", line)
+			continue
+		}
+		seen[f[1]]++
+	}
+	if len(seen) != 1 {
+		t.Errorf("affinity: backends %v, want one", seen)
+	}
+	lbAfter, err := e.dp.ServiceStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := lbAfter.AffinityHits - lbBefore.AffinityHits; d != n-1 {
+		t.Errorf("affinity: %d affinity hits, want %d (the first call creates the entry)", d, n-1)
+	}
+
 	// No backend: the call fails as a closed port would.
 	before := stats()
 	for i, line := range runClient(t, e.node, cg, "tcp 10.96.0.22:80", "udp 10.96.0.23:53") {
@@ -202,14 +229,14 @@ func TestLiveSockLB(t *testing.T) {
 	}
 	// In the cgroup but another netns (a pod): the packet path serves it,
 	// the socket LB leaves it alone.
-	lbBefore, err := e.dp.ServiceStats()
+	lbBefore, err = e.dp.ServiceStats()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := runClient(t, e.pod1, cg, "tcp 10.96.0.20:80")[0]; !strings.HasPrefix(got, "ok ") || !strings.HasSuffix(got, " 10.96.0.20:80") {
 		t.Errorf("pod netns client in the node cgroup: %q, want served by the packet path", got)
 	}
-	lbAfter, err := e.dp.ServiceStats()
+	lbAfter, err = e.dp.ServiceStats()
 	if err != nil {
 		t.Fatal(err)
 	}
