@@ -40,7 +40,7 @@ func (a *Agent) setupSockLB() error {
 		return sl.AttachSockLB(datapath.SockLBConfig{Cgroup: a.cfg.SockLBCgroup, NodeAddr: node})
 	})
 	if err != nil {
-		return fmt.Errorf("socket load balancer: %w", err)
+		return fmt.Errorf("socket load balancer (lanekitd --socket-lb=false goes without): %w", err)
 	}
 	return nil
 }

@@ -85,7 +85,8 @@ func NetnsCookie() (uint64, error) {
 // EnsureCgroup2 makes dir a cgroup2 directory: an existing one (a mount or a
 // cgroup below one) is used as it is; a missing dir below a cgroup2 mount is
 // created (a child cgroup); otherwise the cgroup2 hierarchy is mounted at dir
-// (created if missing), as Cilium does when the node has no cgroup2 mount.
+// (created if missing; only on an empty directory), as Cilium does when the
+// node has no cgroup2 mount.
 func EnsureCgroup2(dir string) error {
 	dir = filepath.Clean(dir)
 	for d := dir; ; d = filepath.Dir(d) {
@@ -106,6 +107,10 @@ func EnsureCgroup2(dir string) error {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("cgroup2 at %s: %w", dir, err)
+	}
+	// Never over something: a cgroup v1 tree, a populated directory.
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) > 0 {
+		return fmt.Errorf("cgroup2 at %s: not a cgroup2 directory, and not empty to mount one (%v)", dir, err)
 	}
 	if err := unix.Mount("none", dir, "cgroup2", 0, ""); err != nil {
 		return fmt.Errorf("mount cgroup2 at %s: %w", dir, err)
