@@ -7,7 +7,8 @@
  *   lk_sock_sendmsg4:     sendmsg() with an address (unconnected UDP)
  *   lk_sock_recvmsg4:     recvmsg() source: backend -> frontend (UDP)
  *   lk_sock_getpeername4: getpeername(): backend -> frontend
- * IPv6 programs are the same calls with LK_AF_INET6 and SOCK_HOOK_*6. */
+ *   lk_sock_*6:           the same for IPv6 sockets (IPv4-mapped addresses of
+ *                         IPv4 services: dual-stack sockets) */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
@@ -38,4 +39,28 @@ SEC("cgroup/getpeername4")
 int lk_sock_getpeername4(struct bpf_sock_addr *ctx)
 {
 	return sock_rev(ctx, LK_AF_INET, SOCK_HOOK_GETPEERNAME4);
+}
+
+SEC("cgroup/connect6")
+int lk_sock_connect6(struct bpf_sock_addr *ctx)
+{
+	return sock_fwd(ctx, LK_AF_INET6, SOCK_HOOK_CONNECT6);
+}
+
+SEC("cgroup/sendmsg6")
+int lk_sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock_fwd(ctx, LK_AF_INET6, SOCK_HOOK_SENDMSG6);
+}
+
+SEC("cgroup/recvmsg6")
+int lk_sock_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock_rev(ctx, LK_AF_INET6, SOCK_HOOK_RECVMSG6);
+}
+
+SEC("cgroup/getpeername6")
+int lk_sock_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return sock_rev(ctx, LK_AF_INET6, SOCK_HOOK_GETPEERNAME6);
 }

@@ -25,8 +25,11 @@
  * process of another netns in the attached cgroup keeps its addresses.
  *
  * Address families: one code path over struct sock_ep (family + address +
- * port); the ctx accessors are the only per-family code. The service maps
- * are IPv4 today, so an IPv6 frontend finds no service (sock_svc). */
+ * port); the ctx accessors and sock_ep_v4/sock_ep_set_v4 are the only
+ * per-family code. The service maps are IPv4 today: an IPv6 socket is
+ * load-balanced when it names an IPv4 service as an IPv4-mapped address
+ * (::ffff:a.b.c.d, dual-stack sockets), and gets the backend the same way;
+ * a real IPv6 frontend finds no service (sock_svc). */
 #ifndef LK_SOCK_H
 #define LK_SOCK_H
 
@@ -131,6 +134,35 @@ static __always_inline void sock_ctx_set(struct bpf_sock_addr *ctx, __u32 family
 	ctx->user_port = ep->port;
 }
 
+/* sock_ep_v4 returns ep's IPv4 address (IPv4, or IPv4-mapped IPv6) in *v4;
+ * 0 when it has none. */
+static __always_inline int sock_ep_v4(const struct sock_ep *ep, __be32 *v4)
+{
+	if (ep->family == LK_AF_INET) {
+		*v4 = ep->v4;
+		return 1;
+	}
+	if (ep->v6[0] || ep->v6[1] || ep->v6[2] != bpf_htonl(0xffff))
+		return 0;
+	*v4 = ep->v6[3];
+	return 1;
+}
+
+/* sock_ep_set_v4 makes ep the IPv4 address v4 in family (IPv6: mapped). */
+static __always_inline void sock_ep_set_v4(struct sock_ep *ep, __u32 family, __be32 v4, __be16 port)
+{
+	ep->family = family;
+	if (family == LK_AF_INET) {
+		ep->v4 = v4;
+	} else {
+		ep->v6[0] = 0;
+		ep->v6[1] = 0;
+		ep->v6[2] = bpf_htonl(0xffff);
+		ep->v6[3] = v4;
+	}
+	ep->port = port;
+}
+
 /* sock_mine says whether the socket is a TCP/UDP socket of the node's netns. */
 static __always_inline int sock_mine(struct bpf_sock_addr *ctx)
 {
@@ -141,21 +173,21 @@ static __always_inline int sock_mine(struct bpf_sock_addr *ctx)
 
 /* sock_svc finds the frontend ep names: a ClusterIP, else a NodePort on the
  * node's address (loopback: sock_node_addr4). */
-static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, __u8 proto)
+static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, __u8 proto, __be32 *v4)
 {
 	struct lb_svc_key k = {};
 	struct lb_svc_value *svc;
 
-	if (ep->family != LK_AF_INET)
+	if (!sock_ep_v4(ep, v4))
 		return 0; /* the service maps are IPv4 */
-	k.addr = ep->v4;
+	k.addr = *v4;
 	k.port = bpf_ntohs(ep->port);
 	k.proto = proto;
 	k.scope = LB_SCOPE_CLUSTERIP;
 	svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
 	if (svc)
 		return svc;
-	if ((bpf_ntohl(ep->v4) >> 24) == 127)
+	if ((bpf_ntohl(*v4) >> 24) == 127)
 		k.addr = sock_node_addr4;
 	k.scope = LB_SCOPE_NODEPORT;
 	return bpf_map_lookup_elem(&lk_lb_svc, &k);
@@ -179,18 +211,19 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, __u32 family, __u
 	struct lb_svc_value *svc;
 	struct sock_ep dst = {};
 	struct ct_key t = {};
+	__be32 dst4 = 0;
 	__u8 proto;
 
 	if (!sock_mine(ctx))
 		return 1;
 	proto = ctx->protocol;
 	sock_ctx_get(ctx, family, &dst);
-	svc = sock_svc(&dst, proto);
+	svc = sock_svc(&dst, proto, &dst4);
 	if (!svc)
 		return 1;
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	t.saddr = sock_node_addr4;
-	t.daddr = dst.v4;
+	t.daddr = dst4;
 	t.sport = sock_fold16(rk.cookie);
 	t.dport = dst.port;
 	t.proto = proto;
@@ -200,9 +233,7 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, __u32 family, __u
 		bpf_set_retval(-LK_ECONNREFUSED);
 		return 0;
 	}
-	rk.backend.family = LK_AF_INET; /* backends are IPv4 (sock_svc) */
-	rk.backend.v4 = be->addr;
-	rk.backend.port = bpf_htons(be->port);
+	sock_ep_set_v4(&rk.backend, family, be->addr, bpf_htons(be->port)); /* backends are IPv4 */
 	rv.frontend = dst;
 	rv.frontend_id = svc->frontend_id;
 	bpf_map_update_elem(&lk_sock_revnat, &rk, &rv, BPF_ANY);
@@ -218,6 +249,7 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, __u32 family, __u
 	struct sock_revnat_key rk = {};
 	struct sock_revnat_value *rv;
 	struct lb_revnat_value *rn;
+	__be32 fe4 = 0;
 
 	if (!sock_mine(ctx))
 		return 1;
@@ -230,7 +262,7 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, __u32 family, __u
 	 * once a service is deleted; a loopback NodePort's is the node's). */
 	rn = bpf_map_lookup_elem(&lk_lb_revnat, &rv->frontend_id);
 	if (!rn || rv->frontend.family != family || bpf_htons(rn->port) != rv->frontend.port ||
-	    (rn->addr != rv->frontend.v4 && rn->addr != sock_node_addr4)) {
+	    !sock_ep_v4(&rv->frontend, &fe4) || (rn->addr != fe4 && rn->addr != sock_node_addr4)) {
 		bpf_map_delete_elem(&lk_sock_revnat, &rk);
 		return 1;
 	}

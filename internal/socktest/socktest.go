@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -47,8 +48,10 @@ func MaybeClient() {
 // Run re-executes the test binary as a client in the netns at netnsPath
 // and, when cgroup is not empty, in that cgroup2 directory from its first
 // instruction (clone3 into the cgroup). ops are "tcp ADDR" (connect, write
-// a line, read the answer), "udpc ADDR" (the same over connected UDP) or
-// "udp ADDR" (unconnected: sendto, recvfrom). It returns one line per op:
+// a line, read the answer), "udpc ADDR" (the same over connected UDP),
+// "udp ADDR" (unconnected: sendto, recvfrom), or "tcp6m ADDR" / "udp6m ADDR"
+// (tcp / udpc from an IPv6 socket to ADDR's IPv4-mapped address; the peer is
+// reported unmapped). It returns one line per op:
 // "ok <first word of the answer> <peer>" (peer: getpeername for tcp/udpc,
 // the reply's source for udp) or "err <ERRNO>".
 func Run(netnsPath, cgroup string, ops ...string) ([]string, error) {
@@ -123,6 +126,58 @@ func do(kind, addr string) (backend, peer string, err error) {
 			return "", "", err
 		}
 		return first(buf[:n]), from.String(), nil
+	case "tcp6m", "udp6m":
+		return mapped(kind, addr, deadline)
 	}
 	return "", "", fmt.Errorf("unknown op %q", kind)
+}
+
+// mapped is tcp or udpc from an IPv6 socket to the IPv4-mapped form of addr
+// (what a dual-stack application does; Go's net would use an IPv4 socket).
+func mapped(kind, addr string, deadline time.Time) (backend, peer string, err error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "", "", err
+	}
+	typ := unix.SOCK_STREAM
+	if kind == "udp6m" {
+		typ = unix.SOCK_DGRAM
+	}
+	fd, err := unix.Socket(unix.AF_INET6, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return "", "", err
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(time.Until(deadline).Nanoseconds())
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	sa := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+	if err := unix.Connect(fd, sa); err != nil {
+		return "", "", err
+	}
+	if _, err := unix.Write(fd, []byte("ping\n")); err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 128)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return "", "", err
+	}
+	if n <= 0 {
+		return "", "", fmt.Errorf("no answer")
+	}
+	got, err := unix.Getpeername(fd)
+	if err != nil {
+		return "", "", err
+	}
+	p6, ok := got.(*unix.SockaddrInet6)
+	if !ok {
+		return "", "", fmt.Errorf("peer %T", got)
+	}
+	peerAddr := netip.AddrPortFrom(netip.AddrFrom16(p6.Addr).Unmap(), uint16(p6.Port))
+	f := strings.Fields(string(buf[:n]))
+	if len(f) == 0 {
+		return "", "", fmt.Errorf("empty answer")
+	}
+	return f[0], peerAddr.String(), nil
 }

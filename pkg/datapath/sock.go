@@ -51,6 +51,15 @@ var sockHooks = []sockHook{
 		func(o *sockObjects) *ebpf.Program { return o.LkSockRecvmsg4 }},
 	{"getpeername4", uint32(sockLkSockHookSOCK_HOOK_GETPEERNAME4), ebpf.AttachCgroupInet4GetPeername,
 		func(o *sockObjects) *ebpf.Program { return o.LkSockGetpeername4 }},
+	// IPv6 sockets: IPv4 services named by IPv4-mapped addresses.
+	{"connect6", uint32(sockLkSockHookSOCK_HOOK_CONNECT6), ebpf.AttachCGroupInet6Connect,
+		func(o *sockObjects) *ebpf.Program { return o.LkSockConnect6 }},
+	{"sendmsg6", uint32(sockLkSockHookSOCK_HOOK_SENDMSG6), ebpf.AttachCGroupUDP6Sendmsg,
+		func(o *sockObjects) *ebpf.Program { return o.LkSockSendmsg6 }},
+	{"recvmsg6", uint32(sockLkSockHookSOCK_HOOK_RECVMSG6), ebpf.AttachCGroupUDP6Recvmsg,
+		func(o *sockObjects) *ebpf.Program { return o.LkSockRecvmsg6 }},
+	{"getpeername6", uint32(sockLkSockHookSOCK_HOOK_GETPEERNAME6), ebpf.AttachCgroupInet6GetPeername,
+		func(o *sockObjects) *ebpf.Program { return o.LkSockGetpeername6 }},
 }
 
 // SockHookNames are the socket load balancer's hooks, in counter order.

@@ -121,9 +121,13 @@ const (
 	sockMapLkSockRevnat          = "lk_sock_revnat"
 	sockMapLkSockStats           = "lk_sock_stats"
 	sockProgLkSockConnect4       = "lk_sock_connect4"
+	sockProgLkSockConnect6       = "lk_sock_connect6"
 	sockProgLkSockGetpeername4   = "lk_sock_getpeername4"
+	sockProgLkSockGetpeername6   = "lk_sock_getpeername6"
 	sockProgLkSockRecvmsg4       = "lk_sock_recvmsg4"
+	sockProgLkSockRecvmsg6       = "lk_sock_recvmsg6"
 	sockProgLkSockSendmsg4       = "lk_sock_sendmsg4"
+	sockProgLkSockSendmsg6       = "lk_sock_sendmsg6"
 	sockVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	sockVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
 	sockVarLkUnusedEventKind     = "lk_unused_event_kind"
@@ -181,9 +185,13 @@ type sockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
 	LkSockConnect4     *ebpf.ProgramSpec `ebpf:"lk_sock_connect4"`
+	LkSockConnect6     *ebpf.ProgramSpec `ebpf:"lk_sock_connect6"`
 	LkSockGetpeername4 *ebpf.ProgramSpec `ebpf:"lk_sock_getpeername4"`
+	LkSockGetpeername6 *ebpf.ProgramSpec `ebpf:"lk_sock_getpeername6"`
 	LkSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"lk_sock_recvmsg4"`
+	LkSockRecvmsg6     *ebpf.ProgramSpec `ebpf:"lk_sock_recvmsg6"`
 	LkSockSendmsg4     *ebpf.ProgramSpec `ebpf:"lk_sock_sendmsg4"`
+	LkSockSendmsg6     *ebpf.ProgramSpec `ebpf:"lk_sock_sendmsg6"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -284,17 +292,25 @@ type sockVariables struct {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
 	LkSockConnect4     *ebpf.Program `ebpf:"lk_sock_connect4"`
+	LkSockConnect6     *ebpf.Program `ebpf:"lk_sock_connect6"`
 	LkSockGetpeername4 *ebpf.Program `ebpf:"lk_sock_getpeername4"`
+	LkSockGetpeername6 *ebpf.Program `ebpf:"lk_sock_getpeername6"`
 	LkSockRecvmsg4     *ebpf.Program `ebpf:"lk_sock_recvmsg4"`
+	LkSockRecvmsg6     *ebpf.Program `ebpf:"lk_sock_recvmsg6"`
 	LkSockSendmsg4     *ebpf.Program `ebpf:"lk_sock_sendmsg4"`
+	LkSockSendmsg6     *ebpf.Program `ebpf:"lk_sock_sendmsg6"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.LkSockConnect4,
+		p.LkSockConnect6,
 		p.LkSockGetpeername4,
+		p.LkSockGetpeername6,
 		p.LkSockRecvmsg4,
+		p.LkSockRecvmsg6,
 		p.LkSockSendmsg4,
+		p.LkSockSendmsg6,
 	)
 }
 

@@ -157,6 +157,8 @@ func TestLiveSockLB(t *testing.T) {
 		{"tcp nodeport loopback", "tcp 127.0.0.1:30090", "127.0.0.1:30090", "connect4", "getpeername4"},
 		{"udp clusterip", "udp 10.96.0.21:53", "10.96.0.21:53", "sendmsg4", "recvmsg4"},
 		{"connected udp clusterip", "udpc 10.96.0.21:53", "10.96.0.21:53", "connect4", "getpeername4"},
+		{"tcp clusterip, ipv6 socket (v4-mapped)", "tcp6m 10.96.0.20:80", "10.96.0.20:80", "connect6", "getpeername6"},
+		{"connected udp clusterip, ipv6 socket (v4-mapped)", "udp6m 10.96.0.21:53", "10.96.0.21:53", "connect6", "getpeername6"},
 	}
 	for _, c := range cases {
 		before := stats()
