@@ -233,11 +233,15 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, __u32 family, __u
 		bpf_set_retval(-LK_ECONNREFUSED);
 		return 0;
 	}
-	sock_ep_set_v4(&rk.backend, family, be->addr, bpf_htons(be->port)); /* backends are IPv4 */
-	rv.frontend = dst;
+	/* Keys and values hold IPv4 addresses as IPv4, whatever the socket's
+	 * family: an IPv6 socket's datagram to a mapped address takes the
+	 * IPv4 sendmsg hook, its replies the IPv6 recvmsg hook. */
+	sock_ep_set_v4(&rk.backend, LK_AF_INET, be->addr, bpf_htons(be->port));
+	sock_ep_set_v4(&rv.frontend, LK_AF_INET, dst4, dst.port);
 	rv.frontend_id = svc->frontend_id;
 	bpf_map_update_elem(&lk_sock_revnat, &rk, &rv, BPF_ANY);
-	sock_ctx_set(ctx, family, &rk.backend);
+	sock_ep_set_v4(&dst, family, be->addr, bpf_htons(be->port));
+	sock_ctx_set(ctx, family, &dst);
 	sock_stat(hook, SOCK_STAT_TRANSLATED);
 	return 1;
 }
@@ -249,24 +253,29 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, __u32 family, __u
 	struct sock_revnat_key rk = {};
 	struct sock_revnat_value *rv;
 	struct lb_revnat_value *rn;
-	__be32 fe4 = 0;
+	struct sock_ep ep = {};
+	__be32 be4 = 0, fe4 = 0;
 
 	if (!sock_mine(ctx))
 		return 1;
+	sock_ctx_get(ctx, family, &ep);
+	if (!sock_ep_v4(&ep, &be4))
+		return 1; /* backends are IPv4 */
 	rk.cookie = bpf_get_socket_cookie(ctx);
-	sock_ctx_get(ctx, family, &rk.backend);
+	sock_ep_set_v4(&rk.backend, LK_AF_INET, be4, ep.port);
 	rv = bpf_map_lookup_elem(&lk_sock_revnat, &rk);
 	if (!rv)
 		return 1;
 	/* The frontend is still the one the socket asked for (IDs are reused
 	 * once a service is deleted; a loopback NodePort's is the node's). */
 	rn = bpf_map_lookup_elem(&lk_lb_revnat, &rv->frontend_id);
-	if (!rn || rv->frontend.family != family || bpf_htons(rn->port) != rv->frontend.port ||
-	    !sock_ep_v4(&rv->frontend, &fe4) || (rn->addr != fe4 && rn->addr != sock_node_addr4)) {
+	if (!rn || bpf_htons(rn->port) != rv->frontend.port || !sock_ep_v4(&rv->frontend, &fe4) ||
+	    (rn->addr != fe4 && rn->addr != sock_node_addr4)) {
 		bpf_map_delete_elem(&lk_sock_revnat, &rk);
 		return 1;
 	}
-	sock_ctx_set(ctx, family, &rv->frontend);
+	sock_ep_set_v4(&ep, family, fe4, rv->frontend.port);
+	sock_ctx_set(ctx, family, &ep);
 	sock_stat(hook, SOCK_STAT_TRANSLATED);
 	return 1;
 }

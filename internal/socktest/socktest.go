@@ -49,9 +49,9 @@ func MaybeClient() {
 // and, when cgroup is not empty, in that cgroup2 directory from its first
 // instruction (clone3 into the cgroup). ops are "tcp ADDR" (connect, write
 // a line, read the answer), "udpc ADDR" (the same over connected UDP),
-// "udp ADDR" (unconnected: sendto, recvfrom), or "tcp6m ADDR" / "udp6m ADDR"
-// (tcp / udpc from an IPv6 socket to ADDR's IPv4-mapped address; the peer is
-// reported unmapped). It returns one line per op:
+// "udp ADDR" (unconnected: sendto, recvfrom), or "tcp6m" / "udp6m" /
+// "udp6mu ADDR" (tcp / udpc / udp from an IPv6 socket to ADDR's IPv4-mapped
+// address; the peer is reported unmapped). It returns one line per op:
 // "ok <first word of the answer> <peer>" (peer: getpeername for tcp/udpc,
 // the reply's source for udp) or "err <ERRNO>".
 func Run(netnsPath, cgroup string, ops ...string) ([]string, error) {
@@ -126,7 +126,7 @@ func do(kind, addr string) (backend, peer string, err error) {
 			return "", "", err
 		}
 		return first(buf[:n]), from.String(), nil
-	case "tcp6m", "udp6m":
+	case "tcp6m", "udp6m", "udp6mu":
 		return mapped(kind, addr, deadline)
 	}
 	return "", "", fmt.Errorf("unknown op %q", kind)
@@ -140,7 +140,7 @@ func mapped(kind, addr string, deadline time.Time) (backend, peer string, err er
 		return "", "", err
 	}
 	typ := unix.SOCK_STREAM
-	if kind == "udp6m" {
+	if kind != "tcp6m" {
 		typ = unix.SOCK_DGRAM
 	}
 	fd, err := unix.Socket(unix.AF_INET6, typ|unix.SOCK_CLOEXEC, 0)
@@ -152,6 +152,9 @@ func mapped(kind, addr string, deadline time.Time) (backend, peer string, err er
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	sa := &unix.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+	if kind == "udp6mu" {
+		return mappedUnconnected(fd, sa)
+	}
 	if err := unix.Connect(fd, sa); err != nil {
 		return "", "", err
 	}
@@ -174,10 +177,31 @@ func mapped(kind, addr string, deadline time.Time) (backend, peer string, err er
 	if !ok {
 		return "", "", fmt.Errorf("peer %T", got)
 	}
-	peerAddr := netip.AddrPortFrom(netip.AddrFrom16(p6.Addr).Unmap(), uint16(p6.Port))
-	f := strings.Fields(string(buf[:n]))
+	return answer6(buf[:n], p6)
+}
+
+// mappedUnconnected is udp from an IPv6 socket: sendto, recvfrom.
+func mappedUnconnected(fd int, to *unix.SockaddrInet6) (backend, peer string, err error) {
+	if err := unix.Sendto(fd, []byte("ping\n"), 0, to); err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 128)
+	n, from, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		return "", "", err
+	}
+	p6, ok := from.(*unix.SockaddrInet6)
+	if !ok {
+		return "", "", fmt.Errorf("source %T", from)
+	}
+	return answer6(buf[:n], p6)
+}
+
+// answer6 is the answer's first word and the peer, unmapped.
+func answer6(b []byte, p6 *unix.SockaddrInet6) (backend, peer string, err error) {
+	f := strings.Fields(string(b))
 	if len(f) == 0 {
 		return "", "", fmt.Errorf("empty answer")
 	}
-	return f[0], peerAddr.String(), nil
+	return f[0], netip.AddrPortFrom(netip.AddrFrom16(p6.Addr).Unmap(), uint16(p6.Port)).String(), nil
 }

@@ -159,6 +159,9 @@ func TestLiveSockLB(t *testing.T) {
 		{"connected udp clusterip", "udpc 10.96.0.21:53", "10.96.0.21:53", "connect4", "getpeername4"},
 		{"tcp clusterip, ipv6 socket (v4-mapped)", "tcp6m 10.96.0.20:80", "10.96.0.20:80", "connect6", "getpeername6"},
 		{"connected udp clusterip, ipv6 socket (v4-mapped)", "udp6m 10.96.0.21:53", "10.96.0.21:53", "connect6", "getpeername6"},
+		// The kernel sends an IPv6 socket's datagram to a mapped address
+		// the IPv4 way (sendmsg4); the reply comes through recvmsg6.
+		{"udp clusterip, ipv6 socket (v4-mapped)", "udp6mu 10.96.0.21:53", "10.96.0.21:53", "sendmsg4", "recvmsg6"},
 	}
 	for _, c := range cases {
 		before := stats()
