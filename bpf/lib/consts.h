@@ -91,6 +91,29 @@ enum lk_lb_stat {
 };
 const enum lk_lb_stat *lk_unused_lb_stat __attribute__((unused));
 /* [/LB] */
+/* Socket LB (sock.c) hooks: the first index into lk_sock_stats. The IPv6
+ * hooks have their numbers already, so the pinned map keeps its size when
+ * they arrive. */
+enum lk_sock_hook {
+	SOCK_HOOK_CONNECT4 = 0,
+	SOCK_HOOK_SENDMSG4 = 1,
+	SOCK_HOOK_RECVMSG4 = 2,
+	SOCK_HOOK_GETPEERNAME4 = 3,
+	SOCK_HOOK_CONNECT6 = 4,
+	SOCK_HOOK_SENDMSG6 = 5,
+	SOCK_HOOK_RECVMSG6 = 6,
+	SOCK_HOOK_GETPEERNAME6 = 7,
+	SOCK_HOOK_MAX = 8,
+};
+
+/* Socket LB counters per hook: lk_sock_stats[hook * SOCK_STAT_MAX + stat]. */
+enum lk_sock_stat {
+	SOCK_STAT_TRANSLATED = 0, /* forward: service -> backend; reverse: backend -> service */
+	SOCK_STAT_NO_BACKEND = 1, /* a frontend without a backend: the call fails (ECONNREFUSED) */
+	SOCK_STAT_MAX = 2,
+};
+const enum lk_sock_hook *lk_unused_sock_hook __attribute__((unused));
+const enum lk_sock_stat *lk_unused_sock_stat __attribute__((unused));
 /* Direction of a policy rule, seen from its subject (policy.Direction). */
 enum lk_policy_dir {
 	POLICY_DIR_INGRESS = 0,

@@ -112,15 +112,6 @@ enum lk_ct_counter {
 	CT_COUNT_MAX = 4,
 };
 
-struct ct_key {
-	__be32 saddr;
-	__be32 daddr;
-	__be16 sport;
-	__be16 dport;
-	__u8 proto;
-	__u8 flags; /* enum lk_ct_key_flags */
-	__u16 pad;
-};
 
 struct ct_entry {
 	__u64 last_seen; /* bpf_ktime_get_ns */

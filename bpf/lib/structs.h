@@ -58,4 +58,16 @@ struct lk_event {
 	__u8 pad;
 };
 
+/* A conntrack key (lk_ct4, ct.h): also the flow tuple the LB hashes
+ * (lb_select.h). */
+struct ct_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 flags; /* enum lk_ct_key_flags */
+	__u16 pad;
+};
+
 #endif

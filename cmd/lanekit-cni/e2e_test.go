@@ -171,7 +171,10 @@ func (e *e2e) startAgentEnv(t *testing.T, env ...string) {
 func (e *e2e) agentCmd(env ...string) *exec.Cmd {
 	cmd := exec.Command("nsenter", "--net="+e.node.Path(), "--", filepath.Join(e.bin, "lanekitd"),
 		"--state-dir", e.stateDir, "--socket", e.sock, "--uplink", "lo", "--mtu", "1500",
-		"--pod-cidr", "10.66.0.0/24", "--bpf-dir", e.bpfDir)
+		"--pod-cidr", "10.66.0.0/24", "--bpf-dir", e.bpfDir,
+		// Not the socket LB: its default cgroup is the cgroup2 root, every
+		// process of the machine (the lab and its tests use a child cgroup).
+		"--socket-lb=false")
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = e.agentLog
 	return cmd

@@ -41,6 +41,9 @@ func run(args []string) error {
 		verbose bool
 		metrics string
 		kube    kubeFlags
+
+		cgroupRoot string
+		sockLB     bool
 	)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
@@ -93,6 +96,8 @@ func run(args []string) error {
 		return nil
 	})
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
+	fs.StringVar(&cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
+	fs.BoolVar(&sockLB, "socket-lb", true, "load-balance services for the node's own processes and hostNetwork pods (cgroup BPF at --cgroup-root)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")
@@ -107,6 +112,12 @@ func run(args []string) error {
 	}
 	if podCIDR == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
+	}
+	if sockLB {
+		if cgroupRoot == "" {
+			return fmt.Errorf("--socket-lb needs --cgroup-root")
+		}
+		cfg.SockLBCgroup = cgroupRoot
 	}
 
 	level := slog.LevelInfo

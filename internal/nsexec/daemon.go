@@ -13,6 +13,12 @@ import (
 // without the descriptors the caller inherited (CloseInheritedOnExec). A
 // goroutine reaps it should it end while the caller still runs.
 func StartDaemon(netns, logPath, bin string, args ...string) (*exec.Cmd, error) {
+	return StartDaemonIn(netns, "", logPath, bin, args...)
+}
+
+// StartDaemonIn is StartDaemon in the cgroup2 directory cgroup (from its
+// first instruction: clone3 into the cgroup); empty: the caller's.
+func StartDaemonIn(netns, cgroup, logPath, bin string, args ...string) (*exec.Cmd, error) {
 	CloseInheritedOnExec()
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -26,6 +32,14 @@ func StartDaemon(netns, logPath, bin string, args ...string) (*exec.Cmd, error) 
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cgroup != "" {
+		cg, err := os.Open(cgroup)
+		if err != nil {
+			return nil, err
+		}
+		defer cg.Close()
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(cg.Fd())
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

@@ -85,6 +85,11 @@ type Config struct {
 	// beneath, with no symbolic link below them. Empty:
 	// <KubeletRootDir>/pods and DefaultVMHostSocketRoot.
 	VMHostSocketRoots []string
+	// SockLBCgroup is the cgroup2 directory the socket load balancer
+	// attaches to (services for the node's processes and hostNetwork pods);
+	// cgroup2 is mounted there if it is not on one. A node uses its
+	// cgroup2 root; the lab a child cgroup per node. Empty: off.
+	SockLBCgroup string
 }
 
 // Agent is one node's agent.
@@ -208,6 +213,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if err := a.restoreControlPlane(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := a.setupSockLB(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	// The node's addresses before the API serves (kubelet probes of pods

@@ -449,9 +449,15 @@ func (a *Agent) PolicyVerdicts() (map[policy.PolicyRef]datapath.PolicyVerdict, e
 // LBCounters names the load-balancer counters of st (the lb_events metric
 // and the API's lb_counters).
 func LBCounters(st datapath.ServiceStats) map[string]uint64 {
-	return map[string]uint64{
+	m := map[string]uint64{
 		"new-flow": st.NewFlows, "conntrack-hit": st.ConntrackHits, "reselected": st.Reselected,
 		"affinity-hit": st.AffinityHits, "rev-nat": st.RevNAT, "no-backend": st.NoBackend, "hairpin": st.Hairpin,
 		"nodeport-local": st.NodePortLocal, "nodeport-snat": st.NodePortSNAT,
 	}
+	// The socket load balancer (node processes, hostNetwork pods), per hook.
+	for hook, c := range st.Sock {
+		m["socket-"+hook+"-translated"] = c.Translated
+		m["socket-"+hook+"-no-backend"] = c.NoBackend
+	}
+	return m
 }

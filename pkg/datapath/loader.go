@@ -30,7 +30,8 @@ type Loader struct {
 	mu     sync.Mutex
 	pod    podObjects
 	uplink uplinkObjects
-	vm     vmMaps // lk_xsks; each VM gets its own steer_vm instance (AttachVM)
+	vm     vmMaps    // lk_xsks; each VM gets its own steer_vm instance (AttachVM)
+	sock   *sockMaps // the socket LB's maps, after AttachSockLB (sock.go)
 }
 
 var _ Datapath = (*Loader)(nil)
@@ -286,7 +287,11 @@ func (l *Loader) detach(pin string) error {
 func (l *Loader) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return errors.Join(l.pod.Close(), l.uplink.Close(), l.vm.Close())
+	errs := []error{l.pod.Close(), l.uplink.Close(), l.vm.Close()}
+	if l.sock != nil {
+		errs = append(errs, l.sock.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Unpin removes everything pinned in the pin directory: links (detaching the

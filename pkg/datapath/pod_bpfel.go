@@ -332,6 +332,8 @@ const (
 	podVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	podVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	podVarLkUnusedSockHook      = "lk_unused_sock_hook"
+	podVarLkUnusedSockStat      = "lk_unused_sock_stat"
 	podVarTraceRedirects        = "trace_redirects"
 )
 
@@ -429,6 +431,8 @@ type podVariableSpecs struct {
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
 
@@ -522,6 +526,8 @@ type podVariables struct {
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }
 

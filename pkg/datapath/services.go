@@ -62,6 +62,10 @@ type ServiceStats struct {
 	Hairpin       uint64 // new flows whose client is its own backend
 	NodePortLocal uint64 // new NodePort flows to a local backend
 	NodePortSNAT  uint64 // new NodePort flows to a remote backend (SNAT)
+
+	// Sock are the socket load balancer's counters by hook (sock.go);
+	// empty while it is not attached.
+	Sock map[string]SockCounters
 }
 
 // Conntrack constants from bpf/lib/ct.h (generated).
@@ -645,5 +649,7 @@ func (l *Loader) ServiceStats() (ServiceStats, error) {
 	s.Hairpin = stats[podLkLbStatLB_STAT_HAIRPIN]
 	s.NodePortLocal = stats[podLkLbStatLB_STAT_NODEPORT_LOCAL]
 	s.NodePortSNAT = stats[podLkLbStatLB_STAT_NODEPORT_SNAT]
-	return s, nil
+	var err error
+	s.Sock, err = l.sockStats()
+	return s, err
 }

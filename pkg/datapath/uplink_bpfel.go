@@ -194,6 +194,8 @@ const (
 	uplinkVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	uplinkVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	uplinkVarLkUnusedSockHook      = "lk_unused_sock_hook"
+	uplinkVarLkUnusedSockStat      = "lk_unused_sock_stat"
 	uplinkVarTraceRedirects        = "trace_redirects"
 )
 
@@ -289,6 +291,8 @@ type uplinkVariableSpecs struct {
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 }
 
@@ -381,6 +385,8 @@ type uplinkVariables struct {
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 }
 

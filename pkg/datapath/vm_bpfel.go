@@ -73,6 +73,8 @@ const (
 	vmVarLkUnusedMetricKind    = "lk_unused_metric_kind"
 	vmVarLkUnusedPolicyDir     = "lk_unused_policy_dir"
 	vmVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
+	vmVarLkUnusedSockHook      = "lk_unused_sock_hook"
+	vmVarLkUnusedSockStat      = "lk_unused_sock_stat"
 	vmVarTraceRedirects        = "trace_redirects"
 	vmVarVmId                  = "vm_id"
 	vmVarVmMac                 = "vm_mac"
@@ -154,6 +156,8 @@ type vmVariableSpecs struct {
 	LkUnusedMetricKind    *ebpf.VariableSpec `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.VariableSpec `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	VmId                  *ebpf.VariableSpec `ebpf:"vm_id"`
 	VmMac                 *ebpf.VariableSpec `ebpf:"vm_mac"`
@@ -220,6 +224,8 @@ type vmVariables struct {
 	LkUnusedMetricKind    *ebpf.Variable `ebpf:"lk_unused_metric_kind"`
 	LkUnusedPolicyDir     *ebpf.Variable `ebpf:"lk_unused_policy_dir"`
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
+	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
+	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	VmId                  *ebpf.Variable `ebpf:"vm_id"`
 	VmMac                 *ebpf.Variable `ebpf:"vm_mac"`

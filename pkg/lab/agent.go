@@ -26,6 +26,7 @@ func agentArgs(i int, k8s bool) []string {
 	}
 	return append(args,
 		"--bpf-dir", BPFDir(i),
+		"--cgroup-root", NodeCgroup(i),
 		"--vm-socket-dir", NodeDir(i)+"/vm",
 		// VM attachments (lab kubelet + NetworkAttachmentDefinition): the
 		// pod volumes are the lab kubelets', backends run as nobody.
@@ -44,8 +45,12 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 	if err := os.MkdirAll(NodeDir(i)+"/state", 0o755); err != nil {
 		return 0, fmt.Errorf("agent dir: %w", err)
 	}
+	// The agent is a process of its node: in the node's cgroup.
+	if err := ensureNodeCgroup(i); err != nil {
+		return 0, err
+	}
 	// startDaemon writes AgentLog(i) and AgentPIDFile(i): base NodeDir(i)/agent.
-	pid, err := startDaemon(NodeNS(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgs(i, k8s)...)
+	pid, err := startDaemonIn(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgs(i, k8s)...)
 	if err != nil {
 		return pid, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
 	}

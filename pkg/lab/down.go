@@ -28,8 +28,8 @@ var labProcs = map[string]bool{
 
 // Down removes everything the lab may have left, also after a crashed or
 // half-done Up: CNI DEL for recorded pods (best effort), agents by pid file,
-// lab programs still running in an lk- netns, every lk- netns, RunDir and the
-// nodes' bpffs pins. It is idempotent.
+// lab programs still running in an lk- netns, every lk- netns, RunDir, the
+// nodes' bpffs pins and their cgroups (NodeCgroup). It is idempotent.
 func Down(ctx context.Context, o DownOptions) error {
 	say := o.Out
 	if say == nil {
@@ -83,6 +83,10 @@ func Down(ctx context.Context, o DownOptions) error {
 		if err := os.RemoveAll(d); err != nil {
 			errs = append(errs, fmt.Errorf("remove pins %s: %w", d, err))
 		}
+	}
+	// After the pins (the socket LB's cgroup links) and the processes.
+	if err := removeLabCgroups(); err != nil {
+		errs = append(errs, err)
 	}
 	if left := listLabNetns(); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("netns still present: %s", strings.Join(left, " ")))

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/internal/socktest"
 )
 
 // LockPath serialises the users of the global lab (its namespaces, daemons
@@ -18,6 +20,9 @@ import (
 const LockPath = "/tmp/lanekit-lab.lock"
 
 func TestMain(m *testing.M) {
+	// The socket-LB test client re-executes this binary: it runs and exits
+	// here, before the lock its parent holds.
+	socktest.MaybeClient()
 	if os.Geteuid() == 0 {
 		// O_CLOEXEC (Go's default): the lab's daemons do not inherit it.
 		f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_RDWR, 0o644)

@@ -160,7 +160,12 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 // startDaemon starts argv detached inside ns (nsenter --net keeps the host's
 // /sys), logging to base.log with its pid in base.pid.
 func startDaemon(ns, base, bin string, args ...string) (int, error) {
-	cmd, err := nsexec.StartDaemon(netnsPath(ns), base+".log", bin, args...)
+	return startDaemonIn(ns, "", base, bin, args...)
+}
+
+// startDaemonIn is startDaemon in the cgroup2 directory cgroup.
+func startDaemonIn(ns, cgroup, base, bin string, args ...string) (int, error) {
+	cmd, err := nsexec.StartDaemonIn(netnsPath(ns), cgroup, base+".log", bin, args...)
 	if err != nil {
 		return 0, fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}
