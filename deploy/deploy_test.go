@@ -729,3 +729,36 @@ func TestDaemonSetFlagsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketLBCgroupMounted: the socket load balancer attaches to the node's
+// cgroup2 root, which a container's own cgroup namespace hides. The
+// mount-cgroup init container mounts the host's hierarchy (from PID 1's
+// cgroup and mount namespaces) where the agent's --cgroup-root points, and the
+// agent sees that mount through the run volume's propagation.
+func TestSocketLBCgroupMounted(t *testing.T) {
+	spec := load(t).ds.Spec.Template.Spec
+	agent := container(t, spec.Containers, "agent")
+	root := flags(agent)["cgroup-root"]
+	if root == "" {
+		t.Fatal("the agent has no --cgroup-root")
+	}
+	mc := container(t, spec.InitContainers, "mount-cgroup")
+	cmd := strings.Join(append(mc.Command, mc.Args...), " ")
+	for _, want := range []string{"nsenter", "--cgroup=/hostproc/1/ns/cgroup", "--mount=/hostproc/1/ns/mnt", "mount -t cgroup2 none " + root} {
+		if !strings.Contains(cmd, want) {
+			t.Errorf("mount-cgroup command lacks %q: %s", want, cmd)
+		}
+	}
+	if mc.SecurityContext == nil || mc.SecurityContext.Privileged == nil || !*mc.SecurityContext.Privileged {
+		t.Error("mount-cgroup is not privileged: it cannot enter the host's namespaces")
+	}
+	propagated := false
+	for _, m := range agent.VolumeMounts {
+		if strings.HasPrefix(root, m.MountPath+"/") && m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationHostToContainer {
+			propagated = true
+		}
+	}
+	if !propagated {
+		t.Errorf("no agent volume above %s propagates host mounts (HostToContainer)", root)
+	}
+}
