@@ -39,6 +39,7 @@ int from_pod(struct __sk_buff *skb)
 {
 	__u32 ifindex = skb->ifindex;
 	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
+	struct lb_pending *pend = lb_pending_get();
 	struct pkt p;
 	__u32 reason, charge;
 
@@ -67,7 +68,7 @@ int from_pod(struct __sk_buff *skb)
 	/* [LB]: service frontends (ClusterIP) are load-balanced; replies of
 	 * flows this node load-balanced are translated back. */
 	{
-		int changed, v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, ep, &changed);
+		int changed, v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, ep, &changed, pend);
 
 		if (v != LB_CONTINUE)
 			return v;
@@ -84,6 +85,7 @@ int from_pod(struct __sk_buff *skb)
 	if (reason)
 		return drop(skb, charge, reason);
 	/* [/policy] */
+	lb_commit(pend); /* [LB] the new flow's state, now that it is allowed */
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

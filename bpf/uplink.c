@@ -22,6 +22,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 SEC("tc")
 int from_uplink(struct __sk_buff *skb)
 {
+	struct lb_pending *pend = lb_pending_get();
 	struct endpoint_info *dst;
 	struct pkt p;
 	__u32 reason;
@@ -41,7 +42,7 @@ int from_uplink(struct __sk_buff *skb)
 	 * replies of flows this node load-balanced (its pods' service flows,
 	 * NodePort flows it source-NATed) are translated back. */
 	{
-		int changed, v = lb4(skb, &p, LB_SCOPE_NODEPORT, 0, &changed);
+		int changed, v = lb4(skb, &p, LB_SCOPE_NODEPORT, 0, &changed, pend);
 
 		if (v != LB_CONTINUE)
 			return v;
@@ -50,7 +51,9 @@ int from_uplink(struct __sk_buff *skb)
 				return TC_ACT_SHOT;
 			if (!bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr)) {
 				/* Translated for another node (NodePort to a
-				 * remote backend, or its reply to the client). */
+				 * remote backend, or its reply to the client):
+				 * that node's policy judges it. */
+				lb_commit(pend);
 				if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 					return TC_ACT_OK;
 				return route_ipv4(skb, &p, 0);
@@ -59,14 +62,17 @@ int from_uplink(struct __sk_buff *skb)
 	}
 	/* [/LB] */
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
-	if (!dst)
+	if (!dst) {
+		lb_commit(pend); /* nothing pending: LB changed nothing */
 		return TC_ACT_OK;
+	}
 	/* [policy] the receiver's ingress, before any path into it (the host
 	 * stack's included). */
 	reason = policy_to_endpoint(skb, &p, dst, 0);
 	if (reason)
 		return drop(skb, dst->id, reason);
 	/* [/policy] */
+	lb_commit(pend); /* [LB] the new flow's state, now that it is allowed */
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, 0, dst);

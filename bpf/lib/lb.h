@@ -287,11 +287,75 @@ static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_en
 	return 0;
 }
 
+/* lb_pending holds the conntrack entries a new load-balanced flow needs
+ * until the caller's policy has allowed the packet; lb_commit then creates
+ * them. A packet policy drops leaves no state, so a denied pod spraying SYNs
+ * at a ClusterIP cannot churn the shared LRU table and evict other pods' NAT
+ * state. Source-NATed flows (hairpin, NodePort to a remote backend) create
+ * theirs at once: their source port is allocated by creating the entry. */
+struct lb_pending {
+	struct ct_key sk; /* the service entry */
+	struct ct_entry se;
+	struct ct_key ft; /* the flow entry on the translated tuple */
+	struct ct_entry fe;
+	__u8 svc;
+	__u8 flow;
+};
+
+/* Where a program keeps its lb_pending: too big for the BPF stack beside
+ * the rest of from_pod, and a program runs to completion on its CPU. Not
+ * pinned: scratch, not state. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_pending);
+} lk_lb_pending SEC(".maps");
+
+/* lb_pending_get returns this CPU's lb_pending, emptied (NULL should the
+ * lookup fail: lb4 then creates entries at once, as without policy). */
+static __always_inline struct lb_pending *lb_pending_get(void)
+{
+	__u32 zero = 0;
+	struct lb_pending *p = bpf_map_lookup_elem(&lk_lb_pending, &zero);
+
+	if (p) {
+		p->svc = 0;
+		p->flow = 0;
+	}
+	return p;
+}
+
+/* lb_commit creates what lb4 left pending in p, after the packet passed
+ * policy. A flow entry policy created meanwhile for the same tuple (a new
+ * connection it tracks, CT_F_POLICY) gets what replies need added. */
+static __always_inline void lb_commit(const struct lb_pending *p)
+{
+	struct ct_entry *fe;
+
+	if (!p)
+		return;
+	if (p->svc)
+		ct_create4(&p->sk, &p->se);
+	if (!p->flow)
+		return;
+	fe = bpf_map_lookup_elem(&lk_ct4, &p->ft);
+	if (fe && !ct_expired(fe, p->ft.proto, bpf_ktime_get_ns())) {
+		fe->rev_nat_id = p->fe.rev_nat_id;
+		fe->nat_addr = p->fe.nat_addr;
+		fe->nat_port = p->fe.nat_port;
+		fe->flags |= p->fe.flags;
+		return;
+	}
+	ct_create4(&p->ft, &p->fe);
+}
+
 /* lb_forward load-balances a packet to frontend svc (tuple t). Returns
- * LB_CONTINUE with the packet translated, or a TC verdict. */
+ * LB_CONTINUE with the packet translated, or a TC verdict. A new flow's
+ * entries go to pend (when given) for lb_commit. */
 static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key *t, __u8 tcpf,
 				      const struct lb_svc_value *svc, __u8 scope, __u32 l4off, __u16 tot_len,
-				      __u32 ihl, const struct endpoint_info *ep)
+				      __u32 ihl, const struct endpoint_info *ep, struct lb_pending *pend)
 {
 	struct ct_key sk = *t;
 	struct ct_key ft = {};
@@ -367,7 +431,13 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		ne.nat_addr = snat_addr;
 		ne.nat_port = snat_port;
 		ne.flags = snat_flags;
-		ct_create4(&sk, &ne);
+		if (pend && !snat_flags) {
+			pend->sk = sk;
+			pend->se = ne;
+			pend->svc = 1;
+		} else {
+			ct_create4(&sk, &ne);
+		}
 		se = 0;
 	}
 	/* The flow entry on the translated tuple (replies match it reversed). */
@@ -386,7 +456,13 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			.flags = CT_F_REVNAT | snat_flags,
 		};
 
-		ct_create4(&ft, &nf);
+		if (pend) {
+			pend->ft = ft;
+			pend->fe = nf;
+			pend->flow = 1;
+		} else {
+			ct_create4(&ft, &nf);
+		}
 	} else if (fe) {
 		/* A flow entry policy created first: add what replies need. */
 		if (!(fe->flags & CT_F_REVNAT) || fe->rev_nat_id != svc->frontend_id) {
@@ -541,9 +617,11 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 /* lb4 is the [LB] step: frontends of scope `scope` are load-balanced,
  * replies of load-balanced flows translated back. ep is the sending
  * endpoint (NULL on the uplink). Returns LB_CONTINUE (*changed set when the
- * packet was rewritten: the caller re-parses) or a TC verdict. */
+ * packet was rewritten: the caller re-parses) or a TC verdict. A new flow's
+ * conntrack entries wait in *pend: the caller runs lb_commit(pend) once the
+ * packet is on its way (after policy), never for a packet it drops. */
 static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
-			       const struct endpoint_info *ep, int *changed)
+			       const struct endpoint_info *ep, int *changed, struct lb_pending *pend)
 {
 	struct ct_key t;
 	struct lb_svc_key k;
@@ -579,7 +657,7 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 			scope = LB_SCOPE_NODEPORT;
 	}
 	if (svc) {
-		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep);
+		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep, pend);
 		if (r == LB_CONTINUE)
 			*changed = 1;
 		return r;

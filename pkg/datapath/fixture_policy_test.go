@@ -599,9 +599,15 @@ func TestPolicyServiceFlows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	created := s.stats(t).ConntrackCreated
 	r := s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.10", 80, 45000, tcpSYN))
 	if r.verdict != tcActRedirect || r.redirIf != ifH2(e) {
 		t.Fatalf("client to the service: verdict %d to ifindex %d, want redirect into web", r.verdict, r.redirIf)
+	}
+	// The service entry and one flow entry (policy's, which load balancing
+	// completes with its rev-NAT: the reply below needs it).
+	if d := s.stats(t).ConntrackCreated - created; d != 2 {
+		t.Errorf("an allowed service flow created %d conntrack entries, want 2", d)
 	}
 	if dst := netip.AddrFrom4([4]byte(r.out[30:34])); dst != e.ep2.IP || binary.BigEndian.Uint16(r.out[36:]) != 8080 {
 		t.Fatalf("service flow not translated to the backend: %s:%d", dst, binary.BigEndian.Uint16(r.out[36:]))
@@ -643,9 +649,15 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
+	created = s.stats(t).ConntrackCreated
 	r = s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.10", 80, 45001, tcpSYN))
 	if r.verdict != tcActShot {
 		t.Fatalf("client to the service under web-port-80: verdict %d, want drop", r.verdict)
+	}
+	// A packet policy drops leaves no conntrack state (a denied pod
+	// spraying SYNs at a ClusterIP would churn the shared table).
+	if d := s.stats(t).ConntrackCreated - created; d != 0 {
+		t.Errorf("a service flow policy dropped created %d conntrack entries, want 0", d)
 	}
 	if a, err := e.dp.Counters(2); err != nil || a.Drops[DropPolicyIngress]-drops.Drops[DropPolicyIngress] != 1 {
 		t.Fatalf("web's policy-ingress drops grew by %d (%v), want 1", a.Drops[DropPolicyIngress]-drops.Drops[DropPolicyIngress], err)

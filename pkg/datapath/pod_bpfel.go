@@ -76,6 +76,17 @@ type podLbBackendValue struct {
 	FrontendId uint32
 }
 
+type podLbPending struct {
+	_    structs.HostLayout
+	Sk   podCtKey
+	Se   podCtEntry
+	Ft   podCtKey
+	Fe   podCtEntry
+	Svc  uint8
+	Flow uint8
+	_    [6]byte
+}
+
 type podLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
@@ -302,6 +313,7 @@ const (
 	podMapLkLbAffinity          = "lk_lb_affinity"
 	podMapLkLbBackends          = "lk_lb_backends"
 	podMapLkLbMaglev            = "lk_lb_maglev"
+	podMapLkLbPending           = "lk_lb_pending"
 	podMapLkLbRevnat            = "lk_lb_revnat"
 	podMapLkLbStats             = "lk_lb_stats"
 	podMapLkLbSvc               = "lk_lb_svc"
@@ -397,6 +409,7 @@ type podMapSpecs struct {
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
@@ -466,6 +479,7 @@ type podMaps struct {
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
@@ -491,6 +505,7 @@ func (m *podMaps) Close() error {
 		m.LkLbAffinity,
 		m.LkLbBackends,
 		m.LkLbMaglev,
+		m.LkLbPending,
 		m.LkLbRevnat,
 		m.LkLbStats,
 		m.LkLbSvc,

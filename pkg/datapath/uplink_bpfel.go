@@ -76,6 +76,17 @@ type uplinkLbBackendValue struct {
 	FrontendId uint32
 }
 
+type uplinkLbPending struct {
+	_    structs.HostLayout
+	Sk   uplinkCtKey
+	Se   uplinkCtEntry
+	Ft   uplinkCtKey
+	Fe   uplinkCtEntry
+	Svc  uint8
+	Flow uint8
+	_    [6]byte
+}
+
 type uplinkLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
@@ -166,6 +177,7 @@ const (
 	uplinkMapLkLbAffinity          = "lk_lb_affinity"
 	uplinkMapLkLbBackends          = "lk_lb_backends"
 	uplinkMapLkLbMaglev            = "lk_lb_maglev"
+	uplinkMapLkLbPending           = "lk_lb_pending"
 	uplinkMapLkLbRevnat            = "lk_lb_revnat"
 	uplinkMapLkLbStats             = "lk_lb_stats"
 	uplinkMapLkLbSvc               = "lk_lb_svc"
@@ -258,6 +270,7 @@ type uplinkMapSpecs struct {
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
@@ -326,6 +339,7 @@ type uplinkMaps struct {
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
@@ -351,6 +365,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkLbAffinity,
 		m.LkLbBackends,
 		m.LkLbMaglev,
+		m.LkLbPending,
 		m.LkLbRevnat,
 		m.LkLbStats,
 		m.LkLbSvc,
