@@ -19,11 +19,12 @@ func openMetricsLoader(t testing.TB) *Loader {
 	t.Helper()
 	testutil.RequireBPFFS(t)
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-metrics-%d", os.Getpid()))
+	t.Cleanup(func() { Unpin(dir) }) // a failed Open may have pinned some maps
 	l, err := Open(Config{PinDir: dir}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("open datapath: %v", err)
 	}
-	t.Cleanup(func() { l.Close(); Unpin(dir) })
+	t.Cleanup(func() { l.Close() })
 	return l
 }
 

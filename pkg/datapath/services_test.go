@@ -67,11 +67,12 @@ func TestServiceProgrammingTime(t *testing.T) {
 	testutil.RequireBPFFS(t)
 	const n, backends = 10000, 4
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-test-%d-scale", os.Getpid()))
+	t.Cleanup(func() { Unpin(pin) }) // a failed Open may have pinned some maps
 	dp, err := Open(Config{PinDir: pin}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { dp.Close(); Unpin(pin) })
+	t.Cleanup(func() { dp.Close() })
 
 	svcs, eps := scaleObjects(n, backends)
 	t0 := time.Now()
