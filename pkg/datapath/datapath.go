@@ -147,7 +147,8 @@ type Config struct {
 	// their ARP requests for it. Zero means DefaultGatewayIP.
 	GatewayIP netip.Addr
 	// ConntrackEntries sizes the conntrack table lk_ct4 (0: 262144). A pinned
-	// table of another size is refused (remove it to resize).
+	// table of another size is migrated: its flows are copied into one of
+	// this size (migrate.go).
 	ConntrackEntries int
 
 	traceRedirects bool // fixtures: record each redirect decision

@@ -91,6 +91,9 @@ func (l *Loader) load() error {
 	if err := podSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
+	if _, err := migratePinned(podSpec, l.cfg.PinDir, l.log); err != nil {
+		return err
+	}
 	if err := podSpec.LoadAndAssign(&l.pod, opts); err != nil {
 		return fmt.Errorf("load pod programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
 	}
@@ -109,6 +112,10 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
+	if _, err := migratePinned(upSpec, l.cfg.PinDir, l.log); err != nil {
+		l.pod.Close()
+		return err
+	}
 	if err := upSpec.LoadAndAssign(&l.uplink, opts); err != nil {
 		l.pod.Close()
 		return fmt.Errorf("load uplink programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
@@ -117,7 +124,9 @@ func (l *Loader) load() error {
 	vmSpec, err := loadVm()
 	if err == nil {
 		sizeMetrics(vmSpec)
-		err = vmSpec.LoadAndAssign(&l.vm, opts)
+		if _, err = migratePinned(vmSpec, l.cfg.PinDir, l.log); err == nil {
+			err = vmSpec.LoadAndAssign(&l.vm, opts)
+		}
 	}
 	if err != nil {
 		l.pod.Close()
