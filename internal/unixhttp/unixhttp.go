@@ -9,7 +9,7 @@ import (
 	"net"
 	"net/http"
 
-	"golang.org/x/sys/unix"
+	"github.com/lanekit/lanekit/internal/peercred"
 )
 
 // MaxBody bounds what Get reads.
@@ -70,21 +70,9 @@ func GetWith(ctx context.Context, sock, path string, o Options) ([]byte, error) 
 
 // checkPeer compares the uid of the process at the other end of c with uid.
 func checkPeer(c *net.UnixConn, uid uint32) error {
-	raw, err := c.SyscallConn()
+	cred, err := peercred.Of(c)
 	if err != nil {
 		return err
-	}
-	var (
-		cred *unix.Ucred
-		cerr error
-	)
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", cerr)
 	}
 	if cred.Uid != uid {
 		return fmt.Errorf("server runs as uid %d, want %d", cred.Uid, uid)

@@ -3,8 +3,6 @@ package datapath
 import (
 	"net/netip"
 	"testing"
-
-	"github.com/lanekit/lanekit/pkg/policy"
 )
 
 // ipBlocks that cover pods: a peer matches by identity or by address, the
@@ -89,8 +87,7 @@ func TestPolicyIPBlockCoversPods(t *testing.T) {
 func TestPolicyIPBlockCoversNode(t *testing.T) {
 	e := newFixtureEnv(t)
 	e.enter(t)
-	in := policyWorld(e)
-	in.Policies = decodePolicies(t, `
+	applyWorldPolicies(t, e, `
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web-to-nodes, namespace: alpha}
@@ -101,13 +98,6 @@ spec:
   - to: [{ipBlock: {cidr: 10.77.0.0/24, except: [10.77.0.2/32]}}]
     ports: [{protocol: TCP, port: 10250}]
 `)
-	c, err := policy.Compile(in, policy.NewIdentities())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-		t.Fatal(err)
-	}
 	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("10.77.0.2")}); err != nil {
 		t.Fatal(err)
 	}

@@ -96,6 +96,22 @@ func policyWorld(e *fixtureEnv) policy.Input {
 	}
 }
 
+// applyWorldPolicies compiles the fixture world (policyWorld) under the
+// NetworkPolicies in yaml and applies the result to the maps.
+func applyWorldPolicies(t *testing.T, e *fixtureEnv, yaml string) *policy.Compiled {
+	t.Helper()
+	in := policyWorld(e)
+	in.Policies = decodePolicies(t, yaml)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // policyCase is one packet through one program under a policy set.
 type policyCase struct {
 	name    string
@@ -514,15 +530,7 @@ func runPolicyScenarios(t *testing.T, scenarios []policyScenario) {
 func TestPolicyDropEvents(t *testing.T) {
 	e := newFixtureEnv(t)
 	e.enter(t)
-	in := policyWorld(e)
-	in.Policies = decodePolicies(t, polWebIngress+"---"+polClientEgress)
-	c, err := policy.Compile(in, policy.NewIdentities())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-		t.Fatal(err)
-	}
+	applyWorldPolicies(t, e, polWebIngress+"---"+polClientEgress)
 	r, err := OpenEvents(e.pinDir)
 	if err != nil {
 		t.Fatal(err)
@@ -670,15 +678,7 @@ spec:
 func TestPolicyHostAnswers(t *testing.T) {
 	e := newFixtureEnv(t)
 	e.enter(t)
-	in := policyWorld(e)
-	in.Policies = decodePolicies(t, polWebLocked)
-	c, err := policy.Compile(in, policy.NewIdentities())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-		t.Fatal(err)
-	}
+	c := applyWorldPolicies(t, e, polWebLocked)
 	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
 		t.Fatal(err)
 	}

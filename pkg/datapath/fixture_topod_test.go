@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-
-	"github.com/lanekit/lanekit/pkg/policy"
 )
 
 func toPod(e *fixtureEnv) *ebpf.Program { return e.dp.pod.ToPod }
@@ -26,15 +24,7 @@ func fromStack(src string, proto uint8, dport uint16) func(e *fixtureEnv) []byte
 func TestToPodJudgesTheStackPath(t *testing.T) {
 	e := newFixtureEnv(t)
 	e.enter(t)
-	in := policyWorld(e)
-	in.Policies = decodePolicies(t, polWebIngress)
-	c, err := policy.Compile(in, policy.NewIdentities())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-		t.Fatal(err)
-	}
+	c := applyWorldPolicies(t, e, polWebIngress)
 	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
 		t.Fatal(err)
 	}

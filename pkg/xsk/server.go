@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/internal/peercred"
 )
 
 // Request is what the backend sends after connecting.
@@ -78,19 +80,9 @@ func (s *Server) Refused() uint64 { return s.refused.Load() }
 
 // checkPeer refuses a connector that is neither root nor the VM's uid.
 func (s *Server) checkPeer(c *net.UnixConn) error {
-	raw, err := c.SyscallConn()
+	cred, err := peercred.Of(c)
 	if err != nil {
 		return err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("peer credentials: %w", cerr)
 	}
 	if cred.Uid == 0 || int64(cred.Uid) == s.peerUID.Load() {
 		return nil
