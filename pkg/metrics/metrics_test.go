@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -161,8 +162,13 @@ func mustValue(t *testing.T, fams map[string]*dto.MetricFamily, name string, wan
 func TestScrapeFakeAgent(t *testing.T) {
 	src := newFakeSource()
 	// vm2's backend serves its metrics on a unix socket, as lanekit-vhost
-	// --metrics-listen does.
-	src.backendMetrics = filepath.Join(t.TempDir(), "m.sock")
+	// --metrics-listen does, in a directory of its own uid that no one
+	// else may enter (the agent checks both before merging).
+	dir := filepath.Join(t.TempDir(), "vm2")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	src.backendMetrics = filepath.Join(dir, "m.sock")
 	lis, err := net.Listen("unix", src.backendMetrics)
 	if err != nil {
 		t.Fatal(err)
