@@ -87,6 +87,9 @@ type AddVMRequest struct {
 type VMInfo struct {
 	Endpoint endpoint.Endpoint
 	Serving  bool
+	// HandoverRefused counts connectors the VM's socket server refused for
+	// their credentials (not root, not the VM's backend uid) since it started.
+	HandoverRefused uint64
 	// Backend is set when the agent runs the VM's backend.
 	Backend *BackendInfo
 }
@@ -465,8 +468,11 @@ func (a *Agent) delVM(name string) (existed bool, err error) {
 // vmInfo is ep with whether its socket server runs and, when the agent runs
 // it, its backend (mu held).
 func (a *Agent) vmInfo(ep endpoint.Endpoint) VMInfo {
-	_, serving := a.vms[ep.VM.Name]
+	srv, serving := a.vms[ep.VM.Name]
 	vi := VMInfo{Endpoint: ep, Serving: serving}
+	if serving {
+		vi.HandoverRefused = srv.Refused()
+	}
 	if p, ok := a.backends[ep.VM.Name]; ok {
 		bi := p.info()
 		vi.Backend = &bi

@@ -237,6 +237,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	if _, ok := c.src.(VMBackendSource); ok {
 		ch <- descVMBackendUp
 		ch <- descVMBackendRestarts
+		ch <- descVMHandoverRefused
 	}
 }
 

@@ -49,7 +49,7 @@ func (f *fakeSource) ListVMs() ([]agent.VMInfo, error) {
 	return []agent.VMInfo{
 		{Endpoint: endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: "vm1"}}},
 		{Endpoint: endpoint.Endpoint{Kind: endpoint.KindVM, VM: &endpoint.VM{Name: "vm2", Backend: &endpoint.VMBackend{MetricsSocket: f.backendMetrics}}},
-			Backend: &agent.BackendInfo{PID: 42, Restarts: 2}},
+			Serving: true, HandoverRefused: 3, Backend: &agent.BackendInfo{PID: 42, Restarts: 2}},
 		{Endpoint: withBackend("vm3"), Backend: &agent.BackendInfo{Restarts: 5}},
 	}, nil
 }
@@ -254,6 +254,7 @@ func TestScrapeFakeAgent(t *testing.T) {
 	// The backend's own metrics come through the agent's endpoint.
 	mustValue(t, fams, "lanekit_vhost_rx_packets_total", map[string]string{"vm": "vm2", "queue": "1"}, 9)
 	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm2"}, 2)
+	mustValue(t, fams, NameVMHandoverRefused, map[string]string{"vm": "vm2"}, 3)
 	mustValue(t, fams, NameVMBackendUp, map[string]string{"vm": "vm3"}, 0)
 	mustValue(t, fams, NameVMBackendRestarts, map[string]string{"vm": "vm3"}, 5)
 	if _, ok := value(t, fams, NameVMBackendUp, map[string]string{"vm": "vm1"}); ok {

@@ -32,6 +32,7 @@ type VMBackendSource interface {
 const (
 	NameVMBackendUp       = "lanekit_vm_backend_up"
 	NameVMBackendRestarts = "lanekit_vm_backend_restarts_total"
+	NameVMHandoverRefused = "lanekit_vm_handover_refused_total"
 )
 
 var (
@@ -39,6 +40,8 @@ var (
 		"1 while the vhost-user backend the agent runs for a VM attachment is running.", []string{"vm"}, nil)
 	descVMBackendRestarts = prometheus.NewDesc(NameVMBackendRestarts,
 		"Unexpected exits of a VM's vhost-user backend (each restarted) since the agent started.", []string{"vm"}, nil)
+	descVMHandoverRefused = prometheus.NewDesc(NameVMHandoverRefused,
+		"Connections to a VM's socket server refused for their credentials (neither root nor the VM's backend uid): another VM's backend, or anyone else, asking for this VM's AF_XDP sockets.", []string{"vm"}, nil)
 )
 
 // collectVMBackends reports each backend the agent runs; VMs whose backend
@@ -50,7 +53,13 @@ func (c *collector) collectVMBackends(ch chan<- prometheus.Metric, src VMBackend
 		return
 	}
 	for _, v := range vms {
-		if v.Endpoint.VM == nil || v.Endpoint.VM.Backend == nil {
+		if v.Endpoint.VM == nil {
+			continue
+		}
+		if v.Serving {
+			ch <- prometheus.MustNewConstMetric(descVMHandoverRefused, prometheus.CounterValue, float64(v.HandoverRefused), v.Endpoint.VM.Name)
+		}
+		if v.Endpoint.VM.Backend == nil {
 			continue
 		}
 		up, restarts := 0.0, uint32(0)
