@@ -46,10 +46,10 @@ fn to_batch<M: GuestMemory>(
     out: &mut Batch,
 ) -> Result<usize, ChainError> {
     let mut hdr = [0u8; HDR_LEN];
-    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    gather(mem, None, segs, 0, &mut hdr[..mode.hdr_len])?;
     check_hdr(&hdr)?;
     let len = total - mode.hdr_len;
-    out.push_with(len, |buf| gather(mem, segs, mode.hdr_len, buf))?;
+    out.push_with(len, |buf| gather(mem, None, segs, mode.hdr_len, buf))?;
     Ok(len)
 }
 
@@ -66,16 +66,16 @@ fn to_buf<M: GuestMemory>(
     let (len, cap) = (total - mode.hdr_len, buf.len());
     if total <= cap {
         let all = &mut buf[..total];
-        gather(mem, segs, 0, all)?;
+        gather(mem, None, segs, 0, all)?;
         // Checked on our copy: the guest cannot change it between check and send.
         check_hdr(&all[..mode.hdr_len])?;
         return Ok((mode.hdr_len, len));
     }
     let out = buf.get_mut(..len).ok_or(ChainError::TooLarge(cap))?;
     let mut hdr = [0u8; HDR_LEN];
-    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    gather(mem, None, segs, 0, &mut hdr[..mode.hdr_len])?;
     check_hdr(&hdr)?;
-    gather(mem, segs, mode.hdr_len, out)?;
+    gather(mem, None, segs, mode.hdr_len, out)?;
     Ok((0, len))
 }
 

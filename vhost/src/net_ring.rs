@@ -1,0 +1,183 @@
+//! The split ring's fast path: the common case without a guest-memory lookup per access.
+//!
+//! At the start of a queue run, [`Ring::new`] takes the guest memory's regions into a small
+//! table ([`Regions`]: at most [`MAX_REGIONS`], looked up with a last-hit check instead of
+//! vm-memory's search per access) and resolves the descriptor table, the avail ring and the used
+//! ring to volatile slices of their region once. The table is rebuilt every run from the memory
+//! the run holds, so a new memory table (`SET_MEM_TABLE`, `ADD_MEM_REG`, ...) is picked up at the
+//! next run, and a slice never outlives the memory it points into (its lifetime is the run's
+//! borrow of that memory).
+//!
+//! [`Ring::next`] serves only the plain case: one descriptor (no NEXT, no INDIRECT), the
+//! direction the queue needs, a non-zero length, inside one region, its head below the queue
+//! size, the available index at most the queue size ahead. Anything else is
+//! [`Next::Checked`]: the caller takes that chain through virtio-queue and `collect`, the checked
+//! path that counts and refuses malformed chains. Used elements are written through the used
+//! ring's slice and the used index is published once per run ([`Ring::publish`]).
+//!
+//! All guest memory access goes through vm-memory's `VolatileSlice` (volatile copies, atomic
+//! loads and stores for the indexes, bounds checked on every access, dirty bitmap honoured): no
+//! `unsafe` here. The guest may change anything at any time; every value read is used once,
+//! after its check, from our copy.
+
+use std::sync::atomic::Ordering;
+
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::bitmap::BS;
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
+};
+
+/// Regions kept in the table; guest memory with more regions takes the checked path.
+pub const MAX_REGIONS: usize = 8;
+
+/// A volatile slice of guest memory in region type `R`.
+pub type Slice<'a, R> = VolatileSlice<'a, BS<'a, <R as GuestMemoryRegion>::B>>;
+
+/// The region type of a `GuestMemory`.
+pub type RegionOf<M> = <<M as GuestMemory>::PhysicalMemory as GuestMemoryBackend>::R;
+
+/// The guest memory regions of one run: start, length and the region, for `[start, start+len)`.
+pub struct Regions<'a, R: GuestMemoryRegion> {
+    start: [u64; MAX_REGIONS],
+    len: [u64; MAX_REGIONS],
+    region: [Option<&'a R>; MAX_REGIONS],
+    n: usize,
+    last: usize,
+}
+
+/// The regions of `mem`; None behind an IOMMU (no plain physical memory) or with more than
+/// [`MAX_REGIONS`] regions.
+pub fn regions<M: GuestMemory>(mem: &M) -> Option<Regions<'_, RegionOf<M>>> {
+    let phys = mem.physical_memory()?;
+    let mut t = Regions { start: [0; MAX_REGIONS], len: [0; MAX_REGIONS], region: [None; MAX_REGIONS], n: 0, last: 0 };
+    for r in phys.iter() {
+        if t.n == MAX_REGIONS {
+            return None;
+        }
+        t.start[t.n] = r.start_addr().0;
+        t.len[t.n] = r.len();
+        t.region[t.n] = Some(r);
+        t.n += 1;
+    }
+    Some(t)
+}
+
+impl<'a, R: GuestMemoryRegion> Regions<'a, R> {
+    /// `len` bytes at guest address `addr` when they lie in one region.
+    #[inline]
+    pub fn slice(&mut self, addr: u64, len: usize) -> Option<Slice<'a, R>> {
+        let hit = |i: usize| addr.wrapping_sub(self.start[i]) < self.len[i];
+        let i = if self.last < self.n && hit(self.last) { self.last } else { (0..self.n).find(|&i| hit(i))? };
+        self.last = i;
+        let off = addr - self.start[i];
+        // get_slice checks that off + len stays inside the region.
+        self.region[i]?.get_slice(MemoryRegionAddress(off), len).ok()
+    }
+}
+
+/// What the next available chain is.
+pub enum Next<'a, R: GuestMemoryRegion> {
+    /// A single descriptor that passed every check: its head, guest address and buffer.
+    Simple {
+        /// Head (descriptor) index.
+        head: u16,
+        /// Guest address of the buffer.
+        addr: GuestAddress,
+        /// The buffer.
+        buf: Slice<'a, R>,
+    },
+    /// Nothing available, or something the checked path must look at.
+    Checked,
+}
+
+/// The rings of one queue, resolved for one run.
+pub struct Ring<'a, R: GuestMemoryRegion> {
+    /// The memory regions (also used for the frames' buffers).
+    pub regions: Regions<'a, R>,
+    desc: Slice<'a, R>,
+    avail: Slice<'a, R>,
+    used: Slice<'a, R>,
+    size: u16,
+    avail_idx: u16,
+}
+
+/// Resolve the rings of `q`; None (use the checked path for everything) when the queue is not
+/// ready, a ring does not lie in one region or its indexes cannot be accessed atomically.
+pub fn ring<'a, M: GuestMemory>(q: &Queue, mem: &'a M) -> Option<Ring<'a, RegionOf<M>>> {
+    let size = q.size();
+    if !q.ready() || size == 0 {
+        return None;
+    }
+    let mut regions = regions(mem)?;
+    let n = usize::from(size);
+    let desc = regions.slice(q.desc_table(), 16 * n)?;
+    let avail = regions.slice(q.avail_ring(), 4 + 2 * n)?;
+    let used = regions.slice(q.used_ring(), 4 + 8 * n)?;
+    // Both index loads check alignment (publish stores the used index the same way).
+    used.load::<u16>(2, Ordering::Relaxed).ok()?;
+    let avail_idx = u16::from_le(avail.load::<u16>(2, Ordering::Acquire).ok()?);
+    Some(Ring { regions, desc, avail, used, size, avail_idx })
+}
+
+impl<'a, R: GuestMemoryRegion> Ring<'a, R> {
+    /// Check the next available chain (at `q.next_avail()`) for the plain case, without taking
+    /// it: the caller advances `next_avail` when it uses a [`Next::Simple`].
+    #[inline]
+    pub fn next(&mut self, q: &Queue, writable: bool) -> Next<'a, R> {
+        let pos = q.next_avail();
+        if pos == self.avail_idx {
+            // Acquire: the ring entries and descriptors the driver published before the index.
+            match self.avail.load::<u16>(2, Ordering::Acquire) {
+                Ok(idx) => self.avail_idx = u16::from_le(idx),
+                Err(_) => return Next::Checked,
+            }
+        }
+        // Nothing new, or an index further ahead than the queue size (corrupt: the checked
+        // path counts it).
+        let ahead = self.avail_idx.wrapping_sub(pos);
+        if ahead == 0 || ahead > self.size {
+            return Next::Checked;
+        }
+        let slot = 4 + 2 * usize::from(pos % self.size);
+        let Ok(head) = self.avail.read_obj::<u16>(slot).map(u16::from_le) else { return Next::Checked };
+        if head >= self.size {
+            return Next::Checked;
+        }
+        let Ok(raw) = self.desc.read_obj::<RawDescriptor>(16 * usize::from(head)) else { return Next::Checked };
+        let d = Descriptor::from(raw);
+        let (flags, len) = (d.flags(), d.len() as usize);
+        if flags & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) as u16 != 0
+            || (flags & VRING_DESC_F_WRITE as u16 != 0) != writable
+            || len == 0
+        {
+            return Next::Checked;
+        }
+        match self.regions.slice(d.addr().0, len) {
+            Some(buf) => Next::Simple { head, addr: d.addr(), buf },
+            None => Next::Checked,
+        }
+    }
+
+    /// Write used element `{head, len}` at `q.next_used()` and advance it, without publishing
+    /// the used index (see [`Ring::publish`]). False when the element could not be written.
+    #[inline]
+    pub fn push_used(&self, q: &mut Queue, head: u16, len: u32) -> bool {
+        let next = q.next_used();
+        // virtq_used_elem { le32 id; le32 len } after the 4-byte used ring header.
+        let elem = (u64::from(head) | u64::from(len) << 32).to_le();
+        if self.used.write_obj(elem, 4 + 8 * usize::from(next % self.size)).is_err() {
+            return false;
+        }
+        q.set_next_used(next.wrapping_add(1));
+        true
+    }
+
+    /// Publish `q.next_used()` as the used index (Release: the elements before the index that
+    /// hands them to the driver).
+    pub fn publish(&self, q: &Queue) -> bool {
+        self.used.store(q.next_used().to_le(), 2, Ordering::Release).is_ok()
+    }
+}
