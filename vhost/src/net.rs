@@ -321,26 +321,37 @@ pub fn pop_chain<'a, M: GuestMemory>(q: &mut Queue, mem: &'a M, stats: &Stats) -
 
 /// [`add_used`] through the fast path's used ring when there is one: the element is written, the
 /// used index published at the end of the run ([`publish_used`]).
-fn add_used_fast<M: GuestMemory>(q: &mut Queue, mem: &M, ring: &FastRing<'_, M>, head: u16, len: usize, stats: &Stats) {
-    if let Some(r) = ring {
-        if head < q.size() && r.push_used(q, head, u32::try_from(len).unwrap_or(u32::MAX)) {
-            return;
+fn add_used_fast<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    ring: &mut FastRing<'_, M>,
+    head: u16,
+    len: usize,
+    stats: &Stats,
+) {
+    let Some(r) = ring else { return add_used(q, mem, head, len, stats) };
+    // A head outside the table yields an empty chain, already counted as an error; there is
+    // no descriptor to give back.
+    if head < q.size() {
+        if let Err(e) = r.push_used(q, head, u32::try_from(len).unwrap_or(u32::MAX)) {
+            stats.error(&vm_memory::GuestMemoryError::from(e));
         }
     }
-    add_used(q, mem, head, len, stats)
 }
 
 /// Publish the used index after [`add_used_fast`] when it moved from `before`.
-fn publish_used<M: GuestMemory>(q: &Queue, mem: &M, ring: &FastRing<'_, M>, before: u16, stats: &Stats) {
+fn publish_used<R: vm_memory::GuestMemoryRegion>(
+    q: &Queue,
+    ring: &mut Option<Ring<'_, R>>,
+    before: u16,
+    stats: &Stats,
+) {
     let Some(r) = ring else { return };
-    if q.next_used() == before || r.publish(q) {
+    if q.next_used() == before {
         return;
     }
-    let at = GuestAddress(q.used_ring()).checked_add(2);
-    match at.map(|a| mem.store(q.next_used().to_le(), a, std::sync::atomic::Ordering::Release)) {
-        Some(Ok(())) => {}
-        Some(Err(e)) => stats.error(&e),
-        None => stats.error(&ChainError::BadAddress(q.used_ring(), 2)),
+    if let Err(e) = r.publish(q) {
+        stats.error(&vm_memory::GuestMemoryError::from(e));
     }
 }
 
@@ -410,13 +421,18 @@ fn scatter<M: GuestMemory>(
     parts: &[&[u8]],
 ) -> Result<(), ChainError> {
     let (mut i, mut off) = (0usize, 0usize);
+    // The current segment's slice, translated once per segment.
+    let mut cur = None;
     for part in parts {
         let mut p = *part;
         while !p.is_empty() {
             let &(addr, len) = segs.get(i).ok_or(ChainError::TooShort(off))?;
+            if off == 0 {
+                cur = regions.as_mut().and_then(|r| r.slice(addr.0, len));
+            }
             let n = (len - off).min(p.len());
             let at = addr.checked_add(off as u64).ok_or(ChainError::BadAddress(addr.0, len))?;
-            let fast = regions.as_mut().and_then(|r| r.slice(addr.0, len)).map(|b| b.write_slice(&p[..n], off));
+            let fast = cur.as_ref().map(|b| b.write_slice(&p[..n], off));
             if !matches!(fast, Some(Ok(()))) {
                 mem.write_slice(&p[..n], at).map_err(|_| ChainError::BadAddress(at.0, n))?;
             }
@@ -571,7 +587,7 @@ fn rx_frame_in<M: GuestMemory>(
 fn drop_taken<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
-    ring: &FastRing<'_, M>,
+    ring: &mut FastRing<'_, M>,
     s: &mut Scratch,
     stats: &Stats,
 ) -> RxOutcome {
@@ -620,7 +636,7 @@ pub fn rx_queue<M: GuestMemory>(
     let mut ring = ring::ring(q, mem);
     let mut run = rx_fill(q, mem, &mut ring, port, st, mode, stats, budget);
     // One used index store for the whole run.
-    publish_used(q, mem, &ring, used_before, stats);
+    publish_used(q, &mut ring, used_before, stats);
     run.used = q.next_used() != used_before;
     run
 }

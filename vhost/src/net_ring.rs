@@ -15,15 +15,14 @@
 //! path that counts and refuses malformed chains. Used elements are written through the used
 //! ring's slice and the used index is published once per run ([`Ring::publish`]).
 //!
-//! All guest memory access goes through vm-memory's `VolatileSlice` (volatile copies, atomic
-//! loads and stores for the indexes, bounds checked on every access, dirty bitmap honoured): no
-//! `unsafe` here. The guest may change anything at any time; every value read is used once,
+//! All guest memory access goes through vm-memory's `VolatileSlice` (atomic loads and stores of
+//! single aligned fields for the rings, volatile copies for the frames, bounds checked on every
+//! access, dirty bitmap honoured): no `unsafe` here. The guest may change anything at any time; every value read is used once,
 //! after its check, from our copy.
 
 use std::sync::atomic::Ordering;
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::bitmap::BS;
 use vm_memory::{
@@ -102,7 +101,14 @@ pub struct Ring<'a, R: GuestMemoryRegion> {
     used: Slice<'a, R>,
     size: u16,
     avail_idx: u16,
+    /// Used elements not yet written (`npending` of them, for used indexes from `first`).
+    pending: [u8; 8 * USED_BATCH],
+    npending: usize,
+    first: u16,
 }
+
+/// Used elements queued before they are written.
+const USED_BATCH: usize = 64;
 
 /// Resolve the rings of `q`; None (use the checked path for everything) when the queue is not
 /// ready, a ring does not lie in one region or its indexes cannot be accessed atomically.
@@ -116,10 +122,12 @@ pub fn ring<'a, M: GuestMemory>(q: &Queue, mem: &'a M) -> Option<Ring<'a, Region
     let desc = regions.slice(q.desc_table(), 16 * n)?;
     let avail = regions.slice(q.avail_ring(), 4 + 2 * n)?;
     let used = regions.slice(q.used_ring(), 4 + 8 * n)?;
-    // Both index loads check alignment (publish stores the used index the same way).
-    used.load::<u16>(2, Ordering::Relaxed).ok()?;
+    // These loads check the alignment every later access relies on (descriptors 8, used
+    // elements 4, indexes 2); a misaligned ring takes the checked path.
+    desc.load::<u64>(0, Ordering::Relaxed).ok()?;
+    used.load::<u32>(4, Ordering::Relaxed).ok()?;
     let avail_idx = u16::from_le(avail.load::<u16>(2, Ordering::Acquire).ok()?);
-    Some(Ring { regions, desc, avail, used, size, avail_idx })
+    Some(Ring { regions, desc, avail, used, size, avail_idx, pending: [0; 8 * USED_BATCH], npending: 0, first: 0 })
 }
 
 impl<'a, R: GuestMemoryRegion> Ring<'a, R> {
@@ -141,44 +149,68 @@ impl<'a, R: GuestMemoryRegion> Ring<'a, R> {
         if ahead == 0 || ahead > self.size {
             return Next::Checked;
         }
+        // Aligned single loads (checked in `ring`): one access per field, no copy routine.
         let slot = 4 + 2 * usize::from(pos % self.size);
-        let Ok(head) = self.avail.read_obj::<u16>(slot).map(u16::from_le) else { return Next::Checked };
+        let Ok(head) = self.avail.load::<u16>(slot, Ordering::Relaxed).map(u16::from_le) else { return Next::Checked };
         if head >= self.size {
             return Next::Checked;
         }
-        let Ok(raw) = self.desc.read_obj::<RawDescriptor>(16 * usize::from(head)) else { return Next::Checked };
-        let d = Descriptor::from(raw);
-        let (flags, len) = (d.flags(), d.len() as usize);
+        // struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }
+        let at = 16 * usize::from(head);
+        let (Ok(addr), Ok(rest)) =
+            (self.desc.load::<u64>(at, Ordering::Relaxed), self.desc.load::<u64>(at + 8, Ordering::Relaxed))
+        else {
+            return Next::Checked;
+        };
+        let (addr, rest) = (u64::from_le(addr), u64::from_le(rest));
+        let (len, flags) = (rest as u32 as usize, (rest >> 32) as u16);
         if flags & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) as u16 != 0
             || (flags & VRING_DESC_F_WRITE as u16 != 0) != writable
             || len == 0
         {
             return Next::Checked;
         }
-        match self.regions.slice(d.addr().0, len) {
-            Some(buf) => Next::Simple { head, addr: d.addr(), buf },
+        match self.regions.slice(addr, len) {
+            Some(buf) => Next::Simple { head, addr: GuestAddress(addr), buf },
             None => Next::Checked,
         }
     }
 
-    /// Write used element `{head, len}` at `q.next_used()` and advance it, without publishing
-    /// the used index (see [`Ring::publish`]). False when the element could not be written.
+    /// Queue used element `{head, len}` (`head` below the queue size) for `q.next_used()` and
+    /// advance it. The element is written by [`Ring::flush`] (at the latest by
+    /// [`Ring::publish`]), which must run before anything else publishes a used index.
     #[inline]
-    pub fn push_used(&self, q: &mut Queue, head: u16, len: u32) -> bool {
-        let next = q.next_used();
-        // virtq_used_elem { le32 id; le32 len } after the 4-byte used ring header.
-        let elem = (u64::from(head) | u64::from(len) << 32).to_le();
-        if self.used.write_obj(elem, 4 + 8 * usize::from(next % self.size)).is_err() {
-            return false;
+    pub fn push_used(&mut self, q: &mut Queue, head: u16, len: u32) -> Result<(), vm_memory::VolatileMemoryError> {
+        if self.npending == USED_BATCH {
+            self.flush()?;
         }
+        let next = q.next_used();
+        if self.npending == 0 {
+            self.first = next;
+        }
+        // virtq_used_elem { le32 id; le32 len }
+        self.pending[self.npending * 8..][..8].copy_from_slice(&(u64::from(head) | u64::from(len) << 32).to_le_bytes());
+        self.npending += 1;
         q.set_next_used(next.wrapping_add(1));
-        true
+        Ok(())
     }
 
-    /// Publish `q.next_used()` as the used index (Release: the elements before the index that
-    /// hands them to the driver).
-    pub fn publish(&self, q: &Queue) -> bool {
-        self.used.store(q.next_used().to_le(), 2, Ordering::Release).is_ok()
+    /// Write the queued used elements into the used ring: one copy per contiguous run of slots
+    /// (two when the run wraps), not one access per element.
+    pub fn flush(&mut self) -> Result<(), vm_memory::VolatileMemoryError> {
+        let n = std::mem::take(&mut self.npending);
+        let slot = usize::from(self.first % self.size);
+        let k = n.min(usize::from(self.size) - slot);
+        // After the 4-byte used ring header; `used` covers all `size` elements.
+        self.used.write_slice(&self.pending[..8 * k], 4 + 8 * slot)?;
+        self.used.write_slice(&self.pending[8 * k..8 * n], 4)
+    }
+
+    /// Write the queued elements, then publish `q.next_used()` as the used index (Release: the
+    /// elements before the index that hands them to the driver).
+    pub fn publish(&mut self, q: &Queue) -> Result<(), vm_memory::VolatileMemoryError> {
+        self.flush()?;
+        self.used.store(q.next_used().to_le(), 2, Ordering::Release)
     }
 }
 
@@ -191,16 +223,21 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueT};
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
-    use crate::net::{tx_queue, NetMode, Stats, TxState, HDR_LEN};
+    use crate::net::{rx_queue, tx_queue, NetMode, RxState, Stats, TxState, HDR_LEN};
     use crate::port::{Batch, Port};
 
-    struct Sink(Vec<Vec<u8>>);
+    /// Sends into `.0`, receives from `.1`.
+    struct Sink(Vec<Vec<u8>>, Vec<Vec<u8>>);
 
     impl Port for Sink {
-        fn recv(&mut self, _: &mut Batch, _: usize) -> io::Result<usize> {
-            Ok(0)
+        fn recv(&mut self, batch: &mut Batch, max: usize) -> io::Result<usize> {
+            let n = max.min(self.1.len());
+            for f in self.1.drain(..n) {
+                batch.push(&f);
+            }
+            Ok(n)
         }
         fn send(&mut self, batch: &Batch) -> io::Result<usize> {
             self.0.extend(batch.iter().map(<[u8]>::to_vec));
@@ -253,7 +290,7 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         // MockSplitQueue's used ring overlaps the avail ring's second half: move it.
         q.set_used_ring_address(Some(0x8000), Some(0));
-        let (mut port, mut st, stats) = (Sink(Vec::new()), TxState::default(), Stats::default());
+        let (mut port, mut st, stats) = (Sink(Vec::new(), Vec::new()), TxState::default(), Stats::default());
         let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
         let run = tx_queue(&mut q, &mem, &mut port, &mut st, mode, &stats, 64);
         assert_eq!(run.handled, 6);
@@ -263,5 +300,44 @@ mod tests {
         assert_eq!((used_idx, q.next_used(), q.next_avail()), (6, 6, 6));
         let heads: Vec<u32> = (0..6).map(|i| mem.read_obj(GuestAddress(0x8004 + 8 * i)).unwrap()).collect();
         assert_eq!(heads, vec![0, 1, 2, 4, 5, 6]);
+    }
+
+    /// RX runs longer than the used element batch, and a batch that wraps around the end of
+    /// the used ring: every element lands in its slot, the used index covers them all.
+    #[test]
+    fn used_elements_batch_and_wrap() {
+        const QS: u16 = 128;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        let vq = MockSplitQueue::new(&mem, QS);
+        let descs: Vec<_> = (0..100u64)
+            .map(|i| RawDescriptor::from(Descriptor::new(0x10_0000 + i * 2048, 2048, VRING_DESC_F_WRITE as u16, 0)))
+            .collect();
+        vq.add_desc_chains(&descs, 0).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        q.set_used_ring_address(Some(0x8000), Some(0));
+        let avail = vq.avail_addr();
+        let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
+        let (mut st, stats) = (RxState::default(), Stats::default());
+        for round in 0..2u16 {
+            if round == 1 {
+                // The guest gives all 100 buffers back: avail positions 100..199 (slots wrap).
+                for i in 0..100u16 {
+                    mem.write_obj(i, avail.unchecked_add(4 + 2 * u64::from((100 + i) % QS))).unwrap();
+                }
+                mem.write_obj(200u16, avail.unchecked_add(2)).unwrap();
+            }
+            let frames: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 60 + usize::from(i)]).collect();
+            let mut port = Sink(Vec::new(), frames);
+            let run = rx_queue(&mut q, &mem, &mut port, &mut st, mode, &stats, 256);
+            assert_eq!(run.handled, 100);
+            let used_idx: u16 = mem.read_obj(GuestAddress(0x8002)).unwrap();
+            assert_eq!(used_idx, 100 * (round + 1));
+            for i in 0..100u16 {
+                let slot = u64::from((100 * round + i) % QS);
+                let elem: [u32; 2] = mem.read_obj(GuestAddress(0x8004 + 8 * slot)).unwrap();
+                assert_eq!(elem, [u32::from(i), (HDR_LEN + 60) as u32 + u32::from(i)], "round {round} frame {i}");
+            }
+        }
+        assert_eq!(stats.snapshot().errors, 0);
     }
 }

@@ -175,18 +175,24 @@ fn send_popped<M: GuestMemory>(
 
 /// Add every popped chain to the used ring (length 0: TX buffers are only read) and publish
 /// the used index once.
-fn add_used_batch<M: GuestMemory>(q: &mut Queue, mem: &M, fast: &FastRing<'_, M>, popped: &[Popped], stats: &Stats) {
+fn add_used_batch<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    fast: &mut FastRing<'_, M>,
+    popped: &[Popped],
+    stats: &Stats,
+) {
     if let Some(r) = fast {
-        let before = q.next_used();
-        // A head outside the table yields an empty chain, already counted as an error.
-        let size = q.size();
-        let done = popped.iter().filter(|p| p.head < size).all(|p| r.push_used(q, p.head, 0));
-        if done {
-            super::publish_used(q, mem, fast, before, stats);
-            return;
+        let (before, size) = (q.next_used(), q.size());
+        // A head outside the table yields an empty chain, already counted as an error; there
+        // is no descriptor to give back.
+        for p in popped.iter().filter(|p| p.head < size) {
+            if let Err(e) = r.push_used(q, p.head, 0) {
+                stats.error(&vm_memory::GuestMemoryError::from(e));
+            }
         }
-        // Unwritable used ring: the checked path below counts it.
-        q.set_next_used(before);
+        super::publish_used(q, fast, before, stats);
+        return;
     }
     let (size, ring) = (q.size(), GuestAddress(q.used_ring()));
     let mut next = q.next_used();
