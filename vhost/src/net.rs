@@ -512,13 +512,19 @@ fn rx_frame_in<M: GuestMemory>(
     s.segs.clear();
     s.used.clear();
     let mut cap = 0usize;
+    // The buffer of a frame that fits the first (plain) chain: written without a second lookup.
+    let mut one = None;
     while cap < total {
         let fast = ring.as_mut().map_or(Next::Checked, |r| r.next(q, true));
         let (head, res) = match fast {
             Next::Simple { head, addr, buf } => {
                 q.set_next_avail(q.next_avail().wrapping_add(1));
-                s.segs.push((addr, buf.len()));
-                (head, Ok(buf.len()))
+                let len = buf.len();
+                if s.segs.is_empty() {
+                    one = Some(buf);
+                }
+                s.segs.push((addr, len));
+                (head, Ok(len))
             }
             Next::Checked => {
                 let Some(chain) = pop_chain(q, mem, stats) else {
@@ -567,10 +573,17 @@ fn rx_frame_in<M: GuestMemory>(
             hdr[16..18].copy_from_slice(&m.report.to_le_bytes());
         }
     }
+    let hdr = &hdr[..mode.hdr_len];
+    let written = match one.filter(|_| s.segs.len() == 1) {
+        Some(b) => b.write_slice(hdr, 0).and_then(|()| b.write_slice(frame, hdr.len())).is_ok(),
+        None => false,
+    };
     let regions = ring.as_mut().map(|r| &mut r.regions);
-    if let Err(e) = scatter(mem, regions, &s.segs, &[&hdr[..mode.hdr_len], frame]) {
-        stats.error(&e);
-        return drop_taken(q, mem, ring, s, stats);
+    if !written {
+        if let Err(e) = scatter(mem, regions, &s.segs, &[hdr, frame]) {
+            stats.error(&e);
+            return drop_taken(q, mem, ring, s, stats);
+        }
     }
     let mut remaining = total;
     for i in 0..s.used.len() {
