@@ -284,6 +284,20 @@ impl NetMode {
 pub struct Scratch {
     segs: Vec<(GuestAddress, usize)>,
     used: Vec<(u16, usize)>,
+    /// RX frames and bytes delivered and not yet added to [`Stats`] (one atomic add per run,
+    /// not per frame; see [`Scratch::count_rx`]).
+    rx_frames: u64,
+    rx_bytes: u64,
+}
+
+impl Scratch {
+    /// Add the delivered frames to `stats`.
+    fn count_rx(&mut self, stats: &Stats) {
+        if self.rx_frames != 0 {
+            Stats::add(&stats.rx_frames, std::mem::take(&mut self.rx_frames));
+            Stats::add(&stats.rx_bytes, std::mem::take(&mut self.rx_bytes));
+        }
+    }
 }
 
 /// Result of offering one frame to the RX queue.
@@ -492,7 +506,9 @@ pub fn rx_frame<M: GuestMemory>(
     s: &mut Scratch,
     stats: &Stats,
 ) -> RxOutcome {
-    rx_frame_in(q, mem, &mut None, frame, meta, mode, s, stats)
+    let out = rx_frame_in(q, mem, &mut None, frame, meta, mode, s, stats);
+    s.count_rx(stats);
+    out
 }
 
 /// [`rx_frame`] with the fast path's ring of the current run.
@@ -592,8 +608,8 @@ fn rx_frame_in<M: GuestMemory>(
         remaining -= n;
         add_used_fast(q, mem, ring, head, n, stats);
     }
-    Stats::add(&stats.rx_frames, 1);
-    Stats::add(&stats.rx_bytes, frame.len() as u64);
+    s.rx_frames += 1;
+    s.rx_bytes += frame.len() as u64;
     RxOutcome::Delivered
 }
 
@@ -650,6 +666,7 @@ pub fn rx_queue<M: GuestMemory>(
     let mut run = rx_fill(q, mem, &mut ring, port, st, mode, stats, budget);
     // One used index store for the whole run.
     publish_used(q, &mut ring, used_before, stats);
+    st.scratch.count_rx(stats);
     run.used = q.next_used() != used_before;
     run
 }
