@@ -10,7 +10,7 @@ use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
-use super::ring::{Next, RegionOf, Regions};
+use super::ring::{Next, RegionOf, Regions, Slice};
 use super::{collect, gather, pop_chain, ChainError, FastRing, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
 use super::{HDR_F_NEEDS_CSUM, HDR_LEN};
 use crate::port::{Batch, Port};
@@ -58,9 +58,11 @@ fn to_batch<M: GuestMemory>(
 /// Copy a collected chain into the port buffer `buf`; returns where the frame is in it
 /// (`(offset, len)`). Header and frame are copied together when they fit (the frame then starts
 /// after the header), else the header goes to the stack and the frame to the buffer's start.
+#[allow(clippy::too_many_arguments)]
 fn to_buf<M: GuestMemory>(
     mem: &M,
     mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    one: Option<&Slice<'_, RegionOf<M>>>,
     mode: NetMode,
     segs: &[(GuestAddress, usize)],
     total: usize,
@@ -69,7 +71,10 @@ fn to_buf<M: GuestMemory>(
     let (len, cap) = (total - mode.hdr_len, buf.len());
     if total <= cap {
         let all = &mut buf[..total];
-        gather(mem, regions, segs, 0, all)?;
+        // A plain chain's buffer, resolved when it was popped: one copy, no lookup.
+        if !one.is_some_and(|b| b.len() == total && b.read_slice(all, 0).is_ok()) {
+            gather(mem, regions, segs, 0, all)?;
+        }
         // Checked on our copy: the guest cannot change it between check and send.
         check_hdr(&all[..mode.hdr_len])?;
         return Ok((mode.hdr_len, len));
@@ -123,6 +128,7 @@ fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
 fn send_popped<M: GuestMemory>(
     mem: &M,
     mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    bufs: &[Option<Slice<'_, RegionOf<M>>>],
     port: &mut dyn Port,
     st: &mut TxState,
     mode: NetMode,
@@ -133,9 +139,8 @@ fn send_popped<M: GuestMemory>(
         return;
     }
     let lent = port.tx_reserve(valid);
-    let chains = st.popped.iter().filter(|p| p.total > 0);
     if lent == 0 {
-        for p in chains {
+        for p in st.popped.iter().filter(|p| p.total > 0) {
             let segs = &st.scratch.segs[p.start..p.end];
             if let Err(e) = to_batch(mem, regions.as_deref_mut(), mode, segs, p.total, &mut st.batch) {
                 stats.error(&e);
@@ -146,13 +151,14 @@ fn send_popped<M: GuestMemory>(
     }
     st.frames.clear();
     let (mut full, mut large) = (0usize, 0usize);
-    for p in chains {
+    for (i, p) in st.popped.iter().enumerate().filter(|(_, p)| p.total > 0) {
         if st.frames.len() == lent {
             full += 1;
             continue;
         }
         let segs = &st.scratch.segs[p.start..p.end];
-        match to_buf(mem, regions.as_deref_mut(), mode, segs, p.total, port.tx_buf(st.frames.len())) {
+        let one = bufs.get(i).and_then(Option::as_ref);
+        match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(st.frames.len())) {
             Ok(frame) => st.frames.push(frame),
             // Valid, but larger than the port's frames: the port refuses it.
             Err(ChainError::TooLarge(_)) => large += 1,
@@ -243,7 +249,9 @@ fn tx_pass<M: GuestMemory>(
     st.popped.clear();
     st.scratch.segs.clear();
     let limit = mode.hdr_len + mode.max_frame;
-    while st.popped.len() < want {
+    // The buffers of plain chains, by position in `st.popped`.
+    let mut bufs: [Option<Slice<'_, RegionOf<M>>>; BATCH] = std::array::from_fn(|_| None);
+    while st.popped.len() < want.min(BATCH) {
         let start = st.scratch.segs.len();
         let (head, res) = match ring.as_mut().map_or(Next::Checked, |r| r.next(q, false)) {
             Next::Simple { head, addr, buf } => {
@@ -253,6 +261,7 @@ fn tx_pass<M: GuestMemory>(
                     (head, Err(ChainError::TooLarge(limit)))
                 } else {
                     st.scratch.segs.push((addr, len));
+                    bufs[st.popped.len()] = Some(buf);
                     (head, Ok(len))
                 }
             }
@@ -276,7 +285,7 @@ fn tx_pass<M: GuestMemory>(
     if st.popped.is_empty() {
         return 0;
     }
-    send_popped(mem, ring.as_mut().map(|r| &mut r.regions), port, st, mode, stats);
+    send_popped(mem, ring.as_mut().map(|r| &mut r.regions), &bufs, port, st, mode, stats);
     add_used_batch(q, mem, ring, &st.popped, stats);
     st.popped.len()
 }
