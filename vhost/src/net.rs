@@ -16,7 +16,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::port::{Batch, Port};
 use crate::rss::XskMeta;
-use ring::{Next, RegionOf, Regions, Ring};
+use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
 
 /// The fast path's view of a queue run (None: everything takes the checked path).
 type FastRing<'a, M> = Option<Ring<'a, RegionOf<M>>>;
@@ -330,42 +330,6 @@ pub fn pop_chain<'a, M: GuestMemory>(q: &mut Queue, mem: &'a M, stats: &Stats) -
             stats.error(&e);
             None
         }
-    }
-}
-
-/// [`add_used`] through the fast path's used ring when there is one: the element is written, the
-/// used index published at the end of the run ([`publish_used`]).
-fn add_used_fast<M: GuestMemory>(
-    q: &mut Queue,
-    mem: &M,
-    ring: &mut FastRing<'_, M>,
-    head: u16,
-    len: usize,
-    stats: &Stats,
-) {
-    let Some(r) = ring else { return add_used(q, mem, head, len, stats) };
-    // A head outside the table yields an empty chain, already counted as an error; there is
-    // no descriptor to give back.
-    if head < q.size() {
-        if let Err(e) = r.push_used(q, head, u32::try_from(len).unwrap_or(u32::MAX)) {
-            stats.error(&vm_memory::GuestMemoryError::from(e));
-        }
-    }
-}
-
-/// Publish the used index after [`add_used_fast`] when it moved from `before`.
-fn publish_used<R: vm_memory::GuestMemoryRegion>(
-    q: &Queue,
-    ring: &mut Option<Ring<'_, R>>,
-    before: u16,
-    stats: &Stats,
-) {
-    let Some(r) = ring else { return };
-    if q.next_used() == before {
-        return;
-    }
-    if let Err(e) = r.publish(q) {
-        stats.error(&vm_memory::GuestMemoryError::from(e));
     }
 }
 

@@ -1,6 +1,6 @@
 //! The split ring's fast path: the common case without a guest-memory lookup per access.
 //!
-//! At the start of a queue run, [`Ring::new`] takes the guest memory's regions into a small
+//! At the start of a queue run, [`ring`] takes the guest memory's regions into a small
 //! table ([`Regions`]: at most [`MAX_REGIONS`], looked up with a last-hit check instead of
 //! vm-memory's search per access) and resolves the descriptor table, the avail ring and the used
 //! ring to volatile slices of their region once. The table is rebuilt every run from the memory
@@ -12,19 +12,22 @@
 //! direction the queue needs, a non-zero length, inside one region, its head below the queue
 //! size, the available index at most the queue size ahead. Anything else is
 //! [`Next::Checked`]: the caller takes that chain through virtio-queue and `collect`, the checked
-//! path that counts and refuses malformed chains. Used elements are written through the used
-//! ring's slice and the used index is published once per run ([`Ring::publish`]).
+//! path that counts and refuses malformed chains. Used elements are queued and written into the
+//! used ring's slice up to 64 at a time, and the used index is published once per run
+//! ([`Ring::publish`]).
 //!
 //! All guest memory access goes through vm-memory's `VolatileSlice` (atomic loads and stores of
 //! single aligned fields for the rings, volatile copies for the frames, bounds checked on every
-//! access, dirty bitmap honoured): no `unsafe` here. The guest may change anything at any time; every value read is used once,
-//! after its check, from our copy.
+//! access, dirty bitmap honoured): no `unsafe` here. The guest may change anything at any time;
+//! every value read is used once, after its check, from our copy.
 
 use std::sync::atomic::Ordering;
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::bitmap::BS;
+
+use super::{FastRing, Stats};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
 };
@@ -211,6 +214,42 @@ impl<'a, R: GuestMemoryRegion> Ring<'a, R> {
     pub fn publish(&mut self, q: &Queue) -> Result<(), vm_memory::VolatileMemoryError> {
         self.flush()?;
         self.used.store(q.next_used().to_le(), 2, Ordering::Release)
+    }
+}
+
+/// [`super::add_used`] through the fast path's used ring when there is one: the element is written, the
+/// used index published at the end of the run ([`publish_used`]).
+pub(super) fn add_used_fast<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    ring: &mut FastRing<'_, M>,
+    head: u16,
+    len: usize,
+    stats: &Stats,
+) {
+    let Some(r) = ring else { return super::add_used(q, mem, head, len, stats) };
+    // A head outside the table yields an empty chain, already counted as an error; there is
+    // no descriptor to give back.
+    if head < q.size() {
+        if let Err(e) = r.push_used(q, head, u32::try_from(len).unwrap_or(u32::MAX)) {
+            stats.error(&vm_memory::GuestMemoryError::from(e));
+        }
+    }
+}
+
+/// Publish the used index after [`add_used_fast`] when it moved from `before`.
+pub(super) fn publish_used<R: vm_memory::GuestMemoryRegion>(
+    q: &Queue,
+    ring: &mut Option<Ring<'_, R>>,
+    before: u16,
+    stats: &Stats,
+) {
+    let Some(r) = ring else { return };
+    if q.next_used() == before {
+        return;
+    }
+    if let Err(e) = r.publish(q) {
+        stats.error(&vm_memory::GuestMemoryError::from(e));
     }
 }
 

@@ -197,7 +197,7 @@ fn add_used_batch<M: GuestMemory>(
                 stats.error(&vm_memory::GuestMemoryError::from(e));
             }
         }
-        super::publish_used(q, fast, before, stats);
+        super::ring::publish_used(q, fast, before, stats);
         return;
     }
     let (size, ring) = (q.size(), GuestAddress(q.used_ring()));
