@@ -16,6 +16,10 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::port::{Batch, Port};
 use crate::rss::XskMeta;
+use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
+
+/// The fast path's view of a queue run (None: everything takes the checked path).
+type FastRing<'a, M> = Option<Ring<'a, RegionOf<M>>>;
 
 /// `virtio_net_hdr_v1` / `virtio_net_hdr_mrg_rxbuf`: used with VERSION_1 or MRG_RXBUF.
 pub const HDR_LEN: usize = 12;
@@ -280,6 +284,20 @@ impl NetMode {
 pub struct Scratch {
     segs: Vec<(GuestAddress, usize)>,
     used: Vec<(u16, usize)>,
+    /// RX frames and bytes delivered and not yet added to [`Stats`] (one atomic add per run,
+    /// not per frame; see [`Scratch::count_rx`]).
+    rx_frames: u64,
+    rx_bytes: u64,
+}
+
+impl Scratch {
+    /// Add the delivered frames to `stats`.
+    fn count_rx(&mut self, stats: &Stats) {
+        if self.rx_frames != 0 {
+            Stats::add(&stats.rx_frames, std::mem::take(&mut self.rx_frames));
+            Stats::add(&stats.rx_bytes, std::mem::take(&mut self.rx_bytes));
+        }
+    }
 }
 
 /// Result of offering one frame to the RX queue.
@@ -373,16 +391,29 @@ fn collect<M: GuestMemory>(
     res
 }
 
-/// Write `parts` back to back into `segs`.
-fn scatter<M: GuestMemory>(mem: &M, segs: &[(GuestAddress, usize)], parts: &[&[u8]]) -> Result<(), ChainError> {
+/// Write `parts` back to back into `segs` (through the region table when there is one).
+fn scatter<M: GuestMemory>(
+    mem: &M,
+    mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    segs: &[(GuestAddress, usize)],
+    parts: &[&[u8]],
+) -> Result<(), ChainError> {
     let (mut i, mut off) = (0usize, 0usize);
+    // The current segment's slice, translated once per segment.
+    let mut cur = None;
     for part in parts {
         let mut p = *part;
         while !p.is_empty() {
             let &(addr, len) = segs.get(i).ok_or(ChainError::TooShort(off))?;
+            if off == 0 {
+                cur = regions.as_mut().and_then(|r| r.slice(addr.0, len));
+            }
             let n = (len - off).min(p.len());
             let at = addr.checked_add(off as u64).ok_or(ChainError::BadAddress(addr.0, len))?;
-            mem.write_slice(&p[..n], at).map_err(|_| ChainError::BadAddress(at.0, n))?;
+            let fast = cur.as_ref().map(|b| b.write_slice(&p[..n], off));
+            if !matches!(fast, Some(Ok(()))) {
+                mem.write_slice(&p[..n], at).map_err(|_| ChainError::BadAddress(at.0, n))?;
+            }
             off += n;
             p = &p[n..];
             if off == len {
@@ -394,9 +425,11 @@ fn scatter<M: GuestMemory>(mem: &M, segs: &[(GuestAddress, usize)], parts: &[&[u
     Ok(())
 }
 
-/// Fill `out` from `segs`, skipping the first `skip` bytes.
+/// Fill `out` from `segs`, skipping the first `skip` bytes (through the region table when there
+/// is one).
 fn gather<M: GuestMemory>(
     mem: &M,
+    mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
     segs: &[(GuestAddress, usize)],
     mut skip: usize,
     out: &mut [u8],
@@ -412,7 +445,11 @@ fn gather<M: GuestMemory>(
         }
         let n = (len - skip).min(out.len() - done);
         let at = addr.checked_add(skip as u64).ok_or(ChainError::BadAddress(addr.0, len))?;
-        mem.read_slice(&mut out[done..done + n], at).map_err(|_| ChainError::BadAddress(at.0, n))?;
+        let dst = &mut out[done..done + n];
+        let fast = regions.as_mut().and_then(|r| r.slice(addr.0, len)).map(|b| b.read_slice(dst, skip));
+        if !matches!(fast, Some(Ok(()))) {
+            mem.read_slice(&mut out[done..done + n], at).map_err(|_| ChainError::BadAddress(at.0, n))?;
+        }
         done += n;
         skip = 0;
     }
@@ -433,19 +470,52 @@ pub fn rx_frame<M: GuestMemory>(
     s: &mut Scratch,
     stats: &Stats,
 ) -> RxOutcome {
+    let out = rx_frame_in(q, mem, &mut None, frame, meta, mode, s, stats);
+    s.count_rx(stats);
+    out
+}
+
+/// [`rx_frame`] with the fast path's ring of the current run.
+#[allow(clippy::too_many_arguments)]
+fn rx_frame_in<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    ring: &mut FastRing<'_, M>,
+    frame: &[u8],
+    meta: Option<XskMeta>,
+    mode: NetMode,
+    s: &mut Scratch,
+    stats: &Stats,
+) -> RxOutcome {
     let total = mode.hdr_len + frame.len();
     let mut start = q.next_avail();
     s.segs.clear();
     s.used.clear();
     let mut cap = 0usize;
+    // The buffer of a frame that fits the first (plain) chain: written without a second lookup.
+    let mut one = None;
     while cap < total {
-        let Some(chain) = pop_chain(q, mem, stats) else {
-            // Give back the chains taken for this frame; the guest kicks when it adds more.
-            q.set_next_avail(start);
-            return RxOutcome::NoBuffers;
+        let fast = ring.as_mut().map_or(Next::Checked, |r| r.next(q, true));
+        let (head, res) = match fast {
+            Next::Simple { head, addr, buf } => {
+                q.set_next_avail(q.next_avail().wrapping_add(1));
+                let len = buf.len();
+                if s.segs.is_empty() {
+                    one = Some(buf);
+                }
+                s.segs.push((addr, len));
+                (head, Ok(len))
+            }
+            Next::Checked => {
+                let Some(chain) = pop_chain(q, mem, stats) else {
+                    // Give back the chains taken for this frame; the guest kicks when it adds more.
+                    q.set_next_avail(start);
+                    return RxOutcome::NoBuffers;
+                };
+                (chain.head_index(), collect(chain, mem, true, usize::MAX, &mut s.segs))
+            }
         };
-        let head = chain.head_index();
-        match collect(chain, mem, true, usize::MAX, &mut s.segs) {
+        match res {
             Ok(c) if !mode.mergeable && c < total => {
                 // Without mergeable buffers a frame must fit one chain: drop the frame, keep
                 // the chain for the next one.
@@ -460,13 +530,13 @@ pub fn rx_frame<M: GuestMemory>(
             }
             Err(e) => {
                 stats.error(&e);
-                add_used(q, mem, head, 0, stats);
+                add_used_fast(q, mem, ring, head, 0, stats);
                 if s.used.is_empty() {
                     start = q.next_avail();
                     continue;
                 }
                 // Chains already taken for this frame cannot be handed back past the bad one.
-                return drop_taken(q, mem, s, stats);
+                return drop_taken(q, mem, ring, s, stats);
             }
         }
     }
@@ -483,25 +553,39 @@ pub fn rx_frame<M: GuestMemory>(
             hdr[16..18].copy_from_slice(&m.report.to_le_bytes());
         }
     }
-    if let Err(e) = scatter(mem, &s.segs, &[&hdr[..mode.hdr_len], frame]) {
-        stats.error(&e);
-        return drop_taken(q, mem, s, stats);
+    let hdr = &hdr[..mode.hdr_len];
+    let written = match one.filter(|_| s.segs.len() == 1) {
+        Some(b) => b.write_slice(hdr, 0).and_then(|()| b.write_slice(frame, hdr.len())).is_ok(),
+        None => false,
+    };
+    let regions = ring.as_mut().map(|r| &mut r.regions);
+    if !written {
+        if let Err(e) = scatter(mem, regions, &s.segs, &[hdr, frame]) {
+            stats.error(&e);
+            return drop_taken(q, mem, ring, s, stats);
+        }
     }
     let mut remaining = total;
     for i in 0..s.used.len() {
         let (head, c) = s.used[i];
         let n = c.min(remaining);
         remaining -= n;
-        add_used(q, mem, head, n, stats);
+        add_used_fast(q, mem, ring, head, n, stats);
     }
-    Stats::add(&stats.rx_frames, 1);
-    Stats::add(&stats.rx_bytes, frame.len() as u64);
+    s.rx_frames += 1;
+    s.rx_bytes += frame.len() as u64;
     RxOutcome::Delivered
 }
 
-fn drop_taken<M: GuestMemory>(q: &mut Queue, mem: &M, s: &mut Scratch, stats: &Stats) -> RxOutcome {
+fn drop_taken<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    ring: &mut FastRing<'_, M>,
+    s: &mut Scratch,
+    stats: &Stats,
+) -> RxOutcome {
     for i in 0..s.used.len() {
-        add_used(q, mem, s.used[i].0, 0, stats);
+        add_used_fast(q, mem, ring, s.used[i].0, 0, stats);
     }
     s.used.clear();
     s.segs.clear();
@@ -542,14 +626,20 @@ pub fn rx_queue<M: GuestMemory>(
     budget: usize,
 ) -> QueueRun {
     let used_before = q.next_used();
-    let mut run = rx_fill(q, mem, port, st, mode, stats, budget);
+    let mut ring = ring::ring(q, mem);
+    let mut run = rx_fill(q, mem, &mut ring, port, st, mode, stats, budget);
+    // One used index store for the whole run.
+    publish_used(q, &mut ring, used_before, stats);
+    st.scratch.count_rx(stats);
     run.used = q.next_used() != used_before;
     run
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rx_fill<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
+    ring: &mut FastRing<'_, M>,
     port: &mut dyn Port,
     st: &mut RxState,
     mode: NetMode,
@@ -557,7 +647,7 @@ fn rx_fill<M: GuestMemory>(
     budget: usize,
 ) -> QueueRun {
     if st.pos >= st.pending.len() {
-        if let Some(run) = rx_direct(q, mem, port, &mut st.scratch, mode, stats, budget) {
+        if let Some(run) = rx_direct(q, mem, ring, port, &mut st.scratch, mode, stats, budget) {
             return run;
         }
     }
@@ -580,7 +670,7 @@ fn rx_fill<M: GuestMemory>(
         }
         let mut rearmed = false;
         while let Some(frame) = st.pending.get(st.pos) {
-            match rx_frame(q, mem, frame, None, mode, &mut st.scratch, stats) {
+            match rx_frame_in(q, mem, ring, frame, None, mode, &mut st.scratch, stats) {
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed => return run,
@@ -607,9 +697,11 @@ fn rx_fill<M: GuestMemory>(
 /// RX without an intermediate copy: each frame goes from the port's buffer (the AF_XDP UMEM)
 /// straight into the guest's descriptor chain; a frame the guest has no buffer for stays in
 /// the port. None when the port does not lend its frames ([`Port::rx_each`]).
+#[allow(clippy::too_many_arguments)]
 fn rx_direct<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
+    ring: &mut FastRing<'_, M>,
     port: &mut dyn Port,
     scratch: &mut Scratch,
     mode: NetMode,
@@ -621,7 +713,7 @@ fn rx_direct<M: GuestMemory>(
     let (stop, rearmed) = (Cell::new(false), Cell::new(false));
     let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
         loop {
-            match rx_frame(q, mem, frame, meta, mode, scratch, stats) {
+            match rx_frame_in(q, mem, ring, frame, meta, mode, scratch, stats) {
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed.get() => {}
@@ -669,6 +761,9 @@ pub use ctrl::{
     ctrl_chain, ctrl_queue, CtrlChanges, CtrlFeatures, CtrlReply, CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, MAX_CTRL_DATA,
     VIRTIO_NET_ERR, VIRTIO_NET_OK,
 };
+
+#[path = "net_ring.rs"]
+mod ring;
 
 #[path = "net_tx.rs"]
 mod tx;

@@ -7,10 +7,11 @@
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
-use super::{collect, gather, ChainError, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
+use super::ring::{Next, RegionOf, Regions, Slice};
+use super::{collect, gather, pop_chain, ChainError, FastRing, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
 use super::{HDR_F_NEEDS_CSUM, HDR_LEN};
 use crate::port::{Batch, Port};
 
@@ -27,7 +28,7 @@ pub fn tx_chain<M: GuestMemory>(
     if total < mode.hdr_len + ETH_HLEN {
         return Err(ChainError::TooShort(total));
     }
-    to_batch(mem, mode, &s.segs, total, out)
+    to_batch(mem, None, mode, &s.segs, total, out)
 }
 
 fn check_hdr(hdr: &[u8]) -> Result<(), ChainError> {
@@ -40,24 +41,28 @@ fn check_hdr(hdr: &[u8]) -> Result<(), ChainError> {
 /// Append the frame of a collected chain (`total` bytes in `segs`) to `out`.
 fn to_batch<M: GuestMemory>(
     mem: &M,
+    mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
     mode: NetMode,
     segs: &[(GuestAddress, usize)],
     total: usize,
     out: &mut Batch,
 ) -> Result<usize, ChainError> {
     let mut hdr = [0u8; HDR_LEN];
-    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    gather(mem, regions.as_deref_mut(), segs, 0, &mut hdr[..mode.hdr_len])?;
     check_hdr(&hdr)?;
     let len = total - mode.hdr_len;
-    out.push_with(len, |buf| gather(mem, segs, mode.hdr_len, buf))?;
+    out.push_with(len, |buf| gather(mem, regions, segs, mode.hdr_len, buf))?;
     Ok(len)
 }
 
 /// Copy a collected chain into the port buffer `buf`; returns where the frame is in it
 /// (`(offset, len)`). Header and frame are copied together when they fit (the frame then starts
 /// after the header), else the header goes to the stack and the frame to the buffer's start.
+#[allow(clippy::too_many_arguments)]
 fn to_buf<M: GuestMemory>(
     mem: &M,
+    mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    one: Option<&Slice<'_, RegionOf<M>>>,
     mode: NetMode,
     segs: &[(GuestAddress, usize)],
     total: usize,
@@ -66,16 +71,19 @@ fn to_buf<M: GuestMemory>(
     let (len, cap) = (total - mode.hdr_len, buf.len());
     if total <= cap {
         let all = &mut buf[..total];
-        gather(mem, segs, 0, all)?;
+        // A plain chain's buffer, resolved when it was popped: one copy, no lookup.
+        if !one.is_some_and(|b| b.len() == total && b.read_slice(all, 0).is_ok()) {
+            gather(mem, regions, segs, 0, all)?;
+        }
         // Checked on our copy: the guest cannot change it between check and send.
         check_hdr(&all[..mode.hdr_len])?;
         return Ok((mode.hdr_len, len));
     }
     let out = buf.get_mut(..len).ok_or(ChainError::TooLarge(cap))?;
     let mut hdr = [0u8; HDR_LEN];
-    gather(mem, segs, 0, &mut hdr[..mode.hdr_len])?;
+    gather(mem, regions.as_deref_mut(), segs, 0, &mut hdr[..mode.hdr_len])?;
     check_hdr(&hdr)?;
-    gather(mem, segs, mode.hdr_len, out)?;
+    gather(mem, regions, segs, mode.hdr_len, out)?;
     Ok((0, len))
 }
 
@@ -117,17 +125,24 @@ fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
 }
 
 /// Send the valid popped chains: into buffers the port lends, or through a [`Batch`].
-fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, mode: NetMode, stats: &Stats) {
+fn send_popped<M: GuestMemory>(
+    mem: &M,
+    mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    bufs: &[Option<Slice<'_, RegionOf<M>>>],
+    port: &mut dyn Port,
+    st: &mut TxState,
+    mode: NetMode,
+    stats: &Stats,
+) {
     let valid = st.popped.iter().filter(|p| p.total > 0).count();
     if valid == 0 {
         return;
     }
     let lent = port.tx_reserve(valid);
-    let chains = st.popped.iter().filter(|p| p.total > 0);
     if lent == 0 {
-        for p in chains {
+        for p in st.popped.iter().filter(|p| p.total > 0) {
             let segs = &st.scratch.segs[p.start..p.end];
-            if let Err(e) = to_batch(mem, mode, segs, p.total, &mut st.batch) {
+            if let Err(e) = to_batch(mem, regions.as_deref_mut(), mode, segs, p.total, &mut st.batch) {
                 stats.error(&e);
             }
         }
@@ -136,13 +151,14 @@ fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, m
     }
     st.frames.clear();
     let (mut full, mut large) = (0usize, 0usize);
-    for p in chains {
+    for (i, p) in st.popped.iter().enumerate().filter(|(_, p)| p.total > 0) {
         if st.frames.len() == lent {
             full += 1;
             continue;
         }
         let segs = &st.scratch.segs[p.start..p.end];
-        match to_buf(mem, mode, segs, p.total, port.tx_buf(st.frames.len())) {
+        let one = bufs.get(i).and_then(Option::as_ref);
+        match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(st.frames.len())) {
             Ok(frame) => st.frames.push(frame),
             // Valid, but larger than the port's frames: the port refuses it.
             Err(ChainError::TooLarge(_)) => large += 1,
@@ -165,7 +181,25 @@ fn send_popped<M: GuestMemory>(mem: &M, port: &mut dyn Port, st: &mut TxState, m
 
 /// Add every popped chain to the used ring (length 0: TX buffers are only read) and publish
 /// the used index once.
-fn add_used_batch<M: GuestMemory>(q: &mut Queue, mem: &M, popped: &[Popped], stats: &Stats) {
+fn add_used_batch<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    fast: &mut FastRing<'_, M>,
+    popped: &[Popped],
+    stats: &Stats,
+) {
+    if let Some(r) = fast {
+        let (before, size) = (q.next_used(), q.size());
+        // A head outside the table yields an empty chain, already counted as an error; there
+        // is no descriptor to give back.
+        for p in popped.iter().filter(|p| p.head < size) {
+            if let Err(e) = r.push_used(q, p.head, 0) {
+                stats.error(&vm_memory::GuestMemoryError::from(e));
+            }
+        }
+        super::ring::publish_used(q, fast, before, stats);
+        return;
+    }
     let (size, ring) = (q.size(), GuestAddress(q.used_ring()));
     let mut next = q.next_used();
     for p in popped {
@@ -201,9 +235,11 @@ fn add_used_batch<M: GuestMemory>(q: &mut Queue, mem: &M, popped: &[Popped], sta
 }
 
 /// One pass: pop up to `want` chains, send their frames, return them. Returns chains handled.
+#[allow(clippy::too_many_arguments)]
 fn tx_pass<M: GuestMemory>(
     q: &mut Queue,
     mem: &M,
+    ring: &mut FastRing<'_, M>,
     port: &mut dyn Port,
     st: &mut TxState,
     mode: NetMode,
@@ -213,19 +249,29 @@ fn tx_pass<M: GuestMemory>(
     st.popped.clear();
     st.scratch.segs.clear();
     let limit = mode.hdr_len + mode.max_frame;
-    // One read of the available index for the whole pass.
-    let mut it = match q.iter(mem) {
-        Ok(it) => it,
-        Err(e) => {
-            stats.error(&e);
-            return 0;
-        }
-    };
-    while st.popped.len() < want {
-        let Some(chain) = it.next() else { break };
-        let head = chain.head_index();
+    // The buffers of plain chains, by position in `st.popped`.
+    let mut bufs: [Option<Slice<'_, RegionOf<M>>>; BATCH] = std::array::from_fn(|_| None);
+    while st.popped.len() < want.min(BATCH) {
         let start = st.scratch.segs.len();
-        let total = match collect(chain, mem, false, limit, &mut st.scratch.segs) {
+        let (head, res) = match ring.as_mut().map_or(Next::Checked, |r| r.next(q, false)) {
+            Next::Simple { head, addr, buf } => {
+                q.set_next_avail(q.next_avail().wrapping_add(1));
+                let len = buf.len();
+                if len > limit {
+                    (head, Err(ChainError::TooLarge(limit)))
+                } else {
+                    st.scratch.segs.push((addr, len));
+                    bufs[st.popped.len()] = Some(buf);
+                    (head, Ok(len))
+                }
+            }
+            Next::Checked => {
+                // virtio-queue's checked walk (and its avail index checks) for everything else.
+                let Some(chain) = pop_chain(q, mem, stats) else { break };
+                (chain.head_index(), collect(chain, mem, false, limit, &mut st.scratch.segs))
+            }
+        };
+        let total = match res {
             Ok(t) if t >= mode.hdr_len + ETH_HLEN => t,
             res => {
                 let e = res.map_or_else(|e| e, ChainError::TooShort);
@@ -239,8 +285,8 @@ fn tx_pass<M: GuestMemory>(
     if st.popped.is_empty() {
         return 0;
     }
-    send_popped(mem, port, st, mode, stats);
-    add_used_batch(q, mem, &st.popped, stats);
+    send_popped(mem, ring.as_mut().map(|r| &mut r.regions), &bufs, port, st, mode, stats);
+    add_used_batch(q, mem, ring, &st.popped, stats);
     st.popped.len()
 }
 
@@ -295,6 +341,7 @@ fn tx_run<M: GuestMemory>(
     rearm: bool,
 ) -> QueueRun {
     let mut run = QueueRun::default();
+    let mut ring = super::ring::ring(q, mem);
     loop {
         if let Err(e) = q.disable_notification(mem) {
             stats.error(&e);
@@ -306,7 +353,7 @@ fn tx_run<M: GuestMemory>(
                 run.more = true;
                 return run;
             }
-            let n = tx_pass(q, mem, port, st, mode, stats, want);
+            let n = tx_pass(q, mem, &mut ring, port, st, mode, stats, want);
             if n == 0 {
                 break;
             }
