@@ -78,7 +78,9 @@ static __always_inline __u16 lb_csum_fold(__s64 sum)
 }
 
 /* lb_rewrite4 rewrites the source (src=1) or destination address and port of
- * a TCP/UDP packet, patching the IPv4 and L4 checksums incrementally. */
+ * a TCP/UDP packet, patching the IPv4 and L4 checksums incrementally. l4off
+ * 0: a later fragment (frag.h), which has no L4 header: only the address
+ * and the IPv4 checksum (its first fragment carried ports and L4 checksum). */
 static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 proto, int src,
 				       __be32 old_addr, __be32 new_addr, __be16 old_port, __be16 new_port)
 {
@@ -88,14 +90,14 @@ static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 
 	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
 	if (old_addr != new_addr) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
+		if (l4off && bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
 			return -1;
 		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_addr, new_addr, 4) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, addr_off, &new_addr, 4, 0) < 0)
 			return -1;
 	}
-	if (old_port != new_port) {
+	if (l4off && old_port != new_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled | 2) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
@@ -387,6 +389,12 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		struct ct_entry ne = {};
 
 		bid = lb_select(svc, t, &be);
+		if (!be && !l4off) {
+			/* A later fragment: nothing to answer with. */
+			lb_stat(LB_STAT_NO_BACKEND);
+			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
+			return TC_ACT_SHOT;
+		}
 		if (!be)
 			return lb_no_backend(skb, t, l4off, tot_len, ihl, ep);
 		lb_stat(LB_STAT_NEW_FLOW);
@@ -640,10 +648,17 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 		*changed = r;
 		return LB_CONTINUE;
 	}
-	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
+	r = ct_tuple4(skb, p->ip4, &t, &tcpf);
+	if (r == -2) {
+		lb_count_drop(skb, ep ? ep->id : 0, DROP_FRAG_NOT_FOUND);
+		return TC_ACT_SHOT;
+	}
+	if (r < 0)
 		return LB_CONTINUE;
 	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
 		return LB_CONTINUE;
+	if (frag4_later(p->ip4))
+		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
 	k.addr = t.daddr;
 	k.port = bpf_ntohs(t.dport);
 	k.proto = t.proto;

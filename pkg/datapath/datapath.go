@@ -68,6 +68,8 @@ const (
 	// policy (policy.go)
 	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
 	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
+	// fragments (bpf/lib/frag.h)
+	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later IPv4 fragment whose first fragment was not seen (or came later)
 )
 
 func (r DropReason) String() string {
@@ -104,6 +106,8 @@ func (r DropReason) String() string {
 		return "policy-ingress"
 	case DropPolicyEgress:
 		return "policy-egress"
+	case DropFragNotFound:
+		return "frag-not-found"
 	}
 	return "unknown"
 }

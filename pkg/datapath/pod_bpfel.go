@@ -54,6 +54,21 @@ type podEventsCfg struct {
 	SampleRate uint32
 }
 
+type podFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type podFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type podLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -166,6 +181,7 @@ const (
 	podLkDropReasonDROP_NAT_NO_PORT    podLkDropReason = 13
 	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 14
 	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 15
+	podLkDropReasonDROP_FRAG_NOT_FOUND podLkDropReason = 16
 )
 
 type podLkEndpointFlags uint32
@@ -310,6 +326,7 @@ const (
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
+	podMapLkIpv4Frags           = "lk_ipv4_frags"
 	podMapLkLbAffinity          = "lk_lb_affinity"
 	podMapLkLbBackends          = "lk_lb_backends"
 	podMapLkLbMaglev            = "lk_lb_maglev"
@@ -406,6 +423,7 @@ type podMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
@@ -476,6 +494,7 @@ type podMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
@@ -502,6 +521,7 @@ func (m *podMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkIpv4Frags,
 		m.LkLbAffinity,
 		m.LkLbBackends,
 		m.LkLbMaglev,
