@@ -22,12 +22,16 @@
  *     address is kept. A local pod reaching a NodePort on this node's
  *     address (from_pod looks NodePort frontends up after ClusterIP ones)
  *     keeps its address too: its replies come back here anyway.
- * SNAT source ports: the client's port if that tuple is free, else one of
- * LB_SNAT_TRIES hashed ports in [LB_SNAT_PORT_MIN, LB_SNAT_PORT_MAX]
- * (above the NodePort range); none free -> DROP_NAT_NO_PORT.
+ * SNAT source ports (hairpin: the client's first, if free): one of
+ * LB_SNAT_TRIES hashed ports in the load-time range [lb_snat_port_min,
+ * lb_snat_port_max] (default 61000-65535: above the NodePort range and the
+ * node's ephemeral range) whose translated tuple is free; none free ->
+ * DROP_NAT_NO_PORT.
  *
- * Reply path (lb_rev_nat): a packet that is not for a frontend and matches a
- * flow entry in the reply direction is translated back. Local client: the
+ * Reply path (lb_rev_nat): a packet that matches a flow entry in the reply
+ * direction is translated back: on the uplink before the frontend lookup (a
+ * reply to an SNAT port that equals a NodePort is a reply, not a new
+ * connection), from pods for packets that are not for a frontend. Local client: the
  * backend's from_pod does it (or from_uplink when the backend is remote);
  * NodePort SNAT: from_uplink.
  *
@@ -271,16 +275,24 @@ static __always_inline int lb_no_backend(struct __sk_buff *skb, const struct ct_
 }
 
 /* lb_snat_flow creates the flow entry of a source-NATed flow with a free
- * source port (the client's own if free). Returns the port, 0 if none. */
-static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __be16 client_port)
+ * source port: keep (network order; 0: none) first if its tuple is free,
+ * else one of LB_SNAT_TRIES ports in [lb_snat_port_min, lb_snat_port_max]
+ * picked from the original flow's hash h. Each is checked against the live
+ * entries (ct_create4_unique), so two flows never share a translated tuple.
+ * NodePort SNAT to the node's address keeps no client port: it may be in the
+ * node's ephemeral range, whose sockets conntrack does not see (hairpin's
+ * 169.254.42.1 is no address of the node's sockets: the client's port is
+ * kept there). Returns the port (network order), 0 if none was free. */
+static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h, __be16 keep)
 {
-	__u32 h = lb_flow_hash(ft);
+	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
+	__u32 span = hi >= lo ? hi - lo + 1 : 1;
 
-	ft->sport = client_port;
-	if (!ct_create4_unique(ft, fe))
-		return ft->sport;
-	for (int i = 1; i < LB_SNAT_TRIES; i++) {
-		__u32 p = LB_SNAT_PORT_MIN + (h + i * 7919) % (LB_SNAT_PORT_MAX - LB_SNAT_PORT_MIN + 1);
+	ft->sport = keep;
+	if (keep && !ct_create4_unique(ft, fe))
+		return keep;
+	for (int i = 0; i < LB_SNAT_TRIES; i++) {
+		__u32 p = lo + (h + i * 7919) % span;
 
 		ft->sport = bpf_htons(p);
 		if (!ct_create4_unique(ft, fe))
@@ -428,7 +440,8 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			};
 
 			ft.saddr = snat_addr;
-			snat_port = lb_snat_flow(&ft, &nf, t->sport);
+			snat_port = lb_snat_flow(&ft, &nf, lb_flow_hash(t),
+						 (snat_flags & CT_F_HAIRPIN) ? t->sport : 0);
 			if (!snat_port) {
 				lb_count_drop(skb, ep ? ep->id : 0, DROP_NAT_NO_PORT);
 				return TC_ACT_SHOT;
@@ -659,6 +672,16 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 		return LB_CONTINUE;
 	if (frag4_later(p->ip4))
 		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
+	if (scope == LB_SCOPE_NODEPORT) {
+		/* Arriving at the node: replies of flows it translated first. */
+		r = lb_rev_nat(skb, &t, tcpf, l4off);
+		if (r < 0)
+			return TC_ACT_SHOT;
+		if (r) {
+			*changed = 1;
+			return LB_CONTINUE;
+		}
+	}
 	k.addr = t.daddr;
 	k.port = bpf_ntohs(t.dport);
 	k.proto = t.proto;
@@ -677,6 +700,8 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 			*changed = 1;
 		return r;
 	}
+	if (scope == LB_SCOPE_NODEPORT)
+		return LB_CONTINUE; /* rev-NAT tried above */
 	r = lb_rev_nat(skb, &t, tcpf, l4off);
 	if (r < 0)
 		return TC_ACT_SHOT;

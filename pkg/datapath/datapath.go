@@ -153,6 +153,12 @@ type Config struct {
 	// ConntrackEntries sizes the conntrack table lk_ct4 (0: 262144). A pinned
 	// table of another size is refused (remove it to resize).
 	ConntrackEntries int
+	// SNATPortMin..SNATPortMax is the source port range NodePort (to a
+	// remote backend) and hairpin SNAT allocate from (0, 0: 61000-65535,
+	// DefaultSNATPortMin/Max). It must not be the node's ephemeral range
+	// (net.ipv4.ip_local_port_range): reserve it with
+	// net.ipv4.ip_local_reserved_ports, as the README says.
+	SNATPortMin, SNATPortMax uint16
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

@@ -347,6 +347,8 @@ const (
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
+	podVarLbSnatPortMax         = "lb_snat_port_max"
+	podVarLbSnatPortMin         = "lb_snat_port_min"
 	podVarLkUnusedCtCounter     = "lk_unused_ct_counter"
 	podVarLkUnusedCtFlags       = "lk_unused_ct_flags"
 	podVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
@@ -448,6 +450,8 @@ type podVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
@@ -547,6 +551,8 @@ type podVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`

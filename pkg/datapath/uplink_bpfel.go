@@ -208,6 +208,8 @@ const (
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
+	uplinkVarLbSnatPortMax         = "lb_snat_port_max"
+	uplinkVarLbSnatPortMin         = "lb_snat_port_min"
 	uplinkVarLkUnusedCtCounter     = "lk_unused_ct_counter"
 	uplinkVarLkUnusedCtFlags       = "lk_unused_ct_flags"
 	uplinkVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
@@ -307,6 +309,8 @@ type uplinkMapSpecs struct {
 type uplinkVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
@@ -405,6 +409,8 @@ func (m *uplinkMaps) Close() error {
 type uplinkVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`
