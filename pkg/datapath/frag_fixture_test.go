@@ -102,6 +102,31 @@ func TestFragmentFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("remote backend: fragments leave DNATed, the fragmented reply is rev-NATed on the uplink", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("frag-remote", "10.96.0.31", 53, "UDP", "", "10.244.2.5"))
+		req := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", 41600, "10.96.0.31", 53, ipProtoUDP, 0, 0, 0, big)
+		head, tail := fragments(req, 0x2345, 64)
+		r1 := s.run(t, pod, ifH1(e), head)
+		r2 := s.run(t, pod, ifH1(e), tail)
+		if r1.verdict != tcActRedirect || r2.verdict != tcActRedirect || r1.redirIf != ifUp(e) || r2.redirIf != ifUp(e) {
+			t.Fatalf("request fragments: verdicts %d/%d to %d/%d, want both out of the uplink", r1.verdict, r2.verdict, r1.redirIf, r2.redirIf)
+		}
+		if got := parseTuple(t, reassemble(t, r1.out, r2.out)); got.dst != ap("10.244.2.5:8080") {
+			t.Fatalf("reassembled request to %s, want 10.244.2.5:8080", got.dst)
+		}
+		rep := l4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", 8080, "10.244.1.10", 41600, ipProtoUDP, 0, 0, 0, big)
+		head, tail = fragments(rep, 0x5432, 136)
+		r1 = s.run(t, up, ifUp(e), head)
+		r2 = s.run(t, up, ifUp(e), tail)
+		if r1.verdict != tcActRedirect || r2.verdict != tcActRedirect || r1.redirIf != ifH1(e) || r2.redirIf != ifH1(e) {
+			t.Fatalf("reply fragments: verdicts %d/%d to %d/%d, want both into the client", r1.verdict, r2.verdict, r1.redirIf, r2.redirIf)
+		}
+		if got := parseTuple(t, reassemble(t, r1.out, r2.out)); got.src != ap("10.96.0.31:53") || got.dst != ap("10.244.1.10:41600") {
+			t.Fatalf("reassembled reply %s -> %s, want 10.96.0.31:53 -> 10.244.1.10:41600", got.src, got.dst)
+		}
+	})
+
 	t.Run("later fragment without its first: dropped, counted frag-not-found", func(t *testing.T) {
 		s.enter(t)
 		req := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", 41501, "10.96.0.30", 53, ipProtoUDP, 0, 0, 0, big)
