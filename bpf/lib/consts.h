@@ -40,6 +40,7 @@ enum lk_drop_reason {
 	/* policy (bpf/lib/policy.h) */
 	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
 	DROP_POLICY_EGRESS = 15, /* the sending local endpoint's NetworkPolicy egress denies it */
+	DROP_FRAG_NOT_FOUND = 16, /* a later IPv4 fragment whose first fragment was not seen (frag.h) */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

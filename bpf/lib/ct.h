@@ -14,10 +14,13 @@
  *       wire after any NAT this node did.
  *
  *   int ct_tuple4(skb, ip4, &key, &tcp_flags)
- *       Fills key (flags 0) and the TCP flags byte from the packet. Returns
- *       0, or -1 when the packet is not trackable (fragment, other protocol,
- *       ICMP other than echo, truncated): the caller decides (policy: judge
- *       statelessly; LB: leave it alone).
+ *       Fills key (flags 0) and the TCP flags byte from the packet. TCP and
+ *       UDP fragments are tracked (frag.h): a later fragment gets its first
+ *       fragment's ports (and no TCP flags). Returns 0, -2 for a later
+ *       fragment whose first fragment was not seen (the caller drops it:
+ *       DROP_FRAG_NOT_FOUND), or -1 when the packet is not trackable (other
+ *       protocol, ICMP other than echo or fragmented, truncated): the caller
+ *       decides (policy: judge statelessly; LB: leave it alone).
  *
  *   int ct_lookup4(&key, tcp_flags, &entry)
  *       Looks the key up as-is (CT_ESTABLISHED: the packet goes the original
@@ -69,6 +72,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "consts.h"
+#include "frag.h"
 
 #define LK_CT_ENTRIES 262144 /* default lk_ct4 size; the loader may change it */
 
@@ -176,28 +180,22 @@ static __always_inline int ct_tuple4(struct __sk_buff *skb, const struct iphdr *
 	key->flags = 0;
 	key->pad = 0;
 	*tcp_flags = 0;
+	if (ip4->protocol == IPPROTO_TCP || ip4->protocol == IPPROTO_UDP) {
+		struct frag4_ports ports;
+		int err = frag4_ports(skb, ip4, l4off, &ports);
+
+		if (err < 0)
+			return err;
+		key->sport = ports.sport;
+		key->dport = ports.dport;
+		if (ip4->protocol == IPPROTO_TCP && !frag4_later(ip4) &&
+		    bpf_skb_load_bytes(skb, l4off + 13, tcp_flags, 1) < 0)
+			return -1;
+		return 0;
+	}
 	if (ip4->frag_off & bpf_htons(0x3fff)) /* MF or an offset: no (reliable) ports */
 		return -1;
 	switch (ip4->protocol) {
-	case IPPROTO_TCP: {
-		__u8 b[14];
-
-		if (bpf_skb_load_bytes(skb, l4off, b, sizeof(b)) < 0)
-			return -1;
-		__builtin_memcpy(&key->sport, &b[0], 2);
-		__builtin_memcpy(&key->dport, &b[2], 2);
-		*tcp_flags = b[13];
-		return 0;
-	}
-	case IPPROTO_UDP: {
-		__be16 ports[2];
-
-		if (bpf_skb_load_bytes(skb, l4off, ports, sizeof(ports)) < 0)
-			return -1;
-		key->sport = ports[0];
-		key->dport = ports[1];
-		return 0;
-	}
 	case IPPROTO_ICMP: {
 		__u8 b[6];
 

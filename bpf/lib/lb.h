@@ -22,12 +22,16 @@
  *     address is kept. A local pod reaching a NodePort on this node's
  *     address (from_pod looks NodePort frontends up after ClusterIP ones)
  *     keeps its address too: its replies come back here anyway.
- * SNAT source ports: the client's port if that tuple is free, else one of
- * LB_SNAT_TRIES hashed ports in [LB_SNAT_PORT_MIN, LB_SNAT_PORT_MAX]
- * (above the NodePort range); none free -> DROP_NAT_NO_PORT.
+ * SNAT source ports (hairpin: the client's first, if free): one of
+ * LB_SNAT_TRIES hashed ports in the load-time range [lb_snat_port_min,
+ * lb_snat_port_max] (default 61000-65535: above the NodePort range and the
+ * node's ephemeral range) whose translated tuple is free; none free ->
+ * DROP_NAT_NO_PORT.
  *
- * Reply path (lb_rev_nat): a packet that is not for a frontend and matches a
- * flow entry in the reply direction is translated back. Local client: the
+ * Reply path (lb_rev_nat): a packet that matches a flow entry in the reply
+ * direction is translated back: on the uplink before the frontend lookup (a
+ * reply to an SNAT port that equals a NodePort is a reply, not a new
+ * connection), from pods for packets that are not for a frontend. Local client: the
  * backend's from_pod does it (or from_uplink when the backend is remote);
  * NodePort SNAT: from_uplink.
  *
@@ -78,7 +82,9 @@ static __always_inline __u16 lb_csum_fold(__s64 sum)
 }
 
 /* lb_rewrite4 rewrites the source (src=1) or destination address and port of
- * a TCP/UDP packet, patching the IPv4 and L4 checksums incrementally. */
+ * a TCP/UDP packet, patching the IPv4 and L4 checksums incrementally. l4off
+ * 0: a later fragment (frag.h), which has no L4 header: only the address
+ * and the IPv4 checksum (its first fragment carried ports and L4 checksum). */
 static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 proto, int src,
 				       __be32 old_addr, __be32 new_addr, __be16 old_port, __be16 new_port)
 {
@@ -88,14 +94,14 @@ static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 
 	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 
 	if (old_addr != new_addr) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
+		if (l4off && bpf_l4_csum_replace(skb, csum_off, old_addr, new_addr, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
 			return -1;
 		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_addr, new_addr, 4) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, addr_off, &new_addr, 4, 0) < 0)
 			return -1;
 	}
-	if (old_port != new_port) {
+	if (l4off && old_port != new_port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, new_port, mangled | 2) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &new_port, 2, 0) < 0)
@@ -269,16 +275,24 @@ static __always_inline int lb_no_backend(struct __sk_buff *skb, const struct ct_
 }
 
 /* lb_snat_flow creates the flow entry of a source-NATed flow with a free
- * source port (the client's own if free). Returns the port, 0 if none. */
-static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __be16 client_port)
+ * source port: keep (network order; 0: none) first if its tuple is free,
+ * else one of LB_SNAT_TRIES ports in [lb_snat_port_min, lb_snat_port_max]
+ * picked from the original flow's hash h. Each is checked against the live
+ * entries (ct_create4_unique), so two flows never share a translated tuple.
+ * NodePort SNAT to the node's address keeps no client port: it may be in the
+ * node's ephemeral range, whose sockets conntrack does not see (hairpin's
+ * 169.254.42.1 is no address of the node's sockets: the client's port is
+ * kept there). Returns the port (network order), 0 if none was free. */
+static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h, __be16 keep)
 {
-	__u32 h = lb_flow_hash(ft);
+	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
+	__u32 span = hi >= lo ? hi - lo + 1 : 1;
 
-	ft->sport = client_port;
-	if (!ct_create4_unique(ft, fe))
-		return ft->sport;
-	for (int i = 1; i < LB_SNAT_TRIES; i++) {
-		__u32 p = LB_SNAT_PORT_MIN + (h + i * 7919) % (LB_SNAT_PORT_MAX - LB_SNAT_PORT_MIN + 1);
+	ft->sport = keep;
+	if (keep && !ct_create4_unique(ft, fe))
+		return keep;
+	for (int i = 0; i < LB_SNAT_TRIES; i++) {
+		__u32 p = lo + (h + i * 7919) % span;
 
 		ft->sport = bpf_htons(p);
 		if (!ct_create4_unique(ft, fe))
@@ -387,6 +401,12 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		struct ct_entry ne = {};
 
 		bid = lb_select(svc, t, &be);
+		if (!be && !l4off) {
+			/* A later fragment: nothing to answer with. */
+			lb_stat(LB_STAT_NO_BACKEND);
+			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
+			return TC_ACT_SHOT;
+		}
 		if (!be)
 			return lb_no_backend(skb, t, l4off, tot_len, ihl, ep);
 		lb_stat(LB_STAT_NEW_FLOW);
@@ -420,7 +440,8 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			};
 
 			ft.saddr = snat_addr;
-			snat_port = lb_snat_flow(&ft, &nf, t->sport);
+			snat_port = lb_snat_flow(&ft, &nf, lb_flow_hash(t),
+						 (snat_flags & CT_F_HAIRPIN) ? t->sport : 0);
 			if (!snat_port) {
 				lb_count_drop(skb, ep ? ep->id : 0, DROP_NAT_NO_PORT);
 				return TC_ACT_SHOT;
@@ -640,10 +661,27 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 		*changed = r;
 		return LB_CONTINUE;
 	}
-	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
+	r = ct_tuple4(skb, p->ip4, &t, &tcpf);
+	if (r == -2) {
+		lb_count_drop(skb, ep ? ep->id : 0, DROP_FRAG_NOT_FOUND);
+		return TC_ACT_SHOT;
+	}
+	if (r < 0)
 		return LB_CONTINUE;
 	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
 		return LB_CONTINUE;
+	if (frag4_later(p->ip4))
+		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
+	if (scope == LB_SCOPE_NODEPORT) {
+		/* Arriving at the node: replies of flows it translated first. */
+		r = lb_rev_nat(skb, &t, tcpf, l4off);
+		if (r < 0)
+			return TC_ACT_SHOT;
+		if (r) {
+			*changed = 1;
+			return LB_CONTINUE;
+		}
+	}
 	k.addr = t.daddr;
 	k.port = bpf_ntohs(t.dport);
 	k.proto = t.proto;
@@ -662,6 +700,8 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 			*changed = 1;
 		return r;
 	}
+	if (scope == LB_SCOPE_NODEPORT)
+		return LB_CONTINUE; /* rev-NAT tried above */
 	r = lb_rev_nat(skb, &t, tcpf, l4off);
 	if (r < 0)
 		return TC_ACT_SHOT;

@@ -14,11 +14,17 @@
 #define LK_LB_BACKENDS 262144
 #define LK_LB_AFFINITY 65536
 #define LB_HAIRPIN_IP 0xa9fe2a01 /* 169.254.42.1, host order */
-#define LB_SNAT_PORT_MIN 32768
-#define LB_SNAT_PORT_MAX 60999
 #define LB_SNAT_TRIES 16
 #define LB_CONTINUE -1
 #define LB_MAGLEV_FLOOR 251 /* service.MaglevFloor: the smallest table */
+
+/* Load-time settings (datapath.Config.SNATPortMin/Max, lanekitd
+ * --nodeport-snat-ports): the source ports NodePort and hairpin SNAT
+ * allocate from. Not the node's ephemeral range (ip_local_port_range,
+ * 32768-60999 by default): the node's own sockets are invisible to lk_ct4,
+ * so the range must be reserved (net.ipv4.ip_local_reserved_ports). */
+const volatile __u16 lb_snat_port_min = 61000;
+const volatile __u16 lb_snat_port_max = 65535;
 
 /* service.ServiceKey */
 struct lb_svc_key {

@@ -389,7 +389,10 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	if (!(src_iso->policy_ingress | src_iso->policy_egress | dst_iso->policy_ingress |
 	      dst_iso->policy_egress))
 		return 0;
-	tracked = ct_tuple4(skb, p->ip4, &key, &tcp_flags) == 0;
+	tracked = ct_tuple4(skb, p->ip4, &key, &tcp_flags);
+	if (tracked == -2)
+		return DROP_FRAG_NOT_FOUND; /* a later fragment, its first not seen (frag.h) */
+	tracked = tracked == 0;
 	if (tracked) {
 		res = ct_lookup4(&key, tcp_flags, &e);
 		if (res != CT_NEW && e && (e->flags & CT_F_POLICY))
@@ -398,6 +401,8 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	if (!tracked && policy_related(skb, p->ip4))
 		return 0;
 	policy_flow_of(skb, p, &f);
+	if (tracked && frag4_later(p->ip4) && (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP))
+		f.dport = bpf_ntohs(key.dport); /* its first fragment's port (frag.h) */
 	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer, 0);
 	if (!egress)
 		return DROP_POLICY_EGRESS;
@@ -441,7 +446,8 @@ static __always_inline __u32 policy_from_endpoint(struct __sk_buff *skb, const s
 
 /* policy_to_endpoint judges an IPv4 packet for the local endpoint dst that
  * comes from the wire (from_uplink) or from this node's stack (to_pod,
- * from_stack set): dst's ingress. Returns 0 or DROP_POLICY_INGRESS. */
+ * from_stack set): dst's ingress. Returns 0, DROP_POLICY_INGRESS or
+ * DROP_FRAG_NOT_FOUND. */
 static __always_inline __u32 policy_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
 						const struct endpoint_info *dst, __u8 from_stack)
 {

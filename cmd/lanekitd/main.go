@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8s"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
@@ -44,6 +45,7 @@ func run(args []string) error {
 
 		cgroupRoot string
 		sockLB     bool
+		snatPorts  string
 	)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
@@ -97,6 +99,8 @@ func run(args []string) error {
 	})
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
+	fs.StringVar(&snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
+		"source ports (MIN-MAX) for NodePort-to-remote-backend and hairpin SNAT; not the node's ephemeral range: reserve them with sysctl net.ipv4.ip_local_reserved_ports")
 	fs.BoolVar(&sockLB, "socket-lb", true, "load-balance services for the node's own processes and hostNetwork pods (cgroup BPF at --cgroup-root)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
@@ -113,6 +117,11 @@ func run(args []string) error {
 	if podCIDR == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
 	}
+	lo, hi, err := parsePortRange(snatPorts)
+	if err != nil {
+		return fmt.Errorf("--nodeport-snat-ports: %w", err)
+	}
+	cfg.SNATPortMin, cfg.SNATPortMax = lo, hi
 	if sockLB {
 		if cgroupRoot == "" {
 			return fmt.Errorf("--socket-lb needs --cgroup-root")
@@ -226,4 +235,15 @@ func startMetrics(ctx context.Context, m *lkmetrics.Metrics, a *agent.Agent, cfg
 	}
 	log.Info("serving metrics", "addr", bound.String(), "path", "/metrics")
 	return nil
+}
+
+// parsePortRange parses "MIN-MAX" (1 <= MIN <= MAX <= 65535).
+func parsePortRange(s string) (uint16, uint16, error) {
+	a, b, ok := strings.Cut(s, "-")
+	lo, err1 := strconv.ParseUint(a, 10, 16)
+	hi, err2 := strconv.ParseUint(b, 10, 16)
+	if !ok || err1 != nil || err2 != nil || lo == 0 || hi < lo {
+		return 0, 0, fmt.Errorf("%q: want MIN-MAX with 1 <= MIN <= MAX <= 65535", s)
+	}
+	return uint16(lo), uint16(hi), nil
 }

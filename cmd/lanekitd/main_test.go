@@ -23,6 +23,20 @@ func TestNoMemoryDatapathFlag(t *testing.T) {
 	}
 }
 
+// TestSNATPortsFlag: --nodeport-snat-ports is MIN-MAX, checked before the
+// agent starts.
+func TestSNATPortsFlag(t *testing.T) {
+	for _, bad := range []string{"abc", "61000", "65535-61000", "0-10", "61000-70000", "61000-65535x"} {
+		err := run([]string{"--pod-cidr", "10.9.0.0/24", "--nodeport-snat-ports", bad})
+		if err == nil || !strings.Contains(err.Error(), "--nodeport-snat-ports") {
+			t.Errorf("--nodeport-snat-ports %s = %v, want refused", bad, err)
+		}
+	}
+	if lo, hi, err := parsePortRange("61000-65535"); err != nil || lo != 61000 || hi != 65535 {
+		t.Errorf("61000-65535 = %d-%d, %v", lo, hi, err)
+	}
+}
+
 // TestKubeFlags: the pod CIDR comes from --pod-cidr or from the Node named by
 // --node-name; --kubeconfig alone names no node.
 func TestKubeFlags(t *testing.T) {

@@ -42,6 +42,9 @@ type Config struct {
 	BPFDir     string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
 	DeviceMode string // DeviceAuto, "veth" or "netkit"
 	MTU        int    // 0: the uplink's MTU
+	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
+	// (datapath.Config; 0, 0: the default 61000-65535).
+	SNATPortMin, SNATPortMax uint16
 	// HostNetns is the node's namespace when it is not the agent's own
 	// (tests and the lab); empty means the current one.
 	HostNetns string
@@ -133,7 +136,7 @@ type Agent struct {
 }
 
 func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {
-	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink}
+	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax}
 	if cfg.OpenDatapath != nil {
 		dp, err := cfg.OpenDatapath(dcfg, log)
 		return dp, "test", err

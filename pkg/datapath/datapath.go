@@ -68,6 +68,8 @@ const (
 	// policy (policy.go)
 	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
 	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
+	// fragments (bpf/lib/frag.h)
+	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later IPv4 fragment whose first fragment was not seen (or came later)
 )
 
 func (r DropReason) String() string {
@@ -104,6 +106,8 @@ func (r DropReason) String() string {
 		return "policy-ingress"
 	case DropPolicyEgress:
 		return "policy-egress"
+	case DropFragNotFound:
+		return "frag-not-found"
 	}
 	return "unknown"
 }
@@ -150,6 +154,12 @@ type Config struct {
 	// table of another size is migrated: its flows are copied into one of
 	// this size (migrate.go).
 	ConntrackEntries int
+	// SNATPortMin..SNATPortMax is the source port range NodePort (to a
+	// remote backend) and hairpin SNAT allocate from (0, 0: 61000-65535,
+	// DefaultSNATPortMin/Max). It must not be the node's ephemeral range
+	// (net.ipv4.ip_local_port_range): reserve it with
+	// net.ipv4.ip_local_reserved_ports, as the README says.
+	SNATPortMin, SNATPortMax uint16
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

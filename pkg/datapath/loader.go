@@ -84,6 +84,13 @@ func (l *Loader) load() error {
 	if err := sizeConntrack(podSpec, l.ctEntries()); err != nil {
 		return err
 	}
+	snatLo, snatHi, err := l.cfg.snatPorts()
+	if err != nil {
+		return err
+	}
+	if err := setSNATPorts(podSpec, snatLo, snatHi); err != nil {
+		return err
+	}
 	// gateway_ip is __be32: its in-memory bytes are the address in network order.
 	if err := podSpec.Variables["gateway_ip"].Set(gw); err != nil {
 		return fmt.Errorf("set gateway_ip: %w", err)
@@ -105,6 +112,10 @@ func (l *Loader) load() error {
 	}
 	sizeMetrics(upSpec)
 	if err := sizeConntrack(upSpec, l.ctEntries()); err != nil {
+		l.pod.Close()
+		return err
+	}
+	if err := setSNATPorts(upSpec, snatLo, snatHi); err != nil {
 		l.pod.Close()
 		return err
 	}

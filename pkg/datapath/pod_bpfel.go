@@ -54,6 +54,21 @@ type podEventsCfg struct {
 	SampleRate uint32
 }
 
+type podFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type podFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type podLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -166,6 +181,7 @@ const (
 	podLkDropReasonDROP_NAT_NO_PORT    podLkDropReason = 13
 	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 14
 	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 15
+	podLkDropReasonDROP_FRAG_NOT_FOUND podLkDropReason = 16
 )
 
 type podLkEndpointFlags uint32
@@ -310,6 +326,7 @@ const (
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
+	podMapLkIpv4Frags           = "lk_ipv4_frags"
 	podMapLkLbAffinity          = "lk_lb_affinity"
 	podMapLkLbBackends          = "lk_lb_backends"
 	podMapLkLbMaglev            = "lk_lb_maglev"
@@ -330,6 +347,8 @@ const (
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarLastRedirect          = "last_redirect"
+	podVarLbSnatPortMax         = "lb_snat_port_max"
+	podVarLbSnatPortMin         = "lb_snat_port_min"
 	podVarLkUnusedCtCounter     = "lk_unused_ct_counter"
 	podVarLkUnusedCtFlags       = "lk_unused_ct_flags"
 	podVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
@@ -406,6 +425,7 @@ type podMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
@@ -430,6 +450,8 @@ type podVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
@@ -476,6 +498,7 @@ type podMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
@@ -502,6 +525,7 @@ func (m *podMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkIpv4Frags,
 		m.LkLbAffinity,
 		m.LkLbBackends,
 		m.LkLbMaglev,
@@ -527,6 +551,8 @@ type podVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`

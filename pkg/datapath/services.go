@@ -122,6 +122,38 @@ func sizeConntrack(spec *ebpf.CollectionSpec, entries uint32) error {
 	return nil
 }
 
+// The default SNAT source port range (lb_snat_port_min/max in
+// bpf/lib/lb_maps.h): above the NodePort range (30000-32767) and Linux's
+// default ephemeral range (32768-60999).
+const (
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+)
+
+// snatPorts returns the configured SNAT port range, or the default.
+func (c Config) snatPorts() (uint16, uint16, error) {
+	lo, hi := c.SNATPortMin, c.SNATPortMax
+	if lo == 0 && hi == 0 {
+		return DefaultSNATPortMin, DefaultSNATPortMax, nil
+	}
+	if lo == 0 || hi < lo {
+		return 0, 0, fmt.Errorf("SNAT port range %d-%d: want 1 <= min <= max <= 65535", lo, hi)
+	}
+	return lo, hi, nil
+}
+
+// setSNATPorts sets the programs' SNAT port range (where a program has it).
+func setSNATPorts(spec *ebpf.CollectionSpec, lo, hi uint16) error {
+	for name, v := range map[string]uint16{"lb_snat_port_min": lo, "lb_snat_port_max": hi} {
+		if sv, ok := spec.Variables[name]; ok {
+			if err := sv.Set(v); err != nil {
+				return fmt.Errorf("set %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
 // checkUpdate refuses an update that would leave a dangling reference or a
 // table the datapath cannot use, before anything is written.
 func checkUpdate(u *service.Update) error {

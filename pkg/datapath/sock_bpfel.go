@@ -128,6 +128,8 @@ const (
 	sockProgLkSockRecvmsg6       = "lk_sock_recvmsg6"
 	sockProgLkSockSendmsg4       = "lk_sock_sendmsg4"
 	sockProgLkSockSendmsg6       = "lk_sock_sendmsg6"
+	sockVarLbSnatPortMax         = "lb_snat_port_max"
+	sockVarLbSnatPortMin         = "lb_snat_port_min"
 	sockVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	sockVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
 	sockVarLkUnusedEventKind     = "lk_unused_event_kind"
@@ -212,6 +214,8 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
+	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
 	LkUnusedDropReason    *ebpf.VariableSpec `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.VariableSpec `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEventKind     *ebpf.VariableSpec `ebpf:"lk_unused_event_kind"`
@@ -273,6 +277,8 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
+	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
 	LkUnusedDropReason    *ebpf.Variable `ebpf:"lk_unused_drop_reason"`
 	LkUnusedEndpointFlags *ebpf.Variable `ebpf:"lk_unused_endpoint_flags"`
 	LkUnusedEventKind     *ebpf.Variable `ebpf:"lk_unused_event_kind"`

@@ -54,6 +54,21 @@ type uplinkEventsCfg struct {
 	SampleRate uint32
 }
 
+type uplinkFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type uplinkFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type uplinkLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -174,6 +189,7 @@ const (
 	uplinkMapLkEvents              = "lk_events"
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
+	uplinkMapLkIpv4Frags           = "lk_ipv4_frags"
 	uplinkMapLkLbAffinity          = "lk_lb_affinity"
 	uplinkMapLkLbBackends          = "lk_lb_backends"
 	uplinkMapLkLbMaglev            = "lk_lb_maglev"
@@ -192,6 +208,8 @@ const (
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
+	uplinkVarLbSnatPortMax         = "lb_snat_port_max"
+	uplinkVarLbSnatPortMin         = "lb_snat_port_min"
 	uplinkVarLkUnusedCtCounter     = "lk_unused_ct_counter"
 	uplinkVarLkUnusedCtFlags       = "lk_unused_ct_flags"
 	uplinkVarLkUnusedCtKeyFlags    = "lk_unused_ct_key_flags"
@@ -267,6 +285,7 @@ type uplinkMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
@@ -290,6 +309,8 @@ type uplinkMapSpecs struct {
 type uplinkVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.VariableSpec `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.VariableSpec `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.VariableSpec `ebpf:"lk_unused_ct_key_flags"`
@@ -336,6 +357,7 @@ type uplinkMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
@@ -362,6 +384,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkIpv4Frags,
 		m.LkLbAffinity,
 		m.LkLbBackends,
 		m.LkLbMaglev,
@@ -386,6 +409,8 @@ func (m *uplinkMaps) Close() error {
 type uplinkVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
+	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
+	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
 	LkUnusedCtCounter     *ebpf.Variable `ebpf:"lk_unused_ct_counter"`
 	LkUnusedCtFlags       *ebpf.Variable `ebpf:"lk_unused_ct_flags"`
 	LkUnusedCtKeyFlags    *ebpf.Variable `ebpf:"lk_unused_ct_key_flags"`
