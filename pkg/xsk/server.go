@@ -145,11 +145,15 @@ func (s *Server) serve() {
 
 func (s *Server) handle(c *net.UnixConn) error {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := s.checkPeer(c); err != nil {
-		return s.refuse(c, err)
-	}
+	peerErr := s.checkPeer(c)
 	buf := make([]byte, maxRequest)
 	n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
+	if peerErr != nil {
+		// Refused whatever it asked; the request is read first so the
+		// reply reaches a connector still sending it (closing before
+		// would reset its send).
+		return s.refuse(c, peerErr)
+	}
 	if err != nil {
 		return fmt.Errorf("read request: %w", err)
 	}
