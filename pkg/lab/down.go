@@ -84,6 +84,10 @@ func Down(ctx context.Context, o DownOptions) error {
 			errs = append(errs, fmt.Errorf("remove pins %s: %w", d, err))
 		}
 	}
+	// The pin root too when nothing else (a node's own agent) pins there.
+	if err := os.Remove(BPFRoot); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", BPFRoot, err))
+	}
 	// After the pins (the socket LB's cgroup links) and the processes.
 	if err := removeLabCgroups(); err != nil {
 		errs = append(errs, err)

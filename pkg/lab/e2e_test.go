@@ -52,6 +52,9 @@ func TestLabEndToEnd(t *testing.T) {
 		if d := bpfNodeDirs(); len(d) > 0 {
 			t.Errorf("pins left behind: %v", d)
 		}
+		if _, err := os.Stat(BPFRoot); err == nil {
+			t.Errorf("%s left behind", BPFRoot)
+		}
 	}
 	t.Cleanup(func() {
 		if _, err := lk(t, "lab", "down"); err != nil {
