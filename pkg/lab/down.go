@@ -92,6 +92,11 @@ func Down(ctx context.Context, o DownOptions) error {
 	if err := removeLabCgroups(); err != nil {
 		errs = append(errs, err)
 	}
+	// /run/lanekit too when the lab was all it held (a node's own agent
+	// keeps its socket there).
+	if err := os.Remove(filepath.Dir(RunDir)); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		errs = append(errs, fmt.Errorf("remove %s: %w", filepath.Dir(RunDir), err))
+	}
 	if left := listLabNetns(); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("netns still present: %s", strings.Join(left, " ")))
 	}

@@ -52,8 +52,10 @@ func TestLabEndToEnd(t *testing.T) {
 		if d := bpfNodeDirs(); len(d) > 0 {
 			t.Errorf("pins left behind: %v", d)
 		}
-		if _, err := os.Stat(BPFRoot); err == nil {
-			t.Errorf("%s left behind", BPFRoot)
+		for _, d := range []string{BPFRoot, filepath.Dir(RunDir)} {
+			if _, err := os.Stat(d); err == nil {
+				t.Errorf("%s left behind", d)
+			}
 		}
 	}
 	t.Cleanup(func() {
