@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -49,7 +51,7 @@ func removeLabCgroups() error {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
-			if err := os.Remove(filepath.Join(LabCgroup, e.Name())); err != nil {
+			if err := removeCgroup(filepath.Join(LabCgroup, e.Name())); err != nil {
 				errs = append(errs, fmt.Errorf("remove node cgroup: %w", err))
 			}
 		}
@@ -66,4 +68,22 @@ func removeLabCgroups() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeCgroup removes a node's cgroup. Whatever still runs in it is the
+// node's (its agent's children: backends, helpers lab down found no pid file
+// or netns for) and is killed (cgroup.kill); the directory goes once the
+// kernel has moved the last task out, which can take a moment after the kill.
+func removeCgroup(dir string) error {
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			return fmt.Errorf("%w (still in it: %q)", err, strings.Fields(string(procs)))
+		}
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	}
 }
