@@ -98,7 +98,7 @@ func (l *Loader) load() error {
 	if err := podSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
-	if _, err := migratePinned(podSpec, l.cfg.PinDir, l.log); err != nil {
+	if err := migratePinned(podSpec, l.cfg.PinDir, l.log); err != nil {
 		return err
 	}
 	if err := podSpec.LoadAndAssign(&l.pod, opts); err != nil {
@@ -123,7 +123,7 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
-	if _, err := migratePinned(upSpec, l.cfg.PinDir, l.log); err != nil {
+	if err := migratePinned(upSpec, l.cfg.PinDir, l.log); err != nil {
 		l.pod.Close()
 		return err
 	}
@@ -135,7 +135,7 @@ func (l *Loader) load() error {
 	vmSpec, err := loadVm()
 	if err == nil {
 		sizeMetrics(vmSpec)
-		if _, err = migratePinned(vmSpec, l.cfg.PinDir, l.log); err == nil {
+		if err = migratePinned(vmSpec, l.cfg.PinDir, l.log); err == nil {
 			err = vmSpec.LoadAndAssign(&l.vm, opts)
 		}
 	}

@@ -24,17 +24,15 @@ import (
 // forwarding with the old maps until this agent's programs replace them on
 // the same links, so the datapath never stops.
 
-// migrateResult says what migratePinned did to one map.
+// migrateResult says what migrateMap did to one map.
 type migrateResult struct {
-	Name            string
 	Copied, Dropped int
 	Recreated       bool // the layout changed: started empty
 }
 
 // migratePinned makes every by-name pinned map of spec that exists in dir
-// with another shape fit spec (see above).
-func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) ([]migrateResult, error) {
-	var out []migrateResult
+// with another shape fit spec (see above), logging what it did.
+func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) error {
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -45,7 +43,7 @@ func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) ([]m
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("open pinned map %s: %w", name, err)
+			return fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		cerr := ms.Compatible(old)
 		if cerr == nil {
@@ -54,24 +52,23 @@ func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) ([]m
 		}
 		if !errors.Is(cerr, ebpf.ErrMapIncompatible) {
 			old.Close()
-			return out, fmt.Errorf("pinned map %s: %w", name, cerr)
+			return fmt.Errorf("pinned map %s: %w", name, cerr)
 		}
 		res, err := migrateMap(ms, old, path)
 		old.Close()
 		if err != nil {
-			return out, fmt.Errorf("migrate pinned map %s (%v): %w", name, cerr, err)
+			return fmt.Errorf("migrate pinned map %s (%v): %w", name, cerr, err)
 		}
 		log.Warn("pinned map migrated to a new shape", "map", name, "change", cerr.Error(),
 			"copied", res.Copied, "dropped", res.Dropped, "started_empty", res.Recreated)
-		out = append(out, res)
 	}
-	return out, nil
+	return nil
 }
 
 // migrateMap creates ms's map, fills it from old where the layouts allow and
 // pins it at path in old's place.
 func migrateMap(ms *ebpf.MapSpec, old *ebpf.Map, path string) (migrateResult, error) {
-	res := migrateResult{Name: ms.Name}
+	var res migrateResult
 	ns := ms.Copy()
 	ns.Pinning = ebpf.PinNone
 	nm, err := ebpf.NewMap(ns)

@@ -85,8 +85,8 @@ func Down(ctx context.Context, o DownOptions) error {
 		}
 	}
 	// The pin root too when nothing else (a node's own agent) pins there.
-	if err := os.Remove(BPFRoot); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", BPFRoot, err))
+	if err := removeIfEmpty(BPFRoot); err != nil {
+		errs = append(errs, err)
 	}
 	// After the pins (the socket LB's cgroup links) and the processes.
 	if err := removeLabCgroups(); err != nil {
@@ -94,14 +94,22 @@ func Down(ctx context.Context, o DownOptions) error {
 	}
 	// /run/lanekit too when the lab was all it held (a node's own agent
 	// keeps its socket there).
-	if err := os.Remove(filepath.Dir(RunDir)); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
-		errs = append(errs, fmt.Errorf("remove %s: %w", filepath.Dir(RunDir), err))
+	if err := removeIfEmpty(filepath.Dir(RunDir)); err != nil {
+		errs = append(errs, err)
 	}
 	if left := listLabNetns(); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("netns still present: %s", strings.Join(left, " ")))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("lab down: %w", err)
+	}
+	return nil
+}
+
+// removeIfEmpty removes dir when it is empty; gone or not empty is fine.
+func removeIfEmpty(dir string) error {
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return nil
 }
