@@ -41,6 +41,10 @@ enum lk_drop_reason {
 	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
 	DROP_POLICY_EGRESS = 15, /* the sending local endpoint's NetworkPolicy egress denies it */
 	DROP_FRAG_NOT_FOUND = 16, /* a later IPv4 fragment whose first fragment was not seen (frag.h) */
+	/* [LB] a traffic-policy Local frontend (externalTrafficPolicy or
+	 * internalTrafficPolicy Local) with no ready endpoint on this node,
+	 * while the Service has some elsewhere: dropped, no answer (kube-proxy) */
+	DROP_NO_LOCAL_BACKEND = 17,
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

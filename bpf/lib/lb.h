@@ -39,7 +39,19 @@
  * back the same way.
  *
  * No backend: TCP gets a reset, UDP an ICMP port unreachable, both sent back
- * where the packet came from and counted as DROP_NO_BACKEND.
+ * where the packet came from and counted as DROP_NO_BACKEND. A traffic
+ * policy Local frontend (LB_SVC_F_LOCAL: its table holds this node's
+ * endpoints only) without one drops silently, DROP_NO_LOCAL_BACKEND.
+ *
+ * External addresses (externalIPs, LoadBalancer ingress IPs) are NodePort
+ * scope frontends on that address and the service port (LB_SVC_F_EXTERNAL):
+ * to a remote backend they are source-NATed to the node's own address
+ * towards it (lb_node_src4), not the external address. With
+ * externalTrafficPolicy Local the NodePort scope frontend is Local and a
+ * ClusterIP scope twin on the same address and port holds every endpoint:
+ * pods (from_pod looks ClusterIP scope up first) and the node's processes
+ * (the socket LB) reach the Service cluster-wide, as kube-proxy lets them;
+ * only what arrives on the uplink is kept local, with its source address.
  *
  * Maglev tables: lk_lb_maglev is a hash of maps, frontend ID -> an array of
  * backend IDs of exactly that frontend's size (BPF_F_INNER_MAP lets the inner
@@ -301,6 +313,25 @@ static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_en
 	return 0;
 }
 
+/* lb_node_src4 returns the node's source address towards dst (the
+ * kernel's route to it: preferred source, else the outgoing device's
+ * address), 0 when there is none. An external address is no node address:
+ * a flow to it source-NATed to a remote backend takes this one, so the
+ * backend's node routes the reply back here. */
+static __always_inline __be32 lb_node_src4(struct __sk_buff *skb, __be32 dst)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET,
+		.ipv4_dst = dst,
+		.ifindex = skb->ifindex,
+	};
+
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
+	    BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	return fib.ipv4_src;
+}
+
 /* lb_pending holds the conntrack entries a new load-balanced flow needs
  * until the caller's policy has allowed the packet; lb_commit then creates
  * them. A packet policy drops leaves no state, so a denied pod spraying SYNs
@@ -401,6 +432,13 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		struct ct_entry ne = {};
 
 		bid = lb_select(svc, t, &be);
+		if (!be && (svc->flags & LB_SVC_F_LOCAL)) {
+			/* Traffic policy Local, no endpoint here: dropped without
+			 * an answer, as kube-proxy does (the client's load
+			 * balancer, told by healthCheckNodePort, goes elsewhere). */
+			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_LOCAL_BACKEND);
+			return TC_ACT_SHOT;
+		}
 		if (!be && !l4off) {
 			/* A later fragment: nothing to answer with. */
 			lb_stat(LB_STAT_NO_BACKEND);
@@ -425,6 +463,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			 * anyway: it lives on this node.) */
 			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
 				snat_addr = t->daddr;
+				if ((svc->flags & LB_SVC_F_EXTERNAL) && !(snat_addr = lb_node_src4(skb, be->addr))) {
+					lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
+					return TC_ACT_SHOT;
+				}
 				snat_flags = CT_F_SNAT | CT_F_NODEPORT;
 				lb_stat(LB_STAT_NODEPORT_SNAT);
 			} else {

@@ -38,6 +38,14 @@ struct lb_svc_key {
 #define LB_SCOPE_NODEPORT 1
 #define LB_SVC_F_AFFINITY 1
 #define LB_SVC_F_NODEPORT 2
+/* A traffic policy Local frontend (service.ServiceFlagLocal): its Maglev
+ * table holds this node's endpoints only; none -> DROP_NO_LOCAL_BACKEND,
+ * silently (the Service has endpoints on other nodes). */
+#define LB_SVC_F_LOCAL 4
+/* An external address (spec.externalIPs, status.loadBalancer.ingress[].ip;
+ * service.ServiceFlagExternal): not a node address, so a flow to a remote
+ * backend is source-NATed to the node's address towards that backend. */
+#define LB_SVC_F_EXTERNAL 8
 #define LB_BACKEND_ACTIVE 0
 
 /* service.ServiceValue */

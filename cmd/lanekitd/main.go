@@ -102,6 +102,7 @@ func run(args []string) error {
 	fs.StringVar(&snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
 		"source ports (MIN-MAX) for NodePort-to-remote-backend and hairpin SNAT; not the node's ephemeral range: reserve them with sysctl net.ipv4.ip_local_reserved_ports")
 	fs.BoolVar(&sockLB, "socket-lb", true, "load-balance services for the node's own processes and hostNetwork pods (cgroup BPF at --cgroup-root)")
+	fs.BoolVar(&cfg.ServiceHealthChecks, "service-health-checks", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (HTTP on every node address, as kube-proxy)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")

@@ -93,6 +93,9 @@ type Config struct {
 	// cgroup2 is mounted there if it is not on one. A node uses its
 	// cgroup2 root; the lab a child cgroup per node. Empty: off.
 	SockLBCgroup string
+	// ServiceHealthChecks: serve the healthCheckNodePort of LoadBalancer
+	// Services with externalTrafficPolicy Local (healthcheck.go).
+	ServiceHealthChecks bool
 }
 
 // Agent is one node's agent.
@@ -127,6 +130,9 @@ type Agent struct {
 	// ctl is the service and policy control plane (objects.go); its own
 	// lock nests inside mu.
 	ctl *ctlPlane
+	// health serves healthCheckNodePorts (nil: off); its lock nests in
+	// ctl's.
+	health *healthChecks
 
 	// The node's addresses last written to the policy ipcache
 	// (hostaddrs.go), under hostAddrMu.
@@ -260,6 +266,9 @@ func (a *Agent) Close() error {
 	}
 	a.detachBackends()
 	a.mu.Unlock()
+	if a.health != nil {
+		a.health.close()
+	}
 	if a.dp != nil {
 		errs = append(errs, a.dp.Close())
 	}

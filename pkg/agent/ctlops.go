@@ -146,7 +146,11 @@ func (a *Agent) restoreControlPlane() error {
 	if err != nil {
 		a.log.Warn("no node addresses for NodePort services", "err", err)
 	}
-	a.ctl = newCtlPlane(service.Options{NodeAddrs: addrs})
+	opts := service.Options{NodeAddrs: addrs}
+	if a.cfg.PodCIDR.IsValid() {
+		opts.LocalPrefixes = []netip.Prefix{a.cfg.PodCIDR.Masked()}
+	}
+	a.ctl = newCtlPlane(opts)
 	c := a.ctl
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -233,6 +237,13 @@ func (a *Agent) restoreControlPlane() error {
 	}
 	if err := a.recompileLocked(); err != nil {
 		return fmt.Errorf("restore policy: %w", err)
+	}
+	if a.cfg.ServiceHealthChecks {
+		if a.health != nil {
+			a.health.close()
+		}
+		a.health = a.newHealthChecks()
+		a.syncHealthChecks(model.Services())
 	}
 	a.log.Info("control plane restored", "objects", len(c.objs), "frontends", len(model.Frontends()),
 		"policies", len(c.compiled.Policies), "identities", len(c.idsStored))

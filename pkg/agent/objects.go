@@ -484,7 +484,8 @@ func policyRelevant(o k8sobj.Object) bool {
 // identities in one transaction, then program the datapath. Called with c.mu.
 func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) error {
 	c := a.ctl
-	svcChanges, undoServices, err := c.editServices(next, affectedServices(c.objs, next, changed))
+	affected := affectedServices(c.objs, next, changed)
+	svcChanges, undoServices, err := c.editServices(next, affected)
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
@@ -529,6 +530,7 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 	}
 	c.markIdentitiesSaved()
 	c.objs = next
+	a.syncHealthChecks(affected)
 	svcUpd := c.tables.Apply(svcChanges)
 	var errs []error
 	if err := a.applyServices(svcUpd); err != nil {

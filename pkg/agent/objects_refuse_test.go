@@ -185,3 +185,36 @@ func BenchmarkReplaceServicesAt10k(b *testing.B) {
 		})
 	}
 }
+
+// TestReplaceRefusesUnsupportedServices: what lanekit does not implement
+// (loadBalancerSourceRanges, IPv6 external IPs) is refused per object with
+// the reason, never programmed half; ExternalName and headless Services
+// apply (nothing to program) beside them.
+func TestReplaceRefusesUnsupportedServices(t *testing.T) {
+	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
+	objs := decodeObjs(t, refuseSvc("ok", "10.96.0.1", "2026-01-01T00:00:00Z")+"---\n"+
+		refuseSvc("ranges", "10.96.0.2", "2026-01-01T00:00:00Z")+"---\n"+
+		refuseSvc("v6ext", "10.96.0.3", "2026-01-01T00:00:00Z")+"---\n"+
+		"apiVersion: v1\nkind: Service\nmetadata: {name: alias, namespace: shop}\nspec: {type: ExternalName, externalName: db.example.com}\n---\n"+
+		"apiVersion: v1\nkind: Service\nmetadata: {name: headless, namespace: shop}\nspec: {clusterIP: None}\n")
+	objs[1].Service.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+	objs[2].Service.Spec.ExternalIPs = []string{"2001:db8::1"}
+	refused, err := a.ReplaceObjects(k8sobj.KindService, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := refusedKeys(refused); !slices.Equal(got, []string{"Service/shop/ranges", "Service/shop/v6ext"}) {
+		t.Fatalf("refused %v", got)
+	}
+	for _, r := range refused {
+		if !strings.Contains(r.Err.Error(), "not supported by lanekit") || !errors.Is(r.Err, ErrInvalid) {
+			t.Errorf("%s: reason %q", r.Object.Key(), r.Err)
+		}
+	}
+	if ownerOf(a, "10.96.0.1") != "ok" || ownerOf(a, "10.96.0.2") != "" {
+		t.Fatalf("owners: %q %q", ownerOf(a, "10.96.0.1"), ownerOf(a, "10.96.0.2"))
+	}
+	if got := a.ctl.model.Services(); len(got) != 3 {
+		t.Fatalf("services in the model %v; want ok, alias, headless", got)
+	}
+}

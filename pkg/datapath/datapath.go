@@ -70,6 +70,8 @@ const (
 	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
 	// fragments (bpf/lib/frag.h)
 	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later IPv4 fragment whose first fragment was not seen (or came later)
+	// traffic policy Local (bpf/lib/lb.h)
+	DropNoLocalBackend DropReason = DropReason(podLkDropReasonDROP_NO_LOCAL_BACKEND) // a traffic policy Local frontend without an endpoint on this node
 )
 
 func (r DropReason) String() string {
@@ -108,6 +110,8 @@ func (r DropReason) String() string {
 		return "policy-egress"
 	case DropFragNotFound:
 		return "frag-not-found"
+	case DropNoLocalBackend:
+		return "no-local-backend"
 	}
 	return "unknown"
 }

@@ -166,22 +166,23 @@ const (
 type podLkDropReason uint32
 
 const (
-	podLkDropReasonDROP_SPOOFED_MAC    podLkDropReason = 1
-	podLkDropReasonDROP_SPOOFED_IP     podLkDropReason = 2
-	podLkDropReasonDROP_UNKNOWN_EP     podLkDropReason = 3
-	podLkDropReasonDROP_MALFORMED      podLkDropReason = 4
-	podLkDropReasonDROP_TTL_EXCEEDED   podLkDropReason = 5
-	podLkDropReasonDROP_FIB_FAILED     podLkDropReason = 6
-	podLkDropReasonDROP_REDIRECT       podLkDropReason = 7
-	podLkDropReasonDROP_UNSUPPORTED_L3 podLkDropReason = 8
-	podLkDropReasonDROP_NO_SOCKET      podLkDropReason = 9
-	podLkDropReasonDROP_NOT_FOR_VM     podLkDropReason = 10
-	podLkDropReasonDROP_VLAN           podLkDropReason = 11
-	podLkDropReasonDROP_NO_BACKEND     podLkDropReason = 12
-	podLkDropReasonDROP_NAT_NO_PORT    podLkDropReason = 13
-	podLkDropReasonDROP_POLICY_INGRESS podLkDropReason = 14
-	podLkDropReasonDROP_POLICY_EGRESS  podLkDropReason = 15
-	podLkDropReasonDROP_FRAG_NOT_FOUND podLkDropReason = 16
+	podLkDropReasonDROP_SPOOFED_MAC      podLkDropReason = 1
+	podLkDropReasonDROP_SPOOFED_IP       podLkDropReason = 2
+	podLkDropReasonDROP_UNKNOWN_EP       podLkDropReason = 3
+	podLkDropReasonDROP_MALFORMED        podLkDropReason = 4
+	podLkDropReasonDROP_TTL_EXCEEDED     podLkDropReason = 5
+	podLkDropReasonDROP_FIB_FAILED       podLkDropReason = 6
+	podLkDropReasonDROP_REDIRECT         podLkDropReason = 7
+	podLkDropReasonDROP_UNSUPPORTED_L3   podLkDropReason = 8
+	podLkDropReasonDROP_NO_SOCKET        podLkDropReason = 9
+	podLkDropReasonDROP_NOT_FOR_VM       podLkDropReason = 10
+	podLkDropReasonDROP_VLAN             podLkDropReason = 11
+	podLkDropReasonDROP_NO_BACKEND       podLkDropReason = 12
+	podLkDropReasonDROP_NAT_NO_PORT      podLkDropReason = 13
+	podLkDropReasonDROP_POLICY_INGRESS   podLkDropReason = 14
+	podLkDropReasonDROP_POLICY_EGRESS    podLkDropReason = 15
+	podLkDropReasonDROP_FRAG_NOT_FOUND   podLkDropReason = 16
+	podLkDropReasonDROP_NO_LOCAL_BACKEND podLkDropReason = 17
 )
 
 type podLkEndpointFlags uint32

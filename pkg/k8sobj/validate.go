@@ -3,6 +3,7 @@ package k8sobj
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -116,14 +117,29 @@ func validatePortNumOrName(v intstr.IntOrString, p *field.Path, allowZero bool) 
 
 func validateService(s *corev1.Service) field.ErrorList {
 	errs := validateMeta(&s.ObjectMeta, field.NewPath("metadata"))
+	// The API server's rule for Service names (ValidateServiceName): a
+	// DNS-1035 label, stricter than validateMeta's subdomain.
+	if s.Name != "" {
+		for _, msg := range validation.IsDNS1035Label(s.Name) {
+			errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), s.Name, msg))
+		}
+	}
 	spec := field.NewPath("spec")
 	switch s.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
+	case corev1.ServiceTypeExternalName:
+		// A DNS alias: valid, nothing to program (accepted and ignored).
+		return append(errs, validateExternalName(s)...)
 	default:
 		errs = append(errs, field.NotSupported(spec.Child("type"), s.Spec.Type,
-			[]string{"ClusterIP", "NodePort", "LoadBalancer"}))
+			[]string{"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"}))
 	}
 	headless := s.Spec.ClusterIP == corev1.ClusterIPNone
+	if headless && (s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+		errs = append(errs, field.Invalid(spec.Child("clusterIP"), s.Spec.ClusterIP,
+			"may not be set to 'None' for LoadBalancer or NodePort services"))
+	}
+	errs = append(errs, validateExternalAccess(s)...)
 	switch {
 	case headless:
 	case s.Spec.ClusterIP == "":
@@ -208,6 +224,130 @@ func validateService(s *corev1.Service) field.ErrorList {
 		}
 	default:
 		errs = append(errs, field.NotSupported(spec.Child("sessionAffinity"), s.Spec.SessionAffinity, []string{"None", "ClientIP"}))
+	}
+	return errs
+}
+
+// validateExternalName checks an ExternalName Service as the API server does.
+func validateExternalName(s *corev1.Service) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	name := strings.TrimSuffix(s.Spec.ExternalName, ".")
+	if name == "" {
+		errs = append(errs, field.Required(spec.Child("externalName"), ""))
+	} else {
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			errs = append(errs, field.Invalid(spec.Child("externalName"), s.Spec.ExternalName, msg))
+		}
+	}
+	if s.Spec.ClusterIP != "" || len(s.Spec.ClusterIPs) > 0 {
+		errs = append(errs, field.Forbidden(spec.Child("clusterIPs"), "may not be set for ExternalName services"))
+	}
+	for i := range s.Spec.Ports {
+		pp := spec.Child("ports").Index(i)
+		errs = append(errs, validatePortNumber(s.Spec.Ports[i].Port, pp.Child("port"))...)
+		errs = append(errs, validateProtocol(&s.Spec.Ports[i].Protocol, pp.Child("protocol"))...)
+		if s.Spec.Ports[i].NodePort != 0 {
+			errs = append(errs, field.Forbidden(pp.Child("nodePort"), "only for type NodePort or LoadBalancer"))
+		}
+	}
+	if s.Spec.ExternalTrafficPolicy != "" {
+		errs = append(errs, field.Invalid(spec.Child("externalTrafficPolicy"), s.Spec.ExternalTrafficPolicy,
+			"may only be set for externally-accessible services"))
+	}
+	return errs
+}
+
+// ExternallyAccessible says whether a Service is reached from outside the
+// cluster (the API server's rule): NodePort, LoadBalancer, or external IPs.
+func ExternallyAccessible(s *corev1.Service) bool {
+	return s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer ||
+		((s.Spec.Type == "" || s.Spec.Type == corev1.ServiceTypeClusterIP) && len(s.Spec.ExternalIPs) > 0)
+}
+
+// NeedsHealthCheck says whether the Service has a healthCheckNodePort to
+// serve: type LoadBalancer with externalTrafficPolicy Local.
+func NeedsHealthCheck(s *corev1.Service) bool {
+	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+}
+
+// validateExternalAccess checks the traffic policies, external IPs, the
+// health check port and load-balancer status as the API server does, and
+// refuses what lanekit does not implement with the reason.
+func validateExternalAccess(s *corev1.Service) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	switch etp := s.Spec.ExternalTrafficPolicy; {
+	case etp == "":
+	case !ExternallyAccessible(s):
+		errs = append(errs, field.Invalid(spec.Child("externalTrafficPolicy"), etp,
+			"may only be set for externally-accessible services"))
+	case etp != corev1.ServiceExternalTrafficPolicyCluster && etp != corev1.ServiceExternalTrafficPolicyLocal:
+		errs = append(errs, field.NotSupported(spec.Child("externalTrafficPolicy"), etp, []string{"Cluster", "Local"}))
+	}
+	switch itp := s.Spec.InternalTrafficPolicy; {
+	case itp == nil, *itp == corev1.ServiceInternalTrafficPolicyCluster, *itp == corev1.ServiceInternalTrafficPolicyLocal:
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("internalTrafficPolicy"), *itp, []string{"Cluster", "Local"}))
+	}
+	if hc := s.Spec.HealthCheckNodePort; hc != 0 {
+		if !NeedsHealthCheck(s) {
+			errs = append(errs, field.Invalid(spec.Child("healthCheckNodePort"), hc,
+				"may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'"))
+		} else {
+			errs = append(errs, validatePortNumber(hc, spec.Child("healthCheckNodePort"))...)
+		}
+	}
+	seen := map[netip.Addr]bool{}
+	for i, a := range s.Spec.ExternalIPs {
+		p := spec.Child("externalIPs").Index(i)
+		ip, err := netip.ParseAddr(a)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(p, a, "must be a valid IP address"))
+		case ip.IsUnspecified() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsMulticast():
+			errs = append(errs, field.Invalid(p, a, "may not be unspecified, loopback, link-local or multicast"))
+		case !ip.Is4():
+			errs = append(errs, field.Invalid(p, a, "IPv6 external IPs are not supported by lanekit (IPv4 only)"))
+		case seen[ip]:
+			errs = append(errs, field.Duplicate(p, a))
+		}
+		seen[ip] = true
+	}
+	if len(s.Spec.LoadBalancerSourceRanges) > 0 {
+		errs = append(errs, field.Invalid(spec.Child("loadBalancerSourceRanges"), s.Spec.LoadBalancerSourceRanges,
+			"not supported by lanekit (the Service would be open to every source)"))
+	}
+	if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack {
+		errs = append(errs, field.Invalid(spec.Child("ipFamilyPolicy"), *p, "dual-stack Services are not supported by lanekit (IPv4 only)"))
+	}
+	for i, f := range s.Spec.IPFamilies {
+		if f != corev1.IPv4Protocol {
+			errs = append(errs, field.Invalid(spec.Child("ipFamilies").Index(i), f, "only IPv4 is supported by lanekit"))
+		}
+	}
+	ing := field.NewPath("status", "loadBalancer", "ingress")
+	if len(s.Status.LoadBalancer.Ingress) > 0 && s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		errs = append(errs, field.Forbidden(ing, "may only be used when `spec.type` is 'LoadBalancer'"))
+	}
+	for i, in := range s.Status.LoadBalancer.Ingress {
+		p := ing.Index(i)
+		if in.IP == "" {
+			if in.IPMode != nil {
+				errs = append(errs, field.Required(p.Child("ip"), "must be specified when `ipMode` is set"))
+			}
+			continue // a hostname only: nothing to program (as kube-proxy)
+		}
+		ip, err := netip.ParseAddr(in.IP)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(p.Child("ip"), in.IP, "must be a valid IP address"))
+		case !ip.Is4():
+			errs = append(errs, field.Invalid(p.Child("ip"), in.IP, "IPv6 load-balancer IPs are not supported by lanekit (IPv4 only)"))
+		}
+		if m := in.IPMode; m != nil && *m != corev1.LoadBalancerIPModeVIP && *m != corev1.LoadBalancerIPModeProxy {
+			errs = append(errs, field.NotSupported(p.Child("ipMode"), *m, []string{"VIP", "Proxy"}))
+		}
 	}
 	return errs
 }

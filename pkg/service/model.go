@@ -124,6 +124,16 @@ type Frontend struct {
 	// Maglev holds, per slot, an index into Backends; nil when no backend takes
 	// new flows (the datapath then answers ICMP unreachable / TCP reset).
 	Maglev []int32
+	// Local: a traffic policy Local frontend whose Service has endpoints
+	// somewhere. Backends are this node's only; without one the datapath
+	// drops new flows silently (no-local-backend), as kube-proxy does. A
+	// Local-policy frontend of a Service with no endpoint at all is not
+	// Local: it answers like any frontend without backends.
+	Local bool
+	// External: an external address (spec.externalIPs, a LoadBalancer
+	// ingress IP), not a node address: source NAT to a remote backend uses
+	// the node's own address.
+	External bool
 }
 
 // Eligible returns how many distinct backends appear in the Maglev table.
@@ -153,6 +163,68 @@ func (f *Frontend) eligibleState() BackendState {
 type Options struct {
 	// NodeAddrs are this node's addresses that NodePort frontends listen on.
 	NodeAddrs []netip.Addr
+	// LocalPrefixes hold this node's endpoints (its pod CIDR): with
+	// NodeAddrs (hostNetwork endpoints), what traffic policy Local keeps.
+	LocalPrefixes []netip.Prefix
+}
+
+// IsLocal says whether an endpoint address is on this node: in one of
+// LocalPrefixes, or one of NodeAddrs.
+func (o Options) IsLocal(a netip.Addr) bool {
+	for _, p := range o.LocalPrefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return slices.Contains(o.NodeAddrs, a)
+}
+
+// External addresses of a Service (spec.externalIPs, then the LoadBalancer
+// ingress IPs of a LoadBalancer Service, without duplicates). An ingress IP
+// whose ipMode is Proxy is not the node's to serve: the load balancer
+// proxies to the NodePort (as kube-proxy leaves it alone).
+func ExternalAddrs(svc *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	add := func(s string) {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	for _, a := range svc.Spec.ExternalIPs {
+		add(a)
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IPMode != nil && *in.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			add(in.IP)
+		}
+	}
+	return out
+}
+
+// LocalEndpoints counts the Service's distinct endpoint addresses on this
+// node that are ready (what kube-proxy's healthCheckNodePort reports): of
+// every slice of the Service, for any port.
+func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) int {
+	seen := map[netip.Addr]bool{}
+	for _, es := range eps {
+		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			if endpointState(ep.Conditions) != BackendActive {
+				continue
+			}
+			for _, s := range ep.Addresses {
+				if a, err := netip.ParseAddr(s); err == nil && opts.IsLocal(a) {
+					seen[a] = true
+				}
+			}
+		}
+	}
+	return len(seen)
 }
 
 // Translate turns one Service and its EndpointSlices (those labelled
@@ -174,8 +246,8 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 		}
 		mine = append(mine, es)
 	}
-	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
-		return nil, nil // headless: no virtual IP
+	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil, nil // a DNS alias, or headless: no virtual IP
 	}
 	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
 	var affinity time.Duration
@@ -186,20 +258,51 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 		}
 		affinity = time.Duration(secs) * time.Second
 	}
+	itpLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	etpLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	external := ExternalAddrs(svc)
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
 		backends := resolveBackends(sp.Name, proto, mine)
 		table := maglevFor(backends, proto)
-		mk := func(key FrontendKey) *Frontend {
-			return &Frontend{Key: key, Service: id, PortName: sp.Name, Backends: backends,
-				AffinityTimeout: affinity, Maglev: table}
+		// Traffic policy Local: this node's endpoints only (computed once
+		// per port, shared by its Local frontends).
+		var local *Frontend
+		localView := func() *Frontend {
+			if local == nil {
+				lb := slices.DeleteFunc(slices.Clone(backends), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
+				local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
+			}
+			return local
 		}
-		out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}))
+		mk := func(key FrontendKey, policyLocal, ext bool) *Frontend {
+			f := &Frontend{Key: key, Service: id, PortName: sp.Name, Backends: backends,
+				AffinityTimeout: affinity, Maglev: table, External: ext}
+			if policyLocal {
+				l := localView()
+				f.Backends, f.Maglev, f.Local = l.Backends, l.Maglev, l.Local
+			}
+			return f
+		}
+		// ext adds a frontend reached from outside (NodePort scope: what
+		// arrives on the uplink) and, with externalTrafficPolicy Local, its
+		// cluster-wide twin for pods and the node's processes (ClusterIP
+		// scope on the same address and port, looked up first by both).
+		ext := func(addr netip.Addr, port uint16, isExt bool) {
+			out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeNodePort}, etpLocal, isExt))
+			if etpLocal {
+				out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeClusterIP}, false, isExt))
+			}
+		}
+		out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}, itpLocal, false))
 		if sp.NodePort != 0 {
 			for _, a := range opts.NodeAddrs {
-				out = append(out, mk(FrontendKey{Addr: a, Port: uint16(sp.NodePort), Proto: proto, Scope: ScopeNodePort}))
+				ext(a, uint16(sp.NodePort), false)
 			}
+		}
+		for _, a := range external {
+			ext(a, uint16(sp.Port), true)
 		}
 	}
 	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })

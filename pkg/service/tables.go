@@ -44,7 +44,8 @@ func Diff(old, new *Model) Changes {
 
 func equalFrontend(a, b *Frontend) bool {
 	return a.Key == b.Key && a.Service == b.Service && a.PortName == b.PortName &&
-		a.AffinityTimeout == b.AffinityTimeout && slices.Equal(a.Backends, b.Backends) &&
+		a.AffinityTimeout == b.AffinityTimeout && a.Local == b.Local && a.External == b.External &&
+		slices.Equal(a.Backends, b.Backends) &&
 		slices.Equal(a.Maglev, b.Maglev)
 }
 
@@ -67,6 +68,11 @@ const (
 	ServiceFlagAffinity uint8 = 1 << 0
 	// ServiceFlagNodePort: the frontend is a NodePort on a node address.
 	ServiceFlagNodePort uint8 = 1 << 1
+	// ServiceFlagLocal: traffic policy Local (Frontend.Local): no backend
+	// means drop, silently, as no-local-backend.
+	ServiceFlagLocal uint8 = 1 << 2
+	// ServiceFlagExternal: an external address (Frontend.External).
+	ServiceFlagExternal uint8 = 1 << 3
 )
 
 // ServiceValue is the frontend map value (C: struct lb_svc_value). FrontendID
@@ -270,6 +276,12 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	}
 	if f.Key.Scope == ScopeNodePort {
 		sv.Flags |= ServiceFlagNodePort
+	}
+	if f.Local {
+		sv.Flags |= ServiceFlagLocal
+	}
+	if f.External {
+		sv.Flags |= ServiceFlagExternal
 	}
 	if !existed || sv != p.svcVal {
 		u.Services[ServiceKeyOf(f.Key)] = sv
