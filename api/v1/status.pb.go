@@ -200,8 +200,13 @@ type ControlPlaneStatus struct {
 	ConntrackGcRuns    uint64 `protobuf:"varint,14,opt,name=conntrack_gc_runs,json=conntrackGcRuns,proto3" json:"conntrack_gc_runs,omitempty"`
 	ConntrackGcRemoved uint64 `protobuf:"varint,15,opt,name=conntrack_gc_removed,json=conntrackGcRemoved,proto3" json:"conntrack_gc_removed,omitempty"`
 	// Load-balancer counters by name.
-	LbCounters    map[string]uint64 `protobuf:"bytes,16,rep,name=lb_counters,json=lbCounters,proto3" json:"lb_counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	Error         string            `protobuf:"bytes,17,opt,name=error,proto3" json:"error,omitempty"`
+	LbCounters map[string]uint64 `protobuf:"bytes,16,rep,name=lb_counters,json=lbCounters,proto3" json:"lb_counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Error      string            `protobuf:"bytes,17,opt,name=error,proto3" json:"error,omitempty"`
+	// The socket load balancer (Services for the node's processes and
+	// hostNetwork pods).
+	SocketLb *SocketLBStatus `protobuf:"bytes,18,opt,name=socket_lb,json=socketLb,proto3" json:"socket_lb,omitempty"`
+	// The healthCheckNodePorts served (LoadBalancer, externalTrafficPolicy Local).
+	HealthChecks  []*HealthCheckStatus `protobuf:"bytes,19,rep,name=health_checks,json=healthChecks,proto3" json:"health_checks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,6 +360,160 @@ func (x *ControlPlaneStatus) GetError() string {
 	return ""
 }
 
+func (x *ControlPlaneStatus) GetSocketLb() *SocketLBStatus {
+	if x != nil {
+		return x.SocketLb
+	}
+	return nil
+}
+
+func (x *ControlPlaneStatus) GetHealthChecks() []*HealthCheckStatus {
+	if x != nil {
+		return x.HealthChecks
+	}
+	return nil
+}
+
+type SocketLBStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "attached", "off" (lanekitd --socket-lb=false) or "unsupported" (the
+	// datapath has none).
+	State  string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	Cgroup string `protobuf:"bytes,2,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// The node address a NodePort on loopback stands for.
+	NodeAddr      string `protobuf:"bytes,3,opt,name=node_addr,json=nodeAddr,proto3" json:"node_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SocketLBStatus) Reset() {
+	*x = SocketLBStatus{}
+	mi := &file_status_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SocketLBStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SocketLBStatus) ProtoMessage() {}
+
+func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SocketLBStatus.ProtoReflect.Descriptor instead.
+func (*SocketLBStatus) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SocketLBStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *SocketLBStatus) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *SocketLBStatus) GetNodeAddr() string {
+	if x != nil {
+		return x.NodeAddr
+	}
+	return ""
+}
+
+type HealthCheckStatus struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Namespace      string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name           string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Port           uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	LocalEndpoints uint32                 `protobuf:"varint,4,opt,name=local_endpoints,json=localEndpoints,proto3" json:"local_endpoints,omitempty"`
+	// Why the port is not served ("" when it is).
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthCheckStatus) Reset() {
+	*x = HealthCheckStatus{}
+	mi := &file_status_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthCheckStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthCheckStatus) ProtoMessage() {}
+
+func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
+func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HealthCheckStatus) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *HealthCheckStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HealthCheckStatus) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *HealthCheckStatus) GetLocalEndpoints() uint32 {
+	if x != nil {
+		return x.LocalEndpoints
+	}
+	return 0
+}
+
+func (x *HealthCheckStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type DatapathStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backend: "bpf" ("test" for an in-memory datapath injected by tests).
@@ -378,7 +537,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -390,7 +549,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -403,7 +562,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{3}
+	return file_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -475,7 +634,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +646,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +659,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{4}
+	return file_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -548,7 +707,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +719,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +732,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{5}
+	return file_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -608,7 +767,7 @@ const file_status_proto_rawDesc = "" +
 	"\rips_allocated\x18\b \x01(\rR\fipsAllocated\x12!\n" +
 	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\x12C\n" +
 	"\rcontrol_plane\x18\n" +
-	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\"\xd0\x06\n" +
+	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\"\xcd\a\n" +
 	"\x12ControlPlaneStatus\x12E\n" +
 	"\aobjects\x18\x01 \x03(\v2+.lanekit.v1.ControlPlaneStatus.ObjectsEntryR\aobjects\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1c\n" +
@@ -630,13 +789,25 @@ const file_status_proto_rawDesc = "" +
 	"\x14conntrack_gc_removed\x18\x0f \x01(\x04R\x12conntrackGcRemoved\x12O\n" +
 	"\vlb_counters\x18\x10 \x03(\v2..lanekit.v1.ControlPlaneStatus.LbCountersEntryR\n" +
 	"lbCounters\x12\x14\n" +
-	"\x05error\x18\x11 \x01(\tR\x05error\x1a:\n" +
+	"\x05error\x18\x11 \x01(\tR\x05error\x127\n" +
+	"\tsocket_lb\x18\x12 \x01(\v2\x1a.lanekit.v1.SocketLBStatusR\bsocketLb\x12B\n" +
+	"\rhealth_checks\x18\x13 \x03(\v2\x1d.lanekit.v1.HealthCheckStatusR\fhealthChecks\x1a:\n" +
 	"\fObjectsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a=\n" +
 	"\x0fLbCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb1\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"[\n" +
+	"\x0eSocketLBStatus\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x16\n" +
+	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\x12\x1b\n" +
+	"\tnode_addr\x18\x03 \x01(\tR\bnodeAddr\"\x98\x01\n" +
+	"\x11HealthCheckStatus\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12'\n" +
+	"\x0flocal_endpoints\x18\x04 \x01(\rR\x0elocalEndpoints\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xb1\x02\n" +
 	"\x0eDatapathStatus\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x1f\n" +
@@ -669,32 +840,36 @@ func file_status_proto_rawDescGZIP() []byte {
 	return file_status_proto_rawDescData
 }
 
-var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_status_proto_goTypes = []any{
 	(*StatusRequest)(nil),      // 0: lanekit.v1.StatusRequest
 	(*StatusResponse)(nil),     // 1: lanekit.v1.StatusResponse
 	(*ControlPlaneStatus)(nil), // 2: lanekit.v1.ControlPlaneStatus
-	(*DatapathStatus)(nil),     // 3: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),     // 4: lanekit.v1.KernelFeatures
-	(*Feature)(nil),            // 5: lanekit.v1.Feature
-	nil,                        // 6: lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	nil,                        // 7: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	(*SocketLBStatus)(nil),     // 3: lanekit.v1.SocketLBStatus
+	(*HealthCheckStatus)(nil),  // 4: lanekit.v1.HealthCheckStatus
+	(*DatapathStatus)(nil),     // 5: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),     // 6: lanekit.v1.KernelFeatures
+	(*Feature)(nil),            // 7: lanekit.v1.Feature
+	nil,                        // 8: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                        // 9: lanekit.v1.ControlPlaneStatus.LbCountersEntry
 }
 var file_status_proto_depIdxs = []int32{
-	3, // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	4, // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
-	2, // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
-	6, // 3: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	7, // 4: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	5, // 5: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	5, // 6: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	5, // 7: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	5, // 8: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	5,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	6,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	2,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
+	8,  // 3: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	9,  // 4: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	3,  // 5: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
+	4,  // 6: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
+	7,  // 7: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	7,  // 8: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	7,  // 9: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	7,  // 10: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_status_proto_init() }
@@ -708,7 +883,7 @@ func file_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_status_proto_rawDesc), len(file_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -94,6 +94,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 			fmt.Fprintf(out, "conntrack:    %d/%d entries, %d evicted (table full), gc removed %d in %d runs\n", cp.GetConntrackEntries(),
 				cp.GetConntrackCapacity(), cp.GetConntrackFull(), cp.GetConntrackGcRemoved(), cp.GetConntrackGcRuns())
 		}
+		printSocketLB(out, cp)
 		if n := cp.GetPendingUpdates(); n > 0 {
 			fmt.Fprintf(out, "  warning:    %d datapath updates failed and wait for a retry\n", n)
 		}
@@ -105,6 +106,32 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 		return st, fmt.Errorf("agent not ready: %s", st.GetReason())
 	}
 	return st, nil
+}
+
+// printSocketLB prints the socket load balancer's state and the served
+// healthCheckNodePorts.
+func printSocketLB(out io.Writer, cp *apiv1.ControlPlaneStatus) {
+	if sl := cp.GetSocketLb(); sl != nil {
+		switch sl.GetState() {
+		case "attached":
+			lb := cp.GetLbCounters()
+			fmt.Fprintf(out, "socket LB:    attached at %s (loopback NodePorts as %s), translated %d connects, %d datagrams, %d refused (no backend)\n",
+				sl.GetCgroup(), sl.GetNodeAddr(), lb["socket-connect4-translated"]+lb["socket-connect6-translated"],
+				lb["socket-sendmsg4-translated"]+lb["socket-sendmsg6-translated"],
+				lb["socket-connect4-no-backend"]+lb["socket-connect6-no-backend"]+lb["socket-sendmsg4-no-backend"]+lb["socket-sendmsg6-no-backend"])
+		case "off":
+			fmt.Fprintln(out, "socket LB:    off (lanekitd --socket-lb=false): the node's processes and hostNetwork pods do not reach Services")
+		default:
+			fmt.Fprintf(out, "socket LB:    %s\n", sl.GetState())
+		}
+	}
+	for _, h := range cp.GetHealthChecks() {
+		state := fmt.Sprintf("%d local endpoints", h.GetLocalEndpoints())
+		if h.GetError() != "" {
+			state = "NOT SERVED: " + h.GetError()
+		}
+		fmt.Fprintf(out, "health check: port %d for %s/%s, %s\n", h.GetPort(), h.GetNamespace(), h.GetName(), state)
+	}
 }
 
 // printFeatures prints the kernel feature table shared with `node check`.

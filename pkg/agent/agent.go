@@ -133,6 +133,8 @@ type Agent struct {
 	// health serves healthCheckNodePorts (nil: off); its lock nests in
 	// ctl's.
 	health *healthChecks
+	// sockLB is the socket load balancer's state (socklb.go).
+	sockLB SockLBState
 
 	// The node's addresses last written to the policy ipcache
 	// (hostaddrs.go), under hostAddrMu.

@@ -370,6 +370,8 @@ type ControlStats struct {
 	GCLastError      string
 	Conntrack        *datapath.ServiceStats // nil without a service datapath or on error
 	ConntrackErr     string
+	SockLB           SockLBState
+	HealthChecks     []HealthCheck
 }
 
 // Policies returns the stored NetworkPolicies with their verdict counters.
@@ -434,6 +436,7 @@ func (a *Agent) ControlStats() ControlStats {
 		s.Backends += len(f.Backends)
 	}
 	c.mu.Unlock()
+	s.SockLB, s.HealthChecks = a.sockLB, a.HealthChecks()
 	if sd := a.serviceDP(); sd != nil {
 		var st datapath.ServiceStats
 		var err error

@@ -83,6 +83,16 @@ func ControlPlaneToProto(st ControlStats) *apiv1.ControlPlaneStatus {
 	for k, n := range st.Objects {
 		pc.Objects[string(k)] = uint32(n)
 	}
+	if st.SockLB.State != "" {
+		pc.SocketLb = &apiv1.SocketLBStatus{State: st.SockLB.State, Cgroup: st.SockLB.Cgroup}
+		if st.SockLB.NodeAddr.IsValid() {
+			pc.SocketLb.NodeAddr = st.SockLB.NodeAddr.String()
+		}
+	}
+	for _, h := range st.HealthChecks {
+		pc.HealthChecks = append(pc.HealthChecks, &apiv1.HealthCheckStatus{Namespace: h.Service.Namespace, Name: h.Service.Name,
+			Port: uint32(h.Port), LocalEndpoints: uint32(h.LocalEndpoints), Error: h.Err})
+	}
 	if ct := st.Conntrack; ct != nil {
 		pc.ConntrackEntries, pc.ConntrackCapacity, pc.ConntrackFull, pc.LbCounters = uint32(ct.ConntrackEntries), uint32(ct.ConntrackCapacity), ct.ConntrackEvicted, LBCounters(*ct)
 	}

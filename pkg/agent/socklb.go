@@ -13,6 +13,15 @@ type sockLB interface {
 	DetachSockLB() error
 }
 
+// SockLBState is the socket load balancer's state (ControlStats).
+type SockLBState struct {
+	// State: "attached", "off" (Config.SockLBCgroup empty) or
+	// "unsupported" (the datapath has no socket load balancer).
+	State    string
+	Cgroup   string
+	NodeAddr netip.Addr
+}
+
 // setupSockLB attaches the socket load balancer (services for the node's own
 // processes and hostNetwork pods) to Config.SockLBCgroup, mounting the
 // cgroup2 hierarchy there if needed, or detaches it when that is empty. Run
@@ -20,9 +29,11 @@ type sockLB interface {
 func (a *Agent) setupSockLB() error {
 	sl, ok := a.dp.(sockLB)
 	if !ok {
+		a.sockLB = SockLBState{State: "unsupported"}
 		return nil
 	}
 	if a.cfg.SockLBCgroup == "" {
+		a.sockLB = SockLBState{State: "off"}
 		return a.host.Do(sl.DetachSockLB)
 	}
 	addrs, err := a.nodeAddrs()
@@ -42,5 +53,6 @@ func (a *Agent) setupSockLB() error {
 	if err != nil {
 		return fmt.Errorf("socket load balancer (lanekitd --socket-lb=false goes without): %w", err)
 	}
+	a.sockLB = SockLBState{State: "attached", Cgroup: a.cfg.SockLBCgroup, NodeAddr: node}
 	return nil
 }
