@@ -13,7 +13,7 @@ func TestPrintSocketLB(t *testing.T) {
 		want []string
 	}{
 		{&apiv1.ControlPlaneStatus{SocketLb: &apiv1.SocketLBStatus{State: "attached", Cgroup: "/sys/fs/cgroup", NodeAddr: "10.77.0.1"},
-			LbCounters: map[string]uint64{"socket-connect4-translated": 5, "socket-connect6-translated": 1, "socket-sendmsg4-translated": 7, "socket-connect4-no-backend": 2},
+			LbCounters:   map[string]uint64{"socket-connect4-translated": 5, "socket-connect6-translated": 1, "socket-sendmsg4-translated": 7, "socket-connect4-no-backend": 2},
 			HealthChecks: []*apiv1.HealthCheckStatus{{Namespace: "shop", Name: "web", Port: 31000, LocalEndpoints: 2}, {Namespace: "shop", Name: "db", Port: 31001, Error: "port 31001 is served for shop/web"}}},
 			[]string{"socket LB:    attached at /sys/fs/cgroup (loopback NodePorts as 10.77.0.1), translated 6 connects, 7 datagrams, 2 refused",
 				"health check: port 31000 for shop/web, 2 local endpoints", "health check: port 31001 for shop/db, NOT SERVED: port 31001 is served for shop/web"}},
