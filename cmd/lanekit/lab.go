@@ -291,7 +291,9 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
 	cmd.Flags().BoolVar(&vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
 	cmd.Flags().IntSliceVar(&svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
-	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit}, "service rows: which datapaths")
+	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit,
+		bench.SvcModeIptablesHost, bench.SvcModeNftablesHost, bench.SvcModeLanekitHost},
+		"service rows: which datapaths (a -host mode: the client is a process in the node netns, e.g. socket LB vs kube-proxy's nat OUTPUT rules)")
 	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
 	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
 	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")

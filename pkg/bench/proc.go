@@ -22,9 +22,26 @@ var nsCommand = nsexec.Command
 // runIn runs a bounded command in a netns and returns its stdout; stderr is
 // folded into the error.
 func runIn(ctx context.Context, timeout time.Duration, ns string, args ...string) ([]byte, error) {
+	return runInCgroup(ctx, timeout, ns, "", args...)
+}
+
+// runInCgroup is runIn with the process started in cgroup2 directory
+// cgroup ("": this process's), from its first instruction.
+func runInCgroup(ctx context.Context, timeout time.Duration, ns, cgroup string, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := nsCommand(ctx, ns, args...)
+	if cgroup != "" {
+		f, err := os.Open(cgroup)
+		if err != nil {
+			return nil, fmt.Errorf("client cgroup: %w", err)
+		}
+		defer f.Close()
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(f.Fd())
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

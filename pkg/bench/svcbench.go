@@ -20,7 +20,23 @@ const (
 	SvcModeIptables = "kube-proxy-iptables"
 	SvcModeNftables = "kube-proxy-nftables"
 	SvcModeLanekit  = "lanekit"
+	// Host-client rows: the client is a process in the node's netns (the
+	// node itself, a hostNetwork pod), reaching the same VIP: kube-proxy's
+	// nat OUTPUT rules, lanekit's socket load balancer.
+	SvcModeIptablesHost = SvcModeIptables + SvcHostSuffix
+	SvcModeNftablesHost = SvcModeNftables + SvcHostSuffix
+	SvcModeLanekitHost  = SvcModeLanekit + SvcHostSuffix
+	SvcHostSuffix       = "-host"
 )
+
+// SvcBaseMode is the datapath of a row mode (a host-client mode's without
+// the suffix) and whether the client is a process in the node.
+func SvcBaseMode(mode string) (string, bool) {
+	if base, ok := strings.CutSuffix(mode, SvcHostSuffix); ok {
+		return base, true
+	}
+	return mode, false
+}
 
 // SvcProgrammer loads a SvcSet into one datapath: kube-proxy-shaped rules
 // into a node netns, or services into a lanekit agent.
@@ -52,7 +68,11 @@ type SvcPath struct {
 	Mode     string // SvcMode*
 	Services int
 	ClientNS string
-	Backends []SvcBackend
+	// ClientCgroup, when set, is the cgroup2 directory the client runs in
+	// (a host-client row's node cgroup: where lanekit's socket load
+	// balancer is attached).
+	ClientCgroup string
+	Backends     []SvcBackend
 	// NodeNS is where the rules live (informational).
 	NodeNS      string
 	ClusterCIDR netip.Prefix
@@ -306,7 +326,7 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 		return err
 	}
 	defer stop()
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+	out, err := runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
 		o.Self, "lab", "cps-client", "--addr", hostPort(vip, svcCPSPort), "--duration", o.Duration.String())
 	if err != nil {
 		return err
@@ -331,7 +351,7 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 		}
 		defer sp.stop()
 	}
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+	out, err := runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
 		"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(svcRRPort),
 		"-t", secondsArg(o.Duration), "--full-rtt")
 	if err != nil {

@@ -143,7 +143,11 @@ func (r *SvcReport) Compute() {
 	for i := range r.Rows {
 		row := &r.Rows[i]
 		row.VsIptables, row.VsFewest = nil, nil
-		if ref := r.find(SvcModeIptables, row.Services); ref != nil && ref != row {
+		iptables := SvcModeIptables
+		if _, host := SvcBaseMode(row.Mode); host {
+			iptables = SvcModeIptablesHost // host clients against host clients
+		}
+		if ref := r.find(iptables, row.Services); ref != nil && ref != row {
 			row.VsIptables = svcPaired(row, ref)
 		}
 		if ref := fewest[row.Mode]; ref != nil && ref != row {

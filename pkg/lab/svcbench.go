@@ -74,10 +74,15 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 	}
 	cidr := netip.MustParsePrefix(SvcClusterCIDR)
 	var skipped []string
+	var agentProg *AgentProgrammer // the lanekit rows' (pod and host clients)
 	k := 0
 	for _, mode := range b.Modes {
-		if mode == bench.SvcModeLanekit {
-			rows, why := s.lanekitSvcRows(b.Counts, cidr)
+		base, host := bench.SvcBaseMode(mode)
+		if base == bench.SvcModeLanekit {
+			if agentProg == nil {
+				agentProg = &AgentProgrammer{Socket: AgentSocket(s.Nodes[0].Index)}
+			}
+			rows, why := s.lanekitSvcRows(b.Counts, cidr, host, agentProg)
 			paths = append(paths, rows...)
 			if why != "" {
 				skipped = append(skipped, why)
@@ -85,11 +90,14 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 			continue
 		}
 		inc := IncludesSvcIptables
-		if mode == bench.SvcModeNftables {
+		if base == bench.SvcModeNftables {
 			inc = IncludesSvcNftables
-		} else if mode != bench.SvcModeIptables {
+		} else if base != bench.SvcModeIptables {
 			cleanup()
 			return nil, nil, func() {}, fmt.Errorf("services bench: unknown mode %q", mode)
+		}
+		if host {
+			inc.Detail = hostClientDetail(inc.Detail)
 		}
 		backends := svcBackends(s.Nodes[1], KindBaseline)
 		if len(backends) == 0 {
@@ -107,12 +115,23 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 				cleanup()
 				return nil, nil, func() {}, err
 			}
-			paths = append(paths, bench.SvcPath{Mode: mode, Services: n, ClientNS: SvcClientNS(k), NodeNS: SvcNodeNS(k),
+			client := SvcClientNS(k)
+			if host {
+				client = SvcNodeNS(k) // a process of the node: nat OUTPUT
+			}
+			paths = append(paths, bench.SvcPath{Mode: mode, Services: n, ClientNS: client, NodeNS: SvcNodeNS(k),
 				Backends: backends, ClusterCIDR: cidr, Includes: inc,
-				Prog: bench.RuleProgrammer{NS: SvcNodeNS(k), Mode: mode}})
+				Prog: bench.RuleProgrammer{NS: SvcNodeNS(k), Mode: base}})
 		}
 	}
 	return paths, skipped, cleanup, nil
+}
+
+// hostClientDetail turns a pod-client row's description into its
+// host-client row's.
+func hostClientDetail(d string) string {
+	_, rest, _ := strings.Cut(d, "->")
+	return "client process in the node netns (the node, a hostNetwork pod) ->" + rest
 }
 
 // svcBackends are the pods of a kind on node n (the service's real

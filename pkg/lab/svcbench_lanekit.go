@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -25,10 +26,16 @@ const svcApplyChunk = 1000
 // svcCloseBound bounds removing the bench services from the agent.
 const svcCloseBound = 2 * time.Minute
 
-// lanekitSvcRows are the lanekit service rows: client lanekit pod on node 1,
+// IncludesSvcLanekitHost labels the lanekit host-client rows.
+var IncludesSvcLanekitHost = bench.Includes{BPF: true,
+	Detail: "client process in node 1's netns and cgroup (the node, a hostNetwork pod) -> VIP: the socket LB translates connect() to a backend (Maglev, no conntrack, no per-packet NAT); routed to node 2's lanekit pods"}
+
+// lanekitSvcRows are the lanekit service rows: client lanekit pod on node 1
+// (host: a process in node 1's netns and cgroup, through the socket LB),
 // backends the lanekit pods on node 2, services through node 1's agent
 // (one agent for every count: the rows are programmed at every repetition).
-func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix) ([]bench.SvcPath, string) {
+// prog is shared by the pod and host-client rows (one agent, one set).
+func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix, host bool, prog *AgentProgrammer) ([]bench.SvcPath, string) {
 	if s.BaselineOnly {
 		return nil, "lanekit: the lab is baseline-only"
 	}
@@ -38,12 +45,22 @@ func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix) ([]bench.SvcPath
 	if !ok || len(backends) == 0 {
 		return nil, fmt.Sprintf("lanekit: no lanekit pods on %s and %s", n1.NS, n2.NS)
 	}
-	prog := &AgentProgrammer{Socket: AgentSocket(n1.Index)}
+	mode, inc, clientNS, cgroup := bench.SvcModeLanekit, IncludesSvcLanekit, client.NS, ""
+	if host {
+		mode, inc, clientNS, cgroup = bench.SvcModeLanekitHost, IncludesSvcLanekitHost, n1.NS, NodeCgroup(n1.Index)
+		if _, err := os.Stat(cgroup); err != nil {
+			return nil, fmt.Sprintf("%s: node cgroup %s: %v (the lab's agents attach the socket LB there)", mode, cgroup, err)
+		}
+	}
 	dp := bench.NewDatapathProgrammer()
 	var rows []bench.SvcPath
 	for _, n := range counts {
-		rows = append(rows, bench.SvcPath{Mode: bench.SvcModeLanekit, Services: n, ClientNS: client.NS, NodeNS: n1.NS,
-			Backends: backends, ClusterCIDR: cidr, Includes: IncludesSvcLanekit, Prog: prog, Shared: true, Datapath: dp})
+		row := bench.SvcPath{Mode: mode, Services: n, ClientNS: clientNS, ClientCgroup: cgroup, NodeNS: n1.NS,
+			Backends: backends, ClusterCIDR: cidr, Includes: inc, Prog: prog, Shared: true}
+		if !host {
+			row.Datapath = dp // timed once, with the pod rows
+		}
+		rows = append(rows, row)
 	}
 	return rows, ""
 }

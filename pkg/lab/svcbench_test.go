@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
@@ -21,7 +22,8 @@ func svcTestState() *State {
 
 func TestLanekitSvcRows(t *testing.T) {
 	st := svcTestState()
-	rows, why := st.lanekitSvcRows([]int{10, 1000}, netip.MustParsePrefix(SvcClusterCIDR))
+	prog := &AgentProgrammer{Socket: "x"}
+	rows, why := st.lanekitSvcRows([]int{10, 1000}, netip.MustParsePrefix(SvcClusterCIDR), false, prog)
 	if why != "" || len(rows) != 2 {
 		t.Fatalf("rows %+v, skipped %q", rows, why)
 	}
@@ -30,8 +32,23 @@ func TestLanekitSvcRows(t *testing.T) {
 		r.Backends[1].IP != netip.MustParseAddr("10.244.2.2") || r.Prog != rows[0].Prog {
 		t.Errorf("lanekit row %+v: want client lk-n1-p1, node 2's lanekit pods as backends, one shared agent programmer", r)
 	}
+	// Host-client rows: node 1's netns and cgroup, the same programmer.
+	if _, err := os.Stat(NodeCgroup(1)); err == nil {
+		hrows, why := st.lanekitSvcRows([]int{10}, netip.MustParsePrefix(SvcClusterCIDR), true, prog)
+		if h := hrows[0]; why != "" || h.Mode != bench.SvcModeLanekitHost || h.ClientNS != "lk-node1" || h.ClientCgroup != NodeCgroup(1) || h.Prog != prog || h.Datapath != nil {
+			t.Errorf("host row %+v (%q): want a process in lk-node1 and its cgroup, the shared programmer", h, why)
+		}
+	} else if _, why := st.lanekitSvcRows([]int{10}, netip.MustParsePrefix(SvcClusterCIDR), true, prog); !strings.Contains(why, "node cgroup") {
+		t.Errorf("host row without the node cgroup: skipped %q", why)
+	}
+	if m, host := bench.SvcBaseMode(bench.SvcModeNftablesHost); m != bench.SvcModeNftables || !host {
+		t.Errorf("SvcBaseMode(%s) = %s, %v", bench.SvcModeNftablesHost, m, host)
+	}
+	if got := hostClientDetail(IncludesSvcIptables.Detail); !strings.HasPrefix(got, "client process in the node netns") || !strings.Contains(got, "KUBE-SERVICES") {
+		t.Errorf("host detail %q", got)
+	}
 	st.BaselineOnly = true
-	if rows, why := st.lanekitSvcRows([]int{10}, netip.Prefix{}); len(rows) != 0 || !strings.Contains(why, "baseline-only") {
+	if rows, why := st.lanekitSvcRows([]int{10}, netip.Prefix{}, false, prog); len(rows) != 0 || !strings.Contains(why, "baseline-only") {
 		t.Errorf("baseline-only lab: rows %v, skipped %q", rows, why)
 	}
 	if b := svcBackends(st.Nodes[1], KindBaseline); len(b) != 1 || b[0].NS != "lk-n2-b1" {
