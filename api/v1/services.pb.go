@@ -124,8 +124,12 @@ type ServiceFrontend struct {
 	EligibleBackends uint32 `protobuf:"varint,11,opt,name=eligible_backends,json=eligibleBackends,proto3" json:"eligible_backends,omitempty"`
 	// ClientIP session affinity timeout; 0 = none.
 	AffinityTimeoutSeconds uint32 `protobuf:"varint,12,opt,name=affinity_timeout_seconds,json=affinityTimeoutSeconds,proto3" json:"affinity_timeout_seconds,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Traffic policy Local: this node's endpoints only (none: dropped).
+	Local bool `protobuf:"varint,13,opt,name=local,proto3" json:"local,omitempty"`
+	// An external address (spec.externalIPs, a LoadBalancer ingress IP).
+	External      bool `protobuf:"varint,14,opt,name=external,proto3" json:"external,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServiceFrontend) Reset() {
@@ -242,6 +246,20 @@ func (x *ServiceFrontend) GetAffinityTimeoutSeconds() uint32 {
 	return 0
 }
 
+func (x *ServiceFrontend) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+func (x *ServiceFrontend) GetExternal() bool {
+	if x != nil {
+		return x.External
+	}
+	return false
+}
+
 type ServiceBackend struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Address string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
@@ -311,7 +329,7 @@ const file_services_proto_rawDesc = "" +
 	"lanekit.v1\"\x15\n" +
 	"\x13ListServicesRequest\"Q\n" +
 	"\x14ListServicesResponse\x129\n" +
-	"\tfrontends\x18\x01 \x03(\v2\x1b.lanekit.v1.ServiceFrontendR\tfrontends\"\xa1\x03\n" +
+	"\tfrontends\x18\x01 \x03(\v2\x1b.lanekit.v1.ServiceFrontendR\tfrontends\"\xd3\x03\n" +
 	"\x0fServiceFrontend\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
@@ -327,7 +345,9 @@ const file_services_proto_rawDesc = "" +
 	" \x01(\rR\n" +
 	"maglevSize\x12+\n" +
 	"\x11eligible_backends\x18\v \x01(\rR\x10eligibleBackends\x128\n" +
-	"\x18affinity_timeout_seconds\x18\f \x01(\rR\x16affinityTimeoutSeconds\"T\n" +
+	"\x18affinity_timeout_seconds\x18\f \x01(\rR\x16affinityTimeoutSeconds\x12\x14\n" +
+	"\x05local\x18\r \x01(\bR\x05local\x12\x1a\n" +
+	"\bexternal\x18\x0e \x01(\bR\bexternal\"T\n" +
 	"\x0eServiceBackend\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +

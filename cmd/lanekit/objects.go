@@ -182,7 +182,14 @@ var serviceListCmd = &cobra.Command{
 			if backends == "" {
 				backends = "-"
 			}
-			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s:%d/%s\t%d\t%d(%d)\t%s\t%s\n", f.GetNamespace(), f.GetName(), port, f.GetScope(),
+			scope := f.GetScope()
+			if f.GetExternal() {
+				scope += ",external"
+			}
+			if f.GetLocal() {
+				scope += ",local"
+			}
+			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s:%d/%s\t%d\t%d(%d)\t%s\t%s\n", f.GetNamespace(), f.GetName(), port, scope,
 				f.GetAddress(), f.GetPort(), f.GetProtocol(), f.GetFrontendId(), f.GetMaglevSize(), f.GetEligibleBackends(), aff, backends)
 		}
 		return w.Flush()

@@ -48,7 +48,7 @@ func (s *server) ListServices(context.Context, *apiv1.ListServicesRequest) (*api
 			Namespace: f.Service.Namespace, Name: f.Service.Name, PortName: f.PortName,
 			Address: f.Key.Addr.String(), Port: uint32(f.Key.Port), Protocol: f.Key.Proto.String(), Scope: scopeName(f.Key.Scope),
 			FrontendId: f.FrontendID, MaglevSize: uint32(f.MaglevSize), EligibleBackends: uint32(f.Eligible),
-			AffinityTimeoutSeconds: uint32(f.AffinityTimeout / time.Second),
+			AffinityTimeoutSeconds: uint32(f.AffinityTimeout / time.Second), Local: f.Local, External: f.External,
 		}
 		for _, b := range f.Backends {
 			pf.Backends = append(pf.Backends, &apiv1.ServiceBackend{Address: b.Addr.Addr().String(), Port: uint32(b.Addr.Port()), State: b.State.String()})
