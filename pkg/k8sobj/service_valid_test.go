@@ -8,10 +8,12 @@ import "testing"
 // the health check port, validated as the API server does.
 func TestServicesAccepted(t *testing.T) {
 	for name, in := range map[string]string{
-		"externalname":          svcHead + "spec: {type: ExternalName, externalName: db.example.com.}\n",
-		"externalname ports":    svcHead + "spec: {type: ExternalName, externalName: db.example.com, ports: [{port: 5432}]}\n",
-		"headless":              svcHead + "spec: {clusterIP: None}\n",
-		"headless ports":        svcHead + "spec: {clusterIP: None, ports: [{port: 80}]}\n",
+		"externalname":       svcHead + "spec: {type: ExternalName, externalName: db.example.com.}\n",
+		"externalname ports": svcHead + "spec: {type: ExternalName, externalName: db.example.com, ports: [{port: 5432}]}\n",
+		"headless":           svcHead + "spec: {clusterIP: None}\n",
+		"headless ports":     svcHead + "spec: {clusterIP: None, ports: [{port: 80}]}\n",
+		// What the API server makes of a headless Service without a selector.
+		"headless dual stack":   svcHead + "spec: {clusterIP: None, clusterIPs: [None], ipFamilyPolicy: RequireDualStack, ipFamilies: [IPv4, IPv6]}\n",
 		"etp local nodeport":    svcHead + "spec: {type: NodePort, clusterIP: 10.96.0.1, externalTrafficPolicy: Local, ports: [{port: 80, nodePort: 30000}]}\n",
 		"etp local external ip": svcHead + "spec: {clusterIP: 10.96.0.1, externalTrafficPolicy: Local, externalIPs: [192.0.2.1], ports: [{port: 80}]}\n",
 		"itp local":             svcHead + "spec: {clusterIP: 10.96.0.1, internalTrafficPolicy: Local, ports: [{port: 80}]}\n",

@@ -318,12 +318,16 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 		errs = append(errs, field.Invalid(spec.Child("loadBalancerSourceRanges"), s.Spec.LoadBalancerSourceRanges,
 			"not supported by lanekit (the Service would be open to every source)"))
 	}
-	if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack {
-		errs = append(errs, field.Invalid(spec.Child("ipFamilyPolicy"), *p, "dual-stack Services are not supported by lanekit (IPv4 only)"))
-	}
-	for i, f := range s.Spec.IPFamilies {
-		if f != corev1.IPv4Protocol {
-			errs = append(errs, field.Invalid(spec.Child("ipFamilies").Index(i), f, "only IPv4 is supported by lanekit"))
+	// A headless Service programs nothing whatever its families (the API
+	// server makes one without a selector RequireDualStack, IPv4 and IPv6).
+	if s.Spec.ClusterIP != corev1.ClusterIPNone {
+		if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack {
+			errs = append(errs, field.Invalid(spec.Child("ipFamilyPolicy"), *p, "dual-stack Services are not supported by lanekit (IPv4 only)"))
+		}
+		for i, f := range s.Spec.IPFamilies {
+			if f != corev1.IPv4Protocol {
+				errs = append(errs, field.Invalid(spec.Child("ipFamilies").Index(i), f, "only IPv4 is supported by lanekit"))
+			}
 		}
 	}
 	ing := field.NewPath("status", "loadBalancer", "ingress")
