@@ -153,8 +153,9 @@ type NodeSpec struct {
 // realNodes is what lab down needs to undo beyond processes and RunDir
 // (RunDir/realnodes.json).
 type realNodes struct {
-	// Cgroups are the v1 cgroup directories lab up created, parents
-	// first; down removes them (and all below) children first.
+	// Cgroups are the cgroup directories lab up created or found missing
+	// (runc creates them), parents first; down removes those that exist
+	// (and all below) children first.
 	Cgroups []string `json:"cgroups"`
 	// Mountpoints lab up created on the machine (empty directories).
 	Mountpoints []string `json:"mountpoints"`
@@ -212,39 +213,59 @@ func selfCgroup() (string, error) {
 	return "", errors.New("/proc/self/cgroup: no memory or unified cgroup")
 }
 
-// cgroupV1Hierarchies lists the mounted cgroup v1 hierarchies.
-func cgroupV1Hierarchies() ([]string, error) {
+// cgroupHierarchies lists the mount points of the cgroup v1 hierarchies
+// and of cgroup2.
+func cgroupHierarchies() (v1, v2 []string, err error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
 	for _, l := range strings.Split(string(data), "\n") {
 		pre, post, ok := strings.Cut(l, " - ")
 		f, pf := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(pf) < 1 || pf[0] != "cgroup" {
+		if !ok || len(f) < 5 || len(pf) < 1 {
 			continue
 		}
-		out = append(out, f[4])
+		switch pf[0] {
+		case "cgroup":
+			v1 = append(v1, f[4])
+		case "cgroup2":
+			v2 = append(v2, f[4])
+		}
 	}
-	return out, nil
+	return v1, v2, nil
 }
 
 // makeKubeletCgroups creates node i's cgroupRoot in every cgroup v1
 // hierarchy (kubelet wants it to exist in each), copying cpuset's cpus and
-// mems down, and records the directories it created.
+// mems down, and records the directories it created. In cgroup2 (a hybrid
+// machine) runc creates the same path when it places a container: the
+// directories missing there now are recorded too, for lab down.
 func makeKubeletCgroups(r *realNodes, i int) (string, error) {
 	root, err := KubeletCgroupRoot(i)
 	if err != nil {
 		return "", err
 	}
-	hs, err := cgroupV1Hierarchies()
+	v1, v2, err := cgroupHierarchies()
 	if err != nil {
 		return "", err
 	}
-	for _, h := range hs {
+	if len(v1) == 0 { // cgroup v2 only: kubelet's root is created there
+		v1, v2 = v2, nil
+	}
+	parts := strings.Split(strings.Trim(root, "/"), "/")
+	for _, h := range v2 {
 		dir := h
-		for _, part := range strings.Split(strings.Trim(root, "/"), "/") {
+		for _, part := range parts {
+			dir = filepath.Join(dir, part)
+			if _, err := os.Stat(dir); err != nil && !slices.Contains(r.Cgroups, dir) {
+				r.Cgroups = append(r.Cgroups, dir)
+			}
+		}
+	}
+	for _, h := range v1 {
+		dir := h
+		for _, part := range parts {
 			parent := dir
 			dir = filepath.Join(dir, part)
 			if _, err := os.Stat(dir); err == nil {
@@ -266,7 +287,7 @@ func makeKubeletCgroups(r *realNodes, i int) (string, error) {
 			}
 		}
 	}
-	return root, nil
+	return root, r.save()
 }
 
 // removeCgroupTree removes dir and every cgroup below it, children first,
@@ -421,4 +442,15 @@ func startNodeDaemon(ns, cgroup, base, bin string, args ...string) (int, error) 
 	go cmd.Wait() //nolint:errcheck // reaps the child; its status is in the log
 	pid := cmd.Process.Pid
 	return pid, os.WriteFile(base+".pid", []byte(strconv.Itoa(pid)+"\n"), 0o644)
+}
+
+// RealNodeAgentSocket is node i's lanekit agent socket as the machine
+// reaches it: the DaemonSet's hostPath /run/lanekit is in the node's own
+// /run, seen through its init's root.
+func RealNodeAgentSocket(i int) (string, error) {
+	pid := readPID(NodeInitPIDFile(i))
+	if pid <= 0 || !alive(pid) {
+		return "", fmt.Errorf("node %s: no running node init (%s)", NodeNS(i), NodeInitPIDFile(i))
+	}
+	return fmt.Sprintf("/proc/%d/root/run/lanekit/agent.sock", pid), nil
 }

@@ -207,11 +207,12 @@ func startNodeProc(env []string, log, bin string, args ...string) (*exec.Cmd, er
 	return cmd, nil
 }
 
-// stopNodeProc asks a daemon to stop and gives it a moment; whatever is
-// left dies with the node's PID namespace.
+// stopNodeProc asks a daemon to stop and gives it a moment (lab down
+// waits 3 s for the node); whatever is left dies with the node's PID
+// namespace.
 func stopNodeProc(cmd *exec.Cmd) {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		if syscall.Kill(cmd.Process.Pid, 0) != nil {
 			return
 		}
