@@ -48,7 +48,7 @@ type Config struct {
 	// per node, lanekit installed from deploy/ (realnode.go).
 	Kubelet bool
 	Bins    Bins
-	Out  io.Writer // progress lines
+	Out     io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
