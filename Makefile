@@ -30,6 +30,14 @@ k8s-node-bins:
 k8s-node-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
 
+# Kubernetes' own [sig-network] e2e tests (e2e.test + ginkgo from
+# make k8s-node-bins) against `lanekit lab up --k8s --kubelet`: opt-in and
+# long (hours for the whole focus; CONFORMANCE_FOCUS narrows it). Writes
+# docs/conformance.json (ginkgo's JSON report) and docs/conformance.md; the
+# skip list, each entry with its reason, is test/conformance/skip.txt.
+conformance: k8s-node-images
+	./scripts/conformance.sh
+
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:
 	$(GO) generate $$(git grep -l 'go:generate go tool bpf2go' -- '*.go' | xargs -n1 dirname | sort -u | sed 's|^|./|')

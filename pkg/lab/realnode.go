@@ -148,6 +148,9 @@ type NodeSpec struct {
 	Dir      string `json:"dir"`      // RealNodeDir on the machine
 	NodeBins string `json:"nodeBins"` // scripts/k8s-node-bins.sh dir
 	Images   string `json:"images"`   // image archives
+	// Cgroup2 is the node's cgroup2 directory: its init starts there and
+	// binds it at /run/lanekit/cgroupv2.
+	Cgroup2 string `json:"cgroup2"`
 }
 
 // realNodes is what lab down needs to undo beyond processes and RunDir
@@ -238,56 +241,48 @@ func cgroupHierarchies() (v1, v2 []string, err error) {
 
 // makeKubeletCgroups creates node i's cgroupRoot in every cgroup v1
 // hierarchy (kubelet wants it to exist in each), copying cpuset's cpus and
-// mems down, and records the directories it created. In cgroup2 (a hybrid
-// machine) runc creates the same path when it places a container: the
-// directories missing there now are recorded too, for lab down.
-func makeKubeletCgroups(r *realNodes, i int) (string, error) {
-	root, err := KubeletCgroupRoot(i)
-	if err != nil {
-		return "", err
+// mems down, and in cgroup2, where runc places containers at the same path
+// on a hybrid machine; it records the directories it created. It returns
+// kubelet's cgroupRoot and the node's cgroup2 directory (the node's
+// processes and containers are all below it: the agent's --cgroup-root).
+func makeKubeletCgroups(r *realNodes, i int) (root, cgroup2 string, err error) {
+	if root, err = KubeletCgroupRoot(i); err != nil {
+		return "", "", err
 	}
 	v1, v2, err := cgroupHierarchies()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	if len(v1) == 0 { // cgroup v2 only: kubelet's root is created there
-		v1, v2 = v2, nil
+	if len(v2) == 0 {
+		return "", "", errors.New("no cgroup2 hierarchy mounted (the agent's socket load balancer needs one)")
 	}
-	parts := strings.Split(strings.Trim(root, "/"), "/")
-	for _, h := range v2 {
+	// The lab's own mount of it (/run/lanekit/cgroupv2) is the same tree.
+	v2 = v2[:1]
+	for _, h := range append(v1, v2...) {
 		dir := h
-		for _, part := range parts {
-			dir = filepath.Join(dir, part)
-			if _, err := os.Stat(dir); err != nil && !slices.Contains(r.Cgroups, dir) {
-				r.Cgroups = append(r.Cgroups, dir)
-			}
-		}
-	}
-	for _, h := range v1 {
-		dir := h
-		for _, part := range parts {
+		for _, part := range strings.Split(strings.Trim(root, "/"), "/") {
 			parent := dir
 			dir = filepath.Join(dir, part)
 			if _, err := os.Stat(dir); err == nil {
 				continue
 			}
 			if err := os.Mkdir(dir, 0o755); err != nil {
-				return "", fmt.Errorf("cgroup %s: %w", dir, err)
+				return "", "", fmt.Errorf("cgroup %s: %w", dir, err)
 			}
 			r.Cgroups = append(r.Cgroups, dir)
 			if err := r.save(); err != nil {
-				return "", err
+				return "", "", err
 			}
 			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
 				if v, err := os.ReadFile(filepath.Join(parent, f)); err == nil {
 					if err := os.WriteFile(filepath.Join(dir, f), v, 0); err != nil {
-						return "", fmt.Errorf("cgroup %s: %w", f, err)
+						return "", "", fmt.Errorf("cgroup %s: %w", f, err)
 					}
 				}
 			}
 		}
 	}
-	return root, r.save()
+	return root, filepath.Join(v2[0], root), nil
 }
 
 // removeCgroupTree removes dir and every cgroup below it, children first,
@@ -395,7 +390,7 @@ func waitNodeInitsGone(pids []int, limit time.Duration) {
 }
 
 // startNodeInit runs `lanekit lab node --spec FILE` for node i: in the
-// node's network namespace and the node's cgroup2 directory, as PID 1 of a
+// node's network namespace and its cgroup2 directory (spec.Cgroup2), as PID 1 of a
 // new PID namespace with a new mount namespace.
 func startNodeInit(ctx context.Context, b Bins, spec NodeSpec) (int, error) {
 	i := spec.Index
@@ -407,10 +402,7 @@ func startNodeInit(ctx context.Context, b Bins, spec NodeSpec) (int, error) {
 	if err := os.WriteFile(specFile, data, 0o644); err != nil {
 		return 0, err
 	}
-	if err := ensureNodeCgroup(i); err != nil {
-		return 0, err
-	}
-	pid, err := startNodeDaemon(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "node"), b.Self, "lab", "node", "--spec", specFile)
+	pid, err := startNodeDaemon(NodeNS(i), spec.Cgroup2, filepath.Join(NodeDir(i), "node"), b.Self, "lab", "node", "--spec", specFile)
 	if err != nil {
 		return pid, fmt.Errorf("start node %s: %w", NodeNS(i), err)
 	}

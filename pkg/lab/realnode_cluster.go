@@ -67,11 +67,12 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	progress(cfg.Out, "lab: kube-controller-manager and kube-scheduler on %s", WireNS)
 	for k := range st.Nodes {
 		n := &st.Nodes[k]
-		if err := writeNodeConfig(r, n.Index, nodeBins); err != nil {
+		cgroup2, err := writeNodeConfig(r, n.Index, nodeBins)
+		if err != nil {
 			return fmt.Errorf("node %s: %w", n.NS, err)
 		}
 		pid, err := startNodeInit(ctx, cfg.Bins, NodeSpec{Index: n.Index, Dir: RealNodeDir(n.Index),
-			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir()})
+			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2})
 		n.KubeletPID = pid
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr
@@ -145,19 +146,19 @@ func startControllers(nodeBins string, srv *k8stest.Server) error {
 
 // writeNodeConfig writes node i's containerd and kubelet configuration
 // (paths as the node sees them: its directory at nodeMount) and creates
-// its pods' cgroup root.
-func writeNodeConfig(r *realNodes, i int, nodeBins string) error {
+// its cgroups; it returns the node's cgroup2 directory.
+func writeNodeConfig(r *realNodes, i int, nodeBins string) (string, error) {
 	d := RealNodeDir(i)
 	if err := os.MkdirAll(filepath.Join(d, "etc"), 0o755); err != nil {
-		return err
+		return "", err
 	}
-	cgroupRoot, err := makeKubeletCgroups(r, i)
+	cgroupRoot, cgroup2, err := makeKubeletCgroups(r, i)
 	if err != nil {
-		return err
+		return "", err
 	}
 	kubeconfig, err := os.ReadFile(Kubeconfig)
 	if err != nil {
-		return err
+		return "", err
 	}
 	files := map[string]string{
 		"containerd.toml": containerdConfig(nodeBins),
@@ -169,10 +170,10 @@ func writeNodeConfig(r *realNodes, i int, nodeBins string) error {
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(d, "etc", name), []byte(content), 0o644); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return nil
+	return cgroup2, nil
 }
 
 // containerdConfig is a node's containerd configuration: CRI with runc from

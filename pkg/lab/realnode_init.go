@@ -154,7 +154,7 @@ func nodeMounts(spec NodeSpec) error {
 		return err
 	}
 	defer dir.Close()
-	cg, err := os.Open(NodeCgroup(spec.Index))
+	cg, err := os.Open(spec.Cgroup2)
 	if err != nil {
 		return err
 	}
