@@ -164,7 +164,9 @@ type realNodes struct {
 	Mountpoints []string `json:"mountpoints"`
 }
 
-func realNodesFile() string { return filepath.Join(RunDir, "realnodes.json") }
+// realNodesFile is the record; outside RunDir, so that it survives a lab
+// down that does not know real nodes (an older lanekit) removing RunDir.
+func realNodesFile() string { return filepath.Join(filepath.Dir(RunDir), "lab-realnodes.json") }
 
 func (r *realNodes) save() error {
 	data, err := json.MarshalIndent(r, "", "  ")
@@ -344,22 +346,31 @@ func makeMountpoints(r *realNodes) error {
 	return nil
 }
 
-// downRealNodes waits until the nodes' processes are gone, then removes
-// their cgroups and the mount points lab up created (lab down; idempotent,
-// also without the record).
+// downRealNodes removes the real nodes' cgroups and the mount points lab
+// up created (lab down, after the nodes' processes; idempotent). Without
+// the record, the lanekit-lab cgroup trees under the caller's cgroup go.
 func downRealNodes(say func(string, ...any)) error {
+	var r realNodes
 	data, err := os.ReadFile(realNodesFile())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(data, &r); err != nil {
+			return fmt.Errorf("%s: %w", realNodesFile(), err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
 		return err
 	}
-	var r realNodes
-	if err := json.Unmarshal(data, &r); err != nil {
-		return fmt.Errorf("%s: %w", realNodesFile(), err)
-	}
 	var errs []error
+	trees := 0
+	if base, err := selfCgroup(); err == nil {
+		v1, v2, _ := cgroupHierarchies()
+		for _, h := range append(v1, v2...) {
+			if d := filepath.Join(h, base, "lanekit-lab"); dirExists(d) {
+				trees++
+				errs = append(errs, removeCgroupTree(d))
+			}
+		}
+	}
 	for _, d := range slices.Backward(r.Cgroups) {
 		if err := removeCgroupTree(d); err != nil {
 			errs = append(errs, err)
@@ -373,20 +384,18 @@ func downRealNodes(say func(string, ...any)) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	say("lab down: removed %d cgroups and %d mount points of the real nodes", len(r.Cgroups), len(r.Mountpoints))
-	return os.Remove(realNodesFile())
+	if len(r.Cgroups)+len(r.Mountpoints)+trees > 0 {
+		say("lab down: removed the real nodes' cgroups (%d recorded, %d lanekit-lab trees) and %d mount points", len(r.Cgroups), trees, len(r.Mountpoints))
+	}
+	if err := os.Remove(realNodesFile()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
-// waitNodeInitsGone waits until no process of a real node is left: each
-// node's init is PID 1 of its PID namespace, so when it is gone the
-// kernel has killed the rest; their cgroups then empty.
-func waitNodeInitsGone(pids []int, limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for _, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+func dirExists(d string) bool {
+	st, err := os.Stat(d)
+	return err == nil && st.IsDir()
 }
 
 // startNodeInit runs `lanekit lab node --spec FILE` for node i: in the
