@@ -50,6 +50,9 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	if err != nil {
 		return err
 	}
+	if err := cfg.Bins.checkImages(); err != nil {
+		return err
+	}
 	srv, err := k8stest.Load(K8sDir)
 	if err != nil {
 		return err
