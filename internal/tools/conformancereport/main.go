@@ -104,7 +104,7 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	}
 	r := reps[0]
 	var passed, failed []specReport
-	outOfFocus := 0
+	outOfFocus, notRun := 0, 0
 	for _, s := range r.SpecReports {
 		if s.LeafNodeType != "It" {
 			if s.State != "passed" && s.State != "skipped" && s.Failure != nil {
@@ -121,11 +121,16 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 				outOfFocus++
 				continue
 			}
+			listed := false
 			for _, e := range skips {
 				if e.re.MatchString(text) {
 					e.count++
+					listed = true
 					break
 				}
+			}
+			if !listed {
+				notRun++ // the run ended (--timeout, interrupt) before it
 			}
 		default: // failed, panicked, timedout, interrupted, aborted
 			failed = append(failed, s)
@@ -151,9 +156,9 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	p("- Focus: `%s`; skip list: `test/conformance/skip.txt`", focus.String())
 	p("- Raw report: `docs/conformance.json` (ginkgo's JSON report)")
 	p("")
-	p("| passed | failed | skipped (skip list) | not in focus |")
-	p("|---:|---:|---:|---:|")
-	p("| %d | %d | %d | %d |", len(passed), len(failed), skipped, outOfFocus)
+	p("| passed | failed | skipped (skip list) | not run (run ended first) | not in focus |")
+	p("|---:|---:|---:|---:|---:|")
+	p("| %d | %d | %d | %d | %d |", len(passed), len(failed), skipped, notRun, outOfFocus)
 	p("")
 	p("## Failed (%d)", len(failed))
 	p("")

@@ -52,7 +52,7 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"| 1 | 1 | 1 | 1 |", "[sig-network] DNS should resolve | failed | timed out waiting for the condition more",
+	for _, want := range []string{"| 1 | 1 | 1 | 0 | 1 |", "[sig-network] DNS should resolve | failed | timed out waiting for the condition more",
 		"| `sctp` | 1 | no sctp module |", "- [sig-network] Services should serve a basic endpoint"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
