@@ -57,7 +57,7 @@ nsenter --net=/run/netns/lk-wire -- "$nodebins/ginkgo" run --procs="$procs" --ti
   --json-report=conformance.json --output-dir="$work" \
   "$nodebins/e2e.test" -- \
   --kubeconfig=/run/lanekit/lab/k8s/kubeconfig --provider=skeleton --num-nodes=2 \
-  --dns-domain=cluster.local --allowed-not-ready-nodes=0 --disable-log-dump \
+  --kubectl-path="$nodebins/kubectl" --dns-domain=cluster.local --allowed-not-ready-nodes=0 --disable-log-dump \
   --report-dir="$work" >"$work/ginkgo.log" 2>&1 || rc=$?
 echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/conformance.log)" >&2
 cp "$work/ginkgo.log" bin/conformance.log
