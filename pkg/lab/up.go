@@ -179,5 +179,8 @@ func Exists() bool {
 	if _, err := os.Stat(RunDir); err == nil {
 		return true
 	}
+	if _, err := os.Stat(realNodesFile()); err == nil {
+		return true // real nodes' cgroups or mount points to remove
+	}
 	return len(listLabNetns()) > 0 || len(bpfNodeDirs()) > 0
 }
