@@ -9,6 +9,8 @@
 #   CONFORMANCE_SKIP    file of skip entries (default: test/conformance/skip.txt)
 #   CONFORMANCE_PROCS   parallel ginkgo processes (default: 4); [Serial] specs run alone
 #   CONFORMANCE_TIMEOUT ginkgo --timeout (default: 6h)
+#   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
+#                       the timeout is what is left once the lab is up
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
 #
 # Holds the lab lock (/tmp/lanekit-lab.lock) for the whole run and takes the lab
@@ -48,6 +50,12 @@ trap 'exit 130' INT TERM
 bin/lanekit lab down >&2
 start=$SECONDS
 bin/lanekit lab up --k8s --kubelet --nodes 2 >&2
+if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
+  left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
+  [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }
+  timeout=${left}s
+  echo "conformance: ginkgo --timeout=$timeout (deadline $CONFORMANCE_DEADLINE)" >&2
+fi
 
 # The runner lives on the underlay (lk-wire), beside the API server: it
 # reaches the nodes and, through the underlay's routes, their pods.
