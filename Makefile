@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins k8s-node-bins generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
+.PHONY: all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
 
 all: build
 
@@ -23,6 +23,20 @@ k8s-bins:
 # (scripts/k8s-node-bins.sh).
 k8s-node-bins:
 	./scripts/k8s-node-bins.sh
+
+# The node image archives (pause, the agent, agnhost, CoreDNS) that
+# `lanekit lab up --k8s --kubelet` imports into each node's containerd
+# (internal/tools/lkimages; the agent image carries this tree's binaries).
+k8s-node-images: build
+	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
+
+# Kubernetes' own [sig-network] e2e tests (e2e.test + ginkgo from
+# make k8s-node-bins) against `lanekit lab up --k8s --kubelet`: opt-in and
+# long (hours for the whole focus; CONFORMANCE_FOCUS narrows it). Writes
+# docs/conformance.json (ginkgo's JSON report) and docs/conformance.md; the
+# skip list, each entry with its reason, is test/conformance/skip.txt.
+conformance: k8s-node-images
+	./scripts/conformance.sh
 
 # BPF objects are compiled at build time by bpf2go (clang), never by the agent.
 generate:

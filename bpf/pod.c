@@ -80,10 +80,13 @@ int from_pod(struct __sk_buff *skb)
 	/* [/LB] */
 
 	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
-	 * receiver's ingress, on the packet as load balancing left it. */
-	reason = policy_from_endpoint(skb, &p, ep, &charge);
-	if (reason)
-		return drop(skb, charge, reason);
+	 * receiver's ingress, on the packet as load balancing left it; a
+	 * reply it translated back belongs to a connection policy allowed. */
+	if (!pend || !pend->allowed_reply) {
+		reason = policy_from_endpoint(skb, &p, ep, &charge);
+		if (reason)
+			return drop(skb, charge, reason);
+	}
 	/* [/policy] */
 	lb_commit(pend); /* [LB] the new flow's state, now that it is allowed */
 

@@ -68,9 +68,11 @@ int from_uplink(struct __sk_buff *skb)
 	}
 	/* [policy] the receiver's ingress, before any path into it (the host
 	 * stack's included). */
-	reason = policy_to_endpoint(skb, &p, dst, 0);
-	if (reason)
-		return drop(skb, dst->id, reason);
+	if (!pend || !pend->allowed_reply) { /* a reply LB translated back: allowed */
+		reason = policy_to_endpoint(skb, &p, dst, 0);
+		if (reason)
+			return drop(skb, dst->id, reason);
+	}
 	/* [/policy] */
 	lb_commit(pend); /* [LB] the new flow's state, now that it is allowed */
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)

@@ -345,6 +345,10 @@ struct lb_pending {
 	struct ct_entry fe;
 	__u8 svc;
 	__u8 flow;
+	/* The packet is a reply lb_rev_nat translated back, of a flow policy
+	 * allowed (CT_F_POLICY): policy judged the connection on the
+	 * translated tuple, which the reply no longer carries. */
+	__u8 allowed_reply;
 };
 
 /* Where a program keeps its lb_pending: too big for the BPF stack beside
@@ -367,6 +371,7 @@ static __always_inline struct lb_pending *lb_pending_get(void)
 	if (p) {
 		p->svc = 0;
 		p->flow = 0;
+		p->allowed_reply = 0;
 	}
 	return p;
 }
@@ -546,8 +551,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 }
 
 /* lb_rev_nat translates a reply of a load-balanced flow back. Returns 1 when
- * the packet was rewritten, 0 when not, -1 on a failed rewrite. */
-static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key *t, __u8 tcpf, __u32 l4off)
+ * the packet was rewritten, 0 when not, -1 on a failed rewrite. A rewritten
+ * reply of a flow policy allowed sets pend->allowed_reply. */
+static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key *t, __u8 tcpf, __u32 l4off,
+				      struct lb_pending *pend)
 {
 	struct ct_entry *e = 0;
 	struct lb_revnat_value *rn;
@@ -587,6 +594,8 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 	if ((flags & CT_F_SNAT) && lb_rewrite4(skb, l4off, t->proto, 0, t->daddr, nat_addr, t->dport, nat_port) < 0)
 		return -1;
 	lb_stat(LB_STAT_REVNAT);
+	if (pend && (flags & CT_F_POLICY))
+		pend->allowed_reply = 1;
 	return 1;
 }
 
@@ -716,7 +725,7 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
 	if (scope == LB_SCOPE_NODEPORT) {
 		/* Arriving at the node: replies of flows it translated first. */
-		r = lb_rev_nat(skb, &t, tcpf, l4off);
+		r = lb_rev_nat(skb, &t, tcpf, l4off, pend);
 		if (r < 0)
 			return TC_ACT_SHOT;
 		if (r) {
@@ -744,7 +753,7 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 	}
 	if (scope == LB_SCOPE_NODEPORT)
 		return LB_CONTINUE; /* rev-NAT tried above */
-	r = lb_rev_nat(skb, &t, tcpf, l4off);
+	r = lb_rev_nat(skb, &t, tcpf, l4off, pend);
 	if (r < 0)
 		return TC_ACT_SHOT;
 	*changed = r;

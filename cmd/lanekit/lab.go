@@ -30,7 +30,7 @@ var labCmd = &cobra.Command{
 
 func init() {
 	rootCmd.AddCommand(labCmd)
-	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd(), labKubeletCmd())
+	labCmd.AddCommand(labUpCmd(), labDownCmd(), labStatusCmd(), labCheckCmd(), labBenchCmd(), labPodCmd(), labApplyCmd(), labKubeletCmd(), labNodeCmd())
 }
 
 // signalContext is cancelled on SIGINT/SIGTERM so that bounded runs stop cleanly.
@@ -63,6 +63,24 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
 	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
+	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false, "with --k8s: real nodes, containerd + kubelet per node (make k8s-node-bins, make k8s-node-images), "+
+		"kube-controller-manager, kube-scheduler, lanekit installed with kubectl apply -k deploy/, CoreDNS; no kube-proxy")
+	return cmd
+}
+
+// labNodeCmd is a real node's init (PID 1 of the node) that lab up --kubelet starts.
+func labNodeCmd() *cobra.Command {
+	var spec string
+	cmd := &cobra.Command{
+		Use:    "node",
+		Short:  "A real node's init: mounts, containerd, images, kubelet (started by lab up --k8s --kubelet)",
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return lab.RunNode(context.Background(), spec, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+		},
+	}
+	cmd.Flags().StringVar(&spec, "spec", "", "the node's node.json")
+	_ = cmd.MarkFlagRequired("spec")
 	return cmd
 }
 

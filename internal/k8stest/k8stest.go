@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -92,6 +93,11 @@ type Options struct {
 	Address string
 	// ServiceCIDR is --service-cluster-ip-range; empty: 10.96.0.0/16.
 	ServiceCIDR string
+	// Cluster serves real nodes (kubelet, controller-manager): the
+	// ServiceAccount admission plugin is on (pods get their tokens) and the
+	// kubernetes Service's endpoints are the API server's (lease
+	// reconciler; Address must not be a loopback address).
+	Cluster bool
 }
 
 // Server is a running etcd + kube-apiserver. Its fields are saved in
@@ -107,6 +113,7 @@ type Server struct {
 	EtcdPID     int    `json:"etcdPID"`
 	APIPID      int    `json:"apiserverPID"`
 	Token       string `json:"token"`
+	Cluster     bool   `json:"cluster,omitempty"`
 	tempDir     bool
 	procs       map[int]*exec.Cmd // started by this process: reaped on exit
 }
@@ -118,7 +125,7 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Dir: o.Dir, Netns: o.Netns, Address: o.Address, ServiceCIDR: o.ServiceCIDR, procs: map[int]*exec.Cmd{}}
+	s := &Server{Dir: o.Dir, Netns: o.Netns, Address: o.Address, ServiceCIDR: o.ServiceCIDR, Cluster: o.Cluster, procs: map[int]*exec.Cmd{}}
 	if s.Address == "" {
 		s.Address = "127.0.0.1"
 	}
@@ -187,6 +194,13 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		return fmt.Errorf("k8stest: kube-apiserver pid %d is still running", s.APIPID)
 	}
 	d := s.Dir
+	// Without real nodes: the reconciler refuses loopback addresses and
+	// nothing needs the kubernetes Service's endpoints; no controller-manager
+	// creates the default ServiceAccounts the admission plugin wants.
+	reconciler, admission := "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount"
+	if s.Cluster {
+		reconciler, admission = "--endpoint-reconciler-type=lease", "--enable-admission-plugins=ServiceAccount"
+	}
 	s.APIPID, err = s.spawn(apiBin, "kube-apiserver.log",
 		"--etcd-servers="+fmt.Sprintf("http://%s:%d", s.Address, s.EtcdPort),
 		"--bind-address="+s.Address, "--advertise-address="+s.Address,
@@ -199,11 +213,8 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
 		"--service-cluster-ip-range="+s.ServiceCIDR,
-		// The reconciler refuses loopback addresses; nothing needs the
-		// kubernetes Service's endpoints here.
-		"--endpoint-reconciler-type=none",
-		// No controller-manager creates the default ServiceAccounts.
-		"--disable-admission-plugins=ServiceAccount",
+		reconciler, admission,
+		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
 		"--profiling=false", "--v=0")
 	if err != nil {
@@ -435,6 +446,13 @@ func (s *Server) writeCredentials() error {
 	ips := []net.IP{net.ParseIP("127.0.0.1")}
 	if ip := net.ParseIP(s.Address); ip != nil && !ip.IsLoopback() {
 		ips = append(ips, ip)
+	}
+	// The kubernetes Service's ClusterIP (the first of the range), which
+	// pods dial.
+	if _, svc, err := net.ParseCIDR(s.ServiceCIDR); err == nil && svc.IP.To4() != nil {
+		first := slices.Clone(svc.IP.To4())
+		first[3]++
+		ips = append(ips, first)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},

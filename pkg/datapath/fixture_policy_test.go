@@ -743,3 +743,67 @@ func TestPolicyHostAnswers(t *testing.T) {
 		t.Fatalf("host addresses removed, but an ACK to 10.77.0.1 still passes (verdict %d)", ret)
 	}
 }
+
+// TestPolicyServiceReplyIntoIsolatedClient: a client whose ingress a policy
+// isolates (it admits nobody) opens a connection to a ClusterIP; the
+// backend's reply, rev-NATed to come from the service address, belongs to
+// that allowed connection and reaches the client. (Judged after rev-NAT the
+// reply looked like a new connection from the VIP and was dropped: the
+// upstream e2e NetworkPolicy tests, which probe through Services, failed.)
+func TestPolicyServiceReplyIntoIsolatedClient(t *testing.T) {
+	s := newSvcEnv(t)
+	e := s.fixtureEnv
+	s.apply(t, svcYAML("web", "10.96.0.10", 80, "TCP", "", "10.244.1.11"))
+	in := policyWorld(e)
+	in.Policies = decodePolicies(t, `
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-no-ingress, namespace: alpha}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Ingress]
+`)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
+	r := s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.10", 80, 45100, tcpSYN))
+	if r.verdict != tcActRedirect || r.redirIf != ifH2(e) {
+		t.Fatalf("client to the service: verdict %d to ifindex %d, want redirect into web", r.verdict, r.redirIf)
+	}
+	drops, err := e.dp.Counters(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = s.run(t, fromPod(e), ifH2(e), l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", 8080, "10.244.1.10", 45100, ipProtoTCP, tcpSYN|tcpACK, 5000, 1001, nil))
+	if r.verdict != tcActRedirect || r.redirIf != ifH1(e) {
+		a, _ := e.dp.Counters(1)
+		t.Fatalf("web's reply into the isolated client: verdict %d to ifindex %d, want redirect (client drops %v, before %v)",
+			r.verdict, r.redirIf, a.Drops, drops.Drops)
+	}
+	if src := netip.AddrFrom4([4]byte(r.out[26:30])); src.String() != "10.96.0.10" || binary.BigEndian.Uint16(r.out[34:]) != 80 {
+		t.Fatalf("reply not rev-NATed: from %s:%d", src, binary.BigEndian.Uint16(r.out[34:]))
+	}
+	// A backend on another node: the reply is rev-NATed on the uplink and
+	// delivered into the client (its ingress policy admits nobody).
+	s.apply(t, svcYAML("remote", "10.96.0.12", 80, "TCP", "", "10.244.2.5"))
+	r = s.run(t, fromPod(e), ifH1(e), s.fromPod1("10.96.0.12", 80, 45101, tcpSYN))
+	if r.verdict != tcActRedirect || r.redirIf != ifUp(e) {
+		t.Fatalf("client to the remote service: verdict %d to ifindex %d, want the uplink", r.verdict, r.redirIf)
+	}
+	r = s.run(t, fromUplink(e), ifUp(e), l4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.244.2.5", 8080, "10.244.1.10", 45101, ipProtoTCP, tcpSYN|tcpACK, 5000, 1001, nil))
+	if r.verdict != tcActRedirect || r.redirIf != ifH1(e) {
+		t.Fatalf("remote backend's reply into the isolated client: verdict %d to ifindex %d, want redirect", r.verdict, r.redirIf)
+	}
+	if src := netip.AddrFrom4([4]byte(r.out[26:30])); src.String() != "10.96.0.12" {
+		t.Fatalf("remote reply not rev-NATed: from %s", src)
+	}
+	// A new connection from web to the client is still refused.
+	r = s.run(t, fromPod(e), ifH2(e), l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", 45200, "10.244.1.10", 80, ipProtoTCP, tcpSYN, 7000, 0, nil))
+	if r.verdict != tcActShot {
+		t.Fatalf("web opening a connection to the isolated client: verdict %d, want drop", r.verdict)
+	}
+}

@@ -92,14 +92,15 @@ type podLbBackendValue struct {
 }
 
 type podLbPending struct {
-	_    structs.HostLayout
-	Sk   podCtKey
-	Se   podCtEntry
-	Ft   podCtKey
-	Fe   podCtEntry
-	Svc  uint8
-	Flow uint8
-	_    [6]byte
+	_            structs.HostLayout
+	Sk           podCtKey
+	Se           podCtEntry
+	Ft           podCtKey
+	Fe           podCtEntry
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	_            [5]byte
 }
 
 type podLbRevnatValue struct {

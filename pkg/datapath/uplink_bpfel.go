@@ -92,14 +92,15 @@ type uplinkLbBackendValue struct {
 }
 
 type uplinkLbPending struct {
-	_    structs.HostLayout
-	Sk   uplinkCtKey
-	Se   uplinkCtEntry
-	Ft   uplinkCtKey
-	Fe   uplinkCtEntry
-	Svc  uint8
-	Flow uint8
-	_    [6]byte
+	_            structs.HostLayout
+	Sk           uplinkCtKey
+	Se           uplinkCtEntry
+	Ft           uplinkCtKey
+	Fe           uplinkCtEntry
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	_            [5]byte
 }
 
 type uplinkLbRevnatValue struct {

@@ -24,6 +24,9 @@ var labProcs = map[string]bool{
 	"sockperf": true, "ping": true, "busybox": true, "bridge": true, "host-local": true,
 	"lanekit-vhost": true, "qemu-system-x86_64": true, "qemu-system-x86": true,
 	"etcd": true, "kube-apiserver": true,
+	// lab up --kubelet (comm is at most 15 characters)
+	"kube-controller": true, "kube-scheduler": true, "kubelet": true, "containerd": true,
+	"containerd-shim": true, "kubectl": true, "ctr": true, "runc": true,
 }
 
 // Down removes everything the lab may have left, also after a crashed or
@@ -70,6 +73,10 @@ func Down(ctx context.Context, o DownOptions) error {
 	for _, pid := range labNetnsProcs() {
 		say("lab down: killing pid %d left in a lab netns", pid)
 		terminate(pid, time.Second)
+	}
+	// Real nodes: their cgroups and the mount points lab up created.
+	if err := downRealNodes(say); err != nil {
+		errs = append(errs, err)
 	}
 	for _, ns := range listLabNetns() {
 		if err := ip(ctx, "netns", "del", ns); err != nil {

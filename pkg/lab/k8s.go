@@ -56,7 +56,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api server address: %w", err)
 	}
 	progress(cfg.Out, "lab: kube-apiserver %s + etcd %s on %s (%s)", k8stest.KubeVersion, k8stest.EtcdVersion, APIAddress, WireNS)
-	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: ServiceCIDR})
+	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: ServiceCIDR, Cluster: cfg.Kubelet})
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +67,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := 1; i <= cfg.Nodes; i++ {
+	for i := 1; i <= cfg.Nodes && !cfg.Kubelet; i++ { // real kubelets register themselves
 		if err := registerNode(ctx, c, i); err != nil {
 			return nil, err
 		}

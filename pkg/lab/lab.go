@@ -43,9 +43,12 @@ type Config struct {
 	VMQueues     int  // its queue pairs (default 1)
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
-	K8s  bool
-	Bins Bins
-	Out  io.Writer // progress lines
+	K8s bool
+	// Kubelet (with K8s) runs real nodes instead: containerd and kubelet
+	// per node, lanekit installed from deploy/ (realnode.go).
+	Kubelet bool
+	Bins    Bins
+	Out     io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
@@ -54,6 +57,7 @@ type State struct {
 	Nodes        []Node  `json:"nodes"`
 	BaselineOnly bool    `json:"baseline_only"`
 	K8s          bool    `json:"k8s,omitempty"`
+	Kubelet      bool    `json:"kubelet,omitempty"`
 	VMs          []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.

@@ -3,6 +3,7 @@ package lab
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ func TestMain(m *testing.M) {
 	// The socket-LB test client re-executes this binary: it runs and exits
 	// here, before the lock its parent holds.
 	socktest.MaybeClient()
+	var lock *os.File
 	if os.Geteuid() == 0 {
 		// O_CLOEXEC (Go's default): the lab's daemons do not inherit it.
 		f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_RDWR, 0o644)
@@ -39,7 +41,12 @@ func TestMain(m *testing.M) {
 			}
 			fmt.Fprintf(os.Stderr, "lab tests: got the lab lock after %s\n", time.Since(start).Round(time.Second))
 		}
-		// Held until the process exits.
+		// Held until the process exits: f stays reachable (KeepAlive
+		// below), else the garbage collector's finalizer closes the
+		// descriptor mid-run and drops the lock under the tests.
+		lock = f
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	runtime.KeepAlive(lock)
+	os.Exit(code)
 }

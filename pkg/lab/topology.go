@@ -22,11 +22,11 @@ func buildWire(ctx context.Context) error {
 
 // buildNode creates node i (of n): namespace, uplink veth onto the wire
 // bridge, underlay address, native routes to the other nodes' pod ranges,
-// forwarding and bridge netfilter sysctls, and the kube-proxy rules.
+// forwarding and bridge netfilter sysctls, and (kubeProxy) the kube-proxy rules.
 //
 // With k8s the routes to the other nodes' lanekit pod ranges are left to the
 // agents (from the Node objects); the baseline ranges keep static routes.
-func buildNode(ctx context.Context, i, n int, k8s bool) error {
+func buildNode(ctx context.Context, i, n int, k8s, kubeProxy bool) error {
 	ns := NodeNS(i)
 	if err := addNetns(ctx, ns); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
@@ -59,6 +59,9 @@ func buildNode(ctx context.Context, i, n int, k8s bool) error {
 		if err := sysctl(ctx, ns, kv[0], kv[1]); err != nil {
 			return fmt.Errorf("node %s: %w", ns, err)
 		}
+	}
+	if !kubeProxy {
+		return nil // real nodes (lab up --kubelet): no kube-proxy
 	}
 	if err := installKubeProxyRules(ctx, ns, n); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)

@@ -22,6 +22,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.Bins.checkBaseline(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if cfg.Kubelet && (!cfg.K8s || cfg.VM || cfg.BaselineOnly) {
+		return nil, fmt.Errorf("lab up: --kubelet needs --k8s, and no --vm or --baseline-only")
+	}
 	if cfg.K8s && cfg.BaselineOnly {
 		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
@@ -40,7 +43,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet}
 	if err := st.save(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
@@ -66,7 +69,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := st.save(); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
+		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if cfg.Nodes >= 2 && i <= RawHosts {
@@ -79,6 +82,15 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 		}
+	}
+	if cfg.Kubelet {
+		// Real nodes: the agents are the DaemonSet's pods, pods come from
+		// the cluster's users.
+		if err := upRealNodes(ctx, cfg, st, kc); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+		progress(cfg.Out, "lab: up in %s: %d real nodes", time.Since(start).Round(100*time.Millisecond), len(st.Nodes))
+		return st, nil
 	}
 	if !cfg.BaselineOnly {
 		for k := range st.Nodes {
@@ -166,6 +178,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 func Exists() bool {
 	if _, err := os.Stat(RunDir); err == nil {
 		return true
+	}
+	if _, err := os.Stat(realNodesFile()); err == nil {
+		return true // real nodes' cgroups or mount points to remove
 	}
 	return len(listLabNetns()) > 0 || len(bpfNodeDirs()) > 0
 }

@@ -227,6 +227,10 @@ func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 	return len(seen)
 }
 
+// ServiceProxyNameLabel names the service proxy a Service is for: one with
+// the label is not the default proxy's (kube-proxy's, here lanekit's).
+const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
+
 // Translate turns one Service and its EndpointSlices (those labelled
 // kubernetes.io/service-name=<name> in its namespace; others are ignored) into
 // frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
@@ -248,6 +252,9 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		return nil, nil // a DNS alias, or headless: no virtual IP
+	}
+	if _, ok := svc.Labels[ServiceProxyNameLabel]; ok {
+		return nil, nil // another service proxy's, as kube-proxy leaves it
 	}
 	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
 	var affinity time.Duration

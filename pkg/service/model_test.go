@@ -213,3 +213,18 @@ func TestTranslateFromFile(t *testing.T) {
 		t.Fatalf("frontend: %+v", f)
 	}
 }
+
+// TestTranslateOtherProxy: a Service labelled for another service proxy
+// (service.kubernetes.io/service-proxy-name) gets no frontend, as kube-proxy
+// leaves it (upstream e2e: Services should implement service-proxy-name).
+func TestTranslateOtherProxy(t *testing.T) {
+	svcs, eps := decode(t, webYAML)
+	if fes, err := Translate(svcs[0], eps, Options{NodeAddrs: []netip.Addr{node}}); err != nil || len(fes) == 0 {
+		t.Fatalf("without the label: %d frontends, %v", len(fes), err)
+	}
+	svcs[0].Labels = map[string]string{ServiceProxyNameLabel: "foo-bar"}
+	fes, err := Translate(svcs[0], eps, Options{NodeAddrs: []netip.Addr{node}})
+	if err != nil || len(fes) != 0 {
+		t.Fatalf("labelled for another proxy: %d frontends, %v; want none", len(fes), err)
+	}
+}

@@ -43,10 +43,13 @@ import (
 // default sandbox image), the agent's is deploy/daemonset.yaml's, CoreDNS's is
 // the upstream name at the version scripts/k8s-node-bins.sh builds.
 const (
-	pauseImage    = "registry.k8s.io/pause:3.10.2"
-	agentImage    = "ghcr.io/lanekit/lanekit-agent:v0.1.0"
-	agnhostImage  = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
-	agnhostPrev   = "registry.k8s.io/e2e-test-images/agnhost:2.55" // AgnhostPrev: same binary
+	pauseImage   = "registry.k8s.io/pause:3.10.2"
+	agentImage   = "ghcr.io/lanekit/lanekit-agent:v0.1.0"
+	agnhostImage = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+	agnhostPrev  = "registry.k8s.io/e2e-test-images/agnhost:2.55" // AgnhostPrev: same binary
+	// GlibcDnsTesting: the DNS tests' prober (sh, dig, getent on glibc; they
+	// give its command), which agnhost's Debian root has.
+	glibcDNSImage = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"
 	corednsImage  = "registry.k8s.io/coredns/coredns:v1.15.0"
 	debianMirror  = "http://deb.debian.org/debian"
 	debianSuite   = "bookworm"
@@ -123,7 +126,7 @@ func specFor(n string, in inputs) (spec, error) {
 		if err != nil {
 			return spec{}, err
 		}
-		return spec{Name: n, Tags: []string{agnhostImage, agnhostPrev}, Base: base,
+		return spec{Name: n, Tags: []string{agnhostImage, agnhostPrev, glibcDNSImage}, Base: base,
 			Files: []entry{
 				regular("/agnhost", node("agnhost"), 0o755),
 				symlink("/agnhost-2", "agnhost"),

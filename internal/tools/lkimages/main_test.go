@@ -158,7 +158,8 @@ func TestImagesReadBack(t *testing.T) {
 			env:        []string{"PATH=/opt/lanekit/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			base:       map[string]string{"etc/os-release": "slim", "bin/sh": "sh"},
 			files:      agentFiles},
-		"agnhost": {tags: []string{"registry.k8s.io/e2e-test-images/agnhost:2.66.1", "registry.k8s.io/e2e-test-images/agnhost:2.55"},
+		"agnhost": {tags: []string{"registry.k8s.io/e2e-test-images/agnhost:2.66.1", "registry.k8s.io/e2e-test-images/agnhost:2.55",
+			"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"},
 			entrypoint: []string{"/agnhost"}, cmd: []string{"pause"},
 			env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			base: map[string]string{"etc/os-release": "agnhost", "usr/bin/curl": "curl"},
@@ -333,7 +334,7 @@ func TestNamesMatchUpstream(t *testing.T) {
 		if err != nil {
 			t.Skipf("e2e image list not in the module cache (scripts/k8s-node-bins.sh downloads it): %v", err)
 		}
-		for _, w := range []struct{ key, tag string }{{"Agnhost", agnhostImage}, {"AgnhostPrev", agnhostPrev}, {"Pause", pauseImage}} {
+		for _, w := range []struct{ key, tag string }{{"Agnhost", agnhostImage}, {"AgnhostPrev", agnhostPrev}, {"GlibcDnsTesting", glibcDNSImage}, {"Pause", pauseImage}} {
 			m := regexp.MustCompile(`configs\[` + w.key + `\] = Config\{[^,]+, "([^"]+)", "([^"]+)"\}`).FindStringSubmatch(string(src))
 			if m == nil {
 				t.Errorf("%s: no configs[%s] entry", manifest, w.key)

@@ -1,0 +1,225 @@
+// Command conformancereport turns ginkgo's JSON report of the upstream e2e
+// tests (make conformance, scripts/conformance.sh) into docs/conformance.md:
+// the run, the totals, every failure with its cause, the passed tests, and
+// the tests the skip list left out, counted per entry with its reason.
+//
+//	go run ./internal/tools/conformancereport -focus RE -skip-file FILE [-procs N] REPORT.json > conformance.md
+//
+// This is a development tool: no shipped binary links it.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// report is the part of ginkgo's types.Report the summary needs.
+type report struct {
+	SuiteDescription string       `json:"SuiteDescription"`
+	StartTime        time.Time    `json:"StartTime"`
+	EndTime          time.Time    `json:"EndTime"`
+	SpecReports      []specReport `json:"SpecReports"`
+}
+
+type specReport struct {
+	ContainerHierarchyTexts []string `json:"ContainerHierarchyTexts"`
+	LeafNodeText            string   `json:"LeafNodeText"`
+	LeafNodeType            string   `json:"LeafNodeType"`
+	State                   string   `json:"State"`
+	RunTime                 int64    `json:"RunTime"` // nanoseconds
+	Failure                 *struct {
+		Message  string `json:"Message"`
+		Location struct {
+			FileName   string `json:"FileName"`
+			LineNumber int    `json:"LineNumber"`
+		} `json:"Location"`
+	} `json:"Failure,omitempty"`
+}
+
+// fullText is what ginkgo's --focus and --skip match.
+func (s specReport) fullText() string {
+	return strings.TrimSpace(strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " "))
+}
+
+// skipEntry is one line of the skip list.
+type skipEntry struct {
+	re     *regexp.Regexp
+	expr   string
+	reason string
+	count  int
+}
+
+func parseSkipList(data string) ([]*skipEntry, error) {
+	var out []*skipEntry
+	for n, line := range strings.Split(data, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		expr, reason, ok := strings.Cut(line, " # ")
+		if !ok || strings.TrimSpace(reason) == "" {
+			return nil, fmt.Errorf("skip list line %d: want `REGEX # reason`: %q", n+1, line)
+		}
+		re, err := regexp.Compile(expr)
+		if err != nil {
+			return nil, fmt.Errorf("skip list line %d: %w", n+1, err)
+		}
+		out = append(out, &skipEntry{re: re, expr: expr, reason: strings.TrimSpace(reason)})
+	}
+	return out, nil
+}
+
+// cause is the first lines of a failure message and where it failed.
+func cause(s specReport) string {
+	if s.Failure == nil {
+		return s.State
+	}
+	msg := strings.TrimSpace(s.Failure.Message)
+	lines := strings.Split(msg, "\n")
+	if len(lines) > 4 {
+		lines = append(lines[:4], "…")
+	}
+	msg = strings.Join(lines, " ")
+	if len(msg) > 600 {
+		msg = msg[:600] + "…"
+	}
+	loc := s.Failure.Location.FileName
+	if i := strings.Index(loc, "test/e2e/"); i >= 0 {
+		loc = loc[i:]
+	}
+	return fmt.Sprintf("%s (%s:%d)", strings.ReplaceAll(msg, "|", `\|`), loc, s.Failure.Location.LineNumber)
+}
+
+func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry, procs int) error {
+	if len(reps) == 0 {
+		return errors.New("empty report")
+	}
+	r := reps[0]
+	var passed, failed []specReport
+	outOfFocus, notRun := 0, 0
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType != "It" {
+			if s.State != "passed" && s.State != "skipped" && s.Failure != nil {
+				failed = append(failed, s) // a suite-level node failed
+			}
+			continue
+		}
+		text := s.fullText()
+		switch s.State {
+		case "passed":
+			passed = append(passed, s)
+		case "skipped", "pending":
+			if !focus.MatchString(text) {
+				outOfFocus++
+				continue
+			}
+			listed := false
+			for _, e := range skips {
+				if e.re.MatchString(text) {
+					e.count++
+					listed = true
+					break
+				}
+			}
+			if !listed {
+				notRun++ // the run ended (--timeout, interrupt) before it
+			}
+		default: // failed, panicked, timedout, interrupted, aborted
+			failed = append(failed, s)
+		}
+	}
+	skipped := 0
+	for _, e := range skips {
+		skipped += e.count
+	}
+	byText := func(l []specReport) {
+		sort.Slice(l, func(i, j int) bool { return l[i].fullText() < l[j].fullText() })
+	}
+	byText(passed)
+	byText(failed)
+	p := func(f string, a ...any) { fmt.Fprintf(w, f+"\n", a...) }
+	p("# Upstream Kubernetes e2e tests on lanekit (`make conformance`)")
+	p("")
+	p("The real-node lab (`lanekit lab up --k8s --kubelet`: two nodes, each kubelet + containerd, lanekit installed")
+	p("with `kubectl apply -k deploy/`, **no kube-proxy**) against the upstream e2e binary, run by ginkgo.")
+	p("")
+	p("- Suite: %s; run %s, %s, %d ginkgo processes", r.SuiteDescription, r.StartTime.UTC().Format("2006-01-02 15:04 MST"),
+		r.EndTime.Sub(r.StartTime).Round(time.Second), procs)
+	p("- Focus: `%s`; skip list: `test/conformance/skip.txt`", focus.String())
+	p("- Raw report: `docs/conformance.json` (ginkgo's JSON report)")
+	p("")
+	p("| passed | failed | skipped (skip list) | not run (run ended first) | not in focus |")
+	p("|---:|---:|---:|---:|---:|")
+	p("| %d | %d | %d | %d | %d |", len(passed), len(failed), skipped, notRun, outOfFocus)
+	p("")
+	p("## Failed (%d)", len(failed))
+	p("")
+	if len(failed) > 0 {
+		p("| test | state | cause |")
+		p("|---|---|---|")
+		for _, s := range failed {
+			p("| %s | %s | %s |", strings.ReplaceAll(s.fullText(), "|", `\|`), s.State, cause(s))
+		}
+		p("")
+	}
+	p("## Skipped by the skip list (%d)", skipped)
+	p("")
+	p("| entry | tests | why |")
+	p("|---|---:|---|")
+	for _, e := range skips {
+		p("| `%s` | %d | %s |", strings.ReplaceAll(e.expr, "|", `\|`), e.count, e.reason)
+	}
+	p("")
+	p("## Passed (%d)", len(passed))
+	p("")
+	for _, s := range passed {
+		p("- %s (%s)", s.fullText(), time.Duration(s.RunTime).Round(100*time.Millisecond))
+	}
+	return nil
+}
+
+func main() {
+	focus := flag.String("focus", `\[sig-network\]`, "the run's ginkgo --focus")
+	skipFile := flag.String("skip-file", "test/conformance/skip.txt", "the run's skip list")
+	procs := flag.Int("procs", 1, "the run's ginkgo processes")
+	flag.Parse()
+	if err := run(*focus, *skipFile, *procs, flag.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "conformancereport:", err)
+		os.Exit(1)
+	}
+}
+
+func run(focus, skipFile string, procs int, args []string) error {
+	if len(args) != 1 {
+		return errors.New("want one argument: ginkgo's JSON report")
+	}
+	fre, err := regexp.Compile(focus)
+	if err != nil {
+		return fmt.Errorf("-focus: %w", err)
+	}
+	sl, err := os.ReadFile(skipFile)
+	if err != nil {
+		return err
+	}
+	skips, err := parseSkipList(string(sl))
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(args[0])
+	if err != nil {
+		return err
+	}
+	var reps []report
+	if err := json.Unmarshal(data, &reps); err != nil {
+		return fmt.Errorf("%s: %w", args[0], err)
+	}
+	return write(os.Stdout, reps, fre, skips, procs)
+}

@@ -1,0 +1,408 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
+)
+
+// requireNodeBins skips t unless the real-node binaries are built
+// (make k8s-node-bins, opt-in); with LANEKIT_K8S_NODE_REQUIRED set a
+// missing one fails.
+func requireNodeBins(t *testing.T) string {
+	t.Helper()
+	d, err := CheckNodeBins()
+	if err != nil {
+		if os.Getenv(EnvNodeRequired) != "" {
+			t.Fatalf("%v (%s is set)", err, EnvNodeRequired)
+		}
+		t.Skipf("skipping: real-node binaries not built (opt-in, tens of minutes the first time; "+
+			"the test then runs in make test, about 2 minutes): %v", err)
+	}
+	return d
+}
+
+// TestNodeBinDirMatchesScript: the lab finds the node binaries where
+// scripts/k8s-node-bins.sh puts them.
+func TestNodeBinDirMatchesScript(t *testing.T) {
+	out, err := exec.Command(filepath.Join(repoRoot(t), "scripts", "k8s-node-bins.sh"), "dir").Output()
+	if err != nil {
+		t.Fatalf("k8s-node-bins.sh dir: %v", err)
+	}
+	if got, want := NodeBinDir(), strings.TrimSpace(string(out)); got != want {
+		t.Errorf("NodeBinDir() = %s, scripts/k8s-node-bins.sh dir = %s", got, want)
+	}
+}
+
+// TestKubeletConfigFencesTheMachine checks what a real node's
+// configuration promises the machine: cgroupfs under the lab's cgroup,
+// cgroup v1 allowed, kubelet's own resolv.conf, CoreDNS without forward.
+func TestKubeletConfigFencesTheMachine(t *testing.T) {
+	cfg := kubeletConfig(1, "/a/lanekit-lab/lk-node1")
+	for _, want := range []string{`cgroupDriver: cgroupfs`, `failCgroupV1: false`, `cgroupRoot: "/a/lanekit-lab/lk-node1"`,
+		`resolvConf: "` + nodeMount + `/etc/resolv.conf"`, `protectKernelDefaults: false`} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("kubelet config lacks %q:\n%s", want, cfg)
+		}
+	}
+	if regexp.MustCompile(`(?m)^\s*(forward|proxy)\b`).Match(corednsManifest) {
+		t.Error("CoreDNS's Corefile forwards outside the cluster")
+	}
+	ctd := containerdConfig("/bins")
+	for _, want := range []string{`BinaryName = "/bins/runc"`, `SystemdCgroup = false`, `"io.containerd.internal.v1.opt"`, `restrict_oom_score_adj = true`} {
+		if !strings.Contains(ctd, want) {
+			t.Errorf("containerd config lacks %q", want)
+		}
+	}
+	if root, err := KubeletCgroupRoot(2); err != nil || !strings.HasSuffix(root, "/lanekit-lab/lk-node2") {
+		t.Errorf("KubeletCgroupRoot(2) = %q, %v", root, err)
+	}
+}
+
+// TestLabRealNodes brings up the real-node lab (containerd + kubelet per
+// node, lanekit installed from deploy/, no kube-proxy) and checks what an
+// operator would: the DaemonSet's agents Running and Ready on both nodes
+// without restarts, pods the scheduler spreads over both nodes reaching each
+// other and a ClusterIP Service (programmed by lanekit: the agents list it,
+// no kube-proxy rule exists), names resolved by CoreDNS; the machine's
+// kernel tunables unchanged, and nothing left after lab down.
+func TestLabRealNodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network, mount and PID namespaces, cgroups")
+	}
+	k8stest.RequireBins(t)
+	nodeBins := requireNodeBins(t)
+	testutil.RequireTools(t, "ip", "nsenter", "iptables-save")
+	bins := requireLabBins(t, "network namespaces")
+	root := repoRoot(t)
+	bins.Self = filepath.Join(t.TempDir(), "lanekit")
+	build := exec.Command("go", "build", "-o", bins.Self, "./cmd/lanekit")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lanekit: %v\n%s", err, out)
+	}
+	// The archives of this tree's agent (and pause, agnhost, CoreDNS),
+	// where lab up finds them (make k8s-node-images writes the same).
+	imgs := exec.Command("go", "run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins)
+	imgs.Dir = root
+	if out, err := imgs.CombinedOutput(); err != nil {
+		t.Fatalf("lkimages: %v\n%s", err, out)
+	}
+
+	before, err := ReadKernelTunables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	machineDirs := []string{"/var/lib/kubelet", "/var/lib/lanekit", "/etc/cni", "/opt/cni", "/var/log/containers", "/var/lib/containerd", "/opt/containerd"}
+	existed := map[string]bool{}
+	for _, d := range machineDirs {
+		_, err := os.Stat(d)
+		existed[d] = err == nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var upLog bytes.Buffer
+	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, Bins: bins, Out: &upLog})
+	var r realNodes
+	downDone := false
+	down := func() {
+		if downDone {
+			return
+		}
+		downDone = true
+		if t.Failed() {
+			for i := 1; i <= 2; i++ {
+				t.Logf("node %d init: %s", i, logTail(filepath.Join(NodeDir(i), "node.log")))
+				t.Logf("node %d kubelet: %s", i, logTail(NodeLog(i, "kubelet")))
+				t.Logf("node %d containerd: %s", i, logTail(NodeLog(i, "containerd")))
+			}
+		}
+		if data, err := os.ReadFile(realNodesFile()); err == nil {
+			_ = json.Unmarshal(data, &r)
+		}
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		if err := Down(dctx, DownOptions{Bins: bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	}
+	t.Cleanup(down)
+	if upErr != nil {
+		t.Fatalf("lab up: %v\n%s", upErr, upLog.String())
+	}
+	t.Logf("lab up:\n%s", upLog.String())
+	_, kc, err := K8s()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The agents: Running, Ready, on both nodes, no restarts.
+	checkAgents := func(when string) {
+		t.Helper()
+		pods, err := kc.CoreV1().Pods(LanekitNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lanekit-agent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		for _, p := range pods.Items {
+			nodes = append(nodes, p.Spec.NodeName)
+			if p.Status.Phase != corev1.PodRunning || !podReady(&p) {
+				t.Errorf("%s: agent %s on %s: %s, ready %t", when, p.Name, p.Spec.NodeName, p.Status.Phase, podReady(&p))
+			}
+			for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				if cs.RestartCount != 0 {
+					t.Errorf("%s: agent %s container %s restarted %d times", when, p.Name, cs.Name, cs.RestartCount)
+				}
+			}
+		}
+		slices.Sort(nodes)
+		if !slices.Equal(nodes, []string{KubeNodeName(1), KubeNodeName(2)}) {
+			t.Errorf("%s: agents on %v, want one on each node", when, nodes)
+		}
+	}
+	checkAgents("after lab up")
+
+	// No kube-proxy: no node has a service rule of its own.
+	for i := 1; i <= 2; i++ {
+		out, err := nsCommand(ctx, NodeNS(i), "iptables-save").Output()
+		if err != nil {
+			t.Fatalf("iptables-save on %s: %v", NodeNS(i), err)
+		}
+		if strings.Contains(string(out), "KUBE-SVC") || strings.Contains(string(out), "KUBE-SERVICES") {
+			t.Errorf("%s has kube-proxy rules:\n%s", NodeNS(i), out)
+		}
+	}
+
+	// Pods the scheduler places, one per node, and a ClusterIP Service.
+	web := webDeployment()
+	if _, err := kc.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: web.Spec.Selector.MatchLabels,
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDeployment(ctx, kc, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	pods := webPods(t, ctx, kc)
+	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Fatalf("the scheduler put both pods on %s", pods[0].Spec.NodeName)
+	}
+	exec := func(p corev1.Pod, args ...string) (string, error) {
+		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
+	}
+	// Pod to pod across the nodes, both ways.
+	for k, p := range pods {
+		peer := pods[1-k]
+		got, err := exec(p, "curl", "-sS", "-m", "5", fmt.Sprintf("http://%s:8080/hostname", peer.Status.PodIP))
+		if err != nil || strings.TrimSpace(got) != peer.Name {
+			t.Errorf("%s (%s) -> %s (%s): %q, %v", p.Name, p.Spec.NodeName, peer.Name, peer.Status.PodIP, got, err)
+		}
+	}
+	// The Service: by ClusterIP and by name, until both backends answered.
+	for _, target := range []string{svc.Spec.ClusterIP, "web.default.svc." + ClusterDomain} {
+		seen := map[string]bool{}
+		for try := 0; try < 30 && len(seen) < 2; try++ {
+			got, err := exec(pods[0], "curl", "-sS", "-m", "5", "http://"+target+"/hostname")
+			if err != nil {
+				t.Errorf("%s -> %s: %v", pods[0].Name, target, err)
+				break
+			}
+			seen[strings.TrimSpace(got)] = true
+		}
+		if !seen[pods[0].Name] || !seen[pods[1].Name] || len(seen) != 2 {
+			t.Errorf("service %s from %s: answers from %v, want both pods", target, pods[0].Name, seen)
+		}
+	}
+	// lanekit serves it: each agent programmed the ClusterIP with the two
+	// pods as backends (the agents' sockets are in the nodes' /run).
+	for i := 1; i <= 2; i++ {
+		fe := serviceFrontend(t, i, svc.Spec.ClusterIP)
+		if fe == nil {
+			t.Errorf("agent on %s has no frontend %s:80", NodeNS(i), svc.Spec.ClusterIP)
+			continue
+		}
+		var backends []string
+		for _, b := range fe.GetBackends() {
+			backends = append(backends, b.GetAddress())
+		}
+		slices.Sort(backends)
+		want := []string{pods[0].Status.PodIP, pods[1].Status.PodIP}
+		slices.Sort(want)
+		if !slices.Equal(backends, want) {
+			t.Errorf("agent on %s: %s backends %v, want %v", NodeNS(i), svc.Spec.ClusterIP, backends, want)
+		}
+	}
+	checkAgents("after the traffic")
+
+	after, err := ReadKernelTunables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mapsEqual(before, after) {
+		t.Errorf("the machine's kernel tunables changed while the lab was up: before %v, after %v", before, after)
+	}
+
+	down()
+	after, err = ReadKernelTunables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mapsEqual(before, after) {
+		t.Errorf("the machine's kernel tunables changed after lab down: before %v, after %v", before, after)
+	}
+	// Nothing left: processes, namespaces, cgroups, mount points, mounts.
+	if left := listLabNetns(); len(left) > 0 {
+		t.Errorf("netns left after down: %v", left)
+	}
+	for _, name := range []string{"kubelet", "containerd", "containerd-shim", "kube-controller", "kube-scheduler"} {
+		if pids := nodeBinPids(name); len(pids) > 0 {
+			t.Errorf("%s still running after down: %v", name, pids)
+		}
+	}
+	if len(r.Cgroups) == 0 {
+		t.Error("lab up recorded no cgroups (realnodes.json)")
+	}
+	for _, d := range r.Cgroups {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup left after down: %s", d)
+		}
+	}
+	for _, d := range machineDirs {
+		if _, err := os.Stat(d); (err == nil) != existed[d] {
+			t.Errorf("%s: existed before lab up %t, exists after down %t", d, existed[d], err == nil)
+		}
+	}
+	if _, err := os.Stat(RunDir); err == nil {
+		t.Errorf("%s left after down", RunDir)
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), "lanekit-node") {
+		t.Errorf("node mounts visible on the machine:\n%s", mi)
+	}
+}
+
+func webDeployment() *appsv1.Deployment {
+	labels := map[string]string{"app": "web"}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					// One per node, placed by kube-scheduler.
+					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "kubernetes.io/hostname",
+						WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: labels}}},
+					Containers: []corev1.Container{{Name: "agnhost", Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+						Args: []string{"netexec", "--http-port=8080"}}},
+				},
+			},
+		},
+	}
+}
+
+func webPods(t *testing.T, ctx context.Context, kc kubernetes.Interface) []corev1.Pod {
+	t.Helper()
+	pods, err := kc.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Status.PodIP != "" {
+			out = append(out, p)
+		}
+	}
+	if len(out) != 2 {
+		t.Fatalf("want 2 running web pods, have %d", len(out))
+	}
+	return out
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// serviceFrontend returns node i's agent's frontend for addr:80.
+func serviceFrontend(t *testing.T, i int, addr string) *apiv1.ServiceFrontend {
+	t.Helper()
+	sock, err := RealNodeAgentSocket(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, closeFn, err := agentClient(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.ListServices(ctx, &apiv1.ListServicesRequest{})
+	if err != nil {
+		t.Fatalf("list services on %s: %v", NodeNS(i), err)
+	}
+	for _, fe := range resp.GetFrontends() {
+		if fe.GetAddress() == addr && fe.GetPort() == 80 {
+			return fe
+		}
+	}
+	return nil
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeBinPids lists the processes named comm whose executable is one of
+// the node binaries (another containerd or kubelet is not the lab's).
+func nodeBinPids(comm string) []string {
+	out, _ := exec.Command("pgrep", "-x", comm).Output()
+	var pids []string
+	for _, p := range strings.Fields(string(out)) {
+		exe, err := os.Readlink("/proc/" + p + "/exe")
+		if err == nil && strings.HasPrefix(exe, NodeBinDir()) {
+			pids = append(pids, p)
+		}
+	}
+	return pids
+}

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `make conformance`: the upstream Kubernetes e2e tests (e2e.test from
+# scripts/k8s-node-bins.sh, run by ginkgo) against the real-node lab
+# (`lanekit lab up --k8s --kubelet`: kubelet + containerd per node, lanekit from
+# deploy/, no kube-proxy). Writes docs/conformance.json (ginkgo's JSON report)
+# and docs/conformance.md (passed, failed, skipped; each failure with its cause).
+#
+#   CONFORMANCE_FOCUS   ginkgo --focus (default: '\[sig-network\]')
+#   CONFORMANCE_SKIP    file of skip entries (default: test/conformance/skip.txt)
+#   CONFORMANCE_PROCS   parallel ginkgo processes (default: 4); [Serial] specs run alone
+#   CONFORMANCE_TIMEOUT ginkgo --timeout (default: 6h)
+#   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
+#                       the timeout is what is left once the lab is up
+#   CONFORMANCE_OUT     directory for the two reports (default: docs)
+#
+# Holds the lab lock (/tmp/lanekit-lab.lock) for the whole run and takes the lab
+# down at the end, also on failure or interrupt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH=$PATH:/usr/local/go/bin
+
+[ "$(id -u)" = 0 ] || { echo "conformance: needs root (the lab's namespaces)" >&2; exit 1; }
+nodebins=$(scripts/k8s-node-bins.sh dir)
+for b in e2e.test ginkgo kubectl kubelet containerd; do
+  [ -x "$nodebins/$b" ] || { echo "conformance: $nodebins/$b missing: run make k8s-node-bins" >&2; exit 1; }
+done
+[ -x bin/lanekit ] && [ -f bin/images/agent.tar ] || { echo "conformance: run make k8s-node-images first" >&2; exit 1; }
+
+focus=${CONFORMANCE_FOCUS:-'\[sig-network\]'}
+skipfile=${CONFORMANCE_SKIP:-test/conformance/skip.txt}
+procs=${CONFORMANCE_PROCS:-4}
+timeout=${CONFORMANCE_TIMEOUT:-6h}
+out=${CONFORMANCE_OUT:-docs}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+# The skip entries, joined into one alternation.
+skip=$(sed -e '/^\s*#/d' -e '/^\s*$/d' -e 's/ # .*$//' "$skipfile" | paste -sd '|')
+
+exec 9>/tmp/lanekit-lab.lock
+echo "conformance: waiting for the lab lock" >&2
+flock 9
+work=$(mktemp -d)
+cleanup() {
+  bin/lanekit lab down >&2 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+bin/lanekit lab down >&2
+start=$SECONDS
+bin/lanekit lab up --k8s --kubelet --nodes 2 >&2
+if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
+  left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
+  [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }
+  timeout=${left}s
+  echo "conformance: ginkgo --timeout=$timeout (deadline $CONFORMANCE_DEADLINE)" >&2
+fi
+
+# The runner lives on the underlay (lk-wire), beside the API server: it
+# reaches the nodes and, through the underlay's routes, their pods.
+rc=0
+nsenter --net=/run/netns/lk-wire -- "$nodebins/ginkgo" run --procs="$procs" --timeout="$timeout" \
+  --focus="$focus" --skip="$skip" --no-color --silence-skips \
+  --json-report=conformance.json --output-dir="$work" \
+  "$nodebins/e2e.test" -- \
+  --kubeconfig=/run/lanekit/lab/k8s/kubeconfig --provider=skeleton --num-nodes=2 \
+  --kubectl-path="$nodebins/kubectl" --dns-domain=cluster.local --allowed-not-ready-nodes=0 --disable-log-dump \
+  --report-dir="$work" >"$work/ginkgo.log" 2>&1 || rc=$?
+echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/conformance.log)" >&2
+cp "$work/ginkgo.log" bin/conformance.log
+[ -f "$work/conformance.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
+cp "$work/conformance.json" "$out/conformance.json"
+go run ./internal/tools/conformancereport -focus "$focus" -skip-file "$skipfile" -procs "$procs" \
+  "$out/conformance.json" >"$out/conformance.md"
+sed -n '1,/^## Failed/p' "$out/conformance.md" >&2
+exit $rc
