@@ -26,10 +26,18 @@ type BackendReport struct {
 	// Steering: flows into a multiqueue VM with and without the guest's
 	// RSS configuration (vmsteer.go).
 	Steering *SteerReport `json:"steering,omitempty"`
-	Repeat   int          `json:"repeat"`
-	Seconds  float64      `json:"seconds"`
-	Setup    string       `json:"setup"`
-	Errors   []string     `json:"errors,omitempty"`
+	// CPU: backend CPU time per frame at a fixed offered load
+	// (vmbackend_cpu.go).
+	CPU *BackendCPU `json:"cpu_per_frame,omitempty"`
+	// TimeSplit: the backends' user/kernel time in the guest→wire
+	// saturation runs (where the time goes).
+	TimeSplit []BackendTimeSplit `json:"time_split,omitempty"`
+	// Targets: issue 29's goals against this run's ratios.
+	Targets []BackendTarget `json:"targets,omitempty"`
+	Repeat  int             `json:"repeat"`
+	Seconds float64         `json:"seconds"`
+	Setup   string          `json:"setup"`
+	Errors  []string        `json:"errors,omitempty"`
 }
 
 // BackendDirection is one direction's two metrics.
@@ -137,6 +145,21 @@ func (b *BackendReport) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write vm backend table: %w", err)
 	}
+	for _, t := range b.TimeSplit {
+		fmt.Fprintf(w, "guest→wire %4d B %-20s backend %.0f%% of a core, %.1f%% of it user space (%.1f–%.1f), the rest kernel\n", t.Size, t.Kind,
+			100*t.CPUShare.Median, 100*t.UserShare.Median, 100*t.UserShare.Min, 100*t.UserShare.Max)
+	}
+	if c := b.CPU; c != nil {
+		if err := c.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	if len(b.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, t := range b.Targets {
+			fmt.Fprintf(w, "  %s\n", t)
+		}
+	}
 	if c := b.PathCheck; c != nil {
 		fmt.Fprintf(w, "agent path: XDP program %q on %s, %d socket handover(s), %d/%d not-for-vm probes counted by the VM endpoint, "+
 			"%d frames from agent sockets into the guest (%d counted by it in the windows)%s\n", c.XDPProgram, c.VMDevice, c.Handovers,
@@ -195,4 +218,119 @@ func backendRatio(r *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f×", *r)
+}
+
+// BackendTarget is one goal and where this run stands (Ratio nil: not
+// measured).
+type BackendTarget struct {
+	Name  string   `json:"name"`
+	Op    string   `json:"op"` // ">=" or "<="
+	Want  float64  `json:"want"`
+	Ratio *float64 `json:"ratio"`
+	Met   bool     `json:"met"`
+	// Where: for a missed throughput target, where both backends' core
+	// time went (from TimeSplit).
+	Where string `json:"where,omitempty"`
+}
+
+func (t BackendTarget) String() string {
+	sym := map[string]string{">=": "≥", "<=": "≤"}[t.Op]
+	if t.Ratio == nil {
+		return fmt.Sprintf("%-34s %s %.2f×: not measured", t.Name, sym, t.Want)
+	}
+	r := *t.Ratio
+	if t.Met {
+		return fmt.Sprintf("%-34s %s %.2f×: met (%.2f×)", t.Name, sym, t.Want, r)
+	}
+	if t.Op == ">=" {
+		s := fmt.Sprintf("%-34s %s %.2f×: missed, %.2f× (lanekit-vhost needs %+.1f%%)", t.Name, sym, t.Want, r, 100*(t.Want/r-1))
+		if t.Where != "" {
+			s += "; " + t.Where
+		}
+		return s
+	}
+	return fmt.Sprintf("%-34s %s %.2f×: missed, %.2f× (lanekit-vhost's CPU per frame needs %.1f%%)", t.Name, sym, t.Want, r, 100*(t.Want/r-1))
+}
+
+// backendTargets checks the run against issue 29: guest→wire throughput
+// ≥ 1.05× testpmd at 64 B and 1500 B (own sockets), CPU per frame ≤ 0.9×
+// testpmd's in both directions.
+func backendTargets(r *BackendReport) []BackendTarget {
+	ts := []BackendTarget{
+		{Name: "guest→wire 64 B Mpps", Op: ">=", Want: 1.05, Ratio: r.PPS64.Ratio},
+		{Name: "guest→wire 1500 B Gbit/s", Op: ">=", Want: 1.05, Ratio: r.Gbps1500.Ratio},
+	}
+	if r.CPU != nil {
+		ratio := func(d *CPUDirection) *float64 {
+			if d == nil {
+				return nil
+			}
+			return d.Ratio
+		}
+		ts = append(ts,
+			BackendTarget{Name: "guest→wire CPU per frame", Op: "<=", Want: 0.9, Ratio: ratio(r.CPU.GuestToWire)},
+			BackendTarget{Name: "wire→guest CPU per frame", Op: "<=", Want: 0.9, Ratio: ratio(r.CPU.WireToGuest)})
+	}
+	ts[0].Where, ts[1].Where = r.where(64), r.where(frameSize1500)
+	for i := range ts {
+		if x := ts[i].Ratio; x != nil && !math.IsNaN(*x) {
+			ts[i].Met = (ts[i].Op == ">=" && *x >= ts[i].Want) || (ts[i].Op == "<=" && *x <= ts[i].Want)
+		} else {
+			ts[i].Ratio = nil
+		}
+	}
+	return ts
+}
+
+// where says how the backends' core time split between their own code and
+// the kernel in the size-byte guest→wire saturation runs ("" if unknown).
+func (r *BackendReport) where(size int) string {
+	find := func(kind string) *BackendTimeSplit {
+		for i := range r.TimeSplit {
+			if r.TimeSplit[i].Kind == kind && r.TimeSplit[i].Size == size {
+				return &r.TimeSplit[i]
+			}
+		}
+		return nil
+	}
+	lk, tp := find(kindOwn), find(kindTestpmd)
+	if lk == nil || tp == nil {
+		return ""
+	}
+	return fmt.Sprintf("time: lanekit-vhost %.0f%% of a core, %.1f%% of it in its own code, %.1f%% in the kernel (AF_XDP copy-mode "+
+		"transmit, the veth peer's receive); testpmd %.0f%%, %.1f%% own code: even free user-space work would gain lanekit-vhost at most %+.1f%%",
+		100*lk.CPUShare.Median, 100*lk.UserShare.Median, 100*(1-lk.UserShare.Median), 100*tp.CPUShare.Median, 100*tp.UserShare.Median,
+		100*(1/(1-lk.UserShare.Median)-1))
+}
+
+// WriteTable prints the CPU-per-frame comparison.
+func (c *BackendCPU) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "\nVM backend CPU per frame at a fixed load (%s)\n", c.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "direction\tbackend\tdelivered kpps\tprocess CPU %\tprocess ns/frame\tbusy ns/frame\tratio busy\tratio process\tratio conservative\t")
+	for _, d := range []struct {
+		name string
+		d    *CPUDirection
+	}{{"guest→wire", c.GuestToWire}, {"wire→guest", c.WireToGuest}} {
+		if d.d == nil {
+			continue
+		}
+		for i, s := range []struct {
+			name string
+			side CPUSide
+		}{{"lanekit-vhost", d.d.LanekitVhost}, {"testpmd", d.d.Testpmd}} {
+			ratios := "\t\t"
+			if i == 0 {
+				ratios = backendRatio(d.d.Ratio) + "\t" + backendRatio(d.d.ProcessRatio) + "\t" + backendRatio(d.d.ConservativeRatio)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", d.name, s.name, spread(scaled(s.side.DeliveredPPS, 1e-3), "%.1f"),
+				spread(scaled(s.side.CPUShare, 100), "%.1f"), spread(s.side.NsPerFrame, "%.0f"), spread(s.side.BusyNsPerFrame, "%.0f"), ratios)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write cpu table: %w", err)
+	}
+	fmt.Fprintln(w, "ratio busy: busy ns/frame, same accounting both sides (the target's ratio); ratio process: process CPU per frame "+
+		"(testpmd's includes its idle polling); ratio conservative: lanekit-vhost process / testpmd busy (lanekit-vhost's wakeups in, testpmd's polling out)")
+	return nil
 }
