@@ -67,6 +67,10 @@ func TestCPURunAndDirection(t *testing.T) {
 	if err := short.check(); err == nil || !strings.Contains(err.Error(), "80.0%") {
 		t.Errorf("80%% delivered: %v", err)
 	}
+	slow := cpuRun{frames: 400_000, offered: 400_000, cpu: time.Second, window: 5 * time.Second}
+	if err := slow.check(); err == nil || !strings.Contains(err.Error(), "offered 80000 frames/s of 100000") {
+		t.Errorf("80 kframes/s offered: %v", err)
+	}
 	if err := (cpuRun{}).check(); err == nil {
 		t.Error("empty run accepted")
 	}
