@@ -70,12 +70,12 @@ import (
 
 // CPU comparison constants.
 const (
-	cpuRate     = 100_000 // frames/s offered in each direction
+	cpuRate     = 50_000 // frames/s offered in each direction
 	cpuSize     = 64
 	cpuWarmup   = time.Second
 	cpuMinShare = 0.97 // delivered/offered below this: the load was not carried
 	cpuMinRate  = 0.9  // offered below this share of cpuRate: the source did not keep the rate
-	cpuBurst    = 64   // most frames the paced sender sends at once (after a stall)
+	cpuBurst    = 256  // most frames the paced sender sends at once (after a stall: the guest ring)
 	// cpuNice is the backends' and the sender's nice value: on a shared
 	// machine a backend starved for a few ms drops frames (AF_XDP ring full)
 	// and the run is lost; CPU time is counted the same at any priority.

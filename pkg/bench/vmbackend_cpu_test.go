@@ -56,20 +56,20 @@ func TestParseTestpmdCycles(t *testing.T) {
 }
 
 func TestCPURunAndDirection(t *testing.T) {
-	r := cpuRun{frames: 500_000, offered: 500_100, cpu: time.Second, window: 5 * time.Second}
-	if r.nsPerFrame() != 2000 || r.pps() != 100_000 || r.share() != 0.2 {
+	r := cpuRun{frames: 250_000, offered: 250_100, cpu: time.Second, window: 5 * time.Second}
+	if r.nsPerFrame() != 4000 || r.pps() != 50_000 || r.share() != 0.2 {
 		t.Errorf("ns/frame %v pps %v share %v", r.nsPerFrame(), r.pps(), r.share())
 	}
 	if err := r.check(); err != nil {
 		t.Errorf("carried load refused: %v", err)
 	}
-	short := cpuRun{frames: 400_000, offered: 500_000, cpu: time.Second, window: 5 * time.Second}
+	short := cpuRun{frames: 200_000, offered: 250_000, cpu: time.Second, window: 5 * time.Second}
 	if err := short.check(); err == nil || !strings.Contains(err.Error(), "80.0%") {
 		t.Errorf("80%% delivered: %v", err)
 	}
-	slow := cpuRun{frames: 400_000, offered: 400_000, cpu: time.Second, window: 5 * time.Second}
-	if err := slow.check(); err == nil || !strings.Contains(err.Error(), "offered 80000 frames/s of 100000") {
-		t.Errorf("80 kframes/s offered: %v", err)
+	slow := cpuRun{frames: 200_000, offered: 200_000, cpu: time.Second, window: 5 * time.Second}
+	if err := slow.check(); err == nil || !strings.Contains(err.Error(), "offered 40000 frames/s of 50000") {
+		t.Errorf("40 kframes/s offered: %v", err)
 	}
 	if err := (cpuRun{}).check(); err == nil {
 		t.Error("empty run accepted")
@@ -147,6 +147,9 @@ func TestBackendTargets(t *testing.T) {
 func TestBackendCPUJSONAndTable(t *testing.T) {
 	lk := []cpuRun{{frames: 100_000, offered: 100_000, cpu: 150 * time.Millisecond, window: time.Second, busyNs: 1500}}
 	tp := []cpuRun{{frames: 100_000, offered: 100_000, cpu: time.Second, window: time.Second, busyNs: 2000}}
+	if err := lk[0].check(); err != nil {
+		t.Fatal(err)
+	}
 	rep := sampleBackend()
 	rep.CPU = &BackendCPU{OfferedPPS: cpuRate, Size: cpuSize, Setup: "s", GuestToWire: cpuDirection(lk, tp)}
 	rep.Targets = backendTargets(rep)

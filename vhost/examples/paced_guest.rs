@@ -43,7 +43,7 @@ struct Args {
     #[arg(long, value_enum)]
     mode: Mode,
     /// Frames per second to transmit (tx).
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 50_000)]
     rate: u64,
     /// Frame size in bytes without the virtio header (tx), 60..=1514.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(60..=1514))]
