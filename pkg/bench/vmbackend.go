@@ -130,6 +130,8 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	defer b.cleanup()
 
 	rep := &BackendReport{Repeat: o.Repeat, Seconds: o.Duration.Seconds(), Setup: backendSetup}
+	rep.LoadAvg[0] = loadAvg1()
+	defer func() { rep.LoadAvg[1] = loadAvg1() }()
 	kinds := allBackendKinds[:2]
 	if !o.OwnOnly {
 		if err := b.startAgent(); err != nil {

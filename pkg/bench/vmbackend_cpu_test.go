@@ -251,3 +251,18 @@ func TestTimeSplitAndWhere(t *testing.T) {
 		t.Errorf("table:\n%s", buf.String())
 	}
 }
+
+func TestParseLoadAvg(t *testing.T) {
+	if v := parseLoadAvg("7.56 6.80 5.05 3/412 24203\n"); v != 7.56 {
+		t.Errorf("got %v", v)
+	}
+	if v := parseLoadAvg(""); v != 0 {
+		t.Errorf("empty: %v", v)
+	}
+	var buf bytes.Buffer
+	rep := sampleBackend()
+	rep.LoadAvg = [2]float64{0.4, 1.2}
+	if err := rep.WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "load average 0.4 → 1.2") {
+		t.Errorf("table (%v):\n%s", err, buf.String())
+	}
+}

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -34,10 +36,14 @@ type BackendReport struct {
 	TimeSplit []BackendTimeSplit `json:"time_split,omitempty"`
 	// Targets: issue 29's goals against this run's ratios.
 	Targets []BackendTarget `json:"targets,omitempty"`
-	Repeat  int             `json:"repeat"`
-	Seconds float64         `json:"seconds"`
-	Setup   string          `json:"setup"`
-	Errors  []string        `json:"errors,omitempty"`
+	// LoadAvg: /proc/loadavg's 1-minute figure when the comparison started
+	// and ended (the machine is shared: these ratios need quiet cores; 0:
+	// unreadable).
+	LoadAvg [2]float64 `json:"loadavg_1m"`
+	Repeat  int        `json:"repeat"`
+	Seconds float64    `json:"seconds"`
+	Setup   string     `json:"setup"`
+	Errors  []string   `json:"errors,omitempty"`
 }
 
 // BackendDirection is one direction's two metrics.
@@ -115,7 +121,7 @@ func backendMetric(lk, tp []float64) BackendMetric {
 
 // WriteTable prints the backend comparison as a small table of its own.
 func (b *BackendReport) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; %s)\n", b.Repeat, b.Seconds, b.Setup)
+	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; load average %.1f → %.1f; %s)\n", b.Repeat, b.Seconds, b.LoadAvg[0], b.LoadAvg[1], b.Setup)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "direction\tsockets\tmetric\tlanekit-vhost\ttestpmd vhost+af_xdp\tratio\t")
 	rows := []struct {
@@ -333,4 +339,25 @@ func (c *BackendCPU) WriteTable(w io.Writer) error {
 	fmt.Fprintln(w, "ratio busy: busy ns/frame, same accounting both sides (the target's ratio); ratio process: process CPU per frame "+
 		"(testpmd's includes its idle polling); ratio conservative: lanekit-vhost process / testpmd busy (lanekit-vhost's wakeups in, testpmd's polling out)")
 	return nil
+}
+
+// loadAvg1 reads the 1-minute load average (0 if unreadable).
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	return parseLoadAvg(string(b))
+}
+
+func parseLoadAvg(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }
