@@ -70,12 +70,18 @@ import (
 
 // CPU comparison constants.
 const (
-	cpuRate     = 50_000 // frames/s offered in each direction
-	cpuSize     = 64
-	cpuWarmup   = time.Second
-	cpuMinShare = 0.97 // delivered/offered below this: the load was not carried
-	cpuMinRate  = 0.9  // offered below this share of cpuRate: the source did not keep the rate
-	cpuBurst    = 256  // most frames the paced sender sends at once (after a stall: the guest ring)
+	cpuRate   = 50_000 // frames/s offered in each direction
+	cpuSize   = 64
+	cpuWarmup = time.Second
+	// cpuMinShare: delivered/offered below this is an error. Less than all
+	// is a row with its delivered share shown: testpmd forwards without
+	// backpressure (frames the guest ring has no room for are dropped, where
+	// lanekit-vhost leaves them on the AF_XDP ring), so a few ms of a busy
+	// machine's scheduling cost it frames; its busy time is per frame it
+	// received, so its ns/frame stays comparable.
+	cpuMinShare = 0.5
+	cpuMinRate  = 0.9 // offered below this share of cpuRate: the source did not keep the rate
+	cpuBurst    = 256 // most frames the paced sender sends at once (after a stall: the guest ring)
 	// cpuNice is the backends' and the sender's nice value: on a shared
 	// machine a backend starved for a few ms drops frames (AF_XDP ring full)
 	// and the run is lost; CPU time is counted the same at any priority.
@@ -113,6 +119,8 @@ type CPUDirection struct {
 type CPUSide struct {
 	Mode         string  `json:"mode"`
 	DeliveredPPS Summary `json:"delivered_pps"`
+	// DeliveredShare: delivered over offered frames.
+	DeliveredShare Summary `json:"delivered_share"`
 	// CPUShare: process CPU time over the window (1 = one core).
 	CPUShare Summary `json:"cpu_share"`
 	// NsPerFrame: process CPU ns per delivered frame.
@@ -143,6 +151,8 @@ func (r cpuRun) pps() float64 { return float64(r.frames) / r.window.Seconds() }
 
 func (r cpuRun) share() float64 { return r.cpu.Seconds() / r.window.Seconds() }
 
+func (r cpuRun) delivered() float64 { return float64(r.frames) / float64(r.offered) }
+
 // check refuses a run whose backend did not carry the offered load: its CPU
 // per frame would be a saturation number.
 func (r cpuRun) check() error {
@@ -153,7 +163,7 @@ func (r cpuRun) check() error {
 		return fmt.Errorf("the source offered %.0f frames/s of %d: it did not keep the rate (busy machine)", off, cpuRate)
 	}
 	if float64(r.frames) < cpuMinShare*float64(r.offered) {
-		return fmt.Errorf("delivered %d of %d offered frames (%.1f%%): the load was not carried", r.frames, r.offered,
+		return fmt.Errorf("delivered %d of %d offered frames (%.1f%%): the backend did not carry the load", r.frames, r.offered,
 			100*float64(r.frames)/float64(r.offered))
 	}
 	return nil
@@ -164,13 +174,13 @@ type cpuValues map[string][]cpuRun
 
 // cpuSide summarizes runs.
 func cpuSide(mode string, runs []cpuRun) CPUSide {
-	var pps, share, ns, bns []float64
+	var pps, del, share, ns, bns []float64
 	for _, r := range runs {
 		pps, share, ns = append(pps, r.pps()), append(share, r.share()), append(ns, r.nsPerFrame())
-		bns = append(bns, r.busyNs)
+		del, bns = append(del, r.delivered()), append(bns, r.busyNs)
 	}
-	return CPUSide{Mode: mode, DeliveredPPS: Summarize(pps), CPUShare: Summarize(share), NsPerFrame: Summarize(ns),
-		BusyNsPerFrame: Summarize(bns)}
+	return CPUSide{Mode: mode, DeliveredPPS: Summarize(pps), DeliveredShare: Summarize(del), CPUShare: Summarize(share),
+		NsPerFrame: Summarize(ns), BusyNsPerFrame: Summarize(bns)}
 }
 
 // cpuDirection compares the two backends' runs in one direction.
@@ -233,8 +243,8 @@ func (b *backendBench) runCPU(ctx context.Context, rep *BackendReport) {
 				msg = "error: " + err.Error()
 			} else {
 				vals[kind.name] = append(vals[kind.name], run)
-				msg = fmt.Sprintf("%.0f frames/s, CPU %.1f%%, %.0f ns/frame, busy %.0f ns/frame", run.pps(), 100*run.share(),
-					run.nsPerFrame(), run.busyNs)
+				msg = fmt.Sprintf("%.0f frames/s (%.1f%% of offered), CPU %.1f%%, %.0f ns/frame, busy %.0f ns/frame", run.pps(),
+					100*run.delivered(), 100*run.share(), run.nsPerFrame(), run.busyNs)
 			}
 			b.o.progress("vm backend cpu rep %d/%d %-17s %s", r+1, b.o.Repeat, kind.name, msg)
 		}

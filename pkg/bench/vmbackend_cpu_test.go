@@ -64,8 +64,12 @@ func TestCPURunAndDirection(t *testing.T) {
 		t.Errorf("carried load refused: %v", err)
 	}
 	short := cpuRun{frames: 200_000, offered: 250_000, cpu: time.Second, window: 5 * time.Second}
-	if err := short.check(); err == nil || !strings.Contains(err.Error(), "80.0%") {
-		t.Errorf("80%% delivered: %v", err)
+	if err := short.check(); err != nil || short.delivered() != 0.8 {
+		t.Errorf("80%% delivered: %v, %v", err, short.delivered())
+	}
+	lost := cpuRun{frames: 100_000, offered: 250_000, cpu: time.Second, window: 5 * time.Second}
+	if err := lost.check(); err == nil || !strings.Contains(err.Error(), "40.0%") {
+		t.Errorf("40%% delivered: %v", err)
 	}
 	slow := cpuRun{frames: 200_000, offered: 200_000, cpu: time.Second, window: 5 * time.Second}
 	if err := slow.check(); err == nil || !strings.Contains(err.Error(), "offered 40000 frames/s of 50000") {

@@ -313,7 +313,7 @@ func (r *BackendReport) where(size int) string {
 func (c *BackendCPU) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "\nVM backend CPU per frame at a fixed load (%s)\n", c.Setup)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "direction\tbackend\tdelivered kpps\tprocess CPU %\tprocess ns/frame\tbusy ns/frame\tratio busy\tratio process\tratio conservative\t")
+	fmt.Fprintln(tw, "direction\tbackend\tdelivered kpps\tdelivered %\tprocess CPU %\tprocess ns/frame\tbusy ns/frame\tratio busy\tratio process\tratio conservative\t")
 	for _, d := range []struct {
 		name string
 		d    *CPUDirection
@@ -329,15 +329,17 @@ func (c *BackendCPU) WriteTable(w io.Writer) error {
 			if i == 0 {
 				ratios = backendRatio(d.d.Ratio) + "\t" + backendRatio(d.d.ProcessRatio) + "\t" + backendRatio(d.d.ConservativeRatio)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", d.name, s.name, spread(scaled(s.side.DeliveredPPS, 1e-3), "%.1f"),
-				spread(scaled(s.side.CPUShare, 100), "%.1f"), spread(s.side.NsPerFrame, "%.0f"), spread(s.side.BusyNsPerFrame, "%.0f"), ratios)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", d.name, s.name, spread(scaled(s.side.DeliveredPPS, 1e-3), "%.1f"),
+				spread(scaled(s.side.DeliveredShare, 100), "%.1f"), spread(scaled(s.side.CPUShare, 100), "%.1f"),
+				spread(s.side.NsPerFrame, "%.0f"), spread(s.side.BusyNsPerFrame, "%.0f"), ratios)
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write cpu table: %w", err)
 	}
-	fmt.Fprintln(w, "ratio busy: busy ns/frame, same accounting both sides (the target's ratio); ratio process: process CPU per frame "+
-		"(testpmd's includes its idle polling); ratio conservative: lanekit-vhost process / testpmd busy (lanekit-vhost's wakeups in, testpmd's polling out)")
+	fmt.Fprintln(w, "ratio busy: busy ns/frame, same accounting both sides (the target's ratio; testpmd's per frame it received); "+
+		"ratio process: process CPU per delivered frame (testpmd's includes its idle polling); "+
+		"ratio conservative: lanekit-vhost process / testpmd busy (lanekit-vhost's wakeups in, testpmd's polling out)")
 	return nil
 }
 
