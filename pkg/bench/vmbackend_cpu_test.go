@@ -270,3 +270,28 @@ func TestParseLoadAvg(t *testing.T) {
 		t.Errorf("table (%v):\n%s", err, buf.String())
 	}
 }
+
+func TestTargetsContended(t *testing.T) {
+	f := func(x float64) *float64 { return &x }
+	rep := &BackendReport{PPS64: BackendMetric{Ratio: f(1.2)}, Gbps1500: BackendMetric{Ratio: f(1.06)},
+		TimeSplit: []BackendTimeSplit{
+			{Kind: kindOwn, Size: 64, CPUShare: Summary{Median: 0.63}}, {Kind: kindTestpmd, Size: 64, CPUShare: Summary{Median: 0.66}},
+			{Kind: kindOwn, Size: 1500, CPUShare: Summary{Median: 0.99}}, {Kind: kindTestpmd, Size: 1500, CPUShare: Summary{Median: 1}},
+			{Kind: kindRealTX, Size: 1500, CPUShare: Summary{Median: 0.5}}, // not a ratio's row
+		},
+		CPU: &BackendCPU{
+			GuestToWire: &CPUDirection{Ratio: f(0.8), Testpmd: CPUSide{CPUShare: Summary{Median: 0.57}}},
+			WireToGuest: &CPUDirection{Ratio: f(0.8), Testpmd: CPUSide{CPUShare: Summary{Median: 0.99}}},
+		}}
+	ts := backendTargets(rep)
+	if !ts[0].Contended || ts[0].Why != "lanekit_vhost got 63% of its core, testpmd got 66% of its core" ||
+		!strings.Contains(ts[0].String(), "met (1.20×) [CONTENDED, not a verdict: lanekit_vhost got 63%") {
+		t.Errorf("64 B: %+v %q", ts[0], ts[0])
+	}
+	if ts[1].Contended || strings.Contains(ts[1].String(), "CONTENDED") {
+		t.Errorf("1500 B: %+v", ts[1])
+	}
+	if !ts[2].Contended || !strings.Contains(ts[2].Why, "testpmd got 57% of its core") || ts[3].Contended {
+		t.Errorf("cpu: %+v %+v", ts[2], ts[3])
+	}
+}

@@ -237,9 +237,22 @@ type BackendTarget struct {
 	// Where: for a missed throughput target, where both backends' core
 	// time went (from TimeSplit).
 	Where string `json:"where,omitempty"`
+	// Contended: the backends did not have their core to themselves (a
+	// saturated backend or busy-polling testpmd below 90% of a core): the
+	// ratio is not a verdict. Why says who got how much.
+	Contended bool   `json:"contended"`
+	Why       string `json:"contended_why,omitempty"`
 }
 
 func (t BackendTarget) String() string {
+	s := t.verdict()
+	if t.Contended {
+		s += " [CONTENDED, not a verdict: " + t.Why + "]"
+	}
+	return s
+}
+
+func (t BackendTarget) verdict() string {
 	sym := map[string]string{">=": "≥", "<=": "≤"}[t.Op]
 	if t.Ratio == nil {
 		return fmt.Sprintf("%-34s %s %.2f×: not measured", t.Name, sym, t.Want)
@@ -278,7 +291,12 @@ func backendTargets(r *BackendReport) []BackendTarget {
 			BackendTarget{Name: "wire→guest CPU per frame", Op: "<=", Want: 0.9, Ratio: ratio(r.CPU.WireToGuest)})
 	}
 	ts[0].Where, ts[1].Where = r.where(64), r.where(frameSize1500)
+	ts[0].Why, ts[1].Why = r.contention(64), r.contention(frameSize1500)
+	if r.CPU != nil {
+		ts[2].Why, ts[3].Why = cpuContention(r.CPU.GuestToWire), cpuContention(r.CPU.WireToGuest)
+	}
 	for i := range ts {
+		ts[i].Contended = ts[i].Why != ""
 		if x := ts[i].Ratio; x != nil && !math.IsNaN(*x) {
 			ts[i].Met = (ts[i].Op == ">=" && *x >= ts[i].Want) || (ts[i].Op == "<=" && *x <= ts[i].Want)
 		} else {
@@ -286,6 +304,32 @@ func backendTargets(r *BackendReport) []BackendTarget {
 		}
 	}
 	return ts
+}
+
+// fullCore: a saturated backend (or busy-polling testpmd) that got less
+// of its core than this shared it.
+const fullCore = 0.9
+
+// contention says which guest→wire saturation runs of size bytes had less
+// than their core ("" if none, or unknown).
+func (r *BackendReport) contention(size int) string {
+	var why []string
+	for _, t := range r.TimeSplit {
+		if t.Size == size && (t.Kind == kindOwn || t.Kind == kindTestpmd) && t.CPUShare.Median < fullCore {
+			why = append(why, fmt.Sprintf("%s got %.0f%% of its core", t.Kind, 100*t.CPUShare.Median))
+		}
+	}
+	return strings.Join(why, ", ")
+}
+
+// cpuContention: testpmd polls without pause, so less than its core means
+// it was preempted, and its busy time (wall clock) then holds other
+// processes' time.
+func cpuContention(d *CPUDirection) string {
+	if d == nil || d.Testpmd.CPUShare.Median == 0 || d.Testpmd.CPUShare.Median >= fullCore {
+		return ""
+	}
+	return fmt.Sprintf("busy-polling testpmd got %.0f%% of its core", 100*d.Testpmd.CPUShare.Median)
 }
 
 // where says how the backends' core time split between their own code and
