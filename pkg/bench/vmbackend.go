@@ -59,6 +59,9 @@ type BackendOptions struct {
 	// lanekit-rss-guest next to VhostBin, else examples/rss_guest there;
 	// missing: no steering runs, an error in the report).
 	GuestBin string
+	// PacedGuestBin is paced_guest for the CPU-per-frame runs (default:
+	// lanekit-paced-guest next to VhostBin, else examples/paced_guest there).
+	PacedGuestBin string
 }
 
 // Backend comparison constants.
@@ -127,6 +130,8 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	defer b.cleanup()
 
 	rep := &BackendReport{Repeat: o.Repeat, Seconds: o.Duration.Seconds(), Setup: backendSetup}
+	rep.LoadAvg[0] = loadAvg1()
+	defer func() { rep.LoadAvg[1] = loadAvg1() }()
 	kinds := allBackendKinds[:2]
 	if !o.OwnOnly {
 		if err := b.startAgent(); err != nil {
@@ -166,6 +171,11 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 		}
 	}
 	rep.fill(vals, b.agent != nil)
+	rep.TimeSplit = b.splits.summary()
+	if !o.OwnOnly {
+		b.runCPU(ctx, rep)
+	}
+	rep.Targets = backendTargets(rep)
 	if b.agent != nil && rep.PathCheck != nil {
 		b.finishCheck(rep.PathCheck)
 	}
@@ -213,7 +223,7 @@ func backendPreflight(o BackendOptions) error {
 	if runtime.NumCPU() < 2 {
 		return fmt.Errorf("%w: needs 2 CPUs (frontend and backend pinned apart)", ErrBackendUnavailable)
 	}
-	for _, t := range []string{o.Testpmd, "taskset", "stdbuf"} {
+	for _, t := range []string{o.Testpmd, "taskset", "stdbuf", "chrt"} {
 		if _, err := exec.LookPath(t); err != nil {
 			return fmt.Errorf("%w: %v (make deps installs dpdk)", ErrBackendUnavailable, err)
 		}
@@ -231,12 +241,13 @@ type backendBench struct {
 	prefixes []string    // DPDK file prefixes: frontend, backend, generator
 	agent    *benchAgent // nil: no agent path
 	agentRx  uint64      // frames lanekit-vhost took from the agent's sockets (wire→guest runs)
+	splits   splitValues // guest→wire runs' backend user/kernel time
 	guestRx  uint64      // frames the frontend counted in those runs' windows
 }
 
 func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, error) {
 	pid := os.Getpid()
-	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid),
+	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid), splits: splitValues{},
 		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid), fmt.Sprintf("lkbg%d", pid)}}
 	// The pid in the name tells this run's processes (their arguments name
 	// the directory) from a concurrent run's.
@@ -394,15 +405,28 @@ func (t *tailLog) add(l string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.lines = append(t.lines, l)
-	if len(t.lines) > 8 {
-		t.lines = t.lines[len(t.lines)-8:]
+	if len(t.lines) > 64 {
+		t.lines = t.lines[len(t.lines)-64:]
 	}
 }
 
+// last is the last 8 lines, for error messages.
 func (t *tailLog) last() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return strings.Join(t.lines, " | ")
+	return strings.Join(t.lines[max(0, len(t.lines)-8):], " | ")
+}
+
+// find returns the last of the kept lines containing s ("" if none).
+func (t *tailLog) find(s string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(t.lines) - 1; i >= 0; i-- {
+		if strings.Contains(t.lines[i], s) {
+			return t.lines[i]
+		}
+	}
+	return ""
 }
 
 // startAgent makes the agent path: the bench acts as lanekitd for the VM
@@ -504,7 +528,11 @@ func (b *backendBench) measure(ctx context.Context, kind backendKind, size int) 
 		defer be.term(2 * time.Second) // lanekit-vhost ignores stdin
 	}
 	if !kind.rx {
-		return b.drive(ctx, sock, wire, size)
+		pps, split, err := b.drive(ctx, sock, wire, size, be.cmd.Process.Pid)
+		if err == nil && split.total() > 0 {
+			b.splits.add(kind.name, size, split)
+		}
+		return pps, err
 	}
 	pps, frames, err := b.driveRX(ctx, sock, wire, size)
 	if err == nil && kind.agent {
@@ -549,38 +577,43 @@ func (b *backendBench) startBackend(ctx context.Context, life time.Duration, kin
 
 // drive runs the txonly frontend and counts frames on the peer over the
 // window that starts once forwarding runs.
-func (b *backendBench) drive(ctx context.Context, sock, peer string, size int) (float64, error) {
+func (b *backendBench) drive(ctx context.Context, sock, peer string, size, backendPid int) (float64, cpuSplit, error) {
+	var split cpuSplit
 	life := b.o.Duration + backendReady + backendSlack
 	fe, err := startProc(ctx, life, "frontend", "stdbuf", "-oL", "-eL", b.o.Testpmd,
 		"--lcores", "0@0,1@0", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", b.prefixes[0],
 		"--vdev", "net_virtio_user0,path="+sock+",queues=1", "--",
 		"--total-num-mbufs=16384", "--forward-mode=txonly", "--txpkts="+strconv.Itoa(size), "--stats-period", "0")
 	if err != nil {
-		return 0, err
+		return 0, split, err
 	}
 	defer fe.stop(2 * time.Second)
 	if err := fe.waitLine(pressEnter, backendReady); err != nil {
-		return 0, err
+		return 0, split, err
 	}
 	n0, t0, err := b.rxPackets(ctx, peer)
 	if err != nil {
-		return 0, err
+		return 0, split, err
 	}
+	c0, cerr := processTimes(backendPid)
 	select {
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, split, ctx.Err()
 	case <-fe.done:
-		return 0, fmt.Errorf("frontend exited during the window (%v): %s", fe.err, fe.log.last())
+		return 0, split, fmt.Errorf("frontend exited during the window (%v): %s", fe.err, fe.log.last())
 	case <-time.After(b.o.Duration):
 	}
 	n1, t1, err := b.rxPackets(ctx, peer)
 	if err != nil {
-		return 0, err
+		return 0, split, err
+	}
+	if c1, err := processTimes(backendPid); err == nil && cerr == nil {
+		split = cpuSplit{user: c1.user - c0.user, sys: c1.sys - c0.sys, window: t1.Sub(t0)}
 	}
 	if n1 <= n0 {
-		return 0, fmt.Errorf("no frames reached %s in %s", peer, t1.Sub(t0).Round(time.Millisecond))
+		return 0, split, fmt.Errorf("no frames reached %s in %s", peer, t1.Sub(t0).Round(time.Millisecond))
 	}
-	return float64(n1-n0) / t1.Sub(t0).Seconds(), nil
+	return float64(n1-n0) / t1.Sub(t0).Seconds(), split, nil
 }
 
 // rxPackets reads the peer's rx packet counter and when it was read (the

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -26,10 +28,22 @@ type BackendReport struct {
 	// Steering: flows into a multiqueue VM with and without the guest's
 	// RSS configuration (vmsteer.go).
 	Steering *SteerReport `json:"steering,omitempty"`
-	Repeat   int          `json:"repeat"`
-	Seconds  float64      `json:"seconds"`
-	Setup    string       `json:"setup"`
-	Errors   []string     `json:"errors,omitempty"`
+	// CPU: backend CPU time per frame at a fixed offered load
+	// (vmbackend_cpu.go).
+	CPU *BackendCPU `json:"cpu_per_frame,omitempty"`
+	// TimeSplit: the backends' user/kernel time in the guest→wire
+	// saturation runs (where the time goes).
+	TimeSplit []BackendTimeSplit `json:"time_split,omitempty"`
+	// Targets: issue 29's goals against this run's ratios.
+	Targets []BackendTarget `json:"targets,omitempty"`
+	// LoadAvg: /proc/loadavg's 1-minute figure when the comparison started
+	// and ended (the machine is shared: these ratios need quiet cores; 0:
+	// unreadable).
+	LoadAvg [2]float64 `json:"loadavg_1m"`
+	Repeat  int        `json:"repeat"`
+	Seconds float64    `json:"seconds"`
+	Setup   string     `json:"setup"`
+	Errors  []string   `json:"errors,omitempty"`
 }
 
 // BackendDirection is one direction's two metrics.
@@ -107,7 +121,7 @@ func backendMetric(lk, tp []float64) BackendMetric {
 
 // WriteTable prints the backend comparison as a small table of its own.
 func (b *BackendReport) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; %s)\n", b.Repeat, b.Seconds, b.Setup)
+	fmt.Fprintf(w, "\nVM backend (%d × %gs, interleaved; load average %.1f → %.1f; %s)\n", b.Repeat, b.Seconds, b.LoadAvg[0], b.LoadAvg[1], b.Setup)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "direction\tsockets\tmetric\tlanekit-vhost\ttestpmd vhost+af_xdp\tratio\t")
 	rows := []struct {
@@ -136,6 +150,21 @@ func (b *BackendReport) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write vm backend table: %w", err)
+	}
+	for _, t := range b.TimeSplit {
+		fmt.Fprintf(w, "guest→wire %4d B %-20s backend %.0f%% of a core, %.1f%% of it user space (%.1f–%.1f), the rest kernel\n", t.Size, t.Kind,
+			100*t.CPUShare.Median, 100*t.UserShare.Median, 100*t.UserShare.Min, 100*t.UserShare.Max)
+	}
+	if c := b.CPU; c != nil {
+		if err := c.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	if len(b.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, t := range b.Targets {
+			fmt.Fprintf(w, "  %s\n", t)
+		}
 	}
 	if c := b.PathCheck; c != nil {
 		fmt.Fprintf(w, "agent path: XDP program %q on %s, %d socket handover(s), %d/%d not-for-vm probes counted by the VM endpoint, "+
@@ -195,4 +224,186 @@ func backendRatio(r *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f×", *r)
+}
+
+// BackendTarget is one goal and where this run stands (Ratio nil: not
+// measured).
+type BackendTarget struct {
+	Name  string   `json:"name"`
+	Op    string   `json:"op"` // ">=" or "<="
+	Want  float64  `json:"want"`
+	Ratio *float64 `json:"ratio"`
+	Met   bool     `json:"met"`
+	// Where: for a missed throughput target, where both backends' core
+	// time went (from TimeSplit).
+	Where string `json:"where,omitempty"`
+	// Contended: the backends did not have their core to themselves (a
+	// saturated backend or busy-polling testpmd below 90% of a core): the
+	// ratio is not a verdict. Why says who got how much.
+	Contended bool   `json:"contended"`
+	Why       string `json:"contended_why,omitempty"`
+}
+
+func (t BackendTarget) String() string {
+	s := t.verdict()
+	if t.Contended {
+		s += " [CONTENDED, not a verdict: " + t.Why + "]"
+	}
+	return s
+}
+
+func (t BackendTarget) verdict() string {
+	sym := map[string]string{">=": "≥", "<=": "≤"}[t.Op]
+	if t.Ratio == nil {
+		return fmt.Sprintf("%-34s %s %.2f×: not measured", t.Name, sym, t.Want)
+	}
+	r := *t.Ratio
+	if t.Met {
+		return fmt.Sprintf("%-34s %s %.2f×: met (%.2f×)", t.Name, sym, t.Want, r)
+	}
+	if t.Op == ">=" {
+		s := fmt.Sprintf("%-34s %s %.2f×: missed, %.2f× (lanekit-vhost needs %+.1f%%)", t.Name, sym, t.Want, r, 100*(t.Want/r-1))
+		if t.Where != "" {
+			s += "; " + t.Where
+		}
+		return s
+	}
+	return fmt.Sprintf("%-34s %s %.2f×: missed, %.2f× (lanekit-vhost's CPU per frame needs %.1f%%)", t.Name, sym, t.Want, r, 100*(t.Want/r-1))
+}
+
+// backendTargets checks the run against issue 29: guest→wire throughput
+// ≥ 1.05× testpmd at 64 B and 1500 B (own sockets), CPU per frame ≤ 0.9×
+// testpmd's in both directions.
+func backendTargets(r *BackendReport) []BackendTarget {
+	ts := []BackendTarget{
+		{Name: "guest→wire 64 B Mpps", Op: ">=", Want: 1.05, Ratio: r.PPS64.Ratio},
+		{Name: "guest→wire 1500 B Gbit/s", Op: ">=", Want: 1.05, Ratio: r.Gbps1500.Ratio},
+	}
+	if r.CPU != nil {
+		ratio := func(d *CPUDirection) *float64 {
+			if d == nil {
+				return nil
+			}
+			return d.Ratio
+		}
+		ts = append(ts,
+			BackendTarget{Name: "guest→wire CPU per frame", Op: "<=", Want: 0.9, Ratio: ratio(r.CPU.GuestToWire)},
+			BackendTarget{Name: "wire→guest CPU per frame", Op: "<=", Want: 0.9, Ratio: ratio(r.CPU.WireToGuest)})
+	}
+	ts[0].Where, ts[1].Where = r.where(64), r.where(frameSize1500)
+	ts[0].Why, ts[1].Why = r.contention(64), r.contention(frameSize1500)
+	if r.CPU != nil {
+		ts[2].Why, ts[3].Why = cpuContention(r.CPU.GuestToWire), cpuContention(r.CPU.WireToGuest)
+	}
+	for i := range ts {
+		ts[i].Contended = ts[i].Why != ""
+		if x := ts[i].Ratio; x != nil && !math.IsNaN(*x) {
+			ts[i].Met = (ts[i].Op == ">=" && *x >= ts[i].Want) || (ts[i].Op == "<=" && *x <= ts[i].Want)
+		} else {
+			ts[i].Ratio = nil
+		}
+	}
+	return ts
+}
+
+// fullCore: a saturated backend (or busy-polling testpmd) that got less
+// of its core than this shared it.
+const fullCore = 0.9
+
+// contention says which guest→wire saturation runs of size bytes had less
+// than their core ("" if none, or unknown).
+func (r *BackendReport) contention(size int) string {
+	var why []string
+	for _, t := range r.TimeSplit {
+		if t.Size == size && (t.Kind == kindOwn || t.Kind == kindTestpmd) && t.CPUShare.Median < fullCore {
+			why = append(why, fmt.Sprintf("%s got %.0f%% of its core", t.Kind, 100*t.CPUShare.Median))
+		}
+	}
+	return strings.Join(why, ", ")
+}
+
+// cpuContention: testpmd polls without pause, so less than its core means
+// it was preempted, and its busy time (wall clock) then holds other
+// processes' time.
+func cpuContention(d *CPUDirection) string {
+	if d == nil || d.Testpmd.CPUShare.Median == 0 || d.Testpmd.CPUShare.Median >= fullCore {
+		return ""
+	}
+	return fmt.Sprintf("busy-polling testpmd got %.0f%% of its core", 100*d.Testpmd.CPUShare.Median)
+}
+
+// where says how the backends' core time split between their own code and
+// the kernel in the size-byte guest→wire saturation runs ("" if unknown).
+func (r *BackendReport) where(size int) string {
+	find := func(kind string) *BackendTimeSplit {
+		for i := range r.TimeSplit {
+			if r.TimeSplit[i].Kind == kind && r.TimeSplit[i].Size == size {
+				return &r.TimeSplit[i]
+			}
+		}
+		return nil
+	}
+	lk, tp := find(kindOwn), find(kindTestpmd)
+	if lk == nil || tp == nil {
+		return ""
+	}
+	return fmt.Sprintf("time: lanekit-vhost %.0f%% of a core, %.1f%% of it in its own code, %.1f%% in the kernel (AF_XDP copy-mode "+
+		"transmit, the veth peer's receive); testpmd %.0f%%, %.1f%% own code: even free user-space work would gain lanekit-vhost at most %+.1f%%",
+		100*lk.CPUShare.Median, 100*lk.UserShare.Median, 100*(1-lk.UserShare.Median), 100*tp.CPUShare.Median, 100*tp.UserShare.Median,
+		100*(1/(1-lk.UserShare.Median)-1))
+}
+
+// WriteTable prints the CPU-per-frame comparison.
+func (c *BackendCPU) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "\nVM backend CPU per frame at a fixed load (%s)\n", c.Setup)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "direction\tbackend\tdelivered kpps\tdelivered %\tprocess CPU %\tprocess ns/frame\tbusy ns/frame\tratio busy\tratio process\tratio conservative\t")
+	for _, d := range []struct {
+		name string
+		d    *CPUDirection
+	}{{"guest→wire", c.GuestToWire}, {"wire→guest", c.WireToGuest}} {
+		if d.d == nil {
+			continue
+		}
+		for i, s := range []struct {
+			name string
+			side CPUSide
+		}{{"lanekit-vhost", d.d.LanekitVhost}, {"testpmd", d.d.Testpmd}} {
+			ratios := "\t\t"
+			if i == 0 {
+				ratios = backendRatio(d.d.Ratio) + "\t" + backendRatio(d.d.ProcessRatio) + "\t" + backendRatio(d.d.ConservativeRatio)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", d.name, s.name, spread(scaled(s.side.DeliveredPPS, 1e-3), "%.1f"),
+				spread(scaled(s.side.DeliveredShare, 100), "%.1f"), spread(scaled(s.side.CPUShare, 100), "%.1f"),
+				spread(s.side.NsPerFrame, "%.0f"), spread(s.side.BusyNsPerFrame, "%.0f"), ratios)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write cpu table: %w", err)
+	}
+	fmt.Fprintln(w, "ratio busy: busy ns/frame, same accounting both sides (the target's ratio; testpmd's per frame it received); "+
+		"ratio process: process CPU per delivered frame (testpmd's includes its idle polling); "+
+		"ratio conservative: lanekit-vhost process / testpmd busy (lanekit-vhost's wakeups in, testpmd's polling out)")
+	return nil
+}
+
+// loadAvg1 reads the 1-minute load average (0 if unreadable).
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	return parseLoadAvg(string(b))
+}
+
+func parseLoadAvg(s string) float64 {
+	f := strings.Fields(s)
+	if len(f) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }

@@ -430,6 +430,7 @@ impl NetBackend {
         vring: &VringRwLock,
         f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode, &Stats) -> QueueRun,
     ) -> Served {
+        let start = Instant::now();
         let Some(atomic) = self.memory() else { return Served::default() };
         let mem = atomic.memory();
         let (Some(p), Some(stats)) = (self.pairs.get(pair), self.stats.get(pair)) else {
@@ -456,6 +457,10 @@ impl NetBackend {
             } else {
                 Stats::add(sent, 1);
             }
+        }
+        if run.handled > 0 {
+            // Busy time: runs that moved something, their notification included.
+            Stats::add(&stats.busy_ns, start.elapsed().as_nanos() as u64);
         }
         Served { handled: run.handled, more: run.more }
     }

@@ -83,6 +83,12 @@ pub const FAMILIES: &[Family] = &[
         &["vm", "queue", "direction"],
         "Used-buffer notifications (interrupts) sent to the guest; tx includes the control queue"
     ),
+    fam!(
+        "lanekit_vhost_busy_seconds",
+        true,
+        VQ,
+        "Time in queue runs that moved frames (sleeping, waking and empty polls excluded)"
+    ),
     fam!("lanekit_vhost_rx_backlog", false, VQ, "Frames taken from the port waiting for guest RX buffers"),
     fam!("lanekit_vhost_xdp_rx_dropped", true, VQ, "AF_XDP XDP_STATISTICS rx_dropped"),
     fam!("lanekit_vhost_xdp_rx_invalid_descs", true, VQ, "AF_XDP XDP_STATISTICS rx_invalid_descs"),
@@ -159,6 +165,16 @@ fn emit(enc: &mut DescriptorEncoder, name: &str, samples: &[(Labels, u64)]) -> f
     Ok(())
 }
 
+/// Emit a counter family of nanosecond samples in seconds.
+fn emit_seconds(enc: &mut DescriptorEncoder, name: &str, samples: &[(Labels, u64)]) -> fmt::Result {
+    let f = family(name);
+    let mut m = enc.encode_descriptor(f.name, f.help, None, MetricType::Counter)?;
+    for (labels, ns) in samples {
+        ConstCounter::new(*ns as f64 / 1e9).encode(m.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
 impl Collector for Exporter {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let b = &self.backend;
@@ -199,6 +215,7 @@ impl Collector for Exporter {
         emit(&mut enc, "lanekit_vhost_dropped", &drops)?;
         emit(&mut enc, "lanekit_vhost_guest_errors", &errors)?;
         emit(&mut enc, "lanekit_vhost_guest_notifications", &notes)?;
+        emit_seconds(&mut enc, "lanekit_vhost_busy_seconds", &per(|s| s.busy_ns))?;
         let backlog: Vec<(Labels, u64)> =
             b.rx_backlog().into_iter().enumerate().map(|(i, n)| (self.q(i), n as u64)).collect();
         emit(&mut enc, "lanekit_vhost_rx_backlog", &backlog)?;

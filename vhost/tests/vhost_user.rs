@@ -72,6 +72,10 @@ fn frames_flow_both_ways_on_every_queue_pair_with_config_and_ctrl() {
     assert!(g.queues[1].call.read().is_ok(), "tx call eventfd signalled");
     let s = backend.stats();
     assert_eq!((s.tx_frames, s.rx_frames, s.errors), (16, 16, 0), "{s:?}");
+    // Busy time: the runs that moved these frames count, idle ones (polling included) do not.
+    assert!(s.busy_ns > 0, "{s:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(backend.stats().busy_ns, s.busy_ns, "busy time grew with nothing to move");
     drop(g);
     h.join().unwrap();
     let _ = std::fs::remove_file(&path);
