@@ -6,6 +6,7 @@
 #define LK_CONSTS_H
 
 #define AF_INET 2
+#define AF_INET6 10
 
 /* From linux/if_arp.h, which drags in libc headers. */
 #define ARPHRD_ETHER 1
@@ -41,6 +42,10 @@ enum lk_drop_reason {
 	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
 	DROP_POLICY_EGRESS = 15, /* the sending local endpoint's NetworkPolicy egress denies it */
 	DROP_FRAG_NOT_FOUND = 16, /* a later IPv4 fragment whose first fragment was not seen (frag.h) */
+	/* IPv6 (bpf/lib/ipv6.h, ndp.h) */
+	DROP_IPV6_EXT_HDRS = 17, /* IPv6 extension-header chain truncated or longer than LK_IP6_EXT_MAX */
+	DROP_ROUTER_MSG = 18, /* router advertisement, ICMPv6 redirect or DHCPv6 server message from an endpoint */
+	DROP_POLICY_IPV6 = 19, /* IPv6 to or from an endpoint a NetworkPolicy selects: not enforced for IPv6 yet, so refused */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

@@ -215,7 +215,7 @@ func fixtures() []fixture {
 			verdict: tcActShot, dropEP: 1, dropReason: DropMalformed,
 		},
 		{
-			name: "IPv6 (not routed yet): drop", prog: fromPod, ifindex: ifH1,
+			name: "IPv6 from an IPv4-only endpoint: drop", prog: fromPod, ifindex: ifH1,
 			in:      func(e *fixtureEnv) []byte { return testutil.IPv6Frame(e.ep1.HostMAC, pod1MAC) },
 			verdict: tcActShot, dropEP: 1, dropReason: DropUnsupported,
 		},
