@@ -285,8 +285,13 @@ func fixtures() []fixture {
 }
 
 func TestFixtures(t *testing.T) {
-	e := newFixtureEnv(t)
-	for _, f := range append(fixtures(), edgeFixtures()...) {
+	runFixtures(t, newFixtureEnv(t), append(fixtures(), edgeFixtures()...))
+}
+
+// runFixtures runs each fixture as a subtest on e: verdict, output bytes,
+// redirect target and kind, and the drop / to-stack counters.
+func runFixtures(t *testing.T, e *fixtureEnv, fs []fixture) {
+	for _, f := range fs {
 		t.Run(f.name, func(t *testing.T) {
 			e.enter(t)
 			in := f.in(e)
