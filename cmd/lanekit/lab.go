@@ -63,6 +63,7 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
 	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
+	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (refused for now: IPv6-only nodes need NetworkPolicy over IPv6)")
 	return cmd
 }
 

@@ -37,8 +37,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("lanekitd", flag.ContinueOnError)
 	var (
 		cfg     agent.Config
-		podCIDR  string
-		podCIDRs []string // --pod-cidr, one per family (podcidr.go)
+		podCIDR string
 		logJSON bool
 		verbose bool
 		metrics string
@@ -48,6 +47,7 @@ func run(args []string) error {
 		sockLB     bool
 		snatPorts  string
 	)
+	var podCIDRs []string // --pod-cidr, one per family (podcidr.go)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")

@@ -176,7 +176,6 @@ func fromPod1v6(daddr string, nh byte, payload []byte) func(e *fixtureEnv) []byt
 	return func(e *fixtureEnv) []byte { return eth6(e.ep1.HostMAC, pod1MAC, pod1IP6, daddr, nh, 64, payload) }
 }
 
-
 // newFixtureEnv6 is newFixtureEnv with IPv6: forwarding on, an uplink
 // address, a permanent neighbour fd00:77::2, routes like the IPv4 ones, and
 // IPv6 addresses for endpoints 1, 2 and 4 (3 and 5 stay IPv4-only). Only the

@@ -46,6 +46,8 @@ type Config struct {
 	K8s  bool
 	Bins Bins
 	Out  io.Writer // progress lines
+	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
+	IPFamily string
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
@@ -54,6 +56,7 @@ type State struct {
 	Nodes        []Node  `json:"nodes"`
 	BaselineOnly bool    `json:"baseline_only"`
 	K8s          bool    `json:"k8s,omitempty"`
+	IPFamily     string  `json:"ip_family,omitempty"` // "": ipv4
 	VMs          []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
@@ -75,6 +78,9 @@ type Node struct {
 	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
 	RawNS string `json:"raw_netns,omitempty"`
 	RawIP string `json:"raw_ip,omitempty"`
+	// UnderlayIP6 and PodCIDR6: a dual-stack lab's IPv6 side.
+	UnderlayIP6 string `json:"underlay_ip6,omitempty"`
+	PodCIDR6    string `json:"pod_cidr6,omitempty"`
 }
 
 // Pod is one pod namespace.
@@ -82,6 +88,7 @@ type Pod struct {
 	NS   string `json:"netns"`
 	Kind string `json:"kind"`
 	IP   string `json:"ip"`
+	IP6  string `json:"ip6,omitempty"` // lanekit pods of a dual-stack lab
 }
 
 // NodeNS is the namespace of node i (1-based).
