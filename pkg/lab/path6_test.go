@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,6 +24,15 @@ import (
 // /tmp/lanekit-lab.lock).
 func TestDualStackLab(t *testing.T) {
 	bins := pathTestBins(t)
+	// lab check runs the CLI's tcp-echo/tcp-dial in the namespaces.
+	bins.Self = filepath.Join(bins.Dir, "lanekit")
+	if _, err := os.Stat(bins.Self); err != nil {
+		bins.Self = filepath.Join(t.TempDir(), "lanekit")
+		build := exec.Command("go", "build", "-o", bins.Self, "../../cmd/lanekit")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("build lanekit: %v\n%s", err, out)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
