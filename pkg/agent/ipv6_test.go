@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -86,6 +87,21 @@ func TestDualStackEndpoint(t *testing.T) {
 		}
 		return nil
 	})
+	if _, err := a.Check("c6", "eth0", pod.Path()); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	// CHECK sees the IPv6 side too: without the default route it fails.
+	pod.Do(func(ns.NetNS) error {
+		l, _ := netlink.LinkByName("eth0")
+		_, dst, _ := net.ParseCIDR("::/0")
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: net.ParseIP("fe80::1")}); err != nil {
+			t.Fatalf("delete the IPv6 default route: %v", err)
+		}
+		return nil
+	})
+	if _, err := a.Check("c6", "eth0", pod.Path()); err == nil || !strings.Contains(err.Error(), "IPv6 default route") {
+		t.Fatalf("check without the IPv6 default route: %v", err)
+	}
 	pe := EndpointToProto(ep)
 	if len(pe.Ips) != 2 || pe.Ips[1].Address != "fd00:77::1/128" || pe.Ips[1].Gateway != "fe80::1" {
 		t.Errorf("API addresses %v", pe.Ips)

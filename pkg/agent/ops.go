@@ -332,7 +332,7 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 			return nil, fmt.Errorf("check %s: stored mac: %w", key, err)
 		}
 	}
-	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, MTU: ep.MTU}
+	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, IP6: ep.IP6, MTU: ep.MTU}
 	if err := a.host.CheckPod(spec, links); err != nil {
 		return nil, fmt.Errorf("check %s: %w", key, err)
 	}

@@ -83,3 +83,53 @@ func (h *Host) EnableForwarding6() error {
 		return nil
 	})
 }
+
+// checkHostIPv6 verifies the host end's /128 route to spec.IP6 (CheckPod).
+func checkHostIPv6(l netlink.Link, spec PodSpec) error {
+	if !spec.IP6.IsValid() {
+		return nil
+	}
+	routes, err := netlink.RouteList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return fmt.Errorf("list IPv6 routes of %s: %w", spec.HostIfName, err)
+	}
+	want := hostRoute6(spec, l.Attrs().Index)
+	for _, r := range routes {
+		if r.LinkIndex == want.LinkIndex && r.Dst != nil && r.Dst.String() == want.Dst.String() {
+			return nil
+		}
+	}
+	return fmt.Errorf("no route %s/128 dev %s", spec.IP6, spec.HostIfName)
+}
+
+// checkPodIPv6 verifies spec.IP6/128 and the default route via the IPv6
+// gateway on the pod device l (CheckPod, inside the pod's namespace).
+func checkPodIPv6(l netlink.Link, spec PodSpec) error {
+	if !spec.IP6.IsValid() {
+		return nil
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return fmt.Errorf("list IPv6 addresses of %s: %w", spec.IfName, err)
+	}
+	found := false
+	for _, ad := range addrs {
+		if ones, _ := ad.Mask.Size(); ad.IP.Equal(spec.IP6.AsSlice()) && ones == 128 {
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("pod device %s lacks %s/128", spec.IfName, spec.IP6)
+	}
+	if spec.NoRoutes {
+		return nil
+	}
+	routes, err := netlink.RouteList(l, netlink.FAMILY_V6)
+	if err != nil {
+		return fmt.Errorf("list IPv6 routes of %s: %w", spec.IfName, err)
+	}
+	if !defaultRouteMatches(routes, defaultRoute6(l.Attrs().Index)) {
+		return fmt.Errorf("no IPv6 default route via %s dev %s", endpoint.GatewayIP6, spec.IfName)
+	}
+	return nil
+}
