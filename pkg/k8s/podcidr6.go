@@ -30,3 +30,35 @@ func nodePodCIDRv6(n *corev1.Node) string {
 	}
 	return ""
 }
+
+// desiredRoutes6 are the IPv6 routes to every other node with an IPv6 pod
+// CIDR and an IPv6 InternalIP, when this node (self) has an IPv6 pod CIDR
+// itself: an IPv4-only node has no IPv6 underlay to route them over.
+func desiredRoutes6(self string, nodes []*corev1.Node) []Route {
+	var own netip.Prefix
+	for _, n := range nodes {
+		if n.Name == self {
+			own, _ = netip.ParsePrefix(nodePodCIDRv6(n))
+		}
+	}
+	if !own.IsValid() {
+		return nil
+	}
+	var out []Route
+	for _, n := range nodes {
+		if n.Name == self {
+			continue
+		}
+		dst, err := netip.ParsePrefix(nodePodCIDRv6(n))
+		if err != nil || dst.Masked().Overlaps(own) {
+			continue
+		}
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP && ip.Is6() && !ip.Is4In6() {
+				out = append(out, Route{Node: n.Name, Dst: dst.Masked(), Via: ip})
+				break
+			}
+		}
+	}
+	return out
+}
