@@ -8,6 +8,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/vishvananda/netlink"
 )
 
@@ -183,6 +184,9 @@ func fromPod1v6(daddr string, nh byte, payload []byte) func(e *fixtureEnv) []byt
 // devices cannot add to the counters the fixtures read.
 func newFixtureEnv6(t *testing.T) *fixtureEnv {
 	t.Helper()
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		testutil.MissingDep(t, "IPv6 is off in this kernel (ipv6.disable=1?): %v", err)
+	}
 	e := newFixtureEnv(t)
 	must := func(what string, err error) {
 		t.Helper()
