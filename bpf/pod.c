@@ -17,6 +17,7 @@
 #include "lib/arp.h"
 #include "lib/lb.h" /* [LB] */
 #include "lib/policy.h"
+#include "lib/ipv6.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -57,6 +58,10 @@ int from_pod(struct __sk_buff *skb)
 		return drop(skb, ep->id, DROP_VLAN);
 	if (p.arp)
 		return handle_arp(skb, &p, ep);
+	if (p.ip6) {
+		bpf_tail_call(skb, &lk_pod6_progs, 0); /* from_pod6, below */
+		return drop(skb, ep->id, DROP_UNSUPPORTED_L3); /* not installed */
+	}
 	if (!p.ip4)
 		return drop(skb, ep->id, DROP_UNSUPPORTED_L3);
 
@@ -102,6 +107,22 @@ int from_pod(struct __sk_buff *skb)
 	return route_ipv4(skb, &p, ep->id);
 }
 
+/* from_pod6 is from_pod for IPv6 (lib/ipv6.h), entered from it by a tail
+ * call (lk_pod6_progs): the same endpoint, parsed again on a fresh stack. */
+SEC("tc")
+int from_pod6(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct endpoint_info *ep = bpf_map_lookup_elem(&lk_ep_by_ifindex, &ifindex);
+	struct pkt p;
+
+	if (!ep)
+		return drop(skb, 0, DROP_UNKNOWN_EP);
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip6)
+		return drop(skb, ep->id, DROP_MALFORMED);
+	return from_pod_ipv6(skb, &p, ep);
+}
+
 /* to_pod runs where the host stack sends a packet into a pod: tcx egress of
  * the veth host end (netkit: the primary device's program). Deliveries by
  * bpf_redirect_peer (from_pod, from_uplink) never pass here; what does is
@@ -119,8 +140,12 @@ int to_pod(struct __sk_buff *skb)
 	struct pkt p;
 	__u32 reason;
 
-	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
-		return TC_ACT_OK; /* the stack's own ARP; IPv6 the pod never gets a route for */
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+		return TC_ACT_OK;
+	if (p.ip6)
+		return to_pod_ipv6(skb, &p); /* lib/ipv6.h */
+	if (!p.ip4)
+		return TC_ACT_OK; /* the stack's own ARP */
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK; /* broadcast, multicast: no endpoint's address */

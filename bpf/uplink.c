@@ -1,7 +1,7 @@
 //go:build ignore
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* uplink.c: programs on the node uplink (the "wire").
- *   from_uplink (tcx ingress): untagged IPv4 for a local pod goes straight
+ *   from_uplink (tcx ingress): untagged IPv4 and IPv6 for a local pod goes straight
  *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
  *     tagged frames included) continues to the host stack. */
 #include <linux/bpf.h>
@@ -16,6 +16,7 @@
 #include "lib/fib.h"
 #include "lib/lb.h" /* [LB] */
 #include "lib/policy.h"
+#include "lib/ipv6.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -36,6 +37,8 @@ int from_uplink(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
 		return TC_ACT_OK; /* not ours to judge: the stack drops what is broken */
+	if (p.ip6)
+		return from_uplink_ipv6(skb, &p); /* lib/ipv6.h */
 	if (!p.ip4)
 		return TC_ACT_OK;
 	/* [LB]: NodePort frontends on this node's addresses are load-balanced;

@@ -6,6 +6,7 @@
 #define LK_CONSTS_H
 
 #define AF_INET 2
+#define AF_INET6 10
 
 /* From linux/if_arp.h, which drags in libc headers. */
 #define ARPHRD_ETHER 1
@@ -45,6 +46,10 @@ enum lk_drop_reason {
 	 * internalTrafficPolicy Local) with no ready endpoint on this node,
 	 * while the Service has some elsewhere: dropped, no answer (kube-proxy) */
 	DROP_NO_LOCAL_BACKEND = 17,
+	/* IPv6 (bpf/lib/ipv6.h, ndp.h) */
+	DROP_IPV6_EXT_HDRS = 18, /* IPv6 extension-header chain truncated or longer than LK_IP6_EXT_MAX */
+	DROP_ROUTER_MSG = 19, /* router advertisement, ICMPv6 redirect or DHCPv6 server message from an endpoint */
+	DROP_POLICY_IPV6 = 20, /* IPv6 to or from an endpoint a NetworkPolicy selects: not enforced for IPv6 yet, so refused */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

@@ -47,13 +47,17 @@ static __always_inline int to_endpoint(struct __sk_buff *skb, const struct endpo
 	return bpf_redirect_peer(ep->ifindex, 0);
 }
 
-/* deliver_local rewrites the frame for a local endpoint and hands it over.
- * src_id is the sending endpoint (0: from the uplink). */
-static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 src_id,
-					 const struct endpoint_info *dst)
+/* deliver_local_l3 rewrites the frame for a local endpoint and hands it
+ * over. src_id is the sending endpoint (0: from the uplink); v6 (a constant
+ * at each call site) says which of p's headers is set. */
+static __always_inline int deliver_local_l3(struct __sk_buff *skb, struct pkt *p, __u32 src_id,
+					    const struct endpoint_info *dst, const int v6)
 {
 	skb_event_forwarded(skb, src_id, dst->id);
-	ipv4_decrease_ttl(p->ip4);
+	if (v6)
+		p->ip6->hop_limit--; /* no header checksum in IPv6 */
+	else
+		ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, dst->mac);
 	mac_copy(p->eth->h_source, dst->host_mac);
 	metrics_add(dst->id, METRIC_TO_EP, skb->len);
@@ -66,32 +70,45 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, _
 	return to_endpoint(skb, dst);
 }
 
-/* fits_mtu is the kernel's forwarding MTU test (ip_forward's
+/* deliver_local is deliver_local_l3 for IPv4. */
+static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, __u32 src_id,
+					 const struct endpoint_info *dst)
+{
+	return deliver_local_l3(skb, p, src_id, dst, 0);
+}
+
+/* fits_mtu_l3 is the kernel's forwarding MTU test (ip_forward's and ip6_forward's
  * ip_exceeds_mtu): a packet fits the egress device when its length does, a
  * GSO packet when each of the segments it will be cut into does. GSO/TSO
  * packets (up to 64 KiB) are the bulk of TCP; judging them by their total
  * length would send every one of them to the host stack.
  *
  * For TCP (TSO, nearly all GSO traffic) the segment size is computed here:
- * IP header + TCP header + gso_size, what skb_gso_validate_network_len
+ * L3 header(s) + TCP header + gso_size, what skb_gso_validate_network_len
  * computes. Other GSO packets (UDP GSO, tunnels) are left to the kernel's
  * BPF_MTU_CHK_SEGS. (The TCP case is done here rather than with
  * BPF_MTU_CHK_SEGS so that BPF_PROG_TEST_RUN fixtures, whose skbs carry
  * no transport header offset, can exercise it.) */
-static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *iph, __u32 ifindex)
+static __always_inline int fits_mtu_l3(struct __sk_buff *skb, __u32 l3len, __u8 l4proto, __u32 ifindex)
 {
 	__u32 mtu = 0; /* in: 0, judge the skb itself; out: the device MTU */
 	__u32 gso_size = skb->gso_size;
-	__u32 ihl = iph->ihl * 4;
 	__u8 doff;
 
-	if (!gso_size || iph->protocol != IPPROTO_TCP)
+	if (!gso_size || l4proto != IPPROTO_TCP)
 		return bpf_check_mtu(skb, ifindex, &mtu, 0, BPF_MTU_CHK_SEGS) == BPF_MTU_CHK_RET_SUCCESS;
 	if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
 		return 0;
-	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + ihl + 12, &doff, 1) < 0)
+	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + l3len + 12, &doff, 1) < 0)
 		return 0;
-	return ihl + (doff >> 4) * 4 + gso_size <= mtu;
+	return l3len + (doff >> 4) * 4 + gso_size <= mtu;
+}
+
+/* fits_mtu is fits_mtu_l3 for an IPv4 packet (its header length from IHL;
+ * IPv6 passes its header chain's length, ipv6.h). */
+static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *iph, __u32 ifindex)
+{
+	return fits_mtu_l3(skb, iph->ihl * 4, iph->protocol, ifindex);
 }
 
 /* route_ipv4 forwards an IPv4 packet that entered on skb->ifindex.

@@ -6,6 +6,7 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "consts.h"
@@ -30,16 +31,19 @@ struct pkt {
 	void *data_end;
 	struct ethhdr *eth;
 	struct iphdr *ip4; /* set when eth->h_proto is IPv4 and the header is sane */
+	struct ipv6hdr *ip6; /* set when eth->h_proto is IPv6 and the fixed header is whole */
 	struct arp_eth *arp; /* set for ARP */
 };
 
 /* parse_eth fills p from [data, data_end). Returns 0, or -1 when the frame is
- * too short or the IPv4 header is malformed. */
+ * too short or the IPv4 header (IPv6: the fixed header) is malformed. IPv6
+ * extension headers are walked later (ip6_ext.h). */
 static __always_inline int parse_eth(struct pkt *p, void *data, void *data_end)
 {
 	p->data = data;
 	p->data_end = data_end;
 	p->ip4 = 0;
+	p->ip6 = 0;
 	p->arp = 0;
 	p->eth = data;
 	if ((void *)(p->eth + 1) > data_end)
@@ -53,6 +57,12 @@ static __always_inline int parse_eth(struct pkt *p, void *data, void *data_end)
 		if (iph->version != 4 || iph->ihl < 5)
 			return -1;
 		p->ip4 = iph;
+	} else if (p->eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(p->eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end || ip6->version != 6)
+			return -1;
+		p->ip6 = ip6;
 	} else if (p->eth->h_proto == bpf_htons(ETH_P_ARP)) {
 		struct arp_eth *arp = (void *)(p->eth + 1);
 

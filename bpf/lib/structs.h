@@ -5,8 +5,9 @@
 
 #include <linux/types.h>
 
-/* One local endpoint (pod). Keyed by IPv4 address in lk_endpoints and by
- * host-side ifindex in lk_ep_by_ifindex. */
+/* One local endpoint (pod). Keyed by IPv4 address in lk_endpoints, by IPv6
+ * address in lk_endpoints6 (ipv6.h) and by host-side ifindex in
+ * lk_ep_by_ifindex. */
 struct endpoint_info {
 	__u32 ifindex; /* host-side device (veth host end / netkit primary) */
 	__u32 id; /* agent-assigned endpoint id, > 0 */
@@ -15,6 +16,7 @@ struct endpoint_info {
 	__u8 host_mac[6]; /* host-side device MAC: the endpoint's gateway MAC */
 	__u16 queues; /* rx queues of the endpoint device (VMs: queue pairs); 0/1: one */
 	__u16 flags; /* enum lk_endpoint_flags */
+	__u8 ip6[16]; /* the endpoint's IPv6 address; all zero: none (IPv6 from it is dropped) */
 };
 
 struct metrics_key {

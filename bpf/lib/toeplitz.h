@@ -25,6 +25,7 @@
 #include <linux/virtio_net.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "ip6_ext.h"
 
 #define LK_RSS_KEY_SIZE 40
 /* The longest input: two IPv6 addresses and two ports. */
@@ -188,10 +189,10 @@ static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
 										\
 	if (proto == bpf_htons(ETH_P_IPV6)) {					\
 		struct ipv6hdr ip6;						\
-		__u32 off = l3 + sizeof(ip6);					\
+		struct lk_ip6_chain c;						\
+		__u32 off;							\
 		__u8 nh;							\
-		int frag = 0;							\
-		int i;								\
+		int frag;							\
 										\
 		if (LOAD(ctx, l3, &ip6, sizeof(ip6)))				\
 			return -1;						\
@@ -199,25 +200,11 @@ static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
 			return -1;						\
 		if (LOAD(ctx, l3 + 8, &in->bytes[0], 32)) /* saddr, daddr */	\
 			return -1;						\
-		nh = ip6.nexthdr;						\
-		for (i = 0; i < LK_RSS_IP6_EXT_MAX; i++) {			\
-			struct ipv6_opt_hdr ext;				\
-										\
-			if (nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING &&	\
-			    nh != IPPROTO_DSTOPTS && nh != IPPROTO_FRAGMENT)	\
-				break;						\
-			if (LOAD(ctx, off, &ext, sizeof(ext))) {		\
-				nh = IPPROTO_NONE; /* truncated: addresses */	\
-				break;						\
-			}							\
-			if (nh == IPPROTO_FRAGMENT) {				\
-				frag = 1;					\
-				off += 8;					\
-			} else {						\
-				off += (ext.hdrlen + 1) * 8;			\
-			}							\
-			nh = ext.nexthdr;					\
-		}								\
+		/* ip6_ext.h; a truncated or longer chain: addresses only */	\
+		lk_ip6_walk##SUFFIX(ctx, l3, ip6.nexthdr, LK_RSS_IP6_EXT_MAX, &c);	\
+		nh = c.status == LK_IP6_CHAIN_OK ? c.nh : IPPROTO_NONE;		\
+		off = c.off;							\
+		frag = c.frag;							\
 		if (!frag && lk_rss_l4##SUFFIX(ctx, in, types, nh, off, 1))	\
 			return 0;						\
 		if (!(types & VIRTIO_NET_RSS_HASH_TYPE_IPv6))			\
@@ -229,6 +216,8 @@ static __always_inline int lk_rss_input##SUFFIX(CTX *ctx, __u32 types,		\
 	return -1;								\
 }
 
+LK_IP6_WALK_FN(_skb, struct __sk_buff, lk_load)
+LK_IP6_WALK_FN(_xdp, struct xdp_md, lk_load_xdp)
 LK_RSS_INPUT_FNS(_skb, struct __sk_buff, lk_load)
 LK_RSS_INPUT_FNS(_xdp, struct xdp_md, lk_load_xdp)
 

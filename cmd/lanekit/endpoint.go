@@ -65,8 +65,11 @@ var endpointListCmd = &cobra.Command{
 		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tPOD\tLABELS\tIDENTITY\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS\tPOLICY-DROPS")
 		for _, ep := range resp.GetEndpoints() {
 			ip, hostDev, ifindex := "", "", int32(0)
-			if len(ep.GetIps()) > 0 {
-				ip = ep.GetIps()[0].GetAddress()
+			for i, ipc := range ep.GetIps() { // dual-stack: both addresses
+				if i > 0 {
+					ip += ","
+				}
+				ip += ipc.GetAddress()
 			}
 			if len(ep.GetInterfaces()) > 0 {
 				hostDev, ifindex = ep.GetInterfaces()[0].GetName(), ep.GetInterfaces()[0].GetIfindex()

@@ -47,10 +47,14 @@ func run(args []string) error {
 		sockLB     bool
 		snatPorts  string
 	)
+	var podCIDRs []string // --pod-cidr, one per family (podcidr.go)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
 	fs.StringVar(&cfg.Socket, "socket", "/run/lanekit/agent.sock", "unix socket the API is served on (mode 0600)")
 	fs.StringVar(&cfg.Uplink, "uplink", "", "the node's uplink device (default pod MTU comes from it)")
-	fs.StringVar(&podCIDR, "pod-cidr", "", "this node's pod CIDR, e.g. 10.244.1.0/24 (required without --node-name; with it, the Node's spec.podCIDR is used)")
+	fs.Func("pod-cidr", "this node's pod CIDR, e.g. 10.244.1.0/24; repeat once per family for dual-stack (fd00:10:244:1::/64); required without --node-name (with it, the Node's spec.podCIDRs are used)", func(v string) error {
+		podCIDRs = append(podCIDRs, v)
+		return nil
+	})
 	kube.addFlags(fs)
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
@@ -115,6 +119,11 @@ func run(args []string) error {
 	if err := kube.validate(); err != nil {
 		return err
 	}
+	cidr4, cidr6, err := splitPodCIDRs(podCIDRs)
+	if err != nil {
+		return fmt.Errorf("--pod-cidr: %w", err)
+	}
+	podCIDR = cidr4
 	if podCIDR == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
 	}
@@ -159,7 +168,10 @@ func run(args []string) error {
 			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)
 		}
 		podCIDR = cidr
-		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr)
+		if cidr6, err = kube.nodePodCIDR6(ctx, kc, cidr6); err != nil {
+			return err
+		}
+		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr, "pod_cidr6", cidr6)
 		if cfg.Uplink == "" {
 			// The device with the Node's InternalIP carries pod traffic
 			// between nodes (native routing).
@@ -174,6 +186,11 @@ func run(args []string) error {
 		return fmt.Errorf("--pod-cidr: %w", err)
 	}
 	cfg.PodCIDR = p
+	if cidr6 != "" {
+		if cfg.PodCIDR6, err = netip.ParsePrefix(cidr6); err != nil {
+			return fmt.Errorf("--pod-cidr: %w", err)
+		}
+	}
 	var m *lkmetrics.Metrics
 	if metrics != "" {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})

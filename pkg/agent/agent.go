@@ -39,9 +39,10 @@ type Config struct {
 	Socket     string
 	Uplink     string
 	PodCIDR    netip.Prefix
-	BPFDir     string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
-	DeviceMode string // DeviceAuto, "veth" or "netkit"
-	MTU        int    // 0: the uplink's MTU
+	PodCIDR6   netip.Prefix // the node's IPv6 pod CIDR; invalid: IPv4 only (ipv6.go)
+	BPFDir     string       // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
+	DeviceMode string       // DeviceAuto, "veth" or "netkit"
+	MTU        int          // 0: the uplink's MTU
 	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
 	// (datapath.Config; 0, 0: the default 61000-65535).
 	SNATPortMin, SNATPortMax uint16
@@ -100,12 +101,13 @@ type Config struct {
 
 // Agent is one node's agent.
 type Agent struct {
-	cfg  Config
-	log  *slog.Logger
-	st   *store.Store
-	ipam *ipam.IPAM
-	host *netdev.Host
-	dp   datapath.Datapath
+	cfg   Config
+	log   *slog.Logger
+	st    *store.Store
+	ipam  *ipam.IPAM
+	ipam6 *ipam.IPAM // nil without Config.PodCIDR6
+	host  *netdev.Host
+	dp    datapath.Datapath
 	// backend names the datapath in Status: "bpf", or "test" for an
 	// injected one.
 	backend string
@@ -210,6 +212,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if a.ipam, err = ipam.New(a.st, cfg.PodCIDR); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := a.openIPv6(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	err = a.host.Do(func() error {
@@ -505,7 +510,7 @@ func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
 				continue
 			}
 			a.log.Info("releasing orphaned address", "owner", owner)
-			if err := a.ipam.ReleaseTx(tx, owner); err != nil {
+			if err := a.releaseAddrsTx(tx, owner); err != nil {
 				return err
 			}
 			n++
@@ -522,7 +527,7 @@ func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
 // transaction.
 func (a *Agent) forget(key string, id uint32) error {
 	err := a.st.Update(func(tx *store.Tx) error {
-		if err := a.ipam.ReleaseTx(tx, key); err != nil {
+		if err := a.releaseAddrsTx(tx, key); err != nil {
 			return err
 		}
 		if _, err := releaseSlotsTx(tx, func(owner string) (bool, error) { return owner == key, nil }); err != nil {

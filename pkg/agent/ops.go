@@ -167,6 +167,9 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
 			return err
 		}
+		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil {
+			return err
+		}
 		if ep.ID, err = allocIDTx(tx, key); err != nil {
 			return err
 		}
@@ -183,7 +186,7 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 		return nil, fmt.Errorf("add %s: remove stale device: %w", key, err)
 	}
 	links, err := a.host.SetupPod(netdev.PodSpec{
-		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ep.IP, MTU: req.MTU,
+		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ep.IP, IP6: ep.IP6, MTU: req.MTU,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
@@ -329,7 +332,7 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 			return nil, fmt.Errorf("check %s: stored mac: %w", key, err)
 		}
 	}
-	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, MTU: ep.MTU}
+	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, IP6: ep.IP6, MTU: ep.MTU}
 	if err := a.host.CheckPod(spec, links); err != nil {
 		return nil, fmt.Errorf("check %s: %w", key, err)
 	}

@@ -129,7 +129,7 @@ func kindToProto(k endpoint.Kind) apiv1.EndpointKind {
 // EndpointToProto converts a stored endpoint to its API form:
 // interfaces[0] host side, interfaces[1] pod side.
 func EndpointToProto(ep *endpoint.Endpoint) *apiv1.Endpoint {
-	return &apiv1.Endpoint{
+	out := &apiv1.Endpoint{
 		Id:         ep.ID,
 		Kind:       kindToProto(ep.Kind),
 		Attachment: &apiv1.Attachment{ContainerId: ep.ContainerID, Ifname: ep.IfName},
@@ -150,6 +150,8 @@ func EndpointToProto(ep *endpoint.Endpoint) *apiv1.Endpoint {
 		Labels:      ep.Labels,
 		CreatedUnix: ep.Created.Unix(),
 	}
+	addIPv6ToProto(ep, out) // ipv6.go
+	return out
 }
 
 func attachmentOf(at *apiv1.Attachment) (string, string) {

@@ -32,6 +32,7 @@ type Endpoint struct {
 	IfName  string           // host-side device name (veth host end / netkit primary)
 	IfIndex int              // host-side device ifindex
 	IP      netip.Addr       // the endpoint's IPv4 address
+	IP6     netip.Addr       // the endpoint's IPv6 address; invalid: none (its IPv6 is dropped)
 	MAC     net.HardwareAddr // the endpoint's own MAC (inside the pod)
 	HostMAC net.HardwareAddr // host-side device MAC: the pod's gateway MAC
 	Queues  uint16           // rx queues of the endpoint's device; > 1 spreads flows (VMs)
@@ -57,7 +58,7 @@ const (
 	DropTTLExceeded DropReason = DropReason(podLkDropReasonDROP_TTL_EXCEEDED)   // TTL would reach zero when routed
 	DropFIBFailed   DropReason = DropReason(podLkDropReasonDROP_FIB_FAILED)     // no route (blackhole, unreachable, prohibited)
 	DropRedirect    DropReason = DropReason(podLkDropReasonDROP_REDIRECT)       // redirect helper failed
-	DropUnsupported DropReason = DropReason(podLkDropReasonDROP_UNSUPPORTED_L3) // L3 protocol the datapath does not route (IPv6 for now)
+	DropUnsupported DropReason = DropReason(podLkDropReasonDROP_UNSUPPORTED_L3) // L3 protocol the datapath does not route (IPv6 from an endpoint without an IPv6 address)
 	DropNoSocket    DropReason = DropReason(podLkDropReasonDROP_NO_SOCKET)      // VM frame but no AF_XDP socket on its queue (backend down)
 	DropNotForVM    DropReason = DropReason(podLkDropReasonDROP_NOT_FOR_VM)     // unicast frame for another MAC on a VM device
 	DropVLAN        DropReason = DropReason(podLkDropReasonDROP_VLAN)           // 802.1Q/802.1ad tagged frame from an endpoint
@@ -72,6 +73,10 @@ const (
 	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later IPv4 fragment whose first fragment was not seen (or came later)
 	// traffic policy Local (bpf/lib/lb.h)
 	DropNoLocalBackend DropReason = DropReason(podLkDropReasonDROP_NO_LOCAL_BACKEND) // a traffic policy Local frontend without an endpoint on this node
+	// IPv6 (bpf/lib/ipv6.h, ndp.h)
+	DropIPv6ExtHdrs DropReason = DropReason(podLkDropReasonDROP_IPV6EXT_HDRS) // extension-header chain truncated or too long
+	DropRouterMsg   DropReason = DropReason(podLkDropReasonDROP_ROUTER_MSG)   // RA, ICMPv6 redirect or DHCPv6 server message from an endpoint
+	DropPolicyIPv6  DropReason = DropReason(podLkDropReasonDROP_POLICY_IPV6)  // IPv6 of an endpoint a NetworkPolicy selects (IPv6 policy not enforced yet: refused)
 )
 
 func (r DropReason) String() string {
@@ -112,6 +117,12 @@ func (r DropReason) String() string {
 		return "frag-not-found"
 	case DropNoLocalBackend:
 		return "no-local-backend"
+	case DropIPv6ExtHdrs:
+		return "ipv6-ext-headers"
+	case DropRouterMsg:
+		return "router-message"
+	case DropPolicyIPv6:
+		return "policy-ipv6-unenforced"
 	}
 	return "unknown"
 }
@@ -170,3 +181,7 @@ type Config struct {
 
 // DefaultGatewayIP is the link-local next hop every pod routes through.
 var DefaultGatewayIP = netip.MustParseAddr("169.254.1.1")
+
+// GatewayIP6 is the IPv6 next hop every pod routes through (gateway_ip6 in
+// bpf/lib/ndp.h, which answers the pods' neighbour solicitations for it).
+var GatewayIP6 = netip.MustParseAddr("fe80::1")

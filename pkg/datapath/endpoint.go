@@ -17,6 +17,8 @@ func (ep Endpoint) validate() error {
 		return fmt.Errorf("endpoint %d: no host device name", ep.ID)
 	case !ep.IP.Is4():
 		return fmt.Errorf("endpoint %d: %v is not an IPv4 address", ep.ID, ep.IP)
+	case ep.IP6.IsValid() && (!ep.IP6.Is6() || ep.IP6.Is4In6() || ep.IP6.Zone() != ""):
+		return fmt.Errorf("endpoint %d: %v is not an IPv6 address", ep.ID, ep.IP6)
 	case len(ep.MAC) != 6 || len(ep.HostMAC) != 6:
 		return fmt.Errorf("endpoint %d: MACs must be 6 bytes", ep.ID)
 	}
@@ -34,6 +36,9 @@ func (ep Endpoint) info() podEndpointInfo {
 	}
 	copy(v.Mac[:], ep.MAC)
 	copy(v.HostMac[:], ep.HostMAC)
+	if ep.IP6.IsValid() {
+		v.Ip6 = ep.IP6.As16()
+	}
 	return v
 }
 
@@ -66,6 +71,11 @@ func (l *Loader) UpsertEndpoint(ep Endpoint) error {
 	}
 	if err := l.pod.LkEndpoints.Put(ipk, info); err != nil {
 		return fmt.Errorf("upsert endpoint %d: ip entry: %w", ep.ID, err)
+	}
+	if ep.IP6.IsValid() {
+		if err := l.pod.LkEndpoints6.Put(ep.IP6.As16(), info); err != nil {
+			return fmt.Errorf("upsert endpoint %d: ipv6 entry: %w", ep.ID, err)
+		}
 	}
 	if err := l.attach(pinPodLink+ep.IfName, ep.IfIndex, podAttachMode(ep.Mode), l.pod.FromPod); err != nil {
 		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
@@ -103,6 +113,24 @@ func (l *Loader) removeStale(ep Endpoint) error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("scan endpoints by ifindex: %w", err)
 	}
+	var (
+		ip6      [16]byte
+		staleIP6 [][16]byte
+	)
+	it = l.pod.LkEndpoints6.Iterate()
+	for it.Next(&ip6, &info) {
+		if info.Id == ep.ID && (!ep.IP6.IsValid() || ip6 != ep.IP6.As16()) {
+			staleIP6 = append(staleIP6, ip6)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("scan ipv6 endpoints: %w", err)
+	}
+	for _, k := range staleIP6 {
+		if err := deleteIgnoreMissing(l.pod.LkEndpoints6, k); err != nil {
+			return err
+		}
+	}
 	for _, k := range staleIPs {
 		if err := deleteIgnoreMissing(l.pod.LkEndpoints, k); err != nil {
 			return err
@@ -130,6 +158,9 @@ func (l *Loader) DeleteEndpoint(ep Endpoint) error {
 	}
 	if ep.IP.Is4() {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints, ipKey(ep.IP.As4())))
+	}
+	if ep.IP6.IsValid() && ep.IP6.Is6() {
+		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints6, ep.IP6.As16()))
 	}
 	if ep.ID != 0 {
 		errs = append(errs, l.deleteMetrics(ep.ID))

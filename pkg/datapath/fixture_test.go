@@ -215,7 +215,7 @@ func fixtures() []fixture {
 			verdict: tcActShot, dropEP: 1, dropReason: DropMalformed,
 		},
 		{
-			name: "IPv6 (not routed yet): drop", prog: fromPod, ifindex: ifH1,
+			name: "IPv6 from an IPv4-only endpoint: drop", prog: fromPod, ifindex: ifH1,
 			in:      func(e *fixtureEnv) []byte { return testutil.IPv6Frame(e.ep1.HostMAC, pod1MAC) },
 			verdict: tcActShot, dropEP: 1, dropReason: DropUnsupported,
 		},
@@ -285,8 +285,13 @@ func fixtures() []fixture {
 }
 
 func TestFixtures(t *testing.T) {
-	e := newFixtureEnv(t)
-	for _, f := range append(fixtures(), edgeFixtures()...) {
+	runFixtures(t, newFixtureEnv(t), append(fixtures(), edgeFixtures()...))
+}
+
+// runFixtures runs each fixture as a subtest on e: verdict, output bytes,
+// redirect target and kind, and the drop / to-stack counters.
+func runFixtures(t *testing.T, e *fixtureEnv, fs []fixture) {
+	for _, f := range fs {
 		t.Run(f.name, func(t *testing.T) {
 			e.enter(t)
 			in := f.in(e)

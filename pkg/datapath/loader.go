@@ -104,6 +104,11 @@ func (l *Loader) load() error {
 	if err := podSpec.LoadAndAssign(&l.pod, opts); err != nil {
 		return fmt.Errorf("load pod programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
 	}
+	// from_pod's IPv6 half, entered by a tail call (bpf/lib/ipv6.h).
+	if err := l.pod.LkPod6Progs.Put(uint32(0), l.pod.FromPod6); err != nil {
+		l.pod.Close()
+		return fmt.Errorf("install from_pod6: %w", err)
+	}
 
 	upSpec, err := loadUplink()
 	if err != nil {

@@ -46,6 +46,7 @@ type podEndpointInfo struct {
 	HostMac [6]uint8
 	Queues  uint16
 	Flags   uint16
+	Ip6     [16]uint8
 }
 
 type podEventsCfg struct {
@@ -67,6 +68,14 @@ type podFrag4Ports struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+}
+
+type podIn6Addr struct {
+	_    structs.HostLayout
+	In6U struct {
+		_       structs.HostLayout
+		U6Addr8 [16]uint8
+	}
 }
 
 type podLbAffinityKey struct {
@@ -184,6 +193,9 @@ const (
 	podLkDropReasonDROP_POLICY_EGRESS    podLkDropReason = 15
 	podLkDropReasonDROP_FRAG_NOT_FOUND   podLkDropReason = 16
 	podLkDropReasonDROP_NO_LOCAL_BACKEND podLkDropReason = 17
+	podLkDropReasonDROP_IPV6EXT_HDRS     podLkDropReason = 18
+	podLkDropReasonDROP_ROUTER_MSG       podLkDropReason = 19
+	podLkDropReasonDROP_POLICY_IPV6      podLkDropReason = 20
 )
 
 type podLkEndpointFlags uint32
@@ -324,6 +336,7 @@ const (
 	podMapLkCt4                 = "lk_ct4"
 	podMapLkCtCount             = "lk_ct_count"
 	podMapLkEndpoints           = "lk_endpoints"
+	podMapLkEndpoints6          = "lk_endpoints6"
 	podMapLkEpByIfindex         = "lk_ep_by_ifindex"
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
@@ -338,6 +351,7 @@ const (
 	podMapLkLbSvc               = "lk_lb_svc"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
+	podMapLkPod6Progs           = "lk_pod6_progs"
 	podMapLkPolicyCidrs         = "lk_policy_cidrs"
 	podMapLkPolicyIpcache       = "lk_policy_ipcache"
 	podMapLkPolicyIsolation     = "lk_policy_isolation"
@@ -345,9 +359,11 @@ const (
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podMapLkRssVms              = "lk_rss_vms"
 	podProgFromPod              = "from_pod"
+	podProgFromPod6             = "from_pod6"
 	podProgToPod                = "to_pod"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
+	podVarGatewayIp6            = "gateway_ip6"
 	podVarLastRedirect          = "last_redirect"
 	podVarLbSnatPortMax         = "lb_snat_port_max"
 	podVarLbSnatPortMin         = "lb_snat_port_min"
@@ -412,8 +428,9 @@ type podSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podProgramSpecs struct {
-	FromPod *ebpf.ProgramSpec `ebpf:"from_pod"`
-	ToPod   *ebpf.ProgramSpec `ebpf:"to_pod"`
+	FromPod  *ebpf.ProgramSpec `ebpf:"from_pod"`
+	FromPod6 *ebpf.ProgramSpec `ebpf:"from_pod6"`
+	ToPod    *ebpf.ProgramSpec `ebpf:"to_pod"`
 }
 
 // podMapSpecs contains maps before they are loaded into the kernel.
@@ -423,6 +440,7 @@ type podMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
@@ -437,6 +455,7 @@ type podMapSpecs struct {
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
@@ -451,6 +470,7 @@ type podMapSpecs struct {
 type podVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
+	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
 	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
 	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
@@ -496,6 +516,7 @@ type podMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
@@ -510,6 +531,7 @@ type podMaps struct {
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
@@ -523,6 +545,7 @@ func (m *podMaps) Close() error {
 		m.LkCt4,
 		m.LkCtCount,
 		m.LkEndpoints,
+		m.LkEndpoints6,
 		m.LkEpByIfindex,
 		m.LkEvents,
 		m.LkEventsCfg,
@@ -537,6 +560,7 @@ func (m *podMaps) Close() error {
 		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPod6Progs,
 		m.LkPolicyCidrs,
 		m.LkPolicyIpcache,
 		m.LkPolicyIsolation,
@@ -552,6 +576,7 @@ func (m *podMaps) Close() error {
 type podVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
+	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
 	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
 	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`
@@ -578,13 +603,15 @@ type podVariables struct {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podPrograms struct {
-	FromPod *ebpf.Program `ebpf:"from_pod"`
-	ToPod   *ebpf.Program `ebpf:"to_pod"`
+	FromPod  *ebpf.Program `ebpf:"from_pod"`
+	FromPod6 *ebpf.Program `ebpf:"from_pod6"`
+	ToPod    *ebpf.Program `ebpf:"to_pod"`
 }
 
 func (p *podPrograms) Close() error {
 	return _PodClose(
 		p.FromPod,
+		p.FromPod6,
 		p.ToPod,
 	)
 }

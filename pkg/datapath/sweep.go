@@ -39,14 +39,14 @@ func (l *Loader) Sweep(own Owned) (Swept, error) {
 	var errs []error
 	sweepEP := func(m *ebpf.Map, n *int) {
 		var (
-			k    uint32
+			k    []byte // the key's bytes: 4 (IPv4, ifindex) or 16 (IPv6)
 			info podEndpointInfo
-			del  []uint32
+			del  [][]byte
 		)
 		it := m.Iterate()
 		for it.Next(&k, &info) {
 			if !own.IDs[info.Id] {
-				del = append(del, k)
+				del = append(del, append([]byte(nil), k...))
 			}
 		}
 		if err := it.Err(); err != nil {
@@ -63,6 +63,7 @@ func (l *Loader) Sweep(own Owned) (Swept, error) {
 	}
 	sweepEP(l.pod.LkEndpoints, &sw.Endpoints)
 	sweepEP(l.pod.LkEpByIfindex, &sw.ByIfindex)
+	sweepEP(l.pod.LkEndpoints6, &sw.Endpoints)
 
 	var (
 		mk   podMetricsKey

@@ -46,6 +46,7 @@ type uplinkEndpointInfo struct {
 	HostMac [6]uint8
 	Queues  uint16
 	Flags   uint16
+	Ip6     [16]uint8
 }
 
 type uplinkEventsCfg struct {
@@ -67,6 +68,14 @@ type uplinkFrag4Ports struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+}
+
+type uplinkIn6Addr struct {
+	_    structs.HostLayout
+	In6U struct {
+		_       structs.HostLayout
+		U6Addr8 [16]uint8
+	}
 }
 
 type uplinkLbAffinityKey struct {
@@ -186,6 +195,7 @@ const (
 	uplinkMapLkCt4                 = "lk_ct4"
 	uplinkMapLkCtCount             = "lk_ct_count"
 	uplinkMapLkEndpoints           = "lk_endpoints"
+	uplinkMapLkEndpoints6          = "lk_endpoints6"
 	uplinkMapLkEpByIfindex         = "lk_ep_by_ifindex"
 	uplinkMapLkEvents              = "lk_events"
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
@@ -200,6 +210,7 @@ const (
 	uplinkMapLkLbSvc               = "lk_lb_svc"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
+	uplinkMapLkPod6Progs           = "lk_pod6_progs"
 	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
 	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
 	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
@@ -208,6 +219,7 @@ const (
 	uplinkMapLkRssVms              = "lk_rss_vms"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
+	uplinkVarGatewayIp6            = "gateway_ip6"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLbSnatPortMax         = "lb_snat_port_max"
 	uplinkVarLbSnatPortMin         = "lb_snat_port_min"
@@ -282,6 +294,7 @@ type uplinkMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
@@ -296,6 +309,7 @@ type uplinkMapSpecs struct {
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
+	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
@@ -309,6 +323,7 @@ type uplinkMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
+	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
 	LbSnatPortMax         *ebpf.VariableSpec `ebpf:"lb_snat_port_max"`
 	LbSnatPortMin         *ebpf.VariableSpec `ebpf:"lb_snat_port_min"`
@@ -354,6 +369,7 @@ type uplinkMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
@@ -368,6 +384,7 @@ type uplinkMaps struct {
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
+	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
@@ -381,6 +398,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkCt4,
 		m.LkCtCount,
 		m.LkEndpoints,
+		m.LkEndpoints6,
 		m.LkEpByIfindex,
 		m.LkEvents,
 		m.LkEventsCfg,
@@ -395,6 +413,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkLbSvc,
 		m.LkMetrics,
 		m.LkMetricsLost,
+		m.LkPod6Progs,
 		m.LkPolicyCidrs,
 		m.LkPolicyIpcache,
 		m.LkPolicyIsolation,
@@ -409,6 +428,7 @@ func (m *uplinkMaps) Close() error {
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
+	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
 	LbSnatPortMax         *ebpf.Variable `ebpf:"lb_snat_port_max"`
 	LbSnatPortMin         *ebpf.Variable `ebpf:"lb_snat_port_min"`

@@ -22,6 +22,7 @@ type vmEndpointInfo struct {
 	HostMac [6]uint8
 	Queues  uint16
 	Flags   uint16
+	Ip6     [16]uint8
 }
 
 type vmEventsCfg struct {

@@ -28,6 +28,10 @@ const (
 // the pod's ARP requests for it with the host-side device MAC.
 var GatewayIP = netip.MustParseAddr("169.254.1.1")
 
+// GatewayIP6 is the pod's IPv6 next hop, link-local and on no device: the
+// datapath answers the pod's neighbour solicitations for it (bpf/lib/ndp.h).
+var GatewayIP6 = datapath.GatewayIP6
+
 // Endpoint is one attachment and everything needed to recreate, check or
 // delete it.
 type Endpoint struct {
@@ -44,6 +48,7 @@ type Endpoint struct {
 	IfIndex     int                 `json:"ifIndex"`           // inside the pod
 	MAC         string              `json:"mac,omitempty"`     // empty for netkit L3
 	IP          netip.Addr          `json:"ip"`
+	IP6         netip.Addr          `json:"ip6,omitzero"` // invalid: the node has no IPv6 pod CIDR
 	MTU         int                 `json:"mtu"`
 	Labels      map[string]string   `json:"labels,omitempty"`
 	Created     time.Time           `json:"created"`
@@ -210,6 +215,7 @@ func (e *Endpoint) Datapath() (datapath.Endpoint, error) {
 		IfName:  e.HostIfName,
 		IfIndex: e.HostIfIndex,
 		IP:      e.IP,
+		IP6:     e.IP6,
 	}
 	if e.VM != nil {
 		dp.Queues = uint16(e.VM.Queues)

@@ -1,4 +1,6 @@
-// Package ipam hands out IPv4 addresses from the node's pod CIDR. Allocations
+// Package ipam hands out addresses from the node's pod CIDRs, one allocator
+// per address family (IPv4 and IPv6 keep separate ranges, cursors and
+// records; one owner may hold one address of each). Allocations
 // are keyed by owner (container ID + ifname), persisted in the store and
 // survive restarts. Like the host-local plugin, the search for a free address
 // starts after the last one handed out (wrapping at the end of the range), so
@@ -6,7 +8,6 @@
 package ipam
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,35 +28,65 @@ type Allocation struct {
 	Owner string     `json:"owner"`
 }
 
-// IPAM allocates from one IPv4 prefix.
+// IPAM allocates from one prefix, IPv4 or IPv6. Both families share the
+// store's IPAM bucket: an address's key is its 4 or 16 bytes.
 type IPAM struct {
 	st     *store.Store
 	prefix netip.Prefix
 }
 
-var (
-	metaCIDRKey = []byte("pod-cidr")
-	metaLastKey = []byte("ipam-last-reserved")
-)
-
-// New returns an allocator for prefix (IPv4, /30 or larger). It refuses a
-// prefix that differs from the one recorded in st while allocations exist.
-func New(st *store.Store, prefix netip.Prefix) (*IPAM, error) {
-	prefix = prefix.Masked()
-	if !prefix.Addr().Is4() {
-		return nil, fmt.Errorf("pod CIDR %s: only IPv4 is supported", prefix)
+// Meta keys per family: IPv4 keeps the names it always had.
+func (a *IPAM) metaCIDRKey() []byte {
+	if a.is6() {
+		return []byte("pod-cidr6")
 	}
-	if prefix.Bits() > 30 {
+	return []byte("pod-cidr")
+}
+
+func (a *IPAM) metaLastKey() []byte {
+	if a.is6() {
+		return []byte("ipam-last-reserved6")
+	}
+	return []byte("ipam-last-reserved")
+}
+
+func (a *IPAM) is6() bool { return a.prefix.Addr().Is6() }
+
+// New returns an allocator for prefix (IPv4 /30 or larger, IPv6 /126 or
+// larger). It refuses a prefix that differs from the one recorded in st for
+// its family while that family has allocations.
+func New(st *store.Store, prefix netip.Prefix) (*IPAM, error) {
+	if !prefix.IsValid() {
+		return nil, errors.New("open ipam: invalid pod CIDR")
+	}
+	prefix = prefix.Masked()
+	if prefix.Addr().Is4In6() {
+		return nil, fmt.Errorf("pod CIDR %s: an IPv4-mapped IPv6 prefix; give IPv4 as IPv4", prefix)
+	}
+	if prefix.Addr().Zone() != "" {
+		return nil, fmt.Errorf("pod CIDR %s: has a zone", prefix)
+	}
+	if prefix.Addr().Is4() && prefix.Bits() > 30 {
 		return nil, fmt.Errorf("pod CIDR %s: need /30 or larger", prefix)
 	}
+	if prefix.Addr().Is6() && prefix.Bits() > 126 {
+		return nil, fmt.Errorf("pod CIDR %s: need /126 or larger", prefix)
+	}
+	a := &IPAM{st: st, prefix: prefix}
 	err := st.Update(func(tx *store.Tx) error {
 		var old string
-		ok, err := tx.Get(store.Meta, metaCIDRKey, &old)
+		ok, err := tx.Get(store.Meta, a.metaCIDRKey(), &old)
 		if err != nil {
 			return err
 		}
 		if ok && old != prefix.String() {
-			n, err := tx.Count(store.IPAM)
+			n := 0
+			err := tx.ForEach(store.IPAM, func(k []byte, _ json.RawMessage) error {
+				if len(k) == a.prefix.Addr().BitLen()/8 {
+					n++
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
@@ -63,40 +94,49 @@ func New(st *store.Store, prefix netip.Prefix) (*IPAM, error) {
 				return fmt.Errorf("stored %s has %d allocations, asked for %s: %w", old, n, prefix, ErrCIDRChanged)
 			}
 		}
-		return tx.Put(store.Meta, metaCIDRKey, prefix.String())
+		return tx.Put(store.Meta, a.metaCIDRKey(), prefix.String())
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open ipam: %w", err)
 	}
-	return &IPAM{st: st, prefix: prefix}, nil
+	return a, nil
 }
 
 // Prefix returns the pool's prefix.
 func (a *IPAM) Prefix() netip.Prefix { return a.prefix }
 
-// Capacity is the number of usable addresses (network and broadcast excluded).
+// Capacity is the number of usable addresses: IPv4 without the network and
+// broadcast addresses, IPv6 without the subnet-router anycast address (the
+// prefix itself); capped at the largest int.
 func (a *IPAM) Capacity() int {
-	return 1<<(32-a.prefix.Bits()) - 2
+	host := a.prefix.Addr().BitLen() - a.prefix.Bits()
+	if host >= 62 {
+		return int(^uint(0) >> 1)
+	}
+	if a.is6() {
+		return 1<<host - 1
+	}
+	return 1<<host - 2
 }
 
-func key(ip netip.Addr) []byte {
-	b := ip.As4()
-	return b[:]
-}
+func key(ip netip.Addr) []byte { return ip.AsSlice() }
 
-func u32(ip netip.Addr) uint32 { return binary.BigEndian.Uint32(key(ip)) }
-
-func addr(v uint32) netip.Addr {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
-}
-
-// first and last usable addresses as integers.
-func (a *IPAM) bounds() (uint32, uint32) {
-	net := u32(a.prefix.Addr())
-	size := uint32(1) << (32 - a.prefix.Bits())
-	return net + 1, net + size - 2
+// bounds returns the first and last usable addresses.
+func (a *IPAM) bounds() (netip.Addr, netip.Addr) {
+	first := a.prefix.Addr().Next()
+	last := a.prefix.Addr()
+	b := last.AsSlice()
+	host := len(b)*8 - a.prefix.Bits()
+	for i := len(b) - 1; i >= 0 && host > 0; i-- {
+		n := min(host, 8)
+		b[i] |= byte(1<<n - 1)
+		host -= n
+	}
+	last, _ = netip.AddrFromSlice(b)
+	if !a.is6() {
+		last = last.Prev() // broadcast
+	}
+	return first, last
 }
 
 // Allocate returns owner's address, allocating the first free one after the
@@ -121,10 +161,12 @@ func (a *IPAM) AllocateTx(tx *store.Tx, owner string) (netip.Addr, error) {
 		return ip, err
 	}
 	lo, hi := a.bounds()
-	used := map[uint32]bool{}
+	used := map[netip.Addr]bool{}
+	width := a.prefix.Addr().BitLen() / 8
 	err := tx.ForEach(store.IPAM, func(k []byte, _ json.RawMessage) error {
-		if len(k) == 4 {
-			used[binary.BigEndian.Uint32(k)] = true
+		if len(k) == width {
+			ip, _ := netip.AddrFromSlice(k)
+			used[ip] = true
 		}
 		return nil
 	})
@@ -133,33 +175,36 @@ func (a *IPAM) AllocateTx(tx *store.Tx, owner string) (netip.Addr, error) {
 	}
 	start := lo
 	var last string
-	if ok, err := tx.Get(store.Meta, metaLastKey, &last); err != nil {
+	if ok, err := tx.Get(store.Meta, a.metaLastKey(), &last); err != nil {
 		return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
 	} else if ok {
-		if ip, err := netip.ParseAddr(last); err == nil && a.prefix.Contains(ip) && u32(ip) >= lo && u32(ip) < hi {
-			start = u32(ip) + 1
+		if ip, err := netip.ParseAddr(last); err == nil && a.prefix.Contains(ip) && ip.Compare(lo) >= 0 && ip.Less(hi) {
+			start = ip.Next()
 		}
 	}
-	// Walk start..hi, then wrap to lo..start-1.
-	n := hi - lo + 1
-	for i := uint32(0); i < n; i++ {
-		v := lo + (start-lo+i)%n
-		if used[v] {
-			continue
+	// Walk start..hi, then wrap to lo..start-1. At most len(used) addresses
+	// are taken, so len(used)+1 steps find a free one if the range has one.
+	ip := start
+	for i := 0; i <= len(used) && i < a.Capacity(); i++ {
+		if !used[ip] {
+			if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
+				return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+			}
+			if err := tx.Put(store.Meta, a.metaLastKey(), ip.String()); err != nil {
+				return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+			}
+			return ip, nil
 		}
-		ip := addr(v)
-		if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
-			return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
+		if ip == hi {
+			ip = lo
+		} else {
+			ip = ip.Next()
 		}
-		if err := tx.Put(store.Meta, metaLastKey, ip.String()); err != nil {
-			return netip.Addr{}, fmt.Errorf("allocate ip for %s: %w", owner, err)
-		}
-		return ip, nil
 	}
 	return netip.Addr{}, fmt.Errorf("allocate ip for %s in %s: %w", owner, a.prefix, ErrExhausted)
 }
 
-// Lookup returns owner's address if it has one.
+// Lookup returns owner's address of this allocator's family if it has one.
 func (a *IPAM) Lookup(owner string) (netip.Addr, bool, error) {
 	var ip netip.Addr
 	var ok bool
@@ -179,7 +224,7 @@ func (a *IPAM) lookupTx(tx *store.Tx, owner string) (netip.Addr, bool, error) {
 		if err := json.Unmarshal(raw, &al); err != nil {
 			return fmt.Errorf("decode allocation %x: %w", k, err)
 		}
-		if al.Owner == owner {
+		if al.Owner == owner && al.IP.Is4() == !a.is6() {
 			ip = al.IP
 			return found
 		}
@@ -212,7 +257,8 @@ func (a *IPAM) ReleaseTx(tx *store.Tx, owner string) error {
 	return nil
 }
 
-// Allocations lists every allocation in address order.
+// Allocations lists every allocation of this allocator's family in address
+// order.
 func (a *IPAM) Allocations() ([]Allocation, error) {
 	var out []Allocation
 	err := a.st.View(func(tx *store.Tx) error {
@@ -221,7 +267,9 @@ func (a *IPAM) Allocations() ([]Allocation, error) {
 			if err := json.Unmarshal(raw, &al); err != nil {
 				return fmt.Errorf("decode allocation %x: %w", k, err)
 			}
-			out = append(out, al)
+			if al.IP.Is4() == !a.is6() {
+				out = append(out, al)
+			}
 			return nil
 		})
 	})

@@ -153,8 +153,9 @@ func TestRefusesChangedCIDRWithAllocations(t *testing.T) {
 	if _, err := New(st, netip.MustParsePrefix("10.4.0.0/24")); !errors.Is(err, ErrCIDRChanged) {
 		t.Fatalf("err = %v, want ErrCIDRChanged", err)
 	}
-	if _, err := New(st, netip.MustParsePrefix("fd00::/64")); err == nil {
-		t.Fatal("IPv6 prefix accepted")
+	// IPv6 is its own family: its range is recorded apart from IPv4's.
+	if _, err := New(st, netip.MustParsePrefix("fd00::/64")); err != nil {
+		t.Fatalf("IPv6 prefix beside an IPv4 one: %v", err)
 	}
 }
 
@@ -181,5 +182,100 @@ func TestConcurrentNeverDoubleAllocates(t *testing.T) {
 			t.Fatalf("%v given to c%d and c%d", ip, j, i)
 		}
 		seen[ip] = i
+	}
+}
+
+// TestIPv6FillsRangeAndWraps: an IPv6 pool skips only the subnet-router
+// anycast address (the prefix itself; IPv6 has no broadcast), rotates and
+// wraps like IPv4.
+func TestIPv6FillsRangeAndWraps(t *testing.T) {
+	a, st := open(t, t.TempDir(), "fd10:244:1::/126")
+	defer st.Close()
+	if a.Capacity() != 3 {
+		t.Fatalf("capacity = %d, want 3", a.Capacity())
+	}
+	var got []string
+	for i := range 3 {
+		ip, err := a.Allocate(fmt.Sprintf("c%d/eth0", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ip.String())
+	}
+	if want := "[fd10:244:1::1 fd10:244:1::2 fd10:244:1::3]"; fmt.Sprint(got) != want {
+		t.Fatalf("allocated %v, want %s", got, want)
+	}
+	if _, err := a.Allocate("c4/eth0"); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("4th allocation err = %v, want ErrExhausted", err)
+	}
+	if err := a.Release("c0/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if ip, err := a.Allocate("c5/eth0"); err != nil || ip.String() != "fd10:244:1::1" {
+		t.Fatalf("after release got %v %v, want the wrapped-to fd10:244:1::1", ip, err)
+	}
+	big, st2 := open(t, t.TempDir(), "fd10:244:2::/64")
+	defer st2.Close()
+	if big.Capacity() != int(^uint(0)>>1) {
+		t.Fatalf("a /64's capacity %d, want the int cap", big.Capacity())
+	}
+}
+
+// TestFamiliesAreIndependent: one owner holds one address per family, each
+// family's release and changed-CIDR check touch only its own records.
+func TestFamiliesAreIndependent(t *testing.T) {
+	dir := t.TempDir()
+	a4, st := open(t, dir, "10.6.0.0/24")
+	a6, err := New(st, netip.MustParsePrefix("fd10:6::/64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip4, err := a4.Allocate("pod/eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip6, err := a6.Allocate("pod/eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ip4.Is4() || !ip6.Is6() || ip6.String() != "fd10:6::1" {
+		t.Fatalf("allocated %v and %v", ip4, ip6)
+	}
+	if got, ok, _ := a6.Lookup("pod/eth0"); !ok || got != ip6 {
+		t.Fatalf("v6 lookup = %v %v, want %v", got, ok, ip6)
+	}
+	if got, ok, _ := a4.Lookup("pod/eth0"); !ok || got != ip4 {
+		t.Fatalf("v4 lookup = %v %v, want %v", got, ok, ip4)
+	}
+	if al, _ := a4.Allocations(); len(al) != 1 || al[0].IP != ip4 {
+		t.Fatalf("v4 allocations %v", al)
+	}
+	if err := a6.Release("pod/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := a4.Lookup("pod/eth0"); !ok {
+		t.Fatal("releasing the IPv6 address released the IPv4 one")
+	}
+	// No IPv6 allocations left: the IPv6 range may change, the IPv4 one
+	// (which has one) may not.
+	if _, err := New(st, netip.MustParsePrefix("fd10:7::/64")); err != nil {
+		t.Fatalf("changing an empty IPv6 range: %v", err)
+	}
+	if _, err := New(st, netip.MustParsePrefix("10.7.0.0/24")); !errors.Is(err, ErrCIDRChanged) {
+		t.Fatalf("changing the used IPv4 range: err = %v, want ErrCIDRChanged", err)
+	}
+	st.Close()
+}
+
+func TestRefusesBadPrefixes(t *testing.T) {
+	st, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, p := range []string{"10.0.0.0/31", "fd00::/127", "::ffff:10.0.0.0/120"} {
+		if _, err := New(st, netip.MustParsePrefix(p)); err == nil {
+			t.Errorf("%s accepted", p)
+		}
 	}
 }

@@ -29,7 +29,8 @@ type RouteSink interface {
 }
 
 // desiredRoutes are the routes to every other node with an IPv4 pod CIDR
-// and an IPv4 InternalIP, sorted by destination.
+// and an IPv4 InternalIP, and the IPv6 ones of desiredRoutes6, sorted by
+// destination.
 func desiredRoutes(self string, own netip.Prefix, nodes []*corev1.Node) []Route {
 	var out []Route
 	for _, n := range nodes {
@@ -59,6 +60,7 @@ func desiredRoutes(self string, own netip.Prefix, nodes []*corev1.Node) []Route 
 		}
 		out = append(out, Route{Node: n.Name, Dst: dst, Via: via})
 	}
+	out = append(out, desiredRoutes6(self, nodes)...) // podcidr6.go
 	sort.Slice(out, func(i, j int) bool { return out[i].Dst.String() < out[j].Dst.String() })
 	return out
 }
@@ -167,7 +169,7 @@ func (r *NetlinkRoutes) SyncRoutes(routes []Route) error {
 		}
 		want[rt.Dst.String()] = true
 	}
-	have, err := r.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
+	have, err := r.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("list routes: %w", err))...)
@@ -185,7 +187,7 @@ func (r *NetlinkRoutes) SyncRoutes(routes []Route) error {
 
 // Routes lists the routes lanekit installed.
 func (r *NetlinkRoutes) Routes() ([]Route, error) {
-	have, err := r.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
+	have, err := r.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, err
@@ -196,7 +198,8 @@ func (r *NetlinkRoutes) Routes() ([]Route, error) {
 			continue
 		}
 		dst, _ := netip.ParsePrefix(h.Dst.String())
-		via, _ := netip.AddrFromSlice(h.Gw.To4())
+		via, _ := netip.AddrFromSlice(h.Gw)
+		via = via.Unmap()
 		out = append(out, Route{Dst: dst, Via: via})
 	}
 	return out, nil

@@ -45,6 +45,16 @@ func TestDesiredRoutes(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("routes %v, want %v", got, want)
 	}
+	// A dual-stack self routes the other nodes' IPv6 pod CIDRs too (an
+	// IPv4-only self, above, does not: it has no IPv6 underlay).
+	nodes[0] = node("self", []string{"10.244.1.0/24", "fd00:1::/64"}, internal("10.0.0.1"), internal("fd00::1"))
+	nodes = append(nodes, node("v6noip", []string{"10.244.8.0/24", "fd00:8::/64"}, internal("10.0.0.8")))
+	got = desiredRoutes("self", netip.MustParsePrefix("10.244.1.0/24"), nodes)
+	want = append(want, Route{Node: "v6noip", Dst: netip.MustParsePrefix("10.244.8.0/24"), Via: netip.MustParseAddr("10.0.0.8")},
+		Route{Node: "dual", Dst: netip.MustParsePrefix("fd00::/64"), Via: netip.MustParseAddr("fd00::3")})
+	if !slices.Equal(got, want) {
+		t.Errorf("dual-stack routes %v, want %v", got, want)
+	}
 }
 
 func TestToObjectValidates(t *testing.T) {

@@ -23,6 +23,7 @@ func agentArgs(i int, k8s bool) []string {
 		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
 	} else {
 		args = append(args, "--pod-cidr", PodCIDR(i))
+		args = append(args, labIPv6AgentArgs(i)...) // dual-stack labs (ipfamily.go)
 	}
 	return append(args,
 		"--bpf-dir", BPFDir(i),

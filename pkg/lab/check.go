@@ -35,6 +35,7 @@ type checkGroup struct {
 	sources []endpoint
 	targets []endpoint
 	vms     map[string]LabVM // sources that are guests: probed through their console
+	port    int              // echo port: 0 is EchoPort on 0.0.0.0; EchoPort6 on [::] (check6.go)
 }
 
 // vmNS is the pseudo netns name of a guest in check groups.
@@ -91,6 +92,7 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 				sources: vms, targets: append(append([]endpoint{}, podsOf[kind]...), nodes...), vms: vmByNS})
 		}
 	}
+	groups = append(groups, ipv6CheckGroups(st)...) // dual-stack labs (check6.go)
 	if len(groups) == 0 {
 		return fmt.Errorf("lab check: the lab has no pods")
 	}
@@ -105,14 +107,15 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	}()
 	for _, g := range groups {
 		for _, t := range g.targets {
-			if servers[t.NS] != nil || vmByNS[t.NS].Name != "" {
+			key := fmt.Sprintf("%s:%d", t.NS, g.port)
+			if servers[key] != nil || vmByNS[t.NS].Name != "" {
 				continue // guests serve the echo port themselves
 			}
-			cmd, err := startEcho(ctx, b, t.NS)
+			cmd, err := startEchoOn(ctx, b, t.NS, g.port)
 			if err != nil {
 				return fmt.Errorf("lab check: %w", err)
 			}
-			servers[t.NS] = cmd
+			servers[key] = cmd
 		}
 	}
 	pingArgv := pingCommand()
@@ -135,15 +138,27 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 
 // startEcho starts `lanekit lab tcp-echo` in ns and waits until it listens.
 func startEcho(ctx context.Context, b Bins, ns string) (*exec.Cmd, error) {
+	return startEchoOn(ctx, b, ns, 0)
+}
+
+// startEchoOn is startEcho on a group's port (0: EchoPort on 0.0.0.0,
+// EchoPort6 on [::]).
+func startEchoOn(ctx context.Context, b Bins, ns string, port int) (*exec.Cmd, error) {
+	host := "0.0.0.0"
+	if port == 0 {
+		port = EchoPort
+	} else if port == EchoPort6 {
+		host = "::"
+	}
 	cmd := nsCommand(context.WithoutCancel(ctx), ns, b.Self, "lab", "tcp-echo",
-		"--listen", net.JoinHostPort("0.0.0.0", strconv.Itoa(EchoPort)), "--for", "3m")
+		"--listen", net.JoinHostPort(host, strconv.Itoa(port)), "--for", "3m")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start tcp echo in %s: %w", ns, err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if bench.Listening(cmd.Process.Pid, EchoPort) {
+		if bench.Listening(cmd.Process.Pid, port) {
 			return cmd, nil
 		}
 		if !alive(cmd.Process.Pid) {
@@ -184,7 +199,11 @@ func probeGroup(ctx context.Context, b Bins, g checkGroup, pingArgv []string) ma
 			if t.NS == s.NS {
 				continue
 			}
-			addrs = append(addrs, net.JoinHostPort(t.IP, strconv.Itoa(EchoPort)))
+			port := g.port
+			if port == 0 {
+				port = EchoPort
+			}
+			addrs = append(addrs, net.JoinHostPort(t.IP, strconv.Itoa(port)))
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

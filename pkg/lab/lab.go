@@ -49,6 +49,8 @@ type Config struct {
 	Kubelet bool
 	Bins    Bins
 	Out     io.Writer // progress lines
+	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
+	IPFamily string
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
@@ -58,6 +60,7 @@ type State struct {
 	BaselineOnly bool    `json:"baseline_only"`
 	K8s          bool    `json:"k8s,omitempty"`
 	Kubelet      bool    `json:"kubelet,omitempty"`
+	IPFamily     string  `json:"ip_family,omitempty"` // "": ipv4
 	VMs          []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
@@ -79,6 +82,9 @@ type Node struct {
 	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
 	RawNS string `json:"raw_netns,omitempty"`
 	RawIP string `json:"raw_ip,omitempty"`
+	// UnderlayIP6 and PodCIDR6: a dual-stack lab's IPv6 side.
+	UnderlayIP6 string `json:"underlay_ip6,omitempty"`
+	PodCIDR6    string `json:"pod_cidr6,omitempty"`
 }
 
 // Pod is one pod namespace.
@@ -86,6 +92,7 @@ type Pod struct {
 	NS   string `json:"netns"`
 	Kind string `json:"kind"`
 	IP   string `json:"ip"`
+	IP6  string `json:"ip6,omitempty"` // lanekit pods of a dual-stack lab
 }
 
 // NodeNS is the namespace of node i (1-based).

@@ -33,6 +33,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			return nil, fmt.Errorf("lab up: %w", err)
 		}
 	}
+	family, err := checkIPFamily(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if Exists() {
 		progress(cfg.Out, "lab: removing the previous lab")
 		if err := Down(ctx, DownOptions{Bins: cfg.Bins}); err != nil {
@@ -44,6 +48,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
 	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet}
+	if family != IPFamilyIPv4 {
+		st.IPFamily = family
+	}
 	if err := st.save(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
@@ -71,6 +78,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
+		}
+		if st.Dual() {
+			n := &st.Nodes[len(st.Nodes)-1]
+			n.UnderlayIP6, n.PodCIDR6 = UnderlayIP6(i), PodCIDR6(i)
+			if err := buildNodeIPv6(ctx, i, cfg.Nodes); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
 		}
 		if cfg.Nodes >= 2 && i <= RawHosts {
 			if err := buildRawHost(ctx, i); err != nil {
@@ -142,6 +156,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				n.Pods = append(n.Pods, Pod{NS: ns, Kind: kind})
 				ip, err := addPod(ctx, cfg.Bins, n.Index, ns, kind)
 				n.Pods[len(n.Pods)-1].IP = ip
+				if st.Dual() && kind == KindLanekit {
+					n.Pods[len(n.Pods)-1].IP6 = podIP6(ctx, ns)
+				}
 				if serr := st.save(); serr != nil && err == nil {
 					err = serr
 				}

@@ -79,7 +79,7 @@ func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 		if !hasRoute(routes, hostRoute(spec.IP, a.Index)) {
 			return fmt.Errorf("no route %s/32 dev %s scope link", spec.IP, spec.HostIfName)
 		}
-		return nil
+		return checkHostIPv6(l, spec)
 	})
 	if err != nil {
 		return fmt.Errorf("check %s: %w", spec.HostIfName, err)
@@ -117,7 +117,7 @@ func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 		if !defaultRouteMatches(routes, defaultRoute(a.Index)) {
 			return fmt.Errorf("no default route via %s dev %s", endpoint.GatewayIP, spec.IfName)
 		}
-		return nil
+		return checkPodIPv6(l, spec)
 	})
 	if err != nil {
 		return fmt.Errorf("check %s in %s: %w", spec.IfName, spec.Netns, err)

@@ -60,6 +60,7 @@ type PodSpec struct {
 	IfName     string // inside the pod
 	Netns      string // path of the pod's namespace
 	IP         netip.Addr
+	IP6        netip.Addr // invalid: no IPv6 (ipv6.go)
 	MTU        int
 	// Queues > 0 makes a VM device (veth only): both ends get exactly Queues
 	// tx and rx queues (every rx queue has an AF_XDP socket bound to it), and
@@ -218,6 +219,9 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 				return fmt.Errorf("add default route on %s: %w", spec.IfName, err)
 			}
 		}
+		if err := setupPodIPv6(l, spec); err != nil {
+			return err
+		}
 		l, err = netlink.LinkByIndex(idx)
 		if err != nil {
 			return fmt.Errorf("read %s: %w", spec.IfName, err)
@@ -249,6 +253,9 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		}
 		if err := netlink.RouteReplace(hostRoute(spec.IP, l.Attrs().Index)); err != nil {
 			return fmt.Errorf("route %s to %s: %w", spec.IP, spec.HostIfName, err)
+		}
+		if err := setupHostIPv6(l, spec); err != nil {
+			return err
 		}
 		links.HostIfIndex = l.Attrs().Index
 		if len(l.Attrs().HardwareAddr) > 0 {

@@ -1,0 +1,282 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* ipv6.h: the IPv6 pod datapath, the same steps as IPv4 (pod.c):
+ *   parse (extension headers walked, bounded: ip6_ext.h) -> anti-spoof
+ *   (source address; neighbour discovery, ndp.h; router advertisements,
+ *   redirects and DHCPv6 server messages dropped) -> [policy: fail closed]
+ *   -> route (local: bpf_redirect_peer; remote: bpf_fib_lookup AF_INET6 +
+ *   redirect / redirect_neigh, the GSO-aware MTU rule of fib.h)
+ * What only the host stack can do goes there: hop limit <= 1 (ICMPv6 time
+ * exceeded), a packet too big for the egress device (Packet Too Big),
+ * hop-by-hop options (a router must look), multicast and link-scoped
+ * traffic.
+ *
+ * NetworkPolicy and Services do not cover IPv6 yet. Until they do, IPv6 fails
+ * closed where policy matters: IPv6 to or from an endpoint that any
+ * NetworkPolicy selects (an isolation entry for its identity, either
+ * direction) is dropped as DROP_POLICY_IPV6, never passed unenforced.
+ * Neighbour discovery is exempt (it is the link, as ARP is for IPv4). */
+#ifndef LK_IPV6_H
+#define LK_IPV6_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "consts.h"
+#include "structs.h"
+#include "maps.h"
+#include "parse.h"
+#include "fib.h"
+#include "ip6_ext.h"
+#include "ndp.h"
+#include "policy.h"
+
+/* Extension headers the datapath walks; a longer chain is dropped
+ * (DROP_IPV6_EXT_HDRS). Eight is more than any packet RFC 8200's order of
+ * headers needs (each at most once, destination options twice). */
+#define LK_IP6_EXT_MAX 8
+
+#define LK_ICMP6_MLD_QUERY 130
+#define LK_ICMP6_MLD_REPORT 131
+#define LK_ICMP6_MLD_DONE 132
+#define LK_ICMP6_MLD2_REPORT 143
+#define LK_DHCP6_CLIENT_PORT 546
+#define LK_DHCP6_SERVER_PORT 547
+
+/* Local endpoints by IPv6 address: where to deliver. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS);
+	__type(key, struct in6_addr);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_endpoints6 SEC(".maps");
+
+/* from_pod's IPv6 half (from_pod6 in pod.c), entered by a tail call: the
+ * IPv4 pipeline (load balancing, policy) fills most of from_pod's 512-byte
+ * stack, and a tail call starts a fresh one. Slot 0. Pinned, so that the
+ * entry outlives the agent (the datapath keeps forwarding while it is down). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_pod6_progs SEC(".maps");
+
+static __always_inline int ep_has_ip6(const struct endpoint_info *ep)
+{
+	return !ip6_is_zero(ep->ip6);
+}
+
+/* ip6_policy_selected: some NetworkPolicy selects ep (either direction). */
+static __always_inline int ip6_policy_selected(const struct endpoint_info *ep)
+{
+	struct policy_isolation iso = policy_isolation_of(policy_endpoint_identity(ep->ip));
+
+	return (iso.policy_ingress | iso.policy_egress) != 0;
+}
+
+static __always_inline int ip6_walk(struct __sk_buff *skb, const struct pkt *p, struct lk_ip6_chain *c)
+{
+	if (lk_ip6_walk_skb(skb, ETH_HLEN, p->ip6->nexthdr, LK_IP6_EXT_MAX, c) != LK_IP6_CHAIN_OK ||
+	    c->off > skb->len)
+		return -1;
+	return 0;
+}
+
+/* What an endpoint's packet is at L4, for anti-spoofing (ip6_l4_class). */
+enum lk_ip6_l4 {
+	LK_IP6_L4_OTHER = 0, /* anything else: routed after the source check */
+	LK_IP6_L4_MALFORMED, /* the ICMPv6 type or UDP ports are not in the packet */
+	LK_IP6_L4_ROUTER, /* router advertisement, redirect, DHCPv6 server/relay message */
+	LK_IP6_L4_LINK, /* router solicitation, MLD: link-scope, for the host stack */
+	LK_IP6_L4_NS, /* neighbour solicitation (ndp.h) */
+	LK_IP6_L4_NA, /* neighbour advertisement (ndp.h) */
+};
+
+/* ip6_l4_class classifies the L4 header at c->off. A later fragment (no L4
+ * header; its first fragment was classified) is LK_IP6_L4_OTHER. */
+static __always_inline int ip6_l4_class(struct __sk_buff *skb, const struct lk_ip6_chain *c)
+{
+	if (c->later)
+		return LK_IP6_L4_OTHER;
+	if (c->nh == IPPROTO_ICMPV6) {
+		__u8 type;
+
+		if (bpf_skb_load_bytes(skb, c->off, &type, 1) < 0)
+			return LK_IP6_L4_MALFORMED;
+		switch (type) {
+		case LK_ICMP6_RA:
+		case LK_ICMP6_REDIRECT:
+			return LK_IP6_L4_ROUTER;
+		case LK_ICMP6_NS:
+			return LK_IP6_L4_NS;
+		case LK_ICMP6_NA:
+			return LK_IP6_L4_NA;
+		case LK_ICMP6_RS:
+		case LK_ICMP6_MLD_QUERY:
+		case LK_ICMP6_MLD_REPORT:
+		case LK_ICMP6_MLD_DONE:
+		case LK_ICMP6_MLD2_REPORT:
+			return LK_IP6_L4_LINK;
+		}
+		return LK_IP6_L4_OTHER;
+	}
+	if (c->nh == IPPROTO_UDP) {
+		__be16 ports[2];
+
+		if (bpf_skb_load_bytes(skb, c->off, ports, sizeof(ports)) < 0)
+			return LK_IP6_L4_MALFORMED;
+		if (ports[0] == bpf_htons(LK_DHCP6_SERVER_PORT) || ports[1] == bpf_htons(LK_DHCP6_CLIENT_PORT))
+			return LK_IP6_L4_ROUTER;
+	}
+	return LK_IP6_L4_OTHER;
+}
+
+/* route_ipv6 forwards an IPv6 packet endpoint ep_id (0: the uplink) sent,
+ * whose chain is c, to the local endpoint dst or through the FIB. The
+ * hop limit must have been checked (> 1) by the caller. */
+static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u32 ep_id,
+				      const struct lk_ip6_chain *c, const struct endpoint_info *dst)
+{
+	struct ipv6hdr *ip6 = p->ip6;
+
+	if (dst)
+		return deliver_local_l3(skb, p, ep_id, dst, 1);
+
+	/* tot_len 0: as route_ipv4, the GSO-aware MTU check is fits_mtu_l3's. */
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET6,
+		.l4_protocol = c->nh,
+		.tot_len = 0,
+		.ifindex = skb->ifindex,
+	};
+	fib.flowinfo = *(__be32 *)ip6 & bpf_htonl(0x0fffffff);
+	__builtin_memcpy(fib.ipv6_src, &ip6->saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, &ip6->daddr, 16);
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->nh, fib.ifindex))
+			return to_stack(skb, ep_id); /* ICMPv6 Packet Too Big */
+		skb_event_forwarded(skb, ep_id, 0);
+		ip6->hop_limit--;
+		mac_copy(p->eth->h_dest, fib.dmac);
+		mac_copy(p->eth->h_source, fib.smac);
+		trace_redirect(fib.ifindex, REDIR_PLAIN, skb->queue_mapping);
+		return bpf_redirect(fib.ifindex, 0);
+	case BPF_FIB_LKUP_RET_NO_NEIGH: {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
+
+		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->nh, fib.ifindex))
+			return to_stack(skb, ep_id);
+		skb_event_forwarded(skb, ep_id, 0);
+		ip6->hop_limit--;
+		trace_redirect(fib.ifindex, REDIR_NEIGH, skb->queue_mapping);
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	case BPF_FIB_LKUP_RET_BLACKHOLE:
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+		return drop(skb, ep_id, DROP_FIB_FAILED);
+	default:
+		return to_stack(skb, ep_id); /* for the node itself, forwarding off, too big */
+	}
+}
+
+/* from_pod_ipv6 is from_pod (pod.c) for IPv6. */
+static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, const struct endpoint_info *ep)
+{
+	struct endpoint_info *dst;
+	struct lk_ip6_chain c;
+
+	if (!ep_has_ip6(ep))
+		return drop(skb, ep->id, DROP_UNSUPPORTED_L3); /* an IPv4-only endpoint */
+	if (!(ep->flags & EP_F_L3) && !mac_equal(p->eth->h_source, ep->mac))
+		return drop(skb, ep->id, DROP_SPOOFED_MAC);
+	if (ip6_walk(skb, p, &c))
+		return drop(skb, ep->id, DROP_IPV6_EXT_HDRS);
+	switch (ip6_l4_class(skb, &c)) {
+	case LK_IP6_L4_MALFORMED:
+		return drop(skb, ep->id, DROP_MALFORMED);
+	case LK_IP6_L4_ROUTER:
+		return drop(skb, ep->id, DROP_ROUTER_MSG);
+	case LK_IP6_L4_NS:
+		return ndp_from_endpoint(skb, p, ep, &c, LK_ICMP6_NS);
+	case LK_IP6_L4_NA:
+		return ndp_from_endpoint(skb, p, ep, &c, LK_ICMP6_NA);
+	case LK_IP6_L4_LINK:
+		if (!ip6_equal(&p->ip6->saddr, ep->ip6) && !ip6_is_linklocal((__u8 *)&p->ip6->saddr) &&
+		    !ip6_is_zero((__u8 *)&p->ip6->saddr))
+			return drop(skb, ep->id, DROP_SPOOFED_IP);
+		return to_stack(skb, ep->id);
+	}
+	if (!ip6_equal(&p->ip6->saddr, ep->ip6)) {
+		/* Link-scope chatter from a link-local (or no) address stays on
+		 * the pod's link: the host stack takes it. */
+		if ((ip6_is_linklocal((__u8 *)&p->ip6->saddr) || ip6_is_zero((__u8 *)&p->ip6->saddr)) &&
+		    (ip6_is_multicast((__u8 *)&p->ip6->daddr) || ip6_is_linklocal((__u8 *)&p->ip6->daddr)))
+			return to_stack(skb, ep->id);
+		return drop(skb, ep->id, DROP_SPOOFED_IP);
+	}
+	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
+
+	/* [policy] fail closed (see the file comment). */
+	if (ip6_policy_selected(ep))
+		return drop(skb, ep->id, DROP_POLICY_IPV6);
+	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	if (dst && ip6_policy_selected(dst))
+		return drop(skb, dst->id, DROP_POLICY_IPV6);
+	/* [/policy] */
+
+	if (is_multicast_ether(p->eth->h_dest) || ip6_is_multicast((__u8 *)&p->ip6->daddr) ||
+	    ip6_is_linklocal((__u8 *)&p->ip6->daddr))
+		return to_stack(skb, ep->id);
+	if (p->ip6->hop_limit <= 1)
+		return to_stack(skb, ep->id); /* the host stack sends ICMPv6 time exceeded */
+	if (c.first_nh == IPPROTO_HOPOPTS)
+		return to_stack(skb, ep->id); /* hop-by-hop options are every router's to process */
+	return route_ipv6(skb, p, ep->id, &c, dst);
+}
+
+/* from_uplink_ipv6 is from_uplink (uplink.c) for IPv6: a packet for a local
+ * endpoint goes into it with bpf_redirect_peer; the rest is the stack's. */
+static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct lk_ip6_chain c;
+
+	if (!dst)
+		return TC_ACT_OK;
+	if (ip6_policy_selected(dst))
+		return drop(skb, dst->id, DROP_POLICY_IPV6);
+	if (ip6_walk(skb, p, &c) || p->ip6->hop_limit <= 1 || c.first_nh == IPPROTO_HOPOPTS)
+		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options */
+	return deliver_local_l3(skb, p, 0, dst, 1);
+}
+
+/* to_pod_ipv6 is to_pod (pod.c) for IPv6: the stack's packets into an
+ * endpoint a NetworkPolicy selects are refused, neighbour discovery (the
+ * host resolving the pod) excepted. */
+static __always_inline int to_pod_ipv6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct lk_ip6_chain c;
+	__u8 type;
+
+	if (!dst || !ip6_policy_selected(dst))
+		return TC_ACT_OK;
+	if (!ip6_walk(skb, p, &c) && !c.frag && c.nh == IPPROTO_ICMPV6 &&
+	    !bpf_skb_load_bytes(skb, c.off, &type, 1) && (type == LK_ICMP6_NS || type == LK_ICMP6_NA))
+		return TC_ACT_OK;
+	return drop(skb, dst->id, DROP_POLICY_IPV6);
+}
+
+#endif

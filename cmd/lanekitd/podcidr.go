@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/lanekit/lanekit/pkg/k8s"
+)
+
+// splitPodCIDRs sorts the --pod-cidr values into the node's IPv4 and IPv6
+// pod CIDRs: at most one per family. IPv6 alone is refused: NetworkPolicy
+// knows endpoints by their IPv4 address until it covers IPv6 (a later
+// slice of issue 25), so an IPv6-only pod could not even be refused its
+// traffic when a policy selects it.
+func splitPodCIDRs(vals []string) (v4, v6 string, err error) {
+	for _, v := range vals {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return "", "", err
+		}
+		if p.Addr().Is4In6() {
+			return "", "", fmt.Errorf("%s: an IPv4-mapped IPv6 prefix; give IPv4 as IPv4", v)
+		}
+		if p.Addr().Is4() {
+			if v4 != "" {
+				return "", "", fmt.Errorf("two IPv4 pod CIDRs (%s, %s): give one per family", v4, v)
+			}
+			v4 = p.String()
+		} else {
+			if v6 != "" {
+				return "", "", fmt.Errorf("two IPv6 pod CIDRs (%s, %s): give one per family", v6, v)
+			}
+			v6 = p.String()
+		}
+	}
+	if v6 != "" && v4 == "" && len(vals) > 0 {
+		return "", "", errors.New("an IPv6 pod CIDR needs an IPv4 one beside it: IPv6-only nodes are not supported yet (NetworkPolicy covers IPv4 only)")
+	}
+	return v4, v6, nil
+}
+
+// nodePodCIDR6 reads the node's IPv6 pod CIDR from its spec.podCIDRs; with
+// --pod-cidr's IPv6 one (flag) too, they must agree.
+func (f kubeFlags) nodePodCIDR6(ctx context.Context, kc *kubeClients, flag string) (string, error) {
+	cidr, err := k8s.NodePodCIDRv6(ctx, kc.client, f.nodeName)
+	if err != nil {
+		return "", fmt.Errorf("IPv6 pod CIDR of node %s: %w", f.nodeName, err)
+	}
+	if flag != "" && flag != cidr {
+		return "", fmt.Errorf("--pod-cidr %s differs from node %s's IPv6 spec.podCIDRs entry %q", flag, f.nodeName, cidr)
+	}
+	return cidr, nil
+}

@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+	"github.com/vishvananda/netlink"
+)
+
+// TestDualStackEndpoint: with an IPv6 pod CIDR, an ADD gives the pod an
+// address of each family (IPAM per family), configures the IPv6 one with a
+// default route through the link-local gateway, routes it to the host end,
+// hands it to the datapath and lists both in the API (CNI) form; DEL frees
+// both.
+func TestDualStackEndpoint(t *testing.T) {
+	fx := newFixture(t)
+	fake := newFake()
+	a, err := New(Config{
+		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd00:77::/64"),
+		MTU: 1400, HostNetns: fx.nodeNS.Path(),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return fake, nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	pod := netnstest.New(t, "apod6")
+	ep, err := a.Add(AddRequest{ContainerID: "c6", IfName: "eth0", Netns: pod.Path(), Network: "lk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.IP.String() != "10.77.0.1" || ep.IP6.String() != "fd00:77::1" {
+		t.Fatalf("addresses %v %v, want 10.77.0.1 fd00:77::1", ep.IP, ep.IP6)
+	}
+	if len(fake.upserts) != 1 || fake.upserts[0].IP6 != ep.IP6 {
+		t.Fatalf("datapath got %+v", fake.upserts)
+	}
+	pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V6)
+		found := false
+		for _, ad := range addrs {
+			if ones, _ := ad.Mask.Size(); ad.IP.Equal(ep.IP6.AsSlice()) && ones == 128 {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("pod eth0 lacks %s/128: %v", ep.IP6, addrs)
+		}
+		routes, _ := netlink.RouteList(l, netlink.FAMILY_V6)
+		found = false
+		for _, r := range routes {
+			if (r.Dst == nil || r.Dst.String() == "::/0") && r.Gw.Equal(net.ParseIP("fe80::1")) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("pod eth0 has no default route via fe80::1: %+v", routes)
+		}
+		return nil
+	})
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(ep.HostIfName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes, _ := netlink.RouteList(l, netlink.FAMILY_V6)
+		found := false
+		for _, r := range routes {
+			if r.Dst != nil && r.Dst.String() == ep.IP6.String()+"/128" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("host end %s has no route to %s/128: %+v", ep.HostIfName, ep.IP6, routes)
+		}
+		return nil
+	})
+	if _, err := a.Check("c6", "eth0", pod.Path()); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	// CHECK sees the IPv6 side too: without the default route it fails.
+	pod.Do(func(ns.NetNS) error {
+		l, _ := netlink.LinkByName("eth0")
+		_, dst, _ := net.ParseCIDR("::/0")
+		if err := netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: net.ParseIP("fe80::1")}); err != nil {
+			t.Fatalf("delete the IPv6 default route: %v", err)
+		}
+		return nil
+	})
+	if _, err := a.Check("c6", "eth0", pod.Path()); err == nil || !strings.Contains(err.Error(), "IPv6 default route") {
+		t.Fatalf("check without the IPv6 default route: %v", err)
+	}
+	pe := EndpointToProto(ep)
+	if len(pe.Ips) != 2 || pe.Ips[1].Address != "fd00:77::1/128" || pe.Ips[1].Gateway != "fe80::1" {
+		t.Errorf("API addresses %v", pe.Ips)
+	}
+	if r := pe.Routes[len(pe.Routes)-1]; r.Dst != "::/0" || r.Gateway != "fe80::1" {
+		t.Errorf("API routes %v", pe.Routes)
+	}
+	if _, err := a.Del("c6", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if al, err := a.ipam6.Allocations(); err != nil || len(al) != 0 {
+		t.Fatalf("IPv6 allocations after DEL: %v %v", al, err)
+	}
+	if al, err := a.ipam.Allocations(); err != nil || len(al) != 0 {
+		t.Fatalf("IPv4 allocations after DEL: %v %v", al, err)
+	}
+}
