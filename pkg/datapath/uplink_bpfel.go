@@ -178,6 +178,18 @@ type uplinkRedirectTrace struct {
 	QueueMapping uint32
 }
 
+type uplinkTunnelNode struct {
+	_        structs.HostLayout
+	Underlay uint32
+	Flags    uint32
+}
+
+type uplinkTunnelNodeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -205,6 +217,11 @@ const (
 	uplinkMapLkPolicyRules         = "lk_policy_rules"
 	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	uplinkMapLkRssVms              = "lk_rss_vms"
+	uplinkMapLkTunnelIdent         = "lk_tunnel_ident"
+	uplinkMapLkTunnelNodes         = "lk_tunnel_nodes"
+	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
+	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
+	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -226,7 +243,9 @@ const (
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarLkUnusedSockHook      = "lk_unused_sock_hook"
 	uplinkVarLkUnusedSockStat      = "lk_unused_sock_stat"
+	uplinkVarLkUnusedTunnelStat    = "lk_unused_tunnel_stat"
 	uplinkVarTraceRedirects        = "trace_redirects"
+	uplinkVarTunnelIfindex         = "tunnel_ifindex"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -271,6 +290,7 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
+	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
 	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
 }
 
@@ -301,6 +321,10 @@ type uplinkMapSpecs struct {
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.MapSpec `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -327,7 +351,9 @@ type uplinkVariableSpecs struct {
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.VariableSpec `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -373,6 +399,10 @@ type uplinkMaps struct {
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.Map `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -400,6 +430,10 @@ func (m *uplinkMaps) Close() error {
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
 		m.LkRssVms,
+		m.LkTunnelIdent,
+		m.LkTunnelNodes,
+		m.LkTunnelStats,
+		m.LkTunnelVni,
 	)
 }
 
@@ -427,18 +461,22 @@ type uplinkVariables struct {
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.Variable `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
+	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
 	FromUplink *ebpf.Program `ebpf:"from_uplink"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
+		p.FromTunnel,
 		p.FromUplink,
 	)
 }
