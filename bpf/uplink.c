@@ -6,7 +6,10 @@
  *     tagged frames included) continues to the host stack.
  *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
  *     same for what another node sent through the tunnel, with the sender's
- *     identity from the VNI (lib/tunnel.h). */
+ *     identity from the VNI (lib/tunnel.h).
+ *   to_tunnel (tcx egress of the VXLAN device): what the node's own stack
+ *     sends into the tunnel (its routes to other nodes' pod CIDRs point
+ *     there) gets its tunnel key; what the datapath redirected has one. */
 #include <linux/bpf.h>
 #include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
@@ -94,4 +97,16 @@ int from_tunnel(struct __sk_buff *skb)
 {
 	tunnel_count(TUNNEL_STAT_DECAP);
 	return from_wire(skb, tunnel_rx_identity(skb));
+}
+
+SEC("tc")
+int to_tunnel(struct __sk_buff *skb)
+{
+	struct pkt p;
+
+	if (tunnel_has_key(skb))
+		return TC_ACT_OK; /* encapsulated by tunnel_route */
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_SHOT; /* ARP and the like: the device is NOARP */
+	return tunnel_host_key(skb, &p);
 }

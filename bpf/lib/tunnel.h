@@ -67,7 +67,8 @@ enum lk_tunnel_stat {
 	TUNNEL_STAT_VNI_IDENTITY = 2, /* received with a VNI that mapped to a local identity */
 	TUNNEL_STAT_OVERSIZE = 3, /* too big for the tunnel: left to the VXLAN device's PMTU check (ICMP frag needed) */
 	TUNNEL_STAT_ENCAP_ERR = 4, /* bpf_skb_set_tunnel_key failed (dropped) */
-	TUNNEL_STAT_MAX = 5,
+	TUNNEL_STAT_HOST_ENCAP = 5, /* the node's own packets to another node's pod (to_tunnel) */
+	TUNNEL_STAT_MAX = 6,
 };
 const enum lk_tunnel_stat *lk_unused_tunnel_stat __attribute__((unused));
 
@@ -156,6 +157,35 @@ static __noinline __attribute__((unused)) __u32 tunnel_rx_identity(struct __sk_b
 	if (!skb || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
 		return 0;
 	return tunnel_identity_of(key.tunnel_id);
+}
+
+/* tunnel_has_key reports whether skb already carries tunnel metadata. */
+static __noinline __attribute__((unused)) int tunnel_has_key(struct __sk_buff *skb)
+{
+	struct bpf_tunnel_key key = {};
+
+	return skb && bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0;
+}
+
+/* tunnel_host_key sets the tunnel key of a packet the node's own stack sends
+ * to another node's pod (VNI 0: the receiver resolves the address, as for
+ * any traffic from a node). Returns a TC verdict. */
+static __always_inline __attribute__((unused)) int tunnel_host_key(struct __sk_buff *skb, struct pkt *p)
+{
+	struct tunnel_node_key k = { .prefixlen = 32, .addr = p->ip4->daddr };
+	struct bpf_tunnel_key key = {};
+	struct tunnel_node *n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
+
+	if (!n || (n->flags & TUNNEL_NODE_F_SELF))
+		return TC_ACT_SHOT;
+	key.remote_ipv4 = bpf_ntohl(n->underlay);
+	key.tunnel_ttl = LK_TUNNEL_TTL;
+	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
+		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
+		return TC_ACT_SHOT;
+	}
+	tunnel_count(TUNNEL_STAT_HOST_ENCAP);
+	return TC_ACT_OK;
 }
 
 /* tunnel_route sends an IPv4 packet for a remote node's pod CIDR into the

@@ -220,6 +220,9 @@ func ensureVXLAN(port, mtu int) error {
 			if err := netlink.LinkSetHardwareAddr(l, datapath.TunnelMAC); err != nil {
 				return fmt.Errorf("set %s address: %w", TunnelDevice, err)
 			}
+			if err := netlink.LinkSetARPOff(l); err != nil {
+				return fmt.Errorf("set %s noarp: %w", TunnelDevice, err)
+			}
 			return netlink.LinkSetUp(l)
 		}
 		if err := netlink.LinkDel(l); err != nil {
@@ -240,6 +243,11 @@ func ensureVXLAN(port, mtu int) error {
 	// The inner frame's destination: the tunnel MAC on every node.
 	if err := netlink.LinkSetHardwareAddr(l, datapath.TunnelMAC); err != nil {
 		return fmt.Errorf("set %s address: %w", TunnelDevice, err)
+	}
+	// No ARP: the node's routes into the tunnel resolve to the device's own
+	// (the tunnel) MAC, and to_tunnel drops what is not IPv4.
+	if err := netlink.LinkSetARPOff(l); err != nil {
+		return fmt.Errorf("set %s noarp: %w", TunnelDevice, err)
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
 		return fmt.Errorf("set %s up: %w", TunnelDevice, err)
@@ -267,7 +275,55 @@ func (a *Agent) writeTunnelNodesLocked() error {
 		peers = a.tunnelPeers
 	}
 	nodes = append(nodes, peers...)
-	return a.host.Do(func() error { return td.SetTunnelNodes(nodes) })
+	return a.host.Do(func() error {
+		if err := td.SetTunnelNodes(nodes); err != nil {
+			return err
+		}
+		return syncTunnelRoutes(peers)
+	})
+}
+
+// tunnelRouteProto marks the routes syncTunnelRoutes installs ("lk").
+const tunnelRouteProto = netlink.RouteProtocol(0x4c)
+
+// syncTunnelRoutes makes the routes into the tunnel device exactly one per
+// peer's pod CIDR (current namespace). They carry the node's own traffic to
+// other nodes' pods (kubelet probes, hostNetwork pods, replies to pods):
+// to_tunnel gives it the tunnel key. Pod traffic never uses them: the
+// datapath encapsulates it before any route is consulted.
+func syncTunnelRoutes(peers []datapath.TunnelNode) error {
+	l, err := netlink.LinkByName(TunnelDevice)
+	if err != nil {
+		return fmt.Errorf("tunnel routes: %w", err)
+	}
+	want := map[string]netip.Prefix{}
+	for _, p := range peers {
+		want[p.PodCIDR.Masked().String()] = p.PodCIDR.Masked()
+	}
+	have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: l.Attrs().Index, Protocol: tunnelRouteProto},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("tunnel routes: %w", err)
+	}
+	for _, r := range have {
+		if r.Dst == nil {
+			continue
+		}
+		if _, ok := want[r.Dst.String()]; ok {
+			continue
+		}
+		if err := netlink.RouteDel(&r); err != nil {
+			return fmt.Errorf("tunnel routes: delete %s: %w", r.Dst, err)
+		}
+	}
+	for _, p := range want {
+		dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK, Protocol: tunnelRouteProto}
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("tunnel routes: %s dev %s: %w", p, TunnelDevice, err)
+		}
+	}
+	return nil
 }
 
 // SetTunnelPeers makes peers the other nodes of the tunnel (from the

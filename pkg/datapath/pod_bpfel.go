@@ -271,7 +271,8 @@ const (
 	podLkTunnelStatTUNNEL_STAT_VNI_IDENTITY podLkTunnelStat = 2
 	podLkTunnelStatTUNNEL_STAT_OVERSIZE     podLkTunnelStat = 3
 	podLkTunnelStatTUNNEL_STAT_ENCAP_ERR    podLkTunnelStat = 4
-	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 5
+	podLkTunnelStatTUNNEL_STAT_HOST_ENCAP   podLkTunnelStat = 5
+	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 6
 )
 
 type podMetricsKey struct {

@@ -18,8 +18,12 @@ import (
 // CIDR are encapsulated by the node's collect_md VXLAN device, with the
 // remote node from lk_tunnel_nodes and the sender's identity in the VNI.
 
-// pinTunnelTC is the link of from_tunnel on the VXLAN device.
-const pinTunnelTC = "lk_tunnel_tc"
+// pinTunnelTC and pinTunnelEgress are the links of from_tunnel and
+// to_tunnel on the VXLAN device.
+const (
+	pinTunnelTC     = "lk_tunnel_tc"
+	pinTunnelEgress = "lk_tunnel_egress"
+)
 
 // TunnelMAC is the MAC every node's VXLAN device gets: the encapsulating
 // side addresses the inner frame to it (bpf/lib/tunnel.h tunnel_mac).
@@ -34,6 +38,7 @@ const (
 	TunnelVNIIdentity = TunnelStat(podLkTunnelStatTUNNEL_STAT_VNI_IDENTITY) // received with a VNI that mapped to an identity
 	TunnelOversize    = TunnelStat(podLkTunnelStatTUNNEL_STAT_OVERSIZE)     // too big: the VXLAN device's PMTU check answers
 	TunnelEncapErr    = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP_ERR)    // setting the tunnel key failed
+	TunnelHostEncap   = TunnelStat(podLkTunnelStatTUNNEL_STAT_HOST_ENCAP)   // the node's own packets into the tunnel
 	tunnelStatMax     = int(podLkTunnelStatTUNNEL_STAT_MAX)
 )
 
@@ -49,6 +54,8 @@ func (s TunnelStat) String() string {
 		return "oversize"
 	case TunnelEncapErr:
 		return "encap-error"
+	case TunnelHostEncap:
+		return "host-encap"
 	}
 	return "unknown"
 }
@@ -96,9 +103,12 @@ func (l *Loader) attachTunnel() error {
 		return err
 	}
 	if idx == 0 {
-		return l.detach(pinTunnelTC)
+		return errors.Join(l.detach(pinTunnelTC), l.detach(pinTunnelEgress))
 	}
 	if err := l.attach(pinTunnelTC, int(idx), attachTCXIngress, l.uplink.FromTunnel); err != nil {
+		return fmt.Errorf("tunnel %s: %w", l.cfg.Tunnel, err)
+	}
+	if err := l.attach(pinTunnelEgress, int(idx), attachTCXEgress, l.uplink.ToTunnel); err != nil {
 		return fmt.Errorf("tunnel %s: %w", l.cfg.Tunnel, err)
 	}
 	return nil

@@ -223,6 +223,7 @@ const (
 	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
 	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
+	uplinkProgToTunnel             = "to_tunnel"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarLastRedirect          = "last_redirect"
 	uplinkVarLbSnatPortMax         = "lb_snat_port_max"
@@ -292,6 +293,7 @@ type uplinkSpecs struct {
 type uplinkProgramSpecs struct {
 	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
 	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
+	ToTunnel   *ebpf.ProgramSpec `ebpf:"to_tunnel"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -472,12 +474,14 @@ type uplinkVariables struct {
 type uplinkPrograms struct {
 	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
 	FromUplink *ebpf.Program `ebpf:"from_uplink"`
+	ToTunnel   *ebpf.Program `ebpf:"to_tunnel"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
 		p.FromTunnel,
 		p.FromUplink,
+		p.ToTunnel,
 	)
 }
 
