@@ -45,6 +45,9 @@ const volatile __u32 tunnel_ifindex = 0;
 /* Every node's VXLAN device has this MAC (the agent sets it), so the inner
  * frame is addressed to the receiving device (PACKET_HOST after decap). */
 static const __u8 tunnel_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x4c };
+/* ... and comes from this one: never the device's own MAC, which the
+ * receiving VXLAN device drops as a loop (vxlan_set_mac). */
+static const __u8 tunnel_src_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x53 };
 
 /* lk_tunnel_nodes key: an LPM trie key over pod CIDRs. */
 struct tunnel_node_key {
@@ -180,6 +183,10 @@ static __always_inline __attribute__((unused)) int tunnel_host_key(struct __sk_b
 		return TC_ACT_SHOT;
 	key.remote_ipv4 = bpf_ntohl(n->underlay);
 	key.tunnel_ttl = LK_TUNNEL_TTL;
+	/* The neighbour of a NOARP device is the device's own MAC: as source
+	 * too, the receiver would drop it as a loop. */
+	mac_copy(p->eth->h_dest, tunnel_mac);
+	mac_copy(p->eth->h_source, tunnel_src_mac);
 	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
 		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
 		return TC_ACT_SHOT;
@@ -217,6 +224,7 @@ static __always_inline int tunnel_route(struct __sk_buff *skb, struct pkt *p, __
 	skb_event_forwarded(skb, ep_id, 0);
 	ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, tunnel_mac);
+	mac_copy(p->eth->h_source, tunnel_src_mac);
 	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
 		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
 		return drop(skb, ep_id, DROP_REDIRECT);

@@ -29,6 +29,10 @@ const (
 // side addresses the inner frame to it (bpf/lib/tunnel.h tunnel_mac).
 var TunnelMAC = net.HardwareAddr{0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x4c}
 
+// TunnelSrcMAC is the inner frame's source (never the receiving device's
+// own MAC, which VXLAN drops as a loop).
+var TunnelSrcMAC = net.HardwareAddr{0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x53}
+
 // TunnelStat names a tunnel counter (enum lk_tunnel_stat).
 type TunnelStat uint32
 

@@ -70,7 +70,7 @@ func TestTunnelFixtures(t *testing.T) {
 	e, vx := tunnelFixtureEnv(t)
 	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
 	fromTunnel := func(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.FromTunnel }
-	encapped := func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, pod1MAC) }
+	encapped := func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) }
 	tcpTo := func(dst string, n int) func(e *fixtureEnv) []byte {
 		return func(e *fixtureEnv) []byte { return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, n) }
 	}

@@ -43,8 +43,14 @@ type Config struct {
 	VMQueues     int  // its queue pairs (default 1)
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
-	K8s  bool
-	Bins Bins
+	K8s bool
+	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;
+	// "" native) and Underlay the network between the nodes
+	// (UnderlayBridged, UnderlayRouted; "": routed with the tunnel): see
+	// tunnel.go.
+	Routing  string
+	Underlay string
+	Bins     Bins
 	Out  io.Writer // progress lines
 }
 
@@ -54,6 +60,9 @@ type State struct {
 	Nodes        []Node  `json:"nodes"`
 	BaselineOnly bool    `json:"baseline_only"`
 	K8s          bool    `json:"k8s,omitempty"`
+	// Routing and Underlay as configured (empty: native, bridged).
+	Routing  string `json:"routing,omitempty"`
+	Underlay string `json:"underlay,omitempty"`
 	VMs          []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.

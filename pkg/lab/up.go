@@ -22,6 +22,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.Bins.checkBaseline(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if err := cfg.checkRouting(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if cfg.K8s && cfg.BaselineOnly {
 		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
@@ -40,13 +43,18 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Routing: cfg.routing(), Underlay: cfg.underlay()}
 	if err := st.save(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
 
+	build := buildWire
 	progress(cfg.Out, "lab: underlay %s with bridge %s", WireNS, WireBridge)
-	if err := buildWire(ctx); err != nil {
+	if cfg.underlay() == UnderlayRouted {
+		build = buildRouter
+		progress(cfg.Out, "lab: routed underlay: router %s, a subnet per node, no pod routes; agents route %s", WireNS, cfg.routing())
+	}
+	if err := build(ctx); err != nil {
 		return st, fmt.Errorf("lab up: %w", err)
 	}
 	var kc kubernetes.Interface
@@ -57,24 +65,28 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), UnderlayIP(i), PodCIDR(i), BaseCIDR(i))
+		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), cfg.underlayIP(i), PodCIDR(i), BaseCIDR(i))
 		if err := os.MkdirAll(NodeDir(i), 0o755); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		st.Nodes = append(st.Nodes, Node{Index: i, NS: NodeNS(i), UnderlayIP: UnderlayIP(i),
+		st.Nodes = append(st.Nodes, Node{Index: i, NS: NodeNS(i), UnderlayIP: cfg.underlayIP(i),
 			PodCIDR: PodCIDR(i), BaseCIDR: BaseCIDR(i)})
 		if err := st.save(); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
+		buildN, buildRaw := buildNode, buildRawHost
+		if cfg.underlay() == UnderlayRouted {
+			buildN, buildRaw = func(ctx context.Context, i, n int, _ bool) error { return buildRoutedNode(ctx, i, n) }, buildRoutedRawHost
+		}
+		if err := buildN(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if cfg.Nodes >= 2 && i <= RawHosts {
-			if err := buildRawHost(ctx, i); err != nil {
+			if err := buildRaw(ctx, i); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 			n := &st.Nodes[len(st.Nodes)-1]
-			n.RawNS, n.RawIP = RawNS(i), RawIP(i)
+			n.RawNS, n.RawIP = RawNS(i), cfg.rawIP(i)
 			if err := st.save(); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}

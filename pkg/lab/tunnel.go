@@ -1,0 +1,246 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+)
+
+// Routing modes of the lab's agents (Config.Routing, lab up --routing).
+const (
+	RoutingNative = "native" // today's lab: one bridged underlay, routes to every pod CIDR
+	RoutingTunnel = "tunnel" // agents in tunnel mode on a routed underlay
+)
+
+// Underlays (Config.Underlay): a bridged one (every node on one subnet, with
+// routes to each other's pod CIDRs) or a routed one, where every node has
+// a subnet of its own and the router between them (the lk-wire namespace)
+// knows only those subnets, nothing of pod CIDRs: native routing cannot
+// work there.
+const (
+	UnderlayBridged = "bridged"
+	UnderlayRouted  = "routed"
+)
+
+// TunnelPort is the agents' VXLAN port; FlannelPort the baseline's.
+const (
+	TunnelPort  = 8472
+	FlannelPort = 8473
+	// FlannelDevice is the baseline pods' kernel VXLAN device on a routed
+	// underlay (flannel's vxlan backend: device + static FDB, neighbour and
+	// route per node).
+	FlannelDevice = "lk-flannel"
+	// tunnelOverhead: pods on a tunnel get the uplink MTU minus this.
+	tunnelOverhead = 50
+)
+
+// routing returns the configured routing mode (native by default).
+func (c Config) routing() string {
+	if c.Routing == "" {
+		return RoutingNative
+	}
+	return c.Routing
+}
+
+// underlay returns the configured underlay: routed with the tunnel,
+// bridged otherwise, unless set.
+func (c Config) underlay() string {
+	switch {
+	case c.Underlay != "":
+		return c.Underlay
+	case c.routing() == RoutingTunnel:
+		return UnderlayRouted
+	}
+	return UnderlayBridged
+}
+
+// checkRouting validates Routing and Underlay.
+func (c Config) checkRouting() error {
+	switch c.routing() {
+	case RoutingNative, RoutingTunnel:
+	default:
+		return fmt.Errorf("--routing %q: want native or tunnel", c.Routing)
+	}
+	switch c.underlay() {
+	case UnderlayBridged, UnderlayRouted:
+	default:
+		return fmt.Errorf("--underlay %q: want bridged or routed", c.Underlay)
+	}
+	if c.routing() == RoutingTunnel && c.underlay() != UnderlayRouted {
+		return fmt.Errorf("--routing tunnel runs on the routed underlay")
+	}
+	if c.K8s && c.underlay() == UnderlayRouted {
+		return fmt.Errorf("--k8s with a routed underlay (--routing tunnel) is not supported by the lab yet: the API server sits on the bridged underlay")
+	}
+	if c.Nodes > 200 {
+		return fmt.Errorf("routed underlay: at most 200 nodes")
+	}
+	return nil
+}
+
+// RoutedUnderlayIP is node i's address on a routed underlay (subnet
+// 10.78.i.0/24, the router at .254).
+func RoutedUnderlayIP(i int) string { return fmt.Sprintf("10.78.%d.1", i) }
+
+// routedRawIP is raw host i's address on a routed underlay (its own subnet
+// 10.79.i.0/24).
+func routedRawIP(i int) string { return fmt.Sprintf("10.79.%d.1", i) }
+
+// underlayIP is node i's underlay address for cfg.
+func (c Config) underlayIP(i int) string {
+	if c.underlay() == UnderlayRouted {
+		return RoutedUnderlayIP(i)
+	}
+	return UnderlayIP(i)
+}
+
+// rawIP is raw host i's address for cfg.
+func (c Config) rawIP(i int) string {
+	if c.underlay() == UnderlayRouted {
+		return routedRawIP(i)
+	}
+	return RawIP(i)
+}
+
+// buildRouter makes the underlay namespace a router: forwarding on, no
+// bridge, only the subnets of the ports buildRoutedPort adds.
+func buildRouter(ctx context.Context) error {
+	if err := addNetns(ctx, WireNS); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	if err := ip(ctx, "-n", WireNS, "link", "set", "lo", "up"); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	if err := sysctl(ctx, WireNS, "net.ipv4.ip_forward", "1"); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	return nil
+}
+
+// routedPort connects ns to the router with a veth (Uplink in ns, port on
+// the router) on subnet net (a.b.c.0/24): ns gets .1, the router .254, and
+// ns a route to the whole underlay (10.78.0.0/15) through the router.
+func routedPort(ctx context.Context, ns, port, addr string) error {
+	a := netip.MustParseAddr(addr).As4()
+	gw := fmt.Sprintf("%d.%d.%d.254", a[0], a[1], a[2])
+	for _, args := range [][]string{
+		{"link", "add", "name", Uplink, "netns", ns, "type", "veth", "peer", "name", port, "netns", WireNS},
+		{"-n", WireNS, "addr", "add", gw + "/24", "dev", port},
+		{"-n", WireNS, "link", "set", port, "up"},
+		{"-n", ns, "addr", "add", addr + "/24", "dev", Uplink},
+		{"-n", ns, "link", "set", Uplink, "up"},
+		{"-n", ns, "route", "add", "10.78.0.0/15", "via", gw, "dev", Uplink},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildRoutedNode creates node i (of n) on the routed underlay: its own
+// subnet, no route to any pod CIDR (the agents tunnel), the baseline pods
+// joined by a flannel-style kernel VXLAN (device, FDB, neighbour and route
+// per other node), forwarding, bridge netfilter and the kube-proxy rules.
+func buildRoutedNode(ctx context.Context, i, n int) error {
+	ns := NodeNS(i)
+	if err := addNetns(ctx, ns); err != nil {
+		return fmt.Errorf("node %s: %w", ns, err)
+	}
+	if err := routedPort(ctx, ns, fmt.Sprintf("lk-w%d", i), RoutedUnderlayIP(i)); err != nil {
+		return fmt.Errorf("node %s: %w", ns, err)
+	}
+	steps := [][]string{
+		{"-n", ns, "link", "add", FlannelDevice, "type", "vxlan", "id", "1", "dstport", fmt.Sprint(FlannelPort),
+			"local", RoutedUnderlayIP(i), "dev", Uplink, "nolearning"},
+		{"-n", ns, "link", "set", FlannelDevice, "address", flannelMAC(i), "mtu", fmt.Sprint(1500 - tunnelOverhead), "up"},
+		{"-n", ns, "addr", "add", flannelGW(i) + "/32", "dev", FlannelDevice},
+	}
+	for j := 1; j <= n; j++ {
+		if j == i {
+			continue
+		}
+		steps = append(steps,
+			[]string{"-n", ns, "neigh", "add", flannelGW(j), "lladdr", flannelMAC(j), "dev", FlannelDevice, "nud", "permanent"},
+			[]string{"-n", ns, "route", "add", BaseCIDR(j), "via", flannelGW(j), "dev", FlannelDevice, "onlink"},
+		)
+	}
+	for _, args := range steps {
+		if err := ip(ctx, args...); err != nil {
+			return fmt.Errorf("node %s: %w", ns, err)
+		}
+	}
+	for j := 1; j <= n; j++ {
+		if j == i {
+			continue
+		}
+		cmd := nsCommand(ctx, ns, "bridge", "fdb", "append", flannelMAC(j), "dev", FlannelDevice, "dst", RoutedUnderlayIP(j))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("node %s: bridge fdb: %w: %s", ns, err, out)
+		}
+	}
+	for _, kv := range [][2]string{
+		{"net.ipv4.ip_forward", "1"},
+		{"net.bridge.bridge-nf-call-iptables", "1"},
+	} {
+		if err := sysctl(ctx, ns, kv[0], kv[1]); err != nil {
+			return fmt.Errorf("node %s: %w", ns, err)
+		}
+	}
+	if err := installKubeProxyRules(ctx, ns, n); err != nil {
+		return fmt.Errorf("node %s: %w", ns, err)
+	}
+	return nil
+}
+
+// flannelMAC and flannelGW are node i's baseline VXLAN device address and
+// its per-node gateway (flannel: the .0 of the node's range).
+func flannelMAC(i int) string { return fmt.Sprintf("02:4c:4b:46:%02x:%02x", i>>8, i&0xff) }
+func flannelGW(i int) string  { return fmt.Sprintf("10.245.%d.0", i) }
+
+// buildRoutedRawHost creates raw host i on a subnet of its own behind the
+// router.
+func buildRoutedRawHost(ctx context.Context, i int) error {
+	ns := RawNS(i)
+	if err := addNetns(ctx, ns); err != nil {
+		return fmt.Errorf("raw host %s: %w", ns, err)
+	}
+	if err := routedPort(ctx, ns, fmt.Sprintf("lk-wr%d", i), routedRawIP(i)); err != nil {
+		return fmt.Errorf("raw host %s: %w", ns, err)
+	}
+	return nil
+}
+
+// routingAgentArgs are lanekitd's routing flags for node i of the lab in
+// st: in tunnel mode, every other node's pod CIDR and underlay address.
+func routingAgentArgs(st *State, i int) []string {
+	if st == nil || st.Routing != RoutingTunnel {
+		return nil
+	}
+	args := []string{"--routing-mode", RoutingTunnel, "--tunnel-port", fmt.Sprint(TunnelPort)}
+	for _, n := range st.Nodes {
+		if n.Index == i {
+			continue
+		}
+		args = append(args, "--tunnel-node", n.PodCIDR+"="+n.UnderlayIP)
+	}
+	return args
+}
+
+// labRoutingArgs reads the lab state for routingAgentArgs (no state: native).
+func labRoutingArgs(i int) []string {
+	st, err := LoadState()
+	if err != nil {
+		return nil
+	}
+	return routingAgentArgs(st, i)
+}
+
+// baselineMTU is the baseline pods' MTU in the lab in st: on a routed
+// underlay they sit behind the flannel-style VXLAN.
+func baselineMTU() int {
+	if st, err := LoadState(); err == nil && st.Underlay == UnderlayRouted {
+		return 1500 - tunnelOverhead
+	}
+	return 0
+}
