@@ -68,7 +68,7 @@ enum lk_tunnel_stat {
 	TUNNEL_STAT_ENCAP = 0, /* packets encapsulated toward another node */
 	TUNNEL_STAT_DECAP = 1, /* packets received from the tunnel device */
 	TUNNEL_STAT_VNI_IDENTITY = 2, /* received with a VNI that mapped to a local identity */
-	TUNNEL_STAT_OVERSIZE = 3, /* too big for the tunnel: left to the VXLAN device's PMTU check (ICMP frag needed) */
+	TUNNEL_STAT_OVERSIZE = 3, /* too big for the tunnel: to the host stack (ICMP frag needed or fragments) */
 	TUNNEL_STAT_ENCAP_ERR = 4, /* bpf_skb_set_tunnel_key failed (dropped) */
 	TUNNEL_STAT_HOST_ENCAP = 5, /* the node's own packets to another node's pod (to_tunnel) */
 	TUNNEL_STAT_MAX = 6,
@@ -215,12 +215,16 @@ static __always_inline int tunnel_route(struct __sk_buff *skb, struct pkt *p, __
 	key.remote_ipv4 = bpf_ntohl(n->underlay);
 	key.tunnel_id = ep_id ? tunnel_vni_of(p->ip4->saddr) : 0;
 	key.tunnel_ttl = LK_TUNNEL_TTL;
-	/* A packet too big for the tunnel goes to the VXLAN device all the
-	 * same: its PMTU check (skb_tunnel_check_pmtu, GSO-aware) answers the
-	 * sender with ICMP fragmentation needed (DF set) or the outer packet is
-	 * fragmented (DF clear). Counted, so the share is visible. */
-	if (!fits_mtu(skb, p->ip4, ifindex))
+	/* A packet too big for the tunnel (GSO-aware: fits_mtu against the
+	 * VXLAN device's MTU, the uplink's minus the overhead) goes to the host
+	 * stack, as in native routing: its route into the tunnel device has that
+	 * MTU, so it answers ICMP fragmentation needed (DF set) or fragments
+	 * (to_tunnel then keys the fragments). Counted, so the share is
+	 * visible. */
+	if (!fits_mtu(skb, p->ip4, ifindex)) {
 		tunnel_count(TUNNEL_STAT_OVERSIZE);
+		return to_stack(skb, ep_id);
+	}
 	skb_event_forwarded(skb, ep_id, 0);
 	ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, tunnel_mac);

@@ -40,7 +40,7 @@ const (
 	TunnelEncap       = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP)        // encapsulated toward another node
 	TunnelDecap       = TunnelStat(podLkTunnelStatTUNNEL_STAT_DECAP)        // received from the tunnel device
 	TunnelVNIIdentity = TunnelStat(podLkTunnelStatTUNNEL_STAT_VNI_IDENTITY) // received with a VNI that mapped to an identity
-	TunnelOversize    = TunnelStat(podLkTunnelStatTUNNEL_STAT_OVERSIZE)     // too big: the VXLAN device's PMTU check answers
+	TunnelOversize    = TunnelStat(podLkTunnelStatTUNNEL_STAT_OVERSIZE)     // too big for the tunnel: to the stack (ICMP frag needed)
 	TunnelEncapErr    = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP_ERR)    // setting the tunnel key failed
 	TunnelHostEncap   = TunnelStat(podLkTunnelStatTUNNEL_STAT_HOST_ENCAP)   // the node's own packets into the tunnel
 	tunnelStatMax     = int(podLkTunnelStatTUNNEL_STAT_MAX)

@@ -70,6 +70,7 @@ func TestTunnelFixtures(t *testing.T) {
 	e, vx := tunnelFixtureEnv(t)
 	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
 	fromTunnel := func(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.FromTunnel }
+	toTunnel := func(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.ToTunnel }
 	encapped := func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) }
 	tcpTo := func(dst string, n int) func(e *fixtureEnv) []byte {
 		return func(e *fixtureEnv) []byte { return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, n) }
@@ -114,10 +115,16 @@ func TestTunnelFixtures(t *testing.T) {
 			stats: map[TunnelStat]uint64{TunnelEncap: 1},
 		},
 		{
-			name: "TSO packet (3600 bytes) with 1460-byte segments (over 1450): counted oversize, the tunnel's PMTU check answers", prog: fromPod, ifindex: ifH1,
+			name: "TSO packet (3600 bytes) with 1460-byte segments (over 1450): counted oversize, to the stack (ICMP frag needed)", prog: fromPod, ifindex: ifH1,
 			in: tcpTo("10.244.5.7", 3600), gsoSize: 1460,
-			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
-			stats: map[TunnelStat]uint64{TunnelEncap: 1, TunnelOversize: 1},
+			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelOversize: 1},
+		},
+		{
+			name: "1500-byte packet (over 1450): counted oversize, to the stack", prog: fromPod, ifindex: ifH1,
+			in: func(e *fixtureEnv) []byte {
+				return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.5.7", 1500)
+			},
+			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelOversize: 1},
 		},
 		{
 			name: "TTL 1 for another node: the stack (ICMP time exceeded)", prog: fromPod, ifindex: ifH1,
@@ -125,6 +132,32 @@ func TestTunnelFixtures(t *testing.T) {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.5.7", 1)
 			},
 			verdict: tcActOK,
+		},
+		{
+			name: "the node's own packet routed into the tunnel device: keyed, addressed to the tunnel MAC", prog: toTunnel, ifindex: ifVx,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(TunnelMAC, TunnelMAC, "10.77.0.1", "10.244.5.7", 64)
+			},
+			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelHostEncap: 1},
+			out: func(e *fixtureEnv, in []byte) []byte {
+				out := bytes.Clone(in)
+				copy(out[6:12], TunnelSrcMAC)
+				return out
+			},
+		},
+		{
+			name: "the node's own packet into the tunnel for no known node: drop", prog: toTunnel, ifindex: ifVx,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(TunnelMAC, TunnelMAC, "10.77.0.1", "10.200.0.7", 64)
+			},
+			verdict: tcActShot,
+		},
+		{
+			name: "ARP into the tunnel device (NOARP): drop", prog: toTunnel, ifindex: ifVx,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.ARPFrame(1, TunnelMAC, "10.77.0.1", make([]byte, 6), "10.244.5.7")
+			},
+			verdict: tcActShot,
 		},
 		{
 			name: "from the tunnel to a local pod: redirect_peer into it", prog: fromTunnel, ifindex: ifVx,

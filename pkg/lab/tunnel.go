@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 )
 
 // Routing modes of the lab's agents (Config.Routing, lab up --routing).
@@ -34,12 +35,21 @@ const (
 	tunnelOverhead = 50
 )
 
-// routing returns the configured routing mode (native by default).
+// RoutingEnv sets the routing mode of a Config that names none (the lab's
+// tests: LANEKIT_LAB_ROUTING=tunnel go test ./pkg/lab runs the Services and
+// policy tests over the tunnel). The CLI always names one.
+const RoutingEnv = "LANEKIT_LAB_ROUTING"
+
+// routing returns the configured routing mode (default: $LANEKIT_LAB_ROUTING,
+// else native).
 func (c Config) routing() string {
-	if c.Routing == "" {
-		return RoutingNative
+	if c.Routing != "" {
+		return c.Routing
 	}
-	return c.Routing
+	if r := os.Getenv(RoutingEnv); r != "" {
+		return r
+	}
+	return RoutingNative
 }
 
 // underlay returns the configured underlay: routed with the tunnel,
