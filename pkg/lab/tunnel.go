@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 )
 
@@ -14,10 +13,10 @@ const (
 )
 
 // Underlays (Config.Underlay): a bridged one (every node on one subnet, with
-// routes to each other's pod CIDRs) or a routed one, where every node has
-// a subnet of its own and the router between them (the lk-wire namespace)
-// knows only those subnets, nothing of pod CIDRs: native routing cannot
-// work there.
+// routes to each other's pod CIDRs) or a routed one, where every node (and
+// raw host) has a /32 of its own, same addresses as the bridged one, and the
+// router between them (the lk-wire namespace) knows only those host routes,
+// nothing of pod CIDRs: native routing cannot work there.
 const (
 	UnderlayBridged = "bridged"
 	UnderlayRouted  = "routed"
@@ -88,30 +87,6 @@ func (c Config) checkRouting() error {
 	return nil
 }
 
-// RoutedUnderlayIP is node i's address on a routed underlay (subnet
-// 10.78.i.0/24, the router at .254).
-func RoutedUnderlayIP(i int) string { return fmt.Sprintf("10.78.%d.1", i) }
-
-// routedRawIP is raw host i's address on a routed underlay (its own subnet
-// 10.79.i.0/24).
-func routedRawIP(i int) string { return fmt.Sprintf("10.79.%d.1", i) }
-
-// underlayIP is node i's underlay address for cfg.
-func (c Config) underlayIP(i int) string {
-	if c.underlay() == UnderlayRouted {
-		return RoutedUnderlayIP(i)
-	}
-	return UnderlayIP(i)
-}
-
-// rawIP is raw host i's address for cfg.
-func (c Config) rawIP(i int) string {
-	if c.underlay() == UnderlayRouted {
-		return routedRawIP(i)
-	}
-	return RawIP(i)
-}
-
 // buildRouter makes the underlay namespace a router: forwarding on, no
 // bridge, only the subnets of the ports buildRoutedPort adds.
 func buildRouter(ctx context.Context) error {
@@ -127,19 +102,24 @@ func buildRouter(ctx context.Context) error {
 	return nil
 }
 
+// RouterIP is the router's address on every port of the routed underlay.
+const RouterIP = "10.77.0.254"
+
 // routedPort connects ns to the router with a veth (Uplink in ns, port on
-// the router) on subnet net (a.b.c.0/24): ns gets .1, the router .254, and
-// ns a route to the whole underlay (10.78.0.0/15) through the router.
+// the router): ns has addr as a /32 of its own (a subnet of one address,
+// as cloud VPCs hand out), the router a host route to it on that port and
+// RouterIP on every port; ns reaches the rest of the underlay (10.77.0.0/24)
+// through the router, which forwards by those host routes only.
 func routedPort(ctx context.Context, ns, port, addr string) error {
-	a := netip.MustParseAddr(addr).As4()
-	gw := fmt.Sprintf("%d.%d.%d.254", a[0], a[1], a[2])
 	for _, args := range [][]string{
 		{"link", "add", "name", Uplink, "netns", ns, "type", "veth", "peer", "name", port, "netns", WireNS},
-		{"-n", WireNS, "addr", "add", gw + "/24", "dev", port},
+		{"-n", WireNS, "addr", "add", RouterIP + "/32", "dev", port},
 		{"-n", WireNS, "link", "set", port, "up"},
-		{"-n", ns, "addr", "add", addr + "/24", "dev", Uplink},
+		{"-n", WireNS, "route", "add", addr + "/32", "dev", port, "scope", "link"},
+		{"-n", ns, "addr", "add", addr + "/32", "dev", Uplink},
 		{"-n", ns, "link", "set", Uplink, "up"},
-		{"-n", ns, "route", "add", "10.78.0.0/15", "via", gw, "dev", Uplink},
+		{"-n", ns, "route", "add", RouterIP, "dev", Uplink, "scope", "link"},
+		{"-n", ns, "route", "add", "10.77.0.0/24", "via", RouterIP, "dev", Uplink},
 	} {
 		if err := ip(ctx, args...); err != nil {
 			return err
@@ -149,7 +129,7 @@ func routedPort(ctx context.Context, ns, port, addr string) error {
 }
 
 // buildRoutedNode creates node i (of n) on the routed underlay: its own
-// subnet, no route to any pod CIDR (the agents tunnel), the baseline pods
+// /32, no route to any pod CIDR (the agents tunnel), the baseline pods
 // joined by a flannel-style kernel VXLAN (device, FDB, neighbour and route
 // per other node), forwarding, bridge netfilter and the kube-proxy rules.
 func buildRoutedNode(ctx context.Context, i, n int) error {
@@ -157,12 +137,12 @@ func buildRoutedNode(ctx context.Context, i, n int) error {
 	if err := addNetns(ctx, ns); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
 	}
-	if err := routedPort(ctx, ns, fmt.Sprintf("lk-w%d", i), RoutedUnderlayIP(i)); err != nil {
+	if err := routedPort(ctx, ns, fmt.Sprintf("lk-w%d", i), UnderlayIP(i)); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
 	}
 	steps := [][]string{
 		{"-n", ns, "link", "add", FlannelDevice, "type", "vxlan", "id", "1", "dstport", fmt.Sprint(FlannelPort),
-			"local", RoutedUnderlayIP(i), "dev", Uplink, "nolearning"},
+			"local", UnderlayIP(i), "dev", Uplink, "nolearning"},
 		{"-n", ns, "link", "set", FlannelDevice, "address", flannelMAC(i), "mtu", fmt.Sprint(1500 - tunnelOverhead), "up"},
 		{"-n", ns, "addr", "add", flannelGW(i) + "/32", "dev", FlannelDevice},
 	}
@@ -184,7 +164,7 @@ func buildRoutedNode(ctx context.Context, i, n int) error {
 		if j == i {
 			continue
 		}
-		cmd := nsCommand(ctx, ns, "bridge", "fdb", "append", flannelMAC(j), "dev", FlannelDevice, "dst", RoutedUnderlayIP(j))
+		cmd := nsCommand(ctx, ns, "bridge", "fdb", "append", flannelMAC(j), "dev", FlannelDevice, "dst", UnderlayIP(j))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("node %s: bridge fdb: %w: %s", ns, err, out)
 		}
@@ -215,7 +195,7 @@ func buildRoutedRawHost(ctx context.Context, i int) error {
 	if err := addNetns(ctx, ns); err != nil {
 		return fmt.Errorf("raw host %s: %w", ns, err)
 	}
-	if err := routedPort(ctx, ns, fmt.Sprintf("lk-wr%d", i), routedRawIP(i)); err != nil {
+	if err := routedPort(ctx, ns, fmt.Sprintf("lk-wr%d", i), RawIP(i)); err != nil {
 		return fmt.Errorf("raw host %s: %w", ns, err)
 	}
 	return nil

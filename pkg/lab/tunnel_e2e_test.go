@@ -37,7 +37,7 @@ func TestRoutedUnderlayNativeFails(t *testing.T) {
 		t.Fatalf("native routing reached %s across a router that knows no pod CIDR:\n%s", ip2, out)
 	}
 	// The underlay itself works: node to node through the router.
-	if out, err := inNS(ctx, NodeNS(1), "busybox", "ping", "-c", "1", "-W", "2", RoutedUnderlayIP(2)); err != nil {
+	if out, err := inNS(ctx, NodeNS(1), "busybox", "ping", "-c", "1", "-W", "2", UnderlayIP(2)); err != nil {
 		t.Fatalf("underlay node1 -> node2: %v\n%s", err, out)
 	}
 }

@@ -52,7 +52,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	progress(cfg.Out, "lab: underlay %s with bridge %s", WireNS, WireBridge)
 	if cfg.underlay() == UnderlayRouted {
 		build = buildRouter
-		progress(cfg.Out, "lab: routed underlay: router %s, a subnet per node, no pod routes; agents route %s", WireNS, cfg.routing())
+		progress(cfg.Out, "lab: routed underlay: router %s (%s), a /32 per node, no pod routes; agents route %s", WireNS, RouterIP, cfg.routing())
 	}
 	if err := build(ctx); err != nil {
 		return st, fmt.Errorf("lab up: %w", err)
@@ -65,11 +65,11 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), cfg.underlayIP(i), PodCIDR(i), BaseCIDR(i))
+		progress(cfg.Out, "lab: node %s underlay %s, pods %s, baseline %s", NodeNS(i), UnderlayIP(i), PodCIDR(i), BaseCIDR(i))
 		if err := os.MkdirAll(NodeDir(i), 0o755); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		st.Nodes = append(st.Nodes, Node{Index: i, NS: NodeNS(i), UnderlayIP: cfg.underlayIP(i),
+		st.Nodes = append(st.Nodes, Node{Index: i, NS: NodeNS(i), UnderlayIP: UnderlayIP(i),
 			PodCIDR: PodCIDR(i), BaseCIDR: BaseCIDR(i)})
 		if err := st.save(); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
@@ -86,7 +86,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 			n := &st.Nodes[len(st.Nodes)-1]
-			n.RawNS, n.RawIP = RawNS(i), cfg.rawIP(i)
+			n.RawNS, n.RawIP = RawNS(i), RawIP(i)
 			if err := st.save(); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
