@@ -182,22 +182,22 @@ func (a *Agent) setupRouting() error {
 			return fmt.Errorf("tunnel node %v overlaps this node's pod CIDR %v", n.PodCIDR, a.cfg.PodCIDR)
 		}
 	}
-	uplinkMTU := a.mtu
+	// Without an uplink (--mtu given instead), --mtu is the pod MTU as is.
 	if a.cfg.Uplink != "" {
-		var err error
-		if uplinkMTU, err = a.host.LinkMTU(a.cfg.Uplink); err != nil {
+		uplinkMTU, err := a.host.LinkMTU(a.cfg.Uplink)
+		if err != nil {
 			return fmt.Errorf("tunnel: uplink mtu: %w", err)
 		}
-	}
-	max := uplinkMTU - TunnelOverhead
-	switch {
-	case a.cfg.MTU == 0:
-		a.mtu = max
-	case a.cfg.MTU > max:
-		return fmt.Errorf("--mtu %d: tunnel mode fits at most %d (uplink %d - %d VXLAN overhead)", a.cfg.MTU, max, uplinkMTU, TunnelOverhead)
+		max := uplinkMTU - TunnelOverhead
+		switch {
+		case a.cfg.MTU == 0:
+			a.mtu = max
+		case a.cfg.MTU > max:
+			return fmt.Errorf("--mtu %d: tunnel mode fits at most %d (uplink %d - %d VXLAN overhead)", a.cfg.MTU, max, uplinkMTU, TunnelOverhead)
+		}
 	}
 	if a.mtu < 576 {
-		return fmt.Errorf("tunnel: pod MTU %d too small (uplink MTU %d)", a.mtu, uplinkMTU)
+		return fmt.Errorf("tunnel: pod MTU %d too small", a.mtu)
 	}
 	if err := a.host.Do(func() error { return ensureVXLAN(a.cfg.TunnelPort, a.mtu) }); err != nil {
 		return fmt.Errorf("tunnel: %w", err)

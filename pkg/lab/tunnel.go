@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 // Routing modes of the lab's agents (Config.Routing, lab up --routing).
@@ -233,4 +235,40 @@ func baselineMTU() int {
 		return 1500 - tunnelOverhead
 	}
 	return 0
+}
+
+// Bench rows of a tunnel lab: named apart from the native lab's so that
+// reports of both can stand side by side.
+const (
+	BenchLanekitTunnel = "lanekit-pod-tunnel"
+	BenchFlannelVXLAN  = "flannel-vxlan"
+)
+
+var (
+	IncludesLanekitTunnel = bench.Includes{BPF: true,
+		Detail: "tcx from_pod: VXLAN encap (bpf_skb_set_tunnel_key, collect_md device) through the router; from_tunnel: redirect_peer"}
+	IncludesFlannel = bench.Includes{Netfilter: true, Conntrack: true,
+		Detail: "pod veth, Linux bridge, node forwarding + kube-proxy rules, kernel VXLAN device with static FDB/routes (flannel vxlan), the router"}
+	IncludesRawRouted = bench.Includes{Detail: "raw hosts through the router, no rules: the physical limit of the routed underlay"}
+)
+
+// routingRows renames and relabels the rows of a lab on the routed
+// underlay.
+func (s *State) routingRows(paths []bench.Path) []bench.Path {
+	if s.Underlay != UnderlayRouted {
+		return paths
+	}
+	for i := range paths {
+		switch paths[i].Name {
+		case "lanekit-pod":
+			if s.Routing == RoutingTunnel {
+				paths[i].Name, paths[i].Includes = BenchLanekitTunnel, IncludesLanekitTunnel
+			}
+		case "bridge-iptables":
+			paths[i].Name, paths[i].Includes = BenchFlannelVXLAN, IncludesFlannel
+		case bench.RawPath:
+			paths[i].Includes = IncludesRawRouted
+		}
+	}
+	return paths
 }
