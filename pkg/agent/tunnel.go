@@ -124,10 +124,10 @@ type RoutingInfo struct {
 	Device     string // tunnel mode: the VXLAN device
 	Port       int
 	PodMTU     int
-	Nodes      []datapath.TunnelNode      // tunnel mode: the node map
-	Counters   map[string]uint64          // tunnel mode: lk_tunnel_stats by name
-	Encryption EncryptionFeatures         // probed facilities
-	NodesError string                     // reading the node map or counters failed
+	Nodes      []datapath.TunnelNode // tunnel mode: the node map
+	Counters   map[string]uint64     // tunnel mode: lk_tunnel_stats by name
+	Encryption EncryptionFeatures    // probed facilities
+	NodesError string                // reading the node map or counters failed
 }
 
 // tunnelDatapath is a datapath that drives the tunnel (*datapath.Loader).
@@ -412,7 +412,6 @@ func ParseTunnelNode(s string) (datapath.TunnelNode, error) {
 	}
 	return datapath.TunnelNode{PodCIDR: p.Masked(), Underlay: ip}, nil
 }
-
 
 // RoutingToProto converts RoutingInfo to its API form.
 func RoutingToProto(r RoutingInfo) *apiv1.RoutingStatus {

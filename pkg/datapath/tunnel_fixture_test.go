@@ -56,7 +56,7 @@ type tunnelFixture struct {
 	redirIf   func(e *fixtureEnv) int
 	redirKind uint32
 	out       func(e *fixtureEnv, in []byte) []byte // nil: unchanged
-	stats     map[TunnelStat]uint64                  // expected counter growth
+	stats     map[TunnelStat]uint64                 // expected counter growth
 }
 
 // TestTunnelFixtures: every verdict of the tunnel path, through

@@ -51,19 +51,19 @@ type Config struct {
 	Routing  string
 	Underlay string
 	Bins     Bins
-	Out  io.Writer // progress lines
+	Out      io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
 // and down.
 type State struct {
-	Nodes        []Node  `json:"nodes"`
-	BaselineOnly bool    `json:"baseline_only"`
-	K8s          bool    `json:"k8s,omitempty"`
+	Nodes        []Node `json:"nodes"`
+	BaselineOnly bool   `json:"baseline_only"`
+	K8s          bool   `json:"k8s,omitempty"`
 	// Routing and Underlay as configured (empty: native, bridged).
-	Routing  string `json:"routing,omitempty"`
-	Underlay string `json:"underlay,omitempty"`
-	VMs          []LabVM `json:"vms,omitempty"`
+	Routing  string  `json:"routing,omitempty"`
+	Underlay string  `json:"underlay,omitempty"`
+	VMs      []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
 	TapVMs []LabVM `json:"tap_vms,omitempty"`
