@@ -339,3 +339,10 @@ func hostEnd(t *testing.T, ctx context.Context, node int, pod string) string {
 	t.Fatalf("no device with ifindex %s in %s", idx, NodeNS(node))
 	return ""
 }
+
+// routedLab reports whether the lab that is up runs on the routed underlay
+// (LANEKIT_LAB_ROUTING=tunnel).
+func routedLab() bool {
+	st, err := LoadState()
+	return err == nil && st.Underlay == UnderlayRouted
+}
