@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -345,4 +349,102 @@ func hostEnd(t *testing.T, ctx context.Context, node int, pod string) string {
 func routedLab() bool {
 	st, err := LoadState()
 	return err == nil && st.Underlay == UnderlayRouted
+}
+
+// TestTunnelPolicyByVNI: ingress policy on the receiving node takes the
+// sender's identity from the VNI. A policy on node 1 admits role=client pods
+// to app=web; the client on node 2 gets through. Then node 1 forgets the
+// client's address (its lk_policy_ipcache entry is deleted): new connections
+// still pass, on the identity the VNI carries. Then node 1 forgets the VNI's
+// identity too (lk_tunnel_ident emptied): the same connections are denied —
+// the VNI, not the address, was what admitted them. Root only; brings up
+// the global lab in tunnel mode.
+func TestTunnelPolicyByVNI(t *testing.T) {
+	t.Setenv(RoutingEnv, RoutingTunnel)
+	lk, cli := upLabCLI(t)
+	if st, err := LoadState(); err != nil || st.Routing != RoutingTunnel {
+		t.Fatalf("lab not in tunnel mode: %+v %v", st, err)
+	}
+	for _, p := range [][]string{{"web", "1", "app=web"}, {"client", "2", "role=client"}} {
+		if _, err := lk(t, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", p[2], "--port", "http=8080/TCP"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := LoadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	web, client := st.NamedPods[0].IP, st.NamedPods[1].IP
+	srv := exec.Command("ip", "netns", "exec", NamedPodNS("web"), cli, "lab", "tcp-whoami", "--listen", "0.0.0.0:8080", "--for", "3m")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	pol := `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-clients, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: client}}}]
+    ports: [{port: http}]
+`
+	file := filepath.Join(t.TempDir(), "pol.yaml")
+	if err := os.WriteFile(file, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for node := 1; node <= 2; node++ {
+		if _, err := lk(t, "policy", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	ask := func() int {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := inNS(ctx, NamedPodNS("client"), cli, "lab", "tcp-ask", web+":8080", "--count", "3", "--timeout", "1s")
+		if err != nil {
+			t.Fatalf("tcp-ask: %v: %s", err, out)
+		}
+		var got map[string]int
+		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &got); err != nil {
+			t.Fatal(err)
+		}
+		return got[web+":8080"]
+	}
+	if n := ask(); n != 3 {
+		t.Fatalf("client -> web with the policy: %d answers, want 3", n)
+	}
+	ipcache, err := ebpf.LoadPinnedMap(filepath.Join(BPFDir(1), "lk_policy_ipcache"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ipcache.Close()
+	key := binary.NativeEndian.Uint32(netip.MustParseAddr(client).AsSlice())
+	if err := ipcache.Delete(key); err != nil {
+		t.Fatalf("forget %s on node 1: %v", client, err)
+	}
+	before := tunnelStats(t, 1)[datapath.TunnelVNIIdentity]
+	if n := ask(); n != 3 {
+		t.Fatalf("client -> web, node 1 not knowing the client's address: %d answers, want 3 (identity from the VNI)", n)
+	}
+	if d := tunnelStats(t, 1)[datapath.TunnelVNIIdentity] - before; d == 0 {
+		t.Fatalf("no packet on node 1 took its identity from the VNI")
+	}
+	ident, err := ebpf.LoadPinnedMap(filepath.Join(BPFDir(1), "lk_tunnel_ident"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ident.Close()
+	var k, v uint32
+	var keys []uint32
+	for it := ident.Iterate(); it.Next(&k, &v); {
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		ident.Delete(k)
+	}
+	if n := ask(); n != 0 {
+		t.Fatalf("client -> web with neither the address nor the VNI's identity known on node 1: %d answers, want 0", n)
+	}
 }
