@@ -149,7 +149,7 @@ int to_pod(struct __sk_buff *skb)
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK; /* broadcast, multicast: no endpoint's address */
-	reason = policy_to_endpoint(skb, &p, dst, 1);
+	reason = policy_to_endpoint(skb, &p, dst, 1, 0);
 	if (reason)
 		return drop(skb, dst->id, reason);
 	return TC_ACT_OK;

@@ -3,7 +3,13 @@
 /* uplink.c: programs on the node uplink (the "wire").
  *   from_uplink (tcx ingress): untagged IPv4 and IPv6 for a local pod goes straight
  *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
- *     tagged frames included) continues to the host stack. */
+ *     tagged frames included) continues to the host stack.
+ *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
+ *     same for what another node sent through the tunnel, with the sender's
+ *     identity from the VNI (lib/tunnel.h).
+ *   to_tunnel (tcx egress of the VXLAN device): what the node's own stack
+ *     sends into the tunnel (its routes to other nodes' pod CIDRs point
+ *     there) gets its tunnel key; what the datapath redirected has one. */
 #include <linux/bpf.h>
 #include <linux/if_packet.h>
 #include <linux/pkt_cls.h>
@@ -20,16 +26,16 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
-SEC("tc")
-int from_uplink(struct __sk_buff *skb)
+/* from_wire is what enters the node for its pods: from the uplink, or
+ * decapsulated from the tunnel (src_hint: the sender's identity the VNI
+ * carried, 0: resolve its address). */
+static __always_inline int from_wire(struct __sk_buff *skb, __u32 src_hint)
 {
 	struct lb_pending *pend = lb_pending_get();
 	struct endpoint_info *dst;
 	struct pkt p;
 	__u32 reason;
 
-	if (skb->pkt_type != PACKET_HOST)
-		return TC_ACT_OK;
 	/* A VLAN-tagged frame (tag in metadata, or still in the frame: then it
 	 * does not parse as IPv4 below) belongs to whatever VLAN device the
 	 * host has, never straight into a pod: the host stack decides. */
@@ -72,7 +78,7 @@ int from_uplink(struct __sk_buff *skb)
 	/* [policy] the receiver's ingress, before any path into it (the host
 	 * stack's included). */
 	if (!pend || !pend->allowed_reply) { /* a reply LB translated back: allowed */
-		reason = policy_to_endpoint(skb, &p, dst, 0);
+		reason = policy_to_endpoint(skb, &p, dst, 0, src_hint);
 		if (reason)
 			return drop(skb, dst->id, reason);
 	}
@@ -81,4 +87,31 @@ int from_uplink(struct __sk_buff *skb)
 	if (p.ip4->ttl <= 1 || p.ip4->ihl > 5)
 		return TC_ACT_OK; /* ICMP time exceeded; IP options are the stack's to process */
 	return deliver_local(skb, &p, 0, dst);
+}
+
+SEC("tc")
+int from_uplink(struct __sk_buff *skb)
+{
+	if (skb->pkt_type != PACKET_HOST)
+		return TC_ACT_OK;
+	return from_wire(skb, 0);
+}
+
+SEC("tc")
+int from_tunnel(struct __sk_buff *skb)
+{
+	tunnel_count(TUNNEL_STAT_DECAP);
+	return from_wire(skb, tunnel_rx_identity(skb));
+}
+
+SEC("tc")
+int to_tunnel(struct __sk_buff *skb)
+{
+	struct pkt p;
+
+	if (tunnel_has_key(skb))
+		return TC_ACT_OK; /* encapsulated by tunnel_route */
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_SHOT; /* ARP and the like: the device is NOARP */
+	return tunnel_host_key(skb, &p);
 }

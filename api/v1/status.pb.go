@@ -68,11 +68,14 @@ type StatusResponse struct {
 	PodCidr       string                 `protobuf:"bytes,4,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
 	EndpointCount uint32                 `protobuf:"varint,5,opt,name=endpoint_count,json=endpointCount,proto3" json:"endpoint_count,omitempty"`
 	// Ready is false while the agent cannot add endpoints (reason says why).
-	Ready         bool                `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
-	Reason        string              `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
-	IpsAllocated  uint32              `protobuf:"varint,8,opt,name=ips_allocated,json=ipsAllocated,proto3" json:"ips_allocated,omitempty"`
-	IpsCapacity   uint32              `protobuf:"varint,9,opt,name=ips_capacity,json=ipsCapacity,proto3" json:"ips_capacity,omitempty"`
-	ControlPlane  *ControlPlaneStatus `protobuf:"bytes,10,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	Ready        bool                `protobuf:"varint,6,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason       string              `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	IpsAllocated uint32              `protobuf:"varint,8,opt,name=ips_allocated,json=ipsAllocated,proto3" json:"ips_allocated,omitempty"`
+	IpsCapacity  uint32              `protobuf:"varint,9,opt,name=ips_capacity,json=ipsCapacity,proto3" json:"ips_capacity,omitempty"`
+	ControlPlane *ControlPlaneStatus `protobuf:"bytes,10,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	// Routing mode, the tunnel and the encryption facilities (issue 26:
+	// numbered apart from the others to keep merges free of clashes).
+	Routing       *RoutingStatus `protobuf:"bytes,26,opt,name=routing,proto3" json:"routing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -177,6 +180,189 @@ func (x *StatusResponse) GetControlPlane() *ControlPlaneStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetRouting() *RoutingStatus {
+	if x != nil {
+		return x.Routing
+	}
+	return nil
+}
+
+// How pod traffic reaches other nodes.
+type RoutingStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "native" (the node's FIB) or "tunnel" (VXLAN driven by the datapath).
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Tunnel mode: the collect_md VXLAN device and its UDP port.
+	TunnelDevice string `protobuf:"bytes,2,opt,name=tunnel_device,json=tunnelDevice,proto3" json:"tunnel_device,omitempty"`
+	TunnelPort   uint32 `protobuf:"varint,3,opt,name=tunnel_port,json=tunnelPort,proto3" json:"tunnel_port,omitempty"`
+	// The pod MTU (tunnel mode: the uplink's minus the VXLAN overhead).
+	PodMtu uint32 `protobuf:"varint,4,opt,name=pod_mtu,json=podMtu,proto3" json:"pod_mtu,omitempty"`
+	// Tunnel mode: the node map (pod CIDR -> underlay address).
+	TunnelNodes []*TunnelNode `protobuf:"bytes,5,rep,name=tunnel_nodes,json=tunnelNodes,proto3" json:"tunnel_nodes,omitempty"`
+	// Tunnel mode: datapath counters by name (encap, decap, ...).
+	TunnelCounters map[string]uint64 `protobuf:"bytes,6,rep,name=tunnel_counters,json=tunnelCounters,proto3" json:"tunnel_counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Node-to-node encryption facilities, probed: lanekit implements none
+	// yet, and refuses a configuration that asks for one.
+	Ipsec         *Feature `protobuf:"bytes,7,opt,name=ipsec,proto3" json:"ipsec,omitempty"`
+	Wireguard     *Feature `protobuf:"bytes,8,opt,name=wireguard,proto3" json:"wireguard,omitempty"`
+	Error         string   `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutingStatus) Reset() {
+	*x = RoutingStatus{}
+	mi := &file_status_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutingStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutingStatus) ProtoMessage() {}
+
+func (x *RoutingStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutingStatus.ProtoReflect.Descriptor instead.
+func (*RoutingStatus) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RoutingStatus) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *RoutingStatus) GetTunnelDevice() string {
+	if x != nil {
+		return x.TunnelDevice
+	}
+	return ""
+}
+
+func (x *RoutingStatus) GetTunnelPort() uint32 {
+	if x != nil {
+		return x.TunnelPort
+	}
+	return 0
+}
+
+func (x *RoutingStatus) GetPodMtu() uint32 {
+	if x != nil {
+		return x.PodMtu
+	}
+	return 0
+}
+
+func (x *RoutingStatus) GetTunnelNodes() []*TunnelNode {
+	if x != nil {
+		return x.TunnelNodes
+	}
+	return nil
+}
+
+func (x *RoutingStatus) GetTunnelCounters() map[string]uint64 {
+	if x != nil {
+		return x.TunnelCounters
+	}
+	return nil
+}
+
+func (x *RoutingStatus) GetIpsec() *Feature {
+	if x != nil {
+		return x.Ipsec
+	}
+	return nil
+}
+
+func (x *RoutingStatus) GetWireguard() *Feature {
+	if x != nil {
+		return x.Wireguard
+	}
+	return nil
+}
+
+func (x *RoutingStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type TunnelNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodCidr       string                 `protobuf:"bytes,1,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
+	Underlay      string                 `protobuf:"bytes,2,opt,name=underlay,proto3" json:"underlay,omitempty"`
+	Self          bool                   `protobuf:"varint,3,opt,name=self,proto3" json:"self,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelNode) Reset() {
+	*x = TunnelNode{}
+	mi := &file_status_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelNode) ProtoMessage() {}
+
+func (x *TunnelNode) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelNode.ProtoReflect.Descriptor instead.
+func (*TunnelNode) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TunnelNode) GetPodCidr() string {
+	if x != nil {
+		return x.PodCidr
+	}
+	return ""
+}
+
+func (x *TunnelNode) GetUnderlay() string {
+	if x != nil {
+		return x.Underlay
+	}
+	return ""
+}
+
+func (x *TunnelNode) GetSelf() bool {
+	if x != nil {
+		return x.Self
+	}
+	return false
+}
+
 // The service and policy control plane.
 type ControlPlaneStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -213,7 +399,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_status_proto_msgTypes[2]
+	mi := &file_status_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +411,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[2]
+	mi := &file_status_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +424,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{2}
+	return file_status_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ControlPlaneStatus) GetObjects() map[string]uint32 {
@@ -388,7 +574,7 @@ type SocketLBStatus struct {
 
 func (x *SocketLBStatus) Reset() {
 	*x = SocketLBStatus{}
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +586,7 @@ func (x *SocketLBStatus) String() string {
 func (*SocketLBStatus) ProtoMessage() {}
 
 func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +599,7 @@ func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SocketLBStatus.ProtoReflect.Descriptor instead.
 func (*SocketLBStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{3}
+	return file_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SocketLBStatus) GetState() string {
@@ -451,7 +637,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +649,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +662,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{4}
+	return file_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HealthCheckStatus) GetNamespace() string {
@@ -537,7 +723,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +735,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +748,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{5}
+	return file_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -634,7 +820,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +832,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +845,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{6}
+	return file_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -707,7 +893,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +905,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +918,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{7}
+	return file_status_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -755,7 +941,7 @@ const file_status_proto_rawDesc = "" +
 	"\n" +
 	"\fstatus.proto\x12\n" +
 	"lanekit.v1\"\x0f\n" +
-	"\rStatusRequest\"\x93\x03\n" +
+	"\rStatusRequest\"\xc8\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x126\n" +
 	"\bdatapath\x18\x02 \x01(\v2\x1a.lanekit.v1.DatapathStatusR\bdatapath\x122\n" +
@@ -767,7 +953,27 @@ const file_status_proto_rawDesc = "" +
 	"\rips_allocated\x18\b \x01(\rR\fipsAllocated\x12!\n" +
 	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\x12C\n" +
 	"\rcontrol_plane\x18\n" +
-	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\"\xcd\a\n" +
+	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\x123\n" +
+	"\arouting\x18\x1a \x01(\v2\x19.lanekit.v1.RoutingStatusR\arouting\"\xcc\x03\n" +
+	"\rRoutingStatus\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12#\n" +
+	"\rtunnel_device\x18\x02 \x01(\tR\ftunnelDevice\x12\x1f\n" +
+	"\vtunnel_port\x18\x03 \x01(\rR\n" +
+	"tunnelPort\x12\x17\n" +
+	"\apod_mtu\x18\x04 \x01(\rR\x06podMtu\x129\n" +
+	"\ftunnel_nodes\x18\x05 \x03(\v2\x16.lanekit.v1.TunnelNodeR\vtunnelNodes\x12V\n" +
+	"\x0ftunnel_counters\x18\x06 \x03(\v2-.lanekit.v1.RoutingStatus.TunnelCountersEntryR\x0etunnelCounters\x12)\n" +
+	"\x05ipsec\x18\a \x01(\v2\x13.lanekit.v1.FeatureR\x05ipsec\x121\n" +
+	"\twireguard\x18\b \x01(\v2\x13.lanekit.v1.FeatureR\twireguard\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x1aA\n" +
+	"\x13TunnelCountersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"W\n" +
+	"\n" +
+	"TunnelNode\x12\x19\n" +
+	"\bpod_cidr\x18\x01 \x01(\tR\apodCidr\x12\x1a\n" +
+	"\bunderlay\x18\x02 \x01(\tR\bunderlay\x12\x12\n" +
+	"\x04self\x18\x03 \x01(\bR\x04self\"\xcd\a\n" +
 	"\x12ControlPlaneStatus\x12E\n" +
 	"\aobjects\x18\x01 \x03(\v2+.lanekit.v1.ControlPlaneStatus.ObjectsEntryR\aobjects\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1c\n" +
@@ -840,36 +1046,44 @@ func file_status_proto_rawDescGZIP() []byte {
 	return file_status_proto_rawDescData
 }
 
-var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_status_proto_goTypes = []any{
 	(*StatusRequest)(nil),      // 0: lanekit.v1.StatusRequest
 	(*StatusResponse)(nil),     // 1: lanekit.v1.StatusResponse
-	(*ControlPlaneStatus)(nil), // 2: lanekit.v1.ControlPlaneStatus
-	(*SocketLBStatus)(nil),     // 3: lanekit.v1.SocketLBStatus
-	(*HealthCheckStatus)(nil),  // 4: lanekit.v1.HealthCheckStatus
-	(*DatapathStatus)(nil),     // 5: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),     // 6: lanekit.v1.KernelFeatures
-	(*Feature)(nil),            // 7: lanekit.v1.Feature
-	nil,                        // 8: lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	nil,                        // 9: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	(*RoutingStatus)(nil),      // 2: lanekit.v1.RoutingStatus
+	(*TunnelNode)(nil),         // 3: lanekit.v1.TunnelNode
+	(*ControlPlaneStatus)(nil), // 4: lanekit.v1.ControlPlaneStatus
+	(*SocketLBStatus)(nil),     // 5: lanekit.v1.SocketLBStatus
+	(*HealthCheckStatus)(nil),  // 6: lanekit.v1.HealthCheckStatus
+	(*DatapathStatus)(nil),     // 7: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),     // 8: lanekit.v1.KernelFeatures
+	(*Feature)(nil),            // 9: lanekit.v1.Feature
+	nil,                        // 10: lanekit.v1.RoutingStatus.TunnelCountersEntry
+	nil,                        // 11: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                        // 12: lanekit.v1.ControlPlaneStatus.LbCountersEntry
 }
 var file_status_proto_depIdxs = []int32{
-	5,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	6,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
-	2,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
-	8,  // 3: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	9,  // 4: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	3,  // 5: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
-	4,  // 6: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
-	7,  // 7: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	7,  // 8: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	7,  // 9: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	7,  // 10: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	8,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	4,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
+	2,  // 3: lanekit.v1.StatusResponse.routing:type_name -> lanekit.v1.RoutingStatus
+	3,  // 4: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
+	10, // 5: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
+	9,  // 6: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
+	9,  // 7: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
+	11, // 8: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	12, // 9: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	5,  // 10: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
+	6,  // 11: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
+	9,  // 12: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	9,  // 13: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	9,  // 14: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	9,  // 15: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_status_proto_init() }
@@ -883,7 +1097,7 @@ func file_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_status_proto_rawDesc), len(file_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -111,6 +111,8 @@ static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *i
 	return fits_mtu_l3(skb, iph->ihl * 4, iph->protocol, ifindex);
 }
 
+#include "tunnel.h" /* tunnel_route: needs drop, to_stack, fits_mtu above */
+
 /* route_ipv4 forwards an IPv4 packet that entered on skb->ifindex.
  * ep_id is the sending endpoint (for drop accounting). The TTL must have been
  * checked (> 1) by the caller. */
@@ -121,6 +123,12 @@ static __always_inline int route_ipv4(struct __sk_buff *skb, struct pkt *p, __u3
 
 	if (dst)
 		return deliver_local(skb, p, ep_id, dst);
+	{
+		int v = tunnel_route(skb, p, ep_id); /* tunnel mode: another node's pod */
+
+		if (v >= 0)
+			return v;
+	}
 
 	/* tot_len 0: no MTU check on the IP length inside the lookup (it would
 	 * fail every GSO packet); fits_mtu below does the GSO-aware one. */

@@ -269,9 +269,12 @@ static __always_inline struct policy_isolation policy_isolation_of(__u32 id)
  * the node's own addresses passes, as Kubernetes requires (traffic from the
  * node where a pod runs is always allowed: kubelet's probes), as a tracked
  * connection so the pod's replies pass too. Packets from the wire never get
- * this (an address of the node in their source is a spoof there). */
+ * this (an address of the node in their source is a spoof there).
+ * peer_hint: the peer's identity as the tunnel carried it (tunnel.h; 0:
+ * resolve peer_ip). */
 static __always_inline int policy_decide(__u32 subject, const struct policy_isolation *iso, __u8 dir,
-					 __be32 peer_ip, __u8 proto, __u16 port, __u8 answer, __u8 from_stack)
+					 __be32 peer_ip, __u32 peer_hint, __u8 proto, __u16 port, __u8 answer,
+					 __u8 from_stack)
 {
 	struct policy_value *v;
 	__u32 isolating;
@@ -286,7 +289,7 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 		.direction = dir,
 		.port = bpf_htons(port),
 	};
-	__u32 ep = policy_endpoint_identity(peer_ip);
+	__u32 ep = peer_hint ? peer_hint : policy_endpoint_identity(peer_ip);
 	__u32 peer = ep ? ep : policy_cidr_identity(peer_ip);
 
 	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_EGRESS && answer)
@@ -378,7 +381,8 @@ static __always_inline int policy_related(struct __sk_buff *skb, const struct ip
  * other ICMP, other protocols) are judged on their own, every time. */
 static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct pkt *p, __u32 src_id,
 					    const struct policy_isolation *src_iso, __u32 dst_id,
-					    const struct policy_isolation *dst_iso, __u8 from_stack)
+					    const struct policy_isolation *dst_iso, __u8 from_stack,
+					    __u32 src_hint)
 {
 	struct ct_entry *e = 0;
 	struct policy_flow f;
@@ -403,10 +407,11 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	policy_flow_of(skb, p, &f);
 	if (tracked && frag4_later(p->ip4) && (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP))
 		f.dport = bpf_ntohs(key.dport); /* its first fragment's port (frag.h) */
-	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, f.proto, f.dport, f.answer, 0);
+	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, 0, f.proto, f.dport, f.answer, 0);
 	if (!egress)
 		return DROP_POLICY_EGRESS;
-	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, f.proto, f.dport, 0, from_stack))
+	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, src_hint, f.proto, f.dport, 0,
+			   from_stack))
 		return DROP_POLICY_INGRESS;
 	if (!tracked || egress == 2)
 		return 0;
@@ -439,22 +444,24 @@ static __always_inline __u32 policy_from_endpoint(struct __sk_buff *skb, const s
 	}
 	src_iso = policy_isolation_of(src_id);
 	dst_iso = policy_isolation_of(dst_id);
-	reason = policy_enforce(skb, p, src_id, &src_iso, dst_id, &dst_iso, 0);
+	reason = policy_enforce(skb, p, src_id, &src_iso, dst_id, &dst_iso, 0, 0);
 	*charge = reason == DROP_POLICY_INGRESS ? dst_ep : ep->id;
 	return reason;
 }
 
 /* policy_to_endpoint judges an IPv4 packet for the local endpoint dst that
  * comes from the wire (from_uplink) or from this node's stack (to_pod,
- * from_stack set): dst's ingress. Returns 0, DROP_POLICY_INGRESS or
- * DROP_FRAG_NOT_FOUND. */
+ * from_stack set): dst's ingress. src_hint: the sender's identity when the
+ * tunnel carried it (0: resolve the source address). Returns 0,
+ * DROP_POLICY_INGRESS or DROP_FRAG_NOT_FOUND. */
 static __always_inline __u32 policy_to_endpoint(struct __sk_buff *skb, const struct pkt *p,
-						const struct endpoint_info *dst, __u8 from_stack)
+						const struct endpoint_info *dst, __u8 from_stack,
+						__u32 src_hint)
 {
 	__u32 dst_id = policy_endpoint_identity(dst->ip);
 	struct policy_isolation src_iso = {}, dst_iso = policy_isolation_of(dst_id);
 
-	return policy_enforce(skb, p, 0, &src_iso, dst_id, &dst_iso, from_stack);
+	return policy_enforce(skb, p, 0, &src_iso, dst_id, &dst_iso, from_stack, src_hint);
 }
 
 #endif

@@ -80,6 +80,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 	}
 	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
 	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
+	printRouting(out, st.GetRouting())
 	if cp := st.GetControlPlane(); cp != nil {
 		lb, pol := "load-balanced", "enforced"
 		if !cp.GetServiceDatapath() {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
@@ -138,9 +139,12 @@ func (f kubeFlags) clients(log *slog.Logger) (*kubeClients, error) {
 // object seam, launcher pods' VMIs to its VM attachments, other nodes' pod CIDRs to routes in the
 // node's netns, and "caches synced" into its readiness.
 func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, log *slog.Logger) (*k8s.Source, error) {
-	routes, err := k8s.NewNetlinkRoutes(hostNetns)
-	if err != nil {
-		return nil, err
+	var routes k8s.RouteSink = tunnelPeers{a}
+	if a.RoutingMode() != agent.RoutingTunnel {
+		var err error
+		if routes, err = k8s.NewNetlinkRoutes(hostNetns); err != nil {
+			return nil, err
+		}
 	}
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
@@ -151,4 +155,16 @@ func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string,
 	}
 	a.AddReadyCheck("k8s", src.Synced)
 	return src, nil
+}
+
+// tunnelPeers takes the other nodes' pod CIDRs and InternalIPs into the
+// tunnel's node map instead of kernel routes (tunnel routing mode).
+type tunnelPeers struct{ a *agent.Agent }
+
+func (t tunnelPeers) SyncRoutes(routes []k8s.Route) error {
+	peers := make([]datapath.TunnelNode, 0, len(routes))
+	for _, r := range routes {
+		peers = append(peers, datapath.TunnelNode{PodCIDR: r.Dst, Underlay: r.Via})
+	}
+	return t.a.SetTunnelPeers(peers)
 }

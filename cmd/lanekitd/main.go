@@ -105,6 +105,30 @@ func run(args []string) error {
 	fs.StringVar(&cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
 	fs.StringVar(&snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
 		"source ports (MIN-MAX) for NodePort-to-remote-backend and hairpin SNAT; not the node's ephemeral range: reserve them with sysctl net.ipv4.ip_local_reserved_ports")
+	fs.Func("routing-mode", "how pod traffic reaches other nodes: native (the node's routes; default) or tunnel (VXLAN driven by the datapath, for networks that cannot route pod CIDRs)", func(v string) error {
+		cfg.RoutingMode = unsetRef(v)
+		return nil
+	})
+	fs.Func("tunnel-port", fmt.Sprintf("VXLAN UDP port in tunnel mode (default %d)", agent.DefaultTunnelPort), func(v string) error {
+		if v = unsetRef(v); v == "" {
+			return nil
+		}
+		p, err := strconv.ParseUint(v, 10, 16)
+		if err != nil || p == 0 {
+			return fmt.Errorf("want a UDP port 1-65535, got %q", v)
+		}
+		cfg.TunnelPort = int(p)
+		return nil
+	})
+	fs.Func("tunnel-node", "POD_CIDR=UNDERLAY_IP: another node of the tunnel (repeatable; without --node-name: with it, the Node objects say)", func(v string) error {
+		n, err := agent.ParseTunnelNode(v)
+		cfg.TunnelNodes = append(cfg.TunnelNodes, n)
+		return err
+	})
+	fs.Func("encryption", "node-to-node encryption: none (default); ipsec and wireguard are refused (not implemented; the agent probes the kernel and says why)", func(v string) error {
+		cfg.Encryption = unsetRef(v)
+		return nil
+	})
 	fs.BoolVar(&sockLB, "socket-lb", true, "load-balance services for the node's own processes and hostNetwork pods (cgroup BPF at --cgroup-root)")
 	fs.BoolVar(&cfg.ServiceHealthChecks, "service-health-checks", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (HTTP on every node address, as kube-proxy)")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")

@@ -97,6 +97,14 @@ type Config struct {
 	// ServiceHealthChecks: serve the healthCheckNodePort of LoadBalancer
 	// Services with externalTrafficPolicy Local (healthcheck.go).
 	ServiceHealthChecks bool
+	// RoutingMode is RoutingNative ("" too) or RoutingTunnel (tunnel.go);
+	// TunnelPort the VXLAN UDP port (0: DefaultTunnelPort); TunnelNodes the
+	// other nodes' pod CIDRs and underlay addresses when no API server says.
+	RoutingMode string
+	TunnelPort  int
+	TunnelNodes []datapath.TunnelNode
+	// Encryption: EncryptionNone ("" too); anything else is refused.
+	Encryption string
 }
 
 // Agent is one node's agent.
@@ -143,10 +151,18 @@ type Agent struct {
 	hostAddrMu      sync.Mutex
 	hostAddrs       []netip.Addr
 	hostAddrsSynced bool
+
+	// Routing (tunnel.go): the VXLAN device in tunnel mode, the probed
+	// encryption facilities, the peers from the API server (under tunnelMu).
+	tunnelDev   string
+	encryption  EncryptionFeatures
+	tunnelMu    sync.Mutex
+	tunnelPeers []datapath.TunnelNode
 }
 
-func openDatapath(cfg Config, log *slog.Logger) (datapath.Datapath, string, error) {
-	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax}
+func openDatapath(cfg Config, tunnel string, log *slog.Logger) (datapath.Datapath, string, error) {
+	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax,
+		Tunnel: tunnel}
 	if cfg.OpenDatapath != nil {
 		dp, err := cfg.OpenDatapath(dcfg, log)
 		return dp, "test", err
@@ -200,6 +216,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			return nil, fmt.Errorf("new agent: uplink mtu: %w", err)
 		}
 	}
+	if err := a.setupRouting(); err != nil { // tunnel mode: pod MTU, VXLAN device
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	cfg = a.cfg
 	a.features = a.host.ProbeFeatures(cfg.BPFDir)
 	if err := a.chooseMode(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
@@ -219,11 +239,14 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	err = a.host.Do(func() error {
 		var err error
-		a.dp, a.backend, err = openDatapath(cfg, log)
+		a.dp, a.backend, err = openDatapath(cfg, a.tunnelDev, log)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("new agent: open datapath: %w", err)
+	}
+	if err := a.syncTunnelNodes(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if err := a.adopt(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)

@@ -71,7 +71,7 @@ func (a *Agent) applyPolicy(u *policy.Update) error {
 		}
 		c.polRetry = c.polRetry[1:]
 	}
-	return nil
+	return a.syncTunnelIdentities()
 }
 
 // endpointsChanged recompiles policy after this node's endpoints changed

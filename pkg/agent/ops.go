@@ -445,6 +445,9 @@ type StatusInfo struct {
 	MetricsEntries, MetricsCapacity int
 	// Counter updates the datapath could not record (counter map full).
 	MetricsLost uint64
+	// Routing: native or tunnel, the tunnel's node map and counters, the
+	// probed encryption facilities (tunnel.go).
+	Routing RoutingInfo
 }
 
 // healthChecker is a datapath that can tell whether it still forwards.
@@ -501,6 +504,7 @@ func (a *Agent) Status() (StatusInfo, error) {
 		Features: a.features, PodCIDR: a.ipam.Prefix(), IPsCapacity: a.ipam.Capacity(),
 	}
 	s.Ready, s.NotReadyReason = a.ready()
+	s.Routing = a.routingInfo()
 	if mu, ok := a.dp.(metricsUsage); ok {
 		var err error
 		if s.MetricsEntries, s.MetricsCapacity, s.MetricsLost, err = mu.MetricsUsage(); err != nil {

@@ -294,6 +294,7 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		IpsAllocated:  uint32(st.IPsAllocated),
 		IpsCapacity:   uint32(st.IPsCapacity),
 		ControlPlane:  ControlPlaneToProto(s.a.ControlStats()),
+		Routing:       RoutingToProto(st.Routing),
 	}, nil
 }
 

@@ -175,6 +175,9 @@ type Config struct {
 	// (net.ipv4.ip_local_port_range): reserve it with
 	// net.ipv4.ip_local_reserved_ports, as the README says.
 	SNATPortMin, SNATPortMax uint16
+	// Tunnel is the node's collect_md VXLAN device (tunnel routing mode,
+	// tunnel.go); empty: native routing.
+	Tunnel string
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

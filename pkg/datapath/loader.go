@@ -68,7 +68,11 @@ func Open(cfg Config, log *slog.Logger) (*Loader, error) {
 			return nil, fmt.Errorf("open datapath: uplink %s: %w", cfg.Uplink, err)
 		}
 	}
-	log.Info("datapath loaded", "pin_dir", cfg.PinDir, "uplink", cfg.Uplink, "gateway", cfg.GatewayIP)
+	if err := l.attachTunnel(); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("open datapath: %w", err)
+	}
+	log.Info("datapath loaded", "pin_dir", cfg.PinDir, "uplink", cfg.Uplink, "gateway", cfg.GatewayIP, "tunnel", cfg.Tunnel)
 	return l, nil
 }
 
@@ -97,6 +101,13 @@ func (l *Loader) load() error {
 	}
 	if err := podSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		return fmt.Errorf("set trace_redirects: %w", err)
+	}
+	tunIdx, err := l.cfg.tunnelIfindex()
+	if err != nil {
+		return err
+	}
+	if err := setTunnelIfindex(podSpec, tunIdx); err != nil {
+		return err
 	}
 	if err := migratePinned(podSpec, l.cfg.PinDir, l.log); err != nil {
 		return err
@@ -127,6 +138,10 @@ func (l *Loader) load() error {
 	if err := upSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
+	}
+	if err := setTunnelIfindex(upSpec, tunIdx); err != nil {
+		l.pod.Close()
+		return err
 	}
 	if err := migratePinned(upSpec, l.cfg.PinDir, l.log); err != nil {
 		l.pod.Close()

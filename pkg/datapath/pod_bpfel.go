@@ -277,6 +277,18 @@ const (
 	podLkRedirectKindREDIR_XSK   podLkRedirectKind = 4
 )
 
+type podLkTunnelStat uint32
+
+const (
+	podLkTunnelStatTUNNEL_STAT_ENCAP        podLkTunnelStat = 0
+	podLkTunnelStatTUNNEL_STAT_DECAP        podLkTunnelStat = 1
+	podLkTunnelStatTUNNEL_STAT_VNI_IDENTITY podLkTunnelStat = 2
+	podLkTunnelStatTUNNEL_STAT_OVERSIZE     podLkTunnelStat = 3
+	podLkTunnelStatTUNNEL_STAT_ENCAP_ERR    podLkTunnelStat = 4
+	podLkTunnelStatTUNNEL_STAT_HOST_ENCAP   podLkTunnelStat = 5
+	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 6
+)
+
 type podMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -329,6 +341,18 @@ type podRedirectTrace struct {
 	QueueMapping uint32
 }
 
+type podTunnelNode struct {
+	_        structs.HostLayout
+	Underlay uint32
+	Flags    uint32
+}
+
+type podTunnelNodeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -358,6 +382,10 @@ const (
 	podMapLkPolicyRules         = "lk_policy_rules"
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	podMapLkRssVms              = "lk_rss_vms"
+	podMapLkTunnelIdent         = "lk_tunnel_ident"
+	podMapLkTunnelNodes         = "lk_tunnel_nodes"
+	podMapLkTunnelStats         = "lk_tunnel_stats"
+	podMapLkTunnelVni           = "lk_tunnel_vni"
 	podProgFromPod              = "from_pod"
 	podProgFromPod6             = "from_pod6"
 	podProgToPod                = "to_pod"
@@ -383,7 +411,9 @@ const (
 	podVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	podVarLkUnusedSockHook      = "lk_unused_sock_hook"
 	podVarLkUnusedSockStat      = "lk_unused_sock_stat"
+	podVarLkUnusedTunnelStat    = "lk_unused_tunnel_stat"
 	podVarTraceRedirects        = "trace_redirects"
+	podVarTunnelIfindex         = "tunnel_ifindex"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -462,6 +492,10 @@ type podMapSpecs struct {
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.MapSpec `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
@@ -490,7 +524,9 @@ type podVariableSpecs struct {
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.VariableSpec `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
 }
 
 // podObjects contains all objects after they have been loaded into the kernel.
@@ -538,6 +574,10 @@ type podMaps struct {
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.Map `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
 }
 
 func (m *podMaps) Close() error {
@@ -567,6 +607,10 @@ func (m *podMaps) Close() error {
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
 		m.LkRssVms,
+		m.LkTunnelIdent,
+		m.LkTunnelNodes,
+		m.LkTunnelStats,
+		m.LkTunnelVni,
 	)
 }
 
@@ -596,7 +640,9 @@ type podVariables struct {
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.Variable `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
 }
 
 // podPrograms contains all programs after they have been loaded into the kernel.

@@ -188,6 +188,18 @@ type uplinkRedirectTrace struct {
 	QueueMapping uint32
 }
 
+type uplinkTunnelNode struct {
+	_        structs.HostLayout
+	Underlay uint32
+	Flags    uint32
+}
+
+type uplinkTunnelNodeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -217,7 +229,13 @@ const (
 	uplinkMapLkPolicyRules         = "lk_policy_rules"
 	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
 	uplinkMapLkRssVms              = "lk_rss_vms"
+	uplinkMapLkTunnelIdent         = "lk_tunnel_ident"
+	uplinkMapLkTunnelNodes         = "lk_tunnel_nodes"
+	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
+	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
+	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
+	uplinkProgToTunnel             = "to_tunnel"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarGatewayIp6            = "gateway_ip6"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -239,7 +257,9 @@ const (
 	uplinkVarLkUnusedRedirectKind  = "lk_unused_redirect_kind"
 	uplinkVarLkUnusedSockHook      = "lk_unused_sock_hook"
 	uplinkVarLkUnusedSockStat      = "lk_unused_sock_stat"
+	uplinkVarLkUnusedTunnelStat    = "lk_unused_tunnel_stat"
 	uplinkVarTraceRedirects        = "trace_redirects"
+	uplinkVarTunnelIfindex         = "tunnel_ifindex"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -284,7 +304,9 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
+	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
 	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
+	ToTunnel   *ebpf.ProgramSpec `ebpf:"to_tunnel"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -316,6 +338,10 @@ type uplinkMapSpecs struct {
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.MapSpec `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -343,7 +369,9 @@ type uplinkVariableSpecs struct {
 	LkUnusedRedirectKind  *ebpf.VariableSpec `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.VariableSpec `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.VariableSpec `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.VariableSpec `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -391,6 +419,10 @@ type uplinkMaps struct {
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
 	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
+	LkTunnelIdent     *ebpf.Map `ebpf:"lk_tunnel_ident"`
+	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
+	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
+	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
 }
 
 func (m *uplinkMaps) Close() error {
@@ -420,6 +452,10 @@ func (m *uplinkMaps) Close() error {
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
 		m.LkRssVms,
+		m.LkTunnelIdent,
+		m.LkTunnelNodes,
+		m.LkTunnelStats,
+		m.LkTunnelVni,
 	)
 }
 
@@ -448,19 +484,25 @@ type uplinkVariables struct {
 	LkUnusedRedirectKind  *ebpf.Variable `ebpf:"lk_unused_redirect_kind"`
 	LkUnusedSockHook      *ebpf.Variable `ebpf:"lk_unused_sock_hook"`
 	LkUnusedSockStat      *ebpf.Variable `ebpf:"lk_unused_sock_stat"`
+	LkUnusedTunnelStat    *ebpf.Variable `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
+	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
+	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
 	FromUplink *ebpf.Program `ebpf:"from_uplink"`
+	ToTunnel   *ebpf.Program `ebpf:"to_tunnel"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
+		p.FromTunnel,
 		p.FromUplink,
+		p.ToTunnel,
 	)
 }
 

@@ -92,21 +92,25 @@ func baselineConf(i int) []byte {
 	gw := make(net.IP, 4)
 	copy(gw, subnet.IP.To4())
 	gw[3] = 1
+	plugin := map[string]any{
+		"type":      "bridge",
+		"bridge":    BaseBridge,
+		"isGateway": true,
+		"ipMasq":    false,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"dataDir": filepath.Join(NodeDir(i), "ipam"),
+			"ranges":  [][]map[string]string{{{"subnet": BaseCIDR(i), "gateway": gw.String()}}},
+			"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+		},
+	}
+	if mtu := baselineMTU(); mtu > 0 {
+		plugin["mtu"] = mtu // behind the flannel-style VXLAN (tunnel.go)
+	}
 	return mustJSON(map[string]any{
 		"cniVersion": "1.1.0",
 		"name":       "lk-baseline",
-		"plugins": []any{map[string]any{
-			"type":      "bridge",
-			"bridge":    BaseBridge,
-			"isGateway": true,
-			"ipMasq":    false,
-			"ipam": map[string]any{
-				"type":    "host-local",
-				"dataDir": filepath.Join(NodeDir(i), "ipam"),
-				"ranges":  [][]map[string]string{{{"subnet": BaseCIDR(i), "gateway": gw.String()}}},
-				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
-			},
-		}},
+		"plugins":    []any{plugin},
 	})
 }
 

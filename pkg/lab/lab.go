@@ -47,21 +47,30 @@ type Config struct {
 	// Kubelet (with K8s) runs real nodes instead: containerd and kubelet
 	// per node, lanekit installed from deploy/ (realnode.go).
 	Kubelet bool
-	Bins    Bins
-	Out     io.Writer // progress lines
 	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
 	IPFamily string
+	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;
+	// "" native) and Underlay the network between the nodes
+	// (UnderlayBridged, UnderlayRouted; "": routed with the tunnel): see
+	// tunnel.go.
+	Routing  string
+	Underlay string
+	Bins     Bins
+	Out      io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
 // and down.
 type State struct {
-	Nodes        []Node  `json:"nodes"`
-	BaselineOnly bool    `json:"baseline_only"`
-	K8s          bool    `json:"k8s,omitempty"`
-	Kubelet      bool    `json:"kubelet,omitempty"`
-	IPFamily     string  `json:"ip_family,omitempty"` // "": ipv4
-	VMs          []LabVM `json:"vms,omitempty"`
+	Nodes        []Node `json:"nodes"`
+	BaselineOnly bool   `json:"baseline_only"`
+	K8s          bool   `json:"k8s,omitempty"`
+	Kubelet      bool   `json:"kubelet,omitempty"`
+	IPFamily     string `json:"ip_family,omitempty"` // "": ipv4
+	// Routing and Underlay as configured (empty: native, bridged).
+	Routing  string  `json:"routing,omitempty"`
+	Underlay string  `json:"underlay,omitempty"`
+	VMs      []LabVM `json:"vms,omitempty"`
 	// TapVMs are guests on the standard path (tap on the baseline bridge,
 	// QEMU's userspace virtio-net), for the benchmark; see vmtap.go.
 	TapVMs []LabVM `json:"tap_vms,omitempty"`

@@ -25,6 +25,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.Kubelet && (!cfg.K8s || cfg.VM || cfg.BaselineOnly) {
 		return nil, fmt.Errorf("lab up: --kubelet needs --k8s, and no --vm or --baseline-only")
 	}
+	if err := cfg.checkRouting(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if cfg.K8s && cfg.BaselineOnly {
 		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
@@ -47,7 +50,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet, Routing: cfg.routing(), Underlay: cfg.underlay()}
 	if family != IPFamilyIPv4 {
 		st.IPFamily = family
 	}
@@ -55,8 +58,13 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
 
+	build := buildWire
 	progress(cfg.Out, "lab: underlay %s with bridge %s", WireNS, WireBridge)
-	if err := buildWire(ctx); err != nil {
+	if cfg.underlay() == UnderlayRouted {
+		build = buildRouter
+		progress(cfg.Out, "lab: routed underlay: router %s (%s), a /32 per node, no pod routes; agents route %s", WireNS, RouterIP, cfg.routing())
+	}
+	if err := build(ctx); err != nil {
 		return st, fmt.Errorf("lab up: %w", err)
 	}
 	var kc kubernetes.Interface
@@ -76,7 +84,11 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := st.save(); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if err := buildNode(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
+		buildN, buildRaw := buildNode, buildRawHost
+		if cfg.underlay() == UnderlayRouted {
+			buildN, buildRaw = func(ctx context.Context, i, n int, _, _ bool) error { return buildRoutedNode(ctx, i, n) }, buildRoutedRawHost
+		}
+		if err := buildN(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if st.Dual() {
@@ -87,7 +99,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			}
 		}
 		if cfg.Nodes >= 2 && i <= RawHosts {
-			if err := buildRawHost(ctx, i); err != nil {
+			if err := buildRaw(ctx, i); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 			n := &st.Nodes[len(st.Nodes)-1]

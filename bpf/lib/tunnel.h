@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* tunnel.h: VXLAN tunnel routing mode (the agent's --routing-mode tunnel).
+ *
+ * The node has one external-metadata (collect_md) VXLAN device; its ifindex
+ * is the load-time setting tunnel_ifindex (0: native routing, nothing here
+ * runs). A packet for a pod on another node, whose pod CIDR lk_tunnel_nodes
+ * maps to that node's underlay address, gets its tunnel key set
+ * (bpf_skb_set_tunnel_key: remote address, VNI) and is redirected to the
+ * VXLAN device, which encapsulates it: the kernel's UDP tunnel code picks
+ * the outer UDP source port from the inner flow hash, and GSO packets stay
+ * GSO (UDP tunnel segmentation happens at the uplink, in hardware where it
+ * can). No kernel route to another node's pod CIDR is needed or used.
+ *
+ * The VNI carries the sender's security identity as Cilium does, so the
+ * receiving node's ingress policy does not depend on knowing the remote pod's
+ * address. Identities are node-local numbers (pkg/policy allocates them in
+ * order of arrival), so the wire carries a cluster-wide tunnel identity, a
+ * hash of the (namespace, labels) set, and each node maps it to and from its
+ * own numbers: lk_tunnel_vni (local identity -> VNI, sender) and
+ * lk_tunnel_ident (VNI -> local identity, receiver). VNI 0 (no entry, a hash
+ * two label sets share, a source that is no local endpoint such as a
+ * NodePort flow's node address) means "resolve the inner source address",
+ * as native routing does.
+ *
+ * Include after fib.h's helpers (drop, to_stack, fits_mtu): route_ipv4 asks
+ * tunnel_route first. */
+#ifndef LK_TUNNEL_H
+#define LK_TUNNEL_H
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include "consts.h"
+#include "maps.h"
+#include "parse.h"
+#include "policy.h"
+
+#define LK_TUNNEL_MAX_NODES 4096
+#define LK_TUNNEL_MAX_IDENTITIES 65536
+#define LK_TUNNEL_TTL 64
+
+/* Load-time settings: the VXLAN device (0: native routing). */
+const volatile __u32 tunnel_ifindex = 0;
+
+/* Every node's VXLAN device has this MAC (the agent sets it), so the inner
+ * frame is addressed to the receiving device (PACKET_HOST after decap). */
+static const __u8 tunnel_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x4c };
+/* ... and comes from this one: never the device's own MAC, which the
+ * receiving VXLAN device drops as a loop (vxlan_set_mac). */
+static const __u8 tunnel_src_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x53 };
+
+/* lk_tunnel_nodes key: an LPM trie key over pod CIDRs. */
+struct tunnel_node_key {
+	__u32 prefixlen;
+	__be32 addr;
+};
+
+/* lk_tunnel_nodes value: the node owning the pod CIDR. */
+struct tunnel_node {
+	__be32 underlay; /* the node's underlay IPv4 address: the outer destination */
+	__u32 flags; /* TUNNEL_NODE_F_SELF: this node's own CIDR (never encapsulated) */
+};
+
+#define TUNNEL_NODE_F_SELF 1
+
+/* Counters: index into lk_tunnel_stats (per CPU). */
+enum lk_tunnel_stat {
+	TUNNEL_STAT_ENCAP = 0, /* packets encapsulated toward another node */
+	TUNNEL_STAT_DECAP = 1, /* packets received from the tunnel device */
+	TUNNEL_STAT_VNI_IDENTITY = 2, /* received with a VNI that mapped to a local identity */
+	TUNNEL_STAT_OVERSIZE = 3, /* too big for the tunnel: to the host stack (ICMP frag needed or fragments) */
+	TUNNEL_STAT_ENCAP_ERR = 4, /* bpf_skb_set_tunnel_key failed (dropped) */
+	TUNNEL_STAT_HOST_ENCAP = 5, /* the node's own packets to another node's pod (to_tunnel) */
+	TUNNEL_STAT_MAX = 6,
+};
+const enum lk_tunnel_stat *lk_unused_tunnel_stat __attribute__((unused));
+
+/* Pod CIDR -> the node it lives on (agent: from Node objects or --tunnel-node). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, LK_TUNNEL_MAX_NODES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct tunnel_node_key);
+	__type(value, struct tunnel_node);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_tunnel_nodes SEC(".maps");
+
+/* Local identity -> VNI (cluster-wide tunnel identity), sender side. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_TUNNEL_MAX_IDENTITIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_tunnel_vni SEC(".maps");
+
+/* VNI -> local identity, receiver side. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_TUNNEL_MAX_IDENTITIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_tunnel_ident SEC(".maps");
+
+/* Tunnel counters (enum lk_tunnel_stat), per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TUNNEL_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_tunnel_stats SEC(".maps");
+
+static __always_inline void tunnel_count(__u32 stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&lk_tunnel_stats, &stat);
+
+	if (v)
+		(*v)++;
+}
+
+/* tunnel_vni_of returns the VNI for a packet the local endpoint with address
+ * src sent (0: the receiver resolves the address). */
+static __always_inline __u32 tunnel_vni_of(__be32 src)
+{
+	__u32 id = policy_endpoint_identity(src);
+	__u32 *vni;
+
+	if (!id)
+		return 0;
+	vni = bpf_map_lookup_elem(&lk_tunnel_vni, &id);
+	return vni ? *vni & 0xffffff : 0;
+}
+
+/* tunnel_identity_of maps a received VNI to this node's identity (0: unknown,
+ * resolve the inner source address). */
+static __always_inline __u32 tunnel_identity_of(__u32 vni)
+{
+	__u32 *id;
+
+	if (!vni)
+		return 0;
+	id = bpf_map_lookup_elem(&lk_tunnel_ident, &vni);
+	if (!id)
+		return 0;
+	tunnel_count(TUNNEL_STAT_VNI_IDENTITY);
+	return *id;
+}
+
+/* tunnel_rx_identity returns the sender's identity a received packet's VNI
+ * carries (0: none). Not inlined: the tunnel key stays off the caller's
+ * stack, which from_uplink's pipeline fills nearly to the limit. */
+static __noinline __attribute__((unused)) __u32 tunnel_rx_identity(struct __sk_buff *skb)
+{
+	struct bpf_tunnel_key key = {};
+
+	if (!skb || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
+		return 0;
+	return tunnel_identity_of(key.tunnel_id);
+}
+
+/* tunnel_has_key reports whether skb already carries tunnel metadata. */
+static __noinline __attribute__((unused)) int tunnel_has_key(struct __sk_buff *skb)
+{
+	struct bpf_tunnel_key key = {};
+
+	return skb && bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0;
+}
+
+/* tunnel_host_key sets the tunnel key of a packet the node's own stack sends
+ * to another node's pod (VNI 0: the receiver resolves the address, as for
+ * any traffic from a node). Returns a TC verdict. */
+static __always_inline __attribute__((unused)) int tunnel_host_key(struct __sk_buff *skb, struct pkt *p)
+{
+	struct tunnel_node_key k = { .prefixlen = 32, .addr = p->ip4->daddr };
+	struct bpf_tunnel_key key = {};
+	struct tunnel_node *n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
+
+	if (!n || (n->flags & TUNNEL_NODE_F_SELF))
+		return TC_ACT_SHOT;
+	key.remote_ipv4 = bpf_ntohl(n->underlay);
+	key.tunnel_ttl = LK_TUNNEL_TTL;
+	/* The neighbour of a NOARP device is the device's own MAC: as source
+	 * too, the receiver would drop it as a loop. */
+	mac_copy(p->eth->h_dest, tunnel_mac);
+	mac_copy(p->eth->h_source, tunnel_src_mac);
+	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
+		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
+		return TC_ACT_SHOT;
+	}
+	tunnel_count(TUNNEL_STAT_HOST_ENCAP);
+	return TC_ACT_OK;
+}
+
+/* tunnel_route sends an IPv4 packet for a remote node's pod CIDR into the
+ * tunnel. Returns a TC verdict, or -1 when the destination is no remote pod
+ * CIDR (native routing or not a pod: the caller routes by the FIB). The TTL
+ * must have been checked (> 1). ep_id is the sender (0: from the uplink). */
+static __always_inline int tunnel_route(struct __sk_buff *skb, struct pkt *p, __u32 ep_id)
+{
+	struct tunnel_node_key k = { .prefixlen = 32 };
+	struct bpf_tunnel_key key = {};
+	struct tunnel_node *n;
+	__u32 ifindex = tunnel_ifindex;
+
+	if (!ifindex)
+		return -1;
+	k.addr = p->ip4->daddr;
+	n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
+	if (!n || (n->flags & TUNNEL_NODE_F_SELF))
+		return -1;
+	key.remote_ipv4 = bpf_ntohl(n->underlay);
+	key.tunnel_id = ep_id ? tunnel_vni_of(p->ip4->saddr) : 0;
+	key.tunnel_ttl = LK_TUNNEL_TTL;
+	/* A packet too big for the tunnel (GSO-aware: fits_mtu against the
+	 * VXLAN device's MTU, the uplink's minus the overhead) goes to the host
+	 * stack, as in native routing: its route into the tunnel device has that
+	 * MTU, so it answers ICMP fragmentation needed (DF set) or fragments
+	 * (to_tunnel then keys the fragments). Counted, so the share is
+	 * visible. */
+	if (!fits_mtu(skb, p->ip4, ifindex)) {
+		tunnel_count(TUNNEL_STAT_OVERSIZE);
+		return to_stack(skb, ep_id);
+	}
+	skb_event_forwarded(skb, ep_id, 0);
+	ipv4_decrease_ttl(p->ip4);
+	mac_copy(p->eth->h_dest, tunnel_mac);
+	mac_copy(p->eth->h_source, tunnel_src_mac);
+	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
+		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
+		return drop(skb, ep_id, DROP_REDIRECT);
+	}
+	tunnel_count(TUNNEL_STAT_ENCAP);
+	trace_redirect(ifindex, REDIR_PLAIN, skb->queue_mapping);
+	return bpf_redirect(ifindex, 0);
+}
+
+#endif

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+)
+
+// printRouting prints the routing mode, the tunnel's node map and counters,
+// and the encryption facilities (`lanekit status`).
+func printRouting(out io.Writer, r *apiv1.RoutingStatus) {
+	if r == nil {
+		return
+	}
+	switch r.GetMode() {
+	case "tunnel":
+		fmt.Fprintf(out, "routing:      tunnel (VXLAN %s, UDP %d), pod MTU %d\n", r.GetTunnelDevice(), r.GetTunnelPort(), r.GetPodMtu())
+		for _, n := range r.GetTunnelNodes() {
+			if n.GetSelf() {
+				fmt.Fprintf(out, "  node:       %s (this node)\n", n.GetPodCidr())
+				continue
+			}
+			fmt.Fprintf(out, "  node:       %s via %s\n", n.GetPodCidr(), n.GetUnderlay())
+		}
+		var names []string
+		for k := range r.GetTunnelCounters() {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		var parts []string
+		for _, k := range names {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, r.GetTunnelCounters()[k]))
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(out, "  counters:   %s\n", strings.Join(parts, " "))
+		}
+	default:
+		fmt.Fprintf(out, "routing:      %s, pod MTU %d\n", r.GetMode(), r.GetPodMtu())
+	}
+	if e := r.GetError(); e != "" {
+		fmt.Fprintf(out, "  error:      %s\n", e)
+	}
+	enc := func(name string, f *apiv1.Feature) string {
+		if f.GetSupported() {
+			return name + " available in the kernel (not implemented by lanekit)"
+		}
+		return name + " unavailable (" + f.GetDetail() + ")"
+	}
+	fmt.Fprintf(out, "encryption:   none; %s; %s\n", enc("IPsec/ESP", r.GetIpsec()), enc("WireGuard", r.GetWireguard()))
+}
