@@ -33,30 +33,7 @@ func TestLabPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	web := st.NamedPods[0].IP
-	srv := exec.Command("ip", "netns", "exec", NamedPodNS("web"), cli, "lab", "tcp-whoami", "--listen", "0.0.0.0:8080", "--for", "3m")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	pol := `apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-from-clients, namespace: shop}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  ingress:
-  - from: [{podSelector: {matchLabels: {role: client}}}]
-    ports: [{port: http}]
-`
-	file := filepath.Join(t.TempDir(), "pol.yaml")
-	if err := os.WriteFile(file, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "policy", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(300 * time.Millisecond)
+	webFromClientsPolicy(t, lk, cli)
 	ask := func(from string) map[string]int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -97,4 +74,35 @@ spec:
 	if err != nil || !strings.Contains(out, "shop/web-from-clients") {
 		t.Errorf("policy list = %v: %s", err, out)
 	}
+}
+
+// webFromClientsPolicy starts a TCP whoami server on :8080 in the named pod
+// "web" and applies, on both nodes' agents, a NetworkPolicy in namespace shop
+// that admits only role=client pods to app=web on the port named http.
+func webFromClientsPolicy(t *testing.T, lk func(t *testing.T, args ...string) (string, error), cli string) {
+	t.Helper()
+	srv := exec.Command("ip", "netns", "exec", NamedPodNS("web"), cli, "lab", "tcp-whoami", "--listen", "0.0.0.0:8080", "--for", "3m")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	pol := `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-clients, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: client}}}]
+    ports: [{port: http}]
+`
+	file := filepath.Join(t.TempDir(), "pol.yaml")
+	if err := os.WriteFile(file, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for node := 1; node <= 2; node++ {
+		if _, err := lk(t, "policy", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
 }

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -375,30 +373,7 @@ func TestTunnelPolicyByVNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	web, client := st.NamedPods[0].IP, st.NamedPods[1].IP
-	srv := exec.Command("ip", "netns", "exec", NamedPodNS("web"), cli, "lab", "tcp-whoami", "--listen", "0.0.0.0:8080", "--for", "3m")
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	pol := `apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-from-clients, namespace: shop}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  ingress:
-  - from: [{podSelector: {matchLabels: {role: client}}}]
-    ports: [{port: http}]
-`
-	file := filepath.Join(t.TempDir(), "pol.yaml")
-	if err := os.WriteFile(file, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "policy", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(300 * time.Millisecond)
+	webFromClientsPolicy(t, lk, cli)
 	ask := func() int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
