@@ -162,6 +162,11 @@ func buildSvcNode(ctx context.Context, server Node, k int) error {
 		{"-n", node, "addr", "add", svcNodeUnderlay(k) + "/24", "dev", Uplink},
 		{"-n", node, "link", "set", Uplink, "up"},
 		{"-n", node, "route", "add", server.BaseCIDR, "via", server.UnderlayIP, "dev", Uplink},
+		// A default route, as real nodes have: a process of the node
+		// (the -host rows) connecting to a VIP needs a route to it before
+		// nat OUTPUT rewrites the destination (a pod's packet is DNATed in
+		// PREROUTING, before routing, and needs none).
+		{"-n", node, "route", "add", "default", "via", server.UnderlayIP, "dev", Uplink},
 		{"link", "add", "name", PodIfName, "netns", client, "type", "veth", "peer", "name", "pod0", "netns", node},
 		{"-n", node, "addr", "add", svcClientGW(k) + "/24", "dev", "pod0"},
 		{"-n", node, "link", "set", "pod0", "up"},
