@@ -209,7 +209,15 @@ func probeGroup(ctx context.Context, b Bins, g checkGroup, pingArgv []string) ma
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				_, err := inNS(ctx, s.NS, append(append([]string{}, pingArgv...), "-c", "1", "-W", "2", t.IP)...)
+				ping := append(append([]string{}, pingArgv...), "-c", "1", "-W", "2", t.IP)
+				_, err := inNS(ctx, s.NS, ping...)
+				if err != nil {
+					// One echo lost while the probes run in parallel
+					// (seen once for pod -> own node over IPv6, not
+					// root-caused) is asked again once; a broken path
+					// fails both.
+					_, err = inNS(ctx, s.NS, ping...)
+				}
 				set(s.NS, t.NS, func(p *probe) { p.icmp = err })
 			}()
 		}
