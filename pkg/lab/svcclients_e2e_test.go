@@ -305,8 +305,11 @@ func TestLabServiceClients(t *testing.T) {
 					fwd = "socket-sendmsg4-translated"
 				}
 				sock, flows := after[fwd]-before[fwd], after["new-flow"]-before["new-flow"]
-				if client == "pod" && (sock != 0 || flows < n) {
-					t.Errorf("pod, %s: %d socket translations, %d new LB flows; want 0 and >= %d", tg.what, sock, flows, n)
+				// A UDP client can reuse an ephemeral port within n
+				// requests (the flow's conntrack entry then answers): at
+				// least n/2 new flows, and none through the socket LB.
+				if client == "pod" && (sock != 0 || flows < uint64(n)/2) {
+					t.Errorf("pod, %s: %d socket translations, %d new LB flows; want 0 and >= %d", tg.what, sock, flows, n/2)
 				}
 				if client != "pod" && (sock < n || flows != 0) {
 					t.Errorf("%s, %s: %d socket translations, %d new LB flows; want >= %d and 0", client, tg.what, sock, flows, n)
