@@ -17,13 +17,14 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use vhost_user_backend::bitmap::MemRegionBitmap;
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
@@ -31,11 +32,15 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    MmapRegion,
+};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::dirty::{DirtyBitmap, RegionLog, VHOST_F_LOG_ALL};
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
 use crate::port::Port;
 use crate::rss::{self, RssConfig, RssMap};
@@ -65,6 +70,17 @@ pub const VIRTIO_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
     | 1 << VIRTIO_NET_F_MAC
     | 1 << VIRTIO_NET_F_STATUS
     | 1 << VIRTIO_NET_F_MTU;
+
+/// Guest memory as the backend maps it: each region with its dirty log (`dirty.rs`).
+pub type GuestMem = GuestMemoryMmap<DirtyBitmap>;
+/// A vring over [`GuestMem`].
+pub type Vring = vhost_user_backend::VringRwLock<GuestMemoryAtomic<GuestMem>>;
+
+/// The dirty log bitmap of a region (vm-memory's `GuestMemoryRegion::bitmap` returns a slice).
+fn region_bitmap(r: &GuestRegionMmap<DirtyBitmap>) -> &DirtyBitmap {
+    let m: &MmapRegion<DirtyBitmap> = r;
+    m.bitmap()
+}
 
 /// Static device settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +132,15 @@ pub struct NetBackend {
     exits: Vec<EventFd>,
     /// Written by the SIGBUS guard when guest memory vanished under us (`sigbus.rs`).
     fault: EventFd,
-    mem: RwLock<Option<GuestMemoryAtomic<GuestMemoryMmap>>>,
+    mem: RwLock<Option<GuestMemoryAtomic<GuestMem>>>,
+    /// The memory table the dirty log was last applied to (its regions' logs carry over to
+    /// the next table).
+    logged_mem: Mutex<Option<Arc<GuestMem>>>,
+    /// `VHOST_F_LOG_ALL` is acked: writes are logged (once a log is set).
+    log_all: AtomicBool,
+    /// The frontend's `SET_LOG_FD` eventfd, signalled after each queue run that wrote guest
+    /// memory while logging.
+    log_fd: Mutex<Option<EventFd>>,
     acked: AtomicU64,
     active_pairs: AtomicU16,
     /// One per queue pair (the control queue counts with pair 0).
@@ -192,6 +216,9 @@ impl NetBackend {
             exits,
             fault,
             mem: RwLock::new(None),
+            logged_mem: Mutex::new(None),
+            log_all: AtomicBool::new(false),
+            log_fd: Mutex::new(None),
             acked: AtomicU64::new(0),
             active_pairs: AtomicU16::new(1),
             stats: (0..usize::from(config.queue_pairs)).map(|_| Stats::default()).collect(),
@@ -321,11 +348,82 @@ impl NetBackend {
         }
     }
 
+    /// `VHOST_F_LOG_ALL` was acked (or cleared): switch logging of every region on or off.
+    fn set_log_all(&self, on: bool) {
+        let was = self.log_all.swap(on, Ordering::SeqCst);
+        if let Some(atomic) = self.memory() {
+            let mem = atomic.memory().into_inner();
+            if on {
+                self.carry_log(&mem);
+            }
+            for r in mem.iter() {
+                region_bitmap(r).set_on(on);
+            }
+        }
+        if was != on {
+            info!("dirty page logging {}", if on { "on (VHOST_F_LOG_ALL acked)" } else { "off" });
+        }
+    }
+
+    /// A new memory table (or logging switched on): regions without a log get the log of the
+    /// previous table's regions (vhost-user-backend gives each new region an empty bitmap, and a
+    /// frontend only sends `SET_LOG_BASE` again when the log must grow), and the current
+    /// on/off state. A region the log does not cover stays unlogged, with a warning (QEMU
+    /// grows the log before it grows the memory table).
+    fn carry_log(&self, mem: &Arc<GuestMem>) {
+        let on = self.log_all.load(Ordering::SeqCst);
+        let mut last = lock(&self.logged_mem);
+        let log = mem
+            .iter()
+            .find_map(|r| region_bitmap(r).log())
+            .or_else(|| last.as_ref().and_then(|m| m.iter().find_map(|r| region_bitmap(r).log())));
+        for r in mem.iter() {
+            let bitmap = region_bitmap(r);
+            if let Some(log) = log.as_ref().filter(|_| bitmap.log().is_none()) {
+                match RegionLog::new(r, log.clone()) {
+                    Ok(l) => vhost_user_backend::bitmap::BitmapReplace::replace(bitmap, l),
+                    Err(e) => warn!("guest memory region {:#x}: not logged: {e}", r.start_addr().0),
+                }
+            }
+            bitmap.set_on(on);
+        }
+        *last = Some(mem.clone());
+    }
+
+    /// Writes to guest memory are being logged (`VHOST_F_LOG_ALL` acked and a log set).
+    pub fn dirty_logging(&self) -> bool {
+        self.memory().is_some_and(|m| {
+            let mem = m.memory();
+            mem.num_regions() > 0 && mem.iter().all(|r| region_bitmap(r).logging())
+        })
+    }
+
+    /// The frontend's `SET_LOG_FD` eventfd (the relay checked it is one).
+    pub(crate) fn set_log_fd(&self, fd: EventFd) {
+        *lock(&self.log_fd) = Some(fd);
+    }
+
+    fn signal_log(&self) {
+        if let Some(fd) = lock(&self.log_fd).as_ref() {
+            if let Err(e) = fd.write(1) {
+                warn!("signal log eventfd: {e}");
+            }
+        }
+    }
+
     /// Release everything a frontend connection held once its daemon is gone (workers joined):
     /// the guest memory (and its SIGBUS guard entries), a pending fault report and the exit
     /// events sent to the old workers (the next daemon's workers would otherwise exit at once).
     pub fn end_connection(&self) {
+        if let Some(m) = self.memory() {
+            for r in m.memory().iter() {
+                region_bitmap(r).clear();
+            }
+        }
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *lock(&self.logged_mem) = None;
+        *lock(&self.log_fd) = None;
+        self.log_all.store(false, Ordering::SeqCst);
         sigbus::unregister(self.owner());
         let _ = self.fault.read();
         for e in &self.exits {
@@ -418,7 +516,7 @@ impl NetBackend {
         }
     }
 
-    fn memory(&self) -> Option<GuestMemoryAtomic<GuestMemoryMmap>> {
+    fn memory(&self) -> Option<GuestMemoryAtomic<GuestMem>> {
         self.mem.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -427,8 +525,8 @@ impl NetBackend {
         &self,
         pair: usize,
         is_rx: bool,
-        vring: &VringRwLock,
-        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMemoryMmap, NetMode, &Stats) -> QueueRun,
+        vring: &Vring,
+        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMem, NetMode, &Stats) -> QueueRun,
     ) -> Served {
         let start = Instant::now();
         let Some(atomic) = self.memory() else { return Served::default() };
@@ -458,6 +556,9 @@ impl NetBackend {
                 Stats::add(sent, 1);
             }
         }
+        if run.used && self.log_all.load(Ordering::Relaxed) {
+            self.signal_log();
+        }
         if run.handled > 0 {
             // Busy time: runs that moved something, their notification included.
             Stats::add(&stats.busy_ns, start.elapsed().as_nanos() as u64);
@@ -471,14 +572,14 @@ impl NetBackend {
         }
     }
 
-    fn run_rx(&self, pair: usize, vring: &VringRwLock) -> Served {
+    fn run_rx(&self, pair: usize, vring: &Vring) -> Served {
         self.run(pair, true, vring, |p, q, mem, mode, stats| {
             net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, stats, BUDGET)
         })
     }
 
     /// Run TX; with `poll` guest kicks stay disabled when the queue runs empty.
-    fn run_tx(&self, pair: usize, vring: &VringRwLock, poll: bool) -> Served {
+    fn run_tx(&self, pair: usize, vring: &Vring, poll: bool) -> Served {
         self.run(pair, false, vring, |p, q, mem, mode, stats| {
             let (port, st) = (p.port.as_mut(), &mut p.tx);
             if poll {
@@ -490,7 +591,7 @@ impl NetBackend {
     }
 
     /// Re-enable TX kicks before sleeping; true when chains arrived meanwhile.
-    fn arm_tx(&self, pair: usize, vring: &VringRwLock) -> bool {
+    fn arm_tx(&self, pair: usize, vring: &Vring) -> bool {
         let (Some(atomic), Some(stats)) = (self.memory(), self.stats.get(pair)) else { return false };
         let mut vs = vring.get_mut();
         if !vs.get_queue().ready() || !vs.is_enabled() {
@@ -503,7 +604,7 @@ impl NetBackend {
     /// nothing arrived for `self.poll`, re-arm notifications and re-check before returning.
     /// Returns early, with a self-wakeup queued, when a run hits its budget (other events of
     /// the worker, e.g. exit, get their turn).
-    fn serve(&self, pair: usize, rx: &VringRwLock, tx: &VringRwLock) {
+    fn serve(&self, pair: usize, rx: &Vring, tx: &Vring) {
         if self.poll.is_zero() {
             let (t, r) = (self.run_tx(pair, tx, false), self.run_rx(pair, rx));
             if t.more || r.more {
@@ -548,7 +649,7 @@ impl NetBackend {
         }
     }
 
-    fn run_ctrl(&self, vring: &VringRwLock) {
+    fn run_ctrl(&self, vring: &Vring) {
         let run = self.run(0, false, vring, |_, q, mem, _, stats| {
             let (run, changes) = net::ctrl_queue(q, mem, self.config.queue_pairs, self.ctrl_features(), stats, BUDGET);
             if let Some(n) = changes.pairs {
@@ -590,8 +691,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl VhostUserBackend for NetBackend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = DirtyBitmap;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         2 * self.pairs.len() + 1
@@ -603,15 +704,19 @@ impl VhostUserBackend for NetBackend {
 
     fn features(&self) -> u64 {
         let rss = if self.rss.is_some() { 1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT } else { 0 };
-        VIRTIO_FEATURES | rss | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        VIRTIO_FEATURES | rss | 1 << VHOST_F_LOG_ALL | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
     fn acked_features(&self, features: u64) {
         self.acked.store(features, Ordering::Relaxed);
+        self.set_log_all(features & (1 << VHOST_F_LOG_ALL) != 0);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn reset_device(&self) {
@@ -646,7 +751,7 @@ impl VhostUserBackend for NetBackend {
         Err(io::Error::new(io::ErrorKind::PermissionDenied, "virtio-net config space is read-only"))
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMem>) -> io::Result<()> {
         // Guard the new mappings against the file shrinking under them (see `sigbus.rs`).
         let maps: Vec<sigbus::Mapping> = mem
             .memory()
@@ -658,6 +763,7 @@ impl VhostUserBackend for NetBackend {
             })
             .collect();
         sigbus::register(self.owner(), self.fault.as_raw_fd(), &maps)?;
+        self.carry_log(&mem.memory().into_inner());
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Some(mem);
         Ok(())
     }
@@ -702,13 +808,7 @@ impl VhostUserBackend for NetBackend {
         Some((consumer, notifier))
     }
 
-    fn handle_event(
-        &self,
-        device_event: u16,
-        _evset: EventSet,
-        vrings: &[VringRwLock],
-        thread_id: usize,
-    ) -> io::Result<()> {
+    fn handle_event(&self, device_event: u16, _evset: EventSet, vrings: &[Vring], thread_id: usize) -> io::Result<()> {
         let pair = thread_id;
         let event = u64::from(device_event);
         let (Some(rx), Some(tx)) = (vrings.first(), vrings.get(1)) else {

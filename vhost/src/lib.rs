@@ -6,10 +6,12 @@
 //! (a new daemon per frontend connection, so QEMU can reconnect); `backend.rs` is the
 //! `VhostUserBackend`; `net.rs` the per-queue datapath; `port.rs` the packet port trait;
 //! `xsk.rs` AF_XDP; `relay.rs` sits between the frontend and the daemon and runs the checks
-//! of `validate.rs` on every message; `sigbus.rs` survives guest memory shrinking under us.
+//! of `validate.rs` on every message; `sigbus.rs` survives guest memory shrinking under us;
+//! `dirty.rs` logs the pages we write while the VM migrates.
 
 pub mod backend;
 pub mod confine;
+pub mod dirty;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handover;
@@ -216,7 +218,7 @@ fn serve_on(
     let mut served = 0usize;
     while max_connections.is_none_or(|m| served < m) {
         backend.reset();
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<dirty::DirtyBitmap>::new());
         let mut daemon = VhostUserDaemon::new("lanekit-vhost".into(), backend.clone(), mem)
             .map_err(|e| Error::Daemon(e.to_string()))?;
         let handlers = daemon.get_epoll_handlers();
@@ -227,7 +229,9 @@ fn serve_on(
         let mut inner = Listener::from(UnixListener::bind_addr(&addr).map_err(listen_err)?);
         let to_daemon = UnixStream::connect_addr(&addr).map_err(listen_err)?;
         let fault = backend.fault_fd().map_err(|e| Error::Setup("duplicate fault eventfd", e))?;
-        let relay = relay::spawn(frontend, to_daemon, fault).map_err(listen_err)?;
+        let b = backend.clone();
+        let on_log_fd = Box::new(move |fd| b.set_log_fd(fd));
+        let relay = relay::spawn(frontend, to_daemon, fault, on_log_fd).map_err(listen_err)?;
         daemon.start(&mut inner).map_err(|e| Error::Daemon(e.to_string()))?;
         backend.count_connection();
         info!("frontend connected");

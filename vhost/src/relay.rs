@@ -15,7 +15,7 @@
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::thread::JoinHandle;
 
@@ -29,6 +29,7 @@ const HDR: usize = 12;
 const MAX_PAYLOAD: usize = 1 << 20;
 const SET_FEATURES: u32 = 2;
 const SET_VRING_ENABLE: u32 = 18;
+const SET_LOG_FD: u32 = 7;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
@@ -125,8 +126,26 @@ fn wait_readable(sock: &UnixStream, fault: &EventFd) -> io::Result<()> {
     }
 }
 
+/// Where the relay hands the eventfd of a `SET_LOG_FD` (checked to be one).
+pub type LogFdSink = Box<dyn Fn(EventFd) + Send>;
+
+/// Ack `m` to the frontend (success) when it asked for a reply.
+fn ack(frontend: &UnixStream, m: &Msg) -> io::Result<()> {
+    if m.flags() & FLAG_NEED_REPLY == 0 {
+        return Ok(());
+    }
+    let mut reply = Vec::with_capacity(HDR + 8);
+    reply.extend(m.request().to_le_bytes());
+    reply.extend((0x1 | FLAG_REPLY).to_le_bytes());
+    reply.extend(8u32.to_le_bytes());
+    reply.extend(0u64.to_le_bytes());
+    write_msg(frontend, &Msg { bytes: reply, fds: Vec::new() })
+}
+
 /// Relay frontend -> backend, holding early `SET_VRING_ENABLE`s as described in the module docs.
-fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd) -> io::Result<()> {
+/// `SET_LOG_FD` is answered here (vhost-user-backend 0.24 refuses it and ends the connection):
+/// its eventfd goes to `log_fd`.
+fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &LogFdSink) -> io::Result<()> {
     let mut protocol_acked = false;
     let mut held: Vec<Msg> = Vec::new();
     let mut checker = Checker::default();
@@ -135,15 +154,20 @@ fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd) -> io::Resul
         let Some(mut m) = read_msg(from)? else { return Ok(()) };
         checker.check(&m.bytes, &m.fds)?;
         match m.request() {
+            SET_LOG_FD => {
+                // The checker made sure there is exactly one fd and that it is an eventfd.
+                let Some(fd) = m.fds.pop() else {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "SET_LOG_FD without an fd"));
+                };
+                // SAFETY: `fd` is an open eventfd (checked) that we own; EventFd takes it over.
+                log_fd(unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) });
+                log::info!("frontend set the log eventfd");
+                ack(from, &m)?;
+            }
             SET_VRING_ENABLE if !protocol_acked => {
                 log::debug!("holding SET_VRING_ENABLE sent before protocol features were acked");
                 if m.flags() & FLAG_NEED_REPLY != 0 {
-                    let mut reply = Vec::with_capacity(HDR + 8);
-                    reply.extend(SET_VRING_ENABLE.to_le_bytes());
-                    reply.extend((0x1 | FLAG_REPLY).to_le_bytes());
-                    reply.extend(8u32.to_le_bytes());
-                    reply.extend(0u64.to_le_bytes());
-                    write_msg(from, &Msg { bytes: reply, fds: Vec::new() })?;
+                    ack(from, &m)?;
                     let flags = m.flags() & !FLAG_NEED_REPLY;
                     m.bytes[4..8].copy_from_slice(&flags.to_le_bytes());
                 }
@@ -177,7 +201,12 @@ fn backward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
 /// backend's guest memory fault eventfd. Both sockets are shut down when either side ends; join
 /// the returned threads after that: each returns why its direction ended (`InvalidData`: the
 /// frontend was refused).
-pub fn spawn(frontend: UnixStream, backend: UnixStream, fault: EventFd) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+pub fn spawn(
+    frontend: UnixStream,
+    backend: UnixStream,
+    fault: EventFd,
+    log_fd: LogFdSink,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
     let end = |a: &UnixStream, b: &UnixStream| {
         let _ = a.shutdown(Shutdown::Both);
@@ -190,7 +219,7 @@ pub fn spawn(frontend: UnixStream, backend: UnixStream, fault: EventFd) -> io::R
     let inbound = spawn(
         "vu-relay-in",
         Box::new(move || {
-            let r = forward(&mut from, &to, &fault);
+            let r = forward(&mut from, &to, &fault, &log_fd);
             end(&from, &to);
             r
         }),

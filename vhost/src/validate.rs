@@ -20,6 +20,16 @@
 //!   message that needs that vring (`GET_VRING_BASE` never answered). QEMU creates its
 //!   eventfds non-blocking already (`O_NONBLOCK` is on the shared open file description).
 //!
+//! - **The dirty log** (`SET_LOG_BASE`, live migration; see `dirty.rs`): only with
+//!   `VHOST_USER_PROTOCOL_F_LOG_SHMFD` negotiated (without it the payload would be an address in
+//!   the frontend's own process), exactly one fd, a regular file sealed against shrinking
+//!   (`F_SEAL_SHRINK`: QEMU's `vhost-log` memfd is sealed; an unsealed file shrunk later would
+//!   SIGBUS the backend on its next mark, and the SIGBUS guard only covers guest memory), a
+//!   page-aligned offset, `mmap_offset + mmap_size` within the file, and a size covering every
+//!   guest page of the memory table (one bit per 4 KiB page). `SET_LOG_FD` must carry one
+//!   eventfd (made non-blocking). Upstream maps whatever it is given and reports a too-small
+//!   log as a bare `InvalidData`.
+//!
 //! A failed check ends the connection with an error naming the cause (logged and counted by
 //! the serve loop), the way the library ends a connection on its own errors.
 
@@ -29,7 +39,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::backend::MAX_QUEUE_SIZE;
 
+const SET_PROTOCOL_FEATURES: u32 = 16;
 const SET_MEM_TABLE: u32 = 5;
+const SET_LOG_BASE: u32 = 6;
+const SET_LOG_FD: u32 = 7;
+/// `VHOST_USER_PROTOCOL_F_LOG_SHMFD`.
+const PROTOCOL_F_LOG_SHMFD: u64 = 1 << 1;
 const SET_VRING_NUM: u32 = 8;
 const SET_VRING_ADDR: u32 = 9;
 const SET_VRING_KICK: u32 = 12;
@@ -77,6 +92,7 @@ impl Region {
 pub(crate) struct Checker {
     regions: Vec<Region>,
     nums: HashMap<u32, u64>,
+    protocol_features: u64,
 }
 
 impl Checker {
@@ -107,6 +123,16 @@ impl Checker {
                 Ok(())
             }
             SET_VRING_ADDR => self.vring_addr(payload),
+            SET_PROTOCOL_FEATURES if payload.len() == 8 => {
+                self.protocol_features = u64::from_le_bytes(payload.try_into().unwrap_or([0; 8]));
+                Ok(())
+            }
+            SET_LOG_BASE => self.log_base(payload, fds),
+            SET_LOG_FD => match fds {
+                [fd] => eventfd(fd, "log", 0)
+                    .map_err(|_| refuse(format!("SET_LOG_FD: fd is not an eventfd ({})", fd_name(fd)))),
+                _ => Err(refuse(format!("SET_LOG_FD: {} fds, expected one eventfd", fds.len()))),
+            },
             SET_VRING_KICK | SET_VRING_CALL | SET_VRING_ERR => {
                 let what = match request {
                     SET_VRING_KICK => "kick",
@@ -156,6 +182,58 @@ impl Checker {
         let r = Region::parse(&payload[8..]);
         check_region(&r, fd).map_err(|e| refuse(format!("added memory region: {e}")))?;
         self.regions.push(r);
+        Ok(())
+    }
+
+    /// `SET_LOG_BASE` with `struct VhostUserLog { mmap_size, mmap_offset }` and the log's fd.
+    fn log_base(&self, payload: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
+        let what = |e: String| refuse(format!("SET_LOG_BASE: {e}"));
+        if self.protocol_features & PROTOCOL_F_LOG_SHMFD == 0 {
+            return Err(what(
+                "VHOST_USER_PROTOCOL_F_LOG_SHMFD was not negotiated (a log address in the frontend's own \
+                 process cannot be used by the backend)"
+                    .into(),
+            ));
+        }
+        let [fd] = fds else { return Err(what(format!("{} fds, expected the log's one", fds.len()))) };
+        if payload.len() != 16 {
+            return Err(what(format!("payload of {} bytes, expected 16 (mmap_size, mmap_offset)", payload.len())));
+        }
+        let size = u64::from_le_bytes(payload[..8].try_into().unwrap_or([0; 8]));
+        let offset = u64::from_le_bytes(payload[8..].try_into().unwrap_or([0; 8]));
+        let st = fstat(fd).map_err(|e| what(format!("fstat: {e}")))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(what(format!("the log fd is not a regular file ({})", fd_name(fd))));
+        }
+        if size == 0 || offset % 4096 != 0 {
+            return Err(what(format!(
+                "mmap size {size:#x} / offset {offset:#x}: need a size and a page-aligned offset"
+            )));
+        }
+        let file = u64::try_from(st.st_size).unwrap_or(0);
+        if offset.checked_add(size).is_none_or(|end| end > file) {
+            return Err(what(format!(
+                "mmap offset {offset:#x} + size {size:#x} is past the end of the {file:#x}-byte log file ({})",
+                fd_name(fd)
+            )));
+        }
+        if !sealed_against_shrink(fd) {
+            return Err(what(format!(
+                "the log file is not sealed against shrinking (F_SEAL_SHRINK; QEMU seals its vhost-log memfd): \
+                 shrunk later, every mark would SIGBUS the backend ({})",
+                fd_name(fd)
+            )));
+        }
+        let end = self.regions.iter().map(|r| r.gpa.saturating_add(r.size)).max().unwrap_or(0);
+        let need = crate::dirty::log_bytes_for(end);
+        if size < need {
+            return Err(what(format!(
+                "a log of {size} bytes covers guest memory up to {:#x}, the memory table reaches {end:#x} \
+                 (needs {need} bytes: one bit per 4 KiB page)",
+                size * 8 * crate::dirty::LOG_PAGE
+            )));
+        }
+        log::info!("dirty log: {size} bytes of {} (guest memory up to {end:#x})", fd_name(fd));
         Ok(())
     }
 

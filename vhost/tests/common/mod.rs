@@ -33,6 +33,10 @@ pub const GUEST_FEATURES: u64 = 1 << 32 // VERSION_1
     | 1 << 16 // STATUS
     | 1 << 30; // VHOST_USER_F_PROTOCOL_FEATURES
 
+/// Protocol features the tests ack by default.
+pub const BASE_PROTOCOL: VhostUserProtocolFeatures =
+    VhostUserProtocolFeatures::MQ.union(VhostUserProtocolFeatures::CONFIG).union(VhostUserProtocolFeatures::REPLY_ACK);
+
 /// A unique socket path under the temp dir.
 pub fn socket_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("lk-vhost-{}-{name}.sock", std::process::id()))
@@ -50,6 +54,10 @@ pub struct GuestQueue {
 }
 
 impl GuestQueue {
+    /// The descriptor the next chain starts at.
+    pub fn next_desc(&self) -> u16 {
+        self.next_desc
+    }
     fn desc(&self) -> u64 {
         self.base
     }
@@ -73,8 +81,38 @@ pub struct Guest {
 impl Guest {
     /// Connect to `path` and set up `pairs` queue pairs plus the control queue.
     pub fn connect(path: &Path, pairs: u16, features: u64) -> Guest {
+        Self::connect_with(path, pairs, features, BASE_PROTOCOL)
+    }
+
+    /// [`Guest::connect`] acking the offered protocol features in `protocol`.
+    pub fn connect_with(path: &Path, pairs: u16, features: u64, protocol: VhostUserProtocolFeatures) -> Guest {
         let nq = 2 * usize::from(pairs) + 1;
         let file = memfd("guest", MEM_SIZE as u64).unwrap();
+        let queues = (0..nq)
+            .map(|q| GuestQueue {
+                base: 0x1_0000 * q as u64,
+                bufs: 0x10_0000 + 0x8_0000 * q as u64,
+                kick: EventFd::new(EFD_NONBLOCK).unwrap(),
+                call: EventFd::new(EFD_NONBLOCK).unwrap(),
+                next_desc: 0,
+                avail_idx: 0,
+                seen_used: 0,
+            })
+            .collect();
+        Self::start(path, file, queues, &vec![0; nq], features, protocol)
+    }
+
+    /// Set up a frontend connection on `path` for guest memory `file` and the queues as they
+    /// are, starting each ring at `bases` (`SET_VRING_BASE`).
+    fn start(
+        path: &Path,
+        file: File,
+        queues: Vec<GuestQueue>,
+        bases: &[u32],
+        features: u64,
+        protocol: VhostUserProtocolFeatures,
+    ) -> Guest {
+        let nq = queues.len();
         let mem = GuestMemoryMmap::from_ranges_with_files(&[(
             GuestAddress(0),
             MEM_SIZE,
@@ -95,26 +133,11 @@ impl Guest {
         fe.set_features(features).unwrap();
         if features & (1 << 30) != 0 {
             let pf = fe.get_protocol_features().unwrap();
-            fe.set_protocol_features(
-                pf & (VhostUserProtocolFeatures::MQ
-                    | VhostUserProtocolFeatures::CONFIG
-                    | VhostUserProtocolFeatures::REPLY_ACK),
-            )
-            .unwrap();
+            fe.set_protocol_features(pf & protocol).unwrap();
             assert!(fe.get_queue_num().unwrap() >= nq as u64);
         }
         fe.set_mem_table(&[info]).unwrap();
-        let mut queues = Vec::new();
-        for q in 0..nq {
-            let gq = GuestQueue {
-                base: 0x1_0000 * q as u64,
-                bufs: 0x10_0000 + 0x8_0000 * q as u64,
-                kick: EventFd::new(EFD_NONBLOCK).unwrap(),
-                call: EventFd::new(EFD_NONBLOCK).unwrap(),
-                next_desc: 0,
-                avail_idx: 0,
-                seen_used: 0,
-            };
+        for (q, gq) in queues.iter().enumerate() {
             fe.set_vring_num(q, QSIZE).unwrap();
             fe.set_vring_addr(
                 q,
@@ -129,15 +152,42 @@ impl Guest {
                 },
             )
             .unwrap();
-            fe.set_vring_base(q, 0).unwrap();
+            fe.set_vring_base(q, bases[q] as u16).unwrap();
             fe.set_vring_call(q, &gq.call).unwrap();
             fe.set_vring_kick(q, &gq.kick).unwrap();
             if features & (1 << 30) != 0 {
                 fe.set_vring_enable(q, true).unwrap();
             }
-            queues.push(gq);
         }
         Guest { mem, _file: file, hva, fe, queues, features }
+    }
+
+    /// Stop every ring (`GET_VRING_BASE`, as QEMU does when it stops the device) and return
+    /// the bases the backend reports.
+    pub fn stop(&mut self) -> Vec<u32> {
+        (0..self.queues.len()).map(|q| self.fe.get_vring_base(q).unwrap()).collect()
+    }
+
+    /// A copy of guest memory.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut v = vec![0u8; MEM_SIZE];
+        self.mem.read_slice(&mut v, GuestAddress(0)).unwrap();
+        v
+    }
+
+    /// Live migration's end for this test guest: stop the rings on the current backend, copy
+    /// guest memory into `image` (the destination's memory as the migration built it) and
+    /// continue on the backend at `path` from the bases the old one reported. Returns them.
+    pub fn migrate(self, path: &Path, image: &[u8], protocol: VhostUserProtocolFeatures) -> (Guest, Vec<u32>) {
+        let mut old = self;
+        let bases = old.stop();
+        let file = memfd("guest-destination", MEM_SIZE as u64).unwrap();
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(image, 0).unwrap();
+        let features = old.features;
+        let queues = std::mem::take(&mut old.queues);
+        drop(old);
+        (Self::start(path, file, queues, &bases, features, protocol), bases)
     }
 
     /// Config space bytes (needs the CONFIG protocol feature).

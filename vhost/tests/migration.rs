@@ -1,0 +1,390 @@
+//! Live migration support: the dirty page log (`VHOST_F_LOG_ALL`, `SET_LOG_BASE` with
+//! `VHOST_USER_PROTOCOL_F_LOG_SHMFD`, `SET_LOG_FD`) and the ring handover through
+//! `GET_VRING_BASE` / `SET_VRING_BASE`, driven through real vhost-user connections
+//! (`vhost::vhost_user::Frontend`) with memfd guest memory: no VM needed.
+//!
+//! The central check plays QEMU's migration: take a copy of guest memory (the bulk round), let
+//! the backend write RX buffers and used rings, then copy only the pages the backend logged
+//! onto the copy: it must equal the source. Without logging the destination sees stale memory.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::{frame, socket_path, Guest, BASE_PROTOCOL, BUF, GUEST_FEATURES, MEM_SIZE, QSIZE};
+use lanekit_vhost::port::{channel_port, ChannelPeer, Port};
+use lanekit_vhost::{serve, DeviceConfig, NetBackend};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::{VhostBackend, VhostUserDirtyLogRegion};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x99];
+const T: Duration = Duration::from_secs(5);
+const LOG_ALL: u64 = 1 << 26;
+const PAGE: u64 = 0x1000;
+/// One bit per 4 KiB page of the 16 MiB guest.
+const LOG_SIZE: u64 = (MEM_SIZE as u64 / PAGE).div_ceil(8);
+
+fn with_log_shmfd() -> VhostUserProtocolFeatures {
+    BASE_PROTOCOL | VhostUserProtocolFeatures::LOG_SHMFD
+}
+
+fn start(name: &str, connections: usize) -> (Arc<NetBackend>, ChannelPeer, JoinHandle<()>, std::path::PathBuf) {
+    let path = socket_path(name);
+    let (port, peer) = channel_port(0).unwrap();
+    let backend = Arc::new(
+        NetBackend::new(DeviceConfig { mac: MAC, queue_pairs: 1, mtu: 1500 }, vec![Box::new(port) as Box<dyn Port>])
+            .unwrap(),
+    );
+    let (b, p) = (backend.clone(), path.clone());
+    let h = std::thread::spawn(move || serve(b, &p, Some(connections)).unwrap());
+    (backend, peer, h, path)
+}
+
+/// A memfd of `size` bytes with QEMU's vhost-log seals (or none).
+fn log_file(size: u64, sealed: bool) -> File {
+    let name = c"lk-test-vhost-log";
+    // SAFETY: name is a valid NUL-terminated string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a new descriptor owned by nobody else.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    if sealed {
+        let seals = libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on an open memfd with an integer argument.
+        assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) }, 0);
+    }
+    f
+}
+
+fn set_log(g: &Guest, log: &File, size: u64) {
+    g.fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion { mmap_size: size, mmap_offset: 0, mmap_handle: log.as_raw_fd() }),
+    )
+    .unwrap();
+}
+
+fn set_log_all(g: &Guest, on: bool) {
+    let f = if on { g.features | LOG_ALL } else { g.features & !LOG_ALL };
+    g.fe.set_features(f).unwrap();
+    // SET_FEATURES has no reply: a request that has one orders it before what follows.
+    g.fe.get_features().unwrap();
+}
+
+/// The pages whose bits are set, and the log cleared (what QEMU's sync does with `xchg`).
+fn take_dirty(log: &File) -> BTreeSet<u64> {
+    let mut b = vec![0u8; LOG_SIZE as usize];
+    log.read_exact_at(&mut b, 0).unwrap();
+    log.write_all_at(&vec![0u8; b.len()], 0).unwrap();
+    let mut pages = BTreeSet::new();
+    for (i, byte) in b.iter().enumerate() {
+        for bit in 0..8 {
+            if byte & (1 << bit) != 0 {
+                pages.insert(i as u64 * 8 + bit);
+            }
+        }
+    }
+    pages
+}
+
+fn pages(addr: u64, len: u64) -> impl Iterator<Item = u64> {
+    addr / PAGE..=(addr + len - 1) / PAGE
+}
+
+/// The used ring of queue `q` in `common::Guest`'s layout (descriptor table, avail, used).
+fn used_ring_pages(g: &Guest, q: usize) -> Vec<u64> {
+    let used = (g.queues[q].base + 16 * u64::from(QSIZE) + 6 + 2 * u64::from(QSIZE) + 3) & !3;
+    pages(used, 6 + 8 * u64::from(QSIZE)).collect()
+}
+
+/// Let a polling worker go to sleep (its window is 50 µs), so only kicks and port events wake it.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+#[test]
+fn dirty_log_marks_exactly_the_pages_the_backend_wrote_and_the_destination_matches() {
+    let (backend, peer, h, path) = start("mig-log", 1);
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, with_log_shmfd());
+    // Traffic before migration: rings in the middle of their life, nothing logged.
+    for i in 0..3u8 {
+        g.send(1, &[frame(100, i)]);
+    }
+    assert_eq!(peer.wait_sent(3, T).len(), 3);
+    g.post_rx(0, 3);
+    for i in 0..3u8 {
+        assert!(peer.inject(&frame(300, i)));
+    }
+    assert!(g.wait_used(0, 3, T) && g.wait_used(1, 3, T));
+    assert!(!backend.dirty_logging());
+
+    // Migration starts: QEMU sets the log, then acks VHOST_F_LOG_ALL.
+    let log = log_file(LOG_SIZE, true);
+    set_log(&g, &log, LOG_SIZE);
+    assert!(!backend.dirty_logging(), "logging before VHOST_F_LOG_ALL");
+    set_log_all(&g, true);
+    assert!(backend.dirty_logging(), "VHOST_F_LOG_ALL acked with a log set");
+    settle();
+    assert!(take_dirty(&log).is_empty(), "pages logged with no traffic");
+
+    // The guest's own writes (KVM logs those in a real migration) happen before the copy; the
+    // backend's happen after it.
+    let tx: Vec<Vec<u8>> = (0..5).map(|i| frame(60 + 200 * i, 0x40 + i as u8)).collect();
+    for f in &tx {
+        let slot = u64::from(g.queues[1].next_desc());
+        let addr = g.queues[1].bufs + slot * BUF;
+        use vm_memory::Bytes;
+        g.mem.write_slice(&[0u8; 12], vm_memory::GuestAddress(addr)).unwrap();
+        g.mem.write_slice(f, vm_memory::GuestAddress(addr + 16)).unwrap();
+        g.add_chain(1, &[(addr, 12, false), (addr + 16, f.len() as u32, false)]);
+    }
+    let mut rx_bufs = Vec::new();
+    for _ in 0..6 {
+        let slot = u64::from(g.queues[0].next_desc());
+        let addr = g.queues[0].bufs + slot * BUF;
+        g.add_chain(0, &[(addr, BUF as u32, true)]);
+        rx_bufs.push(addr);
+    }
+    settle();
+    let image = g.snapshot();
+
+    // The backend moves frames: 5 guest -> port, 6 port -> guest (of growing size).
+    g.kick(1);
+    assert_eq!(peer.wait_sent(5, T), tx);
+    let rx: Vec<Vec<u8>> = (0..6).map(|i| frame(64 + 280 * i, 0x80 + i as u8)).collect();
+    for f in &rx {
+        assert!(peer.inject(f));
+    }
+    assert!(g.wait_used(0, 9, T) && g.wait_used(1, 8, T), "traffic while logging");
+    assert_eq!(g.rx_frames(0, 3, 9), rx);
+    settle();
+    // QEMU stops the device before the last sync.
+    let bases = g.stop();
+    assert_eq!(&bases[..2], &[9, 8], "GET_VRING_BASE: every chain the backend took is used");
+
+    let dirty = take_dirty(&log);
+    let mut want: BTreeSet<u64> = BTreeSet::new();
+    want.extend(used_ring_pages(&g, 0));
+    want.extend(used_ring_pages(&g, 1));
+    for (addr, f) in rx_bufs.iter().zip(&rx) {
+        want.extend(pages(*addr, 12 + f.len() as u64));
+    }
+    assert_eq!(dirty, want, "logged pages: exactly the RX buffers written and both used rings");
+
+    // The destination: the bulk copy plus the logged pages equals the source; without them it
+    // would be stale.
+    let source = g.snapshot();
+    assert_ne!(image, source, "the backend wrote nothing after the copy: the check proves nothing");
+    let mut dest = image.clone();
+    for p in &dirty {
+        let r = (p * PAGE) as usize..((p + 1) * PAGE) as usize;
+        dest[r.clone()].copy_from_slice(&source[r]);
+    }
+    let stale: Vec<u64> = (0..MEM_SIZE as u64 / PAGE)
+        .filter(|p| {
+            dest[(p * PAGE) as usize..((p + 1) * PAGE) as usize]
+                != source[(p * PAGE) as usize..((p + 1) * PAGE) as usize]
+        })
+        .collect();
+    assert!(stale.is_empty(), "the destination sees stale memory in pages {stale:x?}");
+    drop(g);
+    h.join().unwrap();
+}
+
+#[test]
+fn logging_stops_when_log_all_is_cleared_and_needs_log_all() {
+    let (backend, peer, h, path) = start("mig-off", 1);
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, with_log_shmfd());
+    let log = log_file(LOG_SIZE, true);
+    // A log but no VHOST_F_LOG_ALL: nothing is logged.
+    set_log(&g, &log, LOG_SIZE);
+    g.send(1, &[frame(80, 1)]);
+    assert_eq!(peer.wait_sent(1, T).len(), 1);
+    assert!(g.wait_used(1, 1, T));
+    settle();
+    assert!(take_dirty(&log).is_empty(), "logged without VHOST_F_LOG_ALL");
+    // On: the TX used ring is logged.
+    set_log_all(&g, true);
+    g.send(1, &[frame(80, 2)]);
+    assert_eq!(peer.wait_sent(1, T).len(), 1);
+    assert!(g.wait_used(1, 2, T));
+    settle();
+    let want: BTreeSet<u64> = used_ring_pages(&g, 1).into_iter().collect();
+    assert_eq!(take_dirty(&log), want, "TX writes only its used ring");
+    // Off again (migration failed or ended): nothing more is logged.
+    set_log_all(&g, false);
+    assert!(!backend.dirty_logging());
+    g.send(1, &[frame(80, 3)]);
+    g.post_rx(0, 1);
+    assert!(peer.inject(&frame(500, 4)));
+    assert!(g.wait_used(1, 3, T) && g.wait_used(0, 1, T));
+    settle();
+    assert!(take_dirty(&log).is_empty(), "logged after VHOST_F_LOG_ALL was cleared");
+    drop(g);
+    h.join().unwrap();
+}
+
+#[test]
+fn log_eventfd_is_signalled_while_logging() {
+    let (_backend, peer, h, path) = start("mig-logfd", 1);
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, with_log_shmfd());
+    let log = log_file(LOG_SIZE, true);
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    g.fe.set_log_fd(ev.as_raw_fd()).unwrap();
+    set_log(&g, &log, LOG_SIZE);
+    g.send(1, &[frame(80, 1)]);
+    assert_eq!(peer.wait_sent(1, T).len(), 1);
+    assert!(g.wait_used(1, 1, T));
+    settle();
+    assert!(ev.read().is_err(), "log eventfd signalled while not logging");
+    set_log_all(&g, true);
+    g.send(1, &[frame(80, 2)]);
+    assert_eq!(peer.wait_sent(1, T).len(), 1);
+    assert!(g.wait_used(1, 2, T));
+    settle();
+    assert!(ev.read().is_ok(), "log eventfd not signalled after a logged run");
+    drop(g);
+    h.join().unwrap();
+}
+
+#[test]
+fn rings_continue_on_the_destination_backend_with_nothing_lost_or_duplicated() {
+    let (_a, peer_a, ha, path_a) = start("mig-src", 1);
+    let (_b, peer_b, hb, path_b) = start("mig-dst", 1);
+    let mut g = Guest::connect_with(&path_a, 1, GUEST_FEATURES, with_log_shmfd());
+    // Both directions on the source, leaving the rings at 7 (TX) and 4 (RX).
+    let early: Vec<Vec<u8>> = (0..7).map(|i| frame(90 + i, i as u8)).collect();
+    g.send(1, &early);
+    assert_eq!(peer_a.wait_sent(7, T), early);
+    g.post_rx(0, 4);
+    for i in 0..4u8 {
+        assert!(peer_a.inject(&frame(200, i)));
+    }
+    assert!(g.wait_used(0, 4, T) && g.wait_used(1, 7, T));
+    settle();
+    // In flight at switch-over: TX chains the guest added but the source never saw a kick for,
+    // and RX buffers posted without a kick.
+    let late: Vec<Vec<u8>> = (0..4).map(|i| frame(150 + 10 * i, 0x30 + i as u8)).collect();
+    for f in &late {
+        let slot = u64::from(g.queues[1].next_desc());
+        let addr = g.queues[1].bufs + slot * BUF;
+        use vm_memory::Bytes;
+        g.mem.write_slice(&[0u8; 12], vm_memory::GuestAddress(addr)).unwrap();
+        g.mem.write_slice(f, vm_memory::GuestAddress(addr + 16)).unwrap();
+        g.add_chain(1, &[(addr, 12, false), (addr + 16, f.len() as u32, false)]);
+    }
+    for _ in 0..3 {
+        let slot = u64::from(g.queues[0].next_desc());
+        g.add_chain(0, &[(g.queues[0].bufs + slot * BUF, BUF as u32, true)]);
+    }
+    // Stop the source and copy memory (after the last sync nothing changes any more).
+    let image = g.snapshot();
+    let (mut g, bases) = g.migrate(&path_b, &image, with_log_shmfd());
+    assert_eq!(&bases[..2], &[4, 7], "GET_VRING_BASE: the last avail index the source used");
+    // The source never sent the late chains (no kick reached it before it stopped).
+    assert!(peer_a.wait_sent(0, Duration::ZERO).is_empty(), "the source sent in-flight chains");
+
+    // The destination continues: the late TX chains go out exactly once, in order, and RX
+    // fills the posted buffers from index 4 on.
+    g.kick(1);
+    assert_eq!(peer_b.wait_sent(4, T), late, "in-flight TX chains: once each, on the destination");
+    assert!(g.wait_used(1, 11, T));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(peer_b.wait_sent(0, Duration::ZERO).is_empty(), "a TX chain was sent twice");
+    let rx: Vec<Vec<u8>> = (0..3).map(|i| frame(400 + i, 0x60 + i as u8)).collect();
+    for f in &rx {
+        assert!(peer_b.inject(f));
+    }
+    assert!(g.wait_used(0, 7, T), "destination RX continues from the source's base");
+    assert_eq!(g.rx_frames(0, 4, 7), rx);
+    assert_eq!(g.used_idx(0), 7, "no RX buffer used twice");
+    // And the new frames go on as usual.
+    g.send(1, &[frame(77, 0x77)]);
+    assert_eq!(peer_b.wait_sent(1, T), vec![frame(77, 0x77)]);
+    drop(g);
+    ha.join().unwrap();
+    hb.join().unwrap();
+}
+
+/// Each malformed migration message ends that connection with the reason logged and counted
+/// (the messages themselves: `validate.rs` unit tests); the backend then serves the next one.
+#[test]
+fn malformed_log_messages_are_refused_and_the_backend_goes_on() {
+    let cases: Vec<(&str, Box<dyn Fn(&Guest)>)> = vec![
+        (
+            "without LOG_SHMFD",
+            Box::new(|g: &Guest| {
+                let log = log_file(LOG_SIZE, true);
+                // Without the protocol feature the frontend sends the legacy address form.
+                let _ = g.fe.set_log_base(
+                    0x1000,
+                    Some(VhostUserDirtyLogRegion { mmap_size: LOG_SIZE, mmap_offset: 0, mmap_handle: log.as_raw_fd() }),
+                );
+            }),
+        ),
+        ("log too small", Box::new(|g: &Guest| try_log(g, &log_file(4096, true), 256))),
+        ("log past the file's end", Box::new(|g: &Guest| try_log(g, &log_file(256, true), LOG_SIZE))),
+        ("unsealed log", Box::new(|g: &Guest| try_log(g, &log_file(LOG_SIZE, false), LOG_SIZE))),
+        (
+            "log fd not a file",
+            Box::new(|g: &Guest| {
+                let ev = EventFd::new(0).unwrap();
+                let _ = g.fe.set_log_base(
+                    0,
+                    Some(VhostUserDirtyLogRegion { mmap_size: LOG_SIZE, mmap_offset: 0, mmap_handle: ev.as_raw_fd() }),
+                );
+            }),
+        ),
+        (
+            "SET_LOG_FD with a memfd",
+            Box::new(|g: &Guest| {
+                let _ = g.fe.set_log_fd(log_file(4096, true).as_raw_fd());
+            }),
+        ),
+    ];
+    let (backend, peer, h, path) = start("mig-bad", cases.len() + 1);
+    for (i, (name, case)) in cases.iter().enumerate() {
+        let protocol = if i == 0 { BASE_PROTOCOL } else { with_log_shmfd() };
+        let g = Guest::connect_with(&path, 1, GUEST_FEATURES, protocol);
+        case(&g);
+        // The connection is gone: the next request fails.
+        let deadline = std::time::Instant::now() + T;
+        while g.fe.get_features().is_ok() {
+            assert!(std::time::Instant::now() < deadline, "{name}: connection still up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(g);
+        let deadline = std::time::Instant::now() + T;
+        while backend.refusals() < i as u64 + 1 {
+            assert!(std::time::Instant::now() < deadline, "{name}: not refused ({} refusals)", backend.refusals());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // A well-behaved frontend still migrates.
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, with_log_shmfd());
+    let log = log_file(LOG_SIZE, true);
+    set_log(&g, &log, LOG_SIZE);
+    set_log_all(&g, true);
+    g.send(1, &[frame(99, 9)]);
+    assert_eq!(peer.wait_sent(1, T).len(), 1);
+    assert!(g.wait_used(1, 1, T));
+    assert!(backend.dirty_logging());
+    drop(g);
+    h.join().unwrap();
+    assert_eq!(backend.refusals(), cases.len() as u64);
+}
+
+fn try_log(g: &Guest, log: &File, size: u64) {
+    let _ = g.fe.set_log_base(
+        0,
+        Some(VhostUserDirtyLogRegion { mmap_size: size, mmap_offset: 0, mmap_handle: log.as_raw_fd() }),
+    );
+}
