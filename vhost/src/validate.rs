@@ -399,6 +399,73 @@ mod tests {
         }
     }
 
+    /// A memfd of `size` bytes, sealed against shrinking (as QEMU's vhost-log) or not.
+    fn log_memfd(size: u64, sealed: bool) -> OwnedFd {
+        // SAFETY: a valid NUL-terminated name; the result is checked and then owned.
+        let raw = unsafe { libc::memfd_create(c"validate-log".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: raw is a new fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate/fcntl on an fd we own, with integer arguments.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
+            if sealed {
+                assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW), 0);
+            }
+        }
+        fd
+    }
+
+    fn new_eventfd() -> OwnedFd {
+        // SAFETY: plain eventfd(2); the result is checked and then owned.
+        let raw = unsafe { libc::eventfd(0, 0) };
+        assert!(raw >= 0);
+        // SAFETY: raw is a new fd owned by nobody else.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    }
+
+    fn log_base(size: u64, offset: u64) -> Vec<u8> {
+        msg(SET_LOG_BASE, &[size.to_le_bytes(), offset.to_le_bytes()].concat())
+    }
+
+    #[test]
+    fn the_dirty_log_must_be_negotiated_sealed_and_cover_guest_memory() {
+        let mut c = Checker::default();
+        // 64 MiB of guest memory at 1 GiB: pages up to 0x4400_0000 need 0x4400_0000 / 4096 / 8 bytes.
+        c.check(&msg(SET_MEM_TABLE, &table(&[[0x4000_0000, 0x400_0000, 0x1000_0000, 0]])), &[memfd(0x400_0000)])
+            .unwrap();
+        let need = 0x4400_0000u64 / 4096 / 8;
+        let e = c.check(&log_base(need, 0), &[log_memfd(need, true)]).unwrap_err();
+        assert!(e.to_string().contains("VHOST_USER_PROTOCOL_F_LOG_SHMFD was not negotiated"), "{e}");
+        c.check(&msg(SET_PROTOCOL_FEATURES, &(PROTOCOL_F_LOG_SHMFD | 1).to_le_bytes()), &[]).unwrap();
+        assert!(c.check(&log_base(need, 0), &[log_memfd(need, true)]).is_ok());
+        assert!(c.check(&log_base(need, 4096), &[log_memfd(need + 4096, true)]).is_ok());
+        for (m, fds, why) in [
+            (log_base(need - 1, 0), vec![log_memfd(need, true)], "needs 34816 bytes"),
+            (log_base(need, 0), vec![log_memfd(need - 8, true)], "past the end of the"),
+            (log_base(need, 8), vec![log_memfd(2 * need, true)], "page-aligned offset"),
+            (log_base(0, 0), vec![log_memfd(need, true)], "need a size"),
+            (log_base(need, u64::MAX - 4095), vec![log_memfd(need, true)], "past the end"),
+            (log_base(need, 0), vec![log_memfd(need, false)], "not sealed against shrinking"),
+            (log_base(need, 0), vec![], "0 fds"),
+            (log_base(need, 0), vec![log_memfd(need, true), log_memfd(need, true)], "2 fds"),
+            (msg(SET_LOG_BASE, &need.to_le_bytes()), vec![log_memfd(need, true)], "payload of 8 bytes"),
+            (log_base(need, 0), vec![new_eventfd()], "not a regular file"),
+        ] {
+            let e = c.check(&m, &fds).unwrap_err();
+            assert!(e.to_string().starts_with("SET_LOG_BASE: ") && e.to_string().contains(why), "{why}: {e}");
+        }
+        // SET_LOG_FD: one eventfd, made non-blocking.
+        let ev = new_eventfd();
+        c.check(&msg(SET_LOG_FD, &[]), std::slice::from_ref(&ev)).unwrap();
+        // SAFETY: fcntl on an open fd.
+        assert_ne!(unsafe { libc::fcntl(ev.as_raw_fd(), libc::F_GETFL) } & libc::O_NONBLOCK, 0);
+        let e = c.check(&msg(SET_LOG_FD, &[]), &[log_memfd(8, true)]).unwrap_err();
+        assert!(e.to_string().contains("SET_LOG_FD: fd is not an eventfd (/memfd:validate-log"), "{e}");
+        let e = c.check(&msg(SET_LOG_FD, &[]), &[]).unwrap_err();
+        assert!(e.to_string().contains("0 fds, expected one eventfd"), "{e}");
+    }
+
     #[test]
     fn kick_fds_must_be_eventfds_and_become_non_blocking() {
         let mut c = Checker::default();

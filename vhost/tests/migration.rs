@@ -22,6 +22,7 @@ use lanekit_vhost::port::{channel_port, ChannelPeer, Port};
 use lanekit_vhost::{serve, DeviceConfig, NetBackend};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
+use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x99];
@@ -171,14 +172,6 @@ fn dirty_log_marks_exactly_the_pages_the_backend_wrote_and_the_destination_match
     assert_eq!(&bases[..2], &[9, 8], "GET_VRING_BASE: every chain the backend took is used");
 
     let dirty = take_dirty(&log);
-    let mut want: BTreeSet<u64> = BTreeSet::new();
-    want.extend(used_ring_pages(&g, 0));
-    want.extend(used_ring_pages(&g, 1));
-    for (addr, f) in rx_bufs.iter().zip(&rx) {
-        want.extend(pages(*addr, 12 + f.len() as u64));
-    }
-    assert_eq!(dirty, want, "logged pages: exactly the RX buffers written and both used rings");
-
     // The destination: the bulk copy plus the logged pages equals the source; without them it
     // would be stale.
     let source = g.snapshot();
@@ -195,6 +188,14 @@ fn dirty_log_marks_exactly_the_pages_the_backend_wrote_and_the_destination_match
         })
         .collect();
     assert!(stale.is_empty(), "the destination sees stale memory in pages {stale:x?}");
+    let mut want: BTreeSet<u64> = BTreeSet::new();
+    want.extend(used_ring_pages(&g, 0));
+    want.extend(used_ring_pages(&g, 1));
+    for (addr, f) in rx_bufs.iter().zip(&rx) {
+        want.extend(pages(*addr, 12 + f.len() as u64));
+    }
+    assert_eq!(dirty, want, "logged pages: exactly the RX buffers written and both used rings");
+
     drop(g);
     h.join().unwrap();
 }
@@ -228,6 +229,35 @@ fn logging_stops_when_log_all_is_cleared_and_needs_log_all() {
     assert!(g.wait_used(1, 3, T) && g.wait_used(0, 1, T));
     settle();
     assert!(take_dirty(&log).is_empty(), "logged after VHOST_F_LOG_ALL was cleared");
+    drop(g);
+    h.join().unwrap();
+}
+
+#[test]
+fn logging_goes_on_across_a_new_memory_table() {
+    let (backend, peer, h, path) = start("mig-memtable", 1);
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, with_log_shmfd());
+    let log = log_file(LOG_SIZE, true);
+    set_log(&g, &log, LOG_SIZE);
+    set_log_all(&g, true);
+    // QEMU re-sends the memory table when its memory map changes; it sends SET_LOG_BASE
+    // again only when the log must grow. The new regions keep logging.
+    let info = vhost::VhostUserMemoryRegionInfo::from_guest_region(g.mem.iter().next().unwrap()).unwrap();
+    g.fe.set_mem_table(&[info]).unwrap();
+    g.fe.get_features().unwrap(); // ordered after the new table
+    assert!(backend.dirty_logging(), "the new memory table lost the log");
+    g.post_rx(0, 1);
+    let f = frame(700, 5);
+    assert!(peer.inject(&f));
+    assert!(g.wait_used(0, 1, T));
+    settle();
+    let want: BTreeSet<u64> = used_ring_pages(&g, 0).into_iter().chain(pages(g.queues[0].bufs, 12 + 700)).collect();
+    // The worker also re-arms TX kicks before it sleeps (EVENT_IDX `avail_event`, in the TX
+    // used ring's page).
+    let dirty = take_dirty(&log);
+    let tx_used: BTreeSet<u64> = used_ring_pages(&g, 1).into_iter().collect();
+    assert!(dirty.is_superset(&want), "RX pages not logged: {dirty:?} lacks some of {want:?}");
+    assert!(dirty.difference(&want).all(|p| tx_used.contains(p)), "{dirty:?}: more than RX and avail_event");
     drop(g);
     h.join().unwrap();
 }
