@@ -344,11 +344,14 @@ fn rings_continue_on_the_destination_backend_with_nothing_lost_or_duplicated() {
     hb.join().unwrap();
 }
 
+/// A named misbehaviour of a connected frontend.
+type Case = (&'static str, Box<dyn Fn(&Guest)>);
+
 /// Each malformed migration message ends that connection with the reason logged and counted
 /// (the messages themselves: `validate.rs` unit tests); the backend then serves the next one.
 #[test]
 fn malformed_log_messages_are_refused_and_the_backend_goes_on() {
-    let cases: Vec<(&str, Box<dyn Fn(&Guest)>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "without LOG_SHMFD",
             Box::new(|g: &Guest| {
