@@ -54,6 +54,19 @@ pub fn guest_image() -> (String, String) {
 /// and QEMU's stderr to `stderr`. The guest's init takes the link-local address 169.254.77.2/24;
 /// a loopback backend sends nothing anywhere.
 pub fn start_qemu(sock: &Path, serial: &Path, device_opts: &str, kernel: &str, initrd: &str, stderr: Stdio) -> Kill {
+    start_qemu_with(sock, serial, device_opts, kernel, initrd, stderr, &[])
+}
+
+/// [`start_qemu`] with more QEMU arguments (`-qmp ...`, `-incoming ...`).
+pub fn start_qemu_with(
+    sock: &Path,
+    serial: &Path,
+    device_opts: &str,
+    kernel: &str,
+    initrd: &str,
+    stderr: Stdio,
+    extra: &[String],
+) -> Kill {
     let mut device = "virtio-net-pci,netdev=n0,mq=on,vectors=0".to_string();
     if !device_opts.is_empty() {
         device = format!("{device},{device_opts}");
@@ -70,6 +83,7 @@ pub fn start_qemu(sock: &Path, serial: &Path, device_opts: &str, kernel: &str, i
             .args(["-append", "console=ttyS0 lk.ip=169.254.77.2/24 lk.queues=2"])
             .arg("-serial")
             .arg(format!("unix:{},server=on,wait=off", serial.display()))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()

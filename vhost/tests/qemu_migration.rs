@@ -1,0 +1,235 @@
+//! QEMU-to-QEMU live migration of a Linux guest whose virtio-net device is served by
+//! `lanekit-vhost`: a source QEMU on one backend, a destination QEMU (`-incoming`) on a second
+//! backend, both on this machine (TCG), migrated over a unix socket while the guest sends
+//! frames that the loopback backends return to it.
+//!
+//! What it proves: QEMU accepts the backend for migration (it refuses a vhost-user device
+//! without `VHOST_F_LOG_ALL` and `LOG_SHMFD`: "Migration disabled: vhost lacks
+//! VHOST_F_LOG_ALL feature"), the source backend logged while QEMU migrated, the destination
+//! backend takes the rings over where the source left them (the guest's frames keep arriving,
+//! counted by the guest's driver and by the destination backend), and what the switch-over
+//! lost (frames the guest sent minus frames it received back, printed).
+//!
+//! Root only (QEMU, and the guest image build installs packages): `#[ignore]`d, run by
+//! `make test-vhost` as root, where a missing QEMU or guest image is a failure like in
+//! `qemu_guest.rs`. Bounded in time (about 60 s under TCG on this machine).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::drivers::{guest_image, line_with, serial_console, start_qemu_with, Kill};
+
+/// A QMP connection (one JSON object per line).
+struct Qmp {
+    w: UnixStream,
+    r: BufReader<UnixStream>,
+}
+
+impl Qmp {
+    fn connect(path: &Path, deadline: Instant) -> Qmp {
+        let s = loop {
+            if let Ok(s) = UnixStream::connect(path) {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no QMP socket {}", path.display());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut q = Qmp { w: s.try_clone().unwrap(), r: BufReader::new(s) };
+        let greeting = q.line();
+        assert!(greeting.get("QMP").is_some(), "not a QMP greeting: {greeting}");
+        q.call("qmp_capabilities", serde_json::json!({})).expect("qmp_capabilities");
+        q
+    }
+
+    fn line(&mut self) -> serde_json::Value {
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("read QMP");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("QMP said {l:?}: {e}"))
+    }
+
+    /// Run `cmd`; the `return` value, or the error as Err.
+    fn call(&mut self, cmd: &str, args: serde_json::Value) -> Result<serde_json::Value, String> {
+        let msg = serde_json::json!({"execute": cmd, "arguments": args});
+        writeln!(self.w, "{msg}").unwrap();
+        loop {
+            let v = self.line();
+            if v.get("event").is_some() {
+                continue;
+            }
+            if let Some(r) = v.get("return") {
+                return Ok(r.clone());
+            }
+            return Err(v.get("error").map_or_else(|| v.to_string(), |e| e.to_string()));
+        }
+    }
+}
+
+/// Run `cmd` in the guest over its console; its output.
+fn guest_cmd(s: &mut UnixStream, id: u32, cmd: &str, deadline: Instant) -> String {
+    let mut buf = String::new();
+    writeln!(s, "LKCMD {id} {cmd}").unwrap();
+    let done = line_with(s, &mut buf, &[&format!("LKOUT {id} ")], deadline);
+    assert!(done.is_some(), "guest command {id} did not finish:\n{buf}");
+    buf[buf.find(&format!("LKBEGIN {id}")).unwrap_or(0)..buf.find(&format!("LKOUT {id}")).unwrap()].to_string()
+}
+
+/// The last `n` numbers printed (one per line).
+fn numbers(out: &str, n: usize) -> Vec<u64> {
+    let v: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert!(v.len() >= n, "expected {n} counters in:\n{out}");
+    v[v.len() - n..].to_vec()
+}
+
+const COUNTERS: &str = "cat /sys/class/net/eth0/statistics/tx_packets /sys/class/net/eth0/statistics/rx_packets";
+
+fn backend(sock: &Path, log: &Path) -> Kill {
+    Kill(
+        Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+            .args(["--loopback", "--queues", "2", "--socket"])
+            .arg(sock)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(path.exists(), "{} never appeared", path.display());
+}
+
+#[test]
+#[ignore = "needs root, QEMU and the guest image (make test-vhost as root)"]
+fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root: run `make test-vhost` as root");
+    let qemu = Command::new("sh").args(["-c", "command -v qemu-system-x86_64"]).output().expect("run sh");
+    assert!(qemu.status.success(), "qemu-system-x86_64 not installed (make deps)");
+    let (kernel, initrd) = guest_image();
+    let dir = std::env::temp_dir().join(format!("lk-vhost-mig-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |n: &str| dir.join(n);
+    let (log_a, log_b) = (p("backend-src.log"), p("backend-dst.log"));
+    let read = |f: &Path| std::fs::read_to_string(f).unwrap_or_default();
+    let mut backend_a = backend(&p("src.sock"), &log_a);
+    let mut backend_b = backend(&p("dst.sock"), &log_b);
+    wait_for(&p("src.sock"));
+    wait_for(&p("dst.sock"));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let qmp_arg = |n: &str| vec!["-qmp".to_string(), format!("unix:{},server=on,wait=off", p(n).display())];
+
+    let src = start_qemu_with(
+        &p("src.sock"),
+        &p("src-serial.sock"),
+        "",
+        &kernel,
+        &initrd,
+        Stdio::from(std::fs::File::create(p("qemu-src.log")).unwrap()),
+        &qmp_arg("src-qmp.sock"),
+    );
+    let mut s = serial_console(&p("src-serial.sock"), deadline, String::new);
+    let mut buf = String::new();
+    let ready = line_with(&mut s, &mut buf, &["LK-READY", "LK-FAIL"], deadline);
+    let ready = ready.unwrap_or_else(|| panic!("guest did not boot:\n{buf}\n--- backend ---\n{}", read(&log_a)));
+    assert!(ready.starts_with("LK-READY net=up"), "guest network not up: {ready:?}\n{buf}");
+
+    // Frames to a neighbour whose MAC is the guest's own come back to it through the loopback
+    // backend (rx_packets counts them; the IP layer drops them).
+    let out = guest_cmd(
+        &mut s,
+        1,
+        &format!("arp -s 169.254.77.9 52:54:00:12:34:56 && ping -q -c 20 -i 0.01 169.254.77.9 >/dev/null; {COUNTERS}"),
+        deadline,
+    );
+    let before = numbers(&out, 2);
+    assert!(before[1] >= 20, "looped-back frames before migration: {out}");
+
+    let dst = start_qemu_with(
+        &p("dst.sock"),
+        &p("dst-serial.sock"),
+        "",
+        &kernel,
+        &initrd,
+        Stdio::from(std::fs::File::create(p("qemu-dst.log")).unwrap()),
+        &[qmp_arg("dst-qmp.sock"), vec!["-incoming".into(), format!("unix:{}", p("mig.sock").display())]].concat(),
+    );
+    let mut d = serial_console(&p("dst-serial.sock"), deadline, || read(&p("qemu-dst.log")));
+    let mut qmp = Qmp::connect(&p("src-qmp.sock"), deadline);
+    wait_for(&p("mig.sock"));
+
+    // Traffic across the migration: 100 frames/s for ~20 s; the command ends on the destination.
+    writeln!(s, "LKCMD 2 ping -q -c 2000 -i 0.01 169.254.77.9 >/dev/null; {COUNTERS}").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    qmp.call("migrate", serde_json::json!({"uri": format!("unix:{}", p("mig.sock").display())}))
+        .unwrap_or_else(|e| panic!("QEMU refused to migrate: {e}\n--- backend ---\n{}", read(&log_a)));
+    let info = loop {
+        let info = qmp.call("query-migrate", serde_json::json!({})).unwrap();
+        match info.get("status").and_then(|v| v.as_str()) {
+            Some("completed") => break info,
+            Some("failed") | Some("cancelled") => {
+                panic!(
+                    "migration {info}\n--- source backend ---\n{}\n--- qemu src ---\n{}",
+                    read(&log_a),
+                    read(&p("qemu-src.log"))
+                )
+            }
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "migration did not finish: {info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let total = started.elapsed();
+    println!(
+        "migration completed in {total:?} (QEMU: total {} ms, downtime {} ms, {} bytes of RAM)",
+        info["total-time"], info["downtime"], info["ram"]["transferred"]
+    );
+    let src_log = read(&log_a);
+    assert!(src_log.contains("dirty page logging on (VHOST_F_LOG_ALL acked)"), "source never logged:\n{src_log}");
+    assert!(src_log.contains("dirty log: "), "no SET_LOG_BASE reached the source:\n{src_log}");
+
+    // The guest now runs on the destination: the command finishes there.
+    let mut dbuf = String::new();
+    let done = line_with(&mut d, &mut dbuf, &["LKOUT 2 "], deadline);
+    assert!(done.is_some(), "traffic command did not finish on the destination:\n{dbuf}\n{}", read(&log_b));
+    let during = numbers(&dbuf[..dbuf.find("LKOUT 2").unwrap()], 2);
+    let (tx, rx) = (during[0] - before[0], during[1] - before[1]);
+    println!("across the migration: guest sent {tx} frames, received {rx} back ({} lost)", tx.saturating_sub(rx));
+    assert!(tx >= 2000, "the guest sent {tx} frames");
+    assert!(rx + 32 >= tx, "frames lost across the switch-over: sent {tx}, received {rx}");
+    // And it keeps going on the destination alone.
+    let out = guest_cmd(&mut d, 3, &format!("ping -q -c 50 -i 0.01 169.254.77.9 >/dev/null; {COUNTERS}"), deadline);
+    let after = numbers(&out, 2);
+    assert!(after[1] >= during[1] + 50, "destination: no frames after the migration:\n{out}");
+
+    // The destination backend moved them (its counters, printed when QEMU disconnects).
+    drop(src);
+    drop(dst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !read(&log_b).contains("stats after connection") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dst_log = read(&log_b);
+    let stats = dst_log.lines().find(|l| l.contains("stats after connection")).unwrap_or("");
+    let rx_frames: u64 = stats
+        .split("rx_frames: ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(rx_frames >= 50, "the destination backend delivered {rx_frames} frames:\n{dst_log}");
+    let _ = backend_a.0.kill();
+    let _ = backend_b.0.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
