@@ -19,7 +19,8 @@ use lanekit_vhost::port::{Batch, Port};
 use lanekit_vhost::rss::XskMeta;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use lanekit_vhost::backend::GuestMem;
+use vm_memory::{Address, Bytes, GuestAddress};
 
 const QLEN: u16 = 256;
 const BUF: u64 = 2048;
@@ -88,7 +89,7 @@ fn thread_cpu() -> Duration {
 #[inline(never)]
 fn backend_rx(
     q: &mut Queue,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     port: &mut UmemPort,
     st: &mut RxState,
     mode: NetMode,
@@ -99,7 +100,7 @@ fn backend_rx(
 
 /// Run `rounds` of: make 256 buffers available, receive 256 frames. Returns CPU ns per frame.
 fn run(direct: bool, size: usize, rounds: usize) -> f64 {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let mem = GuestMem::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
     let vq = MockSplitQueue::new(&mem, QLEN);
     let descs: Vec<_> = (0..QLEN)
         .map(|i| {

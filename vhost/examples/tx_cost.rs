@@ -17,7 +17,8 @@ use lanekit_vhost::net::{tx_queue, NetMode, Stats, TxState, HDR_LEN};
 use lanekit_vhost::port::{Batch, Port};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use lanekit_vhost::backend::GuestMem;
+use vm_memory::{Address, Bytes, GuestAddress};
 
 const QLEN: u16 = 256;
 const BUF: u64 = 2048;
@@ -70,7 +71,7 @@ fn thread_cpu() -> Duration {
 
 /// The measured part: one call of the backend's TX code (not inlined, for callgrind).
 #[inline(never)]
-fn backend_tx(q: &mut Queue, mem: &GuestMemoryMmap, port: &mut UmemPort, st: &mut TxState, stats: &Stats) -> usize {
+fn backend_tx(q: &mut Queue, mem: &GuestMem, port: &mut UmemPort, st: &mut TxState, stats: &Stats) -> usize {
     let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
     tx_queue(q, mem, port, st, mode, stats, usize::from(QLEN)).handled
 }
@@ -78,7 +79,7 @@ fn backend_tx(q: &mut Queue, mem: &GuestMemoryMmap, port: &mut UmemPort, st: &mu
 /// Run `rounds` of: the guest makes 256 frames available, the backend sends them. Returns CPU
 /// ns per frame.
 fn run(size: usize, rounds: usize) -> f64 {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let mem = GuestMem::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
     let vq = MockSplitQueue::new(&mem, QLEN);
     let descs: Vec<_> = (0..QLEN)
         .map(|i| {

@@ -163,14 +163,22 @@ impl<'a> WithBitmapSlice<'a> for DirtyBitmap {
     type S = RefSlice<'a, DirtyBitmap>;
 }
 
-impl Bitmap for DirtyBitmap {
-    fn mark_dirty(&self, offset: usize, len: usize) {
-        // Off (no migration running): one relaxed load per write.
-        if !self.0.on.load(Ordering::Relaxed) {
-            return;
-        }
+impl DirtyBitmap {
+    #[cold]
+    #[inline(never)]
+    fn mark_logged(&self, offset: usize, len: usize) {
         if let Some(l) = self.0.log.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
             l.mark(offset, len);
+        }
+    }
+}
+
+impl Bitmap for DirtyBitmap {
+    #[inline]
+    fn mark_dirty(&self, offset: usize, len: usize) {
+        // Off (no migration running): one relaxed load per write, the rest out of line.
+        if self.0.on.load(Ordering::Relaxed) {
+            self.mark_logged(offset, len);
         }
     }
 
@@ -178,6 +186,7 @@ impl Bitmap for DirtyBitmap {
         self.0.log.read().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|l| l.dirty(offset))
     }
 
+    #[inline]
     fn slice_at(&self, offset: usize) -> RefSlice<'_, DirtyBitmap> {
         RefSlice::new(self, offset)
     }
