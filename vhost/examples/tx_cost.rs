@@ -13,11 +13,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+use lanekit_vhost::backend::GuestMem;
 use lanekit_vhost::net::{tx_queue, NetMode, Stats, TxState, HDR_LEN};
 use lanekit_vhost::port::{Batch, Port};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
-use lanekit_vhost::backend::GuestMem;
 use vm_memory::{Address, Bytes, GuestAddress};
 
 const QLEN: u16 = 256;

@@ -130,3 +130,176 @@ impl MessageTarget {
         Ok(MessageTarget { path, backend })
     }
 }
+
+/// A memfd of `size` bytes, sealed against shrinking and growing (as QEMU's vhost-log) or not.
+fn log_memfd(size: u64, sealed: bool) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a valid NUL-terminated name; the result is checked before use.
+    let raw = unsafe { libc::memfd_create(c"lk-fuzz-log".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: raw is a new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(fd.try_clone()?).set_len(size)?;
+    if sealed {
+        // SAFETY: fcntl on an fd we own, with integer arguments.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+/// Bytes consumed front to back, zeros once exhausted.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn u8(&mut self) -> u8 {
+        let (b, rest) = self.0.split_first().map_or((0, &[][..]), |(b, r)| (*b, r));
+        self.0 = rest;
+        b
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from(self.u8()) | u16::from(self.u8()) << 8
+    }
+}
+
+/// An fd of the kind `k` picks (memfd sealed or not of `size` bytes, eventfd, pipe, none, two).
+fn fds_of_kind(k: u8, size: u64) -> Vec<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let pipe = || {
+        let mut p = [0; 2];
+        // SAFETY: p is a valid array of two ints.
+        if unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Vec::new();
+        }
+        // SAFETY: both fds are new and owned here.
+        unsafe { vec![OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])] }
+    };
+    match k % 6 {
+        0 => log_memfd(size, true).into_iter().collect(),
+        1 => log_memfd(size, false).into_iter().collect(),
+        2 => vmm_sys_util::eventfd::EventFd::new(0)
+            .map(|e| {
+                use std::os::fd::IntoRawFd;
+                // SAFETY: a new eventfd handed over to OwnedFd.
+                unsafe { OwnedFd::from_raw_fd(e.into_raw_fd()) }
+            })
+            .into_iter()
+            .collect(),
+        3 => pipe().into_iter().take(1).collect(),
+        4 => Vec::new(),
+        _ => log_memfd(size, true).into_iter().chain(log_memfd(size, true)).collect(),
+    }
+}
+
+/// Drive the live-migration messages from `data` on a new connection to a vhost-user socket:
+/// a handshake (`SET_OWNER`, `GET_FEATURES`, features with or without `VHOST_F_LOG_ALL`, protocol features with
+/// or without `LOG_SHMFD`, a memory table of a memfd), then up to 16 of `SET_LOG_BASE`,
+/// `SET_LOG_FD` (payloads and fds of every kind: sealed and unsealed memfds of any size, eventfds,
+/// pipes, none, two), `SET_FEATURES`, `SET_MEM_TABLE` and raw messages. Closes our side and
+/// waits (bounded) until the backend closes. False if the backend neither answered nor closed
+/// within `timeout`.
+pub fn log_messages(path: &Path, data: &[u8], timeout: Duration) -> bool {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + timeout;
+    let s = loop {
+        match UnixStream::connect(path) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Err(_) => return false,
+        }
+    };
+    let _ = s.set_write_timeout(Some(timeout));
+    let send = |req: u32, payload: &[u8], fds: &[std::os::fd::OwnedFd]| -> bool {
+        let mut m = Vec::with_capacity(12 + payload.len());
+        m.extend(req.to_le_bytes());
+        m.extend(1u32.to_le_bytes());
+        m.extend((payload.len() as u32).to_le_bytes());
+        m.extend(payload);
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        match crate::handover::sendmsg_fds(s.as_raw_fd(), &m, &raw) {
+            Ok(n) => (&s).write_all(&m[n..]).is_ok(),
+            Err(_) => false,
+        }
+    };
+    let mut d = Input(data);
+    let flags = d.u8();
+    let base_features = crate::backend::VIRTIO_FEATURES | 1 << 30;
+    let log_all = |on: bool| if on { 1u64 << crate::dirty::VHOST_F_LOG_ALL } else { 0 };
+    let protocol: u64 = 0b1 | 1 << 3 | 1 << 9 | if flags & 1 != 0 { 1 << 1 } else { 0 };
+    let mem_table = |pages: u16, gpa: u64| -> (Vec<u8>, Vec<std::os::fd::OwnedFd>) {
+        let size = u64::from(pages.max(1)) * 4096;
+        let fds: Vec<_> = crate::xsk::memfd("lk-fuzz-guest", size).map(Into::into).into_iter().collect();
+        let mut p = 1u64.to_le_bytes().to_vec();
+        for x in [gpa, size, 0x7f00_0000_0000u64, 0] {
+            p.extend(x.to_le_bytes());
+        }
+        (p, fds)
+    };
+    // The GET_* replies are drained at the end.
+    let mut ok = send(3, &[], &[])
+        && send(1, &[], &[])
+        && send(2, &(base_features | log_all(flags & 2 != 0)).to_le_bytes(), &[])
+        && send(15, &[], &[])
+        && send(16, &protocol.to_le_bytes(), &[]);
+    let (p, fds) = mem_table(d.u16(), u64::from(d.u8()) << 20);
+    ok = ok && send(5, &p, &fds);
+    for _ in 0..16 {
+        if !ok || d.0.is_empty() {
+            break;
+        }
+        ok = match d.u8() % 5 {
+            0 => {
+                // Sizes and offsets near the valid ones (a log covers 128 MiB per 4 KiB), so that
+                // some logs are accepted and mapped.
+                let size = u64::from(d.u16());
+                let offset: u64 = match d.u8() % 8 {
+                    0 => 2048,
+                    1 => 4096,
+                    _ => 0,
+                };
+                let kind = d.u8();
+                let mut p = [size.to_le_bytes(), offset.to_le_bytes()].concat();
+                if kind & 0xc0 == 0xc0 {
+                    p.truncate(usize::from(kind & 0xf));
+                }
+                let file = u64::from(d.u16()) * 16;
+                // Half of them a sealed memfd, as QEMU sends.
+                send(6, &p, &fds_of_kind(if kind & 0x20 == 0 { 0 } else { kind }, file))
+            }
+            1 => {
+                let kind = d.u8();
+                send(7, &[], &fds_of_kind(kind, 4096))
+            }
+            2 => {
+                let on = d.u8() & 1 != 0;
+                send(2, &(base_features | log_all(on)).to_le_bytes(), &[])
+            }
+            3 => {
+                let (p, fds) = mem_table(d.u16(), u64::from(d.u8()) << 20);
+                send(5, &p, &fds)
+            }
+            _ => {
+                let req = u32::from(d.u8() % 50);
+                let n = usize::from(d.u8() % 24);
+                let p: Vec<u8> = (0..n).map(|_| d.u8()).collect();
+                send(req, &p, &[])
+            }
+        };
+    }
+    let _ = s.shutdown(Shutdown::Write);
+    let mut s = s;
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{frame, socket_path, Guest, GUEST_FEATURES};
-use lanekit_vhost::fuzzing::{queues_from_bytes, send_raw};
+use lanekit_vhost::fuzzing::{log_messages, queues_from_bytes, send_raw};
 use lanekit_vhost::net::{self, NetMode, RxState, Stats, TxState};
 use lanekit_vhost::port::{channel_port, Batch, LoopPort, Port};
 use lanekit_vhost::{serve, DeviceConfig, NetBackend};
@@ -254,6 +254,37 @@ fn random_vhost_user_messages_never_break_the_backend() {
     // The backend still serves a well-behaved frontend.
     let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
     let f = frame(200, 7);
+    g.send(1, std::slice::from_ref(&f));
+    assert_eq!(peer.wait_sent(1, Duration::from_secs(5)), vec![f]);
+    drop(g);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// The live-migration messages with fds of every kind (`fuzzing::log_messages`, the
+/// `log_messages` cargo-fuzz target's harness): random, and the backend stays up and serves.
+#[test]
+fn random_migration_messages_never_break_the_backend() {
+    const SESSIONS: usize = 300;
+    let path = socket_path("fuzz-log");
+    let (port, peer) = channel_port(0).unwrap();
+    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 4], queue_pairs: 1, mtu: 1500 };
+    let backend = Arc::new(NetBackend::new(cfg, vec![Box::new(port) as Box<dyn Port>]).unwrap());
+    let (b, p) = (backend.clone(), path.clone());
+    let server = std::thread::spawn(move || serve(b, &p, Some(SESSIONS + 1)).unwrap());
+    let mut rng = Rng(0x5eed_0000_0000_0106);
+    for i in 0..SESSIONS {
+        let len = rng.below(96) as usize;
+        let mut data = rng.bytes(len);
+        // Mostly with LOG_SHMFD negotiated, so SET_LOG_BASE gets past the first check.
+        if let Some(f) = data.first_mut() {
+            *f |= u8::from(rng.below(4) != 0);
+        }
+        assert!(log_messages(&path, &data, Duration::from_secs(5)), "session {i}: backend hung");
+    }
+    assert!(backend.refusals() > 0, "malformed log messages must be refused");
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+    let f = frame(200, 8);
     g.send(1, std::slice::from_ref(&f));
     assert_eq!(peer.wait_sent(1, Duration::from_secs(5)), vec![f]);
     drop(g);
