@@ -434,3 +434,64 @@ fn settled_usage(b: &Backend) -> Usage {
     }
     last
 }
+
+/// Live migration against the binary (seccomp on, loopback): bad dirty logs end the connection
+/// with the reason in the backend's log and the backend serves the next frontend; a good log is
+/// mapped, stays clean until `VHOST_F_LOG_ALL` is acked, and then gets the RX buffer and the used
+/// rings the backend wrote.
+#[test]
+fn dirty_logs_bad_ones_refused_a_good_one_marked() {
+    const SET_LOG_BASE: u32 = 6;
+    const PF_LOG_SHMFD_REPLY_ACK: u64 = 1 << 1 | 1 << 3;
+    const LOG_ALL: u64 = 1 << 26;
+    let mut b = Backend::start("dirty-log");
+    let base = settled_usage(&b);
+    // One bit per 4 KiB page of the 4 MiB guest.
+    let need = MEM_SIZE / 4096 / 8;
+    let log_base = |size: u64| u64s(&[size, 0]);
+    let cases: Vec<(&str, bool, File, u64, &str)> = vec![
+        ("no LOG_SHMFD", false, memfd(4096, true), need, "VHOST_USER_PROTOCOL_F_LOG_SHMFD was not negotiated"),
+        ("log too small", true, memfd(4096, true), need - 1, "(needs 128 bytes: one bit per 4 KiB page)"),
+        ("log past its file", true, memfd(64, true), need, "past the end of the 0x40-byte log file"),
+        ("unsealed log", true, memfd(4096, false), need, "not sealed against shrinking"),
+    ];
+    for (i, (case, shmfd, log, size, why)) in cases.into_iter().enumerate() {
+        let mut g = Guest::new(&b, true);
+        if shmfd {
+            g.conn.send(SET_PROTOCOL_FEATURES, &u64s(&[PF_LOG_SHMFD_REPLY_ACK]), &[]).unwrap();
+        }
+        assert!(g.set_mem_table(&[Region::whole(MEM_SIZE)]).is_ack(), "{case}: memory table");
+        g.conn.send(SET_LOG_BASE, &log_base(size), &[log.as_raw_fd()]).unwrap();
+        assert!(g.conn.closed_by_backend(), "{case}: SET_LOG_BASE accepted");
+        drop(g);
+        assert!(b.wait_log("frontend refused: SET_LOG_BASE: ", i + 1), "{case}: no refusal logged:\n{}", b.log());
+        assert!(b.log().contains(why), "{case}: the reason {why:?} is not in the log:\n{}", b.log());
+        serve_check(&mut b, case);
+    }
+
+    let mut g = Guest::new(&b, true);
+    g.conn.send(SET_PROTOCOL_FEATURES, &u64s(&[PF_LOG_SHMFD_REPLY_ACK]), &[]).unwrap();
+    g.setup();
+    let log = memfd(4096, true);
+    g.conn.send(SET_LOG_BASE, &log_base(need), &[log.as_raw_fd()]).unwrap();
+    assert!(matches!(g.conn.recv(), Outcome::Reply(_)), "good log refused:\n{}", b.log());
+    let dirty = |log: &File| {
+        use std::os::unix::fs::FileExt;
+        let mut bits = vec![0u8; need as usize];
+        log.read_exact_at(&mut bits, 0).unwrap();
+        (0..need * 8).filter(|p| bits[(p / 8) as usize] & (1 << (p % 8)) != 0).collect::<Vec<u64>>()
+    };
+    g.round_trip(1);
+    assert_eq!(dirty(&log), Vec::<u64>::new(), "logged before VHOST_F_LOG_ALL");
+    g.conn.send(SET_FEATURES, &u64s(&[1 << 32 | 1 << 30 | LOG_ALL]), &[]).unwrap();
+    assert!(matches!(g.conn.get(GET_FEATURES, &[]), Outcome::Reply(_)));
+    g.round_trip(2);
+    let mut want = vec![used_ring(RX) / 4096, used_ring(TX) / 4096, buf(RX, 1) / 4096];
+    want.sort();
+    assert_eq!(dirty(&log), want, "pages logged by the binary");
+    assert!(matches!(g.stop(), Outcome::Reply(_)));
+    drop(g);
+    serve_check(&mut b, "after a migration");
+    // The log's mapping (a memfd of the same name) went with the connection, like guest memory.
+    b.assert_settles(base, 4096, "dirty log mapping");
+}
