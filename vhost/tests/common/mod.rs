@@ -168,6 +168,34 @@ impl Guest {
         (0..self.queues.len()).map(|q| self.fe.get_vring_base(q).unwrap()).collect()
     }
 
+    /// Start the stopped rings again on the same connection from `bases` (QEMU resuming the VM
+    /// on the source after a failed or cancelled migration).
+    pub fn restart(&mut self, bases: &[u32]) {
+        for (q, gq) in self.queues.iter().enumerate() {
+            self.fe.set_vring_num(q, QSIZE).unwrap();
+            self.fe.set_vring_base(q, bases[q] as u16).unwrap();
+            self.fe
+                .set_vring_addr(
+                    q,
+                    &VringConfigData {
+                        queue_max_size: QSIZE,
+                        queue_size: QSIZE,
+                        flags: 0,
+                        desc_table_addr: self.hva + gq.desc(),
+                        used_ring_addr: self.hva + gq.used(),
+                        avail_ring_addr: self.hva + gq.avail(),
+                        log_addr: None,
+                    },
+                )
+                .unwrap();
+            self.fe.set_vring_call(q, &gq.call).unwrap();
+            self.fe.set_vring_kick(q, &gq.kick).unwrap();
+            if self.features & (1 << 30) != 0 {
+                self.fe.set_vring_enable(q, true).unwrap();
+            }
+        }
+    }
+
     /// A copy of guest memory.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut v = vec![0u8; MEM_SIZE];
@@ -176,14 +204,15 @@ impl Guest {
     }
 
     /// Live migration's end for this test guest: stop the rings on the current backend, copy
-    /// guest memory into `image` (the destination's memory as the migration built it) and
-    /// continue on the backend at `path` from the bases the old one reported. Returns them.
-    pub fn migrate(self, path: &Path, image: &[u8], protocol: VhostUserProtocolFeatures) -> (Guest, Vec<u32>) {
+    /// guest memory into a new memfd (the destination's memory as the migration's last round
+    /// leaves it) and continue on the backend at `path` from the bases the old one reported.
+    /// Returns them.
+    pub fn migrate(self, path: &Path, protocol: VhostUserProtocolFeatures) -> (Guest, Vec<u32>) {
         let mut old = self;
         let bases = old.stop();
         let file = memfd("guest-destination", MEM_SIZE as u64).unwrap();
         use std::os::unix::fs::FileExt;
-        file.write_all_at(image, 0).unwrap();
+        file.write_all_at(&old.snapshot(), 0).unwrap();
         let features = old.features;
         let queues = std::mem::take(&mut old.queues);
         drop(old);
