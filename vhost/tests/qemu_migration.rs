@@ -100,6 +100,15 @@ fn backend(sock: &Path, log: &Path) -> Kill {
     )
 }
 
+/// Removes the test's directory, on failure too.
+struct Cleanup(std::path::PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !path.exists() && Instant::now() < deadline {
@@ -119,6 +128,7 @@ fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
     let dir = std::env::temp_dir().join(format!("lk-vhost-mig-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = Cleanup(dir.clone());
     let p = |n: &str| dir.join(n);
     let (log_a, log_b) = (p("backend-src.log"), p("backend-dst.log"));
     let read = |f: &Path| std::fs::read_to_string(f).unwrap_or_default();
@@ -231,5 +241,4 @@ fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
     assert!(rx_frames >= 50, "the destination backend delivered {rx_frames} frames:\n{dst_log}");
     let _ = backend_a.0.kill();
     let _ = backend_b.0.kill();
-    let _ = std::fs::remove_dir_all(&dir);
 }
