@@ -30,6 +30,12 @@ const MAX_PAYLOAD: usize = 1 << 20;
 const SET_FEATURES: u32 = 2;
 const SET_VRING_ENABLE: u32 = 18;
 const SET_LOG_FD: u32 = 7;
+const SET_MEM_TABLE: u32 = 5;
+const SET_VRING_ADDR: u32 = 9;
+const GET_VRING_BASE: u32 = 11;
+const SET_VRING_KICK: u32 = 12;
+const ADD_MEM_REG: u32 = 37;
+const REM_MEM_REG: u32 = 38;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
@@ -142,18 +148,72 @@ fn ack(frontend: &UnixStream, m: &Msg) -> io::Result<()> {
     write_msg(frontend, &Msg { bytes: reply, fds: Vec::new() })
 }
 
+/// The ring index of a message whose payload starts with it (u32; the kick fd's u64 keeps it in
+/// its low 8 bits).
+fn ring_index(m: &Msg) -> Option<u32> {
+    (m.bytes.len() >= HDR + 4).then(|| m.field(HDR) & if m.request() == SET_VRING_KICK { 0xff } else { u32::MAX })
+}
+
+/// Rings as the relay saw them configured: what `SET_VRING_ADDR` on a running ring may skip.
+#[derive(Default)]
+struct Rings {
+    /// Descriptor, used and avail addresses last sent for a ring.
+    addrs: std::collections::HashMap<u32, [u8; 24]>,
+    /// Rings started (kick fd set) and not stopped (`GET_VRING_BASE`) since.
+    running: std::collections::HashSet<u32>,
+}
+
+impl Rings {
+    /// True when `m` (a `SET_VRING_ADDR`) repeats the addresses of a running ring, as QEMU does
+    /// to switch the ring's `VHOST_VRING_F_LOG` flag when a migration starts or ends. Such a
+    /// message must not reach vhost-user-backend 0.24: its `set_vring_addr` re-reads the used
+    /// index from guest memory and resets the queue's next used index to it, unlocked between
+    /// the two, so a worker adding used elements in between would see them rolled back (used
+    /// entries written twice, the used index going backwards). The backend logs by guest
+    /// physical page and needs neither the flag nor the log address.
+    fn same_addr_on_running_ring(&mut self, m: &Msg) -> bool {
+        let (Some(index), Some(a)) = (ring_index(m), m.bytes.get(HDR + 8..HDR + 32)) else { return false };
+        let mut addrs = [0u8; 24];
+        addrs.copy_from_slice(a);
+        let same = self.running.contains(&index) && self.addrs.get(&index) == Some(&addrs);
+        self.addrs.insert(index, addrs);
+        same
+    }
+
+    fn track(&mut self, m: &Msg) {
+        match (m.request(), ring_index(m)) {
+            (SET_VRING_KICK, Some(i)) => {
+                self.running.insert(i);
+            }
+            (GET_VRING_BASE, Some(i)) => {
+                self.running.remove(&i);
+            }
+            // The same frontend addresses may mean other guest addresses now.
+            (SET_MEM_TABLE | ADD_MEM_REG | REM_MEM_REG, _) => self.addrs.clear(),
+            _ => {}
+        }
+    }
+}
+
 /// Relay frontend -> backend, holding early `SET_VRING_ENABLE`s as described in the module docs.
 /// `SET_LOG_FD` is answered here (vhost-user-backend 0.24 refuses it and ends the connection):
-/// its eventfd goes to `log_fd`.
+/// its eventfd goes to `log_fd`. `SET_VRING_ADDR` repeating a running ring's addresses is acked
+/// here and not passed on (see [`Rings::same_addr_on_running_ring`]).
 fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &LogFdSink) -> io::Result<()> {
     let mut protocol_acked = false;
     let mut held: Vec<Msg> = Vec::new();
     let mut checker = Checker::default();
+    let mut rings = Rings::default();
     loop {
         wait_readable(from, fault)?;
         let Some(mut m) = read_msg(from)? else { return Ok(()) };
         checker.check(&m.bytes, &m.fds)?;
+        rings.track(&m);
         match m.request() {
+            SET_VRING_ADDR if rings.same_addr_on_running_ring(&m) => {
+                log::debug!("SET_VRING_ADDR for running ring {:?} with its addresses: kept", ring_index(&m));
+                ack(from, &m)?;
+            }
             SET_LOG_FD => {
                 // The checker made sure there is exactly one fd and that it is an eventfd.
                 let Some(fd) = m.fds.pop() else {

@@ -196,6 +196,31 @@ impl Guest {
         }
     }
 
+    /// Send ring `q`'s addresses again with the `VHOST_VRING_F_LOG` flag `log` (what QEMU does
+    /// on a running ring when a migration starts or ends).
+    pub fn set_vring_addr_again(&self, q: usize, log: bool) {
+        let gq = &self.queues[q];
+        self.fe
+            .set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QSIZE,
+                    queue_size: QSIZE,
+                    flags: u32::from(log),
+                    desc_table_addr: self.hva + gq.desc(),
+                    used_ring_addr: self.hva + gq.used(),
+                    avail_ring_addr: self.hva + gq.avail(),
+                    log_addr: log.then_some(gq.used()),
+                },
+            )
+            .unwrap();
+    }
+
+    /// The guest physical address of ring `q`'s used ring.
+    pub fn used_ring(&self, q: usize) -> u64 {
+        self.queues[q].used()
+    }
+
     /// A copy of guest memory.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut v = vec![0u8; MEM_SIZE];
