@@ -211,7 +211,13 @@ fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &Log
         rings.track(&m);
         match m.request() {
             SET_VRING_ADDR if rings.same_addr_on_running_ring(&m) => {
-                log::debug!("SET_VRING_ADDR for running ring {:?} with its addresses: kept", ring_index(&m));
+                let log_flag = m.bytes.get(HDR + 4).is_some_and(|f| f & 1 != 0);
+                log::info!(
+                    "ring {}: SET_VRING_ADDR with the running ring's addresses (VHOST_VRING_F_LOG {}): \
+                     not passed on (the rings' state stays)",
+                    ring_index(&m).unwrap_or(0),
+                    if log_flag { "on" } else { "off" }
+                );
                 ack(from, &m)?;
             }
             SET_LOG_FD => {

@@ -208,6 +208,12 @@ fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
     let src_log = read(&log_a);
     assert!(src_log.contains("dirty page logging on (VHOST_F_LOG_ALL acked)"), "source never logged:\n{src_log}");
     assert!(src_log.contains("dirty log: "), "no SET_LOG_BASE reached the source:\n{src_log}");
+    // QEMU switched the running rings' log flag with SET_VRING_ADDR; the relay kept it (see
+    // `relay.rs`, `Rings`).
+    assert!(
+        src_log.contains("SET_VRING_ADDR with the running ring's addresses (VHOST_VRING_F_LOG on)"),
+        "QEMU did not re-send the ring addresses:\n{src_log}"
+    );
 
     // The guest now runs on the destination: the command finishes there.
     let mut dbuf = String::new();
