@@ -15,6 +15,8 @@ use common::{frame, socket_path, Guest, GUEST_FEATURES};
 use lanekit_vhost::port::Port;
 use lanekit_vhost::xsk::{XskParams, XskPort};
 use lanekit_vhost::{serve, DeviceConfig, NetBackend};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 
 const ETHERTYPE: u16 = 0x88b5;
 
@@ -38,7 +40,8 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
     let path = socket_path("xsk");
     let (b, p) = (backend.clone(), path.clone());
     let server = std::thread::spawn(move || serve(b, &p, Some(1)).unwrap());
-    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+    let protocol = common::BASE_PROTOCOL | VhostUserProtocolFeatures::LOG_SHMFD;
+    let mut g = Guest::connect_with(&path, 1, GUEST_FEATURES, protocol);
 
     // Guest -> xsk TX -> lkv0 -> lkv1.
     let out: Vec<Vec<u8>> = (0..10).map(|i| frame(60 + 140 * i, i as u8)).collect();
@@ -46,7 +49,9 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
     let got = packet_collect(cap.as_raw_fd(), ETHERTYPE, out.len(), Duration::from_secs(5));
     assert_eq!(got, out, "frames captured on the veth peer");
 
-    // lkv1 -> lkv0 -> XDP redirect -> xsk RX -> guest.
+    // lkv1 -> lkv0 -> XDP redirect -> xsk RX -> guest, while a migration logs dirty pages: the
+    // zero-copy RX path (UMEM straight into the guest buffer) marks them too.
+    let log = dirty_log(&g);
     g.post_rx(0, 64);
     let inbound: Vec<Vec<u8>> = (0..10).map(|i| frame(1514 - 100 * i, 0x40 + i as u8)).collect();
     for f in &inbound {
@@ -66,6 +71,15 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(rx, inbound, "frames from the veth peer delivered to the guest");
+    let dirty = dirty_pages(&log);
+    for i in 0..g.used_idx(0) {
+        let (head, len) = g.used_elem(0, i);
+        let addr = g.queues[0].bufs + u64::from(head) * common::BUF;
+        for page in addr / 4096..=(addr + u64::from(len) - 1) / 4096 {
+            assert!(dirty.contains(&page), "RX buffer {head} ({len} bytes) written but page {page:#x} not logged");
+        }
+    }
+    assert!(dirty.contains(&(g.used_ring(0) / 4096)), "RX used ring not logged");
     let s = backend.stats();
     assert_eq!((s.tx_frames, s.errors), (10, 0), "{s:?}");
     check_xdp_metrics(&backend);
@@ -73,6 +87,32 @@ fn guest_frames_cross_af_xdp_on_a_veth_in_a_namespace() {
     server.join().unwrap();
     drop(redirect);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Set a sealed dirty log covering the guest and ack `VHOST_F_LOG_ALL` (what QEMU does when a
+/// migration starts).
+fn dirty_log(g: &Guest) -> std::fs::File {
+    let size = (common::MEM_SIZE as u64 / 4096).div_ceil(8);
+    // SAFETY: a valid NUL-terminated name; the result is checked and then owned.
+    let raw = unsafe { libc::memfd_create(c"lk-test-log".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(raw >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: raw is a new fd owned by nobody else.
+    let f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    f.set_len(size).unwrap();
+    // SAFETY: fcntl on an open memfd with an integer argument.
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) }, 0);
+    let region = VhostUserDirtyLogRegion { mmap_size: size, mmap_offset: 0, mmap_handle: f.as_raw_fd() };
+    g.fe.set_log_base(0, Some(region)).unwrap();
+    g.fe.set_features(g.features | 1 << 26).unwrap();
+    g.fe.get_features().unwrap(); // ordered after SET_FEATURES
+    f
+}
+
+fn dirty_pages(log: &std::fs::File) -> std::collections::BTreeSet<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; (common::MEM_SIZE / 4096).div_ceil(8)];
+    log.read_exact_at(&mut b, 0).unwrap();
+    (0..b.len() as u64 * 8).filter(|p| b[(p / 8) as usize] & (1 << (p % 8)) != 0).collect()
 }
 
 /// The exporter's `lanekit_vhost_xdp_*` samples are the socket's own `XDP_STATISTICS`: each lies
