@@ -1,7 +1,7 @@
 //! QEMU-to-QEMU live migration of a Linux guest whose virtio-net device is served by
 //! `lanekit-vhost`: a source QEMU on one backend, a destination QEMU (`-incoming`) on a second
 //! backend, both on this machine (TCG), migrated over a unix socket while the guest sends
-//! frames that the loopback backends return to it.
+//! frames that the loopback backends return to it; then back to a new QEMU on the first backend.
 //!
 //! What it proves: QEMU accepts the backend for migration (it refuses a vhost-user device
 //! without `VHOST_F_LOG_ALL` and `LOG_SHMFD`: "Migration disabled: vhost lacks
@@ -12,7 +12,7 @@
 //!
 //! Root only (QEMU, and the guest image build installs packages): `#[ignore]`d, run by
 //! `make test-vhost` as root, where a missing QEMU or guest image is a failure like in
-//! `qemu_guest.rs`. Bounded in time (about 60 s under TCG on this machine).
+//! `qemu_guest.rs`. Bounded in time (about 80 s under TCG on this machine).
 
 mod common;
 
@@ -70,6 +70,50 @@ impl Qmp {
     }
 }
 
+/// Migrate the VM of `qmp`'s QEMU to `uri` and wait until it completed; QEMU's `query-migrate`.
+fn migrate(qmp: &mut Qmp, uri: &str, deadline: Instant, why: impl Fn() -> String) -> serde_json::Value {
+    let started = Instant::now();
+    qmp.call("migrate", serde_json::json!({ "uri": uri }))
+        .unwrap_or_else(|e| panic!("QEMU refused to migrate: {e}\n{}", why()));
+    let info = loop {
+        let info = qmp.call("query-migrate", serde_json::json!({})).unwrap();
+        match info.get("status").and_then(|v| v.as_str()) {
+            Some("completed") => break info,
+            Some("failed") | Some("cancelled") => panic!("migration {info}\n{}", why()),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "migration did not finish: {info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "migration completed in {:?} (QEMU: total {} ms, downtime {} ms, {} bytes of RAM)",
+        started.elapsed(),
+        info["total-time"],
+        info["downtime"],
+        info["ram"]["transferred"]
+    );
+    info
+}
+
+/// The `rx_frames` of the stats line the backend logs when connection `n` ends.
+fn delivered(log: &str, n: usize) -> Option<u64> {
+    let line = log.lines().find(|l| l.contains(&format!("stats after connection {n}:")))?;
+    line.split("rx_frames: ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Wait (10 s at most) until the backend logged the end of connection `n`; its `rx_frames`.
+fn wait_delivered(log: &Path, n: usize) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(v) = delivered(&text, n) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "connection {n} did not end:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Run `cmd` in the guest over its console; its output.
 fn guest_cmd(s: &mut UnixStream, id: u32, cmd: &str, deadline: Instant) -> String {
     let mut buf = String::new();
@@ -119,7 +163,7 @@ fn wait_for(path: &Path) {
 
 #[test]
 #[ignore = "needs root, QEMU and the guest image (make test-vhost as root)"]
-fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
+fn qemu_live_migration_to_another_backend_and_back_keeps_the_guest_receiving() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "needs root: run `make test-vhost` as root");
     let qemu = Command::new("sh").args(["-c", "command -v qemu-system-x86_64"]).output().expect("run sh");
@@ -181,30 +225,10 @@ fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
     // Traffic across the migration: 100 frames/s for ~20 s; the command ends on the destination.
     writeln!(s, "LKCMD 2 ping -q -c 2000 -i 0.01 169.254.77.9 >/dev/null; {COUNTERS}").unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let started = Instant::now();
-    qmp.call("migrate", serde_json::json!({"uri": format!("unix:{}", p("mig.sock").display())}))
-        .unwrap_or_else(|e| panic!("QEMU refused to migrate: {e}\n--- backend ---\n{}", read(&log_a)));
-    let info = loop {
-        let info = qmp.call("query-migrate", serde_json::json!({})).unwrap();
-        match info.get("status").and_then(|v| v.as_str()) {
-            Some("completed") => break info,
-            Some("failed") | Some("cancelled") => {
-                panic!(
-                    "migration {info}\n--- source backend ---\n{}\n--- qemu src ---\n{}",
-                    read(&log_a),
-                    read(&p("qemu-src.log"))
-                )
-            }
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "migration did not finish: {info}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let total = started.elapsed();
-    println!(
-        "migration completed in {total:?} (QEMU: total {} ms, downtime {} ms, {} bytes of RAM)",
-        info["total-time"], info["downtime"], info["ram"]["transferred"]
-    );
+    let uri = format!("unix:{}", p("mig.sock").display());
+    migrate(&mut qmp, &uri, deadline, || {
+        format!("--- source backend ---\n{}\n--- qemu ---\n{}", read(&log_a), read(&p("qemu-src.log")))
+    });
     let src_log = read(&log_a);
     assert!(src_log.contains("dirty page logging on (VHOST_F_LOG_ALL acked)"), "source never logged:\n{src_log}");
     assert!(src_log.contains("dirty log: "), "no SET_LOG_BASE reached the source:\n{src_log}");
@@ -229,22 +253,46 @@ fn qemu_live_migration_between_two_backends_keeps_the_guest_receiving() {
     let after = numbers(&out, 2);
     assert!(after[1] >= during[1] + 50, "destination: no frames after the migration:\n{out}");
 
-    // The destination backend moved them (its counters, printed when QEMU disconnects).
+    // Back again: the source QEMU quits (its backend serves the next frontend), a new QEMU
+    // waits on the first backend, and the VM migrates back there under traffic.
     drop(src);
+    let a_first = wait_delivered(&log_a, 1);
+    let back = start_qemu_with(
+        &p("src.sock"),
+        &p("back-serial.sock"),
+        "",
+        &kernel,
+        &initrd,
+        Stdio::from(std::fs::File::create(p("qemu-back.log")).unwrap()),
+        &[qmp_arg("back-qmp.sock"), vec!["-incoming".into(), format!("unix:{}", p("mig-back.sock").display())]]
+            .concat(),
+    );
+    let mut r = serial_console(&p("back-serial.sock"), deadline, || read(&p("qemu-back.log")));
+    let mut qmp_dst = Qmp::connect(&p("dst-qmp.sock"), deadline);
+    wait_for(&p("mig-back.sock"));
+    writeln!(d, "LKCMD 4 ping -q -c 1000 -i 0.01 169.254.77.9 >/dev/null; {COUNTERS}").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let uri = format!("unix:{}", p("mig-back.sock").display());
+    migrate(&mut qmp_dst, &uri, deadline, || {
+        format!("--- backend ---\n{}\n--- qemu ---\n{}", read(&log_b), read(&p("qemu-dst.log")))
+    });
+    assert!(read(&log_b).contains("dirty page logging on (VHOST_F_LOG_ALL acked)"), "the destination never logged");
+    let mut rbuf = String::new();
+    let done = line_with(&mut r, &mut rbuf, &["LKOUT 4 "], deadline);
+    assert!(done.is_some(), "traffic command did not finish back on the source:\n{rbuf}\n{}", read(&log_a));
+    let home = numbers(&rbuf[..rbuf.find("LKOUT 4").unwrap()], 2);
+    let (tx, rx) = (home[0] - after[0], home[1] - after[1]);
+    println!("across the migration back: guest sent {tx} frames, received {rx} back ({} lost)", tx.saturating_sub(rx));
+    assert!(tx >= 1000 && rx + 32 >= tx, "migration back: sent {tx}, received {rx}");
+
+    // Each backend moved the frames of its time with the VM (its counters, logged when its QEMU
+    // disconnects).
     drop(dst);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !read(&log_b).contains("stats after connection") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let dst_log = read(&log_b);
-    let stats = dst_log.lines().find(|l| l.contains("stats after connection")).unwrap_or("");
-    let rx_frames: u64 = stats
-        .split("rx_frames: ")
-        .nth(1)
-        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(rx_frames >= 50, "the destination backend delivered {rx_frames} frames:\n{dst_log}");
+    let b_delivered = wait_delivered(&log_b, 1);
+    drop(back);
+    let a_second = wait_delivered(&log_a, 2);
+    println!("frames into the guest: first backend {a_first} then {a_second}, second backend {b_delivered}");
+    assert!(a_first >= 20 && b_delivered >= 50 && a_second >= 900, "{a_first} / {b_delivered} / {a_second}");
     let _ = backend_a.0.kill();
     let _ = backend_b.0.kill();
 }
