@@ -53,8 +53,17 @@ func Plan(vmi *VMI, binding string, sockets map[string]VhostSocket) ([]Attachmen
 		if mac == "" {
 			return nil, fmt.Errorf("interface %q: no MAC address (set macAddress in the VMI or have the CNI report it): lanekit's VM endpoint only forwards the MAC it was given", i.Name)
 		}
-		if _, err := net.ParseMAC(mac); err != nil {
+		hw, err := net.ParseMAC(mac)
+		if err != nil {
 			return nil, fmt.Errorf("interface %q: mac %q: %w", i.Name, mac, err)
+		}
+		// A guest that already runs (a migration target is defined while
+		// the guest runs on the source) keeps the MAC it has: a pod whose
+		// VM endpoint was made for another MAC would drop its frames.
+		if g := vmi.GuestMAC(i.Name); g != "" {
+			if ghw, err := net.ParseMAC(g); err == nil && ghw.String() != hw.String() {
+				return nil, fmt.Errorf("interface %q: the guest runs with MAC %s (VMI status) but this pod's VM endpoint has %s (device-info): lanekit's VM endpoint only forwards the MAC it was created with; set macAddress in the VMI", i.Name, g, mac)
+			}
 		}
 		if i.PciAddress != "" && !pciRE.MatchString(i.PciAddress) {
 			return nil, fmt.Errorf("interface %q: pciAddress %q is not dddd:bb:ss.f", i.Name, i.PciAddress)

@@ -89,8 +89,21 @@ func (s *Server) define(ctx context.Context, domain, vmiJSON []byte) ([]byte, er
 	if len(nets) == 0 {
 		return nil, fmt.Errorf("vmi %s/%s: no interface uses the %q binding", vmi.Metadata.Namespace, vmi.Metadata.Name, s.Binding)
 	}
+	mig, err := vmi.Migration()
+	if err != nil {
+		return nil, err
+	}
+	target := mig != nil && mig.InProgress() && mig.TargetPod != ""
 	socks, err := s.Source.Sockets(ctx, nets)
 	if err != nil {
+		if target {
+			// kubevirt#15634: KubeVirt did not give the target launcher
+			// pod the network-info of its own network-status. Without it
+			// there is no socket to point QEMU at; defining the domain
+			// without the interface would migrate a guest that lost its NIC.
+			return nil, fmt.Errorf("migration target pod %s/%s on node %s (%s): %w: the target pod's kubevirt.io/network-info annotation must carry the device-info the lanekit CNI reported in this pod's network-status (kubevirt#15634); refusing to define the domain without the %v interface(s)",
+				vmi.Metadata.Namespace, mig.TargetPod, mig.TargetNode, mig, err, nets)
+		}
 		return nil, err
 	}
 	atts, err := Plan(vmi, s.Binding, socks)
@@ -101,9 +114,13 @@ func (s *Server) define(ctx context.Context, domain, vmiJSON []byte) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
+	role := "start"
+	if target {
+		role = "migration-target"
+	}
 	for _, a := range atts {
 		s.Log.Info("vhost-user interface", "vmi", vmi.Metadata.Namespace+"/"+vmi.Metadata.Name, "interface", a.Name,
-			"socket", a.Socket, "mode", a.Mode, "mac", a.MAC, "queues", a.Queues)
+			"socket", a.Socket, "mode", a.Mode, "mac", a.MAC, "queues", a.Queues, "define", role)
 	}
 	return out, nil
 }

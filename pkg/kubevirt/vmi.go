@@ -45,6 +45,14 @@ type VMI struct {
 			Name string `json:"name"`
 		} `json:"networks"`
 	} `json:"spec"`
+	Status struct {
+		NodeName   string `json:"nodeName"`
+		Interfaces []struct {
+			Name string `json:"name"`
+			MAC  string `json:"mac"`
+		} `json:"interfaces"`
+		MigrationState *migrationStateJSON `json:"migrationState"`
+	} `json:"status"`
 }
 
 // Interface is a VMI interface (spec.domain.devices.interfaces[]).
