@@ -467,7 +467,7 @@ func TestKubeVirtBinding(t *testing.T) {
 	var kv kvv1.KubeVirt
 	strictYAML(t, data, &kv)
 	if kv.Spec.Configuration.NetworkConfiguration == nil || kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName].DownwardAPI != kvv1.DeviceInfo {
-		t.Errorf("KubeVirt types see %+v", kv.Spec.Configuration.NetworkConfiguration)
+		t.Fatalf("KubeVirt types see %+v", kv.Spec.Configuration.NetworkConfiguration)
 	}
 	b, ok := p.Spec.Configuration.Network.Binding[kubevirt.BindingName]
 	if !ok || len(p.Spec.Configuration.Network.Binding) != 1 {
@@ -476,8 +476,10 @@ func TestKubeVirtBinding(t *testing.T) {
 	if b.DownwardAPI != "device-info" {
 		t.Errorf("downwardAPI %q: the sidecar reads the socket from device-info", b.DownwardAPI)
 	}
-	if b.Migration != nil {
-		t.Error("migration must stay off until lanekit supports it")
+	// Migratable (KubeVirt checks only that migration is set), without
+	// link-refresh: the guest keeps its address, no DHCP to renew.
+	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration == nil || kvb.Migration == nil || kvb.Migration.Method != "" {
+		t.Errorf("migration %+v: want migration: {} (migratable, no link-refresh)", kvb.Migration)
 	}
 	if b.DomainAttachmentType != "" {
 		t.Error("domainAttachmentType and a sidecar are exclusive: the sidecar defines the interface")
