@@ -36,12 +36,12 @@ var watched = []struct{ group, resource string }{
 	{"", "services"},
 	{"discovery.k8s.io", "endpointslices"},
 	{"networking.k8s.io", "networkpolicies"},
-}
-
-// read are resources the agent only gets (a VM attachment's VMI).
-var read = []struct{ group, resource string }{
+	// a VM attachment's VMI (get), VMI migrations on this node (list/watch)
 	{"kubevirt.io", "virtualmachineinstances"},
 }
+
+// read are resources the agent only gets.
+var read = []struct{ group, resource string }{}
 
 var readVerbs = []string{"get", "list", "watch"}
 

@@ -89,6 +89,7 @@ type Source struct {
 	nodes   cache.SharedIndexInformer
 	pods    cache.SharedIndexInformer
 	routesQ chan struct{}
+	migs    *migrationFollower // VMI live migrations (nil: no KubeVirt seam)
 
 	mu       sync.Mutex
 	synced   bool
@@ -169,6 +170,9 @@ func New(cfg Config) (*Source, error) {
 	if cfg.VMs != nil && cfg.Dynamic != nil {
 		r := &vmiResolver{s: s, dc: cfg.Dynamic}
 		cfg.VMs.SetVMIResolver(r.resolve)
+		if ms, ok := cfg.VMs.(MigrationSink); ok {
+			s.migs = newMigrationFollower(cfg.NodeName, cfg.Dynamic, ms, s.log)
+		}
 	}
 	return s, nil
 }
@@ -251,6 +255,9 @@ func (s *Source) Run(ctx context.Context) error {
 	wg.Go(func() { s.work(ctx) })
 	if s.cfg.Routes != nil {
 		wg.Go(func() { s.routeLoop(ctx) })
+	}
+	if s.migs != nil {
+		wg.Go(func() { s.migs.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()

@@ -11,13 +11,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
 	kvv1 "kubevirt.io/api/core/v1"
 
 	"github.com/lanekit/lanekit/pkg/agent"
@@ -133,4 +138,148 @@ func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid stri
 		return nil, nil
 	}
 	return pod, nil
+}
+
+// MigrationSink is the agent's seam for KubeVirt live migrations: the
+// source hands it every change of a migration this node takes part in.
+// Moving the VM's address to the target node (issue 27 item 2) is to be
+// built behind it; today the agent only logs (agent.VMIMigrationChanged).
+type MigrationSink interface {
+	VMIMigrationChanged(agent.VMIMigration)
+}
+
+var _ MigrationSink = (*agent.Agent)(nil)
+
+// Labels KubeVirt keeps on a VMI: the node it runs on and, while it
+// migrates, the target node (what virt-handler's own VMI informers select).
+const (
+	labelVMINode         = kvv1.NodeNameLabel
+	labelMigrationTarget = kvv1.MigrationTargetNodeNameLabel
+)
+
+// migrationRecheck is how often the follower looks again for the VMI
+// resource (KubeVirt installed later) or for RBAC that lets it watch VMIs.
+const migrationRecheck = time.Minute
+
+// migrationFollower watches the VMIs that run on this node or migrate to
+// it and tells the sink about their migrations, once per change.
+type migrationFollower struct {
+	node string
+	dc   dynamic.Interface
+	sink MigrationSink
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]agent.VMIMigration // by VMI namespace/name
+}
+
+func newMigrationFollower(node string, dc dynamic.Interface, sink MigrationSink, log *slog.Logger) *migrationFollower {
+	return &migrationFollower{node: node, dc: dc, sink: sink, log: log.With("follow", "vmi-migrations"), last: map[string]agent.VMIMigration{}}
+}
+
+// run waits until VMIs can be listed (no KubeVirt, or RBAC without
+// list/watch, is logged once and rechecked), then follows them until ctx
+// ends. It never holds readiness: a cluster without KubeVirt is normal.
+func (f *migrationFollower) run(ctx context.Context) {
+	var said string
+	for {
+		_, err := f.dc.Resource(VMIResource).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: labelVMINode + "=" + f.node})
+		if err == nil {
+			break
+		}
+		msg := "cannot list VMIs: not following live migrations"
+		switch {
+		case apierrors.IsNotFound(err):
+			msg = "kubevirt.io/v1 virtualmachineinstances not served (no KubeVirt): not following live migrations"
+		case apierrors.IsForbidden(err):
+			msg = "RBAC does not let the agent list/watch virtualmachineinstances: not following live migrations"
+		}
+		if msg != said {
+			f.log.Warn(msg, "err", err, "recheck", migrationRecheck)
+			said = msg
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(migrationRecheck):
+		}
+	}
+	var wg sync.WaitGroup
+	for _, sel := range []string{labelVMINode + "=" + f.node, labelMigrationTarget + "=" + f.node} {
+		inf := dynamicinformer.NewFilteredDynamicInformer(f.dc, VMIResource, metav1.NamespaceAll, 0, cache.Indexers{},
+			func(o *metav1.ListOptions) { o.LabelSelector = sel }).Informer()
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(o any) { f.observe(o, false) },
+			UpdateFunc: func(_, o any) { f.observe(o, false) },
+			DeleteFunc: func(o any) { f.observe(o, true) },
+		}); err != nil {
+			f.log.Error("VMI informer", "selector", sel, "err", err)
+			continue
+		}
+		wg.Go(func() { inf.Run(ctx.Done()) })
+	}
+	f.log.Info("following VMI live migrations", "node", f.node)
+	wg.Wait()
+}
+
+// observe hands the sink a VMI's migration when its typed state changed.
+// A VMI leaving a selector (deleted, or its labels moved to the target
+// node as the migration completes) still reports its last state.
+func (f *migrationFollower) observe(o any, gone bool) {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	m, err := migrationOf(u, f.node)
+	key := u.GetNamespace() + "/" + u.GetName()
+	if err != nil {
+		f.log.Warn("VMI migration state", "vmi", key, "err", err)
+		return
+	}
+	f.mu.Lock()
+	prev, seen := f.last[key]
+	changed := m != nil && (!seen || !sameMigration(prev, *m))
+	switch {
+	case gone || m == nil:
+		delete(f.last, key)
+	case changed:
+		f.last[key] = *m
+	}
+	f.mu.Unlock()
+	if changed {
+		f.sink.VMIMigrationChanged(*m)
+	}
+}
+
+func sameMigration(a, b agent.VMIMigration) bool {
+	return a.Namespace == b.Namespace && a.Name == b.Name && a.VM == b.VM && a.Role == b.Role &&
+		a.UID == b.UID && a.SourceNode == b.SourceNode && a.SourcePod == b.SourcePod &&
+		a.TargetNode == b.TargetNode && a.TargetPod == b.TargetPod && a.Start.Equal(b.Start) && a.End.Equal(b.End) &&
+		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason
+}
+
+// migrationOf is a VMI's migration as node sees it: nil when the VMI has
+// no migration state or node takes no part in it.
+func migrationOf(u *unstructured.Unstructured, node string) (*agent.VMIMigration, error) {
+	raw, err := json.Marshal(u.Object)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := kubevirt.ParseVMI(raw)
+	if err != nil {
+		return nil, err
+	}
+	m, err := kv.Migration()
+	if err != nil || m == nil {
+		return nil, err
+	}
+	role := m.Role(node)
+	if role == kubevirt.RoleNone {
+		return nil, nil
+	}
+	return &agent.VMIMigration{Namespace: u.GetNamespace(), Name: u.GetName(), VM: VMName(u.GetNamespace(), u.GetName()),
+		Role: role, Migration: *m}, nil
 }

@@ -1,0 +1,246 @@
+package k8s
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/lanekit/lanekit/pkg/agent"
+)
+
+// fakeVMI is a VMI as the API server returns it: KubeVirt's node labels
+// and, when state is set, status.migrationState.
+func fakeVMI(labels map[string]string, state map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+		"metadata": map[string]any{"name": "vm1", "namespace": "default", "uid": "6a1b3d5e"},
+		"spec": map[string]any{"domain": map[string]any{"devices": map[string]any{
+			"interfaces": []any{map[string]any{"name": "fast", "binding": map[string]any{"name": "lanekit"}}}}}},
+		"status": map[string]any{"nodeName": "node-a"},
+	}}
+	u.SetLabels(labels)
+	if state != nil {
+		u.Object["status"].(map[string]any)["migrationState"] = state
+	}
+	return u
+}
+
+func running() map[string]any {
+	return map[string]any{"migrationUid": "mig-1", "sourceNode": "node-a", "sourcePod": "virt-launcher-vm1-aaaaa",
+		"targetNode": "node-b", "targetPod": "virt-launcher-vm1-bbbbb", "startTimestamp": "2026-11-26T01:00:00Z"}
+}
+
+func TestMigrationOf(t *testing.T) {
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	cases := []struct {
+		name, node string
+		state      map[string]any
+		want       string // role/phase, "" for no migration
+		wantErr    string
+	}{
+		{name: "never migrated", node: "node-a"},
+		{name: "source", node: "node-a", state: running(), want: "source/running"},
+		{name: "target", node: "node-b", state: running(), want: "target/running"},
+		{name: "bystander", node: "node-c", state: running()},
+		{name: "completed on target", node: "node-b", state: done, want: "target/completed"},
+		{name: "contradiction", node: "node-a", state: map[string]any{"sourceNode": "node-a", "completed": true, "failed": true}, wantErr: "both completed and failed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := migrationOf(fakeVMI(nil, tc.state), tc.node)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := ""
+			if m != nil {
+				got = string(m.Role) + "/" + string(m.Phase())
+				if m.Namespace != "default" || m.Name != "vm1" || m.VM != VMName("default", "vm1") || m.UID != "mig-1" ||
+					m.SourcePod != "virt-launcher-vm1-aaaaa" || m.TargetPod != "virt-launcher-vm1-bbbbb" ||
+					!m.Start.Equal(time.Date(2026, 11, 26, 1, 0, 0, 0, time.UTC)) {
+					t.Fatalf("migration %+v", m)
+				}
+			}
+			if got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// migrationLog records what the follower hands the agent.
+type migrationLog struct {
+	mu  sync.Mutex
+	got []agent.VMIMigration
+}
+
+func (l *migrationLog) VMIMigrationChanged(m agent.VMIMigration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, m)
+}
+
+func (l *migrationLog) phases() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var s []string
+	for _, m := range l.got {
+		s = append(s, string(m.Role)+"/"+string(m.Phase()))
+	}
+	return strings.Join(s, ",")
+}
+
+func waitPhases(t *testing.T, l *migrationLog, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.phases() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("sink got %q, want %q", l.phases(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func newFakeDynamic(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{VMIResource: "VirtualMachineInstanceList"}, objs...)
+}
+
+// The follower on the target node and on the source node see one
+// migration through the API (fake dynamic client): each change once, with
+// its role; updates that leave the migration alone say nothing.
+func TestMigrationFollower(t *testing.T) {
+	dc := newFakeDynamic(fakeVMI(map[string]string{labelVMINode: "node-a"}, nil))
+	src, dst := &migrationLog{}, &migrationLog{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	log := slog.New(slog.DiscardHandler)
+	for node, sink := range map[string]*migrationLog{"node-a": src, "node-b": dst} {
+		f := newMigrationFollower(node, dc, sink, log)
+		wg.Go(func() { f.run(ctx) })
+	}
+	vmis := dc.Resource(VMIResource).Namespace("default")
+	update := func(labels map[string]string, state map[string]any) {
+		t.Helper()
+		cur, err := vmis.Get(ctx, "vm1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := fakeVMI(labels, state)
+		u.SetResourceVersion(cur.GetResourceVersion())
+		if _, err := vmis.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Give the informers their initial list: a VMI with no migration.
+	time.Sleep(100 * time.Millisecond)
+	if src.phases() != "" || dst.phases() != "" {
+		t.Fatalf("no migration yet, got %q / %q", src.phases(), dst.phases())
+	}
+
+	both := map[string]string{labelVMINode: "node-a", labelMigrationTarget: "node-b"}
+	update(both, running())
+	waitPhases(t, src, "source/running")
+	waitPhases(t, dst, "target/running")
+
+	// The same migration again (say a condition changed): nothing new.
+	update(both, running())
+	time.Sleep(100 * time.Millisecond)
+
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	update(map[string]string{labelVMINode: "node-b"}, done)
+	waitPhases(t, src, "source/running,source/completed")
+	waitPhases(t, dst, "target/running,target/completed")
+	dst.mu.Lock()
+	last := dst.got[len(dst.got)-1]
+	dst.mu.Unlock()
+	if !last.End.Equal(time.Date(2026, 11, 26, 1, 0, 7, 0, time.UTC)) || last.TargetPod != "virt-launcher-vm1-bbbbb" {
+		t.Fatalf("completed migration %+v", last)
+	}
+
+	// What the API server is asked (the fake does not filter watches by
+	// label, so check the selectors): VMIs on the node and migrating to it,
+	// as virt-handler selects them.
+	selectors := map[string]bool{}
+	for _, a := range dc.Actions() {
+		if l, ok := a.(k8stesting.ListAction); ok && a.GetVerb() == "list" {
+			selectors[l.GetListRestrictions().Labels.String()] = true
+		}
+	}
+	for _, want := range []string{"kubevirt.io/nodeName=node-b", "kubevirt.io/migrationTargetNodeName=node-b", "kubevirt.io/nodeName=node-a", "kubevirt.io/migrationTargetNodeName=node-a"} {
+		if !selectors[want] {
+			t.Errorf("no list with selector %q (got %v)", want, selectors)
+		}
+	}
+}
+
+// On the source node the VMI leaves the node's selector when KubeVirt
+// moves its node label to the target: the watch's deletion carries the
+// final state, and the source still hears that the migration completed.
+func TestMigrationFollowerSeesCompletionOnLeaving(t *testing.T) {
+	sink := &migrationLog{}
+	f := newMigrationFollower("node-a", newFakeDynamic(), sink, slog.New(slog.DiscardHandler))
+	f.observe(fakeVMI(nil, running()), false)
+	done := running()
+	done["completed"] = true
+	f.observe(cache.DeletedFinalStateUnknown{Key: "default/vm1", Obj: fakeVMI(map[string]string{labelVMINode: "node-b"}, done)}, true)
+	if got := sink.phases(); got != "source/running,source/completed" {
+		t.Fatalf("sink got %q", got)
+	}
+	if len(f.last) != 0 {
+		t.Fatalf("follower keeps %v after the VMI left", f.last)
+	}
+}
+
+// Without KubeVirt (no VMI resource) the follower says so and waits; it
+// does not spin or fail the source.
+func TestMigrationFollowerWithoutKubeVirt(t *testing.T) {
+	dc := newFakeDynamic()
+	lists := 0
+	dc.PrependReactor("list", "virtualmachineinstances", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return true, nil, apierrors.NewNotFound(VMIResource.GroupResource(), "")
+	})
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu}, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	newMigrationFollower("node-a", dc, &migrationLog{}, log).run(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if lists != 1 || !strings.Contains(buf.String(), "not served (no KubeVirt)") {
+		t.Fatalf("lists %d, log %q", lists, buf.String())
+	}
+}
+
+type lockedWriter struct {
+	w  *strings.Builder
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
