@@ -3,7 +3,10 @@
 // interface bound to "lanekit"; it serves KubeVirt's hook API on a unix
 // socket in /var/run/kubevirt-hooks and, on OnDefineDomain, turns those
 // interfaces into vhost-user NICs on the sockets lanekit reported through
-// device-info (the downward API file /etc/podinfo/network-info).
+// device-info (the downward API file /etc/podinfo/network-info). In a live
+// migration's target pod it builds the interface from that pod's own
+// device-info, and fails the target (naming kubevirt#15634) when the pod has
+// none rather than define a domain without the NIC.
 package main
 
 import (

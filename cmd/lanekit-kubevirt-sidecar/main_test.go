@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/lanekit/lanekit/pkg/kubevirt/hooks/info"
 	"github.com/lanekit/lanekit/pkg/kubevirt/hooks/v1alpha3"
@@ -46,6 +48,17 @@ func TestRunServesUntilShutdown(t *testing.T) {
 	_, err = v1alpha3.NewCallbacksClient(conn).OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: []byte("<domain><devices/></domain>"), Vmi: []byte(vmi)})
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "none")) {
 		t.Fatalf("err = %v", err)
+	}
+	// The same on a migration target (kubevirt#15634: the target pod got no
+	// network-info): virt-launcher is told it is the target pod's device-info
+	// that is missing, and gets no domain.
+	target := `{"metadata":{"name":"vm1","namespace":"ns1"},` +
+		`"spec":{"domain":{"devices":{"interfaces":[{"name":"n","binding":{"name":"lanekit-fast"}}]}}},` +
+		`"status":{"migrationState":{"sourceNode":"a","targetNode":"b","targetPod":"virt-launcher-vm1-b"}}}`
+	res2, err := v1alpha3.NewCallbacksClient(conn).OnDefineDomain(ctx, &v1alpha3.OnDefineDomainParams{DomainXML: []byte("<domain><devices/></domain>"), Vmi: []byte(target)})
+	if res2 != nil || status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "migration target pod ns1/virt-launcher-vm1-b on node b") ||
+		!strings.Contains(err.Error(), "kubevirt#15634") || !strings.Contains(err.Error(), filepath.Join(dir, "none")) {
+		t.Fatalf("migration target without network-info: %v, %v", res2, err)
 	}
 	if _, err := v1alpha3.NewCallbacksClient(conn).Shutdown(ctx, &v1alpha3.ShutdownParams{}); err != nil {
 		t.Fatal(err)
