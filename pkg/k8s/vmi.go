@@ -150,19 +150,17 @@ type MigrationSink interface {
 
 var _ MigrationSink = (*agent.Agent)(nil)
 
-// Labels KubeVirt keeps on a VMI: the node it runs on and, while it
-// migrates, the target node (what virt-handler's own VMI informers select).
-const (
-	labelVMINode         = kvv1.NodeNameLabel
-	labelMigrationTarget = kvv1.MigrationTargetNodeNameLabel
-)
-
 // migrationRecheck is how often the follower looks again for the VMI
 // resource (KubeVirt installed later) or for RBAC that lets it watch VMIs.
 const migrationRecheck = time.Minute
 
-// migrationFollower watches the VMIs that run on this node or migrate to
-// it and tells the sink about their migrations, once per change.
+// migrationFollower watches VMIs and tells the sink about the migrations
+// this node takes part in (as source or target), once per change. It
+// watches every VMI, as the source watches every Pod: selecting by KubeVirt's
+// node labels (kubevirt.io/nodeName, kubevirt.io/migrationTargetNodeName,
+// what virt-handler selects) loses the end of a migration on the source,
+// whose VMI leaves the selector when its node label moves to the target,
+// possibly before the status says completed.
 type migrationFollower struct {
 	node string
 	dc   dynamic.Interface
@@ -183,7 +181,7 @@ func newMigrationFollower(node string, dc dynamic.Interface, sink MigrationSink,
 func (f *migrationFollower) run(ctx context.Context) {
 	var said string
 	for {
-		_, err := f.dc.Resource(VMIResource).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: labelVMINode + "=" + f.node})
+		_, err := f.dc.Resource(VMIResource).List(ctx, metav1.ListOptions{Limit: 1})
 		if err == nil {
 			break
 		}
@@ -204,27 +202,21 @@ func (f *migrationFollower) run(ctx context.Context) {
 		case <-time.After(migrationRecheck):
 		}
 	}
-	var wg sync.WaitGroup
-	for _, sel := range []string{labelVMINode + "=" + f.node, labelMigrationTarget + "=" + f.node} {
-		inf := dynamicinformer.NewFilteredDynamicInformer(f.dc, VMIResource, metav1.NamespaceAll, 0, cache.Indexers{},
-			func(o *metav1.ListOptions) { o.LabelSelector = sel }).Informer()
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { f.observe(o, false) },
-			UpdateFunc: func(_, o any) { f.observe(o, false) },
-			DeleteFunc: func(o any) { f.observe(o, true) },
-		}); err != nil {
-			f.log.Error("VMI informer", "selector", sel, "err", err)
-			continue
-		}
-		wg.Go(func() { inf.Run(ctx.Done()) })
+	inf := dynamicinformer.NewFilteredDynamicInformer(f.dc, VMIResource, metav1.NamespaceAll, 0, cache.Indexers{}, nil).Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { f.observe(o, false) },
+		UpdateFunc: func(_, o any) { f.observe(o, false) },
+		DeleteFunc: func(o any) { f.observe(o, true) },
+	}); err != nil {
+		f.log.Error("VMI informer", "err", err)
+		return
 	}
 	f.log.Info("following VMI live migrations", "node", f.node)
-	wg.Wait()
+	inf.Run(ctx.Done())
 }
 
-// observe hands the sink a VMI's migration when its typed state changed.
-// A VMI leaving a selector (deleted, or its labels moved to the target
-// node as the migration completes) still reports its last state.
+// observe hands the sink a VMI's migration when its typed state changed;
+// a deleted VMI reports its last state.
 func (f *migrationFollower) observe(o any, gone bool) {
 	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 		o = d.Obj
