@@ -205,6 +205,15 @@ func TestAgentRBACIsEnough(t *testing.T) {
 	if info, ok, err := resolve("default", launcher.Name, string(launcher.UID)); err != nil || !ok || info.Name != "vm1" {
 		t.Errorf("the agent's ServiceAccount cannot resolve a launcher pod's VMI: %+v %v %v", info, ok, err)
 	}
+	// The migration follower lists and watches every VMI.
+	if _, err := sdc.Resource(k8s.VMIResource).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("the agent's ServiceAccount cannot list VMIs (live migrations): %v", err)
+	}
+	if w, err := sdc.Resource(k8s.VMIResource).Watch(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("the agent's ServiceAccount cannot watch VMIs (live migrations): %v", err)
+	} else {
+		w.Stop()
+	}
 	// Read only: no writes, no secrets.
 	_, err = c.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}}}, metav1.CreateOptions{})
