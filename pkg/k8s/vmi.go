@@ -185,15 +185,16 @@ func (f *migrationFollower) run(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		msg := "cannot list VMIs: not following live migrations"
+		msg, level := "cannot list VMIs: not following live migrations", slog.LevelWarn
 		switch {
 		case apierrors.IsNotFound(err):
-			msg = "kubevirt.io/v1 virtualmachineinstances not served (no KubeVirt): not following live migrations"
+			// A cluster without KubeVirt: normal.
+			msg, level = "kubevirt.io/v1 virtualmachineinstances not served (no KubeVirt): not following live migrations", slog.LevelInfo
 		case apierrors.IsForbidden(err):
 			msg = "RBAC does not let the agent list/watch virtualmachineinstances: not following live migrations"
 		}
 		if msg != said {
-			f.log.Warn(msg, "err", err, "recheck", migrationRecheck)
+			f.log.Log(ctx, level, msg, "err", err, "recheck", migrationRecheck)
 			said = msg
 		}
 		select {
