@@ -6,6 +6,9 @@ package k8s
 // for the queue count (one pair per vCPU with networkInterfaceMultiqueue,
 // the count the binding sidecar gives QEMU), the interface's MAC and the
 // VMI's labels (policy identities).
+//
+// Live migrations: a follower watches VMIs and hands the agent each change of
+// a migration this node is the source or target of (MigrationSink).
 
 import (
 	"context"
@@ -204,6 +207,11 @@ func (f *migrationFollower) run(ctx context.Context) {
 		}
 	}
 	inf := dynamicinformer.NewFilteredDynamicInformer(f.dc, VMIResource, metav1.NamespaceAll, 0, cache.Indexers{}, nil).Informer()
+	// Every VMI of the cluster is cached: keep only what migrationOf reads.
+	if err := inf.SetTransform(slimVMI); err != nil {
+		f.log.Error("VMI informer", "err", err)
+		return
+	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { f.observe(o, false) },
 		UpdateFunc: func(_, o any) { f.observe(o, false) },
@@ -252,6 +260,24 @@ func sameMigration(a, b agent.VMIMigration) bool {
 		a.UID == b.UID && a.SourceNode == b.SourceNode && a.SourcePod == b.SourcePod &&
 		a.TargetNode == b.TargetNode && a.TargetPod == b.TargetPod && a.Start.Equal(b.Start) && a.End.Equal(b.End) &&
 		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason
+}
+
+// slimVMI keeps a VMI's name, namespace, uid, resourceVersion and
+// status.migrationState.
+func slimVMI(o any) (any, error) {
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return o, nil
+	}
+	slim := &unstructured.Unstructured{Object: map[string]any{"apiVersion": u.GetAPIVersion(), "kind": u.GetKind()}}
+	slim.SetName(u.GetName())
+	slim.SetNamespace(u.GetNamespace())
+	slim.SetUID(u.GetUID())
+	slim.SetResourceVersion(u.GetResourceVersion())
+	if ms, ok, _ := unstructured.NestedMap(u.Object, "status", "migrationState"); ok {
+		slim.Object["status"] = map[string]any{"migrationState": ms}
+	}
+	return slim, nil
 }
 
 // migrationOf is a VMI's migration as node sees it: nil when the VMI has

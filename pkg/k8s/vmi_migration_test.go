@@ -19,6 +19,7 @@ import (
 
 	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
 // KubeVirt's labels on a VMI: the node it runs on and, while it migrates,
@@ -293,5 +294,24 @@ func TestMigrationFollowerAgainstAPIServer(t *testing.T) {
 	waitPhases(t, sinks["node-b"], "target/running,target/completed")
 	if got := sinks["node-c"].phases(); got != "" {
 		t.Errorf("a node outside the migration heard %q", got)
+	}
+}
+
+// The follower caches every VMI of the cluster, slimmed to what it reads.
+func TestSlimVMI(t *testing.T) {
+	in := fakeVMI(map[string]string{labelVMINode: "node-a"}, running())
+	in.SetResourceVersion("42")
+	o, err := slimVMI(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := o.(*unstructured.Unstructured)
+	if _, ok := s.Object["spec"]; ok || len(s.GetLabels()) != 0 || s.GetName() != "vm1" || s.GetNamespace() != "default" ||
+		s.GetUID() != "6a1b3d5e" || s.GetResourceVersion() != "42" {
+		t.Fatalf("slim %v", s.Object)
+	}
+	m, err := migrationOf(s, "node-b")
+	if err != nil || m == nil || m.Role != kubevirt.RoleTarget || m.TargetPod != "virt-launcher-vm1-bbbbb" {
+		t.Fatalf("slim VMI's migration %+v, %v", m, err)
 	}
 }
