@@ -476,10 +476,11 @@ func TestKubeVirtBinding(t *testing.T) {
 	if b.DownwardAPI != "device-info" {
 		t.Errorf("downwardAPI %q: the sidecar reads the socket from device-info", b.DownwardAPI)
 	}
-	// Migratable (KubeVirt checks only that migration is set), without
-	// link-refresh: the guest keeps its address, no DHCP to renew.
-	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration == nil || kvb.Migration == nil || kvb.Migration.Method != "" {
-		t.Errorf("migration %+v: want migration: {} (migratable, no link-refresh)", kvb.Migration)
+	// Not migratable yet (KubeVirt checks only that migration is set): the
+	// VM's address does not move to the target node (issue 27 item 2), and
+	// a migrated VM would lose its network.
+	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration != nil || kvb.Migration != nil {
+		t.Errorf("migration %+v: want none until the address moves with the VM", kvb.Migration)
 	}
 	if b.DomainAttachmentType != "" {
 		t.Error("domainAttachmentType and a sidecar are exclusive: the sidecar defines the interface")
