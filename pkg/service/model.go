@@ -204,13 +204,23 @@ func ExternalAddrs(svc *corev1.Service) []netip.Addr {
 	return out
 }
 
+// ownSlice says whether an EndpointSlice is one of the Service's that a proxy
+// programs: labelled with its name in its namespace, and not labelled headless.
+func ownSlice(svc *corev1.Service, es *discoveryv1.EndpointSlice) bool {
+	if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		return false
+	}
+	_, headless := es.Labels[HeadlessLabel]
+	return !headless
+}
+
 // LocalEndpoints counts the Service's distinct endpoint addresses on this
 // node that are ready (what kube-proxy's healthCheckNodePort reports): of
 // every slice of the Service, for any port.
 func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) int {
 	seen := map[netip.Addr]bool{}
 	for _, es := range eps {
-		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		if !ownSlice(svc, es) {
 			continue
 		}
 		for _, ep := range es.Endpoints {
@@ -231,6 +241,11 @@ func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 // the label is not the default proxy's (kube-proxy's, here lanekit's).
 const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
+// HeadlessLabel marks Services and EndpointSlices no proxy programs (the
+// EndpointSlice controller sets it on a headless Service's slices; kube-proxy
+// watches both kinds with the label excluded, and so does lanekit).
+const HeadlessLabel = corev1.IsHeadlessService
+
 // Translate turns one Service and its EndpointSlices (those labelled
 // kubernetes.io/service-name=<name> in its namespace; others are ignored) into
 // frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
@@ -242,7 +257,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	id := ServiceID{svc.Namespace, svc.Name}
 	var mine []*discoveryv1.EndpointSlice
 	for _, es := range eps {
-		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		if !ownSlice(svc, es) {
 			continue
 		}
 		if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es}); err != nil {
@@ -255,6 +270,9 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	}
 	if _, ok := svc.Labels[ServiceProxyNameLabel]; ok {
 		return nil, nil // another service proxy's, as kube-proxy leaves it
+	}
+	if _, ok := svc.Labels[HeadlessLabel]; ok {
+		return nil, nil // labelled headless: kube-proxy does not watch it
 	}
 	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
 	var affinity time.Duration
@@ -365,6 +383,9 @@ func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSl
 
 // endpointState maps EndpointSlice conditions to a BackendState. Per the API,
 // a nil ready or serving means ready/serving; nil terminating means false.
+// Ready wins over terminating: the EndpointSlice controller keeps a
+// terminating endpoint ready only for a Service with publishNotReadyAddresses,
+// which asks for exactly that (kube-proxy counts it ready too).
 func endpointState(c discoveryv1.EndpointConditions) BackendState {
 	ready := c.Ready == nil || *c.Ready
 	serving := ready
@@ -373,7 +394,7 @@ func endpointState(c discoveryv1.EndpointConditions) BackendState {
 	}
 	terminating := c.Terminating != nil && *c.Terminating
 	switch {
-	case ready && !terminating:
+	case ready:
 		return BackendActive
 	case serving && terminating:
 		return BackendTerminating

@@ -67,7 +67,7 @@ func fakeInputs(t *testing.T) inputs {
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"pause", "agnhost", "coredns", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key"} {
+	for _, b := range []string{"pause", "agnhost", "coredns", "regression-issue-74839", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key"} {
 		if err := os.WriteFile(filepath.Join(in.NodeBins, b), []byte("node/"+b), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -153,6 +153,9 @@ func TestImagesReadBack(t *testing.T) {
 			files: map[string]tarFile{"pause": reg("node/pause")}},
 		"coredns": {tags: []string{"registry.k8s.io/coredns/coredns:v1.15.0"}, entrypoint: []string{"/coredns"},
 			files: map[string]tarFile{"coredns": reg("node/coredns")}},
+		"regression": {tags: []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"},
+			entrypoint: []string{"/regression-issue-74839"},
+			files:      map[string]tarFile{"regression-issue-74839": reg("node/regression-issue-74839")}},
 		"agent": {tags: []string{"ghcr.io/lanekit/lanekit-agent:v0.1.0"},
 			entrypoint: []string{"/opt/lanekit/bin/lanekitd"},
 			env:        []string{"PATH=/opt/lanekit/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
