@@ -573,6 +573,18 @@ func (m *Model) remove(id ServiceID) {
 	delete(m.byService, id)
 }
 
+// Shadowed returns the hostPort frontends of pod that the model does not
+// hold for it (another service has the address, port and protocol).
+func (m *Model) Shadowed(pod *corev1.Pod) []FrontendKey {
+	var out []FrontendKey
+	for _, f := range HostPortFrontends(pod, m.opts) {
+		if h := m.frontends[f.Key]; h == nil || h.Service != f.Service {
+			out = append(out, f.Key)
+		}
+	}
+	return out
+}
+
 // Frontend returns the frontend for key, or nil.
 func (m *Model) Frontend(key FrontendKey) *Frontend { return m.frontends[key] }
 
@@ -602,10 +614,13 @@ func (f *Frontend) Select(hash uint32) (Backend, bool) {
 }
 
 // Edit is one service's new version in a Batch; a nil Service removes ID.
+// For a pod's hostPorts (ID is HostPortID(Pod)) Pod is set instead of Service;
+// both nil removes ID.
 type Edit struct {
 	ID      ServiceID
 	Service *corev1.Service
 	Slices  []*discoveryv1.EndpointSlice
+	Pod     *corev1.Pod
 }
 
 // Batch applies edits to the model in place, all or nothing: on error the
@@ -648,18 +663,35 @@ func (m *Model) Batch(edits []Edit) (Changes, func(), error) {
 		}
 	}
 	for _, e := range edits {
-		if e.Service == nil {
+		var fes []*Frontend
+		switch {
+		case e.Pod != nil:
+			if HostPortID(e.Pod) != e.ID {
+				undo()
+				return Changes{}, nil, fmt.Errorf("pod %s/%s: hostPort edit for %s", e.Pod.Namespace, e.Pod.Name, e.ID)
+			}
+			// A frontend a Service (or another pod) holds stays theirs:
+			// the hostPort is shadowed, not an error (Shadowed tells).
+			fes = slices.DeleteFunc(HostPortFrontends(e.Pod, m.opts), func(f *Frontend) bool {
+				other, taken := m.frontends[f.Key]
+				return taken && other.Service != e.ID
+			})
+			if len(fes) == 0 {
+				m.remove(e.ID)
+				continue
+			}
+		case e.Service == nil:
 			m.remove(e.ID)
 			continue
-		}
-		if (ServiceID{e.Service.Namespace, e.Service.Name}) != e.ID {
+		case (ServiceID{e.Service.Namespace, e.Service.Name}) != e.ID:
 			undo()
 			return Changes{}, nil, fmt.Errorf("service %s: edit for %s", ServiceID{e.Service.Namespace, e.Service.Name}, e.ID)
-		}
-		fes, err := Translate(e.Service, e.Slices, m.opts)
-		if err != nil {
-			undo()
-			return Changes{}, nil, err
+		default:
+			var err error
+			if fes, err = Translate(e.Service, e.Slices, m.opts); err != nil {
+				undo()
+				return Changes{}, nil, err
+			}
 		}
 		m.remove(e.ID)
 		if err := m.insert(e.ID, fes); err != nil {
