@@ -686,6 +686,28 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 	return 1;
 }
 
+/* lb4_reply translates back a reply of a flow this node load-balanced, on a
+ * path that carries only replies: to_pod, where the node itself or a
+ * hostNetwork pod was the backend and the host stack answers into the
+ * client pod (the packet path's lb4 never sees that reply). Returns 1 when
+ * the packet was rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb4_reply(struct __sk_buff *skb, struct pkt *p, struct lb_pending *pend)
+{
+	struct ct_key t;
+	__u32 l4off = ETH_HLEN + p->ip4->ihl * 4;
+	__u8 tcpf;
+
+	if (p->ip4->protocol == IPPROTO_ICMP && !(p->ip4->frag_off & bpf_htons(0x3fff)))
+		return lb_icmp_rev_nat(skb, l4off);
+	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
+		return 0;
+	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
+		return 0;
+	if (frag4_later(p->ip4))
+		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
+	return lb_rev_nat(skb, &t, tcpf, l4off, pend);
+}
+
 /* lb4 is the [LB] step: frontends of scope `scope` are load-balanced,
  * replies of load-balanced flows translated back. ep is the sending
  * endpoint (NULL on the uplink). Returns LB_CONTINUE (*changed set when the

@@ -74,6 +74,34 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("backend on the node's own stack (hostNetwork endpoint): its reply rev-NATed in to_pod", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("hostep", "10.96.0.114", 80, "TCP", "", "10.77.0.1"))
+		r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.96.0.114", 80, 41500, tcpSYN))
+		if got := parseTuple(t, r.out); r.verdict != tcActOK || got.dst != ap("10.77.0.1:8080") {
+			t.Fatalf("verdict %d, dst %s; want 10.77.0.1:8080 handed to the stack", r.verdict, got.dst)
+		}
+		before := s.stats(t)
+		reply := l4Frame(pod1MAC, s.ep1.HostMAC, "10.77.0.1", 8080, "10.244.1.10", 41500, 6, tcpSYN|tcpACK, 5000, 1001, nil)
+		r = s.run(t, toPod(s.fixtureEnv), ifH1(s.fixtureEnv), reply)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActOK || got.src != ap("10.96.0.114:80") || got.dst != ap("10.244.1.10:41500") {
+			t.Fatalf("reply through to_pod: verdict %d, %s -> %s; want 10.96.0.114:80 -> 10.244.1.10:41500", r.verdict, got.src, got.dst)
+		}
+		if l4Checksum(r.out) != binary.BigEndian.Uint16(r.out[50:]) {
+			t.Fatalf("TCP checksum invalid after rev-NAT")
+		}
+		if s.stats(t).RevNAT-before.RevNAT != 1 {
+			t.Fatal("rev-NAT counter did not grow")
+		}
+		// The node reaching the pod directly is not translated.
+		direct := l4Frame(pod1MAC, s.ep1.HostMAC, "10.77.0.1", 8080, "10.244.1.10", 41501, 6, tcpSYN, 1, 0, nil)
+		r = s.run(t, toPod(s.fixtureEnv), ifH1(s.fixtureEnv), direct)
+		if got := parseTuple(t, r.out); r.verdict != tcActOK || got.src != ap("10.77.0.1:8080") {
+			t.Fatalf("direct: verdict %d, from %s", r.verdict, got.src)
+		}
+	})
+
 	t.Run("ICMP port unreachable from the backend: translated back to the frontend", func(t *testing.T) {
 		s.enter(t)
 		// What pod 1's datagram looked like at the backend (after DNAT).
