@@ -137,6 +137,9 @@ func specFor(n string, in inputs) (spec, error) {
 			Files: []entry{
 				regular("/agnhost", node("agnhost"), 0o755),
 				symlink("/agnhost-2", "agnhost"),
+				// Upstream's agnhost image carries CoreDNS too: the DNS
+				// tests run it as a pod's custom nameserver (/coredns).
+				regular("/coredns", node("coredns"), 0o755),
 				symlink("/usr/local/bin/iperf", "/usr/bin/iperf"),
 				regular("/localhost.crt", node("agnhost-porter/localhost.crt"), 0o644),
 				regular("/localhost.key", node("agnhost-porter/localhost.key"), 0o644),

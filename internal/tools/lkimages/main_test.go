@@ -168,6 +168,7 @@ func TestImagesReadBack(t *testing.T) {
 			base: map[string]string{"etc/os-release": "agnhost", "usr/bin/curl": "curl"},
 			files: map[string]tarFile{
 				"agnhost":             reg("node/agnhost"),
+				"coredns":             reg("node/coredns"),
 				"agnhost-2":           {Mode: 0o777, Type: tar.TypeSymlink, Link: "agnhost"},
 				"usr/local/bin/iperf": {Mode: 0o777, Type: tar.TypeSymlink, Link: "/usr/bin/iperf"},
 				"usr":                 dir,
