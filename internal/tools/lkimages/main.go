@@ -1,10 +1,10 @@
 // Command lkimages writes the container images of a lab node as image
-// archives, without a registry: pause, the lanekit agent, agnhost, CoreDNS and the
-// conntrack test's regression-issue-74839,
+// archives, without a registry: pause, the lanekit agent, agnhost, CoreDNS, the
+// conntrack test's regression-issue-74839 and BusyBox (a Debian stand-in),
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox]
 //
 // Inputs: the agent image's Go binaries built the way
 // deploy/images/agent.Containerfile builds them (its `go build` line is read and
@@ -54,6 +54,7 @@ const (
 	corednsImage  = "registry.k8s.io/coredns/coredns:v1.15.0"
 	// RegressionIssue74839: the conntrack test's out-of-window TCP server.
 	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
 	debianMirror    = "http://deb.debian.org/debian"
 	debianSuite     = "bookworm"
 	defaultOutDir   = "images"
@@ -93,7 +94,7 @@ type inputs struct {
 }
 
 // names are the images in the order they are written by default.
-var names = []string{"pause", "agent", "agnhost", "coredns", "regression"}
+var names = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
 
 // specFor returns the spec of the named image, building (or taking from the
 // cache) the Debian rootfs it needs.
@@ -108,6 +109,15 @@ func specFor(n string, in inputs) (spec, error) {
 		return spec{Name: n, Tags: []string{corednsImage},
 			Files:      []entry{regular("/coredns", node("coredns"), 0o755)},
 			Entrypoint: []string{"/coredns"}}, nil
+	case "busybox":
+		// The tests run BusyBox's sh, sleep and nc; agnhost's Debian root
+		// has them (as it stands in for agnhost's Alpine).
+		base, err := agnhostRoot.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		return spec{Name: n, Tags: []string{busyboxImage}, Base: base,
+			Env: []string{"PATH=" + pathEnv}, Cmd: []string{"sh"}}, nil
 	case "regression":
 		return spec{Name: n, Tags: []string{regressionImage},
 			Files:      []entry{regular("/regression-issue-74839", node("regression-issue-74839"), 0o755)},

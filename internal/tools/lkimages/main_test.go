@@ -153,6 +153,9 @@ func TestImagesReadBack(t *testing.T) {
 			files: map[string]tarFile{"pause": reg("node/pause")}},
 		"coredns": {tags: []string{"registry.k8s.io/coredns/coredns:v1.15.0"}, entrypoint: []string{"/coredns"},
 			files: map[string]tarFile{"coredns": reg("node/coredns")}},
+		"busybox": {tags: []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-2"}, cmd: []string{"sh"},
+			env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			base: map[string]string{"etc/os-release": "agnhost", "usr/bin/curl": "curl"}},
 		"regression": {tags: []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"},
 			entrypoint: []string{"/regression-issue-74839"},
 			files:      map[string]tarFile{"regression-issue-74839": reg("node/regression-issue-74839")}},
@@ -266,7 +269,7 @@ func TestMissingInput(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lanekit-vhost") {
 		t.Fatalf("err = %v, want one naming lanekit-vhost", err)
 	}
-	if err := run(t.TempDir(), in, []string{"busybox"}); err == nil {
+	if err := run(t.TempDir(), in, []string{"nginx"}); err == nil {
 		t.Fatal("unknown image: no error")
 	}
 }
