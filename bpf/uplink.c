@@ -4,6 +4,8 @@
  *   from_uplink (tcx ingress): untagged IPv4 and IPv6 for a local pod goes straight
  *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
  *     tagged frames included) continues to the host stack.
+ *   to_uplink (tcx egress): replies of the node's own stack to service flows
+ *     it was the backend of get the frontend's address back.
  *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
  *     same for what another node sent through the tunnel, with the sender's
  *     identity from the VNI (lib/tunnel.h).
@@ -95,6 +97,25 @@ int from_uplink(struct __sk_buff *skb)
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
 	return from_wire(skb, 0);
+}
+
+/* to_uplink (tcx egress of the uplink): what the node's own stack sends
+ * (ingress_ifindex 0; what the datapath or the stack forwards is not
+ * looked at) may answer a NodePort or ClusterIP flow whose backend is the
+ * node itself, a hostNetwork endpoint: it leaves with the frontend's address
+ * and port, as the remote client connected to (lb4_reply). */
+SEC("tc")
+int to_uplink(struct __sk_buff *skb)
+{
+	struct pkt p;
+
+	if (skb->ingress_ifindex)
+		return TC_ACT_OK;
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_OK;
+	if (lb4_reply(skb, &p, 0) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
 }
 
 SEC("tc")

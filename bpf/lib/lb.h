@@ -466,7 +466,11 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			/* An external client: the reply must come back through
 			 * this node. (A local pod client gets its replies here
 			 * anyway: it lives on this node.) */
-			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
+			/* Not for a backend that is this node's own address (a
+			 * hostNetwork endpoint): SNAT to it would make a martian;
+			 * its stack's reply is translated back on the way out
+			 * (to_uplink). */
+			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr) && be->addr != t->daddr) {
 				snat_addr = t->daddr;
 				if ((svc->flags & LB_SVC_F_EXTERNAL) && !(snat_addr = lb_node_src4(skb, be->addr))) {
 					lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
