@@ -134,5 +134,15 @@ int to_tunnel(struct __sk_buff *skb)
 		return TC_ACT_OK; /* encapsulated by tunnel_route */
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
 		return TC_ACT_SHOT; /* ARP and the like: the device is NOARP */
+	if (!skb->ingress_ifindex) {
+		/* The node's own reply to a service flow it was the backend
+		 * of, as to_uplink does. */
+		int r = lb4_reply(skb, &p, 0);
+
+		if (r < 0)
+			return TC_ACT_SHOT;
+		if (r && (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4))
+			return TC_ACT_SHOT;
+	}
 	return tunnel_host_key(skb, &p);
 }
