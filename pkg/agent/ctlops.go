@@ -146,7 +146,7 @@ func (a *Agent) restoreControlPlane() error {
 	if err != nil {
 		a.log.Warn("no node addresses for NodePort services", "err", err)
 	}
-	opts := service.Options{NodeAddrs: addrs}
+	opts := service.Options{NodeAddrs: addrs, NodeName: a.cfg.NodeName, Zone: a.cfg.Zone}
 	if a.cfg.PodCIDR.IsValid() {
 		opts.LocalPrefixes = []netip.Prefix{a.cfg.PodCIDR.Masked()}
 	}

@@ -166,6 +166,9 @@ type Options struct {
 	// LocalPrefixes hold this node's endpoints (its pod CIDR): with
 	// NodeAddrs (hostNetwork endpoints), what traffic policy Local keeps.
 	LocalPrefixes []netip.Prefix
+	// NodeName and Zone (the Node's topology.kubernetes.io/zone) match the
+	// EndpointSlice hints (trafficDistribution); empty: no hint matches.
+	NodeName, Zone string
 }
 
 // IsLocal says whether an endpoint address is on this node: in one of
@@ -289,14 +292,16 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
-		backends := resolveBackends(sp.Name, proto, mine)
+		all, hints := resolveBackendsHints(sp.Name, proto, mine)
+		// Cluster-wide frontends follow the EndpointSlice topology hints.
+		backends := topologyFilter(all, hints, opts)
 		table := maglevFor(backends, proto)
 		// Traffic policy Local: this node's endpoints only (computed once
 		// per port, shared by its Local frontends).
 		var local *Frontend
 		localView := func() *Frontend {
 			if local == nil {
-				lb := slices.DeleteFunc(slices.Clone(backends), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
+				lb := slices.DeleteFunc(slices.Clone(all), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
 				local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
 			}
 			return local
@@ -343,7 +348,18 @@ func compareKeys(a, b FrontendKey) int {
 // number for the slice's endpoints (that is how Kubernetes resolves named
 // target ports, which may differ per pod).
 func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) []Backend {
+	out, _ := resolveBackendsHints(portName, proto, eps)
+	return out
+}
+
+// topoHints are an endpoint's EndpointSlice hints: the nodes and zones it
+// is meant for.
+type topoHints struct{ nodes, zones []string }
+
+// resolveBackendsHints is resolveBackends with each endpoint address's hints.
+func resolveBackendsHints(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
 	seen := map[netip.AddrPort]int{}
+	hints := map[netip.Addr]topoHints{}
 	var out []Backend
 	for _, es := range eps {
 		var port int32
@@ -362,8 +378,18 @@ func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSl
 		}
 		for _, ep := range es.Endpoints {
 			st := endpointState(ep.Conditions)
+			var h topoHints
+			if ep.Hints != nil {
+				for _, n := range ep.Hints.ForNodes {
+					h.nodes = append(h.nodes, n.Name)
+				}
+				for _, z := range ep.Hints.ForZones {
+					h.zones = append(h.zones, z.Name)
+				}
+			}
 			for _, a := range ep.Addresses {
 				ap := netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port))
+				hints[ap.Addr()] = h
 				if i, dup := seen[ap]; dup {
 					// The same endpoint in two slices (during a slice
 					// handover): the better state wins.
@@ -378,7 +404,43 @@ func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSl
 	slices.SortFunc(out, func(a, b Backend) int {
 		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 	})
-	return out
+	return out, hints
+}
+
+// topologyFilter keeps the backends the EndpointSlice hints give this node,
+// as kube-proxy does for cluster-wide traffic (trafficDistribution
+// PreferSameNode / PreferSameZone / PreferClose, topology-aware hints): when
+// every ready endpoint has node hints and one is for this node, those for
+// this node; else, when every ready endpoint has zone hints and one is for
+// this node's zone, those for its zone; else all of them.
+func topologyFilter(backends []Backend, hints map[netip.Addr]topoHints, opts Options) []Backend {
+	allNode, allZone, forNode, forZone := true, true, false, false
+	for _, b := range backends {
+		if b.State != BackendActive {
+			continue
+		}
+		h := hints[b.Addr]
+		if len(h.nodes) == 0 {
+			allNode = false
+		} else if opts.NodeName != "" && slices.Contains(h.nodes, opts.NodeName) {
+			forNode = true
+		}
+		if len(h.zones) == 0 {
+			allZone = false
+		} else if opts.Zone != "" && slices.Contains(h.zones, opts.Zone) {
+			forZone = true
+		}
+	}
+	var keep func(topoHints) bool
+	switch {
+	case allNode && forNode:
+		keep = func(h topoHints) bool { return slices.Contains(h.nodes, opts.NodeName) }
+	case allZone && forZone:
+		keep = func(h topoHints) bool { return slices.Contains(h.zones, opts.Zone) }
+	default:
+		return backends
+	}
+	return slices.DeleteFunc(slices.Clone(backends), func(b Backend) bool { return !keep(hints[b.Addr]) })
 }
 
 // endpointState maps EndpointSlice conditions to a BackendState. Per the API,
