@@ -132,7 +132,9 @@ int from_pod6(struct __sk_buff *skb)
  * pod's ingress policy judges it all, so no path into a pod skips it;
  * traffic from the node's own addresses passes (Kubernetes: a pod's node
  * always reaches it). A packet already judged on its way belongs to a
- * connection policy allowed and passes on its conntrack entry. */
+ * connection policy allowed and passes on its conntrack entry. Replies of
+ * service flows whose backend is on the node's stack are translated back
+ * here (lb4_reply). */
 SEC("tc")
 int to_pod(struct __sk_buff *skb)
 {
@@ -149,6 +151,23 @@ int to_pod(struct __sk_buff *skb)
 	dst = bpf_map_lookup_elem(&lk_endpoints, &p.ip4->daddr);
 	if (!dst)
 		return TC_ACT_OK; /* broadcast, multicast: no endpoint's address */
+	/* [LB] A reply from a backend on this node's stack (the node's own
+	 * address or a hostNetwork pod behind a Service) goes back to the
+	 * client pod with the frontend's address. */
+	{
+		struct lb_pending *pend = lb_pending_get();
+		int r = lb4_reply(skb, &p, pend);
+
+		if (r < 0)
+			return drop(skb, dst->id, DROP_MALFORMED);
+		if (r) {
+			if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+				return drop(skb, dst->id, DROP_MALFORMED);
+			if (pend && pend->allowed_reply)
+				return TC_ACT_OK; /* a connection policy allowed */
+		}
+	}
+	/* [/LB] */
 	reason = policy_to_endpoint(skb, &p, dst, 1, 0);
 	if (reason)
 		return drop(skb, dst->id, reason);

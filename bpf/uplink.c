@@ -4,6 +4,8 @@
  *   from_uplink (tcx ingress): untagged IPv4 and IPv6 for a local pod goes straight
  *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
  *     tagged frames included) continues to the host stack.
+ *   to_uplink (tcx egress): replies of the node's own stack to service flows
+ *     it was the backend of get the frontend's address back.
  *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
  *     same for what another node sent through the tunnel, with the sender's
  *     identity from the VNI (lib/tunnel.h).
@@ -97,6 +99,25 @@ int from_uplink(struct __sk_buff *skb)
 	return from_wire(skb, 0);
 }
 
+/* to_uplink (tcx egress of the uplink): what the node's own stack sends
+ * (ingress_ifindex 0; what the datapath or the stack forwards is not
+ * looked at) may answer a NodePort or ClusterIP flow whose backend is the
+ * node itself, a hostNetwork endpoint: it leaves with the frontend's address
+ * and port, as the remote client connected to (lb4_reply). */
+SEC("tc")
+int to_uplink(struct __sk_buff *skb)
+{
+	struct pkt p;
+
+	if (skb->ingress_ifindex)
+		return TC_ACT_OK;
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_OK;
+	if (lb4_reply(skb, &p, 0) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
 SEC("tc")
 int from_tunnel(struct __sk_buff *skb)
 {
@@ -113,5 +134,15 @@ int to_tunnel(struct __sk_buff *skb)
 		return TC_ACT_OK; /* encapsulated by tunnel_route */
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
 		return TC_ACT_SHOT; /* ARP and the like: the device is NOARP */
+	if (!skb->ingress_ifindex) {
+		/* The node's own reply to a service flow it was the backend
+		 * of, as to_uplink does. */
+		int r = lb4_reply(skb, &p, 0);
+
+		if (r < 0)
+			return TC_ACT_SHOT;
+		if (r && (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4))
+			return TC_ACT_SHOT;
+	}
 	return tunnel_host_key(skb, &p);
 }

@@ -170,6 +170,18 @@ if need "${kube_bins[@]}" agnhost e2e.test ginkgo; then
   )
 fi
 
+# The conntrack test's server (test/images/regression-issue-74839: answers a
+# TCP connection with an out-of-window packet), static as its image needs.
+if need regression-issue-74839; then
+  log "building regression-issue-74839 into $DIR"
+  (
+    kube_module
+    CGO_ENABLED=0 timed regression-issue-74839 "${build[@]}" -ldflags "-s -w" \
+      -o "$work/regression.bin" k8s.io/kubernetes/test/images/regression-issue-74839
+  )
+  install -m 0755 "$work/regression.bin" "$DIR/regression-issue-74839"
+fi
+
 # pause as upstream builds it (build/pause/Makefile: a static pause.c), and
 # agnhost's porter certificates, which its image carries (/localhost.crt, .key).
 if need pause agnhost-porter/localhost.crt; then

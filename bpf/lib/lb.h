@@ -466,7 +466,11 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 			/* An external client: the reply must come back through
 			 * this node. (A local pod client gets its replies here
 			 * anyway: it lives on this node.) */
-			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr)) {
+			/* Not for a backend that is this node's own address (a
+			 * hostNetwork endpoint): SNAT to it would make a martian;
+			 * its stack's reply is translated back on the way out
+			 * (to_uplink). */
+			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr) && be->addr != t->daddr) {
 				snat_addr = t->daddr;
 				if ((svc->flags & LB_SVC_F_EXTERNAL) && !(snat_addr = lb_node_src4(skb, be->addr))) {
 					lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
@@ -684,6 +688,28 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 	}
 	lb_stat(LB_STAT_REVNAT);
 	return 1;
+}
+
+/* lb4_reply translates back a reply of a flow this node load-balanced, on a
+ * path that carries only replies: to_pod, where the node itself or a
+ * hostNetwork pod was the backend and the host stack answers into the
+ * client pod (the packet path's lb4 never sees that reply). Returns 1 when
+ * the packet was rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb4_reply(struct __sk_buff *skb, struct pkt *p, struct lb_pending *pend)
+{
+	struct ct_key t;
+	__u32 l4off = ETH_HLEN + p->ip4->ihl * 4;
+	__u8 tcpf;
+
+	if (p->ip4->protocol == IPPROTO_ICMP && !(p->ip4->frag_off & bpf_htons(0x3fff)))
+		return lb_icmp_rev_nat(skb, l4off);
+	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
+		return 0;
+	if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP)
+		return 0;
+	if (frag4_later(p->ip4))
+		l4off = 0; /* its ports are the first fragment's: rewrite the IP header only */
+	return lb_rev_nat(skb, &t, tcpf, l4off, pend);
 }
 
 /* lb4 is the [LB] step: frontends of scope `scope` are load-balanced,

@@ -14,8 +14,8 @@
  *     backend -> frontend), written by the forward hooks.
  *
  * Frontends: ClusterIP; NodePort on one of the node's addresses (the
- * frontends pkg/service writes) or on loopback (127.0.0.0/8, looked up as
- * sock_node_addr4). The flow hash's "client" is sock_node_addr4 (what a
+ * frontends pkg/service writes) or on loopback (127.0.0.0/8: a hostPort's
+ * own loopback hostIP first, then looked up as sock_node_addr4). The flow hash's "client" is sock_node_addr4 (what a
  * backend sees as the source): ClientIP affinity treats all of the node's
  * processes as one client. No backend: the call fails with ECONNREFUSED
  * (bpf_set_retval), counted as SOCK_STAT_NO_BACKEND.
@@ -187,9 +187,15 @@ static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, _
 	svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
 	if (svc)
 		return svc;
-	if ((bpf_ntohl(*v4) >> 24) == 127)
-		k.addr = sock_node_addr4;
 	k.scope = LB_SCOPE_NODEPORT;
+	if ((bpf_ntohl(*v4) >> 24) == 127) {
+		/* A hostPort on a loopback hostIP is its own frontend; any
+		 * other loopback address stands for the node's NodePorts. */
+		svc = bpf_map_lookup_elem(&lk_lb_svc, &k);
+		if (svc)
+			return svc;
+		k.addr = sock_node_addr4;
+	}
 	return bpf_map_lookup_elem(&lk_lb_svc, &k);
 }
 

@@ -196,6 +196,11 @@ func run(args []string) error {
 			return err
 		}
 		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr, "pod_cidr6", cidr6)
+		// Topology hints (trafficDistribution) name nodes and zones.
+		cfg.NodeName = kube.nodeName
+		if cfg.Zone, err = k8s.NodeZone(ctx, kc.client, kube.nodeName); err != nil {
+			return err
+		}
 		if cfg.Uplink == "" {
 			// The device with the Node's InternalIP carries pod traffic
 			// between nodes (native routing).

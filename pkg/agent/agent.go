@@ -40,6 +40,9 @@ type Config struct {
 	Uplink     string
 	PodCIDR    netip.Prefix
 	PodCIDR6   netip.Prefix // the node's IPv6 pod CIDR; invalid: IPv4 only (ipv6.go)
+	// NodeName and Zone (the Node's topology.kubernetes.io/zone label) are
+	// what EndpointSlice topology hints are matched against; empty: none.
+	NodeName, Zone string
 	BPFDir     string       // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
 	DeviceMode string       // DeviceAuto, "veth" or "netkit"
 	MTU        int          // 0: the uplink's MTU

@@ -146,12 +146,13 @@ func (a *Agent) restoreControlPlane() error {
 	if err != nil {
 		a.log.Warn("no node addresses for NodePort services", "err", err)
 	}
-	opts := service.Options{NodeAddrs: addrs}
+	opts := service.Options{NodeAddrs: addrs, NodeName: a.cfg.NodeName, Zone: a.cfg.Zone}
 	if a.cfg.PodCIDR.IsValid() {
 		opts.LocalPrefixes = []netip.Prefix{a.cfg.PodCIDR.Masked()}
 	}
 	a.ctl = newCtlPlane(opts)
 	c := a.ctl
+	c.log = a.log
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := a.restoreIdentities(); err != nil {
@@ -187,9 +188,9 @@ func (a *Agent) restoreControlPlane() error {
 	}
 	// Services: the model from the stored objects; a service that no longer
 	// translates (it cannot: it was accepted) is dropped from the model.
-	svcs, eps, _ := k8sobj.Split(sortedObjects(c.objs))
-	model, err := service.Build(svcs, eps, c.svcOpts)
+	model, err := c.buildModel(c.objs)
 	if err != nil {
+		svcs, _, _ := k8sobj.Split(sortedObjects(c.objs))
 		a.log.Error("stored services do not translate; adding them one by one", "err", err)
 		model = service.NewModel(c.svcOpts)
 		slicesOf := splitSlices(c.objs)

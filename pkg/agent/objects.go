@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +52,7 @@ type ctlPlane struct {
 	gc       gcStats
 	// refused are the objects ReplaceObjects refused, by Object.Key.
 	refused map[string]Refusal
+	log     *slog.Logger
 }
 
 type gcStats struct {
@@ -69,6 +72,7 @@ func newCtlPlane(opts service.Options) *ctlPlane {
 		objs: map[string]k8sobj.Object{}, svcOpts: opts, model: service.NewModel(opts), tables: service.NewTables(),
 		ids: policy.NewIdentities(), idsStored: map[policy.Identity]bool{}, idsToSave: map[policy.Identity]storedIdentity{},
 		compiled: &policy.Compiled{}, locals: map[uint32]localEndpoint{}, refused: map[string]Refusal{},
+		log: slog.Default(),
 	}
 }
 
@@ -370,6 +374,8 @@ func affectedServices(old, next map[string]k8sobj.Object, changed map[string]boo
 			set[service.ServiceID{Namespace: o.Service.Namespace, Name: o.Service.Name}] = true
 		case o.EndpointSlice != nil:
 			set[service.ServiceID{Namespace: o.EndpointSlice.Namespace, Name: o.EndpointSlice.Labels[k8sobj.ServiceNameLabel]}] = true
+		case o.Pod != nil && service.HasHostPorts(o.Pod):
+			set[service.HostPortID(o.Pod)] = true
 		}
 	}
 	for key := range changed {
@@ -410,16 +416,20 @@ func (c *ctlPlane) editServices(next map[string]k8sobj.Object, affected []servic
 	edits := make([]service.Edit, 0, len(affected))
 	for _, id := range affected {
 		e := service.Edit{ID: id}
-		if o, ok := next[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)]; ok {
+		if id.IsHostPort() {
+			if o, ok := next[k8sobj.ObjectKey(k8sobj.KindPod, id.Namespace, strings.TrimPrefix(id.Name, service.HostPortPrefix))]; ok {
+				e.Pod = o.Pod
+			}
+		} else if o, ok := next[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)]; ok {
 			e.Service, e.Slices = o.Service, slicesOf[id]
 		}
 		edits = append(edits, e)
 	}
 	if ch, undo, err := c.model.Batch(edits); err == nil {
+		c.logShadowed(c.model, edits)
 		return ch, undo, nil
 	}
-	svcs, eps, _ := k8sobj.Split(sortedObjects(next))
-	m, err := service.Build(svcs, eps, c.svcOpts)
+	m, err := c.buildModel(next)
 	if err != nil {
 		return service.Changes{}, nil, err
 	}
@@ -427,6 +437,43 @@ func (c *ctlPlane) editServices(next map[string]k8sobj.Object, affected []servic
 	ch := service.Diff(old, m)
 	c.model = m
 	return ch, func() { c.model = old }, nil
+}
+
+// buildModel translates every Service in objs, then the hostPorts of this
+// node's pods: a hostPort whose frontend a Service (or another pod) holds is
+// left out and logged — Services win, as kube-proxy's NodePort rules would
+// shadow the portmap plugin's.
+func (c *ctlPlane) buildModel(objs map[string]k8sobj.Object) (*service.Model, error) {
+	sorted := sortedObjects(objs)
+	svcs, eps, _ := k8sobj.Split(sorted)
+	m, err := service.Build(svcs, eps, c.svcOpts)
+	if err != nil {
+		return nil, err
+	}
+	var edits []service.Edit
+	for _, o := range sorted {
+		if o.Pod != nil && service.HasHostPorts(o.Pod) {
+			edits = append(edits, service.Edit{ID: service.HostPortID(o.Pod), Pod: o.Pod})
+		}
+	}
+	if _, _, err := m.Batch(edits); err != nil {
+		return nil, err
+	}
+	c.logShadowed(m, edits)
+	return m, nil
+}
+
+// logShadowed warns about the hostPorts of the edited pods that a Service
+// holds instead.
+func (c *ctlPlane) logShadowed(m *service.Model, edits []service.Edit) {
+	for _, e := range edits {
+		if e.Pod == nil {
+			continue
+		}
+		for _, k := range m.Shadowed(e.Pod) {
+			c.log.Warn("hostPort not programmed: a Service holds the address and port", "pod", e.ID.Namespace+"/"+e.Pod.Name, "frontend", k.String())
+		}
+	}
 }
 
 // slicesFor returns the EndpointSlices of the given services, each service's

@@ -16,10 +16,11 @@ import (
 // Pin names under Config.PinDir. Maps pin themselves by name (lk_endpoints,
 // lk_ep_by_ifindex, lk_metrics); links pin under these names.
 const (
-	pinUplinkTC = "lk_uplink_tc"
-	pinPodLink  = "lk_pod_"   // + host-side ifname
-	pinToPod    = "lk_topod_" // + host-side ifname: to_pod
-	pinVMLink   = "lk_vm_"    // + endpoint id
+	pinUplinkTC     = "lk_uplink_tc"
+	pinUplinkEgress = "lk_uplink_egress" // to_uplink: service replies of the node's stack
+	pinPodLink      = "lk_pod_"          // + host-side ifname
+	pinToPod        = "lk_topod_"        // + host-side ifname: to_pod
+	pinVMLink       = "lk_vm_"           // + endpoint id
 )
 
 // Loader is the BPF implementation of Datapath.
@@ -66,6 +67,10 @@ func Open(cfg Config, log *slog.Logger) (*Loader, error) {
 		if err := l.attach(pinUplinkTC, ifc.Index, attachTCXIngress, l.uplink.FromUplink); err != nil {
 			l.Close()
 			return nil, fmt.Errorf("open datapath: uplink %s: %w", cfg.Uplink, err)
+		}
+		if err := l.attach(pinUplinkEgress, ifc.Index, attachTCXEgress, l.uplink.ToUplink); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("open datapath: uplink %s egress: %w", cfg.Uplink, err)
 		}
 	}
 	if err := l.attachTunnel(); err != nil {

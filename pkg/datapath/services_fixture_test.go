@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/internal/testutil"
@@ -71,6 +72,64 @@ func TestServiceFixtures(t *testing.T) {
 		}
 		if s.stats(t).RevNAT-before.RevNAT != 1 {
 			t.Fatal("rev-NAT counter did not grow")
+		}
+	})
+
+	t.Run("backend on the node's own stack (hostNetwork endpoint): its reply rev-NATed in to_pod", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("hostep", "10.96.0.114", 80, "TCP", "", "10.77.0.1"))
+		r := s.run(t, pod, ifH1(s.fixtureEnv), s.fromPod1("10.96.0.114", 80, 41500, tcpSYN))
+		if got := parseTuple(t, r.out); r.verdict != tcActOK || got.dst != ap("10.77.0.1:8080") {
+			t.Fatalf("verdict %d, dst %s; want 10.77.0.1:8080 handed to the stack", r.verdict, got.dst)
+		}
+		before := s.stats(t)
+		reply := l4Frame(pod1MAC, s.ep1.HostMAC, "10.77.0.1", 8080, "10.244.1.10", 41500, 6, tcpSYN|tcpACK, 5000, 1001, nil)
+		r = s.run(t, toPod(s.fixtureEnv), ifH1(s.fixtureEnv), reply)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActOK || got.src != ap("10.96.0.114:80") || got.dst != ap("10.244.1.10:41500") {
+			t.Fatalf("reply through to_pod: verdict %d, %s -> %s; want 10.96.0.114:80 -> 10.244.1.10:41500", r.verdict, got.src, got.dst)
+		}
+		if l4Checksum(r.out) != binary.BigEndian.Uint16(r.out[50:]) {
+			t.Fatalf("TCP checksum invalid after rev-NAT")
+		}
+		if s.stats(t).RevNAT-before.RevNAT != 1 {
+			t.Fatal("rev-NAT counter did not grow")
+		}
+		// The node reaching the pod directly is not translated.
+		direct := l4Frame(pod1MAC, s.ep1.HostMAC, "10.77.0.1", 8080, "10.244.1.10", 41501, 6, tcpSYN, 1, 0, nil)
+		r = s.run(t, toPod(s.fixtureEnv), ifH1(s.fixtureEnv), direct)
+		if got := parseTuple(t, r.out); r.verdict != tcActOK || got.src != ap("10.77.0.1:8080") {
+			t.Fatalf("direct: verdict %d, from %s", r.verdict, got.src)
+		}
+	})
+
+	t.Run("NodePort from outside to the node itself (hostNetwork endpoint): no SNAT, the reply leaves as the NodePort", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("hostnp", "10.96.0.115", 80, "TCP", "nodePort=30095", "10.77.0.1"))
+		syn := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "192.0.2.50", 40000, "10.77.0.1", 30095, 6, tcpSYN, 1, 0, nil)
+		r := s.run(t, up, ifUp(s.fixtureEnv), syn)
+		if got := parseTuple(t, r.out); r.verdict != tcActOK || got.dst != ap("10.77.0.1:8080") || got.src != ap("192.0.2.50:40000") {
+			t.Fatalf("verdict %d, %s -> %s; want 192.0.2.50:40000 -> 10.77.0.1:8080 handed to the stack (no SNAT to its own address: a martian)", r.verdict, got.src, got.dst)
+		}
+		before := s.stats(t)
+		reply := l4Frame(neighMAC, s.up.Attrs().HardwareAddr, "10.77.0.1", 8080, "192.0.2.50", 40000, 6, tcpSYN|tcpACK, 5000, 2, nil)
+		toUp := s.dp.uplink.ToUplink
+		r = s.run(t, toUp, ifUp(s.fixtureEnv), reply)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActOK || got.src != ap("10.77.0.1:30095") || got.dst != ap("192.0.2.50:40000") {
+			t.Fatalf("reply through to_uplink: verdict %d, %s -> %s; want 10.77.0.1:30095 -> 192.0.2.50:40000", r.verdict, got.src, got.dst)
+		}
+		if l4Checksum(r.out) != binary.BigEndian.Uint16(r.out[50:]) {
+			t.Fatalf("TCP checksum invalid after rev-NAT")
+		}
+		if s.stats(t).RevNAT-before.RevNAT != 1 {
+			t.Fatal("rev-NAT counter did not grow")
+		}
+		// What the node forwards (it came in on another device) is not looked at.
+		fwd := bytes.Clone(reply)
+		opts := &ebpf.RunOptions{Data: fwd, DataOut: make([]byte, len(fwd)+64), Context: skbCtx{Ifindex: uint32(ifUp(s.fixtureEnv)), IngressIfindex: uint32(ifH1(s.fixtureEnv))}}
+		if ret, err := toUp.Run(opts); err != nil || ret != tcActOK || parseTuple(t, opts.DataOut).src != ap("10.77.0.1:8080") {
+			t.Fatalf("forwarded packet: verdict %d (%v), from %s; want untouched", ret, err, parseTuple(t, opts.DataOut).src)
 		}
 	})
 

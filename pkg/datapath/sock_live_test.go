@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/socktest"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -212,6 +214,41 @@ func TestLiveSockLB(t *testing.T) {
 	}
 	if d := lbAfter.AffinityHits - lbBefore.AffinityHits; d != n-1 {
 		t.Errorf("affinity: %d affinity hits, want %d (the first call creates the entry)", d, n-1)
+	}
+
+	// A hostPort on the loopback hostIP (127.0.0.1:30090, the upstream
+	// hostPort test's case) is its own frontend: 127.0.0.1 reaches the pod
+	// that asked for it, another loopback address still means the node's
+	// NodePort (both backends of web).
+	hp := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hp"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+			{ContainerPort: 8080, HostPort: 30090, HostIP: "127.0.0.1"}}}}},
+		Status: corev1.PodStatus{PodIP: "10.244.2.1", Phase: corev1.PodRunning},
+	}
+	hpModel := service.NewModel(service.Options{LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	ch, _, err := hpModel.Batch([]service.Edit{{ID: service.HostPortID(hp), Pod: hp}})
+	if err != nil || len(ch.Upserted) != 1 {
+		t.Fatalf("hostPort model: %+v %v", ch, err)
+	}
+	if err := e.dp.ApplyServices(tables.Apply(ch)); err != nil {
+		t.Fatal(err)
+	}
+	for op, want := range map[string]map[string]bool{
+		"tcp 127.0.0.1:30090": {"10.244.2.1": true},
+		"tcp 127.0.0.2:30090": {"10.244.2.1": true, "10.244.1.11": true},
+	} {
+		seen := map[string]bool{}
+		for _, line := range runClient(t, e.node, cg, repeat(op, n)...) {
+			if f := strings.Fields(line); len(f) == 3 && f[0] == "ok" {
+				seen[f[1]] = true
+			} else {
+				t.Errorf("%s: %q, want a reply", op, line)
+			}
+		}
+		if fmt.Sprint(seen) != fmt.Sprint(want) {
+			t.Errorf("%s: backends %v, want %v", op, seen, want)
+		}
 	}
 
 	// No backend: the call fails as a closed port would.

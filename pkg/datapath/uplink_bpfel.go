@@ -236,6 +236,7 @@ const (
 	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkProgToTunnel             = "to_tunnel"
+	uplinkProgToUplink             = "to_uplink"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarGatewayIp6            = "gateway_ip6"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -307,6 +308,7 @@ type uplinkProgramSpecs struct {
 	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
 	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
 	ToTunnel   *ebpf.ProgramSpec `ebpf:"to_tunnel"`
+	ToUplink   *ebpf.ProgramSpec `ebpf:"to_uplink"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -496,6 +498,7 @@ type uplinkPrograms struct {
 	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
 	FromUplink *ebpf.Program `ebpf:"from_uplink"`
 	ToTunnel   *ebpf.Program `ebpf:"to_tunnel"`
+	ToUplink   *ebpf.Program `ebpf:"to_uplink"`
 }
 
 func (p *uplinkPrograms) Close() error {
@@ -503,6 +506,7 @@ func (p *uplinkPrograms) Close() error {
 		p.FromTunnel,
 		p.FromUplink,
 		p.ToTunnel,
+		p.ToUplink,
 	)
 }
 

@@ -59,3 +59,13 @@ func NodeUplink(ctx context.Context, client kubernetes.Interface, node, path str
 	}
 	return "", fmt.Errorf("no device holds node %s's InternalIP %s", node, ip)
 }
+
+// NodeZone returns the Node's topology.kubernetes.io/zone label ("" without
+// one): what EndpointSlice zone hints name.
+func NodeZone(ctx context.Context, client kubernetes.Interface, node string) (string, error) {
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("get node %s: %w", node, err)
+	}
+	return n.Labels[corev1.LabelTopologyZone], nil
+}

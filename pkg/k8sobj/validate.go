@@ -575,6 +575,14 @@ func validatePod(pod *corev1.Pod) field.ErrorList {
 		for j, cp := range ports {
 			pp := p.Index(j)
 			errs = append(errs, validatePortNumber(cp.ContainerPort, pp.Child("containerPort"))...)
+			if cp.HostPort != 0 {
+				errs = append(errs, validatePortNumber(cp.HostPort, pp.Child("hostPort"))...)
+			}
+			if cp.HostIP != "" {
+				if _, err := netip.ParseAddr(cp.HostIP); err != nil {
+					errs = append(errs, field.Invalid(pp.Child("hostIP"), cp.HostIP, "must be an IP address"))
+				}
+			}
 			proto := cp.Protocol
 			errs = append(errs, validateProtocol(&proto, pp.Child("protocol"))...)
 			if cp.Name == "" {

@@ -68,7 +68,7 @@ var nodeBinNames = []string{"kubelet", "kube-controller-manager", "kube-schedule
 	"containerd", "containerd-shim-runc-v2", "ctr", "runc"}
 
 // NodeImages are the image archives each node imports (internal/tools/lkimages).
-var NodeImages = []string{"pause", "agent", "agnhost", "coredns"}
+var NodeImages = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
 
 // CheckNodeBins returns the node binary directory, or an error saying how
 // to build what is missing.

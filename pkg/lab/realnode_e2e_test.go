@@ -240,6 +240,17 @@ func TestLabRealNodes(t *testing.T) {
 			t.Errorf("service %s from %s: answers from %v, want both pods", target, pods[0].Name, seen)
 		}
 	}
+	// hostPort: each node's address answers with that node's pod, from a pod
+	// on the same node (from_pod) and from the other node's pod (the uplink).
+	for _, p := range pods {
+		for _, peer := range pods {
+			url := fmt.Sprintf("http://%s:%d/hostname", peer.Status.HostIP, webHostPort)
+			got, err := exec(p, "curl", "-sS", "-m", "5", url)
+			if err != nil || strings.TrimSpace(got) != peer.Name {
+				t.Errorf("hostPort: %s (%s) -> %s: %q, %v; want %s", p.Name, p.Spec.NodeName, url, got, err, peer.Name)
+			}
+		}
+	}
 	// lanekit serves it: each agent programmed the ClusterIP with the two
 	// pods as backends (the agents' sockets are in the nodes' /run).
 	for i := 1; i <= 2; i++ {
@@ -307,6 +318,9 @@ func TestLabRealNodes(t *testing.T) {
 	}
 }
 
+// webHostPort is the web pods' hostPort (served by lanekit's BPF, no portmap).
+const webHostPort = 8090
+
 func webDeployment() *appsv1.Deployment {
 	labels := map[string]string{"app": "web"}
 	return &appsv1.Deployment{
@@ -321,7 +335,8 @@ func webDeployment() *appsv1.Deployment {
 					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "kubernetes.io/hostname",
 						WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: labels}}},
 					Containers: []corev1.Container{{Name: "agnhost", Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
-						Args: []string{"netexec", "--http-port=8080"}}},
+						Args:  []string{"netexec", "--http-port=8080"},
+						Ports: []corev1.ContainerPort{{ContainerPort: 8080, HostPort: webHostPort}}}},
 				},
 			},
 		},

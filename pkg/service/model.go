@@ -166,6 +166,9 @@ type Options struct {
 	// LocalPrefixes hold this node's endpoints (its pod CIDR): with
 	// NodeAddrs (hostNetwork endpoints), what traffic policy Local keeps.
 	LocalPrefixes []netip.Prefix
+	// NodeName and Zone (the Node's topology.kubernetes.io/zone) match the
+	// EndpointSlice hints (trafficDistribution); empty: no hint matches.
+	NodeName, Zone string
 }
 
 // IsLocal says whether an endpoint address is on this node: in one of
@@ -204,13 +207,23 @@ func ExternalAddrs(svc *corev1.Service) []netip.Addr {
 	return out
 }
 
+// ownSlice says whether an EndpointSlice is one of the Service's that a proxy
+// programs: labelled with its name in its namespace, and not labelled headless.
+func ownSlice(svc *corev1.Service, es *discoveryv1.EndpointSlice) bool {
+	if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		return false
+	}
+	_, headless := es.Labels[HeadlessLabel]
+	return !headless
+}
+
 // LocalEndpoints counts the Service's distinct endpoint addresses on this
 // node that are ready (what kube-proxy's healthCheckNodePort reports): of
 // every slice of the Service, for any port.
 func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) int {
 	seen := map[netip.Addr]bool{}
 	for _, es := range eps {
-		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		if !ownSlice(svc, es) {
 			continue
 		}
 		for _, ep := range es.Endpoints {
@@ -231,6 +244,11 @@ func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 // the label is not the default proxy's (kube-proxy's, here lanekit's).
 const ServiceProxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
+// HeadlessLabel marks Services and EndpointSlices no proxy programs (the
+// EndpointSlice controller sets it on a headless Service's slices; kube-proxy
+// watches both kinds with the label excluded, and so does lanekit).
+const HeadlessLabel = corev1.IsHeadlessService
+
 // Translate turns one Service and its EndpointSlices (those labelled
 // kubernetes.io/service-name=<name> in its namespace; others are ignored) into
 // frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
@@ -242,7 +260,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	id := ServiceID{svc.Namespace, svc.Name}
 	var mine []*discoveryv1.EndpointSlice
 	for _, es := range eps {
-		if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
+		if !ownSlice(svc, es) {
 			continue
 		}
 		if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es}); err != nil {
@@ -255,6 +273,9 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	}
 	if _, ok := svc.Labels[ServiceProxyNameLabel]; ok {
 		return nil, nil // another service proxy's, as kube-proxy leaves it
+	}
+	if _, ok := svc.Labels[HeadlessLabel]; ok {
+		return nil, nil // labelled headless: kube-proxy does not watch it
 	}
 	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
 	var affinity time.Duration
@@ -271,14 +292,16 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
-		backends := resolveBackends(sp.Name, proto, mine)
+		all, hints := resolveBackendsHints(sp.Name, proto, mine)
+		// Cluster-wide frontends follow the EndpointSlice topology hints.
+		backends := topologyFilter(all, hints, opts)
 		table := maglevFor(backends, proto)
 		// Traffic policy Local: this node's endpoints only (computed once
 		// per port, shared by its Local frontends).
 		var local *Frontend
 		localView := func() *Frontend {
 			if local == nil {
-				lb := slices.DeleteFunc(slices.Clone(backends), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
+				lb := slices.DeleteFunc(slices.Clone(all), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
 				local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
 			}
 			return local
@@ -325,7 +348,18 @@ func compareKeys(a, b FrontendKey) int {
 // number for the slice's endpoints (that is how Kubernetes resolves named
 // target ports, which may differ per pod).
 func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) []Backend {
+	out, _ := resolveBackendsHints(portName, proto, eps)
+	return out
+}
+
+// topoHints are an endpoint's EndpointSlice hints: the nodes and zones it
+// is meant for.
+type topoHints struct{ nodes, zones []string }
+
+// resolveBackendsHints is resolveBackends with each endpoint address's hints.
+func resolveBackendsHints(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
 	seen := map[netip.AddrPort]int{}
+	hints := map[netip.Addr]topoHints{}
 	var out []Backend
 	for _, es := range eps {
 		var port int32
@@ -344,8 +378,18 @@ func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSl
 		}
 		for _, ep := range es.Endpoints {
 			st := endpointState(ep.Conditions)
+			var h topoHints
+			if ep.Hints != nil {
+				for _, n := range ep.Hints.ForNodes {
+					h.nodes = append(h.nodes, n.Name)
+				}
+				for _, z := range ep.Hints.ForZones {
+					h.zones = append(h.zones, z.Name)
+				}
+			}
 			for _, a := range ep.Addresses {
 				ap := netip.AddrPortFrom(netip.MustParseAddr(a), uint16(port))
+				hints[ap.Addr()] = h
 				if i, dup := seen[ap]; dup {
 					// The same endpoint in two slices (during a slice
 					// handover): the better state wins.
@@ -360,11 +404,50 @@ func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSl
 	slices.SortFunc(out, func(a, b Backend) int {
 		return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port))
 	})
-	return out
+	return out, hints
+}
+
+// topologyFilter keeps the backends the EndpointSlice hints give this node,
+// as kube-proxy does for cluster-wide traffic (trafficDistribution
+// PreferSameNode / PreferSameZone / PreferClose, topology-aware hints): when
+// every ready endpoint has node hints and one is for this node, those for
+// this node; else, when every ready endpoint has zone hints and one is for
+// this node's zone, those for its zone; else all of them.
+func topologyFilter(backends []Backend, hints map[netip.Addr]topoHints, opts Options) []Backend {
+	allNode, allZone, forNode, forZone := true, true, false, false
+	for _, b := range backends {
+		if b.State != BackendActive {
+			continue
+		}
+		h := hints[b.Addr]
+		if len(h.nodes) == 0 {
+			allNode = false
+		} else if opts.NodeName != "" && slices.Contains(h.nodes, opts.NodeName) {
+			forNode = true
+		}
+		if len(h.zones) == 0 {
+			allZone = false
+		} else if opts.Zone != "" && slices.Contains(h.zones, opts.Zone) {
+			forZone = true
+		}
+	}
+	var keep func(topoHints) bool
+	switch {
+	case allNode && forNode:
+		keep = func(h topoHints) bool { return slices.Contains(h.nodes, opts.NodeName) }
+	case allZone && forZone:
+		keep = func(h topoHints) bool { return slices.Contains(h.zones, opts.Zone) }
+	default:
+		return backends
+	}
+	return slices.DeleteFunc(slices.Clone(backends), func(b Backend) bool { return !keep(hints[b.Addr]) })
 }
 
 // endpointState maps EndpointSlice conditions to a BackendState. Per the API,
 // a nil ready or serving means ready/serving; nil terminating means false.
+// Ready wins over terminating: the EndpointSlice controller keeps a
+// terminating endpoint ready only for a Service with publishNotReadyAddresses,
+// which asks for exactly that (kube-proxy counts it ready too).
 func endpointState(c discoveryv1.EndpointConditions) BackendState {
 	ready := c.Ready == nil || *c.Ready
 	serving := ready
@@ -373,7 +456,7 @@ func endpointState(c discoveryv1.EndpointConditions) BackendState {
 	}
 	terminating := c.Terminating != nil && *c.Terminating
 	switch {
-	case ready && !terminating:
+	case ready:
 		return BackendActive
 	case serving && terminating:
 		return BackendTerminating
@@ -552,6 +635,18 @@ func (m *Model) remove(id ServiceID) {
 	delete(m.byService, id)
 }
 
+// Shadowed returns the hostPort frontends of pod that the model does not
+// hold for it (another service has the address, port and protocol).
+func (m *Model) Shadowed(pod *corev1.Pod) []FrontendKey {
+	var out []FrontendKey
+	for _, f := range HostPortFrontends(pod, m.opts) {
+		if h := m.frontends[f.Key]; h == nil || h.Service != f.Service {
+			out = append(out, f.Key)
+		}
+	}
+	return out
+}
+
 // Frontend returns the frontend for key, or nil.
 func (m *Model) Frontend(key FrontendKey) *Frontend { return m.frontends[key] }
 
@@ -581,10 +676,13 @@ func (f *Frontend) Select(hash uint32) (Backend, bool) {
 }
 
 // Edit is one service's new version in a Batch; a nil Service removes ID.
+// For a pod's hostPorts (ID is HostPortID(Pod)) Pod is set instead of Service;
+// both nil removes ID.
 type Edit struct {
 	ID      ServiceID
 	Service *corev1.Service
 	Slices  []*discoveryv1.EndpointSlice
+	Pod     *corev1.Pod
 }
 
 // Batch applies edits to the model in place, all or nothing: on error the
@@ -627,18 +725,35 @@ func (m *Model) Batch(edits []Edit) (Changes, func(), error) {
 		}
 	}
 	for _, e := range edits {
-		if e.Service == nil {
+		var fes []*Frontend
+		switch {
+		case e.Pod != nil:
+			if HostPortID(e.Pod) != e.ID {
+				undo()
+				return Changes{}, nil, fmt.Errorf("pod %s/%s: hostPort edit for %s", e.Pod.Namespace, e.Pod.Name, e.ID)
+			}
+			// A frontend a Service (or another pod) holds stays theirs:
+			// the hostPort is shadowed, not an error (Shadowed tells).
+			fes = slices.DeleteFunc(HostPortFrontends(e.Pod, m.opts), func(f *Frontend) bool {
+				other, taken := m.frontends[f.Key]
+				return taken && other.Service != e.ID
+			})
+			if len(fes) == 0 {
+				m.remove(e.ID)
+				continue
+			}
+		case e.Service == nil:
 			m.remove(e.ID)
 			continue
-		}
-		if (ServiceID{e.Service.Namespace, e.Service.Name}) != e.ID {
+		case (ServiceID{e.Service.Namespace, e.Service.Name}) != e.ID:
 			undo()
 			return Changes{}, nil, fmt.Errorf("service %s: edit for %s", ServiceID{e.Service.Namespace, e.Service.Name}, e.ID)
-		}
-		fes, err := Translate(e.Service, e.Slices, m.opts)
-		if err != nil {
-			undo()
-			return Changes{}, nil, err
+		default:
+			var err error
+			if fes, err = Translate(e.Service, e.Slices, m.opts); err != nil {
+				undo()
+				return Changes{}, nil, err
+			}
 		}
 		m.remove(e.ID)
 		if err := m.insert(e.ID, fes); err != nil {

@@ -228,3 +228,59 @@ func TestTranslateOtherProxy(t *testing.T) {
 		t.Fatalf("labelled for another proxy: %d frontends, %v; want none", len(fes), err)
 	}
 }
+
+// TestTranslateHeadlessLabel: an EndpointSlice labelled
+// service.kubernetes.io/headless gives no backend, and a Service with the
+// label no frontend (upstream e2e: Services should implement
+// service.kubernetes.io/headless, which labels a live slice and wants the
+// Service down).
+func TestTranslateHeadlessLabel(t *testing.T) {
+	svcs, eps := decode(t, webYAML)
+	opts := Options{NodeAddrs: []netip.Addr{node}}
+	fes, err := Translate(svcs[0], eps, opts)
+	if err != nil || len(fes) == 0 || fes[0].Maglev == nil {
+		t.Fatalf("without the label: %d frontends, %v", len(fes), err)
+	}
+	for _, es := range eps {
+		es.Labels[HeadlessLabel] = ""
+	}
+	fes, err = Translate(svcs[0], eps, opts)
+	if err != nil || len(fes) == 0 {
+		t.Fatalf("slices labelled headless: %d frontends, %v; want the frontends without backends", len(fes), err)
+	}
+	for _, f := range fes {
+		if len(f.Backends) != 0 || f.Maglev != nil {
+			t.Fatalf("slices labelled headless: %s has %d backends", f.Key, len(f.Backends))
+		}
+	}
+	svcs[0].Labels = map[string]string{HeadlessLabel: ""}
+	if fes, err := Translate(svcs[0], nil, opts); err != nil || len(fes) != 0 {
+		t.Fatalf("service labelled headless: %d frontends, %v; want none", len(fes), err)
+	}
+}
+
+// TestEndpointState: the EndpointSlice conditions as kube-proxy reads them. A
+// terminating endpoint that is still ready is what the EndpointSlice
+// controller publishes for a Service with publishNotReadyAddresses (upstream
+// e2e: "should be able to connect to terminating and unready endpoints if
+// PublishNotReadyAddresses is true"): it takes new flows.
+func TestEndpointState(t *testing.T) {
+	b := func(v bool) *bool { return &v }
+	for _, c := range []struct {
+		name string
+		c    discoveryv1.EndpointConditions
+		want BackendState
+	}{
+		{"no conditions", discoveryv1.EndpointConditions{}, BackendActive},
+		{"ready", discoveryv1.EndpointConditions{Ready: b(true), Serving: b(true), Terminating: b(false)}, BackendActive},
+		{"ready terminating (publishNotReadyAddresses)", discoveryv1.EndpointConditions{Ready: b(true), Serving: b(false), Terminating: b(true)}, BackendActive},
+		{"serving terminating", discoveryv1.EndpointConditions{Ready: b(false), Serving: b(true), Terminating: b(true)}, BackendTerminating},
+		{"not serving terminating", discoveryv1.EndpointConditions{Ready: b(false), Serving: b(false), Terminating: b(true)}, BackendNotReady},
+		{"not ready", discoveryv1.EndpointConditions{Ready: b(false)}, BackendNotReady},
+		{"serving, not ready, not terminating", discoveryv1.EndpointConditions{Ready: b(false), Serving: b(true)}, BackendNotReady},
+	} {
+		if got := endpointState(c.c); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}

@@ -1,9 +1,10 @@
 // Command lkimages writes the container images of a lab node as image
-// archives, without a registry: pause, the lanekit agent, agnhost and CoreDNS,
+// archives, without a registry: pause, the lanekit agent, agnhost, CoreDNS, the
+// conntrack test's regression-issue-74839 and BusyBox (a Debian stand-in),
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox]
 //
 // Inputs: the agent image's Go binaries built the way
 // deploy/images/agent.Containerfile builds them (its `go build` line is read and
@@ -51,9 +52,12 @@ const (
 	// give its command), which agnhost's Debian root has.
 	glibcDNSImage = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1"
 	corednsImage  = "registry.k8s.io/coredns/coredns:v1.15.0"
-	debianMirror  = "http://deb.debian.org/debian"
-	debianSuite   = "bookworm"
-	defaultOutDir = "images"
+	// RegressionIssue74839: the conntrack test's out-of-window TCP server.
+	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
+	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
+	debianMirror    = "http://deb.debian.org/debian"
+	debianSuite     = "bookworm"
+	defaultOutDir   = "images"
 )
 
 // pathEnv is the PATH of Debian's images (bookworm-slim's ENV).
@@ -90,7 +94,7 @@ type inputs struct {
 }
 
 // names are the images in the order they are written by default.
-var names = []string{"pause", "agent", "agnhost", "coredns"}
+var names = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
 
 // specFor returns the spec of the named image, building (or taking from the
 // cache) the Debian rootfs it needs.
@@ -105,6 +109,19 @@ func specFor(n string, in inputs) (spec, error) {
 		return spec{Name: n, Tags: []string{corednsImage},
 			Files:      []entry{regular("/coredns", node("coredns"), 0o755)},
 			Entrypoint: []string{"/coredns"}}, nil
+	case "busybox":
+		// The tests run BusyBox's sh, sleep and nc; agnhost's Debian root
+		// has them (as it stands in for agnhost's Alpine).
+		base, err := agnhostRoot.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		return spec{Name: n, Tags: []string{busyboxImage}, Base: base,
+			Env: []string{"PATH=" + pathEnv}, Cmd: []string{"sh"}}, nil
+	case "regression":
+		return spec{Name: n, Tags: []string{regressionImage},
+			Files:      []entry{regular("/regression-issue-74839", node("regression-issue-74839"), 0o755)},
+			Entrypoint: []string{"/regression-issue-74839"}}, nil
 	case "agent":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
@@ -130,6 +147,9 @@ func specFor(n string, in inputs) (spec, error) {
 			Files: []entry{
 				regular("/agnhost", node("agnhost"), 0o755),
 				symlink("/agnhost-2", "agnhost"),
+				// Upstream's agnhost image carries CoreDNS too: the DNS
+				// tests run it as a pod's custom nameserver (/coredns).
+				regular("/coredns", node("coredns"), 0o755),
 				symlink("/usr/local/bin/iperf", "/usr/bin/iperf"),
 				regular("/localhost.crt", node("agnhost-porter/localhost.crt"), 0o644),
 				regular("/localhost.key", node("agnhost-porter/localhost.key"), 0o644),

@@ -1,0 +1,82 @@
+package service
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// HostPortPrefix starts the ServiceID name of a pod's hostPorts: "hostport/"
+// and the pod's name ("/" is in no Service name, so the two never meet).
+const HostPortPrefix = "hostport/"
+
+// HostPortID names the pseudo-service that holds a pod's hostPorts.
+func HostPortID(pod *corev1.Pod) ServiceID {
+	return ServiceID{Namespace: pod.Namespace, Name: HostPortPrefix + pod.Name}
+}
+
+// IsHostPort says whether id holds a pod's hostPorts.
+func (id ServiceID) IsHostPort() bool { return strings.HasPrefix(id.Name, HostPortPrefix) }
+
+// HasHostPorts says whether any container of the pod asks for a hostPort.
+func HasHostPorts(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.HostPort > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// HostPortFrontends translates a pod's hostPorts into frontends, as the CNI
+// portmap plugin would DNAT them (and Cilium's BPF hostPort does): each
+// containers[].ports[] entry with a hostPort becomes a NodePort-scope frontend
+// on its hostIP (unset or 0.0.0.0: every node address; 127.0.0.1 answers the
+// node's own processes on loopback) whose one backend is the pod's address and
+// containerPort, until the pod has stopped (a terminating pod keeps them, as
+// portmap's rules stay until the sandbox's CNI DEL). Only a pod on this node (its address in
+// opts.LocalPrefixes) with an IPv4 address gets any; hostNetwork pods need
+// none (they bind the port themselves). IPv6 hostIPs wait for IPv6 Services.
+func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
+	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	podIP, err := netip.ParseAddr(pod.Status.PodIP)
+	if err != nil || !podIP.Is4() || !slices.ContainsFunc(opts.LocalPrefixes, func(p netip.Prefix) bool { return p.Contains(podIP) }) {
+		return nil
+	}
+	id := HostPortID(pod)
+	var out []*Frontend
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.HostPort <= 0 || p.HostPort > 65535 {
+				continue
+			}
+			var addrs []netip.Addr
+			if a, err := netip.ParseAddr(p.HostIP); err == nil && !a.IsUnspecified() {
+				if !a.Is4() {
+					continue
+				}
+				addrs = []netip.Addr{a}
+			} else {
+				addrs = opts.NodeAddrs
+			}
+			proto := protoOf(&p.Protocol)
+			backends := []Backend{{Addr: podIP, Port: uint16(p.ContainerPort), State: BackendActive}}
+			table := maglevFor(backends, proto)
+			for _, a := range addrs {
+				key := FrontendKey{Addr: a, Port: uint16(p.HostPort), Proto: proto, Scope: ScopeNodePort}
+				if slices.ContainsFunc(out, func(f *Frontend) bool { return f.Key == key }) {
+					continue // the API server refuses duplicates; keep the first
+				}
+				out = append(out, &Frontend{Key: key, Service: id, PortName: p.Name, Backends: backends, Maglev: table})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
