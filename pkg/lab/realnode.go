@@ -68,7 +68,33 @@ var nodeBinNames = []string{"kubelet", "kube-controller-manager", "kube-schedule
 	"containerd", "containerd-shim-runc-v2", "ctr", "runc"}
 
 // NodeImages are the image archives each node imports (internal/tools/lkimages).
-var NodeImages = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
+var NodeImages = []string{"pause", "agent", "agnhost", "coredns"}
+
+// ExtraNodeImages are imported when their archives exist: images only some
+// upstream e2e tests run (make k8s-node-images writes them; `make
+// conformance` needs them).
+var ExtraNodeImages = []string{"regression", "busybox"}
+
+// regularFile says whether a regular file exists at p.
+func regularFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// nodeImageArchives are the archives a node imports: every NodeImages one
+// and the ExtraNodeImages that exist.
+func nodeImageArchives(dir string) []string {
+	var out []string
+	for _, n := range NodeImages {
+		out = append(out, filepath.Join(dir, n+".tar"))
+	}
+	for _, n := range ExtraNodeImages {
+		if f := filepath.Join(dir, n+".tar"); regularFile(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
 
 // CheckNodeBins returns the node binary directory, or an error saying how
 // to build what is missing.

@@ -104,6 +104,7 @@ func TestLabRealNodes(t *testing.T) {
 	// The archives of this tree's agent (and pause, agnhost, CoreDNS),
 	// where lab up finds them (make k8s-node-images writes the same).
 	imgs := exec.Command("go", "run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins)
+	imgs.Args = append(imgs.Args, NodeImages...) // what the test needs; ExtraNodeImages are for `make conformance`
 	imgs.Dir = root
 	if out, err := imgs.CombinedOutput(); err != nil {
 		t.Fatalf("lkimages: %v\n%s", err, out)

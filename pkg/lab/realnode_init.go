@@ -56,9 +56,8 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 		return fmt.Errorf("lab node: containerd: %w", err)
 	}
 	log.Info("containerd up", "pid", cd.Process.Pid)
-	for _, n := range NodeImages {
+	for _, archive := range nodeImageArchives(spec.Images) {
 		start := time.Now()
-		archive := filepath.Join(spec.Images, n+".tar")
 		if out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io",
 			"images", "import", "--digests", archive).CombinedOutput(); err != nil {
 			return fmt.Errorf("lab node: import %s: %w: %s", archive, err, out)
