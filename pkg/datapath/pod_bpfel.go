@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podCt6Key struct {
+	_     structs.HostLayout
+	Saddr podIn6Addr
+	Daddr podIn6Addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type podCtEntry struct {
 	_           structs.HostLayout
 	LastSeen    uint64
@@ -301,6 +312,12 @@ type podMetricsVal struct {
 	Bytes   uint64
 }
 
+type podPolicyCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type podPolicyCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -358,6 +375,8 @@ type podTunnelNodeKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	podMapLkCt4                 = "lk_ct4"
+	podMapLkCt6                 = "lk_ct6"
+	podMapLkCt6Count            = "lk_ct6_count"
 	podMapLkCtCount             = "lk_ct_count"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEndpoints6          = "lk_endpoints6"
@@ -377,7 +396,9 @@ const (
 	podMapLkMetricsLost         = "lk_metrics_lost"
 	podMapLkPod6Progs           = "lk_pod6_progs"
 	podMapLkPolicyCidrs         = "lk_policy_cidrs"
+	podMapLkPolicyCidrs6        = "lk_policy_cidrs6"
 	podMapLkPolicyIpcache       = "lk_policy_ipcache"
+	podMapLkPolicyIpcache6      = "lk_policy_ipcache6"
 	podMapLkPolicyIsolation     = "lk_policy_isolation"
 	podMapLkPolicyRules         = "lk_policy_rules"
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
@@ -386,9 +407,11 @@ const (
 	podMapLkTunnelNodes         = "lk_tunnel_nodes"
 	podMapLkTunnelStats         = "lk_tunnel_stats"
 	podMapLkTunnelVni           = "lk_tunnel_vni"
+	podMapLkUplink6Progs        = "lk_uplink6_progs"
 	podProgFromPod              = "from_pod"
 	podProgFromPod6             = "from_pod6"
 	podProgToPod                = "to_pod"
+	podVarCt6MaxEntries         = "ct6_max_entries"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarGatewayIp6            = "gateway_ip6"
@@ -468,6 +491,8 @@ type podProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -487,7 +512,9 @@ type podMapSpecs struct {
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.MapSpec `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.MapSpec `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
@@ -496,12 +523,14 @@ type podMapSpecs struct {
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podVariableSpecs struct {
+	Ct6MaxEntries         *ebpf.VariableSpec `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
 	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
@@ -550,6 +579,8 @@ func (o *podObjects) Close() error {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -569,7 +600,9 @@ type podMaps struct {
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.Map `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.Map `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
@@ -578,11 +611,14 @@ type podMaps struct {
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
 }
 
 func (m *podMaps) Close() error {
 	return _PodClose(
 		m.LkCt4,
+		m.LkCt6,
+		m.LkCt6Count,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -602,7 +638,9 @@ func (m *podMaps) Close() error {
 		m.LkMetricsLost,
 		m.LkPod6Progs,
 		m.LkPolicyCidrs,
+		m.LkPolicyCidrs6,
 		m.LkPolicyIpcache,
+		m.LkPolicyIpcache6,
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
@@ -611,6 +649,7 @@ func (m *podMaps) Close() error {
 		m.LkTunnelNodes,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
+		m.LkUplink6Progs,
 	)
 }
 
@@ -618,6 +657,7 @@ func (m *podMaps) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podVariables struct {
+	Ct6MaxEntries         *ebpf.Variable `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
 	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`

@@ -495,48 +495,20 @@ func dumpInto[K comparable, V any](m *ebpf.Map, out map[K]V) error {
 	return it.Err()
 }
 
-// GCConntrack implements ServiceDatapath.
+// GCConntrack implements ServiceDatapath: both conntrack tables (lk_ct4,
+// lk_ct6; gcCT in ct6.go), then the affinity table.
 func (l *Loader) GCConntrack() (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := monotonicNow()
-	var (
-		expired []podCtKey
-		live    uint64
-	)
-	isExpired := func(k podCtKey, v podCtEntry) bool {
-		return now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags)
-	}
-	visit := func(k podCtKey, v podCtEntry) {
-		if isExpired(k, v) {
-			expired = append(expired, k)
-		} else {
-			live++
-		}
-	}
-	if err := walkCT(l.pod.LkCt4, visit); err != nil {
-		return 0, fmt.Errorf("conntrack gc: %w", err)
-	}
-	removed, err := deleteExpiredCT(l.pod.LkCt4, expired, isExpired)
+	removed, err := gcCT(l.pod.LkCt4, l.pod.LkCtCount, now, func(k podCtKey) uint8 { return k.Proto })
 	if err != nil {
-		return removed, fmt.Errorf("conntrack gc: delete: %w", err)
-	}
-	live += uint64(len(expired) - removed) // refreshed since the walk, kept
-	// Re-base the live count the datapath keeps (created - evicted - GC
-	// removed) on what the walk found.
-	var created, evicted uint64
-	if err := l.pod.LkCtCount.Lookup(ctCountCreated, &created); err != nil {
 		return removed, fmt.Errorf("conntrack gc: %w", err)
 	}
-	if err := l.pod.LkCtCount.Lookup(ctCountEvicted, &evicted); err != nil {
-		return removed, fmt.Errorf("conntrack gc: %w", err)
-	}
-	var base uint64
-	if created > evicted+live {
-		base = created - evicted - live
-	}
-	if err := l.pod.LkCtCount.Put(ctCountGCRemoved, base); err != nil {
-		return removed, fmt.Errorf("conntrack gc: %w", err)
+	removed6, err := gcCT(l.pod.LkCt6, l.pod.LkCt6Count, now, func(k podCt6Key) uint8 { return k.Proto })
+	removed += removed6
+	if err != nil {
+		return removed, fmt.Errorf("conntrack gc (IPv6): %w", err)
 	}
 	if err := l.gcAffinity(now); err != nil {
 		return removed, err
@@ -546,8 +518,8 @@ func (l *Loader) GCConntrack() (int, error) {
 
 // walkCT visits every conntrack entry, in batches of ctBatch (one
 // syscall per batch; element by element where the kernel lacks batches).
-func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
-	keys := make([]podCtKey, ctBatch)
+func walkCT[K any](m *ebpf.Map, visit func(K, podCtEntry)) error {
+	keys := make([]K, ctBatch)
 	vals := make([]podCtEntry, ctBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
@@ -566,7 +538,7 @@ func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
 		}
 	}
 	var (
-		k podCtKey
+		k K
 		v podCtEntry
 	)
 	it := m.Iterate()
@@ -585,7 +557,7 @@ const ctBatch = 4096
 // is not expired any more goes back (unless the datapath made a new one in
 // that instant), so GC never removes a live flow's state. Returns how many it
 // removed.
-func deleteExpiredCT(m *ebpf.Map, keys []podCtKey, expired func(podCtKey, podCtEntry) bool) (int, error) {
+func deleteExpiredCT[K any](m *ebpf.Map, keys []K, expired func(K, podCtEntry) bool) (int, error) {
 	removed := 0
 	for _, k := range keys {
 		var v podCtEntry

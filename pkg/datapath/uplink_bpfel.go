@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type uplinkCt6Key struct {
+	_     structs.HostLayout
+	Saddr uplinkIn6Addr
+	Daddr uplinkIn6Addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type uplinkCtEntry struct {
 	_           structs.HostLayout
 	LastSeen    uint64
@@ -148,6 +159,12 @@ type uplinkMetricsVal struct {
 	Bytes   uint64
 }
 
+type uplinkPolicyCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type uplinkPolicyCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -205,6 +222,8 @@ type uplinkTunnelNodeKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	uplinkMapLkCt4                 = "lk_ct4"
+	uplinkMapLkCt6                 = "lk_ct6"
+	uplinkMapLkCt6Count            = "lk_ct6_count"
 	uplinkMapLkCtCount             = "lk_ct_count"
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEndpoints6          = "lk_endpoints6"
@@ -224,7 +243,9 @@ const (
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
 	uplinkMapLkPod6Progs           = "lk_pod6_progs"
 	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
+	uplinkMapLkPolicyCidrs6        = "lk_policy_cidrs6"
 	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
+	uplinkMapLkPolicyIpcache6      = "lk_policy_ipcache6"
 	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
 	uplinkMapLkPolicyRules         = "lk_policy_rules"
 	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
@@ -233,9 +254,12 @@ const (
 	uplinkMapLkTunnelNodes         = "lk_tunnel_nodes"
 	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
 	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
+	uplinkMapLkUplink6Progs        = "lk_uplink6_progs"
 	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
+	uplinkProgFromUplink6          = "from_uplink6"
 	uplinkProgToTunnel             = "to_tunnel"
+	uplinkVarCt6MaxEntries         = "ct6_max_entries"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarGatewayIp6            = "gateway_ip6"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -304,9 +328,10 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
-	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
-	ToTunnel   *ebpf.ProgramSpec `ebpf:"to_tunnel"`
+	FromTunnel  *ebpf.ProgramSpec `ebpf:"from_tunnel"`
+	FromUplink  *ebpf.ProgramSpec `ebpf:"from_uplink"`
+	FromUplink6 *ebpf.ProgramSpec `ebpf:"from_uplink6"`
+	ToTunnel    *ebpf.ProgramSpec `ebpf:"to_tunnel"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -314,6 +339,8 @@ type uplinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -333,7 +360,9 @@ type uplinkMapSpecs struct {
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.MapSpec `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.MapSpec `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
@@ -342,12 +371,14 @@ type uplinkMapSpecs struct {
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	Ct6MaxEntries         *ebpf.VariableSpec `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
@@ -395,6 +426,8 @@ func (o *uplinkObjects) Close() error {
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -414,7 +447,9 @@ type uplinkMaps struct {
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.Map `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.Map `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
@@ -423,11 +458,14 @@ type uplinkMaps struct {
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
 }
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
 		m.LkCt4,
+		m.LkCt6,
+		m.LkCt6Count,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -447,7 +485,9 @@ func (m *uplinkMaps) Close() error {
 		m.LkMetricsLost,
 		m.LkPod6Progs,
 		m.LkPolicyCidrs,
+		m.LkPolicyCidrs6,
 		m.LkPolicyIpcache,
+		m.LkPolicyIpcache6,
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
@@ -456,6 +496,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkTunnelNodes,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
+		m.LkUplink6Progs,
 	)
 }
 
@@ -463,6 +504,7 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	Ct6MaxEntries         *ebpf.Variable `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
@@ -493,15 +535,17 @@ type uplinkVariables struct {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
-	FromUplink *ebpf.Program `ebpf:"from_uplink"`
-	ToTunnel   *ebpf.Program `ebpf:"to_tunnel"`
+	FromTunnel  *ebpf.Program `ebpf:"from_tunnel"`
+	FromUplink  *ebpf.Program `ebpf:"from_uplink"`
+	FromUplink6 *ebpf.Program `ebpf:"from_uplink6"`
+	ToTunnel    *ebpf.Program `ebpf:"to_tunnel"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
 		p.FromTunnel,
 		p.FromUplink,
+		p.FromUplink6,
 		p.ToTunnel,
 	)
 }

@@ -495,15 +495,15 @@ func validatePeer(peer *networkingv1.NetworkPolicyPeer, p *field.Path) field.Err
 	if b := peer.IPBlock; b != nil {
 		bp := p.Child("ipBlock")
 		cidr, err := netip.ParsePrefix(b.CIDR)
-		if err != nil || !cidr.Addr().Is4() {
-			errs = append(errs, field.Invalid(bp.Child("cidr"), b.CIDR, "must be an IPv4 CIDR"))
+		if err != nil || cidr.Addr().Is4In6() {
+			errs = append(errs, field.Invalid(bp.Child("cidr"), b.CIDR, "must be an IPv4 or IPv6 CIDR"))
 			return errs
 		}
 		cidr = cidr.Masked()
 		for i, e := range b.Except {
 			ex, err := netip.ParsePrefix(e)
-			if err != nil || !ex.Addr().Is4() {
-				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be an IPv4 CIDR"))
+			if err != nil || ex.Addr().Is4() != cidr.Addr().Is4() || ex.Addr().Is4In6() {
+				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be a CIDR of the family of "+b.CIDR))
 				continue
 			}
 			if ex.Bits() <= cidr.Bits() || !cidr.Contains(ex.Addr()) {
@@ -540,6 +540,20 @@ func PodIPv4(pod *corev1.Pod) (netip.Addr, bool) {
 		}
 	}
 	if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil && ip.Is4() {
+		return ip, true
+	}
+	return netip.Addr{}, false
+}
+
+// PodIPv6 returns the pod's IPv6 address (status.podIPs, else status.podIP);
+// ok is false when it has none.
+func PodIPv6(pod *corev1.Pod) (netip.Addr, bool) {
+	for _, pip := range pod.Status.PodIPs {
+		if ip, err := netip.ParseAddr(pip.IP); err == nil && ip.Is6() && !ip.Is4In6() {
+			return ip, true
+		}
+	}
+	if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil && ip.Is6() && !ip.Is4In6() {
 		return ip, true
 	}
 	return netip.Addr{}, false
