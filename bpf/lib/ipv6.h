@@ -36,6 +36,7 @@
 #include "ndp.h"
 #include "policy.h"
 #include "policy6.h"
+#include "lb6.h"
 
 /* Extension headers the datapath walks; a longer chain is dropped
  * (DROP_IPV6_EXT_HDRS). Eight is more than any packet RFC 8200's order of
@@ -199,6 +200,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 /* from_pod_ipv6 is from_pod (pod.c) for IPv6. */
 static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, const struct endpoint_info *ep)
 {
+	struct lb6_pending *pd;
 	struct endpoint_info *dst;
 	struct lk_ip6_chain c;
 
@@ -233,15 +235,29 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	}
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [policy] (policy6.h): the sender's egress, a local receiver's ingress. */
-	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	/* [LB] (lb6.h): IPv6 ClusterIP frontends; replies translated back. */
+	pd = lb6_pending_get();
 	{
+		int changed, v = lb6(skb, p, &c, ep->id, pd, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed && (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6))
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
+	/* [/LB] */
+
+	/* [policy] (policy6.h): the sender's egress, a local receiver's ingress,
+	 * on the packet as load balancing left it. */
+	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	if (!pd || !pd->allowed_reply) {
 		__u32 charge, reason = policy_from_endpoint6(skb, p, &c, ep, dst, &charge);
 
 		if (reason)
 			return drop(skb, charge, reason);
 	}
 	/* [/policy] */
+	lb6_commit(pd); /* [LB] the new flow's state, now that it is allowed */
 
 	if (is_multicast_ether(p->eth->h_dest) || ip6_is_multicast((__u8 *)&p->ip6->daddr) ||
 	    ip6_is_linklocal((__u8 *)&p->ip6->daddr))
@@ -254,22 +270,38 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 }
 
 /* from_uplink_ipv6 is from_uplink (uplink.c) for IPv6: a packet for a local
- * endpoint goes into it with bpf_redirect_peer; the rest is the stack's. */
+ * endpoint goes into it with bpf_redirect_peer (a reply of a load-balanced
+ * flow translated back first); the rest is the stack's. */
 static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct lb6_pending *pd;
 	struct lk_ip6_chain c;
-
 	__u32 reason;
+	int changed;
 
 	if (!dst)
 		return TC_ACT_OK;
 	if (ip6_walk(skb, p, &c) || p->ip6->hop_limit <= 1 || c.first_nh == IPPROTO_HOPOPTS)
 		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options (to_pod judges policy) */
-	/* [policy] the receiver's ingress */
-	reason = policy_to_endpoint6(skb, p, &c, dst, 0);
-	if (reason)
-		return drop(skb, dst->id, reason);
+	/* [LB] replies of flows a pod here load-balanced to a remote backend */
+	pd = lb6_pending_get();
+	if (lb6(skb, p, &c, 0, pd, &changed) != LB_CONTINUE)
+		return TC_ACT_SHOT;
+	if (changed) {
+		if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
+			return TC_ACT_SHOT;
+		dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+		if (!dst)
+			return TC_ACT_OK;
+	}
+	/* [policy] the receiver's ingress (a reply translated back belongs to
+	 * a connection policy allowed) */
+	if (!pd || !pd->allowed_reply) {
+		reason = policy_to_endpoint6(skb, p, &c, dst, 0);
+		if (reason)
+			return drop(skb, dst->id, reason);
+	}
 	return deliver_local_l3(skb, p, 0, dst, 1);
 }
 

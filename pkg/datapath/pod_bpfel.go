@@ -89,6 +89,26 @@ type podIn6Addr struct {
 	}
 }
 
+type podLb6Pending struct {
+	_            structs.HostLayout
+	Sk           podCt6Key
+	Se           podCtEntry
+	Ft           podCt6Key
+	Fe           podCtEntry
+	Ak           podLbAffinity6Key
+	H            podCtKey
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	Tcpf         uint8
+}
+
+type podLbAffinity6Key struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	FrontendId uint32
+}
+
 type podLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -100,6 +120,15 @@ type podLbAffinityValue struct {
 	LastUsed  uint64
 	BackendId uint32
 	Pad       uint32
+}
+
+type podLbBackend6Value struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
 }
 
 type podLbBackendValue struct {
@@ -123,11 +152,26 @@ type podLbPending struct {
 	_            [5]byte
 }
 
+type podLbRevnat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type podLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type podLbSvc6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type podLbSvcKey struct {
@@ -385,13 +429,18 @@ const (
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkIpv4Frags           = "lk_ipv4_frags"
+	podMapLkLb6Pending          = "lk_lb6_pending"
 	podMapLkLbAffinity          = "lk_lb_affinity"
+	podMapLkLbAffinity6         = "lk_lb_affinity6"
 	podMapLkLbBackends          = "lk_lb_backends"
+	podMapLkLbBackends6         = "lk_lb_backends6"
 	podMapLkLbMaglev            = "lk_lb_maglev"
 	podMapLkLbPending           = "lk_lb_pending"
 	podMapLkLbRevnat            = "lk_lb_revnat"
+	podMapLkLbRevnat6           = "lk_lb_revnat6"
 	podMapLkLbStats             = "lk_lb_stats"
 	podMapLkLbSvc               = "lk_lb_svc"
+	podMapLkLbSvc6              = "lk_lb_svc6"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
 	podMapLkPod6Progs           = "lk_pod6_progs"
@@ -501,13 +550,18 @@ type podMapSpecs struct {
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.MapSpec `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
@@ -589,13 +643,18 @@ type podMaps struct {
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.Map `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
@@ -627,13 +686,18 @@ func (m *podMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkIpv4Frags,
+		m.LkLb6Pending,
 		m.LkLbAffinity,
+		m.LkLbAffinity6,
 		m.LkLbBackends,
+		m.LkLbBackends6,
 		m.LkLbMaglev,
 		m.LkLbPending,
 		m.LkLbRevnat,
+		m.LkLbRevnat6,
 		m.LkLbStats,
 		m.LkLbSvc,
+		m.LkLbSvc6,
 		m.LkMetrics,
 		m.LkMetricsLost,
 		m.LkPod6Progs,

@@ -89,6 +89,26 @@ type uplinkIn6Addr struct {
 	}
 }
 
+type uplinkLb6Pending struct {
+	_            structs.HostLayout
+	Sk           uplinkCt6Key
+	Se           uplinkCtEntry
+	Ft           uplinkCt6Key
+	Fe           uplinkCtEntry
+	Ak           uplinkLbAffinity6Key
+	H            uplinkCtKey
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	Tcpf         uint8
+}
+
+type uplinkLbAffinity6Key struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	FrontendId uint32
+}
+
 type uplinkLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -100,6 +120,15 @@ type uplinkLbAffinityValue struct {
 	LastUsed  uint64
 	BackendId uint32
 	Pad       uint32
+}
+
+type uplinkLbBackend6Value struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
 }
 
 type uplinkLbBackendValue struct {
@@ -123,11 +152,26 @@ type uplinkLbPending struct {
 	_            [5]byte
 }
 
+type uplinkLbRevnat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type uplinkLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type uplinkLbSvc6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type uplinkLbSvcKey struct {
@@ -232,13 +276,18 @@ const (
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkIpv4Frags           = "lk_ipv4_frags"
+	uplinkMapLkLb6Pending          = "lk_lb6_pending"
 	uplinkMapLkLbAffinity          = "lk_lb_affinity"
+	uplinkMapLkLbAffinity6         = "lk_lb_affinity6"
 	uplinkMapLkLbBackends          = "lk_lb_backends"
+	uplinkMapLkLbBackends6         = "lk_lb_backends6"
 	uplinkMapLkLbMaglev            = "lk_lb_maglev"
 	uplinkMapLkLbPending           = "lk_lb_pending"
 	uplinkMapLkLbRevnat            = "lk_lb_revnat"
+	uplinkMapLkLbRevnat6           = "lk_lb_revnat6"
 	uplinkMapLkLbStats             = "lk_lb_stats"
 	uplinkMapLkLbSvc               = "lk_lb_svc"
+	uplinkMapLkLbSvc6              = "lk_lb_svc6"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
 	uplinkMapLkPod6Progs           = "lk_pod6_progs"
@@ -349,13 +398,18 @@ type uplinkMapSpecs struct {
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.MapSpec `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
@@ -436,13 +490,18 @@ type uplinkMaps struct {
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.Map `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
@@ -474,13 +533,18 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkIpv4Frags,
+		m.LkLb6Pending,
 		m.LkLbAffinity,
+		m.LkLbAffinity6,
 		m.LkLbBackends,
+		m.LkLbBackends6,
 		m.LkLbMaglev,
 		m.LkLbPending,
 		m.LkLbRevnat,
+		m.LkLbRevnat6,
 		m.LkLbStats,
 		m.LkLbSvc,
+		m.LkLbSvc6,
 		m.LkMetrics,
 		m.LkMetricsLost,
 		m.LkPod6Progs,

@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* lb6.h: service load balancing for IPv6 ClusterIP frontends, from pods
+ * (from_pod6) with replies translated back wherever they enter (from_pod6
+ * for a local backend, from_uplink6 for a remote one). The IPv4 design of
+ * lb.h over IPv6 tables:
+ *
+ *   lk_lb_svc6       (VIP, port, proto, scope) -> struct lb_svc_value
+ *   lk_lb_backends6  backend ID -> IPv6 backend
+ *   lk_lb_revnat6    frontend ID -> the IPv6 frontend replies come from
+ *   lk_lb_affinity6  (client, frontend ID) -> backend (ClientIP affinity)
+ *
+ * Shared with IPv4: the frontend value, the Maglev tables (lk_lb_maglev,
+ * keyed by frontend ID; IDs are allocated across families by
+ * service.Tables), the LB counters (lk_lb_stats) and the slot choice
+ * (lb_maglev_pick, lb_select.h). Conntrack is lk_ct6 (ct.h) with the entries
+ * of lb.h: a service entry (client -> VIP:port, CT_KEY_SERVICE, the chosen
+ * backend) and a flow entry on the translated tuple (CT_F_REVNAT, the
+ * frontend ID). As in lb.h, a new flow's entries are created only after
+ * policy allowed the packet (lb6_commit).
+ *
+ * Not here (refused per object by pkg/k8sobj, README): IPv6 NodePort,
+ * external and load-balancer IPs, hairpin (a pod reaching itself through
+ * an IPv6 ClusterIP: its reply would not come back through the LB), ICMPv6
+ * errors about load-balanced flows translated back, the TCP reset / ICMPv6
+ * unreachable for a frontend without backends (the packet is dropped as
+ * DROP_NO_BACKEND), fragments (not load-balanced: ct_tuple6). */
+#ifndef LK_LB6_H
+#define LK_LB6_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "consts.h"
+#include "structs.h"
+#include "parse.h"
+#include "ct.h"
+#include "ip6_ext.h"
+#include "lb_maps.h"
+#include "lb_select.h"
+
+/* service.ServiceKey6 */
+struct lb_svc6_key {
+	__u8 addr[16];
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 scope; /* LB_SCOPE_* */
+};
+
+/* service.BackendValue6 (key: the backend ID, __u32) */
+struct lb_backend6_value {
+	__u8 addr[16];
+	__u16 port; /* host byte order */
+	__u8 proto;
+	__u8 state; /* service.BackendState */
+	__u32 frontend_id;
+};
+
+/* service.RevNatValue6 (key: the frontend ID, __u32) */
+struct lb_revnat6_value {
+	__u8 addr[16];
+	__u16 port; /* host byte order */
+	__u16 pad;
+};
+
+struct lb_affinity6_key {
+	__u8 client[16];
+	__u32 frontend_id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, struct lb_svc6_key);
+	__type(value, struct lb_svc_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_svc6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct lb_backend6_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_backends6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_LB_FRONTENDS);
+	__type(key, __u32);
+	__type(value, struct lb_revnat6_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_revnat6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_LB_AFFINITY);
+	__type(key, struct lb_affinity6_key);
+	__type(value, struct lb_affinity_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_affinity6 SEC(".maps");
+
+/* One IPv6 LB decision between lb6 and lb6_commit (struct lb_pending). */
+struct lb6_pending {
+	struct ct6_key sk; /* the service entry: client -> VIP:port */
+	struct ct_entry se;
+	struct ct6_key ft; /* the packet's tuple; after DNAT the flow entry's */
+	struct ct_entry fe;
+	struct lb_affinity6_key ak;
+	struct ct_key h; /* the tuple folded to 32-bit addresses, for the Maglev hash */
+	__u8 svc; /* create sk */
+	__u8 flow; /* create (or complete) ft */
+	__u8 allowed_reply; /* a reply translated back, of a flow policy allowed */
+	__u8 tcpf;
+};
+
+/* Scratch, per CPU (from_pod6's stack has no room): not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb6_pending);
+} lk_lb6_pending SEC(".maps");
+
+static __always_inline struct lb6_pending *lb6_pending_get(void)
+{
+	__u32 zero = 0;
+	struct lb6_pending *p = bpf_map_lookup_elem(&lk_lb6_pending, &zero);
+
+	if (p) {
+		p->svc = 0;
+		p->flow = 0;
+		p->allowed_reply = 0;
+	}
+	return p;
+}
+
+static __always_inline struct lb_backend6_value *lb6_backend(__u32 id, __u32 frontend_id)
+{
+	struct lb_backend6_value *be = bpf_map_lookup_elem(&lk_lb_backends6, &id);
+
+	if (be && be->frontend_id != frontend_id)
+		return 0;
+	return be;
+}
+
+/* lb6_fold folds 16 address bytes into 32 bits for the flow hash. */
+static __always_inline __u32 lb6_fold(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr32[0] ^ a->in6_u.u6_addr32[1] ^ a->in6_u.u6_addr32[2] ^ a->in6_u.u6_addr32[3];
+}
+
+/* lb6_select is lb_select for IPv6: the client's affinity entry (fresh,
+ * active backend), else Maglev over the flow hash. Returns the backend ID
+ * (0: none) and the backend in *out. */
+static __always_inline __u32 lb6_select(const struct lb_svc_value *svc, struct lb6_pending *pd,
+					struct lb_backend6_value **out)
+{
+	struct lb_affinity_value *av;
+	struct lb_backend6_value *be;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 id;
+
+	__builtin_memcpy(pd->ak.client, &pd->ft.saddr, 16);
+	pd->ak.frontend_id = svc->frontend_id;
+	if (svc->flags & LB_SVC_F_AFFINITY) {
+		av = bpf_map_lookup_elem(&lk_lb_affinity6, &pd->ak);
+		if (av && now - av->last_used <= (__u64)svc->affinity_seconds * 1000000000ULL) {
+			id = av->backend_id;
+			be = lb6_backend(id, svc->frontend_id);
+			if (be && be->state == LB_BACKEND_ACTIVE) {
+				av->last_used = now;
+				lb_stat(LB_STAT_AFFINITY);
+				*out = be;
+				return id;
+			}
+		}
+	}
+	pd->h.saddr = lb6_fold(&pd->ft.saddr);
+	pd->h.daddr = lb6_fold(&pd->ft.daddr);
+	pd->h.sport = pd->ft.sport;
+	pd->h.dport = pd->ft.dport;
+	pd->h.proto = pd->ft.proto;
+	id = lb_maglev_pick(svc, lb_flow_hash(&pd->h));
+	be = id ? lb6_backend(id, svc->frontend_id) : 0;
+	if (!be)
+		return 0;
+	if (svc->flags & LB_SVC_F_AFFINITY) {
+		struct lb_affinity_value nv = { .last_used = now, .backend_id = id };
+
+		bpf_map_update_elem(&lk_lb_affinity6, &pd->ak, &nv, BPF_ANY);
+	}
+	*out = be;
+	return id;
+}
+
+/* lb6_rewrite rewrites the source (src 1) or destination address and port
+ * of a TCP/UDP packet whose L4 header is at l4off, patching the L4 checksum
+ * (IPv6 has no header checksum). */
+static __always_inline int lb6_rewrite(struct __sk_buff *skb, __u32 l4off, __u8 proto, int src, const __u8 *addr,
+				       __be16 port)
+{
+	__u32 addr_off = ETH_HLEN + (src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr));
+	__u32 port_off = l4off + (src ? 0 : 2);
+	__u32 csum_off = l4off + (proto == IPPROTO_TCP ? 16 : 6);
+	__be32 old[4], new[4];
+	__be16 old_port;
+	__s64 diff;
+
+	if (bpf_skb_load_bytes(skb, addr_off, old, 16) < 0 || bpf_skb_load_bytes(skb, port_off, &old_port, 2) < 0)
+		return -1;
+	__builtin_memcpy(new, addr, 16);
+	diff = bpf_csum_diff(old, 16, new, 16, 0);
+	if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum_off, old_port, port, 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, new, 16, 0) < 0 || bpf_skb_store_bytes(skb, port_off, &port, 2, 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* lb6_rev_nat translates a reply of a load-balanced IPv6 flow (tuple
+ * pd->ft) back to its frontend. Returns 1 when rewritten, 0 when not, -1 on
+ * a failed rewrite. */
+static __always_inline int lb6_rev_nat(struct __sk_buff *skb, const struct lk_ip6_chain *c, struct lb6_pending *pd)
+{
+	struct lb_revnat6_value *rn;
+	struct ct_entry *e = 0;
+	__u16 flags;
+
+	if (ct_lookup6(&pd->ft, pd->tcpf, &e) != CT_REPLY || !e)
+		return 0;
+	flags = e->flags;
+	if (!(flags & CT_F_REVNAT))
+		return 0;
+	rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
+	if (!rn)
+		return 0;
+	if (lb6_rewrite(skb, c->off, pd->ft.proto, 1, rn->addr, bpf_htons(rn->port)) < 0)
+		return -1;
+	lb_stat(LB_STAT_REVNAT);
+	if (flags & CT_F_POLICY)
+		pd->allowed_reply = 1;
+	return 1;
+}
+
+/* lb6 load-balances an IPv6 packet an endpoint sent (scope
+ * LB_SCOPE_CLUSTERIP), or translates a reply back; from the wire (ep_id 0)
+ * only replies. Returns LB_CONTINUE (*changed: the packet was rewritten, the
+ * caller parses it again) or a TC verdict. */
+static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const struct lk_ip6_chain *c,
+			       __u32 ep_id, struct lb6_pending *pd, int *changed)
+{
+	struct lb_svc6_key sk = {};
+	struct lb_svc_value *svc;
+	struct lb_backend6_value *be = 0;
+	struct ct_entry *se = 0;
+	__u32 id = 0;
+	int r;
+
+	*changed = 0;
+	if (!pd || (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP))
+		return LB_CONTINUE;
+	if (ct_tuple6(skb, p->ip6, c, &pd->ft, &pd->tcpf) < 0)
+		return LB_CONTINUE; /* fragments are not load-balanced */
+	r = lb6_rev_nat(skb, c, pd);
+	if (r < 0)
+		return drop(skb, ep_id, DROP_MALFORMED);
+	if (r) {
+		*changed = 1;
+		return LB_CONTINUE;
+	}
+	if (!ep_id)
+		return LB_CONTINUE;
+	__builtin_memcpy(sk.addr, &pd->ft.daddr, 16);
+	sk.port = bpf_ntohs(pd->ft.dport);
+	sk.proto = pd->ft.proto;
+	sk.scope = LB_SCOPE_CLUSTERIP;
+	svc = bpf_map_lookup_elem(&lk_lb_svc6, &sk);
+	if (!svc)
+		return LB_CONTINUE;
+	pd->sk = pd->ft;
+	pd->sk.flags = CT_KEY_SERVICE;
+	if (ct_lookup6(&pd->sk, pd->tcpf, &se) != CT_NEW && se) {
+		id = se->backend_id;
+		be = lb6_backend(id, svc->frontend_id);
+		if (be)
+			lb_stat(LB_STAT_CT_HIT);
+	}
+	if (!be) {
+		if (se)
+			lb_stat(LB_STAT_RESELECT);
+		id = lb6_select(svc, pd, &be);
+		if (!id || !be) {
+			lb_stat(LB_STAT_NO_BACKEND);
+			return drop(skb, ep_id, DROP_NO_BACKEND);
+		}
+		if (!se)
+			lb_stat(LB_STAT_NEW_FLOW);
+		pd->se = (struct ct_entry){ .backend_id = id, .rev_nat_id = svc->frontend_id };
+		pd->svc = 1;
+	}
+	if (lb6_rewrite(skb, c->off, pd->ft.proto, 0, be->addr, bpf_htons(be->port)) < 0)
+		return drop(skb, ep_id, DROP_MALFORMED);
+	__builtin_memcpy(&pd->ft.daddr, be->addr, 16);
+	pd->ft.dport = bpf_htons(be->port);
+	pd->fe = (struct ct_entry){ .rev_nat_id = svc->frontend_id, .flags = CT_F_REVNAT };
+	pd->flow = 1;
+	*changed = 1;
+	return LB_CONTINUE;
+}
+
+/* lb6_commit creates what lb6 left pending, after the packet passed policy
+ * (lb_commit). The flow entry of a tracked flow is refreshed or completed. */
+static __always_inline void lb6_commit(struct lb6_pending *pd)
+{
+	struct ct_entry *fe = 0;
+
+	if (!pd)
+		return;
+	if (pd->svc)
+		ct_create6(&pd->sk, &pd->se);
+	if (!pd->flow)
+		return;
+	if (ct_lookup6(&pd->ft, pd->tcpf, &fe) != CT_NEW && fe) {
+		fe->rev_nat_id = pd->fe.rev_nat_id;
+		fe->flags |= CT_F_REVNAT;
+		return;
+	}
+	ct_create6(&pd->ft, &pd->fe);
+}
+
+#endif
