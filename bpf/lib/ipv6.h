@@ -238,7 +238,7 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	/* [LB] (lb6.h): IPv6 ClusterIP frontends; replies translated back. */
 	pd = lb6_pending_get();
 	{
-		int changed, v = lb6(skb, p, &c, ep->id, pd, &changed);
+		int changed, v = lb6(skb, p, &c, ep, pd, &changed);
 
 		if (v != LB_CONTINUE)
 			return v;

@@ -21,9 +21,9 @@
  * Not here (refused per object by pkg/k8sobj, README): IPv6 NodePort,
  * external and load-balancer IPs, hairpin (a pod reaching itself through
  * an IPv6 ClusterIP: its reply would not come back through the LB), ICMPv6
- * errors about load-balanced flows translated back, the TCP reset / ICMPv6
- * unreachable for a frontend without backends (the packet is dropped as
- * DROP_NO_BACKEND), fragments (not load-balanced: ct_tuple6). */
+ * errors about load-balanced flows translated back, fragments (not
+ * load-balanced: ct_tuple6). A frontend without backends answers a new
+ * flow as lb.h does: a TCP reset or an ICMPv6 port unreachable. */
 #ifndef LK_LB6_H
 #define LK_LB6_H
 
@@ -42,8 +42,58 @@
 #include "lb_maps.h"
 #include "lb6_maps.h"
 #include "lb_select.h"
+#include "lb.h"
 
-/* One IPv6 LB decision between lb6 and lb6_commit (struct lb_pending). */
+/* The answer to a new flow without a backend: Ethernet + IPv6 (this) and a
+ * TCP reset or an ICMPv6 port unreachable quoting the first 48 bytes of the
+ * packet (its IPv6 header and the UDP header), built in struct lb6_csum. */
+struct lb6_reply_hdr {
+	__u8 dmac[6];
+	__u8 smac[6];
+	__be16 proto;
+	struct {
+		__be32 ver_tc_flow; /* version 6 */
+		__be16 payload_len;
+		__u8 nexthdr;
+		__u8 hop_limit;
+		__u8 saddr[16];
+		__u8 daddr[16];
+	} __attribute__((packed)) ip; /* struct ipv6hdr without its unions (bpf2go) */
+} __attribute__((packed));
+
+struct lb6_rst {
+	__be16 sport, dport;
+	__be32 seq, ack;
+	__u8 doff, flags;
+	__be16 window, check, urg;
+};
+
+struct lb6_unreach {
+	__u8 type, code;
+	__be16 check;
+	__be32 unused;
+	__u8 orig[48];
+};
+
+#define LB6_RST_LEN 20
+#define LB6_UNREACH_LEN 56
+
+/* The L4 checksum's input: the IPv6 pseudo-header and the L4 message,
+ * which is what goes on the wire after the header. */
+struct lb6_csum {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be32 len;
+	__u8 zero[3];
+	__u8 nh;
+	union {
+		struct lb6_rst rst;
+		struct lb6_unreach unreach;
+	};
+};
+
+/* One IPv6 LB decision between lb6 and lb6_commit (struct lb_pending), and
+ * the scratch space of a no-backend answer. */
 struct lb6_pending {
 	struct ct6_key sk; /* the service entry: client -> VIP:port */
 	struct ct_entry se;
@@ -55,6 +105,8 @@ struct lb6_pending {
 	__u8 flow; /* create (or complete) ft */
 	__u8 allowed_reply; /* a reply translated back, of a flow policy allowed */
 	__u8 tcpf;
+	struct lb6_reply_hdr r;
+	struct lb6_csum cs;
 };
 
 /* Scratch, per CPU (from_pod6's stack has no room): not pinned. */
@@ -188,18 +240,103 @@ static __always_inline int lb6_rev_nat(struct __sk_buff *skb, const struct lk_ip
 	return 1;
 }
 
+/* lb6_reply_for builds in pd the answer to the packet (chain c) of a new
+ * flow without a backend, sent back from the frontend: a TCP reset (RFC
+ * 9293 3.10.7.1) or an ICMPv6 port unreachable (RFC 4443 3.1). Returns 0,
+ * or -1 to answer nothing (a reset, an unreadable packet). */
+static __always_inline int lb6_reply_for(struct __sk_buff *skb, const struct lk_ip6_chain *c, struct lb6_pending *pd)
+{
+	struct lb6_reply_hdr *r = &pd->r;
+	struct lb6_csum *cs = &pd->cs;
+	__u8 th[14];
+
+	if (bpf_skb_load_bytes(skb, 0, r->smac, 6) < 0 || bpf_skb_load_bytes(skb, 6, r->dmac, 6) < 0)
+		return -1;
+	r->proto = bpf_htons(ETH_P_IPV6);
+	r->ip.ver_tc_flow = bpf_htonl(6 << 28);
+	r->ip.hop_limit = 64;
+	__builtin_memcpy(r->ip.saddr, &pd->ft.daddr, 16);
+	__builtin_memcpy(r->ip.daddr, &pd->ft.saddr, 16);
+	__builtin_memset(cs, 0, sizeof(*cs));
+	__builtin_memcpy(cs->saddr, &pd->ft.daddr, 16);
+	__builtin_memcpy(cs->daddr, &pd->ft.saddr, 16);
+	if (pd->ft.proto == IPPROTO_TCP) {
+		__u32 seq, paylen, hdrs = c->off - ETH_HLEN - sizeof(struct ipv6hdr);
+		__be16 plen;
+
+		if (bpf_skb_load_bytes(skb, c->off, th, sizeof(th)) < 0 || (th[13] & CT_TCP_RST) ||
+		    bpf_skb_load_bytes(skb, ETH_HLEN + 4, &plen, 2) < 0)
+			return -1;
+		paylen = bpf_ntohs(plen);
+		paylen = paylen > hdrs + (th[12] >> 4) * 4 ? paylen - hdrs - (th[12] >> 4) * 4 : 0;
+		cs->rst.sport = pd->ft.dport;
+		cs->rst.dport = pd->ft.sport;
+		cs->rst.doff = 5 << 4;
+		if (th[13] & CT_TCP_ACK) {
+			__builtin_memcpy(&cs->rst.seq, &th[8], 4);
+			cs->rst.flags = CT_TCP_RST;
+		} else {
+			__builtin_memcpy(&seq, &th[4], 4);
+			seq = bpf_ntohl(seq) + paylen + !!(th[13] & CT_TCP_SYN) + !!(th[13] & CT_TCP_FIN);
+			cs->rst.ack = bpf_htonl(seq);
+			cs->rst.flags = CT_TCP_RST | CT_TCP_ACK;
+		}
+		cs->nh = IPPROTO_TCP;
+		cs->len = bpf_htonl(LB6_RST_LEN);
+		cs->rst.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_RST_LEN, 0));
+		r->ip.nexthdr = IPPROTO_TCP;
+		r->ip.payload_len = bpf_htons(LB6_RST_LEN);
+		return 0;
+	}
+	cs->unreach.type = 1; /* destination unreachable */
+	cs->unreach.code = 4; /* port unreachable */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, cs->unreach.orig, sizeof(cs->unreach.orig)) < 0)
+		return -1;
+	cs->nh = IPPROTO_ICMPV6;
+	cs->len = bpf_htonl(LB6_UNREACH_LEN);
+	cs->unreach.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_UNREACH_LEN, 0));
+	r->ip.nexthdr = IPPROTO_ICMPV6;
+	r->ip.payload_len = bpf_htons(LB6_UNREACH_LEN);
+	return 0;
+}
+
+/* lb6_no_backend answers a new flow to a frontend without backends into
+ * the endpoint that sent it (lb_no_backend for IPv6), counted as a
+ * DROP_NO_BACKEND drop of the endpoint. */
+static __always_inline int lb6_no_backend(struct __sk_buff *skb, const struct lk_ip6_chain *c,
+					  struct lb6_pending *pd, const struct endpoint_info *ep)
+{
+	__u32 hdr = sizeof(struct lb6_reply_hdr);
+
+	lb_stat(LB_STAT_NO_BACKEND);
+	lb_count_drop(skb, ep->id, DROP_NO_BACKEND);
+	if (lb6_reply_for(skb, c, pd) < 0)
+		return TC_ACT_SHOT;
+	if (pd->cs.nh == IPPROTO_TCP) {
+		if (bpf_skb_change_tail(skb, hdr + LB6_RST_LEN, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, hdr, &pd->cs.rst, LB6_RST_LEN, 0) < 0)
+			return TC_ACT_SHOT;
+	} else if (bpf_skb_change_tail(skb, hdr + LB6_UNREACH_LEN, 0) < 0 ||
+		   bpf_skb_store_bytes(skb, hdr, &pd->cs.unreach, LB6_UNREACH_LEN, 0) < 0) {
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, 0, &pd->r, hdr, 0) < 0)
+		return TC_ACT_SHOT;
+	return to_endpoint(skb, ep);
+}
+
 /* lb6 load-balances an IPv6 packet an endpoint sent (scope
- * LB_SCOPE_CLUSTERIP), or translates a reply back; from the wire (ep_id 0)
+ * LB_SCOPE_CLUSTERIP), or translates a reply back; from the wire (ep NULL)
  * only replies. Returns LB_CONTINUE (*changed: the packet was rewritten, the
  * caller parses it again) or a TC verdict. */
 static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const struct lk_ip6_chain *c,
-			       __u32 ep_id, struct lb6_pending *pd, int *changed)
+			       const struct endpoint_info *ep, struct lb6_pending *pd, int *changed)
 {
 	struct lb_svc6_key sk = {};
 	struct lb_svc_value *svc;
 	struct lb_backend6_value *be = 0;
 	struct ct_entry *se = 0;
-	__u32 id = 0;
+	__u32 id = 0, ep_id = ep ? ep->id : 0;
 	int r;
 
 	*changed = 0;
@@ -214,7 +351,7 @@ static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const
 		*changed = 1;
 		return LB_CONTINUE;
 	}
-	if (!ep_id)
+	if (!ep)
 		return LB_CONTINUE;
 	__builtin_memcpy(sk.addr, &pd->ft.daddr, 16);
 	sk.port = bpf_ntohs(pd->ft.dport);
@@ -236,8 +373,8 @@ static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const
 			lb_stat(LB_STAT_RESELECT);
 		id = lb6_select(svc, pd, &be);
 		if (!id || !be) {
-			lb_stat(LB_STAT_NO_BACKEND);
-			return drop(skb, ep_id, DROP_NO_BACKEND);
+			*changed = 1; /* the packet was rewritten (the verifier sees any verdict) */
+			return lb6_no_backend(skb, c, pd, ep);
 		}
 		if (!se)
 			lb_stat(LB_STAT_NEW_FLOW);

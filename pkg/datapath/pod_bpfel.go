@@ -101,6 +101,43 @@ type podLb6Pending struct {
 	Flow         uint8
 	AllowedReply uint8
 	Tcpf         uint8
+	R            struct {
+		_     structs.HostLayout
+		Dmac  [6]uint8
+		Smac  [6]uint8
+		Proto uint16
+		Ip    struct {
+			_          structs.HostLayout
+			VerTcFlow  uint32
+			PayloadLen uint16
+			Nexthdr    uint8
+			HopLimit   uint8
+			Saddr      [16]uint8
+			Daddr      [16]uint8
+		}
+	}
+	_  [2]byte
+	Cs struct {
+		_     structs.HostLayout
+		Saddr [16]uint8
+		Daddr [16]uint8
+		Len   uint32
+		Zero  [3]uint8
+		Nh    uint8
+		Rst   struct {
+			_      structs.HostLayout
+			Sport  uint16
+			Dport  uint16
+			Seq    uint32
+			Ack    uint32
+			Doff   uint8
+			Flags  uint8
+			Window uint16
+			Check  uint16
+			Urg    uint16
+		}
+		_ [36]byte
+	}
 }
 
 type podLbAffinity6Key struct {

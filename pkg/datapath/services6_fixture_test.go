@@ -226,20 +226,52 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 		}
 	})
 
-	t.Run("an IPv6 frontend without IPv6 endpoints: no-backend drop", func(t *testing.T) {
+	t.Run("an IPv6 frontend without IPv6 endpoints: a TCP reset, an ICMPv6 port unreachable", func(t *testing.T) {
 		e.enter(t)
 		s.apply(t, dualSvcYAML("v4only", "10.96.0.22", "fd00:96::22", ""))
+		s.apply(t, v6SvcYAML("dnsnone", "fd00:96::23", 53, "UDP"))
 		before, err := e.dp.Counters(1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := s.run(t, e.dp.pod.FromPod, ifH1(e), fromPod1(44000, "fd00:96::22", 80, tcpSYN))
+		lbBefore := s.stats(t)
+		syn := fromPod1(44000, "fd00:96::22", 80, tcpSYN)
+		r := s.run(t, e.dp.pod.FromPod, ifH1(e), syn)
+		if r.verdict != tcActRedirect || r.redirIf != ifH1(e) || r.redirKind != 2 {
+			t.Fatalf("SYN: verdict %d into %d (kind %d), want the reset redirected back into pod 1 (%d)", r.verdict, r.redirIf, r.redirKind, ifH1(e))
+		}
+		rst := r.out[:54+20]
+		got := parseTuple6(t, rst) // checks the TCP checksum
+		// RFC 9293: the reset acknowledges the SYN and its data.
+		seq := binary.BigEndian.Uint32(syn[54+4:]) + uint32(len(syn)-54-20)
+		if got.src != ap("[fd00:96::22]:80") || got.dst != ap("["+pod1IP6+"]:44000") || rst[54+13] != 0x14 ||
+			binary.BigEndian.Uint32(rst[54+8:]) != seq+1 || binary.BigEndian.Uint16(rst[18:]) != 20 {
+			t.Fatalf("reset %v -> %v flags %#x ack %d (payload length %d), want [fd00:96::22]:80 -> pod 1, RST|ACK, ack %d, 20",
+				got.src, got.dst, rst[54+13], binary.BigEndian.Uint32(rst[54+8:]), binary.BigEndian.Uint16(rst[18:]), seq+1)
+		}
+		if string(rst[0:6]) != string(pod1MAC) || string(rst[6:12]) != string(e.ep1.HostMAC) {
+			t.Errorf("reset MACs %x -> %x, want the pod's frame's swapped", rst[6:12], rst[0:6])
+		}
+		dgram := polFrame6(e.ep1.HostMAC, pod1MAC, pod1IP6, "fd00:96::23", ipProtoUDP, 44001, 53, 0)
+		r = s.run(t, e.dp.pod.FromPod, ifH1(e), dgram)
+		if r.verdict != tcActRedirect || r.redirIf != ifH1(e) {
+			t.Fatalf("UDP: verdict %d into %d, want the unreachable redirected back into pod 1", r.verdict, r.redirIf)
+		}
+		icmp := r.out[54 : 54+56]
+		if r.out[20] != nhICMP6 || icmp[0] != 1 || icmp[1] != 4 ||
+			binary.BigEndian.Uint16(icmp[2:]) != icmp6Checksum("fd00:96::23", pod1IP6, icmp) ||
+			string(icmp[8:8+48]) != string(dgram[14:14+48]) {
+			t.Fatalf("ICMPv6 answer %x: want type 1 code 4 with a valid checksum quoting the datagram's first 48 bytes", r.out[:54+56])
+		}
 		after, err := e.dp.Counters(1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.verdict != tcActShot || after.Drops[DropNoBackend]-before.Drops[DropNoBackend] != 1 {
-			t.Fatalf("verdict %d, no-backend drops +%d; want a drop counted as no-backend", r.verdict, after.Drops[DropNoBackend]-before.Drops[DropNoBackend])
+		if d := after.Drops[DropNoBackend] - before.Drops[DropNoBackend]; d != 2 {
+			t.Errorf("no-backend drops of pod 1 grew by %d, want 2", d)
+		}
+		if d := s.stats(t).NoBackend - lbBefore.NoBackend; d != 2 {
+			t.Errorf("LB no-backend counter grew by %d, want 2", d)
 		}
 	})
 
@@ -310,8 +342,8 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(dumped.Services6) != 3 || len(dumped.Backends6) != 4 || len(dumped.RevNat6) != 3 {
-			t.Fatalf("dumped %d IPv6 services, %d backends, %d rev-NAT; want 3, 4, 3", len(dumped.Services6), len(dumped.Backends6), len(dumped.RevNat6))
+		if len(dumped.Services6) != 4 || len(dumped.Backends6) != 4 || len(dumped.RevNat6) != 4 {
+			t.Fatalf("dumped %d IPv6 services, %d backends, %d rev-NAT; want 4, 4, 4", len(dumped.Services6), len(dumped.Backends6), len(dumped.RevNat6))
 		}
 		fresh := service.NewTables()
 		adopted, repair := fresh.Adopt(dumped)
