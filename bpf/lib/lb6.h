@@ -20,10 +20,11 @@
  *
  * Not here (refused per object by pkg/k8sobj, README): IPv6 NodePort,
  * external and load-balancer IPs, hairpin (a pod reaching itself through
- * an IPv6 ClusterIP: its reply would not come back through the LB), ICMPv6
- * errors about load-balanced flows translated back, fragments (not
- * load-balanced: ct_tuple6). A frontend without backends answers a new
- * flow as lb.h does: a TCP reset or an ICMPv6 port unreachable. */
+ * an IPv6 ClusterIP: its reply would not come back through the LB),
+ * fragments (not load-balanced: ct_tuple6). A frontend without backends
+ * answers a new flow as lb.h does (a TCP reset or an ICMPv6 port
+ * unreachable), and ICMPv6 errors about a load-balanced flow are translated
+ * back (lb6_icmp_rev_nat). */
 #ifndef LK_LB6_H
 #define LK_LB6_H
 
@@ -240,6 +241,68 @@ static __always_inline int lb6_rev_nat(struct __sk_buff *skb, const struct lk_ip
 	return 1;
 }
 
+/* lb6_icmp_rev_nat translates an ICMPv6 error (unreachable, packet too
+ * big, time exceeded, parameter problem) about a load-balanced flow back,
+ * as lb_icmp_rev_nat does for IPv4: the quoted packet's destination becomes
+ * the frontend again, the outer source the frontend when the backend itself
+ * sent it, so the client learns it for the address it used (Packet Too Big:
+ * path MTU discovery). The quoted packet must be the flow's IPv6 header
+ * without extension headers and its ports. The ICMPv6 checksum is patched
+ * incrementally; the quoted L4 checksum is left alone. Returns 1 when
+ * rewritten, 0 when not, -1 on a failed rewrite. */
+static __always_inline int lb6_icmp_rev_nat(struct __sk_buff *skb, const struct lk_ip6_chain *c, struct lb6_pending *pd)
+{
+	__u32 in = c->off + 8, csum_off = c->off + 2; /* the quoted IPv6 header; the ICMPv6 checksum */
+	struct lb_revnat6_value *rn;
+	struct ct_entry *e;
+	__be32 old[4], new[4];
+	__be16 new_port;
+	__u8 type, nh;
+	__s64 diff;
+
+	if (c->nh != IPPROTO_ICMPV6 || c->frag || bpf_skb_load_bytes(skb, c->off, &type, 1) < 0 || type < 1 ||
+	    type > 4)
+		return 0;
+	if (bpf_skb_load_bytes(skb, in + 6, &nh, 1) < 0 || (nh != IPPROTO_TCP && nh != IPPROTO_UDP))
+		return 0;
+	/* The quoted flow, as the client sent it after DNAT: client -> backend. */
+	if (bpf_skb_load_bytes(skb, in + 8, &pd->ft.saddr, 32) < 0 ||
+	    bpf_skb_load_bytes(skb, in + 40, &pd->ft.sport, 4) < 0)
+		return 0;
+	pd->ft.proto = nh;
+	pd->ft.flags = 0;
+	pd->ft.pad = 0;
+	e = bpf_map_lookup_elem(&lk_ct6, &pd->ft);
+	if (!e || !(e->flags & CT_F_REVNAT))
+		return 0;
+	rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
+	if (!rn)
+		return 0;
+	if (e->flags & CT_F_POLICY)
+		pd->allowed_reply = 1;
+	__builtin_memcpy(old, &pd->ft.daddr, 16);
+	__builtin_memcpy(new, rn->addr, 16);
+	new_port = bpf_htons(rn->port);
+	diff = bpf_csum_diff(old, 16, new, 16, 0);
+	if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+	    bpf_l4_csum_replace(skb, csum_off, pd->ft.dport, new_port, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, in + 24, new, 16, 0) < 0 || bpf_skb_store_bytes(skb, in + 42, &new_port, 2, 0) < 0)
+		return -1;
+	/* Sent by the backend itself: from the frontend. */
+	{
+		__be32 src[4];
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), src, 16) < 0)
+			return -1;
+		if (src[0] == old[0] && src[1] == old[1] && src[2] == old[2] && src[3] == old[3] &&
+		    (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0 ||
+		     bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), new, 16, 0) < 0))
+			return -1;
+	}
+	lb_stat(LB_STAT_REVNAT);
+	return 1;
+}
+
 /* lb6_reply_for builds in pd the answer to the packet (chain c) of a new
  * flow without a backend, sent back from the frontend: a TCP reset (RFC
  * 9293 3.10.7.1) or an ICMPv6 port unreachable (RFC 4443 3.1). Returns 0,
@@ -340,7 +403,16 @@ static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const
 	int r;
 
 	*changed = 0;
-	if (!pd || (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP))
+	if (!pd)
+		return LB_CONTINUE;
+	r = lb6_icmp_rev_nat(skb, c, pd);
+	if (r < 0)
+		return drop(skb, ep_id, DROP_MALFORMED);
+	if (r) {
+		*changed = 1;
+		return LB_CONTINUE;
+	}
+	if (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP)
 		return LB_CONTINUE;
 	if (ct_tuple6(skb, p->ip6, c, &pd->ft, &pd->tcpf) < 0)
 		return LB_CONTINUE; /* fragments are not load-balanced */

@@ -207,6 +207,43 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("ICMPv6 errors about load-balanced flows come from the frontend", func(t *testing.T) {
+		e.enter(t)
+		check := func(t *testing.T, r runResult, wantSrc string, sport uint16) {
+			t.Helper()
+			if r.verdict != tcActRedirect || r.redirIf != ifH1(e) {
+				t.Fatalf("verdict %d into %d, want redirect into pod 1", r.verdict, r.redirIf)
+			}
+			plen := int(binary.BigEndian.Uint16(r.out[18:]))
+			msg := r.out[54 : 54+plen]
+			src := netip.AddrFrom16([16]byte(r.out[22:38]))
+			if src != netip.MustParseAddr(wantSrc) {
+				t.Errorf("outer source %v, want %s", src, wantSrc)
+			}
+			if got, want := binary.BigEndian.Uint16(msg[2:]), icmp6Checksum(src.String(), pod1IP6, msg); got != want {
+				t.Errorf("ICMPv6 checksum %#04x, want %#04x", got, want)
+			}
+			q := msg[8:]
+			qdst := netip.AddrPortFrom(netip.AddrFrom16([16]byte(q[24:40])), binary.BigEndian.Uint16(q[42:]))
+			qsrc := netip.AddrPortFrom(netip.AddrFrom16([16]byte(q[8:24])), binary.BigEndian.Uint16(q[40:]))
+			if qdst != vip || qsrc != ap(fmt.Sprintf("[%s]:%d", pod1IP6, sport)) {
+				t.Errorf("quoted %v -> %v, want pod 1:%d -> %v", qsrc, qdst, sport, vip)
+			}
+		}
+		before := s.stats(t)
+		// The local backend's own error: from the frontend, quoting it.
+		sp := sports[pod2IP6]
+		check(t, s.run(t, e.dp.pod.FromPod, ifH2(e),
+			icmp6ErrorFrame(e.ep2.HostMAC, pod2MAC, pod2IP6, pod1IP6, pod1IP6, pod2IP6, sp, 8080)), vip6, sp)
+		// A router's Packet Too Big about the remote flow: its own source kept.
+		sp = sports[remoteBlue6]
+		check(t, s.run(t, e.dp.uplink.FromUplink, ifUp(e),
+			icmp6ErrorFrame(e.up.Attrs().HardwareAddr, neighMAC, "fd00:77::2", pod1IP6, pod1IP6, remoteBlue6, sp, 8080)), "fd00:77::2", sp)
+		if d := s.stats(t).RevNAT - before.RevNAT; d != 2 {
+			t.Errorf("rev-NAT counter grew by %d, want 2", d)
+		}
+	})
+
 	t.Run("ClientIP affinity: every connection of the client takes one backend", func(t *testing.T) {
 		e.enter(t)
 		s.apply(t, dualSvcYAML("sticky", "10.96.0.21", "fd00:96::21", "affinity=60", pod2IP6, remoteBlue6))
