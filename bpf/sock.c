@@ -7,8 +7,9 @@
  *   lk_sock_sendmsg4:     sendmsg() with an address (unconnected UDP)
  *   lk_sock_recvmsg4:     recvmsg() source: backend -> frontend (UDP)
  *   lk_sock_getpeername4: getpeername(): backend -> frontend
- *   lk_sock_*6:           the same for IPv6 sockets (IPv4-mapped addresses of
- *                         IPv4 services: dual-stack sockets) */
+ *   lk_sock_*6:           the same for IPv6 sockets: IPv6 ClusterIPs, and
+ *                         IPv4 services by their IPv4-mapped addresses
+ *                         (dual-stack sockets) */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 

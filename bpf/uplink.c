@@ -45,8 +45,10 @@ static __always_inline int from_wire(struct __sk_buff *skb, __u32 src_hint)
 		return TC_ACT_OK;
 	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
 		return TC_ACT_OK; /* not ours to judge: the stack drops what is broken */
-	if (p.ip6)
-		return from_uplink_ipv6(skb, &p); /* lib/ipv6.h */
+	if (p.ip6) {
+		bpf_tail_call(skb, &lk_uplink6_progs, 0); /* from_uplink6, below */
+		return TC_ACT_OK; /* not installed: the stack's */
+	}
 	if (!p.ip4)
 		return TC_ACT_OK;
 	/* [LB]: NodePort frontends on this node's addresses are load-balanced;
@@ -116,6 +118,18 @@ int to_uplink(struct __sk_buff *skb)
 	if (lb4_reply(skb, &p, 0) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
+}
+
+/* from_uplink6 is from_wire for IPv6 (lib/ipv6.h), entered from it by a
+ * tail call (lk_uplink6_progs): the IPv4 pipeline fills from_wire's stack. */
+SEC("tc")
+int from_uplink6(struct __sk_buff *skb)
+{
+	struct pkt p;
+
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip6)
+		return TC_ACT_OK;
+	return from_uplink_ipv6(skb, &p);
 }
 
 SEC("tc")

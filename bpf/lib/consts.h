@@ -49,7 +49,9 @@ enum lk_drop_reason {
 	/* IPv6 (bpf/lib/ipv6.h, ndp.h) */
 	DROP_IPV6_EXT_HDRS = 18, /* IPv6 extension-header chain truncated or longer than LK_IP6_EXT_MAX */
 	DROP_ROUTER_MSG = 19, /* router advertisement, ICMPv6 redirect or DHCPv6 server message from an endpoint */
-	DROP_POLICY_IPV6 = 20, /* IPv6 to or from an endpoint a NetworkPolicy selects: not enforced for IPv6 yet, so refused */
+	/* Retired: the first IPv6 slice refused IPv6 of endpoints a NetworkPolicy
+	 * selects; policy6.h enforces it now. Kept so that no reason is renumbered. */
+	DROP_POLICY_IPV6 = 20,
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

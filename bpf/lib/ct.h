@@ -45,6 +45,13 @@
  *
  *   void ct_delete4(&key)
  *
+ * IPv6 (lk_ct6, struct ct6_key: the same fields with 16-byte addresses;
+ * counters in lk_ct6_count): ct_tuple6(skb, ip6, &chain, &key, &tcp_flags)
+ * after the extension-header walk, ct_lookup6, ct_create6. One entry
+ * layout, one state machine (ct_advance) and one insert (ct_create_in) for
+ * both families; only the tuple and the tables differ. The agent's GC walks
+ * both tables.
+ *
  * Entry flags (struct ct_entry.flags, enum lk_ct_flags): CT_F_SEEN_REPLY
  * (a reply passed: "established" for policy), CT_F_CLOSING (FIN or RST seen),
  * CT_F_REVNAT (replies get their source rewritten to lk_lb_revnat[rev_nat_id]),
@@ -67,12 +74,15 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "consts.h"
 #include "frag.h"
+#include "ip6_ext.h"
 
 #define LK_CT_ENTRIES 262144 /* default lk_ct4 size; the loader may change it */
 
@@ -149,6 +159,44 @@ struct {
 
 /* Load-time setting: lk_ct4's max_entries (the loader sets both). */
 const volatile __u32 ct_max_entries = LK_CT_ENTRIES;
+
+/* IPv6: the same tracking over struct ct6_key in lk_ct6 (its counters in
+ * lk_ct6_count, same slots), through the family-independent ct_advance and
+ * ct_create_in. Policy uses it; the IPv6 tuple is taken after the
+ * extension-header walk (ip6_ext.h). */
+#define LK_CT6_ENTRIES 65536 /* lk_ct6's size */
+
+/* A flow in its original direction, as struct ct_key. 40 bytes. */
+struct ct6_key {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 flags; /* enum lk_ct_key_flags */
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_CT6_ENTRIES);
+	__type(key, struct ct6_key);
+	__type(value, struct ct_entry);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ct6 SEC(".maps");
+
+/* lk_ct6's creation/eviction counters (enum lk_ct_counter). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CT_COUNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ct6_count SEC(".maps");
+
+/* lk_ct6's max_entries (fixed: the loader sizes only lk_ct4). */
+const volatile __u32 ct6_max_entries = LK_CT6_ENTRIES;
+
 
 /* Keep the enums in BTF for bpf2go -type. */
 const enum lk_ct_result *lk_unused_ct_result __attribute__((unused));
@@ -242,25 +290,15 @@ static __always_inline int ct_expired(const struct ct_entry *e, __u8 proto, __u6
 	return now > e->last_seen && now - e->last_seen > ct_timeout_ns(e, proto);
 }
 
-static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, struct ct_entry **out)
+/* ct_advance is the family-independent half of a lookup: e is the entry the
+ * key (res CT_ESTABLISHED) or its reverse (CT_REPLY) found. */
+static __always_inline int ct_advance(struct ct_entry *e, int res, __u8 proto, __u8 tcp_flags,
+				      struct ct_entry **out)
 {
-	struct ct_entry *e = bpf_map_lookup_elem(&lk_ct4, key);
-	int res = CT_ESTABLISHED;
 	__u64 now = bpf_ktime_get_ns();
 	__u16 flags;
 
-	if (!e) {
-		struct ct_key rev;
-
-		if (key->flags & CT_KEY_SERVICE)
-			return CT_NEW; /* service entries have no reply direction */
-		ct_key_reverse(key, &rev);
-		e = bpf_map_lookup_elem(&lk_ct4, &rev);
-		if (!e)
-			return CT_NEW;
-		res = CT_REPLY;
-	}
-	if (ct_expired(e, key->proto, now))
+	if (ct_expired(e, proto, now))
 		return CT_NEW;
 	flags = e->flags;
 	if (res == CT_REPLY) {
@@ -283,53 +321,88 @@ static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, 
 	return res;
 }
 
-static __always_inline void ct_count(__u32 slot)
+static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, struct ct_entry **out)
 {
-	__u64 *v = bpf_map_lookup_elem(&lk_ct_count, &slot);
+	struct ct_entry *e = bpf_map_lookup_elem(&lk_ct4, key);
+	int res = CT_ESTABLISHED;
+
+	if (!e) {
+		struct ct_key rev;
+
+		if (key->flags & CT_KEY_SERVICE)
+			return CT_NEW; /* service entries have no reply direction */
+		ct_key_reverse(key, &rev);
+		e = bpf_map_lookup_elem(&lk_ct4, &rev);
+		if (!e)
+			return CT_NEW;
+		res = CT_REPLY;
+	}
+	return ct_advance(e, res, key->proto, tcp_flags, out);
+}
+
+/* The tables of a family: lk_ct4 / lk_ct_count / ct_max_entries, or (v6)
+ * lk_ct6 / lk_ct6_count / ct6_max_entries. Callers pass a constant v6:
+ * each call site keeps its family's maps only. */
+#define CT_MAP(v6) ((v6) ? (void *)&lk_ct6 : (void *)&lk_ct4)
+#define CT_KEY_PROTO(v6, key) \
+	((v6) ? ((const struct ct6_key *)(key))->proto : ((const struct ct_key *)(key))->proto)
+#define CT_COUNT_MAP(v6) ((v6) ? (void *)&lk_ct6_count : (void *)&lk_ct_count)
+
+static __always_inline void ct_count_in(__u8 v6, __u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(CT_COUNT_MAP(v6), &slot);
 
 	if (v)
 		__sync_fetch_and_add(v, 1);
 }
 
-/* ct_note_created counts a new entry and, when the live count (created -
- * evicted - removed by GC) has reached the capacity, the eviction the LRU
- * made room with. */
-static __always_inline void ct_note_created(void)
+/* ct_note_created counts a new entry of the family's table and, when the
+ * live count (created - evicted - removed by GC) has reached its capacity,
+ * the eviction the LRU made room with. */
+static __always_inline void ct_note_created(__u8 v6)
 {
 	__u32 k0 = CT_COUNT_CREATED, k1 = CT_COUNT_EVICTED, k2 = CT_COUNT_GC_REMOVED;
-	__u64 *created = bpf_map_lookup_elem(&lk_ct_count, &k0);
-	__u64 *evicted = bpf_map_lookup_elem(&lk_ct_count, &k1);
-	__u64 *removed = bpf_map_lookup_elem(&lk_ct_count, &k2);
+	__u64 *created = bpf_map_lookup_elem(CT_COUNT_MAP(v6), &k0);
+	__u64 *evicted = bpf_map_lookup_elem(CT_COUNT_MAP(v6), &k1);
+	__u64 *removed = bpf_map_lookup_elem(CT_COUNT_MAP(v6), &k2);
 	__u64 c;
 
 	if (!created || !evicted || !removed)
 		return;
 	c = __sync_fetch_and_add(created, 1);
-	if (c >= *evicted + *removed + ct_max_entries)
+	if (c >= *evicted + *removed + (v6 ? ct6_max_entries : ct_max_entries))
 		__sync_fetch_and_add(evicted, 1);
 }
 
-static __always_inline int ct_create4_flags(const struct ct_key *key, const struct ct_entry *init, __u64 mode)
+/* ct_create_in inserts key (a struct ct_key, or a ct6_key when v6) into
+ * the family's table: the family-independent body of ct_create4 /
+ * ct_create6. */
+static __always_inline int ct_create_in(__u8 v6, const void *key, const struct ct_entry *init, __u64 mode)
 {
 	struct ct_entry e = *init;
 	struct ct_entry *old;
 
 	e.last_seen = bpf_ktime_get_ns();
-	if (!bpf_map_update_elem(&lk_ct4, key, &e, BPF_NOEXIST)) {
-		ct_note_created();
+	if (!bpf_map_update_elem(CT_MAP(v6), key, &e, BPF_NOEXIST)) {
+		ct_note_created(v6);
 		return 0;
 	}
 	/* The key exists (or the map refused): replace an entry that is
 	 * expired, or any entry when the caller allows it. */
-	old = bpf_map_lookup_elem(&lk_ct4, key);
-	if (old && (mode == BPF_ANY || ct_expired(old, key->proto, e.last_seen))) {
-		if (!bpf_map_update_elem(&lk_ct4, key, &e, BPF_EXIST))
+	old = bpf_map_lookup_elem(CT_MAP(v6), key);
+	if (old && (mode == BPF_ANY || ct_expired(old, CT_KEY_PROTO(v6, key), e.last_seen))) {
+		if (!bpf_map_update_elem(CT_MAP(v6), key, &e, BPF_EXIST))
 			return 0;
 	}
 	if (old && mode != BPF_ANY)
 		return -1; /* in use: not a failure of the table */
-	ct_count(CT_COUNT_FAILED);
+	ct_count_in(v6, CT_COUNT_FAILED);
 	return -1;
+}
+
+static __always_inline int ct_create4_flags(const struct ct_key *key, const struct ct_entry *init, __u64 mode)
+{
+	return ct_create_in(0, key, init, mode);
 }
 
 static __always_inline int ct_create4(const struct ct_key *key, const struct ct_entry *init)
@@ -345,6 +418,87 @@ static __always_inline int ct_create4_unique(const struct ct_key *key, const str
 static __always_inline void ct_delete4(const struct ct_key *key)
 {
 	bpf_map_delete_elem(&lk_ct4, key);
+}
+
+#define LK_ICMP6_ECHO_REQUEST 128
+#define LK_ICMP6_ECHO_REPLY 129
+
+/* ct_tuple6 is ct_tuple4 for the IPv6 packet ip6 whose extension-header
+ * chain is c: TCP, UDP and ICMPv6 echo. A fragmented packet (a fragment
+ * header, first fragment included) is not trackable (-1): IPv6 fragments
+ * are not reassociated with their first fragment's ports yet. */
+static __always_inline int ct_tuple6(struct __sk_buff *skb, const struct ipv6hdr *ip6,
+				     const struct lk_ip6_chain *c, struct ct6_key *key, __u8 *tcp_flags)
+{
+	__builtin_memcpy(&key->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(&key->daddr, &ip6->daddr, 16);
+	key->proto = c->nh;
+	key->flags = 0;
+	key->pad = 0;
+	*tcp_flags = 0;
+	if (c->frag)
+		return -1;
+	if (c->nh == IPPROTO_TCP || c->nh == IPPROTO_UDP) {
+		__be16 ports[2];
+
+		if (bpf_skb_load_bytes(skb, c->off, ports, sizeof(ports)) < 0)
+			return -1;
+		key->sport = ports[0];
+		key->dport = ports[1];
+		if (c->nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, c->off + 13, tcp_flags, 1) < 0)
+			return -1;
+		return 0;
+	}
+	if (c->nh == IPPROTO_ICMPV6) {
+		__u8 b[6];
+
+		if (bpf_skb_load_bytes(skb, c->off, b, sizeof(b)) < 0)
+			return -1;
+		if (b[0] != LK_ICMP6_ECHO_REQUEST && b[0] != LK_ICMP6_ECHO_REPLY)
+			return -1;
+		__builtin_memcpy(&key->sport, &b[4], 2);
+		key->dport = key->sport;
+		return 0;
+	}
+	return -1;
+}
+
+/* ct6_key_swap turns k around in place (its reverse direction): IPv6 keys
+ * are 40 bytes, and from_pod6's stack has no room for a second one. */
+static __always_inline void ct6_key_swap(struct ct6_key *k)
+{
+	__u64 *a = (__u64 *)&k->saddr, *b = (__u64 *)&k->daddr, t;
+	__be16 p = k->sport;
+
+	t = a[0]; a[0] = b[0]; b[0] = t;
+	t = a[1]; a[1] = b[1]; b[1] = t;
+	k->sport = k->dport;
+	k->dport = p;
+}
+
+/* ct_lookup6 is ct_lookup4 for IPv6. key is turned around for the reply
+ * lookup and back before it returns. */
+static __always_inline int ct_lookup6(struct ct6_key *key, __u8 tcp_flags, struct ct_entry **out)
+{
+	struct ct_entry *e = bpf_map_lookup_elem(&lk_ct6, key);
+	int res = CT_ESTABLISHED;
+
+	if (!e) {
+		if (key->flags & CT_KEY_SERVICE)
+			return CT_NEW;
+		ct6_key_swap(key);
+		e = bpf_map_lookup_elem(&lk_ct6, key);
+		ct6_key_swap(key);
+		if (!e)
+			return CT_NEW;
+		res = CT_REPLY;
+	}
+	return ct_advance(e, res, key->proto, tcp_flags, out);
+}
+
+static __always_inline int ct_create6(const struct ct6_key *key, const struct ct_entry *init)
+{
+	return ct_create_in(1, key, init, BPF_ANY);
 }
 
 #endif

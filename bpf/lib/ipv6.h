@@ -2,7 +2,7 @@
 /* ipv6.h: the IPv6 pod datapath, the same steps as IPv4 (pod.c):
  *   parse (extension headers walked, bounded: ip6_ext.h) -> anti-spoof
  *   (source address; neighbour discovery, ndp.h; router advertisements,
- *   redirects and DHCPv6 server messages dropped) -> [policy: fail closed]
+ *   redirects and DHCPv6 server messages dropped) -> [policy: policy6.h]
  *   -> route (local: bpf_redirect_peer; remote: bpf_fib_lookup AF_INET6 +
  *   redirect / redirect_neigh, the GSO-aware MTU rule of fib.h)
  * What only the host stack can do goes there: hop limit <= 1 (ICMPv6 time
@@ -10,11 +10,12 @@
  * hop-by-hop options (a router must look), multicast and link-scoped
  * traffic.
  *
- * NetworkPolicy and Services do not cover IPv6 yet. Until they do, IPv6 fails
- * closed where policy matters: IPv6 to or from an endpoint that any
- * NetworkPolicy selects (an isolation entry for its identity, either
- * direction) is dropped as DROP_POLICY_IPV6, never passed unenforced.
- * Neighbour discovery is exempt (it is the link, as ARP is for IPv4). */
+ * NetworkPolicy is enforced as for IPv4 (policy6.h): the sender's egress in
+ * from_pod6, the receiver's ingress wherever IPv6 enters a pod (from_pod6,
+ * from_uplink, to_pod), replies by IPv6 conntrack. Neighbour discovery is
+ * exempt (it is the link, as ARP is for IPv4). DROP_POLICY_IPV6 (the fail
+ * closed of the first slice) is no longer produced; the value stays so
+ * that reason numbers do not move. */
 #ifndef LK_IPV6_H
 #define LK_IPV6_H
 
@@ -34,6 +35,8 @@
 #include "ip6_ext.h"
 #include "ndp.h"
 #include "policy.h"
+#include "policy6.h"
+#include "lb6.h"
 
 /* Extension headers the datapath walks; a longer chain is dropped
  * (DROP_IPV6_EXT_HDRS). Eight is more than any packet RFC 8200's order of
@@ -68,17 +71,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_pod6_progs SEC(".maps");
 
+/* from_uplink's (and from_tunnel's) IPv6 half, from_uplink6 in uplink.c,
+ * entered by a tail call for the same reason: slot 0. Not installed, IPv6
+ * goes to the host stack (and to_pod judges what it sends into a pod). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_uplink6_progs SEC(".maps");
+
 static __always_inline int ep_has_ip6(const struct endpoint_info *ep)
 {
 	return !ip6_is_zero(ep->ip6);
-}
-
-/* ip6_policy_selected: some NetworkPolicy selects ep (either direction). */
-static __always_inline int ip6_policy_selected(const struct endpoint_info *ep)
-{
-	struct policy_isolation iso = policy_isolation_of(policy_endpoint_identity(ep->ip));
-
-	return (iso.policy_ingress | iso.policy_egress) != 0;
 }
 
 static __always_inline int ip6_walk(struct __sk_buff *skb, const struct pkt *p, struct lk_ip6_chain *c)
@@ -194,6 +200,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 /* from_pod_ipv6 is from_pod (pod.c) for IPv6. */
 static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, const struct endpoint_info *ep)
 {
+	struct lb6_pending *pd;
 	struct endpoint_info *dst;
 	struct lk_ip6_chain c;
 
@@ -228,13 +235,29 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	}
 	metrics_add(ep->id, METRIC_FROM_EP, skb->len);
 
-	/* [policy] fail closed (see the file comment). */
-	if (ip6_policy_selected(ep))
-		return drop(skb, ep->id, DROP_POLICY_IPV6);
+	/* [LB] (lb6.h): IPv6 ClusterIP frontends; replies translated back. */
+	pd = lb6_pending_get();
+	{
+		int changed, v = lb6(skb, p, &c, ep, pd, &changed);
+
+		if (v != LB_CONTINUE)
+			return v;
+		if (changed && (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6))
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
+	/* [/LB] */
+
+	/* [policy] (policy6.h): the sender's egress, a local receiver's ingress,
+	 * on the packet as load balancing left it. */
 	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
-	if (dst && ip6_policy_selected(dst))
-		return drop(skb, dst->id, DROP_POLICY_IPV6);
+	if (!pd || !pd->allowed_reply) {
+		__u32 charge, reason = policy_from_endpoint6(skb, p, &c, ep, dst, &charge);
+
+		if (reason)
+			return drop(skb, charge, reason);
+	}
 	/* [/policy] */
+	lb6_commit(pd); /* [LB] the new flow's state, now that it is allowed */
 
 	if (is_multicast_ether(p->eth->h_dest) || ip6_is_multicast((__u8 *)&p->ip6->daddr) ||
 	    ip6_is_linklocal((__u8 *)&p->ip6->daddr))
@@ -247,36 +270,63 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 }
 
 /* from_uplink_ipv6 is from_uplink (uplink.c) for IPv6: a packet for a local
- * endpoint goes into it with bpf_redirect_peer; the rest is the stack's. */
+ * endpoint goes into it with bpf_redirect_peer (a reply of a load-balanced
+ * flow translated back first); the rest is the stack's. */
 static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct lb6_pending *pd;
 	struct lk_ip6_chain c;
+	__u32 reason;
+	int changed;
 
 	if (!dst)
 		return TC_ACT_OK;
-	if (ip6_policy_selected(dst))
-		return drop(skb, dst->id, DROP_POLICY_IPV6);
 	if (ip6_walk(skb, p, &c) || p->ip6->hop_limit <= 1 || c.first_nh == IPPROTO_HOPOPTS)
-		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options */
+		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options (to_pod judges policy) */
+	/* [LB] replies of flows a pod here load-balanced to a remote backend */
+	pd = lb6_pending_get();
+	if (lb6(skb, p, &c, 0, pd, &changed) != LB_CONTINUE)
+		return TC_ACT_SHOT;
+	if (changed) {
+		if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
+			return TC_ACT_SHOT;
+		dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+		if (!dst)
+			return TC_ACT_OK;
+	}
+	/* [policy] the receiver's ingress (a reply translated back belongs to
+	 * a connection policy allowed) */
+	if (!pd || !pd->allowed_reply) {
+		reason = policy_to_endpoint6(skb, p, &c, dst, 0);
+		if (reason)
+			return drop(skb, dst->id, reason);
+	}
 	return deliver_local_l3(skb, p, 0, dst, 1);
 }
 
-/* to_pod_ipv6 is to_pod (pod.c) for IPv6: the stack's packets into an
- * endpoint a NetworkPolicy selects are refused, neighbour discovery (the
- * host resolving the pod) excepted. */
+/* to_pod_ipv6 is to_pod (pod.c) for IPv6: the receiver's ingress judges
+ * what the stack sends into it (from_stack: the node's own addresses pass),
+ * neighbour discovery (the host resolving the pod) excepted. A chain the
+ * walk refuses cannot be judged: dropped for an endpoint a policy selects. */
 static __always_inline int to_pod_ipv6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
 	struct lk_ip6_chain c;
+	__u32 reason;
 	__u8 type;
 
-	if (!dst || !ip6_policy_selected(dst))
+	if (!dst)
 		return TC_ACT_OK;
-	if (!ip6_walk(skb, p, &c) && !c.frag && c.nh == IPPROTO_ICMPV6 &&
-	    !bpf_skb_load_bytes(skb, c.off, &type, 1) && (type == LK_ICMP6_NS || type == LK_ICMP6_NA))
+	if (ip6_walk(skb, p, &c))
+		return policy_selected6(dst) ? drop(skb, dst->id, DROP_IPV6_EXT_HDRS) : TC_ACT_OK;
+	if (!c.frag && c.nh == IPPROTO_ICMPV6 && !bpf_skb_load_bytes(skb, c.off, &type, 1) &&
+	    (type == LK_ICMP6_NS || type == LK_ICMP6_NA))
 		return TC_ACT_OK;
-	return drop(skb, dst->id, DROP_POLICY_IPV6);
+	reason = policy_to_endpoint6(skb, p, &c, dst, 1);
+	if (reason)
+		return drop(skb, dst->id, reason);
+	return TC_ACT_OK;
 }
 
 #endif

@@ -53,6 +53,32 @@ static __always_inline struct lb_backend_value *lb_backend(__u32 id, __u32 front
 	return be;
 }
 
+/* lb_maglev_pick returns the backend ID in slot hash % size of frontend
+ * svc's Maglev table (0: none), for either family (lb6.h). */
+static __always_inline __u32 lb_maglev_pick(const struct lb_svc_value *svc, __u32 hash)
+{
+	__u32 slot, *idp;
+	void *table;
+
+	if (!svc->maglev_size)
+		return 0;
+	table = bpf_map_lookup_elem(&lk_lb_maglev, &svc->frontend_id);
+	if (!table)
+		return 0;
+	slot = hash % svc->maglev_size;
+	idp = bpf_map_lookup_elem(table, &slot);
+	if (!idp) {
+		/* A smaller table was swapped in and the service value (its
+		 * size) is not updated yet: every table has at least
+		 * LB_MAGLEV_FLOOR slots (service.MaglevFloor). */
+		slot = hash % LB_MAGLEV_FLOOR;
+		idp = bpf_map_lookup_elem(table, &slot);
+		if (!idp)
+			return 0;
+	}
+	return *idp;
+}
+
 /* lb_select chooses a backend for a new flow: the client's affinity entry
  * (fresh, active backend) or Maglev. Returns the backend ID, 0 for none. */
 static __always_inline __u32 lb_select(const struct lb_svc_value *svc, const struct ct_key *t,
@@ -62,8 +88,7 @@ static __always_inline __u32 lb_select(const struct lb_svc_value *svc, const str
 	struct lb_affinity_value *av = 0;
 	struct lb_backend_value *be;
 	__u64 now = bpf_ktime_get_ns();
-	__u32 id, slot, *idp;
-	void *table;
+	__u32 id;
 
 	if (svc->flags & LB_SVC_F_AFFINITY) {
 		av = bpf_map_lookup_elem(&lk_lb_affinity, &ak);
@@ -78,23 +103,9 @@ static __always_inline __u32 lb_select(const struct lb_svc_value *svc, const str
 			}
 		}
 	}
-	if (!svc->maglev_size)
+	id = lb_maglev_pick(svc, lb_flow_hash(t));
+	if (!id)
 		return 0;
-	table = bpf_map_lookup_elem(&lk_lb_maglev, &svc->frontend_id);
-	if (!table)
-		return 0;
-	slot = lb_flow_hash(t) % svc->maglev_size;
-	idp = bpf_map_lookup_elem(table, &slot);
-	if (!idp) {
-		/* A smaller table was swapped in and the service value (its
-		 * size) is not updated yet: every table has at least
-		 * LB_MAGLEV_FLOOR slots (service.MaglevFloor). */
-		slot = lb_flow_hash(t) % LB_MAGLEV_FLOOR;
-		idp = bpf_map_lookup_elem(table, &slot);
-		if (!idp)
-			return 0;
-	}
-	id = *idp;
 	be = lb_backend(id, svc->frontend_id);
 	if (!be)
 		return 0;

@@ -36,6 +36,7 @@
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "consts.h"
@@ -55,6 +56,7 @@
 /* Identities and wildcards (pkg/policy: IdentityAny, IdentityWorld, ProtoAny). */
 #define LK_IDENTITY_ANY 0
 #define LK_IDENTITY_WORLD 2
+#define LK_IDENTITY_WORLD6 3 /* ::/0: an IPv6 address in no ipBlock (policy.IdentityWorld6) */
 /* The node's own addresses (Loader.SetPolicyHostAddrs): Kubernetes does not
  * let a pod block its node (kubelet probes). Traffic from the node into a pod
  * never meets these programs; the pod's answers to it (see struct
@@ -128,6 +130,32 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_policy_cidrs SEC(".maps");
+
+/* IPv6 twins of the two address maps: endpoint IPv6 address -> identity
+ * (an endpoint's IPv6 address has the identity of its IPv4 one) and IPv6
+ * ipBlock prefixes -> CIDR identity (::/0 -> LK_IDENTITY_WORLD6). */
+struct policy_cidr6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_POLICY_MAX_IPCACHE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct in6_addr);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_policy_ipcache6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, LK_POLICY_MAX_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct policy_cidr6_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_policy_cidrs6 SEC(".maps");
 
 /* Identity -> default-deny directions (policy.Compiled.Isolated). */
 struct {
@@ -226,6 +254,31 @@ static __always_inline __u32 policy_cidr_identity(__be32 ip)
 	return cid ? *cid : LK_IDENTITY_WORLD;
 }
 
+/* The family-parameterised forms: an IPv4 address (ip6 0) or the 16 bytes
+ * at ip6. Callers pass a constant 0 for IPv4, so each call site keeps only
+ * its family's lookups. */
+static __always_inline __u32 policy_endpoint_identity_af(__be32 ip4, const void *ip6)
+{
+	__u32 *id;
+
+	if (!ip6)
+		return policy_endpoint_identity(ip4);
+	id = bpf_map_lookup_elem(&lk_policy_ipcache6, ip6);
+	return id ? *id : 0;
+}
+
+static __always_inline __u32 policy_cidr_identity_af(__be32 ip4, const void *ip6)
+{
+	struct policy_cidr6_key k = { .prefixlen = 128 };
+	__u32 *cid;
+
+	if (!ip6)
+		return policy_cidr_identity(ip4);
+	__builtin_memcpy(k.addr, ip6, 16);
+	cid = bpf_map_lookup_elem(&lk_policy_cidrs6, &k);
+	return cid ? *cid : LK_IDENTITY_WORLD6;
+}
+
 static __always_inline void policy_count(__u32 policy, int allowed)
 {
 	struct policy_verdict *v = bpf_map_lookup_elem(&lk_policy_verdicts, &policy);
@@ -271,9 +324,10 @@ static __always_inline struct policy_isolation policy_isolation_of(__u32 id)
  * connection so the pod's replies pass too. Packets from the wire never get
  * this (an address of the node in their source is a spoof there).
  * peer_hint: the peer's identity as the tunnel carried it (tunnel.h; 0:
- * resolve peer_ip). */
+ * resolve the peer's address: peer_ip, or the IPv6 address at peer_ip6 when
+ * that is not 0). */
 static __always_inline int policy_decide(__u32 subject, const struct policy_isolation *iso, __u8 dir,
-					 __be32 peer_ip, __u32 peer_hint, __u8 proto, __u16 port, __u8 answer,
+					 __be32 peer_ip, const void *peer_ip6, __u32 peer_hint, __u8 proto, __u16 port, __u8 answer,
 					 __u8 from_stack)
 {
 	struct policy_value *v;
@@ -289,8 +343,8 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 		.direction = dir,
 		.port = bpf_htons(port),
 	};
-	__u32 ep = peer_hint ? peer_hint : policy_endpoint_identity(peer_ip);
-	__u32 peer = ep ? ep : policy_cidr_identity(peer_ip);
+	__u32 ep = peer_hint ? peer_hint : policy_endpoint_identity_af(peer_ip, peer_ip6);
+	__u32 peer = ep ? ep : policy_cidr_identity_af(peer_ip, peer_ip6);
 
 	if (peer == LK_IDENTITY_HOST && dir == POLICY_DIR_EGRESS && answer)
 		return 2; /* passes, but opens nothing: the caller tracks no state */
@@ -307,7 +361,7 @@ static __always_inline int policy_decide(__u32 subject, const struct policy_isol
 	if (!v && ep) {
 		/* An endpoint (or the node) matches by address too: the ipBlocks
 		 * covering it (IdentityAny was tried above). */
-		peer = policy_cidr_identity(peer_ip);
+		peer = policy_cidr_identity_af(peer_ip, peer_ip6);
 		v = policy_rule(&k, peer, proto);
 		if (!v)
 			v = policy_rule(&k, peer, LK_POLICY_PROTO_ANY);
@@ -407,10 +461,10 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	policy_flow_of(skb, p, &f);
 	if (tracked && frag4_later(p->ip4) && (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP))
 		f.dport = bpf_ntohs(key.dport); /* its first fragment's port (frag.h) */
-	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, 0, f.proto, f.dport, f.answer, 0);
+	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, 0, 0, f.proto, f.dport, f.answer, 0);
 	if (!egress)
 		return DROP_POLICY_EGRESS;
-	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, src_hint, f.proto, f.dport, 0,
+	if (!policy_decide(dst_id, dst_iso, POLICY_DIR_INGRESS, f.saddr, 0, src_hint, f.proto, f.dport, 0,
 			   from_stack))
 		return DROP_POLICY_INGRESS;
 	if (!tracked || egress == 2)

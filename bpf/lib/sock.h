@@ -25,11 +25,14 @@
  * process of another netns in the attached cgroup keeps its addresses.
  *
  * Address families: one code path over struct sock_ep (family + address +
- * port); the ctx accessors and sock_ep_v4/sock_ep_set_v4 are the only
- * per-family code. The service maps are IPv4 today: an IPv6 socket is
- * load-balanced when it names an IPv4 service as an IPv4-mapped address
- * (::ffff:a.b.c.d, dual-stack sockets), and gets the backend the same way;
- * a real IPv6 frontend finds no service (sock_svc). */
+ * port). An IPv6 socket naming an IPv4 service by its IPv4-mapped address
+ * (::ffff:a.b.c.d, dual-stack sockets) is load-balanced in the IPv4 tables
+ * and gets the backend the same way; one naming an IPv6 ClusterIP
+ * (lb6_maps.h) gets an IPv6 backend (sock_pick6). Only the frontend and
+ * backend lookups and the revnat check differ per family (sock_svc,
+ * sock_pick, sock_frontend_ok). IPv6 frontends are ClusterIPs only (no IPv6
+ * NodePorts); their ClientIP affinity has one client for the whole node as
+ * for IPv4, keyed by the unspecified address. */
 #ifndef LK_SOCK_H
 #define LK_SOCK_H
 
@@ -40,6 +43,7 @@
 #include "consts.h"
 #include "structs.h"
 #include "lb_maps.h"
+#include "lb6_maps.h"
 #include "lb_select.h"
 
 #define LK_AF_INET 2
@@ -172,14 +176,22 @@ static __always_inline int sock_mine(struct bpf_sock_addr *ctx)
 }
 
 /* sock_svc finds the frontend ep names: a ClusterIP, else a NodePort on the
- * node's address (loopback: sock_node_addr4). */
+ * node's address (loopback: sock_node_addr4); for an IPv6 address that is
+ * not IPv4-mapped, an IPv6 ClusterIP (*v4 stays 0). */
 static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, __u8 proto, __be32 *v4)
 {
 	struct lb_svc_key k = {};
 	struct lb_svc_value *svc;
 
-	if (!sock_ep_v4(ep, v4))
-		return 0; /* the service maps are IPv4 */
+	if (!sock_ep_v4(ep, v4)) {
+		struct lb_svc6_key k6 = {};
+
+		__builtin_memcpy(k6.addr, ep->v6, 16);
+		k6.port = bpf_ntohs(ep->port);
+		k6.proto = proto;
+		k6.scope = LB_SCOPE_CLUSTERIP;
+		return bpf_map_lookup_elem(&lk_lb_svc6, &k6);
+	}
 	k.addr = *v4;
 	k.port = bpf_ntohs(ep->port);
 	k.proto = proto;
@@ -197,6 +209,55 @@ static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, _
 		k.addr = sock_node_addr4;
 	}
 	return bpf_map_lookup_elem(&lk_lb_svc, &k);
+}
+
+static __always_inline int sock_v6_equal(const __u8 *a, const __be32 *b)
+{
+	__be32 w[4];
+
+	__builtin_memcpy(w, a, 16);
+	return w[0] == b[0] && w[1] == b[1] && w[2] == b[2] && w[3] == b[3];
+}
+
+/* sock_pick6 chooses the backend of IPv6 frontend svc for hash t (lb6.h's
+ * choice: the node's affinity entry, else Maglev) and makes *be_ep it.
+ * Returns 0 when there is none. */
+static __always_inline int sock_pick6(const struct lb_svc_value *svc, const struct ct_key *t, struct sock_ep *be_ep)
+{
+	struct lb_affinity6_key ak = { .frontend_id = svc->frontend_id }; /* client: the node (::) */
+	struct lb_backend6_value *be = 0;
+	struct lb_affinity_value *av;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 id = 0;
+
+	if (svc->flags & LB_SVC_F_AFFINITY) {
+		av = bpf_map_lookup_elem(&lk_lb_affinity6, &ak);
+		if (av && now - av->last_used <= (__u64)svc->affinity_seconds * 1000000000ULL) {
+			id = av->backend_id;
+			be = bpf_map_lookup_elem(&lk_lb_backends6, &id);
+			if (be && (be->frontend_id != svc->frontend_id || be->state != LB_BACKEND_ACTIVE))
+				be = 0;
+			if (be) {
+				av->last_used = now;
+				lb_stat(LB_STAT_AFFINITY);
+			}
+		}
+	}
+	if (!be) {
+		id = lb_maglev_pick(svc, lb_flow_hash(t));
+		be = id ? bpf_map_lookup_elem(&lk_lb_backends6, &id) : 0;
+		if (!be || be->frontend_id != svc->frontend_id)
+			return 0;
+		if (svc->flags & LB_SVC_F_AFFINITY) {
+			struct lb_affinity_value nv = { .last_used = now, .backend_id = id };
+
+			bpf_map_update_elem(&lk_lb_affinity6, &ak, &nv, BPF_ANY);
+		}
+	}
+	be_ep->family = LK_AF_INET6;
+	__builtin_memcpy(be_ep->v6, be->addr, 16);
+	be_ep->port = bpf_htons(be->port);
+	return 1;
 }
 
 /* sock_fold16 folds a socket cookie into the flow hash's source port. */
@@ -233,6 +294,20 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, __u32 family, __u
 	t.sport = sock_fold16(rk.cookie);
 	t.dport = dst.port;
 	t.proto = proto;
+	if (family == LK_AF_INET6 && !sock_ep_v4(&dst, &dst4)) { /* an IPv6 frontend */
+		t.daddr = dst.v6[0] ^ dst.v6[1] ^ dst.v6[2] ^ dst.v6[3];
+		rv.frontend = dst;
+		if (!sock_pick6(svc, &t, &rk.backend)) {
+			sock_stat(hook, SOCK_STAT_NO_BACKEND);
+			bpf_set_retval(-LK_ECONNREFUSED);
+			return 0;
+		}
+		rv.frontend_id = svc->frontend_id;
+		bpf_map_update_elem(&lk_sock_revnat, &rk, &rv, BPF_ANY);
+		sock_ctx_set(ctx, family, &rk.backend);
+		sock_stat(hook, SOCK_STAT_TRANSLATED);
+		return 1;
+	}
 	lb_select(svc, &t, &be);
 	if (!be) {
 		sock_stat(hook, SOCK_STAT_NO_BACKEND);
@@ -265,9 +340,27 @@ static __always_inline int sock_rev(struct bpf_sock_addr *ctx, __u32 family, __u
 	if (!sock_mine(ctx))
 		return 1;
 	sock_ctx_get(ctx, family, &ep);
-	if (!sock_ep_v4(&ep, &be4))
-		return 1; /* backends are IPv4 */
 	rk.cookie = bpf_get_socket_cookie(ctx);
+	if (family == LK_AF_INET6 && !sock_ep_v4(&ep, &be4)) {
+		/* An IPv6 backend: the frontend must still be the one asked for. */
+		struct lb_revnat6_value *rn6;
+
+		rk.backend = ep;
+		rv = bpf_map_lookup_elem(&lk_sock_revnat, &rk);
+		if (!rv)
+			return 1;
+		rn6 = bpf_map_lookup_elem(&lk_lb_revnat6, &rv->frontend_id);
+		if (!rn6 || bpf_htons(rn6->port) != rv->frontend.port || !sock_v6_equal(rn6->addr, rv->frontend.v6)) {
+			bpf_map_delete_elem(&lk_sock_revnat, &rk);
+			return 1;
+		}
+		ep = rv->frontend;
+		sock_ctx_set(ctx, family, &ep);
+		sock_stat(hook, SOCK_STAT_TRANSLATED);
+		return 1;
+	}
+	if (!sock_ep_v4(&ep, &be4))
+		return 1;
 	sock_ep_set_v4(&rk.backend, LK_AF_INET, be4, ep.port);
 	rv = bpf_map_lookup_elem(&lk_sock_revnat, &rk);
 	if (!rv)

@@ -51,7 +51,8 @@ func MaybeClient() {
 // a line, read the answer), "udpc ADDR" (the same over connected UDP),
 // "udp ADDR" (unconnected: sendto, recvfrom), or "tcp6m" / "udp6m" /
 // "udp6mu ADDR" (tcp / udpc / udp from an IPv6 socket to ADDR's IPv4-mapped
-// address; the peer is reported unmapped). It returns one line per op:
+// address; the peer is reported unmapped), or "tcp6" / "udpc6" / "udp6 ADDR"
+// (tcp / udpc / udp to an IPv6 ADDR). It returns one line per op:
 // "ok <first word of the answer> <peer>" (peer: getpeername for tcp/udpc,
 // the reply's source for udp) or "err <ERRNO>".
 func Run(netnsPath, cgroup string, ops ...string) ([]string, error) {
@@ -90,8 +91,8 @@ func do(kind, addr string) (backend, peer string, err error) {
 		return "-"
 	}
 	switch kind {
-	case "tcp", "udpc":
-		network := map[string]string{"tcp": "tcp4", "udpc": "udp4"}[kind]
+	case "tcp", "udpc", "tcp6", "udpc6":
+		network := map[string]string{"tcp": "tcp4", "udpc": "udp4", "tcp6": "tcp6", "udpc6": "udp6"}[kind]
 		c, err := net.DialTimeout(network, addr, 3*time.Second)
 		if err != nil {
 			return "", "", err
@@ -107,12 +108,13 @@ func do(kind, addr string) (backend, peer string, err error) {
 		}
 		// Go fills RemoteAddr from getpeername after connect.
 		return first(buf[:n]), c.RemoteAddr().String(), nil
-	case "udp":
-		to, err := net.ResolveUDPAddr("udp4", addr)
+	case "udp", "udp6":
+		network := map[string]string{"udp": "udp4", "udp6": "udp6"}[kind]
+		to, err := net.ResolveUDPAddr(network, addr)
 		if err != nil {
 			return "", "", err
 		}
-		c, err := net.ListenUDP("udp4", nil)
+		c, err := net.ListenUDP(network, nil)
 		if err != nil {
 			return "", "", err
 		}

@@ -150,6 +150,9 @@ func (a *Agent) restoreControlPlane() error {
 	if a.cfg.PodCIDR.IsValid() {
 		opts.LocalPrefixes = []netip.Prefix{a.cfg.PodCIDR.Masked()}
 	}
+	if a.cfg.PodCIDR6.IsValid() { // IPv6 Services' traffic policy Local
+		opts.LocalPrefixes = append(opts.LocalPrefixes, a.cfg.PodCIDR6.Masked())
+	}
 	a.ctl = newCtlPlane(opts)
 	c := a.ctl
 	c.log = a.log

@@ -36,18 +36,18 @@ type hostAddrSetter interface {
 // after its subscription failed or ended.
 const hostAddrResubscribe = time.Second
 
-// listHostAddrs returns every IPv4 address of every interface of the node
-// netns, sorted and without duplicates.
+// listHostAddrs returns every IPv4 and IPv6 address of every interface of
+// the node netns, sorted and without duplicates.
 func (a *Agent) listHostAddrs() ([]netip.Addr, error) {
 	var out []netip.Addr
 	err := a.host.Do(func() error {
-		addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+		addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 		if err != nil {
 			return fmt.Errorf("list node addresses: %w", err)
 		}
 		for _, ad := range addrs {
-			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok {
-				out = append(out, ip)
+			if ip, ok := netip.AddrFromSlice(ad.IP); ok {
+				out = append(out, ip.Unmap())
 			}
 		}
 		return nil

@@ -10,12 +10,11 @@ import (
 	"github.com/lanekit/lanekit/pkg/store"
 )
 
-// IPv6 for pods (issue 25, first slice): with Config.PodCIDR6 every pod
-// endpoint gets an address of each family. VMs stay IPv4-only for now (their
-// IPv6 is dropped as unsupported-l3), and so do NetworkPolicy and Services:
-// the datapath refuses the IPv6 of endpoints a policy selects
-// (policy-ipv6-unenforced), and IPv6 Service addresses are refused per
-// object (pkg/service).
+// IPv6 for pods (issue 25): with Config.PodCIDR6 every pod endpoint gets an
+// address of each family. VMs stay IPv4-only for now (their IPv6 is dropped
+// as unsupported-l3). NetworkPolicy covers both families (an endpoint's IPv6
+// address has its identity: netpolicy.go; the node's IPv6 addresses are the
+// host identity: hostaddrs.go).
 
 // openIPv6 opens the IPv6 pool and turns IPv6 forwarding on when the node
 // has an IPv6 pod CIDR.

@@ -22,6 +22,10 @@ type memServices struct {
 	back   map[service.BackendKey]service.BackendValue
 	maglev map[uint32][]uint32
 	revnat map[service.RevNatKey]service.RevNatValue
+	// The IPv6 frontends' tables (service.Update's *6 fields).
+	svc6    map[service.ServiceKey6]service.ServiceValue
+	back6   map[service.BackendKey]service.BackendValue6
+	revnat6 map[service.RevNatKey]service.RevNatValue6
 }
 
 // memPolicy is MemoryDatapath's copy of the policy maps.
@@ -38,7 +42,9 @@ var ErrInjected = errors.New("injected datapath failure")
 func (m *MemoryDatapath) initServices() {
 	if m.svcs.svc == nil {
 		m.svcs = memServices{svc: map[service.ServiceKey]service.ServiceValue{}, back: map[service.BackendKey]service.BackendValue{},
-			maglev: map[uint32][]uint32{}, revnat: map[service.RevNatKey]service.RevNatValue{}}
+			maglev: map[uint32][]uint32{}, revnat: map[service.RevNatKey]service.RevNatValue{},
+			svc6: map[service.ServiceKey6]service.ServiceValue{}, back6: map[service.BackendKey]service.BackendValue6{},
+			revnat6: map[service.RevNatKey]service.RevNatValue6{}}
 		m.pol = memPolicy{ipcache: map[netip.Addr]policy.Identity{}, cidrs: map[netip.Prefix]policy.Identity{},
 			rules: map[policy.RuleKey]policy.RuleValue{}, isolated: map[policy.Identity]policy.Isolation{}}
 	}
@@ -66,17 +72,25 @@ func (m *MemoryDatapath) ApplyServices(u *service.Update) error {
 	}
 	maps.Copy(s.revnat, u.RevNat)
 	maps.Copy(s.svc, u.Services)
+	maps.Copy(s.back6, u.Backends6)
+	maps.Copy(s.revnat6, u.RevNat6)
+	maps.Copy(s.svc6, u.Services6)
 	for _, k := range u.ServiceDeletes {
 		delete(s.svc, k)
 	}
+	for _, k := range u.ServiceDeletes6 {
+		delete(s.svc6, k)
+	}
 	for _, k := range u.RevNatDeletes {
 		delete(s.revnat, k)
+		delete(s.revnat6, k)
 	}
 	for _, k := range u.MaglevDeletes {
 		delete(s.maglev, k)
 	}
 	for _, k := range u.BackendDeletes {
 		delete(s.back, k)
+		delete(s.back6, k)
 	}
 	m.svcApplies++
 	return nil
@@ -88,7 +102,8 @@ func (m *MemoryDatapath) DumpServices() (*service.Update, error) {
 	defer m.mu.Unlock()
 	m.initServices()
 	u := &service.Update{Services: maps.Clone(m.svcs.svc), Backends: maps.Clone(m.svcs.back),
-		Maglev: map[uint32][]uint32{}, RevNat: maps.Clone(m.svcs.revnat)}
+		Maglev: map[uint32][]uint32{}, RevNat: maps.Clone(m.svcs.revnat),
+		Services6: maps.Clone(m.svcs.svc6), Backends6: maps.Clone(m.svcs.back6), RevNat6: maps.Clone(m.svcs.revnat6)}
 	for id, t := range m.svcs.maglev {
 		u.Maglev[id] = slices.Clone(t)
 	}

@@ -134,7 +134,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 			continue
 		}
 		ns, name, labels := argsView(ep)
-		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP}
+		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6}
 		fromPod := false
 		if pod := pods[ns+"/"+name]; pod != nil && podLive(pod) {
 			pe.Labels, pe.NamedPorts, fromPod = maps.Clone(pod.Labels), namedPorts(pod), true
@@ -159,8 +159,12 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 			continue
 		}
 		used[ip] = true
-		in.Endpoints = append(in.Endpoints, policy.Endpoint{Namespace: pod.Namespace, Name: pod.Name,
-			Labels: pod.Labels, IP: ip, NamedPorts: namedPorts(pod)})
+		pe := policy.Endpoint{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, IP: ip, NamedPorts: namedPorts(pod)}
+		if ip6, ok := k8sobj.PodIPv6(pod); ok && !used[ip6] {
+			used[ip6] = true
+			pe.IP6 = ip6
+		}
+		in.Endpoints = append(in.Endpoints, pe)
 	}
 	return in, locals, nil
 }

@@ -76,7 +76,7 @@ const (
 	// IPv6 (bpf/lib/ipv6.h, ndp.h)
 	DropIPv6ExtHdrs DropReason = DropReason(podLkDropReasonDROP_IPV6EXT_HDRS) // extension-header chain truncated or too long
 	DropRouterMsg   DropReason = DropReason(podLkDropReasonDROP_ROUTER_MSG)   // RA, ICMPv6 redirect or DHCPv6 server message from an endpoint
-	DropPolicyIPv6  DropReason = DropReason(podLkDropReasonDROP_POLICY_IPV6)  // IPv6 of an endpoint a NetworkPolicy selects (IPv6 policy not enforced yet: refused)
+	DropPolicyIPv6  DropReason = DropReason(podLkDropReasonDROP_POLICY_IPV6)  // retired (IPv6 policy is enforced now): never counted; kept so no reason is renumbered
 )
 
 func (r DropReason) String() string {

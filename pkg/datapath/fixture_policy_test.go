@@ -490,13 +490,18 @@ func TestPolicyFixtures(t *testing.T) {
 // runPolicyScenarios runs scenarios in order on one fixture env, each
 // policy set applied as a Diff from the previous one.
 func runPolicyScenarios(t *testing.T, scenarios []policyScenario) {
-	e := newFixtureEnv(t)
+	runPolicyScenariosIn(t, newFixtureEnv(t), policyWorld, scenarios)
+}
+
+// runPolicyScenariosIn is runPolicyScenarios on the env e, compiling the
+// cluster world(e).
+func runPolicyScenariosIn(t *testing.T, e *fixtureEnv, world func(*fixtureEnv) policy.Input, scenarios []policyScenario) {
 	ids := policy.NewIdentities()
 	var prev *policy.Compiled
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			e.enter(t)
-			in := policyWorld(e)
+			in := world(e)
 			if sc.policies != "" {
 				in.Policies = decodePolicies(t, sc.policies)
 			}
@@ -682,8 +687,8 @@ func TestPolicyHostAnswers(t *testing.T) {
 	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("fd00::1")}); err == nil {
-		t.Fatal("an IPv6 host address was accepted")
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("::ffff:10.77.0.1")}); err == nil {
+		t.Fatal("an IPv4-mapped host address was accepted")
 	}
 	web := func(dst string, proto uint8, sport, dport uint16, flags uint8) []byte {
 		if proto == ipProtoICMP {

@@ -156,6 +156,12 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return fmt.Errorf("load uplink programs: %w", mapIncompatibleHint(err, l.cfg.PinDir))
 	}
+	// from_wire's IPv6 half, entered by a tail call (bpf/lib/ipv6.h).
+	if err := l.uplink.LkUplink6Progs.Put(uint32(0), l.uplink.FromUplink6); err != nil {
+		l.pod.Close()
+		l.uplink.Close()
+		return fmt.Errorf("install from_uplink6: %w", err)
+	}
 
 	vmSpec, err := loadVm()
 	if err == nil {

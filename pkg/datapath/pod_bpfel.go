@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type podCt6Key struct {
+	_     structs.HostLayout
+	Saddr podIn6Addr
+	Daddr podIn6Addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type podCtEntry struct {
 	_           structs.HostLayout
 	LastSeen    uint64
@@ -78,6 +89,63 @@ type podIn6Addr struct {
 	}
 }
 
+type podLb6Pending struct {
+	_            structs.HostLayout
+	Sk           podCt6Key
+	Se           podCtEntry
+	Ft           podCt6Key
+	Fe           podCtEntry
+	Ak           podLbAffinity6Key
+	H            podCtKey
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	Tcpf         uint8
+	R            struct {
+		_     structs.HostLayout
+		Dmac  [6]uint8
+		Smac  [6]uint8
+		Proto uint16
+		Ip    struct {
+			_          structs.HostLayout
+			VerTcFlow  uint32
+			PayloadLen uint16
+			Nexthdr    uint8
+			HopLimit   uint8
+			Saddr      [16]uint8
+			Daddr      [16]uint8
+		}
+	}
+	_  [2]byte
+	Cs struct {
+		_     structs.HostLayout
+		Saddr [16]uint8
+		Daddr [16]uint8
+		Len   uint32
+		Zero  [3]uint8
+		Nh    uint8
+		Rst   struct {
+			_      structs.HostLayout
+			Sport  uint16
+			Dport  uint16
+			Seq    uint32
+			Ack    uint32
+			Doff   uint8
+			Flags  uint8
+			Window uint16
+			Check  uint16
+			Urg    uint16
+		}
+		_ [36]byte
+	}
+}
+
+type podLbAffinity6Key struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	FrontendId uint32
+}
+
 type podLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -89,6 +157,15 @@ type podLbAffinityValue struct {
 	LastUsed  uint64
 	BackendId uint32
 	Pad       uint32
+}
+
+type podLbBackend6Value struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
 }
 
 type podLbBackendValue struct {
@@ -112,11 +189,26 @@ type podLbPending struct {
 	_            [5]byte
 }
 
+type podLbRevnat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type podLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type podLbSvc6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type podLbSvcKey struct {
@@ -301,6 +393,12 @@ type podMetricsVal struct {
 	Bytes   uint64
 }
 
+type podPolicyCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type podPolicyCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -358,6 +456,8 @@ type podTunnelNodeKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	podMapLkCt4                 = "lk_ct4"
+	podMapLkCt6                 = "lk_ct6"
+	podMapLkCt6Count            = "lk_ct6_count"
 	podMapLkCtCount             = "lk_ct_count"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEndpoints6          = "lk_endpoints6"
@@ -366,18 +466,25 @@ const (
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
 	podMapLkIpv4Frags           = "lk_ipv4_frags"
+	podMapLkLb6Pending          = "lk_lb6_pending"
 	podMapLkLbAffinity          = "lk_lb_affinity"
+	podMapLkLbAffinity6         = "lk_lb_affinity6"
 	podMapLkLbBackends          = "lk_lb_backends"
+	podMapLkLbBackends6         = "lk_lb_backends6"
 	podMapLkLbMaglev            = "lk_lb_maglev"
 	podMapLkLbPending           = "lk_lb_pending"
 	podMapLkLbRevnat            = "lk_lb_revnat"
+	podMapLkLbRevnat6           = "lk_lb_revnat6"
 	podMapLkLbStats             = "lk_lb_stats"
 	podMapLkLbSvc               = "lk_lb_svc"
+	podMapLkLbSvc6              = "lk_lb_svc6"
 	podMapLkMetrics             = "lk_metrics"
 	podMapLkMetricsLost         = "lk_metrics_lost"
 	podMapLkPod6Progs           = "lk_pod6_progs"
 	podMapLkPolicyCidrs         = "lk_policy_cidrs"
+	podMapLkPolicyCidrs6        = "lk_policy_cidrs6"
 	podMapLkPolicyIpcache       = "lk_policy_ipcache"
+	podMapLkPolicyIpcache6      = "lk_policy_ipcache6"
 	podMapLkPolicyIsolation     = "lk_policy_isolation"
 	podMapLkPolicyRules         = "lk_policy_rules"
 	podMapLkPolicyVerdicts      = "lk_policy_verdicts"
@@ -386,9 +493,11 @@ const (
 	podMapLkTunnelNodes         = "lk_tunnel_nodes"
 	podMapLkTunnelStats         = "lk_tunnel_stats"
 	podMapLkTunnelVni           = "lk_tunnel_vni"
+	podMapLkUplink6Progs        = "lk_uplink6_progs"
 	podProgFromPod              = "from_pod"
 	podProgFromPod6             = "from_pod6"
 	podProgToPod                = "to_pod"
+	podVarCt6MaxEntries         = "ct6_max_entries"
 	podVarCtMaxEntries          = "ct_max_entries"
 	podVarGatewayIp             = "gateway_ip"
 	podVarGatewayIp6            = "gateway_ip6"
@@ -468,6 +577,8 @@ type podProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type podMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -476,18 +587,25 @@ type podMapSpecs struct {
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.MapSpec `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.MapSpec `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.MapSpec `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
@@ -496,12 +614,14 @@ type podMapSpecs struct {
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
 }
 
 // podVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type podVariableSpecs struct {
+	Ct6MaxEntries         *ebpf.VariableSpec `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.VariableSpec `ebpf:"gateway_ip"`
 	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
@@ -550,6 +670,8 @@ func (o *podObjects) Close() error {
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -558,18 +680,25 @@ type podMaps struct {
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.Map `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.Map `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.Map `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
@@ -578,11 +707,14 @@ type podMaps struct {
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
 }
 
 func (m *podMaps) Close() error {
 	return _PodClose(
 		m.LkCt4,
+		m.LkCt6,
+		m.LkCt6Count,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -591,18 +723,25 @@ func (m *podMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkIpv4Frags,
+		m.LkLb6Pending,
 		m.LkLbAffinity,
+		m.LkLbAffinity6,
 		m.LkLbBackends,
+		m.LkLbBackends6,
 		m.LkLbMaglev,
 		m.LkLbPending,
 		m.LkLbRevnat,
+		m.LkLbRevnat6,
 		m.LkLbStats,
 		m.LkLbSvc,
+		m.LkLbSvc6,
 		m.LkMetrics,
 		m.LkMetricsLost,
 		m.LkPod6Progs,
 		m.LkPolicyCidrs,
+		m.LkPolicyCidrs6,
 		m.LkPolicyIpcache,
+		m.LkPolicyIpcache6,
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
@@ -611,6 +750,7 @@ func (m *podMaps) Close() error {
 		m.LkTunnelNodes,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
+		m.LkUplink6Progs,
 	)
 }
 
@@ -618,6 +758,7 @@ func (m *podMaps) Close() error {
 //
 // It can be passed to loadPodObjects or ebpf.CollectionSpec.LoadAndAssign.
 type podVariables struct {
+	Ct6MaxEntries         *ebpf.Variable `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp             *ebpf.Variable `ebpf:"gateway_ip"`
 	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`

@@ -51,7 +51,7 @@ const (
 // allocates it.
 const IdentityHost policy.Identity = 1
 
-// SetPolicyHostAddrs makes addrs the node's own addresses for policy
+// SetPolicyHostAddrs makes addrs (IPv4 and IPv6) the node's own addresses for policy
 // (replacing the previous set): Kubernetes does not let a pod block its node
 // (kubelet probes). Traffic from the node into a pod does not pass the BPF
 // programs; what a pod sends to these addresses passes its egress policy when
@@ -61,19 +61,36 @@ const IdentityHost policy.Identity = 1
 // of the node netns, at start and whenever they change (pkg/agent's
 // hostaddrs.go).
 func (l *Loader) SetPolicyHostAddrs(addrs []netip.Addr) error {
-	want := map[uint32]bool{}
+	want4 := map[uint32]bool{}
+	want6 := map[[16]byte]bool{}
 	for _, a := range addrs {
-		if !a.Is4() {
-			return fmt.Errorf("set policy host addresses: %v is not an IPv4 address", a)
+		switch {
+		case a.Is4():
+			want4[ipKey(a.As4())] = true
+		case a.Is6() && !a.Is4In6():
+			want6[a.As16()] = true
+		default:
+			return fmt.Errorf("set policy host addresses: %v is not an IPv4 or IPv6 address", a)
 		}
-		want[ipKey(a.As4())] = true
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m := l.pod.LkPolicyIpcache
+	if err := setHostIdentities(l.pod.LkPolicyIpcache, want4); err != nil {
+		return fmt.Errorf("set policy host addresses: %w", err)
+	}
+	if err := setHostIdentities(l.pod.LkPolicyIpcache6, want6); err != nil {
+		return fmt.Errorf("set policy host addresses: %w", err)
+	}
+	return nil
+}
+
+// setHostIdentities makes want the keys of m (an ipcache of either family)
+// with IdentityHost.
+func setHostIdentities[K comparable](m *ebpf.Map, want map[K]bool) error {
 	var (
-		k, id uint32
-		stale []uint32
+		k     K
+		id    uint32
+		stale []K
 	)
 	it := m.Iterate()
 	for it.Next(&k, &id) {
@@ -82,22 +99,23 @@ func (l *Loader) SetPolicyHostAddrs(addrs []netip.Addr) error {
 		}
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("set policy host addresses: %w", err)
+		return err
 	}
 	for k := range want {
 		if err := m.Put(k, uint32(IdentityHost)); err != nil {
-			return fmt.Errorf("set policy host addresses: %w", err)
+			return err
 		}
 	}
 	for _, k := range stale {
 		if err := deleteIgnoreMissing(m, k); err != nil {
-			return fmt.Errorf("set policy host addresses: %w", err)
+			return err
 		}
 	}
 	return nil
 }
 
-// PolicyMapCounts are the entry counts of the policy maps.
+// PolicyMapCounts are the entry counts of the policy maps (both families
+// summed).
 type PolicyMapCounts struct {
 	IPCache, CIDRs, Isolated, Rules int
 }
@@ -119,33 +137,57 @@ func cidrKey(p netip.Prefix) podPolicyCidrKey {
 	return podPolicyCidrKey{Prefixlen: uint32(p.Bits()), Addr: ipKey(p.Addr().As4())}
 }
 
+func cidr6Key(p netip.Prefix) podPolicyCidr6Key {
+	return podPolicyCidr6Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
+}
+
+// isIP6 reports whether a is an IPv6 address the datapath keys as such (an
+// IPv4-mapped address is neither family's).
+func isIP6(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
+
+// policyIPMap returns the ipcache of ip's family and its key.
+func (l *Loader) policyIPMap(ip netip.Addr) (*ebpf.Map, any) {
+	if ip.Is4() {
+		return l.pod.LkPolicyIpcache, ipKey(ip.As4())
+	}
+	return l.pod.LkPolicyIpcache6, ip.As16()
+}
+
+// policyCIDRMap returns the ipBlock trie of p's family and p's key.
+func (l *Loader) policyCIDRMap(p netip.Prefix) (*ebpf.Map, any) {
+	if p.Addr().Is4() {
+		return l.pod.LkPolicyCidrs, cidrKey(p)
+	}
+	return l.pod.LkPolicyCidrs6, cidr6Key(p)
+}
+
 // validatePolicyUpdate checks everything ApplyPolicy will write, so that an
 // update is refused whole rather than half applied.
 func validatePolicyUpdate(u *policy.Update) error {
 	for ip, id := range u.IPCache {
-		if !ip.Is4() {
-			return fmt.Errorf("ipcache: %v is not an IPv4 address", ip)
+		if !ip.Is4() && !isIP6(ip) {
+			return fmt.Errorf("ipcache: %v is not an IPv4 or IPv6 address", ip)
 		}
 		if id == policy.IdentityAny || id == IdentityHost || id.IsCIDR() {
 			return fmt.Errorf("ipcache: %v: identity %d is not an endpoint identity", ip, id)
 		}
 	}
 	for _, ip := range u.IPCacheDelete {
-		if !ip.Is4() {
-			return fmt.Errorf("ipcache delete: %v is not an IPv4 address", ip)
+		if !ip.Is4() && !isIP6(ip) {
+			return fmt.Errorf("ipcache delete: %v is not an IPv4 or IPv6 address", ip)
 		}
 	}
 	for p, id := range u.CIDRs {
-		if !p.IsValid() || !p.Addr().Is4() || p.Masked() != p {
-			return fmt.Errorf("cidrs: %v is not a masked IPv4 prefix", p)
+		if !p.IsValid() || (!p.Addr().Is4() && !isIP6(p.Addr())) || p.Masked() != p {
+			return fmt.Errorf("cidrs: %v is not a masked IPv4 or IPv6 prefix", p)
 		}
 		if !id.IsCIDR() {
 			return fmt.Errorf("cidrs: %v: identity %d is not a CIDR identity", p, id)
 		}
 	}
 	for _, p := range u.CIDRsDelete {
-		if !p.IsValid() || !p.Addr().Is4() {
-			return fmt.Errorf("cidrs delete: %v is not an IPv4 prefix", p)
+		if !p.IsValid() || (!p.Addr().Is4() && !isIP6(p.Addr())) {
+			return fmt.Errorf("cidrs delete: %v is not an IPv4 or IPv6 prefix", p)
 		}
 	}
 	checkKey := func(what string, k policy.RuleKey) error {
@@ -232,22 +274,24 @@ func (l *Loader) ApplyPolicy(u *policy.Update) error {
 		}
 	}
 	for _, p := range u.CIDRsDelete {
-		if err := del(m.LkPolicyCidrs, cidrKey(p.Masked())); err != nil {
+		if err := del(l.policyCIDRMap(p.Masked())); err != nil {
 			return err
 		}
 	}
 	for _, ip := range u.IPCacheDelete {
-		if err := del(m.LkPolicyIpcache, ipKey(ip.As4())); err != nil {
+		if err := del(l.policyIPMap(ip)); err != nil {
 			return err
 		}
 	}
 	for ip, id := range u.IPCache {
-		if err := put(m.LkPolicyIpcache, ipKey(ip.As4()), uint32(id)); err != nil {
+		mp, k := l.policyIPMap(ip)
+		if err := put(mp, k, uint32(id)); err != nil {
 			return err
 		}
 	}
 	for p, id := range u.CIDRs {
-		if err := put(m.LkPolicyCidrs, cidrKey(p), uint32(id)); err != nil {
+		mp, k := l.policyCIDRMap(p)
+		if err := put(mp, k, uint32(id)); err != nil {
 			return err
 		}
 	}
@@ -317,6 +361,21 @@ func (l *Loader) DumpPolicy() (*policy.Compiled, error) {
 		c.IPCache[netip.AddrFrom4(a)] = policy.Identity(id)
 	}
 	errs = append(errs, it.Err())
+	var ip6 [16]byte
+	it = l.pod.LkPolicyIpcache6.Iterate()
+	for it.Next(&ip6, &id) {
+		if policy.Identity(id) == IdentityHost {
+			continue
+		}
+		c.IPCache[netip.AddrFrom16(ip6)] = policy.Identity(id)
+	}
+	errs = append(errs, it.Err())
+	var ck6 podPolicyCidr6Key
+	it = l.pod.LkPolicyCidrs6.Iterate()
+	for it.Next(&ck6, &id) {
+		c.CIDRs[netip.PrefixFrom(netip.AddrFrom16(ck6.Addr), int(ck6.Prefixlen))] = policy.Identity(id)
+	}
+	errs = append(errs, it.Err())
 	it = l.pod.LkPolicyCidrs.Iterate()
 	for it.Next(&ck, &id) {
 		var a [4]byte
@@ -347,11 +406,18 @@ func (l *Loader) PolicyMapCounts() (PolicyMapCounts, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var c PolicyMapCounts
-	var e [4]error
+	var (
+		e      [6]error
+		n6, c6 int
+	)
 	c.IPCache, e[0] = countEntries(l.pod.LkPolicyIpcache)
 	c.CIDRs, e[1] = countEntries(l.pod.LkPolicyCidrs)
 	c.Isolated, e[2] = countEntries(l.pod.LkPolicyIsolation)
 	c.Rules, e[3] = countEntries(l.pod.LkPolicyRules)
+	n6, e[4] = countEntries(l.pod.LkPolicyIpcache6)
+	c6, e[5] = countEntries(l.pod.LkPolicyCidrs6)
+	c.IPCache += n6
+	c.CIDRs += c6
 	if err := errors.Join(e[:]...); err != nil {
 		return c, fmt.Errorf("count policy map entries: %w", err)
 	}

@@ -207,9 +207,11 @@ func TestApplyPolicyRefusesBadInput(t *testing.T) {
 		u    *policy.Update
 		want string
 	}{
-		{"IPv6 ipcache entry", &policy.Update{IPCache: map[netip.Addr]policy.Identity{netip.MustParseAddr("fd00::1"): 70000}}, "not an IPv4 address"},
+		{"IPv4-mapped ipcache entry", &policy.Update{IPCache: map[netip.Addr]policy.Identity{netip.MustParseAddr("::ffff:10.0.0.1"): 70000}}, "not an IPv4 or IPv6 address"},
+		{"CIDR identity on an endpoint IPv6", &policy.Update{IPCache: map[netip.Addr]policy.Identity{netip.MustParseAddr("fd00::1"): 20}}, "not an endpoint identity"},
+		{"unmasked IPv6 prefix", &policy.Update{CIDRs: map[netip.Prefix]policy.Identity{netip.MustParsePrefix("fd00::1/64"): 20}}, "not a masked IPv4 or IPv6 prefix"},
 		{"CIDR identity on an endpoint IP", &policy.Update{IPCache: map[netip.Addr]policy.Identity{netip.MustParseAddr("10.0.0.1"): 20}}, "not an endpoint identity"},
-		{"unmasked prefix", &policy.Update{CIDRs: map[netip.Prefix]policy.Identity{netip.MustParsePrefix("10.0.0.1/8"): 20}}, "not a masked IPv4 prefix"},
+		{"unmasked prefix", &policy.Update{CIDRs: map[netip.Prefix]policy.Identity{netip.MustParsePrefix("10.0.0.1/8"): 20}}, "not a masked IPv4 or IPv6 prefix"},
 		{"port bits beyond the prefix", &policy.Update{Rules: map[policy.RuleKey]policy.RuleValue{
 			{Subject: 70000, Peer: 70001, Proto: policy.ProtoTCP, Port: 81, PortPrefix: 15}: {}}}, "bits beyond its prefix"},
 		{"policy index beyond the counters", &policy.Update{Rules: map[policy.RuleKey]policy.RuleValue{good: {Policy: MaxPolicies}}}, "exceeds"},

@@ -196,6 +196,9 @@ func checkUpdate(u *service.Update) error {
 			if bv, ok := u.Backends[service.BackendKey{ID: b}]; ok && bv.FrontendID != id {
 				return fmt.Errorf("maglev table of frontend %d: backend %d belongs to frontend %d", id, b, bv.FrontendID)
 			}
+			if bv, ok := u.Backends6[service.BackendKey{ID: b}]; ok && bv.FrontendID != id {
+				return fmt.Errorf("maglev table of frontend %d: backend %d belongs to frontend %d", id, b, bv.FrontendID)
+			}
 		}
 	}
 	for k, v := range u.Backends {
@@ -206,6 +209,16 @@ func checkUpdate(u *service.Update) error {
 	for k := range u.RevNat {
 		if k.FrontendID == 0 {
 			return fmt.Errorf("rev-NAT entry of frontend 0")
+		}
+	}
+	for k, v := range u.Backends6 {
+		if k.ID == 0 || v.FrontendID == 0 {
+			return fmt.Errorf("IPv6 backend %d: ID or frontend ID 0", k.ID)
+		}
+	}
+	for k := range u.RevNat6 {
+		if k.FrontendID == 0 {
+			return fmt.Errorf("IPv6 rev-NAT entry of frontend 0")
 		}
 	}
 	return nil
@@ -236,8 +249,14 @@ func (l *Loader) applyServices(u *service.Update) error {
 			return fmt.Errorf("backends: %w", err)
 		}
 	}
+	if err := putMap(l.pod.LkLbBackends6, u.Backends6); err != nil { // services6.go
+		return fmt.Errorf("IPv6 backends: %w", err)
+	}
 	if err := l.putMaglev(u.Maglev); err != nil {
 		return err
+	}
+	if err := putMap(l.pod.LkLbRevnat6, u.RevNat6); err != nil {
+		return fmt.Errorf("IPv6 rev-NAT: %w", err)
 	}
 	if len(u.RevNat) > 0 {
 		keys := make([]service.RevNatKey, 0, len(u.RevNat))
@@ -261,21 +280,35 @@ func (l *Loader) applyServices(u *service.Update) error {
 			return fmt.Errorf("services: %w", err)
 		}
 	}
+	if err := putMap(l.pod.LkLbSvc6, u.Services6); err != nil {
+		return fmt.Errorf("IPv6 services: %w", err)
+	}
 	for _, k := range u.ServiceDeletes {
 		if err := deleteIfPresent(l.pod.LkLbSvc, k); err != nil {
 			return fmt.Errorf("delete service %v:%d: %w", netip.AddrFrom4(k.Addr), k.Port, err)
 		}
 	}
-	for _, k := range u.RevNatDeletes {
+	for _, k := range u.ServiceDeletes6 {
+		if err := deleteIfPresent(l.pod.LkLbSvc6, k); err != nil {
+			return fmt.Errorf("delete service [%v]:%d: %w", netip.AddrFrom16(k.Addr), k.Port, err)
+		}
+	}
+	for _, k := range u.RevNatDeletes { // IDs of either family
 		if err := deleteIfPresent(l.pod.LkLbRevnat, k); err != nil {
+			return fmt.Errorf("delete rev-NAT %d: %w", k.FrontendID, err)
+		}
+		if err := deleteIfPresent(l.pod.LkLbRevnat6, k); err != nil {
 			return fmt.Errorf("delete rev-NAT %d: %w", k.FrontendID, err)
 		}
 	}
 	if err := l.deleteMaglev(u.MaglevDeletes); err != nil {
 		return err
 	}
-	for _, k := range u.BackendDeletes {
+	for _, k := range u.BackendDeletes { // IDs of either family
 		if err := deleteIfPresent(l.pod.LkLbBackends, k); err != nil {
+			return fmt.Errorf("delete backend %d: %w", k.ID, err)
+		}
+		if err := deleteIfPresent(l.pod.LkLbBackends6, k); err != nil {
 			return fmt.Errorf("delete backend %d: %w", k.ID, err)
 		}
 	}
@@ -427,9 +460,15 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 	u := &service.Update{
 		Backends: map[service.BackendKey]service.BackendValue{}, Maglev: map[uint32][]uint32{},
 		RevNat: map[service.RevNatKey]service.RevNatValue{}, Services: map[service.ServiceKey]service.ServiceValue{},
+		Backends6: map[service.BackendKey]service.BackendValue6{}, RevNat6: map[service.RevNatKey]service.RevNatValue6{},
+		Services6: map[service.ServiceKey6]service.ServiceValue{},
 	}
 	if err := dumpInto(l.pod.LkLbSvc, u.Services); err != nil {
 		return nil, fmt.Errorf("dump services: %w", err)
+	}
+	if err := errors.Join(dumpInto(l.pod.LkLbSvc6, u.Services6), dumpInto(l.pod.LkLbBackends6, u.Backends6),
+		dumpInto(l.pod.LkLbRevnat6, u.RevNat6)); err != nil {
+		return nil, fmt.Errorf("dump IPv6 services: %w", err)
 	}
 	if err := dumpInto(l.pod.LkLbBackends, u.Backends); err != nil {
 		return nil, fmt.Errorf("dump backends: %w", err)
@@ -495,48 +534,20 @@ func dumpInto[K comparable, V any](m *ebpf.Map, out map[K]V) error {
 	return it.Err()
 }
 
-// GCConntrack implements ServiceDatapath.
+// GCConntrack implements ServiceDatapath: both conntrack tables (lk_ct4,
+// lk_ct6; gcCT in ct6.go), then the affinity table.
 func (l *Loader) GCConntrack() (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := monotonicNow()
-	var (
-		expired []podCtKey
-		live    uint64
-	)
-	isExpired := func(k podCtKey, v podCtEntry) bool {
-		return now > v.LastSeen && time.Duration(now-v.LastSeen) > ctTimeout(k.Proto, v.Flags)
-	}
-	visit := func(k podCtKey, v podCtEntry) {
-		if isExpired(k, v) {
-			expired = append(expired, k)
-		} else {
-			live++
-		}
-	}
-	if err := walkCT(l.pod.LkCt4, visit); err != nil {
-		return 0, fmt.Errorf("conntrack gc: %w", err)
-	}
-	removed, err := deleteExpiredCT(l.pod.LkCt4, expired, isExpired)
+	removed, err := gcCT(l.pod.LkCt4, l.pod.LkCtCount, now, func(k podCtKey) uint8 { return k.Proto })
 	if err != nil {
-		return removed, fmt.Errorf("conntrack gc: delete: %w", err)
-	}
-	live += uint64(len(expired) - removed) // refreshed since the walk, kept
-	// Re-base the live count the datapath keeps (created - evicted - GC
-	// removed) on what the walk found.
-	var created, evicted uint64
-	if err := l.pod.LkCtCount.Lookup(ctCountCreated, &created); err != nil {
 		return removed, fmt.Errorf("conntrack gc: %w", err)
 	}
-	if err := l.pod.LkCtCount.Lookup(ctCountEvicted, &evicted); err != nil {
-		return removed, fmt.Errorf("conntrack gc: %w", err)
-	}
-	var base uint64
-	if created > evicted+live {
-		base = created - evicted - live
-	}
-	if err := l.pod.LkCtCount.Put(ctCountGCRemoved, base); err != nil {
-		return removed, fmt.Errorf("conntrack gc: %w", err)
+	removed6, err := gcCT(l.pod.LkCt6, l.pod.LkCt6Count, now, func(k podCt6Key) uint8 { return k.Proto })
+	removed += removed6
+	if err != nil {
+		return removed, fmt.Errorf("conntrack gc (IPv6): %w", err)
 	}
 	if err := l.gcAffinity(now); err != nil {
 		return removed, err
@@ -546,8 +557,8 @@ func (l *Loader) GCConntrack() (int, error) {
 
 // walkCT visits every conntrack entry, in batches of ctBatch (one
 // syscall per batch; element by element where the kernel lacks batches).
-func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
-	keys := make([]podCtKey, ctBatch)
+func walkCT[K any](m *ebpf.Map, visit func(K, podCtEntry)) error {
+	keys := make([]K, ctBatch)
 	vals := make([]podCtEntry, ctBatch)
 	var cursor ebpf.MapBatchCursor
 	for {
@@ -566,7 +577,7 @@ func walkCT(m *ebpf.Map, visit func(podCtKey, podCtEntry)) error {
 		}
 	}
 	var (
-		k podCtKey
+		k K
 		v podCtEntry
 	)
 	it := m.Iterate()
@@ -585,7 +596,7 @@ const ctBatch = 4096
 // is not expired any more goes back (unless the datapath made a new one in
 // that instant), so GC never removes a live flow's state. Returns how many it
 // removed.
-func deleteExpiredCT(m *ebpf.Map, keys []podCtKey, expired func(podCtKey, podCtEntry) bool) (int, error) {
+func deleteExpiredCT[K any](m *ebpf.Map, keys []K, expired func(K, podCtEntry) bool) (int, error) {
 	removed := 0
 	for _, k := range keys {
 		var v podCtEntry

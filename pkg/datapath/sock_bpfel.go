@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sockLbAffinity6Key struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	FrontendId uint32
+}
+
 type sockLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -26,6 +32,15 @@ type sockLbAffinityValue struct {
 	Pad       uint32
 }
 
+type sockLbBackend6Value struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
+}
+
 type sockLbBackendValue struct {
 	_          structs.HostLayout
 	Addr       uint32
@@ -35,11 +50,26 @@ type sockLbBackendValue struct {
 	FrontendId uint32
 }
 
+type sockLbRevnat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type sockLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type sockLbSvc6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type sockLbSvcKey struct {
@@ -113,11 +143,15 @@ type sockSockRevnatValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockMapLkLbAffinity          = "lk_lb_affinity"
+	sockMapLkLbAffinity6         = "lk_lb_affinity6"
 	sockMapLkLbBackends          = "lk_lb_backends"
+	sockMapLkLbBackends6         = "lk_lb_backends6"
 	sockMapLkLbMaglev            = "lk_lb_maglev"
 	sockMapLkLbRevnat            = "lk_lb_revnat"
+	sockMapLkLbRevnat6           = "lk_lb_revnat6"
 	sockMapLkLbStats             = "lk_lb_stats"
 	sockMapLkLbSvc               = "lk_lb_svc"
+	sockMapLkLbSvc6              = "lk_lb_svc6"
 	sockMapLkSockRevnat          = "lk_sock_revnat"
 	sockMapLkSockStats           = "lk_sock_stats"
 	sockProgLkSockConnect4       = "lk_sock_connect4"
@@ -200,14 +234,18 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	LkLbAffinity *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
-	LkLbBackends *ebpf.MapSpec `ebpf:"lk_lb_backends"`
-	LkLbMaglev   *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
-	LkLbRevnat   *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
-	LkLbStats    *ebpf.MapSpec `ebpf:"lk_lb_stats"`
-	LkLbSvc      *ebpf.MapSpec `ebpf:"lk_lb_svc"`
-	LkSockRevnat *ebpf.MapSpec `ebpf:"lk_sock_revnat"`
-	LkSockStats  *ebpf.MapSpec `ebpf:"lk_sock_stats"`
+	LkLbAffinity  *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6 *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
+	LkLbBackends  *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbBackends6 *ebpf.MapSpec `ebpf:"lk_lb_backends6"`
+	LkLbMaglev    *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
+	LkLbRevnat    *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6   *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
+	LkLbStats     *ebpf.MapSpec `ebpf:"lk_lb_stats"`
+	LkLbSvc       *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkLbSvc6      *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
+	LkSockRevnat  *ebpf.MapSpec `ebpf:"lk_sock_revnat"`
+	LkSockStats   *ebpf.MapSpec `ebpf:"lk_sock_stats"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -250,24 +288,32 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	LkLbAffinity *ebpf.Map `ebpf:"lk_lb_affinity"`
-	LkLbBackends *ebpf.Map `ebpf:"lk_lb_backends"`
-	LkLbMaglev   *ebpf.Map `ebpf:"lk_lb_maglev"`
-	LkLbRevnat   *ebpf.Map `ebpf:"lk_lb_revnat"`
-	LkLbStats    *ebpf.Map `ebpf:"lk_lb_stats"`
-	LkLbSvc      *ebpf.Map `ebpf:"lk_lb_svc"`
-	LkSockRevnat *ebpf.Map `ebpf:"lk_sock_revnat"`
-	LkSockStats  *ebpf.Map `ebpf:"lk_sock_stats"`
+	LkLbAffinity  *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6 *ebpf.Map `ebpf:"lk_lb_affinity6"`
+	LkLbBackends  *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbBackends6 *ebpf.Map `ebpf:"lk_lb_backends6"`
+	LkLbMaglev    *ebpf.Map `ebpf:"lk_lb_maglev"`
+	LkLbRevnat    *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6   *ebpf.Map `ebpf:"lk_lb_revnat6"`
+	LkLbStats     *ebpf.Map `ebpf:"lk_lb_stats"`
+	LkLbSvc       *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkLbSvc6      *ebpf.Map `ebpf:"lk_lb_svc6"`
+	LkSockRevnat  *ebpf.Map `ebpf:"lk_sock_revnat"`
+	LkSockStats   *ebpf.Map `ebpf:"lk_sock_stats"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.LkLbAffinity,
+		m.LkLbAffinity6,
 		m.LkLbBackends,
+		m.LkLbBackends6,
 		m.LkLbMaglev,
 		m.LkLbRevnat,
+		m.LkLbRevnat6,
 		m.LkLbStats,
 		m.LkLbSvc,
+		m.LkLbSvc6,
 		m.LkSockRevnat,
 		m.LkSockStats,
 	)

@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type uplinkCt6Key struct {
+	_     structs.HostLayout
+	Saddr uplinkIn6Addr
+	Daddr uplinkIn6Addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Flags uint8
+	Pad   uint16
+}
+
 type uplinkCtEntry struct {
 	_           structs.HostLayout
 	LastSeen    uint64
@@ -78,6 +89,63 @@ type uplinkIn6Addr struct {
 	}
 }
 
+type uplinkLb6Pending struct {
+	_            structs.HostLayout
+	Sk           uplinkCt6Key
+	Se           uplinkCtEntry
+	Ft           uplinkCt6Key
+	Fe           uplinkCtEntry
+	Ak           uplinkLbAffinity6Key
+	H            uplinkCtKey
+	Svc          uint8
+	Flow         uint8
+	AllowedReply uint8
+	Tcpf         uint8
+	R            struct {
+		_     structs.HostLayout
+		Dmac  [6]uint8
+		Smac  [6]uint8
+		Proto uint16
+		Ip    struct {
+			_          structs.HostLayout
+			VerTcFlow  uint32
+			PayloadLen uint16
+			Nexthdr    uint8
+			HopLimit   uint8
+			Saddr      [16]uint8
+			Daddr      [16]uint8
+		}
+	}
+	_  [2]byte
+	Cs struct {
+		_     structs.HostLayout
+		Saddr [16]uint8
+		Daddr [16]uint8
+		Len   uint32
+		Zero  [3]uint8
+		Nh    uint8
+		Rst   struct {
+			_      structs.HostLayout
+			Sport  uint16
+			Dport  uint16
+			Seq    uint32
+			Ack    uint32
+			Doff   uint8
+			Flags  uint8
+			Window uint16
+			Check  uint16
+			Urg    uint16
+		}
+		_ [36]byte
+	}
+}
+
+type uplinkLbAffinity6Key struct {
+	_          structs.HostLayout
+	Client     [16]uint8
+	FrontendId uint32
+}
+
 type uplinkLbAffinityKey struct {
 	_          structs.HostLayout
 	Client     uint32
@@ -89,6 +157,15 @@ type uplinkLbAffinityValue struct {
 	LastUsed  uint64
 	BackendId uint32
 	Pad       uint32
+}
+
+type uplinkLbBackend6Value struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	Proto      uint8
+	State      uint8
+	FrontendId uint32
 }
 
 type uplinkLbBackendValue struct {
@@ -112,11 +189,26 @@ type uplinkLbPending struct {
 	_            [5]byte
 }
 
+type uplinkLbRevnat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type uplinkLbRevnatValue struct {
 	_    structs.HostLayout
 	Addr uint32
 	Port uint16
 	Pad  uint16
+}
+
+type uplinkLbSvc6Key struct {
+	_     structs.HostLayout
+	Addr  [16]uint8
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type uplinkLbSvcKey struct {
@@ -146,6 +238,12 @@ type uplinkMetricsVal struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type uplinkPolicyCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
 }
 
 type uplinkPolicyCidrKey struct {
@@ -205,6 +303,8 @@ type uplinkTunnelNodeKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	uplinkMapLkCt4                 = "lk_ct4"
+	uplinkMapLkCt6                 = "lk_ct6"
+	uplinkMapLkCt6Count            = "lk_ct6_count"
 	uplinkMapLkCtCount             = "lk_ct_count"
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEndpoints6          = "lk_endpoints6"
@@ -213,18 +313,25 @@ const (
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
 	uplinkMapLkIpv4Frags           = "lk_ipv4_frags"
+	uplinkMapLkLb6Pending          = "lk_lb6_pending"
 	uplinkMapLkLbAffinity          = "lk_lb_affinity"
+	uplinkMapLkLbAffinity6         = "lk_lb_affinity6"
 	uplinkMapLkLbBackends          = "lk_lb_backends"
+	uplinkMapLkLbBackends6         = "lk_lb_backends6"
 	uplinkMapLkLbMaglev            = "lk_lb_maglev"
 	uplinkMapLkLbPending           = "lk_lb_pending"
 	uplinkMapLkLbRevnat            = "lk_lb_revnat"
+	uplinkMapLkLbRevnat6           = "lk_lb_revnat6"
 	uplinkMapLkLbStats             = "lk_lb_stats"
 	uplinkMapLkLbSvc               = "lk_lb_svc"
+	uplinkMapLkLbSvc6              = "lk_lb_svc6"
 	uplinkMapLkMetrics             = "lk_metrics"
 	uplinkMapLkMetricsLost         = "lk_metrics_lost"
 	uplinkMapLkPod6Progs           = "lk_pod6_progs"
 	uplinkMapLkPolicyCidrs         = "lk_policy_cidrs"
+	uplinkMapLkPolicyCidrs6        = "lk_policy_cidrs6"
 	uplinkMapLkPolicyIpcache       = "lk_policy_ipcache"
+	uplinkMapLkPolicyIpcache6      = "lk_policy_ipcache6"
 	uplinkMapLkPolicyIsolation     = "lk_policy_isolation"
 	uplinkMapLkPolicyRules         = "lk_policy_rules"
 	uplinkMapLkPolicyVerdicts      = "lk_policy_verdicts"
@@ -233,10 +340,13 @@ const (
 	uplinkMapLkTunnelNodes         = "lk_tunnel_nodes"
 	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
 	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
+	uplinkMapLkUplink6Progs        = "lk_uplink6_progs"
 	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
+	uplinkProgFromUplink6          = "from_uplink6"
 	uplinkProgToTunnel             = "to_tunnel"
 	uplinkProgToUplink             = "to_uplink"
+	uplinkVarCt6MaxEntries         = "ct6_max_entries"
 	uplinkVarCtMaxEntries          = "ct_max_entries"
 	uplinkVarGatewayIp6            = "gateway_ip6"
 	uplinkVarLastRedirect          = "last_redirect"
@@ -305,10 +415,11 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
-	FromTunnel *ebpf.ProgramSpec `ebpf:"from_tunnel"`
-	FromUplink *ebpf.ProgramSpec `ebpf:"from_uplink"`
-	ToTunnel   *ebpf.ProgramSpec `ebpf:"to_tunnel"`
-	ToUplink   *ebpf.ProgramSpec `ebpf:"to_uplink"`
+	FromTunnel  *ebpf.ProgramSpec `ebpf:"from_tunnel"`
+	FromUplink  *ebpf.ProgramSpec `ebpf:"from_uplink"`
+	FromUplink6 *ebpf.ProgramSpec `ebpf:"from_uplink6"`
+	ToTunnel    *ebpf.ProgramSpec `ebpf:"to_tunnel"`
+	ToUplink    *ebpf.ProgramSpec `ebpf:"to_uplink"`
 }
 
 // uplinkMapSpecs contains maps before they are loaded into the kernel.
@@ -316,6 +427,8 @@ type uplinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -324,18 +437,25 @@ type uplinkMapSpecs struct {
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.MapSpec `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.MapSpec `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.MapSpec `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.MapSpec `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.MapSpec `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.MapSpec `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.MapSpec `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.MapSpec `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.MapSpec `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.MapSpec `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.MapSpec `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.MapSpec `ebpf:"lk_policy_verdicts"`
@@ -344,12 +464,14 @@ type uplinkMapSpecs struct {
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
 }
 
 // uplinkVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkVariableSpecs struct {
+	Ct6MaxEntries         *ebpf.VariableSpec `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.VariableSpec `ebpf:"ct_max_entries"`
 	GatewayIp6            *ebpf.VariableSpec `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.VariableSpec `ebpf:"last_redirect"`
@@ -397,6 +519,8 @@ func (o *uplinkObjects) Close() error {
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
+	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
+	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -405,18 +529,25 @@ type uplinkMaps struct {
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
+	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
 	LkLbBackends      *ebpf.Map `ebpf:"lk_lb_backends"`
+	LkLbBackends6     *ebpf.Map `ebpf:"lk_lb_backends6"`
 	LkLbMaglev        *ebpf.Map `ebpf:"lk_lb_maglev"`
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
+	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
+	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
 	LkMetrics         *ebpf.Map `ebpf:"lk_metrics"`
 	LkMetricsLost     *ebpf.Map `ebpf:"lk_metrics_lost"`
 	LkPod6Progs       *ebpf.Map `ebpf:"lk_pod6_progs"`
 	LkPolicyCidrs     *ebpf.Map `ebpf:"lk_policy_cidrs"`
+	LkPolicyCidrs6    *ebpf.Map `ebpf:"lk_policy_cidrs6"`
 	LkPolicyIpcache   *ebpf.Map `ebpf:"lk_policy_ipcache"`
+	LkPolicyIpcache6  *ebpf.Map `ebpf:"lk_policy_ipcache6"`
 	LkPolicyIsolation *ebpf.Map `ebpf:"lk_policy_isolation"`
 	LkPolicyRules     *ebpf.Map `ebpf:"lk_policy_rules"`
 	LkPolicyVerdicts  *ebpf.Map `ebpf:"lk_policy_verdicts"`
@@ -425,11 +556,14 @@ type uplinkMaps struct {
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
+	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
 }
 
 func (m *uplinkMaps) Close() error {
 	return _UplinkClose(
 		m.LkCt4,
+		m.LkCt6,
+		m.LkCt6Count,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -438,18 +572,25 @@ func (m *uplinkMaps) Close() error {
 		m.LkEventsCfg,
 		m.LkEventsLost,
 		m.LkIpv4Frags,
+		m.LkLb6Pending,
 		m.LkLbAffinity,
+		m.LkLbAffinity6,
 		m.LkLbBackends,
+		m.LkLbBackends6,
 		m.LkLbMaglev,
 		m.LkLbPending,
 		m.LkLbRevnat,
+		m.LkLbRevnat6,
 		m.LkLbStats,
 		m.LkLbSvc,
+		m.LkLbSvc6,
 		m.LkMetrics,
 		m.LkMetricsLost,
 		m.LkPod6Progs,
 		m.LkPolicyCidrs,
+		m.LkPolicyCidrs6,
 		m.LkPolicyIpcache,
+		m.LkPolicyIpcache6,
 		m.LkPolicyIsolation,
 		m.LkPolicyRules,
 		m.LkPolicyVerdicts,
@@ -458,6 +599,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkTunnelNodes,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
+		m.LkUplink6Progs,
 	)
 }
 
@@ -465,6 +607,7 @@ func (m *uplinkMaps) Close() error {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkVariables struct {
+	Ct6MaxEntries         *ebpf.Variable `ebpf:"ct6_max_entries"`
 	CtMaxEntries          *ebpf.Variable `ebpf:"ct_max_entries"`
 	GatewayIp6            *ebpf.Variable `ebpf:"gateway_ip6"`
 	LastRedirect          *ebpf.Variable `ebpf:"last_redirect"`
@@ -495,16 +638,18 @@ type uplinkVariables struct {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
-	FromTunnel *ebpf.Program `ebpf:"from_tunnel"`
-	FromUplink *ebpf.Program `ebpf:"from_uplink"`
-	ToTunnel   *ebpf.Program `ebpf:"to_tunnel"`
-	ToUplink   *ebpf.Program `ebpf:"to_uplink"`
+	FromTunnel  *ebpf.Program `ebpf:"from_tunnel"`
+	FromUplink  *ebpf.Program `ebpf:"from_uplink"`
+	FromUplink6 *ebpf.Program `ebpf:"from_uplink6"`
+	ToTunnel    *ebpf.Program `ebpf:"to_tunnel"`
+	ToUplink    *ebpf.Program `ebpf:"to_uplink"`
 }
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
 		p.FromTunnel,
 		p.FromUplink,
+		p.FromUplink6,
 		p.ToTunnel,
 		p.ToUplink,
 	)

@@ -147,16 +147,37 @@ func validateService(s *corev1.Service) field.ErrorList {
 			"lanekit does not allocate cluster IPs; set one (or \"None\" for headless)"))
 	default:
 		ip, err := netip.ParseAddr(s.Spec.ClusterIP)
-		if err != nil || !ip.Is4() {
-			errs = append(errs, field.Invalid(spec.Child("clusterIP"), s.Spec.ClusterIP, "must be an IPv4 address or \"None\""))
+		if err != nil || ip.Is4In6() {
+			errs = append(errs, field.Invalid(spec.Child("clusterIP"), s.Spec.ClusterIP, "must be an IPv4 or IPv6 address or \"None\""))
 		}
 	}
-	for i, ip := range s.Spec.ClusterIPs {
-		if i == 0 && ip != s.Spec.ClusterIP {
-			errs = append(errs, field.Invalid(spec.Child("clusterIPs").Index(0), ip, "must match spec.clusterIP"))
-		} else if i > 0 {
-			errs = append(errs, field.Invalid(spec.Child("clusterIPs").Index(i), ip, "only one cluster IP (IPv4) is supported"))
+	// Dual-stack: a cluster IP of each family (lanekit programs both; it
+	// does not allocate them). NodePorts and external addresses are IPv4
+	// only (bpf/lib/lb6.h), so those types need an IPv4 cluster IP.
+	v4 := false
+	for i, a := range s.Spec.ClusterIPs {
+		p := spec.Child("clusterIPs").Index(i)
+		ip, err := netip.ParseAddr(a)
+		switch {
+		case headless:
+		case i == 0 && a != s.Spec.ClusterIP:
+			errs = append(errs, field.Invalid(p, a, "must match spec.clusterIP"))
+		case i > 1:
+			errs = append(errs, field.TooMany(spec.Child("clusterIPs"), len(s.Spec.ClusterIPs), 2))
+		case err != nil || ip.Is4In6():
+			errs = append(errs, field.Invalid(p, a, "must be an IPv4 or IPv6 address"))
+		case i == 1 && ip.Is4() == (netip.MustParseAddr(s.Spec.ClusterIPs[0]).Is4()):
+			errs = append(errs, field.Invalid(p, a, "must be of the other family than clusterIPs[0]"))
 		}
+	}
+	for _, a := range append([]string{s.Spec.ClusterIP}, s.Spec.ClusterIPs...) {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
+			v4 = true
+		}
+	}
+	if !headless && !v4 && (s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+		errs = append(errs, field.Invalid(spec.Child("clusterIPs"), s.Spec.ClusterIPs,
+			"an IPv6-only "+string(s.Spec.Type)+" Service is not supported by lanekit (IPv6 NodePorts are not implemented; add an IPv4 cluster IP)"))
 	}
 	nodePortAllowed := s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer
 	if len(s.Spec.Ports) == 0 && !headless {
@@ -321,12 +342,12 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 	// A headless Service programs nothing whatever its families (the API
 	// server makes one without a selector RequireDualStack, IPv4 and IPv6).
 	if s.Spec.ClusterIP != corev1.ClusterIPNone {
-		if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack {
-			errs = append(errs, field.Invalid(spec.Child("ipFamilyPolicy"), *p, "dual-stack Services are not supported by lanekit (IPv4 only)"))
+		if p := s.Spec.IPFamilyPolicy; p != nil && *p == corev1.IPFamilyPolicyRequireDualStack && len(s.Spec.ClusterIPs) < 2 {
+			errs = append(errs, field.Invalid(spec.Child("ipFamilyPolicy"), *p, "RequireDualStack needs spec.clusterIPs of both families (lanekit does not allocate cluster IPs)"))
 		}
 		for i, f := range s.Spec.IPFamilies {
-			if f != corev1.IPv4Protocol {
-				errs = append(errs, field.Invalid(spec.Child("ipFamilies").Index(i), f, "only IPv4 is supported by lanekit"))
+			if f != corev1.IPv4Protocol && f != corev1.IPv6Protocol {
+				errs = append(errs, field.NotSupported(spec.Child("ipFamilies").Index(i), f, []string{"IPv4", "IPv6"}))
 			}
 		}
 	}
@@ -363,11 +384,11 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice) field.ErrorList {
 		errs = append(errs, field.Required(field.NewPath("metadata", "labels").Key(ServiceNameLabel), "names the slice's Service"))
 	}
 	switch es.AddressType {
-	case discoveryv1.AddressTypeIPv4:
+	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
 	case "":
 		errs = append(errs, field.Required(field.NewPath("addressType"), ""))
 	default:
-		errs = append(errs, field.NotSupported(field.NewPath("addressType"), es.AddressType, []string{"IPv4"}))
+		errs = append(errs, field.NotSupported(field.NewPath("addressType"), es.AddressType, []string{"IPv4", "IPv6"}))
 	}
 	names := map[string]bool{}
 	for i, port := range es.Ports {
@@ -399,8 +420,8 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice) field.ErrorList {
 		}
 		for j, a := range ep.Addresses {
 			ip, err := netip.ParseAddr(a)
-			if err != nil || !ip.Is4() {
-				errs = append(errs, field.Invalid(p.Child("addresses").Index(j), a, "must be an IPv4 address"))
+			if err != nil || ip.Is4In6() || ip.Is4() != (es.AddressType == discoveryv1.AddressTypeIPv4) {
+				errs = append(errs, field.Invalid(p.Child("addresses").Index(j), a, "must be an "+string(es.AddressType)+" address"))
 			}
 		}
 	}
@@ -495,15 +516,15 @@ func validatePeer(peer *networkingv1.NetworkPolicyPeer, p *field.Path) field.Err
 	if b := peer.IPBlock; b != nil {
 		bp := p.Child("ipBlock")
 		cidr, err := netip.ParsePrefix(b.CIDR)
-		if err != nil || !cidr.Addr().Is4() {
-			errs = append(errs, field.Invalid(bp.Child("cidr"), b.CIDR, "must be an IPv4 CIDR"))
+		if err != nil || cidr.Addr().Is4In6() {
+			errs = append(errs, field.Invalid(bp.Child("cidr"), b.CIDR, "must be an IPv4 or IPv6 CIDR"))
 			return errs
 		}
 		cidr = cidr.Masked()
 		for i, e := range b.Except {
 			ex, err := netip.ParsePrefix(e)
-			if err != nil || !ex.Addr().Is4() {
-				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be an IPv4 CIDR"))
+			if err != nil || ex.Addr().Is4() != cidr.Addr().Is4() || ex.Addr().Is4In6() {
+				errs = append(errs, field.Invalid(bp.Child("except").Index(i), e, "must be a CIDR of the family of "+b.CIDR))
 				continue
 			}
 			if ex.Bits() <= cidr.Bits() || !cidr.Contains(ex.Addr()) {
@@ -540,6 +561,20 @@ func PodIPv4(pod *corev1.Pod) (netip.Addr, bool) {
 		}
 	}
 	if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil && ip.Is4() {
+		return ip, true
+	}
+	return netip.Addr{}, false
+}
+
+// PodIPv6 returns the pod's IPv6 address (status.podIPs, else status.podIP);
+// ok is false when it has none.
+func PodIPv6(pod *corev1.Pod) (netip.Addr, bool) {
+	for _, pip := range pod.Status.PodIPs {
+		if ip, err := netip.ParseAddr(pip.IP); err == nil && ip.Is6() && !ip.Is4In6() {
+			return ip, true
+		}
+	}
+	if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil && ip.Is6() && !ip.Is4In6() {
 		return ip, true
 	}
 	return netip.Addr{}, false

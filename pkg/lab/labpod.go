@@ -33,6 +33,7 @@ type NamedPod struct {
 	Node      int               `json:"node"`
 	NS        string            `json:"netns"`
 	IP        string            `json:"ip"`
+	IP6       string            `json:"ip6,omitempty"` // a dual-stack lab's
 	Labels    map[string]string `json:"labels,omitempty"`
 	Ports     []PodPort         `json:"ports,omitempty"`
 }
@@ -106,6 +107,9 @@ func (p *NamedPod) podObject() k8sobj.Object {
 		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels},
 		Spec:       corev1.PodSpec{NodeName: NodeNS(p.Node), Containers: []corev1.Container{{Name: "app", Image: "lab"}}},
 		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.IP, PodIPs: []corev1.PodIP{{IP: p.IP}}},
+	}
+	if p.IP6 != "" {
+		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: p.IP6})
 	}
 	for _, pp := range p.Ports {
 		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports,
@@ -191,8 +195,11 @@ func AddPod(ctx context.Context, o PodOptions) (_ *NamedPod, err error) {
 	}
 	for _, ipc := range r.IPs {
 		if v4 := ipc.Address.IP.To4(); v4 != nil {
-			p.IP = v4.String()
-			break
+			if p.IP == "" {
+				p.IP = v4.String()
+			}
+		} else if p.IP6 == "" {
+			p.IP6 = ipc.Address.IP.String()
 		}
 	}
 	if p.IP == "" {

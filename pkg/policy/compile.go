@@ -48,10 +48,14 @@ type NamedPort struct {
 
 // Endpoint is a pod or VM endpoint as policy sees it.
 type Endpoint struct {
-	Namespace  string
-	Name       string
-	Labels     map[string]string
+	Namespace string
+	Name      string
+	Labels    map[string]string
+	// IP is the endpoint's IPv4 address; IP6 its IPv6 address (invalid:
+	// none). Either may be missing, not both; both get the endpoint's
+	// identity.
 	IP         netip.Addr
+	IP6        netip.Addr
 	NamedPorts []NamedPort
 }
 
@@ -104,10 +108,12 @@ func (r PolicyRef) String() string { return r.Namespace + "/" + r.Name }
 type Compiled struct {
 	// Policies in input order; RuleValue.Policy indexes it.
 	Policies []PolicyRef
-	// IPCache maps endpoint IPs to their identity (exact /32 entries).
+	// IPCache maps endpoint IPs (IPv4 and IPv6) to their identity (exact
+	// entries).
 	IPCache map[netip.Addr]Identity
-	// CIDRs maps every ipBlock prefix (and 0.0.0.0/0 → IdentityWorld) to its
-	// CIDR identity; a non-endpoint IP resolves by longest prefix match.
+	// CIDRs maps every ipBlock prefix (and 0.0.0.0/0 → IdentityWorld, ::/0
+	// → IdentityWorld6) to its CIDR identity; a non-endpoint IP resolves by
+	// longest prefix match within its family.
 	CIDRs map[netip.Prefix]Identity
 	// Isolated lists identities that are default-deny in some direction.
 	Isolated map[Identity]Isolation
@@ -146,14 +152,25 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 	// Endpoint identities.
 	states := map[Identity]*identityState{}
 	for _, ep := range in.Endpoints {
-		if !ep.IP.Is4() {
-			return nil, fmt.Errorf("endpoint %s/%s: IPv4 address required, got %v", ep.Namespace, ep.Name, ep.IP)
+		if ep.IP.IsValid() && !ep.IP.Is4() {
+			return nil, fmt.Errorf("endpoint %s/%s: IP: IPv4 address required, got %v", ep.Namespace, ep.Name, ep.IP)
 		}
-		if prev, dup := c.IPCache[ep.IP]; dup {
-			return nil, fmt.Errorf("endpoint %s/%s: IP %s already used (identity %d)", ep.Namespace, ep.Name, ep.IP, prev)
+		if ep.IP6.IsValid() && (!ep.IP6.Is6() || ep.IP6.Is4In6()) {
+			return nil, fmt.Errorf("endpoint %s/%s: IP6: IPv6 address required, got %v", ep.Namespace, ep.Name, ep.IP6)
+		}
+		if !ep.IP.IsValid() && !ep.IP6.IsValid() {
+			return nil, fmt.Errorf("endpoint %s/%s: no address", ep.Namespace, ep.Name)
 		}
 		id := ids.ForLabels(ep.Namespace, ep.Labels)
-		c.IPCache[ep.IP] = id
+		for _, ip := range []netip.Addr{ep.IP, ep.IP6} {
+			if !ip.IsValid() {
+				continue
+			}
+			if prev, dup := c.IPCache[ip]; dup {
+				return nil, fmt.Errorf("endpoint %s/%s: IP %s already used (identity %d)", ep.Namespace, ep.Name, ip, prev)
+			}
+			c.IPCache[ip] = id
+		}
 		st := states[id]
 		if st == nil {
 			st = &identityState{id: id, ns: ep.Namespace, labels: labels.Set(ep.Labels), ports: map[string]map[portProto]bool{}}
@@ -177,6 +194,7 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 	}
 	// CIDR identities: every prefix that appears in an ipBlock.
 	c.CIDRs[netip.MustParsePrefix("0.0.0.0/0")] = IdentityWorld
+	c.CIDRs[netip.MustParsePrefix("::/0")] = IdentityWorld6
 	for _, p := range in.Policies {
 		for _, peer := range allPeers(p) {
 			if peer.IPBlock == nil {

@@ -28,6 +28,9 @@ func (c *Compiled) CIDRIdentityOf(ip netip.Addr) Identity {
 			return id
 		}
 	}
+	if ip.Is6() {
+		return IdentityWorld6
+	}
 	return IdentityWorld
 }
 

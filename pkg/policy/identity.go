@@ -15,7 +15,9 @@
 //
 // Identities: every distinct (namespace, label set) of an endpoint gets a
 // numeric identity; every prefix that appears in an ipBlock gets a CIDR
-// identity. Rules are keyed by (subject identity, direction, peer identity,
+// identity. Both address families: an endpoint's IPv4 and IPv6 addresses
+// map to its one identity, ipBlocks may be IPv4 or IPv6 (0.0.0.0/0 and ::/0
+// are the two world identities). Rules are keyed by (subject identity, direction, peer identity,
 // protocol, port prefix), so their number grows with distinct label sets, not
 // with pods.
 //
@@ -51,6 +53,10 @@ const (
 	// IdentityWorld is the CIDR identity of 0.0.0.0/0: an IP that is no
 	// endpoint and in no more specific ipBlock prefix.
 	IdentityWorld Identity = 2
+	// IdentityWorld6 is the CIDR identity of ::/0: an IPv6 address that is
+	// no endpoint and in no more specific ipBlock prefix. Its own identity,
+	// so that an ipBlock 0.0.0.0/0 does not admit IPv6 and ::/0 no IPv4.
+	IdentityWorld6 Identity = 3
 	// firstCIDRIdentity and firstEndpointIdentity start the two allocation
 	// ranges; CIDR identities live in [firstCIDRIdentity, firstEndpointIdentity).
 	firstCIDRIdentity     Identity = 16
@@ -59,7 +65,7 @@ const (
 
 // IsCIDR reports whether id is a CIDR (world) identity.
 func (id Identity) IsCIDR() bool {
-	return id == IdentityWorld || (id >= firstCIDRIdentity && id < firstEndpointIdentity)
+	return id == IdentityWorld || id == IdentityWorld6 || (id >= firstCIDRIdentity && id < firstEndpointIdentity)
 }
 
 // MetadataNameLabel is the label Kubernetes puts on every namespace with its name.
@@ -92,6 +98,9 @@ func NewIdentities() *Identities {
 	world := netip.MustParsePrefix("0.0.0.0/0")
 	ids.byCIDR[world] = IdentityWorld
 	ids.info[IdentityWorld] = IdentityInfo{Prefix: world}
+	world6 := netip.MustParsePrefix("::/0")
+	ids.byCIDR[world6] = IdentityWorld6
+	ids.info[IdentityWorld6] = IdentityInfo{Prefix: world6}
 	return ids
 }
 

@@ -15,26 +15,18 @@ import (
 // left behind) and the rev-NAT entries adopted frontends lack.
 // Call it on empty Tables only.
 func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
-	orphans := &Update{Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
-		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{}}
+	orphans := newUpdate()
 	byFront := map[uint32]*programmed{}
 	for k, v := range u.Services {
 		fk := FrontendKey{Addr: netip.AddrFrom4(k.Addr), Port: k.Port, Proto: Proto(k.Proto), Scope: Scope(k.Scope)}
-		if v.FrontendID == 0 || byFront[v.FrontendID] != nil {
+		if t.adoptFront(fk, v, u, byFront) == nil {
 			// Corrupt or shared ID: forget the entry; the model re-creates it.
 			orphans.ServiceDeletes = append(orphans.ServiceDeletes, k)
 			continue
 		}
-		p := &programmed{id: v.FrontendID, svcVal: v}
-		if v.MaglevSize > 0 {
-			p.maglev = slices.Clone(u.Maglev[v.FrontendID])
-		}
-		t.fronts[fk] = p
-		t.usedFront[p.id] = true
-		t.nextFront = max(t.nextFront, p.id)
-		byFront[p.id] = p
 		adopted = append(adopted, fk)
 	}
+	adopted6 := t.adopt6(u, byFront, orphans) // tables6.go
 	for k, v := range u.Backends {
 		p := byFront[v.FrontendID]
 		if p == nil || k.ID == 0 {
@@ -65,6 +57,24 @@ func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 			orphans.RevNat[RevNatKey{p.id}] = want
 		}
 	}
+	adopted = append(adopted, adopted6...)
 	slices.SortFunc(adopted, compareKeys)
 	return adopted, orphans
+}
+
+// adoptFront records frontend fk with service value v as programmed (its
+// Maglev table from u) unless its ID is 0 or taken; returns it, or nil.
+func (t *Tables) adoptFront(fk FrontendKey, v ServiceValue, u *Update, byFront map[uint32]*programmed) *programmed {
+	if v.FrontendID == 0 || byFront[v.FrontendID] != nil {
+		return nil
+	}
+	p := &programmed{id: v.FrontendID, svcVal: v}
+	if v.MaglevSize > 0 {
+		p.maglev = slices.Clone(u.Maglev[v.FrontendID])
+	}
+	t.fronts[fk] = p
+	t.usedFront[p.id] = true
+	t.nextFront = max(t.nextFront, p.id)
+	byFront[p.id] = p
+	return p
 }

@@ -277,7 +277,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	if _, ok := svc.Labels[HeadlessLabel]; ok {
 		return nil, nil // labelled headless: kube-proxy does not watch it
 	}
-	vip := netip.MustParseAddr(svc.Spec.ClusterIP) // validated
+	vips := ClusterIPs(svc)
 	var affinity time.Duration
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		secs := int32(k8sobj.DefaultAffinityTimeoutSeconds)
@@ -293,50 +293,83 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
 		all, hints := resolveBackendsHints(sp.Name, proto, mine)
-		// Cluster-wide frontends follow the EndpointSlice topology hints.
-		backends := topologyFilter(all, hints, opts)
-		table := maglevFor(backends, proto)
-		// Traffic policy Local: this node's endpoints only (computed once
-		// per port, shared by its Local frontends).
-		var local *Frontend
-		localView := func() *Frontend {
-			if local == nil {
-				lb := slices.DeleteFunc(slices.Clone(all), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
-				local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
+		// One frontend per cluster IP (dual-stack: one of each family),
+		// each with the endpoints of its family.
+		for _, vip := range vips {
+			fam := sameFamily(all, vip)
+			// Cluster-wide frontends follow the EndpointSlice topology hints.
+			backends := topologyFilter(fam, hints, opts)
+			table := maglevFor(backends, proto)
+			// Traffic policy Local: this node's endpoints only (computed once
+			// per port, shared by its Local frontends).
+			var local *Frontend
+			localView := func() *Frontend {
+				if local == nil {
+					lb := slices.DeleteFunc(slices.Clone(fam), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
+					local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
+				}
+				return local
 			}
-			return local
-		}
-		mk := func(key FrontendKey, policyLocal, ext bool) *Frontend {
-			f := &Frontend{Key: key, Service: id, PortName: sp.Name, Backends: backends,
-				AffinityTimeout: affinity, Maglev: table, External: ext}
-			if policyLocal {
-				l := localView()
-				f.Backends, f.Maglev, f.Local = l.Backends, l.Maglev, l.Local
+			mk := func(key FrontendKey, policyLocal, ext bool) *Frontend {
+				f := &Frontend{Key: key, Service: id, PortName: sp.Name, Backends: backends,
+					AffinityTimeout: affinity, Maglev: table, External: ext}
+				if policyLocal {
+					l := localView()
+					f.Backends, f.Maglev, f.Local = l.Backends, l.Maglev, l.Local
+				}
+				return f
 			}
-			return f
-		}
-		// ext adds a frontend reached from outside (NodePort scope: what
-		// arrives on the uplink) and, with externalTrafficPolicy Local, its
-		// cluster-wide twin for pods and the node's processes (ClusterIP
-		// scope on the same address and port, looked up first by both).
-		ext := func(addr netip.Addr, port uint16, isExt bool) {
-			out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeNodePort}, etpLocal, isExt))
-			if etpLocal {
-				out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeClusterIP}, false, isExt))
+			// ext adds a frontend reached from outside (NodePort scope: what
+			// arrives on the uplink) and, with externalTrafficPolicy Local, its
+			// cluster-wide twin for pods and the node's processes (ClusterIP
+			// scope on the same address and port, looked up first by both).
+			ext := func(addr netip.Addr, port uint16, isExt bool) {
+				out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeNodePort}, etpLocal, isExt))
+				if etpLocal {
+					out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeClusterIP}, false, isExt))
+				}
 			}
-		}
-		out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}, itpLocal, false))
-		if sp.NodePort != 0 {
-			for _, a := range opts.NodeAddrs {
-				ext(a, uint16(sp.NodePort), false)
+			out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}, itpLocal, false))
+			if !vip.Is4() {
+				continue // NodePort and external addresses: IPv4 only (bpf/lib/lb6.h)
 			}
-		}
-		for _, a := range external {
-			ext(a, uint16(sp.Port), true)
+			if sp.NodePort != 0 {
+				for _, a := range opts.NodeAddrs {
+					ext(a, uint16(sp.NodePort), false)
+				}
+			}
+			for _, a := range external {
+				ext(a, uint16(sp.Port), true)
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
 	return out, nil
+}
+
+// ClusterIPs returns a Service's cluster IPs: spec.clusterIPs (a dual-stack
+// Service has one of each family), else spec.clusterIP. Validated input.
+func ClusterIPs(svc *corev1.Service) []netip.Addr {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	out := make([]netip.Addr, 0, len(ips))
+	for _, s := range ips {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// sameFamily returns the backends of vip's address family.
+func sameFamily(bs []Backend, vip netip.Addr) []Backend {
+	out := make([]Backend, 0, len(bs))
+	for _, b := range bs {
+		if b.Addr.Is4() == vip.Is4() {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 func compareKeys(a, b FrontendKey) int {

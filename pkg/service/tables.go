@@ -125,19 +125,27 @@ type Update struct {
 	RevNatDeletes  []RevNatKey
 	MaglevDeletes  []uint32
 	BackendDeletes []BackendKey
+	// IPv6 frontends' entries (tables6.go), applied with their IPv4
+	// counterparts; the deletes by ID above cover both families.
+	Backends6       map[BackendKey]BackendValue6
+	RevNat6         map[RevNatKey]RevNatValue6
+	Services6       map[ServiceKey6]ServiceValue
+	ServiceDeletes6 []ServiceKey6
 }
 
 // Ops is the number of map operations in u (a Maglev table counts as one).
 func (u *Update) Ops() int {
 	return len(u.Backends) + len(u.Maglev) + len(u.RevNat) + len(u.Services) +
-		len(u.ServiceDeletes) + len(u.RevNatDeletes) + len(u.MaglevDeletes) + len(u.BackendDeletes)
+		len(u.ServiceDeletes) + len(u.RevNatDeletes) + len(u.MaglevDeletes) + len(u.BackendDeletes) +
+		len(u.Backends6) + len(u.RevNat6) + len(u.Services6) + len(u.ServiceDeletes6)
 }
 
 // progBackend is one programmed backend of a frontend.
 type progBackend struct {
-	ap  netip.AddrPort
-	id  uint32
-	val BackendValue
+	ap   netip.AddrPort
+	id   uint32
+	val  BackendValue
+	val6 BackendValue6 // an IPv6 frontend's
 }
 
 type programmed struct {
@@ -189,16 +197,13 @@ func ServiceKeyOf(k FrontendKey) ServiceKey {
 // Apply records changes as programmed and returns the map operations that
 // program them: only entries whose value changes are included.
 func (t *Tables) Apply(c Changes) *Update {
-	u := &Update{
-		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
-		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{},
-	}
+	u := newUpdate()
 	for _, k := range c.Removed {
 		p, ok := t.fronts[k]
 		if !ok {
 			continue
 		}
-		u.ServiceDeletes = append(u.ServiceDeletes, ServiceKeyOf(k))
+		deleteService(u, k)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
 		if p.maglev != nil {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
@@ -221,7 +226,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	if !existed {
 		p = &programmed{id: t.allocFront()}
 		t.fronts[f.Key] = p
-		u.RevNat[RevNatKey{p.id}] = RevNatValue{Addr: f.Key.Addr.As4(), Port: f.Key.Port}
+		putRevNat(u, f.Key, p.id)
 	}
 	// Backends: merge the sorted programmed list with the sorted new one; keep
 	// IDs of backends still present, allocate new ones, delete gone ones.
@@ -235,7 +240,6 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 			gone = append(gone, old[0].id)
 			old = old[1:]
 		}
-		v := BackendValue{Addr: b.Addr.As4(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: p.id}
 		var pb progBackend
 		if len(old) > 0 && old[0].ap == ap {
 			pb = old[0]
@@ -243,10 +247,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 		} else {
 			pb = progBackend{ap: ap, id: t.allocBack()}
 		}
-		if pb.val != v {
-			u.Backends[BackendKey{pb.id}] = v
-			pb.val = v
-		}
+		putBackend(u, f, b, p.id, &pb)
 		ids[i] = pb.id
 		next = append(next, pb)
 	}
@@ -284,7 +285,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 		sv.Flags |= ServiceFlagExternal
 	}
 	if !existed || sv != p.svcVal {
-		u.Services[ServiceKeyOf(f.Key)] = sv
+		putService(u, f.Key, sv)
 		p.svcVal = sv
 	}
 	// Removed backends go last: the new Maglev table no longer refers to them.
@@ -297,18 +298,19 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 // Snapshot returns the full contents the maps should hold now (what a restarted
 // agent compares against the pinned maps).
 func (t *Tables) Snapshot() *Update {
-	u := &Update{
-		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
-		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{},
-	}
+	u := newUpdate()
 	for k, p := range t.fronts {
-		u.Services[ServiceKeyOf(k)] = p.svcVal
-		u.RevNat[RevNatKey{p.id}] = RevNatValue{Addr: k.Addr.As4(), Port: k.Port}
+		putService(u, k, p.svcVal)
+		putRevNat(u, k, p.id)
 		if p.maglev != nil {
 			u.Maglev[p.id] = slices.Clone(p.maglev)
 		}
 		for _, b := range p.backends {
-			u.Backends[BackendKey{b.id}] = b.val
+			if k.is6() {
+				u.Backends6[BackendKey{b.id}] = b.val6
+			} else {
+				u.Backends[BackendKey{b.id}] = b.val
+			}
 		}
 	}
 	return u
@@ -326,6 +328,6 @@ func (t *Tables) FrontendID(key FrontendKey) (uint32, bool) {
 // String summarizes an update for logs.
 func (u *Update) String() string {
 	return fmt.Sprintf("services +%d -%d, backends +%d -%d, maglev +%d -%d, revnat +%d -%d",
-		len(u.Services), len(u.ServiceDeletes), len(u.Backends), len(u.BackendDeletes),
-		len(u.Maglev), len(u.MaglevDeletes), len(u.RevNat), len(u.RevNatDeletes))
+		len(u.Services)+len(u.Services6), len(u.ServiceDeletes)+len(u.ServiceDeletes6), len(u.Backends)+len(u.Backends6),
+		len(u.BackendDeletes), len(u.Maglev), len(u.MaglevDeletes), len(u.RevNat)+len(u.RevNat6), len(u.RevNatDeletes))
 }

@@ -1,0 +1,105 @@
+package service
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// TestTranslateDualStack: a dual-stack Service gets a ClusterIP frontend per
+// cluster IP, each with the endpoints of its family (IPv4 and IPv6
+// EndpointSlices); NodePorts are IPv4 only. Tables put the IPv6 frontend's
+// entries in the *6 maps, and a snapshot adopted by fresh tables needs no
+// writes.
+func TestTranslateDualStack(t *testing.T) {
+	svcs, eps := decode(t, `
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: ns}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00:96::10"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: ns, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.1.5], conditions: {ready: true}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: ns, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addresses: ["fd00:10:244:2::5"], conditions: {ready: true}}]
+`)
+	fs, err := Translate(svcs[0], eps, Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, f := range fs {
+		for _, b := range f.Backends {
+			if b.Addr.Is4() != f.Key.Addr.Is4() {
+				t.Errorf("frontend %s has backend %s of the other family", f.Key, b.Addr)
+			}
+		}
+		got[f.Key.String()] = len(f.Backends)
+	}
+	want := map[string]int{}
+	for _, f := range []struct {
+		k FrontendKey
+		n int
+	}{
+		{FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP}, 1},
+		{FrontendKey{Addr: netip.MustParseAddr("fd00:96::10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP}, 2},
+		{FrontendKey{Addr: netip.MustParseAddr("10.77.0.1"), Port: 30080, Proto: TCP, Scope: ScopeNodePort}, 1},
+	} {
+		want[f.k.String()] = f.n
+	}
+	if len(got) != len(want) {
+		t.Fatalf("frontends %v, want %v", got, want)
+	}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("frontend %s: %d backends, want %d (all: %v)", k, got[k], n, got)
+		}
+	}
+	m := NewModel(Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	if _, err := m.Set(svcs[0], eps); err != nil {
+		t.Fatal(err)
+	}
+	tb := NewTables()
+	u := tb.Apply(Diff(nil, m))
+	if len(u.Services) != 2 || len(u.Services6) != 1 || len(u.Backends) != 2 || len(u.Backends6) != 2 ||
+		len(u.RevNat) != 2 || len(u.RevNat6) != 1 || len(u.Maglev) != 3 {
+		t.Fatalf("update %s: want 2+1 services, 2+2 backends, 2+1 rev-NAT, 3 Maglev tables", u)
+	}
+	k6 := ServiceKey6Of(FrontendKey{Addr: netip.MustParseAddr("fd00:96::10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP})
+	id := u.Services6[k6].FrontendID
+	if rn := u.RevNat6[RevNatKey{id}]; netip.AddrFrom16(rn.Addr) != netip.MustParseAddr("fd00:96::10") || rn.Port != 80 {
+		t.Errorf("IPv6 rev-NAT entry %+v", rn)
+	}
+	for _, b := range u.Maglev[id] {
+		if _, ok := u.Backends6[BackendKey{b}]; !ok {
+			t.Fatalf("the IPv6 frontend's Maglev table names backend %d, no IPv6 backend", b)
+		}
+	}
+	fresh := NewTables()
+	if _, repair := fresh.Adopt(tb.Snapshot()); repair.Ops() != 0 {
+		t.Errorf("adopting a snapshot needs repairs: %s", repair)
+	}
+	if u := fresh.Apply(Diff(nil, m)); u.Ops() != 0 {
+		t.Errorf("after adoption the same model writes %s", u)
+	}
+	// Removing the Service deletes the IPv6 entries too.
+	u = fresh.Apply(m.Delete(ServiceID{svcs[0].Namespace, svcs[0].Name}))
+	if len(u.ServiceDeletes) != 2 || len(u.ServiceDeletes6) != 1 || len(u.BackendDeletes) != 4 || len(u.RevNatDeletes) != 3 {
+		t.Errorf("deleting the Service: %s (service deletes %d+%d), want 2+1 services, 4 backends, 3 rev-NAT entries",
+			u, len(u.ServiceDeletes), len(u.ServiceDeletes6))
+	}
+}
