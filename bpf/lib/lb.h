@@ -458,7 +458,12 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		ft.sport = t->sport;
 		ft.dport = bpf_htons(be->port);
 		ft.proto = t->proto;
-		if (be->addr == t->saddr) {
+		if (be->addr == t->saddr && ep) {
+			/* Hairpin: a local endpoint reaching itself (its reply
+			 * comes back through its own device). A client from the
+			 * wire that is also the backend (a node reaching another
+			 * node's NodePort whose endpoint it hosts) is NodePort
+			 * SNATed below: 169.254.42.1 would not route back here. */
 			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
 			snat_flags = CT_F_SNAT | CT_F_HAIRPIN;
 			lb_stat(LB_STAT_HAIRPIN);

@@ -133,6 +133,22 @@ func TestServiceFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("NodePort from a host that is also the backend (a node reaching another node's NodePort it serves): node SNAT, not hairpin", func(t *testing.T) {
+		s.enter(t)
+		s.apply(t, svcYAML("selfnp", "10.96.0.117", 80, "TCP", "nodePort=30097", "10.77.0.2"))
+		syn := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", 40100, "10.77.0.1", 30097, 6, tcpSYN, 1, 0, nil)
+		r := s.run(t, up, ifUp(s.fixtureEnv), syn)
+		got := parseTuple(t, r.out)
+		if r.verdict != tcActRedirect || got.dst != ap("10.77.0.2:8080") || got.src.Addr() != netip.MustParseAddr("10.77.0.1") {
+			t.Fatalf("verdict %d, %s -> %s; want 10.77.0.1:<snat> -> 10.77.0.2:8080 back out the uplink (169.254.42.1 would not route back)", r.verdict, got.src, got.dst)
+		}
+		reply := l4Frame(s.up.Attrs().HardwareAddr, neighMAC, "10.77.0.2", 8080, "10.77.0.1", got.src.Port(), 6, tcpSYN|tcpACK, 5, 2, nil)
+		r = s.run(t, up, ifUp(s.fixtureEnv), reply)
+		if back := parseTuple(t, r.out); r.verdict != tcActRedirect || back.src != ap("10.77.0.1:30097") || back.dst != ap("10.77.0.2:40100") {
+			t.Fatalf("reply: verdict %d, %s -> %s; want 10.77.0.1:30097 -> 10.77.0.2:40100", r.verdict, back.src, back.dst)
+		}
+	})
+
 	t.Run("ICMP port unreachable from the backend: translated back to the frontend", func(t *testing.T) {
 		s.enter(t)
 		// What pod 1's datagram looked like at the backend (after DNAT).

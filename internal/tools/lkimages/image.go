@@ -28,12 +28,18 @@ var epoch = time.Unix(0, 0).UTC()
 type entry struct {
 	Path string // inside the image, absolute
 	Src  string // host file (regular files)
+	Data []byte // the content instead of Src (regular files made here)
 	Link string // symlink target
 	Mode fs.FileMode
 }
 
 // regular is a regular file Src installed at dst with mode perm.
 func regular(dst, src string, perm fs.FileMode) entry { return entry{Path: dst, Src: src, Mode: perm} }
+
+// content is a regular file with the given bytes at dst.
+func content(dst string, data []byte, perm fs.FileMode) entry {
+	return entry{Path: dst, Data: data, Mode: perm}
+}
 
 // dir is a directory dst with mode perm.
 func dir(dst string, perm fs.FileMode) entry { return entry{Path: dst, Mode: fs.ModeDir | perm} }
@@ -88,8 +94,10 @@ func layerTar(entries []entry) ([]byte, error) {
 			h.Typeflag, h.Linkname = tar.TypeSymlink, e.Link
 		default:
 			var err error
-			if data, err = os.ReadFile(e.Src); err != nil {
-				return nil, fmt.Errorf("layer file %s: %w", p, err)
+			if data = e.Data; data == nil {
+				if data, err = os.ReadFile(e.Src); err != nil {
+					return nil, fmt.Errorf("layer file %s: %w", p, err)
+				}
 			}
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
 		}

@@ -143,8 +143,22 @@ func specFor(n string, in inputs) (spec, error) {
 		if err != nil {
 			return spec{}, err
 		}
+		// Its fake registry serves the pause image as pause:testing, as
+		// upstream's image does (built here from this pause).
+		ps, err := specFor("pause", in)
+		if err != nil {
+			return spec{}, err
+		}
+		pauseImg, err := build(ps)
+		if err != nil {
+			return spec{}, err
+		}
+		reg, err := registryEntries(pauseImg, "pause", "testing")
+		if err != nil {
+			return spec{}, fmt.Errorf("agnhost: fake registry: %w", err)
+		}
 		return spec{Name: n, Tags: []string{agnhostImage, agnhostPrev, glibcDNSImage}, Base: base,
-			Files: []entry{
+			Files: append(reg, []entry{
 				regular("/agnhost", node("agnhost"), 0o755),
 				symlink("/agnhost-2", "agnhost"),
 				// Upstream's agnhost image carries CoreDNS too: the DNS
@@ -153,7 +167,7 @@ func specFor(n string, in inputs) (spec, error) {
 				symlink("/usr/local/bin/iperf", "/usr/bin/iperf"),
 				regular("/localhost.crt", node("agnhost-porter/localhost.crt"), 0o644),
 				regular("/localhost.key", node("agnhost-porter/localhost.key"), 0o644),
-			},
+			}...),
 			Env:        []string{"PATH=" + pathEnv},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}, nil
 	}
