@@ -103,7 +103,7 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 		return errors.New("empty report")
 	}
 	r := reps[0]
-	var passed, failed []specReport
+	var passed, failed, selfSkipped []specReport
 	outOfFocus, notRun := 0, 0
 	for _, s := range r.SpecReports {
 		if s.LeafNodeType != "It" {
@@ -129,7 +129,13 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 					break
 				}
 			}
-			if !listed {
+			switch {
+			case listed:
+			case s.Failure != nil && strings.TrimSpace(s.Failure.Message) != "":
+				// It ran and skipped itself (e2eskipper: "Requires >= 3
+				// zones", a provider, more nodes): the reason is its message.
+				selfSkipped = append(selfSkipped, s)
+			default:
 				notRun++ // the run ended (--timeout, interrupt) before it
 			}
 		default: // failed, panicked, timedout, interrupted, aborted
@@ -145,6 +151,7 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	}
 	byText(passed)
 	byText(failed)
+	byText(selfSkipped)
 	p := func(f string, a ...any) { fmt.Fprintf(w, f+"\n", a...) }
 	p("# Upstream Kubernetes e2e tests on lanekit (`make conformance`)")
 	p("")
@@ -156,9 +163,9 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	p("- Focus: `%s`; skip list: `test/conformance/skip.txt`", focus.String())
 	p("- Raw report: `docs/conformance.json` (ginkgo's JSON report)")
 	p("")
-	p("| passed | failed | skipped (skip list) | not run (run ended first) | not in focus |")
-	p("|---:|---:|---:|---:|---:|")
-	p("| %d | %d | %d | %d | %d |", len(passed), len(failed), skipped, notRun, outOfFocus)
+	p("| passed | failed | skipped (skip list) | skipped by the test | not run (run ended first) | not in focus |")
+	p("|---:|---:|---:|---:|---:|---:|")
+	p("| %d | %d | %d | %d | %d | %d |", len(passed), len(failed), skipped, len(selfSkipped), notRun, outOfFocus)
 	p("")
 	p("## Failed (%d)", len(failed))
 	p("")
@@ -178,6 +185,16 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 		p("| `%s` | %d | %s |", strings.ReplaceAll(e.expr, "|", `\|`), e.count, e.reason)
 	}
 	p("")
+	p("## Skipped by the test itself (%d)", len(selfSkipped))
+	p("")
+	if len(selfSkipped) > 0 {
+		p("| test | why (its skip message) |")
+		p("|---|---|")
+		for _, s := range selfSkipped {
+			p("| %s | %s |", strings.ReplaceAll(s.fullText(), "|", `\|`), strings.ReplaceAll(strings.TrimSpace(s.Failure.Message), "|", `\|`))
+		}
+		p("")
+	}
 	p("## Passed (%d)", len(passed))
 	p("")
 	for _, s := range passed {

@@ -27,15 +27,26 @@ func TestSkipListParses(t *testing.T) {
 	}
 }
 
-// TestWrite: passed, failed (with cause) and skip-list counts come out of
-// a ginkgo JSON report; specs outside the focus are only counted.
+// TestWrite: passed, failed (with cause), skip-list and self-skipped (with
+// the test's message) counts come out of a ginkgo JSON report; a skipped
+// spec without a message did not run; specs outside the focus are only
+// counted.
 func TestWrite(t *testing.T) {
 	reps := []report{{SuiteDescription: "Kubernetes e2e suite", SpecReports: []specReport{
 		{ContainerHierarchyTexts: []string{"[sig-network] Services"}, LeafNodeText: "should serve a basic endpoint", LeafNodeType: "It", State: "passed"},
 		{ContainerHierarchyTexts: []string{"[sig-network] Services"}, LeafNodeText: "should be sctp", LeafNodeType: "It", State: "skipped"},
 		{ContainerHierarchyTexts: []string{"[sig-storage] CSI"}, LeafNodeText: "mounts", LeafNodeType: "It", State: "skipped"},
 		{ContainerHierarchyTexts: []string{"[sig-network] DNS"}, LeafNodeText: "should resolve", LeafNodeType: "It", State: "failed"},
+		{ContainerHierarchyTexts: []string{"[sig-network] Traffic Distribution"}, LeafNodeText: "should prefer the zone", LeafNodeType: "It", State: "skipped"},
+		{ContainerHierarchyTexts: []string{"[sig-network] Services"}, LeafNodeText: "should come later", LeafNodeType: "It", State: "skipped"},
 	}}}
+	reps[0].SpecReports[4].Failure = &struct {
+		Message  string `json:"Message"`
+		Location struct {
+			FileName   string `json:"FileName"`
+			LineNumber int    `json:"LineNumber"`
+		} `json:"Location"`
+	}{Message: "Requires >= 3 zones"}
 	reps[0].SpecReports[3].Failure = &struct {
 		Message  string `json:"Message"`
 		Location struct {
@@ -52,7 +63,7 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"| 1 | 1 | 1 | 0 | 1 |", "[sig-network] DNS should resolve | failed | timed out waiting for the condition more",
+	for _, want := range []string{"| 1 | 1 | 1 | 1 | 1 | 1 |", "| [sig-network] Traffic Distribution should prefer the zone | Requires >= 3 zones |", "[sig-network] DNS should resolve | failed | timed out waiting for the condition more",
 		"| `sctp` | 1 | no sctp module |", "- [sig-network] Services should serve a basic endpoint"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
