@@ -35,17 +35,17 @@ const (
 
 // Config is how lanekitd is started.
 type Config struct {
-	StateDir   string
-	Socket     string
-	Uplink     string
-	PodCIDR    netip.Prefix
-	PodCIDR6   netip.Prefix // the node's IPv6 pod CIDR; invalid: IPv4 only (ipv6.go)
+	StateDir string
+	Socket   string
+	Uplink   string
+	PodCIDR  netip.Prefix
+	PodCIDR6 netip.Prefix // the node's IPv6 pod CIDR; invalid: IPv4 only (ipv6.go)
 	// NodeName and Zone (the Node's topology.kubernetes.io/zone label) are
 	// what EndpointSlice topology hints are matched against; empty: none.
 	NodeName, Zone string
-	BPFDir     string       // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
-	DeviceMode string       // DeviceAuto, "veth" or "netkit"
-	MTU        int          // 0: the uplink's MTU
+	BPFDir         string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
+	DeviceMode     string // DeviceAuto, "veth" or "netkit"
+	MTU            int    // 0: the uplink's MTU
 	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
 	// (datapath.Config; 0, 0: the default 61000-65535).
 	SNATPortMin, SNATPortMax uint16

@@ -292,7 +292,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
-		all, hints := resolveBackendsHints(sp.Name, proto, mine)
+		all, hints := resolveBackends(sp.Name, proto, mine)
 		// One frontend per cluster IP (dual-stack: one of each family),
 		// each with the endpoints of its family.
 		for _, vip := range vips {
@@ -376,21 +376,16 @@ func compareKeys(a, b FrontendKey) int {
 	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Scope, b.Scope))
 }
 
-// resolveBackends collects the backends of the service port named portName: for
-// each slice, the slice port with that name and protocol gives the target port
-// number for the slice's endpoints (that is how Kubernetes resolves named
-// target ports, which may differ per pod).
-func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) []Backend {
-	out, _ := resolveBackendsHints(portName, proto, eps)
-	return out
-}
-
 // topoHints are an endpoint's EndpointSlice hints: the nodes and zones it
 // is meant for.
 type topoHints struct{ nodes, zones []string }
 
-// resolveBackendsHints is resolveBackends with each endpoint address's hints.
-func resolveBackendsHints(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
+// resolveBackends collects the backends of the service port named portName,
+// with each endpoint address's topology hints: for each slice, the slice port
+// with that name and protocol gives the target port number for the slice's
+// endpoints (that is how Kubernetes resolves named target ports, which may
+// differ per pod).
+func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
 	seen := map[netip.AddrPort]int{}
 	hints := map[netip.Addr]topoHints{}
 	var out []Backend
