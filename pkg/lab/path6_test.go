@@ -5,9 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -25,14 +22,7 @@ import (
 func TestDualStackLab(t *testing.T) {
 	bins := pathTestBins(t)
 	// lab check runs the CLI's tcp-echo/tcp-dial in the namespaces.
-	bins.Self = filepath.Join(bins.Dir, "lanekit")
-	if _, err := os.Stat(bins.Self); err != nil {
-		bins.Self = filepath.Join(t.TempDir(), "lanekit")
-		build := exec.Command("go", "build", "-o", bins.Self, "../../cmd/lanekit")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build lanekit: %v\n%s", err, out)
-		}
-	}
+	bins.Self = labSelf(t, bins)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {

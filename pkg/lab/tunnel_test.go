@@ -73,3 +73,17 @@ func TestTunnelBenchRows(t *testing.T) {
 		t.Fatalf("native lab rows renamed: %+v", paths)
 	}
 }
+
+// TestRoutingBenchGroups: one group per named mode, in order; bad lists are
+// refused with the reason.
+func TestRoutingBenchGroups(t *testing.T) {
+	gs, err := RoutingBenchGroups(Bins{}, []string{RoutingNative, RoutingTunnel}, nil)
+	if err != nil || len(gs) != 2 || gs[0].Name != RoutingNative || gs[1].Name != RoutingTunnel || gs[0].Up == nil || gs[1].Down == nil {
+		t.Fatalf("groups %+v, %v", gs, err)
+	}
+	for _, bad := range [][]string{nil, {"native", "native"}, {"vxlan"}} {
+		if _, err := RoutingBenchGroups(Bins{}, bad, nil); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
