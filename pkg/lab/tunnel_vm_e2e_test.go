@@ -26,8 +26,8 @@ import (
 // pod's and the VM's endpoint counters account for the packets, node 2's
 // tunnel counters encapsulate what the VM sent (tunnel_route from the VM's
 // host end, not the node's route into the tunnel: the host-encap counter
-// stays put) and decapsulate what it received, and lanekit-vhost moved the
-// frames. Then Services both ways: the guest reaches a ClusterIP whose
+// stays put, and node 1 gets the VM's identity from the VNI) and
+// decapsulate what it received, and lanekit-vhost moved the frames. Then Services both ways: the guest reaches a ClusterIP whose
 // backend is the pod on node 1 (load-balanced on node 2, then tunnelled),
 // and the pod reaches a ClusterIP whose backend is the guest. QEMU runs
 // under TCG: transfers are 3 s, every probe bounded. Root only; brings up
@@ -173,6 +173,7 @@ func TestTunnelVMPath(t *testing.T) {
 				{"node2 decapsulations for what BPF delivered to the VM", dec2, vmD.bpfTo},
 				{"node1 encapsulations for what BPF forwarded from the pod", enc1, podD.bpfFwd},
 				{"node1 decapsulations for what BPF delivered to the pod", dec1, podD.bpfTo},
+				{"node1 decapsulations with the VM's identity from the VNI", tunDelta(a.tun1, b.tun1, datapath.TunnelVNIIdentity), dec1},
 				{"frames lanekit-vhost moved into the guest, of the packets the pod sent", vhRX, podD.sent},
 				{"frames lanekit-vhost moved out of the guest, of the packets the pod received", vhTX, podD.recv},
 			} {
@@ -211,7 +212,10 @@ func TestTunnelVMPath(t *testing.T) {
 			var out string
 			var code int
 			for try := 0; try < 3; try++ { // the agents apply the Service asynchronously
-				if out, code, err = con.Run(ctx, cmd); err == nil && code == 0 && strings.Contains(out, podName+" vm-") {
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				out, code, err = con.Run(cctx, cmd)
+				cancel()
+				if err == nil && code == 0 && strings.Contains(out, podName+" vm-") {
 					break
 				}
 				time.Sleep(time.Second)
@@ -241,7 +245,10 @@ func TestTunnelVMPath(t *testing.T) {
 			var out string
 			var err error
 			for try := 0; try < 3; try++ {
-				if out, err = inNS(ctx, pod, "busybox", "sh", "-c", fmt.Sprintf("echo pod-%d | busybox nc -w 3 %s 80", i, vmSvcVIP)); err == nil && strings.Contains(out, "LK-HELLO") {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second) // busybox nc -w bounds the connect only
+				out, err = inNS(cctx, pod, "busybox", "sh", "-c", fmt.Sprintf("echo pod-%d | busybox nc -w 3 %s 80", i, vmSvcVIP))
+				cancel()
+				if err == nil && strings.Contains(out, "LK-HELLO") {
 					break
 				}
 				time.Sleep(time.Second)
