@@ -186,6 +186,7 @@ func labBenchCmd() *cobra.Command {
 		svcRepeat        int
 		policyCounts     []int
 		policiesOnly     bool
+		routings         []string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -220,6 +221,12 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 					return rep.WriteJSON(cmd.OutOrStdout())
 				}
 				return rep.WriteTable(cmd.OutOrStdout())
+			}
+			if len(routings) > 0 {
+				if len(svcCounts) > 0 || len(policyCounts) > 0 || (vmBackend != "auto" && vmBackend != "off") {
+					return errors.New("lab bench: --routing measures the pod rows of its own labs: no --services, --policies or --vm-backend on|only with it")
+				}
+				return runRoutingBench(cmd, routings, opts, asJSON, chart)
 			}
 			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" && vmBackend != "only" {
 				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", vmBackend)
@@ -320,6 +327,7 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
 	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows")
 	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
+	cmd.Flags().StringSliceVar(&routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }

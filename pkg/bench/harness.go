@@ -161,28 +161,42 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 		all[i] = newSamples(o.Repeat)
 	}
 	for rep := 0; rep < o.Repeat; rep++ {
-		for _, m := range metrics {
-			for k := range paths {
-				i := (k + rep) % len(paths)
-				if err := ctx.Err(); err != nil {
-					return nil, fmt.Errorf("bench: %w", err)
-				}
-				all[i].cur = rep
-				var err error
-				if paths[i].Prepare != nil {
-					err = paths[i].Prepare(ctx)
-				}
-				if err == nil {
-					err = m.run(ctx, o, paths[i], &all[i])
-				}
-				if err != nil {
-					all[i].errs = append(all[i].errs, fmt.Sprintf("rep %d %s: %v", rep+1, m.name, err))
-				}
-				o.progress("rep %d/%d %-4s %-16s %s", rep+1, o.Repeat, m.name, paths[i].Name, lastValue(m.name, &all[i], err))
-			}
+		if err := measureRep(ctx, "", paths, all, rep, o); err != nil {
+			return nil, err
 		}
 	}
 	return buildReport(paths, all, o), nil
+}
+
+// measureRep measures repetition rep of every path into all (indexed like
+// paths): each metric over all paths back to back, starting from a
+// rotating path so no path is always first. group prefixes the progress
+// lines. It fails only on a cancelled context.
+func measureRep(ctx context.Context, group string, paths []Path, all []samples, rep int, o Options) error {
+	if group != "" {
+		group += " "
+	}
+	for _, m := range metrics {
+		for k := range paths {
+			i := (k + rep) % len(paths)
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			all[i].cur = rep
+			var err error
+			if paths[i].Prepare != nil {
+				err = paths[i].Prepare(ctx)
+			}
+			if err == nil {
+				err = m.run(ctx, o, paths[i], &all[i])
+			}
+			if err != nil {
+				all[i].errs = append(all[i].errs, fmt.Sprintf("rep %d %s: %v", rep+1, m.name, err))
+			}
+			o.progress("%srep %d/%d %-4s %-16s %s", group, rep+1, o.Repeat, m.name, paths[i].Name, lastValue(m.name, &all[i], err))
+		}
+	}
+	return nil
 }
 
 func (o Options) progress(format string, args ...any) {

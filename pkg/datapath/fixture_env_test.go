@@ -24,6 +24,7 @@ type fixtureEnv struct {
 	ep4            Endpoint         // an L3 netkit pod (map entries only: this kernel may lack netkit)
 	ep5            Endpoint         // a VM with 4 queues (map entries only)
 	neighMAC       net.HardwareAddr // permanent neighbour 10.77.0.2
+	tunnel         bool             // tunnel mode (tunnelFixtureEnv): runFixtures checks the tunnel counters
 	origNS, newNS  netns.NsHandle
 }
 

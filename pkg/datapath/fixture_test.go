@@ -52,6 +52,9 @@ type fixture struct {
 	dropReason DropReason
 	gsoSize    uint32 // > 0: a GSO packet cut into segments of this payload size
 	stackEP    uint32 // > 0: TC_ACT_OK counted as handed to the host stack for this endpoint
+	// tunnel: the tunnel counters' expected growth (an env in tunnel mode
+	// checks every counter; nil: none grows).
+	tunnel map[TunnelStat]uint64
 }
 
 func fromPod(e *fixtureEnv) *ebpf.Program    { return e.dp.pod.FromPod }
@@ -308,6 +311,13 @@ func runFixtures(t *testing.T, e *fixtureEnv, fs []fixture) {
 					t.Fatal(err)
 				}
 			}
+			var beforeTunnel TunnelStats
+			if e.tunnel {
+				var err error
+				if beforeTunnel, err = e.dp.TunnelStats(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if err := e.dp.pod.LastRedirect.Set(podRedirectTrace{}); err != nil {
 				t.Fatal(err)
 			}
@@ -374,6 +384,17 @@ func runFixtures(t *testing.T, e *fixtureEnv, fs []fixture) {
 				}
 				if d := after.Drops[f.dropReason] - before.Drops[f.dropReason]; d != 1 {
 					t.Fatalf("drop counter %s of endpoint %d grew by %d, want 1", f.dropReason, f.dropEP, d)
+				}
+			}
+			if e.tunnel {
+				after, err := e.dp.TunnelStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k := TunnelStat(0); int(k) < tunnelStatMax; k++ {
+					if d := after[k] - beforeTunnel[k]; d != f.tunnel[k] {
+						t.Errorf("tunnel counter %s grew by %d, want %d", k, d, f.tunnel[k])
+					}
 				}
 			}
 		})

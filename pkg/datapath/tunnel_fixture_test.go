@@ -43,20 +43,8 @@ func tunnelFixtureEnv(t *testing.T) (*fixtureEnv, netlink.Link) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.tunnel = true
 	return e, vx
-}
-
-type tunnelFixture struct {
-	name      string
-	prog      func(e *fixtureEnv) *ebpf.Program
-	ifindex   func(e *fixtureEnv) int
-	in        func(e *fixtureEnv) []byte
-	gsoSize   uint32
-	verdict   uint32
-	redirIf   func(e *fixtureEnv) int
-	redirKind uint32
-	out       func(e *fixtureEnv, in []byte) []byte // nil: unchanged
-	stats     map[TunnelStat]uint64                 // expected counter growth
 }
 
 // TestTunnelFixtures: every verdict of the tunnel path, through
@@ -65,7 +53,10 @@ type tunnelFixture struct {
 // node's pod CIDR, even where a kernel route exists; this node's own CIDR and
 // addresses outside every pod CIDR by the FIB as before; an oversize GSO
 // packet still into the tunnel (its PMTU check answers), counted; decap
-// delivery into the local pod (redirect_peer) from the tunnel device.
+// delivery into the local pod (redirect_peer) from the tunnel device. A VM's
+// frames (from_pod on its host end) take the same encapsulation, and decap
+// delivers to a local VM through its host end's transmit (plain redirect),
+// as from the uplink.
 func TestTunnelFixtures(t *testing.T) {
 	e, vx := tunnelFixtureEnv(t)
 	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
@@ -75,14 +66,14 @@ func TestTunnelFixtures(t *testing.T) {
 	tcpTo := func(dst string, n int) func(e *fixtureEnv) []byte {
 		return func(e *fixtureEnv) []byte { return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, n) }
 	}
-	for _, f := range []tunnelFixture{
+	runFixtures(t, e, []fixture{
 		{
 			name: "pod to a pod on another node: into the tunnel", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.5.7", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
-			stats: map[TunnelStat]uint64{TunnelEncap: 1},
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
 		},
 		{
 			name: "pod CIDR with a kernel route too: the tunnel, not the route", prog: fromPod, ifindex: ifH1,
@@ -90,7 +81,15 @@ func TestTunnelFixtures(t *testing.T) {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
-			stats: map[TunnelStat]uint64{TunnelEncap: 1},
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+		},
+		{
+			name: "VM to a pod on another node: into the tunnel like a pod's", prog: fromPod, ifindex: ifH3,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(e.ep3.HostMAC, vm3MAC, "10.244.1.12", "10.244.5.7", 64)
+			},
+			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
 		},
 		{
 			name: "this node's own pod CIDR (no such pod): never encapsulated, FIB", prog: fromPod, ifindex: ifH1,
@@ -112,19 +111,19 @@ func TestTunnelFixtures(t *testing.T) {
 			name: "TSO packet (3600 bytes) with 1410-byte segments (fit 1450): into the tunnel whole", prog: fromPod, ifindex: ifH1,
 			in: tcpTo("10.244.5.7", 3600), gsoSize: 1410,
 			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
-			stats: map[TunnelStat]uint64{TunnelEncap: 1},
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
 		},
 		{
 			name: "TSO packet (3600 bytes) with 1460-byte segments (over 1450): counted oversize, to the stack (ICMP frag needed)", prog: fromPod, ifindex: ifH1,
 			in: tcpTo("10.244.5.7", 3600), gsoSize: 1460,
-			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelOversize: 1},
+			verdict: tcActOK, tunnel: map[TunnelStat]uint64{TunnelOversize: 1},
 		},
 		{
 			name: "1500-byte packet (over 1450): counted oversize, to the stack", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.5.7", 1500)
 			},
-			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelOversize: 1},
+			verdict: tcActOK, tunnel: map[TunnelStat]uint64{TunnelOversize: 1},
 		},
 		{
 			name: "TTL 1 for another node: the stack (ICMP time exceeded)", prog: fromPod, ifindex: ifH1,
@@ -138,7 +137,7 @@ func TestTunnelFixtures(t *testing.T) {
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(TunnelMAC, TunnelMAC, "10.77.0.1", "10.244.5.7", 64)
 			},
-			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelHostEncap: 1},
+			verdict: tcActOK, tunnel: map[TunnelStat]uint64{TunnelHostEncap: 1},
 			out: func(e *fixtureEnv, in []byte) []byte {
 				out := bytes.Clone(in)
 				copy(out[6:12], TunnelSrcMAC)
@@ -165,77 +164,26 @@ func TestTunnelFixtures(t *testing.T) {
 				return testutil.IPv4Frame(TunnelMAC, mustMAC("02:00:00:05:00:07"), "10.244.5.7", "10.244.1.11", 63)
 			},
 			verdict: tcActRedirect, redirIf: ifH2, redirKind: 2,
-			out:   func(e *fixtureEnv, in []byte) []byte { return routed(in, pod2MAC, e.ep2.HostMAC) },
-			stats: map[TunnelStat]uint64{TunnelDecap: 1},
+			out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, pod2MAC, e.ep2.HostMAC) },
+			tunnel: map[TunnelStat]uint64{TunnelDecap: 1},
+		},
+		{
+			name: "from the tunnel to a local VM: through its host end's transmit (plain redirect)", prog: fromTunnel, ifindex: ifVx,
+			in: func(e *fixtureEnv) []byte {
+				return testutil.IPv4Frame(TunnelMAC, mustMAC("02:00:00:05:00:07"), "10.244.5.7", "10.244.1.12", 63)
+			},
+			verdict: tcActRedirect, redirIf: ifH3, redirKind: 1,
+			out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, vm3MAC, e.ep3.HostMAC) },
+			tunnel: map[TunnelStat]uint64{TunnelDecap: 1},
 		},
 		{
 			name: "from the tunnel, no local endpoint: the stack", prog: fromTunnel, ifindex: ifVx,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(TunnelMAC, mustMAC("02:00:00:05:00:07"), "10.244.5.7", "10.244.1.99", 63)
 			},
-			verdict: tcActOK, stats: map[TunnelStat]uint64{TunnelDecap: 1},
+			verdict: tcActOK, tunnel: map[TunnelStat]uint64{TunnelDecap: 1},
 		},
-	} {
-		t.Run(f.name, func(t *testing.T) {
-			e.enter(t)
-			in := f.in(e)
-			before, err := e.dp.TunnelStats()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := e.dp.pod.LastRedirect.Set(podRedirectTrace{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.dp.uplink.LastRedirect.Set(uplinkRedirectTrace{}); err != nil {
-				t.Fatal(err)
-			}
-			ctx := skbCtx{Ifindex: uint32(f.ifindex(e))}
-			if f.gsoSize > 0 {
-				ctx.GSOSize = f.gsoSize
-				ctx.GSOSegs = (uint32(len(in)) + f.gsoSize - 1) / f.gsoSize
-			}
-			opts := &ebpf.RunOptions{Data: bytes.Clone(in), DataOut: make([]byte, len(in)+256), Context: ctx}
-			ret, err := f.prog(e).Run(opts)
-			if err != nil {
-				t.Fatalf("run: %v", err)
-			}
-			if ret != f.verdict {
-				t.Fatalf("verdict %d, want %d", ret, f.verdict)
-			}
-			want := in
-			if f.out != nil {
-				want = f.out(e, in)
-			}
-			if !bytes.Equal(opts.DataOut, want) {
-				t.Fatalf("output bytes differ\n got %x\nwant %x", opts.DataOut, want)
-			}
-			if f.verdict == tcActRedirect {
-				var tr podRedirectTrace
-				var utr uplinkRedirectTrace
-				if err := e.dp.pod.LastRedirect.Get(&tr); err != nil {
-					t.Fatal(err)
-				}
-				if err := e.dp.uplink.LastRedirect.Get(&utr); err != nil {
-					t.Fatal(err)
-				}
-				if tr.Kind == 0 {
-					tr = podRedirectTrace(utr)
-				}
-				if int(tr.Ifindex) != f.redirIf(e) || tr.Kind != f.redirKind {
-					t.Fatalf("redirect to ifindex %d kind %d, want ifindex %d kind %d", tr.Ifindex, tr.Kind, f.redirIf(e), f.redirKind)
-				}
-			}
-			after, err := e.dp.TunnelStats()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for s := TunnelStat(0); int(s) < tunnelStatMax; s++ {
-				if d := after[s] - before[s]; d != f.stats[s] {
-					t.Errorf("tunnel counter %s grew by %d, want %d", s, d, f.stats[s])
-				}
-			}
-		})
-	}
+	})
 }
 
 // TestTunnelNativeModeNoEncap: the same datapath opened without a tunnel

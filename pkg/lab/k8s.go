@@ -52,7 +52,13 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 	if _, _, err := k8stest.Bins(); err != nil {
 		return nil, err
 	}
-	if err := ip(ctx, "-n", WireNS, "addr", "add", APIAddress+"/24", "dev", WireBridge); err != nil {
+	// On the routed underlay APIAddress is the router's own (RouterIP, on
+	// every port as they are added): the server binds it on lo before any.
+	dev, plen := WireBridge, "/24"
+	if cfg.underlay() == UnderlayRouted {
+		dev, plen = "lo", "/32"
+	}
+	if err := ip(ctx, "-n", WireNS, "addr", "add", APIAddress+plen, "dev", dev); err != nil {
 		return nil, fmt.Errorf("api server address: %w", err)
 	}
 	progress(cfg.Out, "lab: kube-apiserver %s + etcd %s on %s (%s)", k8stest.KubeVersion, k8stest.EtcdVersion, APIAddress, WireNS)

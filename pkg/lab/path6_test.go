@@ -5,9 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -25,14 +22,7 @@ import (
 func TestDualStackLab(t *testing.T) {
 	bins := pathTestBins(t)
 	// lab check runs the CLI's tcp-echo/tcp-dial in the namespaces.
-	bins.Self = filepath.Join(bins.Dir, "lanekit")
-	if _, err := os.Stat(bins.Self); err != nil {
-		bins.Self = filepath.Join(t.TempDir(), "lanekit")
-		build := exec.Command("go", "build", "-o", bins.Self, "../../cmd/lanekit")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build lanekit: %v\n%s", err, out)
-		}
-	}
+	bins.Self = labSelf(t, bins)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
@@ -94,26 +84,7 @@ func TestDualStackLab(t *testing.T) {
 			}
 			bulkTCP(t, ctx, pods[dir.client].NS, pods[dir.server].NS, pods[dir.server].IP6)
 			for n := range pods {
-				a, b := sample(t, n), before[n]
-				sent, recv := a.tx-b.tx, a.rx-b.rx
-				fwd := a.fwd - b.fwd
-				bpfFwd := (a.bpf.FromPackets - b.bpf.FromPackets) - (a.bpf.StackPackets - b.bpf.StackPackets)
-				bpfTo := a.bpf.ToPackets - b.bpf.ToPackets
-				t.Logf("node%d: pod sent %d, received %d; kernel forwarded %d (IPv6); BPF forwarded %d from the pod (%d to the stack), delivered %d to it",
-					n, sent, recv, fwd, bpfFwd, a.bpf.StackPackets-b.bpf.StackPackets, bpfTo)
-				if n == dir.client && sent < 1000 {
-					t.Fatalf("node%d: the client pod sent only %d packets: no bulk transfer to judge", n, sent)
-				}
-				if float64(fwd) > maxKernelShare*float64(sent+recv) {
-					t.Errorf("node%d: the kernel forwarded %d IPv6 datagrams, more than %.0f %% of the %d packets its pod sent and received: bulk IPv6 TCP is not on the BPF path",
-						n, fwd, 100*maxKernelShare, sent+recv)
-				}
-				if float64(bpfFwd) < (1-maxKernelShare)*float64(sent) {
-					t.Errorf("node%d: BPF forwarded %d of the %d packets the pod sent", n, bpfFwd, sent)
-				}
-				if float64(bpfTo) < (1-maxKernelShare)*float64(recv) {
-					t.Errorf("node%d: BPF delivered %d of the %d packets the pod received", n, bpfTo, recv)
-				}
+				judgeBulkPath(t, fmt.Sprintf("node%d pod", n), before[n], sample(t, n), n == dir.client, maxKernelShare, "IPv6 datagrams")
 			}
 		})
 	}

@@ -40,6 +40,60 @@ func samplePath(t *testing.T, ctx context.Context, node int, pod string, ip neti
 	return s
 }
 
+// since is a-b for two samples of a counter that only grows, 0 when the
+// samples raced (b read after a on another CPU's share).
+func since(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+// pathDelta is what one endpoint and its node did between two samples.
+type pathDelta struct {
+	sent, recv uint64 // packets the endpoint sent and received
+	fwd        uint64 // datagrams the node's kernel forwarded
+	bpfFwd     uint64 // of what it sent, what BPF forwarded (not handed to the stack)
+	bpfStack   uint64 // of what it sent, what BPF handed to the host stack
+	bpfTo      uint64 // what BPF delivered to it
+}
+
+// deltaOf is the difference of two samples. bpfFwd is from minus stack,
+// clamped at 0: the two counters are read per CPU, not atomically together,
+// so a sample may see a packet's stack hand-off before its from count.
+func deltaOf(b, a pathSample) pathDelta {
+	from, stack := since(a.bpf.FromPackets, b.bpf.FromPackets), since(a.bpf.StackPackets, b.bpf.StackPackets)
+	return pathDelta{sent: since(a.tx, b.tx), recv: since(a.rx, b.rx), fwd: since(a.fwd, b.fwd),
+		bpfFwd: since(from, stack), bpfStack: stack, bpfTo: since(a.bpf.ToPackets, b.bpf.ToPackets)}
+}
+
+// judgeBulkPath judges one endpoint's side of a bulk transfer (the samples
+// b before and a after it): the client sent at least 1,000 packets (else
+// there is nothing to judge: fatal), the node's kernel forwarded at most
+// maxShare of what the endpoint sent and received (fwdWhat names its
+// counter's unit in the messages), and BPF forwarded and delivered all but
+// maxKernelShare of it. It returns the delta for further assertions.
+func judgeBulkPath(t *testing.T, who string, b, a pathSample, client bool, maxShare float64, fwdWhat string) pathDelta {
+	t.Helper()
+	d := deltaOf(b, a)
+	t.Logf("%s: sent %d, received %d; kernel forwarded %d %s; BPF forwarded %d of what it sent (%d to the stack), delivered %d to it",
+		who, d.sent, d.recv, d.fwd, fwdWhat, d.bpfFwd, d.bpfStack, d.bpfTo)
+	if client && d.sent < 1000 {
+		t.Fatalf("%s: the client sent only %d packets: no bulk transfer to judge", who, d.sent)
+	}
+	if float64(d.fwd) > maxShare*float64(d.sent+d.recv) {
+		t.Errorf("%s: the kernel forwarded %d %s, more than %.0f %% of the %d packets sent and received: bulk TCP is not on the BPF path",
+			who, d.fwd, fwdWhat, 100*maxShare, d.sent+d.recv)
+	}
+	if float64(d.bpfFwd) < (1-maxKernelShare)*float64(d.sent) {
+		t.Errorf("%s: BPF forwarded %d of the %d packets sent", who, d.bpfFwd, d.sent)
+	}
+	if float64(d.bpfTo) < (1-maxKernelShare)*float64(d.recv) {
+		t.Errorf("%s: BPF delivered %d of the %d packets received", who, d.bpfTo, d.recv)
+	}
+	return d
+}
+
 // TestBulkTCPTakesTheBPFPath asserts the path bulk TCP takes between lanekit
 // pods on two nodes, in both directions: each node's kernel forwards at most
 // 2 % of the packets its pod sent and received (IpForwDatagrams in the node
@@ -77,26 +131,8 @@ func TestBulkTCPTakesTheBPFPath(t *testing.T) {
 			}
 			bulkTCP(t, ctx, pods[dir.client], pods[dir.server], ips[dir.server].String())
 			for n := range pods {
-				a, b := samplePath(t, ctx, n, pods[n], ips[n]), before[n]
-				sent, recv := a.tx-b.tx, a.rx-b.rx
-				fwd := a.fwd - b.fwd
-				bpfFwd := (a.bpf.FromPackets - b.bpf.FromPackets) - (a.bpf.StackPackets - b.bpf.StackPackets)
-				bpfTo := a.bpf.ToPackets - b.bpf.ToPackets
-				t.Logf("node%d: pod sent %d, received %d; kernel forwarded %d; BPF forwarded %d from the pod (%d to the stack), delivered %d to it",
-					n, sent, recv, fwd, bpfFwd, a.bpf.StackPackets-b.bpf.StackPackets, bpfTo)
-				if n == dir.client && sent < 1000 {
-					t.Fatalf("node%d: the client pod sent only %d packets: no bulk transfer to judge", n, sent)
-				}
-				if float64(fwd) > maxKernelShare*float64(sent+recv) {
-					t.Errorf("node%d: the kernel forwarded %d datagrams, more than %.0f %% of the %d packets its pod sent and received: bulk TCP is not on the BPF path",
-						n, fwd, 100*maxKernelShare, sent+recv)
-				}
-				if float64(bpfFwd) < (1-maxKernelShare)*float64(sent) {
-					t.Errorf("node%d: BPF forwarded %d of the %d packets the pod sent", n, bpfFwd, sent)
-				}
-				if float64(bpfTo) < (1-maxKernelShare)*float64(recv) {
-					t.Errorf("node%d: BPF delivered %d of the %d packets the pod received", n, bpfTo, recv)
-				}
+				judgeBulkPath(t, fmt.Sprintf("node%d pod", n), before[n], samplePath(t, ctx, n, pods[n], ips[n]),
+					n == dir.client, maxKernelShare, "datagrams")
 			}
 		})
 	}

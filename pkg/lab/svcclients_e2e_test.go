@@ -321,8 +321,16 @@ func TestLabServiceClients(t *testing.T) {
 
 	t.Run("externalTrafficPolicy Local: only the local endpoint, the client's address kept", func(t *testing.T) {
 		// The external host routes the LoadBalancer IP to node 1 (as a
-		// load balancer in front of the nodes would).
-		if err := ip(t.Context(), "-n", RawNS(1), "route", "replace", locLBIP+"/32", "via", node1); err != nil {
+		// load balancer in front of the nodes would); on the routed
+		// underlay (tunnel) through the router, which routes it to node 1.
+		via := node1
+		if routedLab() {
+			if err := ip(t.Context(), "-n", WireNS, "route", "replace", locLBIP+"/32", "via", node1); err != nil {
+				t.Fatal(err)
+			}
+			via = RouterIP
+		}
+		if err := ip(t.Context(), "-n", RawNS(1), "route", "replace", locLBIP+"/32", "via", via); err != nil {
 			t.Fatal(err)
 		}
 		before := counters(t, 1)

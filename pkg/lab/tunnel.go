@@ -80,8 +80,8 @@ func (c Config) checkRouting() error {
 	if c.routing() == RoutingTunnel && c.underlay() != UnderlayRouted {
 		return fmt.Errorf("--routing tunnel runs on the routed underlay")
 	}
-	if c.K8s && c.underlay() == UnderlayRouted {
-		return fmt.Errorf("--k8s with a routed underlay (--routing tunnel) is not supported by the lab yet: the API server sits on the bridged underlay")
+	if c.Kubelet && c.underlay() == UnderlayRouted {
+		return fmt.Errorf("--kubelet with a routed underlay (--routing tunnel) is not supported by the lab yet: the real nodes' DaemonSet config is native")
 	}
 	if c.Nodes > 200 {
 		return fmt.Errorf("routed underlay: at most 200 nodes")
@@ -210,6 +210,9 @@ func routingAgentArgs(st *State, i int) []string {
 		return nil
 	}
 	args := []string{"--routing-mode", RoutingTunnel, "--tunnel-port", fmt.Sprint(TunnelPort)}
+	if st.K8s {
+		return args // the node map comes from the Node objects
+	}
 	for _, n := range st.Nodes {
 		if n.Index == i {
 			continue

@@ -19,7 +19,8 @@ func TestCheckRouting(t *testing.T) {
 		{Config{Routing: "vxlan"}, "want native or tunnel"},
 		{Config{Routing: RoutingTunnel, Underlay: UnderlayBridged}, "routed underlay"},
 		{Config{Underlay: "flat"}, "want bridged or routed"},
-		{Config{Routing: RoutingTunnel, K8s: true}, "not supported"},
+		{Config{Routing: RoutingTunnel, K8s: true}, ""},
+		{Config{Routing: RoutingTunnel, K8s: true, Kubelet: true}, "not supported"},
 	} {
 		err := c.cfg.checkRouting()
 		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
@@ -71,5 +72,19 @@ func TestTunnelBenchRows(t *testing.T) {
 	paths, _ = st.BenchPaths()
 	if paths[3].Name != "lanekit-pod" || paths[2].Name != "bridge-iptables" {
 		t.Fatalf("native lab rows renamed: %+v", paths)
+	}
+}
+
+// TestRoutingBenchGroups: one group per named mode, in order; bad lists are
+// refused with the reason.
+func TestRoutingBenchGroups(t *testing.T) {
+	gs, err := RoutingBenchGroups(Bins{}, []string{RoutingNative, RoutingTunnel}, nil)
+	if err != nil || len(gs) != 2 || gs[0].Name != RoutingNative || gs[1].Name != RoutingTunnel || gs[0].Up == nil || gs[1].Down == nil {
+		t.Fatalf("groups %+v, %v", gs, err)
+	}
+	for _, bad := range [][]string{nil, {"native", "native"}, {"vxlan"}} {
+		if _, err := RoutingBenchGroups(Bins{}, bad, nil); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
 	}
 }

@@ -30,6 +30,7 @@ type LabVM struct {
 	SerialSocket  string  `json:"serial_socket"`
 	BackendPID    int     `json:"backend_pid"`
 	QEMUPID       int     `json:"qemu_pid"`
+	MTU           int     `json:"mtu,omitempty"` // the guest NIC's (0: the driver's default)
 	BootSeconds   float64 `json:"boot_seconds"`
 }
 
@@ -83,6 +84,9 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	lv := LabVM{Name: name, Node: i, NS: ns, IP: vm.GetAddress(), MAC: vm.GetMac(), Queues: queues,
 		XSKSocket: vm.GetSocket(), VhostSocket: filepath.Join(vmBackendDir(i, name), "vhost.sock"),
 		MetricsSocket: filepath.Join(vmBackendDir(i, name), "metrics.sock"), SerialSocket: vmFile(i, name, "serial.sock")}
+	// The guest's MTU is its endpoint's (tunnel mode: the uplink's minus
+	// the VXLAN overhead): offered in virtio config space and set by /init.
+	lv.MTU = int(vm.GetMtu())
 	if ip, _, err := net.ParseCIDR(lv.IP); err == nil {
 		lv.IP = ip.String()
 	}
@@ -95,18 +99,21 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	// setpriv drops to backendUser with no capabilities and no_new_privs.
-	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), "setpriv",
-		"--reuid", strconv.Itoa(backendUser), "--regid", strconv.Itoa(backendUser), "--clear-groups",
+	args := []string{"--reuid", strconv.Itoa(backendUser), "--regid", strconv.Itoa(backendUser), "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", vhostBin,
 		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(queues), "--mac", lv.MAC,
-		"--xsk-socket", lv.XSKSocket, "--vm", name, "--metrics-listen", lv.MetricsSocket)
+		"--xsk-socket", lv.XSKSocket, "--vm", name, "--metrics-listen", lv.MetricsSocket}
+	if lv.MTU > 0 {
+		args = append(args, "--mtu", strconv.Itoa(lv.MTU))
+	}
+	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), "setpriv", args...)
 	if err != nil {
 		return fmt.Errorf("vm %s: backend: %w", name, err)
 	}
 	if err := nsexec.WaitSocket(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
 		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
 	}
-	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd}, vmFile(i, name, "vhost.log"))
+	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd, MTU: lv.MTU}, vmFile(i, name, "vhost.log"))
 }
 
 // bootLabVM records lv and boots its QEMU guest (TCG) on lv.VhostSocket,

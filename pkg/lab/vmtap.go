@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,8 +56,11 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 	}
 	lv := LabVM{Name: name, Node: i, NS: ns, IP: addr, MAC: fmt.Sprintf(tapVMMACFm, i), Queues: 1,
 		SerialSocket: vmFile(i, name, "serial.sock")}
+	// The guest's MTU is the bridge's (a routed underlay: the flannel-style
+	// VXLAN's).
+	lv.MTU, _ = strconv.Atoi(mtu)
 	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: fmt.Sprintf("%s/%d", addr, plen),
-		Gateway: gw, MAC: lv.MAC, Tap: TapVMDev, SerialSocket: lv.SerialSocket})
+		Gateway: gw, MAC: lv.MAC, Tap: TapVMDev, SerialSocket: lv.SerialSocket, MTU: lv.MTU})
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}

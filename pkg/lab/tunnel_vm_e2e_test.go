@@ -1,0 +1,306 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/guest"
+)
+
+// TestTunnelVMPath: the fast-lane VM in tunnel mode on the routed underlay.
+// The guest gets the tunnel MTU (1450); lab check passes with the VM rows
+// (guest to pods on both nodes and to the nodes, pods and nodes to the
+// guest); bulk TCP between a pod on node 1 and the guest on node 2, both
+// ways, is carried by BPF: 0 kernel-forwarded datagrams on both nodes, the
+// pod's and the VM's endpoint counters account for the packets, node 2's
+// tunnel counters encapsulate what the VM sent (tunnel_route from the VM's
+// host end, not the node's route into the tunnel: the host-encap counter
+// stays put, and node 1 gets the VM's identity from the VNI) and
+// decapsulate what it received, and lanekit-vhost moved the frames. Then Services both ways: the guest reaches a ClusterIP whose
+// backend is the pod on node 1 (load-balanced on node 2, then tunnelled),
+// and the pod reaches a ClusterIP whose backend is the guest. QEMU runs
+// under TCG: transfers are 3 s, every probe bounded. Root only; brings up
+// the global lab.
+func TestTunnelVMPath(t *testing.T) {
+	bins := pathTestBins(t)
+	bins.Self = labSelf(t, bins)
+	testutil.RequireBinary(t, "qemu-system-x86_64")
+	if !executable(filepath.Join(bins.Dir, "lanekit-vhost")) {
+		if os.Getenv("LANEKIT_BIN") != "" {
+			t.Fatalf("lanekit-vhost missing in %s", bins.Dir)
+		}
+		testutil.MissingDep(t, "lanekit-vhost missing in %s", bins.Dir)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, Routing: RoutingTunnel, Bins: bins, Out: testLog{t}})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
+		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
+	}
+	vm := st.VMs[0]
+	vmIP := netip.MustParseAddr(vm.IP)
+	pod := PodNS(1, 1, KindLanekit)
+	podAddr, err := netip.ParseAddr(podIP(ctx, pod))
+	if err != nil {
+		t.Fatalf("pod address: %v", err)
+	}
+	// lab check first: it takes the guest console, which serves one client.
+	t.Run("lab check", func(t *testing.T) {
+		var out bytes.Buffer
+		err := Check(ctx, bins, &out)
+		t.Log(out.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "lanekit VMs") {
+			t.Fatal("lab check printed no VM matrix")
+		}
+	})
+
+	con, err := guest.DialConsole(ctx, vm.SerialSocket)
+	if err != nil {
+		t.Fatalf("guest console: %v", err)
+	}
+	defer con.Close()
+	if out, code, err := con.Run(ctx, "cat /sys/class/net/eth0/mtu"); err != nil || code != 0 || strings.TrimSpace(out) != "1450" {
+		t.Fatalf("guest MTU %q (exit %d, %v), want 1450 (the tunnel's)", out, code, err)
+	}
+
+	// One sample: node 1's kernel and pod, node 2's kernel and VM, both
+	// nodes' tunnel counters, the backend's frames.
+	type sample struct {
+		fwd1, fwd2 uint64
+		tx, rx     uint64 // the pod's eth0
+		podC, vmC  datapath.Counters
+		tun1, tun2 datapath.TunnelStats
+		vhRX, vhTX uint64
+	}
+	take := func(t *testing.T) sample {
+		t.Helper()
+		var s sample
+		var err error
+		if s.fwd1, err = IPForwDatagrams(ctx, NodeNS(1)); err == nil {
+			s.fwd2, err = IPForwDatagrams(ctx, NodeNS(2))
+		}
+		if err == nil {
+			s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
+		}
+		if err == nil {
+			_, s.podC, err = datapath.PinnedCounters(BPFDir(1), podAddr)
+		}
+		if err == nil {
+			_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
+		}
+		if err == nil {
+			s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, vm.MetricsSocket)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.tun1, s.tun2 = tunnelStats(t, 1), tunnelStats(t, 2)
+		return s
+	}
+	tunDelta := func(a, b datapath.TunnelStats, k datapath.TunnelStat) uint64 { return since(a[k], b[k]) }
+
+	for _, dir := range []struct {
+		name    string
+		reverse bool
+	}{{"pod to VM", false}, {"VM to pod", true}} {
+		t.Run("bulk TCP "+dir.name, func(t *testing.T) {
+			if out, code, err := con.Run(ctx, "cd /tmp && timeout 40 iperf3 -s -1 -p 5201 >/tmp/lk-path.log 2>&1 </dev/null &"); err != nil || code != 0 {
+				t.Fatalf("start iperf3 in the guest: %v (exit %d) %s", err, code, out)
+			}
+			b := take(t)
+			args := []string{"iperf3", "-c", vm.IP, "-p", "5201", "-t", "3"}
+			if dir.reverse {
+				args = append(args, "-R")
+			}
+			var out []byte
+			var cerr error
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+				if out, cerr = nsCommand(ctx, pod, args...).CombinedOutput(); cerr == nil {
+					break
+				}
+			}
+			if cerr != nil {
+				t.Fatalf("iperf3 %v: %v\n%s", args, cerr, out)
+			}
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.Contains(l, "receiver") {
+					t.Logf("iperf3: %s", strings.Join(strings.Fields(l), " "))
+				}
+			}
+			a := take(t)
+			// The pod's side, and the VM's: what the pod received the VM
+			// sent, and the other way round (the transfer is theirs alone).
+			podD := judgeBulkPath(t, "node1 pod", pathSample{fwd: b.fwd1, tx: b.tx, rx: b.rx, bpf: b.podC},
+				pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !dir.reverse, 0, "datagrams")
+			vmD := judgeBulkPath(t, "node2 VM", pathSample{fwd: b.fwd2, tx: b.rx, rx: b.tx, bpf: b.vmC},
+				pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, dir.reverse, 0, "datagrams")
+			enc1, dec1 := tunDelta(a.tun1, b.tun1, datapath.TunnelEncap), tunDelta(a.tun1, b.tun1, datapath.TunnelDecap)
+			enc2, dec2 := tunDelta(a.tun2, b.tun2, datapath.TunnelEncap), tunDelta(a.tun2, b.tun2, datapath.TunnelDecap)
+			host2 := tunDelta(a.tun2, b.tun2, datapath.TunnelHostEncap)
+			vhRX, vhTX := since(a.vhRX, b.vhRX), since(a.vhTX, b.vhTX)
+			t.Logf("tunnel: node1 encap %d decap %d (VNI identity %d); node2 encap %d decap %d (VNI identity %d), host-encap %d; lanekit-vhost %d frames into the guest, %d out",
+				enc1, dec1, tunDelta(a.tun1, b.tun1, datapath.TunnelVNIIdentity), enc2, dec2,
+				tunDelta(a.tun2, b.tun2, datapath.TunnelVNIIdentity), host2, vhRX, vhTX)
+			// Node 2 encapsulated what the VM sent and decapsulated what it
+			// received; node 1 the same for its pod.
+			for _, c := range []struct {
+				what      string
+				got, want uint64
+			}{
+				{"node2 encapsulations for what BPF forwarded from the VM", enc2, vmD.bpfFwd},
+				{"node2 decapsulations for what BPF delivered to the VM", dec2, vmD.bpfTo},
+				{"node1 encapsulations for what BPF forwarded from the pod", enc1, podD.bpfFwd},
+				{"node1 decapsulations for what BPF delivered to the pod", dec1, podD.bpfTo},
+				{"node1 decapsulations with the VM's identity from the VNI", tunDelta(a.tun1, b.tun1, datapath.TunnelVNIIdentity), dec1},
+				{"frames lanekit-vhost moved into the guest, of the packets the pod sent", vhRX, podD.sent},
+				{"frames lanekit-vhost moved out of the guest, of the packets the pod received", vhTX, podD.recv},
+			} {
+				if float64(c.got) < (1-maxKernelShare)*float64(c.want) {
+					t.Errorf("%s: %d of %d", c.what, c.got, c.want)
+				}
+			}
+			// The VM's frames took tunnel_route, not node 2's own route into
+			// the tunnel device (to_tunnel's host-encap).
+			if float64(host2) > maxKernelShare*float64(vmD.sent) {
+				t.Errorf("node2: %d packets keyed by to_tunnel (the node's route into the tunnel) of the %d the VM sent", host2, vmD.sent)
+			}
+		})
+	}
+
+	// Services: the guest to a pod's Service, a pod to the guest's.
+	podName, podSvcVIP, vmSvcVIP := "tun-vm-be", "10.96.121.10", "10.96.121.11"
+	startNameServer(t, pod, podName, []int{8080}, nil)
+	svc := clusterIPService("to-pod", podSvcVIP, podAddr.String()) + "---\n" + clusterIPService("to-vm", vmSvcVIP, vm.IP)
+	if err := ApplyEverywhere(ctx, []byte(svc)); err != nil {
+		t.Fatalf("apply services: %v", err)
+	}
+	lbNew := func(node int) uint64 {
+		return agentStatus(t, node).GetControlPlane().GetLbCounters()["new-flow"]
+	}
+
+	t.Run("guest to a ClusterIP with its backend on node 1", func(t *testing.T) {
+		lb2, tb := lbNew(2), tunnelStats(t, 2)
+		fwd2, err := IPForwDatagrams(ctx, NodeNS(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 3
+		for i := range n {
+			cmd := fmt.Sprintf("echo vm-%d | nc -w 3 %s 80", i, podSvcVIP)
+			var out string
+			var code int
+			for try := 0; try < 3; try++ { // the agents apply the Service asynchronously
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				out, code, err = con.Run(cctx, cmd)
+				cancel()
+				if err == nil && code == 0 && strings.Contains(out, podName+" vm-") {
+					break
+				}
+				time.Sleep(time.Second)
+			}
+			if err != nil || code != 0 || !strings.Contains(out, podName+" vm-") {
+				t.Fatalf("%q in the guest: exit %d, %v: %q (want the answer of %s)", cmd, code, err, out, podName)
+			}
+		}
+		d, enc := since(lbNew(2), lb2), since(tunnelStats(t, 2)[datapath.TunnelEncap], tb[datapath.TunnelEncap])
+		fwd, _ := IPForwDatagrams(ctx, NodeNS(2))
+		t.Logf("node2: LB new-flow +%d, tunnel encap +%d, kernel forwarded +%d for %d connections from the guest", d, enc, since(fwd, fwd2), n)
+		if d < n {
+			t.Errorf("node2 load-balanced %d new flows for the guest's %d connections", d, n)
+		}
+		if enc < n*3 { // at least SYN, ACK + data, FIN of each
+			t.Errorf("node2 encapsulated %d packets for %d connections", enc, n)
+		}
+		if since(fwd, fwd2) != 0 {
+			t.Errorf("node2's kernel forwarded %d datagrams", since(fwd, fwd2))
+		}
+	})
+
+	t.Run("pod on node 1 to a ClusterIP with the guest as its backend", func(t *testing.T) {
+		lb1, tb := lbNew(1), tunnelStats(t, 2)
+		const n = 3
+		for i := range n {
+			var out string
+			var err error
+			for try := 0; try < 3; try++ {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second) // busybox nc -w bounds the connect only
+				out, err = inNS(cctx, pod, "busybox", "sh", "-c", fmt.Sprintf("echo pod-%d | busybox nc -w 3 %s 80", i, vmSvcVIP))
+				cancel()
+				if err == nil && strings.Contains(out, "LK-HELLO") {
+					break
+				}
+				time.Sleep(time.Second)
+			}
+			if err != nil || !strings.Contains(out, "LK-HELLO") {
+				t.Fatalf("pod -> %s:80 (the guest's responder): %v: %q", vmSvcVIP, err, out)
+			}
+		}
+		d, dec := since(lbNew(1), lb1), since(tunnelStats(t, 2)[datapath.TunnelDecap], tb[datapath.TunnelDecap])
+		t.Logf("node1: LB new-flow +%d; node2: tunnel decap +%d for %d connections to the guest", d, dec, n)
+		if d < n {
+			t.Errorf("node1 load-balanced %d new flows for the pod's %d connections", d, n)
+		}
+		if dec < n*3 {
+			t.Errorf("node2 decapsulated %d packets for %d connections to the guest", dec, n)
+		}
+	})
+}
+
+// clusterIPService renders a ClusterIP Service (TCP 80 → 8080) in namespace
+// tunvm and its EndpointSlice with one backend.
+func clusterIPService(name, vip, backend string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: tunvm}
+spec:
+  clusterIP: %[2]s
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: %[1]s-1, namespace: tunvm, labels: {kubernetes.io/service-name: %[1]s}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [%[3]s]
+`, name, vip, backend)
+}
+
+// labSelf returns the lanekit CLI lab check runs in the namespaces (its
+// tcp-echo and tcp-dial): the built one in bins.Dir, else one built now.
+func labSelf(t *testing.T, bins Bins) string {
+	t.Helper()
+	self := filepath.Join(bins.Dir, "lanekit")
+	if _, err := os.Stat(self); err == nil {
+		return self
+	}
+	self = filepath.Join(t.TempDir(), "lanekit")
+	build := exec.Command("go", "build", "-o", self, "../../cmd/lanekit")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lanekit: %v\n%s", err, out)
+	}
+	return self
+}
