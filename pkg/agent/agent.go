@@ -133,6 +133,9 @@ type Agent struct {
 	// backends are the vhost-user backends the agent runs (CNI VM
 	// attachments), by VM name, under mu.
 	backends map[string]*backendProc
+	// epRoutes are the /32 routes to other nodes' claims of moved VM
+	// addresses that this agent installed (vmmigrate.go), under mu.
+	epRoutes map[netip.Addr]EndpointRoute
 
 	resolverMu sync.Mutex
 	resolver   VMIResolver // how VM attachments find their VMI (SetVMIResolver)
