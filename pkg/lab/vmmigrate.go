@@ -87,8 +87,11 @@ func (r *MigrationReport) String() string {
 			p.Sent, p.Lost, time.Duration(p.Lost)*r.PingInterval, p.MaxGap.Round(time.Millisecond))
 	}
 	tcp := "survived"
-	if r.TCP.Error != "" {
+	switch {
+	case r.TCP.Error != "":
 		tcp = "BROKEN: " + r.TCP.Error
+	case r.TCP.Local == "":
+		tcp = "not started"
 	}
 	fmt.Fprintf(&b, "  tcp from %s (%s): %s, %d exchanges, longest %s\n", r.TCP.From, r.TCP.Local, tcp, r.TCP.Exchanges,
 		r.TCP.MaxRTT.Round(time.Millisecond))
