@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,7 +39,10 @@ type MigrateOptions struct {
 
 // MigrationReport is what a migration measured.
 type MigrationReport struct {
-	VM       string `json:"vm"`
+	VM string `json:"vm"`
+	// Path: "fast-lane" (lanekit-vhost; the address moves) or "bridge-tap"
+	// (vm-std; the address stays in the source node's bridge subnet).
+	Path     string `json:"path"`
 	From     int    `json:"from_node"`
 	To       int    `json:"to_node"`
 	IP       string `json:"ip"`
@@ -80,8 +84,11 @@ func (r *MigrationReport) Lost() int {
 
 func (r *MigrationReport) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "vm %s %s (%s) node %d -> node %d: endpoint %d -> %d, activated by %s\n", r.VM, r.IP, r.MAC,
-		r.From, r.To, r.SourceID, r.TargetID, r.ActivatedBy)
+	fmt.Fprintf(&b, "vm %s (%s) %s (%s) node %d -> node %d", r.VM, r.Path, r.IP, r.MAC, r.From, r.To)
+	if r.TargetID != 0 {
+		fmt.Fprintf(&b, ": endpoint %d -> %d, activated by %s", r.SourceID, r.TargetID, r.ActivatedBy)
+	}
+	b.WriteString("\n")
 	for _, p := range r.Pings {
 		fmt.Fprintf(&b, "  ping from %s every %s: %d sent, %d lost (%s), longest gap %s\n", p.From, r.PingInterval,
 			p.Sent, p.Lost, time.Duration(p.Lost)*r.PingInterval, p.MaxGap.Round(time.Millisecond))
@@ -95,11 +102,18 @@ func (r *MigrationReport) String() string {
 	}
 	fmt.Fprintf(&b, "  tcp from %s (%s): %s, %d exchanges, longest %s\n", r.TCP.From, r.TCP.Local, tcp, r.TCP.Exchanges,
 		r.TCP.MaxRTT.Round(time.Millisecond))
-	fmt.Fprintf(&b, "  switch-over (source's last to target's first frame into the guest): %s (polled every %s)\n",
-		r.SwitchOver.Round(time.Millisecond), r.FramePoll)
-	fmt.Fprintf(&b, "  QEMU: total %s, downtime %s; resumed -> endpoint active %s, -> all nodes routed %s; command %s\n",
-		r.QEMUTotal, r.QEMUDowntime, r.ResumedToActivated.Round(time.Microsecond), r.ResumedToRouted.Round(time.Microsecond),
-		r.Total.Round(time.Millisecond))
+	if r.Path == "fast-lane" {
+		fmt.Fprintf(&b, "  switch-over (source's last to target's first frame into the guest): %s (polled every %s)\n",
+			r.SwitchOver.Round(time.Millisecond), r.FramePoll)
+	}
+	fmt.Fprintf(&b, "  QEMU: total %s, downtime %s", r.QEMUTotal, r.QEMUDowntime)
+	if r.TargetID != 0 {
+		fmt.Fprintf(&b, "; resumed -> endpoint active %s, -> all nodes routed %s", r.ResumedToActivated.Round(time.Microsecond),
+			r.ResumedToRouted.Round(time.Microsecond))
+	} else {
+		b.WriteString("; nothing moves the address: it stays routed to the source node's bridge")
+	}
+	fmt.Fprintf(&b, "; command %s\n", r.Total.Round(time.Millisecond))
 	return b.String()
 }
 
@@ -134,6 +148,11 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		}
 	}
 	if idx < 0 {
+		for i := range st.TapVMs {
+			if st.TapVMs[i].Name == opts.VM {
+				return migrateTapVM(ctx, st, i, opts, began)
+			}
+		}
 		return nil, fmt.Errorf("lab vm migrate: no VM %q in the lab (lab up --vm)", opts.VM)
 	}
 	src := st.VMs[idx]
@@ -148,7 +167,7 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
 	}
 	say := func(format string, args ...any) { progress(opts.Out, format, args...) }
-	rep = &MigrationReport{VM: src.Name, From: src.Node, To: to, IP: src.IP, MAC: src.MAC, PingInterval: opts.PingInterval,
+	rep = &MigrationReport{VM: src.Name, Path: "fast-lane", From: src.Node, To: to, IP: src.IP, MAC: src.MAC, PingInterval: opts.PingInterval,
 		FramePoll: framePoll}
 
 	srcVM, err := findAgentVM(ctx, AgentSocket(src.Node), src.Name)
@@ -232,47 +251,11 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	defer sq.Close()
 
 	// Traffic: a pinger on every node, one held TCP connection.
-	var pingers []*pinger
-	defer func() {
-		for _, p := range pingers {
-			if p != nil {
-				ps, perr := p.stop()
-				if perr == nil || ps.Sent > 0 {
-					rep.Pings = append(rep.Pings, ps)
-				}
-			}
-		}
-	}()
-	pods := st.PodsOf(KindLanekit)
-	var tcpFrom string
-	for _, n := range st.Nodes {
-		for _, p := range pods {
-			if strings.HasPrefix(p.NS, fmt.Sprintf("lk-n%d-", n.Index)) {
-				pg, err := startPinger(p.NS, src.IP, opts.PingInterval, uint16(0x4c00+n.Index))
-				if err != nil {
-					return rep, fmt.Errorf("lab vm migrate: %w", err)
-				}
-				pingers = append(pingers, pg)
-				if tcpFrom == "" {
-					tcpFrom = p.NS
-				}
-				break
-			}
-		}
-	}
-	if tcpFrom == "" {
-		return rep, errors.New("lab vm migrate: the lab has no lanekit pods to ping from (lab up --pods-per-node >= 1)")
-	}
-	tp, err := startTCPProbe(tcpFrom, src.IP, 50*time.Millisecond)
+	tr, err := startTraffic(st, KindLanekit, src.IP, opts.PingInterval)
 	if err != nil {
 		return rep, fmt.Errorf("lab vm migrate: %w", err)
 	}
-	tcpStopped := false
-	defer func() {
-		if !tcpStopped {
-			rep.TCP = tp.stop(tcpFrom)
-		}
-	}()
+	defer tr.stop(rep)
 	srcFrames := watchFrames(ctx, src.MetricsSocket, framePoll)
 	dstFrames := watchFrames(ctx, dst.MetricsSocket, framePoll)
 	defer srcFrames.stop()
@@ -345,26 +328,17 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	}
 
 	time.Sleep(time.Second) // traffic after the switch
-	rep.TCP = tp.stop(tcpFrom)
-	tcpStopped = true
 	srcFrames.stop()
 	dstFrames.stop()
 	if !srcFrames.last.IsZero() && !dstFrames.first.IsZero() {
 		rep.SwitchOver = dstFrames.first.Sub(srcFrames.last)
 	}
-	for _, p := range pingers {
-		ps, perr := p.stop()
-		if perr != nil {
-			err = errors.Join(err, perr)
-		}
-		rep.Pings = append(rep.Pings, ps)
-	}
-	pingers = nil
+	err = tr.stop(rep)
 	rep.Total = time.Since(began)
-	if rep.TCP.Error != "" {
-		return rep, fmt.Errorf("lab vm migrate: the TCP connection from %s broke: %s", tcpFrom, rep.TCP.Error)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
 	}
-	return rep, err
+	return rep, nil
 }
 
 // cleanupMigrationSide stops lv's QEMU and backend, removes its endpoint
@@ -455,4 +429,178 @@ func withAgent[T any](ctx context.Context, sock string, fn func(context.Context,
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return fn(cctx, c)
+}
+
+// traffic is what runs across a migration: a pinger in the first pod of a
+// kind on every node, and a TCP connection from the first of them.
+type traffic struct {
+	pingers []*pinger
+	tcp     *tcpProbe
+	tcpFrom string
+	stopped bool
+}
+
+func startTraffic(st *State, kind, dst string, interval time.Duration) (_ *traffic, err error) {
+	tr := &traffic{}
+	defer func() {
+		if err != nil {
+			tr.stop(&MigrationReport{})
+		}
+	}()
+	pods := st.PodsOf(kind)
+	for _, n := range st.Nodes {
+		for _, p := range pods {
+			if !strings.HasPrefix(p.NS, fmt.Sprintf("lk-n%d-", n.Index)) {
+				continue
+			}
+			pg, err := startPinger(p.NS, dst, interval, uint16(0x4c00+n.Index))
+			if err != nil {
+				return tr, err
+			}
+			tr.pingers = append(tr.pingers, pg)
+			if tr.tcpFrom == "" {
+				tr.tcpFrom = p.NS
+			}
+			break
+		}
+	}
+	if tr.tcpFrom == "" {
+		return tr, fmt.Errorf("the lab has no %s pods to ping from (lab up --pods-per-node >= 1)", kind)
+	}
+	if tr.tcp, err = startTCPProbe(tr.tcpFrom, dst, 50*time.Millisecond); err != nil {
+		return tr, err
+	}
+	return tr, nil
+}
+
+// stop ends the traffic once and puts what it saw in rep; an error says
+// the TCP connection broke.
+func (tr *traffic) stop(rep *MigrationReport) error {
+	if tr.stopped {
+		return nil
+	}
+	tr.stopped = true
+	var errs []error
+	if tr.tcp != nil {
+		rep.TCP = tr.tcp.stop(tr.tcpFrom)
+		if rep.TCP.Error != "" {
+			errs = append(errs, fmt.Errorf("the TCP connection from %s broke: %s", tr.tcpFrom, rep.TCP.Error))
+		}
+	}
+	for _, p := range tr.pingers {
+		ps, err := p.stop()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		rep.Pings = append(rep.Pings, ps)
+	}
+	return errors.Join(errs...)
+}
+
+// migrateTapVM live-migrates vm-std (QEMU's virtio-net on a tap on the
+// baseline bridge) to node opts.To's bridge: what KubeVirt's bridge binding
+// would do if it allowed migration. Nothing moves its address: the guest
+// keeps the source bridge's subnet and gateway, which do not exist on the
+// target, so its pings and TCP connection end at the switch-over. The
+// report says so; only a QEMU failure is an error.
+func migrateTapVM(ctx context.Context, st *State, idx int, opts MigrateOptions, began time.Time) (*MigrationReport, error) {
+	src := st.TapVMs[idx]
+	to := opts.To
+	if to == 0 {
+		to = 1
+		if src.Node == 1 {
+			to = 2
+		}
+	}
+	if to == src.Node || to < 1 || to > len(st.Nodes) {
+		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	}
+	rep := &MigrationReport{VM: src.Name, Path: "bridge-tap", From: src.Node, To: to, IP: src.IP, MAC: src.MAC,
+		PingInterval: opts.PingInterval}
+	gw, plen, err := bridgeAddr(ctx, NodeNS(src.Node), BaseBridge)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	dst := LabVM{Name: src.Name, Node: to, NS: NodeNS(to), IP: src.IP, MAC: src.MAC, Queues: 1, MTU: src.MTU,
+		SerialSocket: vmFile(to, src.Name, "serial.sock")}
+	if err := addTapDev(ctx, dst.NS, strconv.Itoa(src.MTU)); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: node %d: %w", to, err)
+	}
+	switched := false
+	defer func() {
+		if !switched {
+			removeTapSide(dst)
+		}
+	}()
+	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: fmt.Sprintf("%s/%d", src.IP, plen),
+		Gateway: gw, MAC: src.MAC, Tap: TapVMDev, SerialSocket: dst.SerialSocket, MTU: src.MTU})
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	migSock := vmFile(to, src.Name, "migrate.sock")
+	os.Remove(migSock)
+	for i, a := range args {
+		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
+	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
+	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	dq, err := dialQMP(ctx, vmQMPSocket(to, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+	}
+	defer dq.Close()
+	sq, err := dialQMP(ctx, vmQMPSocket(src.Node, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: source qemu: %w", err)
+	}
+	defer sq.Close()
+	tr, err := startTraffic(st, KindBaseline, src.IP, opts.PingInterval)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	defer tr.stop(rep)
+	time.Sleep(500 * time.Millisecond)
+	progress(opts.Out, "lab: vm %s: migrating node %d -> node %d on the bridge+tap path (the address does not follow)", src.Name, src.Node, to)
+	if _, err := sq.call(ctx, "migrate", map[string]any{"uri": "unix:" + migSock}); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	info, err := sq.waitMigrated(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	if _, err := dq.waitEvent(ctx, "RESUME"); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	switched = true
+	rep.QEMUTotal, rep.QEMUDowntime = time.Duration(info.TotalTime)*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond
+	sq.call(ctx, "quit", nil)
+	removeTapSide(src)
+	st.TapVMs[idx] = dst
+	if err := st.save(); err != nil {
+		return rep, err
+	}
+	time.Sleep(time.Second)
+	// The TCP connection is expected to break here: reported, not an error.
+	tr.stop(rep)
+	rep.Total = time.Since(began)
+	return rep, nil
+}
+
+// removeTapSide stops lv's QEMU and removes its tap and files.
+func removeTapSide(lv LabVM) {
+	base := vmFile(lv.Node, lv.Name, "qemu")
+	if pid := nsexec.ReadPIDFile(base + ".pid"); pid > 0 && inLabNetns(pid) {
+		nsexec.Terminate(pid, 3*time.Second)
+	}
+	os.Remove(base + ".pid")
+	ip(context.Background(), "-n", lv.NS, "link", "del", TapVMDev)
+	for _, f := range []string{"serial.sock", "qmp.sock", "migrate.sock"} {
+		os.Remove(vmFile(lv.Node, lv.Name, f))
+	}
 }

@@ -205,7 +205,7 @@ func startTCPProbe(ns, dst string, interval time.Duration) (*tcpProbe, error) {
 			}
 			line := fmt.Sprintf("lanekit-migrate %d\n", i)
 			t0 := time.Now()
-			conn.SetDeadline(t0.Add(30 * time.Second))
+			conn.SetDeadline(t0.Add(10 * time.Second))
 			if _, err := conn.Write([]byte(line)); err != nil {
 				p.err = err
 				return
