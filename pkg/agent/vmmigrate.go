@@ -60,6 +60,8 @@ const rtProtoLanekit = netlink.RouteProtocol(0x4c)
 // node claims now.
 func movedOwner(vm string) string { return "moved:" + vm }
 
+func isMovedOwner(owner string) bool { return strings.HasPrefix(owner, movedOwner("")) }
+
 func validateIncoming(req *AddVMRequest) error {
 	if req.Incoming && !req.Address.IsValid() {
 		return fmt.Errorf("an incoming vm needs the address it has on the source: %w", ErrInvalid)
@@ -83,6 +85,17 @@ func migrationOf(req AddVMRequest) *endpoint.VMMigration {
 		return &endpoint.VMMigration{State: endpoint.VMActive, Generation: req.Generation}
 	}
 	return nil
+}
+
+// claimsAddress reports whether ep delivers its address here: every
+// endpoint but an incoming VM (not switched over yet) and a moved one
+// (superseded by another node's claim). A restarted agent puts only these
+// back in the datapath.
+func claimsAddress(ep *endpoint.Endpoint) bool {
+	if ep.VM == nil || ep.VM.Migration == nil {
+		return true
+	}
+	return ep.VM.Migration.State != endpoint.VMIncoming && ep.VM.Migration.State != endpoint.VMMoved
 }
 
 // claimAddrTx claims addr for the VM endpoint key: an address this node
@@ -330,15 +343,34 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 			}
 			a.epRoutes[addr] = r
 		}
-		for addr, r := range a.epRoutes {
+		// The kernel's list, not only a.epRoutes: a restarted agent removes
+		// what its predecessor installed.
+		have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: rtProtoLanekit},
+			netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			return fmt.Errorf("list endpoint routes: %w", err)
+		}
+		for _, h := range have {
+			if h.Dst == nil {
+				continue
+			}
+			addr, ok := netip.AddrFromSlice(h.Dst.IP.To4())
+			if ones, _ := h.Dst.Mask.Size(); !ok || ones != 32 {
+				continue
+			}
 			if _, ok := want[addr]; ok {
 				continue
 			}
-			if err := netlink.RouteDel(viaRoute(r)); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("remove route %s/32 via %s: %w", addr, r.Via, err))
+			if err := netlink.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("remove route %s/32 via %s: %w", addr, h.Gw, err))
 				continue
 			}
 			delete(a.epRoutes, addr)
+		}
+		for addr := range a.epRoutes {
+			if _, ok := want[addr]; !ok {
+				delete(a.epRoutes, addr)
+			}
 		}
 		return nil
 	})
@@ -425,7 +457,7 @@ func (a *Agent) syncMovedHolds(want map[netip.Addr]EndpointRoute) error {
 			return err
 		}
 		for _, al := range allocs {
-			if !strings.HasPrefix(al.Owner, movedOwner("")) {
+			if !isMovedOwner(al.Owner) {
 				continue
 			}
 			if r, ok := want[al.IP]; ok && movedOwner(r.VM) == al.Owner {

@@ -27,6 +27,22 @@ type migNode struct {
 	dp *fakeDatapath
 }
 
+// restart starts a new agent on n's state with a fresh memory datapath.
+func (n *migNode) restart(t *testing.T) {
+	t.Helper()
+	n.dp = newFake()
+	a, err := New(Config{
+		StateDir: n.fx.stateDir, Socket: filepath.Join(n.fx.stateDir, "agent.sock"), PodCIDR: n.a.cfg.PodCIDR,
+		MTU: 1400, HostNetns: n.fx.nodeNS.Path(), VMSocketDir: filepath.Join(n.fx.stateDir, "vm"),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return n.dp, nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatalf("restart agent: %v", err)
+	}
+	t.Cleanup(func() { a.Close() })
+	n.a = a
+}
+
 func startMigNode(t *testing.T, name, cidr string) *migNode {
 	t.Helper()
 	fx := &fixture{stateDir: t.TempDir(), nodeNS: netnstest.New(t, name)}
@@ -222,6 +238,14 @@ func TestVMMigrationAddressMove(t *testing.T) {
 	}
 	if h := src.holder(t, vmIP); h != movedOwner("vm1") {
 		t.Errorf("source ipam: %s held by %q", vmIP, h)
+	}
+	// A restarted source agent does not put the moved VM back.
+	if err := src.a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	src.restart(t)
+	if src.inDatapath(t, sv.Endpoint.ID) {
+		t.Error("a restarted source agent put the moved vm back in the datapath")
 	}
 	// The source's pod goes; the address stays held and routed away.
 	if _, err := src.a.DelVM("vm1"); err != nil {
