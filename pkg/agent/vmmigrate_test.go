@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -147,6 +148,7 @@ func (n *migNode) holder(t *testing.T, ip netip.Addr) string {
 // source drop its endpoint from the datapath, route the address to the
 // target and keep it held in its IPAM (no pod gets it) until the claim goes.
 func TestVMMigrationAddressMove(t *testing.T) {
+	testutil.RequireRoot(t)
 	src := startMigNode(t, "migsrc", "10.77.0.0/28")
 	dst := startMigNode(t, "migdst", "10.78.0.0/28")
 	srcNS, dstNS := netnstest.New(t, "migvm-a"), netnstest.New(t, "migvm-b")
