@@ -50,15 +50,6 @@
 #define LK_DHCP6_CLIENT_PORT 546
 #define LK_DHCP6_SERVER_PORT 547
 
-/* Local endpoints by IPv6 address: where to deliver. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, LK_MAX_ENDPOINTS);
-	__type(key, struct in6_addr);
-	__type(value, struct endpoint_info);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lk_endpoints6 SEC(".maps");
-
 /* from_pod's IPv6 half (from_pod6 in pod.c), entered by a tail call: the
  * IPv4 pipeline (load balancing, policy) fills most of from_pod's 512-byte
  * stack, and a tail call starts a fresh one. Slot 0. Pinned, so that the
@@ -269,31 +260,36 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	return route_ipv6(skb, p, ep->id, &c, dst);
 }
 
-/* from_uplink_ipv6 is from_uplink (uplink.c) for IPv6: a packet for a local
- * endpoint goes into it with bpf_redirect_peer (a reply of a load-balanced
- * flow translated back first); the rest is the stack's. */
+/* from_uplink_ipv6 is from_wire (uplink.c) for IPv6: NodePort and
+ * external-address frontends are load-balanced and replies of flows this
+ * node load-balanced translated back (lb6); a packet for a local endpoint
+ * goes into it with bpf_redirect_peer after its ingress policy, one the LB
+ * translated for elsewhere (a remote backend, an external client) is routed
+ * (that node's policy judges it); the rest is the stack's. */
 static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p)
 {
-	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct endpoint_info *dst;
 	struct lb6_pending *pd;
 	struct lk_ip6_chain c;
 	__u32 reason;
-	int changed;
+	int changed, v;
 
-	if (!dst)
-		return TC_ACT_OK;
-	if (ip6_walk(skb, p, &c) || p->ip6->hop_limit <= 1 || c.first_nh == IPPROTO_HOPOPTS)
-		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options (to_pod judges policy) */
-	/* [LB] replies of flows a pod here load-balanced to a remote backend */
+	if (ip6_walk(skb, p, &c) || c.first_nh == IPPROTO_HOPOPTS)
+		return TC_ACT_OK; /* the stack judges broken chains, reads options (to_pod judges policy) */
 	pd = lb6_pending_get();
-	if (lb6(skb, p, &c, 0, pd, &changed) != LB_CONTINUE)
+	v = lb6(skb, p, &c, 0, pd, &changed);
+	if (v != LB_CONTINUE)
+		return v;
+	if (changed && (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6))
 		return TC_ACT_SHOT;
-	if (changed) {
-		if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
-			return TC_ACT_SHOT;
-		dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
-		if (!dst)
-			return TC_ACT_OK;
+	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	if (!dst) {
+		if (!changed)
+			return TC_ACT_OK; /* the node's, or nobody's here */
+		lb6_commit(pd);
+		if (p->ip6->hop_limit <= 1)
+			return TC_ACT_OK; /* the stack sends time exceeded */
+		return route_ipv6(skb, p, 0, &c, 0);
 	}
 	/* [policy] the receiver's ingress (a reply translated back belongs to
 	 * a connection policy allowed) */
@@ -302,6 +298,9 @@ static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p
 		if (reason)
 			return drop(skb, dst->id, reason);
 	}
+	lb6_commit(pd); /* [LB] the new flow's state, now that it is allowed */
+	if (p->ip6->hop_limit <= 1)
+		return TC_ACT_OK;
 	return deliver_local_l3(skb, p, 0, dst, 1);
 }
 
