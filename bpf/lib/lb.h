@@ -354,27 +354,27 @@ static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_en
 
 /* lb_node_src returns in src (4 or 16 bytes) the node's source address
  * towards dst (the kernel's route to it: preferred source, else the
- * outgoing device's address); -1 when there is none. An external address is
- * no node address: a flow to it source-NATed to a remote backend takes this
- * one, so the backend's node routes the reply back here. */
-static __always_inline int lb_node_src(struct __sk_buff *skb, __u8 v6, const void *dst, void *src)
+ * outgoing device's address); -1 when there is none. fib is scratch space
+ * (IPv6 passes per-CPU memory: from_pod6's stack has no room). An external
+ * address is no node address: a flow to it source-NATed to a remote backend
+ * takes this one, so the backend's node routes the reply back here. */
+static __always_inline int lb_node_src(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 v6, const void *dst,
+				       void *src)
 {
-	struct bpf_fib_lookup fib = {
-		.family = v6 ? AF_INET6 : AF_INET,
-		.ifindex = skb->ifindex,
-	};
-
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = v6 ? AF_INET6 : AF_INET;
+	fib->ifindex = skb->ifindex;
 	if (v6)
-		__builtin_memcpy(fib.ipv6_dst, dst, 16);
+		__builtin_memcpy(fib->ipv6_dst, dst, 16);
 	else
-		__builtin_memcpy(&fib.ipv4_dst, dst, 4);
-	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
+		__builtin_memcpy(&fib->ipv4_dst, dst, 4);
+	if (bpf_fib_lookup(skb, fib, sizeof(*fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
 	    BPF_FIB_LKUP_RET_SUCCESS)
 		return -1;
 	if (v6)
-		__builtin_memcpy(src, fib.ipv6_src, 16);
+		__builtin_memcpy(src, fib->ipv6_src, 16);
 	else
-		__builtin_memcpy(src, &fib.ipv4_src, 4);
+		__builtin_memcpy(src, &fib->ipv4_src, 4);
 	return 0;
 }
 
@@ -511,8 +511,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		if (snat_flags & CT_F_HAIRPIN) {
 			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
 		} else if (snat_flags) {
+			struct bpf_fib_lookup fib;
+
 			snat_addr = t->daddr;
-			if ((svc->flags & LB_SVC_F_EXTERNAL) && lb_node_src(skb, 0, &be->addr, &snat_addr) < 0) {
+			if ((svc->flags & LB_SVC_F_EXTERNAL) && lb_node_src(skb, &fib, 0, &be->addr, &snat_addr) < 0) {
 				lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
 				return TC_ACT_SHOT;
 			}

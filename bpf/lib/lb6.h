@@ -143,6 +143,7 @@ struct lb6_pending {
 	struct lb_affinity6_key ak;
 	struct ct_key h; /* the tuple folded to 32-bit addresses, for the Maglev hash */
 	struct lb_nat6_value nat; /* the SNAT source of this flow */
+	__u64 fib[8]; /* lb_node_src's struct bpf_fib_lookup (bpf2go cannot mirror its unions) */
 	__be16 snat_port;
 	__u16 snat_flags; /* CT_F_SNAT | CT_F_HAIRPIN / CT_F_NODEPORT, or 0 */
 	__u8 svc; /* create sk */
@@ -152,6 +153,8 @@ struct lb6_pending {
 	struct lb6_reply_hdr r;
 	struct lb6_csum cs;
 };
+
+_Static_assert(sizeof(((struct lb6_pending *)0)->fib) == sizeof(struct bpf_fib_lookup), "lb6_pending.fib");
 
 /* Scratch, per CPU (from_pod6's stack has no room): not pinned. */
 struct {
@@ -468,7 +471,7 @@ static __always_inline int lb6_snat_source(struct __sk_buff *skb, const struct l
 		return 0;
 	}
 	if (svc->flags & LB_SVC_F_EXTERNAL)
-		return lb_node_src(skb, 1, be->addr, pd->nat.addr);
+		return lb_node_src(skb, (struct bpf_fib_lookup *)pd->fib, 1, be->addr, pd->nat.addr);
 	__builtin_memcpy(pd->nat.addr, &pd->ft.daddr, 16); /* the node address the client reached */
 	return 0;
 }

@@ -107,6 +107,8 @@ type podLb6Pending struct {
 	Ak           podLbAffinity6Key
 	H            podCtKey
 	Nat          podLbNat6Value
+	_            [4]byte
+	Fib          [8]uint64
 	SnatPort     uint16
 	SnatFlags    uint16
 	Svc          uint8
@@ -150,7 +152,6 @@ type podLb6Pending struct {
 		}
 		_ [36]byte
 	}
-	_ [4]byte
 }
 
 type podLbAffinity6Key struct {

@@ -107,6 +107,8 @@ type uplinkLb6Pending struct {
 	Ak           uplinkLbAffinity6Key
 	H            uplinkCtKey
 	Nat          uplinkLbNat6Value
+	_            [4]byte
+	Fib          [8]uint64
 	SnatPort     uint16
 	SnatFlags    uint16
 	Svc          uint8
@@ -150,7 +152,6 @@ type uplinkLb6Pending struct {
 		}
 		_ [36]byte
 	}
-	_ [4]byte
 }
 
 type uplinkLbAffinity6Key struct {
