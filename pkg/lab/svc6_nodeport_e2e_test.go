@@ -1,0 +1,168 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDualStackLabNodePort6: in a dual-stack lab (`lab up --ip-family dual`)
+// a dual-stack NodePort Service with an IPv6 external IP and backends on
+// both nodes is reached over IPv6 from the wire (an external host on the
+// underlay) and from the other node's host stack: on node 1's IPv6 address
+// and NodePort, and on the external IP (routed to node 1 by the external
+// host). Every connection is answered by a backend of either node; node 1's
+// LB counters account for them (NodePort to its local backend with the
+// client's address, to the remote one source-NATed) and its kernel forwards
+// none of it (Ip6OutForwDatagrams in node 1's netns): the BPF path
+// translates, routes and translates back. Root; brings up the global lab.
+func TestDualStackLabNodePort6(t *testing.T) {
+	lk, cli := labCLIPath(t)
+	t.Cleanup(func() {
+		if _, err := lk(t, "lab", "down"); err != nil {
+			t.Errorf("cleanup lab down: %v", err)
+		}
+	})
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--ip-family", "dual"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][]string{{"be1", "1"}, {"be2", "2"}} {
+		if _, err := lk(t, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", "app=web", "--port", "http=8080/TCP"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := LoadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := map[string]NamedPod{}
+	for _, p := range st.NamedPods {
+		pods[p.Name] = p
+	}
+	for _, be := range []string{"be1", "be2"} {
+		srv := exec.Command("ip", "netns", "exec", NamedPodNS(be), cli, "lab", "tcp-whoami", "--listen", "[::]:8080", "--for", "3m")
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	}
+	const (
+		vip4, vip6 = "10.96.100.30", "fd00:96::30"
+		nodePort   = 30180
+		extIP      = "2001:db8:e::1"
+		rawAddr    = "fd00:77::e2" // the external host's IPv6 address on the wire
+	)
+	objs := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  type: NodePort
+  clusterIP: %s
+  clusterIPs: [%s, "%s"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  externalIPs: ["%s"]
+  ports: [{name: http, port: 80, targetPort: http, nodePort: %d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [%s]}, {addresses: [%s]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
+`, vip4, vip4, vip6, extIP, nodePort, pods["be1"].IP, pods["be2"].IP, pods["be1"].IP6, pods["be2"].IP6)
+	file := filepath.Join(t.TempDir(), "web.yaml")
+	if err := os.WriteFile(file, []byte(objs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for node := 1; node <= 2; node++ {
+		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The external host: an IPv6 address on the wire, the external IP
+	// routed to node 1 (as a router in front of the cluster would).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	raw := RawNS(2)
+	for _, kv := range [][2]string{{"net.ipv6.conf.all.disable_ipv6", "0"}, {"net.ipv6.conf." + Uplink + ".disable_ipv6", "0"}} {
+		if err := sysctl(ctx, raw, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{
+		{"-n", raw, "-6", "addr", "replace", rawAddr + "/64", "dev", Uplink, "nodad"},
+		{"-n", raw, "-6", "route", "replace", extIP + "/128", "via", UnderlayIP6(1), "dev", Uplink},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // whoami servers listening
+
+	askFrom := func(t *testing.T, ns, addr string, n int) map[string]int {
+		t.Helper()
+		actx, acancel := context.WithTimeout(context.Background(), time.Minute)
+		defer acancel()
+		out, err := inNS(actx, ns, cli, "lab", "tcp-ask", addr, "--count", fmt.Sprint(n))
+		if err != nil {
+			t.Fatalf("tcp-ask %s from %s: %v: %s", addr, ns, err, out)
+		}
+		var got map[string]int
+		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &got); err != nil {
+			t.Fatalf("tcp-ask output %q: %v", out, err)
+		}
+		t.Logf("%s -> %s: %v", ns, addr, got)
+		return got
+	}
+	lb := func() map[string]uint64 { return agentStatus(t, 1).GetControlPlane().GetLbCounters() }
+	fwd := func() uint64 {
+		v, err := IP6OutForwDatagrams(ctx, NodeNS(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	be1 := net.JoinHostPort(pods["be1"].IP6, "8080")
+	be2 := net.JoinHostPort(pods["be2"].IP6, "8080")
+	const n = 40
+	for _, c := range []struct{ what, from, addr string }{
+		{"NodePort on node 1's IPv6 address from the external host", raw, net.JoinHostPort(UnderlayIP6(1), fmt.Sprint(nodePort))},
+		{"NodePort on node 1's IPv6 address from node 2's stack", NodeNS(2), net.JoinHostPort(UnderlayIP6(1), fmt.Sprint(nodePort))},
+		{"IPv6 external IP (routed to node 1) from the external host", raw, net.JoinHostPort(extIP, "80")},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			before, fwdBefore := lb(), fwd()
+			got := askFrom(t, c.from, c.addr, n)
+			if got[be1] == 0 || got[be2] == 0 || got[be1]+got[be2] != n {
+				t.Errorf("%s: %v, want %d answers spread over %s (node 1) and %s (node 2)", c.addr, got, n, be1, be2)
+			}
+			after, fwdAfter := lb(), fwd()
+			local, snat := after["nodeport-local"]-before["nodeport-local"], after["nodeport-snat"]-before["nodeport-snat"]
+			t.Logf("node 1 LB counters: nodeport-local +%d, nodeport-snat +%d, rev-nat +%d; Ip6OutForwDatagrams +%d",
+				local, snat, after["rev-nat"]-before["rev-nat"], fwdAfter-fwdBefore)
+			if local+snat < n || local == 0 || snat == 0 {
+				t.Errorf("node 1 NodePort counters grew by %d local + %d SNAT for %d connections; want both, %d in all", local, snat, n, n)
+			}
+			// Each connection is at least 5 packets through node 1 (SYN,
+			// SYN-ACK, ACK, answer, FIN): none of them is the kernel's to forward.
+			if d := fwdAfter - fwdBefore; d > n*5/50 {
+				t.Errorf("node 1's kernel forwarded %d IPv6 datagrams during %d NodePort connections: not the BPF path", d, n)
+			}
+		})
+	}
+}
