@@ -86,6 +86,26 @@ static __always_inline int ip6_walk(struct __sk_buff *skb, const struct pkt *p, 
 	return 0;
 }
 
+/* lb6_reply translates back a reply of a flow this node load-balanced, on
+ * a path that carries only replies (lb4_reply for IPv6): to_uplink and
+ * to_pod, where the node's stack answers a flow whose backend it is (a
+ * hostNetwork endpoint). Returns 1 when rewritten, 0 when not, -1 on a
+ * failed rewrite. */
+static __always_inline int lb6_reply(struct __sk_buff *skb, struct pkt *p, struct lb6_pending *pd)
+{
+	struct lk_ip6_chain c;
+	int r;
+
+	if (!pd || ip6_walk(skb, p, &c))
+		return 0;
+	r = lb6_icmp_rev_nat(skb, &c, pd);
+	if (r)
+		return r;
+	if ((c.nh != IPPROTO_TCP && c.nh != IPPROTO_UDP) || ct_tuple6(skb, p->ip6, &c, &pd->ft, &pd->tcpf) < 0)
+		return 0;
+	return lb6_rev_nat(skb, c.later ? 0 : c.off, pd);
+}
+
 /* What an endpoint's packet is at L4, for anti-spoofing (ip6_l4_class). */
 enum lk_ip6_l4 {
 	LK_IP6_L4_OTHER = 0, /* anything else: routed after the source check */
@@ -304,7 +324,9 @@ static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p
 	return deliver_local_l3(skb, p, 0, dst, 1);
 }
 
-/* to_pod_ipv6 is to_pod (pod.c) for IPv6: the receiver's ingress judges
+/* to_pod_ipv6 is to_pod (pod.c) for IPv6: replies of service flows whose
+ * backend is the node's stack are translated back (lb6_reply); the
+ * receiver's ingress judges
  * what the stack sends into it (from_stack: the node's own addresses pass),
  * neighbour discovery (the host resolving the pod) excepted. A chain the
  * walk refuses cannot be judged: dropped for an endpoint a policy selects. */
@@ -317,6 +339,22 @@ static __always_inline int to_pod_ipv6(struct __sk_buff *skb, struct pkt *p)
 
 	if (!dst)
 		return TC_ACT_OK;
+	/* [LB] a reply from a backend on this node's stack goes back to the
+	 * client pod from the frontend. */
+	{
+		struct lb6_pending *pd = lb6_pending_get();
+		int r = lb6_reply(skb, p, pd);
+
+		if (r < 0)
+			return drop(skb, dst->id, DROP_MALFORMED);
+		if (r) {
+			if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
+				return drop(skb, dst->id, DROP_MALFORMED);
+			if (pd->allowed_reply)
+				return TC_ACT_OK; /* a connection policy allowed */
+		}
+	}
+	/* [/LB] */
 	if (ip6_walk(skb, p, &c))
 		return policy_selected6(dst) ? drop(skb, dst->id, DROP_IPV6_EXT_HDRS) : TC_ACT_OK;
 	if (!c.frag && c.nh == IPPROTO_ICMPV6 && !bpf_skb_load_bytes(skb, c.off, &type, 1) &&

@@ -41,7 +41,8 @@
  * A frontend without backends answers a new flow as lb.h does (a TCP reset
  * or an ICMPv6 port unreachable, into the endpoint or back out of the
  * device it came from), and ICMPv6 errors about a load-balanced flow are
- * translated back (lb6_icmp_rev_nat; not for source-NATed flows yet). */
+ * translated back (lb6_icmp_rev_nat), for source-NATed flows to their
+ * client. */
 #ifndef LK_LB6_H
 #define LK_LB6_H
 
@@ -310,8 +311,9 @@ static __always_inline int lb6_rev_nat(struct __sk_buff *skb, __u32 l4off, struc
 /* lb6_icmp_rev_nat translates an ICMPv6 error (unreachable, packet too
  * big, time exceeded, parameter problem) about a load-balanced flow back,
  * as lb_icmp_rev_nat does for IPv4: the quoted packet's destination becomes
- * the frontend again, the outer source the frontend when the backend itself
- * sent it, so the client learns it for the address it used (Packet Too Big:
+ * the frontend again (and, for a flow this node source-NATed, its source
+ * and the outer destination the client), the outer source the frontend
+ * when the backend itself sent it, so the client learns it for the address it used (Packet Too Big:
  * path MTU discovery). The quoted packet must be the flow's IPv6 header
  * without extension headers and its ports. The ICMPv6 checksum is patched
  * incrementally; the quoted L4 checksum is left alone. Returns 1 when
@@ -344,6 +346,31 @@ static __always_inline int lb6_icmp_rev_nat(struct __sk_buff *skb, const struct 
 	rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
 	if (!rn)
 		return 0;
+	if (e->flags & CT_F_SNAT) {
+		/* A flow this node source-NATed (NodePort from the wire,
+		 * hairpin): the error went to the SNAT source; the quoted
+		 * source and the outer destination become the client again. */
+		struct lb_nat6_value *nat = bpf_map_lookup_elem(&lk_ct6_nat, &pd->ft);
+		__u32 dst_off = ETH_HLEN + offsetof(struct ipv6hdr, daddr);
+		__be16 cport = e->nat_port;
+
+		if (!nat)
+			return 0;
+		__builtin_memcpy(old, &pd->ft.saddr, 16);
+		__builtin_memcpy(new, nat->addr, 16);
+		diff = bpf_csum_diff(old, 16, new, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, pd->ft.sport, cport, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, in + 8, new, 16, 0) < 0 || bpf_skb_store_bytes(skb, in + 40, &cport, 2, 0) < 0)
+			return -1;
+		if (bpf_skb_load_bytes(skb, dst_off, old, 16) < 0)
+			return -1;
+		if (old[0] == pd->ft.saddr.in6_u.u6_addr32[0] && old[1] == pd->ft.saddr.in6_u.u6_addr32[1] &&
+		    old[2] == pd->ft.saddr.in6_u.u6_addr32[2] && old[3] == pd->ft.saddr.in6_u.u6_addr32[3] &&
+		    (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0 ||
+		     bpf_skb_store_bytes(skb, dst_off, new, 16, 0) < 0))
+			return -1;
+	}
 	if (e->flags & CT_F_POLICY)
 		pd->allowed_reply = 1;
 	__builtin_memcpy(old, &pd->ft.daddr, 16);

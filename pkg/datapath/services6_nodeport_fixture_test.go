@@ -204,6 +204,69 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("ICMPv6 Packet Too Big about a source-NATed NodePort flow: to the client, quoting its own flow", func(t *testing.T) {
+		e.enter(t)
+		r := s.run(t, up, ifUp(e), s.wire6(client6, 40020, nodeIP6, 30080, tcpSYN))
+		snat := parseL6(t, r.out, 54, ipProtoTCP, true).src
+		before := s.stats(t)
+		// A router on the way to the backend: too big, to the SNAT source.
+		ptb := icmp6ErrorFrame(e.up.Attrs().HardwareAddr, neighMAC, "fd00:77::3", nodeIP6, nodeIP6, remoteBlue6, snat.Port(), 8080)
+		r = s.run(t, up, ifUp(e), ptb)
+		if r.verdict != tcActRedirect || r.redirIf != ifUp(e) {
+			t.Fatalf("verdict %d out of %d, want a redirect out of the uplink to the client", r.verdict, r.redirIf)
+		}
+		plen := int(binary.BigEndian.Uint16(r.out[18:]))
+		msg := r.out[54 : 54+plen]
+		src, dst := netip.AddrFrom16([16]byte(r.out[22:38])), netip.AddrFrom16([16]byte(r.out[38:54]))
+		if src != netip.MustParseAddr("fd00:77::3") || dst != netip.MustParseAddr(client6) {
+			t.Errorf("outer %v -> %v, want fd00:77::3 -> %s", src, dst, client6)
+		}
+		if got, want := binary.BigEndian.Uint16(msg[2:]), icmp6Checksum(src.String(), dst.String(), msg); got != want {
+			t.Errorf("ICMPv6 checksum %#04x, want %#04x", got, want)
+		}
+		q := msg[8:]
+		qsrc := netip.AddrPortFrom(netip.AddrFrom16([16]byte(q[8:24])), binary.BigEndian.Uint16(q[40:]))
+		qdst := netip.AddrPortFrom(netip.AddrFrom16([16]byte(q[24:40])), binary.BigEndian.Uint16(q[42:]))
+		if qsrc != ap("["+client6+"]:40020") || qdst != ap("["+nodeIP6+"]:30080") {
+			t.Errorf("quoted %v -> %v, want [%s]:40020 -> [%s]:30080", qsrc, qdst, client6, nodeIP6)
+		}
+		if d := s.stats(t).RevNAT - before.RevNAT; d != 1 {
+			t.Errorf("rev-NAT counter +%d, want 1", d)
+		}
+	})
+
+	t.Run("a backend on the node's own address (hostNetwork): NodePort and ClusterIP to the stack, its replies translated on the way out", func(t *testing.T) {
+		e.enter(t)
+		s.apply(t, v6NodePortYAML("hostnp", "fd00:96::37", "TCP", 30085, "", "", nodeIP6))
+		before := s.stats(t)
+		r := s.run(t, up, ifUp(e), s.wire6(client6, 40030, nodeIP6, 30085, tcpSYN))
+		got := parseL6(t, r.out, 54, ipProtoTCP, true)
+		if r.verdict != tcActOK || got.src != ap("["+client6+"]:40030") || got.dst != ap("["+nodeIP6+"]:8080") {
+			t.Fatalf("NodePort: verdict %d, %v -> %v; want [%s]:40030 -> [%s]:8080 to the stack", r.verdict, got.src, got.dst, client6, nodeIP6)
+		}
+		if d := s.stats(t).NodePortLocal - before.NodePortLocal; d != 1 {
+			t.Errorf("NodePort local +%d, want 1", d)
+		}
+		reply := withChecksum6(polFrame6(e.up.Attrs().HardwareAddr, neighMAC, nodeIP6, client6, ipProtoTCP, 8080, 40030, tcpSYN|tcpACK), 54, ipProtoTCP)
+		r = s.run(t, e.dp.uplink.ToUplink, ifUp(e), reply)
+		back := parseL6(t, r.out, 54, ipProtoTCP, true)
+		if r.verdict != tcActOK || back.src != ap("["+nodeIP6+"]:30085") || back.dst != ap("["+client6+"]:40030") {
+			t.Fatalf("to_uplink: verdict %d, %v -> %v; want [%s]:30085 -> the client", r.verdict, back.src, back.dst, nodeIP6)
+		}
+		// A pod to the ClusterIP: to the stack, the stack's reply into the
+		// pod (to_pod) from the ClusterIP.
+		syn := withChecksum6(polFrame6(e.ep1.HostMAC, pod1MAC, pod1IP6, "fd00:96::37", ipProtoTCP, 43010, 80, tcpSYN), 54, ipProtoTCP)
+		r = s.run(t, e.dp.pod.FromPod, ifH1(e), syn)
+		if got := parseL6(t, r.out, 54, ipProtoTCP, true); r.verdict != tcActOK || got.dst != ap("["+nodeIP6+"]:8080") {
+			t.Fatalf("ClusterIP from pod 1: verdict %d to %v, want the stack's, to [%s]:8080", r.verdict, got.dst, nodeIP6)
+		}
+		reply = withChecksum6(polFrame6(pod1MAC, e.ep1.HostMAC, nodeIP6, pod1IP6, ipProtoTCP, 8080, 43010, tcpSYN|tcpACK), 54, ipProtoTCP)
+		r = s.run(t, e.dp.pod.ToPod, ifH1(e), reply)
+		if back := parseL6(t, r.out, 54, ipProtoTCP, true); r.verdict != tcActOK || back.src != ap("[fd00:96::37]:80") {
+			t.Fatalf("to_pod: verdict %d from %v, want it from [fd00:96::37]:80", r.verdict, back.src)
+		}
+	})
+
 	t.Run("NodePort from the wire to a local backend: client address kept, into the pod; its reply routed out from the NodePort", func(t *testing.T) {
 		e.enter(t)
 		before := s.stats(t)
