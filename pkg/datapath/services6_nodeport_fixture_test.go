@@ -38,44 +38,6 @@ func newSvcEnv6(t *testing.T) *svcEnv {
 			LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd10:244:1::/64")}})}
 }
 
-// v6NodePortYAML is an IPv6-only Service of type typ (NodePort or
-// LoadBalancer; ClusterIP when nodePort is 0) with spec lines spec and
-// status lines status, port 80 -> 8080 (proto), and one ready endpoint per
-// backend.
-func v6NodePortYAML(name, vip, proto string, nodePort int, spec, status string, backends ...string) string {
-	typ, np := "ClusterIP", ""
-	if nodePort != 0 {
-		typ, np = "NodePort", fmt.Sprintf(", nodePort: %d", nodePort)
-	}
-	if status != "" {
-		typ = "LoadBalancer"
-	}
-	y := fmt.Sprintf(`
-apiVersion: v1
-kind: Service
-metadata: {name: %s, namespace: fx}
-spec:
-  type: %s
-  clusterIP: "%s"
-  ipFamilies: [IPv6]
-  ports: [{name: p, port: 80, protocol: %s, targetPort: 8080%s}]
-%s
-status:
-%s
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: %s-a, namespace: fx, labels: {kubernetes.io/service-name: %s}}
-addressType: IPv6
-ports: [{name: p, port: 8080, protocol: %s}]
-endpoints:
-`, name, typ, vip, proto, np, spec, status, name, name, proto)
-	for _, b := range backends {
-		y += fmt.Sprintf("- addresses: [\"%s\"]\n  conditions: {ready: true}\n", b)
-	}
-	return y
-}
-
 // l6 is an IPv6 frame's addresses and ports, L4 at off.
 type l6 struct {
 	src, dst netip.AddrPort
@@ -151,8 +113,8 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 	e := s.fixtureEnv
 	up := fromUplink(e)
 	e.enter(t)
-	s.apply(t, v6NodePortYAML("np-remote", "fd00:96::30", "TCP", 30080, "", "", remoteBlue6))
-	s.apply(t, v6NodePortYAML("np-local", "fd00:96::31", "TCP", 30081, "", "", pod2IP6))
+	s.apply(t, lbSvcYAML("np-remote", "fd00:96::30", "TCP", 30080, "", "", remoteBlue6))
+	s.apply(t, lbSvcYAML("np-local", "fd00:96::31", "TCP", 30081, "", "", pod2IP6))
 	if f := s.frontend(t, nodeIP6, 30080, service.TCP, service.ScopeNodePort); len(f.Backends) != 1 {
 		t.Fatalf("IPv6 NodePort frontend backends %v", f.Backends)
 	}
@@ -237,7 +199,7 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 
 	t.Run("a backend on the node's own address (hostNetwork): NodePort and ClusterIP to the stack, its replies translated on the way out", func(t *testing.T) {
 		e.enter(t)
-		s.apply(t, v6NodePortYAML("hostnp", "fd00:96::37", "TCP", 30085, "", "", nodeIP6))
+		s.apply(t, lbSvcYAML("hostnp", "fd00:96::37", "TCP", 30085, "", "", nodeIP6))
 		before := s.stats(t)
 		r := s.run(t, up, ifUp(e), s.wire6(client6, 40030, nodeIP6, 30085, tcpSYN))
 		got := parseL6(t, r.out, 54, ipProtoTCP, true)
@@ -288,8 +250,8 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 
 	t.Run("externalTrafficPolicy Local: local endpoints only, no local endpoint drops silently", func(t *testing.T) {
 		e.enter(t)
-		s.apply(t, v6NodePortYAML("etp-none", "fd00:96::32", "TCP", 30082, "  externalTrafficPolicy: Local", "", remoteBlue6))
-		s.apply(t, v6NodePortYAML("etp-mixed", "fd00:96::33", "TCP", 30083, "  externalTrafficPolicy: Local", "", remoteBlue6, pod2IP6))
+		s.apply(t, lbSvcYAML("etp-none", "fd00:96::32", "TCP", 30082, "  externalTrafficPolicy: Local", "", remoteBlue6))
+		s.apply(t, lbSvcYAML("etp-mixed", "fd00:96::33", "TCP", 30083, "  externalTrafficPolicy: Local", "", remoteBlue6, pod2IP6))
 		before := drops(t, DropNoLocalBackend)
 		if r := s.run(t, up, ifUp(e), s.wire6(client6, 40002, nodeIP6, 30082, tcpSYN)); r.verdict != tcActShot {
 			t.Fatalf("no local endpoint: verdict %d, want drop", r.verdict)
@@ -308,7 +270,7 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 
 	t.Run("external and load-balancer IPs: to a remote backend from the node's own address", func(t *testing.T) {
 		e.enter(t)
-		s.apply(t, v6NodePortYAML("ext", "fd00:96::34", "TCP", 30084, "  externalIPs: [\""+extIP6+"\"]",
+		s.apply(t, lbSvcYAML("ext", "fd00:96::34", "TCP", 30084, "  externalIPs: [\""+extIP6+"\"]",
 			"  loadBalancer: {ingress: [{ip: \""+lbIP6+"\"}]}", remoteBlue6))
 		for i, addr := range []string{extIP6, lbIP6} {
 			before := s.stats(t)
@@ -331,7 +293,7 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 
 	t.Run("hairpin: a pod reaching itself through its IPv6 ClusterIP, from the hairpin address", func(t *testing.T) {
 		e.enter(t)
-		s.apply(t, v6NodePortYAML("self", "fd00:96::35", "TCP", 0, "", "", pod1IP6))
+		s.apply(t, lbSvcYAML("self", "fd00:96::35", "TCP", 0, "", "", pod1IP6))
 		before := s.stats(t)
 		syn := withChecksum6(polFrame6(e.ep1.HostMAC, pod1MAC, pod1IP6, "fd00:96::35", ipProtoTCP, 43000, 80, tcpSYN), 54, ipProtoTCP)
 		r := s.run(t, e.dp.pod.FromPod, ifH1(e), syn)
@@ -352,7 +314,7 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 
 	t.Run("fragments: a later fragment follows its first fragment's translation; one without it is dropped", func(t *testing.T) {
 		e.enter(t)
-		s.apply(t, v6NodePortYAML("dns", "fd00:96::36", "UDP", 30053, "", "", remoteBlue6))
+		s.apply(t, lbSvcYAML("dns", "fd00:96::36", "UDP", 30053, "", "", remoteBlue6))
 		frag := func(id byte, offset uint16, more bool, payload []byte) []byte {
 			f := frag6(nhUDP, offset, more, payload)
 			f[7] = id
