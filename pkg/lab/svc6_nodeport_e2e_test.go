@@ -24,35 +24,7 @@ import (
 // none of it (Ip6OutForwDatagrams in node 1's netns): the BPF path
 // translates, routes and translates back. Root; brings up the global lab.
 func TestDualStackLabNodePort6(t *testing.T) {
-	lk, cli := labCLIPath(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--ip-family", "dual"); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range [][]string{{"be1", "1"}, {"be2", "2"}} {
-		if _, err := lk(t, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", "app=web", "--port", "http=8080/TCP"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := LoadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods := map[string]NamedPod{}
-	for _, p := range st.NamedPods {
-		pods[p.Name] = p
-	}
-	for _, be := range []string{"be1", "be2"} {
-		srv := exec.Command("ip", "netns", "exec", NamedPodNS(be), cli, "lab", "tcp-whoami", "--listen", "[::]:8080", "--for", "3m")
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	}
+	lk, cli, pods := dualStackWebLab(t)
 	const (
 		vip4, vip6 = "10.96.100.30", "fd00:96::30"
 		nodePort   = 30180
@@ -114,21 +86,6 @@ endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
 	}
 	time.Sleep(300 * time.Millisecond) // whoami servers listening
 
-	askFrom := func(t *testing.T, ns, addr string, n int) map[string]int {
-		t.Helper()
-		actx, acancel := context.WithTimeout(context.Background(), time.Minute)
-		defer acancel()
-		out, err := inNS(actx, ns, cli, "lab", "tcp-ask", addr, "--count", fmt.Sprint(n))
-		if err != nil {
-			t.Fatalf("tcp-ask %s from %s: %v: %s", addr, ns, err, out)
-		}
-		var got map[string]int
-		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &got); err != nil {
-			t.Fatalf("tcp-ask output %q: %v", out, err)
-		}
-		t.Logf("%s -> %s: %v", ns, addr, got)
-		return got
-	}
 	lb := func() map[string]uint64 { return agentStatus(t, 1).GetControlPlane().GetLbCounters() }
 	fwd := func() uint64 {
 		v, err := IP6OutForwDatagrams(ctx, NodeNS(1))
@@ -147,7 +104,7 @@ endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			before, fwdBefore := lb(), fwd()
-			got := askFrom(t, c.from, c.addr, n)
+			got := askWhoamiFrom(t, cli, c.from, c.addr, n)
 			if got[be1] == 0 || got[be2] == 0 || got[be1]+got[be2] != n {
 				t.Errorf("%s: %v, want %d answers spread over %s (node 1) and %s (node 2)", c.addr, got, n, be1, be2)
 			}
@@ -165,4 +122,52 @@ endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
 			}
 		})
 	}
+}
+
+// dualStackWebLab brings up a two-node dual-stack lab (`lab up --ip-family
+// dual`, torn down at cleanup) with pods be1 on node 1 and be2 on node 2
+// (namespace shop, app=web, port http=8080/TCP) answering `lab tcp-whoami`
+// on [::]:8080 (both families), and the extra pods. It returns the CLI
+// runner, the CLI's path and the named pods.
+func dualStackWebLab(t *testing.T, extra ...labPodSpec) (func(t *testing.T, args ...string) (string, error), string, map[string]NamedPod) {
+	t.Helper()
+	lk, cli := labCLIPath(t)
+	t.Cleanup(func() {
+		if _, err := lk(t, "lab", "down"); err != nil {
+			t.Errorf("cleanup lab down: %v", err)
+		}
+	})
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--ip-family", "dual"); err != nil {
+		t.Fatal(err)
+	}
+	pods := addLabPods(t, lk, append([]labPodSpec{
+		{name: "be1", ns: "shop", node: 1, labels: "app=web", ports: "http=8080/TCP"},
+		{name: "be2", ns: "shop", node: 2, labels: "app=web", ports: "http=8080/TCP"},
+	}, extra...))
+	for _, be := range []string{"be1", "be2"} {
+		srv := exec.Command("ip", "netns", "exec", NamedPodNS(be), cli, "lab", "tcp-whoami", "--listen", "[::]:8080", "--for", "3m")
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	}
+	return lk, cli, pods
+}
+
+// askWhoamiFrom runs `lanekit lab tcp-ask` in netns ns: n connections to
+// addr, the answers counted by the backend address that gave them.
+func askWhoamiFrom(t *testing.T, cli, ns, addr string, n int) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := inNS(ctx, ns, cli, "lab", "tcp-ask", addr, "--count", fmt.Sprint(n))
+	if err != nil {
+		t.Fatalf("tcp-ask %s from %s: %v: %s", addr, ns, err, out)
+	}
+	var got map[string]int
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &got); err != nil {
+		t.Fatalf("tcp-ask output %q: %v", out, err)
+	}
+	t.Logf("%s -> %s: %v", ns, addr, got)
+	return got
 }
