@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -374,6 +375,34 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 			}
 			if st := s.stats(t); st.NewFlows != before.NewFlows {
 				t.Errorf("%s: a new flow was load-balanced", name)
+			}
+		}
+	})
+
+	// Last: it programs a policy for the rest of the environment.
+	t.Run("a later fragment belongs to its first fragment's connection for policy too", func(t *testing.T) {
+		e.enter(t)
+		// client-egress: pod 1 may reach web (pod 2) on TCP 8000-8080 only.
+		in := policyWorld6(e)
+		in.Policies = decodePolicies(t, polClientEgress)
+		c, err := policy.Compile(in, policy.NewIdentities())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+			t.Fatal(err)
+		}
+		seg := polFrame6(nil, nil, pod1IP6, pod2IP6, ipProtoTCP, 45001, 8080, tcpACK)[54:]
+		frag := func(offset uint16, more bool, payload []byte) []byte {
+			return eth6(e.ep1.HostMAC, pod1MAC, pod1IP6, pod2IP6, nhFrag, 64, frag6(nhTCP, offset, more, payload))
+		}
+		for _, f := range []struct {
+			what string
+			in   []byte
+		}{{"first fragment (port 8080)", frag(0, true, seg)}, {"later fragment (no ports)", frag(4, false, []byte("0123456789abcdef"))}} {
+			r := s.run(t, e.dp.pod.FromPod, ifH1(e), f.in)
+			if r.verdict != tcActRedirect || r.redirIf != ifH2(e) {
+				t.Errorf("%s: verdict %d into %d, want redirect into pod 2 (allowed on TCP 8080)", f.what, r.verdict, r.redirIf)
 			}
 		}
 	})
