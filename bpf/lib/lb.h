@@ -264,6 +264,28 @@ static __always_inline int lb_reply_unreach(struct __sk_buff *skb, const struct 
 	return 0;
 }
 
+/* lb_no_backend_drop decides, for both families, what becomes of a new
+ * flow to frontend svc that found no backend: a traffic policy Local
+ * frontend drops it without an answer, as kube-proxy does (the client's
+ * load balancer, told by healthCheckNodePort, goes elsewhere:
+ * DROP_NO_LOCAL_BACKEND); a later fragment (l4off 0) has nothing to answer
+ * with (DROP_NO_BACKEND). Returns that verdict, or LB_CONTINUE: answer it
+ * (lb_no_backend, lb6_no_backend). */
+static __always_inline int lb_no_backend_drop(struct __sk_buff *skb, const struct lb_svc_value *svc, __u32 l4off,
+					      __u32 ep_id)
+{
+	if (svc->flags & LB_SVC_F_LOCAL) {
+		lb_count_drop(skb, ep_id, DROP_NO_LOCAL_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	if (!l4off) {
+		lb_stat(LB_STAT_NO_BACKEND);
+		lb_count_drop(skb, ep_id, DROP_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	return LB_CONTINUE;
+}
+
 /* lb_no_backend answers a new flow to a frontend without backends: a TCP
  * reset or ICMP port unreachable, sent back where the packet came from (ep:
  * into the sending endpoint; NULL: out of the device it arrived on). */
@@ -483,21 +505,12 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		struct ct_entry ne = {};
 
 		bid = lb_select(svc, t, &be);
-		if (!be && (svc->flags & LB_SVC_F_LOCAL)) {
-			/* Traffic policy Local, no endpoint here: dropped without
-			 * an answer, as kube-proxy does (the client's load
-			 * balancer, told by healthCheckNodePort, goes elsewhere). */
-			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_LOCAL_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		if (!be && !l4off) {
-			/* A later fragment: nothing to answer with. */
-			lb_stat(LB_STAT_NO_BACKEND);
-			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		if (!be)
+		if (!be) {
+			res = lb_no_backend_drop(skb, svc, l4off, ep ? ep->id : 0);
+			if (res != LB_CONTINUE)
+				return res;
 			return lb_no_backend(skb, t, l4off, tot_len, ihl, ep);
+		}
 		lb_stat(LB_STAT_NEW_FLOW);
 		ft.saddr = t->saddr;
 		ft.daddr = be->addr;

@@ -541,18 +541,10 @@ static __always_inline int lb6_forward(struct __sk_buff *skb, const struct lk_ip
 			lb_stat(LB_STAT_RESELECT);
 		id = lb6_select(svc, pd, &be);
 		if (!id || !be) {
-			if (svc->flags & LB_SVC_F_LOCAL) {
-				/* Traffic policy Local, no endpoint here: dropped
-				 * silently, as lb_forward does. */
-				lb_count_drop(skb, ep_id, DROP_NO_LOCAL_BACKEND);
-				return TC_ACT_SHOT;
-			}
-			if (!l4off) {
-				/* A later fragment: nothing to answer with. */
-				lb_stat(LB_STAT_NO_BACKEND);
-				lb_count_drop(skb, ep_id, DROP_NO_BACKEND);
-				return TC_ACT_SHOT;
-			}
+			int v = lb_no_backend_drop(skb, svc, l4off, ep_id);
+
+			if (v != LB_CONTINUE)
+				return v;
 			*changed = 1; /* the packet was rewritten (the verifier sees any verdict) */
 			return lb6_no_backend(skb, c, pd, ep);
 		}
