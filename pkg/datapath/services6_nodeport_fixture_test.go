@@ -345,6 +345,24 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 		}
 	})
 
+	t.Run("fragments from a pod to an IPv6 ClusterIP: the later one to its first fragment's backend", func(t *testing.T) {
+		e.enter(t)
+		s.apply(t, lbSvcYAML("dns-c", "fd00:96::38", "UDP", 0, "", "", remoteBlue6))
+		frag := func(offset uint16, more bool, payload []byte) []byte {
+			f := frag6(nhUDP, offset, more, payload)
+			f[7] = 9
+			return eth6(e.ep1.HostMAC, pod1MAC, pod1IP6, "fd00:96::38", nhFrag, 64, f)
+		}
+		r := s.run(t, e.dp.pod.FromPod, ifH1(e), frag(0, true, udp6(40080, 80)))
+		if got := parseL6(t, r.out, 62, ipProtoUDP, false); r.verdict != tcActRedirect || r.redirIf != ifUp(e) || got.dst != ap("["+remoteBlue6+"]:8080") || got.src != ap("["+pod1IP6+"]:40080") {
+			t.Fatalf("first fragment: verdict %d out of %d, %v -> %v; want pod 1 -> [%s]:8080 out of the uplink", r.verdict, r.redirIf, got.src, got.dst, remoteBlue6)
+		}
+		r = s.run(t, e.dp.pod.FromPod, ifH1(e), frag(3, false, []byte("the rest of the datagram")))
+		if dst := netip.AddrFrom16([16]byte(r.out[38:54])); r.verdict != tcActRedirect || r.redirIf != ifUp(e) || dst != netip.MustParseAddr(remoteBlue6) {
+			t.Fatalf("later fragment: verdict %d out of %d to %v; want the first's backend %s out of the uplink", r.verdict, r.redirIf, dst, remoteBlue6)
+		}
+	})
+
 	t.Run("extension headers in front of a NodePort segment: walked and translated; a broken chain is the stack's, untranslated", func(t *testing.T) {
 		e.enter(t)
 		dst := ext6(ipProtoTCP, polFrame6(nil, nil, client6, nodeIP6, ipProtoTCP, 44000, 30080, tcpSYN)[54:])
