@@ -298,17 +298,8 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 
 	t.Run("policy judges the translated flow; a denied one leaves no LB state", func(t *testing.T) {
 		e.enter(t)
-		// client-egress: web (pod 2) on TCP 8000-8080 only; the remote
-		// backend is not web.
-		in := policyWorld6(e)
-		in.Policies = decodePolicies(t, polClientEgress)
-		c, err := policy.Compile(in, policy.NewIdentities())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-			t.Fatal(err)
-		}
+		// The remote backend is not web.
+		applyClientEgress6(t, e)
 		var local, remote uint16
 		for sp := uint16(45000); sp < 46000 && (local == 0 || remote == 0); sp++ {
 			if pick(sp).Addr().String() == pod2IP6 {
@@ -375,4 +366,19 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 			t.Errorf("re-applying the model after adoption (%d frontends) writes %s", len(adopted), u)
 		}
 	})
+}
+
+// applyClientEgress6 programs client-egress over the IPv6 policy world:
+// pod 1 (a client) may reach web (pod 2) on TCP 8000-8080 only.
+func applyClientEgress6(t *testing.T, e *fixtureEnv) {
+	t.Helper()
+	in := policyWorld6(e)
+	in.Policies = decodePolicies(t, polClientEgress)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
 }

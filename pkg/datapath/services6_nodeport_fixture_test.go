@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -400,16 +399,7 @@ func TestIPv6NodePortFixtures(t *testing.T) {
 	// Last: it programs a policy for the rest of the environment.
 	t.Run("a later fragment belongs to its first fragment's connection for policy too", func(t *testing.T) {
 		e.enter(t)
-		// client-egress: pod 1 may reach web (pod 2) on TCP 8000-8080 only.
-		in := policyWorld6(e)
-		in.Policies = decodePolicies(t, polClientEgress)
-		c, err := policy.Compile(in, policy.NewIdentities())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-			t.Fatal(err)
-		}
+		applyClientEgress6(t, e)
 		seg := polFrame6(nil, nil, pod1IP6, pod2IP6, ipProtoTCP, 45001, 8080, tcpACK)[54:]
 		frag := func(offset uint16, more bool, payload []byte) []byte {
 			return eth6(e.ep1.HostMAC, pod1MAC, pod1IP6, pod2IP6, nhFrag, 64, frag6(nhTCP, offset, more, payload))

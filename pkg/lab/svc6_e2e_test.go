@@ -1,10 +1,7 @@
 package lab
 
 import (
-	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -21,39 +18,7 @@ func TestDualStackLabServices(t *testing.T) {
 		labPodSpec{name: "client1", ns: "shop", node: 1, labels: "role=client", ports: "http=8080/TCP"},
 		labPodSpec{name: "client2", ns: "shop", node: 2, labels: "role=client", ports: "http=8080/TCP"})
 	const vip4, vip6 = "10.96.100.20", "fd00:96::20"
-	objs := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: shop}
-spec:
-  clusterIP: %s
-  clusterIPs: [%s, "%s"]
-  ipFamilies: [IPv4, IPv6]
-  ipFamilyPolicy: RequireDualStack
-  ports: [{name: http, port: 80, targetPort: http}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v4, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: [%s]}, {addresses: [%s]}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v6, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
-`, vip4, vip4, vip6, pods["be1"].IP, pods["be2"].IP, pods["be1"].IP6, pods["be2"].IP6)
-	file := filepath.Join(t.TempDir(), "web.yaml")
-	if err := os.WriteFile(file, []byte(objs), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	applyDualStackWeb(t, lk, pods, vip4, vip6, "", 0)
 	time.Sleep(300 * time.Millisecond) // whoami servers listening
 	lb := func(node int) map[string]uint64 { return agentStatus(t, node).GetControlPlane().GetLbCounters() }
 	const n = 40

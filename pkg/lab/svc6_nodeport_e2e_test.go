@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,41 +29,7 @@ func TestDualStackLabNodePort6(t *testing.T) {
 		extIP      = "2001:db8:e::1"
 		rawAddr    = "fd00:77::e2" // the external host's IPv6 address on the wire
 	)
-	objs := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: shop}
-spec:
-  type: NodePort
-  clusterIP: %s
-  clusterIPs: [%s, "%s"]
-  ipFamilies: [IPv4, IPv6]
-  ipFamilyPolicy: RequireDualStack
-  externalIPs: ["%s"]
-  ports: [{name: http, port: 80, targetPort: http, nodePort: %d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v4, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: [%s]}, {addresses: [%s]}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v6, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
-`, vip4, vip4, vip6, extIP, nodePort, pods["be1"].IP, pods["be2"].IP, pods["be1"].IP6, pods["be2"].IP6)
-	file := filepath.Join(t.TempDir(), "web.yaml")
-	if err := os.WriteFile(file, []byte(objs), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	applyDualStackWeb(t, lk, pods, vip4, vip6, fmt.Sprintf("  type: NodePort\n  externalIPs: [\"%s\"]", extIP), nodePort)
 	// The external host: an IPv6 address on the wire, the external IP
 	// routed to node 1 (as a router in front of the cluster would).
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -170,4 +134,48 @@ func askWhoamiFrom(t *testing.T, cli, ns, addr string, n int) map[string]int {
 	}
 	t.Logf("%s -> %s: %v", ns, addr, got)
 	return got
+}
+
+// applyDualStackWeb applies, on both nodes' agents, the dual-stack Service
+// shop/web (cluster IPs vip4 and vip6, port http 80 -> be1's and be2's
+// 8080 in an IPv4 and an IPv6 EndpointSlice; nodePort when not 0) with the
+// spec lines spec.
+func applyDualStackWeb(t *testing.T, lk func(t *testing.T, args ...string) (string, error), pods map[string]NamedPod,
+	vip4, vip6, spec string, nodePort int) {
+	t.Helper()
+	np := ""
+	if nodePort != 0 {
+		np = fmt.Sprintf(", nodePort: %d", nodePort)
+	}
+	objs := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: %s
+  clusterIPs: [%s, "%s"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+%s
+  ports: [{name: http, port: 80, targetPort: http%s}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [%s]}, {addresses: [%s]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
+`, vip4, vip4, vip6, spec, np, pods["be1"].IP, pods["be2"].IP, pods["be1"].IP6, pods["be2"].IP6)
+	file := writeTemp(t, "web.yaml", objs)
+	for node := 1; node <= 2; node++ {
+		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
