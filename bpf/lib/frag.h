@@ -130,18 +130,31 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_ipv6_frags SEC(".maps");
 
+/* The key is built in per-CPU scratch: from_pod6's stack has no room for
+ * 40 more bytes. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct frag6_key);
+} lk_frag6_scratch SEC(".maps");
+
 /* frag6_ports is frag4_ports for the IPv6 packet ip6 whose chain c has a
  * fragment header (c->frag) and a TCP or UDP upper layer. */
 static __always_inline int frag6_ports(struct __sk_buff *skb, const struct ipv6hdr *ip6,
 				       const struct lk_ip6_chain *c, struct frag4_ports *ports)
 {
-	struct frag6_key k = {};
+	__u32 zero = 0;
+	struct frag6_key *k = bpf_map_lookup_elem(&lk_frag6_scratch, &zero);
 
-	__builtin_memcpy(&k.saddr, &ip6->saddr, 16);
-	__builtin_memcpy(&k.daddr, &ip6->daddr, 16);
-	k.id = c->frag_id;
-	k.proto = c->nh;
-	return frag_ports_in(skb, &lk_ipv6_frags, &k, c->later, c->mf && !c->later, c->off, ports);
+	if (!k)
+		return -1;
+	__builtin_memcpy(&k->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(&k->daddr, &ip6->daddr, 16);
+	k->id = c->frag_id;
+	k->proto = c->nh;
+	k->pad[0] = k->pad[1] = k->pad[2] = 0;
+	return frag_ports_in(skb, &lk_ipv6_frags, k, c->later, c->mf && !c->later, c->off, ports);
 }
 
 #endif

@@ -485,6 +485,7 @@ const (
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
+	podMapLkFrag6Scratch        = "lk_frag6_scratch"
 	podMapLkIpv4Frags           = "lk_ipv4_frags"
 	podMapLkIpv6Frags           = "lk_ipv6_frags"
 	podMapLkLb6Pending          = "lk_lb6_pending"
@@ -608,6 +609,7 @@ type podMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.MapSpec `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
 	LkIpv6Frags       *ebpf.MapSpec `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
@@ -703,6 +705,7 @@ type podMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.Map `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
 	LkIpv6Frags       *ebpf.Map `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
@@ -748,6 +751,7 @@ func (m *podMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkFrag6Scratch,
 		m.LkIpv4Frags,
 		m.LkIpv6Frags,
 		m.LkLb6Pending,

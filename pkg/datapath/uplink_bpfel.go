@@ -332,6 +332,7 @@ const (
 	uplinkMapLkEvents              = "lk_events"
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
+	uplinkMapLkFrag6Scratch        = "lk_frag6_scratch"
 	uplinkMapLkIpv4Frags           = "lk_ipv4_frags"
 	uplinkMapLkIpv6Frags           = "lk_ipv6_frags"
 	uplinkMapLkLb6Pending          = "lk_lb6_pending"
@@ -458,6 +459,7 @@ type uplinkMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.MapSpec `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
 	LkIpv6Frags       *ebpf.MapSpec `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
@@ -552,6 +554,7 @@ type uplinkMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.Map `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
 	LkIpv6Frags       *ebpf.Map `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
@@ -597,6 +600,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkFrag6Scratch,
 		m.LkIpv4Frags,
 		m.LkIpv6Frags,
 		m.LkLb6Pending,
