@@ -140,8 +140,10 @@ struct {
 } lk_frag6_scratch SEC(".maps");
 
 /* frag6_ports is frag4_ports for the IPv6 packet ip6 whose chain c has a
- * fragment header (c->frag) and a TCP or UDP upper layer. */
-static __always_inline int frag6_ports(struct __sk_buff *skb, const struct ipv6hdr *ip6,
+ * fragment header (c->frag) and a TCP or UDP upper layer. Not inlined: a
+ * BPF-to-BPF call keeps its few bytes off from_pod6's frame, which sits
+ * close to the 512-byte limit (with lk_vm_rx_queue below it). */
+static __noinline int frag6_ports(struct __sk_buff *skb, const struct ipv6hdr *ip6,
 				       const struct lk_ip6_chain *c, struct frag4_ports *ports)
 {
 	__u32 zero = 0;
