@@ -22,9 +22,6 @@ func checkIPFamily(cfg Config) (string, error) {
 	case "", IPFamilyIPv4:
 		return IPFamilyIPv4, nil
 	case IPFamilyDual:
-		if cfg.Kubelet {
-			return "", fmt.Errorf("--ip-family dual with --kubelet: not yet (the real nodes' kubelets and controller-manager are IPv4 only)")
-		}
 		if cfg.BaselineOnly {
 			return "", fmt.Errorf("--ip-family dual needs the agents (not --baseline-only): the baseline pods are IPv4 only")
 		}

@@ -16,7 +16,7 @@ func TestCheckIPFamily(t *testing.T) {
 		{cfg: Config{IPFamily: "dual"}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "ipv6"}, err: "IPv6-only nodes are not supported yet"},
 		{cfg: Config{IPFamily: "dual", K8s: true}, want: IPFamilyDual},
-		{cfg: Config{IPFamily: "dual", K8s: true, Kubelet: true}, err: "--kubelet"},
+		{cfg: Config{IPFamily: "dual", K8s: true, Kubelet: true}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "dual", BaselineOnly: true}, err: "baseline"},
 		{cfg: Config{IPFamily: "v6"}, err: "want one of ipv4, ipv6, dual"},
 	} {
