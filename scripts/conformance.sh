@@ -12,6 +12,9 @@
 #   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
 #                       the timeout is what is left once the lab is up
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
+#   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
+#                       reports are conformance-dualstack.{json,md} and the skip
+#                       list defaults to test/conformance/skip-dualstack.txt)
 #
 # Holds the lab lock (/tmp/lanekit-lab.lock) for the whole run and takes the lab
 # down at the end, also on failure or interrupt.
@@ -27,8 +30,14 @@ for b in e2e.test ginkgo kubectl kubelet containerd; do
 done
 [ -x bin/lanekit ] && [ -f bin/images/agent.tar ] || { echo "conformance: run make k8s-node-images first" >&2; exit 1; }
 
+family=${CONFORMANCE_IP_FAMILY:-ipv4}
+case $family in
+  ipv4) name=conformance; defskip=test/conformance/skip.txt ;;
+  dual) name=conformance-dualstack; defskip=test/conformance/skip-dualstack.txt ;;
+  *) echo "conformance: CONFORMANCE_IP_FAMILY=$family: want ipv4 or dual" >&2; exit 1 ;;
+esac
 focus=${CONFORMANCE_FOCUS:-'\[sig-network\]'}
-skipfile=${CONFORMANCE_SKIP:-test/conformance/skip.txt}
+skipfile=${CONFORMANCE_SKIP:-$defskip}
 procs=${CONFORMANCE_PROCS:-4}
 timeout=${CONFORMANCE_TIMEOUT:-6h}
 out=${CONFORMANCE_OUT:-docs}
@@ -49,7 +58,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 bin/lanekit lab down >&2
 start=$SECONDS
-bin/lanekit lab up --k8s --kubelet --nodes 2 >&2
+bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
   [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }
@@ -62,16 +71,16 @@ fi
 rc=0
 nsenter --net=/run/netns/lk-wire -- "$nodebins/ginkgo" run --procs="$procs" --timeout="$timeout" \
   --focus="$focus" --skip="$skip" --no-color --silence-skips \
-  --json-report=conformance.json --output-dir="$work" \
+  --json-report="$name.json" --output-dir="$work" \
   "$nodebins/e2e.test" -- \
   --kubeconfig=/run/lanekit/lab/k8s/kubeconfig --provider=skeleton --num-nodes=2 \
   --kubectl-path="$nodebins/kubectl" --dns-domain=cluster.local --allowed-not-ready-nodes=0 --disable-log-dump \
   --report-dir="$work" >"$work/ginkgo.log" 2>&1 || rc=$?
-echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/conformance.log)" >&2
-cp "$work/ginkgo.log" bin/conformance.log
-[ -f "$work/conformance.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
-cp "$work/conformance.json" "$out/conformance.json"
+echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/$name.log)" >&2
+cp "$work/ginkgo.log" "bin/$name.log"
+[ -f "$work/$name.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
+cp "$work/$name.json" "$out/$name.json"
 go run ./internal/tools/conformancereport -focus "$focus" -skip-file "$skipfile" -procs "$procs" \
-  "$out/conformance.json" >"$out/conformance.md"
-sed -n '1,/^## Failed/p' "$out/conformance.md" >&2
+  -raw "docs/$name.json" -ip-family "$family" "$out/$name.json" >"$out/$name.md"
+sed -n '1,/^## Failed/p' "$out/$name.md" >&2
 exit $rc

@@ -91,7 +91,8 @@ type Options struct {
 	// Address the servers bind to and the API server advertises; empty:
 	// 127.0.0.1.
 	Address string
-	// ServiceCIDR is --service-cluster-ip-range; empty: 10.96.0.0/16.
+	// ServiceCIDR is --service-cluster-ip-range ("IPv4,IPv6" for dual-stack);
+	// empty: 10.96.0.0/16.
 	ServiceCIDR string
 	// Cluster serves real nodes (kubelet, controller-manager): the
 	// ServiceAccount admission plugin is on (pods get their tokens) and the
@@ -449,7 +450,8 @@ func (s *Server) writeCredentials() error {
 	}
 	// The kubernetes Service's ClusterIP (the first of the range), which
 	// pods dial.
-	if _, svc, err := net.ParseCIDR(s.ServiceCIDR); err == nil && svc.IP.To4() != nil {
+	// (A dual-stack range is "IPv4,IPv6": the IPv4 one is the primary.)
+	if _, svc, err := net.ParseCIDR(strings.Split(s.ServiceCIDR, ",")[0]); err == nil && svc.IP.To4() != nil {
 		first := slices.Clone(svc.IP.To4())
 		first[3]++
 		ips = append(ips, first)

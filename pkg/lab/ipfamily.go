@@ -22,9 +22,6 @@ func checkIPFamily(cfg Config) (string, error) {
 	case "", IPFamilyIPv4:
 		return IPFamilyIPv4, nil
 	case IPFamilyDual:
-		if cfg.K8s {
-			return "", fmt.Errorf("--ip-family dual with --k8s: not yet (the Node objects and the agents' native routes are IPv4 only)")
-		}
 		if cfg.BaselineOnly {
 			return "", fmt.Errorf("--ip-family dual needs the agents (not --baseline-only): the baseline pods are IPv4 only")
 		}
@@ -45,8 +42,9 @@ func UnderlayIP6(i int) string { return fmt.Sprintf("fd00:77::%x", i) }
 func PodCIDR6(i int) string { return fmt.Sprintf("fd00:10:244:%x::/64", i) }
 
 // buildNodeIPv6 gives node i (of n) its IPv6 underlay address, native routes
-// to the other nodes' IPv6 pod ranges and IPv6 forwarding.
-func buildNodeIPv6(ctx context.Context, i, n int) error {
+// to the other nodes' IPv6 pod ranges (not with k8s: the agents route from
+// the Nodes' spec.podCIDRs) and IPv6 forwarding.
+func buildNodeIPv6(ctx context.Context, i, n int, k8s bool) error {
 	ns := NodeNS(i)
 	for _, kv := range [][2]string{
 		{"net.ipv6.conf.all.disable_ipv6", "0"},
@@ -59,7 +57,7 @@ func buildNodeIPv6(ctx context.Context, i, n int) error {
 	}
 	steps := [][]string{{"-n", ns, "-6", "addr", "add", UnderlayIP6(i) + "/64", "dev", Uplink, "nodad"}}
 	for j := 1; j <= n; j++ {
-		if j != i {
+		if j != i && !k8s {
 			steps = append(steps, []string{"-n", ns, "-6", "route", "add", PodCIDR6(j), "via", UnderlayIP6(j), "dev", Uplink})
 		}
 	}

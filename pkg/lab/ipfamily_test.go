@@ -15,7 +15,8 @@ func TestCheckIPFamily(t *testing.T) {
 		{cfg: Config{IPFamily: "ipv4"}, want: IPFamilyIPv4},
 		{cfg: Config{IPFamily: "dual"}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "ipv6"}, err: "IPv6-only nodes are not supported yet"},
-		{cfg: Config{IPFamily: "dual", K8s: true}, err: "--k8s"},
+		{cfg: Config{IPFamily: "dual", K8s: true}, want: IPFamilyDual},
+		{cfg: Config{IPFamily: "dual", K8s: true, Kubelet: true}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "dual", BaselineOnly: true}, err: "baseline"},
 		{cfg: Config{IPFamily: "v6"}, err: "want one of ipv4, ipv6, dual"},
 	} {

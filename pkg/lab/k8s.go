@@ -31,7 +31,19 @@ const (
 	APIAddress = "10.77.0.254"
 	// PodNamespace is where the lab creates its pods.
 	PodNamespace = "default"
+	// ServiceCIDR6 is the IPv6 Service range of a dual-stack lab (beside
+	// ServiceCIDR; a /108, the largest the API server accepts).
+	ServiceCIDR6 = "fd00:96::/108"
 )
+
+// serviceCIDRs is --service-cluster-ip-range: both families in a
+// dual-stack lab, IPv4 first (the primary family).
+func serviceCIDRs(dual bool) string {
+	if dual {
+		return ServiceCIDR + "," + ServiceCIDR6
+	}
+	return ServiceCIDR
+}
 
 // K8s returns the lab's API server and an admin client that reaches it
 // from the caller's network namespace.
@@ -62,7 +74,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api server address: %w", err)
 	}
 	progress(cfg.Out, "lab: kube-apiserver %s + etcd %s on %s (%s)", k8stest.KubeVersion, k8stest.EtcdVersion, APIAddress, WireNS)
-	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: ServiceCIDR, Cluster: cfg.Kubelet})
+	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: serviceCIDRs(cfg.IPFamily == IPFamilyDual), Cluster: cfg.Kubelet})
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +86,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, err
 	}
 	for i := 1; i <= cfg.Nodes && !cfg.Kubelet; i++ { // real kubelets register themselves
-		if err := registerNode(ctx, c, i); err != nil {
+		if err := registerNode(ctx, c, i, cfg.IPFamily == IPFamilyDual); err != nil {
 			return nil, err
 		}
 	}
@@ -88,12 +100,18 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 }
 
 // registerNode creates node i's Node as kubelet and the node IPAM
-// controller would leave it: pod CIDR, InternalIP, Ready.
-func registerNode(ctx context.Context, c kubernetes.Interface, i int) error {
+// controller would leave it: pod CIDRs, InternalIPs (one of each family
+// when dual), Ready.
+func registerNode(ctx context.Context, c kubernetes.Interface, i int, dual bool) error {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: KubeNodeName(i), Labels: map[string]string{
 			"kubernetes.io/hostname": KubeNodeName(i), "kubernetes.io/os": "linux"}},
 		Spec: corev1.NodeSpec{PodCIDR: PodCIDR(i), PodCIDRs: []string{PodCIDR(i)}},
+	}
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: UnderlayIP(i)}}
+	if dual {
+		n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, PodCIDR6(i))
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: UnderlayIP6(i)})
 	}
 	out, err := c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
 	if err != nil {
@@ -101,7 +119,7 @@ func registerNode(ctx context.Context, c kubernetes.Interface, i int) error {
 	}
 	now := metav1.Now()
 	out.Status = corev1.NodeStatus{
-		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: UnderlayIP(i)}, {Type: corev1.NodeHostName, Address: n.Name}},
+		Addresses:  append(addrs, corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.Name}),
 		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now, Reason: "LabKubelet"}},
 	}
 	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
@@ -142,11 +160,35 @@ func createLabPod(ctx context.Context, c kubernetes.Interface, i, j int) (Pod, e
 	if err != nil {
 		return Pod{}, fmt.Errorf("create pod %s: %w", name, err)
 	}
-	podIP, err := WaitPodIP(ctx, c, PodNamespace, name, 60*time.Second)
+	podIPs, err := WaitPodIPs(ctx, c, PodNamespace, name, 60*time.Second)
 	if err != nil {
 		return Pod{}, fmt.Errorf("pod %s: %w; kubelet log: %s", name, err, logTail(KubeletLog(i)))
 	}
-	return Pod{NS: PodNetns(i, created.UID), Kind: KindLanekit, IP: podIP}, nil
+	lp := Pod{NS: PodNetns(i, created.UID), Kind: KindLanekit, IP: podIPs[0]}
+	if len(podIPs) > 1 {
+		lp.IP6 = podIPs[1]
+	}
+	return lp, nil
+}
+
+// WaitPodIPs waits until the Pod's status has its IPs (status.podIPs:
+// primary family first).
+func WaitPodIPs(ctx context.Context, c kubernetes.Interface, ns, name string, timeout time.Duration) ([]string, error) {
+	if _, err := WaitPodIP(ctx, c, ns, name, timeout); err != nil {
+		return nil, err
+	}
+	p, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range p.Status.PodIPs {
+		out = append(out, a.IP)
+	}
+	if len(out) == 0 {
+		out = []string{p.Status.PodIP}
+	}
+	return out, nil
 }
 
 // WaitPodIP waits until the Pod's status has an IP.

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"time"
 
@@ -224,19 +223,13 @@ func (k *Kubelet) setup(ctx context.Context, p *corev1.Pod) error {
 	if err != nil {
 		return fmt.Errorf("pod %s: cni result: %w", key, err)
 	}
-	var podIP string
-	for _, ipc := range r.IPs {
-		if v4 := ipc.Address.IP.To4(); v4 != nil {
-			podIP = v4.String()
-			break
-		}
+	podIPs, err := resultPodIPs(r)
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", key, err)
 	}
-	if net.ParseIP(podIP) == nil {
-		return fmt.Errorf("pod %s: cni result has no ipv4 address", key)
-	}
-	k.Log.Info("pod attached", "pod", key, "netns", ns, "ip", podIP)
+	k.Log.Info("pod attached", "pod", key, "netns", ns, "ips", podIPs)
 	if len(statuses) > 0 {
-		all := append([]NetworkStatus{{Name: list.Name, Interface: PodIfName, IPs: []string{podIP}, Default: true}}, statuses...)
+		all := append([]NetworkStatus{{Name: list.Name, Interface: PodIfName, IPs: podIPs, Default: true}}, statuses...)
 		raw, err := json.Marshal(all)
 		if err != nil {
 			return err
@@ -249,11 +242,42 @@ func (k *Kubelet) setup(ctx context.Context, p *corev1.Pod) error {
 			return fmt.Errorf("pod %s: network-status: %w", key, err)
 		}
 	}
-	return k.reportRunning(ctx, p, podIP)
+	return k.reportRunning(ctx, p, podIPs)
 }
 
-// reportRunning writes the pod IP and a running, ready status.
-func (k *Kubelet) reportRunning(ctx context.Context, p *corev1.Pod, podIP string) error {
+// resultPodIPs are a CNI result's pod addresses as kubelet reports them:
+// the IPv4 one first (the lab's primary family), then the IPv6 one of a
+// dual-stack node; at most one per family.
+func resultPodIPs(r *current.Result) ([]string, error) {
+	var v4, v6 string
+	for _, ipc := range r.IPs {
+		switch a := ipc.Address.IP; {
+		case a.To4() != nil && v4 == "":
+			v4 = a.To4().String()
+		case a.To4() == nil && a.To16() != nil && v6 == "":
+			v6 = a.String()
+		}
+	}
+	if v4 == "" {
+		return nil, fmt.Errorf("cni result has no ipv4 address")
+	}
+	if v6 == "" {
+		return []string{v4}, nil
+	}
+	return []string{v4, v6}, nil
+}
+
+// reportRunning writes the pod IPs and a running, ready status; a pod with
+// an IPv6 address is on a dual-stack node, whose host IPs are both too.
+func (k *Kubelet) reportRunning(ctx context.Context, p *corev1.Pod, podIPs []string) error {
+	hostIPs := []corev1.HostIP{{IP: k.nodeIP}}
+	if len(podIPs) > 1 {
+		hostIPs = append(hostIPs, corev1.HostIP{IP: UnderlayIP6(k.Index)})
+	}
+	statusIPs := make([]corev1.PodIP, 0, len(podIPs))
+	for _, a := range podIPs {
+		statusIPs = append(statusIPs, corev1.PodIP{IP: a})
+	}
 	now := metav1.Now()
 	for attempt := 0; ; attempt++ {
 		cur, err := k.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
@@ -264,8 +288,8 @@ func (k *Kubelet) reportRunning(ctx context.Context, p *corev1.Pod, podIP string
 			return nil
 		}
 		cur.Status.Phase = corev1.PodRunning
-		cur.Status.HostIP, cur.Status.HostIPs = k.nodeIP, []corev1.HostIP{{IP: k.nodeIP}}
-		cur.Status.PodIP, cur.Status.PodIPs = podIP, []corev1.PodIP{{IP: podIP}}
+		cur.Status.HostIP, cur.Status.HostIPs = k.nodeIP, hostIPs
+		cur.Status.PodIP, cur.Status.PodIPs = podIPs[0], statusIPs
 		cur.Status.StartTime = &now
 		cur.Status.Conditions = []corev1.PodCondition{
 			{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: now},

@@ -177,6 +177,9 @@ type NodeSpec struct {
 	// Cgroup2 is the node's cgroup2 directory: its init starts there and
 	// binds it at /run/lanekit/cgroupv2.
 	Cgroup2 string `json:"cgroup2"`
+	// NodeIP6 is the node's IPv6 underlay address in a dual-stack lab:
+	// kubelet's --node-ip gets both families ("" : IPv4 only).
+	NodeIP6 string `json:"nodeIP6,omitempty"`
 }
 
 // realNodes is what lab down needs to undo beyond processes and RunDir

@@ -9,6 +9,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +31,13 @@ const (
 	// ClusterCIDR holds every node's pod range (kube-controller-manager
 	// allocates one /24 per node from it).
 	ClusterCIDR = "10.244.0.0/16"
+	// ClusterCIDR6 is a dual-stack lab's IPv6 cluster CIDR (a /64 per
+	// node from it).
+	ClusterCIDR6 = "fd00:10:244::/56"
+	// WireIP6 is the underlay namespace's IPv6 address in a dual-stack
+	// real-node lab (the API server and the e2e runner reach the nodes' and
+	// pods' IPv6 addresses from there).
+	WireIP6 = "fd00:77::fe"
 	// ClusterDNS is CoreDNS's Service address; ClusterDomain its zone.
 	ClusterDNS    = "10.96.0.10"
 	ClusterDomain = "cluster.local"
@@ -64,8 +72,17 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	if err := makeMountpoints(r); err != nil {
 		return err
 	}
-	if err := startControllers(nodeBins, srv); err != nil {
+	dual := st.Dual()
+	if err := startControllers(nodeBins, srv, dual); err != nil {
 		return err
+	}
+	if dual {
+		if err := sysctl(ctx, WireNS, "net.ipv6.conf.all.disable_ipv6", "0"); err != nil {
+			return err
+		}
+		if err := ip(ctx, "-n", WireNS, "-6", "addr", "add", WireIP6+"/64", "dev", WireBridge, "nodad"); err != nil {
+			return fmt.Errorf("underlay IPv6 address: %w", err)
+		}
 	}
 	progress(cfg.Out, "lab: kube-controller-manager and kube-scheduler on %s", WireNS)
 	for k := range st.Nodes {
@@ -75,7 +92,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return fmt.Errorf("node %s: %w", n.NS, err)
 		}
 		pid, err := startNodeInit(ctx, cfg.Bins, NodeSpec{Index: n.Index, Dir: RealNodeDir(n.Index),
-			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2})
+			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6})
 		n.KubeletPID = pid
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr
@@ -110,6 +127,14 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		if err := ip(ctx, "-n", WireNS, "route", "replace", n.PodCIDR, "via", n.UnderlayIP); err != nil {
 			return fmt.Errorf("route to %s's pods: %w", n.NS, err)
 		}
+		if dual {
+			if n.PodCIDR6 = nodePodCIDR6(node); n.PodCIDR6 == "" {
+				return fmt.Errorf("node %s: no IPv6 pod CIDR in spec.podCIDRs %v", n.NS, node.Spec.PodCIDRs)
+			}
+			if err := ip(ctx, "-n", WireNS, "-6", "route", "replace", n.PodCIDR6, "via", n.UnderlayIP6); err != nil {
+				return fmt.Errorf("IPv6 route to %s's pods: %w", n.NS, err)
+			}
+		}
 	}
 	if err := st.save(); err != nil {
 		return err
@@ -127,19 +152,27 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 
 // startControllers starts kube-controller-manager and kube-scheduler in the
 // underlay namespace beside the API server (pid files in K8sDir).
-func startControllers(nodeBins string, srv *k8stest.Server) error {
-	if _, err := startDaemon(WireNS, filepath.Join(K8sDir, "kube-controller-manager"), filepath.Join(nodeBins, "kube-controller-manager"),
-		"--kubeconfig="+Kubeconfig,
+func startControllers(nodeBins string, srv *k8stest.Server, dual bool) error {
+	// Dual-stack: a cluster CIDR and a node mask per family (the single
+	// --node-cidr-mask-size is refused beside two cluster CIDRs); the
+	// Service ranges are the API server's (srv.ServiceCIDR).
+	args := []string{
+		"--kubeconfig=" + Kubeconfig,
 		"--bind-address=127.0.0.1",
 		"--leader-elect=false",
 		"--allocate-node-cidrs",
-		"--cluster-cidr="+ClusterCIDR,
-		"--node-cidr-mask-size=24",
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--service-account-private-key-file="+filepath.Join(srv.Dir, "sa.key"),
-		"--root-ca-file="+srv.CAFile(),
+		"--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=24",
+		"--service-cluster-ip-range=" + srv.ServiceCIDR,
+		"--service-account-private-key-file=" + filepath.Join(srv.Dir, "sa.key"),
+		"--root-ca-file=" + srv.CAFile(),
 		"--use-service-account-credentials=false",
-		"--v=1"); err != nil {
+		"--v=1",
+	}
+	if dual {
+		args[4], args[5] = "--cluster-cidr="+ClusterCIDR+","+ClusterCIDR6, "--node-cidr-mask-size-ipv4=24"
+		args = append(args, "--node-cidr-mask-size-ipv6=64")
+	}
+	if _, err := startDaemon(WireNS, filepath.Join(K8sDir, "kube-controller-manager"), filepath.Join(nodeBins, "kube-controller-manager"), args...); err != nil {
 		return err
 	}
 	_, err := startDaemon(WireNS, filepath.Join(K8sDir, "kube-scheduler"), filepath.Join(nodeBins, "kube-scheduler"),
@@ -420,4 +453,14 @@ func podSummary(ctx context.Context, c kubernetes.Interface, ns string) string {
 		b.WriteString("; ")
 	}
 	return b.String()
+}
+
+// nodePodCIDR6 is a Node's IPv6 entry of spec.podCIDRs ("" when none).
+func nodePodCIDR6(n *corev1.Node) string {
+	for _, c := range n.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is6() {
+			return p.String()
+		}
+	}
+	return ""
 }

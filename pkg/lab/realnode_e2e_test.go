@@ -87,29 +87,7 @@ func TestKubeletConfigFencesTheMachine(t *testing.T) {
 // no kube-proxy rule exists), names resolved by CoreDNS; the machine's
 // kernel tunables unchanged, and nothing left after lab down.
 func TestLabRealNodes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network, mount and PID namespaces, cgroups")
-	}
-	k8stest.RequireBins(t)
-	nodeBins := requireNodeBins(t)
-	testutil.RequireTools(t, "ip", "nsenter", "iptables-save")
-	bins := requireLabBins(t, "network namespaces")
-	root := repoRoot(t)
-	bins.Self = filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", bins.Self, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
-	// The archives of this tree's agent (and pause, agnhost, CoreDNS),
-	// where lab up finds them (make k8s-node-images writes the same).
-	imgs := exec.Command("go", "run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins)
-	imgs.Args = append(imgs.Args, NodeImages...) // what the test needs; ExtraNodeImages are for `make conformance`
-	imgs.Dir = root
-	if out, err := imgs.CombinedOutput(); err != nil {
-		t.Fatalf("lkimages: %v\n%s", err, out)
-	}
-
+	bins, nodeBins := realNodeTestBins(t)
 	before, err := ReadKernelTunables()
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +295,37 @@ func TestLabRealNodes(t *testing.T) {
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), "lanekit-node") {
 		t.Errorf("node mounts visible on the machine:\n%s", mi)
 	}
+}
+
+// realNodeTestBins skips t unless it can bring up the real-node lab (root,
+// the API server and node binaries), and writes this tree's image archives
+// where lab up finds them; it returns the lab binaries and the node
+// binaries' directory.
+func realNodeTestBins(t *testing.T) (Bins, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network, mount and PID namespaces, cgroups")
+	}
+	k8stest.RequireBins(t)
+	nodeBins := requireNodeBins(t)
+	testutil.RequireTools(t, "ip", "nsenter", "iptables-save")
+	bins := requireLabBins(t, "network namespaces")
+	root := repoRoot(t)
+	bins.Self = filepath.Join(t.TempDir(), "lanekit")
+	build := exec.Command("go", "build", "-o", bins.Self, "./cmd/lanekit")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lanekit: %v\n%s", err, out)
+	}
+	// The archives of this tree's agent (and pause, agnhost, CoreDNS),
+	// where lab up finds them (make k8s-node-images writes the same).
+	imgs := exec.Command("go", "run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins)
+	imgs.Args = append(imgs.Args, NodeImages...) // what the test needs; ExtraNodeImages are for `make conformance`
+	imgs.Dir = root
+	if out, err := imgs.CombinedOutput(); err != nil {
+		t.Fatalf("lkimages: %v\n%s", err, out)
+	}
+	return bins, nodeBins
 }
 
 // webHostPort is the web pods' hostPort (served by lanekit's BPF, no portmap).

@@ -80,11 +80,15 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 	// shims, their children); the ctr runs above waited for their own.
 	exited := make(chan int, 16)
 	go reapLoop(ctx, exited)
+	nodeIP := UnderlayIP(spec.Index)
+	if spec.NodeIP6 != "" {
+		nodeIP += "," + spec.NodeIP6 // dual-stack: an InternalIP of each family
+	}
 	kl, err := startNodeProc(env, filepath.Join(nodeMount, "kubelet.log"), filepath.Join(spec.NodeBins, "kubelet"),
 		"--config", filepath.Join(nodeMount, "etc", "kubelet.yaml"),
 		"--kubeconfig", filepath.Join(nodeMount, "etc", "kubeconfig"),
 		"--hostname-override", KubeNodeName(spec.Index),
-		"--node-ip", UnderlayIP(spec.Index),
+		"--node-ip", nodeIP,
 		"--v", "1")
 	if err != nil {
 		return err

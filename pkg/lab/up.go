@@ -94,7 +94,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if st.Dual() {
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.UnderlayIP6, n.PodCIDR6 = UnderlayIP6(i), PodCIDR6(i)
-			if err := buildNodeIPv6(ctx, i, cfg.Nodes); err != nil {
+			if err := buildNodeIPv6(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 		}

@@ -98,7 +98,15 @@ func cause(s specReport) string {
 	return fmt.Sprintf("%s (%s:%d)", strings.ReplaceAll(msg, "|", `\|`), loc, s.Failure.Location.LineNumber)
 }
 
-func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry, procs int) error {
+// runDesc describes the run in the report's head.
+type runDesc struct {
+	procs    int
+	skipFile string // the skip list's path
+	raw      string // the JSON report's path in the repository
+	ipFamily string // the lab's --ip-family
+}
+
+func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry, d runDesc) error {
 	if len(reps) == 0 {
 		return errors.New("empty report")
 	}
@@ -155,13 +163,17 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	p := func(f string, a ...any) { fmt.Fprintf(w, f+"\n", a...) }
 	p("# Upstream Kubernetes e2e tests on lanekit (`make conformance`)")
 	p("")
-	p("The real-node lab (`lanekit lab up --k8s --kubelet`: two nodes, each kubelet + containerd, lanekit installed")
+	up := "lanekit lab up --k8s --kubelet"
+	if d.ipFamily != "" && d.ipFamily != "ipv4" {
+		up += " --ip-family " + d.ipFamily
+	}
+	p("The real-node lab (`%s`: two nodes, each kubelet + containerd, lanekit installed", up)
 	p("with `kubectl apply -k deploy/`, **no kube-proxy**) against the upstream e2e binary, run by ginkgo.")
 	p("")
 	p("- Suite: %s; run %s, %s, %d ginkgo processes", r.SuiteDescription, r.StartTime.UTC().Format("2006-01-02 15:04 MST"),
-		r.EndTime.Sub(r.StartTime).Round(time.Second), procs)
-	p("- Focus: `%s`; skip list: `test/conformance/skip.txt`", focus.String())
-	p("- Raw report: `docs/conformance.json` (ginkgo's JSON report)")
+		r.EndTime.Sub(r.StartTime).Round(time.Second), d.procs)
+	p("- Focus: `%s`; skip list: `%s`", focus.String(), d.skipFile)
+	p("- Raw report: `%s` (ginkgo's JSON report)", d.raw)
 	p("")
 	p("| passed | failed | skipped (skip list) | skipped by the test | not run (run ended first) | not in focus |")
 	p("|---:|---:|---:|---:|---:|---:|")
@@ -207,14 +219,16 @@ func main() {
 	focus := flag.String("focus", `\[sig-network\]`, "the run's ginkgo --focus")
 	skipFile := flag.String("skip-file", "test/conformance/skip.txt", "the run's skip list")
 	procs := flag.Int("procs", 1, "the run's ginkgo processes")
+	raw := flag.String("raw", "docs/conformance.json", "the JSON report's path in the repository (named in the report)")
+	family := flag.String("ip-family", "ipv4", "the lab's --ip-family")
 	flag.Parse()
-	if err := run(*focus, *skipFile, *procs, flag.Args()); err != nil {
+	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family}, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "conformancereport:", err)
 		os.Exit(1)
 	}
 }
 
-func run(focus, skipFile string, procs int, args []string) error {
+func run(focus string, d runDesc, args []string) error {
 	if len(args) != 1 {
 		return errors.New("want one argument: ginkgo's JSON report")
 	}
@@ -222,7 +236,7 @@ func run(focus, skipFile string, procs int, args []string) error {
 	if err != nil {
 		return fmt.Errorf("-focus: %w", err)
 	}
-	sl, err := os.ReadFile(skipFile)
+	sl, err := os.ReadFile(d.skipFile)
 	if err != nil {
 		return err
 	}
@@ -238,5 +252,5 @@ func run(focus, skipFile string, procs int, args []string) error {
 	if err := json.Unmarshal(data, &reps); err != nil {
 		return fmt.Errorf("%s: %w", args[0], err)
 	}
-	return write(os.Stdout, reps, fre, skips, procs)
+	return write(os.Stdout, reps, fre, skips, d)
 }

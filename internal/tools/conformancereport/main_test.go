@@ -59,7 +59,7 @@ func TestWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := write(&b, reps, regexp.MustCompile(`\[sig-network\]`), skips, 4); err != nil {
+	if err := write(&b, reps, regexp.MustCompile(`\[sig-network\]`), skips, runDesc{procs: 4, skipFile: "test/conformance/skip.txt", raw: "docs/conformance.json"}); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
