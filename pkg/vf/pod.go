@@ -164,7 +164,12 @@ func CheckPod(p Pod, mac net.HardwareAddr) error {
 			return fmt.Errorf("check vf %s: %w", p.IfName, err)
 		}
 		for _, r := range rs {
-			if r.Dst == nil && r.Gw.Equal(endpoint.GatewayIP.AsSlice()) {
+			isDefault := r.Dst == nil
+			if r.Dst != nil {
+				ones, _ := r.Dst.Mask.Size()
+				isDefault = ones == 0
+			}
+			if isDefault && r.Gw.Equal(endpoint.GatewayIP.AsSlice()) {
 				return nil
 			}
 		}

@@ -38,8 +38,6 @@ type sent struct {
 func decode(t *testing.T, req *nl.NetlinkRequest) sent {
 	t.Helper()
 	b := req.Serialize()
-	hdr := (*unix.NlMsghdr)(nil)
-	_ = hdr
 	body := b[unix.SizeofNlMsghdr:]
 	ifi := nl.DeserializeIfInfomsg(body)
 	attrs, err := nl.ParseRouteAttr(body[unix.SizeofIfInfomsg:])
