@@ -46,3 +46,7 @@ func (localDevices) CheckNetns(path string) error {
 // NewAPIServer is the agent's API (the Agent gRPC service) as a value, for a
 // server that forwards to it on another transport (the DPU service).
 func NewAPIServer(a *Agent) apiv1.AgentServer { return &server{a: a} }
+
+// ProbeEncryption probes the kernel's ESP and WireGuard facilities (the DPU
+// agent's IPsec offload check uses the same probe as --encryption).
+func ProbeEncryption() EncryptionFeatures { return probeEncryption() }
