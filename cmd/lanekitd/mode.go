@@ -32,6 +32,7 @@ type modeFlags struct {
 	serverName string // host: the name in the DPU's certificate
 	hostID     string // host: this host's name in Hello
 	listen     string // dpu: where the link is served
+	dpuName    string // dpu: this DPU's name in Hello and Status
 	vfKind     string // dpu: veth (lab) or sriov
 	vfNetns    string // dpu, veth: the host's namespace
 	vfPF       string // dpu, sriov: the PF on the DPU; host: the PF whose VFs move
@@ -47,6 +48,7 @@ func (m *modeFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&m.serverName, "dpu-server-name", "", "host mode: the name the DPU's certificate carries (default: the host part of --dpu-addr)")
 	fs.StringVar(&m.hostID, "host-id", "", "host mode: this host's name as the DPU agent reports it (default: the hostname)")
 	fs.StringVar(&m.listen, "dpu-listen", "", "dpu mode: ADDR:PORT the host agent connects to")
+	fs.StringVar(&m.dpuName, "dpu-name", "", "dpu mode: this DPU's name as the host agent reports it (default: --node-name, else the hostname)")
 	fs.StringVar(&m.vfKind, "vf-kind", vf.KindSRIOV, "dpu mode: what a VF is: sriov (a VF of --vf-pf and its switchdev representor) or veth (a veth pair into --vf-host-netns; the lab)")
 	fs.StringVar(&m.vfNetns, "vf-host-netns", "", "dpu mode, --vf-kind veth: path of the host's network namespace")
 	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
@@ -147,6 +149,9 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 	node, _ := os.Hostname()
 	if cfg.NodeName != "" {
 		node = cfg.NodeName
+	}
+	if m.dpuName != "" {
+		node = m.dpuName
 	}
 	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log}
 	cfg.PodDevices = dpu.Representors{Reps: reps}

@@ -14,15 +14,16 @@ import (
 
 // The mixed lab (issue 28, `lab up --dpu-nodes N`): nodes 1..N get a DPU,
 // the others stay as they are. A DPU is a namespace lk-n<i>-d1 between the
-// node's namespace and the wire: its bridge lk-dbr joins the wire port
-// (eth0, where the datapath's uplink program runs, ahead of the bridge) and
-// the host's PF (lk-pf, the node's eth0 on the other end), so the node keeps
-// its underlay address and everything not for a pod passes through. The DPU
-// has its own address (DPUIP) for the host-DPU link and the routes to the
-// other nodes' pods; the DPU agent (lanekitd --mode dpu) owns the node's pod
-// CIDR and the BPF datapath, with VFs made as veth pairs into the node's
-// namespace; the node's agent is lanekitd --mode host. The link is mutual
-// TLS with certificates the lab makes (a CA per DPU).
+// node's namespace and the wire, a router like a SmartNIC's eswitch in
+// front of its host: the wire port eth0 (the datapath's uplink) carries the
+// DPU's own address (DPUIP) and answers ARP for the node's underlay address
+// (proxy ARP), the host's PF (lk-pf, the node's eth0 on the other end) has
+// the node's address routed to it. What is not for a pod passes through the
+// DPU's stack to the host; pods are the datapath's. The DPU agent (lanekitd
+// --mode dpu) owns the node's pod CIDR and the BPF datapath, with VFs made
+// as veth pairs into the node's namespace; the node's agent is lanekitd
+// --mode host. The link is mutual TLS with certificates the lab makes (a CA
+// per DPU).
 
 // DPU is a node's DPU in the lab state.
 type DPU struct {
@@ -33,10 +34,9 @@ type DPU struct {
 
 // DPU names and addresses.
 const (
-	DPUBridge = "lk-dbr"
-	DPUPF     = "lk-pf" // the host PF's representor on the DPU
-	DPUPort   = 7443    // the link's TCP port
-	maxDPUs   = 19
+	DPUPF   = "lk-pf" // the host PF's representor on the DPU
+	DPUPort = 7443    // the link's TCP port
+	maxDPUs = 19
 )
 
 // DPUNS is node i's DPU namespace.
@@ -86,9 +86,10 @@ func (cfg Config) checkDPU() error {
 
 // buildDPU puts a DPU between node i (built by buildNode) and the wire:
 // the node's wire port moves into the DPU as its PF representor, a new
-// wire port joins the DPU's bridge, and the DPU gets its address, the
-// routes to the other nodes' pods and the link's certificates. The node
-// routes its own pod CIDR through the DPU.
+// wire port becomes the DPU's uplink, and the DPU gets its address, proxy
+// ARP for the node, the routes to the node, its baseline pods and the other
+// nodes, and the link's certificates. The node routes its own pod CIDR
+// through the DPU.
 func buildDPU(ctx context.Context, i, n int) error {
 	d := DPUNS(i)
 	if err := addNetns(ctx, d); err != nil {
@@ -101,16 +102,18 @@ func buildDPU(ctx context.Context, i, n int) error {
 		{"-n", d, "link", "set", wirePort, "name", DPUPF},
 		{"link", "add", "name", Uplink, "netns", d, "type", "veth", "peer", "name", wirePort, "netns", WireNS},
 		{"-n", WireNS, "link", "set", wirePort, "master", WireBridge, "up"},
-		{"-n", d, "link", "add", DPUBridge, "type", "bridge"},
-		{"-n", d, "link", "set", Uplink, "master", DPUBridge, "up"},
-		{"-n", d, "link", "set", DPUPF, "master", DPUBridge, "up"},
-		{"-n", d, "addr", "add", DPUIP(i) + "/24", "dev", DPUBridge},
-		{"-n", d, "link", "set", DPUBridge, "up"},
+		{"-n", d, "addr", "add", DPUIP(i) + "/24", "dev", Uplink},
+		{"-n", d, "link", "set", Uplink, "up"},
+		{"-n", d, "link", "set", DPUPF, "up"},
+		{"-n", d, "route", "add", UnderlayIP(i) + "/32", "dev", DPUPF},
+		{"-n", d, "route", "add", BaseCIDR(i), "via", UnderlayIP(i), "dev", DPUPF},
 		{"-n", NodeNS(i), "route", "add", PodCIDR(i), "via", DPUIP(i), "dev", Uplink},
 	}
 	for j := 1; j <= n; j++ {
 		if j != i {
-			steps = append(steps, []string{"-n", d, "route", "add", PodCIDR(j), "via", UnderlayIP(j), "dev", DPUBridge})
+			steps = append(steps,
+				[]string{"-n", d, "route", "add", PodCIDR(j), "via", UnderlayIP(j), "dev", Uplink},
+				[]string{"-n", d, "route", "add", BaseCIDR(j), "via", UnderlayIP(j), "dev", Uplink})
 		}
 	}
 	for _, args := range steps {
@@ -118,8 +121,10 @@ func buildDPU(ctx context.Context, i, n int) error {
 			return fmt.Errorf("dpu %s: %w", d, err)
 		}
 	}
-	if err := sysctl(ctx, d, "net.ipv4.ip_forward", "1"); err != nil {
-		return fmt.Errorf("dpu %s: %w", d, err)
+	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv4.conf." + Uplink + ".proxy_arp", "net.ipv4.conf." + DPUPF + ".proxy_arp"} {
+		if err := sysctl(ctx, d, k, "1"); err != nil {
+			return fmt.Errorf("dpu %s: %w", d, err)
+		}
 	}
 	if err := os.MkdirAll(DPUDir(i), 0o755); err != nil {
 		return fmt.Errorf("dpu %s: %w", d, err)
@@ -140,7 +145,7 @@ func dpuAgentArgs(i int) []string {
 		"--state-dir", DPUDir(i) + "/state", "--socket", DPUSocket(i),
 		"--uplink", Uplink, "--pod-cidr", PodCIDR(i), "--node-addr", UnderlayIP(i),
 		"--bpf-dir", DPUBPFDir(i), "--socket-lb=false", "--service-health-checks=false",
-		"--vm-socket-dir", DPUDir(i) + "/vm",
+		"--vm-socket-dir", DPUDir(i) + "/vm", "--dpu-name", DPUNS(i),
 	}
 }
 
