@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -147,5 +148,36 @@ func TestSplitEndpointLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(podNS.Path()); err != nil {
 		t.Fatal(err)
+	}
+
+	// GC through the host: an endpoint whose attachment is not valid goes.
+	if _, err := api.AddEndpoint(ctx, &apiv1.AddEndpointRequest{Attachment: at, Netns: podNS.Path()}); err != nil {
+		t.Fatalf("add again: %v", err)
+	}
+	gc, err := api.GC(ctx, &apiv1.GCRequest{})
+	if err != nil || len(gc.GetRemoved()) != 1 {
+		t.Fatalf("gc: %v %v, want the endpoint removed", gc, err)
+	}
+	if ids, _ := dp.Endpoints(); len(ids) != 0 {
+		t.Errorf("datapath endpoints %v after GC", ids)
+	}
+
+	// Reconcile: a pod whose namespace went away while the link was down
+	// is deleted on the DPU when the host reconciles.
+	gone := netnstest.New(t, "dpugone")
+	at2 := &apiv1.Attachment{ContainerId: "ctr-gone", Ifname: "eth0"}
+	if _, err := api.AddEndpoint(ctx, &apiv1.AddEndpointRequest{Attachment: at2, Netns: gone.Path()}); err != nil {
+		t.Fatalf("add: %v", err)
+	}
+	if out, err := exec.Command("ip", "netns", "del", netnstest.Name("dpugone")).CombinedOutput(); err != nil {
+		t.Fatalf("delete the pod's netns: %v %s", err, out)
+	}
+	n, err := h.Reconcile(ctx)
+	exec.Command("ip", "netns", "add", netnstest.Name("dpugone")).Run() // for the cleanup
+	if err != nil || n != 1 {
+		t.Fatalf("reconcile: deleted %d (%v), want 1", n, err)
+	}
+	if ids, _ := dp.Endpoints(); len(ids) != 0 {
+		t.Errorf("datapath endpoints %v after reconcile", ids)
 	}
 }
