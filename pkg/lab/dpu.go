@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/dpu"
 )
 
@@ -209,4 +210,28 @@ func upDPUAgent(ctx context.Context, cfg Config, st *State, n *Node) error {
 		progress(cfg.Out, "lab: DPU agent on %s pid %d (%s:%d), socket %s", DPUNS(n.Index), pid, DPUIP(n.Index), DPUPort, DPUSocket(n.Index))
 	}
 	return err
+}
+
+// dpuRows marks the bench's lanekit-pod row when node 1 has a DPU (its
+// sender's datapath runs there) and, with a third node, adds the same row
+// between two plain nodes (node 2 -> node 3) to set next to it.
+func (s *State) dpuRows(paths []bench.Path) []bench.Path {
+	if len(s.Nodes) < 2 || s.Nodes[0].DPU == nil {
+		return paths
+	}
+	for i := range paths {
+		if paths[i].Name == "lanekit-pod" {
+			paths[i].Note = fmt.Sprintf("from %s, whose datapath runs on its DPU %s", s.Nodes[0].NS, s.Nodes[0].DPU.NS)
+		}
+	}
+	if len(s.Nodes) < 3 || s.Nodes[1].DPU != nil || s.Nodes[2].DPU != nil {
+		return paths
+	}
+	c, okc := firstPod(s.Nodes[1], KindLanekit)
+	sv, oks := firstPod(s.Nodes[2], KindLanekit)
+	if okc && oks {
+		paths = append(paths, bench.Path{Name: "lanekit-pod-plain", ClientNS: c.NS, ServerNS: sv.NS, ServerIP: sv.IP,
+			Includes: IncludesLanekitPod, Note: fmt.Sprintf("%s -> %s, plain nodes: next to lanekit-pod from the DPU node", s.Nodes[1].NS, s.Nodes[2].NS)})
+	}
+	return paths
 }
