@@ -125,6 +125,12 @@ func TestDPULab(t *testing.T) {
 		if _, err := lk(t, "lab", "down"); err != nil {
 			t.Errorf("lab down: %v", err)
 		}
+		if netnsExists(DPUNS(1)) {
+			t.Errorf("lab down left %s", DPUNS(1))
+		}
+		if _, err := os.Stat(DPUBPFDir(1)); err == nil {
+			t.Errorf("lab down left the DPU's pins %s", DPUBPFDir(1))
+		}
 	})
 	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--dpu-nodes", "1"); err != nil {
 		t.Fatalf("lab up: %v", err)
