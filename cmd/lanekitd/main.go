@@ -42,6 +42,7 @@ func run(args []string) error {
 		verbose bool
 		metrics string
 		kube    kubeFlags
+		mode    modeFlags // --mode host|dpu (mode.go)
 
 		cgroupRoot string
 		sockLB     bool
@@ -56,6 +57,7 @@ func run(args []string) error {
 		return nil
 	})
 	kube.addFlags(fs)
+	mode.addFlags(fs)
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
@@ -143,6 +145,12 @@ func run(args []string) error {
 	if err := kube.validate(); err != nil {
 		return err
 	}
+	if err := mode.validate(); err != nil {
+		return err
+	}
+	if mode.mode == modeHost {
+		return runHost(mode, cfg.Socket, newLogger(logJSON, verbose))
+	}
 	cidr4, cidr6, err := splitPodCIDRs(podCIDRs)
 	if err != nil {
 		return fmt.Errorf("--pod-cidr: %w", err)
@@ -163,16 +171,7 @@ func run(args []string) error {
 		cfg.SockLBCgroup = cgroupRoot
 	}
 
-	level := slog.LevelInfo
-	if verbose {
-		level = slog.LevelDebug
-	}
-	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewJSONHandler(os.Stderr, opts)
-	if !logJSON {
-		h = slog.NewTextHandler(os.Stderr, opts)
-	}
-	log := slog.New(h)
+	log := newLogger(logJSON, verbose)
 	// client-go logs through klog: into the agent's log.
 	klog.SetSlogLogger(log.With("component", "client-go"))
 
@@ -230,10 +229,20 @@ func run(args []string) error {
 		observe.NewServer(observe.NewHub(observe.Options{
 			Open: observe.OpenPinned(cfg.BPFDir), Endpoints: a, Log: log})).Register(srv)
 	}
+	dpuLink, err := mode.setupDPU(&cfg, log)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	a, err = agent.New(cfg, log)
 	if err != nil {
 		return err
+	}
+	if dpuLink != nil {
+		if err := dpuLink.serve(ctx, a, log, stop); err != nil {
+			a.Close()
+			return err
+		}
 	}
 	if m != nil {
 		m.ObserveStartup(time.Since(start))
@@ -268,6 +277,19 @@ func run(args []string) error {
 		log.Info("stopped")
 	}
 	return runErr
+}
+
+func newLogger(logJSON, verbose bool) *slog.Logger {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(os.Stderr, opts)
+	if !logJSON {
+		h = slog.NewTextHandler(os.Stderr, opts)
+	}
+	return slog.New(h)
 }
 
 // startMetrics registers the agent with the metrics registry and serves it.

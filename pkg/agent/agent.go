@@ -108,6 +108,12 @@ type Config struct {
 	TunnelNodes []datapath.TunnelNode
 	// Encryption: EncryptionNone ("" too); anything else is refused.
 	Encryption string
+	// PodDevices creates pod endpoints' devices; nil: pairs in the pod's
+	// namespace (poddevices.go). The DPU agent's are VF representors.
+	PodDevices PodDevices
+	// DatapathLocation says in Status where the datapath runs for whom;
+	// nil: "local".
+	DatapathLocation func() string
 }
 
 // Agent is one node's agent.
@@ -118,6 +124,7 @@ type Agent struct {
 	ipam  *ipam.IPAM
 	ipam6 *ipam.IPAM // nil without Config.PodCIDR6
 	host  *netdev.Host
+	devs  PodDevices // pod endpoints' devices (poddevices.go)
 	dp    datapath.Datapath
 	// backend names the datapath in Status: "bpf", or "test" for an
 	// injected one.
@@ -209,6 +216,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}()
 	if a.host, err = netdev.NewHost(cfg.HostNetns); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if a.devs = cfg.PodDevices; a.devs == nil {
+		a.devs = localDevices{a.host}
 	}
 	if err := a.host.EnableForwarding(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
@@ -427,7 +437,7 @@ func (a *Agent) adopt() error {
 // socket file and records go; sweep removes its datapath state.
 func (a *Agent) rollback(ep *endpoint.Endpoint) error {
 	a.log.Info("rolling back unfinished add", "id", ep.ID, "attachment", ep.Key(), "dev", ep.HostIfName)
-	if err := a.host.DeletePod(ep.HostIfName); err != nil {
+	if err := a.devs.DeletePod(ep.HostIfName); err != nil {
 		return fmt.Errorf("roll back %s: %w", ep.Key(), err)
 	}
 	if ep.VM != nil && ep.VM.Socket != "" {

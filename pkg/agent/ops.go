@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -56,13 +55,8 @@ func (a *Agent) validateAdd(req *AddRequest) error {
 	if err := endpoint.Validate(req.ContainerID, req.IfName); err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
-	if req.Netns == "" {
-		return fmt.Errorf("netns is empty: %w", ErrBadNetns)
-	}
-	if fi, err := os.Stat(req.Netns); err != nil {
-		return fmt.Errorf("netns %s: %w: %w", req.Netns, err, ErrBadNetns)
-	} else if fi.IsDir() {
-		return fmt.Errorf("netns %s is a directory: %w", req.Netns, ErrBadNetns)
+	if err := a.devs.CheckNetns(req.Netns); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrBadNetns)
 	}
 	if req.MTU == 0 {
 		req.MTU = a.mtu
@@ -182,16 +176,16 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	crashAt(StepIntent)
 
 	// A device with our name and no record is left from a crash mid-ADD.
-	if err := a.host.DeletePod(hostIf); err != nil {
+	if err := a.devs.DeletePod(hostIf); err != nil {
 		return nil, fmt.Errorf("add %s: remove stale device: %w", key, err)
 	}
-	links, err := a.host.SetupPod(netdev.PodSpec{
+	links, err := a.devs.SetupPod(netdev.PodSpec{
 		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ep.IP, IP6: ep.IP6, MTU: req.MTU,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
 	}
-	undo = append(undo, func() error { return a.host.DeletePod(hostIf) })
+	undo = append(undo, func() error { return a.devs.DeletePod(hostIf) })
 	crashAt(StepDevice)
 
 	ep.HostIfIndex, ep.IfIndex = links.HostIfIndex, links.IfIndex
@@ -263,7 +257,7 @@ func (a *Agent) del(key, hostIf string) (bool, error) {
 		}
 		hostIf = ep.HostIfName
 	}
-	if err := a.host.DeletePod(hostIf); err != nil {
+	if err := a.devs.DeletePod(hostIf); err != nil {
 		return ok, fmt.Errorf("del %s: %w", key, err)
 	}
 	if err := a.forget(key, ep.ID); err != nil {
@@ -323,8 +317,8 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 	if netns != "" && netns != ep.Netns {
 		return nil, fmt.Errorf("check %s: endpoint is in netns %s, not %s: %w", key, ep.Netns, netns, ErrConflict)
 	}
-	if _, err := os.Stat(ep.Netns); err != nil {
-		return nil, fmt.Errorf("check %s: netns: %w: %w", key, err, ErrBadNetns)
+	if err := a.devs.CheckNetns(ep.Netns); err != nil {
+		return nil, fmt.Errorf("check %s: %w: %w", key, err, ErrBadNetns)
 	}
 	links := netdev.PodLinks{HostIfIndex: ep.HostIfIndex, IfIndex: ep.IfIndex}
 	if ep.MAC != "" {
@@ -333,7 +327,7 @@ func (a *Agent) Check(containerID, ifname, netns string) (*endpoint.Endpoint, er
 		}
 	}
 	spec := netdev.PodSpec{Mode: ep.Mode, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: ep.Netns, IP: ep.IP, IP6: ep.IP6, MTU: ep.MTU}
-	if err := a.host.CheckPod(spec, links); err != nil {
+	if err := a.devs.CheckPod(spec, links); err != nil {
 		return nil, fmt.Errorf("check %s: %w", key, err)
 	}
 	ids, err := a.dp.Endpoints()

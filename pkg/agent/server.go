@@ -275,10 +275,14 @@ func (s *server) Status(context.Context, *apiv1.StatusRequest) (*apiv1.StatusRes
 		return nil, statusErr(err)
 	}
 	f := st.Features
+	location := "local"
+	if s.a.cfg.DatapathLocation != nil {
+		location = s.a.cfg.DatapathLocation()
+	}
 	return &apiv1.StatusResponse{
 		Version: st.Version,
 		Datapath: &apiv1.DatapathStatus{
-			Backend: st.Backend, Location: "local",
+			Backend: st.Backend, Location: location,
 			DeviceMode: string(st.DeviceMode), DeviceModeReason: st.DeviceModeReason,
 			CounterEntries: uint32(st.MetricsEntries), CounterCapacity: uint32(st.MetricsCapacity),
 			CounterUpdatesLost: st.MetricsLost,

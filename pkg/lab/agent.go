@@ -51,7 +51,7 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 		return 0, err
 	}
 	// startDaemon writes AgentLog(i) and AgentPIDFile(i): base NodeDir(i)/agent.
-	pid, err := startDaemonIn(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), append(agentArgs(i, k8s), labRoutingArgs(i)...)...)
+	pid, err := startDaemonIn(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgsFor(i, k8s)...)
 	if err != nil {
 		return pid, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
 	}

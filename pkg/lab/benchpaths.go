@@ -71,7 +71,7 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: TCGNote, Includes: row.includes})
 		}
 	}
-	return s.routingRows(paths), skipped
+	return s.routingRows(s.dpuRows(paths)), skipped
 }
 
 // What each row's traffic goes through between the two endpoints (the

@@ -55,6 +55,8 @@ type Config struct {
 	// tunnel.go.
 	Routing  string
 	Underlay string
+	// DPUNodes: nodes 1..DPUNodes get a DPU (dpu.go).
+	DPUNodes int
 	Bins     Bins
 	Out      io.Writer // progress lines
 }
@@ -94,6 +96,8 @@ type Node struct {
 	// UnderlayIP6 and PodCIDR6: a dual-stack lab's IPv6 side.
 	UnderlayIP6 string `json:"underlay_ip6,omitempty"`
 	PodCIDR6    string `json:"pod_cidr6,omitempty"`
+	// DPU: the node's DPU, if it has one (dpu.go).
+	DPU *DPU `json:"dpu,omitempty"`
 }
 
 // Pod is one pod namespace.

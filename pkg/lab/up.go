@@ -28,6 +28,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.checkRouting(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if err := cfg.checkDPU(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if cfg.K8s && cfg.BaselineOnly {
 		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
@@ -91,6 +94,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := buildN(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
+		if i <= cfg.DPUNodes {
+			progress(cfg.Out, "lab: DPU %s (%s) between %s and the wire", DPUNS(i), DPUIP(i), NodeNS(i))
+			if err := buildDPU(ctx, i, cfg.Nodes); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
+		}
 		if st.Dual() {
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.UnderlayIP6, n.PodCIDR6 = UnderlayIP6(i), PodCIDR6(i)
@@ -121,6 +130,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if !cfg.BaselineOnly {
 		for k := range st.Nodes {
 			n := &st.Nodes[k]
+			if err := upDPUAgent(ctx, cfg, st, n); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
 			pid, err := startAgent(ctx, cfg.Bins, n.Index, cfg.K8s)
 			n.AgentPID = pid
 			if serr := st.save(); serr != nil && err == nil {

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/dpu"
+	"github.com/lanekit/lanekit/pkg/vf"
+)
+
+// Where the datapath runs (--mode): here (local, the default), on this
+// node's DPU (host: this agent only answers the CNI plugin and moves VFs
+// into pods) or here for a host (dpu: this agent runs on the DPU).
+const (
+	modeLocal = "local"
+	modeHost  = "host"
+	modeDPU   = "dpu"
+)
+
+type modeFlags struct {
+	mode       string
+	tls        dpu.TLSFiles
+	dpuAddr    string // host: the DPU agent's link
+	serverName string // host: the name in the DPU's certificate
+	hostID     string // host: this host's name in Hello
+	listen     string // dpu: where the link is served
+	dpuName    string // dpu: this DPU's name in Hello and Status
+	vfKind     string // dpu: veth (lab) or sriov
+	vfNetns    string // dpu, veth: the host's namespace
+	vfPF       string // dpu, sriov: the PF on the DPU; host: the PF whose VFs move
+	ipsec      string // dpu: --ipsec-offload
+}
+
+func (m *modeFlags) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&m.mode, "mode", modeLocal, "where the datapath runs: local (this node), host (on this node's DPU: serve the CNI plugin, move VFs into pods) or dpu (this agent runs on a DPU for its host)")
+	fs.StringVar(&m.tls.Cert, "tls-cert", "", "host/dpu mode: this side's certificate (PEM) for the host-DPU link (mutual TLS)")
+	fs.StringVar(&m.tls.Key, "tls-key", "", "host/dpu mode: the certificate's key (PEM)")
+	fs.StringVar(&m.tls.CA, "tls-ca", "", "host/dpu mode: the CA that signed the other side's certificate")
+	fs.StringVar(&m.dpuAddr, "dpu-addr", "", "host mode: HOST:PORT of the DPU agent's link")
+	fs.StringVar(&m.serverName, "dpu-server-name", "", "host mode: the name the DPU's certificate carries (default: the host part of --dpu-addr)")
+	fs.StringVar(&m.hostID, "host-id", "", "host mode: this host's name as the DPU agent reports it (default: the hostname)")
+	fs.StringVar(&m.listen, "dpu-listen", "", "dpu mode: ADDR:PORT the host agent connects to")
+	fs.StringVar(&m.dpuName, "dpu-name", "", "dpu mode: this DPU's name as the host agent reports it (default: --node-name, else the hostname)")
+	fs.StringVar(&m.vfKind, "vf-kind", vf.KindSRIOV, "dpu mode: what a VF is: sriov (a VF of --vf-pf and its switchdev representor) or veth (a veth pair into --vf-host-netns; the lab)")
+	fs.StringVar(&m.vfNetns, "vf-host-netns", "", "dpu mode, --vf-kind veth: path of the host's network namespace")
+	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
+	fs.StringVar(&m.ipsec, "ipsec-offload", dpu.IPsecOffloadOff, "dpu mode: node-to-node IPsec on the DPU (on is refused: probed, not implemented)")
+}
+
+func (m *modeFlags) validate() error {
+	switch m.mode {
+	case modeLocal:
+		return nil
+	case modeHost:
+		if m.dpuAddr == "" {
+			return errors.New("--mode host needs --dpu-addr")
+		}
+	case modeDPU:
+		if m.listen == "" {
+			return errors.New("--mode dpu needs --dpu-listen")
+		}
+		switch m.vfKind {
+		case vf.KindVeth:
+			if m.vfNetns == "" {
+				return errors.New("--vf-kind veth needs --vf-host-netns")
+			}
+		case vf.KindSRIOV:
+			if m.vfPF == "" {
+				return errors.New("--vf-kind sriov needs --vf-pf")
+			}
+		default:
+			return fmt.Errorf("--vf-kind %q: want sriov or veth", m.vfKind)
+		}
+	default:
+		return fmt.Errorf("--mode %q: want local, host or dpu", m.mode)
+	}
+	if m.tls.Cert == "" || m.tls.Key == "" || m.tls.CA == "" {
+		return fmt.Errorf("--mode %s needs --tls-cert, --tls-key and --tls-ca (the link is mutual TLS)", m.mode)
+	}
+	return nil
+}
+
+// runHost is lanekitd --mode host: the agent API for the CNI plugin on
+// socket, endpoints on the DPU.
+func runHost(m modeFlags, socket string, log *slog.Logger) error {
+	name := m.serverName
+	if name == "" {
+		host, _, err := net.SplitHostPort(m.dpuAddr)
+		if err != nil {
+			return fmt.Errorf("--dpu-addr: %w", err)
+		}
+		name = host
+	}
+	tc, err := dpu.ClientTLS(m.tls, name)
+	if err != nil {
+		return err
+	}
+	id := m.hostID
+	if id == "" {
+		id, _ = os.Hostname()
+	}
+	h, err := dpu.NewHost(dpu.HostConfig{Socket: socket, DPUAddr: m.dpuAddr, TLS: tc, Name: id, Version: agent.Version,
+		VFPF: m.vfPF, Log: log})
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return h.Run(ctx)
+}
+
+// dpuSide is the DPU mode's link server, set up before the agent starts.
+type dpuSide struct {
+	srv *dpu.Server
+	lis net.Listener
+	m   modeFlags
+}
+
+// setupDPU configures the agent for DPU mode: representor pod devices,
+// veth device mode, the location in Status; it listens on the link's
+// address (refused early when taken) and checks --ipsec-offload.
+func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, error) {
+	if m.mode != modeDPU {
+		return nil, nil
+	}
+	if err := dpu.CheckIPsecOffload(m.ipsec, agent.ProbeEncryption().IPsec); err != nil {
+		return nil, err
+	}
+	var reps vf.Representors
+	switch m.vfKind {
+	case vf.KindVeth:
+		reps = vf.Veth{HostNetns: m.vfNetns}
+	default:
+		reps = vf.SRIOV{PF: m.vfPF}
+	}
+	if cfg.DeviceMode != agent.DeviceAuto && cfg.DeviceMode != "veth" {
+		return nil, fmt.Errorf("--mode dpu: representors are veth-like devices, not --device-mode %s", cfg.DeviceMode)
+	}
+	cfg.DeviceMode = "veth"
+	node, _ := os.Hostname()
+	if cfg.NodeName != "" {
+		node = cfg.NodeName
+	}
+	if m.dpuName != "" {
+		node = m.dpuName
+	}
+	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log}
+	cfg.PodDevices = dpu.Representors{Reps: reps}
+	cfg.DatapathLocation = s.Location
+	lis, err := net.Listen("tcp", m.listen)
+	if err != nil {
+		return nil, fmt.Errorf("--dpu-listen: %w", err)
+	}
+	return &dpuSide{srv: s, lis: lis, m: m}, nil
+}
+
+// serve runs the link for agent a until ctx is done.
+func (d *dpuSide) serve(ctx context.Context, a *agent.Agent, log *slog.Logger, failed func()) error {
+	tc, err := dpu.ServerTLS(d.m.tls)
+	if err != nil {
+		d.lis.Close()
+		return err
+	}
+	d.srv.API = agent.NewAPIServer(a)
+	go func() {
+		if err := d.srv.ServeListener(ctx, d.lis, tc); err != nil {
+			log.Error("DPU link stopped", "err", err)
+			failed()
+		}
+	}()
+	return nil
+}

@@ -1,0 +1,167 @@
+package dpu
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/vf"
+)
+
+// Server is the DPU agent's side of the link: the DPU service (endpoints
+// with their VFs, Hello) and the agent API (Services, policy, status) on
+// TCP with mutual TLS.
+type Server struct {
+	apiv1.UnimplementedDPUServer
+	API     apiv1.AgentServer // agent.NewAPIServer of the DPU's agent
+	Reps    vf.Representors
+	Node    string // this DPU's name in Hello
+	Version string
+	Log     *slog.Logger
+
+	started time.Time
+	mu      sync.Mutex
+	host    string // the last host that said Hello, and its certificate's name
+	hostCN  string
+	seen    time.Time
+}
+
+// Serve listens on addr with tlsCfg (ServerTLS) until ctx is done.
+func (s *Server) Serve(ctx context.Context, addr string, tlsCfg *tls.Config) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("dpu listen %s: %w", addr, err)
+	}
+	return s.ServeListener(ctx, lis, tlsCfg)
+}
+
+// ServeListener serves on lis (tests pick the port).
+func (s *Server) ServeListener(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
+	s.started = time.Now()
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
+	apiv1.RegisterDPUServer(srv, s)
+	apiv1.RegisterAgentServer(srv, s.API)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	s.logger().Info("serving the DPU link", "addr", lis.Addr().String())
+	select {
+	case <-ctx.Done():
+		srv.Stop()
+		<-errc
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("dpu serve %s: %w", lis.Addr(), err)
+	}
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.Default()
+	}
+	return s.Log
+}
+
+// Location is what the DPU agent's Status says about where the datapath
+// runs and the host it serves.
+func (s *Server) Location() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.host == "" {
+		return fmt.Sprintf("dpu %s: no host agent has connected", s.Node)
+	}
+	return fmt.Sprintf("dpu %s for host %s (certificate %q), last hello %s ago", s.Node, s.host, s.hostCN,
+		time.Since(s.seen).Round(time.Second))
+}
+
+// Hello records the host and reports the DPU's state.
+func (s *Server) Hello(ctx context.Context, req *apiv1.HelloRequest) (*apiv1.HelloResponse, error) {
+	cn := ""
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			cn = ti.State.PeerCertificates[0].Subject.CommonName
+		}
+	}
+	s.mu.Lock()
+	if s.host != req.GetHost() {
+		s.logger().Info("host agent connected", "host", req.GetHost(), "cert", cn, "version", req.GetVersion())
+	}
+	s.host, s.hostCN, s.seen = req.GetHost(), cn, time.Now()
+	s.mu.Unlock()
+	st, err := s.API.Status(ctx, &apiv1.StatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.HelloResponse{
+		Node: s.Node, Version: s.Version, PodCidr: st.GetPodCidr(), Ready: st.GetReady(), Reason: st.GetReason(),
+		EndpointCount: st.GetEndpointCount(), VfKind: s.Reps.Kind(), StartedUnix: s.started.Unix(),
+		Mtu: st.GetRouting().GetPodMtu(),
+	}, nil
+}
+
+// vfOf describes the VF of an endpoint (interfaces[0] is the representor,
+// interfaces[1] the VF).
+func (s *Server) vfOf(ep *apiv1.Endpoint) *apiv1.VF {
+	ifs := ep.GetInterfaces()
+	if len(ifs) < 2 {
+		return nil
+	}
+	mac, _ := net.ParseMAC(ifs[1].GetMac())
+	v := s.Reps.Describe(ifs[0].GetName(), mac)
+	return &apiv1.VF{Kind: v.Kind, Index: v.Index, HostName: v.HostName, Mac: ifs[1].GetMac(), Representor: v.Representor}
+}
+
+// CreateEndpoint adds the endpoint through the agent (address, VF and
+// representor, datapath entry) and says which VF the host moves.
+func (s *Server) CreateEndpoint(ctx context.Context, req *apiv1.AddEndpointRequest) (*apiv1.DPUEndpoint, error) {
+	if req.GetKind() == apiv1.EndpointKind_ENDPOINT_KIND_VM {
+		return nil, status.Error(codes.Unimplemented, "VM endpoints on a DPU node are not supported yet")
+	}
+	resp, err := s.API.AddEndpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.DPUEndpoint{Endpoint: resp.GetEndpoint(), Vf: s.vfOf(resp.GetEndpoint())}, nil
+}
+
+// DeleteEndpoint removes the endpoint and gives its VF back.
+func (s *Server) DeleteEndpoint(ctx context.Context, req *apiv1.DelEndpointRequest) (*apiv1.DelEndpointResponse, error) {
+	return s.API.DelEndpoint(ctx, req)
+}
+
+// CheckEndpoint checks the DPU side of an endpoint.
+func (s *Server) CheckEndpoint(ctx context.Context, req *apiv1.CheckEndpointRequest) (*apiv1.DPUEndpoint, error) {
+	resp, err := s.API.CheckEndpoint(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.DPUEndpoint{Endpoint: resp.GetEndpoint(), Vf: s.vfOf(resp.GetEndpoint())}, nil
+}
+
+// ListEndpoints lists the endpoints with their VFs and counters.
+func (s *Server) ListEndpoints(ctx context.Context, req *apiv1.ListEndpointsRequest) (*apiv1.ListDPUEndpointsResponse, error) {
+	resp, err := s.API.ListEndpoints(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListDPUEndpointsResponse{}
+	for _, ep := range resp.GetEndpoints() {
+		out.Endpoints = append(out.Endpoints, &apiv1.DPUEndpoint{Endpoint: ep, Vf: s.vfOf(ep)})
+	}
+	return out, nil
+}
+
+// GC removes the endpoints of attachments the host no longer has.
+func (s *Server) GC(ctx context.Context, req *apiv1.GCRequest) (*apiv1.GCResponse, error) {
+	return s.API.GC(ctx, req)
+}
