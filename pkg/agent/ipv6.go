@@ -10,9 +10,10 @@ import (
 	"github.com/lanekit/lanekit/pkg/store"
 )
 
-// IPv6 for pods (issue 25): with Config.PodCIDR6 every pod endpoint gets an
-// address of each family. VMs stay IPv4-only for now (their IPv6 is dropped
-// as unsupported-l3). NetworkPolicy covers both families (an endpoint's IPv6
+// IPv6 for pods and VMs (issue 25): with Config.PodCIDR6 every pod and VM
+// endpoint gets an address of each family (a VM's guest configures its
+// IPv6 address from the VM's API form, the endpoint's second IP config).
+// NetworkPolicy covers both families (an endpoint's IPv6
 // address has its identity: netpolicy.go; the node's IPv6 addresses are the
 // host identity: hostaddrs.go).
 

@@ -119,3 +119,76 @@ func TestDualStackEndpoint(t *testing.T) {
 		t.Fatalf("IPv4 allocations after DEL: %v %v", al, err)
 	}
 }
+
+// TestDualStackVM: with an IPv6 pod CIDR a VM endpoint gets an address of
+// each family like a pod: the IPv6 one on its device in the VM's netns, a
+// /128 route to the host end, in the datapath's endpoint (lk_endpoints6:
+// the NDP responder and routing know the VM), and in the VM's API form (the
+// second IP config, which the lab's guest configures); DelVM frees both.
+func TestDualStackVM(t *testing.T) {
+	fx := newFixture(t)
+	fake := newFake()
+	a, err := New(Config{
+		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd00:77::/64"),
+		MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return fake, nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	vmNS := netnstest.New(t, "avm6")
+	v, err := a.AddVM(AddVMRequest{Name: "vm6", Netns: vmNS.Path(), Queues: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := v.Endpoint
+	if ep.IP.String() != "10.77.0.1" || ep.IP6.String() != "fd00:77::1" {
+		t.Fatalf("vm addresses %v %v, want 10.77.0.1 fd00:77::1", ep.IP, ep.IP6)
+	}
+	if n := len(fake.upserts); n == 0 || fake.upserts[n-1].IP6 != ep.IP6 {
+		t.Fatalf("datapath got %+v, want the VM's IPv6 address", fake.upserts)
+	}
+	vmNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_V6)
+		found := false
+		for _, ad := range addrs {
+			if ones, _ := ad.Mask.Size(); ad.IP.Equal(ep.IP6.AsSlice()) && ones == 128 {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("vm eth0 lacks %s/128: %v", ep.IP6, addrs)
+		}
+		return nil
+	})
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(ep.HostIfName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes, _ := netlink.RouteList(l, netlink.FAMILY_V6)
+		for _, r := range routes {
+			if r.Dst != nil && r.Dst.String() == ep.IP6.String()+"/128" {
+				return nil
+			}
+		}
+		t.Errorf("host end %s has no route to %s/128: %+v", ep.HostIfName, ep.IP6, routes)
+		return nil
+	})
+	pv := VMToProto(v)
+	if ips := pv.GetEndpoint().GetIps(); len(ips) != 2 || ips[1].Address != "fd00:77::1/128" || ips[1].Gateway != "fe80::1" {
+		t.Errorf("VM API addresses %v", ips)
+	}
+	if _, err := a.DelVM("vm6"); err != nil {
+		t.Fatal(err)
+	}
+	if al, err := a.ipam6.Allocations(); err != nil || len(al) != 0 {
+		t.Fatalf("IPv6 allocations after DelVM: %v %v", al, err)
+	}
+}

@@ -201,6 +201,9 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
 			return err
 		}
+		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go
+			return err
+		}
 		if ep.ID, err = allocIDTx(tx, key); err != nil {
 			return err
 		}
@@ -231,7 +234,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	}
 	links, err := a.host.SetupPod(netdev.PodSpec{
 		Mode: datapath.ModeVeth, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: req.Netns,
-		IP: ep.IP, MTU: req.MTU, Queues: req.Queues, MAC: mac,
+		IP: ep.IP, IP6: ep.IP6, MTU: req.MTU, Queues: req.Queues, MAC: mac,
 		// A device not named eth0 sits beside the pod's own (KubeVirt's
 		// virt-launcher): the pod keeps its routes.
 		NoRoutes: req.IfName != endpoint.VMIfName,
