@@ -192,3 +192,66 @@ func TestDualStackVM(t *testing.T) {
 		t.Fatalf("IPv6 allocations after DelVM: %v %v", al, err)
 	}
 }
+
+// TestIPv6OnlyEndpoint: a node with only an IPv6 pod CIDR (an IPv6-only
+// node) gives a pod only an IPv6 address: none of IPv4 on its device or in
+// the datapath's endpoint, the IPv6 /128 with its default route, CHECK
+// passes, the API (CNI) form lists the IPv6 address, gateway and route
+// alone; DEL frees it.
+func TestIPv6OnlyEndpoint(t *testing.T) {
+	fx := newFixture(t)
+	fake := newFake()
+	a, err := New(Config{
+		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
+		PodCIDR6: netip.MustParsePrefix("fd00:78::/64"), MTU: 1400, HostNetns: fx.nodeNS.Path(),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return fake, nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	pod := netnstest.New(t, "apod6only")
+	ep, err := a.Add(AddRequest{ContainerID: "c6o", IfName: "eth0", Netns: pod.Path(), Network: "lk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.IP.IsValid() || ep.IP6.String() != "fd00:78::1" {
+		t.Fatalf("addresses %v %v, want none and fd00:78::1", ep.IP, ep.IP6)
+	}
+	if len(fake.upserts) != 1 || fake.upserts[0].IP.IsValid() || fake.upserts[0].IP6 != ep.IP6 {
+		t.Fatalf("datapath got %+v", fake.upserts)
+	}
+	pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4); len(addrs) != 0 {
+			t.Errorf("pod eth0 has IPv4 addresses on an IPv6-only node: %v", addrs)
+		}
+		if routes, _ := netlink.RouteList(l, netlink.FAMILY_V4); len(routes) != 0 {
+			t.Errorf("pod eth0 has IPv4 routes on an IPv6-only node: %v", routes)
+		}
+		return nil
+	})
+	if _, err := a.Check("c6o", "eth0", pod.Path()); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	pe := EndpointToProto(ep)
+	if len(pe.Ips) != 1 || pe.Ips[0].Address != "fd00:78::1/128" || pe.Ips[0].Gateway != "fe80::1" {
+		t.Errorf("API addresses %v", pe.Ips)
+	}
+	if len(pe.Routes) != 1 || pe.Routes[0].Dst != "::/0" {
+		t.Errorf("API routes %v", pe.Routes)
+	}
+	st, err := a.Status()
+	if err != nil || st.PodCIDR.String() != "fd00:78::/64" {
+		t.Errorf("status pod CIDR %v (%v), want the IPv6 one", st.PodCIDR, err)
+	}
+	if _, err := a.Del("c6o", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if al, err := a.ipam6.Allocations(); err != nil || len(al) != 0 {
+		t.Fatalf("IPv6 allocations after DEL: %v %v", al, err)
+	}
+}

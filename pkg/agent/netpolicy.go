@@ -130,7 +130,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 	used := map[netip.Addr]bool{}
 	for i := range eps {
 		ep := &eps[i]
-		if ep.Pending || !ep.IP.IsValid() {
+		if ep.Pending || !ep.IP.IsValid() && !ep.IP6.IsValid() { // IP alone invalid: an IPv6-only node
 			continue
 		}
 		ns, name, labels := argsView(ep)
@@ -142,10 +142,10 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 				pe.Labels = map[string]string{}
 			}
 		}
-		if used[ep.IP] {
+		if used[ep.IP] && ep.IP.IsValid() {
 			continue // cannot happen: IPAM hands out each address once
 		}
-		used[ep.IP] = true
+		used[ep.IP], used[ep.IP6] = true, true
 		in.Endpoints = append(in.Endpoints, pe)
 		locals[ep.ID] = localEndpoint{Namespace: ns, Name: name, Labels: pe.Labels, FromPod: fromPod}
 	}

@@ -198,7 +198,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	// Intent first (see Add): a pending record owns the address, ID and slots.
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
-		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
+		if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
 		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go

@@ -68,7 +68,9 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	for _, kind := range []string{KindLanekit, KindBaseline} {
 		var pods []endpoint
 		for _, p := range st.PodsOf(kind) {
-			pods = append(pods, endpoint{Name: p.NS, NS: p.NS, IP: p.IP})
+			if p.IP != "" { // none: a lanekit pod of an IPv6-only lab (check6.go)
+				pods = append(pods, endpoint{Name: p.NS, NS: p.NS, IP: p.IP})
+			}
 		}
 		if len(pods) == 0 {
 			continue

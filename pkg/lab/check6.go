@@ -18,7 +18,7 @@ const EchoPort6 = 7778
 // TCP echo over IPv6; the nodes reach every VM; and every VM (through its
 // console) reaches every lanekit pod, every node and every other VM.
 func ipv6CheckGroups(st *State) []checkGroup {
-	if !st.Dual() {
+	if !st.HasIPv6() {
 		return nil
 	}
 	var pods, nodes []endpoint

@@ -91,7 +91,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := buildN(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if st.Dual() {
+		if st.HasIPv6() {
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.UnderlayIP6, n.PodCIDR6 = UnderlayIP6(i), PodCIDR6(i)
 			if err := buildNodeIPv6(ctx, i, cfg.Nodes); err != nil {
@@ -168,7 +168,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				n.Pods = append(n.Pods, Pod{NS: ns, Kind: kind})
 				ip, err := addPod(ctx, cfg.Bins, n.Index, ns, kind)
 				n.Pods[len(n.Pods)-1].IP = ip
-				if st.Dual() && kind == KindLanekit {
+				if st.HasIPv6() && kind == KindLanekit {
 					n.Pods[len(n.Pods)-1].IP6 = podIP6(ctx, ns)
 				}
 				if serr := st.save(); serr != nil && err == nil {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,22 +111,7 @@ func TestDualStackVMLab(t *testing.T) {
 		podVMBulkPath(t, ctx, vm, con, pod1.NS, vmIP, netip.MustParseAddr(pod1.IP), vm.IP6, IP6OutForwDatagrams, "IPv6 datagrams")
 	})
 
-	lk := func(t *testing.T, args ...string) {
-		t.Helper()
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(cctx, bins.Self, args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("lanekit %s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	applyAll := func(t *testing.T, what, yaml string) {
-		t.Helper()
-		file := writeTemp(t, what+".yaml", yaml)
-		for node := 1; node <= 2; node++ {
-			lk(t, what, "apply", "-f", file, "--socket", AgentSocket(node))
-		}
-	}
+	applyAll := func(t *testing.T, what, yaml string) { labApply(t, ctx, bins.Self, what, yaml) } // ipv6only_e2e_test.go
 	lbNew := func(node int) uint64 { return agentStatus(t, node).GetControlPlane().GetLbCounters()["new-flow"] }
 	const vmVIP6, podVIP6 = "fd00:96::30", "fd00:96::31"
 
@@ -193,20 +177,7 @@ func TestDualStackVMLab(t *testing.T) {
 	})
 
 	t.Run("NetworkPolicy selecting the VM over IPv6", func(t *testing.T) {
-		dial := func(t *testing.T, from, addr string) bool {
-			t.Helper()
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			out, err := inNS(cctx, from, bins.Self, "lab", "tcp-dial", "--timeout", "3s", addr)
-			if err != nil {
-				t.Fatalf("tcp-dial %s from %s: %v: %s", addr, from, err, out)
-			}
-			res, err := ParseDialResults([]byte(out))
-			if err != nil || len(res) != 1 {
-				t.Fatalf("tcp-dial output %q: %v", out, err)
-			}
-			return res[0].OK
-		}
+		dial := func(t *testing.T, from, addr string) bool { return echoDial(t, ctx, bins.Self, from, addr) }
 		vm6Echo := net.JoinHostPort(vm.IP6, fmt.Sprint(EchoPort6))
 		vm4Echo := net.JoinHostPort(vm.IP, fmt.Sprint(EchoPort))
 		// Before the policy both pods reach the guest.
@@ -245,7 +216,7 @@ spec:
 			t.Errorf("the VM's endpoint counted %d policy-ingress drops for the denied connections", d)
 		}
 		for node := 1; node <= 2; node++ {
-			lk(t, "policy", "delete", "default/vm-from-node1-pods", "--socket", AgentSocket(node))
+			labCLI(t, ctx, bins.Self, "policy", "delete", "default/vm-from-node1-pods", "--socket", AgentSocket(node))
 		}
 	})
 }
