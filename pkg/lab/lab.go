@@ -91,6 +91,8 @@ type Node struct {
 	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
 	RawNS string `json:"raw_netns,omitempty"`
 	RawIP string `json:"raw_ip,omitempty"`
+	// RawIP6: the raw host's IPv6 address in a lab with IPv6 (bench6.go).
+	RawIP6 string `json:"raw_ip6,omitempty"`
 	// UnderlayIP6 and PodCIDR6: a dual-stack lab's IPv6 side.
 	UnderlayIP6 string `json:"underlay_ip6,omitempty"`
 	PodCIDR6    string `json:"pod_cidr6,omitempty"`

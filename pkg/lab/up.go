@@ -104,6 +104,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			}
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.RawNS, n.RawIP = RawNS(i), RawIP(i)
+			if st.HasIPv6() && cfg.underlay() != UnderlayRouted {
+				if err := buildRawHostIPv6(ctx, i); err != nil { // bench6.go
+					return st, fmt.Errorf("lab up: %w", err)
+				}
+				n.RawIP6 = RawIP6(i)
+			}
 			if err := st.save(); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
