@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/vishvananda/netlink"
 )
@@ -253,5 +254,35 @@ func TestIPv6OnlyEndpoint(t *testing.T) {
 	}
 	if al, err := a.ipam6.Allocations(); err != nil || len(al) != 0 {
 		t.Fatalf("IPv6 allocations after DEL: %v %v", al, err)
+	}
+}
+
+// TestIPv6OnlyRemotePodsInPolicy: a remote pod of an IPv6-only node (its Pod
+// object has only an IPv6 address) gets an identity by that address, so a
+// podSelector admits it; a pod object in this node's IPv6 pod CIDR without
+// an endpoint (stale) does not.
+func TestIPv6OnlyRemotePodsInPolicy(t *testing.T) {
+	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
+	a.cfg.PodCIDR6 = netip.MustParsePrefix("fd00:78:1::/64")
+	objs := map[string]k8sobj.Object{}
+	for _, o := range decodeObjs(t, `apiVersion: v1
+kind: Pod
+metadata: {name: remote6, namespace: shop, labels: {app: web}}
+status: {phase: Running, podIP: "fd00:78:2::5", podIPs: [{ip: "fd00:78:2::5"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: stale6, namespace: shop}
+status: {phase: Running, podIP: "fd00:78:1::9", podIPs: [{ip: "fd00:78:1::9"}]}
+`) {
+		objs[o.Pod.Name] = o
+	}
+	in, _, err := a.policyInput(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Endpoints) != 1 || in.Endpoints[0].Name != "remote6" || in.Endpoints[0].IP.IsValid() ||
+		in.Endpoints[0].IP6 != netip.MustParseAddr("fd00:78:2::5") {
+		t.Fatalf("policy endpoints %+v, want remote6 by its IPv6 address alone", in.Endpoints)
 	}
 }
