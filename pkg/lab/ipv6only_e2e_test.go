@@ -210,4 +210,44 @@ spec:
 			labCLI(t, ctx, bins.Self, "policy", "delete", "default/from-node1-pods", "--socket", AgentSocket(node))
 		}
 	})
+
+	// Pods by label across nodes: `lab pod add` pushes Pod objects with
+	// only an IPv6 address; node 1's agent must know the remote client by
+	// it for the podSelector to admit it.
+	t.Run("NetworkPolicy podSelector across nodes over IPv6", func(t *testing.T) {
+		for _, p := range [][]string{{"web", "1", "app=web"}, {"client", "2", "role=client"}, {"other", "2", "role=other"}} {
+			labCLI(t, ctx, bins.Self, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", p[2])
+		}
+		st, err := LoadState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		named := map[string]NamedPod{}
+		for _, p := range st.NamedPods {
+			if p.IP != "" || p.IP6 == "" {
+				t.Fatalf("lab pod %s: IPv4 %q IPv6 %q, want IPv6 only", p.Name, p.IP, p.IP6)
+			}
+			named[p.Name] = p
+		}
+		echo(t, Pod{NS: NamedPodNS("web")})
+		labApply(t, ctx, bins.Self, "policy", `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-from-clients, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: client}}}]
+`)
+		target := net.JoinHostPort(named["web"].IP6, fmt.Sprint(EchoPort6))
+		deadline := time.Now().Add(10 * time.Second)
+		for echoDial(t, ctx, bins.Self, NamedPodNS("other"), target) { // applied asynchronously
+			if time.Now().After(deadline) {
+				t.Fatalf("other -> %s still connects under a policy admitting only role=client", target)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if !echoDial(t, ctx, bins.Self, NamedPodNS("client"), target) {
+			t.Errorf("client (role=client, node 2, IPv6 only) -> %s is refused", target)
+		}
+	})
 }
