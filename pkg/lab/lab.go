@@ -41,6 +41,9 @@ type Config struct {
 	BaselineOnly bool // skip agents and lanekit pods
 	VM           bool // a QEMU guest on the last node through the fast lane
 	VMQueues     int  // its queue pairs (default 1)
+	// VMs: fast-lane guests (with VM): 1 (0 too) on the last node; 2 adds
+	// "vm2" on node 1, so that VM to VM crosses nodes (lab check).
+	VMs int
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
 	K8s bool

@@ -200,6 +200,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := up(ctx, cfg, st, len(st.Nodes)); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
+		if err := upSecondVM(ctx, cfg, st); err != nil { // vm6.go
+			return st, fmt.Errorf("lab up: %w", err)
+		}
 		if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}

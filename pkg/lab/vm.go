@@ -58,7 +58,12 @@ func vmBackendDir(i int, name string) string { return filepath.Join(NodeDir(i), 
 
 // upVM adds VM "vm1" on node i: agent VM endpoint, backend, QEMU, ready line.
 func upVM(ctx context.Context, cfg Config, st *State, i int) error {
-	name, ns := "vm1", VMNS(i, 1)
+	return upVMNamed(ctx, cfg, st, i, "vm1")
+}
+
+// upVMNamed is upVM for VM name (the first VM of node i).
+func upVMNamed(ctx context.Context, cfg Config, st *State, i int, name string) error {
+	ns := VMNS(i, 1)
 	queues := cfg.VMQueues
 	if queues < 1 {
 		queues = 1

@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
@@ -55,4 +57,20 @@ func vmIPv6Targets(st *State) []endpoint {
 		}
 	}
 	return out
+}
+
+// upSecondVM adds "vm2" on node 1 when cfg asks for two fast-lane VMs (the
+// first is on the last node): VM to VM then crosses nodes.
+func upSecondVM(ctx context.Context, cfg Config, st *State) error {
+	switch {
+	case cfg.VMs <= 1:
+		return nil
+	case cfg.VMs > 2:
+		return fmt.Errorf("--vms %d: at most 2 (one on the last node, one on node 1)", cfg.VMs)
+	case cfg.K8s:
+		return fmt.Errorf("--vms 2 with --k8s: not yet (one KubeVirt VM)")
+	case len(st.Nodes) < 2:
+		return fmt.Errorf("--vms 2 needs 2 nodes")
+	}
+	return upVMNamed(ctx, cfg, st, 1, "vm2")
 }

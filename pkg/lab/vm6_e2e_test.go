@@ -29,8 +29,9 @@ func requireVMBins(t *testing.T, bins Bins) {
 	}
 }
 
-// TestDualStackVMLab: the fast-lane VM over IPv6 in a dual-stack lab (`lab
-// up --vm --ip-family dual`). The guest gets an IPv6 address from node 2's
+// TestDualStackVMLab: the fast-lane VMs over IPv6 in a dual-stack lab (`lab
+// up --vm --vms 2 --ip-family dual`: vm1 on node 2, vm2 on node 1, so VM to
+// VM crosses nodes in lab check). The guest gets an IPv6 address from node 2's
 // IPv6 pod range (its gateway fe80::1 answered by the datapath's NDP
 // responder, as for pods); `lab check` passes with the IPv6 VM rows (pods
 // and nodes to the VM, the VM to pods and nodes); IPv6 bulk TCP between a
@@ -55,12 +56,12 @@ func TestDualStackVMLab(t *testing.T) {
 			t.Errorf("lab down: %v", err)
 		}
 	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, IPFamily: IPFamilyDual, Bins: bins, Out: testLog{t}})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, VMs: 2, IPFamily: IPFamilyDual, Bins: bins, Out: testLog{t}})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
-	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
-		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
+	if len(st.VMs) != 2 || st.VMs[0].Node != 2 || st.VMs[1].Node != 1 || st.VMs[1].IP6 == "" {
+		t.Fatalf("want vm1 on node 2 and vm2 (with IPv6) on node 1, got %+v", st.VMs)
 	}
 	vm := st.VMs[0]
 	vmIP := netip.MustParseAddr(vm.IP)
@@ -89,8 +90,11 @@ func TestDualStackVMLab(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// VM to VM across nodes: vm2 (node 1) is a source and a target of
+		// the IPv6 VM matrix, and of the IPv4 one.
 		for _, want := range []string{"and every lanekit VM's IPv6 address", "nodes over IPv6: ICMPv6 + TCP echo to every lanekit VM",
-			"lanekit VMs over IPv6 (commands through the guest console)"} {
+			"lanekit VMs over IPv6 (commands through the guest console)", "vm2 (" + st.VMs[1].IP6 + ")",
+			"lanekit VMs (commands through the guest console): ICMP + TCP echo to every lanekit pod and every node and every other VM"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("lab check printed no %q matrix", want)
 			}
