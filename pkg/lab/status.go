@@ -47,7 +47,11 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 				agent = "alive"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", n.NS, netnsExists(n.NS), n.UnderlayIP, n.PodCIDR, n.BaseCIDR, pid, agent)
+		podCIDR := addrs(n.PodCIDR, n.PodCIDR6)
+		if st.IPFamily == IPFamilyIPv6 { // the agents have no IPv4 pod CIDR
+			podCIDR = n.PodCIDR6
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", n.NS, netnsExists(n.NS), addrs(n.UnderlayIP, n.UnderlayIP6), podCIDR, n.BaseCIDR, pid, agent)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)
