@@ -105,7 +105,7 @@ int from_uplink(struct __sk_buff *skb)
  * (ingress_ifindex 0; what the datapath or the stack forwards is not
  * looked at) may answer a NodePort or ClusterIP flow whose backend is the
  * node itself, a hostNetwork endpoint: it leaves with the frontend's address
- * and port, as the remote client connected to (lb4_reply). */
+ * and port, as the remote client connected to (lb4_reply; IPv6: lb6_reply). */
 SEC("tc")
 int to_uplink(struct __sk_buff *skb)
 {
@@ -113,7 +113,11 @@ int to_uplink(struct __sk_buff *skb)
 
 	if (skb->ingress_ifindex)
 		return TC_ACT_OK;
-	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0)
+		return TC_ACT_OK;
+	if (p.ip6)
+		return lb6_reply(skb, &p, lb6_pending_get()) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	if (!p.ip4)
 		return TC_ACT_OK;
 	if (lb4_reply(skb, &p, 0) < 0)
 		return TC_ACT_SHOT;

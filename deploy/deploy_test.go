@@ -477,10 +477,12 @@ func TestKubeVirtBinding(t *testing.T) {
 		t.Errorf("downwardAPI %q: the sidecar reads the socket from device-info", b.DownwardAPI)
 	}
 	// Not migratable yet (KubeVirt checks only that migration is set): the
-	// VM's address does not move to the target node (issue 27 item 2), and
-	// a migrated VM would lose its network.
+	// agents move a VM's address (pkg/agent/vmmigrate.go), but a target
+	// launcher pod does not get an incoming endpoint with the VMI's address
+	// and claims are not published as API objects, so a migrated VM would
+	// lose its network.
 	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration != nil || kvb.Migration != nil {
-		t.Errorf("migration %+v: want none until the address moves with the VM", kvb.Migration)
+		t.Errorf("migration %+v: want none until the KubeVirt path moves the address (incoming endpoint from the CNI ADD, claims as API objects)", kvb.Migration)
 	}
 	if b.DomainAttachmentType != "" {
 		t.Error("domainAttachmentType and a sidecar are exclusive: the sidecar defines the interface")

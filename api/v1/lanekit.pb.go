@@ -31,7 +31,7 @@ var File_lanekit_proto protoreflect.FileDescriptor
 const file_lanekit_proto_rawDesc = "" +
 	"\n" +
 	"\rlanekit.proto\x12\n" +
-	"lanekit.v1\x1a\fattach.proto\x1a\tcni.proto\x1a\robjects.proto\x1a\x0epolicies.proto\x1a\x0eservices.proto\x1a\fstatus.proto\x1a\bvm.proto2\xd5\a\n" +
+	"lanekit.v1\x1a\fattach.proto\x1a\tcni.proto\x1a\robjects.proto\x1a\x0epolicies.proto\x1a\x0eservices.proto\x1a\fstatus.proto\x1a\bvm.proto2\x9f\t\n" +
 	"\x05Agent\x12N\n" +
 	"\vAddEndpoint\x12\x1e.lanekit.v1.AddEndpointRequest\x1a\x1f.lanekit.v1.AddEndpointResponse\x12N\n" +
 	"\vDelEndpoint\x12\x1e.lanekit.v1.DelEndpointRequest\x1a\x1f.lanekit.v1.DelEndpointResponse\x12T\n" +
@@ -41,39 +41,45 @@ const file_lanekit_proto_rawDesc = "" +
 	"\x06Status\x12\x19.lanekit.v1.StatusRequest\x1a\x1a.lanekit.v1.StatusResponse\x12<\n" +
 	"\x05AddVM\x12\x18.lanekit.v1.AddVMRequest\x1a\x19.lanekit.v1.AddVMResponse\x12<\n" +
 	"\x05DelVM\x12\x18.lanekit.v1.DelVMRequest\x1a\x19.lanekit.v1.DelVMResponse\x12B\n" +
-	"\aListVMs\x12\x1a.lanekit.v1.ListVMsRequest\x1a\x1b.lanekit.v1.ListVMsResponse\x12Q\n" +
+	"\aListVMs\x12\x1a.lanekit.v1.ListVMsRequest\x1a\x1b.lanekit.v1.ListVMsResponse\x12c\n" +
+	"\x12VMMigrationChanged\x12%.lanekit.v1.VMMigrationChangedRequest\x1a&.lanekit.v1.VMMigrationChangedResponse\x12c\n" +
+	"\x12SyncEndpointRoutes\x12%.lanekit.v1.SyncEndpointRoutesRequest\x1a&.lanekit.v1.SyncEndpointRoutesResponse\x12Q\n" +
 	"\fApplyObjects\x12\x1f.lanekit.v1.ApplyObjectsRequest\x1a .lanekit.v1.ApplyObjectsResponse\x12Q\n" +
 	"\fDeleteObject\x12\x1f.lanekit.v1.DeleteObjectRequest\x1a .lanekit.v1.DeleteObjectResponse\x12Q\n" +
 	"\fListServices\x12\x1f.lanekit.v1.ListServicesRequest\x1a .lanekit.v1.ListServicesResponse\x12Q\n" +
 	"\fListPolicies\x12\x1f.lanekit.v1.ListPoliciesRequest\x1a .lanekit.v1.ListPoliciesResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
 
 var file_lanekit_proto_goTypes = []any{
-	(*AddEndpointRequest)(nil),    // 0: lanekit.v1.AddEndpointRequest
-	(*DelEndpointRequest)(nil),    // 1: lanekit.v1.DelEndpointRequest
-	(*CheckEndpointRequest)(nil),  // 2: lanekit.v1.CheckEndpointRequest
-	(*ListEndpointsRequest)(nil),  // 3: lanekit.v1.ListEndpointsRequest
-	(*GCRequest)(nil),             // 4: lanekit.v1.GCRequest
-	(*StatusRequest)(nil),         // 5: lanekit.v1.StatusRequest
-	(*AddVMRequest)(nil),          // 6: lanekit.v1.AddVMRequest
-	(*DelVMRequest)(nil),          // 7: lanekit.v1.DelVMRequest
-	(*ListVMsRequest)(nil),        // 8: lanekit.v1.ListVMsRequest
-	(*ApplyObjectsRequest)(nil),   // 9: lanekit.v1.ApplyObjectsRequest
-	(*DeleteObjectRequest)(nil),   // 10: lanekit.v1.DeleteObjectRequest
-	(*ListServicesRequest)(nil),   // 11: lanekit.v1.ListServicesRequest
-	(*ListPoliciesRequest)(nil),   // 12: lanekit.v1.ListPoliciesRequest
-	(*AddEndpointResponse)(nil),   // 13: lanekit.v1.AddEndpointResponse
-	(*DelEndpointResponse)(nil),   // 14: lanekit.v1.DelEndpointResponse
-	(*CheckEndpointResponse)(nil), // 15: lanekit.v1.CheckEndpointResponse
-	(*ListEndpointsResponse)(nil), // 16: lanekit.v1.ListEndpointsResponse
-	(*GCResponse)(nil),            // 17: lanekit.v1.GCResponse
-	(*StatusResponse)(nil),        // 18: lanekit.v1.StatusResponse
-	(*AddVMResponse)(nil),         // 19: lanekit.v1.AddVMResponse
-	(*DelVMResponse)(nil),         // 20: lanekit.v1.DelVMResponse
-	(*ListVMsResponse)(nil),       // 21: lanekit.v1.ListVMsResponse
-	(*ApplyObjectsResponse)(nil),  // 22: lanekit.v1.ApplyObjectsResponse
-	(*DeleteObjectResponse)(nil),  // 23: lanekit.v1.DeleteObjectResponse
-	(*ListServicesResponse)(nil),  // 24: lanekit.v1.ListServicesResponse
-	(*ListPoliciesResponse)(nil),  // 25: lanekit.v1.ListPoliciesResponse
+	(*AddEndpointRequest)(nil),         // 0: lanekit.v1.AddEndpointRequest
+	(*DelEndpointRequest)(nil),         // 1: lanekit.v1.DelEndpointRequest
+	(*CheckEndpointRequest)(nil),       // 2: lanekit.v1.CheckEndpointRequest
+	(*ListEndpointsRequest)(nil),       // 3: lanekit.v1.ListEndpointsRequest
+	(*GCRequest)(nil),                  // 4: lanekit.v1.GCRequest
+	(*StatusRequest)(nil),              // 5: lanekit.v1.StatusRequest
+	(*AddVMRequest)(nil),               // 6: lanekit.v1.AddVMRequest
+	(*DelVMRequest)(nil),               // 7: lanekit.v1.DelVMRequest
+	(*ListVMsRequest)(nil),             // 8: lanekit.v1.ListVMsRequest
+	(*VMMigrationChangedRequest)(nil),  // 9: lanekit.v1.VMMigrationChangedRequest
+	(*SyncEndpointRoutesRequest)(nil),  // 10: lanekit.v1.SyncEndpointRoutesRequest
+	(*ApplyObjectsRequest)(nil),        // 11: lanekit.v1.ApplyObjectsRequest
+	(*DeleteObjectRequest)(nil),        // 12: lanekit.v1.DeleteObjectRequest
+	(*ListServicesRequest)(nil),        // 13: lanekit.v1.ListServicesRequest
+	(*ListPoliciesRequest)(nil),        // 14: lanekit.v1.ListPoliciesRequest
+	(*AddEndpointResponse)(nil),        // 15: lanekit.v1.AddEndpointResponse
+	(*DelEndpointResponse)(nil),        // 16: lanekit.v1.DelEndpointResponse
+	(*CheckEndpointResponse)(nil),      // 17: lanekit.v1.CheckEndpointResponse
+	(*ListEndpointsResponse)(nil),      // 18: lanekit.v1.ListEndpointsResponse
+	(*GCResponse)(nil),                 // 19: lanekit.v1.GCResponse
+	(*StatusResponse)(nil),             // 20: lanekit.v1.StatusResponse
+	(*AddVMResponse)(nil),              // 21: lanekit.v1.AddVMResponse
+	(*DelVMResponse)(nil),              // 22: lanekit.v1.DelVMResponse
+	(*ListVMsResponse)(nil),            // 23: lanekit.v1.ListVMsResponse
+	(*VMMigrationChangedResponse)(nil), // 24: lanekit.v1.VMMigrationChangedResponse
+	(*SyncEndpointRoutesResponse)(nil), // 25: lanekit.v1.SyncEndpointRoutesResponse
+	(*ApplyObjectsResponse)(nil),       // 26: lanekit.v1.ApplyObjectsResponse
+	(*DeleteObjectResponse)(nil),       // 27: lanekit.v1.DeleteObjectResponse
+	(*ListServicesResponse)(nil),       // 28: lanekit.v1.ListServicesResponse
+	(*ListPoliciesResponse)(nil),       // 29: lanekit.v1.ListPoliciesResponse
 }
 var file_lanekit_proto_depIdxs = []int32{
 	0,  // 0: lanekit.v1.Agent.AddEndpoint:input_type -> lanekit.v1.AddEndpointRequest
@@ -85,25 +91,29 @@ var file_lanekit_proto_depIdxs = []int32{
 	6,  // 6: lanekit.v1.Agent.AddVM:input_type -> lanekit.v1.AddVMRequest
 	7,  // 7: lanekit.v1.Agent.DelVM:input_type -> lanekit.v1.DelVMRequest
 	8,  // 8: lanekit.v1.Agent.ListVMs:input_type -> lanekit.v1.ListVMsRequest
-	9,  // 9: lanekit.v1.Agent.ApplyObjects:input_type -> lanekit.v1.ApplyObjectsRequest
-	10, // 10: lanekit.v1.Agent.DeleteObject:input_type -> lanekit.v1.DeleteObjectRequest
-	11, // 11: lanekit.v1.Agent.ListServices:input_type -> lanekit.v1.ListServicesRequest
-	12, // 12: lanekit.v1.Agent.ListPolicies:input_type -> lanekit.v1.ListPoliciesRequest
-	13, // 13: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
-	14, // 14: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	15, // 15: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
-	16, // 16: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
-	17, // 17: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
-	18, // 18: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
-	19, // 19: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
-	20, // 20: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
-	21, // 21: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
-	22, // 22: lanekit.v1.Agent.ApplyObjects:output_type -> lanekit.v1.ApplyObjectsResponse
-	23, // 23: lanekit.v1.Agent.DeleteObject:output_type -> lanekit.v1.DeleteObjectResponse
-	24, // 24: lanekit.v1.Agent.ListServices:output_type -> lanekit.v1.ListServicesResponse
-	25, // 25: lanekit.v1.Agent.ListPolicies:output_type -> lanekit.v1.ListPoliciesResponse
-	13, // [13:26] is the sub-list for method output_type
-	0,  // [0:13] is the sub-list for method input_type
+	9,  // 9: lanekit.v1.Agent.VMMigrationChanged:input_type -> lanekit.v1.VMMigrationChangedRequest
+	10, // 10: lanekit.v1.Agent.SyncEndpointRoutes:input_type -> lanekit.v1.SyncEndpointRoutesRequest
+	11, // 11: lanekit.v1.Agent.ApplyObjects:input_type -> lanekit.v1.ApplyObjectsRequest
+	12, // 12: lanekit.v1.Agent.DeleteObject:input_type -> lanekit.v1.DeleteObjectRequest
+	13, // 13: lanekit.v1.Agent.ListServices:input_type -> lanekit.v1.ListServicesRequest
+	14, // 14: lanekit.v1.Agent.ListPolicies:input_type -> lanekit.v1.ListPoliciesRequest
+	15, // 15: lanekit.v1.Agent.AddEndpoint:output_type -> lanekit.v1.AddEndpointResponse
+	16, // 16: lanekit.v1.Agent.DelEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	17, // 17: lanekit.v1.Agent.CheckEndpoint:output_type -> lanekit.v1.CheckEndpointResponse
+	18, // 18: lanekit.v1.Agent.ListEndpoints:output_type -> lanekit.v1.ListEndpointsResponse
+	19, // 19: lanekit.v1.Agent.GC:output_type -> lanekit.v1.GCResponse
+	20, // 20: lanekit.v1.Agent.Status:output_type -> lanekit.v1.StatusResponse
+	21, // 21: lanekit.v1.Agent.AddVM:output_type -> lanekit.v1.AddVMResponse
+	22, // 22: lanekit.v1.Agent.DelVM:output_type -> lanekit.v1.DelVMResponse
+	23, // 23: lanekit.v1.Agent.ListVMs:output_type -> lanekit.v1.ListVMsResponse
+	24, // 24: lanekit.v1.Agent.VMMigrationChanged:output_type -> lanekit.v1.VMMigrationChangedResponse
+	25, // 25: lanekit.v1.Agent.SyncEndpointRoutes:output_type -> lanekit.v1.SyncEndpointRoutesResponse
+	26, // 26: lanekit.v1.Agent.ApplyObjects:output_type -> lanekit.v1.ApplyObjectsResponse
+	27, // 27: lanekit.v1.Agent.DeleteObject:output_type -> lanekit.v1.DeleteObjectResponse
+	28, // 28: lanekit.v1.Agent.ListServices:output_type -> lanekit.v1.ListServicesResponse
+	29, // 29: lanekit.v1.Agent.ListPolicies:output_type -> lanekit.v1.ListPoliciesResponse
+	15, // [15:30] is the sub-list for method output_type
+	0,  // [0:15] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name

@@ -25,19 +25,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_AddEndpoint_FullMethodName   = "/lanekit.v1.Agent/AddEndpoint"
-	Agent_DelEndpoint_FullMethodName   = "/lanekit.v1.Agent/DelEndpoint"
-	Agent_CheckEndpoint_FullMethodName = "/lanekit.v1.Agent/CheckEndpoint"
-	Agent_ListEndpoints_FullMethodName = "/lanekit.v1.Agent/ListEndpoints"
-	Agent_GC_FullMethodName            = "/lanekit.v1.Agent/GC"
-	Agent_Status_FullMethodName        = "/lanekit.v1.Agent/Status"
-	Agent_AddVM_FullMethodName         = "/lanekit.v1.Agent/AddVM"
-	Agent_DelVM_FullMethodName         = "/lanekit.v1.Agent/DelVM"
-	Agent_ListVMs_FullMethodName       = "/lanekit.v1.Agent/ListVMs"
-	Agent_ApplyObjects_FullMethodName  = "/lanekit.v1.Agent/ApplyObjects"
-	Agent_DeleteObject_FullMethodName  = "/lanekit.v1.Agent/DeleteObject"
-	Agent_ListServices_FullMethodName  = "/lanekit.v1.Agent/ListServices"
-	Agent_ListPolicies_FullMethodName  = "/lanekit.v1.Agent/ListPolicies"
+	Agent_AddEndpoint_FullMethodName        = "/lanekit.v1.Agent/AddEndpoint"
+	Agent_DelEndpoint_FullMethodName        = "/lanekit.v1.Agent/DelEndpoint"
+	Agent_CheckEndpoint_FullMethodName      = "/lanekit.v1.Agent/CheckEndpoint"
+	Agent_ListEndpoints_FullMethodName      = "/lanekit.v1.Agent/ListEndpoints"
+	Agent_GC_FullMethodName                 = "/lanekit.v1.Agent/GC"
+	Agent_Status_FullMethodName             = "/lanekit.v1.Agent/Status"
+	Agent_AddVM_FullMethodName              = "/lanekit.v1.Agent/AddVM"
+	Agent_DelVM_FullMethodName              = "/lanekit.v1.Agent/DelVM"
+	Agent_ListVMs_FullMethodName            = "/lanekit.v1.Agent/ListVMs"
+	Agent_VMMigrationChanged_FullMethodName = "/lanekit.v1.Agent/VMMigrationChanged"
+	Agent_SyncEndpointRoutes_FullMethodName = "/lanekit.v1.Agent/SyncEndpointRoutes"
+	Agent_ApplyObjects_FullMethodName       = "/lanekit.v1.Agent/ApplyObjects"
+	Agent_DeleteObject_FullMethodName       = "/lanekit.v1.Agent/DeleteObject"
+	Agent_ListServices_FullMethodName       = "/lanekit.v1.Agent/ListServices"
+	Agent_ListPolicies_FullMethodName       = "/lanekit.v1.Agent/ListPolicies"
 )
 
 // AgentClient is the client API for Agent service.
@@ -63,6 +65,11 @@ type AgentClient interface {
 	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
 	DelVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error)
 	ListVMs(ctx context.Context, in *ListVMsRequest, opts ...grpc.CallOption) (*ListVMsResponse, error)
+	// VMMigrationChanged reports a VM's live migration state to this node's
+	// agent (source or target); SyncEndpointRoutes gives it every node's
+	// claims of moved VM addresses (per-endpoint /32 routes).
+	VMMigrationChanged(ctx context.Context, in *VMMigrationChangedRequest, opts ...grpc.CallOption) (*VMMigrationChangedResponse, error)
+	SyncEndpointRoutes(ctx context.Context, in *SyncEndpointRoutesRequest, opts ...grpc.CallOption) (*SyncEndpointRoutesResponse, error)
 	// ApplyObjects decodes Kubernetes objects (Service, EndpointSlice,
 	// NetworkPolicy, Namespace, Pod) from YAML or JSON bytes, strictly, and
 	// applies all of them or none. INVALID_ARGUMENT names the document, object
@@ -174,6 +181,26 @@ func (c *agentClient) ListVMs(ctx context.Context, in *ListVMsRequest, opts ...g
 	return out, nil
 }
 
+func (c *agentClient) VMMigrationChanged(ctx context.Context, in *VMMigrationChangedRequest, opts ...grpc.CallOption) (*VMMigrationChangedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VMMigrationChangedResponse)
+	err := c.cc.Invoke(ctx, Agent_VMMigrationChanged_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) SyncEndpointRoutes(ctx context.Context, in *SyncEndpointRoutesRequest, opts ...grpc.CallOption) (*SyncEndpointRoutesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncEndpointRoutesResponse)
+	err := c.cc.Invoke(ctx, Agent_SyncEndpointRoutes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) ApplyObjects(ctx context.Context, in *ApplyObjectsRequest, opts ...grpc.CallOption) (*ApplyObjectsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ApplyObjectsResponse)
@@ -237,6 +264,11 @@ type AgentServer interface {
 	// DelVM removes a VM endpoint; deleting an unknown one succeeds.
 	DelVM(context.Context, *DelVMRequest) (*DelVMResponse, error)
 	ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error)
+	// VMMigrationChanged reports a VM's live migration state to this node's
+	// agent (source or target); SyncEndpointRoutes gives it every node's
+	// claims of moved VM addresses (per-endpoint /32 routes).
+	VMMigrationChanged(context.Context, *VMMigrationChangedRequest) (*VMMigrationChangedResponse, error)
+	SyncEndpointRoutes(context.Context, *SyncEndpointRoutesRequest) (*SyncEndpointRoutesResponse, error)
 	// ApplyObjects decodes Kubernetes objects (Service, EndpointSlice,
 	// NetworkPolicy, Namespace, Pod) from YAML or JSON bytes, strictly, and
 	// applies all of them or none. INVALID_ARGUMENT names the document, object
@@ -284,6 +316,12 @@ func (UnimplementedAgentServer) DelVM(context.Context, *DelVMRequest) (*DelVMRes
 }
 func (UnimplementedAgentServer) ListVMs(context.Context, *ListVMsRequest) (*ListVMsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListVMs not implemented")
+}
+func (UnimplementedAgentServer) VMMigrationChanged(context.Context, *VMMigrationChangedRequest) (*VMMigrationChangedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VMMigrationChanged not implemented")
+}
+func (UnimplementedAgentServer) SyncEndpointRoutes(context.Context, *SyncEndpointRoutesRequest) (*SyncEndpointRoutesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncEndpointRoutes not implemented")
 }
 func (UnimplementedAgentServer) ApplyObjects(context.Context, *ApplyObjectsRequest) (*ApplyObjectsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApplyObjects not implemented")
@@ -480,6 +518,42 @@ func _Agent_ListVMs_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_VMMigrationChanged_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VMMigrationChangedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).VMMigrationChanged(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_VMMigrationChanged_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).VMMigrationChanged(ctx, req.(*VMMigrationChangedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_SyncEndpointRoutes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncEndpointRoutesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SyncEndpointRoutes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SyncEndpointRoutes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SyncEndpointRoutes(ctx, req.(*SyncEndpointRoutesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_ApplyObjects_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ApplyObjectsRequest)
 	if err := dec(in); err != nil {
@@ -594,6 +668,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListVMs",
 			Handler:    _Agent_ListVMs_Handler,
+		},
+		{
+			MethodName: "VMMigrationChanged",
+			Handler:    _Agent_VMMigrationChanged_Handler,
+		},
+		{
+			MethodName: "SyncEndpointRoutes",
+			Handler:    _Agent_SyncEndpointRoutes_Handler,
 		},
 		{
 			MethodName: "ApplyObjects",

@@ -41,8 +41,20 @@ type AddVMRequest struct {
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Owner of the fd-passing socket: the user the unprivileged vhost-user
 	// backend runs as (the socket stays mode 0600). Unset: root.
-	SocketUid     *uint32 `protobuf:"varint,7,opt,name=socket_uid,json=socketUid,proto3,oneof" json:"socket_uid,omitempty"`
-	SocketGid     *uint32 `protobuf:"varint,8,opt,name=socket_gid,json=socketGid,proto3,oneof" json:"socket_gid,omitempty"`
+	SocketUid *uint32 `protobuf:"varint,7,opt,name=socket_uid,json=socketUid,proto3,oneof" json:"socket_uid,omitempty"`
+	SocketGid *uint32 `protobuf:"varint,8,opt,name=socket_gid,json=socketGid,proto3,oneof" json:"socket_gid,omitempty"`
+	// Live migration target (issue 27): the VM's address on the source node
+	// (kept: it may lie outside this node's pod CIDR), and incoming = true
+	// creates the endpoint inactive (devices and sockets, no datapath entry,
+	// no route) until VMMigrationChanged reports the guest running here.
+	Address  string `protobuf:"bytes,9,opt,name=address,proto3" json:"address,omitempty"`
+	Incoming bool   `protobuf:"varint,10,opt,name=incoming,proto3" json:"incoming,omitempty"`
+	// The migration's claim generation: when two nodes claim the address, the
+	// higher generation wins (the migration's start time in nanoseconds).
+	Generation uint64 `protobuf:"varint,11,opt,name=generation,proto3" json:"generation,omitempty"`
+	// MAC of the gateway the guest knows (the source's host end): the target's
+	// host end takes it, so the guest's neighbour entry stays valid.
+	GatewayMac    string `protobuf:"bytes,12,opt,name=gateway_mac,json=gatewayMac,proto3" json:"gateway_mac,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +143,34 @@ func (x *AddVMRequest) GetSocketGid() uint32 {
 		return *x.SocketGid
 	}
 	return 0
+}
+
+func (x *AddVMRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *AddVMRequest) GetIncoming() bool {
+	if x != nil {
+		return x.Incoming
+	}
+	return false
+}
+
+func (x *AddVMRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AddVMRequest) GetGatewayMac() string {
+	if x != nil {
+		return x.GatewayMac
+	}
+	return ""
 }
 
 type AddVMResponse struct {
@@ -367,9 +407,17 @@ type VM struct {
 	// The underlying endpoint (kind VM).
 	Endpoint *Endpoint `protobuf:"bytes,10,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// Set when the agent runs the VM's backend (a CNI VM attachment).
-	Backend       *VMBackend `protobuf:"bytes,11,opt,name=backend,proto3" json:"backend,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Backend *VMBackend `protobuf:"bytes,11,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Live migration: "" (never migrated here), "incoming" (inactive target),
+	// "active" (claimed here after a migration) or "moved" (another node's
+	// claim with a higher generation superseded this one).
+	MigrationState string `protobuf:"bytes,12,opt,name=migration_state,json=migrationState,proto3" json:"migration_state,omitempty"`
+	Generation     uint64 `protobuf:"varint,13,opt,name=generation,proto3" json:"generation,omitempty"`
+	// What activated an incoming endpoint, and when (Unix nanoseconds).
+	ActivatedBy       string `protobuf:"bytes,14,opt,name=activated_by,json=activatedBy,proto3" json:"activated_by,omitempty"`
+	ActivatedUnixNano int64  `protobuf:"varint,15,opt,name=activated_unix_nano,json=activatedUnixNano,proto3" json:"activated_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *VM) Reset() {
@@ -479,6 +527,320 @@ func (x *VM) GetBackend() *VMBackend {
 	return nil
 }
 
+func (x *VM) GetMigrationState() string {
+	if x != nil {
+		return x.MigrationState
+	}
+	return ""
+}
+
+func (x *VM) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *VM) GetActivatedBy() string {
+	if x != nil {
+		return x.ActivatedBy
+	}
+	return ""
+}
+
+func (x *VM) GetActivatedUnixNano() int64 {
+	if x != nil {
+		return x.ActivatedUnixNano
+	}
+	return 0
+}
+
+// VMMigrationChangedRequest reports a live migration's state to the source
+// or target node's agent (what KubeVirt's VMI status.migrationState says).
+type VMMigrationChangedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "source" or "target".
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// "running", "completed" or "failed". A target activates its incoming
+	// endpoint on "completed" (the guest runs here); on "failed" it removes it.
+	Phase         string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMMigrationChangedRequest) Reset() {
+	*x = VMMigrationChangedRequest{}
+	mi := &file_vm_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMMigrationChangedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMMigrationChangedRequest) ProtoMessage() {}
+
+func (x *VMMigrationChangedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vm_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMMigrationChangedRequest.ProtoReflect.Descriptor instead.
+func (*VMMigrationChangedRequest) Descriptor() ([]byte, []int) {
+	return file_vm_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *VMMigrationChangedRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VMMigrationChangedRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *VMMigrationChangedRequest) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+type VMMigrationChangedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vm            *VM                    `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"` // the endpoint after the change (absent when removed)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VMMigrationChangedResponse) Reset() {
+	*x = VMMigrationChangedResponse{}
+	mi := &file_vm_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VMMigrationChangedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VMMigrationChangedResponse) ProtoMessage() {}
+
+func (x *VMMigrationChangedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vm_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VMMigrationChangedResponse.ProtoReflect.Descriptor instead.
+func (*VMMigrationChangedResponse) Descriptor() ([]byte, []int) {
+	return file_vm_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *VMMigrationChangedResponse) GetVm() *VM {
+	if x != nil {
+		return x.Vm
+	}
+	return nil
+}
+
+// EndpointRoute is one node's claim of a VM address that moved: a /32 to
+// the node, next to the routes to the nodes' pod CIDRs.
+type EndpointRoute struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`        // the VM's IPv4 address
+	Via           string                 `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`                // the claiming node's address
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"` // the highest claim of an address wins
+	Vm            string                 `protobuf:"bytes,4,opt,name=vm,proto3" json:"vm,omitempty"`
+	Node          string                 `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointRoute) Reset() {
+	*x = EndpointRoute{}
+	mi := &file_vm_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointRoute) ProtoMessage() {}
+
+func (x *EndpointRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_vm_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointRoute.ProtoReflect.Descriptor instead.
+func (*EndpointRoute) Descriptor() ([]byte, []int) {
+	return file_vm_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EndpointRoute) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *EndpointRoute) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *EndpointRoute) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *EndpointRoute) GetVm() string {
+	if x != nil {
+		return x.Vm
+	}
+	return ""
+}
+
+func (x *EndpointRoute) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type SyncEndpointRoutesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The full set: routes installed before and not in it are removed.
+	Routes        []*EndpointRoute `protobuf:"bytes,1,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncEndpointRoutesRequest) Reset() {
+	*x = SyncEndpointRoutesRequest{}
+	mi := &file_vm_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncEndpointRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncEndpointRoutesRequest) ProtoMessage() {}
+
+func (x *SyncEndpointRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_vm_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncEndpointRoutesRequest.ProtoReflect.Descriptor instead.
+func (*SyncEndpointRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_vm_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SyncEndpointRoutesRequest) GetRoutes() []*EndpointRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type SyncEndpointRoutesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// /32 routes to other nodes this agent has installed now.
+	Routes uint32 `protobuf:"varint,1,opt,name=routes,proto3" json:"routes,omitempty"`
+	// Local VMs a claim with a higher generation superseded now.
+	Superseded    []string `protobuf:"bytes,2,rep,name=superseded,proto3" json:"superseded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncEndpointRoutesResponse) Reset() {
+	*x = SyncEndpointRoutesResponse{}
+	mi := &file_vm_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncEndpointRoutesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncEndpointRoutesResponse) ProtoMessage() {}
+
+func (x *SyncEndpointRoutesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_vm_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncEndpointRoutesResponse.ProtoReflect.Descriptor instead.
+func (*SyncEndpointRoutesResponse) Descriptor() ([]byte, []int) {
+	return file_vm_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SyncEndpointRoutesResponse) GetRoutes() uint32 {
+	if x != nil {
+		return x.Routes
+	}
+	return 0
+}
+
+func (x *SyncEndpointRoutesResponse) GetSuperseded() []string {
+	if x != nil {
+		return x.Superseded
+	}
+	return nil
+}
+
 // VMBackend is the vhost-user backend the agent runs for a VM.
 type VMBackend struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -498,7 +860,7 @@ type VMBackend struct {
 
 func (x *VMBackend) Reset() {
 	*x = VMBackend{}
-	mi := &file_vm_proto_msgTypes[7]
+	mi := &file_vm_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +872,7 @@ func (x *VMBackend) String() string {
 func (*VMBackend) ProtoMessage() {}
 
 func (x *VMBackend) ProtoReflect() protoreflect.Message {
-	mi := &file_vm_proto_msgTypes[7]
+	mi := &file_vm_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +885,7 @@ func (x *VMBackend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VMBackend.ProtoReflect.Descriptor instead.
 func (*VMBackend) Descriptor() ([]byte, []int) {
-	return file_vm_proto_rawDescGZIP(), []int{7}
+	return file_vm_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *VMBackend) GetHostSocket() string {
@@ -573,7 +935,7 @@ var File_vm_proto protoreflect.FileDescriptor
 const file_vm_proto_rawDesc = "" +
 	"\n" +
 	"\bvm.proto\x12\n" +
-	"lanekit.v1\x1a\x0eendpoint.proto\"\xd3\x02\n" +
+	"lanekit.v1\x1a\x0eendpoint.proto\"\xca\x03\n" +
 	"\fAddVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05netns\x18\x02 \x01(\tR\x05netns\x12\x16\n" +
@@ -584,7 +946,15 @@ const file_vm_proto_rawDesc = "" +
 	"\n" +
 	"socket_uid\x18\a \x01(\rH\x00R\tsocketUid\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"socket_gid\x18\b \x01(\rH\x01R\tsocketGid\x88\x01\x01\x1a9\n" +
+	"socket_gid\x18\b \x01(\rH\x01R\tsocketGid\x88\x01\x01\x12\x18\n" +
+	"\aaddress\x18\t \x01(\tR\aaddress\x12\x1a\n" +
+	"\bincoming\x18\n" +
+	" \x01(\bR\bincoming\x12\x1e\n" +
+	"\n" +
+	"generation\x18\v \x01(\x04R\n" +
+	"generation\x12\x1f\n" +
+	"\vgateway_mac\x18\f \x01(\tR\n" +
+	"gatewayMac\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
@@ -598,7 +968,7 @@ const file_vm_proto_rawDesc = "" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\"\x10\n" +
 	"\x0eListVMsRequest\"3\n" +
 	"\x0fListVMsResponse\x12 \n" +
-	"\x03vms\x18\x01 \x03(\v2\x0e.lanekit.v1.VMR\x03vms\"\xb8\x02\n" +
+	"\x03vms\x18\x01 \x03(\v2\x0e.lanekit.v1.VMR\x03vms\"\xd4\x03\n" +
 	"\x02VM\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x18\n" +
@@ -611,7 +981,34 @@ const file_vm_proto_rawDesc = "" +
 	"\x03mtu\x18\t \x01(\rR\x03mtu\x120\n" +
 	"\bendpoint\x18\n" +
 	" \x01(\v2\x14.lanekit.v1.EndpointR\bendpoint\x12/\n" +
-	"\abackend\x18\v \x01(\v2\x15.lanekit.v1.VMBackendR\abackend\"\xd1\x01\n" +
+	"\abackend\x18\v \x01(\v2\x15.lanekit.v1.VMBackendR\abackend\x12'\n" +
+	"\x0fmigration_state\x18\f \x01(\tR\x0emigrationState\x12\x1e\n" +
+	"\n" +
+	"generation\x18\r \x01(\x04R\n" +
+	"generation\x12!\n" +
+	"\factivated_by\x18\x0e \x01(\tR\vactivatedBy\x12.\n" +
+	"\x13activated_unix_nano\x18\x0f \x01(\x03R\x11activatedUnixNano\"Y\n" +
+	"\x19VMMigrationChangedRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\"<\n" +
+	"\x1aVMMigrationChangedResponse\x12\x1e\n" +
+	"\x02vm\x18\x01 \x01(\v2\x0e.lanekit.v1.VMR\x02vm\"\x7f\n" +
+	"\rEndpointRoute\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x10\n" +
+	"\x03via\x18\x02 \x01(\tR\x03via\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12\x0e\n" +
+	"\x02vm\x18\x04 \x01(\tR\x02vm\x12\x12\n" +
+	"\x04node\x18\x05 \x01(\tR\x04node\"N\n" +
+	"\x19SyncEndpointRoutesRequest\x121\n" +
+	"\x06routes\x18\x01 \x03(\v2\x19.lanekit.v1.EndpointRouteR\x06routes\"T\n" +
+	"\x1aSyncEndpointRoutesResponse\x12\x16\n" +
+	"\x06routes\x18\x01 \x01(\rR\x06routes\x12\x1e\n" +
+	"\n" +
+	"superseded\x18\x02 \x03(\tR\n" +
+	"superseded\"\xd1\x01\n" +
 	"\tVMBackend\x12\x1f\n" +
 	"\vhost_socket\x18\x01 \x01(\tR\n" +
 	"hostSocket\x12\x16\n" +
@@ -635,32 +1032,39 @@ func file_vm_proto_rawDescGZIP() []byte {
 	return file_vm_proto_rawDescData
 }
 
-var file_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_vm_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_vm_proto_goTypes = []any{
-	(*AddVMRequest)(nil),    // 0: lanekit.v1.AddVMRequest
-	(*AddVMResponse)(nil),   // 1: lanekit.v1.AddVMResponse
-	(*DelVMRequest)(nil),    // 2: lanekit.v1.DelVMRequest
-	(*DelVMResponse)(nil),   // 3: lanekit.v1.DelVMResponse
-	(*ListVMsRequest)(nil),  // 4: lanekit.v1.ListVMsRequest
-	(*ListVMsResponse)(nil), // 5: lanekit.v1.ListVMsResponse
-	(*VM)(nil),              // 6: lanekit.v1.VM
-	(*VMBackend)(nil),       // 7: lanekit.v1.VMBackend
-	nil,                     // 8: lanekit.v1.AddVMRequest.LabelsEntry
-	(*Endpoint)(nil),        // 9: lanekit.v1.Endpoint
-	(*Attachment)(nil),      // 10: lanekit.v1.Attachment
+	(*AddVMRequest)(nil),               // 0: lanekit.v1.AddVMRequest
+	(*AddVMResponse)(nil),              // 1: lanekit.v1.AddVMResponse
+	(*DelVMRequest)(nil),               // 2: lanekit.v1.DelVMRequest
+	(*DelVMResponse)(nil),              // 3: lanekit.v1.DelVMResponse
+	(*ListVMsRequest)(nil),             // 4: lanekit.v1.ListVMsRequest
+	(*ListVMsResponse)(nil),            // 5: lanekit.v1.ListVMsResponse
+	(*VM)(nil),                         // 6: lanekit.v1.VM
+	(*VMMigrationChangedRequest)(nil),  // 7: lanekit.v1.VMMigrationChangedRequest
+	(*VMMigrationChangedResponse)(nil), // 8: lanekit.v1.VMMigrationChangedResponse
+	(*EndpointRoute)(nil),              // 9: lanekit.v1.EndpointRoute
+	(*SyncEndpointRoutesRequest)(nil),  // 10: lanekit.v1.SyncEndpointRoutesRequest
+	(*SyncEndpointRoutesResponse)(nil), // 11: lanekit.v1.SyncEndpointRoutesResponse
+	(*VMBackend)(nil),                  // 12: lanekit.v1.VMBackend
+	nil,                                // 13: lanekit.v1.AddVMRequest.LabelsEntry
+	(*Endpoint)(nil),                   // 14: lanekit.v1.Endpoint
+	(*Attachment)(nil),                 // 15: lanekit.v1.Attachment
 }
 var file_vm_proto_depIdxs = []int32{
-	8,  // 0: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
+	13, // 0: lanekit.v1.AddVMRequest.labels:type_name -> lanekit.v1.AddVMRequest.LabelsEntry
 	6,  // 1: lanekit.v1.AddVMResponse.vm:type_name -> lanekit.v1.VM
 	6,  // 2: lanekit.v1.ListVMsResponse.vms:type_name -> lanekit.v1.VM
-	9,  // 3: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
-	7,  // 4: lanekit.v1.VM.backend:type_name -> lanekit.v1.VMBackend
-	10, // 5: lanekit.v1.VMBackend.attachment:type_name -> lanekit.v1.Attachment
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	14, // 3: lanekit.v1.VM.endpoint:type_name -> lanekit.v1.Endpoint
+	12, // 4: lanekit.v1.VM.backend:type_name -> lanekit.v1.VMBackend
+	6,  // 5: lanekit.v1.VMMigrationChangedResponse.vm:type_name -> lanekit.v1.VM
+	9,  // 6: lanekit.v1.SyncEndpointRoutesRequest.routes:type_name -> lanekit.v1.EndpointRoute
+	15, // 7: lanekit.v1.VMBackend.attachment:type_name -> lanekit.v1.Attachment
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_vm_proto_init() }
@@ -676,7 +1080,7 @@ func file_vm_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_vm_proto_rawDesc), len(file_vm_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

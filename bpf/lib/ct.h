@@ -424,9 +424,10 @@ static __always_inline void ct_delete4(const struct ct_key *key)
 #define LK_ICMP6_ECHO_REPLY 129
 
 /* ct_tuple6 is ct_tuple4 for the IPv6 packet ip6 whose extension-header
- * chain is c: TCP, UDP and ICMPv6 echo. A fragmented packet (a fragment
- * header, first fragment included) is not trackable (-1): IPv6 fragments
- * are not reassociated with their first fragment's ports yet. */
+ * chain is c: TCP, UDP and ICMPv6 echo. TCP and UDP fragments are tracked
+ * as IPv4's (frag.h, frag6_ports): a later fragment gets its first
+ * fragment's ports, -2 when that was not seen. Other fragmented packets are
+ * not trackable (-1). */
 static __always_inline int ct_tuple6(struct __sk_buff *skb, const struct ipv6hdr *ip6,
 				     const struct lk_ip6_chain *c, struct ct6_key *key, __u8 *tcp_flags)
 {
@@ -436,19 +437,21 @@ static __always_inline int ct_tuple6(struct __sk_buff *skb, const struct ipv6hdr
 	key->flags = 0;
 	key->pad = 0;
 	*tcp_flags = 0;
-	if (c->frag)
-		return -1;
 	if (c->nh == IPPROTO_TCP || c->nh == IPPROTO_UDP) {
-		__be16 ports[2];
+		struct frag4_ports ports;
+		int err = c->frag ? frag6_ports(skb, ip6, c, &ports)
+				  : (bpf_skb_load_bytes(skb, c->off, &ports, sizeof(ports)) < 0 ? -1 : 0);
 
-		if (bpf_skb_load_bytes(skb, c->off, ports, sizeof(ports)) < 0)
-			return -1;
-		key->sport = ports[0];
-		key->dport = ports[1];
-		if (c->nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, c->off + 13, tcp_flags, 1) < 0)
+		if (err < 0)
+			return err;
+		key->sport = ports.sport;
+		key->dport = ports.dport;
+		if (c->nh == IPPROTO_TCP && !c->later && bpf_skb_load_bytes(skb, c->off + 13, tcp_flags, 1) < 0)
 			return -1;
 		return 0;
 	}
+	if (c->frag)
+		return -1;
 	if (c->nh == IPPROTO_ICMPV6) {
 		__u8 b[6];
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* frag.h: IPv4 fragment tracking for conntrack, load balancing and policy,
+/* frag.h: IPv4 and IPv6 fragment tracking for conntrack, load balancing and policy,
  * after Cilium's ipv4_handle_fragmentation (bpf/lib/ipv4.h).
  *
  * Only the first fragment of a datagram (offset 0, MF set) carries the L4
@@ -25,8 +25,11 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "ip6_ext.h"
 
 #define LK_FRAG_ENTRIES 8192
 
@@ -70,6 +73,29 @@ static __always_inline void frag4_key_of(const struct iphdr *ip4, struct frag4_k
 	k->pad = 0;
 }
 
+/* frag_ports_in is the family-independent half of frag4_ports and
+ * frag6_ports: a later fragment (no L4 header) takes the ports recorded
+ * under key in map; any other packet reads them at l4off, and a first
+ * fragment of several records them. Returns 0, -1 (truncated), -2 (a later
+ * fragment whose first was not seen). */
+static __always_inline int frag_ports_in(struct __sk_buff *skb, void *map, const void *key, int later,
+					 int first_of_many, __u32 l4off, struct frag4_ports *ports)
+{
+	if (later) {
+		struct frag4_ports *v = bpf_map_lookup_elem(map, key);
+
+		if (!v)
+			return -2;
+		*ports = *v;
+		return 0;
+	}
+	if (bpf_skb_load_bytes(skb, l4off, ports, sizeof(*ports)) < 0)
+		return -1;
+	if (first_of_many)
+		bpf_map_update_elem(map, key, ports, BPF_ANY);
+	return 0;
+}
+
 /* frag4_ports reads a TCP/UDP packet's ports. An unfragmented packet or a
  * first fragment has them at l4off (a first fragment's are remembered);
  * a later fragment gets its first fragment's. Returns 0, -1 when the L4
@@ -79,23 +105,58 @@ static __always_inline int frag4_ports(struct __sk_buff *skb, const struct iphdr
 {
 	struct frag4_key k;
 
-	if (frag4_later(ip4)) {
-		struct frag4_ports *v;
+	frag4_key_of(ip4, &k);
+	return frag_ports_in(skb, &lk_ipv4_frags, &k, frag4_later(ip4), !!(ip4->frag_off & bpf_htons(LK_IP_MF)),
+			     l4off, ports);
+}
 
-		frag4_key_of(ip4, &k);
-		v = bpf_map_lookup_elem(&lk_ipv4_frags, &k);
-		if (!v)
-			return -2;
-		*ports = *v;
-		return 0;
-	}
-	if (bpf_skb_load_bytes(skb, l4off, ports, sizeof(*ports)) < 0)
+/* IPv6: the same over the fragment header's identification (RFC 8200 4.5;
+ * the chain walk, ip6_ext.h, reads it). The key is the datagram's
+ * (source, destination, upper-layer protocol, identification). */
+struct frag6_key {
+	struct in6_addr saddr;
+	struct in6_addr daddr;
+	__be32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* lk_ipv6_frags: the L4 ports of IPv6 datagrams whose first fragment passed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_FRAG_ENTRIES);
+	__type(key, struct frag6_key);
+	__type(value, struct frag4_ports);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ipv6_frags SEC(".maps");
+
+/* The key is built in per-CPU scratch: from_pod6's stack has no room for
+ * 40 more bytes. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct frag6_key);
+} lk_frag6_scratch SEC(".maps");
+
+/* frag6_ports is frag4_ports for the IPv6 packet ip6 whose chain c has a
+ * fragment header (c->frag) and a TCP or UDP upper layer. Not inlined: a
+ * BPF-to-BPF call keeps its few bytes off from_pod6's frame, which sits
+ * close to the 512-byte limit (with lk_vm_rx_queue below it). */
+static __noinline int frag6_ports(struct __sk_buff *skb, const struct ipv6hdr *ip6,
+				       const struct lk_ip6_chain *c, struct frag4_ports *ports)
+{
+	__u32 zero = 0;
+	struct frag6_key *k = bpf_map_lookup_elem(&lk_frag6_scratch, &zero);
+
+	if (!k)
 		return -1;
-	if (ip4->frag_off & bpf_htons(LK_IP_MF)) {
-		frag4_key_of(ip4, &k);
-		bpf_map_update_elem(&lk_ipv4_frags, &k, ports, BPF_ANY);
-	}
-	return 0;
+	__builtin_memcpy(&k->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(&k->daddr, &ip6->daddr, 16);
+	k->id = c->frag_id;
+	k->proto = c->nh;
+	k->pad[0] = k->pad[1] = k->pad[2] = 0;
+	return frag_ports_in(skb, &lk_ipv6_frags, k, c->later, c->mf && !c->later, c->off, ports);
 }
 
 #endif

@@ -45,6 +45,8 @@ struct lk_ip6_chain {
 	__u8 later; /* ...and its offset is not 0: no L4 header in this packet */
 	__u8 first_nh; /* the IPv6 header's next header (hop-by-hop: a router must look) */
 	__u8 status; /* enum lk_ip6_chain_status */
+	__u8 mf; /* ...and more fragments follow (M set) */
+	__be32 frag_id; /* ...its identification (frag.h keys datagrams by it) */
 };
 
 static __always_inline int lk_ip6_is_ext(__u8 nh)
@@ -69,6 +71,8 @@ static __always_inline int lk_ip6_walk##SUFFIX(CTX *ctx, __u32 l3, __u8 nh, __u3
 	c->count = 0;									\
 	c->frag = 0;									\
 	c->later = 0;									\
+	c->mf = 0;									\
+	c->frag_id = 0;									\
 	c->status = LK_IP6_CHAIN_OK;							\
 	for (i = 0; i < max; i++) {							\
 		struct ipv6_opt_hdr ext;						\
@@ -85,6 +89,8 @@ static __always_inline int lk_ip6_walk##SUFFIX(CTX *ctx, __u32 l3, __u8 nh, __u3
 			c->frag = 1;							\
 			if (fh.frag_off & bpf_htons(LK_IP6_FRAG_OFFSET))		\
 				c->later = 1;						\
+			c->mf = !!(fh.frag_off & bpf_htons(LK_IP6_FRAG_MF));		\
+			c->frag_id = fh.identification;					\
 			c->off += sizeof(fh);						\
 			c->nh = fh.nexthdr;						\
 		} else {								\

@@ -50,15 +50,6 @@
 #define LK_DHCP6_CLIENT_PORT 546
 #define LK_DHCP6_SERVER_PORT 547
 
-/* Local endpoints by IPv6 address: where to deliver. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, LK_MAX_ENDPOINTS);
-	__type(key, struct in6_addr);
-	__type(value, struct endpoint_info);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lk_endpoints6 SEC(".maps");
-
 /* from_pod's IPv6 half (from_pod6 in pod.c), entered by a tail call: the
  * IPv4 pipeline (load balancing, policy) fills most of from_pod's 512-byte
  * stack, and a tail call starts a fresh one. Slot 0. Pinned, so that the
@@ -93,6 +84,26 @@ static __always_inline int ip6_walk(struct __sk_buff *skb, const struct pkt *p, 
 	    c->off > skb->len)
 		return -1;
 	return 0;
+}
+
+/* lb6_reply translates back a reply of a flow this node load-balanced, on
+ * a path that carries only replies (lb4_reply for IPv6): to_uplink and
+ * to_pod, where the node's stack answers a flow whose backend it is (a
+ * hostNetwork endpoint). Returns 1 when rewritten, 0 when not, -1 on a
+ * failed rewrite. */
+static __always_inline int lb6_reply(struct __sk_buff *skb, struct pkt *p, struct lb6_pending *pd)
+{
+	struct lk_ip6_chain c;
+	int r;
+
+	if (!pd || ip6_walk(skb, p, &c))
+		return 0;
+	r = lb6_icmp_rev_nat(skb, &c, pd);
+	if (r)
+		return r;
+	if ((c.nh != IPPROTO_TCP && c.nh != IPPROTO_UDP) || ct_tuple6(skb, p->ip6, &c, &pd->ft, &pd->tcpf) < 0)
+		return 0;
+	return lb6_rev_nat(skb, c.later ? 0 : c.off, pd);
 }
 
 /* What an endpoint's packet is at L4, for anti-spoofing (ip6_l4_class). */
@@ -269,31 +280,36 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	return route_ipv6(skb, p, ep->id, &c, dst);
 }
 
-/* from_uplink_ipv6 is from_uplink (uplink.c) for IPv6: a packet for a local
- * endpoint goes into it with bpf_redirect_peer (a reply of a load-balanced
- * flow translated back first); the rest is the stack's. */
+/* from_uplink_ipv6 is from_wire (uplink.c) for IPv6: NodePort and
+ * external-address frontends are load-balanced and replies of flows this
+ * node load-balanced translated back (lb6); a packet for a local endpoint
+ * goes into it with bpf_redirect_peer after its ingress policy, one the LB
+ * translated for elsewhere (a remote backend, an external client) is routed
+ * (that node's policy judges it); the rest is the stack's. */
 static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p)
 {
-	struct endpoint_info *dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	struct endpoint_info *dst;
 	struct lb6_pending *pd;
 	struct lk_ip6_chain c;
 	__u32 reason;
-	int changed;
+	int changed, v;
 
-	if (!dst)
-		return TC_ACT_OK;
-	if (ip6_walk(skb, p, &c) || p->ip6->hop_limit <= 1 || c.first_nh == IPPROTO_HOPOPTS)
-		return TC_ACT_OK; /* the stack judges broken chains, sends time exceeded, reads options (to_pod judges policy) */
-	/* [LB] replies of flows a pod here load-balanced to a remote backend */
+	if (ip6_walk(skb, p, &c) || c.first_nh == IPPROTO_HOPOPTS)
+		return TC_ACT_OK; /* the stack judges broken chains, reads options (to_pod judges policy) */
 	pd = lb6_pending_get();
-	if (lb6(skb, p, &c, 0, pd, &changed) != LB_CONTINUE)
+	v = lb6(skb, p, &c, 0, pd, &changed);
+	if (v != LB_CONTINUE)
+		return v;
+	if (changed && (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6))
 		return TC_ACT_SHOT;
-	if (changed) {
-		if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
-			return TC_ACT_SHOT;
-		dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
-		if (!dst)
-			return TC_ACT_OK;
+	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);
+	if (!dst) {
+		if (!changed)
+			return TC_ACT_OK; /* the node's, or nobody's here */
+		lb6_commit(pd);
+		if (p->ip6->hop_limit <= 1)
+			return TC_ACT_OK; /* the stack sends time exceeded */
+		return route_ipv6(skb, p, 0, &c, 0);
 	}
 	/* [policy] the receiver's ingress (a reply translated back belongs to
 	 * a connection policy allowed) */
@@ -302,10 +318,15 @@ static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p
 		if (reason)
 			return drop(skb, dst->id, reason);
 	}
+	lb6_commit(pd); /* [LB] the new flow's state, now that it is allowed */
+	if (p->ip6->hop_limit <= 1)
+		return TC_ACT_OK;
 	return deliver_local_l3(skb, p, 0, dst, 1);
 }
 
-/* to_pod_ipv6 is to_pod (pod.c) for IPv6: the receiver's ingress judges
+/* to_pod_ipv6 is to_pod (pod.c) for IPv6: replies of service flows whose
+ * backend is the node's stack are translated back (lb6_reply); the
+ * receiver's ingress judges
  * what the stack sends into it (from_stack: the node's own addresses pass),
  * neighbour discovery (the host resolving the pod) excepted. A chain the
  * walk refuses cannot be judged: dropped for an endpoint a policy selects. */
@@ -318,6 +339,22 @@ static __always_inline int to_pod_ipv6(struct __sk_buff *skb, struct pkt *p)
 
 	if (!dst)
 		return TC_ACT_OK;
+	/* [LB] a reply from a backend on this node's stack goes back to the
+	 * client pod from the frontend. */
+	{
+		struct lb6_pending *pd = lb6_pending_get();
+		int r = lb6_reply(skb, p, pd);
+
+		if (r < 0)
+			return drop(skb, dst->id, DROP_MALFORMED);
+		if (r) {
+			if (parse_eth(p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p->ip6)
+				return drop(skb, dst->id, DROP_MALFORMED);
+			if (pd->allowed_reply)
+				return TC_ACT_OK; /* a connection policy allowed */
+		}
+	}
+	/* [/LB] */
 	if (ip6_walk(skb, p, &c))
 		return policy_selected6(dst) ? drop(skb, dst->id, DROP_IPV6_EXT_HDRS) : TC_ACT_OK;
 	if (!c.frag && c.nh == IPPROTO_ICMPV6 && !bpf_skb_load_bytes(skb, c.off, &type, 1) &&

@@ -46,7 +46,7 @@
  * External addresses (externalIPs, LoadBalancer ingress IPs) are NodePort
  * scope frontends on that address and the service port (LB_SVC_F_EXTERNAL):
  * to a remote backend they are source-NATed to the node's own address
- * towards it (lb_node_src4), not the external address. With
+ * towards it (lb_node_src), not the external address. With
  * externalTrafficPolicy Local the NodePort scope frontend is Local and a
  * ClusterIP scope twin on the same address and port holds every endpoint:
  * pods (from_pod looks ClusterIP scope up first) and the node's processes
@@ -264,6 +264,28 @@ static __always_inline int lb_reply_unreach(struct __sk_buff *skb, const struct 
 	return 0;
 }
 
+/* lb_no_backend_drop decides, for both families, what becomes of a new
+ * flow to frontend svc that found no backend: a traffic policy Local
+ * frontend drops it without an answer, as kube-proxy does (the client's
+ * load balancer, told by healthCheckNodePort, goes elsewhere:
+ * DROP_NO_LOCAL_BACKEND); a later fragment (l4off 0) has nothing to answer
+ * with (DROP_NO_BACKEND). Returns that verdict, or LB_CONTINUE: answer it
+ * (lb_no_backend, lb6_no_backend). */
+static __always_inline int lb_no_backend_drop(struct __sk_buff *skb, const struct lb_svc_value *svc, __u32 l4off,
+					      __u32 ep_id)
+{
+	if (svc->flags & LB_SVC_F_LOCAL) {
+		lb_count_drop(skb, ep_id, DROP_NO_LOCAL_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	if (!l4off) {
+		lb_stat(LB_STAT_NO_BACKEND);
+		lb_count_drop(skb, ep_id, DROP_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	return LB_CONTINUE;
+}
+
 /* lb_no_backend answers a new flow to a frontend without backends: a TCP
  * reset or ICMP port unreachable, sent back where the packet came from (ep:
  * into the sending endpoint; NULL: out of the device it arrived on). */
@@ -286,50 +308,96 @@ static __always_inline int lb_no_backend(struct __sk_buff *skb, const struct ct_
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* lb_snat_flow creates the flow entry of a source-NATed flow with a free
- * source port: keep (network order; 0: none) first if its tuple is free,
- * else one of LB_SNAT_TRIES ports in [lb_snat_port_min, lb_snat_port_max]
- * picked from the original flow's hash h. Each is checked against the live
- * entries (ct_create4_unique), so two flows never share a translated tuple.
+/* lb_snat_flow_in creates the flow entry of a source-NATed flow with a free
+ * source port, for either family: ft is the translated tuple (a struct
+ * ct_key, or a ct6_key when v6) and sport its source port field. keep
+ * (network order; 0: none) is tried first if its tuple is free, else one of
+ * LB_SNAT_TRIES ports in [lb_snat_port_min, lb_snat_port_max] picked from
+ * the original flow's hash h. Each is checked against the live entries
+ * (ct_create_in BPF_NOEXIST), so two flows never share a translated tuple.
  * NodePort SNAT to the node's address keeps no client port: it may be in the
  * node's ephemeral range, whose sockets conntrack does not see (hairpin's
- * 169.254.42.1 is no address of the node's sockets: the client's port is
- * kept there). Returns the port (network order), 0 if none was free. */
-static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h, __be16 keep)
+ * address is no address of the node's sockets: the client's port is kept
+ * there). Returns the port (network order), 0 if none was free. */
+static __always_inline __be16 lb_snat_flow_in(__u8 v6, void *ft, __be16 *sport, const struct ct_entry *fe, __u32 h,
+					      __be16 keep)
 {
 	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
 	__u32 span = hi >= lo ? hi - lo + 1 : 1;
 
-	ft->sport = keep;
-	if (keep && !ct_create4_unique(ft, fe))
+	*sport = keep;
+	if (keep && !ct_create_in(v6, ft, fe, BPF_NOEXIST))
 		return keep;
 	for (int i = 0; i < LB_SNAT_TRIES; i++) {
 		__u32 p = lo + (h + i * 7919) % span;
 
-		ft->sport = bpf_htons(p);
-		if (!ct_create4_unique(ft, fe))
-			return ft->sport;
+		*sport = bpf_htons(p);
+		if (!ct_create_in(v6, ft, fe, BPF_NOEXIST))
+			return *sport;
 	}
 	return 0;
 }
 
-/* lb_node_src4 returns the node's source address towards dst (the
- * kernel's route to it: preferred source, else the outgoing device's
- * address), 0 when there is none. An external address is no node address:
- * a flow to it source-NATed to a remote backend takes this one, so the
- * backend's node routes the reply back here. */
-static __always_inline __be32 lb_node_src4(struct __sk_buff *skb, __be32 dst)
+/* lb_snat_kind decides whether a new flow to a backend is source-NATed, the
+ * same for both families (lb_forward, lb6_forward): self, the client is its
+ * own backend; from_ep, the client is a local endpoint (NULL: the wire);
+ * be_on_node, the backend is a local endpoint or the node's own address
+ * (asked only for a NodePort flow from the wire). Returns the CT_F_* flags
+ * of the SNAT, 0 for none, and counts the choice.
+ *   - hairpin (a local endpoint reaching itself: its reply comes back
+ *     through its own device). A client from the wire that is also the
+ *     backend (a node reaching another node's NodePort whose endpoint it
+ *     hosts) is NodePort SNATed: the hairpin address would not route back.
+ *   - NodePort from the wire to a remote backend: the reply must come back
+ *     through this node. To a local endpoint the client address is kept; to
+ *     the node's own address (a hostNetwork endpoint) SNAT would make a
+ *     martian: its stack's reply is translated back on the way out. A local
+ *     endpoint's replies come back here anyway. */
+static __always_inline __u16 lb_snat_kind(int self, __u8 scope, const struct endpoint_info *from_ep, int be_on_node)
 {
-	struct bpf_fib_lookup fib = {
-		.family = AF_INET,
-		.ipv4_dst = dst,
-		.ifindex = skb->ifindex,
-	};
-
-	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
-	    BPF_FIB_LKUP_RET_SUCCESS)
+	if (self && from_ep) {
+		lb_stat(LB_STAT_HAIRPIN);
+		return CT_F_SNAT | CT_F_HAIRPIN;
+	}
+	if (scope != LB_SCOPE_NODEPORT || from_ep)
 		return 0;
-	return fib.ipv4_src;
+	if (be_on_node) {
+		lb_stat(LB_STAT_NODEPORT_LOCAL);
+		return 0;
+	}
+	lb_stat(LB_STAT_NODEPORT_SNAT);
+	return CT_F_SNAT | CT_F_NODEPORT;
+}
+
+static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h, __be16 keep)
+{
+	return lb_snat_flow_in(0, ft, &ft->sport, fe, h, keep);
+}
+
+/* lb_node_src returns in src (4 or 16 bytes) the node's source address
+ * towards dst (the kernel's route to it: preferred source, else the
+ * outgoing device's address); -1 when there is none. fib is scratch space
+ * (IPv6 passes per-CPU memory: from_pod6's stack has no room). An external
+ * address is no node address: a flow to it source-NATed to a remote backend
+ * takes this one, so the backend's node routes the reply back here. */
+static __always_inline int lb_node_src(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 v6, const void *dst,
+				       void *src)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = v6 ? AF_INET6 : AF_INET;
+	fib->ifindex = skb->ifindex;
+	if (v6)
+		__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	else
+		__builtin_memcpy(&fib->ipv4_dst, dst, 4);
+	if (bpf_fib_lookup(skb, fib, sizeof(*fib), BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH) !=
+	    BPF_FIB_LKUP_RET_SUCCESS)
+		return -1;
+	if (v6)
+		__builtin_memcpy(src, fib->ipv6_src, 16);
+	else
+		__builtin_memcpy(src, &fib->ipv4_src, 4);
+	return 0;
 }
 
 /* lb_pending holds the conntrack entries a new load-balanced flow needs
@@ -437,54 +505,31 @@ static __always_inline int lb_forward(struct __sk_buff *skb, const struct ct_key
 		struct ct_entry ne = {};
 
 		bid = lb_select(svc, t, &be);
-		if (!be && (svc->flags & LB_SVC_F_LOCAL)) {
-			/* Traffic policy Local, no endpoint here: dropped without
-			 * an answer, as kube-proxy does (the client's load
-			 * balancer, told by healthCheckNodePort, goes elsewhere). */
-			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_LOCAL_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		if (!be && !l4off) {
-			/* A later fragment: nothing to answer with. */
-			lb_stat(LB_STAT_NO_BACKEND);
-			lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		if (!be)
+		if (!be) {
+			res = lb_no_backend_drop(skb, svc, l4off, ep ? ep->id : 0);
+			if (res != LB_CONTINUE)
+				return res;
 			return lb_no_backend(skb, t, l4off, tot_len, ihl, ep);
+		}
 		lb_stat(LB_STAT_NEW_FLOW);
 		ft.saddr = t->saddr;
 		ft.daddr = be->addr;
 		ft.sport = t->sport;
 		ft.dport = bpf_htons(be->port);
 		ft.proto = t->proto;
-		if (be->addr == t->saddr && ep) {
-			/* Hairpin: a local endpoint reaching itself (its reply
-			 * comes back through its own device). A client from the
-			 * wire that is also the backend (a node reaching another
-			 * node's NodePort whose endpoint it hosts) is NodePort
-			 * SNATed below: 169.254.42.1 would not route back here. */
+		/* Hairpin (169.254.42.1) or NodePort SNAT (lb_snat_kind). */
+		snat_flags = lb_snat_kind(be->addr == t->saddr, scope, ep,
+					  scope == LB_SCOPE_NODEPORT && !ep &&
+						  (bpf_map_lookup_elem(&lk_endpoints, &be->addr) || be->addr == t->daddr));
+		if (snat_flags & CT_F_HAIRPIN) {
 			snat_addr = bpf_htonl(LB_HAIRPIN_IP);
-			snat_flags = CT_F_SNAT | CT_F_HAIRPIN;
-			lb_stat(LB_STAT_HAIRPIN);
-		} else if (scope == LB_SCOPE_NODEPORT && !ep) {
-			/* An external client: the reply must come back through
-			 * this node. (A local pod client gets its replies here
-			 * anyway: it lives on this node.) */
-			/* Not for a backend that is this node's own address (a
-			 * hostNetwork endpoint): SNAT to it would make a martian;
-			 * its stack's reply is translated back on the way out
-			 * (to_uplink). */
-			if (!bpf_map_lookup_elem(&lk_endpoints, &be->addr) && be->addr != t->daddr) {
-				snat_addr = t->daddr;
-				if ((svc->flags & LB_SVC_F_EXTERNAL) && !(snat_addr = lb_node_src4(skb, be->addr))) {
-					lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
-					return TC_ACT_SHOT;
-				}
-				snat_flags = CT_F_SNAT | CT_F_NODEPORT;
-				lb_stat(LB_STAT_NODEPORT_SNAT);
-			} else {
-				lb_stat(LB_STAT_NODEPORT_LOCAL);
+		} else if (snat_flags) {
+			struct bpf_fib_lookup fib;
+
+			snat_addr = t->daddr;
+			if ((svc->flags & LB_SVC_F_EXTERNAL) && lb_node_src(skb, &fib, 0, &be->addr, &snat_addr) < 0) {
+				lb_count_drop(skb, ep ? ep->id : 0, DROP_FIB_FAILED);
+				return TC_ACT_SHOT;
 			}
 		}
 		if (snat_flags) {

@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* lb6.h: service load balancing for IPv6 ClusterIP frontends, from pods
- * (from_pod6) with replies translated back wherever they enter (from_pod6
- * for a local backend, from_uplink6 for a remote one). The IPv4 design of
+/* lb6.h: service load balancing for IPv6 frontends: ClusterIP from pods
+ * (from_pod6), NodePort and external addresses from the wire
+ * (from_uplink6), with replies translated back wherever they enter
+ * (from_pod6 for a local backend, from_uplink6 for a remote one or an
+ * external client). The IPv4 design of
  * lb.h over IPv6 tables:
  *
  *   lk_lb_svc6       (VIP, port, proto, scope) -> struct lb_svc_value
  *   lk_lb_backends6  backend ID -> IPv6 backend
  *   lk_lb_revnat6    frontend ID -> the IPv6 frontend replies come from
  *   lk_lb_affinity6  (client, frontend ID) -> backend (ClientIP affinity)
+ *   lk_ct6_nat       lk_ct6 key -> the IPv6 nat_addr of its entry (SNAT)
  *
  * Shared with IPv4: the frontend value, the Maglev tables (lk_lb_maglev,
  * keyed by frontend ID; IDs are allocated across families by
@@ -18,13 +21,28 @@
  * frontend ID). As in lb.h, a new flow's entries are created only after
  * policy allowed the packet (lb6_commit).
  *
- * Not here (refused per object by pkg/k8sobj, README): IPv6 NodePort,
- * external and load-balancer IPs, hairpin (a pod reaching itself through
- * an IPv6 ClusterIP: its reply would not come back through the LB),
- * fragments (not load-balanced: ct_tuple6). A frontend without backends
- * answers a new flow as lb.h does (a TCP reset or an ICMPv6 port
- * unreachable), and ICMPv6 errors about a load-balanced flow are translated
- * back (lb6_icmp_rev_nat). */
+ * NodePort and external addresses (externalIPs, LoadBalancer ingress IPs)
+ * over IPv6 as lb.h does for IPv4: NodePort scope frontends on the node's
+ * IPv6 addresses (from_uplink6, and pods reaching them), traffic policy
+ * Local (DROP_NO_LOCAL_BACKEND), source NAT by the same rule
+ * (lb_snat_kind): a flow from the wire to a remote backend leaves from the
+ * node's address (an external address: the node's source towards the
+ * backend, lb_node_src), a pod reaching itself through a Service from
+ * LB_HAIRPIN_IP6. Source ports from lb_snat_flow_in, as IPv4's. struct
+ * ct_entry holds a 4-byte nat_addr: an IPv6 entry's is in lk_ct6_nat, keyed
+ * as its lk_ct6 entry (the flow entry: the original client; the service
+ * entry: the SNAT source used).
+ *
+ * Fragments (frag.h, ct_tuple6): a later fragment takes its first
+ * fragment's ports and so the same backend and translation (the address
+ * only: its L4 header, checksum included, is in the first fragment); one
+ * whose first fragment was not seen is dropped (DROP_FRAG_NOT_FOUND).
+ *
+ * A frontend without backends answers a new flow as lb.h does (a TCP reset
+ * or an ICMPv6 port unreachable, into the endpoint or back out of the
+ * device it came from), and ICMPv6 errors about a load-balanced flow are
+ * translated back (lb6_icmp_rev_nat), for source-NATed flows to their
+ * client. */
 #ifndef LK_LB6_H
 #define LK_LB6_H
 
@@ -44,6 +62,7 @@
 #include "lb6_maps.h"
 #include "lb_select.h"
 #include "lb.h"
+#include "ndp.h" /* ip6_equal */
 
 /* The answer to a new flow without a backend: Ethernet + IPv6 (this) and a
  * TCP reset or an ICMPv6 port unreachable quoting the first 48 bytes of the
@@ -93,6 +112,28 @@ struct lb6_csum {
 	};
 };
 
+/* The hairpin source of IPv6 (lb.h's 169.254.42.1): an address of the
+ * discard-only prefix 100::/64 (RFC 6666), never a real host's; the pod
+ * routes its reply to it through its gateway, back into from_pod6. */
+#define LB_HAIRPIN_IP6_W3 0xa9fe2a01 /* 100::a9fe:2a01, the last word (host order) */
+
+/* The IPv6 nat_addr of an lk_ct6 entry (struct ct_entry has 4 bytes). */
+struct lb_nat6_value {
+	__u8 addr[16];
+};
+
+/* lk_ct6_nat: lk_ct6 key -> the IPv6 nat_addr of its entry, for entries
+ * with CT_F_SNAT. Written with the entry; an LRU as lk_ct6 is, so a
+ * deleted or evicted entry's goes the same way in time (a reply finding
+ * none is not translated: the stack's). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LK_CT6_ENTRIES);
+	__type(key, struct ct6_key);
+	__type(value, struct lb_nat6_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_ct6_nat SEC(".maps");
+
 /* One IPv6 LB decision between lb6 and lb6_commit (struct lb_pending), and
  * the scratch space of a no-backend answer. */
 struct lb6_pending {
@@ -102,6 +143,10 @@ struct lb6_pending {
 	struct ct_entry fe;
 	struct lb_affinity6_key ak;
 	struct ct_key h; /* the tuple folded to 32-bit addresses, for the Maglev hash */
+	struct lb_nat6_value nat; /* the SNAT source of this flow */
+	__u64 fib[8]; /* lb_node_src's struct bpf_fib_lookup (bpf2go cannot mirror its unions) */
+	__be16 snat_port;
+	__u16 snat_flags; /* CT_F_SNAT | CT_F_HAIRPIN / CT_F_NODEPORT, or 0 */
 	__u8 svc; /* create sk */
 	__u8 flow; /* create (or complete) ft */
 	__u8 allowed_reply; /* a reply translated back, of a flow policy allowed */
@@ -109,6 +154,8 @@ struct lb6_pending {
 	struct lb6_reply_hdr r;
 	struct lb6_csum cs;
 };
+
+_Static_assert(sizeof(((struct lb6_pending *)0)->fib) == sizeof(struct bpf_fib_lookup), "lb6_pending.fib");
 
 /* Scratch, per CPU (from_pod6's stack has no room): not pinned. */
 struct {
@@ -192,7 +239,8 @@ static __always_inline __u32 lb6_select(const struct lb_svc_value *svc, struct l
 
 /* lb6_rewrite rewrites the source (src 1) or destination address and port
  * of a TCP/UDP packet whose L4 header is at l4off, patching the L4 checksum
- * (IPv6 has no header checksum). */
+ * (IPv6 has no header checksum). l4off 0: a later fragment, which has no L4
+ * header: the address only (its first fragment carried ports and checksum). */
 static __always_inline int lb6_rewrite(struct __sk_buff *skb, __u32 l4off, __u8 proto, int src, const __u8 *addr,
 				       __be16 port)
 {
@@ -203,37 +251,56 @@ static __always_inline int lb6_rewrite(struct __sk_buff *skb, __u32 l4off, __u8 
 	__be16 old_port;
 	__s64 diff;
 
-	if (bpf_skb_load_bytes(skb, addr_off, old, 16) < 0 || bpf_skb_load_bytes(skb, port_off, &old_port, 2) < 0)
+	if (bpf_skb_load_bytes(skb, addr_off, old, 16) < 0)
 		return -1;
 	__builtin_memcpy(new, addr, 16);
-	diff = bpf_csum_diff(old, 16, new, 16, 0);
-	if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0)
-		return -1;
-	if (bpf_l4_csum_replace(skb, csum_off, old_port, port, 2) < 0)
-		return -1;
-	if (bpf_skb_store_bytes(skb, addr_off, new, 16, 0) < 0 || bpf_skb_store_bytes(skb, port_off, &port, 2, 0) < 0)
+	if (l4off) {
+		if (bpf_skb_load_bytes(skb, port_off, &old_port, 2) < 0)
+			return -1;
+		diff = bpf_csum_diff(old, 16, new, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0)
+			return -1;
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, port_off, &port, 2, 0) < 0)
+			return -1;
+	}
+	if (bpf_skb_store_bytes(skb, addr_off, new, 16, 0) < 0)
 		return -1;
 	return 0;
 }
 
 /* lb6_rev_nat translates a reply of a load-balanced IPv6 flow (tuple
- * pd->ft) back to its frontend. Returns 1 when rewritten, 0 when not, -1 on
- * a failed rewrite. */
-static __always_inline int lb6_rev_nat(struct __sk_buff *skb, const struct lk_ip6_chain *c, struct lb6_pending *pd)
+ * pd->ft; l4off 0: a later fragment) back: its source to the frontend
+ * (CT_F_REVNAT), its destination to the original client (CT_F_SNAT, from
+ * lk_ct6_nat). Returns 1 when rewritten, 0 when not, -1 on a failed
+ * rewrite. */
+static __always_inline int lb6_rev_nat(struct __sk_buff *skb, __u32 l4off, struct lb6_pending *pd)
 {
 	struct lb_revnat6_value *rn;
+	struct lb_nat6_value *nat = 0;
 	struct ct_entry *e = 0;
+	__be16 nat_port;
 	__u16 flags;
 
 	if (ct_lookup6(&pd->ft, pd->tcpf, &e) != CT_REPLY || !e)
 		return 0;
 	flags = e->flags;
-	if (!(flags & CT_F_REVNAT))
+	nat_port = e->nat_port;
+	if (!(flags & (CT_F_REVNAT | CT_F_SNAT)))
 		return 0;
-	rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
-	if (!rn)
-		return 0;
-	if (lb6_rewrite(skb, c->off, pd->ft.proto, 1, rn->addr, bpf_htons(rn->port)) < 0)
+	if (flags & CT_F_SNAT) {
+		ct6_key_swap(&pd->ft); /* the entry's key */
+		nat = bpf_map_lookup_elem(&lk_ct6_nat, &pd->ft);
+		ct6_key_swap(&pd->ft);
+		if (!nat)
+			return 0;
+	}
+	if (flags & CT_F_REVNAT) {
+		rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
+		if (rn && lb6_rewrite(skb, l4off, pd->ft.proto, 1, rn->addr, bpf_htons(rn->port)) < 0)
+			return -1;
+	}
+	if (nat && lb6_rewrite(skb, l4off, pd->ft.proto, 0, nat->addr, nat_port) < 0)
 		return -1;
 	lb_stat(LB_STAT_REVNAT);
 	if (flags & CT_F_POLICY)
@@ -244,8 +311,9 @@ static __always_inline int lb6_rev_nat(struct __sk_buff *skb, const struct lk_ip
 /* lb6_icmp_rev_nat translates an ICMPv6 error (unreachable, packet too
  * big, time exceeded, parameter problem) about a load-balanced flow back,
  * as lb_icmp_rev_nat does for IPv4: the quoted packet's destination becomes
- * the frontend again, the outer source the frontend when the backend itself
- * sent it, so the client learns it for the address it used (Packet Too Big:
+ * the frontend again (and, for a flow this node source-NATed, its source
+ * and the outer destination the client), the outer source the frontend
+ * when the backend itself sent it, so the client learns it for the address it used (Packet Too Big:
  * path MTU discovery). The quoted packet must be the flow's IPv6 header
  * without extension headers and its ports. The ICMPv6 checksum is patched
  * incrementally; the quoted L4 checksum is left alone. Returns 1 when
@@ -278,6 +346,31 @@ static __always_inline int lb6_icmp_rev_nat(struct __sk_buff *skb, const struct 
 	rn = bpf_map_lookup_elem(&lk_lb_revnat6, &e->rev_nat_id);
 	if (!rn)
 		return 0;
+	if (e->flags & CT_F_SNAT) {
+		/* A flow this node source-NATed (NodePort from the wire,
+		 * hairpin): the error went to the SNAT source; the quoted
+		 * source and the outer destination become the client again. */
+		struct lb_nat6_value *nat = bpf_map_lookup_elem(&lk_ct6_nat, &pd->ft);
+		__u32 dst_off = ETH_HLEN + offsetof(struct ipv6hdr, daddr);
+		__be16 cport = e->nat_port;
+
+		if (!nat)
+			return 0;
+		__builtin_memcpy(old, &pd->ft.saddr, 16);
+		__builtin_memcpy(new, nat->addr, 16);
+		diff = bpf_csum_diff(old, 16, new, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff, 0) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, pd->ft.sport, cport, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, in + 8, new, 16, 0) < 0 || bpf_skb_store_bytes(skb, in + 40, &cport, 2, 0) < 0)
+			return -1;
+		if (bpf_skb_load_bytes(skb, dst_off, old, 16) < 0)
+			return -1;
+		if (old[0] == pd->ft.saddr.in6_u.u6_addr32[0] && old[1] == pd->ft.saddr.in6_u.u6_addr32[1] &&
+		    old[2] == pd->ft.saddr.in6_u.u6_addr32[2] && old[3] == pd->ft.saddr.in6_u.u6_addr32[3] &&
+		    (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR) < 0 ||
+		     bpf_skb_store_bytes(skb, dst_off, new, 16, 0) < 0))
+			return -1;
+	}
 	if (e->flags & CT_F_POLICY)
 		pd->allowed_reply = 1;
 	__builtin_memcpy(old, &pd->ft.daddr, 16);
@@ -363,16 +456,17 @@ static __always_inline int lb6_reply_for(struct __sk_buff *skb, const struct lk_
 	return 0;
 }
 
-/* lb6_no_backend answers a new flow to a frontend without backends into
- * the endpoint that sent it (lb_no_backend for IPv6), counted as a
- * DROP_NO_BACKEND drop of the endpoint. */
+/* lb6_no_backend answers a new flow to a frontend without backends
+ * (lb_no_backend for IPv6): into the endpoint that sent it, or (ep NULL)
+ * back out of the device it arrived on; counted as a DROP_NO_BACKEND drop
+ * of the endpoint (0: the wire). */
 static __always_inline int lb6_no_backend(struct __sk_buff *skb, const struct lk_ip6_chain *c,
 					  struct lb6_pending *pd, const struct endpoint_info *ep)
 {
 	__u32 hdr = sizeof(struct lb6_reply_hdr);
 
 	lb_stat(LB_STAT_NO_BACKEND);
-	lb_count_drop(skb, ep->id, DROP_NO_BACKEND);
+	lb_count_drop(skb, ep ? ep->id : 0, DROP_NO_BACKEND);
 	if (lb6_reply_for(skb, c, pd) < 0)
 		return TC_ACT_SHOT;
 	if (pd->cs.nh == IPPROTO_TCP) {
@@ -385,21 +479,144 @@ static __always_inline int lb6_no_backend(struct __sk_buff *skb, const struct lk
 	}
 	if (bpf_skb_store_bytes(skb, 0, &pd->r, hdr, 0) < 0)
 		return TC_ACT_SHOT;
-	return to_endpoint(skb, ep);
+	if (ep)
+		return to_endpoint(skb, ep);
+	trace_redirect(skb->ifindex, REDIR_PLAIN, skb->queue_mapping);
+	return bpf_redirect(skb->ifindex, 0);
 }
 
-/* lb6 load-balances an IPv6 packet an endpoint sent (scope
- * LB_SCOPE_CLUSTERIP), or translates a reply back; from the wire (ep NULL)
- * only replies. Returns LB_CONTINUE (*changed: the packet was rewritten, the
- * caller parses it again) or a TC verdict. */
+/* lb6_snat_source fills pd->nat with the source a new flow of frontend svc
+ * to backend be is translated to (pd->snat_flags says which kind). Returns
+ * 0, or -1 when the node has no route to the backend. */
+static __always_inline int lb6_snat_source(struct __sk_buff *skb, const struct lb_svc_value *svc,
+					   const struct lb_backend6_value *be, struct lb6_pending *pd)
+{
+	if (pd->snat_flags & CT_F_HAIRPIN) {
+		__builtin_memset(pd->nat.addr, 0, 16);
+		pd->nat.addr[0] = 0x01; /* 100:: */
+		*(__be32 *)&pd->nat.addr[12] = bpf_htonl(LB_HAIRPIN_IP6_W3);
+		return 0;
+	}
+	if (svc->flags & LB_SVC_F_EXTERNAL)
+		return lb_node_src(skb, (struct bpf_fib_lookup *)pd->fib, 1, be->addr, pd->nat.addr);
+	__builtin_memcpy(pd->nat.addr, &pd->ft.daddr, 16); /* the node address the client reached */
+	return 0;
+}
+
+/* lb6_forward load-balances the packet (tuple pd->ft; l4off 0: a later
+ * fragment) to frontend svc of scope `scope`: lb_forward for IPv6. A tracked
+ * flow keeps its backend and SNAT; a new one takes lb6_select's backend,
+ * and lb_snat_kind's SNAT, whose entries are created at once (the port is
+ * allocated by creating the flow entry); the others wait for lb6_commit. */
+static __always_inline int lb6_forward(struct __sk_buff *skb, const struct lk_ip6_chain *c, __u32 l4off,
+				       const struct lb_svc_value *svc, __u8 scope, const struct endpoint_info *ep,
+				       struct lb6_pending *pd, int *changed)
+{
+	struct lb_backend6_value *be = 0;
+	struct lb_nat6_value *nat;
+	struct ct_entry *se = 0;
+	__u32 id = 0, ep_id = ep ? ep->id : 0;
+
+	pd->sk = pd->ft;
+	pd->sk.flags = CT_KEY_SERVICE;
+	pd->snat_flags = 0;
+	if (ct_lookup6(&pd->sk, pd->tcpf, &se) != CT_NEW && se) {
+		id = se->backend_id;
+		be = lb6_backend(id, svc->frontend_id);
+		if (be && (se->flags & CT_F_SNAT)) {
+			nat = bpf_map_lookup_elem(&lk_ct6_nat, &pd->sk);
+			if (nat) {
+				pd->nat = *nat;
+				pd->snat_port = se->nat_port;
+				pd->snat_flags = se->flags & (CT_F_SNAT | CT_F_HAIRPIN | CT_F_NODEPORT);
+			} else {
+				be = 0; /* its SNAT source is gone: a new choice */
+			}
+		}
+		if (be)
+			lb_stat(LB_STAT_CT_HIT);
+	}
+	if (!be) {
+		if (se)
+			lb_stat(LB_STAT_RESELECT);
+		id = lb6_select(svc, pd, &be);
+		if (!id || !be) {
+			int v = lb_no_backend_drop(skb, svc, l4off, ep_id);
+
+			if (v != LB_CONTINUE)
+				return v;
+			*changed = 1; /* the packet was rewritten (the verifier sees any verdict) */
+			return lb6_no_backend(skb, c, pd, ep);
+		}
+		lb_stat(LB_STAT_NEW_FLOW);
+		pd->snat_flags = lb_snat_kind(ip6_equal(&pd->ft.saddr, be->addr), scope, ep,
+					      scope == LB_SCOPE_NODEPORT && !ep &&
+						      (bpf_map_lookup_elem(&lk_endpoints6, be->addr) ||
+						       ip6_equal(&pd->ft.daddr, be->addr)));
+		pd->se = (struct ct_entry){ .backend_id = id, .rev_nat_id = svc->frontend_id };
+		if (pd->snat_flags) {
+			struct ct6_key *ft = &pd->ft;
+
+			if (lb6_snat_source(skb, svc, be, pd) < 0) {
+				lb_count_drop(skb, ep_id, DROP_FIB_FAILED);
+				return TC_ACT_SHOT;
+			}
+			/* The flow entry: its source port allocated by creating it. */
+			pd->fe = (struct ct_entry){ .rev_nat_id = svc->frontend_id,
+						    .nat_port = pd->sk.sport,
+						    .flags = CT_F_REVNAT | pd->snat_flags };
+			__builtin_memcpy(&ft->saddr, pd->nat.addr, 16);
+			__builtin_memcpy(&ft->daddr, be->addr, 16);
+			ft->dport = bpf_htons(be->port);
+			pd->snat_port = lb_snat_flow_in(1, ft, &ft->sport, &pd->fe, lb_flow_hash(&pd->h),
+							(pd->snat_flags & CT_F_HAIRPIN) ? pd->sk.sport : 0);
+			if (!pd->snat_port) {
+				lb_count_drop(skb, ep_id, DROP_NAT_NO_PORT);
+				return TC_ACT_SHOT;
+			}
+			/* The original client, for the replies (lk_ct6_nat). */
+			bpf_map_update_elem(&lk_ct6_nat, ft, &pd->sk.saddr, BPF_ANY);
+			/* The service entry, with the source used (at once too). */
+			pd->se.nat_port = pd->snat_port;
+			pd->se.flags = pd->snat_flags;
+			bpf_map_update_elem(&lk_ct6_nat, &pd->sk, &pd->nat, BPF_ANY);
+			ct_create6(&pd->sk, &pd->se);
+		} else {
+			pd->svc = 1;
+		}
+	}
+	if (lb6_rewrite(skb, l4off, pd->ft.proto, 0, be->addr, bpf_htons(be->port)) < 0)
+		return drop(skb, ep_id, DROP_MALFORMED);
+	if (pd->snat_flags && lb6_rewrite(skb, l4off, pd->ft.proto, 1, pd->nat.addr, pd->snat_port) < 0)
+		return drop(skb, ep_id, DROP_MALFORMED);
+	/* The flow entry on the translated tuple (replies match it reversed). */
+	if (pd->snat_flags) {
+		__builtin_memcpy(&pd->ft.saddr, pd->nat.addr, 16);
+		pd->ft.sport = pd->snat_port;
+	}
+	__builtin_memcpy(&pd->ft.daddr, be->addr, 16);
+	pd->ft.dport = bpf_htons(be->port);
+	pd->fe = (struct ct_entry){ .rev_nat_id = svc->frontend_id,
+				    .nat_port = pd->sk.sport,
+				    .flags = CT_F_REVNAT | pd->snat_flags };
+	pd->flow = 1;
+	*changed = 1;
+	return LB_CONTINUE;
+}
+
+/* lb6 is the [LB] step for IPv6: a packet an endpoint sent (ep) to a
+ * ClusterIP frontend, else to a NodePort one on the node's address, or one
+ * from the wire (ep NULL) to a NodePort scope frontend (NodePort, external
+ * address) is load-balanced; replies are translated back first. Returns
+ * LB_CONTINUE (*changed: the packet was rewritten, the caller parses it
+ * again) or a TC verdict. */
 static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const struct lk_ip6_chain *c,
 			       const struct endpoint_info *ep, struct lb6_pending *pd, int *changed)
 {
 	struct lb_svc6_key sk = {};
 	struct lb_svc_value *svc;
-	struct lb_backend6_value *be = 0;
-	struct ct_entry *se = 0;
-	__u32 id = 0, ep_id = ep ? ep->id : 0;
+	__u32 ep_id = ep ? ep->id : 0;
+	__u32 l4off = c->later ? 0 : c->off; /* a later fragment: the addresses only */
 	int r;
 
 	*changed = 0;
@@ -414,57 +631,39 @@ static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const
 	}
 	if (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP)
 		return LB_CONTINUE;
-	if (ct_tuple6(skb, p->ip6, c, &pd->ft, &pd->tcpf) < 0)
-		return LB_CONTINUE; /* fragments are not load-balanced */
-	r = lb6_rev_nat(skb, c, pd);
+	r = ct_tuple6(skb, p->ip6, c, &pd->ft, &pd->tcpf);
+	if (r == -2) {
+		lb_count_drop(skb, ep_id, DROP_FRAG_NOT_FOUND);
+		return TC_ACT_SHOT;
+	}
+	if (r < 0)
+		return LB_CONTINUE;
+	r = lb6_rev_nat(skb, l4off, pd);
 	if (r < 0)
 		return drop(skb, ep_id, DROP_MALFORMED);
 	if (r) {
 		*changed = 1;
 		return LB_CONTINUE;
 	}
-	if (!ep)
-		return LB_CONTINUE;
 	__builtin_memcpy(sk.addr, &pd->ft.daddr, 16);
 	sk.port = bpf_ntohs(pd->ft.dport);
 	sk.proto = pd->ft.proto;
-	sk.scope = LB_SCOPE_CLUSTERIP;
+	sk.scope = ep ? LB_SCOPE_CLUSTERIP : LB_SCOPE_NODEPORT;
 	svc = bpf_map_lookup_elem(&lk_lb_svc6, &sk);
+	if (!svc && ep) {
+		/* A pod reaching a NodePort on this node's address. */
+		sk.scope = LB_SCOPE_NODEPORT;
+		svc = bpf_map_lookup_elem(&lk_lb_svc6, &sk);
+	}
 	if (!svc)
 		return LB_CONTINUE;
-	pd->sk = pd->ft;
-	pd->sk.flags = CT_KEY_SERVICE;
-	if (ct_lookup6(&pd->sk, pd->tcpf, &se) != CT_NEW && se) {
-		id = se->backend_id;
-		be = lb6_backend(id, svc->frontend_id);
-		if (be)
-			lb_stat(LB_STAT_CT_HIT);
-	}
-	if (!be) {
-		if (se)
-			lb_stat(LB_STAT_RESELECT);
-		id = lb6_select(svc, pd, &be);
-		if (!id || !be) {
-			*changed = 1; /* the packet was rewritten (the verifier sees any verdict) */
-			return lb6_no_backend(skb, c, pd, ep);
-		}
-		if (!se)
-			lb_stat(LB_STAT_NEW_FLOW);
-		pd->se = (struct ct_entry){ .backend_id = id, .rev_nat_id = svc->frontend_id };
-		pd->svc = 1;
-	}
-	if (lb6_rewrite(skb, c->off, pd->ft.proto, 0, be->addr, bpf_htons(be->port)) < 0)
-		return drop(skb, ep_id, DROP_MALFORMED);
-	__builtin_memcpy(&pd->ft.daddr, be->addr, 16);
-	pd->ft.dport = bpf_htons(be->port);
-	pd->fe = (struct ct_entry){ .rev_nat_id = svc->frontend_id, .flags = CT_F_REVNAT };
-	pd->flow = 1;
-	*changed = 1;
-	return LB_CONTINUE;
+	return lb6_forward(skb, c, l4off, svc, sk.scope, ep, pd, changed);
 }
 
 /* lb6_commit creates what lb6 left pending, after the packet passed policy
- * (lb_commit). The flow entry of a tracked flow is refreshed or completed. */
+ * (lb_commit). The flow entry of a tracked flow is refreshed or completed;
+ * a source-NATed flow's was created by lb6_forward (re-created here, with
+ * its lk_ct6_nat entry, should the LRU have dropped it). */
 static __always_inline void lb6_commit(struct lb6_pending *pd)
 {
 	struct ct_entry *fe = 0;
@@ -477,9 +676,12 @@ static __always_inline void lb6_commit(struct lb6_pending *pd)
 		return;
 	if (ct_lookup6(&pd->ft, pd->tcpf, &fe) != CT_NEW && fe) {
 		fe->rev_nat_id = pd->fe.rev_nat_id;
-		fe->flags |= CT_F_REVNAT;
+		fe->nat_port = pd->fe.nat_port;
+		fe->flags |= pd->fe.flags;
 		return;
 	}
+	if (pd->snat_flags)
+		bpf_map_update_elem(&lk_ct6_nat, &pd->ft, &pd->sk.saddr, BPF_ANY);
 	ct_create6(&pd->ft, &pd->fe);
 }
 

@@ -4,6 +4,7 @@
 #define LK_MAPS_H
 
 #include <linux/bpf.h>
+#include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
 #include "consts.h"
 #include "structs.h"
@@ -16,6 +17,15 @@ struct {
 	__type(value, struct endpoint_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_endpoints SEC(".maps");
+
+/* Local endpoints by IPv6 address: where to deliver. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS);
+	__type(key, struct in6_addr);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_endpoints6 SEC(".maps");
 
 /* Local endpoints by host-side ifindex: who is sending (anti-spoofing). */
 struct {

@@ -11,9 +11,10 @@
  * DROP_IPV6_EXT_HDRS for an endpoint a policy selects), ICMPv6 echo tracked
  * by its identifier, ICMPv6 errors (destination unreachable, packet too big,
  * time exceeded, parameter problem) passing with the connection they quote.
- * Fragmented IPv6 (a fragment header) is not tracked: each fragment is
- * judged on its own, a later fragment with port 0 (only port-less rules
- * admit it). Neighbour discovery never reaches these functions (ndp.h and
+ * TCP and UDP fragments are tracked (ct_tuple6, frag.h): a later fragment
+ * passes with its first fragment's connection; one whose first fragment
+ * this hook did not see is judged on its own, with port 0 (only port-less
+ * rules admit it). Neighbour discovery never reaches these functions (ndp.h and
  * to_pod_ipv6 take it first): it is the link, as ARP is for IPv4. */
 #ifndef LK_POLICY6_H
 #define LK_POLICY6_H

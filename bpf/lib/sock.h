@@ -30,9 +30,10 @@
  * and gets the backend the same way; one naming an IPv6 ClusterIP
  * (lb6_maps.h) gets an IPv6 backend (sock_pick6). Only the frontend and
  * backend lookups and the revnat check differ per family (sock_svc,
- * sock_pick, sock_frontend_ok). IPv6 frontends are ClusterIPs only (no IPv6
- * NodePorts); their ClientIP affinity has one client for the whole node as
- * for IPv4, keyed by the unspecified address. */
+ * sock_pick, sock_frontend_ok). IPv6 NodePorts and external addresses are
+ * looked up after ClusterIPs as for IPv4 (the node's IPv6 loopback does not
+ * stand for its NodePorts); IPv6 ClientIP affinity has one client for the
+ * whole node as for IPv4, keyed by the unspecified address. */
 #ifndef LK_SOCK_H
 #define LK_SOCK_H
 
@@ -177,7 +178,7 @@ static __always_inline int sock_mine(struct bpf_sock_addr *ctx)
 
 /* sock_svc finds the frontend ep names: a ClusterIP, else a NodePort on the
  * node's address (loopback: sock_node_addr4); for an IPv6 address that is
- * not IPv4-mapped, an IPv6 ClusterIP (*v4 stays 0). */
+ * not IPv4-mapped, the same in the IPv6 table (*v4 stays 0). */
 static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, __u8 proto, __be32 *v4)
 {
 	struct lb_svc_key k = {};
@@ -190,6 +191,10 @@ static __always_inline struct lb_svc_value *sock_svc(const struct sock_ep *ep, _
 		k6.port = bpf_ntohs(ep->port);
 		k6.proto = proto;
 		k6.scope = LB_SCOPE_CLUSTERIP;
+		svc = bpf_map_lookup_elem(&lk_lb_svc6, &k6);
+		if (svc)
+			return svc;
+		k6.scope = LB_SCOPE_NODEPORT; /* a NodePort or external address, as for IPv4 */
 		return bpf_map_lookup_elem(&lk_lb_svc6, &k6);
 	}
 	k.addr = *v4;

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -58,4 +59,55 @@ func labVMExecCmd() *cobra.Command {
 	return cmd
 }
 
-func init() { labCmd.AddCommand(labVMExecCmd()) }
+// lab vm migrate: live-migrate the lab's fast-lane guest to another node.
+func labVMMigrateCmd() *cobra.Command {
+	var opts lab.MigrateOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "migrate [NAME]",
+		Short: "Live-migrate a lab VM (QEMU migration) to another node while pods ping it and hold a TCP connection; report loss and switch-over time",
+		Long: `Live-migrates the lab's fast-lane guest (after lab up --vm) from its node to --to
+(default: node 1, or node 2 when it is on node 1): the target node's agent creates the VM
+endpoint with the same address and MAC, inactive until the guest runs there; the agents then
+route the address to the target and the source's side goes. A pod on every node pings the
+guest every --interval and one holds a TCP connection to it across the migration.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				opts.VM = args[0]
+			}
+			bins, err := lab.FindBins()
+			if err != nil {
+				return err
+			}
+			opts.Bins = bins
+			if !asJSON {
+				opts.Out = cmd.ErrOrStderr()
+			}
+			rep, err := lab.MigrateVM(cmd.Context(), opts)
+			if rep != nil {
+				if asJSON {
+					enc := json.NewEncoder(cmd.OutOrStdout())
+					enc.SetIndent("", "  ")
+					if jerr := enc.Encode(rep); jerr != nil {
+						return jerr
+					}
+				} else {
+					fmt.Fprint(cmd.OutOrStdout(), rep.String())
+				}
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&opts.To, "to", 0, "target node (default: 1, or 2 when the VM is on node 1)")
+	cmd.Flags().DurationVar(&opts.PingInterval, "interval", 10*time.Millisecond, "ping interval of each pod")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	return cmd
+}
+
+func init() {
+	labCmd.AddCommand(labVMExecCmd())
+	vmCmd := &cobra.Command{Use: "vm", Short: "Lab VM operations"}
+	vmCmd.AddCommand(labVMMigrateCmd())
+	labCmd.AddCommand(vmCmd)
+}

@@ -61,10 +61,10 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
-	fs.Func("node-addr", "an address NodePort services listen on (repeatable; default: the uplink's IPv4 addresses)", func(v string) error {
+	fs.Func("node-addr", "an address NodePort services listen on (repeatable; default: the uplink's global IPv4 and IPv6 addresses)", func(v string) error {
 		a, err := netip.ParseAddr(v)
-		if err != nil || !a.Is4() {
-			return fmt.Errorf("want an IPv4 address, got %q", v)
+		if err != nil || a.Is4In6() || !a.IsGlobalUnicast() {
+			return fmt.Errorf("want a global unicast IPv4 or IPv6 address, got %q", v)
 		}
 		cfg.NodeAddrs = append(cfg.NodeAddrs, a)
 		return nil

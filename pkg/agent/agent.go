@@ -133,6 +133,9 @@ type Agent struct {
 	// backends are the vhost-user backends the agent runs (CNI VM
 	// attachments), by VM name, under mu.
 	backends map[string]*backendProc
+	// epRoutes are the /32 routes to other nodes' claims of moved VM
+	// addresses that this agent installed (vmmigrate.go), under mu.
+	epRoutes map[netip.Addr]EndpointRoute
 
 	resolverMu sync.Mutex
 	resolver   VMIResolver // how VM attachments find their VMI (SetVMIResolver)
@@ -386,7 +389,7 @@ func (a *Agent) adopt() error {
 			}
 		}
 		dpEp, err := ep.Datapath()
-		if err == nil {
+		if err == nil && claimsAddress(&ep) { // not an incoming or moved VM (vmmigrate.go)
 			err = a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) })
 		}
 		if err != nil {
@@ -532,7 +535,7 @@ func (a *Agent) freeOrphans(keep map[string]bool) (int, error) {
 			if err != nil {
 				return err
 			}
-			if has || keep[owner] {
+			if has || keep[owner] || isMovedOwner(owner) { // moved: held for a claim elsewhere (vmmigrate.go)
 				continue
 			}
 			a.log.Info("releasing orphaned address", "owner", owner)

@@ -111,7 +111,7 @@ type policyDumper interface {
 }
 
 // nodeAddrs returns the addresses NodePort frontends listen on: the
-// configured ones, else the uplink's IPv4 addresses.
+// configured ones, else the uplink's global addresses of both families.
 func (a *Agent) nodeAddrs() ([]netip.Addr, error) {
 	if len(a.cfg.NodeAddrs) > 0 || a.cfg.Uplink == "" {
 		return a.cfg.NodeAddrs, nil
@@ -122,13 +122,13 @@ func (a *Agent) nodeAddrs() ([]netip.Addr, error) {
 		if err != nil {
 			return fmt.Errorf("uplink %s: %w", a.cfg.Uplink, err)
 		}
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
 		if err != nil {
 			return fmt.Errorf("addresses of %s: %w", a.cfg.Uplink, err)
 		}
 		for _, ad := range addrs {
-			if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ip.IsGlobalUnicast() {
-				out = append(out, ip)
+			if ip, ok := netip.AddrFromSlice(ad.IP); ok && ip.Unmap().IsGlobalUnicast() {
+				out = append(out, ip.Unmap())
 			}
 		}
 		return nil

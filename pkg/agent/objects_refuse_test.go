@@ -187,9 +187,10 @@ func BenchmarkReplaceServicesAt10k(b *testing.B) {
 }
 
 // TestReplaceRefusesUnsupportedServices: what lanekit does not implement
-// (loadBalancerSourceRanges, IPv6 external IPs) is refused per object with
-// the reason, never programmed half; ExternalName and headless Services
-// apply (nothing to program) beside them.
+// (loadBalancerSourceRanges) is refused per object with the reason, never
+// programmed half; a Service with an IPv6 external IP (an IPv4 Service: no
+// IPv6 frontend to add it to), ExternalName and headless Services apply
+// beside it.
 func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
 	objs := decodeObjs(t, refuseSvc("ok", "10.96.0.1", "2026-01-01T00:00:00Z")+"---\n"+
@@ -203,7 +204,7 @@ func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := refusedKeys(refused); !slices.Equal(got, []string{"Service/shop/ranges", "Service/shop/v6ext"}) {
+	if got := refusedKeys(refused); !slices.Equal(got, []string{"Service/shop/ranges"}) {
 		t.Fatalf("refused %v", got)
 	}
 	for _, r := range refused {
@@ -214,7 +215,7 @@ func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 	if ownerOf(a, "10.96.0.1") != "ok" || ownerOf(a, "10.96.0.2") != "" {
 		t.Fatalf("owners: %q %q", ownerOf(a, "10.96.0.1"), ownerOf(a, "10.96.0.2"))
 	}
-	if got := a.ctl.model.Services(); len(got) != 3 {
-		t.Fatalf("services in the model %v; want ok, alias, headless", got)
+	if got := a.ctl.model.Services(); len(got) != 4 {
+		t.Fatalf("services in the model %v; want ok, v6ext, alias, headless", got)
 	}
 }

@@ -322,6 +322,7 @@ func VMToProto(v *VMInfo) *apiv1.VM {
 				out.Backend.Attachment = &apiv1.Attachment{ContainerId: at.ContainerID, Ifname: at.IfName}
 			}
 		}
+		migrationToProto(out, ep.VM.Migration)
 	}
 	return out
 }
@@ -343,10 +344,18 @@ func vhostUserDevice(va *VMAttachment) *apiv1.VhostUserDevice {
 }
 
 func (s *server) AddVM(_ context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVMResponse, error) {
-	v, err := s.a.AddVM(AddVMRequest{
+	r := AddVMRequest{
 		Name: req.GetName(), Netns: req.GetNetns(), Queues: int(req.GetQueues()), MAC: req.GetMac(),
 		MTU: int(req.GetMtu()), Labels: req.GetLabels(), SocketUID: req.SocketUid, SocketGID: req.SocketGid,
-	})
+		Incoming: req.GetIncoming(), Generation: req.GetGeneration(), GatewayMAC: req.GetGatewayMac(),
+	}
+	if req.GetAddress() != "" {
+		var err error
+		if r.Address, err = parseVMAddress(req.GetAddress()); err != nil {
+			return nil, statusErr(err)
+		}
+	}
+	v, err := s.a.AddVM(r)
 	if err != nil {
 		return nil, statusErr(err)
 	}

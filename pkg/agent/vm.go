@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -74,6 +75,14 @@ type AddVMRequest struct {
 	Labels map[string]string
 	// Owner of the fd-passing socket (the backend's user); nil: root.
 	SocketUID, SocketGID *uint32
+	// Live migration target (vmmigrate.go): Address is the VM's address on
+	// the source (claimed, not allocated); Incoming keeps the endpoint
+	// inactive until ActivateVM; Generation orders claims of the address;
+	// GatewayMAC is the MAC the guest knows for its gateway.
+	Address    netip.Addr
+	Incoming   bool
+	Generation uint64
+	GatewayMAC string
 
 	// Set by AttachVM: the CNI attachment and the backend the agent runs;
 	// allocUID: the backend gets its own uid (and gid), which also owns the
@@ -146,6 +155,9 @@ func (a *Agent) validateAddVM(req *AddVMRequest) (net.HardwareAddr, error) {
 			return nil, fmt.Errorf("mac %s is not a unicast Ethernet address: %w", mac, ErrInvalid)
 		}
 	}
+	if err := validateIncoming(req); err != nil {
+		return nil, err
+	}
 	if req.Netns == "" {
 		return nil, fmt.Errorf("netns is empty: %w", ErrBadNetns)
 	}
@@ -190,7 +202,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		Netns: req.Netns, Mode: datapath.ModeVeth, HostIfName: vmHostIf(req.Name), MTU: req.MTU,
 		Labels: req.Labels, Created: time.Now().UTC(), Pending: true,
 		VM: &endpoint.VM{Name: req.Name, Queues: req.Queues, Socket: a.vmSocketPath(req.Name), SocketUID: req.SocketUID, SocketGID: req.SocketGID,
-			Attachment: req.attachment, Backend: req.backend},
+			Attachment: req.attachment, Backend: req.backend, Migration: migrationOf(req)},
 	}
 	if ep.VM.NetnsCookie, ep.VM.NetnsIno, err = netnsIdentity(req.Netns); err != nil {
 		return nil, fmt.Errorf("add vm %s: %w: %w", req.Name, err, ErrBadNetns)
@@ -198,7 +210,15 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	// Intent first (see Add): a pending record owns the address, ID and slots.
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
-		if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
+		if req.Address.IsValid() {
+			if a.ipam == nil { // an IPv6-only node (ipv6.go)
+				return fmt.Errorf("address %s: this node has no IPv4 pod CIDR: %w", req.Address, ErrInvalid)
+			}
+			if err := a.claimAddrTx(tx, key, req.Name, req.Address); err != nil {
+				return err
+			}
+			ep.IP = req.Address
+		} else if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
 		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go
@@ -245,19 +265,27 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	undo = append(undo, func() error { return a.host.DeletePod(ep.HostIfName) })
 	crashAt(StepDevice)
 	ep.HostIfIndex, ep.HostMAC, ep.IfIndex, ep.MAC = links.HostIfIndex, links.HostMAC.String(), links.IfIndex, links.MAC.String()
+	if req.Incoming {
+		// Inactive until the guest runs here: no route, no forwarding.
+		if err := a.prepareIncoming(&ep, req.GatewayMAC); err != nil {
+			return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+		}
+	}
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("add vm %s: record devices: %w", req.Name, err)
 	}
 	crashAt(StepRecorded)
 
-	dpEp, err := ep.Datapath()
-	if err != nil {
-		return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+	if !req.Incoming {
+		dpEp, err := ep.Datapath()
+		if err != nil {
+			return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+		}
+		if err := a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) }); err != nil {
+			return nil, fmt.Errorf("add vm %s: program datapath: %w", req.Name, err)
+		}
+		undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
 	}
-	if err := a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) }); err != nil {
-		return nil, fmt.Errorf("add vm %s: program datapath: %w", req.Name, err)
-	}
-	undo = append(undo, func() error { return a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }) })
 	crashAt(StepDatapath)
 
 	dvm, _, err := ep.DatapathVM()

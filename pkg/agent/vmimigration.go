@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
@@ -14,11 +15,13 @@ type VMIMigration struct {
 	kubevirt.Migration
 }
 
-// VMIMigrationChanged is the seam the address move (issue 27 item 2) fills
-// in: the target creates the VM endpoint with the VM's IP and MAC before
-// the switch-over and claims the address once the migration completes, the
-// source gives it up. None of that exists yet: the agent only logs what it
-// would act on, saying so, and changes nothing in the datapath.
+// VMIMigrationChanged applies a VMI's migration state on this node: the
+// target activates the VM's incoming endpoint once the migration completed
+// (the guest runs here) and removes it when it failed (vmmigrate.go). A
+// target without an incoming endpoint (a launcher pod whose CNI ADD made
+// an ordinary VM attachment) is only logged: its VM keeps the address the
+// ADD gave it. The source acts on the target's claim of the address
+// (SyncEndpointRoutes), not on the state.
 func (a *Agent) VMIMigrationChanged(m VMIMigration) {
 	attrs := []any{"vmi", m.Namespace + "/" + m.Name, "vm", m.VM, "role", m.Role, "phase", m.Phase(),
 		"migration", m.UID, "source_node", m.SourceNode, "target_node", m.TargetNode, "target_pod", m.TargetPod}
@@ -31,10 +34,25 @@ func (a *Agent) VMIMigrationChanged(m VMIMigration) {
 	if m.FailureReason != "" {
 		attrs = append(attrs, "failure", m.FailureReason)
 	}
-	switch m.Phase() {
-	case kubevirt.MigrationRunning, kubevirt.MigrationCompleted:
-		a.log.Warn("VMI live migration: address move not implemented; the VM's lanekit address stays routed to the source node", attrs...)
-	default:
-		a.log.Info("VMI live migration", attrs...)
+	if m.Role == kubevirt.RoleTarget && (m.Phase() == kubevirt.MigrationCompleted || m.Phase() == kubevirt.MigrationFailed) {
+		if a.hasIncomingVM(m.VM) {
+			if _, err := a.VMMigrationEvent(m.VM, string(m.Role), string(m.Phase())); err != nil {
+				a.log.Error("VMI live migration", append(attrs, "err", err)...)
+			}
+			return
+		}
+		if m.Phase() == kubevirt.MigrationCompleted {
+			a.log.Warn("VMI live migration: no incoming endpoint for the VM on this node; its address does not move", attrs...)
+			return
+		}
 	}
+	a.log.Info("VMI live migration", attrs...)
+}
+
+// hasIncomingVM reports whether VM name has an incoming endpoint here.
+func (a *Agent) hasIncomingVM(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ep, ok, err := a.lookup(vmKey(name))
+	return err == nil && ok && ep.VM != nil && ep.VM.Migration != nil && ep.VM.Migration.State == endpoint.VMIncoming
 }

@@ -70,7 +70,7 @@ const (
 	DropPolicyIngress DropReason = DropReason(podLkDropReasonDROP_POLICY_INGRESS) // the receiving local endpoint's NetworkPolicy ingress denies it
 	DropPolicyEgress  DropReason = DropReason(podLkDropReasonDROP_POLICY_EGRESS)  // the sending local endpoint's NetworkPolicy egress denies it
 	// fragments (bpf/lib/frag.h)
-	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later IPv4 fragment whose first fragment was not seen (or came later)
+	DropFragNotFound DropReason = DropReason(podLkDropReasonDROP_FRAG_NOT_FOUND) // a later fragment (IPv4 or IPv6) whose first fragment was not seen (or came later)
 	// traffic policy Local (bpf/lib/lb.h)
 	DropNoLocalBackend DropReason = DropReason(podLkDropReasonDROP_NO_LOCAL_BACKEND) // a traffic policy Local frontend without an endpoint on this node
 	// IPv6 (bpf/lib/ipv6.h, ndp.h)

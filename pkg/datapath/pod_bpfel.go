@@ -81,6 +81,15 @@ type podFrag4Ports struct {
 	Dport uint16
 }
 
+type podFrag6Key struct {
+	_     structs.HostLayout
+	Saddr podIn6Addr
+	Daddr podIn6Addr
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type podIn6Addr struct {
 	_    structs.HostLayout
 	In6U struct {
@@ -97,6 +106,11 @@ type podLb6Pending struct {
 	Fe           podCtEntry
 	Ak           podLbAffinity6Key
 	H            podCtKey
+	Nat          podLbNat6Value
+	_            [4]byte
+	Fib          [8]uint64
+	SnatPort     uint16
+	SnatFlags    uint16
 	Svc          uint8
 	Flow         uint8
 	AllowedReply uint8
@@ -175,6 +189,11 @@ type podLbBackendValue struct {
 	Proto      uint8
 	State      uint8
 	FrontendId uint32
+}
+
+type podLbNat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type podLbPending struct {
@@ -458,6 +477,7 @@ const (
 	podMapLkCt4                 = "lk_ct4"
 	podMapLkCt6                 = "lk_ct6"
 	podMapLkCt6Count            = "lk_ct6_count"
+	podMapLkCt6Nat              = "lk_ct6_nat"
 	podMapLkCtCount             = "lk_ct_count"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEndpoints6          = "lk_endpoints6"
@@ -465,7 +485,9 @@ const (
 	podMapLkEvents              = "lk_events"
 	podMapLkEventsCfg           = "lk_events_cfg"
 	podMapLkEventsLost          = "lk_events_lost"
+	podMapLkFrag6Scratch        = "lk_frag6_scratch"
 	podMapLkIpv4Frags           = "lk_ipv4_frags"
+	podMapLkIpv6Frags           = "lk_ipv6_frags"
 	podMapLkLb6Pending          = "lk_lb6_pending"
 	podMapLkLbAffinity          = "lk_lb_affinity"
 	podMapLkLbAffinity6         = "lk_lb_affinity6"
@@ -579,6 +601,7 @@ type podMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
 	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
+	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -586,7 +609,9 @@ type podMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.MapSpec `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkIpv6Frags       *ebpf.MapSpec `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
@@ -672,6 +697,7 @@ type podMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
 	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
+	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -679,7 +705,9 @@ type podMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.Map `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkIpv6Frags       *ebpf.Map `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
@@ -715,6 +743,7 @@ func (m *podMaps) Close() error {
 		m.LkCt4,
 		m.LkCt6,
 		m.LkCt6Count,
+		m.LkCt6Nat,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -722,7 +751,9 @@ func (m *podMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkFrag6Scratch,
 		m.LkIpv4Frags,
+		m.LkIpv6Frags,
 		m.LkLb6Pending,
 		m.LkLbAffinity,
 		m.LkLbAffinity6,

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -86,29 +87,12 @@ func tcp6Seg(dstMAC, srcMAC []byte, saddr string, sport uint16, daddr string, dp
 }
 
 // tcp6Checksum computes the TCP checksum of the IPv6 frame b (its own
-// checksum field counted as zero).
+// checksum field counted as zero; no extension headers).
 func tcp6Checksum(b []byte) uint16 {
-	var sum uint32
-	add := func(p []byte) {
-		for i := 0; i+1 < len(p); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(p[i:]))
-		}
-		if len(p)%2 == 1 {
-			sum += uint32(p[len(p)-1]) << 8
-		}
-	}
-	seg := append([]byte(nil), b[54:]...)
-	seg[16], seg[17] = 0, 0
-	add(b[22:54]) // addresses
-	var ph [8]byte
-	binary.BigEndian.PutUint32(ph[0:], uint32(len(seg)))
-	ph[7] = ipProtoTCP
-	add(ph[:])
-	add(seg)
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
+	c := bytes.Clone(b)
+	c[54+16], c[54+17] = 0, 0
+	s, _ := l4Checksum6(c, 54, ipProtoTCP)
+	return ^s
 }
 
 type tuple6 struct {
@@ -314,17 +298,8 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 
 	t.Run("policy judges the translated flow; a denied one leaves no LB state", func(t *testing.T) {
 		e.enter(t)
-		// client-egress: web (pod 2) on TCP 8000-8080 only; the remote
-		// backend is not web.
-		in := policyWorld6(e)
-		in.Policies = decodePolicies(t, polClientEgress)
-		c, err := policy.Compile(in, policy.NewIdentities())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
-			t.Fatal(err)
-		}
+		// The remote backend is not web.
+		applyClientEgress6(t, e)
 		var local, remote uint16
 		for sp := uint16(45000); sp < 46000 && (local == 0 || remote == 0); sp++ {
 			if pick(sp).Addr().String() == pod2IP6 {
@@ -391,4 +366,19 @@ func TestIPv6ServiceFixtures(t *testing.T) {
 			t.Errorf("re-applying the model after adoption (%d frontends) writes %s", len(adopted), u)
 		}
 	})
+}
+
+// applyClientEgress6 programs client-egress over the IPv6 policy world:
+// pod 1 (a client) may reach web (pod 2) on TCP 8000-8080 only.
+func applyClientEgress6(t *testing.T, e *fixtureEnv) {
+	t.Helper()
+	in := policyWorld6(e)
+	in.Policies = decodePolicies(t, polClientEgress)
+	c, err := policy.Compile(in, policy.NewIdentities())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.ApplyPolicy(policy.Diff(nil, c)); err != nil {
+		t.Fatal(err)
+	}
 }

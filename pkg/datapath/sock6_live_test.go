@@ -14,7 +14,7 @@ import (
 
 // TestLiveSockLB6: a process in the node's netns and cgroup reaches an
 // IPv6 ClusterIP (lk_lb_svc6) over TCP, connected and unconnected UDP from
-// IPv6 sockets: the socket LB translates the call to an IPv6 backend (two
+// IPv6 sockets, and a NodePort on the node's IPv6 address over TCP: the socket LB translates the call to an IPv6 backend (two
 // listeners on the node's own addresses: no pod path involved), both
 // backends serve it, the client sees the service address (getpeername,
 // recvfrom), and the IPv6 hooks count every call. No backend:
@@ -70,12 +70,13 @@ func TestLiveSockLB6(t *testing.T) {
 			}()
 		})
 	}
-	m := service.NewModel(service.Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	m := service.NewModel(service.Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd00:99::9")}})
 	tables := service.NewTables()
 	for _, y := range []string{
 		v6SvcYAML("web6", "fd00:96::30", 80, "TCP", backends...),
 		v6SvcYAML("dns6", "fd00:96::31", 53, "UDP", backends...),
 		v6SvcYAML("empty6", "fd00:96::32", 80, "TCP"),
+		lbSvcYAML("np6", "fd00:96::33", "TCP", 30090, "", "", backends...),
 	} {
 		applyYAML(t, e.dp, m, tables, y)
 	}
@@ -107,6 +108,7 @@ func TestLiveSockLB6(t *testing.T) {
 		{"tcp", "tcp6 [fd00:96::30]:80", "[fd00:96::30]:80", "connect6", "getpeername6"},
 		{"connected udp", "udpc6 [fd00:96::31]:53", "[fd00:96::31]:53", "connect6", "getpeername6"},
 		{"unconnected udp", "udp6 [fd00:96::31]:53", "[fd00:96::31]:53", "sendmsg6", "recvmsg6"},
+		{"tcp to the NodePort on the node's IPv6 address", "tcp6 [fd00:99::9]:30090", "[fd00:99::9]:30090", "connect6", "getpeername6"},
 	} {
 		before := stats()
 		seen := map[string]int{}

@@ -26,17 +26,25 @@ func newPolicySvcEnv(t *testing.T) *svcEnv {
 	return s
 }
 
-// policySvcYAML is a Service with spec lines extra (indented two spaces),
-// status lines status, port 80 -> 8080/TCP (nodePort 0: none), and one
-// ready endpoint per backend address.
+// policySvcYAML is lbSvcYAML for TCP.
 func policySvcYAML(name, vip string, nodePort int, spec, status string, backends ...string) string {
-	typ := "ClusterIP"
-	np := ""
+	return lbSvcYAML(name, vip, "TCP", nodePort, spec, status, backends...)
+}
+
+// lbSvcYAML is a Service of vip's family with spec lines extra (indented
+// two spaces), status lines status (type LoadBalancer), port 80 -> 8080
+// (proto; nodePort 0: none, a ClusterIP Service), and one ready endpoint
+// per backend address.
+func lbSvcYAML(name, vip, proto string, nodePort int, spec, status string, backends ...string) string {
+	typ, np, fam := "ClusterIP", "", "IPv4"
 	if nodePort != 0 {
 		typ, np = "NodePort", fmt.Sprintf(", nodePort: %d", nodePort)
 	}
 	if status != "" {
 		typ = "LoadBalancer"
+	}
+	if netip.MustParseAddr(vip).Is6() {
+		fam = "IPv6"
 	}
 	y := fmt.Sprintf(`
 apiVersion: v1
@@ -44,8 +52,9 @@ kind: Service
 metadata: {name: %s, namespace: fx}
 spec:
   type: %s
-  clusterIP: %s
-  ports: [{name: p, port: 80, protocol: TCP, targetPort: 8080%s}]
+  clusterIP: "%s"
+  ipFamilies: [%s]
+  ports: [{name: p, port: 80, protocol: %s, targetPort: 8080%s}]
 %s
 status:
 %s
@@ -53,12 +62,12 @@ status:
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: %s-a, namespace: fx, labels: {kubernetes.io/service-name: %s}}
-addressType: IPv4
-ports: [{name: p, port: 8080, protocol: TCP}]
+addressType: %s
+ports: [{name: p, port: 8080, protocol: %s}]
 endpoints:
-`, name, typ, vip, np, spec, status, name, name)
+`, name, typ, vip, fam, proto, np, spec, status, name, name, fam, proto)
 	for _, b := range backends {
-		y += fmt.Sprintf("- addresses: [%s]\n  conditions: {ready: true}\n", b)
+		y += fmt.Sprintf("- addresses: [\"%s\"]\n  conditions: {ready: true}\n", b)
 	}
 	if len(backends) == 0 {
 		y = y[:len(y)-1] + " []\n"

@@ -81,6 +81,15 @@ type uplinkFrag4Ports struct {
 	Dport uint16
 }
 
+type uplinkFrag6Key struct {
+	_     structs.HostLayout
+	Saddr uplinkIn6Addr
+	Daddr uplinkIn6Addr
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type uplinkIn6Addr struct {
 	_    structs.HostLayout
 	In6U struct {
@@ -97,6 +106,11 @@ type uplinkLb6Pending struct {
 	Fe           uplinkCtEntry
 	Ak           uplinkLbAffinity6Key
 	H            uplinkCtKey
+	Nat          uplinkLbNat6Value
+	_            [4]byte
+	Fib          [8]uint64
+	SnatPort     uint16
+	SnatFlags    uint16
 	Svc          uint8
 	Flow         uint8
 	AllowedReply uint8
@@ -175,6 +189,11 @@ type uplinkLbBackendValue struct {
 	Proto      uint8
 	State      uint8
 	FrontendId uint32
+}
+
+type uplinkLbNat6Value struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type uplinkLbPending struct {
@@ -305,6 +324,7 @@ const (
 	uplinkMapLkCt4                 = "lk_ct4"
 	uplinkMapLkCt6                 = "lk_ct6"
 	uplinkMapLkCt6Count            = "lk_ct6_count"
+	uplinkMapLkCt6Nat              = "lk_ct6_nat"
 	uplinkMapLkCtCount             = "lk_ct_count"
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEndpoints6          = "lk_endpoints6"
@@ -312,7 +332,9 @@ const (
 	uplinkMapLkEvents              = "lk_events"
 	uplinkMapLkEventsCfg           = "lk_events_cfg"
 	uplinkMapLkEventsLost          = "lk_events_lost"
+	uplinkMapLkFrag6Scratch        = "lk_frag6_scratch"
 	uplinkMapLkIpv4Frags           = "lk_ipv4_frags"
+	uplinkMapLkIpv6Frags           = "lk_ipv6_frags"
 	uplinkMapLkLb6Pending          = "lk_lb6_pending"
 	uplinkMapLkLbAffinity          = "lk_lb_affinity"
 	uplinkMapLkLbAffinity6         = "lk_lb_affinity6"
@@ -429,6 +451,7 @@ type uplinkMapSpecs struct {
 	LkCt4             *ebpf.MapSpec `ebpf:"lk_ct4"`
 	LkCt6             *ebpf.MapSpec `ebpf:"lk_ct6"`
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
+	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -436,7 +459,9 @@ type uplinkMapSpecs struct {
 	LkEvents          *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.MapSpec `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.MapSpec `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.MapSpec `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.MapSpec `ebpf:"lk_ipv4_frags"`
+	LkIpv6Frags       *ebpf.MapSpec `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.MapSpec `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.MapSpec `ebpf:"lk_lb_affinity"`
 	LkLbAffinity6     *ebpf.MapSpec `ebpf:"lk_lb_affinity6"`
@@ -521,6 +546,7 @@ type uplinkMaps struct {
 	LkCt4             *ebpf.Map `ebpf:"lk_ct4"`
 	LkCt6             *ebpf.Map `ebpf:"lk_ct6"`
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
+	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -528,7 +554,9 @@ type uplinkMaps struct {
 	LkEvents          *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg       *ebpf.Map `ebpf:"lk_events_cfg"`
 	LkEventsLost      *ebpf.Map `ebpf:"lk_events_lost"`
+	LkFrag6Scratch    *ebpf.Map `ebpf:"lk_frag6_scratch"`
 	LkIpv4Frags       *ebpf.Map `ebpf:"lk_ipv4_frags"`
+	LkIpv6Frags       *ebpf.Map `ebpf:"lk_ipv6_frags"`
 	LkLb6Pending      *ebpf.Map `ebpf:"lk_lb6_pending"`
 	LkLbAffinity      *ebpf.Map `ebpf:"lk_lb_affinity"`
 	LkLbAffinity6     *ebpf.Map `ebpf:"lk_lb_affinity6"`
@@ -564,6 +592,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkCt4,
 		m.LkCt6,
 		m.LkCt6Count,
+		m.LkCt6Nat,
 		m.LkCtCount,
 		m.LkEndpoints,
 		m.LkEndpoints6,
@@ -571,7 +600,9 @@ func (m *uplinkMaps) Close() error {
 		m.LkEvents,
 		m.LkEventsCfg,
 		m.LkEventsLost,
+		m.LkFrag6Scratch,
 		m.LkIpv4Frags,
+		m.LkIpv6Frags,
 		m.LkLb6Pending,
 		m.LkLbAffinity,
 		m.LkLbAffinity6,

@@ -31,6 +31,14 @@ type vmEventsCfg struct {
 	SampleRate uint32
 }
 
+type vmIn6Addr struct {
+	_    structs.HostLayout
+	In6U struct {
+		_       structs.HostLayout
+		U6Addr8 [16]uint8
+	}
+}
+
 type vmMetricsKey struct {
 	_    structs.HostLayout
 	EpId uint32
@@ -55,6 +63,7 @@ type vmRedirectTrace struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	vmMapLkEndpoints           = "lk_endpoints"
+	vmMapLkEndpoints6          = "lk_endpoints6"
 	vmMapLkEpByIfindex         = "lk_ep_by_ifindex"
 	vmMapLkEvents              = "lk_events"
 	vmMapLkEventsCfg           = "lk_events_cfg"
@@ -133,6 +142,7 @@ type vmProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type vmMapSpecs struct {
 	LkEndpoints   *ebpf.MapSpec `ebpf:"lk_endpoints"`
+	LkEndpoints6  *ebpf.MapSpec `ebpf:"lk_endpoints6"`
 	LkEpByIfindex *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
 	LkEvents      *ebpf.MapSpec `ebpf:"lk_events"`
 	LkEventsCfg   *ebpf.MapSpec `ebpf:"lk_events_cfg"`
@@ -187,6 +197,7 @@ func (o *vmObjects) Close() error {
 // It can be passed to loadVmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vmMaps struct {
 	LkEndpoints   *ebpf.Map `ebpf:"lk_endpoints"`
+	LkEndpoints6  *ebpf.Map `ebpf:"lk_endpoints6"`
 	LkEpByIfindex *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
 	LkEvents      *ebpf.Map `ebpf:"lk_events"`
 	LkEventsCfg   *ebpf.Map `ebpf:"lk_events_cfg"`
@@ -200,6 +211,7 @@ type vmMaps struct {
 func (m *vmMaps) Close() error {
 	return _VmClose(
 		m.LkEndpoints,
+		m.LkEndpoints6,
 		m.LkEpByIfindex,
 		m.LkEvents,
 		m.LkEventsCfg,

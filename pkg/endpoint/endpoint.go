@@ -82,6 +82,32 @@ type VM struct {
 	// Backend is the vhost-user backend the agent runs for the VM; nil when
 	// something else runs it (the lab, `lanekit vm add` users).
 	Backend *VMBackend `json:"backend,omitempty"`
+	// Migration is set on a VM endpoint that took part in a live migration.
+	Migration *VMMigration `json:"migration,omitempty"`
+}
+
+// VMMigrationState is where a migrated VM endpoint stands.
+type VMMigrationState string
+
+const (
+	// VMIncoming: a migration target, inactive (devices and sockets, no
+	// datapath entry, no route) until the guest runs here.
+	VMIncoming VMMigrationState = "incoming"
+	// VMActive: the node's claim of the VM's address after a migration.
+	VMActive VMMigrationState = "active"
+	// VMMoved: superseded by another node's claim with a higher generation;
+	// out of the datapath, routed to that node, removed by DelVM.
+	VMMoved VMMigrationState = "moved"
+)
+
+// VMMigration is a VM endpoint's part in live migrations: its claim of the
+// address (Generation: the highest claim wins) and its state.
+type VMMigration struct {
+	State       VMMigrationState `json:"state"`
+	Generation  uint64           `json:"generation"`
+	ActivatedBy string           `json:"activatedBy,omitempty"`
+	Activated   time.Time        `json:"activated,omitzero"`
+	MovedTo     string           `json:"movedTo,omitempty"` // the claiming node's address
 }
 
 // CNIAttachment is a CNI container ID + ifname.

@@ -262,19 +262,74 @@ func (a *IPAM) ReleaseTx(tx *store.Tx, owner string) error {
 func (a *IPAM) Allocations() ([]Allocation, error) {
 	var out []Allocation
 	err := a.st.View(func(tx *store.Tx) error {
-		return tx.ForEach(store.IPAM, func(k []byte, raw json.RawMessage) error {
-			var al Allocation
-			if err := json.Unmarshal(raw, &al); err != nil {
-				return fmt.Errorf("decode allocation %x: %w", k, err)
-			}
-			if al.IP.Is4() == !a.is6() {
-				out = append(out, al)
-			}
-			return nil
-		})
+		var err error
+		out, err = a.AllocationsTx(tx)
+		return err
+	})
+	return out, err
+}
+
+// AllocationsTx is Allocations inside the caller's transaction.
+func (a *IPAM) AllocationsTx(tx *store.Tx) ([]Allocation, error) {
+	var out []Allocation
+	err := tx.ForEach(store.IPAM, func(k []byte, raw json.RawMessage) error {
+		var al Allocation
+		if err := json.Unmarshal(raw, &al); err != nil {
+			return fmt.Errorf("decode allocation %x: %w", k, err)
+		}
+		if al.IP.Is4() == !a.is6() {
+			out = append(out, al)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list allocations: %w", err)
 	}
 	return out, nil
 }
+
+// ErrTaken means the address is held by another owner.
+var ErrTaken = errors.New("address held by another owner")
+
+// HolderTx returns who holds ip, if anyone.
+func (a *IPAM) HolderTx(tx *store.Tx, ip netip.Addr) (string, bool, error) {
+	var al Allocation
+	ok, err := tx.Get(store.IPAM, key(ip), &al)
+	if err != nil || !ok {
+		return "", false, err
+	}
+	return al.Owner, true, nil
+}
+
+// ClaimTx records ip for owner: a live-migrated VM keeps its address, which
+// may lie outside this allocator's prefix (Allocate never walks there, so
+// such a claim only stops a second claim of the same address). A holder
+// for which takeOver returns true gives the address up to owner; any other
+// is ErrTaken. Claiming an address owner already holds is a no-op.
+func (a *IPAM) ClaimTx(tx *store.Tx, owner string, ip netip.Addr, takeOver func(holder string) bool) error {
+	if owner == "" {
+		return errors.New("claim ip: empty owner")
+	}
+	if !ip.IsValid() || ip.Is4() == a.is6() {
+		return fmt.Errorf("claim ip %s for %s: not an address of this family", ip, owner)
+	}
+	if cur, ok, err := a.lookupTx(tx, owner); err != nil {
+		return err
+	} else if ok && cur != ip {
+		return fmt.Errorf("claim ip %s for %s: it holds %s: %w", ip, owner, cur, ErrTaken)
+	}
+	holder, held, err := a.HolderTx(tx, ip)
+	if err != nil {
+		return fmt.Errorf("claim ip %s for %s: %w", ip, owner, err)
+	}
+	if held && holder != owner && (takeOver == nil || !takeOver(holder)) {
+		return fmt.Errorf("claim ip %s for %s: held by %s: %w", ip, owner, holder, ErrTaken)
+	}
+	if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
+		return fmt.Errorf("claim ip %s for %s: %w", ip, owner, err)
+	}
+	return nil
+}
+
+// Contains reports whether ip is in this allocator's prefix.
+func (a *IPAM) Contains(ip netip.Addr) bool { return a.prefix.Contains(ip) }

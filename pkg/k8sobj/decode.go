@@ -151,7 +151,7 @@ func (e *DocError) Error() string {
 func (e *DocError) Unwrap() error { return e.Err }
 
 // ErrUnsupported marks well-formed input lanekit does not implement (SCTP,
-// IPv6 NodePorts, ...).
+// loadBalancerSourceRanges, ...).
 var ErrUnsupported = errors.New("unsupported")
 
 // Decode decodes and validates all documents in data. Empty documents are

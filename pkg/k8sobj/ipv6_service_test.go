@@ -11,9 +11,9 @@ import (
 
 // TestIPv6ServicesValidated: IPv6 and dual-stack ClusterIP Services and
 // IPv6 EndpointSlices are accepted (pkg/service programs them per family);
-// what the datapath does not do over IPv6 is refused per object with the
-// field named: an IPv6-only NodePort Service, IPv6 external IPs; malformed
-// dual-stack input too.
+// so are IPv6-only NodePort Services and IPv6 external addresses (NodePort
+// scope frontends per family); malformed dual-stack input is refused per
+// object with the field named.
 func TestIPv6ServicesValidated(t *testing.T) {
 	svc := func(typ corev1.ServiceType, ips ...string) Object {
 		s := &corev1.Service{
@@ -37,30 +37,33 @@ func TestIPv6ServicesValidated(t *testing.T) {
 	pol := corev1.IPFamilyPolicyRequireDualStack
 	dual.Service.Spec.IPFamilyPolicy = &pol
 	dual.Service.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	ext6 := svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "fd00:96::10")
+	ext6.Service.Spec.ExternalIPs = []string{"2001:db8::7"}
+	mapped := svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "fd00:96::10")
+	mapped.Service.Spec.ExternalIPs = []string{"::ffff:10.0.0.7"}
 	for name, o := range map[string]Object{
 		"IPv4":                         svc(corev1.ServiceTypeClusterIP, "10.96.0.10"),
 		"IPv6 cluster IP":              svc(corev1.ServiceTypeClusterIP, "fd00:96::10"),
 		"dual-stack, RequireDualStack": dual,
 		"IPv6 first, dual-stack":       svc(corev1.ServiceTypeClusterIP, "fd00:96::10", "10.96.0.10"),
 		"dual-stack NodePort":          svc(corev1.ServiceTypeNodePort, "10.96.0.10", "fd00:96::10"),
+		"IPv6-only NodePort":           svc(corev1.ServiceTypeNodePort, "fd00:96::10"),
+		"IPv6 external IP":             ext6,
 		"IPv6 EndpointSlice":           slice(discoveryv1.AddressTypeIPv6, "fd00:10:244:1::5"),
 	} {
 		if err := Validate(o); err != nil {
 			t.Errorf("%s refused: %v", name, err)
 		}
 	}
-	ext := svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "fd00:96::10")
-	ext.Service.Spec.ExternalIPs = []string{"2001:db8::7"}
 	for _, c := range []struct {
 		name string
 		o    Object
 		want string
 	}{
-		{"IPv6-only NodePort", svc(corev1.ServiceTypeNodePort, "fd00:96::10"), "IPv6 NodePorts are not implemented"},
 		{"two cluster IPs of one family", svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "10.96.0.11"), "spec.clusterIPs[1]"},
 		{"three cluster IPs", svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "fd00:96::10", "10.96.0.11"), "spec.clusterIPs"},
 		{"an IPv4-mapped cluster IP", svc(corev1.ServiceTypeClusterIP, "::ffff:10.96.0.10"), "spec.clusterIP"},
-		{"IPv6 external IP", ext, "spec.externalIPs[0]"},
+		{"an IPv4-mapped external IP", mapped, "spec.externalIPs[0]"},
 		{"IPv4 address in an IPv6 slice", slice(discoveryv1.AddressTypeIPv6, "10.0.0.5"), "endpoints[0].addresses[0]"},
 		{"IPv6 address in an IPv4 slice", slice(discoveryv1.AddressTypeIPv4, "fd00::5"), "endpoints[0].addresses[0]"},
 	} {

@@ -152,9 +152,7 @@ func validateService(s *corev1.Service) field.ErrorList {
 		}
 	}
 	// Dual-stack: a cluster IP of each family (lanekit programs both; it
-	// does not allocate them). NodePorts and external addresses are IPv4
-	// only (bpf/lib/lb6.h), so those types need an IPv4 cluster IP.
-	v4 := false
+	// does not allocate them), NodePorts and external addresses per family.
 	for i, a := range s.Spec.ClusterIPs {
 		p := spec.Child("clusterIPs").Index(i)
 		ip, err := netip.ParseAddr(a)
@@ -169,15 +167,6 @@ func validateService(s *corev1.Service) field.ErrorList {
 		case i == 1 && ip.Is4() == (netip.MustParseAddr(s.Spec.ClusterIPs[0]).Is4()):
 			errs = append(errs, field.Invalid(p, a, "must be of the other family than clusterIPs[0]"))
 		}
-	}
-	for _, a := range append([]string{s.Spec.ClusterIP}, s.Spec.ClusterIPs...) {
-		if ip, err := netip.ParseAddr(a); err == nil && ip.Is4() {
-			v4 = true
-		}
-	}
-	if !headless && !v4 && (s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer) {
-		errs = append(errs, field.Invalid(spec.Child("clusterIPs"), s.Spec.ClusterIPs,
-			"an IPv6-only "+string(s.Spec.Type)+" Service is not supported by lanekit (IPv6 NodePorts are not implemented; add an IPv4 cluster IP)"))
 	}
 	nodePortAllowed := s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer
 	if len(s.Spec.Ports) == 0 && !headless {
@@ -328,8 +317,8 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 			errs = append(errs, field.Invalid(p, a, "must be a valid IP address"))
 		case ip.IsUnspecified() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsMulticast():
 			errs = append(errs, field.Invalid(p, a, "may not be unspecified, loopback, link-local or multicast"))
-		case !ip.Is4():
-			errs = append(errs, field.Invalid(p, a, "IPv6 external IPs are not supported by lanekit (IPv4 only)"))
+		case ip.Is4In6():
+			errs = append(errs, field.Invalid(p, a, "must be an IPv4 or IPv6 address, not IPv4-mapped IPv6"))
 		case seen[ip]:
 			errs = append(errs, field.Duplicate(p, a))
 		}
@@ -367,8 +356,8 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 		switch {
 		case err != nil:
 			errs = append(errs, field.Invalid(p.Child("ip"), in.IP, "must be a valid IP address"))
-		case !ip.Is4():
-			errs = append(errs, field.Invalid(p.Child("ip"), in.IP, "IPv6 load-balancer IPs are not supported by lanekit (IPv4 only)"))
+		case ip.Is4In6():
+			errs = append(errs, field.Invalid(p.Child("ip"), in.IP, "must be an IPv4 or IPv6 address, not IPv4-mapped IPv6"))
 		}
 		if m := in.IPMode; m != nil && *m != corev1.LoadBalancerIPModeVIP && *m != corev1.LoadBalancerIPModeProxy {
 			errs = append(errs, field.NotSupported(p.Child("ipMode"), *m, []string{"VIP", "Proxy"}))

@@ -1,14 +1,7 @@
 package lab
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -21,94 +14,19 @@ import (
 // connection (new flows) and its replies (rev-NAT). The IPv4 ClusterIP of
 // the same Service keeps working. Root; brings up the global lab.
 func TestDualStackLabServices(t *testing.T) {
-	lk, cli := labCLIPath(t)
-	t.Cleanup(func() {
-		if _, err := lk(t, "lab", "down"); err != nil {
-			t.Errorf("cleanup lab down: %v", err)
-		}
-	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--ip-family", "dual"); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range [][]string{
-		{"be1", "1", "app=web"}, {"be2", "2", "app=web"}, {"client1", "1", "role=client"}, {"client2", "2", "role=client"},
-	} {
-		if _, err := lk(t, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", p[2], "--port", "http=8080/TCP"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := LoadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pods := map[string]NamedPod{}
-	for _, p := range st.NamedPods {
-		pods[p.Name] = p
-	}
-	for _, be := range []string{"be1", "be2"} {
-		srv := exec.Command("ip", "netns", "exec", NamedPodNS(be), cli, "lab", "tcp-whoami", "--listen", "[::]:8080", "--for", "3m")
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	}
+	lk, cli, pods := dualStackWebLab(t,
+		labPodSpec{name: "client1", ns: "shop", node: 1, labels: "role=client", ports: "http=8080/TCP"},
+		labPodSpec{name: "client2", ns: "shop", node: 2, labels: "role=client", ports: "http=8080/TCP"})
 	const vip4, vip6 = "10.96.100.20", "fd00:96::20"
-	objs := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: shop}
-spec:
-  clusterIP: %s
-  clusterIPs: [%s, "%s"]
-  ipFamilies: [IPv4, IPv6]
-  ipFamilyPolicy: RequireDualStack
-  ports: [{name: http, port: 80, targetPort: http}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v4, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: [%s]}, {addresses: [%s]}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-v6, namespace: shop, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
-ports: [{name: http, port: 8080}]
-endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
-`, vip4, vip4, vip6, pods["be1"].IP, pods["be2"].IP, pods["be1"].IP6, pods["be2"].IP6)
-	file := filepath.Join(t.TempDir(), "web.yaml")
-	if err := os.WriteFile(file, []byte(objs), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "service", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	applyDualStackWeb(t, lk, pods, vip4, vip6, "", 0)
 	time.Sleep(300 * time.Millisecond) // whoami servers listening
-	ask := func(t *testing.T, from, addr string, n int) map[string]int {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := inNS(ctx, NamedPodNS(from), cli, "lab", "tcp-ask", addr, "--count", fmt.Sprint(n))
-		if err != nil {
-			t.Fatalf("tcp-ask %s from %s: %v: %s", addr, from, err, out)
-		}
-		var got map[string]int
-		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &got); err != nil {
-			t.Fatalf("tcp-ask output %q: %v", out, err)
-		}
-		t.Logf("%s -> %s: %v", from, addr, got)
-		return got
-	}
 	lb := func(node int) map[string]uint64 { return agentStatus(t, node).GetControlPlane().GetLbCounters() }
 	const n = 40
 	be1 := net.JoinHostPort(pods["be1"].IP6, "8080")
 	be2 := net.JoinHostPort(pods["be2"].IP6, "8080")
 	for node, client := range map[int]string{1: "client1", 2: "client2"} {
 		before := lb(node)
-		got := ask(t, client, net.JoinHostPort(vip6, "80"), n)
+		got := askWhoamiFrom(t, cli, NamedPodNS(client), net.JoinHostPort(vip6, "80"), n)
 		if got[be1] == 0 || got[be2] == 0 || got[be1]+got[be2] != n {
 			t.Errorf("%s -> [%s]:80: %v, want %d answers spread over %s and %s", client, vip6, got, n, be1, be2)
 		}
@@ -121,7 +39,7 @@ endpoints: [{addresses: ["%s"]}, {addresses: ["%s"]}]
 			t.Errorf("node %d: LB rev-nat counter grew by %d for %d connections' replies", node, d, n)
 		}
 	}
-	got := ask(t, "client1", vip4+":80", n)
+	got := askWhoamiFrom(t, cli, NamedPodNS("client1"), vip4+":80", n)
 	if got[pods["be1"].IP+":8080"]+got[pods["be2"].IP+":8080"] != n {
 		t.Errorf("client1 -> %s:80 (IPv4 ClusterIP of the same Service): %v, want %d answers from the IPv4 backends", vip4, got, n)
 	}

@@ -99,29 +99,42 @@ func upVMNamed(ctx context.Context, cfg Config, st *State, i int, name string) e
 	lv.IP6 = vmIPv6(vm) // vm6.go
 	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
 
-	if err := os.MkdirAll(vmBackendDir(i, name), 0o700); err != nil {
+	if lv.BackendPID, err = startVMBackend(lv, vhostBin); err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
-	if err := os.Chown(vmBackendDir(i, name), backendUser, backendUser); err != nil {
-		return fmt.Errorf("vm %s: %w", name, err)
+	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd, MTU: lv.MTU}, vmFile(i, name, "vhost.log"))
+}
+
+// startVMBackend starts lanekit-vhost for lv inside lv.NS as backendUser
+// and waits for its vhost-user socket.
+func startVMBackend(lv LabVM, vhostBin string) (int, error) {
+	dir := vmBackendDir(lv.Node, lv.Name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	if err := os.Chown(dir, backendUser, backendUser); err != nil {
+		return 0, err
 	}
 	// setpriv drops to backendUser with no capabilities and no_new_privs.
 	args := []string{"--reuid", strconv.Itoa(backendUser), "--regid", strconv.Itoa(backendUser), "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", vhostBin,
-		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(queues), "--mac", lv.MAC,
-		"--xsk-socket", lv.XSKSocket, "--vm", name, "--metrics-listen", lv.MetricsSocket}
+		"--socket", lv.VhostSocket, "--queues", strconv.Itoa(lv.Queues), "--mac", lv.MAC,
+		"--xsk-socket", lv.XSKSocket, "--vm", lv.Name, "--metrics-listen", lv.MetricsSocket}
 	if lv.MTU > 0 {
 		args = append(args, "--mtu", strconv.Itoa(lv.MTU))
 	}
-	lv.BackendPID, err = startDaemon(ns, vmFile(i, name, "vhost"), "setpriv", args...)
+	pid, err := startDaemon(lv.NS, vmFile(lv.Node, lv.Name, "vhost"), "setpriv", args...)
 	if err != nil {
-		return fmt.Errorf("vm %s: backend: %w", name, err)
+		return pid, fmt.Errorf("backend: %w", err)
 	}
-	if err := nsexec.WaitSocket(lv.VhostSocket, 10*time.Second, lv.BackendPID); err != nil {
-		return fmt.Errorf("vm %s: backend: %w; log: %s", name, err, logTail(vmFile(i, name, "vhost.log")))
+	if err := nsexec.WaitSocket(lv.VhostSocket, 10*time.Second, pid); err != nil {
+		return pid, fmt.Errorf("backend: %w; log: %s", err, logTail(vmFile(lv.Node, lv.Name, "vhost.log")))
 	}
-	return bootLabVM(ctx, cfg, st, lv, guest.Config{Kernel: kernel, Initrd: initrd, MTU: lv.MTU}, vmFile(i, name, "vhost.log"))
+	return pid, nil
 }
+
+// vmQMPSocket is the QMP socket of lv's QEMU (`lab vm migrate` drives it).
+func vmQMPSocket(node int, name string) string { return vmFile(node, name, "qmp.sock") }
 
 // bootLabVM records lv and boots its QEMU guest (TCG) on lv.VhostSocket,
 // inside lv.NS, until the guest's ready line. gc gives the image and
@@ -137,6 +150,7 @@ func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, gc guest.Co
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", lv.Name, err)
 	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(lv.Node, lv.Name)+",server=on,wait=off")
 	start := time.Now()
 	st.VMs[len(st.VMs)-1].QEMUPID, err = startDaemon(lv.NS, vmFile(lv.Node, lv.Name, "qemu"), args[0], args[1:]...)
 	if err != nil {

@@ -45,14 +45,8 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if out, err := inNS(ctx, ns, "cat", "/sys/class/net/"+BaseBridge+"/mtu"); err == nil {
 		mtu = strings.TrimSpace(out)
 	}
-	for _, args := range [][]string{
-		{"-n", ns, "tuntap", "add", "dev", TapVMDev, "mode", "tap"},
-		{"-n", ns, "link", "set", TapVMDev, "mtu", mtu, "master", BaseBridge},
-		{"-n", ns, "link", "set", TapVMDev, "up"},
-	} {
-		if err := ip(ctx, args...); err != nil {
-			return fmt.Errorf("vm %s: tap: %w", name, err)
-		}
+	if err := addTapDev(ctx, ns, mtu); err != nil {
+		return fmt.Errorf("vm %s: %w", name, err)
 	}
 	lv := LabVM{Name: name, Node: i, NS: ns, IP: addr, MAC: fmt.Sprintf(tapVMMACFm, i), Queues: 1,
 		SerialSocket: vmFile(i, name, "serial.sock")}
@@ -64,6 +58,7 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(i, name)+",server=on,wait=off")
 	start := time.Now()
 	lv.QEMUPID, err = startDaemon(ns, vmFile(i, name, "qemu"), args[0], args[1:]...)
 	if err != nil {
@@ -81,6 +76,20 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 	st.TapVMs[len(st.TapVMs)-1].BootSeconds = time.Since(start).Seconds()
 	progress(cfg.Out, "lab: vm %s ready in %.1fs: %s", name, time.Since(start).Seconds(), status)
 	return st.save()
+}
+
+// addTapDev adds TapVMDev to the baseline bridge of node netns ns.
+func addTapDev(ctx context.Context, ns, mtu string) error {
+	for _, args := range [][]string{
+		{"-n", ns, "tuntap", "add", "dev", TapVMDev, "mode", "tap"},
+		{"-n", ns, "link", "set", TapVMDev, "mtu", mtu, "master", BaseBridge},
+		{"-n", ns, "link", "set", TapVMDev, "up"},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			return fmt.Errorf("tap: %w", err)
+		}
+	}
+	return nil
 }
 
 // bridgeAddr returns the IPv4 address and prefix length the bridge plugin

@@ -35,19 +35,25 @@ func HasHostPorts(pod *corev1.Pod) bool {
 // HostPortFrontends translates a pod's hostPorts into frontends, as the CNI
 // portmap plugin would DNAT them (and Cilium's BPF hostPort does): each
 // containers[].ports[] entry with a hostPort becomes a NodePort-scope frontend
-// on its hostIP (unset or 0.0.0.0: every node address; 127.0.0.1 answers the
-// node's own processes on loopback) whose one backend is the pod's address and
-// containerPort, until the pod has stopped (a terminating pod keeps them, as
-// portmap's rules stay until the sandbox's CNI DEL). Only a pod on this node (its address in
-// opts.LocalPrefixes) with an IPv4 address gets any; hostNetwork pods need
-// none (they bind the port themselves). IPv6 hostIPs wait for IPv6 Services.
+// on its hostIP (unset or unspecified: every node address; 127.0.0.1 answers
+// the node's own processes on loopback) whose one backend is the pod's address
+// of that family and containerPort, until the pod has stopped (a terminating
+// pod keeps them, as portmap's rules stay until the sandbox's CNI DEL). A
+// dual-stack pod gets them for both families. Only a pod on this node (its
+// address in opts.LocalPrefixes) gets any; hostNetwork pods need none (they
+// bind the port themselves).
 func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
 	}
-	podIP, err := netip.ParseAddr(pod.Status.PodIP)
-	if err != nil || !podIP.Is4() || !slices.ContainsFunc(opts.LocalPrefixes, func(p netip.Prefix) bool { return p.Contains(podIP) }) {
-		return nil
+	var podIPs []netip.Addr
+	for _, s := range append([]string{pod.Status.PodIP}, podIPStrings(pod)...) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Is4In6() || slices.ContainsFunc(podIPs, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) ||
+			!slices.ContainsFunc(opts.LocalPrefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			continue
+		}
+		podIPs = append(podIPs, a)
 	}
 	id := HostPortID(pod)
 	var out []*Frontend
@@ -56,27 +62,38 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 			if p.HostPort <= 0 || p.HostPort > 65535 {
 				continue
 			}
-			var addrs []netip.Addr
-			if a, err := netip.ParseAddr(p.HostIP); err == nil && !a.IsUnspecified() {
-				if !a.Is4() {
-					continue
-				}
-				addrs = []netip.Addr{a}
-			} else {
-				addrs = opts.NodeAddrs
-			}
 			proto := protoOf(&p.Protocol)
-			backends := []Backend{{Addr: podIP, Port: uint16(p.ContainerPort), State: BackendActive}}
-			table := maglevFor(backends, proto)
-			for _, a := range addrs {
-				key := FrontendKey{Addr: a, Port: uint16(p.HostPort), Proto: proto, Scope: ScopeNodePort}
-				if slices.ContainsFunc(out, func(f *Frontend) bool { return f.Key == key }) {
-					continue // the API server refuses duplicates; keep the first
+			hostIP, err := netip.ParseAddr(p.HostIP)
+			for _, podIP := range podIPs {
+				var addrs []netip.Addr
+				switch {
+				case err == nil && !hostIP.IsUnspecified() && hostIP.Is4() != podIP.Is4():
+					continue // a hostIP of the other family
+				case err == nil && !hostIP.IsUnspecified():
+					addrs = []netip.Addr{hostIP}
+				default:
+					addrs = slices.DeleteFunc(slices.Clone(opts.NodeAddrs), func(a netip.Addr) bool { return a.Is4() != podIP.Is4() })
 				}
-				out = append(out, &Frontend{Key: key, Service: id, PortName: p.Name, Backends: backends, Maglev: table})
+				backends := []Backend{{Addr: podIP, Port: uint16(p.ContainerPort), State: BackendActive}}
+				table := maglevFor(backends, proto)
+				for _, a := range addrs {
+					key := FrontendKey{Addr: a, Port: uint16(p.HostPort), Proto: proto, Scope: ScopeNodePort}
+					if slices.ContainsFunc(out, func(f *Frontend) bool { return f.Key == key }) {
+						continue // the API server refuses duplicates; keep the first
+					}
+					out = append(out, &Frontend{Key: key, Service: id, PortName: p.Name, Backends: backends, Maglev: table})
+				}
 			}
 		}
 	}
 	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+func podIPStrings(pod *corev1.Pod) []string {
+	out := make([]string, 0, len(pod.Status.PodIPs))
+	for _, p := range pod.Status.PodIPs {
+		out = append(out, p.IP)
+	}
 	return out
 }

@@ -189,7 +189,7 @@ func (o Options) IsLocal(a netip.Addr) bool {
 func ExternalAddrs(svc *corev1.Service) []netip.Addr {
 	var out []netip.Addr
 	add := func(s string) {
-		if a, err := netip.ParseAddr(s); err == nil && a.Is4() && !slices.Contains(out, a) {
+		if a, err := netip.ParseAddr(s); err == nil && !a.Is4In6() && !slices.Contains(out, a) {
 			out = append(out, a)
 		}
 	}
@@ -297,16 +297,19 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 				}
 			}
 			out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}, itpLocal, false))
-			if !vip.Is4() {
-				continue // NodePort and external addresses: IPv4 only (bpf/lib/lb6.h)
-			}
+			// NodePorts on the node's addresses and the external addresses
+			// of the cluster IP's family (a dual-stack Service: both).
 			if sp.NodePort != 0 {
 				for _, a := range opts.NodeAddrs {
-					ext(a, uint16(sp.NodePort), false)
+					if a.Is4() == vip.Is4() {
+						ext(a, uint16(sp.NodePort), false)
+					}
 				}
 			}
 			for _, a := range external {
-				ext(a, uint16(sp.Port), true)
+				if a.Is4() == vip.Is4() {
+					ext(a, uint16(sp.Port), true)
+				}
 			}
 		}
 	}

@@ -7,9 +7,10 @@ import (
 
 // TestTranslateDualStack: a dual-stack Service gets a ClusterIP frontend per
 // cluster IP, each with the endpoints of its family (IPv4 and IPv6
-// EndpointSlices); NodePorts are IPv4 only. Tables put the IPv6 frontend's
-// entries in the *6 maps, and a snapshot adopted by fresh tables needs no
-// writes.
+// EndpointSlices), and NodePort and external-address frontends per family:
+// on the node's addresses and the external IPs of that family. Tables put
+// the IPv6 frontends' entries in the *6 maps, and a snapshot adopted by
+// fresh tables needs no writes.
 func TestTranslateDualStack(t *testing.T) {
 	svcs, eps := decode(t, `
 apiVersion: v1
@@ -21,6 +22,7 @@ spec:
   clusterIPs: [10.96.0.10, "fd00:96::10"]
   ipFamilies: [IPv4, IPv6]
   ipFamilyPolicy: RequireDualStack
+  externalIPs: [192.0.2.7, "2001:db8::7"]
   ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}]
 ---
 apiVersion: discovery.k8s.io/v1
@@ -37,7 +39,8 @@ addressType: IPv6
 ports: [{name: http, port: 8080}]
 endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addresses: ["fd00:10:244:2::5"], conditions: {ready: true}}]
 `)
-	fs, err := Translate(svcs[0], eps, Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	opts := Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr("fd00:77::1")}}
+	fs, err := Translate(svcs[0], eps, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,6 +61,9 @@ endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addre
 		{FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP}, 1},
 		{FrontendKey{Addr: netip.MustParseAddr("fd00:96::10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP}, 2},
 		{FrontendKey{Addr: netip.MustParseAddr("10.77.0.1"), Port: 30080, Proto: TCP, Scope: ScopeNodePort}, 1},
+		{FrontendKey{Addr: netip.MustParseAddr("fd00:77::1"), Port: 30080, Proto: TCP, Scope: ScopeNodePort}, 2},
+		{FrontendKey{Addr: netip.MustParseAddr("192.0.2.7"), Port: 80, Proto: TCP, Scope: ScopeNodePort}, 1},
+		{FrontendKey{Addr: netip.MustParseAddr("2001:db8::7"), Port: 80, Proto: TCP, Scope: ScopeNodePort}, 2},
 	} {
 		want[f.k.String()] = f.n
 	}
@@ -69,15 +75,20 @@ endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addre
 			t.Errorf("frontend %s: %d backends, want %d (all: %v)", k, got[k], n, got)
 		}
 	}
-	m := NewModel(Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	for _, f := range fs {
+		if ext := f.Key.Port == 80 && f.Key.Scope == ScopeNodePort; f.External != ext {
+			t.Errorf("frontend %s: External %v, want %v", f.Key, f.External, ext)
+		}
+	}
+	m := NewModel(opts)
 	if _, err := m.Set(svcs[0], eps); err != nil {
 		t.Fatal(err)
 	}
 	tb := NewTables()
 	u := tb.Apply(Diff(nil, m))
-	if len(u.Services) != 2 || len(u.Services6) != 1 || len(u.Backends) != 2 || len(u.Backends6) != 2 ||
-		len(u.RevNat) != 2 || len(u.RevNat6) != 1 || len(u.Maglev) != 3 {
-		t.Fatalf("update %s: want 2+1 services, 2+2 backends, 2+1 rev-NAT, 3 Maglev tables", u)
+	if len(u.Services) != 3 || len(u.Services6) != 3 || len(u.Backends) != 3 || len(u.Backends6) != 6 ||
+		len(u.RevNat) != 3 || len(u.RevNat6) != 3 || len(u.Maglev) != 6 {
+		t.Fatalf("update %s: want 3+3 services, 3+6 backends, 3+3 rev-NAT, 6 Maglev tables", u)
 	}
 	k6 := ServiceKey6Of(FrontendKey{Addr: netip.MustParseAddr("fd00:96::10"), Port: 80, Proto: TCP, Scope: ScopeClusterIP})
 	id := u.Services6[k6].FrontendID
@@ -98,8 +109,8 @@ endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addre
 	}
 	// Removing the Service deletes the IPv6 entries too.
 	u = fresh.Apply(m.Delete(ServiceID{svcs[0].Namespace, svcs[0].Name}))
-	if len(u.ServiceDeletes) != 2 || len(u.ServiceDeletes6) != 1 || len(u.BackendDeletes) != 4 || len(u.RevNatDeletes) != 3 {
-		t.Errorf("deleting the Service: %s (service deletes %d+%d), want 2+1 services, 4 backends, 3 rev-NAT entries",
+	if len(u.ServiceDeletes) != 3 || len(u.ServiceDeletes6) != 3 || len(u.BackendDeletes) != 9 || len(u.RevNatDeletes) != 6 {
+		t.Errorf("deleting the Service: %s (service deletes %d+%d), want 3+3 services, 9 backends, 6 rev-NAT entries",
 			u, len(u.ServiceDeletes), len(u.ServiceDeletes6))
 	}
 }

@@ -1,0 +1,472 @@
+package agent
+
+// Live migration of VM endpoints: the address moves with the VM (issue 27).
+//
+// The target node's agent creates the VM endpoint with the source's
+// address, MAC and labels (so the same policy identity), incoming: devices,
+// steering program and fd-passing socket exist (the destination QEMU's
+// backend connects, QEMU sets its rings up), but the endpoint is in no
+// datapath map, no route leads to it and its host end forwards nothing
+// (ipv4 conf forwarding 0: a frame the guest sends before the switch is not
+// routed past policy). When the migration state says the guest runs here
+// (VMMigrationChanged target/completed), ActivateVM puts it in the
+// datapath and routes its /32 to it, replacing a route to the source.
+//
+// The claim carries a generation (the migration's start, ns). Every node
+// learns the claims of moved addresses as per-endpoint /32 routes next to
+// the routes to the pod CIDRs (SyncEndpointRoutes: what the lab publishes,
+// or API objects); the highest generation of an address wins. A node whose
+// local VM holds a lower claim takes it out of the datapath and routes the
+// address to the winner: the source after the switch. IPAM: the target
+// claims the address (outside its pod CIDR, or back in its own); a node
+// whose pod CIDR holds an address that a claim elsewhere routes away keeps
+// it held ("moved:<vm>") while the claim lasts, so no pod gets it.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/ipam"
+	"github.com/lanekit/lanekit/pkg/store"
+)
+
+// EndpointRoute is one node's claim of a moved VM address.
+type EndpointRoute struct {
+	Addr       netip.Addr // the VM's IPv4 address
+	Via        netip.Addr // the claiming node's address
+	Generation uint64
+	VM, Node   string
+}
+
+// Activation triggers recorded in endpoint.VMMigration.ActivatedBy.
+const (
+	ActivatedByMigrationState = "migration-state"
+)
+
+// rtProtoLanekit marks the per-endpoint routes this agent installs.
+const rtProtoLanekit = netlink.RouteProtocol(0x4c)
+
+// movedOwner holds an address of this node's pod CIDR whose VM another
+// node claims now.
+func movedOwner(vm string) string { return "moved:" + vm }
+
+func isMovedOwner(owner string) bool { return strings.HasPrefix(owner, movedOwner("")) }
+
+func validateIncoming(req *AddVMRequest) error {
+	if req.Incoming && !req.Address.IsValid() {
+		return fmt.Errorf("an incoming vm needs the address it has on the source: %w", ErrInvalid)
+	}
+	if req.Address.IsValid() && !req.Address.Is4() {
+		return fmt.Errorf("vm address %s: only IPv4 addresses move with a vm: %w", req.Address, ErrInvalid)
+	}
+	if req.GatewayMAC != "" {
+		if hw, err := net.ParseMAC(req.GatewayMAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
+			return fmt.Errorf("gateway mac %q is not a unicast Ethernet address: %w", req.GatewayMAC, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+func migrationOf(req AddVMRequest) *endpoint.VMMigration {
+	switch {
+	case req.Incoming:
+		return &endpoint.VMMigration{State: endpoint.VMIncoming, Generation: req.Generation}
+	case req.Generation > 0 || req.Address.IsValid():
+		return &endpoint.VMMigration{State: endpoint.VMActive, Generation: req.Generation}
+	}
+	return nil
+}
+
+// claimsAddress reports whether ep delivers its address here: every
+// endpoint but an incoming VM (not switched over yet) and a moved one
+// (superseded by another node's claim). A restarted agent puts only these
+// back in the datapath.
+func claimsAddress(ep *endpoint.Endpoint) bool {
+	if ep.VM == nil || ep.VM.Migration == nil {
+		return true
+	}
+	return ep.VM.Migration.State != endpoint.VMIncoming && ep.VM.Migration.State != endpoint.VMMoved
+}
+
+// claimAddrTx claims addr for the VM endpoint key: an address this node
+// holds for the VM as moved elsewhere comes back to it.
+func (a *Agent) claimAddrTx(tx *store.Tx, key, vm string, addr netip.Addr) error {
+	err := a.ipam.ClaimTx(tx, key, addr, func(holder string) bool { return holder == movedOwner(vm) })
+	if errors.Is(err, ipam.ErrTaken) {
+		return fmt.Errorf("%w: %w", err, ErrConflict)
+	}
+	return err
+}
+
+func host32(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+}
+
+func localRoute(ep *endpoint.Endpoint) *netlink.Route {
+	return &netlink.Route{LinkIndex: ep.HostIfIndex, Dst: host32(ep.IP), Scope: netlink.SCOPE_LINK}
+}
+
+func viaRoute(r EndpointRoute) *netlink.Route {
+	return &netlink.Route{Dst: host32(r.Addr), Gw: r.Via.AsSlice(), Protocol: rtProtoLanekit}
+}
+
+// setForwarding sets IPv4 forwarding of the host end dev (host netns).
+func setForwarding(dev string, on bool) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	p := filepath.Join("/proc/sys/net/ipv4/conf", dev, "forwarding")
+	if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+		return fmt.Errorf("ipv4 forwarding of %s: %w", dev, err)
+	}
+	return nil
+}
+
+// prepareIncoming makes a new VM endpoint inactive: the host end takes the
+// gateway MAC the guest knows, its /32 route goes (a route to the source,
+// if this agent had one, comes back), and it forwards nothing.
+func (a *Agent) prepareIncoming(ep *endpoint.Endpoint, gatewayMAC string) error {
+	return a.host.Do(func() error {
+		if gatewayMAC != "" {
+			hw, _ := net.ParseMAC(gatewayMAC) // validated
+			l, err := netlink.LinkByIndex(ep.HostIfIndex)
+			if err != nil {
+				return fmt.Errorf("host end %s: %w", ep.HostIfName, err)
+			}
+			if err := netlink.LinkSetHardwareAddr(l, hw); err != nil {
+				return fmt.Errorf("host end %s mac %s: %w", ep.HostIfName, hw, err)
+			}
+			ep.HostMAC = hw.String()
+		}
+		if err := netlink.RouteDel(localRoute(ep)); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("remove route %s/32 to incoming %s: %w", ep.IP, ep.HostIfName, err)
+		}
+		if r, ok := a.epRoutes[ep.IP]; ok {
+			if err := netlink.RouteReplace(viaRoute(r)); err != nil {
+				return fmt.Errorf("route %s/32 via %s: %w", r.Addr, r.Via, err)
+			}
+		}
+		return setForwarding(ep.HostIfName, false)
+	})
+}
+
+// ActivateVM makes the incoming VM endpoint name the node's claim of its
+// address: datapath entry, /32 route to its host end (replacing any route
+// to another node), forwarding on. Activating an active endpoint is a
+// no-op; by says what reported the guest running here.
+func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
+	changed := false
+	defer func() {
+		if changed {
+			a.endpointsChanged()
+		}
+	}()
+	if err := endpoint.ValidateVMName(name); err != nil {
+		return nil, fmt.Errorf("activate vm: %w: %w", err, ErrInvalid)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	key := vmKey(name)
+	ep, ok, err := a.lookup(key)
+	if err != nil {
+		return nil, fmt.Errorf("activate vm %s: %w", name, err)
+	}
+	if !ok || ep.VM == nil || ep.Pending {
+		return nil, fmt.Errorf("activate vm %s: no such vm: %w", name, ErrNotFound)
+	}
+	m := ep.VM.Migration
+	if m == nil || m.State == endpoint.VMActive {
+		vi := a.vmInfo(ep)
+		return &vi, nil
+	}
+	if m.State != endpoint.VMIncoming {
+		return nil, fmt.Errorf("activate vm %s: it is %s: %w", name, m.State, ErrConflict)
+	}
+	dpEp, err := ep.Datapath()
+	if err != nil {
+		return nil, fmt.Errorf("activate vm %s: %w", name, err)
+	}
+	err = a.host.Do(func() error {
+		if err := a.dp.UpsertEndpoint(dpEp); err != nil {
+			return fmt.Errorf("program datapath: %w", err)
+		}
+		if err := netlink.RouteReplace(localRoute(&ep)); err != nil {
+			return fmt.Errorf("route %s/32 to %s: %w", ep.IP, ep.HostIfName, err)
+		}
+		return setForwarding(ep.HostIfName, true)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("activate vm %s: %w", name, err)
+	}
+	changed = true
+	delete(a.epRoutes, ep.IP)
+	m.State, m.Activated, m.ActivatedBy = endpoint.VMActive, time.Now().UTC(), by
+	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
+		return nil, fmt.Errorf("activate vm %s: %w", name, err)
+	}
+	a.log.Info("vm activated: the node claims its address", "vm", name, "id", ep.ID, "ip", ep.IP,
+		"generation", m.Generation, "by", by)
+	vi := a.vmInfo(ep)
+	return &vi, nil
+}
+
+// VMMigrationEvent applies a migration state reported for VM name on this
+// node: a target activates its incoming endpoint when the migration
+// completed and removes it when it failed. The source acts on the target's
+// claim (SyncEndpointRoutes), not on the state: it keeps delivering until
+// the cluster routes the address away. Unknown names are ErrNotFound.
+func (a *Agent) VMMigrationEvent(name, role, phase string) (*VMInfo, error) {
+	switch role {
+	case "source", "target":
+	default:
+		return nil, fmt.Errorf("vm %s migration: role %q: want source or target: %w", name, role, ErrInvalid)
+	}
+	switch phase {
+	case "running", "completed", "failed":
+	default:
+		return nil, fmt.Errorf("vm %s migration: phase %q: want running, completed or failed: %w", name, phase, ErrInvalid)
+	}
+	if role == "target" && phase == "completed" {
+		return a.ActivateVM(name, ActivatedByMigrationState)
+	}
+	if role == "target" && phase == "failed" {
+		a.mu.Lock()
+		ep, ok, err := a.lookup(vmKey(name))
+		a.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		if ok && ep.VM != nil && ep.VM.Migration != nil && ep.VM.Migration.State == endpoint.VMIncoming {
+			if _, err := a.DelVM(name); err != nil {
+				return nil, err
+			}
+			a.log.Info("vm migration failed: incoming endpoint removed", "vm", name)
+			return nil, nil
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ep, ok, err := a.lookup(vmKey(name))
+	if err != nil {
+		return nil, err
+	}
+	if !ok || ep.VM == nil {
+		return nil, fmt.Errorf("vm %s migration: no such vm: %w", name, ErrNotFound)
+	}
+	a.log.Info("vm migration", "vm", name, "role", role, "phase", phase)
+	vi := a.vmInfo(ep)
+	return &vi, nil
+}
+
+// SyncEndpointRoutes takes every node's claims of moved VM addresses (the
+// full set) and returns the local VMs it superseded now. Per address the
+// highest generation wins: a local active VM with a lower claim leaves the
+// datapath and its address is routed to the winner; any other winning
+// claim of another node becomes a /32 route to it. Routes installed before
+// and no longer claimed go, and so do holds of moved addresses.
+func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, superseded []string, err error) {
+	defer func() {
+		if len(superseded) > 0 {
+			a.endpointsChanged()
+		}
+	}()
+	best := map[netip.Addr]EndpointRoute{}
+	for _, r := range routes {
+		if !r.Addr.Is4() || !r.Via.Is4() {
+			return 0, nil, fmt.Errorf("endpoint route %s via %s: want IPv4 addresses: %w", r.Addr, r.Via, ErrInvalid)
+		}
+		if err := endpoint.ValidateVMName(r.VM); err != nil {
+			return 0, nil, fmt.Errorf("endpoint route %s: %w: %w", r.Addr, err, ErrInvalid)
+		}
+		if b, ok := best[r.Addr]; !ok || r.Generation > b.Generation {
+			best[r.Addr] = r
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.epRoutes == nil {
+		a.epRoutes = map[netip.Addr]EndpointRoute{}
+	}
+	eps, err := a.endpoints()
+	if err != nil {
+		return 0, nil, err
+	}
+	byIP := map[netip.Addr]endpoint.Endpoint{}
+	for _, ep := range eps {
+		if !ep.Pending {
+			byIP[ep.IP] = ep
+		}
+	}
+	want := map[netip.Addr]EndpointRoute{}
+	var errs []error
+	for addr, r := range best {
+		ep, local := byIP[addr]
+		switch {
+		case local && ep.VM == nil:
+			errs = append(errs, fmt.Errorf("claim of %s by %s (vm %s) collides with local endpoint %d", addr, r.Node, r.VM, ep.ID))
+			continue
+		case local && (ep.VM.Migration == nil || ep.VM.Migration.State == endpoint.VMActive):
+			var gen uint64
+			if ep.VM.Migration != nil {
+				gen = ep.VM.Migration.Generation
+			}
+			if gen >= r.Generation {
+				continue // ours wins: the local route stays
+			}
+			if err := a.supersede(&ep, r); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			superseded = append(superseded, ep.VM.Name)
+		}
+		want[addr] = r
+	}
+	err = a.host.Do(func() error {
+		for addr, r := range want {
+			if cur, ok := a.epRoutes[addr]; ok && cur.Via == r.Via {
+				continue
+			}
+			if err := netlink.RouteReplace(viaRoute(r)); err != nil {
+				errs = append(errs, fmt.Errorf("route %s/32 via %s: %w", addr, r.Via, err))
+				continue
+			}
+			a.epRoutes[addr] = r
+		}
+		// The kernel's list, not only a.epRoutes: a restarted agent removes
+		// what its predecessor installed.
+		have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: rtProtoLanekit},
+			netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			return fmt.Errorf("list endpoint routes: %w", err)
+		}
+		for _, h := range have {
+			if h.Dst == nil {
+				continue
+			}
+			addr, ok := netip.AddrFromSlice(h.Dst.IP.To4())
+			if ones, _ := h.Dst.Mask.Size(); !ok || ones != 32 {
+				continue
+			}
+			if _, ok := want[addr]; ok {
+				continue
+			}
+			if err := netlink.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("remove route %s/32 via %s: %w", addr, h.Gw, err))
+				continue
+			}
+			delete(a.epRoutes, addr)
+		}
+		for addr := range a.epRoutes {
+			if _, ok := want[addr]; !ok {
+				delete(a.epRoutes, addr)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := a.syncMovedHolds(want); err != nil {
+		errs = append(errs, err)
+	}
+	if len(superseded) > 0 || len(errs) > 0 {
+		a.log.Info("endpoint routes synced", "claims", len(best), "routes", len(a.epRoutes), "superseded", superseded,
+			"errors", len(errs))
+	}
+	return len(a.epRoutes), superseded, errors.Join(errs...)
+}
+
+// supersede takes the local VM ep out of the datapath after another node's
+// higher claim r: its /32 now leads to r.Via, its address (when of this
+// node's pod CIDR) stays held as moved, the record says where it went
+// (mu held). DelVM removes the rest when the source's pod goes.
+func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
+	dpEp, err := ep.Datapath()
+	if err != nil {
+		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+	}
+	err = a.host.Do(func() error {
+		if err := netlink.RouteReplace(viaRoute(r)); err != nil {
+			return fmt.Errorf("route %s/32 via %s: %w", r.Addr, r.Via, err)
+		}
+		if err := a.dp.DeleteEndpoint(dpEp); err != nil {
+			return fmt.Errorf("datapath: %w", err)
+		}
+		return setForwarding(ep.HostIfName, false)
+	})
+	if err != nil {
+		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+	}
+	a.epRoutes[r.Addr] = r
+	key := ep.Key()
+	if ep.VM.Migration == nil {
+		ep.VM.Migration = &endpoint.VMMigration{}
+	}
+	ep.VM.Migration.State, ep.VM.Migration.MovedTo = endpoint.VMMoved, r.Via.String()
+	err = a.st.Update(func(tx *store.Tx) error {
+		if a.ipam.Contains(ep.IP) {
+			if err := a.ipam.ClaimTx(tx, movedOwner(ep.VM.Name), ep.IP, func(h string) bool { return h == key }); err != nil {
+				return err
+			}
+		} else if err := a.ipam.ReleaseTx(tx, key); err != nil {
+			return err
+		}
+		return tx.Put(store.Endpoints, []byte(key), *ep)
+	})
+	if err != nil {
+		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+	}
+	a.log.Info("vm moved: another node claims its address", "vm", ep.VM.Name, "id", ep.ID, "ip", ep.IP,
+		"to", r.Via, "node", r.Node, "generation", r.Generation)
+	return nil
+}
+
+// syncMovedHolds holds each address of this node's pod CIDR that a claim
+// elsewhere routes away and no local endpoint holds, and releases holds no
+// claim needs any more (mu held).
+func (a *Agent) syncMovedHolds(want map[netip.Addr]EndpointRoute) error {
+	return a.st.Update(func(tx *store.Tx) error {
+		for addr, r := range want {
+			if !a.ipam.Contains(addr) {
+				continue
+			}
+			holder, held, err := a.ipam.HolderTx(tx, addr)
+			if err != nil {
+				return err
+			}
+			if held && holder != movedOwner(r.VM) {
+				continue // a local endpoint (the incoming VM, or the moved one) holds it
+			}
+			if err := a.ipam.ClaimTx(tx, movedOwner(r.VM), addr, nil); err != nil {
+				return err
+			}
+		}
+		allocs, err := a.ipam.AllocationsTx(tx)
+		if err != nil {
+			return err
+		}
+		for _, al := range allocs {
+			if !isMovedOwner(al.Owner) {
+				continue
+			}
+			if r, ok := want[al.IP]; ok && movedOwner(r.VM) == al.Owner {
+				continue
+			}
+			if err := a.ipam.ReleaseTx(tx, al.Owner); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,606 @@
+package lab
+
+// `lanekit lab vm migrate`: QEMU's own live migration of the lab's
+// fast-lane guest between the VM netns of two nodes, with the agents moving
+// its address (pkg/agent/vmmigrate.go). The lab plays the control plane's
+// part: it creates the target's incoming endpoint and backend (KubeVirt: the
+// target launcher pod), reports the migration state to the agents (KubeVirt:
+// the VMI's migrationState) and hands every agent the nodes' claims of
+// moved addresses (what each agent's ListVMs publishes), and removes the
+// source's pod (backend, QEMU, endpoint, netns) after the switch.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/nsexec"
+	"github.com/lanekit/lanekit/pkg/guest"
+)
+
+// MigrateOptions configures MigrateVM.
+type MigrateOptions struct {
+	VM string // default "vm1"
+	// To is the target node; 0: node 1, or node 2 when the VM is on node 1.
+	To int
+	// PingInterval is each pinger's interval (default 10 ms).
+	PingInterval time.Duration
+	Bins         Bins // where lanekit-vhost is
+	Out          io.Writer
+}
+
+// MigrationReport is what a migration measured.
+type MigrationReport struct {
+	VM string `json:"vm"`
+	// Path: "fast-lane" (lanekit-vhost; the address moves) or "bridge-tap"
+	// (vm-std; the address stays in the source node's bridge subnet).
+	Path     string `json:"path"`
+	From     int    `json:"from_node"`
+	To       int    `json:"to_node"`
+	IP       string `json:"ip"`
+	MAC      string `json:"mac"`
+	SourceID uint32 `json:"source_endpoint_id"`
+	TargetID uint32 `json:"target_endpoint_id"`
+	// Generation is the target's claim of the address.
+	Generation  uint64 `json:"generation"`
+	ActivatedBy string `json:"activated_by"`
+	// Pings from a pod on every node at PingInterval.
+	PingInterval time.Duration `json:"ping_interval_ns"`
+	Pings        []PingStats   `json:"pings"`
+	TCP          TCPStats      `json:"tcp"`
+	// SwitchOver: the source backend's last frame into the guest to the
+	// target backend's first (both polled every FramePoll).
+	SwitchOver time.Duration `json:"switch_over_ns"`
+	FramePoll  time.Duration `json:"frame_poll_ns"`
+	// QEMU's own numbers (query-migrate on the source): total time and the
+	// downtime it measured (vCPUs stopped on the source to running on the
+	// target).
+	QEMUTotal    time.Duration `json:"qemu_total_ns"`
+	QEMUDowntime time.Duration `json:"qemu_downtime_ns"`
+	// Resumed to Activated: the target's QEMU resumed the guest (QMP
+	// RESUME) until the agent activated the endpoint; Routed: until every
+	// agent had the new claims.
+	ResumedToActivated time.Duration `json:"resumed_to_activated_ns"`
+	ResumedToRouted    time.Duration `json:"resumed_to_routed_ns"`
+	Total              time.Duration `json:"total_ns"` // the whole command
+}
+
+// Lost is the pings lost by every pinger together.
+func (r *MigrationReport) Lost() int {
+	n := 0
+	for _, p := range r.Pings {
+		n += p.Lost
+	}
+	return n
+}
+
+func (r *MigrationReport) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "vm %s (%s) %s (%s) node %d -> node %d", r.VM, r.Path, r.IP, r.MAC, r.From, r.To)
+	if r.TargetID != 0 {
+		fmt.Fprintf(&b, ": endpoint %d -> %d, activated by %s", r.SourceID, r.TargetID, r.ActivatedBy)
+	}
+	b.WriteString("\n")
+	for _, p := range r.Pings {
+		fmt.Fprintf(&b, "  ping from %s every %s: %d sent, %d lost (%s), longest gap %s\n", p.From, r.PingInterval,
+			p.Sent, p.Lost, time.Duration(p.Lost)*r.PingInterval, p.MaxGap.Round(time.Millisecond))
+	}
+	tcp := "survived"
+	switch {
+	case r.TCP.Error != "":
+		tcp = "BROKEN: " + r.TCP.Error
+	case r.TCP.Local == "":
+		tcp = "not started"
+	}
+	fmt.Fprintf(&b, "  tcp from %s (%s): %s, %d exchanges, longest %s\n", r.TCP.From, r.TCP.Local, tcp, r.TCP.Exchanges,
+		r.TCP.MaxRTT.Round(time.Millisecond))
+	if r.Path == "fast-lane" {
+		fmt.Fprintf(&b, "  switch-over (source's last to target's first frame into the guest): %s (polled every %s)\n",
+			r.SwitchOver.Round(time.Millisecond), r.FramePoll)
+	}
+	fmt.Fprintf(&b, "  QEMU: total %s, downtime %s", r.QEMUTotal, r.QEMUDowntime)
+	if r.TargetID != 0 {
+		fmt.Fprintf(&b, "; resumed -> endpoint active %s, -> all nodes routed %s", r.ResumedToActivated.Round(time.Microsecond),
+			r.ResumedToRouted.Round(time.Microsecond))
+	} else {
+		b.WriteString("; nothing moves the address: it stays routed to the source node's bridge")
+	}
+	fmt.Fprintf(&b, "; command %s\n", r.Total.Round(time.Millisecond))
+	return b.String()
+}
+
+const (
+	migrateTimeout = 3 * time.Minute
+	framePoll      = 2 * time.Millisecond
+)
+
+// MigrateVM live-migrates a lab VM to another node while pods on every node
+// ping it and one holds a TCP connection to it.
+func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, err error) {
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	if opts.VM == "" {
+		opts.VM = "vm1"
+	}
+	if opts.PingInterval == 0 {
+		opts.PingInterval = 10 * time.Millisecond
+	}
+	st, err := LoadState()
+	if err != nil {
+		return nil, err
+	}
+	if st.K8s || st.Routing == RoutingTunnel {
+		return nil, errors.New("lab vm migrate: needs the plain lab with native routing (`lab up --vm`)")
+	}
+	idx := -1
+	for i := range st.VMs {
+		if st.VMs[i].Name == opts.VM {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		for i := range st.TapVMs {
+			if st.TapVMs[i].Name == opts.VM {
+				return migrateTapVM(ctx, st, i, opts, began)
+			}
+		}
+		return nil, fmt.Errorf("lab vm migrate: no VM %q in the lab (lab up --vm)", opts.VM)
+	}
+	src := st.VMs[idx]
+	to := opts.To
+	if to == 0 {
+		to = 1
+		if src.Node == 1 {
+			to = 2
+		}
+	}
+	if to == src.Node || to < 1 || to > len(st.Nodes) {
+		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	}
+	say := func(format string, args ...any) { progress(opts.Out, format, args...) }
+	rep = &MigrationReport{VM: src.Name, Path: "fast-lane", From: src.Node, To: to, IP: src.IP, MAC: src.MAC, PingInterval: opts.PingInterval,
+		FramePoll: framePoll}
+
+	srcVM, err := findAgentVM(ctx, AgentSocket(src.Node), src.Name)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: source: %w", err)
+	}
+	rep.SourceID = srcVM.GetEndpoint().GetId()
+	var gwMAC string
+	if ifs := srcVM.GetEndpoint().GetInterfaces(); len(ifs) > 0 {
+		gwMAC = ifs[0].GetMac()
+	}
+	// The claim's generation: the migration's start (what the k8s path takes
+	// from the VMI's migrationState).
+	rep.Generation = uint64(time.Now().UnixNano())
+
+	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, 1), IP: src.IP, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
+		VhostSocket:   filepath.Join(vmBackendDir(to, src.Name), "vhost.sock"),
+		MetricsSocket: filepath.Join(vmBackendDir(to, src.Name), "metrics.sock"), SerialSocket: vmFile(to, src.Name, "serial.sock")}
+	if netnsExists(dst.NS) {
+		return nil, fmt.Errorf("lab vm migrate: netns %s exists (a VM is on node %d)", dst.NS, to)
+	}
+	if err := addNetns(ctx, dst.NS); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	// Until the switch-over, a failure removes the target's side and leaves
+	// the guest running on the source.
+	switched := false
+	defer func() {
+		if err != nil && !switched {
+			cleanupMigrationSide(context.Background(), dst)
+		}
+	}()
+	owner := uint32(backendUser)
+	resp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.AddVMResponse, error) {
+		return c.AddVM(ctx, &apiv1.AddVMRequest{Name: src.Name, Netns: netnsPath(dst.NS), Queues: uint32(src.Queues),
+			Mac: src.MAC, Mtu: uint32(src.MTU), Labels: srcVM.GetEndpoint().GetLabels(), SocketUid: &owner, SocketGid: &owner,
+			Address: src.IP, Incoming: true, Generation: rep.Generation, GatewayMac: gwMAC})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: incoming endpoint on node %d: %w", to, err)
+	}
+	dst.XSKSocket = resp.GetVm().GetSocket()
+	rep.TargetID = resp.GetVm().GetEndpoint().GetId()
+	say("lab: vm %s: incoming endpoint %d on node %d (%s, inactive)", src.Name, rep.TargetID, to, resp.GetVm().GetMigrationState())
+
+	vhostBin := filepath.Join(opts.Bins.Dir, "lanekit-vhost")
+	if !executable(vhostBin) {
+		return nil, fmt.Errorf("lab vm migrate: %s missing (make build)", vhostBin)
+	}
+	if dst.BackendPID, err = startVMBackend(dst, vhostBin); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target %w", err)
+	}
+	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	gc := guest.Config{Kernel: kernel, Initrd: initrd, MTU: src.MTU, IP: src.IP + "/32", Gateway: "169.254.1.1", MAC: src.MAC,
+		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket}
+	args, err := guest.QEMUArgs(gc)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	migSock := vmFile(to, src.Name, "migrate.sock")
+	os.Remove(migSock)
+	for i, a := range args { // nobody waits on the target's console before it runs
+		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
+	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
+	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	dq, err := dialQMP(ctx, vmQMPSocket(to, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+	}
+	defer dq.Close()
+	sq, err := dialQMP(ctx, vmQMPSocket(src.Node, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: source qemu (a lab from before `lab vm migrate` has no QMP socket: lab up again): %w", err)
+	}
+	defer sq.Close()
+
+	// Traffic: a pinger on every node, one held TCP connection.
+	tr, err := startTraffic(st, KindLanekit, src.IP, opts.PingInterval)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	defer tr.stop(rep)
+	srcFrames := watchFrames(ctx, src.MetricsSocket, framePoll)
+	dstFrames := watchFrames(ctx, dst.MetricsSocket, framePoll)
+	defer srcFrames.stop()
+	defer dstFrames.stop()
+	time.Sleep(500 * time.Millisecond) // traffic before the migration
+
+	say("lab: vm %s: migrating node %d -> node %d (QEMU over %s)", src.Name, src.Node, to, migSock)
+	if _, err := sq.call(ctx, "migrate", map[string]any{"uri": "unix:" + migSock}); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	resumed := make(chan error, 1)
+	var resumedAt time.Time
+	go func() {
+		m, err := dq.waitEvent(ctx, "RESUME")
+		resumedAt = m.time()
+		resumed <- err
+	}()
+	var info migrationInfo
+	migrated := make(chan error, 1)
+	go func() {
+		var err error
+		info, err = sq.waitMigrated(ctx)
+		migrated <- err
+	}()
+	migDone := false
+	select {
+	case err := <-resumed:
+		if err != nil {
+			return rep, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+		}
+	case err := <-migrated:
+		migDone = true
+		if err != nil {
+			return rep, fmt.Errorf("lab vm migrate: %w", err)
+		}
+		if err := <-resumed; err != nil {
+			return rep, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+		}
+	}
+	switched = true
+	say("lab: vm %s: resumed on node %d; reporting the migration state to its agent", src.Name, to)
+	// The migration state reaches the target's agent: it claims the address.
+	mresp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.VMMigrationChangedResponse, error) {
+		return c.VMMigrationChanged(ctx, &apiv1.VMMigrationChangedRequest{Name: src.Name, Role: "target", Phase: "completed"})
+	})
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: activate on node %d: %w", to, err)
+	}
+	rep.ResumedToActivated = time.Since(resumedAt)
+	rep.ActivatedBy = mresp.GetVm().GetActivatedBy()
+	if _, err := PublishEndpointRoutes(ctx, st); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	rep.ResumedToRouted = time.Since(resumedAt)
+	say("lab: vm %s: endpoint active on node %d, claims published to every node", src.Name, to)
+	if !migDone {
+		if err := <-migrated; err != nil {
+			return rep, fmt.Errorf("lab vm migrate: %w", err)
+		}
+	}
+	rep.QEMUTotal, rep.QEMUDowntime = time.Duration(info.TotalTime)*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond
+	say("lab: vm %s runs on node %d (QEMU: total %s, downtime %s); removing the source side", src.Name, to, rep.QEMUTotal, rep.QEMUDowntime)
+
+	// The source's pod goes: QEMU, backend, endpoint, netns.
+	sq.call(ctx, "quit", nil)
+	cleanupMigrationSide(ctx, src)
+	st.VMs[idx] = dst
+	if err := st.save(); err != nil {
+		return rep, err
+	}
+
+	time.Sleep(time.Second) // traffic after the switch
+	srcFrames.stop()
+	dstFrames.stop()
+	if !srcFrames.last.IsZero() && !dstFrames.first.IsZero() {
+		rep.SwitchOver = dstFrames.first.Sub(srcFrames.last)
+	}
+	err = tr.stop(rep)
+	rep.Total = time.Since(began)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	return rep, nil
+}
+
+// cleanupMigrationSide stops lv's QEMU and backend, removes its endpoint
+// from its node's agent and its netns and files.
+func cleanupMigrationSide(ctx context.Context, lv LabVM) {
+	for _, what := range []string{"qemu", "vhost"} {
+		base := vmFile(lv.Node, lv.Name, what)
+		if pid := nsexec.ReadPIDFile(base + ".pid"); pid > 0 && inLabNetns(pid) {
+			nsexec.Terminate(pid, 3*time.Second)
+		}
+		os.Remove(base + ".pid")
+	}
+	withAgent(ctx, AgentSocket(lv.Node), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.DelVMResponse, error) {
+		return c.DelVM(ctx, &apiv1.DelVMRequest{Name: lv.Name})
+	})
+	if netnsExists(lv.NS) {
+		ip(ctx, "netns", "del", lv.NS)
+	}
+	os.RemoveAll(vmBackendDir(lv.Node, lv.Name))
+	for _, f := range []string{"serial.sock", "qmp.sock", "migrate.sock"} {
+		os.Remove(vmFile(lv.Node, lv.Name, f))
+	}
+}
+
+// PublishEndpointRoutes collects every agent's claims of moved VM addresses
+// (active VMs with a generation, from ListVMs) and hands the full set to
+// every agent. It returns the VMs each node's agent superseded.
+func PublishEndpointRoutes(ctx context.Context, st *State) (map[int][]string, error) {
+	var routes []*apiv1.EndpointRoute
+	for _, n := range st.Nodes {
+		resp, err := withAgent(ctx, AgentSocket(n.Index), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ListVMsResponse, error) {
+			return c.ListVMs(ctx, &apiv1.ListVMsRequest{})
+		})
+		if err != nil {
+			return nil, fmt.Errorf("claims of node %d: %w", n.Index, err)
+		}
+		for _, v := range resp.GetVms() {
+			if v.GetMigrationState() != "active" || v.GetGeneration() == 0 {
+				continue
+			}
+			p, err := netip.ParsePrefix(v.GetAddress())
+			if err != nil {
+				return nil, fmt.Errorf("claims of node %d: vm %s address %q: %w", n.Index, v.GetName(), v.GetAddress(), err)
+			}
+			routes = append(routes, &apiv1.EndpointRoute{Address: p.Addr().String(), Via: n.UnderlayIP,
+				Generation: v.GetGeneration(), Vm: v.GetName(), Node: NodeNS(n.Index)})
+		}
+	}
+	out := map[int][]string{}
+	var errs []error
+	for _, n := range st.Nodes {
+		resp, err := withAgent(ctx, AgentSocket(n.Index), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.SyncEndpointRoutesResponse, error) {
+			return c.SyncEndpointRoutes(ctx, &apiv1.SyncEndpointRoutesRequest{Routes: routes})
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("endpoint routes on node %d: %w", n.Index, err))
+			continue
+		}
+		out[n.Index] = resp.GetSuperseded()
+	}
+	return out, errors.Join(errs...)
+}
+
+// findAgentVM returns VM name from an agent's ListVMs.
+func findAgentVM(ctx context.Context, sock, name string) (*apiv1.VM, error) {
+	resp, err := withAgent(ctx, sock, func(ctx context.Context, c apiv1.AgentClient) (*apiv1.ListVMsResponse, error) {
+		return c.ListVMs(ctx, &apiv1.ListVMsRequest{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range resp.GetVms() {
+		if v.GetName() == name {
+			return v, nil
+		}
+	}
+	return nil, fmt.Errorf("agent %s has no vm %s", sock, name)
+}
+
+// withAgent calls fn with a client of the agent at sock.
+func withAgent[T any](ctx context.Context, sock string, fn func(context.Context, apiv1.AgentClient) (T, error)) (T, error) {
+	var zero T
+	c, closeFn, err := agentClient(sock)
+	if err != nil {
+		return zero, err
+	}
+	defer closeFn()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return fn(cctx, c)
+}
+
+// traffic is what runs across a migration: a pinger in the first pod of a
+// kind on every node, and a TCP connection from the first of them.
+type traffic struct {
+	pingers []*pinger
+	tcp     *tcpProbe
+	tcpFrom string
+	stopped bool
+}
+
+func startTraffic(st *State, kind, dst string, interval time.Duration) (_ *traffic, err error) {
+	tr := &traffic{}
+	defer func() {
+		if err != nil {
+			tr.stop(&MigrationReport{})
+		}
+	}()
+	pods := st.PodsOf(kind)
+	for _, n := range st.Nodes {
+		for _, p := range pods {
+			if !strings.HasPrefix(p.NS, fmt.Sprintf("lk-n%d-", n.Index)) {
+				continue
+			}
+			pg, err := startPinger(p.NS, dst, interval, uint16(0x4c00+n.Index))
+			if err != nil {
+				return tr, err
+			}
+			tr.pingers = append(tr.pingers, pg)
+			if tr.tcpFrom == "" {
+				tr.tcpFrom = p.NS
+			}
+			break
+		}
+	}
+	if tr.tcpFrom == "" {
+		return tr, fmt.Errorf("the lab has no %s pods to ping from (lab up --pods-per-node >= 1)", kind)
+	}
+	if tr.tcp, err = startTCPProbe(tr.tcpFrom, dst, 50*time.Millisecond); err != nil {
+		return tr, err
+	}
+	return tr, nil
+}
+
+// stop ends the traffic once and puts what it saw in rep; an error says
+// the TCP connection broke.
+func (tr *traffic) stop(rep *MigrationReport) error {
+	if tr.stopped {
+		return nil
+	}
+	tr.stopped = true
+	var errs []error
+	if tr.tcp != nil {
+		rep.TCP = tr.tcp.stop(tr.tcpFrom)
+		if rep.TCP.Error != "" {
+			errs = append(errs, fmt.Errorf("the TCP connection from %s broke: %s", tr.tcpFrom, rep.TCP.Error))
+		}
+	}
+	for _, p := range tr.pingers {
+		ps, err := p.stop()
+		if err != nil {
+			errs = append(errs, err)
+		}
+		rep.Pings = append(rep.Pings, ps)
+	}
+	return errors.Join(errs...)
+}
+
+// migrateTapVM live-migrates vm-std (QEMU's virtio-net on a tap on the
+// baseline bridge) to node opts.To's bridge: what KubeVirt's bridge binding
+// would do if it allowed migration. Nothing moves its address: the guest
+// keeps the source bridge's subnet and gateway, which do not exist on the
+// target, so its pings and TCP connection end at the switch-over. The
+// report says so; only a QEMU failure is an error.
+func migrateTapVM(ctx context.Context, st *State, idx int, opts MigrateOptions, began time.Time) (*MigrationReport, error) {
+	src := st.TapVMs[idx]
+	to := opts.To
+	if to == 0 {
+		to = 1
+		if src.Node == 1 {
+			to = 2
+		}
+	}
+	if to == src.Node || to < 1 || to > len(st.Nodes) {
+		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	}
+	rep := &MigrationReport{VM: src.Name, Path: "bridge-tap", From: src.Node, To: to, IP: src.IP, MAC: src.MAC,
+		PingInterval: opts.PingInterval}
+	gw, plen, err := bridgeAddr(ctx, NodeNS(src.Node), BaseBridge)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	dst := LabVM{Name: src.Name, Node: to, NS: NodeNS(to), IP: src.IP, MAC: src.MAC, Queues: 1, MTU: src.MTU,
+		SerialSocket: vmFile(to, src.Name, "serial.sock")}
+	if err := addTapDev(ctx, dst.NS, strconv.Itoa(src.MTU)); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: node %d: %w", to, err)
+	}
+	switched := false
+	defer func() {
+		if !switched {
+			removeTapSide(dst)
+		}
+	}()
+	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: fmt.Sprintf("%s/%d", src.IP, plen),
+		Gateway: gw, MAC: src.MAC, Tap: TapVMDev, SerialSocket: dst.SerialSocket, MTU: src.MTU})
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	migSock := vmFile(to, src.Name, "migrate.sock")
+	os.Remove(migSock)
+	for i, a := range args {
+		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
+	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
+	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	dq, err := dialQMP(ctx, vmQMPSocket(to, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+	}
+	defer dq.Close()
+	sq, err := dialQMP(ctx, vmQMPSocket(src.Node, src.Name))
+	if err != nil {
+		return nil, fmt.Errorf("lab vm migrate: source qemu: %w", err)
+	}
+	defer sq.Close()
+	tr, err := startTraffic(st, KindBaseline, src.IP, opts.PingInterval)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	defer tr.stop(rep)
+	time.Sleep(500 * time.Millisecond)
+	progress(opts.Out, "lab: vm %s: migrating node %d -> node %d on the bridge+tap path (the address does not follow)", src.Name, src.Node, to)
+	if _, err := sq.call(ctx, "migrate", map[string]any{"uri": "unix:" + migSock}); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	info, err := sq.waitMigrated(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	if _, err := dq.waitEvent(ctx, "RESUME"); err != nil {
+		return rep, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	switched = true
+	rep.QEMUTotal, rep.QEMUDowntime = time.Duration(info.TotalTime)*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond
+	sq.call(ctx, "quit", nil)
+	removeTapSide(src)
+	st.TapVMs[idx] = dst
+	if err := st.save(); err != nil {
+		return rep, err
+	}
+	time.Sleep(time.Second)
+	// The TCP connection is expected to break here: reported, not an error.
+	tr.stop(rep)
+	rep.Total = time.Since(began)
+	return rep, nil
+}
+
+// removeTapSide stops lv's QEMU and removes its tap and files.
+func removeTapSide(lv LabVM) {
+	base := vmFile(lv.Node, lv.Name, "qemu")
+	if pid := nsexec.ReadPIDFile(base + ".pid"); pid > 0 && inLabNetns(pid) {
+		nsexec.Terminate(pid, 3*time.Second)
+	}
+	os.Remove(base + ".pid")
+	ip(context.Background(), "-n", lv.NS, "link", "del", TapVMDev)
+	for _, f := range []string{"serial.sock", "qmp.sock", "migrate.sock"} {
+		os.Remove(vmFile(lv.Node, lv.Name, f))
+	}
+}
