@@ -62,12 +62,13 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.BaselineOnly, "baseline-only", false, "no agents and no lanekit pods: only the underlay, nodes and bridge+iptables pods")
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
+	cmd.Flags().IntVar(&cfg.VMs, "vms", 1, "fast-lane guests with --vm: 1 on the last node, or 2 (a second on node 1: VM to VM across nodes)")
 	cmd.Flags().StringVar(&cfg.Routing, "routing", "", "agents' routing mode: native (a bridged underlay, routes to every pod CIDR; the default, unless $"+lab.RoutingEnv+" says) or tunnel (VXLAN in BPF, on a routed underlay whose router knows no pod CIDR)")
 	cmd.Flags().StringVar(&cfg.Underlay, "underlay", "", "bridged or routed (default: routed with --routing tunnel, else bridged); --routing native --underlay routed shows native routing failing there")
 	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false, "with --k8s: real nodes, containerd + kubelet per node (make k8s-node-bins, make k8s-node-images), "+
 		"kube-controller-manager, kube-scheduler, lanekit installed with kubectl apply -k deploy/, CoreDNS; no kube-proxy")
-	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (refused for now: IPv6-only nodes need NetworkPolicy over IPv6)")
+	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (IPv6-only lanekit pods: the agents get only an IPv6 pod CIDR; no --k8s, --vm or --routing tunnel yet)")
 	cmd.Flags().IntVar(&cfg.DPUNodes, "dpu-nodes", 0, "nodes 1..N get a DPU namespace between the node and the wire: the datapath runs there (lanekitd --mode dpu), the node runs lanekitd --mode host (VFs are veth pairs)")
 	return cmd
 }

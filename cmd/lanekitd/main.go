@@ -156,7 +156,7 @@ func run(args []string) error {
 		return fmt.Errorf("--pod-cidr: %w", err)
 	}
 	podCIDR = cidr4
-	if podCIDR == "" && kube.nodeName == "" {
+	if podCIDR == "" && cidr6 == "" && kube.nodeName == "" {
 		return fmt.Errorf("--pod-cidr is required (or --node-name to take it from the Node)")
 	}
 	lo, hi, err := parsePortRange(snatPorts)
@@ -191,6 +191,9 @@ func run(args []string) error {
 			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)
 		}
 		podCIDR = cidr
+		if p, err := netip.ParsePrefix(cidr); err == nil && p.Addr().Is6() {
+			return fmt.Errorf("node %s's spec.podCIDR %s is IPv6: IPv6-only nodes are supported with --pod-cidr, not from the Node yet", kube.nodeName, cidr)
+		}
 		if cidr6, err = kube.nodePodCIDR6(ctx, kc, cidr6); err != nil {
 			return err
 		}
@@ -209,11 +212,13 @@ func run(args []string) error {
 			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)
 		}
 	}
-	p, err := netip.ParsePrefix(podCIDR)
-	if err != nil {
-		return fmt.Errorf("--pod-cidr: %w", err)
+	if podCIDR != "" { // empty: an IPv6-only node
+		p, err := netip.ParsePrefix(podCIDR)
+		if err != nil {
+			return fmt.Errorf("--pod-cidr: %w", err)
+		}
+		cfg.PodCIDR = p
 	}
-	cfg.PodCIDR = p
 	if cidr6 != "" {
 		if cfg.PodCIDR6, err = netip.ParsePrefix(cidr6); err != nil {
 			return fmt.Errorf("--pod-cidr: %w", err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -10,10 +9,8 @@ import (
 )
 
 // splitPodCIDRs sorts the --pod-cidr values into the node's IPv4 and IPv6
-// pod CIDRs: at most one per family. IPv6 alone is refused: NetworkPolicy
-// knows endpoints by their IPv4 address until it covers IPv6 (a later
-// slice of issue 25), so an IPv6-only pod could not even be refused its
-// traffic when a policy selects it.
+// pod CIDRs: at most one per family. IPv6 alone makes an IPv6-only node
+// (pods get only an IPv6 address).
 func splitPodCIDRs(vals []string) (v4, v6 string, err error) {
 	for _, v := range vals {
 		p, err := netip.ParsePrefix(v)
@@ -34,9 +31,6 @@ func splitPodCIDRs(vals []string) (v4, v6 string, err error) {
 			}
 			v6 = p.String()
 		}
-	}
-	if v6 != "" && v4 == "" && len(vals) > 0 {
-		return "", "", errors.New("an IPv6 pod CIDR needs an IPv4 one beside it: IPv6-only nodes are not supported yet (NetworkPolicy covers IPv4 only)")
 	}
 	return v4, v6, nil
 }

@@ -16,7 +16,7 @@ func TestSplitPodCIDRs(t *testing.T) {
 		{in: []string{"fd00:10:244:1::/64", "10.244.1.0/24"}, v4: "10.244.1.0/24", v6: "fd00:10:244:1::/64"},
 		{in: []string{"10.244.1.0/24", "10.244.2.0/24"}, err: "two IPv4"},
 		{in: []string{"10.244.1.0/24", "fd00::/64", "fd01::/64"}, err: "two IPv6"},
-		{in: []string{"fd00::/64"}, err: "IPv6-only nodes are not supported yet"},
+		{in: []string{"fd00::/64"}, v6: "fd00::/64"}, // an IPv6-only node
 		{in: []string{"::ffff:10.0.0.0/104"}, err: "IPv4-mapped"},
 		{in: []string{"nope"}, err: "nope"},
 	} {

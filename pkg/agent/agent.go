@@ -199,8 +199,8 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.StateDir == "" {
 		return nil, errors.New("new agent: state dir is required")
 	}
-	if !cfg.PodCIDR.IsValid() {
-		return nil, errors.New("new agent: pod CIDR is required")
+	if err := checkPodCIDRs(cfg); err != nil { // ipv6.go
+		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if cfg.DeviceMode == "" {
 		cfg.DeviceMode = DeviceAuto
@@ -247,7 +247,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.st, err = store.Open(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
-	if a.ipam, err = ipam.New(a.st, cfg.PodCIDR); err != nil {
+	if err := a.openIPv4(); err != nil { // ipv6.go
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if err := a.openIPv6(); err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -10,11 +11,52 @@ import (
 	"github.com/lanekit/lanekit/pkg/store"
 )
 
-// IPv6 for pods (issue 25): with Config.PodCIDR6 every pod endpoint gets an
-// address of each family. VMs stay IPv4-only for now (their IPv6 is dropped
-// as unsupported-l3). NetworkPolicy covers both families (an endpoint's IPv6
+// IPv6 for pods and VMs (issue 25): with Config.PodCIDR6 every pod and VM
+// endpoint gets an address of each family (a VM's guest configures its
+// IPv6 address from the VM's API form, the endpoint's second IP config).
+// NetworkPolicy covers both families (an endpoint's IPv6
 // address has its identity: netpolicy.go; the node's IPv6 addresses are the
 // host identity: hostaddrs.go).
+
+// checkPodCIDRs: a node has an IPv4 pod CIDR, an IPv6 one or both (an
+// IPv6-only node has only PodCIDR6).
+func checkPodCIDRs(cfg Config) error {
+	if !cfg.PodCIDR.IsValid() && !cfg.PodCIDR6.IsValid() {
+		return errors.New("pod CIDR is required")
+	}
+	if cfg.PodCIDR.IsValid() && !cfg.PodCIDR.Addr().Is4() {
+		return fmt.Errorf("pod CIDR %s is not an IPv4 prefix (an IPv6 one is PodCIDR6)", cfg.PodCIDR)
+	}
+	return nil
+}
+
+// openIPv4 opens the IPv4 pool when the node has an IPv4 pod CIDR.
+func (a *Agent) openIPv4() error {
+	if !a.cfg.PodCIDR.IsValid() {
+		return nil // IPv6-only
+	}
+	var err error
+	a.ipam, err = ipam.New(a.st, a.cfg.PodCIDR)
+	return err
+}
+
+// pool is the node's first pod address pool: IPv4, or IPv6 on an IPv6-only
+// node (status, the CNI config's subnet check).
+func (a *Agent) pool() *ipam.IPAM {
+	if a.ipam != nil {
+		return a.ipam
+	}
+	return a.ipam6
+}
+
+// allocIPv4Tx returns owner's IPv4 address (allocating it), or the invalid
+// address on an IPv6-only node.
+func (a *Agent) allocIPv4Tx(tx *store.Tx, owner string) (netip.Addr, error) {
+	if a.ipam == nil {
+		return netip.Addr{}, nil
+	}
+	return a.ipam.AllocateTx(tx, owner)
+}
 
 // openIPv6 opens the IPv6 pool and turns IPv6 forwarding on when the node
 // has an IPv6 pod CIDR.
@@ -44,8 +86,10 @@ func (a *Agent) allocIPv6Tx(tx *store.Tx, owner string) (netip.Addr, error) {
 
 // releaseAddrsTx frees owner's addresses of every family.
 func (a *Agent) releaseAddrsTx(tx *store.Tx, owner string) error {
-	if err := a.ipam.ReleaseTx(tx, owner); err != nil {
-		return err
+	if a.ipam != nil {
+		if err := a.ipam.ReleaseTx(tx, owner); err != nil {
+			return err
+		}
 	}
 	if a.ipam6 != nil {
 		return a.ipam6.ReleaseTx(tx, owner)

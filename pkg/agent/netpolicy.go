@@ -130,7 +130,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 	used := map[netip.Addr]bool{}
 	for i := range eps {
 		ep := &eps[i]
-		if ep.Pending || !ep.IP.IsValid() {
+		if ep.Pending || !ep.IP.IsValid() && !ep.IP6.IsValid() { // IP alone invalid: an IPv6-only node
 			continue
 		}
 		ns, name, labels := argsView(ep)
@@ -142,27 +142,33 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 				pe.Labels = map[string]string{}
 			}
 		}
-		if used[ep.IP] {
+		if used[ep.IP] && ep.IP.IsValid() {
 			continue // cannot happen: IPAM hands out each address once
 		}
-		used[ep.IP] = true
+		used[ep.IP], used[ep.IP6] = true, true
 		in.Endpoints = append(in.Endpoints, pe)
 		locals[ep.ID] = localEndpoint{Namespace: ns, Name: name, Labels: pe.Labels, FromPod: fromPod}
 	}
 	podCIDR := a.cfg.PodCIDR
 	for _, key := range slices.Sorted(maps.Keys(pods)) {
 		pod := pods[key]
-		ip, ok := k8sobj.PodIPv4(pod)
-		if !ok || !podLive(pod) || used[ip] || podCIDR.Contains(ip) {
-			// Local pods are the endpoints above; a pod object with a
-			// local address but no endpoint is stale or not added yet.
+		ip, ok4 := k8sobj.PodIPv4(pod)
+		ip6, ok6 := k8sobj.PodIPv6(pod)
+		// Local pods are the endpoints above; a pod object with a local
+		// address but no endpoint is stale or not added yet. A pod of an
+		// IPv6-only node is known by its IPv6 address alone.
+		switch {
+		case !podLive(pod), ok4 && (used[ip] || podCIDR.Contains(ip)):
+			continue
+		case !ok4 && (!ok6 || used[ip6] || a.cfg.PodCIDR6.Contains(ip6)):
 			continue
 		}
-		used[ip] = true
-		pe := policy.Endpoint{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, IP: ip, NamedPorts: namedPorts(pod)}
-		if ip6, ok := k8sobj.PodIPv6(pod); ok && !used[ip6] {
-			used[ip6] = true
-			pe.IP6 = ip6
+		pe := policy.Endpoint{Namespace: pod.Namespace, Name: pod.Name, Labels: pod.Labels, NamedPorts: namedPorts(pod)}
+		if ok4 {
+			used[ip], pe.IP = true, ip
+		}
+		if ok6 && !used[ip6] {
+			used[ip6], pe.IP6 = true, ip6
 		}
 		in.Endpoints = append(in.Endpoints, pe)
 	}

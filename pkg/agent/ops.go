@@ -69,7 +69,7 @@ func (a *Agent) validateAdd(req *AddRequest) error {
 		if err != nil {
 			return fmt.Errorf("subnet %q: %w: %w", req.Subnet, err, ErrInvalid)
 		}
-		pod := a.ipam.Prefix()
+		pod := a.pool().Prefix()
 		if sub.Bits() > pod.Bits() || !sub.Masked().Contains(pod.Addr()) {
 			return fmt.Errorf("subnet %s conflicts with this node's pod CIDR %s: %w", sub, pod, ErrInvalid)
 		}
@@ -158,7 +158,7 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	}
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
-		if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
+		if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
 		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil {
@@ -495,7 +495,7 @@ func (a *Agent) AddReadyCheck(name string, check func() error) {
 func (a *Agent) Status() (StatusInfo, error) {
 	s := StatusInfo{
 		Version: Version, Backend: a.backend, DeviceMode: a.mode, DeviceModeReason: a.modeReason,
-		Features: a.features, PodCIDR: a.ipam.Prefix(), IPsCapacity: a.ipam.Capacity(),
+		Features: a.features, PodCIDR: a.pool().Prefix(), IPsCapacity: a.pool().Capacity(),
 	}
 	s.Ready, s.NotReadyReason = a.ready()
 	s.Routing = a.routingInfo()

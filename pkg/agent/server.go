@@ -150,6 +150,9 @@ func EndpointToProto(ep *endpoint.Endpoint) *apiv1.Endpoint {
 		Labels:      ep.Labels,
 		CreatedUnix: ep.Created.Unix(),
 	}
+	if !ep.IP.IsValid() { // an IPv6-only node
+		out.Ips, out.Routes = nil, nil
+	}
 	addIPv6ToProto(ep, out) // ipv6.go
 	return out
 }
@@ -308,6 +311,9 @@ func VMToProto(v *VMInfo) *apiv1.VM {
 	out := &apiv1.VM{
 		Address: ep.IP.String() + "/32", Gateway: endpoint.GatewayIP.String(), Mac: ep.MAC,
 		Mtu: uint32(ep.MTU), Serving: v.Serving, Endpoint: EndpointToProto(ep),
+	}
+	if !ep.IP.IsValid() { // an IPv6-only node: the endpoint's IP configs
+		out.Address, out.Gateway = "", ""
 	}
 	if ep.VM != nil {
 		out.Name, out.Queues, out.Socket, out.XskBase = ep.VM.Name, uint32(ep.VM.Queues), ep.VM.Socket, ep.VM.XSKBase

@@ -211,11 +211,17 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	err = a.st.Update(func(tx *store.Tx) error {
 		var err error
 		if req.Address.IsValid() {
+			if a.ipam == nil { // an IPv6-only node (ipv6.go)
+				return fmt.Errorf("address %s: this node has no IPv4 pod CIDR: %w", req.Address, ErrInvalid)
+			}
 			if err := a.claimAddrTx(tx, key, req.Name, req.Address); err != nil {
 				return err
 			}
 			ep.IP = req.Address
-		} else if ep.IP, err = a.ipam.AllocateTx(tx, key); err != nil {
+		} else if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
+			return err
+		}
+		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
 		if ep.ID, err = allocIDTx(tx, key); err != nil {
@@ -248,7 +254,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	}
 	links, err := a.host.SetupPod(netdev.PodSpec{
 		Mode: datapath.ModeVeth, HostIfName: ep.HostIfName, IfName: ep.IfName, Netns: req.Netns,
-		IP: ep.IP, MTU: req.MTU, Queues: req.Queues, MAC: mac,
+		IP: ep.IP, IP6: ep.IP6, MTU: req.MTU, Queues: req.Queues, MAC: mac,
 		// A device not named eth0 sits beside the pod's own (KubeVirt's
 		// virt-launcher): the pod keeps its routes.
 		NoRoutes: req.IfName != endpoint.VMIfName,

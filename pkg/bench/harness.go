@@ -252,6 +252,9 @@ func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 
 // runSockperf: TCP request/response round trips with sockperf ping-pong.
 func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
+	if rrTool(p) == RRToolGo { // rr.go: sockperf 3.7 has no IPv6
+		return runGoRR(ctx, o, p, s)
+	}
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, sockperfPort,
 		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)

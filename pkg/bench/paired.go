@@ -6,7 +6,7 @@ import (
 )
 
 // pairedRefs are the rows every row's per-repetition ratios are taken to.
-var pairedRefs = []string{RawPath, HostPath}
+var pairedRefs = []string{RawPath, HostPath, RawPath6}
 
 // computePaired fills every row's Paired ratios to each reference row
 // present: for each repetition where both rows have a value, row/ref; then
@@ -75,6 +75,11 @@ var Targets = []Target{
 	{Path: "lanekit-pod", Metric: "rr_p99_us", Ref: RawPath, AtMost: true, Bound: 1.05},
 	{Path: "lanekit-pod", Metric: "cps", Ref: RawPath, Bound: 0.90},
 	{Path: "lanekit-pod", Metric: "cps", Ref: "bridge-iptables", Bound: 1.12},
+	// The IPv6 rows (issue 25: the same targets as IPv4, against the IPv6
+	// physical limit).
+	{Path: "lanekit-pod-ipv6", Metric: "tcp_gbps", Ref: RawPath6, Bound: 0.97},
+	{Path: "lanekit-pod-ipv6", Metric: "rr_p99_us", Ref: RawPath6, AtMost: true, Bound: 1.05},
+	{Path: "lanekit-pod-ipv6", Metric: "cps", Ref: RawPath6, Bound: 0.90},
 }
 
 // TargetResult is a target checked against a run.

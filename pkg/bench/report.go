@@ -54,6 +54,11 @@ type Row struct {
 	Errors      []string `json:"errors,omitempty"`
 
 	Includes Includes `json:"includes"`
+	// Family is "ipv6" for a row whose server address is IPv6 (its ratios
+	// in the table are to host-raw-ipv6), empty for IPv4; RRTool measured
+	// its RR (rr.go).
+	Family string `json:"family,omitempty"`
+	RRTool string `json:"rr_tool"`
 	// Per repetition (null: that measurement failed), in the order measured.
 	Reps Reps `json:"reps"`
 	// CPSConns and CPSErrors total the connections made and failed.
@@ -110,6 +115,10 @@ type Machine struct {
 const (
 	HostPath = "host"
 	RawPath  = "host-raw"
+	// RawPath6 is RawPath over IPv6: the reference of the IPv6 rows.
+	RawPath6 = "host-raw-ipv6"
+	// FamilyIPv6 is Row.Family of an IPv6 row.
+	FamilyIPv6 = "ipv6"
 )
 
 func buildReport(paths []Path, all []samples, o Options) *Report {
@@ -134,6 +143,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
 			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
 			Policies: p.Policies, PolicyBase: p.PolicyBase,
+			RRTool: rrTool(p), Family: pathFamily(p),
 		})
 	}
 	r.BusyCPUs = o.BusyCPUs
@@ -242,8 +252,8 @@ func (r *Report) writeRows(w io.Writer) error {
 	fmt.Fprintf(tw, "path\tTCP Gbit/s\t%s\tRR p50 µs\t%s\tRR p99 µs\t%s\tconn/s\t%s\tconn errors\tincludes\t\n", x, x, x, x)
 	for _, row := range r.Rows {
 		var pr PairedRatios
-		if ref != "" {
-			pr = row.Paired[ref]
+		if rr := r.rowReference(row, ref); rr != "" {
+			pr = row.Paired[rr]
 		}
 		name := row.Path
 		if row.Note != "" {
@@ -260,6 +270,9 @@ func (r *Report) writeRows(w io.Writer) error {
 	}
 	if ref != "" {
 		fmt.Fprintf(w, "%s: median (min–max) over repetitions of the per-repetition ratio to %s (both measured back to back)\n", x, ref)
+	}
+	if r.row(RawPath6) != nil {
+		fmt.Fprintf(w, "IPv6 rows (-ipv6): ratios to %s; their RR is measured by %s (sockperf 3.7 takes IPv4 only), so compare RR only within a family\n", RawPath6, RRToolGo)
 	}
 	for _, row := range r.Rows {
 		if row.Includes.Detail != "" {

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/cilium/ebpf"
 )
@@ -15,7 +16,8 @@ func (ep Endpoint) validate() error {
 		return fmt.Errorf("endpoint %d: bad ifindex %d", ep.ID, ep.IfIndex)
 	case ep.IfName == "":
 		return fmt.Errorf("endpoint %d: no host device name", ep.ID)
-	case !ep.IP.Is4():
+	case ep.IP.IsValid() && !ep.IP.Is4(), !ep.IP.IsValid() && !ep.IP6.IsValid():
+		// No IPv4 address: an endpoint of an IPv6-only node.
 		return fmt.Errorf("endpoint %d: %v is not an IPv4 address", ep.ID, ep.IP)
 	case ep.IP6.IsValid() && (!ep.IP6.Is6() || ep.IP6.Is4In6() || ep.IP6.Zone() != ""):
 		return fmt.Errorf("endpoint %d: %v is not an IPv6 address", ep.ID, ep.IP6)
@@ -26,7 +28,7 @@ func (ep Endpoint) validate() error {
 }
 
 func (ep Endpoint) info() podEndpointInfo {
-	v := podEndpointInfo{Ifindex: uint32(ep.IfIndex), Id: ep.ID, Ip: ipKey(ep.IP.As4()), Queues: ep.Queues}
+	v := podEndpointInfo{Ifindex: uint32(ep.IfIndex), Id: ep.ID, Ip: ip4Key(ep.IP), Queues: ep.Queues}
 	if ep.VM {
 		v.Flags |= epFlagVM
 	}
@@ -46,6 +48,15 @@ func (ep Endpoint) info() podEndpointInfo {
 // order, as the programs see iph->daddr.
 func ipKey(a [4]byte) uint32 {
 	return nativeEndian.Uint32(a[:])
+}
+
+// ip4Key is ipKey of an IPv4 address, 0 for none (an endpoint of an
+// IPv6-only node: its IPv4 is dropped as spoofed).
+func ip4Key(a netip.Addr) uint32 {
+	if !a.Is4() {
+		return 0
+	}
+	return ipKey(a.As4())
 }
 
 // UpsertEndpoint writes ep's map entries, then attaches (or updates) the pod
@@ -69,8 +80,10 @@ func (l *Loader) UpsertEndpoint(ep Endpoint) error {
 	if err := l.pod.LkEpByIfindex.Put(ifKey, info); err != nil {
 		return fmt.Errorf("upsert endpoint %d: ifindex entry: %w", ep.ID, err)
 	}
-	if err := l.pod.LkEndpoints.Put(ipk, info); err != nil {
-		return fmt.Errorf("upsert endpoint %d: ip entry: %w", ep.ID, err)
+	if ep.IP.Is4() {
+		if err := l.pod.LkEndpoints.Put(ipk, info); err != nil {
+			return fmt.Errorf("upsert endpoint %d: ip entry: %w", ep.ID, err)
+		}
 	}
 	if ep.IP6.IsValid() {
 		if err := l.pod.LkEndpoints6.Put(ep.IP6.As16(), info); err != nil {
@@ -93,7 +106,7 @@ func (l *Loader) removeStale(ep Endpoint) error {
 		ifx  uint32
 		info podEndpointInfo
 	)
-	wantIP, wantIf := ipKey(ep.IP.As4()), uint32(ep.IfIndex)
+	wantIP, wantIf := ip4Key(ep.IP), uint32(ep.IfIndex)
 	var staleIPs, staleIfs []uint32
 	it := l.pod.LkEndpoints.Iterate()
 	for it.Next(&ip, &info) {

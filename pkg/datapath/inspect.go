@@ -146,16 +146,22 @@ func (l *Loader) Health() error {
 // diagnostics that look at a running agent's datapath from outside. It
 // returns the endpoint's id too.
 func PinnedCounters(pinDir string, ip netip.Addr) (uint32, Counters, error) {
-	if !ip.Is4() {
-		return 0, Counters{}, fmt.Errorf("pinned counters: %v is not an IPv4 address", ip)
+	name, key := "lk_endpoints", any(nil)
+	switch {
+	case ip.Is4():
+		key = ipKey(ip.As4())
+	case ip.Is6() && !ip.Is4In6():
+		name, key = "lk_endpoints6", ip.As16() // an endpoint's IPv6 address
+	default:
+		return 0, Counters{}, fmt.Errorf("pinned counters: %v is not an IP address", ip)
 	}
-	eps, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_endpoints"), &ebpf.LoadPinOptions{ReadOnly: true})
+	eps, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
-		return 0, Counters{}, fmt.Errorf("pinned counters: open lk_endpoints: %w", err)
+		return 0, Counters{}, fmt.Errorf("pinned counters: open %s: %w", name, err)
 	}
 	defer eps.Close()
 	var info podEndpointInfo
-	if err := eps.Lookup(ipKey(ip.As4()), &info); err != nil {
+	if err := eps.Lookup(key, &info); err != nil {
 		return 0, Counters{}, fmt.Errorf("pinned counters: endpoint %v: %w", ip, err)
 	}
 	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_metrics"), &ebpf.LoadPinOptions{ReadOnly: true})

@@ -31,6 +31,11 @@ type Config struct {
 	MAC     string // lk.mac and the virtio-net device MAC; default DefaultMAC
 	Queues  int    // queue pairs (lk.queues, netdev queues=, mq=on); default 1
 	MTU     int    // lk.mtu; 0 keeps the driver default
+	// IP6 is the NIC's IPv6 address (lk.ip6, "fd00:10:244:2::5/128", no
+	// duplicate address detection: the agent's IPAM owns it); Gateway6 its
+	// on-link IPv6 gateway (lk.gw6, "fe80::1": a default route via it).
+	IP6      string
+	Gateway6 string
 
 	VhostSocket string // vhost-user backend socket (QEMU is the client)
 	// VhostReconnect: seconds between QEMU's attempts to reconnect to a
@@ -106,6 +111,9 @@ func (c Config) validate() error {
 			return fmt.Errorf("guest config: gateway %q: want an IPv4 address", c.Gateway)
 		}
 	}
+	if err := c.validateIPv6(); err != nil {
+		return err
+	}
 	hw, err := net.ParseMAC(c.MAC)
 	if err != nil || len(hw) != 6 {
 		return fmt.Errorf("guest config: mac %q: want a 48-bit MAC", c.MAC)
@@ -122,7 +130,7 @@ func (c Config) validate() error {
 	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
 		return fmt.Errorf("guest config: mtu %d: out of range 68..65535", c.MTU)
 	}
-	if c.IP != "" && !c.hasNIC() {
+	if (c.IP != "" || c.IP6 != "") && !c.hasNIC() {
 		return errors.New("guest config: ip set but no nic (no vhost socket, no user net)")
 	}
 	for _, s := range []string{c.VhostSocket, c.SerialSocket} {
@@ -164,10 +172,18 @@ func KernelCmdline(cfg Config) (string, error) {
 
 func (c Config) cmdline() string {
 	w := []string{"console=ttyS0", "quiet"}
-	if c.IP != "" {
-		w = append(w, "lk.ip="+c.IP)
+	if c.IP != "" || c.IP6 != "" {
+		if c.IP != "" {
+			w = append(w, "lk.ip="+c.IP)
+		}
 		if c.Gateway != "" {
 			w = append(w, "lk.gw="+c.Gateway)
+		}
+		if c.IP6 != "" {
+			w = append(w, "lk.ip6="+c.IP6)
+			if c.Gateway6 != "" {
+				w = append(w, "lk.gw6="+c.Gateway6)
+			}
 		}
 		w = append(w, "lk.mac="+strings.ToLower(c.MAC))
 		if c.Queues > 1 {
@@ -246,4 +262,25 @@ func reconnect(seconds int) string {
 		return ""
 	}
 	return ",reconnect=" + strconv.Itoa(seconds)
+}
+
+// validateIPv6 checks IP6 (an IPv6 ADDR/PLEN) and Gateway6 (an IPv6 address,
+// only with IP6).
+func (c Config) validateIPv6() error {
+	if c.IP6 != "" {
+		p, err := netip.ParsePrefix(c.IP6)
+		if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return fmt.Errorf("guest config: ip6 %q: want an IPv6 ADDR/PLEN", c.IP6)
+		}
+	}
+	if c.Gateway6 != "" {
+		if c.IP6 == "" {
+			return errors.New("guest config: gateway6 without ip6")
+		}
+		a, err := netip.ParseAddr(c.Gateway6)
+		if err != nil || !a.Is6() || a.Is4In6() {
+			return fmt.Errorf("guest config: gateway6 %q: want an IPv6 address", c.Gateway6)
+		}
+	}
+	return nil
 }

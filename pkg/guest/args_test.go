@@ -44,6 +44,25 @@ func TestKernelCmdline(t *testing.T) {
 	}
 }
 
+// TestKernelCmdlineIPv6: a dual-stack guest gets lk.ip6/lk.gw6 beside its
+// IPv4 keys; an IPv6-only one only those (and its MAC).
+func TestKernelCmdlineIPv6(t *testing.T) {
+	c := base()
+	c.IP, c.Gateway, c.IP6, c.Gateway6, c.VhostSocket = "10.244.2.50/32", "169.254.1.1", "fd00:10:244:2::5/128", "fe80::1", "/s"
+	got, err := KernelCmdline(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "console=ttyS0 quiet lk.ip=10.244.2.50/32 lk.gw=169.254.1.1 lk.ip6=fd00:10:244:2::5/128 lk.gw6=fe80::1 lk.mac=" + DefaultMAC + " panic=-1"
+	if got != want {
+		t.Fatalf("cmdline\n got %q\nwant %q", got, want)
+	}
+	c.IP, c.Gateway = "", ""
+	if got, err = KernelCmdline(c); err != nil || got != "console=ttyS0 quiet lk.ip6=fd00:10:244:2::5/128 lk.gw6=fe80::1 lk.mac="+DefaultMAC+" panic=-1" {
+		t.Fatalf("IPv6-only cmdline %q %v", got, err)
+	}
+}
+
 func TestQEMUArgsVhostUser(t *testing.T) {
 	c := base()
 	c.IP, c.Gateway, c.VhostSocket, c.Queues = "10.244.2.50/32", "169.254.1.1", "/run/lk/vm0.sock", 2
@@ -151,6 +170,11 @@ func TestConfigRejects(t *testing.T) {
 		"bad ip":           func(c *Config) { c.IP, c.VhostSocket = "10.1.2.3", "/s" },
 		"v6 ip":            func(c *Config) { c.IP, c.VhostSocket = "fd00::1/128", "/s" },
 		"gw without ip":    func(c *Config) { c.Gateway = "169.254.1.1" },
+		"v4 ip6":           func(c *Config) { c.IP6, c.VhostSocket = "10.1.2.3/32", "/s" },
+		"ip6 without plen": func(c *Config) { c.IP6, c.VhostSocket = "fd00::1", "/s" },
+		"gw6 without ip6":  func(c *Config) { c.Gateway6, c.VhostSocket = "fe80::1", "/s" },
+		"v4 gw6":           func(c *Config) { c.IP6, c.Gateway6, c.VhostSocket = "fd00::1/128", "169.254.1.1", "/s" },
+		"ip6 without nic":  func(c *Config) { c.IP6 = "fd00::1/128" },
 		"bad gw":           func(c *Config) { c.IP, c.Gateway, c.VhostSocket = "10.1.2.3/32", "x", "/s" },
 		"bad mac":          func(c *Config) { c.MAC = "52:54:00" },
 		"multicast mac":    func(c *Config) { c.MAC = "01:00:5e:00:00:01" },

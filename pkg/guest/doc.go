@@ -47,6 +47,8 @@
 //
 //	lk.ip=10.244.2.50/32   NIC address; absent: no network setup ("LK-READY net=none")
 //	lk.gw=169.254.1.1      on-link gateway: ip route add GW dev IF; ip route add default via GW
+//	lk.ip6=fd00::5/128     IPv6 NIC address (no DAD, accept_ra 0); with or without lk.ip
+//	lk.gw6=fe80::1         IPv6 gateway: ip -6 route add default via GW dev IF
 //	lk.mac=52:54:00:..     configure the NIC with this MAC (else eth0)
 //	lk.queues=N            N > 1: ethtool -L IF combined N (needs mq=on and a backend with N queue pairs)
 //	lk.mtu=N               NIC MTU

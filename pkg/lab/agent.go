@@ -22,8 +22,10 @@ func agentArgs(i int, k8s bool) []string {
 	if k8s {
 		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
 	} else {
-		args = append(args, "--pod-cidr", PodCIDR(i))
-		args = append(args, labIPv6AgentArgs(i)...) // dual-stack labs (ipfamily.go)
+		if !labIPv6Only() { // ipv6only.go
+			args = append(args, "--pod-cidr", PodCIDR(i))
+		}
+		args = append(args, labIPv6AgentArgs(i)...) // dual-stack and IPv6-only labs (ipfamily.go)
 	}
 	return append(args,
 		"--bpf-dir", BPFDir(i),

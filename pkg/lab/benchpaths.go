@@ -45,6 +45,8 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 		}
 		paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: sv.NS, ServerIP: sv.IP, Includes: row.includes})
 	}
+	p6, skipped6 := s.ipv6BenchPaths(n1, n2) // bench6.go: the IPv6 rows
+	paths, skipped = append(paths, p6...), append(skipped, skipped6...)
 	vmRows := []struct {
 		name, kind string
 		vms        []LabVM

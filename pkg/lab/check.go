@@ -68,7 +68,9 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	for _, kind := range []string{KindLanekit, KindBaseline} {
 		var pods []endpoint
 		for _, p := range st.PodsOf(kind) {
-			pods = append(pods, endpoint{Name: p.NS, NS: p.NS, IP: p.IP})
+			if p.IP != "" { // none: a lanekit pod of an IPv6-only lab (check6.go)
+				pods = append(pods, endpoint{Name: p.NS, NS: p.NS, IP: p.IP})
+			}
 		}
 		if len(pods) == 0 {
 			continue
@@ -87,9 +89,13 @@ func Check(ctx context.Context, b Bins, w io.Writer) error {
 	}
 	for _, kind := range []string{KindLanekit, KindBaseline} {
 		if vms := vmsOf[kind]; len(vms) > 0 {
-			groups = append(groups, checkGroup{
-				title:   fmt.Sprintf("%s VMs (commands through the guest console): ICMP + TCP echo to every %s pod and every node", kind, kind),
-				sources: vms, targets: append(append([]endpoint{}, podsOf[kind]...), nodes...), vms: vmByNS})
+			title := fmt.Sprintf("%s VMs (commands through the guest console): ICMP + TCP echo to every %s pod and every node", kind, kind)
+			targets := append(append([]endpoint{}, podsOf[kind]...), nodes...)
+			if len(vms) > 1 { // lab up --vms 2: VM to VM across nodes
+				title += " and every other VM"
+				targets = append(targets, vms...)
+			}
+			groups = append(groups, checkGroup{title: title, sources: vms, targets: targets, vms: vmByNS})
 		}
 	}
 	groups = append(groups, ipv6CheckGroups(st)...) // dual-stack labs (check6.go)

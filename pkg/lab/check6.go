@@ -13,10 +13,12 @@ import (
 const EchoPort6 = 7778
 
 // ipv6CheckGroups are a dual-stack lab's IPv6 probes: every lanekit pod
-// reaches every other lanekit pod (same node and across nodes) and every
-// node's IPv6 underlay address, by ICMPv6 and by a TCP echo over IPv6.
+// reaches every other lanekit pod (same node and across nodes), every
+// node's IPv6 underlay address and every fast-lane VM, by ICMPv6 and by a
+// TCP echo over IPv6; the nodes reach every VM; and every VM (through its
+// console) reaches every lanekit pod, every node and every other VM.
 func ipv6CheckGroups(st *State) []checkGroup {
-	if !st.Dual() {
+	if !st.HasIPv6() {
 		return nil
 	}
 	var pods, nodes []endpoint
@@ -33,10 +35,27 @@ func ipv6CheckGroups(st *State) []checkGroup {
 	if len(pods) == 0 {
 		return nil
 	}
-	return []checkGroup{{
-		title:   "lanekit pods over IPv6: ICMPv6 + TCP echo to every other lanekit pod and every node's IPv6 underlay address",
-		sources: pods, targets: append(append([]endpoint{}, pods...), nodes...), port: EchoPort6,
+	vms := vmIPv6Targets(st) // vm6.go
+	title := "lanekit pods over IPv6: ICMPv6 + TCP echo to every other lanekit pod and every node's IPv6 underlay address"
+	if len(vms) > 0 {
+		title += " and every lanekit VM's IPv6 address"
+	}
+	groups := []checkGroup{{
+		title: title, sources: pods, targets: append(append(append([]endpoint{}, pods...), nodes...), vms...), port: EchoPort6,
 	}}
+	if len(vms) == 0 {
+		return groups
+	}
+	byNS := map[string]LabVM{}
+	for _, v := range st.VMs {
+		byNS[vmNS(v.Name)] = v
+	}
+	return append(groups,
+		checkGroup{title: "nodes over IPv6: ICMPv6 + TCP echo to every lanekit VM's IPv6 address", sources: nodes, targets: vms, port: EchoPort6},
+		checkGroup{
+			title:   "lanekit VMs over IPv6 (commands through the guest console): ICMPv6 + TCP echo to every lanekit pod, every node and every other VM",
+			sources: vms, targets: append(append(append([]endpoint{}, pods...), nodes...), vms...), vms: byNS, port: EchoPort6,
+		})
 }
 
 // IP6OutForwDatagrams reads the kernel's IPv6 forwarded-datagram counter of

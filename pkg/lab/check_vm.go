@@ -18,7 +18,14 @@ func probeFromVMs(ctx context.Context, g checkGroup) map[[2]string]*probe {
 		v := g.vms[s.NS]
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		con, err := guest.DialConsole(cctx, v.SerialSocket)
+		port := g.port
+		if port == 0 {
+			port = EchoPort
+		}
 		for _, t := range g.targets {
+			if t.NS == s.NS {
+				continue // itself
+			}
 			p := &probe{}
 			res[[2]string{s.NS, t.NS}] = p
 			if err != nil {
@@ -26,8 +33,8 @@ func probeFromVMs(ctx context.Context, g checkGroup) map[[2]string]*probe {
 				continue
 			}
 			p.icmp = guestRun(cctx, con, fmt.Sprintf("ping -c 1 -W 2 %s", t.IP), "")
-			token := "lanekit-lab-check-" + strings.ReplaceAll(t.IP, ".", "-")
-			p.tcp = guestRun(cctx, con, fmt.Sprintf("echo %s | nc -w 2 %s %d", token, t.IP, EchoPort), token)
+			token := "lanekit-lab-check-" + strings.NewReplacer(".", "-", ":", "-").Replace(t.IP)
+			p.tcp = guestRun(cctx, con, fmt.Sprintf("echo %s | nc -w 2 %s %d", token, t.IP, port), token)
 		}
 		if con != nil {
 			con.Close()

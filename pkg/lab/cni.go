@@ -75,14 +75,18 @@ func pluginErr(err error, stdout, stderr []byte) error {
 
 // lanekitConf is node i's lanekit network.
 func lanekitConf(i int) []byte {
+	plugin := map[string]any{
+		"type":        "lanekit",
+		"agentSocket": AgentSocket(i),
+		"subnet":      PodCIDR(i),
+	}
+	if labIPv6Only() { // ipv6only.go: the node has no IPv4 pod CIDR
+		delete(plugin, "subnet")
+	}
 	return mustJSON(map[string]any{
 		"cniVersion": "1.1.0",
 		"name":       "lanekit",
-		"plugins": []any{map[string]any{
-			"type":        "lanekit",
-			"agentSocket": AgentSocket(i),
-			"subnet":      PodCIDR(i),
-		}},
+		"plugins":    []any{plugin},
 	})
 }
 
@@ -166,6 +170,9 @@ func addPod(ctx context.Context, b Bins, i int, ns, kind string) (string, error)
 		if v4 := ipc.Address.IP.To4(); v4 != nil {
 			return v4.String(), nil
 		}
+	}
+	if kind == KindLanekit && labIPv6Only() && len(r.IPs) > 0 {
+		return "", nil // an IPv6-only node: the pod's address is its IPv6 one (podIP6)
 	}
 	return "", fmt.Errorf("pod %s: cni result has no ipv4 address", ns)
 }

@@ -9,7 +9,7 @@ import (
 // IP families of a lab (`lab up --ip-family`).
 const (
 	IPFamilyIPv4 = "ipv4" // the default in this slice of issue 25
-	IPFamilyIPv6 = "ipv6" // IPv6-only: refused until NetworkPolicy covers IPv6
+	IPFamilyIPv6 = "ipv6" // IPv6-only: lanekit pods get only an IPv6 address (ipv6only.go)
 	IPFamilyDual = "dual" // both: nodes and lanekit pods get an address of each family
 )
 
@@ -27,7 +27,7 @@ func checkIPFamily(cfg Config) (string, error) {
 		}
 		return IPFamilyDual, nil
 	case IPFamilyIPv6:
-		return "", fmt.Errorf("--ip-family ipv6: IPv6-only nodes are not supported yet (lanekitd refuses an IPv6 pod CIDR without an IPv4 one: NetworkPolicy knows pods by their IPv4 address); use dual")
+		return checkIPv6Only(cfg) // ipv6only.go
 	}
 	return "", fmt.Errorf("--ip-family %q: want one of %s", cfg.IPFamily, strings.Join(IPFamilies, ", "))
 }
@@ -74,7 +74,7 @@ func buildNodeIPv6(ctx context.Context, i, n int, k8s bool) error {
 // restart`) keep the family set they started with.
 func labIPv6AgentArgs(i int) []string {
 	st, err := LoadState()
-	if err != nil || !st.Dual() {
+	if err != nil || !st.HasIPv6() {
 		return nil
 	}
 	return []string{"--pod-cidr", PodCIDR6(i)}

@@ -14,7 +14,11 @@ func TestCheckIPFamily(t *testing.T) {
 		{cfg: Config{}, want: IPFamilyIPv4},
 		{cfg: Config{IPFamily: "ipv4"}, want: IPFamilyIPv4},
 		{cfg: Config{IPFamily: "dual"}, want: IPFamilyDual},
-		{cfg: Config{IPFamily: "ipv6"}, err: "IPv6-only nodes are not supported yet"},
+		{cfg: Config{IPFamily: "ipv6"}, want: IPFamilyIPv6},
+		{cfg: Config{IPFamily: "ipv6", K8s: true}, err: "--k8s"},
+		{cfg: Config{IPFamily: "ipv6", VM: true}, err: "--vm"},
+		{cfg: Config{IPFamily: "ipv6", Routing: RoutingTunnel}, err: "--routing tunnel"},
+		{cfg: Config{IPFamily: "ipv6", BaselineOnly: true}, err: "baseline"},
 		{cfg: Config{IPFamily: "dual", K8s: true}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "dual", K8s: true, Kubelet: true}, want: IPFamilyDual},
 		{cfg: Config{IPFamily: "dual", BaselineOnly: true}, err: "baseline"},
@@ -62,6 +66,20 @@ func TestIPv6CheckGroups(t *testing.T) {
 	}
 	if g[0].targets[3].IP != "fd00:77::2" {
 		t.Fatalf("targets %+v", g[0].targets)
+	}
+	// The fast-lane VM's IPv6 address: a target of the pods, the nodes'
+	// group, and the VM's own group through its console.
+	st.VMs = []LabVM{{Name: "vm1", Node: 2, IP: "10.244.2.3", IP6: "fd00:10:244:2::2", SerialSocket: "/x"}}
+	g = ipv6CheckGroups(st)
+	if len(g) != 3 || len(g[0].targets) != 5 || g[0].targets[4].IP != "fd00:10:244:2::2" {
+		t.Fatalf("groups with a VM %+v", g)
+	}
+	if len(g[1].sources) != 2 || len(g[1].targets) != 1 || g[2].vms[vmNS("vm1")].Name != "vm1" || len(g[2].targets) != 5 {
+		t.Fatalf("VM groups %+v", g[1:])
+	}
+	st.IPFamily = IPFamilyIPv6
+	if g := ipv6CheckGroups(st); len(g) != 3 {
+		t.Fatalf("an IPv6-only lab got %d IPv6 groups", len(g))
 	}
 	st.IPFamily = ""
 	if g := ipv6CheckGroups(st); g != nil {

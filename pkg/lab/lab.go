@@ -41,6 +41,9 @@ type Config struct {
 	BaselineOnly bool // skip agents and lanekit pods
 	VM           bool // a QEMU guest on the last node through the fast lane
 	VMQueues     int  // its queue pairs (default 1)
+	// VMs: fast-lane guests (with VM): 1 (0 too) on the last node; 2 adds
+	// "vm2" on node 1, so that VM to VM crosses nodes (lab check).
+	VMs int
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
 	K8s bool
@@ -93,6 +96,8 @@ type Node struct {
 	// RawNS and RawIP: the raw host beside the node (see RawNS), if any.
 	RawNS string `json:"raw_netns,omitempty"`
 	RawIP string `json:"raw_ip,omitempty"`
+	// RawIP6: the raw host's IPv6 address in a lab with IPv6 (bench6.go).
+	RawIP6 string `json:"raw_ip6,omitempty"`
 	// UnderlayIP6 and PodCIDR6: a dual-stack lab's IPv6 side.
 	UnderlayIP6 string `json:"underlay_ip6,omitempty"`
 	PodCIDR6    string `json:"pod_cidr6,omitempty"`

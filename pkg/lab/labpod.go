@@ -106,10 +106,15 @@ func (p *NamedPod) podObject() k8sobj.Object {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels},
 		Spec:       corev1.PodSpec{NodeName: NodeNS(p.Node), Containers: []corev1.Container{{Name: "app", Image: "lab"}}},
-		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: p.IP, PodIPs: []corev1.PodIP{{IP: p.IP}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
 	}
-	if p.IP6 != "" {
-		pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: p.IP6})
+	for _, ip := range []string{p.IP, p.IP6} { // an IPv6-only lab's pod has IP6 alone
+		if ip != "" {
+			if pod.Status.PodIP == "" {
+				pod.Status.PodIP = ip
+			}
+			pod.Status.PodIPs = append(pod.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
 	}
 	for _, pp := range p.Ports {
 		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports,
@@ -202,8 +207,8 @@ func AddPod(ctx context.Context, o PodOptions) (_ *NamedPod, err error) {
 			p.IP6 = ipc.Address.IP.String()
 		}
 	}
-	if p.IP == "" {
-		return nil, fmt.Errorf("pod %s: cni result has no ipv4 address", o.Name)
+	if p.IP == "" && p.IP6 == "" { // IPv6 alone: an IPv6-only lab's pod
+		return nil, fmt.Errorf("pod %s: cni result has no address", o.Name)
 	}
 	data, err := k8sobj.Encode([]k8sobj.Object{p.podObject()})
 	if err != nil {

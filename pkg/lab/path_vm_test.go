@@ -3,13 +3,10 @@ package lab
 import (
 	"context"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
@@ -23,13 +20,7 @@ import (
 // brings up the global lab with a VM (run it under the lab lock).
 func TestPodVMTakesTheBPFPath(t *testing.T) {
 	bins := pathTestBins(t)
-	testutil.RequireBinary(t, "qemu-system-x86_64")
-	if !executable(filepath.Join(bins.Dir, "lanekit-vhost")) {
-		if os.Getenv("LANEKIT_BIN") != "" {
-			t.Fatalf("lanekit-vhost missing in %s", bins.Dir)
-		}
-		testutil.MissingDep(t, "lanekit-vhost missing in %s", bins.Dir)
-	}
+	requireVMBins(t, bins) // vm6_e2e_test.go
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
@@ -60,6 +51,19 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 	}
 	defer con.Close()
 
+	podVMBulkPath(t, ctx, vm, con, pod, vmIP, podIPAddr, vm.IP, IPForwDatagrams, "datagrams")
+}
+
+// podVMBulkPath runs bulk TCP between the lanekit pod on node 1 and the
+// guest vm on node 2 (its address vmAddr, of either family) in both
+// directions and judges the path: fwd reads a node's kernel-forwarded
+// counter of that family (IPForwDatagrams, IP6OutForwDatagrams), which must
+// stay within maxKernelShare; the pod's and the VM's endpoint counters
+// (keyed by their IPv4 addresses: one set per endpoint, both families) and
+// lanekit-vhost's own frame counters account for the rest.
+func podVMBulkPath(t *testing.T, ctx context.Context, vm LabVM, con *guest.Console, pod string, vmIP, podIPAddr netip.Addr,
+	vmAddr string, fwd func(context.Context, string) (uint64, error), fwdWhat string) {
+	t.Helper()
 	for _, dir := range []struct {
 		name    string
 		reverse bool
@@ -77,8 +81,8 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 			take := func() sample {
 				var s sample
 				var err error
-				if s.fwd1, err = IPForwDatagrams(ctx, NodeNS(1)); err == nil {
-					s.fwd2, err = IPForwDatagrams(ctx, NodeNS(2))
+				if s.fwd1, err = fwd(ctx, NodeNS(1)); err == nil {
+					s.fwd2, err = fwd(ctx, NodeNS(2))
 				}
 				if err == nil {
 					s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
@@ -98,7 +102,7 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 				return s
 			}
 			b := take()
-			args := []string{"iperf3", "-c", vm.IP, "-p", "5201", "-t", "3"}
+			args := []string{"iperf3", "-c", vmAddr, "-p", "5201", "-t", "3"}
 			if dir.reverse {
 				args = append(args, "-R")
 			}
@@ -121,9 +125,9 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 			// The pod's side, and the VM's: what the pod received the VM
 			// sent, and the other way round (the transfer is theirs alone).
 			podD := judgeBulkPath(t, "node1 pod", pathSample{fwd: b.fwd1, tx: b.tx, rx: b.rx, bpf: b.podC},
-				pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !dir.reverse, maxKernelShare, "datagrams")
+				pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !dir.reverse, maxKernelShare, fwdWhat)
 			judgeBulkPath(t, "node2 VM", pathSample{fwd: b.fwd2, tx: b.rx, rx: b.tx, bpf: b.vmC},
-				pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, dir.reverse, maxKernelShare, "datagrams")
+				pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, dir.reverse, maxKernelShare, fwdWhat)
 			sent, recv := podD.sent, podD.recv
 			// And the fast lane carried them: the backend moved them through
 			// its AF_XDP sockets (its own metrics).

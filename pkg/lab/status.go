@@ -47,7 +47,11 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 				agent = "alive"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", n.NS, netnsExists(n.NS), n.UnderlayIP, n.PodCIDR, n.BaseCIDR, pid, agent)
+		podCIDR := addrs(n.PodCIDR, n.PodCIDR6)
+		if st.IPFamily == IPFamilyIPv6 { // the agents have no IPv4 pod CIDR
+			podCIDR = n.PodCIDR6
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\t%s\t\n", n.NS, netnsExists(n.NS), addrs(n.UnderlayIP, n.UnderlayIP6), podCIDR, n.BaseCIDR, pid, agent)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)
@@ -61,17 +65,20 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 			if netnsExists(p.NS) {
 				live = podIP(ctx, p.NS)
 				if live == "" {
+					live = podIP6(ctx, p.NS) // an IPv6-only lab's lanekit pod
+				}
+				if live == "" {
 					live = "no address"
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", p.NS, n.NS, p.Kind, live, p.IP)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", p.NS, n.NS, p.Kind, live, addrs(p.IP, p.IP6))
 		}
 		if n.RawNS != "" { // the raw host beside the node: the bench's host-raw row
 			live := "missing"
 			if netnsExists(n.RawNS) {
 				live = "present"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", n.RawNS, n.NS, "raw host (no rules)", live, n.RawIP)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", n.RawNS, n.NS, "raw host (no rules)", live, addrs(n.RawIP, n.RawIP6))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -94,11 +101,22 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 		if v.BackendPID == 0 {
 			path, backend = "standard (tap on lk-cni0)", "qemu virtio"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fs\t\n", v.Name, path, NodeNS(v.Node), v.NS, v.IP, v.MAC, v.Queues,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fs\t\n", v.Name, path, NodeNS(v.Node), v.NS, addrs(v.IP, v.IP6), v.MAC, v.Queues,
 			backend, state(v.QEMUPID), v.BootSeconds)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("lab status: %w", err)
 	}
 	return nil
+}
+
+// addrs joins an endpoint's IPv4 and IPv6 addresses (either may be empty).
+func addrs(ip, ip6 string) string {
+	switch {
+	case ip == "":
+		return ip6
+	case ip6 == "":
+		return ip
+	}
+	return ip + " " + ip6
 }

@@ -100,7 +100,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
 		}
-		if st.Dual() {
+		if st.HasIPv6() {
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.UnderlayIP6, n.PodCIDR6 = UnderlayIP6(i), PodCIDR6(i)
 			if err := buildNodeIPv6(ctx, i, cfg.Nodes, cfg.K8s); err != nil {
@@ -113,6 +113,12 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			}
 			n := &st.Nodes[len(st.Nodes)-1]
 			n.RawNS, n.RawIP = RawNS(i), RawIP(i)
+			if st.HasIPv6() && cfg.underlay() != UnderlayRouted {
+				if err := buildRawHostIPv6(ctx, i); err != nil { // bench6.go
+					return st, fmt.Errorf("lab up: %w", err)
+				}
+				n.RawIP6 = RawIP6(i)
+			}
 			if err := st.save(); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
@@ -180,7 +186,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				n.Pods = append(n.Pods, Pod{NS: ns, Kind: kind})
 				ip, err := addPod(ctx, cfg.Bins, n.Index, ns, kind)
 				n.Pods[len(n.Pods)-1].IP = ip
-				if st.Dual() && kind == KindLanekit {
+				if st.HasIPv6() && kind == KindLanekit {
 					n.Pods[len(n.Pods)-1].IP6 = podIP6(ctx, ns)
 				}
 				if serr := st.save(); serr != nil && err == nil {
@@ -204,6 +210,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			}
 		}
 		if err := up(ctx, cfg, st, len(st.Nodes)); err != nil {
+			return st, fmt.Errorf("lab up: %w", err)
+		}
+		if err := upSecondVM(ctx, cfg, st); err != nil { // vm6.go
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {

@@ -21,6 +21,7 @@ type LabVM struct {
 	Node        int    `json:"node"`
 	NS          string `json:"netns"`
 	IP          string `json:"ip"`
+	IP6         string `json:"ip6,omitempty"` // dual-stack lab: the guest's IPv6 address (vm6.go)
 	MAC         string `json:"mac"`
 	Queues      int    `json:"queues"`
 	XSKSocket   string `json:"xsk_socket"`
@@ -57,7 +58,12 @@ func vmBackendDir(i int, name string) string { return filepath.Join(NodeDir(i), 
 
 // upVM adds VM "vm1" on node i: agent VM endpoint, backend, QEMU, ready line.
 func upVM(ctx context.Context, cfg Config, st *State, i int) error {
-	name, ns := "vm1", VMNS(i, 1)
+	return upVMNamed(ctx, cfg, st, i, "vm1")
+}
+
+// upVMNamed is upVM for VM name (the first VM of node i).
+func upVMNamed(ctx context.Context, cfg Config, st *State, i int, name string) error {
+	ns := VMNS(i, 1)
 	queues := cfg.VMQueues
 	if queues < 1 {
 		queues = 1
@@ -90,6 +96,7 @@ func upVM(ctx context.Context, cfg Config, st *State, i int) error {
 	if ip, _, err := net.ParseCIDR(lv.IP); err == nil {
 		lv.IP = ip.String()
 	}
+	lv.IP6 = vmIPv6(vm) // vm6.go
 	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
 
 	if lv.BackendPID, err = startVMBackend(lv, vhostBin); err != nil {
@@ -138,6 +145,7 @@ func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, gc guest.Co
 		return err
 	}
 	gc.IP, gc.Gateway, gc.MAC, gc.Queues, gc.VhostSocket, gc.SerialSocket = lv.IP+"/32", "169.254.1.1", lv.MAC, lv.Queues, lv.VhostSocket, lv.SerialSocket
+	guestIPv6(&gc, lv) // vm6.go
 	args, err := guest.QEMUArgs(gc)
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", lv.Name, err)
@@ -171,7 +179,7 @@ func addVMEndpoint(ctx context.Context, agentSock, name, netns string, queues in
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	resp, err := c.AddVM(cctx, &apiv1.AddVMRequest{Name: name, Netns: netns, Queues: uint32(queues),
-		SocketUid: &owner, SocketGid: &owner})
+		SocketUid: &owner, SocketGid: &owner, Labels: labVMLabels(name)})
 	if err != nil {
 		return nil, fmt.Errorf("add vm endpoint: %w", err)
 	}

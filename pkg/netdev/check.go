@@ -72,6 +72,9 @@ func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 			return err
 		}
 		a := l.Attrs()
+		if !spec.IP.IsValid() { // an IPv6-only node
+			return checkHostIPv6(l, spec)
+		}
 		routes, err := netlink.RouteList(l, netlink.FAMILY_V4)
 		if err != nil {
 			return fmt.Errorf("list routes of %s: %w", spec.HostIfName, err)
@@ -92,6 +95,9 @@ func (h *Host) CheckPod(spec PodSpec, links PodLinks) error {
 		a := l.Attrs()
 		if links.MAC != nil && a.HardwareAddr.String() != links.MAC.String() {
 			return fmt.Errorf("pod device %s has MAC %s, want %s", spec.IfName, a.HardwareAddr, links.MAC)
+		}
+		if !spec.IP.IsValid() { // an IPv6-only node
+			return checkPodIPv6(l, spec)
 		}
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
 		if err != nil {

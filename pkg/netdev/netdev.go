@@ -121,7 +121,8 @@ func defaultRoute(ifindex int) *netlink.Route {
 // the pod's namespace, brings the host end up and routes the pod's address
 // to it. On failure it deletes what it created.
 func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
-	if !spec.IP.Is4() {
+	// No IPv4 address: an IPv6-only node (the pod has spec.IP6 only).
+	if spec.IP.IsValid() && !spec.IP.Is4() || !spec.IP.IsValid() && !spec.IP6.IsValid() {
 		return links, fmt.Errorf("setup %s: address %v is not IPv4", spec.HostIfName, spec.IP)
 	}
 	podNS, err := ns.GetNS(spec.Netns)
@@ -207,11 +208,13 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 			return fmt.Errorf("set %s up: %w", spec.IfName, err)
 		}
 		idx := l.Attrs().Index
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: spec.IP.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			return fmt.Errorf("add %s to %s: %w", addr.IPNet, spec.IfName, err)
+		if spec.IP.IsValid() {
+			addr := &netlink.Addr{IPNet: &net.IPNet{IP: spec.IP.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				return fmt.Errorf("add %s to %s: %w", addr.IPNet, spec.IfName, err)
+			}
 		}
-		if !spec.NoRoutes {
+		if !spec.NoRoutes && spec.IP.IsValid() {
 			if err := netlink.RouteAdd(gwRoute(idx)); err != nil {
 				return fmt.Errorf("add gateway route on %s: %w", spec.IfName, err)
 			}
@@ -251,8 +254,10 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 				return err
 			}
 		}
-		if err := netlink.RouteReplace(hostRoute(spec.IP, l.Attrs().Index)); err != nil {
-			return fmt.Errorf("route %s to %s: %w", spec.IP, spec.HostIfName, err)
+		if spec.IP.IsValid() {
+			if err := netlink.RouteReplace(hostRoute(spec.IP, l.Attrs().Index)); err != nil {
+				return fmt.Errorf("route %s to %s: %w", spec.IP, spec.HostIfName, err)
+			}
 		}
 		if err := setupHostIPv6(l, spec); err != nil {
 			return err
