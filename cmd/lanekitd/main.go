@@ -187,15 +187,13 @@ func run(args []string) error {
 		if kc, cidr, err = kube.nodePodCIDR(ctx, log); err != nil {
 			return err
 		}
-		if podCIDR != "" && podCIDR != cidr {
-			return fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", podCIDR, kube.nodeName, cidr)
-		}
-		podCIDR = cidr
-		if p, err := netip.ParsePrefix(cidr); err == nil && p.Addr().Is6() {
-			return fmt.Errorf("node %s's spec.podCIDR %s is IPv6: IPv6-only nodes are supported with --pod-cidr, not from the Node yet", kube.nodeName, cidr)
-		}
-		if cidr6, err = kube.nodePodCIDR6(ctx, kc, cidr6); err != nil {
+		if podCIDR, cidr6, err = nodeFamilies(kube.nodeName, cidr, podCIDR, cidr6); err != nil { // podcidr.go
 			return err
+		}
+		if podCIDR != "" { // dual-stack: the IPv6 one is the Node's second spec.podCIDRs entry
+			if cidr6, err = kube.nodePodCIDR6(ctx, kc, cidr6); err != nil {
+				return err
+			}
 		}
 		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr, "pod_cidr6", cidr6)
 		// Topology hints (trafficDistribution) name nodes and zones.

@@ -47,3 +47,27 @@ func (f kubeFlags) nodePodCIDR6(ctx context.Context, kc *kubeClients, flag strin
 	}
 	return cidr, nil
 }
+
+// nodeFamilies sorts the Node's spec.podCIDR (nodeCIDR) into the node's
+// IPv4 pod CIDR, or, when it is IPv6, an IPv6-only node's IPv6 one (no IPv4
+// pod CIDR: pods get only an IPv6 address); flag4 and flag6 are --pod-cidr's
+// and must agree with it.
+func nodeFamilies(node, nodeCIDR, flag4, flag6 string) (v4, v6 string, err error) {
+	p, err := netip.ParsePrefix(nodeCIDR)
+	if err != nil {
+		return "", "", fmt.Errorf("node %s's spec.podCIDR %q: %w", node, nodeCIDR, err)
+	}
+	if p.Addr().Is4() {
+		if flag4 != "" && flag4 != nodeCIDR {
+			return "", "", fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", flag4, node, nodeCIDR)
+		}
+		return nodeCIDR, flag6, nil
+	}
+	if flag4 != "" {
+		return "", "", fmt.Errorf("--pod-cidr %s is IPv4 but node %s is IPv6-only (spec.podCIDR %s)", flag4, node, nodeCIDR)
+	}
+	if flag6 != "" && flag6 != nodeCIDR {
+		return "", "", fmt.Errorf("--pod-cidr %s differs from node %s's spec.podCIDR %s", flag6, node, nodeCIDR)
+	}
+	return "", nodeCIDR, nil
+}

@@ -32,3 +32,30 @@ func TestSplitPodCIDRs(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		node, flag4, flag6 string
+		v4, v6, err        string
+	}{
+		{node: "10.244.1.0/24", v4: "10.244.1.0/24"},
+		{node: "10.244.1.0/24", flag6: "fd00:10:244:1::/64", v4: "10.244.1.0/24", v6: "fd00:10:244:1::/64"},
+		{node: "10.244.1.0/24", flag4: "10.244.2.0/24", err: "differs"},
+		{node: "fd00:10:244:1::/64", v6: "fd00:10:244:1::/64"},
+		{node: "fd00:10:244:1::/64", flag6: "fd00:10:244:1::/64", v6: "fd00:10:244:1::/64"},
+		{node: "fd00:10:244:1::/64", flag6: "fd00:10:244:2::/64", err: "differs"},
+		{node: "fd00:10:244:1::/64", flag4: "10.244.1.0/24", err: "IPv6-only"},
+		{node: "nonsense", err: "spec.podCIDR"},
+	} {
+		v4, v6, err := nodeFamilies("n1", tc.node, tc.flag4, tc.flag6)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%+v: err %v, want %q", tc, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || v4 != tc.v4 || v6 != tc.v6 {
+			t.Errorf("%+v: got %q %q %v", tc, v4, v6, err)
+		}
+	}
+}

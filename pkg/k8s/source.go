@@ -507,8 +507,9 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	return obj, nil
 }
 
-// WaitPodCIDR returns node's IPv4 spec.podCIDR(s), waiting until it is set
-// (the node IPAM controller assigns it after the Node registers).
+// WaitPodCIDR returns node's IPv4 spec.podCIDR(s), or on an IPv6-only node
+// (spec.podCIDRs has only IPv6) its IPv6 one, waiting until it is set (the
+// node IPAM controller assigns them all at once after the Node registers).
 func WaitPodCIDR(ctx context.Context, client kubernetes.Interface, node string, log *slog.Logger) (string, error) {
 	var lastErr error
 	logged := time.Time{}
@@ -519,7 +520,10 @@ func WaitPodCIDR(ctx context.Context, client kubernetes.Interface, node string, 
 			if cidr := nodePodCIDRv4(n); cidr != "" {
 				return cidr, nil
 			}
-			lastErr = fmt.Errorf("node %s has no IPv4 spec.podCIDR yet", node)
+			if n.Spec.PodCIDR != "" { // set, and no IPv4 one: an IPv6-only node
+				return n.Spec.PodCIDR, nil
+			}
+			lastErr = fmt.Errorf("node %s has no spec.podCIDR yet", node)
 		case apierrors.IsNotFound(err):
 			lastErr = fmt.Errorf("node %s is not registered yet", node)
 		default:

@@ -12,8 +12,8 @@ import "fmt"
 // checkIPv6Only validates an IPv6-only lab's configuration.
 func checkIPv6Only(cfg Config) (string, error) {
 	switch {
-	case cfg.K8s:
-		return "", fmt.Errorf("--ip-family ipv6 with --k8s: not yet (lanekitd takes an IPv6-only pod CIDR from --pod-cidr, not from the Node)")
+	case cfg.Kubelet:
+		return "", fmt.Errorf("--ip-family ipv6 with --kubelet: not yet (real nodes run IPv4 or dual; --k8s with the lab kubelet runs IPv6-only Nodes)")
 	case cfg.BaselineOnly:
 		return "", fmt.Errorf("--ip-family ipv6 needs the agents (not --baseline-only)")
 	case cfg.VM:

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,9 +38,12 @@ const (
 )
 
 // serviceCIDRs is --service-cluster-ip-range: both families in a
-// dual-stack lab, IPv4 first (the primary family).
-func serviceCIDRs(dual bool) string {
-	if dual {
+// dual-stack lab, IPv4 first (the primary family). An IPv6-only lab keeps
+// the IPv4 range as the primary too: the API server's advertise address
+// (APIAddress, on the IPv4 underlay) must be of the primary family; its
+// Services ask for IPv6 (ipFamilies [IPv6]).
+func serviceCIDRs(family string) string {
+	if family == IPFamilyDual || family == IPFamilyIPv6 {
 		return ServiceCIDR + "," + ServiceCIDR6
 	}
 	return ServiceCIDR
@@ -74,7 +78,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api server address: %w", err)
 	}
 	progress(cfg.Out, "lab: kube-apiserver %s + etcd %s on %s (%s)", k8stest.KubeVersion, k8stest.EtcdVersion, APIAddress, WireNS)
-	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: serviceCIDRs(cfg.IPFamily == IPFamilyDual), Cluster: cfg.Kubelet})
+	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: serviceCIDRs(cfg.IPFamily), Cluster: cfg.Kubelet})
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +90,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, err
 	}
 	for i := 1; i <= cfg.Nodes && !cfg.Kubelet; i++ { // real kubelets register themselves
-		if err := registerNode(ctx, c, i, cfg.IPFamily == IPFamilyDual); err != nil {
+		if err := registerNode(ctx, c, i, cfg.IPFamily); err != nil {
 			return nil, err
 		}
 	}
@@ -101,16 +105,22 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 
 // registerNode creates node i's Node as kubelet and the node IPAM
 // controller would leave it: pod CIDRs, InternalIPs (one of each family
-// when dual), Ready.
-func registerNode(ctx context.Context, c kubernetes.Interface, i int, dual bool) error {
+// when dual), Ready. An IPv6-only node has only its IPv6 pod CIDR (the
+// agent takes it from the Node and runs IPv6-only) and keeps both
+// InternalIPs (its IPv4 underlay address reaches the API server).
+func registerNode(ctx context.Context, c kubernetes.Interface, i int, family string) error {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: KubeNodeName(i), Labels: map[string]string{
 			"kubernetes.io/hostname": KubeNodeName(i), "kubernetes.io/os": "linux"}},
 		Spec: corev1.NodeSpec{PodCIDR: PodCIDR(i), PodCIDRs: []string{PodCIDR(i)}},
 	}
 	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: UnderlayIP(i)}}
-	if dual {
+	switch family {
+	case IPFamilyDual:
 		n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, PodCIDR6(i))
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: UnderlayIP6(i)})
+	case IPFamilyIPv6:
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = PodCIDR6(i), []string{PodCIDR6(i)}
 		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: UnderlayIP6(i)})
 	}
 	out, err := c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
@@ -164,9 +174,13 @@ func createLabPod(ctx context.Context, c kubernetes.Interface, i, j int) (Pod, e
 	if err != nil {
 		return Pod{}, fmt.Errorf("pod %s: %w; kubelet log: %s", name, err, logTail(KubeletLog(i)))
 	}
-	lp := Pod{NS: PodNetns(i, created.UID), Kind: KindLanekit, IP: podIPs[0]}
-	if len(podIPs) > 1 {
-		lp.IP6 = podIPs[1]
+	lp := Pod{NS: PodNetns(i, created.UID), Kind: KindLanekit}
+	for _, a := range podIPs { // IPv4 first (dual-stack); an IPv6-only node's pod has only IPv6
+		if strings.Contains(a, ":") {
+			lp.IP6 = a
+		} else {
+			lp.IP = a
+		}
 	}
 	return lp, nil
 }

@@ -44,7 +44,18 @@ import (
 //     kernel forwards at most 2 % of it (Ip6OutForwDatagrams).
 //
 // Root; brings up the global lab (run under flock /tmp/lanekit-lab.lock).
-func TestLabK8sDualStack(t *testing.T) {
+func TestLabK8sDualStack(t *testing.T) { testLabK8sFamily(t, IPFamilyDual) }
+
+// TestLabK8sIPv6Only is TestLabK8sDualStack on `lab up --k8s --ip-family
+// ipv6`: Nodes whose only spec.podCIDR is IPv6 (the agents take it from the
+// Node and run IPv6-only), pods with only an IPv6 status.podIPs entry, each
+// agent's IPv6 route from the Nodes, `lab check` over IPv6, a SingleStack
+// IPv6 Service (ipFamilies [IPv6]) through node 1's BPF load balancer, and
+// bulk IPv6 TCP on the BPF path.
+func TestLabK8sIPv6Only(t *testing.T) { testLabK8sFamily(t, IPFamilyIPv6) }
+
+func testLabK8sFamily(t *testing.T, family string) {
+	v6only := family == IPFamilyIPv6
 	bins := pathTestBins(t)
 	k8stest.RequireBins(t)
 	bins.Self = labSelf(t, bins)
@@ -64,7 +75,7 @@ func TestLabK8sDualStack(t *testing.T) {
 			t.Errorf("lab down: %v", err)
 		}
 	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, IPFamily: IPFamilyDual, Bins: bins, Out: testLog{t}})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, IPFamily: family, Bins: bins, Out: testLog{t}})
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
@@ -79,7 +90,11 @@ func TestLabK8sDualStack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []string{PodCIDR(n.Index), PodCIDR6(n.Index)}; !slices.Equal(node.Spec.PodCIDRs, want) {
+		want := []string{PodCIDR(n.Index), PodCIDR6(n.Index)}
+		if v6only {
+			want = want[1:]
+		}
+		if !slices.Equal(node.Spec.PodCIDRs, want) {
 			t.Errorf("node %s spec.podCIDRs %v, want %v", node.Name, node.Spec.PodCIDRs, want)
 		}
 		for _, p := range n.Pods {
@@ -91,6 +106,9 @@ func TestLabK8sDualStack(t *testing.T) {
 			if err != nil || !netip.MustParsePrefix(PodCIDR6(n.Index)).Contains(a6) {
 				t.Fatalf("pod %s on node %d: IPv6 address %q, want one in %s (status.podIPs)", p.NS, n.Index, p.IP6, PodCIDR6(n.Index))
 			}
+			if v6only && p.IP != "" {
+				t.Fatalf("pod %s on IPv6-only node %d has IPv4 address %s", p.NS, n.Index, p.IP)
+			}
 		}
 	}
 	list, err := c.CoreV1().Pods(PodNamespace).List(ctx, metav1.ListOptions{})
@@ -98,7 +116,10 @@ func TestLabK8sDualStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range list.Items {
-		if len(p.Status.PodIPs) != 2 || !strings.Contains(p.Status.PodIPs[1].IP, ":") {
+		switch {
+		case v6only && (len(p.Status.PodIPs) != 1 || !strings.Contains(p.Status.PodIPs[0].IP, ":")):
+			t.Errorf("pod %s status.podIPs %v, want only an IPv6 address", p.Name, p.Status.PodIPs)
+		case !v6only && (len(p.Status.PodIPs) != 2 || !strings.Contains(p.Status.PodIPs[1].IP, ":")):
 			t.Errorf("pod %s status.podIPs %v, want an IPv4 and an IPv6 address", p.Name, p.Status.PodIPs)
 		}
 	}
@@ -109,6 +130,9 @@ func TestLabK8sDualStack(t *testing.T) {
 				{Dst: netip.MustParsePrefix(PodCIDR(j)), Via: netip.MustParseAddr(UnderlayIP(j))},
 				{Dst: netip.MustParsePrefix(PodCIDR6(j)), Via: netip.MustParseAddr(UnderlayIP6(j))},
 			}
+			if v6only {
+				want = want[1:]
+			}
 			r, err := k8s.NewNetlinkRoutes(netnsPath(NodeNS(i)))
 			if err != nil {
 				t.Fatal(err)
@@ -116,7 +140,7 @@ func TestLabK8sDualStack(t *testing.T) {
 			var got []k8s.Route
 			waitFor(t, fmt.Sprintf("node %d's lanekit routes %v", i, want), 30*time.Second, func() bool {
 				got, err = r.Routes()
-				return err == nil && len(got) == 2 && slices.Contains(got, want[0]) && slices.Contains(got, want[1])
+				return err == nil && len(got) == len(want) && !slices.ContainsFunc(want, func(r k8s.Route) bool { return !slices.Contains(got, r) })
 			})
 			r.Close()
 			t.Logf("node %d: lanekit routes %v", i, got)
@@ -135,29 +159,36 @@ func TestLabK8sDualStack(t *testing.T) {
 		}
 	})
 
-	t.Run("RequireDualStack Service", func(t *testing.T) {
+	t.Run("Service of the pods' families", func(t *testing.T) {
 		client, backend := pods[1], pods[2]
 		srv := nsCommand(ctx, backend.NS, bins.Self, "lab", "tcp-whoami", "--listen", "[::]:8080", "--for", "3m")
 		if err := srv.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+		spec := corev1.ServiceSpec{
+			IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyRequireDualStack),
+			Ports:          []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+		}
+		families := map[discoveryv1.AddressType]string{discoveryv1.AddressTypeIPv4: backend.IP, discoveryv1.AddressTypeIPv6: backend.IP6}
+		backends := []string{backend.IP, backend.IP6}
+		if v6only {
+			spec.IPFamilyPolicy, spec.IPFamilies = ptr.To(corev1.IPFamilyPolicySingleStack), []corev1.IPFamily{corev1.IPv6Protocol}
+			delete(families, discoveryv1.AddressTypeIPv4)
+			backends = backends[1:]
+		}
 		svc, err := c.CoreV1().Services(PodNamespace).Create(ctx, &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: "dual", Namespace: PodNamespace},
-			Spec: corev1.ServiceSpec{
-				IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyRequireDualStack),
-				Ports:          []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
-			},
+			ObjectMeta: metav1.ObjectMeta{Name: "dual", Namespace: PodNamespace}, Spec: spec,
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(svc.Spec.ClusterIPs) != 2 || !netip.MustParsePrefix(ServiceCIDR6).Contains(netip.MustParseAddr(svc.Spec.ClusterIPs[1])) {
-			t.Fatalf("service clusterIPs %v (ipFamilies %v), want an IPv4 one and one in %s", svc.Spec.ClusterIPs, svc.Spec.IPFamilies, ServiceCIDR6)
+		if len(svc.Spec.ClusterIPs) != len(backends) || !netip.MustParsePrefix(ServiceCIDR6).Contains(netip.MustParseAddr(svc.Spec.ClusterIPs[len(backends)-1])) {
+			t.Fatalf("service clusterIPs %v (ipFamilies %v), want one per family %v, the IPv6 one in %s", svc.Spec.ClusterIPs, svc.Spec.IPFamilies, backends, ServiceCIDR6)
 		}
 		// No endpointslice controller runs here: the test writes a slice
 		// per family.
-		for fam, addr := range map[discoveryv1.AddressType]string{discoveryv1.AddressTypeIPv4: backend.IP, discoveryv1.AddressTypeIPv6: backend.IP6} {
+		for fam, addr := range families {
 			_, err := c.DiscoveryV1().EndpointSlices(PodNamespace).Create(ctx, &discoveryv1.EndpointSlice{
 				ObjectMeta:  metav1.ObjectMeta{Name: "dual-" + strings.ToLower(string(fam)), Namespace: PodNamespace, Labels: map[string]string{discoveryv1.LabelServiceName: "dual"}},
 				AddressType: fam,
@@ -182,7 +213,7 @@ func TestLabK8sDualStack(t *testing.T) {
 			return got
 		}
 		for k, vip := range svc.Spec.ClusterIPs {
-			want := net.JoinHostPort([]string{backend.IP, backend.IP6}[k], "8080")
+			want := net.JoinHostPort(backends[k], "8080")
 			addr := net.JoinHostPort(vip, "80")
 			// The agents program the Service once their watchers see it.
 			var got map[string]int
@@ -217,7 +248,11 @@ func TestLabK8sDualStack(t *testing.T) {
 		if s.tx, s.rx, err = LinkPackets(ctx, pods[node].NS, PodIfName); err != nil {
 			t.Fatal(err)
 		}
-		if _, s.bpf, err = datapath.PinnedCounters(BPFDir(node), netip.MustParseAddr(pods[node].IP)); err != nil {
+		addr := pods[node].IP
+		if v6only {
+			addr = pods[node].IP6
+		}
+		if _, s.bpf, err = datapath.PinnedCounters(BPFDir(node), netip.MustParseAddr(addr)); err != nil {
 			t.Fatal(err)
 		}
 		return s
@@ -251,13 +286,14 @@ func TestResultPodIPs(t *testing.T) {
 		{in: []string{"10.244.1.5/24"}, want: []string{"10.244.1.5"}},
 		{in: []string{"fd00:10:244:1::5/64", "10.244.1.5/24"}, want: []string{"10.244.1.5", "fd00:10:244:1::5"}},
 		{in: []string{"10.244.1.5/24", "fd00:10:244:1::5/64", "fd00:10:244:1::6/64"}, want: []string{"10.244.1.5", "fd00:10:244:1::5"}},
+		{in: []string{"fd00:10:244:1::5/64"}, want: []string{"fd00:10:244:1::5"}}, // an IPv6-only node
 	} {
 		got, err := resultPodIPs(res(c.in...))
 		if err != nil || !slices.Equal(got, c.want) {
 			t.Errorf("%v: %v %v, want %v", c.in, got, err, c.want)
 		}
 	}
-	if _, err := resultPodIPs(res("fd00:10:244:1::5/64")); err == nil {
-		t.Error("an IPv6-only result: no error, want one (the lab's pods have an IPv4 address)")
+	if _, err := resultPodIPs(res()); err == nil {
+		t.Error("a result without addresses: no error")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -258,10 +259,12 @@ func resultPodIPs(r *current.Result) ([]string, error) {
 			v6 = a.String()
 		}
 	}
-	if v4 == "" {
-		return nil, fmt.Errorf("cni result has no ipv4 address")
-	}
-	if v6 == "" {
+	switch {
+	case v4 == "" && v6 == "":
+		return nil, fmt.Errorf("cni result has no pod address")
+	case v4 == "": // an IPv6-only node's pod
+		return []string{v6}, nil
+	case v6 == "":
 		return []string{v4}, nil
 	}
 	return []string{v4, v6}, nil
@@ -271,7 +274,7 @@ func resultPodIPs(r *current.Result) ([]string, error) {
 // an IPv6 address is on a dual-stack node, whose host IPs are both too.
 func (k *Kubelet) reportRunning(ctx context.Context, p *corev1.Pod, podIPs []string) error {
 	hostIPs := []corev1.HostIP{{IP: k.nodeIP}}
-	if len(podIPs) > 1 {
+	if len(podIPs) > 1 || strings.Contains(podIPs[0], ":") { // dual-stack or IPv6-only
 		hostIPs = append(hostIPs, corev1.HostIP{IP: UnderlayIP6(k.Index)})
 	}
 	statusIPs := make([]corev1.PodIP, 0, len(podIPs))
