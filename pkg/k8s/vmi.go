@@ -172,6 +172,11 @@ type migrationFollower struct {
 
 	mu   sync.Mutex
 	last map[string]agent.VMIMigration // by VMI namespace/name
+
+	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
+	claims  EndpointRouteSink
+	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
+	claimsQ chan struct{}
 }
 
 func newMigrationFollower(node string, dc dynamic.Interface, sink MigrationSink, log *slog.Logger) *migrationFollower {
@@ -220,8 +225,13 @@ func (f *migrationFollower) run(ctx context.Context) {
 		f.log.Error("VMI informer", "err", err)
 		return
 	}
-	f.log.Info("following VMI live migrations", "node", f.node)
+	f.log.Info("following VMI live migrations", "node", f.node, "moved-addresses", f.claims != nil)
+	var wg sync.WaitGroup
+	if f.claims != nil {
+		wg.Go(func() { f.claimLoop(ctx, inf) })
+	}
 	inf.Run(ctx.Done())
+	wg.Wait()
 }
 
 // observe hands the sink a VMI's migration when its typed state changed;
@@ -253,6 +263,7 @@ func (f *migrationFollower) observe(o any, gone bool) {
 	if changed {
 		f.sink.VMIMigrationChanged(*m)
 	}
+	f.kickClaims()
 }
 
 func sameMigration(a, b agent.VMIMigration) bool {
@@ -262,8 +273,9 @@ func sameMigration(a, b agent.VMIMigration) bool {
 		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason
 }
 
-// slimVMI keeps a VMI's name, namespace, uid, resourceVersion and
-// status.migrationState.
+// slimVMI keeps a VMI's name, namespace, uid, resourceVersion,
+// status.migrationState, status.nodeName and the status.interfaces of its
+// lanekit-bound interfaces (their addresses, for vmiclaims.go).
 func slimVMI(o any) (any, error) {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
@@ -274,8 +286,36 @@ func slimVMI(o any) (any, error) {
 	slim.SetNamespace(u.GetNamespace())
 	slim.SetUID(u.GetUID())
 	slim.SetResourceVersion(u.GetResourceVersion())
+	st := map[string]any{}
 	if ms, ok, _ := unstructured.NestedMap(u.Object, "status", "migrationState"); ok {
-		slim.Object["status"] = map[string]any{"migrationState": ms}
+		st["migrationState"] = ms
+	}
+	if n, ok, _ := unstructured.NestedString(u.Object, "status", "nodeName"); ok {
+		st["nodeName"] = n
+	}
+	bound := boundNames(u)
+	ifs, _, _ := unstructured.NestedSlice(u.Object, "status", "interfaces")
+	var keep []any
+	for _, i := range ifs {
+		m, ok := i.(map[string]any)
+		if !ok {
+			continue
+		}
+		if name, _ := m["name"].(string); bound[name] {
+			k := map[string]any{"name": name}
+			for _, f := range []string{"ipAddress", "ipAddresses"} {
+				if v, ok := m[f]; ok {
+					k[f] = v
+				}
+			}
+			keep = append(keep, k)
+		}
+	}
+	if keep != nil {
+		st["interfaces"] = keep
+	}
+	if len(st) > 0 {
+		slim.Object["status"] = st
 	}
 	return slim, nil
 }
