@@ -110,7 +110,42 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 	if ifs := kv.BoundInterfaces(kubevirt.BindingName); len(ifs) == 1 {
 		info.MAC = ifs[0].MacAddress
 	}
+	if err := incomingOf(&info, kv, u, podName); err != nil {
+		return agent.VMIInfo{}, false, err
+	}
 	return info, true, nil
+}
+
+// incomingOf marks info incoming when podName is the target pod of the
+// VMI's migration in progress: the target's attachment takes the address
+// and MAC the VM has on the source (the VMI's status: status.interfaces of
+// the lanekit interface, the address KubeVirt reports from the source
+// launcher pod's network status or the guest) instead of new ones. A
+// target whose VMI reports no IPv4 address for it is an error: the ADD is
+// retried, a new address would break the VM's connections.
+func incomingOf(info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, podName string) error {
+	m, err := kv.Migration()
+	if err != nil || m == nil || m.TargetPod != podName || m.Completed || m.Failed {
+		return err
+	}
+	addrs := vmiAddrs(u)
+	if len(addrs) != 1 {
+		return fmt.Errorf("vmi %s/%s migrates to launcher pod %s but reports %d IPv4 addresses for its lanekit interface (want 1: the address it keeps)",
+			u.GetNamespace(), u.GetName(), podName, len(addrs))
+	}
+	if info.MAC == "" {
+		for _, i := range kv.BoundInterfaces(kubevirt.BindingName) {
+			if mac := kv.GuestMAC(i.Name); mac != "" {
+				info.MAC = mac
+			}
+		}
+	}
+	gen := m.Start.Unix()
+	if m.Start.IsZero() || gen <= 0 {
+		gen = 1
+	}
+	info.Incoming, info.Address, info.Generation = true, addrs[0], uint64(gen)
+	return nil
 }
 
 // launcherPod returns the pod if it is a KubeVirt launcher pod (nil if it is
