@@ -80,7 +80,7 @@ type Config struct {
 	// (from the VMIs' migration states; vmiclaims.go) when the VMs seam
 	// follows migrations; nil: no claims (tunnel routing has no /32 routes).
 	EndpointRoutes EndpointRouteSink
-	Log    *slog.Logger
+	Log            *slog.Logger
 }
 
 // Source runs the informers. Create it with New, then Run.
