@@ -5,8 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/kubevirt"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
@@ -14,7 +16,7 @@ import (
 // the resolver (pkg/k8s) says is a migration target makes an incoming VM
 // endpoint with the VM's address on the source, its MAC and the claim's
 // generation, not a new address; an ordinary launcher gets one of the pod
-// CIDR.
+// CIDR. The target's completed migration state then activates it.
 func TestVMAttachmentIncoming(t *testing.T) {
 	e := newAttachEnv(t)
 	a := e.start(t)
@@ -46,6 +48,15 @@ func TestVMAttachmentIncoming(t *testing.T) {
 		ep.VM.Migration.State != endpoint.VMIncoming || ep.VM.Migration.Generation != 1795654800 {
 		t.Fatalf("target endpoint ip %s mac %s migration %+v: want incoming with %s at generation 1795654800",
 			ep.IP, ep.MAC, ep.VM.Migration, moved)
+	}
+	// The follower's completed state activates it (vmimigration.go).
+	a.VMIMigrationChanged(VMIMigration{Namespace: "ns1", Name: "db", VM: ep.VM.Name, Role: kubevirt.RoleTarget,
+		Migration: kubevirt.Migration{UID: "mig-1", SourceNode: "node-a", TargetNode: "node-b", TargetPod: "virt-launcher-db-bbbbb",
+			Start: time.Unix(1795654800, 0), End: time.Unix(1795654807, 0), Completed: true}})
+	vms, err := a.ListVMs()
+	if err != nil || len(vms) != 1 || vms[0].Endpoint.VM.Migration == nil || vms[0].Endpoint.VM.Migration.State != endpoint.VMActive ||
+		vms[0].Endpoint.IP != moved {
+		t.Fatalf("after the completed migration: %+v %v, want the endpoint active with %s", vms, err, moved)
 	}
 	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {
 		t.Fatalf("DEL: %v %v", existed, err)
