@@ -3,6 +3,9 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
 // claimLog is an EndpointRouteSink that keeps the last full set.
@@ -193,4 +199,80 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("VMI deleted", map[string]string{"node-a": "-", "node-b": "-", "node-c": "-"})
+}
+
+// TestMovedAddressRoutesOnAgents: the same migration drives three real
+// agents (memory datapath, each in its own network namespace with its
+// InternalIP on a link): once it completes, node-a and node-c route the VM's
+// address to node-b with a /32, node-b (the owner) has no such route, and
+// the routes go with the VMI.
+func TestMovedAddressRoutesOnAgents(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]string{}
+	for i, name := range []string{"node-a", "node-b", "node-c"} {
+		ip := fmt.Sprintf("192.168.0.%d", i+1)
+		n := claimNode(name, ip)
+		st := n.Status
+		out := mustCreate(t, e.c.CoreV1().Nodes().Create, n)
+		out.Status = st
+		if _, err := e.c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.RequireRoot(t)
+		paths[name] = netnstest.New(t, "claims"+name[len(name)-1:]).Path()
+		a, err := agent.New(agent.Config{
+			StateDir: t.TempDir(), PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.79.%d.0/24", i)), MTU: 1500, HostNetns: paths[name],
+			NodeAddrs:    []netip.Addr{netip.MustParseAddr(ip)},
+			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+		}, testLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		for _, args := range [][]string{
+			{"link", "add", "lkt0", "type", "veth", "peer", "name", "lkt1"},
+			{"addr", "add", ip + "/24", "dev", "lkt0"},
+			{"link", "set", "lkt0", "up"}, {"link", "set", "lkt1", "up"},
+		} {
+			if out, err := exec.Command("nsenter", append([]string{"--net=" + paths[name], "ip"}, args...)...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: ip %v: %v %s", name, args, err, out)
+			}
+		}
+		run(t, Config{NodeName: name, Client: e.c, Dynamic: e.dc, VMs: a, EndpointRoutes: a})
+	}
+	route := func(node string) string {
+		out, err := exec.Command("nsenter", "--net="+paths[node], "ip", "-4", "route", "show", "10.244.1.5/32").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: ip route: %v %s", node, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	vmis := e.dc.Resource(VMIResource).Namespace("default")
+	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	created.Object["status"] = withIfaces(fakeVMI(nil, done), "10.244.1.5").Object["status"]
+	created.Object["status"].(map[string]any)["nodeName"] = "node-b"
+	if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node-a", "node-c"} {
+		eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
+	}
+	if r := route("node-b"); r != "" {
+		t.Errorf("node-b (the owner) routes its own VM's address: %q", r)
+	}
+	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node-a", "node-c"} {
+		eventually(t, n+" drops the route with the VMI", func() bool { return route(n) == "" })
+	}
 }
