@@ -18,6 +18,7 @@ import (
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
@@ -203,9 +204,10 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 
 // TestMovedAddressRoutesOnAgents: the same migration drives three real
 // agents (memory datapath, each in its own network namespace with its
-// InternalIP on a link): once it completes, node-a and node-c route the VM's
-// address to node-b with a /32, node-b (the owner) has no such route, and
-// the routes go with the VMI.
+// InternalIP on a link; the VM on node-a, its incoming endpoint on
+// node-b): once it completes, node-b activates its endpoint and routes the
+// address to it, node-a's VM is superseded and node-a and node-c route the
+// address to node-b with a /32; node-c's route goes with the VMI.
 func TestMovedAddressRoutesOnAgents(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -213,6 +215,7 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	paths := map[string]string{}
+	agents := map[string]*agent.Agent{}
 	for i, name := range []string{"node-a", "node-b", "node-c"} {
 		ip := fmt.Sprintf("192.168.0.%d", i+1)
 		n := claimNode(name, ip)
@@ -224,8 +227,10 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		}
 		testutil.RequireRoot(t)
 		paths[name] = netnstest.New(t, "claims"+name[len(name)-1:]).Path()
+		dir := t.TempDir()
 		a, err := agent.New(agent.Config{
-			StateDir: t.TempDir(), PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.79.%d.0/24", i)), MTU: 1500, HostNetns: paths[name],
+			StateDir: dir, PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1)), MTU: 1500, HostNetns: paths[name],
+			VMSocketDir:  dir + "/vm",
 			NodeAddrs:    []netip.Addr{netip.MustParseAddr(ip)},
 			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
 		}, testLog())
@@ -233,6 +238,7 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { a.Close() })
+		agents[name] = a
 		for _, args := range [][]string{
 			{"link", "add", "lkt0", "type", "veth", "peer", "name", "lkt1"},
 			{"addr", "add", ip + "/24", "dev", "lkt0"},
@@ -251,6 +257,24 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		}
 		return strings.TrimSpace(string(out))
 	}
+	// The VM runs on node-a; node-b has its incoming endpoint (the target
+	// launcher's ADD, TestVMIResolverMigrationTarget/TestVMAttachmentIncoming).
+	vm := VMName("default", "vm1")
+	moved := netip.MustParseAddr("10.244.1.5")
+	if _, err := agents["node-a"].AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvma").Path(), Queues: 1, Address: moved}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agents["node-b"].AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvmb").Path(), Queues: 1, Address: moved,
+		Incoming: true, Generation: 1795654800}); err != nil {
+		t.Fatal(err)
+	}
+	state := func(node string) string {
+		vms, err := agents[node].ListVMs()
+		if err != nil || len(vms) != 1 || vms[0].Endpoint.VM.Migration == nil {
+			return fmt.Sprintf("%+v %v", vms, err)
+		}
+		return string(vms[0].Endpoint.VM.Migration.State)
+	}
 	vmis := e.dc.Resource(VMIResource).Namespace("default")
 	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
 	if err != nil {
@@ -266,13 +290,13 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 	for _, n := range []string{"node-a", "node-c"} {
 		eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
 	}
-	if r := route("node-b"); r != "" {
-		t.Errorf("node-b (the owner) routes its own VM's address: %q", r)
+	eventually(t, "node-b activates its incoming endpoint", func() bool { return state("node-b") == string(endpoint.VMActive) })
+	eventually(t, "node-a's VM is superseded", func() bool { return state("node-a") == string(endpoint.VMMoved) })
+	if r := route("node-b"); strings.Contains(r, "via") || !strings.Contains(r, "dev lk") {
+		t.Errorf("node-b (the owner) routes its VM's address %q, want to its own endpoint", r)
 	}
 	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"node-a", "node-c"} {
-		eventually(t, n+" drops the route with the VMI", func() bool { return route(n) == "" })
-	}
+	eventually(t, "node-c drops the route with the VMI", func() bool { return route("node-c") == "" })
 }
