@@ -179,9 +179,10 @@ func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid stri
 }
 
 // MigrationSink is the agent's seam for KubeVirt live migrations: the
-// source hands it every change of a migration this node takes part in.
-// Moving the VM's address to the target node (issue 27 item 2) is to be
-// built behind it; today the agent only logs (agent.VMIMigrationChanged).
+// source hands it every change of a migration this node takes part in
+// (agent.VMIMigrationChanged: a target's completed state activates its
+// incoming endpoint, a failed one removes it). The address's route follows
+// from the claims (vmiclaims.go, EndpointRouteSink).
 type MigrationSink interface {
 	VMIMigrationChanged(agent.VMIMigration)
 }
