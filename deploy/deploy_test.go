@@ -476,13 +476,12 @@ func TestKubeVirtBinding(t *testing.T) {
 	if b.DownwardAPI != "device-info" {
 		t.Errorf("downwardAPI %q: the sidecar reads the socket from device-info", b.DownwardAPI)
 	}
-	// Not migratable yet (KubeVirt checks only that migration is set): the
-	// agents move a VM's address (pkg/agent/vmmigrate.go), but a target
-	// launcher pod does not get an incoming endpoint with the VMI's address
-	// and claims are not published as API objects, so a migrated VM would
-	// lose its network.
-	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration != nil || kvb.Migration != nil {
-		t.Errorf("migration %+v: want none until the KubeVirt path moves the address (incoming endpoint from the CNI ADD, claims as API objects)", kvb.Migration)
+	// Migratable (KubeVirt checks only that migration is set), with no
+	// method: link-refresh flaps the guest's link for a DHCP renewal, and
+	// lanekit keeps the guest's address (pkg/k8s: incoming endpoint from the
+	// target's CNI ADD, claims from the VMIs' migration states).
+	if kvb := kv.Spec.Configuration.NetworkConfiguration.Binding[kubevirt.BindingName]; b.Migration == nil || kvb.Migration == nil || kvb.Migration.Method != "" {
+		t.Errorf("migration %+v: want migration: {} (no method)", kvb.Migration)
 	}
 	if b.DomainAttachmentType != "" {
 		t.Error("domainAttachmentType and a sidecar are exclusive: the sidecar defines the interface")

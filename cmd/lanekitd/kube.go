@@ -140,15 +140,17 @@ func (f kubeFlags) clients(log *slog.Logger) (*kubeClients, error) {
 // node's netns, and "caches synced" into its readiness.
 func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, log *slog.Logger) (*k8s.Source, error) {
 	var routes k8s.RouteSink = tunnelPeers{a}
+	var moved k8s.EndpointRouteSink // claims of moved VM addresses: /32 routes, native routing only
 	if a.RoutingMode() != agent.RoutingTunnel {
 		var err error
 		if routes, err = k8s.NewNetlinkRoutes(hostNetns); err != nil {
 			return nil, err
 		}
+		moved = a
 	}
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
-		Objects: a, VMs: a, Routes: routes, Log: log,
+		Objects: a, VMs: a, Routes: routes, EndpointRoutes: moved, Log: log,
 	})
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -73,6 +74,13 @@ type VMIInfo struct {
 	Queues          int    // from vCPUs with networkInterfaceMultiqueue, else 1
 	MAC             string // of the VMI's interface bound to lanekit, when there is one
 	Labels          map[string]string
+	// Incoming: the launcher pod is the target of the VMI's live migration
+	// in progress; the attachment becomes an incoming VM endpoint with the
+	// address the VM has on the source (Address, from the VMI's status),
+	// claimed with Generation (the migration's start).
+	Incoming   bool
+	Address    netip.Addr
+	Generation uint64
 }
 
 // VMIResolver finds the VMI of a launcher pod: ok false for a pod that is
@@ -306,11 +314,15 @@ func (a *Agent) AttachVM(req VMAttachRequest) (*VMAttachment, error) {
 		if err != nil {
 			return nil, fmt.Errorf("attach vm %s: %w", at, err)
 		}
-		info, err = a.AddVM(AddVMRequest{
+		add := AddVMRequest{
 			Name: name, Netns: req.Netns, IfName: req.IfName, Queues: queues, MAC: mac, MTU: req.MTU, Labels: labels,
 			SocketUID: &backend.UID, SocketGID: &backend.GID, allocUID: a.cfg.VhostUID == nil,
 			attachment: &endpoint.CNIAttachment{ContainerID: req.ContainerID, IfName: req.IfName}, backend: backend,
-		})
+		}
+		if found && vmi.Incoming {
+			add.Incoming, add.Address, add.Generation = true, vmi.Address, vmi.Generation
+		}
+		info, err = a.AddVM(add)
 		if err == nil {
 			break
 		}

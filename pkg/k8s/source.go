@@ -76,7 +76,11 @@ type Config struct {
 	VMs VMSink
 	// Routes receives the other nodes' pod CIDRs; nil: no routes.
 	Routes RouteSink
-	Log    *slog.Logger
+	// EndpointRoutes receives the other nodes' claims of moved VM addresses
+	// (from the VMIs' migration states; vmiclaims.go) when the VMs seam
+	// follows migrations; nil: no claims (tunnel routing has no /32 routes).
+	EndpointRoutes EndpointRouteSink
+	Log            *slog.Logger
 }
 
 // Source runs the informers. Create it with New, then Run.
@@ -161,9 +165,9 @@ func New(cfg Config) (*Source, error) {
 	}
 	s.nodes = f.Core().V1().Nodes().Informer()
 	if _, err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.kickRoutes() },
-		UpdateFunc: func(any, any) { s.kickRoutes() },
-		DeleteFunc: func(any) { s.kickRoutes() },
+		AddFunc:    func(any) { s.kickNodes() },
+		UpdateFunc: func(any, any) { s.kickNodes() },
+		DeleteFunc: func(any) { s.kickNodes() },
 	}); err != nil {
 		return nil, fmt.Errorf("k8s source: node handler: %w", err)
 	}
@@ -172,9 +176,21 @@ func New(cfg Config) (*Source, error) {
 		cfg.VMs.SetVMIResolver(r.resolve)
 		if ms, ok := cfg.VMs.(MigrationSink); ok {
 			s.migs = newMigrationFollower(cfg.NodeName, cfg.Dynamic, ms, s.log)
+			if cfg.EndpointRoutes != nil {
+				s.migs.claims, s.migs.nodes, s.migs.claimsQ = cfg.EndpointRoutes, s.nodes.GetStore(), make(chan struct{}, 1)
+			}
 		}
 	}
 	return s, nil
+}
+
+// kickNodes wakes what reads the Nodes: the routes and the claims of moved
+// VM addresses (the owners' InternalIPs).
+func (s *Source) kickNodes() {
+	s.kickRoutes()
+	if s.migs != nil {
+		s.migs.kickClaims()
+	}
 }
 
 func stripManagedFields(obj any) (any, error) {

@@ -110,7 +110,42 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 	if ifs := kv.BoundInterfaces(kubevirt.BindingName); len(ifs) == 1 {
 		info.MAC = ifs[0].MacAddress
 	}
+	if err := incomingOf(&info, kv, u, podName); err != nil {
+		return agent.VMIInfo{}, false, err
+	}
 	return info, true, nil
+}
+
+// incomingOf marks info incoming when podName is the target pod of the
+// VMI's migration in progress: the target's attachment takes the address
+// and MAC the VM has on the source (the VMI's status: status.interfaces of
+// the lanekit interface, the address KubeVirt reports from the source
+// launcher pod's network status or the guest) instead of new ones. A
+// target whose VMI reports no IPv4 address for it is an error: the ADD is
+// retried, a new address would break the VM's connections.
+func incomingOf(info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, podName string) error {
+	m, err := kv.Migration()
+	if err != nil || m == nil || m.TargetPod != podName || m.Completed || m.Failed {
+		return err
+	}
+	addrs := vmiAddrs(u)
+	if len(addrs) != 1 {
+		return fmt.Errorf("vmi %s/%s migrates to launcher pod %s but reports %d IPv4 addresses for its lanekit interface (want 1: the address it keeps)",
+			u.GetNamespace(), u.GetName(), podName, len(addrs))
+	}
+	if info.MAC == "" {
+		for _, i := range kv.BoundInterfaces(kubevirt.BindingName) {
+			if mac := kv.GuestMAC(i.Name); mac != "" {
+				info.MAC = mac
+			}
+		}
+	}
+	gen := m.Start.Unix()
+	if m.Start.IsZero() || gen <= 0 {
+		gen = 1
+	}
+	info.Incoming, info.Address, info.Generation = true, addrs[0], uint64(gen)
+	return nil
 }
 
 // launcherPod returns the pod if it is a KubeVirt launcher pod (nil if it is
@@ -144,9 +179,10 @@ func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid stri
 }
 
 // MigrationSink is the agent's seam for KubeVirt live migrations: the
-// source hands it every change of a migration this node takes part in.
-// Moving the VM's address to the target node (issue 27 item 2) is to be
-// built behind it; today the agent only logs (agent.VMIMigrationChanged).
+// source hands it every change of a migration this node takes part in
+// (agent.VMIMigrationChanged: a target's completed state activates its
+// incoming endpoint, a failed one removes it). The address's route follows
+// from the claims (vmiclaims.go, EndpointRouteSink).
 type MigrationSink interface {
 	VMIMigrationChanged(agent.VMIMigration)
 }
@@ -172,6 +208,11 @@ type migrationFollower struct {
 
 	mu   sync.Mutex
 	last map[string]agent.VMIMigration // by VMI namespace/name
+
+	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
+	claims  EndpointRouteSink
+	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
+	claimsQ chan struct{}
 }
 
 func newMigrationFollower(node string, dc dynamic.Interface, sink MigrationSink, log *slog.Logger) *migrationFollower {
@@ -220,8 +261,13 @@ func (f *migrationFollower) run(ctx context.Context) {
 		f.log.Error("VMI informer", "err", err)
 		return
 	}
-	f.log.Info("following VMI live migrations", "node", f.node)
+	f.log.Info("following VMI live migrations", "node", f.node, "moved-addresses", f.claims != nil)
+	var wg sync.WaitGroup
+	if f.claims != nil {
+		wg.Go(func() { f.claimLoop(ctx, inf) })
+	}
 	inf.Run(ctx.Done())
+	wg.Wait()
 }
 
 // observe hands the sink a VMI's migration when its typed state changed;
@@ -253,6 +299,7 @@ func (f *migrationFollower) observe(o any, gone bool) {
 	if changed {
 		f.sink.VMIMigrationChanged(*m)
 	}
+	f.kickClaims()
 }
 
 func sameMigration(a, b agent.VMIMigration) bool {
@@ -262,8 +309,9 @@ func sameMigration(a, b agent.VMIMigration) bool {
 		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason
 }
 
-// slimVMI keeps a VMI's name, namespace, uid, resourceVersion and
-// status.migrationState.
+// slimVMI keeps a VMI's name, namespace, uid, resourceVersion,
+// status.migrationState, status.nodeName and the status.interfaces of its
+// lanekit-bound interfaces (their addresses, for vmiclaims.go).
 func slimVMI(o any) (any, error) {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
@@ -274,8 +322,36 @@ func slimVMI(o any) (any, error) {
 	slim.SetNamespace(u.GetNamespace())
 	slim.SetUID(u.GetUID())
 	slim.SetResourceVersion(u.GetResourceVersion())
+	st := map[string]any{}
 	if ms, ok, _ := unstructured.NestedMap(u.Object, "status", "migrationState"); ok {
-		slim.Object["status"] = map[string]any{"migrationState": ms}
+		st["migrationState"] = ms
+	}
+	if n, ok, _ := unstructured.NestedString(u.Object, "status", "nodeName"); ok {
+		st["nodeName"] = n
+	}
+	bound := boundNames(u)
+	ifs, _, _ := unstructured.NestedSlice(u.Object, "status", "interfaces")
+	var keep []any
+	for _, i := range ifs {
+		m, ok := i.(map[string]any)
+		if !ok {
+			continue
+		}
+		if name, _ := m["name"].(string); bound[name] {
+			k := map[string]any{"name": name}
+			for _, f := range []string{"ipAddress", "ipAddresses"} {
+				if v, ok := m[f]; ok {
+					k[f] = v
+				}
+			}
+			keep = append(keep, k)
+		}
+	}
+	if keep != nil {
+		st["interfaces"] = keep
+	}
+	if len(st) > 0 {
+		slim.Object["status"] = st
 	}
 	return slim, nil
 }

@@ -1,0 +1,75 @@
+package k8s
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
+)
+
+// TestVMIResolverMigrationTarget: on a real API server, the target launcher
+// pod of a VMI's migration in progress resolves as incoming with the
+// address and MAC the VM has on the source (the VMI's status), claimed at
+// the migration's start; the source launcher pod, and the target once the
+// migration is over, resolve as ordinary VM attachments; a target whose VMI
+// reports no address is an error (the ADD retries, no new address).
+func TestVMIResolverMigrationTarget(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	vms := &vmStore{}
+	run(t, Config{NodeName: "node-b", Client: e.c, Dynamic: e.dc, VMs: vms})
+	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
+		t.Fatal(err)
+	}
+	vmis := e.dc.Resource(VMIResource).Namespace("default")
+	created, err := vmis.Create(ctx, fakeVMI(map[string]string{labelVMINode: "node-a"}, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setStatus := func(addr string, state map[string]any) {
+		t.Helper()
+		cur, err := vmis.Get(ctx, "vm1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Object["status"] = withIfaces(fakeVMI(nil, state), addr).Object["status"]
+		if _, err := vmis.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	launcher := func(name, node string) (string, string) {
+		lp := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
+		lp.Annotations = map[string]string{annotationDomain: "vm1"}
+		p := mustCreate(t, e.c.CoreV1().Pods("default").Create, lp)
+		return p.Name, string(p.UID)
+	}
+	src, srcUID := launcher("virt-launcher-vm1-aaaaa", "node-a")
+	dst, dstUID := launcher("virt-launcher-vm1-bbbbb", "node-b")
+
+	setStatus("10.244.1.5", running())
+	got, ok, err := vms.resolve("default", dst, dstUID)
+	if err != nil || !ok {
+		t.Fatalf("resolve target: %v %v", ok, err)
+	}
+	if !got.Incoming || got.Address != netip.MustParseAddr("10.244.1.5") || got.Generation != 1795654800 ||
+		got.MAC != "02:00:00:00:00:05" || got.Name != "vm1" {
+		t.Errorf("target resolved %+v: want incoming with 10.244.1.5, the guest's MAC, generation 1795654800", got)
+	}
+	if got, ok, err := vms.resolve("default", src, srcUID); err != nil || !ok || got.Incoming || got.Address.IsValid() {
+		t.Errorf("source resolved %+v %v %v: want an ordinary attachment", got, ok, err)
+	}
+	setStatus("", running())
+	if _, _, err := vms.resolve("default", dst, dstUID); err == nil || !strings.Contains(err.Error(), "IPv4 addresses") {
+		t.Errorf("target of a VMI without an address: %v, want an error", err)
+	}
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	setStatus("10.244.1.5", done)
+	if got, _, err := vms.resolve("default", dst, dstUID); err != nil || got.Incoming {
+		t.Errorf("target after completion resolved %+v %v: want an ordinary attachment", got, err)
+	}
+}

@@ -1,0 +1,302 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+// claimLog is an EndpointRouteSink that keeps the last full set.
+type claimLog struct {
+	mu    sync.Mutex
+	calls int
+	last  []agent.EndpointRoute
+}
+
+func (l *claimLog) SyncEndpointRoutes(routes []agent.EndpointRoute) (int, []string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	l.last = append([]agent.EndpointRoute(nil), routes...)
+	return len(routes), nil, nil
+}
+
+// String is the set as "addr>via@gen(vm,node)" lines joined by " ", "-" when
+// empty, "unsynced" before the first call.
+func (l *claimLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.calls == 0 {
+		return "unsynced"
+	}
+	return claimsString(l.last)
+}
+
+func claimsString(rs []agent.EndpointRoute) string {
+	if len(rs) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("%s>%s@%d(%s,%s)", r.Addr, r.Via, r.Generation, r.VM, r.Node))
+	}
+	return strings.Join(parts, " ")
+}
+
+func claimNode(name, ip string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if ip != "" {
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+	}
+	return n
+}
+
+// withIfaces sets status.interfaces: the lanekit-bound "fast" with addr and
+// another network's "other" with 10.9.9.9 (never claimed).
+func withIfaces(u *unstructured.Unstructured, addr string) *unstructured.Unstructured {
+	st := u.Object["status"].(map[string]any)
+	st["interfaces"] = []any{
+		map[string]any{"name": "fast", "ipAddress": addr, "ipAddresses": []any{addr, "fd00::5"}, "mac": "02:00:00:00:00:05"},
+		map[string]any{"name": "other", "ipAddress": "10.9.9.9"},
+	}
+	return u
+}
+
+func TestDesiredClaims(t *testing.T) {
+	nodes := []any{claimNode("node-a", "192.168.0.1"), claimNode("node-b", "192.168.0.2"), claimNode("node-c", "")}
+	done := func() map[string]any {
+		m := running()
+		m["completed"], m["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+		return m
+	}
+	failed := running()
+	failed["failed"], failed["endTimestamp"] = true, "2026-11-26T01:00:03Z"
+	toC := done()
+	toC["targetNode"] = "node-c"
+	start, end := "1795654800", "1795654807" // 01:00:00 and 01:00:07 UTC
+	cases := []struct {
+		name, self string
+		state      map[string]any
+		want       string
+		errs       int
+	}{
+		{"never migrated", "node-c", nil, "-", 0},
+		{"completed, seen elsewhere", "node-c", done(), "10.244.1.5>192.168.0.2@" + end + "(default.vm1,node-b)", 0},
+		{"completed, seen by the source", "node-a", done(), "10.244.1.5>192.168.0.2@" + end + "(default.vm1,node-b)", 0},
+		{"completed, the owner has no route", "node-b", done(), "-", 0},
+		{"in progress: the source still runs it", "node-b", running(), "10.244.1.5>192.168.0.1@" + start + "(default.vm1,node-a)", 0},
+		{"failed: the source still runs it", "node-b", failed, "10.244.1.5>192.168.0.1@" + start + "(default.vm1,node-a)", 0},
+		{"owner without InternalIP", "node-a", toC, "-", 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, errs := desiredClaims(c.self, []any{withIfaces(fakeVMI(nil, c.state), "10.244.1.5")}, nodes)
+			if s := claimsString(got); s != c.want || len(errs) != c.errs {
+				t.Errorf("claims %s (errors %v), want %s (%d errors)", s, errs, c.want, c.errs)
+			}
+		})
+	}
+	// The slimmed VMI the follower caches gives the same claims.
+	slim, err := slimVMI(withIfaces(fakeVMI(nil, done()), "10.244.1.5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, errs := desiredClaims("node-c", []any{slim}, nodes)
+	if s := claimsString(got); s != "10.244.1.5>192.168.0.2@"+end+"(default.vm1,node-b)" || len(errs) != 0 {
+		t.Errorf("slim VMI's claims %s, %v", s, errs)
+	}
+}
+
+// TestMovedAddressClaimsAgainstAPIServer: three nodes' sources on a real
+// API server follow a VMI migrating node-a -> node-b (the test writes the
+// VMI's status as virt-controller/virt-handler do) and each ends with the
+// other nodes' claims of its address: none before it completes (the
+// address is in node-a's pod CIDR), a /32 via node-b's InternalIP on node-a
+// and node-c after, nothing on node-b (the owner), then a claim via node-a
+// when it migrates back, and nothing once the VMI is gone.
+func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"node-a", "node-b", "node-c"} {
+		n := claimNode(name, fmt.Sprintf("192.168.0.%d", i+1))
+		st := n.Status
+		out := mustCreate(t, e.c.CoreV1().Nodes().Create, n)
+		out.Status = st
+		if _, err := e.c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vmis := e.dc.Resource(VMIResource).Namespace("default")
+	created, err := vmis.Create(ctx, withIfaces(fakeVMI(map[string]string{labelVMINode: "node-a"}, nil), "10.244.1.5"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server drops status on create (status subresource): write it.
+	created.Object["status"] = withIfaces(fakeVMI(nil, nil), "10.244.1.5").Object["status"]
+	if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sinks := map[string]*claimLog{"node-a": {}, "node-b": {}, "node-c": {}}
+	for node, l := range sinks {
+		run(t, Config{NodeName: node, Client: e.c, Dynamic: e.dc, VMs: vmsWithMigrations{&vmStore{}, &migrationLog{}}, EndpointRoutes: l})
+	}
+	want := func(what string, per map[string]string) {
+		t.Helper()
+		for node, w := range per {
+			eventually(t, what+" on "+node, func() bool { return sinks[node].String() == w })
+		}
+	}
+	want("never migrated", map[string]string{"node-a": "-", "node-b": "-", "node-c": "-"})
+	set := func(nodeName string, state map[string]any) {
+		t.Helper()
+		cur, err := vmis.Get(ctx, "vm1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unstructured.SetNestedField(cur.Object, state, "status", "migrationState"); err != nil {
+			t.Fatal(err)
+		}
+		if err := unstructured.SetNestedField(cur.Object, nodeName, "status", "nodeName"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := vmis.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("node-a", running())
+	viaA := "10.244.1.5>192.168.0.1@1795654800(default.vm1,node-a)"
+	want("in progress", map[string]string{"node-a": "-", "node-b": viaA, "node-c": viaA})
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	set("node-b", done)
+	viaB := "10.244.1.5>192.168.0.2@1795654807(default.vm1,node-b)"
+	want("completed", map[string]string{"node-a": viaB, "node-b": "-", "node-c": viaB})
+	back := map[string]any{"migrationUid": "mig-2", "sourceNode": "node-b", "sourcePod": "virt-launcher-vm1-bbbbb",
+		"targetNode": "node-a", "targetPod": "virt-launcher-vm1-ccccc", "startTimestamp": "2026-11-26T02:00:00Z",
+		"endTimestamp": "2026-11-26T02:00:05Z", "completed": true}
+	set("node-a", back)
+	viaA2 := "10.244.1.5>192.168.0.1@1795658405(default.vm1,node-a)"
+	want("migrated back", map[string]string{"node-a": "-", "node-b": viaA2, "node-c": viaA2})
+	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("VMI deleted", map[string]string{"node-a": "-", "node-b": "-", "node-c": "-"})
+}
+
+// TestMovedAddressRoutesOnAgents: the same migration drives three real
+// agents (memory datapath, each in its own network namespace with its
+// InternalIP on a link; the VM on node-a, its incoming endpoint on
+// node-b): once it completes, node-b activates its endpoint and routes the
+// address to it, node-a's VM is superseded and node-a and node-c route the
+// address to node-b with a /32; node-c's route goes with the VMI.
+func TestMovedAddressRoutesOnAgents(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]string{}
+	agents := map[string]*agent.Agent{}
+	for i, name := range []string{"node-a", "node-b", "node-c"} {
+		ip := fmt.Sprintf("192.168.0.%d", i+1)
+		n := claimNode(name, ip)
+		st := n.Status
+		out := mustCreate(t, e.c.CoreV1().Nodes().Create, n)
+		out.Status = st
+		if _, err := e.c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.RequireRoot(t)
+		paths[name] = netnstest.New(t, "claims"+name[len(name)-1:]).Path()
+		dir := t.TempDir()
+		a, err := agent.New(agent.Config{
+			StateDir: dir, PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1)), MTU: 1500, HostNetns: paths[name],
+			VMSocketDir:  dir + "/vm",
+			NodeAddrs:    []netip.Addr{netip.MustParseAddr(ip)},
+			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+		}, testLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		agents[name] = a
+		for _, args := range [][]string{
+			{"link", "add", "lkt0", "type", "veth", "peer", "name", "lkt1"},
+			{"addr", "add", ip + "/24", "dev", "lkt0"},
+			{"link", "set", "lkt0", "up"}, {"link", "set", "lkt1", "up"},
+		} {
+			if out, err := exec.Command("nsenter", append([]string{"--net=" + paths[name], "ip"}, args...)...).CombinedOutput(); err != nil {
+				t.Fatalf("%s: ip %v: %v %s", name, args, err, out)
+			}
+		}
+		run(t, Config{NodeName: name, Client: e.c, Dynamic: e.dc, VMs: a, EndpointRoutes: a})
+	}
+	route := func(node string) string {
+		out, err := exec.Command("nsenter", "--net="+paths[node], "ip", "-4", "route", "show", "10.244.1.5/32").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: ip route: %v %s", node, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	// The VM runs on node-a; node-b has its incoming endpoint (the target
+	// launcher's ADD, TestVMIResolverMigrationTarget/TestVMAttachmentIncoming).
+	vm := VMName("default", "vm1")
+	moved := netip.MustParseAddr("10.244.1.5")
+	if _, err := agents["node-a"].AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvma").Path(), Queues: 1, Address: moved}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agents["node-b"].AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvmb").Path(), Queues: 1, Address: moved,
+		Incoming: true, Generation: 1795654800}); err != nil {
+		t.Fatal(err)
+	}
+	state := func(node string) string {
+		vms, err := agents[node].ListVMs()
+		if err != nil || len(vms) != 1 || vms[0].Endpoint.VM.Migration == nil {
+			return fmt.Sprintf("%+v %v", vms, err)
+		}
+		return string(vms[0].Endpoint.VM.Migration.State)
+	}
+	vmis := e.dc.Resource(VMIResource).Namespace("default")
+	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	created.Object["status"] = withIfaces(fakeVMI(nil, done), "10.244.1.5").Object["status"]
+	created.Object["status"].(map[string]any)["nodeName"] = "node-b"
+	if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node-a", "node-c"} {
+		eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
+	}
+	eventually(t, "node-b activates its incoming endpoint", func() bool { return state("node-b") == string(endpoint.VMActive) })
+	eventually(t, "node-a's VM is superseded", func() bool { return state("node-a") == string(endpoint.VMMoved) })
+	if r := route("node-b"); strings.Contains(r, "via") || !strings.Contains(r, "dev lk") {
+		t.Errorf("node-b (the owner) routes its VM's address %q, want to its own endpoint", r)
+	}
+	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "node-c drops the route with the VMI", func() bool { return route("node-c") == "" })
+}
