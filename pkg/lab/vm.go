@@ -98,6 +98,9 @@ func upVMNamed(ctx context.Context, cfg Config, st *State, i int, name string) e
 	}
 	lv.IP6 = vmIPv6(vm) // vm6.go
 	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
+	if err := publishVMPod(ctx, st, lv); err != nil { // vm6.go
+		return fmt.Errorf("vm %s: %w", name, err)
+	}
 
 	if lv.BackendPID, err = startVMBackend(lv, vhostBin); err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // IPv6 for the lab's fast-lane VM (issue 25): in a dual-stack lab the
@@ -25,6 +26,29 @@ const VMLabelDomain = "kubevirt.io/domain"
 // labVMLabels are the CNI-args labels of the lab VM name's endpoint.
 func labVMLabels(name string) map[string]string {
 	return map[string]string{agent.ArgLabelPrefix + VMLabelDomain: name}
+}
+
+// publishVMPod gives every agent the Pod object of lv's virt-launcher
+// stand-in (namespace default, the VM's labels, its addresses), as the API
+// server does for a KubeVirt VM's launcher pod: the other nodes learn the
+// VM's identity (NetworkPolicy, the tunnel's VNI identities) as they do a
+// named pod's (NewPod). Not in a --k8s lab: its VMs have real Pod objects.
+func publishVMPod(ctx context.Context, st *State, lv LabVM) error {
+	if st.K8s {
+		return nil
+	}
+	p := NamedPod{Name: "virt-launcher-" + lv.Name, Namespace: k8sobj.DefaultNamespace, Node: lv.Node, NS: lv.NS,
+		IP: lv.IP, IP6: lv.IP6, Labels: map[string]string{VMLabelDomain: lv.Name}}
+	data, err := k8sobj.Encode([]k8sobj.Object{p.podObject()})
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		if err := applyToAgent(ctx, AgentSocket(n.Index), data); err != nil {
+			return fmt.Errorf("push the VM's Pod object to %s: %w", n.NS, err)
+		}
+	}
+	return nil
 }
 
 // vmIPv6 returns the VM's IPv6 address from its API form ("" without one).
