@@ -97,21 +97,25 @@ func tcpDialCmd() *cobra.Command {
 	return cmd
 }
 
-func cpsServerCmd() *cobra.Command {
+func cpsServerCmd() *cobra.Command { return benchServerCmd("cps-server", bench.ServeCPS) }
+
+// benchServerCmd is a hidden lab command (use) that listens on --listen and
+// serves a bench peer (serve) for --for at most.
+func benchServerCmd(use string, serve func(context.Context, net.Listener) error) *cobra.Command {
 	var listen string
 	var life time.Duration
 	cmd := &cobra.Command{
-		Use:    "cps-server",
+		Use:    use,
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
-				return fmt.Errorf("cps-server: %w", err)
+				return fmt.Errorf("%s: %w", use, err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), life)
 			defer cancel()
-			return bench.ServeCPS(ctx, ln)
+			return serve(ctx, ln)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "", "address to listen on")

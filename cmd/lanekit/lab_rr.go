@@ -5,8 +5,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,27 +19,7 @@ func init() {
 	labCmd.AddCommand(rrServerCmd(), rrClientCmd())
 }
 
-func rrServerCmd() *cobra.Command {
-	var listen string
-	var life time.Duration
-	cmd := &cobra.Command{
-		Use:    "rr-server",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return fmt.Errorf("rr-server: %w", err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), life)
-			defer cancel()
-			return bench.ServeRR(ctx, ln)
-		},
-	}
-	cmd.Flags().StringVar(&listen, "listen", "", "address to listen on")
-	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
-	return cmd
-}
+func rrServerCmd() *cobra.Command { return benchServerCmd("rr-server", bench.ServeRR) }
 
 func rrClientCmd() *cobra.Command {
 	var addr string
