@@ -171,6 +171,9 @@ type Agent struct {
 	encryption  EncryptionFeatures
 	tunnelMu    sync.Mutex
 	tunnelPeers []datapath.TunnelNode
+	// tunnelClaims: moved VM address -> the owner's underlay (epclaims.go);
+	// nil until loaded from the node map.
+	tunnelClaims map[netip.Addr]netip.Addr
 }
 
 func openDatapath(cfg Config, tunnel string, log *slog.Logger) (datapath.Datapath, string, error) {

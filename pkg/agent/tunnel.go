@@ -255,9 +255,10 @@ func ensureVXLAN(port, mtu int) error {
 	return nil
 }
 
-// syncTunnelNodes writes this node's CIDR and the static --tunnel-node
-// peers into the node map (tunnel mode; the Kubernetes source replaces the
-// peers with SetTunnelPeers).
+// syncTunnelNodes writes this node's CIDR, the static --tunnel-node peers
+// and the claims of moved VM addresses into the node map (tunnel mode; the
+// Kubernetes source replaces the peers with SetTunnelPeers,
+// SyncEndpointRoutes the claims).
 func (a *Agent) syncTunnelNodes() error {
 	a.tunnelMu.Lock()
 	defer a.tunnelMu.Unlock()
@@ -269,17 +270,24 @@ func (a *Agent) writeTunnelNodesLocked() error {
 	if td == nil {
 		return nil
 	}
+	if err := a.loadTunnelClaimsLocked(td); err != nil {
+		return err
+	}
 	nodes := []datapath.TunnelNode{{PodCIDR: a.cfg.PodCIDR.Masked(), Underlay: netip.IPv4Unspecified(), Self: true}}
 	peers := a.cfg.TunnelNodes
 	if a.tunnelPeers != nil {
 		peers = a.tunnelPeers
 	}
 	nodes = append(nodes, peers...)
+	// The claims of moved VM addresses (epclaims.go) after the CIDRs: a
+	// claim's /32 wins over a peer's /32 pod CIDR of the same address.
+	claims := a.tunnelClaimNodes()
+	nodes = append(nodes, claims...)
 	return a.host.Do(func() error {
 		if err := td.SetTunnelNodes(nodes); err != nil {
 			return err
 		}
-		return syncTunnelRoutes(peers)
+		return syncTunnelRoutes(append(append([]datapath.TunnelNode{}, peers...), claims...))
 	})
 }
 
@@ -287,7 +295,8 @@ func (a *Agent) writeTunnelNodesLocked() error {
 const tunnelRouteProto = netlink.RouteProtocol(0x4c)
 
 // syncTunnelRoutes makes the routes into the tunnel device exactly one per
-// peer's pod CIDR (current namespace). They carry the node's own traffic to
+// peer's pod CIDR and per claim of a moved VM address (a /32; current
+// namespace). They carry the node's own traffic to
 // other nodes' pods (kubelet probes, hostNetwork pods, replies to pods):
 // to_tunnel gives it the tunnel key. Pod traffic never uses them: the
 // datapath encapsulates it before any route is consulted.

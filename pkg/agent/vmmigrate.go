@@ -13,9 +13,11 @@ package agent
 // datapath and routes its /32 to it, replacing a route to the source.
 //
 // The claim carries a generation (the migration's start, ns). Every node
-// learns the claims of moved addresses as per-endpoint /32 routes next to
-// the routes to the pod CIDRs (SyncEndpointRoutes: what the lab publishes,
-// or API objects); the highest generation of an address wins. A node whose
+// learns the claims of moved addresses (SyncEndpointRoutes: what the lab
+// publishes, or API objects); the highest generation of an address wins,
+// and the routing mode's writer (epclaims.go) routes the winners: /32
+// routes next to the routes to the pod CIDRs (native), /32 entries next to
+// the pod CIDRs in the tunnel's node map (tunnel). A node whose
 // local VM holds a lower claim takes it out of the datapath and routes the
 // address to the winner: the source after the switch. IPAM: the target
 // claims the address (outside its pod CIDR, or back in its own); a node
@@ -137,7 +139,7 @@ func setForwarding(dev string, on bool) error {
 // gateway MAC the guest knows, its /32 route goes (a route to the source,
 // if this agent had one, comes back), and it forwards nothing.
 func (a *Agent) prepareIncoming(ep *endpoint.Endpoint, gatewayMAC string) error {
-	return a.host.Do(func() error {
+	err := a.host.Do(func() error {
 		if gatewayMAC != "" {
 			hw, _ := net.ParseMAC(gatewayMAC) // validated
 			l, err := netlink.LinkByIndex(ep.HostIfIndex)
@@ -152,13 +154,15 @@ func (a *Agent) prepareIncoming(ep *endpoint.Endpoint, gatewayMAC string) error 
 		if err := netlink.RouteDel(localRoute(ep)); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("remove route %s/32 to incoming %s: %w", ep.IP, ep.HostIfName, err)
 		}
-		if r, ok := a.epRoutes[ep.IP]; ok {
-			if err := netlink.RouteReplace(viaRoute(r)); err != nil {
-				return fmt.Errorf("route %s/32 via %s: %w", r.Addr, r.Via, err)
-			}
-		}
 		return setForwarding(ep.HostIfName, false)
 	})
+	if err != nil {
+		return err
+	}
+	if r, ok := a.epRoutes[ep.IP]; ok {
+		return a.claims().put(r)
+	}
+	return nil
 }
 
 // ActivateVM makes the incoming VM endpoint name the node's claim of its
@@ -210,7 +214,11 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
 	changed = true
-	delete(a.epRoutes, ep.IP)
+	if err := a.claims().drop(ep.IP); err != nil {
+		// The datapath delivers locally before it looks at the node map;
+		// the next sync of the claims retries.
+		a.log.Warn("activate vm: the claim routed away stays", "vm", name, "ip", ep.IP, "err", err)
+	}
 	m.State, m.Activated, m.ActivatedBy = endpoint.VMActive, time.Now().UTC(), by
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
@@ -273,8 +281,9 @@ func (a *Agent) VMMigrationEvent(name, role, phase string) (*VMInfo, error) {
 // full set) and returns the local VMs it superseded now. Per address the
 // highest generation wins: a local active VM with a lower claim leaves the
 // datapath and its address is routed to the winner; any other winning
-// claim of another node becomes a /32 route to it. Routes installed before
-// and no longer claimed go, and so do holds of moved addresses.
+// claim of another node is routed to it by the routing mode's writer (a
+// /32 route, or a node map entry in tunnel mode). What was routed before
+// and is no longer claimed goes, and so do holds of moved addresses.
 func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, superseded []string, err error) {
 	defer func() {
 		if len(superseded) > 0 {
@@ -295,9 +304,6 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.epRoutes == nil {
-		a.epRoutes = map[netip.Addr]EndpointRoute{}
-	}
 	eps, err := a.endpoints()
 	if err != nil {
 		return 0, nil, err
@@ -332,51 +338,7 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 		}
 		want[addr] = r
 	}
-	err = a.host.Do(func() error {
-		for addr, r := range want {
-			if cur, ok := a.epRoutes[addr]; ok && cur.Via == r.Via {
-				continue
-			}
-			if err := netlink.RouteReplace(viaRoute(r)); err != nil {
-				errs = append(errs, fmt.Errorf("route %s/32 via %s: %w", addr, r.Via, err))
-				continue
-			}
-			a.epRoutes[addr] = r
-		}
-		// The kernel's list, not only a.epRoutes: a restarted agent removes
-		// what its predecessor installed.
-		have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: rtProtoLanekit},
-			netlink.RT_FILTER_PROTOCOL)
-		if err != nil {
-			return fmt.Errorf("list endpoint routes: %w", err)
-		}
-		for _, h := range have {
-			if h.Dst == nil {
-				continue
-			}
-			addr, ok := netip.AddrFromSlice(h.Dst.IP.To4())
-			if ones, _ := h.Dst.Mask.Size(); !ok || ones != 32 {
-				continue
-			}
-			if _, ok := want[addr]; ok {
-				continue
-			}
-			if err := netlink.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("remove route %s/32 via %s: %w", addr, h.Gw, err))
-				continue
-			}
-			delete(a.epRoutes, addr)
-		}
-		for addr := range a.epRoutes {
-			if _, ok := want[addr]; !ok {
-				delete(a.epRoutes, addr)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, a.claims().sync(want)...)
 	if err := a.syncMovedHolds(want); err != nil {
 		errs = append(errs, err)
 	}
@@ -396,10 +358,12 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 	if err != nil {
 		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
+	// The claim's route (or node map entry) first: the datapath delivers
+	// locally until the endpoint leaves it.
+	if err := a.claims().put(r); err != nil {
+		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+	}
 	err = a.host.Do(func() error {
-		if err := netlink.RouteReplace(viaRoute(r)); err != nil {
-			return fmt.Errorf("route %s/32 via %s: %w", r.Addr, r.Via, err)
-		}
 		if err := a.dp.DeleteEndpoint(dpEp); err != nil {
 			return fmt.Errorf("datapath: %w", err)
 		}
@@ -408,7 +372,6 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 	if err != nil {
 		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
-	a.epRoutes[r.Addr] = r
 	key := ep.Key()
 	if ep.VM.Migration == nil {
 		ep.VM.Migration = &endpoint.VMMigration{}

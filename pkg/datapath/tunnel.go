@@ -73,7 +73,19 @@ type TunnelNode struct {
 	PodCIDR  netip.Prefix
 	Underlay netip.Addr
 	Self     bool // this node's own CIDR: never encapsulated
+	// Claim: a moved VM address (a /32) that Underlay's node claims, next
+	// to the pod CIDRs (the LPM lookup prefers it). The datapath reads only
+	// TUNNEL_NODE_F_SELF; the flag lets a restarted agent tell the claims
+	// it keeps from the node CIDRs it rewrites.
+	Claim bool
 }
+
+// Flags of a node map value: TUNNEL_NODE_F_SELF (bpf/lib/tunnel.h), and
+// the agent's own mark of claim entries (ignored by the datapath).
+const (
+	tunnelNodeSelf  = 1
+	tunnelNodeClaim = 2
+)
 
 // setTunnelIfindex sets tunnel_ifindex in a program spec (0: native routing).
 func setTunnelIfindex(spec *ebpf.CollectionSpec, ifindex uint32) error {
@@ -132,7 +144,10 @@ func (l *Loader) SetTunnelNodes(nodes []TunnelNode) error {
 		}
 		v := podTunnelNode{Underlay: ipKey(n.Underlay.As4())}
 		if n.Self {
-			v.Flags = 1 // TUNNEL_NODE_F_SELF
+			v.Flags |= tunnelNodeSelf
+		}
+		if n.Claim {
+			v.Flags |= tunnelNodeClaim
 		}
 		want[tunnelKey(n.PodCIDR)] = v
 	}
@@ -180,7 +195,8 @@ func (l *Loader) TunnelNodes() ([]TunnelNode, error) {
 		out = append(out, TunnelNode{
 			PodCIDR:  netip.PrefixFrom(keyIP(k.Addr), int(k.Prefixlen)),
 			Underlay: keyIP(v.Underlay),
-			Self:     v.Flags&1 != 0,
+			Self:     v.Flags&tunnelNodeSelf != 0,
+			Claim:    v.Flags&tunnelNodeClaim != 0,
 		})
 	}
 	if err := it.Err(); err != nil {

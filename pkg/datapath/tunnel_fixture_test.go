@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -245,4 +246,44 @@ func TestTunnelIdentities(t *testing.T) {
 	if len(toVNI) != 0 || len(toIdent) != 0 {
 		t.Fatalf("shared VNI mapped: %v %v", toVNI, toIdent)
 	}
+}
+
+// TestTunnelClaimEntries: a moved VM's address as a /32 claim entry next to
+// the pod CIDRs (the agent's epclaims.go). An address of this node's own
+// CIDR whose VM another node claims goes into the tunnel (without the entry:
+// the FIB), the entry keeps its claim mark through TunnelNodes (a restarted
+// agent tells claims from CIDRs by it), and without it the own CIDR wins
+// again.
+func TestTunnelClaimEntries(t *testing.T) {
+	e, vx := tunnelFixtureEnv(t)
+	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
+	nodes, err := e.dp.TunnelNodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := TunnelNode{PodCIDR: netip.MustParsePrefix("10.244.1.99/32"), Underlay: netip.MustParseAddr("10.77.0.2"), Claim: true}
+	if err := e.dp.SetTunnelNodes(append(nodes, claim)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.dp.TunnelNodes()
+	if err != nil || len(got) != 4 || !slices.Contains(got, claim) || slices.ContainsFunc(got[:3], func(n TunnelNode) bool { return n.Claim && n != claim }) {
+		t.Fatalf("tunnel nodes with a claim: %+v, %v", got, err)
+	}
+	moved := func(e *fixtureEnv) []byte {
+		return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.1.99", 64)
+	}
+	runFixtures(t, e, []fixture{{
+		name: "a moved VM's address of this node's own CIDR, claimed by another node: into the tunnel", prog: fromPod, ifindex: ifH1,
+		in: moved, verdict: tcActRedirect, redirIf: ifVx, redirKind: 1,
+		out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) },
+		tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+	}})
+	if err := e.dp.SetTunnelNodes(nodes); err != nil {
+		t.Fatal(err)
+	}
+	runFixtures(t, e, []fixture{{
+		name: "the claim withdrawn: this node's own CIDR, FIB", prog: fromPod, ifindex: ifH1,
+		in: moved, verdict: tcActRedirect, redirIf: ifUp, redirKind: 1,
+		out: func(e *fixtureEnv, in []byte) []byte { return routed(in, e.neighMAC, e.up.Attrs().HardwareAddr) },
+	}})
 }
