@@ -140,14 +140,16 @@ func (f kubeFlags) clients(log *slog.Logger) (*kubeClients, error) {
 // node's netns, and "caches synced" into its readiness.
 func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, log *slog.Logger) (*k8s.Source, error) {
 	var routes k8s.RouteSink = tunnelPeers{a}
-	var moved k8s.EndpointRouteSink // claims of moved VM addresses: /32 routes, native routing only
 	if a.RoutingMode() != agent.RoutingTunnel {
 		var err error
 		if routes, err = k8s.NewNetlinkRoutes(hostNetns); err != nil {
 			return nil, err
 		}
-		moved = a
 	}
+	// Claims of moved VM addresses, via the owner's InternalIP: /32 routes
+	// (native) or node map entries (tunnel: the InternalIP is the underlay
+	// address the node map has for the owner's pod CIDR).
+	var moved k8s.EndpointRouteSink = a
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
 		Objects: a, VMs: a, Routes: routes, EndpointRoutes: moved, Log: log,

@@ -45,16 +45,7 @@ func desiredRoutes(self string, own netip.Prefix, nodes []*corev1.Node) []Route 
 		if own.IsValid() && dst.Overlaps(own) {
 			continue
 		}
-		var via netip.Addr
-		for _, a := range n.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP {
-				continue
-			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
-				via = ip
-				break
-			}
-		}
+		via := nodeInternalIPv4(n) // also the claims' (vmiclaims.go)
 		if !via.IsValid() {
 			continue
 		}

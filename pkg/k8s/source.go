@@ -78,7 +78,7 @@ type Config struct {
 	Routes RouteSink
 	// EndpointRoutes receives the other nodes' claims of moved VM addresses
 	// (from the VMIs' migration states; vmiclaims.go) when the VMs seam
-	// follows migrations; nil: no claims (tunnel routing has no /32 routes).
+	// follows migrations; nil: no claims.
 	EndpointRoutes EndpointRouteSink
 	Log            *slog.Logger
 }

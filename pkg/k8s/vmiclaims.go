@@ -7,10 +7,12 @@ package k8s
 // source (a migration in progress or failed leaves the VM where it was);
 // its time orders claims (the end of a completed migration, else its
 // start), and status.interfaces carries the addresses of the lanekit
-// interfaces. Each claim of another node becomes a /32 route via that node's
+// interfaces. Each claim of another node is routed to that node's
 // InternalIP (agent.SyncEndpointRoutes, which also takes the local VM out
-// when a later claim elsewhere supersedes it); the owner itself gets no
-// route. A VMI that never migrated claims nothing: its address is in the
+// when a later claim elsewhere supersedes it): a /32 route via it in native
+// routing, a /32 node map entry with it as the underlay address in tunnel
+// mode (the InternalIP is the underlay the node map has for the owner's pod
+// CIDR: nodeInternalIPv4 serves both); the owner itself gets neither. A VMI that never migrated claims nothing: its address is in the
 // pod CIDR of its node. A deleted VMI's claims go with it.
 
 import (

@@ -20,6 +20,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+	"github.com/lanekit/lanekit/pkg/policy"
 )
 
 // claimLog is an EndpointRouteSink that keeps the last full set.
@@ -208,7 +209,74 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 // node-b): once it completes, node-b activates its endpoint and routes the
 // address to it, node-a's VM is superseded and node-a and node-c route the
 // address to node-b with a /32; node-c's route goes with the VMI.
-func TestMovedAddressRoutesOnAgents(t *testing.T) {
+func TestMovedAddressRoutesOnAgents(t *testing.T) { movedAddressOnAgents(t, false) }
+
+// TestMovedAddressTunnelOnAgents: the same in tunnel routing mode, where
+// the agents take the other nodes' pod CIDRs from the Node objects into
+// their node maps: node-a and node-c put the moved address in the node map
+// as a /32 claim whose underlay is node-b's InternalIP, the address their
+// map has for node-b's pod CIDR too, and route it into the tunnel device;
+// node-b has no claim entry; node-c's entry and route go with the VMI.
+func TestMovedAddressTunnelOnAgents(t *testing.T) { movedAddressOnAgents(t, true) }
+
+// tunnelMemDatapath is the memory datapath with a tunnel node map (what the
+// agent's tunnel mode writes into lk_tunnel_nodes).
+type tunnelMemDatapath struct {
+	*agent.MemoryDatapath
+	mu    sync.Mutex
+	nodes []datapath.TunnelNode
+}
+
+func (d *tunnelMemDatapath) SetTunnelNodes(n []datapath.TunnelNode) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nodes = append([]datapath.TunnelNode(nil), n...)
+	return nil
+}
+
+func (d *tunnelMemDatapath) TunnelNodes() ([]datapath.TunnelNode, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]datapath.TunnelNode(nil), d.nodes...), nil
+}
+
+func (d *tunnelMemDatapath) TunnelStats() (datapath.TunnelStats, error) {
+	return datapath.TunnelStats{}, nil
+}
+
+func (d *tunnelMemDatapath) SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo) error {
+	return nil
+}
+
+// underlay is the node map's underlay for prefix p ("" when none), "claim "
+// before it for a claim entry.
+func (d *tunnelMemDatapath) underlay(p string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, n := range d.nodes {
+		if n.PodCIDR.String() == p {
+			if n.Claim {
+				return "claim " + n.Underlay.String()
+			}
+			return n.Underlay.String()
+		}
+	}
+	return ""
+}
+
+// peerSink hands the Node objects' pod CIDRs to the agent's node map (what
+// lanekitd does in tunnel mode).
+type peerSink struct{ a *agent.Agent }
+
+func (p peerSink) SyncRoutes(routes []Route) error {
+	var peers []datapath.TunnelNode
+	for _, r := range routes {
+		peers = append(peers, datapath.TunnelNode{PodCIDR: r.Dst, Underlay: r.Via})
+	}
+	return p.a.SetTunnelPeers(peers)
+}
+
+func movedAddressOnAgents(t *testing.T, tunnel bool) {
 	e := newEnv(t)
 	ctx := context.Background()
 	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
@@ -216,9 +284,11 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 	}
 	paths := map[string]string{}
 	agents := map[string]*agent.Agent{}
+	maps := map[string]*tunnelMemDatapath{}
 	for i, name := range []string{"node-a", "node-b", "node-c"} {
 		ip := fmt.Sprintf("192.168.0.%d", i+1)
 		n := claimNode(name, ip)
+		n.Spec.PodCIDR = fmt.Sprintf("10.244.%d.0/24", i+1)
 		st := n.Status
 		out := mustCreate(t, e.c.CoreV1().Nodes().Create, n)
 		out.Status = st
@@ -228,12 +298,19 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		testutil.RequireRoot(t)
 		paths[name] = netnstest.New(t, "claims"+name[len(name)-1:]).Path()
 		dir := t.TempDir()
-		a, err := agent.New(agent.Config{
-			StateDir: dir, PodCIDR: netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1)), MTU: 1500, HostNetns: paths[name],
+		cfg := agent.Config{
+			StateDir: dir, PodCIDR: netip.MustParsePrefix(n.Spec.PodCIDR), MTU: 1500, HostNetns: paths[name],
 			VMSocketDir:  dir + "/vm",
 			NodeAddrs:    []netip.Addr{netip.MustParseAddr(ip)},
 			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
-		}, testLog())
+		}
+		if tunnel {
+			dp := &tunnelMemDatapath{MemoryDatapath: agent.NewMemoryDatapath()}
+			maps[name] = dp
+			cfg.RoutingMode, cfg.MTU = agent.RoutingTunnel, 1450
+			cfg.OpenDatapath = func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil }
+		}
+		a, err := agent.New(cfg, testLog())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +325,11 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 				t.Fatalf("%s: ip %v: %v %s", name, args, err, out)
 			}
 		}
-		run(t, Config{NodeName: name, Client: e.c, Dynamic: e.dc, VMs: a, EndpointRoutes: a})
+		srcCfg := Config{NodeName: name, Client: e.c, Dynamic: e.dc, VMs: a, EndpointRoutes: a}
+		if tunnel {
+			srcCfg.Routes = peerSink{a}
+		}
+		run(t, srcCfg)
 	}
 	route := func(node string) string {
 		out, err := exec.Command("nsenter", "--net="+paths[node], "ip", "-4", "route", "show", "10.244.1.5/32").CombinedOutput()
@@ -275,6 +356,11 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		}
 		return string(vms[0].Endpoint.VM.Migration.State)
 	}
+	if tunnel {
+		for _, n := range []string{"node-a", "node-c"} {
+			eventually(t, n+"'s node map has node-b's pod CIDR", func() bool { return maps[n].underlay("10.244.2.0/24") == "192.168.0.2" })
+		}
+	}
 	vmis := e.dc.Resource(VMIResource).Namespace("default")
 	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
 	if err != nil {
@@ -288,15 +374,32 @@ func TestMovedAddressRoutesOnAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"node-a", "node-c"} {
-		eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
+		if !tunnel {
+			eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
+			continue
+		}
+		// The claim's underlay is the one the node map has for node-b's
+		// pod CIDR; the node's own traffic goes into the tunnel.
+		eventually(t, n+"'s node map sends the moved address to node-b's underlay", func() bool {
+			return maps[n].underlay("10.244.1.5/32") == "claim "+maps[n].underlay("10.244.2.0/24")
+		})
+		if r := route(n); !strings.Contains(r, "dev "+agent.TunnelDevice) {
+			t.Errorf("%s routes the moved address %q, want into %s", n, r, agent.TunnelDevice)
+		}
 	}
 	eventually(t, "node-b activates its incoming endpoint", func() bool { return state("node-b") == string(endpoint.VMActive) })
 	eventually(t, "node-a's VM is superseded", func() bool { return state("node-a") == string(endpoint.VMMoved) })
-	if r := route("node-b"); strings.Contains(r, "via") || !strings.Contains(r, "dev lk") {
+	if r := route("node-b"); strings.Contains(r, "via") || !strings.Contains(r, "dev lk") || strings.Contains(r, agent.TunnelDevice) {
 		t.Errorf("node-b (the owner) routes its VM's address %q, want to its own endpoint", r)
+	}
+	if tunnel && maps["node-b"].underlay("10.244.1.5/32") != "" {
+		t.Errorf("node-b (the owner) has a node map entry for its VM's address: %s", maps["node-b"].underlay("10.244.1.5/32"))
 	}
 	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "node-c drops the route with the VMI", func() bool { return route("node-c") == "" })
+	if tunnel && maps["node-c"].underlay("10.244.1.5/32") != "" {
+		t.Errorf("node-c's node map keeps the claim after the VMI went: %s", maps["node-c"].underlay("10.244.1.5/32"))
+	}
 }
