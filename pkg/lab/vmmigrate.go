@@ -138,8 +138,8 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	if err != nil {
 		return nil, err
 	}
-	if st.K8s || st.Routing == RoutingTunnel {
-		return nil, errors.New("lab vm migrate: needs the plain lab with native routing (`lab up --vm`)")
+	if st.K8s { // native or tunnel routing: the agents' claim writers follow the mode
+		return nil, errors.New("lab vm migrate: needs the plain lab (`lab up --vm [--routing tunnel]`)")
 	}
 	idx := -1
 	for i := range st.VMs {
