@@ -129,11 +129,12 @@ func (o *migrationObjects) check(t *testing.T, vmNode int) {
 		t.Errorf("policy: %s (role=vm-client, node %d) -> %s: %v", o.allowed.Name, o.allowed.Node, addr, err)
 	}
 	d0 := drops()
-	if err := guestHello(o.refused.NS, addr, 1500*time.Millisecond); err == nil {
+	refusedErr := guestHello(o.refused.NS, addr, 1500*time.Millisecond)
+	if refusedErr == nil {
 		t.Errorf("policy: %s (role=other, node %d) reaches %s on node %d", o.refused.Name, o.refused.Node, addr, vmNode)
 	}
 	d := since(drops(), d0)
-	t.Logf("policy: %s refused, vm endpoint on node %d policy-ingress drops +%d", o.refused.Name, vmNode, d)
+	t.Logf("policy: %s -> %s: %v; vm endpoint on node %d policy-ingress drops +%d", o.refused.Name, addr, refusedErr, vmNode, d)
 	if d < 1 {
 		t.Errorf("policy: the VM's endpoint on node %d counted no policy-ingress drop for %s", vmNode, o.refused.Name)
 	}
