@@ -296,6 +296,14 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		}
 	}
 	switched = true
+	// A target QEMU that ends after the switch (the guest reset or shut
+	// down: -no-reboot) says why in its SHUTDOWN event.
+	shutdown := make(chan qmpMsg, 1)
+	go func() {
+		if m, err := dq.waitEvent(ctx, "SHUTDOWN"); err == nil {
+			shutdown <- m
+		}
+	}()
 	say("lab: vm %s: resumed on node %d; reporting the migration state to its agent", src.Name, to)
 	// The migration state reaches the target's agent: it claims the address.
 	mresp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.VMMigrationChangedResponse, error) {
@@ -335,6 +343,14 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	}
 	err = tr.stop(rep)
 	rep.Total = time.Since(began)
+	select {
+	case m := <-shutdown:
+		err = errors.Join(fmt.Errorf("the guest's QEMU on node %d ended after the switch: SHUTDOWN %s", to, m.Data), err)
+	default:
+		if !nsexec.Alive(dst.QEMUPID) {
+			err = errors.Join(fmt.Errorf("the guest's QEMU on node %d is gone", to), err)
+		}
+	}
 	if err != nil {
 		return rep, fmt.Errorf("lab vm migrate: %w", err)
 	}

@@ -111,7 +111,9 @@ impl TryFrom<Args> for Config {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_timestamp_millis()
+        .init();
     let result = Config::try_from(Args::parse()).and_then(start_backend);
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,12 +11,18 @@
 //! frontend direction also watches the backend's fault eventfd (`sigbus.rs`): guest memory that
 //! vanished under the backend ends the connection the same way. Only the control path goes
 //! through here; frames move through shared memory and eventfds.
+//!
+//! A `SET_VRING_CALL` for a ring that already runs is followed by one notification on the new
+//! call eventfd, once the daemon installed it (see [`CallResignal`]): what the ring used before
+//! may have been signalled on the old one, which nobody reads any more.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::mem::{size_of, zeroed};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use vmm_sys_util::eventfd::EventFd;
@@ -27,7 +33,10 @@ use crate::validate::Checker;
 const HDR: usize = 12;
 /// Larger messages are refused (the backend caps messages far below this).
 const MAX_PAYLOAD: usize = 1 << 20;
+const GET_FEATURES: u32 = 1;
 const SET_FEATURES: u32 = 2;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const SET_VRING_CALL: u32 = 13;
 const SET_VRING_ENABLE: u32 = 18;
 const SET_LOG_FD: u32 = 7;
 const SET_MEM_TABLE: u32 = 5;
@@ -37,6 +46,7 @@ const SET_VRING_KICK: u32 = 12;
 const ADD_MEM_REG: u32 = 37;
 const REM_MEM_REG: u32 = 38;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
 const MAX_FDS: usize = 32;
@@ -151,7 +161,94 @@ fn ack(frontend: &UnixStream, m: &Msg) -> io::Result<()> {
 /// The ring index of a message whose payload starts with it (u32; the kick fd's u64 keeps it in
 /// its low 8 bits).
 fn ring_index(m: &Msg) -> Option<u32> {
-    (m.bytes.len() >= HDR + 4).then(|| m.field(HDR) & if m.request() == SET_VRING_KICK { 0xff } else { u32::MAX })
+    let mask = if matches!(m.request(), SET_VRING_KICK | SET_VRING_CALL) { 0xff } else { u32::MAX };
+    (m.bytes.len() >= HDR + 4).then(|| m.field(HDR) & mask)
+}
+
+/// The eventfd to signal once the daemon acked a `SET_VRING_CALL`, and whether the frontend
+/// asked for that ack itself (else the relay asked and the ack stays here).
+struct PendingCall {
+    call: Option<EventFd>,
+    frontend_asked: bool,
+}
+
+/// Notifications that must not be lost when the frontend replaces a running ring's call eventfd.
+///
+/// QEMU starts a ring on a migration's destination (and whenever it starts the device) with
+/// `SET_VRING_KICK` and only then sends `SET_VRING_CALL` with its real guest notifier; until
+/// then the ring's call eventfd is the one QEMU installed when it set the device up (its "masked
+/// notifier", which it never reads for a device without MSI-X). A ring that is enabled already
+/// (QEMU's `SET_VRING_ENABLE` came before) runs from the kick on: frames waiting on the port go
+/// into the guest at once and their notification goes to that stale eventfd. With
+/// `VIRTIO_RING_F_EVENT_IDX` the guest's `used_event` then stays where it was, no later used
+/// element passes it again, and the guest never hears of its RX ring: it answers nothing.
+///
+/// So the relay signals the new call eventfd of a started ring once, after the daemon installed
+/// it: it forwards the message with `NEED_REPLY` (with `REPLY_ACK` negotiated) and the
+/// frontend-bound direction signals on that ack (dropping it unless the frontend asked for it).
+/// vhost-user-backend swaps the call eventfd under the vring's lock, which the worker holds
+/// while it signals, so every earlier notification went to the old eventfd and every later one
+/// goes to the new one. (libvhost-user signals each new call eventfd the same way.) A spurious
+/// notification costs the guest one interrupt that finds nothing.
+#[derive(Default)]
+struct CallResignal {
+    /// Acks of `SET_VRING_CALL` the daemon owes, in order.
+    pending: Arc<Mutex<VecDeque<PendingCall>>>,
+    /// `GET_FEATURES` seen (vhost's handler enables acks only after it offered the features).
+    features_read: bool,
+    /// `REPLY_ACK` acked in `SET_PROTOCOL_FEATURES`.
+    reply_ack: bool,
+}
+
+impl CallResignal {
+    fn track(&mut self, m: &Msg) {
+        match m.request() {
+            GET_FEATURES => self.features_read = true,
+            SET_PROTOCOL_FEATURES if m.bytes.len() >= HDR + 8 => {
+                self.reply_ack = m.field(HDR) as u64 & PROTOCOL_F_REPLY_ACK != 0;
+            }
+            _ => {}
+        }
+    }
+
+    /// Forward `m`, a `SET_VRING_CALL`; `running`: its ring runs.
+    fn forward(&self, mut m: Msg, running: bool, to: &UnixStream) -> io::Result<()> {
+        let frontend_asked = m.flags() & FLAG_NEED_REPLY != 0;
+        let call = match m.fds.first() {
+            // SAFETY: a fresh duplicate that nobody else owns; EventFd takes it over. The checker
+            // made sure it is an eventfd and made it non-blocking (a full one cannot block us).
+            Some(fd) if running => Some(unsafe { EventFd::from_raw_fd(fd.try_clone()?.into_raw_fd()) }),
+            _ => None,
+        };
+        if !(self.features_read && self.reply_ack) {
+            // No acks to wait for (no frontend this backend met does this): signal right after.
+            write_msg(to, &m)?;
+            if let Some(c) = call {
+                signal(&c, ring_index(&m));
+            }
+            return Ok(());
+        }
+        if call.is_none() && !frontend_asked {
+            return write_msg(to, &m);
+        }
+        if !frontend_asked {
+            let flags = m.flags() | FLAG_NEED_REPLY;
+            m.bytes[4..8].copy_from_slice(&flags.to_le_bytes());
+        }
+        lock(&self.pending).push_back(PendingCall { call, frontend_asked });
+        write_msg(to, &m)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn signal(call: &EventFd, ring: Option<u32>) {
+    match call.write(1) {
+        Ok(()) => log::debug!("ring {}: new call eventfd signalled once", ring.unwrap_or(0)),
+        Err(e) => log::warn!("ring {}: signal the new call eventfd: {e}", ring.unwrap_or(0)),
+    }
 }
 
 /// Rings as the relay saw them configured: what `SET_VRING_ADDR` on a running ring may skip.
@@ -199,7 +296,13 @@ impl Rings {
 /// `SET_LOG_FD` is answered here (vhost-user-backend 0.24 refuses it and ends the connection):
 /// its eventfd goes to `log_fd`. `SET_VRING_ADDR` repeating a running ring's addresses is acked
 /// here and not passed on (see [`Rings::same_addr_on_running_ring`]).
-fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &LogFdSink) -> io::Result<()> {
+fn forward(
+    from: &mut UnixStream,
+    to: &UnixStream,
+    fault: &EventFd,
+    log_fd: &LogFdSink,
+    calls: &mut CallResignal,
+) -> io::Result<()> {
     let mut protocol_acked = false;
     let mut held: Vec<Msg> = Vec::new();
     let mut checker = Checker::default();
@@ -208,8 +311,27 @@ fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &Log
         wait_readable(from, fault)?;
         let Some(mut m) = read_msg(from)? else { return Ok(()) };
         checker.check(&m.bytes, &m.fds)?;
+        if log::log_enabled!(log::Level::Debug) {
+            let payload: Vec<u32> = (HDR..m.bytes.len().min(HDR + 16))
+                .step_by(4)
+                .filter(|&at| at + 4 <= m.bytes.len())
+                .map(|at| m.field(at))
+                .collect();
+            log::debug!(
+                "frontend message {} flags {:#x} payload {:?} fds {}",
+                m.request(),
+                m.flags(),
+                payload,
+                m.fds.len()
+            );
+        }
         rings.track(&m);
+        calls.track(&m);
         match m.request() {
+            SET_VRING_CALL => {
+                let running = ring_index(&m).is_some_and(|i| rings.running.contains(&i));
+                calls.forward(m, running, to)?;
+            }
             SET_VRING_ADDR if rings.same_addr_on_running_ring(&m) => {
                 let log_flag = m.bytes.get(HDR + 4).is_some_and(|f| f & 1 != 0);
                 log::info!(
@@ -255,9 +377,20 @@ fn forward(from: &mut UnixStream, to: &UnixStream, fault: &EventFd, log_fd: &Log
     }
 }
 
-/// Relay backend -> frontend unchanged.
-fn backward(from: &mut UnixStream, to: &UnixStream) -> io::Result<()> {
+/// Relay backend -> frontend unchanged, but for the acks of `SET_VRING_CALL`: each signals the
+/// call eventfd [`CallResignal`] kept for it, and goes on only when the frontend asked for it.
+fn backward(from: &mut UnixStream, to: &UnixStream, pending: &Mutex<VecDeque<PendingCall>>) -> io::Result<()> {
     while let Some(m) = read_msg(from)? {
+        if m.request() == SET_VRING_CALL && m.flags() & FLAG_REPLY != 0 {
+            if let Some(p) = lock(pending).pop_front() {
+                if let Some(c) = &p.call {
+                    signal(c, None);
+                }
+                if !p.frontend_asked {
+                    continue;
+                }
+            }
+        }
         write_msg(to, &m)?;
     }
     Ok(())
@@ -281,11 +414,13 @@ pub fn spawn(
     let spawn = |name: &str, f: Box<dyn FnOnce() -> io::Result<()> + Send>| {
         std::thread::Builder::new().name(name.into()).spawn(f)
     };
+    let mut calls = CallResignal::default();
+    let pending = calls.pending.clone();
     let (mut from, to) = (frontend, backend);
     let inbound = spawn(
         "vu-relay-in",
         Box::new(move || {
-            let r = forward(&mut from, &to, &fault, &log_fd);
+            let r = forward(&mut from, &to, &fault, &log_fd, &mut calls);
             end(&from, &to);
             r
         }),
@@ -294,7 +429,7 @@ pub fn spawn(
     let outbound = spawn(
         "vu-relay-out",
         Box::new(move || {
-            let r = backward(&mut from, &to);
+            let r = backward(&mut from, &to, &pending);
             end(&from, &to);
             r
         }),

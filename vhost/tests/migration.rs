@@ -347,6 +347,56 @@ fn rings_continue_on_the_destination_backend_with_nothing_lost_or_duplicated() {
     hb.join().unwrap();
 }
 
+/// QEMU starts a ring (on every device start, so on a migration's destination too) with
+/// `SET_VRING_KICK` and only then sends `SET_VRING_CALL` with its real guest notifier; the call
+/// eventfd before is the one from device set-up, which QEMU does not read for a device without
+/// MSI-X. Frames that waited on the port go into the guest at the kick and are signalled on that
+/// stale eventfd; with EVENT_IDX no later used element signals again until the guest moved
+/// `used_event`, which it does only after it heard of these. The lab's migrated guest answered
+/// nothing after such a start (issue 27). The new call eventfd must be signalled once: this test
+/// fails without the relay's re-signal ("the guest never hears of the 3 frames").
+#[test]
+fn a_ring_started_before_its_call_eventfd_is_signalled_on_the_new_one() {
+    for (name, protocol) in [("reply-ack", BASE_PROTOCOL), ("no-reply-ack", VhostUserProtocolFeatures::MQ)] {
+        let (_b, peer, h, path) = start(&format!("late-call-{name}"), 1);
+        let stale = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut g = Guest::connect_stale_call(&path, 1, protocol, &stale);
+        for i in 0..3u8 {
+            assert!(peer.inject(&frame(120, i)));
+        }
+        // RX buffers posted (no kick yet), then the rings start as QEMU starts them.
+        for _ in 0..8 {
+            let slot = u64::from(g.queues[0].next_desc());
+            g.add_chain(0, &[(g.queues[0].bufs + slot * BUF, BUF as u32, true)]);
+        }
+        for q in 0..3 {
+            g.start_ring(q);
+        }
+        assert!(g.wait_used(0, 3, T), "{name}: the waiting frames go into the guest at the kick");
+        settle();
+        assert!(stale.read().is_ok(), "{name}: their notification went to the stale call eventfd");
+        assert!(g.queues[0].call.read().is_err(), "{name}: nothing on the real one yet");
+        // Now QEMU's real guest notifiers; no frame arrives after this.
+        for q in 0..3 {
+            g.fe.set_vring_call(q, &g.queues[q].call).unwrap();
+        }
+        let deadline = std::time::Instant::now() + T;
+        while g.queues[0].call.read().is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: the guest never hears of the 3 frames (no signal on the new call eventfd)"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The ring goes on as usual, signalling the new eventfd.
+        g.post_rx(0, 0);
+        assert!(peer.inject(&frame(130, 9)));
+        assert!(g.wait_used(0, 4, T), "{name}: RX goes on");
+        drop(g);
+        h.join().unwrap();
+    }
+}
+
 /// QEMU re-sends `SET_VRING_ADDR` on running rings to switch their `VHOST_VRING_F_LOG` flag when a
 /// migration starts. vhost-user-backend would re-read the used index from guest memory there,
 /// racing with the worker; the relay keeps such a message from it. Made deterministic: the used

@@ -162,6 +162,76 @@ impl Guest {
         Guest { mem, _file: file, hva, fe, queues, features }
     }
 
+    /// Connect the way QEMU sets a device up and starts it: every ring's call eventfd is `stale`
+    /// first (QEMU's "masked notifier" from device set-up), the rings are enabled before they
+    /// start, and each ring gets its size, base and addresses; [`Guest::start_ring`] then starts
+    /// it with the kick, before the caller sets the real call eventfd (QEMU's order on start and
+    /// on a migration's destination).
+    pub fn connect_stale_call(path: &Path, pairs: u16, protocol: VhostUserProtocolFeatures, stale: &EventFd) -> Guest {
+        let nq = 2 * usize::from(pairs) + 1;
+        let file = memfd("guest", MEM_SIZE as u64).unwrap();
+        let mem = GuestMemoryMmap::from_ranges_with_files(&[(
+            GuestAddress(0),
+            MEM_SIZE,
+            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+        )])
+        .unwrap();
+        let region = mem.iter().next().unwrap();
+        let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
+        let hva = region.as_ptr() as u64;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !path.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut fe = Frontend::connect(path, nq as u64).unwrap();
+        fe.set_owner().unwrap();
+        let features = fe.get_features().unwrap() & GUEST_FEATURES;
+        fe.set_features(features).unwrap();
+        let pf = fe.get_protocol_features().unwrap();
+        fe.set_protocol_features(pf & protocol).unwrap();
+        let queues: Vec<GuestQueue> = (0..nq)
+            .map(|q| GuestQueue {
+                base: 0x1_0000 * q as u64,
+                bufs: 0x10_0000 + 0x8_0000 * q as u64,
+                kick: EventFd::new(EFD_NONBLOCK).unwrap(),
+                call: EventFd::new(EFD_NONBLOCK).unwrap(),
+                next_desc: 0,
+                avail_idx: 0,
+                seen_used: 0,
+            })
+            .collect();
+        for q in 0..nq {
+            fe.set_vring_call(q, stale).unwrap();
+            fe.set_vring_enable(q, true).unwrap();
+        }
+        fe.set_mem_table(&[info]).unwrap();
+        for (q, gq) in queues.iter().enumerate() {
+            fe.set_vring_num(q, QSIZE).unwrap();
+            fe.set_vring_base(q, 0).unwrap();
+            fe.set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QSIZE,
+                    queue_size: QSIZE,
+                    flags: 0,
+                    desc_table_addr: hva + gq.desc(),
+                    used_ring_addr: hva + gq.used(),
+                    avail_ring_addr: hva + gq.avail(),
+                    log_addr: None,
+                },
+            )
+            .unwrap();
+        }
+        Guest { mem, _file: file, hva, fe, queues, features }
+    }
+
+    /// Start ring `q` with its kick eventfd, already signalled (QEMU's host notifiers start
+    /// signalled so that the backend looks at the ring once).
+    pub fn start_ring(&self, q: usize) {
+        self.queues[q].kick.write(1).unwrap();
+        self.fe.set_vring_kick(q, &self.queues[q].kick).unwrap();
+    }
+
     /// Stop every ring (`GET_VRING_BASE`, as QEMU does when it stops the device) and return
     /// the bases the backend reports.
     pub fn stop(&mut self) -> Vec<u32> {
