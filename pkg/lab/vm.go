@@ -28,16 +28,16 @@ type LabVM struct {
 	XSKSocket   string `json:"xsk_socket"`
 	VhostSocket string `json:"vhost_socket"`
 	// MetricsSocket is the backend's --metrics-listen socket (Prometheus text).
-	MetricsSocket string  `json:"metrics_socket,omitempty"`
-	SerialSocket  string  `json:"serial_socket"`
+	MetricsSocket string `json:"metrics_socket,omitempty"`
+	SerialSocket  string `json:"serial_socket"`
 	// BackendNS is where lanekit-vhost runs when not in NS: the DPU's
 	// namespace on a DPU node (the VM's fast lane is the DPU's, its QEMU
 	// stays in NS on the host).
-	BackendNS string `json:"backend_netns,omitempty"`
-	BackendPID    int     `json:"backend_pid"`
-	QEMUPID       int     `json:"qemu_pid"`
-	MTU           int     `json:"mtu,omitempty"` // the guest NIC's (0: the driver's default)
-	BootSeconds   float64 `json:"boot_seconds"`
+	BackendNS   string  `json:"backend_netns,omitempty"`
+	BackendPID  int     `json:"backend_pid"`
+	QEMUPID     int     `json:"qemu_pid"`
+	MTU         int     `json:"mtu,omitempty"` // the guest NIC's (0: the driver's default)
+	BootSeconds float64 `json:"boot_seconds"`
 }
 
 // GuestCacheDir holds the guest kernel and initramfs (built once, reused).
