@@ -44,3 +44,30 @@ func TestDPUBenchRows(t *testing.T) {
 		t.Error("--dpu-nodes with --k8s accepted")
 	}
 }
+
+// The fast-lane VM may go on a DPU node (--vm-node): checkDPU no longer
+// refuses it; --vm-node is checked on its own.
+func TestDPUVMNode(t *testing.T) {
+	cfg := Config{Nodes: 2, DPUNodes: 1, VM: true, VMNode: 1}
+	if err := cfg.checkDPU(); err != nil {
+		t.Errorf("a VM on the DPU node refused: %v", err)
+	}
+	if err := cfg.checkVMNode(); err != nil || cfg.vmNode() != 1 {
+		t.Errorf("--vm-node 1: %v, node %d", err, cfg.vmNode())
+	}
+	cfg = Config{Nodes: 2, DPUNodes: 2, VM: true}
+	if err := cfg.checkDPU(); err != nil || cfg.vmNode() != 2 {
+		t.Errorf("every node with a DPU and the VM on the last: %v, node %d", err, cfg.vmNode())
+	}
+	for _, bad := range []Config{
+		{Nodes: 2, VMNode: 1},
+		{Nodes: 2, VM: true, VMNode: 3},
+		{Nodes: 2, VM: true, VMNode: -1},
+		{Nodes: 2, VM: true, VMNode: 1, VMs: 2},
+		{Nodes: 2, VM: true, VMNode: 1, K8s: true},
+	} {
+		if err := bad.checkVMNode(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
