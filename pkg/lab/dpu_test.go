@@ -35,6 +35,20 @@ func TestDPUBenchRows(t *testing.T) {
 			t.Error("a lab without a DPU got the plain-node row")
 		}
 	}
+	// The fast-lane VM on the DPU node: its row starts on node 2 and says
+	// where its fast lane runs.
+	st.Nodes[0].DPU = &DPU{NS: DPUNS(1), IP: DPUIP(1)}
+	st.VMs = []LabVM{{Name: "vm1", Node: 1, NS: VMNS(1, 1), IP: "10.244.1.9", SerialSocket: "/x", BackendNS: DPUNS(1)}}
+	paths, skipped := st.BenchPaths()
+	found := false
+	for _, p := range paths {
+		if p.Name == "lanekit-vm" {
+			found = p.ClientNS == PodNS(2, 1, KindLanekit) && p.ServerIP == "10.244.1.9" && strings.Contains(p.Note, "on its DPU "+DPUNS(1))
+		}
+	}
+	if !found {
+		t.Errorf("no lanekit-vm row from node 2 to the VM on the DPU node: %+v (skipped %v)", paths, skipped)
+	}
 	cfg := Config{Nodes: 2, DPUNodes: 3}
 	if err := cfg.checkDPU(); err == nil {
 		t.Error("--dpu-nodes 3 of 2 nodes accepted")
