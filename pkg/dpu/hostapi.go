@@ -274,3 +274,10 @@ func (s *hostAPI) DelVM(ctx context.Context, req *apiv1.DelVMRequest) (*apiv1.De
 func (s *hostAPI) ListVMs(ctx context.Context, req *apiv1.ListVMsRequest) (*apiv1.ListVMsResponse, error) {
 	return s.h.api.ListVMs(ctx, req)
 }
+
+// VMMigrationChanged: live migration to or from a DPU node is not built
+// (CreateVM refuses an incoming VM); said clearly rather than as a missing
+// method.
+func (s *hostAPI) VMMigrationChanged(context.Context, *apiv1.VMMigrationChangedRequest) (*apiv1.VMMigrationChangedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "live migration of a VM on a DPU node is not supported")
+}
