@@ -27,6 +27,69 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// DPUVM is a VM endpoint whose fast lane runs on the DPU.
+type DPUVM struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Vm    *VM                    `protobuf:"bytes,1,opt,name=vm,proto3" json:"vm,omitempty"`
+	// Path of the VM device's namespace on the DPU.
+	DeviceNetns string `protobuf:"bytes,2,opt,name=device_netns,json=deviceNetns,proto3" json:"device_netns,omitempty"`
+	// The host's namespace of the VM (its launcher's), as the host gave it.
+	HostNetns     string `protobuf:"bytes,3,opt,name=host_netns,json=hostNetns,proto3" json:"host_netns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DPUVM) Reset() {
+	*x = DPUVM{}
+	mi := &file_dpu_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DPUVM) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DPUVM) ProtoMessage() {}
+
+func (x *DPUVM) ProtoReflect() protoreflect.Message {
+	mi := &file_dpu_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DPUVM.ProtoReflect.Descriptor instead.
+func (*DPUVM) Descriptor() ([]byte, []int) {
+	return file_dpu_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DPUVM) GetVm() *VM {
+	if x != nil {
+		return x.Vm
+	}
+	return nil
+}
+
+func (x *DPUVM) GetDeviceNetns() string {
+	if x != nil {
+		return x.DeviceNetns
+	}
+	return ""
+}
+
+func (x *DPUVM) GetHostNetns() string {
+	if x != nil {
+		return x.HostNetns
+	}
+	return ""
+}
+
 // VF is the pod's device as the host sees it before it moves into the pod.
 type VF struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -47,7 +110,7 @@ type VF struct {
 
 func (x *VF) Reset() {
 	*x = VF{}
-	mi := &file_dpu_proto_msgTypes[0]
+	mi := &file_dpu_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -59,7 +122,7 @@ func (x *VF) String() string {
 func (*VF) ProtoMessage() {}
 
 func (x *VF) ProtoReflect() protoreflect.Message {
-	mi := &file_dpu_proto_msgTypes[0]
+	mi := &file_dpu_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -72,7 +135,7 @@ func (x *VF) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VF.ProtoReflect.Descriptor instead.
 func (*VF) Descriptor() ([]byte, []int) {
-	return file_dpu_proto_rawDescGZIP(), []int{0}
+	return file_dpu_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *VF) GetKind() string {
@@ -120,7 +183,7 @@ type DPUEndpoint struct {
 
 func (x *DPUEndpoint) Reset() {
 	*x = DPUEndpoint{}
-	mi := &file_dpu_proto_msgTypes[1]
+	mi := &file_dpu_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +195,7 @@ func (x *DPUEndpoint) String() string {
 func (*DPUEndpoint) ProtoMessage() {}
 
 func (x *DPUEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_dpu_proto_msgTypes[1]
+	mi := &file_dpu_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +208,7 @@ func (x *DPUEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DPUEndpoint.ProtoReflect.Descriptor instead.
 func (*DPUEndpoint) Descriptor() ([]byte, []int) {
-	return file_dpu_proto_rawDescGZIP(), []int{1}
+	return file_dpu_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DPUEndpoint) GetEndpoint() *Endpoint {
@@ -171,7 +234,7 @@ type ListDPUEndpointsResponse struct {
 
 func (x *ListDPUEndpointsResponse) Reset() {
 	*x = ListDPUEndpointsResponse{}
-	mi := &file_dpu_proto_msgTypes[2]
+	mi := &file_dpu_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +246,7 @@ func (x *ListDPUEndpointsResponse) String() string {
 func (*ListDPUEndpointsResponse) ProtoMessage() {}
 
 func (x *ListDPUEndpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dpu_proto_msgTypes[2]
+	mi := &file_dpu_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +259,7 @@ func (x *ListDPUEndpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDPUEndpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListDPUEndpointsResponse) Descriptor() ([]byte, []int) {
-	return file_dpu_proto_rawDescGZIP(), []int{2}
+	return file_dpu_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListDPUEndpointsResponse) GetEndpoints() []*DPUEndpoint {
@@ -217,7 +280,7 @@ type HelloRequest struct {
 
 func (x *HelloRequest) Reset() {
 	*x = HelloRequest{}
-	mi := &file_dpu_proto_msgTypes[3]
+	mi := &file_dpu_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -229,7 +292,7 @@ func (x *HelloRequest) String() string {
 func (*HelloRequest) ProtoMessage() {}
 
 func (x *HelloRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dpu_proto_msgTypes[3]
+	mi := &file_dpu_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -242,7 +305,7 @@ func (x *HelloRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRequest.ProtoReflect.Descriptor instead.
 func (*HelloRequest) Descriptor() ([]byte, []int) {
-	return file_dpu_proto_rawDescGZIP(), []int{3}
+	return file_dpu_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HelloRequest) GetHost() string {
@@ -277,7 +340,7 @@ type HelloResponse struct {
 
 func (x *HelloResponse) Reset() {
 	*x = HelloResponse{}
-	mi := &file_dpu_proto_msgTypes[4]
+	mi := &file_dpu_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +352,7 @@ func (x *HelloResponse) String() string {
 func (*HelloResponse) ProtoMessage() {}
 
 func (x *HelloResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dpu_proto_msgTypes[4]
+	mi := &file_dpu_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +365,7 @@ func (x *HelloResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloResponse.ProtoReflect.Descriptor instead.
 func (*HelloResponse) Descriptor() ([]byte, []int) {
-	return file_dpu_proto_rawDescGZIP(), []int{4}
+	return file_dpu_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HelloResponse) GetNode() string {
@@ -373,7 +436,12 @@ var File_dpu_proto protoreflect.FileDescriptor
 const file_dpu_proto_rawDesc = "" +
 	"\n" +
 	"\tdpu.proto\x12\n" +
-	"lanekit.v1\x1a\fattach.proto\x1a\tcni.proto\x1a\x0eendpoint.proto\"\x7f\n" +
+	"lanekit.v1\x1a\fattach.proto\x1a\tcni.proto\x1a\x0eendpoint.proto\x1a\bvm.proto\"i\n" +
+	"\x05DPUVM\x12\x1e\n" +
+	"\x02vm\x18\x01 \x01(\v2\x0e.lanekit.v1.VMR\x02vm\x12!\n" +
+	"\fdevice_netns\x18\x02 \x01(\tR\vdeviceNetns\x12\x1d\n" +
+	"\n" +
+	"host_netns\x18\x03 \x01(\tR\thostNetns\"\x7f\n" +
 	"\x02VF\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1b\n" +
@@ -397,14 +465,16 @@ const file_dpu_proto_rawDesc = "" +
 	"\x0eendpoint_count\x18\x06 \x01(\rR\rendpointCount\x12\x17\n" +
 	"\avf_kind\x18\a \x01(\tR\x06vfKind\x12!\n" +
 	"\fstarted_unix\x18\b \x01(\x03R\vstartedUnix\x12\x10\n" +
-	"\x03mtu\x18\t \x01(\rR\x03mtu2\xbb\x03\n" +
+	"\x03mtu\x18\t \x01(\rR\x03mtu2\xb5\x04\n" +
 	"\x03DPU\x12<\n" +
 	"\x05Hello\x12\x18.lanekit.v1.HelloRequest\x1a\x19.lanekit.v1.HelloResponse\x12I\n" +
 	"\x0eCreateEndpoint\x12\x1e.lanekit.v1.AddEndpointRequest\x1a\x17.lanekit.v1.DPUEndpoint\x12Q\n" +
 	"\x0eDeleteEndpoint\x12\x1e.lanekit.v1.DelEndpointRequest\x1a\x1f.lanekit.v1.DelEndpointResponse\x12J\n" +
 	"\rCheckEndpoint\x12 .lanekit.v1.CheckEndpointRequest\x1a\x17.lanekit.v1.DPUEndpoint\x12W\n" +
 	"\rListEndpoints\x12 .lanekit.v1.ListEndpointsRequest\x1a$.lanekit.v1.ListDPUEndpointsResponse\x123\n" +
-	"\x02GC\x12\x15.lanekit.v1.GCRequest\x1a\x16.lanekit.v1.GCResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
+	"\x02GC\x12\x15.lanekit.v1.GCRequest\x1a\x16.lanekit.v1.GCResponse\x127\n" +
+	"\bCreateVM\x12\x18.lanekit.v1.AddVMRequest\x1a\x11.lanekit.v1.DPUVM\x12?\n" +
+	"\bDeleteVM\x12\x18.lanekit.v1.DelVMRequest\x1a\x19.lanekit.v1.DelVMResponseB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
 
 var (
 	file_dpu_proto_rawDescOnce sync.Once
@@ -418,43 +488,53 @@ func file_dpu_proto_rawDescGZIP() []byte {
 	return file_dpu_proto_rawDescData
 }
 
-var file_dpu_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_dpu_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_dpu_proto_goTypes = []any{
-	(*VF)(nil),                       // 0: lanekit.v1.VF
-	(*DPUEndpoint)(nil),              // 1: lanekit.v1.DPUEndpoint
-	(*ListDPUEndpointsResponse)(nil), // 2: lanekit.v1.ListDPUEndpointsResponse
-	(*HelloRequest)(nil),             // 3: lanekit.v1.HelloRequest
-	(*HelloResponse)(nil),            // 4: lanekit.v1.HelloResponse
-	(*Endpoint)(nil),                 // 5: lanekit.v1.Endpoint
-	(*AddEndpointRequest)(nil),       // 6: lanekit.v1.AddEndpointRequest
-	(*DelEndpointRequest)(nil),       // 7: lanekit.v1.DelEndpointRequest
-	(*CheckEndpointRequest)(nil),     // 8: lanekit.v1.CheckEndpointRequest
-	(*ListEndpointsRequest)(nil),     // 9: lanekit.v1.ListEndpointsRequest
-	(*GCRequest)(nil),                // 10: lanekit.v1.GCRequest
-	(*DelEndpointResponse)(nil),      // 11: lanekit.v1.DelEndpointResponse
-	(*GCResponse)(nil),               // 12: lanekit.v1.GCResponse
+	(*DPUVM)(nil),                    // 0: lanekit.v1.DPUVM
+	(*VF)(nil),                       // 1: lanekit.v1.VF
+	(*DPUEndpoint)(nil),              // 2: lanekit.v1.DPUEndpoint
+	(*ListDPUEndpointsResponse)(nil), // 3: lanekit.v1.ListDPUEndpointsResponse
+	(*HelloRequest)(nil),             // 4: lanekit.v1.HelloRequest
+	(*HelloResponse)(nil),            // 5: lanekit.v1.HelloResponse
+	(*VM)(nil),                       // 6: lanekit.v1.VM
+	(*Endpoint)(nil),                 // 7: lanekit.v1.Endpoint
+	(*AddEndpointRequest)(nil),       // 8: lanekit.v1.AddEndpointRequest
+	(*DelEndpointRequest)(nil),       // 9: lanekit.v1.DelEndpointRequest
+	(*CheckEndpointRequest)(nil),     // 10: lanekit.v1.CheckEndpointRequest
+	(*ListEndpointsRequest)(nil),     // 11: lanekit.v1.ListEndpointsRequest
+	(*GCRequest)(nil),                // 12: lanekit.v1.GCRequest
+	(*AddVMRequest)(nil),             // 13: lanekit.v1.AddVMRequest
+	(*DelVMRequest)(nil),             // 14: lanekit.v1.DelVMRequest
+	(*DelEndpointResponse)(nil),      // 15: lanekit.v1.DelEndpointResponse
+	(*GCResponse)(nil),               // 16: lanekit.v1.GCResponse
+	(*DelVMResponse)(nil),            // 17: lanekit.v1.DelVMResponse
 }
 var file_dpu_proto_depIdxs = []int32{
-	5,  // 0: lanekit.v1.DPUEndpoint.endpoint:type_name -> lanekit.v1.Endpoint
-	0,  // 1: lanekit.v1.DPUEndpoint.vf:type_name -> lanekit.v1.VF
-	1,  // 2: lanekit.v1.ListDPUEndpointsResponse.endpoints:type_name -> lanekit.v1.DPUEndpoint
-	3,  // 3: lanekit.v1.DPU.Hello:input_type -> lanekit.v1.HelloRequest
-	6,  // 4: lanekit.v1.DPU.CreateEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	7,  // 5: lanekit.v1.DPU.DeleteEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	8,  // 6: lanekit.v1.DPU.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	9,  // 7: lanekit.v1.DPU.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	10, // 8: lanekit.v1.DPU.GC:input_type -> lanekit.v1.GCRequest
-	4,  // 9: lanekit.v1.DPU.Hello:output_type -> lanekit.v1.HelloResponse
-	1,  // 10: lanekit.v1.DPU.CreateEndpoint:output_type -> lanekit.v1.DPUEndpoint
-	11, // 11: lanekit.v1.DPU.DeleteEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	1,  // 12: lanekit.v1.DPU.CheckEndpoint:output_type -> lanekit.v1.DPUEndpoint
-	2,  // 13: lanekit.v1.DPU.ListEndpoints:output_type -> lanekit.v1.ListDPUEndpointsResponse
-	12, // 14: lanekit.v1.DPU.GC:output_type -> lanekit.v1.GCResponse
-	9,  // [9:15] is the sub-list for method output_type
-	3,  // [3:9] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	6,  // 0: lanekit.v1.DPUVM.vm:type_name -> lanekit.v1.VM
+	7,  // 1: lanekit.v1.DPUEndpoint.endpoint:type_name -> lanekit.v1.Endpoint
+	1,  // 2: lanekit.v1.DPUEndpoint.vf:type_name -> lanekit.v1.VF
+	2,  // 3: lanekit.v1.ListDPUEndpointsResponse.endpoints:type_name -> lanekit.v1.DPUEndpoint
+	4,  // 4: lanekit.v1.DPU.Hello:input_type -> lanekit.v1.HelloRequest
+	8,  // 5: lanekit.v1.DPU.CreateEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	9,  // 6: lanekit.v1.DPU.DeleteEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	10, // 7: lanekit.v1.DPU.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	11, // 8: lanekit.v1.DPU.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	12, // 9: lanekit.v1.DPU.GC:input_type -> lanekit.v1.GCRequest
+	13, // 10: lanekit.v1.DPU.CreateVM:input_type -> lanekit.v1.AddVMRequest
+	14, // 11: lanekit.v1.DPU.DeleteVM:input_type -> lanekit.v1.DelVMRequest
+	5,  // 12: lanekit.v1.DPU.Hello:output_type -> lanekit.v1.HelloResponse
+	2,  // 13: lanekit.v1.DPU.CreateEndpoint:output_type -> lanekit.v1.DPUEndpoint
+	15, // 14: lanekit.v1.DPU.DeleteEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	2,  // 15: lanekit.v1.DPU.CheckEndpoint:output_type -> lanekit.v1.DPUEndpoint
+	3,  // 16: lanekit.v1.DPU.ListEndpoints:output_type -> lanekit.v1.ListDPUEndpointsResponse
+	16, // 17: lanekit.v1.DPU.GC:output_type -> lanekit.v1.GCResponse
+	0,  // 18: lanekit.v1.DPU.CreateVM:output_type -> lanekit.v1.DPUVM
+	17, // 19: lanekit.v1.DPU.DeleteVM:output_type -> lanekit.v1.DelVMResponse
+	12, // [12:20] is the sub-list for method output_type
+	4,  // [4:12] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_dpu_proto_init() }
@@ -465,13 +545,14 @@ func file_dpu_proto_init() {
 	file_attach_proto_init()
 	file_cni_proto_init()
 	file_endpoint_proto_init()
+	file_vm_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpu_proto_rawDesc), len(file_dpu_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,8 @@ const (
 	DPU_CheckEndpoint_FullMethodName  = "/lanekit.v1.DPU/CheckEndpoint"
 	DPU_ListEndpoints_FullMethodName  = "/lanekit.v1.DPU/ListEndpoints"
 	DPU_GC_FullMethodName             = "/lanekit.v1.DPU/GC"
+	DPU_CreateVM_FullMethodName       = "/lanekit.v1.DPU/CreateVM"
+	DPU_DeleteVM_FullMethodName       = "/lanekit.v1.DPU/DeleteVM"
 )
 
 // DPUClient is the client API for DPU service.
@@ -52,6 +54,17 @@ type DPUClient interface {
 	CheckEndpoint(ctx context.Context, in *CheckEndpointRequest, opts ...grpc.CallOption) (*DPUEndpoint, error)
 	ListEndpoints(ctx context.Context, in *ListEndpointsRequest, opts ...grpc.CallOption) (*ListDPUEndpointsResponse, error)
 	GC(ctx context.Context, in *GCRequest, opts ...grpc.CallOption) (*GCResponse, error)
+	// CreateVM adds a VM endpoint on the fast lane with everything but the
+	// VM's QEMU on the DPU: the VM's device (in a namespace of its own on the
+	// DPU, like the DPU side of a virtio-net emulation function), its XDP
+	// steering and AF_XDP sockets, the pod programs on its representor, and
+	// the socket the vhost-user backend (on the DPU) fetches the AF_XDP
+	// sockets from. The request's netns is the host's (the VM launcher's,
+	// where QEMU runs): recorded, not entered. A taken name is AlreadyExists.
+	CreateVM(ctx context.Context, in *AddVMRequest, opts ...grpc.CallOption) (*DPUVM, error)
+	// DeleteVM removes the VM endpoint and its device namespace; an unknown
+	// name succeeds (existed false).
+	DeleteVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error)
 }
 
 type dPUClient struct {
@@ -122,6 +135,26 @@ func (c *dPUClient) GC(ctx context.Context, in *GCRequest, opts ...grpc.CallOpti
 	return out, nil
 }
 
+func (c *dPUClient) CreateVM(ctx context.Context, in *AddVMRequest, opts ...grpc.CallOption) (*DPUVM, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DPUVM)
+	err := c.cc.Invoke(ctx, DPU_CreateVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dPUClient) DeleteVM(ctx context.Context, in *DelVMRequest, opts ...grpc.CallOption) (*DelVMResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DelVMResponse)
+	err := c.cc.Invoke(ctx, DPU_DeleteVM_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DPUServer is the server API for DPU service.
 // All implementations must embed UnimplementedDPUServer
 // for forward compatibility.
@@ -141,6 +174,17 @@ type DPUServer interface {
 	CheckEndpoint(context.Context, *CheckEndpointRequest) (*DPUEndpoint, error)
 	ListEndpoints(context.Context, *ListEndpointsRequest) (*ListDPUEndpointsResponse, error)
 	GC(context.Context, *GCRequest) (*GCResponse, error)
+	// CreateVM adds a VM endpoint on the fast lane with everything but the
+	// VM's QEMU on the DPU: the VM's device (in a namespace of its own on the
+	// DPU, like the DPU side of a virtio-net emulation function), its XDP
+	// steering and AF_XDP sockets, the pod programs on its representor, and
+	// the socket the vhost-user backend (on the DPU) fetches the AF_XDP
+	// sockets from. The request's netns is the host's (the VM launcher's,
+	// where QEMU runs): recorded, not entered. A taken name is AlreadyExists.
+	CreateVM(context.Context, *AddVMRequest) (*DPUVM, error)
+	// DeleteVM removes the VM endpoint and its device namespace; an unknown
+	// name succeeds (existed false).
+	DeleteVM(context.Context, *DelVMRequest) (*DelVMResponse, error)
 	mustEmbedUnimplementedDPUServer()
 }
 
@@ -168,6 +212,12 @@ func (UnimplementedDPUServer) ListEndpoints(context.Context, *ListEndpointsReque
 }
 func (UnimplementedDPUServer) GC(context.Context, *GCRequest) (*GCResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GC not implemented")
+}
+func (UnimplementedDPUServer) CreateVM(context.Context, *AddVMRequest) (*DPUVM, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateVM not implemented")
+}
+func (UnimplementedDPUServer) DeleteVM(context.Context, *DelVMRequest) (*DelVMResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteVM not implemented")
 }
 func (UnimplementedDPUServer) mustEmbedUnimplementedDPUServer() {}
 func (UnimplementedDPUServer) testEmbeddedByValue()             {}
@@ -298,6 +348,42 @@ func _DPU_GC_Handler(srv interface{}, ctx context.Context, dec func(interface{})
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DPU_CreateVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DPUServer).CreateVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DPU_CreateVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DPUServer).CreateVM(ctx, req.(*AddVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DPU_DeleteVM_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DelVMRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DPUServer).DeleteVM(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DPU_DeleteVM_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DPUServer).DeleteVM(ctx, req.(*DelVMRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DPU_ServiceDesc is the grpc.ServiceDesc for DPU service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -328,6 +414,14 @@ var DPU_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GC",
 			Handler:    _DPU_GC_Handler,
+		},
+		{
+			MethodName: "CreateVM",
+			Handler:    _DPU_CreateVM_Handler,
+		},
+		{
+			MethodName: "DeleteVM",
+			Handler:    _DPU_DeleteVM_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -80,6 +80,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 	}
 	fmt.Fprintf(out, "pod CIDR:     %s (%d/%d addresses allocated)\n", st.GetPodCidr(), st.GetIpsAllocated(), st.GetIpsCapacity())
 	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
+	printVMs(ctx, out, c, dp.GetBackend() == "dpu")
 	printRouting(out, st.GetRouting())
 	if cp := st.GetControlPlane(); cp != nil {
 		lb, pol := "load-balanced", "enforced"
@@ -157,4 +158,31 @@ func init() {
 	statusCmd.Flags().StringVar(&statusOpts.uplink, "uplink", "", "the node's uplink (probes AF_XDP zero-copy on its driver)")
 	statusCmd.Flags().StringVar(&statusOpts.bpfDir, "bpf-dir", "/sys/fs/bpf/lanekit", "the agent's pin directory (checked for bpffs)")
 	rootCmd.AddCommand(statusCmd)
+}
+
+// printVMs lists the agent's VM endpoints and where their fast lane runs:
+// on a DPU node's host (onDPU) the device, its steering and sockets are the
+// DPU's, the VM's QEMU is here. Nothing when the agent lists none.
+func printVMs(ctx context.Context, out io.Writer, c apiv1.AgentClient, onDPU bool) {
+	resp, err := c.ListVMs(ctx, &apiv1.ListVMsRequest{})
+	if err != nil {
+		fmt.Fprintf(out, "vms:          unknown (%v)\n", err)
+		return
+	}
+	where := "here"
+	if onDPU {
+		where = "on the DPU (QEMU here)"
+	}
+	for _, vm := range resp.GetVms() {
+		serving := "serving"
+		if !vm.GetServing() {
+			serving = "NOT serving"
+		}
+		ep, dev := vm.GetEndpoint(), "?"
+		if ifs := ep.GetInterfaces(); len(ifs) > 1 {
+			dev = ifs[1].GetName() // the VM side
+		}
+		fmt.Fprintf(out, "vm:           %s %s %s: device %s in netns %s, AF_XDP sockets from %s (%s)\n", vm.GetName(), vm.GetAddress(),
+			where, dev, ep.GetNetns(), vm.GetSocket(), serving)
+	}
 }

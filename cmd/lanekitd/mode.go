@@ -37,6 +37,7 @@ type modeFlags struct {
 	vfNetns    string // dpu, veth: the host's namespace
 	vfPF       string // dpu, sriov: the PF on the DPU; host: the PF whose VFs move
 	ipsec      string // dpu: --ipsec-offload
+	vmNetns    string // dpu: where the VMs' device namespaces are mounted
 }
 
 func (m *modeFlags) addFlags(fs *flag.FlagSet) {
@@ -52,6 +53,7 @@ func (m *modeFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&m.vfKind, "vf-kind", vf.KindSRIOV, "dpu mode: what a VF is: sriov (a VF of --vf-pf and its switchdev representor) or veth (a veth pair into --vf-host-netns; the lab)")
 	fs.StringVar(&m.vfNetns, "vf-host-netns", "", "dpu mode, --vf-kind veth: path of the host's network namespace")
 	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
+	fs.StringVar(&m.vmNetns, "vm-netns-dir", "/run/lanekit/dpu-vm", "dpu mode: directory where each VM's device namespace on the DPU is mounted, as <dpu-name>-<vm> (empty: VMs refused)")
 	fs.StringVar(&m.ipsec, "ipsec-offload", dpu.IPsecOffloadOff, "dpu mode: node-to-node IPsec on the DPU (on is refused: probed, not implemented)")
 }
 
@@ -154,6 +156,9 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 		node = m.dpuName
 	}
 	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log}
+	if m.vmNetns != "" {
+		s.VMNetns = dpu.VMNetns{Dir: m.vmNetns, Prefix: node + "-"}
+	}
 	cfg.PodDevices = dpu.Representors{Reps: reps}
 	cfg.DatapathLocation = s.Location
 	lis, err := net.Listen("tcp", m.listen)

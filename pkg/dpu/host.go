@@ -166,6 +166,9 @@ func (h *Host) Reconcile(ctx context.Context) (int, error) {
 	var errs []error
 	for _, de := range list.GetEndpoints() {
 		ep := de.GetEndpoint()
+		if ep.GetKind() == apiv1.EndpointKind_ENDPOINT_KIND_VM {
+			continue // a VM's device namespace is the DPU's (CreateVM): DelVM removes it
+		}
 		if _, err := os.Stat(ep.GetNetns()); err == nil {
 			if err := checkPodSide(de); err != nil {
 				h.log.Warn("endpoint's VF not in place", "attachment", ep.GetAttachment(), "err", err)

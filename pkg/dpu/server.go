@@ -15,7 +15,10 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/vf"
 )
 
@@ -29,6 +32,9 @@ type Server struct {
 	Node    string // this DPU's name in Hello
 	Version string
 	Log     *slog.Logger
+	// VMNetns places the DPU side of VM endpoints (CreateVM); an empty Dir
+	// refuses VMs.
+	VMNetns VMNetns
 
 	started time.Time
 	mu      sync.Mutex
@@ -164,4 +170,53 @@ func (s *Server) ListEndpoints(ctx context.Context, req *apiv1.ListEndpointsRequ
 // GC removes the endpoints of attachments the host no longer has.
 func (s *Server) GC(ctx context.Context, req *apiv1.GCRequest) (*apiv1.GCResponse, error) {
 	return s.API.GC(ctx, req)
+}
+
+// CreateVM adds the VM endpoint in the DPU's agent with the VM's device in a
+// namespace of its own on the DPU (VMNetns): the device, its steering
+// program and AF_XDP sockets, the representor's programs and the sockets'
+// server all run here, the VM's QEMU on the host (req.netns). The backend
+// fetches the AF_XDP sockets from the returned VM's socket on the DPU.
+func (s *Server) CreateVM(ctx context.Context, req *apiv1.AddVMRequest) (*apiv1.DPUVM, error) {
+	if s.VMNetns.Dir == "" {
+		return nil, status.Error(codes.FailedPrecondition, "this DPU agent places no VMs (--vm-netns-dir is empty)")
+	}
+	if err := endpoint.ValidateVMName(req.GetName()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.GetIncoming() {
+		return nil, status.Error(codes.Unimplemented, "live migration to or from a DPU node is not supported")
+	}
+	path, err := s.VMNetns.Create(req.GetName())
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	dreq := proto.Clone(req).(*apiv1.AddVMRequest)
+	dreq.Netns = path
+	resp, err := s.API.AddVM(ctx, dreq)
+	if err != nil {
+		if status.Code(err) != codes.AlreadyExists {
+			if derr := s.VMNetns.Delete(req.GetName()); derr != nil {
+				s.logger().Warn("undo the VM's namespace", "vm", req.GetName(), "err", derr)
+			}
+		}
+		return nil, err
+	}
+	s.logger().Info("vm placed on the DPU", "vm", req.GetName(), "device_netns", path, "host_netns", req.GetNetns(),
+		"socket", resp.GetVm().GetSocket())
+	return &apiv1.DPUVM{Vm: resp.GetVm(), DeviceNetns: path, HostNetns: req.GetNetns()}, nil
+}
+
+// DeleteVM removes the VM endpoint and its device's namespace.
+func (s *Server) DeleteVM(ctx context.Context, req *apiv1.DelVMRequest) (*apiv1.DelVMResponse, error) {
+	resp, err := s.API.DelVM(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if s.VMNetns.Dir != "" {
+		if err := s.VMNetns.Delete(req.GetName()); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	return resp, nil
 }

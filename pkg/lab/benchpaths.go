@@ -10,7 +10,8 @@ import (
 // emulated and the guest, not the datapath, bounds these figures.
 const TCGNote = "guest under TCG (software-emulated CPU, no KVM): the guest is the bottleneck; compare VM rows with each other, not with pods"
 
-// BenchPaths returns the cross-node rows the lab offers (node1 -> node2; VMs are on the last node):
+// BenchPaths returns the cross-node rows the lab offers (node1 -> node2; VMs are on the last node, or
+// on node 1 with `--vm-node 1`, then from node 2):
 // host, bridge-iptables and lanekit-pod when their pods exist, and with
 // `lab up --vm` lanekit-vm (lanekit pod -> the fast-lane guest) and
 // bridge-tap-vm (baseline pod -> the tap guest), whose servers run inside
@@ -60,17 +61,25 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 			continue
 		}
 		v := row.vms[0]
-		c, ok := firstPod(n1, row.kind)
+		from := n1
+		if v.Node == n1.Index { // `lab up --vm-node 1`: the client is node 2's
+			from = n2
+		}
+		c, ok := firstPod(from, row.kind)
 		switch {
 		case !ok:
-			skipped = append(skipped, fmt.Sprintf("%s: no %s pod on %s", row.name, row.kind, n1.NS))
-		case v.Node == n1.Index:
-			skipped = append(skipped, fmt.Sprintf("%s: %s is on %s, not across nodes", row.name, v.Name, n1.NS))
+			skipped = append(skipped, fmt.Sprintf("%s: no %s pod on %s", row.name, row.kind, from.NS))
+		case v.Node == from.Index:
+			skipped = append(skipped, fmt.Sprintf("%s: %s is on %s, not across nodes", row.name, v.Name, from.NS))
 		case v.IP == "" || v.SerialSocket == "":
 			skipped = append(skipped, fmt.Sprintf("%s: %s has no address or console", row.name, v.Name))
 		default:
+			note := TCGNote
+			if v.BackendNS != "" && v.BackendNS != v.NS {
+				note = fmt.Sprintf("to %s on %s, whose fast lane runs on its DPU %s; %s", v.Name, NodeNS(v.Node), v.BackendNS, TCGNote)
+			}
 			paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: v.NS, ServerIP: v.IP,
-				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: TCGNote, Includes: row.includes})
+				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: note, Includes: row.includes})
 		}
 	}
 	return s.routingRows(s.dpuRows(paths)), skipped

@@ -79,8 +79,8 @@ func (cfg Config) checkDPU() error {
 		return errors.New("--dpu-nodes: IPv4 only")
 	case cfg.routing() != RoutingNative || cfg.underlay() == UnderlayRouted:
 		return errors.New("--dpu-nodes: native routing on the bridged underlay only")
-	case cfg.VM && cfg.Nodes <= cfg.DPUNodes:
-		return errors.New("--dpu-nodes: the lab's VM runs on the last node, which must not have a DPU (VMs on a DPU node are not supported yet)")
+	case cfg.VM && cfg.K8s && cfg.vmNode() <= cfg.DPUNodes:
+		return errors.New("--dpu-nodes: a KubeVirt VM (--k8s --vm) on a DPU node is not supported yet (CNI VM attachments on the DPU)")
 	}
 	return nil
 }
@@ -147,6 +147,9 @@ func dpuAgentArgs(i int) []string {
 		"--uplink", Uplink, "--pod-cidr", PodCIDR(i), "--node-addr", UnderlayIP(i),
 		"--bpf-dir", DPUBPFDir(i), "--socket-lb=false", "--service-health-checks=false",
 		"--vm-socket-dir", DPUDir(i) + "/vm", "--dpu-name", DPUNS(i),
+		// A VM's device namespace on the DPU: /run/netns/lk-n<i>-d1-<vm>
+		// (lab down removes it with the lab's namespaces).
+		"--vm-netns-dir", "/run/netns",
 	}
 }
 

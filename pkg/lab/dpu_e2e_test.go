@@ -132,16 +132,23 @@ func TestDPULab(t *testing.T) {
 			t.Errorf("lab down left the DPU's pins %s", DPUBPFDir(1))
 		}
 	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--dpu-nodes", "1"); err != nil {
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--dpu-nodes", "1", "--vm", "--vm-node", "1"); err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
+	st, err := LoadState()
+	if err != nil || len(st.VMs) != 1 {
+		t.Fatalf("lab state: %v, want one fast-lane VM: %+v", err, st)
+	}
+	vm := st.VMs[0]
 	if _, err := lk(t, "lab", "check"); err != nil {
 		t.Fatalf("lab check on the mixed lab: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	// Where the datapath is: nothing on node 1, everything on its DPU.
+	// Where the datapath is: nothing on node 1, everything on its DPU;
+	// the VM's fast lane too (its QEMU stays on the host).
+	dpuVMPlacement(t, vm)
 	found, err := datapathIn(NodeNS(1), PodCIDR(1))
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +223,12 @@ func TestDPULab(t *testing.T) {
 		t.Errorf("DPU status does not name its host")
 	}
 
-	dpuKilledDuringTransfer(t, bins, lk, client, serverIP)
+	dpuVMStatus(t, lk, vm)
+
+	t.Run("NetworkPolicy on a pod of the DPU node", func(t *testing.T) { dpuPolicyAcrossKinds(t, lk, bins.Self) })
+	dpuVMServicesPolicy(t, ctx, bins.Self, vm)
+
+	dpuKilledDuringTransfer(t, bins, lk, client, serverIP, vm)
 }
 
 // echoVia sends token over TCP from netns to addr (a lab tcp-echo behind
@@ -262,13 +274,18 @@ func conntrackEntries(t *testing.T, sock string) uint32 {
 // dead, a CNI ADD on node 1 fails with code 11 and leaves no device, and the
 // host says the DPU is unreachable. The restarted DPU agent keeps the
 // endpoint and its tcx links, the host reconnects, and an ADD works again.
-func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...string) (string, error), client, serverIP string) {
+func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...string) (string, error), client, serverIP string, vm LabVM) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	linksBefore, err := tcxLinkIDs(DPUNS(1))
 	if err != nil || len(linksBefore) < 2 {
 		t.Fatalf("tcx links of the DPU: %v %v", linksBefore, err)
+	}
+	endpoints := len(dpuCounters(t, 1))
+	devsBefore, err := datapathIn(DPUNS(1), PodCIDR(1))
+	if err != nil {
+		t.Fatal(err)
 	}
 	srv := nsCommand(ctx, PodNS(2, 1, KindLanekit), "iperf3", "-s", "-1")
 	if err := srv.Start(); err != nil {
@@ -345,8 +362,8 @@ func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...str
 		t.Fatalf("restart the DPU agent: %v", err)
 	}
 	log, _ := os.ReadFile(DPULog(1))
-	if !strings.Contains(string(log), `"msg":"re-adopted endpoints","kept":1`) {
-		t.Errorf("restarted DPU agent did not keep its endpoint; log: %s", logTail(DPULog(1)))
+	if m := keptRe.FindAllStringSubmatch(string(log), -1); len(m) == 0 || m[len(m)-1][1] != fmt.Sprint(endpoints) {
+		t.Errorf("restarted DPU agent did not keep its %d endpoints (pods and the VM): %v; log: %s", endpoints, m, logTail(DPULog(1)))
 	}
 	linksAfter, err := tcxLinkIDs(DPUNS(1))
 	if err != nil || fmt.Sprint(linksAfter) != fmt.Sprint(linksBefore) {
@@ -364,6 +381,10 @@ func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...str
 	if _, err := inNS(ctx, client, append(pingCommand(), "-c", "1", "-W", "2", serverIP)...); err != nil {
 		t.Errorf("pod traffic after the DPU restart: %v", err)
 	}
+	// The VM on the DPU, re-adopted: node 2's pod still reaches its echo.
+	if !echoDial(t, ctx, bins.Self, PodNS(2, 1, KindLanekit), net.JoinHostPort(vm.IP, fmt.Sprint(EchoPort))) {
+		t.Errorf("node 2 pod -> the VM on the DPU after the DPU agent's restart: no answer")
+	}
 	// The namespace the refused ADD made: now it attaches.
 	cni, list, err := cniFor(bins, 1, KindLanekit)
 	if err != nil {
@@ -373,7 +394,8 @@ func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...str
 		t.Errorf("CNI ADD after the restart: %v", err)
 	} else if err := delPod(ctx, bins, 1, podNS, KindLanekit); err != nil {
 		t.Errorf("CNI DEL: %v", err)
-	} else if found, err := datapathIn(DPUNS(1), PodCIDR(1)); err != nil || strings.Count(fmt.Sprint(found), "endpoint device") != 1 {
-		t.Errorf("after DEL the DPU should hold only the first pod's representor: %v %v", found, err)
+	} else if found, err := datapathIn(DPUNS(1), PodCIDR(1)); err != nil ||
+		strings.Count(fmt.Sprint(found), "endpoint device") != strings.Count(fmt.Sprint(devsBefore), "endpoint device") {
+		t.Errorf("after DEL the DPU should hold the representors it held before the ADD (%v): %v %v", devsBefore, found, err)
 	}
 }

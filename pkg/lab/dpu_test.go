@@ -35,6 +35,20 @@ func TestDPUBenchRows(t *testing.T) {
 			t.Error("a lab without a DPU got the plain-node row")
 		}
 	}
+	// The fast-lane VM on the DPU node: its row starts on node 2 and says
+	// where its fast lane runs.
+	st.Nodes[0].DPU = &DPU{NS: DPUNS(1), IP: DPUIP(1)}
+	st.VMs = []LabVM{{Name: "vm1", Node: 1, NS: VMNS(1, 1), IP: "10.244.1.9", SerialSocket: "/x", BackendNS: DPUNS(1)}}
+	paths, skipped := st.BenchPaths()
+	found := false
+	for _, p := range paths {
+		if p.Name == "lanekit-vm" {
+			found = p.ClientNS == PodNS(2, 1, KindLanekit) && p.ServerIP == "10.244.1.9" && strings.Contains(p.Note, "on its DPU "+DPUNS(1))
+		}
+	}
+	if !found {
+		t.Errorf("no lanekit-vm row from node 2 to the VM on the DPU node: %+v (skipped %v)", paths, skipped)
+	}
 	cfg := Config{Nodes: 2, DPUNodes: 3}
 	if err := cfg.checkDPU(); err == nil {
 		t.Error("--dpu-nodes 3 of 2 nodes accepted")
@@ -42,5 +56,32 @@ func TestDPUBenchRows(t *testing.T) {
 	cfg = Config{Nodes: 2, DPUNodes: 1, K8s: true}
 	if err := cfg.checkDPU(); err == nil {
 		t.Error("--dpu-nodes with --k8s accepted")
+	}
+}
+
+// The fast-lane VM may go on a DPU node (--vm-node): checkDPU no longer
+// refuses it; --vm-node is checked on its own.
+func TestDPUVMNode(t *testing.T) {
+	cfg := Config{Nodes: 2, DPUNodes: 1, VM: true, VMNode: 1}
+	if err := cfg.checkDPU(); err != nil {
+		t.Errorf("a VM on the DPU node refused: %v", err)
+	}
+	if err := cfg.checkVMNode(); err != nil || cfg.vmNode() != 1 {
+		t.Errorf("--vm-node 1: %v, node %d", err, cfg.vmNode())
+	}
+	cfg = Config{Nodes: 2, DPUNodes: 2, VM: true}
+	if err := cfg.checkDPU(); err != nil || cfg.vmNode() != 2 {
+		t.Errorf("every node with a DPU and the VM on the last: %v, node %d", err, cfg.vmNode())
+	}
+	for _, bad := range []Config{
+		{Nodes: 2, VMNode: 1},
+		{Nodes: 2, VM: true, VMNode: 3},
+		{Nodes: 2, VM: true, VMNode: -1},
+		{Nodes: 2, VM: true, VMNode: 1, VMs: 2},
+		{Nodes: 2, VM: true, VMNode: 1, K8s: true},
+	} {
+		if err := bad.checkVMNode(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
 	}
 }

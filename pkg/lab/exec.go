@@ -50,7 +50,7 @@ func netnsPath(ns string) string { return "/run/netns/" + ns }
 // labNetnsRe matches the namespaces the lab creates: lk-wire, lk-node<i>,
 // lk-n<i>-<kind letter><j>, lk-p-<name> (lab pod add). Other lk- namespaces (e.g. the lk-t-* ones of
 // other packages' tests) are not the lab's and are left alone.
-var labNetnsRe = regexp.MustCompile(`^lk-(wire|node[0-9]+|n[0-9]+-[a-z][0-9]+|p-[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`)
+var labNetnsRe = regexp.MustCompile(`^lk-(wire|node[0-9]+|n[0-9]+-[a-z][0-9]+|n[0-9]+-d[0-9]+-[a-z0-9]+|p-[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`)
 
 // listLabNetns returns the lab's namespaces that exist.
 func listLabNetns() []string {

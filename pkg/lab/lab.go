@@ -44,6 +44,9 @@ type Config struct {
 	// VMs: fast-lane guests (with VM): 1 (0 too) on the last node; 2 adds
 	// "vm2" on node 1, so that VM to VM crosses nodes (lab check).
 	VMs int
+	// VMNode is the node of the fast-lane VM "vm1" (0: the last node); a
+	// DPU node places its fast lane on the DPU (dpu.go).
+	VMNode int
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
 	K8s bool

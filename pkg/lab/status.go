@@ -100,6 +100,8 @@ func WriteStatus(ctx context.Context, w io.Writer) error {
 		path, backend := "fast lane (vhost-user, AF_XDP)", state(v.BackendPID)
 		if v.BackendPID == 0 {
 			path, backend = "standard (tap on lk-cni0)", "qemu virtio"
+		} else if v.BackendNS != "" {
+			path, backend = "fast lane on the DPU (vhost-user, AF_XDP)", state(v.BackendPID)+" in "+v.BackendNS
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%.1fs\t\n", v.Name, path, NodeNS(v.Node), v.NS, addrs(v.IP, v.IP6), v.MAC, v.Queues,
 			backend, state(v.QEMUPID), v.BootSeconds)

@@ -31,6 +31,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.checkDPU(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if err := cfg.checkVMNode(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if cfg.K8s && cfg.BaselineOnly {
 		return nil, fmt.Errorf("lab up: --k8s needs the agents (not --baseline-only)")
 	}
@@ -209,7 +212,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 				return upKubeVirtVM(ctx, cfg, st, i, kc)
 			}
 		}
-		if err := up(ctx, cfg, st, len(st.Nodes)); err != nil {
+		if err := up(ctx, cfg, st, cfg.vmNode()); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)
 		}
 		if err := upSecondVM(ctx, cfg, st); err != nil { // vm6.go

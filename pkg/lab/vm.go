@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -27,12 +28,16 @@ type LabVM struct {
 	XSKSocket   string `json:"xsk_socket"`
 	VhostSocket string `json:"vhost_socket"`
 	// MetricsSocket is the backend's --metrics-listen socket (Prometheus text).
-	MetricsSocket string  `json:"metrics_socket,omitempty"`
-	SerialSocket  string  `json:"serial_socket"`
-	BackendPID    int     `json:"backend_pid"`
-	QEMUPID       int     `json:"qemu_pid"`
-	MTU           int     `json:"mtu,omitempty"` // the guest NIC's (0: the driver's default)
-	BootSeconds   float64 `json:"boot_seconds"`
+	MetricsSocket string `json:"metrics_socket,omitempty"`
+	SerialSocket  string `json:"serial_socket"`
+	// BackendNS is where lanekit-vhost runs when not in NS: the DPU's
+	// namespace on a DPU node (the VM's fast lane is the DPU's, its QEMU
+	// stays in NS on the host).
+	BackendNS   string  `json:"backend_netns,omitempty"`
+	BackendPID  int     `json:"backend_pid"`
+	QEMUPID     int     `json:"qemu_pid"`
+	MTU         int     `json:"mtu,omitempty"` // the guest NIC's (0: the driver's default)
+	BootSeconds float64 `json:"boot_seconds"`
 }
 
 // GuestCacheDir holds the guest kernel and initramfs (built once, reused).
@@ -55,6 +60,30 @@ func vmFile(i int, name, suffix string) string {
 
 // vmBackendDir holds the backend's vhost-user socket, owned by backendUser.
 func vmBackendDir(i int, name string) string { return filepath.Join(NodeDir(i), name+"-backend") }
+
+// vmNode is the node of the fast-lane VM vm1: --vm-node, else the last.
+func (cfg Config) vmNode() int {
+	if cfg.VMNode > 0 {
+		return cfg.VMNode
+	}
+	return cfg.Nodes
+}
+
+func (cfg Config) checkVMNode() error {
+	switch {
+	case cfg.VMNode == 0:
+		return nil
+	case !cfg.VM:
+		return errors.New("--vm-node needs --vm")
+	case cfg.VMNode < 0 || cfg.VMNode > cfg.Nodes:
+		return fmt.Errorf("--vm-node %d: want 1..%d", cfg.VMNode, cfg.Nodes)
+	case cfg.VMNode == 1 && cfg.VMs > 1:
+		return errors.New("--vm-node 1 with --vms 2: the second VM is node 1's already")
+	case cfg.K8s:
+		return errors.New("--vm-node: not with --k8s (the KubeVirt VM runs on the last node)")
+	}
+	return nil
+}
 
 // upVM adds VM "vm1" on node i: agent VM endpoint, backend, QEMU, ready line.
 func upVM(ctx context.Context, cfg Config, st *State, i int) error {
@@ -97,6 +126,9 @@ func upVMNamed(ctx context.Context, cfg Config, st *State, i int, name string) e
 		lv.IP = ip.String()
 	}
 	lv.IP6 = vmIPv6(vm) // vm6.go
+	if IsDPUNode(i) {
+		lv.BackendNS = DPUNS(i)
+	}
 	progress(cfg.Out, "lab: vm %s: endpoint %s mac %s, %d queue pair(s), sockets at %s", name, lv.IP, lv.MAC, queues, lv.XSKSocket)
 	if err := publishVMPod(ctx, st, lv); err != nil { // vm6.go
 		return fmt.Errorf("vm %s: %w", name, err)
@@ -126,7 +158,11 @@ func startVMBackend(lv LabVM, vhostBin string) (int, error) {
 	if lv.MTU > 0 {
 		args = append(args, "--mtu", strconv.Itoa(lv.MTU))
 	}
-	pid, err := startDaemon(lv.NS, vmFile(lv.Node, lv.Name, "vhost"), "setpriv", args...)
+	ns := lv.NS
+	if lv.BackendNS != "" {
+		ns = lv.BackendNS
+	}
+	pid, err := startDaemon(ns, vmFile(lv.Node, lv.Name, "vhost"), "setpriv", args...)
 	if err != nil {
 		return pid, fmt.Errorf("backend: %w", err)
 	}
