@@ -155,7 +155,7 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 	}
 	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log}
 	cfg.PodDevices = dpu.Representors{Reps: reps}
-	cfg.DatapathLocation = s.Location
+	cfg.DatapathLocation = dpuLocation(s.Location, cfg.NodeName)
 	lis, err := net.Listen("tcp", m.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--dpu-listen: %w", err)
@@ -178,4 +178,28 @@ func (d *dpuSide) serve(ctx context.Context, a *agent.Agent, log *slog.Logger, f
 		}
 	}()
 	return nil
+}
+
+// validateKube checks --mode with the Kubernetes flags: a DPU agent with
+// --node-name watches for its host (the Node is the host's), and the
+// Node's InternalIP is the host's address, not on the DPU: its uplink must
+// be named. The host agent runs no watchers.
+func (m modeFlags) validateKube(kube kubeFlags, uplink string) error {
+	switch {
+	case m.mode == modeHost && kube.nodeName != "":
+		return errors.New("--mode host runs no Kubernetes watchers: give --node-name (the host's Node) to the DPU agent")
+	case m.mode == modeDPU && kube.nodeName != "" && uplink == "":
+		return errors.New("--mode dpu with --node-name needs --uplink: the Node's InternalIP is the host's, not on the DPU")
+	}
+	return nil
+}
+
+// dpuLocation is the DPU agent's Status location: the link's, and with the
+// Kubernetes source the host's Node it serves (its pod CIDR, routes,
+// Services, policy, and the Pods bound to it by spec.nodeName).
+func dpuLocation(link func() string, node string) func() string {
+	if node == "" {
+		return link
+	}
+	return func() string { return link() + "; Kubernetes node " + node }
 }
