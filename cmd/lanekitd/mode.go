@@ -37,6 +37,7 @@ type modeFlags struct {
 	vfNetns    string // dpu, veth: the host's namespace
 	vfPF       string // dpu, sriov: the PF on the DPU; host: the PF whose VFs move
 	ipsec      string // dpu: --ipsec-offload
+	hostPF     string // dpu: the host-facing PF representor (the host's ClusterIP traffic)
 }
 
 func (m *modeFlags) addFlags(fs *flag.FlagSet) {
@@ -52,10 +53,14 @@ func (m *modeFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&m.vfKind, "vf-kind", vf.KindSRIOV, "dpu mode: what a VF is: sriov (a VF of --vf-pf and its switchdev representor) or veth (a veth pair into --vf-host-netns; the lab)")
 	fs.StringVar(&m.vfNetns, "vf-host-netns", "", "dpu mode, --vf-kind veth: path of the host's network namespace")
 	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
+	fs.StringVar(&m.hostPF, "dpu-host-pf", "", "dpu mode: the host-facing PF representor: the host's own traffic to ClusterIPs (its processes, hostNetwork pods) is load-balanced there (empty: not)")
 	fs.StringVar(&m.ipsec, "ipsec-offload", dpu.IPsecOffloadOff, "dpu mode: node-to-node IPsec on the DPU (on is refused: probed, not implemented)")
 }
 
 func (m *modeFlags) validate() error {
+	if m.hostPF != "" && m.mode != modeDPU {
+		return errors.New("--dpu-host-pf needs --mode dpu")
+	}
 	switch m.mode {
 	case modeLocal:
 		return nil
@@ -146,6 +151,7 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 		return nil, fmt.Errorf("--mode dpu: representors are veth-like devices, not --device-mode %s", cfg.DeviceMode)
 	}
 	cfg.DeviceMode = "veth"
+	cfg.HostPF = m.hostPF
 	node, _ := os.Hostname()
 	if cfg.NodeName != "" {
 		node = cfg.NodeName

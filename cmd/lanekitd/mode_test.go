@@ -21,6 +21,7 @@ func TestModeFlags(t *testing.T) {
 		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--vf-kind", "veth", "--pod-cidr", "10.9.0.0/24"}, tlsArgs...), "--vf-kind veth needs --vf-host-netns"},
 		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--pod-cidr", "10.9.0.0/24"}, tlsArgs...), "--vf-kind sriov needs --vf-pf"},
 		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--vf-kind", "tap", "--pod-cidr", "10.9.0.0/24"}, tlsArgs...), `--vf-kind "tap"`},
+		{[]string{"--dpu-host-pf", "lk-pf", "--pod-cidr", "10.9.0.0/24"}, "--dpu-host-pf needs --mode dpu"},
 		// Kubernetes: the DPU agent watches for its host, the host agent nothing.
 		{append([]string{"--mode", "host", "--dpu-addr", "10.0.0.1:7443", "--node-name", "n1"}, tlsArgs...), "--mode host runs no Kubernetes watchers"},
 		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--vf-kind", "veth", "--vf-host-netns", "/run/netns/x", "--node-name", "n1"}, tlsArgs...),

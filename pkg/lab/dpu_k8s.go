@@ -26,10 +26,11 @@ func labK8s() bool {
 
 // dpuPodCIDRArgs are the DPU agent's pod-CIDR flags: the static range, or
 // with --k8s the host's Node (pod CIDR, routes and objects come from the
-// API server).
+// API server), and the PF representor where the host's own ClusterIP
+// traffic is load-balanced (from_host).
 func dpuPodCIDRArgs(i int) []string {
 	if labK8s() {
-		return []string{"--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i)}
+		return []string{"--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i), "--dpu-host-pf", DPUPF}
 	}
 	return []string{"--pod-cidr", PodCIDR(i)}
 }
@@ -40,6 +41,11 @@ func dpuPodCIDRArgs(i int) []string {
 // through its PF to the DPU (on hardware, its default route), as the host
 // of a plain node in a --k8s lab would have them from its agent.
 func buildDPUK8s(ctx context.Context, i, n int) error {
+	// The host's own ClusterIP traffic: through its PF to the DPU, whose
+	// from_host on lk-pf load-balances it (on hardware: the default route).
+	if err := ip(ctx, "-n", NodeNS(i), "route", "add", ServiceCIDR, "via", DPUIP(i), "dev", Uplink); err != nil {
+		return fmt.Errorf("dpu %s (k8s): %w", DPUNS(i), err)
+	}
 	for j := 1; j <= n; j++ {
 		if j == i {
 			continue

@@ -241,6 +241,35 @@ func testDPUK8sService(ctx context.Context, t *testing.T, b Bins, c kubernetes.I
 	if n := conntrackEntries(t, DPUSocket(1)); n == 0 {
 		t.Error("the DPU's conntrack is empty after Service connections")
 	}
+	t.Run("FromHostNetns", func(t *testing.T) { testDPUK8sHostClusterIP(t, vip) })
+}
+
+// testDPUK8sHostClusterIP: node 1's own processes reach the ClusterIP
+// (issue 28's socket LB for the host of a DPU node): the host holds no
+// lanekit program, its route to the Service range leads through its PF to
+// the DPU, whose from_host on the PF representor load-balances the flow
+// (the DPU's new-flow counter) and from_uplink translates the replies back
+// (rev-nat).
+func testDPUK8sHostClusterIP(t *testing.T, vip string) {
+	found, err := datapathIn(DPUNS(1), PodCIDR(1))
+	if err != nil || !strings.Contains(fmt.Sprint(found), "on "+DPUPF) {
+		t.Errorf("no program on the DPU's host PF representor %s: %v %v", DPUPF, found, err)
+	}
+	lb0 := agentStatusOf(t, DPUSocket(1)).GetControlPlane().GetLbCounters()
+	const conns = 3
+	for k := range conns {
+		tok := "host-" + strconv.Itoa(k)
+		if got, err := echoVia(NodeNS(1), vip, tok); err != nil || got != tok {
+			t.Errorf("node 1's host netns -> %s: %q %v", vip, got, err)
+		}
+	}
+	lb1 := agentStatusOf(t, DPUSocket(1)).GetControlPlane().GetLbCounters()
+	if d := lb1["new-flow"] - lb0["new-flow"]; d < conns {
+		t.Errorf("the DPU's load balancer counted %d new flows for %d host connections to %s", d, conns, vip)
+	}
+	if d := lb1["rev-nat"] - lb0["rev-nat"]; d < conns {
+		t.Errorf("the DPU reverse-translated %d replies for %d host connections", d, conns)
+	}
 }
 
 // testDPUK8sPolicy: a NetworkPolicy created through the API server selects
