@@ -78,15 +78,20 @@ func Open(cfg Config, log *slog.Logger) (*Loader, error) {
 		l.Close()
 		return nil, fmt.Errorf("open datapath: %w", err)
 	}
-	if cfg.HostPF != "" {
-		ifc, err := net.InterfaceByName(cfg.HostPF)
-		if err == nil {
-			err = l.attach(pinHostPF, ifc.Index, attachTCXIngress, l.uplink.FromHost)
+	// A DPU's host PF representor: from_host; without one, a link an
+	// earlier agent pinned is removed.
+	var hostPFErr error
+	if cfg.HostPF == "" {
+		hostPFErr = l.detach(pinHostPF)
+	} else {
+		var ifc *net.Interface
+		if ifc, hostPFErr = net.InterfaceByName(cfg.HostPF); hostPFErr == nil {
+			hostPFErr = l.attach(pinHostPF, ifc.Index, attachTCXIngress, l.uplink.FromHost) // in place on a restart
 		}
-		if err != nil {
-			l.Close()
-			return nil, fmt.Errorf("open datapath: host PF %q: %w", cfg.HostPF, err)
-		}
+	}
+	if hostPFErr != nil {
+		l.Close()
+		return nil, fmt.Errorf("open datapath: host PF %q: %w", cfg.HostPF, hostPFErr)
 	}
 	log.Info("datapath loaded", "pin_dir", cfg.PinDir, "uplink", cfg.Uplink, "gateway", cfg.GatewayIP, "tunnel", cfg.Tunnel)
 	return l, nil
