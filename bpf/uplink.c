@@ -124,6 +124,31 @@ int to_uplink(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* from_host (tcx ingress of a DPU's host-facing PF representor, lanekitd
+ * --mode dpu --dpu-host-pf): the host's own traffic (its processes,
+ * hostNetwork pods) on its way through the DPU. ClusterIP frontends are
+ * load-balanced as for a pod, without SNAT: the backend answers the host's
+ * address, which the DPU stands in front of, and from_uplink (or to_pod,
+ * for a backend behind this DPU) translates the reply back. Everything else
+ * continues to the DPU's stack. IPv4. */
+SEC("tc")
+int from_host(struct __sk_buff *skb)
+{
+	struct lb_pending *pend = lb_pending_get();
+	struct pkt p;
+	int changed, v;
+
+	if (skb->pkt_type != PACKET_HOST || skb->vlan_present)
+		return TC_ACT_OK;
+	if (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4)
+		return TC_ACT_OK;
+	v = lb4(skb, &p, LB_SCOPE_CLUSTERIP, 0, &changed, pend);
+	if (v != LB_CONTINUE)
+		return v;
+	lb_commit(pend);
+	return TC_ACT_OK;
+}
+
 /* from_uplink6 is from_wire for IPv6 (lib/ipv6.h), entered from it by a
  * tail call (lk_uplink6_progs): the IPv4 pipeline fills from_wire's stack. */
 SEC("tc")

@@ -148,6 +148,9 @@ func run(args []string) error {
 	if err := mode.validate(); err != nil {
 		return err
 	}
+	if err := mode.validateKube(kube, cfg.Uplink); err != nil {
+		return err
+	}
 	if mode.mode == modeHost {
 		return runHost(mode, cfg.Socket, newLogger(logJSON, verbose))
 	}

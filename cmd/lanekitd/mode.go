@@ -38,6 +38,7 @@ type modeFlags struct {
 	vfPF       string // dpu, sriov: the PF on the DPU; host: the PF whose VFs move
 	ipsec      string // dpu: --ipsec-offload
 	vmNetns    string // dpu: where the VMs' device namespaces are mounted
+	hostPF     string // dpu: the host-facing PF representor (the host's ClusterIP traffic)
 }
 
 func (m *modeFlags) addFlags(fs *flag.FlagSet) {
@@ -54,10 +55,14 @@ func (m *modeFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&m.vfNetns, "vf-host-netns", "", "dpu mode, --vf-kind veth: path of the host's network namespace")
 	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
 	fs.StringVar(&m.vmNetns, "vm-netns-dir", "/run/lanekit/dpu-vm", "dpu mode: directory where each VM's device namespace on the DPU is mounted, as <dpu-name>-<vm> (empty: VMs refused)")
+	fs.StringVar(&m.hostPF, "dpu-host-pf", "", "dpu mode: the host-facing PF representor: the host's own traffic to ClusterIPs (its processes, hostNetwork pods) is load-balanced there (empty: not)")
 	fs.StringVar(&m.ipsec, "ipsec-offload", dpu.IPsecOffloadOff, "dpu mode: node-to-node IPsec on the DPU (on is refused: probed, not implemented)")
 }
 
 func (m *modeFlags) validate() error {
+	if m.hostPF != "" && m.mode != modeDPU {
+		return errors.New("--dpu-host-pf needs --mode dpu")
+	}
 	switch m.mode {
 	case modeLocal:
 		return nil
@@ -148,6 +153,7 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 		return nil, fmt.Errorf("--mode dpu: representors are veth-like devices, not --device-mode %s", cfg.DeviceMode)
 	}
 	cfg.DeviceMode = "veth"
+	cfg.HostPF = m.hostPF
 	node, _ := os.Hostname()
 	if cfg.NodeName != "" {
 		node = cfg.NodeName
@@ -160,7 +166,7 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 		s.VMNetns = dpu.VMNetns{Dir: m.vmNetns, Prefix: node + "-"}
 	}
 	cfg.PodDevices = dpu.Representors{Reps: reps}
-	cfg.DatapathLocation = s.Location
+	cfg.DatapathLocation = dpuLocation(s.Location, cfg.NodeName)
 	lis, err := net.Listen("tcp", m.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--dpu-listen: %w", err)
@@ -183,4 +189,28 @@ func (d *dpuSide) serve(ctx context.Context, a *agent.Agent, log *slog.Logger, f
 		}
 	}()
 	return nil
+}
+
+// validateKube checks --mode with the Kubernetes flags: a DPU agent with
+// --node-name watches for its host (the Node is the host's), and the
+// Node's InternalIP is the host's address, not on the DPU: its uplink must
+// be named. The host agent runs no watchers.
+func (m modeFlags) validateKube(kube kubeFlags, uplink string) error {
+	switch {
+	case m.mode == modeHost && kube.nodeName != "":
+		return errors.New("--mode host runs no Kubernetes watchers: give --node-name (the host's Node) to the DPU agent")
+	case m.mode == modeDPU && kube.nodeName != "" && uplink == "":
+		return errors.New("--mode dpu with --node-name needs --uplink: the Node's InternalIP is the host's, not on the DPU")
+	}
+	return nil
+}
+
+// dpuLocation is the DPU agent's Status location: the link's, and with the
+// Kubernetes source the host's Node it serves (its pod CIDR, routes,
+// Services, policy, and the Pods bound to it by spec.nodeName).
+func dpuLocation(link func() string, node string) func() string {
+	if node == "" {
+		return link
+	}
+	return func() string { return link() + "; Kubernetes node " + node }
 }

@@ -114,6 +114,9 @@ type Config struct {
 	// DatapathLocation says in Status where the datapath runs for whom;
 	// nil: "local".
 	DatapathLocation func() string
+	// HostPF: the DPU agent's host-facing PF representor, where the host's
+	// own ClusterIP traffic is load-balanced (datapath.Config.HostPF).
+	HostPF string
 }
 
 // Agent is one node's agent.
@@ -178,7 +181,7 @@ type Agent struct {
 
 func openDatapath(cfg Config, tunnel string, log *slog.Logger) (datapath.Datapath, string, error) {
 	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax,
-		Tunnel: tunnel}
+		Tunnel: tunnel, HostPF: cfg.HostPF}
 	if cfg.OpenDatapath != nil {
 		dp, err := cfg.OpenDatapath(dcfg, log)
 		return dp, "test", err

@@ -178,6 +178,10 @@ type Config struct {
 	// Tunnel is the node's collect_md VXLAN device (tunnel routing mode,
 	// tunnel.go); empty: native routing.
 	Tunnel string
+	// HostPF is a DPU's host-facing PF representor (lanekitd --mode dpu
+	// --dpu-host-pf): from_host load-balances the host's own ClusterIP
+	// traffic there; empty: none.
+	HostPF string
 
 	traceRedirects bool // fixtures: record each redirect decision
 }

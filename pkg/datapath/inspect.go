@@ -67,7 +67,7 @@ func InspectPins(pinDir string) (PinnedState, error) {
 			st.PodLinks = append(st.PodLinks, n)
 		case strings.HasPrefix(n, pinVMLink):
 			st.VMLinks = append(st.VMLinks, n)
-		case n == "lk_endpoints" || n == "lk_ep_by_ifindex" || n == "lk_metrics" || n == "lk_xsks" || n == "lk_rss_vms" || n == pinUplinkTC || n == pinUplinkEgress:
+		case n == "lk_endpoints" || n == "lk_ep_by_ifindex" || n == "lk_metrics" || n == "lk_xsks" || n == "lk_rss_vms" || n == pinUplinkTC || n == pinUplinkEgress || n == pinHostPF:
 		default:
 			st.Other[n] = "unknown"
 		}

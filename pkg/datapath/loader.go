@@ -18,6 +18,7 @@ import (
 const (
 	pinUplinkTC     = "lk_uplink_tc"
 	pinUplinkEgress = "lk_uplink_egress" // to_uplink: service replies of the node's stack
+	pinHostPF       = "lk_hostpf_tc"     // from_host on a DPU's host-facing PF representor
 	pinPodLink      = "lk_pod_"          // + host-side ifname
 	pinToPod        = "lk_topod_"        // + host-side ifname: to_pod
 	pinVMLink       = "lk_vm_"           // + endpoint id
@@ -76,6 +77,21 @@ func Open(cfg Config, log *slog.Logger) (*Loader, error) {
 	if err := l.attachTunnel(); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("open datapath: %w", err)
+	}
+	// A DPU's host PF representor: from_host; without one, a link an
+	// earlier agent pinned is removed.
+	var hostPFErr error
+	if cfg.HostPF == "" {
+		hostPFErr = l.detach(pinHostPF)
+	} else {
+		var ifc *net.Interface
+		if ifc, hostPFErr = net.InterfaceByName(cfg.HostPF); hostPFErr == nil {
+			hostPFErr = l.attach(pinHostPF, ifc.Index, attachTCXIngress, l.uplink.FromHost) // in place on a restart
+		}
+	}
+	if hostPFErr != nil {
+		l.Close()
+		return nil, fmt.Errorf("open datapath: host PF %q: %w", cfg.HostPF, hostPFErr)
 	}
 	log.Info("datapath loaded", "pin_dir", cfg.PinDir, "uplink", cfg.Uplink, "gateway", cfg.GatewayIP, "tunnel", cfg.Tunnel)
 	return l, nil

@@ -363,6 +363,7 @@ const (
 	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
 	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
 	uplinkMapLkUplink6Progs        = "lk_uplink6_progs"
+	uplinkProgFromHost             = "from_host"
 	uplinkProgFromTunnel           = "from_tunnel"
 	uplinkProgFromUplink           = "from_uplink"
 	uplinkProgFromUplink6          = "from_uplink6"
@@ -437,6 +438,7 @@ type uplinkSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type uplinkProgramSpecs struct {
+	FromHost    *ebpf.ProgramSpec `ebpf:"from_host"`
 	FromTunnel  *ebpf.ProgramSpec `ebpf:"from_tunnel"`
 	FromUplink  *ebpf.ProgramSpec `ebpf:"from_uplink"`
 	FromUplink6 *ebpf.ProgramSpec `ebpf:"from_uplink6"`
@@ -669,6 +671,7 @@ type uplinkVariables struct {
 //
 // It can be passed to loadUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type uplinkPrograms struct {
+	FromHost    *ebpf.Program `ebpf:"from_host"`
 	FromTunnel  *ebpf.Program `ebpf:"from_tunnel"`
 	FromUplink  *ebpf.Program `ebpf:"from_uplink"`
 	FromUplink6 *ebpf.Program `ebpf:"from_uplink6"`
@@ -678,6 +681,7 @@ type uplinkPrograms struct {
 
 func (p *uplinkPrograms) Close() error {
 	return _UplinkClose(
+		p.FromHost,
 		p.FromTunnel,
 		p.FromUplink,
 		p.FromUplink6,

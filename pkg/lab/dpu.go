@@ -71,8 +71,8 @@ func (cfg Config) checkDPU() error {
 	switch {
 	case cfg.DPUNodes < 0 || cfg.DPUNodes > cfg.Nodes || cfg.DPUNodes > maxDPUs:
 		return fmt.Errorf("--dpu-nodes %d: want 0..%d (at most --nodes)", cfg.DPUNodes, min(cfg.Nodes, maxDPUs))
-	case cfg.K8s || cfg.Kubelet:
-		return errors.New("--dpu-nodes: not with --k8s yet (the DPU agent would watch its host's pods by node name)")
+	case cfg.Kubelet:
+		return errors.New("--dpu-nodes: not with --kubelet (real nodes run the DaemonSet's local agents; --k8s runs the DPU agent against the API server)")
 	case cfg.BaselineOnly:
 		return errors.New("--dpu-nodes needs the agents (not --baseline-only)")
 	case cfg.IPFamily != "" && cfg.IPFamily != IPFamilyIPv4:
@@ -139,18 +139,19 @@ func buildDPU(ctx context.Context, i, n int) error {
 // dpuAgentArgs are the DPU agent's flags for node i.
 func dpuAgentArgs(i int) []string {
 	c := dpuCerts(i).DPU()
-	return []string{
+	args := []string{
 		"--mode", "dpu", "--dpu-listen", net.JoinHostPort(DPUIP(i), fmt.Sprint(DPUPort)),
 		"--tls-cert", c.Cert, "--tls-key", c.Key, "--tls-ca", c.CA,
 		"--vf-kind", "veth", "--vf-host-netns", netnsPath(NodeNS(i)),
 		"--state-dir", DPUDir(i) + "/state", "--socket", DPUSocket(i),
-		"--uplink", Uplink, "--pod-cidr", PodCIDR(i), "--node-addr", UnderlayIP(i),
+		"--uplink", Uplink, "--node-addr", UnderlayIP(i),
 		"--bpf-dir", DPUBPFDir(i), "--socket-lb=false", "--service-health-checks=false",
 		"--vm-socket-dir", DPUDir(i) + "/vm", "--dpu-name", DPUNS(i),
 		// A VM's device namespace on the DPU: /run/netns/lk-n<i>-d1-<vm>
 		// (lab down removes it with the lab's namespaces).
 		"--vm-netns-dir", "/run/netns",
 	}
+	return append(args, dpuPodCIDRArgs(i)...) // --pod-cidr, or the host's Node (dpu_k8s.go)
 }
 
 // hostAgentArgs are node i's agent flags when it has a DPU.

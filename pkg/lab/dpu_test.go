@@ -54,8 +54,12 @@ func TestDPUBenchRows(t *testing.T) {
 		t.Error("--dpu-nodes 3 of 2 nodes accepted")
 	}
 	cfg = Config{Nodes: 2, DPUNodes: 1, K8s: true}
+	if err := cfg.checkDPU(); err != nil {
+		t.Errorf("--dpu-nodes with --k8s refused: %v", err)
+	}
+	cfg = Config{Nodes: 2, DPUNodes: 1, K8s: true, Kubelet: true}
 	if err := cfg.checkDPU(); err == nil {
-		t.Error("--dpu-nodes with --k8s accepted")
+		t.Error("--dpu-nodes with --kubelet (real nodes) accepted")
 	}
 }
 

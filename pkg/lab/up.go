@@ -102,6 +102,11 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 			if err := buildDPU(ctx, i, cfg.Nodes); err != nil {
 				return st, fmt.Errorf("lab up: %w", err)
 			}
+			if cfg.K8s {
+				if err := buildDPUK8s(ctx, i, cfg.Nodes); err != nil { // dpu_k8s.go
+					return st, fmt.Errorf("lab up: %w", err)
+				}
+			}
 		}
 		if st.HasIPv6() {
 			n := &st.Nodes[len(st.Nodes)-1]
