@@ -267,15 +267,10 @@ func TestTunnelVMPath(t *testing.T) {
 		}
 	})
 
-	// Last (it moves the guest): live migration through the tunnel, and
-	// back when asked (the native lab's return leg fails inside the full
-	// suite, TestVMLiveMigrationMovesAddress).
+	// Last (it moves the guest): live migration through the tunnel and back.
 	con.Close()
 	for _, mv := range [][2]int{{2, 1}, {1, 2}} {
 		t.Run(fmt.Sprintf("live migration node %d to node %d through the tunnel", mv[0], mv[1]), func(t *testing.T) {
-			if mv[1] == 2 && os.Getenv("LANEKIT_LAB_MIGRATE_BACK") != "1" {
-				t.Skip("the move back runs with LANEKIT_LAB_MIGRATE_BACK=1 (as in TestVMLiveMigrationMovesAddress)")
-			}
 			tunnelVMMigration(ctx, t, bins, vm, mv[0], mv[1])
 		})
 	}
