@@ -77,8 +77,8 @@ func (s *hostAPI) AddEndpoint(ctx context.Context, req *apiv1.AddEndpointRequest
 	if req.GetKind() == apiv1.EndpointKind_ENDPOINT_KIND_VM {
 		return nil, status.Error(codes.Unimplemented, "VM attachments on a DPU node are not supported yet")
 	}
-	if fi, err := os.Stat(req.GetNetns()); err != nil || fi.IsDir() {
-		return nil, status.Errorf(codes.FailedPrecondition, "netns %q: not a network namespace file (%v)", req.GetNetns(), err)
+	if err := checkNetnsFile(req.GetNetns()); err != nil {
+		return nil, err
 	}
 	s.h.opMu.Lock()
 	defer s.h.opMu.Unlock()
@@ -247,8 +247,8 @@ func (s *hostAPI) ListPolicies(ctx context.Context, req *apiv1.ListPoliciesReque
 // here in req's namespace, everything of the endpoint there; nothing of it
 // is created on the host.
 func (s *hostAPI) AddVM(ctx context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVMResponse, error) {
-	if fi, err := os.Stat(req.GetNetns()); err != nil || fi.IsDir() {
-		return nil, status.Errorf(codes.FailedPrecondition, "netns %q: not a network namespace file (%v)", req.GetNetns(), err)
+	if err := checkNetnsFile(req.GetNetns()); err != nil {
+		return nil, err
 	}
 	s.h.opMu.Lock()
 	defer s.h.opMu.Unlock()
@@ -280,4 +280,12 @@ func (s *hostAPI) ListVMs(ctx context.Context, req *apiv1.ListVMsRequest) (*apiv
 // method.
 func (s *hostAPI) VMMigrationChanged(context.Context, *apiv1.VMMigrationChangedRequest) (*apiv1.VMMigrationChangedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "live migration of a VM on a DPU node is not supported")
+}
+
+// checkNetnsFile refuses a netns path that is no file (FailedPrecondition).
+func checkNetnsFile(p string) error {
+	if fi, err := os.Stat(p); err != nil || fi.IsDir() {
+		return status.Errorf(codes.FailedPrecondition, "netns %q: not a network namespace file (%v)", p, err)
+	}
+	return nil
 }

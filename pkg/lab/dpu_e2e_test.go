@@ -82,23 +82,7 @@ func datapathIn(ns, podCIDR string) ([]string, error) {
 // dpuCounters maps each endpoint IP of node i's DPU agent to its counters.
 func dpuCounters(t *testing.T, i int) map[string]*apiv1.EndpointCounters {
 	t.Helper()
-	c, closeFn, err := agentClient(DPUSocket(i))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
-	if err != nil {
-		t.Fatalf("list endpoints on DPU %d: %v", i, err)
-	}
-	out := map[string]*apiv1.EndpointCounters{}
-	for _, ep := range resp.GetEndpoints() {
-		ip, _, _ := strings.Cut(ep.GetIps()[0].GetAddress(), "/")
-		out[ip] = ep.GetCounters()
-	}
-	return out
+	return countersOf(t, DPUSocket(i))
 }
 
 // TestDPULab: a mixed lab, node 1 with a DPU, node 2 plain. The connectivity
@@ -254,18 +238,7 @@ func echoVia(netns, addr, token string) (string, error) {
 
 func conntrackEntries(t *testing.T, sock string) uint32 {
 	t.Helper()
-	c, closeFn, err := agentClient(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.Status(ctx, &apiv1.StatusRequest{})
-	if err != nil {
-		t.Fatalf("status of %s: %v", sock, err)
-	}
-	return st.GetControlPlane().GetConntrackEntries()
+	return agentStatusOf(t, sock).GetControlPlane().GetConntrackEntries()
 }
 
 // dpuKilledDuringTransfer: the DPU agent dies by SIGKILL two seconds into a

@@ -337,40 +337,6 @@ func testDPUK8sPolicy(ctx context.Context, t *testing.T, b Bins, c kubernetes.In
 	}
 }
 
-// agentStatusOf is the Status of the agent at sock.
-func agentStatusOf(t *testing.T, sock string) *apiv1.StatusResponse {
-	t.Helper()
-	c, closeFn, err := agentClient(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.Status(ctx, &apiv1.StatusRequest{})
-	if err != nil {
-		t.Fatalf("status of %s: %v", sock, err)
-	}
-	return st
-}
-
-// listEndpoints lists the endpoints of the agent at sock.
-func listEndpoints(t *testing.T, sock string) []*apiv1.Endpoint {
-	t.Helper()
-	c, closeFn, err := agentClient(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
-	if err != nil {
-		t.Fatalf("list endpoints of %s: %v", sock, err)
-	}
-	return resp.GetEndpoints()
-}
-
 // peersOf returns the remote addresses ("ip:port") of process pid's
 // established IPv4 TCP sockets (its fds' socket inodes in its netns'
 // /proc/net/tcp).

@@ -276,22 +276,52 @@ func (h *heldConn) echo(token string) (string, error) {
 	return name, nil
 }
 
-// endpointCounters maps each endpoint IP on node i to its datapath counters.
-func endpointCounters(t *testing.T, node int) map[string]*apiv1.EndpointCounters {
+// callAgent runs call against the agent at sock with a 10 s deadline; an
+// error fails t, naming what was asked.
+func callAgent[T any](t *testing.T, sock, what string, call func(context.Context, apiv1.AgentClient) (T, error)) T {
 	t.Helper()
-	c, closeFn, err := agentClient(AgentSocket(node))
+	c, closeFn, err := agentClient(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeFn()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+	v, err := call(ctx, c)
 	if err != nil {
-		t.Fatalf("list endpoints on node %d: %v", node, err)
+		t.Fatalf("%s of %s: %v", what, sock, err)
 	}
+	return v
+}
+
+// agentStatusOf is the Status of the agent at sock.
+func agentStatusOf(t *testing.T, sock string) *apiv1.StatusResponse {
+	t.Helper()
+	return callAgent(t, sock, "status", func(ctx context.Context, c apiv1.AgentClient) (*apiv1.StatusResponse, error) {
+		return c.Status(ctx, &apiv1.StatusRequest{})
+	})
+}
+
+// listEndpoints lists the endpoints of the agent at sock.
+func listEndpoints(t *testing.T, sock string) []*apiv1.Endpoint {
+	t.Helper()
+	return callAgent(t, sock, "list endpoints", func(ctx context.Context, c apiv1.AgentClient) ([]*apiv1.Endpoint, error) {
+		resp, err := c.ListEndpoints(ctx, &apiv1.ListEndpointsRequest{})
+		return resp.GetEndpoints(), err
+	})
+}
+
+// endpointCounters maps each endpoint IP on node i to its datapath counters.
+func endpointCounters(t *testing.T, node int) map[string]*apiv1.EndpointCounters {
+	t.Helper()
+	return countersOf(t, AgentSocket(node))
+}
+
+// countersOf maps each endpoint IP of the agent at sock to its counters.
+func countersOf(t *testing.T, sock string) map[string]*apiv1.EndpointCounters {
+	t.Helper()
 	out := map[string]*apiv1.EndpointCounters{}
-	for _, ep := range resp.GetEndpoints() {
+	for _, ep := range listEndpoints(t, sock) {
 		for _, ipc := range ep.GetIps() {
 			ip, _, _ := strings.Cut(ipc.GetAddress(), "/")
 			out[ip] = ep.GetCounters()

@@ -72,18 +72,7 @@ func labCLIPath(t *testing.T) (func(t *testing.T, args ...string) (string, error
 
 func agentStatus(t *testing.T, node int) *apiv1.StatusResponse {
 	t.Helper()
-	c, closeFn, err := agentClient(AgentSocket(node))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeFn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := c.Status(ctx, &apiv1.StatusRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return agentStatusOf(t, AgentSocket(node))
 }
 
 // TestLabPods: `lanekit lab pod add` creates pods with Kubernetes identities

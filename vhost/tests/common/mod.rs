@@ -67,6 +67,58 @@ impl GuestQueue {
     fn used(&self) -> u64 {
         (self.avail() + 6 + 2 * u64::from(QSIZE) + 3) & !3
     }
+    /// The ring's addresses for `SET_VRING_ADDR`, guest memory mapped at `hva`.
+    fn vring_config(&self, hva: u64) -> VringConfigData {
+        VringConfigData {
+            queue_max_size: QSIZE,
+            queue_size: QSIZE,
+            flags: 0,
+            desc_table_addr: hva + self.desc(),
+            used_ring_addr: hva + self.used(),
+            avail_ring_addr: hva + self.avail(),
+            log_addr: None,
+        }
+    }
+}
+
+/// `nq` rings laid out one after another in guest memory, each with its buffers.
+fn new_queues(nq: usize) -> Vec<GuestQueue> {
+    (0..nq)
+        .map(|q| GuestQueue {
+            base: 0x1_0000 * q as u64,
+            bufs: 0x10_0000 + 0x8_0000 * q as u64,
+            kick: EventFd::new(EFD_NONBLOCK).unwrap(),
+            call: EventFd::new(EFD_NONBLOCK).unwrap(),
+            next_desc: 0,
+            avail_idx: 0,
+            seen_used: 0,
+        })
+        .collect()
+}
+
+/// Map the guest memory `file` here: the mapping, its region for `SET_MEM_TABLE` and its
+/// address in this process (what a frontend gives the backend as ring addresses).
+fn map_guest_memory(file: &File) -> (GuestMemoryMmap, VhostUserMemoryRegionInfo, u64) {
+    let mem = GuestMemoryMmap::from_ranges_with_files(&[(
+        GuestAddress(0),
+        MEM_SIZE,
+        Some(FileOffset::new(file.try_clone().unwrap(), 0)),
+    )])
+    .unwrap();
+    let region = mem.iter().next().unwrap();
+    let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
+    let hva = region.as_ptr() as u64;
+    (mem, info, hva)
+}
+
+/// Connect a frontend with `nq` queues to the backend's socket at `path`, waiting up to 5 s
+/// for the socket to appear.
+fn dial(path: &Path, nq: usize) -> Frontend {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Frontend::connect(path, nq as u64).unwrap()
 }
 
 pub struct Guest {
@@ -88,17 +140,7 @@ impl Guest {
     pub fn connect_with(path: &Path, pairs: u16, features: u64, protocol: VhostUserProtocolFeatures) -> Guest {
         let nq = 2 * usize::from(pairs) + 1;
         let file = memfd("guest", MEM_SIZE as u64).unwrap();
-        let queues = (0..nq)
-            .map(|q| GuestQueue {
-                base: 0x1_0000 * q as u64,
-                bufs: 0x10_0000 + 0x8_0000 * q as u64,
-                kick: EventFd::new(EFD_NONBLOCK).unwrap(),
-                call: EventFd::new(EFD_NONBLOCK).unwrap(),
-                next_desc: 0,
-                avail_idx: 0,
-                seen_used: 0,
-            })
-            .collect();
+        let queues = new_queues(nq);
         Self::start(path, file, queues, &vec![0; nq], features, protocol)
     }
 
@@ -113,20 +155,8 @@ impl Guest {
         protocol: VhostUserProtocolFeatures,
     ) -> Guest {
         let nq = queues.len();
-        let mem = GuestMemoryMmap::from_ranges_with_files(&[(
-            GuestAddress(0),
-            MEM_SIZE,
-            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-        )])
-        .unwrap();
-        let region = mem.iter().next().unwrap();
-        let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
-        let hva = region.as_ptr() as u64;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !path.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let mut fe = Frontend::connect(path, nq as u64).unwrap();
+        let (mem, info, hva) = map_guest_memory(&file);
+        let mut fe = dial(path, nq);
         fe.set_owner().unwrap();
         let offered = fe.get_features().unwrap();
         let features = offered & features;
@@ -139,19 +169,7 @@ impl Guest {
         fe.set_mem_table(&[info]).unwrap();
         for (q, gq) in queues.iter().enumerate() {
             fe.set_vring_num(q, QSIZE).unwrap();
-            fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: QSIZE,
-                    queue_size: QSIZE,
-                    flags: 0,
-                    desc_table_addr: hva + gq.desc(),
-                    used_ring_addr: hva + gq.used(),
-                    avail_ring_addr: hva + gq.avail(),
-                    log_addr: None,
-                },
-            )
-            .unwrap();
+            fe.set_vring_addr(q, &gq.vring_config(hva)).unwrap();
             fe.set_vring_base(q, bases[q] as u16).unwrap();
             fe.set_vring_call(q, &gq.call).unwrap();
             fe.set_vring_kick(q, &gq.kick).unwrap();
@@ -170,36 +188,14 @@ impl Guest {
     pub fn connect_stale_call(path: &Path, pairs: u16, protocol: VhostUserProtocolFeatures, stale: &EventFd) -> Guest {
         let nq = 2 * usize::from(pairs) + 1;
         let file = memfd("guest", MEM_SIZE as u64).unwrap();
-        let mem = GuestMemoryMmap::from_ranges_with_files(&[(
-            GuestAddress(0),
-            MEM_SIZE,
-            Some(FileOffset::new(file.try_clone().unwrap(), 0)),
-        )])
-        .unwrap();
-        let region = mem.iter().next().unwrap();
-        let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
-        let hva = region.as_ptr() as u64;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !path.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let mut fe = Frontend::connect(path, nq as u64).unwrap();
+        let (mem, info, hva) = map_guest_memory(&file);
+        let mut fe = dial(path, nq);
         fe.set_owner().unwrap();
         let features = fe.get_features().unwrap() & GUEST_FEATURES;
         fe.set_features(features).unwrap();
         let pf = fe.get_protocol_features().unwrap();
         fe.set_protocol_features(pf & protocol).unwrap();
-        let queues: Vec<GuestQueue> = (0..nq)
-            .map(|q| GuestQueue {
-                base: 0x1_0000 * q as u64,
-                bufs: 0x10_0000 + 0x8_0000 * q as u64,
-                kick: EventFd::new(EFD_NONBLOCK).unwrap(),
-                call: EventFd::new(EFD_NONBLOCK).unwrap(),
-                next_desc: 0,
-                avail_idx: 0,
-                seen_used: 0,
-            })
-            .collect();
+        let queues = new_queues(nq);
         for q in 0..nq {
             fe.set_vring_call(q, stale).unwrap();
             fe.set_vring_enable(q, true).unwrap();
@@ -208,19 +204,7 @@ impl Guest {
         for (q, gq) in queues.iter().enumerate() {
             fe.set_vring_num(q, QSIZE).unwrap();
             fe.set_vring_base(q, 0).unwrap();
-            fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: QSIZE,
-                    queue_size: QSIZE,
-                    flags: 0,
-                    desc_table_addr: hva + gq.desc(),
-                    used_ring_addr: hva + gq.used(),
-                    avail_ring_addr: hva + gq.avail(),
-                    log_addr: None,
-                },
-            )
-            .unwrap();
+            fe.set_vring_addr(q, &gq.vring_config(hva)).unwrap();
         }
         Guest { mem, _file: file, hva, fe, queues, features }
     }
