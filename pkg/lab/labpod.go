@@ -214,10 +214,8 @@ func AddPod(ctx context.Context, o PodOptions) (_ *NamedPod, err error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range st.Nodes {
-		if err := applyToAgent(ctx, AgentSocket(n.Index), data); err != nil {
-			return nil, fmt.Errorf("pod %s: push Pod object to %s: %w", o.Name, n.NS, err)
-		}
+	if err := applyToNodes(ctx, st, data); err != nil {
+		return nil, fmt.Errorf("pod %s: push Pod object: %w", o.Name, err)
 	}
 	st.NamedPods = append(st.NamedPods, *p)
 	if err := st.save(); err != nil {
@@ -319,6 +317,11 @@ func ApplyEverywhere(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
+	return applyToNodes(ctx, st, data)
+}
+
+// applyToNodes applies objects (YAML/JSON) to the agent of every node of st.
+func applyToNodes(ctx context.Context, st *State, data []byte) error {
 	for _, n := range st.Nodes {
 		if err := applyToAgent(ctx, AgentSocket(n.Index), data); err != nil {
 			return fmt.Errorf("%s: %w", n.NS, err)

@@ -43,10 +43,8 @@ func publishVMPod(ctx context.Context, st *State, lv LabVM) error {
 	if err != nil {
 		return err
 	}
-	for _, n := range st.Nodes {
-		if err := applyToAgent(ctx, AgentSocket(n.Index), data); err != nil {
-			return fmt.Errorf("push the VM's Pod object to %s: %w", n.NS, err)
-		}
+	if err := applyToNodes(ctx, st, data); err != nil {
+		return fmt.Errorf("push the VM's Pod object: %w", err)
 	}
 	return nil
 }
