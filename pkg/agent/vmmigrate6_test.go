@@ -42,7 +42,7 @@ func TestVMMigrationAddressMove6(t *testing.T) {
 
 	// Bad requests.
 	for _, req := range []AddVMRequest{
-		{Address: vmIP, Address6: netip.MustParseAddr("10.77.0.9")},         // IPv4 as Address6
+		{Address: vmIP, Address6: netip.MustParseAddr("10.77.0.9")},        // IPv4 as Address6
 		{Address: vmIP, Address6: netip.MustParseAddr("::ffff:10.77.0.9")}, // mapped
 		{Address6: vmIP6}, // IPv6 without IPv4
 	} {
