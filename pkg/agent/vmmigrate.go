@@ -366,20 +366,17 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 		if ep.Pending {
 			continue
 		}
+		// A dual-stack VM's two entries share its VM part: once the claim
+		// of one address superseded it (state moved), the other's is routed.
 		for _, addr := range addrsOf(&ep) {
-			if addr.IsValid() {
-				byIP[addr] = ep
-			}
+			byIP[addr] = ep
 		}
 	}
 	want := map[netip.Addr]EndpointRoute{}
 	var errs []error
-	done := map[string]bool{} // local VMs superseded by this sync (a dual-stack VM has two claims)
 	for addr, r := range best {
 		ep, local := byIP[addr]
 		switch {
-		case local && ep.VM != nil && done[ep.Key()]:
-			// superseded by the claim of its other address: route this one too
 		case local && ep.VM == nil:
 			errs = append(errs, fmt.Errorf("claim of %s by %s (vm %s) collides with local endpoint %d", addr, r.Node, r.VM, ep.ID))
 			continue
@@ -396,7 +393,6 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 				continue
 			}
 			superseded = append(superseded, ep.VM.Name)
-			done[ep.Key()] = true
 		}
 		want[addr] = r
 	}
