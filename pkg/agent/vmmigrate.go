@@ -144,12 +144,15 @@ func localRoute6(ep *endpoint.Endpoint) *netlink.Route {
 	return &netlink.Route{LinkIndex: ep.HostIfIndex, Dst: host32(ep.IP6)}
 }
 
-// addrsOf are ep's addresses: IPv4 and, dual-stack, IPv6.
+// addrsOf are ep's valid addresses: IPv4 and, dual-stack, IPv6.
 func addrsOf(ep *endpoint.Endpoint) []netip.Addr {
-	if ep.IP6.IsValid() {
-		return []netip.Addr{ep.IP, ep.IP6}
+	out := make([]netip.Addr, 0, 2)
+	for _, a := range []netip.Addr{ep.IP, ep.IP6} {
+		if a.IsValid() {
+			out = append(out, a)
+		}
 	}
-	return []netip.Addr{ep.IP}
+	return out
 }
 
 func viaRoute(r EndpointRoute) *netlink.Route {
