@@ -199,11 +199,17 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	// from the VMI's migrationState).
 	rep.Generation = uint64(time.Now().UnixNano())
 
-	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, 1), IP: src.IP, IP6: src.IP6, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
+	// The target's first free VM netns (the dual-stack lab has a VM on
+	// each node).
+	vmIdx := 1
+	for netnsExists(VMNS(to, vmIdx)) && vmIdx < 16 {
+		vmIdx++
+	}
+	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, vmIdx), IP: src.IP, IP6: src.IP6, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
 		VhostSocket:   filepath.Join(vmBackendDir(to, src.Name), "vhost.sock"),
 		MetricsSocket: filepath.Join(vmBackendDir(to, src.Name), "metrics.sock"), SerialSocket: vmFile(to, src.Name, "serial.sock")}
 	if netnsExists(dst.NS) {
-		return nil, fmt.Errorf("lab vm migrate: netns %s exists (a VM is on node %d)", dst.NS, to)
+		return nil, fmt.Errorf("lab vm migrate: netns %s exists (node %d has no free VM netns)", dst.NS, to)
 	}
 	if err := addNetns(ctx, dst.NS); err != nil {
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
