@@ -54,7 +54,10 @@ type AddVMRequest struct {
 	Generation uint64 `protobuf:"varint,11,opt,name=generation,proto3" json:"generation,omitempty"`
 	// MAC of the gateway the guest knows (the source's host end): the target's
 	// host end takes it, so the guest's neighbour entry stays valid.
-	GatewayMac    string `protobuf:"bytes,12,opt,name=gateway_mac,json=gatewayMac,proto3" json:"gateway_mac,omitempty"`
+	GatewayMac string `protobuf:"bytes,12,opt,name=gateway_mac,json=gatewayMac,proto3" json:"gateway_mac,omitempty"`
+	// A dual-stack VM's IPv6 address on the source (native routing moves
+	// it too; claimed in this node's IPv6 pool).
+	Address6      string `protobuf:"bytes,13,opt,name=address6,proto3" json:"address6,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -169,6 +172,13 @@ func (x *AddVMRequest) GetGeneration() uint64 {
 func (x *AddVMRequest) GetGatewayMac() string {
 	if x != nil {
 		return x.GatewayMac
+	}
+	return ""
+}
+
+func (x *AddVMRequest) GetAddress6() string {
+	if x != nil {
+		return x.Address6
 	}
 	return ""
 }
@@ -668,8 +678,8 @@ func (x *VMMigrationChangedResponse) GetVm() *VM {
 // the node, next to the routes to the nodes' pod CIDRs.
 type EndpointRoute struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`        // the VM's IPv4 address
-	Via           string                 `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`                // the claiming node's address
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`        // the VM's IPv4 or (native routing) IPv6 address
+	Via           string                 `protobuf:"bytes,2,opt,name=via,proto3" json:"via,omitempty"`                // the claiming node's address of the same family
 	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"` // the highest claim of an address wins
 	Vm            string                 `protobuf:"bytes,4,opt,name=vm,proto3" json:"vm,omitempty"`
 	Node          string                 `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
@@ -935,7 +945,7 @@ var File_vm_proto protoreflect.FileDescriptor
 const file_vm_proto_rawDesc = "" +
 	"\n" +
 	"\bvm.proto\x12\n" +
-	"lanekit.v1\x1a\x0eendpoint.proto\"\xca\x03\n" +
+	"lanekit.v1\x1a\x0eendpoint.proto\"\xe6\x03\n" +
 	"\fAddVMRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05netns\x18\x02 \x01(\tR\x05netns\x12\x16\n" +
@@ -954,7 +964,8 @@ const file_vm_proto_rawDesc = "" +
 	"generation\x18\v \x01(\x04R\n" +
 	"generation\x12\x1f\n" +
 	"\vgateway_mac\x18\f \x01(\tR\n" +
-	"gatewayMac\x1a9\n" +
+	"gatewayMac\x12\x1a\n" +
+	"\baddress6\x18\r \x01(\tR\baddress6\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +

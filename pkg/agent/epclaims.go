@@ -3,14 +3,16 @@ package agent
 // Where a moved VM address lives: one writer per routing mode applies the
 // winning claims SyncEndpointRoutes computed (vmmigrate.go).
 //
-//   - native routing: a kernel /32 route via the owner node's address, next
-//     to the routes to the pod CIDRs (protocol rtProtoLanekit);
+//   - native routing: a kernel /32 (IPv6: /128) route via the owner node's
+//     address of the claim's family, next to the routes to the pod CIDRs
+//     (protocol rtProtoLanekit);
 //   - tunnel routing: a /32 entry in the node map (lk_tunnel_nodes, next to
 //     the pod CIDRs: the LPM lookup prefers it) with the owner's underlay
 //     address, so tunnel_route encapsulates pod and VM traffic for the
 //     address to the owner (with the sender's identity in the VNI, as for
 //     any remote pod), plus a /32 route into the tunnel device for the
-//     node's own traffic (to_tunnel keys it from the same entry).
+//     node's own traffic (to_tunnel keys it from the same entry). IPv4
+//     only: SyncEndpointRoutes refuses IPv6 claims in tunnel mode.
 //
 // The writer keeps a.epRoutes (the claims routed away from this node);
 // everything here runs with a.mu held, outside a.host.Do.
@@ -47,12 +49,12 @@ func (a *Agent) claims() claimWriter {
 	return nativeClaims{a}
 }
 
-// nativeClaims: kernel /32 routes via the owner.
+// nativeClaims: kernel /32 and /128 routes via the owner.
 type nativeClaims struct{ a *Agent }
 
 func (w nativeClaims) put(r EndpointRoute) error {
 	if err := w.a.host.Do(func() error { return netlink.RouteReplace(viaRoute(r)) }); err != nil {
-		return fmt.Errorf("route %s/32 via %s: %w", r.Addr, r.Via, err)
+		return fmt.Errorf("route %s via %s: %w", host32(r.Addr), r.Via, err)
 	}
 	w.a.epRoutes[r.Addr] = r
 	return nil
@@ -72,31 +74,35 @@ func (w nativeClaims) sync(want map[netip.Addr]EndpointRoute) []error {
 				continue
 			}
 			if err := netlink.RouteReplace(viaRoute(r)); err != nil {
-				errs = append(errs, fmt.Errorf("route %s/32 via %s: %w", addr, r.Via, err))
+				errs = append(errs, fmt.Errorf("route %s via %s: %w", host32(addr), r.Via, err))
 				continue
 			}
 			a.epRoutes[addr] = r
 		}
 		// The kernel's list, not only a.epRoutes: a restarted agent removes
 		// what its predecessor installed.
-		have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: rtProtoLanekit},
-			netlink.RT_FILTER_PROTOCOL)
-		if err != nil {
-			return fmt.Errorf("list endpoint routes: %w", err)
+		var have []netlink.Route
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: rtProtoLanekit}, netlink.RT_FILTER_PROTOCOL)
+			if err != nil {
+				return fmt.Errorf("list endpoint routes: %w", err)
+			}
+			have = append(have, rs...)
 		}
 		for _, h := range have {
 			if h.Dst == nil || h.Gw == nil { // routes into the tunnel device (same protocol) are not ours
 				continue
 			}
-			addr, ok := netip.AddrFromSlice(h.Dst.IP.To4())
-			if ones, _ := h.Dst.Mask.Size(); !ok || ones != 32 {
+			addr, ok := netip.AddrFromSlice(h.Dst.IP)
+			addr = addr.Unmap()
+			if ones, _ := h.Dst.Mask.Size(); !ok || ones != addr.BitLen() {
 				continue
 			}
 			if _, ok := want[addr]; ok {
 				continue
 			}
 			if err := netlink.RouteDel(&h); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("remove route %s/32 via %s: %w", addr, h.Gw, err))
+				errs = append(errs, fmt.Errorf("remove route %s via %s: %w", host32(addr), h.Gw, err))
 				continue
 			}
 			delete(a.epRoutes, addr)

@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"errors"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -300,5 +302,15 @@ func TestVMMigrationTunnelClaims(t *testing.T) {
 	}
 	if !src.inDatapath(t, sv2.Endpoint.ID) || src.route(t, vmIP) != "dev "+sv2.Endpoint.HostIfName {
 		t.Errorf("source after the move back: datapath %v, route %q", src.inDatapath(t, sv2.Endpoint.ID), src.route(t, vmIP))
+	}
+	// Tunnel routing moves IPv4 addresses only: an IPv6 claim is refused
+	// and the IPv4 claims stay as they were.
+	before := src.m.claimEntries()
+	if _, _, err := src.a.SyncEndpointRoutes([]EndpointRoute{{Addr: netip.MustParseAddr("fd00::5"), Via: netip.MustParseAddr("2001:db8::2"),
+		Generation: 99, VM: "vm1", Node: "b"}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "IPv4 addresses only") {
+		t.Errorf("IPv6 claim in tunnel mode: %v, want ErrInvalid (IPv4 only)", err)
+	}
+	if after := src.m.claimEntries(); !slices.Equal(before, after) {
+		t.Errorf("the refused IPv6 claim changed the node map claims: %v -> %v", before, after)
 	}
 }

@@ -359,6 +359,12 @@ func (s *server) AddVM(_ context.Context, req *apiv1.AddVMRequest) (*apiv1.AddVM
 			return nil, statusErr(err)
 		}
 	}
+	if req.GetAddress6() != "" {
+		var err error
+		if r.Address6, err = parseVMAddress(req.GetAddress6()); err != nil {
+			return nil, statusErr(err)
+		}
+	}
 	v, err := s.a.AddVM(r)
 	if err != nil {
 		return nil, statusErr(err)

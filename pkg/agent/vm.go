@@ -78,8 +78,11 @@ type AddVMRequest struct {
 	// Live migration target (vmmigrate.go): Address is the VM's address on
 	// the source (claimed, not allocated); Incoming keeps the endpoint
 	// inactive until ActivateVM; Generation orders claims of the address;
-	// GatewayMAC is the MAC the guest knows for its gateway.
+	// GatewayMAC is the MAC the guest knows for its gateway. Address6 is a
+	// dual-stack VM's IPv6 address on the source (claimed in this node's
+	// IPv6 pool: native routing moves it too).
 	Address    netip.Addr
+	Address6   netip.Addr
 	Incoming   bool
 	Generation uint64
 	GatewayMAC string
@@ -221,7 +224,12 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		} else if ep.IP, err = a.allocIPv4Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
-		if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go
+		if req.Address6.IsValid() {
+			if err := a.claimAddrTx(tx, key, req.Name, req.Address6); err != nil {
+				return err
+			}
+			ep.IP6 = req.Address6
+		} else if ep.IP6, err = a.allocIPv6Tx(tx, key); err != nil { // ipv6.go
 			return err
 		}
 		if ep.ID, err = allocIDTx(tx, key); err != nil {
@@ -308,7 +316,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("add vm %s: store endpoint: %w", req.Name, err)
 	}
 	crashAt(StepCommitted)
-	a.log.Info("vm added", "vm", req.Name, "id", ep.ID, "ip", ep.IP, "mac", ep.MAC, "queues", req.Queues,
+	a.log.Info("vm added", "vm", req.Name, "id", ep.ID, "ip", ep.IP, "ip6", ep.IP6, "mac", ep.MAC, "queues", req.Queues,
 		"xsk_base", ep.VM.XSKBase, "socket", ep.VM.Socket, "dev", ep.HostIfName)
 	return &VMInfo{Endpoint: ep, Serving: true}, nil
 }

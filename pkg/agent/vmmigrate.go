@@ -10,14 +10,15 @@ package agent
 // (ipv4 conf forwarding 0: a frame the guest sends before the switch is not
 // routed past policy). When the migration state says the guest runs here
 // (VMMigrationChanged target/completed), ActivateVM puts it in the
-// datapath and routes its /32 to it, replacing a route to the source.
+// datapath and routes its /32 (and /128: a dual-stack VM's IPv6 address
+// moves too, native routing) to it, replacing a route to the source.
 //
 // The claim carries a generation (the migration's start, ns). Every node
 // learns the claims of moved addresses (SyncEndpointRoutes: what the lab
 // publishes, or API objects); the highest generation of an address wins,
-// and the routing mode's writer (epclaims.go) routes the winners: /32
-// routes next to the routes to the pod CIDRs (native), /32 entries next to
-// the pod CIDRs in the tunnel's node map (tunnel). A node whose
+// and the routing mode's writer (epclaims.go) routes the winners: /32 and
+// /128 routes next to the routes to the pod CIDRs (native), /32 entries
+// next to the pod CIDRs in the tunnel's node map (tunnel: IPv4 only). A node whose
 // local VM holds a lower claim takes it out of the datapath and routes the
 // address to the winner: the source after the switch. IPAM: the target
 // claims the address (outside its pod CIDR, or back in its own); a node
@@ -44,8 +45,8 @@ import (
 
 // EndpointRoute is one node's claim of a moved VM address.
 type EndpointRoute struct {
-	Addr       netip.Addr // the VM's IPv4 address
-	Via        netip.Addr // the claiming node's address
+	Addr       netip.Addr // the VM's IPv4 or IPv6 address
+	Via        netip.Addr // the claiming node's address of the same family
 	Generation uint64
 	VM, Node   string
 }
@@ -69,7 +70,13 @@ func validateIncoming(req *AddVMRequest) error {
 		return fmt.Errorf("an incoming vm needs the address it has on the source: %w", ErrInvalid)
 	}
 	if req.Address.IsValid() && !req.Address.Is4() {
-		return fmt.Errorf("vm address %s: only IPv4 addresses move with a vm: %w", req.Address, ErrInvalid)
+		return fmt.Errorf("vm address %s: want the IPv4 address (the IPv6 one is Address6): %w", req.Address, ErrInvalid)
+	}
+	if req.Address6.IsValid() && (!req.Address6.Is6() || req.Address6.Is4In6()) {
+		return fmt.Errorf("vm address6 %s: want an IPv6 address: %w", req.Address6, ErrInvalid)
+	}
+	if req.Address6.IsValid() && !req.Address.IsValid() {
+		return fmt.Errorf("vm address6 %s without the IPv4 address: %w", req.Address6, ErrInvalid)
 	}
 	if req.GatewayMAC != "" {
 		if hw, err := net.ParseMAC(req.GatewayMAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
@@ -100,22 +107,52 @@ func claimsAddress(ep *endpoint.Endpoint) bool {
 	return ep.VM.Migration.State != endpoint.VMIncoming && ep.VM.Migration.State != endpoint.VMMoved
 }
 
-// claimAddrTx claims addr for the VM endpoint key: an address this node
-// holds for the VM as moved elsewhere comes back to it.
+// poolOf is the node's address pool of addr's family (nil: none).
+func (a *Agent) poolOf(addr netip.Addr) *ipam.IPAM {
+	if addr.Is4() {
+		return a.ipam
+	}
+	return a.ipam6
+}
+
+// claimAddrTx claims addr (either family) for the VM endpoint key: an
+// address this node holds for the VM as moved elsewhere comes back to it.
 func (a *Agent) claimAddrTx(tx *store.Tx, key, vm string, addr netip.Addr) error {
-	err := a.ipam.ClaimTx(tx, key, addr, func(holder string) bool { return holder == movedOwner(vm) })
+	pool := a.poolOf(addr)
+	if pool == nil {
+		return fmt.Errorf("address %s: this node has no pod CIDR of its family: %w", addr, ErrInvalid)
+	}
+	err := pool.ClaimTx(tx, key, addr, func(holder string) bool { return holder == movedOwner(vm) })
 	if errors.Is(err, ipam.ErrTaken) {
 		return fmt.Errorf("%w: %w", err, ErrConflict)
 	}
 	return err
 }
 
+// host32 is ip's host prefix: /32, or /128 for IPv6.
 func host32(ip netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
 }
 
 func localRoute(ep *endpoint.Endpoint) *netlink.Route {
 	return &netlink.Route{LinkIndex: ep.HostIfIndex, Dst: host32(ep.IP), Scope: netlink.SCOPE_LINK}
+}
+
+// localRoute6 is the host end's /128 route to ep's IPv6 address (as
+// netdev's setupHostIPv6 installs it).
+func localRoute6(ep *endpoint.Endpoint) *netlink.Route {
+	return &netlink.Route{LinkIndex: ep.HostIfIndex, Dst: host32(ep.IP6)}
+}
+
+// addrsOf are ep's valid addresses: IPv4 and, dual-stack, IPv6.
+func addrsOf(ep *endpoint.Endpoint) []netip.Addr {
+	out := make([]netip.Addr, 0, 2)
+	for _, a := range []netip.Addr{ep.IP, ep.IP6} {
+		if a.IsValid() {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 func viaRoute(r EndpointRoute) *netlink.Route {
@@ -154,13 +191,22 @@ func (a *Agent) prepareIncoming(ep *endpoint.Endpoint, gatewayMAC string) error 
 		if err := netlink.RouteDel(localRoute(ep)); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("remove route %s/32 to incoming %s: %w", ep.IP, ep.HostIfName, err)
 		}
+		if ep.IP6.IsValid() {
+			if err := netlink.RouteDel(localRoute6(ep)); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("remove route %s/128 to incoming %s: %w", ep.IP6, ep.HostIfName, err)
+			}
+		}
 		return setForwarding(ep.HostIfName, false)
 	})
 	if err != nil {
 		return err
 	}
-	if r, ok := a.epRoutes[ep.IP]; ok {
-		return a.claims().put(r)
+	for _, addr := range addrsOf(ep) {
+		if r, ok := a.epRoutes[addr]; ok {
+			if err := a.claims().put(r); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -208,22 +254,29 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 		if err := netlink.RouteReplace(localRoute(&ep)); err != nil {
 			return fmt.Errorf("route %s/32 to %s: %w", ep.IP, ep.HostIfName, err)
 		}
+		if ep.IP6.IsValid() {
+			if err := netlink.RouteReplace(localRoute6(&ep)); err != nil {
+				return fmt.Errorf("route %s/128 to %s: %w", ep.IP6, ep.HostIfName, err)
+			}
+		}
 		return setForwarding(ep.HostIfName, true)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
 	changed = true
-	if err := a.claims().drop(ep.IP); err != nil {
-		// The datapath delivers locally before it looks at the node map;
-		// the next sync of the claims retries.
-		a.log.Warn("activate vm: the claim routed away stays", "vm", name, "ip", ep.IP, "err", err)
+	for _, addr := range addrsOf(&ep) {
+		if err := a.claims().drop(addr); err != nil {
+			// The datapath delivers locally before it looks at the node map;
+			// the next sync of the claims retries.
+			a.log.Warn("activate vm: the claim routed away stays", "vm", name, "ip", addr, "err", err)
+		}
 	}
 	m.State, m.Activated, m.ActivatedBy = endpoint.VMActive, time.Now().UTC(), by
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
-	a.log.Info("vm activated: the node claims its address", "vm", name, "id", ep.ID, "ip", ep.IP,
+	a.log.Info("vm activated: the node claims its address", "vm", name, "id", ep.ID, "ip", ep.IP, "ip6", ep.IP6,
 		"generation", m.Generation, "by", by)
 	vi := a.vmInfo(ep)
 	return &vi, nil
@@ -292,8 +345,11 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 	}()
 	best := map[netip.Addr]EndpointRoute{}
 	for _, r := range routes {
-		if !r.Addr.Is4() || !r.Via.Is4() {
-			return 0, nil, fmt.Errorf("endpoint route %s via %s: want IPv4 addresses: %w", r.Addr, r.Via, ErrInvalid)
+		if !r.Addr.IsValid() || !r.Via.IsValid() || r.Addr.Is4() != r.Via.Is4() || r.Addr.Is4In6() || r.Via.Is4In6() {
+			return 0, nil, fmt.Errorf("endpoint route %s via %s: want two addresses of one family: %w", r.Addr, r.Via, ErrInvalid)
+		}
+		if r.Addr.Is6() && a.cfg.RoutingMode == RoutingTunnel {
+			return 0, nil, fmt.Errorf("endpoint route %s via %s: tunnel routing moves IPv4 addresses only: %w", r.Addr, r.Via, ErrInvalid)
 		}
 		if err := endpoint.ValidateVMName(r.VM); err != nil {
 			return 0, nil, fmt.Errorf("endpoint route %s: %w: %w", r.Addr, err, ErrInvalid)
@@ -310,8 +366,13 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 	}
 	byIP := map[netip.Addr]endpoint.Endpoint{}
 	for _, ep := range eps {
-		if !ep.Pending {
-			byIP[ep.IP] = ep
+		if ep.Pending {
+			continue
+		}
+		// A dual-stack VM's two entries share its VM part: once the claim
+		// of one address superseded it (state moved), the other's is routed.
+		for _, addr := range addrsOf(&ep) {
+			byIP[addr] = ep
 		}
 	}
 	want := map[netip.Addr]EndpointRoute{}
@@ -350,9 +411,10 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 }
 
 // supersede takes the local VM ep out of the datapath after another node's
-// higher claim r: its /32 now leads to r.Via, its address (when of this
-// node's pod CIDR) stays held as moved, the record says where it went
-// (mu held). DelVM removes the rest when the source's pod goes.
+// higher claim r: its /32 now leads to r.Via, its addresses (when of this
+// node's pod CIDRs) stay held as moved, the record says where it went
+// (mu held). DelVM removes the rest when the source's pod goes. The claim
+// of a dual-stack VM's other address is routed by the sync after it.
 func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 	dpEp, err := ep.Datapath()
 	if err != nil {
@@ -378,12 +440,19 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 	}
 	ep.VM.Migration.State, ep.VM.Migration.MovedTo = endpoint.VMMoved, r.Via.String()
 	err = a.st.Update(func(tx *store.Tx) error {
-		if a.ipam.Contains(ep.IP) {
-			if err := a.ipam.ClaimTx(tx, movedOwner(ep.VM.Name), ep.IP, func(h string) bool { return h == key }); err != nil {
-				return err
+		for _, addr := range addrsOf(ep) {
+			pool := a.poolOf(addr)
+			switch {
+			case pool == nil:
+			case pool.Contains(addr):
+				if err := pool.ClaimTx(tx, movedOwner(ep.VM.Name), addr, func(h string) bool { return h == key }); err != nil {
+					return err
+				}
+			default:
+				if err := pool.ReleaseTx(tx, key); err != nil {
+					return err
+				}
 			}
-		} else if err := a.ipam.ReleaseTx(tx, key); err != nil {
-			return err
 		}
 		return tx.Put(store.Endpoints, []byte(key), *ep)
 	})
@@ -401,33 +470,39 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 func (a *Agent) syncMovedHolds(want map[netip.Addr]EndpointRoute) error {
 	return a.st.Update(func(tx *store.Tx) error {
 		for addr, r := range want {
-			if !a.ipam.Contains(addr) {
+			pool := a.poolOf(addr)
+			if pool == nil || !pool.Contains(addr) {
 				continue
 			}
-			holder, held, err := a.ipam.HolderTx(tx, addr)
+			holder, held, err := pool.HolderTx(tx, addr)
 			if err != nil {
 				return err
 			}
 			if held && holder != movedOwner(r.VM) {
 				continue // a local endpoint (the incoming VM, or the moved one) holds it
 			}
-			if err := a.ipam.ClaimTx(tx, movedOwner(r.VM), addr, nil); err != nil {
+			if err := pool.ClaimTx(tx, movedOwner(r.VM), addr, nil); err != nil {
 				return err
 			}
 		}
-		allocs, err := a.ipam.AllocationsTx(tx)
-		if err != nil {
-			return err
-		}
-		for _, al := range allocs {
-			if !isMovedOwner(al.Owner) {
+		for _, pool := range []*ipam.IPAM{a.ipam, a.ipam6} {
+			if pool == nil {
 				continue
 			}
-			if r, ok := want[al.IP]; ok && movedOwner(r.VM) == al.Owner {
-				continue
-			}
-			if err := a.ipam.ReleaseTx(tx, al.Owner); err != nil {
+			allocs, err := pool.AllocationsTx(tx)
+			if err != nil {
 				return err
+			}
+			for _, al := range allocs {
+				if !isMovedOwner(al.Owner) {
+					continue
+				}
+				if r, ok := want[al.IP]; ok && movedOwner(r.VM) == al.Owner {
+					continue
+				}
+				if err := pool.ReleaseTx(tx, al.Owner); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

@@ -10,7 +10,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/endpoint"
 )
 
-// parseVMAddress takes "10.244.2.5" or "10.244.2.5/32".
+// parseVMAddress takes "10.244.2.5" or "10.244.2.5/32" (IPv6: "fd00::5" or "fd00::5/128").
 func parseVMAddress(s string) (netip.Addr, error) {
 	if p, err := netip.ParsePrefix(s); err == nil {
 		if p.Bits() != p.Addr().BitLen() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -21,7 +22,8 @@ import (
 )
 
 // migNode is an agent on the memory datapath in its own node netns, whose
-// "uplink" (a veth pair in that netns) reaches 192.0.2.0/24.
+// "uplink" (a veth pair in that netns) reaches 192.0.2.0/24 and
+// 2001:db8::/64.
 type migNode struct {
 	a  *Agent
 	fx *fixture
@@ -34,7 +36,7 @@ func (n *migNode) restart(t *testing.T) {
 	n.dp = newFake()
 	a, err := New(Config{
 		StateDir: n.fx.stateDir, Socket: filepath.Join(n.fx.stateDir, "agent.sock"), PodCIDR: n.a.cfg.PodCIDR,
-		MTU: 1400, HostNetns: n.fx.nodeNS.Path(), VMSocketDir: filepath.Join(n.fx.stateDir, "vm"),
+		PodCIDR6: n.a.cfg.PodCIDR6, MTU: 1400, HostNetns: n.fx.nodeNS.Path(), VMSocketDir: filepath.Join(n.fx.stateDir, "vm"),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return n.dp, nil },
 	}, quietLog())
 	if err != nil {
@@ -45,6 +47,13 @@ func (n *migNode) restart(t *testing.T) {
 }
 
 func startMigNode(t *testing.T, name, cidr string) *migNode {
+	t.Helper()
+	return startMigNode6(t, name, cidr, "")
+}
+
+// startMigNode6 is startMigNode with an IPv6 pod CIDR too (dual-stack;
+// cidr6 "": IPv4 only).
+func startMigNode6(t *testing.T, name, cidr, cidr6 string) *migNode {
 	t.Helper()
 	fx := &fixture{stateDir: t.TempDir(), nodeNS: netnstest.New(t, name)}
 	if err := fx.nodeNS.Do(func(ns.NetNS) error {
@@ -61,6 +70,11 @@ func startMigNode(t *testing.T, name, cidr string) *migNode {
 		if err := netlink.AddrAdd(l, addr); err != nil {
 			return err
 		}
+		addr6, _ := netlink.ParseAddr("2001:db8::1/64")
+		addr6.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(l, addr6); err != nil {
+			return err
+		}
 		for _, n := range []string{"up0", "up1"} {
 			if l, err := netlink.LinkByName(n); err != nil || netlink.LinkSetUp(l) != nil {
 				return errors.Join(err, errors.New("set "+n+" up"))
@@ -71,9 +85,13 @@ func startMigNode(t *testing.T, name, cidr string) *migNode {
 		t.Fatalf("uplink in %s: %v", name, err)
 	}
 	dp := newFake()
+	var p6 netip.Prefix
+	if cidr6 != "" {
+		p6 = netip.MustParsePrefix(cidr6)
+	}
 	a, err := New(Config{
 		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"), PodCIDR: netip.MustParsePrefix(cidr),
-		MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
+		PodCIDR6: p6, MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
 	}, quietLog())
 	if err != nil {
@@ -92,12 +110,17 @@ func (n *migNode) inDatapath(t *testing.T, id uint32) bool {
 	return slices.Contains(ids, id)
 }
 
-// route returns the node's route to ip/32 ("" when none) as "dev N" or "via GW".
+// route returns the node's route to ip/32 (IPv6: /128; "" when none) as
+// "dev N" or "via GW".
 func (n *migNode) route(t *testing.T, ip netip.Addr) string {
 	t.Helper()
 	var out string
 	n.fx.nodeNS.Do(func(ns.NetNS) error {
-		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: host32(ip)}, netlink.RT_FILTER_DST)
+		fam := netlink.FAMILY_V4
+		if ip.Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: host32(ip)}, netlink.RT_FILTER_DST)
 		if err != nil {
 			t.Error(err)
 			return nil
@@ -133,7 +156,7 @@ func (n *migNode) holder(t *testing.T, ip netip.Addr) string {
 	var h string
 	if err := n.a.st.View(func(tx *store.Tx) error {
 		var err error
-		h, _, err = n.a.ipam.HolderTx(tx, ip)
+		h, _, err = n.a.poolOf(ip).HolderTx(tx, ip)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -286,6 +309,6 @@ func TestVMMigrationAddressMove(t *testing.T) {
 	}
 	if _, _, err := src.a.SyncEndpointRoutes([]EndpointRoute{{Addr: netip.MustParseAddr("fd00::1"), Via: netip.MustParseAddr("192.0.2.2"),
 		VM: "vm1"}}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("IPv6 claim: %v, want ErrInvalid", err)
+		t.Errorf("IPv6 claim via an IPv4 node address: %v, want ErrInvalid", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
 )
 
@@ -43,8 +44,10 @@ func requireVMBins(t *testing.T, bins Bins) {
 // on node 1), and a NetworkPolicy selecting the VM that admits only node
 // 1's IPv6 pod range: the pod on node 1 gets in over IPv6, the pod on
 // node 2 does not (over either family), and the VM's endpoint counts the
-// denied connections as policy-ingress drops. QEMU under TCG: transfers are
-// 3 s, every probe bounded. Root only; brings up the global lab.
+// denied connections as policy-ingress drops. Last (it moves the guest):
+// `lab vm migrate` node 2 -> 1 -> 2 keeps the guest's IPv6 address
+// (dualStackMigration). QEMU under TCG: transfers are 3 s, every probe
+// bounded. Root only; brings up the global lab.
 func TestDualStackVMLab(t *testing.T) {
 	bins := pathTestBins(t)
 	bins.Self = labSelf(t, bins)
@@ -223,6 +226,88 @@ spec:
 			labCLI(t, ctx, bins.Self, "policy", "delete", "default/vm-from-node1-pods", "--socket", AgentSocket(node))
 		}
 	})
+
+	con.Close() // the guest's console moves with it
+	for _, to := range []int{1, 2} {
+		t.Run(fmt.Sprintf("migrate to node %d keeps the IPv6 address", to), func(t *testing.T) {
+			dualStackMigration(t, ctx, bins, vm.Name, vmIP, vm6, to)
+		})
+	}
+}
+
+// dualStackMigration moves the dual-stack lab's guest to node to with `lab
+// vm migrate`'s code while a pod on each node pings its IPv4 and its IPv6
+// address every 10 ms and holds a TCP connection to each: both connections
+// survive, each pinger loses at most maxMigrationLoss; the guest's IPv6
+// address is in the target's IPv6 endpoint map under the target's endpoint
+// ID and no longer in the source's; IPv6 pings from both nodes after the
+// move reach that endpoint (its counters), and the old node forwarded no
+// IPv6 datagram in the kernel (Ip6OutForwDatagrams) throughout: its pods
+// reach the guest over BPF and the claim's /128 route.
+func dualStackMigration(t *testing.T, ctx context.Context, bins Bins, name string, vmIP, vm6 netip.Addr, to int) {
+	before, err := LoadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := vmOf(t, name).Node
+	fwd0, err := IP6OutForwDatagrams(ctx, NodeNS(from))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	rep, err := MigrateVM(ctx, MigrateOptions{VM: name, To: to, Bins: bins, Out: testLog{t}})
+	if rep != nil {
+		t.Logf("report:\n%s", rep)
+	}
+	if err != nil {
+		migrationDiagnostics(t, ctx, name, vmIP, from, to)
+		t.Fatalf("migrate: %v", err)
+	}
+	if rep.IP6 != vm6.String() || rep.TCP6 == nil || len(rep.Pings6) != len(before.Nodes) {
+		t.Fatalf("report: IPv6 %q, tcp6 %v, %d IPv6 pingers: want %s and a pinger on each node", rep.IP6, rep.TCP6, len(rep.Pings6), vm6)
+	}
+	for _, tcp := range []TCPStats{rep.TCP, *rep.TCP6} {
+		if tcp.Error != "" || tcp.Exchanges < 10 {
+			t.Errorf("tcp connection %s: %+v", tcp.Local, tcp)
+		}
+	}
+	for _, p := range append(rep.Pings, rep.Pings6...) {
+		if p.Sent < 100 || p.Lost > maxMigrationLoss {
+			t.Errorf("pings from %s: %d sent, %d lost (at most %d)", p.From, p.Sent, p.Lost, maxMigrationLoss)
+		}
+	}
+	if lv := vmOf(t, name); lv.Node != to || lv.IP6 != vm6.String() {
+		t.Fatalf("lab state after the move: vm on node %d with IPv6 %q, want node %d, %s", lv.Node, lv.IP6, to, vm6)
+	}
+	id, c0, err := datapath.PinnedCounters(BPFDir(to), vm6)
+	if err != nil || id != rep.TargetID {
+		t.Fatalf("node %d IPv6 endpoint map: %s is endpoint %d (%v), want the target's %d", to, vm6, id, err, rep.TargetID)
+	}
+	if id, _, err := datapath.PinnedCounters(BPFDir(from), vm6); err == nil {
+		t.Errorf("node %d (the source) still has %s in its IPv6 endpoint map (endpoint %d)", from, vm6, id)
+	}
+	for n := 1; n <= len(before.Nodes); n++ {
+		pod := PodNS(n, 1, KindLanekit)
+		if out, err := nsCommand(ctx, pod, append(pingCommand(), "-6", "-c", "3", "-W", "2", vm6.String())...).CombinedOutput(); err != nil {
+			t.Errorf("ping %s from %s after the migration: %v\n%s", vm6, pod, err, out)
+		}
+	}
+	_, c1, err := datapath.PinnedCounters(BPFDir(to), vm6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c1.ToPackets - c0.ToPackets; got < 6 {
+		t.Errorf("node %d endpoint %d: %d packets delivered for 6 IPv6 pings from both nodes", to, id, got)
+	}
+	fwd1, err := IP6OutForwDatagrams(ctx, NodeNS(from))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node %d -> %d: IPv6 path: target endpoint %d +%d packets for 6 pings; old node Ip6OutForwDatagrams +%d; %s",
+		from, to, id, c1.ToPackets-c0.ToPackets, fwd1-fwd0, time.Since(began).Round(time.Millisecond))
+	if fwd1 != fwd0 {
+		t.Errorf("node %d (the old node) forwarded %d IPv6 datagrams in the kernel across the move", from, fwd1-fwd0)
+	}
 }
 
 // ipv6ClusterIPService renders an IPv6-only ClusterIP Service (TCP 80 →

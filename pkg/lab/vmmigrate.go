@@ -7,7 +7,11 @@ package lab
 // target launcher pod), reports the migration state to the agents (KubeVirt:
 // the VMI's migrationState) and hands every agent the nodes' claims of
 // moved addresses (what each agent's ListVMs publishes), and removes the
-// source's pod (backend, QEMU, endpoint, netns) after the switch.
+// source's pod (backend, QEMU, endpoint, netns) after the switch. In a
+// dual-stack lab (native routing) the guest's IPv6 address moves too: the
+// incoming endpoint takes it, the claims carry it via the nodes' IPv6
+// underlay addresses, and IPv6 pingers and a TCP connection run beside the
+// IPv4 ones.
 
 import (
 	"context"
@@ -17,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +51,7 @@ type MigrationReport struct {
 	From     int    `json:"from_node"`
 	To       int    `json:"to_node"`
 	IP       string `json:"ip"`
+	IP6      string `json:"ip6,omitempty"` // dual-stack lab: the guest's IPv6 address (moves too)
 	MAC      string `json:"mac"`
 	SourceID uint32 `json:"source_endpoint_id"`
 	TargetID uint32 `json:"target_endpoint_id"`
@@ -56,6 +62,9 @@ type MigrationReport struct {
 	PingInterval time.Duration `json:"ping_interval_ns"`
 	Pings        []PingStats   `json:"pings"`
 	TCP          TCPStats      `json:"tcp"`
+	// The same over IPv6 (a dual-stack lab's VM).
+	Pings6 []PingStats `json:"pings6,omitempty"`
+	TCP6   *TCPStats   `json:"tcp6,omitempty"`
 	// SwitchOver: the source backend's last frame into the guest to the
 	// target backend's first (both polled every FramePoll).
 	SwitchOver time.Duration `json:"switch_over_ns"`
@@ -76,7 +85,7 @@ type MigrationReport struct {
 // Lost is the pings lost by every pinger together.
 func (r *MigrationReport) Lost() int {
 	n := 0
-	for _, p := range r.Pings {
+	for _, p := range append(slices.Clip(r.Pings), r.Pings6...) {
 		n += p.Lost
 	}
 	return n
@@ -89,19 +98,10 @@ func (r *MigrationReport) String() string {
 		fmt.Fprintf(&b, ": endpoint %d -> %d, activated by %s", r.SourceID, r.TargetID, r.ActivatedBy)
 	}
 	b.WriteString("\n")
-	for _, p := range r.Pings {
-		fmt.Fprintf(&b, "  ping from %s every %s: %d sent, %d lost (%s), longest gap %s\n", p.From, r.PingInterval,
-			p.Sent, p.Lost, time.Duration(p.Lost)*r.PingInterval, p.MaxGap.Round(time.Millisecond))
+	r.writeTraffic(&b, "", r.Pings, r.TCP)
+	if r.TCP6 != nil {
+		r.writeTraffic(&b, " (IPv6 "+r.IP6+")", r.Pings6, *r.TCP6)
 	}
-	tcp := "survived"
-	switch {
-	case r.TCP.Error != "":
-		tcp = "BROKEN: " + r.TCP.Error
-	case r.TCP.Local == "":
-		tcp = "not started"
-	}
-	fmt.Fprintf(&b, "  tcp from %s (%s): %s, %d exchanges, longest %s\n", r.TCP.From, r.TCP.Local, tcp, r.TCP.Exchanges,
-		r.TCP.MaxRTT.Round(time.Millisecond))
 	if r.Path == "fast-lane" {
 		fmt.Fprintf(&b, "  switch-over (source's last to target's first frame into the guest): %s (polled every %s)\n",
 			r.SwitchOver.Round(time.Millisecond), r.FramePoll)
@@ -115,6 +115,22 @@ func (r *MigrationReport) String() string {
 	}
 	fmt.Fprintf(&b, "; command %s\n", r.Total.Round(time.Millisecond))
 	return b.String()
+}
+
+func (r *MigrationReport) writeTraffic(b *strings.Builder, fam string, pings []PingStats, t TCPStats) {
+	for _, p := range pings {
+		fmt.Fprintf(b, "  ping%s from %s every %s: %d sent, %d lost (%s), longest gap %s\n", fam, p.From, r.PingInterval,
+			p.Sent, p.Lost, time.Duration(p.Lost)*r.PingInterval, p.MaxGap.Round(time.Millisecond))
+	}
+	tcp := "survived"
+	switch {
+	case t.Error != "":
+		tcp = "BROKEN: " + t.Error
+	case t.Local == "":
+		tcp = "not started"
+	}
+	fmt.Fprintf(b, "  tcp%s from %s (%s): %s, %d exchanges, longest %s\n", fam, t.From, t.Local, tcp, t.Exchanges,
+		t.MaxRTT.Round(time.Millisecond))
 }
 
 const (
@@ -167,8 +183,8 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
 	}
 	say := func(format string, args ...any) { progress(opts.Out, format, args...) }
-	rep = &MigrationReport{VM: src.Name, Path: "fast-lane", From: src.Node, To: to, IP: src.IP, MAC: src.MAC, PingInterval: opts.PingInterval,
-		FramePoll: framePoll}
+	rep = &MigrationReport{VM: src.Name, Path: "fast-lane", From: src.Node, To: to, IP: src.IP, IP6: src.IP6, MAC: src.MAC,
+		PingInterval: opts.PingInterval, FramePoll: framePoll}
 
 	srcVM, err := findAgentVM(ctx, AgentSocket(src.Node), src.Name)
 	if err != nil {
@@ -183,11 +199,17 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	// from the VMI's migrationState).
 	rep.Generation = uint64(time.Now().UnixNano())
 
-	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, 1), IP: src.IP, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
+	// The target's first free VM netns (the dual-stack lab has a VM on
+	// each node).
+	vmIdx := 1
+	for netnsExists(VMNS(to, vmIdx)) && vmIdx < 16 {
+		vmIdx++
+	}
+	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, vmIdx), IP: src.IP, IP6: src.IP6, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
 		VhostSocket:   filepath.Join(vmBackendDir(to, src.Name), "vhost.sock"),
 		MetricsSocket: filepath.Join(vmBackendDir(to, src.Name), "metrics.sock"), SerialSocket: vmFile(to, src.Name, "serial.sock")}
 	if netnsExists(dst.NS) {
-		return nil, fmt.Errorf("lab vm migrate: netns %s exists (a VM is on node %d)", dst.NS, to)
+		return nil, fmt.Errorf("lab vm migrate: netns %s exists (node %d has no free VM netns)", dst.NS, to)
 	}
 	if err := addNetns(ctx, dst.NS); err != nil {
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
@@ -204,7 +226,7 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	resp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.AddVMResponse, error) {
 		return c.AddVM(ctx, &apiv1.AddVMRequest{Name: src.Name, Netns: netnsPath(dst.NS), Queues: uint32(src.Queues),
 			Mac: src.MAC, Mtu: uint32(src.MTU), Labels: srcVM.GetEndpoint().GetLabels(), SocketUid: &owner, SocketGid: &owner,
-			Address: src.IP, Incoming: true, Generation: rep.Generation, GatewayMac: gwMAC})
+			Address: src.IP, Address6: src.IP6, Incoming: true, Generation: rep.Generation, GatewayMac: gwMAC})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lab vm migrate: incoming endpoint on node %d: %w", to, err)
@@ -226,6 +248,7 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	}
 	gc := guest.Config{Kernel: kernel, Initrd: initrd, MTU: src.MTU, IP: src.IP + "/32", Gateway: "169.254.1.1", MAC: src.MAC,
 		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket}
+	guestIPv6(&gc, dst) // vm6.go
 	args, err := guest.QEMUArgs(gc)
 	if err != nil {
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
@@ -256,6 +279,13 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return rep, fmt.Errorf("lab vm migrate: %w", err)
 	}
 	defer tr.stop(rep)
+	var tr6 *traffic
+	if src.IP6 != "" {
+		if tr6, err = startTraffic(st, KindLanekit, src.IP6, opts.PingInterval); err != nil {
+			return rep, fmt.Errorf("lab vm migrate: IPv6: %w", err)
+		}
+		defer tr6.stop6(rep)
+	}
 	srcFrames := watchFrames(ctx, src.MetricsSocket, framePoll)
 	dstFrames := watchFrames(ctx, dst.MetricsSocket, framePoll)
 	defer srcFrames.stop()
@@ -342,6 +372,9 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		rep.SwitchOver = dstFrames.first.Sub(srcFrames.last)
 	}
 	err = tr.stop(rep)
+	if tr6 != nil {
+		err = errors.Join(err, tr6.stop6(rep))
+	}
 	rep.Total = time.Since(began)
 	select {
 	case m := <-shutdown:
@@ -401,6 +434,14 @@ func PublishEndpointRoutes(ctx context.Context, st *State) (map[int][]string, er
 			}
 			routes = append(routes, &apiv1.EndpointRoute{Address: p.Addr().String(), Via: n.UnderlayIP,
 				Generation: v.GetGeneration(), Vm: v.GetName(), Node: NodeNS(n.Index)})
+			// A dual-stack VM's IPv6 address: the same claim via the
+			// node's IPv6 underlay address.
+			for _, ipc := range v.GetEndpoint().GetIps() {
+				if p6, err := netip.ParsePrefix(ipc.GetAddress()); err == nil && p6.Addr().Is6() && n.UnderlayIP6 != "" {
+					routes = append(routes, &apiv1.EndpointRoute{Address: p6.Addr().String(), Via: n.UnderlayIP6,
+						Generation: v.GetGeneration(), Vm: v.GetName(), Node: NodeNS(n.Index)})
+				}
+			}
 		}
 	}
 	out := map[int][]string{}
@@ -469,7 +510,11 @@ func startTraffic(st *State, kind, dst string, interval time.Duration) (_ *traff
 			if !strings.HasPrefix(p.NS, fmt.Sprintf("lk-n%d-", n.Index)) {
 				continue
 			}
-			pg, err := startPinger(p.NS, dst, interval, uint16(0x4c00+n.Index))
+			id := uint16(0x4c00 + n.Index)
+			if strings.Contains(dst, ":") {
+				id += 0x60
+			}
+			pg, err := startPinger(p.NS, dst, interval, id)
 			if err != nil {
 				return tr, err
 			}
@@ -511,6 +556,19 @@ func (tr *traffic) stop(rep *MigrationReport) error {
 		rep.Pings = append(rep.Pings, ps)
 	}
 	return errors.Join(errs...)
+}
+
+// stop6 is stop for the IPv6 traffic: rep.Pings6 and rep.TCP6.
+func (tr *traffic) stop6(rep *MigrationReport) error {
+	if tr.stopped {
+		return nil
+	}
+	var r MigrationReport
+	err := tr.stop(&r)
+	if tr.tcp != nil || len(tr.pingers) > 0 {
+		rep.Pings6, rep.TCP6 = r.Pings, &r.TCP
+	}
+	return err
 }
 
 // migrateTapVM live-migrates vm-std (QEMU's virtio-net on a tap on the

@@ -16,12 +16,13 @@ import (
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
-// pinger sends ICMP echo requests from a pod netns at a fixed interval
-// (raw socket) and notes when each reply arrives.
+// pinger sends ICMP (or ICMPv6) echo requests from a pod netns at a fixed
+// interval (raw socket) and notes when each reply arrives.
 type pinger struct {
 	ns    string
 	conn  *net.IPConn
 	dst   *net.IPAddr
+	v6    bool
 	id    uint16
 	stopc chan struct{}
 	wg    sync.WaitGroup
@@ -43,8 +44,17 @@ type PingStats struct {
 
 func startPinger(ns, dst string, interval time.Duration, id uint16) (*pinger, error) {
 	var conn *net.IPConn
+	ip := net.ParseIP(dst)
+	if ip == nil {
+		return nil, fmt.Errorf("ping from %s: bad address %q", ns, dst)
+	}
+	v6 := ip.To4() == nil
+	network, laddr := "ip4:icmp", "0.0.0.0"
+	if v6 {
+		network, laddr = "ip6:ipv6-icmp", "::" // the kernel fills in the ICMPv6 checksum
+	}
 	err := netdev.InNetns(netnsPath(ns), func() error {
-		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		c, err := net.ListenPacket(network, laddr)
 		if err != nil {
 			return err
 		}
@@ -54,7 +64,7 @@ func startPinger(ns, dst string, interval time.Duration, id uint16) (*pinger, er
 	if err != nil {
 		return nil, fmt.Errorf("ping from %s: %w", ns, err)
 	}
-	p := &pinger{ns: ns, conn: conn, dst: &net.IPAddr{IP: net.ParseIP(dst)}, id: id, stopc: make(chan struct{}),
+	p := &pinger{ns: ns, conn: conn, dst: &net.IPAddr{IP: ip}, v6: v6, id: id, stopc: make(chan struct{}),
 		got: map[uint16]time.Time{}}
 	p.wg.Add(2)
 	go p.send(interval)
@@ -83,10 +93,15 @@ func (p *pinger) send(interval time.Duration) {
 	for seq := uint16(0); ; seq++ {
 		msg := make([]byte, 16)
 		msg[0] = 8 // echo request
+		if p.v6 {
+			msg[0] = 128
+		}
 		binary.BigEndian.PutUint16(msg[4:], p.id)
 		binary.BigEndian.PutUint16(msg[6:], seq)
 		copy(msg[8:], "lanekit!")
-		binary.BigEndian.PutUint16(msg[2:], icmpChecksum(msg))
+		if !p.v6 {
+			binary.BigEndian.PutUint16(msg[2:], icmpChecksum(msg))
+		}
 		if _, err := p.conn.WriteTo(msg, p.dst); err != nil {
 			p.mu.Lock()
 			p.err = err
@@ -106,13 +121,17 @@ func (p *pinger) send(interval time.Duration) {
 func (p *pinger) receive() {
 	defer p.wg.Done()
 	buf := make([]byte, 1500)
+	reply := byte(0)
+	if p.v6 {
+		reply = 129
+	}
 	for {
 		n, from, err := p.conn.ReadFrom(buf)
 		if err != nil {
 			return // closed
 		}
 		now := time.Now()
-		if n < 8 || buf[0] != 0 || binary.BigEndian.Uint16(buf[4:]) != p.id || !from.(*net.IPAddr).IP.Equal(p.dst.IP) {
+		if n < 8 || buf[0] != reply || binary.BigEndian.Uint16(buf[4:]) != p.id || !from.(*net.IPAddr).IP.Equal(p.dst.IP) {
 			continue
 		}
 		seq := binary.BigEndian.Uint16(buf[6:])
