@@ -249,6 +249,9 @@ func newBackendBench(ctx context.Context, o BackendOptions) (*backendBench, erro
 	pid := os.Getpid()
 	b := &backendBench{o: o, ns: fmt.Sprintf("lk-vhb-%d", pid), splits: splitValues{},
 		prefixes: []string{fmt.Sprintf("lkbf%d", pid), fmt.Sprintf("lkbb%d", pid), fmt.Sprintf("lkbg%d", pid)}}
+	for _, r := range reapDeadRuns(ctx, "lk-vhb-") {
+		o.progress("vm backend bench: removed %s of a run that died", r)
+	}
 	// The pid in the name tells this run's processes (their arguments name
 	// the directory) from a concurrent run's.
 	dir, err := os.MkdirTemp("", benchDirPrefix(os.Getpid()))

@@ -213,6 +213,9 @@ type steerBench struct {
 func newSteerBench(ctx context.Context, o SteerOptions) (_ *steerBench, err error) {
 	pid := os.Getpid()
 	s := &steerBench{o: o, ns: fmt.Sprintf("lk-vhs-%d", pid), flows: steerFlows(o.Flows, o.Size)}
+	for _, r := range reapDeadRuns(ctx, "lk-vhs-") {
+		o.progress("steering bench: removed %s of a run that died", r)
+	}
 	defer func() {
 		if err != nil {
 			s.cleanup()
