@@ -77,6 +77,15 @@ func run(args []string) error {
 		cfg.VhostUIDRange = &r
 		return err
 	})
+	fs.Func("kubelet-userns-range", "FIRST-LAST: the host uids kubelet gives user-namespaced pods (its 'kubelet' user's subuids), which VM backend uids must avoid; "+
+		"none: user namespaces off (default "+agent.KubeletUsernsRange.String()+", kubelet's own default)", func(v string) error {
+		r, err := agent.ParseUIDRange(v)
+		if v == "none" {
+			r, err = agent.UIDRange{}, nil
+		}
+		cfg.KubeletUserns = &r
+		return err
+	})
 	fs.Func("vhost-frontend-uid", "uid granted access to each VM backend's vhost-user socket (default 107, KubeVirt's qemu user)", func(v string) error {
 		u, err := strconv.ParseUint(v, 10, 32)
 		u32 := uint32(u)
