@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -33,7 +34,7 @@ import (
 // offlineEnv runs the built lanekitd against a real API server.
 type offlineEnv struct {
 	bin, plugins, dir, sock, state, bpf, kubeconfig, metrics string
-	node                                                    string // netns path: the agent's --host-netns
+	node                                                     string // netns path: the agent's --host-netns
 }
 
 // TestStartWithoutAPIServer: a node agent restarted while the API server is
@@ -110,6 +111,104 @@ func TestStartWithoutAPIServer(t *testing.T) {
 	e.waitReady(t, log, 60*time.Second)
 	if !strings.Contains(log.String(), "the Node's pod CIDR is the stored one") {
 		t.Errorf("no log of the API server's return:\n%s", log)
+	}
+}
+
+// TestStartWithoutAPIServerCIDRChanged: the Node came back with another pod
+// CIDR while the agent ran from the stored one. With no address allocated
+// from the stored CIDR, the agent says so and exits, and its restart takes
+// the Node's; with addresses allocated (pods and VMs hold them) it keeps
+// serving them, not ready with the reason, as the store refuses a CIDR
+// change under allocations (ipam.ErrCIDRChanged).
+func TestStartWithoutAPIServerCIDRChanged(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBPFFS(t)
+	srv := k8stest.StartT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	admin, err := kubernetes.NewForConfig(srv.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := func(cidr string) {
+		t.Helper()
+		err := admin.CoreV1().Nodes().Delete(ctx, "n7", metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n7"},
+			Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := newOfflineEnv(t)
+	if err := srv.WriteKubeconfig(e.kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	node("10.244.7.0/24")
+	agent, log := e.start(t)
+	e.waitReady(t, log, 60*time.Second)
+	e.stop(t, agent, log)
+
+	// The Node is now 10.244.8.0/24; the agent starts from the stored
+	// 10.244.7.0/24 with nothing allocated, then reaches the API server.
+	node("10.244.8.0/24")
+	srv.KillAPIServer()
+	agent, log = e.start(t)
+	e.waitStatus(t, log, 30*time.Second)
+	if err := srv.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- agent.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil || !strings.Contains(log.String(), "POD CIDR CHANGED") || !strings.Contains(log.String(), "restarting to take the Node's") {
+			t.Fatalf("agent exit %v, want an error saying the pod CIDR changed:\n%s", err, log)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the agent kept serving the stored pod CIDR with nothing allocated:\n%s", log)
+	}
+	// Its restart takes the Node's.
+	agent, log = e.start(t)
+	e.waitReady(t, log, 60*time.Second)
+	if st := e.waitStatus(t, log, 10*time.Second); st.PodCidr != "10.244.8.0/24" {
+		t.Fatalf("pod CIDR after the restart %s, want the Node's 10.244.8.0/24", st.PodCidr)
+	}
+	// An address is allocated (not deleted: a pod holds it).
+	list, err := libcni.ConfListFromBytes([]byte(fmt.Sprintf(
+		`{"cniVersion":"1.1.0","name":"lk","plugins":[{"type":"lanekit","agentSocket":%q}]}`, e.sock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cni := libcni.NewCNIConfigWithCacheDir([]string{e.plugins}, t.TempDir(), nil)
+	pod := netnstest.New(t, "offpod")
+	if _, err := cni.AddNetworkList(ctx, list, &libcni.RuntimeConf{ContainerID: "held", NetNS: pod.Path(), IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	e.stop(t, agent, log)
+
+	// Again another CIDR, now with an address allocated: serving, not ready.
+	node("10.244.9.0/24")
+	srv.KillAPIServer()
+	agent, log = e.start(t)
+	defer e.stop(t, agent, log)
+	e.waitStatus(t, log, 30*time.Second)
+	if err := srv.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var st *apiv1.StatusResponse
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if st = e.waitStatus(t, log, 10*time.Second); strings.Contains(st.Reason, "pod CIDR differs") {
+			break
+		}
+	}
+	if st.Ready || !strings.Contains(st.Reason, "10.244.9.0/24") || st.PodCidr != "10.244.8.0/24" || st.IpsAllocated != 1 {
+		t.Fatalf("status after a CIDR change under allocations: ready %v (%q), pod CIDR %s, %d allocated; want not ready saying so, serving 10.244.8.0/24\n%s",
+			st.Ready, st.Reason, st.PodCidr, st.IpsAllocated, log)
+	}
+	if code, _ := e.probe(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz after a CIDR change: %d, want 200 (the agent keeps its pods' and VMs' network)", code)
 	}
 }
 
