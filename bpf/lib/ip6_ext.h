@@ -6,7 +6,10 @@
  * Hop-by-hop, routing, destination-options and fragment headers are
  * walked, at most max of them (a constant after inlining: the loop is
  * bounded); AH, ESP, no-next-header and every upper-layer protocol end the
- * walk. The result says what stopped it. */
+ * walk, and so does the fragment header of a later fragment (offset not 0):
+ * the rest of that packet is payload, and nh is the fragment header's next
+ * header (its datagram's, not read from the payload). The result says what
+ * stopped it. */
 #ifndef LK_IP6_EXT_H
 #define LK_IP6_EXT_H
 
@@ -87,12 +90,19 @@ static __always_inline int lk_ip6_walk##SUFFIX(CTX *ctx, __u32 l3, __u8 nh, __u3
 				return c->status;					\
 			}								\
 			c->frag = 1;							\
-			if (fh.frag_off & bpf_htons(LK_IP6_FRAG_OFFSET))		\
-				c->later = 1;						\
 			c->mf = !!(fh.frag_off & bpf_htons(LK_IP6_FRAG_MF));		\
 			c->frag_id = fh.identification;					\
 			c->off += sizeof(fh);						\
 			c->nh = fh.nexthdr;						\
+			c->count++;							\
+			/* A later fragment: what follows is payload, not	\
+			 * headers (walking on would let its bytes name	\
+			 * another datagram or an L4 header). */		\
+			if (fh.frag_off & bpf_htons(LK_IP6_FRAG_OFFSET)) {		\
+				c->later = 1;						\
+				return LK_IP6_CHAIN_OK;					\
+			}								\
+			continue;							\
 		} else {								\
 			if (LOAD(ctx, c->off, &ext, sizeof(ext))) {			\
 				c->status = LK_IP6_CHAIN_TRUNCATED;			\

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -95,20 +94,6 @@ func (f kubeFlags) restConfig(log *slog.Logger) (*rest.Config, error) {
 		"(KUBERNETES_SERVICE_HOST); without kube-proxy nothing serves it to the node and the agent cannot start: "+
 		"set k8s-service-host in the lanekit-config ConfigMap", "kubernetes_service_host", os.Getenv("KUBERNETES_SERVICE_HOST"))
 	return rest.InClusterConfig()
-}
-
-// nodePodCIDR connects to the API server and waits for this node's pod
-// CIDR (the Node's spec.podCIDR).
-func (f kubeFlags) nodePodCIDR(ctx context.Context, log *slog.Logger) (*kubeClients, string, error) {
-	kc, err := f.clients(log)
-	if err != nil {
-		return nil, "", err
-	}
-	cidr, err := k8s.WaitPodCIDR(ctx, kc.client, f.nodeName, log)
-	if err != nil {
-		return nil, "", fmt.Errorf("pod CIDR of node %s: %w", f.nodeName, err)
-	}
-	return kc, cidr, nil
 }
 
 type kubeClients struct {

@@ -53,8 +53,13 @@ func TestPodCIDRByExplicitAPIServer(t *testing.T) {
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 	defer wcancel()
-	_, cidr, err := k.nodePodCIDR(wctx, slog.New(slog.DiscardHandler))
-	if err != nil || cidr != "10.244.7.0/24" {
-		t.Fatalf("pod CIDR by explicit API server address: %q, %v", cidr, err)
+	log := slog.New(slog.DiscardHandler)
+	kc, err := k.clients(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf, err := k.fromNode(wctx, kc, "", "", false, "", log)
+	if err != nil || nf.PodCIDR != "10.244.7.0/24" {
+		t.Fatalf("pod CIDR by explicit API server address: %+v, %v", nf, err)
 	}
 }

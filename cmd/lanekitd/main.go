@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
-	"github.com/lanekit/lanekit/pkg/k8s"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
 )
@@ -75,6 +75,15 @@ func run(args []string) error {
 	fs.Func("vhost-uid-range", "FIRST-LAST: each VM backend runs as its own uid (and gid) from this range (default "+agent.DefaultVhostUIDRange.String()+")", func(v string) error {
 		r, err := agent.ParseUIDRange(v)
 		cfg.VhostUIDRange = &r
+		return err
+	})
+	fs.Func("kubelet-userns-range", "FIRST-LAST: the host uids kubelet gives user-namespaced pods (its 'kubelet' user's subuids), which VM backend uids must avoid; "+
+		"none: user namespaces off (default "+agent.KubeletUsernsRange.String()+", kubelet's own default)", func(v string) error {
+		r, err := agent.ParseUIDRange(v)
+		if v == "none" {
+			r, err = agent.UIDRange{}, nil
+		}
+		cfg.KubeletUserns = &r
 		return err
 	})
 	fs.Func("vhost-frontend-uid", "uid granted access to each VM backend's vhost-user socket (default 107, KubeVirt's qemu user)", func(v string) error {
@@ -180,36 +189,23 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	var kc *kubeClients
+	var (
+		kc      *kubeClients
+		offline bool      // started from the stored node facts (nodestart.go)
+		facts   nodeFacts // what the Node said, or the store
+	)
 	if kube.nodeName != "" {
-		var (
-			cidr string
-			err  error
-		)
+		if kc, err = kube.clients(log); err != nil {
+			return err
+		}
 		// The Node's pod CIDR; with --pod-cidr too, they must agree.
-		if kc, cidr, err = kube.nodePodCIDR(ctx, log); err != nil {
+		if facts, offline, err = kube.startFacts(ctx, kc, cfg.StateDir, podCIDR, cidr6, cfg.Uplink, cfg.HostNetns, log); err != nil {
 			return err
 		}
-		if podCIDR, cidr6, err = nodeFamilies(kube.nodeName, cidr, podCIDR, cidr6); err != nil { // podcidr.go
-			return err
-		}
-		if podCIDR != "" { // dual-stack: the IPv6 one is the Node's second spec.podCIDRs entry
-			if cidr6, err = kube.nodePodCIDR6(ctx, kc, cidr6); err != nil {
-				return err
-			}
-		}
-		log.Info("pod CIDR from the Node", "node", kube.nodeName, "pod_cidr", cidr, "pod_cidr6", cidr6)
-		// Topology hints (trafficDistribution) name nodes and zones.
-		cfg.NodeName = kube.nodeName
-		if cfg.Zone, err = k8s.NodeZone(ctx, kc.client, kube.nodeName); err != nil {
-			return err
-		}
+		podCIDR, cidr6 = facts.PodCIDR, facts.PodCIDR6
+		cfg.NodeName, cfg.Zone = kube.nodeName, facts.Zone
 		if cfg.Uplink == "" {
-			// The device with the Node's InternalIP carries pod traffic
-			// between nodes (native routing).
-			if cfg.Uplink, err = k8s.NodeUplink(ctx, kc.client, kube.nodeName, cfg.HostNetns); err != nil {
-				return fmt.Errorf("--uplink not given: %w", err)
-			}
+			cfg.Uplink = facts.Uplink
 			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)
 		}
 	}
@@ -258,7 +254,17 @@ func run(args []string) error {
 		}
 	}
 	srcDone := make(chan struct{})
-	if kc != nil {
+	srcErr := make(chan error, 1) // the agent must exit (nodestart.go)
+	switch {
+	case offline:
+		go func() {
+			defer close(srcDone)
+			if err := kube.runWhenReachable(ctx, kc, facts, a, cfg.HostNetns, log); err != nil {
+				srcErr <- err
+				stop()
+			}
+		}()
+	case kc != nil:
 		src, err := startSource(kc, kube.nodeName, a, cfg.HostNetns, log)
 		if err != nil {
 			a.Close()
@@ -270,12 +276,17 @@ func run(args []string) error {
 				log.Error("k8s source stopped", "err", err)
 			}
 		}()
-	} else {
+	default:
 		close(srcDone)
 	}
 	runErr := a.Run(ctx)
 	stop()
 	<-srcDone
+	select {
+	case err := <-srcErr:
+		runErr = errors.Join(runErr, err)
+	default:
+	}
 	if err := a.Close(); err != nil {
 		log.Error("close", "err", err)
 	}

@@ -81,6 +81,10 @@ type Config struct {
 	// VhostUIDRange is where per-VM backend uids come from; nil:
 	// DefaultVhostUIDRange.
 	VhostUIDRange *UIDRange
+	// KubeletUserns is the host uid range kubelet gives user-namespaced
+	// pods (vhostuid.go): backend uids must be outside it. nil:
+	// KubeletUsernsRange, kubelet's default; the zero range: none.
+	KubeletUserns *UIDRange
 	// VhostFrontendUID is granted access (an ACL) to each backend's
 	// vhost-user socket; nil: DefaultVhostFrontendUID (KubeVirt's qemu).
 	VhostFrontendUID *uint32
@@ -206,6 +210,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, errors.New("new agent: state dir is required")
 	}
 	if err := checkPodCIDRs(cfg); err != nil { // ipv6.go
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := checkVhostUIDs(cfg); err != nil { // vhostuid.go
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	if cfg.DeviceMode == "" {

@@ -139,6 +139,11 @@ func (a *Agent) startBackend(ep *endpoint.Endpoint) error {
 	pidfd := -1
 	if old := nsexec.ReadPIDFile(p.pidPath); old > 0 {
 		switch same, ours := p.matches(old); {
+		case same && a.xsksEmptied():
+			// Its AF_XDP sockets were in the lk_xsks this start replaced:
+			// a new backend fetches them into the new one (QEMU reconnects).
+			p.log.Warn("restarting vm backend: lk_xsks was recreated in a new shape without its sockets", "pid", old)
+			nsexec.Terminate(old, backendStopWait)
 		case same:
 			if fd, err := unix.PidfdOpen(old, 0); err == nil {
 				pidfd = fd
@@ -335,4 +340,15 @@ func waitPidfd(pidfd int) {
 			return
 		}
 	}
+}
+
+// emptiedMaps is a datapath that replaced pinned maps with empty ones of a
+// new shape when it loaded (datapath.Loader.EmptiedMaps).
+type emptiedMaps interface{ EmptiedMaps() []string }
+
+// xsksEmptied reports whether the datapath's lk_xsks lost the sockets a
+// previous agent's VMs had in it.
+func (a *Agent) xsksEmptied() bool {
+	e, ok := a.dp.(emptiedMaps)
+	return ok && slices.Contains(e.EmptiedMaps(), "lk_xsks")
 }

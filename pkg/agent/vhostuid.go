@@ -20,9 +20,60 @@ import (
 // UIDRange is an inclusive range of uids.
 type UIDRange struct{ First, Last uint32 }
 
-// DefaultVhostUIDRange: 65,536 uids above those of a typical node's users
-// and of container user namespaces' first mappings.
-var DefaultVhostUIDRange = UIDRange{First: 200000, Last: 265535}
+// DefaultVhostUIDRange is below 65536 because kubelet may hand any uid from
+// 65536 up to a user-namespaced pod (KubeletUsernsRange), and within the low
+// range it is the block systemd's UIDS-GIDS.md leaves unused: above the
+// regular users (1000-60000), systemd-homed (60001-60513) and nspawn's
+// bind-user uids (60514-60577), below the DynamicUser range (61184-65519).
+// 606 uids: one per VM backend of the node, more than kubelet's default
+// maxPods (110).
+var DefaultVhostUIDRange = UIDRange{First: 60578, Last: 61183}
+
+// KubeletUsernsRange is the host uid range kubelet (1.37,
+// pkg/kubelet/userns) allocates user namespaces of hostUsers: false pods from
+// when the node has no "kubelet" user with subordinate ids: the first id is
+// idsPerPod (65536 by default) and the range runs to the top of the uid
+// space; each pod takes a random free 65536-uid block of it
+// (allocator.NewAllocationMap's random scan), so any uid in it may be a
+// pod's.
+var KubeletUsernsRange = UIDRange{First: 65536, Last: 1<<32 - 1}
+
+// overlaps reports whether r and o share a uid.
+func (r UIDRange) overlaps(o UIDRange) bool { return r.First <= o.Last && o.First <= r.Last }
+
+// contains reports whether uid is in r.
+func (r UIDRange) contains(uid uint32) bool { return r.First <= uid && uid <= r.Last }
+
+// checkVhostUIDs refuses backend uids that kubelet may give a
+// user-namespaced pod's processes: such a pod's root could then signal,
+// trace or take over a VM's backend and its AF_XDP sockets. cfg.KubeletUserns
+// is kubelet's range (nil: KubeletUsernsRange; the zero range: user
+// namespaces off, nothing to check).
+func checkVhostUIDs(cfg Config) error {
+	k := KubeletUsernsRange
+	if cfg.KubeletUserns != nil {
+		k = *cfg.KubeletUserns
+	}
+	if k == (UIDRange{}) {
+		return nil
+	}
+	if cfg.VhostUID != nil {
+		if k.contains(*cfg.VhostUID) {
+			return fmt.Errorf("--vhost-user uid %d is in the uids kubelet gives user-namespaced pods (%s)", *cfg.VhostUID, k)
+		}
+		return nil
+	}
+	r := DefaultVhostUIDRange
+	if cfg.VhostUIDRange != nil {
+		r = *cfg.VhostUIDRange
+	}
+	if r.overlaps(k) {
+		return fmt.Errorf("VM backend uids (--vhost-uid-range) %s overlap the uids kubelet gives user-namespaced pods (%s): "+
+			"a pod's processes could run as a VM backend's uid; choose a range outside it (default %s) or give "+
+			"kubelet's range with --kubelet-userns-range", r, k, DefaultVhostUIDRange)
+	}
+	return nil
+}
 
 // DefaultVhostFrontendUID is KubeVirt's qemu user, which must connect to
 // each backend's vhost-user socket.

@@ -575,6 +575,10 @@ func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 	if err != nil {
 		return err
 	}
+	if ep.VM.Backend == nil && a.xsksEmptied() { // agent-run backends are restarted (vhostproc.go)
+		a.log.Warn("lk_xsks was recreated in a new shape: this VM's backend, not run by the agent, receives nothing until it fetches its sockets again (restart it)",
+			"vm", ep.VM.Name)
+	}
 	return a.serveVM(ep, dvm, vdp)
 }
 

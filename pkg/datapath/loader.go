@@ -34,6 +34,9 @@ type Loader struct {
 	uplink uplinkObjects
 	vm     vmMaps    // lk_xsks; each VM gets its own steer_vm instance (AttachVM)
 	sock   *sockMaps // the socket LB's maps, after AttachSockLB (sock.go)
+	// emptied: pinned maps replaced with empty ones of a new shape at
+	// load (migrate.go).
+	emptied []string
 }
 
 var _ Datapath = (*Loader)(nil)
@@ -130,7 +133,7 @@ func (l *Loader) load() error {
 	if err := setTunnelIfindex(podSpec, tunIdx); err != nil {
 		return err
 	}
-	if err := migratePinned(podSpec, l.cfg.PinDir, l.log); err != nil {
+	if err := l.migrate(podSpec); err != nil {
 		return err
 	}
 	if err := podSpec.LoadAndAssign(&l.pod, opts); err != nil {
@@ -164,7 +167,7 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return err
 	}
-	if err := migratePinned(upSpec, l.cfg.PinDir, l.log); err != nil {
+	if err := l.migrate(upSpec); err != nil {
 		l.pod.Close()
 		return err
 	}
@@ -182,7 +185,7 @@ func (l *Loader) load() error {
 	vmSpec, err := loadVm()
 	if err == nil {
 		sizeMetrics(vmSpec)
-		if err = migratePinned(vmSpec, l.cfg.PinDir, l.log); err == nil {
+		if err = l.migrate(vmSpec); err == nil {
 			err = vmSpec.LoadAndAssign(&l.vm, opts)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -20,19 +21,25 @@ import (
 // fits), and the pin is swapped to it with one rename. A map whose layout
 // changed, a per-CPU counter map and a map of maps start empty (its entries cannot be read as the new layout): the
 // agent refills what it owns from its state; what the datapath keeps by
-// itself (conntrack) starts over. The previous agent's programs keep
+// itself (conntrack) starts over. So do maps of file descriptors (program
+// arrays, lk_xsks, device and socket maps): what the kernel returns for an
+// entry is an id or nothing (an XSKMAP answers EOPNOTSUPP), never an fd that
+// could be written back. The loader re-installs the tail-call programs after
+// loading; lk_xsks is refilled when each VM's backend fetches its sockets
+// again (the agent restarts adopted backends when it was recreated). The previous agent's programs keep
 // forwarding with the old maps until this agent's programs replace them on
 // the same links, so the datapath never stops.
 
 // migrateResult says what migrateMap did to one map.
 type migrateResult struct {
 	Copied, Dropped int
-	Recreated       bool // the layout changed: started empty
+	Recreated       bool // the layout changed, or it holds fds: started empty
 }
 
 // migratePinned makes every by-name pinned map of spec that exists in dir
-// with another shape fit spec (see above), logging what it did.
-func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) error {
+// with another shape fit spec (see above), logging what it did. It returns
+// the names of the maps it replaced with empty ones.
+func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) (emptied []string, err error) {
 	for name, ms := range spec.Maps {
 		if ms.Pinning != ebpf.PinByName {
 			continue
@@ -43,7 +50,7 @@ func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) erro
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", name, err)
+			return emptied, fmt.Errorf("open pinned map %s: %w", name, err)
 		}
 		cerr := ms.Compatible(old)
 		if cerr == nil {
@@ -52,18 +59,34 @@ func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) erro
 		}
 		if !errors.Is(cerr, ebpf.ErrMapIncompatible) {
 			old.Close()
-			return fmt.Errorf("pinned map %s: %w", name, cerr)
+			return emptied, fmt.Errorf("pinned map %s: %w", name, cerr)
 		}
 		res, err := migrateMap(ms, old, path)
 		old.Close()
 		if err != nil {
-			return fmt.Errorf("migrate pinned map %s (%v): %w", name, cerr, err)
+			return emptied, fmt.Errorf("migrate pinned map %s (%v): %w", name, cerr, err)
+		}
+		if res.Recreated {
+			emptied = append(emptied, name)
 		}
 		log.Warn("pinned map migrated to a new shape", "map", name, "change", cerr.Error(),
 			"copied", res.Copied, "dropped", res.Dropped, "started_empty", res.Recreated)
 	}
-	return nil
+	return emptied, nil
 }
+
+// migrate is migratePinned in the loader's pin directory; it remembers the
+// maps it emptied (EmptiedMaps).
+func (l *Loader) migrate(spec *ebpf.CollectionSpec) error {
+	emptied, err := migratePinned(spec, l.cfg.PinDir, l.log)
+	l.emptied = append(l.emptied, emptied...)
+	return err
+}
+
+// EmptiedMaps names the pinned maps this loader replaced with empty maps of
+// a new shape when it opened: their old entries are gone, and the agent
+// must refill what it owns there (lk_xsks: the VMs' AF_XDP sockets).
+func (l *Loader) EmptiedMaps() []string { return slices.Clone(l.emptied) }
 
 // migrateMap creates ms's map, fills it from old where the layouts allow and
 // pins it at path in old's place.
@@ -77,7 +100,7 @@ func migrateMap(ms *ebpf.MapSpec, old *ebpf.Map, path string) (migrateResult, er
 	}
 	defer nm.Close()
 	same := old.Type() == nm.Type() && old.KeySize() == nm.KeySize() && old.ValueSize() == nm.ValueSize()
-	if !same || isMapOfMaps(nm.Type()) || isPerCPU(nm.Type()) {
+	if !same || holdsFDs(nm.Type()) || isPerCPU(nm.Type()) {
 		// Per-CPU maps are counters: they start over with the new shape.
 		res.Recreated = true
 	} else {
@@ -119,7 +142,17 @@ func copyEntries(old, nm *ebpf.Map) (copied, dropped int, err error) {
 	return copied, dropped, nil
 }
 
-func isMapOfMaps(t ebpf.MapType) bool { return t == ebpf.ArrayOfMaps || t == ebpf.HashOfMaps }
+// holdsFDs reports a map whose values are file descriptors when written
+// (programs, maps, sockets, devices, perf events, cgroups): reading one back
+// gives an id or fails, so its entries cannot be copied.
+func holdsFDs(t ebpf.MapType) bool {
+	switch t {
+	case ebpf.ArrayOfMaps, ebpf.HashOfMaps, ebpf.ProgramArray, ebpf.XSKMap, ebpf.DevMap, ebpf.DevMapHash,
+		ebpf.CPUMap, ebpf.SockMap, ebpf.SockHash, ebpf.PerfEventArray, ebpf.CGroupArray, ebpf.ReusePortSockArray:
+		return true
+	}
+	return false
+}
 
 func isPerCPU(t ebpf.MapType) bool {
 	return t == ebpf.PerCPUArray || t == ebpf.PerCPUHash || t == ebpf.LRUCPUHash

@@ -153,7 +153,7 @@ func (l *Loader) loadSock(c SockLBConfig) (*sockObjects, error) {
 	if err := spec.Variables[sockVarSockNetnsCookie].Set(c.NetnsCookie); err != nil {
 		return nil, fmt.Errorf("set sock_netns_cookie: %w", err)
 	}
-	if err := migratePinned(spec, l.cfg.PinDir, l.log); err != nil {
+	if err := l.migrate(spec); err != nil {
 		return nil, err
 	}
 	var objs sockObjects
