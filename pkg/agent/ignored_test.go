@@ -8,8 +8,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/ipam"
 	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/service"
 	"github.com/lanekit/lanekit/pkg/store"
 )
@@ -46,6 +50,12 @@ func (h *countingHandler) count(prefix string) int {
 // counts messages.
 func newGuardAgent(t *testing.T, dp *MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
 	t.Helper()
+	return newGuardAgentIn(t, &netdev.Host{}, dp, ext)
+}
+
+// newGuardAgentIn is newGuardAgent whose node netns is host's.
+func newGuardAgentIn(t *testing.T, host *netdev.Host, dp *MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(dir)
 	if err != nil {
@@ -58,7 +68,7 @@ func newGuardAgent(t *testing.T, dp *MemoryDatapath, ext service.ExternalIPPolic
 	}
 	h := &countingHandler{msgs: map[string]int{}}
 	a := &Agent{cfg: Config{StateDir: dir, PodCIDR: ctlPodCIDR, NodeAddrs: []netip.Addr{ctlNodeAddr}, ExternalIPs: ext},
-		log: slog.New(h), st: st, ipam: ip, host: &netdev.Host{}, dp: dp, backend: "test"}
+		log: slog.New(h), st: st, ipam: ip, host: host, dp: dp, backend: "test"}
 	if err := a.restoreControlPlane(); err != nil {
 		t.Fatal(err)
 	}
@@ -199,5 +209,64 @@ endpoints: [{addresses: [10.244.1.5]}]
 	}
 	if n, st := logs.count("externalIP not programmed"), a.ControlStats(); n != 1 || st.Ignored[service.ReasonExternalIPNotAllowed] != 1 {
 		t.Errorf("%d log lines (want 1 for the Service applied twice), ignored %v (want 1)", n, st.Ignored)
+	}
+}
+
+// TestHostPortFollowsNodeAddrs: the node's addresses come from its netns
+// (every interface, as SyncHostAddrs lists them for the watcher and the
+// maintenance loop): a hostPort on 10.99.0.5 is ignored while no interface
+// of the node has it, programmed at the first resync after one gains it, and
+// removed at the first resync after it is gone. Root (a node netns).
+func TestHostPortFollowsNodeAddrs(t *testing.T) {
+	testutil.RequireRoot(t)
+	n := netnstest.New(t, "hpaddrs")
+	h, err := netdev.NewHost(n.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	addr, _ := netlink.ParseAddr("10.99.0.5/32")
+	onLink := func(f func(netlink.Link) error) {
+		t.Helper()
+		if err := h.Do(func() error {
+			l, err := netlink.LinkByName("lk-hp-up")
+			if err != nil {
+				return err
+			}
+			return f(l)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.Do(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-hp-up"}, PeerName: "lk-hp-peer"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dp := NewMemoryDatapath()
+	a, _ := newGuardAgentIn(t, h, dp, service.ExternalIPPolicy{})
+	if err := a.UpsertObjects(decodeObjs(t, attackerPod)); err != nil {
+		t.Fatal(err)
+	}
+	key, attacker := hpKey("10.99.0.5", 80, service.TCP), netip.MustParseAddrPort("10.244.1.5:8080")
+	if got, ok := dp.Resolve(key, 7); ok {
+		t.Fatalf("before the node has 10.99.0.5: %v -> %v", key, got)
+	}
+	onLink(func(l netlink.Link) error { return netlink.AddrAdd(l, addr) })
+	if err := a.SyncHostAddrs(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := dp.Resolve(key, 7); !ok || got != attacker {
+		t.Errorf("after the node gained 10.99.0.5 and a resync: %v -> %v %v, want %v", key, got, ok, attacker)
+	}
+	if _, ok := dp.Resolve(hpKey("10.244.1.6", 80, service.TCP), 7); ok {
+		t.Error("the hostPort on the victim's address is programmed after the resync")
+	}
+	onLink(func(l netlink.Link) error { return netlink.AddrDel(l, addr) })
+	if err := a.SyncHostAddrs(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := dp.Resolve(key, 7); ok {
+		t.Errorf("after the node lost 10.99.0.5 and a resync: %v -> %v, want nothing", key, got)
 	}
 }
