@@ -24,6 +24,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/datapath"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
+	"github.com/lanekit/lanekit/pkg/service"
 )
 
 func main() {
@@ -142,6 +143,11 @@ func run(args []string) error {
 	})
 	fs.BoolVar(&sockLB, "socket-lb", true, "load-balance services for the node's own processes and hostNetwork pods (cgroup BPF at --cgroup-root)")
 	fs.BoolVar(&cfg.ServiceHealthChecks, "service-health-checks", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (HTTP on every node address, as kube-proxy)")
+	fs.Func("external-ips", "which Services' spec.externalIPs are served: all (default, as kube-proxy and Cilium; anyone who may create a Service can then capture the cluster's traffic to any address, CVE-2020-8554), none, or a comma-separated list of CIDRs they must be in", func(v string) error {
+		p, err := service.ParseExternalIPPolicy(v)
+		cfg.ExternalIPs = p
+		return err
+	})
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")

@@ -37,6 +37,17 @@ func TestSNATPortsFlag(t *testing.T) {
 	}
 }
 
+// TestExternalIPsFlag: a bad --external-ips value is refused before the
+// agent starts, naming the flag.
+func TestExternalIPsFlag(t *testing.T) {
+	for _, bad := range []string{"", "allow", "10.0.0.1/24", "203.0.113.0/24,nope"} {
+		err := run([]string{"--pod-cidr", "10.9.0.0/24", "--external-ips", bad})
+		if err == nil || !strings.Contains(err.Error(), "external-ips") {
+			t.Errorf("--external-ips %q = %v, want refused", bad, err)
+		}
+	}
+}
+
 // TestKubeFlags: the pod CIDR comes from --pod-cidr or from the Node named by
 // --node-name; --kubeconfig alone names no node.
 func TestKubeFlags(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/ipam"
 	"github.com/lanekit/lanekit/pkg/netdev"
+	"github.com/lanekit/lanekit/pkg/service"
 	"github.com/lanekit/lanekit/pkg/store"
 	"github.com/lanekit/lanekit/pkg/xsk"
 )
@@ -67,6 +68,9 @@ type Config struct {
 	// NodeAddrs are the addresses NodePort services listen on; empty means
 	// the uplink's IPv4 addresses.
 	NodeAddrs []netip.Addr
+	// ExternalIPs says which Services' spec.externalIPs are served (the
+	// zero value: all; CVE-2020-8554).
+	ExternalIPs service.ExternalIPPolicy
 	// MaintenanceInterval is how often Run collects expired conntrack
 	// entries and retries failed datapath updates; 0 means
 	// DefaultMaintenanceInterval.

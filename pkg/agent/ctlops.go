@@ -146,7 +146,13 @@ func (a *Agent) restoreControlPlane() error {
 	if err != nil {
 		a.log.Warn("no node addresses for NodePort services", "err", err)
 	}
-	opts := service.Options{NodeAddrs: addrs, NodeName: a.cfg.NodeName, Zone: a.cfg.Zone}
+	// The node's own addresses (hostaddrs.go): the hostIPs a hostPort may
+	// name; SyncHostAddrs keeps them current.
+	hostAddrs, err := a.listHostAddrs()
+	if err != nil {
+		a.log.Warn("no node addresses for hostPorts with a hostIP", "err", err)
+	}
+	opts := service.Options{NodeAddrs: addrs, NodeName: a.cfg.NodeName, Zone: a.cfg.Zone, HostAddrs: hostAddrs, ExternalIPs: a.cfg.ExternalIPs}
 	if a.cfg.PodCIDR.IsValid() {
 		opts.LocalPrefixes = []netip.Prefix{a.cfg.PodCIDR.Masked()}
 	}
@@ -377,6 +383,9 @@ type ControlStats struct {
 	ConntrackErr     string
 	SockLB           SockLBState
 	HealthChecks     []HealthCheck
+	// Ignored counts the addresses the translation left out on purpose,
+	// by reason (service.ReasonHostIPNotNode, ReasonExternalIPNotAllowed).
+	Ignored map[string]int
 }
 
 // Policies returns the stored NetworkPolicies with their verdict counters.
@@ -434,6 +443,7 @@ func (a *Agent) ControlStats() ControlStats {
 	for _, r := range c.refused {
 		s.Refused[r.Object.Kind]++
 	}
+	s.Ignored = c.ignoredByReason()
 	s.FrontendsByScope = map[string]int{}
 	for _, f := range c.model.Frontends() {
 		s.Frontends++

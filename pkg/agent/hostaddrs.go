@@ -25,6 +25,9 @@ import (
 //     costs one map update;
 //   - MaintainOnce resyncs too, a backstop for a subscription that failed
 //     (socket overrun, ENOBUFS) until it is re-established.
+//
+// The same set says which hostIPs a pod's hostPort may name (service.Options
+// HostAddrs): a resync that changes it translates the hostPorts again.
 
 // hostAddrSetter is a datapath that keeps the node's own addresses for
 // policy (*datapath.Loader's SetPolicyHostAddrs).
@@ -56,20 +59,22 @@ func (a *Agent) listHostAddrs() ([]netip.Addr, error) {
 	return slices.Compact(out), err
 }
 
-// SyncHostAddrs writes the node's current addresses into the datapath's
-// policy ipcache as the host identity (replacing the previous set), when the
-// datapath has policy. It writes only when the set changed since the last
+// SyncHostAddrs gives the node's current addresses to the service
+// translation (hostPorts' hostIPs) and writes them into the datapath's policy
+// ipcache as the host identity (replacing the previous set), when the
+// datapath has policy. Each happens only when the set changed since its last
 // successful sync.
 func (a *Agent) SyncHostAddrs() error {
-	hs, ok := a.dp.(hostAddrSetter)
-	if !ok {
-		return nil
-	}
 	a.hostAddrMu.Lock()
 	defer a.hostAddrMu.Unlock()
 	addrs, err := a.listHostAddrs()
 	if err != nil {
 		return err
+	}
+	a.syncServiceHostAddrs(addrs)
+	hs, ok := a.dp.(hostAddrSetter)
+	if !ok {
+		return nil
 	}
 	if a.hostAddrsSynced && slices.Equal(addrs, a.hostAddrs) {
 		return nil
@@ -87,9 +92,6 @@ func (a *Agent) SyncHostAddrs() error {
 // the node netns until ctx ends, subscribing again when the subscription
 // fails.
 func (a *Agent) watchHostAddrs(ctx context.Context) {
-	if _, ok := a.dp.(hostAddrSetter); !ok {
-		return
-	}
 	for ctx.Err() == nil {
 		a.watchHostAddrsOnce(ctx)
 		select {

@@ -52,6 +52,9 @@ type ctlPlane struct {
 	gc       gcStats
 	// refused are the objects ReplaceObjects refused, by Object.Key.
 	refused map[string]Refusal
+	// ignored are the addresses the translation left out on purpose, by
+	// service (ignored.go).
+	ignored map[service.ServiceID][]service.Ignored
 	log     *slog.Logger
 }
 
@@ -427,6 +430,7 @@ func (c *ctlPlane) editServices(next map[string]k8sobj.Object, affected []servic
 	}
 	if ch, undo, err := c.model.Batch(edits); err == nil {
 		c.logShadowed(c.model, edits)
+		c.noteIgnored(edits, false)
 		return ch, undo, nil
 	}
 	m, err := c.buildModel(next)
@@ -460,6 +464,7 @@ func (c *ctlPlane) buildModel(objs map[string]k8sobj.Object) (*service.Model, er
 		return nil, err
 	}
 	c.logShadowed(m, edits)
+	c.noteIgnored(allEdits(objs), true)
 	return m, nil
 }
 

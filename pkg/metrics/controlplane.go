@@ -5,6 +5,7 @@ import (
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/service"
 )
 
 // ControlPlaneSource is a Source that also has the service and policy
@@ -34,6 +35,7 @@ const (
 	NameConntrackFailed   = "lanekit_conntrack_failed_total"
 	NameConntrackCreated  = "lanekit_conntrack_created_total"
 	NameConntrackGC       = "lanekit_conntrack_gc_removed_total"
+	NameAddrsIgnored      = "lanekit_service_addresses_ignored"
 )
 
 var (
@@ -54,10 +56,11 @@ var (
 	descCTFailed  = prometheus.NewDesc(NameConntrackFailed, "Conntrack entries the datapath could not create.", nil, nil)
 	descCTCreated = prometheus.NewDesc(NameConntrackCreated, "Conntrack entries the datapath created.", nil, nil)
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
+	descIgnored   = prometheus.NewDesc(NameAddrsIgnored, "Addresses the agent does not serve on purpose, by reason: hostip-not-node (a hostPort whose hostIP is not an address of this node), externalip-not-allowed (a spec.externalIPs address outside --external-ips).", []string{"reason"}, nil)
 )
 
 var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descRefused, descLBEvents, descSvcPend, descPolicies, descPolIDs,
-	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC}
+	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC, descIgnored}
 
 func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlPlaneSource) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -86,6 +89,9 @@ func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlP
 	gauge(descPolRules, float64(st.Rules))
 	gauge(descPolPend, float64(st.PendingPol))
 	counter(descCTGC, st.GCRemoved)
+	for _, r := range []string{service.ReasonHostIPNotNode, service.ReasonExternalIPNotAllowed} {
+		gauge(descIgnored, float64(st.Ignored[r]), r)
+	}
 	if ct := st.Conntrack; ct != nil {
 		gauge(descCTEntries, float64(ct.ConntrackEntries))
 		gauge(descCTCap, float64(ct.ConntrackCapacity))

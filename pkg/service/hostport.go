@@ -42,9 +42,28 @@ func HasHostPorts(pod *corev1.Pod) bool {
 // dual-stack pod gets them for both families. Only a pod on this node (its
 // address in opts.LocalPrefixes) gets any; hostNetwork pods need none (they
 // bind the port themselves).
+//
+// A hostIP that is not this node's own (Options.IsNodeAddr) gets no frontend:
+// a frontend is matched before routing for every packet the node's pods and
+// processes send, so a pod naming another pod's address, 169.254.169.254 or
+// the API server's as hostIP would capture their connections to it. Such
+// ports are what HostPortsIgnored returns; the pod's other hostPorts stay.
 func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
+	out, _ := hostPorts(pod, opts)
+	return out
+}
+
+// HostPortsIgnored returns the hostPorts of a pod on this node that get no
+// frontend because their hostIP is not an address of this node.
+func HostPortsIgnored(pod *corev1.Pod, opts Options) []Ignored {
+	_, ignored := hostPorts(pod, opts)
+	return ignored
+}
+
+// hostPorts is HostPortFrontends and HostPortsIgnored in one pass.
+func hostPorts(pod *corev1.Pod, opts Options) ([]*Frontend, []Ignored) {
 	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return nil
+		return nil, nil
 	}
 	var podIPs []netip.Addr
 	for _, s := range append([]string{pod.Status.PodIP}, podIPStrings(pod)...) {
@@ -57,6 +76,7 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 	}
 	id := HostPortID(pod)
 	var out []*Frontend
+	var ignored []Ignored
 	for _, c := range pod.Spec.Containers {
 		for _, p := range c.Ports {
 			if p.HostPort <= 0 || p.HostPort > 65535 {
@@ -64,6 +84,10 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 			}
 			proto := protoOf(&p.Protocol)
 			hostIP, err := netip.ParseAddr(p.HostIP)
+			if err == nil && !hostIP.IsUnspecified() && len(podIPs) > 0 && !opts.IsNodeAddr(hostIP) {
+				ignored = append(ignored, Ignored{Addr: hostIP, Port: uint16(p.HostPort), Proto: proto, Reason: ReasonHostIPNotNode})
+				continue
+			}
 			for _, podIP := range podIPs {
 				var addrs []netip.Addr
 				switch {
@@ -87,7 +111,7 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 		}
 	}
 	slices.SortFunc(out, func(a, b *Frontend) int { return compareKeys(a.Key, b.Key) })
-	return out
+	return out, ignored
 }
 
 func podIPStrings(pod *corev1.Pod) []string {

@@ -106,3 +106,83 @@ func TestHostPortFrontendsDualStack(t *testing.T) {
 		t.Errorf("IPv6-only pod: %d frontends, want the 2 IPv6 ones", len(fes))
 	}
 }
+
+// TestHostPortForeignHostIP: a hostPort frontend is matched before routing
+// for everything the node's pods and processes send, so a hostIP that is not
+// this node's own address (another pod's, the metadata service's, the API
+// server's; either family) gets none and is reported ignored, while the
+// node's own addresses (NodeAddrs, any interface's in HostAddrs, loopback)
+// and the pod's other hostPorts stay.
+func TestHostPortForeignHostIP(t *testing.T) {
+	opts := Options{
+		NodeAddrs:     []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("fd00:77::1")},
+		HostAddrs:     []netip.Addr{netip.MustParseAddr("10.0.9.9"), netip.MustParseAddr("fd00:99::9"), netip.MustParseAddr("127.0.0.1")},
+		LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")},
+	}
+	for _, c := range []struct {
+		hostIP string
+		served bool
+	}{
+		{"10.244.1.9", false},         // another pod on this node
+		{"10.244.2.9", false},         // a pod on another node
+		{"169.254.169.254", false},    // the metadata service
+		{"10.96.0.1", false},          // the API server's Service
+		{"fd00:10:244:1::9", false},   // another pod, IPv6
+		{"fd00:ec2::254", false},      // the IPv6 metadata service
+		{"::ffff:192.168.1.1", false}, // an IPv4-mapped node address is not the address
+		{"192.168.1.1", true},         // a NodePort address
+		{"fd00:77::1", true},
+		{"10.0.9.9", true}, // another interface of the node
+		{"fd00:99::9", true},
+		{"127.0.0.1", true}, // loopback
+		{"::1", true},
+	} {
+		t.Run(c.hostIP, func(t *testing.T) {
+			hostIP := netip.MustParseAddr(c.hostIP)
+			p := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "p"},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+					{ContainerPort: 80, HostPort: 80, HostIP: c.hostIP},
+					{ContainerPort: 81, HostPort: 8081}, // every node address: stays
+				}}}},
+				Status: corev1.PodStatus{PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00:10:244:1::7"}},
+					Phase: corev1.PodRunning},
+			}
+			onHostIP, others := 0, 0
+			for _, f := range HostPortFrontends(p, opts) {
+				if f.Key.Port == 80 {
+					onHostIP++
+					if f.Key.Addr != hostIP {
+						t.Errorf("hostPort 80 on %s, want %s", f.Key, hostIP)
+					}
+				} else {
+					others++
+				}
+			}
+			ignored := HostPortsIgnored(p, opts)
+			if c.served {
+				if onHostIP != 1 || len(ignored) != 0 {
+					t.Errorf("node address %s: %d frontends, ignored %v; want 1 and none", hostIP, onHostIP, ignored)
+				}
+			} else {
+				want := []Ignored{{Addr: hostIP, Port: 80, Proto: TCP, Reason: ReasonHostIPNotNode}}
+				if onHostIP != 0 || fmt.Sprint(ignored) != fmt.Sprint(want) || ignored[0] != want[0] {
+					t.Errorf("foreign hostIP %s: %d frontends, ignored %v; want none and %v", hostIP, onHostIP, ignored, want)
+				}
+			}
+			if others != 2 { // 8081 on each NodePort address, both families
+				t.Errorf("the pod's other hostPort: %d frontends, want 2", others)
+			}
+		})
+	}
+	// Another node's pod: neither frontends nor anything reported.
+	remote := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "r"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+			{ContainerPort: 80, HostPort: 80, HostIP: "169.254.169.254"}}}}},
+		Status: corev1.PodStatus{PodIP: "10.244.2.7", Phase: corev1.PodRunning},
+	}
+	if g := HostPortsIgnored(remote, opts); len(g) != 0 {
+		t.Errorf("another node's pod: ignored %v, want nothing (not this node's to serve or report)", g)
+	}
+}

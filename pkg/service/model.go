@@ -169,6 +169,13 @@ type Options struct {
 	// NodeName and Zone (the Node's topology.kubernetes.io/zone) match the
 	// EndpointSlice hints (trafficDistribution); empty: no hint matches.
 	NodeName, Zone string
+	// HostAddrs are every address of every interface of the node (both
+	// families): with NodeAddrs and loopback, the hostIPs a hostPort may
+	// name (IsNodeAddr).
+	HostAddrs []netip.Addr
+	// ExternalIPs says which spec.externalIPs are served (the zero value:
+	// all of them).
+	ExternalIPs ExternalIPPolicy
 }
 
 // IsLocal says whether an endpoint address is on this node: in one of
@@ -182,11 +189,13 @@ func (o Options) IsLocal(a netip.Addr) bool {
 	return slices.Contains(o.NodeAddrs, a)
 }
 
-// External addresses of a Service (spec.externalIPs, then the LoadBalancer
-// ingress IPs of a LoadBalancer Service, without duplicates). An ingress IP
-// whose ipMode is Proxy is not the node's to serve: the load balancer
-// proxies to the NodePort (as kube-proxy leaves it alone).
-func ExternalAddrs(svc *corev1.Service) []netip.Addr {
+// ExternalAddrs are the external addresses of a Service this node serves:
+// spec.externalIPs that opts.ExternalIPs allows (ExternalIPsIgnored returns
+// the others), then the LoadBalancer ingress IPs of a LoadBalancer Service,
+// without duplicates. An ingress IP whose ipMode is Proxy is not the node's
+// to serve: the load balancer proxies to the NodePort (as kube-proxy leaves
+// it alone).
+func ExternalAddrs(svc *corev1.Service, opts Options) []netip.Addr {
 	var out []netip.Addr
 	add := func(s string) {
 		if a, err := netip.ParseAddr(s); err == nil && !a.Is4In6() && !slices.Contains(out, a) {
@@ -194,7 +203,9 @@ func ExternalAddrs(svc *corev1.Service) []netip.Addr {
 		}
 	}
 	for _, a := range svc.Spec.ExternalIPs {
-		add(a)
+		if ip, err := netip.ParseAddr(a); err == nil && opts.ExternalIPs.Allows(ip) {
+			add(a)
+		}
 	}
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
@@ -255,7 +266,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	}
 	itpLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	etpLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	external := ExternalAddrs(svc)
+	external := ExternalAddrs(svc, opts)
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
