@@ -21,7 +21,7 @@ import (
 
 // HostConfig is how the host agent is started.
 type HostConfig struct {
-	Socket  string      // the agent API's unix socket (the CNI plugin's agentSocket)
+	Socket  string // the agent API's unix socket (the CNI plugin's agentSocket)
 	DPUAddr string // host:port of the DPU agent's link
 	// Creds are the host's certificate, key and CA (read again when the
 	// files change); the DPU's certificate must name ServerName (a DNS
@@ -29,7 +29,7 @@ type HostConfig struct {
 	Creds      *Creds
 	ServerName string
 	Name       string // this host's name in Hello
-	Version string
+	Version    string
 	// VFPF and Sysfs: the host's PF whose VFs an sriov DPU hands out (the
 	// host finds VF n under <sysfs>/class/net/<VFPF>/device/virtfn<n>).
 	VFPF, Sysfs string
@@ -43,7 +43,7 @@ type HostConfig struct {
 	// ReconcileMaxDelay bounds the delay between reconcile attempts after
 	// one failed (they start at ProbeInterval and double); 0: 1 minute.
 	ReconcileMaxDelay time.Duration
-	Log     *slog.Logger
+	Log               *slog.Logger
 }
 
 // PeerState is what the host agent last learnt about its DPU.

@@ -206,7 +206,7 @@ func (s *hostAPI) Status(ctx context.Context, req *apiv1.StatusRequest) (*apiv1.
 			Version:  s.h.cfg.Version,
 			Datapath: &apiv1.DatapathStatus{Backend: "dpu", Location: where + ": unreachable", Error: err.Error()},
 			Ready:    false, Reason: "DPU agent unreachable: " + err.Error(),
-			DpuLink:  s.h.LinkStatus(),
+			DpuLink: s.h.LinkStatus(),
 		}, nil
 	}
 	node := ""
