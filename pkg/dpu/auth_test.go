@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/vf"
 )
 
@@ -317,10 +319,11 @@ func TestLinkKeyMode(t *testing.T) {
 }
 
 // `lanekit status` through the host shows the link's certificates: this
-// host's, the CA and the DPU's, with their notAfter.
+// host's, the CA and the DPU's, with their notAfter; both sides export the
+// seconds left as lanekit_dpu_cert_expiry_seconds.
 func TestLinkStatusExpiry(t *testing.T) {
 	c := certs(t, "exp")
-	_, addr, _ := startDPU(t, "127.0.0.1:0", c, &fakeAPI{})
+	srv, addr, _ := startDPU(t, "127.0.0.1:0", c, &fakeAPI{})
 	h, err := NewHost(HostConfig{DPUAddr: addr, Creds: hostCreds(t, c), ServerName: "dpu.test", Name: "h", Log: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -343,5 +346,44 @@ func TestLinkStatusExpiry(t *testing.T) {
 	}
 	if p := l.GetCertificates()[2]; p.GetWhich() != "peer" || !strings.Contains(p.GetSubject(), "dpu.test") {
 		t.Errorf("peer certificate %v, want the DPU's", p)
+	}
+
+	got := map[string]float64{}
+	for _, src := range []metrics.DPULinkSource{h, srv} { // each side's agent has its registry
+		m := metrics.New(metrics.Options{Log: quiet()})
+		if err := m.WatchDPULink(src); err != nil {
+			t.Fatal(err)
+		}
+		fams, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gauges(fams, got)
+	}
+	for _, k := range []string{"host/local", "host/ca", "host/peer", "dpu/local", "dpu/ca", "dpu/peer"} {
+		if v, ok := got[k]; !ok || v < 3480 || v > 3600 {
+			t.Errorf("%s{%s} = %v (present %v), want the hour the files are valid", metrics.NameDPUCertExpiry, k, v, ok)
+		}
+	}
+}
+
+// gauges collects lanekit_dpu_cert_expiry_seconds by "role/cert".
+func gauges(fams []*dto.MetricFamily, got map[string]float64) {
+	for _, f := range fams {
+		if f.GetName() != metrics.NameDPUCertExpiry {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			var role, cert string
+			for _, lp := range mt.GetLabel() {
+				switch lp.GetName() {
+				case "role":
+					role = lp.GetValue()
+				case "cert":
+					cert = lp.GetValue()
+				}
+			}
+			got[role+"/"+cert] = mt.GetGauge().GetValue()
+		}
 	}
 }
