@@ -215,12 +215,13 @@ func TestLinkDPUIdentity(t *testing.T) {
 }
 
 // Certificates are read again when the files change, without a restart:
-// after a rotation to a new CA a new connection sees the DPU's new
-// certificate and the old CA's host certificate is refused; files that do
-// not load (a key others can read) leave the last good ones in use.
+// after a rotation to a new CA the running host agent's link moves to the
+// new certificates on both sides (the DPU recycles connections) and the
+// old CA's host certificate is refused; files that do not load (a key
+// others can read) leave the last good ones in use.
 func TestLinkCertRotation(t *testing.T) {
 	c := certs(t, "rot")
-	_, addr, _ := startDPU(t, "127.0.0.1:0", c, &fakeAPI{})
+	srv, addr, _ := startDPU(t, "127.0.0.1:0", c, &fakeAPI{}, func(s *Server) { s.MaxConnectionAge = time.Second })
 	old := CertSet{Dir: t.TempDir()} // the old host files, kept
 	for _, p := range [][2]string{{c.Host().Cert, old.Host().Cert}, {c.Host().Key, old.Host().Key}, {c.CA(), old.CA()}} {
 		data, err := os.ReadFile(p[0])
@@ -242,6 +243,7 @@ func TestLinkCertRotation(t *testing.T) {
 	if !h.Peer().Up || len(before) != 3 {
 		t.Fatalf("before the rotation: %+v %v", h.Peer(), before)
 	}
+	hostBefore := srv.LinkStatus().GetCertificates()[2].GetNotAfterUnix() // the host's, as the DPU saw it
 
 	// Rotate everything to a new CA, certificates valid for 2h now.
 	ca, err := NewCA(2 * time.Hour)
@@ -257,16 +259,24 @@ func TestLinkCertRotation(t *testing.T) {
 	if err := ca.IssueClient(c.Host(), hostID(c), 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	tc := hc.ClientConfig("dpu.test") // the same Creds: a new handshake
-	if err := hello(t, addr, tc); err != nil {
-		t.Fatalf("hello after the rotation: %v", err)
-	}
-	after := h.LinkStatus().GetCertificates()
-	for i, which := range []string{"local", "ca", "peer"} {
-		if after[i].GetWhich() != which || after[i].GetNotAfterUnix()-before[i].GetNotAfterUnix() < 3000 {
-			t.Errorf("%s certificate not rotated: notAfter %d -> %d", which, before[i].GetNotAfterUnix(), after[i].GetNotAfterUnix())
+	rotated := func() bool {
+		after, dpuSeen := h.LinkStatus().GetCertificates(), srv.LinkStatus().GetCertificates()
+		for i := range after {
+			if after[i].GetNotAfterUnix()-before[i].GetNotAfterUnix() < 3000 {
+				return false
+			}
 		}
+		return dpuSeen[2].GetNotAfterUnix()-hostBefore >= 3000
 	}
+	for deadline := time.Now().Add(10 * time.Second); !rotated() && time.Now().Before(deadline); {
+		h.Probe(context.Background())
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !rotated() || !h.Peer().Up {
+		t.Fatalf("the running link did not move to the rotated certificates: host sees %v, the DPU sees %v (peer %+v)",
+			h.LinkStatus().GetCertificates(), srv.LinkStatus().GetCertificates(), h.Peer())
+	}
+	tc := hc.ClientConfig("dpu.test")
 	oldTC, err := ClientTLS(old.Host(), "dpu.test")
 	if err != nil {
 		t.Fatal(err)
@@ -386,4 +396,23 @@ func gauges(fams []*dto.MetricFamily, got map[string]float64) {
 			got[role+"/"+cert] = mt.GetGauge().GetValue()
 		}
 	}
+}
+
+// A connection outlives its handshake: a host certificate that expires
+// while the connection is open is refused from then on.
+func TestLinkExpiredMidConnection(t *testing.T) {
+	o := newOneCA(t)
+	if err := o.ca.IssueClient(o.a, "host-a", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, addr := serveLink(t, o, &fakeAPI{}, false)
+	conn := dial(t, addr, o.a)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := apiv1.NewDPUClient(conn).Hello(ctx, &apiv1.HelloRequest{Host: "host-a"}); err != nil {
+		t.Fatalf("hello while valid: %v", err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	_, err := apiv1.NewDPUClient(conn).Hello(ctx, &apiv1.HelloRequest{Host: "host-a"})
+	wantDenied(t, "hello after the certificate expired", err, "not now")
 }

@@ -67,7 +67,7 @@ func hostCreds(t *testing.T, c CertSet) *Creds {
 
 // startDPU serves a DPU link on addr ("127.0.0.1:0" for any port) until the
 // returned stop is called.
-func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer) (*Server, string, func()) {
+func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer, opts ...func(*Server)) (*Server, string, func()) {
 	t.Helper()
 	creds, err := LoadCreds(c.DPU(), quiet())
 	if err != nil {
@@ -84,6 +84,9 @@ func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer) (*Ser
 		t.Fatal(err)
 	}
 	s := &Server{API: api, Reps: vf.Veth{}, Node: "dpu-test", Log: quiet(), Creds: creds, HostIdentity: hostID(c)}
+	for _, o := range opts {
+		o(s)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.ServeListener(ctx, lis); close(done) }()

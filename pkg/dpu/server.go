@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -45,6 +46,11 @@ type Server struct {
 	// HostObjects lets the host apply and delete objects (Services,
 	// policy): only when the DPU agent has no Kubernetes source.
 	HostObjects bool
+	// MaxConnectionAge recycles the host's connection (gracefully: GOAWAY,
+	// the host reconnects) so that rotated certificates, this side's and
+	// the host's, are in use within it rather than at the next outage;
+	// 0: DefaultMaxConnectionAge.
+	MaxConnectionAge time.Duration
 
 	started time.Time
 	mu      sync.Mutex
@@ -57,6 +63,9 @@ type Server struct {
 	// register adds services to the link's server (tests: a streaming one).
 	register func(*grpc.Server)
 }
+
+// DefaultMaxConnectionAge is Server.MaxConnectionAge's default.
+const DefaultMaxConnectionAge = 10 * time.Minute
 
 // Serve listens on addr until ctx is done.
 func (s *Server) Serve(ctx context.Context, addr string) error {
@@ -74,7 +83,12 @@ func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
 		return errors.New("dpu link: the certificates and the identity of the host it serves are required")
 	}
 	s.started = time.Now()
+	age := s.MaxConnectionAge
+	if age <= 0 {
+		age = DefaultMaxConnectionAge
+	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(s.Creds.ServerConfig())),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: age, MaxConnectionAgeGrace: opTimeout}),
 		grpc.ChainUnaryInterceptor(s.unaryAuth), grpc.ChainStreamInterceptor(s.streamAuth))
 	apiv1.RegisterDPUServer(srv, s)
 	apiv1.RegisterAgentServer(srv, s.API)
