@@ -114,7 +114,10 @@ func (s *Server) check(ctx context.Context, method string) error {
 		return fmt.Errorf("%s: the host's certificate is valid %s to %s, not now", method,
 			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
-	if !slices.Contains(hostCalls, method) && !(s.HostObjects && slices.Contains(hostObjectCalls, method)) {
+	if slices.Contains(hostObjectCalls, method) && !s.HostObjects {
+		return fmt.Errorf("%s is not for the host agent to call on the DPU link: this DPU takes Services and policy from the Kubernetes API server", method)
+	}
+	if !slices.Contains(hostCalls, method) && !slices.Contains(hostObjectCalls, method) {
 		return fmt.Errorf("%s is not for the host agent to call on the DPU link", method)
 	}
 	if s.Creds != nil {
