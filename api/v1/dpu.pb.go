@@ -431,6 +431,171 @@ func (x *HelloResponse) GetMtu() uint32 {
 	return 0
 }
 
+// DPULinkStatus is the host/DPU link's certificates and refusals as one side
+// sees them (issue 36): `lanekit status` prints each certificate's notAfter
+// and days left, and warns before the link breaks.
+type DPULinkStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "host" (the host agent) or "dpu" (the DPU agent).
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// The identity the other side's certificate must carry: the host's (on
+	// the DPU: --dpu-host-identity) or the DPU's (on the host:
+	// --dpu-server-name).
+	PeerIdentity string             `protobuf:"bytes,2,opt,name=peer_identity,json=peerIdentity,proto3" json:"peer_identity,omitempty"`
+	Certificates []*LinkCertificate `protobuf:"bytes,3,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// Calls the DPU refused (a certificate naming another host, an expired
+	// one, or an RPC the host may not make), and the last refusal.
+	RefusedCalls uint64 `protobuf:"varint,4,opt,name=refused_calls,json=refusedCalls,proto3" json:"refused_calls,omitempty"`
+	LastRefusal  string `protobuf:"bytes,5,opt,name=last_refusal,json=lastRefusal,proto3" json:"last_refusal,omitempty"`
+	// Set when reloading the files failed: the link keeps the last good ones.
+	ReloadError   string `protobuf:"bytes,6,opt,name=reload_error,json=reloadError,proto3" json:"reload_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DPULinkStatus) Reset() {
+	*x = DPULinkStatus{}
+	mi := &file_dpu_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DPULinkStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DPULinkStatus) ProtoMessage() {}
+
+func (x *DPULinkStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_dpu_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DPULinkStatus.ProtoReflect.Descriptor instead.
+func (*DPULinkStatus) Descriptor() ([]byte, []int) {
+	return file_dpu_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DPULinkStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *DPULinkStatus) GetPeerIdentity() string {
+	if x != nil {
+		return x.PeerIdentity
+	}
+	return ""
+}
+
+func (x *DPULinkStatus) GetCertificates() []*LinkCertificate {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+func (x *DPULinkStatus) GetRefusedCalls() uint64 {
+	if x != nil {
+		return x.RefusedCalls
+	}
+	return 0
+}
+
+func (x *DPULinkStatus) GetLastRefusal() string {
+	if x != nil {
+		return x.LastRefusal
+	}
+	return ""
+}
+
+func (x *DPULinkStatus) GetReloadError() string {
+	if x != nil {
+		return x.ReloadError
+	}
+	return ""
+}
+
+type LinkCertificate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "local" (this side's), "peer" (the other side's, as last presented)
+	// or "ca".
+	Which        string `protobuf:"bytes,1,opt,name=which,proto3" json:"which,omitempty"`
+	Subject      string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	NotAfterUnix int64  `protobuf:"varint,3,opt,name=not_after_unix,json=notAfterUnix,proto3" json:"not_after_unix,omitempty"`
+	// The file it was read from ("" for the peer's).
+	File          string `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinkCertificate) Reset() {
+	*x = LinkCertificate{}
+	mi := &file_dpu_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinkCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinkCertificate) ProtoMessage() {}
+
+func (x *LinkCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_dpu_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinkCertificate.ProtoReflect.Descriptor instead.
+func (*LinkCertificate) Descriptor() ([]byte, []int) {
+	return file_dpu_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *LinkCertificate) GetWhich() string {
+	if x != nil {
+		return x.Which
+	}
+	return ""
+}
+
+func (x *LinkCertificate) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *LinkCertificate) GetNotAfterUnix() int64 {
+	if x != nil {
+		return x.NotAfterUnix
+	}
+	return 0
+}
+
+func (x *LinkCertificate) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
 var File_dpu_proto protoreflect.FileDescriptor
 
 const file_dpu_proto_rawDesc = "" +
@@ -465,7 +630,19 @@ const file_dpu_proto_rawDesc = "" +
 	"\x0eendpoint_count\x18\x06 \x01(\rR\rendpointCount\x12\x17\n" +
 	"\avf_kind\x18\a \x01(\tR\x06vfKind\x12!\n" +
 	"\fstarted_unix\x18\b \x01(\x03R\vstartedUnix\x12\x10\n" +
-	"\x03mtu\x18\t \x01(\rR\x03mtu2\xb5\x04\n" +
+	"\x03mtu\x18\t \x01(\rR\x03mtu\"\xf4\x01\n" +
+	"\rDPULinkStatus\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12#\n" +
+	"\rpeer_identity\x18\x02 \x01(\tR\fpeerIdentity\x12?\n" +
+	"\fcertificates\x18\x03 \x03(\v2\x1b.lanekit.v1.LinkCertificateR\fcertificates\x12#\n" +
+	"\rrefused_calls\x18\x04 \x01(\x04R\frefusedCalls\x12!\n" +
+	"\flast_refusal\x18\x05 \x01(\tR\vlastRefusal\x12!\n" +
+	"\freload_error\x18\x06 \x01(\tR\vreloadError\"{\n" +
+	"\x0fLinkCertificate\x12\x14\n" +
+	"\x05which\x18\x01 \x01(\tR\x05which\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x12$\n" +
+	"\x0enot_after_unix\x18\x03 \x01(\x03R\fnotAfterUnix\x12\x12\n" +
+	"\x04file\x18\x04 \x01(\tR\x04file2\xb5\x04\n" +
 	"\x03DPU\x12<\n" +
 	"\x05Hello\x12\x18.lanekit.v1.HelloRequest\x1a\x19.lanekit.v1.HelloResponse\x12I\n" +
 	"\x0eCreateEndpoint\x12\x1e.lanekit.v1.AddEndpointRequest\x1a\x17.lanekit.v1.DPUEndpoint\x12Q\n" +
@@ -488,7 +665,7 @@ func file_dpu_proto_rawDescGZIP() []byte {
 	return file_dpu_proto_rawDescData
 }
 
-var file_dpu_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_dpu_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_dpu_proto_goTypes = []any{
 	(*DPUVM)(nil),                    // 0: lanekit.v1.DPUVM
 	(*VF)(nil),                       // 1: lanekit.v1.VF
@@ -496,45 +673,48 @@ var file_dpu_proto_goTypes = []any{
 	(*ListDPUEndpointsResponse)(nil), // 3: lanekit.v1.ListDPUEndpointsResponse
 	(*HelloRequest)(nil),             // 4: lanekit.v1.HelloRequest
 	(*HelloResponse)(nil),            // 5: lanekit.v1.HelloResponse
-	(*VM)(nil),                       // 6: lanekit.v1.VM
-	(*Endpoint)(nil),                 // 7: lanekit.v1.Endpoint
-	(*AddEndpointRequest)(nil),       // 8: lanekit.v1.AddEndpointRequest
-	(*DelEndpointRequest)(nil),       // 9: lanekit.v1.DelEndpointRequest
-	(*CheckEndpointRequest)(nil),     // 10: lanekit.v1.CheckEndpointRequest
-	(*ListEndpointsRequest)(nil),     // 11: lanekit.v1.ListEndpointsRequest
-	(*GCRequest)(nil),                // 12: lanekit.v1.GCRequest
-	(*AddVMRequest)(nil),             // 13: lanekit.v1.AddVMRequest
-	(*DelVMRequest)(nil),             // 14: lanekit.v1.DelVMRequest
-	(*DelEndpointResponse)(nil),      // 15: lanekit.v1.DelEndpointResponse
-	(*GCResponse)(nil),               // 16: lanekit.v1.GCResponse
-	(*DelVMResponse)(nil),            // 17: lanekit.v1.DelVMResponse
+	(*DPULinkStatus)(nil),            // 6: lanekit.v1.DPULinkStatus
+	(*LinkCertificate)(nil),          // 7: lanekit.v1.LinkCertificate
+	(*VM)(nil),                       // 8: lanekit.v1.VM
+	(*Endpoint)(nil),                 // 9: lanekit.v1.Endpoint
+	(*AddEndpointRequest)(nil),       // 10: lanekit.v1.AddEndpointRequest
+	(*DelEndpointRequest)(nil),       // 11: lanekit.v1.DelEndpointRequest
+	(*CheckEndpointRequest)(nil),     // 12: lanekit.v1.CheckEndpointRequest
+	(*ListEndpointsRequest)(nil),     // 13: lanekit.v1.ListEndpointsRequest
+	(*GCRequest)(nil),                // 14: lanekit.v1.GCRequest
+	(*AddVMRequest)(nil),             // 15: lanekit.v1.AddVMRequest
+	(*DelVMRequest)(nil),             // 16: lanekit.v1.DelVMRequest
+	(*DelEndpointResponse)(nil),      // 17: lanekit.v1.DelEndpointResponse
+	(*GCResponse)(nil),               // 18: lanekit.v1.GCResponse
+	(*DelVMResponse)(nil),            // 19: lanekit.v1.DelVMResponse
 }
 var file_dpu_proto_depIdxs = []int32{
-	6,  // 0: lanekit.v1.DPUVM.vm:type_name -> lanekit.v1.VM
-	7,  // 1: lanekit.v1.DPUEndpoint.endpoint:type_name -> lanekit.v1.Endpoint
+	8,  // 0: lanekit.v1.DPUVM.vm:type_name -> lanekit.v1.VM
+	9,  // 1: lanekit.v1.DPUEndpoint.endpoint:type_name -> lanekit.v1.Endpoint
 	1,  // 2: lanekit.v1.DPUEndpoint.vf:type_name -> lanekit.v1.VF
 	2,  // 3: lanekit.v1.ListDPUEndpointsResponse.endpoints:type_name -> lanekit.v1.DPUEndpoint
-	4,  // 4: lanekit.v1.DPU.Hello:input_type -> lanekit.v1.HelloRequest
-	8,  // 5: lanekit.v1.DPU.CreateEndpoint:input_type -> lanekit.v1.AddEndpointRequest
-	9,  // 6: lanekit.v1.DPU.DeleteEndpoint:input_type -> lanekit.v1.DelEndpointRequest
-	10, // 7: lanekit.v1.DPU.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
-	11, // 8: lanekit.v1.DPU.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
-	12, // 9: lanekit.v1.DPU.GC:input_type -> lanekit.v1.GCRequest
-	13, // 10: lanekit.v1.DPU.CreateVM:input_type -> lanekit.v1.AddVMRequest
-	14, // 11: lanekit.v1.DPU.DeleteVM:input_type -> lanekit.v1.DelVMRequest
-	5,  // 12: lanekit.v1.DPU.Hello:output_type -> lanekit.v1.HelloResponse
-	2,  // 13: lanekit.v1.DPU.CreateEndpoint:output_type -> lanekit.v1.DPUEndpoint
-	15, // 14: lanekit.v1.DPU.DeleteEndpoint:output_type -> lanekit.v1.DelEndpointResponse
-	2,  // 15: lanekit.v1.DPU.CheckEndpoint:output_type -> lanekit.v1.DPUEndpoint
-	3,  // 16: lanekit.v1.DPU.ListEndpoints:output_type -> lanekit.v1.ListDPUEndpointsResponse
-	16, // 17: lanekit.v1.DPU.GC:output_type -> lanekit.v1.GCResponse
-	0,  // 18: lanekit.v1.DPU.CreateVM:output_type -> lanekit.v1.DPUVM
-	17, // 19: lanekit.v1.DPU.DeleteVM:output_type -> lanekit.v1.DelVMResponse
-	12, // [12:20] is the sub-list for method output_type
-	4,  // [4:12] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	7,  // 4: lanekit.v1.DPULinkStatus.certificates:type_name -> lanekit.v1.LinkCertificate
+	4,  // 5: lanekit.v1.DPU.Hello:input_type -> lanekit.v1.HelloRequest
+	10, // 6: lanekit.v1.DPU.CreateEndpoint:input_type -> lanekit.v1.AddEndpointRequest
+	11, // 7: lanekit.v1.DPU.DeleteEndpoint:input_type -> lanekit.v1.DelEndpointRequest
+	12, // 8: lanekit.v1.DPU.CheckEndpoint:input_type -> lanekit.v1.CheckEndpointRequest
+	13, // 9: lanekit.v1.DPU.ListEndpoints:input_type -> lanekit.v1.ListEndpointsRequest
+	14, // 10: lanekit.v1.DPU.GC:input_type -> lanekit.v1.GCRequest
+	15, // 11: lanekit.v1.DPU.CreateVM:input_type -> lanekit.v1.AddVMRequest
+	16, // 12: lanekit.v1.DPU.DeleteVM:input_type -> lanekit.v1.DelVMRequest
+	5,  // 13: lanekit.v1.DPU.Hello:output_type -> lanekit.v1.HelloResponse
+	2,  // 14: lanekit.v1.DPU.CreateEndpoint:output_type -> lanekit.v1.DPUEndpoint
+	17, // 15: lanekit.v1.DPU.DeleteEndpoint:output_type -> lanekit.v1.DelEndpointResponse
+	2,  // 16: lanekit.v1.DPU.CheckEndpoint:output_type -> lanekit.v1.DPUEndpoint
+	3,  // 17: lanekit.v1.DPU.ListEndpoints:output_type -> lanekit.v1.ListDPUEndpointsResponse
+	18, // 18: lanekit.v1.DPU.GC:output_type -> lanekit.v1.GCResponse
+	0,  // 19: lanekit.v1.DPU.CreateVM:output_type -> lanekit.v1.DPUVM
+	19, // 20: lanekit.v1.DPU.DeleteVM:output_type -> lanekit.v1.DelVMResponse
+	13, // [13:21] is the sub-list for method output_type
+	5,  // [5:13] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_dpu_proto_init() }
@@ -552,7 +732,7 @@ func file_dpu_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpu_proto_rawDesc), len(file_dpu_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

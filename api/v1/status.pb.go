@@ -75,7 +75,9 @@ type StatusResponse struct {
 	ControlPlane *ControlPlaneStatus `protobuf:"bytes,10,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
 	// Routing mode, the tunnel and the encryption facilities (issue 26:
 	// numbered apart from the others to keep merges free of clashes).
-	Routing       *RoutingStatus `protobuf:"bytes,26,opt,name=routing,proto3" json:"routing,omitempty"`
+	Routing *RoutingStatus `protobuf:"bytes,26,opt,name=routing,proto3" json:"routing,omitempty"`
+	// The host/DPU link's certificates (issue 36; set in --mode host|dpu).
+	DpuLink       *DPULinkStatus `protobuf:"bytes,36,opt,name=dpu_link,json=dpuLink,proto3" json:"dpu_link,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -183,6 +185,13 @@ func (x *StatusResponse) GetControlPlane() *ControlPlaneStatus {
 func (x *StatusResponse) GetRouting() *RoutingStatus {
 	if x != nil {
 		return x.Routing
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetDpuLink() *DPULinkStatus {
+	if x != nil {
+		return x.DpuLink
 	}
 	return nil
 }
@@ -940,8 +949,8 @@ var File_status_proto protoreflect.FileDescriptor
 const file_status_proto_rawDesc = "" +
 	"\n" +
 	"\fstatus.proto\x12\n" +
-	"lanekit.v1\"\x0f\n" +
-	"\rStatusRequest\"\xc8\x03\n" +
+	"lanekit.v1\x1a\tdpu.proto\"\x0f\n" +
+	"\rStatusRequest\"\xfe\x03\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x126\n" +
 	"\bdatapath\x18\x02 \x01(\v2\x1a.lanekit.v1.DatapathStatusR\bdatapath\x122\n" +
@@ -954,7 +963,8 @@ const file_status_proto_rawDesc = "" +
 	"\fips_capacity\x18\t \x01(\rR\vipsCapacity\x12C\n" +
 	"\rcontrol_plane\x18\n" +
 	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\x123\n" +
-	"\arouting\x18\x1a \x01(\v2\x19.lanekit.v1.RoutingStatusR\arouting\"\xcc\x03\n" +
+	"\arouting\x18\x1a \x01(\v2\x19.lanekit.v1.RoutingStatusR\arouting\x124\n" +
+	"\bdpu_link\x18$ \x01(\v2\x19.lanekit.v1.DPULinkStatusR\adpuLink\"\xcc\x03\n" +
 	"\rRoutingStatus\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12#\n" +
 	"\rtunnel_device\x18\x02 \x01(\tR\ftunnelDevice\x12\x1f\n" +
@@ -1061,29 +1071,31 @@ var file_status_proto_goTypes = []any{
 	nil,                        // 10: lanekit.v1.RoutingStatus.TunnelCountersEntry
 	nil,                        // 11: lanekit.v1.ControlPlaneStatus.ObjectsEntry
 	nil,                        // 12: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	(*DPULinkStatus)(nil),      // 13: lanekit.v1.DPULinkStatus
 }
 var file_status_proto_depIdxs = []int32{
 	7,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
 	8,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
 	4,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
 	2,  // 3: lanekit.v1.StatusResponse.routing:type_name -> lanekit.v1.RoutingStatus
-	3,  // 4: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
-	10, // 5: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
-	9,  // 6: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
-	9,  // 7: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
-	11, // 8: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	12, // 9: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	5,  // 10: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
-	6,  // 11: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
-	9,  // 12: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	9,  // 13: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	9,  // 14: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	9,  // 15: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	13, // 4: lanekit.v1.StatusResponse.dpu_link:type_name -> lanekit.v1.DPULinkStatus
+	3,  // 5: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
+	10, // 6: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
+	9,  // 7: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
+	9,  // 8: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
+	11, // 9: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	12, // 10: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	5,  // 11: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
+	6,  // 12: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
+	9,  // 13: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	9,  // 14: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	9,  // 15: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	9,  // 16: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_status_proto_init() }
@@ -1091,6 +1103,7 @@ func file_status_proto_init() {
 	if File_status_proto != nil {
 		return
 	}
+	file_dpu_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

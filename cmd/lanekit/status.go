@@ -68,6 +68,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 		fmt.Fprintf(out, "  error:      %s\n", dp.GetError())
 	}
 	fmt.Fprintf(out, "device mode:  %s (%s)\n", dp.GetDeviceMode(), dp.GetDeviceModeReason())
+	printDPULink(out, st.GetDpuLink(), time.Now())
 	if c := dp.GetCounterCapacity(); c > 0 {
 		full := ""
 		if dp.GetCounterEntries() >= c {

@@ -167,7 +167,7 @@ func run(args []string) error {
 		return err
 	}
 	if mode.mode == modeHost {
-		return runHost(mode, cfg.Socket, newLogger(logJSON, verbose))
+		return runHost(mode, cfg.Socket, metrics, newLogger(logJSON, verbose))
 	}
 	cidr4, cidr6, err := splitPodCIDRs(podCIDRs)
 	if err != nil {
@@ -247,7 +247,7 @@ func run(args []string) error {
 		return err
 	}
 	if dpuLink != nil {
-		if err := dpuLink.serve(ctx, a, log, stop); err != nil {
+		if err := dpuLink.serve(ctx, a, m, log, stop); err != nil {
 			a.Close()
 			return err
 		}

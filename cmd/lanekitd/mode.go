@@ -10,9 +10,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/dpu"
+	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/vf"
 )
 
@@ -39,6 +43,7 @@ type modeFlags struct {
 	ipsec      string // dpu: --ipsec-offload
 	vmNetns    string // dpu: where the VMs' device namespaces are mounted
 	hostPF     string // dpu: the host-facing PF representor (the host's ClusterIP traffic)
+	hostIdent  string // dpu: the identity the host's certificate must carry
 }
 
 func (m *modeFlags) addFlags(fs *flag.FlagSet) {
@@ -56,12 +61,16 @@ func (m *modeFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&m.vfPF, "vf-pf", "", "dpu mode, sriov: the PF (switchdev) whose VFs pods get; host mode, sriov: the host's PF netdev whose virtfn<N> the DPU hands out")
 	fs.StringVar(&m.vmNetns, "vm-netns-dir", "/run/lanekit/dpu-vm", "dpu mode: directory where each VM's device namespace on the DPU is mounted, as <dpu-name>-<vm> (empty: VMs refused)")
 	fs.StringVar(&m.hostPF, "dpu-host-pf", "", "dpu mode: the host-facing PF representor: the host's own traffic to ClusterIPs (its processes, hostNetwork pods) is load-balanced there (empty: not)")
+	fs.StringVar(&m.hostIdent, "dpu-host-identity", "", "dpu mode: the one host this DPU serves: every call on the link must present a certificate naming it (a DNS or URI SAN, or the CN); others from the same CA are refused (default: --node-name, the host's Node)")
 	fs.StringVar(&m.ipsec, "ipsec-offload", dpu.IPsecOffloadOff, "dpu mode: node-to-node IPsec on the DPU (on is refused: probed, not implemented)")
 }
 
 func (m *modeFlags) validate() error {
 	if m.hostPF != "" && m.mode != modeDPU {
 		return errors.New("--dpu-host-pf needs --mode dpu")
+	}
+	if m.hostIdent != "" && m.mode != modeDPU {
+		return errors.New("--dpu-host-identity needs --mode dpu")
 	}
 	switch m.mode {
 	case modeLocal:
@@ -96,8 +105,8 @@ func (m *modeFlags) validate() error {
 }
 
 // runHost is lanekitd --mode host: the agent API for the CNI plugin on
-// socket, endpoints on the DPU.
-func runHost(m modeFlags, socket string, log *slog.Logger) error {
+// socket, endpoints on the DPU; the link's metrics on metricsAddr ("": off).
+func runHost(m modeFlags, socket, metricsAddr string, log *slog.Logger) error {
 	name := m.serverName
 	if name == "" {
 		host, _, err := net.SplitHostPort(m.dpuAddr)
@@ -106,7 +115,7 @@ func runHost(m modeFlags, socket string, log *slog.Logger) error {
 		}
 		name = host
 	}
-	tc, err := dpu.ClientTLS(m.tls, name)
+	creds, err := dpu.LoadCreds(m.tls, log)
 	if err != nil {
 		return err
 	}
@@ -114,14 +123,26 @@ func runHost(m modeFlags, socket string, log *slog.Logger) error {
 	if id == "" {
 		id, _ = os.Hostname()
 	}
-	h, err := dpu.NewHost(dpu.HostConfig{Socket: socket, DPUAddr: m.dpuAddr, TLS: tc, Name: id, Version: agent.Version,
-		VFPF: m.vfPF, Log: log})
+	h, err := dpu.NewHost(dpu.HostConfig{Socket: socket, DPUAddr: m.dpuAddr, Creds: creds, ServerName: name, Name: id,
+		Version: agent.Version, VFPF: m.vfPF, Log: log})
 	if err != nil {
 		return err
 	}
 	defer h.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if metricsAddr != "" {
+		mt := lkmetrics.New(lkmetrics.Options{Log: log})
+		if err := mt.WatchDPULink(h); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		bound, err := mt.Serve(ctx, metricsAddr)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics", "addr", bound.String(), "path", "/metrics")
+	}
+	go warnExpiry(ctx, h, log)
 	return h.Run(ctx)
 }
 
@@ -161,7 +182,19 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 	if m.dpuName != "" {
 		node = m.dpuName
 	}
-	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log}
+	hostIdent := m.hostIdent
+	if hostIdent == "" {
+		hostIdent = cfg.NodeName // the host's Node (validateKube: one of them is set)
+	}
+	creds, err := dpu.LoadCreds(m.tls, log)
+	if err != nil {
+		return nil, err
+	}
+	// With the Kubernetes source the API server owns Services and policy:
+	// the host may not write them (auth.go).
+	s := &dpu.Server{Reps: reps, Node: node, Version: agent.Version, Log: log, Creds: creds, HostIdentity: hostIdent,
+		HostObjects: cfg.NodeName == ""}
+	cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(s.StatusInterceptor))
 	if m.vmNetns != "" {
 		s.VMNetns = dpu.VMNetns{Dir: m.vmNetns, Prefix: node + "-"}
 	}
@@ -174,21 +207,46 @@ func (m modeFlags) setupDPU(cfg *agent.Config, log *slog.Logger) (*dpuSide, erro
 	return &dpuSide{srv: s, lis: lis, m: m}, nil
 }
 
-// serve runs the link for agent a until ctx is done.
-func (d *dpuSide) serve(ctx context.Context, a *agent.Agent, log *slog.Logger, failed func()) error {
-	tc, err := dpu.ServerTLS(d.m.tls)
-	if err != nil {
-		d.lis.Close()
-		return err
+// serve runs the link for agent a until ctx is done; the link's metrics go
+// to mt (nil: off).
+func (d *dpuSide) serve(ctx context.Context, a *agent.Agent, mt *lkmetrics.Metrics, log *slog.Logger, failed func()) error {
+	if mt != nil {
+		if err := mt.WatchDPULink(d.srv); err != nil {
+			d.lis.Close()
+			return fmt.Errorf("metrics: %w", err)
+		}
 	}
 	d.srv.API = agent.NewAPIServer(a)
+	go warnExpiry(ctx, d.srv, log)
 	go func() {
-		if err := d.srv.ServeListener(ctx, d.lis, tc); err != nil {
+		if err := d.srv.ServeListener(ctx, d.lis); err != nil {
 			log.Error("DPU link stopped", "err", err)
 			failed()
 		}
 	}()
 	return nil
+}
+
+// warnExpiry logs, at start and daily, each link certificate that expires
+// within dpu.ExpiryWarning (the metric and `lanekit status` show it too).
+func warnExpiry(ctx context.Context, src lkmetrics.DPULinkSource, log *slog.Logger) {
+	t := time.NewTicker(24 * time.Hour)
+	defer t.Stop()
+	for {
+		st := src.LinkStatus()
+		for _, c := range st.GetCertificates() {
+			if left := time.Until(time.Unix(c.GetNotAfterUnix(), 0)); left < dpu.ExpiryWarning {
+				log.Warn("a DPU link certificate expires soon: rotate it before the link breaks", "role", st.GetRole(),
+					"cert", c.GetWhich(), "subject", c.GetSubject(), "not_after", time.Unix(c.GetNotAfterUnix(), 0).UTC().Format(time.RFC3339),
+					"days_left", int(left.Hours()/24))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // validateKube checks --mode with the Kubernetes flags: a DPU agent with
@@ -201,6 +259,8 @@ func (m modeFlags) validateKube(kube kubeFlags, uplink string) error {
 		return errors.New("--mode host runs no Kubernetes watchers: give --node-name (the host's Node) to the DPU agent")
 	case m.mode == modeDPU && kube.nodeName != "" && uplink == "":
 		return errors.New("--mode dpu with --node-name needs --uplink: the Node's InternalIP is the host's, not on the DPU")
+	case m.mode == modeDPU && m.hostIdent == "" && kube.nodeName == "":
+		return errors.New("--mode dpu needs --dpu-host-identity (or --node-name, the host's Node): the one host whose certificate may drive this DPU")
 	}
 	return nil
 }

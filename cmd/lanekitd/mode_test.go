@@ -26,6 +26,10 @@ func TestModeFlags(t *testing.T) {
 		{append([]string{"--mode", "host", "--dpu-addr", "10.0.0.1:7443", "--node-name", "n1"}, tlsArgs...), "--mode host runs no Kubernetes watchers"},
 		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--vf-kind", "veth", "--vf-host-netns", "/run/netns/x", "--node-name", "n1"}, tlsArgs...),
 			"--mode dpu with --node-name needs --uplink"},
+		// The DPU serves one host: whose certificate must be named.
+		{append([]string{"--mode", "dpu", "--dpu-listen", ":7443", "--vf-kind", "veth", "--vf-host-netns", "/run/netns/x", "--pod-cidr", "10.9.0.0/24"}, tlsArgs...),
+			"--mode dpu needs --dpu-host-identity"},
+		{[]string{"--dpu-host-identity", "h1", "--pod-cidr", "10.9.0.0/24"}, "--dpu-host-identity needs --mode dpu"},
 		// The files do not exist: refused when loading, before any socket.
 		{append([]string{"--mode", "host", "--dpu-addr", "10.0.0.1:7443", "--socket", t.TempDir() + "/s"}, tlsArgs...), "tls: load c"},
 	} {

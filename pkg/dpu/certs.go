@@ -34,60 +34,97 @@ func (c CertSet) Host() TLSFiles {
 }
 
 // WriteCerts makes a CA (its key is not kept), a DPU server certificate for
-// dpuName and dpuIPs, and a host client certificate for hostName, all
-// ECDSA P-256, valid for validFor, into c.Dir (keys mode 0600).
+// dpuName and dpuIPs, and a host client certificate for hostName (the
+// identity the DPU agent's --dpu-host-identity names), all ECDSA P-256,
+// valid for validFor, into c.Dir (keys mode 0600).
 func (c CertSet) WriteCerts(dpuName string, dpuIPs []net.IP, hostName string, validFor time.Duration) error {
 	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := NewCA(validFor)
 	if err != nil {
-		return fmt.Errorf("certs: %w", err)
+		return err
+	}
+	if err := ca.WriteCert(c.CA()); err != nil {
+		return err
+	}
+	if err := ca.IssueServer(c.DPU(), dpuName, dpuIPs, validFor); err != nil {
+		return err
+	}
+	return ca.IssueClient(c.Host(), hostName, validFor)
+}
+
+// LinkCA signs the link's certificates (WriteCerts; tests issue more from
+// one CA).
+type LinkCA struct {
+	cert *x509.Certificate
+	der  []byte
+	key  *ecdsa.PrivateKey
+}
+
+// NewCA makes a CA valid for validFor.
+func NewCA(validFor time.Duration) (*LinkCA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("certs: %w", err)
 	}
 	now := time.Now()
-	caTmpl := &x509.Certificate{
+	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: "lanekit DPU link CA"},
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
-		return fmt.Errorf("certs: CA: %w", err)
+		return nil, fmt.Errorf("certs: CA: %w", err)
 	}
-	ca, err := x509.ParseCertificate(caDER)
+	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return fmt.Errorf("certs: CA: %w", err)
+		return nil, fmt.Errorf("certs: CA: %w", err)
 	}
-	if err := writePEM(c.CA(), "CERTIFICATE", caDER, 0o644); err != nil {
+	return &LinkCA{cert: cert, der: der, key: key}, nil
+}
+
+// WriteCert writes the CA's certificate (PEM) to path.
+func (ca *LinkCA) WriteCert(path string) error { return writePEM(path, "CERTIFICATE", ca.der, 0o644) }
+
+// IssueServer writes a DPU certificate for name (a DNS SAN and the CN) and
+// ips, and its key, to files.Cert and files.Key.
+func (ca *LinkCA) IssueServer(files TLSFiles, name string, ips []net.IP, validFor time.Duration) error {
+	return ca.issue(files, name, ips, x509.ExtKeyUsageServerAuth, validFor)
+}
+
+// IssueClient writes a host certificate for name (a DNS SAN and the CN).
+func (ca *LinkCA) IssueClient(files TLSFiles, name string, validFor time.Duration) error {
+	return ca.issue(files, name, nil, x509.ExtKeyUsageClientAuth, validFor)
+}
+
+func (ca *LinkCA) issue(files TLSFiles, cn string, ips []net.IP, usage x509.ExtKeyUsage, validFor time.Duration) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: cn}, DNSNames: []string{cn}, IPAddresses: ips,
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return fmt.Errorf("certs: %s: %w", cn, err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("certs: %s: %w", cn, err)
+	}
+	// The key first: a reload between the two writes sees a pair that does
+	// not match, refuses it and keeps the old one until the certificate
+	// follows.
+	if err := writePEM(files.Key, "EC PRIVATE KEY", kder, 0o600); err != nil {
 		return err
 	}
-	leaf := func(files TLSFiles, cn string, dns []string, ips []net.IP, usage x509.ExtKeyUsage) error {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return fmt.Errorf("certs: %w", err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: serial(), Subject: pkix.Name{CommonName: cn}, DNSNames: dns, IPAddresses: ips,
-			NotBefore: now.Add(-time.Minute), NotAfter: now.Add(validFor),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			return fmt.Errorf("certs: %s: %w", cn, err)
-		}
-		kder, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
-			return fmt.Errorf("certs: %s: %w", cn, err)
-		}
-		if err := writePEM(files.Cert, "CERTIFICATE", der, 0o644); err != nil {
-			return err
-		}
-		return writePEM(files.Key, "EC PRIVATE KEY", kder, 0o600)
-	}
-	if err := leaf(c.DPU(), dpuName, []string{dpuName}, dpuIPs, x509.ExtKeyUsageServerAuth); err != nil {
-		return err
-	}
-	return leaf(c.Host(), hostName, []string{hostName}, nil, x509.ExtKeyUsageClientAuth)
+	return writePEM(files.Cert, "CERTIFICATE", der, 0o644)
 }
 
 func serial() *big.Int {
@@ -98,9 +135,27 @@ func serial() *big.Int {
 	return n
 }
 
+// writePEM writes the file whole or not at all (a temporary file renamed
+// over path: a reloading agent never reads half a file) with mode, whatever
+// mode an older file at path had (os.WriteFile keeps an existing file's).
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
-	data := pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
-	if err := os.WriteFile(path, data, mode); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	defer os.Remove(f.Name()) // after the rename: nothing
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return fmt.Errorf("certs: %w", err)
+	}
+	if err := pem.Encode(f, &pem.Block{Type: typ, Bytes: der}); err != nil {
+		f.Close()
+		return fmt.Errorf("certs: write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("certs: write %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
 	return nil

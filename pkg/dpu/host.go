@@ -2,7 +2,6 @@ package dpu
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,11 +21,15 @@ import (
 
 // HostConfig is how the host agent is started.
 type HostConfig struct {
-	Socket  string      // the agent API's unix socket (the CNI plugin's agentSocket)
-	DPUAddr string      // host:port of the DPU agent's link
-	TLS     *tls.Config // ClientTLS
-	Name    string      // this host's name in Hello
-	Version string
+	Socket  string // the agent API's unix socket (the CNI plugin's agentSocket)
+	DPUAddr string // host:port of the DPU agent's link
+	// Creds are the host's certificate, key and CA (read again when the
+	// files change); the DPU's certificate must name ServerName (a DNS
+	// name or an IP address).
+	Creds      *Creds
+	ServerName string
+	Name       string // this host's name in Hello
+	Version    string
 	// VFPF and Sysfs: the host's PF whose VFs an sriov DPU hands out (the
 	// host finds VF n under <sysfs>/class/net/<VFPF>/device/virtfn<n>).
 	VFPF, Sysfs string
@@ -37,7 +40,10 @@ type HostConfig struct {
 	ProbeInterval time.Duration
 	// Backoff bounds the reconnect delays; zero: 100ms doubling to 3s.
 	Backoff backoff.Config
-	Log     *slog.Logger
+	// ReconcileMaxDelay bounds the delay between reconcile attempts after
+	// one failed (they start at ProbeInterval and double); 0: 1 minute.
+	ReconcileMaxDelay time.Duration
+	Log               *slog.Logger
 }
 
 // PeerState is what the host agent last learnt about its DPU.
@@ -48,6 +54,9 @@ type PeerState struct {
 	Since time.Time // when Up last changed
 	Reconnects,
 	Reconciled int // times the link came (back) up / endpoints reconciled then
+	// ReconcileErr is why the last reconcile failed while one is pending
+	// (retried with backoff until it succeeds).
+	ReconcileErr string
 }
 
 // Host is the host agent.
@@ -60,6 +69,10 @@ type Host struct {
 
 	mu   sync.Mutex
 	peer PeerState
+	// A reconcile is due (the link came back) and when to try next.
+	reconcile      bool
+	reconcileAt    time.Time
+	reconcileDelay time.Duration
 	// reconcileMu serialises reconciliation with endpoint changes.
 	opMu sync.Mutex
 }
@@ -67,8 +80,11 @@ type Host struct {
 // NewHost dials the DPU (lazily: gRPC connects, and reconnects with
 // exponential backoff, in the background).
 func NewHost(cfg HostConfig) (*Host, error) {
-	if cfg.DPUAddr == "" || cfg.TLS == nil {
-		return nil, errors.New("host agent: the DPU's address and TLS (mutual) are required")
+	if cfg.DPUAddr == "" || cfg.Creds == nil || cfg.ServerName == "" {
+		return nil, errors.New("host agent: the DPU's address, its certificate's name and the link's certificates (mutual TLS) are required")
+	}
+	if cfg.ReconcileMaxDelay <= 0 {
+		cfg.ReconcileMaxDelay = time.Minute
 	}
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = 2 * time.Second
@@ -80,7 +96,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		cfg.Log = slog.Default()
 	}
 	conn, err := grpc.NewClient(cfg.DPUAddr,
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS)),
+		grpc.WithTransportCredentials(credentials.NewTLS(cfg.Creds.ClientConfig(cfg.ServerName))),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: cfg.Backoff, MinConnectTimeout: 3 * time.Second}))
 	if err != nil {
 		return nil, fmt.Errorf("host agent: dial %s: %w", cfg.DPUAddr, err)
@@ -107,8 +123,10 @@ func (h *Host) Peer() PeerState {
 	return h.peer
 }
 
-// Probe says Hello once and updates the peer state; when the link comes
-// (back) up it reconciles the endpoints.
+// Probe says Hello once and updates the peer state. When the link comes
+// (back) up, or the DPU agent restarted, the endpoints are reconciled; a
+// reconcile that fails is tried again at the next probes, with a doubling
+// delay, until one succeeds.
 func (h *Host) Probe(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -128,27 +146,40 @@ func (h *Host) Probe(ctx context.Context) {
 			h.peer.Reconnects++
 			h.log.Info("DPU agent reachable", "addr", h.cfg.DPUAddr, "node", resp.GetNode(), "endpoints", resp.GetEndpointCount(),
 				"restarted", restarted)
-		}
-		if restarted {
-			was = false // a restart is a reconnect: reconcile
+			h.reconcile, h.reconcileAt, h.reconcileDelay = true, time.Now(), 0
 		}
 	}
 	if was != h.peer.Up {
 		h.peer.Since = time.Now()
 	}
-	up := h.peer.Up
+	due := h.peer.Up && h.reconcile && !time.Now().Before(h.reconcileAt)
 	h.mu.Unlock()
-	if up && !was {
-		n, err := h.Reconcile(ctx)
-		if err != nil {
-			h.log.Warn("reconcile with the DPU", "err", err)
-			return
-		}
-		h.mu.Lock()
-		h.peer.Reconciled++
-		h.mu.Unlock()
-		h.log.Info("reconciled endpoints with the DPU", "removed", n)
+	if !due {
+		return
 	}
+	n, err := h.Reconcile(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err != nil {
+		h.reconcileDelay = min(max(2*h.reconcileDelay, h.cfg.ProbeInterval), h.cfg.ReconcileMaxDelay)
+		h.reconcileAt = time.Now().Add(h.reconcileDelay)
+		h.peer.ReconcileErr = err.Error()
+		h.log.Warn("reconcile with the DPU failed: retrying", "removed", n, "err", err, "retry_in", h.reconcileDelay)
+		return
+	}
+	h.reconcile, h.peer.ReconcileErr = false, ""
+	h.peer.Reconciled++
+	h.log.Info("reconciled endpoints with the DPU", "removed", n)
+}
+
+// LinkStatus is the host side of the link for `lanekit status` and the
+// metrics.
+func (h *Host) LinkStatus() *apiv1.DPULinkStatus {
+	st := &apiv1.DPULinkStatus{Role: "host", PeerIdentity: h.cfg.ServerName, Certificates: h.cfg.Creds.Certificates()}
+	if err := h.cfg.Creds.ReloadError(); err != nil {
+		st.ReloadError = err.Error()
+	}
+	return st
 }
 
 // Reconcile compares the DPU's endpoints with this host: an endpoint whose

@@ -206,6 +206,7 @@ func (s *hostAPI) Status(ctx context.Context, req *apiv1.StatusRequest) (*apiv1.
 			Version:  s.h.cfg.Version,
 			Datapath: &apiv1.DatapathStatus{Backend: "dpu", Location: where + ": unreachable", Error: err.Error()},
 			Ready:    false, Reason: "DPU agent unreachable: " + err.Error(),
+			DpuLink: s.h.LinkStatus(),
 		}, nil
 	}
 	node := ""
@@ -218,10 +219,14 @@ func (s *hostAPI) Status(ctx context.Context, req *apiv1.StatusRequest) (*apiv1.
 	}
 	dp.Location = fmt.Sprintf("%s (node %s, datapath %s there): connected, %d reconnects, up since %s", where, node,
 		dp.GetBackend(), p.Reconnects, p.Since.UTC().Format(time.RFC3339))
+	if p.ReconcileErr != "" {
+		dp.Location += "; reconcile failed, retrying: " + p.ReconcileErr
+	}
 	dp.Backend = "dpu"
 	st.Datapath = dp
 	st.Version = s.h.cfg.Version
 	st.Kernel = nil // the DPU's kernel: `lanekit status` there shows it
+	st.DpuLink = s.h.LinkStatus()
 	return st, nil
 }
 

@@ -52,11 +52,24 @@ func certs(t *testing.T, name string) CertSet {
 	return c
 }
 
+// hostID is the host identity of certs(t, name): its host certificate's.
+func hostID(c CertSet) string { return "host-" + filepath.Base(c.Dir) }
+
+// hostCreds loads c's host certificates.
+func hostCreds(t *testing.T, c CertSet) *Creds {
+	t.Helper()
+	creds, err := LoadCreds(c.Host(), quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds
+}
+
 // startDPU serves a DPU link on addr ("127.0.0.1:0" for any port) until the
 // returned stop is called.
-func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer) (*Server, string, func()) {
+func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer, opts ...func(*Server)) (*Server, string, func()) {
 	t.Helper()
-	tc, err := ServerTLS(c.DPU())
+	creds, err := LoadCreds(c.DPU(), quiet())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +83,13 @@ func startDPU(t *testing.T, addr string, c CertSet, api apiv1.AgentServer) (*Ser
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{API: api, Reps: vf.Veth{}, Node: "dpu-test", Log: quiet()}
+	s := &Server{API: api, Reps: vf.Veth{}, Node: "dpu-test", Log: quiet(), Creds: creds, HostIdentity: hostID(c)}
+	for _, o := range opts {
+		o(s)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { s.ServeListener(ctx, lis, tc); close(done) }()
+	go func() { s.ServeListener(ctx, lis); close(done) }()
 	stop := func() { cancel(); <-done }
 	t.Cleanup(func() { cancel() })
 	return s, lis.Addr().String(), stop
@@ -136,8 +152,7 @@ func TestHostReconnects(t *testing.T) {
 	c := certs(t, "rc")
 	api := &fakeAPI{}
 	_, addr, stop := startDPU(t, "127.0.0.1:0", c, api)
-	tc, _ := ClientTLS(c.Host(), "dpu.test")
-	h, err := NewHost(HostConfig{DPUAddr: addr, TLS: tc, Name: "host-1", Log: quiet(),
+	h, err := NewHost(HostConfig{DPUAddr: addr, Creds: hostCreds(t, c), ServerName: "dpu.test", Name: "host-1", Log: quiet(),
 		Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 500 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)

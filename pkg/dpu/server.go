@@ -2,7 +2,7 @@ package dpu
 
 import (
 	"context"
-	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -24,7 +25,8 @@ import (
 
 // Server is the DPU agent's side of the link: the DPU service (endpoints
 // with their VFs, Hello) and the agent API (Services, policy, status) on
-// TCP with mutual TLS.
+// TCP with mutual TLS. Every call must come from the one host it serves
+// (HostIdentity) and be one a host may make (hostCalls, auth.go).
 type Server struct {
 	apiv1.UnimplementedDPUServer
 	API     apiv1.AgentServer // agent.NewAPIServer of the DPU's agent
@@ -35,32 +37,67 @@ type Server struct {
 	// VMNetns places the DPU side of VM endpoints (CreateVM); an empty Dir
 	// refuses VMs.
 	VMNetns VMNetns
+	// Creds are the link's certificate, key and CA (read again when the
+	// files change).
+	Creds *Creds
+	// HostIdentity is the host this DPU serves: its certificate must carry
+	// it as a DNS or URI SAN or as its CN, on every call (CertNames).
+	HostIdentity string
+	// HostObjects lets the host apply and delete objects (Services,
+	// policy): only when the DPU agent has no Kubernetes source.
+	HostObjects bool
+	// MaxConnectionAge recycles the host's connection (gracefully: GOAWAY,
+	// the host reconnects) so that rotated certificates, this side's and
+	// the host's, are in use within it rather than at the next outage;
+	// 0: DefaultMaxConnectionAge.
+	MaxConnectionAge time.Duration
 
 	started time.Time
 	mu      sync.Mutex
 	host    string // the last host that said Hello, and its certificate's name
 	hostCN  string
 	seen    time.Time
+	// refused calls and the last refusal (LinkStatus).
+	refused     uint64
+	lastRefusal string
+	// register adds services to the link's server (tests: a streaming one).
+	register func(*grpc.Server)
 }
 
-// Serve listens on addr with tlsCfg (ServerTLS) until ctx is done.
-func (s *Server) Serve(ctx context.Context, addr string, tlsCfg *tls.Config) error {
+// DefaultMaxConnectionAge is Server.MaxConnectionAge's default.
+const DefaultMaxConnectionAge = 10 * time.Minute
+
+// Serve listens on addr until ctx is done.
+func (s *Server) Serve(ctx context.Context, addr string) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("dpu listen %s: %w", addr, err)
 	}
-	return s.ServeListener(ctx, lis, tlsCfg)
+	return s.ServeListener(ctx, lis)
 }
 
 // ServeListener serves on lis (tests pick the port).
-func (s *Server) ServeListener(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
+func (s *Server) ServeListener(ctx context.Context, lis net.Listener) error {
+	if s.Creds == nil || s.HostIdentity == "" {
+		lis.Close()
+		return errors.New("dpu link: the certificates and the identity of the host it serves are required")
+	}
 	s.started = time.Now()
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)))
+	age := s.MaxConnectionAge
+	if age <= 0 {
+		age = DefaultMaxConnectionAge
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(s.Creds.ServerConfig())),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: age, MaxConnectionAgeGrace: opTimeout}),
+		grpc.ChainUnaryInterceptor(s.unaryAuth), grpc.ChainStreamInterceptor(s.streamAuth))
 	apiv1.RegisterDPUServer(srv, s)
 	apiv1.RegisterAgentServer(srv, s.API)
+	if s.register != nil {
+		s.register(srv)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
-	s.logger().Info("serving the DPU link", "addr", lis.Addr().String())
+	s.logger().Info("serving the DPU link", "addr", lis.Addr().String(), "host_identity", s.HostIdentity)
 	select {
 	case <-ctx.Done():
 		srv.Stop()

@@ -60,8 +60,7 @@ func TestSplitEndpointLifecycle(t *testing.T) {
 	c := certs(t, "split")
 	srv, addr, _ := startDPU(t, "127.0.0.1:0", c, agent.NewAPIServer(a))
 	srv.Reps = reps.Reps
-	tc, _ := ClientTLS(c.Host(), "dpu.test")
-	h, err := NewHost(HostConfig{DPUAddr: addr, TLS: tc, Name: "host", Netns: hostNS.Path(), Log: quiet()})
+	h, err := NewHost(HostConfig{DPUAddr: addr, Creds: hostCreds(t, c), ServerName: "dpu.test", Name: "host", Netns: hostNS.Path(), Log: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,8 +50,7 @@ func TestSplitVMLifecycle(t *testing.T) {
 	vmns := VMNetns{Dir: t.TempDir(), Prefix: "dpu-test-"}
 	srv.VMNetns = vmns
 	t.Cleanup(func() { vmns.Delete("vm1") })
-	tc, _ := ClientTLS(c.Host(), "dpu.test")
-	h, err := NewHost(HostConfig{DPUAddr: addr, TLS: tc, Name: "host", Netns: hostNS.Path(), Log: quiet()})
+	h, err := NewHost(HostConfig{DPUAddr: addr, Creds: hostCreds(t, c), ServerName: "dpu.test", Name: "host", Netns: hostNS.Path(), Log: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

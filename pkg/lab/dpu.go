@@ -147,6 +147,8 @@ func dpuAgentArgs(i int) []string {
 		"--uplink", Uplink, "--node-addr", UnderlayIP(i),
 		"--bpf-dir", DPUBPFDir(i), "--socket-lb=false", "--service-health-checks=false",
 		"--vm-socket-dir", DPUDir(i) + "/vm", "--dpu-name", DPUNS(i),
+		// The one host whose certificate (WriteCerts: NodeNS(i)) may call.
+		"--dpu-host-identity", NodeNS(i),
 		// A VM's device namespace on the DPU: /run/netns/lk-n<i>-d1-<vm>
 		// (lab down removes it with the lab's namespaces).
 		"--vm-netns-dir", "/run/netns",

@@ -206,6 +206,19 @@ func TestDPULab(t *testing.T) {
 	if out, _ := lk(t, "status", "--socket", DPUSocket(1)); !strings.Contains(out, "for host "+NodeNS(1)) {
 		t.Errorf("DPU status does not name its host")
 	}
+	// The link's certificates, each side's view (issue 36): who the other
+	// side must be, and every certificate's notAfter and days left.
+	for sock, want := range map[string][]string{
+		AgentSocket(1): {`DPU link:     host side, the DPU's certificate must name "` + DPUIP(1) + `"`, "cert peer   CN=" + DPUIP(1) + ", notAfter "},
+		DPUSocket(1):   {`DPU link:     dpu side, the host's certificate must name "` + NodeNS(1) + `"`, "cert peer   CN=" + NodeNS(1) + ", notAfter "},
+	} {
+		out, _ := lk(t, "status", "--socket", sock)
+		for _, w := range append(want, "cert local", "cert ca", "days left") {
+			if !strings.Contains(out, w) {
+				t.Errorf("status at %s lacks %q", sock, w)
+			}
+		}
+	}
 
 	dpuVMStatus(t, lk, vm)
 
