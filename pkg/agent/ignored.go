@@ -35,7 +35,7 @@ func (c *ctlPlane) noteIgnored(edits []service.Edit, all bool) {
 		case e.Pod != nil:
 			now = service.HostPortsIgnored(e.Pod, c.svcOpts)
 		case e.Service != nil:
-			now = service.ExternalIPsIgnored(e.Service, c.svcOpts)
+			now = service.ServiceIgnored(e.Service, c.svcOpts)
 		}
 		before := c.ignored[e.ID]
 		for _, g := range now {
@@ -43,9 +43,12 @@ func (c *ctlPlane) noteIgnored(edits []service.Edit, all bool) {
 				continue
 			}
 			switch g.Reason {
+			case service.ReasonProtocolUnsupported:
+				c.log.Warn("port not load-balanced: lanekit serves TCP and UDP ports only (the object's other ports are served)",
+					"object", ignoredObject(e.ID), "port", g.String())
 			case service.ReasonHostIPNotNode:
 				c.log.Warn("hostPort not programmed: its hostIP is not an address of this node",
-					"pod", e.ID.Namespace+"/"+strings.TrimPrefix(e.ID.Name, service.HostPortPrefix), "hostPort", g.String())
+					"pod", ignoredObject(e.ID), "hostPort", g.String())
 			default:
 				c.log.Warn("externalIP not programmed: outside --external-ips",
 					"service", e.ID.String(), "externalIP", g.String(), "allowed", c.svcOpts.ExternalIPs.String())
@@ -57,6 +60,15 @@ func (c *ctlPlane) noteIgnored(edits []service.Edit, all bool) {
 			c.ignored[e.ID] = now
 		}
 	}
+}
+
+// ignoredObject names the object of an ignored address: "pod NS/NAME" for
+// hostPorts, else "service NS/NAME".
+func ignoredObject(id service.ServiceID) string {
+	if id.IsHostPort() {
+		return "pod " + id.Namespace + "/" + strings.TrimPrefix(id.Name, service.HostPortPrefix)
+	}
+	return "service " + id.String()
 }
 
 // allEdits returns an edit for every Service and every pod with hostPorts

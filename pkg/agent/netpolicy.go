@@ -88,9 +88,9 @@ func namedPorts(pod *corev1.Pod) []policy.NamedPort {
 				if p.Name == "" {
 					continue
 				}
-				proto := policy.ProtoTCP
-				if p.Protocol == corev1.ProtocolUDP {
-					proto = policy.ProtoUDP
+				proto, ok := policy.ProtoNum(p.Protocol)
+				if !ok {
+					continue // resolves for no rule
 				}
 				out = append(out, policy.NamedPort{Name: p.Name, Proto: proto, Port: uint16(p.ContainerPort)})
 			}

@@ -90,7 +90,6 @@ func TestDecodeInvalid(t *testing.T) {
 		{"second document bad", good + "---\n" + svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 0}]}\n",
 			[]string{"document 1", "spec.ports[0].port", "between 1 and 65535"}},
 		{"port too large", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 65536}]}\n", []string{"spec.ports[0].port"}},
-		{"sctp", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, protocol: SCTP}]}\n", []string{"spec.ports[0].protocol", "SCTP is unsupported"}},
 		{"bogus protocol", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, protocol: ICMP}]}\n", []string{"spec.ports[0].protocol", "Unsupported value"}},
 		{"target port name", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: Not_A_Name}]}\n", []string{"spec.ports[0].targetPort"}},
 		{"target port number", svcHead + "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: 70000}]}\n", []string{"spec.ports[0].targetPort"}},
@@ -148,7 +147,7 @@ func TestDecodeInvalid(t *testing.T) {
 		{"slice ipv6 with an ipv4 address", sliceHead + "addressType: IPv6\nendpoints: [{addresses: [10.0.0.1]}]\n", []string{"endpoints[0].addresses[0]", "IPv6 address"}},
 		{"slice bad address", sliceHead + "addressType: IPv4\nendpoints: [{addresses: [10.0.0.300]}]\n", []string{"endpoints[0].addresses[0]"}},
 		{"slice port missing", sliceHead + "addressType: IPv4\nports: [{name: http}]\n", []string{"ports[0].port", "Required"}},
-		{"slice sctp", sliceHead + "addressType: IPv4\nports: [{port: 1, protocol: SCTP}]\n", []string{"ports[0].protocol", "SCTP"}},
+		{"slice bogus protocol", sliceHead + "addressType: IPv4\nports: [{port: 1, protocol: sctp}]\n", []string{"ports[0].protocol", "Unsupported value"}},
 		{"slice unknown field", sliceHead + "addressType: IPv4\nendpoints: [{addresses: [10.0.0.1], conditions: {ready: true, happy: true}}]\n",
 			[]string{`unknown field "endpoints[0].conditions.happy"`}},
 		{"np bad selector op", npHead + "spec: {podSelector: {matchExpressions: [{key: a, operator: Near}]}}\n", []string{"spec.podSelector"}},
@@ -169,7 +168,7 @@ func TestDecodeInvalid(t *testing.T) {
 		{"np endPort without port", npHead + "spec: {podSelector: {}, ingress: [{ports: [{endPort: 80}]}]}\n", []string{"spec.ingress[0].ports[0].port"}},
 		{"np endPort too big", npHead + "spec: {podSelector: {}, ingress: [{ports: [{port: 80, endPort: 65536}]}]}\n", []string{"spec.ingress[0].ports[0].endPort"}},
 		{"np port zero", npHead + "spec: {podSelector: {}, ingress: [{ports: [{port: 0}]}]}\n", []string{"spec.ingress[0].ports[0].port"}},
-		{"np sctp", npHead + "spec: {podSelector: {}, egress: [{ports: [{protocol: SCTP, port: 5}]}]}\n", []string{"spec.egress[0].ports[0].protocol", "SCTP is unsupported"}},
+		{"np bogus protocol", npHead + "spec: {podSelector: {}, egress: [{ports: [{protocol: ICMP, port: 5}]}]}\n", []string{"spec.egress[0].ports[0].protocol", "Unsupported value"}},
 		{"np bad policy type", npHead + "spec: {podSelector: {}, policyTypes: [Sideways]}\n", []string{"spec.policyTypes[0]"}},
 		{"np dup policy type", npHead + "spec: {podSelector: {}, policyTypes: [Ingress, Ingress]}\n", []string{"spec.policyTypes[1]"}},
 		{"list with bad item", `{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"},"spec":{"clusterIP":"10.96.0.1","ports":[{"port":-1}]}}]}`,
@@ -244,5 +243,21 @@ func assertRoundTrip(t *testing.T, objs []Object) {
 	}
 	if !bytes.Equal(b1, b2) {
 		t.Fatalf("encoding not stable:\n%s\n---- vs ----\n%s", b1, b2)
+	}
+}
+
+// TestDecodeKeepsSCTP: objects listing an SCTP port are kept whole (a
+// NetworkPolicy refused for its SCTP rule would leave its pods unisolated;
+// a Service's TCP and UDP ports are served beside it).
+func TestDecodeKeepsSCTP(t *testing.T) {
+	for _, doc := range []string{
+		"apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.1, ports: [{name: a, port: 80, protocol: SCTP}, {name: b, port: 80}]}\n",
+		"apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: ns1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{port: 1, protocol: SCTP}]\n",
+		"apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: ns1}\nspec: {podSelector: {}, egress: [{ports: [{protocol: SCTP, port: 5}]}]}\n",
+		"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, hostPort: 80, protocol: SCTP}]}]}\n",
+	} {
+		if objs, err := Decode([]byte(doc)); err != nil || len(objs) != 1 {
+			t.Errorf("%q: got %v, %v; want it kept", doc, objs, err)
+		}
 	}
 }

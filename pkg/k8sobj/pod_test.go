@@ -44,7 +44,7 @@ func TestDecodePodNamespaceInvalid(t *testing.T) {
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 0}]}]}\n", "spec.containers[0].ports[0].containerPort: Invalid value: 0"},
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, hostPort: 70000}]}]}\n", "spec.containers[0].ports[0].hostPort: Invalid value: 70000"},
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, hostPort: 8080, hostIP: 'local host'}]}]}\n", "spec.containers[0].ports[0].hostIP: Invalid value"},
-		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, protocol: SCTP}]}]}\n", "SCTP is unsupported"},
+		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, ports: [{containerPort: 80, protocol: GRE}]}]}\n", "spec.containers[0].ports[0].protocol: Unsupported value"},
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {'a b': c}}\n", "metadata.labels[a b]: Invalid value"},
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {nodeName: 'Node_1'}\n", "spec.nodeName: Invalid value"},
 		{"apiVersion: v2\nkind: Pod\nmetadata: {name: p}\n", "apiVersion \"v2\" is not supported for Pod"},

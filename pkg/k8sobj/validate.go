@@ -74,19 +74,21 @@ func validateLabels(labels map[string]string, p *field.Path) field.ErrorList {
 	return errs
 }
 
-// validateProtocol accepts "" (TCP), TCP and UDP; SCTP is an explicit
-// unsupported error.
+// validateProtocol accepts "" (TCP), TCP, UDP and SCTP. SCTP objects are
+// kept, not refused: refusing a NetworkPolicy that lists an SCTP port would
+// leave the pods it selects unisolated, and a Service's TCP and UDP ports are
+// served beside an SCTP port the datapath does not load-balance (policy
+// compiles an SCTP rule to protocol 132, which no TCP or UDP packet matches;
+// service translation skips SCTP ports and says so once).
 func validateProtocol(proto *corev1.Protocol, p *field.Path) field.ErrorList {
 	if proto == nil {
 		return nil
 	}
 	switch *proto {
-	case "", corev1.ProtocolTCP, corev1.ProtocolUDP:
+	case "", corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP:
 		return nil
-	case corev1.ProtocolSCTP:
-		return field.ErrorList{field.Invalid(p, *proto, "SCTP is unsupported by lanekit (TCP and UDP are)")}
 	}
-	return field.ErrorList{field.NotSupported(p, *proto, []string{"TCP", "UDP"})}
+	return field.ErrorList{field.NotSupported(p, *proto, []string{"TCP", "UDP", "SCTP"})}
 }
 
 func validatePortNumber(port int32, p *field.Path) field.ErrorList {

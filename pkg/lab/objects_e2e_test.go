@@ -110,7 +110,7 @@ metadata: {name: bad, namespace: inv}
 spec:
   podSelector: {matchExpressions: [{key: app, operator: Bogus, values: [x]}]}
 `},
-	{name: "SCTP", cmd: "policy", wantErr: []string{"inv/sctp", "SCTP"}, data: `apiVersion: networking.k8s.io/v1
+	{name: "unknown protocol", cmd: "policy", wantErr: []string{"inv/icmp", "ICMP"}, data: `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: fresh, namespace: inv}
 spec:
@@ -119,10 +119,10 @@ spec:
 ---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
-metadata: {name: sctp, namespace: inv}
+metadata: {name: icmp, namespace: inv}
 spec:
   podSelector: {}
-  ingress: [{ports: [{protocol: SCTP, port: 9}]}]
+  ingress: [{ports: [{protocol: ICMP, port: 9}]}]
 `},
 	{name: "unknown field", cmd: "policy", wantErr: []string{"podSelectr"}, data: `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy

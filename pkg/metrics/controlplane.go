@@ -56,7 +56,7 @@ var (
 	descCTFailed  = prometheus.NewDesc(NameConntrackFailed, "Conntrack entries the datapath could not create.", nil, nil)
 	descCTCreated = prometheus.NewDesc(NameConntrackCreated, "Conntrack entries the datapath created.", nil, nil)
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
-	descIgnored   = prometheus.NewDesc(NameAddrsIgnored, "Addresses the agent does not serve on purpose, by reason: hostip-not-node (a hostPort whose hostIP is not an address of this node), externalip-not-allowed (a spec.externalIPs address outside --external-ips).", []string{"reason"}, nil)
+	descIgnored   = prometheus.NewDesc(NameAddrsIgnored, "Addresses the agent does not serve on purpose, by reason: hostip-not-node (a hostPort whose hostIP is not an address of this node), externalip-not-allowed (a spec.externalIPs address outside --external-ips), protocol-unsupported (a Service or hostPort port of a protocol lanekit does not load-balance: SCTP).", []string{"reason"}, nil)
 )
 
 var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descRefused, descLBEvents, descSvcPend, descPolicies, descPolIDs,

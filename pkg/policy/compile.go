@@ -18,9 +18,10 @@ import (
 
 // Proto numbers in rule keys; ProtoAny matches every protocol.
 const (
-	ProtoAny uint8 = 0
-	ProtoTCP uint8 = 6
-	ProtoUDP uint8 = 17
+	ProtoAny  uint8 = 0
+	ProtoTCP  uint8 = 6
+	ProtoUDP  uint8 = 17
+	ProtoSCTP uint8 = 132
 )
 
 // Direction of a rule, seen from its subject endpoint.
@@ -369,11 +370,28 @@ type portSpec struct {
 	lo, hi uint16
 }
 
-func protoNum(p *corev1.Protocol) uint8 {
-	if p != nil && *p == corev1.ProtocolUDP {
-		return ProtoUDP
+// ProtoNum is the rule-key protocol of a Kubernetes protocol ("" is TCP).
+// An unknown protocol has none (ok false): its port entry matches nothing,
+// never another protocol. SCTP is itself: the datapath reads no SCTP ports,
+// so an SCTP rule with a port admits no packet and one without a port admits
+// SCTP alone; neither admits TCP or UDP.
+func ProtoNum(p corev1.Protocol) (proto uint8, ok bool) {
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return ProtoTCP, true
+	case corev1.ProtocolUDP:
+		return ProtoUDP, true
+	case corev1.ProtocolSCTP:
+		return ProtoSCTP, true
 	}
-	return ProtoTCP
+	return 0, false
+}
+
+func protoNum(p *corev1.Protocol) (uint8, bool) {
+	if p == nil {
+		return ProtoTCP, true
+	}
+	return ProtoNum(*p)
 }
 
 // resolvePorts resolves a rule's ports for a destination identity (nil when the
@@ -384,8 +402,10 @@ func resolvePorts(ports []networkingv1.NetworkPolicyPort, dst *identityState) []
 	}
 	var out []portSpec
 	for _, p := range ports {
-		proto := protoNum(p.Protocol)
+		proto, ok := protoNum(p.Protocol)
 		switch {
+		case !ok:
+			continue // matches nothing (validation refuses such objects first)
 		case p.Port == nil:
 			out = append(out, portSpec{proto, 0, 65535})
 		case p.Port.Type == intstr.Int:

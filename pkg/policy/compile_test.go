@@ -241,15 +241,63 @@ func BenchmarkCompile1000(b *testing.B) {
 	b.ReportMetric(float64(len(c.Rules)), "rules")
 }
 
-// TestCompileRefusesSCTP: SCTP ports are refused at compile time, naming
-// the policy and the field (the datapath matches TCP and UDP only).
-func TestCompileRefusesSCTP(t *testing.T) {
-	sctp := corev1.ProtocolSCTP
-	p := testPolicy("a", "sctp", nil, networkingv1.NetworkPolicyIngressRule{
-		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &sctp, Port: ptr.To(intstr.FromInt32(5000))}}})
-	_, err := Compile(Input{Policies: []*networkingv1.NetworkPolicy{p}}, NewIdentities())
-	if err == nil || !strings.Contains(err.Error(), "networkpolicy a/sctp") ||
-		!strings.Contains(err.Error(), "spec.ingress[0].ports[0].protocol") || !strings.Contains(err.Error(), "SCTP is unsupported") {
-		t.Fatalf("SCTP policy: %v", err)
+// TestCompileSCTPKeepsIsolation: a policy whose only rule allows SCTP still
+// isolates the pods it selects (the upstream e2e "should properly isolate
+// pods that are selected by a policy allowing SCTP, even if the plugin
+// doesn't support SCTP"), and its rule, numeric or named, admits no TCP or
+// UDP: the SCTP port resolves to protocol 132, never to TCP.
+func TestCompileSCTPKeepsIsolation(t *testing.T) {
+	sctp, tcp := corev1.ProtocolSCTP, corev1.ProtocolTCP
+	web := netip.MustParseAddr("10.0.0.2")
+	client := netip.MustParseAddr("10.0.0.3")
+	eps := []Endpoint{
+		{Namespace: "a", Name: "web", Labels: map[string]string{"app": "web"}, IP: web,
+			NamedPorts: []NamedPort{{Name: "sig", Proto: ProtoSCTP, Port: 5001}}},
+		{Namespace: "a", Name: "client", Labels: map[string]string{"app": "client"}, IP: client},
+	}
+	p := testPolicy("a", "sctp", map[string]string{"app": "web"}, networkingv1.NetworkPolicyIngressRule{
+		Ports: []networkingv1.NetworkPolicyPort{
+			{Protocol: &sctp, Port: ptr.To(intstr.FromInt32(5000))},
+			{Protocol: &sctp, Port: ptr.To(intstr.FromString("sig"))},
+			// The named SCTP port asked for as TCP resolves to nothing.
+			{Protocol: &tcp, Port: ptr.To(intstr.FromString("sig"))},
+		}})
+	c, err := Compile(Input{Policies: []*networkingv1.NetworkPolicy{p}, Endpoints: eps}, NewIdentities())
+	if err != nil {
+		t.Fatalf("SCTP policy refused: %v", err)
+	}
+	id, _ := c.IdentityOf(web)
+	if c.Isolated[id].PolicyIngress == 0 {
+		t.Fatalf("web is not isolated for ingress: %+v", c.Isolated)
+	}
+	for k := range c.Rules {
+		if k.Proto != ProtoSCTP {
+			t.Errorf("rule %+v: protocol %d, want only SCTP (132)", k, k.Proto)
+		}
+	}
+	for _, port := range []uint16{5000, 5001} {
+		for _, proto := range []uint8{ProtoTCP, ProtoUDP} {
+			if v := c.Allowed(client, web, proto, port); v.Allowed {
+				t.Errorf("client -> web %d/%d allowed (%+v): an SCTP rule must admit no TCP or UDP", port, proto, v)
+			}
+		}
+		if v := c.Allowed(client, web, ProtoSCTP, port); !v.Allowed {
+			t.Errorf("client -> web %d/SCTP denied: %+v", port, v)
+		}
+	}
+}
+
+// TestProtoNum: every Kubernetes protocol maps to itself, "" is TCP, and an
+// unknown protocol maps to none (never to TCP).
+func TestProtoNum(t *testing.T) {
+	for _, tc := range []struct {
+		in    corev1.Protocol
+		want  uint8
+		known bool
+	}{{"", ProtoTCP, true}, {"TCP", ProtoTCP, true}, {"UDP", ProtoUDP, true}, {"SCTP", ProtoSCTP, true},
+		{"tcp", 0, false}, {"ICMP", 0, false}, {"GRE", 0, false}} {
+		if got, ok := ProtoNum(tc.in); got != tc.want || ok != tc.known {
+			t.Errorf("ProtoNum(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.known)
+		}
 	}
 }

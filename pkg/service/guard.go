@@ -21,6 +21,10 @@ const (
 	// ReasonExternalIPNotAllowed: a spec.externalIPs address outside
 	// Options.ExternalIPs (CVE-2020-8554).
 	ReasonExternalIPNotAllowed = "externalip-not-allowed"
+	// ReasonProtocolUnsupported: a Service or hostPort port of a protocol
+	// lanekit does not load-balance (SCTP); the object's other ports are
+	// served.
+	ReasonProtocolUnsupported = "protocol-unsupported"
 )
 
 // Ignored is one address (and, for a hostPort, port and protocol) the
@@ -33,8 +37,11 @@ type Ignored struct {
 }
 
 func (g Ignored) String() string {
-	if g.Port == 0 {
+	switch {
+	case g.Port == 0:
 		return g.Addr.String()
+	case !g.Addr.IsValid(): // a port of every address (a Service port, a hostPort without hostIP)
+		return fmt.Sprintf("%d/%s", g.Port, g.Proto)
 	}
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(g.Addr, g.Port), g.Proto)
 }
@@ -109,13 +116,35 @@ func (p ExternalIPPolicy) String() string {
 	return strings.Join(s, ",")
 }
 
+// ServiceIgnored returns what of a Service gets no frontend on purpose: its
+// spec.externalIPs outside opts.ExternalIPs and its ports of a protocol
+// lanekit does not load-balance (SCTP).
+func ServiceIgnored(svc *corev1.Service, opts Options) []Ignored {
+	out := ExternalIPsIgnored(svc, opts)
+	if !servedByUs(svc) {
+		return out
+	}
+	for _, sp := range svc.Spec.Ports {
+		if proto := protoOf(&sp.Protocol); !proto.served() {
+			out = append(out, Ignored{Port: uint16(sp.Port), Proto: proto, Reason: ReasonProtocolUnsupported})
+		}
+	}
+	return out
+}
+
+// servedByUs says whether lanekit gives the Service frontends at all (not
+// ExternalName, headless or another proxy's).
+func servedByUs(svc *corev1.Service) bool {
+	_, otherProxy := svc.Labels[ServiceProxyNameLabel]
+	_, headless := svc.Labels[HeadlessLabel]
+	return svc.Spec.Type != corev1.ServiceTypeExternalName && svc.Spec.ClusterIP != corev1.ClusterIPNone && !otherProxy && !headless
+}
+
 // ExternalIPsIgnored returns the spec.externalIPs of a Service that
 // opts.ExternalIPs does not serve (none for a Service that gets no frontend
 // at all: ExternalName, headless, another proxy's).
 func ExternalIPsIgnored(svc *corev1.Service, opts Options) []Ignored {
-	_, otherProxy := svc.Labels[ServiceProxyNameLabel]
-	_, headless := svc.Labels[HeadlessLabel]
-	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == corev1.ClusterIPNone || otherProxy || headless {
+	if !servedByUs(svc) {
 		return nil
 	}
 	var out []Ignored

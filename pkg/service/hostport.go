@@ -54,7 +54,8 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 }
 
 // HostPortsIgnored returns the hostPorts of a pod on this node that get no
-// frontend because their hostIP is not an address of this node.
+// frontend because their hostIP is not an address of this node or their
+// protocol is not load-balanced (SCTP).
 func HostPortsIgnored(pod *corev1.Pod, opts Options) []Ignored {
 	_, ignored := hostPorts(pod, opts)
 	return ignored
@@ -84,6 +85,10 @@ func hostPorts(pod *corev1.Pod, opts Options) ([]*Frontend, []Ignored) {
 			}
 			proto := protoOf(&p.Protocol)
 			hostIP, err := netip.ParseAddr(p.HostIP)
+			if !proto.served() {
+				ignored = append(ignored, Ignored{Addr: hostIP, Port: uint16(p.HostPort), Proto: proto, Reason: ReasonProtocolUnsupported})
+				continue
+			}
 			if err == nil && !hostIP.IsUnspecified() && len(podIPs) > 0 && !opts.IsNodeAddr(hostIP) {
 				ignored = append(ignored, Ignored{Addr: hostIP, Port: uint16(p.HostPort), Proto: proto, Reason: ReasonHostIPNotNode})
 				continue

@@ -31,10 +31,13 @@ import (
 // Proto is an IP protocol number.
 type Proto uint8
 
-// Protocols lanekit load-balances.
+// Protocols of Service and hostPort ports. lanekit load-balances TCP and
+// UDP; SCTP ports are kept in the model (an object listing one is not
+// refused) but get no frontend (SCTPPortsIgnored).
 const (
-	TCP Proto = 6
-	UDP Proto = 17
+	TCP  Proto = 6
+	UDP  Proto = 17
+	SCTP Proto = 132
 )
 
 func (p Proto) String() string {
@@ -43,16 +46,31 @@ func (p Proto) String() string {
 		return "TCP"
 	case UDP:
 		return "UDP"
+	case SCTP:
+		return "SCTP"
 	}
 	return "proto-" + strconv.Itoa(int(p))
 }
 
+// protoOf is the protocol of a Kubernetes port ("" and nil are TCP);
+// validation refuses other protocols, which get 0 (no frontend).
 func protoOf(p *corev1.Protocol) Proto {
-	if p != nil && *p == corev1.ProtocolUDP {
-		return UDP
+	if p == nil {
+		return TCP
 	}
-	return TCP
+	switch *p {
+	case "", corev1.ProtocolTCP:
+		return TCP
+	case corev1.ProtocolUDP:
+		return UDP
+	case corev1.ProtocolSCTP:
+		return SCTP
+	}
+	return 0
 }
+
+// served says whether lanekit load-balances proto.
+func (p Proto) served() bool { return p == TCP || p == UDP }
 
 // Scope tells how a frontend is reached.
 type Scope uint8
@@ -270,6 +288,9 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
+		if !proto.served() {
+			continue // SCTPPortsIgnored reports it; the other ports are served
+		}
 		all, hints := resolveBackends(sp.Name, proto, mine)
 		// One frontend per cluster IP (dual-stack: one of each family),
 		// each with the endpoints of its family.
