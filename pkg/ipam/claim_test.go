@@ -71,3 +71,27 @@ func TestClaim(t *testing.T) {
 		t.Errorf("release: %v, holder %q", err, holder("10.1.0.1"))
 	}
 }
+
+// TestClaimRefusesReserved: no claim may take an address no endpoint can
+// hold: this prefix's network and broadcast addresses (IPv6: the
+// subnet-router anycast), the pods' link-local gateway, loopback,
+// multicast, unspecified; the usable ones of both families are claimed.
+func TestClaimRefusesReserved(t *testing.T) {
+	for _, tc := range []struct {
+		cidr string
+		bad  []string
+		good []string
+	}{
+		{"10.1.0.0/29", []string{"10.1.0.0", "10.1.0.7", "169.254.1.1", "127.0.0.1", "224.0.0.1", "0.0.0.0"}, []string{"10.1.0.1", "10.1.0.6", "10.9.0.7"}},
+		{"fd00:10::/125", []string{"fd00:10::", "fe80::1", "::1", "ff02::1", "::"}, []string{"fd00:10::1", "fd00:10::7", "fd00:99::5"}},
+	} {
+		a, st := open(t, t.TempDir(), tc.cidr)
+		for i, ip := range append(tc.bad, tc.good...) {
+			err := st.Update(func(tx *store.Tx) error { return a.ClaimTx(tx, "vm/"+ip, netip.MustParseAddr(ip), nil) })
+			if bad := i < len(tc.bad); bad != errors.Is(err, ErrReserved) {
+				t.Errorf("%s: claim %s: %v (want reserved: %v)", tc.cidr, ip, err, bad)
+			}
+		}
+		st.Close()
+	}
+}

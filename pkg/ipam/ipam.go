@@ -313,6 +313,9 @@ func (a *IPAM) ClaimTx(tx *store.Tx, owner string, ip netip.Addr, takeOver func(
 	if !ip.IsValid() || ip.Is4() == a.is6() {
 		return fmt.Errorf("claim ip %s for %s: not an address of this family", ip, owner)
 	}
+	if err := a.claimable(ip); err != nil {
+		return fmt.Errorf("claim ip %s for %s: %w", ip, owner, err)
+	}
 	if cur, ok, err := a.lookupTx(tx, owner); err != nil {
 		return err
 	} else if ok && cur != ip {
@@ -327,6 +330,25 @@ func (a *IPAM) ClaimTx(tx *store.Tx, owner string, ip netip.Addr, takeOver func(
 	}
 	if err := tx.Put(store.IPAM, key(ip), Allocation{IP: ip, Owner: owner}); err != nil {
 		return fmt.Errorf("claim ip %s for %s: %w", ip, owner, err)
+	}
+	return nil
+}
+
+// ErrReserved means the address can be no endpoint's.
+var ErrReserved = errors.New("reserved address")
+
+// claimable refuses what no endpoint may hold: an unspecified, loopback,
+// multicast or link-local address (the pods' gateway is link-local), and in
+// this allocator's prefix the addresses Allocate never hands out (the
+// network address, IPv4's broadcast, IPv6's subnet-router anycast).
+func (a *IPAM) claimable(ip netip.Addr) error {
+	if ip.IsUnspecified() || ip.IsLoopback() || ip.IsMulticast() || ip.IsLinkLocalUnicast() || ip.Is4In6() {
+		return fmt.Errorf("%w: not an endpoint address", ErrReserved)
+	}
+	if a.prefix.Contains(ip) {
+		if first, last := a.bounds(); ip.Less(first) || last.Less(ip) {
+			return fmt.Errorf("%w: outside %s's usable range %s-%s", ErrReserved, a.prefix, first, last)
+		}
 	}
 	return nil
 }

@@ -178,6 +178,15 @@ func New(cfg Config) (*Source, error) {
 			s.migs = newMigrationFollower(cfg.NodeName, cfg.Dynamic, ms, s.log)
 			if cfg.EndpointRoutes != nil {
 				s.migs.claims, s.migs.nodes, s.migs.claimsQ = cfg.EndpointRoutes, s.nodes.GetStore(), make(chan struct{}, 1)
+				s.migs.pods = s.pods.GetStore()
+				// A launcher pod's network-status arrives after the pod.
+				if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+					AddFunc:    func(any) { s.migs.kickClaims() },
+					UpdateFunc: func(any, any) { s.migs.kickClaims() },
+					DeleteFunc: func(any) { s.migs.kickClaims() },
+				}); err != nil {
+					return nil, fmt.Errorf("k8s source: pod handler: %w", err)
+				}
 			}
 		}
 	}

@@ -110,7 +110,7 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 	if ifs := kv.BoundInterfaces(kubevirt.BindingName); len(ifs) == 1 {
 		info.MAC = ifs[0].MacAddress
 	}
-	if err := incomingOf(&info, kv, u, podName); err != nil {
+	if err := incomingOf(ctx, r, &info, kv, u, podName); err != nil {
 		return agent.VMIInfo{}, false, err
 	}
 	return info, true, nil
@@ -118,12 +118,15 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 
 // incomingOf marks info incoming when podName is the target pod of the
 // VMI's migration in progress: the target's attachment takes the address
-// and MAC the VM has on the source (the VMI's status: status.interfaces of
-// the lanekit interface, the address KubeVirt reports from the source
-// launcher pod's network status or the guest) instead of new ones. A
-// target whose VMI reports no IPv4 address for it is an error: the ADD is
-// retried, a new address would break the VM's connections.
-func incomingOf(info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, podName string) error {
+// and MAC the VM has on the source instead of new ones. The address is the
+// one status.interfaces reports for the lanekit interface only if the
+// source launcher pod was given it by lanekit (its network-status,
+// vmitrust.go): the guest fills status.interfaces and could name another
+// pod's address. A target whose VMI reports no such IPv4 address is an
+// error (the ADD is retried: a new address would break the VM's
+// connections); so is a dual-stack VM, whose IPv6 address cannot move
+// through this path.
+func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, podName string) error {
 	m, err := kv.Migration()
 	if err != nil || m == nil || m.TargetPod != podName || m.Completed || m.Failed {
 		return err
@@ -133,6 +136,26 @@ func incomingOf(info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructu
 		return fmt.Errorf("vmi %s/%s migrates to launcher pod %s but reports %d IPv4 addresses for its lanekit interface (want 1: the address it keeps)",
 			u.GetNamespace(), u.GetName(), podName, len(addrs))
 	}
+	var src *corev1.Pod
+	if m.SourcePod != "" {
+		if src, err = r.launcherPod(ctx, u.GetNamespace(), m.SourcePod, ""); err != nil {
+			return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod: %w", u.GetNamespace(), u.GetName(), podName, err)
+		}
+	}
+	nets, err := launcherNetworks(src, u.GetUID(), m.SourceNode)
+	if err == nil {
+		_, _, err = verifiedAddrs(addrs, nets)
+	}
+	if err != nil {
+		return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod %q: %w", u.GetNamespace(), u.GetName(), podName, m.SourcePod, err)
+	}
+	_, held, _ := verifiedAddrs(addrs, nets)
+	for _, a := range held[0] {
+		if a.Is6() {
+			return fmt.Errorf("vmi %s/%s migrates to %s: its lanekit interface also has IPv6 address %s, which cannot move through KubeVirt (IPv4 only): refused rather than moved without it",
+				u.GetNamespace(), u.GetName(), podName, a)
+		}
+	}
 	if info.MAC == "" {
 		for _, i := range kv.BoundInterfaces(kubevirt.BindingName) {
 			if mac := kv.GuestMAC(i.Name); mac != "" {
@@ -140,7 +163,7 @@ func incomingOf(info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructu
 			}
 		}
 	}
-	gen := m.Start.Unix()
+	gen := m.Start.UnixNano()
 	if m.Start.IsZero() || gen <= 0 {
 		gen = 1
 	}
@@ -212,6 +235,7 @@ type migrationFollower struct {
 	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
 	claims  EndpointRouteSink
 	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
+	pods    cache.Store // the source's Pods, for the launcher pods' network-status
 	claimsQ chan struct{}
 }
 

@@ -41,24 +41,44 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	launcher := func(name, node string) (string, string) {
+	launcher := func(name, node string, ips ...string) (string, string) {
 		lp := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
-		lp.Annotations = map[string]string{annotationDomain: "vm1"}
+		lp.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
 		p := mustCreate(t, e.c.CoreV1().Pods("default").Create, lp)
 		return p.Name, string(p.UID)
 	}
-	src, srcUID := launcher("virt-launcher-vm1-aaaaa", "node-a")
+	src, srcUID := launcher("virt-launcher-vm1-aaaaa", "node-a", "10.244.1.5")
 	dst, dstUID := launcher("virt-launcher-vm1-bbbbb", "node-b")
 
+	// The guest reports another pod's address: the source launcher pod was
+	// not given it, so the target refuses it (the ADD fails, nothing moves).
+	setStatus("10.244.1.9", running())
+	if got, _, err := vms.resolve("default", dst, dstUID); err == nil || !strings.Contains(err.Error(), "not trusted") {
+		t.Errorf("target of a VMI reporting an address lanekit did not give it: %+v %v, want refused", got, err)
+	}
 	setStatus("10.244.1.5", running())
 	got, ok, err := vms.resolve("default", dst, dstUID)
 	if err != nil || !ok {
 		t.Fatalf("resolve target: %v %v", ok, err)
 	}
-	if !got.Incoming || got.Address != netip.MustParseAddr("10.244.1.5") || got.Generation != 1795654800 ||
+	if !got.Incoming || got.Address != netip.MustParseAddr("10.244.1.5") || got.Generation != 1795654800_000000000 ||
 		got.MAC != "02:00:00:00:00:05" || got.Name != "vm1" {
-		t.Errorf("target resolved %+v: want incoming with 10.244.1.5, the guest's MAC, generation 1795654800", got)
+		t.Errorf("target resolved %+v: want incoming with 10.244.1.5, the guest's MAC, generation 1795654800 s in ns", got)
 	}
+	// A dual-stack VM (its source launcher has an IPv6 address on the
+	// lanekit network too) is refused: its IPv6 address cannot move here.
+	sp, err := e.c.CoreV1().Pods("default").Get(ctx, src, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp.Annotations[networkStatusAnnotation] = launcherStatus("10.244.1.5", "fd00:10:244:1::5")
+	if _, err := e.c.CoreV1().Pods("default").Update(ctx, sp, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the source pod's dual-stack network-status", func() bool {
+		_, _, err := vms.resolve("default", dst, dstUID)
+		return err != nil && strings.Contains(err.Error(), "IPv6 address fd00:10:244:1::5")
+	})
 	if got, ok, err := vms.resolve("default", src, srcUID); err != nil || !ok || got.Incoming || got.Address.IsValid() {
 		t.Errorf("source resolved %+v %v %v: want an ordinary attachment", got, ok, err)
 	}

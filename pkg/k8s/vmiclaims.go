@@ -46,7 +46,12 @@ const claimsRetry = 5 * time.Second
 // vmiClaims are the claims of one VMI's lanekit addresses: nil when it
 // never migrated or the owner is unknown; the owner node too (also when
 // it is self, whose claims the caller leaves out).
-func vmiClaims(u *unstructured.Unstructured) (owner string, claims []agent.EndpointRoute, err error) {
+//
+// The addresses are those status.interfaces reports for the lanekit
+// interfaces that the owner's launcher pod (the migration's target pod once
+// it completed, else its source pod) was given by lanekit (vmitrust.go);
+// pod looks that pod up (nil: unknown).
+func vmiClaims(u *unstructured.Unstructured, pod podLookup) (owner string, claims []agent.EndpointRoute, err error) {
 	raw, err := json.Marshal(u.Object)
 	if err != nil {
 		return "", nil, err
@@ -59,9 +64,9 @@ func vmiClaims(u *unstructured.Unstructured) (owner string, claims []agent.Endpo
 	if err != nil || m == nil {
 		return "", nil, err
 	}
-	at := m.Start
+	at, launcher := m.Start, m.SourcePod
 	if m.Completed {
-		owner = m.TargetNode
+		owner, launcher = m.TargetNode, m.TargetPod
 		if !m.End.IsZero() {
 			at = m.End
 		}
@@ -74,11 +79,43 @@ func vmiClaims(u *unstructured.Unstructured) (owner string, claims []agent.Endpo
 	if owner == "" || at.IsZero() || at.Unix() <= 0 {
 		return owner, nil, nil
 	}
+	reported := vmiAddrs(u)
+	if len(reported) == 0 {
+		return owner, nil, nil
+	}
+	nets, err := launcherNetworks(pod(u.GetNamespace(), launcher), u.GetUID(), owner)
+	if err != nil {
+		return owner, nil, err
+	}
+	addrs, _, err := verifiedAddrs(reported, nets)
+	if err != nil {
+		return owner, nil, err
+	}
 	vm := VMName(u.GetNamespace(), u.GetName())
-	for _, a := range vmiAddrs(u) {
-		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: uint64(at.Unix()), VM: vm, Node: owner})
+	for _, a := range addrs {
+		// Nanoseconds: the same unit as the lab's claims and the incoming
+		// endpoint's generation (incomingOf).
+		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: uint64(at.UnixNano()), VM: vm, Node: owner})
 	}
 	return owner, claims, nil
+}
+
+// podLookup returns a pod from the source's cache (nil when unknown).
+type podLookup func(namespace, name string) *corev1.Pod
+
+// cachedPod is a podLookup over a pod informer's store.
+func cachedPod(st cache.Store) podLookup {
+	return func(namespace, name string) *corev1.Pod {
+		if st == nil || name == "" {
+			return nil
+		}
+		o, ok, _ := st.GetByKey(namespace + "/" + name)
+		if !ok {
+			return nil
+		}
+		p, _ := o.(*corev1.Pod)
+		return p
+	}
 }
 
 // vmiAddrs are the IPv4 addresses status.interfaces reports for the
@@ -156,7 +193,7 @@ func nodeInternalIPv4(n *corev1.Node) netip.Addr {
 // desiredClaims are the claims of nodes other than self, each via its
 // owner's InternalIP, sorted by address; claims whose owner has no IPv4
 // InternalIP (yet) are left out and reported.
-func desiredClaims(self string, vmis []any, nodes []any) ([]agent.EndpointRoute, []error) {
+func desiredClaims(self string, vmis []any, nodes []any, pod podLookup) ([]agent.EndpointRoute, []error) {
 	via := map[string]netip.Addr{}
 	for _, o := range nodes {
 		if n, ok := o.(*corev1.Node); ok {
@@ -172,7 +209,7 @@ func desiredClaims(self string, vmis []any, nodes []any) ([]agent.EndpointRoute,
 		if !ok {
 			continue
 		}
-		owner, claims, err := vmiClaims(u)
+		owner, claims, err := vmiClaims(u, pod)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vmi %s/%s: %w", u.GetNamespace(), u.GetName(), err))
 			continue
@@ -186,15 +223,26 @@ func desiredClaims(self string, vmis []any, nodes []any) ([]agent.EndpointRoute,
 			continue
 		}
 		for _, c := range claims {
+			if !usableInPodCIDRs(c.Addr, nodes) {
+				errs = append(errs, fmt.Errorf("vmi %s/%s: %s is not a usable address of any Node's pod CIDR: not claimed", u.GetNamespace(), u.GetName(), c.Addr))
+				continue
+			}
 			c.Via = ip
 			out = append(out, c)
 		}
 	}
+	// One order on every node, ties included: each picks the same winner.
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].Addr != out[j].Addr {
-			return out[i].Addr.Less(out[j].Addr)
+		a, b := out[i], out[j]
+		switch {
+		case a.Addr != b.Addr:
+			return a.Addr.Less(b.Addr)
+		case a.Generation != b.Generation:
+			return a.Generation < b.Generation
+		case a.Node != b.Node:
+			return a.Node < b.Node
 		}
-		return out[i].Generation < out[j].Generation
+		return a.VM < b.VM
 	})
 	return out, errs
 }
@@ -226,7 +274,7 @@ func (f *migrationFollower) claimLoop(ctx context.Context, vmis cache.SharedInde
 			return
 		case <-f.claimsQ:
 		}
-		want, errs := desiredClaims(f.node, vmis.GetStore().List(), f.nodes.List())
+		want, errs := desiredClaims(f.node, vmis.GetStore().List(), f.nodes.List(), cachedPod(f.pods))
 		if msg := fmt.Sprint(errs); len(errs) > 0 && msg != said {
 			f.log.Warn("moved VM addresses: claims left out", "errs", errs)
 			said = msg

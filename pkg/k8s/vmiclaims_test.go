@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -60,12 +61,41 @@ func claimsString(rs []agent.EndpointRoute) string {
 	return strings.Join(parts, " ")
 }
 
+// claimNode is a Node with ip as InternalIP and pod CIDR 10.244.N.0/24, N
+// its name's position among node-a, node-b, node-c.
 func claimNode(name, ip string) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	n.Spec.PodCIDR = fmt.Sprintf("10.244.%d.0/24", name[len(name)-1]-'a'+1)
 	if ip != "" {
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
 	}
 	return n
+}
+
+// launcherStatus is a launcher pod's network-status: the cluster network
+// and the lanekit network with ips, as Multus writes it.
+func launcherStatus(ips ...string) string {
+	st := []map[string]any{{"name": "k8s-pod-network", "ips": []string{"10.88.0.9"}, "default": true},
+		{"name": "default/lanekit", "interface": "pod1a2b3c4d5e6", "ips": ips}}
+	raw, _ := json.Marshal(st)
+	return string(raw)
+}
+
+// launcherPods are vm1's launcher pods as fakeVMI's migrations name them
+// (aaaaa on node-a, bbbbb on node-b, ccccc on node-a), each given ips; uid
+// is the VMI's.
+func launcherPods(uid string, ips ...string) map[string]*corev1.Pod {
+	out := map[string]*corev1.Pod{}
+	for name, node := range map[string]string{"virt-launcher-vm1-aaaaa": "node-a", "virt-launcher-vm1-bbbbb": "node-b", "virt-launcher-vm1-ccccc": "node-a"} {
+		p := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: uid})
+		p.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
+		out[name] = p
+	}
+	return out
+}
+
+func lookupIn(pods map[string]*corev1.Pod) podLookup {
+	return func(_, name string) *corev1.Pod { return pods[name] }
 }
 
 // withIfaces sets status.interfaces: the lanekit-bound "fast" with addr and
@@ -81,6 +111,7 @@ func withIfaces(u *unstructured.Unstructured, addr string) *unstructured.Unstruc
 
 func TestDesiredClaims(t *testing.T) {
 	nodes := []any{claimNode("node-a", "192.168.0.1"), claimNode("node-b", "192.168.0.2"), claimNode("node-c", "")}
+	pods := lookupIn(launcherPods("6a1b3d5e", "10.244.1.5"))
 	done := func() map[string]any {
 		m := running()
 		m["completed"], m["endTimestamp"] = true, "2026-11-26T01:00:07Z"
@@ -90,7 +121,7 @@ func TestDesiredClaims(t *testing.T) {
 	failed["failed"], failed["endTimestamp"] = true, "2026-11-26T01:00:03Z"
 	toC := done()
 	toC["targetNode"] = "node-c"
-	start, end := "1795654800", "1795654807" // 01:00:00 and 01:00:07 UTC
+	start, end := "1795654800000000000", "1795654807000000000" // 01:00:00 and 01:00:07 UTC, in ns
 	cases := []struct {
 		name, self string
 		state      map[string]any
@@ -107,7 +138,7 @@ func TestDesiredClaims(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, errs := desiredClaims(c.self, []any{withIfaces(fakeVMI(nil, c.state), "10.244.1.5")}, nodes)
+			got, errs := desiredClaims(c.self, []any{withIfaces(fakeVMI(nil, c.state), "10.244.1.5")}, nodes, pods)
 			if s := claimsString(got); s != c.want || len(errs) != c.errs {
 				t.Errorf("claims %s (errors %v), want %s (%d errors)", s, errs, c.want, c.errs)
 			}
@@ -118,9 +149,61 @@ func TestDesiredClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, errs := desiredClaims("node-c", []any{slim}, nodes)
+	got, errs := desiredClaims("node-c", []any{slim}, nodes, pods)
 	if s := claimsString(got); s != "10.244.1.5>192.168.0.2@"+end+"(default.vm1,node-b)" || len(errs) != 0 {
 		t.Errorf("slim VMI's claims %s, %v", s, errs)
+	}
+}
+
+// TestDesiredClaimsTrustOnlyLanekit: from the guest's side. The guest fills
+// its VMI's status.interfaces; after a completed migration to node-b it
+// names another pod's address (on node-c), a reserved address, or the
+// address it really has plus a victim's: no node claims anything but what
+// node-b's launcher pod was given by lanekit (its network-status), and
+// nothing at all when the launcher pod is missing, is another VMI's, runs
+// elsewhere, or was given an address outside every pod CIDR.
+func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
+	nodes := []any{claimNode("node-a", "192.168.0.1"), claimNode("node-b", "192.168.0.2"), claimNode("node-c", "192.168.0.3")}
+	done := running()
+	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
+	vmi := func(addrs ...any) *unstructured.Unstructured {
+		u := fakeVMI(nil, done)
+		u.Object["status"].(map[string]any)["interfaces"] = []any{map[string]any{"name": "fast", "ipAddresses": addrs}}
+		return u
+	}
+	honest := lookupIn(launcherPods("6a1b3d5e", "10.244.1.5"))
+	other := launcherPods("6a1b3d5e", "10.244.1.5")
+	other["virt-launcher-vm1-bbbbb"].Labels[labelCreatedBy] = "another-vmi"
+	moved := launcherPods("6a1b3d5e", "10.244.1.5")
+	moved["virt-launcher-vm1-bbbbb"].Spec.NodeName = "node-c"
+	outside := lookupIn(launcherPods("6a1b3d5e", "10.99.0.5"))
+	bcast := lookupIn(launcherPods("6a1b3d5e", "10.244.1.255"))
+	const ok = "10.244.1.5>192.168.0.2@1795654807000000000(default.vm1,node-b)"
+	for _, c := range []struct {
+		name   string
+		vmi    *unstructured.Unstructured
+		pods   podLookup
+		want   string
+		errSub string
+	}{
+		{"honest", vmi("10.244.1.5"), honest, ok, ""},
+		{"a pod's address on node-c", vmi("10.244.3.7"), honest, "-", "not trusted"},
+		{"its own and a victim's", vmi("10.244.1.5", "10.244.3.7"), honest, "-", "not trusted"},
+		{"no launcher pod", vmi("10.244.1.5"), lookupIn(nil), "-", "not found"},
+		{"another VMI's launcher", vmi("10.244.1.5"), lookupIn(other), "-", "not a launcher pod of this VMI"},
+		{"a launcher on another node", vmi("10.244.1.5"), lookupIn(moved), "-", "runs on"},
+		{"outside every pod CIDR", vmi("10.99.0.5"), outside, "-", "not a usable address"},
+		{"a broadcast address", vmi("10.244.1.255"), bcast, "-", "not a usable address"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, errs := desiredClaims("node-a", []any{c.vmi}, nodes, c.pods)
+			if s := claimsString(got); s != c.want {
+				t.Errorf("claims %s, want %s (errors %v)", s, c.want, errs)
+			}
+			if c.errSub != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), c.errSub)) {
+				t.Errorf("errors %v, want one with %q", errs, c.errSub)
+			}
+		})
 	}
 }
 
@@ -150,6 +233,9 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 	created, err := vmis.Create(ctx, withIfaces(fakeVMI(map[string]string{labelVMINode: "node-a"}, nil), "10.244.1.5"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range launcherPods(string(created.GetUID()), "10.244.1.5") {
+		mustCreate(t, e.c.CoreV1().Pods("default").Create, p)
 	}
 	// The API server drops status on create (status subresource): write it.
 	created.Object["status"] = withIfaces(fakeVMI(nil, nil), "10.244.1.5").Object["status"]
@@ -184,18 +270,18 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 		}
 	}
 	set("node-a", running())
-	viaA := "10.244.1.5>192.168.0.1@1795654800(default.vm1,node-a)"
+	viaA := "10.244.1.5>192.168.0.1@1795654800000000000(default.vm1,node-a)"
 	want("in progress", map[string]string{"node-a": "-", "node-b": viaA, "node-c": viaA})
 	done := running()
 	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
 	set("node-b", done)
-	viaB := "10.244.1.5>192.168.0.2@1795654807(default.vm1,node-b)"
+	viaB := "10.244.1.5>192.168.0.2@1795654807000000000(default.vm1,node-b)"
 	want("completed", map[string]string{"node-a": viaB, "node-b": "-", "node-c": viaB})
 	back := map[string]any{"migrationUid": "mig-2", "sourceNode": "node-b", "sourcePod": "virt-launcher-vm1-bbbbb",
 		"targetNode": "node-a", "targetPod": "virt-launcher-vm1-ccccc", "startTimestamp": "2026-11-26T02:00:00Z",
 		"endTimestamp": "2026-11-26T02:00:05Z", "completed": true}
 	set("node-a", back)
-	viaA2 := "10.244.1.5>192.168.0.1@1795658405(default.vm1,node-a)"
+	viaA2 := "10.244.1.5>192.168.0.1@1795658405000000000(default.vm1,node-a)"
 	want("migrated back", map[string]string{"node-a": "-", "node-b": viaA2, "node-c": viaA2})
 	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -346,7 +432,7 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		t.Fatal(err)
 	}
 	if _, err := agents["node-b"].AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvmb").Path(), Queues: 1, Address: moved,
-		Incoming: true, Generation: 1795654800}); err != nil {
+		Incoming: true, Generation: 1795654800_000000000}); err != nil {
 		t.Fatal(err)
 	}
 	state := func(node string) string {
@@ -362,17 +448,43 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		}
 	}
 	vmis := e.dc.Resource(VMIResource).Namespace("default")
-	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	done := running()
 	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
-	created.Object["status"] = withIfaces(fakeVMI(nil, done), "10.244.1.5").Object["status"]
-	created.Object["status"].(map[string]any)["nodeName"] = "node-b"
-	if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	// migrated creates a VMI named name whose launcher pods were given
+	// given, and writes its status as after a completed migration to
+	// node-b, with reported as its lanekit interface's address (what the
+	// guest says).
+	migrated := func(name, given, reported string) {
+		t.Helper()
+		u := fakeVMI(nil, nil)
+		u.SetName(name)
+		created, err := vmis.Create(ctx, u, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range launcherPods(string(created.GetUID()), given) {
+			p.Name = strings.Replace(p.Name, "vm1", name, 1)
+			mustCreate(t, e.c.CoreV1().Pods("default").Create, p)
+		}
+		st := done
+		if name != "vm1" {
+			st = map[string]any{}
+			for k, v := range done {
+				st[k] = v
+			}
+			st["sourcePod"] = strings.Replace(done["sourcePod"].(string), "vm1", name, 1)
+			st["targetPod"] = strings.Replace(done["targetPod"].(string), "vm1", name, 1)
+		}
+		created.Object["status"] = withIfaces(fakeVMI(nil, st), reported).Object["status"]
+		created.Object["status"].(map[string]any)["nodeName"] = "node-b"
+		if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// The attack first (issue 36): a guest that was given 10.244.1.6 reports
+	// a pod's address on node-c after its migration to node-b.
+	migrated("evil", "10.244.1.6", "10.244.3.7")
+	migrated("vm1", "10.244.1.5", "10.244.1.5")
 	for _, n := range []string{"node-a", "node-c"} {
 		if !tunnel {
 			eventually(t, n+" routes the moved address to node-b", func() bool { return strings.Contains(route(n), "via 192.168.0.2") })
@@ -385,6 +497,17 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		})
 		if r := route(n); !strings.Contains(r, "dev "+agent.TunnelDevice) {
 			t.Errorf("%s routes the moved address %q, want into %s", n, r, agent.TunnelDevice)
+		}
+	}
+	// The claims of both VMIs were computed together: the guest's claim of
+	// node-c's pod address made no node route it anywhere.
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		out, err := exec.Command("nsenter", "--net="+paths[n], "ip", "-4", "route", "show", "10.244.3.7/32").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("%s routes the victim's address 10.244.3.7, which a guest reported: %q %v", n, out, err)
+		}
+		if tunnel && maps[n].underlay("10.244.3.7/32") != "" {
+			t.Errorf("%s's node map sends the victim's address to %s", n, maps[n].underlay("10.244.3.7/32"))
 		}
 	}
 	eventually(t, "node-b activates its incoming endpoint", func() bool { return state("node-b") == string(endpoint.VMActive) })
