@@ -154,7 +154,9 @@ func TestTunnelSourceFixtures(t *testing.T) {
 		},
 		{
 			name: "node 5, inner IPv6 (the tunnel carries IPv4): foreign source", prog: from5, ifindex: ifVxOf,
-			in:      func(e *fixtureEnv) []byte { return eth6(TunnelMAC, TunnelSrcMAC, remoteIP6, pod2IP6, nhUDP, 63, udp6(40000, 5201)) },
+			in: func(e *fixtureEnv) []byte {
+				return eth6(TunnelMAC, TunnelSrcMAC, remoteIP6, pod2IP6, nhUDP, 63, udp6(40000, 5201))
+			},
 			verdict: tcActShot, dropReason: DropTunnelForeignSrc, tunnel: refused,
 		},
 		{
