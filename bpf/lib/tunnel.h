@@ -24,15 +24,16 @@
  *
  * The VNI is trusted only as far as the packet's origin is: from_tunnel
  * accepts a packet whose outer source is another node's underlay address
- * (lk_tunnel_peers) and whose inner source is that node's (its pod CIDR, a
- * moved VM address it claims, or the node's own address), and drops the rest
- * (DROP_TUNNEL_UNKNOWN_NODE, DROP_TUNNEL_FOREIGN_SRC, tunnel_rx_check). A
- * pod can therefore not speak for another node; it cannot speak as its own
- * node either: from_pod drops an endpoint's UDP to the tunnel port of any
- * node address (DROP_TUNNEL_PORT, tunnel_port_guard), the one way it could
- * have put a VXLAN packet with a VNI of its choosing on the wire with its
- * node's address as the outer source (a masquerading node) or reached a
- * node's VXLAN socket at all.
+ * (lk_tunnel_peers) and whose inner source, if a pod's, is one of that
+ * node's (its pod CIDR, a moved VM address it claims), takes the VNI's
+ * identity only for those, and drops the rest (DROP_TUNNEL_UNKNOWN_NODE,
+ * DROP_TUNNEL_FOREIGN_SRC: tunnel_rx_check). So no node speaks for another
+ * node's pods, and nothing that is no node speaks at all. A pod cannot
+ * speak as its own node either: from_pod drops an endpoint's UDP to the
+ * tunnel port of any node address (DROP_TUNNEL_PORT: tunnel_port_guard), the
+ * one way it could have reached a VXLAN socket with a VNI of its choosing,
+ * and with its node's address as the outer source where the node
+ * masquerades pod traffic.
  *
  * Include after fib.h's helpers (drop, to_stack, fits_mtu): route_ipv4 asks
  * tunnel_route first. */
@@ -177,15 +178,19 @@ static __always_inline __u32 tunnel_identity_of(__u32 vni)
 }
 
 /* tunnel_rx_check judges where a packet the tunnel device decapsulated
- * comes from: its outer source must be another node's underlay address
- * (lk_tunnel_peers; none, or an IPv6 underlay: DROP_TUNNEL_UNKNOWN_NODE),
- * the inner packet IPv4 (the tunnel carries nothing else) and its source
- * that node's: the pod CIDR or moved VM claim lk_tunnel_nodes gives that
- * node, or the node's underlay address itself, the source of its own stack's
- * traffic (else DROP_TUNNEL_FOREIGN_SRC). On success *ident is the sender's
- * identity its VNI carries (0: none). Returns 0 or a drop reason. Not
- * inlined: the tunnel key stays off the caller's stack, which from_wire's
- * pipeline fills nearly to the limit. */
+ * comes from. Its outer source must be another node's underlay address
+ * (lk_tunnel_peers; none, or an IPv6 underlay: DROP_TUNNEL_UNKNOWN_NODE)
+ * and the inner packet IPv4 (the tunnel carries nothing else). Its inner
+ * source, when some pod CIDR or moved VM claim of lk_tunnel_nodes holds it,
+ * must be the sending node's: then *ident is the identity its VNI carries.
+ * Any other inner source is the sending node's stack (its underlay address,
+ * another of its addresses a hostNetwork socket answers from, a NodePort
+ * flow it source-NATed to the address its client dialed), judged by address
+ * (*ident 0: a VNI never lends it a pod's identity), unless it is another
+ * node's underlay address or one of this node's own (the host identity).
+ * Else DROP_TUNNEL_FOREIGN_SRC. Returns 0 or a drop reason. Not inlined:
+ * the tunnel key stays off the caller's stack, which from_wire's pipeline
+ * fills nearly to the limit. */
 static __noinline __attribute__((unused)) __u32 tunnel_rx_check(struct __sk_buff *skb, __u32 *ident)
 {
 	struct tunnel_node_key k = { .prefixlen = 32 };
@@ -203,12 +208,18 @@ static __noinline __attribute__((unused)) __u32 tunnel_rx_check(struct __sk_buff
 	    proto != bpf_htons(ETH_P_IP) ||
 	    bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, saddr), &k.addr, sizeof(k.addr)) < 0)
 		return DROP_TUNNEL_FOREIGN_SRC;
-	if (k.addr != outer) {
-		n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
-		if (!n || (n->flags & TUNNEL_NODE_F_SELF) || n->underlay != outer)
-			return DROP_TUNNEL_FOREIGN_SRC;
+	*ident = 0;
+	if (k.addr == outer)
+		return 0; /* the node itself */
+	n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
+	if (n) {
+		if ((n->flags & TUNNEL_NODE_F_SELF) || n->underlay != outer)
+			return DROP_TUNNEL_FOREIGN_SRC; /* a pod of this node's or a third node's */
+		*ident = tunnel_identity_of(key.tunnel_id);
+		return 0;
 	}
-	*ident = tunnel_identity_of(key.tunnel_id);
+	if (bpf_map_lookup_elem(&lk_tunnel_peers, &k.addr) || policy_endpoint_identity(k.addr) == LK_IDENTITY_HOST)
+		return DROP_TUNNEL_FOREIGN_SRC; /* speaking as another node, or as this one */
 	return 0;
 }
 

@@ -80,13 +80,15 @@ func udpFrame4(saddr, daddr string, dport uint16) []byte {
 }
 
 // TestTunnelSourceFixtures: from_tunnel accepts a packet only from another
-// node's underlay address (the outer source) about that node's own pods:
-// its pod CIDR, a moved VM address it claims (the /32 beats the CIDR it
-// came from), or the node itself. The rest is dropped and counted on the
-// node (endpoint 0): no tunnel metadata, an IPv6 underlay, an unknown
-// outer source (a pod's address: what a pod's own VXLAN looks like), an
-// inner source of another node, of this node, of no node, not IPv4. A
-// dropped packet's VNI is never looked at (no vni-identity count).
+// node's underlay address (the outer source), and a pod's source address
+// only from its node: that node's pod CIDR or a moved VM address it claims
+// (the /32 beats the CIDR it came from); only those take the VNI's identity.
+// The node's own addresses (its underlay, another one: no pod's) pass by
+// address, the VNI ignored. The rest is dropped and counted on the node
+// (endpoint 0): no tunnel metadata, an IPv6 underlay, an unknown outer
+// source (a pod's address: what a pod's own VXLAN looks like), an inner
+// source of another node's pod, of this node's, another node's or this
+// node's address, not IPv4. A dropped packet's VNI is never looked at.
 func TestTunnelSourceFixtures(t *testing.T) {
 	e, _ := tunnelFixtureEnv(t)
 	nodes, err := e.dp.TunnelNodes()
@@ -108,9 +110,12 @@ func TestTunnelSourceFixtures(t *testing.T) {
 		t.Fatal(err)
 	}
 	vni := TunnelVNI(client)
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
+		t.Fatal(err)
+	}
 	delivered := func(e *fixtureEnv, in []byte) []byte { return routed(in, pod2MAC, e.ep2.HostMAC) }
 	accepted := map[TunnelStat]uint64{TunnelDecap: 1, TunnelVNIIdentity: 1}
-	refused := map[TunnelStat]uint64{TunnelDecap: 1}
+	refused := map[TunnelStat]uint64{TunnelDecap: 1} // no identity taken from the VNI
 	inner := func(src string) func(*fixtureEnv) []byte {
 		return func(*fixtureEnv) []byte { return udpFrame4(src, "10.244.1.11", 5201) }
 	}
@@ -121,8 +126,8 @@ func TestTunnelSourceFixtures(t *testing.T) {
 			in: inner("10.244.5.7"), verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: delivered, tunnel: accepted,
 		},
 		{
-			name: "node 5's own address (its stack's traffic): delivered", prog: from5, ifindex: ifVxOf,
-			in: inner("10.77.0.5"), verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: delivered, tunnel: accepted,
+			name: "node 5's own address (its stack's traffic): delivered, the VNI ignored", prog: from5, ifindex: ifVxOf,
+			in: inner("10.77.0.5"), verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: delivered, tunnel: refused,
 		},
 		{
 			name: "node 2 about a moved VM of this node's CIDR it claims: delivered", prog: from2, ifindex: ifVxOf,
@@ -145,12 +150,16 @@ func TestTunnelSourceFixtures(t *testing.T) {
 			in: inner("10.244.1.50"), verdict: tcActShot, dropReason: DropTunnelForeignSrc, tunnel: refused,
 		},
 		{
-			name: "node 5 about an address outside every pod CIDR: foreign source", prog: from5, ifindex: ifVxOf,
-			in: inner("10.200.0.1"), verdict: tcActShot, dropReason: DropTunnelForeignSrc, tunnel: refused,
+			name: "node 5 from another address of its own (no pod's): delivered, by address, the VNI ignored", prog: from5, ifindex: ifVxOf,
+			in: inner("10.200.0.1"), verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: delivered, tunnel: refused,
 		},
 		{
-			name: "node 5 about node 2's underlay address: foreign source", prog: from5, ifindex: ifVxOf,
+			name: "node 5 speaking as node 2 (its underlay address): foreign source", prog: from5, ifindex: ifVxOf,
 			in: inner("10.77.0.2"), verdict: tcActShot, dropReason: DropTunnelForeignSrc, tunnel: refused,
+		},
+		{
+			name: "node 5 speaking as this node (its own address): foreign source", prog: from5, ifindex: ifVxOf,
+			in: inner("10.77.0.1"), verdict: tcActShot, dropReason: DropTunnelForeignSrc, tunnel: refused,
 		},
 		{
 			name: "node 5, inner IPv6 (the tunnel carries IPv4): foreign source", prog: from5, ifindex: ifVxOf,
