@@ -10,6 +10,7 @@ import (
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/policy"
+	"github.com/lanekit/lanekit/pkg/service"
 )
 
 // bpfTunnelKeySize is sizeof(struct bpf_tunnel_key) (linux/bpf.h).
@@ -273,6 +274,42 @@ func TestTunnelPortFixtures(t *testing.T) {
 			verdict: tcActShot, dropEP: 1, dropReason: DropFragNotFound,
 		},
 	})
+}
+
+// TestTunnelPortViaService: a Service whose endpoint is a node's tunnel
+// port (an EndpointSlice may name any address) is no way around the guard:
+// it judges the packet as load balancing left it.
+func TestTunnelPortViaService(t *testing.T) {
+	e, _ := tunnelFixtureEnv(t)
+	e.enter(t)
+	m := service.NewModel(service.Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("10.77.0.1")}})
+	applyYAML(t, e.dp, m, service.NewTables(), `
+apiVersion: v1
+kind: Service
+metadata: {name: vxlan, namespace: fx}
+spec:
+  clusterIP: 10.96.0.117
+  ports: [{name: p, port: 53, protocol: UDP, targetPort: 8472}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: vxlan-a, namespace: fx, labels: {kubernetes.io/service-name: vxlan}}
+addressType: IPv4
+ports: [{name: p, port: 8472, protocol: UDP}]
+endpoints:
+- addresses: [10.77.0.2]
+  conditions: {ready: true}
+`)
+	runFixtures(t, e, []fixture{{
+		name: "pod to a ClusterIP whose endpoint is node 2's tunnel port: dropped after DNAT", prog: fromPod, ifindex: ifH1,
+		in: func(e *fixtureEnv) []byte {
+			return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", 40000, "10.96.0.117", 53, 17, 0, 0, 0, []byte("vxlan"))
+		},
+		verdict: tcActShot, dropEP: 1, dropReason: DropTunnelPort,
+		out: func(e *fixtureEnv, _ []byte) []byte { // as DNAT left it
+			return l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", 40000, "10.77.0.2", 8472, 17, 0, 0, 0, []byte("vxlan"))
+		},
+	}})
 }
 
 // TestTunnelPortNativeMode: without a tunnel device, a pod's UDP to 8472 of
