@@ -84,6 +84,13 @@ int from_pod(struct __sk_buff *skb)
 	}
 	/* [/LB] */
 
+	/* Tunnel mode: no VXLAN of the endpoint's own making reaches a node
+	 * (lib/tunnel.h), whatever policy allows. */
+	reason = tunnel_port_guard(skb, p.ip4->protocol,
+				   frag4_later(p.ip4) ? 0 : sizeof(struct ethhdr) + p.ip4->ihl * 4, p.ip4->daddr, 0);
+	if (reason)
+		return drop(skb, ep->id, reason);
+
 	/* [policy] (bpf/lib/policy.h): the sender's egress and a local
 	 * receiver's ingress, on the packet as load balancing left it; a
 	 * reply it translated back belongs to a connection policy allowed. */

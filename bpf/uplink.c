@@ -7,8 +7,9 @@
  *   to_uplink (tcx egress): replies of the node's own stack to service flows
  *     it was the backend of get the frontend's address back.
  *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
- *     same for what another node sent through the tunnel, with the sender's
- *     identity from the VNI (lib/tunnel.h).
+ *     same for what another node sent through the tunnel about its own pods
+ *     (outer and inner source checked), with the sender's identity from the
+ *     VNI (lib/tunnel.h).
  *   to_tunnel (tcx egress of the VXLAN device): what the node's own stack
  *     sends into the tunnel (its routes to other nodes' pod CIDRs point
  *     there) gets its tunnel key; what the datapath redirected has one. */
@@ -164,8 +165,15 @@ int from_uplink6(struct __sk_buff *skb)
 SEC("tc")
 int from_tunnel(struct __sk_buff *skb)
 {
+	__u32 ident = 0, reason;
+
 	tunnel_count(TUNNEL_STAT_DECAP);
-	return from_wire(skb, tunnel_rx_identity(skb));
+	/* The VNI speaks for the sender only when another node sent it, about
+	 * its own pods (lib/tunnel.h). Charged to no endpoint: the node's. */
+	reason = tunnel_rx_check(skb, &ident);
+	if (reason)
+		return drop(skb, 0, reason);
+	return from_wire(skb, ident);
 }
 
 SEC("tc")

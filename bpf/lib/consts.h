@@ -52,6 +52,10 @@ enum lk_drop_reason {
 	/* Retired: the first IPv6 slice refused IPv6 of endpoints a NetworkPolicy
 	 * selects; policy6.h enforces it now. Kept so that no reason is renumbered. */
 	DROP_POLICY_IPV6 = 20,
+	/* Tunnel mode (bpf/lib/tunnel.h) */
+	DROP_TUNNEL_PORT = 21, /* UDP from an endpoint to a node address's VXLAN tunnel port */
+	DROP_TUNNEL_UNKNOWN_NODE = 22, /* from the tunnel: the outer source is no other node's underlay address */
+	DROP_TUNNEL_FOREIGN_SRC = 23, /* from the tunnel: the inner source is not the sending node's (pod CIDR, claim, itself) */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

@@ -258,6 +258,10 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	}
 	/* [/LB] */
 
+	/* Tunnel mode: no endpoint reaches a node's VXLAN socket (tunnel.h). */
+	if (tunnel_port_guard(skb, c.nh, c.later ? 0 : c.off, 0, &p->ip6->daddr))
+		return drop(skb, ep->id, DROP_TUNNEL_PORT);
+
 	/* [policy] (policy6.h): the sender's egress, a local receiver's ingress,
 	 * on the packet as load balancing left it. */
 	dst = bpf_map_lookup_elem(&lk_endpoints6, &p->ip6->daddr);

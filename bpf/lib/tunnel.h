@@ -22,6 +22,19 @@
  * NodePort flow's node address) means "resolve the inner source address",
  * as native routing does.
  *
+ * The VNI is trusted only as far as the packet's origin is: from_tunnel
+ * accepts a packet whose outer source is another node's underlay address
+ * (lk_tunnel_peers) and whose inner source, if a pod's, is one of that
+ * node's (its pod CIDR, a moved VM address it claims), takes the VNI's
+ * identity only for those, and drops the rest (DROP_TUNNEL_UNKNOWN_NODE,
+ * DROP_TUNNEL_FOREIGN_SRC: tunnel_rx_check). So no node speaks for another
+ * node's pods, and nothing that is no node speaks at all. A pod cannot
+ * speak as its own node either: from_pod drops an endpoint's UDP to the
+ * tunnel port of any node address (DROP_TUNNEL_PORT: tunnel_port_guard), the
+ * one way it could have reached a VXLAN socket with a VNI of its choosing,
+ * and with its node's address as the outer source where the node
+ * masquerades pod traffic.
+ *
  * Include after fib.h's helpers (drop, to_stack, fits_mtu): route_ipv4 asks
  * tunnel_route first. */
 #ifndef LK_TUNNEL_H
@@ -39,8 +52,10 @@
 #define LK_TUNNEL_MAX_IDENTITIES 65536
 #define LK_TUNNEL_TTL 64
 
-/* Load-time settings: the VXLAN device (0: native routing). */
+/* Load-time settings: the VXLAN device (0: native routing) and its UDP
+ * port (host order). */
 const volatile __u32 tunnel_ifindex = 0;
+const volatile __u16 tunnel_port = 0;
 
 /* Every node's VXLAN device has this MAC (the agent sets it), so the inner
  * frame is addressed to the receiving device (PACKET_HOST after decap). */
@@ -84,6 +99,18 @@ struct {
 	__type(value, struct tunnel_node);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_tunnel_nodes SEC(".maps");
+
+/* The other nodes' underlay addresses (the agent: every non-self value of
+ * lk_tunnel_nodes): the outer sources from_tunnel accepts, and destinations
+ * whose tunnel port no endpoint may reach. Value unused (0). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_TUNNEL_MAX_NODES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __be32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_tunnel_peers SEC(".maps");
 
 /* Local identity -> VNI (cluster-wide tunnel identity), sender side. */
 struct {
@@ -150,16 +177,74 @@ static __always_inline __u32 tunnel_identity_of(__u32 vni)
 	return *id;
 }
 
-/* tunnel_rx_identity returns the sender's identity a received packet's VNI
- * carries (0: none). Not inlined: the tunnel key stays off the caller's
- * stack, which from_uplink's pipeline fills nearly to the limit. */
-static __noinline __attribute__((unused)) __u32 tunnel_rx_identity(struct __sk_buff *skb)
+/* tunnel_rx_check judges where a packet the tunnel device decapsulated
+ * comes from. Its outer source must be another node's underlay address
+ * (lk_tunnel_peers; none, or an IPv6 underlay: DROP_TUNNEL_UNKNOWN_NODE)
+ * and the inner packet IPv4 (the tunnel carries nothing else). Its inner
+ * source, when some pod CIDR or moved VM claim of lk_tunnel_nodes holds it,
+ * must be the sending node's: then *ident is the identity its VNI carries.
+ * Any other inner source is the sending node's stack (its underlay address,
+ * another of its addresses a hostNetwork socket answers from, a NodePort
+ * flow it source-NATed to the address its client dialed), judged by address
+ * (*ident 0: a VNI never lends it a pod's identity), unless it is another
+ * node's underlay address or one of this node's own (the host identity).
+ * Else DROP_TUNNEL_FOREIGN_SRC. Returns 0 or a drop reason. Not inlined:
+ * the tunnel key stays off the caller's stack, which from_wire's pipeline
+ * fills nearly to the limit. */
+static __noinline __attribute__((unused)) __u32 tunnel_rx_check(struct __sk_buff *skb, __u32 *ident)
 {
+	struct tunnel_node_key k = { .prefixlen = 32 };
 	struct bpf_tunnel_key key = {};
+	struct tunnel_node *n;
+	__be16 proto;
+	__be32 outer;
 
-	if (!skb || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
+	if (!skb || !ident || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
+		return DROP_TUNNEL_UNKNOWN_NODE;
+	outer = bpf_htonl(key.remote_ipv4);
+	if (!bpf_map_lookup_elem(&lk_tunnel_peers, &outer))
+		return DROP_TUNNEL_UNKNOWN_NODE;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0 ||
+	    proto != bpf_htons(ETH_P_IP) ||
+	    bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, saddr), &k.addr, sizeof(k.addr)) < 0)
+		return DROP_TUNNEL_FOREIGN_SRC;
+	*ident = 0;
+	if (k.addr == outer)
+		return 0; /* the node itself */
+	n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
+	if (n) {
+		if ((n->flags & TUNNEL_NODE_F_SELF) || n->underlay != outer)
+			return DROP_TUNNEL_FOREIGN_SRC; /* a pod of this node's or a third node's */
+		*ident = tunnel_identity_of(key.tunnel_id);
 		return 0;
-	return tunnel_identity_of(key.tunnel_id);
+	}
+	if (bpf_map_lookup_elem(&lk_tunnel_peers, &k.addr) || policy_endpoint_identity(k.addr) == LK_IDENTITY_HOST)
+		return DROP_TUNNEL_FOREIGN_SRC; /* speaking as another node, or as this one */
+	return 0;
+}
+
+/* tunnel_port_guard returns DROP_TUNNEL_PORT for a packet an endpoint sent
+ * that is UDP to the tunnel port of a node address: one of this node's own
+ * (the host identity in the ipcache, either family: the VXLAN socket listens
+ * on every address) or another node's underlay address. proto and l4off:
+ * the L4 protocol and its header's frame offset (0: a later fragment, no L4
+ * header: its first fragment was judged); dst4, or the 16 bytes at dst6 (0:
+ * IPv4), the destination after load balancing (a Service whose endpoint is
+ * a node's tunnel port is no way around it). 0: not such a packet, or
+ * native routing. One function for both families. */
+static __always_inline __u32 tunnel_port_guard(struct __sk_buff *skb, __u8 proto, __u32 l4off, __be32 dst4,
+					       const void *dst6)
+{
+	__be16 dport;
+
+	if (!tunnel_ifindex || proto != IPPROTO_UDP || !l4off ||
+	    bpf_skb_load_bytes(skb, l4off + 2, &dport, sizeof(dport)) < 0 || dport != bpf_htons(tunnel_port))
+		return 0;
+	if (policy_endpoint_identity_af(dst4, dst6) == LK_IDENTITY_HOST)
+		return DROP_TUNNEL_PORT;
+	if (!dst6 && bpf_map_lookup_elem(&lk_tunnel_peers, &dst4))
+		return DROP_TUNNEL_PORT;
+	return 0;
 }
 
 /* tunnel_has_key reports whether skb already carries tunnel metadata. */

@@ -299,15 +299,36 @@ const tunnelRouteProto = netlink.RouteProtocol(0x4c)
 // namespace). They carry the node's own traffic to
 // other nodes' pods (kubelet probes, hostNetwork pods, replies to pods):
 // to_tunnel gives it the tunnel key. Pod traffic never uses them: the
-// datapath encapsulates it before any route is consulted.
+// datapath encapsulates it before any route is consulted. Each route's
+// preferred source is the node's address towards that peer's underlay
+// address (the kernel's route to it), the outer source the VXLAN device
+// gives the packet: the peer's from_tunnel accepts the node's own traffic
+// as inner source = outer source (bpf/lib/tunnel.h), whatever other
+// addresses the node has.
 func syncTunnelRoutes(peers []datapath.TunnelNode) error {
 	l, err := netlink.LinkByName(TunnelDevice)
 	if err != nil {
 		return fmt.Errorf("tunnel routes: %w", err)
 	}
-	want := map[string]netip.Prefix{}
+	type route struct {
+		dst netip.Prefix
+		src net.IP
+	}
+	srcs := map[netip.Addr]net.IP{}
+	srcTowards := func(u netip.Addr) net.IP {
+		if s, ok := srcs[u]; ok {
+			return s
+		}
+		var s net.IP
+		if rs, err := netlink.RouteGet(u.AsSlice()); err == nil && len(rs) > 0 && rs[0].Src.To4() != nil {
+			s = rs[0].Src.To4()
+		}
+		srcs[u] = s
+		return s
+	}
+	want := map[string]route{}
 	for _, p := range peers {
-		want[p.PodCIDR.Masked().String()] = p.PodCIDR.Masked()
+		want[p.PodCIDR.Masked().String()] = route{p.PodCIDR.Masked(), srcTowards(p.Underlay)}
 	}
 	have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: l.Attrs().Index, Protocol: tunnelRouteProto},
 		netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
@@ -325,11 +346,12 @@ func syncTunnelRoutes(peers []datapath.TunnelNode) error {
 			return fmt.Errorf("tunnel routes: delete %s: %w", r.Dst, err)
 		}
 	}
-	for _, p := range want {
+	for _, w := range want {
+		p := w.dst
 		dst := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
-		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK, Protocol: tunnelRouteProto}
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: w.src, Scope: netlink.SCOPE_LINK, Protocol: tunnelRouteProto}
 		if err := netlink.RouteReplace(r); err != nil {
-			return fmt.Errorf("tunnel routes: %s dev %s: %w", p, TunnelDevice, err)
+			return fmt.Errorf("tunnel routes: %s dev %s src %v: %w", p, TunnelDevice, w.src, err)
 		}
 	}
 	return nil

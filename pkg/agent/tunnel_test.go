@@ -112,3 +112,57 @@ func (fx *fixture) startCfg(t *testing.T, dp datapath.Datapath, adjust func(*Con
 	adjust(&cfg)
 	return New(cfg, quietLog())
 }
+
+// TestTunnelRoutesSource: the routes into the tunnel device (the node's own
+// traffic to other nodes' pods) prefer the node's address towards each
+// peer's underlay address, the outer source its VXLAN gets, even where
+// another device's address comes first: the peer's from_tunnel accepts the
+// node's own packets as inner source = outer source. A claim's /32 too.
+func TestTunnelRoutesSource(t *testing.T) {
+	fx := newFixture(t)
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		for _, d := range [][2]string{{"oth0", "10.99.0.1/32"}, {"up0", "10.77.0.1/24"}} {
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: d[0]}, PeerName: d[0] + "p"}); err != nil {
+				t.Fatal(err)
+			}
+			l, err := netlink.LinkByName(d[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr, _ := netlink.ParseAddr(d[1])
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ensureVXLAN(DefaultTunnelPort, 1450); err != nil {
+			t.Fatal(err)
+		}
+		peers := []datapath.TunnelNode{
+			{PodCIDR: netip.MustParsePrefix("10.244.2.0/24"), Underlay: netip.MustParseAddr("10.77.0.2")},
+			{PodCIDR: netip.MustParsePrefix("10.244.1.99/32"), Underlay: netip.MustParseAddr("10.77.0.2"), Claim: true},
+		}
+		if err := syncTunnelRoutes(peers); err != nil {
+			t.Fatal(err)
+		}
+		l, err := netlink.LinkByName(TunnelDevice)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := netlink.RouteList(l, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) != 2 {
+			t.Fatalf("routes into %s: %v, want 2", TunnelDevice, rs)
+		}
+		for _, r := range rs {
+			if r.Src.String() != "10.77.0.1" {
+				t.Errorf("route %s dev %s: source %v, want 10.77.0.1 (towards the peer's underlay)", r.Dst, TunnelDevice, r.Src)
+			}
+		}
+		return nil
+	})
+}

@@ -77,6 +77,10 @@ const (
 	DropIPv6ExtHdrs DropReason = DropReason(podLkDropReasonDROP_IPV6EXT_HDRS) // extension-header chain truncated or too long
 	DropRouterMsg   DropReason = DropReason(podLkDropReasonDROP_ROUTER_MSG)   // RA, ICMPv6 redirect or DHCPv6 server message from an endpoint
 	DropPolicyIPv6  DropReason = DropReason(podLkDropReasonDROP_POLICY_IPV6)  // retired (IPv6 policy is enforced now): never counted; kept so no reason is renumbered
+	// tunnel mode (bpf/lib/tunnel.h)
+	DropTunnelPort        DropReason = DropReason(podLkDropReasonDROP_TUNNEL_PORT)         // UDP from an endpoint to a node address's VXLAN port
+	DropTunnelUnknownNode DropReason = DropReason(podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE) // from the tunnel: outer source is no other node's underlay address
+	DropTunnelForeignSrc  DropReason = DropReason(podLkDropReasonDROP_TUNNEL_FOREIGN_SRC)  // from the tunnel: inner source not the sending node's (pod CIDR, claim, itself)
 )
 
 func (r DropReason) String() string {
@@ -123,6 +127,12 @@ func (r DropReason) String() string {
 		return "router-message"
 	case DropPolicyIPv6:
 		return "policy-ipv6-unenforced"
+	case DropTunnelPort:
+		return "tunnel-port"
+	case DropTunnelUnknownNode:
+		return "tunnel-unknown-node"
+	case DropTunnelForeignSrc:
+		return "tunnel-foreign-source"
 	}
 	return "unknown"
 }

@@ -184,10 +184,15 @@ func fromPod1v6(daddr string, nh byte, payload []byte) func(e *fixtureEnv) []byt
 // devices cannot add to the counters the fixtures read.
 func newFixtureEnv6(t *testing.T) *fixtureEnv {
 	t.Helper()
+	return withIPv6(t, newFixtureEnv(t))
+}
+
+// withIPv6 adds newFixtureEnv6's IPv6 set-up to an environment.
+func withIPv6(t *testing.T, e *fixtureEnv) *fixtureEnv {
+	t.Helper()
 	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
 		testutil.MissingDep(t, "IPv6 is off in this kernel (ipv6.disable=1?): %v", err)
 	}
-	e := newFixtureEnv(t)
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {

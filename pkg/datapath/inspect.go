@@ -175,3 +175,19 @@ func PinnedCounters(pinDir string, ip netip.Addr) (uint32, Counters, error) {
 	}
 	return info.Id, c, nil
 }
+
+// PinnedNodeCounters reads, from the maps pinned in pinDir, the counters
+// charged to no endpoint (id 0): the node's own drops, such as what
+// from_tunnel refuses (DropTunnelUnknownNode, DropTunnelForeignSrc).
+func PinnedNodeCounters(pinDir string) (Counters, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "lk_metrics"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return Counters{}, fmt.Errorf("pinned node counters: open lk_metrics: %w", err)
+	}
+	defer m.Close()
+	c, err := sumCounters(m, 0)
+	if err != nil {
+		return Counters{}, fmt.Errorf("pinned node counters: %w", err)
+	}
+	return c, nil
+}

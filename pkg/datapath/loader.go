@@ -126,11 +126,11 @@ func (l *Loader) load() error {
 	if err := podSpec.Variables["trace_redirects"].Set(boolToU8(l.cfg.traceRedirects)); err != nil {
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
-	tunIdx, err := l.cfg.tunnelIfindex()
+	tun, err := l.cfg.tunnelDevice()
 	if err != nil {
 		return err
 	}
-	if err := setTunnelIfindex(podSpec, tunIdx); err != nil {
+	if err := setTunnel(podSpec, tun); err != nil {
 		return err
 	}
 	if err := l.migrate(podSpec); err != nil {
@@ -163,7 +163,7 @@ func (l *Loader) load() error {
 		l.pod.Close()
 		return fmt.Errorf("set trace_redirects: %w", err)
 	}
-	if err := setTunnelIfindex(upSpec, tunIdx); err != nil {
+	if err := setTunnel(upSpec, tun); err != nil {
 		l.pod.Close()
 		return err
 	}

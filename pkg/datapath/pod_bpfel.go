@@ -287,26 +287,29 @@ const (
 type podLkDropReason uint32
 
 const (
-	podLkDropReasonDROP_SPOOFED_MAC      podLkDropReason = 1
-	podLkDropReasonDROP_SPOOFED_IP       podLkDropReason = 2
-	podLkDropReasonDROP_UNKNOWN_EP       podLkDropReason = 3
-	podLkDropReasonDROP_MALFORMED        podLkDropReason = 4
-	podLkDropReasonDROP_TTL_EXCEEDED     podLkDropReason = 5
-	podLkDropReasonDROP_FIB_FAILED       podLkDropReason = 6
-	podLkDropReasonDROP_REDIRECT         podLkDropReason = 7
-	podLkDropReasonDROP_UNSUPPORTED_L3   podLkDropReason = 8
-	podLkDropReasonDROP_NO_SOCKET        podLkDropReason = 9
-	podLkDropReasonDROP_NOT_FOR_VM       podLkDropReason = 10
-	podLkDropReasonDROP_VLAN             podLkDropReason = 11
-	podLkDropReasonDROP_NO_BACKEND       podLkDropReason = 12
-	podLkDropReasonDROP_NAT_NO_PORT      podLkDropReason = 13
-	podLkDropReasonDROP_POLICY_INGRESS   podLkDropReason = 14
-	podLkDropReasonDROP_POLICY_EGRESS    podLkDropReason = 15
-	podLkDropReasonDROP_FRAG_NOT_FOUND   podLkDropReason = 16
-	podLkDropReasonDROP_NO_LOCAL_BACKEND podLkDropReason = 17
-	podLkDropReasonDROP_IPV6EXT_HDRS     podLkDropReason = 18
-	podLkDropReasonDROP_ROUTER_MSG       podLkDropReason = 19
-	podLkDropReasonDROP_POLICY_IPV6      podLkDropReason = 20
+	podLkDropReasonDROP_SPOOFED_MAC         podLkDropReason = 1
+	podLkDropReasonDROP_SPOOFED_IP          podLkDropReason = 2
+	podLkDropReasonDROP_UNKNOWN_EP          podLkDropReason = 3
+	podLkDropReasonDROP_MALFORMED           podLkDropReason = 4
+	podLkDropReasonDROP_TTL_EXCEEDED        podLkDropReason = 5
+	podLkDropReasonDROP_FIB_FAILED          podLkDropReason = 6
+	podLkDropReasonDROP_REDIRECT            podLkDropReason = 7
+	podLkDropReasonDROP_UNSUPPORTED_L3      podLkDropReason = 8
+	podLkDropReasonDROP_NO_SOCKET           podLkDropReason = 9
+	podLkDropReasonDROP_NOT_FOR_VM          podLkDropReason = 10
+	podLkDropReasonDROP_VLAN                podLkDropReason = 11
+	podLkDropReasonDROP_NO_BACKEND          podLkDropReason = 12
+	podLkDropReasonDROP_NAT_NO_PORT         podLkDropReason = 13
+	podLkDropReasonDROP_POLICY_INGRESS      podLkDropReason = 14
+	podLkDropReasonDROP_POLICY_EGRESS       podLkDropReason = 15
+	podLkDropReasonDROP_FRAG_NOT_FOUND      podLkDropReason = 16
+	podLkDropReasonDROP_NO_LOCAL_BACKEND    podLkDropReason = 17
+	podLkDropReasonDROP_IPV6EXT_HDRS        podLkDropReason = 18
+	podLkDropReasonDROP_ROUTER_MSG          podLkDropReason = 19
+	podLkDropReasonDROP_POLICY_IPV6         podLkDropReason = 20
+	podLkDropReasonDROP_TUNNEL_PORT         podLkDropReason = 21
+	podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE podLkDropReason = 22
+	podLkDropReasonDROP_TUNNEL_FOREIGN_SRC  podLkDropReason = 23
 )
 
 type podLkEndpointFlags uint32
@@ -513,6 +516,7 @@ const (
 	podMapLkRssVms              = "lk_rss_vms"
 	podMapLkTunnelIdent         = "lk_tunnel_ident"
 	podMapLkTunnelNodes         = "lk_tunnel_nodes"
+	podMapLkTunnelPeers         = "lk_tunnel_peers"
 	podMapLkTunnelStats         = "lk_tunnel_stats"
 	podMapLkTunnelVni           = "lk_tunnel_vni"
 	podMapLkUplink6Progs        = "lk_uplink6_progs"
@@ -545,6 +549,7 @@ const (
 	podVarLkUnusedTunnelStat    = "lk_unused_tunnel_stat"
 	podVarTraceRedirects        = "trace_redirects"
 	podVarTunnelIfindex         = "tunnel_ifindex"
+	podVarTunnelPort            = "tunnel_port"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -637,6 +642,7 @@ type podMapSpecs struct {
 	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 	LkTunnelIdent     *ebpf.MapSpec `ebpf:"lk_tunnel_ident"`
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
+	LkTunnelPeers     *ebpf.MapSpec `ebpf:"lk_tunnel_peers"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
 	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
@@ -672,6 +678,7 @@ type podVariableSpecs struct {
 	LkUnusedTunnelStat    *ebpf.VariableSpec `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
+	TunnelPort            *ebpf.VariableSpec `ebpf:"tunnel_port"`
 }
 
 // podObjects contains all objects after they have been loaded into the kernel.
@@ -733,6 +740,7 @@ type podMaps struct {
 	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
 	LkTunnelIdent     *ebpf.Map `ebpf:"lk_tunnel_ident"`
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
+	LkTunnelPeers     *ebpf.Map `ebpf:"lk_tunnel_peers"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
 	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
@@ -779,6 +787,7 @@ func (m *podMaps) Close() error {
 		m.LkRssVms,
 		m.LkTunnelIdent,
 		m.LkTunnelNodes,
+		m.LkTunnelPeers,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
 		m.LkUplink6Progs,
@@ -815,6 +824,7 @@ type podVariables struct {
 	LkUnusedTunnelStat    *ebpf.Variable `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
+	TunnelPort            *ebpf.Variable `ebpf:"tunnel_port"`
 }
 
 // podPrograms contains all programs after they have been loaded into the kernel.

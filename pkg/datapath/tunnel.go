@@ -7,9 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/lanekit/lanekit/pkg/policy"
 )
@@ -87,37 +89,53 @@ const (
 	tunnelNodeClaim = 2
 )
 
-// setTunnelIfindex sets tunnel_ifindex in a program spec (0: native routing).
-func setTunnelIfindex(spec *ebpf.CollectionSpec, ifindex uint32) error {
-	v, ok := spec.Variables["tunnel_ifindex"]
-	if !ok {
-		return errors.New("set tunnel_ifindex: not in the program")
-	}
-	if err := v.Set(ifindex); err != nil {
-		return fmt.Errorf("set tunnel_ifindex: %w", err)
+// tunnelDev is the VXLAN device of tunnel mode as the programs know it:
+// its ifindex (0: native routing) and UDP port.
+type tunnelDev struct {
+	ifindex uint32
+	port    uint16
+}
+
+// setTunnel sets tunnel_ifindex and tunnel_port in a program spec.
+func setTunnel(spec *ebpf.CollectionSpec, d tunnelDev) error {
+	for name, v := range map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port} {
+		sv, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("set %s: not in the program", name)
+		}
+		if err := sv.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
 	}
 	return nil
 }
 
-// tunnelIfindex resolves Config.Tunnel (0 when empty).
-func (c Config) tunnelIfindex() (uint32, error) {
+// tunnelDevice resolves Config.Tunnel (zero when empty): the port is the
+// device's own, the one its socket listens on, so the programs guard the
+// port that is really open (tunnel_port_guard).
+func (c Config) tunnelDevice() (tunnelDev, error) {
 	if c.Tunnel == "" {
-		return 0, nil
+		return tunnelDev{}, nil
 	}
-	ifc, err := net.InterfaceByName(c.Tunnel)
+	l, err := netlink.LinkByName(c.Tunnel)
 	if err != nil {
-		return 0, fmt.Errorf("tunnel device %q: %w", c.Tunnel, err)
+		return tunnelDev{}, fmt.Errorf("tunnel device %q: %w", c.Tunnel, err)
 	}
-	return uint32(ifc.Index), nil
+	vx, ok := l.(*netlink.Vxlan)
+	if !ok || vx.Port <= 0 || vx.Port > 65535 {
+		return tunnelDev{}, fmt.Errorf("tunnel device %q: not a VXLAN device with a UDP port (%s)", c.Tunnel, l.Type())
+	}
+	return tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port)}, nil
 }
 
 // attachTunnel attaches from_tunnel to the VXLAN device (tunnel mode), or
 // removes a pinned attachment left by a tunnel-mode agent (native mode).
 func (l *Loader) attachTunnel() error {
-	idx, err := l.cfg.tunnelIfindex()
+	d, err := l.cfg.tunnelDevice()
 	if err != nil {
 		return err
 	}
+	idx := d.ifindex
 	if idx == 0 {
 		return errors.Join(l.detach(pinTunnelTC), l.detach(pinTunnelEgress))
 	}
@@ -138,6 +156,7 @@ func tunnelKey(p netip.Prefix) podTunnelNodeKey {
 // there). Only IPv4 pod CIDRs and underlay addresses.
 func (l *Loader) SetTunnelNodes(nodes []TunnelNode) error {
 	want := map[podTunnelNodeKey]podTunnelNode{}
+	peers := map[uint32]uint32{}
 	for _, n := range nodes {
 		if !n.PodCIDR.Addr().Is4() || !n.Underlay.Is4() {
 			return fmt.Errorf("set tunnel nodes: %v via %v: want IPv4", n.PodCIDR, n.Underlay)
@@ -145,6 +164,8 @@ func (l *Loader) SetTunnelNodes(nodes []TunnelNode) error {
 		v := podTunnelNode{Underlay: ipKey(n.Underlay.As4())}
 		if n.Self {
 			v.Flags |= tunnelNodeSelf
+		} else if !n.Underlay.IsUnspecified() {
+			peers[v.Underlay] = 0 // from_tunnel's known outer sources
 		}
 		if n.Claim {
 			v.Flags |= tunnelNodeClaim
@@ -178,7 +199,32 @@ func (l *Loader) SetTunnelNodes(nodes []TunnelNode) error {
 			return fmt.Errorf("set tunnel nodes: %w", err)
 		}
 	}
+	// The peers after the node map: a new node's pod CIDR is known before
+	// its packets are accepted, a gone node's stale entries are gone first.
+	if err := replaceU32Map(l.pod.LkTunnelPeers, peers); err != nil {
+		return fmt.Errorf("set tunnel nodes: peers: %w", err)
+	}
 	return nil
+}
+
+// TunnelPeers lists the underlay addresses from_tunnel accepts as outer
+// sources (lk_tunnel_peers), sorted.
+func (l *Loader) TunnelPeers() ([]netip.Addr, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var (
+		k, v uint32
+		out  []netip.Addr
+	)
+	it := l.pod.LkTunnelPeers.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, keyIP(k))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("tunnel peers: %w", err)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
 }
 
 // TunnelNodes lists the node map, by pod CIDR.

@@ -61,7 +61,7 @@ func tunnelFixtureEnv(t *testing.T) (*fixtureEnv, netlink.Link) {
 func TestTunnelFixtures(t *testing.T) {
 	e, vx := tunnelFixtureEnv(t)
 	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
-	fromTunnel := func(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.FromTunnel }
+	fromTunnel := tunnelRx(t, e, "10.77.0.5", 0) // from node 5 (its pod 10.244.5.7), no VNI identity
 	toTunnel := func(e *fixtureEnv) *ebpf.Program { return e.dp.uplink.ToTunnel }
 	encapped := func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) }
 	tcpTo := func(dst string, n int) func(e *fixtureEnv) []byte {

@@ -360,6 +360,7 @@ const (
 	uplinkMapLkRssVms              = "lk_rss_vms"
 	uplinkMapLkTunnelIdent         = "lk_tunnel_ident"
 	uplinkMapLkTunnelNodes         = "lk_tunnel_nodes"
+	uplinkMapLkTunnelPeers         = "lk_tunnel_peers"
 	uplinkMapLkTunnelStats         = "lk_tunnel_stats"
 	uplinkMapLkTunnelVni           = "lk_tunnel_vni"
 	uplinkMapLkUplink6Progs        = "lk_uplink6_progs"
@@ -394,6 +395,7 @@ const (
 	uplinkVarLkUnusedTunnelStat    = "lk_unused_tunnel_stat"
 	uplinkVarTraceRedirects        = "trace_redirects"
 	uplinkVarTunnelIfindex         = "tunnel_ifindex"
+	uplinkVarTunnelPort            = "tunnel_port"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -489,6 +491,7 @@ type uplinkMapSpecs struct {
 	LkRssVms          *ebpf.MapSpec `ebpf:"lk_rss_vms"`
 	LkTunnelIdent     *ebpf.MapSpec `ebpf:"lk_tunnel_ident"`
 	LkTunnelNodes     *ebpf.MapSpec `ebpf:"lk_tunnel_nodes"`
+	LkTunnelPeers     *ebpf.MapSpec `ebpf:"lk_tunnel_peers"`
 	LkTunnelStats     *ebpf.MapSpec `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.MapSpec `ebpf:"lk_tunnel_vni"`
 	LkUplink6Progs    *ebpf.MapSpec `ebpf:"lk_uplink6_progs"`
@@ -523,6 +526,7 @@ type uplinkVariableSpecs struct {
 	LkUnusedTunnelStat    *ebpf.VariableSpec `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
+	TunnelPort            *ebpf.VariableSpec `ebpf:"tunnel_port"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -584,6 +588,7 @@ type uplinkMaps struct {
 	LkRssVms          *ebpf.Map `ebpf:"lk_rss_vms"`
 	LkTunnelIdent     *ebpf.Map `ebpf:"lk_tunnel_ident"`
 	LkTunnelNodes     *ebpf.Map `ebpf:"lk_tunnel_nodes"`
+	LkTunnelPeers     *ebpf.Map `ebpf:"lk_tunnel_peers"`
 	LkTunnelStats     *ebpf.Map `ebpf:"lk_tunnel_stats"`
 	LkTunnelVni       *ebpf.Map `ebpf:"lk_tunnel_vni"`
 	LkUplink6Progs    *ebpf.Map `ebpf:"lk_uplink6_progs"`
@@ -630,6 +635,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkRssVms,
 		m.LkTunnelIdent,
 		m.LkTunnelNodes,
+		m.LkTunnelPeers,
 		m.LkTunnelStats,
 		m.LkTunnelVni,
 		m.LkUplink6Progs,
@@ -665,6 +671,7 @@ type uplinkVariables struct {
 	LkUnusedTunnelStat    *ebpf.Variable `ebpf:"lk_unused_tunnel_stat"`
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
+	TunnelPort            *ebpf.Variable `ebpf:"tunnel_port"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

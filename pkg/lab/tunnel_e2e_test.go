@@ -342,15 +342,17 @@ func routedLab() bool {
 // client's address (its lk_policy_ipcache entry is deleted): new connections
 // still pass, on the identity the VNI carries. Then node 1 forgets the VNI's
 // identity too (lk_tunnel_ident emptied): the same connections are denied —
-// the VNI, not the address, was what admitted them. Root only; brings up
-// the global lab in tunnel mode.
+// the VNI, not the address, was what admitted them. Before those, the
+// attacker's side (testForgedVXLAN): a pod, a host that is no node and a
+// node speaking for a pod not its own all fail to borrow the client's VNI.
+// Root only; brings up the global lab in tunnel mode.
 func TestTunnelPolicyByVNI(t *testing.T) {
 	t.Setenv(RoutingEnv, RoutingTunnel)
 	lk, cli := upLabCLI(t)
 	if st, err := LoadState(); err != nil || st.Routing != RoutingTunnel {
 		t.Fatalf("lab not in tunnel mode: %+v %v", st, err)
 	}
-	for _, p := range [][]string{{"web", "1", "app=web"}, {"client", "2", "role=client"}} {
+	for _, p := range [][]string{{"web", "1", "app=web"}, {"client", "2", "role=client"}, {"mallory", "2", "role=guest"}} {
 		if _, err := lk(t, "lab", "pod", "add", p[0], "--node", p[1], "--namespace", "shop", "--labels", p[2], "--port", "http=8080/TCP"); err != nil {
 			t.Fatal(err)
 		}
@@ -359,12 +361,12 @@ func TestTunnelPolicyByVNI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	web, client := st.NamedPods[0].IP, st.NamedPods[1].IP
+	web, client, mallory := st.NamedPods[0].IP, st.NamedPods[1].IP, st.NamedPods[2].IP
 	webFromClientsPolicy(t, lk, cli)
-	ask := func() int {
+	askFrom := func(from string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		out, err := inNS(ctx, NamedPodNS("client"), cli, "lab", "tcp-ask", web+":8080", "--count", "3", "--timeout", "1s")
+		out, err := inNS(ctx, NamedPodNS(from), cli, "lab", "tcp-ask", web+":8080", "--count", "3", "--timeout", "1s")
 		if err != nil {
 			t.Fatalf("tcp-ask: %v: %s", err, out)
 		}
@@ -374,9 +376,12 @@ func TestTunnelPolicyByVNI(t *testing.T) {
 		}
 		return got[web+":8080"]
 	}
+	ask := func() int { return askFrom("client") }
 	if n := ask(); n != 3 {
 		t.Fatalf("client -> web with the policy: %d answers, want 3", n)
 	}
+	// The VNI is no one's to claim but the client's node (tunnel_forge_e2e_test.go).
+	testForgedVXLAN(t, askFrom, web, client, mallory)
 	ipcache, err := ebpf.LoadPinnedMap(filepath.Join(BPFDir(1), "lk_policy_ipcache"), nil)
 	if err != nil {
 		t.Fatal(err)
