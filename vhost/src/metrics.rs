@@ -31,6 +31,7 @@ use prometheus_client::registry::Registry;
 use crate::net::{ErrorKind, StatsSnapshot};
 use crate::xsk::{xdp_statistics, XdpStatistics};
 use crate::NetBackend;
+use vhost_user_backend::VhostUserBackend;
 
 /// One metric family: name (without `_total`), help, type, labels of its samples.
 pub struct Family {
@@ -61,6 +62,12 @@ pub const FAMILIES: &[Family] = &[
     fam!("lanekit_vhost_frontend_connections", true, VM, "Frontend (VMM) connections accepted"),
     fam!("lanekit_vhost_frontend_refused", true, VM, "Frontend connections refused by the hostile-frontend checks"),
     fam!("lanekit_vhost_frontend_errors", true, VM, "Frontend connections ended by an error (refusals included)"),
+    fam!(
+        "lanekit_vhost_virtio_features",
+        false,
+        &["vm", "set"],
+        "Virtio feature bits: offered to the frontend, and acked by it (0 before it acked any)"
+    ),
     fam!("lanekit_vhost_rx_packets", true, VQ, "Frames delivered to the guest (port to guest RX queue)"),
     fam!("lanekit_vhost_rx_bytes", true, VQ, "Bytes delivered to the guest, without virtio header"),
     fam!("lanekit_vhost_tx_packets", true, VQ, "Frames from the guest TX queue accepted by the port"),
@@ -75,7 +82,13 @@ pub const FAMILIES: &[Family] = &[
         "lanekit_vhost_guest_errors",
         true,
         &["vm", "queue", "kind"],
-        "Malformed guest input refused: bad_chain, frame_too_large, invalid_ring (chain dropped)"
+        "Malformed guest input refused: bad_chain, frame_too_large, invalid_ring, bad_offload (chain dropped)"
+    ),
+    fam!(
+        "lanekit_vhost_tx_offloads",
+        true,
+        &["vm", "queue", "kind"],
+        "Guest TX offload requests executed: csum (checksum filled in), gso (chain cut into MTU-sized frames)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -137,6 +150,10 @@ impl Exporter {
         vec![("vm", self.vm.clone())]
     }
 
+    fn set(&self, set: &str) -> Labels {
+        vec![("vm", self.vm.clone()), ("set", set.to_string())]
+    }
+
     fn q(&self, pair: usize) -> Labels {
         vec![("vm", self.vm.clone()), ("queue", pair.to_string())]
     }
@@ -189,6 +206,9 @@ impl Collector for Exporter {
         let per = |f: fn(&StatsSnapshot) -> u64| -> Vec<(Labels, u64)> {
             stats.iter().enumerate().map(|(i, s)| (self.q(i), f(s))).collect()
         };
+        let mut features = vec![(self.set("offered"), VhostUserBackend::features(b.as_ref()))];
+        features.push((self.set("acked"), NetBackend::acked_features(b)));
+        emit(&mut enc, "lanekit_vhost_virtio_features", &features)?;
         emit(&mut enc, "lanekit_vhost_rx_packets", &per(|s| s.rx_frames))?;
         emit(&mut enc, "lanekit_vhost_rx_bytes", &per(|s| s.rx_bytes))?;
         emit(&mut enc, "lanekit_vhost_tx_packets", &per(|s| s.tx_frames))?;
@@ -201,7 +221,10 @@ impl Collector for Exporter {
         let mut drops = Vec::new();
         let mut errors = Vec::new();
         let mut notes = Vec::new();
+        let mut offloads = Vec::new();
         for (i, s) in stats.iter().enumerate() {
+            offloads.push((with(i, &[("kind", "csum")]), s.tx_csum));
+            offloads.push((with(i, &[("kind", "gso")]), s.tx_gso));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));
@@ -214,6 +237,7 @@ impl Collector for Exporter {
         }
         emit(&mut enc, "lanekit_vhost_dropped", &drops)?;
         emit(&mut enc, "lanekit_vhost_guest_errors", &errors)?;
+        emit(&mut enc, "lanekit_vhost_tx_offloads", &offloads)?;
         emit(&mut enc, "lanekit_vhost_guest_notifications", &notes)?;
         emit_seconds(&mut enc, "lanekit_vhost_busy_seconds", &per(|s| s.busy_ns))?;
         let backlog: Vec<(Labels, u64)> =

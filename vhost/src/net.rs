@@ -5,8 +5,8 @@
 //! flags, ring indexes, headers, control commands) is validated; a bad chain is counted in
 //! [`Stats::errors`], returned to the guest with length 0 and its frame dropped. Nothing panics.
 //!
-//! No checksum or segmentation offload is offered or implemented: the header we write on RX is
-//! all zeroes except `num_buffers`, and a TX header asking for checksum or GSO is rejected.
+//! TX offloads (checksum, TSO, USO) are validated and executed in software by `offload.rs` when
+//! negotiated ([`NetMode::offloads`]); a TX header asking for anything else is rejected.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,6 +14,7 @@ use log::debug;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
+use crate::offload::{OffloadError, Offloads, MAX_GSO_FRAME};
 use crate::port::{Batch, Port};
 use crate::rss::XskMeta;
 use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
@@ -32,8 +33,6 @@ pub const LEGACY_HDR_LEN: usize = 10;
 pub const ETH_HLEN: usize = 14;
 /// Frames moved per port call.
 pub const BATCH: usize = 64;
-/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`.
-const HDR_F_NEEDS_CSUM: u8 = 1;
 /// Why a descriptor chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
@@ -55,9 +54,9 @@ pub enum ChainError {
     /// A descriptor points outside guest memory.
     #[error("descriptor address {0:#x} (+{1}) is outside guest memory")]
     BadAddress(u64, usize),
-    /// The TX header asks for an offload this device does not offer.
-    #[error("tx header requests an unsupported offload (flags {0:#x}, gso_type {1})")]
-    Offload(u8, u8),
+    /// The TX header asks for an offload that was not negotiated, or lies about the frame.
+    #[error("tx header: {0}")]
+    Offload(#[from] OffloadError),
     /// A control command without a writable ack byte.
     #[error("control command has no writable ack byte")]
     NoAck,
@@ -79,11 +78,15 @@ pub enum ErrorKind {
     FrameTooLarge,
     /// An invalid ring: available index or descriptor head out of range, ring memory unreadable.
     InvalidRing,
+    /// A TX virtio-net header whose offload request was not negotiated or does not match its
+    /// frame (see `offload.rs`).
+    BadOffload,
 }
 
 impl ErrorKind {
     /// Every kind, in the order of [`Stats::error_kinds`].
-    pub const ALL: [ErrorKind; 3] = [ErrorKind::BadChain, ErrorKind::FrameTooLarge, ErrorKind::InvalidRing];
+    pub const ALL: [ErrorKind; 4] =
+        [ErrorKind::BadChain, ErrorKind::FrameTooLarge, ErrorKind::InvalidRing, ErrorKind::BadOffload];
 
     /// The metric label value.
     pub fn label(self) -> &'static str {
@@ -91,6 +94,7 @@ impl ErrorKind {
             ErrorKind::BadChain => "bad_chain",
             ErrorKind::FrameTooLarge => "frame_too_large",
             ErrorKind::InvalidRing => "invalid_ring",
+            ErrorKind::BadOffload => "bad_offload",
         }
     }
 }
@@ -105,6 +109,7 @@ impl GuestError for ChainError {
     fn kind(&self) -> ErrorKind {
         match self {
             ChainError::TooLarge(_) => ErrorKind::FrameTooLarge,
+            ChainError::Offload(_) => ErrorKind::BadOffload,
             _ => ErrorKind::BadChain,
         }
     }
@@ -152,7 +157,11 @@ pub struct Stats {
     /// Malformed input from the guest: bad chains, bad ring indexes, bad control commands.
     pub errors: AtomicU64,
     /// [`Self::errors`] by [`ErrorKind`] (index: position in [`ErrorKind::ALL`]).
-    pub error_kinds: [AtomicU64; 3],
+    pub error_kinds: [AtomicU64; 4],
+    /// TX frames whose checksum the backend filled in (`NEEDS_CSUM` without GSO).
+    pub tx_csum: AtomicU64,
+    /// TX chains the backend cut into MTU-sized frames (GSO).
+    pub tx_gso: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
     pub rx_notifications: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
@@ -178,7 +187,9 @@ pub struct StatsSnapshot {
     pub tx_dropped_port_full: u64,
     pub tx_dropped_too_large: u64,
     pub errors: u64,
-    pub error_kinds: [u64; 3],
+    pub error_kinds: [u64; 4],
+    pub tx_csum: u64,
+    pub tx_gso: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
     pub busy_ns: u64,
@@ -204,6 +215,8 @@ impl StatsSnapshot {
             tx_dropped_too_large: self.tx_dropped_too_large + o.tx_dropped_too_large,
             errors: self.errors + o.errors,
             error_kinds: kinds,
+            tx_csum: self.tx_csum + o.tx_csum,
+            tx_gso: self.tx_gso + o.tx_gso,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
             busy_ns: self.busy_ns + o.busy_ns,
@@ -254,6 +267,8 @@ impl Stats {
             tx_dropped_too_large: l(&self.tx_dropped_too_large),
             errors: l(&self.errors),
             error_kinds: self.error_kinds.each_ref().map(l),
+            tx_csum: l(&self.tx_csum),
+            tx_gso: l(&self.tx_gso),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),
             busy_ns: l(&self.busy_ns),
@@ -273,6 +288,9 @@ pub struct NetMode {
     /// VIRTIO_NET_F_HASH_REPORT negotiated: the RX header is `virtio_net_hdr_v1_hash`
     /// ([`HASH_HDR_LEN`]) and carries the hash `steer_vm` computed.
     pub hash_report: bool,
+    /// TX offloads negotiated (checksum, segmentation): with segmentation a TX chain may carry
+    /// up to [`MAX_GSO_FRAME`] bytes of frame.
+    pub offloads: Offloads,
 }
 
 impl NetMode {
@@ -284,12 +302,29 @@ impl NetMode {
         }
         self
     }
+
+    /// With the TX offloads `off` negotiated.
+    pub fn with_offloads(mut self, off: Offloads) -> Self {
+        self.offloads = off;
+        self
+    }
+
+    /// Largest frame a TX chain may carry (before segmentation).
+    pub fn max_tx_frame(&self) -> usize {
+        if self.offloads.gso() {
+            MAX_GSO_FRAME.max(self.max_frame)
+        } else {
+            self.max_frame
+        }
+    }
 }
 
 /// Reusable per-queue buffers.
 #[derive(Debug, Default)]
 pub struct Scratch {
     segs: Vec<(GuestAddress, usize)>,
+    /// A TX frame to segment, copied out of guest memory (the guest cannot change our copy).
+    big: Vec<u8>,
     used: Vec<(u16, usize)>,
     /// RX frames and bytes delivered and not yet added to [`Stats`] (one atomic add per run,
     /// not per frame; see [`Scratch::count_rx`]).

@@ -52,7 +52,13 @@ fn random_bytes_as_rings_never_panic() {
 
 const QSIZE: u16 = 64;
 const MEM_SIZE: u64 = 0x20_0000;
-const MODE: NetMode = NetMode { hdr_len: 12, mergeable: true, max_frame: 1518, hash_report: false };
+const MODE: NetMode = NetMode {
+    hdr_len: 12,
+    mergeable: true,
+    max_frame: 1518,
+    hash_report: false,
+    offloads: lanekit_vhost::offload::Offloads::NONE,
+};
 
 /// A guest ring in fresh memory where the test writes chains of its choosing.
 struct Ring {
