@@ -47,8 +47,9 @@ struct Args {
     /// CPUs, else 0 (a busy-polling worker would take a core from the guest's vCPUs).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     poll_us: Option<u64>,
-    /// Do not offer these guest -> wire offloads (comma-separated: csum, tso4, tso6, ecn, uso;
-    /// csum takes every segmentation offload with it). All are offered by default.
+    /// Do not offer these offloads (comma-separated: csum, tso4, tso6, ecn, uso for guest ->
+    /// wire, csum taking every segmentation offload with it; guest_csum for wire -> guest).
+    /// All are offered by default.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     no_offload: Vec<String>,
     /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
@@ -166,8 +167,9 @@ mod tests {
         assert_eq!(config(&["--loopback", "--poll-us", "50"]).unwrap().poll, std::time::Duration::from_micros(50));
         assert_eq!(config(&["--loopback"]).unwrap().offloads, Offloads::ALL);
         let c = config(&["--loopback", "--no-offload", "tso6,ecn", "--no-offload", "uso"]).unwrap();
-        assert_eq!(c.offloads, Offloads { csum: true, tso4: true, tso6: false, ecn: false, uso: false });
-        assert_eq!(config(&["--loopback", "--no-offload", "csum"]).unwrap().offloads, Offloads::default());
+        assert_eq!(c.offloads, Offloads { tso6: false, ecn: false, uso: false, ..Offloads::ALL });
+        let c = config(&["--loopback", "--no-offload", "csum,guest_csum"]).unwrap();
+        assert_eq!(c.offloads, Offloads::NONE);
         let e = config(&["--loopback", "--no-offload", "tso7"]).unwrap_err();
         assert!(e.contains("unknown offload \"tso7\""), "{e}");
         assert!(config(&["--loopback", "--poll-us", "0"]).unwrap().poll.is_zero());

@@ -85,10 +85,11 @@ pub const FAMILIES: &[Family] = &[
         "Malformed guest input refused: bad_chain, frame_too_large, invalid_ring, bad_offload (chain dropped)"
     ),
     fam!(
-        "lanekit_vhost_tx_offloads",
+        "lanekit_vhost_offloads",
         true,
         &["vm", "queue", "kind"],
-        "Guest TX offload requests executed: csum (checksum filled in), gso (chain cut into MTU-sized frames)"
+        "Offloads executed: tx_csum (checksum filled in), tx_gso (chain cut into MTU-sized frames), rx_data_valid \
+         (checksum verified, frame marked DATA_VALID)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -223,8 +224,9 @@ impl Collector for Exporter {
         let mut notes = Vec::new();
         let mut offloads = Vec::new();
         for (i, s) in stats.iter().enumerate() {
-            offloads.push((with(i, &[("kind", "csum")]), s.tx_csum));
-            offloads.push((with(i, &[("kind", "gso")]), s.tx_gso));
+            offloads.push((with(i, &[("kind", "tx_csum")]), s.tx_csum));
+            offloads.push((with(i, &[("kind", "tx_gso")]), s.tx_gso));
+            offloads.push((with(i, &[("kind", "rx_data_valid")]), s.rx_csum_valid));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));
@@ -237,7 +239,7 @@ impl Collector for Exporter {
         }
         emit(&mut enc, "lanekit_vhost_dropped", &drops)?;
         emit(&mut enc, "lanekit_vhost_guest_errors", &errors)?;
-        emit(&mut enc, "lanekit_vhost_tx_offloads", &offloads)?;
+        emit(&mut enc, "lanekit_vhost_offloads", &offloads)?;
         emit(&mut enc, "lanekit_vhost_guest_notifications", &notes)?;
         emit_seconds(&mut enc, "lanekit_vhost_busy_seconds", &per(|s| s.busy_ns))?;
         let backlog: Vec<(Labels, u64)> =

@@ -31,6 +31,8 @@ pub const HASH_HDR_LEN: usize = 20;
 pub const LEGACY_HDR_LEN: usize = 10;
 /// Shortest frame accepted from the guest: an Ethernet header.
 pub const ETH_HLEN: usize = 14;
+/// `VIRTIO_NET_HDR_F_DATA_VALID`: the frame's checksum was verified.
+const HDR_F_DATA_VALID: u8 = 2;
 /// Frames moved per port call.
 pub const BATCH: usize = 64;
 /// Why a descriptor chain was refused.
@@ -162,6 +164,8 @@ pub struct Stats {
     pub tx_csum: AtomicU64,
     /// TX chains the backend cut into MTU-sized frames (GSO).
     pub tx_gso: AtomicU64,
+    /// RX frames whose TCP/UDP checksum the backend verified and marked `DATA_VALID`.
+    pub rx_csum_valid: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
     pub rx_notifications: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
@@ -190,6 +194,7 @@ pub struct StatsSnapshot {
     pub error_kinds: [u64; 4],
     pub tx_csum: u64,
     pub tx_gso: u64,
+    pub rx_csum_valid: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
     pub busy_ns: u64,
@@ -217,6 +222,7 @@ impl StatsSnapshot {
             error_kinds: kinds,
             tx_csum: self.tx_csum + o.tx_csum,
             tx_gso: self.tx_gso + o.tx_gso,
+            rx_csum_valid: self.rx_csum_valid + o.rx_csum_valid,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
             busy_ns: self.busy_ns + o.busy_ns,
@@ -269,6 +275,7 @@ impl Stats {
             error_kinds: self.error_kinds.each_ref().map(l),
             tx_csum: l(&self.tx_csum),
             tx_gso: l(&self.tx_gso),
+            rx_csum_valid: l(&self.rx_csum_valid),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),
             busy_ns: l(&self.busy_ns),
@@ -330,6 +337,7 @@ pub struct Scratch {
     /// not per frame; see [`Scratch::count_rx`]).
     rx_frames: u64,
     rx_bytes: u64,
+    rx_csum_valid: u64,
 }
 
 impl Scratch {
@@ -338,6 +346,9 @@ impl Scratch {
         if self.rx_frames != 0 {
             Stats::add(&stats.rx_frames, std::mem::take(&mut self.rx_frames));
             Stats::add(&stats.rx_bytes, std::mem::take(&mut self.rx_bytes));
+        }
+        if self.rx_csum_valid != 0 {
+            Stats::add(&stats.rx_csum_valid, std::mem::take(&mut self.rx_csum_valid));
         }
     }
 }
@@ -586,6 +597,10 @@ fn rx_frame_in<M: GuestMemory>(
     if mode.hdr_len >= HDR_LEN {
         // num_buffers <= queue size <= 32768, so it fits.
         hdr[10..12].copy_from_slice(&(s.used.len() as u16).to_le_bytes());
+    }
+    if mode.offloads.guest_csum && crate::offload::rx_csum_ok(frame) {
+        hdr[0] = HDR_F_DATA_VALID;
+        s.rx_csum_valid += 1;
     }
     if mode.hash_report && mode.hdr_len == HASH_HDR_LEN {
         // No metadata: hash_report VIRTIO_NET_HASH_REPORT_NONE (the guest enabled no type

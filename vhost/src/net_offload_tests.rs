@@ -132,3 +132,27 @@ fn tx_offload_requests_are_refused_when_not_negotiated() {
     assert!(port.sent.is_empty());
     assert_eq!(stats.snapshot().error_kinds, [0, 0, 0, 1]);
 }
+
+#[test]
+fn rx_marks_data_valid_only_for_verified_checksums() {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let chains: Vec<_> = (0..6).map(|i| vec![(BUF_BASE + 0x1000 * i, 2048, true)]).collect();
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut s, stats) = (Scratch::default(), Stats::default());
+    let mut good = packet(false, true, 500, 0x18);
+    crate::offload::fill_csum(&mut good, 54, 16);
+    let mut bad = good.clone();
+    bad[100] ^= 1;
+    let guest_csum = NetMode { offloads: Offloads { guest_csum: true, ..Offloads::NONE }, ..MODE };
+    // (frame, mode, flags the guest must see)
+    let cases = [(&good, guest_csum, 2u8), (&bad, guest_csum, 0), (&good, MODE, 0), (&frame(300, 1), guest_csum, 0)];
+    for (i, (f, mode, flags)) in cases.into_iter().enumerate() {
+        assert_eq!(rx_frame(&mut q, &m, f, None, mode, &mut s, &stats), RxOutcome::Delivered);
+        let got = read_guest(&m, BUF_BASE + 0x1000 * i as u64, 12 + f.len());
+        assert_eq!(got[0], flags, "case {i}: header flags");
+        assert_eq!(&got[12..], &f[..], "case {i}: frame");
+    }
+    assert_eq!(stats.snapshot().rx_csum_valid, 1);
+}

@@ -12,8 +12,8 @@
 //! puts its linear length there), so it is only checked to lie inside the frame.
 
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_HDR_GSO_ECN,
-    VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_HDR_GSO_ECN, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
 };
 
 /// `VIRTIO_NET_F_HOST_USO` (56): the device takes UDP segmentation offload.
@@ -50,20 +50,25 @@ pub struct Offloads {
     pub ecn: bool,
     /// `VIRTIO_NET_F_HOST_USO`: UDP segmentation.
     pub uso: bool,
+    /// `VIRTIO_NET_F_GUEST_CSUM` (wire -> guest): frames whose TCP/UDP checksum the backend
+    /// verified are marked `DATA_VALID`, so the guest does not check them again.
+    pub guest_csum: bool,
 }
 
 impl Offloads {
     /// No offload.
-    pub const NONE: Offloads = Offloads { csum: false, tso4: false, tso6: false, ecn: false, uso: false };
+    pub const NONE: Offloads =
+        Offloads { csum: false, tso4: false, tso6: false, ecn: false, uso: false, guest_csum: false };
     /// Every offload this backend implements.
-    pub const ALL: Offloads = Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: true };
-    /// Names accepted by [`Offloads::without`] (`--no-offload`), in feature order.
-    pub const NAMES: [&'static str; 5] = ["csum", "tso4", "tso6", "ecn", "uso"];
+    pub const ALL: Offloads = Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: true, guest_csum: true };
+    /// Names accepted by [`Offloads::without`] (`--no-offload`).
+    pub const NAMES: [&'static str; 6] = ["csum", "tso4", "tso6", "ecn", "uso", "guest_csum"];
 
     /// These offloads minus the named one (`csum` also removes everything that needs it).
     pub fn without(mut self, name: &str) -> Result<Self, String> {
         match name {
-            "csum" => self = Offloads::default(),
+            "csum" => self = Offloads { guest_csum: self.guest_csum, ..Offloads::NONE },
+            "guest_csum" => self.guest_csum = false,
             "tso4" => self.tso4 = false,
             "tso6" => self.tso6 = false,
             "ecn" => self.ecn = false,
@@ -76,11 +81,12 @@ impl Offloads {
     /// The virtio feature bits (the spec makes every segmentation feature depend on CSUM, and
     /// ECN on TSO).
     pub fn features(self) -> u64 {
-        if !self.csum {
-            return 0;
-        }
         let bit = |on: bool, b: u32| if on { 1u64 << b } else { 0 };
-        bit(true, VIRTIO_NET_F_CSUM)
+        let rx = bit(self.guest_csum, VIRTIO_NET_F_GUEST_CSUM);
+        if !self.csum {
+            return rx;
+        }
+        rx | bit(true, VIRTIO_NET_F_CSUM)
             | bit(self.tso4, VIRTIO_NET_F_HOST_TSO4)
             | bit(self.tso6, VIRTIO_NET_F_HOST_TSO6)
             | bit(self.ecn && (self.tso4 || self.tso6), VIRTIO_NET_F_HOST_ECN)
@@ -96,6 +102,7 @@ impl Offloads {
             tso6: has(VIRTIO_NET_F_HOST_TSO6),
             ecn: has(VIRTIO_NET_F_HOST_ECN),
             uso: has(VIRTIO_NET_F_HOST_USO),
+            guest_csum: has(VIRTIO_NET_F_GUEST_CSUM),
         }
     }
 
@@ -368,6 +375,28 @@ pub fn fill_csum(frame: &mut [u8], start: usize, offset: usize) {
     let c = !csum_fold(csum_add(0, &frame[start..]));
     let c = if c == 0 { 0xffff } else { c };
     frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Wire -> guest: the frame is TCP or UDP over IPv4 (not a fragment) or IPv6 (no extension
+/// header) and its L4 checksum is right (an IPv4 UDP checksum of 0, "none", counts as right).
+/// Only such frames are marked `DATA_VALID` for the guest; anything else is left for the guest
+/// to check. Ethernet padding after the IP packet is not summed.
+pub fn rx_csum_ok(frame: &[u8]) -> bool {
+    let v4 = frame_is_v4(frame);
+    let Ok((l3, proto)) = l3_of(frame, v4) else { return false };
+    let Ok(ihl) = l3_len(frame, l3, v4) else { return false };
+    let ip_len =
+        if v4 { be16(frame, l3 + 2).map(usize::from) } else { be16(frame, l3 + 4).map(|p| usize::from(p) + 40) };
+    let Some(end) = ip_len.map(|n| l3 + n).filter(|&e| e <= frame.len() && e >= l3 + ihl) else { return false };
+    let (l4, tcp) = (l3 + ihl, proto == IPPROTO_TCP);
+    if !tcp && proto != IPPROTO_UDP || end - l4 < if tcp { 20 } else { 8 } {
+        return false;
+    }
+    if !tcp && v4 && frame[l4 + 6..l4 + 8] == [0, 0] {
+        return true;
+    }
+    let g = Gso { l3, l4, hdrs: 0, mss: 0, segs: 0, v4, tcp };
+    csum_fold(pseudo(frame, &g, end - l4, proto) + csum_add(0, &frame[l4..end])) == 0xffff
 }
 
 /// Sum of the pseudo header of the L4 segment at `l4` of `len` bytes.

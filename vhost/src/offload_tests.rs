@@ -126,9 +126,37 @@ fn features_follow_the_flags() {
     use virtio_bindings::virtio_net::VIRTIO_NET_F_GUEST_CSUM;
     let all = Offloads::ALL.features();
     assert_eq!(Offloads::from_features(all), Offloads::ALL);
-    assert_eq!(all & (1 << VIRTIO_NET_F_GUEST_CSUM), 0, "nothing for the guest's RX side");
-    assert_eq!(Offloads::ALL.without("csum").unwrap().features(), 0, "segmentation needs CSUM");
+    let no_csum = Offloads::ALL.without("csum").unwrap();
+    assert_eq!(no_csum.features(), 1 << VIRTIO_NET_F_GUEST_CSUM, "segmentation needs CSUM");
+    assert_eq!(no_csum.without("guest_csum").unwrap().features(), 0);
     let f = Offloads::ALL.without("tso4").unwrap().without("tso6").unwrap().features();
     assert_eq!(f & (1 << VIRTIO_NET_F_HOST_ECN), 0, "ECN needs TSO");
     assert!(Offloads::ALL.without("gso").is_err());
+}
+
+#[test]
+fn rx_checksums_are_verified_not_assumed() {
+    for (v4, tcp) in [(true, true), (true, false), (false, true), (false, false)] {
+        let mut f = packet(v4, tcp, 700, 0x18);
+        let h = gso_hdr(&f, 0, 0);
+        fill_csum(&mut f, usize::from(h.csum_start), usize::from(h.csum_offset));
+        assert!(rx_csum_ok(&f), "v4 {v4} tcp {tcp}");
+        let mut padded = f.clone();
+        padded.extend_from_slice(&[0xab; 7]);
+        assert!(rx_csum_ok(&padded), "Ethernet padding is not summed");
+        for at in [f.len() - 1, usize::from(h.csum_start) + usize::from(h.csum_offset), f.len() - 300] {
+            let mut bad = f.clone();
+            bad[at] ^= 0x40;
+            assert!(!rx_csum_ok(&bad), "v4 {v4} tcp {tcp}: corrupt byte {at} accepted");
+        }
+        // An IP length past the frame, a truncated frame, not IP.
+        let mut long = f.clone();
+        long[if v4 { 16 } else { 18 }] ^= 0x80;
+        assert!(!rx_csum_ok(&long));
+        assert!(!rx_csum_ok(&f[..40]));
+        assert!(!rx_csum_ok(&[0u8; 60]));
+    }
+    let mut none = packet(true, false, 100, 0);
+    none[40..42].copy_from_slice(&[0, 0]);
+    assert!(rx_csum_ok(&none), "IPv4 UDP without a checksum");
 }
