@@ -65,8 +65,8 @@ pub const FAMILIES: &[Family] = &[
     fam!(
         "lanekit_vhost_virtio_features",
         false,
-        &["vm", "set"],
-        "Virtio feature bits: offered to the frontend, and acked by it (0 before it acked any)"
+        &["vm", "set", "bit"],
+        "1 for each virtio feature bit offered to the frontend (set=offered) and acked by it (set=acked)"
     ),
     fam!("lanekit_vhost_rx_packets", true, VQ, "Frames delivered to the guest (port to guest RX queue)"),
     fam!("lanekit_vhost_rx_bytes", true, VQ, "Bytes delivered to the guest, without virtio header"),
@@ -151,8 +151,8 @@ impl Exporter {
         vec![("vm", self.vm.clone())]
     }
 
-    fn set(&self, set: &str) -> Labels {
-        vec![("vm", self.vm.clone()), ("set", set.to_string())]
+    fn set(&self, set: &str, bit: u32) -> Labels {
+        vec![("vm", self.vm.clone()), ("set", set.to_string()), ("bit", bit.to_string())]
     }
 
     fn q(&self, pair: usize) -> Labels {
@@ -207,8 +207,12 @@ impl Collector for Exporter {
         let per = |f: fn(&StatsSnapshot) -> u64| -> Vec<(Labels, u64)> {
             stats.iter().enumerate().map(|(i, s)| (self.q(i), f(s))).collect()
         };
-        let mut features = vec![(self.set("offered"), VhostUserBackend::features(b.as_ref()))];
-        features.push((self.set("acked"), NetBackend::acked_features(b)));
+        let mut features = Vec::new();
+        for (set, bits) in
+            [("offered", VhostUserBackend::features(b.as_ref())), ("acked", NetBackend::acked_features(b))]
+        {
+            features.extend((0..64).filter(|i| bits & (1 << i) != 0).map(|i| (self.set(set, i), 1)));
+        }
         emit(&mut enc, "lanekit_vhost_virtio_features", &features)?;
         emit(&mut enc, "lanekit_vhost_rx_packets", &per(|s| s.rx_frames))?;
         emit(&mut enc, "lanekit_vhost_rx_bytes", &per(|s| s.rx_bytes))?;
