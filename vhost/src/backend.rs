@@ -737,6 +737,8 @@ impl VhostUserBackend for NetBackend {
 
     fn acked_features(&self, features: u64) {
         self.acked.store(features, Ordering::Relaxed);
+        let off = Offloads::from_features(features & self.offloads.features());
+        info!("frontend acked features {features:#x}, offloads {off:?}");
         self.set_log_all(features & (1 << VHOST_F_LOG_ALL) != 0);
     }
 
