@@ -76,7 +76,7 @@ fn linux_guest_traffic_crosses_the_backend() {
     let acked = acked.unwrap_or_else(|| panic!("no features line:\n{}", backend_log()));
     let want = "offloads Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: false, guest_csum: true }";
     assert!(acked.contains(want), "{acked}");
-        // QEMU's memory-backend-memfd seals its memfd against shrinking (seal=on by default).
+    // QEMU's memory-backend-memfd seals its memfd against shrinking (seal=on by default).
     for l in backend_log().lines().filter(|l| l.contains("guest memory region")) {
         println!("{l}");
     }
