@@ -30,7 +30,7 @@ func TestRunGroupsInterleaves(t *testing.T) {
 		events = append(events, fmt.Sprintf("%s/%s", g, p.Name))
 		s.gbps[s.cur] = value[g+"/"+p.Name] * float64(s.cur+1)
 		return nil
-	}}}
+	}, nil}}
 	failTunnelRep := 2
 	rep := map[string]int{}
 	group := func(name string, rows ...string) Group {

@@ -80,6 +80,7 @@ const (
 // marks a failed measurement.
 type samples struct {
 	gbps, p50, p99, cps []float64
+	gbpsRev             []float64 // guest rows: TCP with the guest sending (iperf3 -R)
 	cpsConns, cpsErrs   []float64 // connections made and failed, per repetition
 	cpsKinds            map[string]int64
 	errs                []string
@@ -94,7 +95,7 @@ func newSamples(repeat int) samples {
 		}
 		return xs
 	}
-	return samples{gbps: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
+	return samples{gbps: nan(), gbpsRev: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
 }
 
 // addLatency records a sockperf ping-pong run's output as the current
@@ -129,12 +130,16 @@ func (s *samples) addCPS(out []byte) error {
 type metric struct {
 	name string
 	run  func(ctx context.Context, o Options, p Path, s *samples) error
+	// only, when set, picks the paths the metric applies to.
+	only func(Path) bool
 }
 
 var metrics = []metric{
-	{"tcp", runIperf},
-	{"rr", runSockperf},
-	{"cps", runConnRate},
+	{"tcp", runIperf, nil},
+	// A guest's own sending (VM -> pod) is what its TX offloads change.
+	{"tcp-rev", runIperfRev, func(p Path) bool { return p.Guest != nil }},
+	{"rr", runSockperf, nil},
+	{"cps", runConnRate, nil},
 }
 
 // Run measures every path Repeat times. Within a repetition each metric runs
@@ -179,6 +184,9 @@ func measureRep(ctx context.Context, group string, paths []Path, all []samples, 
 	for _, m := range metrics {
 		for k := range paths {
 			i := (k + rep) % len(paths)
+			if m.only != nil && !m.only(paths[i]) {
+				continue
+			}
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
@@ -213,6 +221,8 @@ func lastValue(metric string, s *samples, err error) string {
 	switch metric {
 	case "tcp":
 		return fmt.Sprintf("%.2f Gbit/s", last(s.gbps))
+	case "tcp-rev":
+		return fmt.Sprintf("%.2f Gbit/s from the guest", last(s.gbpsRev))
 	case "rr":
 		return fmt.Sprintf("p50 %.1f µs p99 %.1f µs", last(s.p50), last(s.p99))
 	default:
@@ -230,6 +240,15 @@ func hostPort(ip string, port int) string {
 
 // runIperf: single-stream TCP throughput with iperf3 (one-off server).
 func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
+	return iperf(ctx, o, p, false, s.gbps, s.cur)
+}
+
+// runIperfRev: runIperf with the server sending (iperf3 -R).
+func runIperfRev(ctx context.Context, o Options, p Path, s *samples) error {
+	return iperf(ctx, o, p, true, s.gbpsRev, s.cur)
+}
+
+func iperf(ctx context.Context, o Options, p Path, reverse bool, into []float64, cur int) error {
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, iperfPort,
 		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
@@ -237,8 +256,11 @@ func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 		return err
 	}
 	defer srv.stop()
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-		"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J")
+	args := []string{"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 	gbps, perr := ParseIperf3(out)
 	if perr != nil {
 		if err != nil {
@@ -246,7 +268,7 @@ func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
 		}
 		return perr
 	}
-	s.gbps[s.cur] = gbps
+	into[cur] = gbps
 	return nil
 }
 

@@ -37,13 +37,15 @@ type Report struct {
 // Row holds one path's results: TCP throughput as min/median/max, the other
 // metrics as medians with their ranges as siblings.
 type Row struct {
-	Path        string   `json:"path"`
-	ClientNS    string   `json:"client_netns"`
-	ServerNS    string   `json:"server_netns"`
-	ServerIP    string   `json:"server_ip"`
-	Server      string   `json:"server"` // "netns" or "guest:<vm>"
-	Note        string   `json:"note,omitempty"`
-	TCPGbps     Summary  `json:"tcp_gbps"`
+	Path     string  `json:"path"`
+	ClientNS string  `json:"client_netns"`
+	ServerNS string  `json:"server_netns"`
+	ServerIP string  `json:"server_ip"`
+	Server   string  `json:"server"` // "netns" or "guest:<vm>"
+	Note     string  `json:"note,omitempty"`
+	TCPGbps  Summary `json:"tcp_gbps"`
+	// TCPRevGbps: guest rows only, TCP with the guest sending (iperf3 -R).
+	TCPRevGbps  *Summary `json:"tcp_rev_gbps,omitempty"`
 	RRP50us     float64  `json:"rr_p50_us"`
 	RRP50Range  Summary  `json:"rr_p50_us_range"`
 	RRP99us     float64  `json:"rr_p99_us"`
@@ -127,13 +129,16 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 		s := all[i]
 		p50, p99, cps := Summarize(s.p50), Summarize(s.p99), Summarize(s.cps)
 		server := "netns"
+		var rev *Summary
 		if p.Guest != nil {
 			server = "guest:" + p.Guest.Name
+			r := Summarize(s.gbpsRev)
+			rev = &r
 		}
 		r.Rows = append(r.Rows, Row{
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
 			Server: server, Note: p.Note,
-			TCPGbps: Summarize(s.gbps),
+			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev,
 			RRP50us: p50.Median, RRP50Range: p50,
 			RRP99us: p99.Median, RRP99Range: p99,
 			CPS: cps.Median, CPSRange: cps,
@@ -273,6 +278,11 @@ func (r *Report) writeRows(w io.Writer) error {
 	}
 	if r.row(RawPath6) != nil {
 		fmt.Fprintf(w, "IPv6 rows (-ipv6): ratios to %s; their RR is measured by %s (sockperf 3.7 takes IPv4 only), so compare RR only within a family\n", RawPath6, RRToolGo)
+	}
+	for _, row := range r.Rows {
+		if row.TCPRevGbps != nil {
+			fmt.Fprintf(w, "TCP from the guest (%s -> client, iperf3 -R): %s Gbit/s\n", row.Path, spread(*row.TCPRevGbps, "%.2f"))
+		}
 	}
 	for _, row := range r.Rows {
 		if row.Includes.Detail != "" {

@@ -120,8 +120,14 @@ fn run(direct: bool, size: usize, rounds: usize) -> f64 {
     let avail = vq.avail_addr();
     let mut port = UmemPort { umem: vec![0x5a; 1024 * BUF as usize], len: size, next: 0, direct };
     let (mut st, stats) = (RxState::default(), Stats::default());
-    let mode =
-        NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false }.with_hash_report(true);
+    let mode = NetMode {
+        hdr_len: HDR_LEN,
+        mergeable: true,
+        max_frame: 1518,
+        hash_report: false,
+        offloads: lanekit_vhost::offload::Offloads::NONE,
+    }
+    .with_hash_report(true);
     let mut idx: u16 = QLEN;
     let start = thread_cpu();
     let mut frames = 0u64;

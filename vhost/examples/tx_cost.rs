@@ -72,7 +72,13 @@ fn thread_cpu() -> Duration {
 /// The measured part: one call of the backend's TX code (not inlined, for callgrind).
 #[inline(never)]
 fn backend_tx(q: &mut Queue, mem: &GuestMem, port: &mut UmemPort, st: &mut TxState, stats: &Stats) -> usize {
-    let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
+    let mode = NetMode {
+        hdr_len: HDR_LEN,
+        mergeable: true,
+        max_frame: 1518,
+        hash_report: false,
+        offloads: lanekit_vhost::offload::Offloads::NONE,
+    };
     tx_queue(q, mem, port, st, mode, stats, usize::from(QLEN)).handled
 }
 

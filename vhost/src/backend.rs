@@ -42,6 +42,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::dirty::{DirtyBitmap, RegionLog, VHOST_F_LOG_ALL};
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
+use crate::offload::Offloads;
 use crate::port::Port;
 use crate::rss::{self, RssConfig, RssMap};
 use crate::sigbus;
@@ -54,13 +55,25 @@ pub const MAX_QUEUE_PAIRS: u16 = 31;
 pub const BUDGET: usize = 256;
 /// Default polling window after the last frame before a worker sleeps (see module docs).
 pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
+
+/// The polling window for a process that may use `cpus` CPUs: [`DEFAULT_POLL`] with more than
+/// two, else none. On a machine with one or two cores a worker that spins after each burst
+/// takes the core the guest's vCPU (or QEMU's I/O thread) needs next, and every
+/// request/response pays for it.
+pub fn default_poll(cpus: usize) -> Duration {
+    if cpus > 2 {
+        DEFAULT_POLL
+    } else {
+        Duration::ZERO
+    }
+}
 /// Largest config space read answered (`virtio_net_config` is 24 bytes today).
 const CONFIG_SPACE_MAX: usize = 256;
 /// Ethernet header + one VLAN tag: added to the MTU to get the largest frame.
 const L2_OVERHEAD: usize = 18;
 
-/// Virtio features offered. No checksum, GSO or other offload is offered: we implement none, so
-/// the guest computes checksums and never hands us segments larger than the MTU.
+/// Virtio features always offered. The guest -> wire offloads (`offload.rs`) come on top, as
+/// configured ([`NetBackend::with_offloads`]).
 pub const VIRTIO_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
     | 1 << VIRTIO_NET_F_MRG_RXBUF
     | 1 << VIRTIO_RING_F_EVENT_IDX
@@ -157,6 +170,8 @@ pub struct NetBackend {
     rss: Option<Mutex<RssMap>>,
     /// The guest configuration in force (None: the default steering).
     rss_config: Mutex<Option<RssConfig>>,
+    /// Guest -> wire offloads offered.
+    offloads: Offloads,
 }
 
 /// Errors building a backend.
@@ -230,6 +245,7 @@ impl NetBackend {
             poll: DEFAULT_POLL,
             rss: None,
             rss_config: Mutex::new(None),
+            offloads: Offloads::ALL,
         })
     }
 
@@ -237,6 +253,12 @@ impl NetBackend {
     pub fn with_rss(mut self, mut map: RssMap) -> Self {
         map.write(None);
         self.rss = Some(Mutex::new(map));
+        self
+    }
+
+    /// Offer these guest -> wire offloads (default: every one, [`Offloads::ALL`]).
+    pub fn with_offloads(mut self, off: Offloads) -> Self {
+        self.offloads = off;
         self
     }
 
@@ -504,8 +526,10 @@ impl NetBackend {
             mergeable: has(VIRTIO_NET_F_MRG_RXBUF),
             max_frame: usize::from(self.config.mtu) + L2_OVERHEAD,
             hash_report: false,
+            offloads: Offloads::NONE,
         }
         .with_hash_report(has(rss::VIRTIO_NET_F_HASH_REPORT) && has(VIRTIO_F_VERSION_1))
+        .with_offloads(Offloads::from_features(acked & self.offloads.features()))
     }
 
     fn ctrl_features(&self) -> net::CtrlFeatures {
@@ -704,11 +728,17 @@ impl VhostUserBackend for NetBackend {
 
     fn features(&self) -> u64 {
         let rss = if self.rss.is_some() { 1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT } else { 0 };
-        VIRTIO_FEATURES | rss | 1 << VHOST_F_LOG_ALL | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        VIRTIO_FEATURES
+            | self.offloads.features()
+            | rss
+            | 1 << VHOST_F_LOG_ALL
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
     fn acked_features(&self, features: u64) {
         self.acked.store(features, Ordering::Relaxed);
+        let off = Offloads::from_features(features & self.offloads.features());
+        info!("frontend acked features {features:#x}, offloads {off:?}");
         self.set_log_all(features & (1 << VHOST_F_LOG_ALL) != 0);
     }
 

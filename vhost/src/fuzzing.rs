@@ -12,6 +12,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::net::{self, NetMode, RxState, Stats, StatsSnapshot, TxState};
+use crate::offload;
 use crate::port::{LoopPort, Port};
 use crate::{serve, DeviceConfig, NetBackend};
 
@@ -48,6 +49,13 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
         mergeable: data.first().is_some_and(|b| b & 1 == 1),
         max_frame: 1518,
         hash_report: false,
+        // Half the inputs with every TX offload negotiated: their headers are parsed and
+        // checked against the frames.
+        offloads: if data.get(2).is_some_and(|b| b & 1 == 1) {
+            crate::offload::Offloads::ALL
+        } else {
+            crate::offload::Offloads::NONE
+        },
     };
     let new_queue = || -> Option<Queue> {
         let mut q = Queue::new(QSIZE).ok()?;
@@ -302,4 +310,81 @@ pub fn log_messages(path: &Path, data: &[u8], timeout: Duration) -> bool {
         }
     }
     false
+}
+
+// Offload test packets, shared by the unit tests, `tests/fuzz_random.rs` and the hostile-frontend test.
+
+/// A reference ones' complement checksum, written independently of `csum_add` / `csum_fold`:
+/// 32-bit accumulation of 16-bit words, end-around carry, complement.
+pub fn reference_csum(parts: &[&[u8]]) -> u16 {
+    let bytes: Vec<u8> = parts.concat();
+    let mut sum: u32 = 0;
+    for i in (0..bytes.len()).step_by(2) {
+        let hi = u32::from(bytes[i]) << 8;
+        let lo = bytes.get(i + 1).map_or(0, |b| u32::from(*b));
+        sum += hi | lo;
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The L4 checksum a receiver verifies: 0 when `frame`'s L4 checksum is right.
+pub fn l4_check(frame: &[u8], v4: bool) -> u16 {
+    let (l3, proto, l4) =
+        if v4 { (14, frame[14 + 9], 14 + usize::from(frame[14] & 0xf) * 4) } else { (14, frame[14 + 6], 54) };
+    let addrs = if v4 { &frame[l3 + 12..l3 + 20] } else { &frame[l3 + 8..l3 + 40] };
+    let len = (frame.len() - l4) as u32;
+    let pseudo = [&[0u8, proto][..], &len.to_be_bytes()[..]].concat();
+    reference_csum(&[addrs, &pseudo, &frame[l4..]])
+}
+
+/// An Ethernet + IPv4/IPv6 + TCP (or UDP) frame with `payload` bytes, as a guest hands it over
+/// with NEEDS_CSUM: the L4 checksum field holds the pseudo-header sum (lengths as sent).
+pub fn packet(v4: bool, tcp: bool, payload: usize, tcp_flags: u8) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    f.extend_from_slice(&(if v4 { 0x0800u16 } else { 0x86ddu16 }).to_be_bytes());
+    let proto = if tcp { 6u8 } else { 17u8 };
+    let l4len = if tcp { 32 } else { 8 } + payload;
+    if v4 {
+        let tot = (20 + l4len) as u16;
+        f.extend_from_slice(&[0x45, 0, (tot >> 8) as u8, tot as u8, 0x12, 0x34, 0x40, 0, 64, proto, 0, 0]);
+        f.extend_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+        let c = reference_csum(&[&f[14..34]]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+    } else {
+        f.extend_from_slice(&[0x60, 0, 0, 0, (l4len >> 8) as u8, l4len as u8, proto, 64]);
+        f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    }
+    let l4 = f.len();
+    if tcp {
+        // Ports, seq 0xfffff000 (wraps while cut), ack, doff 8 (12 bytes of options), flags.
+        f.extend_from_slice(&[0x30, 0x39, 0x00, 0x50, 0xff, 0xff, 0xf0, 0x00, 0, 0, 0, 1]);
+        f.extend_from_slice(&[0x80, tcp_flags, 0xff, 0xff, 0, 0, 0, 0]);
+        f.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
+    } else {
+        f.extend_from_slice(&[0x30, 0x39, 0x00, 0x35, (l4len >> 8) as u8, l4len as u8, 0, 0]);
+    }
+    f.extend((0..payload).map(|i| (i * 7 + 3) as u8));
+    // The guest's partial checksum: the folded pseudo-header sum, not complemented.
+    let addrs = if v4 { f[26..34].to_vec() } else { f[22..54].to_vec() };
+    let partial = offload::csum_fold(offload::csum_add(0, &addrs) + l4len as u64 + u64::from(proto));
+    let at = l4 + if tcp { 16 } else { 6 };
+    f[at..at + 2].copy_from_slice(&partial.to_be_bytes());
+    f
+}
+
+/// The header a guest sends for `frame`: NEEDS_CSUM at the L4 checksum, GSO `gso_type` of `mss`.
+pub fn gso_hdr(frame: &[u8], gso_type: u8, mss: u16) -> offload::TxHdr {
+    let v4 = frame[12..14] == 0x0800u16.to_be_bytes();
+    let l4 = if v4 { 34 } else { 54 };
+    let tcp = frame[if v4 { 23 } else { 20 }] == 6u8;
+    offload::TxHdr {
+        flags: offload::F_NEEDS_CSUM,
+        gso_type,
+        hdr_len: (l4 + if tcp { 32 } else { 8 }) as u16,
+        gso_size: mss,
+        csum_start: l4 as u16,
+        csum_offset: if tcp { 16 } else { 6 },
+    }
 }

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod handover;
 pub mod metrics;
 pub mod net;
+pub mod offload;
 pub mod port;
 mod relay;
 pub mod rss;
@@ -113,6 +114,8 @@ pub struct Config {
     pub frontend_uid: Option<u32>,
     /// Install the seccomp filter before serving (`--no-seccomp` turns it off for debugging).
     pub seccomp: bool,
+    /// Guest -> wire offloads offered to the guest (`--no-offload` removes some).
+    pub offloads: offload::Offloads,
 }
 
 /// Ports of every queue pair, and the VM's RSS map when the agent handed one.
@@ -162,7 +165,7 @@ pub fn start_backend(config: Config) -> Result<()> {
     confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
     let max_frame = usize::from(config.device.mtu) + 18;
     let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
-    let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll);
+    let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll).with_offloads(config.offloads);
     if let Some(map) = rss {
         info!("offering virtio RSS and hash report (the agent handed the VM's RSS map)");
         backend = backend.with_rss(map);

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use lanekit_vhost::offload::Offloads;
 use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource};
 
 /// vhost-user-net backend moving frames between a VM's virtio queues and AF_XDP sockets.
@@ -42,9 +43,15 @@ struct Args {
     metrics_listen: Option<String>,
     /// Microseconds a worker keeps polling its queues and port after the last frame before it
     /// sleeps (0: purely event-driven). Polling saves wakeups and syscalls under load, at the
-    /// cost of up to this much busy CPU after each burst.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    poll_us: u64,
+    /// cost of up to this much busy CPU after each burst. Default: 50 with more than 2 usable
+    /// CPUs, else 0 (a busy-polling worker would take a core from the guest's vCPUs).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    poll_us: Option<u64>,
+    /// Do not offer these offloads (comma-separated: csum, tso4, tso6, ecn, uso for guest ->
+    /// wire, csum taking every segmentation offload with it; guest_csum for wire -> guest).
+    /// All are offered by default.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    no_offload: Vec<String>,
     /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
     /// uid). Done before the AF_XDP handover.
     #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
@@ -100,14 +107,22 @@ impl TryFrom<Args> for Config {
             socket: a.socket,
             device: DeviceConfig { mac: parse_mac(&a.mac)?, queue_pairs: a.queues, mtu: a.mtu },
             ports,
-            poll: std::time::Duration::from_micros(a.poll_us),
+            poll: a
+                .poll_us
+                .map_or_else(|| lanekit_vhost::backend::default_poll(cpus()), std::time::Duration::from_micros),
             metrics_listen: a.metrics_listen,
             vm,
             run_as: a.run_as,
             frontend_uid: a.frontend_uid,
             seccomp: !a.no_seccomp,
+            offloads: a.no_offload.iter().try_fold(Offloads::ALL, |o, n| o.without(n.trim())).map_err(Error::Config)?,
         })
     }
+}
+
+/// CPUs this process may run on (affinity and cgroup quota included).
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 fn main() -> ExitCode {
@@ -147,7 +162,16 @@ mod tests {
         assert!(config(&["--xsk-socket", "/run/lk.sock"]).is_err());
         assert!(config(&["--loopback", "--ifname", "eth1"]).is_err());
         assert!(config(&["--loopback", "--mac", "zz"]).is_err());
-        assert_eq!(config(&["--loopback"]).unwrap().poll, std::time::Duration::from_micros(50));
+        let want = if cpus() > 2 { 50 } else { 0 };
+        assert_eq!(config(&["--loopback"]).unwrap().poll, std::time::Duration::from_micros(want));
+        assert_eq!(config(&["--loopback", "--poll-us", "50"]).unwrap().poll, std::time::Duration::from_micros(50));
+        assert_eq!(config(&["--loopback"]).unwrap().offloads, Offloads::ALL);
+        let c = config(&["--loopback", "--no-offload", "tso6,ecn", "--no-offload", "uso"]).unwrap();
+        assert_eq!(c.offloads, Offloads { tso6: false, ecn: false, uso: false, ..Offloads::ALL });
+        let c = config(&["--loopback", "--no-offload", "csum,guest_csum"]).unwrap();
+        assert_eq!(c.offloads, Offloads::NONE);
+        let e = config(&["--loopback", "--no-offload", "tso7"]).unwrap_err();
+        assert!(e.contains("unknown offload \"tso7\""), "{e}");
         assert!(config(&["--loopback", "--poll-us", "0"]).unwrap().poll.is_zero());
         assert!(config(&["--loopback", "--poll-us", "2000000"]).is_err());
         let c = config(&["--loopback", "--metrics-listen", "127.0.0.1:9200"]).unwrap();

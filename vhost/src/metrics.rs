@@ -31,6 +31,7 @@ use prometheus_client::registry::Registry;
 use crate::net::{ErrorKind, StatsSnapshot};
 use crate::xsk::{xdp_statistics, XdpStatistics};
 use crate::NetBackend;
+use vhost_user_backend::VhostUserBackend;
 
 /// One metric family: name (without `_total`), help, type, labels of its samples.
 pub struct Family {
@@ -61,6 +62,12 @@ pub const FAMILIES: &[Family] = &[
     fam!("lanekit_vhost_frontend_connections", true, VM, "Frontend (VMM) connections accepted"),
     fam!("lanekit_vhost_frontend_refused", true, VM, "Frontend connections refused by the hostile-frontend checks"),
     fam!("lanekit_vhost_frontend_errors", true, VM, "Frontend connections ended by an error (refusals included)"),
+    fam!(
+        "lanekit_vhost_virtio_features",
+        false,
+        &["vm", "set", "bit"],
+        "1 for each virtio feature bit offered to the frontend (set=offered) and acked by it (set=acked)"
+    ),
     fam!("lanekit_vhost_rx_packets", true, VQ, "Frames delivered to the guest (port to guest RX queue)"),
     fam!("lanekit_vhost_rx_bytes", true, VQ, "Bytes delivered to the guest, without virtio header"),
     fam!("lanekit_vhost_tx_packets", true, VQ, "Frames from the guest TX queue accepted by the port"),
@@ -75,7 +82,14 @@ pub const FAMILIES: &[Family] = &[
         "lanekit_vhost_guest_errors",
         true,
         &["vm", "queue", "kind"],
-        "Malformed guest input refused: bad_chain, frame_too_large, invalid_ring (chain dropped)"
+        "Malformed guest input refused: bad_chain, frame_too_large, invalid_ring, bad_offload (chain dropped)"
+    ),
+    fam!(
+        "lanekit_vhost_offloads",
+        true,
+        &["vm", "queue", "kind"],
+        "Offloads executed: tx_csum (checksum filled in), tx_gso (chain cut into MTU-sized frames), rx_data_valid \
+         (checksum verified, frame marked DATA_VALID)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -137,6 +151,10 @@ impl Exporter {
         vec![("vm", self.vm.clone())]
     }
 
+    fn set(&self, set: &str, bit: u32) -> Labels {
+        vec![("vm", self.vm.clone()), ("set", set.to_string()), ("bit", bit.to_string())]
+    }
+
     fn q(&self, pair: usize) -> Labels {
         vec![("vm", self.vm.clone()), ("queue", pair.to_string())]
     }
@@ -189,6 +207,13 @@ impl Collector for Exporter {
         let per = |f: fn(&StatsSnapshot) -> u64| -> Vec<(Labels, u64)> {
             stats.iter().enumerate().map(|(i, s)| (self.q(i), f(s))).collect()
         };
+        let mut features = Vec::new();
+        for (set, bits) in
+            [("offered", VhostUserBackend::features(b.as_ref())), ("acked", NetBackend::acked_features(b))]
+        {
+            features.extend((0..64).filter(|i| bits & (1 << i) != 0).map(|i| (self.set(set, i), 1)));
+        }
+        emit(&mut enc, "lanekit_vhost_virtio_features", &features)?;
         emit(&mut enc, "lanekit_vhost_rx_packets", &per(|s| s.rx_frames))?;
         emit(&mut enc, "lanekit_vhost_rx_bytes", &per(|s| s.rx_bytes))?;
         emit(&mut enc, "lanekit_vhost_tx_packets", &per(|s| s.tx_frames))?;
@@ -201,7 +226,11 @@ impl Collector for Exporter {
         let mut drops = Vec::new();
         let mut errors = Vec::new();
         let mut notes = Vec::new();
+        let mut offloads = Vec::new();
         for (i, s) in stats.iter().enumerate() {
+            offloads.push((with(i, &[("kind", "tx_csum")]), s.tx_csum));
+            offloads.push((with(i, &[("kind", "tx_gso")]), s.tx_gso));
+            offloads.push((with(i, &[("kind", "rx_data_valid")]), s.rx_csum_valid));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));
@@ -214,6 +243,7 @@ impl Collector for Exporter {
         }
         emit(&mut enc, "lanekit_vhost_dropped", &drops)?;
         emit(&mut enc, "lanekit_vhost_guest_errors", &errors)?;
+        emit(&mut enc, "lanekit_vhost_offloads", &offloads)?;
         emit(&mut enc, "lanekit_vhost_guest_notifications", &notes)?;
         emit_seconds(&mut enc, "lanekit_vhost_busy_seconds", &per(|s| s.busy_ns))?;
         let backlog: Vec<(Labels, u64)> =

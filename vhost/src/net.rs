@@ -5,15 +5,13 @@
 //! flags, ring indexes, headers, control commands) is validated; a bad chain is counted in
 //! [`Stats::errors`], returned to the guest with length 0 and its frame dropped. Nothing panics.
 //!
-//! No checksum or segmentation offload is offered or implemented: the header we write on RX is
-//! all zeroes except `num_buffers`, and a TX header asking for checksum or GSO is rejected.
+//! TX offloads (checksum, TSO, USO) are validated and executed in software by `offload.rs` when
+//! negotiated ([`NetMode::offloads`]); a TX header asking for anything else is rejected.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use log::debug;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
+use crate::offload::{OffloadError, Offloads, MAX_GSO_FRAME};
 use crate::port::{Batch, Port};
 use crate::rss::XskMeta;
 use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
@@ -30,10 +28,10 @@ pub const HASH_HDR_LEN: usize = 20;
 pub const LEGACY_HDR_LEN: usize = 10;
 /// Shortest frame accepted from the guest: an Ethernet header.
 pub const ETH_HLEN: usize = 14;
+/// `VIRTIO_NET_HDR_F_DATA_VALID`: the frame's checksum was verified.
+const HDR_F_DATA_VALID: u8 = 2;
 /// Frames moved per port call.
 pub const BATCH: usize = 64;
-/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`.
-const HDR_F_NEEDS_CSUM: u8 = 1;
 /// Why a descriptor chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
@@ -55,9 +53,9 @@ pub enum ChainError {
     /// A descriptor points outside guest memory.
     #[error("descriptor address {0:#x} (+{1}) is outside guest memory")]
     BadAddress(u64, usize),
-    /// The TX header asks for an offload this device does not offer.
-    #[error("tx header requests an unsupported offload (flags {0:#x}, gso_type {1})")]
-    Offload(u8, u8),
+    /// The TX header asks for an offload that was not negotiated, or lies about the frame.
+    #[error("tx header: {0}")]
+    Offload(#[from] OffloadError),
     /// A control command without a writable ack byte.
     #[error("control command has no writable ack byte")]
     NoAck,
@@ -66,199 +64,6 @@ pub enum ChainError {
     /// virtio-queue's iterator just ends there; the truncated chain is refused, not used.
     #[error("descriptor chain loops or continues past the table")]
     Unterminated,
-}
-
-/// What kind of malformed guest input an error was (the `kind` label of
-/// `lanekit_vhost_guest_errors_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A descriptor chain refused: empty, wrong direction, too short, looping, bad address,
-    /// unsupported offload, control command without ack.
-    BadChain,
-    /// A TX chain longer than the largest frame (MTU + 18 plus the virtio header).
-    FrameTooLarge,
-    /// An invalid ring: available index or descriptor head out of range, ring memory unreadable.
-    InvalidRing,
-}
-
-impl ErrorKind {
-    /// Every kind, in the order of [`Stats::error_kinds`].
-    pub const ALL: [ErrorKind; 3] = [ErrorKind::BadChain, ErrorKind::FrameTooLarge, ErrorKind::InvalidRing];
-
-    /// The metric label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            ErrorKind::BadChain => "bad_chain",
-            ErrorKind::FrameTooLarge => "frame_too_large",
-            ErrorKind::InvalidRing => "invalid_ring",
-        }
-    }
-}
-
-/// Guest input errors the datapath counts, classified for the metrics.
-pub trait GuestError: std::fmt::Display {
-    /// The kind counted.
-    fn kind(&self) -> ErrorKind;
-}
-
-impl GuestError for ChainError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            ChainError::TooLarge(_) => ErrorKind::FrameTooLarge,
-            _ => ErrorKind::BadChain,
-        }
-    }
-}
-
-impl GuestError for virtio_queue::Error {
-    fn kind(&self) -> ErrorKind {
-        ErrorKind::InvalidRing
-    }
-}
-
-impl GuestError for vm_memory::GuestMemoryError {
-    fn kind(&self) -> ErrorKind {
-        ErrorKind::InvalidRing
-    }
-}
-
-/// Datapath counters of one queue pair (the control queue counts with pair 0). Relaxed atomics,
-/// written only by the pair's worker and read at scrape time: no lock per frame. Aligned to
-/// 128 bytes so that neighbouring pairs' counters never share a cache line (or line pair).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub struct Stats {
-    /// Frames delivered to the guest.
-    pub rx_frames: AtomicU64,
-    /// Bytes (without virtio header) delivered to the guest.
-    pub rx_bytes: AtomicU64,
-    /// Frames from the port that could not be delivered (sum of the two below).
-    pub rx_dropped: AtomicU64,
-    /// Frames dropped because they did not fit the guest's buffer (no MRG_RXBUF).
-    pub rx_dropped_no_room: AtomicU64,
-    /// Frames dropped because a guest RX chain turned out invalid while filling it.
-    pub rx_dropped_bad_chain: AtomicU64,
-    /// Frames the port accepted from the guest.
-    pub tx_frames: AtomicU64,
-    /// Bytes the port accepted from the guest.
-    pub tx_bytes: AtomicU64,
-    /// Valid frames from the guest that the port refused (full) or failed to send (sum of the
-    /// two below).
-    pub tx_dropped: AtomicU64,
-    /// Frames the port refused or failed to send (ring full, send error).
-    pub tx_dropped_port_full: AtomicU64,
-    /// Frames larger than the port's frames.
-    pub tx_dropped_too_large: AtomicU64,
-    /// Malformed input from the guest: bad chains, bad ring indexes, bad control commands.
-    pub errors: AtomicU64,
-    /// [`Self::errors`] by [`ErrorKind`] (index: position in [`ErrorKind::ALL`]).
-    pub error_kinds: [AtomicU64; 3],
-    /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
-    pub rx_notifications: AtomicU64,
-    /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
-    pub tx_notifications: AtomicU64,
-    /// Nanoseconds spent in queue runs that moved frames (or commands): the backend's work
-    /// without its sleeping, waking and empty polls (what testpmd's --record-core-cycles counts
-    /// for its forwarding loop).
-    pub busy_ns: AtomicU64,
-}
-
-/// A copy of [`Stats`] at one instant.
-#[allow(missing_docs)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    pub rx_frames: u64,
-    pub rx_bytes: u64,
-    pub rx_dropped: u64,
-    pub rx_dropped_no_room: u64,
-    pub rx_dropped_bad_chain: u64,
-    pub tx_frames: u64,
-    pub tx_bytes: u64,
-    pub tx_dropped: u64,
-    pub tx_dropped_port_full: u64,
-    pub tx_dropped_too_large: u64,
-    pub errors: u64,
-    pub error_kinds: [u64; 3],
-    pub rx_notifications: u64,
-    pub tx_notifications: u64,
-    pub busy_ns: u64,
-}
-
-impl StatsSnapshot {
-    /// Sum of two snapshots (device totals from per-pair counters).
-    pub fn sum(self, o: StatsSnapshot) -> StatsSnapshot {
-        let mut kinds = self.error_kinds;
-        for (k, v) in kinds.iter_mut().zip(o.error_kinds) {
-            *k += v;
-        }
-        StatsSnapshot {
-            rx_frames: self.rx_frames + o.rx_frames,
-            rx_bytes: self.rx_bytes + o.rx_bytes,
-            rx_dropped: self.rx_dropped + o.rx_dropped,
-            rx_dropped_no_room: self.rx_dropped_no_room + o.rx_dropped_no_room,
-            rx_dropped_bad_chain: self.rx_dropped_bad_chain + o.rx_dropped_bad_chain,
-            tx_frames: self.tx_frames + o.tx_frames,
-            tx_bytes: self.tx_bytes + o.tx_bytes,
-            tx_dropped: self.tx_dropped + o.tx_dropped,
-            tx_dropped_port_full: self.tx_dropped_port_full + o.tx_dropped_port_full,
-            tx_dropped_too_large: self.tx_dropped_too_large + o.tx_dropped_too_large,
-            errors: self.errors + o.errors,
-            error_kinds: kinds,
-            rx_notifications: self.rx_notifications + o.rx_notifications,
-            tx_notifications: self.tx_notifications + o.tx_notifications,
-            busy_ns: self.busy_ns + o.busy_ns,
-        }
-    }
-}
-
-impl Stats {
-    /// Add `n` to a counter.
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Count one malformed input.
-    pub fn error<E: GuestError + ?Sized>(&self, what: &E) {
-        debug!("dropping guest input: {what}");
-        Self::add(&self.errors, 1);
-        let i = ErrorKind::ALL.iter().position(|k| *k == what.kind()).unwrap_or(0);
-        Self::add(&self.error_kinds[i], 1);
-    }
-
-    /// Count RX frames dropped because the guest's buffer was too small.
-    pub(crate) fn rx_drop(&self, bad_chain: bool) {
-        Self::add(&self.rx_dropped, 1);
-        Self::add(if bad_chain { &self.rx_dropped_bad_chain } else { &self.rx_dropped_no_room }, 1);
-    }
-
-    /// Count TX frames dropped: refused by the port, or larger than its frames.
-    pub(crate) fn tx_drop(&self, port_full: u64, too_large: u64) {
-        Self::add(&self.tx_dropped, port_full + too_large);
-        Self::add(&self.tx_dropped_port_full, port_full);
-        Self::add(&self.tx_dropped_too_large, too_large);
-    }
-
-    /// Read every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        StatsSnapshot {
-            rx_frames: l(&self.rx_frames),
-            rx_bytes: l(&self.rx_bytes),
-            rx_dropped: l(&self.rx_dropped),
-            rx_dropped_no_room: l(&self.rx_dropped_no_room),
-            rx_dropped_bad_chain: l(&self.rx_dropped_bad_chain),
-            tx_frames: l(&self.tx_frames),
-            tx_bytes: l(&self.tx_bytes),
-            tx_dropped: l(&self.tx_dropped),
-            tx_dropped_port_full: l(&self.tx_dropped_port_full),
-            tx_dropped_too_large: l(&self.tx_dropped_too_large),
-            errors: l(&self.errors),
-            error_kinds: self.error_kinds.each_ref().map(l),
-            rx_notifications: l(&self.rx_notifications),
-            tx_notifications: l(&self.tx_notifications),
-            busy_ns: l(&self.busy_ns),
-        }
-    }
 }
 
 /// Header layout negotiated with the guest.
@@ -273,6 +78,9 @@ pub struct NetMode {
     /// VIRTIO_NET_F_HASH_REPORT negotiated: the RX header is `virtio_net_hdr_v1_hash`
     /// ([`HASH_HDR_LEN`]) and carries the hash `steer_vm` computed.
     pub hash_report: bool,
+    /// TX offloads negotiated (checksum, segmentation): with segmentation a TX chain may carry
+    /// up to [`MAX_GSO_FRAME`] bytes of frame.
+    pub offloads: Offloads,
 }
 
 impl NetMode {
@@ -284,17 +92,35 @@ impl NetMode {
         }
         self
     }
+
+    /// With the TX offloads `off` negotiated.
+    pub fn with_offloads(mut self, off: Offloads) -> Self {
+        self.offloads = off;
+        self
+    }
+
+    /// Largest frame a TX chain may carry (before segmentation).
+    pub fn max_tx_frame(&self) -> usize {
+        if self.offloads.gso() {
+            MAX_GSO_FRAME.max(self.max_frame)
+        } else {
+            self.max_frame
+        }
+    }
 }
 
 /// Reusable per-queue buffers.
 #[derive(Debug, Default)]
 pub struct Scratch {
     segs: Vec<(GuestAddress, usize)>,
+    /// A TX frame to segment, copied out of guest memory (the guest cannot change our copy).
+    big: Vec<u8>,
     used: Vec<(u16, usize)>,
     /// RX frames and bytes delivered and not yet added to [`Stats`] (one atomic add per run,
     /// not per frame; see [`Scratch::count_rx`]).
     rx_frames: u64,
     rx_bytes: u64,
+    rx_csum_valid: u64,
 }
 
 impl Scratch {
@@ -303,6 +129,9 @@ impl Scratch {
         if self.rx_frames != 0 {
             Stats::add(&stats.rx_frames, std::mem::take(&mut self.rx_frames));
             Stats::add(&stats.rx_bytes, std::mem::take(&mut self.rx_bytes));
+        }
+        if self.rx_csum_valid != 0 {
+            Stats::add(&stats.rx_csum_valid, std::mem::take(&mut self.rx_csum_valid));
         }
     }
 }
@@ -552,6 +381,10 @@ fn rx_frame_in<M: GuestMemory>(
         // num_buffers <= queue size <= 32768, so it fits.
         hdr[10..12].copy_from_slice(&(s.used.len() as u16).to_le_bytes());
     }
+    if mode.offloads.guest_csum && crate::offload::rx_csum_ok(frame) {
+        hdr[0] = HDR_F_DATA_VALID;
+        s.rx_csum_valid += 1;
+    }
     if mode.hash_report && mode.hdr_len == HASH_HDR_LEN {
         // No metadata: hash_report VIRTIO_NET_HASH_REPORT_NONE (the guest enabled no type
         // that applies, or configured none).
@@ -761,6 +594,10 @@ fn rx_direct<M: GuestMemory>(
         }
     }
 }
+
+#[path = "net_stats.rs"]
+mod stats;
+pub use stats::{ErrorKind, GuestError, Stats, StatsSnapshot};
 
 #[path = "net_ctrl.rs"]
 mod ctrl;

@@ -330,7 +330,13 @@ mod tests {
         // MockSplitQueue's used ring overlaps the avail ring's second half: move it.
         q.set_used_ring_address(Some(0x8000), Some(0));
         let (mut port, mut st, stats) = (Sink(Vec::new(), Vec::new()), TxState::default(), Stats::default());
-        let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
+        let mode = NetMode {
+            hdr_len: HDR_LEN,
+            mergeable: true,
+            max_frame: 1518,
+            hash_report: false,
+            offloads: crate::offload::Offloads::NONE,
+        };
         let run = tx_queue(&mut q, &mem, &mut port, &mut st, mode, &stats, 64);
         assert_eq!(run.handled, 6);
         assert_eq!(port.0, vec![frame(1), frame(2), frame(3), frame(4)]);
@@ -355,7 +361,13 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         q.set_used_ring_address(Some(0x8000), Some(0));
         let avail = vq.avail_addr();
-        let mode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
+        let mode = NetMode {
+            hdr_len: HDR_LEN,
+            mergeable: true,
+            max_frame: 1518,
+            hash_report: false,
+            offloads: crate::offload::Offloads::NONE,
+        };
         let (mut st, stats) = (RxState::default(), Stats::default());
         for round in 0..2u16 {
             if round == 1 {

@@ -15,7 +15,8 @@ use crate::port::{Batch, Port};
 
 const MEM_SIZE: usize = 0x40_0000;
 const BUF_BASE: u64 = 0x10_0000;
-const MODE: NetMode = NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false };
+const MODE: NetMode =
+    NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false, offloads: Offloads::NONE };
 
 /// A port fed and drained directly by the test; `room` bounds what `send` accepts.
 /// With `lend` set it also lends buffers of that size (direct TX).
@@ -746,3 +747,6 @@ impl Port for LendingPort {
         "lending port".into()
     }
 }
+
+#[path = "net_offload_tests.rs"]
+mod offload_tx;

@@ -11,53 +11,124 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
 use super::ring::{Next, RegionOf, Regions, Slice};
+use super::HDR_LEN;
 use super::{collect, gather, pop_chain, ChainError, FastRing, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
-use super::{HDR_F_NEEDS_CSUM, HDR_LEN};
+use crate::offload::{self, write_segment, Gso, OffloadError, Plan, TxHdr};
 use crate::port::{Batch, Port};
 
-/// Validate one TX chain and append its frame (header stripped) to `out`.
+/// Validate one TX chain and append its frame(s) (header stripped; a GSO chain becomes several)
+/// to `out`.
 pub fn tx_chain<M: GuestMemory>(
     chain: DescriptorChain<&M>,
     mem: &M,
     mode: NetMode,
     s: &mut Scratch,
     out: &mut Batch,
+    stats: &Stats,
 ) -> Result<usize, ChainError> {
     s.segs.clear();
-    let total = collect(chain, mem, false, mode.hdr_len + mode.max_frame, &mut s.segs)?;
+    let total = collect(chain, mem, false, mode.hdr_len + mode.max_tx_frame(), &mut s.segs)?;
     if total < mode.hdr_len + ETH_HLEN {
         return Err(ChainError::TooShort(total));
     }
-    to_batch(mem, None, mode, &s.segs, total, out)
+    let segs = std::mem::take(&mut s.segs);
+    let res = to_batch(mem, None, mode, &segs, total, &mut s.big, out, stats);
+    s.segs = segs;
+    res
 }
 
-fn check_hdr(hdr: &[u8]) -> Result<(), ChainError> {
-    match hdr {
-        [flags, gso, ..] if flags & HDR_F_NEEDS_CSUM != 0 || *gso != 0 => Err(ChainError::Offload(*flags, *gso)),
-        _ => Ok(()),
+/// What a copied frame without segmentation needs: nothing, or a checksum filled in. Checked
+/// on our copy: the guest cannot change it between check and send.
+fn single(h: &TxHdr, frame: &mut [u8], mode: NetMode, stats: &Stats) -> Result<(), ChainError> {
+    match offload::plan(h, frame, mode.offloads, mode.max_frame)? {
+        _ if frame.len() > mode.max_frame => Err(ChainError::TooLarge(mode.max_frame)),
+        Plan::Single { csum: Some((start, offset)) } => {
+            offload::fill_csum(frame, start, offset);
+            Stats::add(&stats.tx_csum, 1);
+            Ok(())
+        }
+        Plan::Single { csum: None } => Ok(()),
+        // The header was read once and said "no GSO"; a copy saying otherwise changed under us.
+        Plan::Gso(_) => Err(OffloadError::Mismatch(h.gso_type, "header changed while copied").into()),
     }
 }
 
-/// Append the frame of a collected chain (`total` bytes in `segs`) to `out`.
+/// The header of a collected chain (copied to the stack).
+fn read_hdr<M: GuestMemory>(
+    mem: &M,
+    regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    mode: NetMode,
+    segs: &[(GuestAddress, usize)],
+) -> Result<TxHdr, ChainError> {
+    let mut hdr = [0u8; HDR_LEN];
+    let n = mode.hdr_len.min(HDR_LEN);
+    gather(mem, regions, segs, 0, &mut hdr[..n])?;
+    Ok(TxHdr::parse(&hdr[..n]))
+}
+
+/// Copy the frame of a GSO chain into `big` and plan its segmentation there.
+#[allow(clippy::too_many_arguments)]
+fn stage_gso<M: GuestMemory>(
+    mem: &M,
+    regions: Option<&mut Regions<'_, RegionOf<M>>>,
+    h: &TxHdr,
+    mode: NetMode,
+    segs: &[(GuestAddress, usize)],
+    total: usize,
+    big: &mut Vec<u8>,
+    stats: &Stats,
+) -> Result<Gso, ChainError> {
+    big.clear();
+    big.resize(total - mode.hdr_len, 0);
+    gather(mem, regions, segs, mode.hdr_len, big)?;
+    match offload::plan(h, big, mode.offloads, mode.max_frame)? {
+        Plan::Gso(g) => {
+            Stats::add(&stats.tx_gso, 1);
+            Ok(g)
+        }
+        Plan::Single { .. } => Err(OffloadError::Mismatch(h.gso_type, "not a GSO request").into()),
+    }
+}
+
+/// Append the frame(s) of a collected chain (`total` bytes in `segs`) to `out`.
+#[allow(clippy::too_many_arguments)]
 fn to_batch<M: GuestMemory>(
     mem: &M,
     mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
     mode: NetMode,
     segs: &[(GuestAddress, usize)],
     total: usize,
+    big: &mut Vec<u8>,
     out: &mut Batch,
+    stats: &Stats,
 ) -> Result<usize, ChainError> {
-    let mut hdr = [0u8; HDR_LEN];
-    gather(mem, regions.as_deref_mut(), segs, 0, &mut hdr[..mode.hdr_len])?;
-    check_hdr(&hdr)?;
+    let h = read_hdr(mem, regions.as_deref_mut(), mode, segs)?;
+    if h.is_gso() {
+        let g = stage_gso(mem, regions, &h, mode, segs, total, big, stats)?;
+        for i in 0..g.segs {
+            let n = g.seg_len(i, big.len());
+            out.push_with(n, |buf| write_segment(big, &g, i, buf).map(|_| ()).ok_or(ChainError::TooLarge(n)))?;
+        }
+        return Ok(big.len());
+    }
     let len = total - mode.hdr_len;
-    out.push_with(len, |buf| gather(mem, regions, segs, mode.hdr_len, buf))?;
+    out.push_with(len, |buf| {
+        gather(mem, regions, segs, mode.hdr_len, buf)?;
+        single(&h, buf, mode, stats)
+    })?;
     Ok(len)
 }
 
-/// Copy a collected chain into the port buffer `buf`; returns where the frame is in it
-/// (`(offset, len)`). Header and frame are copied together when they fit (the frame then starts
-/// after the header), else the header goes to the stack and the frame to the buffer's start.
+/// Where a chain's frame went: into the lent buffer (`(offset, len)` of the frame in it), or,
+/// for a GSO chain, into the scratch buffer (to be cut).
+enum Staged {
+    Buf(usize, usize),
+    Gso(Gso),
+}
+
+/// Copy a collected chain into the port buffer `buf` (a GSO chain into `big`). Header and frame
+/// are copied together when they fit (the frame then starts after the header), else the header
+/// goes to the stack and the frame to the buffer's start.
 #[allow(clippy::too_many_arguments)]
 fn to_buf<M: GuestMemory>(
     mem: &M,
@@ -67,7 +138,9 @@ fn to_buf<M: GuestMemory>(
     segs: &[(GuestAddress, usize)],
     total: usize,
     buf: &mut [u8],
-) -> Result<(usize, usize), ChainError> {
+    big: &mut Vec<u8>,
+    stats: &Stats,
+) -> Result<Staged, ChainError> {
     let (len, cap) = (total - mode.hdr_len, buf.len());
     if total <= cap {
         let all = &mut buf[..total];
@@ -75,16 +148,30 @@ fn to_buf<M: GuestMemory>(
         if !one.is_some_and(|b| b.len() == total && b.read_slice(all, 0).is_ok()) {
             gather(mem, regions, segs, 0, all)?;
         }
-        // Checked on our copy: the guest cannot change it between check and send.
-        check_hdr(&all[..mode.hdr_len])?;
-        return Ok((mode.hdr_len, len));
+        let (hdr, frame) = all.split_at_mut(mode.hdr_len);
+        let h = TxHdr::parse(hdr);
+        if h.is_gso() {
+            big.clear();
+            big.extend_from_slice(frame);
+            return match offload::plan(&h, big, mode.offloads, mode.max_frame)? {
+                Plan::Gso(g) => {
+                    Stats::add(&stats.tx_gso, 1);
+                    Ok(Staged::Gso(g))
+                }
+                Plan::Single { .. } => Err(OffloadError::Mismatch(h.gso_type, "not a GSO request").into()),
+            };
+        }
+        single(&h, frame, mode, stats)?;
+        return Ok(Staged::Buf(mode.hdr_len, len));
+    }
+    let h = read_hdr(mem, regions.as_deref_mut(), mode, segs)?;
+    if h.is_gso() {
+        return stage_gso(mem, regions, &h, mode, segs, total, big, stats).map(Staged::Gso);
     }
     let out = buf.get_mut(..len).ok_or(ChainError::TooLarge(cap))?;
-    let mut hdr = [0u8; HDR_LEN];
-    gather(mem, regions.as_deref_mut(), segs, 0, &mut hdr[..mode.hdr_len])?;
-    check_hdr(&hdr)?;
     gather(mem, regions, segs, mode.hdr_len, out)?;
-    Ok((0, len))
+    single(&h, out, mode, stats)?;
+    Ok(Staged::Buf(0, len))
 }
 
 /// A chain popped in the current pass: its head, its segments in the scratch list and its byte
@@ -124,6 +211,36 @@ fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
     batch.clear();
 }
 
+/// Send the frames written into the current loan and end it; `full` / `large` frames were
+/// dropped besides (no buffer, larger than the port's buffers).
+fn commit(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, full: usize, large: usize, stats: &Stats) {
+    // Commit even an empty list: it ends the loan.
+    let sent = match port.tx_commit(frames) {
+        Ok(n) => n.min(frames.len()),
+        Err(e) => {
+            log::warn!("{}: send failed: {e}", port.describe());
+            0
+        }
+    };
+    let bytes: usize = frames[..sent].iter().map(|f| f.1).sum();
+    Stats::add(&stats.tx_frames, sent as u64);
+    Stats::add(&stats.tx_bytes, bytes as u64);
+    stats.tx_drop((frames.len() - sent + full) as u64, large as u64);
+    frames.clear();
+}
+
+/// A free lent buffer for the next frame: when the loan is used up, send it and take a new
+/// one (the port sends synchronously, so a segmented chain's frames find room). False when
+/// the port has no buffer left.
+fn slot(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, lent: &mut usize, stats: &Stats) -> bool {
+    if frames.len() < *lent {
+        return true;
+    }
+    commit(port, frames, 0, 0, stats);
+    *lent = port.tx_reserve(BATCH);
+    *lent > 0
+}
+
 /// Send the valid popped chains: into buffers the port lends, or through a [`Batch`].
 fn send_popped<M: GuestMemory>(
     mem: &M,
@@ -138,11 +255,12 @@ fn send_popped<M: GuestMemory>(
     if valid == 0 {
         return;
     }
-    let lent = port.tx_reserve(valid);
+    let mut lent = port.tx_reserve(valid);
     if lent == 0 {
         for p in st.popped.iter().filter(|p| p.total > 0) {
             let segs = &st.scratch.segs[p.start..p.end];
-            if let Err(e) = to_batch(mem, regions.as_deref_mut(), mode, segs, p.total, &mut st.batch) {
+            let big = &mut st.scratch.big;
+            if let Err(e) = to_batch(mem, regions.as_deref_mut(), mode, segs, p.total, big, &mut st.batch, stats) {
                 stats.error(&e);
             }
         }
@@ -152,31 +270,33 @@ fn send_popped<M: GuestMemory>(
     st.frames.clear();
     let (mut full, mut large) = (0usize, 0usize);
     for (i, p) in st.popped.iter().enumerate().filter(|(_, p)| p.total > 0) {
-        if st.frames.len() == lent {
+        if !slot(port, &mut st.frames, &mut lent, stats) {
             full += 1;
             continue;
         }
         let segs = &st.scratch.segs[p.start..p.end];
         let one = bufs.get(i).and_then(Option::as_ref);
-        match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(st.frames.len())) {
-            Ok(frame) => st.frames.push(frame),
+        let (k, big) = (st.frames.len(), &mut st.scratch.big);
+        match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(k), big, stats) {
+            Ok(Staged::Buf(off, len)) => st.frames.push((off, len)),
+            Ok(Staged::Gso(g)) => {
+                for s in 0..g.segs {
+                    if !slot(port, &mut st.frames, &mut lent, stats) {
+                        full += g.segs - s;
+                        break;
+                    }
+                    match write_segment(big, &g, s, port.tx_buf(st.frames.len())) {
+                        Some(n) => st.frames.push((0, n)),
+                        None => large += 1,
+                    }
+                }
+            }
             // Valid, but larger than the port's frames: the port refuses it.
-            Err(ChainError::TooLarge(_)) => large += 1,
+            Err(ChainError::TooLarge(_)) if p.total - mode.hdr_len <= mode.max_frame => large += 1,
             Err(e) => stats.error(&e),
         }
     }
-    // Commit even an empty list: it ends the loan.
-    let sent = match port.tx_commit(&st.frames) {
-        Ok(n) => n.min(st.frames.len()),
-        Err(e) => {
-            log::warn!("{}: send failed: {e}", port.describe());
-            0
-        }
-    };
-    let bytes: usize = st.frames[..sent].iter().map(|f| f.1).sum();
-    Stats::add(&stats.tx_frames, sent as u64);
-    Stats::add(&stats.tx_bytes, bytes as u64);
-    stats.tx_drop((st.frames.len() - sent + full) as u64, large as u64);
+    commit(port, &mut st.frames, full, large, stats);
 }
 
 /// Add every popped chain to the used ring (length 0: TX buffers are only read) and publish
@@ -248,7 +368,7 @@ fn tx_pass<M: GuestMemory>(
 ) -> usize {
     st.popped.clear();
     st.scratch.segs.clear();
-    let limit = mode.hdr_len + mode.max_frame;
+    let limit = mode.hdr_len + mode.max_tx_frame();
     // The buffers of plain chains, by position in `st.popped`.
     let mut bufs: [Option<Slice<'_, RegionOf<M>>>; BATCH] = std::array::from_fn(|_| None);
     while st.popped.len() < want.min(BATCH) {

@@ -52,7 +52,13 @@ fn random_bytes_as_rings_never_panic() {
 
 const QSIZE: u16 = 64;
 const MEM_SIZE: u64 = 0x20_0000;
-const MODE: NetMode = NetMode { hdr_len: 12, mergeable: true, max_frame: 1518, hash_report: false };
+const MODE: NetMode = NetMode {
+    hdr_len: 12,
+    mergeable: true,
+    max_frame: 1518,
+    hash_report: false,
+    offloads: lanekit_vhost::offload::Offloads::NONE,
+};
 
 /// A guest ring in fresh memory where the test writes chains of its choosing.
 struct Ring {
@@ -290,4 +296,86 @@ fn random_migration_messages_never_break_the_backend() {
     drop(g);
     server.join().unwrap();
     let _ = std::fs::remove_file(&path);
+}
+
+/// Honest offload requests and random lies (header fields, header bytes, frame header bytes)
+/// through the TX queue with every offload negotiated: whatever the backend sends is at most
+/// the largest frame, at most `MAX_SEGS` frames per chain, and every TCP/UDP frame it cut or
+/// checksummed verifies; an unmutated request always goes out, cut as asked.
+#[test]
+fn lying_offload_headers_never_yield_bad_frames() {
+    use lanekit_vhost::fuzzing::{gso_hdr, l4_check, packet};
+    use lanekit_vhost::offload::{Offloads, MAX_SEGS};
+    let mode = NetMode { offloads: Offloads::ALL, ..MODE };
+    let mut rng = Rng(0x5eed_0ff1_0ad0_0001);
+    let (mut refused, mut cut) = (0u64, 0u64);
+    for iter in 0..3000 {
+        let (v4, tcp) = (rng.below(2) == 0, rng.below(3) != 0);
+        let payload = rng.below(30_000) as usize;
+        let mut f = packet(v4, tcp, payload, 0x18 | (0x80 * rng.below(2) as u8));
+        let hdrs = if v4 { 34 } else { 54 } + if tcp { 32 } else { 8 };
+        let gso_type = match (tcp, v4) {
+            (false, _) => 5,
+            (true, true) => 1,
+            (true, false) => 4,
+        };
+        let mss = 1 + rng.below(1518 - hdrs as u64) as u16;
+        let segs = payload.div_ceil(usize::from(mss)).max(1);
+        let mut h = gso_hdr(&f, if rng.below(4) == 0 { 0 } else { gso_type }, mss);
+        let honest = rng.below(3) == 0;
+        if !honest {
+            match rng.below(6) {
+                0 => h.gso_size = rng.next() as u16,
+                1 => h.hdr_len = rng.next() as u16,
+                2 => h.csum_start = rng.next() as u16 % 200,
+                3 => h.csum_offset = rng.next() as u16 % 40,
+                4 => h.gso_type = rng.next() as u8,
+                _ => {
+                    let i = rng.below(hdrs as u64) as usize;
+                    f[i] = rng.next() as u8;
+                }
+            }
+        }
+        let mut ring = Ring::new();
+        let bytes = [&h.bytes()[..], &[0, 0], &f[..]].concat();
+        ring.mem.write_slice(&bytes, GuestAddress(0x1_0000)).unwrap();
+        ring.add(&[(0x1_0000, bytes.len() as u32, 0)], None);
+        let mut q = ring.queue();
+        let (stats, mut port) = (Stats::default(), LoopPort::new(0).unwrap());
+        net::tx_queue(&mut q, &ring.mem, &mut port, &mut TxState::default(), mode, &stats, 64);
+        let s = stats.snapshot();
+        let mut out = Batch::default();
+        let n = port.recv(&mut out, 4 * MAX_SEGS).unwrap();
+        assert!(n <= MAX_SEGS, "iteration {iter}: {n} frames");
+        assert_eq!(s.tx_frames, n as u64);
+        if honest {
+            let want = match h.gso_type {
+                0 if f.len() <= 1518 => 1,
+                0 => 0,
+                _ if segs <= MAX_SEGS => segs,
+                _ => 0,
+            };
+            assert_eq!(n, want, "iteration {iter}: honest {h:?}, {} bytes: {s:?}", f.len());
+            if let Some(fr) = out.get(0).filter(|_| h.gso_type == 0) {
+                assert_eq!(l4_check(fr, v4), 0, "iteration {iter}: checksum not filled in");
+            }
+        }
+        if n == 0 {
+            refused += 1;
+            continue;
+        }
+        cut += u64::from(n > 1);
+        for fr in out.iter() {
+            assert!(fr.len() <= 1518, "iteration {iter}: a {}-byte frame", fr.len());
+            if s.tx_gso + s.tx_csum > 0 && fr[12..14] == f[12..14] && fr.len() > hdrs {
+                let is_v4 = fr[12..14] == [0x08, 0x00];
+                let proto = fr[if is_v4 { 23 } else { 20 }];
+                // A frame the backend cut or checksummed as TCP/UDP of the family it claims.
+                if s.tx_gso > 0 && (proto == 6 || proto == 17) {
+                    assert_eq!(l4_check(fr, is_v4), 0, "iteration {iter}: bad L4 checksum");
+                }
+            }
+        }
+    }
+    assert!(refused > 300 && cut > 300, "both outcomes exercised: {refused} refused, {cut} cut");
 }

@@ -495,3 +495,77 @@ fn dirty_logs_bad_ones_refused_a_good_one_marked() {
     // The log's mapping (a memfd of the same name) went with the connection, like guest memory.
     b.assert_settles(base, 4096, "dirty log mapping");
 }
+
+/// Offload requests from a guest that negotiated them (CSUM, HOST_TSO4/6, HOST_ECN, HOST_USO):
+/// lying virtio-net headers are dropped (the chain comes back, nothing reaches the wire, here
+/// the loopback port and so the guest's RX), and an honest 20 KB TSO chain leaves as MSS-sized
+/// frames with correct checksums, its payload once and in order.
+#[test]
+fn lying_offload_headers_are_dropped_and_tso_is_cut() {
+    use lanekit_vhost::fuzzing::{gso_hdr, l4_check, packet};
+    use lanekit_vhost::offload::{Offloads, TxHdr};
+    let mut b = Backend::start("offload");
+    let mut g = Guest::with_features(&b, Offloads::ALL.features());
+    g.setup();
+    g.round_trip(0);
+    let v4 = packet(true, true, 3000, 0x10);
+    let v6 = packet(false, true, 3000, 0x10);
+    let udp = packet(true, false, 3000, 0);
+    let good = gso_hdr(&v4, 1, 1448);
+    let cases: Vec<(&str, TxHdr, &[u8])> = vec![
+        ("gso_size 0", TxHdr { gso_size: 0, ..good }, &v4),
+        ("hdr_len past the frame", TxHdr { hdr_len: 4000, ..good }, &v4),
+        ("csum_start past the frame", TxHdr { gso_type: 0, csum_start: 5000, ..good }, &v4),
+        ("csum_offset past the frame", TxHdr { gso_type: 0, csum_offset: 3100, ..good }, &v4),
+        ("TCPV4 on an IPv6 frame", TxHdr { csum_start: 54, ..good }, &v6),
+        ("TCP GSO on a UDP frame", good, &udp),
+        ("UDP GSO on a TCP frame", TxHdr { gso_type: 5, ..good }, &v4),
+        ("GSO without NEEDS_CSUM", TxHdr { flags: 0, ..good }, &v4),
+        ("200 segments", TxHdr { gso_size: 15, ..good }, &v4),
+        ("segments larger than the MTU", TxHdr { gso_size: 2000, ..good }, &v4),
+        ("unknown GSO type", TxHdr { gso_type: 0x7f, ..good }, &v4),
+    ];
+    let data = buf(TX, 100);
+    for (case, h, frame) in cases {
+        let used = g.used_idx(TX);
+        g.mem.write_slice(&[&h.bytes()[..], &[0, 0], frame].concat(), GuestAddress(data)).unwrap();
+        g.chain(TX, &[(data, 12 + frame.len() as u32, false)]);
+        g.kick(TX);
+        assert!(g.wait_used(TX, used.wrapping_add(1)), "{case}: chain not returned");
+        b.assert_alive(case);
+        // A frame the lie let through would take this RX buffer first.
+        g.round_trip(1);
+    }
+    // An honest TSO chain: 20,000 bytes of payload at MSS 1448 are 14 frames.
+    let big = packet(true, true, 20_000, 0x18);
+    let h = gso_hdr(&big, 1, 1448);
+    let rx_used = g.used_idx(RX);
+    let heads: Vec<(u16, u64)> = (0..14)
+        .map(|i| {
+            let at = buf(RX, 100 + i);
+            (g.chain(RX, &[(at, 2048, true)]), at)
+        })
+        .collect();
+    g.kick(RX);
+    let used = g.used_idx(TX);
+    g.mem.write_slice(&[&h.bytes()[..], &[0, 0], &big[..]].concat(), GuestAddress(data)).unwrap();
+    g.chain(TX, &[(data, 12 + big.len() as u32, false)]);
+    g.kick(TX);
+    assert!(g.wait_used(TX, used.wrapping_add(1)), "TSO chain not returned");
+    assert!(g.wait_used(RX, rx_used.wrapping_add(14)), "14 segments did not come back");
+    let mut payload = Vec::new();
+    for i in 0..14u16 {
+        let (id, len) = g.used_elem(RX, rx_used.wrapping_add(i));
+        let &(_, at) = heads.iter().find(|(h, _)| u32::from(*h) == id).expect("an RX buffer of ours");
+        let mut f = vec![0u8; len as usize - 12];
+        g.mem.read_slice(&mut f, GuestAddress(at + 12)).unwrap();
+        assert!(f.len() <= 1514, "segment {i}: {} bytes", f.len());
+        assert_eq!(l4_check(&f, true), 0, "segment {i}: TCP checksum");
+        assert_eq!(f[..14], big[..14], "segment {i}: Ethernet header");
+        payload.extend_from_slice(&f[14 + 20 + 32..]);
+    }
+    assert!(payload == big[66..], "the payload, once and in order");
+    assert_ne!(g.stop(), Outcome::Hung);
+    drop(g);
+    serve_check(&mut b, "offload");
+}

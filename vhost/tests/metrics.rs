@@ -183,10 +183,21 @@ fn scrape_counts_frames_drops_errors_notifications_and_frontends() {
         let got = val(&s, "lanekit_vhost_dropped_total", &q0(&[("direction", dir), ("reason", reason)]));
         assert_eq!(got, want, "dropped {dir} {reason}");
     }
-    for (kind, want) in [("bad_chain", 1), ("frame_too_large", 1), ("invalid_ring", 0)] {
+    for (kind, want) in [("bad_chain", 1), ("frame_too_large", 1), ("invalid_ring", 0), ("bad_offload", 0)] {
         assert_eq!(val(&s, "lanekit_vhost_guest_errors_total", &q0(&[("kind", kind)])), want, "guest errors {kind}");
     }
     assert_eq!(val(&s, "lanekit_vhost_rx_backlog", &q0(&[])), 0);
+    for kind in ["tx_csum", "tx_gso", "rx_data_valid"] {
+        assert_eq!(val(&s, "lanekit_vhost_offloads_total", &q0(&[("kind", kind)])), 0, "offloads {kind}");
+    }
+    // The hostile guest acks VERSION_1 and protocol features only, of everything offered.
+    let bits = |set: &str| -> u64 {
+        let f = s.iter().filter(|((n, l), v)| n == "lanekit_vhost_virtio_features" && l["set"] == set && **v == 1.0);
+        f.map(|((_, l), _)| 1u64 << l["bit"].parse::<u32>().unwrap()).sum()
+    };
+    let all = lanekit_vhost::offload::Offloads::ALL.features();
+    assert_eq!(bits("offered") & all, all, "every offload offered");
+    assert_eq!(bits("acked"), 1 << 32 | 1 << 30);
     assert_eq!(val(&s, "lanekit_vhost_frontend_connections_total", &[]), 1);
     assert!(matches!(g.stop(), Outcome::Reply(_)));
     drop(g);

@@ -342,6 +342,19 @@ fn rings_continue_on_the_destination_backend_with_nothing_lost_or_duplicated() {
     // And the new frames go on as usual.
     g.send(1, &[frame(77, 0x77)]);
     assert_eq!(peer_b.wait_sent(1, T), vec![frame(77, 0x77)]);
+    // The offloads acked on the source hold on the destination: it cuts a TSO chain.
+    let off = lanekit_vhost::offload::Offloads::from_features(_b.acked_features());
+    assert!(off.csum && off.tso4 && off.tso6 && off.guest_csum, "destination acked {off:?}");
+    let big = lanekit_vhost::fuzzing::packet(true, true, 4000, 0x18);
+    let h = lanekit_vhost::fuzzing::gso_hdr(&big, 1, 1448);
+    let addr = g.queues[1].bufs + u64::from(g.queues[1].next_desc()) * BUF;
+    use vm_memory::Bytes;
+    g.mem.write_slice(&[&h.bytes()[..], &[0, 0], &big[..]].concat(), vm_memory::GuestAddress(addr)).unwrap();
+    g.add_chain(1, &[(addr, 12 + big.len() as u32, false)]);
+    g.kick(1);
+    let segs = peer_b.wait_sent(3, T);
+    assert_eq!(segs.iter().map(Vec::len).collect::<Vec<_>>(), vec![1514, 1514, 66 + 4000 - 2 * 1448]);
+    assert!(segs.iter().all(|f| lanekit_vhost::fuzzing::l4_check(f, true) == 0), "segment checksums");
     drop(g);
     ha.join().unwrap();
     hb.join().unwrap();

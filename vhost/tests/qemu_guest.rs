@@ -71,6 +71,11 @@ fn linux_guest_traffic_crosses_the_backend() {
     let out = &buf[buf.find("LKBEGIN 1").unwrap_or(0)..buf.find("LKOUT 1").unwrap()];
     let rx: u64 = out.lines().rev().find_map(|l| l.trim().parse().ok()).expect("rx_packets");
     assert!(rx >= 3, "the guest's looped-back ARP requests must arrive (rx_packets {rx}):\n{out}\n{}", backend_log());
+    // Linux's virtio-net driver takes every offload the backend offers through QEMU.
+    let acked = backend_log().lines().find(|l| l.contains("frontend acked features")).map(str::to_string);
+    let acked = acked.unwrap_or_else(|| panic!("no features line:\n{}", backend_log()));
+    let want = "offloads Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: false, guest_csum: true }";
+    assert!(acked.contains(want), "{acked}");
     // QEMU's memory-backend-memfd seals its memfd against shrinking (seal=on by default).
     for l in backend_log().lines().filter(|l| l.contains("guest memory region")) {
         println!("{l}");

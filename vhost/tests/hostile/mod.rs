@@ -349,11 +349,17 @@ impl Conn {
 
     /// SET_OWNER, features (VERSION_1 + protocol features) and REPLY_ACK.
     pub fn handshake(&mut self) {
+        self.handshake_with(0);
+    }
+
+    /// [`Conn::handshake`] acking `extra` feature bits too (each must be offered).
+    pub fn handshake_with(&mut self, extra: u64) {
         self.send(SET_OWNER, &[], &[]).unwrap();
         let Outcome::Reply(f) = self.get(GET_FEATURES, &[]) else { panic!("no GET_FEATURES reply") };
         let offered = u64::from_le_bytes(f.try_into().unwrap());
         assert_ne!(offered & F_PROTOCOL_FEATURES, 0);
-        self.send(SET_FEATURES, &u64s(&[F_VERSION_1 | F_PROTOCOL_FEATURES]), &[]).unwrap();
+        assert_eq!(offered & extra, extra, "features {extra:#x} not all offered ({offered:#x})");
+        self.send(SET_FEATURES, &u64s(&[F_VERSION_1 | F_PROTOCOL_FEATURES | extra]), &[]).unwrap();
         let Outcome::Reply(pf) = self.get(GET_PROTOCOL_FEATURES, &[]) else { panic!("no protocol features") };
         assert_ne!(u64::from_le_bytes(pf.try_into().unwrap()) & PF_REPLY_ACK, 0);
         self.send(SET_PROTOCOL_FEATURES, &u64s(&[PF_REPLY_ACK]), &[]).unwrap();
@@ -442,8 +448,17 @@ impl Guest {
         Self::with_file(b, file, MEM_SIZE)
     }
 
+    /// Like [`Guest::new`] (sealed memory), acking the `extra` feature bits too.
+    pub fn with_features(b: &Backend, extra: u64) -> Guest {
+        Self::connect(b, memfd(MEM_SIZE, true), MEM_SIZE, extra)
+    }
+
     /// Like [`Guest::new`] with a file of the caller's; the test maps `mapped` bytes of it.
     pub fn with_file(b: &Backend, file: File, mapped: u64) -> Guest {
+        Self::connect(b, file, mapped, 0)
+    }
+
+    fn connect(b: &Backend, file: File, mapped: u64, extra: u64) -> Guest {
         let mem = GuestMemoryMmap::from_ranges_with_files(&[(
             GuestAddress(0),
             mapped as usize,
@@ -451,7 +466,7 @@ impl Guest {
         )])
         .unwrap();
         let mut conn = Conn::connect(b);
-        conn.handshake();
+        conn.handshake_with(extra);
         let ev = || (0..NQ).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect::<Vec<_>>();
         Guest { conn, file, mem, kicks: ev(), calls: ev(), next_desc: vec![0; NQ], avail_idx: vec![0; NQ] }
     }
