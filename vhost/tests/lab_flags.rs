@@ -27,10 +27,12 @@ fn lab_flags_refused_without_the_switch() {
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("s.sock");
     let sock = sock.to_str().unwrap();
+    // Each case also has a bad MAC, so that a binary that let the flag through exits on it
+    // instead of serving.
     for (args, flag) in [
-        (vec!["--loopback", "--socket", sock], "--loopback"),
-        (vec!["--ifname", "lo", "--no-seccomp", "--socket", sock], "--no-seccomp"),
-        (vec!["--loopback", "--no-seccomp", "--socket", sock], "--loopback"),
+        (vec!["--loopback", "--mac", "zz", "--socket", sock], "--loopback"),
+        (vec!["--ifname", "lo", "--no-seccomp", "--mac", "zz", "--socket", sock], "--no-seccomp"),
+        (vec!["--loopback", "--no-seccomp", "--mac", "zz", "--socket", sock], "--loopback"),
     ] {
         let out = vhost(&args, false);
         let err = String::from_utf8_lossy(&out.stderr);
