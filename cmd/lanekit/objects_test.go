@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -51,7 +52,7 @@ func TestObjectCommands(t *testing.T) {
 	node := netnstest.New(t, "cliobj")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
-	dp := agent.NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	dp.SetPolicyVerdict(0, datapath.PolicyVerdict{Allowed: 0, Denied: 7})
 	a, err := agent.New(agent.Config{
 		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.79.0.0/24"), MTU: 1500,

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -43,7 +44,9 @@ func TestVMCommands(t *testing.T) {
 	sock := filepath.Join(dir, "agent.sock")
 	a, err := agent.New(agent.Config{
 		StateDir: dir, Socket: sock, PodCIDR: netip.MustParsePrefix("10.78.0.0/28"),
-		MTU: 1500, OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil }, HostNetns: node.Path(), VMSocketDir: filepath.Join(dir, "vm"),
+		MTU: 1500, OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
+			return agenttest.NewMemoryDatapath(), nil
+		}, HostNetns: node.Path(), VMSocketDir: filepath.Join(dir, "vm"),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

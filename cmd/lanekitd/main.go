@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
+	"github.com/lanekit/lanekit/internal/labswitch"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
@@ -151,7 +152,12 @@ func run(args []string) error {
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")
+	lab := labswitch.On()
+	hideLabFlags(fs, lab) // lab.go
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkLabFlags(fs, lab); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

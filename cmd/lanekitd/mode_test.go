@@ -3,11 +3,14 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/lanekit/lanekit/internal/labswitch"
 )
 
 // TestModeFlags: --mode host|dpu are checked before anything starts: the
 // link is mutual TLS, each mode needs its addresses, a VF kind its source.
 func TestModeFlags(t *testing.T) {
+	t.Setenv(labswitch.Env, "1") // the veth VF cases: the lab's (lab.go)
 	tlsArgs := []string{"--tls-cert", "c", "--tls-key", "k", "--tls-ca", "a"}
 	for _, tc := range []struct {
 		args []string

@@ -57,7 +57,7 @@ type Config struct {
 	// means DefaultVMSocketDir.
 	VMSocketDir string
 	// OpenDatapath overrides how the datapath is opened: tests inject an
-	// in-memory one (MemoryDatapath) or fakes. Nil: the BPF datapath.
+	// in-memory one (internal/agenttest) or fakes. Nil: the BPF datapath.
 	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
 	// ServerOptions are added to the API's gRPC server (the metrics
 	// interceptor that times each call).

@@ -23,15 +23,20 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
+// The memory datapath serves VM endpoints (agenttest does not import the
+// agent, so the assertion is here).
+var _ VMDatapath = (*agenttest.MemoryDatapath)(nil)
+
 // fakeDatapath records calls and can be told to fail.
 type fakeDatapath struct {
-	*MemoryDatapath
+	*agenttest.MemoryDatapath
 	mu        sync.Mutex
 	upserts   []datapath.Endpoint
 	deletes   []uint32
@@ -51,7 +56,9 @@ func (f *fakeDatapath) AttachVM(vm datapath.VM) error {
 	return f.MemoryDatapath.AttachVM(vm)
 }
 
-func newFake() *fakeDatapath { return &fakeDatapath{MemoryDatapath: NewMemoryDatapath()} }
+func newFake() *fakeDatapath {
+	return &fakeDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
+}
 
 func (f *fakeDatapath) UpsertEndpoint(ep datapath.Endpoint) error {
 	f.mu.Lock()

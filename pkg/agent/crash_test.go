@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/store"
 )
@@ -87,7 +88,7 @@ func TestCrashDuringAdd(t *testing.T) {
 	for _, step := range AddSteps {
 		t.Run(step, func(t *testing.T) {
 			fx := newFixture(t)
-			dp := NewMemoryDatapath()
+			dp := agenttest.NewMemoryDatapath()
 			a := fx.start(t, dp)
 			pod := netnstest.New(t, "cpod")
 			req := AddRequest{ContainerID: "crash-" + step, IfName: "eth0", Netns: pod.Path()}
@@ -142,7 +143,7 @@ func TestCrashDuringAdd(t *testing.T) {
 // TestPendingHiddenFromList: an ADD in progress is not listed as an endpoint.
 func TestPendingHiddenFromList(t *testing.T) {
 	fx := newFixture(t)
-	a := fx.start(t, NewMemoryDatapath())
+	a := fx.start(t, agenttest.NewMemoryDatapath())
 	defer a.Close()
 	pod := netnstest.New(t, "hpod")
 	var listed []string

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"testing"
+
+	"github.com/lanekit/lanekit/internal/agenttest"
 )
 
 // TestDualStackServiceSurvivesRestart: a dual-stack Service goes through the
@@ -9,7 +11,7 @@ import (
 // re-adopts the IPv6 frontend's ID from the datapath instead of allocating
 // a new one (established IPv6 flows keep their conntrack state).
 func TestDualStackServiceSurvivesRestart(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	dir := t.TempDir()
 	a := newCtlAgent(t, dir, dp)
 	const svc = `apiVersion: v1

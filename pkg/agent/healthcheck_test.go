@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -45,7 +46,7 @@ endpoints:
 // of this node's ready endpoints, 503 with none — following endpoint
 // changes, and closes it when the Service no longer asks for it.
 func TestHealthCheckNodePort(t *testing.T) {
-	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
+	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
 	var mu sync.Mutex
 	addrs := map[uint16]string{} // Service port -> where the test listener is
 	a.health = &healthChecks{log: quietLog(), byID: map[service.ServiceID]*hcServer{}, listen: func(port uint16) (net.Listener, error) {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
@@ -45,7 +46,7 @@ func hpKey(addr string, port uint16, proto service.Proto) service.ServiceKey {
 // every node address); a remote pod's do not; they survive a restart of the
 // agent, go with the pod, and a Service's NodePort wins over a hostPort.
 func TestHostPorts(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	dir := t.TempDir()
 	a := newCtlAgent(t, dir, dp)
 	if err := a.UpsertObjects(decodeObjs(t, hostPortPods)); err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -262,7 +263,7 @@ func TestIPv6OnlyEndpoint(t *testing.T) {
 // podSelector admits it; a pod object in this node's IPv6 pod CIDR without
 // an endpoint (stale) does not.
 func TestIPv6OnlyRemotePodsInPolicy(t *testing.T) {
-	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
+	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
 	a.cfg.PodCIDR6 = netip.MustParsePrefix("fd00:78:1::/64")
 	objs := map[string]k8sobj.Object{}
 	for _, o := range decodeObjs(t, `apiVersion: v1

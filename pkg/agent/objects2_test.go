@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -20,7 +21,7 @@ func frontendIDs(a *Agent) map[service.FrontendKey]uint32 {
 }
 
 func TestRestartRestoresControlPlane(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	dir := t.TempDir()
 	a := newCtlAgent(t, dir, dp)
 	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
@@ -97,7 +98,7 @@ func TestRestartRestoresControlPlane(t *testing.T) {
 }
 
 func TestEndpointChangesRecompilePolicy(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(t, t.TempDir(), dp)
 	if err := a.UpsertObjects(decodeObjs(t, ctlPolicy)); err != nil {
 		t.Fatal(err)
@@ -143,7 +144,7 @@ func TestEndpointChangesRecompilePolicy(t *testing.T) {
 }
 
 func TestReplaceAndDeleteObjects(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(t, t.TempDir(), dp)
 	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy)); err != nil {
 		t.Fatal(err)
@@ -210,11 +211,11 @@ func TestReplaceAndDeleteObjects(t *testing.T) {
 }
 
 func TestDatapathFailureIsRetried(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(t, t.TempDir(), dp)
 	dp.SetFailApply(true)
 	err := a.UpsertObjects(decodeObjs(t, ctlServices))
-	if err == nil || !errors.Is(err, ErrInjected) {
+	if err == nil || !errors.Is(err, agenttest.ErrInjected) {
 		t.Fatalf("err = %v, want the datapath failure", err)
 	}
 	if len(a.Objects("")) != 2 {

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -44,11 +45,11 @@ func benchServiceObjects(n int) []k8sobj.Object {
 func ptrTo[T any](v T) *T { return &v }
 
 // BenchmarkOneChangeAt10kServices: one EndpointSlice change through the
-// agent (validate, store, translate, program a MemoryDatapath) with 10,000
+// agent (validate, store, translate, program a agenttest.MemoryDatapath) with 10,000
 // services applied; the benchmark's "agent end to end" one-change figure
 // without gRPC.
 func BenchmarkOneChangeAt10kServices(b *testing.B) {
-	a := newCtlAgent(b, b.TempDir(), NewMemoryDatapath())
+	a := newCtlAgent(b, b.TempDir(), agenttest.NewMemoryDatapath())
 	objs := benchServiceObjects(10000)
 	for i := 0; i < len(objs); i += 2000 {
 		if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
@@ -68,12 +69,12 @@ func BenchmarkOneChangeAt10kServices(b *testing.B) {
 
 // BenchmarkProgram10kServices: 10,000 services + their EndpointSlices through
 // the agent in 10 calls of 1,000 services (as the benchmark's lanekit row
-// sends them), into a MemoryDatapath.
+// sends them), into a agenttest.MemoryDatapath.
 func BenchmarkProgram10kServices(b *testing.B) {
 	objs := benchServiceObjects(10000)
 	for range b.N {
 		b.StopTimer()
-		a := newCtlAgent(b, b.TempDir(), NewMemoryDatapath())
+		a := newCtlAgent(b, b.TempDir(), agenttest.NewMemoryDatapath())
 		b.StartTimer()
 		for i := 0; i < len(objs); i += 2000 {
 			if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {

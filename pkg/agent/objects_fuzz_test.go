@@ -2,6 +2,8 @@ package agent
 
 import (
 	"testing"
+
+	"github.com/lanekit/lanekit/internal/agenttest"
 )
 
 // FuzzApplyObjects feeds arbitrary bytes through ApplyObjects: it must never
@@ -13,7 +15,7 @@ func FuzzApplyObjects(f *testing.F) {
 		"{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"a\"}}", "", "---", "kind: List\napiVersion: v1\nitems: []\n"} {
 		f.Add([]byte(s))
 	}
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(f, f.TempDir(), dp)
 	addLocal(f, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
 	f.Fuzz(func(t *testing.T, data []byte) {

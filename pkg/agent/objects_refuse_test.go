@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
@@ -53,10 +54,9 @@ func reversed[T any](s []T) []T {
 }
 
 // programmed: the datapath has the ClusterIP frontend ip:80/TCP.
-func programmed(dp *MemoryDatapath, ip string) bool {
-	dp.mu.Lock()
-	defer dp.mu.Unlock()
-	_, ok := dp.svcs.svc[svcKey(ip, 80, service.ScopeClusterIP)]
+func programmed(dp *agenttest.MemoryDatapath, ip string) bool {
+	u, _ := dp.DumpServices()
+	_, ok := u.Services[svcKey(ip, 80, service.ScopeClusterIP)]
 	return ok
 }
 
@@ -65,7 +65,7 @@ func programmed(dp *MemoryDatapath, ip string) bool {
 // its own with an invalid object and a duplicate, and everything else
 // applies; the refusals are counted until the clash is gone.
 func TestReplaceRefusesPerObject(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(t, t.TempDir(), dp)
 	// "a-new" held the frontend before (applied alone): the replace's
 	// decision by age takes it away.
@@ -158,7 +158,7 @@ func TestReplaceRefusesPerObject(t *testing.T) {
 func BenchmarkReplaceServicesAt10k(b *testing.B) {
 	for _, clash := range []bool{false, true} {
 		b.Run(fmt.Sprintf("clash=%v", clash), func(b *testing.B) {
-			a := newCtlAgent(b, b.TempDir(), NewMemoryDatapath())
+			a := newCtlAgent(b, b.TempDir(), agenttest.NewMemoryDatapath())
 			objs := benchServiceObjects(10000)
 			for i := 0; i < len(objs); i += 2000 {
 				if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
@@ -192,7 +192,7 @@ func BenchmarkReplaceServicesAt10k(b *testing.B) {
 // IPv6 frontend to add it to), ExternalName and headless Services apply
 // beside it.
 func TestReplaceRefusesUnsupportedServices(t *testing.T) {
-	a := newCtlAgent(t, t.TempDir(), NewMemoryDatapath())
+	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
 	objs := decodeObjs(t, refuseSvc("ok", "10.96.0.1", "2026-01-01T00:00:00Z")+"---\n"+
 		refuseSvc("ranges", "10.96.0.2", "2026-01-01T00:00:00Z")+"---\n"+
 		refuseSvc("v6ext", "10.96.0.3", "2026-01-01T00:00:00Z")+"---\n"+

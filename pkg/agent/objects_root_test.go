@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/policy"
 )
@@ -14,7 +15,7 @@ import (
 // A restart keeps identities and verdicts.
 func TestCNIAddDelRecompilesPolicy(t *testing.T) {
 	fx := newFixture(t)
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := fx.start(t, dp)
 	if err := a.UpsertObjects(decodeObjs(t, "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny, namespace: shop}\nspec: {podSelector: {matchLabels: {app: web}}}\n")); err != nil {
 		t.Fatal(err)

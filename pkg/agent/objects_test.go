@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/ipam"
@@ -128,7 +129,7 @@ func svcKey(addr string, port uint16, scope service.Scope) service.ServiceKey {
 }
 
 func TestControlPlaneServicesAndPolicy(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a := newCtlAgent(t, t.TempDir(), dp)
 	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy)); err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ status: {podIP: 10.244.1.2}
 }
 
 func TestUpsertObjectsAllOrNothing(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	dir := t.TempDir()
 	a := newCtlAgent(t, dir, dp)
 	if err := a.UpsertObjects(decodeObjs(t, ctlServices)); err != nil {
@@ -245,7 +246,7 @@ func TestUpsertObjectsAllOrNothing(t *testing.T) {
 
 // snapshotState renders the stored objects, the in-memory objects and the
 // datapath maps, to compare before/after a rejected change.
-func snapshotState(t testing.TB, a *Agent, dp *MemoryDatapath) string {
+func snapshotState(t testing.TB, a *Agent, dp *agenttest.MemoryDatapath) string {
 	t.Helper()
 	var b strings.Builder
 	for _, o := range a.Objects("") {

@@ -25,7 +25,7 @@ import (
 )
 
 // VMDatapath is the part of a datapath that serves VM endpoints;
-// *datapath.Loader and MemoryDatapath implement it.
+// *datapath.Loader and the tests' agenttest.MemoryDatapath implement it.
 type VMDatapath interface {
 	// AttachVM must run in the VM's netns (the ifindex is resolved there).
 	AttachVM(vm datapath.VM) error

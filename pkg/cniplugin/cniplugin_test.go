@@ -20,6 +20,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -111,12 +112,12 @@ func TestAgentDownCodes(t *testing.T) {
 // test namespace, with the in-memory datapath.
 func startAgent(t *testing.T) string {
 	t.Helper()
-	return startAgentWith(t, agent.NewMemoryDatapath())
+	return startAgentWith(t, agenttest.NewMemoryDatapath())
 }
 
 // healthDatapath is the memory datapath with a health check the test sets.
 type healthDatapath struct {
-	*agent.MemoryDatapath
+	*agenttest.MemoryDatapath
 	mu  sync.Mutex
 	err error
 }
@@ -136,7 +137,7 @@ func (h *healthDatapath) set(err error) {
 // TestStatusFollowsDatapath: STATUS succeeds while the datapath is loaded
 // and answers code 50 with the agent's reason once it is not.
 func TestStatusFollowsDatapath(t *testing.T) {
-	dp := &healthDatapath{MemoryDatapath: agent.NewMemoryDatapath()}
+	dp := &healthDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
 	sock := startAgentWith(t, dp)
 	args := &skel.CmdArgs{StdinData: conf(sock, "")}
 	if err := CmdStatus(args); err != nil {
@@ -284,7 +285,7 @@ func TestInProcessVMAttachment(t *testing.T) {
 	if err := os.Mkdir(sockets, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sock := startAgentWith(t, agent.NewMemoryDatapath(), func(c *agent.Config) {
+	sock := startAgentWith(t, agenttest.NewMemoryDatapath(), func(c *agent.Config) {
 		c.VhostBin, c.VhostUID, c.VhostGID = fake, &root, &root
 		c.VMSocketDir = filepath.Join(c.StateDir, "vm")
 		c.VMHostSocketRoots = []string{dir}

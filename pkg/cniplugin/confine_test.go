@@ -10,6 +10,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -39,7 +40,7 @@ func TestDeviceInfoConfined(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Symlink(outside, filepath.Join(sockRoot, "link"))
-	sock := startAgentWith(t, agent.NewMemoryDatapath(), func(c *agent.Config) {
+	sock := startAgentWith(t, agenttest.NewMemoryDatapath(), func(c *agent.Config) {
 		c.VhostBin, c.VhostUID, c.VhostGID = fake, &uid, &uid
 		c.VMSocketDir = filepath.Join(c.StateDir, "vm")
 		c.VMHostSocketRoots = []string{sockRoot}

@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -46,7 +47,7 @@ func linksIn(t *testing.T, n ns.NetNS) []string {
 func TestSplitEndpointLifecycle(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, podNS := netnstest.New(t, "dpuhost"), netnstest.New(t, "dpudpu"), netnstest.New(t, "dpupod")
-	dp := agent.NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
 	a, err := agent.New(agent.Config{
 		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix("10.250.1.0/24"),

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -32,7 +33,7 @@ import (
 func TestSplitVMLifecycle(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, launcher := netnstest.New(t, "dvmhost"), netnstest.New(t, "dvmdpu"), netnstest.New(t, "dvmlaunch")
-	dp := agent.NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
 	sockDir := filepath.Join(t.TempDir(), "vm")
 	a, err := agent.New(agent.Config{

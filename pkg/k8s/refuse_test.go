@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -84,8 +85,10 @@ func newMemAgent(t *testing.T) *agent.Agent {
 	node := netnstest.New(t, "k8sref")
 	a, err := agent.New(agent.Config{
 		StateDir: t.TempDir(), PodCIDR: netip.MustParsePrefix("10.79.0.0/24"), MTU: 1500, HostNetns: node.Path(),
-		NodeAddrs:    []netip.Addr{netip.MustParseAddr("192.168.99.1")},
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+		NodeAddrs: []netip.Addr{netip.MustParseAddr("192.168.99.1")},
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
+			return agenttest.NewMemoryDatapath(), nil
+		},
 	}, testLog())
 	if err != nil {
 		t.Fatal(err)

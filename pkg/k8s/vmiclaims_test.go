@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
@@ -308,7 +309,7 @@ func TestMovedAddressTunnelOnAgents(t *testing.T) { movedAddressOnAgents(t, true
 // tunnelMemDatapath is the memory datapath with a tunnel node map (what the
 // agent's tunnel mode writes into lk_tunnel_nodes).
 type tunnelMemDatapath struct {
-	*agent.MemoryDatapath
+	*agenttest.MemoryDatapath
 	mu    sync.Mutex
 	nodes []datapath.TunnelNode
 }
@@ -386,12 +387,14 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		dir := t.TempDir()
 		cfg := agent.Config{
 			StateDir: dir, PodCIDR: netip.MustParsePrefix(n.Spec.PodCIDR), MTU: 1500, HostNetns: paths[name],
-			VMSocketDir:  dir + "/vm",
-			NodeAddrs:    []netip.Addr{netip.MustParseAddr(ip)},
-			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return agent.NewMemoryDatapath(), nil },
+			VMSocketDir: dir + "/vm",
+			NodeAddrs:   []netip.Addr{netip.MustParseAddr(ip)},
+			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
+				return agenttest.NewMemoryDatapath(), nil
+			},
 		}
 		if tunnel {
-			dp := &tunnelMemDatapath{MemoryDatapath: agent.NewMemoryDatapath()}
+			dp := &tunnelMemDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
 			maps[name] = dp
 			cfg.RoutingMode, cfg.MTU = agent.RoutingTunnel, 1450
 			cfg.OpenDatapath = func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/labswitch"
 	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
@@ -53,7 +54,7 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 		return 0, err
 	}
 	// startDaemon writes AgentLog(i) and AgentPIDFile(i): base NodeDir(i)/agent.
-	pid, err := startDaemonIn(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgsFor(i, k8s)...)
+	pid, err := startAgentDaemon(NodeNS(i), NodeCgroup(i), filepath.Join(NodeDir(i), "agent"), b.Agent(), agentArgsFor(i, k8s))
 	if err != nil {
 		return pid, fmt.Errorf("start lanekitd on %s: %w", NodeNS(i), err)
 	}
@@ -72,6 +73,15 @@ func startAgent(ctx context.Context, b Bins, i int, k8s bool) (int, error) {
 		}
 	}
 	return pid, fmt.Errorf("lanekitd on %s: socket %s not answering after 20s; log: %s", NodeNS(i), AgentSocket(i), logTail(AgentLog(i)))
+}
+
+// startAgentDaemon is startDaemonIn for lanekitd with the lab switch on
+// (LANEKIT_LAB=1, by env(1), which execs it in place: the pid is the
+// agent's): the lab's agents take lanekitd's lab-only flags (--vf-kind veth
+// on a DPU, --tunnel-node without an API server), which it refuses
+// otherwise (internal/labswitch).
+func startAgentDaemon(ns, cgroup, base, lanekitd string, args []string) (int, error) {
+	return startDaemonIn(ns, cgroup, base, "env", append([]string{labswitch.Env + "=1", lanekitd}, args...)...)
 }
 
 // Process helpers shared with the agent and the test API server.

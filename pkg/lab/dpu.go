@@ -171,7 +171,7 @@ func StartDPUAgent(ctx context.Context, b Bins, i int) (int, error) {
 	if err := ensureNodeCgroup(i); err != nil {
 		return 0, err
 	}
-	pid, err := startDaemonIn(DPUNS(i), NodeCgroup(i), filepath.Join(DPUDir(i), "agent"), b.Agent(), dpuAgentArgs(i)...)
+	pid, err := startAgentDaemon(DPUNS(i), NodeCgroup(i), filepath.Join(DPUDir(i), "agent"), b.Agent(), dpuAgentArgs(i))
 	if err != nil {
 		return pid, fmt.Errorf("start the DPU agent on %s: %w", DPUNS(i), err)
 	}

@@ -7,6 +7,11 @@ use clap::Parser;
 use lanekit_vhost::offload::Offloads;
 use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource};
 
+/// The lab switch (`LANEKIT_LAB=1` in the environment, as lanekitd's: internal/labswitch): without
+/// it the lab-only flags (`--loopback`, `--no-seccomp`) are refused. The agent starts backends with
+/// a clean environment, so no argument it passes can turn the filter off.
+const LAB_ENV: &str = "LANEKIT_LAB";
+
 /// vhost-user-net backend moving frames between a VM's virtio queues and AF_XDP sockets.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -23,8 +28,8 @@ struct Args {
     /// MTU reported to the guest.
     #[arg(long, default_value_t = 1500)]
     mtu: u16,
-    /// Loop every frame the guest sends back to it (no network).
-    #[arg(long, conflicts_with_all = ["ifname", "xsk_socket"])]
+    /// Loop every frame the guest sends back to it (no network). Lab-only: needs LANEKIT_LAB=1.
+    #[arg(long, hide = true, conflicts_with_all = ["ifname", "xsk_socket"])]
     loopback: bool,
     /// Create AF_XDP sockets on queues 0..N-1 of this interface (copy mode, needs CAP_NET_RAW;
     /// loads no XDP program).
@@ -60,9 +65,12 @@ struct Args {
     /// a POSIX ACL; the socket is otherwise 0600.
     #[arg(long, value_name = "UID")]
     frontend_uid: Option<u32>,
-    /// Do not install the seccomp filter (debugging only).
-    #[arg(long)]
+    /// Do not install the seccomp filter (debugging only). Lab-only: needs LANEKIT_LAB=1.
+    #[arg(long, hide = true)]
     no_seccomp: bool,
+    /// The lab switch was on (set by main from LAB_ENV, not a flag).
+    #[arg(skip)]
+    lab: bool,
 }
 
 fn parse_ids(s: &str) -> Result<(u32, u32), String> {
@@ -90,6 +98,13 @@ impl TryFrom<Args> for Config {
     type Error = Error;
 
     fn try_from(a: Args) -> Result<Self, Error> {
+        for (set, flag) in [(a.loopback, "--loopback"), (a.no_seccomp, "--no-seccomp")] {
+            if set && !a.lab {
+                return Err(Error::Config(format!(
+                    "{flag} is lab-only: refused unless {LAB_ENV}=1 is in the environment"
+                )));
+            }
+        }
         let vm = a.vm.clone().unwrap_or_else(|| {
             a.socket.file_name().map_or_else(|| "lanekit-vhost".into(), |n| n.to_string_lossy().into_owned())
         });
@@ -129,7 +144,9 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
-    let result = Config::try_from(Args::parse()).and_then(start_backend);
+    let mut args = Args::parse();
+    args.lab = std::env::var_os(LAB_ENV).is_some_and(|v| v == "1");
+    let result = Config::try_from(args).and_then(start_backend);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -142,11 +159,37 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
-    fn config(args: &[&str]) -> Result<Config, String> {
-        let a = Args::try_parse_from([&["lanekit-vhost", "--socket", "/tmp/s"], args].concat())
+    fn config_lab(args: &[&str], lab: bool) -> Result<Config, String> {
+        let mut a = Args::try_parse_from([&["lanekit-vhost", "--socket", "/tmp/s"], args].concat())
             .map_err(|e| e.to_string())?;
+        a.lab = lab;
         Config::try_from(a).map_err(|e| e.to_string())
+    }
+
+    /// With the lab switch on (most cases use --loopback).
+    fn config(args: &[&str]) -> Result<Config, String> {
+        config_lab(args, true)
+    }
+
+    #[test]
+    fn lab_flags_need_the_switch() {
+        for (args, flag) in [
+            (&["--loopback"][..], "--loopback"),
+            (&["--ifname", "eth1", "--no-seccomp"][..], "--no-seccomp"),
+            (&["--loopback", "--no-seccomp"][..], "--loopback"),
+        ] {
+            let err = config_lab(args, false).unwrap_err();
+            assert!(err.contains(flag) && err.contains("LANEKIT_LAB=1"), "{args:?}: {err}");
+        }
+        let c = config_lab(&["--ifname", "eth1"], false).unwrap();
+        assert!(c.seccomp);
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("--ifname"), "{help}");
+        for hidden in ["--loopback", "--no-seccomp"] {
+            assert!(!help.contains(hidden), "--help lists {hidden}: {help}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ fn run_as_confines_the_backend() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let sock = dir.join("vhost.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+        .env("LANEKIT_LAB", "1") // --loopback is lab-only
         .args(["--loopback", "--run-as", "200201:200201", "--frontend-uid", "107", "--socket"])
         .arg(&sock)
         .spawn()

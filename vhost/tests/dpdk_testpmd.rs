@@ -29,6 +29,7 @@ fn run(queues: u16) {
     let _ = std::fs::remove_file(&sock);
     let backend = Kill(
         Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+            .env("LANEKIT_LAB", "1") // --loopback is lab-only
             .args(["--loopback", "--queues", &queues.to_string(), "--socket"])
             .arg(&sock)
             .stderr(Stdio::null())

@@ -46,6 +46,7 @@ fn linux_guest_traffic_crosses_the_backend() {
     let log = dir.join("backend.log");
     let _backend = Kill(
         Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+            .env("LANEKIT_LAB", "1") // --loopback is lab-only
             .args(["--loopback", "--queues", "2", "--socket"])
             .arg(&sock)
             .stderr(std::fs::File::create(&log).unwrap())

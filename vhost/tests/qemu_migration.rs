@@ -135,6 +135,7 @@ const COUNTERS: &str = "cat /sys/class/net/eth0/statistics/tx_packets /sys/class
 fn backend(sock: &Path, log: &Path) -> Kill {
     Kill(
         Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+            .env("LANEKIT_LAB", "1") // --loopback is lab-only
             .args(["--loopback", "--queues", "2", "--socket"])
             .arg(sock)
             .env("RUST_LOG", "info")

@@ -78,6 +78,7 @@ impl Backend {
         let log = path.with_extension("log");
         let _ = std::fs::remove_file(&path);
         let child = Command::new(env!("CARGO_BIN_EXE_lanekit-vhost"))
+            .env("LANEKIT_LAB", "1") // --loopback is lab-only
             .args(["--loopback", "--queues", "1", "--socket"])
             .arg(&path)
             .args(extra)

@@ -1,4 +1,8 @@
-package agent
+// Package agenttest holds the agent's test doubles: MemoryDatapath, an
+// in-memory datapath injected through agent.Config.OpenDatapath. Only _test.go
+// files import it, so no shipped binary links it (cmd/lanekit's
+// TestShippedBinariesLinkNoTestCode checks).
+package agenttest
 
 import (
 	"fmt"
@@ -9,7 +13,7 @@ import (
 )
 
 // MemoryDatapath is an in-memory datapath for tests (injected through
-// Config.OpenDatapath; lanekitd has no flag for it): it forwards nothing and
+// agent.Config.OpenDatapath; lanekitd has no flag for it): it forwards nothing and
 // remembers the endpoints it was given, so the control plane (ADD/CHECK/DEL/
 // GC, re-adoption and the crash sweep) runs without BPF. VMs are remembered as the BPF datapath's
 // steering programs and lk_xsks would hold them.
@@ -28,10 +32,9 @@ type MemoryDatapath struct {
 	gcCalls    int
 }
 
-var (
-	_ datapath.Datapath = (*MemoryDatapath)(nil)
-	_ VMDatapath        = (*MemoryDatapath)(nil)
-)
+// It serves VM endpoints too (agent.VMDatapath, asserted in pkg/agent's
+// tests: this package does not import the agent).
+var _ datapath.Datapath = (*MemoryDatapath)(nil)
 
 // NewMemoryDatapath returns an empty MemoryDatapath.
 func NewMemoryDatapath() *MemoryDatapath {

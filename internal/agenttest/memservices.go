@@ -1,4 +1,4 @@
-package agent
+package agenttest
 
 import (
 	"errors"
