@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/ipam"
 	"github.com/lanekit/lanekit/pkg/netdev"
@@ -48,13 +49,13 @@ func (h *countingHandler) count(prefix string) int {
 
 // newGuardAgent is newCtlAgent with the externalIPs policy and a log that
 // counts messages.
-func newGuardAgent(t *testing.T, dp *MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
+func newGuardAgent(t *testing.T, dp *agenttest.MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
 	t.Helper()
 	return newGuardAgentIn(t, &netdev.Host{}, dp, ext)
 }
 
 // newGuardAgentIn is newGuardAgent whose node netns is host's.
-func newGuardAgentIn(t *testing.T, host *netdev.Host, dp *MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
+func newGuardAgentIn(t *testing.T, host *netdev.Host, dp *agenttest.MemoryDatapath, ext service.ExternalIPPolicy) (*Agent, *countingHandler) {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(dir)
@@ -110,7 +111,7 @@ status: {podIP: 10.244.1.5, phase: Running}
 // When the node gains one of the addresses, the next resync programs that
 // hostPort; when it loses it, the next resync removes it.
 func TestHostPortForeignHostIPAgent(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a, logs := newGuardAgent(t, dp, service.ExternalIPPolicy{})
 	a.syncServiceHostAddrs([]netip.Addr{ctlNodeAddr, netip.MustParseAddr("127.0.0.1")})
 	for range 2 {
@@ -169,7 +170,7 @@ func TestHostPortForeignHostIPAgent(t *testing.T) {
 // node's connections to that pod) is not programmed, one inside is; the
 // refusal is logged once per Service and counted.
 func TestExternalIPsGuardAgent(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	pol, err := service.ParseExternalIPPolicy("203.0.113.0/24")
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +244,7 @@ func TestHostPortFollowsNodeAddrs(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a, _ := newGuardAgentIn(t, h, dp, service.ExternalIPPolicy{})
 	if err := a.UpsertObjects(decodeObjs(t, attackerPod)); err != nil {
 		t.Fatal(err)

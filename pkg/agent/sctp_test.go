@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -13,7 +14,7 @@ import (
 // frontend under any protocol, and the agent says so once (one log line,
 // counted as protocol-unsupported), not per apply.
 func TestSCTPServiceKeptAgent(t *testing.T) {
-	dp := NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	a, logs := newGuardAgent(t, dp, service.ExternalIPPolicy{})
 	const svc = `
 apiVersion: v1

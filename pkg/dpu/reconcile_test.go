@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
@@ -43,7 +44,7 @@ func (f *flakyAPI) DelEndpoint(ctx context.Context, req *apiv1.DelEndpointReques
 func TestReconcileRetried(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, podNS := netnstest.New(t, "rcihost"), netnstest.New(t, "rcidpu"), netnstest.New(t, "rcipod")
-	dp := agent.NewMemoryDatapath()
+	dp := agenttest.NewMemoryDatapath()
 	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
 	a, err := agent.New(agent.Config{
 		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix("10.250.2.0/24"),
