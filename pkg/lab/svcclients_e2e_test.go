@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,6 +112,18 @@ func dialFrom(ns string, sport int, addr string, timeout time.Duration) (string,
 		d := net.Dialer{Timeout: timeout}
 		if sport != 0 {
 			d.LocalAddr = &net.TCPAddr{Port: sport}
+			// A fixed client port may still have a TIME_WAIT socket of an
+			// earlier flow in this netns (one that took it as an ephemeral
+			// port): bind over it, as a fixed-port client does.
+			d.Control = func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				if err := rc.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+				}); err != nil {
+					return err
+				}
+				return serr
+			}
 		}
 		var err error
 		c, err = d.Dial("tcp4", addr)
