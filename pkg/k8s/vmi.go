@@ -149,6 +149,15 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 	if err != nil {
 		return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod %q: %w", u.GetNamespace(), u.GetName(), podName, m.SourcePod, err)
 	}
+	// The address lanekit gave the VM came from the IPAM of the node it
+	// first ran on: a usable address of that Node's pod CIDR (spec.podCIDRs,
+	// which only the node IPAM controller writes). Anything else (another
+	// network's address, a pod CIDR's network or broadcast address) is
+	// refused before the target claims it.
+	if !usableInPodCIDRs(addrs[0], r.s.nodes.GetStore().List()) {
+		return fmt.Errorf("vmi %s/%s migrates to %s: %s is not a usable address of any Node's pod CIDR: refused",
+			u.GetNamespace(), u.GetName(), podName, addrs[0])
+	}
 	_, held, _ := verifiedAddrs(addrs, nets)
 	for _, a := range held[0] {
 		if a.Is6() {
@@ -163,11 +172,7 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 			}
 		}
 	}
-	gen := m.Start.UnixNano()
-	if m.Start.IsZero() || gen <= 0 {
-		gen = 1
-	}
-	info.Incoming, info.Address, info.Generation = true, addrs[0], uint64(gen)
+	info.Incoming, info.Address, info.Generation = true, addrs[0], incomingGeneration(m)
 	return nil
 }
 

@@ -92,12 +92,37 @@ func vmiClaims(u *unstructured.Unstructured, pod podLookup) (owner string, claim
 		return owner, nil, err
 	}
 	vm := VMName(u.GetNamespace(), u.GetName())
+	gen := claimGeneration(at, m.Completed)
 	for _, a := range addrs {
-		// Nanoseconds: the same unit as the lab's claims and the incoming
-		// endpoint's generation (incomingOf).
-		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: uint64(at.UnixNano()), VM: vm, Node: owner})
+		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: gen, VM: vm, Node: owner})
 	}
 	return owner, claims, nil
+}
+
+// claimGeneration orders the claim of a VMI's migration at (its end once it
+// completed, else its start) against the VM endpoints the agents hold, in
+// nanoseconds like the lab's claims. KubeVirt's migration timestamps are
+// metav1.Time, one second on the wire: a migration back can start and end
+// in the second the previous one started, which is the generation of the
+// endpoint the VM left (incomingGeneration). A completed migration's claim
+// is therefore one nanosecond after its second: it outranks every incoming
+// endpoint of a migration started in that second, so the node the VM left
+// steps aside instead of tying with the node it runs on.
+func claimGeneration(at time.Time, completed bool) uint64 {
+	gen := uint64(at.UnixNano())
+	if completed {
+		gen++
+	}
+	return gen
+}
+
+// incomingGeneration is the generation of a migration target's incoming
+// endpoint: the migration's start (1 when KubeVirt reports none yet).
+func incomingGeneration(m *kubevirt.Migration) uint64 {
+	if gen := m.Start.UnixNano(); !m.Start.IsZero() && gen > 0 {
+		return uint64(gen)
+	}
+	return 1
 }
 
 // podLookup returns a pod from the source's cache (nil when unknown).
