@@ -158,6 +158,9 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 		return fmt.Errorf("vmi %s/%s migrates to %s: %s is not a usable address of any Node's pod CIDR: refused",
 			u.GetNamespace(), u.GetName(), podName, addrs[0])
 	}
+	if err := heldByOther(addrs[0], u.GetUID(), cachedPods{r.s.pods.GetIndexer()}.Holding(addrs[0])); err != nil {
+		return fmt.Errorf("vmi %s/%s migrates to %s: %w", u.GetNamespace(), u.GetName(), podName, err)
+	}
 	_, held, _ := verifiedAddrs(addrs, nets)
 	for _, a := range held[0] {
 		if a.Is6() {
@@ -240,7 +243,7 @@ type migrationFollower struct {
 	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
 	claims  EndpointRouteSink
 	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
-	pods    cache.Store // the source's Pods, for the launcher pods' network-status
+	pods    cache.Indexer // the source's Pods (podAddrIndexers), for the launcher pods' network-status
 	claimsQ chan struct{}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
@@ -87,6 +88,16 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 			return err != nil && strings.Contains(err.Error(), want)
 		})
 	}
+	// A namespace editor rewrote the source launcher pod's network-status to
+	// name a running pod's address: kubelet's status.podIPs of that pod
+	// still says whose it is, and the target refuses it.
+	victim := mustCreate(t, e.c.CoreV1().Pods("default").Create, pod("default", "victim", "node-a", nil))
+	victim.Status.Phase, victim.Status.PodIP, victim.Status.PodIPs = corev1.PodRunning, "10.244.1.9", []corev1.PodIP{{IP: "10.244.1.9"}}
+	if _, err := e.c.CoreV1().Pods("default").UpdateStatus(ctx, victim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setStatus("10.244.1.9", running())
+	given("10.244.1.9 is held by pod default/victim", "10.244.1.9")
 	// Even an address the source launcher pod holds is refused when no
 	// Node's IPAM could have given it: node-a's broadcast and network
 	// addresses, an address outside every pod CIDR.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -96,9 +97,22 @@ func launcherPods(uid string, ips ...string) map[string]*corev1.Pod {
 	return out
 }
 
-func lookupIn(pods map[string]*corev1.Pod) podLookup {
-	return func(_, name string) *corev1.Pod { return pods[name] }
+// podMap is a podCache over pods by name (one namespace).
+type podMap map[string]*corev1.Pod
+
+func (m podMap) Pod(_, name string) *corev1.Pod { return m[name] }
+
+func (m podMap) Holding(a netip.Addr) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range m {
+		if slices.Contains(podAddrs(p), a) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
+
+func lookupIn(pods map[string]*corev1.Pod) podCache { return podMap(pods) }
 
 // withIfaces sets status.interfaces: the lanekit-bound "fast" with addr and
 // another network's "other" with 10.9.9.9 (never claimed).
@@ -178,13 +192,27 @@ func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
 	other["virt-launcher-vm1-bbbbb"].Labels[labelCreatedBy] = "another-vmi"
 	moved := launcherPods("6a1b3d5e", "10.244.1.5")
 	moved["virt-launcher-vm1-bbbbb"].Spec.NodeName = "node-c"
+	// A namespace editor rewrote the launcher pods' network-status to name
+	// a running pod's address on node-c, or another VM's: the victims' own
+	// records (the pod's status.podIPs from kubelet, the other VMI's
+	// launcher's network-status) still say whose it is.
+	victim := pod("default", "victim", "node-c", nil)
+	victim.Status.Phase, victim.Status.PodIPs = corev1.PodRunning, []corev1.PodIP{{IP: "10.244.3.7"}}
+	otherVM := pod("default", "virt-launcher-vm2-xxxxx", "node-c", map[string]string{labelCreatedBy: "another-vmi"})
+	otherVM.Annotations = map[string]string{networkStatusAnnotation: launcherStatus("10.244.3.8")}
+	forged := launcherPods("6a1b3d5e", "10.244.3.7", "10.244.3.8")
+	forged["victim"], forged["virt-launcher-vm2-xxxxx"] = victim, otherVM
+	// The pod that had the address before has terminated: it holds nothing.
+	gone := launcherPods("6a1b3d5e", "10.244.1.5")
+	gone["victim"] = victim.DeepCopy()
+	gone["victim"].Status.Phase, gone["victim"].Status.PodIPs = corev1.PodSucceeded, []corev1.PodIP{{IP: "10.244.1.5"}}
 	outside := lookupIn(launcherPods("6a1b3d5e", "10.99.0.5"))
 	bcast := lookupIn(launcherPods("6a1b3d5e", "10.244.1.255"))
 	const ok = "10.244.1.5>192.168.0.2@1795654807000000001(default.vm1,node-b)"
 	for _, c := range []struct {
 		name   string
 		vmi    *unstructured.Unstructured
-		pods   podLookup
+		pods   podCache
 		want   string
 		errSub string
 	}{
@@ -194,6 +222,9 @@ func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
 		{"no launcher pod", vmi("10.244.1.5"), lookupIn(nil), "-", "not found"},
 		{"another VMI's launcher", vmi("10.244.1.5"), lookupIn(other), "-", "not a launcher pod of this VMI"},
 		{"a launcher on another node", vmi("10.244.1.5"), lookupIn(moved), "-", "runs on"},
+		{"a running pod's address, network-status forged", vmi("10.244.3.7"), lookupIn(forged), "-", "held by pod default/victim"},
+		{"another VM's address, network-status forged", vmi("10.244.3.8"), lookupIn(forged), "-", "held by pod default/virt-launcher-vm2-xxxxx"},
+		{"a terminated pod's old address", vmi("10.244.1.5"), lookupIn(gone), ok, ""},
 		{"outside every pod CIDR", vmi("10.99.0.5"), outside, "-", "not a usable address"},
 		{"a broadcast address", vmi("10.244.1.255"), bcast, "-", "not a usable address"},
 	} {
@@ -552,9 +583,19 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 			t.Fatal(err)
 		}
 	}
-	// The attack first (issue 36): a guest that was given 10.244.1.6 reports
-	// a pod's address on node-c after its migration to node-b.
+	// The attacks first (issue 36): a guest that was given 10.244.1.6 reports
+	// a running pod's address on node-c after its migration to node-b; and a
+	// namespace editor also rewrote their launcher pods' network-status to
+	// name it (kubelet's status.podIPs of the victim still says whose it is).
+	victim := pod("default", "victim", "node-c", nil)
+	victim = mustCreate(t, e.c.CoreV1().Pods("default").Create, victim)
+	victim.Status.Phase, victim.Status.PodIPs = corev1.PodRunning, []corev1.PodIP{{IP: "10.244.3.7"}}
+	victim.Status.PodIP = "10.244.3.7"
+	if _, err := e.c.CoreV1().Pods("default").UpdateStatus(ctx, victim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	migrated("evil", "10.244.1.6", "10.244.3.7")
+	migrated("forger", "10.244.3.7", "10.244.3.7")
 	migrated("vm1", "10.244.1.5", "10.244.1.5")
 	for _, n := range []string{"node-a", "node-c"} {
 		if !tunnel {
@@ -570,8 +611,8 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 			t.Errorf("%s routes the moved address %q, want into %s", n, r, agent.TunnelDevice)
 		}
 	}
-	// The claims of both VMIs were computed together: the guest's claim of
-	// node-c's pod address made no node route it anywhere.
+	// The claims of all VMIs were computed together: the claims of node-c's
+	// pod address made no node route it anywhere.
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		out, err := exec.Command("nsenter", "--net="+paths[n], "ip", "-4", "route", "show", "10.244.3.7/32").CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != "" {
