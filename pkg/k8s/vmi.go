@@ -120,8 +120,9 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 // VMI's migration in progress: the target's attachment takes the address
 // and MAC the VM has on the source instead of new ones. The address is the
 // one status.interfaces reports for the lanekit interface only if the
-// source launcher pod was given it by lanekit (its network-status,
-// vmitrust.go): the guest fills status.interfaces and could name another
+// source launcher pod was given it by lanekit (its network-status), it is
+// a usable address of some Node's pod CIDR and no other pod holds it
+// (vmitrust.go): the guest fills status.interfaces and could name another
 // pod's address. A target whose VMI reports no such IPv4 address is an
 // error (the ADD is retried: a new address would break the VM's
 // connections); so is a dual-stack VM, whose IPv6 address cannot move
@@ -242,7 +243,7 @@ type migrationFollower struct {
 
 	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
 	claims  EndpointRouteSink
-	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
+	nodes   cache.Store   // the source's Nodes, for the owners' InternalIPs
 	pods    cache.Indexer // the source's Pods (podAddrIndexers), for the launcher pods' network-status
 	claimsQ chan struct{}
 }

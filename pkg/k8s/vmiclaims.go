@@ -49,8 +49,8 @@ const claimsRetry = 5 * time.Second
 //
 // The addresses are those status.interfaces reports for the lanekit
 // interfaces that the owner's launcher pod (the migration's target pod once
-// it completed, else its source pod) was given by lanekit (vmitrust.go);
-// pod looks that pod up (nil: unknown).
+// it completed, else its source pod) was given by lanekit and that no other
+// pod holds (vmitrust.go); pods is the source's Pods.
 func vmiClaims(u *unstructured.Unstructured, pods podCache) (owner string, claims []agent.EndpointRoute, err error) {
 	raw, err := json.Marshal(u.Object)
 	if err != nil {
