@@ -8,8 +8,9 @@ package k8s
 //     writes it: it names nothing a node may route, and is used only where
 //     it matches what follows.
 //   - A VMI's status.migrationState (which pods and nodes, when): written by
-//     virt-controller and virt-handler only (KubeVirt refuses status writes
-//     of other users).
+//     virt-controller and virt-handler only (the VMI has no status
+//     subresource; virt-api's VMI mutating webhook reverts a status change
+//     by anyone but KubeVirt's service accounts).
 //   - A launcher pod's spec.nodeName (the scheduler's binding, immutable) and
 //     status.podIPs (kubelet, pods/status): not writable by a tenant.
 //   - A launcher pod's k8s.v1.cni.cncf.io/network-status annotation: Multus
