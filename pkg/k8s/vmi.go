@@ -143,10 +143,7 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 			return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod: %w", u.GetNamespace(), u.GetName(), podName, err)
 		}
 	}
-	nets, err := launcherNetworks(src, u.GetUID(), m.SourceNode)
-	if err == nil {
-		_, _, err = verifiedAddrs(addrs, nets)
-	}
+	_, held, err := launcherAddrs(addrs, src, u.GetUID(), m.SourceNode)
 	if err != nil {
 		return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod %q: %w", u.GetNamespace(), u.GetName(), podName, m.SourcePod, err)
 	}
@@ -162,7 +159,6 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 	if err := heldByOther(addrs[0], u.GetUID(), cachedPods{r.s.pods.GetIndexer()}.Holding(addrs[0])); err != nil {
 		return fmt.Errorf("vmi %s/%s migrates to %s: %w", u.GetNamespace(), u.GetName(), podName, err)
 	}
-	_, held, _ := verifiedAddrs(addrs, nets)
 	for _, a := range held[0] {
 		if a.Is6() {
 			return fmt.Errorf("vmi %s/%s migrates to %s: its lanekit interface also has IPv6 address %s, which cannot move through KubeVirt (IPv4 only): refused rather than moved without it",

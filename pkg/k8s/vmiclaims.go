@@ -83,11 +83,7 @@ func vmiClaims(u *unstructured.Unstructured, pods podCache) (owner string, claim
 	if len(reported) == 0 {
 		return owner, nil, nil
 	}
-	nets, err := launcherNetworks(pods.Pod(u.GetNamespace(), launcher), u.GetUID(), owner)
-	if err != nil {
-		return owner, nil, err
-	}
-	addrs, _, err := verifiedAddrs(reported, nets)
+	addrs, _, err := launcherAddrs(reported, pods.Pod(u.GetNamespace(), launcher), u.GetUID(), owner)
 	if err != nil {
 		return owner, nil, err
 	}

@@ -151,6 +151,17 @@ func heldByOther(a netip.Addr, vmiUID types.UID, holders []*corev1.Pod) error {
 	return nil
 }
 
+// launcherAddrs keeps the reported addresses of VMI vmiUID that its launcher
+// pod on node was given (launcherNetworks, verifiedAddrs), with the network
+// each is in.
+func launcherAddrs(reported []netip.Addr, pod *corev1.Pod, vmiUID types.UID, node string) (kept []netip.Addr, net [][]netip.Addr, err error) {
+	nets, err := launcherNetworks(pod, vmiUID, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return verifiedAddrs(reported, nets)
+}
+
 // verifiedAddrs keeps the reported addresses that the launcher pod's
 // networks hold; the first reported address that no network of the pod holds
 // is an error (a guest naming an address lanekit did not give it). It also
