@@ -184,8 +184,12 @@ func New(cfg Config) (*Source, error) {
 				s.migs.pods = s.pods.GetIndexer()
 				// A launcher pod's network-status arrives after the pod.
 				if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-					AddFunc:    func(any) { s.migs.kickClaims() },
-					UpdateFunc: func(any, any) { s.migs.kickClaims() },
+					AddFunc: func(any) { s.migs.kickClaims() },
+					UpdateFunc: func(old, cur any) {
+						if claimInputsChanged(old, cur) {
+							s.migs.kickClaims()
+						}
+					},
 					DeleteFunc: func(any) { s.migs.kickClaims() },
 				}); err != nil {
 					return nil, fmt.Errorf("k8s source: pod handler: %w", err)

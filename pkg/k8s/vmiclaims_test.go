@@ -638,3 +638,40 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		t.Errorf("node-c's node map keeps the claim after the VMI went: %s", maps["node-c"].underlay("10.244.1.5/32"))
 	}
 }
+
+// TestClaimInputsChanged: a pod update recomputes the claims only when it
+// changes what they read (the launcher label, the node, the network-status,
+// the addresses the pod holds), not on every status heartbeat.
+func TestClaimInputsChanged(t *testing.T) {
+	base := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "n", Labels: map[string]string{labelCreatedBy: "uid-1"},
+			Annotations: map[string]string{networkStatusAnnotation: `[{"name":"lanekit","ips":["10.244.1.6"]}]`}},
+		Spec:   corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}},
+	}
+	for name, change := range map[string]func(*corev1.Pod){
+		"launcher label": func(p *corev1.Pod) { p.Labels[labelCreatedBy] = "uid-2" },
+		"node":           func(p *corev1.Pod) { p.Spec.NodeName = "node-b" },
+		"network-status": func(p *corev1.Pod) {
+			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.7"]}]`
+		},
+		// The same addresses, in other networks: what launcherNetworks returns changes.
+		"networks": func(p *corev1.Pod) {
+			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.6"]},{"name":"other","ips":["10.244.1.5"]}]`
+		},
+		"pod IPs":  func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.8"}} },
+		"finished": func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded },
+	} {
+		cur := base.DeepCopy()
+		change(cur)
+		if !claimInputsChanged(base, cur) {
+			t.Errorf("%s changed: claims not recomputed", name)
+		}
+	}
+	cur := base.DeepCopy()
+	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	cur.ResourceVersion = "7"
+	if claimInputsChanged(base, cur) {
+		t.Error("a status update that changes no claim input recomputed the claims")
+	}
+}

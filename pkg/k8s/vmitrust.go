@@ -209,3 +209,17 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	}
 	return netip.AddrFrom4(b)
 }
+
+// claimInputsChanged says whether a pod update changes what the claims of
+// moved VM addresses read from pods (launcherNetworks, podAddrs): every pod
+// update in the cluster would otherwise recompute every VMI's claims.
+func claimInputsChanged(old, cur any) bool {
+	o, ok1 := old.(*corev1.Pod)
+	c, ok2 := cur.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Labels[labelCreatedBy] != c.Labels[labelCreatedBy] || o.Spec.NodeName != c.Spec.NodeName ||
+		o.Annotations[networkStatusAnnotation] != c.Annotations[networkStatusAnnotation] ||
+		!slices.Equal(podAddrs(o), podAddrs(c))
+}
