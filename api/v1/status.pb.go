@@ -212,9 +212,11 @@ type RoutingStatus struct {
 	TunnelCounters map[string]uint64 `protobuf:"bytes,6,rep,name=tunnel_counters,json=tunnelCounters,proto3" json:"tunnel_counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Node-to-node encryption facilities, probed: lanekit implements none
 	// yet, and refuses a configuration that asks for one.
-	Ipsec         *Feature `protobuf:"bytes,7,opt,name=ipsec,proto3" json:"ipsec,omitempty"`
-	Wireguard     *Feature `protobuf:"bytes,8,opt,name=wireguard,proto3" json:"wireguard,omitempty"`
-	Error         string   `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	Ipsec     *Feature `protobuf:"bytes,7,opt,name=ipsec,proto3" json:"ipsec,omitempty"`
+	Wireguard *Feature `protobuf:"bytes,8,opt,name=wireguard,proto3" json:"wireguard,omitempty"`
+	Error     string   `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	// BIG TCP on pod devices and the uplink (lanekitd --big-tcp).
+	BigTcp        *BigTCP `protobuf:"bytes,10,opt,name=big_tcp,json=bigTcp,proto3" json:"big_tcp,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +314,74 @@ func (x *RoutingStatus) GetError() string {
 	return ""
 }
 
+func (x *RoutingStatus) GetBigTcp() *BigTCP {
+	if x != nil {
+		return x.BigTcp
+	}
+	return nil
+}
+
+// BIG TCP: the GSO/GRO size per family (0: the kernel's 64 KiB) and why.
+type BigTCP struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ipv4MaxSize   uint32                 `protobuf:"varint,1,opt,name=ipv4_max_size,json=ipv4MaxSize,proto3" json:"ipv4_max_size,omitempty"`
+	Ipv6MaxSize   uint32                 `protobuf:"varint,2,opt,name=ipv6_max_size,json=ipv6MaxSize,proto3" json:"ipv6_max_size,omitempty"`
+	Detail        string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BigTCP) Reset() {
+	*x = BigTCP{}
+	mi := &file_status_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BigTCP) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BigTCP) ProtoMessage() {}
+
+func (x *BigTCP) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BigTCP.ProtoReflect.Descriptor instead.
+func (*BigTCP) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BigTCP) GetIpv4MaxSize() uint32 {
+	if x != nil {
+		return x.Ipv4MaxSize
+	}
+	return 0
+}
+
+func (x *BigTCP) GetIpv6MaxSize() uint32 {
+	if x != nil {
+		return x.Ipv6MaxSize
+	}
+	return 0
+}
+
+func (x *BigTCP) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type TunnelNode struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PodCidr       string                 `protobuf:"bytes,1,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
@@ -323,7 +393,7 @@ type TunnelNode struct {
 
 func (x *TunnelNode) Reset() {
 	*x = TunnelNode{}
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +405,7 @@ func (x *TunnelNode) String() string {
 func (*TunnelNode) ProtoMessage() {}
 
 func (x *TunnelNode) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[3]
+	mi := &file_status_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +418,7 @@ func (x *TunnelNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelNode.ProtoReflect.Descriptor instead.
 func (*TunnelNode) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{3}
+	return file_status_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TunnelNode) GetPodCidr() string {
@@ -408,7 +478,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +490,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[4]
+	mi := &file_status_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +503,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{4}
+	return file_status_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ControlPlaneStatus) GetObjects() map[string]uint32 {
@@ -583,7 +653,7 @@ type SocketLBStatus struct {
 
 func (x *SocketLBStatus) Reset() {
 	*x = SocketLBStatus{}
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +665,7 @@ func (x *SocketLBStatus) String() string {
 func (*SocketLBStatus) ProtoMessage() {}
 
 func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[5]
+	mi := &file_status_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +678,7 @@ func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SocketLBStatus.ProtoReflect.Descriptor instead.
 func (*SocketLBStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{5}
+	return file_status_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SocketLBStatus) GetState() string {
@@ -646,7 +716,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +728,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +741,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{6}
+	return file_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HealthCheckStatus) GetNamespace() string {
@@ -732,7 +802,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +814,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +827,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{7}
+	return file_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -829,7 +899,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_status_proto_msgTypes[8]
+	mi := &file_status_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +911,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[8]
+	mi := &file_status_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +924,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{8}
+	return file_status_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -902,7 +972,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_status_proto_msgTypes[9]
+	mi := &file_status_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +984,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[9]
+	mi := &file_status_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +997,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{9}
+	return file_status_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -964,7 +1034,7 @@ const file_status_proto_rawDesc = "" +
 	"\rcontrol_plane\x18\n" +
 	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\x123\n" +
 	"\arouting\x18\x1a \x01(\v2\x19.lanekit.v1.RoutingStatusR\arouting\x124\n" +
-	"\bdpu_link\x18$ \x01(\v2\x19.lanekit.v1.DPULinkStatusR\adpuLink\"\xcc\x03\n" +
+	"\bdpu_link\x18$ \x01(\v2\x19.lanekit.v1.DPULinkStatusR\adpuLink\"\xf9\x03\n" +
 	"\rRoutingStatus\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12#\n" +
 	"\rtunnel_device\x18\x02 \x01(\tR\ftunnelDevice\x12\x1f\n" +
@@ -975,10 +1045,16 @@ const file_status_proto_rawDesc = "" +
 	"\x0ftunnel_counters\x18\x06 \x03(\v2-.lanekit.v1.RoutingStatus.TunnelCountersEntryR\x0etunnelCounters\x12)\n" +
 	"\x05ipsec\x18\a \x01(\v2\x13.lanekit.v1.FeatureR\x05ipsec\x121\n" +
 	"\twireguard\x18\b \x01(\v2\x13.lanekit.v1.FeatureR\twireguard\x12\x14\n" +
-	"\x05error\x18\t \x01(\tR\x05error\x1aA\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12+\n" +
+	"\abig_tcp\x18\n" +
+	" \x01(\v2\x12.lanekit.v1.BigTCPR\x06bigTcp\x1aA\n" +
 	"\x13TunnelCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"W\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"h\n" +
+	"\x06BigTCP\x12\"\n" +
+	"\ripv4_max_size\x18\x01 \x01(\rR\vipv4MaxSize\x12\"\n" +
+	"\ripv6_max_size\x18\x02 \x01(\rR\vipv6MaxSize\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"W\n" +
 	"\n" +
 	"TunnelNode\x12\x19\n" +
 	"\bpod_cidr\x18\x01 \x01(\tR\apodCidr\x12\x1a\n" +
@@ -1056,46 +1132,48 @@ func file_status_proto_rawDescGZIP() []byte {
 	return file_status_proto_rawDescData
 }
 
-var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_status_proto_goTypes = []any{
 	(*StatusRequest)(nil),      // 0: lanekit.v1.StatusRequest
 	(*StatusResponse)(nil),     // 1: lanekit.v1.StatusResponse
 	(*RoutingStatus)(nil),      // 2: lanekit.v1.RoutingStatus
-	(*TunnelNode)(nil),         // 3: lanekit.v1.TunnelNode
-	(*ControlPlaneStatus)(nil), // 4: lanekit.v1.ControlPlaneStatus
-	(*SocketLBStatus)(nil),     // 5: lanekit.v1.SocketLBStatus
-	(*HealthCheckStatus)(nil),  // 6: lanekit.v1.HealthCheckStatus
-	(*DatapathStatus)(nil),     // 7: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),     // 8: lanekit.v1.KernelFeatures
-	(*Feature)(nil),            // 9: lanekit.v1.Feature
-	nil,                        // 10: lanekit.v1.RoutingStatus.TunnelCountersEntry
-	nil,                        // 11: lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	nil,                        // 12: lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	(*DPULinkStatus)(nil),      // 13: lanekit.v1.DPULinkStatus
+	(*BigTCP)(nil),             // 3: lanekit.v1.BigTCP
+	(*TunnelNode)(nil),         // 4: lanekit.v1.TunnelNode
+	(*ControlPlaneStatus)(nil), // 5: lanekit.v1.ControlPlaneStatus
+	(*SocketLBStatus)(nil),     // 6: lanekit.v1.SocketLBStatus
+	(*HealthCheckStatus)(nil),  // 7: lanekit.v1.HealthCheckStatus
+	(*DatapathStatus)(nil),     // 8: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),     // 9: lanekit.v1.KernelFeatures
+	(*Feature)(nil),            // 10: lanekit.v1.Feature
+	nil,                        // 11: lanekit.v1.RoutingStatus.TunnelCountersEntry
+	nil,                        // 12: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                        // 13: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	(*DPULinkStatus)(nil),      // 14: lanekit.v1.DPULinkStatus
 }
 var file_status_proto_depIdxs = []int32{
-	7,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	8,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
-	4,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
+	8,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	9,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	5,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
 	2,  // 3: lanekit.v1.StatusResponse.routing:type_name -> lanekit.v1.RoutingStatus
-	13, // 4: lanekit.v1.StatusResponse.dpu_link:type_name -> lanekit.v1.DPULinkStatus
-	3,  // 5: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
-	10, // 6: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
-	9,  // 7: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
-	9,  // 8: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
-	11, // 9: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	12, // 10: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	5,  // 11: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
-	6,  // 12: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
-	9,  // 13: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	9,  // 14: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	9,  // 15: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	9,  // 16: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 4: lanekit.v1.StatusResponse.dpu_link:type_name -> lanekit.v1.DPULinkStatus
+	4,  // 5: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
+	11, // 6: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
+	10, // 7: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
+	10, // 8: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
+	3,  // 9: lanekit.v1.RoutingStatus.big_tcp:type_name -> lanekit.v1.BigTCP
+	12, // 10: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	13, // 11: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	6,  // 12: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
+	7,  // 13: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
+	10, // 14: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	10, // 15: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	10, // 16: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	10, // 17: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_status_proto_init() }
@@ -1110,7 +1188,7 @@ func file_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_status_proto_rawDesc), len(file_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -49,6 +49,7 @@ struct lk_ip6_chain {
 	__u8 first_nh; /* the IPv6 header's next header (hop-by-hop: a router must look) */
 	__u8 status; /* enum lk_ip6_chain_status */
 	__u8 mf; /* ...and more fragments follow (M set) */
+	__u8 jumbo; /* the hop-by-hop header is BIG TCP's jumbo marker (ipv6.h ip6_bigtcp) */
 	__be32 frag_id; /* ...its identification (frag.h keys datagrams by it) */
 };
 
@@ -75,6 +76,7 @@ static __always_inline int lk_ip6_walk##SUFFIX(CTX *ctx, __u32 l3, __u8 nh, __u3
 	c->frag = 0;									\
 	c->later = 0;									\
 	c->mf = 0;									\
+	c->jumbo = 0;									\
 	c->frag_id = 0;									\
 	c->status = LK_IP6_CHAIN_OK;							\
 	for (i = 0; i < max; i++) {							\

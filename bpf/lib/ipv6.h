@@ -86,6 +86,44 @@ static __always_inline int ip6_walk(struct __sk_buff *skb, const struct pkt *p, 
 	return 0;
 }
 
+/* BIG TCP (netdev/bigtcp.go): the stack marks an IPv6 GSO packet of more
+ * than 64 KiB with a hop-by-hop header that holds only a jumbo payload
+ * option (RFC 2675; payload_len 0), and the device that segments it drops
+ * the header (each segment has its own length). It is the kernel's
+ * bookkeeping, not an option for routers: such a TCP GSO packet is
+ * forwarded as if it had no hop-by-hop header (the host stack does not
+ * forward it). GRO on the uplink builds such packets too. Any other
+ * hop-by-hop header still goes to the host stack, and so does a single
+ * frame (not GSO) with this one: a sender cannot take this path with a
+ * crafted header. */
+struct lk_hop_jumbo {
+	__u8 nexthdr;
+	__u8 hdrlen;
+	__u8 tlv_type;
+	__u8 tlv_len;
+	__be32 jumbo_len;
+};
+
+#define LK_IPV6_TLV_JUMBO 0xc2
+
+/* ip6_bigtcp says whether chain c (walked by ip6_walk) is a BIG TCP GSO
+ * packet's, and marks it (c->jumbo: the MTU check discounts the header). */
+static __always_inline int ip6_bigtcp(struct __sk_buff *skb, const struct pkt *p, struct lk_ip6_chain *c)
+{
+	struct lk_hop_jumbo h;
+
+	if (c->first_nh != IPPROTO_HOPOPTS || c->count != 1 || c->nh != IPPROTO_TCP || !skb->gso_size ||
+	    p->ip6->payload_len != 0 || c->off != ETH_HLEN + sizeof(struct ipv6hdr) + sizeof(h))
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr), &h, sizeof(h)) < 0)
+		return 0;
+	if (h.hdrlen != 0 || h.tlv_type != LK_IPV6_TLV_JUMBO || h.tlv_len != 4 ||
+	    bpf_ntohl(h.jumbo_len) + sizeof(struct ipv6hdr) + ETH_HLEN != skb->len)
+		return 0;
+	c->jumbo = 1;
+	return 1;
+}
+
 /* lb6_reply translates back a reply of a flow this node load-balanced, on
  * a path that carries only replies (lb4_reply for IPv6): to_uplink and
  * to_pod, where the node's stack answers a flow whose backend it is (a
@@ -180,7 +218,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->nh, fib.ifindex))
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN - (c->jumbo ? sizeof(struct lk_hop_jumbo) : 0), c->nh, fib.ifindex))
 			return to_stack(skb, ep_id); /* ICMPv6 Packet Too Big */
 		skb_event_forwarded(skb, ep_id, 0);
 		ip6->hop_limit--;
@@ -192,7 +230,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
 
 		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
-		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->nh, fib.ifindex))
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN - (c->jumbo ? sizeof(struct lk_hop_jumbo) : 0), c->nh, fib.ifindex))
 			return to_stack(skb, ep_id);
 		skb_event_forwarded(skb, ep_id, 0);
 		ip6->hop_limit--;
@@ -279,7 +317,7 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 		return to_stack(skb, ep->id);
 	if (p->ip6->hop_limit <= 1)
 		return to_stack(skb, ep->id); /* the host stack sends ICMPv6 time exceeded */
-	if (c.first_nh == IPPROTO_HOPOPTS)
+	if (c.first_nh == IPPROTO_HOPOPTS && !ip6_bigtcp(skb, p, &c))
 		return to_stack(skb, ep->id); /* hop-by-hop options are every router's to process */
 	return route_ipv6(skb, p, ep->id, &c, dst);
 }
@@ -298,7 +336,7 @@ static __always_inline int from_uplink_ipv6(struct __sk_buff *skb, struct pkt *p
 	__u32 reason;
 	int changed, v;
 
-	if (ip6_walk(skb, p, &c) || c.first_nh == IPPROTO_HOPOPTS)
+	if (ip6_walk(skb, p, &c) || (c.first_nh == IPPROTO_HOPOPTS && !ip6_bigtcp(skb, p, &c)))
 		return TC_ACT_OK; /* the stack judges broken chains, reads options (to_pod judges policy) */
 	pd = lb6_pending_get();
 	v = lb6(skb, p, &c, 0, pd, &changed);

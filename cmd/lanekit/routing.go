@@ -43,6 +43,15 @@ func printRouting(out io.Writer, r *apiv1.RoutingStatus) {
 	if e := r.GetError(); e != "" {
 		fmt.Fprintf(out, "  error:      %s\n", e)
 	}
+	if b := r.GetBigTcp(); b != nil {
+		size := func(n uint32) string {
+			if n == 0 {
+				return "64 KiB (off)"
+			}
+			return fmt.Sprintf("%d KiB", n/1024)
+		}
+		fmt.Fprintf(out, "BIG TCP:      IPv4 %s, IPv6 %s: %s\n", size(b.GetIpv4MaxSize()), size(b.GetIpv6MaxSize()), b.GetDetail())
+	}
 	enc := func(name string, f *apiv1.Feature) string {
 		if f.GetSupported() {
 			return name + " available in the kernel (not implemented by lanekit)"

@@ -112,6 +112,9 @@ type Config struct {
 	// TunnelPort the VXLAN UDP port (0: DefaultTunnelPort); TunnelNodes the
 	// other nodes' pod CIDRs and underlay addresses when no API server says.
 	RoutingMode string
+	// BIGTCP gives pod devices and the uplink GSO/GRO sizes above 64 KiB
+	// where the uplink's driver and the kernel support it (bigtcp.go).
+	BIGTCP      bool
 	TunnelPort  int
 	TunnelNodes []datapath.TunnelNode
 	// Encryption: EncryptionNone ("" too); anything else is refused.
@@ -136,7 +139,9 @@ type Agent struct {
 	ipam6 *ipam.IPAM // nil without Config.PodCIDR6
 	host  *netdev.Host
 	devs  PodDevices // pod endpoints' devices (poddevices.go)
-	dp    datapath.Datapath
+	// bigTCP is what setupBIGTCP decided (bigtcp.go).
+	bigTCP BIGTCPInfo
+	dp     datapath.Datapath
 	// backend names the datapath in Status: "bpf", or "test" for an
 	// injected one.
 	backend string
@@ -250,6 +255,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		}
 	}
 	if err := a.setupRouting(); err != nil { // tunnel mode: pod MTU, VXLAN device
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if err := a.setupBIGTCP(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
 	cfg = a.cfg

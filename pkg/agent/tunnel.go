@@ -128,6 +128,7 @@ type RoutingInfo struct {
 	Counters   map[string]uint64     // tunnel mode: lk_tunnel_stats by name
 	Encryption EncryptionFeatures    // probed facilities
 	NodesError string                // reading the node map or counters failed
+	BIGTCP     BIGTCPInfo            // bigtcp.go
 }
 
 // tunnelDatapath is a datapath that drives the tunnel (*datapath.Loader).
@@ -402,7 +403,7 @@ func (a *Agent) syncTunnelIdentities() error {
 
 // routingInfo fills Status' routing part.
 func (a *Agent) routingInfo() RoutingInfo {
-	r := RoutingInfo{Mode: a.cfg.RoutingMode, PodMTU: a.mtu, Encryption: a.encryption}
+	r := RoutingInfo{Mode: a.cfg.RoutingMode, PodMTU: a.mtu, Encryption: a.encryption, BIGTCP: a.bigTCP}
 	if a.cfg.RoutingMode != RoutingTunnel {
 		return r
 	}
@@ -451,6 +452,7 @@ func RoutingToProto(r RoutingInfo) *apiv1.RoutingStatus {
 		TunnelCounters: r.Counters, Error: r.NodesError,
 		Ipsec:     &apiv1.Feature{Supported: r.Encryption.IPsec.Supported, Detail: r.Encryption.IPsec.Detail},
 		Wireguard: &apiv1.Feature{Supported: r.Encryption.WireGuard.Supported, Detail: r.Encryption.WireGuard.Detail},
+		BigTcp:    &apiv1.BigTCP{Ipv4MaxSize: uint32(r.BIGTCP.Sizes.IPv4), Ipv6MaxSize: uint32(r.BIGTCP.Sizes.IPv6), Detail: r.BIGTCP.Detail},
 	}
 	for _, n := range r.Nodes {
 		out.TunnelNodes = append(out.TunnelNodes, &apiv1.TunnelNode{PodCidr: n.PodCIDR.String(), Underlay: n.Underlay.String(), Self: n.Self})

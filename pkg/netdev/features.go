@@ -43,6 +43,7 @@ type Features struct {
 	AFXDPZeroCopy Feature // AF_XDP zero-copy on the uplink (driver support), only with an uplink
 	TunSteering   Feature // TUNSETSTEERINGEBPF: Toeplitz steering for multiqueue tap
 	RingBuf       Feature // BPF ring buffer: flow events
+	BIGTCP        Feature // GSO/GRO above 64 KiB (bigtcp.go): a veth's, or the uplink's when given
 }
 
 // NamedFeature is one row of the feature table.
@@ -65,6 +66,7 @@ func (f Features) Table() []NamedFeature {
 		{"BTF", "CO-RE and map introspection", f.BTF},
 		{"bpffs", "pins survive agent restarts", f.BPFFS},
 		{"ringbuf", "flow events", f.RingBuf},
+		{"big_tcp", "pod GSO/GRO above 64 KiB", f.BIGTCP},
 	}
 }
 
@@ -88,6 +90,7 @@ func ProbeKernel(bpfDir, uplink string) Features {
 	scratch(&f, true)
 	if uplink != "" {
 		f.AFXDPZeroCopy = probeZeroCopy(uplink)
+		f.BIGTCP = probeLinkBIGTCP(uplink)
 	}
 	return f
 }
@@ -132,6 +135,7 @@ func scratch(f *Features, withNetkit bool) {
 	err := inScratchNetns(func() {
 		f.AFXDP = probeAFXDP()
 		f.TunSteering = probeTunSteering()
+		f.BIGTCP = probeVethBIGTCP()
 		if withNetkit {
 			ok, why := (&Host{}).ProbeNetkit() // the scratch namespace is the current one
 			f.Netkit = Feature{Supported: ok, Detail: why, Unknown: !ok && permissionDenied(why)}
@@ -139,7 +143,7 @@ func scratch(f *Features, withNetkit bool) {
 	})
 	if err != nil {
 		unknown := Feature{Unknown: true, Detail: fmt.Sprintf("needs a scratch network namespace: %v", err)}
-		f.AFXDP, f.TunSteering = unknown, unknown
+		f.AFXDP, f.TunSteering, f.BIGTCP = unknown, unknown, unknown
 		if withNetkit {
 			f.Netkit = unknown
 		}

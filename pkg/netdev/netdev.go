@@ -72,6 +72,9 @@ type PodSpec struct {
 	// namespace that has its own default route (a VM device beside a
 	// virt-launcher pod's eth0).
 	NoRoutes bool
+	// BIGTCP sizes both ends' GSO/GRO limits (bigtcp.go); not for a VM
+	// device (Queues > 0), whose frames go one by one through AF_XDP.
+	BIGTCP BIGTCP
 }
 
 // MaxVMQueues bounds PodSpec.Queues.
@@ -207,6 +210,11 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("set %s up: %w", spec.IfName, err)
 		}
+		if spec.BIGTCP.On() && spec.Queues == 0 {
+			if err := setBIGTCP(l, spec.BIGTCP); err != nil {
+				return err
+			}
+		}
 		idx := l.Attrs().Index
 		if spec.IP.IsValid() {
 			addr := &netlink.Addr{IPNet: &net.IPNet{IP: spec.IP.AsSlice(), Mask: net.CIDRMask(32, 32)}}
@@ -246,6 +254,11 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		}
 		if err := netlink.LinkSetUp(l); err != nil {
 			return fmt.Errorf("set %s up: %w", spec.HostIfName, err)
+		}
+		if spec.BIGTCP.On() && spec.Queues == 0 {
+			if err := setBIGTCP(l, spec.BIGTCP); err != nil {
+				return err
+			}
 		}
 		if spec.Queues > 0 {
 			// A VM device: what is sent to the VM must leave with complete
