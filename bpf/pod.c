@@ -18,6 +18,7 @@
 #include "lib/lb.h" /* [LB] */
 #include "lib/policy.h"
 #include "lib/ipv6.h"
+#include "lib/edt.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -101,6 +102,10 @@ int from_pod(struct __sk_buff *skb)
 	}
 	/* [/policy] */
 	lb_commit(pend); /* [LB] the new flow's state, now that it is allowed */
+
+	reason = edt_sched_departure(skb, ep->id); /* its egress bandwidth limit (edt.h) */
+	if (reason)
+		return drop(skb, ep->id, reason);
 
 	/* Broadcast and multicast are not routed: the host stack takes them. */
 	if (is_multicast_ether(p.eth->h_dest) || is_multicast_or_bcast_ipv4(p.ip4->daddr))

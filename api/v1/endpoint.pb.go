@@ -479,7 +479,11 @@ type EndpointPolicy struct {
 	Labels    map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Identity  uint32                 `protobuf:"varint,4,opt,name=identity,proto3" json:"identity,omitempty"`
 	// True when a Pod object gave the labels, false when the CNI args did.
-	FromPod       bool `protobuf:"varint,5,opt,name=from_pod,json=fromPod,proto3" json:"from_pod,omitempty"`
+	FromPod bool `protobuf:"varint,5,opt,name=from_pod,json=fromPod,proto3" json:"from_pod,omitempty"`
+	// The pod's egress limit in bits/s (kubernetes.io/egress-bandwidth; 0:
+	// none) and what of its bandwidth annotations is not enforced, and why.
+	EgressBps     uint64 `protobuf:"varint,6,opt,name=egress_bps,json=egressBps,proto3" json:"egress_bps,omitempty"`
+	BandwidthNote string `protobuf:"bytes,7,opt,name=bandwidth_note,json=bandwidthNote,proto3" json:"bandwidth_note,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,6 +551,20 @@ func (x *EndpointPolicy) GetFromPod() bool {
 		return x.FromPod
 	}
 	return false
+}
+
+func (x *EndpointPolicy) GetEgressBps() uint64 {
+	if x != nil {
+		return x.EgressBps
+	}
+	return 0
+}
+
+func (x *EndpointPolicy) GetBandwidthNote() string {
+	if x != nil {
+		return x.BandwidthNote
+	}
+	return ""
 }
 
 // What the datapath counted for one endpoint, summed over CPUs. "from" is
@@ -693,13 +711,16 @@ const file_endpoint_proto_rawDesc = "" +
 	"\x06policy\x18\r \x01(\v2\x1a.lanekit.v1.EndpointPolicyR\x06policy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x02\n" +
 	"\x0eEndpointPolicy\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12>\n" +
 	"\x06labels\x18\x03 \x03(\v2&.lanekit.v1.EndpointPolicy.LabelsEntryR\x06labels\x12\x1a\n" +
 	"\bidentity\x18\x04 \x01(\rR\bidentity\x12\x19\n" +
-	"\bfrom_pod\x18\x05 \x01(\bR\afromPod\x1a9\n" +
+	"\bfrom_pod\x18\x05 \x01(\bR\afromPod\x12\x1d\n" +
+	"\n" +
+	"egress_bps\x18\x06 \x01(\x04R\tegressBps\x12%\n" +
+	"\x0ebandwidth_note\x18\a \x01(\tR\rbandwidthNote\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x02\n" +

@@ -216,7 +216,10 @@ type RoutingStatus struct {
 	Wireguard *Feature `protobuf:"bytes,8,opt,name=wireguard,proto3" json:"wireguard,omitempty"`
 	Error     string   `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
 	// BIG TCP on pod devices and the uplink (lanekitd --big-tcp).
-	BigTcp        *BigTCP `protobuf:"bytes,10,opt,name=big_tcp,json=bigTcp,proto3" json:"big_tcp,omitempty"`
+	BigTcp *BigTCP `protobuf:"bytes,10,opt,name=big_tcp,json=bigTcp,proto3" json:"big_tcp,omitempty"`
+	// How pods' kubernetes.io/egress-bandwidth is enforced: "edt: ...",
+	// "tbf: ..." or "off: ...".
+	Bandwidth     string `protobuf:"bytes,11,opt,name=bandwidth,proto3" json:"bandwidth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +322,13 @@ func (x *RoutingStatus) GetBigTcp() *BigTCP {
 		return x.BigTcp
 	}
 	return nil
+}
+
+func (x *RoutingStatus) GetBandwidth() string {
+	if x != nil {
+		return x.Bandwidth
+	}
+	return ""
 }
 
 // BIG TCP: the GSO/GRO size per family (0: the kernel's 64 KiB) and why.
@@ -1034,7 +1044,7 @@ const file_status_proto_rawDesc = "" +
 	"\rcontrol_plane\x18\n" +
 	" \x01(\v2\x1e.lanekit.v1.ControlPlaneStatusR\fcontrolPlane\x123\n" +
 	"\arouting\x18\x1a \x01(\v2\x19.lanekit.v1.RoutingStatusR\arouting\x124\n" +
-	"\bdpu_link\x18$ \x01(\v2\x19.lanekit.v1.DPULinkStatusR\adpuLink\"\xf9\x03\n" +
+	"\bdpu_link\x18$ \x01(\v2\x19.lanekit.v1.DPULinkStatusR\adpuLink\"\x97\x04\n" +
 	"\rRoutingStatus\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12#\n" +
 	"\rtunnel_device\x18\x02 \x01(\tR\ftunnelDevice\x12\x1f\n" +
@@ -1047,7 +1057,8 @@ const file_status_proto_rawDesc = "" +
 	"\twireguard\x18\b \x01(\v2\x13.lanekit.v1.FeatureR\twireguard\x12\x14\n" +
 	"\x05error\x18\t \x01(\tR\x05error\x12+\n" +
 	"\abig_tcp\x18\n" +
-	" \x01(\v2\x12.lanekit.v1.BigTCPR\x06bigTcp\x1aA\n" +
+	" \x01(\v2\x12.lanekit.v1.BigTCPR\x06bigTcp\x12\x1c\n" +
+	"\tbandwidth\x18\v \x01(\tR\tbandwidth\x1aA\n" +
 	"\x13TunnelCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"h\n" +

@@ -56,6 +56,8 @@ enum lk_drop_reason {
 	DROP_TUNNEL_PORT = 21, /* UDP from an endpoint to a node address's VXLAN tunnel port */
 	DROP_TUNNEL_UNKNOWN_NODE = 22, /* from the tunnel: the outer source is no other node's underlay address */
 	DROP_TUNNEL_FOREIGN_SRC = 23, /* from the tunnel: the inner source is not the sending node's (pod CIDR, claim, itself) */
+	/* Bandwidth (bpf/lib/edt.h) */
+	DROP_EDT_HORIZON = 24, /* the endpoint's egress limit would hold the packet past the horizon */
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

@@ -88,8 +88,11 @@ static __always_inline int deliver_local(struct __sk_buff *skb, struct pkt *p, _
  * computes. Other GSO packets (UDP GSO, tunnels) are left to the kernel's
  * BPF_MTU_CHK_SEGS. (The TCP case is done here rather than with
  * BPF_MTU_CHK_SEGS so that BPF_PROG_TEST_RUN fixtures, whose skbs carry
- * no transport header offset, can exercise it.) */
-static __always_inline int fits_mtu_l3(struct __sk_buff *skb, __u32 l3len, __u8 l4proto, __u32 ifindex)
+ * no transport header offset, can exercise it.) l3len is where the TCP
+ * header starts after the Ethernet header; not_sent of those bytes are in
+ * no segment (IPv6 BIG TCP's jumbo hop-by-hop header, ipv6.h). */
+static __always_inline int fits_mtu_l3(struct __sk_buff *skb, __u32 l3len, __u32 not_sent, __u8 l4proto,
+				       __u32 ifindex)
 {
 	__u32 mtu = 0; /* in: 0, judge the skb itself; out: the device MTU */
 	__u32 gso_size = skb->gso_size;
@@ -101,14 +104,14 @@ static __always_inline int fits_mtu_l3(struct __sk_buff *skb, __u32 l3len, __u8 
 		return 0;
 	if (bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + l3len + 12, &doff, 1) < 0)
 		return 0;
-	return l3len + (doff >> 4) * 4 + gso_size <= mtu;
+	return l3len - not_sent + (doff >> 4) * 4 + gso_size <= mtu;
 }
 
 /* fits_mtu is fits_mtu_l3 for an IPv4 packet (its header length from IHL;
  * IPv6 passes its header chain's length, ipv6.h). */
 static __always_inline int fits_mtu(struct __sk_buff *skb, const struct iphdr *iph, __u32 ifindex)
 {
-	return fits_mtu_l3(skb, iph->ihl * 4, iph->protocol, ifindex);
+	return fits_mtu_l3(skb, iph->ihl * 4, 0, iph->protocol, ifindex);
 }
 
 #include "tunnel.h" /* tunnel_route: needs drop, to_stack, fits_mtu above */

@@ -37,6 +37,7 @@
 #include "policy.h"
 #include "policy6.h"
 #include "lb6.h"
+#include "edt.h"
 
 /* Extension headers the datapath walks; a longer chain is dropped
  * (DROP_IPV6_EXT_HDRS). Eight is more than any packet RFC 8200's order of
@@ -218,7 +219,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-		if (!fits_mtu_l3(skb, c->off - ETH_HLEN - (c->jumbo ? sizeof(struct lk_hop_jumbo) : 0), c->nh, fib.ifindex))
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->jumbo ? sizeof(struct lk_hop_jumbo) : 0, c->nh, fib.ifindex))
 			return to_stack(skb, ep_id); /* ICMPv6 Packet Too Big */
 		skb_event_forwarded(skb, ep_id, 0);
 		ip6->hop_limit--;
@@ -230,7 +231,7 @@ static __always_inline int route_ipv6(struct __sk_buff *skb, struct pkt *p, __u3
 		struct bpf_redir_neigh nh = { .nh_family = AF_INET6 };
 
 		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, 16);
-		if (!fits_mtu_l3(skb, c->off - ETH_HLEN - (c->jumbo ? sizeof(struct lk_hop_jumbo) : 0), c->nh, fib.ifindex))
+		if (!fits_mtu_l3(skb, c->off - ETH_HLEN, c->jumbo ? sizeof(struct lk_hop_jumbo) : 0, c->nh, fib.ifindex))
 			return to_stack(skb, ep_id);
 		skb_event_forwarded(skb, ep_id, 0);
 		ip6->hop_limit--;
@@ -311,6 +312,9 @@ static __always_inline int from_pod_ipv6(struct __sk_buff *skb, struct pkt *p, c
 	}
 	/* [/policy] */
 	lb6_commit(pd); /* [LB] the new flow's state, now that it is allowed */
+
+	if (edt_sched_departure(skb, ep->id)) /* its egress bandwidth limit (edt.h) */
+		return drop(skb, ep->id, DROP_EDT_HORIZON);
 
 	if (is_multicast_ether(p->eth->h_dest) || ip6_is_multicast((__u8 *)&p->ip6->daddr) ||
 	    ip6_is_linklocal((__u8 *)&p->ip6->daddr))

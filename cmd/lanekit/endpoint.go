@@ -62,7 +62,7 @@ var endpointListCmd = &cobra.Command{
 			return fmt.Errorf("list endpoints: %w", err)
 		}
 		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tPOD\tLABELS\tIDENTITY\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS\tPOLICY-DROPS")
+		fmt.Fprintln(w, "ID\tKIND\tCONTAINER\tIFNAME\tIP\tMODE\tHOST-DEV\tIFINDEX\tNETNS\tPOD\tLABELS\tIDENTITY\tEGRESS-LIMIT\tSENT pkts/bytes\tTO-STACK pkts/bytes\tRECEIVED pkts/bytes\tDROPS\tPOLICY-DROPS")
 		for _, ep := range resp.GetEndpoints() {
 			ip, hostDev, ifindex := "", "", int32(0)
 			for i, ipc := range ep.GetIps() { // dual-stack: both addresses
@@ -80,14 +80,20 @@ var endpointListCmd = &cobra.Command{
 			}
 			c := ep.GetCounters()
 			pol := ep.GetPolicy()
-			pod, identity := "-", "-"
+			pod, identity, limit := "-", "-", "-"
 			if pol != nil {
 				pod, identity = pol.GetNamespace()+"/"+pol.GetName(), fmt.Sprint(pol.GetIdentity())
 			}
+			if bps := pol.GetEgressBps(); bps > 0 {
+				limit = fmt.Sprintf("%.3g Mbit/s", float64(bps)/1e6)
+			}
+			if pol.GetBandwidthNote() != "" {
+				limit += " (" + pol.GetBandwidthNote() + ")"
+			}
 			drops, policyDrops := splitPolicyDrops(c.GetDrops())
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d/%d\t%s\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d/%d\t%s\t%s\n", ep.GetId(), kindName(ep.GetKind()), cid,
 				ep.GetAttachment().GetIfname(), ip, ep.GetDeviceMode(), hostDev, ifindex, ep.GetNetns(),
-				pod, labelsText(pol.GetLabels()), identity,
+				pod, labelsText(pol.GetLabels()), identity, limit,
 				c.GetFromPackets(), c.GetFromBytes(), c.GetStackPackets(), c.GetStackBytes(), c.GetToPackets(), c.GetToBytes(),
 				dropsText(drops), dropsText(policyDrops))
 		}

@@ -52,6 +52,9 @@ func printRouting(out io.Writer, r *apiv1.RoutingStatus) {
 		}
 		fmt.Fprintf(out, "BIG TCP:      IPv4 %s, IPv6 %s: %s\n", size(b.GetIpv4MaxSize()), size(b.GetIpv6MaxSize()), b.GetDetail())
 	}
+	if b := r.GetBandwidth(); b != "" {
+		fmt.Fprintf(out, "bandwidth:    %s\n", b)
+	}
 	enc := func(name string, f *apiv1.Feature) string {
 		if f.GetSupported() {
 			return name + " available in the kernel (not implemented by lanekit)"

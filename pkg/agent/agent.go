@@ -114,9 +114,12 @@ type Config struct {
 	RoutingMode string
 	// BIGTCP gives pod devices and the uplink GSO/GRO sizes above 64 KiB
 	// where the uplink's driver and the kernel support it (bigtcp.go).
-	BIGTCP      bool
-	TunnelPort  int
-	TunnelNodes []datapath.TunnelNode
+	BIGTCP bool
+	// BandwidthManager enforces pods' kubernetes.io/egress-bandwidth
+	// (bandwidth.go, lanekitd --bandwidth-manager).
+	BandwidthManager bool
+	TunnelPort       int
+	TunnelNodes      []datapath.TunnelNode
 	// Encryption: EncryptionNone ("" too); anything else is refused.
 	Encryption string
 	// PodDevices creates pod endpoints' devices; nil: pairs in the pod's
@@ -141,7 +144,10 @@ type Agent struct {
 	devs  PodDevices // pod endpoints' devices (poddevices.go)
 	// bigTCP is what setupBIGTCP decided (bigtcp.go).
 	bigTCP BIGTCPInfo
-	dp     datapath.Datapath
+	// bandwidth is how egress limits are enforced, and why
+	// (setupBandwidth, bandwidth.go).
+	bandwidth, bandwidthWhy string
+	dp                      datapath.Datapath
 	// backend names the datapath in Status: "bpf", or "test" for an
 	// injected one.
 	backend string
@@ -286,6 +292,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("new agent: open datapath: %w", err)
 	}
+	a.setupBandwidth()
 	if err := a.syncTunnelNodes(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}

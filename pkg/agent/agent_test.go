@@ -88,7 +88,7 @@ type fixture struct {
 	nodeNS   ns.NetNS
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	testutil.RequireRoot(t)
 	return &fixture{stateDir: t.TempDir(), nodeNS: netnstest.New(t, "anode")}

@@ -1,22 +1,19 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/netdev"
-	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
 // TestBIGTCPPodStream: with BIG TCP on, the agent gives both ends of a pod's
@@ -33,141 +30,186 @@ func TestBIGTCPPodStream(t *testing.T) {
 	}
 }
 
-func bigTCPStream(t *testing.T, on bool) {
-	fx := newFixture(t)
-	pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-bigtcp-%d", os.Getpid()))
-	t.Cleanup(func() { datapath.Unpin(pins) })
-	var dp datapath.Datapath
-	a, err := New(Config{
-		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd00:77::/64"),
-		MTU: 1500, HostNetns: fx.nodeNS.Path(), BPFDir: pins, BIGTCP: on,
-		OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
-			d, err := datapath.Open(c, log)
-			dp = d
-			return d, err
-		},
-	}, quietLog())
-	if err != nil {
-		t.Fatalf("start agent with the BPF datapath: %v", err)
+// ep returns stored endpoint id.
+func (l *uplinkLab) ep(tb testing.TB, id uint32) endpoint.Endpoint {
+	tb.Helper()
+	ep, ok, err := l.a.endpointByID(id)
+	if err != nil || !ok {
+		tb.Fatalf("endpoint %d: %v %v", id, ok, err)
 	}
-	t.Cleanup(func() { a.Close() })
+	return ep
+}
+
+// stream sends total bytes from namespace from to dst:5201, a listener in
+// namespace to, over streams parallel TCP connections (at most 15 s), and
+// returns what arrived.
+func stream(from, to ns.NetNS, dst netip.Addr, streams int, total int64) (int64, error) {
+	network := "tcp4"
+	if dst.Is6() {
+		network = "tcp6"
+	}
+	var ln net.Listener
+	if err := to.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(network, ":5201"); return err }); err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	got := make(chan int64, streams)
+	go func() {
+		for range streams {
+			c, err := ln.Accept()
+			if err != nil {
+				got <- 0
+				continue
+			}
+			go func() {
+				c.SetDeadline(deadline)
+				n, _ := io.Copy(io.Discard, c)
+				c.Close()
+				got <- n
+			}()
+		}
+	}()
+	errs := make(chan error, streams)
+	for range streams {
+		go func() {
+			errs <- from.Do(func(ns.NetNS) error {
+				c, err := net.DialTimeout(network, netip.AddrPortFrom(dst, 5201).String(), 3*time.Second)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				c.SetDeadline(deadline)
+				buf := make([]byte, 1<<20)
+				for left := total / int64(streams); left > 0; left -= int64(len(buf)) {
+					if _, err := c.Write(buf[:min(left, int64(len(buf)))]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}()
+	}
+	var n int64
+	var err error
+	for range streams {
+		err = errors.Join(err, <-errs)
+		n += <-got // all of it arrived: the counters are complete
+	}
+	return n, err
+}
+
+func bigTCPStream(t *testing.T, on bool) {
+	l := startUplinkLab(t, func(c *Config) { c.BIGTCP = on })
+	st, err := l.a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := 0
 	if on {
 		want = netdev.BIGTCPSize
 	}
-	st, err := a.Status()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if b := st.Routing.BIGTCP; b.Sizes.IPv4 != want || b.Sizes.IPv6 != want {
 		t.Fatalf("status BIG TCP %+v, want %d for both families", b, want)
 	}
+	cli, cliID := l.pod(t, "btcli", nil)
+	srv, srvID := l.pod(t, "btsrv", nil)
+	srvEP := l.ep(t, srvID)
 
-	add := func(what string) (ns.NetNS, uint32, netip.Addr, netip.Addr) {
-		n := netnstest.New(t, what)
-		ep, err := a.Add(AddRequest{ContainerID: what, IfName: "eth0", Netns: n.Path()})
-		if err != nil {
-			t.Fatalf("add %s: %v", what, err)
-		}
-		return n, ep.ID, ep.IP, ep.IP6
-	}
-	cliNS, cliID, _, _ := add("btcli")
-	srvNS, srvID, srvIP, srvIP6 := add("btsrv")
-
-	// Both ends of the client's device.
+	// Both ends of the client's device, and the uplink.
 	wantGSO := max(want, netdev.LegacyGSOMaxSize)
-	checkGSO := func(where string, l netlink.Link) {
-		la := l.Attrs()
-		if int(la.GSOMaxSize) != wantGSO || int(la.GSOIPv4MaxSize) != wantGSO || int(la.GROMaxSize) != wantGSO || int(la.GROIPv4MaxSize) != wantGSO {
-			t.Errorf("%s: gso %d gso_ipv4 %d gro %d gro_ipv4 %d, want %d", where, la.GSOMaxSize, la.GSOIPv4MaxSize, la.GROMaxSize, la.GROIPv4MaxSize, wantGSO)
-		}
-	}
-	cliNS.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkGSO("pod end", l)
-		return nil
-	})
-	fx.nodeNS.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(hostIfOf("btcli", "eth0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkGSO("host end", l)
-		return nil
-	})
-
-	for _, dst := range []netip.Addr{srvIP, srvIP6} {
-		network := "tcp4"
-		if dst.Is6() {
-			network = "tcp6"
-		}
-		var ln net.Listener
-		if err := srvNS.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(network, ":5201"); return err }); err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan int64, 1)
-		go func() {
-			c, err := ln.Accept()
+	checkGSO := func(where string, n ns.NetNS, dev string) {
+		n.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(dev)
 			if err != nil {
-				got <- 0
-				return
+				t.Fatal(err)
 			}
-			c.SetDeadline(time.Now().Add(15 * time.Second))
-			n, _ := io.Copy(io.Discard, c)
-			c.Close()
-			got <- n
-		}()
-		before, err := dp.Counters(cliID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// 128 MiB, at most 10 s.
-		err = cliNS.Do(func(ns.NetNS) error {
-			c, err := net.DialTimeout(network, netip.AddrPortFrom(dst, 5201).String(), 3*time.Second)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			buf := make([]byte, 1<<20)
-			for range 128 {
-				if _, err := c.Write(buf); err != nil {
-					return err
-				}
+			la := l.Attrs()
+			if int(la.GSOMaxSize) != wantGSO || int(la.GSOIPv4MaxSize) != wantGSO || int(la.GROMaxSize) != wantGSO || int(la.GROIPv4MaxSize) != wantGSO {
+				t.Errorf("%s: gso %d gso_ipv4 %d gro %d gro_ipv4 %d, want %d", where, la.GSOMaxSize, la.GSOIPv4MaxSize, la.GROMaxSize, la.GROIPv4MaxSize, wantGSO)
 			}
 			return nil
 		})
-		n := <-got // all of it arrived: the counters are complete
-		ln.Close()
-		if err != nil || n != 128<<20 {
-			c, _ := dp.Counters(cliID)
-			sc, _ := dp.Counters(srvID)
-			t.Fatalf("%s stream to %s: %d bytes arrived, %v (client's counters %+v, server's %+v)", network, dst, n, err, c, sc)
+	}
+	checkGSO("pod end", cli, "eth0")
+	checkGSO("host end", l.node, hostIfOf("btcli", "eth0"))
+	checkGSO("uplink", l.node, "bwup0")
+
+	const total = 128 << 20
+	for _, to := range []struct {
+		what string
+		ns   ns.NetNS
+		dst  netip.Addr
+	}{
+		{"pod on the node", srv, srvEP.IP}, {"pod on the node", srv, srvEP.IP6},
+		{"host behind the uplink", l.remote, netip.MustParseAddr(uplinkRemote)},
+		{"host behind the uplink", l.remote, netip.MustParseAddr(uplinkRemote6)},
+	} {
+		before, err := l.dp.Counters(cliID)
+		if err != nil {
+			t.Fatal(err)
 		}
-		after, err := dp.Counters(cliID)
+		n, err := stream(cli, to.ns, to.dst, 1, total)
+		if err != nil || n != total {
+			c, _ := l.dp.Counters(cliID)
+			t.Fatalf("stream to the %s %s: %d bytes arrived, %v (client's counters %+v)", to.what, to.dst, n, err, c)
+		}
+		after, err := l.dp.Counters(cliID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pkts, bytes := after.FromPackets-before.FromPackets, after.FromBytes-before.FromBytes
-		if pkts == 0 || bytes < 128<<20 {
-			t.Fatalf("%s: from-pod counters +%d packets +%d bytes: the stream did not cross the datapath", network, pkts, bytes)
+		if pkts == 0 || bytes < total {
+			t.Fatalf("to the %s %s: from-pod counters +%d packets +%d bytes: the stream did not cross the datapath", to.what, to.dst, pkts, bytes)
 		}
 		avg := bytes / pkts
-		t.Logf("%s: %d packets, %d bytes through from_pod, %d bytes per packet", network, pkts, bytes, avg)
+		t.Logf("to the %s %s: %d packets, %d bytes through from_pod, %d bytes per packet", to.what, to.dst, pkts, bytes, avg)
 		if on && avg <= netdev.LegacyGSOMaxSize {
-			t.Errorf("%s: %d bytes per packet through from_pod with BIG TCP on, want > 64 KiB", network, avg)
+			t.Errorf("to the %s %s: %d bytes per packet through from_pod with BIG TCP on, want > 64 KiB", to.what, to.dst, avg)
 		}
 		// The datapath forwards them itself (IPv6's carry the kernel's
 		// jumbo hop-by-hop header, which the host stack would not forward).
 		if stack := after.StackBytes - before.StackBytes; stack > bytes/100 {
-			t.Errorf("%s: %d of %d bytes handed to the host stack, not forwarded by the datapath", network, stack, bytes)
+			t.Errorf("to the %s %s: %d of %d bytes handed to the host stack, not forwarded by the datapath", to.what, to.dst, stack, bytes)
 		}
 		if !on && avg > netdev.LegacyGSOMaxSize {
-			t.Errorf("%s: %d bytes per packet with BIG TCP off: a packet above 64 KiB", network, avg)
+			t.Errorf("to the %s %s: %d bytes per packet with BIG TCP off: a packet above 64 KiB", to.what, to.dst, avg)
 		}
+	}
+}
+
+// BenchmarkBIGTCPPodStream: pod -> pod on one node and pod -> a host behind
+// the uplink, through the BPF datapath, BIG TCP on and off, each family, 1
+// and 8 streams (root; not run by make test:
+// go test ./pkg/agent -run '^$' -bench BIGTCP -benchtime 3x).
+func BenchmarkBIGTCPPodStream(b *testing.B) {
+	const total = 256 << 20
+	for _, on := range []bool{true, false} {
+		b.Run(fmt.Sprintf("big-tcp=%v", on), func(b *testing.B) {
+			l := startUplinkLab(b, func(c *Config) { c.BIGTCP = on }) // closed when this sub-benchmark ends
+			cli, _ := l.pod(b, "btcli", nil)
+			srv, srvID := l.pod(b, "btsrv", nil)
+			srvEP := l.ep(b, srvID)
+			for _, to := range []struct {
+				what string
+				ns   ns.NetNS
+				dst  netip.Addr
+			}{
+				{"pod", srv, srvEP.IP}, {"pod", srv, srvEP.IP6},
+				{"remote", l.remote, netip.MustParseAddr(uplinkRemote)}, {"remote", l.remote, netip.MustParseAddr(uplinkRemote6)},
+			} {
+				for _, streams := range []int{1, 8} {
+					b.Run(fmt.Sprintf("%s-%s/streams=%d", to.what, map[bool]string{true: "ipv4", false: "ipv6"}[to.dst.Is4()], streams), func(b *testing.B) {
+						b.SetBytes(total)
+						for range b.N {
+							if n, err := stream(cli, to.ns, to.dst, streams, total); err != nil || n != total {
+								b.Fatalf("%d bytes arrived: %v", n, err)
+							}
+						}
+						b.ReportMetric(float64(total)*8*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gbit/s")
+					})
+				}
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -100,8 +101,9 @@ func (a *Agent) recompileLocked() error {
 	}
 	c.markIdentitiesSaved()
 	u := policy.Diff(c.compiled, compiled)
+	old := c.locals
 	c.compiled, c.locals = compiled, locals
-	return a.applyPolicy(u)
+	return errors.Join(a.applyPolicy(u), a.applyBandwidth(old, locals))
 }
 
 // policyDumper is a datapath that can say what its policy maps hold

@@ -36,6 +36,11 @@ type localEndpoint struct {
 	// FromPod: namespace/labels come from a Pod object, not the CNI args.
 	FromPod  bool
 	Identity policy.Identity
+	// EgressBPS is the pod's egress limit (bits/s, 0: none) and
+	// BandwidthNote what of its bandwidth annotations is not enforced
+	// (bandwidth.go).
+	EgressBPS     uint64
+	BandwidthNote string
 }
 
 // EndpointPolicyInfo is the policy view of a local endpoint for the API.
@@ -44,6 +49,8 @@ type EndpointPolicyInfo struct {
 	Labels          map[string]string
 	Identity        uint32
 	FromPod         bool
+	EgressBPS       uint64 // bandwidth.go
+	BandwidthNote   string
 }
 
 // PolicyInfoOf returns the policy view of local endpoint id as of the last
@@ -56,7 +63,8 @@ func (a *Agent) PolicyInfoOf(id uint32) (EndpointPolicyInfo, bool) {
 	if !ok {
 		return EndpointPolicyInfo{}, false
 	}
-	return EndpointPolicyInfo{Namespace: l.Namespace, Name: l.Name, Labels: maps.Clone(l.Labels), Identity: uint32(l.Identity), FromPod: l.FromPod}, true
+	return EndpointPolicyInfo{Namespace: l.Namespace, Name: l.Name, Labels: maps.Clone(l.Labels), Identity: uint32(l.Identity), FromPod: l.FromPod,
+		EgressBPS: l.EgressBPS, BandwidthNote: l.BandwidthNote}, true
 }
 
 // argsView returns the namespace, name and labels an endpoint's CNI args give.
@@ -136,10 +144,15 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 		ns, name, labels := argsView(ep)
 		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6}
 		fromPod := false
+		var egress uint64
+		var bwNote string
 		if pod := pods[ns+"/"+name]; pod != nil && podLive(pod) {
 			pe.Labels, pe.NamedPorts, fromPod = maps.Clone(pod.Labels), namedPorts(pod), true
 			if pe.Labels == nil {
 				pe.Labels = map[string]string{}
+			}
+			if ep.VM == nil { // a VM's frames leave through its backend, not a paced path
+				egress, bwNote = bandwidthOf(pod, a.cfg.BandwidthManager)
 			}
 		}
 		if used[ep.IP] && ep.IP.IsValid() {
@@ -147,7 +160,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 		}
 		used[ep.IP], used[ep.IP6] = true, true
 		in.Endpoints = append(in.Endpoints, pe)
-		locals[ep.ID] = localEndpoint{Namespace: ns, Name: name, Labels: pe.Labels, FromPod: fromPod}
+		locals[ep.ID] = localEndpoint{Namespace: ns, Name: name, Labels: pe.Labels, FromPod: fromPod, EgressBPS: egress, BandwidthNote: bwNote}
 	}
 	podCIDR := a.cfg.PodCIDR
 	for _, key := range slices.Sorted(maps.Keys(pods)) {

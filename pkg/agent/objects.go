@@ -55,7 +55,12 @@ type ctlPlane struct {
 	// ignored are the addresses the translation left out on purpose, by
 	// service (ignored.go).
 	ignored map[service.ServiceID][]service.Ignored
-	log     *slog.Logger
+	// egress are the egress limits the datapath holds, by endpoint ID
+	// (bandwidth.go; nil until the first apply reads them); fqOn: the
+	// uplink has its fq.
+	egress map[uint32]uint64
+	fqOn   bool
+	log    *slog.Logger
 }
 
 type gcStats struct {
@@ -590,8 +595,12 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 	}
 	if recompile {
 		polUpd := policy.Diff(c.compiled, compiled)
+		old := c.locals
 		c.compiled, c.locals = compiled, locals
 		if err := a.applyPolicy(polUpd); err != nil {
+			errs = append(errs, err)
+		}
+		if err := a.applyBandwidth(old, locals); err != nil {
 			errs = append(errs, err)
 		}
 	}

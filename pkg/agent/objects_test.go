@@ -45,7 +45,7 @@ func newCtlAgent(t testing.TB, dir string, dp datapath.Datapath) *Agent {
 	return a
 }
 
-func decodeObjs(t *testing.T, y string) []k8sobj.Object {
+func decodeObjs(t testing.TB, y string) []k8sobj.Object {
 	t.Helper()
 	objs, err := k8sobj.Decode([]byte(y))
 	if err != nil {

@@ -101,5 +101,6 @@ func ControlPlaneToProto(st ControlStats) *apiv1.ControlPlaneStatus {
 
 // EndpointPolicyToProto converts an endpoint's policy view.
 func EndpointPolicyToProto(p EndpointPolicyInfo) *apiv1.EndpointPolicy {
-	return &apiv1.EndpointPolicy{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Identity: p.Identity, FromPod: p.FromPod}
+	return &apiv1.EndpointPolicy{Namespace: p.Namespace, Name: p.Name, Labels: p.Labels, Identity: p.Identity, FromPod: p.FromPod,
+		EgressBps: p.EgressBPS, BandwidthNote: p.BandwidthNote}
 }

@@ -129,6 +129,7 @@ type RoutingInfo struct {
 	Encryption EncryptionFeatures    // probed facilities
 	NodesError string                // reading the node map or counters failed
 	BIGTCP     BIGTCPInfo            // bigtcp.go
+	Bandwidth  string                // how pods' egress limits are enforced (bandwidth.go)
 }
 
 // tunnelDatapath is a datapath that drives the tunnel (*datapath.Loader).
@@ -403,7 +404,8 @@ func (a *Agent) syncTunnelIdentities() error {
 
 // routingInfo fills Status' routing part.
 func (a *Agent) routingInfo() RoutingInfo {
-	r := RoutingInfo{Mode: a.cfg.RoutingMode, PodMTU: a.mtu, Encryption: a.encryption, BIGTCP: a.bigTCP}
+	r := RoutingInfo{Mode: a.cfg.RoutingMode, PodMTU: a.mtu, Encryption: a.encryption, BIGTCP: a.bigTCP,
+		Bandwidth: a.bandwidth + ": " + a.bandwidthWhy}
 	if a.cfg.RoutingMode != RoutingTunnel {
 		return r
 	}
@@ -452,6 +454,7 @@ func RoutingToProto(r RoutingInfo) *apiv1.RoutingStatus {
 		TunnelCounters: r.Counters, Error: r.NodesError,
 		Ipsec:     &apiv1.Feature{Supported: r.Encryption.IPsec.Supported, Detail: r.Encryption.IPsec.Detail},
 		Wireguard: &apiv1.Feature{Supported: r.Encryption.WireGuard.Supported, Detail: r.Encryption.WireGuard.Detail},
+		Bandwidth: r.Bandwidth,
 		BigTcp:    &apiv1.BigTCP{Ipv4MaxSize: uint32(r.BIGTCP.Sizes.IPv4), Ipv6MaxSize: uint32(r.BIGTCP.Sizes.IPv6), Detail: r.BIGTCP.Detail},
 	}
 	for _, n := range r.Nodes {

@@ -81,6 +81,8 @@ const (
 	DropTunnelPort        DropReason = DropReason(podLkDropReasonDROP_TUNNEL_PORT)         // UDP from an endpoint to a node address's VXLAN port
 	DropTunnelUnknownNode DropReason = DropReason(podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE) // from the tunnel: outer source is no other node's underlay address
 	DropTunnelForeignSrc  DropReason = DropReason(podLkDropReasonDROP_TUNNEL_FOREIGN_SRC)  // from the tunnel: inner source not the sending node's (pod CIDR, claim, itself)
+	// bandwidth (bpf/lib/edt.h)
+	DropEDTHorizon DropReason = DropReason(podLkDropReasonDROP_EDT_HORIZON) // the endpoint's egress limit would hold the packet past the horizon
 )
 
 func (r DropReason) String() string {
@@ -133,6 +135,8 @@ func (r DropReason) String() string {
 		return "tunnel-unknown-node"
 	case DropTunnelForeignSrc:
 		return "tunnel-foreign-source"
+	case DropEDTHorizon:
+		return "bandwidth-horizon"
 	}
 	return "unknown"
 }

@@ -176,7 +176,7 @@ func (l *Loader) DeleteEndpoint(ep Endpoint) error {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints6, ep.IP6.As16()))
 	}
 	if ep.ID != 0 {
-		errs = append(errs, l.deleteMetrics(ep.ID))
+		errs = append(errs, l.deleteMetrics(ep.ID), deleteIgnoreMissing(l.pod.LkEdt, ep.ID))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete endpoint %d: %w", ep.ID, err)

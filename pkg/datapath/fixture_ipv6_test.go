@@ -324,6 +324,13 @@ func ipv6Fixtures() []fixture {
 			out: func(e *fixtureEnv, in []byte) []byte { return routed6(in, neighMAC, e.up.Attrs().HardwareAddr) },
 		},
 		{
+			name: "v6 BIG TCP GSO packet whose segments exceed the uplink MTU by a byte: to the stack (Packet Too Big)",
+			prog: fromPod, ifindex: ifH1,
+			in:      bigTCP6(remoteIP6, 0xc2),
+			gsoSize: 1441, // 40 + 20 + 1441 = 1501
+			verdict: tcActOK, stackEP: 1,
+		},
+		{
 			name: "v6 jumbo hop-by-hop on a packet that is not GSO: to the stack", prog: fromPod, ifindex: ifH1,
 			in: bigTCP6(pod2IP6, 0xc2), verdict: tcActOK, stackEP: 1,
 		},

@@ -48,6 +48,13 @@ type podCtKey struct {
 	Pad   uint16
 }
 
+type podEdtInfo struct {
+	_           structs.HostLayout
+	BytesPerSec uint64
+	T_last      uint64
+	HorizonNs   uint64
+}
+
 type podEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -310,6 +317,7 @@ const (
 	podLkDropReasonDROP_TUNNEL_PORT         podLkDropReason = 21
 	podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE podLkDropReason = 22
 	podLkDropReasonDROP_TUNNEL_FOREIGN_SRC  podLkDropReason = 23
+	podLkDropReasonDROP_EDT_HORIZON         podLkDropReason = 24
 )
 
 type podLkEndpointFlags uint32
@@ -482,6 +490,7 @@ const (
 	podMapLkCt6Count            = "lk_ct6_count"
 	podMapLkCt6Nat              = "lk_ct6_nat"
 	podMapLkCtCount             = "lk_ct_count"
+	podMapLkEdt                 = "lk_edt"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEndpoints6          = "lk_endpoints6"
 	podMapLkEpByIfindex         = "lk_ep_by_ifindex"
@@ -608,6 +617,7 @@ type podMapSpecs struct {
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEdt             *ebpf.MapSpec `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
@@ -706,6 +716,7 @@ type podMaps struct {
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEdt             *ebpf.Map `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
@@ -753,6 +764,7 @@ func (m *podMaps) Close() error {
 		m.LkCt6Count,
 		m.LkCt6Nat,
 		m.LkCtCount,
+		m.LkEdt,
 		m.LkEndpoints,
 		m.LkEndpoints6,
 		m.LkEpByIfindex,

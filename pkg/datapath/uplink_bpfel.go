@@ -48,6 +48,13 @@ type uplinkCtKey struct {
 	Pad   uint16
 }
 
+type uplinkEdtInfo struct {
+	_           structs.HostLayout
+	BytesPerSec uint64
+	T_last      uint64
+	HorizonNs   uint64
+}
+
 type uplinkEndpointInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -326,6 +333,7 @@ const (
 	uplinkMapLkCt6Count            = "lk_ct6_count"
 	uplinkMapLkCt6Nat              = "lk_ct6_nat"
 	uplinkMapLkCtCount             = "lk_ct_count"
+	uplinkMapLkEdt                 = "lk_edt"
 	uplinkMapLkEndpoints           = "lk_endpoints"
 	uplinkMapLkEndpoints6          = "lk_endpoints6"
 	uplinkMapLkEpByIfindex         = "lk_ep_by_ifindex"
@@ -457,6 +465,7 @@ type uplinkMapSpecs struct {
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkEdt             *ebpf.MapSpec `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.MapSpec `ebpf:"lk_ep_by_ifindex"`
@@ -554,6 +563,7 @@ type uplinkMaps struct {
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkEdt             *ebpf.Map `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
 	LkEpByIfindex     *ebpf.Map `ebpf:"lk_ep_by_ifindex"`
@@ -601,6 +611,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkCt6Count,
 		m.LkCt6Nat,
 		m.LkCtCount,
+		m.LkEdt,
 		m.LkEndpoints,
 		m.LkEndpoints6,
 		m.LkEpByIfindex,
