@@ -11,7 +11,7 @@
  * DROP_IPV6_EXT_HDRS for an endpoint a policy selects), ICMPv6 echo tracked
  * by its identifier, ICMPv6 errors (destination unreachable, packet too big,
  * time exceeded, parameter problem) passing with the connection they quote.
- * TCP and UDP fragments are tracked (ct_tuple6, frag.h): a later fragment
+ * TCP, UDP and SCTP fragments are tracked (ct_tuple6, frag.h): a later fragment
  * passes with its first fragment's connection; one whose first fragment
  * this hook did not see is judged on its own, with port 0 (only port-less
  * rules admit it). Neighbour discovery never reaches these functions (ndp.h and
@@ -62,7 +62,7 @@ static __always_inline void policy_flow6_of(struct __sk_buff *skb, const struct 
 			f->answer = type == LK_ICMP6_ECHO_REPLY || policy_icmp6_is_error(type);
 		return;
 	}
-	if (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP)
+	if (!ct_has_ports(c->nh))
 		return;
 	if (c->nh == IPPROTO_TCP) {
 		__u8 flags;

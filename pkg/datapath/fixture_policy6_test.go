@@ -39,7 +39,7 @@ func policyWorld6(e *fixtureEnv) policy.Input {
 	return in
 }
 
-// polFrame6 is polFrameFlags for IPv6: TCP (flags), UDP or an ICMPv6 echo
+// polFrame6 is polFrameFlags for IPv6: TCP (flags), UDP, SCTP or an ICMPv6 echo
 // request (id = sport) behind optional extension headers (ext wraps the L4
 // header: ext6 calls; nil: none, next header is the L4 protocol).
 func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
@@ -54,6 +54,9 @@ func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, spor
 		l4[13] = tcpFlags
 	case ipProtoUDP:
 		l4 = udp6(sport, dport)
+	case ipProtoSCTP:
+		l4 = make([]byte, 12+8)
+		sctpHeader(l4, sport, dport)
 	case nhICMP6:
 		body := make([]byte, 4+8)
 		binary.BigEndian.PutUint16(body[0:], sport)

@@ -20,17 +20,19 @@ const (
 	ipProtoICMP = 1
 	ipProtoTCP  = 6
 	ipProtoUDP  = 17
+	ipProtoSCTP = 132
 )
 
 // polFrame builds Ethernet + IPv4 (TTL 64, valid header checksum) + a TCP SYN,
-// a UDP header or an ICMP echo request (id = sport) with a short payload.
+// a UDP header, an SCTP common header or an ICMP echo request (id = sport)
+// with a short payload.
 func polFrame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
 	return polFrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
 }
 
 // polFrameFlags is polFrame with the TCP flags given.
 func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
-	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoICMP: 8}[proto]
+	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoSCTP: 12, ipProtoICMP: 8}[proto]
 	payload := []byte("policy fixture")
 	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, proto, l4len+len(payload))
 	l4 := b[34:]
@@ -44,12 +46,22 @@ func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, 
 		binary.BigEndian.PutUint16(l4[0:], sport)
 		binary.BigEndian.PutUint16(l4[2:], dport)
 		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(payload)))
+	case ipProtoSCTP: // common header: ports, verification tag, CRC32c (unchecked by the datapath)
+		sctpHeader(l4, sport, dport)
 	case ipProtoICMP:
 		l4[0] = 8 // echo request
 		binary.BigEndian.PutUint16(l4[4:], sport)
 	}
 	copy(b[14+20+l4len:], payload)
 	return b
+}
+
+// sctpHeader writes an SCTP common header (RFC 9260 3.1) into b[:12]: the
+// ports where TCP and UDP have them, a verification tag.
+func sctpHeader(b []byte, sport, dport uint16) {
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint32(b[4:], 0x5c7a9001)
 }
 
 // icmpErrorFrame builds an ICMP "fragmentation needed" from saddr to daddr
