@@ -403,7 +403,7 @@ static __always_inline int policy_related(struct __sk_buff *skb, const struct ip
 		return 0;
 	if (h.type != LK_ICMP_DEST_UNREACH && h.type != 11 /* time exceeded */)
 		return 0;
-	if (h.in.ihl != 5 || (h.in.protocol != IPPROTO_TCP && h.in.protocol != IPPROTO_UDP))
+	if (h.in.ihl != 5 || !ct_has_ports(h.in.protocol))
 		return 0;
 	k.saddr = h.in.saddr;
 	k.daddr = h.in.daddr;

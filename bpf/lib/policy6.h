@@ -76,7 +76,7 @@ static __always_inline void policy_flow6_of(struct __sk_buff *skb, const struct 
 }
 
 /* policy_related6 reports whether the packet (chain c) is an ICMPv6 error
- * quoting, in either direction, a TCP or UDP connection policy allowed
+ * quoting, in either direction, a TCP, UDP or SCTP connection policy allowed
  * (the quoted header without extension headers). The error's head: type,
  * code, checksum, 4 bytes, the quoted IPv6 header (next header at 6, the
  * addresses at 8), its first L4 bytes (the ports). k: scratch space. */
@@ -90,8 +90,7 @@ static __always_inline int policy_related6(struct __sk_buff *skb, const struct l
 		return 0;
 	if (bpf_skb_load_bytes(skb, c->off, &type, 1) < 0 || !policy_icmp6_is_error(type))
 		return 0;
-	if (bpf_skb_load_bytes(skb, c->off + 8 + 6, &nh, 1) < 0 ||
-	    (nh != IPPROTO_TCP && nh != IPPROTO_UDP))
+	if (bpf_skb_load_bytes(skb, c->off + 8 + 6, &nh, 1) < 0 || !ct_has_ports(nh))
 		return 0;
 	if (bpf_skb_load_bytes(skb, c->off + 8 + 8, &k->saddr, 32) < 0 ||
 	    bpf_skb_load_bytes(skb, c->off + 8 + 40, &k->sport, 4) < 0)

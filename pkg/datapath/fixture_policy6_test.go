@@ -69,7 +69,12 @@ func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, spor
 // icmp6ErrorFrame is an ICMPv6 packet too big from saddr to daddr quoting a
 // TCP segment qsrc:sport -> qdst:dport.
 func icmp6ErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {
-	quoted := polFrame6(src, dst, qsrc, qdst, ipProtoTCP, sport, dport, tcpSYN)[14:]
+	return icmp6ErrorFrameProto(dst, src, saddr, daddr, qsrc, qdst, ipProtoTCP, sport, dport)
+}
+
+// icmp6ErrorFrameProto is icmp6ErrorFrame quoting a packet of protocol proto.
+func icmp6ErrorFrameProto(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, proto uint8, sport, dport uint16) []byte {
+	quoted := polFrame6(src, dst, qsrc, qdst, proto, sport, dport, tcpSYN)[14:]
 	body := append([]byte{0, 0, 0x05, 0x00}, quoted...) // MTU 1280
 	return eth6(dst, src, saddr, daddr, nhICMP6, 64, icmp6(saddr, daddr, 2, 0, body))
 }

@@ -67,8 +67,13 @@ func sctpHeader(b []byte, sport, dport uint16) {
 // icmpErrorFrame builds an ICMP "fragmentation needed" from saddr to daddr
 // quoting a TCP segment qsrc:sport -> qdst:dport.
 func icmpErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {
+	return icmpErrorFrameProto(dst, src, saddr, daddr, qsrc, qdst, ipProtoTCP, sport, dport)
+}
+
+// icmpErrorFrameProto is icmpErrorFrame quoting a packet of protocol proto.
+func icmpErrorFrameProto(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, proto uint8, sport, dport uint16) []byte {
 	b := polFrame(dst, src, saddr, daddr, ipProtoICMP, 0, 0)[:34]
-	quoted := polFrameFlags(src, dst, qsrc, qdst, ipProtoTCP, sport, dport, tcpSYN)[14 : 14+28]
+	quoted := polFrameFlags(src, dst, qsrc, qdst, proto, sport, dport, tcpSYN)[14 : 14+28]
 	icmp := append([]byte{3, 4, 0, 0, 0, 0, 0x05, 0xdc}, quoted...)
 	b = append(b, icmp...)
 	binary.BigEndian.PutUint16(b[16:], uint16(20+len(icmp)))

@@ -17,7 +17,7 @@ import (
 // associations in conntrack, so IP protocol 132 packets are judged exactly
 // like TCP and UDP: an SCTP rule admits SCTP to its ports and nothing else,
 // no TCP or UDP rule admits SCTP, and the replies of an admitted association
-// pass. This kernel has no SCTP sockets; the packets are raw IP protocol 132,
+// (and ICMP errors quoting it) pass. This kernel has no SCTP sockets; the packets are raw IP protocol 132,
 // which any pod can send.
 
 const (
@@ -63,6 +63,7 @@ type sctpFamily struct {
 	world              func(*fixtureEnv) policy.Input
 	client, web, peer  string // local client (pod1), local web (pod2), a remote pod
 	frame              func(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte
+	icmpErr            func(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, proto uint8, sport, dport uint16) []byte
 	hostAddrsForPolicy []netip.Addr
 }
 
@@ -70,11 +71,13 @@ var sctpFamilies = []sctpFamily{
 	{name: "IPv4", env: newFixtureEnv, world: policyWorld, client: "10.244.1.10", web: "10.244.1.11", peer: "10.244.2.5",
 		frame: func(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
 			return polFrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
-		}},
+		},
+		icmpErr: icmpErrorFrameProto},
 	{name: "IPv6", env: newFixtureEnv6, world: policyWorld6, client: pod1IP6, web: pod2IP6, peer: remoteBlue6,
 		frame: func(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
 			return polFrame6(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
 		},
+		icmpErr:            icmp6ErrorFrameProto,
 		hostAddrsForPolicy: []netip.Addr{netip.MustParseAddr("10.77.0.1"), netip.MustParseAddr(hostIP6)}},
 }
 
@@ -154,6 +157,15 @@ func sctpScenarios(fam sctpFamily) []policyScenario {
 				// its answers out.
 				allowed(policyCase{name: "web:8080 to client:41000/SCTP (the association's reply): passes unjudged",
 					prog: fromPod, ifindex: ifH2, in: fromWeb(ipProtoSCTP, 8080, 41000)}, ""),
+				allowed(policyCase{name: "web's ICMP error quoting the admitted association: passes with it", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return fam.icmpErr(e.ep2.HostMAC, pod2MAC, fam.web, fam.client, fam.client, fam.web, ipProtoSCTP, 41000, 8080)
+					}}, ""),
+				{name: "web's ICMP error quoting an association nobody admitted: egress denied", prog: fromPod, ifindex: ifH2,
+					in: func(e *fixtureEnv) []byte {
+						return fam.icmpErr(e.ep2.HostMAC, pod2MAC, fam.web, fam.client, fam.client, fam.web, ipProtoSCTP, 41999, 8080)
+					},
+					verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-sctp"},
 				{name: "web:8080 to client:41001/SCTP (a new association from web): egress denied", prog: fromPod, ifindex: ifH2,
 					in: fromWeb(ipProtoSCTP, 8080, 41001), verdict: tcActShot, dropEP: 2, dropReason: DropPolicyEgress, deniedBy: "alpha/web-sctp"},
 				allowed(remote("remote pod to client/SCTP (no policy selects client): passes unjudged", fromPeer(fam.client, ipProtoSCTP, 8080)), ""),
