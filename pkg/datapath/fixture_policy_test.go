@@ -56,14 +56,6 @@ func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, 
 	return b
 }
 
-// sctpHeader writes an SCTP common header (RFC 9260 3.1) into b[:12]: the
-// ports where TCP and UDP have them, a verification tag.
-func sctpHeader(b []byte, sport, dport uint16) {
-	binary.BigEndian.PutUint16(b[0:], sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	binary.BigEndian.PutUint32(b[4:], 0x5c7a9001)
-}
-
 // icmpErrorFrame builds an ICMP "fragmentation needed" from saddr to daddr
 // quoting a TCP segment qsrc:sport -> qdst:dport.
 func icmpErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {

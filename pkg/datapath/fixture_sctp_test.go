@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"testing"
@@ -189,4 +190,12 @@ func sctpScenarios(fam sctpFamily) []policyScenario {
 			},
 		},
 	}
+}
+
+// sctpHeader writes an SCTP common header (RFC 9260 3.1) into b[:12]: the
+// ports where TCP and UDP have them, a verification tag.
+func sctpHeader(b []byte, sport, dport uint16) {
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint32(b[4:], 0x5c7a9001)
 }
