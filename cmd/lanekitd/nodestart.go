@@ -140,12 +140,12 @@ func loadNodeFacts(stateDir, node string) (nf nodeFacts, ok bool, err error) {
 		if ok, err = tx.Get(store.Meta, nodeFactsKey, &nf); err != nil || ok {
 			return err
 		}
-		// The address pools' records (pkg/ipam).
-		found4, err := tx.Get(store.Meta, []byte("pod-cidr"), &nf.PodCIDR)
-		if err != nil {
+		// The address pools' records.
+		var found4, found6 bool
+		if nf.PodCIDR, found4, err = ipam.RecordedPrefix(tx, false); err != nil {
 			return err
 		}
-		found6, err := tx.Get(store.Meta, []byte("pod-cidr6"), &nf.PodCIDR6)
+		nf.PodCIDR6, found6, err = ipam.RecordedPrefix(tx, true)
 		nf.Node, ok = node, found4 || found6
 		return err
 	})

@@ -2,10 +2,7 @@ package dpu
 
 import (
 	"context"
-	"log/slog"
-	"net/netip"
 	"os/exec"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,12 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
-	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
-	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
-	"github.com/lanekit/lanekit/pkg/vf"
 )
 
 // flakyAPI is the DPU agent's API whose next DelEndpoint calls fail as if
@@ -44,16 +38,7 @@ func (f *flakyAPI) DelEndpoint(ctx context.Context, req *apiv1.DelEndpointReques
 func TestReconcileRetried(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, podNS := netnstest.New(t, "rcihost"), netnstest.New(t, "rcidpu"), netnstest.New(t, "rcipod")
-	dp := agenttest.NewMemoryDatapath()
-	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
-	a, err := agent.New(agent.Config{
-		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix("10.250.2.0/24"),
-		HostNetns: dpuNS.Path(), DeviceMode: "veth", MTU: 1400, PodDevices: reps,
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
-	}, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, dp, reps := dpuAgent(t, hostNS, dpuNS, "10.250.2.0/24", nil)
 	defer a.Close()
 	c := certs(t, "rci")
 	api := &flakyAPI{AgentServer: agent.NewAPIServer(a)}

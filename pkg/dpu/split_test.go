@@ -47,16 +47,7 @@ func linksIn(t *testing.T, n ns.NetNS) []string {
 func TestSplitEndpointLifecycle(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, podNS := netnstest.New(t, "dpuhost"), netnstest.New(t, "dpudpu"), netnstest.New(t, "dpupod")
-	dp := agenttest.NewMemoryDatapath()
-	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
-	a, err := agent.New(agent.Config{
-		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix("10.250.1.0/24"),
-		HostNetns: dpuNS.Path(), DeviceMode: "veth", MTU: 1400, PodDevices: reps,
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
-	}, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, dp, reps := dpuAgent(t, hostNS, dpuNS, "10.250.1.0/24", nil)
 	defer a.Close()
 	c := certs(t, "split")
 	srv, addr, _ := startDPU(t, "127.0.0.1:0", c, agent.NewAPIServer(a))
@@ -180,4 +171,26 @@ func TestSplitEndpointLifecycle(t *testing.T) {
 	if ids, _ := dp.Endpoints(); len(ids) != 0 {
 		t.Errorf("datapath endpoints %v after reconcile", ids)
 	}
+}
+
+// dpuAgent is a real DPU-side agent in dpuNS with an in-memory datapath and
+// veth representors whose host ends are in hostNS; tweak adjusts its config.
+// The caller closes it.
+func dpuAgent(t *testing.T, hostNS, dpuNS ns.NetNS, podCIDR string, tweak func(*agent.Config)) (*agent.Agent, *agenttest.MemoryDatapath, Representors) {
+	t.Helper()
+	dp := agenttest.NewMemoryDatapath()
+	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
+	cfg := agent.Config{
+		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix(podCIDR),
+		HostNetns: dpuNS.Path(), DeviceMode: "veth", MTU: 1400, PodDevices: reps,
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	a, err := agent.New(cfg, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, dp, reps
 }

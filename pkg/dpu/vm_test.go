@@ -2,8 +2,6 @@ package dpu
 
 import (
 	"context"
-	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,12 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
-	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/agent"
-	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
-	"github.com/lanekit/lanekit/pkg/vf"
 )
 
 // A VM on a DPU node (the in-memory datapath: the BPF path is the lab's
@@ -33,17 +28,8 @@ import (
 func TestSplitVMLifecycle(t *testing.T) {
 	testutil.RequireRoot(t)
 	hostNS, dpuNS, launcher := netnstest.New(t, "dvmhost"), netnstest.New(t, "dvmdpu"), netnstest.New(t, "dvmlaunch")
-	dp := agenttest.NewMemoryDatapath()
-	reps := Representors{Reps: vf.Veth{HostNetns: hostNS.Path()}, Netns: dpuNS.Path()}
 	sockDir := filepath.Join(t.TempDir(), "vm")
-	a, err := agent.New(agent.Config{
-		StateDir: t.TempDir(), Socket: filepath.Join(t.TempDir(), "dpu.sock"), PodCIDR: netip.MustParsePrefix("10.250.2.0/24"),
-		HostNetns: dpuNS.Path(), DeviceMode: "veth", MTU: 1400, PodDevices: reps, VMSocketDir: sockDir,
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
-	}, quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, dp, reps := dpuAgent(t, hostNS, dpuNS, "10.250.2.0/24", func(c *agent.Config) { c.VMSocketDir = sockDir })
 	defer a.Close()
 	c := certs(t, "splitvm")
 	srv, addr, _ := startDPU(t, "127.0.0.1:0", c, agent.NewAPIServer(a))

@@ -36,11 +36,20 @@ type IPAM struct {
 }
 
 // Meta keys per family: IPv4 keeps the names it always had.
-func (a *IPAM) metaCIDRKey() []byte {
-	if a.is6() {
+func (a *IPAM) metaCIDRKey() []byte { return cidrKey(a.is6()) }
+
+func cidrKey(ipv6 bool) []byte {
+	if ipv6 {
 		return []byte("pod-cidr6")
 	}
 	return []byte("pod-cidr")
+}
+
+// RecordedPrefix reads, in tx, the prefix the address pool of one family
+// recorded (as its String); found is false when that pool never ran.
+func RecordedPrefix(tx *store.Tx, ipv6 bool) (prefix string, found bool, err error) {
+	found, err = tx.Get(store.Meta, cidrKey(ipv6), &prefix)
+	return prefix, found, err
 }
 
 func (a *IPAM) metaLastKey() []byte {

@@ -158,6 +158,9 @@ func New(cfg Config) (*Source, error) {
 	s.kinds[k8sobj.KindEndpointSlice] = f.Discovery().V1().EndpointSlices().Informer()
 	s.kinds[k8sobj.KindNetworkPolicy] = f.Networking().V1().NetworkPolicies().Informer()
 	s.pods = s.kinds[k8sobj.KindPod]
+	if err := s.pods.AddIndexers(podAddrIndexers); err != nil { // vmitrust.go
+		return nil, fmt.Errorf("k8s source: pod index: %w", err)
+	}
 	for kind, inf := range s.kinds {
 		if _, err := inf.AddEventHandler(s.handler(kind)); err != nil {
 			return nil, fmt.Errorf("k8s source: %s handler: %w", kind, err)
@@ -178,11 +181,15 @@ func New(cfg Config) (*Source, error) {
 			s.migs = newMigrationFollower(cfg.NodeName, cfg.Dynamic, ms, s.log)
 			if cfg.EndpointRoutes != nil {
 				s.migs.claims, s.migs.nodes, s.migs.claimsQ = cfg.EndpointRoutes, s.nodes.GetStore(), make(chan struct{}, 1)
-				s.migs.pods = s.pods.GetStore()
+				s.migs.pods = s.pods.GetIndexer()
 				// A launcher pod's network-status arrives after the pod.
 				if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-					AddFunc:    func(any) { s.migs.kickClaims() },
-					UpdateFunc: func(any, any) { s.migs.kickClaims() },
+					AddFunc: func(any) { s.migs.kickClaims() },
+					UpdateFunc: func(old, cur any) {
+						if claimInputsChanged(old, cur) {
+							s.migs.kickClaims()
+						}
+					},
 					DeleteFunc: func(any) { s.migs.kickClaims() },
 				}); err != nil {
 					return nil, fmt.Errorf("k8s source: pod handler: %w", err)

@@ -120,8 +120,9 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 // VMI's migration in progress: the target's attachment takes the address
 // and MAC the VM has on the source instead of new ones. The address is the
 // one status.interfaces reports for the lanekit interface only if the
-// source launcher pod was given it by lanekit (its network-status,
-// vmitrust.go): the guest fills status.interfaces and could name another
+// source launcher pod was given it by lanekit (its network-status), it is
+// a usable address of some Node's pod CIDR and no other pod holds it
+// (vmitrust.go): the guest fills status.interfaces and could name another
 // pod's address. A target whose VMI reports no such IPv4 address is an
 // error (the ADD is retried: a new address would break the VM's
 // connections); so is a dual-stack VM, whose IPv6 address cannot move
@@ -142,14 +143,22 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 			return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod: %w", u.GetNamespace(), u.GetName(), podName, err)
 		}
 	}
-	nets, err := launcherNetworks(src, u.GetUID(), m.SourceNode)
-	if err == nil {
-		_, _, err = verifiedAddrs(addrs, nets)
-	}
+	_, held, err := launcherAddrs(addrs, src, u.GetUID(), m.SourceNode)
 	if err != nil {
 		return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod %q: %w", u.GetNamespace(), u.GetName(), podName, m.SourcePod, err)
 	}
-	_, held, _ := verifiedAddrs(addrs, nets)
+	// The address lanekit gave the VM came from the IPAM of the node it
+	// first ran on: a usable address of that Node's pod CIDR (spec.podCIDRs,
+	// which only the node IPAM controller writes). Anything else (another
+	// network's address, a pod CIDR's network or broadcast address) is
+	// refused before the target claims it.
+	if !usableInPodCIDRs(addrs[0], r.s.nodes.GetStore().List()) {
+		return fmt.Errorf("vmi %s/%s migrates to %s: %s is not a usable address of any Node's pod CIDR: refused",
+			u.GetNamespace(), u.GetName(), podName, addrs[0])
+	}
+	if err := heldByOther(addrs[0], u.GetUID(), cachedPods{r.s.pods.GetIndexer()}.Holding(addrs[0])); err != nil {
+		return fmt.Errorf("vmi %s/%s migrates to %s: %w", u.GetNamespace(), u.GetName(), podName, err)
+	}
 	for _, a := range held[0] {
 		if a.Is6() {
 			return fmt.Errorf("vmi %s/%s migrates to %s: its lanekit interface also has IPv6 address %s, which cannot move through KubeVirt (IPv4 only): refused rather than moved without it",
@@ -163,11 +172,7 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 			}
 		}
 	}
-	gen := m.Start.UnixNano()
-	if m.Start.IsZero() || gen <= 0 {
-		gen = 1
-	}
-	info.Incoming, info.Address, info.Generation = true, addrs[0], uint64(gen)
+	info.Incoming, info.Address, info.Generation = true, addrs[0], incomingGeneration(m)
 	return nil
 }
 
@@ -234,8 +239,8 @@ type migrationFollower struct {
 
 	// Moved VM addresses (vmiclaims.go); claims nil: not fed.
 	claims  EndpointRouteSink
-	nodes   cache.Store // the source's Nodes, for the owners' InternalIPs
-	pods    cache.Store // the source's Pods, for the launcher pods' network-status
+	nodes   cache.Store   // the source's Nodes, for the owners' InternalIPs
+	pods    cache.Indexer // the source's Pods (podAddrIndexers), for the launcher pods' network-status
 	claimsQ chan struct{}
 }
 

@@ -2,10 +2,12 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
@@ -24,6 +26,10 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 	run(t, Config{NodeName: "node-b", Client: e.c, Dynamic: e.dc, VMs: vms})
 	if err := k8stest.InstallKubeVirtCRD(ctx, e.srv.RESTConfig()); err != nil {
 		t.Fatal(err)
+	}
+	// The Nodes' pod CIDRs: 10.244.1.0/24 (node-a), 10.244.2.0/24 (node-b).
+	for _, n := range []string{"node-a", "node-b"} {
+		mustCreate(t, e.c.CoreV1().Nodes().Create, claimNode(n, ""))
 	}
 	vmis := e.dc.Resource(VMIResource).Namespace("default")
 	created, err := vmis.Create(ctx, fakeVMI(map[string]string{labelVMINode: "node-a"}, nil), metav1.CreateOptions{})
@@ -65,20 +71,44 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 		got.MAC != "02:00:00:00:00:05" || got.Name != "vm1" {
 		t.Errorf("target resolved %+v: want incoming with 10.244.1.5, the guest's MAC, generation 1795654800 s in ns", got)
 	}
+	// given rewrites the source launcher pod's network-status (what the
+	// target trusts) and waits until the target's resolution fails with want.
+	given := func(want string, ips ...string) {
+		t.Helper()
+		sp, err := e.c.CoreV1().Pods("default").Get(ctx, src, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp.Annotations[networkStatusAnnotation] = launcherStatus(ips...)
+		if _, err := e.c.CoreV1().Pods("default").Update(ctx, sp, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, fmt.Sprintf("the target refuses the source given %v", ips), func() bool {
+			_, _, err := vms.resolve("default", dst, dstUID)
+			return err != nil && strings.Contains(err.Error(), want)
+		})
+	}
+	// A namespace editor rewrote the source launcher pod's network-status to
+	// name a running pod's address: kubelet's status.podIPs of that pod
+	// still says whose it is, and the target refuses it.
+	victim := mustCreate(t, e.c.CoreV1().Pods("default").Create, pod("default", "victim", "node-a", nil))
+	victim.Status.Phase, victim.Status.PodIP, victim.Status.PodIPs = corev1.PodRunning, "10.244.1.9", []corev1.PodIP{{IP: "10.244.1.9"}}
+	if _, err := e.c.CoreV1().Pods("default").UpdateStatus(ctx, victim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setStatus("10.244.1.9", running())
+	given("10.244.1.9 is held by pod default/victim", "10.244.1.9")
+	// Even an address the source launcher pod holds is refused when no
+	// Node's IPAM could have given it: node-a's broadcast and network
+	// addresses, an address outside every pod CIDR.
+	for _, bad := range []string{"10.244.1.255", "10.244.1.0", "10.99.0.5"} {
+		setStatus(bad, running())
+		given(bad+" is not a usable address of any Node's pod CIDR", bad)
+	}
+	setStatus("10.244.1.5", running())
 	// A dual-stack VM (its source launcher has an IPv6 address on the
 	// lanekit network too) is refused: its IPv6 address cannot move here.
-	sp, err := e.c.CoreV1().Pods("default").Get(ctx, src, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp.Annotations[networkStatusAnnotation] = launcherStatus("10.244.1.5", "fd00:10:244:1::5")
-	if _, err := e.c.CoreV1().Pods("default").Update(ctx, sp, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the source pod's dual-stack network-status", func() bool {
-		_, _, err := vms.resolve("default", dst, dstUID)
-		return err != nil && strings.Contains(err.Error(), "IPv6 address fd00:10:244:1::5")
-	})
+	given("IPv6 address fd00:10:244:1::5", "10.244.1.5", "fd00:10:244:1::5")
 	if got, ok, err := vms.resolve("default", src, srcUID); err != nil || !ok || got.Incoming || got.Address.IsValid() {
 		t.Errorf("source resolved %+v %v %v: want an ordinary attachment", got, ok, err)
 	}

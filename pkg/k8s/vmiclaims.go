@@ -49,9 +49,9 @@ const claimsRetry = 5 * time.Second
 //
 // The addresses are those status.interfaces reports for the lanekit
 // interfaces that the owner's launcher pod (the migration's target pod once
-// it completed, else its source pod) was given by lanekit (vmitrust.go);
-// pod looks that pod up (nil: unknown).
-func vmiClaims(u *unstructured.Unstructured, pod podLookup) (owner string, claims []agent.EndpointRoute, err error) {
+// it completed, else its source pod) was given by lanekit and that no other
+// pod holds (vmitrust.go); pods is the source's Pods.
+func vmiClaims(u *unstructured.Unstructured, pods podCache) (owner string, claims []agent.EndpointRoute, err error) {
 	raw, err := json.Marshal(u.Object)
 	if err != nil {
 		return "", nil, err
@@ -83,39 +83,85 @@ func vmiClaims(u *unstructured.Unstructured, pod podLookup) (owner string, claim
 	if len(reported) == 0 {
 		return owner, nil, nil
 	}
-	nets, err := launcherNetworks(pod(u.GetNamespace(), launcher), u.GetUID(), owner)
+	addrs, _, err := launcherAddrs(reported, pods.Pod(u.GetNamespace(), launcher), u.GetUID(), owner)
 	if err != nil {
 		return owner, nil, err
 	}
-	addrs, _, err := verifiedAddrs(reported, nets)
-	if err != nil {
-		return owner, nil, err
+	for _, a := range addrs {
+		if err := heldByOther(a, u.GetUID(), pods.Holding(a)); err != nil {
+			return owner, nil, err
+		}
 	}
 	vm := VMName(u.GetNamespace(), u.GetName())
+	gen := claimGeneration(at, m.Completed)
 	for _, a := range addrs {
-		// Nanoseconds: the same unit as the lab's claims and the incoming
-		// endpoint's generation (incomingOf).
-		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: uint64(at.UnixNano()), VM: vm, Node: owner})
+		claims = append(claims, agent.EndpointRoute{Addr: a, Generation: gen, VM: vm, Node: owner})
 	}
 	return owner, claims, nil
 }
 
-// podLookup returns a pod from the source's cache (nil when unknown).
-type podLookup func(namespace, name string) *corev1.Pod
-
-// cachedPod is a podLookup over a pod informer's store.
-func cachedPod(st cache.Store) podLookup {
-	return func(namespace, name string) *corev1.Pod {
-		if st == nil || name == "" {
-			return nil
-		}
-		o, ok, _ := st.GetByKey(namespace + "/" + name)
-		if !ok {
-			return nil
-		}
-		p, _ := o.(*corev1.Pod)
-		return p
+// claimGeneration orders the claim of a VMI's migration at (its end once it
+// completed, else its start) against the VM endpoints the agents hold, in
+// nanoseconds like the lab's claims. KubeVirt's migration timestamps are
+// metav1.Time, one second on the wire: a migration back can start and end
+// in the second the previous one started, which is the generation of the
+// endpoint the VM left (incomingGeneration). A completed migration's claim
+// is therefore one nanosecond after its second: it outranks every incoming
+// endpoint of a migration started in that second, so the node the VM left
+// steps aside instead of tying with the node it runs on.
+func claimGeneration(at time.Time, completed bool) uint64 {
+	gen := uint64(at.UnixNano())
+	if completed {
+		gen++
 	}
+	return gen
+}
+
+// incomingGeneration is the generation of a migration target's incoming
+// endpoint: the migration's start (1 when KubeVirt reports none yet).
+func incomingGeneration(m *kubevirt.Migration) uint64 {
+	if gen := m.Start.UnixNano(); !m.Start.IsZero() && gen > 0 {
+		return uint64(gen)
+	}
+	return 1
+}
+
+// podCache is what the claims read of the Pods.
+type podCache interface {
+	// Pod is a pod by name (nil when unknown).
+	Pod(namespace, name string) *corev1.Pod
+	// Holding are the pods that hold address a (podAddrs).
+	Holding(a netip.Addr) []*corev1.Pod
+}
+
+// cachedPods is a podCache over a pod informer's indexer (with
+// podAddrIndexers).
+type cachedPods struct{ idx cache.Indexer }
+
+func (c cachedPods) Pod(namespace, name string) *corev1.Pod {
+	if c.idx == nil || name == "" {
+		return nil
+	}
+	o, ok, _ := c.idx.GetByKey(namespace + "/" + name)
+	if !ok {
+		return nil
+	}
+	p, _ := o.(*corev1.Pod)
+	return p
+}
+
+func (c cachedPods) Holding(a netip.Addr) []*corev1.Pod {
+	if c.idx == nil {
+		return nil
+	}
+	os, _ := c.idx.ByIndex(podAddrIndex, a.String())
+	var out []*corev1.Pod
+	for _, o := range os {
+		if p, ok := o.(*corev1.Pod); ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // vmiAddrs are the IPv4 addresses status.interfaces reports for the
@@ -193,7 +239,7 @@ func nodeInternalIPv4(n *corev1.Node) netip.Addr {
 // desiredClaims are the claims of nodes other than self, each via its
 // owner's InternalIP, sorted by address; claims whose owner has no IPv4
 // InternalIP (yet) are left out and reported.
-func desiredClaims(self string, vmis []any, nodes []any, pod podLookup) ([]agent.EndpointRoute, []error) {
+func desiredClaims(self string, vmis []any, nodes []any, pods podCache) ([]agent.EndpointRoute, []error) {
 	via := map[string]netip.Addr{}
 	for _, o := range nodes {
 		if n, ok := o.(*corev1.Node); ok {
@@ -209,7 +255,7 @@ func desiredClaims(self string, vmis []any, nodes []any, pod podLookup) ([]agent
 		if !ok {
 			continue
 		}
-		owner, claims, err := vmiClaims(u, pod)
+		owner, claims, err := vmiClaims(u, pods)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("vmi %s/%s: %w", u.GetNamespace(), u.GetName(), err))
 			continue
@@ -274,7 +320,7 @@ func (f *migrationFollower) claimLoop(ctx context.Context, vmis cache.SharedInde
 			return
 		case <-f.claimsQ:
 		}
-		want, errs := desiredClaims(f.node, vmis.GetStore().List(), f.nodes.List(), cachedPod(f.pods))
+		want, errs := desiredClaims(f.node, vmis.GetStore().List(), f.nodes.List(), cachedPods{f.pods})
 		if msg := fmt.Sprint(errs); len(errs) > 0 && msg != said {
 			f.log.Warn("moved VM addresses: claims left out", "errs", errs)
 			said = msg

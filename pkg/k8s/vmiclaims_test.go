@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/kubevirt"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/policy"
 )
@@ -95,9 +97,22 @@ func launcherPods(uid string, ips ...string) map[string]*corev1.Pod {
 	return out
 }
 
-func lookupIn(pods map[string]*corev1.Pod) podLookup {
-	return func(_, name string) *corev1.Pod { return pods[name] }
+// podMap is a podCache over pods by name (one namespace).
+type podMap map[string]*corev1.Pod
+
+func (m podMap) Pod(_, name string) *corev1.Pod { return m[name] }
+
+func (m podMap) Holding(a netip.Addr) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range m {
+		if slices.Contains(podAddrs(p), a) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
+
+func lookupIn(pods map[string]*corev1.Pod) podCache { return podMap(pods) }
 
 // withIfaces sets status.interfaces: the lanekit-bound "fast" with addr and
 // another network's "other" with 10.9.9.9 (never claimed).
@@ -122,7 +137,7 @@ func TestDesiredClaims(t *testing.T) {
 	failed["failed"], failed["endTimestamp"] = true, "2026-11-26T01:00:03Z"
 	toC := done()
 	toC["targetNode"] = "node-c"
-	start, end := "1795654800000000000", "1795654807000000000" // 01:00:00 and 01:00:07 UTC, in ns
+	start, end := "1795654800000000000", "1795654807000000001" // 01:00:00 and 01:00:07 UTC in ns, a completion +1 ns (claimGeneration)
 	cases := []struct {
 		name, self string
 		state      map[string]any
@@ -177,13 +192,27 @@ func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
 	other["virt-launcher-vm1-bbbbb"].Labels[labelCreatedBy] = "another-vmi"
 	moved := launcherPods("6a1b3d5e", "10.244.1.5")
 	moved["virt-launcher-vm1-bbbbb"].Spec.NodeName = "node-c"
+	// A namespace editor rewrote the launcher pods' network-status to name
+	// a running pod's address on node-c, or another VM's: the victims' own
+	// records (the pod's status.podIPs from kubelet, the other VMI's
+	// launcher's network-status) still say whose it is.
+	victim := pod("default", "victim", "node-c", nil)
+	victim.Status.Phase, victim.Status.PodIPs = corev1.PodRunning, []corev1.PodIP{{IP: "10.244.3.7"}}
+	otherVM := pod("default", "virt-launcher-vm2-xxxxx", "node-c", map[string]string{labelCreatedBy: "another-vmi"})
+	otherVM.Annotations = map[string]string{networkStatusAnnotation: launcherStatus("10.244.3.8")}
+	forged := launcherPods("6a1b3d5e", "10.244.3.7", "10.244.3.8")
+	forged["victim"], forged["virt-launcher-vm2-xxxxx"] = victim, otherVM
+	// The pod that had the address before has terminated: it holds nothing.
+	gone := launcherPods("6a1b3d5e", "10.244.1.5")
+	gone["victim"] = victim.DeepCopy()
+	gone["victim"].Status.Phase, gone["victim"].Status.PodIPs = corev1.PodSucceeded, []corev1.PodIP{{IP: "10.244.1.5"}}
 	outside := lookupIn(launcherPods("6a1b3d5e", "10.99.0.5"))
 	bcast := lookupIn(launcherPods("6a1b3d5e", "10.244.1.255"))
-	const ok = "10.244.1.5>192.168.0.2@1795654807000000000(default.vm1,node-b)"
+	const ok = "10.244.1.5>192.168.0.2@1795654807000000001(default.vm1,node-b)"
 	for _, c := range []struct {
 		name   string
 		vmi    *unstructured.Unstructured
-		pods   podLookup
+		pods   podCache
 		want   string
 		errSub string
 	}{
@@ -193,6 +222,9 @@ func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
 		{"no launcher pod", vmi("10.244.1.5"), lookupIn(nil), "-", "not found"},
 		{"another VMI's launcher", vmi("10.244.1.5"), lookupIn(other), "-", "not a launcher pod of this VMI"},
 		{"a launcher on another node", vmi("10.244.1.5"), lookupIn(moved), "-", "runs on"},
+		{"a running pod's address, network-status forged", vmi("10.244.3.7"), lookupIn(forged), "-", "held by pod default/victim"},
+		{"another VM's address, network-status forged", vmi("10.244.3.8"), lookupIn(forged), "-", "held by pod default/virt-launcher-vm2-xxxxx"},
+		{"a terminated pod's old address", vmi("10.244.1.5"), lookupIn(gone), ok, ""},
 		{"outside every pod CIDR", vmi("10.99.0.5"), outside, "-", "not a usable address"},
 		{"a broadcast address", vmi("10.244.1.255"), bcast, "-", "not a usable address"},
 	} {
@@ -276,13 +308,13 @@ func TestMovedAddressClaimsAgainstAPIServer(t *testing.T) {
 	done := running()
 	done["completed"], done["endTimestamp"] = true, "2026-11-26T01:00:07Z"
 	set("node-b", done)
-	viaB := "10.244.1.5>192.168.0.2@1795654807000000000(default.vm1,node-b)"
+	viaB := "10.244.1.5>192.168.0.2@1795654807000000001(default.vm1,node-b)"
 	want("completed", map[string]string{"node-a": viaB, "node-b": "-", "node-c": viaB})
 	back := map[string]any{"migrationUid": "mig-2", "sourceNode": "node-b", "sourcePod": "virt-launcher-vm1-bbbbb",
 		"targetNode": "node-a", "targetPod": "virt-launcher-vm1-ccccc", "startTimestamp": "2026-11-26T02:00:00Z",
 		"endTimestamp": "2026-11-26T02:00:05Z", "completed": true}
 	set("node-a", back)
-	viaA2 := "10.244.1.5>192.168.0.1@1795658405000000000(default.vm1,node-a)"
+	viaA2 := "10.244.1.5>192.168.0.1@1795658405000000001(default.vm1,node-a)"
 	want("migrated back", map[string]string{"node-a": "-", "node-b": viaA2, "node-c": viaA2})
 	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -363,6 +395,98 @@ func (p peerSink) SyncRoutes(routes []Route) error {
 	return p.a.SetTunnelPeers(peers)
 }
 
+// claimAgent starts a real agent (memory datapath) for Node n in a network
+// namespace of its own where the Node's InternalIP is on a link; tunnel
+// mode with dp, native routing when dp is nil.
+func claimAgent(t *testing.T, n *corev1.Node, dp *tunnelMemDatapath) (*agent.Agent, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	ip := nodeInternalIPv4(n).String()
+	path := netnstest.New(t, "claims"+n.Name[len(n.Name)-1:]).Path()
+	dir := t.TempDir()
+	cfg := agent.Config{
+		StateDir: dir, PodCIDR: netip.MustParsePrefix(n.Spec.PodCIDR), MTU: 1500, HostNetns: path,
+		VMSocketDir: dir + "/vm",
+		NodeAddrs:   []netip.Addr{netip.MustParseAddr(ip)},
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
+			return agenttest.NewMemoryDatapath(), nil
+		},
+	}
+	if dp != nil {
+		cfg.RoutingMode, cfg.MTU = agent.RoutingTunnel, 1450
+		cfg.OpenDatapath = func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil }
+	}
+	a, err := agent.New(cfg, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	for _, args := range [][]string{
+		{"link", "add", "lkt0", "type", "veth", "peer", "name", "lkt1"},
+		{"addr", "add", ip + "/24", "dev", "lkt0"},
+		{"link", "set", "lkt0", "up"}, {"link", "set", "lkt1", "up"},
+	} {
+		if out, err := exec.Command("nsenter", append([]string{"--net=" + path, "ip"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: ip %v: %v %s", n.Name, args, err, out)
+		}
+	}
+	return a, path
+}
+
+// TestClaimOutranksSameSecondIncoming: KubeVirt's migration timestamps have
+// one-second resolution. A VM migrated node-a -> node-b and straight back
+// within one second: node-b's agent holds the VM active with the generation
+// its incoming endpoint got (the first migration's start, T), and the claim
+// of the migration back (started and completed in second T) must still
+// outrank it, so node-b steps aside and routes the address to node-a rather
+// than both nodes delivering it.
+func TestClaimOutranksSameSecondIncoming(t *testing.T) {
+	nodes := []any{claimNode("node-a", "192.168.0.1"), claimNode("node-b", "192.168.0.2")}
+	nodes[1].(*corev1.Node).Spec.PodCIDR = "10.244.2.0/24"
+	a, path := claimAgent(t, nodes[1].(*corev1.Node), nil)
+	first, err := kubevirt.ParseVMI(mustJSON(t, fakeVMI(nil, running()).Object))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := first.Migration()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := VMName("default", "vm1")
+	if _, err := a.AddVM(agent.AddVMRequest{Name: vm, Netns: netnstest.New(t, "claimsvmb").Path(), Queues: 1,
+		Address: netip.MustParseAddr("10.244.1.5"), Incoming: true, Generation: incomingGeneration(m)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ActivateVM(vm, "test"); err != nil {
+		t.Fatal(err)
+	}
+	back := map[string]any{"migrationUid": "mig-2", "sourceNode": "node-b", "sourcePod": "virt-launcher-vm1-bbbbb",
+		"targetNode": "node-a", "targetPod": "virt-launcher-vm1-ccccc", "startTimestamp": running()["startTimestamp"],
+		"endTimestamp": running()["startTimestamp"], "completed": true}
+	claims, errs := desiredClaims("node-b", []any{withIfaces(fakeVMI(nil, back), "10.244.1.5")}, nodes,
+		lookupIn(launcherPods("6a1b3d5e", "10.244.1.5")))
+	if len(claims) != 1 || len(errs) != 0 {
+		t.Fatalf("claims %s, errors %v: want node-a's", claimsString(claims), errs)
+	}
+	_, superseded, err := a.SyncEndpointRoutes(claims)
+	if err != nil || len(superseded) != 1 || superseded[0] != vm {
+		t.Errorf("node-b superseded %v (%v) by node-a's claim %s: want %s to step aside", superseded, err, claimsString(claims), vm)
+	}
+	out, err := exec.Command("nsenter", "--net="+path, "ip", "-4", "route", "show", "10.244.1.5/32").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "via 192.168.0.1") {
+		t.Errorf("node-b routes the address %q (%v), want via node-a", out, err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
 func movedAddressOnAgents(t *testing.T, tunnel bool) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -382,38 +506,13 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 		if _, err := e.c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		testutil.RequireRoot(t)
-		paths[name] = netnstest.New(t, "claims"+name[len(name)-1:]).Path()
-		dir := t.TempDir()
-		cfg := agent.Config{
-			StateDir: dir, PodCIDR: netip.MustParsePrefix(n.Spec.PodCIDR), MTU: 1500, HostNetns: paths[name],
-			VMSocketDir: dir + "/vm",
-			NodeAddrs:   []netip.Addr{netip.MustParseAddr(ip)},
-			OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
-				return agenttest.NewMemoryDatapath(), nil
-			},
-		}
+		var dp *tunnelMemDatapath
 		if tunnel {
-			dp := &tunnelMemDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
+			dp = &tunnelMemDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
 			maps[name] = dp
-			cfg.RoutingMode, cfg.MTU = agent.RoutingTunnel, 1450
-			cfg.OpenDatapath = func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil }
 		}
-		a, err := agent.New(cfg, testLog())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		agents[name] = a
-		for _, args := range [][]string{
-			{"link", "add", "lkt0", "type", "veth", "peer", "name", "lkt1"},
-			{"addr", "add", ip + "/24", "dev", "lkt0"},
-			{"link", "set", "lkt0", "up"}, {"link", "set", "lkt1", "up"},
-		} {
-			if out, err := exec.Command("nsenter", append([]string{"--net=" + paths[name], "ip"}, args...)...).CombinedOutput(); err != nil {
-				t.Fatalf("%s: ip %v: %v %s", name, args, err, out)
-			}
-		}
+		a, path := claimAgent(t, n, dp)
+		paths[name], agents[name] = path, a
 		srcCfg := Config{NodeName: name, Client: e.c, Dynamic: e.dc, VMs: a, EndpointRoutes: a}
 		if tunnel {
 			srcCfg.Routes = peerSink{a}
@@ -484,9 +583,19 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 			t.Fatal(err)
 		}
 	}
-	// The attack first (issue 36): a guest that was given 10.244.1.6 reports
-	// a pod's address on node-c after its migration to node-b.
+	// The attacks first (issue 36): a guest that was given 10.244.1.6 reports
+	// a running pod's address on node-c after its migration to node-b; and a
+	// namespace editor also rewrote their launcher pods' network-status to
+	// name it (kubelet's status.podIPs of the victim still says whose it is).
+	victim := pod("default", "victim", "node-c", nil)
+	victim = mustCreate(t, e.c.CoreV1().Pods("default").Create, victim)
+	victim.Status.Phase, victim.Status.PodIPs = corev1.PodRunning, []corev1.PodIP{{IP: "10.244.3.7"}}
+	victim.Status.PodIP = "10.244.3.7"
+	if _, err := e.c.CoreV1().Pods("default").UpdateStatus(ctx, victim, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	migrated("evil", "10.244.1.6", "10.244.3.7")
+	migrated("forger", "10.244.3.7", "10.244.3.7")
 	migrated("vm1", "10.244.1.5", "10.244.1.5")
 	for _, n := range []string{"node-a", "node-c"} {
 		if !tunnel {
@@ -502,8 +611,8 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 			t.Errorf("%s routes the moved address %q, want into %s", n, r, agent.TunnelDevice)
 		}
 	}
-	// The claims of both VMIs were computed together: the guest's claim of
-	// node-c's pod address made no node route it anywhere.
+	// The claims of all VMIs were computed together: the claims of node-c's
+	// pod address made no node route it anywhere.
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		out, err := exec.Command("nsenter", "--net="+paths[n], "ip", "-4", "route", "show", "10.244.3.7/32").CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != "" {
@@ -527,5 +636,42 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 	eventually(t, "node-c drops the route with the VMI", func() bool { return route("node-c") == "" })
 	if tunnel && maps["node-c"].underlay("10.244.1.5/32") != "" {
 		t.Errorf("node-c's node map keeps the claim after the VMI went: %s", maps["node-c"].underlay("10.244.1.5/32"))
+	}
+}
+
+// TestClaimInputsChanged: a pod update recomputes the claims only when it
+// changes what they read (the launcher label, the node, the network-status,
+// the addresses the pod holds), not on every status heartbeat.
+func TestClaimInputsChanged(t *testing.T) {
+	base := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "n", Labels: map[string]string{labelCreatedBy: "uid-1"},
+			Annotations: map[string]string{networkStatusAnnotation: `[{"name":"lanekit","ips":["10.244.1.6"]}]`}},
+		Spec:   corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}},
+	}
+	for name, change := range map[string]func(*corev1.Pod){
+		"launcher label": func(p *corev1.Pod) { p.Labels[labelCreatedBy] = "uid-2" },
+		"node":           func(p *corev1.Pod) { p.Spec.NodeName = "node-b" },
+		"network-status": func(p *corev1.Pod) {
+			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.7"]}]`
+		},
+		// The same addresses, in other networks: what launcherNetworks returns changes.
+		"networks": func(p *corev1.Pod) {
+			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.6"]},{"name":"other","ips":["10.244.1.5"]}]`
+		},
+		"pod IPs":  func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.8"}} },
+		"finished": func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded },
+	} {
+		cur := base.DeepCopy()
+		change(cur)
+		if !claimInputsChanged(base, cur) {
+			t.Errorf("%s changed: claims not recomputed", name)
+		}
+	}
+	cur := base.DeepCopy()
+	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	cur.ResourceVersion = "7"
+	if claimInputsChanged(base, cur) {
+		t.Error("a status update that changes no claim input recomputed the claims")
 	}
 }

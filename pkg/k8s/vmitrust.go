@@ -1,16 +1,36 @@
 package k8s
 
-// Which addresses a VM may keep when it moves (issue 36 item 1). A VMI's
-// status.interfaces[].ipAddress(es) of a binding plugin's interface is filled
-// by virt-handler from the guest agent: the guest writes it, so it names
-// nothing a node may route. What lanekit itself gave the VM is in its
-// launcher pod's network-status annotation: Multus writes it on the node,
-// with its own credentials, from the CNI result lanekit's plugin returned
-// (the first launcher: a fresh address from the node's IPAM; each migration
-// target: the address its source launcher pod was given, see incomingOf).
-// A VMI-reported address is used only when the launcher pod of the node that
-// runs the VM was given it, and only when it is a usable address of some
-// Node's pod CIDR (not its network or broadcast address).
+// Which addresses a VM may keep when it moves (issue 36 item 1). Who writes
+// each field read here decides what it may be trusted with:
+//
+//   - A VMI's status.interfaces[].ipAddress(es) of a binding plugin's
+//     interface: virt-handler copies it from the guest agent. The guest
+//     writes it: it names nothing a node may route, and is used only where
+//     it matches what follows.
+//   - A VMI's status.migrationState (which pods and nodes, when): written by
+//     virt-controller and virt-handler only (the VMI has no status
+//     subresource; virt-api's VMI mutating webhook reverts a status change
+//     by anyone but KubeVirt's service accounts).
+//   - A launcher pod's spec.nodeName (the scheduler's binding, immutable) and
+//     status.podIPs (kubelet, pods/status): not writable by a tenant.
+//   - A launcher pod's k8s.v1.cni.cncf.io/network-status annotation: Multus
+//     writes it through pods/status, on the node, from the CNI result
+//     lanekit's plugin returned (the first launcher: a fresh address from
+//     the node's IPAM; each migration target: the address its source
+//     launcher pod was given, see incomingOf). The guest cannot write it;
+//     but annotations are metadata, so whoever may patch pods in the VMI's
+//     namespace (the default edit/admin roles) can rewrite it too.
+//   - Node spec.podCIDRs: the node IPAM controller's.
+//
+// So an address is claimed for a VM only when (1) the VMI reports it, (2)
+// the launcher pod of the node that runs the VM (the pod the migrationState
+// names, created for this VMI, on that node) was given it, (3) it is a
+// usable address of some Node's pod CIDR (not its network or broadcast
+// address: what some node's IPAM could have handed out), and (4) no other
+// pod holds it: not in the status.podIPs of a running pod (kubelet's, which
+// no tenant can forge) nor in the network-status of another VMI's launcher
+// pod. (4) is what keeps a namespace editor who rewrites their own launcher
+// pod's network-status from taking a live pod's or VM's address.
 
 import (
 	"encoding/json"
@@ -20,6 +40,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 )
 
 // networkStatusAnnotation is Multus' record of a pod's networks.
@@ -45,13 +66,22 @@ func launcherNetworks(pod *corev1.Pod, vmiUID types.UID, node string) ([][]netip
 	if node != "" && pod.Spec.NodeName != node {
 		return nil, fmt.Errorf("launcher pod %s/%s runs on %q, not %q", pod.Namespace, pod.Name, pod.Spec.NodeName, node)
 	}
+	if pod.Annotations[networkStatusAnnotation] == "" {
+		return nil, fmt.Errorf("launcher pod %s/%s has no network-status yet", pod.Namespace, pod.Name)
+	}
+	return secondaryNetworks(pod)
+}
+
+// secondaryNetworks are the address sets of a pod's secondary networks, one
+// per entry of its network-status annotation (none without it).
+func secondaryNetworks(pod *corev1.Pod) ([][]netip.Addr, error) {
 	raw := pod.Annotations[networkStatusAnnotation]
 	if raw == "" {
-		return nil, fmt.Errorf("launcher pod %s/%s has no network-status yet", pod.Namespace, pod.Name)
+		return nil, nil
 	}
 	var st []networkStatus
 	if err := json.Unmarshal([]byte(raw), &st); err != nil {
-		return nil, fmt.Errorf("launcher pod %s/%s network-status: %w", pod.Namespace, pod.Name, err)
+		return nil, fmt.Errorf("pod %s/%s network-status: %w", pod.Namespace, pod.Name, err)
 	}
 	var out [][]netip.Addr
 	for _, s := range st {
@@ -67,6 +97,69 @@ func launcherNetworks(pod *corev1.Pod, vmiUID types.UID, node string) ([][]netip
 		out = append(out, set)
 	}
 	return out, nil
+}
+
+// podAddrIndex indexes the source's Pods by the addresses they hold.
+const podAddrIndex = "lanekit-addr"
+
+// podAddrIndexers index a pod under each address it holds (podAddrs).
+var podAddrIndexers = cache.Indexers{podAddrIndex: func(o any) ([]string, error) {
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var out []string
+	for _, a := range podAddrs(p) {
+		out = append(out, a.String())
+	}
+	return out, nil
+}}
+
+// podAddrs are the addresses a pod holds: its status.podIPs and the
+// addresses of its secondary networks, unless it runs in the host network
+// or has terminated (its addresses went back to the IPAM).
+func podAddrs(p *corev1.Pod) []netip.Addr {
+	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil
+	}
+	var out []netip.Addr
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil && !slices.Contains(out, a.Unmap()) {
+			out = append(out, a.Unmap())
+		}
+	}
+	nets, _ := secondaryNetworks(p)
+	for _, set := range nets {
+		for _, a := range set {
+			if !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// heldByOther refuses address a of the VMI vmiUID when a pod other than
+// that VMI's launcher pods holds it (holders: the pods that hold a).
+func heldByOther(a netip.Addr, vmiUID types.UID, holders []*corev1.Pod) error {
+	for _, p := range holders {
+		if p.Labels[labelCreatedBy] == string(vmiUID) && !slices.Contains(p.Status.PodIPs, corev1.PodIP{IP: a.String()}) {
+			continue // one of this VMI's launcher pods, given a on lanekit's network
+		}
+		return fmt.Errorf("%s is held by pod %s/%s on node %q: not trusted", a, p.Namespace, p.Name, p.Spec.NodeName)
+	}
+	return nil
+}
+
+// launcherAddrs keeps the reported addresses of VMI vmiUID that its launcher
+// pod on node was given (launcherNetworks, verifiedAddrs), with the network
+// each is in.
+func launcherAddrs(reported []netip.Addr, pod *corev1.Pod, vmiUID types.UID, node string) (kept []netip.Addr, net [][]netip.Addr, err error) {
+	nets, err := launcherNetworks(pod, vmiUID, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	return verifiedAddrs(reported, nets)
 }
 
 // verifiedAddrs keeps the reported addresses that the launcher pod's
@@ -115,4 +208,18 @@ func lastAddr(p netip.Prefix) netip.Addr {
 		b[i/8] |= 1 << (7 - i%8)
 	}
 	return netip.AddrFrom4(b)
+}
+
+// claimInputsChanged says whether a pod update changes what the claims of
+// moved VM addresses read from pods (launcherNetworks, podAddrs): every pod
+// update in the cluster would otherwise recompute every VMI's claims.
+func claimInputsChanged(old, cur any) bool {
+	o, ok1 := old.(*corev1.Pod)
+	c, ok2 := cur.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Labels[labelCreatedBy] != c.Labels[labelCreatedBy] || o.Spec.NodeName != c.Spec.NodeName ||
+		o.Annotations[networkStatusAnnotation] != c.Annotations[networkStatusAnnotation] ||
+		!slices.Equal(podAddrs(o), podAddrs(c))
 }

@@ -234,6 +234,15 @@ spec:
 
 func TestLabServiceClients(t *testing.T) {
 	lk, _ := upLabCLI(t)
+	// Raw host 1 dials from fixed ports in 30000-30499 and 32768-33267 below.
+	// An earlier flow of its own that took one of them as an ephemeral port
+	// would hold it in TIME_WAIT (without SO_REUSEADDR, so the bind fails):
+	// keep its own ephemeral ports out of those ranges.
+	if err := inNetns(RawNS(1), func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("40000 60999"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
 	pods := addLabPods(t, lk, []labPodSpec{
 		{name: "be1", ns: "svc", node: 1, labels: "app=who"},
 		{name: "be2", ns: "svc", node: 2, labels: "app=who"},
