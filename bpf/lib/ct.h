@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* ct.h: IPv4 connection tracking (TCP, UDP, ICMP echo), shared by service
+/* ct.h: IPv4 connection tracking (TCP, UDP, SCTP, ICMP echo), shared by service
  * load balancing (lb.h) and network policy (policy.h).
  *
  * API (stable; owned by lb):
@@ -14,8 +14,10 @@
  *       wire after any NAT this node did.
  *
  *   int ct_tuple4(skb, ip4, &key, &tcp_flags)
- *       Fills key (flags 0) and the TCP flags byte from the packet. TCP and
- *       UDP fragments are tracked (frag.h): a later fragment gets its first
+ *       Fills key (flags 0) and the TCP flags byte from the packet. TCP,
+ *       UDP and SCTP (ct_has_ports: the ports lead all three headers; SCTP is
+ *       tracked for policy only, lb.h serves TCP and UDP) and their
+ *       fragments are tracked (frag.h): a later fragment gets its first
  *       fragment's ports (and no TCP flags). Returns 0, -2 for a later
  *       fragment whose first fragment was not seen (the caller drops it:
  *       DROP_FRAG_NOT_FOUND), or -1 when the packet is not trackable (other
@@ -85,6 +87,13 @@
 #include "ip6_ext.h"
 
 #define LK_CT_ENTRIES 262144 /* default lk_ct4 size; the loader may change it */
+
+/* ct_has_ports: protocols whose header starts with the source and
+ * destination ports (TCP, UDP, SCTP), keyed and judged by them. */
+static __always_inline int ct_has_ports(__u8 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
 
 /* Lookup results. */
 enum lk_ct_result {
@@ -228,7 +237,7 @@ static __always_inline int ct_tuple4(struct __sk_buff *skb, const struct iphdr *
 	key->flags = 0;
 	key->pad = 0;
 	*tcp_flags = 0;
-	if (ip4->protocol == IPPROTO_TCP || ip4->protocol == IPPROTO_UDP) {
+	if (ct_has_ports(ip4->protocol)) {
 		struct frag4_ports ports;
 		int err = frag4_ports(skb, ip4, l4off, &ports);
 
@@ -437,7 +446,7 @@ static __always_inline int ct_tuple6(struct __sk_buff *skb, const struct ipv6hdr
 	key->flags = 0;
 	key->pad = 0;
 	*tcp_flags = 0;
-	if (c->nh == IPPROTO_TCP || c->nh == IPPROTO_UDP) {
+	if (ct_has_ports(c->nh)) {
 		struct frag4_ports ports;
 		int err = c->frag ? frag6_ports(skb, ip6, c, &ports)
 				  : (bpf_skb_load_bytes(skb, c->off, &ports, sizeof(ports)) < 0 ? -1 : 0);

@@ -87,7 +87,7 @@ struct policy_key {
 	__u32 subject; /* identity the rule is for */
 	__u32 peer; /* identity on the other side; LK_IDENTITY_ANY: all */
 	__u8 direction; /* enum lk_policy_dir */
-	__u8 proto; /* IPPROTO_TCP/UDP; LK_POLICY_PROTO_ANY: all protocols */
+	__u8 proto; /* IPPROTO_TCP/UDP/SCTP; LK_POLICY_PROTO_ANY: all protocols */
 	__be16 port; /* destination port (the receiver's) */
 };
 
@@ -195,8 +195,9 @@ struct policy_flow {
 	__u8 answer; /* shaped like an answer: TCP other than a bare SYN, ICMP echo reply or error */
 };
 
-/* policy_flow_of fills f from the IPv4 packet p. TCP and UDP carry their
- * destination port; a later fragment (no L4 header) and every other protocol
+/* policy_flow_of fills f from the IPv4 packet p. TCP, UDP and SCTP carry
+ * their destination port (ct_has_ports), so an SCTP rule admits SCTP to its
+ * ports and nothing else; a later fragment (no L4 header) and every other protocol
  * get port 0, which only port-less rules ("all ports and protocols", or a
  * protocol without ports) match. */
 #define LK_TCP_SYN 0x02
@@ -222,7 +223,7 @@ static __always_inline void policy_flow_of(struct __sk_buff *skb, const struct p
 				    type == 11 /* time exceeded */;
 		return;
 	}
-	if (iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP)
+	if (!ct_has_ports(iph->protocol))
 		return;
 	if (iph->protocol == IPPROTO_TCP) {
 		__u8 flags;
@@ -402,7 +403,7 @@ static __always_inline int policy_related(struct __sk_buff *skb, const struct ip
 		return 0;
 	if (h.type != LK_ICMP_DEST_UNREACH && h.type != 11 /* time exceeded */)
 		return 0;
-	if (h.in.ihl != 5 || (h.in.protocol != IPPROTO_TCP && h.in.protocol != IPPROTO_UDP))
+	if (h.in.ihl != 5 || !ct_has_ports(h.in.protocol))
 		return 0;
 	k.saddr = h.in.saddr;
 	k.daddr = h.in.daddr;
@@ -459,7 +460,7 @@ static __always_inline __u32 policy_enforce(struct __sk_buff *skb, const struct 
 	if (!tracked && policy_related(skb, p->ip4))
 		return 0;
 	policy_flow_of(skb, p, &f);
-	if (tracked && frag4_later(p->ip4) && (f.proto == IPPROTO_TCP || f.proto == IPPROTO_UDP))
+	if (tracked && frag4_later(p->ip4) && ct_has_ports(f.proto))
 		f.dport = bpf_ntohs(key.dport); /* its first fragment's port (frag.h) */
 	egress = policy_decide(src_id, src_iso, POLICY_DIR_EGRESS, f.daddr, 0, 0, f.proto, f.dport, f.answer, 0);
 	if (!egress)

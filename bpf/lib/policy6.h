@@ -11,7 +11,7 @@
  * DROP_IPV6_EXT_HDRS for an endpoint a policy selects), ICMPv6 echo tracked
  * by its identifier, ICMPv6 errors (destination unreachable, packet too big,
  * time exceeded, parameter problem) passing with the connection they quote.
- * TCP and UDP fragments are tracked (ct_tuple6, frag.h): a later fragment
+ * TCP, UDP and SCTP fragments are tracked (ct_tuple6, frag.h): a later fragment
  * passes with its first fragment's connection; one whose first fragment
  * this hook did not see is judged on its own, with port 0 (only port-less
  * rules admit it). Neighbour discovery never reaches these functions (ndp.h and
@@ -62,7 +62,7 @@ static __always_inline void policy_flow6_of(struct __sk_buff *skb, const struct 
 			f->answer = type == LK_ICMP6_ECHO_REPLY || policy_icmp6_is_error(type);
 		return;
 	}
-	if (c->nh != IPPROTO_TCP && c->nh != IPPROTO_UDP)
+	if (!ct_has_ports(c->nh))
 		return;
 	if (c->nh == IPPROTO_TCP) {
 		__u8 flags;
@@ -76,7 +76,7 @@ static __always_inline void policy_flow6_of(struct __sk_buff *skb, const struct 
 }
 
 /* policy_related6 reports whether the packet (chain c) is an ICMPv6 error
- * quoting, in either direction, a TCP or UDP connection policy allowed
+ * quoting, in either direction, a TCP, UDP or SCTP connection policy allowed
  * (the quoted header without extension headers). The error's head: type,
  * code, checksum, 4 bytes, the quoted IPv6 header (next header at 6, the
  * addresses at 8), its first L4 bytes (the ports). k: scratch space. */
@@ -90,8 +90,7 @@ static __always_inline int policy_related6(struct __sk_buff *skb, const struct l
 		return 0;
 	if (bpf_skb_load_bytes(skb, c->off, &type, 1) < 0 || !policy_icmp6_is_error(type))
 		return 0;
-	if (bpf_skb_load_bytes(skb, c->off + 8 + 6, &nh, 1) < 0 ||
-	    (nh != IPPROTO_TCP && nh != IPPROTO_UDP))
+	if (bpf_skb_load_bytes(skb, c->off + 8 + 6, &nh, 1) < 0 || !ct_has_ports(nh))
 		return 0;
 	if (bpf_skb_load_bytes(skb, c->off + 8 + 8, &k->saddr, 32) < 0 ||
 	    bpf_skb_load_bytes(skb, c->off + 8 + 40, &k->sport, 4) < 0)

@@ -12,8 +12,10 @@ import (
 
 // Addresses the service translation leaves out on purpose (service/guard.go):
 // a hostPort whose hostIP is not this node's, a spec.externalIPs address
-// outside --external-ips. The agent has no event recorder, so each is logged
-// once (when it first is, not on every resync) and counted in ControlStats.
+// outside --external-ips, a Service or hostPort port of a protocol lanekit
+// does not load-balance (SCTP). The agent has no event recorder, so each is
+// logged once (when it first is, not on every resync; an object's SCTP ports
+// in one line) and counted in ControlStats.
 
 // noteIgnored records what the edited pods and Services have ignored now
 // (replacing what they had), logging the addresses that were not ignored
@@ -38,14 +40,14 @@ func (c *ctlPlane) noteIgnored(edits []service.Edit, all bool) {
 			now = service.ServiceIgnored(e.Service, c.svcOpts)
 		}
 		before := c.ignored[e.ID]
+		var protoPorts []string // one line per object for all its ports of another protocol
 		for _, g := range now {
 			if slices.Contains(before, g) {
 				continue
 			}
 			switch g.Reason {
 			case service.ReasonProtocolUnsupported:
-				c.log.Warn("port not load-balanced: lanekit serves TCP and UDP ports only (the object's other ports are served)",
-					"object", ignoredObject(e.ID), "port", g.String())
+				protoPorts = append(protoPorts, g.String())
 			case service.ReasonHostIPNotNode:
 				c.log.Warn("hostPort not programmed: its hostIP is not an address of this node",
 					"pod", ignoredObject(e.ID), "hostPort", g.String())
@@ -53,6 +55,10 @@ func (c *ctlPlane) noteIgnored(edits []service.Edit, all bool) {
 				c.log.Warn("externalIP not programmed: outside --external-ips",
 					"service", e.ID.String(), "externalIP", g.String(), "allowed", c.svcOpts.ExternalIPs.String())
 			}
+		}
+		if len(protoPorts) > 0 {
+			c.log.Warn("ports not load-balanced: lanekit serves TCP and UDP ports only (the object's other ports are served)",
+				"object", ignoredObject(e.ID), "ports", strings.Join(protoPorts, ","))
 		}
 		if len(now) == 0 {
 			delete(c.ignored, e.ID)

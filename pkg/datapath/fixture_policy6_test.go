@@ -39,7 +39,7 @@ func policyWorld6(e *fixtureEnv) policy.Input {
 	return in
 }
 
-// polFrame6 is polFrameFlags for IPv6: TCP (flags), UDP or an ICMPv6 echo
+// polFrame6 is polFrameFlags for IPv6: TCP (flags), UDP, SCTP or an ICMPv6 echo
 // request (id = sport) behind optional extension headers (ext wraps the L4
 // header: ext6 calls; nil: none, next header is the L4 protocol).
 func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
@@ -54,6 +54,9 @@ func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, spor
 		l4[13] = tcpFlags
 	case ipProtoUDP:
 		l4 = udp6(sport, dport)
+	case ipProtoSCTP:
+		l4 = make([]byte, 12+8)
+		sctpHeader(l4, sport, dport)
 	case nhICMP6:
 		body := make([]byte, 4+8)
 		binary.BigEndian.PutUint16(body[0:], sport)
@@ -66,7 +69,12 @@ func polFrame6(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, spor
 // icmp6ErrorFrame is an ICMPv6 packet too big from saddr to daddr quoting a
 // TCP segment qsrc:sport -> qdst:dport.
 func icmp6ErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {
-	quoted := polFrame6(src, dst, qsrc, qdst, ipProtoTCP, sport, dport, tcpSYN)[14:]
+	return icmp6ErrorFrameProto(dst, src, saddr, daddr, qsrc, qdst, ipProtoTCP, sport, dport)
+}
+
+// icmp6ErrorFrameProto is icmp6ErrorFrame quoting a packet of protocol proto.
+func icmp6ErrorFrameProto(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, proto uint8, sport, dport uint16) []byte {
+	quoted := polFrame6(src, dst, qsrc, qdst, proto, sport, dport, tcpSYN)[14:]
 	body := append([]byte{0, 0, 0x05, 0x00}, quoted...) // MTU 1280
 	return eth6(dst, src, saddr, daddr, nhICMP6, 64, icmp6(saddr, daddr, 2, 0, body))
 }

@@ -20,17 +20,19 @@ const (
 	ipProtoICMP = 1
 	ipProtoTCP  = 6
 	ipProtoUDP  = 17
+	ipProtoSCTP = 132
 )
 
 // polFrame builds Ethernet + IPv4 (TTL 64, valid header checksum) + a TCP SYN,
-// a UDP header or an ICMP echo request (id = sport) with a short payload.
+// a UDP header, an SCTP common header or an ICMP echo request (id = sport)
+// with a short payload.
 func polFrame(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16) []byte {
 	return polFrameFlags(dst, src, saddr, daddr, proto, sport, dport, tcpSYN)
 }
 
 // polFrameFlags is polFrame with the TCP flags given.
 func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, sport, dport uint16, tcpFlags uint8) []byte {
-	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoICMP: 8}[proto]
+	l4len := map[uint8]int{ipProtoTCP: 20, ipProtoUDP: 8, ipProtoSCTP: 12, ipProtoICMP: 8}[proto]
 	payload := []byte("policy fixture")
 	b := testutil.EthIPv4(dst, src, saddr, daddr, 64, proto, l4len+len(payload))
 	l4 := b[34:]
@@ -44,6 +46,8 @@ func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, 
 		binary.BigEndian.PutUint16(l4[0:], sport)
 		binary.BigEndian.PutUint16(l4[2:], dport)
 		binary.BigEndian.PutUint16(l4[4:], uint16(8+len(payload)))
+	case ipProtoSCTP: // common header: ports, verification tag, CRC32c (unchecked by the datapath)
+		sctpHeader(l4, sport, dport)
 	case ipProtoICMP:
 		l4[0] = 8 // echo request
 		binary.BigEndian.PutUint16(l4[4:], sport)
@@ -55,8 +59,13 @@ func polFrameFlags(dst, src net.HardwareAddr, saddr, daddr string, proto uint8, 
 // icmpErrorFrame builds an ICMP "fragmentation needed" from saddr to daddr
 // quoting a TCP segment qsrc:sport -> qdst:dport.
 func icmpErrorFrame(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, sport, dport uint16) []byte {
+	return icmpErrorFrameProto(dst, src, saddr, daddr, qsrc, qdst, ipProtoTCP, sport, dport)
+}
+
+// icmpErrorFrameProto is icmpErrorFrame quoting a packet of protocol proto.
+func icmpErrorFrameProto(dst, src net.HardwareAddr, saddr, daddr, qsrc, qdst string, proto uint8, sport, dport uint16) []byte {
 	b := polFrame(dst, src, saddr, daddr, ipProtoICMP, 0, 0)[:34]
-	quoted := polFrameFlags(src, dst, qsrc, qdst, ipProtoTCP, sport, dport, tcpSYN)[14 : 14+28]
+	quoted := polFrameFlags(src, dst, qsrc, qdst, proto, sport, dport, tcpSYN)[14 : 14+28]
 	icmp := append([]byte{3, 4, 0, 0, 0, 0, 0x05, 0xdc}, quoted...)
 	b = append(b, icmp...)
 	binary.BigEndian.PutUint16(b[16:], uint16(20+len(icmp)))

@@ -33,7 +33,8 @@ type Proto uint8
 
 // Protocols of Service and hostPort ports. lanekit load-balances TCP and
 // UDP; SCTP ports are kept in the model (an object listing one is not
-// refused) but get no frontend (SCTPPortsIgnored).
+// refused) but get no frontend (served; ServiceIgnored and HostPortsIgnored
+// report them).
 const (
 	TCP  Proto = 6
 	UDP  Proto = 17
@@ -69,7 +70,15 @@ func protoOf(p *corev1.Protocol) Proto {
 	return 0
 }
 
-// served says whether lanekit load-balances proto.
+// served says whether lanekit load-balances proto. It is the one place an
+// SCTP frontend is turned away: SCTP keeps its protocol number through
+// translation, so serving it (on a kernel with SCTP: CONFIG_IP_SCTP, probed
+// by opening an AF_INET SOCK_STREAM IPPROTO_SCTP socket) means admitting it
+// here behind that probe, and a datapath whose LB keys, conntrack (ct.h
+// already tracks SCTP by its ports for policy) and NAT take protocol 132:
+// an address-only DNAT needs no checksum fix (SCTP's CRC32c does not cover
+// the IP header), a port translation must recompute the CRC32c, and the
+// socket LB's connect hooks see SCTP sockets too.
 func (p Proto) served() bool { return p == TCP || p == UDP }
 
 // Scope tells how a frontend is reached.
