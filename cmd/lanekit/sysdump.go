@@ -9,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -116,8 +115,11 @@ func sysdumpParts() []dumpPart {
 			return c.ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
 		})},
 		{"maps.txt", func(context.Context) ([]byte, error) { return dumpMaps(sysdumpOpts.bpfDir) }},
-		{"status.txt", selfCommand("status", "--socket", agentSocket, "--bpf-dir", sysdumpOpts.bpfDir)},
-		{"node-check.txt", selfCommand("node", "check")},
+		{"status.txt", inProcess(func(c *cobra.Command) error {
+			statusOpts.bpfDir, statusOpts.wait = sysdumpOpts.bpfDir, false
+			return statusCmd.RunE(c, nil)
+		})},
+		{"node-check.txt", inProcess(func(c *cobra.Command) error { return runNodeCheck(c, nil) })},
 		{"logs/", nil}, // dumpLogs adds one file per log
 	}
 }
@@ -193,21 +195,17 @@ func dumpVersions(context.Context) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// selfCommand runs this binary with args (its own parts of the dump, each
-// bounded); the output is kept with the error.
-func selfCommand(args ...string) func(context.Context) ([]byte, error) {
+// inProcess runs a command's action (with its flags' defaults) into a
+// buffer: its output is kept with the error.
+func inProcess(run func(*cobra.Command) error) func(context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, self, args...).CombinedOutput()
-		if err != nil {
-			return out, fmt.Errorf("lanekit %s: %w", strings.Join(args, " "), err)
-		}
-		return out, nil
+		var b bytes.Buffer
+		c := &cobra.Command{}
+		c.SetOut(&b)
+		c.SetErr(&b)
+		c.SetContext(ctx)
+		err := run(c)
+		return b.Bytes(), err
 	}
 }
 
