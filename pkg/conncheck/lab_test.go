@@ -1,0 +1,144 @@
+package conncheck_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/lab"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		if dir == filepath.Dir(dir) {
+			t.Fatal("go.mod not found")
+		}
+	}
+}
+
+// TestConnectivityLab runs the built CLI's `connectivity test --lab` on a
+// 2-node `lab up --k8s`: every check passes and the namespace is gone
+// afterwards; then with a deny-all NetworkPolicy slipped into the test's
+// namespace as soon as it exists, the pod-to-pod checks fail and the
+// command exits non-zero (a check that cannot fail would pass here).
+func TestConnectivityLab(t *testing.T) {
+	testutil.RequireRoot(t)
+	k8stest.RequireBins(t)
+	testutil.RequireTools(t, "ip", "iptables-restore", "nsenter")
+	root := repoRoot(t)
+	binDir := os.Getenv("LANEKIT_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(root, "bin")
+	}
+	for _, b := range []string{"lanekitd", "lanekit-cni"} {
+		if _, err := os.Stat(filepath.Join(binDir, b)); err != nil {
+			testutil.MissingDep(t, "%s: %v (make build)", b, err)
+		}
+	}
+	cli := filepath.Join(t.TempDir(), "lanekit")
+	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lanekit: %v\n%s", err, out)
+	}
+	// TestMain holds the lab lock.
+	lk := func(ctx context.Context, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, cli, args...)
+		cmd.Env = append(os.Environ(), "LANEKIT_BIN="+binDir)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if _, err := os.Stat(lab.StateFile); err == nil {
+		t.Skip("a lab is up (left by a hand run?); this test brings up its own: lanekit lab down first")
+	}
+	t.Cleanup(func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		if out, err := lk(dctx, "lab", "down"); err != nil {
+			t.Errorf("lab down: %v\n%s", err, out)
+		}
+	})
+	start := time.Now()
+	if out, err := lk(ctx, "lab", "up", "--k8s", "--nodes", "2", "--pods-per-node", "1"); err != nil {
+		t.Fatalf("lab up: %v\n%s", err, out)
+	}
+	t.Logf("lab up in %s", time.Since(start).Round(100*time.Millisecond))
+	_, c, err := lab.K8s()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start = time.Now()
+	out, err := lk(ctx, "connectivity", "test", "--lab", "--timeout", "10s")
+	t.Logf("connectivity test (%s):\n%s", time.Since(start).Round(100*time.Millisecond), out)
+	if err != nil {
+		t.Fatalf("connectivity test on a healthy lab: %v", err)
+	}
+	for _, want := range []string{
+		`pod-to-pod \(same node\)\s+pass`, `pod-to-pod \(across nodes\)\s+pass`, `pod-to-service \(ClusterIP\)\s+pass`,
+		`pod-to-service \(NodePort lk-node1\)\s+pass`, `pod-to-service \(NodePort lk-node2\)\s+pass`,
+		`host-to-service \(ClusterIP\)\s+pass`, `policy: deny \(client -> server\)\s+pass`,
+		`dns\s+skip\s+no kube-dns`, `10 passed, 0 failed, 1 skipped`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("summary lacks %q", want)
+		}
+	}
+	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
+		t.Error("namespace lanekit-conncheck left after the run")
+	}
+
+	// Broken: a deny-all ingress policy in the namespace from its start.
+	denied := make(chan error, 1)
+	go func() {
+		deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "test-deny-all"},
+			Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+		for ctx.Err() == nil {
+			if _, err := c.NetworkingV1().NetworkPolicies("lanekit-conncheck").Create(ctx, deny, metav1.CreateOptions{}); err == nil {
+				denied <- nil
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		denied <- fmt.Errorf("namespace never appeared")
+	}()
+	out, err = lk(ctx, "connectivity", "test", "--lab", "--timeout", "3s")
+	t.Logf("connectivity test with a deny-all policy:\n%s", out)
+	if derr := <-denied; derr != nil {
+		t.Fatal(derr)
+	}
+	if err == nil {
+		t.Fatal("connectivity test passed with a deny-all policy in its namespace")
+	}
+	for _, want := range []string{`pod-to-pod \(same node\)\s+FAIL`, `pod-to-pod \(across nodes\)\s+FAIL`, `checks failed`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("broken run's output lacks %q", want)
+		}
+	}
+	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
+		t.Error("namespace lanekit-conncheck left after the failed run")
+	}
+}
