@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -131,6 +132,22 @@ type run struct {
 
 func (r *run) logf(format string, args ...any) { fmt.Fprintf(r.Out, format+"\n", args...) }
 
+// deleteServices deletes the namespace's Services (no DeleteCollection
+// for them).
+func deleteServices(ctx context.Context, c kubernetes.Interface, ns string) error {
+	l, err := c.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range l.Items {
+		if err := c.CoreV1().Services(ns).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // cleanup deletes what the run created, then the namespace, and waits
 // until it is gone.
 func (r *run) cleanup(ctx context.Context) error {
@@ -142,8 +159,24 @@ func (r *run) cleanup(ctx context.Context) error {
 	// The pods go first and explicitly: their network is torn down by
 	// their kubelet before the namespace's deletion waits on them.
 	var errs []error
-	if err := c.CoreV1().Pods(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, err)
+	// The rest goes explicitly too: without a namespace controller (the
+	// netns lab) a finalized namespace would keep them for its next run.
+	all := metav1.ListOptions{}
+	for what, del := range map[string]func() error{
+		"pods":            func() error { return c.CoreV1().Pods(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+		"services":        func() error { return deleteServices(ctx, c, r.Namespace) },
+		"endpointslices":  func() error { return c.DiscoveryV1().EndpointSlices(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+		"networkpolicies": func() error { return c.NetworkingV1().NetworkPolicies(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+	} {
+		if err := del(); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete %s: %w", what, err))
+		}
+	}
+	if r.Dynamic != nil {
+		if err := r.Dynamic.Resource(vmiGVR).Namespace(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all); err != nil &&
+			!apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
+			errs = append(errs, fmt.Errorf("delete VMIs: %w", err))
+		}
 	}
 	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		l, err := c.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{})

@@ -110,6 +110,11 @@ func TestConnectivityLab(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
 		t.Error("namespace lanekit-conncheck left after the run")
 	}
+	// Nothing of it either (the lab has no namespace controller that
+	// would delete what a finalized namespace still holds).
+	if l, err := c.CoreV1().Services("lanekit-conncheck").List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) > 0 {
+		t.Errorf("services left in lanekit-conncheck: %v %v", l, err)
+	}
 
 	// Broken: a deny-all ingress policy in the namespace from its start.
 	denied := make(chan error, 1)
