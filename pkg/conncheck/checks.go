@@ -74,7 +74,8 @@ func (r *run) add(name string, res Result, detail string) {
 
 // probe runs one probe in pod; the last error when it never succeeds.
 func (r *run) probe(ctx context.Context, pod *corev1.Pod, kind ProbeKind, target string) (string, error) {
-	out, err := r.Runtime.Exec(ctx, pod, []string{"connectivity", "probe", string(kind), target, "--timeout", "3s"})
+	timeout := min(3*time.Second, r.Timeout)
+	out, err := r.Runtime.Exec(ctx, pod, []string{"connectivity", "probe", string(kind), target, "--timeout", timeout.String()})
 	return strings.TrimSpace(out), err
 }
 

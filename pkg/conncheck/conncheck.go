@@ -163,10 +163,14 @@ func (r *run) cleanup(ctx context.Context) error {
 	// netns lab) a finalized namespace would keep them for its next run.
 	all := metav1.ListOptions{}
 	for what, del := range map[string]func() error{
-		"pods":            func() error { return c.CoreV1().Pods(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
-		"services":        func() error { return deleteServices(ctx, c, r.Namespace) },
-		"endpointslices":  func() error { return c.DiscoveryV1().EndpointSlices(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
-		"networkpolicies": func() error { return c.NetworkingV1().NetworkPolicies(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+		"pods":     func() error { return c.CoreV1().Pods(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all) },
+		"services": func() error { return deleteServices(ctx, c, r.Namespace) },
+		"endpointslices": func() error {
+			return c.DiscoveryV1().EndpointSlices(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		},
+		"networkpolicies": func() error {
+			return c.NetworkingV1().NetworkPolicies(r.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		},
 	} {
 		if err := del(); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete %s: %w", what, err))

@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/lab"
@@ -92,10 +95,17 @@ func TestConnectivityLab(t *testing.T) {
 	}
 
 	start = time.Now()
+	stopPoll := watchDenied(ctx, "deny-all")
 	out, err := lk(ctx, "connectivity", "test", "--lab", "--timeout", "10s")
+	ownDeny := stopPoll()
 	t.Logf("connectivity test (%s):\n%s", time.Since(start).Round(100*time.Millisecond), out)
 	if err != nil {
 		t.Fatalf("connectivity test on a healthy lab: %v", err)
+	}
+	// Its deny check was refused by its deny-all policy on the server's
+	// node (server-2, node 2), not by anything else.
+	if ownDeny[2] == 0 {
+		t.Errorf("node 2 agent denied no packet under lanekit-conncheck/deny-all during the deny check")
 	}
 	for _, want := range []string{
 		`pod-to-pod \(same node\)\s+pass`, `pod-to-pod \(across nodes\)\s+pass`, `pod-to-service \(ClusterIP\)\s+pass`,
@@ -130,11 +140,21 @@ func TestConnectivityLab(t *testing.T) {
 		}
 		denied <- fmt.Errorf("namespace never appeared")
 	}()
-	out, err = lk(ctx, "connectivity", "test", "--lab", "--timeout", "3s")
+	// The path: the agents' verdict counters for that policy (read while
+	// it exists: the clean-up removes it).
+	stopPoll = watchDenied(ctx, "test-deny-all")
+	out, err = lk(ctx, "connectivity", "test", "--lab", "--timeout", "2s")
+	deniedMax := stopPoll()
 	t.Logf("connectivity test with a deny-all policy:\n%s", out)
 	if derr := <-denied; derr != nil {
 		t.Fatal(derr)
 	}
+	for i := 1; i <= 2; i++ {
+		if deniedMax[i] == 0 {
+			t.Errorf("node %d agent: no packet denied by lanekit-conncheck/test-deny-all (the probes failed for another reason)", i)
+		}
+	}
+	t.Logf("denied by test-deny-all: node 1 %d, node 2 %d packets", deniedMax[1], deniedMax[2])
 	if err == nil {
 		t.Fatal("connectivity test passed with a deny-all policy in its namespace")
 	}
@@ -146,4 +166,51 @@ func TestConnectivityLab(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
 		t.Error("namespace lanekit-conncheck left after the failed run")
 	}
+}
+
+// watchDenied polls both agents' denied-packet counters of the named
+// policy in lanekit-conncheck until the returned stop is called, which
+// returns the highest count seen per node.
+func watchDenied(ctx context.Context, name string) func() [3]uint64 {
+	var max [3]uint64
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			for i := 1; i <= 2; i++ {
+				if n := policyDenied(ctx, i, "lanekit-conncheck", name); n > max[i] {
+					max[i] = n
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	return func() [3]uint64 {
+		cancel()
+		<-done
+		return max
+	}
+}
+
+// policyDenied is node i's agent's denied-packet count for a policy (0
+// when it does not list it).
+func policyDenied(ctx context.Context, i int, ns, name string) uint64 {
+	conn, err := grpc.NewClient("unix://"+lab.AgentSocket(i), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := apiv1.NewAgentClient(conn).ListPolicies(ctx, &apiv1.ListPoliciesRequest{})
+	if err != nil {
+		return 0
+	}
+	for _, p := range resp.GetPolicies() {
+		if p.GetNamespace() == ns && p.GetName() == name {
+			return p.GetDeniedPackets()
+		}
+	}
+	return 0
 }
