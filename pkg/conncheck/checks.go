@@ -140,10 +140,19 @@ func (r *run) checks(ctx context.Context) {
 	}
 	r.expect(ctx, "host-to-service (ClusterIP)", r.host, ProbeEcho, hostPort(r.cip.Spec.ClusterIP, 80), true)
 	r.expect(ctx, "host-to-pod", r.host, ProbeEcho, echo(r.servers[len(r.servers)-1]), true)
-	r.policyChecks(ctx, echo(r.servers[len(r.servers)-1]))
-	r.dnsCheck(ctx)
-	if r.VM {
-		r.vmCheck(ctx)
+	for _, check := range []func(context.Context){
+		func(ctx context.Context) { r.policyChecks(ctx, echo(r.servers[len(r.servers)-1])) },
+		r.dnsCheck,
+		func(ctx context.Context) {
+			if r.VM {
+				r.vmCheck(ctx)
+			}
+		},
+	} {
+		if ctx.Err() != nil {
+			return
+		}
+		check(ctx)
 	}
 }
 

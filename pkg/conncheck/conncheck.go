@@ -114,7 +114,10 @@ func Run(ctx context.Context, o Options) (rep Report, err error) {
 		return r.report, err
 	}
 	r.checks(ctx)
-	return r.report, ctx.Err()
+	if ctx.Err() != nil {
+		return r.report, fmt.Errorf("interrupted (the checks after it did not run): %w", context.Cause(ctx))
+	}
+	return r.report, nil
 }
 
 // run is one run's state.

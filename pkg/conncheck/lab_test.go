@@ -166,6 +166,38 @@ func TestConnectivityLab(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
 		t.Error("namespace lanekit-conncheck left after the failed run")
 	}
+
+	// Interrupted mid-checks (its allow policy exists): SIGINT, and the
+	// namespace is still removed.
+	run := exec.CommandContext(ctx, cli, "connectivity", "test", "--lab", "--timeout", "10s")
+	var runOut bytes.Buffer
+	run.Stdout, run.Stderr = &runOut, &runOut
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := c.NetworkingV1().NetworkPolicies("lanekit-conncheck").Get(ctx, "allow-client", metav1.GetOptions{}); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the run never reached its policy checks:\n%s", runOut.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := run.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err = run.Wait()
+	t.Logf("interrupted run (%v):\n%s", err, runOut.String())
+	if err == nil {
+		t.Error("an interrupted run exited 0")
+	}
+	if _, err := c.CoreV1().Namespaces().Get(ctx, "lanekit-conncheck", metav1.GetOptions{}); err == nil {
+		t.Error("namespace lanekit-conncheck left after an interrupted run")
+	}
+	if l, err := c.CoreV1().Pods("lanekit-conncheck").List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) > 0 {
+		t.Errorf("pods left after an interrupted run: %v %v", l, err)
+	}
 }
 
 // watchDenied polls both agents' denied-packet counters of the named
