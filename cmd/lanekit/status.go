@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/status"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/pkg/netdev"
@@ -15,8 +17,10 @@ import (
 )
 
 var statusOpts struct {
-	uplink string
-	bpfDir string
+	uplink      string
+	bpfDir      string
+	wait        bool
+	waitTimeout time.Duration
 }
 
 var statusCmd = &cobra.Command{
@@ -25,6 +29,11 @@ var statusCmd = &cobra.Command{
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		out := cmd.OutOrStdout()
+		if statusOpts.wait {
+			if err := waitAgentReady(cmd.Context(), cmd.ErrOrStderr(), statusOpts.waitTimeout); err != nil {
+				return err
+			}
+		}
 		st, agentErr := agentStatus(cmd.Context(), out)
 		// The feature table is probed here, with the same probes the agent
 		// runs at start-up: it is shown even when the agent is down.
@@ -111,6 +120,53 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 	return st, nil
 }
 
+// waitAgentReady polls the agent until it answers ready, printing what it
+// waits for each time that changes (the socket, the answer, the agent's
+// not-ready reason).
+func waitAgentReady(ctx context.Context, out io.Writer, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := ""
+	for {
+		why := agentNotReady(ctx)
+		if why == "" {
+			fmt.Fprintf(out, "agent at %s is ready\n", agentSocket)
+			return nil
+		}
+		if why != last {
+			fmt.Fprintf(out, "waiting for the agent: %s\n", why)
+			last = why
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent not ready after %s: %s", timeout, last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// agentNotReady is why the agent is not ready yet; "" when it is.
+func agentNotReady(ctx context.Context) string {
+	if _, err := os.Stat(agentSocket); err != nil {
+		return fmt.Sprintf("its socket %s does not exist yet", agentSocket)
+	}
+	c, closeFn, err := dialAgent()
+	if err != nil {
+		return err.Error()
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx, &apiv1.StatusRequest{})
+	switch {
+	case err != nil:
+		return fmt.Sprintf("no answer on %s (%v)", agentSocket, status.Convert(err).Message())
+	case !st.GetReady():
+		return "not ready: " + st.GetReason()
+	}
+	return ""
+}
+
 // printSocketLB prints the socket load balancer's state and the served
 // healthCheckNodePorts.
 func printSocketLB(out io.Writer, cp *apiv1.ControlPlaneStatus) {
@@ -157,6 +213,8 @@ func printFeatures(out io.Writer, f netdev.Features) {
 func init() {
 	addSocketFlag(statusCmd)
 	statusCmd.Flags().StringVar(&statusOpts.uplink, "uplink", "", "the node's uplink (probes AF_XDP zero-copy on its driver)")
+	statusCmd.Flags().BoolVar(&statusOpts.wait, "wait", false, "wait until the agent answers and is ready (datapath loaded, Kubernetes caches synced when it watches a cluster)")
+	statusCmd.Flags().DurationVar(&statusOpts.waitTimeout, "wait-timeout", 5*time.Minute, "give up waiting after this long")
 	statusCmd.Flags().StringVar(&statusOpts.bpfDir, "bpf-dir", "/sys/fs/bpf/lanekit", "the agent's pin directory (checked for bpffs)")
 	rootCmd.AddCommand(statusCmd)
 }
