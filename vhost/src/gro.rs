@@ -7,8 +7,8 @@
 //! options or fragments, or IPv6 without extension headers, no Ethernet padding, a verified
 //! TCP checksum, flags ACK (PSH only on the last frame), a payload. Frames merge into an open
 //! segment when every header byte is the same (addresses, ports, ack, window, TCP options, TTL,
-//! TOS, flow label) except the lengths, IPv4 id and checksums, the sequence number continues
-//! the segment, and the payload is not larger than the first frame's (a smaller one is the
+//! TOS, flow label) except the lengths and checksums, the sequence number (and an IPv4
+//! id) continues the segment, and the payload is not larger than the first frame's (a smaller one is the
 //! last). At most [`MAX_FLOWS`] segments are open at once; nothing is held past the batch.
 
 use super::{be16, csum_add, csum_fold, l3_len, l3_of, rx_csum_ok, TxHdr, F_NEEDS_CSUM, IPPROTO_TCP, TCP_PSH};
@@ -84,7 +84,8 @@ fn parse(f: &[u8]) -> Option<Tcp> {
     {
         return None;
     }
-    if !rx_csum_ok(f) {
+    // Both checksums verified: the IPv4 header's (the merged header gets a new one) and TCP's.
+    if (v4 && csum_fold(csum_add(0, &f[l3..l4])) != 0xffff) || !rx_csum_ok(f) {
         return None;
     }
     let seq = u32::from_be_bytes([f[l4 + 4], f[l4 + 5], f[l4 + 6], f[l4 + 7]]);
@@ -130,6 +131,7 @@ pub fn coalesce(frames: &[&[u8]], limit: usize, out: &mut Vec<Out>, st: &mut Gro
                     && t.v4 == o.t.v4
                     && t.seq == o.next_seq
                     && t.payload <= o.t.payload
+                    && (!t.v4 || be16(f, t.l3 + 4) == be16(first, t.l3 + 4).map(|id| id.wrapping_add(o.idx.len() as u16)))
                     && (0..t.hdrs).all(|b| varies(t, b) || first[b] == f[b])
             });
             match joins {
