@@ -80,7 +80,11 @@ fn parse(f: &[u8]) -> Option<Tcp> {
     let doff = usize::from(f.get(l4 + 12)? >> 4) * 4;
     let hdrs = l4 + doff;
     let flags = f[l4 + 13];
-    if l3 + ip_len != f.len() || doff < 20 || hdrs >= f.len() || flags & !(TCP_ACK | TCP_PSH) != 0 || flags & TCP_ACK == 0
+    if l3 + ip_len != f.len()
+        || doff < 20
+        || hdrs >= f.len()
+        || flags & !(TCP_ACK | TCP_PSH) != 0
+        || flags & TCP_ACK == 0
     {
         return None;
     }
@@ -95,14 +99,21 @@ fn parse(f: &[u8]) -> Option<Tcp> {
 /// Whether byte `i` of the headers may differ between frames of one segment.
 fn varies(t: &Tcp, i: usize) -> bool {
     let (l3, l4) = (t.l3, t.l4);
-    let ip = if t.v4 { (l3 + 2..l3 + 6).contains(&i) || (l3 + 10..l3 + 12).contains(&i) } else { (l3 + 4..l3 + 6).contains(&i) };
+    let ip = if t.v4 {
+        (l3 + 2..l3 + 6).contains(&i) || (l3 + 10..l3 + 12).contains(&i)
+    } else {
+        (l3 + 4..l3 + 6).contains(&i)
+    };
     ip || (l4 + 4..l4 + 8).contains(&i) || i == l4 + 13 || (l4 + 16..l4 + 18).contains(&i)
 }
 
 /// Same flow: Ethernet header, addresses and ports.
 fn same_flow(a: &[u8], t: &Tcp, b: &[u8]) -> bool {
     let addrs = if t.v4 { t.l3 + 12..t.l3 + 20 } else { t.l3 + 8..t.l3 + 40 };
-    b.len() >= t.l4 + 4 && a[..t.l3] == b[..t.l3] && a[addrs.clone()] == b[addrs] && a[t.l4..t.l4 + 4] == b[t.l4..t.l4 + 4]
+    b.len() >= t.l4 + 4
+        && a[..t.l3] == b[..t.l3]
+        && a[addrs.clone()] == b[addrs]
+        && a[t.l4..t.l4 + 4] == b[t.l4..t.l4 + 4]
 }
 
 struct Open {
@@ -131,7 +142,8 @@ pub fn coalesce(frames: &[&[u8]], limit: usize, out: &mut Vec<Out>, st: &mut Gro
                     && t.v4 == o.t.v4
                     && t.seq == o.next_seq
                     && t.payload <= o.t.payload
-                    && (!t.v4 || be16(f, t.l3 + 4) == be16(first, t.l3 + 4).map(|id| id.wrapping_add(o.idx.len() as u16)))
+                    && (!t.v4
+                        || be16(f, t.l3 + 4) == be16(first, t.l3 + 4).map(|id| id.wrapping_add(o.idx.len() as u16)))
                     && (0..t.hdrs).all(|b| varies(t, b) || first[b] == f[b])
             });
             match joins {

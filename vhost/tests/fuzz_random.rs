@@ -403,7 +403,7 @@ fn cut(h: &lanekit_vhost::offload::TxHdr, frame: &[u8]) -> Option<Vec<Vec<u8>>> 
 fn coalesced_segments_cut_back_into_exactly_their_frames() {
     use lanekit_vhost::fuzzing::{gso_hdr, packet};
     use lanekit_vhost::offload::gro::{coalesce, GroStats, Out};
-    let mut rng = Rng(0x5eed_6e0_0000_0001);
+    let mut rng = Rng(0x5eed_06e0_0000_0001);
     let (mut st, mut out) = (GroStats::default(), Vec::new());
     for iter in 0..1500 {
         let mut flows: Vec<Vec<Vec<u8>>> = Vec::new();
@@ -450,7 +450,10 @@ fn coalesced_segments_cut_back_into_exactly_their_frames() {
                     assert!(frame.len() <= limit, "iteration {iter}: {} > {limit}", frame.len());
                     let again = cut(hdr, frame).expect("a segment that does not cut");
                     let want: Vec<&[u8]> = idx.iter().map(|&i| refs[i]).collect();
-                    assert!(again.iter().map(|f| &f[..]).eq(want), "iteration {iter}: segment {idx:?} cuts into other frames");
+                    assert!(
+                        again.iter().map(|f| &f[..]).eq(want),
+                        "iteration {iter}: segment {idx:?} cuts into other frames"
+                    );
                     order.extend(idx);
                 }
             }
