@@ -449,6 +449,9 @@ pub fn write_segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8]) -> Option<
     Some(n)
 }
 
+#[path = "gro.rs"]
+pub mod gro;
+
 #[cfg(test)]
 #[path = "offload_tests.rs"]
 mod tests;
