@@ -75,11 +75,11 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 	var conns, errs atomic.Int64
 	var mu sync.Mutex
 	kinds := map[string]int64{}
-	deadline := time.Now().Add(d)
+	start := time.Now() // before the deadline: the run lasts at least d
+	deadline := start.Add(d)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	dialer := net.Dialer{Timeout: time.Second}
-	start := time.Now()
 	var wg sync.WaitGroup
 	for range parallel {
 		wg.Add(1)

@@ -168,29 +168,35 @@ func TestConnectivityLab(t *testing.T) {
 		t.Error("namespace lanekit-conncheck left after the failed run")
 	}
 
-	// Interrupted mid-checks (its allow policy exists): SIGINT, and the
-	// namespace is still removed.
+	// Interrupted mid-run (its test pods exist): SIGINT, and the namespace
+	// is still removed. (Waiting for a later step raced with a fast run:
+	// the allow policy lives for well under a second.)
 	run := exec.CommandContext(ctx, cli, "connectivity", "test", "--lab", "--timeout", "10s")
 	var runOut bytes.Buffer
 	run.Stdout, run.Stderr = &runOut, &runOut
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
 	for {
-		if _, err := c.NetworkingV1().NetworkPolicies("lanekit-conncheck").Get(ctx, "allow-client", metav1.GetOptions{}); err == nil {
+		if pods, err := c.CoreV1().Pods("lanekit-conncheck").List(ctx, metav1.ListOptions{}); err == nil && len(pods.Items) > 0 {
 			break
 		}
-		if ctx.Err() != nil {
+		select {
+		case err := <-exited:
+			t.Fatalf("the run ended (%v) before its test pods were seen:\n%s", err, runOut.String())
+		case <-ctx.Done():
 			_ = run.Process.Signal(syscall.SIGQUIT) // its goroutines, into runOut
-			_ = run.Wait()
-			t.Fatalf("the run never reached its policy checks:\n%s", runOut.String())
+			<-exited
+			t.Fatalf("the run never made its test pods:\n%s", runOut.String())
+		case <-time.After(20 * time.Millisecond):
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	if err := run.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	err = run.Wait()
+	err = <-exited
 	t.Logf("interrupted run (%v):\n%s", err, runOut.String())
 	if err == nil {
 		t.Error("an interrupted run exited 0")
