@@ -1,0 +1,80 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestConfigurationReferenceUpToDate regenerates docs/configuration.md from
+// the code (the agent built from this tree, deploy/, pkg/cniplugin) and
+// fails when the committed file differs: a flag, ConfigMap key or CNI field
+// added, removed or re-described without `make docs`.
+func TestConfigurationReferenceUpToDate(t *testing.T) {
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, have, err := generate(root, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(want) != string(have) {
+		wl, hl := strings.Split(string(want), "\n"), strings.Split(string(have), "\n")
+		for i := 0; i < len(wl) || i < len(hl); i++ {
+			var w, h string
+			if i < len(wl) {
+				w = wl[i]
+			}
+			if i < len(hl) {
+				h = hl[i]
+			}
+			if w != h {
+				t.Errorf("%s:%d\n committed: %s\n generated: %s", configurationFile, i+1, h, w)
+				break
+			}
+		}
+		t.Fatalf("%s is stale: run make docs", configurationFile)
+	}
+}
+
+func TestParseHelp(t *testing.T) {
+	help := "Usage of x:\n" +
+		"  -a string\n    \tthe a (default \"/x y\")\n" +
+		"  -d duration\n    \thow often (default 30s)\n" +
+		"  -n value\n    \tport (default 107, a user)\n" +
+		"  -v\tdebug logging\n"
+	got, err := parseHelp(help)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []flagDoc{
+		{Name: "a", Type: "string", Default: "/x y", Usage: "the a"},
+		{Name: "d", Type: "duration", Default: "30s", Usage: "how often"},
+		{Name: "n", Type: "value", Usage: "port (default 107, a user)"},
+		{Name: "v", Type: "bool", Usage: "debug logging"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("flag %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if _, err := parseHelp("Usage of x:\n  something else\n"); err == nil {
+		t.Error("unrecognised output accepted")
+	}
+}
+
+func TestCNIFieldsNeedDocs(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "c.go")
+	code := "package p\ntype NetConf struct {\n\t// A is a.\n\tA int `json:\"a\"`\n\tB int `json:\"b\"`\n}\n"
+	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cniFields(src); err == nil || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("an undocumented field: got %v", err)
+	}
+}
