@@ -20,7 +20,17 @@ func TestConfigurationReferenceUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(want) != string(have) {
+	for file := range want {
+		if string(want[file]) != string(have[file]) {
+			reportStale(t, file, want[file], have[file])
+		}
+	}
+}
+
+// reportStale names the first line where the committed file differs.
+func reportStale(t *testing.T, file string, want, have []byte) {
+	t.Helper()
+	{
 		wl, hl := strings.Split(string(want), "\n"), strings.Split(string(have), "\n")
 		for i := 0; i < len(wl) || i < len(hl); i++ {
 			var w, h string
@@ -31,11 +41,11 @@ func TestConfigurationReferenceUpToDate(t *testing.T) {
 				h = hl[i]
 			}
 			if w != h {
-				t.Errorf("%s:%d\n committed: %s\n generated: %s", configurationFile, i+1, h, w)
+				t.Errorf("%s:%d\n committed: %s\n generated: %s", file, i+1, h, w)
 				break
 			}
 		}
-		t.Fatalf("%s is stale: run make docs", configurationFile)
+		t.Errorf("%s is stale: run make docs", file)
 	}
 }
 
@@ -65,6 +75,32 @@ func TestParseHelp(t *testing.T) {
 	}
 	if _, err := parseHelp("Usage of x:\n  something else\n"); err == nil {
 		t.Error("unrecognised output accepted")
+	}
+}
+
+func TestParseCobraFlags(t *testing.T) {
+	help := "Usage:\n  x up [flags]\n\nFlags:\n" +
+		"      --k8s                 run it\n" +
+		"  -h, --help                help for up\n" +
+		"      --nodes int           number of nodes (default 2)\n" +
+		"      --routing string      native or tunnel (default: native, unless set)\n\n" +
+		"Global Flags:\n      --x int   not these\n"
+	got, err := parseCobraFlags(help)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []flagDoc{
+		{Name: "k8s", Type: "bool", Usage: "run it"},
+		{Name: "nodes", Type: "int", Default: "2", Usage: "number of nodes"},
+		{Name: "routing", Type: "string", Usage: "native or tunnel (default: native, unless set)"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v", got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("flag %d: got %+v, want %+v", i, got[i], want[i])
+		}
 	}
 }
 

@@ -29,8 +29,52 @@ const (
 	blockCNIConfig  = "cni-config"
 )
 
-// configurationFile is the reference's path in the repository.
-const configurationFile = "docs/configuration.md"
+// The generated files (paths in the repository) and docs/lab.md's blocks.
+const (
+	configurationFile = "docs/configuration.md"
+	labFile           = "docs/lab.md"
+	blockLabUp        = "lab-up-flags"
+	blockLabBench     = "lab-bench-flags"
+)
+
+// cobraFlag matches a flag line of a cobra command's help:
+// "  -h, --help         help" or "      --nodes int   number of nodes (default 2)".
+var cobraFlag = regexp.MustCompile(`^\s+(?:-\w, )?--([A-Za-z0-9][A-Za-z0-9-]*)(?: (\w+))?\s{2,}(.*)$`)
+
+// parseCobraFlags reads the "Flags:" section of a cobra --help (--help
+// itself left out).
+func parseCobraFlags(help string) ([]flagDoc, error) {
+	var flags []flagDoc
+	in := false
+	for _, line := range strings.Split(help, "\n") {
+		switch {
+		case line == "Flags:":
+			in = true
+			continue
+		case !in:
+			continue
+		case strings.TrimSpace(line) == "":
+			in = false
+			continue
+		}
+		m := cobraFlag.FindStringSubmatch(line)
+		if m == nil {
+			return nil, fmt.Errorf("unrecognised flag line: %q", line)
+		}
+		if m[1] == "help" {
+			continue
+		}
+		f := flagDoc{Name: m[1], Type: m[2], Usage: strings.TrimSpace(m[3])}
+		if f.Type == "" {
+			f.Type = "bool"
+		}
+		flags = append(flags, withDefault(f))
+	}
+	if len(flags) == 0 {
+		return nil, errors.New("no flags in the --help output")
+	}
+	return flags, nil
+}
 
 // flagDoc is one flag of a Go flag.FlagSet as its --help prints it.
 type flagDoc struct {
@@ -77,22 +121,28 @@ func parseHelp(help string) ([]flagDoc, error) {
 		return nil, errors.New("no flags in the --help output")
 	}
 	for i := range flags {
-		f := &flags[i]
-		// flag.PrintDefaults appends "(default X)": X is quoted for a
-		// string, else one word. A "(default ...)" with words in it is the
-		// usage's own prose and stays there.
-		if m := helpDefault.FindStringSubmatchIndex(f.Usage); m != nil {
-			def := f.Usage[m[2]:m[3]]
-			if u, err := strconv.Unquote(def); err == nil {
-				def = u
-			} else if strings.Contains(def, " ") {
-				continue
-			}
-			f.Default = def
-			f.Usage = strings.TrimSpace(f.Usage[:m[0]])
-		}
+		flags[i] = withDefault(flags[i])
 	}
 	return flags, nil
+}
+
+// withDefault moves the "(default X)" the flag packages append to a usage
+// into Default: X is quoted for a string, else one word. A "(default ...)"
+// with words in it is the usage's own prose and stays there.
+func withDefault(f flagDoc) flagDoc {
+	m := helpDefault.FindStringSubmatchIndex(f.Usage)
+	if m == nil {
+		return f
+	}
+	def := f.Usage[m[2]:m[3]]
+	if u, err := strconv.Unquote(def); err == nil {
+		def = u
+	} else if strings.Contains(def, " ") {
+		return f
+	}
+	f.Default = def
+	f.Usage = strings.TrimSpace(f.Usage[:m[0]])
+	return f
 }
 
 // cell makes text safe inside a markdown table cell.
@@ -430,9 +480,9 @@ func blocks(s sources) (map[string]string, error) {
 	}, nil
 }
 
-// splice replaces each generated block of doc with its new content. Every
-// block must be present exactly once.
-func splice(doc []byte, content map[string]string) ([]byte, error) {
+// splice replaces each generated block of doc (the file named file) with
+// its new content. Every block must be present exactly once.
+func splice(file string, doc []byte, content map[string]string) ([]byte, error) {
 	out := doc
 	names := make([]string, 0, len(content))
 	for name := range content {
@@ -445,7 +495,7 @@ func splice(doc []byte, content map[string]string) ([]byte, error) {
 		i := bytes.Index(out, begin)
 		j := bytes.Index(out, end)
 		if i < 0 || j < i || bytes.Count(out, begin) != 1 {
-			return nil, fmt.Errorf("%s: want one %q ... %q block", configurationFile, strings.TrimSpace(string(begin)), end)
+			return nil, fmt.Errorf("%s: want one %q ... %q block", file, strings.TrimSpace(string(begin)), end)
 		}
 		var b bytes.Buffer
 		b.Write(out[:i+len(begin)])

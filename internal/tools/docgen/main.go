@@ -1,15 +1,16 @@
-// Command docgen writes the generated parts of docs/configuration.md from
-// the code: the lanekitd flags (the built agent's own --help, lab-only
-// flags hidden as users see them), the DaemonSet's ConfigMap keys
-// (deploy/configmap.yaml, with the flags deploy/daemonset.yaml passes them
-// to) and the CNI plugin's config fields (pkg/cniplugin's NetConf and its
-// doc comments).
+// Command docgen writes the generated parts of docs/configuration.md and
+// docs/lab.md from the code: the lanekitd flags (the built agent's own
+// --help, lab-only flags hidden as users see them), the DaemonSet's
+// ConfigMap keys (deploy/configmap.yaml, with the flags
+// deploy/daemonset.yaml passes them to), the CNI plugin's config fields
+// (pkg/cniplugin's NetConf and its doc comments) and the options of
+// `lanekit lab up` and `lanekit lab bench`.
 //
-//	go run ./internal/tools/docgen            # rewrite docs/configuration.md (make docs)
+//	go run ./internal/tools/docgen            # rewrite the generated blocks (make docs)
 //	go run ./internal/tools/docgen -check     # exit 1 when it is stale
 //
 // TestConfigurationReferenceUpToDate runs the same generation and fails when
-// the committed file differs. This is a development tool: no shipped binary
+// a committed file differs. This is a development tool: no shipped binary
 // links it.
 package main
 
@@ -46,54 +47,96 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if bytes.Equal(want, have) {
-		return nil
+	for file, w := range want {
+		if bytes.Equal(w, have[file]) {
+			continue
+		}
+		if *check {
+			return fmt.Errorf("%s is stale: run make docs", file)
+		}
+		if err := os.WriteFile(filepath.Join(root, file), w, 0o644); err != nil {
+			return err
+		}
 	}
-	if *check {
-		return fmt.Errorf("%s is stale: run make docs", configurationFile)
-	}
-	return os.WriteFile(filepath.Join(root, configurationFile), want, 0o644)
+	return nil
 }
 
-// generate returns the reference as the code makes it and as committed.
-func generate(root, lanekitd string) (want, have []byte, err error) {
-	help, err := agentHelp(root, lanekitd)
+// generate returns each generated file as the code makes it and as
+// committed, by path relative to root.
+func generate(root, lanekitd string) (want, have map[string][]byte, err error) {
+	dir, err := os.MkdirTemp("", "docgen-*")
 	if err != nil {
 		return nil, nil, err
 	}
-	src, err := readSources(root, help)
+	defer os.RemoveAll(dir)
+	if lanekitd == "" {
+		if lanekitd, err = build(root, dir, "lanekitd"); err != nil {
+			return nil, nil, err
+		}
+	}
+	lanekit, err := build(root, dir, "lanekit")
 	if err != nil {
 		return nil, nil, err
 	}
-	content, err := blocks(src)
+	agent, err := helpOf(lanekitd, "Usage of lanekitd:", "--help")
 	if err != nil {
 		return nil, nil, err
 	}
-	have, err = os.ReadFile(filepath.Join(root, configurationFile))
+	labUp, err := helpOf(lanekit, "Usage:", "lab", "up", "--help")
 	if err != nil {
 		return nil, nil, err
 	}
-	want, err = splice(have, content)
-	return want, have, err
-}
-
-// agentHelp runs lanekitd --help (building it from the tree unless a binary
-// is given) without the lab switch, so lab-only flags stay hidden.
-func agentHelp(root, bin string) (string, error) {
-	if bin == "" {
-		dir, err := os.MkdirTemp("", "docgen-*")
+	labBench, err := helpOf(lanekit, "Usage:", "lab", "bench", "--help")
+	if err != nil {
+		return nil, nil, err
+	}
+	src, err := readSources(root, agent)
+	if err != nil {
+		return nil, nil, err
+	}
+	config, err := blocks(src)
+	if err != nil {
+		return nil, nil, err
+	}
+	lab := map[string]string{}
+	for block, help := range map[string]string{blockLabUp: labUp, blockLabBench: labBench} {
+		flags, err := parseCobraFlags(help)
 		if err != nil {
-			return "", err
+			return nil, nil, fmt.Errorf("lanekit lab --help (%s): %w", block, err)
 		}
-		defer os.RemoveAll(dir)
-		bin = filepath.Join(dir, "lanekitd")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/lanekitd")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("build lanekitd: %w\n%s", err, out)
-		}
+		lab[block] = renderFlags(flags)
 	}
-	cmd := exec.Command(bin, "--help")
+	want, have = map[string][]byte{}, map[string][]byte{}
+	for file, content := range map[string]map[string]string{configurationFile: config, labFile: lab} {
+		h, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			return nil, nil, err
+		}
+		w, err := splice(file, h, content)
+		if err != nil {
+			return nil, nil, err
+		}
+		want[file], have[file] = w, h
+	}
+	return want, have, nil
+}
+
+// build compiles ./cmd/name of root into dir.
+func build(root, dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %w\n%s", name, err, out)
+	}
+	return bin, nil
+}
+
+// helpOf runs bin with args (a --help) without the lab switch, so lab-only
+// flags stay hidden, and returns its usage text (stdout and stderr: the
+// flag package writes it to stderr and exits 1, cobra to stdout).
+func helpOf(bin, marker string, args ...string) (string, error) {
+	cmd := exec.Command(bin, args...)
 	var env []string
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "LANEKIT_LAB=") {
@@ -101,20 +144,18 @@ func agentHelp(root, bin string) (string, error) {
 		}
 	}
 	cmd.Env = env
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	err := cmd.Run() // --help exits 1 (flag.ErrHelp)
-	out := stderr.String()
-	if !strings.Contains(out, "Usage of lanekitd:") {
-		return "", fmt.Errorf("%s --help: %v: %s", bin, err, out)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if !strings.Contains(out.String(), marker) {
+		return "", fmt.Errorf("%s %s: %v: %s", bin, strings.Join(args, " "), err, out.String())
 	}
-	// Drop what follows the flag list (main's "lanekitd: flag: help requested").
+	// Drop main's "lanekitd: flag: help requested".
 	var lines []string
-	for _, l := range strings.Split(out, "\n") {
-		if strings.HasPrefix(l, "lanekitd: ") {
-			continue
+	for _, l := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(l, "lanekitd: ") {
+			lines = append(lines, l)
 		}
-		lines = append(lines, l)
 	}
 	return strings.Join(lines, "\n"), nil
 }
