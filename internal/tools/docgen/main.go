@@ -69,15 +69,15 @@ func generate(root, lanekitd string) (want, have map[string][]byte, err error) {
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
+	cmds := []string{"lanekit"}
 	if lanekitd == "" {
-		if lanekitd, err = build(root, dir, "lanekitd"); err != nil {
-			return nil, nil, err
-		}
+		cmds = append(cmds, "lanekitd")
+		lanekitd = filepath.Join(dir, "lanekitd")
 	}
-	lanekit, err := build(root, dir, "lanekit")
-	if err != nil {
+	if err := build(root, dir, cmds...); err != nil {
 		return nil, nil, err
 	}
+	lanekit := filepath.Join(dir, "lanekit")
 	agent, err := helpOf(lanekitd, "Usage of lanekitd:", "--help")
 	if err != nil {
 		return nil, nil, err
@@ -121,15 +121,19 @@ func generate(root, lanekitd string) (want, have map[string][]byte, err error) {
 	return want, have, nil
 }
 
-// build compiles ./cmd/name of root into dir.
-func build(root, dir, name string) (string, error) {
-	bin := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+// build compiles root's ./cmd/<name> commands into dir (one go build: the
+// packages build in parallel).
+func build(root, dir string, names ...string) error {
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, n := range names {
+		args = append(args, "./cmd/"+n)
+	}
+	cmd := exec.Command("go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build %s: %w\n%s", name, err, out)
+		return fmt.Errorf("build %v: %w\n%s", names, err, out)
 	}
-	return bin, nil
+	return nil
 }
 
 // helpOf runs bin with args (a --help) without the lab switch, so lab-only
