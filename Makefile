@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost FORCE
+.PHONY: all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -115,6 +115,12 @@ test-vhost: $(TESTSUMMARY)
 			echo "test-vhost: root-only tests not run (not root); the summary lists them as skipped"; \
 		fi; \
 	fi
+
+# The generated tables of docs/configuration.md (lanekitd flags, ConfigMap
+# keys, CNI config fields) from the code; TestConfigurationReferenceUpToDate
+# (internal/tools/docgen) fails when they drift.
+docs:
+	$(GO) run ./internal/tools/docgen
 
 # Static checks CI runs before the tests: formatting, vet, staticcheck, a tidy
 # go.mod, BPF objects matching bpf/, and the Rust lints.

@@ -65,15 +65,23 @@ const About = "lanekit CNI plugin: forwards to the lanekitd agent"
 // NetConf is the plugin's network configuration.
 type NetConf struct {
 	types.PluginConf
+	// AgentSocket is the agent's API socket (lanekitd --socket); default
+	// /run/lanekit/agent.sock.
 	AgentSocket *string `json:"agentSocket,omitempty"`
-	MTU         int     `json:"mtu,omitempty"`
-	Subnet      string  `json:"subnet,omitempty"`
+	// MTU is the pod device's MTU; 0 (default) leaves it to the agent
+	// (lanekitd --mtu, else the uplink's).
+	MTU int `json:"mtu,omitempty"`
+	// Subnet is an optional IPv4 CIDR the node's pod CIDR must lie in (the
+	// ADD is refused otherwise); addresses come from the pod CIDR.
+	Subnet string `json:"subnet,omitempty"`
 	// VhostUser makes the network a VM attachment (KubeVirt's binding
 	// "lanekit", through a NetworkAttachmentDefinition): the interface is a
 	// VM endpoint, the agent runs its vhost-user backend and the plugin
 	// reports the socket as device-info.
-	VhostUser     *VhostUserConf `json:"vhostUser,omitempty"`
-	RuntimeConfig RuntimeConfig  `json:"runtimeConfig,omitempty"`
+	VhostUser *VhostUserConf `json:"vhostUser,omitempty"`
+	// RuntimeConfig holds the capability arguments the runtime (Multus)
+	// passes: the VM's MAC and where to write device-info.
+	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 }
 
 // VhostUserConf is where a VM attachment's vhost-user socket goes.
