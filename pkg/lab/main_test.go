@@ -1,15 +1,12 @@
 package lab
 
 import (
-	"fmt"
 	"os"
 	"runtime"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/socktest"
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // LockPath serialises the users of the global lab (its namespaces, daemons
@@ -24,28 +21,7 @@ func TestMain(m *testing.M) {
 	// The socket-LB test client re-executes this binary: it runs and exits
 	// here, before the lock its parent holds.
 	socktest.MaybeClient()
-	var lock *os.File
-	if os.Geteuid() == 0 {
-		// O_CLOEXEC (Go's default): the lab's daemons do not inherit it.
-		f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_RDWR, 0o644)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "lab tests: open lab lock:", err)
-			os.Exit(1)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			start := time.Now()
-			fmt.Fprintf(os.Stderr, "lab tests: waiting for %s (another lab user runs)\n", LockPath)
-			if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-				fmt.Fprintln(os.Stderr, "lab tests: lab lock:", err)
-				os.Exit(1)
-			}
-			fmt.Fprintf(os.Stderr, "lab tests: got the lab lock after %s\n", time.Since(start).Round(time.Second))
-		}
-		// Held until the process exits: f stays reachable (KeepAlive
-		// below), else the garbage collector's finalizer closes the
-		// descriptor mid-run and drops the lock under the tests.
-		lock = f
-	}
+	lock := testutil.LockLab(LockPath, "lab tests")
 	code := m.Run()
 	runtime.KeepAlive(lock)
 	os.Exit(code)
