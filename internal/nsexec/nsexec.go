@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"syscall"
@@ -32,6 +33,16 @@ func GroupCommand(ctx context.Context, waitDelay time.Duration, argv ...string) 
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = waitDelay
 	return cmd
+}
+
+// ServeEcho echoes every connection on ln back (each for at most 5 s) until
+// ctx ends; what names the server in errors (Serve).
+func ServeEcho(ctx context.Context, ln net.Listener, what string) error {
+	return Serve(ctx, ln, what, func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.Copy(c, c)
+	})
 }
 
 // Serve accepts connections on ln until ctx ends and runs handle for each in

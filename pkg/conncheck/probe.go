@@ -19,11 +19,7 @@ const ServerPort = 8080
 // Serve echoes every connection on ln back until ctx ends (what the test
 // pods run: `lanekit connectivity serve`).
 func Serve(ctx context.Context, ln net.Listener) error {
-	return nsexec.Serve(ctx, ln, "conncheck echo", func(c net.Conn) {
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, _ = io.Copy(c, c)
-	})
+	return nsexec.ServeEcho(ctx, ln, "conncheck echo")
 }
 
 // ProbeKind is what a probe asks of its target.

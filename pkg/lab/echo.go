@@ -18,11 +18,7 @@ const EchoPort = 7777
 
 // ServeEcho echoes every connection on ln back until ctx ends.
 func ServeEcho(ctx context.Context, ln net.Listener) error {
-	return nsexec.Serve(ctx, ln, "echo", func(c net.Conn) {
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, _ = io.Copy(c, c)
-	})
+	return nsexec.ServeEcho(ctx, ln, "echo")
 }
 
 // DialResult is one target of a `lab tcp-dial` run.
