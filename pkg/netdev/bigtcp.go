@@ -104,19 +104,6 @@ func (h *Host) ProbeBIGTCP(name string) (b BIGTCP, detail string, err error) {
 	return b, detail, err
 }
 
-// BIGTCPOf reads the GSO sizes device name in h's namespace has.
-func (h *Host) BIGTCPOf(name string) (gso4, gso6 int, err error) {
-	err = h.Do(func() error {
-		link, err := netlink.LinkByName(name)
-		if err != nil {
-			return err
-		}
-		gso4, gso6 = int(link.Attrs().GSOIPv4MaxSize), int(link.Attrs().GSOMaxSize)
-		return nil
-	})
-	return gso4, gso6, err
-}
-
 // bigTCPFeature turns a probe into a Feature row: supported when IPv6 or
 // IPv4 gets more than 64 KiB.
 func bigTCPFeature(b BIGTCP, detail string) Feature {
@@ -126,12 +113,27 @@ func bigTCPFeature(b BIGTCP, detail string) Feature {
 // probeVethBIGTCP probes the kernel's BIG TCP with a veth pair in the
 // current (scratch) namespace.
 func probeVethBIGTCP() Feature {
+	link, del, err := probeVeth()
+	if err != nil {
+		return Feature{Unknown: permissionDenied(err.Error()), Detail: err.Error()}
+	}
+	defer del()
+	return bigTCPFeature(ProbeBIGTCP(link))
+}
+
+// probeVeth creates the veth pair lkprobe0/lkprobe1 in the current (scratch)
+// namespace for a probe and returns lkprobe0 as the kernel reports it; del
+// removes the pair.
+func probeVeth() (link netlink.Link, del func(), err error) {
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lkprobe0"}, PeerName: "lkprobe1"}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return Feature{Unknown: permissionDenied(err.Error()), Detail: fmt.Sprintf("create a veth: %v", err)}
+		return nil, nil, fmt.Errorf("create a veth: %w", err)
 	}
-	defer netlink.LinkDel(veth)
-	return probeLinkBIGTCP(veth.Name)
+	if link, err = netlink.LinkByName(veth.Name); err != nil {
+		netlink.LinkDel(veth)
+		return nil, nil, fmt.Errorf("create a veth: %w", err)
+	}
+	return link, func() { netlink.LinkDel(veth) }, nil
 }
 
 // probeLinkBIGTCP probes device name in the current namespace.

@@ -42,17 +42,13 @@ func (h *Host) EnsureFQ(name string) (changed bool, err error) {
 func ProbeFQ() Feature {
 	var f Feature
 	err := inScratchNetns(func() {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lkprobe0"}, PeerName: "lkprobe1"}
-		if err := netlink.LinkAdd(veth); err != nil {
-			f = Feature{Unknown: true, Detail: fmt.Sprintf("create a veth: %v", err)}
+		link, del, err := probeVeth()
+		if err != nil {
+			f = Feature{Unknown: true, Detail: err.Error()}
 			return
 		}
-		defer netlink.LinkDel(veth)
-		link, err := netlink.LinkByName("lkprobe0")
-		if err == nil {
-			err = netlink.QdiscReplace(netlink.NewFq(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT}))
-		}
-		if err != nil {
+		defer del()
+		if err := netlink.QdiscReplace(netlink.NewFq(netlink.QdiscAttrs{LinkIndex: link.Attrs().Index, Handle: netlink.MakeHandle(1, 0), Parent: netlink.HANDLE_ROOT})); err != nil {
 			f = Feature{Detail: fmt.Sprintf("fq qdisc: %v (CONFIG_NET_SCH_FQ)", err)}
 			return
 		}
