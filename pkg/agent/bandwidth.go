@@ -148,7 +148,8 @@ func (a *Agent) applyBandwidth(old, locals map[uint32]localEndpoint) error {
 	return nil
 }
 
-// egressSetter returns how one endpoint's limit is set in the chosen mode.
+// egressSetter returns how one endpoint's limit is set in the chosen mode
+// (one apply's: the tbf setter reads the stored endpoints once).
 func (a *Agent) egressSetter() func(id uint32, bps uint64) error {
 	if a.bandwidth == bandwidthEDT {
 		lim := a.dp.(egressLimiter)
@@ -161,10 +162,21 @@ func (a *Agent) egressSetter() func(id uint32, bps uint64) error {
 			return lim.SetEgressRate(id, bps)
 		}
 	}
+	var byID map[uint32]endpoint.Endpoint
 	return func(id uint32, bps uint64) error {
-		ep, ok, err := a.endpointByID(id)
-		if err != nil || !ok {
-			return err // gone: its device went with it
+		if byID == nil {
+			eps, err := a.endpoints()
+			if err != nil {
+				return err
+			}
+			byID = make(map[uint32]endpoint.Endpoint, len(eps))
+			for _, ep := range eps {
+				byID[ep.ID] = ep
+			}
+		}
+		ep, ok := byID[id]
+		if !ok {
+			return nil // gone: its device went with it
 		}
 		return netdev.SetPodEgressTBF(ep.Netns, ep.IfName, bps)
 	}
@@ -184,18 +196,4 @@ func (a *Agent) ensureFQ() error {
 	}
 	a.ctl.fqOn = true
 	return nil
-}
-
-// endpointByID returns the stored endpoint id.
-func (a *Agent) endpointByID(id uint32) (endpoint.Endpoint, bool, error) {
-	eps, err := a.endpoints()
-	if err != nil {
-		return endpoint.Endpoint{}, false, err
-	}
-	for _, ep := range eps {
-		if ep.ID == id {
-			return ep, true, nil
-		}
-	}
-	return endpoint.Endpoint{}, false, nil
 }

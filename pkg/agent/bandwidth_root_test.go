@@ -209,17 +209,4 @@ func (l *uplinkLab) enforced(t *testing.T, id uint32, pod ns.NetNS) uint64 {
 	return 0
 }
 
-func (l *uplinkLab) ipOf(t *testing.T, id uint32) netip.Addr {
-	t.Helper()
-	eps, err := l.a.endpoints()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ep := range eps {
-		if ep.ID == id {
-			return ep.IP
-		}
-	}
-	t.Fatalf("no endpoint %d", id)
-	return netip.Addr{}
-}
+func (l *uplinkLab) ipOf(t *testing.T, id uint32) netip.Addr { return l.ep(t, id).IP }

@@ -33,11 +33,17 @@ func TestBIGTCPPodStream(t *testing.T) {
 // ep returns stored endpoint id.
 func (l *uplinkLab) ep(tb testing.TB, id uint32) endpoint.Endpoint {
 	tb.Helper()
-	ep, ok, err := l.a.endpointByID(id)
-	if err != nil || !ok {
-		tb.Fatalf("endpoint %d: %v %v", id, ok, err)
+	eps, err := l.a.endpoints()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return ep
+	for _, ep := range eps {
+		if ep.ID == id {
+			return ep
+		}
+	}
+	tb.Fatalf("no endpoint %d", id)
+	return endpoint.Endpoint{}
 }
 
 // stream sends total bytes from namespace from to dst:5201, a listener in
