@@ -44,7 +44,7 @@ func run(args []string) error {
 		verbose bool
 		metrics string
 		kube    kubeFlags
-		lb      lbFlags // --lb-ipam, --l2-announce (lbipam.go)
+		lb      lbFlags   // --lb-ipam, --l2-announce (lbipam.go)
 		mode    modeFlags // --mode host|dpu (mode.go)
 
 		cgroupRoot string
