@@ -252,11 +252,22 @@ func Elect(key string, nodes []string) string {
 	for _, n := range nodes {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%s\x00%s", n, key)
-		if v := h.Sum64(); best == "" || v > bestH || (v == bestH && n < best) {
+		if v := mix64(h.Sum64()); best == "" || v > bestH || (v == bestH && n < best) {
 			best, bestH = n, v
 		}
 	}
 	return best
+}
+
+// mix64 is splitmix64's finalizer: FNV alone barely spreads names that
+// differ in one character (node-1, node-2) over its high bits, which decide
+// the comparison.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // localNodes maps a Service key to the nodes with a ready endpoint of it.
