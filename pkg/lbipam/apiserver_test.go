@@ -3,6 +3,7 @@ package lbipam
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"os"
@@ -144,7 +145,8 @@ func hasIngress(ip string) func(*corev1.Service) bool {
 // Two agents against a real API server: one leader assigns pool addresses
 // (requested, conflicting, released), the other takes over when it
 // crashes and keeps every assignment; the L2 announcer of each Service is
-// one live node, and moves within 5 s when that node's agent crashes.
+// one live node, and moves within 5 s when that node's agent crashes (the
+// crashed agent is both the IPAM leader and the first Service's announcer).
 func TestAgentsWithAPIServer(t *testing.T) {
 	s := k8stest.StartT(t)
 	cfg := s.RESTConfig()
@@ -182,11 +184,32 @@ func TestAgentsWithAPIServer(t *testing.T) {
 		agents[n] = startAgent(t, cfg, n, anns[i])
 	}
 
-	web, err := c.CoreV1().Services("default").Create(ctx, lbService("web", nil), metav1.CreateOptions{})
-	if err != nil {
+	holder := func() string {
+		l, err := c.CoordinationV1().Leases(testNS).Get(ctx, "lanekit-lb-ipam", metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	var leader string
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		leader = holder()
+		return agents[leader] != nil, nil
+	}); err != nil {
+		t.Fatalf("no agent holds the IPAM Lease (holder %q)", leader)
+	}
+	// The first Service is one the IPAM leader also announces, so that
+	// crashing that agent moves both jobs.
+	web := ""
+	for i := 0; web == ""; i++ {
+		if n := fmt.Sprintf("web%d", i); Elect("default/"+n, []string{"node-a", "node-b"}) == leader {
+			web = n
+		}
+	}
+	if _, err := c.CoreV1().Services("default").Create(ctx, lbService(web, nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitService(t, c, "web", 20*time.Second, "ingress 192.0.2.1 (VIP)", hasIngress("192.0.2.1"))
+	waitService(t, c, web, 20*time.Second, "ingress 192.0.2.1 (VIP)", hasIngress("192.0.2.1"))
 
 	// A request for a held address: a conflict, as a condition and an event.
 	if _, err := c.CoreV1().Services("default").Create(ctx, lbService("copy", map[string]string{AnnotationIPs: "192.0.2.1"}), metav1.CreateOptions{}); err != nil {
@@ -211,7 +234,7 @@ func TestAgentsWithAPIServer(t *testing.T) {
 
 	// L2: the elected node answers for web's address, the other does not.
 	ip := netip.MustParseAddr("192.0.2.1")
-	elected := Elect("default/web", []string{"node-a", "node-b"})
+	elected := leader
 	other := map[string]string{"node-a": "node-b", "node-b": "node-a"}[elected]
 	waitAnnounced(t, agents[elected].ann, ip, true)
 	if slices.Contains(agents[other].ann.Addrs(), ip) {
@@ -223,18 +246,7 @@ func TestAgentsWithAPIServer(t *testing.T) {
 		u.waitNeighbour(t, ip, u.macs[macOf[elected]], true, 3*time.Second)
 	}
 
-	// The IPAM leader and web's announcer crash (whichever they are).
-	holder := func() string {
-		l, err := c.CoordinationV1().Leases(testNS).Get(ctx, "lanekit-lb-ipam", metav1.GetOptions{})
-		if err != nil || l.Spec.HolderIdentity == nil {
-			return ""
-		}
-		return *l.Spec.HolderIdentity
-	}
-	leader := holder()
-	if agents[leader] == nil {
-		t.Fatalf("IPAM lease holder %q is no agent", leader)
-	}
+	// The IPAM leader, web's announcer, crashes.
 	time.Sleep(1100 * time.Millisecond) // past the client's neighbour locktime
 	crashed := time.Now()
 	agents[elected].crash()
@@ -246,9 +258,6 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	if d := time.Since(crashed); d > 5*time.Second {
 		t.Fatalf("takeover took %v, want <= 5s", d)
 	}
-	if leader != elected {
-		agents[leader].crash()
-	}
 	survivor := agents[other]
 	// The new leader keeps every assignment (rebuilt from status) and
 	// assigns the one free address to a new Service.
@@ -259,25 +268,25 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	if h := holder(); h != survivor.node {
 		t.Fatalf("IPAM lease held by %q, want %s", h, survivor.node)
 	}
-	waitService(t, c, "web", time.Second, "still 192.0.2.1", hasIngress("192.0.2.1"))
+	waitService(t, c, web, time.Second, "still 192.0.2.1", hasIngress("192.0.2.1"))
 	waitService(t, c, "pinned", time.Second, "still 192.0.2.3", hasIngress("192.0.2.3"))
 
 	// web stops being a LoadBalancer: its address is released (status
 	// cleared) and the conflicting request now gets it.
-	web, err = c.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+	ws, err := c.CoreV1().Services("default").Get(ctx, web, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	web.Spec.Type = corev1.ServiceTypeClusterIP
-	for i := range web.Spec.Ports {
-		web.Spec.Ports[i].NodePort = 0
+	ws.Spec.Type = corev1.ServiceTypeClusterIP
+	for i := range ws.Spec.Ports {
+		ws.Spec.Ports[i].NodePort = 0
 	}
-	web.Spec.ExternalTrafficPolicy = ""
-	web.Spec.AllocateLoadBalancerNodePorts = nil
-	if _, err := c.CoreV1().Services("default").Update(ctx, web, metav1.UpdateOptions{}); err != nil {
+	ws.Spec.ExternalTrafficPolicy = ""
+	ws.Spec.AllocateLoadBalancerNodePorts = nil
+	if _, err := c.CoreV1().Services("default").Update(ctx, ws, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitService(t, c, "web", 10*time.Second, "released", func(s *corev1.Service) bool {
+	waitService(t, c, web, 10*time.Second, "released", func(s *corev1.Service) bool {
 		return len(s.Status.LoadBalancer.Ingress) == 0 && !Assigned(s)
 	})
 	waitService(t, c, "copy", 10*time.Second, "ingress 192.0.2.1", hasIngress("192.0.2.1"))

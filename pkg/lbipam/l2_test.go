@@ -46,10 +46,18 @@ func TestL2Announce(t *testing.T) {
 		return l
 	}
 	leases := []*coordinationv1.Lease{lease("a", now), lease("b", now)}
+	// A Service the hash alone would give to a, whose only ready endpoint
+	// is on b.
+	loc := ""
+	for i := 0; loc == ""; i++ {
+		if n := fmt.Sprintf("loc%d", i); Elect("d/"+n, []string{"a", "b"}) == "a" {
+			loc = n
+		}
+	}
 	foreign := assigned("foreign", "192.0.2.9", false)
 	foreign.Status.Conditions = nil // another controller's address
-	svcs := []*corev1.Service{assigned("loc", "192.0.2.1", true), foreign}
-	eps := []*discoveryv1.EndpointSlice{{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Labels: map[string]string{discoveryv1.LabelServiceName: "loc"}},
+	svcs := []*corev1.Service{assigned(loc, "192.0.2.1", true), foreign}
+	eps := []*discoveryv1.EndpointSlice{{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Labels: map[string]string{discoveryv1.LabelServiceName: loc}},
 		Endpoints: []discoveryv1.Endpoint{{NodeName: ptr.To("b"), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
 			{NodeName: ptr.To("a"), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}}}}}
 	a, b := mk("a"), mk("b")
