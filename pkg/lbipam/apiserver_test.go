@@ -290,6 +290,46 @@ func TestAgentsWithAPIServer(t *testing.T) {
 		return len(s.Status.LoadBalancer.Ingress) == 0 && !Assigned(s)
 	})
 	waitService(t, c, "copy", 10*time.Second, "ingress 192.0.2.1", hasIngress("192.0.2.1"))
+
+	// The pool is full: the next Service is told so.
+	if _, err := c.CoreV1().Services("default").Create(ctx, lbService("extra", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, c, "extra", 10*time.Second, "PoolExhausted", func(s *corev1.Service) bool {
+		cd := meta.FindStatusCondition(s.Status.Conditions, ConditionType)
+		return cd != nil && cd.Status == metav1.ConditionFalse && cd.Reason == ReasonExhausted
+	})
+	// A broken pools document is an event on the ConfigMap and releases
+	// nothing, even once a Service is deleted (nothing is reassigned).
+	cm, err := c.CoreV1().ConfigMaps(testNS).Get(ctx, DefaultPoolsConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data[PoolsKey] = "pools: [{name: wire, addresses: ['192.0.2.1/24']}]" // host bits
+	if _, err := c.CoreV1().ConfigMaps(testNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		ev, err := c.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + DefaultPoolsConfigMap + ",reason=InvalidPools"})
+		return err == nil && len(ev.Items) > 0, nil
+	})
+	if err != nil {
+		t.Fatal("no InvalidPools event on the pools ConfigMap")
+	}
+	if err := c.CoreV1().Services("default").Delete(ctx, "late", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	for name, ip := range map[string]string{"copy": "192.0.2.1", "pinned": "192.0.2.3"} {
+		waitService(t, c, name, time.Second, "kept "+ip+" under a broken pools document", hasIngress(ip))
+	}
+	waitService(t, c, "extra", time.Second, "still unassigned", func(s *corev1.Service) bool { return len(s.Status.LoadBalancer.Ingress) == 0 })
+	// Nor does a deleted pools ConfigMap (an empty pool list would).
+	if err := c.CoreV1().ConfigMaps(testNS).Delete(ctx, DefaultPoolsConfigMap, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	waitService(t, c, "copy", time.Second, "kept 192.0.2.1 without a pools ConfigMap", hasIngress("192.0.2.1"))
 }
 
 func waitAnnounced(t *testing.T, a announced, ip netip.Addr, want bool) {

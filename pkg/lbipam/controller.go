@@ -152,10 +152,16 @@ func (m *IPAM) lead(ctx context.Context) error {
 
 // reconcile plans every Service and writes the statuses that differ.
 func (m *IPAM) reconcile(ctx context.Context, sl listerscorev1.ServiceLister, nl listerscorev1.NamespaceLister, cl listerscorev1.ConfigMapLister) error {
-	pools, err := m.pools(cl)
+	pools, found, err := m.pools(cl)
 	if err != nil {
 		// Keep every assignment as it is: a typo must not release addresses.
 		return err
+	}
+	if !found {
+		// No pools ConfigMap (not yet created, or deleted by mistake): touch
+		// nothing. An empty pool list releases every address on purpose.
+		m.cfg.Log.Info("lb-ipam: no pools ConfigMap; assigning and releasing nothing", "configmap", m.cfg.Namespace+"/"+m.cfg.ConfigMap)
+		return nil
 	}
 	all, err := sl.List(labels.Everything())
 	if err != nil {
@@ -228,20 +234,19 @@ func (m *IPAM) writeStatus(ctx context.Context, svc *corev1.Service, st corev1.S
 	return nil
 }
 
-// pools parses the pools ConfigMap; a missing one is no pools (every
-// Service then reports NoPool), a malformed one an error (and an event).
-func (m *IPAM) pools(cl listerscorev1.ConfigMapLister) ([]*Pool, error) {
+// pools parses the pools ConfigMap: found false without one, an error
+// (and an event on it) when it is malformed.
+func (m *IPAM) pools(cl listerscorev1.ConfigMapLister) (pools []*Pool, found bool, err error) {
 	cm, err := cl.ConfigMaps(m.cfg.Namespace).Get(m.cfg.ConfigMap)
 	if apierrors.IsNotFound(err) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	pools, err := ParsePools(cm.Data[PoolsKey])
-	if err != nil {
+	if pools, err = ParsePools(cm.Data[PoolsKey]); err != nil {
 		m.recorder.Event(cm, corev1.EventTypeWarning, "InvalidPools", err.Error())
-		return nil, fmt.Errorf("configmap %s/%s key %s: %w", cm.Namespace, cm.Name, PoolsKey, err)
+		return nil, true, fmt.Errorf("configmap %s/%s key %s: %w", cm.Namespace, cm.Name, PoolsKey, err)
 	}
-	return pools, nil
+	return pools, true, nil
 }
