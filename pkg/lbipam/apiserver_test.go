@@ -226,6 +226,12 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal("no AddressInUse event for Service copy")
 	}
+	// Another controller's Service (its loadBalancerClass) is left alone.
+	foreign := lbService("foreign", nil)
+	foreign.Spec.LoadBalancerClass = new("example.com/other-lb")
+	if _, err := c.CoreV1().Services("default").Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// A requested free address.
 	if _, err := c.CoreV1().Services("default").Create(ctx, lbService("pinned", map[string]string{AnnotationIPs: "192.0.2.3"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -323,6 +329,9 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	for name, ip := range map[string]string{"copy": "192.0.2.1", "pinned": "192.0.2.3"} {
 		waitService(t, c, name, time.Second, "kept "+ip+" under a broken pools document", hasIngress(ip))
 	}
+	waitService(t, c, "foreign", time.Second, "untouched (another loadBalancerClass)", func(s *corev1.Service) bool {
+		return len(s.Status.LoadBalancer.Ingress) == 0 && len(s.Status.Conditions) == 0
+	})
 	waitService(t, c, "extra", time.Second, "still unassigned", func(s *corev1.Service) bool { return len(s.Status.LoadBalancer.Ingress) == 0 })
 	// Nor does a deleted pools ConfigMap (an empty pool list would).
 	if err := c.CoreV1().ConfigMaps(testNS).Delete(ctx, DefaultPoolsConfigMap, metav1.DeleteOptions{}); err != nil {
