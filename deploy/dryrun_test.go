@@ -30,8 +30,14 @@ import (
 // kustomizeBuild renders the kustomization the way `kubectl apply -k` does.
 func kustomizeBuild(t *testing.T) []byte {
 	t.Helper()
+	return kustomizeBuildDir(t, ".")
+}
+
+// kustomizeBuildDir builds the kustomization in dir (an overlay such as lb).
+func kustomizeBuildDir(t *testing.T, dir string) []byte {
+	t.Helper()
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	res, err := k.Run(filesys.MakeFsOnDisk(), ".")
+	res, err := k.Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
 		t.Fatalf("kustomize build: %v", err)
 	}

@@ -44,6 +44,7 @@ func run(args []string) error {
 		verbose bool
 		metrics string
 		kube    kubeFlags
+		lb      lbFlags   // --lb-ipam, --l2-announce (lbipam.go)
 		mode    modeFlags // --mode host|dpu (mode.go)
 
 		cgroupRoot string
@@ -59,6 +60,7 @@ func run(args []string) error {
 		return nil
 	})
 	kube.addFlags(fs)
+	lb.addFlags(fs)
 	mode.addFlags(fs)
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.BoolVar(&cfg.BIGTCP, "big-tcp", true, "BIG TCP: GSO/GRO packets up to 192 KiB on pod devices and the uplink, per family where the uplink's driver (tso_max_size) and the kernel (IPv4: Linux >= 6.3) support it; off in tunnel mode")
@@ -168,6 +170,9 @@ func run(args []string) error {
 	if err := kube.validate(); err != nil {
 		return err
 	}
+	if err := lb.validate(kube); err != nil {
+		return err
+	}
 	if err := mode.validate(); err != nil {
 		return err
 	}
@@ -268,6 +273,15 @@ func run(args []string) error {
 		}
 	}
 	srcDone := make(chan struct{})
+	var lbDone <-chan struct{} // LB IPAM and L2 announcements (lbipam.go)
+	if kc != nil {
+		// client-go's leader election and informers wait for the API
+		// server themselves: started offline too.
+		if lbDone, err = lb.start(ctx, kc, kube.nodeName, cfg.HostNetns, cfg.Uplink, log); err != nil {
+			a.Close()
+			return err
+		}
+	}
 	srcErr := make(chan error, 1) // the agent must exit (nodestart.go)
 	switch {
 	case offline:
@@ -296,6 +310,9 @@ func run(args []string) error {
 	runErr := a.Run(ctx)
 	stop()
 	<-srcDone
+	if lbDone != nil {
+		<-lbDone
+	}
 	select {
 	case err := <-srcErr:
 		runErr = errors.Join(runErr, err)

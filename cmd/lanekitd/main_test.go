@@ -58,6 +58,10 @@ func TestKubeFlags(t *testing.T) {
 		{nil, "--pod-cidr is required (or --node-name"},
 		{[]string{"--kubeconfig", "/nonexistent"}, "--kubeconfig needs --node-name"},
 		{[]string{"--node-name", "n1", "--kubeconfig", "/nonexistent/kubeconfig"}, "kubernetes client config"},
+		{[]string{"--pod-cidr", "10.244.0.0/24", "--lb-ipam=true"}, "--lb-ipam and --l2-announce need --node-name"},
+		{[]string{"--pod-cidr", "10.244.0.0/24", "--l2-announce=yes"}, `want true or false, got "yes"`},
+		// An unset optional ConfigMap key ($(VAR) left as it is) is "off".
+		{[]string{"--lb-ipam=$(LANEKIT_LB_IPAM)", "--l2-announce=$(LANEKIT_L2_ANNOUNCE)"}, "--pod-cidr is required (or --node-name"},
 	} {
 		err := run(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -19,8 +19,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/lanekit/lanekit/internal/socktest"
+	"github.com/lanekit/lanekit/pkg/lbipam"
 )
 
 // Services for every client (issue 23 item 5), in one lab: a host process,
@@ -429,6 +431,63 @@ func TestLabServiceClients(t *testing.T) {
 			if err != nil || code != hc.code || local != hc.local {
 				t.Errorf("health check port %d: %d with %d local endpoints (%v); want %d with %d", hc.port, code, local, err, hc.code, hc.local)
 			}
+		}
+	})
+
+	t.Run("LoadBalancer IP announced by ARP from node 1 (lbipam responder on its uplink)", func(t *testing.T) {
+		if routedLab() {
+			t.Skip("the routed underlay puts the external host on another link: L2 announcements do not reach it")
+		}
+		// The external host has the LB IP on its link (no route via a node):
+		// it asks who has it, node 1's responder answers with node 1's MAC,
+		// and node 1's uplink program load-balances what arrives.
+		r, err := lbipam.OpenResponder("/run/netns/"+NodeNS(1), Uplink, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		if err := r.Set([]netip.Addr{netip.MustParseAddr(locLBIP)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ip(t.Context(), "-n", RawNS(1), "route", "replace", locLBIP+"/32", "dev", Uplink); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ip(context.Background(), "-n", RawNS(1), "route", "replace", locLBIP+"/32", "via", node1) })
+		before := counters(t, 1)
+		const n = 8
+		for range n {
+			line, err := dialFrom(RawNS(1), 0, locLBIP+":80", 3*time.Second)
+			if f := strings.Fields(line); err != nil || len(f) != 2 || f[0] != "be1" || !strings.HasPrefix(f[1], RawIP(1)+":") {
+				t.Fatalf("%s -> %s:80 on-link: %q, %v; want be1 seeing %s", RawNS(1), locLBIP, line, err, RawIP(1))
+			}
+		}
+		after := counters(t, 1)
+		if d := after["nodeport-local"] - before["nodeport-local"]; d < n {
+			t.Errorf("nodeport-local +%d on node 1, want >= %d (the uplink program's LoadBalancer path)", d, n)
+		}
+		var mac, want string
+		if err := inNetns(NodeNS(1), func() error {
+			l, err := netlink.LinkByName(Uplink)
+			if err == nil {
+				want = l.Attrs().HardwareAddr.String()
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := inNetns(RawNS(1), func() error {
+			ns, err := netlink.NeighList(0, netlink.FAMILY_V4)
+			for _, e := range ns {
+				if e.IP.String() == locLBIP {
+					mac = e.HardwareAddr.String()
+				}
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if mac != want {
+			t.Errorf("the external host resolved %s to %q, want node 1's uplink %s", locLBIP, mac, want)
 		}
 	})
 

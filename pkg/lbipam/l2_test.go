@@ -1,0 +1,118 @@
+package lbipam
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+)
+
+func lease(node string, renew time.Time) *coordinationv1.Lease {
+	t := metav1.NewMicroTime(renew)
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "lanekit-l2-" + node},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To(int32(3)), RenewTime: &t}}
+}
+
+func assigned(name, ip string, local bool) *corev1.Service {
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: ip}}},
+			Conditions: []metav1.Condition{{Type: ConditionType, Status: metav1.ConditionTrue}}}}
+	if local {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+	return s
+}
+
+// The announcer set of each node: eTP Local only on a node with a ready
+// endpoint, nothing lanekit did not assign, nothing from a node whose own
+// Lease renewals fail, and a node whose Lease stops being renewed drops out
+// after the Lease duration (by the observer's clock).
+func TestL2Announce(t *testing.T) {
+	now := time.Unix(5000, 0)
+	mk := func(node string) *L2 {
+		l, err := NewL2(L2Config{Client: fake.NewClientset(), Node: node, Namespace: "x", Announce: &fakeAnnounce{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.ownOK = now
+		return l
+	}
+	leases := []*coordinationv1.Lease{lease("a", now), lease("b", now)}
+	// A Service the hash alone would give to a, whose only ready endpoint
+	// is on b.
+	loc := ""
+	for i := 0; loc == ""; i++ {
+		if n := fmt.Sprintf("loc%d", i); Elect("d/"+n, []string{"a", "b"}) == "a" {
+			loc = n
+		}
+	}
+	foreign := assigned("foreign", "192.0.2.9", false)
+	foreign.Status.Conditions = nil // another controller's address
+	svcs := []*corev1.Service{assigned(loc, "192.0.2.1", true), foreign}
+	eps := []*discoveryv1.EndpointSlice{{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Labels: map[string]string{discoveryv1.LabelServiceName: loc}},
+		Endpoints: []discoveryv1.Endpoint{{NodeName: ptr.To("b"), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
+			{NodeName: ptr.To("a"), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}}}}}
+	a, b := mk("a"), mk("b")
+	if got := a.announce(now, leases, svcs, eps); len(got) != 0 {
+		t.Errorf("a (no ready endpoint of loc, eTP Local) announces %v", got)
+	}
+	if got := b.announce(now, leases, svcs, eps); !slices.Equal(got, addrs("192.0.2.1")) {
+		t.Errorf("b (loc's only ready endpoint) announces %v, want 192.0.2.1", got)
+	}
+	b.ownOK = now.Add(-4 * time.Second) // b's own renewals failing
+	if got := b.announce(now, leases, svcs, eps); len(got) != 0 {
+		t.Errorf("b announces %v while its own Lease is not renewed", got)
+	}
+
+	// eTP Cluster: one of the two; when it stops renewing, the other after
+	// the duration, not before.
+	svcs = []*corev1.Service{assigned("c", "192.0.2.2", false)}
+	win := Elect("d/c", []string{"a", "b"})
+	other := map[string]*L2{"a": b, "b": a}[win]
+	if got := other.announce(now, leases, svcs, nil); len(got) != 0 {
+		t.Fatalf("the loser announces %v", got)
+	}
+	frozen := []*coordinationv1.Lease{lease("a", now), lease("b", now)} // nobody renews
+	other.ownOK = now.Add(2900 * time.Millisecond)
+	if got := other.announce(now.Add(2900*time.Millisecond), frozen, svcs, nil); len(got) != 0 {
+		t.Errorf("took over before the winner's Lease expired: %v", got)
+	}
+	other.ownOK = now.Add(3100 * time.Millisecond)
+	if got := other.announce(now.Add(3100*time.Millisecond), frozen, svcs, nil); !slices.Equal(got, addrs("192.0.2.2")) {
+		t.Errorf("no takeover after the winner's Lease expired: %v", got)
+	}
+}
+
+// Rendezvous hashing: a node leaving moves only its own Services.
+func TestElectMovesOnlyTheLeaversServices(t *testing.T) {
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	moved, owned := 0, map[string]int{}
+	for i := range 200 {
+		key := fmt.Sprintf("ns/s%d", i)
+		before := Elect(key, nodes)
+		owned[before]++
+		after := Elect(key, []string{"n1", "n2", "n4"})
+		if before != "n3" && after != before {
+			t.Fatalf("%s moved %s -> %s though n3 left", key, before, after)
+		}
+		if before == "n3" {
+			moved++
+		}
+	}
+	for _, n := range nodes {
+		if owned[n] < 20 {
+			t.Errorf("node %s announces %d of 200 Services: unbalanced %v", n, owned[n], owned)
+		}
+	}
+	if Elect("x", nil) != "" {
+		t.Error("a Service with no candidate has an announcer")
+	}
+}
