@@ -487,6 +487,7 @@ func LBCounters(st datapath.ServiceStats) map[string]uint64 {
 	for hook, c := range st.Sock {
 		m["socket-"+hook+"-translated"] = c.Translated
 		m["socket-"+hook+"-no-backend"] = c.NoBackend
+		m["socket-"+hook+"-src-range"] = c.SrcRange
 	}
 	return m
 }

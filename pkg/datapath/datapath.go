@@ -81,6 +81,9 @@ const (
 	DropTunnelPort        DropReason = DropReason(podLkDropReasonDROP_TUNNEL_PORT)         // UDP from an endpoint to a node address's VXLAN port
 	DropTunnelUnknownNode DropReason = DropReason(podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE) // from the tunnel: outer source is no other node's underlay address
 	DropTunnelForeignSrc  DropReason = DropReason(podLkDropReasonDROP_TUNNEL_FOREIGN_SRC)  // from the tunnel: inner source not the sending node's (pod CIDR, claim, itself)
+	// [LB] to a LoadBalancer ingress IP from a source outside its
+	// loadBalancerSourceRanges
+	DropLBSrcRange DropReason = DropReason(podLkDropReasonDROP_LB_SRC_RANGE)
 )
 
 func (r DropReason) String() string {
@@ -133,6 +136,8 @@ func (r DropReason) String() string {
 		return "tunnel-unknown-node"
 	case DropTunnelForeignSrc:
 		return "tunnel-foreign-source"
+	case DropLBSrcRange:
+		return "lb-src-range"
 	}
 	return "unknown"
 }
