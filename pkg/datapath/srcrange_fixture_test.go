@@ -29,8 +29,10 @@ func TestSourceRangeFixtures(t *testing.T) {
 			wire: func(src string, sport uint16, dst string, dport uint16) []byte {
 				return l4Frame(e.up.Attrs().HardwareAddr, neighMAC, src, sport, dst, dport, ipProtoTCP, tcpSYN, 1, 0, nil)
 			},
-			fromPod1: func(_ string, sport uint16, dst string, dport uint16) []byte { return s.fromPod1(dst, dport, sport, tcpSYN) },
-			dst:      func(t *testing.T, out []byte) netip.AddrPort { return parseTuple(t, out).dst }},
+			fromPod1: func(_ string, sport uint16, dst string, dport uint16) []byte {
+				return s.fromPod1(dst, dport, sport, tcpSYN)
+			},
+			dst: func(t *testing.T, out []byte) netip.AddrPort { return parseTuple(t, out).dst }},
 		{name: "ipv6", vip: "fd00:96::50", lbIP: lbIP6, allowed: client6, blocked: "fd00:77::9",
 			ranges: client6 + "/128", pod1: pod1IP6, backend: pod2IP6,
 			wire: func(src string, sport uint16, dst string, dport uint16) []byte {
