@@ -329,7 +329,7 @@ type FrontendInfo struct {
 	MaglevSize      int
 	Eligible        int
 	AffinityTimeout time.Duration
-	Local, External bool // service.Frontend's
+	Local, External bool           // service.Frontend's
 	SourceRanges    []netip.Prefix // service.Frontend's: nil, every source
 }
 
