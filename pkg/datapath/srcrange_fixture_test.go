@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/lanekit/lanekit/pkg/service"
@@ -153,6 +154,22 @@ func TestSourceRangeFixtures(t *testing.T) {
 			s.apply(t, yaml(f.ranges))
 			if got := entries(t, id); len(got) != 1 || got[netip.MustParsePrefix(f.ranges)] != id {
 				t.Fatalf("source-range entries %v, want %s of frontend %d (the ingress IP's only)", got, f.ranges, id)
+			}
+			// A restarted agent reads them back (DumpServices) and adopts
+			// them: nothing to repair, nothing to rewrite.
+			dump, err := e.dp.DumpServices()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(dump.SrcRanges, service.SrcRangeKeyOf(id, netip.MustParsePrefix(f.ranges))) {
+				t.Fatalf("dump source ranges %v lack %s of frontend %d", dump.SrcRanges, f.ranges, id)
+			}
+			fresh := service.NewTables()
+			if _, repair := fresh.Adopt(dump); len(repair.SrcRangeDeletes) != 0 {
+				t.Fatalf("adopting the dump repairs source ranges %v", repair.SrcRangeDeletes)
+			}
+			if u := fresh.Apply(service.Diff(nil, s.model)); len(u.SrcRanges)+len(u.SrcRangeDeletes) != 0 {
+				t.Fatalf("after adoption the model rewrites source ranges +%v -%v", u.SrcRanges, u.SrcRangeDeletes)
 			}
 			c := s.model.Delete(service.ServiceID{Namespace: "fx", Name: "src-" + f.name})
 			if err := e.dp.ApplyServices(s.tables.Apply(c)); err != nil {
