@@ -58,6 +58,9 @@ enum lk_drop_reason {
 	DROP_TUNNEL_FOREIGN_SRC = 23, /* from the tunnel: the inner source is not the sending node's (pod CIDR, claim, itself) */
 	/* Bandwidth (bpf/lib/edt.h) */
 	DROP_EDT_HORIZON = 24, /* the endpoint's egress limit would hold the packet past the horizon */
+	/* [LB] a LoadBalancer ingress IP's frontend with loadBalancerSourceRanges
+	 * (LB_SVC_F_SRC_RANGE): the source is in none of its ranges (lb_src_range_ok) */
+	DROP_LB_SRC_RANGE = 25,
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */
@@ -128,7 +131,8 @@ enum lk_sock_hook {
 enum lk_sock_stat {
 	SOCK_STAT_TRANSLATED = 0, /* forward: service -> backend; reverse: backend -> service */
 	SOCK_STAT_NO_BACKEND = 1, /* a frontend without a backend: the call fails (ECONNREFUSED) */
-	SOCK_STAT_MAX = 2,
+	SOCK_STAT_SRC_RANGE = 2, /* a frontend whose loadBalancerSourceRanges leave the node out: the call fails (EPERM) */
+	SOCK_STAT_MAX = 3,
 };
 const enum lk_sock_hook *lk_unused_sock_hook __attribute__((unused));
 const enum lk_sock_stat *lk_unused_sock_stat __attribute__((unused));

@@ -53,6 +53,14 @@
  * (the socket LB) reach the Service cluster-wide, as kube-proxy lets them;
  * only what arrives on the uplink is kept local, with its source address.
  *
+ * loadBalancerSourceRanges: a LoadBalancer ingress IP's frontends (both
+ * scopes) flagged LB_SVC_F_SRC_RANGE take packets only from the sources in
+ * their lk_lb_src_range prefixes (lb_src_range_ok, lb_maps.h): checked on
+ * every packet, from the wire and from pods, before the backend choice;
+ * others are dropped silently, DROP_LB_SRC_RANGE (kube-proxy's firewall
+ * chain drops them too). ClusterIPs, NodePorts and externalIPs are never
+ * flagged (kube-proxy applies the ranges to LoadBalancer IPs only).
+ *
  * Maglev tables: lk_lb_maglev is a hash of maps, frontend ID -> an array of
  * backend IDs of exactly that frontend's size (BPF_F_INNER_MAP lets the inner
  * arrays differ in size). Chosen over one big array with per-frontend
@@ -822,6 +830,10 @@ static __always_inline int lb4(struct __sk_buff *skb, struct pkt *p, __u8 scope,
 			scope = LB_SCOPE_NODEPORT;
 	}
 	if (svc) {
+		if (!lb_src_range_ok(svc, 0, &t.saddr)) {
+			lb_count_drop(skb, ep ? ep->id : 0, DROP_LB_SRC_RANGE);
+			return TC_ACT_SHOT;
+		}
 		r = lb_forward(skb, &t, tcpf, svc, scope, l4off, tot_len, ihl, ep, pend);
 		if (r == LB_CONTINUE)
 			*changed = 1;

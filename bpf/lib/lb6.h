@@ -657,6 +657,10 @@ static __always_inline int lb6(struct __sk_buff *skb, const struct pkt *p, const
 	}
 	if (!svc)
 		return LB_CONTINUE;
+	if (!lb_src_range_ok(svc, 1, &pd->ft.saddr)) {
+		lb_count_drop(skb, ep_id, DROP_LB_SRC_RANGE);
+		return TC_ACT_SHOT;
+	}
 	return lb6_forward(skb, c, l4off, svc, sk.scope, ep, pd, changed);
 }
 

@@ -13,6 +13,7 @@
 #define LK_LB_FRONTENDS 65536
 #define LK_LB_BACKENDS 262144
 #define LK_LB_AFFINITY 65536
+#define LK_LB_SRC_RANGES 65536
 #define LB_HAIRPIN_IP 0xa9fe2a01 /* 169.254.42.1, host order */
 #define LB_SNAT_TRIES 16
 #define LB_CONTINUE -1
@@ -46,6 +47,10 @@ struct lb_svc_key {
  * service.ServiceFlagExternal): not a node address, so a flow to a remote
  * backend is source-NATed to the node's address towards that backend. */
 #define LB_SVC_F_EXTERNAL 8
+/* loadBalancerSourceRanges (service.ServiceFlagSrcRange): a LoadBalancer
+ * ingress IP's frontend that only the sources in its lk_lb_src_range
+ * prefixes reach; any other packet to it is dropped (DROP_LB_SRC_RANGE). */
+#define LB_SVC_F_SRC_RANGE 16
 #define LB_BACKEND_ACTIVE 0
 
 /* service.ServiceValue */
@@ -144,5 +149,48 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lk_lb_stats SEC(".maps");
+
+/* service.SrcRangeKey: one allowed source prefix of a frontend, an LPM
+ * trie key for both families: IPv4 prefixes as IPv4-mapped IPv6
+ * (::ffff:a.b.c.d, 96 + their length), so a frontend ID and a source
+ * address of either family make one key. prefixlen counts the frontend
+ * ID's 32 bits too: an entry matches its own frontend only. */
+struct lb_src_range_key {
+	__u32 prefixlen;
+	__u32 frontend_id;
+	__u8 addr[16];
+};
+
+/* (frontend ID, source prefix) -> 1: loadBalancerSourceRanges of the
+ * frontends flagged LB_SVC_F_SRC_RANGE. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, LK_LB_SRC_RANGES);
+	__type(key, struct lb_src_range_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_lb_src_range SEC(".maps");
+
+/* lb_src_range_ok says whether a packet (or socket call) from saddr (v6:
+ * 16 bytes; else an IPv4 address, 4 bytes) may reach frontend svc: always,
+ * unless the frontend has source ranges and none holds saddr. Both
+ * families, every packet (not only new flows: a range taken away stops
+ * established flows too, as kube-proxy's firewall chain does). */
+static __always_inline int lb_src_range_ok(const struct lb_svc_value *svc, int v6, const void *saddr)
+{
+	struct lb_src_range_key k = { .prefixlen = 32 + 128, .frontend_id = svc->frontend_id };
+
+	if (!(svc->flags & LB_SVC_F_SRC_RANGE))
+		return 1;
+	if (v6) {
+		__builtin_memcpy(k.addr, saddr, 16);
+	} else {
+		k.addr[10] = 0xff;
+		k.addr[11] = 0xff;
+		__builtin_memcpy(&k.addr[12], saddr, 4);
+	}
+	return bpf_map_lookup_elem(&lk_lb_src_range, &k) != 0;
+}
 
 #endif

@@ -18,7 +18,10 @@
  * own loopback hostIP first, then looked up as sock_node_addr4). The flow hash's "client" is sock_node_addr4 (what a
  * backend sees as the source): ClientIP affinity treats all of the node's
  * processes as one client. No backend: the call fails with ECONNREFUSED
- * (bpf_set_retval), counted as SOCK_STAT_NO_BACKEND.
+ * (bpf_set_retval), counted as SOCK_STAT_NO_BACKEND. A LoadBalancer ingress
+ * IP with loadBalancerSourceRanges that leave the node out: EPERM, counted as
+ * SOCK_STAT_SRC_RANGE (pods reach it through the packet path, lb4/lb6, which
+ * checks their own address the same way).
  *
  * Only sockets of the node's network namespace are translated
  * (sock_netns_cookie; 0 translates nothing), whatever cgroup they sit in: a
@@ -50,6 +53,7 @@
 #define LK_AF_INET 2
 #define LK_AF_INET6 10
 #define LK_ECONNREFUSED 111
+#define LK_EPERM 1
 #define LK_SOCK_REVNAT 65536
 
 /* Set at load time (pkg/datapath SockLB). */
@@ -293,6 +297,19 @@ static __always_inline int sock_fwd(struct bpf_sock_addr *ctx, __u32 family, __u
 	svc = sock_svc(&dst, proto, &dst4);
 	if (!svc)
 		return 1;
+	/* loadBalancerSourceRanges: the node's processes come from the node,
+	 * which pkg/service lets in by listing the ingress IP itself among
+	 * the frontend's ranges when a range holds a node address (as
+	 * kube-proxy's allowFromNode does); else the call fails. */
+	if (svc->flags & LB_SVC_F_SRC_RANGE) {
+		int v6 = !sock_ep_v4(&dst, &dst4);
+
+		if (!lb_src_range_ok(svc, v6, v6 ? (const void *)dst.v6 : (const void *)&dst4)) {
+			sock_stat(hook, SOCK_STAT_SRC_RANGE);
+			bpf_set_retval(-LK_EPERM);
+			return 0;
+		}
+	}
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	t.saddr = sock_node_addr4;
 	t.daddr = dst4;

@@ -26,6 +26,8 @@ type memServices struct {
 	svc6    map[service.ServiceKey6]service.ServiceValue
 	back6   map[service.BackendKey]service.BackendValue6
 	revnat6 map[service.RevNatKey]service.RevNatValue6
+	// Source ranges (lk_lb_src_range) of frontends of either family.
+	srcRanges map[service.SrcRangeKey]bool
 }
 
 // memPolicy is MemoryDatapath's copy of the policy maps.
@@ -44,7 +46,7 @@ func (m *MemoryDatapath) initServices() {
 		m.svcs = memServices{svc: map[service.ServiceKey]service.ServiceValue{}, back: map[service.BackendKey]service.BackendValue{},
 			maglev: map[uint32][]uint32{}, revnat: map[service.RevNatKey]service.RevNatValue{},
 			svc6: map[service.ServiceKey6]service.ServiceValue{}, back6: map[service.BackendKey]service.BackendValue6{},
-			revnat6: map[service.RevNatKey]service.RevNatValue6{}}
+			revnat6: map[service.RevNatKey]service.RevNatValue6{}, srcRanges: map[service.SrcRangeKey]bool{}}
 		m.pol = memPolicy{ipcache: map[netip.Addr]policy.Identity{}, cidrs: map[netip.Prefix]policy.Identity{},
 			rules: map[policy.RuleKey]policy.RuleValue{}, isolated: map[policy.Identity]policy.Isolation{}}
 	}
@@ -71,6 +73,9 @@ func (m *MemoryDatapath) ApplyServices(u *service.Update) error {
 		s.maglev[id] = slices.Clone(t)
 	}
 	maps.Copy(s.revnat, u.RevNat)
+	for _, k := range u.SrcRanges {
+		s.srcRanges[k] = true
+	}
 	maps.Copy(s.svc, u.Services)
 	maps.Copy(s.back6, u.Backends6)
 	maps.Copy(s.revnat6, u.RevNat6)
@@ -80,6 +85,9 @@ func (m *MemoryDatapath) ApplyServices(u *service.Update) error {
 	}
 	for _, k := range u.ServiceDeletes6 {
 		delete(s.svc6, k)
+	}
+	for _, k := range u.SrcRangeDeletes {
+		delete(s.srcRanges, k)
 	}
 	for _, k := range u.RevNatDeletes {
 		delete(s.revnat, k)
@@ -106,6 +114,9 @@ func (m *MemoryDatapath) DumpServices() (*service.Update, error) {
 		Services6: maps.Clone(m.svcs.svc6), Backends6: maps.Clone(m.svcs.back6), RevNat6: maps.Clone(m.svcs.revnat6)}
 	for id, t := range m.svcs.maglev {
 		u.Maglev[id] = slices.Clone(t)
+	}
+	for k := range m.svcs.srcRanges {
+		u.SrcRanges = append(u.SrcRanges, k)
 	}
 	return u, nil
 }
@@ -150,6 +161,41 @@ func (m *MemoryDatapath) Resolve(key service.ServiceKey, hash uint32) (netip.Add
 		return netip.AddrPort{}, false
 	}
 	return netip.AddrPortFrom(netip.AddrFrom4(b.Addr), b.Port), true
+}
+
+// SourceAllowed says whether a packet from src reaches the frontend at key
+// as the BPF datapath decides it (bpf/lib/lb_maps.h lb_src_range_ok): the
+// service value's ServiceFlagSrcRange, then a source-range entry of its
+// frontend ID holding src. ok is false when there is no such frontend.
+func (m *MemoryDatapath) SourceAllowed(key service.FrontendKey, src netip.Addr) (allowed, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.initServices()
+	var v service.ServiceValue
+	if key.Addr.Is4() {
+		v, ok = m.svcs.svc[service.ServiceKeyOf(key)]
+	} else {
+		v, ok = m.svcs.svc6[service.ServiceKey6Of(key)]
+	}
+	if !ok {
+		return false, false
+	}
+	if v.Flags&service.ServiceFlagSrcRange == 0 {
+		return true, true
+	}
+	for k := range m.svcs.srcRanges {
+		if p, valid := k.Prefix(); valid && k.FrontendID == v.FrontendID && p.Contains(src) {
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// SrcRangeEntries returns the number of source-range entries.
+func (m *MemoryDatapath) SrcRangeEntries() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.svcs.srcRanges)
 }
 
 // ServiceEntries returns the number of entries in the service, backend,

@@ -331,7 +331,8 @@ type FrontendInfo struct {
 	MaglevSize      int
 	Eligible        int
 	AffinityTimeout time.Duration
-	Local, External bool // service.Frontend's
+	Local, External bool           // service.Frontend's
+	SourceRanges    []netip.Prefix // service.Frontend's: nil, every source
 }
 
 // Frontends returns every frontend of the service model with its IDs.
@@ -342,7 +343,8 @@ func (a *Agent) Frontends() []FrontendInfo {
 	var out []FrontendInfo
 	for _, f := range c.model.Frontends() {
 		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: len(f.Maglev),
-			Eligible: f.Eligible(), AffinityTimeout: f.AffinityTimeout, Local: f.Local, External: f.External}
+			Eligible: f.Eligible(), AffinityTimeout: f.AffinityTimeout, Local: f.Local, External: f.External,
+			SourceRanges: f.SourceRanges}
 		fi.FrontendID, _ = c.tables.FrontendID(f.Key)
 		for _, b := range f.Backends {
 			fi.Backends = append(fi.Backends, ServiceBackend{Addr: netip.AddrPortFrom(b.Addr, b.Port), State: b.State})
@@ -489,6 +491,7 @@ func LBCounters(st datapath.ServiceStats) map[string]uint64 {
 	for hook, c := range st.Sock {
 		m["socket-"+hook+"-translated"] = c.Translated
 		m["socket-"+hook+"-no-backend"] = c.NoBackend
+		m["socket-"+hook+"-src-range"] = c.SrcRange
 	}
 	return m
 }

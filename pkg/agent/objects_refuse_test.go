@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/lanekit/lanekit/internal/agenttest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -186,11 +188,12 @@ func BenchmarkReplaceServicesAt10k(b *testing.B) {
 	}
 }
 
-// TestReplaceRefusesUnsupportedServices: what lanekit does not implement
-// (loadBalancerSourceRanges) is refused per object with the reason, never
-// programmed half; a Service with an IPv6 external IP (an IPv4 Service: no
-// IPv6 frontend to add it to), ExternalName and headless Services apply
-// beside it.
+// TestReplaceRefusesUnsupportedServices: a Service lanekit cannot program
+// as written (a malformed loadBalancerSourceRanges entry: enforcing the
+// others would let the Service open wider or narrower than its owner
+// meant) is refused per object with the reason, never programmed half; a
+// Service with an IPv6 external IP (an IPv4 Service: no IPv6 frontend to
+// add it to), ExternalName and headless Services apply beside it.
 func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
 	objs := decodeObjs(t, refuseSvc("ok", "10.96.0.1", "2026-01-01T00:00:00Z")+"---\n"+
@@ -198,7 +201,9 @@ func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 		refuseSvc("v6ext", "10.96.0.3", "2026-01-01T00:00:00Z")+"---\n"+
 		"apiVersion: v1\nkind: Service\nmetadata: {name: alias, namespace: shop}\nspec: {type: ExternalName, externalName: db.example.com}\n---\n"+
 		"apiVersion: v1\nkind: Service\nmetadata: {name: headless, namespace: shop}\nspec: {clusterIP: None}\n")
-	objs[1].Service.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+	objs[1].Service.Spec.Type = corev1.ServiceTypeLoadBalancer
+	objs[1].Service.Spec.Ports[0].NodePort = 30080
+	objs[1].Service.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "10.0.0.0/33"}
 	objs[2].Service.Spec.ExternalIPs = []string{"2001:db8::1"}
 	refused, err := a.ReplaceObjects(k8sobj.KindService, objs)
 	if err != nil {
@@ -208,7 +213,7 @@ func TestReplaceRefusesUnsupportedServices(t *testing.T) {
 		t.Fatalf("refused %v", got)
 	}
 	for _, r := range refused {
-		if !strings.Contains(r.Err.Error(), "not supported by lanekit") || !errors.Is(r.Err, ErrInvalid) {
+		if !strings.Contains(r.Err.Error(), "spec.loadBalancerSourceRanges[1]") || !strings.Contains(r.Err.Error(), "valid CIDR") || !errors.Is(r.Err, ErrInvalid) {
 			t.Errorf("%s: reason %q", r.Object.Key(), r.Err)
 		}
 	}

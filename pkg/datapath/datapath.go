@@ -83,6 +83,9 @@ const (
 	DropTunnelForeignSrc  DropReason = DropReason(podLkDropReasonDROP_TUNNEL_FOREIGN_SRC)  // from the tunnel: inner source not the sending node's (pod CIDR, claim, itself)
 	// bandwidth (bpf/lib/edt.h)
 	DropEDTHorizon DropReason = DropReason(podLkDropReasonDROP_EDT_HORIZON) // the endpoint's egress limit would hold the packet past the horizon
+	// [LB] to a LoadBalancer ingress IP from a source outside its
+	// loadBalancerSourceRanges
+	DropLBSrcRange DropReason = DropReason(podLkDropReasonDROP_LB_SRC_RANGE)
 )
 
 func (r DropReason) String() string {
@@ -137,6 +140,8 @@ func (r DropReason) String() string {
 		return "tunnel-foreign-source"
 	case DropEDTHorizon:
 		return "bandwidth-horizon"
+	case DropLBSrcRange:
+		return "lb-src-range"
 	}
 	return "unknown"
 }

@@ -229,6 +229,13 @@ type podLbRevnatValue struct {
 	Pad  uint16
 }
 
+type podLbSrcRangeKey struct {
+	_          structs.HostLayout
+	Prefixlen  uint32
+	FrontendId uint32
+	Addr       [16]uint8
+}
+
 type podLbSvc6Key struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -318,6 +325,7 @@ const (
 	podLkDropReasonDROP_TUNNEL_UNKNOWN_NODE podLkDropReason = 22
 	podLkDropReasonDROP_TUNNEL_FOREIGN_SRC  podLkDropReason = 23
 	podLkDropReasonDROP_EDT_HORIZON         podLkDropReason = 24
+	podLkDropReasonDROP_LB_SRC_RANGE        podLkDropReason = 25
 )
 
 type podLkEndpointFlags uint32
@@ -509,6 +517,7 @@ const (
 	podMapLkLbPending           = "lk_lb_pending"
 	podMapLkLbRevnat            = "lk_lb_revnat"
 	podMapLkLbRevnat6           = "lk_lb_revnat6"
+	podMapLkLbSrcRange          = "lk_lb_src_range"
 	podMapLkLbStats             = "lk_lb_stats"
 	podMapLkLbSvc               = "lk_lb_svc"
 	podMapLkLbSvc6              = "lk_lb_svc6"
@@ -636,6 +645,7 @@ type podMapSpecs struct {
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange      *ebpf.MapSpec `ebpf:"lk_lb_src_range"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
 	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
@@ -735,6 +745,7 @@ type podMaps struct {
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange      *ebpf.Map `ebpf:"lk_lb_src_range"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
 	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
@@ -783,6 +794,7 @@ func (m *podMaps) Close() error {
 		m.LkLbPending,
 		m.LkLbRevnat,
 		m.LkLbRevnat6,
+		m.LkLbSrcRange,
 		m.LkLbStats,
 		m.LkLbSvc,
 		m.LkLbSvc6,

@@ -221,6 +221,11 @@ func checkUpdate(u *service.Update) error {
 			return fmt.Errorf("IPv6 rev-NAT entry of frontend 0")
 		}
 	}
+	for _, k := range u.SrcRanges {
+		if _, ok := k.Prefix(); !ok || k.FrontendID == 0 {
+			return fmt.Errorf("source range %+v: frontend ID 0 or not a masked prefix", k)
+		}
+	}
 	return nil
 }
 
@@ -269,6 +274,9 @@ func (l *Loader) applyServices(u *service.Update) error {
 			return fmt.Errorf("rev-NAT: %w", err)
 		}
 	}
+	if err := l.putSrcRanges(u.SrcRanges); err != nil { // services6.go
+		return err
+	}
 	if len(u.Services) > 0 {
 		keys := make([]service.ServiceKey, 0, len(u.Services))
 		vals := make([]service.ServiceValue, 0, len(u.Services))
@@ -291,6 +299,11 @@ func (l *Loader) applyServices(u *service.Update) error {
 	for _, k := range u.ServiceDeletes6 {
 		if err := deleteIfPresent(l.pod.LkLbSvc6, k); err != nil {
 			return fmt.Errorf("delete service [%v]:%d: %w", netip.AddrFrom16(k.Addr), k.Port, err)
+		}
+	}
+	for _, k := range u.SrcRangeDeletes {
+		if err := deleteIfPresent(l.pod.LkLbSrcRange, k); err != nil {
+			return fmt.Errorf("delete source range of frontend %d: %w", k.FrontendID, err)
 		}
 	}
 	for _, k := range u.RevNatDeletes { // IDs of either family
@@ -475,6 +488,17 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 	}
 	if err := dumpInto(l.pod.LkLbRevnat, u.RevNat); err != nil {
 		return nil, fmt.Errorf("dump rev-NAT: %w", err)
+	}
+	var (
+		rk service.SrcRangeKey
+		rv uint8
+	)
+	rit := l.pod.LkLbSrcRange.Iterate()
+	for rit.Next(&rk, &rv) {
+		u.SrcRanges = append(u.SrcRanges, rk)
+	}
+	if err := rit.Err(); err != nil {
+		return nil, fmt.Errorf("dump source ranges: %w", err)
 	}
 	var (
 		id, innerID uint32

@@ -1,6 +1,12 @@
 package datapath
 
-import "github.com/cilium/ebpf"
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/lanekit/lanekit/pkg/service"
+)
 
 // putMap writes the entries of m (an IPv6 service table of service.Update:
 // its types mirror bpf/lib/lb6.h 1:1) in one batch.
@@ -15,4 +21,16 @@ func putMap[K comparable, V any](mp *ebpf.Map, m map[K]V) error {
 		vals = append(vals, v)
 	}
 	return batchPut(mp, keys, vals)
+}
+
+// putSrcRanges adds source-range entries (service.SrcRangeKey, both
+// families) to lk_lb_src_range, one by one (an LPM trie has no batch
+// update; a frontend has few ranges).
+func (l *Loader) putSrcRanges(keys []service.SrcRangeKey) error {
+	for _, k := range keys {
+		if err := l.pod.LkLbSrcRange.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("source range of frontend %d: %w", k.FrontendID, err)
+		}
+	}
+	return nil
 }

@@ -75,6 +75,7 @@ func SockHookNames() []string {
 type SockCounters struct {
 	Translated uint64 // forward: frontend -> backend; reverse: backend -> frontend
 	NoBackend  uint64 // the call failed with ECONNREFUSED: the frontend has no backend
+	SrcRange   uint64 // the call failed with EPERM: loadBalancerSourceRanges leave the node out
 }
 
 // NetnsCookie returns the calling thread's network namespace cookie.
@@ -284,6 +285,9 @@ func (l *Loader) sockStats() (map[string]SockCounters, error) {
 			return nil, err
 		}
 		if c.NoBackend, err = sum(h.index*stride + uint32(sockLkSockStatSOCK_STAT_NO_BACKEND)); err != nil {
+			return nil, err
+		}
+		if c.SrcRange, err = sum(h.index*stride + uint32(sockLkSockStatSOCK_STAT_SRC_RANGE)); err != nil {
 			return nil, err
 		}
 		out[h.name] = c

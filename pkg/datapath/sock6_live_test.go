@@ -136,6 +136,24 @@ func TestLiveSockLB6(t *testing.T) {
 	if got := runClient(t, e.node, cg, "tcp6 [fd00:96::32]:80")[0]; got != "err ECONNREFUSED" {
 		t.Errorf("no backend: %q, want err ECONNREFUSED", got)
 	}
+	// loadBalancerSourceRanges on an IPv6 ingress IP: the node's processes
+	// are refused (EPERM, counted) unless a range holds a node address.
+	lbSrc := func(ranges string) string {
+		return lbSvcYAML("lbsrc6", "fd00:96::34", "TCP", 30091, "  loadBalancerSourceRanges: ["+ranges+"]",
+			"  loadBalancer: {ingress: [{ip: \"2001:db8:e::34\"}]}", backends[0])
+	}
+	applyYAML(t, e.dp, m, tables, lbSrc(`"2001:db8:1::/48"`))
+	before := stats()
+	if got := runClient(t, e.node, cg, "tcp6 [2001:db8:e::34]:80")[0]; got != "err EPERM" {
+		t.Errorf("ranges without the node: %q, want err EPERM", got)
+	}
+	if d := stats()["connect6"].SrcRange - before["connect6"].SrcRange; d != 1 {
+		t.Errorf("connect6 src-range refusals +%d, want 1", d)
+	}
+	applyYAML(t, e.dp, m, tables, lbSrc(`"2001:db8:1::/48", "fd00:99::/64"`))
+	if got := runClient(t, e.node, cg, "tcp6 [2001:db8:e::34]:80")[0]; got != "ok "+backends[0]+" [2001:db8:e::34]:80" {
+		t.Errorf("ranges holding the node's address: %q, want served through the ingress IP", got)
+	}
 	if got := runClient(t, e.node, "", "tcp6 [fd00:96::30]:80")[0]; !strings.HasPrefix(got, "err ") {
 		t.Errorf("process outside the cgroup: %q, want an error (not translated)", got)
 	}

@@ -64,6 +64,13 @@ type sockLbRevnatValue struct {
 	Pad  uint16
 }
 
+type sockLbSrcRangeKey struct {
+	_          structs.HostLayout
+	Prefixlen  uint32
+	FrontendId uint32
+	Addr       [16]uint8
+}
+
 type sockLbSvc6Key struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -108,7 +115,8 @@ type sockLkSockStat uint32
 const (
 	sockLkSockStatSOCK_STAT_TRANSLATED sockLkSockStat = 0
 	sockLkSockStatSOCK_STAT_NO_BACKEND sockLkSockStat = 1
-	sockLkSockStatSOCK_STAT_MAX        sockLkSockStat = 2
+	sockLkSockStatSOCK_STAT_SRC_RANGE  sockLkSockStat = 2
+	sockLkSockStatSOCK_STAT_MAX        sockLkSockStat = 3
 )
 
 type sockSockRevnatKey struct {
@@ -149,6 +157,7 @@ const (
 	sockMapLkLbMaglev            = "lk_lb_maglev"
 	sockMapLkLbRevnat            = "lk_lb_revnat"
 	sockMapLkLbRevnat6           = "lk_lb_revnat6"
+	sockMapLkLbSrcRange          = "lk_lb_src_range"
 	sockMapLkLbStats             = "lk_lb_stats"
 	sockMapLkLbSvc               = "lk_lb_svc"
 	sockMapLkLbSvc6              = "lk_lb_svc6"
@@ -241,6 +250,7 @@ type sockMapSpecs struct {
 	LkLbMaglev    *ebpf.MapSpec `ebpf:"lk_lb_maglev"`
 	LkLbRevnat    *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6   *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange  *ebpf.MapSpec `ebpf:"lk_lb_src_range"`
 	LkLbStats     *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc       *ebpf.MapSpec `ebpf:"lk_lb_svc"`
 	LkLbSvc6      *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
@@ -295,6 +305,7 @@ type sockMaps struct {
 	LkLbMaglev    *ebpf.Map `ebpf:"lk_lb_maglev"`
 	LkLbRevnat    *ebpf.Map `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6   *ebpf.Map `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange  *ebpf.Map `ebpf:"lk_lb_src_range"`
 	LkLbStats     *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc       *ebpf.Map `ebpf:"lk_lb_svc"`
 	LkLbSvc6      *ebpf.Map `ebpf:"lk_lb_svc6"`
@@ -311,6 +322,7 @@ func (m *sockMaps) Close() error {
 		m.LkLbMaglev,
 		m.LkLbRevnat,
 		m.LkLbRevnat6,
+		m.LkLbSrcRange,
 		m.LkLbStats,
 		m.LkLbSvc,
 		m.LkLbSvc6,

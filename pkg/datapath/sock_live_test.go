@@ -263,6 +263,27 @@ func TestLiveSockLB(t *testing.T) {
 		t.Errorf("no-backend counters: before %v after %v", before, after)
 	}
 
+	// loadBalancerSourceRanges: the node's processes reach a LoadBalancer
+	// ingress IP only when a range holds a node address (kube-proxy's
+	// allowFromNode); else the call fails with EPERM, counted. Its
+	// ClusterIP is not limited.
+	lbSrc := func(ranges string) string {
+		return lbSvcYAML("lbsrc", "10.96.0.25", "TCP", 30091, "  loadBalancerSourceRanges: ["+ranges+"]",
+			"  loadBalancer: {ingress: [{ip: 192.0.2.25}]}", "10.244.1.11")
+	}
+	applyYAML(t, e.dp, m, tables, lbSrc("198.51.100.0/24"))
+	before = stats()
+	if got := runClient(t, e.node, cg, "tcp 192.0.2.25:80", "tcp 10.96.0.25:80"); got[0] != "err EPERM" || got[1] != "ok 10.244.1.11 10.96.0.25:80" {
+		t.Errorf("ranges without the node: %q, want err EPERM for the ingress IP, the ClusterIP served", got)
+	}
+	if d := stats()["connect4"].SrcRange - before["connect4"].SrcRange; d != 1 {
+		t.Errorf("connect4 src-range refusals +%d, want 1", d)
+	}
+	applyYAML(t, e.dp, m, tables, lbSrc("198.51.100.0/24, 10.77.0.0/24"))
+	if got := runClient(t, e.node, cg, "tcp 192.0.2.25:80")[0]; got != "ok 10.244.1.11 192.0.2.25:80" {
+		t.Errorf("ranges holding the node's address: %q, want served through the ingress IP", got)
+	}
+
 	// Outside the node's cgroup: the node netns has no route to the
 	// service range, so untranslated means unreachable.
 	before = stats()

@@ -229,6 +229,13 @@ type uplinkLbRevnatValue struct {
 	Pad  uint16
 }
 
+type uplinkLbSrcRangeKey struct {
+	_          structs.HostLayout
+	Prefixlen  uint32
+	FrontendId uint32
+	Addr       [16]uint8
+}
+
 type uplinkLbSvc6Key struct {
 	_     structs.HostLayout
 	Addr  [16]uint8
@@ -352,6 +359,7 @@ const (
 	uplinkMapLkLbPending           = "lk_lb_pending"
 	uplinkMapLkLbRevnat            = "lk_lb_revnat"
 	uplinkMapLkLbRevnat6           = "lk_lb_revnat6"
+	uplinkMapLkLbSrcRange          = "lk_lb_src_range"
 	uplinkMapLkLbStats             = "lk_lb_stats"
 	uplinkMapLkLbSvc               = "lk_lb_svc"
 	uplinkMapLkLbSvc6              = "lk_lb_svc6"
@@ -484,6 +492,7 @@ type uplinkMapSpecs struct {
 	LkLbPending       *ebpf.MapSpec `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.MapSpec `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6       *ebpf.MapSpec `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange      *ebpf.MapSpec `ebpf:"lk_lb_src_range"`
 	LkLbStats         *ebpf.MapSpec `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.MapSpec `ebpf:"lk_lb_svc"`
 	LkLbSvc6          *ebpf.MapSpec `ebpf:"lk_lb_svc6"`
@@ -582,6 +591,7 @@ type uplinkMaps struct {
 	LkLbPending       *ebpf.Map `ebpf:"lk_lb_pending"`
 	LkLbRevnat        *ebpf.Map `ebpf:"lk_lb_revnat"`
 	LkLbRevnat6       *ebpf.Map `ebpf:"lk_lb_revnat6"`
+	LkLbSrcRange      *ebpf.Map `ebpf:"lk_lb_src_range"`
 	LkLbStats         *ebpf.Map `ebpf:"lk_lb_stats"`
 	LkLbSvc           *ebpf.Map `ebpf:"lk_lb_svc"`
 	LkLbSvc6          *ebpf.Map `ebpf:"lk_lb_svc6"`
@@ -630,6 +640,7 @@ func (m *uplinkMaps) Close() error {
 		m.LkLbPending,
 		m.LkLbRevnat,
 		m.LkLbRevnat6,
+		m.LkLbSrcRange,
 		m.LkLbStats,
 		m.LkLbSvc,
 		m.LkLbSvc6,

@@ -1,8 +1,10 @@
 package k8s
 
 import (
+	"context"
 	"log/slog"
-	"strings"
+	"net/netip"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,9 +17,9 @@ import (
 
 // Services as the real API server stores them (defaulted, allocated): a
 // LoadBalancer with externalTrafficPolicy Local (healthCheckNodePort
-// allocated), external IPs, ExternalName and headless Services apply; what
-// lanekit does not implement (loadBalancerSourceRanges) is refused on its
-// own with the reason, counted, and the source stays ready.
+// allocated), external IPs, ExternalName and headless Services apply; a
+// LoadBalancer with loadBalancerSourceRanges applies too, its ranges on
+// the ingress IP its status gets (and on nothing else), nothing refused.
 func TestServicesTrafficPolicyFromAPIServer(t *testing.T) {
 	a := newMemAgent(t)
 	e := newEnv(t)
@@ -51,23 +53,49 @@ func TestServicesTrafficPolicyFromAPIServer(t *testing.T) {
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.80.0.5"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}}})
 	src, _ := run(t, Config{NodeName: "n", Client: e.c, Objects: a})
 	eventually(t, "initial sync", func() bool {
-		return src.Synced() == nil && len(a.Objects("Service")) == 5 && len(a.Objects("EndpointSlice")) >= 1
+		return src.Synced() == nil && len(a.Objects("Service")) == 6 && len(a.Objects("EndpointSlice")) >= 1
 	})
 	got := map[string]bool{}
 	for _, o := range a.Objects("Service") {
 		got[o.Name()] = true
 	}
-	for _, n := range []string{"kubernetes", "lb-local", "ext", "alias", "headless"} {
+	for _, n := range []string{"kubernetes", "lb-local", "ext", "alias", "headless", "ranges"} {
 		if !got[n] {
 			t.Errorf("service %s not applied (have %v)", n, got)
 		}
 	}
-	if r := src.Refused()["Service default/ranges"]; !strings.Contains(r, "loadBalancerSourceRanges") || !strings.Contains(r, "not supported by lanekit") {
-		t.Errorf("ranges: refusal %q (all: %v)", r, src.Refused())
+	if r := src.Refused(); len(r) != 0 {
+		t.Errorf("refused %v", r)
 	}
-	if got := refusedMetric(t, m, "Service"); got != 1 {
-		t.Errorf("%s{kind=Service} = %v, want 1", metrics.NameObjectsRefused, got)
+	if got := refusedMetric(t, m, "Service"); got != 0 {
+		t.Errorf("%s{kind=Service} = %v, want 0", metrics.NameObjectsRefused, got)
 	}
+	// A load-balancer controller gives "ranges" its ingress IP: that
+	// frontend takes the ranges, the ClusterIP and NodePort do not.
+	rs, err := e.c.CoreV1().Services("default").Get(context.Background(), "ranges", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.45"}}
+	if _, err := e.c.CoreV1().Services("default").UpdateStatus(context.Background(), rs, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ranges on the ingress IP", func() bool {
+		n := 0
+		for _, f := range a.Frontends() {
+			if f.Service.Name != "ranges" {
+				continue
+			}
+			want := f.Key.Addr == netip.MustParseAddr("192.0.2.45")
+			if got := slices.Equal(f.SourceRanges, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); got != want {
+				return false
+			}
+			if want {
+				n++
+			}
+		}
+		return n == 1
+	})
 	var npLocal, extNP, itpLocal bool
 	for _, f := range a.Frontends() {
 		switch {

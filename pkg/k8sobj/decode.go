@@ -150,8 +150,7 @@ func (e *DocError) Error() string {
 
 func (e *DocError) Unwrap() error { return e.Err }
 
-// ErrUnsupported marks well-formed input lanekit does not implement
-// (loadBalancerSourceRanges, ...).
+// ErrUnsupported marks well-formed input lanekit does not implement.
 var ErrUnsupported = errors.New("unsupported")
 
 // Decode decodes and validates all documents in data. Empty documents are

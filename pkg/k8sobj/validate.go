@@ -326,10 +326,7 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 		}
 		seen[ip] = true
 	}
-	if len(s.Spec.LoadBalancerSourceRanges) > 0 {
-		errs = append(errs, field.Invalid(spec.Child("loadBalancerSourceRanges"), s.Spec.LoadBalancerSourceRanges,
-			"not supported by lanekit (the Service would be open to every source)"))
-	}
+	errs = append(errs, validateSourceRanges(s)...) // sourceranges.go
 	// A headless Service programs nothing whatever its families (the API
 	// server makes one without a selector RequireDualStack, IPv4 and IPv6).
 	if s.Spec.ClusterIP != corev1.ClusterIPNone {

@@ -11,8 +11,8 @@ import (
 // still has a frontend or backend reuses its ID and writes only what differs.
 // It returns the adopted frontend keys (the caller removes those its model no
 // longer has with Apply(Changes{Removed: ...})) and a repair update: deletes
-// of entries no frontend owns (backends, Maglev tables and rev-NAT entries
-// left behind) and the rev-NAT entries adopted frontends lack.
+// of entries no frontend owns (backends, Maglev tables, rev-NAT entries and
+// source ranges left behind) and the rev-NAT entries adopted frontends lack.
 // Call it on empty Tables only.
 func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 	orphans := newUpdate()
@@ -40,6 +40,7 @@ func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 	for _, p := range byFront {
 		slices.SortFunc(p.backends, func(a, b progBackend) int { return a.ap.Compare(b.ap) })
 	}
+	adoptSrcRanges(u, byFront, orphans) // srcrange.go
 	for id := range u.Maglev {
 		if p := byFront[id]; p == nil || p.maglev == nil {
 			orphans.MaglevDeletes = append(orphans.MaglevDeletes, id)

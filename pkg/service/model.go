@@ -161,6 +161,10 @@ type Frontend struct {
 	// ingress IP), not a node address: source NAT to a remote backend uses
 	// the node's own address.
 	External bool
+	// SourceRanges: a LoadBalancer ingress IP's loadBalancerSourceRanges
+	// of its family (srcrange.go), sorted; only these sources reach it. Nil:
+	// every source.
+	SourceRanges []netip.Prefix
 }
 
 // Eligible returns how many distinct backends appear in the Maglev table.
@@ -282,7 +286,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	if _, ok := svc.Labels[HeadlessLabel]; ok {
 		return nil, nil // labelled headless: kube-proxy does not watch it
 	}
-	vips := ClusterIPs(svc)
+	clusterIPs := ClusterIPs(svc)
 	var affinity time.Duration
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		secs := int32(k8sobj.DefaultAffinityTimeoutSeconds)
@@ -294,6 +298,8 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 	itpLocal := svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	etpLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	external := ExternalAddrs(svc, opts)
+	vips := lbVIPs(svc)
+	ranges, _ := k8sobj.LoadBalancerSourceRanges(svc) // validated above
 	var out []*Frontend
 	for _, sp := range svc.Spec.Ports {
 		proto := protoOf(&sp.Protocol)
@@ -303,7 +309,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 		all, hints := resolveBackends(sp.Name, proto, mine)
 		// One frontend per cluster IP (dual-stack: one of each family),
 		// each with the endpoints of its family.
-		for _, vip := range vips {
+		for _, vip := range clusterIPs {
 			fam := sameFamily(all, vip)
 			// Cluster-wide frontends follow the EndpointSlice topology hints.
 			backends := topologyFilter(fam, hints, opts)
@@ -331,10 +337,17 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 			// arrives on the uplink) and, with externalTrafficPolicy Local, its
 			// cluster-wide twin for pods and the node's processes (ClusterIP
 			// scope on the same address and port, looked up first by both).
+			// Both take the address's source ranges (a LoadBalancer ingress
+			// IP's; none for the others).
 			ext := func(addr netip.Addr, port uint16, isExt bool) {
-				out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeNodePort}, etpLocal, isExt))
+				src := sourceRangesFor(addr, vips, ranges, opts)
+				f := mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeNodePort}, etpLocal, isExt)
+				f.SourceRanges = src
+				out = append(out, f)
 				if etpLocal {
-					out = append(out, mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeClusterIP}, false, isExt))
+					f = mk(FrontendKey{Addr: addr, Port: port, Proto: proto, Scope: ScopeClusterIP}, false, isExt)
+					f.SourceRanges = src
+					out = append(out, f)
 				}
 			}
 			out = append(out, mk(FrontendKey{Addr: vip, Port: uint16(sp.Port), Proto: proto, Scope: ScopeClusterIP}, itpLocal, false))

@@ -45,7 +45,7 @@ func Diff(old, new *Model) Changes {
 func equalFrontend(a, b *Frontend) bool {
 	return a.Key == b.Key && a.Service == b.Service && a.PortName == b.PortName &&
 		a.AffinityTimeout == b.AffinityTimeout && a.Local == b.Local && a.External == b.External &&
-		slices.Equal(a.Backends, b.Backends) &&
+		slices.Equal(a.Backends, b.Backends) && slices.Equal(a.SourceRanges, b.SourceRanges) &&
 		slices.Equal(a.Maglev, b.Maglev)
 }
 
@@ -73,6 +73,9 @@ const (
 	ServiceFlagLocal uint8 = 1 << 2
 	// ServiceFlagExternal: an external address (Frontend.External).
 	ServiceFlagExternal uint8 = 1 << 3
+	// ServiceFlagSrcRange: only the sources in the frontend's SrcRangeKey
+	// entries reach it (Frontend.SourceRanges).
+	ServiceFlagSrcRange uint8 = 1 << 4
 )
 
 // ServiceValue is the frontend map value (C: struct lb_svc_value). FrontendID
@@ -114,8 +117,10 @@ type RevNatValue struct {
 
 // Update is the minimal set of map operations that moves the datapath from one
 // model to the next. Apply in this order so that no lookup ever sees a dangling
-// ID: Backends, Maglev, RevNat, Services upserts; then ServiceDeletes,
-// RevNatDeletes, MaglevDeletes, BackendDeletes.
+// ID: Backends, Maglev, RevNat, SrcRanges, Services upserts; then
+// ServiceDeletes, SrcRangeDeletes, RevNatDeletes, MaglevDeletes,
+// BackendDeletes. (A frontend's new ranges are in before its service value
+// flags them; ranges taken away go after it.)
 type Update struct {
 	Backends       map[BackendKey]BackendValue
 	Maglev         map[uint32][]uint32 // FrontendID → backend ID per slot
@@ -131,13 +136,18 @@ type Update struct {
 	RevNat6         map[RevNatKey]RevNatValue6
 	Services6       map[ServiceKey6]ServiceValue
 	ServiceDeletes6 []ServiceKey6
+	// Source ranges of frontends of either family (srcrange.go): entries
+	// to add, entries to delete.
+	SrcRanges       []SrcRangeKey
+	SrcRangeDeletes []SrcRangeKey
 }
 
 // Ops is the number of map operations in u (a Maglev table counts as one).
 func (u *Update) Ops() int {
 	return len(u.Backends) + len(u.Maglev) + len(u.RevNat) + len(u.Services) +
 		len(u.ServiceDeletes) + len(u.RevNatDeletes) + len(u.MaglevDeletes) + len(u.BackendDeletes) +
-		len(u.Backends6) + len(u.RevNat6) + len(u.Services6) + len(u.ServiceDeletes6)
+		len(u.Backends6) + len(u.RevNat6) + len(u.Services6) + len(u.ServiceDeletes6) +
+		len(u.SrcRanges) + len(u.SrcRangeDeletes)
 }
 
 // progBackend is one programmed backend of a frontend.
@@ -153,6 +163,7 @@ type programmed struct {
 	svcVal   ServiceValue
 	backends []progBackend // sorted by ap, like Frontend.Backends
 	maglev   []uint32
+	ranges   []netip.Prefix // sorted, like Frontend.SourceRanges
 }
 
 // Tables tracks what is programmed and allocates frontend and backend IDs. IDs
@@ -204,6 +215,7 @@ func (t *Tables) Apply(c Changes) *Update {
 			continue
 		}
 		deleteService(u, k)
+		putSrcRanges(u, p.id, p.ranges, nil)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
 		if p.maglev != nil {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
@@ -284,6 +296,13 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	if f.External {
 		sv.Flags |= ServiceFlagExternal
 	}
+	if len(f.SourceRanges) > 0 {
+		sv.Flags |= ServiceFlagSrcRange
+	}
+	if !slices.Equal(f.SourceRanges, p.ranges) {
+		putSrcRanges(u, p.id, p.ranges, f.SourceRanges)
+		p.ranges = slices.Clone(f.SourceRanges)
+	}
 	if !existed || sv != p.svcVal {
 		putService(u, f.Key, sv)
 		p.svcVal = sv
@@ -305,6 +324,7 @@ func (t *Tables) Snapshot() *Update {
 		if p.maglev != nil {
 			u.Maglev[p.id] = slices.Clone(p.maglev)
 		}
+		putSrcRanges(u, p.id, nil, p.ranges)
 		for _, b := range p.backends {
 			if k.is6() {
 				u.Backends6[BackendKey{b.id}] = b.val6
@@ -327,7 +347,8 @@ func (t *Tables) FrontendID(key FrontendKey) (uint32, bool) {
 
 // String summarizes an update for logs.
 func (u *Update) String() string {
-	return fmt.Sprintf("services +%d -%d, backends +%d -%d, maglev +%d -%d, revnat +%d -%d",
+	return fmt.Sprintf("services +%d -%d, backends +%d -%d, maglev +%d -%d, revnat +%d -%d, source ranges +%d -%d",
 		len(u.Services)+len(u.Services6), len(u.ServiceDeletes)+len(u.ServiceDeletes6), len(u.Backends)+len(u.Backends6),
-		len(u.BackendDeletes), len(u.Maglev), len(u.MaglevDeletes), len(u.RevNat)+len(u.RevNat6), len(u.RevNatDeletes))
+		len(u.BackendDeletes), len(u.Maglev), len(u.MaglevDeletes), len(u.RevNat)+len(u.RevNat6), len(u.RevNatDeletes),
+		len(u.SrcRanges), len(u.SrcRangeDeletes))
 }
