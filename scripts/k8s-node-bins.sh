@@ -59,12 +59,43 @@ need() {
   return 1
 }
 
-# timed NAME CMD...: runs CMD, logs how long it took.
+# retry CMD...: runs CMD up to LANEKIT_RETRIES (3) times, 10 s apart, so that a
+# transient download error of the module proxy does not stop the build; every
+# failed try is reported with its exit status (CMD's own stderr says why).
+retry() {
+  local n=1 max=${LANEKIT_RETRIES:-3} rc
+  while true; do
+    "$@" && return 0
+    rc=$?
+    if ((n >= max)); then
+      log "FAILED after $n tries (exit $rc): $*"
+      return "$rc"
+    fi
+    log "try $n of $max failed (exit $rc), retrying in 10 s: $*"
+    n=$((n + 1))
+    sleep 10
+  done
+}
+
+# timed NAME CMD...: runs CMD (retried), logs how long it took.
 timed() {
   local name=$1 start=$SECONDS
   shift
-  "$@"
+  retry "$@" || exit 1
   log "$name built in $((SECONDS - start)) s"
+}
+
+# mod_field MODULE@VERSION FIELD: one field (GoMod, Dir) of `go mod download
+# -json`, retried. The errors of that command are in its JSON on stdout
+# ("Error"), so they are printed here instead of being filtered away.
+mod_field() {
+  local out
+  if ! out=$(retry "$GO" mod download -json "$1"); then
+    echo "k8s-node-bins: go mod download $1 failed:" >&2
+    echo "$out" | grep -E '"Error"' >&2 || echo "$out" >&2
+    exit 1
+  fi
+  echo "$out" | sed -n "s/^\s*\"$2\": \"\(.*\)\",*\$/\1/p" | tail -n 1
 }
 
 # module NAME: creates the wrapper module $work/NAME and cds into it.
@@ -79,7 +110,7 @@ kube_module() {
   module kube
   "$GO" mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
   local staging=${K8S_VERSION/#v1./v0.} modfile m
-  modfile=$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",*$/\1/p')
+  modfile=$(mod_field "k8s.io/kubernetes@$K8S_VERSION" GoMod)
   [ -f "$modfile" ] || { echo "k8s-node-bins: no go.mod for k8s.io/kubernetes@$K8S_VERSION" >&2; exit 1; }
   for m in $(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$modfile"); do
     "$GO" mod edit -replace="$m=$m@$staging"
@@ -93,7 +124,7 @@ kube_module() {
 
 # kube_src: the k8s.io/kubernetes module's source directory.
 kube_src() {
-  "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",*$/\1/p'
+  mod_field "k8s.io/kubernetes@$K8S_VERSION" Dir
 }
 
 # What hack/lib/version.sh stamps, so kubelet reports $K8S_VERSION to the Node
@@ -189,6 +220,7 @@ if need pause agnhost-porter/localhost.crt; then
   (
     kube_module
     src=$(kube_src)
+    [ -d "$src" ] || { echo "k8s-node-bins: no source directory for k8s.io/kubernetes@$K8S_VERSION" >&2; exit 1; }
     grep -q "^TAG ?= $PAUSE_VERSION\$" "$src/build/pause/Makefile" ||
       { echo "k8s-node-bins: pause in k8s.io/kubernetes@$K8S_VERSION is not $PAUSE_VERSION" >&2; exit 1; }
     nice -n 19 gcc -Os -Wall -Werror -static -s -DVERSION="v$PAUSE_VERSION-lanekit" \
