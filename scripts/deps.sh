@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 # (internal/testutil.MissingDep), it does not skip.
 APT_PKGS=(clang llvm libbpf-dev bpftool xdp-tools libxdp-dev iperf3 sockperf busybox-static m4
   protobuf-compiler iproute2 iptables nftables ethtool linux-perf qemu-system-x86 dpdk dpdk-dev cpio
-  kmod pkg-config python3 procps util-linux)
+  kmod pkg-config python3 procps util-linux
+  # the real-node lab: runc is built with seccomp (make k8s-node-bins), the node images are
+  # Debian roots made by mmdebstrap (make k8s-node-images)
+  libseccomp-dev mmdebstrap)
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -36,9 +39,12 @@ for p in bridge host-local loopback; do
 done
 [ -x bin/cni/cnitool ] || { echo ">> building cnitool"; GOBIN=$PWD/bin/cni go install github.com/containernetworking/cni/cnitool@v1.3.1; }
 
-# etcd + kube-apiserver for the Kubernetes tests (cached per machine, outside the repo).
-echo ">> k8s: etcd + kube-apiserver ($(./scripts/k8s-bins.sh dir))"
-nice ./scripts/k8s-bins.sh >/dev/null
+# etcd + kube-apiserver for the Kubernetes tests (cached per machine, outside the repo);
+# LANEKIT_DEPS_K8S=0 (make demo, which runs no API server) skips them.
+if [ "${LANEKIT_DEPS_K8S:-1}" != 0 ]; then
+  echo ">> k8s: etcd + kube-apiserver ($(./scripts/k8s-bins.sh dir))"
+  nice ./scripts/k8s-bins.sh >/dev/null
+fi
 
 if [ -f vhost/Cargo.toml ]; then
   echo ">> cargo: fetching crates"
