@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: demo-deps all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -138,17 +138,26 @@ lint-go:
 lint-vhost:
 	cd vhost && $(CARGO) fmt --check && $(CARGO) clippy --release --locked --all-targets -- -D warnings
 
-# Lab up -> connectivity -> benchmark table -> lab down.
-demo: deps build
+# Lab up -> connectivity with the path proved -> one short side-by-side table
+# (pods, services, the VM) -> lab down: the newcomer's coffee-break run. It needs
+# no API server (LANEKIT_DEPS_K8S=0 skips building etcd + kube-apiserver) and
+# no DPDK comparison; `make bench` is the long run.
+demo: demo-deps build
 	$(BIN)/lanekit lab down
 	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2 --vm --vm-queues 2
 	$(BIN)/lanekit lab check || { $(BIN)/lanekit lab down; exit 1; }
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --services 10,1000 --svc-repeat 1 --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab bench --repeat 3 --duration 3s --busy-cpus --services 10 --svc-repeat 1 --vm-backend off --chart bench.png; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
+demo-deps:
+	LANEKIT_DEPS_K8S=0 ./scripts/deps.sh
+
+# The whole benchmark (about an hour on two cores): pods, the VM, 0 and 1,000
+# NetworkPolicies, services at 10 / 1,000 / 10,000 against kube-proxy, and the VM
+# backend against DPDK testpmd. JSON in bench.json, chart in bench.png.
 bench: build
 	$(BIN)/lanekit lab down
-	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2
-	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --policies 0,1000 --services 10,1000,10000 --json > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
+	$(BIN)/lanekit lab up --nodes 2 --pods-per-node 2 --vm --vm-queues 2
+	$(BIN)/lanekit lab bench --repeat 5 --busy-cpus --policies 0,1000 --services 10,1000,10000 --vm-backend on --json --chart bench.png > bench.json; rc=$$?; $(BIN)/lanekit lab down; exit $$rc
 
 clean:
 	rm -rf $(BIN) vhost/target
