@@ -153,6 +153,7 @@ func run(args []string) error {
 		cfg.ExternalIPs = p
 		return err
 	})
+	fs.StringVar(&cfg.PodCongestionControl, "pod-congestion-control", "", "TCP congestion control of every new pod's namespace, e.g. bbr (recommended with kubernetes.io/egress-bandwidth limits); empty: the kernel's default. Refused at start when the kernel lacks it")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")

@@ -71,6 +71,10 @@ type Config struct {
 	// ExternalIPs says which Services' spec.externalIPs are served (the
 	// zero value: all; CVE-2020-8554).
 	ExternalIPs service.ExternalIPPolicy
+	// PodCongestionControl, when set, is the TCP congestion control of every
+	// new pod's namespace (e.g. bbr, recommended with egress bandwidth
+	// limits); checked against the kernel's at start.
+	PodCongestionControl string
 	// MaintenanceInterval is how often Run collects expired conntrack
 	// entries and retries failed datapath updates; 0 means
 	// DefaultMaintenanceInterval.
@@ -250,6 +254,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if err := a.host.EnableForwarding(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if cc := cfg.PodCongestionControl; cc != "" {
+		if err := a.host.CheckCongestionControl(cc); err != nil {
+			return nil, fmt.Errorf("new agent: --pod-congestion-control: %w", err)
+		}
 	}
 	a.mtu = cfg.MTU
 	if a.mtu == 0 {

@@ -181,7 +181,7 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	}
 	links, err := a.devs.SetupPod(netdev.PodSpec{
 		Mode: a.mode, HostIfName: hostIf, IfName: req.IfName, Netns: req.Netns, IP: ep.IP, IP6: ep.IP6, MTU: req.MTU,
-		BIGTCP: a.bigTCP.Sizes,
+		BIGTCP: a.bigTCP.Sizes, CongestionControl: a.cfg.PodCongestionControl,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)

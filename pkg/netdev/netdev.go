@@ -75,6 +75,9 @@ type PodSpec struct {
 	// BIGTCP sizes both ends' GSO/GRO limits (bigtcp.go); not for a VM
 	// device (Queues > 0), whose frames go one by one through AF_XDP.
 	BIGTCP BIGTCP
+	// CongestionControl, when set, is the pod namespace's TCP congestion
+	// control (net.ipv4.tcp_congestion_control, per namespace), e.g. bbr.
+	CongestionControl string
 }
 
 // MaxVMQueues bounds PodSpec.Queues.
@@ -232,6 +235,11 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 		}
 		if err := setupPodIPv6(l, spec); err != nil {
 			return err
+		}
+		if spec.CongestionControl != "" {
+			if err := writeSysctl(congestionControlSysctl, spec.CongestionControl); err != nil {
+				return fmt.Errorf("pod congestion control %s: %w", spec.CongestionControl, err)
+			}
 		}
 		l, err = netlink.LinkByIndex(idx)
 		if err != nil {
