@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -67,6 +68,13 @@ type Options struct {
 	// BusyCPUs keeps every CPU busy with SCHED_IDLE spinners while RR runs,
 	// so latencies do not include waking a CPU from an idle state.
 	BusyCPUs bool
+	// GuestPIDs are the QEMU processes of every guest on the machine: the
+	// guest rows' host CPU (hostcpu.go) excludes their vCPU threads. Empty:
+	// the host CPU metrics are not measured.
+	GuestPIDs []int
+	// CPUTCPMbps and CPURRRate are the fixed offered loads of the host CPU
+	// metrics (0: DefaultCPUTCPMbps, DefaultCPURRRate).
+	CPUTCPMbps, CPURRRate int
 }
 
 // Ports used inside the lab's namespaces.
@@ -81,10 +89,13 @@ const (
 type samples struct {
 	gbps, p50, p99, cps []float64
 	gbpsRev             []float64 // guest rows: TCP with the guest sending (iperf3 -R)
-	cpsConns, cpsErrs   []float64 // connections made and failed, per repetition
-	cpsKinds            map[string]int64
-	errs                []string
-	cur                 int // the repetition being measured
+	// guest rows: host CPU ns per byte at the fixed TCP rate (to the guest,
+	// from it) and µs per transaction at the fixed RR rate (hostcpu.go)
+	cpuByte, cpuByteRev, cpuTxn []float64
+	cpsConns, cpsErrs           []float64 // connections made and failed, per repetition
+	cpsKinds                    map[string]int64
+	errs                        []string
+	cur                         int // the repetition being measured
 }
 
 func newSamples(repeat int) samples {
@@ -95,7 +106,8 @@ func newSamples(repeat int) samples {
 		}
 		return xs
 	}
-	return samples{gbps: nan(), gbpsRev: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan()}
+	return samples{gbps: nan(), gbpsRev: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan(),
+		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan()}
 }
 
 // addLatency records a sockperf ping-pong run's output as the current
@@ -140,7 +152,14 @@ var metrics = []metric{
 	{"tcp-rev", runIperfRev, func(p Path) bool { return p.Guest != nil }},
 	{"rr", runSockperf, nil},
 	{"cps", runConnRate, nil},
+	// What the VM host pays per byte and per transaction at a fixed load.
+	{"cpu-tcp", runCPUTCP, hostCPURow},
+	{"cpu-tcp-rev", runCPUTCPRev, hostCPURow},
+	{"cpu-rr", runCPURR, hostCPURow},
 }
+
+// hostCPURow: the host CPU metrics run on guest rows over IPv4 (sockperf).
+func hostCPURow(p Path) bool { return p.Guest != nil && rrTool(p) != RRToolGo }
 
 // Run measures every path Repeat times. Within a repetition each metric runs
 // over all paths back to back, starting from a rotating path so no path is
@@ -187,6 +206,9 @@ func measureRep(ctx context.Context, group string, paths []Path, all []samples, 
 			if m.only != nil && !m.only(paths[i]) {
 				continue
 			}
+			if strings.HasPrefix(m.name, "cpu-") && len(o.GuestPIDs) == 0 {
+				continue
+			}
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
@@ -225,6 +247,12 @@ func lastValue(metric string, s *samples, err error) string {
 		return fmt.Sprintf("%.2f Gbit/s from the guest", last(s.gbpsRev))
 	case "rr":
 		return fmt.Sprintf("p50 %.1f µs p99 %.1f µs", last(s.p50), last(s.p99))
+	case "cpu-tcp":
+		return fmt.Sprintf("%.2f host CPU ns/byte to the guest", last(s.cpuByte))
+	case "cpu-tcp-rev":
+		return fmt.Sprintf("%.2f host CPU ns/byte from the guest", last(s.cpuByteRev))
+	case "cpu-rr":
+		return fmt.Sprintf("%.1f host CPU µs/transaction", last(s.cpuTxn))
 	default:
 		return fmt.Sprintf("%.0f conn/s, %.0f connection errors", last(s.cps), last(s.cpsErrs))
 	}

@@ -80,7 +80,21 @@ var Targets = []Target{
 	{Path: "lanekit-pod-ipv6", Metric: "tcp_gbps", Ref: RawPath6, Bound: 0.97},
 	{Path: "lanekit-pod-ipv6", Metric: "rr_p99_us", Ref: RawPath6, AtMost: true, Bound: 1.05},
 	{Path: "lanekit-pod-ipv6", Metric: "cps", Ref: RawPath6, Bound: 0.90},
+	// The VM fast lane against KubeVirt's bridge + tap (issue 37), same
+	// guest, same run.
+	{Path: VMPath, Metric: "tcp_gbps", Ref: TapVMPath, Bound: 1.3},
+	{Path: VMPath, Metric: "tcp_rev_gbps", Ref: TapVMPath, Bound: 1.3},
+	{Path: VMPath, Metric: "rr_p50_us", Ref: TapVMPath, AtMost: true, Bound: 0.9},
+	{Path: VMPath, Metric: "cps", Ref: TapVMPath, Bound: 1.0},
+	{Path: VMPath, Metric: "cpu_ns_per_byte", Ref: TapVMPath, AtMost: true, Bound: 0.7},
+	{Path: VMPath, Metric: "cpu_ns_per_byte_rev", Ref: TapVMPath, AtMost: true, Bound: 0.7},
 }
+
+// The guest rows' names (pkg/lab's BenchPaths).
+const (
+	VMPath    = "lanekit-vm"
+	TapVMPath = "bridge-tap-vm"
+)
 
 // TargetResult is a target checked against a run.
 type TargetResult struct {
@@ -93,7 +107,9 @@ type TargetResult struct {
 }
 
 func (t TargetResult) String() string {
-	name := map[string]string{"tcp_gbps": "TCP", "rr_p50_us": "RR p50", "rr_p99_us": "RR p99", "cps": "conn/s"}[t.Metric]
+	name := map[string]string{"tcp_gbps": "TCP", "rr_p50_us": "RR p50", "rr_p99_us": "RR p99", "cps": "conn/s",
+		"tcp_rev_gbps": "TCP from the guest", "cpu_ns_per_byte": "host CPU/byte to the guest",
+		"cpu_ns_per_byte_rev": "host CPU/byte from the guest"}[t.Metric]
 	if t.Ratio == nil {
 		return fmt.Sprintf("%s %s %s × %s: not measured", t.Path, name, t.Want, t.Ref)
 	}
@@ -141,6 +157,12 @@ func metricReps(row *Row, metric string) []*float64 {
 		return row.Reps.RRP99us
 	case "cps":
 		return row.Reps.CPS
+	case "tcp_rev_gbps":
+		return row.Reps.TCPRevGbps
+	case "cpu_ns_per_byte":
+		return row.Reps.CPUNsPerByte
+	case "cpu_ns_per_byte_rev":
+		return row.Reps.CPUNsPerByteRev
 	}
 	return nil
 }

@@ -45,7 +45,10 @@ type Row struct {
 	Note     string  `json:"note,omitempty"`
 	TCPGbps  Summary `json:"tcp_gbps"`
 	// TCPRevGbps: guest rows only, TCP with the guest sending (iperf3 -R).
-	TCPRevGbps  *Summary `json:"tcp_rev_gbps,omitempty"`
+	TCPRevGbps *Summary `json:"tcp_rev_gbps,omitempty"`
+	// HostCPU: guest rows only, what the host spent (all CPU but the
+	// guests' vCPU threads) at a fixed offered load (hostcpu.go).
+	HostCPU     *HostCPU `json:"host_cpu,omitempty"`
 	RRP50us     float64  `json:"rr_p50_us"`
 	RRP50Range  Summary  `json:"rr_p50_us_range"`
 	RRP99us     float64  `json:"rr_p99_us"`
@@ -78,13 +81,32 @@ type Row struct {
 	Paired map[string]PairedRatios `json:"paired_ratios,omitempty"`
 }
 
+// HostCPU is a guest row's host CPU at fixed loads: ns per byte of TCP
+// to and from the guest at TCPMbps, µs per RR transaction at RRRate/s.
+type HostCPU struct {
+	TCPMbps         int     `json:"tcp_mbps"`
+	RRRate          int     `json:"rr_rate"`
+	NsPerByte       Summary `json:"ns_per_byte"`
+	NsPerByteRev    Summary `json:"ns_per_byte_rev"`
+	UsPerTxn        Summary `json:"us_per_txn"`
+	MachineWideNote string  `json:"note"`
+}
+
+// hostCPUNote says what the host CPU figures include.
+const hostCPUNote = "machine-wide CPU (/proc/stat) minus every guest's vCPU threads: backend, QEMU main loop and I/O, client, softirq; meaningful on a quiet machine only"
+
 // Reps are a row's raw values per repetition.
 type Reps struct {
-	TCPGbps   []*float64 `json:"tcp_gbps"`
-	RRP50us   []*float64 `json:"rr_p50_us"`
-	RRP99us   []*float64 `json:"rr_p99_us"`
-	CPS       []*float64 `json:"cps"`
-	CPSErrors []*float64 `json:"cps_errors"`
+	TCPGbps []*float64 `json:"tcp_gbps"`
+	// Guest rows: TCP from the guest and the host CPU metrics.
+	TCPRevGbps      []*float64 `json:"tcp_rev_gbps,omitempty"`
+	CPUNsPerByte    []*float64 `json:"cpu_ns_per_byte,omitempty"`
+	CPUNsPerByteRev []*float64 `json:"cpu_ns_per_byte_rev,omitempty"`
+	CPUUsPerTxn     []*float64 `json:"cpu_us_per_txn,omitempty"`
+	RRP50us         []*float64 `json:"rr_p50_us"`
+	RRP99us         []*float64 `json:"rr_p99_us"`
+	CPS             []*float64 `json:"cps"`
+	CPSErrors       []*float64 `json:"cps_errors"`
 }
 
 // PairedRatios are min/median/max of per-repetition ratios; nil when no
@@ -130,22 +152,33 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 		p50, p99, cps := Summarize(s.p50), Summarize(s.p99), Summarize(s.cps)
 		server := "netns"
 		var rev *Summary
+		var hc *HostCPU
+		var guestReps Reps
 		if p.Guest != nil {
 			server = "guest:" + p.Guest.Name
 			r := Summarize(s.gbpsRev)
 			rev = &r
+			guestReps.TCPRevGbps = reps(s.gbpsRev)
+			if hostCPURow(p) && len(o.GuestPIDs) > 0 {
+				hc = &HostCPU{TCPMbps: o.cpuTCPMbps(), RRRate: o.cpuRRRate(), MachineWideNote: hostCPUNote,
+					NsPerByte: Summarize(s.cpuByte), NsPerByteRev: Summarize(s.cpuByteRev), UsPerTxn: Summarize(s.cpuTxn)}
+				guestReps.CPUNsPerByte, guestReps.CPUNsPerByteRev = reps(s.cpuByte), reps(s.cpuByteRev)
+				guestReps.CPUUsPerTxn = reps(s.cpuTxn)
+			}
 		}
 		r.Rows = append(r.Rows, Row{
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
 			Server: server, Note: p.Note,
-			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev,
+			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev, HostCPU: hc,
 			RRP50us: p50.Median, RRP50Range: p50,
 			RRP99us: p99.Median, RRP99Range: p99,
 			CPS: cps.Median, CPSRange: cps,
 			Errors:   s.errs,
 			Includes: p.Includes,
 			Reps: Reps{TCPGbps: reps(s.gbps), RRP50us: reps(s.p50), RRP99us: reps(s.p99),
-				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs)},
+				CPS: reps(s.cps), CPSErrors: reps(s.cpsErrs), TCPRevGbps: guestReps.TCPRevGbps,
+				CPUNsPerByte: guestReps.CPUNsPerByte, CPUNsPerByteRev: guestReps.CPUNsPerByteRev,
+				CPUUsPerTxn: guestReps.CPUUsPerTxn},
 			CPSConns: int64(sum(s.cpsConns)), CPSErrors: int64(sum(s.cpsErrs)), CPSErrorKinds: s.cpsKinds,
 			Policies: p.Policies, PolicyBase: p.PolicyBase,
 			RRTool: rrTool(p), Family: pathFamily(p),
@@ -284,6 +317,7 @@ func (r *Report) writeRows(w io.Writer) error {
 			fmt.Fprintf(w, "TCP from the guest (%s -> client, iperf3 -R): %s Gbit/s\n", row.Path, spread(*row.TCPRevGbps, "%.2f"))
 		}
 	}
+	r.writeHostCPU(w)
 	for _, row := range r.Rows {
 		if row.Includes.Detail != "" {
 			fmt.Fprintf(w, "includes: %s: %s\n", row.Path, row.Includes.Detail)

@@ -216,6 +216,9 @@ func QEMUArgs(cfg Config) ([]string, error) {
 		"-machine", "q35", "-cpu", "max", "-accel", "tcg",
 		"-m", mem, "-smp", strconv.Itoa(c.CPUs),
 		"-nographic", "-no-reboot", "-monitor", "none",
+		// Named threads ("CPU 0/TCG"): the bench tells the guest's vCPUs
+		// from QEMU's I/O and main-loop threads (host CPU per byte).
+		"-name", "lanekit-guest,debug-threads=on",
 		"-kernel", c.Kernel, "-initrd", c.Initrd,
 		"-append", c.cmdline(),
 	}

@@ -54,8 +54,8 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 		vms        []LabVM
 		includes   bench.Includes
 	}{
-		{"lanekit-vm", KindLanekit, s.VMs, IncludesLanekitVM},
-		{"bridge-tap-vm", KindBaseline, s.TapVMs, IncludesTapVM},
+		{bench.VMPath, KindLanekit, s.VMs, IncludesLanekitVM},
+		{bench.TapVMPath, KindBaseline, s.TapVMs, IncludesTapVM},
 	}
 	for _, row := range vmRows {
 		if len(row.vms) == 0 {
@@ -122,6 +122,18 @@ func vmOffloads(kind string, v LabVM) string {
 
 // HasVM reports whether the lab runs a fast-lane guest.
 func (s *State) HasVM() bool { return len(s.VMs) > 0 }
+
+// GuestQEMUPIDs are the QEMU processes of every guest in the lab (fast
+// lane and tap): the bench's host CPU figures exclude their vCPU threads.
+func (s *State) GuestQEMUPIDs() []int {
+	var pids []int
+	for _, v := range append(append([]LabVM(nil), s.VMs...), s.TapVMs...) {
+		if v.QEMUPID > 0 {
+			pids = append(pids, v.QEMUPID)
+		}
+	}
+	return pids
+}
 
 func firstPod(n Node, kind string) (Pod, bool) {
 	for _, p := range n.Pods {

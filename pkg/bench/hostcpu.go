@@ -1,0 +1,278 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Host CPU per byte and per transaction of the guest rows (issue 37): what a
+// VM host pays for a VM's traffic whatever the guest does. Measured at a
+// fixed offered load, the same for every guest row, so the rows are compared
+// at equal work: all CPU time the machine spent (/proc/stat: user, nice,
+// system, irq, softirq) minus the time of the lab guests' vCPU threads
+// (QEMU's "CPU n/TCG" or "CPU n/KVM" threads, named with debug-threads=on).
+// What remains is the backend (lanekit-vhost or QEMU's own virtio-net and
+// tap I/O), QEMU's main loop, the client, softirq and every kernel path in
+// between. It is machine-wide: other work on the machine counts too, so the
+// figures mean something only on a quiet machine (the table says so).
+
+// userHZ is the unit of /proc/stat and /proc/<pid>/stat times (USER_HZ,
+// 100 on Linux).
+const userHZ = 100
+
+// Default fixed loads of the host CPU measurements.
+const (
+	DefaultCPUTCPMbps = 200
+	DefaultCPURRRate  = 1000
+)
+
+// cpuTimes is a snapshot of the machine's busy time and the guests' vCPU
+// threads' time.
+type cpuTimes struct {
+	busy, vcpu time.Duration
+}
+
+// ParseProcStatBusy returns the busy time of the aggregate "cpu" line of a
+// /proc/stat text: user + nice + system + irq + softirq (not idle, iowait or
+// steal; guest time is already in user).
+func ParseProcStatBusy(stat []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: first line %q is not the cpu total", line)
+	}
+	var busy uint64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system [idle iowait] irq softirq
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: field %d: %w", i, err)
+		}
+		busy += v
+	}
+	return time.Duration(busy) * (time.Second / userHZ), nil
+}
+
+// IsVCPUThread reports whether a QEMU thread name (comm) is a vCPU's.
+func IsVCPUThread(comm string) bool {
+	comm = strings.TrimSpace(comm)
+	return strings.HasPrefix(comm, "CPU ") && (strings.HasSuffix(comm, "/TCG") || strings.HasSuffix(comm, "/KVM"))
+}
+
+// vcpuTime sums the user + system time of the vCPU threads of the QEMU
+// processes pids. A QEMU without named vCPU threads is an error: its vCPU
+// time could not be told apart.
+func vcpuTime(pids []int) (time.Duration, error) {
+	var total time.Duration
+	for _, pid := range pids {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+		if err != nil || len(tasks) == 0 {
+			return 0, fmt.Errorf("guest QEMU pid %d: no threads (gone?)", pid)
+		}
+		found := false
+		for _, t := range tasks {
+			comm, err := os.ReadFile(filepath.Join(t, "comm"))
+			if err != nil || !IsVCPUThread(string(comm)) {
+				continue
+			}
+			stat, err := os.ReadFile(filepath.Join(t, "stat"))
+			if err != nil {
+				continue // the thread ended
+			}
+			u, s, err := ParseStatTimes(string(stat), userHZ)
+			if err != nil {
+				return 0, err
+			}
+			total += u + s
+			found = true
+		}
+		if !found {
+			return 0, fmt.Errorf("guest QEMU pid %d has no named vCPU threads (started without -name ...,debug-threads=on)", pid)
+		}
+	}
+	return total, nil
+}
+
+func readCPUTimes(guestPIDs []int) (cpuTimes, error) {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	busy, err := ParseProcStatBusy(stat)
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	vcpu, err := vcpuTime(guestPIDs)
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	return cpuTimes{busy: busy, vcpu: vcpu}, nil
+}
+
+// hostCPUDuring runs f and returns the host CPU time (busy minus the guests'
+// vCPUs) spent while it ran.
+func hostCPUDuring(guestPIDs []int, f func() error) (time.Duration, error) {
+	if len(guestPIDs) == 0 {
+		return 0, errors.New("host CPU: the guests' QEMU pids are unknown")
+	}
+	before, err := readCPUTimes(guestPIDs)
+	if err != nil {
+		return 0, fmt.Errorf("host CPU: %w", err)
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	after, err := readCPUTimes(guestPIDs)
+	if err != nil {
+		return 0, fmt.Errorf("host CPU: %w", err)
+	}
+	host := (after.busy - before.busy) - (after.vcpu - before.vcpu)
+	return max(host, 0), nil
+}
+
+// ParseIperf3Bytes returns the bytes the receiver of an iperf3 -J run got
+// (end.sum_received.bytes).
+func ParseIperf3Bytes(data []byte) (int64, error) {
+	var rep struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived *struct {
+				Bytes int64 `json:"bytes"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return 0, fmt.Errorf("parse iperf3 json: %w", err)
+	}
+	if rep.Error != "" {
+		return 0, fmt.Errorf("iperf3: %s", rep.Error)
+	}
+	if rep.End.SumReceived == nil || rep.End.SumReceived.Bytes <= 0 {
+		return 0, errors.New("parse iperf3 json: no end.sum_received.bytes")
+	}
+	return rep.End.SumReceived.Bytes, nil
+}
+
+// cpuTCP measures host CPU ns per byte of single-stream TCP at
+// o.CPUTCPMbps (reverse: the guest sends).
+func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64, cur int) error {
+	life := o.Duration + 20*time.Second
+	srv, err := p.server(ctx, life, iperfPort,
+		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	args := []string{"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J",
+		"-b", strconv.Itoa(o.cpuTCPMbps()) + "M"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	var out []byte
+	host, err := hostCPUDuring(o.GuestPIDs, func() error {
+		var err error
+		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	n, err := ParseIperf3Bytes(out)
+	if err != nil {
+		return err
+	}
+	into[cur] = float64(host.Nanoseconds()) / float64(n)
+	return nil
+}
+
+// runCPUTCP: host CPU per byte, client -> guest, at the fixed rate.
+func runCPUTCP(ctx context.Context, o Options, p Path, s *samples) error {
+	return cpuTCP(ctx, o, p, false, s.cpuByte, s.cur)
+}
+
+// runCPUTCPRev: host CPU per byte, guest -> client, at the fixed rate.
+func runCPUTCPRev(ctx context.Context, o Options, p Path, s *samples) error {
+	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.cur)
+}
+
+// runCPURR: host CPU µs per request/response transaction at o.CPURRRate
+// transactions/s (sockperf ping-pong --mps), without the busy-CPU spinners
+// (they would be counted as busy).
+func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
+	life := o.Duration + 20*time.Second
+	srv, err := p.server(ctx, life, sockperfPort,
+		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	var out []byte
+	host, err := hostCPUDuring(o.GuestPIDs, func() error {
+		var err error
+		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+			"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
+			"-t", secondsArg(o.Duration), "--full-rtt", "--mps="+strconv.Itoa(o.cpuRRRate()))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	lat, err := ParseSockperf(out)
+	if err != nil {
+		return err
+	}
+	if lat.Observations <= 0 {
+		return errors.New("sockperf: no observations counted")
+	}
+	s.cpuTxn[s.cur] = float64(host.Microseconds()) / float64(lat.Observations)
+	return nil
+}
+
+func (o Options) cpuTCPMbps() int {
+	if o.CPUTCPMbps > 0 {
+		return o.CPUTCPMbps
+	}
+	return DefaultCPUTCPMbps
+}
+
+func (o Options) cpuRRRate() int {
+	if o.CPURRRate > 0 {
+		return o.CPURRRate
+	}
+	return DefaultCPURRRate
+}
+
+// writeHostCPU prints the guest rows' host CPU figures and, when both guest
+// rows ran, their per-repetition ratios.
+func (r *Report) writeHostCPU(w io.Writer) {
+	var note string
+	for _, row := range r.Rows {
+		hc := row.HostCPU
+		if hc == nil {
+			continue
+		}
+		note = hc.MachineWideNote
+		fmt.Fprintf(w, "host CPU (%s): %s ns/byte to the guest and %s ns/byte from it at %d Mbit/s, %s µs/transaction at %d RR/s\n",
+			row.Path, spread(hc.NsPerByte, "%.2f"), spread(hc.NsPerByteRev, "%.2f"), hc.TCPMbps,
+			spread(hc.UsPerTxn, "%.1f"), hc.RRRate)
+	}
+	if note == "" {
+		return
+	}
+	fmt.Fprintf(w, "host CPU: %s\n", note)
+	lk, tap := r.row(VMPath), r.row(TapVMPath)
+	if lk == nil || tap == nil || lk.HostCPU == nil || tap.HostCPU == nil {
+		return
+	}
+	if s := pairedRatio(lk.Reps.CPUUsPerTxn, tap.Reps.CPUUsPerTxn); s != nil {
+		fmt.Fprintf(w, "host CPU per transaction %s / %s: %.2f × (%.2f–%.2f)\n", VMPath, TapVMPath, s.Median, s.Min, s.Max)
+	}
+}

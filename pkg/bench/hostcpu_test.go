@@ -1,0 +1,89 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseProcStatBusy(t *testing.T) {
+	stat := []byte("cpu  100 5 50 9000 40 3 7 11 0 0\ncpu0 50 2 25 4500 20 1 3 5 0 0\n")
+	got, err := ParseProcStatBusy(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// user + nice + system + irq + softirq; not idle, iowait or steal
+	if want := 165 * 10 * time.Millisecond; got != want {
+		t.Errorf("busy %v, want %v", got, want)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu 1 2 x 4 5 6 7\n", "cpu 1 2\n"} {
+		if _, err := ParseProcStatBusy([]byte(bad)); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestIsVCPUThread(t *testing.T) {
+	for comm, want := range map[string]bool{
+		"CPU 0/TCG\n": true, "CPU 11/KVM": true, "qemu-system-x86": false, "IO mon_iothread": false,
+		"worker": false, "CPU 0/": false,
+	} {
+		if got := IsVCPUThread(comm); got != want {
+			t.Errorf("%q: %v, want %v", comm, got, want)
+		}
+	}
+}
+
+func TestParseIperf3Bytes(t *testing.T) {
+	n, err := ParseIperf3Bytes([]byte(`{"end":{"sum_received":{"bytes":125000000,"bits_per_second":2e8}}}`))
+	if err != nil || n != 125000000 {
+		t.Fatalf("%d, %v", n, err)
+	}
+	for _, bad := range []string{`{"error":"unable to connect"}`, `{"end":{}}`, `not json`} {
+		if _, err := ParseIperf3Bytes([]byte(bad)); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
+	}
+}
+
+// The VM targets compare lanekit-vm with bridge-tap-vm per repetition, and
+// the host CPU lines print for the guest rows.
+func TestVMTargetsAndHostCPU(t *testing.T) {
+	f := func(xs ...float64) []*float64 {
+		out := make([]*float64, len(xs))
+		for i := range xs {
+			out[i] = &xs[i]
+		}
+		return out
+	}
+	hc := &HostCPU{TCPMbps: 200, RRRate: 1000, MachineWideNote: hostCPUNote,
+		NsPerByte: Summary{Median: 5}, NsPerByteRev: Summary{Median: 6}, UsPerTxn: Summary{Median: 40}}
+	r := &Report{Rows: []Row{
+		{Path: VMPath, HostCPU: hc, Reps: Reps{TCPGbps: f(1.4, 1.5), TCPRevGbps: f(1.0, 1.0), RRP50us: f(80, 90),
+			CPS: f(100, 100), CPUNsPerByte: f(3, 3), CPUNsPerByteRev: f(8, 8), CPUUsPerTxn: f(20, 30)}},
+		{Path: TapVMPath, HostCPU: hc, Reps: Reps{TCPGbps: f(1, 1), TCPRevGbps: f(1, 1), RRP50us: f(100, 100),
+			CPS: f(100, 100), CPUNsPerByte: f(5, 5), CPUNsPerByteRev: f(10, 10), CPUUsPerTxn: f(40, 40)}},
+	}}
+	got := map[string]bool{}
+	for _, tr := range checkTargets(r) {
+		if tr.Path == VMPath {
+			got[tr.Metric] = tr.Met
+		}
+	}
+	want := map[string]bool{"tcp_gbps": true, "tcp_rev_gbps": false, "rr_p50_us": true, "cps": true,
+		"cpu_ns_per_byte": true, "cpu_ns_per_byte_rev": false}
+	for m, met := range want {
+		if v, ok := got[m]; !ok || v != met {
+			t.Errorf("target %s: met %v (present %v), want %v", m, v, ok, met)
+		}
+	}
+	var b bytes.Buffer
+	r.writeHostCPU(&b)
+	for _, s := range []string{"host CPU (lanekit-vm): 5.00", "at 200 Mbit/s", "at 1000 RR/s",
+		"host CPU per transaction lanekit-vm / bridge-tap-vm: 0.62 ×", "quiet machine"} {
+		if !strings.Contains(b.String(), s) {
+			t.Errorf("host CPU lines lack %q:\n%s", s, b.String())
+		}
+	}
+}
