@@ -87,7 +87,7 @@ RESULTS := $(CURDIR)/.testresults
 TESTSUMMARY := $(BIN)/testsummary
 TEST_ENV := LANEKIT_BIN=$(BIN) $(if $(LANEKIT_TEST_UNPRIVILEGED),,LANEKIT_TEST_STRICT=1)
 
-test: test-preflight build
+test: test-preflight build helm
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@rc=0; \
 	$(MAKE) --no-print-directory test-go || rc=1; \
