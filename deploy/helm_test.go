@@ -337,6 +337,17 @@ func TestHelmValues(t *testing.T) {
 		}
 	})
 
+	t.Run("features off", func(t *testing.T) {
+		r := mustRender(t, "lanekit-system", "features.bigTCP=false,features.bandwidthManager=false")
+		f := agentFlags(t, r)
+		if f["big-tcp"] != "false" || f["bandwidth-manager"] != "false" {
+			t.Errorf("--big-tcp=%q --bandwidth-manager=%q, want false", f["big-tcp"], f["bandwidth-manager"])
+		}
+		if _, on := defFlags["big-tcp"]; on {
+			t.Error("the default passes --big-tcp (lanekitd's default is on)")
+		}
+	})
+
 	t.Run("release namespace", func(t *testing.T) {
 		r := mustRender(t, "kube-system")
 		for _, o := range r.objs {
@@ -413,6 +424,18 @@ func TestHelmValues(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestHelmFlagsExist: every lanekitd flag the chart can pass (each value
+// that adds one set) is one the built agent accepts.
+func TestHelmFlagsExist(t *testing.T) {
+	known := lanekitdFlags(t)
+	r := mustRender(t, "lanekit-system", "features.bigTCP=false,features.bandwidthManager=false,kubevirt.enabled=true")
+	for f := range flags(container(t, typedDaemonSet(t, r).Spec.Template.Spec.Containers, "agent")) {
+		if !known[f] && !pendingAgentFlags[f] {
+			t.Errorf("the chart passes --%s, which lanekitd does not accept", f)
+		}
+	}
 }
 
 // TestHelmValuesRefused: values.schema.json refuses what the agent would
