@@ -6,12 +6,25 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: demo-deps all deps k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
 deps:
 	./scripts/deps.sh
+	@$(MAKE) --no-print-directory helm
+
+# The Helm CLI for deploy/helm/lanekit (`bin/helm install lanekit
+# deploy/helm/lanekit -n lanekit-system`), built from the Go module proxy at
+# HELM_VERSION, the version go.mod's helm.sh/helm/v3 (the chart tests) pins;
+# nothing to do when bin/helm already is that version.
+HELM_VERSION := v3.22.0
+helm:
+	@if [ "$$($(BIN)/helm version --template '{{.Version}}' 2>/dev/null)" != "$(HELM_VERSION)" ]; then \
+		echo "building bin/helm $(HELM_VERSION)"; mkdir -p $(BIN) && \
+		GOBIN=$(BIN) nice $(GO) install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" \
+			helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
 
 # etcd + kube-apiserver for the tests against a real API server, built once per
 # machine into ~/.cache/lanekit/k8s (scripts/k8s-bins.sh; slow the first time).
@@ -74,7 +87,7 @@ RESULTS := $(CURDIR)/.testresults
 TESTSUMMARY := $(BIN)/testsummary
 TEST_ENV := LANEKIT_BIN=$(BIN) $(if $(LANEKIT_TEST_UNPRIVILEGED),,LANEKIT_TEST_STRICT=1)
 
-test: test-preflight build
+test: test-preflight build helm
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@rc=0; \
 	$(MAKE) --no-print-directory test-go || rc=1; \

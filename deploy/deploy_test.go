@@ -707,10 +707,9 @@ func TestKustomizeBuild(t *testing.T) {
 // landed yet (none now: --node-name, the API-server source, has).
 var pendingAgentFlags = map[string]bool{}
 
-// TestDaemonSetFlagsExist runs the built lanekitd -h and checks that every
-// flag the DaemonSet passes is one the agent accepts, so the manifest cannot
-// drift from the binary silently.
-func TestDaemonSetFlagsExist(t *testing.T) {
+// lanekitdFlags is the flags the built lanekitd accepts (its -h).
+func lanekitdFlags(t *testing.T) map[string]bool {
+	t.Helper()
 	bin := os.Getenv("LANEKIT_BIN")
 	if bin == "" {
 		t.Skip("skipping: LANEKIT_BIN not set (make test sets it to the built bin/)")
@@ -723,6 +722,14 @@ func TestDaemonSetFlagsExist(t *testing.T) {
 	if len(known) == 0 {
 		t.Fatalf("lanekitd -h listed no flags:\n%s", out)
 	}
+	return known
+}
+
+// TestDaemonSetFlagsExist runs the built lanekitd -h and checks that every
+// flag the DaemonSet passes is one the agent accepts, so the manifest cannot
+// drift from the binary silently.
+func TestDaemonSetFlagsExist(t *testing.T) {
+	known := lanekitdFlags(t)
 	agent := container(t, load(t).ds.Spec.Template.Spec.Containers, "agent")
 	for f := range flags(agent) {
 		switch {
