@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -17,16 +18,15 @@ import (
 // Host CPU per byte and per transaction of the guest rows (issue 37): what a
 // VM host pays for a VM's traffic whatever the guest does. Measured at a
 // fixed offered load, the same for every guest row, so the rows are compared
-// at equal work: all CPU time the machine spent (/proc/stat: user, nice,
-// system, irq, softirq) minus the time of the lab guests' vCPU threads
+// at equal work: all CPU time the machine spent (its CPUs' wall time minus
+// their idle time, /proc/stat) minus the time of the lab guests' vCPU threads
 // (QEMU's "CPU n/TCG" or "CPU n/KVM" threads, named with debug-threads=on).
 // What remains is the backend (lanekit-vhost or QEMU's own virtio-net and
 // tap I/O), QEMU's main loop, the client, softirq and every kernel path in
 // between. It is machine-wide: other work on the machine counts too, so the
 // figures mean something only on a quiet machine (the table says so).
 
-// userHZ is the unit of /proc/stat and /proc/<pid>/stat times (USER_HZ,
-// 100 on Linux).
+// userHZ is the unit of /proc/stat (USER_HZ, 100 on Linux).
 const userHZ = 100
 
 // Default fixed loads of the host CPU measurements.
@@ -35,30 +35,32 @@ const (
 	DefaultCPURRRate  = 1000
 )
 
-// cpuTimes is a snapshot of the machine's busy time and the guests' vCPU
-// threads' time.
+// cpuTimes is a snapshot of the machine's idle time (all CPUs), the
+// guests' vCPU threads' run time and the wall clock.
 type cpuTimes struct {
-	busy, vcpu time.Duration
+	idle, vcpu time.Duration
+	at         time.Time
 }
 
-// ParseProcStatBusy returns the busy time of the aggregate "cpu" line of a
-// /proc/stat text: user + nice + system + irq + softirq (not idle, iowait or
-// steal; guest time is already in user).
-func ParseProcStatBusy(stat []byte) (time.Duration, error) {
+// ParseProcStatIdle returns the time no task ran, of the aggregate "cpu"
+// line of a /proc/stat text: idle + iowait + steal. Busy time is the wall
+// time of every CPU minus this: the kernel keeps idle time exactly (NOHZ
+// idle accounting) where its per-state busy columns are tick samples.
+func ParseProcStatIdle(stat []byte) (time.Duration, error) {
 	line, _, _ := bytes.Cut(stat, []byte("\n"))
 	f := strings.Fields(string(line))
-	if len(f) < 8 || f[0] != "cpu" {
+	if len(f) < 9 || f[0] != "cpu" {
 		return 0, fmt.Errorf("/proc/stat: first line %q is not the cpu total", line)
 	}
-	var busy uint64
-	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system [idle iowait] irq softirq
+	var idle uint64
+	for _, i := range []int{4, 5, 8} { // idle iowait steal
 		v, err := strconv.ParseUint(f[i], 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/stat: field %d: %w", i, err)
 		}
-		busy += v
+		idle += v
 	}
-	return time.Duration(busy) * (time.Second / userHZ), nil
+	return time.Duration(idle) * (time.Second / userHZ), nil
 }
 
 // IsVCPUThread reports whether a QEMU thread name (comm) is a vCPU's.
@@ -67,7 +69,7 @@ func IsVCPUThread(comm string) bool {
 	return strings.HasPrefix(comm, "CPU ") && (strings.HasSuffix(comm, "/TCG") || strings.HasSuffix(comm, "/KVM"))
 }
 
-// vcpuTime sums the user + system time of the vCPU threads of the QEMU
+// vcpuTime sums the run time (schedstat) of the vCPU threads of the QEMU
 // processes pids. A QEMU without named vCPU threads is an error: its vCPU
 // time could not be told apart.
 func vcpuTime(pids []int) (time.Duration, error) {
@@ -83,15 +85,15 @@ func vcpuTime(pids []int) (time.Duration, error) {
 			if err != nil || !IsVCPUThread(string(comm)) {
 				continue
 			}
-			stat, err := os.ReadFile(filepath.Join(t, "stat"))
+			b, err := os.ReadFile(filepath.Join(t, "schedstat"))
 			if err != nil {
 				continue // the thread ended
 			}
-			u, s, err := ParseStatTimes(string(stat), userHZ)
+			d, err := ParseSchedstat(string(b))
 			if err != nil {
 				return 0, err
 			}
-			total += u + s
+			total += d
 			found = true
 		}
 		if !found {
@@ -102,23 +104,24 @@ func vcpuTime(pids []int) (time.Duration, error) {
 }
 
 func readCPUTimes(guestPIDs []int) (cpuTimes, error) {
-	stat, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuTimes{}, err
-	}
-	busy, err := ParseProcStatBusy(stat)
-	if err != nil {
-		return cpuTimes{}, err
-	}
 	vcpu, err := vcpuTime(guestPIDs)
 	if err != nil {
 		return cpuTimes{}, err
 	}
-	return cpuTimes{busy: busy, vcpu: vcpu}, nil
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	at := time.Now()
+	idle, err := ParseProcStatIdle(stat)
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	return cpuTimes{idle: idle, vcpu: vcpu, at: at}, nil
 }
 
-// hostCPUDuring runs f and returns the host CPU time (busy minus the guests'
-// vCPUs) spent while it ran.
+// hostCPUDuring runs f and returns the host CPU time (every CPU's busy time
+// minus the guests' vCPUs) spent while it ran.
 func hostCPUDuring(guestPIDs []int, f func() error) (time.Duration, error) {
 	if len(guestPIDs) == 0 {
 		return 0, errors.New("host CPU: the guests' QEMU pids are unknown")
@@ -134,8 +137,15 @@ func hostCPUDuring(guestPIDs []int, f func() error) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("host CPU: %w", err)
 	}
-	host := (after.busy - before.busy) - (after.vcpu - before.vcpu)
-	return max(host, 0), nil
+	return hostCPU(before, after, runtime.NumCPU()), nil
+}
+
+// hostCPU is the busy time between two snapshots (the CPUs' wall time minus
+// their idle time) less the vCPU threads' run time; never below zero (the
+// idle column has 10 ms steps).
+func hostCPU(before, after cpuTimes, cpus int) time.Duration {
+	busy := time.Duration(cpus)*after.at.Sub(before.at) - (after.idle - before.idle)
+	return max(busy-(after.vcpu-before.vcpu), 0)
 }
 
 // ParseIperf3Bytes returns the bytes the receiver of an iperf3 -J run got

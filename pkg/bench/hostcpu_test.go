@@ -7,20 +7,34 @@ import (
 	"time"
 )
 
-func TestParseProcStatBusy(t *testing.T) {
+func TestParseProcStatIdle(t *testing.T) {
 	stat := []byte("cpu  100 5 50 9000 40 3 7 11 0 0\ncpu0 50 2 25 4500 20 1 3 5 0 0\n")
-	got, err := ParseProcStatBusy(stat)
+	got, err := ParseProcStatIdle(stat)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// user + nice + system + irq + softirq; not idle, iowait or steal
-	if want := 165 * 10 * time.Millisecond; got != want {
-		t.Errorf("busy %v, want %v", got, want)
+	// idle + iowait + steal
+	if want := 9051 * 10 * time.Millisecond; got != want {
+		t.Errorf("idle %v, want %v", got, want)
 	}
-	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu 1 2 x 4 5 6 7\n", "cpu 1 2\n"} {
-		if _, err := ParseProcStatBusy([]byte(bad)); err == nil {
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8\n", "cpu 1 2 3 x 5 6 7 8\n", "cpu 1 2\n"} {
+		if _, err := ParseProcStatIdle([]byte(bad)); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+func TestHostCPU(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	before := cpuTimes{idle: 10 * time.Second, vcpu: 3 * time.Second, at: t0}
+	// 2 CPUs for 4 s = 8 s; 3 s idle -> 5 s busy; the vCPUs ran 2 s of it
+	after := cpuTimes{idle: 13 * time.Second, vcpu: 5 * time.Second, at: t0.Add(4 * time.Second)}
+	if got := hostCPU(before, after, 2); got != 3*time.Second {
+		t.Errorf("host CPU %v, want 3s", got)
+	}
+	after.vcpu = 20 * time.Second
+	if got := hostCPU(before, after, 2); got != 0 {
+		t.Errorf("host CPU %v, want 0 (clamped)", got)
 	}
 }
 

@@ -93,7 +93,7 @@ type HostCPU struct {
 }
 
 // hostCPUNote says what the host CPU figures include.
-const hostCPUNote = "machine-wide CPU (/proc/stat) minus every guest's vCPU threads: backend, QEMU main loop and I/O, client, softirq; meaningful on a quiet machine only"
+const hostCPUNote = "machine-wide busy CPU (wall time minus idle, /proc/stat) minus every guest's vCPU threads: backend, QEMU main loop and I/O, client, softirq; meaningful on a quiet machine only"
 
 // Reps are a row's raw values per repetition.
 type Reps struct {
