@@ -33,6 +33,15 @@ type Path struct {
 	// selecting its pods; rows with the same PolicyBase are compared.
 	Policies   *int
 	PolicyBase string
+	// CPUParts are the processes whose share of a guest row's host CPU is
+	// reported on its own (the backend, QEMU without its vCPUs).
+	CPUParts []CPUPart
+}
+
+// CPUPart is one process of a guest row's host CPU breakdown.
+type CPUPart struct {
+	Name string
+	PID  int
 }
 
 // Includes labels a row with the packet processing its traffic goes
@@ -92,10 +101,12 @@ type samples struct {
 	// guest rows: host CPU ns per byte at the fixed TCP rate (to the guest,
 	// from it) and µs per transaction at the fixed RR rate (hostcpu.go)
 	cpuByte, cpuByteRev, cpuTxn []float64
-	cpsConns, cpsErrs           []float64 // connections made and failed, per repetition
-	cpsKinds                    map[string]int64
-	errs                        []string
-	cur                         int // the repetition being measured
+	// the same per CPUPart, by part name
+	cpuPartByte, cpuPartByteRev, cpuPartTxn map[string][]float64
+	cpsConns, cpsErrs                       []float64 // connections made and failed, per repetition
+	cpsKinds                                map[string]int64
+	errs                                    []string
+	cur                                     int // the repetition being measured
 }
 
 func newSamples(repeat int) samples {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -36,9 +37,10 @@ const (
 )
 
 // cpuTimes is a snapshot of the machine's idle time (all CPUs), the
-// guests' vCPU threads' run time and the wall clock.
+// guests' vCPU threads' run time, the parts' run time and the wall clock.
 type cpuTimes struct {
 	idle, vcpu time.Duration
+	parts      map[string]time.Duration
 	at         time.Time
 }
 
@@ -103,10 +105,18 @@ func vcpuTime(pids []int) (time.Duration, error) {
 	return total, nil
 }
 
-func readCPUTimes(guestPIDs []int) (cpuTimes, error) {
+func readCPUTimes(guestPIDs []int, parts []CPUPart) (cpuTimes, error) {
 	vcpu, err := vcpuTime(guestPIDs)
 	if err != nil {
 		return cpuTimes{}, err
+	}
+	pt := map[string]time.Duration{}
+	for _, p := range parts {
+		d, err := runTimeExceptVCPUs(p.PID)
+		if err != nil {
+			return cpuTimes{}, fmt.Errorf("%s: %w", p.Name, err)
+		}
+		pt[p.Name] += d
 	}
 	stat, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -117,27 +127,56 @@ func readCPUTimes(guestPIDs []int) (cpuTimes, error) {
 	if err != nil {
 		return cpuTimes{}, err
 	}
-	return cpuTimes{idle: idle, vcpu: vcpu, at: at}, nil
+	return cpuTimes{idle: idle, vcpu: vcpu, parts: pt, at: at}, nil
 }
 
 // hostCPUDuring runs f and returns the host CPU time (every CPU's busy time
-// minus the guests' vCPUs) spent while it ran.
-func hostCPUDuring(guestPIDs []int, f func() error) (time.Duration, error) {
+// minus the guests' vCPUs) spent while it ran, and each part's.
+func hostCPUDuring(guestPIDs []int, parts []CPUPart, f func() error) (time.Duration, map[string]time.Duration, error) {
 	if len(guestPIDs) == 0 {
-		return 0, errors.New("host CPU: the guests' QEMU pids are unknown")
+		return 0, nil, errors.New("host CPU: the guests' QEMU pids are unknown")
 	}
-	before, err := readCPUTimes(guestPIDs)
+	before, err := readCPUTimes(guestPIDs, parts)
 	if err != nil {
-		return 0, fmt.Errorf("host CPU: %w", err)
+		return 0, nil, fmt.Errorf("host CPU: %w", err)
 	}
 	if err := f(); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	after, err := readCPUTimes(guestPIDs)
+	after, err := readCPUTimes(guestPIDs, parts)
 	if err != nil {
-		return 0, fmt.Errorf("host CPU: %w", err)
+		return 0, nil, fmt.Errorf("host CPU: %w", err)
 	}
-	return hostCPU(before, after, runtime.NumCPU()), nil
+	pd := map[string]time.Duration{}
+	for name, d := range after.parts {
+		pd[name] = max(d-before.parts[name], 0)
+	}
+	return hostCPU(before, after, runtime.NumCPU()), pd, nil
+}
+
+// runTimeExceptVCPUs is the run time (schedstat) of every thread of
+// process pid but its vCPU threads.
+func runTimeExceptVCPUs(pid int) (time.Duration, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("process %d: no threads (gone?)", pid)
+	}
+	var total time.Duration
+	for _, t := range tasks {
+		if comm, err := os.ReadFile(filepath.Join(t, "comm")); err == nil && IsVCPUThread(string(comm)) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(t, "schedstat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		d, err := ParseSchedstat(string(b))
+		if err != nil {
+			return 0, err
+		}
+		total += d
+	}
+	return total, nil
 }
 
 // hostCPU is the busy time between two snapshots (the CPUs' wall time minus
@@ -173,7 +212,7 @@ func ParseIperf3Bytes(data []byte) (int64, error) {
 
 // cpuTCP measures host CPU ns per byte of single-stream TCP at
 // o.CPUTCPMbps (reverse: the guest sends).
-func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64, cur int) error {
+func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64, parts map[string][]float64, cur int) error {
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, iperfPort,
 		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
@@ -187,7 +226,7 @@ func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64
 		args = append(args, "-R")
 	}
 	var out []byte
-	host, err := hostCPUDuring(o.GuestPIDs, func() error {
+	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
 		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 		return err
@@ -200,17 +239,20 @@ func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64
 		return err
 	}
 	into[cur] = float64(host.Nanoseconds()) / float64(n)
+	for name, d := range pd {
+		partSlot(parts, name, len(into))[cur] = float64(d.Nanoseconds()) / float64(n)
+	}
 	return nil
 }
 
 // runCPUTCP: host CPU per byte, client -> guest, at the fixed rate.
 func runCPUTCP(ctx context.Context, o Options, p Path, s *samples) error {
-	return cpuTCP(ctx, o, p, false, s.cpuByte, s.cur)
+	return cpuTCP(ctx, o, p, false, s.cpuByte, s.partMap(&s.cpuPartByte), s.cur)
 }
 
 // runCPUTCPRev: host CPU per byte, guest -> client, at the fixed rate.
 func runCPUTCPRev(ctx context.Context, o Options, p Path, s *samples) error {
-	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.cur)
+	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.partMap(&s.cpuPartByteRev), s.cur)
 }
 
 // runCPURR: host CPU µs per request/response transaction at o.CPURRRate
@@ -225,7 +267,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	}
 	defer srv.stop()
 	var out []byte
-	host, err := hostCPUDuring(o.GuestPIDs, func() error {
+	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
 		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
 			"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
@@ -242,8 +284,35 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	if lat.Observations <= 0 {
 		return errors.New("sockperf: no observations counted")
 	}
-	s.cpuTxn[s.cur] = float64(host.Microseconds()) / float64(lat.Observations)
+	n := float64(lat.Observations)
+	s.cpuTxn[s.cur] = float64(host.Nanoseconds()) / 1e3 / n
+	parts := s.partMap(&s.cpuPartTxn)
+	for name, d := range pd {
+		partSlot(parts, name, len(s.cpuTxn))[s.cur] = float64(d.Nanoseconds()) / 1e3 / n
+	}
 	return nil
+}
+
+// partMap returns *m, made on first use.
+func (s *samples) partMap(m *map[string][]float64) map[string][]float64 {
+	if *m == nil {
+		*m = map[string][]float64{}
+	}
+	return *m
+}
+
+// partSlot returns the per-repetition values of part name (NaN: not
+// measured), made on first use.
+func partSlot(m map[string][]float64, name string, repeat int) []float64 {
+	xs, ok := m[name]
+	if !ok {
+		xs = make([]float64, repeat)
+		for i := range xs {
+			xs[i] = math.NaN()
+		}
+		m[name] = xs
+	}
+	return xs
 }
 
 func (o Options) cpuTCPMbps() int {
@@ -273,6 +342,13 @@ func (r *Report) writeHostCPU(w io.Writer) {
 		fmt.Fprintf(w, "host CPU (%s): %s ns/byte to the guest and %s ns/byte from it at %d Mbit/s, %s µs/transaction at %d RR/s\n",
 			row.Path, spread(hc.NsPerByte, "%.2f"), spread(hc.NsPerByteRev, "%.2f"), hc.TCPMbps,
 			spread(hc.UsPerTxn, "%.1f"), hc.RRRate)
+		for _, part := range hc.Parts {
+			fmt.Fprintf(w, "  of which %s: %s ns/byte to the guest, %s from it, %s µs/transaction\n", part.Name,
+				spread(part.NsPerByte, "%.2f"), spread(part.NsPerByteRev, "%.2f"), spread(part.UsPerTxn, "%.1f"))
+		}
+		if len(hc.Parts) > 0 {
+			fmt.Fprintln(w, "  the rest: the kernel (softirq, the path between client and guest), the client, other work on the machine")
+		}
 	}
 	if note == "" {
 		return

@@ -72,7 +72,8 @@ func TestVMTargetsAndHostCPU(t *testing.T) {
 		return out
 	}
 	hc := &HostCPU{TCPMbps: 200, RRRate: 1000, MachineWideNote: hostCPUNote,
-		NsPerByte: Summary{Median: 5}, NsPerByteRev: Summary{Median: 6}, UsPerTxn: Summary{Median: 40}}
+		NsPerByte: Summary{Median: 5}, NsPerByteRev: Summary{Median: 6}, UsPerTxn: Summary{Median: 40},
+		Parts: []HostCPUPart{{Name: "lanekit-vhost", NsPerByte: Summary{Median: 1.5}}}}
 	r := &Report{Rows: []Row{
 		{Path: VMPath, HostCPU: hc, Reps: Reps{TCPGbps: f(1.4, 1.5), TCPRevGbps: f(1.0, 1.0), RRP50us: f(80, 90),
 			CPS: f(100, 100), CPUNsPerByte: f(3, 3), CPUNsPerByteRev: f(8, 8), CPUUsPerTxn: f(20, 30)}},
@@ -95,7 +96,8 @@ func TestVMTargetsAndHostCPU(t *testing.T) {
 	var b bytes.Buffer
 	r.writeHostCPU(&b)
 	for _, s := range []string{"host CPU (lanekit-vm): 5.00", "at 200 Mbit/s", "at 1000 RR/s",
-		"host CPU per transaction lanekit-vm / bridge-tap-vm: 0.62 ×", "quiet machine"} {
+		"host CPU per transaction lanekit-vm / bridge-tap-vm: 0.62 ×", "quiet machine",
+		"of which lanekit-vhost: 1.50"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("host CPU lines lack %q:\n%s", s, b.String())
 		}

@@ -84,12 +84,24 @@ type Row struct {
 // HostCPU is a guest row's host CPU at fixed loads: ns per byte of TCP
 // to and from the guest at TCPMbps, µs per RR transaction at RRRate/s.
 type HostCPU struct {
-	TCPMbps         int     `json:"tcp_mbps"`
-	RRRate          int     `json:"rr_rate"`
-	NsPerByte       Summary `json:"ns_per_byte"`
-	NsPerByteRev    Summary `json:"ns_per_byte_rev"`
-	UsPerTxn        Summary `json:"us_per_txn"`
-	MachineWideNote string  `json:"note"`
+	TCPMbps      int     `json:"tcp_mbps"`
+	RRRate       int     `json:"rr_rate"`
+	NsPerByte    Summary `json:"ns_per_byte"`
+	NsPerByteRev Summary `json:"ns_per_byte_rev"`
+	UsPerTxn     Summary `json:"us_per_txn"`
+	// Parts: the same for single processes of the row (the backend, QEMU
+	// without its vCPUs); the rest is the kernel (softirq, the path between
+	// the client and the guest), the client and other work on the machine.
+	Parts           []HostCPUPart `json:"parts,omitempty"`
+	MachineWideNote string        `json:"note"`
+}
+
+// HostCPUPart is one process's share of a row's HostCPU.
+type HostCPUPart struct {
+	Name         string  `json:"name"`
+	NsPerByte    Summary `json:"ns_per_byte"`
+	NsPerByteRev Summary `json:"ns_per_byte_rev"`
+	UsPerTxn     Summary `json:"us_per_txn"`
 }
 
 // hostCPUNote says what the host CPU figures include.
@@ -162,6 +174,16 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			if hostCPURow(p) && len(o.GuestPIDs) > 0 {
 				hc = &HostCPU{TCPMbps: o.cpuTCPMbps(), RRRate: o.cpuRRRate(), MachineWideNote: hostCPUNote,
 					NsPerByte: Summarize(s.cpuByte), NsPerByteRev: Summarize(s.cpuByteRev), UsPerTxn: Summarize(s.cpuTxn)}
+				for _, part := range p.CPUParts {
+					sum := func(m map[string][]float64) Summary {
+						if xs, ok := m[part.Name]; ok {
+							return Summarize(xs)
+						}
+						return Summary{}
+					}
+					hc.Parts = append(hc.Parts, HostCPUPart{Name: part.Name, NsPerByte: sum(s.cpuPartByte),
+						NsPerByteRev: sum(s.cpuPartByteRev), UsPerTxn: sum(s.cpuPartTxn)})
+				}
 				guestReps.CPUNsPerByte, guestReps.CPUNsPerByteRev = reps(s.cpuByte), reps(s.cpuByteRev)
 				guestReps.CPUUsPerTxn = reps(s.cpuTxn)
 			}

@@ -81,10 +81,25 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 			}
 			note += "; " + vmOffloads(row.kind, v)
 			paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: v.NS, ServerIP: v.IP,
-				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: note, Includes: row.includes})
+				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: note, Includes: row.includes,
+				CPUParts: vmCPUParts(v)})
 		}
 	}
 	return s.routingRows(s.dpuRows(paths)), skipped
+}
+
+// vmCPUParts are the processes of a guest whose host CPU the bench reports
+// on its own: its backend (the fast lane) and its QEMU without the vCPUs
+// (main loop, I/O; with a tap, QEMU's own virtio-net).
+func vmCPUParts(v LabVM) []bench.CPUPart {
+	var parts []bench.CPUPart
+	if v.BackendPID > 0 {
+		parts = append(parts, bench.CPUPart{Name: "lanekit-vhost", PID: v.BackendPID})
+	}
+	if v.QEMUPID > 0 {
+		parts = append(parts, bench.CPUPart{Name: "qemu without vCPUs", PID: v.QEMUPID})
+	}
+	return parts
 }
 
 // What each row's traffic goes through between the two endpoints (the
