@@ -77,32 +77,51 @@ func IsVCPUThread(comm string) bool {
 func vcpuTime(pids []int) (time.Duration, error) {
 	var total time.Duration
 	for _, pid := range pids {
-		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
-		if err != nil || len(tasks) == 0 {
-			return 0, fmt.Errorf("guest QEMU pid %d: no threads (gone?)", pid)
+		d, n, err := threadRunTime(pid, IsVCPUThread)
+		if err != nil {
+			return 0, fmt.Errorf("guest QEMU: %w", err)
 		}
-		found := false
-		for _, t := range tasks {
-			comm, err := os.ReadFile(filepath.Join(t, "comm"))
-			if err != nil || !IsVCPUThread(string(comm)) {
-				continue
-			}
-			b, err := os.ReadFile(filepath.Join(t, "schedstat"))
-			if err != nil {
-				continue // the thread ended
-			}
-			d, err := ParseSchedstat(string(b))
-			if err != nil {
-				return 0, err
-			}
-			total += d
-			found = true
-		}
-		if !found {
+		if n == 0 {
 			return 0, fmt.Errorf("guest QEMU pid %d has no named vCPU threads (started without -name ...,debug-threads=on)", pid)
 		}
+		total += d
 	}
 	return total, nil
+}
+
+// runTimeExceptVCPUs is the run time of every thread of process pid but
+// its vCPU threads.
+func runTimeExceptVCPUs(pid int) (time.Duration, error) {
+	d, _, err := threadRunTime(pid, func(comm string) bool { return !IsVCPUThread(comm) })
+	return d, err
+}
+
+// threadRunTime sums the run time (schedstat) of the threads of process
+// pid whose name pick takes, and says how many there were.
+func threadRunTime(pid int, pick func(comm string) bool) (time.Duration, int, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, 0, fmt.Errorf("process %d: no threads (gone?)", pid)
+	}
+	var total time.Duration
+	n := 0
+	for _, t := range tasks {
+		comm, err := os.ReadFile(filepath.Join(t, "comm"))
+		if err != nil || !pick(string(comm)) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(t, "schedstat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		d, err := ParseSchedstat(string(b))
+		if err != nil {
+			return 0, 0, err
+		}
+		total += d
+		n++
+	}
+	return total, n, nil
 }
 
 func readCPUTimes(guestPIDs []int, parts []CPUPart) (cpuTimes, error) {
@@ -154,31 +173,6 @@ func hostCPUDuring(guestPIDs []int, parts []CPUPart, f func() error) (time.Durat
 	return hostCPU(before, after, runtime.NumCPU()), pd, nil
 }
 
-// runTimeExceptVCPUs is the run time (schedstat) of every thread of
-// process pid but its vCPU threads.
-func runTimeExceptVCPUs(pid int) (time.Duration, error) {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
-	if err != nil || len(tasks) == 0 {
-		return 0, fmt.Errorf("process %d: no threads (gone?)", pid)
-	}
-	var total time.Duration
-	for _, t := range tasks {
-		if comm, err := os.ReadFile(filepath.Join(t, "comm")); err == nil && IsVCPUThread(string(comm)) {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(t, "schedstat"))
-		if err != nil {
-			continue // the thread ended
-		}
-		d, err := ParseSchedstat(string(b))
-		if err != nil {
-			return 0, err
-		}
-		total += d
-	}
-	return total, nil
-}
-
 // hostCPU is the busy time between two snapshots (the CPUs' wall time minus
 // their idle time) less the vCPU threads' run time; never below zero (the
 // idle column has 10 ms steps).
@@ -213,18 +207,11 @@ func ParseIperf3Bytes(data []byte) (int64, error) {
 // cpuTCP measures host CPU ns per byte of single-stream TCP at
 // o.CPUTCPMbps (reverse: the guest sends).
 func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64, parts map[string][]float64, cur int) error {
-	life := o.Duration + 20*time.Second
-	srv, err := p.server(ctx, life, iperfPort,
-		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
+	srv, args, err := startIperf(ctx, o, p, reverse, "-b", strconv.Itoa(o.cpuTCPMbps())+"M")
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
-	args := []string{"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J",
-		"-b", strconv.Itoa(o.cpuTCPMbps()) + "M"}
-	if reverse {
-		args = append(args, "-R")
-	}
 	var out []byte
 	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
