@@ -322,7 +322,6 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
 	cmd.Flags().IntVar(&opts.CPUTCPMbps, "cpu-tcp-mbps", bench.DefaultCPUTCPMbps, "guest rows' host CPU per byte: the fixed TCP rate (Mbit/s) it is measured at, both directions")
-	cmd.Flags().IntVar(&opts.CPURRRate, "cpu-rr-rate", bench.DefaultCPURRRate, "guest rows' host CPU per transaction: the fixed request/response rate (per second) it is measured at")
 	cmd.Flags().BoolVar(&noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
 	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")

@@ -81,9 +81,9 @@ type Options struct {
 	// guest rows' host CPU (hostcpu.go) excludes their vCPU threads. Empty:
 	// the host CPU metrics are not measured.
 	GuestPIDs []int
-	// CPUTCPMbps and CPURRRate are the fixed offered loads of the host CPU
-	// metrics (0: DefaultCPUTCPMbps, DefaultCPURRRate).
-	CPUTCPMbps, CPURRRate int
+	// CPUTCPMbps is the fixed TCP rate of the host CPU per byte (0:
+	// DefaultCPUTCPMbps).
+	CPUTCPMbps int
 }
 
 // Ports used inside the lab's namespaces.

@@ -30,10 +30,12 @@ import (
 // userHZ is the unit of /proc/stat (USER_HZ, 100 on Linux).
 const userHZ = 100
 
-// Default fixed loads of the host CPU measurements.
+// DefaultCPUTCPMbps is the fixed TCP rate of the host CPU per byte. The
+// host CPU per transaction is measured closed-loop (one transaction in
+// flight, as the RR metric): sockperf's own pacing (--mps) busy-waits,
+// which would be counted as host CPU.
 const (
 	DefaultCPUTCPMbps = 200
-	DefaultCPURRRate  = 1000
 )
 
 // cpuTimes is a snapshot of the machine's idle time (all CPUs), the
@@ -242,9 +244,8 @@ func runCPUTCPRev(ctx context.Context, o Options, p Path, s *samples) error {
 	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.partMap(&s.cpuPartByteRev), s.cur)
 }
 
-// runCPURR: host CPU µs per request/response transaction at o.CPURRRate
-// transactions/s (sockperf ping-pong --mps), without the busy-CPU spinners
-// (they would be counted as busy).
+// runCPURR: host CPU µs per request/response transaction, closed loop (one
+// in flight), without the busy-CPU spinners (they would be counted as busy).
 func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, sockperfPort,
@@ -258,7 +259,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 		var err error
 		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
 			"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
-			"-t", secondsArg(o.Duration), "--full-rtt", "--mps="+strconv.Itoa(o.cpuRRRate()))
+			"-t", secondsArg(o.Duration), "--full-rtt")
 		return err
 	})
 	if err != nil {
@@ -309,13 +310,6 @@ func (o Options) cpuTCPMbps() int {
 	return DefaultCPUTCPMbps
 }
 
-func (o Options) cpuRRRate() int {
-	if o.CPURRRate > 0 {
-		return o.CPURRRate
-	}
-	return DefaultCPURRRate
-}
-
 // writeHostCPU prints the guest rows' host CPU figures and, when both guest
 // rows ran, their per-repetition ratios.
 func (r *Report) writeHostCPU(w io.Writer) {
@@ -326,9 +320,9 @@ func (r *Report) writeHostCPU(w io.Writer) {
 			continue
 		}
 		note = hc.MachineWideNote
-		fmt.Fprintf(w, "host CPU (%s): %s ns/byte to the guest and %s ns/byte from it at %d Mbit/s, %s µs/transaction at %d RR/s\n",
+		fmt.Fprintf(w, "host CPU (%s): %s ns/byte to the guest and %s ns/byte from it at %d Mbit/s, %s µs/transaction (RR, one in flight)\n",
 			row.Path, spread(hc.NsPerByte, "%.2f"), spread(hc.NsPerByteRev, "%.2f"), hc.TCPMbps,
-			spread(hc.UsPerTxn, "%.1f"), hc.RRRate)
+			spread(hc.UsPerTxn, "%.1f"))
 		for _, part := range hc.Parts {
 			fmt.Fprintf(w, "  of which %s: %s ns/byte to the guest, %s from it, %s µs/transaction\n", part.Name,
 				spread(part.NsPerByte, "%.2f"), spread(part.NsPerByteRev, "%.2f"), spread(part.UsPerTxn, "%.1f"))

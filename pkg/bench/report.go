@@ -82,10 +82,9 @@ type Row struct {
 }
 
 // HostCPU is a guest row's host CPU at fixed loads: ns per byte of TCP
-// to and from the guest at TCPMbps, µs per RR transaction at RRRate/s.
+// to and from the guest at TCPMbps, µs per RR transaction (closed loop).
 type HostCPU struct {
 	TCPMbps      int     `json:"tcp_mbps"`
-	RRRate       int     `json:"rr_rate"`
 	NsPerByte    Summary `json:"ns_per_byte"`
 	NsPerByteRev Summary `json:"ns_per_byte_rev"`
 	UsPerTxn     Summary `json:"us_per_txn"`
@@ -172,7 +171,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			rev = &r
 			guestReps.TCPRevGbps = reps(s.gbpsRev)
 			if hostCPURow(p) && len(o.GuestPIDs) > 0 {
-				hc = &HostCPU{TCPMbps: o.cpuTCPMbps(), RRRate: o.cpuRRRate(), MachineWideNote: hostCPUNote,
+				hc = &HostCPU{TCPMbps: o.cpuTCPMbps(), MachineWideNote: hostCPUNote,
 					NsPerByte: Summarize(s.cpuByte), NsPerByteRev: Summarize(s.cpuByteRev), UsPerTxn: Summarize(s.cpuTxn)}
 				for _, part := range p.CPUParts {
 					sum := func(m map[string][]float64) Summary {
