@@ -8,7 +8,7 @@ const LIMIT: usize = 18 + MAX_IP;
 
 /// `payload` bytes of one TCP flow as the wire carries them: cut at `mss` into frames with
 /// correct checksums (PSH on the last), starting at sequence number `seq`.
-fn wire(v4: bool, payload: usize, mss: usize, port: u16, seq: u32) -> Vec<Vec<u8>> {
+pub(crate) fn wire(v4: bool, payload: usize, mss: usize, port: u16, seq: u32) -> Vec<Vec<u8>> {
     let mut f = packet(v4, true, payload, 0x18);
     let l4 = if v4 { 34 } else { 54 };
     f[l4..l4 + 2].copy_from_slice(&port.to_be_bytes());
@@ -42,7 +42,7 @@ pub(crate) fn resegment(hdr: &TxHdr, frame: &[u8]) -> Vec<Vec<u8>> {
 fn run(frames: &[Vec<u8>]) -> (Vec<Out>, GroStats) {
     let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
     let (mut out, mut st) = (Vec::new(), GroStats::default());
-    coalesce(&refs, LIMIT, &mut out, &mut st);
+    coalesce(&refs, LIMIT, Offloads::ALL, &mut out, &mut st);
     (out, st)
 }
 
@@ -174,7 +174,7 @@ fn segments_stay_under_the_limit_and_64_kib() {
     // A guest with small buffers: nothing larger than they take.
     let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
     let (mut out, mut st) = (Vec::new(), GroStats::default());
-    coalesce(&refs, 5000, &mut out, &mut st);
+    coalesce(&refs, 5000, Offloads::ALL, &mut out, &mut st);
     check_exact(&frames, &out);
     assert!(out.iter().all(|o| !matches!(o, Out::Segment { frame, .. } if frame.len() > 5000)));
 }
