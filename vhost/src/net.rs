@@ -523,7 +523,13 @@ impl RxState {
 }
 
 /// Packet `pos` of the pending batch.
-fn item<'a>(pending: &'a Batch, metas: &[Option<XskMeta>], outs: &'a [Out], grouped: bool, pos: usize) -> Option<Item<'a>> {
+fn item<'a>(
+    pending: &'a Batch,
+    metas: &[Option<XskMeta>],
+    outs: &'a [Out],
+    grouped: bool,
+    pos: usize,
+) -> Option<Item<'a>> {
     if !grouped {
         return Some((pending.get(pos)?, None, None));
     }

@@ -10,6 +10,9 @@ const TSO: NetMode = NetMode { offloads: Offloads::ALL, ..MODE };
 /// The RX chains' size (one 2 KiB buffer each, like a Linux guest's mergeable buffers).
 const CHAIN: u32 = 2048;
 
+/// A packet the guest read: (virtio header, frame).
+type Packet = (Vec<u8>, Vec<u8>);
+
 fn addr(id: u32) -> u64 {
     BUF_BASE + 0x1000 * u64::from(id)
 }
@@ -22,7 +25,7 @@ fn post_rx(vq: &MockSplitQueue<GuestMemoryMmap>, first: u16, n: u16, size: u32) 
 
 /// The packets the guest received from used entry `from` on: (virtio header, frame), each
 /// gathered from its `num_buffers` used entries.
-fn guest_packets(m: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>, hl: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn guest_packets(m: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>, hl: usize) -> Vec<Packet> {
     let (mut out, mut u) = (Vec::new(), 0);
     while u < usize::from(used_idx(vq)) {
         let (id, len) = used(vq, u);
@@ -48,13 +51,7 @@ fn port_of(frames: &[Vec<u8>]) -> TestPort {
 
 /// Deliver `frames` (from a port that copies, or one that lends its frames with hash 7)
 /// into a ring of `chains` chains of `size` bytes; returns the guest's packets.
-fn deliver(
-    frames: &[Vec<u8>],
-    lend: bool,
-    mode: NetMode,
-    chains: u16,
-    size: u32,
-) -> (Vec<(Vec<u8>, Vec<u8>)>, StatsSnapshot) {
+fn deliver(frames: &[Vec<u8>], lend: bool, mode: NetMode, chains: u16, size: u32) -> (Vec<Packet>, StatsSnapshot) {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 256);
     post_rx(&vq, 0, chains, size);
