@@ -89,7 +89,7 @@ pub const FAMILIES: &[Family] = &[
         true,
         &["vm", "queue", "kind"],
         "Offloads executed: tx_csum (checksum filled in), tx_gso (chain cut into MTU-sized frames), rx_data_valid \
-         (checksum verified, frame marked DATA_VALID), rx_gro_segments (frames coalesced into one guest packet, \
+         (checksum verified, frame marked DATA_VALID), rx_gro_segments (guest packets each coalesced from several frames, \
          GUEST_TSO), rx_gro_frames (frames in them), rx_gro_split (frames of a segment the guest's buffers could \
          not take whole, delivered one by one)"
     ),
