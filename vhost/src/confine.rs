@@ -228,16 +228,21 @@ fn compile(
 
 /// The backend's seccomp filters: [`ALLOWED`] plus `socket(AF_UNIX, ..)`, `clone` without
 /// namespace flags and `prctl(PR_SET_NAME, ..)`; anything else kills the process. The other
-/// filter makes `clone3` fail with ENOSYS (the kernel applies the stricter verdict of both).
+/// filter makes `clone3` and `openat` fail with ENOSYS (the kernel applies the stricter verdict
+/// of both).
 pub fn filter() -> Result<[BpfProgram; 2], String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED.iter().map(|&s| (s, vec![])).collect();
     rules.insert(libc::SYS_socket, vec![rule(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?]);
     rules.insert(libc::SYS_clone, vec![rule(0, SeccompCmpOp::MaskedEq(CLONE_NS), 0)?]);
     rules.insert(libc::SYS_prctl, vec![rule(0, SeccompCmpOp::Eq, libc::PR_SET_NAME as u64)?]);
     rules.insert(libc::SYS_clone3, vec![]);
+    rules.insert(libc::SYS_openat, vec![]);
     let main = compile(rules, SeccompAction::KillProcess, SeccompAction::Allow)?;
+    // openat fails with ENOSYS instead of killing: glibc's malloc opens
+    // /proc/sys/vm/overcommit_memory the first time it shrinks a thread's heap (after the
+    // RX coalescer freed large segments), and copes with the open failing.
     let clone3 = compile(
-        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        BTreeMap::from([(libc::SYS_clone3, vec![]), (libc::SYS_openat, vec![])]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
     )?;

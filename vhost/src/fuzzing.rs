@@ -72,10 +72,15 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
         net::tx_queue(&mut q, &mem, &mut port, &mut TxState::default(), mode, &stats, 64);
     }
     if let Some(mut q) = new_queue() {
-        // Frames looped back from the TX run plus one of every size class.
+        // Frames looped back from the TX run plus one of every size class, and (GUEST_TSO
+        // negotiated with every offload) a TCP flow that coalesces into one segment across
+        // several of the fuzzed chains.
         let mut b = crate::port::Batch::default();
         for len in [14usize, 60, 1514] {
             b.push(&vec![0xab; len]);
+        }
+        for f in wire(data.get(3).is_some_and(|b| b & 1 == 1), 4 * 1448 + 7, 1448, 4000, 1) {
+            b.push(&f);
         }
         let _ = port.send(&b);
         net::rx_queue(&mut q, &mem, &mut port, &mut RxState::default(), mode, &stats, 64);
@@ -372,6 +377,21 @@ pub fn packet(v4: bool, tcp: bool, payload: usize, tcp_flags: u8) -> Vec<u8> {
     let at = l4 + if tcp { 16 } else { 6 };
     f[at..at + 2].copy_from_slice(&partial.to_be_bytes());
     f
+}
+
+/// `payload` bytes of one TCP flow as the wire carries them: cut at `mss` into frames with
+/// correct checksums (PSH on the last), from port `port` and sequence number `seq` on.
+pub fn wire(v4: bool, payload: usize, mss: usize, port: u16, seq: u32) -> Vec<Vec<u8>> {
+    let mut f = packet(v4, true, payload, 0x18);
+    let l4 = if v4 { 34 } else { 54 };
+    f[l4..l4 + 2].copy_from_slice(&port.to_be_bytes());
+    f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+    let h = gso_hdr(&f, if v4 { 1 } else { 4 }, mss as u16);
+    let Ok(offload::Plan::Gso(g)) = offload::plan(&h, &f, offload::Offloads::ALL, offload::MAX_GSO_FRAME) else {
+        return Vec::new();
+    };
+    let mut o = vec![0u8; offload::MAX_GSO_FRAME];
+    (0..g.segs).filter_map(|i| offload::write_segment(&f, &g, i, &mut o).map(|n| o[..n].to_vec())).collect()
 }
 
 /// The header a guest sends for `frame`: NEEDS_CSUM at the L4 checksum, GSO `gso_type` of `mss`.

@@ -11,7 +11,9 @@
 //! id) continues the segment, and the payload is not larger than the first frame's (a smaller one is the
 //! last). At most [`MAX_FLOWS`] segments are open at once; nothing is held past the batch.
 
-use super::{be16, csum_add, csum_fold, l3_len, l3_of, rx_csum_ok, TxHdr, F_NEEDS_CSUM, IPPROTO_TCP, TCP_PSH};
+use super::{
+    be16, csum_add, csum_fold, l3_len, l3_of, rx_csum_ok, Offloads, TxHdr, F_NEEDS_CSUM, IPPROTO_TCP, TCP_PSH,
+};
 use virtio_bindings::virtio_net::{VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6};
 
 /// Segments open at once (flows interleaved in one batch).
@@ -124,13 +126,14 @@ struct Open {
 }
 
 /// Coalesce one batch of frames into `out` (cleared first). `limit` bounds a segment's length
-/// (without virtio header): what the guest's buffers take. Frames that do not merge come out
-/// as [`Out::Pass`]; every frame appears exactly once, and the frames of one flow stay in order.
-pub fn coalesce(frames: &[&[u8]], limit: usize, out: &mut Vec<Out>, st: &mut GroStats) {
+/// (without virtio header): what the guest's buffers take. Only the families whose
+/// `guest_tso4` / `guest_tso6` is in `off` are merged. Frames that do not merge come out as
+/// [`Out::Pass`]; every frame appears exactly once, and the frames of one flow stay in order.
+pub fn coalesce(frames: &[&[u8]], limit: usize, off: Offloads, out: &mut Vec<Out>, st: &mut GroStats) {
     out.clear();
     let mut open: Vec<Open> = Vec::with_capacity(MAX_FLOWS);
     for (i, f) in frames.iter().enumerate() {
-        let t = parse(f);
+        let t = parse(f).filter(|t| if t.v4 { off.guest_tso4 } else { off.guest_tso6 });
         // An open segment of this frame's flow, if any (also for frames that cannot merge,
         // so that they do not overtake their flow's earlier frames).
         let at = open.iter().position(|o| same_flow(frames[o.idx[0]], &o.t, f));
@@ -222,4 +225,4 @@ fn flush(frames: &[&[u8]], o: Open, out: &mut Vec<Out>, st: &mut GroStats) {
 
 #[cfg(test)]
 #[path = "gro_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,29 +1,10 @@
 //! Unit tests of the wire -> guest coalescer.
 
 use super::*;
-use crate::fuzzing::packet;
+pub(crate) use crate::fuzzing::{packet, wire};
 use crate::offload::{plan, write_segment, Offloads, Plan};
 
 const LIMIT: usize = 18 + MAX_IP;
-
-/// `payload` bytes of one TCP flow as the wire carries them: cut at `mss` into frames with
-/// correct checksums (PSH on the last), starting at sequence number `seq`.
-fn wire(v4: bool, payload: usize, mss: usize, port: u16, seq: u32) -> Vec<Vec<u8>> {
-    let mut f = packet(v4, true, payload, 0x18);
-    let l4 = if v4 { 34 } else { 54 };
-    f[l4..l4 + 2].copy_from_slice(&port.to_be_bytes());
-    f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
-    let h = crate::fuzzing::gso_hdr(&f, if v4 { 1 } else { 4 }, mss as u16);
-    let Ok(Plan::Gso(g)) = plan(&h, &f, Offloads::ALL, LIMIT) else { panic!("no plan") };
-    (0..g.segs)
-        .map(|i| {
-            let mut o = vec![0u8; LIMIT];
-            let n = write_segment(&f, &g, i, &mut o).expect("segment");
-            o.truncate(n);
-            o
-        })
-        .collect()
-}
 
 /// Cut a merged segment again, as the guest's stack would see its packets.
 pub(crate) fn resegment(hdr: &TxHdr, frame: &[u8]) -> Vec<Vec<u8>> {
@@ -42,7 +23,7 @@ pub(crate) fn resegment(hdr: &TxHdr, frame: &[u8]) -> Vec<Vec<u8>> {
 fn run(frames: &[Vec<u8>]) -> (Vec<Out>, GroStats) {
     let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
     let (mut out, mut st) = (Vec::new(), GroStats::default());
-    coalesce(&refs, LIMIT, &mut out, &mut st);
+    coalesce(&refs, LIMIT, Offloads::ALL, &mut out, &mut st);
     (out, st)
 }
 
@@ -174,7 +155,7 @@ fn segments_stay_under_the_limit_and_64_kib() {
     // A guest with small buffers: nothing larger than they take.
     let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
     let (mut out, mut st) = (Vec::new(), GroStats::default());
-    coalesce(&refs, 5000, &mut out, &mut st);
+    coalesce(&refs, 5000, Offloads::ALL, &mut out, &mut st);
     check_exact(&frames, &out);
     assert!(out.iter().all(|o| !matches!(o, Out::Segment { frame, .. } if frame.len() > 5000)));
 }

@@ -53,7 +53,8 @@ struct Args {
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     poll_us: Option<u64>,
     /// Do not offer these offloads (comma-separated: csum, tso4, tso6, ecn, uso for guest ->
-    /// wire, csum taking every segmentation offload with it; guest_csum for wire -> guest).
+    /// wire, csum taking every segmentation offload with it; guest_csum, guest_tso4, guest_tso6
+    /// for wire -> guest, guest_csum taking both guest_tso with it; guest_tso is both).
     /// All are offered by default.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     no_offload: Vec<String>,
@@ -211,6 +212,8 @@ mod tests {
         assert_eq!(config(&["--loopback"]).unwrap().offloads, Offloads::ALL);
         let c = config(&["--loopback", "--no-offload", "tso6,ecn", "--no-offload", "uso"]).unwrap();
         assert_eq!(c.offloads, Offloads { tso6: false, ecn: false, uso: false, ..Offloads::ALL });
+        let c = config(&["--loopback", "--no-offload", "guest_tso"]).unwrap();
+        assert_eq!(c.offloads, Offloads { guest_tso4: false, guest_tso6: false, ..Offloads::ALL });
         let c = config(&["--loopback", "--no-offload", "csum,guest_csum"]).unwrap();
         assert_eq!(c.offloads, Offloads::NONE);
         let e = config(&["--loopback", "--no-offload", "tso7"]).unwrap_err();

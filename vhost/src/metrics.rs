@@ -89,7 +89,9 @@ pub const FAMILIES: &[Family] = &[
         true,
         &["vm", "queue", "kind"],
         "Offloads executed: tx_csum (checksum filled in), tx_gso (chain cut into MTU-sized frames), rx_data_valid \
-         (checksum verified, frame marked DATA_VALID)"
+         (checksum verified, frame marked DATA_VALID), rx_gro_segments (guest packets each coalesced from several frames, \
+         GUEST_TSO), rx_gro_frames (frames in them), rx_gro_split (frames of a segment the guest's buffers could \
+         not take whole, delivered one by one)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -231,6 +233,9 @@ impl Collector for Exporter {
             offloads.push((with(i, &[("kind", "tx_csum")]), s.tx_csum));
             offloads.push((with(i, &[("kind", "tx_gso")]), s.tx_gso));
             offloads.push((with(i, &[("kind", "rx_data_valid")]), s.rx_csum_valid));
+            offloads.push((with(i, &[("kind", "rx_gro_segments")]), s.rx_gro_segments));
+            offloads.push((with(i, &[("kind", "rx_gro_frames")]), s.rx_gro_merged));
+            offloads.push((with(i, &[("kind", "rx_gro_split")]), s.rx_gro_split));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));

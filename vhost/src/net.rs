@@ -11,7 +11,8 @@
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
-use crate::offload::{OffloadError, Offloads, MAX_GSO_FRAME};
+use crate::offload::gro::{self, Out};
+use crate::offload::{OffloadError, Offloads, TxHdr, MAX_GSO_FRAME};
 use crate::port::{Batch, Port};
 use crate::rss::XskMeta;
 use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
@@ -145,6 +146,9 @@ pub enum RxOutcome {
     Dropped,
     /// The guest has no (more) buffers; nothing was consumed.
     NoBuffers,
+    /// A coalesced segment the guest's buffers cannot take whole (not enough of them, or a
+    /// chain too small without MRG_RXBUF); nothing was consumed: deliver its frames one by one.
+    Split,
 }
 
 /// What a queue run did.
@@ -306,12 +310,13 @@ pub fn rx_frame<M: GuestMemory>(
     s: &mut Scratch,
     stats: &Stats,
 ) -> RxOutcome {
-    let out = rx_frame_in(q, mem, &mut None, frame, meta, mode, s, stats);
+    let out = rx_frame_in(q, mem, &mut None, frame, meta, None, mode, s, stats);
     s.count_rx(stats);
     out
 }
 
-/// [`rx_frame`] with the fast path's ring of the current run.
+/// [`rx_frame`] with the fast path's ring of the current run; with `gso` the frame is a
+/// coalesced segment delivered with that header, or [`RxOutcome::Split`].
 #[allow(clippy::too_many_arguments)]
 fn rx_frame_in<M: GuestMemory>(
     q: &mut Queue,
@@ -319,6 +324,7 @@ fn rx_frame_in<M: GuestMemory>(
     ring: &mut FastRing<'_, M>,
     frame: &[u8],
     meta: Option<XskMeta>,
+    gso: Option<&TxHdr>,
     mode: NetMode,
     s: &mut Scratch,
     stats: &Stats,
@@ -346,17 +352,25 @@ fn rx_frame_in<M: GuestMemory>(
                 let Some(chain) = pop_chain(q, mem, stats) else {
                     // Give back the chains taken for this frame; the guest kicks when it adds more.
                     q.set_next_avail(start);
-                    return RxOutcome::NoBuffers;
+                    s.segs.clear();
+                    // A segment the buffers the guest has cannot take: it may never add more
+                    // (a full ring of small buffers), so its frames go one by one.
+                    let split = gso.is_some() && !s.used.is_empty();
+                    s.used.clear();
+                    return if split { RxOutcome::Split } else { RxOutcome::NoBuffers };
                 };
                 (chain.head_index(), collect(chain, mem, true, usize::MAX, &mut s.segs))
             }
         };
         match res {
             Ok(c) if !mode.mergeable && c < total => {
-                // Without mergeable buffers a frame must fit one chain: drop the frame, keep
-                // the chain for the next one.
+                // Without mergeable buffers a frame must fit one chain: drop the frame (a
+                // segment: split it), keep the chain for the next one.
                 s.segs.clear();
                 q.set_next_avail(start);
+                if gso.is_some() {
+                    return RxOutcome::Split;
+                }
                 stats.rx_drop(false);
                 return RxOutcome::Dropped;
             }
@@ -381,7 +395,10 @@ fn rx_frame_in<M: GuestMemory>(
         // num_buffers <= queue size <= 32768, so it fits.
         hdr[10..12].copy_from_slice(&(s.used.len() as u16).to_le_bytes());
     }
-    if mode.offloads.guest_csum && crate::offload::rx_csum_ok(frame) {
+    if let Some(h) = gso {
+        // flags (NEEDS_CSUM), gso_type, hdr_len, gso_size, csum_start, csum_offset.
+        hdr[..10].copy_from_slice(&h.bytes());
+    } else if mode.offloads.guest_csum && crate::offload::rx_csum_ok(frame) {
         hdr[0] = HDR_F_DATA_VALID;
         s.rx_csum_valid += 1;
     }
@@ -437,20 +454,88 @@ fn drop_taken<M: GuestMemory>(
 #[derive(Debug, Default)]
 pub struct RxState {
     pending: Batch,
+    /// With GUEST_TSO: the hash metadata of each pending frame, and what the batch became
+    /// (`pos` then indexes `outs`).
+    metas: Vec<Option<XskMeta>>,
+    outs: Vec<Out>,
+    grouped: bool,
     pos: usize,
     scratch: Scratch,
 }
+
+/// One packet for the guest: its bytes, hash metadata, and for a coalesced segment its header
+/// and the pending frames it holds.
+type Item<'a> = (&'a [u8], Option<XskMeta>, Option<(&'a TxHdr, &'a [usize])>);
 
 impl RxState {
     /// Forget pending frames (device reset or new connection).
     pub fn reset(&mut self) {
         self.pending.clear();
+        self.metas.clear();
+        self.outs.clear();
+        self.grouped = false;
         self.pos = 0;
     }
 
     /// Frames received from the port and waiting for guest buffers.
     pub fn backlog(&self) -> usize {
-        self.pending.len() - self.pos
+        if !self.grouped {
+            return self.pending.len() - self.pos;
+        }
+        let n = |o: &Out| if let Out::Segment { idx, .. } = o { idx.len() } else { 1 };
+        self.outs.get(self.pos..).unwrap_or_default().iter().map(n).sum()
+    }
+
+    /// Packets pending (frames, or with GUEST_TSO what the batch became).
+    fn len(&self) -> usize {
+        if self.grouped {
+            self.outs.len()
+        } else {
+            self.pending.len()
+        }
+    }
+
+    /// Take the next batch from the port; with GUEST_TSO coalesce it (`gro.rs`), keeping the
+    /// hash metadata of each frame.
+    fn fill(&mut self, port: &mut dyn Port, mode: NetMode) -> std::io::Result<usize> {
+        if !mode.offloads.guest_tso() {
+            return port.recv(&mut self.pending, BATCH);
+        }
+        let (pending, metas) = (&mut self.pending, &mut self.metas);
+        let mut keep = |f: &[u8], m: Option<XskMeta>| {
+            pending.push(f);
+            metas.push(m);
+            true
+        };
+        let n = match port.rx_each(BATCH, &mut keep) {
+            Some(r) => r?,
+            None => {
+                let n = port.recv(&mut self.pending, BATCH)?;
+                self.metas.resize(self.pending.len(), None);
+                n
+            }
+        };
+        let frames: Vec<&[u8]> = self.pending.iter().collect();
+        gro::coalesce(&frames, MAX_GSO_FRAME, mode.offloads, &mut self.outs, &mut gro::GroStats::default());
+        self.grouped = true;
+        Ok(n)
+    }
+}
+
+/// Packet `pos` of the pending batch.
+fn item<'a>(
+    pending: &'a Batch,
+    metas: &[Option<XskMeta>],
+    outs: &'a [Out],
+    grouped: bool,
+    pos: usize,
+) -> Option<Item<'a>> {
+    if !grouped {
+        return Some((pending.get(pos)?, None, None));
+    }
+    match outs.get(pos)? {
+        Out::Pass(i) => Some((pending.get(*i)?, metas.get(*i).copied().flatten(), None)),
+        Out::Segment { idx, hdr, frame } => Some((frame, metas.get(idx[0]).copied().flatten(), Some((hdr, idx)))),
     }
 }
 
@@ -486,20 +571,21 @@ fn rx_fill<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> QueueRun {
-    if st.pos >= st.pending.len() {
+    // With GUEST_TSO a batch is taken whole (and coalesced) before anything is delivered.
+    if st.pos >= st.len() && !mode.offloads.guest_tso() {
         if let Some(run) = rx_direct(q, mem, ring, port, &mut st.scratch, mode, stats, budget) {
             return run;
         }
     }
     let mut run = QueueRun::default();
     loop {
-        if st.pos >= st.pending.len() {
+        if st.pos >= st.len() {
             st.reset();
             if run.handled >= budget {
                 run.more = true;
                 return run;
             }
-            match port.recv(&mut st.pending, BATCH) {
+            match st.fill(port, mode) {
                 Ok(0) => return run,
                 Ok(_) => {}
                 Err(e) => {
@@ -509,8 +595,18 @@ fn rx_fill<M: GuestMemory>(
             }
         }
         let mut rearmed = false;
-        while let Some(frame) = st.pending.get(st.pos) {
-            match rx_frame_in(q, mem, ring, frame, None, mode, &mut st.scratch, stats) {
+        while let Some((frame, meta, seg)) = item(&st.pending, &st.metas, &st.outs, st.grouped, st.pos) {
+            let out = rx_frame_in(q, mem, ring, frame, meta, seg.map(|s| s.0), mode, &mut st.scratch, stats);
+            if let Some((_, idx)) = seg {
+                if out == RxOutcome::Split {
+                    Stats::add(&stats.rx_gro_split, idx.len() as u64);
+                    let idx = idx.to_vec();
+                    st.outs.splice(st.pos..=st.pos, idx.into_iter().map(Out::Pass));
+                    continue;
+                }
+                count_segment(&st.pending, idx, frame.len(), out, &mut st.scratch, stats);
+            }
+            match out {
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed => return run,
@@ -526,11 +622,32 @@ fn rx_fill<M: GuestMemory>(
                     }
                 },
                 // Progress: a later shortage must re-arm notifications at the new position.
-                RxOutcome::Delivered | RxOutcome::Dropped => rearmed = false,
+                RxOutcome::Delivered | RxOutcome::Dropped | RxOutcome::Split => rearmed = false,
             }
             st.pos += 1;
             run.handled += 1;
         }
+    }
+}
+
+/// Count a coalesced segment of the pending frames `idx` (`len` bytes) as its wire frames: one
+/// guest packet in the offload counters, every frame in the delivered (or dropped) ones.
+fn count_segment(pending: &Batch, idx: &[usize], len: usize, out: RxOutcome, s: &mut Scratch, stats: &Stats) {
+    let n = idx.len() as u64;
+    match out {
+        RxOutcome::Delivered => {
+            Stats::add(&stats.rx_gro_segments, 1);
+            Stats::add(&stats.rx_gro_merged, n);
+            let wire: usize = idx.iter().filter_map(|&i| pending.get(i)).map(<[u8]>::len).sum();
+            s.rx_frames += n - 1;
+            s.rx_bytes += (wire - len) as u64;
+        }
+        RxOutcome::Dropped => {
+            for _ in 1..n {
+                stats.rx_drop(true);
+            }
+        }
+        RxOutcome::NoBuffers | RxOutcome::Split => {}
     }
 }
 
@@ -553,7 +670,7 @@ fn rx_direct<M: GuestMemory>(
     let (stop, rearmed) = (Cell::new(false), Cell::new(false));
     let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
         loop {
-            match rx_frame_in(q, mem, ring, frame, meta, mode, scratch, stats) {
+            match rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats) {
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed.get() => {}
@@ -566,7 +683,7 @@ fn rx_direct<M: GuestMemory>(
                     Err(e) => stats.error(&e),
                 },
                 // Progress: a later shortage must re-arm notifications at the new position.
-                RxOutcome::Delivered | RxOutcome::Dropped => {
+                RxOutcome::Delivered | RxOutcome::Dropped | RxOutcome::Split => {
                     rearmed.set(false);
                     return true;
                 }

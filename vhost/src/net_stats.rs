@@ -103,6 +103,14 @@ pub struct Stats {
     pub tx_gso: AtomicU64,
     /// RX frames whose TCP/UDP checksum the backend verified and marked `DATA_VALID`.
     pub rx_csum_valid: AtomicU64,
+    /// Segments of two or more frames coalesced for the guest (GUEST_TSO, `gro.rs`) and
+    /// delivered as one packet.
+    pub rx_gro_segments: AtomicU64,
+    /// Frames delivered inside those segments.
+    pub rx_gro_merged: AtomicU64,
+    /// Frames of coalesced segments the guest's buffers could not take whole, delivered one
+    /// by one instead.
+    pub rx_gro_split: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
     pub rx_notifications: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
@@ -132,6 +140,9 @@ pub struct StatsSnapshot {
     pub tx_csum: u64,
     pub tx_gso: u64,
     pub rx_csum_valid: u64,
+    pub rx_gro_segments: u64,
+    pub rx_gro_merged: u64,
+    pub rx_gro_split: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
     pub busy_ns: u64,
@@ -160,6 +171,9 @@ impl StatsSnapshot {
             tx_csum: self.tx_csum + o.tx_csum,
             tx_gso: self.tx_gso + o.tx_gso,
             rx_csum_valid: self.rx_csum_valid + o.rx_csum_valid,
+            rx_gro_segments: self.rx_gro_segments + o.rx_gro_segments,
+            rx_gro_merged: self.rx_gro_merged + o.rx_gro_merged,
+            rx_gro_split: self.rx_gro_split + o.rx_gro_split,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
             busy_ns: self.busy_ns + o.busy_ns,
@@ -213,6 +227,9 @@ impl Stats {
             tx_csum: l(&self.tx_csum),
             tx_gso: l(&self.tx_gso),
             rx_csum_valid: l(&self.rx_csum_valid),
+            rx_gro_segments: l(&self.rx_gro_segments),
+            rx_gro_merged: l(&self.rx_gro_merged),
+            rx_gro_split: l(&self.rx_gro_split),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),
             busy_ns: l(&self.busy_ns),

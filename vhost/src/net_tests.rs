@@ -750,3 +750,6 @@ impl Port for LendingPort {
 
 #[path = "net_offload_tests.rs"]
 mod offload_tx;
+
+#[path = "net_gro_tests.rs"]
+mod gro_rx;

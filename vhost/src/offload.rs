@@ -12,8 +12,9 @@
 //! puts its linear length there), so it is only checked to lie inside the frame.
 
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
-    VIRTIO_NET_HDR_GSO_ECN, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_HDR_GSO_ECN,
+    VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
 };
 
 /// `VIRTIO_NET_F_HOST_USO` (56): the device takes UDP segmentation offload.
@@ -53,22 +54,57 @@ pub struct Offloads {
     /// `VIRTIO_NET_F_GUEST_CSUM` (wire -> guest): frames whose TCP/UDP checksum the backend
     /// verified are marked `DATA_VALID`, so the guest does not check them again.
     pub guest_csum: bool,
+    /// `VIRTIO_NET_F_GUEST_TSO4` (wire -> guest, needs `guest_csum`): consecutive TCP/IPv4
+    /// frames of one flow taken from the port in one batch reach the guest as one segment
+    /// (`gro.rs`). `GUEST_ECN` is not offered: frames with CWR or ECE are never merged.
+    pub guest_tso4: bool,
+    /// `VIRTIO_NET_F_GUEST_TSO6`: the same for TCP/IPv6.
+    pub guest_tso6: bool,
 }
 
 impl Offloads {
     /// No offload.
-    pub const NONE: Offloads =
-        Offloads { csum: false, tso4: false, tso6: false, ecn: false, uso: false, guest_csum: false };
+    pub const NONE: Offloads = Offloads {
+        csum: false,
+        tso4: false,
+        tso6: false,
+        ecn: false,
+        uso: false,
+        guest_csum: false,
+        guest_tso4: false,
+        guest_tso6: false,
+    };
     /// Every offload this backend implements.
-    pub const ALL: Offloads = Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: true, guest_csum: true };
-    /// Names accepted by [`Offloads::without`] (`--no-offload`).
-    pub const NAMES: [&'static str; 6] = ["csum", "tso4", "tso6", "ecn", "uso", "guest_csum"];
+    pub const ALL: Offloads = Offloads {
+        csum: true,
+        tso4: true,
+        tso6: true,
+        ecn: true,
+        uso: true,
+        guest_csum: true,
+        guest_tso4: true,
+        guest_tso6: true,
+    };
+    /// Names accepted by [`Offloads::without`] (`--no-offload`; `guest_tso` is both families).
+    pub const NAMES: [&'static str; 9] =
+        ["csum", "tso4", "tso6", "ecn", "uso", "guest_csum", "guest_tso4", "guest_tso6", "guest_tso"];
 
-    /// These offloads minus the named one (`csum` also removes everything that needs it).
+    /// These offloads minus the named one (`csum` and `guest_csum` also remove everything that
+    /// needs them).
     pub fn without(mut self, name: &str) -> Result<Self, String> {
         match name {
-            "csum" => self = Offloads { guest_csum: self.guest_csum, ..Offloads::NONE },
-            "guest_csum" => self.guest_csum = false,
+            "csum" => {
+                self = Offloads {
+                    guest_csum: self.guest_csum,
+                    guest_tso4: self.guest_tso4,
+                    guest_tso6: self.guest_tso6,
+                    ..Offloads::NONE
+                }
+            }
+            "guest_csum" => (self.guest_csum, self.guest_tso4, self.guest_tso6) = (false, false, false),
+            "guest_tso4" => self.guest_tso4 = false,
+            "guest_tso6" => self.guest_tso6 = false,
+            "guest_tso" => (self.guest_tso4, self.guest_tso6) = (false, false),
             "tso4" => self.tso4 = false,
             "tso6" => self.tso6 = false,
             "ecn" => self.ecn = false,
@@ -78,11 +114,14 @@ impl Offloads {
         Ok(self)
     }
 
-    /// The virtio feature bits (the spec makes every segmentation feature depend on CSUM, and
-    /// ECN on TSO).
+    /// The virtio feature bits (the spec makes every segmentation feature depend on CSUM, ECN
+    /// on TSO, and the guest's TSO on GUEST_CSUM).
     pub fn features(self) -> u64 {
         let bit = |on: bool, b: u32| if on { 1u64 << b } else { 0 };
-        let rx = bit(self.guest_csum, VIRTIO_NET_F_GUEST_CSUM);
+        let g = self.guest_csum;
+        let rx = bit(g, VIRTIO_NET_F_GUEST_CSUM)
+            | bit(g && self.guest_tso4, VIRTIO_NET_F_GUEST_TSO4)
+            | bit(g && self.guest_tso6, VIRTIO_NET_F_GUEST_TSO6);
         if !self.csum {
             return rx;
         }
@@ -103,7 +142,14 @@ impl Offloads {
             ecn: has(VIRTIO_NET_F_HOST_ECN),
             uso: has(VIRTIO_NET_F_HOST_USO),
             guest_csum: has(VIRTIO_NET_F_GUEST_CSUM),
+            guest_tso4: has(VIRTIO_NET_F_GUEST_TSO4),
+            guest_tso6: has(VIRTIO_NET_F_GUEST_TSO6),
         }
+    }
+
+    /// Wire -> guest coalescing is on: GUEST_CSUM and a GUEST_TSO negotiated.
+    pub fn guest_tso(self) -> bool {
+        self.guest_csum && (self.guest_tso4 || self.guest_tso6)
     }
 
     /// Any segmentation offload: TX chains may be up to [`MAX_GSO_FRAME`].

@@ -123,12 +123,18 @@ fn lying_headers_are_refused() {
 
 #[test]
 fn features_follow_the_flags() {
-    use virtio_bindings::virtio_net::VIRTIO_NET_F_GUEST_CSUM;
+    use virtio_bindings::virtio_net::{VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6};
     let all = Offloads::ALL.features();
     assert_eq!(Offloads::from_features(all), Offloads::ALL);
+    let (gcsum, gtso4, gtso6) =
+        (1u64 << VIRTIO_NET_F_GUEST_CSUM, 1u64 << VIRTIO_NET_F_GUEST_TSO4, 1u64 << VIRTIO_NET_F_GUEST_TSO6);
     let no_csum = Offloads::ALL.without("csum").unwrap();
-    assert_eq!(no_csum.features(), 1 << VIRTIO_NET_F_GUEST_CSUM, "segmentation needs CSUM");
-    assert_eq!(no_csum.without("guest_csum").unwrap().features(), 0);
+    assert_eq!(no_csum.features(), gcsum | gtso4 | gtso6, "host segmentation needs CSUM, not the guest's");
+    assert_eq!(no_csum.without("guest_csum").unwrap().features(), 0, "guest TSO needs GUEST_CSUM");
+    assert_eq!(no_csum.without("guest_tso").unwrap().features(), gcsum);
+    assert_eq!(no_csum.without("guest_tso6").unwrap().features(), gcsum | gtso4);
+    assert_eq!(Offloads { guest_csum: false, ..Offloads::ALL }.features() & (gtso4 | gtso6), 0);
+    assert!(Offloads::ALL.guest_tso() && !Offloads { guest_csum: false, ..Offloads::ALL }.guest_tso());
     let f = Offloads::ALL.without("tso4").unwrap().without("tso6").unwrap().features();
     assert_eq!(f & (1 << VIRTIO_NET_F_HOST_ECN), 0, "ECN needs TSO");
     assert!(Offloads::ALL.without("gso").is_err());

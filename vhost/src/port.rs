@@ -188,6 +188,20 @@ impl ChannelPeer {
         true
     }
 
+    /// Queue `frames` for the guest at once (one wakeup: the backend takes them as one batch
+    /// unless it is already running); false, and nothing queued, when they do not all fit.
+    pub fn inject_all(&self, frames: &[Vec<u8>]) -> bool {
+        {
+            let mut q = lock(&self.shared);
+            if q.to_backend.len() + frames.len() > CHANNEL_CAPACITY {
+                return false;
+            }
+            q.to_backend.extend(frames.iter().cloned());
+        }
+        let _ = self.event.write(1);
+        true
+    }
+
     /// Wait until at least `n` frames were sent by the backend or `timeout` passed; returns and
     /// removes every frame sent so far.
     pub fn wait_sent(&self, n: usize, timeout: Duration) -> Vec<Vec<u8>> {

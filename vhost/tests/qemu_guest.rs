@@ -75,7 +75,8 @@ fn linux_guest_traffic_crosses_the_backend() {
     // Linux's virtio-net driver takes every offload the backend offers through QEMU.
     let acked = backend_log().lines().find(|l| l.contains("frontend acked features")).map(str::to_string);
     let acked = acked.unwrap_or_else(|| panic!("no features line:\n{}", backend_log()));
-    let want = "offloads Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: false, guest_csum: true }";
+    let want = "offloads Offloads { csum: true, tso4: true, tso6: true, ecn: true, uso: false, guest_csum: true, \
+                guest_tso4: true, guest_tso6: true }";
     assert!(acked.contains(want), "{acked}");
     // QEMU's memory-backend-memfd seals its memfd against shrinking (seal=on by default).
     for l in backend_log().lines().filter(|l| l.contains("guest memory region")) {
