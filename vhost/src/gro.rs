@@ -81,7 +81,7 @@ fn parse(f: &[u8]) -> Option<Tcp> {
     let l4 = l3 + ihl;
     let doff = usize::from(f.get(l4 + 12)? >> 4) * 4;
     let hdrs = l4 + doff;
-    let flags = f[l4 + 13];
+    let flags = *f.get(l4 + 13)?;
     if l3 + ip_len != f.len()
         || doff < 20
         || hdrs >= f.len()
