@@ -122,6 +122,9 @@ func buildDPU(ctx context.Context, i, n int) error {
 			return fmt.Errorf("dpu %s: %w", d, err)
 		}
 	}
+	if err := wireBIGTCP(wirePort); err != nil {
+		return fmt.Errorf("dpu %s: %w", d, err)
+	}
 	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv4.conf." + Uplink + ".proxy_arp", "net.ipv4.conf." + DPUPF + ".proxy_arp"} {
 		if err := sysctl(ctx, d, k, "1"); err != nil {
 			return fmt.Errorf("dpu %s: %w", d, err)

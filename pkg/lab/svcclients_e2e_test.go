@@ -23,6 +23,7 @@ import (
 
 	"github.com/lanekit/lanekit/internal/socktest"
 	"github.com/lanekit/lanekit/pkg/lbipam"
+	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
 // Services for every client (issue 23 item 5), in one lab: a host process,
@@ -261,6 +262,21 @@ func TestLabServiceClients(t *testing.T) {
 		return agentStatus(t, node).GetControlPlane().GetLbCounters()
 	}
 	node1 := UnderlayIP(1)
+
+	// The wire must not cut the agents' BIG TCP packets (wireBIGTCP): every
+	// node's bridge port takes GSO packets as large as that node's uplink
+	// builds.
+	t.Run("the wire forwards the nodes' BIG TCP packets whole", func(t *testing.T) {
+		for i := 1; i <= 2; i++ {
+			up, wire := gsoMaxSize(t, NodeNS(i), Uplink), gsoMaxSize(t, WireNS, fmt.Sprintf("lk-w%d", i))
+			if up <= netdev.LegacyGSOMaxSize {
+				t.Fatalf("node %d's uplink has gso_max_size %d: the agent did not turn BIG TCP on", i, up)
+			}
+			if wire < up {
+				t.Errorf("wire port lk-w%d has gso_max_size %d, node %d's uplink %d: the bridge segments its packets", i, wire, i, up)
+			}
+		}
+	})
 
 	t.Run("host process, hostNetwork pod and pod reach the same ClusterIP and NodePort", func(t *testing.T) {
 		// A hostNetwork pod: the node's netns, a cgroup of its own below
@@ -603,4 +619,21 @@ func TestLabServiceClients(t *testing.T) {
 		}
 		t.Logf("%d NodePort flows in %s", len(ports), elapsed.Round(time.Millisecond))
 	})
+}
+
+// gsoMaxSize reads the gso_max_size of device name in netns ns.
+func gsoMaxSize(t *testing.T, ns, name string) int {
+	t.Helper()
+	var size int
+	if err := inNetns(ns, func() error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", name, ns, err)
+		}
+		size = int(l.Attrs().GSOMaxSize)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return size
 }
