@@ -344,6 +344,21 @@ func (s *State) BigTCPRows(ctx context.Context) ([]bench.BigTCPCase, *BigTCPSwit
 	}
 	setup := sw.setup(fams)
 	setup.Detail = detail
+	// The wire's ports (not switched): a lab brought up by an older lanekit
+	// left them at 64 KiB, and its switch then segments the cross-node
+	// rows' BIG TCP packets in software (topology.go: wirePortBIGTCP).
+	for _, n := range s.Nodes[:min(2, len(s.Nodes))] {
+		port := fmt.Sprintf("lk-w%d", n.Index)
+		found, err := readGSOSizes(WireNS, port)
+		if err != nil {
+			continue // a DPU's port, or no wire
+		}
+		line := fmt.Sprintf("%s %s (the wire, not switched): %s", WireNS, port, found)
+		if !found.active("ipv6") {
+			line += ": at 64 KiB the lab's switch segments BIG TCP packets in software (a lab from an older lanekit: lab down, lab up)"
+		}
+		setup.Devices = append(setup.Devices, line)
+	}
 	return cases, sw, setup, skipped, nil
 }
 

@@ -190,3 +190,73 @@ func TestBigTCPRunVeth(t *testing.T) {
 		}
 	}
 }
+
+// TestWirePortBIGTCP: a replica of the lab's wire (two hosts with BIG TCP
+// sizes on veths into a bridge namespace) whose ports got wirePortBIGTCP
+// carries an IPv6 stream's BIG TCP packets whole: the receiver's device
+// counts more than 64 KiB per packet. With the ports at the kernel's 64 KiB
+// the bridge segments every packet into MTU frames in software.
+func TestWirePortBIGTCP(t *testing.T) {
+	a, b := bigTCPPair(t) // reused for their names; re-wired below through a bridge
+	w := fmt.Sprintf("lkbt%d-w", os.Getpid())
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", w)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", w).Run() })
+	run("-n", a, "link", "del", "bt0")
+	run("-n", w, "link", "add", "br0", "type", "bridge")
+	run("-n", w, "link", "set", "br0", "up")
+	big := gsoSizes{GSO: 196608, GRO: 196608, GSO4: 196608, GRO4: 196608}
+	for _, e := range []struct{ ns, port, ip string }{{a, "wa", "fd99:7::1/64"}, {b, "wb", "fd99:7::2/64"}} {
+		run("-n", e.ns, "link", "add", "up0", "type", "veth", "peer", "name", e.port, "netns", w)
+		run("-n", w, "link", "set", e.port, "master", "br0", "up")
+		run("-n", e.ns, "addr", "add", e.ip, "dev", "up0", "nodad")
+		run("-n", e.ns, "link", "set", "up0", "up")
+		if err := setGSOSizes(e.ns, "up0", big); err != nil {
+			t.Fatal(err)
+		}
+		if err := wirePortBIGTCP(w, e.port); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readGSOSizes(w, e.port); err != nil || got != big {
+			t.Fatalf("wire port %s: %v (%v), want %v", e.port, got, err, big)
+		}
+	}
+	rx := func() (pkts, bytes uint64) {
+		err := netlinkIn(b, func(h *netlink.Handle) error {
+			l, err := h.LinkByName("up0")
+			if err != nil {
+				return err
+			}
+			pkts, bytes = l.Attrs().Statistics.RxPackets, l.Attrs().Statistics.RxBytes
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pkts, bytes
+	}
+	srv := exec.Command("ip", "netns", "exec", b, "iperf3", "-s", "-1", "-B", "fd99:7::2")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	time.Sleep(300 * time.Millisecond)
+	p0, b0 := rx()
+	if out, err := exec.Command("ip", "netns", "exec", a, "iperf3", "-c", "fd99:7::2", "-t", "1").CombinedOutput(); err != nil {
+		t.Fatalf("iperf3: %v: %s", err, out)
+	}
+	p1, b1 := rx()
+	if p1 <= p0 {
+		t.Fatal("nothing arrived")
+	}
+	avg := (b1 - b0) / (p1 - p0)
+	t.Logf("receiver: %d packets, %d bytes, %d bytes per packet", p1-p0, b1-b0, avg)
+	if avg <= 65536 {
+		t.Errorf("%d bytes per packet behind the wire: its ports segmented BIG TCP packets", avg)
+	}
+}
