@@ -211,7 +211,13 @@ keeps every CPU busy (SCHED_IDLE spinners) during RR so latencies exclude idle-e
 --vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
 and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
 PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never;
-only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).`,
+only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).
+
+--big-tcp adds the BIG TCP rows: lanekit pod to pod on node 1 and from node 1 to node 2, 1 and 8
+streams (iperf3 -P), per family of the lab, with BIG TCP as the agents set it and off (64 KiB
+GSO/GRO on both ends of the pods' veths and the nodes' uplinks, restored as found afterwards, also
+on failure or interrupt), interleaved in every repetition; the sending pod's from-pod bytes per
+packet show which sizes crossed the datapath. --big-tcp-only measures them alone.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from != "" {
 				rep, err := loadReport(from)
