@@ -194,9 +194,17 @@ func measureBigTCP(ctx context.Context, o Options, sw BigTCPSwitch, c BigTCPCase
 	if c.Streams > 1 {
 		extra = []string{"-P", strconv.Itoa(c.Streams)}
 	}
-	if err := iperf(ctx, o, c.Path, extra, s.gbps[m], rep); err != nil {
+	srv, args, err := startIperf(ctx, o, c.Path, false, extra...)
+	if err != nil {
 		return err
 	}
+	out, err := runIn(ctx, o.Duration+15*time.Second, c.Path.ClientNS, args...)
+	srv.stop()
+	gbps, perr := ParseIperf3(out)
+	if perr != nil {
+		return errors.Join(err, perr)
+	}
+	s.gbps[m][rep] = gbps
 	p1, b1, err := sw.SenderCounters(ctx, c)
 	if err != nil {
 		return err

@@ -268,26 +268,37 @@ func hostPort(ip string, port int) string {
 
 // runIperf: single-stream TCP throughput with iperf3 (one-off server).
 func runIperf(ctx context.Context, o Options, p Path, s *samples) error {
-	return iperf(ctx, o, p, nil, s.gbps, s.cur)
+	return iperf(ctx, o, p, false, s.gbps, s.cur)
 }
 
 // runIperfRev: runIperf with the server sending (iperf3 -R).
 func runIperfRev(ctx context.Context, o Options, p Path, s *samples) error {
-	return iperf(ctx, o, p, []string{"-R"}, s.gbpsRev, s.cur)
+	return iperf(ctx, o, p, true, s.gbpsRev, s.cur)
 }
 
-// iperf measures p's TCP throughput once into into[cur]; extra are more
-// client flags (-R: the server sends; -P n: n streams).
-func iperf(ctx context.Context, o Options, p Path, extra []string, into []float64, cur int) error {
+// startIperf starts a one-off iperf3 server for p and returns it with the
+// client's command line (-R: the server sends; extra appended).
+func startIperf(ctx context.Context, o Options, p Path, reverse bool, extra ...string) (stopper, []string, error) {
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, iperfPort,
 		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
 	if err != nil {
+		return nil, nil, err
+	}
+	args := []string{"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	return srv, append(args, extra...), nil
+}
+
+func iperf(ctx context.Context, o Options, p Path, reverse bool, into []float64, cur int) error {
+	srv, args, err := startIperf(ctx, o, p, reverse)
+	if err != nil {
 		return err
 	}
 	defer srv.stop()
-	args := []string{"iperf3", "-c", p.ServerIP, "-p", strconv.Itoa(iperfPort), "-t", secondsArg(o.Duration), "-J"}
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, append(args, extra...)...)
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 	gbps, perr := ParseIperf3(out)
 	if perr != nil {
 		if err != nil {

@@ -346,7 +346,7 @@ func (s *State) BigTCPRows(ctx context.Context) ([]bench.BigTCPCase, *BigTCPSwit
 	setup.Detail = detail
 	// The wire's ports (not switched): a lab brought up by an older lanekit
 	// left them at 64 KiB, and its switch then segments the cross-node
-	// rows' BIG TCP packets in software (topology.go: wirePortBIGTCP).
+	// rows' BIG TCP packets in software (topology.go: wireBIGTCP).
 	for _, n := range s.Nodes[:min(2, len(s.Nodes))] {
 		port := fmt.Sprintf("lk-w%d", n.Index)
 		found, err := readGSOSizes(WireNS, port)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-
-	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
 // buildWire creates the underlay namespace and its bridge.
@@ -54,9 +52,6 @@ func buildNode(ctx context.Context, i, n int, k8s, kubeProxy bool) error {
 			return fmt.Errorf("node %s: %w", ns, err)
 		}
 	}
-	if err := wirePortBIGTCP(WireNS, wirePort); err != nil {
-		return fmt.Errorf("node %s: %w", ns, err)
-	}
 	for _, kv := range [][2]string{
 		{"net.ipv4.ip_forward", "1"},
 		{"net.bridge.bridge-nf-call-iptables", "1"},
@@ -104,32 +99,6 @@ func buildRawHost(ctx context.Context, i int) error {
 		if err := ip(ctx, args...); err != nil {
 			return fmt.Errorf("raw host %s: %w", ns, err)
 		}
-	}
-	if err := wirePortBIGTCP(WireNS, wirePort); err != nil {
-		return fmt.Errorf("raw host %s: %w", ns, err)
-	}
-	return nil
-}
-
-// wirePortBIGTCP gives a wire bridge port (port in namespace ns) BIG TCP's
-// GSO/GRO sizes (192 KiB, the IPv4 ones where the kernel has them). The wire stands for a switch
-// behind NICs that cut a TSO packet into MTU frames in hardware; a veth port
-// left at 64 KiB would instead segment every larger packet a node sends in
-// software on the switch's CPU (measured: IPv6 BIG TCP across the bridge
-// at 9 Gbit/s with the ports at 64 KiB, 32 with them at 192 KiB), which no
-// real network does. Senders still decide their sizes: a device left at 64
-// KiB (raw hosts, nodes with BIG TCP off) sends no larger packet.
-func wirePortBIGTCP(ns, port string) error {
-	found, err := readGSOSizes(ns, port)
-	if err != nil {
-		return fmt.Errorf("wire port: %w", err)
-	}
-	big := gsoSizes{GSO: netdev.BIGTCPSize, GRO: netdev.BIGTCPSize}
-	if found.GSO4 != 0 {
-		big.GSO4, big.GRO4 = netdev.BIGTCPSize, netdev.BIGTCPSize
-	}
-	if err := setGSOSizes(ns, port, big); err != nil {
-		return fmt.Errorf("wire port: %w", err)
 	}
 	return nil
 }
