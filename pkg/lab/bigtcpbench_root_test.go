@@ -190,4 +190,3 @@ func TestBigTCPRunVeth(t *testing.T) {
 		}
 	}
 }
-
