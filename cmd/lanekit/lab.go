@@ -191,6 +191,8 @@ func labBenchCmd() *cobra.Command {
 		policiesOnly     bool
 		routings         []string
 		noHostCPU        bool
+		bigTCP           bool
+		bigTCPOnly       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -209,7 +211,13 @@ keeps every CPU busy (SCHED_IDLE spinners) during RR so latencies exclude idle-e
 --vm-backend runs the backend comparison (no lab needed, root + dpdk-testpmd): 64-byte packets/s
 and 1500-byte Gbit/s through lanekit-vhost vs DPDK testpmd forwarding between its vhost and af_xdp
 PMDs, in a throwaway netns. auto: when the lab has a VM; on: always (also without a lab); off: never;
-only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).`,
+only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this).
+
+--big-tcp adds the BIG TCP rows: lanekit pod to pod on node 1 and from node 1 to node 2, 1 and 8
+streams (iperf3 -P), per family of the lab, with BIG TCP as the agents set it and off (64 KiB
+GSO/GRO on both ends of the pods' veths and the nodes' uplinks, restored as found afterwards, also
+on failure or interrupt), interleaved in every repetition; the sending pod's from-pod bytes per
+packet show which sizes crossed the datapath. --big-tcp-only measures them alone.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from != "" {
 				rep, err := loadReport(from)
@@ -227,8 +235,8 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			if len(routings) > 0 {
-				if len(svcCounts) > 0 || len(policyCounts) > 0 || (vmBackend != "auto" && vmBackend != "off") {
-					return errors.New("lab bench: --routing measures the pod rows of its own labs: no --services, --policies or --vm-backend on|only with it")
+				if len(svcCounts) > 0 || len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") {
+					return errors.New("lab bench: --routing measures the pod rows of its own labs: no --services, --policies, --big-tcp or --vm-backend on|only with it")
 				}
 				return runRoutingBench(cmd, routings, opts, asJSON, chart)
 			}
@@ -253,7 +261,8 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 			ctx, cancel := signalContext()
 			defer cancel()
 			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
-			if len(st.Nodes) > 0 && !servicesOnly {
+			bigTCP = bigTCP || bigTCPOnly
+			if len(st.Nodes) > 0 && !servicesOnly && !bigTCPOnly {
 				paths, skipped := st.BenchPaths()
 				if !noHostCPU {
 					opts.GuestPIDs = st.GuestQEMUPIDs()
@@ -298,6 +307,11 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 					return err
 				}
 			}
+			if bigTCP {
+				if rep.BigTCP, err = runBigTCPRows(ctx, cmd, st, opts); err != nil {
+					return err
+				}
+			}
 			if chart != "" && (len(rep.Rows) > 0 || rep.Services != nil) {
 				if err := writeChart(rep, chart); err != nil {
 					return err
@@ -336,9 +350,34 @@ only: the comparison alone, even with a lab up (vhost/bench/compare.sh runs this
 	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
 	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows")
 	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
+	cmd.Flags().BoolVar(&bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
+	cmd.Flags().BoolVar(&bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
 	cmd.Flags().StringSliceVar(&routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
+}
+
+// runBigTCPRows measures the BIG TCP rows and gives every device its
+// GSO/GRO sizes as found back (also on failure or interrupt).
+func runBigTCPRows(ctx context.Context, cmd *cobra.Command, st *lab.State, o bench.Options) (_ *bench.BigTCPReport, err error) {
+	cases, sw, setup, skipped, err := st.BigTCPRows(ctx)
+	for _, s := range skipped {
+		fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping BIG TCP", s)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	defer func() {
+		if rerr := sw.Restore(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("lab bench: %w", rerr))
+		}
+	}()
+	rep, err := bench.RunBigTCP(ctx, cases, sw, setup, o)
+	if err != nil {
+		return nil, fmt.Errorf("lab bench: %w", err)
+	}
+	rep.Skipped = append(skipped, rep.Skipped...)
+	return rep, nil
 }
 
 // runServiceRows builds the service rows' namespaces, measures them and

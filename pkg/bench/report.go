@@ -32,6 +32,9 @@ type Report struct {
 	// Services: the service rows (kube-proxy iptables/nftables vs lanekit;
 	// nil when not run).
 	Services *SvcReport `json:"services,omitempty"`
+	// BigTCP: lanekit pod to pod with BIG TCP on and off (bigtcp.go; nil
+	// when not run).
+	BigTCP *BigTCPReport `json:"big_tcp,omitempty"`
 }
 
 // Row holds one path's results: TCP throughput as min/median/max, the other
@@ -238,6 +241,9 @@ func (r *Report) ComputeRatios() {
 	if r.Services != nil {
 		r.Services.Compute()
 	}
+	if r.BigTCP != nil {
+		r.BigTCP.Compute()
+	}
 	var host *Row
 	for i := range r.Rows {
 		if r.Rows[i].Path == HostPath {
@@ -291,6 +297,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if r.Services != nil {
 		if err := r.Services.WriteTable(w); err != nil {
+			return err
+		}
+	}
+	if r.BigTCP != nil {
+		if err := r.BigTCP.WriteTable(w); err != nil {
 			return err
 		}
 	}
@@ -437,7 +448,8 @@ func (r *Report) Failed() bool {
 			return true
 		}
 	}
-	return (r.VMBackend != nil && len(r.VMBackend.Errors) > 0) || (r.Services != nil && r.Services.Failed())
+	return (r.VMBackend != nil && len(r.VMBackend.Errors) > 0) || (r.Services != nil && r.Services.Failed()) ||
+		(r.BigTCP != nil && r.BigTCP.Failed())
 }
 
 func spread(s Summary, f string) string {
