@@ -249,7 +249,7 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	macOf := map[string]int{"node-a": 0, "node-b": 1}
 	if u != nil {
 		u.flush(t, ip)
-		u.waitNeighbour(t, ip, u.macs[macOf[elected]], true, 3*time.Second)
+		u.waitNeighbour(t, ip, u.macs[macOf[elected]], true, 10*time.Second)
 	}
 
 	// The IPAM leader, web's announcer, crashes.
