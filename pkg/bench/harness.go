@@ -321,14 +321,25 @@ func iperf(ctx context.Context, o Options, p Path, reverse bool, into []float64,
 	return nil
 }
 
+// startSockperf starts a sockperf server for p and returns it with the
+// ping-pong client's command line (round trips in µs, for o.Duration).
+func startSockperf(ctx context.Context, o Options, p Path) (stopper, []string, error) {
+	srv, err := p.server(ctx, o.Duration+20*time.Second, sockperfPort,
+		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return srv, []string{"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
+		"-t", secondsArg(o.Duration), "--full-rtt"}, nil
+}
+
 // runSockperf: TCP request/response round trips with sockperf ping-pong.
 func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 	if rrTool(p) == RRToolGo { // rr.go: sockperf 3.7 has no IPv6
 		return runGoRR(ctx, o, p, s)
 	}
 	life := o.Duration + 20*time.Second
-	srv, err := p.server(ctx, life, sockperfPort,
-		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
+	srv, args, err := startSockperf(ctx, o, p)
 	if err != nil {
 		return err
 	}
@@ -340,9 +351,7 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 		}
 		defer sp.stop()
 	}
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-		"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
-		"-t", secondsArg(o.Duration), "--full-rtt")
+	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 	if err != nil {
 		return err
 	}

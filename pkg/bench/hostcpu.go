@@ -227,10 +227,9 @@ func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64
 	if err != nil {
 		return err
 	}
-	into[cur] = float64(host.Nanoseconds()) / float64(n)
-	for name, d := range pd {
-		partSlot(parts, name, len(into))[cur] = float64(d.Nanoseconds()) / float64(n)
-	}
+	per := float64(n) // ns per byte
+	into[cur] = float64(host.Nanoseconds()) / per
+	recordParts(parts, pd, per, len(into), cur)
 	return nil
 }
 
@@ -247,9 +246,7 @@ func runCPUTCPRev(ctx context.Context, o Options, p Path, s *samples) error {
 // runCPURR: host CPU µs per request/response transaction, closed loop (one
 // in flight), without the busy-CPU spinners (they would be counted as busy).
 func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
-	life := o.Duration + 20*time.Second
-	srv, err := p.server(ctx, life, sockperfPort,
-		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
+	srv, args, err := startSockperf(ctx, o, p)
 	if err != nil {
 		return err
 	}
@@ -257,9 +254,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	var out []byte
 	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
-		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-			"sockperf", "pp", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort),
-			"-t", secondsArg(o.Duration), "--full-rtt")
+		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 		return err
 	})
 	if err != nil {
@@ -272,13 +267,18 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	if lat.Observations <= 0 {
 		return errors.New("sockperf: no observations counted")
 	}
-	n := float64(lat.Observations)
-	s.cpuTxn[s.cur] = float64(host.Nanoseconds()) / 1e3 / n
-	parts := s.partMap(&s.cpuPartTxn)
-	for name, d := range pd {
-		partSlot(parts, name, len(s.cpuTxn))[s.cur] = float64(d.Nanoseconds()) / 1e3 / n
-	}
+	per := 1e3 * float64(lat.Observations) // µs per transaction
+	s.cpuTxn[s.cur] = float64(host.Nanoseconds()) / per
+	recordParts(s.partMap(&s.cpuPartTxn), pd, per, len(s.cpuTxn), s.cur)
 	return nil
+}
+
+// recordParts stores each part's run time in pd divided by per as
+// repetition cur of its values in parts.
+func recordParts(parts map[string][]float64, pd map[string]time.Duration, per float64, repeat, cur int) {
+	for name, d := range pd {
+		partSlot(parts, name, repeat)[cur] = float64(d.Nanoseconds()) / per
+	}
 }
 
 // partMap returns *m, made on first use.
