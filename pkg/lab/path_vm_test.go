@@ -12,26 +12,14 @@ import (
 	"github.com/lanekit/lanekit/pkg/guest"
 )
 
-// TestPodVMTakesTheBPFPath is TestBulkTCPTakesTheBPFPath between a lanekit
-// pod on node 1 and the fast-lane VM on node 2 (QEMU under TCG, so the
-// guest bounds the rate; the packet counts are what matter): in both
-// directions each node's kernel forwards at most 2 % of the packets, and the
-// pod's and the VM's endpoint counters account for the rest. Root only;
-// brings up the global lab with a VM (run it under the lab lock).
-func TestPodVMTakesTheBPFPath(t *testing.T) {
-	bins := pathTestBins(t)
-	requireVMBins(t, bins) // vm6_e2e_test.go
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+// podVMTakesTheBPFPath is TestBulkTCPTakesTheBPFPath between a lanekit pod
+// on node 1 and the fast-lane VM on node 2 (QEMU under TCG, so the guest
+// bounds the rate; the packet counts are what matter): in both directions
+// each node's kernel forwards at most 2 % of the packets, and the pod's and
+// the VM's endpoint counters account for the rest. A subtest of
+// TestVMLiveMigrationMovesAddress, on its lab (one VM on node 2), before the
+// moves.
+func podVMTakesTheBPFPath(t *testing.T, ctx context.Context, st *State) {
 	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
 		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
 	}

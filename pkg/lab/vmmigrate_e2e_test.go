@@ -34,8 +34,10 @@ const maxMigrationLoss = 100
 // address to the target, the TCP connection survived, and each pinger lost
 // at most maxMigrationLoss pings. A ClusterIP Service whose backend is the
 // VM and a NetworkPolicy selecting it (applied once, before the first move)
-// work before and after every move: migrationObjects.check. Root only;
-// brings up the global lab with a VM (under the lab lock).
+// work before and after every move: migrationObjects.check. Before the moves,
+// the same lab shows pod <-> VM bulk TCP taking the BPF path
+// (podVMTakesTheBPFPath). Root only; brings up the global lab with a VM (under
+// the lab lock).
 func TestVMLiveMigrationMovesAddress(t *testing.T) {
 	bins := pathTestBins(t)
 	testutil.RequireBinary(t, "qemu-system-x86_64")
@@ -61,6 +63,9 @@ func TestVMLiveMigrationMovesAddress(t *testing.T) {
 	}
 	vmIP := netip.MustParseAddr(st.VMs[0].IP)
 	mac := st.VMs[0].MAC
+	// The path first, on the same lab (one VM boot for both): bulk TCP pod <-> VM
+	// through the BPF programs, before any policy or move.
+	t.Run("pod and VM take the BPF path", func(t *testing.T) { podVMTakesTheBPFPath(t, ctx, st) })
 	objs := setupMigrationObjects(t, ctx, bins, st)
 	t.Run("service and policy before the moves", func(t *testing.T) { objs.check(t, 2) })
 
