@@ -1,4 +1,4 @@
-package conncheck_test
+package lab_test
 
 import (
 	"bytes"
@@ -39,7 +39,9 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// TestConnectivityLab runs the built CLI's `connectivity test --lab` on a
+// TestConnectivityLab (pkg/conncheck's command against the lab; an external
+// test package of pkg/lab so that it runs under pkg/lab's TestMain, which
+// holds the lab lock, instead of a second package waiting on that lock) runs the built CLI's `connectivity test --lab` on a
 // 2-node `lab up --k8s`: every check passes and the namespace is gone
 // afterwards; then with a deny-all NetworkPolicy slipped into the test's
 // namespace as soon as it exists, the pod-to-pod checks fail and the
@@ -64,7 +66,7 @@ func TestConnectivityLab(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build lanekit: %v\n%s", err, out)
 	}
-	// TestMain holds the lab lock.
+	// pkg/lab's TestMain holds the lab lock.
 	lk := func(ctx context.Context, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, cli, args...)
 		cmd.Env = append(os.Environ(), "LANEKIT_BIN="+binDir)
