@@ -53,6 +53,9 @@ type Config struct {
 	// Kubelet (with K8s) runs real nodes instead: containerd and kubelet
 	// per node, lanekit installed from deploy/ (realnode.go).
 	Kubelet bool
+	// Install (with Kubelet): how lanekit is installed, InstallKustomize
+	// ("" too) or InstallHelm (realnode_install.go).
+	Install string
 	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
 	IPFamily string
 	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;

@@ -107,9 +107,16 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return err
 		}
 	}
-	progress(cfg.Out, "lab: %d nodes registered; installing lanekit (kubectl apply -k %s)", len(st.Nodes), cfg.Bins.DeployDir())
-	if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv); err != nil {
-		return err
+	if cfg.install() == InstallHelm {
+		progress(cfg.Out, "lab: %d nodes registered; installing lanekit with the Helm commands of %s", len(st.Nodes), InstallDoc)
+		if err := installLanekitHelm(ctx, filepath.Dir(cfg.Bins.DeployDir()), srv); err != nil {
+			return err
+		}
+	} else {
+		progress(cfg.Out, "lab: %d nodes registered; installing lanekit (kubectl apply -k %s)", len(st.Nodes), cfg.Bins.DeployDir())
+		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv); err != nil {
+			return err
+		}
 	}
 	if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", len(st.Nodes)); err != nil {
 		return err

@@ -41,7 +41,10 @@ func TestLabRealNodesDualStack(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var upLog bytes.Buffer
-	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, IPFamily: IPFamilyDual, Bins: bins, Out: &upLog})
+	// Installed as docs/install.md tells a newcomer to, with Helm (TestLabRealNodes
+	// installs with kustomize): the page's own command, read from it.
+	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, IPFamily: IPFamilyDual, Install: InstallHelm,
+		Bins: bins, Out: &upLog})
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i := 1; i <= 2; i++ {
@@ -65,6 +68,21 @@ func TestLabRealNodesDualStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Run("installed by the documented helm install", func(t *testing.T) {
+		ds, err := kc.AppsV1().DaemonSets(LanekitNamespace).Get(ctx, "lanekit-agent", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds.Labels["app.kubernetes.io/managed-by"] != "Helm" || ds.Annotations["meta.helm.sh/release-name"] != "lanekit" {
+			t.Fatalf("DaemonSet labels %v annotations %v: not the Helm release lanekit", ds.Labels, ds.Annotations)
+		}
+		// The docs' check step: the agent's own status, waited for.
+		out, err := kubectl(ctx, nodeBins, nil, "-n", LanekitNamespace, "exec", "ds/lanekit-agent", "--", "lanekit", "status", "--wait")
+		t.Logf("lanekit status --wait:\n%s", out)
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
 
 	podCIDR6 := map[string]netip.Prefix{}
 	nodes, err := kc.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
