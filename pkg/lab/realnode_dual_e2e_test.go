@@ -5,6 +5,9 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -81,6 +84,23 @@ func TestLabRealNodesDualStack(t *testing.T) {
 		t.Logf("lanekit status --wait:\n%s", out)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The docs' proof step, as on any cluster (its kubeconfig, probes
+		// through the pods' exec API; no --lab): every check passes.
+		cctx, ccancel := context.WithTimeout(ctx, 4*time.Minute)
+		defer ccancel()
+		cmd := exec.CommandContext(cctx, "nsenter", "--net="+netnsPath(WireNS), "--",
+			filepath.Join(bins.Dir, "lanekit"), "connectivity", "test", "--kubeconfig", Kubeconfig, "--timeout", "20s")
+		b, err := cmd.CombinedOutput()
+		t.Logf("lanekit connectivity test:\n%s", b)
+		if err != nil {
+			t.Fatalf("connectivity test on the Helm-installed cluster: %v", err)
+		}
+		for _, want := range []string{`pod-to-pod \(across nodes\)\s+pass`, `pod-to-service \(ClusterIP\)\s+pass`,
+			`policy: deny \(client -> server\)\s+pass`, `dns\s+pass`, ` 0 failed`} {
+			if !regexp.MustCompile(want).Match(b) {
+				t.Errorf("summary lacks %q", want)
+			}
 		}
 	})
 
