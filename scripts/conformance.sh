@@ -12,6 +12,8 @@
 #   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
 #                       the timeout is what is left once the lab is up
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
+#   CONFORMANCE_LB_POOL  the lab's --lb-pool (default for ipv4: 10.77.0.200-10.77.0.239;
+#                       empty: no LB IPAM)
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -58,7 +60,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 bin/lanekit lab down >&2
 start=$SECONDS
-bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" >&2
+# LoadBalancer Services: lanekit's LB IPAM + L2 announcement, a pool on the
+# underlay where the runner is (empty: none; the dual-stack run has none yet).
+lbpool=${CONFORMANCE_LB_POOL-$([ "$family" = ipv4 ] && echo 10.77.0.200-10.77.0.239)}
+bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
   [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }

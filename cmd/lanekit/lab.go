@@ -70,6 +70,7 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false, "with --k8s: real nodes, containerd + kubelet per node (make k8s-node-bins, make k8s-node-images), "+
 		"kube-controller-manager, kube-scheduler, lanekit installed with kubectl apply -k deploy/, CoreDNS; no kube-proxy")
 	cmd.Flags().StringVar(&cfg.Install, "install", lab.InstallKustomize, "with --kubelet: how lanekit is installed: kustomize (kubectl apply -k deploy/ through an overlay) or helm (the commands of docs/install.md's \"Install with Helm\", run as written there)")
+	cmd.Flags().StringVar(&cfg.LBPool, "lb-pool", "", "with --kubelet: LoadBalancer addresses for lanekit's LB IPAM (a CIDR or FIRST-LAST on the underlay, e.g. 10.77.0.200-10.77.0.239): deploy/lb applied, lb-ipam and l2-announce on")
 	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (IPv6-only lanekit pods: the agents get only an IPv6 pod CIDR; no --k8s, --vm or --routing tunnel yet)")
 	cmd.Flags().IntVar(&cfg.DPUNodes, "dpu-nodes", 0, "nodes 1..N get a DPU namespace between the node and the wire: the datapath runs there (lanekitd --mode dpu), the node runs lanekitd --mode host (VFs are veth pairs)")
 	return cmd

@@ -56,6 +56,10 @@ type Config struct {
 	// Install (with Kubelet): how lanekit is installed, InstallKustomize
 	// ("" too) or InstallHelm (realnode_install.go).
 	Install string
+	// LBPool (with Kubelet and the kustomize install): LoadBalancer addresses
+	// (a CIDR or FIRST-LAST on the underlay) for lanekit's LB IPAM, announced
+	// by L2 (deploy/lb applied, lb-ipam and l2-announce on).
+	LBPool string
 	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
 	IPFamily string
 	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;

@@ -114,7 +114,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		}
 	} else {
 		progress(cfg.Out, "lab: %d nodes registered; installing lanekit (kubectl apply -k %s)", len(st.Nodes), cfg.Bins.DeployDir())
-		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv); err != nil {
+		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv, cfg.LBPool); err != nil {
 			return err
 		}
 	}
@@ -326,8 +326,11 @@ func kubectl(ctx context.Context, nodeBins string, stdin []byte, args ...string)
 // installLanekit installs deploy/ the way a user does, `kubectl apply -k`,
 // through an overlay that sets only what a cluster without kube-proxy must
 // set: the API server's own address for the agents (the ConfigMap's
-// k8s-service-host and k8s-service-port).
-func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stest.Server) error {
+// k8s-service-host and k8s-service-port). With lbPool (addresses in the
+// pools' syntax: a CIDR or FIRST-LAST) it also applies deploy/lb as its
+// comment says (the LB RBAC and the lanekit-lb-pools ConfigMap, its one pool
+// set to lbPool) and turns on lb-ipam and l2-announce.
+func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stest.Server, lbPool string) error {
 	if _, err := os.Stat(filepath.Join(deployDir, "kustomization.yaml")); err != nil {
 		return fmt.Errorf("lanekit manifests: %w", err)
 	}
@@ -340,11 +343,29 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 	if err != nil {
 		return err
 	}
+	resources := "  - " + base + "\n"
+	lbKeys, lbPoolPatch := "", ""
+	if lbPool != "" {
+		resources += "  - " + filepath.Join(base, "lb") + "\n"
+		lbKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
+		lbPoolPatch = fmt.Sprintf(`  - patch: |-
+      apiVersion: v1
+      kind: ConfigMap
+      metadata:
+        name: lanekit-lb-pools
+        namespace: %s
+      data:
+        pools.yaml: |
+          pools:
+            - name: lab
+              addresses:
+                - %s
+`, LanekitNamespace, lbPool)
+	}
 	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - %s
-patches:
+%spatches:
   - patch: |-
       apiVersion: v1
       kind: ConfigMap
@@ -354,7 +375,7 @@ patches:
       data:
         k8s-service-host: %q
         k8s-service-port: %q
-`, base, LanekitNamespace, srv.Address, strconv.Itoa(srv.APIPort))
+%s%s`, resources, LanekitNamespace, srv.Address, strconv.Itoa(srv.APIPort), lbKeys, lbPoolPatch)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		return err
 	}

@@ -336,7 +336,7 @@ func TestLabRealNodes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("helm uninstall: %v: %s", err, out)
 		}
-		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv); err != nil {
+		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv, ""); err != nil {
 			t.Fatal(err)
 		}
 		if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", 2); err != nil {

@@ -51,12 +51,18 @@ func (c Config) install() string {
 }
 
 func (c Config) checkInstall() error {
+	if c.LBPool != "" && !c.Kubelet {
+		return fmt.Errorf("--lb-pool needs --k8s --kubelet (real nodes)")
+	}
 	switch c.Install {
 	case "", InstallKustomize:
 		return nil
 	case InstallHelm:
 		if !c.Kubelet {
 			return fmt.Errorf("--install %s needs --k8s --kubelet (real nodes)", c.Install)
+		}
+		if c.LBPool != "" {
+			return fmt.Errorf("--lb-pool: with --install %s, set the chart's config.lbIPAM and a pool yourself", InstallHelm)
 		}
 		return nil
 	}
