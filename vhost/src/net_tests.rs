@@ -11,7 +11,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
-use crate::port::{Batch, Port};
+use crate::port::{finish_csum, Batch, Port, TxFrame};
 
 const MEM_SIZE: usize = 0x40_0000;
 const BUF_BASE: u64 = 0x10_0000;
@@ -26,11 +26,20 @@ struct TestPort {
     room: usize,
     lend: Option<usize>,
     lent: Vec<Vec<u8>>,
+    /// The checksum request of each frame sent through `tx_commit`.
+    csum_reqs: Vec<Option<(u16, u16)>>,
 }
 
 impl TestPort {
     fn new() -> Self {
-        TestPort { incoming: VecDeque::new(), sent: Vec::new(), room: usize::MAX, lend: None, lent: Vec::new() }
+        TestPort {
+            incoming: VecDeque::new(),
+            sent: Vec::new(),
+            room: usize::MAX,
+            lend: None,
+            lent: Vec::new(),
+            csum_reqs: Vec::new(),
+        }
     }
 }
 
@@ -58,10 +67,14 @@ impl Port for TestPort {
     fn tx_buf(&mut self, i: usize) -> &mut [u8] {
         self.lent.get_mut(i).map_or(&mut [], |b| &mut b[..])
     }
-    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+    fn tx_commit(&mut self, frames: &[TxFrame]) -> io::Result<usize> {
         assert!(frames.len() <= self.lent.len(), "more frames than lent buffers");
-        for (b, &(off, len)) in self.lent.iter().zip(frames) {
-            self.sent.push(b[off..off + len].to_vec());
+        for (b, f) in self.lent.iter().zip(frames) {
+            let mut frame = b[f.off..f.off + f.len].to_vec();
+            // What a port without TX metadata does; the request is kept for the tests.
+            self.csum_reqs.push(f.csum);
+            finish_csum(&mut frame, f.csum);
+            self.sent.push(frame);
         }
         self.room -= frames.len();
         self.lent.clear();

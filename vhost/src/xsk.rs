@@ -45,7 +45,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::port::{Batch, Port};
+use crate::port::{finish_csum, Batch, Port, TxFrame};
 use crate::rss::{self, XskMeta};
 
 const AF_XDP: libc::c_int = 44;
@@ -93,6 +93,35 @@ struct UmemReg {
     headroom: u32,
 }
 
+/// `struct xdp_umem_reg` with `flags` and `tx_metadata_len` (kernel >= 6.8).
+#[repr(C)]
+struct UmemRegMeta {
+    v1: UmemReg,
+    flags: u32,
+    tx_metadata_len: u32,
+}
+
+/// `XDP_UMEM_TX_METADATA_LEN`: the UMEM has `tx_metadata_len` bytes of TX metadata room.
+const XDP_UMEM_TX_METADATA_LEN: u32 = 1 << 2;
+/// `XDP_TX_METADATA` (descriptor option): a `struct xsk_tx_metadata` precedes the frame.
+const XDP_TX_METADATA: u32 = 1 << 1;
+/// `XDP_TXMD_FLAGS_CHECKSUM`: the kernel builds the skb `CHECKSUM_PARTIAL` at
+/// `csum_start` / `csum_offset` (copy mode since 6.8, `xsk_build_skb`).
+const XDP_TXMD_FLAGS_CHECKSUM: u64 = 1 << 1;
+/// TX metadata room the backend asks for: `struct xsk_tx_metadata` is 24 bytes since 6.15
+/// (16 before); the kernel takes any multiple of 8 below 256.
+pub const TX_METADATA_LEN: u32 = 24;
+
+/// `struct xsk_tx_metadata` as the backend fills it: `flags` (u64), then the request's
+/// `csum_start` and `csum_offset` (u16 each, from the frame's first byte), in native byte order.
+pub fn tx_metadata(csum_start: u16, csum_offset: u16) -> [u8; 12] {
+    let mut m = [0u8; 12];
+    m[..8].copy_from_slice(&XDP_TXMD_FLAGS_CHECKSUM.to_ne_bytes());
+    m[8..10].copy_from_slice(&csum_start.to_ne_bytes());
+    m[10..12].copy_from_slice(&csum_offset.to_ne_bytes());
+    m
+}
+
 /// `struct sockaddr_xdp`.
 #[repr(C)]
 struct SockaddrXdp {
@@ -131,6 +160,9 @@ pub struct XskParams {
     pub rx_size: u32,
     /// TX ring entries (power of two).
     pub tx_size: u32,
+    /// The UMEM's `tx_metadata_len` (0: registered without TX metadata; checksums are then
+    /// computed by the backend). Every TX frame starts this far into its chunk.
+    pub tx_metadata_len: u32,
 }
 
 impl XskParams {
@@ -145,6 +177,7 @@ impl XskParams {
             comp_size: 2048,
             rx_size: 2048,
             tx_size: 2048,
+            tx_metadata_len: 0,
         }
     }
 
@@ -171,6 +204,12 @@ impl XskParams {
             return bad(format!(
                 "queue {}: umem_size {} != frame_size {} * frame_count {} (>= 2)",
                 self.queue, self.umem_size, self.frame_size, self.frame_count
+            ));
+        }
+        if self.tx_metadata_len % 8 != 0 || self.tx_metadata_len >= 256 || (1..16).contains(&self.tx_metadata_len) {
+            return bad(format!(
+                "queue {}: tx_metadata_len {} not 0 or a multiple of 8 in 16..256",
+                self.queue, self.tx_metadata_len
             ));
         }
         if self.umem_size > 1 << 36 {
@@ -409,6 +448,8 @@ pub struct XskPort {
     tx_lent: usize,
     /// Descriptors from the kernel that pointed outside the UMEM (never expected).
     pub bad_descs: u64,
+    /// Frames sent with a checksum request in their TX metadata (left to the kernel).
+    pub csum_offloaded: u64,
 }
 
 impl XskPort {
@@ -441,14 +482,25 @@ impl XskPort {
             fill_pending: (0..nfill).map(|i| u64::from(i) * fs).collect(),
             tx_lent: 0,
             bad_descs: 0,
+            csum_offloaded: 0,
         };
         port.refill();
         Ok(port)
     }
 
-    /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode.
-    pub fn create(ifname: &str, params: XskParams) -> io::Result<Self> {
-        let (xsk, umem) = create_unbound(params)?;
+    /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode, with
+    /// [`TX_METADATA_LEN`] bytes of TX metadata room when the kernel takes it (>= 6.8; else
+    /// without, and the backend computes checksums itself).
+    pub fn create(ifname: &str, mut params: XskParams) -> io::Result<Self> {
+        params.tx_metadata_len = TX_METADATA_LEN;
+        let (xsk, umem) = match create_unbound(params) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                log::info!("queue {}: kernel refuses AF_XDP TX metadata ({e}): software checksums", params.queue);
+                params.tx_metadata_len = 0;
+                create_unbound(params)?
+            }
+            r => r?,
+        };
         let raw = xsk.as_raw_fd();
         let port = XskPort::from_fds(xsk, &umem, params)?;
         bind_copy(raw, ifname, params.queue)?;
@@ -458,6 +510,16 @@ impl XskPort {
     /// Geometry of this socket.
     pub fn params(&self) -> XskParams {
         self.params
+    }
+
+    /// Room in front of every TX frame for its `struct xsk_tx_metadata`.
+    fn meta_room(&self) -> usize {
+        self.params.tx_metadata_len as usize
+    }
+
+    /// Largest TX frame.
+    fn tx_cap(&self) -> usize {
+        self.params.frame_size as usize - self.meta_room()
     }
 
     fn frame(&self, addr: u64, len: usize) -> Option<&[u8]> {
@@ -633,13 +695,15 @@ impl Port for XskPort {
         let n = self.tx.free(want).min(want);
         let start = self.tx.local;
         let mut sent = 0u32;
+        let room = self.meta_room() as u64;
         for f in batch.iter().take(n as usize) {
-            if f.len() > self.params.frame_size as usize {
+            if f.len() > self.tx_cap() {
                 break;
             }
-            let Some(addr) = self.tx_free.pop() else { break };
-            // SAFETY: addr is a frame start inside the UMEM and f.len() <= frame_size, so the copy
-            // stays in the mapping; the kernel does not touch free frames.
+            let Some(chunk) = self.tx_free.pop() else { break };
+            let addr = chunk + room;
+            // SAFETY: chunk is a frame start inside the UMEM and room + f.len() <= frame_size, so
+            // the copy stays in the mapping; the kernel does not touch free frames.
             unsafe { std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.as_ptr().add(addr as usize), f.len()) };
             self.tx.write(start.wrapping_add(sent), XdpDesc { addr, len: f.len() as u32, options: 0 });
             sent += 1;
@@ -659,27 +723,46 @@ impl Port for XskPort {
         if i >= self.tx_lent {
             return &mut [];
         }
-        let addr = self.tx_free[self.tx_free.len() - 1 - i];
-        let fs = self.params.frame_size as usize;
-        // SAFETY: addr is a frame start taken from `tx_free` (frame-aligned, inside the UMEM, see
-        // `reclaim`), so [addr, addr + frame_size) lies in the mapping; free frames are not on any
-        // ring, so the kernel does not touch them, and `&mut self` makes the borrow exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(addr as usize), fs) }
+        let addr = self.tx_free[self.tx_free.len() - 1 - i] as usize + self.meta_room();
+        // SAFETY: the chunk is a frame start taken from `tx_free` (frame-aligned, inside the UMEM,
+        // see `reclaim`), so [addr, addr + tx_cap) = [chunk + room, chunk + frame_size) lies in
+        // the mapping; free frames are not on any ring, so the kernel does not touch them, and
+        // `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(addr), self.tx_cap()) }
     }
 
-    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+    fn tx_commit(&mut self, frames: &[TxFrame]) -> io::Result<usize> {
         let n = frames.len().min(self.tx_lent);
         self.tx_lent = 0;
-        let fs = self.params.frame_size as usize;
+        let (cap, room) = (self.tx_cap(), self.meta_room());
         let start = self.tx.local;
         let mut sent = 0u32;
-        for &(off, len) in &frames[..n] {
-            if off.checked_add(len).is_none_or(|end| end > fs) {
+        for f in &frames[..n] {
+            if f.off.checked_add(f.len).is_none_or(|end| end > cap) {
                 break;
             }
-            let Some(addr) = self.tx_free.pop() else { break };
-            // In aligned mode a descriptor may start anywhere in its chunk (not past its end).
-            let desc = XdpDesc { addr: addr + off as u64, len: len as u32, options: 0 };
+            let Some(&chunk) = self.tx_free.last() else { break };
+            // In aligned mode a descriptor may start anywhere in its chunk (not past its end);
+            // with TX metadata it starts at least `room` in, the metadata right before it.
+            let at = chunk as usize + room + f.off;
+            let mut options = 0;
+            if let Some((cs, co)) = f.csum {
+                if room == 0 || !f.csum_fits() {
+                    // No metadata room (old kernel): the checksum is computed here.
+                    // SAFETY: [at, at + len) lies in the chunk (checked above), which is ours.
+                    let frame = unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(at), f.len) };
+                    finish_csum(frame, f.csum);
+                } else {
+                    let m = tx_metadata(cs, co);
+                    // SAFETY: [at - room, at - room + 12) lies in the chunk (room >= 16), which
+                    // is ours until the descriptor is published.
+                    unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), self.umem.ptr.as_ptr().add(at - room), m.len()) };
+                    options = XDP_TX_METADATA;
+                    self.csum_offloaded += 1;
+                }
+            }
+            self.tx_free.pop();
+            let desc = XdpDesc { addr: at as u64, len: f.len as u32, options };
             self.tx.write(start.wrapping_add(sent), desc);
             sent += 1;
         }
@@ -695,13 +778,18 @@ impl Port for XskPort {
         Some(self.fd.as_raw_fd())
     }
 
+    fn csum_offloaded(&self) -> u64 {
+        self.csum_offloaded
+    }
+
     fn describe(&self) -> String {
         format!("xsk queue {}", self.params.queue)
     }
 }
 
 /// Steps 4 of the handover without the bind: an AF_XDP socket with a memfd UMEM registered
-/// (aligned, headroom 0, chunk = frame size) and its four rings created. Needs `CAP_NET_RAW`.
+/// (aligned, headroom 0, chunk = frame size, `tx_metadata_len` when not 0: the kernel refuses
+/// it with EINVAL before 6.8) and its four rings created. Needs `CAP_NET_RAW`.
 pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
     params.validate()?;
     let umem = memfd("lanekit-umem", params.umem_size)?;
@@ -722,7 +810,12 @@ pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
         chunk_size: params.frame_size,
         headroom: 0,
     };
-    setsockopt(raw, XDP_UMEM_REG, &reg)?;
+    if params.tx_metadata_len > 0 {
+        let meta = UmemRegMeta { v1: reg, flags: XDP_UMEM_TX_METADATA_LEN, tx_metadata_len: params.tx_metadata_len };
+        setsockopt(raw, XDP_UMEM_REG, &meta)?;
+    } else {
+        setsockopt(raw, XDP_UMEM_REG, &reg)?;
+    }
     setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
     setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
     setsockopt(raw, XDP_RX_RING, &params.rx_size)?;

@@ -195,7 +195,7 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
         let (body, fds) = recv_msg(c.as_raw_fd()).unwrap();
         assert!(fds.is_empty());
         let req: Request = serde_json::from_slice(&body).unwrap();
-        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true });
+        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true, tx_meta: true });
         let q = QueueInfo {
             queue: 0,
             umem_size: params.umem_size,
@@ -205,6 +205,7 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
             comp_size: params.comp_size,
             rx_size: params.rx_size,
             tx_size: params.tx_size,
+            tx_metadata_len: params.tx_metadata_len,
         };
         let reply = serde_json::to_vec(&Reply { version: 1, queues: vec![q], error: None, rss: None }).unwrap();
         send_msg(c.as_raw_fd(), &reply, &[xsk.as_raw_fd(), umem.as_raw_fd()]).unwrap();
