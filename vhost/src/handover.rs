@@ -257,8 +257,8 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
 pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req =
-        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true }).map_err(io::Error::other)?;
+    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true })
+        .map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {
@@ -326,7 +326,8 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false, tx_meta: false }).unwrap();
+        let req =
+            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false, tx_meta: false }).unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
         let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true }).unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true}"#);

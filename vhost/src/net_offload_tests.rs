@@ -165,7 +165,8 @@ fn tx_only_the_l4_checksum_is_left_to_the_port() {
     // would be written) is computed here before the frame leaves.
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let (tcp4, udp4, tcp6) = (packet(true, true, 300, 0x18), packet(true, false, 300, 0), packet(false, true, 300, 0x18));
+    let (tcp4, udp4, tcp6) =
+        (packet(true, true, 300, 0x18), packet(true, false, 300, 0), packet(false, true, 300, 0x18));
     let csum = |f: &[u8]| TxHdr { gso_type: 0, gso_size: 0, ..gso_hdr(f, 0, 0) };
     let aimed = TxHdr { csum_start: 30, csum_offset: 0, ..csum(&tcp4) };
     let big = packet(true, true, 4000, 0x18);

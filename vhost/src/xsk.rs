@@ -756,7 +756,9 @@ impl Port for XskPort {
                     let m = tx_metadata(cs, co);
                     // SAFETY: [at - room, at - room + 12) lies in the chunk (room >= 16), which
                     // is ours until the descriptor is published.
-                    unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), self.umem.ptr.as_ptr().add(at - room), m.len()) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(m.as_ptr(), self.umem.ptr.as_ptr().add(at - room), m.len())
+                    };
                     options = XDP_TX_METADATA;
                     self.csum_offloaded += 1;
                 }

@@ -269,7 +269,8 @@ fn guest_checksums_are_left_to_the_kernel_through_tx_metadata() {
         b
     };
     let csum = |f: &[u8]| TxHdr { gso_type: 0, gso_size: 0, ..gso_hdr(f, 0, 0) };
-    let (tcp4, udp4, tcp6) = (packet(true, true, 700, 0x18), packet(true, false, 300, 0), packet(false, true, 500, 0x18));
+    let (tcp4, udp4, tcp6) =
+        (packet(true, true, 700, 0x18), packet(true, false, 300, 0), packet(false, true, 500, 0x18));
     let big = packet(true, true, 4000, 0x18);
     let mut aimed = tcp4.clone();
     aimed[35] = 0x77; // its own source port, to tell it apart on the capture
@@ -343,7 +344,13 @@ fn set_auxdata(fd: std::os::fd::RawFd) -> io::Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: setsockopt with a valid int of its size.
     let r = unsafe {
-        libc::setsockopt(fd, libc::SOL_PACKET, libc::PACKET_AUXDATA, (&raw const on).cast(), size_of::<libc::c_int>() as u32)
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_AUXDATA,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as u32,
+        )
     };
     if r != 0 {
         return Err(io::Error::last_os_error());
