@@ -52,6 +52,7 @@ func TestPodVMTakesTheBPFPath(t *testing.T) {
 	defer con.Close()
 
 	podVMBulkPath(t, ctx, vm, con, pod, vmIP, podIPAddr, vm.IP, IPForwDatagrams, "datagrams")
+	t.Run("guest checksums left to the kernel", func(t *testing.T) { vmChecksums(t, ctx, bins, vm, con) })
 }
 
 // podVMBulkPath runs bulk TCP between the lanekit pod on node 1 and the
