@@ -7,8 +7,9 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>","rss":true}` (`<name>` from `--vm`; `"rss":true`: the backend
-//!    takes the VM's RSS map, see step 3; agents that do not know the field ignore it).
+//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true}` (`<name>` from `--vm`;
+//!    `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it writes
+//!    AF_XDP TX metadata, see step 4; agents that do not know a field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
@@ -23,7 +24,10 @@
 //!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
-//!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`); its fill,
+//!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`; with
+//!    `"tx_meta":true` and a kernel >= 6.8 also `XDP_UMEM_TX_METADATA_LEN` and the queue entry's
+//!    `"tx_metadata_len"` (24; absent: 0), and every TX frame then starts that far into its
+//!    chunk, its `struct xsk_tx_metadata` right before it); its fill,
 //!    completion, RX and TX rings created with the given sizes (powers of two); and is bound to
 //!    (uplink, queue) with its own UMEM (no shared UMEM), copy or zero-copy mode, with or
 //!    without `XDP_USE_NEED_WAKEUP`. The agent has inserted it in its XSKMAP.
