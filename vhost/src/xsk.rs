@@ -210,7 +210,8 @@ impl XskParams {
                 self.queue, self.umem_size, self.frame_size, self.frame_count
             ));
         }
-        if self.tx_metadata_len % 8 != 0 || self.tx_metadata_len >= 256 || (1..16).contains(&self.tx_metadata_len) {
+        let m = self.tx_metadata_len;
+        if !m.is_multiple_of(8) || m >= 256 || (1..16).contains(&m) {
             return bad(format!(
                 "queue {}: tx_metadata_len {} not 0 or a multiple of 8 in 16..256",
                 self.queue, self.tx_metadata_len
