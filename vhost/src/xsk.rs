@@ -41,11 +41,10 @@
 //! memfd UMEM, `XDP_COPY` bind on queues `0..N-1`. It loads no XDP program: without one that
 //! redirects into an XSKMAP nothing is received, but TX works.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -794,118 +793,10 @@ impl Port for XskPort {
     }
 }
 
-/// Steps 4 of the handover without the bind: an AF_XDP socket with a memfd UMEM registered
-/// (aligned, headroom 0, chunk = frame size, `tx_metadata_len` when not 0: the kernel refuses
-/// it with EINVAL before 6.8) and its four rings created. Needs `CAP_NET_RAW`.
-pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
-    params.validate()?;
-    let umem = memfd("lanekit-umem", params.umem_size)?;
-    // SAFETY: plain socket(2) call; the result is checked before being owned.
-    let raw = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a new fd that nothing else owns.
-    let xsk = unsafe { OwnedFd::from_raw_fd(raw) };
-    let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
-    // The registration mapping may go away after XDP_UMEM_REG: the kernel pins the pages, which
-    // are the memfd's, and whoever uses the socket maps the same memfd again.
-    let reg_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
-    let reg = UmemReg {
-        addr: reg_map.ptr.as_ptr() as u64,
-        len: params.umem_size,
-        chunk_size: params.frame_size,
-        headroom: 0,
-    };
-    if params.tx_metadata_len > 0 {
-        let meta = UmemRegMeta { v1: reg, flags: XDP_UMEM_TX_METADATA_LEN, tx_metadata_len: params.tx_metadata_len };
-        setsockopt(raw, XDP_UMEM_REG, &meta)?;
-    } else {
-        setsockopt(raw, XDP_UMEM_REG, &reg)?;
-    }
-    setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
-    setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
-    setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
-    setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
-    Ok((xsk, umem))
-}
-
-/// Bind an AF_XDP socket to (`ifname`, `queue`) in copy mode. Needs `CAP_NET_RAW`.
-pub fn bind_copy(fd: RawFd, ifname: &str, queue: u32) -> io::Result<()> {
-    let name = CString::new(ifname).map_err(io::Error::other)?;
-    // SAFETY: name is a valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
-    }
-    let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: queue, shared_umem_fd: 0 };
-    // SAFETY: sa is a valid sockaddr_xdp of the given length.
-    let r = unsafe { libc::bind(fd, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t) };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {queue}: {e}")));
-    }
-    Ok(())
-}
-
-/// A memfd of `size` bytes.
-pub fn memfd(name: &str, size: u64) -> io::Result<File> {
-    let name = CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: name is a valid NUL-terminated string.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor owned by nobody else.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size)?;
-    Ok(f)
-}
+#[path = "xsk_create.rs"]
+mod create;
+pub use create::{bind_copy, create_unbound, memfd};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn params_validation() {
-        assert!(XskParams::standard(0).validate().is_ok());
-        let mut p = XskParams::standard(0);
-        p.rx_size = 1000;
-        assert!(p.validate().is_err());
-        let mut p = XskParams::standard(0);
-        p.umem_size += 1;
-        assert!(p.validate().is_err());
-        let mut p = XskParams::standard(0);
-        p.frame_size = 1024;
-        p.umem_size = 1024 * 4096;
-        assert!(p.validate().is_err());
-        assert_eq!(XskParams::standard(0).fill_frames(), 2048);
-    }
-
-    #[test]
-    fn tx_metadata_is_struct_xsk_tx_metadata_asking_for_a_checksum() {
-        // struct xsk_tx_metadata { __u64 flags; union { struct { __u16 csum_start;
-        // __u16 csum_offset; __u64 launch_time; } request; ... } } (include/uapi/linux/if_xdp.h).
-        let m = tx_metadata(34, 16);
-        assert_eq!(u64::from_ne_bytes(m[..8].try_into().unwrap()), 2, "XDP_TXMD_FLAGS_CHECKSUM only");
-        assert_eq!(u16::from_ne_bytes([m[8], m[9]]), 34);
-        assert_eq!(u16::from_ne_bytes([m[10], m[11]]), 16);
-        assert_eq!(size_of::<UmemRegMeta>(), 32, "struct xdp_umem_reg with tx_metadata_len");
-        let mut p = XskParams::standard(0);
-        for (len, ok) in [(0, true), (16, true), (24, true), (248, true), (8, false), (12, false), (256, false)] {
-            p.tx_metadata_len = len;
-            assert_eq!(p.validate().is_ok(), ok, "tx_metadata_len {len}");
-        }
-    }
-
-    #[test]
-    fn from_fds_refuses_a_non_xsk_socket() {
-        let umem = memfd("t", XskParams::standard(0).umem_size).unwrap();
-        // SAFETY: plain socket(2); result checked.
-        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0) };
-        assert!(raw >= 0);
-        // SAFETY: new fd owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        assert!(XskPort::from_fds(fd, &umem, XskParams::standard(0)).is_err());
-    }
-}
+#[path = "xsk_tests.rs"]
+mod tests;
