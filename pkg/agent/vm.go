@@ -349,14 +349,14 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 			return fd, int(m.ValueSize()), nil
 		}
 	}
-	srv, err := xsk.ListenRSS(ep.VM.Socket, name, func(xsk.Request) ([]*xsk.Socket, error) {
+	srv, err := xsk.ListenRSS(ep.VM.Socket, name, func(req xsk.Request) ([]*xsk.Socket, error) {
 		var socks []*xsk.Socket
 		err := netdev.InNetns(netnsPath, func() error {
 			var err error
 			// The kernel frees a closed socket's UMEM from a workqueue: a
 			// backend reconnecting at once finds its queues busy for a moment.
 			for deadline := time.Now().Add(xskBusyWait); ; time.Sleep(20 * time.Millisecond) {
-				socks, err = xsk.OpenQueues(dvm.IfIndex, dvm.Queues, xsk.DefaultSizes)
+				socks, err = xsk.OpenQueues(dvm.IfIndex, dvm.Queues, xsk.SizesFor(req))
 				if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 					break
 				}

@@ -76,12 +76,12 @@ func newBenchAgent(nsPath, vmDev, pinDir, sock string, mac net.HardwareAddr) (_ 
 
 // provide opens fresh sockets on the VM device's queues and publishes them
 // in lk_xsks, as the agent's provider does for every backend connection.
-func (a *benchAgent) provide(xsk.Request) ([]*xsk.Socket, error) {
+func (a *benchAgent) provide(req xsk.Request) ([]*xsk.Socket, error) {
 	var socks []*xsk.Socket
 	err := netdev.InNetns(a.nsPath, func() error {
 		var err error
 		for deadline := time.Now().Add(agentBusyWait); ; time.Sleep(20 * time.Millisecond) {
-			socks, err = xsk.OpenQueues(a.vm.IfIndex, a.vm.Queues, xsk.DefaultSizes)
+			socks, err = xsk.OpenQueues(a.vm.IfIndex, a.vm.Queues, xsk.SizesFor(req))
 			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 				break
 			}

@@ -40,6 +40,7 @@ func podVMTakesTheBPFPath(t *testing.T, ctx context.Context, st *State) {
 	defer con.Close()
 
 	podVMBulkPath(t, ctx, vm, con, pod, vmIP, podIPAddr, vm.IP, IPForwDatagrams, "datagrams")
+	t.Run("guest checksums left to the kernel", func(t *testing.T) { vmChecksums(t, ctx, bins, vm, con) })
 }
 
 // podVMBulkPath runs bulk TCP between the lanekit pod on node 1 and the

@@ -24,6 +24,21 @@ type Request struct {
 	// RSS: the backend takes the VM's RSS map. Only then does the offer
 	// carry it, so a backend that predates it gets the reply it expects.
 	RSS bool `json:"rss,omitempty"`
+	// TxMeta: the backend writes AF_XDP TX metadata (struct xsk_tx_metadata,
+	// checksum offload) in front of its TX frames, so the UMEM may be
+	// registered with tx_metadata_len (the offer says whether it was). Only
+	// then: a backend that predates it puts TX frames at offset 0 of a chunk,
+	// which the kernel refuses on such a UMEM.
+	TxMeta bool `json:"tx_meta,omitempty"`
+}
+
+// SizesFor is DefaultSizes with TX metadata room when the backend asked for it.
+func SizesFor(req Request) Sizes {
+	sz := DefaultSizes
+	if req.TxMeta {
+		sz.TxMetadataLen = TxMetadataLen
+	}
+	return sz
 }
 
 // Offer is the agent's answer; the fds travel alongside as SCM_RIGHTS.

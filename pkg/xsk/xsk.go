@@ -9,7 +9,8 @@
 //
 //	{"version":1,"vm":"<name>","rss":true}
 //
-// ("rss" optional: the backend takes the VM's RSS map.)
+// ("rss" optional: the backend takes the VM's RSS map; "tx_meta":true optional:
+// the backend writes AF_XDP TX metadata, see TxMetadataLen.)
 //
 // The agent answers with ONE message: a JSON body
 //
@@ -21,7 +22,10 @@
 // body also has "rss":{"value_size":N} and the map's fd comes last (see
 // RSSInfo). Each xsk is already bound (copy mode) to queue i of the VM's device and inserted into
 // the XSKMAP; its UMEM is the memfd umem_i, registered in aligned mode with
-// headroom 0 and chunk = frame_size. The backend mmaps the memfd and the four
+// headroom 0 and chunk = frame_size; when the request had "tx_meta":true and the
+// kernel takes it (>= 6.8), with XDP_UMEM_TX_METADATA_LEN and tx_metadata_len
+// TxMetadataLen, and the queue entry then says "tx_metadata_len":24 (absent: 0,
+// the backend falls back to software checksums). The backend mmaps the memfd and the four
 // rings (getsockopt XDP_MMAP_OFFSETS), owns every frame (it fills the fill ring
 // itself and uses the rest for tx). On an error the agent answers
 // {"version":1,"error":"..."} without fds. Each connection gets fresh sockets:
@@ -46,7 +50,14 @@ type Sizes struct {
 	CompSize   uint32
 	RxSize     uint32
 	TxSize     uint32
+	// TxMetadataLen > 0: register the UMEM with this much TX metadata room
+	// in front of every TX frame (falls back to 0 when the kernel refuses).
+	TxMetadataLen uint32
 }
+
+// TxMetadataLen is the room for struct xsk_tx_metadata (24 bytes since 6.15,
+// 16 before; the kernel takes any multiple of 8 below 256).
+const TxMetadataLen = 24
 
 // DefaultSizes: 4096 frames of 2 KiB (8 MiB of UMEM per queue), 2048-entry rings.
 var DefaultSizes = Sizes{FrameSize: 2048, FrameCount: 4096, FillSize: 2048, CompSize: 2048, RxSize: 2048, TxSize: 2048}
@@ -75,6 +86,8 @@ type QueueConfig struct {
 	CompSize   uint32 `json:"comp_size"`
 	RxSize     uint32 `json:"rx_size"`
 	TxSize     uint32 `json:"tx_size"`
+	// TxMetadataLen is the UMEM's tx_metadata_len (0: none).
+	TxMetadataLen uint32 `json:"tx_metadata_len,omitempty"`
 }
 
 // Socket is a bound AF_XDP socket and the memfd backing its UMEM.
@@ -138,8 +151,20 @@ func Open(ifindex int, queue uint32, sz Sizes) (_ *Socket, err error) {
 		return nil, fmt.Errorf("open xsk: socket: %w", err)
 	}
 	reg := unix.XDPUmemReg{Addr: uint64(uintptrOf(mem)), Len: umemSize, Size: sz.FrameSize}
-	if err := setsockoptUmemReg(s.FD, &reg); err != nil {
-		return nil, fmt.Errorf("open xsk: register umem: %w", err)
+	if sz.TxMetadataLen > 0 {
+		meta := reg
+		meta.Flags, meta.Tx_metadata_len = unix.XDP_UMEM_TX_METADATA_LEN, sz.TxMetadataLen
+		// Kernels before 6.8 refuse the flag (EINVAL): register without.
+		if err := setsockoptUmemReg(s.FD, &meta); err == nil {
+			s.Config.TxMetadataLen = sz.TxMetadataLen
+		} else if err != unix.EINVAL {
+			return nil, fmt.Errorf("open xsk: register umem with tx metadata: %w", err)
+		}
+	}
+	if s.Config.TxMetadataLen == 0 {
+		if err := setsockoptUmemReg(s.FD, &reg); err != nil {
+			return nil, fmt.Errorf("open xsk: register umem: %w", err)
+		}
 	}
 	for _, o := range []struct {
 		opt  int

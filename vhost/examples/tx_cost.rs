@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use lanekit_vhost::backend::GuestMem;
 use lanekit_vhost::net::{tx_queue, NetMode, Stats, TxState, HDR_LEN};
-use lanekit_vhost::port::{Batch, Port};
+use lanekit_vhost::port::{Batch, Port, TxFrame};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress};
@@ -50,7 +50,7 @@ impl Port for UmemPort {
         let at = i * BUF as usize;
         &mut self.umem[at..at + BUF as usize]
     }
-    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+    fn tx_commit(&mut self, frames: &[TxFrame]) -> io::Result<usize> {
         self.lent = 0;
         Ok(frames.len())
     }

@@ -172,6 +172,9 @@ pub struct NetBackend {
     rss_config: Mutex<Option<RssConfig>>,
     /// Guest -> wire offloads offered.
     offloads: Offloads,
+    /// The `VIRTIO_NET_F_GUEST_*` offloads the guest has on (all negotiated ones after feature
+    /// negotiation; `CTRL_GUEST_OFFLOADS_SET` switches them at run time).
+    guest_offloads: AtomicU64,
 }
 
 /// Errors building a backend.
@@ -246,6 +249,7 @@ impl NetBackend {
             rss: None,
             rss_config: Mutex::new(None),
             offloads: Offloads::ALL,
+            guest_offloads: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -363,6 +367,7 @@ impl NetBackend {
             p.rx.reset();
         }
         self.acked.store(0, Ordering::Relaxed);
+        self.guest_offloads.store(u64::MAX, Ordering::Relaxed);
         self.active_pairs.store(1, Ordering::Relaxed);
         if self.rss.is_some() && self.rss_config().is_some() {
             // A new guest (or a reset one) starts with the default steering.
@@ -529,7 +534,21 @@ impl NetBackend {
             offloads: Offloads::NONE,
         }
         .with_hash_report(has(rss::VIRTIO_NET_F_HASH_REPORT) && has(VIRTIO_F_VERSION_1))
-        .with_offloads(Offloads::from_features(acked & self.offloads.features()))
+        .with_offloads(Offloads::from_features(self.offload_features(acked)))
+    }
+
+    /// The negotiated offload feature bits, minus the guest offloads the guest switched off.
+    fn offload_features(&self, acked: u64) -> u64 {
+        let on = self.guest_offloads.load(Ordering::Relaxed) | !net::GUEST_OFFLOAD_BITS;
+        acked & self.offloads.features() & on
+    }
+
+    /// The guest offloads on (feature bits), as `CTRL_GUEST_OFFLOADS_SET` left them.
+    pub fn guest_offloads(&self) -> u64 {
+        self.acked.load(Ordering::Relaxed)
+            & self.offloads.features()
+            & net::GUEST_OFFLOAD_BITS
+            & self.guest_offloads.load(Ordering::Relaxed)
     }
 
     fn ctrl_features(&self) -> net::CtrlFeatures {
@@ -537,6 +556,11 @@ impl NetBackend {
         net::CtrlFeatures {
             rss: acked & (1 << rss::VIRTIO_NET_F_RSS) != 0,
             hash_report: acked & (1 << rss::VIRTIO_NET_F_HASH_REPORT) != 0,
+            guest_offloads: if acked & (1 << net::VIRTIO_NET_F_CTRL_GUEST_OFFLOADS) != 0 {
+                acked & self.offloads.features() & net::GUEST_OFFLOAD_BITS
+            } else {
+                0
+            },
         }
     }
 
@@ -689,6 +713,10 @@ impl NetBackend {
                 );
                 self.set_rss(Some(c).filter(|c| c.hash_types != 0));
             }
+            if let Some(on) = changes.guest_offloads {
+                info!("guest set its offloads to {on:#x}");
+                self.guest_offloads.store(on, Ordering::Relaxed);
+            }
             run
         });
         if run.more {
@@ -728,8 +756,11 @@ impl VhostUserBackend for NetBackend {
 
     fn features(&self) -> u64 {
         let rss = if self.rss.is_some() { 1 << rss::VIRTIO_NET_F_RSS | 1 << rss::VIRTIO_NET_F_HASH_REPORT } else { 0 };
+        // The guest may switch wire -> guest offloads at run time (`ethtool -K` in the guest).
+        let ctrl_offloads = if self.offloads.guest_csum { 1 << net::VIRTIO_NET_F_CTRL_GUEST_OFFLOADS } else { 0 };
         VIRTIO_FEATURES
             | self.offloads.features()
+            | ctrl_offloads
             | rss
             | 1 << VHOST_F_LOG_ALL
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
@@ -737,6 +768,8 @@ impl VhostUserBackend for NetBackend {
 
     fn acked_features(&self, features: u64) {
         self.acked.store(features, Ordering::Relaxed);
+        // Feature negotiation turns every negotiated guest offload on.
+        self.guest_offloads.store(u64::MAX, Ordering::Relaxed);
         let off = Offloads::from_features(features & self.offloads.features());
         info!("frontend acked features {features:#x}, offloads {off:?}");
         self.set_log_all(features & (1 << VHOST_F_LOG_ALL) != 0);

@@ -86,7 +86,14 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
         net::rx_queue(&mut q, &mem, &mut port, &mut RxState::default(), mode, &stats, 64);
     }
     if let Some(mut q) = new_queue() {
-        net::ctrl_queue(&mut q, &mem, 4, net::CtrlFeatures { rss: true, hash_report: true }, &stats, 64);
+        net::ctrl_queue(
+            &mut q,
+            &mem,
+            4,
+            net::CtrlFeatures { rss: true, hash_report: true, guest_offloads: net::GUEST_OFFLOAD_BITS },
+            &stats,
+            64,
+        );
     }
     stats.snapshot()
 }

@@ -30,6 +30,11 @@ pub struct Request {
     /// reply only when asked, so a backend that does not know it gets the old reply.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rss: bool,
+    /// The backend writes AF_XDP TX metadata in front of its TX frames: the agent may register
+    /// the UMEM with `tx_metadata_len` (and says so per queue); an agent that does not know the
+    /// field ignores it and the backend computes checksums itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tx_meta: bool,
 }
 
 /// One queue of the agent's reply.
@@ -44,6 +49,12 @@ pub struct QueueInfo {
     pub comp_size: u32,
     pub rx_size: u32,
     pub tx_size: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tx_metadata_len: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl From<QueueInfo> for XskParams {
@@ -57,6 +68,7 @@ impl From<QueueInfo> for XskParams {
             comp_size: q.comp_size,
             rx_size: q.rx_size,
             tx_size: q.tx_size,
+            tx_metadata_len: q.tx_metadata_len,
         }
     }
 }
@@ -245,8 +257,8 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
 pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req =
-        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true }).map_err(io::Error::other)?;
+    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true })
+        .map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {
@@ -304,6 +316,7 @@ mod tests {
             comp_size: 2048,
             rx_size: 2048,
             tx_size: 2048,
+            tx_metadata_len: 0,
         }
     }
 
@@ -313,14 +326,21 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false }).unwrap();
+        let req =
+            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false, tx_meta: false }).unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true }).unwrap();
-        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true}"#);
+        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true }).unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();
         assert_eq!(r.queues, vec![info(0)]);
         assert_eq!(check_reply(body.as_bytes(), memfds(2), 1).unwrap().0.len(), 1);
+        // An agent that registered the UMEM with TX metadata room says how much.
+        let meta = body.replace(r#""tx_size":2048}"#, r#""tx_size":2048,"tx_metadata_len":24}"#);
+        let r: Reply = serde_json::from_str(&meta).unwrap();
+        assert_eq!(XskParams::from(r.queues[0]).tx_metadata_len, 24);
+        let odd = body.replace(r#""tx_size":2048}"#, r#""tx_size":2048,"tx_metadata_len":12}"#);
+        assert!(check_reply(odd.as_bytes(), memfds(2), 1).is_err(), "tx_metadata_len not a multiple of 8");
         // With the RSS map: its fd comes last.
         let body = body.replace("}]}", r#"}],"rss":{"value_size":312}}"#);
         let (qs, rss) = check_reply(body.as_bytes(), memfds(3), 1).unwrap();

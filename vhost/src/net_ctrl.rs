@@ -1,8 +1,9 @@
 //! The control queue: `VIRTIO_NET_CTRL_*` commands from the guest. Each chain is validated like
 //! any other guest input (a bad one is counted in [`Stats::errors`] and returned with length 0),
 //! then dispatched: `MQ / VQ_PAIRS_SET`, and with the features negotiated `MQ / RSS_CONFIG` and
-//! `MQ / HASH_CONFIG` (parsed by `rss.rs`). What the commands change is handed back to the
-//! backend, which applies it.
+//! `MQ / HASH_CONFIG` (parsed by `rss.rs`), and with `VIRTIO_NET_F_CTRL_GUEST_OFFLOADS`
+//! negotiated `GUEST_OFFLOADS / SET` (`ethtool -K` in the guest: rx checksumming, LRO). What
+//! the commands change is handed back to the backend, which applies it.
 
 use log::debug;
 use virtio_queue::{DescriptorChain, Queue};
@@ -19,6 +20,18 @@ pub const VIRTIO_NET_ERR: u8 = 1;
 pub const CTRL_MQ: u8 = 4;
 /// See [`CTRL_MQ`].
 pub const CTRL_MQ_VQ_PAIRS_SET: u8 = 0;
+/// Control class and command for switching the wire -> guest offloads at run time
+/// (`VIRTIO_NET_CTRL_GUEST_OFFLOADS` / `_SET`, data: a le64 of `VIRTIO_NET_F_GUEST_*` bits).
+pub const CTRL_GUEST_OFFLOADS: u8 = 5;
+/// See [`CTRL_GUEST_OFFLOADS`].
+pub const CTRL_GUEST_OFFLOADS_SET: u8 = 0;
+/// The feature bits a `GUEST_OFFLOADS / SET` may carry: `GUEST_CSUM` (1), `GUEST_TSO4` (7),
+/// `GUEST_TSO6` (8), `GUEST_ECN` (9), `GUEST_UFO` (10), `GUEST_USO4` (54), `GUEST_USO6` (55)
+/// (only those negotiated are accepted).
+pub const GUEST_OFFLOAD_BITS: u64 = 1 << 1 | 1 << 7 | 1 << 8 | 1 << 9 | 1 << 10 | 1 << 54 | 1 << 55;
+/// `VIRTIO_NET_F_CTRL_GUEST_OFFLOADS`.
+pub const VIRTIO_NET_F_CTRL_GUEST_OFFLOADS: u32 = 2;
+
 /// Longest control command data read (RSS_CONFIG with a 128-entry table and a 40-byte key is
 /// 307 bytes); a longer command is refused.
 pub const MAX_CTRL_DATA: usize = 512;
@@ -32,6 +45,8 @@ pub struct CtrlReply {
     pub set_pairs: Option<u16>,
     /// A valid RSS_CONFIG or HASH_CONFIG.
     pub rss: Option<RssConfig>,
+    /// A valid GUEST_OFFLOADS_SET: the `VIRTIO_NET_F_GUEST_*` bits the guest wants on.
+    pub guest_offloads: Option<u64>,
 }
 
 /// Which hashing features the guest negotiated (they decide which commands are accepted).
@@ -41,11 +56,18 @@ pub struct CtrlFeatures {
     pub rss: bool,
     /// VIRTIO_NET_F_HASH_REPORT: HASH_CONFIG (and RSS_CONFIG with F_RSS).
     pub hash_report: bool,
+    /// With VIRTIO_NET_F_CTRL_GUEST_OFFLOADS: the negotiated `VIRTIO_NET_F_GUEST_*` bits a
+    /// GUEST_OFFLOADS_SET may turn on (0: the command is refused).
+    pub guest_offloads: u64,
 }
 
 impl CtrlReply {
     fn err() -> Self {
-        CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None, rss: None }
+        CtrlReply { ack: VIRTIO_NET_ERR, set_pairs: None, rss: None, guest_offloads: None }
+    }
+
+    fn ok() -> Self {
+        CtrlReply { ack: VIRTIO_NET_OK, ..Self::err() }
     }
 }
 
@@ -95,14 +117,14 @@ pub fn ctrl_chain<M: GuestMemory>(
         (4, CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET) => {
             let pairs = u16::from_le_bytes([cmd[2], cmd[3]]);
             if (1..=max_pairs).contains(&pairs) {
-                CtrlReply { ack: VIRTIO_NET_OK, set_pairs: Some(pairs), rss: None }
+                CtrlReply { set_pairs: Some(pairs), ..CtrlReply::ok() }
             } else {
                 CtrlReply::err()
             }
         }
         (n, CTRL_MQ, rss::CTRL_MQ_RSS_CONFIG) if features.rss && n < cmd.len() => {
             match rss::parse_rss_config(data, max_pairs) {
-                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: c.pairs, rss: Some(c) },
+                Ok(c) => CtrlReply { set_pairs: c.pairs, rss: Some(c), ..CtrlReply::ok() },
                 Err(e) => {
                     debug!("RSS_CONFIG refused: {e}");
                     CtrlReply::err()
@@ -111,11 +133,22 @@ pub fn ctrl_chain<M: GuestMemory>(
         }
         (n, CTRL_MQ, rss::CTRL_MQ_HASH_CONFIG) if features.hash_report && n < cmd.len() => {
             match rss::parse_hash_config(data) {
-                Ok(c) => CtrlReply { ack: VIRTIO_NET_OK, set_pairs: None, rss: Some(c) },
+                Ok(c) => CtrlReply { rss: Some(c), ..CtrlReply::ok() },
                 Err(e) => {
                     debug!("HASH_CONFIG refused: {e}");
                     CtrlReply::err()
                 }
+            }
+        }
+        // Exactly a le64; a bit that is no guest offload, or one not negotiated, is refused
+        // (the spec forbids the driver to enable those) and changes nothing.
+        (10, CTRL_GUEST_OFFLOADS, CTRL_GUEST_OFFLOADS_SET) if features.guest_offloads != 0 => {
+            let want = u64::from_le_bytes(cmd[2..10].try_into().unwrap_or_default());
+            if want & !features.guest_offloads == 0 {
+                CtrlReply { guest_offloads: Some(want), ..CtrlReply::ok() }
+            } else {
+                debug!("GUEST_OFFLOADS_SET {want:#x} refused (negotiated {:#x})", features.guest_offloads);
+                CtrlReply::err()
             }
         }
         _ => CtrlReply::err(),
@@ -131,6 +164,8 @@ pub struct CtrlChanges {
     pub pairs: Option<u16>,
     /// The last valid hashing configuration set.
     pub rss: Option<RssConfig>,
+    /// The last valid guest offload set.
+    pub guest_offloads: Option<u64>,
 }
 
 /// Execute every pending control command. Returns the run and what the commands changed.
@@ -153,6 +188,7 @@ pub fn ctrl_queue<M: GuestMemory>(
                 }
                 changes.pairs = reply.set_pairs.or(changes.pairs);
                 changes.rss = reply.rss.or(changes.rss);
+                changes.guest_offloads = reply.guest_offloads.or(changes.guest_offloads);
                 1
             }
             Err(e) => {

@@ -156,3 +156,45 @@ fn rx_marks_data_valid_only_for_verified_checksums() {
     }
     assert_eq!(stats.snapshot().rx_csum_valid, 1);
 }
+
+#[test]
+fn tx_only_the_l4_checksum_is_left_to_the_port() {
+    // Direct TX: a checksum request at the frame's own TCP/UDP checksum (and every GSO segment)
+    // goes to the port with the pseudo-header sum in place; a request aimed anywhere else (here
+    // the IPv4 destination address, which the agent's policy reads before a deferred checksum
+    // would be written) is computed here before the frame leaves.
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 16);
+    let (tcp4, udp4, tcp6) =
+        (packet(true, true, 300, 0x18), packet(true, false, 300, 0), packet(false, true, 300, 0x18));
+    let csum = |f: &[u8]| TxHdr { gso_type: 0, gso_size: 0, ..gso_hdr(f, 0, 0) };
+    let aimed = TxHdr { csum_start: 30, csum_offset: 0, ..csum(&tcp4) };
+    let big = packet(true, true, 4000, 0x18);
+    let gso = gso_hdr(&big, 1, 1448);
+    let chains = vec![
+        tx_descs(&m, BUF_BASE, hdr12(csum(&tcp4)), &tcp4, 4096),
+        tx_descs(&m, BUF_BASE + 0x2000, hdr12(csum(&udp4)), &udp4, 4096),
+        tx_descs(&m, BUF_BASE + 0x4000, hdr12(csum(&tcp6)), &tcp6, 4096),
+        tx_descs(&m, BUF_BASE + 0x6000, hdr12(aimed), &tcp4, 4096),
+        tx_descs(&m, BUF_BASE + 0x8000, hdr12(gso), &big, 4096),
+    ];
+    add_chains(&vq, 0, &chains);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
+    port.lend = Some(2048);
+    assert_eq!(tx_queue(&mut q, &m, &mut port, &mut st, OFF, &stats, 64).handled, 5);
+    let segs = expected(&gso, &big);
+    let mut want_reqs = vec![Some((34, 16)), Some((34, 6)), Some((54, 16)), None];
+    want_reqs.extend(std::iter::repeat_n(Some((34u16, 16u16)), segs.len()));
+    assert_eq!(port.csum_reqs, want_reqs);
+    // The port finished them (as a port without TX metadata does): what a receiver verifies.
+    for (i, (f, v4)) in [(&port.sent[0], true), (&port.sent[1], true), (&port.sent[2], false)].into_iter().enumerate() {
+        assert_eq!(l4_check(f, v4), 0, "frame {i}");
+    }
+    let mut filled = tcp4.clone();
+    crate::offload::fill_csum(&mut filled, 30, 0);
+    assert_eq!(port.sent[3], filled, "a request aimed elsewhere is computed by the backend");
+    assert!(port.sent[4..] == segs[..], "segments finished by the port equal the software ones");
+    let s = stats.snapshot();
+    assert_eq!((s.tx_csum, s.tx_gso, s.errors), (4, 1, 0));
+}

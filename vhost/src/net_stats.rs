@@ -97,10 +97,14 @@ pub struct Stats {
     pub errors: AtomicU64,
     /// [`Self::errors`] by [`ErrorKind`] (index: position in [`ErrorKind::ALL`]).
     pub error_kinds: [AtomicU64; 4],
-    /// TX frames whose checksum the backend filled in (`NEEDS_CSUM` without GSO).
+    /// TX frames with a checksum request (`NEEDS_CSUM` without GSO): filled in here, or left to
+    /// the kernel (then also counted in [`Self::tx_csum_kernel`]).
     pub tx_csum: AtomicU64,
     /// TX chains the backend cut into MTU-sized frames (GSO).
     pub tx_gso: AtomicU64,
+    /// TX frames (checksum requests and GSO segments) whose TCP/UDP checksum was left to the
+    /// kernel through AF_XDP TX metadata (`CHECKSUM_PARTIAL`) instead of computed here.
+    pub tx_csum_kernel: AtomicU64,
     /// RX frames whose TCP/UDP checksum the backend verified and marked `DATA_VALID`.
     pub rx_csum_valid: AtomicU64,
     /// Segments of two or more frames coalesced for the guest (GUEST_TSO, `gro.rs`) and
@@ -139,6 +143,7 @@ pub struct StatsSnapshot {
     pub error_kinds: [u64; 4],
     pub tx_csum: u64,
     pub tx_gso: u64,
+    pub tx_csum_kernel: u64,
     pub rx_csum_valid: u64,
     pub rx_gro_segments: u64,
     pub rx_gro_merged: u64,
@@ -170,6 +175,7 @@ impl StatsSnapshot {
             error_kinds: kinds,
             tx_csum: self.tx_csum + o.tx_csum,
             tx_gso: self.tx_gso + o.tx_gso,
+            tx_csum_kernel: self.tx_csum_kernel + o.tx_csum_kernel,
             rx_csum_valid: self.rx_csum_valid + o.rx_csum_valid,
             rx_gro_segments: self.rx_gro_segments + o.rx_gro_segments,
             rx_gro_merged: self.rx_gro_merged + o.rx_gro_merged,
@@ -226,6 +232,7 @@ impl Stats {
             error_kinds: self.error_kinds.each_ref().map(l),
             tx_csum: l(&self.tx_csum),
             tx_gso: l(&self.tx_gso),
+            tx_csum_kernel: l(&self.tx_csum_kernel),
             rx_csum_valid: l(&self.rx_csum_valid),
             rx_gro_segments: l(&self.rx_gro_segments),
             rx_gro_merged: l(&self.rx_gro_merged),

@@ -11,7 +11,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
-use crate::port::{Batch, Port};
+use crate::port::{finish_csum, Batch, Port, TxFrame};
 
 const MEM_SIZE: usize = 0x40_0000;
 const BUF_BASE: u64 = 0x10_0000;
@@ -26,11 +26,20 @@ struct TestPort {
     room: usize,
     lend: Option<usize>,
     lent: Vec<Vec<u8>>,
+    /// The checksum request of each frame sent through `tx_commit`.
+    csum_reqs: Vec<Option<(u16, u16)>>,
 }
 
 impl TestPort {
     fn new() -> Self {
-        TestPort { incoming: VecDeque::new(), sent: Vec::new(), room: usize::MAX, lend: None, lent: Vec::new() }
+        TestPort {
+            incoming: VecDeque::new(),
+            sent: Vec::new(),
+            room: usize::MAX,
+            lend: None,
+            lent: Vec::new(),
+            csum_reqs: Vec::new(),
+        }
     }
 }
 
@@ -58,10 +67,14 @@ impl Port for TestPort {
     fn tx_buf(&mut self, i: usize) -> &mut [u8] {
         self.lent.get_mut(i).map_or(&mut [], |b| &mut b[..])
     }
-    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+    fn tx_commit(&mut self, frames: &[TxFrame]) -> io::Result<usize> {
         assert!(frames.len() <= self.lent.len(), "more frames than lent buffers");
-        for (b, &(off, len)) in self.lent.iter().zip(frames) {
-            self.sent.push(b[off..off + len].to_vec());
+        for (b, f) in self.lent.iter().zip(frames) {
+            let mut frame = b[f.off..f.off + f.len].to_vec();
+            // What a port without TX metadata does; the request is kept for the tests.
+            self.csum_reqs.push(f.csum);
+            finish_csum(&mut frame, f.csum);
+            self.sent.push(frame);
         }
         self.room -= frames.len();
         self.lent.clear();
@@ -635,7 +648,7 @@ fn ctrl_rss_and_hash_config() {
             .collect();
         (ch, acks)
     };
-    let both = CtrlFeatures { rss: true, hash_report: true };
+    let both = CtrlFeatures { rss: true, hash_report: true, guest_offloads: 0 };
     let (ch, acks) = run(&[&good], both);
     assert_eq!(acks, vec![VIRTIO_NET_OK]);
     let c = ch.rss.unwrap();
@@ -647,7 +660,7 @@ fn ctrl_rss_and_hash_config() {
     let (ch, acks) = run(&[&good, &hash], CtrlFeatures::default());
     assert_eq!((ch.rss, acks), (None, vec![VIRTIO_NET_ERR, VIRTIO_NET_ERR]));
     // Hash report only: HASH_CONFIG yes, RSS_CONFIG no.
-    let (ch, acks) = run(&[&hash, &good], CtrlFeatures { rss: false, hash_report: true });
+    let (ch, acks) = run(&[&hash, &good], CtrlFeatures { rss: false, hash_report: true, guest_offloads: 0 });
     assert_eq!(acks, vec![VIRTIO_NET_OK, VIRTIO_NET_ERR]);
     let c = ch.rss.unwrap();
     assert_eq!((c.hash_types, c.steer), (hash_type::UDPV4, false));
@@ -655,6 +668,23 @@ fn ctrl_rss_and_hash_config() {
     let (ch, acks) = run(&[&good, &bad_queue, &oversized], both);
     assert_eq!(acks, vec![VIRTIO_NET_OK, VIRTIO_NET_ERR, VIRTIO_NET_ERR]);
     assert_eq!(ch.rss.unwrap().unclassified_queue, 2);
+
+    // GUEST_OFFLOADS_SET: only with CTRL_GUEST_OFFLOADS negotiated, only negotiated guest
+    // offload bits, exactly a le64; the last valid one wins.
+    let offloads = |bits: u64| [&[CTRL_GUEST_OFFLOADS, CTRL_GUEST_OFFLOADS_SET][..], &bits.to_le_bytes()].concat();
+    let (csum, tso4) = (1u64 << 1, 1u64 << 7);
+    let neg = CtrlFeatures { guest_offloads: csum | tso4, ..CtrlFeatures::default() };
+    let (ch, acks) = run(&[&offloads(csum)], CtrlFeatures::default());
+    assert_eq!((ch.guest_offloads, acks), (None, vec![VIRTIO_NET_ERR]), "not negotiated");
+    let short = offloads(csum)[..9].to_vec();
+    let cmds: [&[u8]; 6] =
+        [&offloads(csum | tso4), &offloads(1 << 8), &offloads(1 << 11), &short, &offloads(0), &offloads(1 << 63)];
+    let (ch, acks) = run(&cmds, neg);
+    assert_eq!(
+        acks,
+        vec![VIRTIO_NET_OK, VIRTIO_NET_ERR, VIRTIO_NET_ERR, VIRTIO_NET_ERR, VIRTIO_NET_OK, VIRTIO_NET_ERR]
+    );
+    assert_eq!(ch.guest_offloads, Some(0));
 }
 
 /// With hash report the RX header is virtio_net_hdr_v1_hash: hash_value and hash_report from

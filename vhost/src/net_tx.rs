@@ -13,8 +13,8 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 use super::ring::{Next, RegionOf, Regions, Slice};
 use super::HDR_LEN;
 use super::{collect, gather, pop_chain, ChainError, FastRing, NetMode, QueueRun, Scratch, Stats, BATCH, ETH_HLEN};
-use crate::offload::{self, write_segment, Gso, OffloadError, Plan, TxHdr};
-use crate::port::{Batch, Port};
+use crate::offload::{self, write_segment, write_segment_partial, Gso, OffloadError, Plan, TxHdr};
+use crate::port::{Batch, Port, TxFrame};
 
 /// Validate one TX chain and append its frame(s) (header stripped; a GSO chain becomes several)
 /// to `out`.
@@ -37,17 +37,29 @@ pub fn tx_chain<M: GuestMemory>(
     res
 }
 
-/// What a copied frame without segmentation needs: nothing, or a checksum filled in. Checked
-/// on our copy: the guest cannot change it between check and send.
-fn single(h: &TxHdr, frame: &mut [u8], mode: NetMode, stats: &Stats) -> Result<(), ChainError> {
+/// What a copied frame without segmentation needs: nothing, or a checksum. Checked on our copy:
+/// the guest cannot change it between check and send. With `defer` a request for the frame's
+/// own TCP/UDP checksum is returned for the port to finish (the kernel, through AF_XDP TX
+/// metadata); any other is filled in here.
+fn single(
+    h: &TxHdr,
+    frame: &mut [u8],
+    mode: NetMode,
+    stats: &Stats,
+    defer: bool,
+) -> Result<Option<(u16, u16)>, ChainError> {
     match offload::plan(h, frame, mode.offloads, mode.max_frame)? {
         _ if frame.len() > mode.max_frame => Err(ChainError::TooLarge(mode.max_frame)),
         Plan::Single { csum: Some((start, offset)) } => {
-            offload::fill_csum(frame, start, offset);
             Stats::add(&stats.tx_csum, 1);
-            Ok(())
+            if defer && offload::l4_csum_at(frame, start, offset) {
+                // Both fit in u16: they came from the header's u16 fields.
+                return Ok(Some((start as u16, offset as u16)));
+            }
+            offload::fill_csum(frame, start, offset);
+            Ok(None)
         }
-        Plan::Single { csum: None } => Ok(()),
+        Plan::Single { csum: None } => Ok(None),
         // The header was read once and said "no GSO"; a copy saying otherwise changed under us.
         Plan::Gso(_) => Err(OffloadError::Mismatch(h.gso_type, "header changed while copied").into()),
     }
@@ -114,15 +126,15 @@ fn to_batch<M: GuestMemory>(
     let len = total - mode.hdr_len;
     out.push_with(len, |buf| {
         gather(mem, regions, segs, mode.hdr_len, buf)?;
-        single(&h, buf, mode, stats)
+        single(&h, buf, mode, stats, false).map(|_| ())
     })?;
     Ok(len)
 }
 
-/// Where a chain's frame went: into the lent buffer (`(offset, len)` of the frame in it), or,
-/// for a GSO chain, into the scratch buffer (to be cut).
+/// Where a chain's frame went: into the lent buffer (the frame's place in it and its checksum
+/// request), or, for a GSO chain, into the scratch buffer (to be cut).
 enum Staged {
-    Buf(usize, usize),
+    Buf(TxFrame),
     Gso(Gso),
 }
 
@@ -161,8 +173,8 @@ fn to_buf<M: GuestMemory>(
                 Plan::Single { .. } => Err(OffloadError::Mismatch(h.gso_type, "not a GSO request").into()),
             };
         }
-        single(&h, frame, mode, stats)?;
-        return Ok(Staged::Buf(mode.hdr_len, len));
+        let csum = single(&h, frame, mode, stats, true)?;
+        return Ok(Staged::Buf(TxFrame { off: mode.hdr_len, len, csum }));
     }
     let h = read_hdr(mem, regions.as_deref_mut(), mode, segs)?;
     if h.is_gso() {
@@ -170,8 +182,8 @@ fn to_buf<M: GuestMemory>(
     }
     let out = buf.get_mut(..len).ok_or(ChainError::TooLarge(cap))?;
     gather(mem, regions, segs, mode.hdr_len, out)?;
-    single(&h, out, mode, stats)?;
-    Ok(Staged::Buf(0, len))
+    let csum = single(&h, out, mode, stats, true)?;
+    Ok(Staged::Buf(TxFrame { off: 0, len, csum }))
 }
 
 /// A chain popped in the current pass: its head, its segments in the scratch list and its byte
@@ -190,7 +202,7 @@ pub struct TxState {
     batch: Batch,
     scratch: Scratch,
     popped: Vec<Popped>,
-    frames: Vec<(usize, usize)>,
+    frames: Vec<TxFrame>,
 }
 
 fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
@@ -213,8 +225,9 @@ fn flush(port: &mut dyn Port, batch: &mut Batch, stats: &Stats) {
 
 /// Send the frames written into the current loan and end it; `full` / `large` frames were
 /// dropped besides (no buffer, larger than the port's buffers).
-fn commit(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, full: usize, large: usize, stats: &Stats) {
+fn commit(port: &mut dyn Port, frames: &mut Vec<TxFrame>, full: usize, large: usize, stats: &Stats) {
     // Commit even an empty list: it ends the loan.
+    let offloaded = port.csum_offloaded();
     let sent = match port.tx_commit(frames) {
         Ok(n) => n.min(frames.len()),
         Err(e) => {
@@ -222,7 +235,8 @@ fn commit(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, full: usize, la
             0
         }
     };
-    let bytes: usize = frames[..sent].iter().map(|f| f.1).sum();
+    let bytes: usize = frames[..sent].iter().map(|f| f.len).sum();
+    Stats::add(&stats.tx_csum_kernel, port.csum_offloaded().wrapping_sub(offloaded));
     Stats::add(&stats.tx_frames, sent as u64);
     Stats::add(&stats.tx_bytes, bytes as u64);
     stats.tx_drop((frames.len() - sent + full) as u64, large as u64);
@@ -232,7 +246,7 @@ fn commit(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, full: usize, la
 /// A free lent buffer for the next frame: when the loan is used up, send it and take a new
 /// one (the port sends synchronously, so a segmented chain's frames find room). False when
 /// the port has no buffer left.
-fn slot(port: &mut dyn Port, frames: &mut Vec<(usize, usize)>, lent: &mut usize, stats: &Stats) -> bool {
+fn slot(port: &mut dyn Port, frames: &mut Vec<TxFrame>, lent: &mut usize, stats: &Stats) -> bool {
     if frames.len() < *lent {
         return true;
     }
@@ -278,15 +292,15 @@ fn send_popped<M: GuestMemory>(
         let one = bufs.get(i).and_then(Option::as_ref);
         let (k, big) = (st.frames.len(), &mut st.scratch.big);
         match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(k), big, stats) {
-            Ok(Staged::Buf(off, len)) => st.frames.push((off, len)),
+            Ok(Staged::Buf(f)) => st.frames.push(f),
             Ok(Staged::Gso(g)) => {
                 for s in 0..g.segs {
                     if !slot(port, &mut st.frames, &mut lent, stats) {
                         full += g.segs - s;
                         break;
                     }
-                    match write_segment(big, &g, s, port.tx_buf(st.frames.len())) {
-                        Some(n) => st.frames.push((0, n)),
+                    match write_segment_partial(big, &g, s, port.tx_buf(st.frames.len())) {
+                        Some((n, csum)) => st.frames.push(TxFrame { off: 0, len: n, csum: Some(csum) }),
                         None => large += 1,
                     }
                 }

@@ -423,6 +423,24 @@ pub fn fill_csum(frame: &mut [u8], start: usize, offset: usize) {
     frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
+/// A `NEEDS_CSUM` request (`start`, `offset`, inside the frame: checked by [`plan`]) that is
+/// exactly the frame's TCP or UDP checksum (IPv4 not a fragment, IPv6 without extension
+/// header). Only such a request may be left to the kernel: it computes the sum after the
+/// agent's BPF programs have looked at the frame, so a request aimed anywhere else (an
+/// address, a port) would rewrite bytes the policy already accepted. Anything else is
+/// computed by the backend before the frame leaves.
+pub fn l4_csum_at(frame: &[u8], start: usize, offset: usize) -> bool {
+    let v4 = frame_is_v4(frame);
+    let Ok((l3, proto)) = l3_of(frame, v4) else { return false };
+    let Ok(ihl) = l3_len(frame, l3, v4) else { return false };
+    let want = match proto {
+        IPPROTO_TCP => 16,
+        IPPROTO_UDP => 6,
+        _ => return false,
+    };
+    start == l3 + ihl && offset == want && start + offset + 2 <= frame.len()
+}
+
 /// Wire -> guest: the frame is TCP or UDP over IPv4 (not a fragment) or IPv6 (no extension
 /// header) and its L4 checksum is right (an IPv4 UDP checksum of 0, "none", counts as right).
 /// Only such frames are marked `DATA_VALID` for the guest; anything else is left for the guest
@@ -456,6 +474,18 @@ fn pseudo(frame: &[u8], g: &Gso, len: usize, proto: u8) -> u64 {
 /// checksum; IPv6 payload length; TCP sequence number, FIN/PSH only on the last segment, CWR
 /// only on the first; UDP length) and the L4 checksum is computed over the segment.
 pub fn write_segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8]) -> Option<usize> {
+    segment(frame, g, i, out, false)
+}
+
+/// [`write_segment`] leaving the L4 checksum to whoever sends the segment: the checksum field
+/// holds the pseudo-header sum (as a guest's `NEEDS_CSUM` frame does) and the returned
+/// (`csum_start`, `csum_offset`) say where the sum starts and goes.
+pub fn write_segment_partial(frame: &[u8], g: &Gso, i: usize, out: &mut [u8]) -> Option<(usize, (u16, u16))> {
+    let n = segment(frame, g, i, out, true)?;
+    Some((n, (g.l4 as u16, if g.tcp { 16 } else { 6 })))
+}
+
+fn segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8], partial: bool) -> Option<usize> {
     let start = g.hdrs + i * g.mss;
     let n = g.seg_len(i, frame.len());
     let out = out.get_mut(..n)?;
@@ -489,6 +519,10 @@ pub fn write_segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8]) -> Option<
         put(out, l4 + 4, seg_len as u16);
         (IPPROTO_UDP, l4 + 6)
     };
+    if partial {
+        put(out, at, csum_fold(pseudo(out, g, seg_len, proto)));
+        return Some(n);
+    }
     put(out, at, 0);
     let c = !csum_fold(pseudo(out, g, seg_len, proto) + csum_add(0, &out[l4..]));
     put(out, at, if c == 0 && !g.tcp { 0xffff } else { c });

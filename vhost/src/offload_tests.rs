@@ -166,3 +166,47 @@ fn rx_checksums_are_verified_not_assumed() {
     none[40..42].copy_from_slice(&[0, 0]);
     assert!(rx_csum_ok(&none), "IPv4 UDP without a checksum");
 }
+
+#[test]
+fn only_the_frames_own_l4_checksum_may_be_left_to_the_kernel() {
+    let (tcp4, udp6) = (packet(true, true, 100, 0x18), packet(false, false, 100, 0));
+    assert!(l4_csum_at(&tcp4, 34, 16));
+    assert!(l4_csum_at(&udp6, 54, 6));
+    let mut frag = tcp4.clone();
+    frag[20] = 0x20; // more fragments
+    let mut icmp = tcp4.clone();
+    icmp[23] = 1;
+    let mut ext = udp6.clone();
+    ext[20] = 0; // hop-by-hop extension header
+    for (why, f, s, o) in [
+        ("TCP checksum offset", &tcp4, 34usize, 6usize),
+        ("IPv4 destination", &tcp4, 30, 0),
+        ("TCP ports", &tcp4, 34, 0),
+        ("past L4 start", &tcp4, 36, 14),
+        ("UDP offset on IPv6", &udp6, 54, 16),
+        ("IPv4 fragment", &frag, 34, 16),
+        ("not TCP/UDP", &icmp, 34, 16),
+        ("IPv6 extension header", &ext, 54, 6),
+        ("truncated", &tcp4[..50].to_vec(), 34, 16),
+    ] {
+        assert!(!l4_csum_at(f, s, o), "{why}");
+    }
+}
+
+#[test]
+fn partial_segments_finished_anywhere_equal_software_segments() {
+    for (v4, tcp, gso_type) in [(true, true, TCPV4), (false, true, TCPV6), (true, false, 5), (false, false, 5)] {
+        let f = packet(v4, tcp, 5000, 0x18);
+        let Ok(Plan::Gso(g)) = plan(&gso_hdr(&f, gso_type, 1000), &f, Offloads::ALL, 1518) else { panic!() };
+        for i in 0..g.segs {
+            let (mut a, mut b) = (vec![0u8; 2048], vec![0u8; 2048]);
+            let n = write_segment(&f, &g, i, &mut a).unwrap();
+            let (m, (s, o)) = write_segment_partial(&f, &g, i, &mut b).unwrap();
+            assert_eq!((m, usize::from(s), usize::from(o)), (n, g.l4, if tcp { 16 } else { 6 }));
+            assert!(l4_csum_at(&b[..m], s.into(), o.into()), "v4 {v4} tcp {tcp}: the request is the L4 checksum");
+            assert_ne!(l4_check(&b[..m], v4), 0, "left partial");
+            fill_csum(&mut b[..m], s.into(), o.into());
+            assert_eq!(a[..n], b[..m], "v4 {v4} tcp {tcp} segment {i}");
+        }
+    }
+}

@@ -78,6 +78,43 @@ impl Batch {
     }
 }
 
+/// One frame of a direct-TX commit: `len` bytes at `off` in its lent buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TxFrame {
+    /// Offset of the frame in the lent buffer.
+    pub off: usize,
+    /// Frame length.
+    pub len: usize,
+    /// A TCP/UDP checksum still to compute: (`csum_start`, `csum_offset`) from the frame's first
+    /// byte, the field holding the pseudo-header sum (what a `NEEDS_CSUM` guest leaves). The
+    /// caller checked that it is the frame's L4 checksum; the port has the kernel compute it
+    /// (AF_XDP TX metadata) or computes it ([`finish_csum`]).
+    pub csum: Option<(u16, u16)>,
+}
+
+impl TxFrame {
+    /// A frame without checksum request.
+    pub fn plain(off: usize, len: usize) -> Self {
+        TxFrame { off, len, csum: None }
+    }
+
+    /// The checksum request lies inside the frame (what the kernel checks before it takes it:
+    /// `csum_start + csum_offset + 2 <= len`).
+    pub fn csum_fits(&self) -> bool {
+        self.csum.is_some_and(|(s, o)| usize::from(s) + usize::from(o) + 2 <= self.len)
+    }
+}
+
+/// Compute a [`TxFrame::csum`] request in software on the frame itself (nothing when there is
+/// none or it does not fit the frame).
+pub fn finish_csum(frame: &mut [u8], csum: Option<(u16, u16)>) {
+    if let Some((s, o)) = csum {
+        if usize::from(s) + usize::from(o) + 2 <= frame.len() {
+            crate::offload::fill_csum(frame, usize::from(s), usize::from(o));
+        }
+    }
+}
+
 /// A packet port serving one queue pair.
 pub trait Port: Send {
     /// Append up to `max` received frames to `batch`; returns how many were appended
@@ -101,10 +138,16 @@ pub trait Port: Send {
         &mut []
     }
 
-    /// Direct TX, step 3: send `frames[k] = (offset, len)` out of lent buffer `k`, in order, and
-    /// end the loan (unused buffers go back to the port). Returns how many were accepted.
-    fn tx_commit(&mut self, _frames: &[(usize, usize)]) -> io::Result<usize> {
+    /// Direct TX, step 3: send `frames[k]` out of lent buffer `k`, in order, with its checksum
+    /// request done, and end the loan (unused buffers go back to the port). Returns how many
+    /// were accepted.
+    fn tx_commit(&mut self, _frames: &[TxFrame]) -> io::Result<usize> {
         Ok(0)
+    }
+
+    /// Frames whose checksum this port left to the kernel (AF_XDP TX metadata), ever.
+    fn csum_offloaded(&self) -> u64 {
+        0
     }
 
     /// Direct RX: hand up to `max` received frames, in order, to `f` straight from the port's

@@ -7,8 +7,9 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>","rss":true}` (`<name>` from `--vm`; `"rss":true`: the backend
-//!    takes the VM's RSS map, see step 3; agents that do not know the field ignore it).
+//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true}` (`<name>` from `--vm`;
+//!    `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it writes
+//!    AF_XDP TX metadata, see step 4; agents that do not know a field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
@@ -23,7 +24,10 @@
 //!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
-//!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`); its fill,
+//!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`; with
+//!    `"tx_meta":true` and a kernel >= 6.8 also `XDP_UMEM_TX_METADATA_LEN` and the queue entry's
+//!    `"tx_metadata_len"` (24; absent: 0), and every TX frame then starts that far into its
+//!    chunk, its `struct xsk_tx_metadata` right before it); its fill,
 //!    completion, RX and TX rings created with the given sizes (powers of two); and is bound to
 //!    (uplink, queue) with its own UMEM (no shared UMEM), copy or zero-copy mode, with or
 //!    without `XDP_USE_NEED_WAKEUP`. The agent has inserted it in its XSKMAP.
@@ -37,15 +41,14 @@
 //! memfd UMEM, `XDP_COPY` bind on queues `0..N-1`. It loads no XDP program: without one that
 //! redirects into an XSKMAP nothing is received, but TX works.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::port::{Batch, Port};
+use crate::port::{finish_csum, Batch, Port, TxFrame};
 use crate::rss::{self, XskMeta};
 
 const AF_XDP: libc::c_int = 44;
@@ -93,6 +96,35 @@ struct UmemReg {
     headroom: u32,
 }
 
+/// `struct xdp_umem_reg` with `flags` and `tx_metadata_len` (kernel >= 6.8).
+#[repr(C)]
+struct UmemRegMeta {
+    v1: UmemReg,
+    flags: u32,
+    tx_metadata_len: u32,
+}
+
+/// `XDP_UMEM_TX_METADATA_LEN`: the UMEM has `tx_metadata_len` bytes of TX metadata room.
+const XDP_UMEM_TX_METADATA_LEN: u32 = 1 << 2;
+/// `XDP_TX_METADATA` (descriptor option): a `struct xsk_tx_metadata` precedes the frame.
+const XDP_TX_METADATA: u32 = 1 << 1;
+/// `XDP_TXMD_FLAGS_CHECKSUM`: the kernel builds the skb `CHECKSUM_PARTIAL` at
+/// `csum_start` / `csum_offset` (copy mode since 6.8, `xsk_build_skb`).
+const XDP_TXMD_FLAGS_CHECKSUM: u64 = 1 << 1;
+/// TX metadata room the backend asks for: `struct xsk_tx_metadata` is 24 bytes since 6.15
+/// (16 before); the kernel takes any multiple of 8 below 256.
+pub const TX_METADATA_LEN: u32 = 24;
+
+/// `struct xsk_tx_metadata` as the backend fills it: `flags` (u64), then the request's
+/// `csum_start` and `csum_offset` (u16 each, from the frame's first byte), in native byte order.
+pub fn tx_metadata(csum_start: u16, csum_offset: u16) -> [u8; 12] {
+    let mut m = [0u8; 12];
+    m[..8].copy_from_slice(&XDP_TXMD_FLAGS_CHECKSUM.to_ne_bytes());
+    m[8..10].copy_from_slice(&csum_start.to_ne_bytes());
+    m[10..12].copy_from_slice(&csum_offset.to_ne_bytes());
+    m
+}
+
 /// `struct sockaddr_xdp`.
 #[repr(C)]
 struct SockaddrXdp {
@@ -131,6 +163,9 @@ pub struct XskParams {
     pub rx_size: u32,
     /// TX ring entries (power of two).
     pub tx_size: u32,
+    /// The UMEM's `tx_metadata_len` (0: registered without TX metadata; checksums are then
+    /// computed by the backend). Every TX frame starts this far into its chunk.
+    pub tx_metadata_len: u32,
 }
 
 impl XskParams {
@@ -145,6 +180,7 @@ impl XskParams {
             comp_size: 2048,
             rx_size: 2048,
             tx_size: 2048,
+            tx_metadata_len: 0,
         }
     }
 
@@ -171,6 +207,13 @@ impl XskParams {
             return bad(format!(
                 "queue {}: umem_size {} != frame_size {} * frame_count {} (>= 2)",
                 self.queue, self.umem_size, self.frame_size, self.frame_count
+            ));
+        }
+        let m = self.tx_metadata_len;
+        if !m.is_multiple_of(8) || m >= 256 || (1..16).contains(&m) {
+            return bad(format!(
+                "queue {}: tx_metadata_len {} not 0 or a multiple of 8 in 16..256",
+                self.queue, self.tx_metadata_len
             ));
         }
         if self.umem_size > 1 << 36 {
@@ -409,6 +452,8 @@ pub struct XskPort {
     tx_lent: usize,
     /// Descriptors from the kernel that pointed outside the UMEM (never expected).
     pub bad_descs: u64,
+    /// Frames sent with a checksum request in their TX metadata (left to the kernel).
+    pub csum_offloaded: u64,
 }
 
 impl XskPort {
@@ -441,14 +486,25 @@ impl XskPort {
             fill_pending: (0..nfill).map(|i| u64::from(i) * fs).collect(),
             tx_lent: 0,
             bad_descs: 0,
+            csum_offloaded: 0,
         };
         port.refill();
         Ok(port)
     }
 
-    /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode.
-    pub fn create(ifname: &str, params: XskParams) -> io::Result<Self> {
-        let (xsk, umem) = create_unbound(params)?;
+    /// Create, register and bind a socket on `ifname` queue `params.queue` in copy mode, with
+    /// [`TX_METADATA_LEN`] bytes of TX metadata room when the kernel takes it (>= 6.8; else
+    /// without, and the backend computes checksums itself).
+    pub fn create(ifname: &str, mut params: XskParams) -> io::Result<Self> {
+        params.tx_metadata_len = TX_METADATA_LEN;
+        let (xsk, umem) = match create_unbound(params) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                log::info!("queue {}: kernel refuses AF_XDP TX metadata ({e}): software checksums", params.queue);
+                params.tx_metadata_len = 0;
+                create_unbound(params)?
+            }
+            r => r?,
+        };
         let raw = xsk.as_raw_fd();
         let port = XskPort::from_fds(xsk, &umem, params)?;
         bind_copy(raw, ifname, params.queue)?;
@@ -458,6 +514,16 @@ impl XskPort {
     /// Geometry of this socket.
     pub fn params(&self) -> XskParams {
         self.params
+    }
+
+    /// Room in front of every TX frame for its `struct xsk_tx_metadata`.
+    fn meta_room(&self) -> usize {
+        self.params.tx_metadata_len as usize
+    }
+
+    /// Largest TX frame.
+    fn tx_cap(&self) -> usize {
+        self.params.frame_size as usize - self.meta_room()
     }
 
     fn frame(&self, addr: u64, len: usize) -> Option<&[u8]> {
@@ -633,13 +699,15 @@ impl Port for XskPort {
         let n = self.tx.free(want).min(want);
         let start = self.tx.local;
         let mut sent = 0u32;
+        let room = self.meta_room() as u64;
         for f in batch.iter().take(n as usize) {
-            if f.len() > self.params.frame_size as usize {
+            if f.len() > self.tx_cap() {
                 break;
             }
-            let Some(addr) = self.tx_free.pop() else { break };
-            // SAFETY: addr is a frame start inside the UMEM and f.len() <= frame_size, so the copy
-            // stays in the mapping; the kernel does not touch free frames.
+            let Some(chunk) = self.tx_free.pop() else { break };
+            let addr = chunk + room;
+            // SAFETY: chunk is a frame start inside the UMEM and room + f.len() <= frame_size, so
+            // the copy stays in the mapping; the kernel does not touch free frames.
             unsafe { std::ptr::copy_nonoverlapping(f.as_ptr(), self.umem.ptr.as_ptr().add(addr as usize), f.len()) };
             self.tx.write(start.wrapping_add(sent), XdpDesc { addr, len: f.len() as u32, options: 0 });
             sent += 1;
@@ -659,27 +727,48 @@ impl Port for XskPort {
         if i >= self.tx_lent {
             return &mut [];
         }
-        let addr = self.tx_free[self.tx_free.len() - 1 - i];
-        let fs = self.params.frame_size as usize;
-        // SAFETY: addr is a frame start taken from `tx_free` (frame-aligned, inside the UMEM, see
-        // `reclaim`), so [addr, addr + frame_size) lies in the mapping; free frames are not on any
-        // ring, so the kernel does not touch them, and `&mut self` makes the borrow exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(addr as usize), fs) }
+        let addr = self.tx_free[self.tx_free.len() - 1 - i] as usize + self.meta_room();
+        // SAFETY: the chunk is a frame start taken from `tx_free` (frame-aligned, inside the UMEM,
+        // see `reclaim`), so [addr, addr + tx_cap) = [chunk + room, chunk + frame_size) lies in
+        // the mapping; free frames are not on any ring, so the kernel does not touch them, and
+        // `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(addr), self.tx_cap()) }
     }
 
-    fn tx_commit(&mut self, frames: &[(usize, usize)]) -> io::Result<usize> {
+    fn tx_commit(&mut self, frames: &[TxFrame]) -> io::Result<usize> {
         let n = frames.len().min(self.tx_lent);
         self.tx_lent = 0;
-        let fs = self.params.frame_size as usize;
+        let (cap, room) = (self.tx_cap(), self.meta_room());
         let start = self.tx.local;
         let mut sent = 0u32;
-        for &(off, len) in &frames[..n] {
-            if off.checked_add(len).is_none_or(|end| end > fs) {
+        for f in &frames[..n] {
+            if f.off.checked_add(f.len).is_none_or(|end| end > cap) {
                 break;
             }
-            let Some(addr) = self.tx_free.pop() else { break };
-            // In aligned mode a descriptor may start anywhere in its chunk (not past its end).
-            let desc = XdpDesc { addr: addr + off as u64, len: len as u32, options: 0 };
+            let Some(&chunk) = self.tx_free.last() else { break };
+            // In aligned mode a descriptor may start anywhere in its chunk (not past its end);
+            // with TX metadata it starts at least `room` in, the metadata right before it.
+            let at = chunk as usize + room + f.off;
+            let mut options = 0;
+            if let Some((cs, co)) = f.csum {
+                if room == 0 || !f.csum_fits() {
+                    // No metadata room (old kernel): the checksum is computed here.
+                    // SAFETY: [at, at + len) lies in the chunk (checked above), which is ours.
+                    let frame = unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.as_ptr().add(at), f.len) };
+                    finish_csum(frame, f.csum);
+                } else {
+                    let m = tx_metadata(cs, co);
+                    // SAFETY: [at - room, at - room + 12) lies in the chunk (room >= 16), which
+                    // is ours until the descriptor is published.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(m.as_ptr(), self.umem.ptr.as_ptr().add(at - room), m.len())
+                    };
+                    options = XDP_TX_METADATA;
+                    self.csum_offloaded += 1;
+                }
+            }
+            self.tx_free.pop();
+            let desc = XdpDesc { addr: at as u64, len: f.len as u32, options };
             self.tx.write(start.wrapping_add(sent), desc);
             sent += 1;
         }
@@ -695,101 +784,19 @@ impl Port for XskPort {
         Some(self.fd.as_raw_fd())
     }
 
+    fn csum_offloaded(&self) -> u64 {
+        self.csum_offloaded
+    }
+
     fn describe(&self) -> String {
         format!("xsk queue {}", self.params.queue)
     }
 }
 
-/// Steps 4 of the handover without the bind: an AF_XDP socket with a memfd UMEM registered
-/// (aligned, headroom 0, chunk = frame size) and its four rings created. Needs `CAP_NET_RAW`.
-pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
-    params.validate()?;
-    let umem = memfd("lanekit-umem", params.umem_size)?;
-    // SAFETY: plain socket(2) call; the result is checked before being owned.
-    let raw = unsafe { libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a new fd that nothing else owns.
-    let xsk = unsafe { OwnedFd::from_raw_fd(raw) };
-    let size = usize::try_from(params.umem_size).map_err(io::Error::other)?;
-    // The registration mapping may go away after XDP_UMEM_REG: the kernel pins the pages, which
-    // are the memfd's, and whoever uses the socket maps the same memfd again.
-    let reg_map = Mmap::map(umem.as_raw_fd(), size, 0)?;
-    let reg = UmemReg {
-        addr: reg_map.ptr.as_ptr() as u64,
-        len: params.umem_size,
-        chunk_size: params.frame_size,
-        headroom: 0,
-    };
-    setsockopt(raw, XDP_UMEM_REG, &reg)?;
-    setsockopt(raw, XDP_UMEM_FILL_RING, &params.fill_size)?;
-    setsockopt(raw, XDP_UMEM_COMPLETION_RING, &params.comp_size)?;
-    setsockopt(raw, XDP_RX_RING, &params.rx_size)?;
-    setsockopt(raw, XDP_TX_RING, &params.tx_size)?;
-    Ok((xsk, umem))
-}
-
-/// Bind an AF_XDP socket to (`ifname`, `queue`) in copy mode. Needs `CAP_NET_RAW`.
-pub fn bind_copy(fd: RawFd, ifname: &str, queue: u32) -> io::Result<()> {
-    let name = CString::new(ifname).map_err(io::Error::other)?;
-    // SAFETY: name is a valid NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
-    }
-    let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: queue, shared_umem_fd: 0 };
-    // SAFETY: sa is a valid sockaddr_xdp of the given length.
-    let r = unsafe { libc::bind(fd, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t) };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("bind AF_XDP to {ifname} queue {queue}: {e}")));
-    }
-    Ok(())
-}
-
-/// A memfd of `size` bytes.
-pub fn memfd(name: &str, size: u64) -> io::Result<File> {
-    let name = CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: name is a valid NUL-terminated string.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor owned by nobody else.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size)?;
-    Ok(f)
-}
+#[path = "xsk_create.rs"]
+mod create;
+pub use create::{bind_copy, create_unbound, memfd};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn params_validation() {
-        assert!(XskParams::standard(0).validate().is_ok());
-        let mut p = XskParams::standard(0);
-        p.rx_size = 1000;
-        assert!(p.validate().is_err());
-        let mut p = XskParams::standard(0);
-        p.umem_size += 1;
-        assert!(p.validate().is_err());
-        let mut p = XskParams::standard(0);
-        p.frame_size = 1024;
-        p.umem_size = 1024 * 4096;
-        assert!(p.validate().is_err());
-        assert_eq!(XskParams::standard(0).fill_frames(), 2048);
-    }
-
-    #[test]
-    fn from_fds_refuses_a_non_xsk_socket() {
-        let umem = memfd("t", XskParams::standard(0).umem_size).unwrap();
-        // SAFETY: plain socket(2); result checked.
-        let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0) };
-        assert!(raw >= 0);
-        // SAFETY: new fd owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        assert!(XskPort::from_fds(fd, &umem, XskParams::standard(0)).is_err());
-    }
-}
+#[path = "xsk_tests.rs"]
+mod tests;

@@ -180,3 +180,62 @@ fn set_vring_enable_before_set_features_keeps_the_connection() {
     h.join().unwrap();
     let _ = std::fs::remove_file(&path);
 }
+
+/// `VIRTIO_NET_F_CTRL_GUEST_OFFLOADS`: the guest switches wire -> guest offloads at run time
+/// (`ethtool -K eth0 rx off` / `lro off` in a Linux guest send `GUEST_OFFLOADS_SET`). One flow's
+/// frames are coalesced and marked DATA_VALID only while the guest has those offloads on; a set
+/// with a bit that is no guest offload or was not negotiated is refused and changes nothing.
+#[test]
+fn guest_switches_its_rx_offloads_with_ctrl_guest_offloads() {
+    const CSUM: u64 = 1 << 1;
+    const TSO: u64 = 1 << 7 | 1 << 8;
+    let path = socket_path("guest-offloads");
+    let (backend, peers, h) = start(1, 1, &path);
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES | TSO | 1 << 2);
+    assert_eq!(backend.guest_offloads(), CSUM | TSO, "negotiation turns every guest offload on");
+    let set = |g: &mut Guest, bits: u64| g.ctrl(&[&[5u8, 0][..], &bits.to_le_bytes()].concat());
+    let mut seq = 1u32;
+    // Inject 4 frames of one flow at once (one batch) with buffers posted: returns (segments
+    // coalesced, frames marked DATA_VALID), the frames and the used entries they took.
+    let mut round = |g: &mut Guest| {
+        let frames = lanekit_vhost::fuzzing::wire(true, 4 * 1448, 1448, 40000, seq);
+        seq = seq.wrapping_add(4 * 1448);
+        let (before, from) = (backend.stats(), g.used_idx(0));
+        g.post_rx(0, 4);
+        assert!(peers[0].inject_all(&frames));
+        let deadline = std::time::Instant::now() + T;
+        while backend.stats().rx_frames < before.rx_frames + 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let s = backend.stats();
+        assert_eq!(s.rx_frames - before.rx_frames, 4, "{s:?}");
+        let counts = (s.rx_gro_segments - before.rx_gro_segments, s.rx_csum_valid - before.rx_csum_valid);
+        (counts, frames, from, g.used_idx(0))
+    };
+    let ((gro, _), ..) = round(&mut g);
+    assert_eq!(gro, 1, "all on: coalesced");
+    assert_eq!(set(&mut g, 0), 0, "all off is accepted");
+    assert_eq!(backend.guest_offloads(), 0);
+    let (counts, frames, from, to) = round(&mut g);
+    assert_eq!(counts, (0, 0), "all off: neither coalesced nor marked");
+    assert_eq!(g.rx_frames(0, from, to), frames, "plain frames, header flags 0");
+    assert_eq!(set(&mut g, CSUM), 0, "rx checksumming back on");
+    let (counts, ..) = round(&mut g);
+    assert_eq!(counts, (0, 4), "checksum only: marked, not coalesced");
+    assert_eq!(set(&mut g, 1 << 11), 1, "HOST_TSO4 is no guest offload");
+    assert_eq!(set(&mut g, 1 << 9), 1, "GUEST_ECN was not negotiated");
+    assert_eq!(g.ctrl(&[5, 0, 0, 0, 0, 0]), 1, "not a le64");
+    assert_eq!(backend.guest_offloads(), CSUM, "refused sets change nothing");
+    // GUEST_TSO without GUEST_CSUM (what `ethtool -K rx off` sends): accepted, no coalescing.
+    assert_eq!(set(&mut g, TSO), 0);
+    let (counts, ..) = round(&mut g);
+    assert_eq!(counts, (0, 0), "TSO without checksum offload: nothing");
+    assert_eq!(set(&mut g, CSUM | TSO), 0);
+    let ((gro, _), ..) = round(&mut g);
+    assert_eq!(gro, 1, "back on: coalesced again");
+    assert_eq!(backend.stats().errors, 0);
+    drop(g);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}

@@ -195,7 +195,7 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
         let (body, fds) = recv_msg(c.as_raw_fd()).unwrap();
         assert!(fds.is_empty());
         let req: Request = serde_json::from_slice(&body).unwrap();
-        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true });
+        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true, tx_meta: true });
         let q = QueueInfo {
             queue: 0,
             umem_size: params.umem_size,
@@ -205,6 +205,7 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
             comp_size: params.comp_size,
             rx_size: params.rx_size,
             tx_size: params.tx_size,
+            tx_metadata_len: params.tx_metadata_len,
         };
         let reply = serde_json::to_vec(&Reply { version: 1, queues: vec![q], error: None, rss: None }).unwrap();
         send_msg(c.as_raw_fd(), &reply, &[xsk.as_raw_fd(), umem.as_raw_fd()]).unwrap();
@@ -226,4 +227,179 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
     server.join().unwrap();
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&agent_path);
+}
+
+/// Guest checksums through AF_XDP TX metadata (kernel >= 6.8): the backend's UMEM has
+/// `tx_metadata_len`; a guest's `NEEDS_CSUM` frame and every segment the backend cuts from a
+/// GSO chain leave with the pseudo-header sum only and reach the veth peer `CHECKSUM_PARTIAL`
+/// (`TP_STATUS_CSUMNOTREADY` on the capture: the kernel took the request); with the device's TX
+/// checksumming off the kernel computes them itself (`validate_xmit_skb`) and they are right.
+/// A request aimed at anything but the frame's own L4 checksum (here the IPv4 destination,
+/// which the agent's BPF reads before a deferred checksum would be written) is never passed
+/// on: the backend computes it and the frame leaves complete.
+#[test]
+#[ignore = "needs root: network namespace, AF_XDP (make test-vhost as root)"]
+fn guest_checksums_are_left_to_the_kernel_through_tx_metadata() {
+    use lanekit_vhost::fuzzing::{gso_hdr, l4_check, packet};
+    use lanekit_vhost::offload::{fill_csum, TxHdr};
+    use lanekit_vhost::xsk::TX_METADATA_LEN;
+
+    require_root("guest_checksums_are_left_to_the_kernel_through_tx_metadata");
+    let ns = Netns::new("txmeta").expect("create namespace");
+    let (port, cap) = ns
+        .run(|| -> io::Result<_> {
+            let port = XskPort::create("lkv0", XskParams::standard(0))?;
+            let cap = packet_socket("lkv1")?;
+            set_auxdata(cap.as_raw_fd())?;
+            Ok((port, cap))
+        })
+        .unwrap()
+        .expect("set up AF_XDP socket and capture socket");
+    assert_eq!(port.params().tx_metadata_len, TX_METADATA_LEN, "the kernel took the UMEM's TX metadata room");
+    let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 1], queue_pairs: 1, mtu: 1500 };
+    let backend = Arc::new(NetBackend::new(cfg, vec![Box::new(port) as Box<dyn Port>]).unwrap());
+    let path = socket_path("txmeta");
+    let (b, p) = (backend.clone(), path.clone());
+    let server = std::thread::spawn(move || serve(b, &p, Some(1)).unwrap());
+    let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
+
+    let hdr = |h: TxHdr| {
+        let mut b = [0u8; 12];
+        b[..10].copy_from_slice(&h.bytes());
+        b
+    };
+    let csum = |f: &[u8]| TxHdr { gso_type: 0, gso_size: 0, ..gso_hdr(f, 0, 0) };
+    let (tcp4, udp4, tcp6) =
+        (packet(true, true, 700, 0x18), packet(true, false, 300, 0), packet(false, true, 500, 0x18));
+    let big = packet(true, true, 4000, 0x18);
+    let mut aimed = tcp4.clone();
+    aimed[35] = 0x77; // its own source port, to tell it apart on the capture
+    let chains = [
+        (hdr(csum(&tcp4)), tcp4.clone()),
+        (hdr(csum(&udp4)), udp4.clone()),
+        (hdr(csum(&tcp6)), tcp6.clone()),
+        (hdr(TxHdr { csum_start: 30, csum_offset: 0, ..csum(&aimed) }), aimed.clone()),
+        (hdr(gso_hdr(&big, 1, 1448)), big.clone()),
+    ];
+    let mut filled = aimed.clone();
+    fill_csum(&mut filled, 30, 0);
+    for tx_off in [false, true] {
+        if tx_off {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns.name, "ethtool", "-K", "lkv0", "tx", "off"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ethtool: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let before = backend.stats();
+        send_with_hdr(&mut g, &chains);
+        // 4 single frames and 3 segments of 1448, 1448 and 1104 bytes.
+        let got = collect_aux(cap.as_raw_fd(), 7, Duration::from_secs(5));
+        assert_eq!(got.len(), 7, "tx off {tx_off}: frames captured {got:?}");
+        for (f, partial) in &got {
+            let v4 = f[12..14] == [8, 0];
+            let aimed_frame = v4 && f[35] == 0x77;
+            // Partial only where the backend asked the kernel, and only while lkv0 offloads.
+            assert_eq!(*partial, !aimed_frame && !tx_off, "tx off {tx_off}: CSUMNOTREADY of {:?}", &f[..54]);
+            if aimed_frame {
+                assert_eq!(f, &filled, "a checksum aimed elsewhere leaves computed by the backend");
+                continue;
+            }
+            let mut done = f.clone();
+            if *partial {
+                assert_ne!(l4_check(f, v4), 0, "left to the kernel: the field holds the pseudo-header sum");
+                let l4 = if v4 { 34 } else { 54 };
+                fill_csum(&mut done, l4, if f[if v4 { 23 } else { 20 }] == 6 { 16 } else { 6 });
+            }
+            assert_eq!(l4_check(&done, v4), 0, "tx off {tx_off}: checksum of {:?}", &f[..54]);
+        }
+        let s = backend.stats();
+        assert_eq!(s.tx_csum_kernel - before.tx_csum_kernel, 6, "tx off {tx_off}: {s:?}");
+        assert_eq!((s.tx_csum - before.tx_csum, s.tx_gso - before.tx_gso, s.errors), (4, 1, 0), "{s:?}");
+    }
+    let fd = backend.xsk_fds()[0].unwrap();
+    let st = lanekit_vhost::xsk::xdp_statistics(fd).unwrap();
+    assert_eq!(st.tx_invalid_descs, 0, "{st:?}");
+    drop(g);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Send (virtio-net header, frame) chains on TX queue 1, frames from a scratch area of guest
+/// memory (they may exceed one ring buffer), and wait until the backend returned them.
+fn send_with_hdr(g: &mut Guest, chains: &[([u8; 12], Vec<u8>)]) {
+    use vm_memory::{Bytes, GuestAddress};
+    let want = g.used_idx(1).wrapping_add(chains.len() as u16);
+    for (i, (h, f)) in chains.iter().enumerate() {
+        let addr = 0x80_0000 + 0x1_0000 * i as u64;
+        g.mem.write_slice(h, GuestAddress(addr)).unwrap();
+        g.mem.write_slice(f, GuestAddress(addr + 16)).unwrap();
+        g.add_chain(1, &[(addr, 12, false), (addr + 16, f.len() as u32, false)]);
+    }
+    g.kick(1);
+    assert!(g.wait_used(1, want, Duration::from_secs(5)), "TX chains returned");
+}
+
+fn set_auxdata(fd: std::os::fd::RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid int of its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_AUXDATA,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receive `n` IPv4/IPv6 frames from source port 12345 (0x3039) or 0x3077, each with whether
+/// the kernel marked it `TP_STATUS_CSUMNOTREADY` (its skb is `CHECKSUM_PARTIAL`).
+fn collect_aux(fd: std::os::fd::RawFd, n: usize, timeout: Duration) -> Vec<(Vec<u8>, bool)> {
+    const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
+    let deadline = Instant::now() + timeout;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let mut ctl = [0u64; 16];
+    while got.len() < n && Instant::now() < deadline {
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain data; the pointers set below stay valid during recvmsg.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&ctl);
+        // SAFETY: msg describes writable buffers of the given lengths.
+        let r = unsafe { libc::recvmsg(fd, &raw mut msg, 0) };
+        if r < 0 {
+            continue;
+        }
+        let f = buf[..r as usize].to_vec();
+        let l4 = match f.get(12..14) {
+            Some([8, 0]) => 34,
+            Some([0x86, 0xdd]) => 54,
+            _ => continue,
+        };
+        if f.len() < l4 + 2 || f[l4] != 0x30 || (f[l4 + 1] != 0x39 && f[l4 + 1] != 0x77) {
+            continue;
+        }
+        let mut status = 0u32;
+        // SAFETY: CMSG_* walk the control buffer the kernel filled (msg_controllen bytes).
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_PACKET && (*c).cmsg_type == libc::PACKET_AUXDATA {
+                    status = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u32>());
+                }
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
+        }
+        got.push((f, status & TP_STATUS_CSUMNOTREADY != 0));
+    }
+    got
 }
