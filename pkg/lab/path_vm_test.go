@@ -19,7 +19,7 @@ import (
 // the VM's endpoint counters account for the rest. A subtest of
 // TestVMLiveMigrationMovesAddress, on its lab (one VM on node 2), before the
 // moves.
-func podVMTakesTheBPFPath(t *testing.T, ctx context.Context, st *State) {
+func podVMTakesTheBPFPath(t *testing.T, ctx context.Context, bins Bins, st *State) {
 	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
 		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
 	}

@@ -24,7 +24,9 @@ import (
 // TCP connections from node 2 over IPv4 and IPv6, then the counters: web's
 // endpoint counted the denied connections as policy-ingress drops (and none
 // as the retired policy-ipv6-unenforced), each policy counted what it
-// allowed. Root; brings up the global lab.
+// allowed, and the CLI's endpoint and policy lists show it (what the IPv4-only
+// TestLabPolicy checked, on this lab's IPv4 rows). Root; brings up the global
+// lab.
 func TestDualStackLabPolicy(t *testing.T) {
 	lk, cli := labCLIPath(t)
 	t.Cleanup(func() {
@@ -177,5 +179,14 @@ spec:
 		if p.GetName() == "web-from-clients" && p.GetDeniedPackets() < uint64(denied*n) {
 			t.Errorf("web-from-clients (the first isolating policy) denied %d packets, want at least %d", p.GetDeniedPackets(), denied*n)
 		}
+	}
+	// What an operator sees of it through the CLI.
+	out, err := lk(t, "endpoint", "list", "--socket", AgentSocket(1))
+	if err != nil || !strings.Contains(out, "policy-ingress=") {
+		t.Errorf("endpoint list on node 1 shows no policy drops: %v: %s", err, out)
+	}
+	out, err = lk(t, "policy", "list", "--socket", AgentSocket(1))
+	if err != nil || !strings.Contains(out, "shop/web-from-clients") || !strings.Contains(out, "shop/web-from-node2-v6") {
+		t.Errorf("policy list = %v: %s", err, out)
 	}
 }

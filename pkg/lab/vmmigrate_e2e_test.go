@@ -65,7 +65,7 @@ func TestVMLiveMigrationMovesAddress(t *testing.T) {
 	mac := st.VMs[0].MAC
 	// The path first, on the same lab (one VM boot for both): bulk TCP pod <-> VM
 	// through the BPF programs, before any policy or move.
-	t.Run("pod and VM take the BPF path", func(t *testing.T) { podVMTakesTheBPFPath(t, ctx, st) })
+	t.Run("pod and VM take the BPF path", func(t *testing.T) { podVMTakesTheBPFPath(t, ctx, bins, st) })
 	objs := setupMigrationObjects(t, ctx, bins, st)
 	t.Run("service and policy before the moves", func(t *testing.T) { objs.check(t, 2) })
 
