@@ -245,6 +245,9 @@ func run(args []string) error {
 	if metrics != "" {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})
 		cfg.ServerOptions = append(cfg.ServerOptions, m.ServerOption())
+		if kc != nil {
+			kc.latency = m
+		}
 	}
 	var a *agent.Agent
 	cfg.ExtraServices = func(srv *grpc.Server) {
