@@ -98,6 +98,9 @@ type Source struct {
 	routesQ chan struct{}
 	migs    *migrationFollower // VMI live migrations (nil: no KubeVirt seam)
 	latency *latencyTracker    // nil: Config.Latency is nil
+	// capacity reports Services the agent's full maps could not take (nil:
+	// the ObjectSink does not say).
+	capacity *capacityWatcher
 
 	mu       sync.Mutex
 	synced   bool
@@ -152,6 +155,9 @@ func New(cfg Config) (*Source, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
+	}
+	if u, ok := cfg.Objects.(UnprogrammedSource); ok {
+		s.capacity = newCapacityWatcher(s, u)
 	}
 	if cfg.Latency != nil {
 		s.latency = newLatencyTracker(cfg.Latency, time.Now())
@@ -306,6 +312,9 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	if s.migs != nil {
 		wg.Go(func() { s.migs.run(ctx) })
+	}
+	if s.capacity != nil {
+		wg.Go(func() { s.capacity.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()
@@ -466,6 +475,9 @@ func (s *Source) work(ctx context.Context) {
 			s.queue.Forget(k)
 			if s.latency != nil {
 				s.latency.applied(k, time.Now())
+			}
+			if s.capacity != nil && (k.kind == k8sobj.KindService || k.kind == k8sobj.KindEndpointSlice) {
+				s.capacity.poke()
 			}
 			if !k.all {
 				s.settled(k)
