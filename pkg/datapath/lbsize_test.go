@@ -65,7 +65,7 @@ func TestLBMapSizes(t *testing.T) {
 
 	front := func(i int) *service.Frontend {
 		return &service.Frontend{Key: service.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i)}), Port: 80, Proto: service.TCP},
-			Service: service.ServiceID{Namespace: "ns", Name: fmt.Sprint(i)},
+			Service:  service.ServiceID{Namespace: "ns", Name: fmt.Sprint(i)},
 			Backends: []service.Backend{{Addr: netip.AddrFrom4([4]byte{10, 244, 0, byte(i)}), Port: 8080}}}
 	}
 	tb := service.NewTables() // no capacity: what the kernel does at the edge
