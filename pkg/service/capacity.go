@@ -122,3 +122,13 @@ func (t *Tables) Fill() []MapFill {
 		{MapBackends6, t.used.backs[1], t.capacity.Backends},
 	}
 }
+
+// recount counts the programmed entries again (after Adopt filled the
+// tables from the pinned maps).
+func (t *Tables) recount() {
+	t.used = usage{}
+	for k, p := range t.fronts {
+		t.used.fronts[family(k)]++
+		t.used.backs[family(k)] += len(p.backends)
+	}
+}
