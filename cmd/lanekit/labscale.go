@@ -1,3 +1,5 @@
+//go:build !nolab
+
 package main
 
 import (
