@@ -481,7 +481,10 @@ type ControlPlaneStatus struct {
 	// hostNetwork pods).
 	SocketLb *SocketLBStatus `protobuf:"bytes,18,opt,name=socket_lb,json=socketLb,proto3" json:"socket_lb,omitempty"`
 	// The healthCheckNodePorts served (LoadBalancer, externalTrafficPolicy Local).
-	HealthChecks  []*HealthCheckStatus `protobuf:"bytes,19,rep,name=health_checks,json=healthChecks,proto3" json:"health_checks,omitempty"`
+	HealthChecks []*HealthCheckStatus `protobuf:"bytes,19,rep,name=health_checks,json=healthChecks,proto3" json:"health_checks,omitempty"`
+	// The service maps: entries against capacity, and the frontends (of how
+	// many Services) waiting for room in each.
+	Maps          []*MapFill `protobuf:"bytes,20,rep,name=maps,proto3" json:"maps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -649,6 +652,89 @@ func (x *ControlPlaneStatus) GetHealthChecks() []*HealthCheckStatus {
 	return nil
 }
 
+func (x *ControlPlaneStatus) GetMaps() []*MapFill {
+	if x != nil {
+		return x.Maps
+	}
+	return nil
+}
+
+type MapFill struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	Name                  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Entries               uint32                 `protobuf:"varint,2,opt,name=entries,proto3" json:"entries,omitempty"`
+	Capacity              uint32                 `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	UnprogrammedFrontends uint32                 `protobuf:"varint,4,opt,name=unprogrammed_frontends,json=unprogrammedFrontends,proto3" json:"unprogrammed_frontends,omitempty"`
+	UnprogrammedServices  uint32                 `protobuf:"varint,5,opt,name=unprogrammed_services,json=unprogrammedServices,proto3" json:"unprogrammed_services,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *MapFill) Reset() {
+	*x = MapFill{}
+	mi := &file_status_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MapFill) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MapFill) ProtoMessage() {}
+
+func (x *MapFill) ProtoReflect() protoreflect.Message {
+	mi := &file_status_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MapFill.ProtoReflect.Descriptor instead.
+func (*MapFill) Descriptor() ([]byte, []int) {
+	return file_status_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MapFill) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MapFill) GetEntries() uint32 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *MapFill) GetCapacity() uint32 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
+func (x *MapFill) GetUnprogrammedFrontends() uint32 {
+	if x != nil {
+		return x.UnprogrammedFrontends
+	}
+	return 0
+}
+
+func (x *MapFill) GetUnprogrammedServices() uint32 {
+	if x != nil {
+		return x.UnprogrammedServices
+	}
+	return 0
+}
+
 type SocketLBStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "attached", "off" (lanekitd --socket-lb=false) or "unsupported" (the
@@ -663,7 +749,7 @@ type SocketLBStatus struct {
 
 func (x *SocketLBStatus) Reset() {
 	*x = SocketLBStatus{}
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +761,7 @@ func (x *SocketLBStatus) String() string {
 func (*SocketLBStatus) ProtoMessage() {}
 
 func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[6]
+	mi := &file_status_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +774,7 @@ func (x *SocketLBStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SocketLBStatus.ProtoReflect.Descriptor instead.
 func (*SocketLBStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{6}
+	return file_status_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SocketLBStatus) GetState() string {
@@ -726,7 +812,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +824,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[7]
+	mi := &file_status_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +837,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{7}
+	return file_status_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HealthCheckStatus) GetNamespace() string {
@@ -812,7 +898,7 @@ type DatapathStatus struct {
 
 func (x *DatapathStatus) Reset() {
 	*x = DatapathStatus{}
-	mi := &file_status_proto_msgTypes[8]
+	mi := &file_status_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +910,7 @@ func (x *DatapathStatus) String() string {
 func (*DatapathStatus) ProtoMessage() {}
 
 func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[8]
+	mi := &file_status_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +923,7 @@ func (x *DatapathStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatapathStatus.ProtoReflect.Descriptor instead.
 func (*DatapathStatus) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{8}
+	return file_status_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DatapathStatus) GetBackend() string {
@@ -909,7 +995,7 @@ type KernelFeatures struct {
 
 func (x *KernelFeatures) Reset() {
 	*x = KernelFeatures{}
-	mi := &file_status_proto_msgTypes[9]
+	mi := &file_status_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1007,7 @@ func (x *KernelFeatures) String() string {
 func (*KernelFeatures) ProtoMessage() {}
 
 func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[9]
+	mi := &file_status_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1020,7 @@ func (x *KernelFeatures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelFeatures.ProtoReflect.Descriptor instead.
 func (*KernelFeatures) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{9}
+	return file_status_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KernelFeatures) GetRelease() string {
@@ -982,7 +1068,7 @@ type Feature struct {
 
 func (x *Feature) Reset() {
 	*x = Feature{}
-	mi := &file_status_proto_msgTypes[10]
+	mi := &file_status_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1080,7 @@ func (x *Feature) String() string {
 func (*Feature) ProtoMessage() {}
 
 func (x *Feature) ProtoReflect() protoreflect.Message {
-	mi := &file_status_proto_msgTypes[10]
+	mi := &file_status_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1093,7 @@ func (x *Feature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Feature.ProtoReflect.Descriptor instead.
 func (*Feature) Descriptor() ([]byte, []int) {
-	return file_status_proto_rawDescGZIP(), []int{10}
+	return file_status_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Feature) GetSupported() bool {
@@ -1070,7 +1156,7 @@ const file_status_proto_rawDesc = "" +
 	"TunnelNode\x12\x19\n" +
 	"\bpod_cidr\x18\x01 \x01(\tR\apodCidr\x12\x1a\n" +
 	"\bunderlay\x18\x02 \x01(\tR\bunderlay\x12\x12\n" +
-	"\x04self\x18\x03 \x01(\bR\x04self\"\xcd\a\n" +
+	"\x04self\x18\x03 \x01(\bR\x04self\"\xf6\a\n" +
 	"\x12ControlPlaneStatus\x12E\n" +
 	"\aobjects\x18\x01 \x03(\v2+.lanekit.v1.ControlPlaneStatus.ObjectsEntryR\aobjects\x12\x1a\n" +
 	"\bservices\x18\x02 \x01(\rR\bservices\x12\x1c\n" +
@@ -1094,13 +1180,20 @@ const file_status_proto_rawDesc = "" +
 	"lbCounters\x12\x14\n" +
 	"\x05error\x18\x11 \x01(\tR\x05error\x127\n" +
 	"\tsocket_lb\x18\x12 \x01(\v2\x1a.lanekit.v1.SocketLBStatusR\bsocketLb\x12B\n" +
-	"\rhealth_checks\x18\x13 \x03(\v2\x1d.lanekit.v1.HealthCheckStatusR\fhealthChecks\x1a:\n" +
+	"\rhealth_checks\x18\x13 \x03(\v2\x1d.lanekit.v1.HealthCheckStatusR\fhealthChecks\x12'\n" +
+	"\x04maps\x18\x14 \x03(\v2\x13.lanekit.v1.MapFillR\x04maps\x1a:\n" +
 	"\fObjectsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a=\n" +
 	"\x0fLbCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"[\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xbf\x01\n" +
+	"\aMapFill\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aentries\x18\x02 \x01(\rR\aentries\x12\x1a\n" +
+	"\bcapacity\x18\x03 \x01(\rR\bcapacity\x125\n" +
+	"\x16unprogrammed_frontends\x18\x04 \x01(\rR\x15unprogrammedFrontends\x123\n" +
+	"\x15unprogrammed_services\x18\x05 \x01(\rR\x14unprogrammedServices\"[\n" +
 	"\x0eSocketLBStatus\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x16\n" +
 	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\x12\x1b\n" +
@@ -1143,7 +1236,7 @@ func file_status_proto_rawDescGZIP() []byte {
 	return file_status_proto_rawDescData
 }
 
-var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_status_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_status_proto_goTypes = []any{
 	(*StatusRequest)(nil),      // 0: lanekit.v1.StatusRequest
 	(*StatusResponse)(nil),     // 1: lanekit.v1.StatusResponse
@@ -1151,40 +1244,42 @@ var file_status_proto_goTypes = []any{
 	(*BigTCP)(nil),             // 3: lanekit.v1.BigTCP
 	(*TunnelNode)(nil),         // 4: lanekit.v1.TunnelNode
 	(*ControlPlaneStatus)(nil), // 5: lanekit.v1.ControlPlaneStatus
-	(*SocketLBStatus)(nil),     // 6: lanekit.v1.SocketLBStatus
-	(*HealthCheckStatus)(nil),  // 7: lanekit.v1.HealthCheckStatus
-	(*DatapathStatus)(nil),     // 8: lanekit.v1.DatapathStatus
-	(*KernelFeatures)(nil),     // 9: lanekit.v1.KernelFeatures
-	(*Feature)(nil),            // 10: lanekit.v1.Feature
-	nil,                        // 11: lanekit.v1.RoutingStatus.TunnelCountersEntry
-	nil,                        // 12: lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	nil,                        // 13: lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	(*DPULinkStatus)(nil),      // 14: lanekit.v1.DPULinkStatus
+	(*MapFill)(nil),            // 6: lanekit.v1.MapFill
+	(*SocketLBStatus)(nil),     // 7: lanekit.v1.SocketLBStatus
+	(*HealthCheckStatus)(nil),  // 8: lanekit.v1.HealthCheckStatus
+	(*DatapathStatus)(nil),     // 9: lanekit.v1.DatapathStatus
+	(*KernelFeatures)(nil),     // 10: lanekit.v1.KernelFeatures
+	(*Feature)(nil),            // 11: lanekit.v1.Feature
+	nil,                        // 12: lanekit.v1.RoutingStatus.TunnelCountersEntry
+	nil,                        // 13: lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	nil,                        // 14: lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	(*DPULinkStatus)(nil),      // 15: lanekit.v1.DPULinkStatus
 }
 var file_status_proto_depIdxs = []int32{
-	8,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
-	9,  // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
+	9,  // 0: lanekit.v1.StatusResponse.datapath:type_name -> lanekit.v1.DatapathStatus
+	10, // 1: lanekit.v1.StatusResponse.kernel:type_name -> lanekit.v1.KernelFeatures
 	5,  // 2: lanekit.v1.StatusResponse.control_plane:type_name -> lanekit.v1.ControlPlaneStatus
 	2,  // 3: lanekit.v1.StatusResponse.routing:type_name -> lanekit.v1.RoutingStatus
-	14, // 4: lanekit.v1.StatusResponse.dpu_link:type_name -> lanekit.v1.DPULinkStatus
+	15, // 4: lanekit.v1.StatusResponse.dpu_link:type_name -> lanekit.v1.DPULinkStatus
 	4,  // 5: lanekit.v1.RoutingStatus.tunnel_nodes:type_name -> lanekit.v1.TunnelNode
-	11, // 6: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
-	10, // 7: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
-	10, // 8: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
+	12, // 6: lanekit.v1.RoutingStatus.tunnel_counters:type_name -> lanekit.v1.RoutingStatus.TunnelCountersEntry
+	11, // 7: lanekit.v1.RoutingStatus.ipsec:type_name -> lanekit.v1.Feature
+	11, // 8: lanekit.v1.RoutingStatus.wireguard:type_name -> lanekit.v1.Feature
 	3,  // 9: lanekit.v1.RoutingStatus.big_tcp:type_name -> lanekit.v1.BigTCP
-	12, // 10: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
-	13, // 11: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
-	6,  // 12: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
-	7,  // 13: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
-	10, // 14: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
-	10, // 15: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
-	10, // 16: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
-	10, // 17: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	13, // 10: lanekit.v1.ControlPlaneStatus.objects:type_name -> lanekit.v1.ControlPlaneStatus.ObjectsEntry
+	14, // 11: lanekit.v1.ControlPlaneStatus.lb_counters:type_name -> lanekit.v1.ControlPlaneStatus.LbCountersEntry
+	7,  // 12: lanekit.v1.ControlPlaneStatus.socket_lb:type_name -> lanekit.v1.SocketLBStatus
+	8,  // 13: lanekit.v1.ControlPlaneStatus.health_checks:type_name -> lanekit.v1.HealthCheckStatus
+	6,  // 14: lanekit.v1.ControlPlaneStatus.maps:type_name -> lanekit.v1.MapFill
+	11, // 15: lanekit.v1.KernelFeatures.tcx:type_name -> lanekit.v1.Feature
+	11, // 16: lanekit.v1.KernelFeatures.netkit:type_name -> lanekit.v1.Feature
+	11, // 17: lanekit.v1.KernelFeatures.bpffs:type_name -> lanekit.v1.Feature
+	11, // 18: lanekit.v1.KernelFeatures.btf:type_name -> lanekit.v1.Feature
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_status_proto_init() }
@@ -1199,7 +1294,7 @@ func file_status_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_status_proto_rawDesc), len(file_status_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

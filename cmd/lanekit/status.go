@@ -107,6 +107,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 				cp.GetConntrackCapacity(), cp.GetConntrackFull(), cp.GetConntrackGcRemoved(), cp.GetConntrackGcRuns())
 		}
 		printSocketLB(out, cp)
+		printMaps(out, cp.GetMaps())
 		if n := cp.GetPendingUpdates(); n > 0 {
 			fmt.Fprintf(out, "  warning:    %d datapath updates failed and wait for a retry\n", n)
 		}
@@ -243,5 +244,23 @@ func printVMs(ctx context.Context, out io.Writer, c apiv1.AgentClient, onDPU boo
 		}
 		fmt.Fprintf(out, "vm:           %s %s %s: device %s in netns %s, AF_XDP sockets from %s (%s)\n", vm.GetName(), vm.GetAddress(),
 			where, dev, ep.GetNetns(), vm.GetSocket(), serving)
+	}
+}
+
+// mapNearFull is the agent's agent.NearFull (the CLI does not link the agent).
+const mapNearFull = 0.9
+
+// printMaps prints a line for each service map that is full (with what is
+// not programmed) or nearly full; nothing when all have room.
+func printMaps(out io.Writer, maps []*apiv1.MapFill) {
+	for _, m := range maps {
+		n, c := m.GetEntries(), m.GetCapacity()
+		switch {
+		case m.GetUnprogrammedFrontends() > 0:
+			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): %d frontends of %d Services not programmed; raise lanekitd's --lb-frontends/--lb-backends or remove Services\n",
+				m.GetName(), n, c, m.GetUnprogrammedFrontends(), m.GetUnprogrammedServices())
+		case c > 0 && float64(n) >= mapNearFull*float64(c):
+			fmt.Fprintf(out, "  warning:    map %s nearly full (%d/%d entries)\n", m.GetName(), n, c)
+		}
 	}
 }

@@ -99,6 +99,8 @@ func (f kubeFlags) restConfig(log *slog.Logger) (*rest.Config, error) {
 type kubeClients struct {
 	client  kubernetes.Interface
 	dynamic dynamic.Interface
+	// latency receives the programming latencies (nil: no metrics).
+	latency k8s.LatencyObserver
 }
 
 // clients builds the API clients from --kubeconfig or the in-cluster
@@ -137,7 +139,7 @@ func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string,
 	var moved k8s.EndpointRouteSink = a
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
-		Objects: a, VMs: a, Routes: routes, EndpointRoutes: moved, Log: log,
+		Objects: a, VMs: a, Routes: routes, EndpointRoutes: moved, Latency: kc.latency, Log: log,
 	})
 	if err != nil {
 		return nil, err

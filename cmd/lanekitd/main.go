@@ -118,6 +118,9 @@ func run(args []string) error {
 		cfg.VMHostSocketRoots = append(cfg.VMHostSocketRoots, filepath.Clean(v))
 		return nil
 	})
+	fs.IntVar(&cfg.LBFrontends, "lb-frontends", datapath.DefaultLBFrontends, "entries of the service frontend maps (lk_lb_svc, lk_lb_svc6, lk_lb_revnat(6), lk_lb_maglev): one per Service port and address (ClusterIP, each node address of a NodePort, external and ingress IPs); "+
+		"what does not fit is reported (lanekit status, lanekit_map_* metrics, an Event on the Service) and programmed when room returns")
+	fs.IntVar(&cfg.LBBackends, "lb-backends", datapath.DefaultLBBackends, "entries of the service backend maps (lk_lb_backends, lk_lb_backends6): one per endpoint of each frontend")
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
 	fs.StringVar(&snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
@@ -245,6 +248,9 @@ func run(args []string) error {
 	if metrics != "" {
 		m = lkmetrics.New(lkmetrics.Options{Log: log})
 		cfg.ServerOptions = append(cfg.ServerOptions, m.ServerOption())
+		if kc != nil {
+			kc.latency = m
+		}
 	}
 	var a *agent.Agent
 	cfg.ExtraServices = func(srv *grpc.Server) {

@@ -50,6 +50,10 @@ type Config struct {
 	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
 	// (datapath.Config; 0, 0: the default 61000-65535).
 	SNATPortMin, SNATPortMax uint16
+	// LBFrontends and LBBackends size the service maps (0: the datapath's
+	// defaults); Services that do not fit wait, reported, until room
+	// returns (capacity.go).
+	LBFrontends, LBBackends int
 	// HostNetns is the node's namespace when it is not the agent's own
 	// (tests and the lab); empty means the current one.
 	HostNetns string
@@ -204,7 +208,7 @@ type Agent struct {
 
 func openDatapath(cfg Config, tunnel string, log *slog.Logger) (datapath.Datapath, string, error) {
 	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax,
-		Tunnel: tunnel, HostPF: cfg.HostPF}
+		Tunnel: tunnel, HostPF: cfg.HostPF, LBFrontends: cfg.LBFrontends, LBBackends: cfg.LBBackends}
 	if cfg.OpenDatapath != nil {
 		dp, err := cfg.OpenDatapath(dcfg, log)
 		return dp, "test", err

@@ -162,6 +162,8 @@ func (a *Agent) restoreControlPlane() error {
 		opts.LocalPrefixes = append(opts.LocalPrefixes, a.cfg.PodCIDR6.Masked())
 	}
 	a.ctl = newCtlPlane(opts)
+	fronts, backs := datapath.Config{LBFrontends: a.cfg.LBFrontends, LBBackends: a.cfg.LBBackends}.LBSizes()
+	a.ctl.tables.SetCapacity(service.Capacity{Frontends: fronts, Backends: backs})
 	c := a.ctl
 	c.log = a.log
 	c.mu.Lock()
@@ -390,6 +392,8 @@ type ControlStats struct {
 	// Ignored counts the addresses the translation left out on purpose,
 	// by reason (service.ReasonHostIPNotNode, ReasonExternalIPNotAllowed).
 	Ignored map[string]int
+	// Maps: the service maps' fill and what waits for room (capacity.go).
+	Maps []MapStat
 }
 
 // Policies returns the stored NetworkPolicies with their verdict counters.
@@ -454,6 +458,7 @@ func (a *Agent) ControlStats() ControlStats {
 		s.FrontendsByScope[scopeName(f.Key.Scope)]++
 		s.Backends += len(f.Backends)
 	}
+	s.Maps = c.mapStats()
 	c.mu.Unlock()
 	s.SockLB, s.HealthChecks = a.sockLB, a.HealthChecks()
 	if sd := a.serviceDP(); sd != nil {

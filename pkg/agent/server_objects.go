@@ -93,6 +93,10 @@ func ControlPlaneToProto(st ControlStats) *apiv1.ControlPlaneStatus {
 		pc.HealthChecks = append(pc.HealthChecks, &apiv1.HealthCheckStatus{Namespace: h.Service.Namespace, Name: h.Service.Name,
 			Port: uint32(h.Port), LocalEndpoints: uint32(h.LocalEndpoints), Error: h.Err})
 	}
+	for _, m := range st.Maps {
+		pc.Maps = append(pc.Maps, &apiv1.MapFill{Name: m.Map, Entries: uint32(m.Entries), Capacity: uint32(m.Capacity),
+			UnprogrammedFrontends: uint32(m.UnprogrammedFrontends), UnprogrammedServices: uint32(m.UnprogrammedServices)})
+	}
 	if ct := st.Conntrack; ct != nil {
 		pc.ConntrackEntries, pc.ConntrackCapacity, pc.ConntrackFull, pc.LbCounters = uint32(ct.ConntrackEntries), uint32(ct.ConntrackCapacity), ct.ConntrackEvicted, LBCounters(*ct)
 	}

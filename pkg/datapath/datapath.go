@@ -188,6 +188,11 @@ type Config struct {
 	// table of another size is migrated: its flows are copied into one of
 	// this size (migrate.go).
 	ConntrackEntries int
+	// LBFrontends sizes the service frontend maps (lk_lb_svc(6),
+	// lk_lb_revnat(6), lk_lb_maglev; 0: DefaultLBFrontends) and LBBackends
+	// the backend maps (lk_lb_backends(6); 0: DefaultLBBackends). Pinned maps
+	// of another size are migrated (migrate.go).
+	LBFrontends, LBBackends int
 	// SNATPortMin..SNATPortMax is the source port range NodePort (to a
 	// remote backend) and hairpin SNAT allocate from (0, 0: 61000-65535,
 	// DefaultSNATPortMin/Max). It must not be the node's ephemeral range

@@ -81,20 +81,32 @@ func (r *replaceCounter) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) 
 // newMemAgent is a real agent (translation, store, readiness) on the memory
 // datapath in its own network namespace (root).
 func newMemAgent(t *testing.T) *agent.Agent {
+	a, _ := newMemAgentWith(t, nil)
+	return a
+}
+
+// newMemAgentWith is newMemAgent with its config changed by edit (nil:
+// none), and its memory datapath.
+func newMemAgentWith(t *testing.T, edit func(*agent.Config)) (*agent.Agent, *agenttest.MemoryDatapath) {
 	testutil.RequireRoot(t)
 	node := netnstest.New(t, "k8sref")
-	a, err := agent.New(agent.Config{
+	dp := agenttest.NewMemoryDatapath()
+	cfg := agent.Config{
 		StateDir: t.TempDir(), PodCIDR: netip.MustParsePrefix("10.79.0.0/24"), MTU: 1500, HostNetns: node.Path(),
 		NodeAddrs: []netip.Addr{netip.MustParseAddr("192.168.99.1")},
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
-			return agenttest.NewMemoryDatapath(), nil
+			return dp, nil
 		},
-	}, testLog())
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a, err := agent.New(cfg, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	return a
+	return a, dp
 }
 
 // frontendOwner is the service that holds ip:port/TCP in the agent's

@@ -80,7 +80,10 @@ type Config struct {
 	// (from the VMIs' migration states; vmiclaims.go) when the VMs seam
 	// follows migrations; nil: no claims.
 	EndpointRoutes EndpointRouteSink
-	Log            *slog.Logger
+	// Latency records how long each change took to reach the datapath
+	// (latency.go); nil: not measured.
+	Latency LatencyObserver
+	Log     *slog.Logger
 }
 
 // Source runs the informers. Create it with New, then Run.
@@ -94,6 +97,10 @@ type Source struct {
 	pods    cache.SharedIndexInformer
 	routesQ chan struct{}
 	migs    *migrationFollower // VMI live migrations (nil: no KubeVirt seam)
+	latency *latencyTracker    // nil: Config.Latency is nil
+	// capacity reports Services the agent's full maps could not take (nil:
+	// the ObjectSink does not say).
+	capacity *capacityWatcher
 
 	mu       sync.Mutex
 	synced   bool
@@ -148,6 +155,12 @@ func New(cfg Config) (*Source, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[objKey](200*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[objKey]{Name: "lanekit-k8s"}),
+	}
+	if u, ok := cfg.Objects.(UnprogrammedSource); ok {
+		s.capacity = newCapacityWatcher(s, u)
+	}
+	if cfg.Latency != nil {
+		s.latency = newLatencyTracker(cfg.Latency, time.Now())
 	}
 	// Managed fields are most of an object's size and nothing reads them.
 	s.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(stripManagedFields))
@@ -218,8 +231,10 @@ func stripManagedFields(obj any) (any, error) {
 
 // handler queues each add, update and delete of kind by name; the worker
 // reads the current state from the informer's store.
+// With a latency tracker, each change's trigger time is noted before the
+// object is queued.
 func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
-	enqueue := func(obj any) {
+	enqueue := func(old, obj any, deleted bool) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
 		}
@@ -228,7 +243,14 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 			return
 		}
 		if s.cfg.Objects != nil {
-			k := objKey{kind: kind, namespace: m.GetNamespace(), name: m.GetName()}
+			k := objectKey(kind, m)
+			if lt := s.latency; lt != nil {
+				if deleted {
+					lt.drop(k)
+				} else if t, ok := lt.changeTrigger(kind, old, obj, time.Now(), s.kinds[k8sobj.KindService].GetStore()); ok {
+					lt.add(k, t)
+				}
+			}
 			s.queue.Add(k)
 			for _, kind := range s.maySettle(k) {
 				s.queue.AddAfter(objKey{kind: kind, all: true}, resyncDelay)
@@ -236,9 +258,9 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 		}
 	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
-		DeleteFunc: enqueue,
+		AddFunc:    func(obj any) { enqueue(nil, obj, false) },
+		UpdateFunc: func(old, obj any) { enqueue(old, obj, false) },
+		DeleteFunc: func(obj any) { enqueue(nil, obj, true) },
 	}
 }
 
@@ -290,6 +312,9 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	if s.migs != nil {
 		wg.Go(func() { s.migs.run(ctx) })
+	}
+	if s.capacity != nil {
+		wg.Go(func() { s.capacity.run(ctx) })
 	}
 	<-ctx.Done()
 	s.queue.ShutDown()
@@ -448,6 +473,12 @@ func (s *Source) work(ctx context.Context) {
 		switch {
 		case err == nil:
 			s.queue.Forget(k)
+			if s.latency != nil {
+				s.latency.applied(k, time.Now())
+			}
+			if s.capacity != nil && (k.kind == k8sobj.KindService || k.kind == k8sobj.KindEndpointSlice) {
+				s.capacity.poke()
+			}
 			if !k.all {
 				s.settled(k)
 			}

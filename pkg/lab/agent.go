@@ -21,7 +21,8 @@ func agentArgs(i int, k8s bool) []string {
 		"--uplink", Uplink,
 	}
 	if k8s {
-		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i))
+		args = append(args, "--kubeconfig", Kubeconfig, "--node-name", KubeNodeName(i),
+			"--metrics-listen", AgentMetricsAddr(i)) // the scale bench reads the programming latencies (scale.go)
 	} else {
 		if !labIPv6Only() { // ipv6only.go
 			args = append(args, "--pod-cidr", PodCIDR(i))
@@ -38,6 +39,10 @@ func agentArgs(i int, k8s bool) []string {
 		"--vhost-user", fmt.Sprintf("%d:%d", backendUser, backendUser),
 	)
 }
+
+// AgentMetricsAddr is where a --k8s lab's agent i serves its metrics: on
+// its underlay address, which the host reaches.
+func AgentMetricsAddr(i int) string { return net.JoinHostPort(UnderlayIP(i), "9964") }
 
 // startAgent starts lanekitd for node i as a detached daemon inside the node
 // netns, writes its pid file and waits until its socket accepts connections.

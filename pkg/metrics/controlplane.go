@@ -36,6 +36,9 @@ const (
 	NameConntrackCreated  = "lanekit_conntrack_created_total"
 	NameConntrackGC       = "lanekit_conntrack_gc_removed_total"
 	NameAddrsIgnored      = "lanekit_service_addresses_ignored"
+	NameMapEntries        = "lanekit_map_entries"
+	NameMapCapacity       = "lanekit_map_capacity"
+	NameMapUnprogrammed   = "lanekit_map_unprogrammed_frontends"
 )
 
 var (
@@ -56,11 +59,15 @@ var (
 	descCTFailed  = prometheus.NewDesc(NameConntrackFailed, "Conntrack entries the datapath could not create.", nil, nil)
 	descCTCreated = prometheus.NewDesc(NameConntrackCreated, "Conntrack entries the datapath created.", nil, nil)
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
+	descMapEnt    = prometheus.NewDesc(NameMapEntries, "Entries in a service map (lk_lb_svc, lk_lb_svc6: frontends; lk_lb_backends, lk_lb_backends6: backends of every frontend).", []string{"map"}, nil)
+	descMapCap    = prometheus.NewDesc(NameMapCapacity, "Capacity of a service map (lanekitd --lb-frontends, --lb-backends).", []string{"map"}, nil)
+	descMapUnprog = prometheus.NewDesc(NameMapUnprogrammed, "Service frontends not programmed (or programmed with an earlier backend set) because the map is full; programmed once room returns.", []string{"map"}, nil)
 	descIgnored   = prometheus.NewDesc(NameAddrsIgnored, "Addresses the agent does not serve on purpose, by reason: hostip-not-node (a hostPort whose hostIP is not an address of this node), externalip-not-allowed (a spec.externalIPs address outside --external-ips), protocol-unsupported (a Service or hostPort port of a protocol lanekit does not load-balance: SCTP).", []string{"reason"}, nil)
 )
 
 var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descRefused, descLBEvents, descSvcPend, descPolicies, descPolIDs,
-	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC, descIgnored}
+	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC, descIgnored,
+	descMapEnt, descMapCap, descMapUnprog}
 
 func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlPlaneSource) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -91,6 +98,11 @@ func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlP
 	counter(descCTGC, st.GCRemoved)
 	for _, r := range []string{service.ReasonHostIPNotNode, service.ReasonExternalIPNotAllowed} {
 		gauge(descIgnored, float64(st.Ignored[r]), r)
+	}
+	for _, m := range st.Maps {
+		gauge(descMapEnt, float64(m.Entries), m.Map)
+		gauge(descMapCap, float64(m.Capacity), m.Map)
+		gauge(descMapUnprog, float64(m.UnprogrammedFrontends), m.Map)
 	}
 	if ct := st.Conntrack; ct != nil {
 		gauge(descCTEntries, float64(ct.ConntrackEntries))

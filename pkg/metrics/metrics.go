@@ -73,6 +73,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 	rpc      *prometheus.HistogramVec
 	startup  prometheus.Gauge
+	prog     programming
 	opts     Options
 	src      Source // set by Watch; /readyz asks it
 }
@@ -93,7 +94,8 @@ func New(opts Options) *Metrics {
 		Name: NameStartup,
 		Help: "How long the agent's start-up took: kernel probes, store, datapath load and the re-adoption (reconcile) of stored endpoints.",
 	})
-	m.Registry.MustRegister(m.rpc, m.startup)
+	m.prog = newProgramming()
+	m.Registry.MustRegister(m.rpc, m.startup, m.prog.network, m.prog.policy)
 	return m
 }
 

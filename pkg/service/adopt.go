@@ -60,6 +60,7 @@ func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 	}
 	adopted = append(adopted, adopted6...)
 	slices.SortFunc(adopted, compareKeys)
+	t.recount()
 	return adopted, orphans
 }
 

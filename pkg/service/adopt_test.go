@@ -39,6 +39,10 @@ func TestAdoptKeepsIDs(t *testing.T) {
 	if len(adopted) != len(m.Frontends()) {
 		t.Fatalf("adopted %d frontends, want %d", len(adopted), len(m.Frontends()))
 	}
+	// The capacity counts what was adopted (a restarted agent's fill).
+	if f := old.Fill(); tb.Fill()[0] != f[0] || tb.Fill()[2] != f[2] || f[0].Entries != len(m.Frontends()) {
+		t.Errorf("adopted fill %+v, want %+v", tb.Fill(), f)
+	}
 	if len(repair.BackendDeletes) != 1 || repair.BackendDeletes[0].ID != 9999 || len(repair.RevNatDeletes) != 1 {
 		t.Fatalf("repair = %v", repair)
 	}

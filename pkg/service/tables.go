@@ -177,11 +177,25 @@ type Tables struct {
 	nextBack  uint32
 	usedFront map[uint32]bool
 	usedBack  map[uint32]bool
+	// capacity, used and waiting: the maps' sizes, the entries programmed,
+	// the frontends that did not fit (capacity.go).
+	capacity Capacity
+	used     usage
+	waiting  map[FrontendKey]waitingFrontend
+}
+
+// waitingFrontend is a frontend that did not fit: its latest version, the
+// map that is full, and whether an earlier version is programmed.
+type waitingFrontend struct {
+	f     *Frontend
+	m     string
+	stale bool
 }
 
 // NewTables returns empty tables (nothing programmed).
 func NewTables() *Tables {
-	return &Tables{fronts: map[FrontendKey]*programmed{}, usedFront: map[uint32]bool{}, usedBack: map[uint32]bool{}}
+	return &Tables{fronts: map[FrontendKey]*programmed{}, usedFront: map[uint32]bool{}, usedBack: map[uint32]bool{},
+		waiting: map[FrontendKey]waitingFrontend{}}
 }
 
 // alloc returns the next unused ID after *next. IDs are not reused until the
@@ -206,10 +220,14 @@ func ServiceKeyOf(k FrontendKey) ServiceKey {
 }
 
 // Apply records changes as programmed and returns the map operations that
-// program them: only entries whose value changes are included.
+// program them: only entries whose value changes are included. A frontend
+// the maps have no room for waits (Unprogrammed) and is programmed by the
+// first Apply after room returns.
 func (t *Tables) Apply(c Changes) *Update {
 	u := newUpdate()
+	freed := false
 	for _, k := range c.Removed {
+		delete(t.waiting, k)
 		p, ok := t.fronts[k]
 		if !ok {
 			continue
@@ -226,9 +244,19 @@ func (t *Tables) Apply(c Changes) *Update {
 		}
 		delete(t.usedFront, p.id)
 		delete(t.fronts, k)
+		t.used.fronts[family(k)]--
+		t.used.backs[family(k)] -= len(p.backends)
+		freed = true
 	}
 	for _, f := range c.Upserted {
-		t.upsert(f, u)
+		before := t.used
+		t.upsertOrWait(f, u)
+		if t.used.fronts[family(f.Key)] < before.fronts[family(f.Key)] || t.used.backs[family(f.Key)] < before.backs[family(f.Key)] {
+			freed = true
+		}
+	}
+	if freed {
+		t.retryWaiting(u)
 	}
 	return u
 }
@@ -239,7 +267,9 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 		p = &programmed{id: t.allocFront()}
 		t.fronts[f.Key] = p
 		putRevNat(u, f.Key, p.id)
+		t.used.fronts[family(f.Key)]++
 	}
+	t.used.backs[family(f.Key)] += len(f.Backends) - len(p.backends)
 	// Backends: merge the sorted programmed list with the sorted new one; keep
 	// IDs of backends still present, allocate new ones, delete gone ones.
 	ids := make([]uint32, len(f.Backends))

@@ -1,0 +1,302 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// The scale lab: the two real agents of a `lab up --k8s` lab, driven only
+// through the lab's API server, as a cluster's control plane drives them.
+// `lanekit lab scale` adds Node objects without kubelets (pod CIDRs, an
+// InternalIP on the underlay: the agents route to every one), Services
+// with EndpointSlices as the endpointslice controller writes them
+// (addresses in the fake nodes' pod CIDRs, the trigger-time annotation),
+// pods with label sets giving distinct identities, NetworkPolicies; then
+// churns endpoints at a fixed rate and measures (scalereport.go).
+
+// ScaleConfig is what `lanekit lab scale` creates and how it churns.
+type ScaleConfig struct {
+	Nodes      int     // fake Node objects
+	Services   int     // Services, one port each
+	Endpoints  int     // endpoints per Service
+	Pods       int     // pods on the fake nodes
+	Identities int     // distinct label sets among the pods
+	Policies   int     // NetworkPolicies
+	ChurnRate  float64 // endpoint changes per second
+	ChurnFor   time.Duration
+	// QPS and Burst of the client that creates the objects.
+	QPS   float32
+	Burst int
+	// Workers create objects in parallel.
+	Workers int
+	Out     io.Writer // progress lines
+}
+
+// DefaultScaleConfig fits this lab's 2-core machine in a few minutes.
+func DefaultScaleConfig() ScaleConfig {
+	return ScaleConfig{Nodes: 100, Services: 5000, Endpoints: 4, Pods: 2000, Identities: 200, Policies: 100,
+		ChurnRate: 20, ChurnFor: 30 * time.Second, QPS: 2000, Burst: 4000, Workers: 16}
+}
+
+// Scale objects carry this label (and live in ScaleNamespace) so that a
+// run cleans up what an earlier one left.
+const (
+	ScaleLabel     = "lanekit.io/scale"
+	ScaleNamespace = "default"
+	scaleNodeFirst = 10  // fake node k's InternalIP: 10.77.0.(10+k)
+	maxScaleNodes  = 200 // below the lab's service nodes (svcNodeFirstIP)
+)
+
+// ScaleNodeName, ScaleNodeCIDR and ScaleNodeIP are fake node k's.
+func ScaleNodeName(k int) string { return fmt.Sprintf("lk-scale-node%d", k) }
+func ScaleNodeCIDR(k int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(128 + k/256), byte(k % 256), 0}), 24)
+}
+func ScaleNodeIP(k int) string { return fmt.Sprintf("10.77.0.%d", scaleNodeFirst+k) }
+
+func (c ScaleConfig) validate() error {
+	switch {
+	case c.Nodes < 1 || c.Nodes > maxScaleNodes:
+		return fmt.Errorf("lab scale: --nodes %d: want 1-%d (InternalIPs on the lab's /24 underlay)", c.Nodes, maxScaleNodes)
+	case c.Services < 1 || c.Services > 60000:
+		return fmt.Errorf("lab scale: --services %d: want 1-60000 (the lab's service CIDR is %s)", c.Services, ServiceCIDR)
+	case c.Endpoints < 1 || c.Endpoints > 250:
+		return fmt.Errorf("lab scale: --endpoints %d: want 1-250", c.Endpoints)
+	case c.Pods < 0 || c.Pods > c.Nodes*250:
+		return fmt.Errorf("lab scale: --pods %d: want 0-%d (250 per fake node)", c.Pods, c.Nodes*250)
+	case c.Identities < 1 || c.Policies < 0 || c.ChurnRate < 0 || c.Workers < 1:
+		return errors.New("lab scale: --identities and --workers must be >= 1, --policies and --churn-rate >= 0")
+	}
+	return nil
+}
+
+// scaleAddr is the j-th address of fake node k's pod CIDR (1-based, < 255).
+func scaleAddr(k, j int) string {
+	a := ScaleNodeCIDR(k).Addr().As4()
+	a[3] = byte(j)
+	return netip.AddrFrom4(a).String()
+}
+
+var scaleLabels = map[string]string{ScaleLabel: "1"}
+
+// parallel runs f(0..n-1) on w workers; the first error stops it.
+func parallel(ctx context.Context, n, w int, f func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range w {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := f(ctx, i); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return context.Cause(ctx)
+}
+
+// createNodes registers the fake Nodes, Ready, with pod CIDRs and InternalIPs.
+func createNodes(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
+	return parallel(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, k int) error {
+		cidr := ScaleNodeCIDR(k).String()
+		n, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ScaleNodeName(k), Labels: scaleLabels},
+			Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("node %s: %w", ScaleNodeName(k), err)
+		}
+		now := metav1.Now()
+		n.Status = corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ScaleNodeIP(k)}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now, Reason: "LabScale"}}}
+		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// scaleSlice is Service i's EndpointSlice with its endpoints spread over
+// the fake nodes; gen varies the last endpoint's address (churn).
+func scaleSlice(cfg ScaleConfig, i, gen int, trigger time.Time) *discoveryv1.EndpointSlice {
+	name := fmt.Sprintf("scale-%d", i)
+	port, pname := int32(8080), "http"
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-x", Namespace: ScaleNamespace,
+			Labels:      map[string]string{ScaleLabel: "1", discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.UTC().Format(time.RFC3339Nano)}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port, Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+	for e := range cfg.Endpoints {
+		k := (i*cfg.Endpoints + e) % cfg.Nodes
+		j := 1 + (i*cfg.Endpoints+e)/cfg.Nodes%200
+		if e == cfg.Endpoints-1 {
+			j = 1 + (j-1+gen*37)%250
+		}
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{scaleAddr(k, j)}, NodeName: ptr.To(ScaleNodeName(k)),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}})
+	}
+	return s
+}
+
+// createServices creates the Services and their slices.
+func createServices(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
+	return parallel(ctx, cfg.Services, cfg.Workers, func(ctx context.Context, i int) error {
+		name := fmt.Sprintf("scale-%d", i)
+		if _, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: scaleLabels},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+				Selector: map[string]string{"scale-svc": name}}}, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("service %s: %w", name, err)
+		}
+		_, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).Create(ctx, scaleSlice(cfg, i, 0, time.Now()), metav1.CreateOptions{})
+		return err
+	})
+}
+
+// createPods creates pods on the fake nodes (no kubelet: their addresses
+// are set as a kubelet would) with cfg.Identities label sets, and the
+// policies selecting them.
+func createPods(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
+	err := parallel(ctx, cfg.Pods, cfg.Workers, func(ctx context.Context, p int) error {
+		k, j := p%cfg.Nodes, 1+p/cfg.Nodes
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pod-%d", p), Namespace: ScaleNamespace,
+			Labels: map[string]string{ScaleLabel: "1", "app": fmt.Sprintf("a%d", p%cfg.Identities)}},
+			Spec: corev1.PodSpec{NodeName: ScaleNodeName(k), Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+		out, err := c.CoreV1().Pods(ScaleNamespace).Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("pod %s: %w", pod.Name, err)
+		}
+		ip := scaleAddr(k, j)
+		out.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: ScaleNodeIP(k)}
+		_, err = c.CoreV1().Pods(ScaleNamespace).UpdateStatus(ctx, out, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return parallel(ctx, cfg.Policies, cfg.Workers, func(ctx context.Context, q int) error {
+		_, err := c.NetworkingV1().NetworkPolicies(ScaleNamespace).Create(ctx, &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pol-%d", q), Labels: scaleLabels},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", q%cfg.Identities)}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
+					MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", (q+1)%cfg.Identities)}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromInt32(8080))}}}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			}}, metav1.CreateOptions{})
+		return err
+	})
+}
+
+// churnEvent is one endpoint change: the Service, the new backend and when
+// it was written.
+type churnEvent struct {
+	svc     int
+	backend netip.Addr
+	at      time.Time
+}
+
+// churn replaces the last endpoint of random Services at rate per second
+// for d (every tenth change relabels a pod instead when there are pods),
+// handing each endpoint change to probe (non-blocking).
+func churn(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig, probe chan<- churnEvent) (changes, relabels int, err error) {
+	if cfg.ChurnRate <= 0 || cfg.ChurnFor <= 0 {
+		return 0, 0, nil
+	}
+	tick := time.NewTicker(time.Duration(float64(time.Second) / cfg.ChurnRate))
+	defer tick.Stop()
+	end := time.After(cfg.ChurnFor)
+	gens := map[int]int{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return changes, relabels, ctx.Err()
+		case <-end:
+			wg.Wait()
+			return changes, relabels, firstErr
+		case <-tick.C:
+		}
+		if cfg.Pods > 0 && n%10 == 9 {
+			p := rand.IntN(cfg.Pods)
+			relabels++
+			wg.Go(func() {
+				patch := fmt.Sprintf(`{"metadata":{"labels":{"app":"a%d"}}}`, rand.IntN(cfg.Identities))
+				if _, err := c.CoreV1().Pods(ScaleNamespace).Patch(ctx, fmt.Sprintf("scale-pod-%d", p), "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+				}
+			})
+			continue
+		}
+		i := rand.IntN(cfg.Services)
+		gens[i]++
+		s := scaleSlice(cfg, i, gens[i], time.Now())
+		changes++
+		wg.Go(func() {
+			if _, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+				mu.Lock()
+				firstErr = cmpErr(firstErr, err)
+				mu.Unlock()
+				return
+			}
+			last := s.Endpoints[len(s.Endpoints)-1].Addresses[0]
+			t, _ := time.Parse(time.RFC3339Nano, s.Annotations[corev1.EndpointsLastChangeTriggerTime])
+			select {
+			case probe <- churnEvent{svc: i, backend: netip.MustParseAddr(last), at: t}:
+			default:
+			}
+		})
+	}
+}
+
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// cleanScale deletes what a scale run created (also an interrupted earlier
+// one): pods at once (no kubelet to wait for), then the rest.
+func cleanScale(ctx context.Context, c kubernetes.Interface, workers int) error {
+	sel := metav1.ListOptions{LabelSelector: ScaleLabel + "=1"}
+	now := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+	var errs []error
+	errs = append(errs, c.CoreV1().Pods(ScaleNamespace).DeleteCollection(ctx, now, sel),
+		c.NetworkingV1().NetworkPolicies(ScaleNamespace).DeleteCollection(ctx, now, sel),
+		c.DiscoveryV1().EndpointSlices(ScaleNamespace).DeleteCollection(ctx, now, sel),
+		c.CoreV1().Nodes().DeleteCollection(ctx, now, sel))
+	svcs, err := c.CoreV1().Services(ScaleNamespace).List(ctx, sel)
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	errs = append(errs, parallel(ctx, len(svcs.Items), workers, func(ctx context.Context, i int) error {
+		return c.CoreV1().Services(ScaleNamespace).Delete(ctx, svcs.Items[i].Name, now)
+	}))
+	return errors.Join(errs...)
+}

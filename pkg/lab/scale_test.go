@@ -1,0 +1,52 @@
+package lab
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Quantiles from the difference of two cumulative histogram scrapes are
+// the bucket bounds the observations between them fall under.
+func TestHistQuantiles(t *testing.T) {
+	inf := math.Inf(1)
+	before := map[float64]uint64{0.25: 10, 0.5: 10, 1: 10, inf: 10}
+	after := map[float64]uint64{0.25: 108, 0.5: 109, 1: 110, inf: 110} // 98 ≤ 0.25 s, 1 ≤ 0.5 s, 1 ≤ 1 s
+	p50, p99, mx, n := histQuantiles(before, after)
+	if n != 100 || p50 != 0.25 || p99 != 0.5 || mx != 1 {
+		t.Errorf("got p50 %v p99 %v max %v n %d; want 0.25 0.5 1 100", p50, p99, mx, n)
+	}
+	if _, _, _, n := histQuantiles(after, after); n != 0 {
+		t.Errorf("no observations: n %d", n)
+	}
+	ds := []time.Duration{5, 1, 3, 2, 4}
+	if a, b, c := durQuantiles(ds); a != 3 || b != 5 || c != 5 {
+		t.Errorf("durQuantiles: %v %v %v", a, b, c)
+	}
+}
+
+// A Service's slice is what the endpointslice controller writes: its
+// Service label, the trigger time, ready endpoints on the fake nodes' pod
+// CIDRs; a churn generation changes only the last endpoint.
+func TestScaleSlice(t *testing.T) {
+	cfg := DefaultScaleConfig()
+	now := time.Now()
+	s0, s1 := scaleSlice(cfg, 7, 0, now), scaleSlice(cfg, 7, 1, now)
+	if s0.Labels[discoveryv1.LabelServiceName] != "scale-7" || len(s0.Endpoints) != cfg.Endpoints {
+		t.Fatalf("slice %+v", s0.ObjectMeta)
+	}
+	for e := range s0.Endpoints {
+		same := s0.Endpoints[e].Addresses[0] == s1.Endpoints[e].Addresses[0]
+		if same != (e < cfg.Endpoints-1) {
+			t.Errorf("endpoint %d: %s -> %s", e, s0.Endpoints[e].Addresses[0], s1.Endpoints[e].Addresses[0])
+		}
+	}
+	if got, _ := time.Parse(time.RFC3339Nano, s0.Annotations["endpoints.kubernetes.io/last-change-trigger-time"]); !got.Equal(now) {
+		t.Errorf("trigger time %v, want %v", got, now)
+	}
+	if ScaleNodeCIDR(300).String() != "10.129.44.0/24" {
+		t.Errorf("node 300's CIDR %s", ScaleNodeCIDR(300))
+	}
+}

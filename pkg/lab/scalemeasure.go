@@ -1,0 +1,273 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/service"
+)
+
+// scaleAgentStatus asks lab agent i for its status.
+func scaleAgentStatus(ctx context.Context, i int) (*apiv1.StatusResponse, error) {
+	c, closeFn, err := agentClient(AgentSocket(i))
+	if err != nil {
+		return nil, err
+	}
+	defer closeFn()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return c.Status(cctx, &apiv1.StatusRequest{})
+}
+
+// statusMapEntries is the entries of map name in agent i's status (-1: unknown).
+func statusMapEntries(st *apiv1.StatusResponse, name string) int {
+	for _, m := range st.GetControlPlane().GetMaps() {
+		if m.GetName() == name {
+			return int(m.GetEntries())
+		}
+	}
+	return -1
+}
+
+// waitAgents polls every lab agent until cond holds for all of them.
+func waitAgents(ctx context.Context, nodes []int, timeout time.Duration, what string, cond func(*apiv1.StatusResponse) bool) (time.Duration, error) {
+	start := time.Now()
+	last := ""
+	for deadline := start.Add(timeout); ; time.Sleep(100 * time.Millisecond) {
+		all := true
+		for _, i := range nodes {
+			st, err := scaleAgentStatus(ctx, i)
+			if err != nil || !cond(st) {
+				last = fmt.Sprintf("node %d: ready %v (%s), %d frontends, %d policies, err %v", i, st.GetReady(), st.GetReason(),
+					statusMapEntries(st, service.MapFrontends), st.GetControlPlane().GetPolicies(), err)
+				all = false
+				break
+			}
+		}
+		if all {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return time.Since(start), fmt.Errorf("lab scale: %s: not after %v (last: %s)", what, timeout, last)
+		}
+	}
+}
+
+// scaleRoutes counts node i's routes to the fake nodes' pod CIDRs.
+func scaleRoutes(i int) (int, error) {
+	h, err := netns.GetFromName(NodeNS(i))
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return 0, err
+	}
+	defer nl.Close()
+	routes, err := nl.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return 0, err
+	}
+	fake := netip.MustParsePrefix("10.128.0.0/9")
+	n := 0
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		if p, ok := netip.AddrFromSlice(r.Dst.IP); ok && fake.Contains(p.Unmap()) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// waitRoutes waits until every agent routes to n fake nodes.
+func waitRoutes(ctx context.Context, nodes []int, n int, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for deadline := start.Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		all := true
+		for _, i := range nodes {
+			if got, err := scaleRoutes(i); err != nil || got < n {
+				all = false
+				break
+			}
+		}
+		if all {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return time.Since(start), fmt.Errorf("lab scale: routes to %d nodes not programmed after %v", n, timeout)
+		}
+	}
+}
+
+// procSample is a process's CPU time and RSS at one moment.
+type procSample struct {
+	at       time.Time
+	cpuTicks uint64
+	rssKB    uint64
+}
+
+func sampleProc(pid int) (procSample, error) {
+	s := procSample{at: time.Now()}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	// Fields after the command (which may hold spaces) start at ") ".
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	if len(f) < 13 {
+		return s, fmt.Errorf("/proc/%d/stat: short", pid)
+	}
+	ut, _ := strconv.ParseUint(f[11], 10, 64)
+	st, _ := strconv.ParseUint(f[12], 10, 64)
+	s.cpuTicks = ut + st
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			s.rssKB, _ = strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return s, nil
+}
+
+// cpuPercent is the CPU the process used between two samples (100: one core).
+func cpuPercent(a, b procSample) float64 {
+	const hz = 100 // USER_HZ
+	d := b.at.Sub(a.at).Seconds()
+	if d <= 0 {
+		return 0
+	}
+	return float64(b.cpuTicks-a.cpuTicks) / hz / d * 100
+}
+
+// scrapeHistogram reads histogram name from lab agent i's metrics, summed
+// over its labels: cumulative counts by upper bound.
+func scrapeHistogram(ctx context.Context, i int, name string) (map[float64]uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr(i)+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("agent %d metrics: %w", i, err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("agent %d metrics: %w", i, err)
+	}
+	out := map[float64]uint64{}
+	if f := fams[name]; f != nil {
+		for _, m := range f.GetMetric() {
+			addBuckets(out, m.GetHistogram())
+		}
+	}
+	return out, nil
+}
+
+func addBuckets(out map[float64]uint64, h *dto.Histogram) {
+	for _, b := range h.GetBucket() {
+		out[b.GetUpperBound()] += b.GetCumulativeCount()
+	}
+	out[math.Inf(1)] += h.GetSampleCount()
+}
+
+// histQuantiles are the p50, p99 and max of the observations between two
+// scrapes as bucket upper bounds (kube-proxy's buckets: 0.25 s, 0.5 s,
+// then whole seconds), and their count.
+func histQuantiles(before, after map[float64]uint64) (p50, p99, max float64, n uint64) {
+	bounds := make([]float64, 0, len(after))
+	for b := range after {
+		bounds = append(bounds, b)
+	}
+	slices.Sort(bounds)
+	n = after[math.Inf(1)] - before[math.Inf(1)]
+	if n == 0 {
+		return 0, 0, 0, 0
+	}
+	q := func(p float64) float64 {
+		for _, b := range bounds {
+			if float64(after[b]-before[b]) >= p*float64(n) {
+				return b
+			}
+		}
+		return math.Inf(1)
+	}
+	return q(0.5), q(0.99), q(1), n
+}
+
+// probeBackends measures, for each endpoint change it receives, how long
+// after its trigger time node i's pinned lk_lb_backends holds the new
+// backend: the datapath's side of the programming latency.
+func probeBackends(ctx context.Context, i int, events <-chan churnEvent) ([]time.Duration, int, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(BPFDir(i), "lk_lb_backends"), nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("lab scale: %w", err)
+	}
+	defer m.Close()
+	var lats []time.Duration
+	missed := 0
+	for {
+		var ev churnEvent
+		select {
+		case <-ctx.Done():
+			return lats, missed, nil
+		case ev = <-events:
+		}
+		want := ev.backend.As4()
+		found := false
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !found; {
+			var k uint32
+			var v service.BackendValue
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				if v.Addr == want && v.Port == 8080 {
+					found = true
+					break
+				}
+			}
+			if !found {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		if found {
+			lats = append(lats, time.Since(ev.at))
+		} else {
+			missed++
+		}
+	}
+}
+
+// durQuantiles are the p50, p99 and max of ds.
+func durQuantiles(ds []time.Duration) (p50, p99, max time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(p float64) time.Duration { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
+	return at(0.5), at(0.99), s[len(s)-1]
+}
