@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,6 +70,8 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false, "with --k8s: real nodes, containerd + kubelet per node (make k8s-node-bins, make k8s-node-images), "+
 		"kube-controller-manager, kube-scheduler, lanekit installed with kubectl apply -k deploy/, CoreDNS; no kube-proxy")
+	cmd.Flags().StringVar(&cfg.CNI, "cni", lab.CNILanekit, "with --kubelet: the cluster's network: "+strings.Join(lab.CNIs, ", ")+
+		" (the kube-proxy values: upstream kube-proxy in that mode + flannel, host-gw or with --routing tunnel vxlan, no lanekit agent; make k8s-rival-images)")
 	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (IPv6-only lanekit pods: the agents get only an IPv6 pod CIDR; no --k8s, --vm or --routing tunnel yet)")
 	cmd.Flags().IntVar(&cfg.DPUNodes, "dpu-nodes", 0, "nodes 1..N get a DPU namespace between the node and the wire: the datapath runs there (lanekitd --mode dpu), the node runs lanekitd --mode host (VFs are veth pairs)")
 	return cmd
