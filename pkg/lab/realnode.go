@@ -481,9 +481,5 @@ func startNodeDaemon(ns, cgroup, base, bin string, args ...string) (int, error) 
 // reaches it: the DaemonSet's hostPath /run/lanekit is in the node's own
 // /run, seen through its init's root.
 func RealNodeAgentSocket(i int) (string, error) {
-	pid := readPID(NodeInitPIDFile(i))
-	if pid <= 0 || !alive(pid) {
-		return "", fmt.Errorf("node %s: no running node init (%s)", NodeNS(i), NodeInitPIDFile(i))
-	}
-	return fmt.Sprintf("/proc/%d/root/run/lanekit/agent.sock", pid), nil
+	return NodeRunFile(i, "lanekit/agent.sock")
 }

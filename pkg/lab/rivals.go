@@ -216,14 +216,23 @@ func copyExecutable(src, dst string) error {
 	return os.Rename(tmp, dst)
 }
 
-// NodeRunFile is a file in node i's /run as the machine reaches it
-// (through its init's root).
-func NodeRunFile(i int, rel string) (string, error) {
+// nodeRoot is node i's root as the machine reaches it (its init's root:
+// the node's own /run, bpffs and bind mounts).
+func nodeRoot(i int) (string, error) {
 	pid := readPID(NodeInitPIDFile(i))
 	if pid <= 0 || !alive(pid) {
 		return "", fmt.Errorf("node %s: no running node init (%s)", NodeNS(i), NodeInitPIDFile(i))
 	}
-	return fmt.Sprintf("/proc/%d/root/run/%s", pid, rel), nil
+	return fmt.Sprintf("/proc/%d/root", pid), nil
+}
+
+// NodeRunFile is a file in node i's /run as the machine reaches it.
+func NodeRunFile(i int, rel string) (string, error) {
+	root, err := nodeRoot(i)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(root, "run", rel), nil
 }
 
 // waitSubnetEnv waits for flanneld's /run/flannel/subnet.env on node i.
