@@ -239,12 +239,19 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			if len(cnis) > 0 {
-				if len(svcCounts) > 0 || len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") || len(routings) > 1 {
-					return errors.New("lab bench: --cni measures the pod rows of its own real-node labs: no --services, --policies, --big-tcp or --vm-backend on|only, at most one --routing")
+				if len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") || len(routings) > 1 {
+					return errors.New("lab bench: --cni measures the pod and service rows of its own real-node labs: no --policies, --big-tcp or --vm-backend on|only, at most one --routing")
 				}
 				routing := lab.RoutingNative
 				if len(routings) == 1 {
 					routing = routings[0]
+				}
+				if len(svcCounts) > 0 {
+					so := bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}
+					if svcRepeat > 0 {
+						so.Repeat = svcRepeat
+					}
+					return runCNIServiceBench(cmd, cnis, routing, svcCounts, so, asJSON)
 				}
 				return runCNIBench(cmd, cnis, routing, opts, asJSON, chart)
 			}
@@ -367,7 +374,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().BoolVar(&bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
 	cmd.Flags().BoolVar(&bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
 	cmd.Flags().StringSliceVar(&routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
-	cmd.Flags().StringSliceVar(&cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all)")
+	cmd.Flags().StringSliceVar(&cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }

@@ -3,7 +3,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
@@ -30,6 +32,45 @@ func runCNIBench(cmd *cobra.Command, cnis []string, routing string, opts bench.O
 		groups, err := lab.RivalBenchGroups(bins, cnis, routing, cmd.ErrOrStderr())
 		return groups, lab.RivalCross(cnis), err
 	})
+}
+
+// runCNIServiceBench is lab bench --cni --services: the service rows of
+// each network's real-node lab, lab after lab.
+func runCNIServiceBench(cmd *cobra.Command, cnis []string, routing string, counts []int, so bench.SvcOptions, asJSON bool) error {
+	if lab.Exists() {
+		return errors.New("lab bench: --cni brings up its own labs: run `lanekit lab down` first")
+	}
+	for _, n := range counts {
+		if n < 1 || n > bench.MaxSvcSetSize {
+			return fmt.Errorf("lab bench: --services %d: want 1..%d", n, bench.MaxSvcSetSize)
+		}
+	}
+	bins, err := lab.FindBins()
+	if err != nil {
+		return err
+	}
+	so.Self = bins.Self
+	so.Progress = cmd.ErrOrStderr()
+	ctx, cancel := signalContext()
+	defer cancel()
+	rep, err := lab.RunRivalServices(ctx, bins, cnis, routing, counts, so, cmd.ErrOrStderr())
+	if err != nil {
+		return fmt.Errorf("lab bench: %w", err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = rep.WriteTable(cmd.OutOrStdout())
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Failed() {
+		return errors.New("lab bench: some measurements failed (see errors)")
+	}
+	return nil
 }
 
 // runGroupBench measures the groups one lab after the other.

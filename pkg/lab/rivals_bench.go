@@ -76,20 +76,9 @@ func RivalBenchGroups(bins Bins, cnis []string, routing string, out io.Writer) (
 		seen[c] = true
 		groups = append(groups, bench.Group{Name: c,
 			Up: func(ctx context.Context) ([]bench.Path, []string, error) {
-				st, err := Up(ctx, cfg)
+				st, _, pods, err := upBenchLab(ctx, cfg)
 				if err != nil {
 					return nil, nil, err
-				}
-				_, kc, err := K8s()
-				if err != nil {
-					return nil, nil, err
-				}
-				pods, err := startBenchPods(ctx, kc)
-				if err != nil {
-					return nil, nil, err
-				}
-				if out != nil {
-					fmt.Fprintf(out, "lab bench: %s lab up; load average %s\n", c, loadAverage())
 				}
 				return st.rivalBenchPaths(c, pods), nil, nil
 			},
@@ -97,6 +86,82 @@ func RivalBenchGroups(bins Bins, cnis []string, routing string, out io.Writer) (
 		})
 	}
 	return groups, nil
+}
+
+// upBenchLab brings up cfg's real-node lab with the bench pods.
+func upBenchLab(ctx context.Context, cfg Config) (*State, kubernetes.Interface, map[string]corev1.Pod, error) {
+	st, err := Up(ctx, cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	_, kc, err := K8s()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	pods, err := startBenchPods(ctx, kc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if cfg.Out != nil {
+		fmt.Fprintf(cfg.Out, "lab bench: %s lab up with its bench pods; load average %s\n", cfg.CNI, loadAverage())
+	}
+	return st, kc, pods, nil
+}
+
+// RunRivalServices measures the Service rows of each network's real-node
+// lab, lab after lab (each up, its rows measured --repeat times, down),
+// and returns their rows in one report (ratios are per repetition index:
+// the labs are not interleaved).
+func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing string, counts []int, o bench.SvcOptions, out io.Writer) (*bench.SvcReport, error) {
+	var all *bench.SvcReport
+	for _, c := range cnis {
+		cfg := Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, CNI: c, Routing: routing, Bins: bins, Out: out}
+		if err := cfg.checkCNI(); err != nil {
+			return nil, err
+		}
+		rep, err := func() (*bench.SvcReport, error) {
+			defer func() {
+				if err := Down(context.WithoutCancel(ctx), DownOptions{Bins: bins}); err != nil && out != nil {
+					fmt.Fprintf(out, "lab bench: %s lab down: %v\n", c, err)
+				}
+			}()
+			_, _, pods, err := upBenchLab(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			// The services are written as fast as the API server takes them.
+			srv, _, err := K8s()
+			if err != nil {
+				return nil, err
+			}
+			rc := srv.RESTConfig()
+			rc.QPS = -1
+			fast, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return nil, err
+			}
+			prog := &APIProgrammer{Client: fast, Self: o.Self, ClientNS: benchPods[0].Netns, Workers: 16}
+			rows, err := rivalServiceRows(c, counts, pods, prog)
+			if err != nil {
+				return nil, err
+			}
+			rep, err := bench.RunServices(ctx, rows, o)
+			if out != nil {
+				fmt.Fprintf(out, "lab bench: %s service rows done; load average %s\n", c, loadAverage())
+			}
+			return rep, err
+		}()
+		if err != nil {
+			return nil, fmt.Errorf("%s lab: %w", c, err)
+		}
+		if all == nil {
+			all = rep
+		} else {
+			all.Rows = append(all.Rows, rep.Rows...)
+		}
+	}
+	all.Compute()
+	return all, nil
 }
 
 // RivalCross are the cross-lab ratios of a --cni run: lanekit's pod rows
