@@ -251,7 +251,7 @@ var (
 	IncludesLanekitTunnel = bench.Includes{BPF: true,
 		Detail: "tcx from_pod: VXLAN encap (bpf_skb_set_tunnel_key, collect_md device) through the router; from_tunnel: redirect_peer"}
 	IncludesFlannel = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "pod veth, Linux bridge, node forwarding + kube-proxy rules, kernel VXLAN device with static FDB/routes (flannel vxlan), the router"}
+		Detail: "pod veth, Linux bridge, node forwarding + kube-proxy rules, kernel VXLAN device with static FDB/routes (a flannel-vxlan stand-in: no flanneld; the real one is lab bench --cni kube-proxy-iptables --routing tunnel), the router"}
 	IncludesRawRouted = bench.Includes{Detail: "raw hosts through the router, no rules: the physical limit of the routed underlay"}
 )
 
