@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,10 +44,9 @@ func TestParseSubnetEnv(t *testing.T) {
 // its own when flanneld masquerades, portmap after it.
 func TestFlannelConflist(t *testing.T) {
 	for _, ipmasq := range []bool{true, false} {
-		env := subnetEnv{MTU: 1450, IPMasq: ipmasq}
-		var err error
-		if env, err = parseSubnetEnv([]byte("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.2.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=" +
-			map[bool]string{true: "true", false: "false"}[ipmasq] + "\n")); err != nil {
+		env, err := parseSubnetEnv([]byte("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.2.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=" +
+			strconv.FormatBool(ipmasq) + "\n"))
+		if err != nil {
 			t.Fatal(err)
 		}
 		data, err := flannelConflist(env)
