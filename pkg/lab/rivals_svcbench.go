@@ -63,9 +63,20 @@ func (a *APIProgrammer) Program(ctx context.Context, set *bench.SvcSet, limit ti
 	if err := a.ensureNamespace(ctx, used.Namespace); err != nil {
 		return 0, err
 	}
+	// Services an earlier (smaller, nested) set wrote are kept: the API
+	// server refuses a second create of one by its cluster IP (Invalid,
+	// "already allocated") before it checks the name.
+	existing := map[string]bool{}
+	list, err := a.Client.CoreV1().Services(used.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("list services: %w", err)
+	}
+	for _, svc := range list.Items {
+		existing[svc.Name] = true
+	}
 	var idx []int
 	for i := range set.Services {
-		if i != set.Used {
+		if i != set.Used && !existing[set.Services[i].Name] {
 			idx = append(idx, i)
 		}
 	}
