@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-node-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -42,6 +42,11 @@ k8s-node-bins:
 # (internal/tools/lkimages; the agent image carries this tree's binaries).
 k8s-node-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
+
+# The rivals' images (kube-proxy, flannel) for `lab up --kubelet --cni
+# kube-proxy-iptables|kube-proxy-nftables` (their binaries: make k8s-node-bins).
+k8s-rival-images:
+	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images kube-proxy flannel
 
 # Kubernetes' own [sig-network] e2e tests (e2e.test + ginkgo from
 # make k8s-node-bins) against `lanekit lab up --k8s --kubelet`: opt-in and

@@ -31,11 +31,11 @@ fi
 echo ">> go: downloading modules"
 go mod download
 
-# Reference CNI plugins (bridge, host-local, loopback) for the baseline pods and
-# the upstream cnitool, built from the Go module proxy at pinned versions.
+# Reference CNI plugins (bridge, host-local, loopback; portmap for the flannel
+# conflist of the rival labs) for the baseline pods and the upstream cnitool, built from the Go module proxy at pinned versions.
 mkdir -p bin/cni
-for p in bridge host-local loopback; do
-  [ -x "bin/cni/$p" ] || { echo ">> building reference CNI plugin $p"; GOBIN=$PWD/bin/cni go install "github.com/containernetworking/plugins/plugins/$( [ $p = host-local ] && echo ipam || echo main)/$p@v1.9.1"; }
+for p in main/bridge ipam/host-local main/loopback meta/portmap; do
+  [ -x "bin/cni/${p#*/}" ] || { echo ">> building reference CNI plugin ${p#*/}"; GOBIN=$PWD/bin/cni go install "github.com/containernetworking/plugins/plugins/$p@v1.9.1"; }
 done
 [ -x bin/cni/cnitool ] || { echo ">> building cnitool"; GOBIN=$PWD/bin/cni go install github.com/containernetworking/cni/cnitool@v1.3.1; }
 

@@ -3,7 +3,8 @@
 # a per-machine cache (outside the repo): kubelet, kube-controller-manager,
 # kube-scheduler, kubectl, the upstream e2e test binary (e2e.test), agnhost,
 # ginkgo, CoreDNS, containerd v2 (containerd, containerd-shim-runc-v2, ctr) and
-# runc. Opt-in (`make k8s-node-bins`), not part of `make deps`: the first build
+# runc, and the rivals lab bench compares lanekit with: kube-proxy (same module
+# as kubelet) and flanneld (github.com/flannel-io/flannel). Opt-in (`make k8s-node-bins`), not part of `make deps`: the first build
 # takes tens of minutes on two cores. Idempotent: skips what exists.
 #
 #   scripts/k8s-node-bins.sh          build (if needed), check, print the directory
@@ -34,6 +35,7 @@ GINKGO_VERSION=v2.32.0 # = k8s.io/kubernetes@$K8S_VERSION's require (checked bel
 COREDNS_VERSION=v1.15.0
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.2
+FLANNEL_VERSION=v0.28.10 # not in the directory name: added to existing sets
 DIR=${LANEKIT_K8S_NODE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lanekit/k8s-node/kube-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_coredns-${COREDNS_VERSION}}
 
 if [ "${1:-}" = dir ]; then
@@ -174,7 +176,7 @@ if need containerd containerd-shim-runc-v2 ctr; then
   install -m 0755 "$work/shim.bin" "$DIR/containerd-shim-runc-v2"
 fi
 
-kube_bins=(kubelet kubectl kube-controller-manager kube-scheduler)
+kube_bins=(kubelet kubectl kube-controller-manager kube-scheduler kube-proxy)
 if need "${kube_bins[@]}" agnhost e2e.test ginkgo; then
   log "building Kubernetes $K8S_VERSION node binaries into $DIR (slow: tens of minutes)"
   (
@@ -242,6 +244,28 @@ if need coredns; then
   install -m 0755 "$work/coredns.bin" "$DIR/coredns"
 fi
 
+# flanneld as upstream's Makefile builds it (CGO on for the udp backend's C
+# proxy, linked static, version stamped), from its
+# main.go less one blank import: the tencentvpc backend's SDK
+# (github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc) is refused by
+# the module proxy (403). The lab uses the host-gw and vxlan backends.
+if need flanneld; then
+  log "building flanneld $FLANNEL_VERSION into $DIR"
+  (
+    module flannel
+    "$GO" mod edit -require="github.com/flannel-io/flannel@$FLANNEL_VERSION"
+    src=$(mod_field "github.com/flannel-io/flannel@$FLANNEL_VERSION" Dir)
+    [ -f "$src/main.go" ] || { echo "k8s-node-bins: no main.go in flannel $FLANNEL_VERSION" >&2; exit 1; }
+    grep -v '"github.com/flannel-io/flannel/pkg/backend/tencentvpc"' "$src/main.go" >main.go
+    # The same versions as upstream's go.mod (MVS of the wrapper keeps them).
+    retry "$GO" mod tidy
+    CGO_ENABLED=1 timed flanneld "${build[@]}" \
+      -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION -extldflags -static" \
+      -o "$work/flanneld.bin" .
+  )
+  install -m 0755 "$work/flanneld.bin" "$DIR/flanneld"
+fi
+
 # Every binary runs and reports the pinned version.
 check() {
   local b=$1 want=$2
@@ -258,7 +282,7 @@ check runc "${RUNC_VERSION#v}" --version
 check containerd "$CONTAINERD_VERSION" --version
 check ctr "$CONTAINERD_VERSION" --version
 check containerd-shim-runc-v2 "$CONTAINERD_VERSION" -v
-for b in kubelet kube-controller-manager kube-scheduler; do
+for b in kubelet kube-controller-manager kube-scheduler kube-proxy; do
   check "$b" "$K8S_VERSION" --version
 done
 check kubectl "$K8S_VERSION" version --client
@@ -266,4 +290,5 @@ check agnhost "" --help
 check ginkgo "${GINKGO_VERSION#v}" version
 check e2e.test "$K8S_VERSION" --version
 check coredns "CoreDNS-${COREDNS_VERSION#v}" -version
+check flanneld "$FLANNEL_VERSION" --version
 echo "$DIR"

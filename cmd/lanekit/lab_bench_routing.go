@@ -3,7 +3,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
@@ -15,17 +17,76 @@ import (
 // up and down in turn for every repetition, the rows of each measured while
 // it is up, ratios to each lab's own host-raw and paired across labs.
 func runRoutingBench(cmd *cobra.Command, routings []string, opts bench.Options, asJSON bool, chart string) error {
-	if chart != "" {
-		return errors.New("lab bench: --chart does not take --routing")
-	}
+	return runGroupBench(cmd, "--routing", opts, asJSON, chart, func(bins lab.Bins) ([]bench.Group, []bench.CrossRef, error) {
+		groups, err := lab.RoutingBenchGroups(bins, routings, nil)
+		return groups, lab.RoutingCross, err
+	})
+}
+
+// runCNIBench is lab bench --cni: one real-node lab per network plugin
+// (lanekit, kube-proxy + flannel), brought up and down in turn for every
+// repetition, the same pods and commands in each; lanekit's rows are
+// paired with each rival's.
+func runCNIBench(cmd *cobra.Command, cnis []string, routing string, opts bench.Options, asJSON bool, chart string) error {
+	return runGroupBench(cmd, "--cni", opts, asJSON, chart, func(bins lab.Bins) ([]bench.Group, []bench.CrossRef, error) {
+		groups, err := lab.RivalBenchGroups(bins, cnis, routing, cmd.ErrOrStderr())
+		return groups, lab.RivalCross(cnis), err
+	})
+}
+
+// runCNIServiceBench is lab bench --cni --services: the service rows of
+// each network's real-node lab, lab after lab.
+func runCNIServiceBench(cmd *cobra.Command, cnis []string, routing string, counts []int, so bench.SvcOptions, asJSON bool) error {
 	if lab.Exists() {
-		return errors.New("lab bench: --routing brings up its own labs (one per mode, every repetition): run `lanekit lab down` first")
+		return errors.New("lab bench: --cni brings up its own labs: run `lanekit lab down` first")
+	}
+	for _, n := range counts {
+		if n < 1 || n > bench.MaxSvcSetSize {
+			return fmt.Errorf("lab bench: --services %d: want 1..%d", n, bench.MaxSvcSetSize)
+		}
 	}
 	bins, err := lab.FindBins()
 	if err != nil {
 		return err
 	}
-	groups, err := lab.RoutingBenchGroups(bins, routings, nil)
+	so.Self = bins.Self
+	so.Progress = cmd.ErrOrStderr()
+	ctx, cancel := signalContext()
+	defer cancel()
+	rep, err := lab.RunRivalServices(ctx, bins, cnis, routing, counts, so, cmd.ErrOrStderr())
+	if err != nil {
+		return fmt.Errorf("lab bench: %w", err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = rep.WriteTable(cmd.OutOrStdout())
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Failed() {
+		return errors.New("lab bench: some measurements failed (see errors)")
+	}
+	return nil
+}
+
+// runGroupBench measures the groups one lab after the other.
+func runGroupBench(cmd *cobra.Command, flag string, opts bench.Options, asJSON bool, chart string,
+	mk func(lab.Bins) ([]bench.Group, []bench.CrossRef, error)) error {
+	if chart != "" {
+		return errors.New("lab bench: --chart does not take " + flag)
+	}
+	if lab.Exists() {
+		return errors.New("lab bench: " + flag + " brings up its own labs (one after the other, every repetition): run `lanekit lab down` first")
+	}
+	bins, err := lab.FindBins()
+	if err != nil {
+		return err
+	}
+	groups, cross, err := mk(bins)
 	if err != nil {
 		return errors.New("lab bench: " + err.Error())
 	}
@@ -33,7 +94,7 @@ func runRoutingBench(cmd *cobra.Command, routings []string, opts bench.Options, 
 	opts.Progress = cmd.ErrOrStderr()
 	ctx, cancel := signalContext()
 	defer cancel()
-	rep, err := bench.RunGroups(ctx, groups, lab.RoutingCross, opts)
+	rep, err := bench.RunGroups(ctx, groups, cross, opts)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 // lanekit lab ...`): the TCP echo of `lab check` and the connection-rate
 // pair of `lab bench`. Each is bounded in time.
 func init() {
-	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd(), cpuSpinCmd(), whoamiCmd(), askCmd())
+	labCmd.AddCommand(tcpEchoCmd(), tcpDialCmd(), cpsServerCmd(), cpsClientCmd(), cpuSpinCmd(), whoamiCmd(), askCmd(), firstAnswerCmd())
 }
 
 func whoamiCmd() *cobra.Command {
@@ -158,5 +158,29 @@ func cpuSpinCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&life, "for", time.Minute, "exit after this long")
+	return cmd
+}
+
+// firstAnswerCmd dials --addr until it is answered (accepted or refused by
+// the host behind it) and prints when, as JSON (lab bench --cni --services
+// times a new Service with it, in the client pod's netns).
+func firstAnswerCmd() *cobra.Command {
+	var addr string
+	var limit time.Duration
+	cmd := &cobra.Command{
+		Use:    "first-answer",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out, err := lab.FirstAnswerJSON(context.Background(), addr, limit)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "", "address to dial (host:port)")
+	cmd.Flags().DurationVar(&limit, "for", time.Minute, "give up after this long")
 	return cmd
 }

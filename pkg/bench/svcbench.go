@@ -56,6 +56,10 @@ type SvcProgrammer interface {
 	ChangeLabel() string
 }
 
+// ErrChangeNotTimed is what a programmer's Change returns when it cannot
+// time a change (the row then has no change times, and no error).
+var ErrChangeNotTimed = errors.New("change not timed")
+
 // SvcBackend is a real pod behind the client's service.
 type SvcBackend struct {
 	NS string
@@ -245,9 +249,11 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 			d2, err = p.Prog.Change(cctx, without, s.set, change.Service)
 		}
 		cancel()
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrChangeNotTimed):
+		case err != nil:
 			fail("change", err)
-		} else {
+		default:
 			s.change[rep], s.changeBack[rep] = ms(d1), ms(d2)
 			o.progress("services rep %d/%d %-26s one endpoint removed: %.2f ms, restored: %.2f ms", rep+1, o.Repeat, p.Name(), ms(d1), ms(d2))
 		}

@@ -107,9 +107,9 @@ func vmCPUParts(v LabVM) []bench.CPUPart {
 var (
 	IncludesRaw  = bench.Includes{Detail: "raw hosts on the wire bridge, no rules: the physical limit"}
 	IncludesHost = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "node to node through both nodes' kube-proxy rules (OUTPUT/INPUT chains)"}
+		Detail: "node to node through both nodes' kube-proxy-style rules (OUTPUT/INPUT chains; the lab's stand-in, not kube-proxy)"}
 	IncludesBridge = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "pod veth, Linux bridge, node forwarding with kube-proxy + bridge plugin rules on both nodes"}
+		Detail: "pod veth, Linux bridge, node forwarding with kube-proxy-style (the lab's stand-in) + bridge plugin rules on both nodes"}
 	IncludesLanekitPod = bench.Includes{BPF: true,
 		Detail: "tcx redirect_neigh/redirect_peer past both nodes' netfilter; packets the program hands to the kernel pay it"}
 	IncludesLanekitVM = bench.Includes{BPF: true,

@@ -70,8 +70,11 @@ type Config struct {
 	Underlay string
 	// DPUNodes: nodes 1..DPUNodes get a DPU (dpu.go).
 	DPUNodes int
-	Bins     Bins
-	Out      io.Writer // progress lines
+	// CNI (with Kubelet) is the cluster's network: CNILanekit ("" too) or
+	// a rival (rivals.go: kube-proxy + flannel, no lanekit agent).
+	CNI  string
+	Bins Bins
+	Out  io.Writer // progress lines
 }
 
 // State is what `lab up` built, kept in StateFile for status, check, bench
@@ -81,7 +84,9 @@ type State struct {
 	BaselineOnly bool   `json:"baseline_only"`
 	K8s          bool   `json:"k8s,omitempty"`
 	Kubelet      bool   `json:"kubelet,omitempty"`
-	IPFamily     string `json:"ip_family,omitempty"` // "": ipv4
+	// CNI is Config.CNI ("": lanekit).
+	CNI      string `json:"cni,omitempty"`
+	IPFamily string `json:"ip_family,omitempty"` // "": ipv4
 	// Routing and Underlay as configured (empty: native, bridged).
 	Routing  string  `json:"routing,omitempty"`
 	Underlay string  `json:"underlay,omitempty"`

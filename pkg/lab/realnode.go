@@ -83,9 +83,9 @@ func regularFile(p string) bool {
 
 // nodeImageArchives are the archives a node imports: every NodeImages one
 // and the ExtraNodeImages that exist.
-func nodeImageArchives(dir string) []string {
+func nodeImageArchives(dir string, rival []string) []string {
 	var out []string
-	for _, n := range NodeImages {
+	for _, n := range append(slices.Clone(NodeImages), rival...) {
 		out = append(out, filepath.Join(dir, n+".tar"))
 	}
 	for _, n := range ExtraNodeImages {
@@ -180,6 +180,9 @@ type NodeSpec struct {
 	// NodeIP6 is the node's IPv6 underlay address in a dual-stack lab:
 	// kubelet's --node-ip gets both families ("" : IPv4 only).
 	NodeIP6 string `json:"nodeIP6,omitempty"`
+	// RivalImages are the archives of the --cni rival (rivals.go) the
+	// node imports beside the others.
+	RivalImages []string `json:"rivalImages,omitempty"`
 }
 
 // realNodes is what lab down needs to undo beyond processes and RunDir
@@ -478,9 +481,5 @@ func startNodeDaemon(ns, cgroup, base, bin string, args ...string) (int, error) 
 // reaches it: the DaemonSet's hostPath /run/lanekit is in the node's own
 // /run, seen through its init's root.
 func RealNodeAgentSocket(i int) (string, error) {
-	pid := readPID(NodeInitPIDFile(i))
-	if pid <= 0 || !alive(pid) {
-		return "", fmt.Errorf("node %s: no running node init (%s)", NodeNS(i), NodeInitPIDFile(i))
-	}
-	return fmt.Sprintf("/proc/%d/root/run/lanekit/agent.sock", pid), nil
+	return NodeRunFile(i, "lanekit/agent.sock")
 }

@@ -61,6 +61,15 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	if err := cfg.Bins.checkImages(); err != nil {
 		return err
 	}
+	rv, isRival, err := rivalFor(cfg.CNI, cfg.routing())
+	if err != nil {
+		return err
+	}
+	if isRival {
+		if err := checkRivalInputs(rv, nodeBins, cfg.Bins); err != nil {
+			return err
+		}
+	}
 	srv, err := k8stest.Load(K8sDir)
 	if err != nil {
 		return err
@@ -92,7 +101,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return fmt.Errorf("node %s: %w", n.NS, err)
 		}
 		pid, err := startNodeInit(ctx, cfg.Bins, NodeSpec{Index: n.Index, Dir: RealNodeDir(n.Index),
-			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6})
+			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6, RivalImages: rv.Images})
 		n.KubeletPID = pid
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr
@@ -107,19 +116,27 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return err
 		}
 	}
-	if cfg.install() == InstallHelm {
+	switch {
+	case isRival:
+		progress(cfg.Out, "lab: %d nodes registered; installing %s: kube-proxy and flannel, no lanekit", len(st.Nodes), cfg.CNI)
+		if err := installRival(ctx, rv, st, nodeBins, cfg.Bins, srv, kc, cfg.Out); err != nil {
+			return err
+		}
+	case cfg.install() == InstallHelm:
 		progress(cfg.Out, "lab: %d nodes registered; installing lanekit with the Helm commands of %s", len(st.Nodes), InstallDoc)
 		if err := installLanekitHelm(ctx, filepath.Dir(cfg.Bins.DeployDir()), srv); err != nil {
 			return err
 		}
-	} else {
+	default:
 		progress(cfg.Out, "lab: %d nodes registered; installing lanekit (kubectl apply -k %s)", len(st.Nodes), cfg.Bins.DeployDir())
 		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv, cfg.LBPool); err != nil {
 			return err
 		}
 	}
-	if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", len(st.Nodes)); err != nil {
-		return err
+	if !isRival {
+		if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", len(st.Nodes)); err != nil {
+			return err
+		}
 	}
 	for k := range st.Nodes {
 		n := &st.Nodes[k]
@@ -131,6 +148,10 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		// The underlay routes each node's pod range to the node, as a
 		// cluster's network does: the API server answers pods (the
 		// kubernetes Service) and reaches them (its pod and service proxy).
+		// Not on the routed underlay, whose router knows no pod CIDR.
+		if cfg.underlay() == UnderlayRouted {
+			continue
+		}
 		if err := ip(ctx, "-n", WireNS, "route", "replace", n.PodCIDR, "via", n.UnderlayIP); err != nil {
 			return fmt.Errorf("route to %s's pods: %w", n.NS, err)
 		}
@@ -146,7 +167,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	if err := st.save(); err != nil {
 		return err
 	}
-	progress(cfg.Out, "lab: lanekit agents Ready on every node; nodes Ready")
+	progress(cfg.Out, "lab: %s Ready on every node; nodes Ready", map[bool]string{false: "lanekit agents", true: cfg.CNI}[isRival])
 	if _, err := kubectl(ctx, nodeBins, corednsManifest, "apply", "-f", "-"); err != nil {
 		return err
 	}

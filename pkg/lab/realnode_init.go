@@ -56,7 +56,7 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 		return fmt.Errorf("lab node: containerd: %w", err)
 	}
 	log.Info("containerd up", "pid", cd.Process.Pid)
-	for _, archive := range nodeImageArchives(spec.Images) {
+	for _, archive := range nodeImageArchives(spec.Images, spec.RivalImages) {
 		start := time.Now()
 		if out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io",
 			"images", "import", "--digests", archive).CombinedOutput(); err != nil {

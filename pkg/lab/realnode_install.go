@@ -54,6 +54,9 @@ func (c Config) checkInstall() error {
 	if c.LBPool != "" && !c.Kubelet {
 		return fmt.Errorf("--lb-pool needs --k8s --kubelet (real nodes)")
 	}
+	if c.CNI != "" && c.CNI != CNILanekit && (c.Install != "" && c.Install != InstallKustomize || c.LBPool != "") {
+		return fmt.Errorf("--install and --lb-pool install lanekit: not with --cni %s", c.CNI)
+	}
 	switch c.Install {
 	case "", InstallKustomize:
 		return nil

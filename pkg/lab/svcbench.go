@@ -38,9 +38,9 @@ func svcNodeUnderlay(k int) string { return fmt.Sprintf("10.77.0.%d", svcNodeFir
 // Labels of the service rows.
 var (
 	IncludesSvcIptables = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "client pod veth -> node netns with only kube-proxy iptables-mode rules (iptables-nft): KUBE-SERVICES walk, statistic, DNAT; forwarded to node 2's bridge pods"}
+		Detail: "client pod veth -> node netns with only kube-proxy iptables-mode rules (iptables-nft; a stand-in: rules rendered by pkg/bench, not kube-proxy; the real one: lab bench --cni): KUBE-SERVICES walk, statistic, DNAT; forwarded to node 2's bridge pods"}
 	IncludesSvcNftables = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "client pod veth -> node netns with only kube-proxy nftables-mode rules: service-ips vmap, numgen vmap, dnat; forwarded to node 2's bridge pods"}
+		Detail: "client pod veth -> node netns with only kube-proxy nftables-mode rules (a stand-in: rendered by pkg/bench, not kube-proxy; the real one: lab bench --cni): service-ips vmap, numgen vmap, dnat; forwarded to node 2's bridge pods"}
 )
 
 // SvcBench describes the service rows the lab offers.

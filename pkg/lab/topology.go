@@ -77,6 +77,21 @@ func buildNode(ctx context.Context, i, n int, k8s, kubeProxy bool) error {
 	if err := wireBIGTCP(wirePort); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
 	}
+	if err := nodeSysctls(ctx, ns); err != nil {
+		return err
+	}
+	if !kubeProxy {
+		return nil // real nodes (lab up --kubelet): no kube-proxy
+	}
+	if err := installKubeProxyRules(ctx, ns, n); err != nil {
+		return fmt.Errorf("node %s: %w", ns, err)
+	}
+	return nil
+}
+
+// nodeSysctls sets what every node needs of its netns: forwarding, and
+// bridge netfilter (the same-node Service path of a bridge CNI).
+func nodeSysctls(ctx context.Context, ns string) error {
 	for _, kv := range [][2]string{
 		{"net.ipv4.ip_forward", "1"},
 		{"net.bridge.bridge-nf-call-iptables", "1"},
@@ -84,12 +99,6 @@ func buildNode(ctx context.Context, i, n int, k8s, kubeProxy bool) error {
 		if err := sysctl(ctx, ns, kv[0], kv[1]); err != nil {
 			return fmt.Errorf("node %s: %w", ns, err)
 		}
-	}
-	if !kubeProxy {
-		return nil // real nodes (lab up --kubelet): no kube-proxy
-	}
-	if err := installKubeProxyRules(ctx, ns, n); err != nil {
-		return fmt.Errorf("node %s: %w", ns, err)
 	}
 	return nil
 }

@@ -80,7 +80,7 @@ func (c Config) checkRouting() error {
 	if c.routing() == RoutingTunnel && c.underlay() != UnderlayRouted {
 		return fmt.Errorf("--routing tunnel runs on the routed underlay")
 	}
-	if c.Kubelet && c.underlay() == UnderlayRouted {
+	if _, rival, _ := rivalFor(c.CNI, c.routing()); c.Kubelet && c.underlay() == UnderlayRouted && !rival {
 		return fmt.Errorf("--kubelet with a routed underlay (--routing tunnel) is not supported by the lab yet: the real nodes' DaemonSet config is native")
 	}
 	if c.Nodes > 200 {
@@ -134,13 +134,18 @@ func routedPort(ctx context.Context, ns, port, addr string) error {
 // /32, no route to any pod CIDR (the agents tunnel), the baseline pods
 // joined by a flannel-style kernel VXLAN (device, FDB, neighbour and route
 // per other node), forwarding, bridge netfilter and the kube-proxy rules.
-func buildRoutedNode(ctx context.Context, i, n int) error {
+func buildRoutedNode(ctx context.Context, i, n int, standIns bool) error {
 	ns := NodeNS(i)
 	if err := addNetns(ctx, ns); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
 	}
 	if err := routedPort(ctx, ns, fmt.Sprintf("lk-w%d", i), UnderlayIP(i)); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
+	}
+	if !standIns {
+		// Real nodes (lab up --kubelet): a real flanneld makes its own
+		// flannel.1; the node gets forwarding and bridge netfilter only.
+		return nodeSysctls(ctx, ns)
 	}
 	steps := [][]string{
 		{"-n", ns, "link", "add", FlannelDevice, "type", "vxlan", "id", "1", "dstport", fmt.Sprint(FlannelPort),
@@ -171,13 +176,8 @@ func buildRoutedNode(ctx context.Context, i, n int) error {
 			return fmt.Errorf("node %s: bridge fdb: %w: %s", ns, err, out)
 		}
 	}
-	for _, kv := range [][2]string{
-		{"net.ipv4.ip_forward", "1"},
-		{"net.bridge.bridge-nf-call-iptables", "1"},
-	} {
-		if err := sysctl(ctx, ns, kv[0], kv[1]); err != nil {
-			return fmt.Errorf("node %s: %w", ns, err)
-		}
+	if err := nodeSysctls(ctx, ns); err != nil {
+		return err
 	}
 	if err := installKubeProxyRules(ctx, ns, n); err != nil {
 		return fmt.Errorf("node %s: %w", ns, err)
@@ -251,7 +251,7 @@ var (
 	IncludesLanekitTunnel = bench.Includes{BPF: true,
 		Detail: "tcx from_pod: VXLAN encap (bpf_skb_set_tunnel_key, collect_md device) through the router; from_tunnel: redirect_peer"}
 	IncludesFlannel = bench.Includes{Netfilter: true, Conntrack: true,
-		Detail: "pod veth, Linux bridge, node forwarding + kube-proxy rules, kernel VXLAN device with static FDB/routes (flannel vxlan), the router"}
+		Detail: "pod veth, Linux bridge, node forwarding + kube-proxy rules, kernel VXLAN device with static FDB/routes (a flannel-vxlan stand-in: no flanneld; the real one is lab bench --cni kube-proxy-iptables --routing tunnel), the router"}
 	IncludesRawRouted = bench.Includes{Detail: "raw hosts through the router, no rules: the physical limit of the routed underlay"}
 )
 

@@ -31,6 +31,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.checkRouting(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if err := cfg.checkCNI(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if err := cfg.checkDPU(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
@@ -59,7 +62,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet, Routing: cfg.routing(), Underlay: cfg.underlay()}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet, CNI: cfg.CNI, Routing: cfg.routing(), Underlay: cfg.underlay()}
 	if family != IPFamilyIPv4 {
 		st.IPFamily = family
 	}
@@ -95,7 +98,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		}
 		buildN, buildRaw := buildNode, buildRawHost
 		if cfg.underlay() == UnderlayRouted {
-			buildN, buildRaw = func(ctx context.Context, i, n int, _, _ bool) error { return buildRoutedNode(ctx, i, n) }, buildRoutedRawHost
+			buildN, buildRaw = func(ctx context.Context, i, n int, _, standIns bool) error {
+				return buildRoutedNode(ctx, i, n, standIns)
+			}, buildRoutedRawHost
 		}
 		if err := buildN(ctx, i, cfg.Nodes, cfg.K8s, !cfg.Kubelet); err != nil {
 			return st, fmt.Errorf("lab up: %w", err)

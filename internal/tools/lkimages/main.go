@@ -4,7 +4,7 @@
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox kube-proxy flannel]
 //
 // Inputs: the agent image's Go binaries built the way
 // deploy/images/agent.Containerfile builds them (its `go build` line is read and
@@ -55,9 +55,13 @@ const (
 	// RegressionIssue74839: the conntrack test's out-of-window TCP server.
 	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"
 	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2"
-	debianMirror    = "http://deb.debian.org/debian"
-	debianSuite     = "bookworm"
-	defaultOutDir   = "images"
+	// The rivals (lab up --kubelet --cni kube-proxy-*): the names of their
+	// upstream manifests at the versions scripts/k8s-node-bins.sh builds.
+	kubeProxyImage = "registry.k8s.io/kube-proxy:v1.37.2"
+	flannelImage   = "ghcr.io/flannel-io/flannel:v0.28.10"
+	debianMirror   = "http://deb.debian.org/debian"
+	debianSuite    = "bookworm"
+	defaultOutDir  = "images"
 )
 
 // pathEnv is the PATH of Debian's images (bookworm-slim's ENV).
@@ -85,6 +89,16 @@ var (
 	}
 )
 
+// netRoot is the root of the rivals' images: what kube-proxy (iptables,
+// nftables, conntrack; upstream: distroless-iptables) and flanneld (iproute2,
+// iptables, nftables; upstream: Alpine) run. Debian's iptables is its nft
+// backend, as upstream's iptables-wrapper picks on a node without legacy
+// rules.
+var netRoot = debian{
+	Name: "netroot", Suite: debianSuite, Mirror: debianMirror,
+	Packages: []string{"iptables", "nftables", "conntrack", "iproute2", "ca-certificates"},
+}
+
 // inputs are where the images' files come from.
 type inputs struct {
 	Bin      string // lanekit binaries (make build): lanekit-vhost
@@ -95,6 +109,10 @@ type inputs struct {
 
 // names are the images in the order they are written by default.
 var names = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
+
+// rivalNames are written only when named (make k8s-rival-images): the
+// images of the rival labs.
+var rivalNames = []string{"kube-proxy", "flannel"}
 
 // specFor returns the spec of the named image, building (or taking from the
 // cache) the Debian rootfs it needs.
@@ -122,6 +140,19 @@ func specFor(n string, in inputs) (spec, error) {
 		return spec{Name: n, Tags: []string{regressionImage},
 			Files:      []entry{regular("/regression-issue-74839", node("regression-issue-74839"), 0o755)},
 			Entrypoint: []string{"/regression-issue-74839"}}, nil
+	case "kube-proxy", "flannel":
+		base, err := netRoot.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		s := spec{Name: n, Base: base, Env: []string{"PATH=" + pathEnv}}
+		if n == "kube-proxy" { // its DaemonSet gives the command
+			s.Tags, s.Files = []string{kubeProxyImage}, []entry{regular("/usr/local/bin/kube-proxy", node("kube-proxy"), 0o755)}
+		} else {
+			s.Tags, s.Files = []string{flannelImage}, []entry{regular("/opt/bin/flanneld", node("flanneld"), 0o755)}
+			s.Entrypoint = []string{"/opt/bin/flanneld"}
+		}
+		return s, nil
 	case "agent":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
@@ -171,7 +202,7 @@ func specFor(n string, in inputs) (spec, error) {
 			Env:        []string{"PATH=" + pathEnv},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}, nil
 	}
-	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(names, ", "))
+	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(append(slices.Clone(names), rivalNames...), ", "))
 }
 
 func defaultCache() string {

@@ -67,13 +67,14 @@ func fakeInputs(t *testing.T) inputs {
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"pause", "agnhost", "coredns", "regression-issue-74839", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key"} {
+	for _, b := range []string{"pause", "agnhost", "coredns", "regression-issue-74839", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key", "kube-proxy", "flanneld"} {
 		if err := os.WriteFile(filepath.Join(in.NodeBins, b), []byte("node/"+b), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	writeTar(t, filepath.Join(in.Cache, slim.key()), map[string]string{"etc/os-release": "slim", "bin/sh": "sh"})
 	writeTar(t, filepath.Join(in.Cache, agnhostRoot.key()), map[string]string{"etc/os-release": "agnhost", "usr/bin/curl": "curl"})
+	writeTar(t, filepath.Join(in.Cache, netRoot.key()), map[string]string{"etc/os-release": "netroot", "usr/sbin/iptables": "iptables"})
 	return in
 }
 
@@ -131,7 +132,7 @@ func readImage(t *testing.T, file, tag string) (*v1.ConfigFile, []map[string]tar
 func TestImagesReadBack(t *testing.T) {
 	in := fakeInputs(t)
 	out := t.TempDir()
-	if err := run(out, in, nil); err != nil {
+	if err := run(out, in, append(slices.Clone(names), rivalNames...)); err != nil {
 		t.Fatal(err)
 	}
 	type want struct {
@@ -159,6 +160,15 @@ func TestImagesReadBack(t *testing.T) {
 		"regression": {tags: []string{"registry.k8s.io/e2e-test-images/regression-issue-74839:1.5"},
 			entrypoint: []string{"/regression-issue-74839"},
 			files:      map[string]tarFile{"regression-issue-74839": reg("node/regression-issue-74839")}},
+		"kube-proxy": {tags: []string{"registry.k8s.io/kube-proxy:v1.37.2"},
+			env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			base: map[string]string{"etc/os-release": "netroot", "usr/sbin/iptables": "iptables"},
+			files: map[string]tarFile{"usr": dir, "usr/local": dir, "usr/local/bin": dir,
+				"usr/local/bin/kube-proxy": reg("node/kube-proxy")}},
+		"flannel": {tags: []string{"ghcr.io/flannel-io/flannel:v0.28.10"}, entrypoint: []string{"/opt/bin/flanneld"},
+			env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			base:  map[string]string{"etc/os-release": "netroot", "usr/sbin/iptables": "iptables"},
+			files: map[string]tarFile{"opt": dir, "opt/bin": dir, "opt/bin/flanneld": reg("node/flanneld")}},
 		"agent": {tags: []string{"ghcr.io/lanekit/lanekit-agent:v0.1.0"},
 			entrypoint: []string{"/opt/lanekit/bin/lanekitd"},
 			env:        []string{"PATH=/opt/lanekit/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -338,6 +348,12 @@ func TestNamesMatchUpstream(t *testing.T) {
 	}
 	if want := "registry.k8s.io/coredns/coredns:" + pin("COREDNS_VERSION"); corednsImage != want {
 		t.Errorf("coredns image %s, the script builds %s", corednsImage, want)
+	}
+	if want := "registry.k8s.io/kube-proxy:" + pin("K8S_VERSION"); kubeProxyImage != want {
+		t.Errorf("kube-proxy image %s, the script builds %s", kubeProxyImage, want)
+	}
+	if want := "ghcr.io/flannel-io/flannel:" + pin("FLANNEL_VERSION"); flannelImage != want {
+		t.Errorf("flannel image %s, the script builds %s", flannelImage, want)
 	}
 	// The e2e tests' image list, when the module is in the local cache (no download in tests).
 	t.Run("e2e manifest", func(t *testing.T) {

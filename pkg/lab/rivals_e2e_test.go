@@ -1,0 +1,286 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+)
+
+// machineNetfilter is the machine's own iptables and nftables rulesets.
+func machineNetfilter(t *testing.T) string {
+	t.Helper()
+	var b bytes.Buffer
+	for _, args := range [][]string{{"iptables-save"}, {"nft", "list", "ruleset"}} {
+		out, err := exec.Command(args[0], args[1:]...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		// iptables-save's comment lines carry the time.
+		b.WriteString(regexp.MustCompile(`(?m)^#.*$`).ReplaceAllString(string(out), ""))
+	}
+	return b.String()
+}
+
+// rivalTestBins is realNodeTestBins plus the rivals' image archives.
+func rivalTestBins(t *testing.T) (Bins, string) {
+	t.Helper()
+	bins, nodeBins := realNodeTestBins(t)
+	r, _, _ := rivalFor(CNIKubeProxyIptables, RoutingNative)
+	for _, b := range r.Bins {
+		if !executable(filepath.Join(nodeBins, b)) {
+			if os.Getenv(EnvNodeRequired) != "" {
+				t.Fatalf("%s missing in %s (%s is set)", b, nodeBins, EnvNodeRequired)
+			}
+			t.Skipf("skipping: %s not built in %s (make k8s-node-bins)", b, nodeBins)
+		}
+	}
+	imgs := exec.Command("go", append([]string{"run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins}, r.Images...)...)
+	imgs.Dir = repoRoot(t)
+	if out, err := imgs.CombinedOutput(); err != nil {
+		t.Fatalf("lkimages: %v\n%s", err, out)
+	}
+	return bins, nodeBins
+}
+
+// TestLabRivals brings up the real-node lab with each rival network (upstream
+// kube-proxy + flannel, no lanekit) and checks, from a user's side, that pods
+// reach each other across the nodes, a ClusterIP Service (by address and by
+// name), a NodePort from outside the nodes and a hostPort (portmap); and the
+// path: kube-proxy's DNAT in the client node's conntrack table, its rules for
+// the Service (iptables: the KUBE-SVC chain's packet counter moved; nftables:
+// the ClusterIP in its services map), flannel's routes (host-gw: the peer's
+// pod CIDR via its underlay address; vxlan: flannel.1's tx counter moved),
+// no lanekit agent and no BPF pin on any node; the machine's own iptables and
+// nftables rules unchanged after lab down.
+func TestLabRivals(t *testing.T) {
+	bins, nodeBins := rivalTestBins(t)
+	testutil.RequireTools(t, "nft", "curl")
+	for _, c := range []struct{ cni, routing string }{
+		{CNIKubeProxyIptables, RoutingNative},
+		{CNIKubeProxyNftables, RoutingTunnel},
+	} {
+		t.Run(c.cni+"/"+c.routing, func(t *testing.T) { testRivalLab(t, bins, nodeBins, c.cni, c.routing) })
+	}
+}
+
+func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
+	before := machineNetfilter(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var upLog bytes.Buffer
+	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, CNI: cni, Routing: routing, Bins: bins, Out: &upLog})
+	downDone := false
+	down := func() {
+		if downDone {
+			return
+		}
+		downDone = true
+		if t.Failed() {
+			for i := 1; i <= 2; i++ {
+				t.Logf("node %d kubelet: %s", i, logTail(NodeLog(i, "kubelet")))
+			}
+		}
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		if err := Down(dctx, DownOptions{Bins: bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	}
+	t.Cleanup(down)
+	if upErr != nil {
+		t.Fatalf("lab up: %v\n%s", upErr, upLog.String())
+	}
+	t.Logf("lab up:\n%s", upLog.String())
+	_, kc, err := K8s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rival's DaemonSets on both nodes; no lanekit.
+	for _, ds := range [][2]string{{"kube-system", "kube-proxy"}, {"kube-flannel", "kube-flannel-ds"}} {
+		if err := waitDaemonSet(ctx, kc, ds[0], ds[1], 2); err != nil {
+			t.Error(err)
+		}
+	}
+	if pods, err := kc.CoreV1().Pods(LanekitNamespace).List(ctx, metav1.ListOptions{}); err != nil || len(pods.Items) > 0 {
+		t.Errorf("lanekit pods on a %s lab: %d, %v", cni, len(pods.Items), err)
+	}
+	for i := 1; i <= 2; i++ {
+		root, err := nodeRoot(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The node's own bpffs: nothing pinned (the kernel's preloaded
+		// maps.debug and progs.debug iterators aside), no lanekit directory.
+		bpffs := filepath.Join(root, "sys", "fs", "bpf")
+		ents, err := os.ReadDir(bpffs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.Name() != "maps.debug" && e.Name() != "progs.debug" {
+				t.Errorf("%s: node %d's bpffs has %s pinned; want nothing (no lanekit)", cni, i, e.Name())
+			}
+		}
+	}
+
+	web := webDeployment()
+	if _, err := kc.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: web.Spec.Selector.MatchLabels,
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDeployment(ctx, kc, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	pods := webPods(t, ctx, kc)
+	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Fatalf("the scheduler put both pods on %s", pods[0].Spec.NodeName)
+	}
+	if pods[0].Spec.NodeName != KubeNodeName(1) {
+		pods[0], pods[1] = pods[1], pods[0]
+	}
+	exec := func(p corev1.Pod, args ...string) (string, error) {
+		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
+	}
+	flannelTx := func() int {
+		out, err := nsCommand(ctx, NodeNS(1), "cat", "/sys/class/net/flannel.1/statistics/tx_packets").Output()
+		if err != nil {
+			return -1
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		return n
+	}
+	tx0 := flannelTx()
+	for k, p := range pods {
+		peer := pods[1-k]
+		got, err := exec(p, "curl", "-sS", "-m", "5", fmt.Sprintf("http://%s:8080/hostname", peer.Status.PodIP))
+		if err != nil || strings.TrimSpace(got) != peer.Name {
+			t.Errorf("%s (%s) -> %s (%s): %q, %v", p.Name, p.Spec.NodeName, peer.Name, peer.Status.PodIP, got, err)
+		}
+	}
+	tx1 := flannelTx()
+	svcPackets := func() int { return kubeSvcPackets(t, ctx, NodeNS(1), "default/web") }
+	pk0 := -1
+	if cni == CNIKubeProxyIptables {
+		pk0 = svcPackets()
+	}
+	for _, target := range []string{svc.Spec.ClusterIP, "web.default.svc." + ClusterDomain} {
+		seen := map[string]bool{}
+		for try := 0; try < 30 && len(seen) < 2; try++ {
+			got, err := exec(pods[0], "curl", "-sS", "-m", "5", "http://"+target+"/hostname")
+			if err != nil {
+				t.Errorf("%s -> %s: %v", pods[0].Name, target, err)
+				break
+			}
+			seen[strings.TrimSpace(got)] = true
+		}
+		if !seen[pods[0].Name] || !seen[pods[1].Name] || len(seen) != 2 {
+			t.Errorf("service %s from %s: answers from %v, want both pods", target, pods[0].Name, seen)
+		}
+	}
+	// NodePort, from the underlay (outside every node), on both nodes.
+	nodePort := svc.Spec.Ports[0].NodePort
+	for i := 1; i <= 2; i++ {
+		url := fmt.Sprintf("http://%s:%d/hostname", UnderlayIP(i), nodePort)
+		out, err := nsCommand(ctx, WireNS, "curl", "-sS", "-m", "5", url).Output()
+		if err != nil || (strings.TrimSpace(string(out)) != pods[0].Name && strings.TrimSpace(string(out)) != pods[1].Name) {
+			t.Errorf("NodePort %s from %s: %q, %v", url, WireNS, out, err)
+		}
+	}
+	// hostPort (portmap), from the other node's pod.
+	url := fmt.Sprintf("http://%s:%d/hostname", pods[1].Status.HostIP, webHostPort)
+	if got, err := exec(pods[0], "curl", "-sS", "-m", "5", url); err != nil || strings.TrimSpace(got) != pods[1].Name {
+		t.Errorf("hostPort %s from %s: %q, %v", url, pods[0].Name, got, err)
+	}
+
+	// The path: kube-proxy's DNAT of the ClusterIP in node 1's conntrack
+	// table (a reply from a pod IP to the client pod).
+	ct, err := nsCommand(ctx, NodeNS(1), "cat", "/proc/net/nf_conntrack").Output()
+	if err != nil {
+		t.Fatalf("conntrack table of %s: %v", NodeNS(1), err)
+	}
+	dnat := regexp.MustCompile(`src=` + regexp.QuoteMeta(pods[0].Status.PodIP) + ` dst=` + regexp.QuoteMeta(svc.Spec.ClusterIP) +
+		` sport=\d+ dport=80 .*src=(` + regexp.QuoteMeta(pods[0].Status.PodIP) + `|` + regexp.QuoteMeta(pods[1].Status.PodIP) + `) dst=` +
+		regexp.QuoteMeta(pods[0].Status.PodIP) + ` sport=8080`)
+	if !dnat.Match(ct) {
+		t.Errorf("%s: no conntrack entry DNATing %s:80 to a web pod in %s:\n%s", cni, svc.Spec.ClusterIP, NodeNS(1), ct)
+	}
+	switch cni {
+	case CNIKubeProxyIptables:
+		if pk1 := svcPackets(); pk0 < 0 || pk1 <= pk0 {
+			t.Errorf("KUBE-SERVICES -> KUBE-SVC rule of default/web on %s: packets %d -> %d, want it to move", NodeNS(1), pk0, pk1)
+		}
+	case CNIKubeProxyNftables:
+		out, err := nsCommand(ctx, NodeNS(1), "nft", "list", "table", "ip", "kube-proxy").Output()
+		if err != nil || !strings.Contains(string(out), svc.Spec.ClusterIP+" . tcp . 80 : goto service-") {
+			t.Errorf("kube-proxy's nftables table on %s lacks %s in its service map: %v\n%s", NodeNS(1), svc.Spec.ClusterIP, err, out)
+		}
+	}
+	routes, err := nsCommand(ctx, NodeNS(1), "ip", "route", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerCIDR := regexp.QuoteMeta(pods[1].Status.PodIP[:strings.LastIndex(pods[1].Status.PodIP, ".")]) + `\.0/24`
+	switch routing {
+	case RoutingNative: // host-gw: the peer's range via its underlay address
+		if !regexp.MustCompile(`(?m)^` + peerCIDR + ` via ` + regexp.QuoteMeta(UnderlayIP(2)) + ` dev ` + Uplink).Match(routes) {
+			t.Errorf("host-gw: no route to node 2's pods via %s on %s:\n%s", UnderlayIP(2), NodeNS(1), routes)
+		}
+		if tx0 != -1 {
+			t.Errorf("host-gw: %s has a flannel.1 device", NodeNS(1))
+		}
+	case RoutingTunnel: // vxlan: the peer's range on flannel.1, which carried the traffic
+		if !regexp.MustCompile(`(?m)^` + peerCIDR + ` via \S+ dev flannel\.1`).Match(routes) {
+			t.Errorf("vxlan: no route to node 2's pods on flannel.1 on %s:\n%s", NodeNS(1), routes)
+		}
+		if tx0 < 0 || tx1 <= tx0 {
+			t.Errorf("vxlan: flannel.1 tx packets %d -> %d over the cross-node requests, want them to move", tx0, tx1)
+		}
+	}
+
+	down()
+	if after := machineNetfilter(t); after != before {
+		t.Errorf("the machine's iptables/nftables rules changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if left := listLabNetns(); len(left) > 0 {
+		t.Errorf("netns left after down: %v", left)
+	}
+}
+
+// kubeSvcPackets is the packet counter of the KUBE-SERVICES rule that sends
+// the Service's ClusterIP (kube-proxy's comment "NS/NAME cluster IP") to its
+// KUBE-SVC chain, on node netns ns; -1 when there is no such rule.
+func kubeSvcPackets(t *testing.T, ctx context.Context, ns, svc string) int {
+	t.Helper()
+	out, err := nsCommand(ctx, ns, "iptables-save", "-c", "-t", "nat").Output()
+	if err != nil {
+		t.Fatalf("iptables-save on %s: %v", ns, err)
+	}
+	re := regexp.MustCompile(`(?m)^\[(\d+):\d+\] -A KUBE-SERVICES .*"` + regexp.QuoteMeta(svc) + ` cluster IP".* -j KUBE-SVC-`)
+	m := re.FindSubmatch(out)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
