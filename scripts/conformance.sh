@@ -12,8 +12,8 @@
 #   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
 #                       the timeout is what is left once the lab is up
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
-#   CONFORMANCE_LB_POOL  the lab's --lb-pool (default for ipv4: 10.77.0.200-10.77.0.239;
-#                       empty: no LB IPAM)
+#   CONFORMANCE_LB_POOL  the lab's --lb-pool, e.g. 10.77.0.200-10.77.0.239 (default empty:
+#                       no LB IPAM; the [Feature:LoadBalancer] tests stay skip-listed until run)
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -60,9 +60,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 bin/lanekit lab down >&2
 start=$SECONDS
-# LoadBalancer Services: lanekit's LB IPAM + L2 announcement, a pool on the
-# underlay where the runner is (empty: none; the dual-stack run has none yet).
-lbpool=${CONFORMANCE_LB_POOL-$([ "$family" = ipv4 ] && echo 10.77.0.200-10.77.0.239)}
+# LoadBalancer Services: lanekit's LB IPAM + L2 announcement with a pool on
+# the underlay where the runner is (opt-in).
+lbpool=${CONFORMANCE_LB_POOL:-}
 bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
