@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -109,6 +110,9 @@ func TestKubeletConfigFencesTheMachine(t *testing.T) {
 //     down (processes, namespaces, cgroups, directories, mounts).
 //
 // One lab-up for all of it (the real-node lab takes minutes to come up).
+// The kustomize install carries deploy/lb with a pool (testLBPool): a
+// LoadBalancer Service gets an address of it and answers a client on the
+// underlay from both pods.
 func TestLabRealNodes(t *testing.T) {
 	bins, nodeBins := realNodeTestBins(t)
 	before, err := ReadKernelTunables()
@@ -336,7 +340,8 @@ func TestLabRealNodes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("helm uninstall: %v: %s", err, out)
 		}
-		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv, ""); err != nil {
+		// With deploy/lb and a pool on the underlay (lab up --lb-pool).
+		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv, testLBPool); err != nil {
 			t.Fatal(err)
 		}
 		if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", 2); err != nil {
@@ -352,6 +357,40 @@ func TestLabRealNodes(t *testing.T) {
 		checkAgents(t, "after the kustomize install")
 		serves(t, client, []string{svc.Spec.ClusterIPs[0]})
 		programmed(t, svc.Spec.ClusterIPs[0], []string{pods[0].Status.PodIP, pods[1].Status.PodIP})
+
+		// A LoadBalancer Service: an address from the pool (LB IPAM), answered
+		// by ARP from an elected node (L2 announcement) and load-balanced to
+		// both pods, for a client on the underlay outside the cluster.
+		lb, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web-lb"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: web.Spec.Selector.MatchLabels,
+				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lbIP string
+		for deadline := time.Now().Add(30 * time.Second); lbIP == "" && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			got, err := kc.CoreV1().Services("default").Get(ctx, lb.Name, metav1.GetOptions{})
+			if err == nil && len(got.Status.LoadBalancer.Ingress) > 0 {
+				lbIP = got.Status.LoadBalancer.Ingress[0].IP
+			}
+		}
+		if a, err := netip.ParseAddr(lbIP); err != nil || a.Compare(netip.MustParseAddr("10.77.0.200")) < 0 || a.Compare(netip.MustParseAddr("10.77.0.239")) > 0 {
+			t.Fatalf("LoadBalancer ingress %q, want an address of the pool %s", lbIP, testLBPool)
+		}
+		seen := map[string]bool{}
+		for try := 0; try < 30 && len(seen) < 2; try++ {
+			out, err := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", "curl", "-sS", "-m", "3", "http://"+lbIP+"/hostname").Output()
+			if err != nil {
+				time.Sleep(300 * time.Millisecond)
+				continue
+			}
+			seen[strings.TrimSpace(string(out))] = true
+		}
+		if !seen[pods[0].Name] || !seen[pods[1].Name] {
+			t.Errorf("LoadBalancer %s from the underlay: answers from %v, want both pods", lbIP, seen)
+		}
 	})
 
 	after, err := ReadKernelTunables()
@@ -430,6 +469,9 @@ func realNodeTestBins(t *testing.T) (Bins, string) {
 	}
 	return bins, nodeBins
 }
+
+// testLBPool is TestLabRealNodes' LoadBalancer pool, on the underlay.
+const testLBPool = "10.77.0.200-10.77.0.239"
 
 // webHostPort is the web pods' hostPort (served by lanekit's BPF, no portmap).
 const webHostPort = 8090
