@@ -121,22 +121,9 @@ func eventsFor(t *testing.T, e *env, reason string) []string {
 // gaugeValue is the gauge name{map=value}.
 func gaugeValue(t *testing.T, m *metrics.Metrics, name, mapName string) float64 {
 	t.Helper()
-	fams, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
+	mt := metricWith(t, m, name, "map", mapName)
+	if mt == nil {
+		t.Fatalf("%s{map=%q} not exported", name, mapName)
 	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, mt := range f.GetMetric() {
-			for _, l := range mt.GetLabel() {
-				if l.GetName() == "map" && l.GetValue() == mapName {
-					return mt.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("%s{map=%q} not exported", name, mapName)
-	return 0
+	return mt.GetGauge().GetValue()
 }

@@ -163,6 +163,16 @@ func TestNetworkProgrammingLatencyFromAPIServer(t *testing.T) {
 // histogram is the histogram name{label=value} (nil: not exported).
 func histogram(t *testing.T, m *metrics.Metrics, name, label, value string) *dto.Histogram {
 	t.Helper()
+	if mt := metricWith(t, m, name, label, value); mt != nil {
+		return mt.GetHistogram()
+	}
+	return nil
+}
+
+// metricWith is the series of metric name with label=value in m's registry
+// (nil: not exported).
+func metricWith(t *testing.T, m *metrics.Metrics, name, label, value string) *dto.Metric {
+	t.Helper()
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +184,7 @@ func histogram(t *testing.T, m *metrics.Metrics, name, label, value string) *dto
 		for _, mt := range f.GetMetric() {
 			for _, l := range mt.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return mt.GetHistogram()
+					return mt
 				}
 			}
 		}

@@ -128,41 +128,8 @@ func TestLabRealNodes(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	var upLog bytes.Buffer
-	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, IPFamily: IPFamilyDual, Install: InstallHelm,
-		Bins: bins, Out: &upLog})
-	var r realNodes
-	downDone := false
-	down := func() {
-		if downDone {
-			return
-		}
-		downDone = true
-		if t.Failed() {
-			for i := 1; i <= 2; i++ {
-				t.Logf("node %d init: %s", i, logTail(filepath.Join(NodeDir(i), "node.log")))
-				t.Logf("node %d kubelet: %s", i, logTail(NodeLog(i, "kubelet")))
-				t.Logf("node %d containerd: %s", i, logTail(NodeLog(i, "containerd")))
-			}
-		}
-		if data, err := os.ReadFile(realNodesFile()); err == nil {
-			_ = json.Unmarshal(data, &r)
-		}
-		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer dcancel()
-		if err := Down(dctx, DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	}
-	t.Cleanup(down)
-	if upErr != nil {
-		t.Fatalf("lab up: %v\n%s", upErr, upLog.String())
-	}
-	t.Logf("lab up:\n%s", upLog.String())
-	srv, kc, err := K8s()
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, kc, down := upRealNodeLab(t, ctx, bins,
+		Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, IPFamily: IPFamilyDual, Install: InstallHelm})
 
 	t.Run("installed by the documented helm install", func(t *testing.T) { checkDocsInstall(t, ctx, kc, bins, nodeBins) })
 	checkAgents := func(t *testing.T, when string) {
@@ -401,7 +368,7 @@ func TestLabRealNodes(t *testing.T) {
 		t.Errorf("the machine's kernel tunables changed while the lab was up: before %v, after %v", before, after)
 	}
 
-	down()
+	r := down()
 	after, err = ReadKernelTunables()
 	if err != nil {
 		t.Fatal(err)
@@ -437,6 +404,51 @@ func TestLabRealNodes(t *testing.T) {
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), "lanekit-node") {
 		t.Errorf("node mounts visible on the machine:\n%s", mi)
 	}
+}
+
+// upRealNodeLab brings up the real-node lab cfg for t (Bins and Out set here)
+// and returns its API server and client and down: down takes the lab down
+// once (t's cleanup calls it too), first logging each node's init, kubelet and
+// containerd logs when t failed, and returns what realnodes.json recorded.
+func upRealNodeLab(t *testing.T, ctx context.Context, bins Bins, cfg Config) (*k8stest.Server, kubernetes.Interface, func() realNodes) {
+	t.Helper()
+	var upLog bytes.Buffer
+	cfg.Bins, cfg.Out = bins, &upLog
+	_, upErr := Up(ctx, cfg)
+	var r realNodes
+	done := false
+	down := func() realNodes {
+		if done {
+			return r
+		}
+		done = true
+		if t.Failed() {
+			for i := 1; i <= cfg.Nodes; i++ {
+				t.Logf("node %d init: %s", i, logTail(filepath.Join(NodeDir(i), "node.log")))
+				t.Logf("node %d kubelet: %s", i, logTail(NodeLog(i, "kubelet")))
+				t.Logf("node %d containerd: %s", i, logTail(NodeLog(i, "containerd")))
+			}
+		}
+		if data, err := os.ReadFile(realNodesFile()); err == nil {
+			_ = json.Unmarshal(data, &r)
+		}
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		if err := Down(dctx, DownOptions{Bins: bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		return r
+	}
+	t.Cleanup(func() { down() })
+	if upErr != nil {
+		t.Fatalf("lab up: %v\n%s", upErr, upLog.String())
+	}
+	t.Logf("lab up:\n%s", upLog.String())
+	srv, kc, err := K8s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, kc, down
 }
 
 // realNodeTestBins skips t unless it can bring up the real-node lab (root,

@@ -88,34 +88,7 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 	before := machineNetfilter(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	var upLog bytes.Buffer
-	_, upErr := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, CNI: cni, Routing: routing, Bins: bins, Out: &upLog})
-	downDone := false
-	down := func() {
-		if downDone {
-			return
-		}
-		downDone = true
-		if t.Failed() {
-			for i := 1; i <= 2; i++ {
-				t.Logf("node %d kubelet: %s", i, logTail(NodeLog(i, "kubelet")))
-			}
-		}
-		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer dcancel()
-		if err := Down(dctx, DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	}
-	t.Cleanup(down)
-	if upErr != nil {
-		t.Fatalf("lab up: %v\n%s", upErr, upLog.String())
-	}
-	t.Logf("lab up:\n%s", upLog.String())
-	_, kc, err := K8s()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, kc, down := upRealNodeLab(t, ctx, bins, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, CNI: cni, Routing: routing})
 	// The rival's DaemonSets on both nodes; no lanekit.
 	for _, ds := range [][2]string{{"kube-system", "kube-proxy"}, {"kube-flannel", "kube-flannel-ds"}} {
 		if err := waitDaemonSet(ctx, kc, ds[0], ds[1], 2); err != nil {
