@@ -162,35 +162,47 @@ func cpuPercent(a, b procSample) float64 {
 	return float64(b.cpuTicks-a.cpuTicks) / hz / d * 100
 }
 
-// scrapeHistogram reads histogram name from lab agent i's metrics, summed
-// over its labels: cumulative counts by upper bound.
-func scrapeHistogram(ctx context.Context, i int, name string) (map[float64]uint64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr(i)+"/metrics", nil)
+// scrapeHistograms reads the named histograms from the metrics at url,
+// each summed over its labels: cumulative counts by upper bound. A missing
+// family is an empty histogram; an answer other than 200 is an error (what
+// hid the scale lab's histograms once: a 404 from outside the lab parsed as
+// an empty page).
+func scrapeHistograms(ctx context.Context, c *http.Client, url string, names ...string) (map[string]map[float64]uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("agent %d metrics: %w", i, err)
+		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("agent %d metrics: %w", i, err)
+		return nil, fmt.Errorf("%s: %w", url, err)
 	}
-	out := map[float64]uint64{}
-	if f := fams[name]; f != nil {
-		for _, m := range f.GetMetric() {
-			addBuckets(out, m.GetHistogram())
+	out := map[string]map[float64]uint64{}
+	for _, name := range names {
+		h := map[float64]uint64{}
+		if f := fams[name]; f != nil {
+			for _, m := range f.GetMetric() {
+				addBuckets(h, m.GetHistogram())
+			}
 		}
+		out[name] = h
 	}
 	return out, nil
 }
 
 func addBuckets(out map[float64]uint64, h *dto.Histogram) {
 	for _, b := range h.GetBucket() {
-		out[b.GetUpperBound()] += b.GetCumulativeCount()
+		if !math.IsInf(b.GetUpperBound(), 1) { // the text format's le="+Inf" bucket is the sample count
+			out[b.GetUpperBound()] += b.GetCumulativeCount()
+		}
 	}
 	out[math.Inf(1)] += h.GetSampleCount()
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -236,21 +237,22 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// scrapeAll sums both programming histograms over the agents.
+// scrapeAll sums both programming histograms over the agents, each read
+// in its node's netns, where the agent listens.
 func scrapeAll(ctx context.Context, nodes []int) (network, policy map[float64]uint64, err error) {
+	netName, polName := metrics.NameNetworkProgramming, metrics.NamePolicyProgramming
 	network, policy = map[float64]uint64{}, map[float64]uint64{}
 	for _, i := range nodes {
-		for name, into := range map[string]map[float64]uint64{
-			"kubeproxy_network_programming_duration_seconds": network,
-			"lanekit_policy_programming_duration_seconds":    policy,
-		} {
-			h, err := scrapeHistogram(ctx, i, name)
-			if err != nil {
-				return nil, nil, err
-			}
-			for b, n := range h {
-				into[b] += n
-			}
+		c := netnsHTTPClient(netnsPath(NodeNS(i)), 10*time.Second)
+		hs, err := scrapeHistograms(ctx, c, "http://"+AgentMetricsAddr(i)+"/metrics", netName, polName)
+		if err != nil {
+			return nil, nil, fmt.Errorf("agent %d metrics: %w", i, err)
+		}
+		for b, n := range hs[netName] {
+			network[b] += n
+		}
+		for b, n := range hs[polName] {
+			policy[b] += n
 		}
 	}
 	return network, policy, nil
