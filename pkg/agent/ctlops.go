@@ -201,6 +201,7 @@ func (a *Agent) restoreControlPlane() error {
 	}
 	// Services: the model from the stored objects; a service that no longer
 	// translates (it cannot: it was accepted) is dropped from the model.
+	c.slices = newSliceIndex(c.objs)
 	model, err := c.buildModel(c.objs)
 	if err != nil {
 		svcs, _, _ := k8sobj.Split(sortedObjects(c.objs))

@@ -83,7 +83,7 @@ func (s *hcServer) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // sync brings the servers of the Services ids in line with objs: a Service
 // that needs a health check gets its port served with its local endpoint
 // count; others have theirs closed.
-func (h *healthChecks) sync(objs map[string]k8sobj.Object, ids []service.ServiceID, opts service.Options) {
+func (h *healthChecks) sync(objs map[string]k8sobj.Object, idx sliceIndex, ids []service.ServiceID, opts service.Options) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var want []service.ServiceID
@@ -98,7 +98,7 @@ func (h *healthChecks) sync(objs map[string]k8sobj.Object, ids []service.Service
 	if len(want) == 0 {
 		return
 	}
-	slicesOf := slicesFor(objs, want)
+	slicesOf := idx.slicesFor(objs, nil, want)
 	for _, id := range want {
 		svc := objs[k8sobj.ObjectKey(k8sobj.KindService, id.Namespace, id.Name)].Service
 		port := uint16(svc.Spec.HealthCheckNodePort)
@@ -204,6 +204,6 @@ func (a *Agent) newHealthChecks() *healthChecks {
 // (with a.ctl.mu).
 func (a *Agent) syncHealthChecks(ids []service.ServiceID) {
 	if a.health != nil {
-		a.health.sync(a.ctl.objs, ids, a.ctl.svcOpts)
+		a.health.sync(a.ctl.objs, a.ctl.slices, ids, a.ctl.svcOpts)
 	}
 }

@@ -32,6 +32,7 @@ import (
 type ctlPlane struct {
 	mu      sync.Mutex
 	objs    map[string]k8sobj.Object // by Object.Key
+	slices  sliceIndex               // the EndpointSlices in objs by Service
 	svcOpts service.Options
 	model   *service.Model
 	tables  *service.Tables
@@ -77,7 +78,7 @@ type storedIdentity struct {
 
 func newCtlPlane(opts service.Options) *ctlPlane {
 	return &ctlPlane{
-		objs: map[string]k8sobj.Object{}, svcOpts: opts, model: service.NewModel(opts), tables: service.NewTables(),
+		objs: map[string]k8sobj.Object{}, slices: sliceIndex{}, svcOpts: opts, model: service.NewModel(opts), tables: service.NewTables(),
 		ids: policy.NewIdentities(), idsStored: map[policy.Identity]bool{}, idsToSave: map[policy.Identity]storedIdentity{},
 		compiled: &policy.Compiled{}, locals: map[uint32]localEndpoint{}, refused: map[string]Refusal{},
 		log: slog.Default(),
@@ -132,13 +133,18 @@ func (a *Agent) UpsertObjects(objs []k8sobj.Object) error {
 	c := a.ctl
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	next := maps.Clone(c.objs)
-	changed := map[string]bool{}
+	prev, changed := map[string]k8sobj.Object{}, map[string]bool{}
 	for _, o := range objs {
-		next[o.Key()] = o
-		changed[o.Key()] = true
+		k := o.Key()
+		if p, ok := c.objs[k]; ok && !changed[k] {
+			prev[k] = p
+		}
+		changed[k] = true
 	}
-	if err := a.commit(next, changed); err != nil {
+	for _, o := range objs {
+		c.objs[o.Key()] = o // in place: commit puts prev back if it fails
+	}
+	if err := a.commit(c.objs, prev, changed, true); err != nil {
 		return fmt.Errorf("upsert objects: %w", err)
 	}
 	for key := range changed {
@@ -167,12 +173,12 @@ func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
 	defer c.mu.Unlock()
 	key := k8sobj.ObjectKey(k, namespace, name)
 	delete(c.refused, key)
-	if _, ok := c.objs[key]; !ok {
+	p, ok := c.objs[key]
+	if !ok {
 		return nil
 	}
-	next := maps.Clone(c.objs)
-	delete(next, key)
-	if err := a.commit(next, map[string]bool{key: true}); err != nil {
+	delete(c.objs, key) // in place: commit puts it back if it fails
+	if err := a.commit(c.objs, map[string]k8sobj.Object{key: p}, map[string]bool{key: true}, true); err != nil {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
 	return nil
@@ -232,15 +238,15 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	next, changed := c.replaceSet(k, take)
-	err = a.commit(next, changed)
+	err = a.commit(next, c.objs, changed, false)
 	if errors.Is(err, ErrInvalid) && k == k8sobj.KindService {
 		// Services that claim one frontend: the oldest keeps it.
-		if clashes := c.refuseClashes(next, take); len(clashes) > 0 {
+		if clashes := c.refuseClashes(next, changed, take); len(clashes) > 0 {
 			for _, r := range clashes {
 				delete(next, r.Object.Key()) // stays in changed: an earlier version goes
 			}
 			refused = append(refused, clashes...)
-			err = a.commit(next, changed)
+			err = a.commit(next, c.objs, changed, false)
 		}
 	}
 	if errors.Is(err, ErrInvalid) {
@@ -276,14 +282,14 @@ func (c *ctlPlane) replaceSet(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k
 // frontends: in age order (creationTimestamp, then namespace/name) each
 // Service takes its frontends unless an older one holds one of them; such a
 // Service is refused whole, as kube-proxy and Cilium keep the first.
-func (c *ctlPlane) refuseClashes(next map[string]k8sobj.Object, svcs []k8sobj.Object) []Refusal {
+func (c *ctlPlane) refuseClashes(next map[string]k8sobj.Object, changed map[string]bool, svcs []k8sobj.Object) []Refusal {
 	order := slices.Clone(svcs)
 	slices.SortFunc(order, olderFirst)
 	ids := make([]service.ServiceID, len(order))
 	for i, o := range order {
 		ids[i] = service.ServiceID{Namespace: o.Service.Namespace, Name: o.Service.Name}
 	}
-	slicesOf := slicesFor(next, ids)
+	slicesOf := c.slices.slicesFor(next, changed, ids)
 	m := service.NewModel(c.svcOpts)
 	var out []Refusal
 	for i, o := range order {
@@ -416,11 +422,11 @@ func compareStr(a, b string) int {
 // When the batch does not apply on the current model — for example two
 // services swap a frontend within one batch — a full build decides, and its
 // error is the definitive one.
-func (c *ctlPlane) editServices(next map[string]k8sobj.Object, affected []service.ServiceID) (service.Changes, func(), error) {
+func (c *ctlPlane) editServices(next map[string]k8sobj.Object, changed map[string]bool, affected []service.ServiceID) (service.Changes, func(), error) {
 	if len(affected) == 0 {
 		return service.Changes{}, func() {}, nil
 	}
-	slicesOf := slicesFor(next, affected)
+	slicesOf := c.slices.slicesFor(next, changed, affected)
 	edits := make([]service.Edit, 0, len(affected))
 	for _, id := range affected {
 		e := service.Edit{ID: id}
@@ -486,32 +492,6 @@ func (c *ctlPlane) logShadowed(m *service.Model, edits []service.Edit) {
 	}
 }
 
-// slicesFor returns the EndpointSlices of the given services, each service's
-// in key order; one pass over the objects, no sort of all of them.
-func slicesFor(objs map[string]k8sobj.Object, ids []service.ServiceID) map[service.ServiceID][]*discoveryv1.EndpointSlice {
-	want := make(map[service.ServiceID]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
-	keys := map[service.ServiceID][]string{}
-	for key, o := range objs {
-		if es := o.EndpointSlice; es != nil {
-			id := service.ServiceID{Namespace: es.Namespace, Name: es.Labels[k8sobj.ServiceNameLabel]}
-			if want[id] {
-				keys[id] = append(keys[id], key)
-			}
-		}
-	}
-	out := make(map[service.ServiceID][]*discoveryv1.EndpointSlice, len(keys))
-	for id, ks := range keys {
-		slices.Sort(ks)
-		for _, k := range ks {
-			out[id] = append(out[id], objs[k].EndpointSlice)
-		}
-	}
-	return out
-}
-
 func splitSlices(objs map[string]k8sobj.Object) map[service.ServiceID][]*discoveryv1.EndpointSlice {
 	out := map[service.ServiceID][]*discoveryv1.EndpointSlice{}
 	for _, key := range slices.Sorted(maps.Keys(objs)) {
@@ -538,17 +518,28 @@ func policyRelevant(o k8sobj.Object) bool {
 
 // commit moves the control plane to next: translate everything first (an
 // error leaves the agent as it was), then store the changed objects and new
-// identities in one transaction, then program the datapath. Called with c.mu.
-func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) error {
+// identities in one transaction, then program the datapath. prev holds the
+// changed keys' earlier versions (absent: new). With inPlace, next is c.objs
+// already edited (no copy of every object per change): a failure before the
+// store puts prev back. Called with c.mu.
+func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]bool, inPlace bool) (err error) {
 	c := a.ctl
-	affected := affectedServices(c.objs, next, changed)
-	svcChanges, undoServices, err := c.editServices(next, affected)
+	stored := false
+	if inPlace {
+		defer func() {
+			if !stored {
+				c.revert(prev, changed)
+			}
+		}()
+	}
+	affected := affectedServices(prev, next, changed)
+	svcChanges, undoServices, err := c.editServices(next, changed, affected)
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	recompile := false
 	for key := range changed {
-		if o, ok := c.objs[key]; ok && policyRelevant(o) {
+		if o, ok := prev[key]; ok && policyRelevant(o) {
 			recompile = true
 		}
 		if o, ok := next[key]; ok && policyRelevant(o) {
@@ -585,7 +576,9 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 		undoServices()
 		return fmt.Errorf("store objects: %w", err)
 	}
+	stored = true
 	c.markIdentitiesSaved()
+	c.slices.update(prev, next, changed)
 	c.objs = next
 	a.syncHealthChecks(affected)
 	svcUpd := c.tables.Apply(svcChanges)
@@ -608,6 +601,17 @@ func (a *Agent) commit(next map[string]k8sobj.Object, changed map[string]bool) e
 		return fmt.Errorf("stored, but the datapath failed (retried in the background): %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// revert puts the changed keys of c.objs back to prev (absent: deleted).
+func (c *ctlPlane) revert(prev map[string]k8sobj.Object, changed map[string]bool) {
+	for k := range changed {
+		if o, ok := prev[k]; ok {
+			c.objs[k] = o
+		} else {
+			delete(c.objs, k)
+		}
+	}
 }
 
 // ApplyObjects decodes a YAML or JSON file of objects with k8sobj (strict,

@@ -458,59 +458,76 @@ func (s *Source) Refused() map[string]string {
 func compareKeys(a, b objKey) int { return strings.Compare(a.String(), b.String()) }
 
 // work applies queued changes: present in the cache → upsert, gone →
-// delete, all → the kind's full set. An object the agent refuses on its own
-// (invalid, or clashing with another) makes the kind's full set decide: the
-// agent refuses the same objects a restart would (the oldest of clashing
-// objects wins) and counts them; the refused object is retried when it or
-// what it clashes with changes. Other failures are retried with backoff.
+// delete, all → the kind's full set. What is queued when the worker comes
+// round is applied together (batch.go): one commit (one store transaction,
+// one fsync) for a burst of upserts instead of one each. An object the
+// agent refuses on its own (invalid, or clashing with another) makes the
+// kind's full set decide: the agent refuses the same objects a restart
+// would (the oldest of clashing objects wins) and counts them; the refused
+// object is retried when it or what it clashes with changes. Other failures
+// are retried with backoff.
 func (s *Source) work(ctx context.Context) {
 	for {
 		k, quit := s.queue.Get()
 		if quit {
 			return
 		}
-		err := s.apply(k)
-		switch {
-		case err == nil:
-			s.queue.Forget(k)
-			if s.latency != nil {
-				s.latency.applied(k, time.Now())
-			}
-			if s.capacity != nil && (k.kind == k8sobj.KindService || k.kind == k8sobj.KindEndpointSlice) {
-				s.capacity.poke()
-			}
-			if !k.all {
-				s.settled(k)
-			}
-		case !k.all && (errors.Is(err, errInvalid) || errors.Is(err, agent.ErrInvalid)):
-			s.log.Debug("refused; the kind's full set decides", "object", k, "err", err)
-			s.queue.Forget(k)
-			s.queue.Add(objKey{kind: k.kind, all: true})
-		default:
-			if n := s.queue.NumRequeues(k); n%10 == 0 {
-				s.log.Error("apply", "object", k, "attempt", n+1, "err", err)
-			}
-			s.queue.AddRateLimited(k)
+		batch := s.moreQueued([]objKey{k})
+		for i, err := range s.applyBatch(batch) {
+			s.finish(batch[i], err)
 		}
-		s.queue.Done(k)
 		if ctx.Err() != nil {
 			return
 		}
 	}
 }
 
+// finish records the outcome of applying k and marks it done.
+func (s *Source) finish(k objKey, err error) {
+	switch {
+	case err == nil:
+		s.queue.Forget(k)
+		if s.latency != nil {
+			s.latency.applied(k, time.Now())
+		}
+		if s.capacity != nil && (k.kind == k8sobj.KindService || k.kind == k8sobj.KindEndpointSlice) {
+			s.capacity.poke()
+		}
+		if !k.all {
+			s.settled(k)
+		}
+	case !k.all && (errors.Is(err, errInvalid) || errors.Is(err, agent.ErrInvalid)):
+		s.log.Debug("refused; the kind's full set decides", "object", k, "err", err)
+		s.queue.Forget(k)
+		s.queue.Add(objKey{kind: k.kind, all: true})
+	default:
+		if n := s.queue.NumRequeues(k); n%10 == 0 {
+			s.log.Error("apply", "object", k, "attempt", n+1, "err", err)
+		}
+		s.queue.AddRateLimited(k)
+	}
+	s.queue.Done(k)
+}
+
 var errInvalid = errors.New("invalid object")
 
+// cached is key k's object in its informer's cache.
+func (s *Source) cached(k objKey) (any, bool, error) {
+	key := k.name
+	if k.namespace != "" {
+		key = k.namespace + "/" + k.name
+	}
+	return s.kinds[k.kind].GetStore().GetByKey(key)
+}
+
+// apply applies one queued key: present in the cache → upsert, gone →
+// delete, all → the kind's full set.
 func (s *Source) apply(k objKey) error {
 	inf := s.kinds[k.kind]
 	if k.all {
 		return s.replace(k.kind, inf)
 	}
-	key := k.name
-	if k.namespace != "" {
-		key = k.namespace + "/" + k.name
-	}
-	o, exists, err := inf.GetStore().GetByKey(key)
+	o, exists, err := s.cached(k)
 	if err != nil {
 		return err
 	}

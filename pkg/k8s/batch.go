@@ -1,0 +1,73 @@
+package k8s
+
+import (
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// maxBatch is the most queued changes applied together.
+const maxBatch = 512
+
+// moreQueued adds to batch the keys already waiting in the queue, up to
+// maxBatch, without waiting for more. The worker is the queue's only
+// reader, so a non-empty queue hands out a key at once.
+func (s *Source) moreQueued(batch []objKey) []objKey {
+	for len(batch) < maxBatch && s.queue.Len() > 0 {
+		k, quit := s.queue.Get()
+		if quit {
+			break
+		}
+		batch = append(batch, k)
+	}
+	return batch
+}
+
+// applyBatch applies the keys of batch and returns each one's error. The
+// deletes, full sets and objects that do not convert go one by one (as
+// apply does them); the upserts go to the agent in one call — one commit:
+// one translation pass, one store transaction. If that call fails, each of
+// them is applied on its own, so one bad object refuses only itself.
+func (s *Source) applyBatch(batch []objKey) []error {
+	errs := make([]error, len(batch))
+	if len(batch) == 1 {
+		errs[0] = s.apply(batch[0])
+		return errs
+	}
+	var upserts []int
+	var objs []k8sobj.Object
+	for i, k := range batch {
+		obj, ok := s.upsertOf(k)
+		if !ok {
+			errs[i] = s.apply(k)
+			continue
+		}
+		upserts = append(upserts, i)
+		objs = append(objs, obj)
+	}
+	if len(objs) == 0 {
+		return errs
+	}
+	if err := s.cfg.Objects.UpsertObjects(objs); err != nil {
+		for _, i := range upserts {
+			errs[i] = s.apply(batch[i])
+		}
+	}
+	return errs
+}
+
+// upsertOf is the object key k upserts: present in the informer's cache
+// and valid; ok is false for anything else (a full set, a delete, an
+// invalid object), which apply handles.
+func (s *Source) upsertOf(k objKey) (k8sobj.Object, bool) {
+	if k.all {
+		return k8sobj.Object{}, false
+	}
+	o, exists, err := s.cached(k)
+	if err != nil || !exists {
+		return k8sobj.Object{}, false
+	}
+	obj, err := toObject(k.kind, o)
+	if err != nil {
+		return k8sobj.Object{}, false
+	}
+	return obj, true
+}
