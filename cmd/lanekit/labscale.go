@@ -23,7 +23,9 @@ change relabels a pod). Reports: when the agents routed to every node and progra
 policy; network programming latency from the agents' kubeproxy_network_programming_duration_seconds
 (bucket bounds) and from polling node 1's lk_lb_backends for each new backend (sampled); the policy
 histogram; node 1's agent RSS and CPU at rest and under churn; its restart time to ready with every
-frontend; the service maps' fill. The scale objects are deleted afterwards unless --keep.`,
+frontend; the service maps' fill; the API server's LIST calls, streamed initial lists and ended watches
+during the churn and the restart (its own request metrics). The scale objects are deleted afterwards unless
+--keep.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Out = cmd.ErrOrStderr()
 			r, err := lab.RunScale(cmd.Context(), cfg, keep)

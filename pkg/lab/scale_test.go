@@ -1,6 +1,8 @@
 package lab
 
 import (
+	"fmt"
+	"maps"
 	"math"
 	"testing"
 	"time"
@@ -48,5 +50,52 @@ func TestScaleSlice(t *testing.T) {
 	}
 	if ScaleNodeCIDR(300).String() != "10.129.44.0/24" {
 		t.Errorf("node 300's CIDR %s", ScaleNodeCIDR(300))
+	}
+}
+
+// The API server's request counters are summed by verb and resource and
+// compared between two scrapes; the open watches are the WATCH gauge.
+func TestAPILoad(t *testing.T) {
+	page := func(lists, watches float64, open int) []byte {
+		return fmt.Appendf(nil, `# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",resource="services",scope="cluster",verb="LIST",version="v1"} %g
+apiserver_request_total{code="200",component="apiserver",resource="services",scope="namespace",verb="LIST",version="v1"} 1
+apiserver_request_total{code="0",component="apiserver",resource="endpointslices",scope="cluster",verb="WATCH",version="v1"} %g
+apiserver_request_total{code="201",component="apiserver",resource="pods",scope="namespace",verb="POST",version="v1"} 500
+# TYPE apiserver_longrunning_requests gauge
+apiserver_longrunning_requests{component="apiserver",resource="services",scope="cluster",verb="WATCH",version="v1"} %d
+apiserver_longrunning_requests{component="apiserver",resource="pods",scope="cluster",verb="WATCH",version="v1"} 2
+# TYPE apiserver_watch_list_duration_seconds histogram
+apiserver_watch_list_duration_seconds_bucket{group="",resource="pods",scope="cluster",version="v1",le="0.05"} %d
+apiserver_watch_list_duration_seconds_bucket{group="",resource="pods",scope="cluster",version="v1",le="+Inf"} %d
+apiserver_watch_list_duration_seconds_sum{group="",resource="pods",scope="cluster",version="v1"} 0.01
+apiserver_watch_list_duration_seconds_count{group="",resource="pods",scope="cluster",version="v1"} %d
+`, lists, watches, open, open, open, open)
+	}
+	a, err := parseAPILoad(page(3, 10, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseAPILoad(page(5, 10, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.openWatches != 5 {
+		t.Errorf("open watches %v, want 5", a.openWatches)
+	}
+	if got := a.callsTo(b, "LIST"); !maps.Equal(got, map[string]int{"services": 2}) {
+		t.Errorf("LIST calls %v, want services 2", got)
+	}
+	if got := a.callsTo(b, "WATCHLIST"); len(got) != 0 {
+		t.Errorf("streamed lists %v, want none (the count went down)", got)
+	}
+	if got := b.callsTo(a, "WATCHLIST"); !maps.Equal(got, map[string]int{"pods": 1}) {
+		t.Errorf("streamed lists %v, want pods 1", got)
+	}
+	if got := formatCalls(a.callsTo(b, "WATCH")); got != "none" {
+		t.Errorf("WATCH calls %q, want none", got)
+	}
+	if got := formatCalls(map[string]int{"pods": 1, "services": 2}); got != "3 (pods 1, services 2)" {
+		t.Errorf("formatCalls: %q", got)
 	}
 }

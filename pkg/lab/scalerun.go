@@ -59,6 +59,8 @@ type ScaleReport struct {
 	RestartRSSMB float64    `json:"restart_rss_mb"`
 	RestartError string     `json:"restart_error,omitempty"`
 	Maps         []ScaleMap `json:"maps"`
+	// The API server's own request metrics around the churn and the restart.
+	API APILoad `json:"api_server"`
 }
 
 // ScaleMap is one service map's fill after the churn.
@@ -185,6 +187,11 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	if err != nil {
 		return nil, err
 	}
+	apiBefore, err := scrapeAPILoad(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	r.API.OpenWatches = int(apiBefore.openWatches)
 	events := make(chan churnEvent)
 	pctx, stopProbe := context.WithCancel(ctx)
 	type probed struct {
@@ -214,6 +221,12 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	if err != nil {
 		return nil, err
 	}
+	apiAfter, err := scrapeAPILoad(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	r.API.ChurnLists, r.API.ChurnWatches = apiBefore.callsTo(apiAfter, "LIST"), apiBefore.callsTo(apiAfter, "WATCH")
+	r.API.ChurnWatchLists = apiBefore.callsTo(apiAfter, "WATCHLIST")
 	r.HistP50S, r.HistP99S, r.HistMaxS, r.HistCount = histQuantiles(histBefore, histAfter)
 	_, r.PolicyHistP99S, _, r.PolicyHistN = histQuantiles(polBefore, polAfter)
 	r.ProbeCount, r.ProbeMissed = len(p.lats), p.missed
@@ -229,9 +242,17 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	}
 
 	progress(out, "lab scale: restarting node %d's agent", first)
+	apiBefore, err = scrapeAPILoad(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	if r.RestartS, r.RestartRSSMB, err = restartAgentTimed(ctx, st, first, wantFronts); err != nil {
 		r.RestartS, r.RestartError = -1, err.Error() // the rest stands
 	}
+	if apiAfter, err = scrapeAPILoad(ctx, c); err != nil {
+		return nil, err
+	}
+	r.API.RestartLists, r.API.RestartWatchLists = apiBefore.callsTo(apiAfter, "LIST"), apiBefore.callsTo(apiAfter, "WATCHLIST")
 	return r, nil
 }
 
@@ -322,5 +343,9 @@ func (r *ScaleReport) WriteTable(w io.Writer) error {
 	for _, m := range r.Maps {
 		fmt.Fprintf(tw, "map %s\t%d/%d entries\n", m.Name, m.Entries, m.Capacity)
 	}
+	fmt.Fprintf(tw, "API server: open watches at rest\t%d\n", r.API.OpenWatches)
+	fmt.Fprintf(tw, "API server: during the churn\tLIST %s; streamed lists %s; WATCH ended %s\n",
+		formatCalls(r.API.ChurnLists), formatCalls(r.API.ChurnWatchLists), formatCalls(r.API.ChurnWatches))
+	fmt.Fprintf(tw, "API server: the agent restart\tLIST %s; streamed lists %s\n", formatCalls(r.API.RestartLists), formatCalls(r.API.RestartWatchLists))
 	return tw.Flush()
 }
