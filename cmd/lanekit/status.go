@@ -250,8 +250,15 @@ func printVMs(ctx context.Context, out io.Writer, c apiv1.AgentClient, onDPU boo
 // mapNearFull is the agent's agent.NearFull (the CLI does not link the agent).
 const mapNearFull = 0.9
 
-// printMaps prints a line for each service map that is full (with what is
-// not programmed) or nearly full; nothing when all have room.
+// policyMapFlags are the lanekitd flags that size the policy maps.
+var policyMapFlags = map[string]string{
+	"lk_policy_ipcache": "--policy-ipcache", "lk_policy_ipcache6": "--policy-ipcache",
+	"lk_policy_cidrs": "--policy-cidrs", "lk_policy_cidrs6": "--policy-cidrs",
+	"lk_policy_isolation": "--policy-identities", "lk_policy_rules": "--policy-rules",
+}
+
+// printMaps prints a line for each service or policy map that is full (with
+// what is not programmed) or nearly full; nothing when all have room.
 func printMaps(out io.Writer, maps []*apiv1.MapFill) {
 	for _, m := range maps {
 		n, c := m.GetEntries(), m.GetCapacity()
@@ -259,6 +266,9 @@ func printMaps(out io.Writer, maps []*apiv1.MapFill) {
 		case m.GetUnprogrammedFrontends() > 0:
 			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): %d frontends of %d Services not programmed; raise lanekitd's --lb-frontends/--lb-backends or remove Services\n",
 				m.GetName(), n, c, m.GetUnprogrammedFrontends(), m.GetUnprogrammedServices())
+		case c > 0 && n >= c && policyMapFlags[m.GetName()] != "":
+			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): the policy is not fully programmed (retried); raise lanekitd's %s\n",
+				m.GetName(), n, c, policyMapFlags[m.GetName()])
 		case c > 0 && float64(n) >= mapNearFull*float64(c):
 			fmt.Fprintf(out, "  warning:    map %s nearly full (%d/%d entries)\n", m.GetName(), n, c)
 		}

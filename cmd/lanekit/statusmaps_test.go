@@ -15,17 +15,20 @@ func TestPrintMaps(t *testing.T) {
 		{Name: "lk_lb_svc", Entries: 4, Capacity: 4, UnprogrammedFrontends: 3, UnprogrammedServices: 2},
 		{Name: "lk_lb_backends", Entries: 90, Capacity: 100},
 		{Name: "lk_lb_svc6", Entries: 1, Capacity: 100},
+		{Name: "lk_policy_rules", Entries: 12, Capacity: 11},
+		{Name: "lk_policy_ipcache6", Entries: 0, Capacity: 65536},
 	})
 	got := b.String()
 	for _, want := range []string{
 		"error:      map lk_lb_svc full (4/4 entries): 3 frontends of 2 Services not programmed",
 		"warning:    map lk_lb_backends nearly full (90/100 entries)",
+		"error:      map lk_policy_rules full (12/11 entries): the policy is not fully programmed (retried); raise lanekitd's --policy-rules",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("status lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(got, "lk_lb_svc6") {
+	if strings.Contains(got, "lk_lb_svc6") || strings.Contains(got, "lk_policy_ipcache6") {
 		t.Errorf("a map with room is reported:\n%s", got)
 	}
 }

@@ -121,6 +121,11 @@ func run(args []string) error {
 	fs.IntVar(&cfg.LBFrontends, "lb-frontends", datapath.DefaultLBFrontends, "entries of the service frontend maps (lk_lb_svc, lk_lb_svc6, lk_lb_revnat(6), lk_lb_maglev): one per Service port and address (ClusterIP, each node address of a NodePort, external and ingress IPs); "+
 		"what does not fit is reported (lanekit status, lanekit_map_* metrics, an Event on the Service) and programmed when room returns")
 	fs.IntVar(&cfg.LBBackends, "lb-backends", datapath.DefaultLBBackends, "entries of the service backend maps (lk_lb_backends, lk_lb_backends6): one per endpoint of each frontend")
+	fs.IntVar(&cfg.PolicyMaps.IPCache, "policy-ipcache", datapath.DefaultPolicyIPCache, "entries of the policy address maps (lk_policy_ipcache, lk_policy_ipcache6): one per pod address in the cluster, per family")
+	fs.IntVar(&cfg.PolicyMaps.Identities, "policy-identities", datapath.DefaultPolicyIdentities, "entries of the identity maps (lk_policy_isolation, lk_tunnel_vni, lk_tunnel_ident): one per label set a policy isolates")
+	fs.IntVar(&cfg.PolicyMaps.Rules, "policy-rules", datapath.DefaultPolicyRules, "entries of the policy rule map (lk_policy_rules): one per allowed identity, port prefix and direction")
+	fs.IntVar(&cfg.PolicyMaps.CIDRs, "policy-cidrs", datapath.DefaultPolicyCIDRs, "entries of the ipBlock prefix maps (lk_policy_cidrs, lk_policy_cidrs6), per family")
+	fs.IntVar(&cfg.PolicyMaps.TunnelNodes, "tunnel-nodes", datapath.DefaultTunnelNodes, "entries of the tunnel peer maps (lk_tunnel_nodes, lk_tunnel_peers): one per node of the cluster")
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
 	fs.StringVar(&snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),

@@ -54,6 +54,9 @@ type Config struct {
 	// defaults); Services that do not fit wait, reported, until room
 	// returns (capacity.go).
 	LBFrontends, LBBackends int
+	// PolicyMaps sizes the policy and tunnel maps (0 fields: the
+	// datapath's defaults); their fill is reported beside the service maps.
+	PolicyMaps datapath.PolicySizes
 	// HostNetns is the node's namespace when it is not the agent's own
 	// (tests and the lab); empty means the current one.
 	HostNetns string
@@ -208,7 +211,7 @@ type Agent struct {
 
 func openDatapath(cfg Config, tunnel string, log *slog.Logger) (datapath.Datapath, string, error) {
 	dcfg := datapath.Config{PinDir: cfg.BPFDir, Uplink: cfg.Uplink, SNATPortMin: cfg.SNATPortMin, SNATPortMax: cfg.SNATPortMax,
-		Tunnel: tunnel, HostPF: cfg.HostPF, LBFrontends: cfg.LBFrontends, LBBackends: cfg.LBBackends}
+		Tunnel: tunnel, HostPF: cfg.HostPF, LBFrontends: cfg.LBFrontends, LBBackends: cfg.LBBackends, PolicyMaps: cfg.PolicyMaps}
 	if cfg.OpenDatapath != nil {
 		dp, err := cfg.OpenDatapath(dcfg, log)
 		return dp, "test", err

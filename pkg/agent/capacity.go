@@ -27,8 +27,15 @@ func (m MapStat) Near() bool {
 	return m.Capacity > 0 && float64(m.Entries) >= NearFull*float64(m.Capacity)
 }
 
-// mapStats is the fill of every service map. Called with ctl.mu.
+// mapStats is the fill of every service map, then of the policy maps (as
+// compiled: what the maps must hold). Called with ctl.mu.
 func (c *ctlPlane) mapStats() []MapStat {
+	return append(c.serviceFill(), c.policyFill()...)
+}
+
+// serviceFill is the fill of every service map and what waits for room in
+// it. Called with ctl.mu.
+func (c *ctlPlane) serviceFill() []MapStat {
 	fill := c.tables.Fill()
 	out := make([]MapStat, len(fill))
 	byMap := map[string]int{}
@@ -60,4 +67,37 @@ func (a *Agent) Unprogrammed() []service.Unprogrammed {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.tables.Unprogrammed()
+}
+
+// policyFill is what the compiled policy needs of each policy map against
+// its size (lanekitd --policy-*): a compilation past a size fails to apply
+// (retried, logged) and shows here as a full map. Called with ctl.mu.
+func (c *ctlPlane) policyFill() []MapStat {
+	p, sz := c.compiled, c.policySizes
+	if p == nil || sz.IPCache == 0 {
+		return nil
+	}
+	var ip4, ip6, cidr4, cidr6 int
+	for a := range p.IPCache {
+		if a.Is4() {
+			ip4++
+		} else {
+			ip6++
+		}
+	}
+	for pf := range p.CIDRs {
+		if pf.Addr().Is4() {
+			cidr4++
+		} else {
+			cidr6++
+		}
+	}
+	fill := func(name string, n, capacity int) MapStat {
+		return MapStat{MapFill: service.MapFill{Map: name, Entries: n, Capacity: capacity}}
+	}
+	return []MapStat{
+		fill("lk_policy_ipcache", ip4, sz.IPCache), fill("lk_policy_ipcache6", ip6, sz.IPCache),
+		fill("lk_policy_cidrs", cidr4, sz.CIDRs), fill("lk_policy_cidrs6", cidr6, sz.CIDRs),
+		fill("lk_policy_isolation", len(p.Isolated), sz.Identities), fill("lk_policy_rules", len(p.Rules), sz.Rules),
+	}
 }

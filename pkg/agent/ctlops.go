@@ -164,6 +164,7 @@ func (a *Agent) restoreControlPlane() error {
 	a.ctl = newCtlPlane(opts)
 	fronts, backs := datapath.Config{LBFrontends: a.cfg.LBFrontends, LBBackends: a.cfg.LBBackends}.LBSizes()
 	a.ctl.tables.SetCapacity(service.Capacity{Frontends: fronts, Backends: backs})
+	a.ctl.policySizes = datapath.Config{PolicyMaps: a.cfg.PolicyMaps}.PolicySizes()
 	c := a.ctl
 	c.log = a.log
 	c.mu.Lock()

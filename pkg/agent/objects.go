@@ -14,6 +14,7 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -33,6 +34,8 @@ type ctlPlane struct {
 	mu      sync.Mutex
 	objs    map[string]k8sobj.Object // by Object.Key
 	slices  sliceIndex               // the EndpointSlices in objs by Service
+	// policySizes are the policy maps' sizes, for their fill (capacity.go).
+	policySizes datapath.PolicySizes
 	svcOpts service.Options
 	model   *service.Model
 	tables  *service.Tables

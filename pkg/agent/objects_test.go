@@ -27,6 +27,12 @@ var (
 // or namespaces (the control plane needs neither), so it runs unprivileged.
 func newCtlAgent(t testing.TB, dir string, dp datapath.Datapath) *Agent {
 	t.Helper()
+	return newCtlAgentWith(t, dir, dp, nil)
+}
+
+// newCtlAgentWith is newCtlAgent with its config changed by edit (nil: none).
+func newCtlAgentWith(t testing.TB, dir string, dp datapath.Datapath, edit func(*Config)) *Agent {
+	t.Helper()
 	st, err := store.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +41,11 @@ func newCtlAgent(t testing.TB, dir string, dp datapath.Datapath) *Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Agent{cfg: Config{StateDir: dir, PodCIDR: ctlPodCIDR, NodeAddrs: []netip.Addr{ctlNodeAddr}},
-		log: quietLog(), st: st, ipam: ip, host: &netdev.Host{}, dp: dp, backend: "test"}
+	cfg := Config{StateDir: dir, PodCIDR: ctlPodCIDR, NodeAddrs: []netip.Addr{ctlNodeAddr}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	a := &Agent{cfg: cfg, log: quietLog(), st: st, ipam: ip, host: &netdev.Host{}, dp: dp, backend: "test"}
 	if err := a.restoreControlPlane(); err != nil {
 		st.Close()
 		t.Fatal(err)

@@ -193,6 +193,9 @@ type Config struct {
 	// the backend maps (lk_lb_backends(6); 0: DefaultLBBackends). Pinned maps
 	// of another size are migrated (migrate.go).
 	LBFrontends, LBBackends int
+	// PolicyMaps sizes the policy and tunnel maps (a 0 field: its default).
+	// Pinned maps of another size are migrated.
+	PolicyMaps PolicySizes
 	// SNATPortMin..SNATPortMax is the source port range NodePort (to a
 	// remote backend) and hairpin SNAT allocate from (0, 0: 61000-65535,
 	// DefaultSNATPortMin/Max). It must not be the node's ephemeral range

@@ -78,7 +78,7 @@ func migratePinned(spec *ebpf.CollectionSpec, dir string, log *slog.Logger) (emp
 // migrate is migratePinned in the loader's pin directory; it remembers the
 // maps it emptied (EmptiedMaps).
 func (l *Loader) migrate(spec *ebpf.CollectionSpec) error {
-	sizeLB(spec, l.cfg)
+	sizeMaps(spec, l.cfg)
 	emptied, err := migratePinned(spec, l.cfg.PinDir, l.log)
 	l.emptied = append(l.emptied, emptied...)
 	return err

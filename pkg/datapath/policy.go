@@ -35,16 +35,10 @@ type PolicyVerdict struct {
 	Allowed, Denied uint64
 }
 
-// Policy map capacities: LK_POLICY_MAX_* in bpf/lib/policy.h.
-const (
-	MaxPolicyIPCache    = 65536
-	MaxPolicyCIDRs      = 16384
-	MaxPolicyIdentities = 65536
-	MaxPolicyRules      = 524288
-	// MaxPolicies bounds policy indices (lk_policy_verdicts' size): a
-	// compilation with more policies is refused.
-	MaxPolicies = 16384
-)
+// MaxPolicies bounds policy indices (lk_policy_verdicts' size, fixed): a
+// compilation with more policies is refused. The other policy maps are
+// sized by Config (PolicySizes).
+const MaxPolicies = 16384
 
 // IdentityHost is the reserved identity of the node's own addresses in
 // lk_policy_ipcache (LK_IDENTITY_HOST, SetPolicyHostAddrs); pkg/policy never
@@ -163,7 +157,7 @@ func (l *Loader) policyCIDRMap(p netip.Prefix) (*ebpf.Map, any) {
 
 // validatePolicyUpdate checks everything ApplyPolicy will write, so that an
 // update is refused whole rather than half applied.
-func validatePolicyUpdate(u *policy.Update) error {
+func validatePolicyUpdate(u *policy.Update, sizes PolicySizes) error {
 	for ip, id := range u.IPCache {
 		if !ip.Is4() && !isIP6(ip) {
 			return fmt.Errorf("ipcache: %v is not an IPv4 or IPv6 address", ip)
@@ -220,8 +214,8 @@ func validatePolicyUpdate(u *policy.Update) error {
 			return fmt.Errorf("isolated: identity %d: policy index beyond the datapath's %d policies", id, MaxPolicies)
 		}
 	}
-	if n := len(u.Rules); n > MaxPolicyRules {
-		return fmt.Errorf("rules: %d upserts exceed the map's %d entries", n, MaxPolicyRules)
+	if n := len(u.Rules); n > sizes.Rules {
+		return fmt.Errorf("rules: %d upserts exceed the map's %d entries (lanekitd --policy-rules)", n, sizes.Rules)
 	}
 	return nil
 }
@@ -238,7 +232,7 @@ func (l *Loader) ApplyPolicy(u *policy.Update) error {
 	if u == nil {
 		return nil
 	}
-	if err := validatePolicyUpdate(u); err != nil {
+	if err := validatePolicyUpdate(u, l.cfg.PolicySizes()); err != nil {
 		return fmt.Errorf("apply policy: %w", err)
 	}
 	l.mu.Lock()

@@ -17,16 +17,17 @@ import (
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
-// The service maps load with the configured sizes (every program sharing
-// them: pod, uplink, socket LB), the kernel refuses an entry past them
-// (which is why the agent's tables hold back what does not fit), and a
-// restart with other sizes migrates them keeping their entries.
-func TestLBMapSizes(t *testing.T) {
+// The service, policy and tunnel maps load with the configured sizes (every
+// program sharing them: pod, uplink, socket LB), the kernel refuses an entry
+// past them (which is why the agent's tables hold back what does not fit),
+// and a restart with other sizes migrates them keeping their entries.
+func TestMapSizes(t *testing.T) {
 	testutil.RequireBPFFS(t)
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-lbsize-%d", os.Getpid()))
 	t.Cleanup(func() { Unpin(dir) })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	l, err := Open(Config{PinDir: dir, LBFrontends: 4, LBBackends: 6}, log)
+	small := PolicySizes{IPCache: 8, CIDRs: 9, Identities: 10, Rules: 11, TunnelNodes: 12}
+	l, err := Open(Config{PinDir: dir, LBFrontends: 4, LBBackends: 6, PolicyMaps: small}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +51,27 @@ func TestLBMapSizes(t *testing.T) {
 	for _, n := range lbBackendMaps {
 		want[n] = 6
 	}
+	policyWant := func(p PolicySizes) map[string]uint32 {
+		w := map[string]uint32{}
+		for _, g := range []struct {
+			names []string
+			n     int
+		}{{policyIPCacheMaps, p.IPCache}, {policyCIDRMaps, p.CIDRs}, {policyIdentMaps, p.Identities},
+			{policyRuleMaps, p.Rules}, {tunnelNodeMaps, p.TunnelNodes}} {
+			for _, name := range g.names {
+				w[name] = uint32(g.n)
+			}
+		}
+		return w
+	}
 	sizes(want)
+	sizes(policyWant(small))
 	// The socket LB's programs share the maps: its spec gets the same sizes.
 	sockSpec, err := loadSock()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sizeLB(sockSpec, l.cfg)
+	sizeMaps(sockSpec, l.cfg)
 	for name, n := range want {
 		if ms, ok := sockSpec.Maps[name]; ok && ms.MaxEntries != n {
 			t.Errorf("socket LB spec: %s sized %d, want %d", name, ms.MaxEntries, n)
@@ -95,6 +110,7 @@ func TestLBMapSizes(t *testing.T) {
 		want[n] = DefaultLBBackends
 	}
 	sizes(want)
+	sizes(policyWant(Config{}.PolicySizes()))
 	if n, _ := countEntries(l.pod.LkLbSvc); n != 4 {
 		t.Errorf("lk_lb_svc kept %d entries over the resize, want 4", n)
 	}
