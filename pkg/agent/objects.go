@@ -31,14 +31,14 @@ import (
 
 // ctlPlane is the agent's service and policy state, guarded by mu.
 type ctlPlane struct {
-	mu      sync.Mutex
-	objs    map[string]k8sobj.Object // by Object.Key
-	slices  sliceIndex               // the EndpointSlices in objs by Service
+	mu     sync.Mutex
+	objs   map[string]k8sobj.Object // by Object.Key
+	slices sliceIndex               // the EndpointSlices in objs by Service
 	// policySizes are the policy maps' sizes, for their fill (capacity.go).
 	policySizes datapath.PolicySizes
-	svcOpts service.Options
-	model   *service.Model
-	tables  *service.Tables
+	svcOpts     service.Options
+	model       *service.Model
+	tables      *service.Tables
 	// ids lives as long as the agent (and across restarts through the
 	// Identities bucket): an endpoint's identity does not change while its
 	// label set exists.
