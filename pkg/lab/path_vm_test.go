@@ -58,65 +58,10 @@ func podVMBulkPath(t *testing.T, ctx context.Context, vm LabVM, con *guest.Conso
 		reverse bool
 	}{{"pod to VM", false}, {"VM to pod", true}} {
 		t.Run(dir.name, func(t *testing.T) {
-			if out, code, err := con.Run(ctx, "cd /tmp && timeout 40 iperf3 -s -1 -p 5201 >/tmp/lk-path.log 2>&1 </dev/null &"); err != nil || code != 0 {
-				t.Fatalf("start iperf3 in the guest: %v (exit %d) %s", err, code, out)
-			}
-			type sample struct {
-				fwd1, fwd2 uint64
-				tx, rx     uint64
-				vhRX, vhTX uint64 // frames lanekit-vhost moved into / out of the guest
-				podC, vmC  datapath.Counters
-			}
-			take := func() sample {
-				var s sample
-				var err error
-				if s.fwd1, err = fwd(ctx, NodeNS(1)); err == nil {
-					s.fwd2, err = fwd(ctx, NodeNS(2))
-				}
-				if err == nil {
-					s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
-				}
-				if err == nil {
-					_, s.podC, err = datapath.PinnedCounters(BPFDir(1), podIPAddr)
-				}
-				if err == nil {
-					_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
-				}
-				if err == nil {
-					s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, vm.MetricsSocket)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}
-			b := take()
-			args := []string{"iperf3", "-c", vmAddr, "-p", "5201", "-t", "3"}
-			if dir.reverse {
-				args = append(args, "-R")
-			}
-			var out []byte
-			var cerr error
-			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-				if out, cerr = nsCommand(ctx, pod, args...).CombinedOutput(); cerr == nil {
-					break
-				}
-			}
-			if cerr != nil {
-				t.Fatalf("iperf3 %v: %v\n%s", args, cerr, out)
-			}
-			for _, l := range strings.Split(string(out), "\n") {
-				if strings.Contains(l, "receiver") {
-					t.Logf("iperf3: %s", strings.Join(strings.Fields(l), " "))
-				}
-			}
-			a := take()
-			// The pod's side, and the VM's: what the pod received the VM
-			// sent, and the other way round (the transfer is theirs alone).
-			podD := judgeBulkPath(t, "node1 pod", pathSample{fwd: b.fwd1, tx: b.tx, rx: b.rx, bpf: b.podC},
-				pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !dir.reverse, maxKernelShare, fwdWhat)
-			judgeBulkPath(t, "node2 VM", pathSample{fwd: b.fwd2, tx: b.rx, rx: b.tx, bpf: b.vmC},
-				pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, dir.reverse, maxKernelShare, fwdWhat)
+			b := takeVMPath(t, ctx, fwd, pod, podIPAddr, vmIP, vm.MetricsSocket)
+			iperfPodToGuest(t, ctx, con, pod, vmAddr, dir.reverse)
+			a := takeVMPath(t, ctx, fwd, pod, podIPAddr, vmIP, vm.MetricsSocket)
+			podD, _ := judgePodVMPath(t, b, a, dir.reverse, maxKernelShare, fwdWhat)
 			sent, recv := podD.sent, podD.recv
 			// And the fast lane carried them: the backend moved them through
 			// its AF_XDP sockets (its own metrics).
@@ -129,4 +74,83 @@ func podVMBulkPath(t *testing.T, ctx context.Context, vm LabVM, con *guest.Conso
 			}
 		})
 	}
+}
+
+// vmPathSample is one reading of the pod (node 1) ↔ VM (node 2) path:
+// each node's kernel-forwarded counter, the pod's eth0 packets, the pod's
+// and the VM's endpoint counters, and lanekit-vhost's frames into and out of
+// the guest.
+type vmPathSample struct {
+	fwd1, fwd2 uint64
+	tx, rx     uint64
+	podC, vmC  datapath.Counters
+	vhRX, vhTX uint64
+}
+
+// takeVMPath reads a vmPathSample; fwd reads a node's kernel-forwarded
+// counter of the family in use.
+func takeVMPath(t *testing.T, ctx context.Context, fwd func(context.Context, string) (uint64, error), pod string, podIP, vmIP netip.Addr, metricsSocket string) vmPathSample {
+	t.Helper()
+	var s vmPathSample
+	var err error
+	if s.fwd1, err = fwd(ctx, NodeNS(1)); err == nil {
+		s.fwd2, err = fwd(ctx, NodeNS(2))
+	}
+	if err == nil {
+		s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
+	}
+	if err == nil {
+		_, s.podC, err = datapath.PinnedCounters(BPFDir(1), podIP)
+	}
+	if err == nil {
+		_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
+	}
+	if err == nil {
+		s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, metricsSocket)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// iperfPodToGuest runs 3 s of iperf3 from pod to a one-shot server started
+// in the guest through its console (reverse: the guest sends), retrying the
+// client while the server starts.
+func iperfPodToGuest(t *testing.T, ctx context.Context, con *guest.Console, pod, vmAddr string, reverse bool) {
+	t.Helper()
+	if out, code, err := con.Run(ctx, "cd /tmp && timeout 40 iperf3 -s -1 -p 5201 >/tmp/lk-path.log 2>&1 </dev/null &"); err != nil || code != 0 {
+		t.Fatalf("start iperf3 in the guest: %v (exit %d) %s", err, code, out)
+	}
+	args := []string{"iperf3", "-c", vmAddr, "-p", "5201", "-t", "3"}
+	if reverse {
+		args = append(args, "-R")
+	}
+	var out []byte
+	var cerr error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if out, cerr = nsCommand(ctx, pod, args...).CombinedOutput(); cerr == nil {
+			break
+		}
+	}
+	if cerr != nil {
+		t.Fatalf("iperf3 %v: %v\n%s", args, cerr, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "receiver") {
+			t.Logf("iperf3: %s", strings.Join(strings.Fields(l), " "))
+		}
+	}
+}
+
+// judgePodVMPath judges both ends of a transfer between samples b and a:
+// what the pod received the VM sent, and the other way round (the transfer
+// is theirs alone); reverse: the VM sent.
+func judgePodVMPath(t *testing.T, b, a vmPathSample, reverse bool, maxShare float64, fwdWhat string) (podD, vmD pathDelta) {
+	t.Helper()
+	podD = judgeBulkPath(t, "node1 pod", pathSample{fwd: b.fwd1, tx: b.tx, rx: b.rx, bpf: b.podC},
+		pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !reverse, maxShare, fwdWhat)
+	vmD = judgeBulkPath(t, "node2 VM", pathSample{fwd: b.fwd2, tx: b.rx, rx: b.tx, bpf: b.vmC},
+		pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, reverse, maxShare, fwdWhat)
+	return podD, vmD
 }

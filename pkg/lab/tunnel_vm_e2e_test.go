@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/internal/testutil"
-	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
 )
@@ -85,39 +84,15 @@ func TestTunnelVMPath(t *testing.T) {
 		t.Fatalf("guest MTU %q (exit %d, %v), want 1450 (the tunnel's)", out, code, err)
 	}
 
-	// One sample: node 1's kernel and pod, node 2's kernel and VM, both
-	// nodes' tunnel counters, the backend's frames.
+	// One sample: node 1's kernel and pod, node 2's kernel and VM, the
+	// backend's frames, and both nodes' tunnel counters.
 	type sample struct {
-		fwd1, fwd2 uint64
-		tx, rx     uint64 // the pod's eth0
-		podC, vmC  datapath.Counters
+		vmPathSample
 		tun1, tun2 datapath.TunnelStats
-		vhRX, vhTX uint64
 	}
 	take := func(t *testing.T) sample {
 		t.Helper()
-		var s sample
-		var err error
-		if s.fwd1, err = IPForwDatagrams(ctx, NodeNS(1)); err == nil {
-			s.fwd2, err = IPForwDatagrams(ctx, NodeNS(2))
-		}
-		if err == nil {
-			s.tx, s.rx, err = LinkPackets(ctx, pod, PodIfName)
-		}
-		if err == nil {
-			_, s.podC, err = datapath.PinnedCounters(BPFDir(1), podAddr)
-		}
-		if err == nil {
-			_, s.vmC, err = datapath.PinnedCounters(BPFDir(2), vmIP)
-		}
-		if err == nil {
-			s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, vm.MetricsSocket)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.tun1, s.tun2 = tunnelStats(t, 1), tunnelStats(t, 2)
-		return s
+		return sample{takeVMPath(t, ctx, IPForwDatagrams, pod, podAddr, vmIP, vm.MetricsSocket), tunnelStats(t, 1), tunnelStats(t, 2)}
 	}
 	tunDelta := func(a, b datapath.TunnelStats, k datapath.TunnelStat) uint64 { return since(a[k], b[k]) }
 
@@ -126,36 +101,10 @@ func TestTunnelVMPath(t *testing.T) {
 		reverse bool
 	}{{"pod to VM", false}, {"VM to pod", true}} {
 		t.Run("bulk TCP "+dir.name, func(t *testing.T) {
-			if out, code, err := con.Run(ctx, "cd /tmp && timeout 40 iperf3 -s -1 -p 5201 >/tmp/lk-path.log 2>&1 </dev/null &"); err != nil || code != 0 {
-				t.Fatalf("start iperf3 in the guest: %v (exit %d) %s", err, code, out)
-			}
 			b := take(t)
-			args := []string{"iperf3", "-c", vm.IP, "-p", "5201", "-t", "3"}
-			if dir.reverse {
-				args = append(args, "-R")
-			}
-			var out []byte
-			var cerr error
-			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-				if out, cerr = nsCommand(ctx, pod, args...).CombinedOutput(); cerr == nil {
-					break
-				}
-			}
-			if cerr != nil {
-				t.Fatalf("iperf3 %v: %v\n%s", args, cerr, out)
-			}
-			for _, l := range strings.Split(string(out), "\n") {
-				if strings.Contains(l, "receiver") {
-					t.Logf("iperf3: %s", strings.Join(strings.Fields(l), " "))
-				}
-			}
+			iperfPodToGuest(t, ctx, con, pod, vm.IP, dir.reverse)
 			a := take(t)
-			// The pod's side, and the VM's: what the pod received the VM
-			// sent, and the other way round (the transfer is theirs alone).
-			podD := judgeBulkPath(t, "node1 pod", pathSample{fwd: b.fwd1, tx: b.tx, rx: b.rx, bpf: b.podC},
-				pathSample{fwd: a.fwd1, tx: a.tx, rx: a.rx, bpf: a.podC}, !dir.reverse, 0, "datagrams")
-			vmD := judgeBulkPath(t, "node2 VM", pathSample{fwd: b.fwd2, tx: b.rx, rx: b.tx, bpf: b.vmC},
-				pathSample{fwd: a.fwd2, tx: a.rx, rx: a.tx, bpf: a.vmC}, dir.reverse, 0, "datagrams")
+			podD, vmD := judgePodVMPath(t, b.vmPathSample, a.vmPathSample, dir.reverse, 0, "datagrams")
 			enc1, dec1 := tunDelta(a.tun1, b.tun1, datapath.TunnelEncap), tunDelta(a.tun1, b.tun1, datapath.TunnelDecap)
 			enc2, dec2 := tunDelta(a.tun2, b.tun2, datapath.TunnelEncap), tunDelta(a.tun2, b.tun2, datapath.TunnelDecap)
 			host2 := tunDelta(a.tun2, b.tun2, datapath.TunnelHostEncap)
