@@ -254,23 +254,11 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
 	}
 	migSock := vmFile(to, src.Name, "migrate.sock")
-	os.Remove(migSock)
-	for i, a := range args { // nobody waits on the target's console before it runs
-		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
-	}
-	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
-	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
-		return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
-	}
-	dq, err := dialQMP(ctx, vmQMPSocket(to, src.Name))
+	dq, sq, err := startIncoming(ctx, &dst, src, migSock, args)
 	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+		return nil, err
 	}
 	defer dq.Close()
-	sq, err := dialQMP(ctx, vmQMPSocket(src.Node, src.Name))
-	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: source qemu (a lab from before `lab vm migrate` has no QMP socket: lab up again): %w", err)
-	}
 	defer sq.Close()
 
 	// Traffic: a pinger on every node, one held TCP connection.
@@ -616,23 +604,11 @@ func migrateTapVM(ctx context.Context, st *State, idx int, opts MigrateOptions, 
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
 	}
 	migSock := vmFile(to, src.Name, "migrate.sock")
-	os.Remove(migSock)
-	for i, a := range args {
-		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
-	}
-	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
-	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
-		return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
-	}
-	dq, err := dialQMP(ctx, vmQMPSocket(to, src.Name))
+	dq, sq, err := startIncoming(ctx, &dst, src, migSock, args)
 	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+		return nil, err
 	}
 	defer dq.Close()
-	sq, err := dialQMP(ctx, vmQMPSocket(src.Node, src.Name))
-	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: source qemu: %w", err)
-	}
 	defer sq.Close()
 	tr, err := startTraffic(st, KindBaseline, src.IP, opts.PingInterval)
 	if err != nil {
@@ -677,4 +653,28 @@ func removeTapSide(lv LabVM) {
 	for _, f := range []string{"serial.sock", "qmp.sock", "migrate.sock"} {
 		os.Remove(vmFile(lv.Node, lv.Name, f))
 	}
+}
+
+// startIncoming starts the target QEMU of a migration of src to dst's node,
+// in dst's namespace (args: src's command line, its console no longer
+// waiting for a client; QMP and -incoming migSock on the target's own
+// sockets) and connects to both QEMUs' QMP. The caller closes both.
+func startIncoming(ctx context.Context, dst *LabVM, src LabVM, migSock string, args []string) (dq, sq *qmp, err error) {
+	to := dst.Node
+	os.Remove(migSock)
+	for i, a := range args { // nobody waits on the target's console before it runs
+		args[i] = strings.Replace(a, ",server=on,wait=on", ",server=on,wait=off", 1)
+	}
+	args = append(args, "-qmp", "unix:"+vmQMPSocket(to, src.Name)+",server=on,wait=off", "-incoming", "unix:"+migSock)
+	if dst.QEMUPID, err = startDaemon(dst.NS, vmFile(to, src.Name, "qemu"), args[0], args[1:]...); err != nil {
+		return nil, nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+	}
+	if dq, err = dialQMP(ctx, vmQMPSocket(to, src.Name)); err != nil {
+		return nil, nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
+	}
+	if sq, err = dialQMP(ctx, vmQMPSocket(src.Node, src.Name)); err != nil {
+		dq.Close()
+		return nil, nil, fmt.Errorf("lab vm migrate: source qemu (a lab from before `lab vm migrate` has no QMP socket: lab up again): %w", err)
+	}
+	return dq, sq, nil
 }
