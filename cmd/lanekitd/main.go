@@ -65,7 +65,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.BPFDir, "bpf-dir", "/sys/fs/bpf/lanekit", "where the datapath pins programs, maps and links (on a BPF filesystem; mounted at /sys/fs/bpf if missing there)")
 	fs.BoolVar(&cfg.BIGTCP, "big-tcp", true, "BIG TCP: GSO/GRO packets up to 192 KiB on pod devices and the uplink, per family where the uplink's driver (tso_max_size) and the kernel (IPv4: Linux >= 6.3) support it; off in tunnel mode")
 	fs.BoolVar(&cfg.BandwidthManager, "bandwidth-manager", true, "enforce pods' kubernetes.io/egress-bandwidth in BPF (EDT, paced by an fq qdisc the agent installs on the uplink when the first pod has a limit); ingress-bandwidth is reported, not enforced")
-	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit if the kernel has it), veth or netkit")
+	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit L3 if the kernel has it), veth, netkit (L3: no MACs, no ARP) or netkit-l2 (MACs and ARP, for workloads that need them)")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")

@@ -45,7 +45,7 @@ type Config struct {
 	// what EndpointSlice topology hints are matched against; empty: none.
 	NodeName, Zone string
 	BPFDir         string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
-	DeviceMode     string // DeviceAuto, "veth" or "netkit"
+	DeviceMode     string // DeviceAuto, "veth", "netkit" (L3) or "netkit-l2"
 	MTU            int    // 0: the uplink's MTU
 	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
 	// (datapath.Config; 0, 0: the default 61000-65535).
@@ -339,13 +339,13 @@ func (a *Agent) chooseMode() error {
 		}
 	case string(datapath.ModeVeth):
 		a.mode, a.modeReason = datapath.ModeVeth, "veth requested by --device-mode"
-	case string(datapath.ModeNetkit):
+	case string(datapath.ModeNetkit), string(datapath.ModeNetkitL2):
 		if !a.features.Netkit.Supported {
-			return fmt.Errorf("--device-mode netkit: %s", a.features.Netkit.Detail)
+			return fmt.Errorf("--device-mode %s: %s", a.cfg.DeviceMode, a.features.Netkit.Detail)
 		}
-		a.mode, a.modeReason = datapath.ModeNetkit, "netkit requested by --device-mode"
+		a.mode, a.modeReason = datapath.DeviceMode(a.cfg.DeviceMode), a.cfg.DeviceMode+" requested by --device-mode"
 	default:
-		return fmt.Errorf("unknown device mode %q (want auto, veth or netkit)", a.cfg.DeviceMode)
+		return fmt.Errorf("unknown device mode %q (want auto, veth, netkit or netkit-l2)", a.cfg.DeviceMode)
 	}
 	return nil
 }

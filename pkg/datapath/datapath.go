@@ -23,7 +23,15 @@ const (
 	// IFF_NOARP and all-zero MACs, so the datapath does not check the source
 	// MAC (the source IP is the identity) and drops ARP from it.
 	ModeNetkit DeviceMode = "netkit"
+	// ModeNetkitL2 is a netkit pair in L2 mode: Ethernet devices with MACs
+	// and ARP, as a veth pair is to the datapath (same checks, same ARP
+	// answers) — for workloads that need MACs (KubeVirt's bridge-style
+	// guests, Kata) — with netkit's attach points.
+	ModeNetkitL2 DeviceMode = "netkit-l2"
 )
+
+// Netkit reports whether m is a netkit pair (either mode).
+func (m DeviceMode) Netkit() bool { return m == ModeNetkit || m == ModeNetkitL2 }
 
 // Endpoint is what the datapath needs to forward to and from one local pod.
 type Endpoint struct {

@@ -32,7 +32,8 @@ func (ep Endpoint) info() podEndpointInfo {
 	if ep.VM {
 		v.Flags |= epFlagVM
 	}
-	// lanekit creates netkit pairs in L3 mode (pkg/netdev): no MACs, no ARP.
+	// netkit L3 (pkg/netdev): no MACs, no ARP. netkit L2 is a veth to the
+	// programs.
 	if ep.Mode == ModeNetkit {
 		v.Flags |= epFlagL3
 	}

@@ -297,7 +297,7 @@ func (m attachMode) String() string {
 
 // podAttachMode is how the pod program attaches for a device mode.
 func podAttachMode(m DeviceMode) attachMode {
-	if m == ModeNetkit {
+	if m.Netkit() {
 		return attachNetkitPeer
 	}
 	return attachTCXIngress
@@ -306,7 +306,7 @@ func podAttachMode(m DeviceMode) attachMode {
 // toPodAttachMode is how to_pod attaches: on the path the host stack takes
 // into the pod.
 func toPodAttachMode(m DeviceMode) attachMode {
-	if m == ModeNetkit {
+	if m.Netkit() {
 		return attachNetkitPrimary
 	}
 	return attachTCXEgress

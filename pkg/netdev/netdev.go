@@ -178,12 +178,8 @@ func (h *Host) SetupPod(spec PodSpec) (links PodLinks, err error) {
 			if err := netlink.LinkAdd(veth); err != nil {
 				return fmt.Errorf("create veth %s: %w", spec.HostIfName, err)
 			}
-		case spec.Mode == datapath.ModeNetkit:
-			if err := CreateNetkit(NetkitSpec{
-				Name: spec.HostIfName, PeerName: peer, MTU: spec.MTU,
-				PeerNetnsFd: int(podNS.Fd()), Mode: NetkitL3,
-				Policy: NetkitPass, PeerPolicy: NetkitDrop,
-			}); err != nil {
+		case spec.Mode.Netkit():
+			if err := CreateNetkit(netkitPodSpec(spec, peer, int(podNS.Fd()))); err != nil {
 				return fmt.Errorf("create netkit %s: %w", spec.HostIfName, err)
 			}
 		default:
@@ -367,4 +363,17 @@ func (h *Host) EnableForwarding() error {
 		}
 		return nil
 	})
+}
+
+// netkitPodSpec is the netkit pair of a pod: L3 (no MACs, no ARP) or, for
+// datapath.ModeNetkitL2, L2 with the peer's MAC the spec asks for (else the
+// kernel's random one); the host may send by default, the pod only through
+// the attached program.
+func netkitPodSpec(spec PodSpec, peer string, podNetnsFd int) NetkitSpec {
+	ns := NetkitSpec{Name: spec.HostIfName, PeerName: peer, MTU: spec.MTU, PeerNetnsFd: podNetnsFd,
+		Mode: NetkitL3, Policy: NetkitPass, PeerPolicy: NetkitDrop}
+	if spec.Mode == datapath.ModeNetkitL2 {
+		ns.Mode, ns.PeerMAC = NetkitL2, spec.MAC
+	}
+	return ns
 }

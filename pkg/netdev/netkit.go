@@ -3,6 +3,7 @@ package netdev
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 
@@ -49,7 +50,8 @@ type NetkitSpec struct {
 	MTU         int // 0: kernel default
 	PeerNetnsFd int // >0: create the peer directly in that namespace
 	Mode        NetkitMode
-	Policy      NetkitPolicy // primary's default policy
+	PeerMAC     net.HardwareAddr // L2 only; nil: the kernel's random one
+	Policy      NetkitPolicy     // primary's default policy
 	PeerPolicy  NetkitPolicy
 }
 
@@ -81,6 +83,12 @@ func netkitRequest(spec NetkitSpec) (*nl.NetlinkRequest, error) {
 	}
 	if spec.PeerNetnsFd > 0 {
 		peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(spec.PeerNetnsFd)))
+	}
+	if len(spec.PeerMAC) > 0 {
+		if spec.Mode != NetkitL2 || len(spec.PeerMAC) != 6 {
+			return nil, fmt.Errorf("netkit request: peer MAC %v needs L2 mode and 6 bytes", spec.PeerMAC)
+		}
+		peer.AddRtAttr(unix.IFLA_ADDRESS, []byte(spec.PeerMAC))
 	}
 	data.AddRtAttr(iflaNetkitPolicy, nl.Uint32Attr(uint32(spec.Policy)))
 	data.AddRtAttr(iflaNetkitPeerPolicy, nl.Uint32Attr(uint32(spec.PeerPolicy)))

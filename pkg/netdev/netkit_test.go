@@ -3,6 +3,7 @@ package netdev
 import (
 	"encoding/binary"
 	"errors"
+	"net"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
@@ -221,4 +223,49 @@ func TestProbeNetkitReason(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// netkitData returns the IFLA_INFO_DATA attributes of a netkit request and
+// the attributes of its peer.
+func netkitData(t *testing.T, spec NetkitSpec) (data, peer map[uint16][]byte) {
+	t.Helper()
+	req, err := netkitRequest(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := req.Serialize()
+	top := attrs(t, b[unix.NLMSG_HDRLEN+unix.SizeofIfInfomsg:])
+	data = attrs(t, attrs(t, top[unix.IFLA_LINKINFO])[unix.IFLA_INFO_DATA])
+	return data, attrs(t, data[iflaNetkitPeerInfo][unix.SizeofIfInfomsg:])
+}
+
+// A pod's netkit pair is L3 (no MACs) for --device-mode netkit and L2 with
+// the MAC asked for on the pod side for netkit-l2, as the kernel reads it
+// (IFLA_NETKIT_MODE, the peer's IFLA_ADDRESS); a MAC on an L3 pair is
+// refused before anything is sent.
+func TestNetkitPodModes(t *testing.T) {
+	mac := net.HardwareAddr{0x02, 0xaa, 0, 0, 0, 7}
+	spec := PodSpec{HostIfName: "lkh", MTU: 1500, MAC: mac}
+	spec.Mode = datapath.ModeNetkit
+	data, peer := netkitData(t, netkitPodSpec(spec, "lkp", 5))
+	if got := data[iflaNetkitMode]; string(got) != string([]byte{1, 0, 0, 0}) {
+		t.Errorf("netkit: IFLA_NETKIT_MODE % x, want NETKIT_L3", got)
+	}
+	if _, ok := peer[unix.IFLA_ADDRESS]; ok {
+		t.Error("netkit (L3): the peer was given a MAC")
+	}
+	spec.Mode = datapath.ModeNetkitL2
+	data, peer = netkitData(t, netkitPodSpec(spec, "lkp", 5))
+	if got := data[iflaNetkitMode]; string(got) != string([]byte{0, 0, 0, 0}) {
+		t.Errorf("netkit-l2: IFLA_NETKIT_MODE % x, want NETKIT_L2", got)
+	}
+	if got := net.HardwareAddr(peer[unix.IFLA_ADDRESS]); got.String() != mac.String() {
+		t.Errorf("netkit-l2: peer IFLA_ADDRESS %v, want %v", got, mac)
+	}
+	if _, err := netkitRequest(NetkitSpec{Name: "a", PeerName: "b", Mode: NetkitL3, PeerMAC: mac}); err == nil {
+		t.Error("a MAC on an L3 pair accepted")
+	}
+	if !datapath.ModeNetkitL2.Netkit() || !datapath.ModeNetkit.Netkit() || datapath.ModeVeth.Netkit() {
+		t.Error("DeviceMode.Netkit")
+	}
 }
