@@ -44,6 +44,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include "consts.h"
+#include "deliver.h"
 #include "maps.h"
 #include "parse.h"
 #include "policy.h"
