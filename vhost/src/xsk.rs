@@ -46,6 +46,7 @@ use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::pkt_gso::GsoSocket;
 use crate::port::{finish_csum, Batch, Port, TxFrame};
 use crate::rss::{self, XskMeta};
 
@@ -233,6 +234,8 @@ pub struct XskPort {
     pub bad_descs: u64,
     /// Frames sent with a checksum request in their TX metadata (left to the kernel).
     pub csum_offloaded: u64,
+    /// The queue's GSO socket (`pkt_gso.rs`), when the agent handed one.
+    gso: Option<GsoSocket>,
 }
 
 impl XskPort {
@@ -266,6 +269,7 @@ impl XskPort {
             tx_lent: 0,
             bad_descs: 0,
             csum_offloaded: 0,
+            gso: None,
         };
         port.refill();
         Ok(port)
@@ -288,6 +292,17 @@ impl XskPort {
         let port = XskPort::from_fds(xsk, &umem, params)?;
         bind_copy(raw, ifname, params.queue)?;
         Ok(port)
+    }
+
+    /// Send TSO/USO frames whole through `gso` (the kernel segments them) instead of cutting
+    /// them into AF_XDP frames.
+    pub fn set_gso(&mut self, gso: GsoSocket) {
+        self.gso = Some(gso);
+    }
+
+    /// The GSO socket's counters: (packets sent, sends refused).
+    pub fn gso_counters(&self) -> Option<(u64, u64)> {
+        self.gso.as_ref().map(|g| (g.sent, g.failed))
     }
 
     /// Geometry of this socket.
@@ -555,6 +570,22 @@ impl Port for XskPort {
         Ok(sent as usize)
     }
 
+    fn gso_capable(&self) -> bool {
+        self.gso.is_some()
+    }
+
+    fn send_gso(&mut self, hdr: &[u8; 10], frame: &[u8]) -> io::Result<()> {
+        if self.gso.is_none() {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        // The AF_XDP frames published before this packet leave first (same flow, same order):
+        // kick once more if the last kicks left some in the TX ring.
+        if self.tx.free(self.params.tx_size) != self.params.tx_size {
+            self.kick();
+        }
+        self.gso.as_mut().map_or_else(|| Err(io::Error::from(io::ErrorKind::Unsupported)), |g| g.send(hdr, frame))
+    }
+
     fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -579,7 +610,7 @@ pub use ring::{xdp_statistics, XdpStatistics};
 
 #[path = "xsk_create.rs"]
 mod create;
-pub use create::{bind_copy, create_unbound, memfd};
+pub use create::{bind_copy, create_unbound, ifindex, memfd};
 
 #[cfg(test)]
 #[path = "xsk_tests.rs"]
