@@ -34,7 +34,7 @@ import (
 // VM's endpoint, the backend's tx_gso_kernel counter moves, and the pod
 // receives every byte in order. With --tx-gso software the backend cuts each
 // segment into MSS-sized AF_XDP frames: from_pod counts every one of them.
-// Both families.
+// Both families; a segment from a spoofed source is dropped by from_pod whole.
 func TestVMGuestTSOLeavesAsOneGSOPacket(t *testing.T) {
 	testutil.RequireBPFFS(t)
 	bin := os.Getenv("LANEKIT_BIN")
@@ -147,6 +147,34 @@ func TestVMGuestTSOLeavesAsOneGSOPacket(t *testing.T) {
 				if kernel != wantKernel {
 					t.Errorf("%s: tx_gso_kernel moved by %d, want %d", fam.name, kernel, wantKernel)
 				}
+			}
+
+			// The VM's identity holds on the GSO path: a segment from an address
+			// that is not the VM's leaves the backend (its headers are valid) and
+			// from_pod drops it whole as spoofed: one drop, not one per frame.
+			before, err := dp.Counters(ep.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kernelBefore := scrapeOffload(t, metrics, "tx_gso_kernel")
+			spoofed := netip.AddrPortFrom(netip.MustParseAddr("10.77.0.13"), 40000)
+			if out, err := exec.Command(guest, "--socket", sock, "--src-mac", ep.MAC, "--dst-mac", ep.HostMAC,
+				"--src", spoofed.String(), "--dst", netip.AddrPortFrom(rcv.IP, 5002).String(),
+				"--count", "1", "--payload", strconv.Itoa(payload), "--mss", strconv.Itoa(mss)).CombinedOutput(); err != nil {
+				t.Fatalf("spoofed: tso guest: %v: %s", err, out)
+			}
+			want, wantKernel := uint64(1), uint64(1)
+			if mode == TxGSOSoftware {
+				want, wantKernel = uint64(frames), 0
+			}
+			var drops uint64
+			waitUntil(t, "the spoofed segment's drops", func() bool {
+				after, err := dp.Counters(ep.ID)
+				drops = after.Drops[datapath.DropSpoofedIP] - before.Drops[datapath.DropSpoofedIP]
+				return err == nil && drops >= want
+			})
+			if kernel := scrapeOffload(t, metrics, "tx_gso_kernel") - kernelBefore; drops != want || kernel != wantKernel {
+				t.Errorf("spoofed segment: %d spoofed-IP drops, tx_gso_kernel +%d; want %d and %d", drops, kernel, want, wantKernel)
 			}
 		})
 	}
