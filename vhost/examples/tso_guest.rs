@@ -50,7 +50,8 @@ const HDR: usize = 12;
 const SLOT: u64 = 68 * 1024;
 
 fn mac(s: &str) -> Result<[u8; 6], String> {
-    let v: Vec<u8> = s.split(':').map(|p| u8::from_str_radix(p, 16)).collect::<Result<_, _>>().map_err(|e| format!("{s}: {e}"))?;
+    let v: Vec<u8> =
+        s.split(':').map(|p| u8::from_str_radix(p, 16)).collect::<Result<_, _>>().map_err(|e| format!("{s}: {e}"))?;
     v.try_into().map_err(|_| format!("{s}: not a MAC address"))
 }
 

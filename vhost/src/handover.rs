@@ -349,12 +349,18 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req =
-            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false, tx_meta: false, tx_gso: false })
-                .unwrap();
+        let req = serde_json::to_string(&Request {
+            version: 1,
+            vm: "vm-a".into(),
+            rss: false,
+            tx_meta: false,
+            tx_gso: false,
+        })
+        .unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true, tx_gso: true })
-            .unwrap();
+        let req =
+            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true, tx_gso: true })
+                .unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true,"tx_gso":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();

@@ -105,7 +105,14 @@ fn tx_gso_chain_leaves_whole_with_the_header_the_backend_rebuilt() {
         assert_eq!(port.gso.len(), 1, "v4 {v4}: one GSO send");
         let (hdr, frame, before) = &port.gso[0];
         assert_eq!(*before, 1, "the frame queued before the GSO chain left first");
-        let want = TxHdr { flags: 1, gso_type, hdr_len: (l4 + 32) as u16, gso_size: mss, csum_start: l4 as u16, csum_offset: 16 };
+        let want = TxHdr {
+            flags: 1,
+            gso_type,
+            hdr_len: (l4 + 32) as u16,
+            gso_size: mss,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+        };
         assert_eq!(TxHdr::parse(hdr), want, "v4 {v4}: the header comes from the parsed frame");
         // What the kernel cuts from it is exactly what the guest's frame, told the truth, is.
         assert!(cut(&want, frame) == cut(&h, &big), "v4 {v4}: kernel segments differ");

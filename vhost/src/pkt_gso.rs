@@ -67,9 +67,7 @@ impl GsoSocket {
         sa.sll_protocol = 0; // receive nothing
         sa.sll_ifindex = ifindex as i32;
         // SAFETY: sa is an initialised sockaddr_ll of the given size.
-        let r = unsafe {
-            libc::bind(raw, (&raw const sa).cast(), size_of::<libc::sockaddr_ll>() as libc::socklen_t)
-        };
+        let r = unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<libc::sockaddr_ll>() as libc::socklen_t) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }

@@ -90,7 +90,13 @@ pub(super) struct Ring<T> {
 unsafe impl<T: Send> Send for Ring<T> {}
 
 impl<T: Copy> Ring<T> {
-    pub(super) fn map(fd: RawFd, off: &RingOffset, size: u32, pgoff: libc::off_t, producer_side: bool) -> io::Result<Self> {
+    pub(super) fn map(
+        fd: RawFd,
+        off: &RingOffset,
+        size: u32,
+        pgoff: libc::off_t,
+        producer_side: bool,
+    ) -> io::Result<Self> {
         let len = usize::try_from(off.desc)
             .ok()
             .and_then(|d| d.checked_add(size as usize * size_of::<T>()))
