@@ -1,8 +1,10 @@
 //! Guest -> wire offloads: the `virtio_net_hdr` of a TX chain asking for a checksum
 //! (`NEEDS_CSUM`) or segmentation (`gso_type` TCPV4 / TCPV6 / UDP_L4, optionally with the ECN
-//! bit), validated against the frame it describes and executed here, in software, so that what
-//! leaves on the AF_XDP socket is ordinary MTU-sized frames with correct checksums (the agent's
-//! BPF steering, policy and identity see nothing new).
+//! bit), validated against the frame it describes and then executed: a segmentation request
+//! leaves whole as ONE GSO packet through the queue's GSO socket when the agent handed one
+//! (`pkt_gso.rs`: the kernel segments it after the agent's BPF programs saw one packet, with
+//! the VM's identity, like a pod's TSO traffic), else it is cut here, in software, into
+//! ordinary MTU-sized AF_XDP frames with their checksums.
 //!
 //! Nothing in the header is trusted: the L2/L3/L4 headers are parsed from the frame itself, the
 //! header's `csum_start` / `csum_offset` must point at that L4 checksum, `gso_size` must be

@@ -7,9 +7,10 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true}` (`<name>` from `--vm`;
-//!    `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it writes
-//!    AF_XDP TX metadata, see step 4; agents that do not know a field ignore it).
+//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true,"tx_gso":true}` (`<name>` from
+//!    `--vm`; `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it
+//!    writes AF_XDP TX metadata, see step 4; `"tx_gso":true` (unless `--tx-gso software`): it
+//!    takes a GSO socket per queue, see step 3; agents that do not know a field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
@@ -21,7 +22,14 @@
 //!    `BPF_F_MMAPABLE` array, value `struct lk_vm_rss_cfg`, see `rss.rs`), the body has
 //!    `"rss":{"value_size":312}` and that map's fd comes last: `2 * queues + 1` fds. The backend
 //!    then offers VIRTIO_NET_F_RSS and VIRTIO_NET_F_HASH_REPORT.
-//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
+//!    When the request says `"tx_gso":true` and the agent hands them (`lanekitd --tx-gso
+//!    kernel`, the default), a queue's entry has `"gso":true` and a third fd follows its pair:
+//!    `[xsk0, umem0, gso0, xsk1, ...]`. It is an `AF_PACKET` `SOCK_RAW` socket bound to the same
+//!    device with protocol 0 (it receives nothing), with `PACKET_VNET_HDR` (and
+//!    `PACKET_QDISC_BYPASS`); the backend sends a guest's validated TSO/USO frame whole through
+//!    it, behind a `virtio_net_hdr` it rebuilt (`pkt_gso.rs`).
+//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map, 94 with
+//!    GSO sockets too).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
 //!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`; with
