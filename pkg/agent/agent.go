@@ -86,6 +86,11 @@ type Config struct {
 	// entries and retries failed datapath updates; 0 means
 	// DefaultMaintenanceInterval.
 	MaintenanceInterval time.Duration
+	// TxGSO says who segments a VM guest's TSO/USO frames: TxGSOKernel (or
+	// empty) hands each backend that asks a GSO socket per queue (xsk.OpenGSO)
+	// so the frames leave whole as one GSO packet; TxGSOSoftware hands none
+	// and the backend cuts them into AF_XDP frames.
+	TxGSO string
 	// VhostBin is the lanekit-vhost binary the agent runs for CNI VM
 	// attachments; empty: next to the agent's binary, else on PATH.
 	VhostBin string
@@ -261,6 +266,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if err := a.host.EnableForwarding(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	if g := cfg.TxGSO; g != "" && g != TxGSOKernel && g != TxGSOSoftware {
+		return nil, fmt.Errorf("new agent: --tx-gso %q: want %s or %s", g, TxGSOKernel, TxGSOSoftware)
 	}
 	if cc := cfg.PodCongestionControl; cc != "" {
 		if err := a.host.CheckCongestionControl(cc); err != nil {

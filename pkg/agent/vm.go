@@ -106,6 +106,12 @@ type VMInfo struct {
 	Backend *BackendInfo
 }
 
+// Values of Config.TxGSO (--tx-gso).
+const (
+	TxGSOKernel   = "kernel"
+	TxGSOSoftware = "software"
+)
+
 func vmKey(name string) string { return endpoint.Key(endpoint.VMContainerID(name), endpoint.VMIfName) }
 
 func vmHostIf(name string) string {
@@ -368,6 +374,12 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 				if err := vdp.SetVMSocket(dvm, q, s.FD); err != nil {
 					xsk.CloseAll(socks)
 					return err
+				}
+			}
+			if req.TxGSO && a.cfg.TxGSO != TxGSOSoftware {
+				// Without them the backend cuts the frames itself: slower, not broken.
+				if err := xsk.AddGSO(socks, dvm.IfIndex); err != nil {
+					a.log.Warn("vm gso sockets: the backend segments in software", "vm", name, "err", err)
 				}
 			}
 			return nil

@@ -30,6 +30,10 @@ type Request struct {
 	// then: a backend that predates it puts TX frames at offset 0 of a chunk,
 	// which the kernel refuses on such a UMEM.
 	TxMeta bool `json:"tx_meta,omitempty"`
+	// TxGSO: the backend sends TSO/USO frames whole through a per-queue GSO
+	// socket (OpenGSO) when the offer has one (QueueConfig.GSO). Only then:
+	// a backend that predates it would not expect the extra fds.
+	TxGSO bool `json:"tx_gso,omitempty"`
 }
 
 // SizesFor is DefaultSizes with TX metadata room when the backend asked for it.
@@ -195,6 +199,9 @@ func (s *Server) handle(c *net.UnixConn) error {
 	for _, sk := range socks {
 		offer.Queues = append(offer.Queues, sk.Config)
 		fds = append(fds, sk.FD, sk.UmemFD)
+		if sk.Config.GSO {
+			fds = append(fds, sk.GSOFD)
+		}
 	}
 	if s.rss != nil && req.RSS {
 		fd, size, err := s.rss()
@@ -238,18 +245,25 @@ func Fetch(path, vm string, timeout time.Duration) (Offer, []int, error) {
 
 // FetchRSS is Fetch that also asks for the VM's RSS map (its fd comes last).
 func FetchRSS(path, vm string, rss bool, timeout time.Duration) (Offer, []int, error) {
+	return FetchRequest(path, Request{Version: ProtocolVersion, VM: vm, RSS: rss}, timeout)
+}
+
+// FetchRequest is Fetch with the whole request given; the fds come in the
+// offer's order: per queue [xsk, umem, gso if the queue's GSO is set], then
+// the RSS map.
+func FetchRequest(path string, r Request, timeout time.Duration) (Offer, []int, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("connect %s: %w", path, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
-	req, _ := json.Marshal(Request{Version: ProtocolVersion, VM: vm, RSS: rss})
+	req, _ := json.Marshal(r)
 	if _, err := c.Write(req); err != nil {
 		return Offer{}, nil, fmt.Errorf("send request: %w", err)
 	}
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, unix.CmsgSpace(4*(2*256+1)))
+	oob := make([]byte, unix.CmsgSpace(4*(3*256+1)))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return Offer{}, nil, fmt.Errorf("read offer: %w", err)
@@ -277,6 +291,11 @@ func FetchRSS(path, vm string, rss bool, timeout time.Duration) (Offer, []int, e
 		return offer, nil, fmt.Errorf("agent refused: %s", offer.Error)
 	}
 	want := 2 * len(offer.Queues)
+	for _, q := range offer.Queues {
+		if q.GSO {
+			want++ // the queue's GSO socket, after its pair
+		}
+	}
 	if offer.RSS != nil {
 		want++ // the RSS map, last
 	}

@@ -88,12 +88,16 @@ type QueueConfig struct {
 	TxSize     uint32 `json:"tx_size"`
 	// TxMetadataLen is the UMEM's tx_metadata_len (0: none).
 	TxMetadataLen uint32 `json:"tx_metadata_len,omitempty"`
+	// GSO: the queue's GSO socket (OpenGSO) follows its pair of fds.
+	GSO bool `json:"gso,omitempty"`
 }
 
-// Socket is a bound AF_XDP socket and the memfd backing its UMEM.
+// Socket is a bound AF_XDP socket and the memfd backing its UMEM, and the
+// queue's GSO socket when Config.GSO (AddGSO).
 type Socket struct {
 	FD     int
 	UmemFD int
+	GSOFD  int
 	Config QueueConfig
 }
 
@@ -110,6 +114,9 @@ func (s *Socket) Close() error {
 		}
 		s.UmemFD = -1
 	}
+	if e := s.closeGSO(); err == nil {
+		err = e
+	}
 	return err
 }
 
@@ -122,7 +129,7 @@ func Open(ifindex int, queue uint32, sz Sizes) (_ *Socket, err error) {
 		return nil, fmt.Errorf("open xsk: %w", err)
 	}
 	umemSize := uint64(sz.FrameSize) * uint64(sz.FrameCount)
-	s := &Socket{FD: -1, UmemFD: -1, Config: QueueConfig{Queue: queue, UmemSize: umemSize, FrameSize: sz.FrameSize,
+	s := &Socket{FD: -1, UmemFD: -1, GSOFD: -1, Config: QueueConfig{Queue: queue, UmemSize: umemSize, FrameSize: sz.FrameSize,
 		FrameCount: sz.FrameCount, FillSize: sz.FillSize, CompSize: sz.CompSize, RxSize: sz.RxSize, TxSize: sz.TxSize}}
 	defer func() {
 		if err != nil {

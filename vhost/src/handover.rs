@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::pkt_gso::GsoSocket;
 use crate::rss::RssMap;
 use crate::xsk::{XskParams, XskPort};
 
@@ -35,6 +36,11 @@ pub struct Request {
     /// field ignores it and the backend computes checksums itself.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tx_meta: bool,
+    /// The backend sends TSO/USO frames whole through an `AF_PACKET` GSO socket per queue
+    /// (`pkt_gso.rs`) when the agent hands one (`"gso":true` in the queue's entry); an agent
+    /// that does not know the field hands none and the backend cuts the frames itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tx_gso: bool,
 }
 
 /// One queue of the agent's reply.
@@ -51,6 +57,9 @@ pub struct QueueInfo {
     pub tx_size: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tx_metadata_len: u32,
+    /// A third fd follows this queue's pair: its GSO socket.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gso: bool,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -97,8 +106,11 @@ pub struct RssInfo {
     pub value_size: u32,
 }
 
+/// One queue of a valid reply: its entry, AF_XDP socket, UMEM file and GSO socket.
+pub type QueueFds = (QueueInfo, OwnedFd, File, Option<OwnedFd>);
+
 /// What a valid reply carries.
-pub type Handout = (Vec<(QueueInfo, OwnedFd, File)>, Option<(RssInfo, OwnedFd)>);
+pub type Handout = (Vec<QueueFds>, Option<(RssInfo, OwnedFd)>);
 
 fn err(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
@@ -225,12 +237,14 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
     if reply.queues.len() != usize::from(pairs) {
         return Err(err(format!("agent sent {} queues, {pairs} queue pairs configured", reply.queues.len())));
     }
-    let want = 2 * reply.queues.len() + usize::from(reply.rss.is_some());
+    let gso = reply.queues.iter().filter(|q| q.gso).count();
+    let want = 2 * reply.queues.len() + gso + usize::from(reply.rss.is_some());
     if fds.len() != want {
         return Err(err(format!(
-            "agent sent {} fds for {} queues{}",
+            "agent sent {} fds for {} queues{}{}",
             fds.len(),
             reply.queues.len(),
+            if gso > 0 { format!(" ({gso} with a gso socket)") } else { String::new() },
             if reply.rss.is_some() { " and the rss map" } else { "" }
         )));
     }
@@ -244,7 +258,8 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
         let (Some(xsk), Some(umem)) = (fds.next(), fds.next()) else {
             return Err(err("missing fds".into()));
         };
-        out.push((q, xsk, File::from(umem)));
+        let gso = if q.gso { Some(fds.next().ok_or_else(|| err("missing gso fd".into()))?) } else { None };
+        out.push((q, xsk, File::from(umem), gso));
     }
     let rss = match (reply.rss, fds.next()) {
         (Some(info), Some(fd)) => Some((info, fd)),
@@ -253,11 +268,12 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
     Ok((out, rss))
 }
 
-/// Ask the agent at `path` for the sockets of `vm` and take them over as ports.
-pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
+/// Ask the agent at `path` for the sockets of `vm` and take them over as ports; with `tx_gso`
+/// also each queue's GSO socket, when the agent hands them.
+pub fn request_ports(path: &Path, vm: &str, pairs: u16, tx_gso: bool) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true })
+    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true, tx_gso })
         .map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
@@ -267,9 +283,15 @@ pub fn request_ports(path: &Path, vm: &str, pairs: u16) -> io::Result<(Vec<XskPo
     let (queues, rss) = check_reply(&body, fds, pairs)?;
     let ports = queues
         .into_iter()
-        .map(|(q, xsk, umem)| {
-            XskPort::from_fds(xsk, &umem, q.into())
-                .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))
+        .map(|(q, xsk, umem, gso)| {
+            let mut port = XskPort::from_fds(xsk, &umem, q.into())
+                .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))?;
+            if let Some(fd) = gso {
+                let g = GsoSocket::from_fd(fd)
+                    .map_err(|e| io::Error::new(e.kind(), format!("queue {} gso socket: {e}", q.queue)))?;
+                port.set_gso(g);
+            }
+            Ok(port)
         })
         .collect::<io::Result<Vec<_>>>()?;
     let rss = rss.map(|(info, fd)| RssMap::from_fd(fd, info.value_size as usize)).transpose()?;
@@ -317,6 +339,7 @@ mod tests {
             rx_size: 2048,
             tx_size: 2048,
             tx_metadata_len: 0,
+            gso: false,
         }
     }
 
@@ -326,11 +349,19 @@ mod tests {
 
     #[test]
     fn request_and_reply_wire_format() {
-        let req =
-            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: false, tx_meta: false }).unwrap();
+        let req = serde_json::to_string(&Request {
+            version: 1,
+            vm: "vm-a".into(),
+            rss: false,
+            tx_meta: false,
+            tx_gso: false,
+        })
+        .unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
-        let req = serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true }).unwrap();
-        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true}"#);
+        let req =
+            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true, tx_gso: true })
+                .unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true,"tx_gso":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();
         assert_eq!(r.queues, vec![info(0)]);
@@ -345,6 +376,12 @@ mod tests {
         let body = body.replace("}]}", r#"}],"rss":{"value_size":312}}"#);
         let (qs, rss) = check_reply(body.as_bytes(), memfds(3), 1).unwrap();
         assert_eq!((qs.len(), rss.map(|r| r.0.value_size)), (1, Some(312)));
+        // With a GSO socket: it follows its queue's pair, before the RSS map.
+        let gso = body.replace(r#""tx_size":2048}"#, r#""tx_size":2048,"gso":true}"#);
+        let (qs, rss) = check_reply(gso.as_bytes(), memfds(4), 1).unwrap();
+        assert!(qs[0].0.gso && qs[0].3.is_some() && rss.is_some());
+        let e = check_reply(gso.as_bytes(), memfds(3), 1).unwrap_err().to_string();
+        assert!(e.contains("3 fds for 1 queues (1 with a gso socket) and the rss map"), "{e}");
     }
 
     #[test]

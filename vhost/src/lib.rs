@@ -18,6 +18,7 @@ pub mod handover;
 pub mod metrics;
 pub mod net;
 pub mod offload;
+pub mod pkt_gso;
 pub mod port;
 mod relay;
 pub mod rss;
@@ -116,13 +117,26 @@ pub struct Config {
     pub seccomp: bool,
     /// Guest -> wire offloads offered to the guest (`--no-offload` removes some).
     pub offloads: offload::Offloads,
+    /// Who segments TSO/USO frames (`--tx-gso`).
+    pub tx_gso: TxGso,
 }
 
 /// Ports of every queue pair, and the VM's RSS map when the agent handed one.
 pub type Ports = (Vec<Box<dyn port::Port>>, Option<rss::RssMap>);
 
+/// Guest -> wire segmentation (`--tx-gso`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TxGso {
+    /// TSO/USO frames leave whole as one GSO packet the kernel segments, on queues that have a
+    /// GSO socket (the agent hands them; `pkt_gso.rs`); others are cut here.
+    #[default]
+    Kernel,
+    /// Always cut here into MTU-sized AF_XDP frames (no GSO socket asked for).
+    Software,
+}
+
 /// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
-pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<Ports> {
+pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxGso) -> Result<Ports> {
     let boxed = |p: xsk::XskPort| -> Result<Box<dyn port::Port>> {
         let fs = p.params().frame_size as usize;
         if fs < max_frame {
@@ -142,14 +156,20 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize) -> Result<P
             .collect(),
         PortSource::Ifname(ifname) => (0..pairs)
             .map(|i| {
-                xsk::XskPort::create(ifname, xsk::XskParams::standard(u32::from(i)))
-                    .map_err(|source| Error::Port { queue: usize::from(i), source })
-                    .and_then(boxed)
+                let mut p = xsk::XskPort::create(ifname, xsk::XskParams::standard(u32::from(i)))
+                    .map_err(|source| Error::Port { queue: usize::from(i), source })?;
+                if tx_gso == TxGso::Kernel {
+                    let g = xsk::ifindex(ifname)
+                        .and_then(pkt_gso::GsoSocket::open)
+                        .map_err(|source| Error::Port { queue: usize::from(i), source })?;
+                    p.set_gso(g);
+                }
+                boxed(p)
             })
             .collect(),
         PortSource::Agent { socket, vm } => {
-            let (ports, rss) =
-                handover::request_ports(socket, vm, pairs).map_err(|source| Error::Port { queue: 0, source })?;
+            let (ports, rss) = handover::request_ports(socket, vm, pairs, tx_gso == TxGso::Kernel)
+                .map_err(|source| Error::Port { queue: 0, source })?;
             return Ok((ports.into_iter().map(boxed).collect::<Result<_>>()?, rss));
         }
     };
@@ -164,7 +184,7 @@ pub fn start_backend(config: Config) -> Result<()> {
     }
     confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
     let max_frame = usize::from(config.device.mtu) + 18;
-    let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame)?;
+    let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame, config.tx_gso)?;
     let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll).with_offloads(config.offloads);
     if let Some(map) = rss {
         info!("offering virtio RSS and hash report (the agent handed the VM's RSS map)");

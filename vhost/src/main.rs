@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lanekit_vhost::offload::Offloads;
-use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource};
+use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource, TxGso};
 
 /// The lab switch (`LANEKIT_LAB=1` in the environment, as lanekitd's: internal/labswitch): without
 /// it the lab-only flags (`--loopback`, `--no-seccomp`) are refused. The agent starts backends with
@@ -58,6 +58,13 @@ struct Args {
     /// All are offered by default.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     no_offload: Vec<String>,
+    /// Who segments the guest's TSO/USO frames: `kernel` sends each whole as ONE GSO packet
+    /// through a per-queue AF_PACKET socket the agent hands over (the kernel segments it where
+    /// the route leaves, after the agent's programs saw one packet); `software` cuts it here
+    /// into MTU-sized AF_XDP frames. `kernel` falls back to `software` on queues without such a
+    /// socket (an older agent, or one started with --tx-gso software).
+    #[arg(long, value_name = "kernel|software", default_value = "kernel", value_parser = parse_tx_gso)]
+    tx_gso: TxGso,
     /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
     /// uid). Done before the AF_XDP handover.
     #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
@@ -72,6 +79,14 @@ struct Args {
     /// The lab switch was on (set by main from LAB_ENV, not a flag).
     #[arg(skip)]
     lab: bool,
+}
+
+fn parse_tx_gso(s: &str) -> Result<TxGso, String> {
+    match s {
+        "kernel" => Ok(TxGso::Kernel),
+        "software" => Ok(TxGso::Software),
+        _ => Err(format!("want kernel or software, got {s:?}")),
+    }
 }
 
 fn parse_ids(s: &str) -> Result<(u32, u32), String> {
@@ -132,6 +147,7 @@ impl TryFrom<Args> for Config {
             frontend_uid: a.frontend_uid,
             seccomp: !a.no_seccomp,
             offloads: a.no_offload.iter().try_fold(Offloads::ALL, |o, n| o.without(n.trim())).map_err(Error::Config)?,
+            tx_gso: a.tx_gso,
         })
     }
 }

@@ -88,7 +88,9 @@ pub const FAMILIES: &[Family] = &[
         "lanekit_vhost_offloads",
         true,
         &["vm", "queue", "kind"],
-        "Offloads executed: tx_csum (checksum filled in), tx_gso (chain cut into MTU-sized frames), tx_csum_kernel \
+        "Offloads executed: tx_csum (checksum filled in), tx_gso (GSO chain validated: cut into MTU-sized frames \
+         or sent whole), tx_gso_kernel (GSO chain sent whole as one GSO packet the kernel segments), tx_gso_fallback \
+         (the kernel refused it: cut here), tx_csum_kernel \
          (TCP/UDP checksum left to the kernel through AF_XDP TX metadata), rx_data_valid \
          (checksum verified, frame marked DATA_VALID), rx_gro_segments (guest packets each coalesced from several frames, \
          GUEST_TSO), rx_gro_frames (frames in them), rx_gro_split (frames of a segment the guest's buffers could \
@@ -233,6 +235,8 @@ impl Collector for Exporter {
         for (i, s) in stats.iter().enumerate() {
             offloads.push((with(i, &[("kind", "tx_csum")]), s.tx_csum));
             offloads.push((with(i, &[("kind", "tx_gso")]), s.tx_gso));
+            offloads.push((with(i, &[("kind", "tx_gso_kernel")]), s.tx_gso_kernel));
+            offloads.push((with(i, &[("kind", "tx_gso_fallback")]), s.tx_gso_fallback));
             offloads.push((with(i, &[("kind", "tx_csum_kernel")]), s.tx_csum_kernel));
             offloads.push((with(i, &[("kind", "rx_data_valid")]), s.rx_csum_valid));
             offloads.push((with(i, &[("kind", "rx_gro_segments")]), s.rx_gro_segments));

@@ -100,8 +100,13 @@ pub struct Stats {
     /// TX frames with a checksum request (`NEEDS_CSUM` without GSO): filled in here, or left to
     /// the kernel (then also counted in [`Self::tx_csum_kernel`]).
     pub tx_csum: AtomicU64,
-    /// TX chains the backend cut into MTU-sized frames (GSO).
+    /// TX GSO chains (validated): cut here into MTU-sized frames, or sent whole to the kernel
+    /// (then also counted in [`Self::tx_gso_kernel`]).
     pub tx_gso: AtomicU64,
+    /// TX GSO chains sent whole as one GSO packet the kernel segments (`pkt_gso.rs`).
+    pub tx_gso_kernel: AtomicU64,
+    /// TX GSO chains the kernel's GSO socket refused (full send buffer, ...): cut here instead.
+    pub tx_gso_fallback: AtomicU64,
     /// TX frames (checksum requests and GSO segments) whose TCP/UDP checksum was left to the
     /// kernel through AF_XDP TX metadata (`CHECKSUM_PARTIAL`) instead of computed here.
     pub tx_csum_kernel: AtomicU64,
@@ -143,6 +148,8 @@ pub struct StatsSnapshot {
     pub error_kinds: [u64; 4],
     pub tx_csum: u64,
     pub tx_gso: u64,
+    pub tx_gso_kernel: u64,
+    pub tx_gso_fallback: u64,
     pub tx_csum_kernel: u64,
     pub rx_csum_valid: u64,
     pub rx_gro_segments: u64,
@@ -175,6 +182,8 @@ impl StatsSnapshot {
             error_kinds: kinds,
             tx_csum: self.tx_csum + o.tx_csum,
             tx_gso: self.tx_gso + o.tx_gso,
+            tx_gso_kernel: self.tx_gso_kernel + o.tx_gso_kernel,
+            tx_gso_fallback: self.tx_gso_fallback + o.tx_gso_fallback,
             tx_csum_kernel: self.tx_csum_kernel + o.tx_csum_kernel,
             rx_csum_valid: self.rx_csum_valid + o.rx_csum_valid,
             rx_gro_segments: self.rx_gro_segments + o.rx_gro_segments,
@@ -232,6 +241,8 @@ impl Stats {
             error_kinds: self.error_kinds.each_ref().map(l),
             tx_csum: l(&self.tx_csum),
             tx_gso: l(&self.tx_gso),
+            tx_gso_kernel: l(&self.tx_gso_kernel),
+            tx_gso_fallback: l(&self.tx_gso_fallback),
             tx_csum_kernel: l(&self.tx_csum_kernel),
             rx_csum_valid: l(&self.rx_csum_valid),
             rx_gro_segments: l(&self.rx_gro_segments),

@@ -781,5 +781,8 @@ impl Port for LendingPort {
 #[path = "net_offload_tests.rs"]
 mod offload_tx;
 
+#[path = "net_gso_tests.rs"]
+mod gso_tx;
+
 #[path = "net_gro_tests.rs"]
 mod gro_rx;

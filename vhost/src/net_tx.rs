@@ -255,7 +255,43 @@ fn slot(port: &mut dyn Port, frames: &mut Vec<TxFrame>, lent: &mut usize, stats:
     *lent > 0
 }
 
-/// Send the valid popped chains: into buffers the port lends, or through a [`Batch`].
+/// Send a validated GSO chain (its frame in `big`) whole, as ONE GSO packet the kernel
+/// segments, when the port has a GSO socket: the frames of the current loan leave first (same
+/// order as the guest's), then the packet, with the header rebuilt from the plan (never the
+/// guest's). False: the caller cuts the chain itself (no GSO socket, a single segment, or the
+/// kernel refused it: counted as `tx_gso_fallback`).
+fn kernel_gso(
+    port: &mut dyn Port,
+    frames: &mut Vec<TxFrame>,
+    lent: &mut usize,
+    big: &mut [u8],
+    g: &Gso,
+    stats: &Stats,
+) -> bool {
+    if !port.gso_capable() {
+        return false;
+    }
+    let Some(hdr) = g.kernel_hdr(big) else { return false };
+    commit(port, frames, 0, 0, stats);
+    *lent = 0;
+    match port.send_gso(&hdr, big) {
+        Ok(()) => {
+            Stats::add(&stats.tx_gso_kernel, 1);
+            Stats::add(&stats.tx_frames, 1);
+            Stats::add(&stats.tx_bytes, big.len() as u64);
+            true
+        }
+        Err(e) => {
+            log::debug!("{}: gso send: {e}; cut here", port.describe());
+            Stats::add(&stats.tx_gso_fallback, 1);
+            false
+        }
+    }
+}
+
+/// Send the valid popped chains: into buffers the port lends, or through a [`Batch`]. A GSO
+/// chain goes whole to a port that can send it so ([`kernel_gso`]) when buffers are lent; the
+/// batch path (a port without free buffers) always cuts it.
 fn send_popped<M: GuestMemory>(
     mem: &M,
     mut regions: Option<&mut Regions<'_, RegionOf<M>>>,
@@ -294,6 +330,9 @@ fn send_popped<M: GuestMemory>(
         match to_buf(mem, regions.as_deref_mut(), one, mode, segs, p.total, port.tx_buf(k), big, stats) {
             Ok(Staged::Buf(f)) => st.frames.push(f),
             Ok(Staged::Gso(g)) => {
+                if kernel_gso(port, &mut st.frames, &mut lent, big, &g, stats) {
+                    continue;
+                }
                 for s in 0..g.segs {
                     if !slot(port, &mut st.frames, &mut lent, stats) {
                         full += g.segs - s;

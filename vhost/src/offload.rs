@@ -1,8 +1,10 @@
 //! Guest -> wire offloads: the `virtio_net_hdr` of a TX chain asking for a checksum
 //! (`NEEDS_CSUM`) or segmentation (`gso_type` TCPV4 / TCPV6 / UDP_L4, optionally with the ECN
-//! bit), validated against the frame it describes and executed here, in software, so that what
-//! leaves on the AF_XDP socket is ordinary MTU-sized frames with correct checksums (the agent's
-//! BPF steering, policy and identity see nothing new).
+//! bit), validated against the frame it describes and then executed: a segmentation request
+//! leaves whole as ONE GSO packet through the queue's GSO socket when the agent handed one
+//! (`pkt_gso.rs`: the kernel segments it after the agent's BPF programs saw one packet, with
+//! the VM's identity, like a pod's TSO traffic), else it is cut here, in software, into
+//! ordinary MTU-sized AF_XDP frames with their checksums.
 //!
 //! Nothing in the header is trusted: the L2/L3/L4 headers are parsed from the frame itself, the
 //! header's `csum_start` / `csum_offset` must point at that L4 checksum, `gso_size` must be
@@ -273,6 +275,8 @@ pub struct Gso {
     pub segs: usize,
     v4: bool,
     tcp: bool,
+    /// The request carried `VIRTIO_NET_HDR_GSO_ECN` (negotiated): CWR on the first segment only.
+    ecn: bool,
 }
 
 impl Gso {
@@ -280,6 +284,47 @@ impl Gso {
     pub fn seg_len(&self, i: usize, frame_len: usize) -> usize {
         let start = self.hdrs + i * self.mss;
         self.hdrs + frame_len.saturating_sub(start).min(self.mss)
+    }
+
+    /// Hand the whole frame to the kernel instead of cutting it here (`pkt_gso.rs`): rewrite,
+    /// on the backend's own copy, every field the kernel's segmentation derives the segments
+    /// from (IPv4 total length and header checksum, IPv6 payload length, UDP length, and the L4
+    /// checksum field = the pseudo-header sum, as a `NEEDS_CSUM` sender leaves it), and return
+    /// the `virtio_net_hdr` built from this validated plan, never the guest's. None when the
+    /// frame is one segment (nothing to cut) or does not fit one IP packet.
+    pub fn kernel_hdr(&self, frame: &mut [u8]) -> Option<[u8; 10]> {
+        let (n, l3, l4) = (frame.len(), self.l3, self.l4);
+        if self.segs < 2 || n < self.hdrs {
+            return None;
+        }
+        let put = |o: &mut [u8], at: usize, v: u16| o[at..at + 2].copy_from_slice(&v.to_be_bytes());
+        let ip_len = if self.v4 { n - l3 } else { n - l3 - 40 };
+        put(frame, if self.v4 { l3 + 2 } else { l3 + 4 }, u16::try_from(ip_len).ok()?);
+        if self.v4 {
+            put(frame, l3 + 10, 0);
+            let c = !csum_fold(csum_add(0, &frame[l3..l4]));
+            put(frame, l3 + 10, c);
+        }
+        let (proto, at) = if self.tcp { (IPPROTO_TCP, l4 + 16) } else { (IPPROTO_UDP, l4 + 6) };
+        if !self.tcp {
+            // A UDP length field cannot say more than 65,535 (the kernel rewrites it per segment).
+            put(frame, l4 + 4, u16::try_from(n - l4).unwrap_or(0));
+        }
+        put(frame, at, csum_fold(pseudo(frame, self, n - l4, proto)));
+        let gso_type = match (self.tcp, self.v4) {
+            (true, true) => VIRTIO_NET_HDR_GSO_TCPV4 as u8,
+            (true, false) => VIRTIO_NET_HDR_GSO_TCPV6 as u8,
+            (false, _) => GSO_UDP_L4,
+        } | if self.ecn { VIRTIO_NET_HDR_GSO_ECN as u8 } else { 0 };
+        let h = TxHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type,
+            hdr_len: self.hdrs as u16,
+            gso_size: self.mss as u16,
+            csum_start: l4 as u16,
+            csum_offset: (at - l4) as u16,
+        };
+        Some(h.bytes())
     }
 }
 
@@ -347,7 +392,7 @@ pub fn plan(h: &TxHdr, frame: &[u8], off: Offloads, max_frame: usize) -> Result<
     if mss == 0 || mss > max || segs > MAX_SEGS {
         return Err(OffloadError::GsoSize { gso_size: mss, payload, max });
     }
-    Ok(Plan::Gso(Gso { l3, l4, hdrs, mss, segs, v4, tcp }))
+    Ok(Plan::Gso(Gso { l3, l4, hdrs, mss, segs, v4, tcp, ecn }))
 }
 
 fn be16(b: &[u8], at: usize) -> Option<u16> {
@@ -459,7 +504,7 @@ pub fn rx_csum_ok(frame: &[u8]) -> bool {
     if !tcp && v4 && frame[l4 + 6..l4 + 8] == [0, 0] {
         return true;
     }
-    let g = Gso { l3, l4, hdrs: 0, mss: 0, segs: 0, v4, tcp };
+    let g = Gso { l3, l4, hdrs: 0, mss: 0, segs: 0, v4, tcp, ecn: false };
     csum_fold(pseudo(frame, &g, end - l4, proto) + csum_add(0, &frame[l4..end])) == 0xffff
 }
 

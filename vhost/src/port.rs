@@ -145,6 +145,20 @@ pub trait Port: Send {
         Ok(0)
     }
 
+    /// Guest -> wire GSO by the kernel: the port can send a whole TSO/USO frame as one GSO
+    /// packet ([`Port::send_gso`]).
+    fn gso_capable(&self) -> bool {
+        false
+    }
+
+    /// Send `frame` whole as ONE GSO packet described by `hdr` (a `virtio_net_hdr` the caller
+    /// built from its validated plan, `offload::Gso::kernel_hdr`), after every frame sent
+    /// before it. An error (or a port that cannot) leaves the frame to the caller, which cuts
+    /// it itself.
+    fn send_gso(&mut self, _hdr: &[u8; 10], _frame: &[u8]) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+
     /// Frames whose checksum this port left to the kernel (AF_XDP TX metadata), ever.
     fn csum_offloaded(&self) -> u64 {
         0

@@ -7,9 +7,10 @@
 //!
 //! 1. The agent listens on a unix socket of type `SOCK_SEQPACKET` (`--xsk-socket PATH`).
 //! 2. The backend connects and sends ONE message, a UTF-8 JSON object without trailing newline:
-//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true}` (`<name>` from `--vm`;
-//!    `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it writes
-//!    AF_XDP TX metadata, see step 4; agents that do not know a field ignore it).
+//!    `{"version":1,"vm":"<name>","rss":true,"tx_meta":true,"tx_gso":true}` (`<name>` from
+//!    `--vm`; `"rss":true`: the backend takes the VM's RSS map, see step 3; `"tx_meta":true`: it
+//!    writes AF_XDP TX metadata, see step 4; `"tx_gso":true` (unless `--tx-gso software`): it
+//!    takes a GSO socket per queue, see step 3; agents that do not know a field ignore it).
 //! 3. The agent replies with ONE message whose body is a UTF-8 JSON object
 //!    `{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,`
 //!    `"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}`
@@ -21,7 +22,14 @@
 //!    `BPF_F_MMAPABLE` array, value `struct lk_vm_rss_cfg`, see `rss.rs`), the body has
 //!    `"rss":{"value_size":312}` and that map's fd comes last: `2 * queues + 1` fds. The backend
 //!    then offers VIRTIO_NET_F_RSS and VIRTIO_NET_F_HASH_REPORT.
-//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map).
+//!    When the request says `"tx_gso":true` and the agent hands them (`lanekitd --tx-gso
+//!    kernel`, the default), a queue's entry has `"gso":true` and a third fd follows its pair:
+//!    `[xsk0, umem0, gso0, xsk1, ...]`. It is an `AF_PACKET` `SOCK_RAW` socket bound to the same
+//!    device with protocol 0 (it receives nothing), with `PACKET_VNET_HDR` (and
+//!    `PACKET_QDISC_BYPASS`); the backend sends a guest's validated TSO/USO frame whole through
+//!    it, behind a `virtio_net_hdr` it rebuilt (`pkt_gso.rs`).
+//!    The body is at most 64 KiB; at most 31 queue pairs (62 fds, 63 with the RSS map, 94 with
+//!    GSO sockets too).
 //! 4. Each `xsk` fd is an AF_XDP socket that already has: its UMEM registered (`XDP_UMEM_REG`,
 //!    aligned mode, `headroom` 0, `chunk_size` = `frame_size`, `len` = `umem_size` =
 //!    `frame_size * frame_count`, address = the agent's shared mapping of `umem`; with
@@ -45,9 +53,8 @@ use std::fs::File;
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::pkt_gso::GsoSocket;
 use crate::port::{finish_csum, Batch, Port, TxFrame};
 use crate::rss::{self, XskMeta};
 
@@ -66,26 +73,6 @@ const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
 const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
 const XDP_COPY: u16 = 1 << 1;
 const XDP_RING_NEED_WAKEUP: u32 = 1;
-
-/// `struct xdp_ring_offset`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct RingOffset {
-    producer: u64,
-    consumer: u64,
-    desc: u64,
-    flags: u64,
-}
-
-/// `struct xdp_mmap_offsets`.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-struct MmapOffsets {
-    rx: RingOffset,
-    tx: RingOffset,
-    fr: RingOffset,
-    cr: RingOffset,
-}
 
 /// `struct xdp_umem_reg` (v1 layout, accepted by every kernel with AF_XDP).
 #[repr(C)]
@@ -228,205 +215,6 @@ impl XskParams {
     }
 }
 
-/// A shared memory mapping, unmapped on drop.
-#[derive(Debug)]
-struct Mmap {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory owned by this value; access is synchronised by
-// the owner (`XskPort` is used by one thread at a time through `&mut self`).
-unsafe impl Send for Mmap {}
-
-impl Mmap {
-    fn map(fd: RawFd, len: usize, offset: libc::off_t) -> io::Result<Mmap> {
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL); fd and length are checked by
-        // the kernel, and the result is checked for MAP_FAILED below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                offset,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
-        Ok(Mmap { ptr, len })
-    }
-}
-
-impl Drop for Mmap {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len describe a mapping created by `Mmap::map` and not unmapped before.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-/// One of the four AF_XDP rings: shared producer/consumer indexes and an entry array.
-#[derive(Debug)]
-struct Ring<T> {
-    /// Keeps the mapping the pointers below point into alive.
-    _map: Mmap,
-    producer: *const AtomicU32,
-    consumer: *const AtomicU32,
-    flags: *const AtomicU32,
-    entries: *mut T,
-    mask: u32,
-    /// Our copy of the index we own (producer for fill/tx, consumer for rx/comp).
-    local: u32,
-    /// Last seen value of the index the kernel owns.
-    cached: u32,
-}
-
-// SAFETY: the raw pointers point into `map`, owned by the ring; the ring is used from one thread
-// at a time (through `&mut`), and the kernel side is synchronised with atomics.
-unsafe impl<T: Send> Send for Ring<T> {}
-
-impl<T: Copy> Ring<T> {
-    fn map(fd: RawFd, off: &RingOffset, size: u32, pgoff: libc::off_t, producer_side: bool) -> io::Result<Self> {
-        let len = usize::try_from(off.desc)
-            .ok()
-            .and_then(|d| d.checked_add(size as usize * size_of::<T>()))
-            .ok_or_else(|| io::Error::other("ring offsets overflow"))?;
-        for o in [off.producer, off.consumer, off.flags] {
-            if o.saturating_add(4) > off.desc {
-                return Err(io::Error::other("ring offsets out of range"));
-            }
-        }
-        let map = Mmap::map(fd, len, pgoff)?;
-        let base = map.ptr.as_ptr();
-        // SAFETY: every offset was checked to lie inside the mapping of `len` bytes above; the
-        // kernel aligns the indexes to 4 bytes and the descriptors to their size.
-        let (producer, consumer, flags, entries) = unsafe {
-            (
-                base.add(off.producer as usize).cast::<AtomicU32>().cast_const(),
-                base.add(off.consumer as usize).cast::<AtomicU32>().cast_const(),
-                base.add(off.flags as usize).cast::<AtomicU32>().cast_const(),
-                base.add(off.desc as usize).cast::<T>(),
-            )
-        };
-        let mut r = Ring { _map: map, producer, consumer, flags, entries, mask: size - 1, local: 0, cached: 0 };
-        if producer_side {
-            r.local = r.producer().load(Ordering::Relaxed);
-            r.cached = r.consumer().load(Ordering::Acquire);
-        } else {
-            r.local = r.consumer().load(Ordering::Relaxed);
-            r.cached = r.producer().load(Ordering::Acquire);
-        }
-        Ok(r)
-    }
-
-    fn producer(&self) -> &AtomicU32 {
-        // SAFETY: points into the live mapping owned by self (checked in `map`).
-        unsafe { &*self.producer }
-    }
-
-    fn consumer(&self) -> &AtomicU32 {
-        // SAFETY: points into the live mapping owned by self (checked in `map`).
-        unsafe { &*self.consumer }
-    }
-
-    fn needs_wakeup(&self) -> bool {
-        // SAFETY: points into the live mapping owned by self (checked in `map`).
-        unsafe { &*self.flags }.load(Ordering::Relaxed) & XDP_RING_NEED_WAKEUP != 0
-    }
-
-    fn write(&mut self, idx: u32, v: T) {
-        // SAFETY: idx & mask < ring size, so the slot is inside the mapping.
-        unsafe { self.entries.add((idx & self.mask) as usize).write_volatile(v) }
-    }
-
-    fn read(&self, idx: u32) -> T {
-        // SAFETY: idx & mask < ring size, so the slot is inside the mapping.
-        unsafe { self.entries.add((idx & self.mask) as usize).read_volatile() }
-    }
-
-    /// Producer side: free slots, refreshing the consumer index when needed.
-    fn free(&mut self, want: u32) -> u32 {
-        let size = self.mask + 1;
-        let mut free = size - self.local.wrapping_sub(self.cached);
-        if free < want {
-            self.cached = self.consumer().load(Ordering::Acquire);
-            free = size - self.local.wrapping_sub(self.cached);
-        }
-        free.min(size)
-    }
-
-    /// Producer side: publish `n` entries written at `local..local+n`.
-    fn submit(&mut self, n: u32) {
-        self.local = self.local.wrapping_add(n);
-        self.producer().store(self.local, Ordering::Release);
-    }
-
-    /// Consumer side: entries ready, refreshing the producer index when none are cached.
-    fn ready(&mut self, want: u32) -> u32 {
-        let mut avail = self.cached.wrapping_sub(self.local);
-        if avail == 0 {
-            self.cached = self.producer().load(Ordering::Acquire);
-            avail = self.cached.wrapping_sub(self.local);
-        }
-        avail.min(want).min(self.mask + 1)
-    }
-
-    /// Consumer side: give `n` entries back to the kernel.
-    fn release(&mut self, n: u32) {
-        self.local = self.local.wrapping_add(n);
-        self.consumer().store(self.local, Ordering::Release);
-    }
-}
-
-/// `struct xdp_statistics` (`getsockopt(SOL_XDP, XDP_STATISTICS)`): the kernel's counters of
-/// one AF_XDP socket. Kernels before 5.9 fill only the first three (the others read 0).
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct XdpStatistics {
-    /// Frames dropped for reasons other than invalid descriptors (e.g. no fill ring entry).
-    pub rx_dropped: u64,
-    /// Invalid descriptors dropped on RX (fill ring).
-    pub rx_invalid_descs: u64,
-    /// Invalid descriptors dropped on TX.
-    pub tx_invalid_descs: u64,
-    /// Frames dropped because the RX ring was full.
-    pub rx_ring_full: u64,
-    /// Times the fill ring was empty when the kernel needed a buffer.
-    pub rx_fill_ring_empty_descs: u64,
-    /// Times the TX ring was empty when the kernel looked for frames to send.
-    pub tx_ring_empty_descs: u64,
-}
-
-/// Read `XDP_STATISTICS` of the AF_XDP socket `fd`.
-pub fn xdp_statistics(fd: RawFd) -> io::Result<XdpStatistics> {
-    let mut st = XdpStatistics::default();
-    let mut len = size_of::<XdpStatistics>() as libc::socklen_t;
-    // SAFETY: st is a writable, initialised buffer of `len` bytes; the kernel writes at most len
-    // bytes and reports how many in len. A bad fd only makes the call fail.
-    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_STATISTICS, (&raw mut st).cast(), &mut len) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st)
-}
-
-fn getsockopt_offsets(fd: RawFd) -> io::Result<MmapOffsets> {
-    let mut off = MmapOffsets::default();
-    let mut len = size_of::<MmapOffsets>() as libc::socklen_t;
-    // SAFETY: off is a writable buffer of `len` bytes; the kernel writes at most len bytes.
-    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&raw mut off).cast(), &mut len) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if (len as usize) < size_of::<MmapOffsets>() {
-        return Err(io::Error::other("kernel without flags in XDP_MMAP_OFFSETS is not supported"));
-    }
-    Ok(off)
-}
-
 fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: v points to a readable T of the given size for the duration of the call.
     let r = unsafe { libc::setsockopt(fd, SOL_XDP, name, (v as *const T).cast(), size_of::<T>() as libc::socklen_t) };
@@ -454,6 +242,8 @@ pub struct XskPort {
     pub bad_descs: u64,
     /// Frames sent with a checksum request in their TX metadata (left to the kernel).
     pub csum_offloaded: u64,
+    /// The queue's GSO socket (`pkt_gso.rs`), when the agent handed one.
+    gso: Option<GsoSocket>,
 }
 
 impl XskPort {
@@ -487,6 +277,7 @@ impl XskPort {
             tx_lent: 0,
             bad_descs: 0,
             csum_offloaded: 0,
+            gso: None,
         };
         port.refill();
         Ok(port)
@@ -509,6 +300,17 @@ impl XskPort {
         let port = XskPort::from_fds(xsk, &umem, params)?;
         bind_copy(raw, ifname, params.queue)?;
         Ok(port)
+    }
+
+    /// Send TSO/USO frames whole through `gso` (the kernel segments them) instead of cutting
+    /// them into AF_XDP frames.
+    pub fn set_gso(&mut self, gso: GsoSocket) {
+        self.gso = Some(gso);
+    }
+
+    /// The GSO socket's counters: (packets sent, sends refused).
+    pub fn gso_counters(&self) -> Option<(u64, u64)> {
+        self.gso.as_ref().map(|g| (g.sent, g.failed))
     }
 
     /// Geometry of this socket.
@@ -776,6 +578,22 @@ impl Port for XskPort {
         Ok(sent as usize)
     }
 
+    fn gso_capable(&self) -> bool {
+        self.gso.is_some()
+    }
+
+    fn send_gso(&mut self, hdr: &[u8; 10], frame: &[u8]) -> io::Result<()> {
+        if self.gso.is_none() {
+            return Err(io::Error::from(io::ErrorKind::Unsupported));
+        }
+        // The AF_XDP frames published before this packet leave first (same flow, same order):
+        // kick once more if the last kicks left some in the TX ring.
+        if self.tx.free(self.params.tx_size) != self.params.tx_size {
+            self.kick();
+        }
+        self.gso.as_mut().map_or_else(|| Err(io::Error::from(io::ErrorKind::Unsupported)), |g| g.send(hdr, frame))
+    }
+
     fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -793,9 +611,14 @@ impl Port for XskPort {
     }
 }
 
+#[path = "xsk_ring.rs"]
+mod ring;
+use ring::{getsockopt_offsets, Mmap, Ring};
+pub use ring::{xdp_statistics, XdpStatistics};
+
 #[path = "xsk_create.rs"]
 mod create;
-pub use create::{bind_copy, create_unbound, memfd};
+pub use create::{bind_copy, create_unbound, ifindex, memfd};
 
 #[cfg(test)]
 #[path = "xsk_tests.rs"]

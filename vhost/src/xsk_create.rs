@@ -48,14 +48,20 @@ pub fn create_unbound(params: XskParams) -> io::Result<(OwnedFd, File)> {
     Ok((xsk, umem))
 }
 
-/// Bind an AF_XDP socket to (`ifname`, `queue`) in copy mode. Needs `CAP_NET_RAW`.
-pub fn bind_copy(fd: RawFd, ifname: &str, queue: u32) -> io::Result<()> {
+/// The index of interface `ifname` in the current network namespace.
+pub fn ifindex(ifname: &str) -> io::Result<u32> {
     let name = CString::new(ifname).map_err(io::Error::other)?;
     // SAFETY: name is a valid NUL-terminated string.
     let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
     if ifindex == 0 {
         return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname}")));
     }
+    Ok(ifindex)
+}
+
+/// Bind an AF_XDP socket to (`ifname`, `queue`) in copy mode. Needs `CAP_NET_RAW`.
+pub fn bind_copy(fd: RawFd, ifname: &str, queue: u32) -> io::Result<()> {
+    let ifindex = ifindex(ifname)?;
     let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: queue, shared_umem_fd: 0 };
     // SAFETY: sa is a valid sockaddr_xdp of the given length.
     let r = unsafe { libc::bind(fd, (&raw const sa).cast(), size_of::<SockaddrXdp>() as libc::socklen_t) };

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{frame, socket_path, Guest, GUEST_FEATURES};
 use lanekit_vhost::fuzzing::{log_messages, queues_from_bytes, send_raw};
 use lanekit_vhost::net::{self, NetMode, RxState, Stats, TxState};
-use lanekit_vhost::port::{channel_port, Batch, LoopPort, Port};
+use lanekit_vhost::port::{channel_port, finish_csum, Batch, LoopPort, Port, TxFrame};
 use lanekit_vhost::{serve, DeviceConfig, NetBackend};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -298,17 +298,102 @@ fn random_migration_messages_never_break_the_backend() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A port that lends buffers and has a GSO socket, in memory: what leaves through it as
+/// AF_XDP frames (checksum requests finished) and as GSO packets (header, frame).
+#[derive(Default)]
+struct GsoLoop {
+    lent: Vec<Vec<u8>>,
+    frames: Vec<Vec<u8>>,
+    gso: Vec<([u8; 10], Vec<u8>)>,
+}
+
+impl Port for GsoLoop {
+    fn recv(&mut self, _: &mut Batch, _: usize) -> std::io::Result<usize> {
+        Ok(0)
+    }
+    fn send(&mut self, b: &Batch) -> std::io::Result<usize> {
+        self.frames.extend(b.iter().map(<[u8]>::to_vec));
+        Ok(b.len())
+    }
+    fn tx_reserve(&mut self, n: usize) -> usize {
+        self.lent = vec![vec![0; 2048]; n];
+        n
+    }
+    fn tx_buf(&mut self, i: usize) -> &mut [u8] {
+        self.lent.get_mut(i).map_or(&mut [], |b| &mut b[..])
+    }
+    fn tx_commit(&mut self, fs: &[TxFrame]) -> std::io::Result<usize> {
+        for (b, f) in self.lent.iter().zip(fs) {
+            let mut fr = b[f.off..f.off + f.len].to_vec();
+            finish_csum(&mut fr, f.csum);
+            self.frames.push(fr);
+        }
+        self.lent.clear();
+        Ok(fs.len())
+    }
+    fn gso_capable(&self) -> bool {
+        true
+    }
+    fn send_gso(&mut self, h: &[u8; 10], f: &[u8]) -> std::io::Result<()> {
+        self.gso.push((*h, f.to_vec()));
+        Ok(())
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        -1
+    }
+    fn describe(&self) -> String {
+        "gso loop".into()
+    }
+}
+
+/// A GSO packet handed to the kernel is one the kernel segments into good frames: its header
+/// is a valid request for its frame (segments at most the largest frame, at most `MAX_SEGS`),
+/// its IP length fields and IPv4 header checksum are right, and its checksum field holds the
+/// pseudo-header sum of the whole packet (so the kernel's per-segment checksums verify).
+fn check_gso_packet(iter: usize, hdr: &[u8; 10], f: &[u8]) {
+    use lanekit_vhost::fuzzing::l4_check;
+    use lanekit_vhost::offload::{fill_csum, plan, Offloads, Plan, TxHdr, MAX_SEGS};
+    let h = TxHdr::parse(hdr);
+    let Ok(Plan::Gso(g)) = plan(&h, f, Offloads::ALL, 1518) else {
+        panic!("iteration {iter}: the kernel got a header its own frame does not pass: {h:?}")
+    };
+    assert!(g.segs > 1 && g.segs <= MAX_SEGS, "iteration {iter}: {} segments", g.segs);
+    let v4 = f[12..14] == [0x08, 0x00];
+    let be = |at: usize| usize::from(u16::from_be_bytes([f[at], f[at + 1]]));
+    if v4 {
+        assert_eq!(be(16), f.len() - 14, "iteration {iter}: IPv4 total length");
+        assert_eq!(
+            lanekit_vhost::fuzzing::reference_csum(&[&f[14..usize::from(h.csum_start)]]),
+            0,
+            "iteration {iter}: IPv4 header checksum"
+        );
+    } else {
+        assert_eq!(be(18), f.len() - 54, "iteration {iter}: IPv6 payload length");
+    }
+    let mut whole = f.to_vec();
+    fill_csum(&mut whole, usize::from(h.csum_start), usize::from(h.csum_offset));
+    assert_eq!(l4_check(&whole, v4), 0, "iteration {iter}: the checksum field is not the pseudo-header sum");
+}
+
 /// Honest offload requests and random lies (header fields, header bytes, frame header bytes)
-/// through the TX queue with every offload negotiated: whatever the backend sends is at most
-/// the largest frame, at most `MAX_SEGS` frames per chain, and every TCP/UDP frame it cut or
-/// checksummed verifies; an unmutated request always goes out, cut as asked.
+/// through the TX queue with every offload negotiated, the backend cutting GSO chains itself
+/// (`LoopPort`) and handing them to the kernel (`GsoLoop`): whatever the backend sends is at
+/// most the largest frame, at most `MAX_SEGS` frames per chain, every TCP/UDP frame it cut or
+/// checksummed verifies, every GSO packet passes [`check_gso_packet`]; an unmutated request
+/// always goes out, cut as asked (or as one GSO packet).
 #[test]
 fn lying_offload_headers_never_yield_bad_frames() {
+    let (software, kernel) = (lying_offload_headers(false), lying_offload_headers(true));
+    assert_eq!(software, kernel, "the same chains are refused whoever segments (refused, sent)");
+}
+
+/// Returns (chains refused, chains sent).
+fn lying_offload_headers(kernel: bool) -> (u64, u64) {
     use lanekit_vhost::fuzzing::{gso_hdr, l4_check, packet};
     use lanekit_vhost::offload::{Offloads, MAX_SEGS};
     let mode = NetMode { offloads: Offloads::ALL, ..MODE };
     let mut rng = Rng(0x5eed_0ff1_0ad0_0001);
-    let (mut refused, mut cut) = (0u64, 0u64);
+    let (mut refused, mut cut, mut whole) = (0u64, 0u64, 0u64);
     for iter in 0..3000 {
         let (v4, tcp) = (rng.below(2) == 0, rng.below(3) != 0);
         let payload = rng.below(30_000) as usize;
@@ -341,13 +426,26 @@ fn lying_offload_headers_never_yield_bad_frames() {
         ring.mem.write_slice(&bytes, GuestAddress(0x1_0000)).unwrap();
         ring.add(&[(0x1_0000, bytes.len() as u32, 0)], None);
         let mut q = ring.queue();
-        let (stats, mut port) = (Stats::default(), LoopPort::new(0).unwrap());
-        net::tx_queue(&mut q, &ring.mem, &mut port, &mut TxState::default(), mode, &stats, 64);
-        let s = stats.snapshot();
+        let stats = Stats::default();
         let mut out = Batch::default();
-        let n = port.recv(&mut out, 4 * MAX_SEGS).unwrap();
-        assert!(n <= MAX_SEGS, "iteration {iter}: {n} frames");
-        assert_eq!(s.tx_frames, n as u64);
+        let gso = if kernel {
+            let mut port = GsoLoop::default();
+            net::tx_queue(&mut q, &ring.mem, &mut port, &mut TxState::default(), mode, &stats, 64);
+            port.frames.iter().for_each(|fr| out.push(fr));
+            port.gso
+        } else {
+            let mut port = LoopPort::new(0).unwrap();
+            net::tx_queue(&mut q, &ring.mem, &mut port, &mut TxState::default(), mode, &stats, 64);
+            port.recv(&mut out, 4 * MAX_SEGS).unwrap();
+            Vec::new()
+        };
+        let s = stats.snapshot();
+        let n = out.len();
+        assert!(n <= MAX_SEGS && gso.len() <= 1, "iteration {iter}: {n} frames, {} GSO packets", gso.len());
+        assert_eq!(s.tx_frames, (n + gso.len()) as u64);
+        for (hdr, fr) in &gso {
+            check_gso_packet(iter, hdr, fr);
+        }
         if honest {
             let want = match h.gso_type {
                 0 if f.len() <= 1518 => 1,
@@ -355,13 +453,20 @@ fn lying_offload_headers_never_yield_bad_frames() {
                 _ if segs <= MAX_SEGS => segs,
                 _ => 0,
             };
-            assert_eq!(n, want, "iteration {iter}: honest {h:?}, {} bytes: {s:?}", f.len());
+            let got = if gso.is_empty() { n } else { segs };
+            assert_eq!(got, want, "iteration {iter}: honest {h:?}, {} bytes: {s:?}", f.len());
+            assert_eq!(
+                !gso.is_empty(),
+                kernel && h.gso_type != 0 && (2..=MAX_SEGS).contains(&segs),
+                "iteration {iter}"
+            );
             if let Some(fr) = out.get(0).filter(|_| h.gso_type == 0) {
                 assert_eq!(l4_check(fr, v4), 0, "iteration {iter}: checksum not filled in");
             }
         }
+        whole += gso.len() as u64;
         if n == 0 {
-            refused += 1;
+            refused += u64::from(gso.is_empty());
             continue;
         }
         cut += u64::from(n > 1);
@@ -377,7 +482,9 @@ fn lying_offload_headers_never_yield_bad_frames() {
             }
         }
     }
-    assert!(refused > 300 && cut > 300, "both outcomes exercised: {refused} refused, {cut} cut");
+    let sent = if kernel { whole } else { cut };
+    assert!(refused > 300 && sent > 300, "kernel {kernel}: {refused} refused, {sent} cut or sent whole");
+    (refused, 3000 - refused)
 }
 
 /// Cut `frame` as the virtio header `h` asks (the wire frames of a sender's TSO, or what a
