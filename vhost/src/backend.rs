@@ -46,6 +46,10 @@ use crate::offload::Offloads;
 use crate::port::Port;
 use crate::rss::{self, RssConfig, RssMap};
 use crate::sigbus;
+use dirty_log::region_bitmap;
+
+mod dirty_log;
+mod serve;
 
 /// Queue size offered to the frontend.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -88,12 +92,6 @@ pub const VIRTIO_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
 pub type GuestMem = GuestMemoryMmap<DirtyBitmap>;
 /// A vring over [`GuestMem`].
 pub type Vring = vhost_user_backend::VringRwLock<GuestMemoryAtomic<GuestMem>>;
-
-/// The dirty log bitmap of a region (vm-memory's `GuestMemoryRegion::bitmap` returns a slice).
-fn region_bitmap(r: &GuestRegionMmap<DirtyBitmap>) -> &DirtyBitmap {
-    let m: &MmapRegion<DirtyBitmap> = r;
-    m.bitmap()
-}
 
 /// Static device settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,69 +373,6 @@ impl NetBackend {
         }
     }
 
-    /// `VHOST_F_LOG_ALL` was acked (or cleared): switch logging of every region on or off.
-    fn set_log_all(&self, on: bool) {
-        let was = self.log_all.swap(on, Ordering::SeqCst);
-        if let Some(atomic) = self.memory() {
-            let mem = atomic.memory().into_inner();
-            if on {
-                self.carry_log(&mem);
-            }
-            for r in mem.iter() {
-                region_bitmap(r).set_on(on);
-            }
-        }
-        if was != on {
-            info!("dirty page logging {}", if on { "on (VHOST_F_LOG_ALL acked)" } else { "off" });
-        }
-    }
-
-    /// A new memory table (or logging switched on): regions without a log get the log of the
-    /// previous table's regions (vhost-user-backend gives each new region an empty bitmap, and a
-    /// frontend only sends `SET_LOG_BASE` again when the log must grow), and the current
-    /// on/off state. A region the log does not cover stays unlogged, with a warning (QEMU
-    /// grows the log before it grows the memory table).
-    fn carry_log(&self, mem: &Arc<GuestMem>) {
-        let on = self.log_all.load(Ordering::SeqCst);
-        let mut last = lock(&self.logged_mem);
-        let log = mem
-            .iter()
-            .find_map(|r| region_bitmap(r).log())
-            .or_else(|| last.as_ref().and_then(|m| m.iter().find_map(|r| region_bitmap(r).log())));
-        for r in mem.iter() {
-            let bitmap = region_bitmap(r);
-            if let Some(log) = log.as_ref().filter(|_| bitmap.log().is_none()) {
-                match RegionLog::new(r, log.clone()) {
-                    Ok(l) => vhost_user_backend::bitmap::BitmapReplace::replace(bitmap, l),
-                    Err(e) => warn!("guest memory region {:#x}: not logged: {e}", r.start_addr().0),
-                }
-            }
-            bitmap.set_on(on);
-        }
-        *last = Some(mem.clone());
-    }
-
-    /// Writes to guest memory are being logged (`VHOST_F_LOG_ALL` acked and a log set).
-    pub fn dirty_logging(&self) -> bool {
-        self.memory().is_some_and(|m| {
-            let mem = m.memory();
-            mem.num_regions() > 0 && mem.iter().all(|r| region_bitmap(r).logging())
-        })
-    }
-
-    /// The frontend's `SET_LOG_FD` eventfd (the relay checked it is one).
-    pub(crate) fn set_log_fd(&self, fd: EventFd) {
-        *lock(&self.log_fd) = Some(fd);
-    }
-
-    fn signal_log(&self) {
-        if let Some(fd) = lock(&self.log_fd).as_ref() {
-            if let Err(e) = fd.write(1) {
-                warn!("signal log eventfd: {e}");
-            }
-        }
-    }
-
     /// Release everything a frontend connection held once its daemon is gone (workers joined):
     /// the guest memory (and its SIGBUS guard entries), a pending fault report and the exit
     /// events sent to the old workers (the next daemon's workers would otherwise exit at once).
@@ -566,162 +501,6 @@ impl NetBackend {
 
     fn memory(&self) -> Option<GuestMemoryAtomic<GuestMem>> {
         self.mem.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Run one queue of `pair` with the pair state and the vring locked.
-    fn run(
-        &self,
-        pair: usize,
-        is_rx: bool,
-        vring: &Vring,
-        f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMem, NetMode, &Stats) -> QueueRun,
-    ) -> Served {
-        let start = Instant::now();
-        let Some(atomic) = self.memory() else { return Served::default() };
-        let mem = atomic.memory();
-        let (Some(p), Some(stats)) = (self.pairs.get(pair), self.stats.get(pair)) else {
-            return Served::default();
-        };
-        let mut p = lock(p);
-        let mut vs = vring.get_mut();
-        if !vs.get_queue().ready() || !vs.is_enabled() {
-            return Served::default();
-        }
-        let old_used = vs.get_queue().next_used();
-        let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode(), stats);
-        drop(p);
-        // One notification decision per run (not per frame), from the used index before it.
-        if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, stats) {
-            let sent = if is_rx { &stats.rx_notifications } else { &stats.tx_notifications };
-            if let Err(e) = vs.signal_used_queue() {
-                // A call eventfd at its maximum count (the frontend never reads it) fails every
-                // time: log the 1st, 2nd, 4th, 8th... failure only.
-                let n = self.signal_errors.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
-                    warn!("queue pair {pair}: signal guest: {e} ({n} failed signals)");
-                }
-            } else {
-                Stats::add(sent, 1);
-            }
-        }
-        if run.used && self.log_all.load(Ordering::Relaxed) {
-            self.signal_log();
-        }
-        if run.handled > 0 {
-            // Busy time: runs that moved something, their notification included.
-            Stats::add(&stats.busy_ns, start.elapsed().as_nanos() as u64);
-        }
-        Served { handled: run.handled, more: run.more }
-    }
-
-    fn resched(&self, pair: usize) {
-        if let Err(e) = self.resched[pair].write(1) {
-            warn!("queue pair {pair}: reschedule: {e}");
-        }
-    }
-
-    fn run_rx(&self, pair: usize, vring: &Vring) -> Served {
-        self.run(pair, true, vring, |p, q, mem, mode, stats| {
-            net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, stats, BUDGET)
-        })
-    }
-
-    /// Run TX; with `poll` guest kicks stay disabled when the queue runs empty.
-    fn run_tx(&self, pair: usize, vring: &Vring, poll: bool) -> Served {
-        self.run(pair, false, vring, |p, q, mem, mode, stats| {
-            let (port, st) = (p.port.as_mut(), &mut p.tx);
-            if poll {
-                net::tx_poll(q, mem, port, st, mode, stats, BUDGET)
-            } else {
-                net::tx_queue(q, mem, port, st, mode, stats, BUDGET)
-            }
-        })
-    }
-
-    /// Re-enable TX kicks before sleeping; true when chains arrived meanwhile.
-    fn arm_tx(&self, pair: usize, vring: &Vring) -> bool {
-        let (Some(atomic), Some(stats)) = (self.memory(), self.stats.get(pair)) else { return false };
-        let mut vs = vring.get_mut();
-        if !vs.get_queue().ready() || !vs.is_enabled() {
-            return false;
-        }
-        net::arm_tx(vs.get_queue_mut(), &*atomic.memory(), stats)
-    }
-
-    /// Serve pair `pair` after an event: both queues, then (with polling) keep polling until
-    /// nothing arrived for `self.poll`, re-arm notifications and re-check before returning.
-    /// Returns early, with a self-wakeup queued, when a run hits its budget (other events of
-    /// the worker, e.g. exit, get their turn).
-    fn serve(&self, pair: usize, rx: &Vring, tx: &Vring) {
-        if self.poll.is_zero() {
-            let (t, r) = (self.run_tx(pair, tx, false), self.run_rx(pair, rx));
-            if t.more || r.more {
-                self.resched(pair);
-            }
-            return;
-        }
-        let mut last_work = Instant::now();
-        let (mut busy_rounds, mut rechecked) = (0u32, false);
-        loop {
-            let (t, r) = (self.run_tx(pair, tx, true), self.run_rx(pair, rx));
-            if t.more || r.more {
-                self.set_port_armed(pair, false);
-                self.resched(pair);
-                return;
-            }
-            if t.handled + r.handled > 0 {
-                last_work = Instant::now();
-                rechecked = false;
-                busy_rounds += 1;
-                if busy_rounds == 2 {
-                    // Sustained traffic: poll the port instead of taking its wakeups.
-                    self.set_port_armed(pair, false);
-                }
-                continue;
-            }
-            if last_work.elapsed() < self.poll {
-                std::hint::spin_loop();
-                continue;
-            }
-            if rechecked {
-                // Armed, and the recheck found nothing to do (or a corrupt ring): sleep.
-                return;
-            }
-            // Going to sleep: re-arm, then look once more (work that raced with the arming).
-            self.set_port_armed(pair, true);
-            rechecked = true;
-            if self.arm_tx(pair, tx) {
-                continue;
-            }
-            return;
-        }
-    }
-
-    fn run_ctrl(&self, vring: &Vring) {
-        let run = self.run(0, false, vring, |_, q, mem, _, stats| {
-            let (run, changes) = net::ctrl_queue(q, mem, self.config.queue_pairs, self.ctrl_features(), stats, BUDGET);
-            if let Some(n) = changes.pairs {
-                info!("guest enabled {n} queue pair(s)");
-                self.active_pairs.store(n, Ordering::Relaxed);
-            }
-            if let Some(c) = changes.rss {
-                info!(
-                    "guest {} hash types {:#x}, {} table entries",
-                    if c.steer { "set RSS:" } else { "set hash report:" },
-                    c.hash_types,
-                    c.table.len()
-                );
-                self.set_rss(Some(c).filter(|c| c.hash_types != 0));
-            }
-            if let Some(on) = changes.guest_offloads {
-                info!("guest set its offloads to {on:#x}");
-                self.guest_offloads.store(on, Ordering::Relaxed);
-            }
-            run
-        });
-        if run.more {
-            self.resched(0);
-        }
     }
 }
 
