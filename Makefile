@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins kubevirt-bins kubevirt-images k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -42,6 +42,12 @@ k8s-node-bins:
 # (internal/tools/lkimages; the agent image carries this tree's binaries).
 k8s-node-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
+
+# Real KubeVirt (v1.9.0) and Multus for `lab up --k8s --kubelet --kubevirt`:
+# opt-in, cached beside the node binaries (scripts/kubevirt-bins.sh; needs root
+# once, for libvirt-dev from bookworm-backports).
+kubevirt-bins:
+	./scripts/kubevirt-bins.sh
 
 # The rivals' images (kube-proxy, flannel) for `lab up --kubelet --cni
 # kube-proxy-iptables|kube-proxy-nftables` (their binaries: make k8s-node-bins).
