@@ -49,6 +49,13 @@ k8s-node-images: build
 kubevirt-bins:
 	./scripts/kubevirt-bins.sh
 
+# Their images and lanekit's binding sidecar's (internal/tools/lkimages): the
+# virt-launcher image is Debian with libvirt 11.3 and QEMU 10.0 from
+# bookworm-backports.
+kubevirt-images: build
+	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images virt-operator virt-api virt-controller \
+		virt-handler virt-launcher multus kubevirt-sidecar
+
 # The rivals' images (kube-proxy, flannel) for `lab up --kubelet --cni
 # kube-proxy-iptables|kube-proxy-nftables` (their binaries: make k8s-node-bins).
 k8s-rival-images:

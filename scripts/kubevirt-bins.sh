@@ -14,7 +14,8 @@
 # and container-disk (the static C binary of container disk images, as
 # hack/build-go.sh builds it). Multus (gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 # $MULTUS_VERSION): the thin plugin (multus) its multus-daemonset.yml installs,
-# and the thick one (multus-daemon, multus-shim).
+# and the thick one (multus-daemon, multus-shim, install_multus) that
+# deployments/multus-daemonset-thick.yml installs (copied to manifests/).
 #
 # How the wrapper module is put together: kubevirt.io/kubevirt's own go.mod
 # `replace`s its staging repos (kubevirt.io/api, kubevirt.io/client-go) with
@@ -188,6 +189,21 @@ if need virt-launcher; then
   install -m 0755 "$work/virt-launcher.bin" "$DIR/virt-launcher"
 fi
 
+# The files upstream's virt-launcher image carries besides the binaries
+# (cmd/virt-launcher: libvirt and QEMU configuration, the libvirt qemu hook,
+# the node labeller's script); internal/tools/lkimages puts them in place.
+if need launcher-files/qemu.conf launcher-files/virtqemud.conf launcher-files/nsswitch.conf \
+  launcher-files/node-labeller.sh launcher-files/qemu; then
+  (
+    module files
+    src=$(mod_field "kubevirt.io/kubevirt@$KUBEVIRT_VERSION" Dir)/cmd/virt-launcher
+    mkdir -p "$DIR/launcher-files"
+    for f in qemu.conf virtqemud.conf nsswitch.conf node-labeller/node-labeller.sh qemu; do
+      install -m 0644 "$src/$f" "$DIR/launcher-files/$(basename "$f")"
+    done
+  )
+fi
+
 # The release manifests, rendered as hack/build-manifests.sh renders them
 # (first the file includes, then the variables), with upstream's image names
 # (quay.io/kubevirt/NAME:$KUBEVIRT_VERSION, which internal/tools/lkimages tags).
@@ -209,7 +225,7 @@ if need manifests/kubevirt-operator.yaml manifests/kubevirt-cr.yaml; then
   )
 fi
 
-multus_bins=(multus multus-daemon multus-shim)
+multus_bins=(multus multus-daemon multus-shim install_multus)
 if need "${multus_bins[@]}"; then
   log "building Multus $MULTUS_VERSION into $DIR"
   (
@@ -222,6 +238,14 @@ if need "${multus_bins[@]}"; then
       CGO_ENABLED=0 timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "$m/cmd/$b"
       install -m 0755 "$work/$b.bin" "$DIR/$b"
     done
+  )
+fi
+if need manifests/multus-daemonset-thick.yml; then
+  (
+    module multus-manifest
+    src=$(mod_field "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION" Dir)
+    mkdir -p "$DIR/manifests"
+    install -m 0644 "$src/deployments/multus-daemonset-thick.yml" "$DIR/manifests/multus-daemonset-thick.yml"
   )
 fi
 
