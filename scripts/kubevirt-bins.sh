@@ -268,5 +268,9 @@ check virt-handler "" --help
 check virt-launcher "" --help
 check virt-chroot "" --help
 check multus "$MULTUS_VERSION" -version
-check multus-daemon "" --help
+check multus-daemon "$MULTUS_VERSION" -version
+for f in manifests/kubevirt-operator.yaml manifests/kubevirt-cr.yaml manifests/multus-daemonset-thick.yml; do
+  grep -q "quay.io/kubevirt/virt-operator:$KUBEVIRT_VERSION\|kind: KubeVirt\|multus" "$DIR/$f" ||
+    { echo "kubevirt-bins: $DIR/$f is not the manifest expected" >&2; exit 1; }
+done
 echo "$DIR"

@@ -110,6 +110,10 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 			regular("/usr/bin/node-labeller.sh", kv("launcher-files/node-labeller.sh"), 0o755),
 			regular("/etc/libvirt/hooks/qemu", kv("launcher-files/qemu"), 0o755),
 			content("/usr/sbin/virtqemud", []byte(virtqemud), 0o755),
+			// Relative, as upstream's: virt-handler reads the launcher's
+			// sockets through /proc/PID/root/var/run (Debian's link is
+			// absolute, which would resolve in virt-handler's root).
+			symlink("/var/run", "../run"),
 			dir("/usr/lib64/qemu-kvm", 0o755))
 		return spec{Name: n, Tags: []string{kubevirtRegistry + n + ":" + kubevirtTag}, Base: base, Env: env,
 			Files: files, Entrypoint: []string{"/usr/bin/virt-launcher"}, User: "107"}, true, nil
