@@ -97,10 +97,13 @@ mod_field() {
   echo "$out" | sed -n "s/^\s*\"$2\": \"\(.*\)\",*\$/\1/p" | tail -n 1
 }
 
+# module NAME: creates the wrapper module $work/NAME afresh (a second block
+# may set up the same one) and cds into it.
 module() {
+  rm -rf "${work:?}/$1"
   mkdir -p "$work/$1"
   cd "$work/$1"
-  "$GO" mod init "lanekit.local/$1" >/dev/null 2>&1
+  "$GO" mod init "lanekit.local/$1" >/dev/null
 }
 
 # kubevirt_module: the wrapper module for kubevirt.io/kubevirt (see above).
