@@ -221,6 +221,7 @@ if need manifests/kubevirt-operator.yaml manifests/kubevirt-cr.yaml; then
         --input-file="$src/manifests/release/$m.yaml.in" >"$work/$m.yaml.in"
       "$DIR/manifest-templator" --process-vars --namespace=kubevirt --container-prefix=quay.io/kubevirt \
         --container-tag="$KUBEVIRT_VERSION" --image-pull-policy=IfNotPresent --verbosity=2 \
+        --kubevirt-logo-path="$src/assets/kubevirt_logo.png" \
         --input-file="$work/$m.yaml.in" >"$work/$m.yaml"
       sed -i -e '${/^$/d;}' "$work/$m.yaml"
       install -m 0644 "$work/$m.yaml" "$DIR/manifests/$m.yaml"
@@ -271,7 +272,11 @@ check virt-handler "" --help
 check virt-launcher "" --help
 check virt-chroot "" --help
 check multus "$MULTUS_VERSION" -version
-check multus-daemon "$MULTUS_VERSION" -version
+# multus-daemon -version prints its version and exits 1.
+case $("$DIR/multus-daemon" -version 2>&1 || true) in
+  *"$MULTUS_VERSION"*) ;;
+  *) echo "kubevirt-bins: multus-daemon -version does not say $MULTUS_VERSION" >&2; exit 1 ;;
+esac
 for f in manifests/kubevirt-operator.yaml manifests/kubevirt-cr.yaml manifests/multus-daemonset-thick.yml; do
   grep -q "quay.io/kubevirt/virt-operator:$KUBEVIRT_VERSION\|kind: KubeVirt\|multus" "$DIR/$f" ||
     { echo "kubevirt-bins: $DIR/$f is not the manifest expected" >&2; exit 1; }
