@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -101,5 +102,55 @@ func TestLauncherRootTakesBackports(t *testing.T) {
 	}
 	if strings.Contains(strings.Join(slim.args("OUT"), " "), "backports") {
 		t.Error("the slim root takes backports")
+	}
+}
+
+// TestLauncherRootRunsLibvirt runs the virtqemud wrapper on the cached
+// virt-launcher root as virt-launcher does non-root (uid 107,
+// XDG_RUNTIME_DIR=/var/run, `virtqemud -f /var/run/libvirt/virtqemud.conf`)
+// and connects to it at the URI virt-launcher dials: libvirt 11.3 must answer
+// with QEMU 10.0. Root (chroot, mount namespace); skips when the root is not
+// cached (make kubevirt-images builds it).
+func TestLauncherRootRunsLibvirt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: chroot and a mount namespace")
+	}
+	root := filepath.Join(defaultCache(), launcherRoot.key())
+	if _, err := os.Stat(root); err != nil {
+		t.Skipf("launcher root not cached (%v): make kubevirt-images", err)
+	}
+	dir := t.TempDir()
+	rfs := filepath.Join(dir, "root")
+	if err := os.MkdirAll(rfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("tar", "-xf", root, "-C", rfs).CombinedOutput(); err != nil {
+		t.Fatalf("untar: %v: %s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(rfs, "usr/sbin/virtqemud"), []byte(virtqemud), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"dev", "run", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(rfs, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Upstream's cmd/virt-launcher/virtqemud.conf.
+	conf := "listen_tls = 0\nlisten_tcp = 0\nlog_outputs = \"1:stderr\"\n"
+	inner := `mkdir -p /var/run/libvirt && chown 107:107 /var/run/libvirt && printf '` + conf + `' > /var/run/libvirt/virtqemud.conf
+su -s /bin/sh qemu -c 'XDG_RUNTIME_DIR=/var/run HOME=/home/qemu /usr/sbin/virtqemud -f /var/run/libvirt/virtqemud.conf >/tmp/vq.log 2>&1 &'
+for i in $(seq 50); do [ -S /var/run/libvirt/libvirt-sock ] && break; sleep 0.2; done
+su -s /bin/sh qemu -c 'virsh -c "qemu+unix:///session?socket=/var/run/libvirt/virtqemud-sock" version' || { cat /tmp/vq.log; exit 1; }`
+	script := `set -e; mount -t tmpfs tmpfs "$1/run"; mount -t tmpfs tmpfs "$1/tmp"; mount --rbind /dev "$1/dev"; exec chroot "$1" sh -ec "$2"`
+	cmd := exec.Command("timeout", "60", "unshare", "--mount", "--pid", "--fork", "--mount-proc="+filepath.Join(rfs, "proc"),
+		"sh", "-c", script, "sh", rfs, inner)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("virtqemud wrapper on the launcher root: %v\n%s", err, out)
+	}
+	for _, want := range []string{"Using library: libvirt 11.3.0", "Running hypervisor: QEMU 10.0."} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("virsh version lacks %q:\n%s", want, out)
+		}
 	}
 }
