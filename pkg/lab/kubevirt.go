@@ -33,8 +33,11 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // Versions and places of scripts/kubevirt-bins.sh (TestKubeVirtBinDirMatchesScript
@@ -50,7 +53,7 @@ const (
 	// kubevirtTimeout bounds the wait for the KubeVirt CR to be Deployed
 	// (virt-operator creates virt-api, virt-controller and virt-handler,
 	// whose node-labeller init container probes QEMU first).
-	kubevirtTimeout = 10 * time.Minute
+	kubevirtTimeout = 8 * time.Minute
 	// multusUpstreamImage is the image the released thick manifest names;
 	// the lab's image is tagged multusLabImage (lkimages).
 	multusUpstreamImage = "ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot-thick"
@@ -167,8 +170,31 @@ func waitKubeVirtDeployed(ctx context.Context, nodeBins string, kc kubernetes.In
 	})
 	if err != nil {
 		conds, _ := kubectl(ctx, nodeBins, nil, "get", "kubevirt", "kubevirt", "-n", KubeVirtNamespace, "-o", "jsonpath={.status.conditions}")
-		return fmt.Errorf("KubeVirt not Deployed after %s (phase %q, conditions %s): %w; %s", kubevirtTimeout, phase,
-			strings.TrimSpace(conds), err, podSummary(ctx, kc, KubeVirtNamespace))
+		return fmt.Errorf("KubeVirt not Deployed after %s (phase %q, conditions %s): %w; %s%s", kubevirtTimeout, phase,
+			strings.TrimSpace(conds), err, podSummary(ctx, kc, KubeVirtNamespace), unreadyLogs(ctx, kc, KubeVirtNamespace))
 	}
 	return nil
+}
+
+// unreadyLogs returns the last lines of every container that is not ready
+// in namespace ns (for lab up's errors: where KubeVirt stops).
+func unreadyLogs(ctx context.Context, kc kubernetes.Interface, ns string) string {
+	pods, err := kc.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			if cs.Ready || cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0 {
+				continue
+			}
+			data, err := kc.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: cs.Name, TailLines: ptr.To[int64](15)}).DoRaw(ctx)
+			if err != nil {
+				continue
+			}
+			fmt.Fprintf(&b, "\n--- %s/%s:\n%s", p.Name, cs.Name, data)
+		}
+	}
+	return b.String()
 }
