@@ -14,7 +14,7 @@
 # and container-disk (the static C binary of container disk images, as
 # hack/build-go.sh builds it). Multus (gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 # $MULTUS_VERSION): the thin plugin (multus) its multus-daemonset.yml installs,
-# and the thick one (multus-daemon, multus-shim, install_multus) that
+# and the thick one (multus-daemon, multus-shim, install_multus, passthru) that
 # deployments/multus-daemonset-thick.yml installs (copied to manifests/).
 #
 # How the wrapper module is put together: kubevirt.io/kubevirt's own go.mod
@@ -229,7 +229,8 @@ if need manifests/kubevirt-operator.yaml manifests/kubevirt-cr.yaml; then
   )
 fi
 
-multus_bins=(multus multus-daemon multus-shim install_multus)
+# install_multus copies multus-shim and passthru (cmd/passthru-cni) to the node.
+multus_bins=(multus multus-daemon multus-shim install_multus passthru)
 if need "${multus_bins[@]}"; then
   log "building Multus $MULTUS_VERSION into $DIR"
   (
@@ -239,7 +240,9 @@ if need "${multus_bins[@]}"; then
     # hack/build-go.sh's version stamp.
     ldflags="-s -w -X $m/pkg/multus.version=$MULTUS_VERSION -X $m/pkg/multus.releaseStatus=released"
     for b in "${multus_bins[@]}"; do
-      CGO_ENABLED=0 timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "$m/cmd/$b"
+      pkg=$m/cmd/$b
+      [ "$b" != passthru ] || pkg=$m/cmd/passthru-cni
+      CGO_ENABLED=0 timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "$pkg"
       install -m 0755 "$work/$b.bin" "$DIR/$b"
     done
   )

@@ -134,6 +134,13 @@ func installKubeVirt(ctx context.Context, cfg Config, nodes int, nodeBins, kvDir
 	if _, err := kubectl(ctx, nodeBins, nil, "apply", "-f", filepath.Join(kvDeploy, "nad-example.yaml")); err != nil {
 		return err
 	}
+	// virt-operator (and virt-api, virt-controller) require a node labelled
+	// control-plane (or master); the lab's control plane runs on the
+	// underlay, not on a node: node 1 gets the label, as a kubeadm or kind
+	// control-plane node has it (without the taint).
+	if _, err := kubectl(ctx, nodeBins, nil, "label", "node", KubeNodeName(1), "node-role.kubernetes.io/control-plane=", "--overwrite"); err != nil {
+		return err
+	}
 	if _, err := kubectl(ctx, nodeBins, nil, "apply", "-f", filepath.Join(kvDir, "manifests/kubevirt-operator.yaml")); err != nil {
 		return fmt.Errorf("kubevirt operator: %w", err)
 	}

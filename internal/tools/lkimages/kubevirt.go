@@ -84,8 +84,10 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		if err != nil {
 			return spec{}, true, err
 		}
+		// Upstream's images run as 1001 (cmd/NAME/BUILD.bazel); their pods
+		// say runAsNonRoot.
 		return spec{Name: n, Tags: []string{kubevirtRegistry + n + ":" + kubevirtTag}, Base: base, Env: env,
-			Files: usrBin(n), Entrypoint: []string{"/usr/bin/" + n}}, true, nil
+			Files: usrBin(n), Entrypoint: []string{"/usr/bin/" + n}, User: "1001"}, true, nil
 	case "virt-handler":
 		base, err := handlerRoot.rootfs(in.Cache)
 		if err != nil {
@@ -124,7 +126,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		}
 		// Where upstream's thick image has them (the DaemonSet names the paths).
 		var files []entry
-		for _, b := range []string{"multus", "multus-daemon", "multus-shim", "install_multus"} {
+		for _, b := range []string{"multus", "multus-daemon", "multus-shim", "install_multus", "passthru"} {
 			files = append(files, regular("/usr/src/multus-cni/bin/"+b, kv(b), 0o755))
 		}
 		return spec{Name: n, Tags: []string{multusImage}, Base: base, Env: env, Files: files,

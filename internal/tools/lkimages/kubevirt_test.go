@@ -20,7 +20,7 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 	}
 	for _, b := range []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-chroot", "virt-launcher",
 		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver",
-		"multus", "multus-daemon", "multus-shim", "install_multus",
+		"multus", "multus-daemon", "multus-shim", "install_multus", "passthru",
 		"launcher-files/qemu.conf", "launcher-files/virtqemud.conf", "launcher-files/nsswitch.conf",
 		"launcher-files/node-labeller.sh", "launcher-files/qemu"} {
 		if err := os.WriteFile(filepath.Join(in.KubeVirtBins, b), []byte("kv/"+b), 0o600); err != nil {
@@ -57,11 +57,11 @@ func TestKubeVirtImages(t *testing.T) {
 			links: map[string]string{"var/run": "../run"}},
 		{name: "virt-handler", tag: "quay.io/kubevirt/virt-handler:v1.9.0", entrypoint: "/usr/bin/virt-handler",
 			files: map[string]string{"usr/bin/virt-handler": "kv/virt-handler", "usr/bin/virt-chroot": "kv/virt-chroot"}},
-		{name: "virt-operator", tag: "quay.io/kubevirt/virt-operator:v1.9.0", entrypoint: "/usr/bin/virt-operator",
+		{name: "virt-operator", tag: "quay.io/kubevirt/virt-operator:v1.9.0", entrypoint: "/usr/bin/virt-operator", user: "1001",
 			files: map[string]string{"usr/bin/virt-operator": "kv/virt-operator"}},
 		{name: "multus", tag: "ghcr.io/k8snetworkplumbingwg/multus-cni:v4.2.3-thick", entrypoint: "/usr/src/multus-cni/bin/multus-daemon",
 			files: map[string]string{"usr/src/multus-cni/bin/multus-daemon": "kv/multus-daemon",
-				"usr/src/multus-cni/bin/install_multus": "kv/install_multus", "usr/src/multus-cni/bin/multus-shim": "kv/"}},
+				"usr/src/multus-cni/bin/install_multus": "kv/install_multus", "usr/src/multus-cni/bin/multus-shim": "kv/", "usr/src/multus-cni/bin/passthru": "kv/passthru"}},
 		{name: "kubevirt-sidecar", tag: "ghcr.io/lanekit/lanekit-kubevirt-sidecar:v0.1.0", entrypoint: "/usr/bin/lanekit-kubevirt-sidecar",
 			files: map[string]string{"usr/bin/lanekit-kubevirt-sidecar": "bin/sidecar"}},
 	} {
