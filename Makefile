@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins kubevirt-bins kubevirt-images k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -42,6 +42,19 @@ k8s-node-bins:
 # (internal/tools/lkimages; the agent image carries this tree's binaries).
 k8s-node-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
+
+# Real KubeVirt (v1.9.0) and Multus for `lab up --k8s --kubelet --kubevirt`:
+# opt-in, cached beside the node binaries (scripts/kubevirt-bins.sh; needs root
+# once, for libvirt-dev from bookworm-backports).
+kubevirt-bins:
+	./scripts/kubevirt-bins.sh
+
+# Their images and lanekit's binding sidecar's (internal/tools/lkimages): the
+# virt-launcher image is Debian with libvirt 11.3 and QEMU 10.0 from
+# bookworm-backports.
+kubevirt-images: build
+	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images virt-operator virt-api virt-controller \
+		virt-handler virt-launcher multus kubevirt-sidecar
 
 # The rivals' images (kube-proxy, flannel) for `lab up --kubelet --cni
 # kube-proxy-iptables|kube-proxy-nftables` (their binaries: make k8s-node-bins).

@@ -70,6 +70,8 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.K8s, "k8s", false, "run against a real kube-apiserver (make k8s-bins): Nodes, agents with --kubeconfig/--node-name, a lab kubelet per node attaching Pods through CNI")
 	cmd.Flags().BoolVar(&cfg.Kubelet, "kubelet", false, "with --k8s: real nodes, containerd + kubelet per node (make k8s-node-bins, make k8s-node-images), "+
 		"kube-controller-manager, kube-scheduler, lanekit installed with kubectl apply -k deploy/, CoreDNS; no kube-proxy")
+	cmd.Flags().BoolVar(&cfg.KubeVirt, "kubevirt", false, "with --kubelet: real KubeVirt "+lab.KubeVirtVersion+" and Multus (make kubevirt-bins, make kubevirt-images), "+
+		"lanekit registered as its network binding plugin (deploy/kubevirt/), TCG guests (useEmulation)")
 	cmd.Flags().StringVar(&cfg.Install, "install", lab.InstallKustomize, "with --kubelet: how lanekit is installed: kustomize (kubectl apply -k deploy/ through an overlay) or helm (the commands of docs/install.md's \"Install with Helm\", run as written there)")
 	cmd.Flags().StringVar(&cfg.LBPool, "lb-pool", "", "with --kubelet: LoadBalancer addresses for lanekit's LB IPAM (a CIDR or FIRST-LAST on the underlay, e.g. 10.77.0.200-10.77.0.239): deploy/lb applied, lb-ipam and l2-announce on")
 	cmd.Flags().StringVar(&cfg.CNI, "cni", lab.CNILanekit, "with --kubelet: the cluster's network: "+strings.Join(lab.CNIs, ", ")+

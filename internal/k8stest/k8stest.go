@@ -202,6 +202,11 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	if s.Cluster {
 		reconciler, admission = "--endpoint-reconciler-type=lease", "--enable-admission-plugins=ServiceAccount"
 	}
+	// Admission webhooks and aggregated APIs (KubeVirt's virt-api and
+	// virt-operator) are reached at their endpoints, the pods' addresses:
+	// no Service datapath runs beside the API server (no kube-proxy; the
+	// lab routes the nodes' pod ranges to it). Off, it dials ClusterIPs.
+	routing := "--enable-aggregator-routing=" + strconv.FormatBool(s.Cluster)
 	s.APIPID, err = s.spawn(apiBin, "kube-apiserver.log",
 		"--etcd-servers="+fmt.Sprintf("http://%s:%d", s.Address, s.EtcdPort),
 		"--bind-address="+s.Address, "--advertise-address="+s.Address,
@@ -214,7 +219,7 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
 		"--service-cluster-ip-range="+s.ServiceCIDR,
-		reconciler, admission,
+		reconciler, admission, routing,
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
 		"--profiling=false", "--v=0")

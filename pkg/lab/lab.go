@@ -70,6 +70,9 @@ type Config struct {
 	Underlay string
 	// DPUNodes: nodes 1..DPUNodes get a DPU (dpu.go).
 	DPUNodes int
+	// KubeVirt (with Kubelet) adds real KubeVirt and Multus, lanekit
+	// registered as a network binding plugin (kubevirt.go).
+	KubeVirt bool
 	// CNI (with Kubelet) is the cluster's network: CNILanekit ("" too) or
 	// a rival (rivals.go: kube-proxy + flannel, no lanekit agent).
 	CNI  string

@@ -134,6 +134,11 @@ var nodeBinds = []struct{ sub, target string }{
 	{"cni-bin", "/opt/cni/bin"},
 	{"cni-cache", "/var/lib/cni"},
 	{"log-containers", "/var/log/containers"},
+	// hostPath directories of KubeVirt's virt-handler (its node labeller's
+	// output) and Multus' thick DaemonSet (its per-node configuration) that
+	// are not under /run (the node's tmpfs) or the binds above.
+	{"kubevirt-node-labeller", "/var/lib/kubevirt-node-labeller"},
+	{"cni-multus", "/etc/cni/multus"},
 }
 
 // nodeMount is where a node sees its own directory (inside its /run tmpfs).
@@ -180,8 +185,8 @@ type NodeSpec struct {
 	// NodeIP6 is the node's IPv6 underlay address in a dual-stack lab:
 	// kubelet's --node-ip gets both families ("" : IPv4 only).
 	NodeIP6 string `json:"nodeIP6,omitempty"`
-	// RivalImages are the archives of the --cni rival (rivals.go) the
-	// node imports beside the others.
+	// RivalImages are the archives of the --cni rival (rivals.go) or of
+	// --kubevirt (KubeVirtImages) the node imports beside the others.
 	RivalImages []string `json:"rivalImages,omitempty"`
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,6 +71,15 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return err
 		}
 	}
+	// The nodes import the KubeVirt images beside the others.
+	extraImages := rv.Images
+	var kvDir string
+	if cfg.KubeVirt {
+		if kvDir, err = CheckKubeVirt(cfg.Bins); err != nil {
+			return err
+		}
+		extraImages = append(slices.Clone(extraImages), KubeVirtImages...)
+	}
 	srv, err := k8stest.Load(K8sDir)
 	if err != nil {
 		return err
@@ -101,7 +111,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return fmt.Errorf("node %s: %w", n.NS, err)
 		}
 		pid, err := startNodeInit(ctx, cfg.Bins, NodeSpec{Index: n.Index, Dir: RealNodeDir(n.Index),
-			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6, RivalImages: rv.Images})
+			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6, RivalImages: extraImages})
 		n.KubeletPID = pid
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr
@@ -175,6 +185,12 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		return err
 	}
 	progress(cfg.Out, "lab: CoreDNS %s Ready (%s, zone %s only)", nodeCorednsVersion, ClusterDNS, ClusterDomain)
+	if cfg.KubeVirt {
+		if err := installKubeVirt(ctx, cfg, len(st.Nodes), nodeBins, kvDir, kc); err != nil {
+			return err
+		}
+		progress(cfg.Out, "lab: KubeVirt %s Deployed", KubeVirtVersion)
+	}
 	return nil
 }
 

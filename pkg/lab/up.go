@@ -25,6 +25,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if cfg.Kubelet && (!cfg.K8s || cfg.VM || cfg.BaselineOnly) {
 		return nil, fmt.Errorf("lab up: --kubelet needs --k8s, and no --vm or --baseline-only")
 	}
+	if err := cfg.checkKubeVirt(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if err := cfg.checkInstall(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}

@@ -60,6 +60,7 @@ type spec struct {
 	Cmd        []string
 	Env        []string
 	WorkingDir string
+	User       string // the image's user ("": root)
 }
 
 // layerTar returns the uncompressed tar of the entries, with parent
@@ -152,6 +153,7 @@ func build(s spec) (v1.Image, error) {
 	cf.Config.Cmd = s.Cmd
 	cf.Config.Env = s.Env
 	cf.Config.WorkingDir = s.WorkingDir
+	cf.Config.User = s.User
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return nil, fmt.Errorf("%s: set config: %w", s.Name, err)
 	}

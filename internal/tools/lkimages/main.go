@@ -4,7 +4,7 @@
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox kube-proxy flannel]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-kubevirt-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox kube-proxy flannel virt-operator virt-api virt-controller virt-handler virt-launcher virt-exportserver multus kubevirt-sidecar]
 //
 // Inputs: the agent image's Go binaries built the way
 // deploy/images/agent.Containerfile builds them (its `go build` line is read and
@@ -105,6 +105,9 @@ type inputs struct {
 	AgentGo  string // the agent image's Go binaries; "": built as the Containerfile does
 	NodeBins string // scripts/k8s-node-bins.sh dir
 	Cache    string // Debian rootfs cache
+	// KubeVirtBins is scripts/kubevirt-bins.sh dir (the KubeVirt and Multus
+	// images).
+	KubeVirtBins string
 }
 
 // names are the images in the order they are written by default.
@@ -118,6 +121,9 @@ var rivalNames = []string{"kube-proxy", "flannel"}
 // cache) the Debian rootfs it needs.
 func specFor(n string, in inputs) (spec, error) {
 	node := func(f string) string { return filepath.Join(in.NodeBins, f) }
+	if s, ok, err := kubevirtSpec(n, in); ok {
+		return s, err
+	}
 	switch n {
 	case "pause":
 		return spec{Name: n, Tags: []string{pauseImage},
@@ -202,7 +208,7 @@ func specFor(n string, in inputs) (spec, error) {
 			Env:        []string{"PATH=" + pathEnv},
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}, nil
 	}
-	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(append(slices.Clone(names), rivalNames...), ", "))
+	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(slices.Concat(names, rivalNames, kubevirtNames), ", "))
 }
 
 func defaultCache() string {
@@ -219,6 +225,7 @@ func main() {
 	flag.StringVar(&in.Bin, "bin", "bin", "lanekit-vhost (after make build)")
 	flag.StringVar(&in.AgentGo, "agent-go", "", "lanekitd, lanekit-cni, lanekit for the agent image (default: built as "+containerfile+" builds them)")
 	flag.StringVar(&in.NodeBins, "node-bins", "", "node binaries (default: scripts/k8s-node-bins.sh dir)")
+	flag.StringVar(&in.KubeVirtBins, "kubevirt-bins", "", "KubeVirt and Multus binaries (default: scripts/kubevirt-bins.sh dir)")
 	flag.StringVar(&in.Cache, "cache", defaultCache(), "cache of the Debian root filesystems")
 	flag.Parse()
 	if err := run(*out, in, flag.Args()); err != nil {
@@ -237,6 +244,13 @@ func run(out string, in inputs, want []string) error {
 			return fmt.Errorf("-node-bins not given and scripts/k8s-node-bins.sh dir failed (run from the repo root): %w", err)
 		}
 		in.NodeBins = strings.TrimSpace(string(d))
+	}
+	if in.KubeVirtBins == "" && slices.ContainsFunc(want, func(n string) bool { return slices.Contains(kubevirtNames, n) }) {
+		d, err := exec.Command("scripts/kubevirt-bins.sh", "dir").Output()
+		if err != nil {
+			return fmt.Errorf("-kubevirt-bins not given and scripts/kubevirt-bins.sh dir failed (run from the repo root): %w", err)
+		}
+		in.KubeVirtBins = strings.TrimSpace(string(d))
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err

@@ -19,6 +19,10 @@ type debian struct {
 	Mirror   string   // e.g. http://deb.debian.org/debian
 	Packages []string // --include, on top of --variant=minbase
 	Hooks    []string // --customize-hook shell commands; "$1" is the rootfs
+	// Backports adds SUITE-backports as a second source: Packages name what
+	// they take from it as PACKAGE/SUITE-backports (apt then takes their
+	// dependencies' versions from there as needed).
+	Backports bool
 }
 
 // key names the rootfs in the cache after its whole mmdebstrap command line:
@@ -50,7 +54,11 @@ func (d debian) args(out string) []string {
 	}
 	// Leave no apt lists or caches in the image.
 	a = append(a, `--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*`)
-	return append(a, d.Suite, out, d.Mirror)
+	a = append(a, d.Suite, out, d.Mirror)
+	if d.Backports {
+		a = append(a, fmt.Sprintf("deb %s %s-backports main", d.Mirror, d.Suite))
+	}
+	return a
 }
 
 // rootfs returns the cached rootfs tar of d under cacheDir, building it with
