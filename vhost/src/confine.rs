@@ -107,13 +107,29 @@ pub fn lock_down() -> io::Result<()> {
     prctl(libc::PR_SET_DUMPABLE, 0)?;
     // Ambient capabilities need the permitted and inheritable ones; clearing is always allowed.
     prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong)?;
-    // SAFETY: umask only changes the process's file mode mask.
-    unsafe { libc::umask(0o077) };
+    private_umask();
     Ok(())
 }
 
+/// Files and sockets the process creates are its user's alone.
+pub fn private_umask() {
+    // SAFETY: umask only changes the process's file mode mask.
+    unsafe { libc::umask(0o077) };
+}
+
+/// Give the socket at `path` (just bound, as root) to `uid:gid`, and with `frontend` the
+/// frontend's access ACL; neither follows a symbolic link at `path` (`lchown`, `lsetxattr`).
+pub fn give_socket(path: &Path, uid: u32, gid: u32, frontend: Option<u32>) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+        .map_err(|e| io::Error::new(e.kind(), format!("chown {} to {uid}:{gid}: {e}", path.display())))?;
+    match frontend {
+        Some(f) => grant_frontend(path, f),
+        None => Ok(()),
+    }
+}
+
 /// Let `uid` (the frontend's user) connect to the socket at `path`: mode 0600 plus an access
-/// ACL `user:<uid>:rw-` (mask `rw-`). Needs a filesystem with POSIX ACLs (ext4, xfs, tmpfs).
+/// ACL `user:<uid>:rw-` (mask `rw-`), set on `path` itself, never through a link. Needs a filesystem with POSIX ACLs (ext4, xfs, tmpfs).
 pub fn grant_frontend(path: &Path, uid: u32) -> io::Result<()> {
     const UNDEFINED: u32 = u32::MAX;
     // struct posix_acl_xattr_header + entries {tag u16, perm u16, id u32}, sorted by tag.
@@ -132,8 +148,10 @@ pub fn grant_frontend(path: &Path, uid: u32) -> io::Result<()> {
     }
     let p = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // SAFETY: NUL-terminated path and name, buffer valid for its length.
-    check(unsafe { libc::setxattr(p.as_ptr(), c"system.posix_acl_access".as_ptr(), buf.as_ptr().cast(), buf.len(), 0) })
-        .map_err(|e| io::Error::new(e.kind(), format!("grant uid {uid} access to {}: {e}", path.display())))
+    check(unsafe {
+        libc::lsetxattr(p.as_ptr(), c"system.posix_acl_access".as_ptr(), buf.as_ptr().cast(), buf.len(), 0)
+    })
+    .map_err(|e| io::Error::new(e.kind(), format!("grant uid {uid} access to {}: {e}", path.display())))
 }
 
 /// Syscalls the backend makes once it serves a frontend: what `strace -f` saw the binary do

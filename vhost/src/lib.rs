@@ -179,7 +179,17 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxG
 /// Open the ports and serve frontends forever. With `run_as`, privileges are dropped before
 /// anything else; the process is locked down (`confine.rs`) before the first frontend.
 pub fn start_backend(config: Config) -> Result<()> {
+    // With `run_as`, the socket is bound while still root: its directory may lie beneath one only
+    // root can search (KubeVirt's socket volume inside kubelet's 0750 pods directory). It is then
+    // given to the backend's user and the frontend's ACL set without following links (the pod
+    // that owns the directory cannot make root chown or ACL another file).
+    let mut bound = None;
     if let Some((uid, gid)) = config.run_as {
+        confine::private_umask();
+        let listener = listen(&config.socket)?;
+        confine::give_socket(&config.socket, uid, gid, config.frontend_uid)
+            .map_err(|e| Error::Setup("socket owner", e))?;
+        bound = Some(listener);
         confine::drop_privileges(uid, gid).map_err(|e| Error::Setup("drop privileges", e))?;
     }
     confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
@@ -197,11 +207,17 @@ pub fn start_backend(config: Config) -> Result<()> {
         metrics::spawn(listener, registry).map_err(|e| Error::Setup("start metrics thread", e))?;
         info!("serving metrics on {addr}");
     }
-    let listener = listen(&config.socket)?;
+    let listener = match bound {
+        Some(l) => l,
+        None => {
+            let l = listen(&config.socket)?;
+            if let Some(uid) = config.frontend_uid {
+                confine::grant_frontend(&config.socket, uid).map_err(|e| Error::Setup("socket access", e))?;
+            }
+            l
+        }
+    };
     let _unlink = Unlink(config.socket.clone());
-    if let Some(uid) = config.frontend_uid {
-        confine::grant_frontend(&config.socket, uid).map_err(|e| Error::Setup("socket access", e))?;
-    }
     sigbus::install().map_err(|e| Error::Setup("guard guest memory", e))?;
     if config.seccomp {
         confine::install_seccomp().map_err(|e| Error::Setup("seccomp", e))?;
