@@ -56,10 +56,11 @@ kubevirt-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images virt-operator virt-api virt-controller \
 		virt-handler virt-launcher multus kubevirt-sidecar
 
-# The rivals' images (kube-proxy, flannel) for `lab up --kubelet --cni
-# kube-proxy-iptables|kube-proxy-nftables` (their binaries: make k8s-node-bins).
+# The rivals' images (kube-proxy, flannel, Cilium's agent and operator) for
+# `lab up --kubelet --cni kube-proxy-iptables|kube-proxy-nftables|cilium`
+# (their binaries: make k8s-node-bins).
 k8s-rival-images:
-	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images kube-proxy flannel
+	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images kube-proxy flannel cilium cilium-operator
 
 # Kubernetes' own [sig-network] e2e tests (e2e.test + ginkgo from
 # make k8s-node-bins) against `lanekit lab up --k8s --kubelet`: opt-in and

@@ -36,6 +36,7 @@ COREDNS_VERSION=v1.15.0
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.2
 FLANNEL_VERSION=v0.28.10 # not in the directory name: added to existing sets
+CILIUM_VERSION=v1.19.0   # likewise; 1.20.x has dependencies the module proxy refuses
 DIR=${LANEKIT_K8S_NODE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lanekit/k8s-node/kube-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_coredns-${COREDNS_VERSION}}
 
 if [ "${1:-}" = dir ]; then
@@ -266,6 +267,50 @@ if need flanneld; then
   install -m 0755 "$work/flanneld.bin" "$DIR/flanneld"
 fi
 
+# Cilium as its images/cilium/Dockerfile builds it (Makefile.defs: tag osusergo,
+# the version stamped; the generic operator with ipam_provider_operator), plus
+# what its image and chart use besides the binaries: the BPF sources the agent
+# compiles at start (bpf/, installed where --bpf-dir defaults to), the CNI
+# install/uninstall and init-container scripts, and its Helm chart (rendered by
+# `lab up --cni cilium`). Envoy (the L7 proxy) is C++ and not built here.
+if need cilium-agent cilium-operator-generic cilium-cni cilium-dbg cilium/chart/Chart.yaml cilium/bpf/bpf_lxc.c; then
+  log "building Cilium $CILIUM_VERSION into $DIR (slow: tens of minutes)"
+  (
+    module cilium
+    "$GO" mod edit -require="github.com/cilium/cilium@$CILIUM_VERSION"
+    src=$(mod_field "github.com/cilium/cilium@$CILIUM_VERSION" Dir)
+    [ -f "$src/VERSION" ] || { echo "k8s-node-bins: no source directory for cilium $CILIUM_VERSION" >&2; exit 1; }
+    # A dependent module does not see upstream's replaces (its gobgp fork): copy them.
+    sed -n 's#^replace \([^ ]*\) => \([^ ]*\) \([^ ]*\)$#\1=\2@\3#p' "$src/go.mod" | while read -r r; do
+      "$GO" mod edit -replace="$r"
+    done
+    grep -q gobgp go.mod || { echo "k8s-node-bins: cilium's replaces not found in its go.mod" >&2; exit 1; }
+    # The gobgp fork's pseudo-version is not in sum.golang.org: its hashes
+    # (and every other) are checked against upstream's own go.sum.
+    cp "$src/go.sum" go.sum
+    chmod u+w go.sum
+    cilium_ldflags="-s -w -X 'github.com/cilium/cilium/pkg/version.ciliumVersion=${CILIUM_VERSION#v} lanekit'"
+    ctags=osusergo
+    for b in cilium-agent:daemon cilium-operator-generic:operator cilium-cni:plugins/cilium-cni cilium-dbg:cilium-dbg; do
+      name=${b%%:*}
+      pkg=${b#*:}
+      need "$name" || continue
+      tags=$ctags
+      [ "$name" = cilium-operator-generic ] && tags="$ctags,ipam_provider_operator"
+      CGO_ENABLED=0 timed "$name" "${build[@]}" -tags "$tags" -ldflags "$cilium_ldflags" \
+        -o "$work/$name.bin" "github.com/cilium/cilium/$pkg"
+      install -m 0755 "$work/$name.bin" "$DIR/$name"
+    done
+    rm -rf "$DIR/cilium"
+    mkdir -p "$DIR/cilium"
+    cp -r "$src/bpf" "$DIR/cilium/bpf"
+    cp -r "$src/install/kubernetes/cilium" "$DIR/cilium/chart"
+    install -m 0755 "$src/images/cilium/init-container.sh" "$src/plugins/cilium-cni/install-plugin.sh" \
+      "$src/plugins/cilium-cni/cni-uninstall.sh" "$DIR/cilium/"
+    chmod -R u+w "$DIR/cilium"
+  )
+fi
+
 # Every binary runs and reports the pinned version.
 check() {
   local b=$1 want=$2
@@ -291,4 +336,7 @@ check ginkgo "${GINKGO_VERSION#v}" version
 check e2e.test "$K8S_VERSION" --version
 check coredns "CoreDNS-${COREDNS_VERSION#v}" -version
 check flanneld "$FLANNEL_VERSION" --version
+check cilium-agent "${CILIUM_VERSION#v}" --version
+check cilium-operator-generic "${CILIUM_VERSION#v}" --version
+check cilium-dbg "Client: ${CILIUM_VERSION#v}" version
 echo "$DIR"

@@ -75,7 +75,7 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.Install, "install", lab.InstallKustomize, "with --kubelet: how lanekit is installed: kustomize (kubectl apply -k deploy/ through an overlay) or helm (the commands of docs/install.md's \"Install with Helm\", run as written there)")
 	cmd.Flags().StringVar(&cfg.LBPool, "lb-pool", "", "with --kubelet: LoadBalancer addresses for lanekit's LB IPAM (a CIDR or FIRST-LAST on the underlay, e.g. 10.77.0.200-10.77.0.239): deploy/lb applied, lb-ipam and l2-announce on")
 	cmd.Flags().StringVar(&cfg.CNI, "cni", lab.CNILanekit, "with --kubelet: the cluster's network: "+strings.Join(lab.CNIs, ", ")+
-		" (the kube-proxy values: upstream kube-proxy in that mode + flannel, host-gw or with --routing tunnel vxlan, no lanekit agent; make k8s-rival-images)")
+		" (the kube-proxy values: upstream kube-proxy in that mode + flannel, host-gw or with --routing tunnel vxlan; cilium: Cilium v1.19.0 from its Helm chart, kube-proxy replacement, native routing or with --routing tunnel VXLAN, no Envoy; no lanekit agent; make k8s-node-bins k8s-rival-images)")
 	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (IPv6-only lanekit pods: the agents get only an IPv6 pod CIDR; no --k8s, --vm or --routing tunnel yet)")
 	cmd.Flags().IntVar(&cfg.DPUNodes, "dpu-nodes", 0, "nodes 1..N get a DPU namespace between the node and the wire: the datapath runs there (lanekitd --mode dpu), the node runs lanekitd --mode host (VFs are veth pairs)")
 	return cmd
@@ -378,7 +378,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().BoolVar(&bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
 	cmd.Flags().BoolVar(&bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
 	cmd.Flags().StringSliceVar(&routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
-	cmd.Flags().StringSliceVar(&cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
+	cmd.Flags().StringSliceVar(&cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,cilium,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
 	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
 }

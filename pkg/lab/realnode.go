@@ -139,6 +139,9 @@ var nodeBinds = []struct{ sub, target string }{
 	// are not under /run (the node's tmpfs) or the binds above.
 	{"kubevirt-node-labeller", "/var/lib/kubevirt-node-labeller"},
 	{"cni-multus", "/etc/cni/multus"},
+	// Cilium's chart mounts the host's /lib/modules (no hostPath type: it
+	// must exist); this machine has none, a node gets an empty one.
+	{"lib-modules", "/lib/modules"},
 }
 
 // nodeMount is where a node sees its own directory (inside its /run tmpfs).
@@ -155,10 +158,14 @@ func NodeInitPIDFile(i int) string { return filepath.Join(NodeDir(i), "node.pid"
 func NodeLog(i int, name string) string { return filepath.Join(RealNodeDir(i), name+".log") }
 
 // kernelTunables are the machine-wide /proc/sys entries kubelet sets
-// (setupKernelTunables; the keys only without a user namespace). A node
+// (setupKernelTunables; the keys only without a user namespace) and those
+// Cilium's agent writes at start (pkg/datapath/loader Reinitialize:
+// unprivileged_bpf_disabled=1, which the kernel never lets go back, and
+// timer_migration=0; its net.* writes land in the node's netns). A node
 // sees regular files holding the machine's values there.
 var kernelTunables = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
-	"kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+	"kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+	"kernel/unprivileged_bpf_disabled", "kernel/timer_migration"}
 
 // ReadKernelTunables returns the machine's values of kernelTunables.
 func ReadKernelTunables() (map[string]string, error) {

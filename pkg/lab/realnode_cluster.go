@@ -128,7 +128,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 	}
 	switch {
 	case isRival:
-		progress(cfg.Out, "lab: %d nodes registered; installing %s: kube-proxy and flannel, no lanekit", len(st.Nodes), cfg.CNI)
+		progress(cfg.Out, "lab: %d nodes registered; installing %s, no lanekit", len(st.Nodes), cfg.CNI)
 		if err := installRival(ctx, rv, st, nodeBins, cfg.Bins, srv, kc, cfg.Out); err != nil {
 			return err
 		}

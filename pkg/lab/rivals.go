@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 // The values of --cni.
@@ -42,7 +43,7 @@ const (
 )
 
 // CNIs are the values --cni takes.
-var CNIs = []string{CNILanekit, CNIKubeProxyIptables, CNIKubeProxyNftables}
+var CNIs = []string{CNILanekit, CNIKubeProxyIptables, CNIKubeProxyNftables, CNICilium}
 
 // Images of the rivals (internal/tools/lkimages: make k8s-rival-images).
 const (
@@ -65,10 +66,41 @@ type rival struct {
 	ProxyMode string
 	// FlannelBackend is flannel's backend type (host-gw, vxlan).
 	FlannelBackend string
+	// Cilium: Cilium instead of kube-proxy + flannel (rivals_cilium.go).
+	Cilium bool
+	// Routing is the lab's routing mode.
+	Routing string
 	// Images are the archive names a node imports for it.
 	Images []string
 	// Bins are the node binaries it needs.
 	Bins []string
+	// Plugins are the reference CNI plugins (bin/cni) each node gets.
+	Plugins []string
+}
+
+// podPath is what a pod-to-pod row of the rival crosses.
+func (r rival) podPath() bench.Includes {
+	if r.Cilium {
+		return bench.Includes{Conntrack: true, Detail: "Cilium " + ciliumVersion + ": its BPF programs at the pod veths and the uplink (" +
+			r.ciliumRouting() + "), BPF conntrack"}
+	}
+	return bench.Includes{Netfilter: true, Conntrack: true,
+		Detail: fmt.Sprintf("flannel %s: pod veth, cni0 bridge, node forwarding through kube-proxy's %s rules", r.FlannelBackend, r.ProxyMode)}
+}
+
+// svcPath is what a Service row of the rival crosses.
+func (r rival) svcPath() bench.Includes {
+	if r.Cilium {
+		return bench.Includes{Conntrack: true, Detail: "Cilium kube-proxy replacement: BPF service map, per-packet LB at the pod veth (socket LB host netns only)"}
+	}
+	return bench.Includes{Netfilter: true, Conntrack: true, Detail: "kube-proxy " + r.ProxyMode + " DNAT, flannel bridge"}
+}
+
+func (r rival) ciliumRouting() string {
+	if r.Routing == RoutingTunnel {
+		return "VXLAN"
+	}
+	return "native routing"
 }
 
 // rivalFor returns the install of a --cni value other than lanekit
@@ -77,9 +109,13 @@ func rivalFor(cni, routing string) (r rival, ok bool, err error) {
 	switch cni {
 	case "", CNILanekit:
 		return rival{}, false, nil
+	case CNICilium:
+		return rival{Cilium: true, Routing: routing, Images: []string{"cilium", "cilium-operator"},
+			Bins:    []string{"cilium-agent", "cilium-operator-generic", "cilium-cni", "cilium-dbg", ciliumChartSubdir + "/Chart.yaml"},
+			Plugins: []string{"loopback"}}, true, nil
 	case CNIKubeProxyIptables, CNIKubeProxyNftables:
-		r = rival{ProxyMode: strings.TrimPrefix(cni, "kube-proxy-"), FlannelBackend: "host-gw",
-			Images: []string{"kube-proxy", "flannel"}, Bins: []string{"kube-proxy", "flanneld"}}
+		r = rival{ProxyMode: strings.TrimPrefix(cni, "kube-proxy-"), FlannelBackend: "host-gw", Routing: routing,
+			Images: []string{"kube-proxy", "flannel"}, Bins: []string{"kube-proxy", "flanneld"}, Plugins: flannelPlugins}
 		if routing == RoutingTunnel {
 			r.FlannelBackend = "vxlan"
 		}
@@ -140,7 +176,7 @@ func renderManifest(name, text string, data any) ([]byte, error) {
 // checkRivalInputs verifies the rival's node binaries and image archives.
 func checkRivalInputs(r rival, nodeBins string, b Bins) error {
 	for _, n := range r.Bins {
-		if !executable(filepath.Join(nodeBins, n)) {
+		if f := filepath.Join(nodeBins, n); !executable(f) && (filepath.Ext(n) == "" || !regularFile(f)) {
 			return fmt.Errorf("%s missing in %s: run `make k8s-node-bins` (scripts/k8s-node-bins.sh)", n, nodeBins)
 		}
 	}
@@ -149,7 +185,7 @@ func checkRivalInputs(r rival, nodeBins string, b Bins) error {
 			return fmt.Errorf("image archive %s.tar missing in %s: run `make k8s-rival-images`", n, b.ImagesDir())
 		}
 	}
-	for _, p := range flannelPlugins {
+	for _, p := range r.Plugins {
 		if !executable(filepath.Join(b.Dir, "cni", p)) {
 			return fmt.Errorf("CNI plugin %s missing in %s: run `make deps`", p, filepath.Join(b.Dir, "cni"))
 		}
@@ -164,16 +200,19 @@ var flannelPlugins = []string{"bridge", "host-local", "portmap", "loopback"}
 // gives each node its CNI: the plugins in /opt/cni/bin and, once flanneld
 // has written the node's /run/flannel/subnet.env, the conflist.
 func installRival(ctx context.Context, r rival, st *State, nodeBins string, b Bins, srv *k8stest.Server, kc kubernetes.Interface, out io.Writer) error {
-	manifests, err := rivalManifests(r, srv)
-	if err != nil {
-		return err
-	}
 	for _, n := range st.Nodes {
-		for _, p := range flannelPlugins {
+		for _, p := range r.Plugins {
 			if err := copyExecutable(filepath.Join(b.Dir, "cni", p), filepath.Join(RealNodeDir(n.Index), "cni-bin", p)); err != nil {
 				return fmt.Errorf("node %s: %w", n.NS, err)
 			}
 		}
+	}
+	if r.Cilium {
+		return installCilium(ctx, r, st, nodeBins, b, srv, kc, out)
+	}
+	manifests, err := rivalManifests(r, srv)
+	if err != nil {
+		return err
 	}
 	for _, m := range manifests {
 		if _, err := kubectl(ctx, nodeBins, m, "apply", "-f", "-"); err != nil {

@@ -192,8 +192,7 @@ func (s *State) rivalBenchPaths(cni string, pods map[string]corev1.Pod) []bench.
 	}
 	inc := IncludesLanekitPod
 	if r, ok, _ := rivalFor(cni, s.Routing); ok {
-		inc = bench.Includes{Netfilter: true, Conntrack: true,
-			Detail: fmt.Sprintf("flannel %s: pod veth, cni0 bridge, node forwarding through kube-proxy's %s rules", r.FlannelBackend, r.ProxyMode)}
+		inc = r.podPath()
 	}
 	hostInc := bench.Includes{Detail: "node to node, the nodes' own rules"}
 	paths = append(paths, bench.Path{Name: bench.HostPath, ClientNS: n1.NS, ServerNS: n2.NS, ServerIP: n2.UnderlayIP, Includes: hostInc})

@@ -35,13 +35,17 @@ func machineNetfilter(t *testing.T) string {
 	return b.String()
 }
 
-// rivalTestBins is realNodeTestBins plus the rivals' image archives.
-func rivalTestBins(t *testing.T) (Bins, string) {
+// rivalTestBins is realNodeTestBins plus the rival's binaries and image
+// archives (skips when they are not built).
+func rivalTestBins(t *testing.T, cni string) (Bins, string) {
 	t.Helper()
 	bins, nodeBins := realNodeTestBins(t)
-	r, _, _ := rivalFor(CNIKubeProxyIptables, RoutingNative)
+	r, _, err := rivalFor(cni, RoutingNative)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, b := range r.Bins {
-		if !executable(filepath.Join(nodeBins, b)) {
+		if f := filepath.Join(nodeBins, b); !executable(f) && !regularFile(f) {
 			if os.Getenv(EnvNodeRequired) != "" {
 				t.Fatalf("%s missing in %s (%s is set)", b, nodeBins, EnvNodeRequired)
 			}
@@ -57,55 +61,95 @@ func rivalTestBins(t *testing.T) (Bins, string) {
 }
 
 // TestLabRivals brings up the real-node lab with each rival network (upstream
-// kube-proxy + flannel, no lanekit) and checks, from a user's side, that pods
-// reach each other across the nodes, a ClusterIP Service (by address and by
-// name), a NodePort from outside the nodes and a hostPort (portmap); and the
-// path: kube-proxy's DNAT in the client node's conntrack table, its rules for
-// the Service (iptables: the KUBE-SVC chain's packet counter moved; nftables:
-// the ClusterIP in its services map), flannel's routes (host-gw: the peer's
-// pod CIDR via its underlay address; vxlan: flannel.1's tx counter moved),
-// no lanekit agent and no BPF pin on any node; the machine's own iptables and
-// nftables rules unchanged after lab down.
+// kube-proxy + flannel, or Cilium; no lanekit) and checks, from a user's
+// side, that pods reach each other across the nodes, a ClusterIP Service (by
+// address and by name), a NodePort from outside the nodes and a hostPort;
+// and the path. kube-proxy + flannel: kube-proxy's DNAT in the client node's
+// conntrack table, its rules for the Service (iptables: the KUBE-SVC chain's
+// packet counter moved; nftables: the ClusterIP in its services map),
+// flannel's routes (host-gw: the peer's pod CIDR via its underlay address;
+// vxlan: flannel.1's tx counter moved), no BPF pin on any node. Cilium: its
+// service map (cilium-dbg bpf lb list) holds the ClusterIP with both pods,
+// its BPF conntrack the client's connections to the pods, no KUBE-SVC rule
+// and no conntrack DNAT in the node, its maps pinned in the node's bpffs (not
+// the machine's), its routes (native: direct node routes; VXLAN:
+// cilium_vxlan's tx counter moved). Both: no lanekit agent, and the
+// machine's own iptables and nftables rules and bpffs unchanged after lab down.
 // EnvLabRivals opts TestLabRivals in.
 const EnvLabRivals = "LANEKIT_LAB_RIVALS"
 
 func TestLabRivals(t *testing.T) {
 	if os.Getenv(EnvLabRivals) == "" {
-		t.Skipf("opt-in: set %s=1 (two real-node labs of other projects' datapaths, about 2.5 minutes; "+
+		t.Skipf("opt-in: set %s=1 (real-node labs of other projects' datapaths, about 1.5 minutes each; "+
 			"make test stays in its budget without them)", EnvLabRivals)
 	}
-	bins, nodeBins := rivalTestBins(t)
 	testutil.RequireTools(t, "nft", "curl")
 	for _, c := range []struct{ cni, routing string }{
 		{CNIKubeProxyIptables, RoutingNative},
 		{CNIKubeProxyNftables, RoutingTunnel},
+		{CNICilium, RoutingNative},
+		{CNICilium, RoutingTunnel},
 	} {
-		t.Run(c.cni+"/"+c.routing, func(t *testing.T) { testRivalLab(t, bins, nodeBins, c.cni, c.routing) })
+		t.Run(c.cni+"/"+c.routing, func(t *testing.T) {
+			bins, nodeBins := rivalTestBins(t, c.cni)
+			testRivalLab(t, bins, nodeBins, c.cni, c.routing)
+		})
 	}
 }
 
+// machineBPFPins lists the machine's own bpffs (top two levels).
+func machineBPFPins(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	ents, err := os.ReadDir("/sys/fs/bpf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		out = append(out, e.Name())
+		if sub, err := os.ReadDir(filepath.Join("/sys/fs/bpf", e.Name())); err == nil {
+			for _, s := range sub {
+				out = append(out, e.Name()+"/"+s.Name())
+			}
+		}
+	}
+	return out
+}
+
 func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
-	before := machineNetfilter(t)
+	before, pinsBefore := machineNetfilter(t), machineBPFPins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	_, kc, down := upRealNodeLab(t, ctx, bins, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, CNI: cni, Routing: routing})
-	// The rival's DaemonSets on both nodes; no lanekit.
-	for _, ds := range [][2]string{{"kube-system", "kube-proxy"}, {"kube-flannel", "kube-flannel-ds"}} {
-		if err := waitDaemonSet(ctx, kc, ds[0], ds[1], 2); err != nil {
-			t.Error(err)
-		}
-	}
 	if pods, err := kc.CoreV1().Pods(LanekitNamespace).List(ctx, metav1.ListOptions{}); err != nil || len(pods.Items) > 0 {
 		t.Errorf("lanekit pods on a %s lab: %d, %v", cni, len(pods.Items), err)
+	}
+	if cni == CNICilium {
+		if err := waitDaemonSet(ctx, kc, ciliumNamespace, ciliumAgentDS, 2); err != nil {
+			t.Error(err)
+		}
+	} else {
+		for _, ds := range [][2]string{{"kube-system", "kube-proxy"}, {"kube-flannel", "kube-flannel-ds"}} {
+			if err := waitDaemonSet(ctx, kc, ds[0], ds[1], 2); err != nil {
+				t.Error(err)
+			}
+		}
 	}
 	for i := 1; i <= 2; i++ {
 		root, err := nodeRoot(i)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The node's own bpffs: nothing pinned (the kernel's preloaded
-		// maps.debug and progs.debug iterators aside), no lanekit directory.
+		// The node's own bpffs. kube-proxy + flannel: nothing pinned (the
+		// kernel's preloaded maps.debug and progs.debug iterators aside).
+		// Cilium: its service map.
 		bpffs := filepath.Join(root, "sys", "fs", "bpf")
+		if cni == CNICilium {
+			if _, err := os.Stat(filepath.Join(bpffs, "tc", "globals", "cilium_lb4_services_v2")); err != nil {
+				t.Errorf("cilium: node %d's bpffs has no tc/globals/cilium_lb4_services_v2: %v", i, err)
+			}
+			continue
+		}
 		ents, err := os.ReadDir(bpffs)
 		if err != nil {
 			t.Fatal(err)
@@ -142,15 +186,19 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 	exec := func(p corev1.Pod, args ...string) (string, error) {
 		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
 	}
-	flannelTx := func() int {
-		out, err := nsCommand(ctx, NodeNS(1), "cat", "/sys/class/net/flannel.1/statistics/tx_packets").Output()
+	tunnelDev := "flannel.1"
+	if cni == CNICilium {
+		tunnelDev = "cilium_vxlan"
+	}
+	tunnelTx := func() int {
+		out, err := nsCommand(ctx, NodeNS(1), "cat", "/sys/class/net/"+tunnelDev+"/statistics/tx_packets").Output()
 		if err != nil {
 			return -1
 		}
 		n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
 		return n
 	}
-	tx0 := flannelTx()
+	tx0 := tunnelTx()
 	for k, p := range pods {
 		peer := pods[1-k]
 		got, err := exec(p, "curl", "-sS", "-m", "5", fmt.Sprintf("http://%s:8080/hostname", peer.Status.PodIP))
@@ -158,7 +206,7 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 			t.Errorf("%s (%s) -> %s (%s): %q, %v", p.Name, p.Spec.NodeName, peer.Name, peer.Status.PodIP, got, err)
 		}
 	}
-	tx1 := flannelTx()
+	tx1 := tunnelTx()
 	svcPackets := func() int { return kubeSvcPackets(t, ctx, NodeNS(1), "default/web") }
 	pk0 := -1
 	if cni == CNIKubeProxyIptables {
@@ -187,14 +235,14 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 			t.Errorf("NodePort %s from %s: %q, %v", url, WireNS, out, err)
 		}
 	}
-	// hostPort (portmap), from the other node's pod.
+	// hostPort (portmap; Cilium: its BPF hostPort), from the other node's pod.
 	url := fmt.Sprintf("http://%s:%d/hostname", pods[1].Status.HostIP, webHostPort)
 	if got, err := exec(pods[0], "curl", "-sS", "-m", "5", url); err != nil || strings.TrimSpace(got) != pods[1].Name {
 		t.Errorf("hostPort %s from %s: %q, %v", url, pods[0].Name, got, err)
 	}
 
-	// The path: kube-proxy's DNAT of the ClusterIP in node 1's conntrack
-	// table (a reply from a pod IP to the client pod).
+	// The path in the client's node: conntrack DNAT of the ClusterIP
+	// (kube-proxy), or none of it and Cilium's maps.
 	ct, err := nsCommand(ctx, NodeNS(1), "cat", "/proc/net/nf_conntrack").Output()
 	if err != nil {
 		t.Fatalf("conntrack table of %s: %v", NodeNS(1), err)
@@ -202,8 +250,8 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 	dnat := regexp.MustCompile(`src=` + regexp.QuoteMeta(pods[0].Status.PodIP) + ` dst=` + regexp.QuoteMeta(svc.Spec.ClusterIP) +
 		` sport=\d+ dport=80 .*src=(` + regexp.QuoteMeta(pods[0].Status.PodIP) + `|` + regexp.QuoteMeta(pods[1].Status.PodIP) + `) dst=` +
 		regexp.QuoteMeta(pods[0].Status.PodIP) + ` sport=8080`)
-	if !dnat.Match(ct) {
-		t.Errorf("%s: no conntrack entry DNATing %s:80 to a web pod in %s:\n%s", cni, svc.Spec.ClusterIP, NodeNS(1), ct)
+	if got := dnat.Match(ct); got != (cni != CNICilium) {
+		t.Errorf("%s: conntrack entry DNATing %s:80 to a web pod in %s: %v, want %v:\n%s", cni, svc.Spec.ClusterIP, NodeNS(1), got, !got, ct)
 	}
 	switch cni {
 	case CNIKubeProxyIptables:
@@ -215,6 +263,8 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 		if err != nil || !strings.Contains(string(out), svc.Spec.ClusterIP+" . tcp . 80 : goto service-") {
 			t.Errorf("kube-proxy's nftables table on %s lacks %s in its service map: %v\n%s", NodeNS(1), svc.Spec.ClusterIP, err, out)
 		}
+	case CNICilium:
+		checkCiliumPath(t, ctx, kc, nodeBins, svc.Spec.ClusterIP, pods)
 	}
 	routes, err := nsCommand(ctx, NodeNS(1), "ip", "route", "show").Output()
 	if err != nil {
@@ -222,25 +272,28 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 	}
 	peerCIDR := regexp.QuoteMeta(pods[1].Status.PodIP[:strings.LastIndex(pods[1].Status.PodIP, ".")]) + `\.0/24`
 	switch routing {
-	case RoutingNative: // host-gw: the peer's range via its underlay address
+	case RoutingNative: // host-gw, Cilium's direct node routes: the peer's range via its underlay address
 		if !regexp.MustCompile(`(?m)^` + peerCIDR + ` via ` + regexp.QuoteMeta(UnderlayIP(2)) + ` dev ` + Uplink).Match(routes) {
-			t.Errorf("host-gw: no route to node 2's pods via %s on %s:\n%s", UnderlayIP(2), NodeNS(1), routes)
+			t.Errorf("%s native: no route to node 2's pods via %s on %s:\n%s", cni, UnderlayIP(2), NodeNS(1), routes)
 		}
 		if tx0 != -1 {
-			t.Errorf("host-gw: %s has a flannel.1 device", NodeNS(1))
+			t.Errorf("%s native: %s has a %s device", cni, NodeNS(1), tunnelDev)
 		}
-	case RoutingTunnel: // vxlan: the peer's range on flannel.1, which carried the traffic
-		if !regexp.MustCompile(`(?m)^` + peerCIDR + ` via \S+ dev flannel\.1`).Match(routes) {
+	case RoutingTunnel: // vxlan: the tunnel device carried the cross-node traffic
+		if cni != CNICilium && !regexp.MustCompile(`(?m)^`+peerCIDR+` via \S+ dev flannel\.1`).Match(routes) {
 			t.Errorf("vxlan: no route to node 2's pods on flannel.1 on %s:\n%s", NodeNS(1), routes)
 		}
 		if tx0 < 0 || tx1 <= tx0 {
-			t.Errorf("vxlan: flannel.1 tx packets %d -> %d over the cross-node requests, want them to move", tx0, tx1)
+			t.Errorf("vxlan: %s tx packets %d -> %d over the cross-node requests, want them to move", tunnelDev, tx0, tx1)
 		}
 	}
 
 	down()
 	if after := machineNetfilter(t); after != before {
 		t.Errorf("the machine's iptables/nftables rules changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if after := machineBPFPins(t); strings.Join(after, " ") != strings.Join(pinsBefore, " ") {
+		t.Errorf("the machine's bpffs changed: before %v, after %v", pinsBefore, after)
 	}
 	if left := listLabNetns(); len(left) > 0 {
 		t.Errorf("netns left after down: %v", left)

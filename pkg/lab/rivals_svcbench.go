@@ -227,7 +227,7 @@ func rivalServiceRows(cni string, counts []int, pods map[string]corev1.Pod, prog
 	cidr := netip.MustParsePrefix(ClusterCIDR)
 	inc := IncludesLanekitPod
 	if r, ok, _ := rivalFor(cni, ""); ok {
-		inc = bench.Includes{Netfilter: true, Conntrack: true, Detail: "kube-proxy " + r.ProxyMode + " DNAT, flannel bridge"}
+		inc = r.svcPath()
 	}
 	var out []bench.SvcPath
 	for _, n := range counts {

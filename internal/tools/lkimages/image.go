@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"time"
@@ -39,6 +40,43 @@ func regular(dst, src string, perm fs.FileMode) entry { return entry{Path: dst, 
 // content is a regular file with the given bytes at dst.
 func content(dst string, data []byte, perm fs.FileMode) entry {
 	return entry{Path: dst, Data: data, Mode: perm}
+}
+
+// tree is the regular files and directories under the host directory src,
+// installed under dst (files 0644, or 0755 if executable; no symlinks).
+func tree(dst, src string) ([]entry, error) {
+	var out []entry
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := path.Join(dst, filepath.ToSlash(rel))
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			out = append(out, dir(target, 0o755))
+		case info.Mode().IsRegular():
+			perm := fs.FileMode(0o644)
+			if info.Mode().Perm()&0o111 != 0 {
+				perm = 0o755
+			}
+			out = append(out, regular(target, p, perm))
+		default:
+			return fmt.Errorf("%s: not a regular file or directory", p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tree %s: %w", src, err)
+	}
+	return out, nil
 }
 
 // dir is a directory dst with mode perm.

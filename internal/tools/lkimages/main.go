@@ -59,9 +59,13 @@ const (
 	// upstream manifests at the versions scripts/k8s-node-bins.sh builds.
 	kubeProxyImage = "registry.k8s.io/kube-proxy:v1.37.2"
 	flannelImage   = "ghcr.io/flannel-io/flannel:v0.28.10"
-	debianMirror   = "http://deb.debian.org/debian"
-	debianSuite    = "bookworm"
-	defaultOutDir  = "images"
+	// Cilium's chart's image names (values.yaml: image, operator.image with
+	// the generic suffix), without its digests.
+	ciliumImage         = "quay.io/cilium/cilium:v1.19.0"
+	ciliumOperatorImage = "quay.io/cilium/operator-generic:v1.19.0"
+	debianMirror        = "http://deb.debian.org/debian"
+	debianSuite         = "bookworm"
+	defaultOutDir       = "images"
 )
 
 // pathEnv is the PATH of Debian's images (bookworm-slim's ENV).
@@ -99,6 +103,19 @@ var netRoot = debian{
 	Packages: []string{"iptables", "nftables", "conntrack", "iproute2", "ca-certificates"},
 }
 
+// ciliumRoot stands in for quay.io/cilium/cilium-runtime (Ubuntu with clang,
+// llvm, iproute2, iptables, ipset, kmod, bash): the agent compiles its BPF at
+// start with clang (>= 18; bookworm's clang-19 is 19.1.7, the version Cilium's
+// own image ships) and the chart's init containers run bash and mount.
+var ciliumRoot = debian{
+	Name: "cilium", Suite: debianSuite, Mirror: debianMirror,
+	Packages: []string{"clang-19", "llvm-19", "iproute2", "iptables", "ipset", "kmod", "bash", "ca-certificates"},
+	Hooks: []string{
+		`ln -s clang-19 "$1/usr/bin/clang"`,
+		`ln -s llc-19 "$1/usr/bin/llc"`,
+	},
+}
+
 // inputs are where the images' files come from.
 type inputs struct {
 	Bin      string // lanekit binaries (make build): lanekit-vhost
@@ -115,7 +132,7 @@ var names = []string{"pause", "agent", "agnhost", "coredns", "regression", "busy
 
 // rivalNames are written only when named (make k8s-rival-images): the
 // images of the rival labs.
-var rivalNames = []string{"kube-proxy", "flannel"}
+var rivalNames = []string{"kube-proxy", "flannel", "cilium", "cilium-operator"}
 
 // specFor returns the spec of the named image, building (or taking from the
 // cache) the Debian rootfs it needs.
@@ -159,6 +176,15 @@ func specFor(n string, in inputs) (spec, error) {
 			s.Entrypoint = []string{"/opt/bin/flanneld"}
 		}
 		return s, nil
+	case "cilium":
+		return ciliumSpec(in)
+	case "cilium-operator":
+		base, err := slim.rootfs(in.Cache)
+		if err != nil {
+			return spec{}, err
+		}
+		return spec{Name: n, Tags: []string{ciliumOperatorImage}, Base: base, Env: []string{"PATH=" + pathEnv},
+			Files: []entry{regular("/usr/bin/cilium-operator-generic", node("cilium-operator-generic"), 0o755)}}, nil
 	case "agent":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
@@ -209,6 +235,33 @@ func specFor(n string, in inputs) (spec, error) {
 			Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}, nil
 	}
 	return spec{}, fmt.Errorf("unknown image %q (have %s)", n, strings.Join(slices.Concat(names, rivalNames, kubevirtNames), ", "))
+}
+
+// ciliumSpec is Cilium's agent image as images/cilium/Dockerfile lays it out
+// (install-container-binary: the binaries in /usr/bin, the CNI plugin in
+// /opt/cni/bin, the BPF sources in /var/lib/cilium/bpf, the scripts at /),
+// without Envoy (cilium-envoy, libcilium.so: C++, not built here) and Hubble.
+func ciliumSpec(in inputs) (spec, error) {
+	node := func(f string) string { return filepath.Join(in.NodeBins, f) }
+	base, err := ciliumRoot.rootfs(in.Cache)
+	if err != nil {
+		return spec{}, err
+	}
+	files := []entry{
+		regular("/usr/bin/cilium-agent", node("cilium-agent"), 0o755),
+		regular("/usr/bin/cilium-dbg", node("cilium-dbg"), 0o755),
+		regular("/opt/cni/bin/cilium-cni", node("cilium-cni"), 0o755),
+	}
+	for _, f := range []string{"init-container.sh", "install-plugin.sh", "cni-uninstall.sh"} {
+		files = append(files, regular("/"+f, node("cilium/"+f), 0o755))
+	}
+	bpf, err := tree("/var/lib/cilium/bpf", node("cilium/bpf"))
+	if err != nil {
+		return spec{}, fmt.Errorf("cilium: %w", err)
+	}
+	return spec{Name: "cilium", Tags: []string{ciliumImage}, Base: base, Files: append(files, bpf...),
+		Env: []string{"PATH=" + pathEnv, "INITSYSTEM=SYSTEMD"}, WorkingDir: "/home/cilium",
+		Cmd: []string{"/usr/bin/cilium-dbg"}}, nil
 }
 
 func defaultCache() string {

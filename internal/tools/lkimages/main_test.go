@@ -67,7 +67,14 @@ func fakeInputs(t *testing.T) inputs {
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"pause", "agnhost", "coredns", "regression-issue-74839", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key", "kube-proxy", "flanneld"} {
+	for _, d := range []string{"cilium/bpf/include"} {
+		if err := os.MkdirAll(filepath.Join(in.NodeBins, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []string{"pause", "agnhost", "coredns", "regression-issue-74839", "agnhost-porter/localhost.crt", "agnhost-porter/localhost.key", "kube-proxy", "flanneld",
+		"cilium-agent", "cilium-dbg", "cilium-cni", "cilium-operator-generic", "cilium/init-container.sh", "cilium/install-plugin.sh",
+		"cilium/cni-uninstall.sh", "cilium/bpf/bpf_lxc.c", "cilium/bpf/include/bpf.h"} {
 		if err := os.WriteFile(filepath.Join(in.NodeBins, b), []byte("node/"+b), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -75,6 +82,7 @@ func fakeInputs(t *testing.T) inputs {
 	writeTar(t, filepath.Join(in.Cache, slim.key()), map[string]string{"etc/os-release": "slim", "bin/sh": "sh"})
 	writeTar(t, filepath.Join(in.Cache, agnhostRoot.key()), map[string]string{"etc/os-release": "agnhost", "usr/bin/curl": "curl"})
 	writeTar(t, filepath.Join(in.Cache, netRoot.key()), map[string]string{"etc/os-release": "netroot", "usr/sbin/iptables": "iptables"})
+	writeTar(t, filepath.Join(in.Cache, ciliumRoot.key()), map[string]string{"etc/os-release": "cilium", "usr/bin/clang-19": "clang"})
 	return in
 }
 
@@ -169,6 +177,22 @@ func TestImagesReadBack(t *testing.T) {
 			env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 			base:  map[string]string{"etc/os-release": "netroot", "usr/sbin/iptables": "iptables"},
 			files: map[string]tarFile{"opt": dir, "opt/bin": dir, "opt/bin/flanneld": reg("node/flanneld")}},
+		"cilium": {tags: []string{"quay.io/cilium/cilium:v1.19.0"}, cmd: []string{"/usr/bin/cilium-dbg"},
+			env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "INITSYSTEM=SYSTEMD"},
+			base: map[string]string{"etc/os-release": "cilium", "usr/bin/clang-19": "clang"},
+			files: map[string]tarFile{"usr": dir, "usr/bin": dir, "opt": dir, "opt/cni": dir, "opt/cni/bin": dir,
+				"usr/bin/cilium-agent": reg("node/cilium-agent"), "usr/bin/cilium-dbg": reg("node/cilium-dbg"),
+				"opt/cni/bin/cilium-cni": reg("node/cilium-cni"), "init-container.sh": reg("node/cilium/init-container.sh"),
+				"install-plugin.sh": reg("node/cilium/install-plugin.sh"), "cni-uninstall.sh": reg("node/cilium/cni-uninstall.sh"),
+				"var": dir, "var/lib": dir, "var/lib/cilium": dir, "var/lib/cilium/bpf": dir, "var/lib/cilium/bpf/include": dir,
+				// The BPF sources keep their (non-executable) mode: 0644.
+				"var/lib/cilium/bpf/bpf_lxc.c":     {Mode: 0o644, Type: tar.TypeReg, Data: "node/cilium/bpf/bpf_lxc.c"},
+				"var/lib/cilium/bpf/include/bpf.h": {Mode: 0o644, Type: tar.TypeReg, Data: "node/cilium/bpf/include/bpf.h"},
+			}},
+		"cilium-operator": {tags: []string{"quay.io/cilium/operator-generic:v1.19.0"},
+			env:   []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			base:  map[string]string{"etc/os-release": "slim", "bin/sh": "sh"},
+			files: map[string]tarFile{"usr": dir, "usr/bin": dir, "usr/bin/cilium-operator-generic": reg("node/cilium-operator-generic")}},
 		"agent": {tags: []string{"ghcr.io/lanekit/lanekit-agent:v0.1.0"},
 			entrypoint: []string{"/opt/lanekit/bin/lanekitd"},
 			env:        []string{"PATH=/opt/lanekit/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -354,6 +378,12 @@ func TestNamesMatchUpstream(t *testing.T) {
 	}
 	if want := "ghcr.io/flannel-io/flannel:" + pin("FLANNEL_VERSION"); flannelImage != want {
 		t.Errorf("flannel image %s, the script builds %s", flannelImage, want)
+	}
+	if want := "quay.io/cilium/cilium:" + pin("CILIUM_VERSION"); ciliumImage != want {
+		t.Errorf("cilium image %s, the script builds %s", ciliumImage, want)
+	}
+	if want := "quay.io/cilium/operator-generic:" + pin("CILIUM_VERSION"); ciliumOperatorImage != want {
+		t.Errorf("cilium operator image %s, the script builds %s", ciliumOperatorImage, want)
 	}
 	// The e2e tests' image list, when the module is in the local cache (no download in tests).
 	t.Run("e2e manifest", func(t *testing.T) {
