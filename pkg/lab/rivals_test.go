@@ -203,7 +203,9 @@ func TestCheckCNI(t *testing.T) {
 		{Config{CNI: CNIKubeProxyNftables, K8s: true, Kubelet: true, Routing: RoutingTunnel}, ""},
 		{Config{CNI: CNIKubeProxyIptables, K8s: true}, "needs real nodes"},
 		{Config{CNI: CNIKubeProxyIptables, K8s: true, Kubelet: true, IPFamily: IPFamilyDual}, "IPv4 only"},
-		{Config{CNI: "cilium", K8s: true, Kubelet: true}, `--cni "cilium"`},
+		{Config{CNI: CNICilium, K8s: true, Kubelet: true}, ""},
+		{Config{CNI: CNICilium, K8s: true, Kubelet: true, Routing: RoutingTunnel}, ""},
+		{Config{CNI: "calico", K8s: true, Kubelet: true}, `--cni "calico"`},
 	} {
 		err := c.cfg.checkCNI()
 		if (err == nil) != (c.want == "") || (err != nil && !strings.Contains(err.Error(), c.want)) {
