@@ -53,60 +53,9 @@ trap 'rm -rf "$work"' EXIT
 export GOWORK=off GOFLAGS="-mod=mod -p=${LANEKIT_BUILD_JOBS:-1}" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 build=(nice -n 19 "$GO" build -trimpath)
 
-log() { echo ">> k8s-node-bins: $*" >&2; }
-
-# need NAME...: true if any of the named files is missing from $DIR.
-need() {
-  local b
-  for b in "$@"; do [ -s "$DIR/$b" ] || return 0; done
-  return 1
-}
-
-# retry CMD...: runs CMD up to LANEKIT_RETRIES (3) times, 10 s apart, so that a
-# transient download error of the module proxy does not stop the build; every
-# failed try is reported with its exit status (CMD's own stderr says why).
-retry() {
-  local n=1 max=${LANEKIT_RETRIES:-3} rc
-  while true; do
-    "$@" && return 0
-    rc=$?
-    if ((n >= max)); then
-      log "FAILED after $n tries (exit $rc): $*"
-      return "$rc"
-    fi
-    log "try $n of $max failed (exit $rc), retrying in 10 s: $*"
-    n=$((n + 1))
-    sleep 10
-  done
-}
-
-# timed NAME CMD...: runs CMD (retried), logs how long it took.
-timed() {
-  local name=$1 start=$SECONDS
-  shift
-  retry "$@" || exit 1
-  log "$name built in $((SECONDS - start)) s"
-}
-
-# mod_field MODULE@VERSION FIELD: one field (GoMod, Dir) of `go mod download
-# -json`, retried. The errors of that command are in its JSON on stdout
-# ("Error"), so they are printed here instead of being filtered away.
-mod_field() {
-  local out
-  if ! out=$(retry "$GO" mod download -json "$1"); then
-    echo "k8s-node-bins: go mod download $1 failed:" >&2
-    echo "$out" | grep -E '"Error"' >&2 || echo "$out" >&2
-    exit 1
-  fi
-  echo "$out" | sed -n "s/^\s*\"$2\": \"\(.*\)\",*\$/\1/p" | tail -n 1
-}
-
-# module NAME: creates the wrapper module $work/NAME and cds into it.
-module() {
-  mkdir -p "$work/$1"
-  cd "$work/$1"
-  "$GO" mod init "lanekit.local/$1" >/dev/null 2>&1
-}
+NAME=k8s-node-bins
+# shellcheck source=scripts/gobuild-lib.sh
+source "$(dirname "$0")/gobuild-lib.sh"
 
 # kube_module: the wrapper module for k8s.io/kubernetes (see scripts/k8s-bins.sh).
 kube_module() {

@@ -54,57 +54,9 @@ trap 'rm -rf "$work"' EXIT
 export GOWORK=off GOFLAGS="-mod=mod -p=${LANEKIT_BUILD_JOBS:-1}" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 build=(nice -n 19 "$GO" build -trimpath)
 
-log() { echo ">> kubevirt-bins: $*" >&2; }
-
-# need NAME...: true if any of the named files is missing from $DIR.
-need() {
-  local b
-  for b in "$@"; do [ -s "$DIR/$b" ] || return 0; done
-  return 1
-}
-
-# retry CMD...: up to LANEKIT_RETRIES (3) tries, 10 s apart (transient module
-# proxy errors); every failed try is reported.
-retry() {
-  local n=1 max=${LANEKIT_RETRIES:-3} rc
-  while true; do
-    "$@" && return 0
-    rc=$?
-    if ((n >= max)); then
-      log "FAILED after $n tries (exit $rc): $*"
-      return "$rc"
-    fi
-    log "try $n of $max failed (exit $rc), retrying in 10 s: $*"
-    n=$((n + 1))
-    sleep 10
-  done
-}
-
-timed() {
-  local name=$1 start=$SECONDS
-  shift
-  retry "$@" || exit 1
-  log "$name built in $((SECONDS - start)) s"
-}
-
-mod_field() {
-  local out
-  if ! out=$(retry "$GO" mod download -json "$1"); then
-    echo "kubevirt-bins: go mod download $1 failed:" >&2
-    echo "$out" | grep -E '"Error"' >&2 || echo "$out" >&2
-    exit 1
-  fi
-  echo "$out" | sed -n "s/^\s*\"$2\": \"\(.*\)\",*\$/\1/p" | tail -n 1
-}
-
-# module NAME: creates the wrapper module $work/NAME afresh (a second block
-# may set up the same one) and cds into it.
-module() {
-  rm -rf "${work:?}/$1"
-  mkdir -p "$work/$1"
-  cd "$work/$1"
-  "$GO" mod init "lanekit.local/$1" >/dev/null
-}
+NAME=kubevirt-bins
+# shellcheck source=scripts/gobuild-lib.sh
+source "$(dirname "$0")/gobuild-lib.sh"
 
 # kubevirt_module: the wrapper module for kubevirt.io/kubevirt (see above).
 kubevirt_module() {
