@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -134,6 +135,10 @@ func waitService(t *testing.T, c kubernetes.Interface, name string, limit time.D
 	return last
 }
 
+func hasFinalizer(want bool) func(*corev1.Service) bool {
+	return func(s *corev1.Service) bool { return slices.Contains(s.Finalizers, Finalizer) == want }
+}
+
 func hasIngress(ip string) func(*corev1.Service) bool {
 	return func(s *corev1.Service) bool {
 		in := s.Status.LoadBalancer.Ingress
@@ -210,6 +215,7 @@ func TestAgentsWithAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitService(t, c, web, 20*time.Second, "ingress 192.0.2.1 (VIP)", hasIngress("192.0.2.1"))
+	waitService(t, c, web, 10*time.Second, "the cleanup finalizer", hasFinalizer(true))
 
 	// A request for a held address: a conflict, as a condition and an event.
 	if _, err := c.CoreV1().Services("default").Create(ctx, lbService("copy", map[string]string{AnnotationIPs: "192.0.2.1"}), metav1.CreateOptions{}); err != nil {
@@ -226,9 +232,11 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal("no AddressInUse event for Service copy")
 	}
-	// Another controller's Service (its loadBalancerClass) is left alone.
+	// Another controller's Service (its loadBalancerClass, its own cleanup
+	// finalizer) is left alone.
 	foreign := lbService("foreign", nil)
 	foreign.Spec.LoadBalancerClass = new("example.com/other-lb")
+	foreign.Finalizers = []string{Finalizer}
 	if _, err := c.CoreV1().Services("default").Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +301,7 @@ func TestAgentsWithAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitService(t, c, web, 10*time.Second, "released", func(s *corev1.Service) bool {
-		return len(s.Status.LoadBalancer.Ingress) == 0 && !Assigned(s)
+		return len(s.Status.LoadBalancer.Ingress) == 0 && !Assigned(s) && !hasFinalizer(true)(s)
 	})
 	waitService(t, c, "copy", 10*time.Second, "ingress 192.0.2.1", hasIngress("192.0.2.1"))
 
@@ -322,16 +330,30 @@ func TestAgentsWithAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal("no InvalidPools event on the pools ConfigMap")
 	}
+	waitService(t, c, "late", time.Second, "the cleanup finalizer", hasFinalizer(true))
 	if err := c.CoreV1().Services("default").Delete(ctx, "late", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	// Its finalizer goes even under a broken pools document: it is gone.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := c.CoreV1().Services("default").Get(ctx, "late", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatal("deleted Service late is still there: its finalizer was not removed")
+	}
 	for name, ip := range map[string]string{"copy": "192.0.2.1", "pinned": "192.0.2.3"} {
 		waitService(t, c, name, time.Second, "kept "+ip+" under a broken pools document", hasIngress(ip))
 	}
 	waitService(t, c, "foreign", time.Second, "untouched (another loadBalancerClass)", func(s *corev1.Service) bool {
 		return len(s.Status.LoadBalancer.Ingress) == 0 && len(s.Status.Conditions) == 0
 	})
+	// Deleted, another controller's Service keeps that controller's
+	// finalizer: lanekit removes it only from its own.
+	if err := c.CoreV1().Services("default").Delete(ctx, "foreign", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	waitService(t, c, "foreign", time.Second, "still held by its own controller's finalizer", hasFinalizer(true))
 	waitService(t, c, "extra", time.Second, "still unassigned", func(s *corev1.Service) bool { return len(s.Status.LoadBalancer.Ingress) == 0 })
 	// Nor does a deleted pools ConfigMap (an empty pool list would).
 	if err := c.CoreV1().ConfigMaps(testNS).Delete(ctx, DefaultPoolsConfigMap, metav1.DeleteOptions{}); err != nil {

@@ -2,9 +2,11 @@ package lbipam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -141,7 +144,12 @@ func (m *IPAM) lead(ctx context.Context) error {
 			return nil
 		}
 		if err := m.reconcile(ctx, svcs.Lister(), nss.Lister(), cms.Lister()); err != nil {
-			m.cfg.Log.Warn("lb-ipam: reconcile", "err", err)
+			// A conflict is the informer a write behind: retried, not news.
+			lvl := slog.LevelWarn
+			if apierrors.IsConflict(err) {
+				lvl = slog.LevelDebug
+			}
+			m.cfg.Log.Log(ctx, lvl, "lb-ipam: reconcile", "err", err)
 			q.AddRateLimited(k)
 		} else {
 			q.Forget(k)
@@ -152,6 +160,13 @@ func (m *IPAM) lead(ctx context.Context) error {
 
 // reconcile plans every Service and writes the statuses that differ.
 func (m *IPAM) reconcile(ctx context.Context, sl listerscorev1.ServiceLister, nl listerscorev1.NamespaceLister, cl listerscorev1.ConfigMapLister) error {
+	all, err := sl.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	if err := m.releaseDeleted(ctx, all); err != nil {
+		return err
+	}
 	pools, found, err := m.pools(cl)
 	if err != nil {
 		// Keep every assignment as it is: a typo must not release addresses.
@@ -163,15 +178,12 @@ func (m *IPAM) reconcile(ctx context.Context, sl listerscorev1.ServiceLister, nl
 		m.cfg.Log.Info("lb-ipam: no pools ConfigMap; assigning and releasing nothing", "configmap", m.cfg.Namespace+"/"+m.cfg.ConfigMap)
 		return nil
 	}
-	all, err := sl.List(labels.Everything())
-	if err != nil {
-		return err
-	}
+	var errs []error
 	var wants []Want
 	bad := map[string]*Error{}
 	byKey := map[string]*corev1.Service{}
 	for _, svc := range all {
-		if !Ours(svc) {
+		if !Ours(svc) || svc.DeletionTimestamp != nil {
 			continue
 		}
 		var nsLabels map[string]string
@@ -190,29 +202,40 @@ func (m *IPAM) reconcile(ctx context.Context, sl listerscorev1.ServiceLister, nl
 	for k, e := range bad {
 		plan[k] = Result{Err: e}
 	}
-	var errs []error
 	for k, r := range plan {
 		svc := byKey[k]
-		st, changed := desiredStatus(svc, r)
-		if !changed {
-			continue
+		if st, changed := desiredStatus(svc, r); changed {
+			out, err := m.writeStatus(ctx, svc, st)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if r.Err != nil {
+				m.recorder.Event(svc, corev1.EventTypeWarning, r.Err.Reason, r.Err.Msg)
+			} else {
+				m.recorder.Eventf(svc, corev1.EventTypeNormal, ReasonAssigned, "assigned LoadBalancer address %s", joinAddrs(r.Addrs))
+			}
+			svc = out
 		}
-		if err := m.writeStatus(ctx, svc, st); err != nil {
+		// After the condition: a Service carries the finalizer only once
+		// the condition marks it lanekit's (the server clears the ingress
+		// list, not the condition, when the type changes).
+		if _, err := m.setFinalizer(ctx, svc, true); err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		if r.Err != nil {
-			m.recorder.Event(svc, corev1.EventTypeWarning, r.Err.Reason, r.Err.Msg)
-		} else {
-			m.recorder.Eventf(svc, corev1.EventTypeNormal, ReasonAssigned, "assigned LoadBalancer address %s", joinAddrs(r.Addrs))
 		}
 	}
-	// Services lanekit served that are no longer LoadBalancer (or lanekit's).
+	// Services lanekit served that are no longer LoadBalancer (or lanekit's):
+	// the finalizer, then the addresses and condition (a failed release is
+	// retried: the condition still says whose it was).
 	for _, svc := range all {
-		if Ours(svc) || !Assigned(svc) {
+		if Ours(svc) || svc.DeletionTimestamp != nil || !Assigned(svc) {
 			continue
 		}
-		if err := m.writeStatus(ctx, svc, releasedStatus(svc)); err != nil {
+		svc, err := m.setFinalizer(ctx, svc, false)
+		if err == nil {
+			_, err = m.writeStatus(ctx, svc, releasedStatus(svc))
+		}
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -221,17 +244,71 @@ func (m *IPAM) reconcile(ctx context.Context, sl listerscorev1.ServiceLister, nl
 	return errors.Join(errs...)
 }
 
-func (m *IPAM) writeStatus(ctx context.Context, svc *corev1.Service, st corev1.ServiceStatus) error {
-	c := svc.DeepCopy()
-	c.Status = st
-	_, err := m.cfg.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{FieldManager: "lanekit-lb-ipam"})
+// Finalizer is the cleanup finalizer of Kubernetes' service controller,
+// which load-balancer implementations put on the Services they serve: a
+// Service lanekit assigned (its condition present) is not gone before
+// lanekit has seen its deletion, so its address leaves the plan by that
+// pass, not by a missed event. Removed when the Service is deleted or
+// stops being lanekit's; never touched on Services another controller
+// serves.
+const Finalizer = "service.kubernetes.io/load-balancer-cleanup"
+
+// releaseDeleted lets Services being deleted go: they left the plan, so
+// their addresses are free whatever the pools say.
+func (m *IPAM) releaseDeleted(ctx context.Context, all []*corev1.Service) error {
+	var errs []error
+	for _, svc := range all {
+		if svc.DeletionTimestamp == nil || !slices.Contains(svc.Finalizers, Finalizer) || (!Ours(svc) && !Assigned(svc)) {
+			continue
+		}
+		if _, err := m.setFinalizer(ctx, svc, false); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if Assigned(svc) {
+			m.recorder.Event(svc, corev1.EventTypeNormal, "Released", "released LoadBalancer addresses "+joinAddrs(IngressAddrs(svc))+" of a deleted Service")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// setFinalizer adds or removes Finalizer on svc (a merge patch guarded by
+// its resourceVersion) and returns the Service as the server has it.
+func (m *IPAM) setFinalizer(ctx context.Context, svc *corev1.Service, want bool) (*corev1.Service, error) {
+	if slices.Contains(svc.Finalizers, Finalizer) == want {
+		return svc, nil
+	}
+	fin := slices.DeleteFunc(slices.Clone(svc.Finalizers), func(f string) bool { return f == Finalizer })
+	if want {
+		fin = append(fin, Finalizer)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": svc.ResourceVersion, "finalizers": fin}})
+	if err != nil {
+		return nil, err
+	}
+	out, err := m.cfg.Client.CoreV1().Services(svc.Namespace).Patch(ctx, svc.Name, types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: "lanekit-lb-ipam"})
 	if apierrors.IsNotFound(err) {
-		return nil
+		return svc, nil
 	}
 	if err != nil {
-		return fmt.Errorf("update status of service %s/%s: %w", svc.Namespace, svc.Name, err)
+		return nil, fmt.Errorf("finalizer of service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
-	return nil
+	return out, nil
+}
+
+// writeStatus writes st and returns the Service as the server has it.
+func (m *IPAM) writeStatus(ctx context.Context, svc *corev1.Service, st corev1.ServiceStatus) (*corev1.Service, error) {
+	c := svc.DeepCopy()
+	c.Status = st
+	out, err := m.cfg.Client.CoreV1().Services(svc.Namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{FieldManager: "lanekit-lb-ipam"})
+	if apierrors.IsNotFound(err) {
+		return c, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("update status of service %s/%s: %w", svc.Namespace, svc.Name, err)
+	}
+	return out, nil
 }
 
 // pools parses the pools ConfigMap: found false without one, an error

@@ -52,9 +52,9 @@ type L2Config struct {
 // duration; the live nodes are those whose Lease this agent saw renewed
 // within the duration (its own clock: no clock sync needed). A Service's
 // node is the highest rendezvous hash of (node, Service) among the live
-// nodes — with externalTrafficPolicy Local, among those with a ready local
-// endpoint — so every agent computes the same answer, and only the
-// Services of a node that stops move.
+// nodes — with externalTrafficPolicy Local, among those with the most
+// ready local endpoints (mostLocal) — so every agent computes the same
+// answer, and only the Services of a node that stops move.
 type L2 struct {
 	cfg   L2Config
 	mu    sync.Mutex
@@ -228,13 +228,13 @@ func (l *L2) announce(now time.Time, leases []*coordinationv1.Lease, svcs []*cor
 	local := localNodes(eps)
 	var out []netip.Addr
 	for _, svc := range svcs {
-		if !Ours(svc) || !Assigned(svc) {
+		if !Ours(svc) || !Assigned(svc) || svc.DeletionTimestamp != nil {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
 		cands := live
 		if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
-			cands = slices.DeleteFunc(slices.Clone(live), func(n string) bool { return !local[key][n] })
+			cands = mostLocal(live, local[key])
 		}
 		if Elect(key, cands) == l.cfg.Node {
 			out = append(out, IngressAddrs(svc)...)
@@ -270,9 +270,25 @@ func mix64(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// localNodes maps a Service key to the nodes with a ready endpoint of it.
-func localNodes(eps []*discoveryv1.EndpointSlice) map[string]map[string]bool {
-	out := map[string]map[string]bool{}
+// mostLocal are the live nodes with the most ready local endpoints (none
+// without one). All of an L2-announced eTP Local Service's traffic lands on
+// its one announcer, so the node with the most endpoints spreads it over
+// the most pods; nodes with equal counts tie and the hash decides, as for
+// eTP Cluster (a DaemonSet's Services never move for a count).
+func mostLocal(live []string, count map[string]int) []string {
+	best := 0
+	for _, n := range live {
+		best = max(best, count[n])
+	}
+	if best == 0 {
+		return nil
+	}
+	return slices.DeleteFunc(slices.Clone(live), func(n string) bool { return count[n] < best })
+}
+
+// localNodes maps a Service key to its ready endpoints per node.
+func localNodes(eps []*discoveryv1.EndpointSlice) map[string]map[string]int {
+	out := map[string]map[string]int{}
 	for _, s := range eps {
 		svc := s.Labels[discoveryv1.LabelServiceName]
 		if svc == "" {
@@ -284,9 +300,9 @@ func localNodes(eps []*discoveryv1.EndpointSlice) map[string]map[string]bool {
 				continue
 			}
 			if out[key] == nil {
-				out[key] = map[string]bool{}
+				out[key] = map[string]int{}
 			}
-			out[key][*e.NodeName] = true
+			out[key][*e.NodeName]++
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package lbipam
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +115,60 @@ func TestElectMovesOnlyTheLeaversServices(t *testing.T) {
 	}
 	if Elect("x", nil) != "" {
 		t.Error("a Service with no candidate has an announcer")
+	}
+}
+
+// eTP Local: the announcer is the node with the most ready local endpoints
+// (all the Service's traffic lands on it), whatever the hash prefers; with
+// equal counts the hash decides, as without endpoints to weigh.
+func TestL2LocalPrefersMostEndpoints(t *testing.T) {
+	now := time.Unix(5000, 0)
+	leases := []*coordinationv1.Lease{lease("a", now), lease("b", now)}
+	// A Service the hash alone gives to a.
+	name := ""
+	for i := 0; name == ""; i++ {
+		if n := fmt.Sprintf("aff%d", i); Elect("d/"+n, []string{"a", "b"}) == "a" {
+			name = n
+		}
+	}
+	svcs := []*corev1.Service{assigned(name, "192.0.2.7", true)}
+	ep := func(node string, ready bool) discoveryv1.Endpoint {
+		return discoveryv1.Endpoint{NodeName: ptr.To(node), Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready)}}
+	}
+	slice := func(eps ...discoveryv1.Endpoint) []*discoveryv1.EndpointSlice {
+		return []*discoveryv1.EndpointSlice{{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			Endpoints: eps}}
+	}
+	announcer := func(eps []*discoveryv1.EndpointSlice) string {
+		var who []string
+		for _, n := range []string{"a", "b"} {
+			l, err := NewL2(L2Config{Client: fake.NewClientset(), Node: n, Namespace: "x", Announce: &fakeAnnounce{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.ownOK = now
+			if got := l.announce(now, leases, svcs, eps); len(got) > 0 {
+				who = append(who, n)
+			}
+		}
+		if len(who) > 1 {
+			t.Fatalf("both nodes announce: %v", who)
+		}
+		return strings.Join(who, "")
+	}
+	for _, c := range []struct {
+		what string
+		eps  []*discoveryv1.EndpointSlice
+		want string
+	}{
+		{"two on b, one on a", slice(ep("a", true), ep("b", true), ep("b", true)), "b"},
+		{"one each (the hash)", slice(ep("a", true), ep("b", true)), "a"},
+		{"two on a, one on b", slice(ep("a", true), ep("a", true), ep("b", true)), "a"},
+		{"b's second not ready", slice(ep("a", true), ep("b", true), ep("b", false)), "a"},
+		{"none ready", slice(ep("a", false), ep("b", false)), ""},
+	} {
+		if got := announcer(c.eps); got != c.want {
+			t.Errorf("%s: announced by %q, want %q", c.what, got, c.want)
+		}
 	}
 }
