@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lanekit/lanekit/pkg/lbipam"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -461,5 +462,70 @@ func TestHelmValuesRefused(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestHelmLoadBalancer: with config.lbIPAM (or l2Announce) the chart renders
+// deploy/lb's RBAC, field for field, in the release's namespace, and with
+// lbPools the pools ConfigMap, whose document parses to deploy/lb's example
+// pools when given the same pools; without them, none of it.
+func TestHelmLoadBalancer(t *testing.T) {
+	var lbObjs []*unstructured.Unstructured
+	var examplePools string
+	for _, o := range decodeDocs(t, kustomizeBuildDir(t, "lb")) {
+		if o.GetKind() == "ConfigMap" {
+			examplePools, _, _ = unstructured.NestedString(o.Object, "data", "pools.yaml")
+			continue
+		}
+		lbObjs = append(lbObjs, o)
+	}
+	if len(lbObjs) != 4 || examplePools == "" {
+		t.Fatalf("deploy/lb builds %d RBAC objects and pools %q; want 4 and the example", len(lbObjs), examplePools)
+	}
+	for _, o := range mustRender(t, "lanekit-system").objs {
+		if strings.HasPrefix(o.GetName(), "lanekit-lb") {
+			t.Errorf("rendered by default: %s", objKey(o))
+		}
+	}
+	want, err := lbipam.ParsePools(examplePools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sets := range [][]string{
+		{"config.l2Announce=true"},
+		{"config.lbIPAM=true", "lbPools[0].name=default,lbPools[0].addresses={192.0.2.0/28,2001:db8:0:1::10-2001:db8:0:1::1f}"},
+	} {
+		r := mustRender(t, "lanekit-system", sets...)
+		for _, w := range lbObjs {
+			got := r.find(w.GetKind(), w.GetName())
+			if got == nil {
+				t.Errorf("%v: no %s", sets, objKey(w))
+				continue
+			}
+			for _, d := range diffObjects(objKey(w), normalize(got).Object, w.Object) {
+				t.Errorf("%v: %s", sets, d)
+			}
+		}
+		cm := r.find("ConfigMap", lbipam.DefaultPoolsConfigMap)
+		if strings.HasPrefix(sets[0], "config.l2Announce") {
+			if cm != nil {
+				t.Errorf("%v: a pools ConfigMap without lbIPAM", sets)
+			}
+			continue
+		}
+		if cm == nil || cm.GetNamespace() != "lanekit-system" {
+			t.Fatalf("%v: no pools ConfigMap in the release's namespace", sets)
+		}
+		doc, _, _ := unstructured.NestedString(cm.Object, "data", lbipam.PoolsKey)
+		got, err := lbipam.ParsePools(doc)
+		if err != nil {
+			t.Fatalf("rendered pools %q: %v", doc, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("rendered pools %+v, want deploy/lb's %+v (document %q)", got, want, doc)
+		}
+	}
+	if _, err := renderChart(t, "lanekit-system", "config.lbIPAM=true", "lbPools[0].name=x"); err == nil {
+		t.Error("a pool without addresses was accepted")
 	}
 }
