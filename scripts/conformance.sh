@@ -12,8 +12,9 @@
 #   CONFORMANCE_DEADLINE a time (date -d syntax, e.g. 23:30) the run must end by:
 #                       the timeout is what is left once the lab is up
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
-#   CONFORMANCE_LB_POOL  the lab's --lb-pool, e.g. 10.77.0.200-10.77.0.239 (default empty:
-#                       no LB IPAM; the [Feature:LoadBalancer] tests stay skip-listed until run)
+#   CONFORMANCE_LB_POOL  the lab's --lb-pool: lanekit's LB IPAM + L2 announcement serve the
+#                       [Feature:LoadBalancer] tests (default 10.77.0.200-10.77.0.239 on the IPv4
+#                       lab; set it empty for none; the dual-stack lab has none yet)
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -61,8 +62,9 @@ trap 'exit 130' INT TERM
 bin/lanekit lab down >&2
 start=$SECONDS
 # LoadBalancer Services: lanekit's LB IPAM + L2 announcement with a pool on
-# the underlay where the runner is (opt-in).
-lbpool=${CONFORMANCE_LB_POOL:-}
+# the underlay, which the runner reaches from outside the nodes' subnet.
+lbpool=${CONFORMANCE_LB_POOL-10.77.0.200-10.77.0.239}
+[ "$family" = ipv4 ] || lbpool=${CONFORMANCE_LB_POOL:-}
 bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))

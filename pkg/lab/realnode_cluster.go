@@ -383,6 +383,9 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 	resources := "  - " + base + "\n"
 	lbKeys, lbPoolPatch := "", ""
 	if lbPool != "" {
+		if err := routeLBClients(ctx, lbPool); err != nil {
+			return err
+		}
 		resources += "  - " + filepath.Join(base, "lb") + "\n"
 		lbKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
 		lbPoolPatch = fmt.Sprintf(`  - patch: |-

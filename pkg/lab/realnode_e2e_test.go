@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -357,6 +358,23 @@ func TestLabRealNodes(t *testing.T) {
 		}
 		if !seen[pods[0].Name] || !seen[pods[1].Name] {
 			t.Errorf("LoadBalancer %s from the underlay: answers from %v, want both pods", lbIP, seen)
+		}
+		// externalTrafficPolicy Local: the pod sees the client's own
+		// address, from outside the nodes' subnet (ExternalClientIP).
+		if _, err := kc.CoreV1().Services("default").Patch(ctx, lb.Name, types.MergePatchType,
+			[]byte(`{"spec":{"externalTrafficPolicy":"Local"}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var client string
+		for try := 0; try < 30 && !strings.HasPrefix(client, ExternalClientIP+":"); try++ {
+			time.Sleep(300 * time.Millisecond)
+			out, err := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", "curl", "-sS", "-m", "3", "http://"+lbIP+"/clientip").Output()
+			if err == nil {
+				client = strings.TrimSpace(string(out))
+			}
+		}
+		if !strings.HasPrefix(client, ExternalClientIP+":") {
+			t.Errorf("LoadBalancer %s with externalTrafficPolicy Local: the pod saw client %q, want %s (source preserved)", lbIP, client, ExternalClientIP)
 		}
 	})
 

@@ -214,3 +214,28 @@ func TestWantOf(t *testing.T) {
 		t.Error("a Service of another loadBalancerClass is lanekit's")
 	}
 }
+
+// A range's CIDR cover: exact (every address of the range in one prefix,
+// nothing outside), shortest, both families, up to the family's end.
+func TestRangePrefixes(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"10.77.0.200-10.77.0.239", "10.77.0.200/29 10.77.0.208/28 10.77.0.224/28"},
+		{"10.0.0.0/24", "10.0.0.1/32 10.0.0.2/31 10.0.0.4/30 10.0.0.8/29 10.0.0.16/28 10.0.0.32/27 10.0.0.64/26 10.0.0.128/26 10.0.0.192/27 10.0.0.224/28 10.0.0.240/29 10.0.0.248/30 10.0.0.252/31 10.0.0.254/32"},
+		{"192.0.2.7-192.0.2.7", "192.0.2.7/32"},
+		{"0.0.0.0-255.255.255.255", "0.0.0.0/0"},
+		{"255.255.255.254-255.255.255.255", "255.255.255.254/31"},
+		{"fd00::1-fd00::ff", "fd00::1/128 fd00::2/127 fd00::4/126 fd00::8/125 fd00::10/124 fd00::20/123 fd00::40/122 fd00::80/121"},
+	} {
+		r, err := ParseRange(c.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range r.Prefixes() {
+			got = append(got, p.String())
+		}
+		if strings.Join(got, " ") != c.want {
+			t.Errorf("%s: %v, want %s", c.in, got, c.want)
+		}
+	}
+}

@@ -188,6 +188,25 @@ func ParseRange(s string) (Range, error) {
 	return r, nil
 }
 
+// Prefixes is the shortest list of CIDRs that covers exactly r, in order.
+func (r Range) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for a := r.First; a.IsValid() && a.Compare(r.Last) <= 0; {
+		bits := a.BitLen()
+		for bits > 0 {
+			wider := netip.PrefixFrom(a, bits-1)
+			if wider.Masked().Addr() != a || lastAddr(wider).Compare(r.Last) > 0 {
+				break
+			}
+			bits--
+		}
+		p := netip.PrefixFrom(a, bits)
+		out = append(out, p)
+		a = lastAddr(p).Next() // invalid past the family's last address
+	}
+	return out
+}
+
 func lastAddr(p netip.Prefix) netip.Addr {
 	b := p.Addr().AsSlice()
 	for i := p.Bits(); i < len(b)*8; i++ {
