@@ -73,9 +73,10 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.KubeVirt, "kubevirt", false, "with --kubelet: real KubeVirt "+lab.KubeVirtVersion+" and Multus (make kubevirt-bins, make kubevirt-images), "+
 		"lanekit registered as its network binding plugin (deploy/kubevirt/), TCG guests (useEmulation)")
 	cmd.Flags().StringVar(&cfg.Install, "install", lab.InstallKustomize, "with --kubelet: how lanekit is installed: kustomize (kubectl apply -k deploy/ through an overlay) or helm (the commands of docs/install.md's \"Install with Helm\", run as written there)")
-	cmd.Flags().StringVar(&cfg.LBPool, "lb-pool", "", "with --kubelet: LoadBalancer addresses for lanekit's LB IPAM (a CIDR or FIRST-LAST on the underlay, e.g. 10.77.0.200-10.77.0.239): deploy/lb applied, lb-ipam and l2-announce on")
+	cmd.Flags().StringVar(&cfg.LBPool, "lb-pool", "", "with --kubelet: LoadBalancer addresses for lanekit's LB IPAM (a CIDR or FIRST-LAST on the underlay, e.g. 10.77.0.200-10.77.0.239): deploy/lb applied, lb-ipam and l2-announce on; the underlay namespace reaches the pool from 10.78.0.254, outside the nodes' subnet (every node routes it back), as a client beyond a router")
 	cmd.Flags().StringVar(&cfg.CNI, "cni", lab.CNILanekit, "with --kubelet: the cluster's network: "+strings.Join(lab.CNIs, ", ")+
 		" (the kube-proxy values: upstream kube-proxy in that mode + flannel, host-gw or with --routing tunnel vxlan; cilium: Cilium v1.19.0 from its Helm chart, kube-proxy replacement, native routing or with --routing tunnel VXLAN, no Envoy; no lanekit agent; make k8s-node-bins k8s-rival-images)")
+	cmd.Flags().StringVar(&cfg.ServiceCIDR, "service-cidr", "", "with --k8s: the API server's IPv4 Service range (default 10.96.0.0/16); a wider one holding it, /12 to /16, for lab scale runs past 65,000 Services (e.g. 10.96.0.0/14)")
 	cmd.Flags().StringVar(&cfg.IPFamily, "ip-family", lab.IPFamilyIPv4, "address families: ipv4, dual (IPv6 underlay addresses and pod CIDRs beside IPv4; lanekit pods get both) or ipv6 (IPv6-only lanekit pods: the agents get only an IPv6 pod CIDR; no --k8s, --vm or --routing tunnel yet)")
 	cmd.Flags().IntVar(&cfg.DPUNodes, "dpu-nodes", 0, "nodes 1..N get a DPU namespace between the node and the wire: the datapath runs there (lanekitd --mode dpu), the node runs lanekitd --mode host (VFs are veth pairs)")
 	return cmd

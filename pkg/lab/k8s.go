@@ -10,7 +10,9 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -42,11 +44,47 @@ const (
 // the IPv4 range as the primary too: the API server's advertise address
 // (APIAddress, on the IPv4 underlay) must be of the primary family; its
 // Services ask for IPv6 (ipFamilies [IPv6]).
-func serviceCIDRs(family string) string {
-	if family == IPFamilyDual || family == IPFamilyIPv6 {
-		return ServiceCIDR + "," + ServiceCIDR6
+func serviceCIDRs(family, v4 string) string {
+	if v4 == "" {
+		v4 = ServiceCIDR
 	}
-	return ServiceCIDR
+	if family == IPFamilyDual || family == IPFamilyIPv6 {
+		return v4 + "," + ServiceCIDR6
+	}
+	return v4
+}
+
+// checkServiceCIDR validates --service-cidr: an IPv4 range from /12 (the
+// widest the API server takes) to /16 that holds ServiceCIDR, where the
+// lab's fixed Service addresses (cluster DNS, the bench's VIPs) are.
+func (c Config) checkServiceCIDR() error {
+	if c.ServiceCIDR == "" {
+		return nil
+	}
+	if !c.K8s {
+		return errors.New("--service-cidr needs --k8s")
+	}
+	p, err := netip.ParsePrefix(c.ServiceCIDR)
+	lab := netip.MustParsePrefix(ServiceCIDR)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--service-cidr %q: %w", c.ServiceCIDR, err)
+	case !p.Addr().Is4() || p != p.Masked():
+		return fmt.Errorf("--service-cidr %s: want an IPv4 CIDR without host bits", p)
+	case p.Bits() < 12 || p.Bits() > lab.Bits() || !p.Contains(lab.Addr()):
+		return fmt.Errorf("--service-cidr %s: want /12 to /%d holding %s (the lab's fixed Service addresses)", p, lab.Bits(), ServiceCIDR)
+	}
+	return nil
+}
+
+// serviceCapacity is how many ClusterIPs the IPv4 range of --service-cluster-ip-range
+// (srv.ServiceCIDR) holds: its addresses less the network and broadcast ones.
+func serviceCapacity(cidrs string) (int, error) {
+	p, err := netip.ParsePrefix(strings.Split(cidrs, ",")[0])
+	if err != nil || !p.Addr().Is4() {
+		return 0, fmt.Errorf("the lab API server's service range %q: want IPv4 first", cidrs)
+	}
+	return 1<<(32-p.Bits()) - 2, nil
 }
 
 // K8s returns the lab's API server and an admin client that reaches it
@@ -78,7 +116,7 @@ func upK8s(ctx context.Context, cfg Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api server address: %w", err)
 	}
 	progress(cfg.Out, "lab: kube-apiserver %s + etcd %s on %s (%s)", k8stest.KubeVersion, k8stest.EtcdVersion, APIAddress, WireNS)
-	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: serviceCIDRs(cfg.IPFamily), Cluster: cfg.Kubelet})
+	srv, err := k8stest.Start(ctx, k8stest.Options{Dir: K8sDir, Netns: netnsPath(WireNS), Address: APIAddress, ServiceCIDR: serviceCIDRs(cfg.IPFamily, cfg.ServiceCIDR), Cluster: cfg.Kubelet})
 	if err != nil {
 		return nil, err
 	}

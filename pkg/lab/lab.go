@@ -62,6 +62,9 @@ type Config struct {
 	LBPool string
 	// IPFamily: IPFamilyIPv4 ("" too) or IPFamilyDual (ipfamily.go).
 	IPFamily string
+	// ServiceCIDR (with K8s): the API server's IPv4 Service range, ""
+	// ServiceCIDR; a wider one holding it for scale runs (k8s.go).
+	ServiceCIDR string
 	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;
 	// "" native) and Underlay the network between the nodes
 	// (UnderlayBridged, UnderlayRouted; "": routed with the tunnel): see

@@ -99,3 +99,29 @@ apiserver_watch_list_duration_seconds_count{group="",resource="pods",scope="clus
 		t.Errorf("formatCalls: %q", got)
 	}
 }
+
+// --service-cidr: IPv4, /12 to /16, holding the lab's fixed range; lab
+// scale's room is the API server's range (network and broadcast excluded).
+func TestServiceCIDRFlag(t *testing.T) {
+	for cidr, ok := range map[string]bool{"": true, "10.96.0.0/16": true, "10.96.0.0/14": true, "10.96.0.0/12": true,
+		"10.96.0.0/11": false, "10.97.0.0/16": false, "10.96.0.0/17": false, "10.96.1.0/14": false, "fd00::/108": false, "x": false} {
+		err := Config{K8s: true, ServiceCIDR: cidr}.checkServiceCIDR()
+		if (err == nil) != ok {
+			t.Errorf("--service-cidr %q: err %v, want ok %t", cidr, err, ok)
+		}
+	}
+	if err := (Config{ServiceCIDR: "10.96.0.0/14"}).checkServiceCIDR(); err == nil {
+		t.Error("--service-cidr without --k8s accepted")
+	}
+	if got := serviceCIDRs(IPFamilyDual, "10.96.0.0/14"); got != "10.96.0.0/14,"+ServiceCIDR6 {
+		t.Errorf("dual: %q", got)
+	}
+	if got := serviceCIDRs(IPFamilyIPv4, ""); got != ServiceCIDR {
+		t.Errorf("default: %q", got)
+	}
+	for cidrs, want := range map[string]int{"10.96.0.0/16": 65534, "10.96.0.0/14,fd00:96::/108": 262142} {
+		if got, err := serviceCapacity(cidrs); err != nil || got != want {
+			t.Errorf("capacity of %s: %d, %v; want %d", cidrs, got, err, want)
+		}
+	}
+}

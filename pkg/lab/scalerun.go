@@ -86,6 +86,13 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	if err != nil {
 		return nil, err
 	}
+	// Room for the Services beside the lab's own (kubernetes, DNS, ...).
+	if room, err := serviceCapacity(srv.ServiceCIDR); err != nil {
+		return nil, err
+	} else if cfg.Services > room-100 {
+		return nil, fmt.Errorf("lab scale: --services %d: the lab's service range %s holds %d (less 100 for the lab's own); bring the lab up with a wider --service-cidr (e.g. 10.96.0.0/14)",
+			cfg.Services, srv.ServiceCIDR, room)
+	}
 	rc := srv.RESTConfig()
 	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
 	c, err := kubernetes.NewForConfig(rc)

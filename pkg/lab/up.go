@@ -37,6 +37,9 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := cfg.checkCNI(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
+	if err := cfg.checkServiceCIDR(); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
 	if err := cfg.checkDPU(); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
