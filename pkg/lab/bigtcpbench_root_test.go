@@ -21,6 +21,7 @@ import (
 func bigTCPPair(t *testing.T) (a, b string) {
 	t.Helper()
 	testutil.RequireRoot(t)
+	lockLab()
 	testutil.RequireTools(t, "ip", "iperf3")
 	a, b = fmt.Sprintf("lkbt%d-a", os.Getpid()), fmt.Sprintf("lkbt%d-b", os.Getpid())
 	run := func(args ...string) {

@@ -48,6 +48,7 @@ func repoRoot(t *testing.T) string {
 // command exits non-zero (a check that cannot fail would pass here).
 func TestConnectivityLab(t *testing.T) {
 	testutil.RequireRoot(t)
+	lab.LockForTests()
 	k8stest.RequireBins(t)
 	testutil.RequireTools(t, "ip", "iptables-restore", "nsenter")
 	root := repoRoot(t)

@@ -34,6 +34,7 @@ var labProcs = map[string]bool{
 // lab programs still running in an lk- netns, every lk- netns, RunDir, the
 // nodes' bpffs pins and their cgroups (NodeCgroup). It is idempotent.
 func Down(ctx context.Context, o DownOptions) error {
+	beforeLab()
 	say := o.Out
 	if say == nil {
 		say = func(string, ...any) {}

@@ -220,6 +220,7 @@ func requireLabBins(t *testing.T, why string, tools ...string) Bins {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: " + why)
 	}
+	lockLab()
 	testutil.RequireTools(t, tools...)
 	bins := testBins(t)
 	for _, check := range []func() error{bins.checkBaseline, bins.checkLanekit} {

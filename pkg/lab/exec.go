@@ -13,8 +13,15 @@ import (
 	"github.com/lanekit/lanekit/internal/nsexec"
 )
 
+// beforeLab runs before anything reads or changes the machine's one lab
+// (its namespaces, state, daemons, commands run for it). pkg/lab's tests set
+// it to take the global lab lock (LockPath) on first use, so their pure unit
+// tests never wait for another lab user.
+var beforeLab = func() {}
+
 // run runs a bounded command and returns its stdout; stderr goes into the error.
 func run(ctx context.Context, name string, args ...string) (string, error) {
+	beforeLab()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
@@ -41,6 +48,7 @@ func inNS(ctx context.Context, ns string, args ...string) (string, error) {
 // nsCommand builds a command in a netns, in its own process group so that
 // cancelling kills it and its children.
 func nsCommand(ctx context.Context, ns string, args ...string) *exec.Cmd {
+	beforeLab()
 	return nsexec.Command(ctx, ns, args...)
 }
 
@@ -54,6 +62,7 @@ var labNetnsRe = regexp.MustCompile(`^lk-(wire|node[0-9]+|n[0-9]+-[a-z][0-9]+|n[
 
 // listLabNetns returns the lab's namespaces that exist.
 func listLabNetns() []string {
+	beforeLab()
 	entries, err := os.ReadDir("/run/netns")
 	if err != nil {
 		return nil
@@ -69,6 +78,7 @@ func listLabNetns() []string {
 
 // netnsExists reports whether a named namespace exists.
 func netnsExists(ns string) bool {
+	beforeLab()
 	_, err := os.Stat(netnsPath(ns))
 	return err == nil
 }

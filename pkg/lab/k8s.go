@@ -90,6 +90,7 @@ func serviceCapacity(cidrs string) (int, error) {
 // K8s returns the lab's API server and an admin client that reaches it
 // from the caller's network namespace.
 func K8s() (*k8stest.Server, kubernetes.Interface, error) {
+	beforeLab()
 	srv, err := k8stest.Load(K8sDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", errNoLabK8s, err)

@@ -93,6 +93,7 @@ func TestLabK8s(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces")
 	}
+	lockLab()
 	k8stest.RequireBins(t)
 	testutil.RequireTools(t, "ip", "iptables-restore", "nsenter", pingCommand()[0])
 	root := repoRoot(t)

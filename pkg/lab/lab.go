@@ -174,6 +174,7 @@ var ErrNoLab = errors.New("no lab is up (run `lanekit lab up`)")
 
 // LoadState reads StateFile.
 func LoadState() (*State, error) {
+	beforeLab()
 	data, err := os.ReadFile(StateFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, ErrNoLab

@@ -66,6 +66,7 @@ func TestScrapeHistograms(t *testing.T) {
 // that port) does not stand in for it.
 func TestNetnsHTTPClient(t *testing.T) {
 	testutil.RequireRoot(t)
+	lockLab()
 	name := fmt.Sprintf("lkt-scrape-%d", os.Getpid())
 	orig, err := netns.Get()
 	if err != nil {

@@ -478,6 +478,7 @@ func realNodeTestBins(t *testing.T) (Bins, string) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: network, mount and PID namespaces, cgroups")
 	}
+	lockLab()
 	k8stest.RequireBins(t)
 	nodeBins := requireNodeBins(t)
 	testutil.RequireTools(t, "ip", "nsenter", "iptables-save")

@@ -315,6 +315,7 @@ func TestAgentKilledOnLiveLab(t *testing.T) {
 		t.Skip("skipping: set LANEKIT_LIVE_LAB=1 to run against a lab that is up (TestLabEndToEnd covers it otherwise)")
 	}
 	testutil.RequireRoot(t)
+	lockLab()
 	if _, err := LoadState(); err != nil {
 		t.Fatalf("LANEKIT_LIVE_LAB=1 but: %v", err)
 	}

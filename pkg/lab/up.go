@@ -13,6 +13,7 @@ import (
 // failed one) is torn down first. On failure the partial lab stays for
 // inspection; Down removes it.
 func Up(ctx context.Context, cfg Config) (*State, error) {
+	beforeLab()
 	if cfg.Nodes < 1 || cfg.Nodes > 200 {
 		return nil, fmt.Errorf("lab up: --nodes must be 1..200, got %d", cfg.Nodes)
 	}
@@ -248,6 +249,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 
 // Exists reports whether any part of a lab is present.
 func Exists() bool {
+	beforeLab()
 	if _, err := os.Stat(RunDir); err == nil {
 		return true
 	}
