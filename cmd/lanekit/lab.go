@@ -244,8 +244,8 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 				return rep.WriteTable(cmd.OutOrStdout())
 			}
 			if len(cnis) > 0 {
-				if len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") || len(routings) > 1 {
-					return errors.New("lab bench: --cni measures the pod and service rows of its own real-node labs: no --policies, --big-tcp or --vm-backend on|only, at most one --routing")
+				if (len(policyCounts) > 0 && len(svcCounts) > 0) || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") || len(routings) > 1 {
+					return errors.New("lab bench: --cni measures the pod (or --policies) and service rows of its own real-node labs: --policies not with --services, no --big-tcp or --vm-backend on|only, at most one --routing")
 				}
 				routing := lab.RoutingNative
 				if len(routings) == 1 {
@@ -258,7 +258,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 					}
 					return runCNIServiceBench(cmd, cnis, routing, svcCounts, so, asJSON)
 				}
-				return runCNIBench(cmd, cnis, routing, opts, asJSON, chart)
+				return runCNIBench(cmd, cnis, routing, policyCounts, policiesOnly, opts, asJSON, chart)
 			}
 			if len(routings) > 0 {
 				if len(svcCounts) > 0 || len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") {
@@ -374,7 +374,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
 	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
 	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
-	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows")
+	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows; with --cni, the cross-node row of each network that enforces NetworkPolicy (lanekit, cilium), the policies written through the API server and enforced before each measurement")
 	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
 	cmd.Flags().BoolVar(&bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
 	cmd.Flags().BoolVar(&bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")

@@ -27,10 +27,10 @@ func runRoutingBench(cmd *cobra.Command, routings []string, opts bench.Options, 
 // (lanekit, kube-proxy + flannel), brought up and down in turn for every
 // repetition, the same pods and commands in each; lanekit's rows are
 // paired with each rival's.
-func runCNIBench(cmd *cobra.Command, cnis []string, routing string, opts bench.Options, asJSON bool, chart string) error {
+func runCNIBench(cmd *cobra.Command, cnis []string, routing string, policies []int, policiesOnly bool, opts bench.Options, asJSON bool, chart string) error {
 	return runGroupBench(cmd, "--cni", opts, asJSON, chart, func(bins lab.Bins) ([]bench.Group, []bench.CrossRef, error) {
-		groups, err := lab.RivalBenchGroups(bins, cnis, routing, cmd.ErrOrStderr())
-		return groups, lab.RivalCross(cnis), err
+		groups, err := lab.RivalBenchGroups(bins, cnis, routing, policies, policiesOnly, cmd.ErrOrStderr())
+		return groups, lab.RivalCross(cnis, routing, policies, policiesOnly), err
 	})
 }
 

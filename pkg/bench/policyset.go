@@ -23,30 +23,28 @@ func PolicyName(i int) string { return fmt.Sprintf("bench-pol-%05d", i) }
 // MaxPolicies bounds PolicySetJSON.
 const MaxPolicies = 20000
 
-// PolicySetJSON renders n NetworkPolicies that all select every pod of
-// PolicyNamespace for ingress: policy 0 allows TCP from allowFrom (the
-// benchmark client's pod range) on any port, every other policy allows one
-// /32 of 10.200.0.0/16 on one TCP port, so each adds rules that the
-// benchmark's traffic is checked against but none matches it. A JSON object
-// stream, as the agent's ApplyObjects takes.
-func PolicySetJSON(n int, allowFrom netip.Prefix) ([]byte, error) {
+// PolicySet is n NetworkPolicies that all select every pod of
+// PolicyNamespace for ingress: policy 0 allows TCP from allow (the
+// benchmark client) on any port, every other policy allows one /32 of
+// 10.200.0.0/16 on one TCP port, so each adds rules that the benchmark's
+// traffic is checked against but none matches it.
+func PolicySet(n int, allow networkingv1.NetworkPolicyPeer) ([]*networkingv1.NetworkPolicy, error) {
 	if n < 0 || n > MaxPolicies {
 		return nil, fmt.Errorf("policy set: %d policies: want 0..%d", n, MaxPolicies)
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
 	tcp := corev1.ProtocolTCP
+	var out []*networkingv1.NetworkPolicy
 	for i := range n {
 		rule := networkingv1.NetworkPolicyIngressRule{}
 		if i == 0 {
-			rule.From = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: allowFrom.String()}}}
+			rule.From = []networkingv1.NetworkPolicyPeer{allow}
 		} else {
 			port := intstr.FromInt32(int32(1000 + i%60000))
 			rule.From = []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{
 				CIDR: fmt.Sprintf("10.200.%d.%d/32", (i/250)%256, 1+i%250)}}}
 			rule.Ports = []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}
 		}
-		np := &networkingv1.NetworkPolicy{
+		out = append(out, &networkingv1.NetworkPolicy{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 			ObjectMeta: metav1.ObjectMeta{Namespace: PolicyNamespace, Name: PolicyName(i)},
 			Spec: networkingv1.NetworkPolicySpec{
@@ -54,7 +52,21 @@ func PolicySetJSON(n int, allowFrom netip.Prefix) ([]byte, error) {
 				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 				Ingress:     []networkingv1.NetworkPolicyIngressRule{rule},
 			},
-		}
+		})
+	}
+	return out, nil
+}
+
+// PolicySetJSON is PolicySet allowing allowFrom (the benchmark client's pod
+// range), as a JSON object stream, as the agent's ApplyObjects takes.
+func PolicySetJSON(n int, allowFrom netip.Prefix) ([]byte, error) {
+	set, err := PolicySet(n, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: allowFrom.String()}})
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, np := range set {
 		if err := enc.Encode(np); err != nil {
 			return nil, fmt.Errorf("encode %s: %w", np.Name, err)
 		}

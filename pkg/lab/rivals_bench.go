@@ -51,14 +51,24 @@ var benchPods = []benchPod{
 	{Name: "bench-remote", Node: 2, Netns: "lk-n2-x1"},
 }
 
-// benchPodNamespace holds the bench pods.
+// benchPodNamespace holds the bench pods (bench.PolicyNamespace too).
 const benchPodNamespace = "default"
 
+// benchPodLabels are every bench pod's labels.
+var benchPodLabels = map[string]string{"app": "lanekit-bench"}
+
 // RivalBenchGroups returns one group per --cni value: a 2-node real-node
-// lab in that routing mode with the bench pods.
-func RivalBenchGroups(bins Bins, cnis []string, routing string, out io.Writer) ([]bench.Group, error) {
+// lab in that routing mode with the bench pods; with policies, the
+// cross-node row again with each count of NetworkPolicies (networks that
+// enforce them; only those rows with policiesOnly).
+func RivalBenchGroups(bins Bins, cnis []string, routing string, policies []int, policiesOnly bool, out io.Writer) ([]bench.Group, error) {
 	if len(cnis) == 0 {
 		return nil, errors.New("--cni: name at least one network")
+	}
+	for _, n := range policies {
+		if n < 0 || n > bench.MaxPolicies {
+			return nil, fmt.Errorf("--policies %d: want 0..%d", n, bench.MaxPolicies)
+		}
 	}
 	seen := map[string]bool{}
 	var groups []bench.Group
@@ -74,13 +84,29 @@ func RivalBenchGroups(bins Bins, cnis []string, routing string, out io.Writer) (
 			return nil, fmt.Errorf("--cni %s named twice", c)
 		}
 		seen[c] = true
+		if len(policies) > 0 && policiesOnly && !enforcesPolicy(c, routing) {
+			return nil, fmt.Errorf("--policies-only: %s enforces no NetworkPolicy (flannel): leave it out", c)
+		}
 		groups = append(groups, bench.Group{Name: c,
 			Up: func(ctx context.Context) ([]bench.Path, []string, error) {
 				st, _, pods, err := upBenchLab(ctx, cfg)
 				if err != nil {
 					return nil, nil, err
 				}
-				return st.rivalBenchPaths(c, pods), nil, nil
+				paths := st.rivalBenchPaths(c, pods)
+				if len(policies) == 0 {
+					return paths, nil, nil
+				}
+				if !enforcesPolicy(c, routing) {
+					return paths, []string{c + ": no policy rows (flannel enforces no NetworkPolicy)"}, nil
+				}
+				kc, err := fastClient()
+				if err != nil {
+					return nil, nil, err
+				}
+				rp := &rivalPolicies{kc: kc, clientNS: benchPods[0].Netns, serverIP: pods[benchPods[2].Name].Status.PodIP,
+					timeout: 2 * time.Minute, current: -1}
+				return rp.policyRows(c, policies, policiesOnly, paths), nil, nil
 			},
 			Down: func(ctx context.Context) error { return Down(ctx, DownOptions{Bins: bins}) },
 		})
@@ -130,13 +156,7 @@ func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing str
 				return nil, err
 			}
 			// The services are written as fast as the API server takes them.
-			srv, _, err := K8s()
-			if err != nil {
-				return nil, err
-			}
-			rc := srv.RESTConfig()
-			rc.QPS = -1
-			fast, err := kubernetes.NewForConfig(rc)
+			fast, err := fastClient()
 			if err != nil {
 				return nil, err
 			}
@@ -165,8 +185,9 @@ func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing str
 }
 
 // RivalCross are the cross-lab ratios of a --cni run: lanekit's pod rows
-// against each rival's (same repetition).
-func RivalCross(cnis []string) []bench.CrossRef {
+// (and policy rows, against the networks that enforce policy) against each
+// rival's (same repetition).
+func RivalCross(cnis []string, routing string, policies []int, policiesOnly bool) []bench.CrossRef {
 	if !slices.Contains(cnis, CNILanekit) {
 		return nil
 	}
@@ -175,11 +196,32 @@ func RivalCross(cnis []string) []bench.CrossRef {
 		if c == CNILanekit {
 			continue
 		}
-		for _, p := range []string{BenchPodSameNode, BenchPodCrossNode} {
+		var rows []string
+		if !policiesOnly || len(policies) == 0 {
+			rows = []string{BenchPodSameNode, BenchPodCrossNode}
+		}
+		if enforcesPolicy(c, routing) {
+			for _, n := range policies {
+				rows = append(rows, fmt.Sprintf("%s+%d-policies", BenchPodCrossNode, n))
+			}
+		}
+		for _, p := range rows {
 			out = append(out, bench.CrossRef{Path: p, Group: CNILanekit, Ref: p, RefGroup: c})
 		}
 	}
 	return out
+}
+
+// fastClient is an admin client of the lab's API server without
+// client-side rate limits (objects written as fast as the server takes them).
+func fastClient() (kubernetes.Interface, error) {
+	srv, _, err := K8s()
+	if err != nil {
+		return nil, err
+	}
+	rc := srv.RESTConfig()
+	rc.QPS = -1
+	return kubernetes.NewForConfig(rc)
 }
 
 // rivalBenchPaths are a real-node lab's rows: host-raw, host, and the pod
@@ -213,7 +255,7 @@ func (s *State) rivalBenchPaths(cni string, pods map[string]corev1.Pod) []bench.
 func startBenchPods(ctx context.Context, kc kubernetes.Interface) (map[string]corev1.Pod, error) {
 	for _, bp := range benchPods {
 		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: bp.Name, Namespace: benchPodNamespace, Labels: map[string]string{"app": "lanekit-bench"}},
+			ObjectMeta: metav1.ObjectMeta{Name: bp.Name, Namespace: benchPodNamespace, Labels: benchPodLabels},
 			Spec: corev1.PodSpec{
 				NodeSelector:                  map[string]string{"kubernetes.io/hostname": KubeNodeName(bp.Node)},
 				TerminationGracePeriodSeconds: new(int64),
