@@ -15,6 +15,9 @@
 #   CONFORMANCE_LB_POOL  the lab's --lb-pool: lanekit's LB IPAM + L2 announcement serve the
 #                       [Feature:LoadBalancer] tests (default 10.77.0.200-10.77.0.239 on the IPv4
 #                       lab; set it empty for none; the dual-stack lab has none yet)
+#   CONFORMANCE_NODES   the lab's nodes (default 2)
+#   CONFORMANCE_ZONES   the nodes' zones, round robin (lab up --zones; e.g. a,b,c with
+#                       CONFORMANCE_NODES=3 for the Topology Hints and Traffic Distribution tests)
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -65,7 +68,9 @@ start=$SECONDS
 # the underlay, which the runner reaches from outside the nodes' subnet.
 lbpool=${CONFORMANCE_LB_POOL-10.77.0.200-10.77.0.239}
 [ "$family" = ipv4 ] || lbpool=${CONFORMANCE_LB_POOL:-}
-bin/lanekit lab up --k8s --kubelet --nodes 2 --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
+nodes=${CONFORMANCE_NODES:-2}
+zones=${CONFORMANCE_ZONES:-}
+bin/lanekit lab up --k8s --kubelet --nodes "$nodes" ${zones:+--zones "$zones"} --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
   [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }
@@ -80,7 +85,7 @@ nsenter --net=/run/netns/lk-wire -- "$nodebins/ginkgo" run --procs="$procs" --ti
   --focus="$focus" --skip="$skip" --no-color --silence-skips \
   --json-report="$name.json" --output-dir="$work" \
   "$nodebins/e2e.test" -- \
-  --kubeconfig=/run/lanekit/lab/k8s/kubeconfig --provider=skeleton --num-nodes=2 \
+  --kubeconfig=/run/lanekit/lab/k8s/kubeconfig --provider=skeleton --num-nodes="$nodes" \
   --kubectl-path="$nodebins/kubectl" --dns-domain=cluster.local --allowed-not-ready-nodes=0 --disable-log-dump \
   --report-dir="$work" >"$work/ginkgo.log" 2>&1 || rc=$?
 echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/$name.log)" >&2

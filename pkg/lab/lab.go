@@ -65,6 +65,9 @@ type Config struct {
 	// ServiceCIDR (with K8s): the API server's IPv4 Service range, ""
 	// ServiceCIDR; a wider one holding it for scale runs (k8s.go).
 	ServiceCIDR string
+	// Zones (with Kubelet): node i's topology.kubernetes.io/zone is
+	// Zones[(i-1) % len] (realnode.go).
+	Zones []string
 	// Routing is the agents' routing mode (RoutingNative, RoutingTunnel;
 	// "" native) and Underlay the network between the nodes
 	// (UnderlayBridged, UnderlayRouted; "": routed with the tunnel): see

@@ -195,6 +195,9 @@ type NodeSpec struct {
 	// RivalImages are the archives of the --cni rival (rivals.go) or of
 	// --kubevirt (KubeVirtImages) the node imports beside the others.
 	RivalImages []string `json:"rivalImages,omitempty"`
+	// Zone is the node's topology.kubernetes.io/zone (kubelet --node-labels;
+	// "": none).
+	Zone string `json:"zone,omitempty"`
 }
 
 // realNodes is what lab down needs to undo beyond processes and RunDir

@@ -111,7 +111,8 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 			return fmt.Errorf("node %s: %w", n.NS, err)
 		}
 		pid, err := startNodeInit(ctx, cfg.Bins, NodeSpec{Index: n.Index, Dir: RealNodeDir(n.Index),
-			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6, RivalImages: extraImages})
+			NodeBins: nodeBins, Images: cfg.Bins.ImagesDir(), Cgroup2: cgroup2, NodeIP6: n.UnderlayIP6, RivalImages: extraImages,
+			Zone: cfg.zone(n.Index)})
 		n.KubeletPID = pid
 		if serr := st.save(); serr != nil && err == nil {
 			err = serr

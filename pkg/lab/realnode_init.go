@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // RunNode runs the node described by specFile until ctx ends or a daemon
@@ -84,12 +85,15 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 	if spec.NodeIP6 != "" {
 		nodeIP += "," + spec.NodeIP6 // dual-stack: an InternalIP of each family
 	}
-	kl, err := startNodeProc(env, filepath.Join(nodeMount, "kubelet.log"), filepath.Join(spec.NodeBins, "kubelet"),
-		"--config", filepath.Join(nodeMount, "etc", "kubelet.yaml"),
+	args := []string{"--config", filepath.Join(nodeMount, "etc", "kubelet.yaml"),
 		"--kubeconfig", filepath.Join(nodeMount, "etc", "kubeconfig"),
 		"--hostname-override", KubeNodeName(spec.Index),
 		"--node-ip", nodeIP,
-		"--v", "1")
+		"--v", "1"}
+	if spec.Zone != "" {
+		args = append(args, "--node-labels", corev1.LabelTopologyZone+"="+spec.Zone)
+	}
+	kl, err := startNodeProc(env, filepath.Join(nodeMount, "kubelet.log"), filepath.Join(spec.NodeBins, "kubelet"), args...)
 	if err != nil {
 		return err
 	}

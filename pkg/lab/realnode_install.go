@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
 )
@@ -50,7 +53,34 @@ func (c Config) install() string {
 	return c.Install
 }
 
+// zone is node i's zone (Zones, round robin; "" without).
+func (c Config) zone(i int) string {
+	if len(c.Zones) == 0 {
+		return ""
+	}
+	return c.Zones[(i-1)%len(c.Zones)]
+}
+
+// checkZones: zones only on real nodes, each a valid label value.
+func (c Config) checkZones() error {
+	if len(c.Zones) == 0 {
+		return nil
+	}
+	if !c.Kubelet {
+		return errors.New("--zones needs --k8s --kubelet (real nodes label themselves)")
+	}
+	for _, z := range c.Zones {
+		if errs := validation.IsValidLabelValue(z); z == "" || len(errs) > 0 {
+			return fmt.Errorf("--zones: %q is not a label value: %s", z, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
 func (c Config) checkInstall() error {
+	if err := c.checkZones(); err != nil {
+		return err
+	}
 	if c.LBPool != "" && !c.Kubelet {
 		return fmt.Errorf("--lb-pool needs --k8s --kubelet (real nodes)")
 	}
