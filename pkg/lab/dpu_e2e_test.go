@@ -273,23 +273,7 @@ func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...str
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := nsCommand(ctx, PodNS(2, 1, KindLanekit), "iperf3", "-s", "-1")
-	if err := srv.Start(); err != nil {
-		t.Fatalf("iperf3 server: %v", err)
-	}
-	defer srv.Process.Kill()
-	go srv.Wait()
-	time.Sleep(300 * time.Millisecond)
-	type result struct {
-		out []byte
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := nsCommand(ctx, client, "iperf3", "-c", serverIP, "-t", "6", "-J").Output()
-		done <- result{out, err}
-	}()
-	time.Sleep(2 * time.Second)
+	finish := iperfAcrossKill(t, ctx, PodNS(2, 1, KindLanekit), client, serverIP, "the DPU agent killed")
 	pidFile := filepath.Join(DPUDir(1), "agent.pid")
 	pid := readPID(pidFile)
 	if pid <= 0 || !alive(pid) {
@@ -314,18 +298,7 @@ func dpuKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...str
 	if p1-p0 < minDeadPackets {
 		t.Errorf("DPU counters grew by %d packets in 1.5 s with its agent dead, want >= %d", p1-p0, minDeadPackets)
 	}
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("iperf3 with the DPU agent killed: %v\n%s", r.err, r.out)
-	}
-	secs, err := iperfSeconds(r.out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("iperf3 seconds (DPU agent killed at ~2 s): %v", secs)
-	if err := checkDeadSeconds(secs, 2, 3); err != nil {
-		t.Error(err)
-	}
+	finish()
 
 	// CNI ADD with the DPU agent down: try again later, nothing left.
 	podNS := PodNS(1, 9, KindLanekit)

@@ -40,24 +40,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 	if err != nil || len(linksBefore) < 2 {
 		t.Fatalf("tcx links of node 1 before the kill: %v %v (want the uplink's and the pod's)", linksBefore, err)
 	}
-	srv := nsCommand(ctx, server, "iperf3", "-s", "-1")
-	if err := srv.Start(); err != nil {
-		t.Fatalf("iperf3 server: %v", err)
-	}
-	defer srv.Process.Kill()
-	go srv.Wait()
-	time.Sleep(300 * time.Millisecond)
-
-	type result struct {
-		out []byte
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := nsCommand(ctx, client, "iperf3", "-c", serverIP, "-t", "6", "-J").Output()
-		done <- result{out, err}
-	}()
-	time.Sleep(2 * time.Second)
+	finish := iperfAcrossKill(t, ctx, server, client, serverIP, "the agent killed")
 	pid := readPID(AgentPIDFile(1))
 	if pid <= 0 || !alive(pid) {
 		t.Fatalf("node 1 agent not running (pid %d)", pid)
@@ -87,18 +70,7 @@ func agentKilledDuringTransfer(t *testing.T, bins Bins, lk func(*testing.T, ...s
 		t.Errorf("node 1 BPF counters grew by %d packets in 1.5 s with the agent dead, want >= %d: the programs did not carry the flow",
 			grown, minDeadPackets)
 	}
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("iperf3 with the agent killed mid-transfer: %v\n%s", r.err, r.out)
-	}
-	secs, err := iperfSeconds(r.out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("iperf3 seconds (agent killed at ~2 s): %v", secs)
-	if err := checkDeadSeconds(secs, 2, 3); err != nil {
-		t.Error(err)
-	}
+	finish()
 
 	if _, err := startAgent(ctx, bins, 1, false); err != nil {
 		t.Fatalf("restart agent: %v", err)
@@ -191,6 +163,46 @@ func pinnedPackets(pinDir string) (uint64, error) {
 // iperfSecond is one interval of an iperf3 -J report.
 type iperfSecond struct {
 	Start, End, Bytes float64
+}
+
+// iperfAcrossKill starts a 6 s iperf3 from client to serverIP (its server
+// in serverNS) and returns, 2 s into it, a func that waits for the end and
+// checks that every second after the kill the caller makes next carried data
+// (checkDeadSeconds): what names the kill in messages.
+func iperfAcrossKill(t *testing.T, ctx context.Context, serverNS, client, serverIP, what string) (finish func()) {
+	t.Helper()
+	srv := nsCommand(ctx, serverNS, "iperf3", "-s", "-1")
+	if err := srv.Start(); err != nil {
+		t.Fatalf("iperf3 server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Kill() })
+	go srv.Wait()
+	time.Sleep(300 * time.Millisecond)
+	type result struct {
+		out []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := nsCommand(ctx, client, "iperf3", "-c", serverIP, "-t", "6", "-J").Output()
+		done <- result{out, err}
+	}()
+	time.Sleep(2 * time.Second)
+	return func() {
+		t.Helper()
+		r := <-done
+		if r.err != nil {
+			t.Fatalf("iperf3 with %s mid-transfer: %v\n%s", what, r.err, r.out)
+		}
+		secs, err := iperfSeconds(r.out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("iperf3 seconds (%s at ~2 s): %v", what, secs)
+		if err := checkDeadSeconds(secs, 2, 3); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 func iperfSeconds(out []byte) ([]iperfSecond, error) {
