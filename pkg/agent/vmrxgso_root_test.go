@@ -206,12 +206,12 @@ func checkVMNetnsSilent(t *testing.T, podNS, vmNS ns.NetNS, vmIP netip.Addr) {
 	}
 }
 
-// ipInReceives is Ip InReceives of /proc/net/snmp in n.
+// ipInReceives is Ip InReceives of n (/proc/net/snmp of the calling thread).
 func ipInReceives(t *testing.T, n ns.NetNS) uint64 {
 	t.Helper()
 	var v uint64
 	if err := n.Do(func(ns.NetNS) error {
-		b, err := os.ReadFile("/proc/net/snmp")
+		b, err := os.ReadFile("/proc/thread-self/net/snmp") // this thread is in n
 		if err != nil {
 			return err
 		}
