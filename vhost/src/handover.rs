@@ -273,7 +273,8 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
             return Err(err("missing fds".into()));
         };
         let gso = if q.gso { Some(fds.next().ok_or_else(|| err("missing gso fd".into()))?) } else { None };
-        let rx = if q.rx_gso { Some(fds.next().ok_or_else(|| err("missing rx packet socket fd".into()))?) } else { None };
+        let rx =
+            if q.rx_gso { Some(fds.next().ok_or_else(|| err("missing rx packet socket fd".into()))?) } else { None };
         out.push((q, xsk, File::from(umem), gso, rx));
     }
     let rss = match (reply.rss, fds.next()) {
@@ -295,8 +296,9 @@ pub fn request_ports(
 ) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true, tx_gso, rx_gso })
-        .map_err(io::Error::other)?;
+    let req =
+        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true, tx_gso, rx_gso })
+            .map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {

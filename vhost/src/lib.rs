@@ -183,8 +183,9 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxG
             })
             .collect(),
         PortSource::Agent { socket, vm } => {
-            let (ports, rss) = handover::request_ports(socket, vm, pairs, tx_gso == TxGso::Kernel, rx_gso == RxGso::Kernel)
-                .map_err(|source| Error::Port { queue: 0, source })?;
+            let (ports, rss) =
+                handover::request_ports(socket, vm, pairs, tx_gso == TxGso::Kernel, rx_gso == RxGso::Kernel)
+                    .map_err(|source| Error::Port { queue: 0, source })?;
             return Ok((ports.into_iter().map(boxed).collect::<Result<_>>()?, rss));
         }
     };

@@ -679,7 +679,9 @@ fn rx_direct<M: GuestMemory>(
     let mut run = QueueRun::default();
     let (stop, rearmed) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
     let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
-        offer(q, mem, stats, &stop, &rearmed, |q, mem| rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats))
+        offer(q, mem, stats, &stop, &rearmed, |q, mem| {
+            rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats)
+        })
     };
     loop {
         if run.handled >= budget {

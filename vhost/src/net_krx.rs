@@ -20,8 +20,8 @@
 
 use std::cell::Cell;
 
-use vm_memory::GuestMemory;
 use virtio_queue::Queue;
+use vm_memory::GuestMemory;
 
 use super::{rx_frame_in, FastRing, NetMode, QueueRun, RxOutcome, RxState, Scratch, Stats, HDR_F_DATA_VALID};
 use crate::offload::{self, Offloads, Plan, TxHdr, F_NEEDS_CSUM, MAX_GSO_FRAME};

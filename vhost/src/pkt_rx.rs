@@ -47,7 +47,10 @@ impl RxGsoSocket {
     pub fn from_fd(fd: OwnedFd) -> io::Result<Self> {
         let dom = getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)?;
         if dom != libc::AF_PACKET {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("rx gso fd is not AF_PACKET (domain {dom})")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("rx gso fd is not AF_PACKET (domain {dom})"),
+            ));
         }
         if getsockopt_int(fd.as_raw_fd(), SOL_PACKET, PACKET_VNET_HDR)? != 1 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "rx gso socket without PACKET_VNET_HDR"));
@@ -110,7 +113,12 @@ impl RxGsoSocket {
         loop {
             // SAFETY: buf is valid for writes of its length for the duration of the call.
             let r = unsafe {
-                libc::recv(self.fd.as_raw_fd(), self.buf.as_mut_ptr().cast(), self.buf.len(), libc::MSG_DONTWAIT | libc::MSG_TRUNC)
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
             };
             if r < 0 {
                 let e = io::Error::last_os_error();
