@@ -20,7 +20,8 @@ var fanoutIDs atomic.Uint32
 // SOCK_RAW, bound for every protocol (ETH_P_ALL) with PACKET_VNET_HDR (the
 // kernel puts a virtio_net_hdr in front of each frame: a GSO skb arrives whole,
 // with its gso_type, gso_size and checksum state) and PACKET_IGNORE_OUTGOING
-// (what the VM sends out of the device is not its input), joined to fanout
+// (what the VM sends out of the device is not its input) and a socket filter
+// that drops frames for another MAC, joined to fanout
 // group (PACKET_FANOUT_QM: a frame goes to member skb->queue_mapping % members,
 // that is to the socket of the rx queue the datapath chose, when the members
 // joined in queue order). The calling thread must be in the device's network
@@ -45,13 +46,27 @@ func OpenRxGSO(ifindex int, group uint16) (fd int, err error) {
 			return -1, fmt.Errorf("open rx gso socket: %s: %w", o.name, err)
 		}
 	}
+	// Frames for another MAC (PACKET_OTHERHOST) are not the VM's: steer_vm
+	// drops them too. The filter runs before the frame is queued.
+	filter := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdOff + skfAdPktType},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: unix.PACKET_OTHERHOST},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+		&unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}); err != nil {
+		return -1, fmt.Errorf("open rx gso socket: filter: %w", err)
+	}
 	// Best effort: the default buffer holds two or three 64 KiB packets.
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rxGSORcvBuf)
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifindex}); err != nil {
 		return -1, fmt.Errorf("open rx gso socket: bind ifindex %d: %w", ifindex, err)
 	}
-	// Fanout needs a bound socket.
-	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_FANOUT, int(group)|unix.PACKET_FANOUT_QM<<16); err != nil {
+	// Fanout needs a bound socket. The group receives through its own hook,
+	// which ignores outgoing frames only with the group's flag.
+	fanout := int(group) | (unix.PACKET_FANOUT_QM|unix.PACKET_FANOUT_FLAG_IGNORE_OUTGOING)<<16
+	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_FANOUT, fanout); err != nil {
 		return -1, fmt.Errorf("open rx gso socket: PACKET_FANOUT: %w", err)
 	}
 	return fd, nil
@@ -86,3 +101,10 @@ func (s *Socket) closeRxGSO() error {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// Classic BPF ancillary data (linux/filter.h): SKF_AD_OFF + SKF_AD_PKTTYPE
+// loads skb->pkt_type.
+const (
+	skfAdOff     = 0xfffff000 // -0x1000 as the instruction's u32
+	skfAdPktType = 4
+)
