@@ -138,3 +138,107 @@ func TestRxGSOSocketTakesWholePacketsForTheVMOnly(t *testing.T) {
 		t.Fatalf("virtio_net_hdr % x: want NEEDS_CSUM, GSO TCPV4, gso_size %d", p[:10], mss)
 	}
 }
+
+// TestRxGSOFanoutFollowsTheRxQueue: the receive sockets of a 2-queue VM
+// device, joined in queue order (AddRxGSO), each get exactly the frames the
+// host end transmitted on their queue: the veth hands a frame to the peer's
+// rx queue of the same index, and PACKET_FANOUT_QM picks member
+// queue_mapping % members. (The datapath picks the host end's queue from the
+// guest's RSS table or the flow hash; here the sender's CPU picks it: a
+// PACKET_QDISC_BYPASS socket transmits on queue cpu % queues.)
+func TestRxGSOFanoutFollowsTheRxQueue(t *testing.T) {
+	testutil.RequireRoot(t)
+	if runtime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs to pick 2 tx queues")
+	}
+	newNS := func() netns.NsHandle {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		orig, err := netns.Get()
+		must(t, "netns", err)
+		defer orig.Close()
+		h, err := netns.New()
+		must(t, "new netns", err)
+		must(t, "back", netns.Set(orig))
+		t.Cleanup(func() { h.Close() })
+		return h
+	}
+	host, vm := newNS(), newNS()
+	var hostIdx int
+	var vmMAC net.HardwareAddr
+	must(t, "veth", testutil.InNetns(host, func() error {
+		attrs := netlink.LinkAttrs{Name: "lk-rxq-h", NumTxQueues: 2, NumRxQueues: 2}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "eth0"}); err != nil {
+			return err
+		}
+		p, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetNsFd(p, int(vm)); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("lk-rxq-h")
+		if err != nil {
+			return err
+		}
+		hostIdx = l.Attrs().Index
+		return netlink.LinkSetUp(l)
+	}))
+	socks := []*xsk.Socket{{FD: -1, UmemFD: -1, GSOFD: -1, RxGSOFD: -1}, {FD: -1, UmemFD: -1, GSOFD: -1, RxGSOFD: -1}}
+	must(t, "vm side", testutil.InNetns(vm, func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		vmMAC = l.Attrs().HardwareAddr
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return xsk.AddRxGSO(socks, l.Attrs().Index)
+	}))
+	t.Cleanup(func() { xsk.CloseAll(socks) })
+	var tx int
+	must(t, "host side", testutil.InNetns(host, func() error {
+		var err error
+		tx, err = xsk.OpenGSO(hostIdx)
+		return err
+	}))
+	t.Cleanup(func() { unix.Close(tx) })
+	for cpu := 0; cpu < 2; cpu++ {
+		err := func() error {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				return err
+			}
+			f := make([]byte, 10+60)
+			e := f[10:]
+			copy(e, vmMAC)
+			copy(e[6:], []byte{2, 0, 0, 0, 0, byte(cpu)})
+			binary.BigEndian.PutUint16(e[12:], 0x88b5) // local experimental EtherType
+			_, err := unix.Write(tx, f)
+			return err
+		}()
+		must(t, "send", err)
+	}
+	for q, s := range socks {
+		buf := make([]byte, 2048)
+		unix.SetsockoptTimeval(s.RxGSOFD, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 300_000})
+		var from []byte
+		for {
+			n, _, err := unix.Recvfrom(s.RxGSOFD, buf, 0)
+			if err != nil {
+				break
+			}
+			if n >= 10+14 && binary.BigEndian.Uint16(buf[10+12:]) == 0x88b5 {
+				from = append(from, buf[10+11])
+			}
+		}
+		if len(from) != 1 || int(from[0]) != q {
+			t.Errorf("queue %d's socket received frames sent on tx queues %v, want [%d]", q, from, q)
+		}
+	}
+}
