@@ -141,8 +141,8 @@ fn deliver_packet<M: GuestMemory>(
         }
         Plan::Single { csum: Some((start, offset)) } => {
             if off.guest_csum {
-                let ch = TxHdr { flags: F_NEEDS_CSUM, csum_start: start as u16, csum_offset: offset as u16, ..req };
-                let ch = TxHdr { gso_type: 0, gso_size: 0, hdr_len: 0, ..ch };
+                let (csum_start, csum_offset) = (start as u16, offset as u16);
+                let ch = TxHdr { flags: F_NEEDS_CSUM, csum_start, csum_offset, ..TxHdr::default() };
                 match rx_frame_in(q, mem, ring, frame, None, Some(&ch), mode, s, stats) {
                     RxOutcome::Split => {}
                     o => return o,
