@@ -8,8 +8,11 @@
 //! - a TCP GSO packet to a guest that acked GUEST_CSUM and the family's GUEST_TSO goes whole
 //!   (`NEEDS_CSUM`, the checksum field holding the pseudo-header sum, as tap hands it), across as
 //!   many mergeable buffers as it needs; counted in [`Stats::rx_gso_kernel`];
-//! - any other GSO packet (no such ack, UDP or ECN GSO, or buffers that cannot take it whole) is
-//!   cut here into MSS-sized frames with their checksums computed ([`Stats::rx_gso_kernel_cut`]);
+//! - a GSO packet the posted mergeable buffers cannot take whole waits for the guest to add
+//!   buffers (it is cut only when the ring is full of buffers and still too small);
+//! - any other GSO packet (no such ack, UDP or ECN GSO, a ring of buffers too small for it, or
+//!   no MRG_RXBUF and a chain too small) is cut here into MSS-sized frames with their checksums
+//!   computed ([`Stats::rx_gso_kernel_cut`]);
 //! - a `NEEDS_CSUM` frame keeps the request for a GUEST_CSUM guest, else its checksum is filled;
 //! - a `DATA_VALID` frame (checked by a NIC or the stack) keeps the flag for a GUEST_CSUM guest;
 //! - a header that does not pass the checks drops the packet ([`Stats::rx_kernel_refused`]).
@@ -19,8 +22,10 @@
 //! fanout group delivers on the queue the datapath chose).
 
 use std::cell::Cell;
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemory;
 
 use super::{rx_frame_in, FastRing, NetMode, QueueRun, RxOutcome, RxState, Scratch, Stats, HDR_F_DATA_VALID};
@@ -120,6 +125,9 @@ fn deliver_packet<M: GuestMemory>(
                             Stats::add(&stats.rx_gso_kernel, 1);
                             return RxOutcome::Delivered;
                         }
+                        // Too few buffers posted right now: wait for the guest to add some,
+                        // unless its ring is already full of them (then it never can).
+                        RxOutcome::Split if mode.mergeable && !ring_full(q, mem) => return RxOutcome::NoBuffers,
                         RxOutcome::Split => {} // the buffers cannot take it whole: cut it
                         o => return o,
                     }
@@ -153,6 +161,11 @@ fn deliver_packet<M: GuestMemory>(
         }
         Plan::Single { csum: None } => plain(q, mem, ring, frame, valid, mode, s, stats),
     }
+}
+
+/// Every descriptor of the ring is posted: the guest cannot add buffers before we use some.
+fn ring_full<M: GuestMemory>(q: &Queue, mem: &M) -> bool {
+    q.avail_idx(mem, Ordering::Acquire).map_or(true, |a| (a - Wrapping(q.next_avail())).0 >= q.size())
 }
 
 /// Offer a frame without GSO; `valid`: its checksum is known good (marked `DATA_VALID` for a

@@ -254,3 +254,40 @@ fn rx_kernel_random_headers_never_break_the_guest_contract() {
         }
     }
 }
+
+/// A TSO guest that has posted too few buffers for a 64 KiB packet gets it whole once it posts
+/// more (the packet waits, it is not cut); only a ring full of buffers too small for it gets
+/// the frames.
+#[test]
+fn rx_kernel_gso_packet_waits_for_buffers_unless_the_ring_is_full() {
+    let (frames, h, f) = gso_packet(true);
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 256);
+    post_rx(&vq, 0, 10, CHAIN);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut st, stats) = (RxState::default(), Stats::default());
+    let mut port = KernelPort { packets: [(h, f.clone())].into() };
+    run(&mut port, &m, &mut q, &mut st, TSO, &stats);
+    assert!(guest_packets(&m, &vq, TSO.hdr_len).is_empty(), "nothing delivered yet");
+    assert_eq!(port.packets.len(), 1, "the packet waits for buffers");
+    post_rx(&vq, 10, 40, CHAIN);
+    run(&mut port, &m, &mut q, &mut st, TSO, &stats);
+    let pk = guest_packets(&m, &vq, TSO.hdr_len);
+    assert_eq!(pk.len(), 1, "one packet, whole");
+    assert_eq!(pk[0].1, f);
+    let s = stats.snapshot();
+    assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_cut), (1, 0));
+
+    // 64 buffers of 200 bytes: the full ring holds 12,800 bytes, less than the packet. It is cut:
+    // the first frames go (8 buffers each), the rest waits for buffers.
+    let vq = MockSplitQueue::new(&m, 64);
+    post_rx(&vq, 0, 64, 200);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut st, stats) = (RxState::default(), Stats::default());
+    let mut port = KernelPort { packets: [(h, f)].into() };
+    run(&mut port, &m, &mut q, &mut st, TSO, &stats);
+    let s = stats.snapshot();
+    assert_eq!((s.rx_gso_kernel, s.rx_frames), (0, 8), "cut: 8 frames of 8 buffers each");
+    assert_eq!(port.packets.len(), 1, "the rest of the cut waits for buffers");
+    assert!(frames.len() > 8);
+}
