@@ -90,10 +90,11 @@ build-go:
 build-vhost:
 	@if [ -f vhost/Cargo.toml ]; then \
 		cd vhost && $(CARGO) build --release --locked -q && install -m 0755 target/release/lanekit-vhost $(BIN)/ && \
-		$(CARGO) build --release --locked -q --example rss_guest --example paced_guest --example tso_guest && \
+		$(CARGO) build --release --locked -q --example rss_guest --example paced_guest --example tso_guest --example rx_guest && \
 		install -m 0755 target/release/examples/rss_guest $(BIN)/lanekit-rss-guest && \
 		install -m 0755 target/release/examples/paced_guest $(BIN)/lanekit-paced-guest && \
-		install -m 0755 target/release/examples/tso_guest $(BIN)/lanekit-tso-guest; \
+		install -m 0755 target/release/examples/tso_guest $(BIN)/lanekit-tso-guest && \
+		install -m 0755 target/release/examples/rx_guest $(BIN)/lanekit-rx-guest; \
 	fi
 
 # The whole suite: unit tests, BPF packet fixtures (BPF_PROG_TEST_RUN) and

@@ -21,6 +21,7 @@
  * netns). */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
 #include "lib/consts.h"
@@ -120,4 +121,16 @@ int steer_vm(struct xdp_md *ctx)
 		return xdp_drop(ctx, DROP_NO_SOCKET);
 	put_meta(ctx);
 	return bpf_redirect_map(&lk_xsks, slot, XDP_DROP);
+}
+
+/* vm_rx_drop: tcx ingress of the VM's device when its backend receives through
+ * the kernel (lanekit-vhost --rx-gso kernel, datapath SetVMRx): there is no XDP
+ * program then, so the veth keeps GSO, and the backend's AF_PACKET sockets (one
+ * per queue, PACKET_FANOUT_QM) take every frame whole from the packet taps,
+ * which run before tcx ingress. Everything is dropped here afterwards: the VM
+ * netns' own stack must never answer for the VM (ARP, ICMP, TCP resets). */
+SEC("tcx/ingress")
+int vm_rx_drop(struct __sk_buff *skb)
+{
+	return TC_ACT_SHOT;
 }

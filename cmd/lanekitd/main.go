@@ -68,6 +68,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit L3 if the kernel has it), veth, netkit (L3: no MACs, no ARP) or netkit-l2 (MACs and ARP, for workloads that need them)")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
 	fs.StringVar(&cfg.TxGSO, "tx-gso", agent.TxGSOKernel, "who segments a VM guest's TSO/USO frames: kernel (each backend gets an AF_PACKET GSO socket per queue; a 64 KB segment leaves as one GSO packet the kernel segments where the route leaves, after the datapath saw one packet) or software (the backend cuts it into MTU-sized AF_XDP frames)")
+	fs.StringVar(&cfg.RxGSO, "rx-gso", agent.RxGSOXDP, "how frames reach a VM's backend: kernel (each backend that asks gets an AF_PACKET socket per queue and the VM's device runs no XDP program, so a pod's 64 KB TCP segment reaches the backend as one GSO packet) or xdp (steer_vm redirects MTU-sized frames into the AF_XDP sockets)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")
 	fs.StringVar(&cfg.HostNetns, "host-netns", "", "path of the node's network namespace if not the agent's own")
 	fs.Func("node-addr", "an address NodePort services listen on (repeatable; default: the uplink's global IPv4 and IPv6 addresses)", func(v string) error {

@@ -91,6 +91,12 @@ type Config struct {
 	// so the frames leave whole as one GSO packet; TxGSOSoftware hands none
 	// and the backend cuts them into AF_XDP frames.
 	TxGSO string
+	// RxGSO says how frames for a VM reach its backend: RxGSOKernel hands
+	// each backend that asks a wire -> guest AF_PACKET socket per queue
+	// (xsk.OpenRxGSO) and takes the XDP program off the VM's device, so a
+	// 64 KiB GSO packet arrives whole; RxGSOXDP (or empty, or a backend that
+	// does not ask) keeps steer_vm and the AF_XDP sockets.
+	RxGSO string
 	// VhostBin is the lanekit-vhost binary the agent runs for CNI VM
 	// attachments; empty: next to the agent's binary, else on PATH.
 	VhostBin string
@@ -269,6 +275,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if g := cfg.TxGSO; g != "" && g != TxGSOKernel && g != TxGSOSoftware {
 		return nil, fmt.Errorf("new agent: --tx-gso %q: want %s or %s", g, TxGSOKernel, TxGSOSoftware)
+	}
+	if g := cfg.RxGSO; g != "" && g != RxGSOKernel && g != RxGSOXDP {
+		return nil, fmt.Errorf("new agent: --rx-gso %q: want %s or %s", g, RxGSOKernel, RxGSOXDP)
 	}
 	if cc := cfg.PodCongestionControl; cc != "" {
 		if err := a.host.CheckCongestionControl(cc); err != nil {

@@ -113,6 +113,9 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 	if b.MetricsSocket != "" {
 		argv = append(argv, "--metrics-listen", b.MetricsSocket)
 	}
+	if a.cfg.RxGSO == RxGSOKernel {
+		argv = append(argv, "--rx-gso", RxGSOKernel)
+	}
 	frontend := uint32(DefaultVhostFrontendUID)
 	if a.cfg.VhostFrontendUID != nil {
 		frontend = *a.cfg.VhostFrontendUID

@@ -112,6 +112,22 @@ const (
 	TxGSOSoftware = "software"
 )
 
+// Values of Config.RxGSO (--rx-gso).
+const (
+	RxGSOKernel = "kernel"
+	RxGSOXDP    = "xdp"
+)
+
+// VMRxDatapath is a VM datapath that can hand a VM's frames to its backend's
+// AF_PACKET sockets instead of its AF_XDP sockets (datapath.Loader.SetVMRx).
+// Optional: without it every VM receives through AF_XDP.
+type VMRxDatapath interface {
+	// SetVMRx must run in the VM's netns.
+	SetVMRx(vm datapath.VM, kernel bool) error
+}
+
+var _ VMRxDatapath = (*datapath.Loader)(nil)
+
 func vmKey(name string) string { return endpoint.Key(endpoint.VMContainerID(name), endpoint.VMIfName) }
 
 func vmHostIf(name string) string {
@@ -355,8 +371,10 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 			return fd, int(m.ValueSize()), nil
 		}
 	}
+	_, rxSteered := vdp.(VMRxDatapath)
 	srv, err := xsk.ListenRSS(ep.VM.Socket, name, func(req xsk.Request) ([]*xsk.Socket, error) {
 		var socks []*xsk.Socket
+		var rxKernel bool
 		err := netdev.InNetns(netnsPath, func() error {
 			var err error
 			// The kernel frees a closed socket's UMEM from a workqueue: a
@@ -382,9 +400,15 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 					a.log.Warn("vm gso sockets: the backend segments in software", "vm", name, "err", err)
 				}
 			}
-			return nil
+			rxKernel, err = a.setVMRx(req, socks, dvm, vdp)
+			return err
 		})
+		if err == nil && rxSteered {
+			// The host end is in the node's netns.
+			err = a.host.Do(func() error { return netdev.SetTxChecksum(ep.HostIfName, rxKernel) })
+		}
 		if err != nil {
+			xsk.CloseAll(socks)
 			return nil, fmt.Errorf("vm %s sockets: %w", name, err)
 		}
 		return socks, nil
@@ -410,6 +434,30 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 	}
 	a.vms[name] = srv
 	return nil
+}
+
+// setVMRx gives socks wire -> guest packet sockets when the backend asked
+// (req.RxGSO) and the agent runs with --rx-gso kernel, and steers the VM's
+// frames to whichever sockets the backend gets: without packet sockets (an
+// older backend, --rx-gso xdp, or a failure to open them) steer_vm and the
+// AF_XDP sockets, as always. It reports whether the VM now receives through
+// the kernel: the caller then turns the host end's transmit checksum offload
+// on (with it TSO, so GSO packets cross the veth whole and the backend gets
+// partial checksums it hands on or fills), else off (AF_XDP copy mode would
+// hand a guest partial checksums). Runs in the VM's netns.
+func (a *Agent) setVMRx(req xsk.Request, socks []*xsk.Socket, dvm datapath.VM, vdp VMDatapath) (bool, error) {
+	rdp, ok := vdp.(VMRxDatapath)
+	if !ok {
+		return false, nil
+	}
+	kernel := req.RxGSO && a.cfg.RxGSO == RxGSOKernel
+	if kernel {
+		if err := xsk.AddRxGSO(socks, dvm.IfIndex); err != nil {
+			a.log.Warn("vm rx packet sockets: the backend receives through AF_XDP", "vm", req.VM, "err", err)
+			kernel = false
+		}
+	}
+	return kernel, rdp.SetVMRx(dvm, kernel)
 }
 
 // stopVMServer stops name's socket server if it runs (mu held).

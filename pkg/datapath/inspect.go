@@ -65,7 +65,7 @@ func InspectPins(pinDir string) (PinnedState, error) {
 		switch n := e.Name(); {
 		case strings.HasPrefix(n, pinPodLink) || strings.HasPrefix(n, pinToPod):
 			st.PodLinks = append(st.PodLinks, n)
-		case strings.HasPrefix(n, pinVMLink):
+		case strings.HasPrefix(n, pinVMLink) || strings.HasPrefix(n, pinVMRxLink):
 			st.VMLinks = append(st.VMLinks, n)
 		case n == "lk_endpoints" || n == "lk_ep_by_ifindex" || n == "lk_metrics" || n == "lk_xsks" || n == "lk_rss_vms" || n == pinUplinkTC || n == pinUplinkEgress || n == pinHostPF:
 		default:

@@ -22,6 +22,7 @@ const (
 	pinPodLink      = "lk_pod_"          // + host-side ifname
 	pinToPod        = "lk_topod_"        // + host-side ifname: to_pod
 	pinVMLink       = "lk_vm_"           // + endpoint id
+	pinVMRxLink     = "lk_vmrx_"         // + endpoint id: vm_rx_drop (SetVMRx kernel)
 )
 
 // Loader is the BPF implementation of Datapath.

@@ -136,8 +136,8 @@ func (l *Loader) Sweep(own Owned) (Swept, error) {
 				continue
 			}
 			sw.PodLinks++
-		case strings.HasPrefix(n, pinVMLink):
-			id, perr := strconv.ParseUint(strings.TrimPrefix(n, pinVMLink), 10, 32)
+		case strings.HasPrefix(n, pinVMLink) || strings.HasPrefix(n, pinVMRxLink):
+			id, perr := strconv.ParseUint(strings.TrimPrefix(strings.TrimPrefix(n, pinVMLink), pinVMRxLink), 10, 32)
 			if perr == nil && own.VMs[uint32(id)] {
 				continue
 			}

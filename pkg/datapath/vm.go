@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/cilium/ebpf"
@@ -41,9 +43,28 @@ func (vm VM) validate() error {
 
 // AttachVM loads a steering program for vm (its identity set at load time)
 // and attaches it to the VM's device (native XDP, pinned link; an existing
-// link is updated in place). The calling thread must be in the VM's network
-// namespace: the kernel resolves the ifindex there.
+// link is updated in place). A VM whose backend receives through the kernel
+// (SetVMRx) keeps that mode: an agent restart re-attaches what was there.
+// The calling thread must be in the VM's network namespace: the kernel
+// resolves the ifindex there.
 func (l *Loader) AttachVM(vm VM) error {
+	return l.attachVM(vm, nil)
+}
+
+// SetVMRx chooses how frames for vm reach its backend. kernel: no XDP program
+// on the VM's device (so its veth peer keeps GSO and a 64 KiB TCP segment
+// arrives whole), the backend's AF_PACKET sockets receive every frame (packet
+// taps run before tcx ingress) and vm_rx_drop at tcx ingress drops it
+// afterwards, so the VM netns' own stack never answers for the VM. Otherwise
+// steer_vm (XDP) redirects each frame into the queue's AF_XDP socket. The drop
+// is attached before the steering program goes (and the reverse), so no frame
+// reaches the netns stack in between. The calling thread must be in the VM's
+// network namespace.
+func (l *Loader) SetVMRx(vm VM, kernel bool) error {
+	return l.attachVM(vm, &kernel)
+}
+
+func (l *Loader) attachVM(vm VM, kernel *bool) error {
 	if err := vm.validate(); err != nil {
 		return fmt.Errorf("attach vm: %w", err)
 	}
@@ -72,10 +93,33 @@ func (l *Loader) AttachVM(vm VM) error {
 	if err := l.ensureVMRSS(spec, vm.ID); err != nil {
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
+	rxKernel := kernel != nil && *kernel
+	if kernel == nil {
+		_, err := os.Stat(filepath.Join(l.cfg.PinDir, vmRxPin(vm.ID)))
+		rxKernel = err == nil
+	}
+	if rxKernel {
+		if err := l.attach(vmRxPin(vm.ID), vm.IfIndex, attachTCXIngress, progs.VmRxDrop); err != nil {
+			return fmt.Errorf("attach vm %d rx drop: %w", vm.ID, err)
+		}
+		if err := l.detach(vmPin(vm.ID)); err != nil {
+			return fmt.Errorf("vm %d: %w", vm.ID, err)
+		}
+		return nil
+	}
 	if err := l.attach(vmPin(vm.ID), vm.IfIndex, attachXDPDriver, progs.SteerVm); err != nil {
 		return fmt.Errorf("attach vm %d: %w", vm.ID, err)
 	}
+	if err := l.detach(vmRxPin(vm.ID)); err != nil {
+		return fmt.Errorf("vm %d: %w", vm.ID, err)
+	}
 	return nil
+}
+
+// VMRxKernel reports whether vm receives through the kernel (SetVMRx).
+func (l *Loader) VMRxKernel(vm VM) bool {
+	_, err := os.Stat(filepath.Join(l.cfg.PinDir, vmRxPin(vm.ID)))
+	return err == nil
 }
 
 // VMRSSValueSize is the size of struct lk_vm_rss_cfg (bpf/lib/vm_rss.h).
@@ -153,6 +197,8 @@ func (l *Loader) VMRSSMap(vm VM) (*ebpf.Map, error) {
 
 func vmPin(id uint32) string { return pinVMLink + strconv.FormatUint(uint64(id), 10) }
 
+func vmRxPin(id uint32) string { return pinVMRxLink + strconv.FormatUint(uint64(id), 10) }
+
 // SetVMSocket publishes an AF_XDP socket fd as queue's socket of vm.
 func (l *Loader) SetVMSocket(vm VM, queue int, fd int) error {
 	if queue < 0 || queue >= vm.Queues {
@@ -169,8 +215,10 @@ func (l *Loader) SetVMSocket(vm VM, queue int, fd int) error {
 func (l *Loader) DetachVM(vm VM) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.detach(vmPin(vm.ID)); err != nil {
-		return fmt.Errorf("detach vm %d: %w", vm.ID, err)
+	for _, pin := range []string{vmPin(vm.ID), vmRxPin(vm.ID)} {
+		if err := l.detach(pin); err != nil {
+			return fmt.Errorf("detach vm %d: %w", vm.ID, err)
+		}
 	}
 	if err := deleteIgnoreMissing(l.vm.LkRssVms, vm.ID); err != nil {
 		return fmt.Errorf("detach vm %d: rss map: %w", vm.ID, err)

@@ -73,6 +73,7 @@ const (
 	vmMapLkRssVms              = "lk_rss_vms"
 	vmMapLkXsks                = "lk_xsks"
 	vmProgSteerVm              = "steer_vm"
+	vmProgVmRxDrop             = "vm_rx_drop"
 	vmVarLastRedirect          = "last_redirect"
 	vmVarLkUnusedDropReason    = "lk_unused_drop_reason"
 	vmVarLkUnusedEndpointFlags = "lk_unused_endpoint_flags"
@@ -134,7 +135,8 @@ type vmSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type vmProgramSpecs struct {
-	SteerVm *ebpf.ProgramSpec `ebpf:"steer_vm"`
+	SteerVm  *ebpf.ProgramSpec `ebpf:"steer_vm"`
+	VmRxDrop *ebpf.ProgramSpec `ebpf:"vm_rx_drop"`
 }
 
 // vmMapSpecs contains maps before they are loaded into the kernel.
@@ -250,12 +252,14 @@ type vmVariables struct {
 //
 // It can be passed to loadVmObjects or ebpf.CollectionSpec.LoadAndAssign.
 type vmPrograms struct {
-	SteerVm *ebpf.Program `ebpf:"steer_vm"`
+	SteerVm  *ebpf.Program `ebpf:"steer_vm"`
+	VmRxDrop *ebpf.Program `ebpf:"vm_rx_drop"`
 }
 
 func (p *vmPrograms) Close() error {
 	return _VmClose(
 		p.SteerVm,
+		p.VmRxDrop,
 	)
 }
 

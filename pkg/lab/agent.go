@@ -29,7 +29,7 @@ func agentArgs(i int, k8s bool) []string {
 		}
 		args = append(args, labIPv6AgentArgs(i)...) // dual-stack and IPv6-only labs (ipfamily.go)
 	}
-	return append(args,
+	return append(append(args,
 		"--bpf-dir", BPFDir(i),
 		"--cgroup-root", NodeCgroup(i),
 		"--vm-socket-dir", NodeDir(i)+"/vm",
@@ -37,7 +37,7 @@ func agentArgs(i int, k8s bool) []string {
 		// pod volumes are the lab kubelets', backends run as nobody.
 		"--kubelet-root-dir", KubeletRootDir(),
 		"--vhost-user", fmt.Sprintf("%d:%d", backendUser, backendUser),
-	)
+	), labRxGSOArgs()...)
 }
 
 // AgentMetricsAddr is where a --k8s lab's agent i serves its metrics: on

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/lanekit/lanekit/pkg/bench"
 )
@@ -54,7 +55,7 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 		vms        []LabVM
 		includes   bench.Includes
 	}{
-		{bench.VMPath, KindLanekit, s.VMs, IncludesLanekitVM},
+		{bench.VMPath, KindLanekit, s.VMs, includesLanekitVM()},
 		{bench.TapVMPath, KindBaseline, s.TapVMs, IncludesTapVM},
 	}
 	for _, row := range vmRows {
@@ -102,6 +103,15 @@ func vmCPUParts(v LabVM) []bench.CPUPart {
 	return parts
 }
 
+// includesLanekitVM is the VM row's label for the receive path the lab's
+// backends run (RxGSOEnv).
+func includesLanekitVM() bench.Includes {
+	if os.Getenv(RxGSOEnv) == "kernel" {
+		return IncludesLanekitVMKernel
+	}
+	return IncludesLanekitVM
+}
+
 // What each row's traffic goes through between the two endpoints (the
 // bench table prints these labels): only host-raw is the bare link.
 var (
@@ -114,6 +124,9 @@ var (
 		Detail: "tcx redirect_neigh/redirect_peer past both nodes' netfilter; packets the program hands to the kernel pay it"}
 	IncludesLanekitVM = bench.Includes{BPF: true,
 		Detail: "lanekit pod to the fast-lane guest: tcx + steer_vm + AF_XDP, TCG guest"}
+	// IncludesLanekitVMKernel: the VM path with --rx-gso kernel (RxGSOEnv).
+	IncludesLanekitVMKernel = bench.Includes{BPF: true,
+		Detail: "lanekit pod to the fast-lane guest: tcx + AF_PACKET (whole GSO packets, --rx-gso kernel), TCG guest"}
 	IncludesTapVM = bench.Includes{Netfilter: true, Conntrack: true,
 		Detail: "baseline pod to a tap guest on the baseline bridge, TCG guest"}
 )

@@ -40,6 +40,18 @@ type LabVM struct {
 	BootSeconds float64 `json:"boot_seconds"`
 }
 
+// RxGSOEnv, when set (kernel or xdp), is passed as --rx-gso to every agent
+// and fast-lane VM backend the lab starts: how frames reach the guests
+// (docs/vm-fast-lane.md, wire -> guest). Unset: the binaries' default.
+const RxGSOEnv = "LANEKIT_LAB_RX_GSO"
+
+func labRxGSOArgs() []string {
+	if v := os.Getenv(RxGSOEnv); v != "" {
+		return []string{"--rx-gso", v}
+	}
+	return nil
+}
+
 // GuestCacheDir holds the guest kernel and initramfs (built once, reused).
 const GuestCacheDir = "/var/cache/lanekit/guest"
 
@@ -158,6 +170,7 @@ func startVMBackend(lv LabVM, vhostBin string) (int, error) {
 	if lv.MTU > 0 {
 		args = append(args, "--mtu", strconv.Itoa(lv.MTU))
 	}
+	args = append(args, labRxGSOArgs()...)
 	ns := lv.NS
 	if lv.BackendNS != "" {
 		ns = lv.BackendNS

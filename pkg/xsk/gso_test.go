@@ -11,7 +11,8 @@ import (
 // TestOfferCarriesGSOSocketsOnlyWhenAsked: a queue with a GSO socket puts its
 // fd right after its [xsk, umem] pair and says "gso":true; the fds arrive in
 // that order (a backend taking the third fd of queue 0 for queue 1's AF_XDP
-// socket would break). A backend that does not ask gets no GSO fd.
+// socket would break). A backend that does not ask gets no GSO fd. The same
+// for the wire -> guest socket ("rx_gso"), which comes after the GSO socket.
 func TestOfferCarriesGSOSocketsOnlyWhenAsked(t *testing.T) {
 	memfd := func(name string, size int64) int {
 		fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
@@ -25,9 +26,12 @@ func TestOfferCarriesGSOSocketsOnlyWhenAsked(t *testing.T) {
 	srv, err := Listen(path, "vm1", func(req Request) ([]*Socket, error) {
 		var socks []*Socket
 		for q := uint32(0); q < 2; q++ {
-			s := &Socket{FD: memfd("xsk", 1), UmemFD: memfd("umem", 2), GSOFD: -1, Config: QueueConfig{Queue: q}}
+			s := &Socket{FD: memfd("xsk", 1), UmemFD: memfd("umem", 2), GSOFD: -1, RxGSOFD: -1, Config: QueueConfig{Queue: q}}
 			if req.TxGSO {
 				s.GSOFD, s.Config.GSO = memfd("gso", 3), true
+			}
+			if req.RxGSO {
+				s.RxGSOFD, s.Config.RxGSO = memfd("rxgso", 4), true
 			}
 			socks = append(socks, s)
 		}
@@ -37,10 +41,10 @@ func TestOfferCarriesGSOSocketsOnlyWhenAsked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	for _, gso := range []bool{false, true} {
-		offer, fds, err := FetchRequest(path, Request{Version: ProtocolVersion, VM: "vm1", TxGSO: gso}, 5*time.Second)
+	for _, c := range []struct{ gso, rx bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		offer, fds, err := FetchRequest(path, Request{Version: ProtocolVersion, VM: "vm1", TxGSO: c.gso, RxGSO: c.rx}, 5*time.Second)
 		if err != nil {
-			t.Fatalf("gso %t: %v", gso, err)
+			t.Fatalf("%+v: %v", c, err)
 		}
 		var sizes []int64
 		for _, fd := range fds {
@@ -49,16 +53,25 @@ func TestOfferCarriesGSOSocketsOnlyWhenAsked(t *testing.T) {
 			sizes = append(sizes, st.Size)
 			unix.Close(fd)
 		}
-		want := []int64{1, 2, 1, 2}
-		if gso {
-			want = []int64{1, 2, 3, 1, 2, 3}
+		var want []int64
+		for q := 0; q < 2; q++ {
+			want = append(want, 1, 2)
+			if c.gso {
+				want = append(want, 3)
+			}
+			if c.rx {
+				want = append(want, 4)
+			}
+			if offer.Queues[q].GSO != c.gso || offer.Queues[q].RxGSO != c.rx {
+				t.Fatalf("%+v: offer %+v", c, offer.Queues)
+			}
 		}
-		if len(sizes) != len(want) || offer.Queues[0].GSO != gso || offer.Queues[1].GSO != gso {
-			t.Fatalf("gso %t: offer %+v, fds sized %v, want %v", gso, offer.Queues, sizes, want)
+		if len(sizes) != len(want) {
+			t.Fatalf("%+v: fds sized %v, want %v", c, sizes, want)
 		}
 		for i := range want {
 			if sizes[i] != want[i] {
-				t.Fatalf("gso %t: fds sized %v, want %v (per queue: xsk, umem, gso)", gso, sizes, want)
+				t.Fatalf("%+v: fds sized %v, want %v (per queue: xsk, umem, gso, rx gso)", c, sizes, want)
 			}
 		}
 	}

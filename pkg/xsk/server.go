@@ -34,6 +34,12 @@ type Request struct {
 	// socket (OpenGSO) when the offer has one (QueueConfig.GSO). Only then:
 	// a backend that predates it would not expect the extra fds.
 	TxGSO bool `json:"tx_gso,omitempty"`
+	// RxGSO: the backend receives whole packets through a per-queue
+	// AF_PACKET socket (OpenRxGSO) when the offer has one
+	// (QueueConfig.RxGSO); the agent then steers the VM's frames there, not
+	// to the AF_XDP sockets. Only then: a backend that predates it would
+	// neither expect the fds nor read them.
+	RxGSO bool `json:"rx_gso,omitempty"`
 }
 
 // SizesFor is DefaultSizes with TX metadata room when the backend asked for it.
@@ -202,6 +208,9 @@ func (s *Server) handle(c *net.UnixConn) error {
 		if sk.Config.GSO {
 			fds = append(fds, sk.GSOFD)
 		}
+		if sk.Config.RxGSO {
+			fds = append(fds, sk.RxGSOFD)
+		}
 	}
 	if s.rss != nil && req.RSS {
 		fd, size, err := s.rss()
@@ -249,8 +258,8 @@ func FetchRSS(path, vm string, rss bool, timeout time.Duration) (Offer, []int, e
 }
 
 // FetchRequest is Fetch with the whole request given; the fds come in the
-// offer's order: per queue [xsk, umem, gso if the queue's GSO is set], then
-// the RSS map.
+// offer's order: per queue [xsk, umem, gso if the queue's GSO is set, rx
+// gso if its RxGSO is set], then the RSS map.
 func FetchRequest(path string, r Request, timeout time.Duration) (Offer, []int, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -294,6 +303,9 @@ func FetchRequest(path string, r Request, timeout time.Duration) (Offer, []int, 
 	for _, q := range offer.Queues {
 		if q.GSO {
 			want++ // the queue's GSO socket, after its pair
+		}
+		if q.RxGSO {
+			want++ // its wire -> guest socket, next
 		}
 	}
 	if offer.RSS != nil {

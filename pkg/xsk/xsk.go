@@ -10,14 +10,18 @@
 //	{"version":1,"vm":"<name>","rss":true}
 //
 // ("rss" optional: the backend takes the VM's RSS map; "tx_meta":true optional:
-// the backend writes AF_XDP TX metadata, see TxMetadataLen.)
+// the backend writes AF_XDP TX metadata, see TxMetadataLen; "tx_gso":true: it
+// takes a GSO socket per queue, see OpenGSO; "rx_gso":true: it receives through
+// a packet socket per queue, see OpenRxGSO.)
 //
 // The agent answers with ONE message: a JSON body
 //
 //	{"version":1,"queues":[{"queue":0,"umem_size":N,"frame_size":2048,"frame_count":N,
 //	  "fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}, ...]}
 //
-// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...]. When the
+// carrying SCM_RIGHTS fds ordered [xsk0, umem0, xsk1, umem1, ...], a queue's
+// GSO socket ("gso":true) and then its wire -> guest socket ("rx_gso":true)
+// right after its pair. When the
 // backend asked for it ("rss":true) and the agent has the VM's RSS map, the
 // body also has "rss":{"value_size":N} and the map's fd comes last (see
 // RSSInfo). Each xsk is already bound (copy mode) to queue i of the VM's device and inserted into
@@ -90,15 +94,20 @@ type QueueConfig struct {
 	TxMetadataLen uint32 `json:"tx_metadata_len,omitempty"`
 	// GSO: the queue's GSO socket (OpenGSO) follows its pair of fds.
 	GSO bool `json:"gso,omitempty"`
+	// RxGSO: the queue's wire -> guest socket (OpenRxGSO) follows, after
+	// the GSO socket if any.
+	RxGSO bool `json:"rx_gso,omitempty"`
 }
 
-// Socket is a bound AF_XDP socket and the memfd backing its UMEM, and the
-// queue's GSO socket when Config.GSO (AddGSO).
+// Socket is a bound AF_XDP socket and the memfd backing its UMEM, the
+// queue's GSO socket when Config.GSO (AddGSO) and its wire -> guest socket
+// when Config.RxGSO (AddRxGSO).
 type Socket struct {
-	FD     int
-	UmemFD int
-	GSOFD  int
-	Config QueueConfig
+	FD      int
+	UmemFD  int
+	GSOFD   int
+	RxGSOFD int
+	Config  QueueConfig
 }
 
 // Close closes the agent's copies of the fds.
@@ -117,6 +126,9 @@ func (s *Socket) Close() error {
 	if e := s.closeGSO(); err == nil {
 		err = e
 	}
+	if e := s.closeRxGSO(); err == nil {
+		err = e
+	}
 	return err
 }
 
@@ -129,7 +141,7 @@ func Open(ifindex int, queue uint32, sz Sizes) (_ *Socket, err error) {
 		return nil, fmt.Errorf("open xsk: %w", err)
 	}
 	umemSize := uint64(sz.FrameSize) * uint64(sz.FrameCount)
-	s := &Socket{FD: -1, UmemFD: -1, GSOFD: -1, Config: QueueConfig{Queue: queue, UmemSize: umemSize, FrameSize: sz.FrameSize,
+	s := &Socket{FD: -1, UmemFD: -1, GSOFD: -1, RxGSOFD: -1, Config: QueueConfig{Queue: queue, UmemSize: umemSize, FrameSize: sz.FrameSize,
 		FrameCount: sz.FrameCount, FillSize: sz.FillSize, CompSize: sz.CompSize, RxSize: sz.RxSize, TxSize: sz.TxSize}}
 	defer func() {
 		if err != nil {

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::pkt_gso::GsoSocket;
+use crate::pkt_rx::RxGsoSocket;
 use crate::rss::RssMap;
 use crate::xsk::{XskParams, XskPort};
 
@@ -41,6 +42,12 @@ pub struct Request {
     /// that does not know the field hands none and the backend cuts the frames itself.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tx_gso: bool,
+    /// The backend receives whole packets through an `AF_PACKET` socket per queue
+    /// (`pkt_rx.rs`, `--rx-gso kernel`) when the agent hands one (`"rx_gso":true` in the queue's
+    /// entry); the agent then steers the VM's frames there instead of to the AF_XDP sockets. An
+    /// agent that does not know the field hands none: the AF_XDP path, as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rx_gso: bool,
 }
 
 /// One queue of the agent's reply.
@@ -60,6 +67,10 @@ pub struct QueueInfo {
     /// A third fd follows this queue's pair: its GSO socket.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gso: bool,
+    /// One more fd follows (after the GSO socket, if any): the queue's wire -> guest packet
+    /// socket (`pkt_rx.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rx_gso: bool,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -106,8 +117,9 @@ pub struct RssInfo {
     pub value_size: u32,
 }
 
-/// One queue of a valid reply: its entry, AF_XDP socket, UMEM file and GSO socket.
-pub type QueueFds = (QueueInfo, OwnedFd, File, Option<OwnedFd>);
+/// One queue of a valid reply: its entry, AF_XDP socket, UMEM file, GSO socket and wire -> guest
+/// packet socket.
+pub type QueueFds = (QueueInfo, OwnedFd, File, Option<OwnedFd>, Option<OwnedFd>);
 
 /// What a valid reply carries.
 pub type Handout = (Vec<QueueFds>, Option<(RssInfo, OwnedFd)>);
@@ -238,13 +250,15 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
         return Err(err(format!("agent sent {} queues, {pairs} queue pairs configured", reply.queues.len())));
     }
     let gso = reply.queues.iter().filter(|q| q.gso).count();
-    let want = 2 * reply.queues.len() + gso + usize::from(reply.rss.is_some());
+    let rx_gso = reply.queues.iter().filter(|q| q.rx_gso).count();
+    let want = 2 * reply.queues.len() + gso + rx_gso + usize::from(reply.rss.is_some());
     if fds.len() != want {
         return Err(err(format!(
-            "agent sent {} fds for {} queues{}{}",
+            "agent sent {} fds for {} queues{}{}{}",
             fds.len(),
             reply.queues.len(),
             if gso > 0 { format!(" ({gso} with a gso socket)") } else { String::new() },
+            if rx_gso > 0 { format!(" ({rx_gso} with an rx packet socket)") } else { String::new() },
             if reply.rss.is_some() { " and the rss map" } else { "" }
         )));
     }
@@ -259,7 +273,9 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
             return Err(err("missing fds".into()));
         };
         let gso = if q.gso { Some(fds.next().ok_or_else(|| err("missing gso fd".into()))?) } else { None };
-        out.push((q, xsk, File::from(umem), gso));
+        let rx =
+            if q.rx_gso { Some(fds.next().ok_or_else(|| err("missing rx packet socket fd".into()))?) } else { None };
+        out.push((q, xsk, File::from(umem), gso, rx));
     }
     let rss = match (reply.rss, fds.next()) {
         (Some(info), Some(fd)) => Some((info, fd)),
@@ -269,12 +285,20 @@ pub fn check_reply(body: &[u8], fds: Vec<OwnedFd>, pairs: u16) -> io::Result<Han
 }
 
 /// Ask the agent at `path` for the sockets of `vm` and take them over as ports; with `tx_gso`
-/// also each queue's GSO socket, when the agent hands them.
-pub fn request_ports(path: &Path, vm: &str, pairs: u16, tx_gso: bool) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
+/// also each queue's GSO socket, with `rx_gso` each queue's wire -> guest packet socket, when the
+/// agent hands them.
+pub fn request_ports(
+    path: &Path,
+    vm: &str,
+    pairs: u16,
+    tx_gso: bool,
+    rx_gso: bool,
+) -> io::Result<(Vec<XskPort>, Option<RssMap>)> {
     let sock = seqpacket(path, false)
         .map_err(|e| io::Error::new(e.kind(), format!("connect to agent at {}: {e}", path.display())))?;
-    let req = serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true, tx_gso })
-        .map_err(io::Error::other)?;
+    let req =
+        serde_json::to_vec(&Request { version: VERSION, vm: vm.to_string(), rss: true, tx_meta: true, tx_gso, rx_gso })
+            .map_err(io::Error::other)?;
     send_msg(sock.as_raw_fd(), &req, &[])?;
     let (body, fds) = recv_msg(sock.as_raw_fd())?;
     if body.is_empty() {
@@ -283,13 +307,18 @@ pub fn request_ports(path: &Path, vm: &str, pairs: u16, tx_gso: bool) -> io::Res
     let (queues, rss) = check_reply(&body, fds, pairs)?;
     let ports = queues
         .into_iter()
-        .map(|(q, xsk, umem, gso)| {
+        .map(|(q, xsk, umem, gso, rx)| {
             let mut port = XskPort::from_fds(xsk, &umem, q.into())
                 .map_err(|e| io::Error::new(e.kind(), format!("queue {}: {e}", q.queue)))?;
             if let Some(fd) = gso {
                 let g = GsoSocket::from_fd(fd)
                     .map_err(|e| io::Error::new(e.kind(), format!("queue {} gso socket: {e}", q.queue)))?;
                 port.set_gso(g);
+            }
+            if let Some(fd) = rx {
+                let r = RxGsoSocket::from_fd(fd)
+                    .map_err(|e| io::Error::new(e.kind(), format!("queue {} rx packet socket: {e}", q.queue)))?;
+                port.set_rx_gso(r);
             }
             Ok(port)
         })
@@ -340,6 +369,7 @@ mod tests {
             tx_size: 2048,
             tx_metadata_len: 0,
             gso: false,
+            rx_gso: false,
         }
     }
 
@@ -355,13 +385,20 @@ mod tests {
             rss: false,
             tx_meta: false,
             tx_gso: false,
+            rx_gso: false,
         })
         .unwrap();
         assert_eq!(req, r#"{"version":1,"vm":"vm-a"}"#);
-        let req =
-            serde_json::to_string(&Request { version: 1, vm: "vm-a".into(), rss: true, tx_meta: true, tx_gso: true })
-                .unwrap();
-        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true,"tx_gso":true}"#);
+        let req = serde_json::to_string(&Request {
+            version: 1,
+            vm: "vm-a".into(),
+            rss: true,
+            tx_meta: true,
+            tx_gso: true,
+            rx_gso: true,
+        })
+        .unwrap();
+        assert_eq!(req, r#"{"version":1,"vm":"vm-a","rss":true,"tx_meta":true,"tx_gso":true,"rx_gso":true}"#);
         let body = r#"{"version":1,"queues":[{"queue":0,"umem_size":8388608,"frame_size":2048,"frame_count":4096,"fill_size":2048,"comp_size":2048,"rx_size":2048,"tx_size":2048}]}"#;
         let r: Reply = serde_json::from_str(body).unwrap();
         assert_eq!(r.queues, vec![info(0)]);
@@ -382,6 +419,15 @@ mod tests {
         assert!(qs[0].0.gso && qs[0].3.is_some() && rss.is_some());
         let e = check_reply(gso.as_bytes(), memfds(3), 1).unwrap_err().to_string();
         assert!(e.contains("3 fds for 1 queues (1 with a gso socket) and the rss map"), "{e}");
+        // With an rx packet socket too: it follows the GSO socket; alone, it follows the pair.
+        let both = gso.replace(r#""gso":true}"#, r#""gso":true,"rx_gso":true}"#);
+        let (qs, _) = check_reply(both.as_bytes(), memfds(5), 1).unwrap();
+        assert!(qs[0].0.rx_gso && qs[0].3.is_some() && qs[0].4.is_some());
+        let rx = body.replace(r#""tx_size":2048}"#, r#""tx_size":2048,"rx_gso":true}"#);
+        let (qs, _) = check_reply(rx.as_bytes(), memfds(4), 1).unwrap();
+        assert!(qs[0].3.is_none() && qs[0].4.is_some());
+        let e = check_reply(both.as_bytes(), memfds(4), 1).unwrap_err().to_string();
+        assert!(e.contains("(1 with a gso socket) (1 with an rx packet socket) and the rss map"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod net;
 pub mod offload;
 pub mod pkt_gso;
+pub mod pkt_rx;
 pub mod port;
 mod relay;
 pub mod rss;
@@ -119,6 +120,8 @@ pub struct Config {
     pub offloads: offload::Offloads,
     /// Who segments TSO/USO frames (`--tx-gso`).
     pub tx_gso: TxGso,
+    /// How frames for the guest arrive (`--rx-gso`).
+    pub rx_gso: RxGso,
 }
 
 /// Ports of every queue pair, and the VM's RSS map when the agent handed one.
@@ -135,8 +138,20 @@ pub enum TxGso {
     Software,
 }
 
-/// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes.
-pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxGso) -> Result<Ports> {
+/// Wire -> guest receive path (`--rx-gso`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RxGso {
+    /// Whole packets (64 KiB GSO packets as one) through a per-queue `AF_PACKET` socket the
+    /// agent hands over (`pkt_rx.rs`); queues without one receive through AF_XDP.
+    Kernel,
+    /// Through the AF_XDP sockets (`steer_vm`), MTU-sized frames coalesced here (`gro.rs`).
+    #[default]
+    Xdp,
+}
+
+/// Open one port per queue pair; AF_XDP frames must hold `max_frame` bytes. `rx_gso` only
+/// matters for ports the agent hands over (`--ifname` ports always receive through AF_XDP).
+pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxGso, rx_gso: RxGso) -> Result<Ports> {
     let boxed = |p: xsk::XskPort| -> Result<Box<dyn port::Port>> {
         let fs = p.params().frame_size as usize;
         if fs < max_frame {
@@ -168,8 +183,9 @@ pub fn open_ports(source: &PortSource, pairs: u16, max_frame: usize, tx_gso: TxG
             })
             .collect(),
         PortSource::Agent { socket, vm } => {
-            let (ports, rss) = handover::request_ports(socket, vm, pairs, tx_gso == TxGso::Kernel)
-                .map_err(|source| Error::Port { queue: 0, source })?;
+            let (ports, rss) =
+                handover::request_ports(socket, vm, pairs, tx_gso == TxGso::Kernel, rx_gso == RxGso::Kernel)
+                    .map_err(|source| Error::Port { queue: 0, source })?;
             return Ok((ports.into_iter().map(boxed).collect::<Result<_>>()?, rss));
         }
     };
@@ -194,7 +210,7 @@ pub fn start_backend(config: Config) -> Result<()> {
     }
     confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
     let max_frame = usize::from(config.device.mtu) + 18;
-    let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame, config.tx_gso)?;
+    let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame, config.tx_gso, config.rx_gso)?;
     let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll).with_offloads(config.offloads);
     if let Some(map) = rss {
         info!("offering virtio RSS and hash report (the agent handed the VM's RSS map)");

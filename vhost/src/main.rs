@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lanekit_vhost::offload::Offloads;
-use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource, TxGso};
+use lanekit_vhost::{start_backend, Config, DeviceConfig, Error, PortSource, RxGso, TxGso};
 
 /// The lab switch (`LANEKIT_LAB=1` in the environment, as lanekitd's: internal/labswitch): without
 /// it the lab-only flags (`--loopback`, `--no-seccomp`) are refused. The agent starts backends with
@@ -65,6 +65,13 @@ struct Args {
     /// socket (an older agent, or one started with --tx-gso software).
     #[arg(long, value_name = "kernel|software", default_value = "kernel", value_parser = parse_tx_gso)]
     tx_gso: TxGso,
+    /// How frames reach the guest: `kernel` receives each packet whole (a pod's 64 KiB TCP
+    /// segment as ONE packet with its GSO header) through a per-queue AF_PACKET socket the agent
+    /// hands over (the agent then steers the VM's frames there, no XDP on its device); `xdp`
+    /// receives MTU-sized frames through the AF_XDP sockets and coalesces them here. `kernel`
+    /// falls back to `xdp` with an agent that hands no such socket (older, or --rx-gso xdp).
+    #[arg(long, value_name = "kernel|xdp", default_value = "xdp", value_parser = parse_rx_gso)]
+    rx_gso: RxGso,
     /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
     /// uid). Done before the AF_XDP handover.
     #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
@@ -86,6 +93,14 @@ fn parse_tx_gso(s: &str) -> Result<TxGso, String> {
         "kernel" => Ok(TxGso::Kernel),
         "software" => Ok(TxGso::Software),
         _ => Err(format!("want kernel or software, got {s:?}")),
+    }
+}
+
+fn parse_rx_gso(s: &str) -> Result<RxGso, String> {
+    match s {
+        "kernel" => Ok(RxGso::Kernel),
+        "xdp" => Ok(RxGso::Xdp),
+        _ => Err(format!("want kernel or xdp, got {s:?}")),
     }
 }
 
@@ -148,6 +163,7 @@ impl TryFrom<Args> for Config {
             seccomp: !a.no_seccomp,
             offloads: a.no_offload.iter().try_fold(Offloads::ALL, |o, n| o.without(n.trim())).map_err(Error::Config)?,
             tx_gso: a.tx_gso,
+            rx_gso: a.rx_gso,
         })
     }
 }

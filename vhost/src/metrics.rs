@@ -94,7 +94,9 @@ pub const FAMILIES: &[Family] = &[
          (TCP/UDP checksum left to the kernel through AF_XDP TX metadata), rx_data_valid \
          (checksum verified, frame marked DATA_VALID), rx_gro_segments (guest packets each coalesced from several frames, \
          GUEST_TSO), rx_gro_frames (frames in them), rx_gro_split (frames of a segment the guest's buffers could \
-         not take whole, delivered one by one)"
+         not take whole, delivered one by one), rx_gso_kernel (GSO packets received whole from the kernel's packet \
+         socket, --rx-gso kernel, delivered whole), rx_gso_kernel_cut (such packets cut here: GSO type not acked or \
+         buffers too few), rx_kernel_refused (a kernel header that failed the checks: packet dropped)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -242,6 +244,9 @@ impl Collector for Exporter {
             offloads.push((with(i, &[("kind", "rx_gro_segments")]), s.rx_gro_segments));
             offloads.push((with(i, &[("kind", "rx_gro_frames")]), s.rx_gro_merged));
             offloads.push((with(i, &[("kind", "rx_gro_split")]), s.rx_gro_split));
+            offloads.push((with(i, &[("kind", "rx_gso_kernel")]), s.rx_gso_kernel));
+            offloads.push((with(i, &[("kind", "rx_gso_kernel_cut")]), s.rx_gso_kernel_cut));
+            offloads.push((with(i, &[("kind", "rx_kernel_refused")]), s.rx_kernel_refused));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));

@@ -461,6 +461,10 @@ pub struct RxState {
     grouped: bool,
     pos: usize,
     scratch: Scratch,
+    /// Wire -> guest through the kernel (`net_krx.rs`): a segment being cut, and the next of its
+    /// segments to deliver (0: none started).
+    cut: Vec<u8>,
+    kernel_seg: usize,
 }
 
 /// One packet for the guest: its bytes, hash metadata, and for a coalesced segment its header
@@ -475,6 +479,7 @@ impl RxState {
         self.outs.clear();
         self.grouped = false;
         self.pos = 0;
+        self.kernel_seg = 0;
     }
 
     /// Frames received from the port and waiting for guest buffers.
@@ -571,6 +576,12 @@ fn rx_fill<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> QueueRun {
+    // Whole packets from the kernel's packet socket, when the port has one.
+    if st.pos >= st.len() {
+        if let Some(run) = krx::rx_kernel(q, mem, ring, port, st, mode, stats, budget) {
+            return run;
+        }
+    }
     // With GUEST_TSO a batch is taken whole (and coalesced) before anything is delivered.
     if st.pos >= st.len() && !mode.offloads.guest_tso() {
         if let Some(run) = rx_direct(q, mem, ring, port, &mut st.scratch, mode, stats, budget) {
@@ -665,32 +676,12 @@ fn rx_direct<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> Option<QueueRun> {
-    use std::cell::Cell;
     let mut run = QueueRun::default();
-    let (stop, rearmed) = (Cell::new(false), Cell::new(false));
+    let (stop, rearmed) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
     let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
-        loop {
-            match rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats) {
-                // Buffers that appeared while notifications were being re-enabled are used at
-                // once, but only once: a ring that still yields nothing (corrupt index) waits.
-                RxOutcome::NoBuffers if rearmed.get() => {}
-                RxOutcome::NoBuffers => match q.enable_notification(mem) {
-                    Ok(true) => {
-                        rearmed.set(true);
-                        continue;
-                    }
-                    Ok(false) => {}
-                    Err(e) => stats.error(&e),
-                },
-                // Progress: a later shortage must re-arm notifications at the new position.
-                RxOutcome::Delivered | RxOutcome::Dropped | RxOutcome::Split => {
-                    rearmed.set(false);
-                    return true;
-                }
-            }
-            stop.set(true);
-            return false;
-        }
+        offer(q, mem, stats, &stop, &rearmed, |q, mem| {
+            rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats)
+        })
     };
     loop {
         if run.handled >= budget {
@@ -711,6 +702,44 @@ fn rx_direct<M: GuestMemory>(
         }
     }
 }
+
+/// Offer one packet to the guest through `attempt` (which returns what became of it): true when
+/// it was taken (delivered or dropped); false, with `stop` set, when the guest has no buffers
+/// (notifications are then enabled, so the guest kicks when it adds some).
+fn offer<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    stats: &Stats,
+    stop: &std::cell::Cell<bool>,
+    rearmed: &std::cell::Cell<bool>,
+    mut attempt: impl FnMut(&mut Queue, &M) -> RxOutcome,
+) -> bool {
+    loop {
+        match attempt(q, mem) {
+            // Buffers that appeared while notifications were being re-enabled are used at
+            // once, but only once: a ring that still yields nothing (corrupt index) waits.
+            RxOutcome::NoBuffers if rearmed.get() => {}
+            RxOutcome::NoBuffers => match q.enable_notification(mem) {
+                Ok(true) => {
+                    rearmed.set(true);
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => stats.error(&e),
+            },
+            // Progress: a later shortage must re-arm notifications at the new position.
+            RxOutcome::Delivered | RxOutcome::Dropped | RxOutcome::Split => {
+                rearmed.set(false);
+                return true;
+            }
+        }
+        stop.set(true);
+        return false;
+    }
+}
+
+#[path = "net_krx.rs"]
+mod krx;
 
 #[path = "net_stats.rs"]
 mod stats;

@@ -208,3 +208,6 @@ fn rx_a_segment_the_buffers_cannot_take_is_delivered_unmerged() {
     let (pk, s) = deliver(&frames, false, single, 2, 0x1_0000);
     assert_eq!((pk.len(), s.rx_gro_segments, s.rx_gro_split), (1, 1, 0));
 }
+
+#[path = "net_krx_tests.rs"]
+mod krx_rx;

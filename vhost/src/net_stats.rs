@@ -120,6 +120,13 @@ pub struct Stats {
     /// Frames of coalesced segments the guest's buffers could not take whole, delivered one
     /// by one instead.
     pub rx_gro_split: AtomicU64,
+    /// Wire -> guest through the kernel (`--rx-gso kernel`): GSO packets delivered whole.
+    pub rx_gso_kernel: AtomicU64,
+    /// GSO packets from the kernel cut here into frames (the guest did not ack the GSO type, or
+    /// its buffers could not take the packet whole).
+    pub rx_gso_kernel_cut: AtomicU64,
+    /// Packets from the kernel whose `virtio_net_hdr` did not pass the checks: dropped.
+    pub rx_kernel_refused: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
     pub rx_notifications: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
@@ -155,6 +162,9 @@ pub struct StatsSnapshot {
     pub rx_gro_segments: u64,
     pub rx_gro_merged: u64,
     pub rx_gro_split: u64,
+    pub rx_gso_kernel: u64,
+    pub rx_gso_kernel_cut: u64,
+    pub rx_kernel_refused: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
     pub busy_ns: u64,
@@ -189,6 +199,9 @@ impl StatsSnapshot {
             rx_gro_segments: self.rx_gro_segments + o.rx_gro_segments,
             rx_gro_merged: self.rx_gro_merged + o.rx_gro_merged,
             rx_gro_split: self.rx_gro_split + o.rx_gro_split,
+            rx_gso_kernel: self.rx_gso_kernel + o.rx_gso_kernel,
+            rx_gso_kernel_cut: self.rx_gso_kernel_cut + o.rx_gso_kernel_cut,
+            rx_kernel_refused: self.rx_kernel_refused + o.rx_kernel_refused,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
             busy_ns: self.busy_ns + o.busy_ns,
@@ -248,6 +261,9 @@ impl Stats {
             rx_gro_segments: l(&self.rx_gro_segments),
             rx_gro_merged: l(&self.rx_gro_merged),
             rx_gro_split: l(&self.rx_gro_split),
+            rx_gso_kernel: l(&self.rx_gso_kernel),
+            rx_gso_kernel_cut: l(&self.rx_gso_kernel_cut),
+            rx_kernel_refused: l(&self.rx_kernel_refused),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),
             busy_ns: l(&self.busy_ns),

@@ -106,7 +106,7 @@ impl GsoSocket {
     }
 }
 
-fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+pub(crate) fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: v and len are valid for writes of their sizes for the duration of the call.
@@ -117,7 +117,7 @@ fn getsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Resul
     Ok(v)
 }
 
-fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+pub(crate) fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: v is a readable c_int for the duration of the call.
     let r = unsafe {
         libc::setsockopt(fd, level, name, (&raw const v).cast(), size_of::<libc::c_int>() as libc::socklen_t)

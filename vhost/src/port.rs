@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::offload::TxHdr;
 use crate::rss::XskMeta;
 
 /// Frames stored back to back in one reusable buffer (no allocation once warmed up).
@@ -174,6 +175,15 @@ pub trait Port: Send {
         _max: usize,
         _f: &mut dyn FnMut(&[u8], Option<XskMeta>) -> bool,
     ) -> Option<io::Result<usize>> {
+        None
+    }
+
+    /// Wire -> guest through the kernel (`pkt_rx.rs`): hand up to `max` whole packets, in order,
+    /// to `f` as (the kernel's `virtio_net_hdr`, the frame, which `f` may rewrite: it is the
+    /// port's copy). `f` returns false when the guest could not take the packet: it stays in the
+    /// port for the next call. Returns how many packets `f` took; None when the port receives
+    /// through AF_XDP instead (the caller then uses [`Port::rx_each`] / [`Port::recv`]).
+    fn rx_kernel(&mut self, _max: usize, _f: &mut dyn FnMut(TxHdr, &mut [u8]) -> bool) -> Option<io::Result<usize>> {
         None
     }
 

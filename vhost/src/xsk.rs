@@ -54,7 +54,9 @@ use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::offload::TxHdr;
 use crate::pkt_gso::GsoSocket;
+use crate::pkt_rx::RxGsoSocket;
 use crate::port::{finish_csum, Batch, Port, TxFrame};
 use crate::rss::{self, XskMeta};
 
@@ -244,6 +246,9 @@ pub struct XskPort {
     pub csum_offloaded: u64,
     /// The queue's GSO socket (`pkt_gso.rs`), when the agent handed one.
     gso: Option<GsoSocket>,
+    /// The queue's wire -> guest packet socket (`pkt_rx.rs`), when the agent handed one: the
+    /// queue then receives through it, not through the AF_XDP socket.
+    rx_gso: Option<RxGsoSocket>,
 }
 
 impl XskPort {
@@ -278,6 +283,7 @@ impl XskPort {
             bad_descs: 0,
             csum_offloaded: 0,
             gso: None,
+            rx_gso: None,
         };
         port.refill();
         Ok(port)
@@ -306,6 +312,11 @@ impl XskPort {
     /// them into AF_XDP frames.
     pub fn set_gso(&mut self, gso: GsoSocket) {
         self.gso = Some(gso);
+    }
+
+    /// Receive through `rx` (whole GSO packets, `pkt_rx.rs`) instead of the AF_XDP socket.
+    pub fn set_rx_gso(&mut self, rx: RxGsoSocket) {
+        self.rx_gso = Some(rx);
     }
 
     /// The GSO socket's counters: (packets sent, sends refused).
@@ -594,8 +605,13 @@ impl Port for XskPort {
         self.gso.as_mut().map_or_else(|| Err(io::Error::from(io::ErrorKind::Unsupported)), |g| g.send(hdr, frame))
     }
 
+    fn rx_kernel(&mut self, max: usize, f: &mut dyn FnMut(TxHdr, &mut [u8]) -> bool) -> Option<io::Result<usize>> {
+        self.rx_gso.as_mut().map(|r| r.each(max, f))
+    }
+
     fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        // With a packet socket nothing arrives on the AF_XDP socket: wake on the packets.
+        self.rx_gso.as_ref().map_or(self.fd.as_raw_fd(), RxGsoSocket::fd)
     }
 
     fn xsk_fd(&self) -> Option<RawFd> {

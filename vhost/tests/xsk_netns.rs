@@ -195,7 +195,10 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
         let (body, fds) = recv_msg(c.as_raw_fd()).unwrap();
         assert!(fds.is_empty());
         let req: Request = serde_json::from_slice(&body).unwrap();
-        assert_eq!(req, Request { version: 1, vm: "vm-test".into(), rss: true, tx_meta: true, tx_gso: false });
+        assert_eq!(
+            req,
+            Request { version: 1, vm: "vm-test".into(), rss: true, tx_meta: true, tx_gso: false, rx_gso: false }
+        );
         let q = QueueInfo {
             queue: 0,
             umem_size: params.umem_size,
@@ -207,12 +210,15 @@ fn sockets_handed_over_by_the_agent_carry_guest_traffic() {
             tx_size: params.tx_size,
             tx_metadata_len: params.tx_metadata_len,
             gso: false,
+            rx_gso: false,
         };
         let reply = serde_json::to_vec(&Reply { version: 1, queues: vec![q], error: None, rss: None }).unwrap();
         send_msg(c.as_raw_fd(), &reply, &[xsk.as_raw_fd(), umem.as_raw_fd()]).unwrap();
     });
     let source = lanekit_vhost::PortSource::Agent { socket: agent_path.clone(), vm: "vm-test".into() };
-    let (ports, rss) = lanekit_vhost::open_ports(&source, 1, 1518, lanekit_vhost::TxGso::Software).expect("handover");
+    let (ports, rss) =
+        lanekit_vhost::open_ports(&source, 1, 1518, lanekit_vhost::TxGso::Software, lanekit_vhost::RxGso::Xdp)
+            .expect("handover");
     assert!(rss.is_none());
     agent.join().unwrap();
     let cfg = DeviceConfig { mac: [2, 0, 0, 0, 0, 2], queue_pairs: 1, mtu: 1500 };

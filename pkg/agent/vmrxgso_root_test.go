@@ -1,0 +1,367 @@
+package agent
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+)
+
+// TestVMRxGSOKernelReceivesWholePackets drives the real agent (BPF datapath),
+// the real lanekit-vhost and a guest driver that receives with GUEST_TSO4/6 +
+// MRG_RXBUF (lanekit-rx-guest): a pod sends 64,000-byte TCP GSO packets to the
+// VM. With --rx-gso kernel on both sides the VM's device runs no XDP program,
+// so each packet crosses the veth whole, the backend's AF_PACKET socket takes
+// it with its GSO header and the guest gets it as one packet: the backend's
+// rx_gso_kernel counter moves by one per packet and its AF_XDP coalescer
+// (rx_gro_frames) not at all. With --rx-gso xdp (the old path) the host end
+// cuts each packet into MTU-sized frames that steer_vm redirects into the
+// AF_XDP socket and the backend glues back: rx_gro_frames moves,
+// rx_gso_kernel does not. Both families, every payload byte checked in the
+// guest. In kernel mode the VM netns' own stack never sees the VM's frames:
+// with the VM's address on its device it still does not answer a ping
+// (vm_rx_drop at tcx ingress), and its IP InReceives does not move.
+func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
+	testutil.RequireBPFFS(t)
+	bin := os.Getenv("LANEKIT_BIN")
+	if bin == "" {
+		testutil.MissingDep(t, "LANEKIT_BIN not set (make test sets it to the built bin/ with lanekit-vhost and lanekit-rx-guest)")
+	}
+	vhost, guest := filepath.Join(bin, "lanekit-vhost"), filepath.Join(bin, "lanekit-rx-guest")
+	for _, p := range []string{vhost, guest} {
+		if _, err := os.Stat(p); err != nil {
+			testutil.MissingDep(t, "%s: %v (make build-vhost)", p, err)
+		}
+	}
+	const (
+		pkts    = 8
+		payload = 64_000
+		mss     = 1340 // 1400 MTU
+	)
+	for _, mode := range []string{RxGSOKernel, RxGSOXDP} {
+		t.Run(mode, func(t *testing.T) {
+			fx := newFixture(t)
+			pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-rxgso-%s-%d", mode, os.Getpid()))
+			t.Cleanup(func() { datapath.Unpin(pins) })
+			a, err := New(Config{
+				StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
+				PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd77::/120"),
+				MTU: 1400, HostNetns: fx.nodeNS.Path(), BPFDir: pins, RxGSO: mode, DeviceMode: "veth",
+				VMSocketDir: filepath.Join(fx.stateDir, "vm"),
+				OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
+					return datapath.Open(c, log)
+				},
+			}, quietLog())
+			if err != nil {
+				t.Fatalf("start agent with the BPF datapath: %v", err)
+			}
+			t.Cleanup(func() { a.Close() })
+			podNS := netnstest.New(t, "rxgsopod")
+			pod, err := a.Add(AddRequest{ContainerID: "rxgsopod", IfName: "eth0", Netns: podNS.Path(),
+				Labels: map[string]string{ArgPodNamespace: "default", ArgPodName: "rxgsopod"}})
+			if err != nil {
+				t.Fatalf("add sender pod: %v", err)
+			}
+			vmNS := netnstest.New(t, "rxgsovm")
+			v, err := a.AddVM(AddVMRequest{Name: "vm1", Netns: vmNS.Path(), Queues: 1})
+			if err != nil {
+				t.Fatalf("add vm: %v", err)
+			}
+			ep := v.Endpoint
+			dir := t.TempDir()
+			sock, metrics := filepath.Join(dir, "vhost.sock"), filepath.Join(dir, "metrics.sock")
+			backend := exec.Command(vhost, "--socket", sock, "--xsk-socket", ep.VM.Socket, "--vm", "vm1",
+				"--queues", "1", "--mac", ep.MAC, "--mtu", "1400", "--metrics-listen", metrics, "--rx-gso", mode)
+			var logs strings.Builder
+			backend.Stdout, backend.Stderr = &logs, &logs
+			if err := backend.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				backend.Process.Signal(unix.SIGTERM)
+				backend.Wait()
+				if t.Failed() {
+					t.Logf("lanekit-vhost:\n%s", logs.String())
+				}
+			})
+			waitUntil(t, "the backend's vhost-user socket", func() bool { _, err := os.Stat(sock); return err == nil })
+			scrapeOffload(t, metrics, "rx_gso_kernel") // the backend took its sockets
+			if xdp := vmDeviceXDP(t, vmNS); xdp != (mode == RxGSOXDP) {
+				t.Fatalf("rx-gso %s: XDP program on the VM's device: %t", mode, xdp)
+			}
+
+			for i, fam := range []struct {
+				name     string
+				src, dst netip.Addr
+			}{{"ipv4", pod.IP, ep.IP}, {"ipv6", pod.IP6, ep.IP}} {
+				if fam.name == "ipv6" {
+					fam.dst = ep.IP6
+				}
+				kernelBefore, groBefore := scrapeOffload(t, metrics, "rx_gso_kernel"), scrapeOffload(t, metrics, "rx_gro_frames")
+				g := exec.Command(guest, "--socket", sock, "--bytes", strconv.Itoa(pkts*payload), "--timeout-ms", "15000")
+				out, err := g.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var gerr strings.Builder
+				g.Stderr = &gerr
+				if err := g.Start(); err != nil {
+					t.Fatal(err)
+				}
+				lines := bufio.NewScanner(out)
+				if !lines.Scan() || lines.Text() != "ready" {
+					g.Wait()
+					t.Fatalf("%s: rx guest did not start: %q %s", fam.name, lines.Text(), gerr.String())
+				}
+				sendGSO(t, podNS, pod.MAC, pod.HostMAC, fam.src, fam.dst, uint16(5001+i), pkts, payload, mss)
+				var got []string
+				for lines.Scan() {
+					got = append(got, lines.Text())
+				}
+				if err := g.Wait(); err != nil {
+					t.Fatalf("%s: rx guest: %v: %s\n%s", fam.name, err, gerr.String(), strings.Join(got, "\n"))
+				}
+				kernel := scrapeOffload(t, metrics, "rx_gso_kernel") - kernelBefore
+				gro := scrapeOffload(t, metrics, "rx_gro_frames") - groBefore
+				t.Logf("%s %s: guest: %s; rx_gso_kernel +%d, rx_gro_frames +%d", mode, fam.name, got[len(got)-1], kernel, gro)
+				whole := 0
+				for _, l := range got {
+					if strings.HasPrefix(l, "packet gso_type=") && strings.Contains(l, fmt.Sprintf(" len=%d ", payload+map[bool]int{true: 54, false: 74}[fam.dst.Is4()])) {
+						whole++
+					}
+				}
+				if mode == RxGSOKernel {
+					if kernel != pkts || gro != 0 || whole != pkts {
+						t.Errorf("%s: rx_gso_kernel +%d, rx_gro_frames +%d, %d whole packets in the guest; want %d, 0, %d",
+							fam.name, kernel, gro, whole, pkts, pkts)
+					}
+				} else if kernel != 0 || gro < pkts*(payload/mss) {
+					t.Errorf("%s: rx_gso_kernel +%d, rx_gro_frames +%d; want 0 and at least %d (AF_XDP frames)",
+						fam.name, kernel, gro, pkts*(payload/mss))
+				}
+			}
+			if mode == RxGSOKernel {
+				checkVMNetnsSilent(t, podNS, vmNS, ep.IP)
+			}
+		})
+	}
+}
+
+// vmDeviceXDP reports whether the VM's device (eth0 in vmNS) runs an XDP program.
+func vmDeviceXDP(t *testing.T, vmNS ns.NetNS) bool {
+	t.Helper()
+	var on bool
+	if err := vmNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		on = l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return on
+}
+
+// checkVMNetnsSilent gives the VM netns' device the VM's address and pings it
+// from the pod: the netns stack must neither answer nor count the packets.
+func checkVMNetnsSilent(t *testing.T, podNS, vmNS ns.NetNS, vmIP netip.Addr) {
+	t.Helper()
+	if err := vmNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		err = netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: vmIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+		if errors.Is(err, unix.EEXIST) {
+			return nil // the netns has it already
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := ipInReceives(t, vmNS)
+	replies := pingFrom(t, podNS, vmIP, 3)
+	if after := ipInReceives(t, vmNS); replies != 0 || after != before {
+		t.Errorf("the VM netns stack answered %d of 3 pings to %s and counted %d IP packets; want none", replies, vmIP, after-before)
+	}
+}
+
+// ipInReceives is Ip InReceives of n (/proc/net/snmp of the calling thread).
+func ipInReceives(t *testing.T, n ns.NetNS) uint64 {
+	t.Helper()
+	var v uint64
+	if err := n.Do(func(ns.NetNS) error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp") // this thread is in n
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 || f[0] != "Ip:" {
+				continue
+			}
+			if names == nil {
+				names = f
+				continue
+			}
+			for i, name := range names {
+				if name == "InReceives" {
+					v, err = strconv.ParseUint(f[i], 10, 64)
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("no Ip InReceives in /proc/net/snmp")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// pingFrom sends count ICMP echo requests from n to dst (200 ms apart) and
+// counts the replies that arrive within a second of the last.
+func pingFrom(t *testing.T, n ns.NetNS, dst netip.Addr, count int) int {
+	t.Helper()
+	var c net.PacketConn
+	if err := n.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for seq := 0; seq < count; seq++ {
+		m := []byte{8, 0, 0, 0, 0x4c, 0x4b, 0, byte(seq), 'l', 'k'}
+		binary.BigEndian.PutUint16(m[2:], ^csumFold(m))
+		if _, err := c.WriteTo(m, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	replies := 0
+	buf := make([]byte, 1500)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		k, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return replies
+		}
+		if k >= 8 && buf[0] == 0 && from.String() == dst.String() && buf[4] == 0x4c && buf[5] == 0x4b {
+			replies++
+		}
+	}
+}
+
+func csumFold(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
+}
+
+// sendGSO sends count TCP GSO packets of payload bytes (gso_size mss) of one
+// flow src -> dst:port out of the pod's eth0 through an AF_PACKET socket with
+// PACKET_VNET_HDR, as a pod's TCP stack with TSO hands them to its device:
+// NEEDS_CSUM with the pseudo-header sum in the checksum field. Sequence
+// numbers from 1, payload byte k of the stream = k % 251.
+func sendGSO(t *testing.T, n ns.NetNS, srcMAC, dstMAC string, src, dst netip.Addr, port uint16, count, payload, mss int) {
+	t.Helper()
+	smac, err1 := net.ParseMAC(srcMAC)
+	dmac, err2 := net.ParseMAC(dstMAC)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("sender MACs %q %q", srcMAC, dstMAC)
+	}
+	var fd int
+	if err := n.Do(func(ns.NetNS) error {
+		l, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Ifindex: l.Index})
+	}); err != nil {
+		t.Fatalf("sender socket: %v", err)
+	}
+	defer unix.Close(fd)
+	v4 := src.Is4()
+	l3len := map[bool]int{true: 20, false: 40}[v4]
+	l4 := 14 + l3len
+	for k := 0; k < count; k++ {
+		f := make([]byte, 10+l4+20+payload)
+		vh, e := f[:10], f[10:]
+		vh[0] = 1 // NEEDS_CSUM
+		vh[1] = map[bool]byte{true: 1, false: 4}[v4]
+		binary.LittleEndian.PutUint16(vh[2:], uint16(l4+20))
+		binary.LittleEndian.PutUint16(vh[4:], uint16(mss))
+		binary.LittleEndian.PutUint16(vh[6:], uint16(l4))
+		binary.LittleEndian.PutUint16(vh[8:], 16)
+		copy(e[0:6], dmac)
+		copy(e[6:12], smac)
+		ip := e[14:]
+		var pseudo []byte
+		if v4 {
+			binary.BigEndian.PutUint16(e[12:], unix.ETH_P_IP)
+			ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_TCP
+			binary.BigEndian.PutUint16(ip[2:], uint16(20+20+payload))
+			copy(ip[12:16], src.AsSlice())
+			copy(ip[16:20], dst.AsSlice())
+			binary.BigEndian.PutUint16(ip[10:], ^csumFold(ip[:20]))
+			pseudo = append([]byte{}, ip[12:20]...)
+		} else {
+			binary.BigEndian.PutUint16(e[12:], unix.ETH_P_IPV6)
+			ip[0], ip[6], ip[7] = 0x60, unix.IPPROTO_TCP, 64
+			binary.BigEndian.PutUint16(ip[4:], uint16(20+payload))
+			copy(ip[8:24], src.AsSlice())
+			copy(ip[24:40], dst.AsSlice())
+			pseudo = append([]byte{}, ip[8:40]...)
+		}
+		tcp := e[l4:]
+		binary.BigEndian.PutUint16(tcp[0:], 40000)
+		binary.BigEndian.PutUint16(tcp[2:], port)
+		binary.BigEndian.PutUint32(tcp[4:], uint32(1+k*payload))
+		tcp[12], tcp[13] = 5<<4, 0x18
+		binary.BigEndian.PutUint16(tcp[14:], 0xffff)
+		for j := range payload {
+			tcp[20+j] = byte((k*payload + j) % 251)
+		}
+		pseudo = binary.BigEndian.AppendUint16(append(pseudo, 0, unix.IPPROTO_TCP), uint16(20+payload))
+		binary.BigEndian.PutUint16(tcp[16:], csumFold(pseudo))
+		if _, err := unix.Write(fd, f); err != nil {
+			t.Fatalf("send gso packet %d: %v", k, err)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+//! Wire -> guest through the kernel (`--rx-gso kernel`): an `AF_PACKET` socket with
+//! `PACKET_VNET_HDR`, bound to the VM's device (`eth0` in its netns) for every protocol, receives
+//! each skb whole: a 64 KiB GSO packet from a pod arrives as ONE packet with a `virtio_net_hdr`
+//! (gso_type, gso_size, hdr_len, `NEEDS_CSUM` csum_start/offset or `DATA_VALID`) in front,
+//! instead of ~45 frames cut by the host end and copied one by one through AF_XDP. The device then
+//! runs no XDP program (so the veth keeps GSO); the agent joins the queues' sockets in one
+//! `PACKET_FANOUT_QM` group (a frame lands on the socket of the rx queue the datapath chose) and
+//! drops every frame at tcx ingress after the packet taps saw it, so the VM netns' own stack never
+//! answers for the VM. What the kernel says is re-validated (`net_krx.rs`) before a guest sees it.
+//!
+//! The agent creates the socket (`CAP_NET_RAW`) and hands it over with the queue's AF_XDP socket
+//! (handover protocol, `"rx_gso":true`); tests open one themselves ([`RxGsoSocket::open`]).
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::offload::TxHdr;
+use crate::pkt_gso::{getsockopt_int, setsockopt_int};
+
+const SOL_PACKET: libc::c_int = 263;
+const PACKET_VNET_HDR: libc::c_int = 15;
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const ETH_P_ALL: u16 = 0x0003;
+
+/// The `virtio_net_hdr` in front of each received packet.
+pub const VNET_HDR_LEN: usize = 10;
+/// Room for one packet: an IP packet of 64 KiB, Ethernet and one VLAN tag, the header.
+pub const RX_BUF: usize = VNET_HDR_LEN + 18 + 65_535 + 64;
+
+/// An `AF_PACKET` socket that receives whole (GSO) packets behind a `virtio_net_hdr`.
+#[derive(Debug)]
+pub struct RxGsoSocket {
+    fd: OwnedFd,
+    buf: Box<[u8]>,
+    /// Length (header included) of a packet received but not yet taken by the guest.
+    held: Option<usize>,
+    /// Packets received.
+    pub received: u64,
+    /// Packets larger than [`RX_BUF`] (cut by the kernel): dropped.
+    pub truncated: u64,
+}
+
+impl RxGsoSocket {
+    /// Take over a socket from the agent; it must be an `AF_PACKET` socket with `PACKET_VNET_HDR`
+    /// on (checked: without it the first 10 bytes of every frame would be read as a header).
+    pub fn from_fd(fd: OwnedFd) -> io::Result<Self> {
+        let dom = getsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+        if dom != libc::AF_PACKET {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("rx gso fd is not AF_PACKET (domain {dom})"),
+            ));
+        }
+        if getsockopt_int(fd.as_raw_fd(), SOL_PACKET, PACKET_VNET_HDR)? != 1 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "rx gso socket without PACKET_VNET_HDR"));
+        }
+        Ok(RxGsoSocket { fd, buf: vec![0u8; RX_BUF].into_boxed_slice(), held: None, received: 0, truncated: 0 })
+    }
+
+    /// Open one on `ifindex` in the current network namespace (needs `CAP_NET_RAW`): every
+    /// protocol, outgoing frames ignored, no fanout (tests; the agent makes the real ones).
+    pub fn open(ifindex: u32) -> io::Result<Self> {
+        // SAFETY: plain socket(2); the result is checked before being owned.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a new fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        setsockopt_int(raw, SOL_PACKET, PACKET_VNET_HDR, 1)?;
+        setsockopt_int(raw, SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)?;
+        // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
+        let mut sa: libc::sockaddr_ll = unsafe { zeroed() };
+        sa.sll_family = libc::AF_PACKET as u16;
+        sa.sll_protocol = ETH_P_ALL.to_be();
+        sa.sll_ifindex = ifindex as i32;
+        // SAFETY: sa is an initialised sockaddr_ll of the given size.
+        let r = unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<libc::sockaddr_ll>() as libc::socklen_t) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        RxGsoSocket::from_fd(fd)
+    }
+
+    /// Hand up to `max` packets, in order, to `f` as (the kernel's header, the frame); `f` may
+    /// rewrite the frame in place (it is the backend's copy). When `f` returns false the packet
+    /// is kept and offered again first on the next call. Returns how many packets `f` took.
+    /// Never blocks.
+    pub fn each(&mut self, max: usize, f: &mut dyn FnMut(TxHdr, &mut [u8]) -> bool) -> io::Result<usize> {
+        let mut took = 0;
+        while took < max {
+            let n = match self.held.take() {
+                Some(n) => n,
+                None => match self.recv_one()? {
+                    Some(n) => n,
+                    None => break,
+                },
+            };
+            let (hdr, frame) = self.buf[..n].split_at_mut(VNET_HDR_LEN);
+            if !f(TxHdr::parse(hdr), frame) {
+                self.held = Some(n);
+                break;
+            }
+            took += 1;
+        }
+        Ok(took)
+    }
+
+    /// Receive one packet into the buffer: its length with the header, None when nothing is
+    /// pending. Truncated packets are dropped and counted.
+    fn recv_one(&mut self) -> io::Result<Option<usize>> {
+        loop {
+            // SAFETY: buf is valid for writes of its length for the duration of the call.
+            let r = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock => Ok(None),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => Err(e),
+                };
+            }
+            let n = r as usize;
+            if n > self.buf.len() {
+                self.truncated += 1;
+                continue;
+            }
+            if n < VNET_HDR_LEN + 14 {
+                continue; // the kernel never sends less; nothing a guest could use
+            }
+            self.received += 1;
+            return Ok(Some(n));
+        }
+    }
+
+    /// The socket (readable when packets are pending).
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
