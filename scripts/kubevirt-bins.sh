@@ -10,7 +10,8 @@
 #
 # KubeVirt (kubevirt.io/kubevirt $KUBEVIRT_VERSION): virt-operator, virt-api,
 # virt-controller, virt-handler, virt-launcher, virt-launcher-monitor,
-# virt-chroot, virt-freezer, virt-probe, virt-tail, virt-exportserver, virtctl,
+# virt-chroot, virt-freezer, virt-probe, virt-tail, virt-exportserver,
+# virt-exportproxy (a Deployment virt-operator always creates), virtctl,
 # and container-disk (the static C binary of container disk images, as
 # hack/build-go.sh builds it). Multus (gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 # $MULTUS_VERSION): the thin plugin (multus) its multus-daemonset.yml installs,
@@ -95,7 +96,7 @@ kubevirt_ldflags() {
 # The pure-Go binaries first (virt-handler's node labeller has a little cgo, no
 # libraries), virt-launcher last: it needs libvirt-dev.
 kv_bins=(virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher-monitor
-  virt-freezer virt-probe virt-tail virt-exportserver virtctl manifest-templator)
+  virt-freezer virt-probe virt-tail virt-exportserver virt-exportproxy virtctl manifest-templator)
 if need "${kv_bins[@]}"; then
   log "building KubeVirt $KUBEVIRT_VERSION into $DIR (slow: tens of minutes)"
   (
@@ -223,6 +224,7 @@ check virtctl "$KUBEVIRT_VERSION" version --client
 check virt-operator "" --help
 check virt-api "" --help
 check virt-controller "" --help
+check virt-exportproxy "" --help
 check virt-handler "" --help
 check virt-launcher "" --help
 check virt-chroot "" --help

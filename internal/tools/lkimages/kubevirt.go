@@ -17,11 +17,15 @@ const (
 	multusImage = "ghcr.io/k8snetworkplumbingwg/multus-cni:v4.2.3-thick"
 	// lanekit's binding sidecar (deploy/kubevirt/binding-patch.yaml).
 	sidecarImage = "ghcr.io/lanekit/lanekit-kubevirt-sidecar:v0.1.0"
+	// lanekit's test guest as a KubeVirt kernel-boot image (the lab's VMIs:
+	// spec.domain.firmware.kernelBoot.container).
+	guestImage = "ghcr.io/lanekit/lanekit-guest:v0.1.0"
 )
 
 // kubevirtNames are written only when named (make kubevirt-images).
 var kubevirtNames = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler",
-	"virt-launcher", "virt-exportserver", "multus", "kubevirt-sidecar"}
+	"virt-launcher", "virt-exportserver", "virt-exportproxy", "multus", "kubevirt-sidecar",
+	"lanekit-guest"}
 
 // launcherRoot is the root of the virt-launcher image: libvirt 11.3 and
 // QEMU 10.0 from bookworm-backports (upstream's launcher base: CentOS Stream's
@@ -79,7 +83,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 	}
 	env := []string{"PATH=" + pathEnv}
 	switch n {
-	case "virt-operator", "virt-api", "virt-controller", "virt-exportserver":
+	case "virt-operator", "virt-api", "virt-controller", "virt-exportserver", "virt-exportproxy":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
 			return spec{}, true, err
@@ -139,6 +143,14 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		return spec{Name: n, Tags: []string{sidecarImage}, Base: base, Env: env,
 			Files:      []entry{regular("/usr/bin/lanekit-kubevirt-sidecar", filepath.Join(in.Bin, "lanekit-kubevirt-sidecar"), 0o755)},
 			Entrypoint: []string{"/usr/bin/lanekit-kubevirt-sidecar"}}, true, nil
+	case "lanekit-guest":
+		// As upstream's kernel-boot images (FROM scratch, the kernel and
+		// initramfs under /boot): virt-launcher's pod runs its static
+		// container-disk binary in it, virt-handler mounts the files
+		// into the launcher.
+		return spec{Name: n, Tags: []string{guestImage}, Files: []entry{
+			regular("/boot/vmlinuz", filepath.Join(in.Guest, "vmlinuz"), 0o644),
+			regular("/boot/initrd.img", filepath.Join(in.Guest, "initrd.img"), 0o644)}}, true, nil
 	}
 	return spec{}, false, nil
 }

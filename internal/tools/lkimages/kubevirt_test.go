@@ -19,7 +19,7 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 		t.Fatal(err)
 	}
 	for _, b := range []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-chroot", "virt-launcher",
-		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver",
+		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver", "virt-exportproxy",
 		"multus", "multus-daemon", "multus-shim", "install_multus", "passthru",
 		"launcher-files/qemu.conf", "launcher-files/virtqemud.conf", "launcher-files/nsswitch.conf",
 		"launcher-files/node-labeller.sh", "launcher-files/qemu"} {
@@ -29,6 +29,12 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 	}
 	if err := os.WriteFile(filepath.Join(in.Bin, "lanekit-kubevirt-sidecar"), []byte("bin/sidecar"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	in.Guest = t.TempDir()
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(in.Guest, f), []byte("guest/"+f), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	writeTar(t, filepath.Join(in.Cache, launcherRoot.key()), map[string]string{"etc/os-release": "launcher"})
 	writeTar(t, filepath.Join(in.Cache, handlerRoot.key()), map[string]string{"etc/os-release": "handler"})
@@ -64,6 +70,10 @@ func TestKubeVirtImages(t *testing.T) {
 				"usr/src/multus-cni/bin/install_multus": "kv/install_multus", "usr/src/multus-cni/bin/multus-shim": "kv/", "usr/src/multus-cni/bin/passthru": "kv/passthru"}},
 		{name: "kubevirt-sidecar", tag: "ghcr.io/lanekit/lanekit-kubevirt-sidecar:v0.1.0", entrypoint: "/usr/bin/lanekit-kubevirt-sidecar",
 			files: map[string]string{"usr/bin/lanekit-kubevirt-sidecar": "bin/sidecar"}},
+		{name: "virt-exportproxy", tag: "quay.io/kubevirt/virt-exportproxy:v1.9.0", entrypoint: "/usr/bin/virt-exportproxy", user: "1001",
+			files: map[string]string{"usr/bin/virt-exportproxy": "kv/virt-exportproxy"}},
+		{name: "lanekit-guest", tag: "ghcr.io/lanekit/lanekit-guest:v0.1.0",
+			files: map[string]string{"boot/vmlinuz": "guest/vmlinuz", "boot/initrd.img": "guest/initrd.img"}},
 	} {
 		cf, layers := readImage(t, filepath.Join(out, c.name+".tar"), c.tag)
 		if !slices.Equal(cf.Config.Entrypoint, []string{c.entrypoint}) || cf.Config.User != c.user {
