@@ -5,7 +5,11 @@ package main
 // bin/, under the names the rendered release manifests and the binding
 // registration use (make kubevirt-images).
 
-import "path/filepath"
+import (
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
 
 // KubeVirt's image names: quay.io/kubevirt/NAME:TAG, what
 // scripts/kubevirt-bins.sh renders into kubevirt-operator.yaml (and what
@@ -21,6 +25,9 @@ const (
 	// spec.domain.firmware.kernelBoot.container).
 	guestImage = "ghcr.io/lanekit/lanekit-guest:v0.1.0"
 )
+
+// capNetBindService: the monitor raises it for virt-launcher.
+const capNetBindService = unix.CAP_NET_BIND_SERVICE
 
 // kubevirtNames are written only when named (make kubevirt-images).
 var kubevirtNames = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler",
@@ -104,7 +111,11 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		if err != nil {
 			return spec{}, true, err
 		}
-		files := usrBin("virt-launcher", "virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk")
+		files := usrBin("virt-launcher", "virt-freezer", "virt-probe", "virt-tail", "container-disk")
+		// As upstream's image (cmd/virt-launcher/BUILD.bazel setcaps): the
+		// monitor, non-root, starts virt-launcher with CAP_NET_BIND_SERVICE
+		// ambient, which it must hold itself.
+		files = append(files, withCaps(regular("/usr/bin/virt-launcher-monitor", kv("virt-launcher-monitor"), 0o755), capNetBindService))
 		for _, f := range []string{"qemu.conf", "virtqemud.conf", "nsswitch.conf"} {
 			dst := "/etc/libvirt/" + f
 			if f == "nsswitch.conf" {

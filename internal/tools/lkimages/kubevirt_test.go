@@ -95,6 +95,18 @@ func TestKubeVirtImages(t *testing.T) {
 			}
 		}
 	}
+	// virt-launcher-monitor has CAP_NET_BIND_SERVICE (=ep) as upstream's, to
+	// start virt-launcher with it ambient; nothing else has capabilities.
+	_, layers := readImage(t, filepath.Join(out, "virt-launcher.tar"), "quay.io/kubevirt/virt-launcher:v1.9.0")
+	for p, f := range layers[len(layers)-1] {
+		got, ok := f.PAX["SCHILY.xattr.security.capability"]
+		switch {
+		case p == "usr/bin/virt-launcher-monitor" && got != "\x01\x00\x00\x02\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00":
+			t.Errorf("virt-launcher-monitor: security.capability %q, want cap_net_bind_service=ep", got)
+		case p != "usr/bin/virt-launcher-monitor" && ok:
+			t.Errorf("%s has file capabilities %q", p, got)
+		}
+	}
 	// The wrapper runs libvirtd with virt-launcher's arguments, its socket
 	// linked under the name virt-launcher dials.
 	for _, want := range []string{`ln -sf libvirt-sock "$d/virtqemud-sock"`, `exec /usr/sbin/libvirtd "$@"`} {
