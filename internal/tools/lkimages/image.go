@@ -37,6 +37,14 @@ type entry struct {
 	// the security.capability extended attribute (PAX SCHILY.xattr.*),
 	// which containerd applies when it unpacks the layer.
 	Caps []uint
+	// Owner is the uid and gid (0: root).
+	Owner int
+}
+
+// ownedBy gives e the owner uid (and gid) id.
+func ownedBy(e entry, id int) entry {
+	e.Owner = id
+	return e
 }
 
 // withCaps gives regular file e the file capabilities caps (setcap
@@ -153,7 +161,7 @@ func layerTar(entries []entry) ([]byte, error) {
 	tw := tar.NewWriter(&buf)
 	for _, p := range paths {
 		e := byPath[p]
-		h := &tar.Header{Name: p[1:], Mode: int64(e.Mode.Perm()), ModTime: epoch, Format: tar.FormatPAX}
+		h := &tar.Header{Name: p[1:], Mode: int64(e.Mode.Perm()), ModTime: epoch, Format: tar.FormatPAX, Uid: e.Owner, Gid: e.Owner}
 		var data []byte
 		switch {
 		case e.Mode.IsDir():

@@ -7,6 +7,7 @@ package main
 
 import (
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +26,9 @@ const (
 	// spec.domain.firmware.kernelBoot.container).
 	guestImage = "ghcr.io/lanekit/lanekit-guest:v0.1.0"
 )
+
+// qemuUID is the qemu user and group of the virt-launcher image.
+const qemuUID = 107
 
 // capNetBindService: the monitor raises it for virt-launcher.
 const capNetBindService = unix.CAP_NET_BIND_SERVICE
@@ -111,7 +115,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		if err != nil {
 			return spec{}, true, err
 		}
-		files := usrBin("virt-launcher", "virt-freezer", "virt-probe", "virt-tail", "container-disk")
+		files := usrBin("virt-launcher", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "libvirt-hook-client")
 		// As upstream's image (cmd/virt-launcher/BUILD.bazel setcaps): the
 		// monitor, non-root, starts virt-launcher with CAP_NET_BIND_SERVICE
 		// ambient, which it must hold itself.
@@ -125,7 +129,11 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		}
 		files = append(files,
 			regular("/usr/bin/node-labeller.sh", kv("launcher-files/node-labeller.sh"), 0o755),
-			regular("/etc/libvirt/hooks/qemu", kv("launcher-files/qemu"), 0o755),
+			// virt-launcher (uid 107) replaces the hook with a link to
+			// libvirt-hook-client: upstream's hooks directory is the qemu
+			// user's.
+			ownedBy(dir("/etc/libvirt/hooks", 0o755), qemuUID),
+			ownedBy(regular("/etc/libvirt/hooks/qemu", kv("launcher-files/qemu"), 0o755), qemuUID),
 			content("/usr/sbin/virtqemud", []byte(virtqemud), 0o755),
 			// Relative, as upstream's: virt-handler reads the launcher's
 			// sockets through /proc/PID/root/var/run (Debian's link is
@@ -133,7 +141,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 			symlink("/var/run", "../run"),
 			dir("/usr/lib64/qemu-kvm", 0o755))
 		return spec{Name: n, Tags: []string{kubevirtRegistry + n + ":" + kubevirtTag}, Base: base, Env: env,
-			Files: files, Entrypoint: []string{"/usr/bin/virt-launcher"}, User: "107"}, true, nil
+			Files: files, Entrypoint: []string{"/usr/bin/virt-launcher"}, User: strconv.Itoa(qemuUID)}, true, nil
 	case "multus":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {

@@ -19,7 +19,7 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 		t.Fatal(err)
 	}
 	for _, b := range []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-chroot", "virt-launcher",
-		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver", "virt-exportproxy",
+		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver", "virt-exportproxy", "libvirt-hook-client",
 		"multus", "multus-daemon", "multus-shim", "install_multus", "passthru",
 		"launcher-files/qemu.conf", "launcher-files/virtqemud.conf", "launcher-files/nsswitch.conf",
 		"launcher-files/node-labeller.sh", "launcher-files/qemu"} {
@@ -58,7 +58,7 @@ func TestKubeVirtImages(t *testing.T) {
 			files: map[string]string{"usr/bin/virt-launcher": "kv/virt-launcher", "usr/bin/virt-launcher-monitor": "kv/",
 				"usr/bin/container-disk": "kv/", "usr/bin/node-labeller.sh": "kv/launcher-files/node-labeller.sh",
 				"etc/libvirt/qemu.conf": "kv/launcher-files/qemu.conf", "etc/libvirt/virtqemud.conf": "kv/",
-				"etc/libvirt/hooks/qemu": "kv/", "etc/nsswitch.conf": "kv/",
+				"etc/libvirt/hooks/qemu": "kv/", "etc/nsswitch.conf": "kv/", "usr/bin/libvirt-hook-client": "kv/libvirt-hook-client",
 				"usr/sbin/virtqemud": "#!/bin/sh"},
 			links: map[string]string{"var/run": "../run"}},
 		{name: "virt-handler", tag: "quay.io/kubevirt/virt-handler:v1.9.0", entrypoint: "/usr/bin/virt-handler",
@@ -105,6 +105,12 @@ func TestKubeVirtImages(t *testing.T) {
 			t.Errorf("virt-launcher-monitor: security.capability %q, want cap_net_bind_service=ep", got)
 		case p != "usr/bin/virt-launcher-monitor" && ok:
 			t.Errorf("%s has file capabilities %q", p, got)
+		}
+	}
+	// virt-launcher (107) replaces the QEMU hook with a link.
+	for _, p := range []string{"etc/libvirt/hooks", "etc/libvirt/hooks/qemu"} {
+		if f := layers[len(layers)-1][p]; f.UID != 107 {
+			t.Errorf("virt-launcher: %s owned by %d, want 107", p, f.UID)
 		}
 	}
 	// The wrapper runs libvirtd with virt-launcher's arguments, its socket

@@ -29,6 +29,7 @@ type tarFile struct {
 	Link string
 	Data string
 	PAX  map[string]string
+	UID  int
 }
 
 // writeTar writes a tar of regular files (path -> content) to file.
@@ -128,7 +129,7 @@ func readImage(t *testing.T, file, tag string) (*v1.ConfigFile, []map[string]tar
 			if err != nil {
 				t.Fatal(err)
 			}
-			files[strings.TrimSuffix(h.Name, "/")] = tarFile{Mode: h.Mode, Type: h.Typeflag, Link: h.Linkname, Data: string(data), PAX: h.PAXRecords}
+			files[strings.TrimSuffix(h.Name, "/")] = tarFile{Mode: h.Mode, Type: h.Typeflag, Link: h.Linkname, Data: string(data), PAX: h.PAXRecords, UID: h.Uid}
 		}
 		rc.Close()
 		out = append(out, files)
