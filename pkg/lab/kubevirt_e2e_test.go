@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,7 +179,12 @@ func TestLabKubeVirt(t *testing.T) {
 		var logs string
 		err := wait.PollUntilContextTimeout(ctx, 3*time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 			logs = containerLogs(ctx, kc, launcher, "hook-sidecar-0")
-			return strings.Contains(logs, `"vhost-user interface"`) || strings.Contains(logs, `"OnDefineDomain"`), nil
+			if strings.Contains(logs, `"vhost-user interface"`) || strings.Contains(logs, `"OnDefineDomain"`) {
+				return true, nil
+			}
+			// virt-launcher pods are not restarted: a compute container
+			// that ended will not call the sidecar.
+			return false, computeEnded(ctx, kc, launcher)
 		})
 		if err != nil || !strings.Contains(logs, `"vhost-user interface"`) || !strings.Contains(logs, `"vmi":"default/vm1"`) {
 			t.Fatalf("sidecar log has no vhost-user interface for default/vm1 (%v):\n%s\ncompute: %s", err, logs,
@@ -233,6 +239,21 @@ func waitLauncherPod(t *testing.T, ctx context.Context, kc kubernetes.Interface)
 	}
 	t.Logf("virt-launcher pod %s on %s", last.Name, last.Spec.NodeName)
 	return last.Name
+}
+
+// computeEnded returns an error when the launcher pod's compute container
+// has terminated.
+func computeEnded(ctx context.Context, kc kubernetes.Interface, launcher string) error {
+	p, err := kc.CoreV1().Pods("default").Get(ctx, launcher, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == "compute" && cs.State.Terminated != nil {
+			return fmt.Errorf("compute container of %s ended: exit %d %s", launcher, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason)
+		}
+	}
+	return nil
 }
 
 // kubectlOut is kubectl with the node binaries' kubectl.
