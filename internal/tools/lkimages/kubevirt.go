@@ -7,6 +7,7 @@ package main
 
 import (
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -53,19 +54,24 @@ var launcherRoot = debian{
 		// take from backports by itself.
 		"qemu-system-common/bookworm-backports", "qemu-system-data/bookworm-backports",
 		"seabios/bookworm-backports"},
-	Hooks: []string{
-		`chroot "$1" sh -c 'getent group qemu >/dev/null && groupmod -g 107 qemu || groupadd -g 107 qemu'`,
-		`chroot "$1" sh -c 'getent passwd qemu >/dev/null && usermod -u 107 -g 107 -d /home/qemu qemu || useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu'`,
-		`mkdir -p "$1/home/qemu" && chown 107:107 "$1/home/qemu"`,
-	},
+	Hooks: append(slices.Clone(qemuUser), `mkdir -p "$1/home/qemu" && chown 107:107 "$1/home/qemu"`),
+}
+
+// qemuUser makes the qemu user and group 107 (the launcher's user).
+var qemuUser = []string{
+	`chroot "$1" sh -c 'getent group qemu >/dev/null && groupmod -g 107 qemu || groupadd -g 107 qemu'`,
+	`chroot "$1" sh -c 'getent passwd qemu >/dev/null && usermod -u 107 -g 107 -d /home/qemu qemu || useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu'`,
 }
 
 // handlerRoot is the root of virt-handler (upstream's handler base: the
-// tools it execs on the node and in its own mount namespace).
+// tools it execs on the node and in its own mount namespace), with the qemu
+// user: virt-handler chowns the launcher's domain-notify socket to it by
+// name (without it: "failed to look up user qemu").
 var handlerRoot = debian{
 	Name: "handler", Suite: debianSuite, Mirror: debianMirror,
 	Packages: []string{"bash", "procps", "util-linux", "iproute2", "nftables", "iptables", "qemu-utils",
 		"ca-certificates"},
+	Hooks: qemuUser,
 }
 
 // virtqemud is a wrapper installed as /usr/sbin/virtqemud: virt-launcher

@@ -132,6 +132,12 @@ func TestLauncherRootTakesBackports(t *testing.T) {
 			t.Errorf("launcher rootfs recipe lacks %q:\n%s", want, args)
 		}
 	}
+	// virt-handler looks the qemu user up by name (107, as the launcher's).
+	for _, r := range []debian{launcherRoot, handlerRoot} {
+		if a := strings.Join(r.args("OUT"), "\n"); !strings.Contains(a, "useradd -u 107 -g 107") {
+			t.Errorf("%s root has no qemu user 107:\n%s", r.Name, a)
+		}
+	}
 	if strings.Contains(strings.Join(slim.args("OUT"), " "), "backports") {
 		t.Error("the slim root takes backports")
 	}
