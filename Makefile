@@ -49,12 +49,13 @@ k8s-node-images: build
 kubevirt-bins:
 	./scripts/kubevirt-bins.sh
 
-# Their images and lanekit's binding sidecar's (internal/tools/lkimages): the
-# virt-launcher image is Debian with libvirt 11.3 and QEMU 10.0 from
-# bookworm-backports.
+# Their images, lanekit's binding sidecar's and lanekit's test guest as a
+# kernel-boot image (internal/tools/lkimages): the virt-launcher image is
+# Debian with libvirt 11.3 and QEMU 10.0 from bookworm-backports.
 kubevirt-images: build
+	./scripts/guest/build.sh >/dev/null
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images virt-operator virt-api virt-controller \
-		virt-handler virt-launcher multus kubevirt-sidecar
+		virt-exportproxy virt-handler virt-launcher multus kubevirt-sidecar lanekit-guest
 
 # The rivals' images (kube-proxy, flannel, Cilium's agent and operator) for
 # `lab up --kubelet --cni kube-proxy-iptables|kube-proxy-nftables|cilium`

@@ -10,7 +10,9 @@
 #
 # KubeVirt (kubevirt.io/kubevirt $KUBEVIRT_VERSION): virt-operator, virt-api,
 # virt-controller, virt-handler, virt-launcher, virt-launcher-monitor,
-# virt-chroot, virt-freezer, virt-probe, virt-tail, virt-exportserver, virtctl,
+# virt-chroot, virt-freezer, virt-probe, virt-tail, virt-exportserver,
+# virt-exportproxy (a Deployment virt-operator always creates), virtctl,
+# libvirt-hook-client (virt-launcher's QEMU hook),
 # and container-disk (the static C binary of container disk images, as
 # hack/build-go.sh builds it). Multus (gopkg.in/k8snetworkplumbingwg/multus-cni.v4
 # $MULTUS_VERSION): the thin plugin (multus) its multus-daemonset.yml installs,
@@ -95,7 +97,8 @@ kubevirt_ldflags() {
 # The pure-Go binaries first (virt-handler's node labeller has a little cgo, no
 # libraries), virt-launcher last: it needs libvirt-dev.
 kv_bins=(virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher-monitor
-  virt-freezer virt-probe virt-tail virt-exportserver virtctl manifest-templator)
+  virt-freezer virt-probe virt-tail virt-exportserver virt-exportproxy virtctl manifest-templator
+  libvirt-hook-client)
 if need "${kv_bins[@]}"; then
   log "building KubeVirt $KUBEVIRT_VERSION into $DIR (slow: tens of minutes)"
   (
@@ -105,6 +108,8 @@ if need "${kv_bins[@]}"; then
       need "$b" || continue
       pkg=kubevirt.io/kubevirt/cmd/$b
       [ "$b" != manifest-templator ] || pkg=kubevirt.io/kubevirt/tools/$b
+      # virt-launcher links /etc/libvirt/hooks/qemu to it at start.
+      [ "$b" != libvirt-hook-client ] || pkg=kubevirt.io/kubevirt/cmd/virt-launcher/$b
       timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "$pkg"
       install -m 0755 "$work/$b.bin" "$DIR/$b"
     done
@@ -223,6 +228,7 @@ check virtctl "$KUBEVIRT_VERSION" version --client
 check virt-operator "" --help
 check virt-api "" --help
 check virt-controller "" --help
+check virt-exportproxy "" --help
 check virt-handler "" --help
 check virt-launcher "" --help
 check virt-chroot "" --help

@@ -207,22 +207,22 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 	// no Service datapath runs beside the API server (no kube-proxy; the
 	// lab routes the nodes' pod ranges to it). Off, it dials ClusterIPs.
 	routing := "--enable-aggregator-routing=" + strconv.FormatBool(s.Cluster)
-	s.APIPID, err = s.spawn(apiBin, "kube-apiserver.log",
-		"--etcd-servers="+fmt.Sprintf("http://%s:%d", s.Address, s.EtcdPort),
-		"--bind-address="+s.Address, "--advertise-address="+s.Address,
-		"--secure-port="+strconv.Itoa(s.APIPort),
-		"--tls-cert-file="+filepath.Join(d, "apiserver.crt"), "--tls-private-key-file="+filepath.Join(d, "apiserver.key"),
-		"--cert-dir="+filepath.Join(d, "certs"),
-		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
+	args := []string{"--etcd-servers=" + fmt.Sprintf("http://%s:%d", s.Address, s.EtcdPort),
+		"--bind-address=" + s.Address, "--advertise-address=" + s.Address,
+		"--secure-port=" + strconv.Itoa(s.APIPort),
+		"--tls-cert-file=" + filepath.Join(d, "apiserver.crt"), "--tls-private-key-file=" + filepath.Join(d, "apiserver.key"),
+		"--cert-dir=" + filepath.Join(d, "certs"),
+		"--token-auth-file=" + filepath.Join(d, "tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
-		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
-		"--service-cluster-ip-range="+s.ServiceCIDR,
+		"--service-account-key-file=" + filepath.Join(d, "sa.pub"),
+		"--service-account-signing-key-file=" + filepath.Join(d, "sa.key"),
+		"--service-cluster-ip-range=" + s.ServiceCIDR,
 		reconciler, admission, routing,
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true",
-		"--profiling=false", "--v=0")
+		"--profiling=false", "--v=0"}
+	s.APIPID, err = s.spawn(apiBin, "kube-apiserver.log", append(args, frontProxyFlags(d)...)...)
 	if err != nil {
 		return fmt.Errorf("k8stest: start kube-apiserver: %w", err)
 	}
@@ -423,29 +423,83 @@ func (s *Server) kill(pid int, sig syscall.Signal) {
 	}
 }
 
-// writeCredentials creates a CA and the API server's serving certificate
-// (for Address, localhost and 127.0.0.1), the service-account key pair and
-// the admin token file.
-func (s *Server) writeCredentials() error {
-	caKey, err := rsa.GenerateKey(rand.Reader, 2048)
+// Front-proxy (request-header) names, as kubeadm sets them: the API server
+// authenticates to aggregated API servers (KubeVirt's virt-api) with a client
+// certificate whose CN is FrontProxyClient, signed by a CA of its own, and
+// passes the user in the X-Remote-* headers. With these flags kube-apiserver
+// itself publishes kube-system/extension-apiserver-authentication (the
+// request-header CA and header names), which aggregated servers read.
+const (
+	FrontProxyClient = "front-proxy-client"
+	frontProxyCA     = "front-proxy-ca.crt"
+	frontProxyCert   = "front-proxy-client.crt"
+	frontProxyKey    = "front-proxy-client.key"
+)
+
+// frontProxyFlags are kube-apiserver's request-header and proxy-client flags.
+func frontProxyFlags(dir string) []string {
+	return []string{
+		"--requestheader-client-ca-file=" + filepath.Join(dir, frontProxyCA),
+		"--requestheader-allowed-names=" + FrontProxyClient,
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-uid-headers=X-Remote-Uid",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file=" + filepath.Join(dir, frontProxyCert),
+		"--proxy-client-key-file=" + filepath.Join(dir, frontProxyKey),
+	}
+}
+
+// keyPair is a certificate and its key, PEM-encoded.
+type keyPair struct {
+	cert *x509.Certificate
+	key  *rsa.PrivateKey
+}
+
+func (k keyPair) certPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: k.cert.Raw})
+}
+
+func (k keyPair) keyPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k.key)})
+}
+
+// newCert makes a key and a certificate from tmpl, signed by ca (nil: self-signed).
+func newCert(tmpl *x509.Certificate, ca *keyPair) (keyPair, error) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
-		return err
+		return keyPair{}, err
 	}
 	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "lanekit-test-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(10*365*24*time.Hour)
+	parent, signer := tmpl, key
+	if ca != nil {
+		parent, signer = ca.cert, ca.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+	if err != nil {
+		return keyPair{}, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return keyPair{}, err
+	}
+	return keyPair{cert: cert, key: key}, nil
+}
+
+// newCA makes a self-signed CA named cn.
+func newCA(cn string, serial int64) (keyPair, error) {
+	return newCert(&x509.Certificate{
+		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return err
-	}
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	}, nil)
+}
+
+// writeCredentials creates a CA and the API server's serving certificate
+// (for Address, localhost and 127.0.0.1), the front-proxy CA and client
+// certificate, the service-account key pair and the admin token file.
+func (s *Server) writeCredentials() error {
+	ca, err := newCA("lanekit-test-ca", 1)
 	if err != nil {
 		return err
 	}
@@ -461,13 +515,22 @@ func (s *Server) writeCredentials() error {
 		first[3]++
 		ips = append(ips, first)
 	}
-	tmpl := &x509.Certificate{
+	serving, err := newCert(&x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(10 * 365 * 24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}, IPAddresses: ips,
+	}, &ca)
+	if err != nil {
+		return err
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	fpCA, err := newCA("front-proxy-ca", 3)
+	if err != nil {
+		return err
+	}
+	fpClient, err := newCert(&x509.Certificate{
+		SerialNumber: big.NewInt(4), Subject: pkix.Name{CommonName: FrontProxyClient},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, &fpCA)
 	if err != nil {
 		return err
 	}
@@ -485,9 +548,12 @@ func (s *Server) writeCredentials() error {
 	}
 	s.Token = hex.EncodeToString(tok)
 	files := map[string][]byte{
-		"ca.crt":        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		"apiserver.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"apiserver.key": pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+		"ca.crt":        ca.certPEM(),
+		"apiserver.crt": serving.certPEM(),
+		"apiserver.key": serving.keyPEM(),
+		frontProxyCA:    fpCA.certPEM(),
+		frontProxyCert:  fpClient.certPEM(),
+		frontProxyKey:   fpClient.keyPEM(),
 		"sa.key":        pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
 		"sa.pub":        pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
 		"tokens.csv":    []byte(s.Token + ",lanekit-admin,lanekit-admin,system:masters\n"),

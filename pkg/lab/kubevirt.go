@@ -12,7 +12,7 @@ package lab
 //     by scripts/kubevirt-bins.sh as hack/build-manifests.sh renders them),
 //     the CR then patched with deploy/kubevirt/binding-patch.yaml (kubectl
 //     patch --type merge --patch-file, its comment's command) and with
-//     useEmulation (the machine's /dev/kvm is unusable here: TCG guests).
+//     kubevirtLabPatch (TCG guests, no virt-template components).
 //
 // The binaries and manifests come from scripts/kubevirt-bins.sh (make
 // kubevirt-bins), the images from internal/tools/lkimages (make
@@ -70,9 +70,10 @@ func KubeVirtBinDir() string {
 }
 
 // KubeVirtImages are the image archives (lkimages) a --kubevirt node
-// imports beside NodeImages.
-var KubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-launcher",
-	"multus", "kubevirt-sidecar"}
+// imports beside NodeImages; lanekit-guest is lanekit's test guest as a
+// kernel-boot image, for the lab's VMIs.
+var KubeVirtImages = []string{"virt-operator", "virt-api", "virt-controller", "virt-exportproxy", "virt-handler",
+	"virt-launcher", "multus", "kubevirt-sidecar", "lanekit-guest"}
 
 // kubevirtFiles are what lab up --kubevirt reads from KubeVirtBinDir.
 var kubevirtFiles = []string{"virtctl", "manifests/kubevirt-operator.yaml", "manifests/kubevirt-cr.yaml",
@@ -153,16 +154,33 @@ func installKubeVirt(ctx context.Context, cfg Config, nodes int, nodeBins, kvDir
 	}
 	for _, patch := range [][]string{
 		{"--patch-file", filepath.Join(kvDeploy, "binding-patch.yaml")},
-		{"--patch", `{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}}}}`},
+		{"--patch", kubevirtLabPatch},
 	} {
 		args := append([]string{"patch", "kubevirt", "kubevirt", "-n", KubeVirtNamespace, "--type", "merge"}, patch...)
 		if _, err := kubectl(ctx, nodeBins, nil, args...); err != nil {
 			return err
 		}
 	}
-	progress(cfg.Out, "lab: KubeVirt CR applied (useEmulation, lanekit binding registered); waiting for Deployed")
-	return waitKubeVirtDeployed(ctx, nodeBins, kc)
+	progress(cfg.Out, "lab: KubeVirt CR applied (useEmulation, no virt-template, lanekit binding registered); waiting for Deployed")
+	start := time.Now()
+	if err := waitKubeVirtDeployed(ctx, nodeBins, kc); err != nil {
+		return err
+	}
+	progress(cfg.Out, "lab: KubeVirt %s Deployed %.0f s after the CR", KubeVirtVersion, time.Since(start).Seconds())
+	return nil
 }
+
+// kubevirtLabPatch is the lab's own merge patch of the KubeVirt CR, what an
+// admin of such a cluster sets:
+//   - useEmulation: TCG guests (the machine's /dev/kvm is unusable here);
+//   - virtTemplateDeployment.enabled false: virt-operator deploys
+//     virt-template-apiserver and -controller while the Template feature
+//     gate (beta, on by default in v1.9.0) is on, unless this says no; their
+//     module (kubevirt.io/virt-template) is refused by the module proxy, so
+//     the lab has no images of them. virt-exportproxy, which virt-operator
+//     always deploys, has one (make kubevirt-images).
+const kubevirtLabPatch = `{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true},` +
+	`"virtTemplateDeployment":{"enabled":false}}}}`
 
 // waitKubeVirtDeployed waits for the KubeVirt CR's status.phase Deployed.
 func waitKubeVirtDeployed(ctx context.Context, nodeBins string, kc kubernetes.Interface) error {

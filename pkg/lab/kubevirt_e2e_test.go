@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/lanekit/lanekit/pkg/guest"
 )
 
 func TestKubeVirtBinDirMatchesScript(t *testing.T) {
@@ -43,11 +46,14 @@ func TestCheckKubeVirtConfig(t *testing.T) {
 	}
 }
 
-// kubevirtTestVMI is a VMI with one interface on lanekit's binding (the
-// Multus network deploy/kubevirt/nad-example.yaml defines) and no disk: the
-// domain is defined and QEMU started, its firmware then finds nothing to
-// boot (enough to see the binding at work).
-const kubevirtTestVMI = `apiVersion: kubevirt.io/v1
+// kubevirtTestVMI is a VMI on node 2 with one interface on lanekit's binding
+// (the Multus network deploy/kubevirt/nad-example.yaml defines) that boots
+// lanekit's test guest by KubeVirt's kernel boot (the lanekit-guest image:
+// its kernel and initramfs under /boot). The kernel command line carries no
+// address: the guest comes up with its NIC unconfigured and gets the address
+// lanekit's IPAM gave its VM endpoint (kubevirtGuestNet).
+func kubevirtTestVMI(node string) string {
+	return `apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata:
   name: vm1
@@ -55,36 +61,53 @@ metadata:
   labels:
     app: kv-test
 spec:
+  nodeSelector:
+    kubernetes.io/hostname: ` + node + `
   domain:
     resources:
       requests:
-        memory: 128Mi
+        memory: 256Mi
+    firmware:
+      kernelBoot:
+        kernelArgs: "console=ttyS0 quiet panic=-1"
+        container:
+          image: ghcr.io/lanekit/lanekit-guest:v0.1.0
+          imagePullPolicy: IfNotPresent
+          kernelPath: /boot/vmlinuz
+          initrdPath: /boot/initrd.img
     devices:
       interfaces:
         - name: fast
           binding:
             name: lanekit
-          macAddress: "02:00:00:aa:00:01"
+          macAddress: "` + kubevirtTestMAC + `"
   networks:
     - name: fast
       multus:
         networkName: lanekit-vm
 `
+}
+
+const kubevirtTestMAC = "02:00:00:aa:00:01"
 
 // TestLabKubeVirt brings up the real-node lab with real KubeVirt and Multus
-// (lab up --k8s --kubelet --kubevirt) and creates a VMI on lanekit's binding:
-// KubeVirt must reach Deployed with lanekit registered, the VMI must get a
-// virt-launcher pod with lanekit's hook sidecar, the sidecar must turn the
-// interface of the domain virt-launcher hands it into a vhost-user NIC, and
-// the domain libvirt runs must have it. Opt-in: skips when the KubeVirt
-// binaries are not cached (make kubevirt-bins).
+// (lab up --k8s --kubelet --kubevirt) and boots a VMI on lanekit's binding:
+//   - KubeVirt reaches Deployed (lab up waits for it) with lanekit
+//     registered, virt-api started (it needs the request-header CA the API
+//     server publishes) and virt-exportproxy available;
+//   - the VMI gets a virt-launcher pod with lanekit's hook sidecar, which
+//     turns the interface of the domain virt-launcher hands it into a
+//     vhost-user NIC, and libvirt runs the domain with it;
+//   - the VMI Running, the guest booted (its serial console answers), on the
+//     address lanekit's IPAM gave the VM endpoint, answers ping and TCP from
+//     a pod on the other node, the frames through the VM's lanekit-vhost and
+//     the BPF programs (kubevirtGuestNet).
 //
-// Until the lab gets past the stops docs/lab.md lists it also needs
-// LANEKIT_KUBEVIRT_LAB=1: a run takes about 15 minutes and fails there, too
-// much for make test on a machine where the binaries are cached.
+// Opt-in (LANEKIT_KUBEVIRT_LAB=1): a run takes about 20 minutes on two busy
+// cores; skips when the KubeVirt binaries are not cached (make kubevirt-bins).
 func TestLabKubeVirt(t *testing.T) {
 	if os.Getenv("LANEKIT_KUBEVIRT_LAB") != "1" {
-		t.Skip("set LANEKIT_KUBEVIRT_LAB=1: the KubeVirt lab does not get a VM up yet (docs/lab.md), a run takes ~15 min")
+		t.Skip("set LANEKIT_KUBEVIRT_LAB=1: the KubeVirt lab takes ~20 min")
 	}
 	kvDir := KubeVirtBinDir()
 	for _, f := range kubevirtFiles {
@@ -93,16 +116,41 @@ func TestLabKubeVirt(t *testing.T) {
 		}
 	}
 	bins, nodeBins := realNodeTestBins(t)
+	if _, _, err := guest.EnsureImage(GuestCacheDir); err != nil {
+		t.Fatal(err)
+	}
 	imgs := exec.Command("go", append([]string{"run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir,
-		"-node-bins", nodeBins, "-kubevirt-bins", kvDir}, KubeVirtImages...)...)
+		"-node-bins", nodeBins, "-kubevirt-bins", kvDir, "-guest", GuestCacheDir}, KubeVirtImages...)...)
 	imgs.Dir = repoRoot(t)
 	if out, err := imgs.CombinedOutput(); err != nil {
 		t.Fatalf("lkimages (KubeVirt images): %v\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
 	defer cancel()
+	upStart := time.Now()
 	_, kc, _ := upRealNodeLab(t, ctx, bins, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, KubeVirt: true})
+	t.Logf("lab up --kubevirt: %.0f s to KubeVirt Deployed", time.Since(upStart).Seconds())
 
+	t.Run("KubeVirt deployed", func(t *testing.T) {
+		phase, err := kubectl(ctx, nodeBins, nil, "get", "kubevirt", "kubevirt", "-n", KubeVirtNamespace, "-o", "jsonpath={.status.phase}")
+		if err != nil || strings.TrimSpace(phase) != "Deployed" {
+			t.Errorf("KubeVirt phase %q, %v", phase, err)
+		}
+		for _, d := range []string{"virt-api", "virt-controller", "virt-exportproxy"} {
+			if err := waitDeployment(ctx, kc, KubeVirtNamespace, d); err != nil {
+				t.Error(err)
+			}
+		}
+		if ds, err := kc.AppsV1().DaemonSets(KubeVirtNamespace).Get(ctx, "virt-handler", metav1.GetOptions{}); err != nil || ds.Status.NumberReady != 2 {
+			t.Errorf("virt-handler ready on %v nodes, want 2 (%v)", ds, err)
+		}
+		// Switched off by the lab's CR patch (no images of them).
+		for _, d := range []string{"virt-template-apiserver", "virt-template-controller"} {
+			if _, err := kc.AppsV1().Deployments(KubeVirtNamespace).Get(ctx, d, metav1.GetOptions{}); err == nil {
+				t.Errorf("deployment %s exists; the CR says virtTemplateDeployment.enabled false", d)
+			}
+		}
+	})
 	t.Run("lanekit registered as a binding plugin", func(t *testing.T) {
 		out, err := kubectl(ctx, nodeBins, nil, "get", "kubevirt", "kubevirt", "-n", KubeVirtNamespace,
 			"-o", "jsonpath={.spec.configuration.network.binding.lanekit}")
@@ -122,7 +170,8 @@ func TestLabKubeVirt(t *testing.T) {
 		}
 	})
 
-	if _, err := kubectl(ctx, nodeBins, []byte(kubevirtTestVMI), "apply", "-f", "-"); err != nil {
+	vmiStart := time.Now()
+	if _, err := kubectl(ctx, nodeBins, []byte(kubevirtTestVMI(KubeNodeName(2))), "apply", "-f", "-"); err != nil {
 		t.Fatalf("create VMI: %v", err)
 	}
 	launcher := waitLauncherPod(t, ctx, kc)
@@ -130,7 +179,12 @@ func TestLabKubeVirt(t *testing.T) {
 		var logs string
 		err := wait.PollUntilContextTimeout(ctx, 3*time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 			logs = containerLogs(ctx, kc, launcher, "hook-sidecar-0")
-			return strings.Contains(logs, `"vhost-user interface"`) || strings.Contains(logs, `"OnDefineDomain"`), nil
+			if strings.Contains(logs, `"vhost-user interface"`) || strings.Contains(logs, `"OnDefineDomain"`) {
+				return true, nil
+			}
+			// virt-launcher pods are not restarted: a compute container
+			// that ended will not call the sidecar.
+			return false, computeEnded(ctx, kc, launcher)
 		})
 		if err != nil || !strings.Contains(logs, `"vhost-user interface"`) || !strings.Contains(logs, `"vmi":"default/vm1"`) {
 			t.Fatalf("sidecar log has no vhost-user interface for default/vm1 (%v):\n%s\ncompute: %s", err, logs,
@@ -147,10 +201,17 @@ func TestLabKubeVirt(t *testing.T) {
 			xml = out
 			return err == nil, nil
 		})
-		if err != nil || !strings.Contains(xml, "<interface type='vhostuser'>") || !strings.Contains(xml, "02:00:00:aa:00:01") {
+		if err != nil || !strings.Contains(xml, "<interface type='vhostuser'>") || !strings.Contains(xml, kubevirtTestMAC) {
 			t.Fatalf("domain default_vm1 (%v):\n%s", err, xml)
 		}
 	})
+	if !t.Run("VMI Running", func(t *testing.T) {
+		waitVMIRunning(t, ctx, kc, nodeBins, launcher)
+		t.Logf("VMI vm1 Running %.0f s after it was created", time.Since(vmiStart).Seconds())
+	}) {
+		return
+	}
+	t.Run("guest on lanekit's fast lane", func(t *testing.T) { kubevirtGuestNet(t, ctx, kc, nodeBins, launcher) })
 }
 
 // waitLauncherPod waits for the VMI's virt-launcher pod to be scheduled and
@@ -178,6 +239,21 @@ func waitLauncherPod(t *testing.T, ctx context.Context, kc kubernetes.Interface)
 	}
 	t.Logf("virt-launcher pod %s on %s", last.Name, last.Spec.NodeName)
 	return last.Name
+}
+
+// computeEnded returns an error when the launcher pod's compute container
+// has terminated.
+func computeEnded(ctx context.Context, kc kubernetes.Interface, launcher string) error {
+	p, err := kc.CoreV1().Pods("default").Get(ctx, launcher, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == "compute" && cs.State.Terminated != nil {
+			return fmt.Errorf("compute container of %s ended: exit %d %s", launcher, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason)
+		}
+	}
+	return nil
 }
 
 // kubectlOut is kubectl with the node binaries' kubectl.

@@ -190,7 +190,6 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		if err := installKubeVirt(ctx, cfg, len(st.Nodes), nodeBins, kvDir, kc); err != nil {
 			return err
 		}
-		progress(cfg.Out, "lab: KubeVirt %s Deployed", KubeVirtVersion)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"io/fs"
@@ -32,6 +33,42 @@ type entry struct {
 	Data []byte // the content instead of Src (regular files made here)
 	Link string // symlink target
 	Mode fs.FileMode
+	// Caps are file capabilities (permitted and effective), written as
+	// the security.capability extended attribute (PAX SCHILY.xattr.*),
+	// which containerd applies when it unpacks the layer.
+	Caps []uint
+	// Owner is the uid and gid (0: root).
+	Owner int
+}
+
+// ownedBy gives e the owner uid (and gid) id.
+func ownedBy(e entry, id int) entry {
+	e.Owner = id
+	return e
+}
+
+// withCaps gives regular file e the file capabilities caps (setcap
+// CAPS=ep).
+func withCaps(e entry, caps ...uint) entry {
+	e.Caps = caps
+	return e
+}
+
+// fileCaps is the security.capability value (struct vfs_cap_data,
+// revision 2: magic with the effective flag, then permitted and
+// inheritable for capabilities 0-31 and 32-63, little-endian).
+func fileCaps(caps []uint) string {
+	const vfsCapRevision2, vfsCapFlagsEffective = 0x02000000, 0x1
+	var permitted [2]uint32
+	for _, c := range caps {
+		permitted[c/32] |= 1 << (c % 32)
+	}
+	b := binary.LittleEndian.AppendUint32(nil, vfsCapRevision2|vfsCapFlagsEffective)
+	for _, p := range permitted {
+		b = binary.LittleEndian.AppendUint32(b, p)
+		b = binary.LittleEndian.AppendUint32(b, 0)
+	}
+	return string(b)
 }
 
 // regular is a regular file Src installed at dst with mode perm.
@@ -124,7 +161,7 @@ func layerTar(entries []entry) ([]byte, error) {
 	tw := tar.NewWriter(&buf)
 	for _, p := range paths {
 		e := byPath[p]
-		h := &tar.Header{Name: p[1:], Mode: int64(e.Mode.Perm()), ModTime: epoch, Format: tar.FormatPAX}
+		h := &tar.Header{Name: p[1:], Mode: int64(e.Mode.Perm()), ModTime: epoch, Format: tar.FormatPAX, Uid: e.Owner, Gid: e.Owner}
 		var data []byte
 		switch {
 		case e.Mode.IsDir():
@@ -139,6 +176,9 @@ func layerTar(entries []entry) ([]byte, error) {
 				}
 			}
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
+			if len(e.Caps) > 0 {
+				h.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": fileCaps(e.Caps)}
+			}
 		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, fmt.Errorf("layer header %s: %w", p, err)

@@ -5,7 +5,13 @@ package main
 // bin/, under the names the rendered release manifests and the binding
 // registration use (make kubevirt-images).
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
 
 // KubeVirt's image names: quay.io/kubevirt/NAME:TAG, what
 // scripts/kubevirt-bins.sh renders into kubevirt-operator.yaml (and what
@@ -17,11 +23,21 @@ const (
 	multusImage = "ghcr.io/k8snetworkplumbingwg/multus-cni:v4.2.3-thick"
 	// lanekit's binding sidecar (deploy/kubevirt/binding-patch.yaml).
 	sidecarImage = "ghcr.io/lanekit/lanekit-kubevirt-sidecar:v0.1.0"
+	// lanekit's test guest as a KubeVirt kernel-boot image (the lab's VMIs:
+	// spec.domain.firmware.kernelBoot.container).
+	guestImage = "ghcr.io/lanekit/lanekit-guest:v0.1.0"
 )
+
+// qemuUID is the qemu user and group of the virt-launcher image.
+const qemuUID = 107
+
+// capNetBindService: the monitor raises it for virt-launcher.
+const capNetBindService = unix.CAP_NET_BIND_SERVICE
 
 // kubevirtNames are written only when named (make kubevirt-images).
 var kubevirtNames = []string{"virt-operator", "virt-api", "virt-controller", "virt-handler",
-	"virt-launcher", "virt-exportserver", "multus", "kubevirt-sidecar"}
+	"virt-launcher", "virt-exportserver", "virt-exportproxy", "multus", "kubevirt-sidecar",
+	"lanekit-guest"}
 
 // launcherRoot is the root of the virt-launcher image: libvirt 11.3 and
 // QEMU 10.0 from bookworm-backports (upstream's launcher base: CentOS Stream's
@@ -38,19 +54,24 @@ var launcherRoot = debian{
 		// take from backports by itself.
 		"qemu-system-common/bookworm-backports", "qemu-system-data/bookworm-backports",
 		"seabios/bookworm-backports"},
-	Hooks: []string{
-		`chroot "$1" sh -c 'getent group qemu >/dev/null && groupmod -g 107 qemu || groupadd -g 107 qemu'`,
-		`chroot "$1" sh -c 'getent passwd qemu >/dev/null && usermod -u 107 -g 107 -d /home/qemu qemu || useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu'`,
-		`mkdir -p "$1/home/qemu" && chown 107:107 "$1/home/qemu"`,
-	},
+	Hooks: append(slices.Clone(qemuUser), `mkdir -p "$1/home/qemu" && chown 107:107 "$1/home/qemu"`),
+}
+
+// qemuUser makes the qemu user and group 107 (the launcher's user).
+var qemuUser = []string{
+	`chroot "$1" sh -c 'getent group qemu >/dev/null && groupmod -g 107 qemu || groupadd -g 107 qemu'`,
+	`chroot "$1" sh -c 'getent passwd qemu >/dev/null && usermod -u 107 -g 107 -d /home/qemu qemu || useradd -u 107 -g 107 -d /home/qemu -s /bin/bash qemu'`,
 }
 
 // handlerRoot is the root of virt-handler (upstream's handler base: the
-// tools it execs on the node and in its own mount namespace).
+// tools it execs on the node and in its own mount namespace), with the qemu
+// user: virt-handler chowns the launcher's domain-notify socket to it by
+// name (without it: "failed to look up user qemu").
 var handlerRoot = debian{
 	Name: "handler", Suite: debianSuite, Mirror: debianMirror,
 	Packages: []string{"bash", "procps", "util-linux", "iproute2", "nftables", "iptables", "qemu-utils",
 		"ca-certificates"},
+	Hooks: qemuUser,
 }
 
 // virtqemud is a wrapper installed as /usr/sbin/virtqemud: virt-launcher
@@ -79,7 +100,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 	}
 	env := []string{"PATH=" + pathEnv}
 	switch n {
-	case "virt-operator", "virt-api", "virt-controller", "virt-exportserver":
+	case "virt-operator", "virt-api", "virt-controller", "virt-exportserver", "virt-exportproxy":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
 			return spec{}, true, err
@@ -100,7 +121,11 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		if err != nil {
 			return spec{}, true, err
 		}
-		files := usrBin("virt-launcher", "virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk")
+		files := usrBin("virt-launcher", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "libvirt-hook-client")
+		// As upstream's image (cmd/virt-launcher/BUILD.bazel setcaps): the
+		// monitor, non-root, starts virt-launcher with CAP_NET_BIND_SERVICE
+		// ambient, which it must hold itself.
+		files = append(files, withCaps(regular("/usr/bin/virt-launcher-monitor", kv("virt-launcher-monitor"), 0o755), capNetBindService))
 		for _, f := range []string{"qemu.conf", "virtqemud.conf", "nsswitch.conf"} {
 			dst := "/etc/libvirt/" + f
 			if f == "nsswitch.conf" {
@@ -110,7 +135,11 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		}
 		files = append(files,
 			regular("/usr/bin/node-labeller.sh", kv("launcher-files/node-labeller.sh"), 0o755),
-			regular("/etc/libvirt/hooks/qemu", kv("launcher-files/qemu"), 0o755),
+			// virt-launcher (uid 107) replaces the hook with a link to
+			// libvirt-hook-client: upstream's hooks directory is the qemu
+			// user's.
+			ownedBy(dir("/etc/libvirt/hooks", 0o755), qemuUID),
+			ownedBy(regular("/etc/libvirt/hooks/qemu", kv("launcher-files/qemu"), 0o755), qemuUID),
 			content("/usr/sbin/virtqemud", []byte(virtqemud), 0o755),
 			// Relative, as upstream's: virt-handler reads the launcher's
 			// sockets through /proc/PID/root/var/run (Debian's link is
@@ -118,7 +147,7 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 			symlink("/var/run", "../run"),
 			dir("/usr/lib64/qemu-kvm", 0o755))
 		return spec{Name: n, Tags: []string{kubevirtRegistry + n + ":" + kubevirtTag}, Base: base, Env: env,
-			Files: files, Entrypoint: []string{"/usr/bin/virt-launcher"}, User: "107"}, true, nil
+			Files: files, Entrypoint: []string{"/usr/bin/virt-launcher"}, User: strconv.Itoa(qemuUID)}, true, nil
 	case "multus":
 		base, err := slim.rootfs(in.Cache)
 		if err != nil {
@@ -139,6 +168,14 @@ func kubevirtSpec(n string, in inputs) (s spec, ok bool, err error) {
 		return spec{Name: n, Tags: []string{sidecarImage}, Base: base, Env: env,
 			Files:      []entry{regular("/usr/bin/lanekit-kubevirt-sidecar", filepath.Join(in.Bin, "lanekit-kubevirt-sidecar"), 0o755)},
 			Entrypoint: []string{"/usr/bin/lanekit-kubevirt-sidecar"}}, true, nil
+	case "lanekit-guest":
+		// As upstream's kernel-boot images (FROM scratch, the kernel and
+		// initramfs under /boot): virt-launcher's pod runs its static
+		// container-disk binary in it, virt-handler mounts the files
+		// into the launcher.
+		return spec{Name: n, Tags: []string{guestImage}, Files: []entry{
+			regular("/boot/vmlinuz", filepath.Join(in.Guest, "vmlinuz"), 0o644),
+			regular("/boot/initrd.img", filepath.Join(in.Guest, "initrd.img"), 0o644)}}, true, nil
 	}
 	return spec{}, false, nil
 }

@@ -19,7 +19,7 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 		t.Fatal(err)
 	}
 	for _, b := range []string{"virt-operator", "virt-api", "virt-controller", "virt-handler", "virt-chroot", "virt-launcher",
-		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver",
+		"virt-launcher-monitor", "virt-freezer", "virt-probe", "virt-tail", "container-disk", "virt-exportserver", "virt-exportproxy", "libvirt-hook-client",
 		"multus", "multus-daemon", "multus-shim", "install_multus", "passthru",
 		"launcher-files/qemu.conf", "launcher-files/virtqemud.conf", "launcher-files/nsswitch.conf",
 		"launcher-files/node-labeller.sh", "launcher-files/qemu"} {
@@ -29,6 +29,12 @@ func fakeKubeVirtInputs(t *testing.T) inputs {
 	}
 	if err := os.WriteFile(filepath.Join(in.Bin, "lanekit-kubevirt-sidecar"), []byte("bin/sidecar"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	in.Guest = t.TempDir()
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(in.Guest, f), []byte("guest/"+f), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	writeTar(t, filepath.Join(in.Cache, launcherRoot.key()), map[string]string{"etc/os-release": "launcher"})
 	writeTar(t, filepath.Join(in.Cache, handlerRoot.key()), map[string]string{"etc/os-release": "handler"})
@@ -52,7 +58,7 @@ func TestKubeVirtImages(t *testing.T) {
 			files: map[string]string{"usr/bin/virt-launcher": "kv/virt-launcher", "usr/bin/virt-launcher-monitor": "kv/",
 				"usr/bin/container-disk": "kv/", "usr/bin/node-labeller.sh": "kv/launcher-files/node-labeller.sh",
 				"etc/libvirt/qemu.conf": "kv/launcher-files/qemu.conf", "etc/libvirt/virtqemud.conf": "kv/",
-				"etc/libvirt/hooks/qemu": "kv/", "etc/nsswitch.conf": "kv/",
+				"etc/libvirt/hooks/qemu": "kv/", "etc/nsswitch.conf": "kv/", "usr/bin/libvirt-hook-client": "kv/libvirt-hook-client",
 				"usr/sbin/virtqemud": "#!/bin/sh"},
 			links: map[string]string{"var/run": "../run"}},
 		{name: "virt-handler", tag: "quay.io/kubevirt/virt-handler:v1.9.0", entrypoint: "/usr/bin/virt-handler",
@@ -64,9 +70,17 @@ func TestKubeVirtImages(t *testing.T) {
 				"usr/src/multus-cni/bin/install_multus": "kv/install_multus", "usr/src/multus-cni/bin/multus-shim": "kv/", "usr/src/multus-cni/bin/passthru": "kv/passthru"}},
 		{name: "kubevirt-sidecar", tag: "ghcr.io/lanekit/lanekit-kubevirt-sidecar:v0.1.0", entrypoint: "/usr/bin/lanekit-kubevirt-sidecar",
 			files: map[string]string{"usr/bin/lanekit-kubevirt-sidecar": "bin/sidecar"}},
+		{name: "virt-exportproxy", tag: "quay.io/kubevirt/virt-exportproxy:v1.9.0", entrypoint: "/usr/bin/virt-exportproxy", user: "1001",
+			files: map[string]string{"usr/bin/virt-exportproxy": "kv/virt-exportproxy"}},
+		{name: "lanekit-guest", tag: "ghcr.io/lanekit/lanekit-guest:v0.1.0",
+			files: map[string]string{"boot/vmlinuz": "guest/vmlinuz", "boot/initrd.img": "guest/initrd.img"}},
 	} {
 		cf, layers := readImage(t, filepath.Join(out, c.name+".tar"), c.tag)
-		if !slices.Equal(cf.Config.Entrypoint, []string{c.entrypoint}) || cf.Config.User != c.user {
+		var entrypoint []string // the kernel-boot image has none (KubeVirt names the command)
+		if c.entrypoint != "" {
+			entrypoint = []string{c.entrypoint}
+		}
+		if !slices.Equal(cf.Config.Entrypoint, entrypoint) || cf.Config.User != c.user {
 			t.Errorf("%s: entrypoint %v user %q, want %s %q", c.name, cf.Config.Entrypoint, cf.Config.User, c.entrypoint, c.user)
 		}
 		top := layers[len(layers)-1]
@@ -79,6 +93,24 @@ func TestKubeVirtImages(t *testing.T) {
 			if f := top[p]; f.Link != want {
 				t.Errorf("%s: %s links to %q, want %q", c.name, p, f.Link, want)
 			}
+		}
+	}
+	// virt-launcher-monitor has CAP_NET_BIND_SERVICE (=ep) as upstream's, to
+	// start virt-launcher with it ambient; nothing else has capabilities.
+	_, layers := readImage(t, filepath.Join(out, "virt-launcher.tar"), "quay.io/kubevirt/virt-launcher:v1.9.0")
+	for p, f := range layers[len(layers)-1] {
+		got, ok := f.PAX["SCHILY.xattr.security.capability"]
+		switch {
+		case p == "usr/bin/virt-launcher-monitor" && got != "\x01\x00\x00\x02\x00\x04\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00":
+			t.Errorf("virt-launcher-monitor: security.capability %q, want cap_net_bind_service=ep", got)
+		case p != "usr/bin/virt-launcher-monitor" && ok:
+			t.Errorf("%s has file capabilities %q", p, got)
+		}
+	}
+	// virt-launcher (107) replaces the QEMU hook with a link.
+	for _, p := range []string{"etc/libvirt/hooks", "etc/libvirt/hooks/qemu"} {
+		if f := layers[len(layers)-1][p]; f.UID != 107 {
+			t.Errorf("virt-launcher: %s owned by %d, want 107", p, f.UID)
 		}
 	}
 	// The wrapper runs libvirtd with virt-launcher's arguments, its socket
@@ -98,6 +130,12 @@ func TestLauncherRootTakesBackports(t *testing.T) {
 		"\ndeb http://deb.debian.org/debian bookworm-backports main"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("launcher rootfs recipe lacks %q:\n%s", want, args)
+		}
+	}
+	// virt-handler looks the qemu user up by name (107, as the launcher's).
+	for _, r := range []debian{launcherRoot, handlerRoot} {
+		if a := strings.Join(r.args("OUT"), "\n"); !strings.Contains(a, "useradd -u 107 -g 107") {
+			t.Errorf("%s root has no qemu user 107:\n%s", r.Name, a)
 		}
 	}
 	if strings.Contains(strings.Join(slim.args("OUT"), " "), "backports") {

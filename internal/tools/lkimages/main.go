@@ -4,7 +4,7 @@
 // each a docker-archive tarball (NAME.tar) tagged with the names the manifests
 // (deploy/) and the upstream e2e tests pull, so no pull ever leaves the node.
 //
-//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-kubevirt-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox kube-proxy flannel virt-operator virt-api virt-controller virt-handler virt-launcher virt-exportserver multus kubevirt-sidecar]
+//	go run ./internal/tools/lkimages -out DIR [-bin bin] [-agent-go DIR] [-node-bins DIR] [-kubevirt-bins DIR] [-cache DIR] [pause agent agnhost coredns regression busybox kube-proxy flannel virt-operator virt-api virt-controller virt-handler virt-launcher virt-exportserver virt-exportproxy multus kubevirt-sidecar lanekit-guest]
 //
 // Inputs: the agent image's Go binaries built the way
 // deploy/images/agent.Containerfile builds them (its `go build` line is read and
@@ -37,6 +37,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/lanekit/lanekit/pkg/guest"
 )
 
 // Image names. The pause and agnhost tags are the e2e tests' (test/utils/image/
@@ -125,6 +127,9 @@ type inputs struct {
 	// KubeVirtBins is scripts/kubevirt-bins.sh dir (the KubeVirt and Multus
 	// images).
 	KubeVirtBins string
+	// Guest holds lanekit's test guest (vmlinuz, initrd.img: pkg/guest's
+	// cache, built by guest.EnsureImage) for the kernel-boot image.
+	Guest string
 }
 
 // names are the images in the order they are written by default.
@@ -280,6 +285,7 @@ func main() {
 	flag.StringVar(&in.NodeBins, "node-bins", "", "node binaries (default: scripts/k8s-node-bins.sh dir)")
 	flag.StringVar(&in.KubeVirtBins, "kubevirt-bins", "", "KubeVirt and Multus binaries (default: scripts/kubevirt-bins.sh dir)")
 	flag.StringVar(&in.Cache, "cache", defaultCache(), "cache of the Debian root filesystems")
+	flag.StringVar(&in.Guest, "guest", guest.DefaultCacheDir, "lanekit's test guest kernel and initramfs (lanekit-guest image; built by the lab's first VM)")
 	flag.Parse()
 	if err := run(*out, in, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "lkimages:", err)

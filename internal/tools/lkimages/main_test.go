@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"runtime"
 	"slices"
@@ -27,6 +28,8 @@ type tarFile struct {
 	Type byte
 	Link string
 	Data string
+	PAX  map[string]string
+	UID  int
 }
 
 // writeTar writes a tar of regular files (path -> content) to file.
@@ -126,7 +129,7 @@ func readImage(t *testing.T, file, tag string) (*v1.ConfigFile, []map[string]tar
 			if err != nil {
 				t.Fatal(err)
 			}
-			files[strings.TrimSuffix(h.Name, "/")] = tarFile{Mode: h.Mode, Type: h.Typeflag, Link: h.Linkname, Data: string(data)}
+			files[strings.TrimSuffix(h.Name, "/")] = tarFile{Mode: h.Mode, Type: h.Typeflag, Link: h.Linkname, Data: string(data), PAX: h.PAXRecords, UID: h.Uid}
 		}
 		rc.Close()
 		out = append(out, files)
@@ -256,7 +259,7 @@ func TestImagesReadBack(t *testing.T) {
 			}
 			top := layers[len(layers)-1]
 			for p, f := range w.files {
-				if got, ok := top[p]; !ok || got != f {
+				if got, ok := top[p]; !ok || !reflect.DeepEqual(got, f) {
 					t.Errorf("%s: %s = %+v (present %v), want %+v", tag, p, got, ok, f)
 				}
 			}

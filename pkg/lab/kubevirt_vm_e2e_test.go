@@ -1,0 +1,262 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/guest"
+	"github.com/lanekit/lanekit/pkg/k8s"
+)
+
+// waitVMIRunning waits for VMI default/vm1's phase Running (KubeVirt's
+// word that the domain runs), failing with what KubeVirt says otherwise.
+func waitVMIRunning(t *testing.T, ctx context.Context, kc kubernetes.Interface, nodeBins, launcher string) {
+	t.Helper()
+	var phase string
+	err := wait.PollUntilContextTimeout(ctx, 3*time.Second, 8*time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "jsonpath={.status.phase}")
+		phase = strings.TrimSpace(out)
+		return err == nil && phase == "Running", nil
+	})
+	if err != nil {
+		vmi, _ := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "yaml")
+		t.Fatalf("VMI vm1 phase %q, not Running (%v):\n%s\ncompute: %s\nsidecar: %s", phase, err, vmi,
+			tail(containerLogs(ctx, kc, launcher, "compute"), 4000), tail(containerLogs(ctx, kc, launcher, "hook-sidecar-0"), 2000))
+	}
+}
+
+// kvPathSample is one reading of the pod (node 1) -> VM (node 2) path: the
+// pod's and the VM's endpoint counters (lanekit's BPF programs), the VM's
+// lanekit-vhost frames into and out of the guest, and each node's
+// kernel-forwarded IPv4 datagrams.
+type kvPathSample struct {
+	pod, vm    datapath.Counters
+	vhRX, vhTX uint64
+	fwd        [2]uint64
+}
+
+// kubevirtGuestNet: the VMI's guest, booted by KubeVirt, gets the address
+// lanekit's IPAM gave its VM endpoint and answers a pod on the other node.
+//   - the address: the launcher pod's network-status for lanekit-vm (what
+//     lanekit's CNI returned to Multus) is the agent's VM endpoint address,
+//     with the VMI's MAC; the guest's NIC is configured with it over the
+//     serial console (virt-serial0 in the launcher's private volume), as
+//     cloud-init would be;
+//   - the path: 20 pings and an HTTP GET from a pod on node 1, every echo
+//     counted by the pod's endpoint (node 1's BPF), by the VM endpoint
+//     (node 2's BPF) and by the VM's lanekit-vhost both ways.
+func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface, nodeBins, launcher string) {
+	pod, err := kc.CoreV1().Pods("default").Get(ctx, launcher, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.NodeName != KubeNodeName(2) {
+		t.Fatalf("launcher pod on %s, want %s (the VMI's nodeSelector)", pod.Spec.NodeName, KubeNodeName(2))
+	}
+	var status []NetworkStatus
+	if err := json.Unmarshal([]byte(pod.Annotations[NetworkStatusAnnotation]), &status); err != nil {
+		t.Fatalf("launcher network-status: %v", err)
+	}
+	var vmNet *NetworkStatus
+	for i := range status {
+		if status[i].Name == PodNamespace+"/"+VMNetwork {
+			vmNet = &status[i]
+		}
+	}
+	if vmNet == nil || len(vmNet.IPs) == 0 {
+		t.Fatalf("launcher network-status has no address on %s: %s", VMNetwork, pod.Annotations[NetworkStatusAnnotation])
+	}
+	sock, err := RealNodeAgentSocket(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmAddr, _, _ := strings.Cut(vm.GetAddress(), "/")
+	if vmAddr != vmNet.IPs[0] || !strings.EqualFold(vm.GetMac(), kubevirtTestMAC) {
+		t.Fatalf("agent's VM endpoint %s mac %s; network-status says %v, the VMI's MAC is %s", vm.GetAddress(), vm.GetMac(), vmNet.IPs, kubevirtTestMAC)
+	}
+	vmIP, err := netip.ParseAddr(vmAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("VM endpoint %s mac %s on %s, lanekit-vhost pid %d", vm.GetAddress(), vm.GetMac(), KubeNodeName(2), vm.GetBackend().GetPid())
+
+	con := kubevirtConsole(t, ctx, pod)
+	ifname := "IF=$(for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = " + kubevirtTestMAC + " ] && basename $d; done)"
+	cmd := ifname + ` && ip link set "$IF" up && ip addr add ` + vmAddr + `/32 dev "$IF" && ip route add 169.254.1.1 dev "$IF" && ` +
+		`ip route add default via 169.254.1.1 && echo "$IF"`
+	if out, code, err := con.Run(ctx, cmd); err != nil || code != 0 {
+		t.Fatalf("configure the guest's NIC: %v (exit %d): %s", err, code, out)
+	}
+
+	client := kubevirtClientPod(t, ctx, kc, KubeNodeName(1))
+	inPod := func(args ...string) (string, error) {
+		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", "default", client.Name, "--"}, args...)...)
+	}
+	// First contact (ARP on both sides) before counting.
+	var out string
+	if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		out, err = inPod("ping", "-c", "1", "-W", "2", vmAddr)
+		return err == nil, nil
+	}); err != nil {
+		gout, _, _ := con.Run(ctx, "ip addr; ip route; cat /proc/net/dev")
+		t.Fatalf("%s (node 1) cannot ping the guest at %s: %s %v\nguest:\n%s", client.Name, vmAddr, out, err, gout)
+	}
+
+	podIP, err := netip.ParseAddr(client.Status.PodIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := takeKubeVirtPath(t, ctx, podIP, vmIP, vm.GetBackend().GetMetricsSocket())
+	const pings = 20
+	out, err = inPod("ping", "-c", strconv.Itoa(pings), "-i", "0.2", "-W", "3", vmAddr)
+	if err != nil {
+		t.Errorf("ping %s from %s: %v\n%s", vmAddr, client.Name, err, out)
+	}
+	got, err := inPod("curl", "-sS", "-m", "10", "http://"+vmAddr+"/")
+	if err != nil || !strings.Contains(got, "lanekit guest") {
+		t.Errorf("http://%s/ from %s: %q, %v", vmAddr, client.Name, got, err)
+	}
+	a := takeKubeVirtPath(t, ctx, podIP, vmIP, vm.GetBackend().GetMetricsSocket())
+	m := regexp.MustCompile(`(\d+) received`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("ping output: %s", out)
+	}
+	recv, _ := strconv.ParseUint(m[1], 10, 64)
+	t.Logf("%d/%d echoes answered; pod: %d out, %d in; VM endpoint: %d in, %d out; lanekit-vhost: %d frames into the guest, %d out; kernel-forwarded datagrams: node1 %d, node2 %d",
+		recv, pings, since(a.pod.FromPackets, b.pod.FromPackets), since(a.pod.ToPackets, b.pod.ToPackets),
+		since(a.vm.ToPackets, b.vm.ToPackets), since(a.vm.FromPackets, b.vm.FromPackets),
+		since(a.vhRX, b.vhRX), since(a.vhTX, b.vhTX), since(a.fwd[0], b.fwd[0]), since(a.fwd[1], b.fwd[1]))
+	if recv < pings*3/4 {
+		t.Errorf("%d of %d echoes answered", recv, pings)
+	}
+	for _, c := range []struct {
+		what string
+		n    uint64
+	}{
+		{"the pod's endpoint sent (node 1's BPF)", since(a.pod.FromPackets, b.pod.FromPackets)},
+		{"the pod's endpoint received", since(a.pod.ToPackets, b.pod.ToPackets)},
+		{"the VM endpoint received (node 2's BPF)", since(a.vm.ToPackets, b.vm.ToPackets)},
+		{"the VM endpoint sent", since(a.vm.FromPackets, b.vm.FromPackets)},
+		{"lanekit-vhost moved into the guest", since(a.vhRX, b.vhRX)},
+		{"lanekit-vhost moved out of the guest", since(a.vhTX, b.vhTX)},
+	} {
+		if c.n < recv {
+			t.Errorf("%s %d packets, fewer than the %d echoes answered", c.what, c.n, recv)
+		}
+	}
+}
+
+// takeKubeVirtPath reads a kvPathSample: the agents' pins and the backend's
+// metrics socket are in the nodes' own bpffs and /run.
+func takeKubeVirtPath(t *testing.T, ctx context.Context, podIP, vmIP netip.Addr, metricsSocket string) kvPathSample {
+	t.Helper()
+	var s kvPathSample
+	roots := [2]string{}
+	for i := range roots {
+		r, err := nodeRoot(i + 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots[i] = r
+		if s.fwd[i], err = IPForwDatagrams(ctx, NodeNS(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	if _, s.pod, err = datapath.PinnedCounters(filepath.Join(roots[0], "sys/fs/bpf/lanekit"), podIP); err != nil {
+		t.Fatal(err)
+	}
+	if _, s.vm, err = datapath.PinnedCounters(filepath.Join(roots[1], "sys/fs/bpf/lanekit"), vmIP); err != nil {
+		t.Fatal(err)
+	}
+	if s.vhRX, s.vhTX, err = bench.BackendPackets(ctx, filepath.Join(roots[1], metricsSocket)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// kubevirtConsole connects to the guest's serial console: QEMU's
+// virt-serial0 socket in the launcher pod's "private" emptyDir (what
+// virt-handler serves to `virtctl console`), reached through node 2's root
+// and a short link (sun_path holds 107 bytes). It returns once the guest's
+// control loop answers (the guest may still be booting).
+func kubevirtConsole(t *testing.T, ctx context.Context, pod *corev1.Pod) *guest.Console {
+	t.Helper()
+	root, err := nodeRoot(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, ok := pod.Labels["kubevirt.io/created-by"]
+	if !ok {
+		t.Fatalf("launcher pod %s has no kubevirt.io/created-by label", pod.Name)
+	}
+	dir := filepath.Join(root, "var/lib/kubelet/pods", string(pod.UID), "volumes/kubernetes.io~empty-dir/private", uid)
+	link := filepath.Join(t.TempDir(), "s")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	con, err := guest.DialConsole(ctx, filepath.Join(link, "virt-serial0"))
+	if err != nil {
+		t.Fatalf("guest console: %v", err)
+	}
+	t.Cleanup(func() { con.Close() })
+	// Commands sent before the guest's init reads the console are lost:
+	// ask again until one is answered.
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		out, code, err := con.Run(rctx, "echo lk-alive")
+		last = err
+		return err == nil && code == 0 && strings.Contains(out, "lk-alive"), nil
+	})
+	if err != nil {
+		t.Fatalf("the guest's console does not answer (%v, %v): %s", err, last, tail(con.Text(), 2000))
+	}
+	return con
+}
+
+// kubevirtClientPod starts an agnhost pod on node and waits until it is Ready.
+func kubevirtClientPod(t *testing.T, ctx context.Context, kc kubernetes.Interface, node string) *corev1.Pod {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "kv-client", Labels: map[string]string{"app": "kv-client"}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "agnhost",
+			Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1", Args: []string{"pause"}}}},
+	}
+	if _, err := kc.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		got, err = kc.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
+		return err == nil && podReady(got), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s on %s not Ready: %v", p.Name, node, err)
+	}
+	if got.Status.PodIP == "" {
+		t.Fatalf("pod %s has no address", p.Name)
+	}
+	return got
+}
