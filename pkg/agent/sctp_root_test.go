@@ -3,12 +3,8 @@ package agent
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -39,22 +35,7 @@ const ipProtoSCTP = 132
 // SCTP into TCP opened TCP/80.
 func TestSCTPPolicyIsolatesAgent(t *testing.T) {
 	fx := newFixture(t)
-	pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-sctp-%d", os.Getpid()))
-	t.Cleanup(func() { datapath.Unpin(pins) })
-	var dp datapath.Datapath
-	a, err := New(Config{
-		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), MTU: 1400, HostNetns: fx.nodeNS.Path(), BPFDir: pins,
-		OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
-			d, err := datapath.Open(c, log)
-			dp = d
-			return d, err
-		},
-	}, quietLog())
-	if err != nil {
-		t.Fatalf("start agent with the BPF datapath: %v", err)
-	}
-	t.Cleanup(func() { a.Close() })
+	a, dp := startBPFAgent(t, fx, "sctp", nil)
 
 	add := func(what, app string) (ns.NetNS, uint32, netip.Addr) {
 		n := netnstest.New(t, what)

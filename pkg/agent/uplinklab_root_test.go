@@ -2,11 +2,8 @@ package agent
 
 import (
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -80,26 +77,11 @@ func startUplinkLab(tb testing.TB, tweak func(*Config)) *uplinkLab {
 	}); err != nil {
 		tb.Fatal(err)
 	}
-	pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-up-%d", os.Getpid()))
-	tb.Cleanup(func() { datapath.Unpin(pins) })
-	cfg := Config{
-		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd00:77::/64"),
-		MTU: 1500, HostNetns: fx.nodeNS.Path(), BPFDir: pins, Uplink: "bwup0",
-		OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
-			d, err := datapath.Open(c, log)
-			l.dp = d
-			return d, err
-		},
-	}
-	if tweak != nil {
-		tweak(&cfg)
-	}
-	a, err := New(cfg, quietLog())
-	if err != nil {
-		tb.Fatalf("start agent with the BPF datapath: %v", err)
-	}
-	tb.Cleanup(func() { a.Close() })
-	l.a = a
+	l.a, l.dp = startBPFAgent(tb, fx, "up", func(c *Config) {
+		c.PodCIDR6, c.MTU, c.Uplink = netip.MustParsePrefix("fd00:77::/64"), 1500, "bwup0"
+		if tweak != nil {
+			tweak(c)
+		}
+	})
 	return l
 }

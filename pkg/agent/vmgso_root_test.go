@@ -4,14 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,7 +18,6 @@ import (
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/datapath"
-	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
 // TestVMGuestTSOLeavesAsOneGSOPacket drives the real agent (BPF datapath),
@@ -37,16 +32,7 @@ import (
 // Both families; a segment from a spoofed source is dropped by from_pod whole.
 func TestVMGuestTSOLeavesAsOneGSOPacket(t *testing.T) {
 	testutil.RequireBPFFS(t)
-	bin := os.Getenv("LANEKIT_BIN")
-	if bin == "" {
-		testutil.MissingDep(t, "LANEKIT_BIN not set (make test sets it to the built bin/ with lanekit-vhost and lanekit-tso-guest)")
-	}
-	vhost, guest := filepath.Join(bin, "lanekit-vhost"), filepath.Join(bin, "lanekit-tso-guest")
-	for _, p := range []string{vhost, guest} {
-		if _, err := os.Stat(p); err != nil {
-			testutil.MissingDep(t, "%s: %v (make build-vhost)", p, err)
-		}
-	}
+	vhost, guest := vmTestBins(t, "lanekit-tso-guest")
 	const (
 		segs    = 8
 		payload = 64_000
@@ -55,54 +41,8 @@ func TestVMGuestTSOLeavesAsOneGSOPacket(t *testing.T) {
 	frames := (payload + mss - 1) / mss
 	for _, mode := range []string{TxGSOKernel, TxGSOSoftware} {
 		t.Run(mode, func(t *testing.T) {
-			fx := newFixture(t)
-			pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-gso-%s-%d", mode, os.Getpid()))
-			t.Cleanup(func() { datapath.Unpin(pins) })
-			var dp datapath.Datapath
-			a, err := New(Config{
-				StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-				PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd77::/120"),
-				MTU: 1400, HostNetns: fx.nodeNS.Path(), BPFDir: pins, TxGSO: mode,
-				VMSocketDir: filepath.Join(fx.stateDir, "vm"),
-				OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
-					d, err := datapath.Open(c, log)
-					dp = d
-					return d, err
-				},
-			}, quietLog())
-			if err != nil {
-				t.Fatalf("start agent with the BPF datapath: %v", err)
-			}
-			t.Cleanup(func() { a.Close() })
-			rcvNS := netnstest.New(t, "gsorcv")
-			rcv, err := a.Add(AddRequest{ContainerID: "gsorcv", IfName: "eth0", Netns: rcvNS.Path(),
-				Labels: map[string]string{ArgPodNamespace: "default", ArgPodName: "gsorcv"}})
-			if err != nil {
-				t.Fatalf("add receiver pod: %v", err)
-			}
-			vmNS := netnstest.New(t, "gsovm")
-			v, err := a.AddVM(AddVMRequest{Name: "vm1", Netns: vmNS.Path(), Queues: 1})
-			if err != nil {
-				t.Fatalf("add vm: %v", err)
-			}
-			ep := v.Endpoint
-			dir := t.TempDir()
-			sock, metrics := filepath.Join(dir, "vhost.sock"), filepath.Join(dir, "metrics.sock")
-			backend := exec.Command(vhost, "--socket", sock, "--xsk-socket", ep.VM.Socket, "--vm", "vm1",
-				"--queues", "1", "--mac", ep.MAC, "--mtu", "1400", "--metrics-listen", metrics)
-			var logs strings.Builder
-			backend.Stdout, backend.Stderr = &logs, &logs
-			if err := backend.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				backend.Process.Signal(unix.SIGTERM)
-				backend.Wait()
-				if t.Failed() {
-					t.Logf("lanekit-vhost:\n%s", logs.String())
-				}
-			})
-			waitUntil(t, "the backend's vhost-user socket", func() bool { _, err := os.Stat(sock); return err == nil })
+			l := startVMLane(t, "gso-"+mode, func(c *Config) { c.TxGSO = mode }, vhost)
+			dp, rcvNS, rcv, ep, sock, metrics := l.dp, l.podNS, l.pod, l.ep, l.sock, l.metrics
 
 			for _, fam := range []struct {
 				name     string

@@ -5,12 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,8 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
-	"github.com/lanekit/lanekit/pkg/datapath"
-	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 )
 
 // TestVMRxGSOKernelReceivesWholePackets drives the real agent (BPF datapath),
@@ -41,16 +37,7 @@ import (
 // (vm_rx_drop at tcx ingress), and its IP InReceives does not move.
 func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 	testutil.RequireBPFFS(t)
-	bin := os.Getenv("LANEKIT_BIN")
-	if bin == "" {
-		testutil.MissingDep(t, "LANEKIT_BIN not set (make test sets it to the built bin/ with lanekit-vhost and lanekit-rx-guest)")
-	}
-	vhost, guest := filepath.Join(bin, "lanekit-vhost"), filepath.Join(bin, "lanekit-rx-guest")
-	for _, p := range []string{vhost, guest} {
-		if _, err := os.Stat(p); err != nil {
-			testutil.MissingDep(t, "%s: %v (make build-vhost)", p, err)
-		}
-	}
+	vhost, guest := vmTestBins(t, "lanekit-rx-guest")
 	const (
 		pkts    = 8
 		payload = 64_000
@@ -58,51 +45,8 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 	)
 	for _, mode := range []string{RxGSOKernel, RxGSOXDP} {
 		t.Run(mode, func(t *testing.T) {
-			fx := newFixture(t)
-			pins := filepath.Join("/sys/fs/bpf", fmt.Sprintf("lk-t-agent-rxgso-%s-%d", mode, os.Getpid()))
-			t.Cleanup(func() { datapath.Unpin(pins) })
-			a, err := New(Config{
-				StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"),
-				PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), PodCIDR6: netip.MustParsePrefix("fd77::/120"),
-				MTU: 1400, HostNetns: fx.nodeNS.Path(), BPFDir: pins, RxGSO: mode, DeviceMode: "veth",
-				VMSocketDir: filepath.Join(fx.stateDir, "vm"),
-				OpenDatapath: func(c datapath.Config, log *slog.Logger) (datapath.Datapath, error) {
-					return datapath.Open(c, log)
-				},
-			}, quietLog())
-			if err != nil {
-				t.Fatalf("start agent with the BPF datapath: %v", err)
-			}
-			t.Cleanup(func() { a.Close() })
-			podNS := netnstest.New(t, "rxgsopod")
-			pod, err := a.Add(AddRequest{ContainerID: "rxgsopod", IfName: "eth0", Netns: podNS.Path(),
-				Labels: map[string]string{ArgPodNamespace: "default", ArgPodName: "rxgsopod"}})
-			if err != nil {
-				t.Fatalf("add sender pod: %v", err)
-			}
-			vmNS := netnstest.New(t, "rxgsovm")
-			v, err := a.AddVM(AddVMRequest{Name: "vm1", Netns: vmNS.Path(), Queues: 1})
-			if err != nil {
-				t.Fatalf("add vm: %v", err)
-			}
-			ep := v.Endpoint
-			dir := t.TempDir()
-			sock, metrics := filepath.Join(dir, "vhost.sock"), filepath.Join(dir, "metrics.sock")
-			backend := exec.Command(vhost, "--socket", sock, "--xsk-socket", ep.VM.Socket, "--vm", "vm1",
-				"--queues", "1", "--mac", ep.MAC, "--mtu", "1400", "--metrics-listen", metrics, "--rx-gso", mode)
-			var logs strings.Builder
-			backend.Stdout, backend.Stderr = &logs, &logs
-			if err := backend.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				backend.Process.Signal(unix.SIGTERM)
-				backend.Wait()
-				if t.Failed() {
-					t.Logf("lanekit-vhost:\n%s", logs.String())
-				}
-			})
-			waitUntil(t, "the backend's vhost-user socket", func() bool { _, err := os.Stat(sock); return err == nil })
+			l := startVMLane(t, "rxgso-"+mode, func(c *Config) { c.RxGSO, c.DeviceMode = mode, "veth" }, vhost, "--rx-gso", mode)
+			podNS, pod, vmNS, ep, sock, metrics := l.podNS, l.pod, l.vmNS, l.ep, l.sock, l.metrics
 			scrapeOffload(t, metrics, "rx_gso_kernel") // the backend took its sockets
 			if xdp := vmDeviceXDP(t, vmNS); xdp != (mode == RxGSOXDP) {
 				t.Fatalf("rx-gso %s: XDP program on the VM's device: %t", mode, xdp)
