@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/testutil"
@@ -22,39 +21,10 @@ import (
 // sends out of the device itself, never reach it.
 func TestRxGSOSocketTakesWholePacketsForTheVMOnly(t *testing.T) {
 	testutil.RequireRoot(t)
-	newNS := func() netns.NsHandle {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		must(t, "netns", err)
-		defer orig.Close()
-		h, err := netns.New()
-		must(t, "new netns", err)
-		must(t, "back", netns.Set(orig))
-		t.Cleanup(func() { h.Close() })
-		return h
-	}
-	host, vm := newNS(), newNS()
-	var hostIdx, vmIdx int
+	host, vm := newTestNS(t), newTestNS(t)
+	var vmIdx int
 	var vmMAC net.HardwareAddr
-	must(t, "veth", testutil.InNetns(host, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lk-rx-h", MTU: 1500}, PeerName: "eth0"}); err != nil {
-			return err
-		}
-		p, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetNsFd(p, int(vm)); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("lk-rx-h")
-		if err != nil {
-			return err
-		}
-		hostIdx = l.Attrs().Index
-		return netlink.LinkSetUp(l)
-	}))
+	hostIdx := vethToVM(t, host, vm, "lk-rx-h", 0)
 	var rx, out int
 	must(t, "vm side", testutil.InNetns(vm, func() error {
 		l, err := netlink.LinkByName("eth0")
@@ -151,40 +121,9 @@ func TestRxGSOFanoutFollowsTheRxQueue(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("needs 2 CPUs to pick 2 tx queues")
 	}
-	newNS := func() netns.NsHandle {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		must(t, "netns", err)
-		defer orig.Close()
-		h, err := netns.New()
-		must(t, "new netns", err)
-		must(t, "back", netns.Set(orig))
-		t.Cleanup(func() { h.Close() })
-		return h
-	}
-	host, vm := newNS(), newNS()
-	var hostIdx int
+	host, vm := newTestNS(t), newTestNS(t)
 	var vmMAC net.HardwareAddr
-	must(t, "veth", testutil.InNetns(host, func() error {
-		attrs := netlink.LinkAttrs{Name: "lk-rxq-h", NumTxQueues: 2, NumRxQueues: 2}
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: attrs, PeerName: "eth0"}); err != nil {
-			return err
-		}
-		p, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetNsFd(p, int(vm)); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("lk-rxq-h")
-		if err != nil {
-			return err
-		}
-		hostIdx = l.Attrs().Index
-		return netlink.LinkSetUp(l)
-	}))
+	hostIdx := vethToVM(t, host, vm, "lk-rxq-h", 2)
 	socks := []*xsk.Socket{{FD: -1, UmemFD: -1, GSOFD: -1, RxGSOFD: -1}, {FD: -1, UmemFD: -1, GSOFD: -1, RxGSOFD: -1}}
 	must(t, "vm side", testutil.InNetns(vm, func() error {
 		l, err := netlink.LinkByName("eth0")

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -35,26 +34,7 @@ func must(t *testing.T, what string, err error) {
 func TestVMSteering(t *testing.T) {
 	testutil.RequireBPFFS(t)
 	var node, pod, vm netns.NsHandle
-	newNS := func() netns.NsHandle {
-		var h netns.NsHandle
-		err := func() error {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			orig, err := netns.Get()
-			if err != nil {
-				return err
-			}
-			defer orig.Close()
-			if h, err = netns.New(); err != nil {
-				return err
-			}
-			return netns.Set(orig)
-		}()
-		must(t, "new netns", err)
-		t.Cleanup(func() { h.Close() })
-		return h
-	}
-	node, pod, vm = newNS(), newNS(), newNS()
+	node, pod, vm = newTestNS(t), newTestNS(t), newTestNS(t)
 
 	var hostPod, hostVM netlink.Link
 	must(t, "node setup", testutil.InNetns(node, func() error {

@@ -2,14 +2,12 @@ package xsk_test
 
 import (
 	"encoding/json"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/xsk"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // TestOpenWithTxMetadata: a backend that asks for TX metadata ("tx_meta")
@@ -18,21 +16,7 @@ import (
 // ask gets the old registration and an offer without the field.
 func TestOpenWithTxMetadata(t *testing.T) {
 	testutil.RequireRoot(t)
-	var h netns.NsHandle
-	must(t, "new netns", func() error {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		if h, err = netns.New(); err != nil {
-			return err
-		}
-		return netns.Set(orig)
-	}())
-	t.Cleanup(func() { h.Close() })
+	h := newTestNS(t)
 	for _, c := range []struct {
 		req  xsk.Request
 		want uint32
