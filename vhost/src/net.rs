@@ -676,19 +676,32 @@ fn rx_direct<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> Option<QueueRun> {
-    let mut run = QueueRun::default();
     let (stop, rearmed) = (std::cell::Cell::new(false), std::cell::Cell::new(false));
     let mut deliver = |frame: &[u8], meta: Option<XskMeta>| -> bool {
         offer(q, mem, stats, &stop, &rearmed, |q, mem| {
             rx_frame_in(q, mem, ring, frame, meta, None, mode, scratch, stats)
         })
     };
+    rx_budgeted(port, budget, &stop, |port, max| port.rx_each(max, &mut deliver))
+}
+
+/// One budgeted receive run: `pull(port, max)` hands up to `max` packets to the guest (None:
+/// the port has no such receive path; Ok(0): nothing waiting). Ends at the budget (`more`
+/// set), when nothing waits, when the guest ran out of buffers (`stop`) or on an error, which is
+/// logged. None when the port has no such path and nothing was handled.
+pub(super) fn rx_budgeted(
+    port: &mut dyn Port,
+    budget: usize,
+    stop: &std::cell::Cell<bool>,
+    mut pull: impl FnMut(&mut dyn Port, usize) -> Option<std::io::Result<usize>>,
+) -> Option<QueueRun> {
+    let mut run = QueueRun::default();
     loop {
         if run.handled >= budget {
             run.more = true;
             return Some(run);
         }
-        match port.rx_each(BATCH.min(budget - run.handled), &mut deliver) {
+        match pull(&mut *port, BATCH.min(budget - run.handled)) {
             None => return if run.handled == 0 { None } else { Some(run) },
             Some(Ok(0)) => return Some(run),
             Some(Ok(n)) => run.handled += n,

@@ -53,7 +53,6 @@ pub(super) fn rx_kernel<M: GuestMemory>(
     stats: &Stats,
     budget: usize,
 ) -> Option<QueueRun> {
-    let mut run = QueueRun::default();
     let (stop, rearmed) = (Cell::new(false), Cell::new(false));
     let (scratch, cut, seg) = (&mut st.scratch, &mut st.cut, &mut st.kernel_seg);
     let mut deliver = |h: TxHdr, frame: &mut [u8]| -> bool {
@@ -61,24 +60,7 @@ pub(super) fn rx_kernel<M: GuestMemory>(
             deliver_packet(q, mem, ring, h, frame, mode, scratch, cut, seg, stats)
         })
     };
-    loop {
-        if run.handled >= budget {
-            run.more = true;
-            return Some(run);
-        }
-        match port.rx_kernel(super::BATCH.min(budget - run.handled), &mut deliver) {
-            None => return if run.handled == 0 { None } else { Some(run) },
-            Some(Ok(0)) => return Some(run),
-            Some(Ok(n)) => run.handled += n,
-            Some(Err(e)) => {
-                log::warn!("{}: receive failed: {e}", port.describe());
-                return Some(run);
-            }
-        }
-        if stop.get() {
-            return Some(run);
-        }
-    }
+    super::rx_budgeted(port, budget, &stop, |port, max| port.rx_kernel(max, &mut deliver))
 }
 
 /// Offer one packet from the kernel (header `h`) to the guest; [`RxOutcome::NoBuffers`] leaves
