@@ -1,8 +1,20 @@
 # shellcheck shell=bash
 # Shared by scripts/k8s-node-bins.sh and scripts/kubevirt-bins.sh (sourced, not
-# run): the helpers that build other projects' binaries from the Go module
-# proxy into a cache. The caller sets NAME (its log prefix), DIR (the cache),
-# GO and work (a scratch directory).
+# run): the set-up and helpers that build other projects' binaries from the
+# Go module proxy into a cache. The caller sets NAME (its log prefix) and DIR
+# (the cache); sourcing creates DIR, sets GO, work (a scratch directory removed
+# on exit), the Go environment of the wrapper modules and build (the build
+# command).
+
+export PATH=$PATH:/usr/local/go/bin
+GO=${GO:-go}
+mkdir -p "$DIR"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# The wrapper modules must not pick up the repo's workspace or flags.
+export GOWORK=off GOFLAGS="-mod=mod -p=${LANEKIT_BUILD_JOBS:-1}" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
+# shellcheck disable=SC2034 # used by the scripts that source this one
+build=(nice -n 19 "$GO" build -trimpath)
 
 log() { echo ">> $NAME: $*" >&2; }
 

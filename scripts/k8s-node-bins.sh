@@ -44,15 +44,6 @@ if [ "${1:-}" = dir ]; then
   exit 0
 fi
 
-export PATH=$PATH:/usr/local/go/bin
-GO=${GO:-go}
-mkdir -p "$DIR"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# The wrapper modules must not pick up the repo's workspace or flags.
-export GOWORK=off GOFLAGS="-mod=mod -p=${LANEKIT_BUILD_JOBS:-1}" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-build=(nice -n 19 "$GO" build -trimpath)
-
 NAME=k8s-node-bins
 # shellcheck source=scripts/gobuild-lib.sh
 source "$(dirname "$0")/gobuild-lib.sh"
