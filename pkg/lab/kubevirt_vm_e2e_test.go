@@ -107,7 +107,7 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 		t.Fatalf("configure the guest's NIC: %v (exit %d): %s", err, code, out)
 	}
 
-	client := kubevirtClientPod(t, ctx, kc, KubeNodeName(1))
+	client := agnhostPausePod(t, ctx, kc, "kv-client", KubeNodeName(1))
 	inPod := func(args ...string) (string, error) {
 		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", "default", client.Name, "--"}, args...)...)
 	}
@@ -233,30 +233,4 @@ func kubevirtConsole(t *testing.T, ctx context.Context, pod *corev1.Pod) *guest.
 		t.Fatalf("the guest's console does not answer (%v, %v): %s", err, last, tail(con.Text(), 2000))
 	}
 	return con
-}
-
-// kubevirtClientPod starts an agnhost pod on node and waits until it is Ready.
-func kubevirtClientPod(t *testing.T, ctx context.Context, kc kubernetes.Interface, node string) *corev1.Pod {
-	t.Helper()
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "kv-client", Labels: map[string]string{"app": "kv-client"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "agnhost",
-			Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1", Args: []string{"pause"}}}},
-	}
-	if _, err := kc.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var got *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		got, err = kc.CoreV1().Pods("default").Get(ctx, p.Name, metav1.GetOptions{})
-		return err == nil && podReady(got), nil
-	})
-	if err != nil {
-		t.Fatalf("pod %s on %s not Ready: %v", p.Name, node, err)
-	}
-	if got.Status.PodIP == "" {
-		t.Fatalf("pod %s has no address", p.Name)
-	}
-	return got
 }

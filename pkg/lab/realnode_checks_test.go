@@ -110,11 +110,18 @@ func family(a netip.Addr) string {
 // clientPod runs an agnhost pod that no Service selects and waits until it
 // is Ready.
 func clientPod(t *testing.T, ctx context.Context, kc kubernetes.Interface) corev1.Pod {
+	return *agnhostPausePod(t, ctx, kc, "client", "")
+}
+
+// agnhostPausePod starts an agnhost pause pod name (label app=name) on node
+// ("": where the scheduler puts it) and waits until it is Ready, with an
+// address.
+func agnhostPausePod(t *testing.T, ctx context.Context, kc kubernetes.Interface, name, node string) *corev1.Pod {
 	t.Helper()
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "client", Labels: map[string]string{"app": "client"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agnhost", Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
-			Args: []string{"pause"}}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "agnhost",
+			Image: "registry.k8s.io/e2e-test-images/agnhost:2.66.1", Args: []string{"pause"}}}},
 	}
 	if _, err := kc.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -126,7 +133,10 @@ func clientPod(t *testing.T, ctx context.Context, kc kubernetes.Interface) corev
 		return err == nil && podReady(got), nil
 	})
 	if err != nil {
-		t.Fatalf("pod %s not Ready: %v", p.Name, err)
+		t.Fatalf("pod %s (node %q) not Ready: %v", p.Name, node, err)
 	}
-	return *got
+	if got.Status.PodIP == "" {
+		t.Fatalf("pod %s has no address", p.Name)
+	}
+	return got
 }
