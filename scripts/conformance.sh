@@ -93,6 +93,6 @@ cp "$work/ginkgo.log" "bin/$name.log"
 [ -f "$work/$name.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
 cp "$work/$name.json" "$out/$name.json"
 go run ./internal/tools/conformancereport -focus "$focus" -skip-file "$skipfile" -procs "$procs" \
-  -raw "docs/$name.json" -ip-family "$family" "$out/$name.json" >"$out/$name.md"
+  -raw "docs/$name.json" -ip-family "$family" -nodes "$nodes" -zones "$zones" "$out/$name.json" >"$out/$name.md"
 sed -n '1,/^## Failed/p' "$out/$name.md" >&2
 exit $rc

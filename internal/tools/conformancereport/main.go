@@ -104,6 +104,8 @@ type runDesc struct {
 	skipFile string // the skip list's path
 	raw      string // the JSON report's path in the repository
 	ipFamily string // the lab's --ip-family
+	nodes    int    // the lab's --nodes
+	zones    string // the lab's --zones
 }
 
 func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry, d runDesc) error {
@@ -167,7 +169,16 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	if d.ipFamily != "" && d.ipFamily != "ipv4" {
 		up += " --ip-family " + d.ipFamily
 	}
-	p("The real-node lab (`%s`: two nodes, each kubelet + containerd, lanekit installed", up)
+	nodes := "two nodes"
+	if d.nodes > 0 && d.nodes != 2 {
+		up += fmt.Sprintf(" --nodes %d", d.nodes)
+		nodes = fmt.Sprintf("%d nodes", d.nodes)
+	}
+	if d.zones != "" {
+		up += " --zones " + d.zones
+		nodes += " in zones " + d.zones + " (round robin)"
+	}
+	p("The real-node lab (`%s`: %s, each kubelet + containerd, lanekit installed", up, nodes)
 	p("with `kubectl apply -k deploy/`, **no kube-proxy**) against the upstream e2e binary, run by ginkgo.")
 	p("")
 	p("- Suite: %s; run %s, %s, %d ginkgo processes", r.SuiteDescription, r.StartTime.UTC().Format("2006-01-02 15:04 MST"),
@@ -221,8 +232,10 @@ func main() {
 	procs := flag.Int("procs", 1, "the run's ginkgo processes")
 	raw := flag.String("raw", "docs/conformance.json", "the JSON report's path in the repository (named in the report)")
 	family := flag.String("ip-family", "ipv4", "the lab's --ip-family")
+	nodes := flag.Int("nodes", 2, "the lab's --nodes")
+	zones := flag.String("zones", "", "the lab's --zones")
 	flag.Parse()
-	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family}, flag.Args()); err != nil {
+	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family, nodes: *nodes, zones: *zones}, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "conformancereport:", err)
 		os.Exit(1)
 	}
