@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/lanekit/lanekit/pkg/cniplugin"
+	"github.com/lanekit/lanekit/pkg/deviceplugin"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
@@ -442,12 +443,36 @@ type bindingPatch struct {
 	} `json:"spec"`
 }
 
+// hostPathAt is the host directory the agent container sees at dir (its
+// mount exactly there), or "".
+func hostPathAt(spec corev1.PodSpec, dir string) string {
+	dir = strings.TrimSuffix(dir, "/")
+	for _, c := range spec.Containers {
+		if c.Name != "agent" {
+			continue
+		}
+		for _, vm := range c.VolumeMounts {
+			if vm.MountPath != dir {
+				continue
+			}
+			for _, v := range spec.Volumes {
+				if v.Name == vm.Name && v.HostPath != nil {
+					return v.HostPath.Path
+				}
+			}
+		}
+	}
+	return ""
+}
+
 type nad struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
 	Metadata   struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		Labels      map[string]string `json:"labels"`
+		Annotations map[string]string `json:"annotations"`
 	} `json:"metadata"`
 	Spec struct {
 		Config string `json:"config"`
@@ -524,6 +549,18 @@ func TestKubeVirtBinding(t *testing.T) {
 		t.Errorf("binding names NAD %q, example is %s/%s", b.NetworkAttachmentDefinition, n.Metadata.Namespace, n.Metadata.Name)
 	}
 	checkConflist(t, []byte(n.Spec.Config), flags(m.ds.Spec.Template.Spec.Containers[0])["socket"])
+	// Multus gives the plugin a device-info file only for a network with a
+	// device ID: the NAD asks for the agent's device plugin resource, whose
+	// directory the DaemonSet mounts.
+	if r := n.Metadata.Annotations["k8s.v1.cni.cncf.io/resourceName"]; r != deviceplugin.ResourceName {
+		t.Errorf("NAD resourceName %q, want %s (without a device ID Multus passes no CNIDeviceInfoFile)", r, deviceplugin.ResourceName)
+	}
+	if d := flags(m.ds.Spec.Template.Spec.Containers[0])["device-plugin-dir"]; d != "" {
+		t.Errorf("DaemonSet sets --device-plugin-dir %q; the agent's default is kubelet's", d)
+	}
+	if hostPathAt(m.ds.Spec.Template.Spec, deviceplugin.DefaultDir) != strings.TrimSuffix(deviceplugin.DefaultDir, "/") {
+		t.Errorf("the agent container does not mount kubelet's device plugin directory %s", deviceplugin.DefaultDir)
+	}
 	list, _ := libcni.ConfListFromBytes([]byte(n.Spec.Config))
 	var caps struct {
 		Capabilities map[string]bool `json:"capabilities"`

@@ -23,6 +23,7 @@ import (
 	"github.com/lanekit/lanekit/internal/labswitch"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/deviceplugin"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -50,6 +51,8 @@ func run(args []string) error {
 		cgroupRoot string
 		sockLB     bool
 		snatPorts  string
+
+		devicePluginDir string
 	)
 	var podCIDRs []string // --pod-cidr, one per family (podcidr.go)
 	fs.StringVar(&cfg.StateDir, "state-dir", "/var/lib/lanekit", "directory for the agent's state database")
@@ -111,6 +114,9 @@ func run(args []string) error {
 		cfg.VhostUID, cfg.VhostGID = &uid32, &gid32
 		return nil
 	})
+	fs.StringVar(&devicePluginDir, "device-plugin-dir", deviceplugin.DefaultDir, "kubelet's device plugin directory: with --node-name the agent advertises "+
+		"one "+deviceplugin.ResourceName+" device per VM backend it can run (the size of --vhost-uid-range); a VM network whose NetworkAttachmentDefinition "+
+		"asks for it (k8s.v1.cni.cncf.io/resourceName) gets a device ID, for which Multus takes the vhost-user device-info the CNI plugin writes; empty: off")
 	fs.StringVar(&cfg.KubeletRootDir, "kubelet-root-dir", agent.DefaultKubeletRootDir, "kubelet's --root-dir: VM attachments find the launcher pod's socket volume under <dir>/pods/<uid>/volumes")
 	fs.Func("vm-host-socket-root", "a directory a VM attachment's hostSocketDir (CNI config) may be beneath (repeatable; default: <kubelet-root-dir>/pods and "+
 		agent.DefaultVMHostSocketRoot+")", func(v string) error {
@@ -321,9 +327,22 @@ func run(args []string) error {
 	default:
 		close(srcDone)
 	}
+	dpDone := make(chan struct{})
+	if devicePluginDir != "" && kube.nodeName != "" {
+		p := &deviceplugin.Plugin{Dir: devicePluginDir, Devices: min(agent.VMCapacity(cfg), deviceplugin.MaxDevices), Log: log}
+		go func() {
+			defer close(dpDone)
+			if err := p.Run(ctx); err != nil {
+				log.Error("device plugin", "err", err)
+			}
+		}()
+	} else {
+		close(dpDone)
+	}
 	runErr := a.Run(ctx)
 	stop()
 	<-srcDone
+	<-dpDone
 	if lbDone != nil {
 		<-lbDone
 	}

@@ -29,6 +29,16 @@ type UIDRange struct{ First, Last uint32 }
 // maxPods (110).
 var DefaultVhostUIDRange = UIDRange{First: 60578, Last: 61183}
 
+// VMCapacity is how many VM backends the node can run at once: one per uid
+// of the backend uid range.
+func VMCapacity(cfg Config) int {
+	r := DefaultVhostUIDRange
+	if cfg.VhostUIDRange != nil {
+		r = *cfg.VhostUIDRange
+	}
+	return int(r.Last-r.First) + 1
+}
+
 // KubeletUsernsRange is the host uid range kubelet (1.37,
 // pkg/kubelet/userns) allocates user namespaces of hostUsers: false pods from
 // when the node has no "kubelet" user with subordinate ids: the first id is

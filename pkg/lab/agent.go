@@ -37,6 +37,10 @@ func agentArgs(i int, k8s bool) []string {
 		// pod volumes are the lab kubelets', backends run as nobody.
 		"--kubelet-root-dir", KubeletRootDir(),
 		"--vhost-user", fmt.Sprintf("%d:%d", backendUser, backendUser),
+		// The lab's own kubelets (lab kubelet) have no device plugin API;
+		// the default directory is the host's, where a real kubelet of the
+		// machine may listen: never register there.
+		"--device-plugin-dir", "",
 	), labRxGSOArgs()...)
 }
 

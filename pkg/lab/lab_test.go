@@ -41,12 +41,12 @@ func TestNames(t *testing.T) {
 		t.Errorf("kubelet pod netns %q is not a lab netns", ns)
 	}
 	args := strings.Join(agentArgs(2, false), " ")
-	want := "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --pod-cidr 10.244.2.0/24 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --cgroup-root /run/lanekit/cgroupv2/lanekit-lab/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm --kubelet-root-dir /run/lanekit/lab/kubelet --vhost-user 65534:65534"
+	want := "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --pod-cidr 10.244.2.0/24 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --cgroup-root /run/lanekit/cgroupv2/lanekit-lab/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm --kubelet-root-dir /run/lanekit/lab/kubelet --vhost-user 65534:65534 --device-plugin-dir "
 	if args != want {
 		t.Errorf("agent args = %q, want %q", args, want)
 	}
 	args = strings.Join(agentArgs(2, true), " ")
-	want = "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --kubeconfig /run/lanekit/lab/k8s/kubeconfig --node-name lk-node2 --metrics-listen 10.77.0.2:9964 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --cgroup-root /run/lanekit/cgroupv2/lanekit-lab/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm --kubelet-root-dir /run/lanekit/lab/kubelet --vhost-user 65534:65534"
+	want = "--state-dir /run/lanekit/lab/lk-node2/state --socket /run/lanekit/lab/lk-node2/agent.sock --uplink eth0 --kubeconfig /run/lanekit/lab/k8s/kubeconfig --node-name lk-node2 --metrics-listen 10.77.0.2:9964 --bpf-dir /sys/fs/bpf/lanekit/lk-node2 --cgroup-root /run/lanekit/cgroupv2/lanekit-lab/lk-node2 --vm-socket-dir /run/lanekit/lab/lk-node2/vm --kubelet-root-dir /run/lanekit/lab/kubelet --vhost-user 65534:65534 --device-plugin-dir "
 	if args != want {
 		t.Errorf("k8s agent args = %q, want %q", args, want)
 	}
