@@ -419,7 +419,7 @@ func TestHelmValues(t *testing.T) {
 		if o := moved.find("NetworkAttachmentDefinition", "fast"); o == nil || o.GetNamespace() != "vms" {
 			t.Errorf("NAD not moved: %v", o)
 		}
-		for _, want := range []string{`"networkAttachmentDefinition":"vms/fast"`, `"sidecarImage":"ghcr.io/lanekit/lanekit-kubevirt-sidecar:v2"`} {
+		for _, want := range []string{`"sidecarImage":"ghcr.io/lanekit/lanekit-kubevirt-sidecar:v2"`} {
 			if !strings.Contains(moved.notes, want) {
 				t.Errorf("notes lack %s", want)
 			}

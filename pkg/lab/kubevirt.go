@@ -161,7 +161,7 @@ func installKubeVirt(ctx context.Context, cfg Config, nodes int, nodeBins, kvDir
 			return err
 		}
 	}
-	progress(cfg.Out, "lab: KubeVirt CR applied (useEmulation, no virt-template, lanekit binding registered); waiting for Deployed")
+	progress(cfg.Out, "lab: KubeVirt CR applied (useEmulation, no virt-template, ExternalNetResourceInjection off, lanekit binding registered); waiting for Deployed")
 	start := time.Now()
 	if err := waitKubeVirtDeployed(ctx, nodeBins, kc); err != nil {
 		return err
@@ -178,9 +178,16 @@ func installKubeVirt(ctx context.Context, cfg Config, nodes int, nodeBins, kvDir
 //     gate (beta, on by default in v1.9.0) is on, unless this says no; their
 //     module (kubevirt.io/virt-template) is refused by the module proxy, so
 //     the lab has no images of them. virt-exportproxy, which virt-operator
-//     always deploys, has one (make kubevirt-images).
-const kubevirtLabPatch = `{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true},` +
-	`"virtTemplateDeployment":{"enabled":false}}}}`
+//     always deploys, has one (make kubevirt-images);
+//   - ExternalNetResourceInjection off: with the gate on (beta, on by
+//     default since v1.9.0) virt-controller leaves the resource requests of
+//     a NetworkAttachmentDefinition's k8s.v1.cni.cncf.io/resourceName to
+//     k8snetworkplumbingwg/network-resources-injector, an admission webhook
+//     the module proxy refuses (403), so the lab has none; off, virt-controller
+//     requests lanekit.io/vhost-user itself for each lanekit interface (the
+//     device ID for which Multus takes lanekit's device-info).
+const kubevirtLabPatch = `{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true,` +
+	`"disabledFeatureGates":["ExternalNetResourceInjection"]},"virtTemplateDeployment":{"enabled":false}}}}`
 
 // waitKubeVirtDeployed waits for the KubeVirt CR's status.phase Deployed.
 func waitKubeVirtDeployed(ctx context.Context, nodeBins string, kc kubernetes.Interface) error {

@@ -37,10 +37,8 @@ The KubeVirt CR merge patch that registers the lanekit network binding
 (deploy/kubevirt/binding-patch.yaml documents each field), as JSON.
 */}}
 {{- define "lanekit.bindingPatch" -}}
-{{- $nad := .Values.kubevirt.networkAttachmentDefinition -}}
 {{- $binding := dict
   "sidecarImage" (include "lanekit.sidecarImage" .)
-  "networkAttachmentDefinition" (printf "%s/%s" $nad.namespace $nad.name)
   "downwardAPI" "device-info"
   "computeResourceOverhead" (dict "requests" (dict "memory" "64Mi"))
   "migration" (dict) -}}
