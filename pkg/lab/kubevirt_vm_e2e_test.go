@@ -100,11 +100,14 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	t.Logf("VM endpoint %s mac %s on %s, lanekit-vhost pid %d", vm.GetAddress(), vm.GetMac(), KubeNodeName(2), vm.GetBackend().GetPid())
 
 	con := kubevirtConsole(t, ctx, pod)
-	ifname := "IF=$(for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = " + kubevirtTestMAC + " ] && basename $d; done)"
+	// The loop's status is its last test's (lo sorts after eth0): true
+	// ends it, and an empty IF is the failure.
+	ifname := "IF=$(for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = " + kubevirtTestMAC + " ] && basename $d; done; true) && [ -n \"$IF\" ]"
 	cmd := ifname + ` && ip link set "$IF" up && ip addr add ` + vmAddr + `/32 dev "$IF" && ip route add 169.254.1.1 dev "$IF" && ` +
 		`ip route add default via 169.254.1.1 && echo "$IF"`
 	if out, code, err := con.Run(ctx, cmd); err != nil || code != 0 {
-		t.Fatalf("configure the guest's NIC: %v (exit %d): %s", err, code, out)
+		gout, _, _ := con.Run(ctx, "ip link; cat /sys/class/net/*/address")
+		t.Fatalf("configure the guest's NIC: %v (exit %d): %s\nguest:\n%s", err, code, out, gout)
 	}
 
 	client := agnhostPausePod(t, ctx, kc, "kv-client", KubeNodeName(1))
@@ -162,6 +165,95 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 		if c.n < recv {
 			t.Errorf("%s %d packets, fewer than the %d echoes answered", c.what, c.n, recv)
 		}
+	}
+	// Kernel routing would forward every echo and reply on both nodes; the
+	// BPF path forwards none (other traffic of the nodes may add a few).
+	for i := range a.fwd {
+		if n := since(a.fwd[i], b.fwd[i]); n >= recv {
+			t.Errorf("node %d's kernel forwarded %d datagrams during %d echoes: the path is the kernel's, not lanekit's", i+1, n, recv)
+		}
+	}
+	t.Run("NetworkPolicy selecting the VM by kubevirt.io/domain", func(t *testing.T) {
+		kubevirtPolicy(t, ctx, kc, nodeBins, client.Name, vmIP)
+	})
+}
+
+// kubevirtPolicy applies a NetworkPolicy that selects the VMI's launcher
+// pod by KubeVirt's kubevirt.io/domain label and admits TCP 80 from pods
+// labelled kv-role=allowed only: the guest (the VM endpoint takes the
+// launcher pod's labels) must then refuse the client on node 1 — HTTP and
+// ping, each refusal a policy-ingress drop at the VM endpoint on node 2 —
+// until the client carries the label, when HTTP passes and ping stays
+// refused.
+func kubevirtPolicy(t *testing.T, ctx context.Context, kc kubernetes.Interface, nodeBins, client string, vmIP netip.Addr) {
+	const policy = `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: kv-vm1-web
+  namespace: default
+spec:
+  podSelector:
+    matchLabels:
+      kubevirt.io/domain: vm1
+  policyTypes: [Ingress]
+  ingress:
+    - from:
+        - podSelector:
+            matchLabels:
+              kv-role: allowed
+      ports:
+        - protocol: TCP
+          port: 80
+`
+	if _, err := kubectl(ctx, nodeBins, []byte(policy), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		kubectl(context.Background(), nodeBins, nil, "delete", "networkpolicy", "kv-vm1-web", "-n", "default", "--ignore-not-found") //nolint:errcheck
+	})
+	root, err := nodeRoot(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drops := func() uint64 {
+		_, c, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), vmIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Drops[datapath.DropPolicyIngress]
+	}
+	inPod := func(args ...string) error {
+		_, err := kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", "default", client, "--"}, args...)...)
+		return err
+	}
+	curl := func() error { return inPod("curl", "-sS", "-m", "3", "-o", "/dev/null", "http://"+vmIP.String()+"/") }
+	ping := func() error { return inPod("ping", "-c", "1", "-W", "2", vmIP.String()) }
+	before := drops()
+	// The agents program the policy within a moment; until then the
+	// guest still answers.
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(context.Context) (bool, error) {
+		return curl() != nil, nil
+	}); err != nil {
+		t.Fatalf("the guest still answers HTTP from %s (no kv-role label) 30 s after the policy", client)
+	}
+	if ping() == nil {
+		t.Errorf("the guest answers ping from %s under the policy", client)
+	}
+	if d := drops() - before; d < 2 {
+		t.Errorf("VM endpoint counted %d policy-ingress drops, want at least 2 (the refused SYN and echo)", d)
+	} else {
+		t.Logf("refused: HTTP and ping from %s, %d policy-ingress drops at the VM endpoint", client, d)
+	}
+	if _, err := kubectl(ctx, nodeBins, nil, "label", "pod", client, "-n", "default", "kv-role=allowed", "--overwrite"); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(context.Context) (bool, error) {
+		return curl() == nil, nil
+	}); err != nil {
+		t.Fatalf("the guest refuses HTTP from %s 30 s after it got kv-role=allowed", client)
+	}
+	if ping() == nil {
+		t.Errorf("the guest answers ping from the labelled %s: the policy admits TCP 80 only", client)
 	}
 }
 
