@@ -142,7 +142,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 			continue
 		}
 		ns, name, labels := argsView(ep)
-		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6}
+		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6, Local: true}
 		fromPod := false
 		var egress uint64
 		var bwNote string
@@ -209,6 +209,7 @@ func (a *Agent) compilePolicy(next map[string]k8sobj.Object) (*policy.Compiled, 
 			c.notePeers(r.To)
 		}
 	}
+	in.Limits = c.policyLimits()
 	compiled, err := policy.Compile(in, c.ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("compile policy: %w: %w", err, ErrInvalid)
@@ -220,6 +221,7 @@ func (a *Agent) compilePolicy(next map[string]k8sobj.Object) (*policy.Compiled, 
 	for _, w := range compiled.Warnings {
 		a.log.Warn("policy", "warning", w)
 	}
+	c.logFit(compiled)
 	return compiled, locals, nil
 }
 

@@ -1,0 +1,226 @@
+package agent
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
+	"github.com/lanekit/lanekit/pkg/policy"
+)
+
+// policyPods is pods of one agent in namespace shop, with helpers to
+// probe TCP between them and read their policy drop counters.
+type policyPods struct {
+	t   *testing.T
+	a   *Agent
+	dp  *datapath.Loader
+	ns  map[string]ns.NetNS
+	id  map[string]uint32
+	ip  map[string]netip.Addr
+	lns []net.Listener
+}
+
+func newPolicyPods(t *testing.T, a *Agent, dp *datapath.Loader) *policyPods {
+	p := &policyPods{t: t, a: a, dp: dp, ns: map[string]ns.NetNS{}, id: map[string]uint32{}, ip: map[string]netip.Addr{}}
+	t.Cleanup(func() {
+		for _, l := range p.lns {
+			l.Close()
+		}
+	})
+	return p
+}
+
+// add creates pod name (label app=name) listening on TCP ports.
+func (p *policyPods) add(name string, ports ...int) {
+	p.t.Helper()
+	n := netnstest.New(p.t, "pf"+name)
+	ep, err := p.a.Add(AddRequest{ContainerID: name, IfName: "eth0", Netns: n.Path(),
+		Labels: map[string]string{ArgPodNamespace: "shop", ArgPodName: name, ArgLabelPrefix + "app": name}})
+	if err != nil {
+		p.t.Fatalf("add %s: %v", name, err)
+	}
+	p.ns[name], p.id[name], p.ip[name] = n, ep.ID, ep.IP
+	for _, port := range ports {
+		if err := n.Do(func(ns.NetNS) error {
+			l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+			if err == nil {
+				p.lns = append(p.lns, l)
+				go func() {
+					for {
+						c, err := l.Accept()
+						if err != nil {
+							return
+						}
+						c.Close()
+					}
+				}()
+			}
+			return err
+		}); err != nil {
+			p.t.Fatalf("listen in %s: %v", name, err)
+		}
+	}
+}
+
+// reaches reports whether from connects to addr:port.
+func (p *policyPods) reaches(from string, addr netip.Addr, port uint16) bool {
+	p.t.Helper()
+	var c net.Conn
+	err := p.ns[from].Do(func(ns.NetNS) (err error) {
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, port).String(), 400*time.Millisecond)
+		return err
+	})
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+func (p *policyPods) drops(pod string, reason datapath.DropReason) uint64 {
+	p.t.Helper()
+	c, err := p.dp.Counters(p.id[pod])
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return c.Drops[reason]
+}
+
+// expect checks that from → to:port connects (want) or is dropped by to's
+// ingress policy (its DROP_POLICY_INGRESS counter grows).
+func (p *policyPods) expect(what, from, to string, port uint16, want bool) {
+	p.t.Helper()
+	before := p.drops(to, datapath.DropPolicyIngress)
+	got := p.reaches(from, p.ip[to], port)
+	drops := p.drops(to, datapath.DropPolicyIngress) - before
+	switch {
+	case got != want:
+		p.t.Errorf("%s: %s → %s:%d connects %v, want %v (ingress policy drops +%d)", what, from, to, port, got, want, drops)
+	case !want && drops == 0:
+		p.t.Errorf("%s: %s → %s:%d did not connect, but %s's ingress policy drop counter did not grow", what, from, to, port, to)
+	}
+}
+
+func allowFrom(name, subject string, port int) string {
+	return fmt.Sprintf(`
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: %s, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: %s}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: client}}}]
+    ports: [{port: %d}]
+`, name, subject, port)
+}
+
+// TestFullPolicyMapsFailClosed: the real agent on the BPF datapath with a
+// rule map of 2 entries and four NetworkPolicies of one rule entry each
+// (a-web-81, b-web-82, c-web-83 on web; d-db-84 on db). The first two are
+// programmed and enforced (their ports connect, their verdict counters
+// count); c and d are left out whole, reported by UnprogrammedPolicies and
+// ControlStats (lanekit status, the metrics) — and fail closed: web stays
+// isolated (83 is dropped by its ingress policy) and so does db, whose only
+// policy was left out (84 is dropped). Deleting a-web-81 programs c-web-83
+// (83 connects, 81 is dropped), deleting b-web-82 then programs d-db-84,
+// without a restart. Before, the whole update was refused: web and db stayed
+// open.
+func TestFullPolicyMapsFailClosed(t *testing.T) {
+	fx := newFixture(t)
+	a, dp := startBPFAgent(t, fx, "polfull", func(c *Config) { c.PolicyMaps = datapath.PolicySizes{Rules: 2} })
+	p := newPolicyPods(t, a, dp)
+	p.add("client")
+	p.add("web", 81, 82, 83)
+	p.add("db", 84)
+	for _, c := range []struct {
+		to   string
+		port uint16
+	}{{"web", 81}, {"web", 83}, {"db", 84}} {
+		if !p.reaches("client", p.ip[c.to], c.port) {
+			t.Fatalf("without a policy client does not reach %s:%d: the test cannot tell isolation from a broken path", c.to, c.port)
+		}
+	}
+	var all string
+	for _, y := range []string{allowFrom("a-web-81", "web", 81), allowFrom("b-web-82", "web", 82), allowFrom("c-web-83", "web", 83), allowFrom("d-db-84", "db", 84)} {
+		all += "---" + y
+	}
+	if err := a.UpsertObjects(decodeObjs(t, all)); err != nil {
+		t.Fatalf("four policies, room for two: refused (%v)", err)
+	}
+	leftOut := func() []string {
+		var out []string
+		for _, l := range a.UnprogrammedPolicies() {
+			if l.Map != policy.MapRules {
+				t.Errorf("%s left out for %s, want %s", l.Policy, l.Map, policy.MapRules)
+			}
+			out = append(out, l.Policy.Name)
+		}
+		return out
+	}
+	rulesMap := func() MapStat {
+		for _, m := range a.ControlStats().Maps {
+			if m.Map == policy.MapRules {
+				return m
+			}
+		}
+		t.Fatal("lk_policy_rules not in ControlStats")
+		return MapStat{}
+	}
+	programmed := func() int {
+		c, err := dp.DumpPolicy()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(c.Rules)
+	}
+	if got := leftOut(); !slices.Equal(got, []string{"c-web-83", "d-db-84"}) {
+		t.Errorf("left out %v, want c-web-83 d-db-84", got)
+	}
+	if m := rulesMap(); m.Entries != 2 || m.Capacity != 2 || m.UnprogrammedPolicies != 2 {
+		t.Errorf("lk_policy_rules %+v, want 2/2 entries, 2 policies not programmed", m)
+	}
+	if n := programmed(); n != 2 {
+		t.Errorf("the datapath holds %d rules, want 2", n)
+	}
+	p.expect("a-web-81 programmed", "client", "web", 81, true)
+	p.expect("b-web-82 programmed", "client", "web", 82, true)
+	p.expect("c-web-83 left out, web stays isolated", "client", "web", 83, false)
+	p.expect("d-db-84 left out, db stays isolated", "client", "db", 84, false)
+	verdicts, err := a.PolicyVerdicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a-web-81", "b-web-82"} {
+		if verdicts[policy.PolicyRef{Namespace: "shop", Name: name}].Allowed == 0 {
+			t.Errorf("%s allowed nothing by its verdict counters: %v", name, verdicts)
+		}
+	}
+
+	if err := a.DeleteObject(k8sobj.KindNetworkPolicy, "shop", "a-web-81"); err != nil {
+		t.Fatal(err)
+	}
+	if got := leftOut(); !slices.Equal(got, []string{"d-db-84"}) {
+		t.Errorf("after a-web-81 went: left out %v, want d-db-84", got)
+	}
+	p.expect("c-web-83 programmed once a-web-81 went", "client", "web", 83, true)
+	p.expect("a-web-81 gone", "client", "web", 81, false)
+	p.expect("d-db-84 still left out", "client", "db", 84, false)
+
+	if err := a.DeleteObject(k8sobj.KindNetworkPolicy, "shop", "b-web-82"); err != nil {
+		t.Fatal(err)
+	}
+	if got := leftOut(); len(got) != 0 {
+		t.Errorf("after b-web-82 went: left out %v, want none", got)
+	}
+	if m := rulesMap(); m.UnprogrammedPolicies != 0 {
+		t.Errorf("lk_policy_rules %+v after room returned", m)
+	}
+	p.expect("d-db-84 programmed once b-web-82 went", "client", "db", 84, true)
+}
