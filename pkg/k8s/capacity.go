@@ -56,7 +56,7 @@ type capacityWatcher struct {
 func newCapacityWatcher(s *Source, src UnprogrammedSource) *capacityWatcher {
 	b := record.NewBroadcaster()
 	w := &capacityWatcher{s: s, src: src, kick: make(chan struct{}, 1), missing: map[service.ServiceID]string{}, events: b,
-		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lanekitd", Host: s.cfg.NodeName}),
+		recorder:   b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lanekitd", Host: s.cfg.NodeName}),
 		polMissing: map[policy.PolicyRef]string{}}
 	w.pol, _ = src.(PolicyUnprogrammedSource)
 	return w
