@@ -224,3 +224,83 @@ func TestFullPolicyMapsFailClosed(t *testing.T) {
 	}
 	p.expect("d-db-84 programmed once b-web-82 went", "client", "db", 84, true)
 }
+
+// TestFullIPCacheFailsClosed: the real agent on the BPF datapath with an
+// ipcache of 3 entries (the node's 127.0.0.1 and this node's two pods): a
+// remote pod's address does not fit and is reported as left out
+// (lk_policy_ipcache). client's egress policy allows web and the remote pod
+// by podSelector; client still reaches web, while its SYN to the remote pod's
+// unknown address is dropped by its egress policy (the address resolves as
+// the world, which no rule admits), never let through. Removing web makes
+// room: the remote address is programmed and client's egress admits it.
+func TestFullIPCacheFailsClosed(t *testing.T) {
+	fx := newFixture(t)
+	a, dp := startBPFAgent(t, fx, "ipcfull", func(c *Config) { c.PolicyMaps = datapath.PolicySizes{IPCache: 3} })
+	p := newPolicyPods(t, a, dp)
+	p.add("client")
+	p.add("web", 80)
+	remote := netip.MustParseAddr("10.78.0.5")
+	if err := a.UpsertObjects(decodeObjs(t, `
+apiVersion: v1
+kind: Pod
+metadata: {name: remote, namespace: shop, labels: {app: remote}}
+spec: {nodeName: node-2, containers: [{name: c, image: x}]}
+status: {podIP: 10.78.0.5}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-out, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: web}}}, {podSelector: {matchLabels: {app: remote}}}]
+    ports: [{port: 80}]
+`)); err != nil {
+		t.Fatal(err)
+	}
+	ipcache := func() MapStat {
+		for _, m := range a.ControlStats().Maps {
+			if m.Map == policy.MapIPCache {
+				return m
+			}
+		}
+		t.Fatal("lk_policy_ipcache not in ControlStats")
+		return MapStat{}
+	}
+	known := func(ip netip.Addr) bool {
+		c, err := dp.DumpPolicy()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := c.IPCache[ip]
+		return ok
+	}
+	egressDrops := func() uint64 {
+		before := p.drops("client", datapath.DropPolicyEgress)
+		p.reaches("client", remote, 80) // nothing listens there: only the drop counter tells
+		return p.drops("client", datapath.DropPolicyEgress) - before
+	}
+	if m := ipcache(); m.Entries != 3 || m.UnprogrammedEntries != 1 {
+		t.Errorf("lk_policy_ipcache %+v, want 3/3 entries, 1 address left out", m)
+	}
+	if known(remote) || !known(p.ip["client"]) || !known(p.ip["web"]) {
+		t.Fatalf("ipcache: remote %v, client %v, web %v; want this node's pods, not the remote one", known(remote), known(p.ip["client"]), known(p.ip["web"]))
+	}
+	if !p.reaches("client", p.ip["web"], 80) {
+		t.Error("client → web:80 (allowed by podSelector, both known) does not connect")
+	}
+	if n := egressDrops(); n == 0 {
+		t.Error("client → the remote pod's left-out address: not dropped by client's egress policy (an unknown address must get no podSelector allow)")
+	}
+
+	if _, err := a.Del("web", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if m := ipcache(); m.UnprogrammedEntries != 0 || !known(remote) {
+		t.Fatalf("after web went: lk_policy_ipcache %+v, remote programmed %v", m, known(remote))
+	}
+	if n := egressDrops(); n != 0 {
+		t.Errorf("client → the remote pod, its address programmed: dropped %d times by client's egress policy", n)
+	}
+}
