@@ -186,6 +186,15 @@ func TestFullPolicyMapsFailClosed(t *testing.T) {
 	if m := rulesMap(); m.Entries != 2 || m.Capacity != 2 || m.UnprogrammedPolicies != 2 {
 		t.Errorf("lk_policy_rules %+v, want 2/2 entries, 2 policies not programmed", m)
 	}
+	pols, err := a.Policies() // lanekit policy list
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pi := range pols {
+		if want := map[string]string{"c-web-83": policy.MapRules, "d-db-84": policy.MapRules}[pi.Name]; pi.NotProgrammed != want {
+			t.Errorf("policy list: %s not programmed for %q, want %q", pi.Name, pi.NotProgrammed, want)
+		}
+	}
 	if n := programmed(); n != 2 {
 		t.Errorf("the datapath holds %d rules, want 2", n)
 	}

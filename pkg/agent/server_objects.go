@@ -66,7 +66,7 @@ func (s *server) ListPolicies(context.Context, *apiv1.ListPoliciesRequest) (*api
 	resp := &apiv1.ListPoliciesResponse{}
 	for _, p := range pols {
 		resp.Policies = append(resp.Policies, &apiv1.NetworkPolicy{Namespace: p.Namespace, Name: p.Name, Ingress: p.Ingress, Egress: p.Egress,
-			AllowedPackets: p.Verdict.Allowed, DeniedPackets: p.Verdict.Denied})
+			AllowedPackets: p.Verdict.Allowed, DeniedPackets: p.Verdict.Denied, NotProgrammed: p.NotProgrammed})
 	}
 	return resp, nil
 }
