@@ -313,3 +313,33 @@ spec:
 		t.Errorf("client → the remote pod, its address programmed: dropped %d times by client's egress policy", n)
 	}
 }
+
+// TestFullIsolationMapSwap: with an isolation map of one entry, replacing
+// the NetworkPolicy that isolates web by one that isolates db (one update:
+// the API server watcher's ReplaceObjects) must isolate db. The datapath
+// writes new isolation entries before it deletes the old ones (fail
+// closed), so the full map refused db's entry and the update stuck, db
+// open, every later policy update queued behind it.
+func TestFullIsolationMapSwap(t *testing.T) {
+	fx := newFixture(t)
+	a, dp := startBPFAgent(t, fx, "isoswap", func(c *Config) { c.PolicyMaps = datapath.PolicySizes{Identities: 1} })
+	p := newPolicyPods(t, a, dp)
+	p.add("client")
+	p.add("web", 81)
+	p.add("db", 84)
+	replace := func(y string) {
+		t.Helper()
+		refused, err := a.ReplaceObjects(k8sobj.KindNetworkPolicy, decodeObjs(t, y))
+		if err != nil || len(refused) != 0 {
+			t.Fatalf("replace policies: %v %v", refused, err)
+		}
+	}
+	replace(allowFrom("web-81", "web", 81))
+	p.expect("web isolated", "client", "web", 82, false)
+	replace(allowFrom("db-84", "db", 85))
+	p.expect("db isolated by the policy that replaced web's", "client", "db", 84, false)
+	p.expect("web no longer isolated", "client", "web", 81, true)
+	if st := a.ControlStats(); st.PendingPol != 0 {
+		t.Errorf("%d policy updates stuck waiting for a retry", st.PendingPol)
+	}
+}
