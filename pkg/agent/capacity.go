@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -123,7 +125,7 @@ func (c *ctlPlane) logFit(next *policy.Compiled) {
 	if prev = c.compiled; prev == nil {
 		prev = &policy.Compiled{}
 	}
-	if slices.Equal(prev.LeftOut, next.LeftOut) && maps.Equal(prev.Overflow, next.Overflow) {
+	if fitState(prev) == fitState(next) {
 		return
 	}
 	for _, l := range next.LeftOut {
@@ -136,6 +138,19 @@ func (c *ctlPlane) logFit(next *policy.Compiled) {
 	if len(next.LeftOut) == 0 && len(next.Overflow) == 0 {
 		c.log.Info("policy maps have room: every NetworkPolicy is programmed")
 	}
+}
+
+// fitState is what c left out, without the counts (pods coming and going
+// change those): the policies with their maps, the maps with entries left out.
+func fitState(c *policy.Compiled) string {
+	var b strings.Builder
+	for _, l := range c.LeftOut {
+		fmt.Fprintf(&b, "%s %s;", l.Policy, l.Map)
+	}
+	for _, m := range slices.Sorted(maps.Keys(c.Overflow)) {
+		fmt.Fprintf(&b, "%s;", m)
+	}
+	return b.String()
 }
 
 // policyMapFlags are the lanekitd flags sizing each policy map.

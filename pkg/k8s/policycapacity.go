@@ -41,8 +41,10 @@ func (w *capacityWatcher) checkPolicies() {
 	}
 	now := map[policy.PolicyRef]string{}
 	for _, l := range w.pol.UnprogrammedPolicies() {
-		now[l.Policy] = fmt.Sprintf("node %s: map %s full: the policy's %d entries do not fit (%d free); its pods stay isolated, its allow rules are not programmed; raise lanekitd %s or remove NetworkPolicies",
-			w.s.cfg.NodeName, l.Map, l.Entries, l.Free, policyMapFlags[l.Map])
+		// The message names the map, not the counts: pods coming and going
+		// change those, and each new message is a new Event.
+		now[l.Policy] = fmt.Sprintf("node %s: map %s full: the policy's rules (or ipBlock prefixes) do not fit; its pods stay isolated, its allow rules are not programmed; raise lanekitd %s or remove NetworkPolicies",
+			w.s.cfg.NodeName, l.Map, policyMapFlags[l.Map])
 	}
 	for _, ref := range slices.SortedFunc(maps.Keys(now), comparePolicyRefs) {
 		msg := now[ref]
