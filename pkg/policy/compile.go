@@ -151,8 +151,10 @@ type portProto struct {
 	port  uint16
 }
 
-// Compile compiles the input. Policies are validated (k8sobj.Validate) and an
-// invalid one fails the whole compilation, naming it.
+// Compile compiles the input into in.Limits (fit.go: what does not fit is
+// left out, failing closed, and named in LeftOut and Overflow). Policies are
+// validated (k8sobj.Validate) and an invalid one fails the whole
+// compilation, naming it.
 func Compile(in Input, ids *Identities) (*Compiled, error) {
 	c := &Compiled{IPCache: map[netip.Addr]Identity{}, CIDRs: map[netip.Prefix]Identity{},
 		Isolated: map[Identity]Isolation{}, Rules: map[RuleKey]RuleValue{}}
