@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
 )
@@ -158,6 +159,34 @@ var policyMapFlags = map[string]string{
 	policy.MapIPCache: "--policy-ipcache", policy.MapIPCache6: "--policy-ipcache",
 	policy.MapCIDRs: "--policy-cidrs", policy.MapCIDRs6: "--policy-cidrs",
 	policy.MapIsolation: "--policy-identities", policy.MapRules: "--policy-rules",
+}
+
+// unpoliced says which policy map has no room to police ep (its address
+// or its isolation entry did not fit) and the flag to raise; "" when ep is
+// policed (or nil).
+func (a *Agent) unpoliced(ep *endpoint.Endpoint) string {
+	c := a.ctl
+	if c == nil || ep == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.compiled == nil {
+		return ""
+	}
+	for _, ip := range c.compiled.Unpoliced {
+		if ip == ep.IP || ip == ep.IP6 {
+			m := policy.MapIPCache
+			switch _, known := c.compiled.IPCache[ip]; {
+			case known:
+				m = policy.MapIsolation
+			case ip.Is6():
+				m = policy.MapIPCache6
+			}
+			return fmt.Sprintf("map %s full: no room to police %s; raise lanekitd %s", m, ip, policyMapFlags[m])
+		}
+	}
+	return ""
 }
 
 // UnprogrammedPolicies returns the NetworkPolicies the policy maps had no

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -134,6 +135,11 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 	if err != nil {
 		return in, nil, err
 	}
+	// Oldest first: when the ipcache is full, a new endpoint finds no room
+	// (its ADD is refused: capacity.go) rather than take an older one's.
+	slices.SortStableFunc(eps, func(x, y endpoint.Endpoint) int {
+		return cmp.Or(x.Created.Compare(y.Created), cmp.Compare(x.ID, y.ID))
+	})
 	locals := map[uint32]localEndpoint{}
 	used := map[netip.Addr]bool{}
 	for i := range eps {

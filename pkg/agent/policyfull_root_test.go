@@ -1,16 +1,19 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/policy"
@@ -341,5 +344,40 @@ func TestFullIsolationMapSwap(t *testing.T) {
 	p.expect("web no longer isolated", "client", "web", 81, true)
 	if st := a.ControlStats(); st.PendingPol != 0 {
 		t.Errorf("%d policy updates stuck waiting for a retry", st.PendingPol)
+	}
+}
+
+// TestFullIPCacheRefusesADD: with an ipcache with room for the node's
+// 127.0.0.1 and one pod, a second pod's CNI ADD is refused (ErrPolicyFull,
+// naming the map and the flag) and undone: a pod the datapath has no identity
+// for would not be isolated by any policy that selects it. The first pod
+// keeps its entry (the oldest first); once it goes, the ADD succeeds.
+func TestFullIPCacheRefusesADD(t *testing.T) {
+	fx := newFixture(t)
+	a, dp := startBPFAgent(t, fx, "ipcadd", func(c *Config) { c.PolicyMaps = datapath.PolicySizes{IPCache: 2} })
+	p := newPolicyPods(t, a, dp)
+	p.add("client")
+	webNS := netnstest.New(t, "pfweb2")
+	req := AddRequest{ContainerID: "web", IfName: "eth0", Netns: webNS.Path(),
+		Labels: map[string]string{ArgPodNamespace: "shop", ArgPodName: "web", ArgLabelPrefix + "app": "web"}}
+	_, err := a.Add(req)
+	if !errors.Is(err, ErrPolicyFull) || !strings.Contains(err.Error(), "--policy-ipcache") {
+		t.Fatalf("ADD with no room in the ipcache: %v, want ErrPolicyFull naming --policy-ipcache", err)
+	}
+	if _, ok, _ := a.lookup(endpoint.Key("web", "eth0")); ok {
+		t.Error("the refused ADD left its endpoint behind")
+	}
+	c, err := dp.DumpPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.IPCache[p.ip["client"]]; !ok {
+		t.Error("the older pod lost its ipcache entry to the refused one")
+	}
+	if _, err := a.Del("client", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Add(req); err != nil {
+		t.Fatalf("ADD once room returned: %v", err)
 	}
 }

@@ -132,6 +132,10 @@ type Compiled struct {
 	// Overflow counts the addresses (by ipcache map) and isolation entries
 	// Limits had no room for (fit.go).
 	Overflow map[string]int
+	// Unpoliced are the addresses of local endpoints (Endpoint.Local) whose
+	// ipcache or isolation entry did not fit: the datapath does not enforce
+	// their policy (fit.go).
+	Unpoliced []netip.Addr
 	// Warnings: named ports whose number differs between endpoints of one
 	// identity (the compiled rule allows all those numbers); named ports in
 	// egress rules with an ipBlock peer (they match nothing through it).

@@ -35,9 +35,10 @@ import (
 //     entries of identities with no local endpoint are what is left out.
 //
 // A local endpoint whose address or isolation finds no room is not
-// isolated by the datapath (it has no identity there): Overflow reports it
-// and the agent names the flag to raise; it cannot happen while the maps
-// hold this node's endpoints (a node has a pod CIDR's worth of them).
+// isolated by the datapath (it has no identity there): Unpoliced names it,
+// and the agent refuses the CNI ADD that would create it; it cannot happen
+// while the maps hold this node's endpoints (a node has a pod CIDR's worth
+// of them).
 
 // The policy maps, as the datapath pins them.
 const (
@@ -192,6 +193,9 @@ func fitAddrs(c *Compiled, in Input) {
 				}
 				delete(c.IPCache, ip)
 				c.overflow([]string{MapIPCache, MapIPCache6}[f])
+				if local {
+					c.Unpoliced = append(c.Unpoliced, ip)
+				}
 			}
 		}
 	}
@@ -216,9 +220,21 @@ func fitIsolation(c *Compiled, in Input, ids *Identities) {
 		}
 		return cmp.Compare(a, b)
 	})
+	dropped := map[Identity]bool{}
 	for _, id := range order[lim:] {
 		delete(c.Isolated, id)
 		c.overflow(MapIsolation)
+		dropped[id] = true
+	}
+	for _, ep := range in.Endpoints {
+		if !ep.Local || !dropped[ids.ForLabels(ep.Namespace, ep.Labels)] {
+			continue
+		}
+		for _, ip := range []netip.Addr{ep.IP, ep.IP6} {
+			if ip.IsValid() && !slices.Contains(c.Unpoliced, ip) {
+				c.Unpoliced = append(c.Unpoliced, ip)
+			}
+		}
 	}
 }
 

@@ -223,3 +223,30 @@ func isolationOnly(p *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
 	q.Spec.Ingress, q.Spec.Egress = nil, nil
 	return q
 }
+
+// TestFitUnpoliced: a local endpoint whose address (the ipcache) or whose
+// isolation entry does not fit is named in Unpoliced (the agent refuses its
+// ADD); the older local endpoint, first in input order, keeps its room.
+func TestFitUnpoliced(t *testing.T) {
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	eps := []Endpoint{
+		{Namespace: "a", Name: "old", IP: a, Labels: map[string]string{"app": "web"}, Local: true},
+		{Namespace: "a", Name: "new", IP: b, Labels: map[string]string{"app": "db"}, Local: true},
+	}
+	pols := []*networkingv1.NetworkPolicy{testPolicy("a", "deny", nil)} // isolates both
+	for _, c := range []struct {
+		what string
+		lim  Limits
+	}{{"ipcache", Limits{IPCache: 1}}, {"isolation", Limits{Identities: 1}}} {
+		got, err := Compile(Input{Endpoints: eps, Policies: pols, Limits: c.lim}, NewIdentities())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Unpoliced, []netip.Addr{b}) {
+			t.Errorf("%s full: unpoliced %v, want [%v]", c.what, got.Unpoliced, b)
+		}
+	}
+	if got, _ := Compile(Input{Endpoints: eps, Policies: pols, Limits: Limits{IPCache: 2, Identities: 2}}, NewIdentities()); len(got.Unpoliced) != 0 {
+		t.Errorf("with room: unpoliced %v", got.Unpoliced)
+	}
+}
