@@ -114,8 +114,11 @@ type NetworkPolicy struct {
 	// Packets its allow rules matched / its default deny dropped.
 	AllowedPackets uint64 `protobuf:"varint,5,opt,name=allowed_packets,json=allowedPackets,proto3" json:"allowed_packets,omitempty"`
 	DeniedPackets  uint64 `protobuf:"varint,6,opt,name=denied_packets,json=deniedPackets,proto3" json:"denied_packets,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The full policy map its rules or ipBlock prefixes did not fit ("":
+	// programmed): it still isolates its pods, its allow rules wait for room.
+	NotProgrammed string `protobuf:"bytes,7,opt,name=not_programmed,json=notProgrammed,proto3" json:"not_programmed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NetworkPolicy) Reset() {
@@ -190,6 +193,13 @@ func (x *NetworkPolicy) GetDeniedPackets() uint64 {
 	return 0
 }
 
+func (x *NetworkPolicy) GetNotProgrammed() string {
+	if x != nil {
+		return x.NotProgrammed
+	}
+	return ""
+}
+
 var File_policies_proto protoreflect.FileDescriptor
 
 const file_policies_proto_rawDesc = "" +
@@ -198,14 +208,15 @@ const file_policies_proto_rawDesc = "" +
 	"lanekit.v1\"\x15\n" +
 	"\x13ListPoliciesRequest\"M\n" +
 	"\x14ListPoliciesResponse\x125\n" +
-	"\bpolicies\x18\x01 \x03(\v2\x19.lanekit.v1.NetworkPolicyR\bpolicies\"\xc3\x01\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x19.lanekit.v1.NetworkPolicyR\bpolicies\"\xea\x01\n" +
 	"\rNetworkPolicy\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
 	"\aingress\x18\x03 \x01(\bR\aingress\x12\x16\n" +
 	"\x06egress\x18\x04 \x01(\bR\x06egress\x12'\n" +
 	"\x0fallowed_packets\x18\x05 \x01(\x04R\x0eallowedPackets\x12%\n" +
-	"\x0edenied_packets\x18\x06 \x01(\x04R\rdeniedPacketsB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
+	"\x0edenied_packets\x18\x06 \x01(\x04R\rdeniedPackets\x12%\n" +
+	"\x0enot_programmed\x18\a \x01(\tR\rnotProgrammedB)Z'github.com/lanekit/lanekit/api/v1;apiv1b\x06proto3"
 
 var (
 	file_policies_proto_rawDescOnce sync.Once

@@ -666,8 +666,13 @@ type MapFill struct {
 	Capacity              uint32                 `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	UnprogrammedFrontends uint32                 `protobuf:"varint,4,opt,name=unprogrammed_frontends,json=unprogrammedFrontends,proto3" json:"unprogrammed_frontends,omitempty"`
 	UnprogrammedServices  uint32                 `protobuf:"varint,5,opt,name=unprogrammed_services,json=unprogrammedServices,proto3" json:"unprogrammed_services,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Policy maps: NetworkPolicies left out (their pods stay isolated, their
+	// allow rules are not programmed) and addresses or isolation entries left
+	// out, because the map is full.
+	UnprogrammedPolicies uint32 `protobuf:"varint,6,opt,name=unprogrammed_policies,json=unprogrammedPolicies,proto3" json:"unprogrammed_policies,omitempty"`
+	UnprogrammedEntries  uint32 `protobuf:"varint,7,opt,name=unprogrammed_entries,json=unprogrammedEntries,proto3" json:"unprogrammed_entries,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *MapFill) Reset() {
@@ -731,6 +736,20 @@ func (x *MapFill) GetUnprogrammedFrontends() uint32 {
 func (x *MapFill) GetUnprogrammedServices() uint32 {
 	if x != nil {
 		return x.UnprogrammedServices
+	}
+	return 0
+}
+
+func (x *MapFill) GetUnprogrammedPolicies() uint32 {
+	if x != nil {
+		return x.UnprogrammedPolicies
+	}
+	return 0
+}
+
+func (x *MapFill) GetUnprogrammedEntries() uint32 {
+	if x != nil {
+		return x.UnprogrammedEntries
 	}
 	return 0
 }
@@ -1187,13 +1206,15 @@ const file_status_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a=\n" +
 	"\x0fLbCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xbf\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xa7\x02\n" +
 	"\aMapFill\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aentries\x18\x02 \x01(\rR\aentries\x12\x1a\n" +
 	"\bcapacity\x18\x03 \x01(\rR\bcapacity\x125\n" +
 	"\x16unprogrammed_frontends\x18\x04 \x01(\rR\x15unprogrammedFrontends\x123\n" +
-	"\x15unprogrammed_services\x18\x05 \x01(\rR\x14unprogrammedServices\"[\n" +
+	"\x15unprogrammed_services\x18\x05 \x01(\rR\x14unprogrammedServices\x123\n" +
+	"\x15unprogrammed_policies\x18\x06 \x01(\rR\x14unprogrammedPolicies\x121\n" +
+	"\x14unprogrammed_entries\x18\a \x01(\rR\x13unprogrammedEntries\"[\n" +
 	"\x0eSocketLBStatus\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x16\n" +
 	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\x12\x1b\n" +

@@ -213,7 +213,7 @@ var policyListCmd = &cobra.Command{
 			return printProto(cmd, resp)
 		}
 		w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "POLICY\tTYPES\tALLOWED\tDENIED")
+		fmt.Fprintln(w, "POLICY\tTYPES\tALLOWED\tDENIED\tPROGRAMMED")
 		for _, p := range resp.GetPolicies() {
 			var types []string
 			if p.GetIngress() {
@@ -222,7 +222,11 @@ var policyListCmd = &cobra.Command{
 			if p.GetEgress() {
 				types = append(types, "Egress")
 			}
-			fmt.Fprintf(w, "%s/%s\t%s\t%d\t%d\n", p.GetNamespace(), p.GetName(), strings.Join(types, ","), p.GetAllowedPackets(), p.GetDeniedPackets())
+			programmed := "yes"
+			if m := p.GetNotProgrammed(); m != "" {
+				programmed = "no: " + m + " full (isolates, allows nothing)"
+			}
+			fmt.Fprintf(w, "%s/%s\t%s\t%d\t%d\t%s\n", p.GetNamespace(), p.GetName(), strings.Join(types, ","), p.GetAllowedPackets(), p.GetDeniedPackets(), programmed)
 		}
 		return w.Flush()
 	},

@@ -257,6 +257,11 @@ var policyMapFlags = map[string]string{
 	"lk_policy_isolation": "--policy-identities", "lk_policy_rules": "--policy-rules",
 }
 
+// policyMapEntries names what a policy map's entries are.
+var policyMapEntries = map[string]string{
+	"lk_policy_ipcache": "pod addresses", "lk_policy_ipcache6": "pod addresses", "lk_policy_isolation": "isolated identities",
+}
+
 // printMaps prints a line for each service or policy map that is full (with
 // what is not programmed) or nearly full; nothing when all have room.
 func printMaps(out io.Writer, maps []*apiv1.MapFill) {
@@ -266,9 +271,12 @@ func printMaps(out io.Writer, maps []*apiv1.MapFill) {
 		case m.GetUnprogrammedFrontends() > 0:
 			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): %d frontends of %d Services not programmed; raise lanekitd's --lb-frontends/--lb-backends or remove Services\n",
 				m.GetName(), n, c, m.GetUnprogrammedFrontends(), m.GetUnprogrammedServices())
-		case c > 0 && n >= c && policyMapFlags[m.GetName()] != "":
-			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): the policy is not fully programmed (retried); raise lanekitd's %s\n",
-				m.GetName(), n, c, policyMapFlags[m.GetName()])
+		case m.GetUnprogrammedPolicies() > 0:
+			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): %d NetworkPolicies not programmed (their pods stay isolated, their allow rules wait: `lanekit policy list`); raise lanekitd's %s or remove NetworkPolicies\n",
+				m.GetName(), n, c, m.GetUnprogrammedPolicies(), policyMapFlags[m.GetName()])
+		case m.GetUnprogrammedEntries() > 0:
+			fmt.Fprintf(out, "  error:      map %s full (%d/%d entries): %d %s left out (this node's own are kept first); raise lanekitd's %s\n",
+				m.GetName(), n, c, m.GetUnprogrammedEntries(), policyMapEntries[m.GetName()], policyMapFlags[m.GetName()])
 		case c > 0 && float64(n) >= mapNearFull*float64(c):
 			fmt.Fprintf(out, "  warning:    map %s nearly full (%d/%d entries)\n", m.GetName(), n, c)
 		}

@@ -364,6 +364,9 @@ type PolicyInfo struct {
 	Ingress, Egress bool // the directions it isolates
 	Index           int  // index in the compiled policy set; -1: not compiled
 	Verdict         datapath.PolicyVerdict
+	// NotProgrammed is the full policy map its rules did not fit ("":
+	// programmed; capacity.go): it still isolates its pods.
+	NotProgrammed string
 }
 
 // ControlStats are the control plane's counts for status and metrics.
@@ -406,6 +409,10 @@ func (a *Agent) Policies() ([]PolicyInfo, error) {
 	for i, r := range c.compiled.Policies {
 		idx[r] = i
 	}
+	left := map[policy.PolicyRef]string{}
+	for _, l := range c.compiled.LeftOut {
+		left[l.Policy] = l.Map
+	}
 	var out []PolicyInfo
 	for _, o := range sortedObjects(c.objs) {
 		if o.NetworkPolicy == nil {
@@ -413,9 +420,11 @@ func (a *Agent) Policies() ([]PolicyInfo, error) {
 		}
 		pi := PolicyInfo{Namespace: o.NetworkPolicy.Namespace, Name: o.NetworkPolicy.Name, Index: -1}
 		pi.Ingress, pi.Egress = policy.EffectivePolicyTypes(o.NetworkPolicy)
-		if i, ok := idx[policy.PolicyRef{Namespace: pi.Namespace, Name: pi.Name}]; ok {
+		ref := policy.PolicyRef{Namespace: pi.Namespace, Name: pi.Name}
+		if i, ok := idx[ref]; ok {
 			pi.Index = i
 		}
+		pi.NotProgrammed = left[ref]
 		out = append(out, pi)
 	}
 	c.mu.Unlock()

@@ -118,6 +118,7 @@ func (a *Agent) syncServiceHostAddrs(addrs []netip.Addr) {
 		return
 	}
 	old := c.svcOpts
+	host4, host6 := c.hostAddrCounts()
 	c.svcOpts.HostAddrs = slices.Clone(addrs)
 	m, err := c.buildModel(c.objs)
 	if err != nil { // the objects were accepted: they translate
@@ -131,6 +132,12 @@ func (a *Agent) syncServiceHostAddrs(addrs []netip.Addr) {
 		a.log.Warn("node addresses changed: service update (retried in the background)", "err", err)
 	}
 	a.log.Info("node addresses for hostPorts", "addrs", addrs, "frontends", len(ch.Upserted), "removed", len(ch.Removed))
+	if n4, n6 := c.hostAddrCounts(); (n4 != host4 || n6 != host6) && c.compiled != nil {
+		// The ipcache's room for endpoints changed (capacity.go).
+		if err := a.recompileLocked(); err != nil {
+			a.log.Warn("node addresses changed: policy update (retried in the background)", "err", err)
+		}
+	}
 }
 
 // Ignored returns the addresses the service translation leaves out on

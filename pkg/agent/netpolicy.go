@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -134,6 +135,11 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 	if err != nil {
 		return in, nil, err
 	}
+	// Oldest first: when the ipcache is full, a new endpoint finds no room
+	// (its ADD is refused: capacity.go) rather than take an older one's.
+	slices.SortStableFunc(eps, func(x, y endpoint.Endpoint) int {
+		return cmp.Or(x.Created.Compare(y.Created), cmp.Compare(x.ID, y.ID))
+	})
 	locals := map[uint32]localEndpoint{}
 	used := map[netip.Addr]bool{}
 	for i := range eps {
@@ -142,7 +148,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 			continue
 		}
 		ns, name, labels := argsView(ep)
-		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6}
+		pe := policy.Endpoint{Namespace: ns, Name: name, Labels: labels, IP: ep.IP, IP6: ep.IP6, Local: true}
 		fromPod := false
 		var egress uint64
 		var bwNote string
@@ -209,6 +215,7 @@ func (a *Agent) compilePolicy(next map[string]k8sobj.Object) (*policy.Compiled, 
 			c.notePeers(r.To)
 		}
 	}
+	in.Limits = c.policyLimits()
 	compiled, err := policy.Compile(in, c.ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("compile policy: %w: %w", err, ErrInvalid)
@@ -220,6 +227,7 @@ func (a *Agent) compilePolicy(next map[string]k8sobj.Object) (*policy.Compiled, 
 	for _, w := range compiled.Warnings {
 		a.log.Warn("policy", "warning", w)
 	}
+	c.logFit(compiled)
 	return compiled, locals, nil
 }
 

@@ -31,6 +31,9 @@ var (
 	// API server); retry.
 	ErrUnavailable = errors.New("unavailable")
 	ErrExhausted   = ipam.ErrExhausted
+	// ErrPolicyFull: the policy maps have no room to police a new endpoint
+	// (capacity.go); the ADD is refused rather than leave it unpoliced.
+	ErrPolicyFull = errors.New("policy map full")
 )
 
 // AddRequest asks for an endpoint.
@@ -123,10 +126,21 @@ func allocIDTx(tx *store.Tx, key string) (uint32, error) {
 
 // Add creates the endpoint for req, or returns the existing one for the same
 // attachment and netns. On failure everything done so far is undone.
-func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
+func (a *Agent) Add(req AddRequest) (added *endpoint.Endpoint, err error) {
+	created := false
 	defer func() {
-		if err == nil {
-			a.endpointsChanged()
+		if err != nil {
+			return
+		}
+		a.endpointsChanged()
+		if !created {
+			return
+		}
+		if full := a.unpoliced(added); full != "" { // capacity.go
+			if _, derr := a.Del(req.ContainerID, req.IfName); derr != nil {
+				a.log.Error("undo an ADD the policy maps have no room for", "attachment", endpoint.Key(req.ContainerID, req.IfName), "err", derr)
+			}
+			added, err = nil, fmt.Errorf("add %s: %s: %w", endpoint.Key(req.ContainerID, req.IfName), full, ErrPolicyFull)
 		}
 	}()
 	if err := a.validateAdd(&req); err != nil {
@@ -217,6 +231,7 @@ func (a *Agent) Add(req AddRequest) (_ *endpoint.Endpoint, err error) {
 	}
 	crashAt(StepCommitted)
 	a.log.Info("endpoint added", "id", ep.ID, "attachment", key, "ip", ep.IP, "dev", hostIf, "mode", a.mode)
+	created = true
 	return &ep, nil
 }
 

@@ -101,7 +101,7 @@ func statusErr(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, ErrUnavailable):
 		code = codes.Unavailable
-	case errors.Is(err, ErrExhausted):
+	case errors.Is(err, ErrExhausted), errors.Is(err, ErrPolicyFull):
 		code = codes.ResourceExhausted
 	case errors.Is(err, datapath.ErrNotSupported):
 		code = codes.Unimplemented

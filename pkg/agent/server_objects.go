@@ -66,7 +66,7 @@ func (s *server) ListPolicies(context.Context, *apiv1.ListPoliciesRequest) (*api
 	resp := &apiv1.ListPoliciesResponse{}
 	for _, p := range pols {
 		resp.Policies = append(resp.Policies, &apiv1.NetworkPolicy{Namespace: p.Namespace, Name: p.Name, Ingress: p.Ingress, Egress: p.Egress,
-			AllowedPackets: p.Verdict.Allowed, DeniedPackets: p.Verdict.Denied})
+			AllowedPackets: p.Verdict.Allowed, DeniedPackets: p.Verdict.Denied, NotProgrammed: p.NotProgrammed})
 	}
 	return resp, nil
 }
@@ -95,7 +95,8 @@ func ControlPlaneToProto(st ControlStats) *apiv1.ControlPlaneStatus {
 	}
 	for _, m := range st.Maps {
 		pc.Maps = append(pc.Maps, &apiv1.MapFill{Name: m.Map, Entries: uint32(m.Entries), Capacity: uint32(m.Capacity),
-			UnprogrammedFrontends: uint32(m.UnprogrammedFrontends), UnprogrammedServices: uint32(m.UnprogrammedServices)})
+			UnprogrammedFrontends: uint32(m.UnprogrammedFrontends), UnprogrammedServices: uint32(m.UnprogrammedServices),
+			UnprogrammedPolicies: uint32(m.UnprogrammedPolicies), UnprogrammedEntries: uint32(m.UnprogrammedEntries)})
 	}
 	if ct := st.Conntrack; ct != nil {
 		pc.ConntrackEntries, pc.ConntrackCapacity, pc.ConntrackFull, pc.LbCounters = uint32(ct.ConntrackEntries), uint32(ct.ConntrackCapacity), ct.ConntrackEvicted, LBCounters(*ct)

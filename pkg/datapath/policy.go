@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/pkg/policy"
 )
@@ -251,14 +252,35 @@ func (l *Loader) ApplyPolicy(u *policy.Update) error {
 		return nil
 	}
 	// Fail closed: a pod a new policy selects is isolated before anything
-	// else is written, and a pod no policy selects any more is opened last;
+	// else is written, and a pod no policy selects any more is opened last
+	// (first only when the isolation map is full and needs its room);
 	// removed allows and prefixes go before new ones (a full map gets the
 	// room back first). An update that stops at an error therefore leaves
 	// the pods it touches denied, not open; the agent keeps it queued and
 	// applies it whole again (every step is idempotent).
-	for id, iso := range u.Isolated {
-		val := podPolicyIsolation{PolicyIngress: iso.PolicyIngress, PolicyEgress: iso.PolicyEgress}
-		if err := put(m.LkPolicyIsolation, uint32(id), val); err != nil {
+	isolate := func() error {
+		for id, iso := range u.Isolated {
+			val := podPolicyIsolation{PolicyIngress: iso.PolicyIngress, PolicyEgress: iso.PolicyEgress}
+			if err := put(m.LkPolicyIsolation, uint32(id), val); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := isolate(); err != nil {
+		if !errors.Is(err, unix.E2BIG) {
+			return err
+		}
+		// A full isolation map (the agent fits the compilation to its
+		// size, so an update that swaps identities needs the room the
+		// entries it deletes hold): delete those first. They open pods
+		// this update opens anyway, a moment earlier.
+		for _, id := range u.IsolatedDelete {
+			if err := del(m.LkPolicyIsolation, uint32(id)); err != nil {
+				return err
+			}
+		}
+		if err := isolate(); err != nil {
 			return err
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
+	"github.com/lanekit/lanekit/pkg/policy"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -46,12 +47,19 @@ type capacityWatcher struct {
 	kick     chan struct{}
 	// missing: the Services reported, with the message of their Warning.
 	missing map[service.ServiceID]string
+	// pol: the NetworkPolicies the policy maps could not take (nil: the
+	// sink does not say); polMissing: those reported (policycapacity.go).
+	pol        PolicyUnprogrammedSource
+	polMissing map[policy.PolicyRef]string
 }
 
 func newCapacityWatcher(s *Source, src UnprogrammedSource) *capacityWatcher {
 	b := record.NewBroadcaster()
-	return &capacityWatcher{s: s, src: src, kick: make(chan struct{}, 1), missing: map[service.ServiceID]string{}, events: b,
-		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lanekitd", Host: s.cfg.NodeName})}
+	w := &capacityWatcher{s: s, src: src, kick: make(chan struct{}, 1), missing: map[service.ServiceID]string{}, events: b,
+		recorder:   b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lanekitd", Host: s.cfg.NodeName}),
+		polMissing: map[policy.PolicyRef]string{}}
+	w.pol, _ = src.(PolicyUnprogrammedSource)
+	return w
 }
 
 func (w *capacityWatcher) poke() {
@@ -77,8 +85,10 @@ func (w *capacityWatcher) run(ctx context.Context) {
 	}
 }
 
-// check reports the Services whose state changed since the last check.
+// check reports the Services and NetworkPolicies whose state changed since
+// the last check.
 func (w *capacityWatcher) check() {
+	w.checkPolicies()
 	type miss struct {
 		maps   map[string]bool
 		fronts []string

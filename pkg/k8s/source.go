@@ -490,7 +490,7 @@ func (s *Source) finish(k objKey, err error) {
 		if s.latency != nil {
 			s.latency.applied(k, time.Now())
 		}
-		if s.capacity != nil && (k.kind == k8sobj.KindService || k.kind == k8sobj.KindEndpointSlice) {
+		if s.capacity != nil { // any kind can change what fits (pods, namespaces: policy)
 			s.capacity.poke()
 		}
 		if !k.all {

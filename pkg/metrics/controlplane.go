@@ -39,6 +39,8 @@ const (
 	NameMapEntries        = "lanekit_map_entries"
 	NameMapCapacity       = "lanekit_map_capacity"
 	NameMapUnprogrammed   = "lanekit_map_unprogrammed_frontends"
+	NameMapUnprogPolicies = "lanekit_map_unprogrammed_policies"
+	NameMapUnprogEntries  = "lanekit_map_unprogrammed_entries"
 )
 
 var (
@@ -59,15 +61,17 @@ var (
 	descCTFailed  = prometheus.NewDesc(NameConntrackFailed, "Conntrack entries the datapath could not create.", nil, nil)
 	descCTCreated = prometheus.NewDesc(NameConntrackCreated, "Conntrack entries the datapath created.", nil, nil)
 	descCTGC      = prometheus.NewDesc(NameConntrackGC, "Expired conntrack entries the agent's periodic GC removed.", nil, nil)
-	descMapEnt    = prometheus.NewDesc(NameMapEntries, "Entries in a service map (lk_lb_svc, lk_lb_svc6: frontends; lk_lb_backends, lk_lb_backends6: backends of every frontend).", []string{"map"}, nil)
-	descMapCap    = prometheus.NewDesc(NameMapCapacity, "Capacity of a service map (lanekitd --lb-frontends, --lb-backends).", []string{"map"}, nil)
+	descMapEnt    = prometheus.NewDesc(NameMapEntries, "Entries in a service or policy map (lk_lb_svc, lk_lb_svc6: frontends; lk_lb_backends, lk_lb_backends6: backends of every frontend; lk_policy_*: as compiled, with the node's own addresses in the ipcache).", []string{"map"}, nil)
+	descMapCap    = prometheus.NewDesc(NameMapCapacity, "Capacity of a service or policy map (lanekitd --lb-frontends, --lb-backends, --policy-*).", []string{"map"}, nil)
 	descMapUnprog = prometheus.NewDesc(NameMapUnprogrammed, "Service frontends not programmed (or programmed with an earlier backend set) because the map is full; programmed once room returns.", []string{"map"}, nil)
+	descMapUnpol  = prometheus.NewDesc(NameMapUnprogPolicies, "NetworkPolicies not programmed because a policy map is full: their pods stay isolated, their allow rules wait; programmed once room returns.", []string{"map"}, nil)
+	descMapUnent  = prometheus.NewDesc(NameMapUnprogEntries, "Pod addresses (lk_policy_ipcache, lk_policy_ipcache6) or isolated identities (lk_policy_isolation) left out because the map is full; this node's own are kept first.", []string{"map"}, nil)
 	descIgnored   = prometheus.NewDesc(NameAddrsIgnored, "Addresses the agent does not serve on purpose, by reason: hostip-not-node (a hostPort whose hostIP is not an address of this node), externalip-not-allowed (a spec.externalIPs address outside --external-ips), protocol-unsupported (a Service or hostPort port of a protocol lanekit does not load-balance: SCTP).", []string{"reason"}, nil)
 )
 
 var controlDescs = []*prometheus.Desc{descSvcFront, descSvcBack, descSvcObjs, descRefused, descLBEvents, descSvcPend, descPolicies, descPolIDs,
 	descPolRules, descVerdicts, descPolPend, descCTEntries, descCTCap, descCTEvict, descCTFailed, descCTCreated, descCTGC, descIgnored,
-	descMapEnt, descMapCap, descMapUnprog}
+	descMapEnt, descMapCap, descMapUnprog, descMapUnpol, descMapUnent}
 
 func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlPlaneSource) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
@@ -103,6 +107,8 @@ func (c *collector) collectControlPlane(ch chan<- prometheus.Metric, cp ControlP
 		gauge(descMapEnt, float64(m.Entries), m.Map)
 		gauge(descMapCap, float64(m.Capacity), m.Map)
 		gauge(descMapUnprog, float64(m.UnprogrammedFrontends), m.Map)
+		gauge(descMapUnpol, float64(m.UnprogrammedPolicies), m.Map)
+		gauge(descMapUnent, float64(m.UnprogrammedEntries), m.Map)
 	}
 	if ct := st.Conntrack; ct != nil {
 		gauge(descCTEntries, float64(ct.ConntrackEntries))

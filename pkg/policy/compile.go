@@ -58,6 +58,9 @@ type Endpoint struct {
 	IP         netip.Addr
 	IP6        netip.Addr
 	NamedPorts []NamedPort
+	// Local: the endpoint is on this node (its addresses and isolation
+	// go into the maps first when they are full: fit.go).
+	Local bool
 }
 
 // Input is everything a compilation needs.
@@ -67,6 +70,8 @@ type Input struct {
 	// is added as Kubernetes does. Namespaces not listed have only that label.
 	NamespaceLabels map[string]map[string]string
 	Policies        []*networkingv1.NetworkPolicy
+	// Limits are the sizes of the maps the result must fit (fit.go).
+	Limits Limits
 }
 
 // RuleKey keys the policy map (C: struct policy_key, an LPM trie key). The
@@ -120,6 +125,17 @@ type Compiled struct {
 	Isolated map[Identity]Isolation
 	// Rules are the allow entries.
 	Rules map[RuleKey]RuleValue
+	// LeftOut are the policies whose allow rules or ipBlock prefixes did
+	// not fit Limits, in input order: Rules and CIDRs hold none of theirs,
+	// Isolated still isolates their pods (fit.go).
+	LeftOut []LeftOut
+	// Overflow counts the addresses (by ipcache map) and isolation entries
+	// Limits had no room for (fit.go).
+	Overflow map[string]int
+	// Unpoliced are the addresses of local endpoints (Endpoint.Local) whose
+	// ipcache or isolation entry did not fit: the datapath does not enforce
+	// their policy (fit.go).
+	Unpoliced []netip.Addr
 	// Warnings: named ports whose number differs between endpoints of one
 	// identity (the compiled rule allows all those numbers); named ports in
 	// egress rules with an ipBlock peer (they match nothing through it).
@@ -139,8 +155,10 @@ type portProto struct {
 	port  uint16
 }
 
-// Compile compiles the input. Policies are validated (k8sobj.Validate) and an
-// invalid one fails the whole compilation, naming it.
+// Compile compiles the input into in.Limits (fit.go: what does not fit is
+// left out, failing closed, and named in LeftOut and Overflow). Policies are
+// validated (k8sobj.Validate) and an invalid one fails the whole
+// compilation, naming it.
 func Compile(in Input, ids *Identities) (*Compiled, error) {
 	c := &Compiled{IPCache: map[netip.Addr]Identity{}, CIDRs: map[netip.Prefix]Identity{},
 		Isolated: map[Identity]Isolation{}, Rules: map[RuleKey]RuleValue{}}
@@ -184,8 +202,8 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 			st.ports[np.Name][portProto{np.Proto, np.Port}] = true
 		}
 	}
-	order := slices.SortedFunc(maps.Values(states), func(a, b *identityState) int { return cmp.Compare(a.id, b.id) })
-	for _, st := range order {
+	byID := slices.SortedFunc(maps.Values(states), func(a, b *identityState) int { return cmp.Compare(a.id, b.id) })
+	for _, st := range byID {
 		for _, name := range slices.Sorted(maps.Keys(st.ports)) {
 			if len(st.ports[name]) > 1 {
 				c.Warnings = append(c.Warnings, fmt.Sprintf("identity %d (namespace %s): port name %q maps to %d different numbers; all are allowed",
@@ -193,20 +211,12 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 			}
 		}
 	}
-	// CIDR identities: every prefix that appears in an ipBlock.
+	// CIDR identities: every prefix that appears in an ipBlock of a policy
+	// whose prefixes fit (fit.go).
 	c.CIDRs[netip.MustParsePrefix("0.0.0.0/0")] = IdentityWorld
 	c.CIDRs[netip.MustParsePrefix("::/0")] = IdentityWorld6
-	for _, p := range in.Policies {
-		for _, peer := range allPeers(p) {
-			if peer.IPBlock == nil {
-				continue
-			}
-			for _, s := range append([]string{peer.IPBlock.CIDR}, peer.IPBlock.Except...) {
-				pfx := netip.MustParsePrefix(s).Masked() // validated
-				c.CIDRs[pfx] = ids.ForCIDR(pfx)
-			}
-		}
-	}
+	order := fitOrder(in.Policies)
+	left := fitCIDRs(c, in, order, ids)
 	if len(c.CIDRs) >= int(firstEndpointIdentity-firstCIDRIdentity) {
 		return nil, fmt.Errorf("too many distinct ipBlock prefixes (%d)", len(c.CIDRs))
 	}
@@ -216,9 +226,14 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 		l[MetadataNameLabel] = ns
 		return l
 	}
-	comp := compiler{c: c, states: order, nsLabels: nsLabels}
+	comp := compiler{c: c, states: byID, nsLabels: nsLabels}
+	// Every policy isolates its pods, whether its rules fit or not: a pod
+	// whose policy is left out stays isolated (fail closed).
 	for i, p := range in.Policies {
-		comp.policy(uint32(i), p)
+		comp.isolate(uint32(i), p)
+	}
+	fitRules(&comp, in, order, left)
+	for _, p := range in.Policies {
 		for j, r := range p.Spec.Egress {
 			if hasNamedPort(r.Ports) && slices.ContainsFunc(r.To, func(pr networkingv1.NetworkPolicyPeer) bool { return pr.IPBlock != nil }) {
 				c.Warnings = append(c.Warnings, fmt.Sprintf("networkpolicy %s/%s: spec.egress[%d]: a named port matches nothing through an ipBlock peer (use a number)",
@@ -226,6 +241,9 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 			}
 		}
 	}
+	fitAddrs(c, in)
+	fitIsolation(c, in, ids)
+	c.LeftOut = sortedLeftOut(left)
 	return c, nil
 }
 
@@ -258,7 +276,10 @@ func EffectivePolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool) 
 }
 
 type compiler struct {
-	c        *Compiled
+	c *Compiled
+	// out collects the rules of the policy being compiled: keys c.Rules
+	// lacks or holds for a later policy (fit.go).
+	out      map[RuleKey]RuleValue
 	states   []*identityState
 	nsLabels func(string) labels.Set
 }
@@ -271,16 +292,22 @@ func mustSelector(s *metav1.LabelSelector) labels.Selector {
 	return sel
 }
 
-func (cp *compiler) policy(idx uint32, p *networkingv1.NetworkPolicy) {
+// subjects are the endpoint identities p selects.
+func (cp *compiler) subjects(p *networkingv1.NetworkPolicy) []*identityState {
 	podSel := mustSelector(&p.Spec.PodSelector)
-	var subjects []*identityState
+	var out []*identityState
 	for _, st := range cp.states {
 		if st.ns == p.Namespace && podSel.Matches(st.labels) {
-			subjects = append(subjects, st)
+			out = append(out, st)
 		}
 	}
+	return out
+}
+
+// isolate makes p's subjects default-deny in the directions p governs.
+func (cp *compiler) isolate(idx uint32, p *networkingv1.NetworkPolicy) {
 	ing, egr := EffectivePolicyTypes(p)
-	for _, s := range subjects {
+	for _, s := range cp.subjects(p) {
 		iso := cp.c.Isolated[s.id]
 		if ing && iso.PolicyIngress == 0 {
 			iso.PolicyIngress = idx + 1
@@ -290,6 +317,12 @@ func (cp *compiler) policy(idx uint32, p *networkingv1.NetworkPolicy) {
 		}
 		cp.c.Isolated[s.id] = iso
 	}
+}
+
+// rules compiles p's allow rules into cp.out (fit.go merges them).
+func (cp *compiler) rules(idx uint32, p *networkingv1.NetworkPolicy) {
+	subjects := cp.subjects(p)
+	ing, egr := EffectivePolicyTypes(p)
 	if ing {
 		for _, r := range p.Spec.Ingress {
 			cp.rule(idx, p.Namespace, subjects, Ingress, r.From, r.Ports)
@@ -473,8 +506,11 @@ func (cp *compiler) add(idx uint32, subject Identity, dir Direction, peer Identi
 	for _, ps := range specs {
 		for _, blk := range portBlocks(ps.lo, ps.hi) {
 			k := RuleKey{Subject: subject, Peer: peer, Direction: dir, Proto: ps.proto, Port: blk.port, PortPrefix: blk.prefix}
-			if _, exists := cp.c.Rules[k]; !exists {
-				cp.c.Rules[k] = RuleValue{Policy: idx}
+			if v, exists := cp.c.Rules[k]; exists && v.Policy <= idx {
+				continue // the first policy that allows it is charged
+			}
+			if _, exists := cp.out[k]; !exists {
+				cp.out[k] = RuleValue{Policy: idx}
 			}
 		}
 	}

@@ -46,7 +46,7 @@ func TestPortBlocks(t *testing.T) {
 // TestPortRangeLookup: every port of a range is allowed, its neighbours not.
 func TestPortRangeLookup(t *testing.T) {
 	c := &Compiled{Rules: map[RuleKey]RuleValue{}}
-	cp := compiler{c: c}
+	cp := compiler{c: c, out: c.Rules}
 	cp.add(0, 100, Ingress, 200, []portSpec{{ProtoTCP, 1000, 2000}})
 	for port := 990; port <= 2010; port++ {
 		_, ok := c.Lookup(100, Ingress, 200, ProtoTCP, uint16(port))
