@@ -60,6 +60,10 @@ metadata:
   namespace: default
   labels:
     app: kv-test
+    # As KubeVirt's docs label VMs for Services and policies: KubeVirt
+    # copies a VMI's labels to its launcher pod, whose labels the VM
+    # endpoint takes (kubevirt.io/domain itself is only an annotation).
+    kubevirt.io/domain: vm1
 spec:
   nodeSelector:
     kubernetes.io/hostname: ` + node + `

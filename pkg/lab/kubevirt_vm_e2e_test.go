@@ -179,7 +179,7 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 }
 
 // kubevirtPolicy applies a NetworkPolicy that selects the VMI's launcher
-// pod by KubeVirt's kubevirt.io/domain label and admits TCP 80 from pods
+// pod by the kubevirt.io/domain label (the VMI's, copied to the pod) and admits TCP 80 from pods
 // labelled kv-role=allowed only: the guest (the VM endpoint takes the
 // launcher pod's labels) must then refuse the client on node 1 — HTTP and
 // ping, each refusal a policy-ingress drop at the VM endpoint on node 2 —
