@@ -43,6 +43,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::dirty::{DirtyBitmap, RegionLog, VHOST_F_LOG_ALL};
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
 use crate::offload::Offloads;
+use crate::pkt_rx::RxSocketCounters;
 use crate::port::Port;
 use crate::rss::{self, RssConfig, RssMap};
 use crate::sigbus;
@@ -158,6 +159,8 @@ pub struct NetBackend {
     stats: Vec<Stats>,
     /// AF_XDP socket fds (per pair, when the port is one) for `XDP_STATISTICS` at scrape time.
     xsk_fds: Vec<Option<std::os::fd::RawFd>>,
+    /// Wire -> guest packet sockets (per pair, `--rx-gso kernel`) for `PACKET_STATISTICS`.
+    rx_sockets: Vec<Option<Arc<RxSocketCounters>>>,
     connections: AtomicU64,
     refusals: AtomicU64,
     connection_errors: AtomicU64,
@@ -216,6 +219,7 @@ impl NetBackend {
         let exits = eventfds(ports.len())?;
         let fault = EventFd::new(EFD_NONBLOCK).map_err(BackendError::EventFd)?;
         let xsk_fds = ports.iter().map(|p| p.xsk_fd()).collect();
+        let rx_sockets = ports.iter().map(|p| p.rx_socket()).collect();
         let pairs = ports
             .into_iter()
             .map(|port| {
@@ -239,6 +243,7 @@ impl NetBackend {
             active_pairs: AtomicU16::new(1),
             stats: (0..usize::from(config.queue_pairs)).map(|_| Stats::default()).collect(),
             xsk_fds,
+            rx_sockets,
             connections: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
             connection_errors: AtomicU64::new(0),
@@ -306,6 +311,11 @@ impl NetBackend {
     /// open for the backend's lifetime (the ports are owned by it).
     pub fn xsk_fds(&self) -> &[Option<std::os::fd::RawFd>] {
         &self.xsk_fds
+    }
+
+    /// The wire -> guest packet socket of each queue pair (None for ports without one).
+    pub fn rx_sockets(&self) -> &[Option<Arc<RxSocketCounters>>] {
+        &self.rx_sockets
     }
 
     /// Frames received from the port and waiting for guest RX buffers, per queue pair (takes

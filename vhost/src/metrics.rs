@@ -1,7 +1,9 @@
 //! Prometheus metrics of the backend (`--metrics-listen ADDR`): per VM (label `vm`) and queue
 //! pair (label `queue`) frame and byte counters, drops by reason, guest input errors by kind,
 //! guest notifications, the kernel's `XDP_STATISTICS` of each AF_XDP socket the backend holds,
-//! and frontend connections. The agent hands the sockets over and keeps no copy, so the backend
+//! the kernel's `PACKET_STATISTICS` and buffer state of each `--rx-gso kernel` packet socket
+//! (read, and accumulated since the kernel resets them, at scrape time: `pkt_rx.rs`), and
+//! frontend connections. The agent hands the sockets over and keeps no copy, so the backend
 //! exports these itself.
 //!
 //! Nothing here touches the datapath: the workers bump relaxed per-pair atomics
@@ -29,6 +31,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::net::{ErrorKind, StatsSnapshot};
+use crate::pkt_rx::RxSocketStats;
 use crate::xsk::{xdp_statistics, XdpStatistics};
 use crate::NetBackend;
 use vhost_user_backend::VhostUserBackend;
@@ -76,7 +79,10 @@ pub const FAMILIES: &[Family] = &[
         "lanekit_vhost_dropped",
         true,
         &["vm", "queue", "direction", "reason"],
-        "Valid frames dropped: rx no_room (did not fit the guest buffer) or bad_chain, tx port_full or too_large"
+        "Frames dropped: rx no_room (did not fit the guest buffer), bad_chain, refused (a kernel header that failed \
+         the checks), and with --rx-gso kernel socket_full (the kernel's PACKET_STATISTICS tp_drops: the packet \
+         socket's receive queue was full, each one skb of up to 64 KiB) and too_big (larger than the backend's \
+         buffer); tx port_full or too_large"
     ),
     fam!(
         "lanekit_vhost_guest_errors",
@@ -111,6 +117,25 @@ pub const FAMILIES: &[Family] = &[
         "Time in queue runs that moved frames (sleeping, waking and empty polls excluded)"
     ),
     fam!("lanekit_vhost_rx_backlog", false, VQ, "Frames taken from the port waiting for guest RX buffers"),
+    fam!(
+        "lanekit_vhost_rx_socket_packets",
+        true,
+        VQ,
+        "--rx-gso kernel: packets the kernel passed to the queue's packet socket, dropped ones included \
+         (PACKET_STATISTICS tp_packets)"
+    ),
+    fam!(
+        "lanekit_vhost_rx_socket_rcvbuf_bytes",
+        false,
+        VQ,
+        "--rx-gso kernel: the packet socket's receive queue limit (SO_RCVBUF, skb truesize)"
+    ),
+    fam!(
+        "lanekit_vhost_rx_socket_queued_bytes",
+        false,
+        VQ,
+        "--rx-gso kernel: bytes (skb truesize) queued on the packet socket, waiting for the backend"
+    ),
     fam!("lanekit_vhost_xdp_rx_dropped", true, VQ, "AF_XDP XDP_STATISTICS rx_dropped"),
     fam!("lanekit_vhost_xdp_rx_invalid_descs", true, VQ, "AF_XDP XDP_STATISTICS rx_invalid_descs"),
     fam!("lanekit_vhost_xdp_tx_invalid_descs", true, VQ, "AF_XDP XDP_STATISTICS tx_invalid_descs"),
@@ -234,6 +259,19 @@ impl Collector for Exporter {
         let mut errors = Vec::new();
         let mut notes = Vec::new();
         let mut offloads = Vec::new();
+        let rx_socks: Vec<(usize, RxSocketStats)> = b
+            .rx_sockets()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                c.read().map_err(|e| debug!("queue pair {i}: PACKET_STATISTICS: {e}")).ok().map(|s| (i, s))
+            })
+            .collect();
+        for (i, r) in &rx_socks {
+            drops.push((with(*i, &[("direction", "rx"), ("reason", "socket_full")]), r.drops));
+            drops.push((with(*i, &[("direction", "rx"), ("reason", "too_big")]), r.truncated));
+        }
         for (i, s) in stats.iter().enumerate() {
             offloads.push((with(i, &[("kind", "tx_csum")]), s.tx_csum));
             offloads.push((with(i, &[("kind", "tx_gso")]), s.tx_gso));
@@ -249,6 +287,7 @@ impl Collector for Exporter {
             offloads.push((with(i, &[("kind", "rx_kernel_refused")]), s.rx_kernel_refused));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));
+            drops.push((with(i, &[("direction", "rx"), ("reason", "refused")]), s.rx_dropped_refused));
             drops.push((with(i, &[("direction", "tx"), ("reason", "port_full")]), s.tx_dropped_port_full));
             drops.push((with(i, &[("direction", "tx"), ("reason", "too_large")]), s.tx_dropped_too_large));
             for (k, v) in ErrorKind::ALL.iter().zip(s.error_kinds) {
@@ -265,6 +304,12 @@ impl Collector for Exporter {
         let backlog: Vec<(Labels, u64)> =
             b.rx_backlog().into_iter().enumerate().map(|(i, n)| (self.q(i), n as u64)).collect();
         emit(&mut enc, "lanekit_vhost_rx_backlog", &backlog)?;
+        let r = |f: fn(&RxSocketStats) -> u64| -> Vec<(Labels, u64)> {
+            rx_socks.iter().map(|(i, s)| (self.q(*i), f(s))).collect()
+        };
+        emit(&mut enc, "lanekit_vhost_rx_socket_packets", &r(|s| s.packets))?;
+        emit(&mut enc, "lanekit_vhost_rx_socket_rcvbuf_bytes", &r(|s| s.rcvbuf))?;
+        emit(&mut enc, "lanekit_vhost_rx_socket_queued_bytes", &r(|s| s.queued))?;
 
         let xdp: Vec<(usize, XdpStatistics)> = b
             .xsk_fds()
@@ -453,7 +498,8 @@ mod tests {
             assert!(rest.contains("vm=\"vm-a\""), "{line}");
             seen.insert(f.name);
         }
-        let not_xdp: Vec<&str> = FAMILIES.iter().map(|f| f.name).filter(|n| !n.contains("_xdp_")).collect();
+        let not_xdp: Vec<&str> =
+            FAMILIES.iter().map(|f| f.name).filter(|n| !n.contains("_xdp_") && !n.contains("_rx_socket_")).collect();
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), {
             let mut v = not_xdp;
             v.sort();

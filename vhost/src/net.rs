@@ -371,7 +371,7 @@ fn rx_frame_in<M: GuestMemory>(
                 if gso.is_some() {
                     return RxOutcome::Split;
                 }
-                stats.rx_drop(false);
+                stats.rx_drop(RxDrop::NoRoom);
                 return RxOutcome::Dropped;
             }
             Ok(c) => {
@@ -446,7 +446,7 @@ fn drop_taken<M: GuestMemory>(
     }
     s.used.clear();
     s.segs.clear();
-    stats.rx_drop(true);
+    stats.rx_drop(RxDrop::BadChain);
     RxOutcome::Dropped
 }
 
@@ -655,7 +655,7 @@ fn count_segment(pending: &Batch, idx: &[usize], len: usize, out: RxOutcome, s: 
         }
         RxOutcome::Dropped => {
             for _ in 1..n {
-                stats.rx_drop(true);
+                stats.rx_drop(RxDrop::BadChain);
             }
         }
         RxOutcome::NoBuffers | RxOutcome::Split => {}
@@ -756,6 +756,7 @@ mod krx;
 
 #[path = "net_stats.rs"]
 mod stats;
+pub(crate) use stats::RxDrop;
 pub use stats::{ErrorKind, GuestError, Stats, StatsSnapshot};
 
 #[path = "net_ctrl.rs"]

@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemory;
 
-use super::{rx_frame_in, FastRing, NetMode, QueueRun, RxOutcome, RxState, Scratch, Stats, HDR_F_DATA_VALID};
+use super::{rx_frame_in, FastRing, NetMode, QueueRun, RxDrop, RxOutcome, RxState, Scratch, Stats, HDR_F_DATA_VALID};
 use crate::offload::{self, Offloads, Plan, TxHdr, F_NEEDS_CSUM, MAX_GSO_FRAME};
 use crate::port::Port;
 
@@ -86,7 +86,7 @@ fn deliver_packet<M: GuestMemory>(
         Err(e) => {
             log::debug!("packet socket header refused: {e}");
             Stats::add(&stats.rx_kernel_refused, 1);
-            stats.rx_drop(false);
+            stats.rx_drop(RxDrop::Refused);
             return RxOutcome::Dropped;
         }
     };

@@ -166,6 +166,7 @@ fn rx_kernel_lying_headers_are_dropped() {
         assert!(guest_packets(&m, &vq, TSO.hdr_len).is_empty(), "{what}: nothing reaches the guest");
         let s = stats.snapshot();
         assert_eq!((s.rx_kernel_refused, s.rx_dropped, s.rx_frames), (1, 1, 0), "{what}");
+        assert_eq!((s.rx_dropped_refused, s.rx_dropped_no_room), (1, 0), "{what}: dropped as refused");
         assert!(port.packets.is_empty(), "{what}: the packet is consumed, not retried");
     }
 }

@@ -66,6 +66,17 @@ impl GuestError for vm_memory::GuestMemoryError {
     }
 }
 
+/// Why the backend dropped an RX frame (the `reason` label of `lanekit_vhost_dropped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxDrop {
+    /// It did not fit the guest's buffer (no MRG_RXBUF).
+    NoRoom,
+    /// A guest RX chain turned out invalid while filling it.
+    BadChain,
+    /// The kernel's header failed the checks (`--rx-gso kernel`).
+    Refused,
+}
+
 /// Datapath counters of one queue pair (the control queue counts with pair 0). Relaxed atomics,
 /// written only by the pair's worker and read at scrape time: no lock per frame. Aligned to
 /// 128 bytes so that neighbouring pairs' counters never share a cache line (or line pair).
@@ -76,12 +87,15 @@ pub struct Stats {
     pub rx_frames: AtomicU64,
     /// Bytes (without virtio header) delivered to the guest.
     pub rx_bytes: AtomicU64,
-    /// Frames from the port that could not be delivered (sum of the two below).
+    /// Frames from the port that could not be delivered (sum of the three below).
     pub rx_dropped: AtomicU64,
     /// Frames dropped because they did not fit the guest's buffer (no MRG_RXBUF).
     pub rx_dropped_no_room: AtomicU64,
     /// Frames dropped because a guest RX chain turned out invalid while filling it.
     pub rx_dropped_bad_chain: AtomicU64,
+    /// Packets from the kernel's packet socket (`--rx-gso kernel`) whose `virtio_net_hdr` did
+    /// not pass the checks (also counted in [`Self::rx_kernel_refused`]).
+    pub rx_dropped_refused: AtomicU64,
     /// Frames the port accepted from the guest.
     pub tx_frames: AtomicU64,
     /// Bytes the port accepted from the guest.
@@ -146,6 +160,7 @@ pub struct StatsSnapshot {
     pub rx_dropped: u64,
     pub rx_dropped_no_room: u64,
     pub rx_dropped_bad_chain: u64,
+    pub rx_dropped_refused: u64,
     pub tx_frames: u64,
     pub tx_bytes: u64,
     pub tx_dropped: u64,
@@ -183,6 +198,7 @@ impl StatsSnapshot {
             rx_dropped: self.rx_dropped + o.rx_dropped,
             rx_dropped_no_room: self.rx_dropped_no_room + o.rx_dropped_no_room,
             rx_dropped_bad_chain: self.rx_dropped_bad_chain + o.rx_dropped_bad_chain,
+            rx_dropped_refused: self.rx_dropped_refused + o.rx_dropped_refused,
             tx_frames: self.tx_frames + o.tx_frames,
             tx_bytes: self.tx_bytes + o.tx_bytes,
             tx_dropped: self.tx_dropped + o.tx_dropped,
@@ -223,10 +239,15 @@ impl Stats {
         Self::add(&self.error_kinds[i], 1);
     }
 
-    /// Count RX frames dropped because the guest's buffer was too small.
-    pub(crate) fn rx_drop(&self, bad_chain: bool) {
+    /// Count one RX frame dropped, and why.
+    pub(crate) fn rx_drop(&self, why: RxDrop) {
         Self::add(&self.rx_dropped, 1);
-        Self::add(if bad_chain { &self.rx_dropped_bad_chain } else { &self.rx_dropped_no_room }, 1);
+        let c = match why {
+            RxDrop::NoRoom => &self.rx_dropped_no_room,
+            RxDrop::BadChain => &self.rx_dropped_bad_chain,
+            RxDrop::Refused => &self.rx_dropped_refused,
+        };
+        Self::add(c, 1);
     }
 
     /// Count TX frames dropped: refused by the port, or larger than its frames.
@@ -245,6 +266,7 @@ impl Stats {
             rx_dropped: l(&self.rx_dropped),
             rx_dropped_no_room: l(&self.rx_dropped_no_room),
             rx_dropped_bad_chain: l(&self.rx_dropped_bad_chain),
+            rx_dropped_refused: l(&self.rx_dropped_refused),
             tx_frames: l(&self.tx_frames),
             tx_bytes: l(&self.tx_bytes),
             tx_dropped: l(&self.tx_dropped),

@@ -10,10 +10,21 @@
 //!
 //! The agent creates the socket (`CAP_NET_RAW`) and hands it over with the queue's AF_XDP socket
 //! (handover protocol, `"rx_gso":true`); tests open one themselves ([`RxGsoSocket::open`]).
+//!
+//! Where a packet for the guest can die on this path ([`RxSocketCounters`], exported by
+//! `metrics.rs`): the kernel drops it when the socket's receive queue is full (`SO_RCVBUF`, set
+//! by the agent with `SO_RCVBUFFORCE`; counted by the kernel's `PACKET_STATISTICS` `tp_drops`),
+//! which happens while the backend waits: when the guest has posted no RX buffers the backend
+//! HOLDS the packet it has (`each`) and reads no further, so the queue fills. The backend drops
+//! a packet larger than its buffer ([`RX_BUF`], cut by the kernel) and one whose header fails the
+//! checks (`net_krx.rs`); a packet too big for the guest's buffers is cut into frames, not
+//! dropped (a frame that fits no chain is dropped there as `no_room`).
 
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{size_of, size_of_val, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::offload::TxHdr;
 use crate::pkt_gso::{getsockopt_int, setsockopt_int};
@@ -21,6 +32,8 @@ use crate::pkt_gso::{getsockopt_int, setsockopt_int};
 const SOL_PACKET: libc::c_int = 263;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const PACKET_STATISTICS: libc::c_int = 6;
+const SO_MEMINFO: libc::c_int = 55;
 const ETH_P_ALL: u16 = 0x0003;
 
 /// The `virtio_net_hdr` in front of each received packet.
@@ -28,17 +41,77 @@ pub const VNET_HDR_LEN: usize = 10;
 /// Room for one packet: an IP packet of 64 KiB, Ethernet and one VLAN tag, the header.
 pub const RX_BUF: usize = VNET_HDR_LEN + 18 + 65_535 + 64;
 
+/// The socket of an [`RxGsoSocket`] and its counters, shared between the worker that receives
+/// on it and the metrics scrape (which reads the kernel's counters with [`Self::read`]). The
+/// socket closes when both are gone, so a scrape never reads another socket's counters.
+#[derive(Debug)]
+pub struct RxSocketCounters {
+    fd: OwnedFd,
+    /// `tp_packets` summed over every read (the kernel resets its counters on each).
+    packets: AtomicU64,
+    /// `tp_drops` summed likewise.
+    drops: AtomicU64,
+    /// Packets larger than [`RX_BUF`] (cut by the kernel): dropped by the backend.
+    truncated: AtomicU64,
+}
+
+/// What [`RxSocketCounters::read`] returns.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RxSocketStats {
+    /// Packets the kernel passed to the socket, the dropped ones included (`tp_packets`).
+    pub packets: u64,
+    /// Packets the kernel dropped because the receive queue was full (`tp_drops`). The kernel
+    /// counts no bytes: each is one skb, up to 64 KiB of a GSO packet.
+    pub drops: u64,
+    /// Packets the backend dropped because they were larger than its buffer.
+    pub truncated: u64,
+    /// The receive queue's limit in bytes of skb truesize (`SO_RCVBUF`: twice what was set).
+    pub rcvbuf: u64,
+    /// Bytes (truesize) queued now, waiting for the backend (`SO_MEMINFO` rmem_alloc).
+    pub queued: u64,
+}
+
+impl RxSocketCounters {
+    /// Read the kernel's `PACKET_STATISTICS` (which resets them: each read's counts are added
+    /// here, so concurrent readers never count a packet twice) and the buffer's state.
+    pub fn read(&self) -> io::Result<RxSocketStats> {
+        let fd = self.fd.as_raw_fd();
+        let mut st = [0u32; 2]; // struct tpacket_stats { tp_packets, tp_drops }
+        getsockopt_into(fd, SOL_PACKET, PACKET_STATISTICS, &mut st)?;
+        let packets = self.packets.fetch_add(u64::from(st[0]), Ordering::Relaxed) + u64::from(st[0]);
+        let drops = self.drops.fetch_add(u64::from(st[1]), Ordering::Relaxed) + u64::from(st[1]);
+        let mut mem = [0u32; 9]; // SK_MEMINFO_RMEM_ALLOC .. SK_MEMINFO_DROPS
+        getsockopt_into(fd, libc::SOL_SOCKET, SO_MEMINFO, &mut mem)?;
+        Ok(RxSocketStats {
+            packets,
+            drops,
+            truncated: self.truncated.load(Ordering::Relaxed),
+            rcvbuf: u64::from(mem[libc::SK_MEMINFO_RCVBUF as usize]),
+            queued: u64::from(mem[libc::SK_MEMINFO_RMEM_ALLOC as usize]),
+        })
+    }
+}
+
+/// `getsockopt` into an array of u32 (the kernel fills what it has, up to its length).
+fn getsockopt_into(fd: RawFd, level: libc::c_int, name: libc::c_int, out: &mut [u32]) -> io::Result<()> {
+    let mut len = size_of_val(out) as libc::socklen_t;
+    // SAFETY: out and len are valid for writes of their sizes for the duration of the call.
+    let r = unsafe { libc::getsockopt(fd, level, name, out.as_mut_ptr().cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// An `AF_PACKET` socket that receives whole (GSO) packets behind a `virtio_net_hdr`.
 #[derive(Debug)]
 pub struct RxGsoSocket {
-    fd: OwnedFd,
+    sock: Arc<RxSocketCounters>,
     buf: Box<[u8]>,
     /// Length (header included) of a packet received but not yet taken by the guest.
     held: Option<usize>,
     /// Packets received.
     pub received: u64,
-    /// Packets larger than [`RX_BUF`] (cut by the kernel): dropped.
-    pub truncated: u64,
 }
 
 impl RxGsoSocket {
@@ -55,7 +128,13 @@ impl RxGsoSocket {
         if getsockopt_int(fd.as_raw_fd(), SOL_PACKET, PACKET_VNET_HDR)? != 1 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "rx gso socket without PACKET_VNET_HDR"));
         }
-        Ok(RxGsoSocket { fd, buf: vec![0u8; RX_BUF].into_boxed_slice(), held: None, received: 0, truncated: 0 })
+        let sock = Arc::new(RxSocketCounters {
+            fd,
+            packets: AtomicU64::new(0),
+            drops: AtomicU64::new(0),
+            truncated: AtomicU64::new(0),
+        });
+        Ok(RxGsoSocket { sock, buf: vec![0u8; RX_BUF].into_boxed_slice(), held: None, received: 0 })
     }
 
     /// Open one on `ifindex` in the current network namespace (needs `CAP_NET_RAW`): every
@@ -114,7 +193,7 @@ impl RxGsoSocket {
             // SAFETY: buf is valid for writes of its length for the duration of the call.
             let r = unsafe {
                 libc::recv(
-                    self.fd.as_raw_fd(),
+                    self.sock.fd.as_raw_fd(),
                     self.buf.as_mut_ptr().cast(),
                     self.buf.len(),
                     libc::MSG_DONTWAIT | libc::MSG_TRUNC,
@@ -130,7 +209,7 @@ impl RxGsoSocket {
             }
             let n = r as usize;
             if n > self.buf.len() {
-                self.truncated += 1;
+                self.sock.truncated.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if n < VNET_HDR_LEN + 14 {
@@ -143,6 +222,11 @@ impl RxGsoSocket {
 
     /// The socket (readable when packets are pending).
     pub fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.sock.fd.as_raw_fd()
+    }
+
+    /// The socket's counters, for the metrics scrape.
+    pub fn counters(&self) -> Arc<RxSocketCounters> {
+        Arc::clone(&self.sock)
     }
 }

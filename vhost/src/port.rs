@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::offload::TxHdr;
+use crate::pkt_rx::RxSocketCounters;
 use crate::rss::XskMeta;
 
 /// Frames stored back to back in one reusable buffer (no allocation once warmed up).
@@ -193,6 +194,12 @@ pub trait Port: Send {
 
     /// The AF_XDP socket behind this port, if it is one (for `XDP_STATISTICS` at scrape time).
     fn xsk_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// The wire -> guest packet socket's counters (`pkt_rx.rs`), if the port receives through
+    /// one (for `PACKET_STATISTICS` at scrape time).
+    fn rx_socket(&self) -> Option<Arc<RxSocketCounters>> {
         None
     }
 

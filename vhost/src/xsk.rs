@@ -618,6 +618,10 @@ impl Port for XskPort {
         Some(self.fd.as_raw_fd())
     }
 
+    fn rx_socket(&self) -> Option<std::sync::Arc<crate::pkt_rx::RxSocketCounters>> {
+        self.rx_gso.as_ref().map(RxGsoSocket::counters)
+    }
+
     fn csum_offloaded(&self) -> u64 {
         self.csum_offloaded
     }
