@@ -192,6 +192,17 @@ func readStream(t *testing.T, fd int, dst netip.Addr, port uint16, want int) ([]
 // metrics on a unix socket (summed over queues).
 func scrapeOffload(t *testing.T, sock, kind string) uint64 {
 	t.Helper()
+	var sum uint64
+	for _, v := range scrapeVhost(t, sock, "lanekit_vhost_offloads_total", `kind="`+kind+`"`) {
+		sum += v
+	}
+	return sum
+}
+
+// scrapeVhost reads every sample of the backend's metric name whose labels
+// contain label (one per queue, in order) from its metrics on a unix socket.
+func scrapeVhost(t *testing.T, sock, name, label string) []uint64 {
+	t.Helper()
 	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
@@ -203,11 +214,11 @@ func scrapeOffload(t *testing.T, sock, kind string) uint64 {
 		return err == nil
 	})
 	defer resp.Body.Close()
-	var sum uint64
+	var vals []uint64
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "lanekit_vhost_offloads_total{") || !strings.Contains(line, `kind="`+kind+`"`) {
+		if !strings.HasPrefix(line, name+"{") || !strings.Contains(line, label) {
 			continue
 		}
 		f := strings.Fields(line)
@@ -215,7 +226,7 @@ func scrapeOffload(t *testing.T, sock, kind string) uint64 {
 		if err != nil {
 			t.Fatalf("metric line %q: %v", line, err)
 		}
-		sum += uint64(v)
+		vals = append(vals, uint64(v))
 	}
-	return sum
+	return vals
 }

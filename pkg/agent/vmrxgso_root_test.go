@@ -103,11 +103,41 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 				}
 			}
 			if mode == RxGSOKernel {
+				checkRxSockets(t, metrics, 2*pkts)
 				checkVMNetnsSilent(t, podNS, vmNS, ep.IP)
 			}
 		})
 	}
 }
+
+// checkRxSockets reads the kernel's view of the backend's packet sockets (the
+// ones the agent made): together they took at least want packets and dropped
+// none (the guest kept buffers posted), and each has the receive buffer the
+// agent forced (the kernel doubles SO_RCVBUFFORCE's value).
+func checkRxSockets(t *testing.T, metrics string, want uint64) {
+	t.Helper()
+	var got uint64
+	for _, v := range scrapeVhost(t, metrics, "lanekit_vhost_rx_socket_packets_total", "") {
+		got += v
+	}
+	full := scrapeVhost(t, metrics, "lanekit_vhost_dropped_total", `reason="socket_full"`)
+	bufs := scrapeVhost(t, metrics, "lanekit_vhost_rx_socket_rcvbuf_bytes", "")
+	t.Logf("packet sockets: %d packets, socket_full %v, rcvbuf %v", got, full, bufs)
+	if got < want {
+		t.Errorf("packet sockets took %d packets, want at least %d", got, want)
+	}
+	if len(bufs) == 0 || len(full) != len(bufs) {
+		t.Fatalf("rcvbuf of %d sockets, socket_full of %d", len(bufs), len(full))
+	}
+	for i := range bufs {
+		if full[i] != 0 || bufs[i] != 2*rxGSORcvBufWant {
+			t.Errorf("queue %d: socket_full %d, rcvbuf %d; want 0 and %d", i, full[i], bufs[i], 2*rxGSORcvBufWant)
+		}
+	}
+}
+
+// rxGSORcvBufWant is what xsk.OpenRxGSO forces.
+const rxGSORcvBufWant = 8 << 20
 
 // vmDeviceXDP reports whether the VM's device (eth0 in vmNS) runs an XDP program.
 func vmDeviceXDP(t *testing.T, vmNS ns.NetNS) bool {
