@@ -42,7 +42,10 @@ var watched = []struct{ group, resource string }{
 }
 
 // read are resources the agent only gets.
-var read = []struct{ group, resource string }{}
+var read = []struct{ group, resource string }{
+	// a migration target's CNI ADD: the migration its launcher pod names
+	{"kubevirt.io", "virtualmachineinstancemigrations"},
+}
 
 var readVerbs = []string{"get", "list", "watch"}
 

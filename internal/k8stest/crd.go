@@ -31,6 +31,16 @@ func InstallKubeVirtCRD(ctx context.Context, cfg *rest.Config) error {
 	return installCRD(ctx, cfg, VMIResource, "VirtualMachineInstance", "virtualmachineinstance", []any{"vmi", "vmis"}, true)
 }
 
+// VMIMResource is KubeVirt's kubevirt.io/v1 virtualmachineinstancemigrations.
+var VMIMResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstancemigrations"}
+
+// InstallKubeVirtMigrationCRD installs KubeVirt's
+// VirtualMachineInstanceMigration CRD (every field kept, a status
+// subresource) and waits until it is served.
+func InstallKubeVirtMigrationCRD(ctx context.Context, cfg *rest.Config) error {
+	return installCRD(ctx, cfg, VMIMResource, "VirtualMachineInstanceMigration", "virtualmachineinstancemigration", []any{"vmim"}, true)
+}
+
 // InstallNADCRD installs Multus' NetworkAttachmentDefinition CRD (spec.config
 // is the CNI configuration as a string) and waits until it is served.
 func InstallNADCRD(ctx context.Context, cfg *rest.Config) error {

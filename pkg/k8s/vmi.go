@@ -46,6 +46,9 @@ var (
 // VMIResource is KubeVirt's kubevirt.io/v1 virtualmachineinstances.
 var VMIResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstances"}
 
+// VMIMResource is KubeVirt's VirtualMachineInstanceMigration.
+var VMIMResource = schema.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachineinstancemigrations"}
+
 // LabelVMI marks a VM endpoint with the "namespace/name" of its VMI.
 const LabelVMI = agent.LabelVMI
 
@@ -110,7 +113,7 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 	if ifs := kv.BoundInterfaces(kubevirt.BindingName); len(ifs) == 1 {
 		info.MAC = ifs[0].MacAddress
 	}
-	if err := incomingOf(ctx, r, &info, kv, u, podName); err != nil {
+	if err := incomingOf(ctx, r, &info, kv, u, pod); err != nil {
 		return agent.VMIInfo{}, false, err
 	}
 	return info, true, nil
@@ -127,10 +130,19 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 // error (the ADD is retried: a new address would break the VM's
 // connections); so is a dual-stack VM, whose IPv6 address cannot move
 // through this path.
-func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, podName string) error {
+func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, pod *corev1.Pod) error {
+	podName := pod.Name
 	m, err := kv.Migration()
-	if err != nil || m == nil || m.TargetPod != podName || m.Completed || m.Failed {
+	if err != nil {
 		return err
+	}
+	if m == nil || m.TargetPod != podName || m.Completed || m.Failed {
+		// KubeVirt names the target pod in the VMI's migrationState only
+		// once that pod runs, after its CNI ADD: the pod's migration job
+		// label says it first.
+		if m, err = r.pendingTarget(ctx, u, pod); err != nil || m == nil {
+			return err
+		}
 	}
 	addrs := vmiAddrs(u)
 	if len(addrs) != 1 {
@@ -406,4 +418,56 @@ func migrationOf(u *unstructured.Unstructured, node string) (*agent.VMIMigration
 	}
 	return &agent.VMIMigration{Namespace: u.GetNamespace(), Name: u.GetName(), VM: VMName(u.GetNamespace(), u.GetName()),
 		Role: role, Migration: *m}, nil
+}
+
+// pendingTarget is the migration a launcher pod is the target of before the
+// VMI's migrationState names it: the pod carries KubeVirt's migration job
+// label and name (virt-controller sets both on the target pod it creates),
+// the VirtualMachineInstanceMigration of that name and UID exists, is for
+// this VMI and is not over, and the VMI runs on another node, in its
+// launcher pod there (the source). nil without the label. The generation is
+// the migration object's creation: after the source's own (its VM was
+// active before the migration was asked for), before the claim of any
+// later migration.
+func (r *vmiResolver) pendingTarget(ctx context.Context, u *unstructured.Unstructured, pod *corev1.Pod) (*kubevirt.Migration, error) {
+	uid, name := pod.Labels[kvv1.MigrationJobLabel], pod.Annotations[kvv1.MigrationJobNameAnnotation]
+	if uid == "" {
+		return nil, nil
+	}
+	where := fmt.Sprintf("launcher pod %s/%s (migration %s)", pod.Namespace, pod.Name, name)
+	if name == "" {
+		return nil, fmt.Errorf("%s: %s label without the %s annotation", where, kvv1.MigrationJobLabel, kvv1.MigrationJobNameAnnotation)
+	}
+	mig, err := r.dc.Resource(VMIMResource).Namespace(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	vmiName, _, _ := unstructured.NestedString(mig.Object, "spec", "vmiName")
+	phase, _, _ := unstructured.NestedString(mig.Object, "status", "phase")
+	switch {
+	case string(mig.GetUID()) != uid:
+		return nil, fmt.Errorf("%s: the migration is %s, the pod's label says %s", where, mig.GetUID(), uid)
+	case vmiName != u.GetName():
+		return nil, fmt.Errorf("%s: the migration moves vmi %q, not %q", where, vmiName, u.GetName())
+	case phase == "Succeeded" || phase == "Failed":
+		return nil, nil // over: an ordinary attachment
+	}
+	source, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+	if source == "" || source == pod.Spec.NodeName {
+		return nil, fmt.Errorf("%s: vmi %s/%s runs on node %q, not on another node to migrate from", where, u.GetNamespace(), u.GetName(), source)
+	}
+	m := &kubevirt.Migration{UID: uid, SourceNode: source, TargetNode: pod.Spec.NodeName, TargetPod: pod.Name, Start: mig.GetCreationTimestamp().Time}
+	pods, err := r.s.cfg.Client.CoreV1().Pods(pod.Namespace).List(ctx, metav1.ListOptions{LabelSelector: labelCreatedBy + "=" + string(u.GetUID())})
+	if err != nil {
+		return nil, fmt.Errorf("%s: launcher pods: %w", where, err)
+	}
+	for _, p := range pods.Items {
+		if p.Name != pod.Name && p.Spec.NodeName == source && p.DeletionTimestamp == nil {
+			m.SourcePod = p.Name
+		}
+	}
+	if m.SourcePod == "" {
+		return nil, fmt.Errorf("%s: no launcher pod of vmi %s/%s on node %s", where, u.GetNamespace(), u.GetName(), source)
+	}
+	return m, nil
 }

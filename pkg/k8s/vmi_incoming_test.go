@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/rest"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
 )
@@ -121,5 +123,87 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 	setStatus("10.244.1.5", done)
 	if got, _, err := vms.resolve("default", dst, dstUID); err != nil || got.Incoming {
 		t.Errorf("target after completion resolved %+v %v: want an ordinary attachment", got, err)
+	}
+}
+
+// TestVMIResolverPendingMigrationTarget: KubeVirt names the target pod in
+// the VMI's migrationState only after that pod runs, i.e. after its CNI
+// ADD. A launcher pod with KubeVirt's migration job label resolves as
+// incoming, with the address the VM has in its launcher pod on the VMI's
+// node, when the VirtualMachineInstanceMigration it names exists with that
+// UID, moves this VMI and is not over; otherwise it is refused (a forged
+// label) or an ordinary attachment (a migration that is over).
+func TestVMIResolverPendingMigrationTarget(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	vms := &vmStore{}
+	run(t, Config{NodeName: "node-b", Client: e.c, Dynamic: e.dc, VMs: vms})
+	for _, install := range []func(context.Context, *rest.Config) error{k8stest.InstallKubeVirtCRD, k8stest.InstallKubeVirtMigrationCRD} {
+		if err := install(ctx, e.srv.RESTConfig()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"node-a", "node-b"} {
+		mustCreate(t, e.c.CoreV1().Nodes().Create, claimNode(n, ""))
+	}
+	vmis := e.dc.Resource(VMIResource).Namespace("default")
+	created, err := vmis.Create(ctx, fakeVMI(nil, nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Object["status"] = withIfaces(fakeVMI(nil, nil), "10.244.1.5").Object["status"] // nodeName node-a
+	if _, err := vmis.UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	migs := e.dc.Resource(VMIMResource).Namespace("default")
+	mig := func(name, vmi string) *unstructured.Unstructured {
+		t.Helper()
+		m, err := migs.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+			"metadata": map[string]any{"name": name, "namespace": "default"},
+			"spec":     map[string]any{"vmiName": vmi}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	launcher := func(name, node string, job *unstructured.Unstructured, jobUID string, ips ...string) (string, string) {
+		lp := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
+		lp.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
+		if job != nil {
+			lp.Labels["kubevirt.io/migrationJobUID"] = jobUID
+			lp.Annotations["kubevirt.io/migrationJobName"] = job.GetName()
+		}
+		p := mustCreate(t, e.c.CoreV1().Pods("default").Create, lp)
+		return p.Name, string(p.UID)
+	}
+	launcher("virt-launcher-vm1-aaaaa", "node-a", nil, "", "10.244.1.5")
+	m1 := mig("mig1", "vm1")
+	dst, dstUID := launcher("virt-launcher-vm1-bbbbb", "node-b", m1, string(m1.GetUID()))
+	got, ok, err := vms.resolve("default", dst, dstUID)
+	if err != nil || !ok {
+		t.Fatalf("resolve the pending target: %v %v", ok, err)
+	}
+	if !got.Incoming || got.Address != netip.MustParseAddr("10.244.1.5") || got.Generation != uint64(m1.GetCreationTimestamp().UnixNano()) {
+		t.Errorf("pending target resolved %+v: want incoming with 10.244.1.5 at the migration's creation (%d)", got, m1.GetCreationTimestamp().UnixNano())
+	}
+
+	// A label naming another migration's UID, or a migration of another VMI.
+	forged, forgedUID := launcher("virt-launcher-vm1-ccccc", "node-b", m1, "0f0f0f0f-0000-0000-0000-000000000000")
+	if _, _, err := vms.resolve("default", forged, forgedUID); err == nil || !strings.Contains(err.Error(), "the pod's label says") {
+		t.Errorf("target with a forged migration UID: %v, want refused", err)
+	}
+	m2 := mig("mig2", "vm9")
+	other, otherUID := launcher("virt-launcher-vm1-ddddd", "node-b", m2, string(m2.GetUID()))
+	if _, _, err := vms.resolve("default", other, otherUID); err == nil || !strings.Contains(err.Error(), `not "vm1"`) {
+		t.Errorf("target of a migration of another VMI: %v, want refused", err)
+	}
+	// Once the migration is over the pod is an ordinary attachment.
+	m1.Object["status"] = map[string]any{"phase": "Succeeded"}
+	if _, err := migs.UpdateStatus(ctx, m1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := vms.resolve("default", dst, dstUID); err != nil || got.Incoming {
+		t.Errorf("target after the migration succeeded: %+v %v, want an ordinary attachment", got, err)
 	}
 }

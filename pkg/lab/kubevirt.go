@@ -167,6 +167,45 @@ func installKubeVirt(ctx context.Context, cfg Config, nodes int, nodeBins, kvDir
 		return err
 	}
 	progress(cfg.Out, "lab: KubeVirt %s Deployed %.0f s after the CR", KubeVirtVersion, time.Since(start).Seconds())
+	return tcgMigrationLabels(ctx, nodeBins, kc, nodes)
+}
+
+// tcgMigrationLabels lets TCG guests live-migrate. A migration target pod
+// must run on a node labelled cpu-model-migration.node.kubevirt.io/<the
+// source's host CPU model>; under emulation that model is kvm64, which
+// KubeVirt counts obsolete and its node labeller never lists as a migration
+// model, so no node could take a migrating VM. Once the labeller has
+// labelled a node (host-model-cpu.node.kubevirt.io/<model>), the lab tells
+// it to leave the node alone (node-labeller.kubevirt.io/skip-node, as an
+// admin does for hand-kept labels) and adds the migration label for that
+// model, which every node of the lab shares.
+func tcgMigrationLabels(ctx context.Context, nodeBins string, kc kubernetes.Interface, nodes int) error {
+	for i := 1; i <= nodes; i++ {
+		name := KubeNodeName(i)
+		var model string
+		err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			n, err := kc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for k := range n.Labels {
+				if m, ok := strings.CutPrefix(k, "host-model-cpu.node.kubevirt.io/"); ok {
+					model = m
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("node %s: KubeVirt's node labeller gave no host-model-cpu label: %w", name, err)
+		}
+		if _, err := kubectl(ctx, nodeBins, nil, "annotate", "node", name, "node-labeller.kubevirt.io/skip-node=true", "--overwrite"); err != nil {
+			return err
+		}
+		if _, err := kubectl(ctx, nodeBins, nil, "label", "node", name, "cpu-model-migration.node.kubevirt.io/"+model+"=true", "--overwrite"); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

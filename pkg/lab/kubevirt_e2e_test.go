@@ -65,8 +65,15 @@ metadata:
     # endpoint takes (kubevirt.io/domain itself is only an annotation).
     kubevirt.io/domain: vm1
 spec:
-  nodeSelector:
-    kubernetes.io/hostname: ` + node + `
+  # Preferred, not required: KubeVirt copies a VMI's placement to its
+  # migration target's pod, which must fit another node.
+  affinity:
+    nodeAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          preference:
+            matchExpressions:
+              - {key: kubernetes.io/hostname, operator: In, values: [` + node + `]}
   domain:
     resources:
       requests:

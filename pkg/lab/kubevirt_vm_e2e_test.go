@@ -176,6 +176,9 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	t.Run("NetworkPolicy selecting the VM by kubevirt.io/domain", func(t *testing.T) {
 		kubevirtPolicy(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
+	t.Run("live migration by KubeVirt keeps the address", func(t *testing.T) {
+		kubevirtMigrate(t, ctx, kc, nodeBins, client.Name, vmIP)
+	})
 }
 
 // kubevirtPolicy applies a NetworkPolicy that selects the VMI's launcher

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -57,23 +58,49 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 		return fmt.Errorf("lab node: containerd: %w", err)
 	}
 	log.Info("containerd up", "pid", cd.Process.Pid)
+	ctr := func(args ...string) ([]byte, error) {
+		return exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), append([]string{"--address", sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	}
+	list := func() (map[string]bool, error) {
+		out, err := ctr("images", "list", "--quiet")
+		if err != nil {
+			return nil, fmt.Errorf("lab node: list images: %w: %s", err, out)
+		}
+		names := map[string]bool{}
+		for _, n := range strings.Fields(string(out)) {
+			names[n] = true
+		}
+		return names, nil
+	}
+	names, err := list()
+	if err != nil {
+		return err
+	}
 	for _, archive := range nodeImageArchives(spec.Images, spec.RivalImages) {
 		start := time.Now()
-		if out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io",
-			"images", "import", "--digests", archive).CombinedOutput(); err != nil {
+		if out, err := ctr("images", "import", "--digests", archive); err != nil {
 			return fmt.Errorf("lab node: import %s: %w: %s", archive, err, out)
 		}
+		after, err := list()
+		if err != nil {
+			return err
+		}
+		// A reference by digest (repo@sha256:...) must resolve as it does
+		// from a registry: KubeVirt pins a migration target's container
+		// disk to the digest the source pod's status reports, which is
+		// the imported index's, named import-DATE@sha256:... by ctr.
+		for _, ref := range digestRefs(names, after) {
+			if out, err := ctr("images", "tag", ref[0], ref[1]); err != nil {
+				return fmt.Errorf("lab node: tag %s %s: %w: %s", ref[0], ref[1], err, out)
+			}
+			after[ref[1]] = true
+		}
+		names = after
 		log.Info("image imported", "archive", archive, "took", time.Since(start).Round(time.Millisecond))
 	}
 	// No registry: kubelet's image garbage collection must never remove them.
-	out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io",
-		"images", "list", "--quiet").Output()
-	if err != nil {
-		return fmt.Errorf("lab node: list images: %w", err)
-	}
-	for _, ref := range strings.Fields(string(out)) {
-		if o, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io",
-			"images", "label", ref, "io.cri-containerd.pinned=pinned").CombinedOutput(); err != nil {
+	for ref := range names {
+		if o, err := ctr("images", "label", ref, "io.cri-containerd.pinned=pinned"); err != nil {
 			return fmt.Errorf("lab node: pin %s: %w: %s", ref, err, o)
 		}
 	}
@@ -264,4 +291,35 @@ func waitUnixSocket(ctx context.Context, path string, limit time.Duration) error
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// digestRefs pairs the image names one import added (after, less before):
+// for each import-DATE@sha256:D name and each repo:tag name, the source and
+// the repo@sha256:D name to tag it as.
+func digestRefs(before, after map[string]bool) [][2]string {
+	var digests, repos []string
+	for n := range after {
+		if before[n] {
+			continue
+		}
+		name, _, ok := strings.Cut(n, "@")
+		switch {
+		case ok && strings.HasPrefix(name, "import-"):
+			digests = append(digests, n)
+		case !ok:
+			if i := strings.LastIndex(n, ":"); i > strings.LastIndex(n, "/") {
+				repos = append(repos, n[:i])
+			}
+		}
+	}
+	slices.Sort(digests)
+	slices.Sort(repos)
+	var out [][2]string
+	for _, d := range digests {
+		_, digest, _ := strings.Cut(d, "@")
+		for _, r := range repos {
+			out = append(out, [2]string{d, r + "@" + digest})
+		}
+	}
+	return out
 }

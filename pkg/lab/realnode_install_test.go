@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -49,5 +50,21 @@ func TestHelmInstallFromDocs(t *testing.T) {
 		if !strings.Contains(cmds[0], want) {
 			t.Errorf("documented install %q lacks %q", cmds[0], want)
 		}
+	}
+}
+
+// TestDigestRefs: an import's digest name is tagged under each repository
+// the same import added, and nothing older is.
+func TestDigestRefs(t *testing.T) {
+	before := map[string]bool{"import-2026-11-29@sha256:aa": true, "quay.io/kubevirt/virt-launcher:v1.9.0": true}
+	after := map[string]bool{"import-2026-11-29@sha256:aa": true, "quay.io/kubevirt/virt-launcher:v1.9.0": true,
+		"import-2026-11-29@sha256:bb": true, "ghcr.io/lanekit/lanekit-guest:v0.1.0": true, "localhost:5000/x/y:1": true}
+	got := digestRefs(before, after)
+	want := [][2]string{
+		{"import-2026-11-29@sha256:bb", "ghcr.io/lanekit/lanekit-guest@sha256:bb"},
+		{"import-2026-11-29@sha256:bb", "localhost:5000/x/y@sha256:bb"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("digestRefs = %v, want %v", got, want)
 	}
 }
