@@ -62,9 +62,10 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 		return exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), append([]string{"--address", sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
 	}
 	list := func() (map[string]bool, error) {
-		out, err := ctr("images", "list", "--quiet")
+		// Standard output only: ctr warns on standard error (cgroup v1).
+		out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io", "images", "list", "--quiet").Output()
 		if err != nil {
-			return nil, fmt.Errorf("lab node: list images: %w: %s", err, out)
+			return nil, fmt.Errorf("lab node: list images: %w", err)
 		}
 		names := map[string]bool{}
 		for _, n := range strings.Fields(string(out)) {
