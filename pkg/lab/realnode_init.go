@@ -58,12 +58,13 @@ func RunNode(ctx context.Context, specFile string, log *slog.Logger) error {
 		return fmt.Errorf("lab node: containerd: %w", err)
 	}
 	log.Info("containerd up", "pid", cd.Process.Pid)
-	ctr := func(args ...string) ([]byte, error) {
-		return exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), append([]string{"--address", sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	ctrCmd := func(args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), append([]string{"--address", sock, "-n", "k8s.io"}, args...)...)
 	}
+	ctr := func(args ...string) ([]byte, error) { return ctrCmd(args...).CombinedOutput() }
 	list := func() (map[string]bool, error) {
 		// Standard output only: ctr warns on standard error (cgroup v1).
-		out, err := exec.CommandContext(ctx, filepath.Join(spec.NodeBins, "ctr"), "--address", sock, "-n", "k8s.io", "images", "list", "--quiet").Output()
+		out, err := ctrCmd("images", "list", "--quiet").Output()
 		if err != nil {
 			return nil, fmt.Errorf("lab node: list images: %w", err)
 		}
