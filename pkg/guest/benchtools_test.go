@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,10 @@ func TestGuestBenchTools(t *testing.T) {
 		listening := false
 		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !listening; time.Sleep(200 * time.Millisecond) {
 			out, _, err := vm.Run(ctx, "cat /proc/net/tcp /proc/net/tcp6")
+			if errors.Is(err, ErrResultLost) {
+				t.Logf("poll: %v; polling again", err)
+				continue
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,6 +14,11 @@ import (
 // ErrLinkClosed is returned when the serial link to a guest closed.
 var ErrLinkClosed = errors.New("guest serial link closed")
 
+// ErrResultLost is returned when the guest finished a command but its result
+// line never reached the host (it answered a later ping or began the next
+// command first).
+var ErrResultLost = errors.New("guest command's result line lost")
+
 // Console is a client of a guest's serial control loop (see the package doc).
 // A VM started with Start has one. A process that did not start the guest (a
 // later `lanekit lab check`, say) dials QEMU's serial socket with
@@ -30,6 +35,7 @@ type Console struct {
 	status  string
 	failed  bool
 	pending map[string]chan Result
+	pings   map[string]string // ping id -> the command id it was sent for
 	console []byte
 
 	runMu     sync.Mutex
@@ -39,7 +45,7 @@ type Console struct {
 
 func newConsole(conn net.Conn, exited <-chan struct{}, ready bool) *Console {
 	c := &Console{conn: conn, exited: exited, linkDown: make(chan struct{}), readyCh: make(chan struct{}),
-		pending: map[string]chan Result{}}
+		pending: map[string]chan Result{}, pings: map[string]string{}}
 	if ready {
 		c.readyAt = time.Now()
 		close(c.readyCh)
@@ -123,14 +129,29 @@ func (c *Console) readLoop() {
 				close(c.readyCh)
 			}
 		case EvResult:
+			c.deliver(res)
+		case EvPong:
+			// The loop answered a ping sent after the command's line: the
+			// command ended, and its result never came.
 			c.mu.Lock()
-			ch := c.pending[res.ID]
-			delete(c.pending, res.ID)
+			cmd, ok := c.pings[res.ID]
+			delete(c.pings, res.ID)
 			c.mu.Unlock()
-			if ch != nil {
-				ch <- res
+			if ok {
+				c.deliver(Result{ID: cmd, Exit: -1, Lost: true})
 			}
 		}
+	}
+}
+
+// deliver hands a result to the Run waiting for it, if any.
+func (c *Console) deliver(res Result) {
+	c.mu.Lock()
+	ch := c.pending[res.ID]
+	delete(c.pending, res.ID)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- res
 	}
 }
 
@@ -220,17 +241,47 @@ func (c *Console) Run(ctx context.Context, cmd string) (string, int, error) {
 		}
 		return "", -1, fmt.Errorf("run %q in guest: write serial: %w", cmd, err)
 	}
-	select {
-	case r := <-ch:
-		return r.Output, r.Exit, nil
-	case <-ctx.Done():
-		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ctx.Err())
-	case <-c.exited:
-		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
-	case <-c.linkDown:
-		return "", -1, fmt.Errorf("run %q in guest: %w", cmd, c.gone())
+	// A quiet command is pinged now and then: the loop answers only after
+	// the command, so a pong with no result means the result was lost, and
+	// the guest's output to the tty is kicked in case it stalled.
+	ping := time.NewTicker(pingEvery)
+	defer ping.Stop()
+	defer func() {
+		c.mu.Lock()
+		for p, owner := range c.pings {
+			if owner == id {
+				delete(c.pings, p)
+			}
+		}
+		c.mu.Unlock()
+	}()
+	for n := 1; ; n++ {
+		select {
+		case r := <-ch:
+			if r.Lost {
+				return r.Output, -1, fmt.Errorf("run %q in guest: %w", cmd, ErrResultLost)
+			}
+			return r.Output, r.Exit, nil
+		case <-ping.C:
+			pid := id + "." + strconv.Itoa(n)
+			pl, _ := FormatPing(pid)
+			c.mu.Lock()
+			c.pings[pid] = id
+			c.mu.Unlock()
+			c.conn.SetWriteDeadline(time.Now().Add(serialWriteTime))
+			c.conn.Write([]byte(pl)) // best effort: a failed link ends the wait below
+		case <-ctx.Done():
+			return "", -1, fmt.Errorf("run %q in guest: %w (console tail: %q)", cmd, ctx.Err(), tail(c.Text(), 3))
+		case <-c.exited:
+			return "", -1, fmt.Errorf("run %q in guest: %w", cmd, ErrExited)
+		case <-c.linkDown:
+			return "", -1, fmt.Errorf("run %q in guest: %w", cmd, c.gone())
+		}
 	}
 }
+
+// pingEvery is how long a command may stay quiet before the loop is pinged.
+var pingEvery = 10 * time.Second // a var for tests
 
 // Text returns the last console output (up to 256 KiB), raw.
 func (c *Console) Text() string {

@@ -66,10 +66,15 @@
 //	guest: LKBEGIN <id>
 //	       <stdout and stderr of sh -c, stdin /dev/null>
 //	       "\n" LKOUT <id> <exit code>
+//	host:  LKPING <id>                                        while a command is quiet (every 10 s)
+//	guest: LKPONG <id>                                        answered between commands
 //	guest: LKERR unknown line                                 any other non-empty line
 //
 // The extra "\n" before LKOUT ends unterminated output; Run removes it again,
-// so the output comes back as written. Commands run one at a time. Kernel
+// so the output comes back as written. Commands run one at a time. A pong (or
+// the next LKBEGIN) before a command's LKOUT means its result line was lost:
+// Run returns ErrResultLost instead of waiting out its context. The ping also
+// writes to the tty, which restarts output that stalled under load. Kernel
 // messages are kept off the console (printk level 1) and the tty does not echo.
 // The ready marker is searched anywhere in a line (SeaBIOS escapes precede it).
 //

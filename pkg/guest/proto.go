@@ -14,6 +14,8 @@ const (
 	markCmd   = "LKCMD"
 	markBegin = "LKBEGIN"
 	markOut   = "LKOUT"
+	markPing  = "LKPING"
+	markPong  = "LKPONG"
 )
 
 // maxCmdLen keeps a command line well under the guest tty's 4095-byte
@@ -49,11 +51,24 @@ func CleanLine(s string) string {
 	return ansiRE.ReplaceAllString(s, "")
 }
 
+// FormatPing returns the line the host sends to ask the control loop for
+// "LKPONG <id>". The loop answers between commands, so a pong that arrives
+// while a command's result is still awaited means that result was lost.
+func FormatPing(id string) (string, error) {
+	if id == "" || strings.ContainsAny(id, " \t\r\n") {
+		return "", fmt.Errorf("format ping: id %q: must be one word", id)
+	}
+	return markPing + " " + id + "\n", nil
+}
+
 // Result is one finished control command.
 type Result struct {
 	ID     string
 	Output string // stdout and stderr as written, with "\r\n" turned into "\n"
 	Exit   int
+	// Lost: the command ended but its LKOUT line never came (the guest went
+	// on to another command or answered a ping); Output is what arrived.
+	Lost bool
 }
 
 // Parser turns console lines into protocol events. It is not safe for
@@ -75,6 +90,7 @@ const (
 	EvReady               // LK-READY seen: the control loop runs, network up or not requested
 	EvFail                // LK-FAIL seen: the control loop runs, network setup failed
 	EvResult              // a command finished, see the returned Result
+	EvPong                // the control loop answered the ping Result.ID
 )
 
 // Feed consumes one console line.
@@ -90,15 +106,29 @@ func (p *Parser) Feed(raw string) (Event, Result) {
 			p.out.Reset()
 			return EvResult, r
 		}
+		// The loop only begins a command or answers a ping after LKOUT: the
+		// current command's LKOUT was lost. Report it, don't swallow the rest.
+		_, isBegin := oneWord(line, markBegin)
+		_, isPong := oneWord(line, markPong)
+		if isBegin || isPong {
+			r := Result{ID: p.cur, Output: strings.TrimSuffix(p.out.String(), "\n"), Exit: -1, Lost: true}
+			p.cur = ""
+			p.out.Reset()
+			if isBegin {
+				p.cur, _ = oneWord(line, markBegin)
+			}
+			return EvResult, r
+		}
 		p.out.WriteString(line)
 		p.out.WriteByte('\n')
 		return EvNone, Result{}
 	}
-	if rest, ok := strings.CutPrefix(line, markBegin+" "); ok {
-		if id := strings.TrimSpace(rest); id != "" && !strings.Contains(id, " ") {
-			p.cur = id
-			return EvNone, Result{}
-		}
+	if id, ok := oneWord(line, markBegin); ok {
+		p.cur = id
+		return EvNone, Result{}
+	}
+	if id, ok := oneWord(line, markPong); ok {
+		return EvPong, Result{ID: id}
 	}
 	if p.ready {
 		return EvNone, Result{}
@@ -123,6 +153,19 @@ func (p *Parser) Feed(raw string) (Event, Result) {
 // and whether network setup failed.
 func (p *Parser) Ready() (ready bool, status string, failed bool) {
 	return p.ready, p.status, p.failed
+}
+
+// oneWord returns the id of a "<marker> <id>" line.
+func oneWord(line, marker string) (string, bool) {
+	rest, ok := strings.CutPrefix(line, marker+" ")
+	if !ok {
+		return "", false
+	}
+	id := strings.TrimSpace(rest)
+	if id == "" || strings.Contains(id, " ") {
+		return "", false
+	}
+	return id, true
 }
 
 func parseOut(line string) (id string, code int, ok bool) {

@@ -79,6 +79,34 @@ func TestParserSession(t *testing.T) {
 	}
 }
 
+// A command whose LKOUT never arrived is reported lost when the loop shows it
+// went on (the next LKBEGIN or a ping's LKPONG), not left swallowing output.
+func TestParserLostResult(t *testing.T) {
+	var p Parser
+	p.Feed("LK-READY net=none\n")
+	p.Feed("LKBEGIN 8\n")
+	p.Feed("partial\n")
+	ev, r := p.Feed("LKPONG 8.1\n")
+	if ev != EvResult || !r.Lost || r.ID != "8" || r.Output != "partial" {
+		t.Fatalf("pong during command: %v %+v", ev, r)
+	}
+	if ev, r := p.Feed("LKPONG 8.2\n"); ev != EvPong || r.ID != "8.2" {
+		t.Fatalf("pong between commands: %v %+v", ev, r)
+	}
+	p.Feed("LKBEGIN 9\n")
+	ev, r = p.Feed("LKBEGIN 10\n")
+	if ev != EvResult || !r.Lost || r.ID != "9" {
+		t.Fatalf("begin during command: %v %+v", ev, r)
+	}
+	p.Feed("out\n")
+	if ev, r := p.Feed("LKOUT 10 0\n"); ev != EvResult || r.Lost || r.ID != "10" || r.Output != "out" {
+		t.Fatalf("command after a lost one: %v %+v", ev, r)
+	}
+	if _, err := FormatPing("a b"); err == nil {
+		t.Fatal("FormatPing took a two-word id")
+	}
+}
+
 func TestParserFail(t *testing.T) {
 	var p Parser
 	if ev, _ := p.Feed("LK-FAIL no nic (mac 52:54:00:4c:4b:01) after 10s\n"); ev != EvFail {

@@ -150,6 +150,22 @@ func TestBootNoNetwork(t *testing.T) {
 		t.Fatalf("after a timed-out command: %q exit %d", out, code)
 	}
 
+	// A quiet command is pinged; its result still comes, and the pongs the
+	// loop sends after it do not disturb the next command.
+	old := pingEvery
+	pingEvery = 300 * time.Millisecond
+	out, code = run(t, vm, "sleep 2; echo slept")
+	pingEvery = old
+	if code != 0 || out != "slept\n" {
+		t.Fatalf("pinged command = %q exit %d", out, code)
+	}
+	if out, code := run(t, vm, "echo next"); code != 0 || out != "next\n" {
+		t.Fatalf("after a pinged command: %q exit %d", out, code)
+	}
+	if !strings.Contains(vm.Console(), "LKPONG") {
+		t.Fatal("the guest answered no ping")
+	}
+
 	pid, dir := vm.Pid(), vm.dir
 	if err := vm.Stop(); err != nil {
 		t.Fatal(err)
