@@ -65,7 +65,7 @@ func (s *Source) upsertOf(k objKey) (k8sobj.Object, bool) {
 	if err != nil || !exists {
 		return k8sobj.Object{}, false
 	}
-	obj, err := toObject(k.kind, o)
+	obj, err := s.object(k.kind, o)
 	if err != nil {
 		return k8sobj.Object{}, false
 	}

@@ -174,12 +174,30 @@ func New(cfg Config) (*Source, error) {
 	if err := s.pods.AddIndexers(podAddrIndexers); err != nil { // vmitrust.go
 		return nil, fmt.Errorf("k8s source: pod index: %w", err)
 	}
+	if err := s.kinds[k8sobj.KindEndpointSlice].AddIndexers(sliceIndexers); err != nil { // vmsvc.go
+		return nil, fmt.Errorf("k8s source: slice index: %w", err)
+	}
 	for kind, inf := range s.kinds {
 		if _, err := inf.AddEventHandler(s.handler(kind)); err != nil {
 			return nil, fmt.Errorf("k8s source: %s handler: %w", kind, err)
 		}
 	}
 	s.nodes = f.Core().V1().Nodes().Informer()
+	if cfg.Objects != nil {
+		// A launcher pod's network-status (its VM's address) arrives after
+		// the slices that name it: they are applied again (vmsvc.go).
+		if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { s.kickSlicesOf(podOf(o)) },
+			UpdateFunc: func(old, cur any) {
+				if claimInputsChanged(old, cur) {
+					s.kickSlicesOf(podOf(cur))
+				}
+			},
+			DeleteFunc: func(o any) { s.kickSlicesOf(podOf(o)) },
+		}); err != nil {
+			return nil, fmt.Errorf("k8s source: pod handler: %w", err)
+		}
+	}
 	if _, err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.kickNodes() },
 		UpdateFunc: func(any, any) { s.kickNodes() },
@@ -347,7 +365,7 @@ func (s *Source) setSyncErr(err error) {
 func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error {
 	var objs []k8sobj.Object
 	for _, o := range inf.GetStore().List() {
-		obj, err := toObject(kind, o)
+		obj, err := s.object(kind, o)
 		if err != nil && !errors.Is(err, errInvalid) {
 			s.log.Warn("ignoring object", "kind", kind, "err", err)
 			continue
@@ -534,7 +552,7 @@ func (s *Source) apply(k objKey) error {
 	if !exists {
 		return s.cfg.Objects.DeleteObject(k.kind, k.namespace, k.name)
 	}
-	obj, err := toObject(k.kind, o)
+	obj, err := s.object(k.kind, o)
 	if err != nil {
 		// What the agent would refuse goes: an update that made a valid
 		// object invalid must not leave the old version in force.

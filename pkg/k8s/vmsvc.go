@@ -1,0 +1,175 @@
+package k8s
+
+// Services for VMs. A Service that selects a VM selects its virt-launcher pod
+// (KubeVirt copies the VMI's labels onto it), so the endpointslice controller
+// lists the launcher pod's own address, where nothing answers: the guest is
+// on lanekit's VM network, a secondary network with its own address. The
+// source hands the agent such a slice with the launcher pod's address
+// replaced by the VM's, so ClusterIPs, NodePorts and LoadBalancers reach the
+// guest the way they reach a pod (KubeVirt's pod-network bindings give the
+// same result by giving the VM the pod's address).
+//
+// Trust (vmitrust.go): the VM's address is read from the launcher pod's
+// network-status, which a namespace editor can rewrite. It is used only when
+// it is on a network whose device-info is vhost-user (a lanekit VM
+// attachment), a usable address of some Node's pod CIDR, and held by no pod
+// but this VMI's launcher pods — the rules a moved VM address is claimed by.
+// An editor can thus point their own Service at no one else's workload; the
+// EndpointSlice API lets them name any address anyway.
+
+import (
+	"encoding/json"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// sliceByPodIndex indexes EndpointSlices by the pods their endpoints name.
+const sliceByPodIndex = "lanekit-pod"
+
+var sliceIndexers = cache.Indexers{sliceByPodIndex: func(o any) ([]string, error) {
+	es, ok := o.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	var out []string
+	for _, e := range es.Endpoints {
+		if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.Name != "" {
+			ns := r.Namespace
+			if ns == "" {
+				ns = es.Namespace
+			}
+			if k := ns + "/" + r.Name; !slices.Contains(out, k) {
+				out = append(out, k)
+			}
+		}
+	}
+	return out, nil
+}}
+
+// vmNetworks are the address sets of a pod's lanekit VM attachments: the
+// network-status entries whose device-info is vhost-user.
+func vmNetworks(pod *corev1.Pod) [][]netip.Addr {
+	raw := pod.Annotations[networkStatusAnnotation]
+	if raw == "" {
+		return nil
+	}
+	var st []struct {
+		IPs        []string `json:"ips"`
+		Default    bool     `json:"default"`
+		DeviceInfo *struct {
+			Type string `json:"type"`
+		} `json:"device-info"`
+	}
+	if json.Unmarshal([]byte(raw), &st) != nil {
+		return nil
+	}
+	var out [][]netip.Addr
+	for _, s := range st {
+		if s.Default || s.DeviceInfo == nil || s.DeviceInfo.Type != "vhost-user" {
+			continue
+		}
+		var set []netip.Addr
+		for _, ip := range s.IPs {
+			if a, err := netip.ParseAddr(ip); err == nil {
+				set = append(set, a.Unmap())
+			}
+		}
+		out = append(out, set)
+	}
+	return out
+}
+
+// vmBackend is the VM address that stands for a launcher pod's endpoint of
+// the given family (discovery address type), if the pod is a VMI's launcher
+// with exactly one trusted lanekit VM address of that family.
+func vmBackend(pod *corev1.Pod, family discoveryv1.AddressType, pods podCache, nodes []any) (netip.Addr, bool) {
+	vmi := types.UID(pod.Labels[labelCreatedBy])
+	if vmi == "" || pod.Spec.HostNetwork {
+		return netip.Addr{}, false
+	}
+	var found []netip.Addr
+	for _, set := range vmNetworks(pod) {
+		for _, a := range set {
+			if a.Is4() != (family == discoveryv1.AddressTypeIPv4) || slices.Contains(found, a) {
+				continue
+			}
+			if !usableInPodCIDRs(a, nodes) || heldByOther(a, vmi, pods.Holding(a)) != nil {
+				continue
+			}
+			found = append(found, a)
+		}
+	}
+	if len(found) != 1 {
+		return netip.Addr{}, false
+	}
+	return found[0], true
+}
+
+// vmSlice rewrites, in place, the endpoints of es (a copy) that name a VMI's
+// launcher pod to the VM's address; a VM listed twice (its source and target
+// launcher pods during a migration) keeps its first endpoint.
+func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) {
+	if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
+		return
+	}
+	var seen []string
+	out := es.Endpoints[:0]
+	for _, e := range es.Endpoints {
+		if r := e.TargetRef; r != nil && r.Kind == "Pod" {
+			ns := r.Namespace
+			if ns == "" {
+				ns = es.Namespace
+			}
+			if p := pods.Pod(ns, r.Name); p != nil {
+				if a, ok := vmBackend(p, es.AddressType, pods, nodes); ok {
+					if slices.Contains(seen, a.String()) {
+						continue
+					}
+					e.Addresses = []string{a.String()}
+				}
+			}
+		}
+		seen = append(seen, e.Addresses...)
+		out = append(out, e)
+	}
+	es.Endpoints = out
+}
+
+// kickSlicesOf queues the EndpointSlices that name pod p.
+func (s *Source) kickSlicesOf(p *corev1.Pod) {
+	if p == nil || p.Labels[labelCreatedBy] == "" {
+		return
+	}
+	inf := s.kinds[k8sobj.KindEndpointSlice]
+	os, _ := inf.GetIndexer().ByIndex(sliceByPodIndex, p.Namespace+"/"+p.Name)
+	for _, o := range os {
+		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
+			s.queue.Add(objKey{kind: k8sobj.KindEndpointSlice, namespace: es.Namespace, name: es.Name})
+		}
+	}
+}
+
+// object is toObject with a slice's launcher pods replaced by their VMs.
+func (s *Source) object(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
+	obj, err := toObject(kind, o)
+	if err == nil && obj.EndpointSlice != nil {
+		vmSlice(obj.EndpointSlice, cachedPods{s.pods.GetIndexer()}, s.nodes.GetStore().List())
+	}
+	return obj, err
+}
+
+// podOf is the pod of an informer event (a tombstone's too), or nil.
+func podOf(o any) *corev1.Pod {
+	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	p, _ := o.(*corev1.Pod)
+	return p
+}
