@@ -173,8 +173,14 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 			t.Errorf("node %d's kernel forwarded %d datagrams during %d echoes: the path is the kernel's, not lanekit's", i+1, n, recv)
 		}
 	}
+	t.Run("ClusterIP Service selecting the VM", func(t *testing.T) {
+		kubevirtService(t, ctx, kc, nodeBins, client.Name, vmIP)
+	})
 	t.Run("NetworkPolicy selecting the VM by kubevirt.io/domain", func(t *testing.T) {
 		kubevirtPolicy(t, ctx, kc, nodeBins, client.Name, vmIP)
+	})
+	t.Run("agent pod restarted: the VM's network comes back", func(t *testing.T) {
+		kubevirtAgentRestart(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
 	t.Run("live migration by KubeVirt keeps the address", func(t *testing.T) {
 		kubevirtMigrate(t, ctx, kc, nodeBins, client.Name, vmIP)
