@@ -2,6 +2,8 @@ package lab
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +39,19 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	}
 	pingDone := make(chan error, 1)
 	go func() { pingDone <- ping.Wait() }()
+	// A TCP connection held through the move: a line every 100 ms to the
+	// guest's echo port, each echo stamped on arrival.
+	const lines = 350
+	stream := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
+		"exec", "-n", "default", client, "--", "bash", "-c", "set -o pipefail; for i in $(seq 1 "+strconv.Itoa(lines)+"); do echo $i; sleep 0.1; done | "+
+			"socat -t 10 - TCP:"+vmIP.String()+":7777 | while read -r l; do echo \"$l $(date +%s%N)\"; done")
+	var streamOut strings.Builder
+	stream.Stdout, stream.Stderr = &streamOut, &streamOut
+	if err := stream.Start(); err != nil {
+		t.Fatal(err)
+	}
+	streamDone := make(chan error, 1)
+	go func() { streamDone <- stream.Wait() }()
 	time.Sleep(2 * time.Second) // a baseline before the move
 
 	const mig = `apiVersion: kubevirt.io/v1
@@ -83,12 +98,53 @@ spec:
 	if _, err := kubectl(ctx, nodeBins, nil, "exec", "-n", "default", client, "--", "curl", "-sS", "-m", "10", "-o", "/dev/null", "http://"+vmIP.String()+"/"); err != nil {
 		t.Errorf("HTTP to the guest on node 1: %v", err)
 	}
+	var streamErr error
+	select {
+	case streamErr = <-streamDone:
+	case <-time.After(90 * time.Second):
+		streamErr = errors.New("still running 90 s after the migration")
+	}
+	got, tcpGap, err := echoGaps(streamOut.String(), lines)
+	if streamErr != nil || err != nil {
+		t.Errorf("the TCP connection held through the migration: %v, %v; got %d of %d echoes:\n%s", streamErr, err, got, lines, tail(streamOut.String(), 1500))
+	} else {
+		t.Logf("TCP connection held through the migration: %d/%d echoes in order, longest gap between echoes %v (100 ms apart without a move)", got, lines, tcpGap.Round(time.Millisecond))
+	}
 	sent, lost, gap := pingGaps(pingOut.String())
 	t.Logf("KubeVirt migration node 2 -> node 1 in %.1f s (VirtualMachineInstanceMigration Succeeded); pings every %v: %d sent, %d lost, longest gap %d (~%v of network blackout)",
 		took.Seconds(), interval, sent, lost, gap, time.Duration(gap+1)*interval)
 	if sent == 0 || lost*2 > sent {
 		t.Errorf("pings: %d sent, %d lost:\n%s", sent, lost, tail(pingOut.String(), 2000))
 	}
+}
+
+// echoGaps reads the stamped echoes ("<seq> <unix ns>" lines): how many
+// came back, and the longest time between two consecutive ones; an echo
+// out of order or missing is an error.
+func echoGaps(out string, want int) (got int, longest time.Duration, err error) {
+	var last int64
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		seq, err1 := strconv.Atoi(f[0])
+		ts, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if seq != got+1 {
+			return got, longest, fmt.Errorf("echo %d after %d", seq, got)
+		}
+		if last != 0 {
+			longest = max(longest, time.Duration(ts-last))
+		}
+		got, last = seq, ts
+	}
+	if got != want {
+		return got, longest, fmt.Errorf("%d of %d echoes", got, want)
+	}
+	return got, longest, nil
 }
 
 // pingGaps reads ping's output: the echoes sent (the highest sequence
@@ -116,6 +172,18 @@ func pingGaps(out string) (sent, lost, longest int) {
 		longest = max(longest, run)
 	}
 	return sent, lost, longest
+}
+
+func TestEchoGaps(t *testing.T) {
+	if got, gap, err := echoGaps("1 1000000000\n2 1100000000\njunk\n3 1600000000\n", 3); err != nil || got != 3 || gap != 500*time.Millisecond {
+		t.Errorf("echoGaps = %d, %v, %v; want 3, 500ms, nil", got, gap, err)
+	}
+	if _, _, err := echoGaps("1 1\n3 2\n", 3); err == nil {
+		t.Error("a missing echo passed")
+	}
+	if _, _, err := echoGaps("1 1\n2 2\n", 3); err == nil {
+		t.Error("a short stream passed")
+	}
 }
 
 func TestPingGaps(t *testing.T) {
