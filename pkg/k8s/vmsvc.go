@@ -112,16 +112,16 @@ func vmBackend(pod *corev1.Pod, family discoveryv1.AddressType, pods podCache, n
 	return found[0], true
 }
 
-// vmSlice rewrites, in place, the endpoints of es (a copy) that name a VMI's
-// launcher pod to the VM's address; a VM listed twice (its source and target
+// vmSlice returns es with the endpoints that name a VMI's launcher pod
+// rewritten to the VM's address (a copy: es may be the informer cache's),
+// or es itself when none does; a VM listed twice (its source and target
 // launcher pods during a migration) keeps its first endpoint.
-func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) {
+func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) *discoveryv1.EndpointSlice {
 	if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
-		return
+		return es
 	}
-	var seen []string
-	out := es.Endpoints[:0]
-	for _, e := range es.Endpoints {
+	vms := map[int]netip.Addr{}
+	for i, e := range es.Endpoints {
 		if r := e.TargetRef; r != nil && r.Kind == "Pod" {
 			ns := r.Namespace
 			if ns == "" {
@@ -129,17 +129,28 @@ func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) {
 			}
 			if p := pods.Pod(ns, r.Name); p != nil {
 				if a, ok := vmBackend(p, es.AddressType, pods, nodes); ok {
-					if slices.Contains(seen, a.String()) {
-						continue
-					}
-					e.Addresses = []string{a.String()}
+					vms[i] = a
 				}
 			}
 		}
-		seen = append(seen, e.Addresses...)
-		out = append(out, e)
 	}
-	es.Endpoints = out
+	if len(vms) == 0 {
+		return es
+	}
+	out := es.DeepCopy()
+	out.Endpoints = out.Endpoints[:0]
+	var seen []string
+	for i, e := range es.DeepCopy().Endpoints {
+		if a, ok := vms[i]; ok {
+			if slices.Contains(seen, a.String()) {
+				continue
+			}
+			e.Addresses = []string{a.String()}
+		}
+		seen = append(seen, e.Addresses...)
+		out.Endpoints = append(out.Endpoints, e)
+	}
+	return out
 }
 
 // kickSlicesOf queues the EndpointSlices that name pod p.
@@ -160,7 +171,7 @@ func (s *Source) kickSlicesOf(p *corev1.Pod) {
 func (s *Source) object(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	obj, err := toObject(kind, o)
 	if err == nil && obj.EndpointSlice != nil {
-		vmSlice(obj.EndpointSlice, cachedPods{s.pods.GetIndexer()}, s.nodes.GetStore().List())
+		obj.EndpointSlice = vmSlice(obj.EndpointSlice, cachedPods{s.pods.GetIndexer()}, s.nodes.GetStore().List())
 	}
 	return obj, err
 }

@@ -104,16 +104,19 @@ func TestVMSliceTrust(t *testing.T) {
 				pods[p.Name] = p
 			}
 			es := sliceOf(discoveryv1.AddressTypeIPv4, c.pods...)
-			vmSlice(es, podMap(pods), nodes)
-			if got := addrsOf(es); !slices.Equal(got, c.want) {
+			orig := addrsOf(es)
+			out := vmSlice(es, podMap(pods), nodes)
+			if got := addrsOf(out); !slices.Equal(got, c.want) {
 				t.Errorf("addresses %v, want %v", got, c.want)
+			}
+			if !slices.Equal(addrsOf(es), orig) {
+				t.Errorf("the input slice (the informer cache's) changed: %v", addrsOf(es))
 			}
 		})
 	}
 	// An IPv6 slice of an IPv4-only VM is left alone.
 	l := vmLauncher("virt-launcher-vm1-a", "node-a", "uid-1", "fd00::9", vmLauncherStatus("vhost-user", "10.244.1.5"))
-	es := sliceOf(discoveryv1.AddressTypeIPv6, l)
-	vmSlice(es, podMap{l.Name: l}, nodes)
+	es := vmSlice(sliceOf(discoveryv1.AddressTypeIPv6, l), podMap{l.Name: l}, nodes)
 	if got := addrsOf(es); !slices.Equal(got, []string{"fd00::9"}) {
 		t.Errorf("IPv6 slice: %v", got)
 	}
