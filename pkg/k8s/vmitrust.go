@@ -48,9 +48,23 @@ const networkStatusAnnotation = "k8s.v1.cni.cncf.io/network-status"
 
 // networkStatus is one entry of the network-status annotation.
 type networkStatus struct {
-	Name    string   `json:"name"`
-	IPs     []string `json:"ips"`
-	Default bool     `json:"default"`
+	Name       string   `json:"name"`
+	IPs        []string `json:"ips"`
+	Default    bool     `json:"default"`
+	DeviceInfo *struct {
+		Type string `json:"type"`
+	} `json:"device-info"`
+}
+
+// addrs are the entry's parseable addresses.
+func (s networkStatus) addrs() []netip.Addr {
+	var set []netip.Addr
+	for _, ip := range s.IPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			set = append(set, a.Unmap())
+		}
+	}
+	return set
 }
 
 // launcherNetworks returns the address sets of a VMI's launcher pod's
@@ -72,9 +86,9 @@ func launcherNetworks(pod *corev1.Pod, vmiUID types.UID, node string) ([][]netip
 	return secondaryNetworks(pod)
 }
 
-// secondaryNetworks are the address sets of a pod's secondary networks, one
-// per entry of its network-status annotation (none without it).
-func secondaryNetworks(pod *corev1.Pod) ([][]netip.Addr, error) {
+// networkStatuses are the entries of a pod's network-status annotation
+// (none without it).
+func networkStatuses(pod *corev1.Pod) ([]networkStatus, error) {
 	raw := pod.Annotations[networkStatusAnnotation]
 	if raw == "" {
 		return nil, nil
@@ -83,18 +97,21 @@ func secondaryNetworks(pod *corev1.Pod) ([][]netip.Addr, error) {
 	if err := json.Unmarshal([]byte(raw), &st); err != nil {
 		return nil, fmt.Errorf("pod %s/%s network-status: %w", pod.Namespace, pod.Name, err)
 	}
+	return st, nil
+}
+
+// secondaryNetworks are the address sets of a pod's secondary networks, one
+// per entry of its network-status annotation (none without it).
+func secondaryNetworks(pod *corev1.Pod) ([][]netip.Addr, error) {
+	st, err := networkStatuses(pod)
+	if err != nil {
+		return nil, err
+	}
 	var out [][]netip.Addr
 	for _, s := range st {
-		if s.Default {
-			continue
+		if !s.Default {
+			out = append(out, s.addrs())
 		}
-		var set []netip.Addr
-		for _, ip := range s.IPs {
-			if a, err := netip.ParseAddr(ip); err == nil {
-				set = append(set, a.Unmap())
-			}
-		}
-		out = append(out, set)
 	}
 	return out, nil
 }

@@ -18,7 +18,6 @@ package k8s
 // EndpointSlice API lets them name any address anyway.
 
 import (
-	"encoding/json"
 	"net/netip"
 	"slices"
 
@@ -56,32 +55,12 @@ var sliceIndexers = cache.Indexers{sliceByPodIndex: func(o any) ([]string, error
 // vmNetworks are the address sets of a pod's lanekit VM attachments: the
 // network-status entries whose device-info is vhost-user.
 func vmNetworks(pod *corev1.Pod) [][]netip.Addr {
-	raw := pod.Annotations[networkStatusAnnotation]
-	if raw == "" {
-		return nil
-	}
-	var st []struct {
-		IPs        []string `json:"ips"`
-		Default    bool     `json:"default"`
-		DeviceInfo *struct {
-			Type string `json:"type"`
-		} `json:"device-info"`
-	}
-	if json.Unmarshal([]byte(raw), &st) != nil {
-		return nil
-	}
+	st, _ := networkStatuses(pod)
 	var out [][]netip.Addr
 	for _, s := range st {
-		if s.Default || s.DeviceInfo == nil || s.DeviceInfo.Type != "vhost-user" {
-			continue
+		if !s.Default && s.DeviceInfo != nil && s.DeviceInfo.Type == "vhost-user" {
+			out = append(out, s.addrs())
 		}
-		var set []netip.Addr
-		for _, ip := range s.IPs {
-			if a, err := netip.ParseAddr(ip); err == nil {
-				set = append(set, a.Unmap())
-			}
-		}
-		out = append(out, set)
 	}
 	return out
 }

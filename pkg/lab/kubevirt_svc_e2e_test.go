@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
@@ -54,17 +52,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, err := nodeRoot(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vmIn := func() uint64 {
-		_, c, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), vmIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.ToPackets
-	}
+	vmIn := func() uint64 { return kvEndpointCounters(t, 2, vmIP).ToPackets }
 	url := "http://" + strings.TrimSpace(ip) + ":8081/"
 	// The agents apply the slice, then again once the launcher's
 	// network-status is read: allow them a moment.

@@ -220,17 +220,7 @@ spec:
 	t.Cleanup(func() {
 		kubectl(context.Background(), nodeBins, nil, "delete", "networkpolicy", "kv-vm1-web", "-n", "default", "--ignore-not-found") //nolint:errcheck
 	})
-	root, err := nodeRoot(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	drops := func() uint64 {
-		_, c, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), vmIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c.Drops[datapath.DropPolicyIngress]
-	}
+	drops := func() uint64 { return kvEndpointCounters(t, 2, vmIP).Drops[datapath.DropPolicyIngress] }
 	inPod := func(args ...string) error {
 		_, err := kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", "default", client, "--"}, args...)...)
 		return err
@@ -334,4 +324,19 @@ func kubevirtConsole(t *testing.T, ctx context.Context, pod *corev1.Pod) *guest.
 		t.Fatalf("the guest's console does not answer (%v, %v): %s", err, last, tail(con.Text(), 2000))
 	}
 	return con
+}
+
+// kvEndpointCounters are the datapath counters of the endpoint with address
+// ip on lab node n (its pinned BPF maps).
+func kvEndpointCounters(t *testing.T, n int, ip netip.Addr) datapath.Counters {
+	t.Helper()
+	root, err := nodeRoot(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, c, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
