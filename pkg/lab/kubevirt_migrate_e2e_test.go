@@ -31,7 +31,7 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	pingCtx, stopPing := context.WithCancel(ctx)
 	defer stopPing()
 	ping := exec.CommandContext(pingCtx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
-		"exec", "-n", "default", client, "--", "ping", "-i", "0.05", "-c", strconv.Itoa(count), "-W", "1", vmIP.String())
+		"exec", "-n", "default", client, "--", "ping", "-D", "-i", "0.05", "-c", strconv.Itoa(count), "-W", "1", vmIP.String())
 	var pingOut strings.Builder
 	ping.Stdout, ping.Stderr = &pingOut, &pingOut
 	if err := ping.Start(); err != nil {
@@ -111,6 +111,13 @@ spec:
 		t.Logf("TCP connection held through the migration: %d/%d echoes in order, longest gap between echoes %v (100 ms apart without a move)", got, lines, tcpGap.Round(time.Millisecond))
 	}
 	sent, lost, gap := pingGaps(pingOut.String())
+	// Where the blackout went: the last reply before the longest gap, the
+	// target agent's activation (what told it, when), the first reply after.
+	if last, first, ok := pingGapEdges(pingOut.String()); ok && vm.GetActivatedUnixNano() != 0 {
+		act := time.Unix(0, vm.GetActivatedUnixNano())
+		t.Logf("blackout %v: the target agent activated the VM endpoint %v after the last reply (by %s), the first reply came %v after that",
+			first.Sub(last).Round(time.Millisecond), act.Sub(last).Round(time.Millisecond), vm.GetActivatedBy(), first.Sub(act).Round(time.Millisecond))
+	}
 	t.Logf("KubeVirt migration node 2 -> node 1 in %.1f s (VirtualMachineInstanceMigration Succeeded); pings every %v: %d sent, %d lost, longest gap %d (~%v of network blackout)",
 		took.Seconds(), interval, sent, lost, gap, time.Duration(gap+1)*interval)
 	if sent == 0 || lost*2 > sent {
@@ -172,6 +179,43 @@ func pingGaps(out string) (sent, lost, longest int) {
 		longest = max(longest, run)
 	}
 	return sent, lost, longest
+}
+
+// pingGapEdges reads `ping -D` output: the time of the last reply before
+// the longest run of missing replies and of the first one after it.
+func pingGapEdges(out string) (last, first time.Time, ok bool) {
+	re := regexp.MustCompile(`^\[(\d+)\.(\d+)\] .*icmp_seq=(\d+)`)
+	var prevSeq int
+	var prevT time.Time
+	longest := 0
+	for _, l := range strings.Split(out, "\n") {
+		m := re.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		sec, _ := strconv.ParseInt(m[1], 10, 64)
+		frac := (m[2] + "000000000")[:9]
+		ns, _ := strconv.ParseInt(frac, 10, 64)
+		ts := time.Unix(sec, ns)
+		seq, _ := strconv.Atoi(m[3])
+		if prevSeq != 0 && seq-prevSeq-1 > longest {
+			longest, last, first, ok = seq-prevSeq-1, prevT, ts, true
+		}
+		prevSeq, prevT = seq, ts
+	}
+	return last, first, ok
+}
+
+func TestPingGapEdges(t *testing.T) {
+	out := "[1000.100000] 64 bytes from 10.0.0.1: icmp_seq=1 ttl=63 time=1 ms\n[1000.150000] 64 bytes from 10.0.0.1: icmp_seq=2 ttl=63 time=1 ms\n" +
+		"[1000.500000] 64 bytes from 10.0.0.1: icmp_seq=9 ttl=63 time=1 ms\n[1000.600000] 64 bytes from 10.0.0.1: icmp_seq=11 ttl=63 time=1 ms\n"
+	last, first, ok := pingGapEdges(out)
+	if !ok || !last.Equal(time.Unix(1000, 150000000)) || !first.Equal(time.Unix(1000, 500000000)) {
+		t.Errorf("pingGapEdges = %v %v %v", last, first, ok)
+	}
+	if _, _, ok := pingGapEdges("no replies\n"); ok {
+		t.Error("edges without replies")
+	}
 }
 
 func TestEchoGaps(t *testing.T) {
