@@ -9,9 +9,13 @@ import (
 
 // fakeVhost stands in for lanekit-vhost where a test needs the agent's
 // backend supervision, not the backend: it listens on --socket (removing a
-// stale file first, as lanekit-vhost does) until SIGTERM.
+// stale file first, as lanekit-vhost does) until SIGTERM. With
+// --metrics-listen it serves /metrics there as lanekit-vhost does
+// (OpenMetrics), lanekit_vhost_tx_packets_total being the number in the file
+// FakeVhostTxFile names (0 without it): a test writes it to play the guest's
+// first frames.
 const fakeVhost = `#!/usr/bin/python3
-import os, signal, socket, sys
+import http.server, os, signal, socket, socketserver, sys, threading
 a = sys.argv[1:]
 path = a[a.index("--socket") + 1]
 try:
@@ -21,10 +25,39 @@ except FileNotFoundError:
 s = socket.socket(socket.AF_UNIX)
 s.bind(path)
 s.listen(1)
+if "--metrics-listen" in a:
+    mpath = a[a.index("--metrics-listen") + 1]
+    class H(http.server.BaseHTTPRequestHandler):
+        def address_string(self):
+            return "unix"
+        def log_message(self, *args):
+            pass
+        def do_GET(self):
+            try:
+                n = int(open(mpath + ".tx").read().strip() or "0")
+            except (FileNotFoundError, ValueError):
+                n = 0
+            body = ("# TYPE lanekit_vhost_tx_packets counter\n"
+                    'lanekit_vhost_tx_packets_total{vm="fake",queue="0"} %d\n# EOF\n' % n).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    try:
+        os.unlink(mpath)
+    except FileNotFoundError:
+        pass
+    srv = socketserver.ThreadingUnixStreamServer(mpath, H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 while True:
     signal.pause()
 `
+
+// FakeVhostTxFile is the file whose number the fake backend serving metrics
+// at sock reports as the frames it moved out of the guest.
+func FakeVhostTxFile(sock string) string { return sock + ".tx" }
 
 // FakeVhost writes the fake backend and returns its path; every process of
 // it is killed when the test ends (backends outlive their agent by design).

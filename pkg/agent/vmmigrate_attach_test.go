@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
@@ -68,6 +69,79 @@ func TestVMAttachmentIncoming(t *testing.T) {
 	}
 	if ep := va.VM.Endpoint; !netip.MustParsePrefix("10.77.0.0/28").Contains(ep.IP) || (ep.VM.Migration != nil && ep.VM.Migration.State == endpoint.VMIncoming) {
 		t.Errorf("ordinary endpoint ip %s migration %+v: want a new pod-CIDR address, active", ep.IP, ep.VM.Migration)
+	}
+	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {
+		t.Fatalf("DEL: %v %v", existed, err)
+	}
+}
+
+// TestVMGuestFramesActivate: a migration target's
+// endpoint stays incoming while its backend has moved nothing out of the
+// guest, and goes active — by "guest-frames", before any migration state —
+// once the backend reports the guest's first frames (what the guest's
+// announcement after the switch makes).
+func TestVMGuestFramesActivate(t *testing.T) {
+	e := newAttachEnv(t)
+	a := e.start(t)
+	defer func() { a.Close() }()
+	uid := "4f1c2d3e-0000-4000-8000-00000000cafe"
+	vol := filepath.Join(e.kubelet, "pods", uid, "volumes", "kubernetes.io~empty-dir", "sockets")
+	if err := os.MkdirAll(vol, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	moved := netip.MustParseAddr("10.244.1.6")
+	a.SetVMIResolver(func(ns, name, podUID string) (VMIInfo, bool, error) {
+		return VMIInfo{Namespace: "ns1", Name: "db", Queues: 1, MAC: "02:00:00:bb:00:06", Labels: map[string]string{"app": "db"},
+			Incoming: true, Address: moved, Generation: 1795654900}, true, nil
+	})
+	req := VMAttachRequest{
+		ContainerID: "c3", IfName: "net1", Netns: netnstest.New(t, "launcher4").Path(),
+		Labels: map[string]string{argPodNamespace: "ns1", argPodName: "virt-launcher-db-ccccc", LabelPodUID: uid},
+	}
+	va, err := a.AttachVM(req)
+	if err != nil {
+		t.Fatalf("attach the migration target: %v", err)
+	}
+	b := va.VM.Endpoint.VM.Backend
+	if b == nil || b.MetricsSocket == "" {
+		t.Fatalf("no backend metrics socket: %+v", b)
+	}
+	state := func() (endpoint.VMMigrationState, string) {
+		vms, err := a.ListVMs()
+		if err != nil || len(vms) != 1 || vms[0].Endpoint.VM.Migration == nil {
+			t.Fatalf("ListVMs: %+v %v", vms, err)
+		}
+		m := vms[0].Endpoint.VM.Migration
+		return m.State, m.ActivatedBy
+	}
+	// The backend answers (0 frames) and the endpoint stays incoming.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := backendTxPackets(b.MetricsSocket, b.UID); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the backend's metrics: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(20 * guestPollEvery)
+	if s, _ := state(); s != endpoint.VMIncoming {
+		t.Fatalf("state %s with no frame from the guest, want incoming", s)
+	}
+	if err := os.WriteFile(testutil.FakeVhostTxFile(b.MetricsSocket), []byte("3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		s, by := state()
+		if s == endpoint.VMActive {
+			if by != ActivatedByGuestFrames {
+				t.Errorf("activated by %q, want %q", by, ActivatedByGuestFrames)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %s 5 s after the backend reported the guest's frames", s)
+		}
 	}
 	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {
 		t.Fatalf("DEL: %v %v", existed, err)

@@ -27,8 +27,8 @@ use vhost_user_backend::bitmap::MemRegionBitmap;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
-    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU,
-    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_ANNOUNCE, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
@@ -78,8 +78,12 @@ const CONFIG_SPACE_MAX: usize = 256;
 const L2_OVERHEAD: usize = 18;
 
 /// Virtio features always offered. The guest -> wire offloads (`offload.rs`) come on top, as
-/// configured ([`NetBackend::with_offloads`]).
+/// configured ([`NetBackend::with_offloads`]). `GUEST_ANNOUNCE`: after a live migration the VMM
+/// (QEMU handles the announce status and its ctrl-queue ack) asks the guest to announce itself,
+/// so the guest's first frames leave through the target's backend at once — what tells the
+/// target node's agent that the VM runs there.
 pub const VIRTIO_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1
+    | 1 << VIRTIO_NET_F_GUEST_ANNOUNCE
     | 1 << VIRTIO_NET_F_MRG_RXBUF
     | 1 << VIRTIO_RING_F_EVENT_IDX
     | 1 << VIRTIO_RING_F_INDIRECT_DESC

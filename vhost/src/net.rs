@@ -762,9 +762,9 @@ pub use stats::{ErrorKind, GuestError, Stats, StatsSnapshot};
 #[path = "net_ctrl.rs"]
 mod ctrl;
 pub use ctrl::{
-    ctrl_chain, ctrl_queue, CtrlChanges, CtrlFeatures, CtrlReply, CTRL_GUEST_OFFLOADS, CTRL_GUEST_OFFLOADS_SET,
-    CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, GUEST_OFFLOAD_BITS, MAX_CTRL_DATA, VIRTIO_NET_ERR, VIRTIO_NET_F_CTRL_GUEST_OFFLOADS,
-    VIRTIO_NET_OK,
+    ctrl_chain, ctrl_queue, CtrlChanges, CtrlFeatures, CtrlReply, CTRL_ANNOUNCE, CTRL_ANNOUNCE_ACK,
+    CTRL_GUEST_OFFLOADS, CTRL_GUEST_OFFLOADS_SET, CTRL_MQ, CTRL_MQ_VQ_PAIRS_SET, GUEST_OFFLOAD_BITS, MAX_CTRL_DATA,
+    VIRTIO_NET_ERR, VIRTIO_NET_F_CTRL_GUEST_OFFLOADS, VIRTIO_NET_OK,
 };
 
 #[path = "net_ring.rs"]

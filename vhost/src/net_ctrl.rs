@@ -29,6 +29,11 @@ pub const CTRL_GUEST_OFFLOADS_SET: u8 = 0;
 /// `GUEST_TSO6` (8), `GUEST_ECN` (9), `GUEST_UFO` (10), `GUEST_USO4` (54), `GUEST_USO6` (55)
 /// (only those negotiated are accepted).
 pub const GUEST_OFFLOAD_BITS: u64 = 1 << 1 | 1 << 7 | 1 << 8 | 1 << 9 | 1 << 10 | 1 << 54 | 1 << 55;
+/// Control class and command by which the guest acknowledges an announce request
+/// (`VIRTIO_NET_CTRL_ANNOUNCE` / `_ACK`, no data; `VIRTIO_NET_F_GUEST_ANNOUNCE`).
+pub const CTRL_ANNOUNCE: u8 = 3;
+/// See [`CTRL_ANNOUNCE`].
+pub const CTRL_ANNOUNCE_ACK: u8 = 0;
 /// `VIRTIO_NET_F_CTRL_GUEST_OFFLOADS`.
 pub const VIRTIO_NET_F_CTRL_GUEST_OFFLOADS: u32 = 2;
 
@@ -151,6 +156,9 @@ pub fn ctrl_chain<M: GuestMemory>(
                 CtrlReply::err()
             }
         }
+        // The guest has sent its announcement (a VMM that keeps the control queue, like QEMU,
+        // answers this itself; one that hands the queue here gets the ack it expects).
+        (2, CTRL_ANNOUNCE, CTRL_ANNOUNCE_ACK) => CtrlReply::ok(),
         _ => CtrlReply::err(),
     };
     mem.write_obj(reply.ack, ack_at).map_err(|_| ChainError::BadAddress(ack_at.0, 1))?;

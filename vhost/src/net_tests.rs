@@ -438,10 +438,17 @@ fn ctrl_sets_queue_pairs_and_refuses_everything_else() {
     ctrl_cmd(&m, &vq, 9, BUF_BASE + 0x300, &[0, 0, 1]); // RX class, PROMISC on: not offered
                                                         // No ack byte at all.
     add_chains(&vq, 12, &[vec![(BUF_BASE + 0x400, 4, false)]]);
+    // GUEST_ANNOUNCE's ack: class and command, no data.
+    m.write_slice(&[CTRL_ANNOUNCE, CTRL_ANNOUNCE_ACK], GuestAddress(BUF_BASE + 0x500)).unwrap();
+    m.write_obj(0xffu8, GuestAddress(BUF_BASE + 0x580)).unwrap();
+    add_chains(&vq, 13, &[vec![(BUF_BASE + 0x500, 2, false), (BUF_BASE + 0x580, 1, true)]]);
+    ctrl_cmd(&m, &vq, 16, BUF_BASE + 0x600, &[CTRL_ANNOUNCE, CTRL_ANNOUNCE_ACK, 0]); // with data: refused
     let mut q: Queue = vq.create_queue().unwrap();
     let stats = Stats::default();
     let (run, ch) = ctrl_queue(&mut q, &m, 4, CtrlFeatures::default(), &stats, 64);
-    assert_eq!((run.handled, ch.pairs), (5, Some(2)));
+    assert_eq!((run.handled, ch.pairs), (7, Some(2)));
+    assert_eq!(m.read_obj::<u8>(GuestAddress(BUF_BASE + 0x500 + 0x80)).unwrap(), VIRTIO_NET_OK);
+    assert_eq!(m.read_obj::<u8>(GuestAddress(BUF_BASE + 0x600 + 0x80)).unwrap(), VIRTIO_NET_ERR);
     let ack = |at: u64| m.read_obj::<u8>(GuestAddress(at + 0x80)).unwrap();
     assert_eq!(ack(BUF_BASE), VIRTIO_NET_OK);
     assert_eq!(ack(BUF_BASE + 0x100), VIRTIO_NET_ERR);
