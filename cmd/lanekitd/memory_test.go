@@ -97,6 +97,8 @@ func TestAgentMemoryAtScale(t *testing.T) {
 	dir := os.Getenv("LANEKIT_MEM_PROFILE_DIR")
 	if dir == "" {
 		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
 
 	agent, log := e.start(t, "--pprof-address", pprofAt)
