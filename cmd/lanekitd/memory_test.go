@@ -244,4 +244,3 @@ func (e *offlineEnv) waitFrontends(t *testing.T, log fmt.Stringer, n int) {
 	}
 	t.Fatalf("%d frontends programmed, want %d\n%s", got, n, log)
 }
-

@@ -21,7 +21,7 @@ type objectStore struct {
 	objs     map[string]k8sobj.Object
 	replaces map[k8sobj.Kind]int
 	upserts  []string // keys upserted one by one (not by a replace)
-	fail     error // returned by every call while set
+	fail     error    // returned by every call while set
 	// refuse: objects by key the store refuses (agent.ErrInvalid) as the
 	// agent refuses a Service clashing with an older one.
 	refuse map[string]bool
