@@ -162,8 +162,55 @@ type programmed struct {
 	id       uint32
 	svcVal   ServiceValue
 	backends []progBackend // sorted by ap, like Frontend.Backends
-	maglev   []uint32
-	ranges   []netip.Prefix // sorted, like Frontend.SourceRanges
+	// The programmed Maglev table is maglevIdx (the model's own table of
+	// backend indexes, shared: the model does not change it) over
+	// maglevIDs (the backends' IDs), not a copy of its hundreds of slots:
+	// at 30,000 Services that copy was as large as the model's tables. An
+	// adopted table (read from the pinned maps at restart) is held as read
+	// until the frontend is next programmed.
+	maglevIdx []int32
+	maglevIDs []uint32
+	adopted   []uint32
+	ranges    []netip.Prefix // sorted, like Frontend.SourceRanges
+}
+
+// hasMaglev says whether p has a Maglev table programmed.
+func (p *programmed) hasMaglev() bool { return p.maglevIdx != nil || p.adopted != nil }
+
+// maglevTable is p's programmed Maglev table (nil: none).
+func (p *programmed) maglevTable() []uint32 {
+	if p.adopted != nil {
+		return slices.Clone(p.adopted)
+	}
+	return maglevTable(p.maglevIdx, p.maglevIDs)
+}
+
+// maglevTable maps a Maglev table of backend indexes to backend IDs.
+func maglevTable(idx []int32, ids []uint32) []uint32 {
+	if idx == nil {
+		return nil
+	}
+	table := make([]uint32, len(idx))
+	for i, bi := range idx {
+		table[i] = ids[bi]
+	}
+	return table
+}
+
+// sameMaglev says whether p's programmed table is idx over ids.
+func (p *programmed) sameMaglev(idx []int32, ids []uint32) bool {
+	if p.adopted != nil {
+		return idx != nil && slices.Equal(maglevTable(idx, ids), p.adopted)
+	}
+	if (idx == nil) != (p.maglevIdx == nil) || !slices.Equal(idx, p.maglevIdx) {
+		return false
+	}
+	for _, bi := range idx { // the IDs the table refers to (each once would do; cheap enough)
+		if ids[bi] != p.maglevIDs[bi] {
+			return false
+		}
+	}
+	return true
 }
 
 // Tables tracks what is programmed and allocates frontend and backend IDs. IDs
@@ -235,7 +282,7 @@ func (t *Tables) Apply(c Changes) *Update {
 		deleteService(u, k)
 		putSrcRanges(u, p.id, p.ranges, nil)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
-		if p.maglev != nil {
+		if p.hasMaglev() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		}
 		for _, b := range p.backends {
@@ -298,22 +345,15 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	}
 	p.backends = next
 	// Maglev (written before the service value that announces its size).
-	var table []uint32
-	if f.Maglev != nil {
-		table = make([]uint32, len(f.Maglev))
-		for i, bi := range f.Maglev {
-			table[i] = ids[bi]
-		}
-	}
-	if !slices.Equal(table, p.maglev) {
-		if table == nil {
+	if !p.sameMaglev(f.Maglev, ids) {
+		if f.Maglev == nil {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		} else {
-			u.Maglev[p.id] = table
+			u.Maglev[p.id] = maglevTable(f.Maglev, ids)
 		}
-		p.maglev = table
+		p.maglevIdx, p.maglevIDs, p.adopted = f.Maglev, ids, nil
 	}
-	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(table)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
+	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(f.Maglev)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
 	if f.AffinityTimeout > 0 {
 		sv.Flags |= ServiceFlagAffinity
 	}
@@ -351,8 +391,8 @@ func (t *Tables) Snapshot() *Update {
 	for k, p := range t.fronts {
 		putService(u, k, p.svcVal)
 		putRevNat(u, k, p.id)
-		if p.maglev != nil {
-			u.Maglev[p.id] = slices.Clone(p.maglev)
+		if p.hasMaglev() {
+			u.Maglev[p.id] = p.maglevTable()
 		}
 		putSrcRanges(u, p.id, nil, p.ranges)
 		for _, b := range p.backends {
