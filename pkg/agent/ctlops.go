@@ -49,9 +49,20 @@ func (a *Agent) applyServices(u *service.Update) error {
 		if err != nil {
 			return fmt.Errorf("apply services: %w", err)
 		}
-		c.svcRetry = c.svcRetry[1:]
+		c.svcRetry = dropFirst(c.svcRetry)
 	}
 	return nil
+}
+
+// dropFirst removes q's first element, letting go of it: the queue's array
+// must not keep an applied update (a full set's Maglev tables and backends)
+// alive.
+func dropFirst[T any](q []*T) []*T {
+	q[0] = nil
+	if len(q) == 1 {
+		return nil
+	}
+	return q[1:]
 }
 
 // applyPolicy is applyServices for policy updates.
@@ -70,7 +81,7 @@ func (a *Agent) applyPolicy(u *policy.Update) error {
 		if err != nil {
 			return fmt.Errorf("apply policy: %w", err)
 		}
-		c.polRetry = c.polRetry[1:]
+		c.polRetry = dropFirst(c.polRetry)
 	}
 	return a.syncTunnelIdentities()
 }
