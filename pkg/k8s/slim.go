@@ -83,5 +83,4 @@ func slimContainers(cs []corev1.Container) []corev1.Container {
 
 func slimNode(n *corev1.Node) {
 	n.Status = corev1.NodeStatus{Addresses: n.Status.Addresses}
-	n.Spec.ConfigSource = nil
 }
