@@ -115,37 +115,68 @@ func TestAgentMemoryAtScale(t *testing.T) {
 	}
 	t.Logf("filled %d Services x %d endpoints, %d pods, %d policies in %s", n, cfg.Endpoints, pods, cfg.Policies, time.Since(filled).Round(time.Second))
 
-	// The first start at N: the informers list everything, the agent
-	// programs it.
-	agent, log = e.start(t, "--pprof-address", pprofAt)
-	started := time.Now()
-	e.waitReady(t, log, 10*time.Minute)
-	e.waitFrontends(t, log, n)
-	t.Logf("N=%d: ready with every frontend %s after the start", n, time.Since(started).Round(time.Millisecond))
-	at := measure(t, agent.Process.Pid, pprofAt, filepath.Join(dir, fmt.Sprintf("heap-%d.pb.gz", n)))
-	t.Logf("N=%d: %s", n, at)
-	perSvc := (at.heap - base.heap) / uint64(n)
-	t.Logf("per Service: heap %d B, RSS %d B", perSvc, (at.rss-base.rss)/uint64(n))
-	topOf(t, filepath.Join(dir, fmt.Sprintf("heap-%d.pb.gz", n)))
+	perSvc, answered := e.atScale(t, "", n, base, pprofAt, dir)
 	if perSvc > maxHeapPerService {
 		t.Errorf("the agent's Go heap holds %d B per Service at %d Services, want <= %d", perSvc, n, maxHeapPerService)
 	}
-
-	// A restart at N: the socket answers at once, ready follows.
-	e.stop(t, agent, log)
-	agent, log = e.start(t, "--pprof-address", pprofAt)
-	defer e.stop(t, agent, log)
-	started = time.Now()
-	st := e.waitStatus(t, log, 2*time.Minute)
-	answered := time.Since(started)
-	e.waitReady(t, log, 10*time.Minute)
-	e.waitFrontends(t, log, n)
-	t.Logf("restart at N=%d: socket answered after %s (ready %v %q), ready with every frontend after %s",
-		n, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
 	if answered > maxSocketAfterStart {
 		t.Errorf("after a restart at %d Services the socket answered after %s, want <= %s (CNI ADD/DEL and lanekit status wait for it)",
 			n, answered.Round(time.Millisecond), maxSocketAfterStart)
 	}
+	// Another lanekitd (an older build) against the same API server, from
+	// an empty state: before/after numbers without a second fill.
+	if other := os.Getenv("LANEKIT_MEM_COMPARE_BIN"); other != "" {
+		if filepath.Base(other) != "lanekitd" {
+			t.Fatalf("LANEKIT_MEM_COMPARE_BIN=%s: want a path to a lanekitd", other)
+		}
+		for _, d := range []string{e.state, e.bpf} {
+			if err := os.RemoveAll(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.bin = filepath.Dir(other)
+		e.atScale(t, other, n, base, pprofAt, dir)
+	}
+}
+
+// atScale starts the agent on the filled API server (the informers list
+// everything, the agent programs it) and measures it, then restarts it: the
+// heap per Service above base and how long the restarted agent's socket
+// took to answer. name labels the lines (""; the built agent).
+func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprofAt, dir string) (uint64, time.Duration) {
+	t.Helper()
+	tag := fmt.Sprintf("N=%d", n)
+	if name != "" {
+		tag += " (" + name + ")"
+	}
+	started := time.Now()
+	agent, log := e.start(t, "--pprof-address", pprofAt)
+	e.waitReady(t, log, 10*time.Minute)
+	e.waitFrontends(t, log, n)
+	t.Logf("%s: ready with every frontend %s after the start", tag, time.Since(started).Round(time.Millisecond))
+	file := filepath.Join(dir, fmt.Sprintf("heap-%d%s.pb.gz", n, map[bool]string{true: "-compare"}[name != ""]))
+	at := measure(t, agent.Process.Pid, pprofAt, file)
+	t.Logf("%s: %s", tag, at)
+	perSvc := (at.heap - base.heap) / uint64(n)
+	t.Logf("%s: per Service: heap %d B, RSS %d B", tag, perSvc, (at.rss-base.rss)/uint64(n))
+	topOf(t, file)
+
+	// A restart at N: the socket answers at once, ready follows.
+	e.stop(t, agent, log)
+	started = time.Now()
+	agent, log = e.start(t, "--pprof-address", pprofAt)
+	defer e.stop(t, agent, log)
+	st := e.waitStatus(t, log, 2*time.Minute)
+	answered := time.Since(started)
+	e.waitReady(t, log, 10*time.Minute)
+	e.waitFrontends(t, log, n)
+	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
+		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
+	if answered > 2*time.Second { // what came before the socket
+		lines := strings.Split(log.String(), "\n")
+		t.Logf("%s: the restarted agent's log:\n%s", tag, strings.Join(lines[:min(len(lines), 25)], "\n"))
+	}
+	return perSvc, answered
 }
 
 // usage is what the agent holds: RSS and the Go heap in use after a GC.
