@@ -162,27 +162,34 @@ type programmed struct {
 	id       uint32
 	svcVal   ServiceValue
 	backends []progBackend // sorted by ap, like Frontend.Backends
-	// The programmed Maglev table is maglevIdx (the model's own table of
-	// backend indexes, shared: the model does not change it) over
-	// maglevIDs (the backends' IDs), not a copy of its hundreds of slots:
-	// at 30,000 Services that copy was as large as the model's tables. An
-	// adopted table (read from the pinned maps at restart) is held as read
-	// until the frontend is next programmed.
-	maglevIdx []int32
+	// The programmed Maglev table is maglev (the table of backend indexes,
+	// a byte per slot for up to 256 backends) over maglevIDs (the backends'
+	// IDs), not the table of IDs itself (4 bytes per slot: at 30,000
+	// Services as large as the model's tables). An adopted table (read from
+	// the pinned maps at restart) is held as read until the frontend is next
+	// programmed.
+	maglev    maglevIdx
 	maglevIDs []uint32
 	adopted   []uint32
 	ranges    []netip.Prefix // sorted, like Frontend.SourceRanges
 }
 
 // hasMaglev says whether p has a Maglev table programmed.
-func (p *programmed) hasMaglev() bool { return p.maglevIdx != nil || p.adopted != nil }
+func (p *programmed) hasMaglev() bool { return !p.maglev.none() || p.adopted != nil }
 
 // maglevTable is p's programmed Maglev table (nil: none).
 func (p *programmed) maglevTable() []uint32 {
 	if p.adopted != nil {
 		return slices.Clone(p.adopted)
 	}
-	return maglevTable(p.maglevIdx, p.maglevIDs)
+	if p.maglev.none() {
+		return nil
+	}
+	table := make([]uint32, p.maglev.len())
+	for i := range table {
+		table[i] = p.maglevIDs[p.maglev.at(i)]
+	}
+	return table
 }
 
 // maglevTable maps a Maglev table of backend indexes to backend IDs.
@@ -197,16 +204,45 @@ func maglevTable(idx []int32, ids []uint32) []uint32 {
 	return table
 }
 
+// maglevIdx is a Maglev table of backend indexes, packed.
+type maglevIdx struct {
+	small []uint8 // up to 256 backends
+	big   []int32
+}
+
+func packMaglev(idx []int32, backends int) maglevIdx {
+	switch {
+	case idx == nil:
+		return maglevIdx{}
+	case backends <= 256:
+		small := make([]uint8, len(idx))
+		for i, bi := range idx {
+			small[i] = uint8(bi)
+		}
+		return maglevIdx{small: small}
+	}
+	return maglevIdx{big: slices.Clone(idx)}
+}
+
+func (m maglevIdx) none() bool { return m.small == nil && m.big == nil }
+func (m maglevIdx) len() int   { return len(m.small) + len(m.big) }
+func (m maglevIdx) at(i int) int32 {
+	if m.small != nil {
+		return int32(m.small[i])
+	}
+	return m.big[i]
+}
+
 // sameMaglev says whether p's programmed table is idx over ids.
 func (p *programmed) sameMaglev(idx []int32, ids []uint32) bool {
 	if p.adopted != nil {
 		return idx != nil && slices.Equal(maglevTable(idx, ids), p.adopted)
 	}
-	if (idx == nil) != (p.maglevIdx == nil) || !slices.Equal(idx, p.maglevIdx) {
+	if (idx == nil) != p.maglev.none() || len(idx) != p.maglev.len() {
 		return false
 	}
-	for _, bi := range idx { // the IDs the table refers to (each once would do; cheap enough)
-		if ids[bi] != p.maglevIDs[bi] {
+	for i, bi := range idx {
+		if p.maglev.at(i) != bi || ids[bi] != p.maglevIDs[bi] {
 			return false
 		}
 	}
@@ -351,8 +387,14 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 		} else {
 			u.Maglev[p.id] = maglevTable(f.Maglev, ids)
 		}
-		p.maglevIdx, p.maglevIDs, p.adopted = f.Maglev, ids, nil
+		p.maglev, p.maglevIDs = packMaglev(f.Maglev, len(ids)), ids
+	} else {
+		if p.adopted != nil { // as read at restart: now as programmed
+			p.maglev = packMaglev(f.Maglev, len(ids))
+		}
+		p.maglevIDs = ids
 	}
+	p.adopted = nil
 	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(f.Maglev)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
 	if f.AffinityTimeout > 0 {
 		sv.Flags |= ServiceFlagAffinity
