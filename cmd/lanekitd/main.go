@@ -44,6 +44,7 @@ func run(args []string) error {
 		logJSON bool
 		verbose bool
 		metrics string
+		pprofAt string
 		kube    kubeFlags
 		lb      lbFlags   // --lb-ipam, --l2-announce (lbipam.go)
 		mode    modeFlags // --mode host|dpu (mode.go)
@@ -171,6 +172,8 @@ func run(args []string) error {
 	})
 	fs.StringVar(&cfg.PodCongestionControl, "pod-congestion-control", "", "TCP congestion control of every new pod's namespace, e.g. bbr (recommended with kubernetes.io/egress-bandwidth limits); empty: the kernel's default. Refused at start when the kernel lacks it")
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
+	fs.StringVar(&pprofAt, "pprof-address", "", "serve Go's runtime profiles (go tool pprof http://ADDR/debug/pprof/heap) on this address, e.g. 127.0.0.1:6060; "+
+		"not authenticated: keep it on 127.0.0.1; empty: off")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")
 	lab := labswitch.On()
@@ -225,6 +228,11 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if pprofAt != "" { // first: a slow start is what one profiles
+		if _, err := servePprof(ctx, pprofAt, log); err != nil {
+			return err
+		}
+	}
 	var (
 		kc      *kubeClients
 		offline bool      // started from the stored node facts (nodestart.go)

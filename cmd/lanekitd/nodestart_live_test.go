@@ -252,13 +252,13 @@ func newOfflineEnv(t *testing.T) *offlineEnv {
 
 // start runs lanekitd (its process in the test's network namespace, where
 // the API server and the probes are; its datapath in the node namespace).
-func (e *offlineEnv) start(t *testing.T) (*exec.Cmd, *bytes.Buffer) {
+func (e *offlineEnv) start(t *testing.T, extra ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	log := &bytes.Buffer{}
-	cmd := exec.Command(filepath.Join(e.bin, "lanekitd"), "--state-dir", e.state, "--socket", e.sock,
+	cmd := exec.Command(filepath.Join(e.bin, "lanekitd"), append([]string{"--state-dir", e.state, "--socket", e.sock,
 		"--host-netns", e.node, "--uplink", "lo", "--mtu", "1500", "--bpf-dir", e.bpf,
 		"--vm-socket-dir", filepath.Join(e.dir, "vm"), "--socket-lb=false", "--service-health-checks=false",
-		"--node-name", "n7", "--kubeconfig", e.kubeconfig, "--metrics-listen", e.metrics, "--log-json=false")
+		"--node-name", "n7", "--kubeconfig", e.kubeconfig, "--metrics-listen", e.metrics, "--log-json=false"}, extra...)...)
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

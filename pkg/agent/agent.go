@@ -13,6 +13,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -181,6 +182,11 @@ type Agent struct {
 
 	mu  sync.Mutex             // serialises changes to endpoints
 	vms map[string]*xsk.Server // running socket servers by VM name, under mu
+	// restore is the control plane's background restore (nil: restored
+	// before New returned, as tests do).
+	restore *restoreState
+	// lastStats are ControlStats' last counts (restore.go: statsWait).
+	lastStats atomic.Pointer[ControlStats]
 	// backends are the vhost-user backends the agent runs (CNI VM
 	// attachments), by VM name, under mu.
 	backends map[string]*backendProc
@@ -332,17 +338,12 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err := a.adopt(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
-	if err := a.restoreControlPlane(); err != nil {
-		return nil, fmt.Errorf("new agent: %w", err)
-	}
 	if err := a.setupSockLB(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
-	// The node's addresses before the API serves (kubelet probes of pods
-	// under an egress default-deny); MaintainOnce retries a failure.
-	if err := a.SyncHostAddrs(); err != nil {
-		log.Warn("node addresses for policy", "err", err)
-	}
+	// The stored Services and policies, in the background (restore.go):
+	// at scale they take seconds, and the socket serves meanwhile.
+	a.startRestore()
 	return a, nil
 }
 
@@ -371,6 +372,9 @@ func (a *Agent) chooseMode() error {
 // datapath objects stay: pods keep forwarding while the agent is down.
 func (a *Agent) Close() error {
 	var errs []error
+	if err := a.waitRestore(); err != nil { // it uses the store and the datapath
+		errs = append(errs, err)
+	}
 	a.mu.Lock()
 	for name := range a.vms {
 		errs = append(errs, a.stopVMServer(name))
@@ -665,16 +669,34 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go a.maintain(mctx, every)
-	go a.watchHostAddrs(mctx)
 	a.log.Info("serving", "socket", a.cfg.Socket, "pod_cidr", a.cfg.PodCIDR, "datapath", a.backend, "device_mode", a.mode)
-	select {
-	case <-ctx.Done():
-		a.log.Info("shutting down")
-		stopGracefully(srv)
-		<-errc
-		return nil
-	case err := <-errc:
-		return fmt.Errorf("serve %s: %w", a.cfg.Socket, err)
+	var restored <-chan struct{}
+	if a.restore != nil {
+		restored = a.restore.done
+	} else {
+		done := make(chan struct{})
+		close(done)
+		restored = done
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			a.log.Info("shutting down")
+			stopGracefully(srv)
+			<-errc
+			return nil
+		case err := <-errc:
+			return fmt.Errorf("serve %s: %w", a.cfg.Socket, err)
+		case <-restored:
+			restored = nil
+			if err := a.restore.errOrNil(); err != nil {
+				stopGracefully(srv)
+				<-errc
+				return err
+			}
+			// The periodic work needs the control plane.
+			go a.maintain(mctx, every)
+			go a.watchHostAddrs(mctx)
+		}
 	}
 }

@@ -422,9 +422,15 @@ func TestServeSocketAndStatus(t *testing.T) {
 	}
 	defer conn.Close()
 	c := apiv1.NewAgentClient(conn)
-	st, err := c.Status(ctx, &apiv1.StatusRequest{})
-	if err != nil {
-		t.Fatal(err)
+	var st *apiv1.StatusResponse
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// Ready once the control plane's background restore is done.
+		if st, err = c.Status(ctx, &apiv1.StatusRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if st.Ready || time.Now().After(deadline) {
+			break
+		}
 	}
 	if st.PodCidr != "10.77.0.0/28" || st.Datapath.DeviceMode != string(probedMode(a)) || st.Datapath.DeviceModeReason == "" ||
 		st.Kernel.Release == "" || st.IpsCapacity != 14 || !st.Ready || st.Datapath.Backend != "test" {

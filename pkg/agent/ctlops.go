@@ -49,9 +49,20 @@ func (a *Agent) applyServices(u *service.Update) error {
 		if err != nil {
 			return fmt.Errorf("apply services: %w", err)
 		}
-		c.svcRetry = c.svcRetry[1:]
+		c.svcRetry = dropFirst(c.svcRetry)
 	}
 	return nil
+}
+
+// dropFirst removes q's first element, letting go of it: the queue's array
+// must not keep an applied update (a full set's Maglev tables and backends)
+// alive.
+func dropFirst[T any](q []*T) []*T {
+	q[0] = nil
+	if len(q) == 1 {
+		return nil
+	}
+	return q[1:]
 }
 
 // applyPolicy is applyServices for policy updates.
@@ -70,7 +81,7 @@ func (a *Agent) applyPolicy(u *policy.Update) error {
 		if err != nil {
 			return fmt.Errorf("apply policy: %w", err)
 		}
-		c.polRetry = c.polRetry[1:]
+		c.polRetry = dropFirst(c.polRetry)
 	}
 	return a.syncTunnelIdentities()
 }
@@ -139,11 +150,18 @@ func (a *Agent) nodeAddrs() ([]netip.Addr, error) {
 	return out, err
 }
 
-// restoreControlPlane runs at start-up after the endpoints are re-adopted:
-// it loads the stored objects and identities, re-adopts the service IDs the
-// pinned maps hold (so established flows keep their backends), removes what
-// the stored objects no longer have, and programs policy.
+// restoreControlPlane creates the control plane and restores it (tests;
+// the agent restores in the background: restore.go).
 func (a *Agent) restoreControlPlane() error {
+	c := a.newControlPlane()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return a.restoreLocked()
+}
+
+// newControlPlane creates a.ctl, empty, with the node's addresses and the
+// maps' sizes.
+func (a *Agent) newControlPlane() *ctlPlane {
 	addrs, err := a.nodeAddrs()
 	if err != nil {
 		a.log.Warn("no node addresses for NodePort services", "err", err)
@@ -165,23 +183,32 @@ func (a *Agent) restoreControlPlane() error {
 	fronts, backs := datapath.Config{LBFrontends: a.cfg.LBFrontends, LBBackends: a.cfg.LBBackends}.LBSizes()
 	a.ctl.tables.SetCapacity(service.Capacity{Frontends: fronts, Backends: backs})
 	a.ctl.policySizes = datapath.Config{PolicyMaps: a.cfg.PolicyMaps}.PolicySizes()
+	a.ctl.log = a.log
+	return a.ctl
+}
+
+// restoreLocked runs at start-up after the endpoints are re-adopted: it
+// loads the stored objects and identities, re-adopts the service IDs the
+// pinned maps hold (so established flows keep their backends), removes what
+// the stored objects no longer have, and programs policy. Called with
+// ctl.mu.
+func (a *Agent) restoreLocked() error {
 	c := a.ctl
-	c.log = a.log
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err := a.restoreIdentities(); err != nil {
 		return err
 	}
 	var bad []string
-	err = a.st.View(func(tx *store.Tx) error {
+	err := a.st.View(func(tx *store.Tx) error {
 		return tx.ForEach(store.Objects, func(k []byte, raw json.RawMessage) error {
-			objs, err := k8sobj.Decode(raw)
-			if err != nil || len(objs) != 1 || objs[0].Key() != string(k) {
+			// One JSON object as commit wrote it: no YAML step (most of
+			// a restart's time at scale went there).
+			o, err := k8sobj.DecodeJSON(raw)
+			if err != nil || o.Key() != string(k) {
 				a.log.Error("dropping stored object that no longer decodes", "key", string(k), "err", err)
 				bad = append(bad, string(k))
 				return nil
 			}
-			c.objs[string(k)] = objs[0]
+			c.objs[string(k)] = o
 			return nil
 		})
 	})
@@ -448,9 +475,20 @@ func (a *Agent) Policies() ([]PolicyInfo, error) {
 
 // ControlStats returns the control plane's counts and the datapath's
 // conntrack statistics.
+//
+// While the control plane is busy for longer than statsWait (a restore, a
+// kind's full set at scale) it returns the counts of its last call, with
+// the conntrack statistics current: Status answers, a moment behind.
 func (a *Agent) ControlStats() ControlStats {
 	c := a.ctl
-	c.mu.Lock()
+	if !lockWithin(&c.mu, statsWait) {
+		var s ControlStats
+		if last := a.lastStats.Load(); last != nil {
+			s = *last
+		}
+		a.conntrackStats(&s)
+		return s
+	}
 	s := ControlStats{Objects: map[k8sobj.Kind]int{}, Services: len(c.model.Services()), Policies: len(c.compiled.Policies),
 		Identities: len(c.idsStored), Rules: len(c.compiled.Rules), Endpoints: len(c.compiled.IPCache),
 		PendingSvc: len(c.svcRetry), PendingPol: len(c.polRetry), ServiceDP: a.serviceDP() != nil, PolicyDP: a.policyDP() != nil,
@@ -472,6 +510,14 @@ func (a *Agent) ControlStats() ControlStats {
 	s.Maps = c.mapStats()
 	c.mu.Unlock()
 	s.SockLB, s.HealthChecks = a.sockLB, a.HealthChecks()
+	last := s
+	a.lastStats.Store(&last)
+	a.conntrackStats(&s)
+	return s
+}
+
+// conntrackStats adds the datapath's conntrack statistics to s.
+func (a *Agent) conntrackStats(s *ControlStats) {
 	if sd := a.serviceDP(); sd != nil {
 		var st datapath.ServiceStats
 		var err error
@@ -482,7 +528,6 @@ func (a *Agent) ControlStats() ControlStats {
 			s.Conntrack = &st
 		}
 	}
-	return s
 }
 
 // PolicyVerdicts returns the datapath's verdicts by policy (namespace/name).

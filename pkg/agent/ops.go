@@ -481,6 +481,9 @@ func (a *Agent) ready() (bool, string) {
 			return false, "datapath not loaded: " + err.Error()
 		}
 	}
+	if why := a.restoring(); why != "" { // restore.go
+		return false, why
+	}
 	a.readyMu.Lock()
 	checks := slices.Clone(a.readyChecks)
 	a.readyMu.Unlock()

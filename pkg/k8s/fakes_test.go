@@ -20,7 +20,8 @@ type objectStore struct {
 	mu       sync.Mutex
 	objs     map[string]k8sobj.Object
 	replaces map[k8sobj.Kind]int
-	fail     error // returned by every call while set
+	upserts  []string // keys upserted one by one (not by a replace)
+	fail     error    // returned by every call while set
 	// refuse: objects by key the store refuses (agent.ErrInvalid) as the
 	// agent refuses a Service clashing with an older one.
 	refuse map[string]bool
@@ -43,6 +44,9 @@ func (s *objectStore) UpsertObjects(objs []k8sobj.Object) error {
 	}
 	for _, o := range objs {
 		s.objs[o.Key()] = o
+	}
+	for _, o := range objs {
+		s.upserts = append(s.upserts, o.Key())
 	}
 	return nil
 }

@@ -162,8 +162,8 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Latency != nil {
 		s.latency = newLatencyTracker(cfg.Latency, time.Now())
 	}
-	// Managed fields are most of an object's size and nothing reads them.
-	s.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(stripManagedFields))
+	// Only what the agent reads enters the caches (slim.go).
+	s.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(slim))
 	f := s.factory
 	s.kinds[k8sobj.KindNamespace] = f.Core().V1().Namespaces().Informer()
 	s.kinds[k8sobj.KindPod] = f.Core().V1().Pods().Informer()
@@ -240,13 +240,6 @@ func (s *Source) kickNodes() {
 	}
 }
 
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
-}
-
 // handler queues each add, update and delete of kind by name; the worker
 // reads the current state from the informer's store.
 // With a latency tracker, each change's trigger time is noted before the
@@ -275,8 +268,15 @@ func (s *Source) handler(kind k8sobj.Kind) cache.ResourceEventHandler {
 			}
 		}
 	}
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { enqueue(nil, obj, false) },
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			// The initial list reaches the agent as the kind's full set
+			// once the caches are synced (Run): queued too, each object
+			// would be applied a second time, one by one.
+			if !initial {
+				enqueue(nil, obj, false)
+			}
+		},
 		UpdateFunc: func(old, obj any) { enqueue(old, obj, false) },
 		DeleteFunc: func(obj any) { enqueue(nil, obj, true) },
 	}
@@ -573,36 +573,52 @@ var typeMeta = map[k8sobj.Kind]metav1.TypeMeta{
 	k8sobj.KindNetworkPolicy: {APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 }
 
-// toObject wraps an informer object (a copy: the cache's must not change)
-// and validates it like the agent does for files.
+// toObject wraps an informer object and validates it like the agent does
+// for files. The cache's object itself, not a copy (the agent would hold a
+// second copy of every object): the transform (slim.go) gave it its
+// TypeMeta, and neither the cache nor the agent changes it. An object
+// without TypeMeta (not from the transform) is wrapped in a shallow copy
+// that has it.
 func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
-	ro, ok := o.(runtime.Object)
-	if !ok {
-		return k8sobj.Object{}, fmt.Errorf("%s: unexpected %T", kind, o)
-	}
-	ro = ro.DeepCopyObject()
 	obj := k8sobj.Object{Kind: kind}
-	switch v := ro.(type) {
+	var is k8sobj.Kind
+	switch v := o.(type) {
 	case *corev1.Namespace:
-		v.TypeMeta, obj.NamespaceObj = typeMeta[k8sobj.KindNamespace], v
+		is, obj.NamespaceObj = k8sobj.KindNamespace, typed(v, k8sobj.KindNamespace)
 	case *corev1.Pod:
-		v.TypeMeta, obj.Pod = typeMeta[k8sobj.KindPod], v
+		is, obj.Pod = k8sobj.KindPod, typed(v, k8sobj.KindPod)
 	case *corev1.Service:
-		v.TypeMeta, obj.Service = typeMeta[k8sobj.KindService], v
+		is, obj.Service = k8sobj.KindService, typed(v, k8sobj.KindService)
 	case *discoveryv1.EndpointSlice:
-		v.TypeMeta, obj.EndpointSlice = typeMeta[k8sobj.KindEndpointSlice], v
+		is, obj.EndpointSlice = k8sobj.KindEndpointSlice, typed(v, k8sobj.KindEndpointSlice)
 	case *networkingv1.NetworkPolicy:
-		v.TypeMeta, obj.NetworkPolicy = typeMeta[k8sobj.KindNetworkPolicy], v
+		is, obj.NetworkPolicy = k8sobj.KindNetworkPolicy, typed(v, k8sobj.KindNetworkPolicy)
 	default:
 		return obj, fmt.Errorf("%s: unexpected %T", kind, o)
 	}
-	if got := ro.GetObjectKind().GroupVersionKind().Kind; got != string(kind) {
-		return obj, fmt.Errorf("%s: got a %s", kind, got)
+	if is != kind {
+		return obj, fmt.Errorf("%s: got a %s", kind, is)
 	}
 	if err := k8sobj.Check(obj); err != nil {
 		return obj, fmt.Errorf("%s: %w: %w", obj, err, errInvalid)
 	}
 	return obj, nil
+}
+
+// typed is v if it carries kind's TypeMeta, else a shallow copy that does.
+func typed[T any, P interface {
+	*T
+	runtime.Object
+}](v P, kind k8sobj.Kind) P {
+	tm := typeMeta[kind]
+	gvk := tm.GroupVersionKind()
+	if v.GetObjectKind().GroupVersionKind() == gvk {
+		return v
+	}
+	c := *v
+	p := P(&c)
+	p.GetObjectKind().SetGroupVersionKind(gvk)
+	return p
 }
 
 // WaitPodCIDR returns node's IPv4 spec.podCIDR(s), or on an IPv6-only node

@@ -175,6 +175,12 @@ func Decode(data []byte) ([]Object, error) {
 	return out, nil
 }
 
+// DecodeJSON decodes one JSON object as EncodeJSON writes it (the agent's
+// store), strict and validated like Decode but without Decode's YAML step.
+func DecodeJSON(js []byte) (Object, error) {
+	return decodeOne(0, bytes.TrimSpace(js))
+}
+
 // DecodeReader reads r to the end and decodes it like Decode.
 func DecodeReader(r io.Reader) ([]Object, error) {
 	data, err := io.ReadAll(r)

@@ -118,6 +118,26 @@ func parallel(ctx context.Context, n, w int, f func(ctx context.Context, i int) 
 	return context.Cause(ctx)
 }
 
+// FillScale creates what `lanekit lab scale` creates before it churns —
+// cfg.Nodes Nodes, cfg.Services Services with their EndpointSlices, pods and
+// policies — through c on any API server (lanekitd's memory harness fills a
+// test API server with it, no lab needed).
+func FillScale(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	if err := createNodes(ctx, c, cfg); err != nil {
+		return fmt.Errorf("nodes: %w", err)
+	}
+	if err := createServices(ctx, c, cfg); err != nil {
+		return fmt.Errorf("services: %w", err)
+	}
+	if err := createPods(ctx, c, cfg); err != nil {
+		return fmt.Errorf("pods and policies: %w", err)
+	}
+	return nil
+}
+
 // createNodes registers the fake Nodes, Ready, with pod CIDRs and InternalIPs.
 func createNodes(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
 	return parallel(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, k int) error {

@@ -42,7 +42,7 @@ func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 	}
 	adoptSrcRanges(u, byFront, orphans) // srcrange.go
 	for id := range u.Maglev {
-		if p := byFront[id]; p == nil || p.maglev == nil {
+		if p := byFront[id]; p == nil || !p.hasMaglev() {
 			orphans.MaglevDeletes = append(orphans.MaglevDeletes, id)
 		}
 	}
@@ -72,7 +72,7 @@ func (t *Tables) adoptFront(fk FrontendKey, v ServiceValue, u *Update, byFront m
 	}
 	p := &programmed{id: v.FrontendID, svcVal: v}
 	if v.MaglevSize > 0 {
-		p.maglev = slices.Clone(u.Maglev[v.FrontendID])
+		p.adopted = slices.Clone(u.Maglev[v.FrontendID])
 	}
 	t.fronts[fk] = p
 	t.usedFront[p.id] = true

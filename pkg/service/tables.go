@@ -162,8 +162,91 @@ type programmed struct {
 	id       uint32
 	svcVal   ServiceValue
 	backends []progBackend // sorted by ap, like Frontend.Backends
-	maglev   []uint32
-	ranges   []netip.Prefix // sorted, like Frontend.SourceRanges
+	// The programmed Maglev table is maglev (the table of backend indexes,
+	// a byte per slot for up to 256 backends) over maglevIDs (the backends'
+	// IDs), not the table of IDs itself (4 bytes per slot: at 30,000
+	// Services as large as the model's tables). An adopted table (read from
+	// the pinned maps at restart) is held as read until the frontend is next
+	// programmed.
+	maglev    maglevIdx
+	maglevIDs []uint32
+	adopted   []uint32
+	ranges    []netip.Prefix // sorted, like Frontend.SourceRanges
+}
+
+// hasMaglev says whether p has a Maglev table programmed.
+func (p *programmed) hasMaglev() bool { return !p.maglev.none() || p.adopted != nil }
+
+// maglevTable is p's programmed Maglev table (nil: none).
+func (p *programmed) maglevTable() []uint32 {
+	if p.adopted != nil {
+		return slices.Clone(p.adopted)
+	}
+	if p.maglev.none() {
+		return nil
+	}
+	table := make([]uint32, p.maglev.len())
+	for i := range table {
+		table[i] = p.maglevIDs[p.maglev.at(i)]
+	}
+	return table
+}
+
+// maglevTable maps a Maglev table of backend indexes to backend IDs.
+func maglevTable(idx []int32, ids []uint32) []uint32 {
+	if idx == nil {
+		return nil
+	}
+	table := make([]uint32, len(idx))
+	for i, bi := range idx {
+		table[i] = ids[bi]
+	}
+	return table
+}
+
+// maglevIdx is a Maglev table of backend indexes, packed.
+type maglevIdx struct {
+	small []uint8 // up to 256 backends
+	big   []int32
+}
+
+func packMaglev(idx []int32, backends int) maglevIdx {
+	switch {
+	case idx == nil:
+		return maglevIdx{}
+	case backends <= 256:
+		small := make([]uint8, len(idx))
+		for i, bi := range idx {
+			small[i] = uint8(bi)
+		}
+		return maglevIdx{small: small}
+	}
+	return maglevIdx{big: slices.Clone(idx)}
+}
+
+func (m maglevIdx) none() bool { return m.small == nil && m.big == nil }
+func (m maglevIdx) len() int   { return len(m.small) + len(m.big) }
+func (m maglevIdx) at(i int) int32 {
+	if m.small != nil {
+		return int32(m.small[i])
+	}
+	return m.big[i]
+}
+
+// sameMaglev says whether p's programmed table is idx over ids.
+func (p *programmed) sameMaglev(idx []int32, ids []uint32) bool {
+	if p.adopted != nil {
+		return idx != nil && slices.Equal(maglevTable(idx, ids), p.adopted)
+	}
+	if (idx == nil) != p.maglev.none() || len(idx) != p.maglev.len() {
+		return false
+	}
+	for i, bi := range idx {
+		if p.maglev.at(i) != bi || ids[bi] != p.maglevIDs[bi] {
+			return false
+		}
+	}
+	return true
 }
 
 // Tables tracks what is programmed and allocates frontend and backend IDs. IDs
@@ -235,7 +318,7 @@ func (t *Tables) Apply(c Changes) *Update {
 		deleteService(u, k)
 		putSrcRanges(u, p.id, p.ranges, nil)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
-		if p.maglev != nil {
+		if p.hasMaglev() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		}
 		for _, b := range p.backends {
@@ -298,22 +381,21 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	}
 	p.backends = next
 	// Maglev (written before the service value that announces its size).
-	var table []uint32
-	if f.Maglev != nil {
-		table = make([]uint32, len(f.Maglev))
-		for i, bi := range f.Maglev {
-			table[i] = ids[bi]
-		}
-	}
-	if !slices.Equal(table, p.maglev) {
-		if table == nil {
+	if !p.sameMaglev(f.Maglev, ids) {
+		if f.Maglev == nil {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		} else {
-			u.Maglev[p.id] = table
+			u.Maglev[p.id] = maglevTable(f.Maglev, ids)
 		}
-		p.maglev = table
+		p.maglev, p.maglevIDs = packMaglev(f.Maglev, len(ids)), ids
+	} else {
+		if p.adopted != nil { // as read at restart: now as programmed
+			p.maglev = packMaglev(f.Maglev, len(ids))
+		}
+		p.maglevIDs = ids
 	}
-	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(table)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
+	p.adopted = nil
+	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(f.Maglev)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
 	if f.AffinityTimeout > 0 {
 		sv.Flags |= ServiceFlagAffinity
 	}
@@ -351,8 +433,8 @@ func (t *Tables) Snapshot() *Update {
 	for k, p := range t.fronts {
 		putService(u, k, p.svcVal)
 		putRevNat(u, k, p.id)
-		if p.maglev != nil {
-			u.Maglev[p.id] = slices.Clone(p.maglev)
+		if p.hasMaglev() {
+			u.Maglev[p.id] = p.maglevTable()
 		}
 		putSrcRanges(u, p.id, nil, p.ranges)
 		for _, b := range p.backends {

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/lab"
+	"github.com/lanekit/lanekit/pkg/service"
+)
+
+// The memory harness (issue 41): the built lanekitd — its real Kubernetes
+// source, service and policy programming and BPF datapath (pinned on a
+// bpffs of the test's own) — against a real API server filled as `lanekit
+// lab scale` fills the lab's, no lab needed. It reads the agent's RSS and
+// its Go heap (the --pprof-address endpoint) with nothing, then with N
+// Services x 4 endpoints synced, and times a restart at N.
+//
+//	LANEKIT_MEM_SERVICES=30000 LANEKIT_MEM_PODS=2000 LANEKIT_MEM_PROFILE_DIR=/tmp/prof \
+//	  go test ./cmd/lanekitd -run TestAgentMemoryAtScale -v -timeout 60m
+//
+// prints the numbers docs/benchmarks.md quotes and keeps the heap profiles
+// (go tool pprof -top -sample_index=inuse_space FILE).
+
+// memServicesDefault keeps the suite's run under a minute.
+const memServicesDefault = 2000
+
+// Generous bounds, far above what the agent holds and below what it held
+// before the informers kept slim objects and the agent stopped keeping a
+// second copy of each: a regression that keeps whole objects again fails.
+const (
+	maxHeapPerService = 12 << 10 // Go heap in use per Service (with its EndpointSlice)
+	// maxSocketAfterStart: the socket answers (Status says what is not
+	// ready yet) while the stored Services are restored and the informers
+	// sync, not after.
+	maxSocketAfterStart = 5 * time.Second
+)
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q: want a count", name, v)
+	}
+	return n
+}
+
+func TestAgentMemoryAtScale(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBPFFS(t)
+	n := envInt(t, "LANEKIT_MEM_SERVICES", memServicesDefault)
+	pods := envInt(t, "LANEKIT_MEM_PODS", 0)
+	if n < 1 {
+		t.Fatal("LANEKIT_MEM_SERVICES: want at least 1")
+	}
+	if n == memServicesDefault {
+		t.Logf("%d Services (LANEKIT_MEM_SERVICES=30000 for the issue's size; it takes minutes)", n)
+	}
+	srv := k8stest.StartT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
+	defer cancel()
+	rc := srv.RESTConfig()
+	rc.QPS, rc.Burst = 2000, 4000
+	admin, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n7"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := newOfflineEnv(t)
+	if err := srv.WriteKubeconfig(e.kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	pprofAt := freeAddr(t)
+	dir := os.Getenv("LANEKIT_MEM_PROFILE_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	agent, log := e.start(t, "--pprof-address", pprofAt)
+	e.waitReady(t, log, 60*time.Second)
+	base := measure(t, agent.Process.Pid, pprofAt, filepath.Join(dir, "heap-0.pb.gz"))
+	e.stop(t, agent, log)
+	t.Logf("N=0: %s", base)
+
+	cfg := lab.DefaultScaleConfig()
+	cfg.Services, cfg.Pods, cfg.Policies = n, pods, min(pods, 100)
+	filled := time.Now()
+	if err := lab.FillScale(ctx, admin, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("filled %d Services x %d endpoints, %d pods, %d policies in %s", n, cfg.Endpoints, pods, cfg.Policies, time.Since(filled).Round(time.Second))
+
+	perSvc, answered := e.atScale(t, "", n, base, pprofAt, dir)
+	if perSvc > maxHeapPerService {
+		t.Errorf("the agent's Go heap holds %d B per Service at %d Services, want <= %d", perSvc, n, maxHeapPerService)
+	}
+	if answered > maxSocketAfterStart {
+		t.Errorf("after a restart at %d Services the socket answered after %s, want <= %s (CNI ADD/DEL and lanekit status wait for it)",
+			n, answered.Round(time.Millisecond), maxSocketAfterStart)
+	}
+	// Another lanekitd (an older build) against the same API server, from
+	// an empty state: before/after numbers without a second fill.
+	if other := os.Getenv("LANEKIT_MEM_COMPARE_BIN"); other != "" {
+		if filepath.Base(other) != "lanekitd" {
+			t.Fatalf("LANEKIT_MEM_COMPARE_BIN=%s: want a path to a lanekitd", other)
+		}
+		for _, d := range []string{e.state, e.bpf} {
+			if err := os.RemoveAll(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.bin = filepath.Dir(other)
+		e.atScale(t, other, n, base, pprofAt, dir)
+	}
+}
+
+// atScale starts the agent on the filled API server (the informers list
+// everything, the agent programs it) and measures it, then restarts it: the
+// heap per Service above base and how long the restarted agent's socket
+// took to answer. name labels the lines (""; the built agent).
+func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprofAt, dir string) (uint64, time.Duration) {
+	t.Helper()
+	tag := fmt.Sprintf("N=%d", n)
+	if name != "" {
+		tag += " (" + name + ")"
+	}
+	started := time.Now()
+	agent, log := e.start(t, "--pprof-address", pprofAt)
+	e.waitReady(t, log, 10*time.Minute)
+	e.waitFrontends(t, log, n)
+	t.Logf("%s: ready with every frontend %s after the start", tag, time.Since(started).Round(time.Millisecond))
+	file := filepath.Join(dir, fmt.Sprintf("heap-%d%s.pb.gz", n, map[bool]string{true: "-compare"}[name != ""]))
+	at := measure(t, agent.Process.Pid, pprofAt, file)
+	t.Logf("%s: %s", tag, at)
+	perSvc := (at.heap - base.heap) / uint64(n)
+	t.Logf("%s: per Service: heap %d B, RSS %d B", tag, perSvc, (at.rss-base.rss)/uint64(n))
+	topOf(t, file)
+
+	// A restart at N: the socket answers at once, ready follows.
+	e.stop(t, agent, log)
+	started = time.Now()
+	agent, log = e.start(t, "--pprof-address", pprofAt)
+	defer e.stop(t, agent, log)
+	st := e.waitStatus(t, log, 2*time.Minute)
+	answered := time.Since(started)
+	e.waitReady(t, log, 10*time.Minute)
+	e.waitFrontends(t, log, n)
+	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
+		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
+	if answered > 2*time.Second { // what came before the socket
+		lines := strings.Split(log.String(), "\n")
+		t.Logf("%s: the restarted agent's log:\n%s", tag, strings.Join(lines[:min(len(lines), 25)], "\n"))
+	}
+	return perSvc, answered
+}
+
+// usage is what the agent holds: RSS and the Go heap in use after a GC.
+type usage struct{ rss, rssFile, heap, sys uint64 }
+
+func (u usage) String() string {
+	return fmt.Sprintf("RSS %.1f MB (file-backed %.1f MB), Go heap in use %.1f MB, Go sys %.1f MB", mb(u.rss), mb(u.rssFile), mb(u.heap), mb(u.sys))
+}
+
+func mb(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// measure reads pid's RSS and, through the pprof endpoint, its heap (after
+// a GC), saving the heap profile at file.
+func measure(t *testing.T, pid int, pprofAt, file string) usage {
+	t.Helper()
+	var u usage
+	get := func(q string) []byte {
+		resp, err := http.Get("http://" + pprofAt + "/debug/pprof/heap?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("pprof heap: %d %v", resp.StatusCode, err)
+		}
+		return b
+	}
+	get("gc=1") // twice: sync.Pools (bbolt's page buffers) keep what they hold through one GC
+	if err := os.WriteFile(file, get("gc=1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(get("debug=1")), "\n") {
+		if v, ok := strings.CutPrefix(l, "# HeapInuse = "); ok {
+			u.heap, _ = strconv.ParseUint(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(l, "# Sys = "); ok {
+			u.sys, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmRSS":
+			u.rss = kb << 10
+		case "RssFile": // the store's mmap, the binary
+			u.rssFile = kb << 10
+		}
+	}
+	if u.heap == 0 || u.rss == 0 {
+		t.Fatalf("no heap or RSS read: %+v", u)
+	}
+	return u
+}
+
+// topOf logs what holds the heap (go tool pprof -top).
+func topOf(t *testing.T, file string) {
+	t.Helper()
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", "-sample_index=inuse_space", file).CombinedOutput()
+	if err != nil {
+		t.Logf("go tool pprof: %v\n%s", err, out)
+		return
+	}
+	t.Logf("go tool pprof -top -sample_index=inuse_space %s:\n%s", file, out)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitFrontends waits until Status counts at least n IPv4 frontends.
+func (e *offlineEnv) waitFrontends(t *testing.T, log fmt.Stringer, n int) {
+	t.Helper()
+	got := -1
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		st, err := e.status()
+		if err != nil {
+			continue
+		}
+		for _, m := range st.GetControlPlane().GetMaps() {
+			if m.GetName() == service.MapFrontends {
+				got = int(m.GetEntries())
+			}
+		}
+		if got >= n {
+			return
+		}
+	}
+	t.Fatalf("%d frontends programmed, want %d\n%s", got, n, log)
+}

@@ -1,0 +1,128 @@
+package k8s
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// TestCachesKeepOnlyWhatTheAgentReads: through a real API server, a pod and
+// a node as kubelet and kubectl leave them reach the agent slim — volumes,
+// images, environment, probes, container statuses, node image lists and
+// kubectl's last-applied copy gone; labels, the annotations the agent reads,
+// named ports, hostPorts, node and addresses kept — and the agent's object
+// is the cache's own (no second copy of every object).
+func TestCachesKeepOnlyWhatTheAgentReads(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-s"}})
+	p := pod("team-s", "fat", "node-1", map[string]string{"app": "web"})
+	p.Annotations = map[string]string{lastApplied: `{"kind":"Pod","spec":{"containers":[{"image":"busybox"}]}}`, "kubernetes.io/egress-bandwidth": "10M"}
+	c := &p.Spec.Containers[0]
+	c.Ports = append(c.Ports, corev1.ContainerPort{ContainerPort: 8443, HostPort: 30443, Protocol: corev1.ProtocolTCP})
+	c.Env = []corev1.EnvVar{{Name: "SECRETISH", Value: "x"}}
+	c.Command = []string{"/bin/sh", "-c", "sleep infinity"}
+	c.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Port: intstr.FromInt32(8080)}}}
+	p.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	p.Spec.Tolerations = []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists}}
+	created := mustCreate(t, e.c.CoreV1().Pods("team-s").Create, p)
+	created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}}, HostIP: "192.168.50.1",
+		Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "busybox", ImageID: "sha256:0123"}}}
+	if _, err := e.c.CoreV1().Pods("team-s").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n := mustCreate(t, e.c.CoreV1().Nodes().Create, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.2.0/24", PodCIDRs: []string{"10.244.2.0/24"}}})
+	n.Status = corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.50.2"}},
+		Images: []corev1.ContainerImage{{Names: []string{"registry.example/big:1"}, SizeBytes: 1 << 30}}}
+	if _, err := e.c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	store := newObjectStore()
+	src, _ := run(t, Config{NodeName: "node-1", Client: e.c, Objects: store})
+	eventually(t, "initial sync", func() bool { return src.Synced() == nil })
+	key := k8sobj.ObjectKey(k8sobj.KindPod, "team-s", "fat")
+	var got *corev1.Pod
+	eventually(t, "the pod with its status", func() bool {
+		o, ok := store.get(key)
+		if ok && o.Pod.Status.PodIP != "" {
+			got = o.Pod
+		}
+		return got != nil
+	})
+	gc := got.Spec.Containers[0]
+	switch {
+	case got.Annotations[lastApplied] != "", len(got.ManagedFields) > 0:
+		t.Errorf("kubectl's last-applied copy or managed fields kept: %v", got.ObjectMeta)
+	case gc.Image != "" || len(gc.Env) > 0 || len(gc.Command) > 0 || gc.ReadinessProbe != nil:
+		t.Errorf("container kept what the agent does not read: %+v", gc)
+	case len(got.Spec.Volumes) > 0 || len(got.Spec.Tolerations) > 0:
+		t.Errorf("pod spec kept volumes or tolerations: %+v", got.Spec)
+	case len(got.Status.Conditions) > 0 || len(got.Status.ContainerStatuses) > 0:
+		t.Errorf("pod status kept conditions or container statuses: %+v", got.Status)
+	}
+	if got.Labels["app"] != "web" || got.Annotations["kubernetes.io/egress-bandwidth"] != "10M" || got.Spec.NodeName != "node-1" ||
+		len(gc.Ports) != 2 || gc.Ports[0].Name != "http" || gc.Ports[1].HostPort != 30443 ||
+		got.Status.PodIP != "10.244.1.7" || got.Status.HostIP != "192.168.50.1" || got.Status.Phase != corev1.PodRunning {
+		t.Errorf("pod lost what the agent reads: %+v", got)
+	}
+	if got.Kind != "Pod" || got.APIVersion != "v1" {
+		t.Errorf("pod TypeMeta %+v, want v1 Pod", got.TypeMeta)
+	}
+	cached, ok, err := src.cached(objKey{kind: k8sobj.KindPod, namespace: "team-s", name: "fat"})
+	if err != nil || !ok || cached.(*corev1.Pod) != got {
+		t.Errorf("the agent's pod is not the cache's own object (a second copy of every object)")
+	}
+	var node *corev1.Node
+	eventually(t, "the node with its address", func() bool {
+		o, ok, _ := src.nodes.GetStore().GetByKey("node-2")
+		node, _ = o.(*corev1.Node)
+		return ok && len(node.Status.Addresses) > 0
+	})
+	if len(node.Status.Images) > 0 || node.Spec.PodCIDR != "10.244.2.0/24" || node.Status.Addresses[0].Address != "192.168.50.2" {
+		t.Errorf("node: images %v (want none), pod CIDR %s, addresses %v", node.Status.Images, node.Spec.PodCIDR, node.Status.Addresses)
+	}
+}
+
+// TestInitialListAppliedOnce: the objects the informers list at start reach
+// the agent once, in the kinds' full sets, not again one by one afterwards
+// (at 30,000 Services that was 60,000 more applies and store writes, and a
+// queue grown to hold them all).
+func TestInitialListAppliedOnce(t *testing.T) {
+	e := newEnv(t)
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-o"}})
+	for _, name := range []string{"a", "b", "c", "d"} {
+		mustCreate(t, e.c.CoreV1().Services("team-o").Create, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}})
+	}
+	store := newObjectStore()
+	src, _ := run(t, Config{NodeName: "node-1", Client: e.c, Objects: store})
+	eventually(t, "initial sync", func() bool { return src.Synced() == nil })
+	if !store.has(k8sobj.ObjectKey(k8sobj.KindService, "team-o", "d")) {
+		t.Fatalf("the initial sync lacks Service team-o/d: %v", store.keys())
+	}
+	// A change after the start: applied on its own, after anything queued
+	// before it (the queue is first in, first out).
+	mustCreate(t, e.c.CoreV1().Services("team-o").Create, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}})
+	eventually(t, "the later Service", func() bool { return store.has(k8sobj.ObjectKey(k8sobj.KindService, "team-o", "late")) })
+	store.mu.Lock()
+	var got []string
+	for _, k := range store.upserts {
+		if strings.Contains(k, "team-o") {
+			got = append(got, k)
+		}
+	}
+	store.mu.Unlock()
+	if len(got) != 1 {
+		t.Errorf("objects of team-o upserted one by one after the initial sync: %v, want only the later Service: the initial list was applied twice", got)
+	}
+}

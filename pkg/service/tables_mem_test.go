@@ -1,0 +1,87 @@
+package service
+
+import (
+	"runtime"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// TestTablesHoldNoCopyOfMaglevTables: what the tables keep per programmed
+// frontend (4 backends: a 401-slot Maglev table) is measured on the heap.
+// The tables keep the programmed table as backend indexes, a byte per slot,
+// not as backend IDs, 4 bytes per slot (1.6 KB per frontend; at 30,000
+// Services as much as the model's tables themselves). The bound is generous
+// for what they keep (IDs, backends, service values) and below what the
+// 4-byte table alone took.
+func TestTablesHoldNoCopyOfMaglevTables(t *testing.T) {
+	const n = 2000
+	var svcs []*corev1.Service
+	var eps []*discoveryv1.EndpointSlice
+	for i := range n {
+		s, es := genService(i, active(4), false)
+		svcs, eps = append(svcs, s), append(eps, es)
+	}
+	m, err := Build(svcs, eps, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := Diff(nil, m)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tables := NewTables()
+	u := tables.Apply(ch)
+	if len(u.Maglev) != n {
+		t.Fatalf("%d Maglev tables programmed, want %d", len(u.Maglev), n)
+	}
+	u = nil
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("the tables hold %d B per frontend (Maglev table of %d slots)", per, MaglevSize(4))
+	const maxPerFrontend = 1400
+	if per > maxPerFrontend {
+		t.Errorf("the tables hold %d B per frontend, want <= %d: a copy of each Maglev table (%d B)?", per, maxPerFrontend, 4*MaglevSize(4))
+	}
+	if got := tables.Snapshot(); len(got.Maglev) != n {
+		t.Errorf("snapshot has %d Maglev tables, want %d", len(got.Maglev), n)
+	}
+	runtime.KeepAlive(tables)
+	runtime.KeepAlive(m)
+}
+
+// TestAdoptedMaglevTablesKept: a restarted agent's tables adopt the pinned
+// Maglev tables; programming the same model again writes none of them and
+// keeps them (Snapshot) in the packed form.
+func TestAdoptedMaglevTablesKept(t *testing.T) {
+	var svcs []*corev1.Service
+	var eps []*discoveryv1.EndpointSlice
+	for i := range 20 {
+		s, es := genService(i, active(1+i%6), false)
+		svcs, eps = append(svcs, s), append(eps, es)
+	}
+	m, err := Build(svcs, eps, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := NewTables()
+	first.Apply(Diff(nil, m))
+	pinned := first.Snapshot()
+	restarted := NewTables()
+	restarted.Adopt(pinned)
+	if u := restarted.Apply(Diff(nil, m)); len(u.Maglev) != 0 || len(u.MaglevDeletes) != 0 {
+		t.Errorf("the same model after adoption wrote %d Maglev tables and deleted %d, want none", len(u.Maglev), len(u.MaglevDeletes))
+	}
+	got := restarted.Snapshot()
+	if len(got.Maglev) != len(pinned.Maglev) {
+		t.Fatalf("%d Maglev tables after adoption, want %d", len(got.Maglev), len(pinned.Maglev))
+	}
+	for id, table := range pinned.Maglev {
+		if !slices.Equal(got.Maglev[id], table) {
+			t.Errorf("frontend %d: Maglev table changed across the adoption", id)
+		}
+	}
+}
