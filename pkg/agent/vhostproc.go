@@ -240,12 +240,14 @@ func (p *backendProc) spawn() (*exec.Cmd, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", p.argv[0], err)
 	}
-	p.mu.Lock()
-	p.pid = cmd.Process.Pid
-	p.mu.Unlock()
+	// The pid file first: an agent that restarts as soon as the pid is
+	// known must find this process in it, or it starts a second backend.
 	if err := os.WriteFile(p.pidPath, []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600); err != nil {
 		p.log.Warn("write backend pid file", "err", err)
 	}
+	p.mu.Lock()
+	p.pid = cmd.Process.Pid
+	p.mu.Unlock()
 	p.log.Info("vm backend started", "pid", cmd.Process.Pid, "socket", p.socket)
 	return cmd, nil
 }
