@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
@@ -81,14 +79,7 @@ func TestAgentMemoryAtScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n7"},
-		Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e := newOfflineEnv(t)
-	if err := srv.WriteKubeconfig(e.kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	e := nodeEnv(t, ctx, srv, admin)
 	pprofAt := freeAddr(t)
 	dir := os.Getenv("LANEKIT_MEM_PROFILE_DIR")
 	if dir == "" {

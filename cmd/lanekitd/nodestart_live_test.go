@@ -54,14 +54,7 @@ func TestStartWithoutAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n7"},
-		Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	e := newOfflineEnv(t)
-	if err := srv.WriteKubeconfig(e.kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	e := nodeEnv(t, ctx, srv, admin)
 
 	// First start: from the Node, which is stored.
 	agent, log := e.start(t)
@@ -210,6 +203,21 @@ func TestStartWithoutAPIServerCIDRChanged(t *testing.T) {
 	if code, _ := e.probe(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz after a CIDR change: %d, want 200 (the agent keeps its pods' and VMs' network)", code)
 	}
+}
+
+// nodeEnv registers Node n7 (pod CIDR 10.244.7.0/24) on srv and returns an
+// offline env whose kubeconfig points at srv.
+func nodeEnv(t *testing.T, ctx context.Context, srv *k8stest.Server, admin kubernetes.Interface) *offlineEnv {
+	t.Helper()
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n7"},
+		Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := newOfflineEnv(t)
+	if err := srv.WriteKubeconfig(e.kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func newOfflineEnv(t *testing.T) *offlineEnv {
