@@ -639,7 +639,11 @@ func (a *Agent) adoptVM(ep *endpoint.Endpoint) error {
 		a.log.Warn("lk_xsks was recreated in a new shape: this VM's backend, not run by the agent, receives nothing until it fetches its sockets again (restart it)",
 			"vm", ep.VM.Name)
 	}
-	return a.serveVM(ep, dvm, vdp)
+	if err := a.serveVM(ep, dvm, vdp); err != nil {
+		return err
+	}
+	a.watchGuestIfIncoming(ep) // a migration target when the agent restarted
+	return nil
 }
 
 // netnsIdentity returns the netns cookie (0 when the kernel has none) and

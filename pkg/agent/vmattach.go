@@ -346,10 +346,7 @@ func (a *Agent) AttachVM(req VMAttachRequest) (*VMAttachment, error) {
 		}
 		return nil, fmt.Errorf("attach vm %s: %w", at, err)
 	}
-	if b := info.Endpoint.VM.Backend; b != nil && b.MetricsSocket != "" && info.Endpoint.VM.Migration != nil &&
-		info.Endpoint.VM.Migration.State == endpoint.VMIncoming {
-		go a.awaitGuest(name, b.MetricsSocket, b.UID) // vmguest.go
-	}
+	a.watchGuestIfIncoming(&info.Endpoint) // vmguest.go
 	a.log.Info("vm attached", "attachment", at, "vm", name, "vmi", labels[LabelVMI], "queues", queues,
 		"socket", info.Endpoint.VM.Backend.ReportedPath, "host_dir", info.Endpoint.VM.Backend.HostDir)
 	return a.attachmentInfo(&info.Endpoint), nil

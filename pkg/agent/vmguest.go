@@ -43,6 +43,16 @@ var (
 // backendTxMetric counts the frames a backend moved out of the guest.
 const backendTxMetric = "lanekit_vhost_tx_packets"
 
+// watchGuestIfIncoming starts awaitGuest for ep when it is an incoming VM
+// endpoint whose backend the agent runs (it serves metrics).
+func (a *Agent) watchGuestIfIncoming(ep *endpoint.Endpoint) {
+	if ep.VM == nil || ep.VM.Backend == nil || ep.VM.Backend.MetricsSocket == "" || ep.VM.Migration == nil ||
+		ep.VM.Migration.State != endpoint.VMIncoming {
+		return
+	}
+	go a.awaitGuest(ep.VM.Name, ep.VM.Backend.MetricsSocket, ep.VM.Backend.UID)
+}
+
 // awaitGuest polls the backend of incoming VM name until it has moved a frame
 // out of the guest, then activates the endpoint; it returns when the
 // endpoint is no longer incoming (activated otherwise, removed) or after

@@ -75,12 +75,17 @@ func TestVMAttachmentIncoming(t *testing.T) {
 	}
 }
 
-// TestVMGuestFramesActivate: a migration target's
-// endpoint stays incoming while its backend has moved nothing out of the
-// guest, and goes active — by "guest-frames", before any migration state —
-// once the backend reports the guest's first frames (what the guest's
-// announcement after the switch makes).
-func TestVMGuestFramesActivate(t *testing.T) {
+// TestVMGuestFramesActivate: a migration target's endpoint stays incoming
+// while its backend has moved nothing out of the guest, and goes active — by
+// "guest-frames", before any migration state — once the backend reports the
+// guest's first frames (what the guest's announcement after the switch makes).
+func TestVMGuestFramesActivate(t *testing.T) { guestFramesActivate(t, false) }
+
+// TestVMGuestFramesRestart: the same when the agent restarted while the
+// endpoint was incoming: the new agent watches the adopted endpoint.
+func TestVMGuestFramesRestart(t *testing.T) { guestFramesActivate(t, true) }
+
+func guestFramesActivate(t *testing.T, restart bool) {
 	e := newAttachEnv(t)
 	a := e.start(t)
 	defer func() { a.Close() }()
@@ -90,10 +95,11 @@ func TestVMGuestFramesActivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	moved := netip.MustParseAddr("10.244.1.6")
-	a.SetVMIResolver(func(ns, name, podUID string) (VMIInfo, bool, error) {
+	resolver := func(ns, name, podUID string) (VMIInfo, bool, error) {
 		return VMIInfo{Namespace: "ns1", Name: "db", Queues: 1, MAC: "02:00:00:bb:00:06", Labels: map[string]string{"app": "db"},
 			Incoming: true, Address: moved, Generation: 1795654900}, true, nil
-	})
+	}
+	a.SetVMIResolver(resolver)
 	req := VMAttachRequest{
 		ContainerID: "c3", IfName: "net1", Netns: netnstest.New(t, "launcher4").Path(),
 		Labels: map[string]string{argPodNamespace: "ns1", argPodName: "virt-launcher-db-ccccc", LabelPodUID: uid},
@@ -105,6 +111,13 @@ func TestVMGuestFramesActivate(t *testing.T) {
 	b := va.VM.Endpoint.VM.Backend
 	if b == nil || b.MetricsSocket == "" {
 		t.Fatalf("no backend metrics socket: %+v", b)
+	}
+	if restart {
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		a = e.start(t)
+		a.SetVMIResolver(resolver)
 	}
 	state := func() (endpoint.VMMigrationState, string) {
 		vms, err := a.ListVMs()
