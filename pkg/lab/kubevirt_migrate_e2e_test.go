@@ -15,8 +15,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
 // kubevirtMigrate live-migrates vm1 from node 2 to node 1 with a
@@ -84,14 +82,7 @@ spec:
 	if f := strings.Fields(node); len(f) != 2 || f[0] != KubeNodeName(1) || f[1] != vmIP.String() {
 		t.Errorf("after the migration the VMI reports node and address %q, want %s %s", node, KubeNodeName(1), vmIP)
 	}
-	sock, err := RealNodeAgentSocket(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
-	if err != nil {
-		t.Fatalf("node 1's agent: %v", err)
-	}
+	vm := kvAgentVM(t, ctx, 1)
 	if a, _, _ := strings.Cut(vm.GetAddress(), "/"); a != vmIP.String() {
 		t.Errorf("node 1's VM endpoint has %s, want the address the VM kept, %s", vm.GetAddress(), vmIP)
 	}

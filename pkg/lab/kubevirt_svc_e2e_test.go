@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
@@ -91,14 +92,7 @@ func kubevirtAgentRestart(t *testing.T, ctx context.Context, kc kubernetes.Inter
 		t.Fatalf("the agent pod on %s: %v (%d pods)", KubeNodeName(2), err, len(pods.Items))
 	}
 	old := pods.Items[0].Name
-	sock, err := RealNodeAgentSocket(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	vm := kvAgentVM(t, ctx, 2)
 	oldPid := vm.GetBackend().GetPid()
 	start := time.Now()
 	if err := kc.CoreV1().Pods(LanekitNamespace).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
@@ -115,10 +109,7 @@ func kubevirtAgentRestart(t *testing.T, ctx context.Context, kc kubernetes.Inter
 	if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", 2); err != nil {
 		t.Fatal(err)
 	}
-	vm, err = findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	vm = kvAgentVM(t, ctx, 2)
 	if a, _, _ := strings.Cut(vm.GetAddress(), "/"); a != vmIP.String() {
 		t.Errorf("after the restart the VM endpoint has %s, want %s", vm.GetAddress(), vmIP)
 	}
@@ -126,4 +117,18 @@ func kubevirtAgentRestart(t *testing.T, ctx context.Context, kc kubernetes.Inter
 		t.Errorf("HTTP to the guest after the restart: %q, %v", got, err)
 	}
 	t.Logf("agent pod %s deleted: the guest answered again after %s (backend pid %d → %d)", old, back.Round(100*time.Millisecond), oldPid, vm.GetBackend().GetPid())
+}
+
+// kvAgentVM is VMI default/vm1's VM endpoint as lab node n's agent lists it.
+func kvAgentVM(t *testing.T, ctx context.Context, n int) *apiv1.VM {
+	t.Helper()
+	sock, err := RealNodeAgentSocket(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
+	if err != nil {
+		t.Fatalf("node %d's agent: %v", n, err)
+	}
+	return vm
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
-	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
 // waitVMIRunning waits for VMI default/vm1's phase Running (KubeVirt's
@@ -81,14 +80,7 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	if vmNet == nil || len(vmNet.IPs) == 0 {
 		t.Fatalf("launcher network-status has no address on %s: %s", VMNetwork, pod.Annotations[NetworkStatusAnnotation])
 	}
-	sock, err := RealNodeAgentSocket(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	vm := kvAgentVM(t, ctx, 2)
 	vmAddr, _, _ := strings.Cut(vm.GetAddress(), "/")
 	if vmAddr != vmNet.IPs[0] || !strings.EqualFold(vm.GetMac(), kubevirtTestMAC) {
 		t.Fatalf("agent's VM endpoint %s mac %s; network-status says %v, the VMI's MAC is %s", vm.GetAddress(), vm.GetMac(), vmNet.IPs, kubevirtTestMAC)
