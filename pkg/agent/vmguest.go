@@ -16,16 +16,10 @@ package agent
 // gives the address up only when the claims say so.
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
-	"github.com/lanekit/lanekit/internal/unixhttp"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 )
 
@@ -88,17 +82,10 @@ func (a *Agent) vmIncoming(name string) bool {
 func backendTxPackets(sock string, uid uint32) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	text, err := unixhttp.GetWith(ctx, sock, "/metrics", unixhttp.Options{MaxBody: 1 << 20, PeerUID: &uid})
+	fams, err := ScrapeBackend(ctx, sock, uid)
 	if err != nil {
 		return 0, err
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(text))
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", sock, err)
-	}
-	// The backend writes OpenMetrics (`# TYPE x counter`, samples x_total);
-	// the classic parser files the samples under x_total, untyped.
 	var n uint64
 	for _, name := range []string{backendTxMetric, backendTxMetric + "_total"} {
 		for _, m := range fams[name].GetMetric() {

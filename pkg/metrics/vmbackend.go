@@ -1,24 +1,17 @@
 package metrics
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sort"
-	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
-	"github.com/lanekit/lanekit/internal/unixhttp"
 	"github.com/lanekit/lanekit/pkg/agent"
 )
 
@@ -122,31 +115,16 @@ func (g backendGatherer) Gather() ([]*dto.MetricFamily, error) {
 	return out, nil
 }
 
-// backendMaxBody bounds one backend's answer: its metrics are a few dozen
-// families per queue, far below this.
-const backendMaxBody = 1 << 20
-
-// parseBackend reads and parses the metrics the backend of VM vm serves on
-// sock, running as uid. A backend is the VM's, not the agent's: whatever a
-// compromised one serves must not reach another VM's series or mislead the
-// agent. So the socket must be a socket owned by uid in a directory owned by
-// uid with no access for others (no symbolic link on the way), its server
-// must run as uid (SO_PEERCRED), the answer is bounded, and every series gets
-// vm="<vm>" whatever label the backend put there.
+// parseBackend reads the metrics the backend of VM vm serves on sock,
+// running as uid (agent.ScrapeBackend: its path, owner and peer checked, the
+// answer bounded), and gives every series vm="<vm>" whatever label the
+// backend put there: one VM's backend cannot reach another VM's series.
 func parseBackend(sock string, uid uint32, vm string) (map[string]*dto.MetricFamily, error) {
-	if err := checkBackendPath(sock, uid); err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), backendScrapeTimeout)
 	defer cancel()
-	text, err := unixhttp.GetWith(ctx, sock, "/metrics", unixhttp.Options{MaxBody: backendMaxBody, PeerUID: &uid})
+	fams, err := agent.ScrapeBackend(ctx, sock, uid)
 	if err != nil {
 		return nil, err
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", sock, err)
 	}
 	for _, f := range fams {
 		for _, m := range f.Metric {
@@ -154,44 +132,6 @@ func parseBackend(sock string, uid uint32, vm string) (map[string]*dto.MetricFam
 		}
 	}
 	return fams, nil
-}
-
-// checkBackendPath checks the backend's metrics directory and socket.
-func checkBackendPath(sock string, uid uint32) error {
-	dir := filepath.Dir(sock)
-	for _, c := range []struct {
-		path string
-		mode os.FileMode
-	}{{dir, os.ModeDir}, {sock, os.ModeSocket}} {
-		fi, err := os.Lstat(c.path)
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		switch {
-		case fi.Mode().Type() != c.mode:
-			return fmt.Errorf("%s: %s, want a %s", c.path, fileType(fi.Mode()), fileType(c.mode))
-		case !ok || st.Uid != uid:
-			return fmt.Errorf("%s: not owned by the backend's uid %d", c.path, uid)
-		case c.mode == os.ModeDir && fi.Mode().Perm()&0o077 != 0:
-			return fmt.Errorf("%s: mode %s, want no access for group or others", c.path, fi.Mode().Perm())
-		}
-	}
-	return nil
-}
-
-func fileType(m os.FileMode) string {
-	switch m.Type() {
-	case os.ModeDir:
-		return "directory"
-	case os.ModeSocket:
-		return "socket"
-	case os.ModeSymlink:
-		return "symbolic link"
-	case 0:
-		return "regular file"
-	}
-	return m.Type().String()
 }
 
 // setVMLabel makes m's vm label vm (replacing or adding it).

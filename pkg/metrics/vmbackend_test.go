@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lanekit/lanekit/pkg/agent"
 )
 
 // serveMetrics serves body as /metrics on a unix socket in dir (made with
@@ -71,7 +73,7 @@ func TestParseBackendChecks(t *testing.T) {
 	if err := os.Symlink(filepath.Join(root, "m-good"), filepath.Join(root, "m-link")); err != nil {
 		t.Fatal(err)
 	}
-	big := serveMetrics(t, filepath.Join(root, "m-big"), 0o700, backendText+strings.Repeat("# padding\n", backendMaxBody/10+1))
+	big := serveMetrics(t, filepath.Join(root, "m-big"), 0o700, backendText+strings.Repeat("# padding\n", agent.BackendMetricsMaxBody/10+1))
 	plain := filepath.Join(root, "m-good", "plain")
 	if err := os.WriteFile(plain, nil, 0o600); err != nil {
 		t.Fatal(err)
