@@ -185,9 +185,15 @@ func New(cfg Config) (*Source, error) {
 	s.nodes = f.Core().V1().Nodes().Informer()
 	if cfg.Objects != nil {
 		// A launcher pod's network-status (its VM's address) arrives after
-		// the slices that name it: they are applied again (vmsvc.go).
-		if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: func(o any) { s.kickSlicesOf(podOf(o)) },
+		// the slices that name it: they are applied again (vmsvc.go). The
+		// initial list needs no kick: the slices' full set is made after
+		// every cache synced (Run).
+		if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(o any, initial bool) {
+				if !initial {
+					s.kickSlicesOf(podOf(o))
+				}
+			},
 			UpdateFunc: func(old, cur any) {
 				if claimInputsChanged(old, cur) {
 					s.kickSlicesOf(podOf(cur))

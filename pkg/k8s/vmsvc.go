@@ -39,18 +39,26 @@ var sliceIndexers = cache.Indexers{sliceByPodIndex: func(o any) ([]string, error
 	}
 	var out []string
 	for _, e := range es.Endpoints {
-		if r := e.TargetRef; r != nil && r.Kind == "Pod" && r.Name != "" {
-			ns := r.Namespace
-			if ns == "" {
-				ns = es.Namespace
-			}
-			if k := ns + "/" + r.Name; !slices.Contains(out, k) {
-				out = append(out, k)
-			}
+		if ns, name, ok := targetPod(es, e); ok && !slices.Contains(out, ns+"/"+name) {
+			out = append(out, ns+"/"+name)
 		}
 	}
 	return out, nil
 }}
+
+// targetPod is the pod an endpoint of es names (its namespace defaults to
+// the slice's).
+func targetPod(es *discoveryv1.EndpointSlice, e discoveryv1.Endpoint) (ns, name string, ok bool) {
+	r := e.TargetRef
+	if r == nil || r.Kind != "Pod" || r.Name == "" {
+		return "", "", false
+	}
+	ns = r.Namespace
+	if ns == "" {
+		ns = es.Namespace
+	}
+	return ns, r.Name, true
+}
 
 // vmNetworks are the address sets of a pod's lanekit VM attachments: the
 // network-status entries whose device-info is vhost-user.
@@ -94,22 +102,25 @@ func vmBackend(pod *corev1.Pod, family discoveryv1.AddressType, pods podCache, n
 // vmSlice returns es with the endpoints that name a VMI's launcher pod
 // rewritten to the VM's address (a copy: es may be the informer cache's),
 // or es itself when none does; a VM listed twice (its source and target
-// launcher pods during a migration) keeps its first endpoint.
-func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) *discoveryv1.EndpointSlice {
+// launcher pods during a migration) keeps its first endpoint. nodes is
+// called only for a slice that names a launcher pod.
+func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes func() []any) *discoveryv1.EndpointSlice {
 	if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 		return es
 	}
 	vms := map[int]netip.Addr{}
+	var ns []any
 	for i, e := range es.Endpoints {
-		if r := e.TargetRef; r != nil && r.Kind == "Pod" {
-			ns := r.Namespace
-			if ns == "" {
-				ns = es.Namespace
+		tns, name, ok := targetPod(es, e)
+		if !ok {
+			continue
+		}
+		if p := pods.Pod(tns, name); p != nil && p.Labels[labelCreatedBy] != "" {
+			if ns == nil {
+				ns = nodes()
 			}
-			if p := pods.Pod(ns, r.Name); p != nil {
-				if a, ok := vmBackend(p, es.AddressType, pods, nodes); ok {
-					vms[i] = a
-				}
+			if a, ok := vmBackend(p, es.AddressType, pods, ns); ok {
+				vms[i] = a
 			}
 		}
 	}
@@ -117,9 +128,9 @@ func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) *discove
 		return es
 	}
 	out := es.DeepCopy()
-	out.Endpoints = out.Endpoints[:0]
+	kept := out.Endpoints[:0]
 	var seen []string
-	for i, e := range es.DeepCopy().Endpoints {
+	for i, e := range out.Endpoints {
 		if a, ok := vms[i]; ok {
 			if slices.Contains(seen, a.String()) {
 				continue
@@ -127,8 +138,9 @@ func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes []any) *discove
 			e.Addresses = []string{a.String()}
 		}
 		seen = append(seen, e.Addresses...)
-		out.Endpoints = append(out.Endpoints, e)
+		kept = append(kept, e)
 	}
+	out.Endpoints = kept
 	return out
 }
 
@@ -150,7 +162,7 @@ func (s *Source) kickSlicesOf(p *corev1.Pod) {
 func (s *Source) object(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	obj, err := toObject(kind, o)
 	if err == nil && obj.EndpointSlice != nil {
-		obj.EndpointSlice = vmSlice(obj.EndpointSlice, cachedPods{s.pods.GetIndexer()}, s.nodes.GetStore().List())
+		obj.EndpointSlice = vmSlice(obj.EndpointSlice, cachedPods{s.pods.GetIndexer()}, s.nodes.GetStore().List)
 	}
 	return obj, err
 }
