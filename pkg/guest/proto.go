@@ -24,8 +24,8 @@ const maxCmdLen = 3000
 
 // FormatCmd returns the line the host sends to run cmd as request id.
 func FormatCmd(id, cmd string) (string, error) {
-	if id == "" || strings.ContainsAny(id, " \t\r\n") {
-		return "", fmt.Errorf("format command: id %q: must be one word", id)
+	if err := checkID("format command", id); err != nil {
+		return "", err
 	}
 	if strings.ContainsAny(cmd, "\r\n") {
 		return "", fmt.Errorf("format command %q: must be a single line", cmd)
@@ -55,10 +55,18 @@ func CleanLine(s string) string {
 // "LKPONG <id>". The loop answers between commands, so a pong that arrives
 // while a command's result is still awaited means that result was lost.
 func FormatPing(id string) (string, error) {
-	if id == "" || strings.ContainsAny(id, " \t\r\n") {
-		return "", fmt.Errorf("format ping: id %q: must be one word", id)
+	if err := checkID("format ping", id); err != nil {
+		return "", err
 	}
 	return markPing + " " + id + "\n", nil
+}
+
+// checkID refuses a request id that is not one word.
+func checkID(what, id string) error {
+	if id == "" || strings.ContainsAny(id, " \t\r\n") {
+		return fmt.Errorf("%s: id %q: must be one word", what, id)
+	}
+	return nil
 }
 
 // Result is one finished control command.
@@ -108,15 +116,12 @@ func (p *Parser) Feed(raw string) (Event, Result) {
 		}
 		// The loop only begins a command or answers a ping after LKOUT: the
 		// current command's LKOUT was lost. Report it, don't swallow the rest.
-		_, isBegin := oneWord(line, markBegin)
+		next, isBegin := oneWord(line, markBegin)
 		_, isPong := oneWord(line, markPong)
 		if isBegin || isPong {
 			r := Result{ID: p.cur, Output: strings.TrimSuffix(p.out.String(), "\n"), Exit: -1, Lost: true}
-			p.cur = ""
+			p.cur = next // "" after a pong
 			p.out.Reset()
-			if isBegin {
-				p.cur, _ = oneWord(line, markBegin)
-			}
 			return EvResult, r
 		}
 		p.out.WriteString(line)
