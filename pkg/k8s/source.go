@@ -183,27 +183,6 @@ func New(cfg Config) (*Source, error) {
 		}
 	}
 	s.nodes = f.Core().V1().Nodes().Informer()
-	if cfg.Objects != nil {
-		// A launcher pod's network-status (its VM's address) arrives after
-		// the slices that name it: they are applied again (vmsvc.go). The
-		// initial list needs no kick: the slices' full set is made after
-		// every cache synced (Run).
-		if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
-			AddFunc: func(o any, initial bool) {
-				if !initial {
-					s.kickSlicesOf(podOf(o))
-				}
-			},
-			UpdateFunc: func(old, cur any) {
-				if claimInputsChanged(old, cur) {
-					s.kickSlicesOf(podOf(cur))
-				}
-			},
-			DeleteFunc: func(o any) { s.kickSlicesOf(podOf(o)) },
-		}); err != nil {
-			return nil, fmt.Errorf("k8s source: pod handler: %w", err)
-		}
-	}
 	if _, err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.kickNodes() },
 		UpdateFunc: func(any, any) { s.kickNodes() },
@@ -219,22 +198,46 @@ func New(cfg Config) (*Source, error) {
 			if cfg.EndpointRoutes != nil {
 				s.migs.claims, s.migs.nodes, s.migs.claimsQ = cfg.EndpointRoutes, s.nodes.GetStore(), make(chan struct{}, 1)
 				s.migs.pods = s.pods.GetIndexer()
-				// A launcher pod's network-status arrives after the pod.
-				if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-					AddFunc: func(any) { s.migs.kickClaims() },
-					UpdateFunc: func(old, cur any) {
-						if claimInputsChanged(old, cur) {
-							s.migs.kickClaims()
-						}
-					},
-					DeleteFunc: func(any) { s.migs.kickClaims() },
-				}); err != nil {
-					return nil, fmt.Errorf("k8s source: pod handler: %w", err)
-				}
 			}
 		}
 	}
+	if err := s.watchLaunchers(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// watchLaunchers runs again what reads a launcher pod's network-status (its
+// VM's address), which arrives after the pod and after the slices that name
+// it: the slices naming the pod (vmsvc.go) and the claims of moved VM
+// addresses (vmiclaims.go). A pod update changing none of that wakes
+// neither. The initial list kicks no slices: their full set is made after
+// every cache synced (Run).
+func (s *Source) watchLaunchers() error {
+	reapply, claims := s.cfg.Objects != nil, s.migs != nil && s.migs.claimsQ != nil
+	if !reapply && !claims {
+		return nil
+	}
+	kick := func(o any, slicesToo bool) {
+		if reapply && slicesToo {
+			s.kickSlicesOf(podOf(o))
+		}
+		if claims {
+			s.migs.kickClaims()
+		}
+	}
+	if _, err := s.pods.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(o any, initial bool) { kick(o, !initial) },
+		UpdateFunc: func(old, cur any) {
+			if claimInputsChanged(old, cur) {
+				kick(cur, true)
+			}
+		},
+		DeleteFunc: func(o any) { kick(o, true) },
+	}); err != nil {
+		return fmt.Errorf("k8s source: pod handler: %w", err)
+	}
+	return nil
 }
 
 // kickNodes wakes what reads the Nodes: the routes and the claims of moved
