@@ -139,7 +139,7 @@ FORCE:
 test-go: $(TESTSUMMARY)
 	$(GO) vet ./...
 	@mkdir -p $(RESULTS)
-	set -o pipefail; $(TEST_ENV) $(GO) test -json -count=1 -timeout 20m ./pkg/lab ./... 2>&1 | $(TESTSUMMARY) go $(RESULTS)/go.json
+	set -o pipefail; $(TEST_ENV) $(GO) test -json -count=1 -timeout 30m ./pkg/lab ./... 2>&1 | $(TESTSUMMARY) go $(RESULTS)/go.json
 
 # Rust backend. Root-only tests (AF_XDP in a netns, DPDK testpmd, a QEMU guest)
 # are #[ignore]d: run one at a time as root, listed as skipped otherwise.
