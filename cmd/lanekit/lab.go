@@ -64,6 +64,7 @@ func labUpCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&cfg.VM, "vm", false, "add a QEMU guest (TCG) on the last node, on the VM fast lane (vhost-user + AF_XDP)")
 	cmd.Flags().IntVar(&cfg.VMQueues, "vm-queues", 1, "the guest's virtio-net queue pairs")
 	cmd.Flags().IntVar(&cfg.VMNode, "vm-node", 0, "the node of the fast-lane guest with --vm (default: the last); on a --dpu-nodes node its fast lane runs on the DPU")
+	cmd.Flags().BoolVar(&cfg.NoStdVM, "no-std-vm", false, "with --vm: no vm-std, the standard-path guest (bridge + tap, QEMU virtio-net) that lab bench compares against: one TCG guest less")
 	cmd.Flags().IntVar(&cfg.VMs, "vms", 1, "fast-lane guests with --vm: 1 on the last node, or 2 (a second on node 1: VM to VM across nodes)")
 	cmd.Flags().StringVar(&cfg.Routing, "routing", "", "agents' routing mode: native (a bridged underlay, routes to every pod CIDR; the default, unless $"+lab.RoutingEnv+" says) or tunnel (VXLAN in BPF, on a routed underlay whose router knows no pod CIDR)")
 	cmd.Flags().StringVar(&cfg.Underlay, "underlay", "", "bridged or routed (default: routed with --routing tunnel, else bridged); --routing native --underlay routed shows native routing failing there")

@@ -61,12 +61,7 @@ func TestConnectivityLab(t *testing.T) {
 			testutil.MissingDep(t, "%s: %v (make build)", b, err)
 		}
 	}
-	cli := filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
+	cli := lab.CLIForTests(t)
 	// pkg/lab's TestMain holds the lab lock.
 	lk := func(ctx context.Context, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, cli, args...)

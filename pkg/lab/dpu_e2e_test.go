@@ -116,7 +116,8 @@ func TestDPULab(t *testing.T) {
 			t.Errorf("lab down left the DPU's pins %s", DPUBPFDir(1))
 		}
 	})
-	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--dpu-nodes", "1", "--vm", "--vm-node", "1"); err != nil {
+	requireGuestImage(t)
+	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--dpu-nodes", "1", "--vm", "--vm-node", "1", "--no-std-vm"); err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
 	st, err := LoadState()

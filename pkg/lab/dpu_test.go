@@ -83,6 +83,7 @@ func TestDPUVMNode(t *testing.T) {
 		{Nodes: 2, VM: true, VMNode: -1},
 		{Nodes: 2, VM: true, VMNode: 1, VMs: 2},
 		{Nodes: 2, VM: true, VMNode: 1, K8s: true},
+		{Nodes: 2, NoStdVM: true},
 	} {
 		if err := bad.checkVMNode(); err == nil {
 			t.Errorf("%+v accepted", bad)

@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/pkg/guest"
 )
 
 // Helpers of the issue-12 end-to-end tests (services, policy truth table,
@@ -399,4 +400,35 @@ type labPodSpec struct {
 	node     int
 	labels   string // k=v,...
 	ports    string // name=PORT/PROTO,...
+}
+
+// requireGuestImage builds (first run on a machine: a kernel download and an
+// initrd build, minutes) or reuses the lab's guest image before a test
+// starts a lab with VMs under a command timeout sized for booting them.
+func requireGuestImage(t *testing.T) {
+	t.Helper()
+	start := time.Now()
+	if _, _, err := guest.EnsureImage(GuestCacheDir); err != nil {
+		t.Fatalf("guest image: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Logf("guest image built in %s", d.Round(time.Second))
+	}
+}
+
+// upLab brings up the global lab as cfg says for the rest of t (lab down
+// at its end, an error if that fails); the tests' log takes its progress.
+func upLab(t *testing.T, ctx context.Context, cfg Config) *State {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := Down(context.Background(), DownOptions{Bins: cfg.Bins}); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	cfg.Out = testLog{t}
+	st, err := Up(ctx, cfg)
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	return st
 }

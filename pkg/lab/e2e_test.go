@@ -22,13 +22,8 @@ import (
 // 1 × 1 s bench and tears everything down, asserting nothing is left. Root only.
 func TestLabEndToEnd(t *testing.T) {
 	bins := requireLabBins(t, "creates network namespaces", "ip", "iptables-restore", "nsenter", "iperf3", "sockperf", "sysctl")
-	root, binDir := repoRoot(t), bins.Dir
-	cli := filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
+	binDir := bins.Dir
+	cli := CLIForTests(t)
 	lk := func(t *testing.T, args ...string) (string, error) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -70,6 +65,7 @@ func TestLabEndToEnd(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Fatalf("qemu-system-x86_64 missing (make deps installs it): %v", err)
 	}
+	requireGuestImage(t)
 	if _, err := lk(t, "lab", "up", "--nodes", "2", "--pods-per-node", "1", "--vm", "--vm-queues", "2"); err != nil {
 		t.Fatalf("lab up: %v", err)
 	}

@@ -62,18 +62,10 @@ func echoDial(t *testing.T, ctx context.Context, self, ns, addr string) bool {
 // the other pod on node 1 gets in. Root; brings up the global lab.
 func TestIPv6OnlyLab(t *testing.T) {
 	bins := pathTestBins(t)
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 2, IPFamily: IPFamilyIPv6, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 2, IPFamily: IPFamilyIPv6, Bins: bins})
 	pods := map[string]Pod{}
 	for _, p := range st.PodsOf(KindLanekit) {
 		if a, err := netip.ParseAddr(p.IP6); err != nil || !a.Is6() || p.IP != "" {

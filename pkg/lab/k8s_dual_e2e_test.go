@@ -58,7 +58,7 @@ func testLabK8sFamily(t *testing.T, family string) {
 	v6only := family == IPFamilyIPv6
 	bins := pathTestBins(t)
 	k8stest.RequireBins(t)
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {

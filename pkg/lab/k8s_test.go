@@ -110,17 +110,12 @@ func TestLabK8s(t *testing.T) {
 			testutil.MissingDep(t, "%v", err)
 		}
 	}
-	bins.Self = filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", bins.Self, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
+	bins.Self = CLIForTests(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	var upLog bytes.Buffer
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, VM: true, VMQueues: 2, Bins: bins, Out: &upLog})
+	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, VM: true, VMQueues: 2, NoStdVM: true, Bins: bins, Out: &upLog})
 	t.Cleanup(func() {
 		if t.Failed() {
 			for i := 1; i <= 2; i++ {

@@ -47,6 +47,10 @@ type Config struct {
 	// VMNode is the node of the fast-lane VM "vm1" (0: the last node); a
 	// DPU node places its fast lane on the DPU (dpu.go).
 	VMNode int
+	// NoStdVM (with VM): no vm-std, the bridge + tap guest of the standard
+	// path (lab bench's bridge-tap-vm row, lab check's baseline VM): one
+	// TCG guest less where only the fast lane matters.
+	NoStdVM bool
 	// K8s runs the lab against a real API server (k8s.go): agents watch
 	// it, lab kubelets attach the lanekit pods.
 	K8s bool

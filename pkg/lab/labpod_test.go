@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,16 +42,11 @@ func upLabCLI(t *testing.T) (func(t *testing.T, args ...string) (string, error),
 func labCLIPath(t *testing.T) (func(t *testing.T, args ...string) (string, error), string) {
 	t.Helper()
 	bins := requireLabBins(t, "creates network namespaces", "ip", "iptables-restore", "nsenter", "sysctl")
-	root, binDir := repoRoot(t), bins.Dir
+	binDir := bins.Dir
 	if _, err := os.Stat(StateFile); err == nil {
 		t.Skip("a lab is up; this test brings up its own (run it under flock /tmp/lanekit-lab.lock with no lab up)")
 	}
-	cli := filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", cli, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
+	cli := CLIForTests(t)
 	return func(t *testing.T, args ...string) (string, error) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

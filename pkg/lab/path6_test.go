@@ -22,18 +22,10 @@ import (
 func TestDualStackLab(t *testing.T) {
 	bins := pathTestBins(t)
 	// lab check runs the CLI's tcp-echo/tcp-dial in the namespaces.
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 2, IPFamily: IPFamilyDual, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 2, IPFamily: IPFamilyDual, Bins: bins})
 	for _, p := range st.PodsOf(KindLanekit) {
 		if a, err := netip.ParseAddr(p.IP6); err != nil || !a.Is6() {
 			t.Fatalf("lanekit pod %s has no IPv6 address (%q)", p.NS, p.IP6)

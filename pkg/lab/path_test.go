@@ -110,14 +110,7 @@ func TestBulkTCPTakesTheBPFPath(t *testing.T) {
 	bins := pathTestBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	if _, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, Bins: bins, Out: testLog{t}}); err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 1, Bins: bins})
 	pods := map[int]string{1: PodNS(1, 1, KindLanekit), 2: PodNS(2, 1, KindLanekit)}
 	ips := map[int]netip.Addr{}
 	for n, pod := range pods {

@@ -484,12 +484,7 @@ func realNodeTestBins(t *testing.T) (Bins, string) {
 	testutil.RequireTools(t, "ip", "nsenter", "iptables-save")
 	bins := requireLabBins(t, "network namespaces")
 	root := repoRoot(t)
-	bins.Self = filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", bins.Self, "./cmd/lanekit")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
+	bins.Self = CLIForTests(t)
 	// The archives of this tree's agent (and pause, agnhost, CoreDNS),
 	// where lab up finds them (make k8s-node-images writes the same).
 	imgs := exec.Command("go", "run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir, "-node-bins", nodeBins)

@@ -78,8 +78,13 @@ func TestRivalPolicyProbe(t *testing.T) {
 	sh("ip", "-n", s, "link", "set", "p", "up")
 	rp := &rivalPolicies{clientNS: c, serverIP: "10.99.0.2", timeout: 3 * time.Second}
 	ctx := context.Background()
-	if err := rp.probe(); err != nil {
+	// The first SYN may wait for ARP on a loaded machine (the probe's
+	// dial gives up after 500 ms): wait for the answer.
+	if err := rp.waitReach(ctx, true); err != nil {
 		t.Fatalf("nothing in the way: %v", err)
+	}
+	if err := rp.probe(); err != nil {
+		t.Fatalf("nothing in the way, probed again: %v", err)
 	}
 	if err := rp.waitReach(ctx, false); err == nil {
 		t.Fatal("waitReach(unreachable) returned with the server answering")

@@ -24,18 +24,10 @@ import (
 func TestTunnelK8s(t *testing.T) {
 	bins := pathTestBins(t)
 	k8stest.RequireBins(t)
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Routing: RoutingTunnel, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Routing: RoutingTunnel, Bins: bins})
 	peerOf := func(node int) map[string]string {
 		got := map[string]string{}
 		for _, n := range agentStatus(t, node).GetRouting().GetTunnelNodes() {

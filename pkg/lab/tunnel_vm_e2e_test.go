@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,7 +32,7 @@ import (
 // the global lab.
 func TestTunnelVMPath(t *testing.T) {
 	bins := pathTestBins(t)
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	testutil.RequireBinary(t, "qemu-system-x86_64")
 	if !executable(filepath.Join(bins.Dir, "lanekit-vhost")) {
 		if os.Getenv("LANEKIT_BIN") != "" {
@@ -43,15 +42,7 @@ func TestTunnelVMPath(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, Routing: RoutingTunnel, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, NoStdVM: true, Routing: RoutingTunnel, Bins: bins})
 	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
 		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
 	}
@@ -347,20 +338,4 @@ ports: [{name: http, port: 8080}]
 endpoints:
 - addresses: [%[3]s]
 `, name, vip, backend)
-}
-
-// labSelf returns the lanekit CLI lab check runs in the namespaces (its
-// tcp-echo and tcp-dial): the built one in bins.Dir, else one built now.
-func labSelf(t *testing.T, bins Bins) string {
-	t.Helper()
-	self := filepath.Join(bins.Dir, "lanekit")
-	if _, err := os.Stat(self); err == nil {
-		return self
-	}
-	self = filepath.Join(t.TempDir(), "lanekit")
-	build := exec.Command("go", "build", "-o", self, "../../cmd/lanekit")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build lanekit: %v\n%s", err, out)
-	}
-	return self
 }

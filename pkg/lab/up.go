@@ -238,8 +238,10 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 		if err := upSecondVM(ctx, cfg, st); err != nil { // vm6.go
 			return st, fmt.Errorf("lab up: %w", err)
 		}
-		if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {
-			return st, fmt.Errorf("lab up: %w", err)
+		if !cfg.NoStdVM {
+			if err := upTapVM(ctx, cfg, st, len(st.Nodes)); err != nil {
+				return st, fmt.Errorf("lab up: %w", err)
+			}
 		}
 	}
 	progress(cfg.Out, "lab: up in %s: %d nodes, %d pods, %d VMs", time.Since(start).Round(100*time.Millisecond),

@@ -82,6 +82,9 @@ func (cfg Config) vmNode() int {
 }
 
 func (cfg Config) checkVMNode() error {
+	if cfg.NoStdVM && !cfg.VM {
+		return errors.New("--no-std-vm needs --vm")
+	}
 	switch {
 	case cfg.VMNode == 0:
 		return nil

@@ -50,19 +50,11 @@ func requireVMBins(t *testing.T, bins Bins) {
 // bounded. Root only; brings up the global lab.
 func TestDualStackVMLab(t *testing.T) {
 	bins := pathTestBins(t)
-	bins.Self = labSelf(t, bins)
+	bins.Self = CLIForTests(t)
 	requireVMBins(t, bins)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, VMs: 2, IPFamily: IPFamilyDual, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, VMs: 2, NoStdVM: true, IPFamily: IPFamilyDual, Bins: bins})
 	if len(st.VMs) != 2 || st.VMs[0].Node != 2 || st.VMs[1].Node != 1 || st.VMs[1].IP6 == "" {
 		t.Fatalf("want vm1 on node 2 and vm2 (with IPv6) on node 1, got %+v", st.VMs)
 	}

@@ -49,15 +49,7 @@ func TestVMLiveMigrationMovesAddress(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if err := Down(context.Background(), DownOptions{Bins: bins}); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	st, err := Up(ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, Bins: bins, Out: testLog{t}})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
+	st := upLab(t, ctx, Config{Nodes: 2, PodsPerNode: 1, VM: true, VMQueues: 1, NoStdVM: true, Bins: bins})
 	if len(st.VMs) != 1 || st.VMs[0].Node != 2 {
 		t.Fatalf("want one VM on node 2, got %+v", st.VMs)
 	}
