@@ -139,7 +139,11 @@ const (
 )
 
 // MigrateVM live-migrates a lab VM to another node while pods on every node
-// ping it and one holds a TCP connection to it.
+// ping it and one holds a TCP connection to it. The fast lane's steps:
+// the target's incoming endpoint, backend and QEMU (prepareTarget), the
+// traffic, QEMU's migration until the guest resumes on the target
+// (awaitResume), the target's claim of the address (activateTarget), and
+// the source's removal (finishMigration).
 func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, err error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
@@ -172,47 +176,17 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return nil, fmt.Errorf("lab vm migrate: no VM %q in the lab (lab up --vm)", opts.VM)
 	}
 	src := st.VMs[idx]
-	to := opts.To
-	if to == 0 {
-		to = 1
-		if src.Node == 1 {
-			to = 2
-		}
-	}
-	if to == src.Node || to < 1 || to > len(st.Nodes) {
-		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	to, err := migrationTarget(st, src, opts.To)
+	if err != nil {
+		return nil, err
 	}
 	say := func(format string, args ...any) { progress(opts.Out, format, args...) }
 	rep = &MigrationReport{VM: src.Name, Path: "fast-lane", From: src.Node, To: to, IP: src.IP, IP6: src.IP6, MAC: src.MAC,
 		PingInterval: opts.PingInterval, FramePoll: framePoll}
 
-	srcVM, err := findAgentVM(ctx, AgentSocket(src.Node), src.Name)
+	dst, args, err := prepareTarget(ctx, src, to, rep, opts)
 	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: source: %w", err)
-	}
-	rep.SourceID = srcVM.GetEndpoint().GetId()
-	var gwMAC string
-	if ifs := srcVM.GetEndpoint().GetInterfaces(); len(ifs) > 0 {
-		gwMAC = ifs[0].GetMac()
-	}
-	// The claim's generation: the migration's start (what the k8s path takes
-	// from the VMI's migrationState).
-	rep.Generation = uint64(time.Now().UnixNano())
-
-	// The target's first free VM netns (the dual-stack lab has a VM on
-	// each node).
-	vmIdx := 1
-	for netnsExists(VMNS(to, vmIdx)) && vmIdx < 16 {
-		vmIdx++
-	}
-	dst := LabVM{Name: src.Name, Node: to, NS: VMNS(to, vmIdx), IP: src.IP, IP6: src.IP6, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
-		VhostSocket:   filepath.Join(vmBackendDir(to, src.Name), "vhost.sock"),
-		MetricsSocket: filepath.Join(vmBackendDir(to, src.Name), "metrics.sock"), SerialSocket: vmFile(to, src.Name, "serial.sock")}
-	if netnsExists(dst.NS) {
-		return nil, fmt.Errorf("lab vm migrate: netns %s exists (node %d has no free VM netns)", dst.NS, to)
-	}
-	if err := addNetns(ctx, dst.NS); err != nil {
-		return nil, fmt.Errorf("lab vm migrate: %w", err)
+		return nil, err
 	}
 	// Until the switch-over, a failure removes the target's side and leaves
 	// the guest running on the source.
@@ -222,37 +196,6 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 			cleanupMigrationSide(context.Background(), dst)
 		}
 	}()
-	owner := uint32(backendUser)
-	resp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.AddVMResponse, error) {
-		return c.AddVM(ctx, &apiv1.AddVMRequest{Name: src.Name, Netns: netnsPath(dst.NS), Queues: uint32(src.Queues),
-			Mac: src.MAC, Mtu: uint32(src.MTU), Labels: srcVM.GetEndpoint().GetLabels(), SocketUid: &owner, SocketGid: &owner,
-			Address: src.IP, Address6: src.IP6, Incoming: true, Generation: rep.Generation, GatewayMac: gwMAC})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: incoming endpoint on node %d: %w", to, err)
-	}
-	dst.XSKSocket = resp.GetVm().GetSocket()
-	rep.TargetID = resp.GetVm().GetEndpoint().GetId()
-	say("lab: vm %s: incoming endpoint %d on node %d (%s, inactive)", src.Name, rep.TargetID, to, resp.GetVm().GetMigrationState())
-
-	vhostBin := filepath.Join(opts.Bins.Dir, "lanekit-vhost")
-	if !executable(vhostBin) {
-		return nil, fmt.Errorf("lab vm migrate: %s missing (make build)", vhostBin)
-	}
-	if dst.BackendPID, err = startVMBackend(dst, vhostBin); err != nil {
-		return nil, fmt.Errorf("lab vm migrate: target %w", err)
-	}
-	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
-	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: %w", err)
-	}
-	gc := guest.Config{Kernel: kernel, Initrd: initrd, MTU: src.MTU, IP: src.IP + "/32", Gateway: "169.254.1.1", MAC: src.MAC,
-		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket}
-	guestIPv6(&gc, dst) // vm6.go
-	args, err := guest.QEMUArgs(gc)
-	if err != nil {
-		return nil, fmt.Errorf("lab vm migrate: %w", err)
-	}
 	migSock := vmFile(to, src.Name, "migrate.sock")
 	dq, sq, err := startIncoming(ctx, &dst, src, migSock, args)
 	if err != nil {
@@ -281,66 +224,19 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	time.Sleep(500 * time.Millisecond) // traffic before the migration
 
 	say("lab: vm %s: migrating node %d -> node %d (QEMU over %s)", src.Name, src.Node, to, migSock)
-	if _, err := sq.call(ctx, "migrate", map[string]any{"uri": "unix:" + migSock}); err != nil {
-		return rep, fmt.Errorf("lab vm migrate: %w", err)
-	}
-	resumed := make(chan error, 1)
-	var resumedAt time.Time
-	go func() {
-		m, err := dq.waitEvent(ctx, "RESUME")
-		resumedAt = m.time()
-		resumed <- err
-	}()
-	var info migrationInfo
-	migrated := make(chan error, 1)
-	go func() {
-		var err error
-		info, err = sq.waitMigrated(ctx)
-		migrated <- err
-	}()
-	migDone := false
-	select {
-	case err := <-resumed:
-		if err != nil {
-			return rep, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(vmFile(to, src.Name, "qemu.log")))
-		}
-	case err := <-migrated:
-		migDone = true
-		if err != nil {
-			return rep, fmt.Errorf("lab vm migrate: %w", err)
-		}
-		if err := <-resumed; err != nil {
-			return rep, fmt.Errorf("lab vm migrate: target qemu: %w", err)
-		}
+	sw, err := awaitResume(ctx, dq, sq, migSock, vmFile(to, src.Name, "qemu.log"))
+	if err != nil {
+		return rep, err
 	}
 	switched = true
-	// A target QEMU that ends after the switch (the guest reset or shut
-	// down: -no-reboot) says why in its SHUTDOWN event.
-	shutdown := make(chan qmpMsg, 1)
-	go func() {
-		if m, err := dq.waitEvent(ctx, "SHUTDOWN"); err == nil {
-			shutdown <- m
-		}
-	}()
 	say("lab: vm %s: resumed on node %d; reporting the migration state to its agent", src.Name, to)
-	// The migration state reaches the target's agent: it claims the address.
-	mresp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.VMMigrationChangedResponse, error) {
-		return c.VMMigrationChanged(ctx, &apiv1.VMMigrationChangedRequest{Name: src.Name, Role: "target", Phase: "completed"})
-	})
-	if err != nil {
-		return rep, fmt.Errorf("lab vm migrate: activate on node %d: %w", to, err)
+	if err := activateTarget(ctx, st, src.Name, to, sw.resumedAt, rep); err != nil {
+		return rep, err
 	}
-	rep.ResumedToActivated = time.Since(resumedAt)
-	rep.ActivatedBy = mresp.GetVm().GetActivatedBy()
-	if _, err := PublishEndpointRoutes(ctx, st); err != nil {
-		return rep, fmt.Errorf("lab vm migrate: %w", err)
-	}
-	rep.ResumedToRouted = time.Since(resumedAt)
 	say("lab: vm %s: endpoint active on node %d, claims published to every node", src.Name, to)
-	if !migDone {
-		if err := <-migrated; err != nil {
-			return rep, fmt.Errorf("lab vm migrate: %w", err)
-		}
+	info, err := sw.wait()
+	if err != nil {
+		return rep, err
 	}
 	rep.QEMUTotal, rep.QEMUDowntime = time.Duration(info.TotalTime)*time.Millisecond, time.Duration(info.Downtime)*time.Millisecond
 	say("lab: vm %s runs on node %d (QEMU: total %s, downtime %s); removing the source side", src.Name, to, rep.QEMUTotal, rep.QEMUDowntime)
@@ -365,7 +261,7 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	}
 	rep.Total = time.Since(began)
 	select {
-	case m := <-shutdown:
+	case m := <-sw.shutdown:
 		err = errors.Join(fmt.Errorf("the guest's QEMU on node %d ended after the switch: SHUTDOWN %s", to, m.Data), err)
 	default:
 		if !nsexec.Alive(dst.QEMUPID) {
@@ -376,6 +272,179 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 		return rep, fmt.Errorf("lab vm migrate: %w", err)
 	}
 	return rep, nil
+}
+
+// migrationTarget is the node a VM on src.Node migrates to: want, or (0)
+// node 1, or node 2 when the VM is on node 1.
+func migrationTarget(st *State, src LabVM, want int) (int, error) {
+	to := want
+	if to == 0 {
+		to = 1
+		if src.Node == 1 {
+			to = 2
+		}
+	}
+	if to == src.Node || to < 1 || to > len(st.Nodes) {
+		return 0, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	}
+	return to, nil
+}
+
+// prepareTarget makes the fast-lane VM src's side on node to (what
+// KubeVirt's target launcher pod holds): a free VM netns, the incoming
+// (inactive) endpoint from the agent, the backend on its sockets; it
+// returns the target's LabVM and the target QEMU's command line. On an
+// error nothing of the target's side is left. It fills rep's endpoint IDs
+// and the claim's generation.
+func prepareTarget(ctx context.Context, src LabVM, to int, rep *MigrationReport, opts MigrateOptions) (dst LabVM, args []string, err error) {
+	srcVM, err := findAgentVM(ctx, AgentSocket(src.Node), src.Name)
+	if err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: source: %w", err)
+	}
+	rep.SourceID = srcVM.GetEndpoint().GetId()
+	var gwMAC string
+	if ifs := srcVM.GetEndpoint().GetInterfaces(); len(ifs) > 0 {
+		gwMAC = ifs[0].GetMac()
+	}
+	// The claim's generation: the migration's start (what the k8s path takes
+	// from the VMI's migrationState).
+	rep.Generation = uint64(time.Now().UnixNano())
+
+	// The target's first free VM netns (the dual-stack lab has a VM on
+	// each node).
+	vmIdx := 1
+	for netnsExists(VMNS(to, vmIdx)) && vmIdx < 16 {
+		vmIdx++
+	}
+	dst = LabVM{Name: src.Name, Node: to, NS: VMNS(to, vmIdx), IP: src.IP, IP6: src.IP6, MAC: src.MAC, Queues: src.Queues, MTU: src.MTU,
+		VhostSocket:   filepath.Join(vmBackendDir(to, src.Name), "vhost.sock"),
+		MetricsSocket: filepath.Join(vmBackendDir(to, src.Name), "metrics.sock"), SerialSocket: vmFile(to, src.Name, "serial.sock")}
+	if netnsExists(dst.NS) {
+		return dst, nil, fmt.Errorf("lab vm migrate: netns %s exists (node %d has no free VM netns)", dst.NS, to)
+	}
+	if err := addNetns(ctx, dst.NS); err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cleanupMigrationSide(context.Background(), dst)
+		}
+	}()
+	owner := uint32(backendUser)
+	resp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.AddVMResponse, error) {
+		return c.AddVM(ctx, &apiv1.AddVMRequest{Name: src.Name, Netns: netnsPath(dst.NS), Queues: uint32(src.Queues),
+			Mac: src.MAC, Mtu: uint32(src.MTU), Labels: srcVM.GetEndpoint().GetLabels(), SocketUid: &owner, SocketGid: &owner,
+			Address: src.IP, Address6: src.IP6, Incoming: true, Generation: rep.Generation, GatewayMac: gwMAC})
+	})
+	if err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: incoming endpoint on node %d: %w", to, err)
+	}
+	dst.XSKSocket = resp.GetVm().GetSocket()
+	rep.TargetID = resp.GetVm().GetEndpoint().GetId()
+	progress(opts.Out, "lab: vm %s: incoming endpoint %d on node %d (%s, inactive)", src.Name, rep.TargetID, to, resp.GetVm().GetMigrationState())
+
+	vhostBin := filepath.Join(opts.Bins.Dir, "lanekit-vhost")
+	if !executable(vhostBin) {
+		return dst, nil, fmt.Errorf("lab vm migrate: %s missing (make build)", vhostBin)
+	}
+	if dst.BackendPID, err = startVMBackend(dst, vhostBin); err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: target %w", err)
+	}
+	kernel, initrd, err := guest.EnsureImage(GuestCacheDir)
+	if err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	gc := guest.Config{Kernel: kernel, Initrd: initrd, MTU: src.MTU, IP: src.IP + "/32", Gateway: "169.254.1.1", MAC: src.MAC,
+		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket}
+	guestIPv6(&gc, dst) // vm6.go
+	if args, err = guest.QEMUArgs(gc); err != nil {
+		return dst, nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	return dst, args, nil
+}
+
+// switchOver is a migration whose guest runs on the target: when it
+// resumed there, QEMU's own end of the migration (wait), and the target
+// QEMU's SHUTDOWN event should the guest end after the switch.
+type switchOver struct {
+	resumedAt time.Time
+	migrated  chan error
+	info      *migrationInfo
+	done      bool // migrated already read
+	shutdown  chan qmpMsg
+}
+
+// awaitResume starts QEMU's migration of the source (sq) into the target
+// (dq, listening on migSock) and returns once the guest resumed on the
+// target.
+func awaitResume(ctx context.Context, dq, sq *qmp, migSock, targetLog string) (*switchOver, error) {
+	if _, err := sq.call(ctx, "migrate", map[string]any{"uri": "unix:" + migSock}); err != nil {
+		return nil, fmt.Errorf("lab vm migrate: %w", err)
+	}
+	sw := &switchOver{migrated: make(chan error, 1), info: &migrationInfo{}, shutdown: make(chan qmpMsg, 1)}
+	resumed := make(chan error, 1)
+	go func() {
+		m, err := dq.waitEvent(ctx, "RESUME")
+		sw.resumedAt = m.time()
+		resumed <- err
+	}()
+	go func() {
+		info, err := sq.waitMigrated(ctx)
+		*sw.info = info
+		sw.migrated <- err
+	}()
+	select {
+	case err := <-resumed:
+		if err != nil {
+			return nil, fmt.Errorf("lab vm migrate: target qemu: %w; log: %s", err, logTail(targetLog))
+		}
+	case err := <-sw.migrated:
+		sw.done = true
+		if err != nil {
+			return nil, fmt.Errorf("lab vm migrate: %w", err)
+		}
+		if err := <-resumed; err != nil {
+			return nil, fmt.Errorf("lab vm migrate: target qemu: %w", err)
+		}
+	}
+	// A target QEMU that ends after the switch (the guest reset or shut
+	// down: -no-reboot) says why in its SHUTDOWN event.
+	go func() {
+		if m, err := dq.waitEvent(ctx, "SHUTDOWN"); err == nil {
+			sw.shutdown <- m
+		}
+	}()
+	return sw, nil
+}
+
+// wait returns QEMU's numbers once the source reports the migration done.
+func (sw *switchOver) wait() (migrationInfo, error) {
+	if !sw.done {
+		sw.done = true
+		if err := <-sw.migrated; err != nil {
+			return migrationInfo{}, fmt.Errorf("lab vm migrate: %w", err)
+		}
+	}
+	return *sw.info, nil
+}
+
+// activateTarget reports the migration's end to the target's agent (which
+// then claims the VM's address) and publishes every node's claims to every
+// agent, timing both from the guest's resume.
+func activateTarget(ctx context.Context, st *State, vm string, to int, resumedAt time.Time, rep *MigrationReport) error {
+	mresp, err := withAgent(ctx, AgentSocket(to), func(ctx context.Context, c apiv1.AgentClient) (*apiv1.VMMigrationChangedResponse, error) {
+		return c.VMMigrationChanged(ctx, &apiv1.VMMigrationChangedRequest{Name: vm, Role: "target", Phase: "completed"})
+	})
+	if err != nil {
+		return fmt.Errorf("lab vm migrate: activate on node %d: %w", to, err)
+	}
+	rep.ResumedToActivated = time.Since(resumedAt)
+	rep.ActivatedBy = mresp.GetVm().GetActivatedBy()
+	if _, err := PublishEndpointRoutes(ctx, st); err != nil {
+		return fmt.Errorf("lab vm migrate: %w", err)
+	}
+	rep.ResumedToRouted = time.Since(resumedAt)
+	return nil
 }
 
 // cleanupMigrationSide stops lv's QEMU and backend, removes its endpoint
@@ -567,15 +636,9 @@ func (tr *traffic) stop6(rep *MigrationReport) error {
 // report says so; only a QEMU failure is an error.
 func migrateTapVM(ctx context.Context, st *State, idx int, opts MigrateOptions, began time.Time) (*MigrationReport, error) {
 	src := st.TapVMs[idx]
-	to := opts.To
-	if to == 0 {
-		to = 1
-		if src.Node == 1 {
-			to = 2
-		}
-	}
-	if to == src.Node || to < 1 || to > len(st.Nodes) {
-		return nil, fmt.Errorf("lab vm migrate: target node %d: want another of nodes 1-%d (the VM is on %d)", to, len(st.Nodes), src.Node)
+	to, err := migrationTarget(st, src, opts.To)
+	if err != nil {
+		return nil, err
 	}
 	rep := &MigrationReport{VM: src.Name, Path: "bridge-tap", From: src.Node, To: to, IP: src.IP, MAC: src.MAC,
 		PingInterval: opts.PingInterval}
