@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -80,16 +79,8 @@ func TestIPv6OnlyLab(t *testing.T) {
 	p11, p12, p21, p22 := pods[PodNS(1, 1, KindLanekit)], pods[PodNS(1, 2, KindLanekit)], pods[PodNS(2, 1, KindLanekit)], pods[PodNS(2, 2, KindLanekit)]
 
 	t.Run("lab check", func(t *testing.T) {
-		var out bytes.Buffer
-		err := Check(ctx, bins, &out)
-		t.Log(out.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(out.String(), "lanekit pods over IPv6") {
-			t.Fatal("lab check printed no IPv6 matrix")
-		}
-		if strings.Contains(out.String(), "lanekit pods: ICMP") {
+		out := checkIPv6Matrix(t, ctx, bins)
+		if strings.Contains(out, "lanekit pods: ICMP") {
 			t.Fatal("lab check probed lanekit pods over IPv4 in an IPv6-only lab")
 		}
 	})

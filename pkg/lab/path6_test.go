@@ -32,17 +32,7 @@ func TestDualStackLab(t *testing.T) {
 		}
 	}
 
-	t.Run("lab check", func(t *testing.T) {
-		var out bytes.Buffer
-		err := Check(ctx, bins, &out)
-		t.Log(out.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Contains(out.Bytes(), []byte("lanekit pods over IPv6")) {
-			t.Fatal("lab check printed no IPv6 matrix")
-		}
-	})
+	t.Run("lab check", func(t *testing.T) { checkIPv6Matrix(t, ctx, bins) })
 
 	pods := map[int]Pod{}
 	for _, n := range st.Nodes {
@@ -80,4 +70,20 @@ func TestDualStackLab(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkIPv6Matrix runs lab check, which must pass and probe the lanekit
+// pods over IPv6; it returns the output.
+func checkIPv6Matrix(t *testing.T, ctx context.Context, bins Bins) string {
+	t.Helper()
+	var out bytes.Buffer
+	err := Check(ctx, bins, &out)
+	t.Log(out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("lanekit pods over IPv6")) {
+		t.Fatal("lab check printed no IPv6 matrix")
+	}
+	return out.String()
 }

@@ -146,6 +146,20 @@ func pathTestBins(t *testing.T) Bins {
 // bulkTCP runs a bounded 3 s iperf3 transfer from client to server.
 func bulkTCP(t *testing.T, ctx context.Context, client, server, serverIP string) {
 	t.Helper()
+	iperfBounded(t, ctx, client, server, serverIP, "-t", "3")
+}
+
+// bulkTCPParallel runs a bounded 2 s iperf3 transfer with n parallel streams.
+func bulkTCPParallel(t *testing.T, ctx context.Context, client, server, serverIP string, n int) {
+	t.Helper()
+	iperfBounded(t, ctx, client, server, serverIP, "-t", "2", "-P", fmt.Sprint(n))
+}
+
+// iperfBounded runs one iperf3 client with args from client against a
+// one-shot server in server, retried until the server listens; it logs the
+// receiver's line.
+func iperfBounded(t *testing.T, ctx context.Context, client, server, serverIP string, args ...string) {
+	t.Helper()
 	srv := nsCommand(ctx, server, "iperf3", "-s", "-1", "-B", serverIP)
 	if err := srv.Start(); err != nil {
 		t.Fatalf("iperf3 server: %v", err)
@@ -157,18 +171,18 @@ func bulkTCP(t *testing.T, ctx context.Context, client, server, serverIP string)
 	var out []byte
 	var err error
 	for i := 0; i < 20; i++ { // until the server listens
-		out, err = nsCommand(ctx, client, "iperf3", "-c", serverIP, "-t", "3").CombinedOutput()
+		out, err = nsCommand(ctx, client, append([]string{"iperf3", "-c", serverIP}, args...)...).CombinedOutput()
 		if err == nil {
 			for _, l := range strings.Split(string(out), "\n") {
 				if strings.Contains(l, "receiver") {
-					t.Logf("iperf3 %s -> %s: %s", client, server, strings.Join(strings.Fields(l), " "))
+					t.Logf("iperf3 %s %s -> %s: %s", strings.Join(args, " "), client, server, strings.Join(strings.Fields(l), " "))
 				}
 			}
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("iperf3 %s -> %s: %v\n%s", client, server, err, out)
+	t.Fatalf("iperf3 %s %s -> %s: %v\n%s", strings.Join(args, " "), client, server, err, out)
 }
 
 // testLog sends lab progress lines to the test log.

@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,41 +60,16 @@ func TestDualStackLabPolicy(t *testing.T) {
 		t.Fatal("node 2 has no IPv6 pod CIDR")
 	}
 	web := pods["web"]
-	for _, port := range []string{"8080", "9090"} {
-		srv := exec.Command("ip", "netns", "exec", web.NS, cli, "lab", "tcp-whoami", "--listen", "[::]:"+port, "--for", "3m")
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	}
-	pol := `apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: web-from-clients, namespace: shop}
-spec:
-  podSelector: {matchLabels: {app: web}}
-  ingress:
-  - from: [{podSelector: {matchLabels: {role: client}}}]
-    ports: [{port: http}]
----
-apiVersion: networking.k8s.io/v1
+	// web-from-clients (labpolicy_test.go) and an IPv6 ipBlock with an except.
+	webPolicies(t, lk, cli, []string{"[::]:8080", "[::]:9090"}, `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web-from-node2-v6, namespace: shop}
 spec:
   podSelector: {matchLabels: {app: web}}
   ingress:
-  - from: [{ipBlock: {cidr: "` + cidr6 + `", except: ["` + pods["client"].IP6 + `/128"]}}]
+  - from: [{ipBlock: {cidr: "`+cidr6+`", except: ["`+pods["client"].IP6+`/128"]}}]
     ports: [{port: 9090}]
-`
-	file := filepath.Join(t.TempDir(), "pol.yaml")
-	if err := os.WriteFile(file, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for node := 1; node <= 2; node++ {
-		if _, err := lk(t, "policy", "apply", "-f", file, "--socket", AgentSocket(node)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(300 * time.Millisecond)
+`)
 	webIP4 := netip.MustParseAddr(web.IP)
 	_, before, err := datapath.PinnedCounters(BPFDir(1), webIP4)
 	if err != nil {

@@ -178,28 +178,6 @@ func tunnelStats(t *testing.T, node int) datapath.TunnelStats {
 	return st
 }
 
-// bulkTCPParallel runs a bounded 2 s iperf3 transfer with n parallel streams.
-func bulkTCPParallel(t *testing.T, ctx context.Context, client, server, serverIP string, n int) {
-	t.Helper()
-	srv := nsCommand(ctx, server, "iperf3", "-s", "-1", "-B", serverIP)
-	if err := srv.Start(); err != nil {
-		t.Fatalf("iperf3 server: %v", err)
-	}
-	defer func() {
-		srv.Process.Kill()
-		srv.Wait()
-	}()
-	var out []byte
-	var err error
-	for i := 0; i < 20; i++ {
-		if out, err = nsCommand(ctx, client, "iperf3", "-c", serverIP, "-t", "2", "-P", fmt.Sprint(n)).CombinedOutput(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("iperf3 -P %d %s -> %s: %v\n%s", n, client, server, err, out)
-}
-
 // captureVXLANSourcePorts records the UDP source ports of VXLAN packets
 // (destination port TunnelPort) the router receives on port dev while fn
 // runs: an AF_PACKET socket in the router namespace.
