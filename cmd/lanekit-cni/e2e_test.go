@@ -96,11 +96,8 @@ func setup(t *testing.T) *e2e {
 		os.MkdirAll(d, 0o755)
 	}
 	// lanekit_testhooks: the agent reads agent.CrashEnv (crash tests).
-	build := exec.Command("go", "build", "-tags", "lanekit_testhooks", "-o", e.bin+"/", "./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit")
-	build.Dir = moduleRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	// One build for every test of the package (TestMain removes it).
+	testutil.GoBuild(t, moduleRoot(t), e.bin, []string{"-tags", "lanekit_testhooks"}, []string{"./cmd/lanekitd", "./cmd/lanekit-cni", "./cmd/lanekit"})
 	if err := os.Rename(filepath.Join(e.bin, "lanekit-cni"), filepath.Join(e.pluginDir, "lanekit")); err != nil {
 		t.Fatal(err)
 	}

@@ -230,11 +230,7 @@ func newOfflineEnv(t *testing.T) *offlineEnv {
 			t.Fatal(err)
 		}
 	}
-	build := exec.Command("go", "build", "-o", e.bin+"/", "./cmd/lanekitd", "./cmd/lanekit-cni")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testutil.GoBuild(t, "../..", e.bin, nil, []string{"./cmd/lanekitd", "./cmd/lanekit-cni"}) // once per run
 	if err := os.Rename(filepath.Join(e.bin, "lanekit-cni"), filepath.Join(e.plugins, "lanekit")); err != nil {
 		t.Fatal(err)
 	}
