@@ -96,6 +96,10 @@ func TestAgentMemoryAtScale(t *testing.T) {
 
 	cfg := lab.DefaultScaleConfig()
 	cfg.Services, cfg.Pods, cfg.Policies = n, pods, min(pods, 100)
+	cfg.Nodes = max(cfg.Nodes, (pods+249)/250) // 250 pods per fake node
+	// Stored at once: created one by one, N Services cost the API server
+	// O(N²) (k8stest.Server.Store), 29 minutes at 30,000.
+	cfg.Store = srv.Store
 	filled := time.Now()
 	if err := lab.FillScale(ctx, admin, cfg); err != nil {
 		t.Fatal(err)
