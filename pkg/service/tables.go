@@ -140,6 +140,11 @@ type Update struct {
 	// to add, entries to delete.
 	SrcRanges       []SrcRangeKey
 	SrcRangeDeletes []SrcRangeKey
+
+	// The frontend ID each of ServiceDeletes, ServiceDeletes6 and
+	// BackendDeletes belongs to, as Tables.Apply made them (split.go); an
+	// update made otherwise (Adopt's repair) lacks them and is not split.
+	svcDelOwner, svcDel6Owner, backDelOwner []uint32
 }
 
 // Ops is the number of map operations in u (a Maglev table counts as one).
@@ -315,14 +320,14 @@ func (t *Tables) Apply(c Changes) *Update {
 		if !ok {
 			continue
 		}
-		deleteService(u, k)
+		deleteService(u, k, p.id)
 		putSrcRanges(u, p.id, p.ranges, nil)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
 		if p.hasMaglev() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		}
 		for _, b := range p.backends {
-			u.BackendDeletes = append(u.BackendDeletes, BackendKey{b.id})
+			deleteBackend(u, b.id, p.id)
 			delete(t.usedBack, b.id)
 		}
 		delete(t.usedFront, p.id)
@@ -421,7 +426,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	}
 	// Removed backends go last: the new Maglev table no longer refers to them.
 	for _, id := range gone {
-		u.BackendDeletes = append(u.BackendDeletes, BackendKey{id})
+		deleteBackend(u, id, p.id)
 		delete(t.usedBack, id)
 	}
 }
