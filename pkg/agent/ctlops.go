@@ -460,7 +460,7 @@ func (a *Agent) Frontends() []FrontendInfo {
 	defer c.mu.Unlock()
 	var out []FrontendInfo
 	for _, f := range c.model.Frontends() {
-		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: len(f.Maglev),
+		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: f.Maglev.Len(),
 			Eligible: f.Eligible(), AffinityTimeout: f.AffinityTimeout, Local: f.Local, External: f.External,
 			SourceRanges: f.SourceRanges}
 		fi.FrontendID, _ = c.tables.FrontendID(f.Key)
