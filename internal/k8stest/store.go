@@ -68,10 +68,10 @@ func (s *Server) Store(ctx context.Context, objs []runtime.Object) error {
 		generation[reflect.TypeOf(o)] = dry.(metav1.Object).GetGeneration()
 	}
 	now := metav1.Now()
-	for i := 0; i < len(objs); i += storeTxnOps {
+	for _, batch := range storeBatches(objs, storeTxnOps) {
 		var keys []string
 		var vals [][]byte
-		for _, o := range objs[i:min(i+storeTxnOps, len(objs))] {
+		for _, o := range batch {
 			o = o.DeepCopyObject()
 			m := o.(metav1.Object)
 			m.SetUID(uuid.NewUUID())
@@ -98,6 +98,32 @@ func (s *Server) Store(ctx context.Context, objs []runtime.Object) error {
 		}
 	}
 	return nil
+}
+
+// storeBatches cuts objs into transactions of at most max objects, a
+// Service and the IPAddress after it always in one: between two
+// transactions the API server's repair controller would create the
+// IPAddress of a Service it sees without one, and the second would fail.
+func storeBatches(objs []runtime.Object, max int) [][]runtime.Object {
+	var out [][]runtime.Object
+	start := 0
+	for i := 0; i < len(objs); i++ {
+		end := i + 1
+		if _, ok := objs[i].(*corev1.Service); ok && i+1 < len(objs) {
+			if _, ok := objs[i+1].(*networkingv1.IPAddress); ok {
+				end = i + 2
+			}
+		}
+		if end-start > max {
+			out = append(out, objs[start:i])
+			start = i
+		}
+		i = end - 1
+	}
+	if start < len(objs) {
+		out = append(out, objs[start:])
+	}
+	return out
 }
 
 // storeTxnOps is etcd's --max-txn-ops default.

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -109,5 +110,37 @@ func TestStore(t *testing.T) {
 	}
 	if err := s.Store(ctx, objs[3:]); err == nil {
 		t.Error("Store overwrote an existing pod")
+	}
+}
+
+// Store's transactions never split a Service from its IPAddress.
+func TestStoreBatchesKeepPairs(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 10 {
+		objs = append(objs, &corev1.Pod{})
+		if i%3 == 0 {
+			objs = append(objs, &corev1.Service{}, &networkingv1.IPAddress{})
+		}
+	}
+	for max := 2; max <= 5; max++ {
+		batches := storeBatches(objs, max)
+		var all []runtime.Object
+		for _, b := range batches {
+			if len(b) == 0 || len(b) > max {
+				t.Errorf("max %d: a batch of %d", max, len(b))
+			}
+			if _, ok := b[0].(*networkingv1.IPAddress); ok {
+				t.Errorf("max %d: a batch starts with an IPAddress (its Service in the one before)", max)
+			}
+			all = append(all, b...)
+		}
+		if len(all) != len(objs) {
+			t.Errorf("max %d: %d objects in the batches, want %d", max, len(all), len(objs))
+		}
+		for i := range all {
+			if all[i] != objs[i] {
+				t.Fatalf("max %d: object %d out of order", max, i)
+			}
+		}
 	}
 }
