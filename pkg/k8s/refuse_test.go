@@ -189,7 +189,10 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	check := func(what string) {
 		t.Helper()
 		eventually(t, what+": the older service holds the frontend, the newer one is refused", func() bool {
-			return frontendOwner(a, vip, 80) == "zz-older" && len(a.Refused()) == 1
+			// The source notes the agent's refusals when ReplaceObjects
+			// returns, just after the agent does.
+			_, noted := src.Refused()["Service default/aa-newer"]
+			return frontendOwner(a, vip, 80) == "zz-older" && len(a.Refused()) == 1 && noted
 		})
 		r := a.Refused()[0]
 		if r.Object.Key() != "Service/default/aa-newer" || !strings.Contains(r.Err.Error(), "default/zz-older") {
