@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -30,8 +31,8 @@ import (
 // its Go heap (the --pprof-address endpoint) with nothing, then with N
 // Services x 4 endpoints synced, and times a restart at N.
 //
-//	LANEKIT_MEM_SERVICES=30000 LANEKIT_MEM_PODS=2000 LANEKIT_MEM_PROFILE_DIR=/tmp/prof \
-//	  go test ./cmd/lanekitd -run TestAgentMemoryAtScale -v -timeout 60m
+//	LANEKIT_MEM_SERVICES=30000 LANEKIT_MEM_PODS=50000 LANEKIT_MEM_PROFILE_DIR=/tmp/prof \
+//	  go test ./cmd/lanekitd -run TestAgentMemoryAtScale -v -timeout 25m
 //
 // prints the numbers docs/benchmarks.md quotes and keeps the heap profiles
 // (go tool pprof -top -sample_index=inuse_space FILE).
@@ -80,6 +81,12 @@ func TestAgentMemoryAtScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := nodeEnv(t, ctx, srv, admin)
+	// The agent's own environment (the API server's is left alone):
+	// LANEKIT_MEM_AGENT_ENV="GOMEMLIMIT=400MiB GOGC=50".
+	e.env = strings.Fields(os.Getenv("LANEKIT_MEM_AGENT_ENV"))
+	if len(e.env) > 0 {
+		t.Logf("agent environment: %v", e.env)
+	}
 	pprofAt := freeAddr(t)
 	dir := os.Getenv("LANEKIT_MEM_PROFILE_DIR")
 	if dir == "" {
@@ -96,20 +103,26 @@ func TestAgentMemoryAtScale(t *testing.T) {
 
 	cfg := lab.DefaultScaleConfig()
 	cfg.Services, cfg.Pods, cfg.Policies = n, pods, min(pods, 100)
+	cfg.Nodes = max(cfg.Nodes, (pods+249)/250) // 250 pods per fake node
+	// Stored at once: created one by one, N Services cost the API server
+	// O(N²) (k8stest.Server.Store), 29 minutes at 30,000.
+	cfg.Store = srv.Store
 	filled := time.Now()
 	if err := lab.FillScale(ctx, admin, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("filled %d Services x %d endpoints, %d pods, %d policies in %s", n, cfg.Endpoints, pods, cfg.Policies, time.Since(filled).Round(time.Second))
 
-	perSvc, answered := e.atScale(t, "", n, base, pprofAt, dir)
-	if perSvc > maxHeapPerService {
-		t.Errorf("the agent's Go heap holds %d B per Service at %d Services, want <= %d", perSvc, n, maxHeapPerService)
+	rep := memReport{Config: memConfig{Services: n, Endpoints: cfg.Endpoints, Pods: pods, Policies: cfg.Policies, Nodes: cfg.Nodes},
+		FillS: time.Since(filled).Seconds(), AgentEnv: e.env, Base: base.report()}
+	run := e.atScale(t, "", n, base, pprofAt, dir)
+	rep.Runs = append(rep.Runs, run)
+	if run.HeapPerServiceB > maxHeapPerService {
+		t.Errorf("the agent's Go heap holds %d B per Service at %d Services, want <= %d", run.HeapPerServiceB, n, maxHeapPerService)
 	}
 	// A figure, not a pass mark (timing on a shared machine): that the
 	// socket serves during the restore is TestSocketServesWhileControlPlaneRestores'.
-	t.Logf("after a restart at %d Services the socket answered after %s (the pre-fix agent: 7.3 s at 5,000)",
-		n, answered.Round(time.Millisecond))
+	t.Logf("after a restart at %d Services the socket answered after %.1f s (the pre-fix agent: 7.3 s at 5,000)", n, run.RestartSocketS)
 	// Another lanekitd (an older build) against the same API server, from
 	// an empty state: before/after numbers without a second fill.
 	if other := os.Getenv("LANEKIT_MEM_COMPARE_BIN"); other != "" {
@@ -122,30 +135,85 @@ func TestAgentMemoryAtScale(t *testing.T) {
 			}
 		}
 		e.bin = filepath.Dir(other)
-		e.atScale(t, other, n, base, pprofAt, dir)
+		rep.Runs = append(rep.Runs, e.atScale(t, other, n, base, pprofAt, dir))
 	}
+	if path := os.Getenv("LANEKIT_MEM_JSON"); path != "" {
+		rep.Time = time.Now().UTC().Format(time.RFC3339)
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// memReport is what LANEKIT_MEM_JSON gets: the fill and, per agent build
+// run against it, its memory at N and its restart.
+type memReport struct {
+	Time     string    `json:"time"`
+	Config   memConfig `json:"config"`
+	FillS    float64   `json:"fill_s"`
+	AgentEnv []string  `json:"agent_env,omitempty"`
+	Base     usageJSON `json:"base"`
+	Runs     []memRun  `json:"runs"`
+}
+
+type memConfig struct {
+	Services  int `json:"services"`
+	Endpoints int `json:"endpoints"`
+	Pods      int `json:"pods"`
+	Policies  int `json:"policies"`
+	Nodes     int `json:"nodes"`
+}
+
+// memRun is one agent build at N Services.
+type memRun struct {
+	Agent           string    `json:"agent"` // "built", or LANEKIT_MEM_COMPARE_BIN
+	ReadyS          float64   `json:"ready_with_every_frontend_s"`
+	At              usageJSON `json:"at_n"`
+	HeapPerServiceB uint64    `json:"heap_per_service_b"`
+	RSSPerServiceB  uint64    `json:"rss_per_service_b"`
+	RestartSocketS  float64   `json:"restart_socket_s"`
+	RestartReadyS   float64   `json:"restart_ready_with_every_frontend_s"`
+}
+
+type usageJSON struct {
+	RSSMB     float64 `json:"rss_mb"`
+	RSSFileMB float64 `json:"rss_file_mb"`
+	HeapMB    float64 `json:"go_heap_inuse_mb"`
+	SysMB     float64 `json:"go_sys_mb"`
+}
+
+func (u usage) report() usageJSON {
+	return usageJSON{RSSMB: mb(u.rss), RSSFileMB: mb(u.rssFile), HeapMB: mb(u.heap), SysMB: mb(u.sys)}
 }
 
 // atScale starts the agent on the filled API server (the informers list
 // everything, the agent programs it) and measures it, then restarts it: the
 // heap per Service above base and how long the restarted agent's socket
 // took to answer. name labels the lines (""; the built agent).
-func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprofAt, dir string) (uint64, time.Duration) {
+func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprofAt, dir string) memRun {
 	t.Helper()
 	tag := fmt.Sprintf("N=%d", n)
+	run := memRun{Agent: "built"}
 	if name != "" {
 		tag += " (" + name + ")"
+		run.Agent = name
 	}
 	started := time.Now()
 	agent, log := e.start(t, "--pprof-address", pprofAt)
 	e.waitReady(t, log, 10*time.Minute)
 	e.waitFrontends(t, log, n)
+	run.ReadyS = time.Since(started).Seconds()
 	t.Logf("%s: ready with every frontend %s after the start", tag, time.Since(started).Round(time.Millisecond))
 	file := filepath.Join(dir, fmt.Sprintf("heap-%d%s.pb.gz", n, map[bool]string{true: "-compare"}[name != ""]))
 	at := measure(t, agent.Process.Pid, pprofAt, file)
+	run.At = at.report()
 	t.Logf("%s: %s", tag, at)
-	perSvc := (at.heap - base.heap) / uint64(n)
-	t.Logf("%s: per Service: heap %d B, RSS %d B", tag, perSvc, (at.rss-base.rss)/uint64(n))
+	run.HeapPerServiceB, run.RSSPerServiceB = (at.heap-base.heap)/uint64(n), (at.rss-base.rss)/uint64(n)
+	t.Logf("%s: per Service: heap %d B, RSS %d B", tag, run.HeapPerServiceB, run.RSSPerServiceB)
 	topOf(t, file)
 
 	// A restart at N: the socket answers at once, ready follows.
@@ -157,13 +225,14 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	answered := time.Since(started)
 	e.waitReady(t, log, 10*time.Minute)
 	e.waitFrontends(t, log, n)
+	run.RestartSocketS, run.RestartReadyS = answered.Seconds(), time.Since(started).Seconds()
 	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
 		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
 	if answered > 2*time.Second { // what came before the socket
 		lines := strings.Split(log.String(), "\n")
 		t.Logf("%s: the restarted agent's log:\n%s", tag, strings.Join(lines[:min(len(lines), 25)], "\n"))
 	}
-	return perSvc, answered
+	return run
 }
 
 // usage is what the agent holds: RSS and the Go heap in use after a GC.

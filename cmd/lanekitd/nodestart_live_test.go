@@ -34,7 +34,8 @@ import (
 // offlineEnv runs the built lanekitd against a real API server.
 type offlineEnv struct {
 	bin, plugins, dir, sock, state, bpf, kubeconfig, metrics string
-	node                                                     string // netns path: the agent's --host-netns
+	node                                                     string   // netns path: the agent's --host-netns
+	env                                                      []string // added to the agent's environment
 }
 
 // TestStartWithoutAPIServer: a node agent restarted while the API server is
@@ -264,6 +265,9 @@ func (e *offlineEnv) start(t *testing.T, extra ...string) (*exec.Cmd, *bytes.Buf
 		"--vm-socket-dir", filepath.Join(e.dir, "vm"), "--socket-lb=false", "--service-health-checks=false",
 		"--node-name", "n7", "--kubeconfig", e.kubeconfig, "--metrics-listen", e.metrics, "--log-json=false"}, extra...)...)
 	cmd.Stderr = log
+	if len(e.env) > 0 {
+		cmd.Env = append(os.Environ(), e.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/service"
 )
 
 // MemoryDatapath is an in-memory datapath for tests (injected through
@@ -28,6 +29,7 @@ type MemoryDatapath struct {
 	pol        memPolicy
 	verdicts   map[uint32]datapath.PolicyVerdict
 	failApply  bool
+	refuseSvc  map[service.ServiceKey]bool // RefuseService
 	svcApplies int
 	gcCalls    int
 }

@@ -2,6 +2,7 @@ package agenttest
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -59,12 +60,29 @@ func (m *MemoryDatapath) SetFailApply(fail bool) {
 	m.failApply = fail
 }
 
+// RefuseService makes ApplyServices refuse (ErrInjected, nothing applied)
+// every update that writes frontend k's service entry, as the kernel
+// refuses one frontend's Maglev array; false takes it back.
+func (m *MemoryDatapath) RefuseService(k service.ServiceKey, refuse bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refuseSvc == nil {
+		m.refuseSvc = map[service.ServiceKey]bool{}
+	}
+	m.refuseSvc[k] = refuse
+}
+
 // ApplyServices applies u in the documented order.
 func (m *MemoryDatapath) ApplyServices(u *service.Update) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.failApply {
 		return ErrInjected
+	}
+	for k := range u.Services {
+		if m.refuseSvc[k] {
+			return fmt.Errorf("service %v:%d: %w", netip.AddrFrom4(k.Addr), k.Port, ErrInjected)
+		}
 	}
 	m.initServices()
 	s := &m.svcs

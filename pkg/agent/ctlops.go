@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,26 +33,112 @@ func (a *Agent) policyDP() datapath.PolicyDatapath {
 	return pd
 }
 
-// applyServices programs u after any earlier update that failed; on failure
-// u is queued for the maintenance loop. Called with ctl.mu.
+// applyServices programs u after the updates the datapath refused before,
+// which are queued (svcRetry) for the maintenance loop and the next call. An
+// update the datapath refuses is halved by frontend until the refused
+// frontends are found alone (applyFinding): every other frontend is
+// programmed, and only the refused parts stay queued, each retried alone. A
+// later update's part for a frontend (or a service key) a queued part holds
+// waits behind it; the rest of it is applied. The error is about u (a part
+// of it refused or waiting), or with u nil (the maintenance loop's retry)
+// about the queue. Called with ctl.mu.
 func (a *Agent) applyServices(u *service.Update) error {
 	c := a.ctl
 	sd := a.serviceDP()
 	if sd == nil {
 		return nil // nothing to program; status reports it
 	}
-	if u != nil && u.Ops() > 0 {
+	if u != nil && u.Ops() == 0 {
+		u = nil
+	}
+	if u != nil {
 		c.svcRetry = append(c.svcRetry, u)
 	}
-	for len(c.svcRetry) > 0 {
+	if len(c.svcRetry) == 0 {
+		return nil
+	}
+	apply := func(u *service.Update) error {
 		var err error
-		a.host.Do(func() error { err = sd.ApplyServices(c.svcRetry[0]); return nil })
-		if err != nil {
-			return fmt.Errorf("apply services: %w", err)
+		a.host.Do(func() error { err = sd.ApplyServices(u); return nil })
+		return err
+	}
+	queue := c.svcRetry
+	c.svcRetry = nil
+	// Parts already queued are retried whole; new refusals are searched
+	// for while the queue has room (a datapath that refuses everything
+	// does not split the queue any further).
+	budget := maxQueuedServiceParts - len(queue)
+	var held service.Held
+	var queued, errU error
+	for i, q := range queue {
+		queue[i] = nil // the queue's array must not keep an applied update alive (dropFirst)
+		isU := u != nil && i == len(queue)-1
+		wait, free := held.Split(q)
+		if wait != nil {
+			c.svcRetry = append(c.svcRetry, wait)
+			held.Add(wait)
+			if isU {
+				errU = fmt.Errorf("behind a refused update of the same frontends: %w", cmp.Or(queued, errRefusedBefore))
+			}
 		}
-		c.svcRetry = dropFirst(c.svcRetry)
+		if free == nil {
+			continue
+		}
+		refused, err := applyFinding(apply, free, &budget)
+		for _, r := range refused {
+			c.svcRetry = append(c.svcRetry, r)
+			held.Add(r)
+		}
+		switch {
+		case err == nil:
+		case isU:
+			errU = cmp.Or(errU, err)
+		case queued == nil:
+			queued = err
+		}
+	}
+	if u == nil {
+		errU = queued
+	}
+	if errU != nil {
+		return fmt.Errorf("apply services (%d parts queued): %w", len(c.svcRetry), errU)
 	}
 	return nil
+}
+
+var errRefusedBefore = errors.New("refused before")
+
+// maxQueuedServiceParts bounds how many refused parts applyFinding splits
+// the queued service updates into.
+const maxQueuedServiceParts = 32
+
+// applyFinding applies u; when the datapath refuses it, it halves u by
+// frontend and applies each half the same way, until the refused frontends
+// are found alone: everything else in u is programmed. It returns the
+// refused parts (in frontend order) and the datapath's first error. Each
+// refused part takes one of *budget; with none left, a refused part is
+// kept whole.
+func applyFinding(apply func(*service.Update) error, u *service.Update, budget *int) ([]*service.Update, error) {
+	err := apply(u)
+	if err == nil {
+		return nil, nil
+	}
+	ids, ok := u.Frontends()
+	if !ok || len(ids) < 2 || *budget <= 0 {
+		*budget--
+		return []*service.Update{u}, err
+	}
+	mid := ids[len(ids)/2]
+	var refused []*service.Update
+	var first error
+	for _, half := range []*service.Update{u.Part(func(id uint32) bool { return id < mid }), u.Part(func(id uint32) bool { return id >= mid })} {
+		r, err := applyFinding(apply, half, budget)
+		refused = append(refused, r...)
+		if first == nil {
+			first = err
+		}
+	}
+	return refused, first
 }
 
 // dropFirst removes q's first element, letting go of it: the queue's array
@@ -373,7 +460,7 @@ func (a *Agent) Frontends() []FrontendInfo {
 	defer c.mu.Unlock()
 	var out []FrontendInfo
 	for _, f := range c.model.Frontends() {
-		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: len(f.Maglev),
+		fi := FrontendInfo{Service: f.Service, PortName: f.PortName, Key: f.Key, MaglevSize: f.Maglev.Len(),
 			Eligible: f.Eligible(), AffinityTimeout: f.AffinityTimeout, Local: f.Local, External: f.External,
 			SourceRanges: f.SourceRanges}
 		fi.FrontendID, _ = c.tables.FrontendID(f.Key)
@@ -410,7 +497,7 @@ type ControlStats struct {
 	Identities       int
 	Rules            int
 	Endpoints        int // endpoints (local and remote) policy knows
-	PendingSvc       int // service updates waiting for a retry
+	PendingSvc       int // parts of service updates waiting for a retry (the refused frontends', applyServices)
 	PendingPol       int
 	ServiceDP        bool // the datapath load-balances
 	PolicyDP         bool // the datapath enforces policy

@@ -212,7 +212,8 @@ type Refusal struct {
 // The error is for what is not about one object, and then nothing changes:
 // an object of another kind (ErrInvalid), the store, or a translation of the
 // whole set that fails (the policy's ipBlock capacity). A datapath failure
-// is an error too, but the set is stored and retried in the background.
+// is an error too (ErrDatapathPending), but the set is stored, what the
+// datapath took is programmed and the rest is retried in the background.
 func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusal, error) {
 	k, err := k8sobj.ParseKind(string(kind))
 	if err != nil {
@@ -601,7 +602,7 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("stored, but the datapath failed (retried in the background): %w", errors.Join(errs...))
+		return fmt.Errorf("%w: %w", ErrDatapathPending, errors.Join(errs...))
 	}
 	return nil
 }

@@ -221,8 +221,10 @@ func TestDatapathFailureIsRetried(t *testing.T) {
 	if len(a.Objects("")) != 2 {
 		t.Fatal("objects not kept after a datapath failure")
 	}
-	if st := a.ControlStats(); st.PendingSvc != 1 {
-		t.Errorf("pending service updates: %d", st.PendingSvc)
+	// A refused update is split until its refused frontends are alone: the
+	// ClusterIP and the NodePort frontend (one node address).
+	if st := a.ControlStats(); st.PendingSvc != 2 {
+		t.Errorf("pending service update parts: %d, want 2", st.PendingSvc)
 	}
 	dp.SetFailApply(false)
 	a.MaintainOnce()

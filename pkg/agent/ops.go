@@ -34,6 +34,10 @@ var (
 	// ErrPolicyFull: the policy maps have no room to police a new endpoint
 	// (capacity.go); the ADD is refused rather than leave it unpoliced.
 	ErrPolicyFull = errors.New("policy map full")
+	// ErrDatapathPending: the objects are stored (the control plane has
+	// them), but the datapath refused part of the update; the agent retries
+	// that part in the background (applyServices), the rest is programmed.
+	ErrDatapathPending = errors.New("stored, but the datapath failed (retried in the background)")
 )
 
 // AddRequest asks for an endpoint.

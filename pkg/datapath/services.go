@@ -354,20 +354,36 @@ func deleteIfPresent(m *ebpf.Map, key any) error {
 // rewritten in place (one batch write into the frontend's array: a new flow
 // racing with it may take a slot of the old or of the new table, both of
 // which name backends that exist). A new or resized table is a new array of
-// exactly its size, swapped into lk_lb_maglev; all swaps of an update go in
-// one batch, because every write to a map of maps waits for an RCU grace
-// period (maybe_wait_bpf_programs, ~10-20 ms here), once per syscall.
+// exactly its size, swapped into lk_lb_maglev. The swaps go in batches of
+// maglevInstallBatch, because every write to a map of maps waits for an RCU
+// grace period (maybe_wait_bpf_programs, ~10-20 ms here), once per syscall;
+// a new array is a file descriptor until its batch is installed, so a batch
+// bounds the descriptors an update holds whatever its size (an agent's
+// first full set at 30,000 Services held one per Service and ran out of
+// RLIMIT_NOFILE).
 func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 	var (
 		ids  []uint32
 		fds  []uint32
 		news []*ebpf.Map
 	)
-	defer func() {
+	closeNews := func() {
 		for _, m := range news {
 			m.Close()
 		}
-	}()
+		ids, fds, news = ids[:0], fds[:0], news[:0]
+	}
+	defer closeNews()
+	install := func() error {
+		if len(ids) == 0 {
+			return nil
+		}
+		if err := batchPut(l.pod.LkLbMaglev, ids, fds); err != nil {
+			return fmt.Errorf("install %d maglev tables: %w", len(ids), err)
+		}
+		closeNews()
+		return nil
+	}
 	for id, table := range tables {
 		if cur := l.maglevTable(id); cur != nil {
 			same := cur.MaxEntries() == uint32(len(table))
@@ -389,10 +405,10 @@ func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 		}
 		inner, err := ebpf.NewMap(&ebpf.MapSpec{
 			Name: "lk_lb_maglev_in", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: uint32(len(table)),
-			Flags: unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE, // as the template in lb_maps.h
+			Flags: maglevFlags,
 		})
 		if err != nil {
-			return fmt.Errorf("maglev table of frontend %d: create: %w", id, err)
+			return fmt.Errorf("maglev table of frontend %d: create: %w", id, explainMapCreate(err, uint32(len(table)), maglevFlags))
 		}
 		news = append(news, inner)
 		if err := fillArray(inner, table); err != nil {
@@ -400,15 +416,22 @@ func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 		}
 		ids = append(ids, id)
 		fds = append(fds, uint32(inner.FD()))
+		if len(ids) == maglevInstallBatch {
+			if err := install(); err != nil {
+				return err
+			}
+		}
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	if err := batchPut(l.pod.LkLbMaglev, ids, fds); err != nil {
-		return fmt.Errorf("install %d maglev tables: %w", len(ids), err)
-	}
-	return nil
+	return install()
 }
+
+// maglevFlags are an inner Maglev array's flags, as the template in
+// lb_maps.h.
+const maglevFlags = unix.BPF_F_INNER_MAP | unix.BPF_F_MMAPABLE
+
+// maglevInstallBatch is how many new Maglev arrays putMaglev installs with
+// one write to lk_lb_maglev (and so holds open at most).
+var maglevInstallBatch = 512
 
 // arrayStride is an array map's element size for 4-byte values: the kernel
 // rounds elements up to 8 bytes (round_up(value_size, 8) in arraymap.c).

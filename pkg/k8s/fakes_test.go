@@ -22,6 +22,9 @@ type objectStore struct {
 	replaces map[k8sobj.Kind]int
 	upserts  []string // keys upserted one by one (not by a replace)
 	fail     error    // returned by every call while set
+	// pending: returned by ReplaceObjects after taking the set, as the
+	// agent returns agent.ErrDatapathPending.
+	pending error
 	// refuse: objects by key the store refuses (agent.ErrInvalid) as the
 	// agent refuses a Service clashing with an older one.
 	refuse map[string]bool
@@ -103,7 +106,7 @@ func (s *objectStore) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]
 		s.objs[o.Key()] = o
 	}
 	s.replaces[kind]++
-	return refused, nil
+	return refused, s.pending
 }
 
 func (s *objectStore) has(key string) bool {

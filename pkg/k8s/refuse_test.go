@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -188,7 +189,10 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	check := func(what string) {
 		t.Helper()
 		eventually(t, what+": the older service holds the frontend, the newer one is refused", func() bool {
-			return frontendOwner(a, vip, 80) == "zz-older" && len(a.Refused()) == 1
+			// The source notes the agent's refusals when ReplaceObjects
+			// returns, just after the agent does.
+			_, noted := src.Refused()["Service default/aa-newer"]
+			return frontendOwner(a, vip, 80) == "zz-older" && len(a.Refused()) == 1 && noted
 		})
 		r := a.Refused()[0]
 		if r.Object.Key() != "Service/default/aa-newer" || !strings.Contains(r.Err.Error(), "default/zz-older") {
@@ -243,5 +247,68 @@ func TestClashingServicesRefusedOnTheirOwn(t *testing.T) {
 	}
 	if !slices.Equal(names, []string{"aa-newer", "kubernetes", "other", "valid"}) {
 		t.Errorf("services in the agent: %v", names)
+	}
+}
+
+// The datapath refuses one frontend of the first full set (as the kernel
+// refused a Maglev array at 30,000 Services): the source is ready and hands
+// the set over once (it had handed it over again and again, rewriting every
+// object, never ready), every other Service is programmed, and the refused
+// one is programmed by the agent's own retry once the datapath takes it.
+func TestDatapathRefusalKeepsInitialSync(t *testing.T) {
+	a, dp := newMemAgentWith(t, nil)
+	e := newEnv(t)
+	for i := 1; i <= 4; i++ {
+		mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService(fmt.Sprintf("s%d", i), fmt.Sprintf("10.96.9.%d", i), 80))
+	}
+	refused := service.ServiceKey{Addr: [4]byte{10, 96, 9, 3}, Port: 80, Proto: uint8(service.TCP), Scope: uint8(service.ScopeClusterIP)}
+	dp.RefuseService(refused, true)
+	r := &replaceCounter{Agent: a}
+	src, _ := run(t, Config{NodeName: "n", Client: e.c, Objects: r})
+	eventually(t, "ready with s3 refused by the datapath", func() bool { return src.Synced() == nil })
+	n := r.n.Load()
+	time.Sleep(3 * time.Second) // a failed initial sync is retried after 1 s, then 2 s
+	if got := r.n.Load(); got != n {
+		t.Errorf("the source handed the agent a full set %d more times", got-n)
+	}
+	if got := programmedServices(t, a, dp); !slices.Equal(got, []string{"kubernetes", "s1", "s2", "s4"}) {
+		t.Errorf("datapath serves %v, want kubernetes s1 s2 s4", got)
+	}
+	if st := a.ControlStats(); st.PendingSvc != 1 {
+		t.Errorf("%d service update parts queued, want 1 (s3's)", st.PendingSvc)
+	}
+	dp.RefuseService(refused, false)
+	a.MaintainOnce()
+	if got := programmedServices(t, a, dp); !slices.Equal(got, []string{"kubernetes", "s1", "s2", "s3", "s4"}) {
+		t.Errorf("after the retry the datapath serves %v, want every Service", got)
+	}
+}
+
+// A kind's full set handed over again (a change that may settle a
+// refusal) that the agent takes with part of it not programmed
+// (agent.ErrDatapathPending) is not handed over again: the agent retries
+// that part itself.
+func TestPendingFullSetNotRepeated(t *testing.T) {
+	e := newEnv(t)
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bad"}})
+	store := newObjectStore()
+	store.setRefuse("Namespace//bad", true)
+	src, _ := run(t, Config{NodeName: "n", Client: e.c, Objects: store})
+	eventually(t, "initial sync", func() bool { return src.Synced() == nil })
+	store.mu.Lock()
+	store.pending = fmt.Errorf("replace: %w", agent.ErrDatapathPending)
+	before := store.replaces[k8sobj.KindNamespace]
+	store.mu.Unlock()
+	// A change to the kind hands the agent its full set (bad may settle).
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "poke"}})
+	replaces := func() int {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return store.replaces[k8sobj.KindNamespace] - before
+	}
+	eventually(t, "the full set handed over", func() bool { return replaces() >= 1 })
+	time.Sleep(2 * time.Second) // retries back off from 200 ms
+	if n := replaces(); n != 1 {
+		t.Errorf("the full set was handed over %d times, want once", n)
 	}
 }

@@ -22,7 +22,7 @@ import (
 // whole object. Pods keep their node, hostNetwork, each container's name and
 // ports (named ports, hostPorts) and their addresses and phase; their
 // volumes, images, commands, environment, probes, resources, scheduling
-// constraints and container statuses go. Nodes keep their pod CIDRs,
+// constraints, container statuses and containers without ports go. Nodes keep their pod CIDRs,
 // addresses and taints; their image lists, volumes, capacity and conditions
 // go. Services, EndpointSlices, Namespaces and NetworkPolicies are read
 // whole.
@@ -70,13 +70,25 @@ func slimPod(p *corev1.Pod) {
 	*st = corev1.PodStatus{Phase: st.Phase, Reason: st.Reason, PodIP: st.PodIP, PodIPs: st.PodIPs, HostIP: st.HostIP, HostIPs: st.HostIPs}
 }
 
+// slimContainers keeps the containers that declare ports (the agent reads
+// named ports and hostPorts, nothing else of a container): a Container is
+// ~500 bytes even with only its name set, so 50,000 pods without ports
+// kept 26 MB of empty containers.
 func slimContainers(cs []corev1.Container) []corev1.Container {
-	if len(cs) == 0 {
+	n := 0
+	for _, c := range cs {
+		if len(c.Ports) > 0 {
+			n++
+		}
+	}
+	if n == 0 {
 		return nil
 	}
-	out := make([]corev1.Container, len(cs))
-	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy}
+	out := make([]corev1.Container, 0, n)
+	for _, c := range cs {
+		if len(c.Ports) > 0 {
+			out = append(out, corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy})
+		}
 	}
 	return out
 }

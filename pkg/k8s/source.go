@@ -307,7 +307,9 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	// The agent's store may hold objects deleted while it was down: the
 	// first apply of each kind is the full set. Objects the agent refuses
-	// do not hold readiness back; any other failure is retried.
+	// do not hold readiness back, nor does a datapath that refused part of
+	// the set (the agent has it, programs the rest and retries that part
+	// alone, as for any later change); any other failure is retried.
 	for _, kind := range k8sobj.Kinds {
 		inf, ok := s.kinds[kind]
 		if !ok || s.cfg.Objects == nil {
@@ -316,6 +318,10 @@ func (s *Source) Run(ctx context.Context) error {
 		for attempt := 0; ; attempt++ {
 			err := s.replace(kind, inf)
 			if err == nil {
+				break
+			}
+			if errors.Is(err, agent.ErrDatapathPending) {
+				s.log.Warn("initial sync: the agent has the full set; part of it is not programmed yet (retried by the agent)", "kind", kind, "err", err)
 				break
 			}
 			s.setSyncErr(err)
@@ -382,9 +388,10 @@ func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error 
 		objs = append(objs, obj)
 	}
 	refused, err := s.cfg.Objects.ReplaceObjects(kind, objs)
-	if err != nil {
+	if err != nil && !errors.Is(err, agent.ErrDatapathPending) {
 		return fmt.Errorf("replace %d %s objects: %w", len(objs), kind, err)
 	}
+	// Taken (the datapath may retry a part of it): not handed over again.
 	s.noteRefused(kind, refused)
 	s.mu.Lock()
 	first := !s.replaced[kind]
@@ -392,6 +399,9 @@ func (s *Source) replace(kind k8sobj.Kind, inf cache.SharedIndexInformer) error 
 	s.mu.Unlock()
 	if first {
 		s.log.Info("synced", "kind", kind, "objects", len(objs)-len(refused), "refused", len(refused))
+	}
+	if err != nil {
+		return fmt.Errorf("replace %d %s objects: %w", len(objs), kind, err)
 	}
 	return nil
 }
@@ -523,6 +533,11 @@ func (s *Source) finish(k objKey, err error) {
 		if !k.all {
 			s.settled(k)
 		}
+	case k.all && errors.Is(err, agent.ErrDatapathPending):
+		// The agent took the full set and retries what the datapath
+		// refused by itself: handing it the set again would rewrite
+		// every object.
+		s.queue.Forget(k)
 	case !k.all && (errors.Is(err, errInvalid) || errors.Is(err, agent.ErrInvalid)):
 		s.log.Debug("refused; the kind's full set decides", "object", k, "err", err)
 		s.queue.Forget(k)

@@ -15,6 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -44,7 +45,12 @@ type ScaleConfig struct {
 	Burst int
 	// Workers create objects in parallel.
 	Workers int
-	Out     io.Writer // progress lines
+	// Store, when set, stores FillScale's objects a kind at a time instead
+	// of one create (and status update) each through the client: a test
+	// API server's bulk load (k8stest.Server.Store; its creates pay the
+	// API server's O(N) ClusterIP bookkeeping each).
+	Store func(ctx context.Context, objs []runtime.Object) error
+	Out   io.Writer // progress lines
 }
 
 // DefaultScaleConfig fits this lab's 2-core machine in a few minutes.
@@ -121,10 +127,13 @@ func parallel(ctx context.Context, n, w int, f func(ctx context.Context, i int) 
 // FillScale creates what `lanekit lab scale` creates before it churns —
 // cfg.Nodes Nodes, cfg.Services Services with their EndpointSlices, pods and
 // policies — through c on any API server (lanekitd's memory harness fills a
-// test API server with it, no lab needed).
+// test API server with it, no lab needed), or with cfg.Store.
 func FillScale(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
+	}
+	if cfg.Store != nil {
+		return storeScale(ctx, cfg)
 	}
 	if err := createNodes(ctx, c, cfg); err != nil {
 		return fmt.Errorf("nodes: %w", err)
@@ -138,21 +147,63 @@ func FillScale(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) err
 	return nil
 }
 
-// createNodes registers the fake Nodes, Ready, with pod CIDRs and InternalIPs.
+// storeScale hands FillScale's objects to cfg.Store, a kind at a time.
+func storeScale(ctx context.Context, cfg ScaleConfig) error {
+	var nodes, svcs, pods []runtime.Object
+	for k := range cfg.Nodes {
+		nodes = append(nodes, scaleNode(k))
+	}
+	now := time.Now()
+	for i := range cfg.Services {
+		svcs = append(svcs, scaleService(i), scaleSlice(cfg, i, 0, now))
+	}
+	for p := range cfg.Pods {
+		pods = append(pods, scalePod(cfg, p))
+	}
+	for q := range cfg.Policies {
+		pods = append(pods, scalePolicy(cfg, q))
+	}
+	for _, step := range []struct {
+		what string
+		objs []runtime.Object
+	}{{"nodes", nodes}, {"services", svcs}, {"pods and policies", pods}} {
+		if err := cfg.Store(ctx, step.objs); err != nil {
+			return fmt.Errorf("%s: %w", step.what, err)
+		}
+	}
+	return nil
+}
+
+// scaleNode is fake node k, Ready, with its pod CIDR and InternalIP.
+func scaleNode(k int) *corev1.Node {
+	cidr := ScaleNodeCIDR(k).String()
+	now := metav1.Now()
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ScaleNodeName(k), Labels: scaleLabels},
+		Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ScaleNodeIP(k)}},
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now, Reason: "LabScale"}}}}
+}
+
+// createNodes registers the fake Nodes, then sets their status.
 func createNodes(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
 	return parallel(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, k int) error {
-		cidr := ScaleNodeCIDR(k).String()
-		n, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ScaleNodeName(k), Labels: scaleLabels},
-			Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}, metav1.CreateOptions{})
+		want := scaleNode(k)
+		n, err := c.CoreV1().Nodes().Create(ctx, want, metav1.CreateOptions{})
 		if err != nil {
-			return fmt.Errorf("node %s: %w", ScaleNodeName(k), err)
+			return fmt.Errorf("node %s: %w", want.Name, err)
 		}
-		now := metav1.Now()
-		n.Status = corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ScaleNodeIP(k)}},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: now, LastTransitionTime: now, Reason: "LabScale"}}}
+		n.Status = want.Status
 		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// scaleService is Service i: one TCP port, a selector of its own.
+func scaleService(i int) *corev1.Service {
+	name := fmt.Sprintf("scale-%d", i)
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ScaleNamespace, Labels: scaleLabels},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+			Selector: map[string]string{"scale-svc": name}}}
 }
 
 // scaleSlice is Service i's EndpointSlice with its endpoints spread over
@@ -182,32 +233,49 @@ func scaleSlice(cfg ScaleConfig, i, gen int, trigger time.Time) *discoveryv1.End
 // createServices creates the Services and their slices.
 func createServices(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
 	return parallel(ctx, cfg.Services, cfg.Workers, func(ctx context.Context, i int) error {
-		name := fmt.Sprintf("scale-%d", i)
-		if _, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: scaleLabels},
-			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
-				Selector: map[string]string{"scale-svc": name}}}, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("service %s: %w", name, err)
+		svc := scaleService(i)
+		if _, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("service %s: %w", svc.Name, err)
 		}
 		_, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).Create(ctx, scaleSlice(cfg, i, 0, time.Now()), metav1.CreateOptions{})
 		return err
 	})
 }
 
-// createPods creates pods on the fake nodes (no kubelet: their addresses
-// are set as a kubelet would) with cfg.Identities label sets, and the
+// scalePod is pod p on a fake node (no kubelet: its status is set as a
+// kubelet would), with one of cfg.Identities label sets.
+func scalePod(cfg ScaleConfig, p int) *corev1.Pod {
+	k, j := p%cfg.Nodes, 1+p/cfg.Nodes
+	ip := scaleAddr(k, j)
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pod-%d", p), Namespace: ScaleNamespace,
+		Labels: map[string]string{ScaleLabel: "1", "app": fmt.Sprintf("a%d", p%cfg.Identities)}},
+		Spec:   corev1.PodSpec{NodeName: ScaleNodeName(k), Containers: []corev1.Container{{Name: "c", Image: "none"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: ScaleNodeIP(k)}}
+}
+
+// scalePolicy is policy q: pods of identity q admit identity q+1 on 8080.
+func scalePolicy(cfg ScaleConfig, q int) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pol-%d", q), Namespace: ScaleNamespace, Labels: scaleLabels},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", q%cfg.Identities)}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", (q+1)%cfg.Identities)}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromInt32(8080))}}}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		}}
+}
+
+// createPods creates the pods, sets their status, then creates the
 // policies selecting them.
 func createPods(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
 	err := parallel(ctx, cfg.Pods, cfg.Workers, func(ctx context.Context, p int) error {
-		k, j := p%cfg.Nodes, 1+p/cfg.Nodes
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pod-%d", p), Namespace: ScaleNamespace,
-			Labels: map[string]string{ScaleLabel: "1", "app": fmt.Sprintf("a%d", p%cfg.Identities)}},
-			Spec: corev1.PodSpec{NodeName: ScaleNodeName(k), Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
-		out, err := c.CoreV1().Pods(ScaleNamespace).Create(ctx, pod, metav1.CreateOptions{})
+		want := scalePod(cfg, p)
+		out, err := c.CoreV1().Pods(ScaleNamespace).Create(ctx, want, metav1.CreateOptions{})
 		if err != nil {
-			return fmt.Errorf("pod %s: %w", pod.Name, err)
+			return fmt.Errorf("pod %s: %w", want.Name, err)
 		}
-		ip := scaleAddr(k, j)
-		out.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, HostIP: ScaleNodeIP(k)}
+		out.Status = want.Status
 		_, err = c.CoreV1().Pods(ScaleNamespace).UpdateStatus(ctx, out, metav1.UpdateOptions{})
 		return err
 	})
@@ -215,15 +283,7 @@ func createPods(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) er
 		return err
 	}
 	return parallel(ctx, cfg.Policies, cfg.Workers, func(ctx context.Context, q int) error {
-		_, err := c.NetworkingV1().NetworkPolicies(ScaleNamespace).Create(ctx, &networkingv1.NetworkPolicy{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-pol-%d", q), Labels: scaleLabels},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", q%cfg.Identities)}},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
-					MatchLabels: map[string]string{"app": fmt.Sprintf("a%d", (q+1)%cfg.Identities)}}}},
-					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromInt32(8080))}}}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			}}, metav1.CreateOptions{})
+		_, err := c.NetworkingV1().NetworkPolicies(ScaleNamespace).Create(ctx, scalePolicy(cfg, q), metav1.CreateOptions{})
 		return err
 	})
 }

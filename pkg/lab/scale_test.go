@@ -1,13 +1,20 @@
 package lab
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // Quantiles from the difference of two cumulative histogram scrapes are
@@ -122,6 +129,85 @@ func TestServiceCIDRFlag(t *testing.T) {
 	for cidrs, want := range map[string]int{"10.96.0.0/16": 65534, "10.96.0.0/14,fd00:96::/108": 262142} {
 		if got, err := serviceCapacity(cidrs); err != nil || got != want {
 			t.Errorf("capacity of %s: %d, %v; want %d", cidrs, got, err, want)
+		}
+	}
+}
+
+// FillScale with a Store hands it the objects the client path creates
+// (and whose status it sets): the same Nodes, Services, slices, pods and
+// policies, only written at once.
+func TestFillScaleStoreSameObjects(t *testing.T) {
+	cfg := DefaultScaleConfig()
+	cfg.Nodes, cfg.Services, cfg.Pods, cfg.Identities, cfg.Policies = 3, 7, 11, 4, 2
+	ctx := context.Background()
+	c := fake.NewClientset()
+	if err := FillScale(ctx, c, cfg); err != nil {
+		t.Fatal(err)
+	}
+	created := map[string]string{}
+	add := func(into map[string]string, o runtime.Object) {
+		m := o.(metav1.Object)
+		key := fmt.Sprintf("%T %s/%s", o, m.GetNamespace(), m.GetName())
+		o = o.DeepCopyObject()
+		switch v := o.(type) {
+		case *corev1.Node: // times of the run
+			for i := range v.Status.Conditions {
+				v.Status.Conditions[i].LastHeartbeatTime, v.Status.Conditions[i].LastTransitionTime = metav1.Time{}, metav1.Time{}
+			}
+		case *discoveryv1.EndpointSlice:
+			delete(v.Annotations, corev1.EndpointsLastChangeTriggerTime)
+		}
+		o.(metav1.Object).SetResourceVersion("")
+		o.(metav1.Object).SetManagedFields(nil) // the fake client's
+		o.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{})
+		b, err := json.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		into[key] = string(b)
+	}
+	nodes, _ := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	for i := range nodes.Items {
+		add(created, &nodes.Items[i])
+	}
+	svcs, _ := c.CoreV1().Services(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	for i := range svcs.Items {
+		add(created, &svcs.Items[i])
+	}
+	slices, _ := c.DiscoveryV1().EndpointSlices(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	for i := range slices.Items {
+		add(created, &slices.Items[i])
+	}
+	pods, _ := c.CoreV1().Pods(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	for i := range pods.Items {
+		add(created, &pods.Items[i])
+	}
+	pols, _ := c.NetworkingV1().NetworkPolicies(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	for i := range pols.Items {
+		add(created, &pols.Items[i])
+	}
+	if want := cfg.Nodes + 2*cfg.Services + cfg.Pods + cfg.Policies; len(created) != want {
+		t.Fatalf("the client path created %d objects, want %d", len(created), want)
+	}
+
+	stored := map[string]string{}
+	cfg.Store = func(_ context.Context, objs []runtime.Object) error {
+		for _, o := range objs {
+			add(stored, o)
+		}
+		return nil
+	}
+	if err := FillScale(ctx, nil, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range created {
+		if stored[k] != v {
+			t.Errorf("%s:\n created %s\n stored  %s", k, v, stored[k])
+		}
+	}
+	for k := range stored {
+		if _, ok := created[k]; !ok {
+			t.Errorf("stored %s, not created by the client path", k)
 		}
 	}
 }

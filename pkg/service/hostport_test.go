@@ -34,7 +34,7 @@ func TestHostPortFrontends(t *testing.T) {
 	fes := HostPortFrontends(pod(nil), opts)
 	var got []string
 	for _, f := range fes {
-		if f.Service != (ServiceID{"ns", "hostport/p"}) || !f.Service.IsHostPort() || f.Key.Scope != ScopeNodePort || len(f.Backends) != 1 || f.Maglev == nil {
+		if f.Service != (ServiceID{"ns", "hostport/p"}) || !f.Service.IsHostPort() || f.Key.Scope != ScopeNodePort || len(f.Backends) != 1 || f.Maglev.None() {
 			t.Errorf("frontend %+v", f)
 		}
 		b, _ := f.Select(1)

@@ -1,8 +1,10 @@
 package service
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"slices"
 )
 
 // MaglevFloor is the smallest Maglev table size. Tables are sized per frontend
@@ -111,4 +113,70 @@ func Maglev(keys []string, m int) []int32 {
 			}
 		}
 	}
+}
+
+// MaglevTable is a frontend's Maglev table: per slot, the index of a backend
+// in its Backends, packed — a byte per slot for up to 256 backends (4 bytes
+// per slot otherwise). The zero value is no table. Immutable once built: the
+// model's frontends and the programmed tables share it.
+type MaglevTable struct {
+	small []uint8
+	big   []int32
+}
+
+// packMaglev packs a table of indexes into backends backends (nil: none).
+func packMaglev(idx []int32, backends int) MaglevTable {
+	switch {
+	case idx == nil:
+		return MaglevTable{}
+	case backends <= 256:
+		small := make([]uint8, len(idx))
+		for i, bi := range idx {
+			small[i] = uint8(bi)
+		}
+		return MaglevTable{small: small}
+	}
+	return MaglevTable{big: slices.Clone(idx)}
+}
+
+// None says there is no table (no backend takes new flows).
+func (m MaglevTable) None() bool { return m.small == nil && m.big == nil }
+
+// Len is the number of slots.
+func (m MaglevTable) Len() int { return len(m.small) + len(m.big) }
+
+// At is the backend index in slot i.
+func (m MaglevTable) At(i int) int32 {
+	if m.small != nil {
+		return int32(m.small[i])
+	}
+	return m.big[i]
+}
+
+// Slots returns the table unpacked (nil: none).
+func (m MaglevTable) Slots() []int32 {
+	if m.None() {
+		return nil
+	}
+	out := make([]int32, m.Len())
+	for i := range out {
+		out[i] = m.At(i)
+	}
+	return out
+}
+
+// Equal says whether m and o hold the same slots.
+func (m MaglevTable) Equal(o MaglevTable) bool {
+	if m.None() != o.None() || m.Len() != o.Len() {
+		return false
+	}
+	if m.small != nil && o.small != nil {
+		return bytes.Equal(m.small, o.small)
+	}
+	for i := range m.Len() {
+		if m.At(i) != o.At(i) {
+			return false
+		}
+	}
+	return true
 }

@@ -148,9 +148,10 @@ type Frontend struct {
 	Backends []Backend
 	// AffinityTimeout is the ClientIP session affinity timeout; 0 = none.
 	AffinityTimeout time.Duration
-	// Maglev holds, per slot, an index into Backends; nil when no backend takes
-	// new flows (the datapath then answers ICMP unreachable / TCP reset).
-	Maglev []int32
+	// Maglev holds, per slot, an index into Backends; None when no backend
+	// takes new flows (the datapath then answers ICMP unreachable / TCP
+	// reset).
+	Maglev MaglevTable
 	// Local: a traffic policy Local frontend whose Service has endpoints
 	// somewhere. Backends are this node's only; without one the datapath
 	// drops new flows silently (no-local-backend), as kube-proxy does. A
@@ -175,7 +176,7 @@ func (f *Frontend) Eligible() int {
 			n++
 		}
 	}
-	if f.Maglev == nil {
+	if f.Maglev.None() {
 		return 0
 	}
 	return n
@@ -320,7 +321,7 @@ func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Optio
 			localView := func() *Frontend {
 				if local == nil {
 					lb := slices.DeleteFunc(slices.Clone(fam), func(b Backend) bool { return !opts.IsLocal(b.Addr) })
-					local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: table != nil}
+					local = &Frontend{Backends: lb, Maglev: maglevFor(lb, proto), Local: !table.None()}
 				}
 				return local
 			}
@@ -402,7 +403,7 @@ func compareKeys(a, b FrontendKey) int {
 
 // maglevFor builds the Maglev table over the backends that take new flows: the
 // active ones, or — when none is active — the serving terminating ones.
-func maglevFor(backends []Backend, proto Proto) []int32 {
+func maglevFor(backends []Backend, proto Proto) MaglevTable {
 	want := BackendActive
 	if !slices.ContainsFunc(backends, func(b Backend) bool { return b.State == BackendActive }) {
 		want = BackendTerminating
@@ -419,7 +420,7 @@ func maglevFor(backends []Backend, proto Proto) []int32 {
 	for i, k := range t {
 		t[i] = idx[k]
 	}
-	return t
+	return packMaglev(t, len(backends))
 }
 
 // Model is the translated state of all services: an immutable snapshot. With
@@ -605,10 +606,10 @@ func (m *Model) Services() []ServiceID {
 // Select returns the backend a new flow with the given hash takes, as the
 // datapath does: Maglev[hash % len]. ok is false when no backend takes new flows.
 func (f *Frontend) Select(hash uint32) (Backend, bool) {
-	if len(f.Maglev) == 0 {
+	if f.Maglev.None() {
 		return Backend{}, false
 	}
-	return f.Backends[f.Maglev[hash%uint32(len(f.Maglev))]], true
+	return f.Backends[f.Maglev.At(int(hash%uint32(f.Maglev.Len())))], true
 }
 
 // Edit is one service's new version in a Batch; a nil Service removes ID.

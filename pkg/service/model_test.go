@@ -95,7 +95,7 @@ func TestTranslate(t *testing.T) {
 	var got []string
 	for _, f := range fes {
 		got = append(got, fmt.Sprintf("%s scope=%d port=%s backends=[%s] affinity=%s maglev=%d eligible=%d",
-			f.Key, f.Key.Scope, f.PortName, describeBackends(f.Backends), f.AffinityTimeout, len(f.Maglev), f.Eligible()))
+			f.Key, f.Key.Scope, f.PortName, describeBackends(f.Backends), f.AffinityTimeout, f.Maglev.Len(), f.Eligible()))
 	}
 	want := []string{
 		// Named target port "http" resolves per slice: 8080 in web-a, 9090 in web-b.
@@ -114,7 +114,7 @@ func TestTranslate(t *testing.T) {
 	}
 	// Only active backends take new flows.
 	for _, f := range fes {
-		for _, bi := range f.Maglev {
+		for _, bi := range f.Maglev.Slots() {
 			if f.Backends[bi].State != BackendActive {
 				t.Fatalf("%s: maglev slot points at %s backend", f.Key, f.Backends[bi].State)
 			}
@@ -165,8 +165,8 @@ func TestTranslateCases(t *testing.T) {
 			if got := describeBackends(f.Backends); got != tt.backends {
 				t.Errorf("backends %q, want %q", got, tt.backends)
 			}
-			if (f.Maglev != nil) != tt.maglev {
-				t.Errorf("maglev table present = %v, want %v", f.Maglev != nil, tt.maglev)
+			if (!f.Maglev.None()) != tt.maglev {
+				t.Errorf("maglev table present = %v, want %v", !f.Maglev.None(), tt.maglev)
 			}
 			if _, ok := f.Select(12345); ok != tt.maglev {
 				t.Errorf("Select ok = %v, want %v", ok, tt.maglev)
@@ -238,7 +238,7 @@ func TestTranslateHeadlessLabel(t *testing.T) {
 	svcs, eps := decode(t, webYAML)
 	opts := Options{NodeAddrs: []netip.Addr{node}}
 	fes, err := Translate(svcs[0], eps, opts)
-	if err != nil || len(fes) == 0 || fes[0].Maglev == nil {
+	if err != nil || len(fes) == 0 || fes[0].Maglev.None() {
 		t.Fatalf("without the label: %d frontends, %v", len(fes), err)
 	}
 	for _, es := range eps {
@@ -249,7 +249,7 @@ func TestTranslateHeadlessLabel(t *testing.T) {
 		t.Fatalf("slices labelled headless: %d frontends, %v; want the frontends without backends", len(fes), err)
 	}
 	for _, f := range fes {
-		if len(f.Backends) != 0 || f.Maglev != nil {
+		if len(f.Backends) != 0 || !f.Maglev.None() {
 			t.Fatalf("slices labelled headless: %s has %d backends", f.Key, len(f.Backends))
 		}
 	}

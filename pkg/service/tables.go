@@ -46,7 +46,7 @@ func equalFrontend(a, b *Frontend) bool {
 	return a.Key == b.Key && a.Service == b.Service && a.PortName == b.PortName &&
 		a.AffinityTimeout == b.AffinityTimeout && a.Local == b.Local && a.External == b.External &&
 		slices.Equal(a.Backends, b.Backends) && slices.Equal(a.SourceRanges, b.SourceRanges) &&
-		slices.Equal(a.Maglev, b.Maglev)
+		a.Maglev.Equal(b.Maglev)
 }
 
 // The map-shaped form a BPF datapath loads. Addresses are IPv4 in network byte
@@ -140,6 +140,11 @@ type Update struct {
 	// to add, entries to delete.
 	SrcRanges       []SrcRangeKey
 	SrcRangeDeletes []SrcRangeKey
+
+	// The frontend ID each of ServiceDeletes, ServiceDeletes6 and
+	// BackendDeletes belongs to, as Tables.Apply made them (split.go); an
+	// update made otherwise (Adopt's repair) lacks them and is not split.
+	svcDelOwner, svcDel6Owner, backDelOwner []uint32
 }
 
 // Ops is the number of map operations in u (a Maglev table counts as one).
@@ -162,87 +167,50 @@ type programmed struct {
 	id       uint32
 	svcVal   ServiceValue
 	backends []progBackend // sorted by ap, like Frontend.Backends
-	// The programmed Maglev table is maglev (the table of backend indexes,
-	// a byte per slot for up to 256 backends) over maglevIDs (the backends'
-	// IDs), not the table of IDs itself (4 bytes per slot: at 30,000
-	// Services as large as the model's tables). An adopted table (read from
-	// the pinned maps at restart) is held as read until the frontend is next
-	// programmed.
-	maglev    maglevIdx
+	// The programmed Maglev table is maglev (the frontend's own table of
+	// backend indexes, shared with the model: frontends are immutable) over
+	// maglevIDs (the backends' IDs), not the table of IDs itself (4 bytes
+	// per slot). An adopted table (read from the pinned maps at restart) is
+	// held as read until the frontend is next programmed.
+	maglev    MaglevTable
 	maglevIDs []uint32
 	adopted   []uint32
 	ranges    []netip.Prefix // sorted, like Frontend.SourceRanges
 }
 
 // hasMaglev says whether p has a Maglev table programmed.
-func (p *programmed) hasMaglev() bool { return !p.maglev.none() || p.adopted != nil }
+func (p *programmed) hasMaglev() bool { return !p.maglev.None() || p.adopted != nil }
 
 // maglevTable is p's programmed Maglev table (nil: none).
 func (p *programmed) maglevTable() []uint32 {
 	if p.adopted != nil {
 		return slices.Clone(p.adopted)
 	}
-	if p.maglev.none() {
-		return nil
-	}
-	table := make([]uint32, p.maglev.len())
-	for i := range table {
-		table[i] = p.maglevIDs[p.maglev.at(i)]
-	}
-	return table
+	return maglevTable(p.maglev, p.maglevIDs)
 }
 
 // maglevTable maps a Maglev table of backend indexes to backend IDs.
-func maglevTable(idx []int32, ids []uint32) []uint32 {
-	if idx == nil {
+func maglevTable(idx MaglevTable, ids []uint32) []uint32 {
+	if idx.None() {
 		return nil
 	}
-	table := make([]uint32, len(idx))
-	for i, bi := range idx {
-		table[i] = ids[bi]
+	table := make([]uint32, idx.Len())
+	for i := range table {
+		table[i] = ids[idx.At(i)]
 	}
 	return table
 }
 
-// maglevIdx is a Maglev table of backend indexes, packed.
-type maglevIdx struct {
-	small []uint8 // up to 256 backends
-	big   []int32
-}
-
-func packMaglev(idx []int32, backends int) maglevIdx {
-	switch {
-	case idx == nil:
-		return maglevIdx{}
-	case backends <= 256:
-		small := make([]uint8, len(idx))
-		for i, bi := range idx {
-			small[i] = uint8(bi)
-		}
-		return maglevIdx{small: small}
-	}
-	return maglevIdx{big: slices.Clone(idx)}
-}
-
-func (m maglevIdx) none() bool { return m.small == nil && m.big == nil }
-func (m maglevIdx) len() int   { return len(m.small) + len(m.big) }
-func (m maglevIdx) at(i int) int32 {
-	if m.small != nil {
-		return int32(m.small[i])
-	}
-	return m.big[i]
-}
-
 // sameMaglev says whether p's programmed table is idx over ids.
-func (p *programmed) sameMaglev(idx []int32, ids []uint32) bool {
+func (p *programmed) sameMaglev(idx MaglevTable, ids []uint32) bool {
 	if p.adopted != nil {
-		return idx != nil && slices.Equal(maglevTable(idx, ids), p.adopted)
+		return !idx.None() && slices.Equal(maglevTable(idx, ids), p.adopted)
 	}
-	if (idx == nil) != p.maglev.none() || len(idx) != p.maglev.len() {
+	if !p.maglev.Equal(idx) {
 		return false
 	}
-	for i, bi := range idx {
-		if p.maglev.at(i) != bi || ids[bi] != p.maglevIDs[bi] {
+	for i := range idx.Len() {
+		if bi := idx.At(i); ids[bi] != p.maglevIDs[bi] {
 			return false
 		}
 	}
@@ -315,14 +283,14 @@ func (t *Tables) Apply(c Changes) *Update {
 		if !ok {
 			continue
 		}
-		deleteService(u, k)
+		deleteService(u, k, p.id)
 		putSrcRanges(u, p.id, p.ranges, nil)
 		u.RevNatDeletes = append(u.RevNatDeletes, RevNatKey{p.id})
 		if p.hasMaglev() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		}
 		for _, b := range p.backends {
-			u.BackendDeletes = append(u.BackendDeletes, BackendKey{b.id})
+			deleteBackend(u, b.id, p.id)
 			delete(t.usedBack, b.id)
 		}
 		delete(t.usedFront, p.id)
@@ -382,20 +350,16 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	p.backends = next
 	// Maglev (written before the service value that announces its size).
 	if !p.sameMaglev(f.Maglev, ids) {
-		if f.Maglev == nil {
+		if f.Maglev.None() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		} else {
 			u.Maglev[p.id] = maglevTable(f.Maglev, ids)
 		}
-		p.maglev, p.maglevIDs = packMaglev(f.Maglev, len(ids)), ids
-	} else {
-		if p.adopted != nil { // as read at restart: now as programmed
-			p.maglev = packMaglev(f.Maglev, len(ids))
-		}
-		p.maglevIDs = ids
 	}
-	p.adopted = nil
-	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(len(f.Maglev)), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
+	// The frontend's table, not a copy (an equal one programmed before, or
+	// adopted as read at restart, is let go).
+	p.maglev, p.maglevIDs, p.adopted = f.Maglev, ids, nil
+	sv := ServiceValue{FrontendID: p.id, MaglevSize: uint32(f.Maglev.Len()), AffinitySeconds: uint32(f.AffinityTimeout.Seconds())}
 	if f.AffinityTimeout > 0 {
 		sv.Flags |= ServiceFlagAffinity
 	}
@@ -421,7 +385,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 	}
 	// Removed backends go last: the new Maglev table no longer refers to them.
 	for _, id := range gone {
-		u.BackendDeletes = append(u.BackendDeletes, BackendKey{id})
+		deleteBackend(u, id, p.id)
 		delete(t.usedBack, id)
 	}
 }

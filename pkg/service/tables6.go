@@ -70,13 +70,22 @@ func putService(u *Update, k FrontendKey, v ServiceValue) {
 	u.Services[ServiceKeyOf(k)] = v
 }
 
-// deleteService records the deletion of frontend k's service entry in u.
-func deleteService(u *Update, k FrontendKey) {
+// deleteService records the deletion of frontend k's service entry (frontend
+// id's) in u.
+func deleteService(u *Update, k FrontendKey, id uint32) {
 	if k.is6() {
 		u.ServiceDeletes6 = append(u.ServiceDeletes6, ServiceKey6Of(k))
+		u.svcDel6Owner = append(u.svcDel6Owner, id)
 		return
 	}
 	u.ServiceDeletes = append(u.ServiceDeletes, ServiceKeyOf(k))
+	u.svcDelOwner = append(u.svcDelOwner, id)
+}
+
+// deleteBackend records the deletion of backend id of frontend front in u.
+func deleteBackend(u *Update, id, front uint32) {
+	u.BackendDeletes = append(u.BackendDeletes, BackendKey{id})
+	u.backDelOwner = append(u.backDelOwner, front)
 }
 
 // putBackend records backend b of frontend f (ID pb.id) in u when its value

@@ -129,7 +129,7 @@ func modelView(m *Model) map[ServiceKey][]netip.AddrPort {
 	out := map[ServiceKey][]netip.AddrPort{}
 	for _, f := range m.Frontends() {
 		var tab []netip.AddrPort
-		for _, bi := range f.Maglev {
+		for _, bi := range f.Maglev.Slots() {
 			b := f.Backends[bi]
 			tab = append(tab, netip.AddrPortFrom(b.Addr, b.Port))
 		}

@@ -56,7 +56,7 @@ func fe(m *Model, addr string, port uint16, scope Scope) *Frontend {
 // maglevAddrs is the set of backend addresses a frontend's Maglev table uses.
 func maglevAddrs(f *Frontend) map[string]bool {
 	out := map[string]bool{}
-	for _, i := range f.Maglev {
+	for _, i := range f.Maglev.Slots() {
 		out[f.Backends[i].Addr.String()] = true
 	}
 	return out
@@ -82,13 +82,13 @@ func TestTrafficPolicyTranslation(t *testing.T) {
 	})
 	t.Run("eTP Local without a local endpoint: Local with an empty table", func(t *testing.T) {
 		np := fe(tpService(t, "NodePort", "  externalTrafficPolicy: Local", "", "10.244.2.5"), "10.0.0.1", 30080, ScopeNodePort)
-		if !np.Local || np.Maglev != nil || np.Eligible() != 0 {
+		if !np.Local || !np.Maglev.None() || np.Eligible() != 0 {
 			t.Fatalf("%+v: want Local, no table (the datapath drops: no-local-backend)", np)
 		}
 	})
 	t.Run("eTP Local without any endpoint: not Local (no-backend answers)", func(t *testing.T) {
 		np := fe(tpService(t, "NodePort", "  externalTrafficPolicy: Local", ""), "10.0.0.1", 30080, ScopeNodePort)
-		if np.Local || np.Maglev != nil {
+		if np.Local || !np.Maglev.None() {
 			t.Fatalf("%+v: want not Local", np)
 		}
 	})
