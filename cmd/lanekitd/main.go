@@ -39,15 +39,16 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("lanekitd", flag.ContinueOnError)
 	var (
-		cfg     agent.Config
-		podCIDR string
-		logJSON bool
-		verbose bool
-		metrics string
-		pprofAt string
-		kube    kubeFlags
-		lb      lbFlags   // --lb-ipam, --l2-announce (lbipam.go)
-		mode    modeFlags // --mode host|dpu (mode.go)
+		cfg      agent.Config
+		podCIDR  string
+		logJSON  bool
+		verbose  bool
+		metrics  string
+		pprofAt  string
+		memRatio float64
+		kube     kubeFlags
+		lb       lbFlags   // --lb-ipam, --l2-announce (lbipam.go)
+		mode     modeFlags // --mode host|dpu (mode.go)
 
 		cgroupRoot string
 		sockLB     bool
@@ -174,6 +175,8 @@ func run(args []string) error {
 	fs.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9964); empty: off")
 	fs.StringVar(&pprofAt, "pprof-address", "", "serve Go's runtime profiles (go tool pprof http://ADDR/debug/pprof/heap) on this address, e.g. 127.0.0.1:6060; "+
 		"not authenticated: keep it on 127.0.0.1; empty: off")
+	fs.Float64Var(&memRatio, "memory-limit-ratio", 0.9, "set Go's soft memory limit (GOMEMLIMIT) to this fraction of the agent's cgroup memory limit, so the heap does not double past the container's limit during a large sync; 0: off; "+
+		"ignored when GOMEMLIMIT is set or the cgroup has no limit")
 	fs.BoolVar(&logJSON, "log-json", true, "log JSON (false: text)")
 	fs.BoolVar(&verbose, "v", false, "debug logging")
 	lab := labswitch.On()
@@ -183,6 +186,9 @@ func run(args []string) error {
 	}
 	if err := checkLabFlags(fs, lab); err != nil {
 		return err
+	}
+	if memRatio < 0 || memRatio > 1 {
+		return fmt.Errorf("--memory-limit-ratio %v: want 0 (off) or a fraction in (0, 1]", memRatio)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -228,6 +234,9 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if _, err := setMemoryLimit(memRatio, log); err != nil {
+		return err
+	}
 	if pprofAt != "" { // first: a slow start is what one profiles
 		if _, err := servePprof(ctx, pprofAt, log); err != nil {
 			return err
