@@ -71,7 +71,11 @@ func TestAgentMemoryAtScale(t *testing.T) {
 	if n == memServicesDefault {
 		t.Logf("%d Services (LANEKIT_MEM_SERVICES=30000 for the issue's size; it takes minutes)", n)
 	}
-	srv := k8stest.StartT(t)
+	var opts k8stest.Options
+	if n > 60000 { // the default /16 holds 65,534 ClusterIPs
+		opts.ServiceCIDR = "10.96.0.0/12"
+	}
+	srv := k8stest.StartTOptions(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
 	defer cancel()
 	rc := srv.RESTConfig()

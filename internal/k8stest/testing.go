@@ -14,10 +14,17 @@ import (
 // LANEKIT_K8S_REQUIRED is set (CI).
 func StartT(t testing.TB) *Server {
 	t.Helper()
+	return StartTOptions(t, Options{})
+}
+
+// StartTOptions is StartT with options (e.g. a Service range larger than
+// the default /16 for more than 65,000 Services).
+func StartTOptions(t testing.TB, o Options) *Server {
+	t.Helper()
 	RequireBins(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := Start(ctx, Options{})
+	s, err := Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
