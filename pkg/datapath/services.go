@@ -439,16 +439,35 @@ const arrayStride = 8
 
 // fillArray writes a new (not yet installed) mmapable u32 array in one copy.
 func fillArray(m *ebpf.Map, vals []uint32) error {
-	mem, err := m.Memory()
+	if len(vals) > int(m.MaxEntries()) {
+		return fmt.Errorf("%d values for an array of %d", len(vals), m.MaxEntries())
+	}
+	return withArrayMapping(m, true, func(b []byte) {
+		for i, v := range vals {
+			nativeEndian.PutUint32(b[arrayStride*i:], v)
+		}
+	})
+}
+
+// withArrayMapping maps the u32 array m (BPF_F_MMAPABLE) into memory for fn
+// and unmaps it when fn returns. Not ebpf.Map.Memory: its mapping lives
+// until the garbage collector finds the Memory, and a full set of 100,000
+// Services mapped 100,000 arrays between two collections — past
+// vm.max_map_count (65,530 by default), where every mmap fails, the Go
+// runtime's own too ("fatal error: runtime: out of memory").
+func withArrayMapping(m *ebpf.Map, write bool, fn func([]byte)) error {
+	size := arrayStride * int(m.MaxEntries())
+	page := unix.Getpagesize()
+	prot := unix.PROT_READ
+	if write {
+		prot |= unix.PROT_WRITE
+	}
+	b, err := unix.Mmap(m.FD(), 0, (size+page-1)/page*page, prot, unix.MAP_SHARED)
 	if err != nil {
-		return err
+		return fmt.Errorf("mmap array map: %w", err)
 	}
-	buf := make([]byte, arrayStride*len(vals))
-	for i, v := range vals {
-		nativeEndian.PutUint32(buf[arrayStride*i:], v)
-	}
-	_, err = mem.WriteAt(buf, 0)
-	return err
+	fn(b[:size])
+	return unix.Munmap(b)
 }
 
 // maglevTable returns the array installed for frontend id, or nil.
@@ -554,17 +573,14 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 
 // readArray reads an mmapable u32 array.
 func readArray(m *ebpf.Map) ([]uint32, error) {
-	mem, err := m.Memory()
+	out := make([]uint32, m.MaxEntries())
+	err := withArrayMapping(m, false, func(b []byte) {
+		for i := range out {
+			out[i] = nativeEndian.Uint32(b[arrayStride*i:])
+		}
+	})
 	if err != nil {
 		return nil, err
-	}
-	buf := make([]byte, arrayStride*m.MaxEntries())
-	if _, err := mem.ReadAt(buf, 0); err != nil {
-		return nil, err
-	}
-	out := make([]uint32, m.MaxEntries())
-	for i := range out {
-		out[i] = nativeEndian.Uint32(buf[arrayStride*i:])
 	}
 	return out, nil
 }
