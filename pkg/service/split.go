@@ -77,41 +77,13 @@ func (u *Update) each(f func(id uint32)) {
 // there are none), in u's order. u's owners must be known (Frontends).
 func (u *Update) Part(in func(id uint32) bool) *Update {
 	p := &Update{}
-	for k, v := range u.Backends {
-		if in(v.FrontendID) {
-			put(&p.Backends, k, v)
-		}
-	}
-	for k, v := range u.Backends6 {
-		if in(v.FrontendID) {
-			put(&p.Backends6, k, v)
-		}
-	}
-	for id, t := range u.Maglev {
-		if in(id) {
-			put(&p.Maglev, id, t)
-		}
-	}
-	for k, v := range u.RevNat {
-		if in(k.FrontendID) {
-			put(&p.RevNat, k, v)
-		}
-	}
-	for k, v := range u.RevNat6 {
-		if in(k.FrontendID) {
-			put(&p.RevNat6, k, v)
-		}
-	}
-	for k, v := range u.Services {
-		if in(v.FrontendID) {
-			put(&p.Services, k, v)
-		}
-	}
-	for k, v := range u.Services6 {
-		if in(v.FrontendID) {
-			put(&p.Services6, k, v)
-		}
-	}
+	p.Backends = partOf(u.Backends, func(_ BackendKey, v BackendValue) bool { return in(v.FrontendID) })
+	p.Backends6 = partOf(u.Backends6, func(_ BackendKey, v BackendValue6) bool { return in(v.FrontendID) })
+	p.Maglev = partOf(u.Maglev, func(id uint32, _ []uint32) bool { return in(id) })
+	p.RevNat = partOf(u.RevNat, func(k RevNatKey, _ RevNatValue) bool { return in(k.FrontendID) })
+	p.RevNat6 = partOf(u.RevNat6, func(k RevNatKey, _ RevNatValue6) bool { return in(k.FrontendID) })
+	p.Services = partOf(u.Services, func(_ ServiceKey, v ServiceValue) bool { return in(v.FrontendID) })
+	p.Services6 = partOf(u.Services6, func(_ ServiceKey6, v ServiceValue) bool { return in(v.FrontendID) })
 	p.SrcRanges = keep(u.SrcRanges, func(k SrcRangeKey) bool { return in(k.FrontendID) })
 	p.SrcRangeDeletes = keep(u.SrcRangeDeletes, func(k SrcRangeKey) bool { return in(k.FrontendID) })
 	p.RevNatDeletes = keep(u.RevNatDeletes, func(k RevNatKey) bool { return in(k.FrontendID) })
@@ -137,11 +109,18 @@ func (u *Update) Part(in func(id uint32) bool) *Update {
 	return p
 }
 
-func put[K comparable, V any](m *map[K]V, k K, v V) {
-	if *m == nil {
-		*m = map[K]V{}
+// partOf returns the entries of m that in takes (nil when none).
+func partOf[K comparable, V any](m map[K]V, in func(K, V) bool) map[K]V {
+	var out map[K]V
+	for k, v := range m {
+		if in(k, v) {
+			if out == nil {
+				out = map[K]V{}
+			}
+			out[k] = v
+		}
 	}
-	(*m)[k] = v
+	return out
 }
 
 func keep[T any](s []T, in func(T) bool) []T {
