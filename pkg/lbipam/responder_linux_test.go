@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -36,7 +37,14 @@ func newUnderlay(t *testing.T, tag string) *underlay {
 		defer orig.Close()
 		done := make(chan error)
 		go func() {
-			// NewNamed switches the locked thread; it dies with the goroutine.
+			// NewNamed unshares the calling thread's netns and bind-mounts
+			// /proc/self/task/TID/ns/net: unlocked, the goroutine could move
+			// to another thread in between and name that one's namespace —
+			// the machine's (the client's "private" bridge then went up in
+			// the root netns, and its neighbour check read the machine's
+			// gateway). Locked and never unlocked: the thread dies with the
+			// goroutine.
+			runtime.LockOSThread()
 			h, err := netns.NewNamed(name)
 			if err == nil {
 				h.Close()
