@@ -15,8 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/lanekit/lanekit/pkg/guest"
 )
 
 func TestKubeVirtBinDirMatchesScript(t *testing.T) {
@@ -127,9 +125,7 @@ func TestLabKubeVirt(t *testing.T) {
 		}
 	}
 	bins, nodeBins := realNodeTestBins(t)
-	if _, _, err := guest.EnsureImage(GuestCacheDir); err != nil {
-		t.Fatal(err)
-	}
+	requireGuestImage(t)
 	imgs := exec.Command("go", append([]string{"run", "./internal/tools/lkimages", "-out", bins.ImagesDir(), "-bin", bins.Dir,
 		"-node-bins", nodeBins, "-kubevirt-bins", kvDir, "-guest", GuestCacheDir}, KubeVirtImages...)...)
 	imgs.Dir = repoRoot(t)

@@ -2,7 +2,6 @@ package lab
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -39,64 +38,20 @@ func TestMain(m *testing.M) {
 	socktest.MaybeClient()
 	beforeLab = lockLab
 	code := m.Run()
-	if cliDir != "" {
-		os.RemoveAll(cliDir)
-	}
+	testutil.RemoveGoBuilds()
 	runtime.KeepAlive(labLock)
 	os.Exit(code)
 }
 
-var (
-	cliOnce sync.Once
-	cliDir  string
-	cliPath string
-	cliErr  error
-)
-
-// CLIForTests returns this tree's lanekit CLI, built once per test run (a
-// build links for ~10 s; the lab tests that drive the CLI, in this package
-// and in lab_test, share it) into a directory TestMain removes.
-func CLIForTests(t testing.TB) string {
+// CLIForTests returns this tree's lanekit CLI in a directory of t's,
+// built once per test run (testutil.GoBuild: a build links for ~10 s; the
+// lab tests that drive the CLI, in this package and in lab_test, share it).
+func CLIForTests(t *testing.T) string {
 	t.Helper()
-	cliOnce.Do(func() {
-		root, err := os.Getwd()
-		if err != nil {
-			cliErr = err
-			return
-		}
-		for ; ; root = filepath.Dir(root) {
-			if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-				break
-			}
-			if root == filepath.Dir(root) {
-				cliErr = os.ErrNotExist
-				return
-			}
-		}
-		if cliDir, cliErr = os.MkdirTemp("", "lanekit-lab-cli-"); cliErr != nil {
-			return
-		}
-		path := filepath.Join(cliDir, "lanekit")
-		build := exec.Command("go", "build", "-o", path, "./cmd/lanekit")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			cliErr = &buildError{err: err, out: out}
-			return
-		}
-		cliPath = path
-	})
-	if cliErr != nil {
-		t.Fatalf("build lanekit: %v", cliErr)
-	}
-	return cliPath
+	dir := t.TempDir()
+	testutil.GoBuild(t, repoRoot(t), dir, nil, []string{"./cmd/lanekit"})
+	return filepath.Join(dir, "lanekit")
 }
-
-type buildError struct {
-	err error
-	out []byte
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + string(e.out) }
 
 // LockForTests is lockLab for this package's external tests (lab_test).
 func LockForTests() { lockLab() }
