@@ -29,7 +29,31 @@ import (
 // hierarchy to read. In a container with its own cgroup namespace the path
 // is "/" and the limit is the container's.
 func cgroupMemoryLimit(root, procCgroup string) (limit uint64, ok bool, err error) {
-	var v1, v2 string
+	v1, v2 := memoryCgroups(procCgroup)
+	var files []string
+	if v1 != "" {
+		files = append(files, filepath.Join(root, "sys/fs/cgroup/memory", v1, "memory.limit_in_bytes"))
+	}
+	if v2 != "" {
+		files = append(files, filepath.Join(root, "sys/fs/cgroup", v2, "memory.max"))
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		return parseLimit(strings.TrimSpace(string(b)))
+	}
+	return 0, false, nil
+}
+
+// memoryCgroups returns the paths, in /proc/PID/cgroup text, of the
+// process's cgroup v1 memory hierarchy and of its cgroup v2 unified one
+// ("" for one it is not in).
+func memoryCgroups(procCgroup string) (v1, v2 string) {
 	sc := bufio.NewScanner(strings.NewReader(procCgroup))
 	for sc.Scan() {
 		// hierarchy-ID:controller-list:path
@@ -44,33 +68,7 @@ func cgroupMemoryLimit(root, procCgroup string) (limit uint64, ok bool, err erro
 			v1 = parts[2]
 		}
 	}
-	read := func(file string) (string, bool, error) {
-		b, err := os.ReadFile(file)
-		if errors.Is(err, fs.ErrNotExist) {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, err
-		}
-		return strings.TrimSpace(string(b)), true, nil
-	}
-	if v1 != "" {
-		if s, found, err := read(filepath.Join(root, "sys/fs/cgroup/memory", v1, "memory.limit_in_bytes")); err != nil || found {
-			if err != nil {
-				return 0, false, err
-			}
-			return parseLimit(s)
-		}
-	}
-	if v2 != "" {
-		if s, found, err := read(filepath.Join(root, "sys/fs/cgroup", v2, "memory.max")); err != nil || found {
-			if err != nil {
-				return 0, false, err
-			}
-			return parseLimit(s)
-		}
-	}
-	return 0, false, nil
+	return v1, v2
 }
 
 func hasController(list, c string) bool {

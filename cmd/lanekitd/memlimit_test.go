@@ -78,18 +78,11 @@ func TestMemoryLimitFromOwnCgroup(t *testing.T) {
 		t.Skipf("skipping: no /proc/self/cgroup: %v", err)
 	}
 	var dir, limitFile string
-	for _, l := range strings.Split(string(own), "\n") {
-		parts := strings.SplitN(l, ":", 3)
-		if len(parts) == 3 && hasController(parts[1], "memory") {
-			dir, limitFile = filepath.Join("/sys/fs/cgroup/memory", parts[2]), "memory.limit_in_bytes"
-		}
-	}
-	if dir == "" {
-		for _, l := range strings.Split(string(own), "\n") {
-			if p, ok := strings.CutPrefix(l, "0::"); ok {
-				dir, limitFile = filepath.Join("/sys/fs/cgroup", p), "memory.max"
-			}
-		}
+	switch v1, v2 := memoryCgroups(string(own)); {
+	case v1 != "":
+		dir, limitFile = filepath.Join("/sys/fs/cgroup/memory", v1), "memory.limit_in_bytes"
+	case v2 != "":
+		dir, limitFile = filepath.Join("/sys/fs/cgroup", v2), "memory.max"
 	}
 	if _, err := os.Stat(filepath.Join(dir, limitFile)); dir == "" || err != nil {
 		t.Skipf("skipping: no writable memory cgroup of this process found (%s): %v", dir, err)
