@@ -110,7 +110,8 @@ func (l *uplinkLab) rate(t *testing.T, n ns.NetNS, port int, d time.Duration) fl
 
 // TestEgressBandwidthLimit: a pod's kubernetes.io/egress-bandwidth (on its
 // Pod object, as the watcher hands it over) limits what it sends off the
-// node to within 10 % at 10, 100 and 1000 Mbit/s, following annotation
+// node to at most 10 % above the limit (and at least 90 % of it by EDT,
+// 75 % by tbf) at 10, 100 and 1000 Mbit/s, following annotation
 // changes, while a pod without the annotation sending at the same time is
 // not held to it, and a lifted limit
 // is removed. The limit is enforced by EDT in BPF with fq on the uplink
@@ -128,6 +129,17 @@ func TestEgressBandwidthLimit(t *testing.T) {
 	}
 	if got := l.enforced(t, freeID, freeNS); got != 0 {
 		t.Fatalf("a pod without the annotation limited to %d", got)
+	}
+	// The limit counts frames (1,514 bytes per 1,448 of TCP payload: the
+	// receiver can count at most 95.6 % of it). EDT paces without loss; tbf
+	// drops at its queue's tail, and on a loaded machine (CI: other packages
+	// run beside this one) a TCP sender's retransmission timeout (200 ms at
+	// least) costs a 2-second window 10 % more. The upper bound is the
+	// enforcement check in both modes; the lower one says the limit is not
+	// harsher than asked.
+	floor := 0.9
+	if l.a.bandwidth == bandwidthTBF {
+		floor = 0.75
 	}
 	for _, mbit := range []float64{10, 100, 1000} {
 		if mbit != 10 {
@@ -156,8 +168,8 @@ func TestEgressBandwidthLimit(t *testing.T) {
 			// 1 Gbit/s each: here the check is that the raised limit
 			// took (above the previous 100 Mbit/s), not the rate.
 			t.Errorf("limit raised to 1000 Mbit/s: the pod still sent only %.1f Mbit/s", limited/1e6)
-		case mbit != 1000 && limited < 0.9*mbit*1e6:
-			t.Errorf("limit %g Mbit/s: the pod sent %.1f Mbit/s, want within 10 %%", mbit, limited/1e6)
+		case mbit != 1000 && limited < floor*mbit*1e6:
+			t.Errorf("limit %g Mbit/s: the pod sent %.1f Mbit/s, want at least %.0f %% of it", mbit, limited/1e6, floor*100)
 		}
 		if free < 1.5*mbit*1e6 {
 			t.Errorf("limit %g Mbit/s on another pod: the unlimited pod sent only %.1f Mbit/s", mbit, free/1e6)
