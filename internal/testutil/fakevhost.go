@@ -13,7 +13,8 @@ import (
 // --metrics-listen it serves /metrics there as lanekit-vhost does
 // (OpenMetrics), lanekit_vhost_tx_packets_total being the number in the file
 // FakeVhostTxFile names (0 without it): a test writes it to play the guest's
-// first frames.
+// first frames; as many acked feature bits as the number in
+// FakeVhostAckedFile (0 without it: a device not started), one offered.
 const fakeVhost = `#!/usr/bin/python3
 import http.server, os, signal, socket, socketserver, sys, threading
 a = sys.argv[1:]
@@ -33,12 +34,17 @@ if "--metrics-listen" in a:
         def log_message(self, *args):
             pass
         def do_GET(self):
-            try:
-                n = int(open(mpath + ".tx").read().strip() or "0")
-            except (FileNotFoundError, ValueError):
-                n = 0
-            body = ("# TYPE lanekit_vhost_tx_packets counter\n"
-                    'lanekit_vhost_tx_packets_total{vm="fake",queue="0"} %d\n# EOF\n' % n).encode()
+            def num(ext):
+                try:
+                    return int(open(mpath + ext).read().strip() or "0")
+                except (FileNotFoundError, ValueError):
+                    return 0
+            body = "# TYPE lanekit_vhost_virtio_features gauge\n"
+            for bit in range(num(".acked")):
+                body += 'lanekit_vhost_virtio_features{vm="fake",set="acked",bit="%d"} 1\n' % bit
+            body += 'lanekit_vhost_virtio_features{vm="fake",set="offered",bit="0"} 1\n'
+            body = (body + "# TYPE lanekit_vhost_tx_packets counter\n"
+                    'lanekit_vhost_tx_packets_total{vm="fake",queue="0"} %d\n# EOF\n' % num(".tx")).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/openmetrics-text; version=1.0.0; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -58,6 +64,10 @@ while True:
 // FakeVhostTxFile is the file whose number the fake backend serving metrics
 // at sock reports as the frames it moved out of the guest.
 func FakeVhostTxFile(sock string) string { return sock + ".tx" }
+
+// FakeVhostAckedFile is the file whose number the fake backend serving
+// metrics at sock reports as the count of virtio feature bits acked.
+func FakeVhostAckedFile(sock string) string { return sock + ".acked" }
 
 // FakeVhost writes the fake backend and returns its path; every process of
 // it is killed when the test ends (backends outlive their agent by design).

@@ -1,16 +1,24 @@
 package agent
 
-// Activation by the guest's own frames. An incoming VM endpoint (the target
-// of a live migration) is activated when the migration state says the guest
-// runs here — for KubeVirt the VMI's migrationState, which virt-handler
-// writes some time after QEMU switched over. The target's backend sees the
-// switch first: lanekit-vhost offers VIRTIO_NET_F_GUEST_ANNOUNCE, so after
-// the switch QEMU asks the guest to announce itself and the guest's
-// announcement (gratuitous ARP, IPv6 neighbour advertisements) leaves
-// through the target's backend. The agent polls an incoming endpoint's
-// backend and activates the endpoint on the first frame out of the guest.
+// Activation by the target's own backend. An incoming VM endpoint (the
+// target of a live migration) is activated when the migration state says
+// the guest runs here — for KubeVirt the VMI's migrationState, which
+// virt-handler writes some time after QEMU switched over. The target's
+// backend sees the switch first, twice:
+//   - device start: the target QEMU starts its vhost-user device (sends the
+//     guest's features, memory table and rings) only when the VM runs there
+//     — at the end of the migration, never during it; lanekit-vhost then
+//     reports the acked features (lanekit_vhost_virtio_features{set="acked"});
+//   - guest frames: lanekit-vhost offers VIRTIO_NET_F_GUEST_ANNOUNCE, so
+//     after the switch QEMU asks the guest to announce itself and the guest's
+//     announcement (gratuitous ARP, IPv6 neighbour advertisements) leaves
+//     through the target's backend — 50 ms (QEMU's first announce) or more
+//     after the device start.
 //
-// Trust: the backend (and the VMM that drives it) could claim a frame early;
+// The agent polls an incoming endpoint's backend and activates the endpoint
+// on the first of them.
+//
+// Trust: the backend (and the VMM that drives it) could claim either early;
 // what it can gain is its own VM's address on this node a little sooner —
 // the target launcher pod was made for this VM's migration, and the source
 // gives the address up only when the claims say so.
@@ -23,9 +31,13 @@ import (
 	"github.com/lanekit/lanekit/pkg/endpoint"
 )
 
-// ActivatedByGuestFrames: the incoming endpoint's backend moved a frame out
-// of the guest, so the guest runs on this node.
-const ActivatedByGuestFrames = "guest-frames"
+// How an incoming endpoint's backend showed that the guest runs on this
+// node: its VMM started the device (ActivatedByDeviceStart), or it moved a
+// frame out of the guest (ActivatedByGuestFrames).
+const (
+	ActivatedByDeviceStart = "device-start"
+	ActivatedByGuestFrames = "guest-frames"
+)
 
 var (
 	// guestPollEvery is how often an incoming endpoint's backend is asked.
@@ -34,8 +46,13 @@ var (
 	guestPollFor = 30 * time.Minute
 )
 
-// backendTxMetric counts the frames a backend moved out of the guest.
-const backendTxMetric = "lanekit_vhost_tx_packets"
+// backendTxMetric counts the frames a backend moved out of the guest;
+// backendFeaturesMetric has one sample per virtio feature bit offered and
+// acked.
+const (
+	backendTxMetric       = "lanekit_vhost_tx_packets"
+	backendFeaturesMetric = "lanekit_vhost_virtio_features"
+)
 
 // watchGuestIfIncoming starts awaitGuest for ep when it is an incoming VM
 // endpoint whose backend the agent runs (it serves metrics).
@@ -47,10 +64,10 @@ func (a *Agent) watchGuestIfIncoming(ep *endpoint.Endpoint) {
 	go a.awaitGuest(ep.VM.Name, ep.VM.Backend.MetricsSocket, ep.VM.Backend.UID)
 }
 
-// awaitGuest polls the backend of incoming VM name until it has moved a frame
-// out of the guest, then activates the endpoint; it returns when the
-// endpoint is no longer incoming (activated otherwise, removed) or after
-// guestPollFor.
+// awaitGuest polls the backend of incoming VM name until its device started
+// or it moved a frame out of the guest, then activates the endpoint; it
+// returns when the endpoint is no longer incoming (activated otherwise,
+// removed) or after guestPollFor.
 func (a *Agent) awaitGuest(name, metricsSock string, uid uint32) {
 	deadline := time.Now().Add(guestPollFor)
 	for time.Now().Before(deadline) {
@@ -58,12 +75,12 @@ func (a *Agent) awaitGuest(name, metricsSock string, uid uint32) {
 		if !a.vmIncoming(name) {
 			return
 		}
-		n, err := backendTxPackets(metricsSock, uid)
-		if err != nil || n == 0 {
+		p, err := readBackendProgress(metricsSock, uid)
+		if err != nil || p.by() == "" {
 			continue
 		}
-		if _, err := a.ActivateVM(name, ActivatedByGuestFrames); err != nil && !errors.Is(err, ErrNotFound) {
-			a.log.Warn("activate vm on the guest's first frame", "vm", name, "err", err)
+		if _, err := a.ActivateVM(name, p.by()); err != nil && !errors.Is(err, ErrNotFound) {
+			a.log.Warn("activate vm on its backend's start", "vm", name, "by", p.by(), "err", err)
 		}
 		return
 	}
@@ -77,23 +94,50 @@ func (a *Agent) vmIncoming(name string) bool {
 	return err == nil && ok && ep.VM != nil && ep.VM.Migration != nil && ep.VM.Migration.State == endpoint.VMIncoming
 }
 
-// backendTxPackets reads the frames the backend at sock (run as uid) moved
-// out of the guest, over all queues.
-func backendTxPackets(sock string, uid uint32) (uint64, error) {
+// backendProgress is what an incoming endpoint's backend reports: the
+// virtio feature bits the frontend acked (none until it starts the device)
+// and the frames it moved out of the guest, over all queues.
+type backendProgress struct {
+	ackedBits int
+	txPackets uint64
+}
+
+// by is the activation the progress allows ("": none yet).
+func (p backendProgress) by() string {
+	switch {
+	case p.ackedBits > 0:
+		return ActivatedByDeviceStart
+	case p.txPackets > 0:
+		return ActivatedByGuestFrames
+	}
+	return ""
+}
+
+// readBackendProgress scrapes the backend at sock (run as uid).
+func readBackendProgress(sock string, uid uint32) (backendProgress, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	fams, err := ScrapeBackend(ctx, sock, uid)
 	if err != nil {
-		return 0, err
+		return backendProgress{}, err
 	}
-	var n uint64
+	var p backendProgress
 	for _, name := range []string{backendTxMetric, backendTxMetric + "_total"} {
 		for _, m := range fams[name].GetMetric() {
-			v := m.GetCounter().GetValue() + m.GetUntyped().GetValue()
-			if v > 0 {
-				n += uint64(v)
+			if v := m.GetCounter().GetValue() + m.GetUntyped().GetValue(); v > 0 {
+				p.txPackets += uint64(v)
 			}
 		}
 	}
-	return n, nil
+	for _, m := range fams[backendFeaturesMetric].GetMetric() {
+		if m.GetGauge().GetValue()+m.GetUntyped().GetValue() <= 0 {
+			continue
+		}
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "set" && l.GetValue() == "acked" {
+				p.ackedBits++
+			}
+		}
+	}
+	return p, nil
 }

@@ -79,13 +79,20 @@ func TestVMAttachmentIncoming(t *testing.T) {
 // while its backend has moved nothing out of the guest, and goes active — by
 // "guest-frames", before any migration state — once the backend reports the
 // guest's first frames (what the guest's announcement after the switch makes).
-func TestVMGuestFramesActivate(t *testing.T) { guestFramesActivate(t, false) }
+func TestVMGuestFramesActivate(t *testing.T) { backendActivates(t, false, ActivatedByGuestFrames) }
 
 // TestVMGuestFramesRestart: the same when the agent restarted while the
 // endpoint was incoming: the new agent watches the adopted endpoint.
-func TestVMGuestFramesRestart(t *testing.T) { guestFramesActivate(t, true) }
+func TestVMGuestFramesRestart(t *testing.T) { backendActivates(t, true, ActivatedByGuestFrames) }
 
-func guestFramesActivate(t *testing.T, restart bool) {
+// TestVMDeviceStartActivates: an incoming endpoint whose backend reports
+// acked virtio features (the target QEMU started the device: the VM runs
+// there) is activated, by device-start, with no frame from the guest yet.
+// Without the acked-features check the endpoint stays incoming and this
+// fails.
+func TestVMDeviceStartActivates(t *testing.T) { backendActivates(t, false, ActivatedByDeviceStart) }
+
+func backendActivates(t *testing.T, restart bool, by string) {
 	e := newAttachEnv(t)
 	a := e.start(t)
 	defer func() { a.Close() }()
@@ -130,7 +137,7 @@ func guestFramesActivate(t *testing.T, restart bool) {
 	// The backend answers (0 frames) and the endpoint stays incoming.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := backendTxPackets(b.MetricsSocket, b.UID); err == nil {
+		if p, err := readBackendProgress(b.MetricsSocket, b.UID); err == nil && p.by() == "" {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("the backend's metrics: %v", err)
@@ -141,19 +148,23 @@ func guestFramesActivate(t *testing.T, restart bool) {
 	if s, _ := state(); s != endpoint.VMIncoming {
 		t.Fatalf("state %s with no frame from the guest, want incoming", s)
 	}
-	if err := os.WriteFile(testutil.FakeVhostTxFile(b.MetricsSocket), []byte("3\n"), 0o644); err != nil {
+	file := testutil.FakeVhostTxFile(b.MetricsSocket)
+	if by == ActivatedByDeviceStart {
+		file = testutil.FakeVhostAckedFile(b.MetricsSocket)
+	}
+	if err := os.WriteFile(file, []byte("3\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		s, by := state()
+		s, got := state()
 		if s == endpoint.VMActive {
-			if by != ActivatedByGuestFrames {
-				t.Errorf("activated by %q, want %q", by, ActivatedByGuestFrames)
+			if got != by {
+				t.Errorf("activated by %q, want %q", got, by)
 			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still %s 5 s after the backend reported the guest's frames", s)
+			t.Fatalf("still %s 5 s after the backend reported %s", s, by)
 		}
 	}
 	if existed, err := a.DetachVM(req.ContainerID, req.IfName); !existed || err != nil {

@@ -44,59 +44,6 @@ func TestCheckKubeVirtConfig(t *testing.T) {
 	}
 }
 
-// kubevirtTestVMI is a VMI on node 2 with one interface on lanekit's binding
-// (the Multus network deploy/kubevirt/nad-example.yaml defines) that boots
-// lanekit's test guest by KubeVirt's kernel boot (the lanekit-guest image:
-// its kernel and initramfs under /boot). The kernel command line carries no
-// address: the guest comes up with its NIC unconfigured and gets the address
-// lanekit's IPAM gave its VM endpoint (kubevirtGuestNet).
-func kubevirtTestVMI(node string) string {
-	return `apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: vm1
-  namespace: default
-  labels:
-    app: kv-test
-    # As KubeVirt's docs label VMs for Services and policies: KubeVirt
-    # copies a VMI's labels to its launcher pod, whose labels the VM
-    # endpoint takes (kubevirt.io/domain itself is only an annotation).
-    kubevirt.io/domain: vm1
-spec:
-  # Preferred, not required: KubeVirt copies a VMI's placement to its
-  # migration target's pod, which must fit another node.
-  affinity:
-    nodeAffinity:
-      preferredDuringSchedulingIgnoredDuringExecution:
-        - weight: 100
-          preference:
-            matchExpressions:
-              - {key: kubernetes.io/hostname, operator: In, values: [` + node + `]}
-  domain:
-    resources:
-      requests:
-        memory: 256Mi
-    firmware:
-      kernelBoot:
-        kernelArgs: "console=ttyS0 quiet panic=-1"
-        container:
-          image: ghcr.io/lanekit/lanekit-guest:v0.1.0
-          imagePullPolicy: IfNotPresent
-          kernelPath: /boot/vmlinuz
-          initrdPath: /boot/initrd.img
-    devices:
-      interfaces:
-        - name: fast
-          binding:
-            name: lanekit
-          macAddress: "` + kubevirtTestMAC + `"
-  networks:
-    - name: fast
-      multus:
-        networkName: lanekit-vm
-`
-}
-
 const kubevirtTestMAC = "02:00:00:aa:00:01"
 
 // TestLabKubeVirt brings up the real-node lab with real KubeVirt and Multus
@@ -178,7 +125,7 @@ func TestLabKubeVirt(t *testing.T) {
 	})
 
 	vmiStart := time.Now()
-	if _, err := kubectl(ctx, nodeBins, []byte(kubevirtTestVMI(KubeNodeName(2))), "apply", "-f", "-"); err != nil {
+	if _, err := kubectl(ctx, nodeBins, []byte(KubeVirtVMI("vm1", KubeNodeName(2), BindingLanekit, kubevirtTestMAC)), "apply", "-f", "-"); err != nil {
 		t.Fatalf("create VMI: %v", err)
 	}
 	launcher := waitLauncherPod(t, ctx, kc)
@@ -219,6 +166,7 @@ func TestLabKubeVirt(t *testing.T) {
 		return
 	}
 	t.Run("guest on lanekit's fast lane", func(t *testing.T) { kubevirtGuestNet(t, ctx, kc, nodeBins, launcher) })
+	t.Run("lab bench: KubeVirt's bridge binding beside lanekit's", func(t *testing.T) { kubevirtBench(t, ctx, bins) })
 }
 
 // waitLauncherPod waits for the VMI's virt-launcher pod to be scheduled and
@@ -274,11 +222,4 @@ func containerLogs(ctx context.Context, kc kubernetes.Interface, pod, container 
 		return "logs: " + err.Error()
 	}
 	return string(data)
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

@@ -1,10 +1,13 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -12,14 +15,13 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
-	"github.com/lanekit/lanekit/pkg/guest"
+	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
 // waitVMIRunning waits for VMI default/vm1's phase Running (KubeVirt's
@@ -91,15 +93,13 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	}
 	t.Logf("VM endpoint %s mac %s on %s, lanekit-vhost pid %d", vm.GetAddress(), vm.GetMac(), KubeNodeName(2), vm.GetBackend().GetPid())
 
-	con := kubevirtConsole(t, ctx, pod)
-	// The loop's status is its last test's (lo sorts after eth0): true
-	// ends it, and an empty IF is the failure.
-	ifname := "IF=$(for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = " + kubevirtTestMAC + " ] && basename $d; done; true) && [ -n \"$IF\" ]"
-	cmd := ifname + ` && ip link set "$IF" up && ip addr add ` + vmAddr + `/32 dev "$IF" && ip route add 169.254.1.1 dev "$IF" && ` +
-		`ip route add default via 169.254.1.1 && echo "$IF"`
-	if out, code, err := con.Run(ctx, cmd); err != nil || code != 0 {
-		gout, _, _ := con.Run(ctx, "ip link; cat /sys/class/net/*/address")
-		t.Fatalf("configure the guest's NIC: %v (exit %d): %s\nguest:\n%s", err, code, out, gout)
+	con, err := DialKubeVirtConsole(ctx, 2, pod, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { con.Close() })
+	if _, err := ConfigureKubeVirtGuest(ctx, con, kubevirtTestMAC, vmAddr); err != nil {
+		t.Fatal(err)
 	}
 
 	client := agnhostPausePod(t, ctx, kc, "kv-client", KubeNodeName(1))
@@ -177,6 +177,109 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	t.Run("live migration by KubeVirt keeps the address", func(t *testing.T) {
 		kubevirtMigrate(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
+	t.Run("VMI deleted: its endpoint and backend are released", func(t *testing.T) {
+		kubevirtDeleteVMI(t, ctx, nodeBins, vmIP)
+	})
+}
+
+// kubevirtDeleteVMI deletes VMI vm1 (wherever the migration left it) and
+// waits for the agent of its node to release what it held: the VM endpoint
+// (gone from the agent's list and from the BPF endpoint map) and its
+// lanekit-vhost (its metrics socket no longer answers). Neither node's agent
+// may still list the VM.
+func kubevirtDeleteVMI(t *testing.T, ctx context.Context, nodeBins string, vmIP netip.Addr) {
+	out, err := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "jsonpath={.status.nodeName}")
+	n := 0
+	for i := 1; i <= 2; i++ {
+		if strings.TrimSpace(out) == KubeNodeName(i) {
+			n = i
+		}
+	}
+	if err != nil || n == 0 {
+		t.Fatalf("VMI vm1's node %q: %v", out, err)
+	}
+	vm := kvAgentVM(t, ctx, n)
+	root, err := nodeRoot(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := filepath.Join(root, vm.GetBackend().GetMetricsSocket())
+	if _, _, err := bench.BackendPackets(ctx, metrics); err != nil {
+		t.Fatalf("the VM's backend does not answer before the delete: %v", err)
+	}
+	start := time.Now()
+	if _, err := kubectl(ctx, nodeBins, nil, "delete", "vmi", "vm1", "-n", "default", "--wait=true", "--timeout=3m"); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Since(start)
+	var left []string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		left = nil
+		for i := 1; i <= 2; i++ {
+			sock, err := RealNodeAgentSocket(i)
+			if err != nil {
+				return false, err
+			}
+			if _, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1")); err == nil || !strings.Contains(err.Error(), "has no vm") {
+				left = append(left, fmt.Sprintf("node %d's agent lists the VM (%v)", i, err))
+			}
+		}
+		if _, _, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), vmIP); err == nil {
+			left = append(left, fmt.Sprintf("node %d's endpoint map has %s", n, vmIP))
+		}
+		if _, _, err := bench.BackendPackets(ctx, metrics); err == nil {
+			left = append(left, "the VM's lanekit-vhost still answers on "+metrics)
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("%.0f s after VMI vm1 was deleted (%.1f s for KubeVirt): %s", time.Since(start).Seconds(), deleted.Seconds(), strings.Join(left, "; "))
+	}
+	t.Logf("VMI vm1 deleted on %s in %.1f s; the agent released its endpoint and backend %.1f s after the delete began",
+		KubeNodeName(n), deleted.Seconds(), time.Since(start).Seconds())
+}
+
+// kubevirtBench runs `lanekit lab bench` on the KubeVirt lab, its KubeVirt
+// rows alone beside host-raw (--vm-backend off; 1 repetition of 3 s): both
+// VMIs boot, their guests take their addresses and every measurement of both
+// rows succeeds, with the figures logged. The lanekit row's backend and both
+// QEMUs are found for the host CPU figures.
+func kubevirtBench(t *testing.T, ctx context.Context, bins Bins) {
+	cli := CLIForTests(t)
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, cli, "lab", "bench", "--json", "--repeat", "1", "--duration", "3s", "--vm-backend", "off")
+	cmd.Env = append(os.Environ(), "LANEKIT_BIN="+bins.Dir)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("lab bench: %s", tail(stderr.String(), 4000))
+	var rep bench.Report
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil {
+		t.Fatalf("lab bench: %v; its JSON: %v: %s", err, jerr, tail(stdout.String(), 2000))
+	}
+	rows := map[string]bench.Row{}
+	for _, r := range rep.Rows {
+		rows[r.Path] = r
+	}
+	for _, name := range []string{KubeVirtBenchLanekit, KubeVirtBenchBridge} {
+		r, ok := rows[name]
+		if !ok {
+			t.Errorf("lab bench has no %s row (%v)", name, err)
+			continue
+		}
+		t.Logf("%s: TCP %.2f Gbit/s (from the guest %v), RR p50 %.0f µs, %.0f conn/s, host CPU %+v; %s", name, r.TCPGbps.Median,
+			r.TCPRevGbps, r.RRP50us, r.CPS, r.HostCPU, r.Note)
+		if len(r.Errors) > 0 || r.TCPGbps.Median <= 0 || r.RRP50us <= 0 || r.CPS <= 0 {
+			t.Errorf("%s: errors %v, TCP %.2f Gbit/s, RR p50 %.0f µs, %.0f conn/s", name, r.Errors, r.TCPGbps.Median, r.RRP50us, r.CPS)
+		}
+	}
+	if err != nil {
+		t.Errorf("lab bench: %v", err)
+	}
+	if out, _ := kubectlOut(ctx, "get", "vmi", "-n", "default", "-o", "name"); strings.Contains(out, "kv-bench") {
+		t.Errorf("lab bench left its VMIs: %s", out)
+	}
 }
 
 // kubevirtPolicy applies a NetworkPolicy that selects the VMI's launcher
@@ -275,47 +378,6 @@ func takeKubeVirtPath(t *testing.T, ctx context.Context, podIP, vmIP netip.Addr,
 		t.Fatal(err)
 	}
 	return s
-}
-
-// kubevirtConsole connects to the guest's serial console: QEMU's
-// virt-serial0 socket in the launcher pod's "private" emptyDir (what
-// virt-handler serves to `virtctl console`), reached through node 2's root
-// and a short link (sun_path holds 107 bytes). It returns once the guest's
-// control loop answers (the guest may still be booting).
-func kubevirtConsole(t *testing.T, ctx context.Context, pod *corev1.Pod) *guest.Console {
-	t.Helper()
-	root, err := nodeRoot(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, ok := pod.Labels["kubevirt.io/created-by"]
-	if !ok {
-		t.Fatalf("launcher pod %s has no kubevirt.io/created-by label", pod.Name)
-	}
-	dir := filepath.Join(root, "var/lib/kubelet/pods", string(pod.UID), "volumes/kubernetes.io~empty-dir/private", uid)
-	link := filepath.Join(t.TempDir(), "s")
-	if err := os.Symlink(dir, link); err != nil {
-		t.Fatal(err)
-	}
-	con, err := guest.DialConsole(ctx, filepath.Join(link, "virt-serial0"))
-	if err != nil {
-		t.Fatalf("guest console: %v", err)
-	}
-	t.Cleanup(func() { con.Close() })
-	// Commands sent before the guest's init reads the console are lost:
-	// ask again until one is answered.
-	var last error
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		out, code, err := con.Run(rctx, "echo lk-alive")
-		last = err
-		return err == nil && code == 0 && strings.Contains(out, "lk-alive"), nil
-	})
-	if err != nil {
-		t.Fatalf("the guest's console does not answer (%v, %v): %s", err, last, tail(con.Text(), 2000))
-	}
-	return con
 }
 
 // kvEndpointCounters are the datapath counters of the endpoint with address

@@ -97,6 +97,8 @@ type State struct {
 	BaselineOnly bool   `json:"baseline_only"`
 	K8s          bool   `json:"k8s,omitempty"`
 	Kubelet      bool   `json:"kubelet,omitempty"`
+	// KubeVirt: real KubeVirt and Multus run (Config.KubeVirt).
+	KubeVirt bool `json:"kubevirt,omitempty"`
 	// CNI is Config.CNI ("": lanekit).
 	CNI      string `json:"cni,omitempty"`
 	IPFamily string `json:"ip_family,omitempty"` // "": ipv4

@@ -124,7 +124,7 @@ func upBenchLab(ctx context.Context, cfg Config) (*State, kubernetes.Interface, 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	pods, err := startBenchPods(ctx, kc)
+	pods, err := startBenchPods(ctx, kc, benchPods)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -252,8 +252,8 @@ func (s *State) rivalBenchPaths(cni string, pods map[string]corev1.Pod) []bench.
 
 // startBenchPods creates the bench pods, waits until they run and attaches
 // their network namespaces under their Netns names.
-func startBenchPods(ctx context.Context, kc kubernetes.Interface) (map[string]corev1.Pod, error) {
-	for _, bp := range benchPods {
+func startBenchPods(ctx context.Context, kc kubernetes.Interface, pods []benchPod) (map[string]corev1.Pod, error) {
+	for _, bp := range pods {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: bp.Name, Namespace: benchPodNamespace, Labels: benchPodLabels},
 			Spec: corev1.PodSpec{
@@ -268,7 +268,7 @@ func startBenchPods(ctx context.Context, kc kubernetes.Interface) (map[string]co
 		}
 	}
 	out := map[string]corev1.Pod{}
-	for _, bp := range benchPods {
+	for _, bp := range pods {
 		var pod *corev1.Pod
 		err := wait.PollUntilContextTimeout(ctx, time.Second, realNodeTimeout, true, func(ctx context.Context) (bool, error) {
 			p, err := kc.CoreV1().Pods(benchPodNamespace).Get(ctx, bp.Name, metav1.GetOptions{})

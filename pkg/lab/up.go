@@ -69,7 +69,7 @@ func Up(ctx context.Context, cfg Config) (*State, error) {
 	if err := os.MkdirAll(CNICacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("lab up: %w", err)
 	}
-	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet, CNI: cfg.CNI, Routing: cfg.routing(), Underlay: cfg.underlay()}
+	st := &State{BaselineOnly: cfg.BaselineOnly, K8s: cfg.K8s, Kubelet: cfg.Kubelet, KubeVirt: cfg.KubeVirt, CNI: cfg.CNI, Routing: cfg.routing(), Underlay: cfg.underlay()}
 	if family != IPFamilyIPv4 {
 		st.IPFamily = family
 	}

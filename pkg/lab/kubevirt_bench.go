@@ -1,0 +1,385 @@
+package lab
+
+// The KubeVirt rows of `lab bench` on a `lab up --k8s --kubelet --kubevirt`
+// lab: the same guest booted twice by real KubeVirt on node 2 — once on
+// lanekit's network binding (vhost-user to lanekit-vhost, the fast lane),
+// once on KubeVirt's default bridge binding over lanekit's pod network (the
+// launcher pod's veth, virt-launcher's in-pod bridge, a tap, QEMU's own
+// virtio-net: what a KubeVirt user runs today) — measured from a real pod
+// on node 1, interleaved with the lab's other rows in one run.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/guest"
+	"github.com/lanekit/lanekit/pkg/k8s"
+)
+
+// The KubeVirt bench rows and the binding each VMI uses.
+const (
+	KubeVirtBenchLanekit = "kubevirt-lanekit-vm"
+	KubeVirtBenchBridge  = "kubevirt-bridge-vm"
+	// BindingLanekit and BindingBridge are VMI interface bindings:
+	// lanekit's plugin (a Multus network on lanekit-vm) or KubeVirt's
+	// bridge on the pod network.
+	BindingLanekit = "lanekit"
+	BindingBridge  = "bridge"
+)
+
+// What the KubeVirt rows' traffic goes through (the bench table's labels).
+var (
+	IncludesKubeVirtLanekit = bench.Includes{BPF: true,
+		Detail: "real pod to a KubeVirt VMI on lanekit's binding: tcx + steer_vm + AF_XDP + lanekit-vhost (vhost-user), QEMU from virt-launcher, TCG guest"}
+	IncludesKubeVirtBridge = bench.Includes{BPF: true,
+		Detail: "real pod to a KubeVirt VMI on KubeVirt's bridge binding over lanekit's pod network: tcx to the launcher pod's veth, virt-launcher's in-pod bridge, tap, QEMU's virtio-net, TCG guest"}
+)
+
+// kubevirtBenchVM is one VMI of the KubeVirt rows.
+type kubevirtBenchVM struct {
+	row, name, binding, mac string
+	includes                bench.Includes
+}
+
+// kubevirtBenchVMs: the lanekit VMI has a fixed MAC (the binding takes the
+// VMI's); the bridge VMI takes the launcher pod interface's MAC, as KubeVirt's
+// bridge binding does by default (lanekit's programs admit the pod's MAC only).
+var kubevirtBenchVMs = []kubevirtBenchVM{
+	{row: KubeVirtBenchLanekit, name: "kv-bench-lanekit", binding: BindingLanekit, mac: "02:00:00:aa:00:11", includes: IncludesKubeVirtLanekit},
+	{row: KubeVirtBenchBridge, name: "kv-bench-bridge", binding: BindingBridge, includes: IncludesKubeVirtBridge},
+}
+
+// kubevirtBenchClient is the client pod of the KubeVirt rows (node 1).
+var kubevirtBenchClient = benchPod{Name: "kv-bench-client", Node: 1, Netns: "lk-n1-kvb"}
+
+// KubeVirtVMI renders VMI name on node (preferred, not required: KubeVirt
+// copies a VMI's placement to its migration target's pod, which must fit
+// another node) booting lanekit's test guest by KubeVirt's kernel boot (the
+// lanekit-guest image: its kernel and initramfs under /boot), with one
+// interface: binding BindingLanekit (the Multus network lanekit-vm that
+// deploy/kubevirt/nad-example.yaml defines; mac, when set, is the VMI's
+// macAddress) or BindingBridge (the pod network). The kernel command line
+// carries no address: the guest comes up with its NIC unconfigured
+// (ConfigureKubeVirtGuest).
+func KubeVirtVMI(name, node, binding, mac string) string {
+	// As KubeVirt's docs label VMs for Services and policies: KubeVirt
+	// copies a VMI's labels to its launcher pod, whose labels the VM
+	// endpoint takes (kubevirt.io/domain itself is only an annotation).
+	iface := "        - name: fast\n          binding:\n            name: lanekit\n"
+	network := "    - name: fast\n      multus:\n        networkName: " + VMNetwork + "\n"
+	if binding == BindingBridge {
+		iface = "        - name: default\n          bridge: {}\n"
+		network = "    - name: default\n      pod: {}\n"
+	}
+	if mac != "" {
+		iface += "          macAddress: \"" + mac + "\"\n"
+	}
+	return `apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: ` + name + `
+  namespace: ` + PodNamespace + `
+  labels:
+    app: kv-test
+    kubevirt.io/domain: ` + name + `
+spec:
+  affinity:
+    nodeAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          preference:
+            matchExpressions:
+              - {key: kubernetes.io/hostname, operator: In, values: [` + node + `]}
+  domain:
+    resources:
+      requests:
+        memory: 256Mi
+    firmware:
+      kernelBoot:
+        kernelArgs: "console=ttyS0 quiet panic=-1"
+        container:
+          image: ghcr.io/lanekit/lanekit-guest:v0.1.0
+          imagePullPolicy: IfNotPresent
+          kernelPath: /boot/vmlinuz
+          initrdPath: /boot/initrd.img
+    devices:
+      interfaces:
+` + iface + `  networks:
+` + network
+}
+
+// ConfigureKubeVirtGuest gives the guest's NIC addr/32 with the route to
+// lanekit's gateway, over its console (as cloud-init would): the NIC with
+// mac, or the guest's only one when mac is empty. It returns the NIC's name.
+func ConfigureKubeVirtGuest(ctx context.Context, con *guest.Console, mac, addr string) (string, error) {
+	// The loop's status is its last test's: true ends it, and an empty IF
+	// is the failure.
+	pick := `[ "$(basename $d)" != lo ]`
+	if mac != "" {
+		pick = `[ "$(cat $d/address)" = ` + mac + ` ]`
+	}
+	cmd := `IF=$(for d in /sys/class/net/*; do ` + pick + ` && basename $d; done | head -n 1; true) && [ -n "$IF" ] && ` +
+		`ip link set "$IF" up && ip addr add ` + addr + `/32 dev "$IF" && ip route add ` + datapath.DefaultGatewayIP.String() + ` dev "$IF" && ` +
+		`ip route add default via ` + datapath.DefaultGatewayIP.String() + ` && echo "$IF"`
+	out, code, err := con.Run(ctx, cmd)
+	if err != nil || code != 0 {
+		gout, _, _ := con.Run(ctx, "ip link; cat /sys/class/net/*/address")
+		return "", fmt.Errorf("configure the guest's NIC: %v (exit %d): %s\nguest:\n%s", err, code, out, gout)
+	}
+	return strings.TrimSpace(out), nil
+}
+
+// DialKubeVirtConsole connects to the guest's serial console: QEMU's
+// virt-serial0 socket in the launcher pod's "private" emptyDir (what
+// virt-handler serves to `virtctl console`), reached through node's root and
+// a short link made in dir (sun_path holds 107 bytes). It returns once the
+// guest's control loop answers (the guest may still be booting).
+func DialKubeVirtConsole(ctx context.Context, node int, pod *corev1.Pod, dir string) (*guest.Console, error) {
+	root, err := nodeRoot(node)
+	if err != nil {
+		return nil, err
+	}
+	uid, ok := pod.Labels["kubevirt.io/created-by"]
+	if !ok {
+		return nil, fmt.Errorf("launcher pod %s has no kubevirt.io/created-by label", pod.Name)
+	}
+	link := filepath.Join(dir, "s-"+pod.Name)
+	if err := os.Symlink(filepath.Join(root, "var/lib/kubelet/pods", string(pod.UID), "volumes/kubernetes.io~empty-dir/private", uid), link); err != nil {
+		return nil, err
+	}
+	con, err := guest.DialConsole(ctx, filepath.Join(link, "virt-serial0"))
+	if err != nil {
+		return nil, fmt.Errorf("guest console: %w", err)
+	}
+	// Commands sent before the guest's init reads the console are lost:
+	// ask again until one is answered.
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		out, code, err := con.Run(rctx, "echo lk-alive")
+		last = err
+		return err == nil && code == 0 && strings.Contains(out, "lk-alive"), nil
+	})
+	if err != nil {
+		con.Close()
+		return nil, fmt.Errorf("the guest's console does not answer (%v, %v): %s", err, last, tail(con.Text(), 2000))
+	}
+	return con, nil
+}
+
+// waitVMILauncher waits for VMI name to run and returns its running
+// launcher pod.
+func waitVMILauncher(ctx context.Context, kc kubernetes.Interface, name string) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	var phase string
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 8*time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := kubectl(ctx, NodeBinDir(), nil, "get", "vmi", name, "-n", PodNamespace, "-o", "jsonpath={.status.phase}")
+		phase = strings.TrimSpace(out)
+		if err != nil || phase != "Running" {
+			return false, nil
+		}
+		pods, err := kc.CoreV1().Pods(PodNamespace).List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-launcher,vm.kubevirt.io/name=" + name})
+		if err != nil {
+			return false, nil
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.Status.Phase == corev1.PodRunning {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		vmi, _ := kubectl(ctx, NodeBinDir(), nil, "get", "vmi", name, "-n", PodNamespace, "-o", "yaml")
+		return nil, fmt.Errorf("VMI %s phase %q, not Running with a running launcher pod (%w):\n%s", name, phase, err, tail(vmi, 3000))
+	}
+	return pod, nil
+}
+
+// kubevirtVMAddress is the address a VMI's guest takes: for lanekit's
+// binding what lanekit's CNI returned to Multus for the lanekit-vm network
+// (the agent's VM endpoint), for the bridge binding the launcher pod's IP.
+func kubevirtVMAddress(pod *corev1.Pod, binding string) (string, error) {
+	if binding == BindingBridge {
+		if pod.Status.PodIP == "" {
+			return "", fmt.Errorf("launcher pod %s has no address", pod.Name)
+		}
+		return pod.Status.PodIP, nil
+	}
+	var status []NetworkStatus
+	if err := json.Unmarshal([]byte(pod.Annotations[NetworkStatusAnnotation]), &status); err != nil {
+		return "", fmt.Errorf("launcher %s network-status: %w", pod.Name, err)
+	}
+	for _, s := range status {
+		if s.Name == PodNamespace+"/"+VMNetwork && len(s.IPs) > 0 {
+			return s.IPs[0], nil
+		}
+	}
+	return "", fmt.Errorf("launcher %s network-status has no address on %s: %s", pod.Name, VMNetwork, pod.Annotations[NetworkStatusAnnotation])
+}
+
+// qemuOf is the QEMU process of VMI ns/name on this machine (libvirt names
+// the domain ns_name), 0 when none is found.
+func qemuOf(ns, name string) int {
+	want := []byte("guest=" + ns + "_" + name + ",")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmd), "qemu") && strings.Contains(string(cmd), string(want)) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// KubeVirtBench is what KubeVirtBenchRows set up: the rows, the QEMU
+// processes of their guests (the bench's host CPU figures exclude their
+// vCPU threads) and what to undo.
+type KubeVirtBench struct {
+	Paths     []bench.Path
+	GuestPIDs []int
+	kc        kubernetes.Interface
+	dir       string
+	cons      []*guest.Console
+}
+
+// KubeVirtBenchRows creates the KubeVirt rows on a --kubevirt lab: a
+// client pod on node 1, and on node 2 one VMI per binding (kubevirtBenchVMs),
+// waits for them to run, gives each guest its address and checks the
+// client reaches it. Close removes them again, also after a failure here.
+func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...any)) (*KubeVirtBench, error) {
+	if !s.KubeVirt || len(s.Nodes) < 2 {
+		return nil, errors.New("the KubeVirt rows need a lab up with --k8s --kubelet --kubevirt and 2 nodes")
+	}
+	kc, err := fastClient()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "lk-kvbench")
+	if err != nil {
+		return nil, err
+	}
+	kb := &KubeVirtBench{kc: kc, dir: dir}
+	fail := func(err error) (*KubeVirtBench, error) {
+		kb.Close()
+		return nil, err
+	}
+	for _, v := range kubevirtBenchVMs {
+		if _, err := kubectl(ctx, NodeBinDir(), []byte(KubeVirtVMI(v.name, KubeNodeName(2), v.binding, v.mac)), "apply", "-f", "-"); err != nil {
+			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
+		}
+	}
+	pods, err := startBenchPods(ctx, kc, []benchPod{kubevirtBenchClient})
+	if err != nil {
+		return fail(err)
+	}
+	client := pods[kubevirtBenchClient.Name]
+	for _, v := range kubevirtBenchVMs {
+		progress("KubeVirt row %s: waiting for VMI %s (%s binding) to run and its guest to boot", v.row, v.name, v.binding)
+		launcher, err := waitVMILauncher(ctx, kc, v.name)
+		if err != nil {
+			return fail(err)
+		}
+		addr, err := kubevirtVMAddress(launcher, v.binding)
+		if err != nil {
+			return fail(err)
+		}
+		con, err := DialKubeVirtConsole(ctx, 2, launcher, dir)
+		if err != nil {
+			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
+		}
+		kb.cons = append(kb.cons, con)
+		if _, err := ConfigureKubeVirtGuest(ctx, con, v.mac, addr); err != nil {
+			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
+		}
+		if err := waitReachFrom(ctx, kubevirtBenchClient.Netns, addr); err != nil {
+			return fail(fmt.Errorf("VMI %s at %s from pod %s: %w", v.name, addr, client.Name, err))
+		}
+		p := bench.Path{Name: v.row, ClientNS: kubevirtBenchClient.Netns, ServerNS: NodeNS(2), ServerIP: addr,
+			Guest: &bench.Guest{Name: v.name, Shell: con}, Includes: v.includes,
+			Note: fmt.Sprintf("VMI %s (%s binding) on %s, booted by KubeVirt %s; %s", v.name, v.binding, KubeNodeName(2), KubeVirtVersion, TCGNote)}
+		if v.binding == BindingLanekit {
+			if sock, err := RealNodeAgentSocket(2); err == nil {
+				if vm, err := findAgentVM(ctx, sock, k8s.VMName(PodNamespace, v.name)); err == nil && vm.GetBackend().GetPid() > 0 {
+					p.CPUParts = append(p.CPUParts, bench.CPUPart{Name: "lanekit-vhost", PID: int(vm.GetBackend().GetPid())})
+				}
+			}
+		}
+		if pid := qemuOf(PodNamespace, v.name); pid > 0 {
+			kb.GuestPIDs = append(kb.GuestPIDs, pid)
+			p.CPUParts = append(p.CPUParts, bench.CPUPart{Name: "qemu without vCPUs", PID: pid})
+		}
+		kb.Paths = append(kb.Paths, p)
+	}
+	return kb, nil
+}
+
+// waitReachFrom waits until addr answers ping from the named netns (first
+// contact: ARP on both sides).
+func waitReachFrom(ctx context.Context, netns, addr string) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		last = ip(ctx, "netns", "exec", netns, "ping", "-c", "1", "-W", "2", addr)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("no answer to ping: %v", last)
+	}
+	return nil
+}
+
+// Close deletes the VMIs and the client pod (waiting until they are gone)
+// and the client's netns name.
+func (kb *KubeVirtBench) Close() error {
+	if kb == nil {
+		return nil
+	}
+	for _, c := range kb.cons {
+		c.Close()
+	}
+	kb.cons = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errs []error
+	for _, v := range kubevirtBenchVMs {
+		if _, err := kubectl(ctx, NodeBinDir(), nil, "delete", "vmi", v.name, "-n", PodNamespace, "--ignore-not-found", "--wait=true"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	zero := int64(0)
+	if err := kb.kc.CoreV1().Pods(benchPodNamespace).Delete(ctx, kubevirtBenchClient.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, err)
+	}
+	_ = ip(ctx, "netns", "delete", kubevirtBenchClient.Netns)
+	os.RemoveAll(kb.dir)
+	return errors.Join(errs...)
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
