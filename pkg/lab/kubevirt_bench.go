@@ -235,10 +235,10 @@ func kubevirtVMAddress(pod *corev1.Pod, binding string) (string, error) {
 	return "", fmt.Errorf("launcher %s network-status has no address on %s: %s", pod.Name, VMNetwork, pod.Annotations[NetworkStatusAnnotation])
 }
 
-// qemuOf is the QEMU process of VMI ns/name on this machine (libvirt names
-// the domain ns_name), 0 when none is found.
-func qemuOf(ns, name string) int {
-	want := []byte("guest=" + ns + "_" + name + ",")
+// findProc is a process of this machine (as the root PID namespace numbers
+// it: the nodes' processes live in their own) whose argv match accepts, 0
+// when none does.
+func findProc(match func(argv []string) bool) int {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -246,11 +246,43 @@ func qemuOf(ns, name string) int {
 			continue
 		}
 		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.Contains(string(cmd), "qemu") && strings.Contains(string(cmd), string(want)) {
+		if err == nil && len(cmd) > 0 && match(strings.Split(strings.TrimSuffix(string(cmd), "\x00"), "\x00")) {
 			return pid
 		}
 	}
 	return 0
+}
+
+// qemuOf is the QEMU process of VMI ns/name (libvirt names the domain
+// ns_name: -name guest=ns_name,...).
+func qemuOf(ns, name string) int {
+	want := "guest=" + ns + "_" + name
+	return findProc(func(argv []string) bool {
+		if !strings.Contains(filepath.Base(argv[0]), "qemu") {
+			return false
+		}
+		for _, a := range argv[1:] {
+			if a == want || strings.HasPrefix(a, want+",") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// vhostOf is the lanekit-vhost process of VM endpoint vm (--vm vm).
+func vhostOf(vm string) int {
+	return findProc(func(argv []string) bool {
+		if filepath.Base(argv[0]) != "lanekit-vhost" {
+			return false
+		}
+		for i := 1; i+1 < len(argv); i++ {
+			if argv[i] == "--vm" && argv[i+1] == vm {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // KubeVirtBench is what KubeVirtBenchRows set up: the rows, the QEMU
@@ -319,12 +351,10 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		p := bench.Path{Name: v.row, ClientNS: kubevirtBenchClient.Netns, ServerNS: NodeNS(2), ServerIP: addr,
 			Guest: &bench.Guest{Name: v.name, Shell: con}, Includes: v.includes,
 			Note: fmt.Sprintf("VMI %s (%s binding) on %s, booted by KubeVirt %s; %s", v.name, v.binding, KubeNodeName(2), KubeVirtVersion, TCGNote)}
-		if v.binding == BindingLanekit {
-			if sock, err := RealNodeAgentSocket(2); err == nil {
-				if vm, err := findAgentVM(ctx, sock, k8s.VMName(PodNamespace, v.name)); err == nil && vm.GetBackend().GetPid() > 0 {
-					p.CPUParts = append(p.CPUParts, bench.CPUPart{Name: "lanekit-vhost", PID: int(vm.GetBackend().GetPid())})
-				}
-			}
+		// The agent reports its backend's PID in its node's PID namespace;
+		// the bench reads /proc here.
+		if pid := vhostOf(k8s.VMName(PodNamespace, v.name)); v.binding == BindingLanekit && pid > 0 {
+			p.CPUParts = append(p.CPUParts, bench.CPUPart{Name: "lanekit-vhost", PID: pid})
 		}
 		if pid := qemuOf(PodNamespace, v.name); pid > 0 {
 			kb.GuestPIDs = append(kb.GuestPIDs, pid)
