@@ -214,8 +214,8 @@ on the wire: no netfilter rules, no conntrack, the physical limit), host (node t
 nodes' kube-proxy rules and conntrack), bridge-iptables, lanekit-pod and, with a lab brought up with
 --vm, lanekit-vm (lanekit pod -> fast-lane guest) and bridge-tap-vm (baseline pod -> guest on a tap
 on the baseline bridge). On a lab up with --kubevirt, kubevirt-lanekit-vm and kubevirt-bridge-vm: the
-same guest booted by real KubeVirt twice, on lanekit's binding and on KubeVirt's default bridge
-binding (--no-kubevirt skips them). Guests run under TCG: their rows are bounded by the emulated guest CPU.
+same guest booted by real KubeVirt on lanekit's binding and on KubeVirt's bridge and masquerade
+bindings over lanekit's pod network (kubevirt-*-vm rows; --no-kubevirt skips them). Guests run under TCG: their rows are bounded by the emulated guest CPU.
 
 Every row is labelled with what its traffic pays for (BPF, netfilter, conntrack). Ratios are paired:
 each repetition measures every path back to back, the ratio is taken per repetition, and the table
@@ -308,6 +308,9 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 							fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: removing the KubeVirt rows' VMIs:", err)
 						}
 					}()
+					for _, s := range kb.Skipped {
+						fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
+					}
 					paths = append(paths, kb.Paths...)
 					if !noHostCPU {
 						opts.GuestPIDs = append(opts.GuestPIDs, kb.GuestPIDs...)
@@ -382,8 +385,8 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
 	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
 	cmd.Flags().IntVar(&opts.CPUTCPMbps, "cpu-tcp-mbps", bench.DefaultCPUTCPMbps, "guest rows' host CPU per byte: the fixed TCP rate (Mbit/s) it is measured at, both directions")
-	cmd.Flags().BoolVar(&noKubeVirt, "no-kubevirt", false, "on a lab up with --kubevirt: skip the KubeVirt rows ("+lab.KubeVirtBenchLanekit+" and "+lab.KubeVirtBenchBridge+
-		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge binding; two VMIs made for the run and deleted after it)")
+	cmd.Flags().BoolVar(&noKubeVirt, "no-kubevirt", false, "on a lab up with --kubevirt: skip the KubeVirt rows ("+lab.KubeVirtBenchLanekit+", "+lab.KubeVirtBenchBridge+" and "+lab.KubeVirtBenchMasquerade+
+		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge and masquerade bindings; VMIs made for the run and deleted after it; bridge needs a kernel with dummy links)")
 	cmd.Flags().BoolVar(&noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
 	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")

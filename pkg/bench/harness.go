@@ -20,6 +20,10 @@ type Path struct {
 	ClientNS string
 	ServerNS string // for a guest: the netns its QEMU runs in (informational)
 	ServerIP string
+	// ListenIP is the address the servers bind ("": ServerIP): a guest
+	// behind NAT (KubeVirt's masquerade) is reached at ServerIP and
+	// listens on its own address.
+	ListenIP string
 	Guest    *Guest // nil: servers run in ServerNS
 	Note     string // caveat printed with the row (e.g. "TCG guest")
 	// Includes says what the path pays for (netfilter, conntrack, BPF), so
@@ -51,6 +55,14 @@ type Includes struct {
 	Conntrack bool   `json:"conntrack"` // connection tracking on the path
 	BPF       bool   `json:"bpf"`       // lanekit's BPF programs forward it
 	Detail    string `json:"detail"`    // one line for the table
+}
+
+// listenIP is the address p's servers bind.
+func (p Path) listenIP() string {
+	if p.ListenIP != "" {
+		return p.ListenIP
+	}
+	return p.ServerIP
 }
 
 // server starts a measurement's server for p: in ServerNS, or in the guest.
@@ -292,7 +304,7 @@ func runIperfRev(ctx context.Context, o Options, p Path, s *samples) error {
 func startIperf(ctx context.Context, o Options, p Path, reverse bool, extra ...string) (stopper, []string, error) {
 	life := o.Duration + 20*time.Second
 	srv, err := p.server(ctx, life, iperfPort,
-		[]string{"iperf3", "-s", "-1", "-B", p.ServerIP, "-p", strconv.Itoa(iperfPort)}, nil)
+		[]string{"iperf3", "-s", "-1", "-B", p.listenIP(), "-p", strconv.Itoa(iperfPort)}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -325,7 +337,7 @@ func iperf(ctx context.Context, o Options, p Path, reverse bool, into []float64,
 // ping-pong client's command line (round trips in µs, for o.Duration).
 func startSockperf(ctx context.Context, o Options, p Path) (stopper, []string, error) {
 	srv, err := p.server(ctx, o.Duration+20*time.Second, sockperfPort,
-		[]string{"sockperf", "sr", "--tcp", "-i", p.ServerIP, "-p", strconv.Itoa(sockperfPort)}, nil)
+		[]string{"sockperf", "sr", "--tcp", "-i", p.listenIP(), "-p", strconv.Itoa(sockperfPort)}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -365,10 +377,10 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 		return fmt.Errorf("cps: lanekit executable unknown")
 	}
 	life := o.Duration + 20*time.Second
-	addr := hostPort(p.ServerIP, cpsPort)
+	addr, listen := hostPort(p.ServerIP, cpsPort), hostPort(p.listenIP(), cpsPort)
 	srv, err := p.server(ctx, life, cpsPort,
-		[]string{o.Self, "lab", "cps-server", "--listen", addr, "--for", life.String()},
-		[]string{"lk-bench", "cps-server", "--listen", addr, "--for", life.String()})
+		[]string{o.Self, "lab", "cps-server", "--listen", listen, "--for", life.String()},
+		[]string{"lk-bench", "cps-server", "--listen", listen, "--for", life.String()})
 	if err != nil {
 		return err
 	}

@@ -130,7 +130,7 @@ func runGoRR(ctx context.Context, o Options, p Path, s *samples) error {
 	life := o.Duration + 20*time.Second
 	addr := hostPort(p.ServerIP, sockperfPort)
 	srv, err := p.server(ctx, life, sockperfPort,
-		[]string{o.Self, "lab", "rr-server", "--listen", addr, "--for", life.String()}, nil)
+		[]string{o.Self, "lab", "rr-server", "--listen", hostPort(p.listenIP(), sockperfPort), "--for", life.String()}, nil)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -138,6 +139,7 @@ type fakeShell struct {
 	polls    int
 	listenAt int  // poll number from which the port listens
 	dies     bool // the server exits before listening
+	port     int  // the port it listens on (0: iperf3's)
 	killed   bool
 }
 
@@ -157,8 +159,13 @@ func (f *fakeShell) Run(_ context.Context, cmd string) (string, int, error) {
 		}
 		out := procTCPHeader + procTCPHeader
 		if f.polls >= f.listenAt {
-			// 0A = LISTEN on 0.0.0.0:5201 (0x1451), in the tcp6 table.
-			out += "   0: 00000000000000000000000000000000:1451 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n"
+			// 0A = LISTEN on 0.0.0.0:port (5201 = 0x1451 by default), in
+			// the tcp6 table.
+			port := f.port
+			if port == 0 {
+				port = iperfPort
+			}
+			out += fmt.Sprintf("   0: 00000000000000000000000000000000:%04X 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n", port)
 		}
 		return out, 0, nil
 	case strings.HasPrefix(cmd, "kill -9 4242"):
@@ -202,5 +209,33 @@ func TestStartGuestServer(t *testing.T) {
 	st.stop()
 	if !strings.Contains(f.cmds[0], "timeout 1 lk-bench cps-server >") {
 		t.Errorf("guest command %q", f.cmds[0])
+	}
+}
+
+// TestListenIP: a guest behind NAT (KubeVirt's masquerade) is reached at the
+// pod's address and listens on its own: the servers bind ListenIP, the
+// clients dial ServerIP; without ListenIP both are ServerIP.
+func TestListenIP(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct{ listen, wantBind string }{{"10.0.2.2", "10.0.2.2"}, {"", "10.244.0.7"}} {
+		f := &fakeShell{listenAt: 1}
+		p := Path{Name: "kubevirt-masquerade-vm", ServerIP: "10.244.0.7", ListenIP: c.listen, Guest: &Guest{Name: "vm", Shell: f}}
+		srv, client, err := startIperf(ctx, Options{Duration: time.Second}, p, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.stop()
+		if !strings.Contains(f.cmds[0], "iperf3 -s -1 -B "+c.wantBind+" ") || !slices.Contains(client, "10.244.0.7") {
+			t.Errorf("ListenIP %q: server %q, client %q", c.listen, f.cmds[0], client)
+		}
+		f.cmds, f.polls, f.port = nil, 0, sockperfPort
+		srv, client, err = startSockperf(ctx, Options{Duration: time.Second}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.stop()
+		if !strings.Contains(f.cmds[0], "sockperf sr --tcp -i "+c.wantBind+" ") || !slices.Contains(client, "10.244.0.7") {
+			t.Errorf("ListenIP %q: server %q, client %q", c.listen, f.cmds[0], client)
+		}
 	}
 }

@@ -13,6 +13,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -33,13 +36,15 @@ import (
 
 // The KubeVirt bench rows and the binding each VMI uses.
 const (
-	KubeVirtBenchLanekit = "kubevirt-lanekit-vm"
-	KubeVirtBenchBridge  = "kubevirt-bridge-vm"
-	// BindingLanekit and BindingBridge are VMI interface bindings:
-	// lanekit's plugin (a Multus network on lanekit-vm) or KubeVirt's
-	// bridge on the pod network.
-	BindingLanekit = "lanekit"
-	BindingBridge  = "bridge"
+	KubeVirtBenchLanekit    = "kubevirt-lanekit-vm"
+	KubeVirtBenchBridge     = "kubevirt-bridge-vm"
+	KubeVirtBenchMasquerade = "kubevirt-masquerade-vm"
+	// BindingLanekit, BindingBridge and BindingMasquerade are VMI
+	// interface bindings: lanekit's plugin (a Multus network on
+	// lanekit-vm), KubeVirt's bridge or its masquerade on the pod network.
+	BindingLanekit    = "lanekit"
+	BindingBridge     = "bridge"
+	BindingMasquerade = "masquerade"
 )
 
 // What the KubeVirt rows' traffic goes through (the bench table's labels).
@@ -48,20 +53,49 @@ var (
 		Detail: "real pod to a KubeVirt VMI on lanekit's binding: tcx + steer_vm + AF_XDP + lanekit-vhost (vhost-user), QEMU from virt-launcher, TCG guest"}
 	IncludesKubeVirtBridge = bench.Includes{BPF: true,
 		Detail: "real pod to a KubeVirt VMI on KubeVirt's bridge binding over lanekit's pod network: tcx to the launcher pod's veth, virt-launcher's in-pod bridge, tap, QEMU's virtio-net, TCG guest"}
+	IncludesKubeVirtMasquerade = bench.Includes{BPF: true, Netfilter: true, Conntrack: true,
+		Detail: "real pod to a KubeVirt VMI on KubeVirt's masquerade binding over lanekit's pod network: tcx to the launcher pod's veth, nftables DNAT/SNAT with conntrack in the pod, its bridge, tap, QEMU's virtio-net, TCG guest"}
 )
 
 // kubevirtBenchVM is one VMI of the KubeVirt rows.
 type kubevirtBenchVM struct {
 	row, name, binding, mac string
 	includes                bench.Includes
+	// needs says why this machine cannot run the binding ("": it can).
+	needs func(context.Context) string
 }
 
 // kubevirtBenchVMs: the lanekit VMI has a fixed MAC (the binding takes the
 // VMI's); the bridge VMI takes the launcher pod interface's MAC, as KubeVirt's
-// bridge binding does by default (lanekit's programs admit the pod's MAC only).
+// bridge binding does by default (lanekit's programs admit the pod's MAC
+// only); the masquerade guest sits behind the pod's address (NAT).
 var kubevirtBenchVMs = []kubevirtBenchVM{
 	{row: KubeVirtBenchLanekit, name: "kv-bench-lanekit", binding: BindingLanekit, mac: "02:00:00:aa:00:11", includes: IncludesKubeVirtLanekit},
-	{row: KubeVirtBenchBridge, name: "kv-bench-bridge", binding: BindingBridge, includes: IncludesKubeVirtBridge},
+	{row: KubeVirtBenchBridge, name: "kv-bench-bridge", binding: BindingBridge, includes: IncludesKubeVirtBridge, needs: needDummyLinks},
+	{row: KubeVirtBenchMasquerade, name: "kv-bench-masq", binding: BindingMasquerade, includes: IncludesKubeVirtMasquerade},
+}
+
+// KubeVirt's masquerade binding: the guest's network behind the pod's
+// address (its default vmNetworkCIDR).
+const (
+	masqueradeGuestIP = "10.0.2.2"
+	masqueradeGateway = "10.0.2.1"
+)
+
+// needDummyLinks: KubeVirt's bridge binding moves the pod's address to a
+// dummy link named like the pod's interface (virt-handler's netpod
+// bridgeBindingSpec); a kernel without CONFIG_DUMMY fails the VMI
+// ("LinkAdd: operation not supported").
+func needDummyLinks(ctx context.Context) string {
+	const probe = "lk-probe-dummy"
+	if err := ip(ctx, "netns", "add", probe); err != nil {
+		return "cannot probe for dummy links: " + err.Error()
+	}
+	defer ip(context.Background(), "netns", "delete", probe) //nolint:errcheck
+	if err := ip(ctx, "-n", probe, "link", "add", "d0", "type", "dummy"); err != nil {
+		return "the kernel has no dummy links (CONFIG_DUMMY), on which KubeVirt's bridge binding keeps the pod's address"
+	}
+	return ""
 }
 
 // kubevirtBenchClient is the client pod of the KubeVirt rows (node 1).
@@ -73,7 +107,7 @@ var kubevirtBenchClient = benchPod{Name: "kv-bench-client", Node: 1, Netns: "lk-
 // lanekit-guest image: its kernel and initramfs under /boot), with one
 // interface: binding BindingLanekit (the Multus network lanekit-vm that
 // deploy/kubevirt/nad-example.yaml defines; mac, when set, is the VMI's
-// macAddress) or BindingBridge (the pod network). The kernel command line
+// macAddress), BindingBridge or BindingMasquerade (the pod network). The kernel command line
 // carries no address: the guest comes up with its NIC unconfigured
 // (ConfigureKubeVirtGuest).
 func KubeVirtVMI(name, node, binding, mac string) string {
@@ -82,8 +116,8 @@ func KubeVirtVMI(name, node, binding, mac string) string {
 	// endpoint takes (kubevirt.io/domain itself is only an annotation).
 	iface := "        - name: fast\n          binding:\n            name: lanekit\n"
 	network := "    - name: fast\n      multus:\n        networkName: " + VMNetwork + "\n"
-	if binding == BindingBridge {
-		iface = "        - name: default\n          bridge: {}\n"
+	if binding == BindingBridge || binding == BindingMasquerade {
+		iface = "        - name: default\n          " + binding + ": {}\n"
 		network = "    - name: default\n      pod: {}\n"
 	}
 	if mac != "" {
@@ -123,19 +157,26 @@ spec:
 ` + network
 }
 
-// ConfigureKubeVirtGuest gives the guest's NIC addr/32 with the route to
-// lanekit's gateway, over its console (as cloud-init would): the NIC with
-// mac, or the guest's only one when mac is empty. It returns the NIC's name.
-func ConfigureKubeVirtGuest(ctx context.Context, con *guest.Console, mac, addr string) (string, error) {
+// ConfigureKubeVirtGuest configures the guest's NIC over its console (as
+// cloud-init would): the NIC with mac, or the guest's only one when mac is
+// empty, gets addr/32 routed through lanekit's gateway
+// (datapath.DefaultGatewayIP: the agent answers ARP for it) — or, behind
+// KubeVirt's masquerade (masquerade true), its guest address and gateway. It
+// returns the NIC's name.
+func ConfigureKubeVirtGuest(ctx context.Context, con *guest.Console, mac, addr string, masquerade bool) (string, error) {
 	// The loop's status is its last test's: true ends it, and an empty IF
 	// is the failure.
 	pick := `[ "$(basename $d)" != lo ]`
 	if mac != "" {
 		pick = `[ "$(cat $d/address)" = ` + mac + ` ]`
 	}
+	gw := datapath.DefaultGatewayIP.String()
+	setup := `ip addr add ` + addr + `/32 dev "$IF" && ip route add ` + gw + ` dev "$IF" && ip route add default via ` + gw
+	if masquerade {
+		setup = `ip addr add ` + masqueradeGuestIP + `/24 dev "$IF" && ip route add default via ` + masqueradeGateway
+	}
 	cmd := `IF=$(for d in /sys/class/net/*; do ` + pick + ` && basename $d; done | head -n 1; true) && [ -n "$IF" ] && ` +
-		`ip link set "$IF" up && ip addr add ` + addr + `/32 dev "$IF" && ip route add ` + datapath.DefaultGatewayIP.String() + ` dev "$IF" && ` +
-		`ip route add default via ` + datapath.DefaultGatewayIP.String() + ` && echo "$IF"`
+		`ip link set "$IF" up && ` + setup + ` && echo "$IF"`
 	out, code, err := con.Run(ctx, cmd)
 	if err != nil || code != 0 {
 		gout, _, _ := con.Run(ctx, "ip link; cat /sys/class/net/*/address")
@@ -213,11 +254,12 @@ func waitVMILauncher(ctx context.Context, kc kubernetes.Interface, name string) 
 	return pod, nil
 }
 
-// kubevirtVMAddress is the address a VMI's guest takes: for lanekit's
-// binding what lanekit's CNI returned to Multus for the lanekit-vm network
-// (the agent's VM endpoint), for the bridge binding the launcher pod's IP.
+// kubevirtVMAddress is the address a VMI's guest is reached at: for
+// lanekit's binding what lanekit's CNI returned to Multus for the lanekit-vm
+// network (the agent's VM endpoint), for the bridge binding (the guest
+// takes it) and masquerade (NAT to the guest) the launcher pod's IP.
 func kubevirtVMAddress(pod *corev1.Pod, binding string) (string, error) {
-	if binding == BindingBridge {
+	if binding != BindingLanekit {
 		if pod.Status.PodIP == "" {
 			return "", fmt.Errorf("launcher pod %s has no address", pod.Name)
 		}
@@ -291,13 +333,16 @@ func vhostOf(vm string) int {
 type KubeVirtBench struct {
 	Paths     []bench.Path
 	GuestPIDs []int
+	// Skipped lists rows this machine cannot run, with the reason.
+	Skipped []string
 	kc        kubernetes.Interface
 	dir       string
 	cons      []*guest.Console
 }
 
 // KubeVirtBenchRows creates the KubeVirt rows on a --kubevirt lab: a
-// client pod on node 1, and on node 2 one VMI per binding (kubevirtBenchVMs),
+// client pod on node 1, and on node 2 one VMI per binding (kubevirtBenchVMs)
+// this machine can run,
 // waits for them to run, gives each guest its address and checks the
 // client reaches it. Close removes them again, also after a failure here.
 func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...any)) (*KubeVirtBench, error) {
@@ -317,7 +362,15 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		kb.Close()
 		return nil, err
 	}
+	var vms []kubevirtBenchVM
 	for _, v := range kubevirtBenchVMs {
+		if v.needs != nil {
+			if why := v.needs(ctx); why != "" {
+				kb.Skipped = append(kb.Skipped, v.row+": "+why)
+				continue
+			}
+		}
+		vms = append(vms, v)
 		if _, err := kubectl(ctx, NodeBinDir(), []byte(KubeVirtVMI(v.name, KubeNodeName(2), v.binding, v.mac)), "apply", "-f", "-"); err != nil {
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
@@ -327,7 +380,7 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		return fail(err)
 	}
 	client := pods[kubevirtBenchClient.Name]
-	for _, v := range kubevirtBenchVMs {
+	for _, v := range vms {
 		progress("KubeVirt row %s: waiting for VMI %s (%s binding) to run and its guest to boot", v.row, v.name, v.binding)
 		launcher, err := waitVMILauncher(ctx, kc, v.name)
 		if err != nil {
@@ -342,14 +395,18 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
 		kb.cons = append(kb.cons, con)
-		if _, err := ConfigureKubeVirtGuest(ctx, con, v.mac, addr); err != nil {
+		if _, err := ConfigureKubeVirtGuest(ctx, con, v.mac, addr, v.binding == BindingMasquerade); err != nil {
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
 		if err := waitReachFrom(ctx, kubevirtBenchClient.Netns, addr); err != nil {
 			return fail(fmt.Errorf("VMI %s at %s from pod %s: %w", v.name, addr, client.Name, err))
 		}
+		listenIP := ""
+		if v.binding == BindingMasquerade {
+			listenIP = masqueradeGuestIP
+		}
 		p := bench.Path{Name: v.row, ClientNS: kubevirtBenchClient.Netns, ServerNS: NodeNS(2), ServerIP: addr,
-			Guest: &bench.Guest{Name: v.name, Shell: con}, Includes: v.includes,
+			Guest: &bench.Guest{Name: v.name, Shell: con}, Includes: v.includes, ListenIP: listenIP,
 			Note: fmt.Sprintf("VMI %s (%s binding) on %s, booted by KubeVirt %s; %s", v.name, v.binding, KubeNodeName(2), KubeVirtVersion, TCGNote)}
 		// The agent reports its backend's PID in its node's PID namespace;
 		// the bench reads /proc here.
@@ -365,16 +422,30 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 	return kb, nil
 }
 
-// waitReachFrom waits until addr answers ping from the named netns (first
-// contact: ARP on both sides).
+// waitReachFrom waits until the guest at addr answers HTTP (its web
+// server) from the named netns: first contact, ARP on both sides.
 func waitReachFrom(ctx context.Context, netns, addr string) error {
+	c := netnsHTTPClient(filepath.Join("/run/netns", netns), 3*time.Second)
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		last = ip(ctx, "netns", "exec", netns, "ping", "-c", "1", "-W", "2", addr)
-		return last == nil, nil
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(addr, "80")+"/", nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := c.Do(req)
+		if last = err; err != nil {
+			return false, nil
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if !strings.Contains(string(body), "lanekit guest") {
+			last = fmt.Errorf("HTTP %s: %q", resp.Status, body)
+			return false, nil
+		}
+		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("no answer to ping: %v", last)
+		return fmt.Errorf("no answer to HTTP: %v", last)
 	}
 	return nil
 }

@@ -61,6 +61,9 @@ func TestKubeVirtVMI(t *testing.T) {
 			t.Errorf("bridge VMI lacks %q:\n%s", want, b)
 		}
 	}
+	if m := KubeVirtVMI("m", "lk-node2", BindingMasquerade, ""); !strings.Contains(m, "masquerade: {}") || !strings.Contains(m, "pod: {}") {
+		t.Errorf("masquerade VMI:\n%s", m)
+	}
 	if strings.Contains(b, "macAddress") || strings.Contains(b, "multus") {
 		t.Errorf("bridge VMI has a MAC or a Multus network:\n%s", b)
 	}
