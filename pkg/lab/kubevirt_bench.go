@@ -36,9 +36,9 @@ import (
 
 // The KubeVirt bench rows and the binding each VMI uses.
 const (
-	KubeVirtBenchLanekit    = "kubevirt-lanekit-vm"
-	KubeVirtBenchBridge     = "kubevirt-bridge-vm"
-	KubeVirtBenchMasquerade = "kubevirt-masquerade-vm"
+	KubeVirtBenchLanekit    = bench.KubeVirtVMPath
+	KubeVirtBenchBridge     = bench.KubeVirtBridgePath
+	KubeVirtBenchMasquerade = bench.KubeVirtMasqueradePath
 	// BindingLanekit, BindingBridge and BindingMasquerade are VMI
 	// interface bindings: lanekit's plugin (a Multus network on
 	// lanekit-vm), KubeVirt's bridge or its masquerade on the pod network.

@@ -166,7 +166,10 @@ func TestLabKubeVirt(t *testing.T) {
 		return
 	}
 	t.Run("guest on lanekit's fast lane", func(t *testing.T) { kubevirtGuestNet(t, ctx, kc, nodeBins, launcher) })
-	t.Run("lab bench: KubeVirt's bridge binding beside lanekit's", func(t *testing.T) { kubevirtBench(t, ctx, bins) })
+	t.Run("virt-launcher pod of a VirtualMachine deleted: its next VMI is on the fast lane", func(t *testing.T) {
+		kubevirtLauncherRestart(t, ctx, kc, nodeBins)
+	})
+	t.Run("lab bench: KubeVirt's bindings beside lanekit's", func(t *testing.T) { kubevirtBench(t, ctx, bins) })
 }
 
 // waitLauncherPod waits for the VMI's virt-launcher pod to be scheduled and
