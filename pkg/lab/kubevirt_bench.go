@@ -188,9 +188,10 @@ func ConfigureKubeVirtGuest(ctx context.Context, con *guest.Console, mac, addr s
 // DialKubeVirtConsole connects to the guest's serial console: QEMU's
 // virt-serial0 socket in the launcher pod's "private" emptyDir (what
 // virt-handler serves to `virtctl console`), reached through node's root and
-// a short link made in dir (sun_path holds 107 bytes). It returns once the
-// guest's control loop answers (the guest may still be booting).
-func DialKubeVirtConsole(ctx context.Context, node int, pod *corev1.Pod, dir string) (*guest.Console, error) {
+// a short link in a directory of its own under the temp dir (sun_path holds
+// 107 bytes), removed once connected. It returns once the guest's control
+// loop answers (the guest may still be booting).
+func DialKubeVirtConsole(ctx context.Context, node int, pod *corev1.Pod) (*guest.Console, error) {
 	root, err := nodeRoot(node)
 	if err != nil {
 		return nil, err
@@ -199,7 +200,12 @@ func DialKubeVirtConsole(ctx context.Context, node int, pod *corev1.Pod, dir str
 	if !ok {
 		return nil, fmt.Errorf("launcher pod %s has no kubevirt.io/created-by label", pod.Name)
 	}
-	link := filepath.Join(dir, "s-"+pod.Name)
+	dir, err := os.MkdirTemp("", "lkvc")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	link := filepath.Join(dir, "s")
 	if err := os.Symlink(filepath.Join(root, "var/lib/kubelet/pods", string(pod.UID), "volumes/kubernetes.io~empty-dir/private", uid), link); err != nil {
 		return nil, err
 	}
@@ -335,9 +341,8 @@ type KubeVirtBench struct {
 	GuestPIDs []int
 	// Skipped lists rows this machine cannot run, with the reason.
 	Skipped []string
-	kc        kubernetes.Interface
-	dir       string
-	cons      []*guest.Console
+	kc      kubernetes.Interface
+	cons    []*guest.Console
 }
 
 // KubeVirtBenchRows creates the KubeVirt rows on a --kubevirt lab: a
@@ -353,11 +358,7 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "lk-kvbench")
-	if err != nil {
-		return nil, err
-	}
-	kb := &KubeVirtBench{kc: kc, dir: dir}
+	kb := &KubeVirtBench{kc: kc}
 	fail := func(err error) (*KubeVirtBench, error) {
 		kb.Close()
 		return nil, err
@@ -390,7 +391,7 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		if err != nil {
 			return fail(err)
 		}
-		con, err := DialKubeVirtConsole(ctx, 2, launcher, dir)
+		con, err := DialKubeVirtConsole(ctx, 2, launcher)
 		if err != nil {
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
@@ -473,7 +474,6 @@ func (kb *KubeVirtBench) Close() error {
 		errs = append(errs, err)
 	}
 	_ = ip(ctx, "netns", "delete", kubevirtBenchClient.Netns)
-	os.RemoveAll(kb.dir)
 	return errors.Join(errs...)
 }
 

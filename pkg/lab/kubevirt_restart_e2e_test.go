@@ -78,7 +78,7 @@ func kubevirtLauncherRestart(t *testing.T, ctx context.Context, kc kubernetes.In
 		if err != nil {
 			t.Fatal(err)
 		}
-		con, err := DialKubeVirtConsole(ctx, 2, pod, t.TempDir())
+		con, err := DialKubeVirtConsole(ctx, 2, pod)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}

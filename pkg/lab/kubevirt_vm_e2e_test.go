@@ -93,7 +93,7 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	}
 	t.Logf("VM endpoint %s mac %s on %s, lanekit-vhost pid %d", vm.GetAddress(), vm.GetMac(), KubeNodeName(2), vm.GetBackend().GetPid())
 
-	con, err := DialKubeVirtConsole(ctx, 2, pod, t.TempDir())
+	con, err := DialKubeVirtConsole(ctx, 2, pod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,8 +275,33 @@ func kubevirtBench(t *testing.T, ctx context.Context, bins Bins) {
 			t.Errorf("lab bench has no %s row (%v)", name, err)
 			continue
 		}
-		t.Logf("%s: TCP %.2f Gbit/s (from the guest %v), RR p50 %.0f µs, %.0f conn/s, host CPU %+v; %s", name, r.TCPGbps.Median,
-			r.TCPRevGbps, r.RRP50us, r.CPS, r.HostCPU, r.Note)
+		rev, cpu := "-", "-"
+		if r.TCPRevGbps != nil {
+			rev = fmt.Sprintf("%.2f", r.TCPRevGbps.Median)
+		}
+		if h := r.HostCPU; h != nil {
+			cpu = fmt.Sprintf("%.1f / %.1f ns/byte, %.0f µs/transaction (%d parts)", h.NsPerByte.Median, h.NsPerByteRev.Median, h.UsPerTxn.Median, len(h.Parts))
+		}
+		t.Logf("%s: TCP %.2f Gbit/s (from the guest %s), RR p50 %.0f µs, %.0f conn/s, host CPU %s; %s", name, r.TCPGbps.Median,
+			rev, r.RRP50us, r.CPS, cpu, r.Note)
+		// The host CPU breakdown found the row's processes on this machine.
+		wantParts := []string{"qemu without vCPUs"}
+		if name == KubeVirtBenchLanekit {
+			wantParts = append(wantParts, "lanekit-vhost")
+		}
+		var parts []bench.HostCPUPart
+		if r.HostCPU != nil {
+			parts = r.HostCPU.Parts
+		}
+		for _, w := range wantParts {
+			found := false
+			for _, p := range parts {
+				found = found || p.Name == w
+			}
+			if !found {
+				t.Errorf("%s: no host CPU part %q (%+v)", name, w, r.HostCPU)
+			}
+		}
 		if len(r.Errors) > 0 || r.TCPGbps.Median <= 0 || r.RRP50us <= 0 || r.CPS <= 0 {
 			t.Errorf("%s: errors %v, TCP %.2f Gbit/s, RR p50 %.0f µs, %.0f conn/s", name, r.Errors, r.TCPGbps.Median, r.RRP50us, r.CPS)
 		}
