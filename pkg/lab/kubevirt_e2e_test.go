@@ -57,13 +57,17 @@ const kubevirtTestMAC = "02:00:00:aa:00:01"
 //   - the VMI Running, the guest booted (its serial console answers), on the
 //     address lanekit's IPAM gave the VM endpoint, answers ping and TCP from
 //     a pod on the other node, the frames through the VM's lanekit-vhost and
-//     the BPF programs (kubevirtGuestNet).
+//     the BPF programs (kubevirtGuestNet), then its Service, policy, agent
+//     restart, KubeVirt migration and deletion;
+//   - a VirtualMachine whose launcher pod is deleted is on the fast lane in
+//     its next VMI (kubevirtLauncherRestart);
+//   - `lab bench` measures the KubeVirt rows (kubevirtBench).
 //
-// Opt-in (LANEKIT_KUBEVIRT_LAB=1): a run takes about 20 minutes on two busy
+// Opt-in (LANEKIT_KUBEVIRT_LAB=1): a run takes about 10 minutes on two busy
 // cores; skips when the KubeVirt binaries are not cached (make kubevirt-bins).
 func TestLabKubeVirt(t *testing.T) {
 	if os.Getenv("LANEKIT_KUBEVIRT_LAB") != "1" {
-		t.Skip("set LANEKIT_KUBEVIRT_LAB=1: the KubeVirt lab takes ~20 min")
+		t.Skip("set LANEKIT_KUBEVIRT_LAB=1: the KubeVirt lab takes ~10 min")
 	}
 	kvDir := KubeVirtBinDir()
 	for _, f := range kubevirtFiles {
