@@ -140,8 +140,16 @@ func TestStatusFollowsDatapath(t *testing.T) {
 	dp := &healthDatapath{MemoryDatapath: agenttest.NewMemoryDatapath()}
 	sock := startAgentWith(t, dp)
 	args := &skel.CmdArgs{StdinData: conf(sock, "")}
-	if err := CmdStatus(args); err != nil {
-		t.Fatalf("status with a loaded datapath: %v", err)
+	// The socket is up before the agent has restored its stored Services
+	// and policies; until then STATUS says so (not ready). Wait that out.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := CmdStatus(args)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status with a loaded datapath: %v", err)
+		}
 	}
 	dp.set(errors.New("uplink lk0 program is detached"))
 	err := CmdStatus(args)
