@@ -283,6 +283,26 @@ func kubevirtVMAddress(pod *corev1.Pod, binding string) (string, error) {
 	return "", fmt.Errorf("launcher %s network-status has no address on %s: %s", pod.Name, VMNetwork, pod.Annotations[NetworkStatusAnnotation])
 }
 
+// kubevirtGuestUp readies the guest of the VMI whose launcher pod runs on
+// lab node node: the address it is reached at (kubevirtVMAddress), its
+// console (DialKubeVirtConsole) and its NIC configured
+// (ConfigureKubeVirtGuest). The caller closes the console.
+func kubevirtGuestUp(ctx context.Context, node int, launcher *corev1.Pod, binding, mac string) (string, *guest.Console, error) {
+	addr, err := kubevirtVMAddress(launcher, binding)
+	if err != nil {
+		return "", nil, err
+	}
+	con, err := DialKubeVirtConsole(ctx, node, launcher)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := ConfigureKubeVirtGuest(ctx, con, mac, addr, binding == BindingMasquerade); err != nil {
+		con.Close()
+		return "", nil, err
+	}
+	return addr, con, nil
+}
+
 // findProc is a process of this machine (as the root PID namespace numbers
 // it: the nodes' processes live in their own) whose argv match accepts, 0
 // when none does.
@@ -342,6 +362,7 @@ type KubeVirtBench struct {
 	// Skipped lists rows this machine cannot run, with the reason.
 	Skipped []string
 	kc      kubernetes.Interface
+	vms     []kubevirtBenchVM // the VMIs applied: Close deletes them
 	cons    []*guest.Console
 }
 
@@ -363,7 +384,6 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		kb.Close()
 		return nil, err
 	}
-	var vms []kubevirtBenchVM
 	for _, v := range kubevirtBenchVMs {
 		if v.needs != nil {
 			if why := v.needs(ctx); why != "" {
@@ -371,7 +391,7 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 				continue
 			}
 		}
-		vms = append(vms, v)
+		kb.vms = append(kb.vms, v)
 		if _, err := kubectl(ctx, NodeBinDir(), []byte(KubeVirtVMI(v.name, KubeNodeName(2), v.binding, v.mac)), "apply", "-f", "-"); err != nil {
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
@@ -381,24 +401,17 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 		return fail(err)
 	}
 	client := pods[kubevirtBenchClient.Name]
-	for _, v := range vms {
+	for _, v := range kb.vms {
 		progress("KubeVirt row %s: waiting for VMI %s (%s binding) to run and its guest to boot", v.row, v.name, v.binding)
 		launcher, err := waitVMILauncher(ctx, kc, v.name)
 		if err != nil {
 			return fail(err)
 		}
-		addr, err := kubevirtVMAddress(launcher, v.binding)
-		if err != nil {
-			return fail(err)
-		}
-		con, err := DialKubeVirtConsole(ctx, 2, launcher)
+		addr, con, err := kubevirtGuestUp(ctx, 2, launcher, v.binding, v.mac)
 		if err != nil {
 			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
 		}
 		kb.cons = append(kb.cons, con)
-		if _, err := ConfigureKubeVirtGuest(ctx, con, v.mac, addr, v.binding == BindingMasquerade); err != nil {
-			return fail(fmt.Errorf("VMI %s: %w", v.name, err))
-		}
 		if err := waitReachFrom(ctx, kubevirtBenchClient.Netns, addr); err != nil {
 			return fail(fmt.Errorf("VMI %s at %s from pod %s: %w", v.name, addr, client.Name, err))
 		}
@@ -426,7 +439,7 @@ func (s *State) KubeVirtBenchRows(ctx context.Context, progress func(string, ...
 // waitReachFrom waits until the guest at addr answers HTTP (its web
 // server) from the named netns: first contact, ARP on both sides.
 func waitReachFrom(ctx context.Context, netns, addr string) error {
-	c := netnsHTTPClient(filepath.Join("/run/netns", netns), 3*time.Second)
+	c := netnsHTTPClient(netnsPath(netns), 3*time.Second)
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(addr, "80")+"/", nil)
@@ -464,7 +477,7 @@ func (kb *KubeVirtBench) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var errs []error
-	for _, v := range kubevirtBenchVMs {
+	for _, v := range kb.vms {
 		if _, err := kubectl(ctx, NodeBinDir(), nil, "delete", "vmi", v.name, "-n", PodNamespace, "--ignore-not-found", "--wait=true"); err != nil {
 			errs = append(errs, err)
 		}

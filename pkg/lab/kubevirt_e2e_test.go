@@ -164,7 +164,7 @@ func TestLabKubeVirt(t *testing.T) {
 		}
 	})
 	if !t.Run("VMI Running", func(t *testing.T) {
-		waitVMIRunning(t, ctx, kc, nodeBins, launcher)
+		waitVMIRunning(t, ctx, kc, launcher)
 		t.Logf("VMI vm1 Running %.0f s after it was created", time.Since(vmiStart).Seconds())
 	}) {
 		return

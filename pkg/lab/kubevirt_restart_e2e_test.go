@@ -74,18 +74,11 @@ func kubevirtLauncherRestart(t *testing.T, ctx context.Context, kc kubernetes.In
 			vm, _ := kubectl(ctx, nodeBins, nil, "get", "vm,vmi", name, "-n", PodNamespace, "-o", "yaml")
 			t.Fatalf("%s: no running launcher for VM %s: %v\n%s", what, name, err, tail(vm, 3000))
 		}
-		addr, err := kubevirtVMAddress(pod, BindingLanekit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		con, err := DialKubeVirtConsole(ctx, 2, pod)
+		addr, con, err := kubevirtGuestUp(ctx, 2, pod, BindingLanekit, mac)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 		defer con.Close()
-		if _, err := ConfigureKubeVirtGuest(ctx, con, mac, addr, false); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
 		var got string
 		if err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			got, err = kubectl(ctx, nodeBins, nil, "exec", "-n", PodNamespace, client.Name, "--", "curl", "-sS", "-m", "5", "http://"+addr+"/")

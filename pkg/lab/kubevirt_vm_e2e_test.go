@@ -25,18 +25,12 @@ import (
 )
 
 // waitVMIRunning waits for VMI default/vm1's phase Running (KubeVirt's
-// word that the domain runs), failing with what KubeVirt says otherwise.
-func waitVMIRunning(t *testing.T, ctx context.Context, kc kubernetes.Interface, nodeBins, launcher string) {
+// word that the domain runs) with its launcher pod running, failing with
+// what KubeVirt and the launcher's containers say otherwise.
+func waitVMIRunning(t *testing.T, ctx context.Context, kc kubernetes.Interface, launcher string) {
 	t.Helper()
-	var phase string
-	err := wait.PollUntilContextTimeout(ctx, 3*time.Second, 8*time.Minute, true, func(ctx context.Context) (bool, error) {
-		out, err := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "jsonpath={.status.phase}")
-		phase = strings.TrimSpace(out)
-		return err == nil && phase == "Running", nil
-	})
-	if err != nil {
-		vmi, _ := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "yaml")
-		t.Fatalf("VMI vm1 phase %q, not Running (%v):\n%s\ncompute: %s\nsidecar: %s", phase, err, vmi,
+	if _, err := waitVMILauncher(ctx, kc, "vm1"); err != nil {
+		t.Fatalf("%v\ncompute: %s\nsidecar: %s", err,
 			tail(containerLogs(ctx, kc, launcher, "compute"), 4000), tail(containerLogs(ctx, kc, launcher, "hook-sidecar-0"), 2000))
 	}
 }
@@ -69,23 +63,14 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	if pod.Spec.NodeName != KubeNodeName(2) {
 		t.Fatalf("launcher pod on %s, want %s (the VMI's nodeSelector)", pod.Spec.NodeName, KubeNodeName(2))
 	}
-	var status []NetworkStatus
-	if err := json.Unmarshal([]byte(pod.Annotations[NetworkStatusAnnotation]), &status); err != nil {
-		t.Fatalf("launcher network-status: %v", err)
-	}
-	var vmNet *NetworkStatus
-	for i := range status {
-		if status[i].Name == PodNamespace+"/"+VMNetwork {
-			vmNet = &status[i]
-		}
-	}
-	if vmNet == nil || len(vmNet.IPs) == 0 {
-		t.Fatalf("launcher network-status has no address on %s: %s", VMNetwork, pod.Annotations[NetworkStatusAnnotation])
+	netAddr, err := kubevirtVMAddress(pod, BindingLanekit)
+	if err != nil {
+		t.Fatal(err)
 	}
 	vm := kvAgentVM(t, ctx, 2)
 	vmAddr, _, _ := strings.Cut(vm.GetAddress(), "/")
-	if vmAddr != vmNet.IPs[0] || !strings.EqualFold(vm.GetMac(), kubevirtTestMAC) {
-		t.Fatalf("agent's VM endpoint %s mac %s; network-status says %v, the VMI's MAC is %s", vm.GetAddress(), vm.GetMac(), vmNet.IPs, kubevirtTestMAC)
+	if vmAddr != netAddr || !strings.EqualFold(vm.GetMac(), kubevirtTestMAC) {
+		t.Fatalf("agent's VM endpoint %s mac %s; network-status says %s, the VMI's MAC is %s", vm.GetAddress(), vm.GetMac(), netAddr, kubevirtTestMAC)
 	}
 	vmIP, err := netip.ParseAddr(vmAddr)
 	if err != nil {
@@ -93,14 +78,11 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	}
 	t.Logf("VM endpoint %s mac %s on %s, lanekit-vhost pid %d", vm.GetAddress(), vm.GetMac(), KubeNodeName(2), vm.GetBackend().GetPid())
 
-	con, err := DialKubeVirtConsole(ctx, 2, pod)
+	_, con, err := kubevirtGuestUp(ctx, 2, pod, BindingLanekit, kubevirtTestMAC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { con.Close() })
-	if _, err := ConfigureKubeVirtGuest(ctx, con, kubevirtTestMAC, vmAddr, false); err != nil {
-		t.Fatal(err)
-	}
 
 	client := agnhostPausePod(t, ctx, kc, "kv-client", KubeNodeName(1))
 	inPod := func(args ...string) (string, error) {
