@@ -288,7 +288,9 @@ func (a *Agent) restoreLocked() error {
 	err := a.st.View(func(tx *store.Tx) error {
 		return tx.ForEach(store.Objects, func(k []byte, raw json.RawMessage) error {
 			// One JSON object as commit wrote it: no YAML step (most of
-			// a restart's time at scale went there).
+			// a restart's time at scale went there). DecodeJSON validates:
+			// what this build would refuse is dropped here (policyInput
+			// relies on it).
 			o, err := k8sobj.DecodeJSON(raw)
 			if err != nil || o.Key() != string(k) {
 				a.log.Error("dropping stored object that no longer decodes", "key", string(k), "err", err)

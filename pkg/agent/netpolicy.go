@@ -118,7 +118,9 @@ func podLive(p *corev1.Pod) bool {
 // args' labels and adds named ports), remote pods (Pod objects whose IP is
 // not in this node's pod CIDR), namespaces and policies.
 func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[uint32]localEndpoint, error) {
-	in := policy.Input{NamespaceLabels: map[string]map[string]string{}}
+	// Every policy was validated when the agent took it (checkObjects, or
+	// restoreLocked's DecodeJSON for the stored ones).
+	in := policy.Input{NamespaceLabels: map[string]map[string]string{}, Validated: true}
 	pods := map[string]*corev1.Pod{}
 	for _, key := range slices.Sorted(maps.Keys(objs)) {
 		o := objs[key]

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/lanekit/lanekit/internal/agenttest"
@@ -243,3 +245,71 @@ metadata: {name: web-a, namespace: shop, labels: {app: web}}
 spec: {containers: [{name: c, image: x, ports: [{name: http, containerPort: 8080}]}]}
 status: {podIP: 10.244.1.2}
 `
+
+// TestRestoreDropsStoredPolicyThatNoLongerValidates: the agent compiles its
+// policies without validating them again (policyInput: each was validated
+// when taken), so a stored policy that this build would refuse — written by
+// an older, laxer build, or edited on disk — is dropped at restore instead
+// of reaching the compiler (where an unparsable ipBlock would panic); the
+// valid ones are restored and enforced.
+func TestRestoreDropsStoredPolicyThatNoLongerValidates(t *testing.T) {
+	dp := agenttest.NewMemoryDatapath()
+	dir := t.TempDir()
+	a := newCtlAgent(t, dir, dp)
+	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
+	if err := a.UpsertObjects(decodeObjs(t, ctlPolicy+"---\n"+webPod)); err != nil {
+		t.Fatal(err)
+	}
+	bad := decodeObjs(t, `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-block, namespace: shop}
+spec:
+  podSelector: {}
+  ingress: [{from: [{ipBlock: {cidr: 10.200.0.0/16}}]}]
+`)
+	if err := a.UpsertObjects(bad); err != nil {
+		t.Fatal(err)
+	}
+	key := []byte(bad[0].Key())
+	if err := a.st.Update(func(tx *store.Tx) error {
+		var raw map[string]any
+		if ok, err := tx.Get(store.Objects, key, &raw); err != nil || !ok {
+			t.Fatalf("stored policy: %v (found %v)", err, ok)
+		}
+		edited := strings.Replace(mustJSON(t, raw), "10.200.0.0/16", "10.200.0.0/99", 1)
+		if !strings.Contains(edited, "/99") {
+			t.Fatalf("stored policy does not hold its ipBlock: %s", edited)
+		}
+		return tx.Put(store.Objects, key, json.RawMessage(edited))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a.st.Close()
+
+	b := newCtlAgent(t, dir, dp)
+	objs := b.Objects(k8sobj.KindNetworkPolicy)
+	if len(objs) != 1 || objs[0].NetworkPolicy.Name != "web-from-clients" {
+		t.Fatalf("restored policies %v, want web-from-clients alone", objs)
+	}
+	if !dp.Allowed(netip.MustParseAddr("10.244.2.9"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) ||
+		dp.Allowed(netip.MustParseAddr("10.244.2.10"), netip.MustParseAddr("10.244.1.2"), policy.ProtoTCP, 8080) {
+		t.Fatal("restored policy not enforced")
+	}
+	if err := b.st.View(func(tx *store.Tx) error {
+		if ok, _ := tx.Has(store.Objects, key); ok {
+			t.Error("the invalid stored policy is still in the store")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

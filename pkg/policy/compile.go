@@ -72,6 +72,11 @@ type Input struct {
 	Policies        []*networkingv1.NetworkPolicy
 	// Limits are the sizes of the maps the result must fit (fit.go).
 	Limits Limits
+	// Validated: the caller validated every policy (k8sobj.Validate) when it
+	// took it, so Compile does not again. The agent compiles its whole set
+	// on every change; validating a thousand policies each time was a third
+	// of that work.
+	Validated bool
 }
 
 // RuleKey keys the policy map (C: struct policy_key, an LPM trie key). The
@@ -157,14 +162,16 @@ type portProto struct {
 
 // Compile compiles the input into in.Limits (fit.go: what does not fit is
 // left out, failing closed, and named in LeftOut and Overflow). Policies are
-// validated (k8sobj.Validate) and an invalid one fails the whole
-// compilation, naming it.
+// validated (k8sobj.Validate), unless in.Validated, and an invalid one fails
+// the whole compilation, naming it.
 func Compile(in Input, ids *Identities) (*Compiled, error) {
 	c := &Compiled{IPCache: map[netip.Addr]Identity{}, CIDRs: map[netip.Prefix]Identity{},
 		Isolated: map[Identity]Isolation{}, Rules: map[RuleKey]RuleValue{}}
 	for _, p := range in.Policies {
-		if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindNetworkPolicy, NetworkPolicy: p}); err != nil {
-			return nil, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err)
+		if !in.Validated {
+			if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindNetworkPolicy, NetworkPolicy: p}); err != nil {
+				return nil, fmt.Errorf("networkpolicy %s/%s: %w", p.Namespace, p.Name, err)
+			}
 		}
 		c.Policies = append(c.Policies, PolicyRef{p.Namespace, p.Name})
 	}
@@ -226,7 +233,7 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 		l[MetadataNameLabel] = ns
 		return l
 	}
-	comp := compiler{c: c, states: byID, nsLabels: nsLabels}
+	comp := compiler{c: c, cidrs: sortedPrefixes(c.CIDRs), states: byID, nsLabels: nsLabels}
 	// Every policy isolates its pods, whether its rules fit or not: a pod
 	// whose policy is left out stays isolated (fail closed).
 	for i, p := range in.Policies {
@@ -277,6 +284,9 @@ func EffectivePolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool) 
 
 type compiler struct {
 	c *Compiled
+	// cidrs are c.CIDRs's prefixes sorted by address, then length: the
+	// known prefixes inside an ipBlock are a run of it (peers).
+	cidrs []netip.Prefix
 	// out collects the rules of the policy being compiled: keys c.Rules
 	// lacks or holds for a later policy (fit.go).
 	out      map[RuleKey]RuleValue
@@ -356,11 +366,11 @@ func (cp *compiler) peers(ns string, from []networkingv1.NetworkPolicyPeer) []pe
 			// A non-endpoint IP resolves to its longest matching known
 			// prefix P; it is in cidr∖except exactly when P ⊆ cidr and P ⊄
 			// every except prefix.
-			for pfx, id := range cp.c.CIDRs {
-				if !within(pfx, cidr) || slices.ContainsFunc(except, func(e netip.Prefix) bool { return within(pfx, e) }) {
+			for _, pfx := range cp.inside(cidr) {
+				if slices.ContainsFunc(except, func(e netip.Prefix) bool { return within(pfx, e) }) {
 					continue
 				}
-				set[id] = nil
+				set[cp.c.CIDRs[pfx]] = nil
 			}
 			continue
 		}
@@ -388,6 +398,35 @@ func (cp *compiler) peers(ns string, from []networkingv1.NetworkPolicyPeer) []pe
 	out := make([]peer, 0, len(set))
 	for _, id := range slices.Sorted(maps.Keys(set)) {
 		out = append(out, peer{id: id, state: set[id]})
+	}
+	return out
+}
+
+// sortedPrefixes returns the keys of m sorted by address (IPv4 before
+// IPv6), then by length.
+func sortedPrefixes[V any](m map[netip.Prefix]V) []netip.Prefix {
+	return slices.SortedFunc(maps.Keys(m), func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Bits(), b.Bits())
+	})
+}
+
+// inside returns the known prefixes (cp.cidrs) contained in cidr (masked):
+// those whose address lies in cidr's range and that are at least as long.
+// A binary search and the run that follows, instead of every known prefix:
+// a policy set with n ipBlocks compiled in O(n log n), not O(n²).
+func (cp *compiler) inside(cidr netip.Prefix) []netip.Prefix {
+	i, _ := slices.BinarySearchFunc(cp.cidrs, cidr.Addr(), func(p netip.Prefix, a netip.Addr) int { return p.Addr().Compare(a) })
+	var out []netip.Prefix
+	for _, p := range cp.cidrs[i:] {
+		if !cidr.Contains(p.Addr()) {
+			break
+		}
+		if p.Bits() >= cidr.Bits() {
+			out = append(out, p)
+		}
 	}
 	return out
 }
