@@ -44,6 +44,7 @@ func (s *countingSink) UpsertObjects(objs []k8sobj.Object) error {
 	return nil
 }
 func (s *countingSink) DeleteObject(k8sobj.Kind, string, string) error { return nil }
+func (s *countingSink) DeleteObjects([]agent.ObjectRef) error          { return nil }
 func (s *countingSink) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]agent.Refusal, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

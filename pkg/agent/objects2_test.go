@@ -313,3 +313,57 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestDeleteObjectsOneCommit: DeleteObjects removes several objects at once
+// (gone from the agent, the store and the datapath's verdicts), skips what
+// is not there, and refuses a batch with an invalid reference whole.
+func TestDeleteObjectsOneCommit(t *testing.T) {
+	dp := agenttest.NewMemoryDatapath()
+	a := newCtlAgent(t, t.TempDir(), dp)
+	addLocal(t, a, 1, "10.244.1.2", "shop", "web-a", map[string]string{"app": "web"})
+	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy+"---\n"+webPod)); err != nil {
+		t.Fatal(err)
+	}
+	client, web := netip.MustParseAddr("10.244.2.9"), netip.MustParseAddr("10.244.1.2")
+	if !dp.Allowed(client, web, policy.ProtoTCP, 8080) || dp.Allowed(netip.MustParseAddr("10.244.2.10"), web, policy.ProtoTCP, 8080) {
+		t.Fatal("policy verdicts wrong before the deletes")
+	}
+	before := len(a.Objects(""))
+	err := a.DeleteObjects([]ObjectRef{{Kind: k8sobj.KindNetworkPolicy, Namespace: "shop", Name: "web-from-clients"}, {Kind: "Gadget", Name: "x"}})
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a batch with an unknown kind: %v, want ErrInvalid", err)
+	}
+	if len(a.Objects(k8sobj.KindNetworkPolicy)) != 1 {
+		t.Fatal("a refused batch deleted its valid reference")
+	}
+	refs := []ObjectRef{
+		{Kind: k8sobj.KindNetworkPolicy, Namespace: "shop", Name: "web-from-clients"},
+		{Kind: k8sobj.KindPod, Namespace: "shop", Name: "client-remote"},
+		{Kind: k8sobj.KindService, Namespace: "shop", Name: "never-there"},
+	}
+	if err := a.DeleteObjects(refs); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(a.Objects("")); got != before-2 {
+		t.Fatalf("%d objects after deleting 2 of %d", got, before)
+	}
+	if !dp.Allowed(netip.MustParseAddr("10.244.2.10"), web, policy.ProtoTCP, 8080) {
+		t.Error("web is still isolated after its policy was deleted")
+	}
+	if _, ok := dp.IdentityOf(client); ok {
+		t.Error("the deleted remote pod is still in the ipcache")
+	}
+	if err := a.st.View(func(tx *store.Tx) error {
+		for _, r := range refs[:2] {
+			if ok, _ := tx.Has(store.Objects, []byte(k8sobj.ObjectKey(r.Kind, r.Namespace, r.Name))); ok {
+				t.Errorf("%s/%s still stored", r.Kind, r.Name)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.DeleteObjects(refs); err != nil {
+		t.Fatalf("deleting them again: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -80,6 +81,51 @@ func BenchmarkProgram10kServices(b *testing.B) {
 			if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
 				b.Fatal(err)
 			}
+		}
+	}
+}
+
+// benchPolicyObjects returns n NetworkPolicies shaped like lab bench's
+// --policies set (pkg/bench.PolicySet): each selects every pod of its
+// namespace and allows one /32 ipBlock on one port.
+func benchPolicyObjects(n int) []k8sobj.Object {
+	tcp := corev1.ProtocolTCP
+	objs := make([]k8sobj.Object, 0, n)
+	for i := range n {
+		port := intstr.FromInt32(int32(1000 + i))
+		objs = append(objs, k8sobj.Object{Kind: k8sobj.KindNetworkPolicy, NetworkPolicy: &networkingv1.NetworkPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("pol-%d", i)},
+			Spec: networkingv1.NetworkPolicySpec{
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: fmt.Sprintf("10.200.%d.%d/32", i/250, 1+i%250)}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+				}},
+			},
+		}})
+	}
+	return objs
+}
+
+// BenchmarkOnePolicyChangeAt1000Policies: one NetworkPolicy added and
+// deleted again (two commits) through the agent holding 1,000 policies, as
+// a watch delivers changes one at a time; the agent compiles its whole set on
+// each.
+func BenchmarkOnePolicyChangeAt1000Policies(b *testing.B) {
+	a := newCtlAgent(b, b.TempDir(), agenttest.NewMemoryDatapath())
+	addLocal(b, a, 1, "10.244.1.2", "bench", "server", map[string]string{"app": "server"})
+	objs := benchPolicyObjects(1001)
+	if err := a.UpsertObjects(objs[:1000]); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if err := a.UpsertObjects(objs[1000:]); err != nil {
+			b.Fatal(err)
+		}
+		if err := a.DeleteObject(k8sobj.KindNetworkPolicy, "bench", "pol-1000"); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

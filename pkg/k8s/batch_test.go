@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -96,5 +98,47 @@ func TestQueuedChangesApplyTogether(t *testing.T) {
 	}
 	if _, ok := src.Refused()["Service default/b-7"]; !ok {
 		t.Errorf("the refused Service is not among the source's refusals %v", src.Refused())
+	}
+}
+
+// Deletes that queue up while the worker is busy reach the agent in one
+// DeleteObjects call (one commit: the agent compiles its policies once, not
+// once per deleted NetworkPolicy), and the objects are gone.
+func TestQueuedDeletesApplyTogether(t *testing.T) {
+	e := newEnv(t)
+	sink := &batchSink{objectStore: newObjectStore()}
+	src, _ := run(t, Config{NodeName: "n", Client: e.c, Objects: sink})
+	eventually(t, "initial sync", func() bool { return src.Synced() == nil })
+
+	const n = 30
+	for i := range n {
+		mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService(fmt.Sprintf("d-%d", i), fmt.Sprintf("10.96.3.%d", i+1), 80))
+	}
+	eventually(t, "the Services applied", func() bool { return sink.has(fmt.Sprintf("Service/default/d-%d", n-1)) })
+	trigger := func() {
+		mustCreate(t, e.c.CoreV1().Services("default").Create, clusterIPService("trigger", "10.96.9.9", 80))
+	}
+	deleteAll := func() int {
+		for i := range n {
+			if err := e.c.CoreV1().Services("default").Delete(t.Context(), fmt.Sprintf("d-%d", i), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	gone := func() bool {
+		for i := range n {
+			if sink.has(fmt.Sprintf("Service/default/d-%d", i)) {
+				return false
+			}
+		}
+		return true
+	}
+	sink.phase(t, src, trigger, deleteAll, gone)
+	sink.mu.Lock()
+	calls := slices.Clone(sink.deleteCalls)
+	sink.mu.Unlock()
+	if len(calls) == 0 || slices.Max(calls) < n {
+		t.Errorf("%d queued deletes reached the agent in DeleteObjects calls of %v objects; want one call with all of them", n, calls)
 	}
 }

@@ -28,6 +28,8 @@ type objectStore struct {
 	// refuse: objects by key the store refuses (agent.ErrInvalid) as the
 	// agent refuses a Service clashing with an older one.
 	refuse map[string]bool
+	// deleteCalls: the number of objects of each DeleteObjects call.
+	deleteCalls []int
 }
 
 func newObjectStore() *objectStore {
@@ -78,6 +80,19 @@ func (s *objectStore) DeleteObject(kind k8sobj.Kind, ns, name string) error {
 		return s.fail
 	}
 	delete(s.objs, k8sobj.ObjectKey(kind, ns, name))
+	return nil
+}
+
+func (s *objectStore) DeleteObjects(refs []agent.ObjectRef) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return s.fail
+	}
+	for _, r := range refs {
+		delete(s.objs, k8sobj.ObjectKey(r.Kind, r.Namespace, r.Name))
+	}
+	s.deleteCalls = append(s.deleteCalls, len(refs))
 	return nil
 }
 

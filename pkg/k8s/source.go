@@ -52,6 +52,7 @@ import (
 type ObjectSink interface {
 	UpsertObjects(objs []k8sobj.Object) error                    // all-or-nothing
 	DeleteObject(kind k8sobj.Kind, namespace, name string) error // idempotent
+	DeleteObjects(refs []agent.ObjectRef) error                  // idempotent, all-or-nothing
 	// ReplaceObjects takes the full set of a kind, refusing objects on
 	// their own (agent.ErrInvalid) and applying the rest; the error is for
 	// what is not about one object.
