@@ -80,26 +80,7 @@ func TestLiveSockLB6(t *testing.T) {
 	} {
 		applyYAML(t, e.dp, m, tables, y)
 	}
-	cg := sockCgroup(t)
-	var err error
-	e.in(t, e.node, func() {
-		err = e.dp.AttachSockLB(SockLBConfig{Cgroup: cg, NodeAddr: netip.MustParseAddr("10.77.0.1")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.dp.DetachSockLB(); err != nil {
-			t.Errorf("detach: %v", err)
-		}
-	})
-	stats := func() map[string]SockCounters {
-		s, err := e.dp.SockLBStats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	cg, stats := attachSockLB(t, e)
 	const n = 16
 	for _, c := range []struct {
 		name, op, peer string

@@ -27,6 +27,33 @@ func TestMain(m *testing.M) {
 
 // sockCgroup is a child cgroup2 of the test's own (never the root of the
 // hierarchy: that would translate every process's connections).
+// attachSockLB attaches the socket LB of e's datapath to a fresh cgroup
+// (detached at the end of t) and returns the cgroup and a reader of its
+// per-hook counters.
+func attachSockLB(t *testing.T, e *liveEnv) (string, func() map[string]SockCounters) {
+	t.Helper()
+	cg := sockCgroup(t)
+	var err error
+	e.in(t, e.node, func() {
+		err = e.dp.AttachSockLB(SockLBConfig{Cgroup: cg, NodeAddr: netip.MustParseAddr("10.77.0.1")})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.dp.DetachSockLB(); err != nil {
+			t.Errorf("detach: %v", err)
+		}
+	})
+	return cg, func() map[string]SockCounters {
+		s, err := e.dp.SockLBStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}
+
 func sockCgroup(t *testing.T) string {
 	t.Helper()
 	mnt := t.TempDir()
@@ -128,26 +155,7 @@ func TestLiveSockLB(t *testing.T) {
 	applyYAML(t, e.dp, m, tables, svcYAML("emptyudp", "10.96.0.23", 53, "UDP", ""))
 	applyYAML(t, e.dp, m, tables, svcYAML("sticky", "10.96.0.24", 80, "TCP", "affinity=60", "10.244.1.11", "10.244.2.1"))
 
-	cg := sockCgroup(t)
-	var err error
-	e.in(t, e.node, func() {
-		err = e.dp.AttachSockLB(SockLBConfig{Cgroup: cg, NodeAddr: netip.MustParseAddr("10.77.0.1")})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.dp.DetachSockLB(); err != nil {
-			t.Errorf("detach: %v", err)
-		}
-	})
-	stats := func() map[string]SockCounters {
-		s, err := e.dp.SockLBStats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	cg, stats := attachSockLB(t, e)
 
 	const n = 16
 	cases := []struct {
