@@ -34,7 +34,8 @@ func agentConn() (*grpc.ClientConn, error) {
 	if _, err := os.Stat(agentSocket); err != nil {
 		return nil, fmt.Errorf("agent not reachable at %s: %w", agentSocket, err)
 	}
-	conn, err := grpc.NewClient("unix://"+agentSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+agentSocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(apiv1.MaxMessage), grpc.MaxCallSendMsgSize(apiv1.MaxMessage)))
 	if err != nil {
 		return nil, fmt.Errorf("connect to agent at %s: %w", agentSocket, err)
 	}

@@ -50,6 +50,7 @@ during the churn and the restart (its own request metrics). The scale objects ar
 	f.Float32Var(&cfg.QPS, "qps", cfg.QPS, "API client QPS while creating")
 	f.IntVar(&cfg.Burst, "burst", cfg.Burst, "API client burst")
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "objects created in parallel")
+	f.BoolVar(&cfg.FillEtcd, "fill-etcd", false, "write the scale objects into the lab API server's etcd as it stores them, a kind at a time, instead of one create each (kube-apiserver's ClusterIP allocator makes N creates cost O(N²): 30,000 Services took 29 min); the agents still see them, and the churn, through the API server's watches")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&keep, "keep", false, "keep the scale objects afterwards")
 	return cmd

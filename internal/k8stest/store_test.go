@@ -113,8 +113,9 @@ func TestStore(t *testing.T) {
 	}
 }
 
-// Store's transactions never split a Service from its IPAddress.
-func TestStoreBatchesKeepPairs(t *testing.T) {
+// Store's transactions hold one object each, except a Service and its
+// IPAddress, which are never split.
+func TestStoreGroupsOneObjectEach(t *testing.T) {
 	var objs []runtime.Object
 	for i := range 10 {
 		objs = append(objs, &corev1.Pod{})
@@ -122,25 +123,29 @@ func TestStoreBatchesKeepPairs(t *testing.T) {
 			objs = append(objs, &corev1.Service{}, &networkingv1.IPAddress{})
 		}
 	}
-	for max := 2; max <= 5; max++ {
-		batches := storeBatches(objs, max)
-		var all []runtime.Object
-		for _, b := range batches {
-			if len(b) == 0 || len(b) > max {
-				t.Errorf("max %d: a batch of %d", max, len(b))
+	objs = append(objs, &corev1.Service{}) // last, without an IPAddress
+	var all []runtime.Object
+	for _, g := range storeGroups(objs) {
+		_, svc := g[0].(*corev1.Service)
+		switch {
+		case len(g) == 2 && svc:
+			if _, ok := g[1].(*networkingv1.IPAddress); !ok {
+				t.Errorf("a Service grouped with a %T", g[1])
 			}
-			if _, ok := b[0].(*networkingv1.IPAddress); ok {
-				t.Errorf("max %d: a batch starts with an IPAddress (its Service in the one before)", max)
-			}
-			all = append(all, b...)
+		case len(g) != 1:
+			t.Errorf("a transaction of %d objects (%T first)", len(g), g[0])
 		}
-		if len(all) != len(objs) {
-			t.Errorf("max %d: %d objects in the batches, want %d", max, len(all), len(objs))
+		if _, ok := g[0].(*networkingv1.IPAddress); ok {
+			t.Error("an IPAddress apart from its Service")
 		}
-		for i := range all {
-			if all[i] != objs[i] {
-				t.Fatalf("max %d: object %d out of order", max, i)
-			}
+		all = append(all, g...)
+	}
+	if len(all) != len(objs) {
+		t.Fatalf("%d objects in the groups, want %d", len(all), len(objs))
+	}
+	for i := range all {
+		if all[i] != objs[i] {
+			t.Fatalf("object %d out of order", i)
 		}
 	}
 }

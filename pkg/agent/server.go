@@ -48,7 +48,8 @@ func (a *Agent) listen() (*grpc.Server, net.Listener, error) {
 		lis.Close()
 		return nil, nil, fmt.Errorf("chmod %s: %w", path, err)
 	}
-	srv := grpc.NewServer(a.cfg.ServerOptions...)
+	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(apiv1.MaxMessage), grpc.MaxSendMsgSize(apiv1.MaxMessage)}, a.cfg.ServerOptions...)
+	srv := grpc.NewServer(opts...)
 	apiv1.RegisterAgentServer(srv, &server{a: a})
 	if a.cfg.ExtraServices != nil {
 		a.cfg.ExtraServices(srv)

@@ -93,6 +93,9 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 		return nil, fmt.Errorf("lab scale: --services %d: the lab's service range %s holds %d (less 100 for the lab's own); bring the lab up with a wider --service-cidr (e.g. 10.96.0.0/14)",
 			cfg.Services, srv.ServiceCIDR, room)
 	}
+	if cfg.FillEtcd && cfg.Store == nil {
+		cfg.Store = srv.Store
+	}
 	rc := srv.RESTConfig()
 	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
 	c, err := kubernetes.NewForConfig(rc)
