@@ -609,8 +609,10 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	switch v := o.(type) {
 	case *corev1.Namespace:
 		is, obj.NamespaceObj = k8sobj.KindNamespace, typed(v, k8sobj.KindNamespace)
-	case *corev1.Pod:
-		is, obj.Pod = k8sobj.KindPod, typed(v, k8sobj.KindPod)
+	case *k8sobj.Pod:
+		is, obj.Pod = k8sobj.KindPod, v
+	case *corev1.Pod: // not from the transform
+		is, obj.Pod = k8sobj.KindPod, slimPod(v)
 	case *corev1.Service:
 		is, obj.Service = k8sobj.KindService, typed(v, k8sobj.KindService)
 	case *discoveryv1.EndpointSlice:

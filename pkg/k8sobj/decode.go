@@ -86,7 +86,7 @@ type Object struct {
 	EndpointSlice *discoveryv1.EndpointSlice
 	NetworkPolicy *networkingv1.NetworkPolicy
 	NamespaceObj  *corev1.Namespace // Kind Namespace (Namespace() is every kind's namespace accessor)
-	Pod           *corev1.Pod
+	Pod           *Pod              // what lanekit reads of a v1 Pod (pod.go)
 }
 
 // Namespace returns the object's namespace.
@@ -329,11 +329,13 @@ func decodeOne(index int, js []byte) (Object, error) {
 		o.NamespaceObj = &corev1.Namespace{}
 		target = o.NamespaceObj
 	case KindPod:
-		o.Pod = &corev1.Pod{}
-		target = o.Pod
+		target = &corev1.Pod{}
 	}
 	if err := strictUnmarshal(js, target); err != nil {
 		return Object{}, &DocError{Index: index, Object: what, Err: err}
+	}
+	if p, ok := target.(*corev1.Pod); ok {
+		o.Pod = SlimPod(p)
 	}
 	defaultNamespace(&o)
 	if err := Validate(o); err != nil {
