@@ -3,8 +3,8 @@ package k8s
 import (
 	"context"
 	"maps"
-	"slices"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
