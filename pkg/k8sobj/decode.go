@@ -421,29 +421,31 @@ func EncodeJSON(o Object) ([]byte, error) {
 	return b, nil
 }
 
-// typed returns a copy of o's object with its TypeMeta filled in.
+// typed returns a shallow copy of o's object with its TypeMeta filled in:
+// what it shares with o is only read (encoded), and a deep copy of each
+// object a store transaction writes was most of what it allocated.
 func typed(o Object) (any, error) {
 	switch {
 	case o.Service != nil:
-		c := o.Service.DeepCopy()
+		c := *o.Service
 		c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
-		return c, nil
+		return &c, nil
 	case o.EndpointSlice != nil:
-		c := o.EndpointSlice.DeepCopy()
+		c := *o.EndpointSlice
 		c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
-		return c, nil
+		return &c, nil
 	case o.NetworkPolicy != nil:
-		c := o.NetworkPolicy.DeepCopy()
+		c := *o.NetworkPolicy
 		c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
-		return c, nil
+		return &c, nil
 	case o.NamespaceObj != nil:
-		c := o.NamespaceObj.DeepCopy()
+		c := *o.NamespaceObj
 		c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
-		return c, nil
+		return &c, nil
 	case o.Pod != nil:
-		c := o.Pod.DeepCopy()
+		c := *o.Pod
 		c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
-		return c, nil
+		return &c, nil
 	}
 	return nil, errors.New("empty object")
 }

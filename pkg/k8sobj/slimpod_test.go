@@ -105,3 +105,35 @@ func TestSlimPodJSON(t *testing.T) {
 		t.Errorf("a full pod decoded to\n %+v\nwant\n %+v", got.Pod, o.Pod)
 	}
 }
+
+// TestEncodeLeavesObjectAlone: encoding (the store writes every object it
+// is given) sets apiVersion and kind in what it writes, not in the object,
+// which the informers' caches share.
+func TestEncodeLeavesObjectAlone(t *testing.T) {
+	objs := []Object{{Pod: SlimPod(fullPod())}, {Service: &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "n"},
+		Spec: corev1.ServiceSpec{ClusterIP: "None", Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}}}}
+	objs[0].Pod.TypeMeta = metav1.TypeMeta{}
+	for _, o := range objs {
+		raw, err := EncodeJSON(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := DecodeJSON(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		if back.Kind != kindOfObject(o) {
+			t.Errorf("%s decoded as a %s", raw, back.Kind)
+		}
+	}
+	if objs[0].Pod.Kind != "" || objs[1].Service.Kind != "" {
+		t.Errorf("encoding set the objects' TypeMeta: %+v %+v", objs[0].Pod.TypeMeta, objs[1].Service.TypeMeta)
+	}
+}
+
+func kindOfObject(o Object) Kind {
+	if o.Pod != nil {
+		return KindPod
+	}
+	return KindService
+}

@@ -36,6 +36,14 @@ type Store struct {
 	db *bolt.DB
 }
 
+// initialMmapSize is the address space the database is mapped with from the
+// start (pages are read in only as they are used: not memory). Each time a
+// write outgrows the mapping, bbolt copies every key and value the
+// transaction touched to the heap before remapping: the agent's first full
+// set of EndpointSlices, tens of megabytes of JSON in one transaction, was
+// copied once per doubling of the file.
+const initialMmapSize = 1 << 30
+
 // Open opens (creating if needed) the database in dir. It fails after a
 // second if another process holds the database.
 func Open(dir string) (*Store, error) {
@@ -43,7 +51,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("create state dir %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
 		return nil, fmt.Errorf("open state db %s: %w", path, err)
 	}
