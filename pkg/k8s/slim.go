@@ -55,18 +55,24 @@ func slim(obj any) (any, error) {
 	}
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		return slimPod(o), nil
+		p := slimPod(o)
+		internMeta(p)
+		internPod(p)
+		return p, nil
 	case *corev1.Node:
 		slimNode(o)
 	case *corev1.Namespace:
 		o.TypeMeta = typeMeta[k8sobj.KindNamespace]
 	case *corev1.Service:
 		o.TypeMeta = typeMeta[k8sobj.KindService]
+		internService(o)
 	case *discoveryv1.EndpointSlice:
 		o.TypeMeta = typeMeta[k8sobj.KindEndpointSlice]
+		internSlice(o)
 	case *networkingv1.NetworkPolicy:
 		o.TypeMeta = typeMeta[k8sobj.KindNetworkPolicy]
 	}
+	internMeta(m)
 	return obj, nil
 }
 
