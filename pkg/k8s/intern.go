@@ -1,6 +1,10 @@
 package k8s
 
 import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"unique"
 
 	corev1 "k8s.io/api/core/v1"
@@ -49,15 +53,84 @@ func internKeys(m map[string]string) map[string]string {
 	return out
 }
 
+// Label sets repeat too: a Deployment's pods carry one set, Services select
+// with the sets their pods carry. labelSets hands out one map per set for
+// the objects the transform keeps (the agent and the caches only read
+// them: nothing changes an object it was given). It is bounded: when full,
+// an arbitrary set is forgotten (the objects holding it keep it; a later
+// object carrying it gets a map of its own, then the set again), so
+// objects with ever-new label sets cost it nothing but turnover.
+type labelSets struct {
+	mu   sync.Mutex
+	sets map[string]map[string]string // by labelSetKey
+	max  int
+}
+
+// labelSetMax bounds the shared sets (each a few hundred bytes).
+const labelSetMax = 8192
+
+// sharedLabels is the transform's: one process, one set of caches.
+var sharedLabels = &labelSets{sets: map[string]map[string]string{}, max: labelSetMax}
+
+// labelSetKey is m's key among the sets: its pairs in key order, each
+// string length-prefixed (unambiguous whatever the labels hold).
+func labelSetKey(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		v := m[k]
+		b.WriteString(strconv.Itoa(len(k)))
+		b.WriteByte(':')
+		b.WriteString(k)
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// share returns the shared map equal to m (interned), m's own interned copy
+// if m is large.
+func (ls *labelSets) share(m map[string]string) map[string]string {
+	if len(m) == 0 || len(m) > 32 {
+		return internMap(m)
+	}
+	key := labelSetKey(m)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if s, ok := ls.sets[key]; ok {
+		return s
+	}
+	s := internMap(m)
+	if len(ls.sets) >= ls.max {
+		for k := range ls.sets { // an arbitrary one
+			delete(ls.sets, k)
+			break
+		}
+	}
+	ls.sets[key] = s
+	return s
+}
+
 func internPtr(p *string) {
 	if p != nil {
 		*p = intern(*p)
 	}
 }
 
-func internMeta(m metav1.Object) {
+// internMeta interns m's namespace, labels and annotation keys; with
+// shareLabels its label set is shared (labelSets) too.
+func internMeta(m metav1.Object, shareLabels bool) {
 	m.SetNamespace(intern(m.GetNamespace()))
-	m.SetLabels(internMap(m.GetLabels()))
+	if shareLabels {
+		m.SetLabels(sharedLabels.share(m.GetLabels()))
+	} else {
+		m.SetLabels(internMap(m.GetLabels()))
+	}
 	m.SetAnnotations(internKeys(m.GetAnnotations()))
 	if refs := m.GetOwnerReferences(); len(refs) > 0 {
 		for i := range refs {
@@ -86,7 +159,7 @@ func internPod(p *k8sobj.Pod) {
 
 func internService(s *corev1.Service) {
 	sp := &s.Spec
-	sp.Selector = internMap(sp.Selector)
+	sp.Selector = sharedLabels.share(sp.Selector)
 	sp.Type = corev1.ServiceType(intern(string(sp.Type)))
 	sp.SessionAffinity = corev1.ServiceAffinity(intern(string(sp.SessionAffinity)))
 	sp.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(intern(string(sp.ExternalTrafficPolicy)))

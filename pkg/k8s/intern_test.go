@@ -1,7 +1,9 @@
 package k8s
 
 import (
+	"fmt"
 	"maps"
+	"reflect"
 	"strings"
 	"testing"
 	"unsafe"
@@ -78,5 +80,49 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 	}
 	if *x.Endpoints[0].NodeName != "node-1" || x.Labels[discoveryv1.LabelManagedBy] != "endpointslice-controller.k8s.io" {
 		t.Errorf("the transform changed the slice: %+v", x)
+	}
+}
+
+func mapID(m map[string]string) uintptr { return reflect.ValueOf(m).Pointer() }
+
+// TestLabelSetsShared: objects carrying one label set (a Deployment's pods,
+// the Services selecting them) share one map of it, with its content; the
+// sets kept are bounded, and a forgotten set is still whole in the objects
+// that hold it.
+func TestLabelSetsShared(t *testing.T) {
+	ls := &labelSets{sets: map[string]map[string]string{}, max: 4}
+	a := ls.share(map[string]string{fresh("app"): fresh("web"), fresh("tier"): fresh("front")})
+	b := ls.share(map[string]string{fresh("tier"): fresh("front"), fresh("app"): fresh("web")})
+	c := ls.share(map[string]string{fresh("app"): fresh("web")})
+	if mapID(a) != mapID(b) {
+		t.Error("two equal label sets held twice")
+	}
+	if mapID(a) == mapID(c) || !maps.Equal(c, map[string]string{"app": "web"}) || !maps.Equal(a, map[string]string{"app": "web", "tier": "front"}) {
+		t.Errorf("different sets shared or changed: %v %v", a, c)
+	}
+	// Sets that would read alike joined by a separator are different sets
+	// (labels are the API server's to validate, not the key's to trust).
+	if x, y := ls.share(map[string]string{"a:b": "c"}), ls.share(map[string]string{"a": "b:c"}); mapID(x) == mapID(y) {
+		t.Errorf("%v and %v shared one map", x, y)
+	}
+	var held []map[string]string
+	for i := range 20 {
+		m := map[string]string{"app": fmt.Sprint("app-", i)}
+		held = append(held, ls.share(m))
+	}
+	if len(ls.sets) > 4 {
+		t.Errorf("%d sets kept, want <= 4", len(ls.sets))
+	}
+	for i, m := range held {
+		if !maps.Equal(m, map[string]string{"app": fmt.Sprint("app-", i)}) {
+			t.Errorf("set %d: %v", i, m)
+		}
+	}
+	// Through the transform: two pods of one set share it; a slice's labels
+	// (its Service's name) are its own.
+	p1, _ := slim(pod("team-l", "p1", "node-1", map[string]string{fresh("app"): fresh("shared-set-test")}))
+	p2, _ := slim(pod("team-l", "p2", "node-1", map[string]string{fresh("app"): fresh("shared-set-test")}))
+	if mapID(p1.(*k8sobj.Pod).Labels) != mapID(p2.(*k8sobj.Pod).Labels) {
+		t.Error("two pods of one label set hold two maps")
 	}
 }

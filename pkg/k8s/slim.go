@@ -56,7 +56,7 @@ func slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
 		p := slimPod(o)
-		internMeta(p)
+		internMeta(p, true)
 		internPod(p)
 		return p, nil
 	case *corev1.Node:
@@ -69,10 +69,12 @@ func slim(obj any) (any, error) {
 	case *discoveryv1.EndpointSlice:
 		o.TypeMeta = typeMeta[k8sobj.KindEndpointSlice]
 		internSlice(o)
+		internMeta(o, false) // its labels name its Service: a set of its own
+		return obj, nil
 	case *networkingv1.NetworkPolicy:
 		o.TypeMeta = typeMeta[k8sobj.KindNetworkPolicy]
 	}
-	internMeta(m)
+	internMeta(m, true)
 	return obj, nil
 }
 
