@@ -241,16 +241,22 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	c := a.ctl
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	next, changed := c.replaceSet(k, take)
-	err = a.commit(next, c.objs, changed, false)
+	// In place, as UpsertObjects: a copy of every object for each full set
+	// was the largest part of the initial sync's peak. commit puts prev back
+	// if it fails.
+	prev, changed := c.replaceInPlace(k, take)
+	err = a.commit(c.objs, prev, changed, true)
 	if errors.Is(err, ErrInvalid) && k == k8sobj.KindService {
 		// Services that claim one frontend: the oldest keeps it.
-		if clashes := c.refuseClashes(next, changed, take); len(clashes) > 0 {
+		prev, changed = c.replaceInPlace(k, take)
+		if clashes := c.refuseClashes(c.objs, changed, take); len(clashes) > 0 {
 			for _, r := range clashes {
-				delete(next, r.Object.Key()) // stays in changed: an earlier version goes
+				delete(c.objs, r.Object.Key()) // stays in changed: an earlier version goes
 			}
 			refused = append(refused, clashes...)
-			err = a.commit(next, c.objs, changed, false)
+			err = a.commit(c.objs, prev, changed, true)
+		} else {
+			c.revert(prev, changed)
 		}
 	}
 	if errors.Is(err, ErrInvalid) {
@@ -263,23 +269,25 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	return refused, nil
 }
 
-// replaceSet is the object set with objs as the full set of kind k, and the
-// keys that change (every key of kind k, old or new).
-func (c *ctlPlane) replaceSet(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k8sobj.Object, map[string]bool) {
-	next := map[string]k8sobj.Object{}
+// replaceInPlace makes objs the full set of kind k in c.objs: objects of
+// that kind not in objs are deleted. It returns the earlier versions of the
+// keys it changed (absent: new) and the keys (every key of kind k, old or
+// new), for commit or revert.
+func (c *ctlPlane) replaceInPlace(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k8sobj.Object, map[string]bool) {
+	prev := map[string]k8sobj.Object{}
 	changed := map[string]bool{}
 	for key, o := range c.objs {
 		if o.Kind == k {
+			prev[key] = o
 			changed[key] = true // deleted unless given again
-			continue
+			delete(c.objs, key)
 		}
-		next[key] = o
 	}
 	for _, o := range objs {
-		next[o.Key()] = o
+		c.objs[o.Key()] = o
 		changed[o.Key()] = true
 	}
-	return next, changed
+	return prev, changed
 }
 
 // refuseClashes decides which of svcs (every Service in next) keep their

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -81,5 +82,34 @@ func BenchmarkProgram10kServices(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestReplaceCopiesNoObjectSet: a kind's full set edits the object set in
+// place, as an upsert does: replacing the (empty) set of NetworkPolicies
+// beside 20,000 Services and slices allocates what the kind holds, not a
+// copy of every object (the initial sync's peak held one per kind).
+func TestReplaceCopiesNoObjectSet(t *testing.T) {
+	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
+	objs := benchServiceObjects(10000)
+	for i := 0; i < len(objs); i += 2000 {
+		if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := a.ReplaceObjects(k8sobj.KindNetworkPolicy, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a replace beside 20,000 objects allocated %d KB", alloc>>10)
+	if alloc > 512<<10 { // a copy of the 20,000-object set is ~2 MB
+		t.Errorf("replacing an empty kind beside 20,000 objects allocated %d KB, want <= 512 KB: the object set copied?", alloc>>10)
+	}
+	if got := len(a.Objects("")); got != 20000 {
+		t.Errorf("%d objects after the replace, want 20000", got)
 	}
 }
