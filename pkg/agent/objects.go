@@ -2,7 +2,6 @@ package agent
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -578,7 +577,7 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 			if err != nil {
 				return err
 			}
-			if err := tx.Put(store.Objects, []byte(key), json.RawMessage(raw)); err != nil {
+			if err := tx.PutRawIfChanged(store.Objects, []byte(key), raw); err != nil {
 				return err
 			}
 		}

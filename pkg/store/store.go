@@ -3,6 +3,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -138,6 +139,21 @@ func (t *Tx) Put(b Bucket, key []byte, v any) error {
 		return fmt.Errorf("put %s/%x: %w", b, key, err)
 	}
 	return nil
+}
+
+// PutRawIfChanged stores raw (one JSON value) at key unless key holds those
+// bytes already: a rewrite of an unchanged value still costs the
+// transaction its node and page (the agent's full sets after a restart are
+// mostly the objects it stored).
+func (t *Tx) PutRawIfChanged(b Bucket, key []byte, raw json.RawMessage) error {
+	bk, err := t.bucket(b)
+	if err != nil {
+		return err
+	}
+	if old := bk.Get(key); old != nil && bytes.Equal(old, raw) {
+		return nil
+	}
+	return t.Put(b, key, raw)
 }
 
 // Delete removes key; removing an absent key is not an error.
