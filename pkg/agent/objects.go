@@ -2,6 +2,7 @@ package agent
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -146,7 +147,7 @@ func (a *Agent) UpsertObjects(objs []k8sobj.Object) error {
 	for _, o := range objs {
 		c.objs[o.Key()] = o // in place: commit puts prev back if it fails
 	}
-	if err := a.commit(c.objs, prev, changed, true); err != nil {
+	if err := a.commit(c.objs, prev, changed, true, ""); err != nil {
 		return fmt.Errorf("upsert objects: %w", err)
 	}
 	for key := range changed {
@@ -180,7 +181,7 @@ func (a *Agent) DeleteObject(kind k8sobj.Kind, namespace, name string) error {
 		return nil
 	}
 	delete(c.objs, key) // in place: commit puts it back if it fails
-	if err := a.commit(c.objs, map[string]k8sobj.Object{key: p}, map[string]bool{key: true}, true); err != nil {
+	if err := a.commit(c.objs, map[string]k8sobj.Object{key: p}, map[string]bool{key: true}, true, ""); err != nil {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
 	return nil
@@ -244,7 +245,7 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	// was the largest part of the initial sync's peak. commit puts prev back
 	// if it fails.
 	prev, changed := c.replaceInPlace(k, take)
-	err = a.commit(c.objs, prev, changed, true)
+	err = a.commit(c.objs, prev, changed, true, k)
 	if errors.Is(err, ErrInvalid) && k == k8sobj.KindService {
 		// Services that claim one frontend: the oldest keeps it.
 		prev, changed = c.replaceInPlace(k, take)
@@ -253,7 +254,7 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 				delete(c.objs, r.Object.Key()) // stays in changed: an earlier version goes
 			}
 			refused = append(refused, clashes...)
-			err = a.commit(c.objs, prev, changed, true)
+			err = a.commit(c.objs, prev, changed, true, k)
 		} else {
 			c.revert(prev, changed)
 		}
@@ -532,8 +533,10 @@ func policyRelevant(o k8sobj.Object) bool {
 // identities in one transaction, then program the datapath. prev holds the
 // changed keys' earlier versions (absent: new). With inPlace, next is c.objs
 // already edited (no copy of every object per change): a failure before the
-// store puts prev back. Called with c.mu.
-func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]bool, inPlace bool) (err error) {
+// store puts prev back. With full, changed is every key of that kind (a
+// full set): a large one is stored through store.ReplaceKind. Called with
+// c.mu.
+func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]bool, inPlace bool, full k8sobj.Kind) (err error) {
 	c := a.ctl
 	stored := false
 	if inPlace {
@@ -564,25 +567,7 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 			return err
 		}
 	}
-	err = a.st.Update(func(tx *store.Tx) error {
-		for key := range changed {
-			o, ok := next[key]
-			if !ok {
-				if err := tx.Delete(store.Objects, []byte(key)); err != nil {
-					return err
-				}
-				continue
-			}
-			raw, err := k8sobj.EncodeJSON(o)
-			if err != nil {
-				return err
-			}
-			if err := tx.PutRawIfChanged(store.Objects, []byte(key), raw); err != nil {
-				return err
-			}
-		}
-		return c.saveIdentitiesTx(tx)
-	})
+	err = a.storeObjects(next, changed, full)
 	if err != nil {
 		undoServices()
 		return fmt.Errorf("store objects: %w", err)
@@ -612,6 +597,51 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 		return fmt.Errorf("%w: %w", ErrDatapathPending, errors.Join(errs...))
 	}
 	return nil
+}
+
+// stageMin is the size of a full set from which commit stores it through
+// store.ReplaceKind: in transactions of a bounded size swapped in at once,
+// not one transaction holding every object's JSON and then a page for it
+// until its commit (the largest part of the initial sync's peak).
+const stageMin = 4096
+
+// storeObjects stores the changed objects (absent from next: deleted) and
+// the identities not saved yet, atomically. full: changed is kind full's
+// whole set.
+func (a *Agent) storeObjects(next map[string]k8sobj.Object, changed map[string]bool, full k8sobj.Kind) error {
+	c := a.ctl
+	if full != "" && len(changed) >= stageMin {
+		keys := make([]string, 0, len(changed))
+		for key := range changed {
+			if _, ok := next[key]; ok {
+				keys = append(keys, key)
+			}
+		}
+		slices.Sort(keys) // bbolt writes sorted keys best
+		return a.st.ReplaceKind(string(full), len(keys), func(i int) ([]byte, json.RawMessage, error) {
+			raw, err := k8sobj.EncodeJSON(next[keys[i]])
+			return []byte(keys[i]), raw, err
+		}, c.saveIdentitiesTx)
+	}
+	return a.st.Update(func(tx *store.Tx) error {
+		for key := range changed {
+			o, ok := next[key]
+			if !ok {
+				if err := tx.Delete(store.Objects, []byte(key)); err != nil {
+					return err
+				}
+				continue
+			}
+			raw, err := k8sobj.EncodeJSON(o)
+			if err != nil {
+				return err
+			}
+			if err := tx.PutRawIfChanged(store.Objects, []byte(key), raw); err != nil {
+				return err
+			}
+		}
+		return c.saveIdentitiesTx(tx)
+	})
 }
 
 // revert puts the changed keys of c.objs back to prev (absent: deleted).

@@ -113,3 +113,39 @@ func TestReplaceCopiesNoObjectSet(t *testing.T) {
 		t.Errorf("%d objects after the replace, want 20000", got)
 	}
 }
+
+// TestLargeFullSetStoredWhole: a full set past stageMin goes to the store
+// through its staged replace and survives a restart whole, and the next
+// full set's removals are gone after the next restart too.
+func TestLargeFullSetStoredWhole(t *testing.T) {
+	dir := t.TempDir()
+	a := newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	var svcs []k8sobj.Object
+	for _, o := range benchServiceObjects(stageMin + 100) {
+		if o.Service != nil {
+			svcs = append(svcs, o)
+		}
+	}
+	if _, err := a.ReplaceObjects(k8sobj.KindService, svcs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	if got := len(a.Objects(k8sobj.KindService)); got != len(svcs) {
+		t.Fatalf("%d Services after a restart, want %d", got, len(svcs))
+	}
+	keep := svcs[:stageMin+10]
+	if _, err := a.ReplaceObjects(k8sobj.KindService, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	got := a.Objects(k8sobj.KindService)
+	if len(got) != len(keep) || a.hasObject(k8sobj.KindService, "bench", svcs[len(svcs)-1].Name()) {
+		t.Errorf("%d Services after the smaller set and a restart, want %d", len(got), len(keep))
+	}
+}

@@ -62,7 +62,7 @@ func Open(dir string) (*Store, error) {
 				return fmt.Errorf("create bucket %s: %w", b, err)
 			}
 		}
-		return nil
+		return migrateObjects(tx) // objects.go
 	})
 	if err != nil {
 		db.Close()
@@ -100,13 +100,28 @@ func (t *Tx) bucket(b Bucket) (*bolt.Bucket, error) {
 	return bk, nil
 }
 
+// get returns the value at key (nil: absent).
+func (t *Tx) get(b Bucket, key []byte) ([]byte, error) {
+	if b == Objects {
+		bk, sub, err := t.objectBucket(key, false)
+		if err != nil || bk == nil {
+			return nil, err
+		}
+		return bk.Get(sub), nil
+	}
+	bk, err := t.bucket(b)
+	if err != nil {
+		return nil, err
+	}
+	return bk.Get(key), nil
+}
+
 // Get decodes the value at key into v. It reports false if key is absent.
 func (t *Tx) Get(b Bucket, key []byte, v any) (bool, error) {
-	bk, err := t.bucket(b)
+	raw, err := t.get(b, key)
 	if err != nil {
 		return false, err
 	}
-	raw := bk.Get(key)
 	if raw == nil {
 		return false, nil
 	}
@@ -118,11 +133,8 @@ func (t *Tx) Get(b Bucket, key []byte, v any) (bool, error) {
 
 // Has reports whether key is present.
 func (t *Tx) Has(b Bucket, key []byte) (bool, error) {
-	bk, err := t.bucket(b)
-	if err != nil {
-		return false, err
-	}
-	return bk.Get(key) != nil, nil
+	raw, err := t.get(b, key)
+	return raw != nil, err
 }
 
 // Put stores v as JSON at key.
@@ -130,6 +142,11 @@ func (t *Tx) Put(b Bucket, key []byte, v any) error {
 	bk, err := t.bucket(b)
 	if err != nil {
 		return err
+	}
+	if b == Objects {
+		if bk, key, err = t.objectBucket(key, true); err != nil {
+			return err
+		}
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
@@ -146,11 +163,11 @@ func (t *Tx) Put(b Bucket, key []byte, v any) error {
 // transaction its node and page (the agent's full sets after a restart are
 // mostly the objects it stored).
 func (t *Tx) PutRawIfChanged(b Bucket, key []byte, raw json.RawMessage) error {
-	bk, err := t.bucket(b)
+	old, err := t.get(b, key)
 	if err != nil {
 		return err
 	}
-	if old := bk.Get(key); old != nil && bytes.Equal(old, raw) {
+	if old != nil && bytes.Equal(old, raw) {
 		return nil
 	}
 	return t.Put(b, key, raw)
@@ -162,6 +179,11 @@ func (t *Tx) Delete(b Bucket, key []byte) error {
 	if err != nil {
 		return err
 	}
+	if b == Objects {
+		if bk, key, err = t.objectBucket(key, false); err != nil || bk == nil {
+			return err
+		}
+	}
 	if err := bk.Delete(key); err != nil {
 		return fmt.Errorf("delete %s/%x: %w", b, key, err)
 	}
@@ -171,6 +193,9 @@ func (t *Tx) Delete(b Bucket, key []byte) error {
 // ForEach calls fn for each key in byte order with its raw JSON value.
 // fn must not modify the bucket.
 func (t *Tx) ForEach(b Bucket, fn func(key []byte, raw json.RawMessage) error) error {
+	if b == Objects {
+		return t.forEachObject(fn)
+	}
 	bk, err := t.bucket(b)
 	if err != nil {
 		return err
@@ -180,6 +205,9 @@ func (t *Tx) ForEach(b Bucket, fn func(key []byte, raw json.RawMessage) error) e
 
 // Count returns the number of keys in b.
 func (t *Tx) Count(b Bucket) (int, error) {
+	if b == Objects {
+		return t.countObjects()
+	}
 	bk, err := t.bucket(b)
 	if err != nil {
 		return 0, err
