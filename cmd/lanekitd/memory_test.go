@@ -236,6 +236,9 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	e.waitReady(t, log, 10*time.Minute)
 	e.waitFrontends(t, log, n)
 	run.RestartSocketS, run.RestartReadyS = answered.Seconds(), time.Since(started).Seconds()
+	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+"-restart.log", log.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
 		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
 	if answered > 2*time.Second { // what came before the socket
