@@ -189,10 +189,11 @@ type usageJSON struct {
 	RSSFileMB float64 `json:"rss_file_mb"`
 	HeapMB    float64 `json:"go_heap_inuse_mb"`
 	SysMB     float64 `json:"go_sys_mb"`
+	CPUS      float64 `json:"cpu_s"` // the agent's user+system CPU time until measured
 }
 
 func (u usage) report() usageJSON {
-	return usageJSON{RSSMB: mb(u.rss), RSSPeakMB: mb(u.rssPeak), RSSFileMB: mb(u.rssFile), HeapMB: mb(u.heap), SysMB: mb(u.sys)}
+	return usageJSON{RSSMB: mb(u.rss), RSSPeakMB: mb(u.rssPeak), RSSFileMB: mb(u.rssFile), HeapMB: mb(u.heap), SysMB: mb(u.sys), CPUS: u.cpu.Seconds()}
 }
 
 // atScale starts the agent on the filled API server (the informers list
@@ -249,10 +250,13 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 }
 
 // usage is what the agent holds: RSS and the Go heap in use after a GC.
-type usage struct{ rss, rssPeak, rssFile, heap, sys uint64 }
+type usage struct {
+	rss, rssPeak, rssFile, heap, sys uint64
+	cpu                              time.Duration
+}
 
 func (u usage) String() string {
-	return fmt.Sprintf("RSS %.1f MB (file-backed %.1f MB, peak %.1f MB), Go heap in use %.1f MB, Go sys %.1f MB", mb(u.rss), mb(u.rssFile), mb(u.rssPeak), mb(u.heap), mb(u.sys))
+	return fmt.Sprintf("RSS %.1f MB (file-backed %.1f MB, peak %.1f MB), Go heap in use %.1f MB, Go sys %.1f MB, CPU %.1f s", mb(u.rss), mb(u.rssFile), mb(u.rssPeak), mb(u.heap), mb(u.sys), u.cpu.Seconds())
 }
 
 func mb(b uint64) float64 { return float64(b) / (1 << 20) }
@@ -302,6 +306,17 @@ func measure(t *testing.T, pid int, pprofAt, file string) usage {
 			u.rssFile = kb << 10
 		case "VmHWM":
 			u.rssPeak = kb << 10
+		}
+	}
+	// utime and stime, fields 14 and 15 of /proc/PID/stat, in clock ticks
+	// (100 a second on Linux), after the command's parenthesised name.
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+			if f := strings.Fields(string(stat)[i+1:]); len(f) > 12 {
+				ut, _ := strconv.ParseUint(f[11], 10, 64)
+				st, _ := strconv.ParseUint(f[12], 10, 64)
+				u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
+			}
 		}
 	}
 	if u.heap == 0 || u.rss == 0 {
