@@ -185,13 +185,15 @@ type memRun struct {
 
 type usageJSON struct {
 	RSSMB     float64 `json:"rss_mb"`
+	RSSPeakMB float64 `json:"rss_peak_mb"` // VmHWM: the most the process held, the initial sync's peak
 	RSSFileMB float64 `json:"rss_file_mb"`
 	HeapMB    float64 `json:"go_heap_inuse_mb"`
 	SysMB     float64 `json:"go_sys_mb"`
+	CPUS      float64 `json:"cpu_s"` // the agent's user+system CPU time until measured
 }
 
 func (u usage) report() usageJSON {
-	return usageJSON{RSSMB: mb(u.rss), RSSFileMB: mb(u.rssFile), HeapMB: mb(u.heap), SysMB: mb(u.sys)}
+	return usageJSON{RSSMB: mb(u.rss), RSSPeakMB: mb(u.rssPeak), RSSFileMB: mb(u.rssFile), HeapMB: mb(u.heap), SysMB: mb(u.sys), CPUS: u.cpu.Seconds()}
 }
 
 // atScale starts the agent on the filled API server (the informers list
@@ -222,6 +224,11 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 
 	// A restart at N: the socket answers at once, ready follows.
 	e.stop(t, agent, log)
+	// Its log beside the profiles (LANEKIT_MEM_AGENT_ENV=GODEBUG=gctrace=1
+	// puts the heap at each GC of the sync in it).
+	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+".log", log.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	started = time.Now()
 	agent, log = e.start(t, "--pprof-address", pprofAt)
 	defer e.stop(t, agent, log)
@@ -230,6 +237,9 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	e.waitReady(t, log, 10*time.Minute)
 	e.waitFrontends(t, log, n)
 	run.RestartSocketS, run.RestartReadyS = answered.Seconds(), time.Since(started).Seconds()
+	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+"-restart.log", log.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
 		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
 	if answered > 2*time.Second { // what came before the socket
@@ -240,10 +250,13 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 }
 
 // usage is what the agent holds: RSS and the Go heap in use after a GC.
-type usage struct{ rss, rssFile, heap, sys uint64 }
+type usage struct {
+	rss, rssPeak, rssFile, heap, sys uint64
+	cpu                              time.Duration
+}
 
 func (u usage) String() string {
-	return fmt.Sprintf("RSS %.1f MB (file-backed %.1f MB), Go heap in use %.1f MB, Go sys %.1f MB", mb(u.rss), mb(u.rssFile), mb(u.heap), mb(u.sys))
+	return fmt.Sprintf("RSS %.1f MB (file-backed %.1f MB, peak %.1f MB), Go heap in use %.1f MB, Go sys %.1f MB, CPU %.1f s", mb(u.rss), mb(u.rssFile), mb(u.rssPeak), mb(u.heap), mb(u.sys), u.cpu.Seconds())
 }
 
 func mb(b uint64) float64 { return float64(b) / (1 << 20) }
@@ -291,6 +304,19 @@ func measure(t *testing.T, pid int, pprofAt, file string) usage {
 			u.rss = kb << 10
 		case "RssFile": // the store's mmap, the binary
 			u.rssFile = kb << 10
+		case "VmHWM":
+			u.rssPeak = kb << 10
+		}
+	}
+	// utime and stime, fields 14 and 15 of /proc/PID/stat, in clock ticks
+	// (100 a second on Linux), after the command's parenthesised name.
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+			if f := strings.Fields(string(stat)[i+1:]); len(f) > 12 {
+				ut, _ := strconv.ParseUint(f[11], 10, 64)
+				st, _ := strconv.ParseUint(f[12], 10, 64)
+				u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
+			}
 		}
 	}
 	if u.heap == 0 || u.rss == 0 {

@@ -88,7 +88,7 @@ func (m *MemoryDatapath) ApplyServices(u *service.Update) error {
 	s := &m.svcs
 	maps.Copy(s.back, u.Backends)
 	for id, t := range u.Maglev {
-		s.maglev[id] = slices.Clone(t)
+		s.maglev[id] = t.Table()
 	}
 	maps.Copy(s.revnat, u.RevNat)
 	for _, k := range u.SrcRanges {
@@ -128,10 +128,10 @@ func (m *MemoryDatapath) DumpServices() (*service.Update, error) {
 	defer m.mu.Unlock()
 	m.initServices()
 	u := &service.Update{Services: maps.Clone(m.svcs.svc), Backends: maps.Clone(m.svcs.back),
-		Maglev: map[uint32][]uint32{}, RevNat: maps.Clone(m.svcs.revnat),
+		Maglev: map[uint32]service.MaglevIDs{}, RevNat: maps.Clone(m.svcs.revnat),
 		Services6: maps.Clone(m.svcs.svc6), Backends6: maps.Clone(m.svcs.back6), RevNat6: maps.Clone(m.svcs.revnat6)}
 	for id, t := range m.svcs.maglev {
-		u.Maglev[id] = slices.Clone(t)
+		u.Maglev[id] = service.MaglevIDsOf(slices.Clone(t))
 	}
 	for k := range m.svcs.srcRanges {
 		u.SrcRanges = append(u.SrcRanges, k)

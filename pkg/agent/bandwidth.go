@@ -12,10 +12,10 @@ import (
 	"fmt"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
@@ -38,7 +38,7 @@ type egressLimiter interface {
 
 // bandwidthOf reads a pod's bandwidth annotations: its egress limit in bits
 // per second (0: none) and what the agent does not enforce, and why.
-func bandwidthOf(pod *corev1.Pod, enabled bool) (egress uint64, note string) {
+func bandwidthOf(pod *k8sobj.Pod, enabled bool) (egress uint64, note string) {
 	var notes []string
 	if v, ok := pod.Annotations[AnnotationEgressBandwidth]; ok {
 		q, err := resource.ParseQuantity(v)

@@ -89,9 +89,9 @@ func argsView(ep *endpoint.Endpoint) (ns, name string, labels map[string]string)
 	return ns, name, labels
 }
 
-func namedPorts(pod *corev1.Pod) []policy.NamedPort {
+func namedPorts(pod *k8sobj.Pod) []policy.NamedPort {
 	var out []policy.NamedPort
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+	for _, cs := range [][]k8sobj.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, ctr := range cs {
 			for _, p := range ctr.Ports {
 				if p.Name == "" {
@@ -109,7 +109,7 @@ func namedPorts(pod *corev1.Pod) []policy.NamedPort {
 }
 
 // podLive: a pod whose IP may be in use (not finished, not host network).
-func podLive(p *corev1.Pod) bool {
+func podLive(p *k8sobj.Pod) bool {
 	return !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
@@ -121,7 +121,7 @@ func (a *Agent) policyInput(objs map[string]k8sobj.Object) (policy.Input, map[ui
 	// Every policy was validated when the agent took it (checkObjects, or
 	// restoreLocked's DecodeJSON for the stored ones).
 	in := policy.Input{NamespaceLabels: map[string]map[string]string{}, Validated: true}
-	pods := map[string]*corev1.Pod{}
+	pods := map[string]*k8sobj.Pod{}
 	for _, key := range slices.Sorted(maps.Keys(objs)) {
 		o := objs[key]
 		switch {

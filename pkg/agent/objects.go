@@ -147,7 +147,7 @@ func (a *Agent) UpsertObjects(objs []k8sobj.Object) error {
 	for _, o := range objs {
 		c.objs[o.Key()] = o // in place: commit puts prev back if it fails
 	}
-	if err := a.commit(c.objs, prev, changed, true); err != nil {
+	if err := a.commit(c.objs, prev, changed, true, ""); err != nil {
 		return fmt.Errorf("upsert objects: %w", err)
 	}
 	for key := range changed {
@@ -209,7 +209,7 @@ func (a *Agent) DeleteObjects(refs []ObjectRef) error {
 	for key := range changed {
 		delete(c.objs, key) // in place: commit puts it back if it fails
 	}
-	if err := a.commit(c.objs, prev, changed, true); err != nil {
+	if err := a.commit(c.objs, prev, changed, true, ""); err != nil {
 		if len(keys) == 1 {
 			return fmt.Errorf("delete %s: %w", keys[0], err)
 		}
@@ -272,16 +272,22 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	c := a.ctl
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	next, changed := c.replaceSet(k, take)
-	err = a.commit(next, c.objs, changed, false)
+	// In place, as UpsertObjects: a copy of every object for each full set
+	// was the largest part of the initial sync's peak. commit puts prev back
+	// if it fails.
+	prev, changed := c.replaceInPlace(k, take)
+	err = a.commit(c.objs, prev, changed, true, k)
 	if errors.Is(err, ErrInvalid) && k == k8sobj.KindService {
 		// Services that claim one frontend: the oldest keeps it.
-		if clashes := c.refuseClashes(next, changed, take); len(clashes) > 0 {
+		prev, changed = c.replaceInPlace(k, take)
+		if clashes := c.refuseClashes(c.objs, changed, take); len(clashes) > 0 {
 			for _, r := range clashes {
-				delete(next, r.Object.Key()) // stays in changed: an earlier version goes
+				delete(c.objs, r.Object.Key()) // stays in changed: an earlier version goes
 			}
 			refused = append(refused, clashes...)
-			err = a.commit(next, c.objs, changed, false)
+			err = a.commit(c.objs, prev, changed, true, k)
+		} else {
+			c.revert(prev, changed)
 		}
 	}
 	if errors.Is(err, ErrInvalid) {
@@ -294,23 +300,25 @@ func (a *Agent) ReplaceObjects(kind k8sobj.Kind, objs []k8sobj.Object) ([]Refusa
 	return refused, nil
 }
 
-// replaceSet is the object set with objs as the full set of kind k, and the
-// keys that change (every key of kind k, old or new).
-func (c *ctlPlane) replaceSet(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k8sobj.Object, map[string]bool) {
-	next := map[string]k8sobj.Object{}
+// replaceInPlace makes objs the full set of kind k in c.objs: objects of
+// that kind not in objs are deleted. It returns the earlier versions of the
+// keys it changed (absent: new) and the keys (every key of kind k, old or
+// new), for commit or revert.
+func (c *ctlPlane) replaceInPlace(k k8sobj.Kind, objs []k8sobj.Object) (map[string]k8sobj.Object, map[string]bool) {
+	prev := map[string]k8sobj.Object{}
 	changed := map[string]bool{}
 	for key, o := range c.objs {
 		if o.Kind == k {
+			prev[key] = o
 			changed[key] = true // deleted unless given again
-			continue
+			delete(c.objs, key)
 		}
-		next[key] = o
 	}
 	for _, o := range objs {
-		next[o.Key()] = o
+		c.objs[o.Key()] = o
 		changed[o.Key()] = true
 	}
-	return next, changed
+	return prev, changed
 }
 
 // refuseClashes decides which of svcs (every Service in next) keep their
@@ -556,8 +564,10 @@ func policyRelevant(o k8sobj.Object) bool {
 // identities in one transaction, then program the datapath. prev holds the
 // changed keys' earlier versions (absent: new). With inPlace, next is c.objs
 // already edited (no copy of every object per change): a failure before the
-// store puts prev back. Called with c.mu.
-func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]bool, inPlace bool) (err error) {
+// store puts prev back. With full, changed is every key of that kind (a
+// full set): a large one is stored through store.ReplaceKind. Called with
+// c.mu.
+func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]bool, inPlace bool, full k8sobj.Kind) (err error) {
 	c := a.ctl
 	stored := false
 	if inPlace {
@@ -588,25 +598,7 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 			return err
 		}
 	}
-	err = a.st.Update(func(tx *store.Tx) error {
-		for key := range changed {
-			o, ok := next[key]
-			if !ok {
-				if err := tx.Delete(store.Objects, []byte(key)); err != nil {
-					return err
-				}
-				continue
-			}
-			raw, err := k8sobj.EncodeJSON(o)
-			if err != nil {
-				return err
-			}
-			if err := tx.Put(store.Objects, []byte(key), json.RawMessage(raw)); err != nil {
-				return err
-			}
-		}
-		return c.saveIdentitiesTx(tx)
-	})
+	err = a.storeObjects(next, changed, full)
 	if err != nil {
 		undoServices()
 		return fmt.Errorf("store objects: %w", err)
@@ -636,6 +628,51 @@ func (a *Agent) commit(next, prev map[string]k8sobj.Object, changed map[string]b
 		return fmt.Errorf("%w: %w", ErrDatapathPending, errors.Join(errs...))
 	}
 	return nil
+}
+
+// stageMin is the size of a full set from which commit stores it through
+// store.ReplaceKind: in transactions of a bounded size swapped in at once,
+// not one transaction holding every object's JSON and then a page for it
+// until its commit (the largest part of the initial sync's peak).
+const stageMin = 4096
+
+// storeObjects stores the changed objects (absent from next: deleted) and
+// the identities not saved yet, atomically. full: changed is kind full's
+// whole set.
+func (a *Agent) storeObjects(next map[string]k8sobj.Object, changed map[string]bool, full k8sobj.Kind) error {
+	c := a.ctl
+	if full != "" && len(changed) >= stageMin {
+		keys := make([]string, 0, len(changed))
+		for key := range changed {
+			if _, ok := next[key]; ok {
+				keys = append(keys, key)
+			}
+		}
+		slices.Sort(keys) // bbolt writes sorted keys best
+		return a.st.ReplaceKind(string(full), len(keys), func(i int) ([]byte, json.RawMessage, error) {
+			raw, err := k8sobj.EncodeJSON(next[keys[i]])
+			return []byte(keys[i]), raw, err
+		}, c.saveIdentitiesTx)
+	}
+	return a.st.Update(func(tx *store.Tx) error {
+		for key := range changed {
+			o, ok := next[key]
+			if !ok {
+				if err := tx.Delete(store.Objects, []byte(key)); err != nil {
+					return err
+				}
+				continue
+			}
+			raw, err := k8sobj.EncodeJSON(o)
+			if err != nil {
+				return err
+			}
+			if err := tx.PutRawIfChanged(store.Objects, []byte(key), raw); err != nil {
+				return err
+			}
+		}
+		return c.saveIdentitiesTx(tx)
+	})
 }
 
 // revert puts the changed keys of c.objs back to prev (absent: deleted).

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -127,5 +128,70 @@ func BenchmarkOnePolicyChangeAt1000Policies(b *testing.B) {
 		if err := a.DeleteObject(k8sobj.KindNetworkPolicy, "bench", "pol-1000"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestReplaceCopiesNoObjectSet: a kind's full set edits the object set in
+// place, as an upsert does: replacing the (empty) set of NetworkPolicies
+// beside 20,000 Services and slices allocates what the kind holds, not a
+// copy of every object (the initial sync's peak held one per kind).
+func TestReplaceCopiesNoObjectSet(t *testing.T) {
+	a := newCtlAgent(t, t.TempDir(), agenttest.NewMemoryDatapath())
+	objs := benchServiceObjects(10000)
+	for i := 0; i < len(objs); i += 2000 {
+		if err := a.UpsertObjects(objs[i:min(i+2000, len(objs))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if _, err := a.ReplaceObjects(k8sobj.KindNetworkPolicy, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a replace beside 20,000 objects allocated %d KB", alloc>>10)
+	if alloc > 512<<10 { // a copy of the 20,000-object set is ~2 MB
+		t.Errorf("replacing an empty kind beside 20,000 objects allocated %d KB, want <= 512 KB: the object set copied?", alloc>>10)
+	}
+	if got := len(a.Objects("")); got != 20000 {
+		t.Errorf("%d objects after the replace, want 20000", got)
+	}
+}
+
+// TestLargeFullSetStoredWhole: a full set past stageMin goes to the store
+// through its staged replace and survives a restart whole, and the next
+// full set's removals are gone after the next restart too.
+func TestLargeFullSetStoredWhole(t *testing.T) {
+	dir := t.TempDir()
+	a := newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	var svcs []k8sobj.Object
+	for _, o := range benchServiceObjects(stageMin + 100) {
+		if o.Service != nil {
+			svcs = append(svcs, o)
+		}
+	}
+	if _, err := a.ReplaceObjects(k8sobj.KindService, svcs); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	if got := len(a.Objects(k8sobj.KindService)); got != len(svcs) {
+		t.Fatalf("%d Services after a restart, want %d", got, len(svcs))
+	}
+	keep := svcs[:stageMin+10]
+	if _, err := a.ReplaceObjects(k8sobj.KindService, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a = newCtlAgent(t, dir, agenttest.NewMemoryDatapath())
+	got := a.Objects(k8sobj.KindService)
+	if len(got) != len(keep) || a.hasObject(k8sobj.KindService, "bench", svcs[len(svcs)-1].Name()) {
+		t.Errorf("%d Services after the smaller set and a restart, want %d", len(got), len(keep))
 	}
 }

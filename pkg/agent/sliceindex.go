@@ -13,8 +13,10 @@ import (
 // every object: the keys of each Service's slices in the committed object
 // set (ctlPlane.objs). One change then costs what it touches, not what the
 // agent holds (a pass over 20,000 objects per EndpointSlice event capped
-// the agent at ~60 Services/s).
-type sliceIndex map[service.ServiceID]map[string]struct{}
+// the agent at ~60 Services/s). A Service's keys are a sorted slice, not a
+// set: nearly every Service has one or two slices, and a map per Service
+// was most of the index.
+type sliceIndex map[service.ServiceID][]string
 
 // sliceOwner is the Service an EndpointSlice object belongs to.
 func sliceOwner(o k8sobj.Object) (service.ServiceID, bool) {
@@ -39,10 +41,10 @@ func (x sliceIndex) add(key string, o k8sobj.Object) {
 	if !ok {
 		return
 	}
-	if x[id] == nil {
-		x[id] = map[string]struct{}{}
+	keys := x[id]
+	if i, found := slices.BinarySearch(keys, key); !found {
+		x[id] = slices.Insert(keys, i, key)
 	}
-	x[id][key] = struct{}{}
 }
 
 func (x sliceIndex) remove(key string, o k8sobj.Object) {
@@ -50,9 +52,14 @@ func (x sliceIndex) remove(key string, o k8sobj.Object) {
 	if !ok {
 		return
 	}
-	delete(x[id], key)
-	if len(x[id]) == 0 {
+	keys := x[id]
+	i, found := slices.BinarySearch(keys, key)
+	switch {
+	case !found:
+	case len(keys) == 1:
 		delete(x, id)
+	default:
+		x[id] = slices.Delete(keys, i, i+1)
 	}
 }
 
@@ -86,10 +93,7 @@ func (x sliceIndex) slicesFor(objs map[string]k8sobj.Object, changed map[string]
 	out := make(map[service.ServiceID][]*discoveryv1.EndpointSlice, len(ids))
 	var keys []string
 	for _, id := range ids {
-		keys = keys[:0]
-		for k := range x[id] {
-			keys = append(keys, k)
-		}
+		keys = append(keys[:0], x[id]...)
 		keys = append(keys, moved[id]...)
 		slices.Sort(keys)
 		keys = slices.Compact(keys)

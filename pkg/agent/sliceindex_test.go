@@ -82,7 +82,7 @@ func checkSliceIndex(t *testing.T, a *Agent, when string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	want := newSliceIndex(c.objs)
-	if !maps.EqualFunc(c.slices, want, maps.Equal) {
+	if !maps.EqualFunc(c.slices, want, slices.Equal[[]string]) {
 		t.Fatalf("%s: index %v, a full pass finds %v", when, c.slices, want)
 	}
 	full := splitSlices(c.objs)

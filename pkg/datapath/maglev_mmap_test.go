@@ -52,7 +52,7 @@ func TestMaglevTablesLeaveNoMappings(t *testing.T) {
 		t.Fatalf("%d Maglev tables dumped, want 1500", len(got.Maglev))
 	}
 	for id, want := range u.Maglev {
-		if g := got.Maglev[id]; len(g) != len(want) || g[0] != want[0] || g[len(g)-1] != want[len(want)-1] {
+		if g, want := got.Maglev[id].Table(), want.Table(); len(g) != len(want) || g[0] != want[0] || g[len(g)-1] != want[len(want)-1] {
 			t.Fatalf("frontend %d: table read back differs (%d entries, want %d)", id, len(g), len(want))
 		}
 	}

@@ -165,8 +165,8 @@ func checkUpdate(u *service.Update) error {
 		if k.Proto != uint8(service.TCP) && k.Proto != uint8(service.UDP) {
 			return fmt.Errorf("%s: protocol %d is not TCP or UDP", what, k.Proto)
 		}
-		if t, ok := u.Maglev[v.FrontendID]; ok && uint32(len(t)) != v.MaglevSize {
-			return fmt.Errorf("%s: MaglevSize %d but its Maglev table has %d slots", what, v.MaglevSize, len(t))
+		if t, ok := u.Maglev[v.FrontendID]; ok && uint32(t.Len()) != v.MaglevSize {
+			return fmt.Errorf("%s: MaglevSize %d but its Maglev table has %d slots", what, v.MaglevSize, t.Len())
 		}
 		if v.MaglevSize > 0 && v.MaglevSize > 1<<24 {
 			return fmt.Errorf("%s: MaglevSize %d too large", what, v.MaglevSize)
@@ -176,15 +176,16 @@ func checkUpdate(u *service.Update) error {
 		if id == 0 {
 			return fmt.Errorf("maglev table of frontend 0")
 		}
-		if len(t) == 0 {
+		if t.Len() == 0 {
 			return fmt.Errorf("maglev table of frontend %d: empty (delete it instead)", id)
 		}
-		if len(t) < service.MaglevFloor {
-			return fmt.Errorf("maglev table of frontend %d: %d slots, fewer than service.MaglevFloor (%d)", id, len(t), service.MaglevFloor)
+		if t.Len() < service.MaglevFloor {
+			return fmt.Errorf("maglev table of frontend %d: %d slots, fewer than service.MaglevFloor (%d)", id, t.Len(), service.MaglevFloor)
 		}
 		// Each distinct backend ID once (a table holds few, many times).
 		var distinct []uint32
-		for i, b := range t {
+		for i := range t.Len() {
+			b := t.At(i)
 			if b == 0 {
 				return fmt.Errorf("maglev table of frontend %d: slot %d holds backend ID 0", id, i)
 			}
@@ -361,7 +362,7 @@ func deleteIfPresent(m *ebpf.Map, key any) error {
 // bounds the descriptors an update holds whatever its size (an agent's
 // first full set at 30,000 Services held one per Service and ran out of
 // RLIMIT_NOFILE).
-func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
+func (l *Loader) putMaglev(tables map[uint32]service.MaglevIDs) error {
 	var (
 		ids  []uint32
 		fds  []uint32
@@ -384,7 +385,8 @@ func (l *Loader) putMaglev(tables map[uint32][]uint32) error {
 		closeNews()
 		return nil
 	}
-	for id, table := range tables {
+	for id, packed := range tables {
+		table := packed.Table() // 4 bytes a slot for this write only
 		if cur := l.maglevTable(id); cur != nil {
 			same := cur.MaxEntries() == uint32(len(table))
 			var err error
@@ -513,7 +515,7 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	u := &service.Update{
-		Backends: map[service.BackendKey]service.BackendValue{}, Maglev: map[uint32][]uint32{},
+		Backends: map[service.BackendKey]service.BackendValue{}, Maglev: map[uint32]service.MaglevIDs{},
 		RevNat: map[service.RevNatKey]service.RevNatValue{}, Services: map[service.ServiceKey]service.ServiceValue{},
 		Backends6: map[service.BackendKey]service.BackendValue6{}, RevNat6: map[service.RevNatKey]service.RevNatValue6{},
 		Services6: map[service.ServiceKey6]service.ServiceValue{},
@@ -566,7 +568,7 @@ func (l *Loader) DumpServices() (*service.Update, error) {
 		if err != nil {
 			return nil, fmt.Errorf("dump maglev table %d: %w", id, err)
 		}
-		u.Maglev[id] = table
+		u.Maglev[id] = service.MaglevIDsOf(table)
 	}
 	return u, nil
 }

@@ -13,7 +13,7 @@ func TestApplyServicesRefusesBadUpdates(t *testing.T) {
 	good := func() *service.Update {
 		return &service.Update{
 			Backends: map[service.BackendKey]service.BackendValue{{ID: 7}: {Addr: [4]byte{10, 0, 0, 1}, Port: 80, Proto: 6, FrontendID: 3}},
-			Maglev:   map[uint32][]uint32{3: sevens(service.MaglevFloor)},
+			Maglev:   map[uint32]service.MaglevIDs{3: service.MaglevIDsOf(sevens(service.MaglevFloor))},
 			RevNat:   map[service.RevNatKey]service.RevNatValue{{FrontendID: 3}: {Addr: [4]byte{10, 96, 0, 1}, Port: 80}},
 			Services: map[service.ServiceKey]service.ServiceValue{{Addr: [4]byte{10, 96, 0, 1}, Port: 80, Proto: 6}: {FrontendID: 3, MaglevSize: service.MaglevFloor}},
 		}
@@ -34,9 +34,9 @@ func TestApplyServicesRefusesBadUpdates(t *testing.T) {
 		{"SCTP", "protocol 132 is not TCP or UDP", func(u *service.Update) {
 			u.Services[service.ServiceKey{Addr: [4]byte{10, 96, 0, 2}, Port: 80, Proto: 132}] = service.ServiceValue{FrontendID: 4}
 		}},
-		{"backend 0 in a table", "maglev table of frontend 3: slot 1 holds backend ID 0", func(u *service.Update) { u.Maglev[3][1] = 0 }},
-		{"table below the floor", "maglev table of frontend 6: 3 slots, fewer than", func(u *service.Update) { u.Maglev[6] = []uint32{7, 7, 7} }},
-		{"empty table", "maglev table of frontend 5: empty", func(u *service.Update) { u.Maglev[5] = []uint32{} }},
+		{"backend 0 in a table", "maglev table of frontend 3: slot 1 holds backend ID 0", func(u *service.Update) { t := u.Maglev[3].Table(); t[1] = 0; u.Maglev[3] = service.MaglevIDsOf(t) }},
+		{"table below the floor", "maglev table of frontend 6: 3 slots, fewer than", func(u *service.Update) { u.Maglev[6] = service.MaglevIDsOf([]uint32{7, 7, 7}) }},
+		{"empty table", "maglev table of frontend 5: empty", func(u *service.Update) { u.Maglev[5] = service.MaglevIDsOf([]uint32{}) }},
 		{"foreign backend", "maglev table of frontend 3: backend 7 belongs to frontend 9", func(u *service.Update) {
 			u.Backends[service.BackendKey{ID: 7}] = service.BackendValue{FrontendID: 9}
 		}},

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/socktest"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -228,11 +229,11 @@ func TestLiveSockLB(t *testing.T) {
 	// hostPort test's case) is its own frontend: 127.0.0.1 reaches the pod
 	// that asked for it, another loopback address still means the node's
 	// NodePort (both backends of web).
-	hp := &corev1.Pod{
+	hp := &k8sobj.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hp"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 8080, HostPort: 30090, HostIP: "127.0.0.1"}}}}},
-		Status: corev1.PodStatus{PodIP: "10.244.2.1", Phase: corev1.PodRunning},
+		Status: k8sobj.PodStatus{PodIP: "10.244.2.1", Phase: corev1.PodRunning},
 	}
 	hpModel := service.NewModel(service.Options{LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
 	ch, _, err := hpModel.Batch([]service.Edit{{ID: service.HostPortID(hp), Pod: hp}})

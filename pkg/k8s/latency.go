@@ -113,8 +113,8 @@ func sliceFamily(s *discoveryv1.EndpointSlice) string {
 // podPolicyChanged reports whether a pod update changes what the policy
 // compiles from it: labels, addresses or node.
 func podPolicyChanged(old, cur any) bool {
-	o, ok1 := old.(*corev1.Pod)
-	c, ok2 := cur.(*corev1.Pod)
+	o, ok1 := old.(*k8sobj.Pod)
+	c, ok2 := cur.(*k8sobj.Pod)
 	if !ok1 || !ok2 {
 		return true
 	}

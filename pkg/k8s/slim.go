@@ -5,7 +5,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kvv1 "kubevirt.io/api/core/v1"
 
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -19,16 +21,25 @@ import (
 // Kept: every object's metadata (labels and annotations are read: the
 // service-name label, trigger times, bandwidth and network-status
 // annotations) but its managedFields and kubectl's last-applied copy of the
-// whole object. Pods keep their node, hostNetwork, each container's name and
-// ports (named ports, hostPorts) and their addresses and phase; their
-// volumes, images, commands, environment, probes, resources, scheduling
-// constraints, container statuses and containers without ports go. Nodes keep their pod CIDRs,
-// addresses and taints; their image lists, volumes, capacity and conditions
-// go. Services, EndpointSlices, Namespaces and NetworkPolicies are read
-// whole.
+// whole object. Pods become the agent's own k8sobj.Pod (a corev1.Pod is
+// 1,240 bytes whatever it holds): their node, hostNetwork, each container
+// with ports (its name, ports, restart policy) and their addresses and
+// phase; of their metadata, not the owner references, finalizers or
+// generateName, and only the annotations the agent reads (podAnnotations:
+// pod annotations are anyone's who may edit pods, of any size). Nodes keep
+// their pod CIDRs, addresses and taints; their image lists, volumes,
+// capacity and conditions go. Services, EndpointSlices, Namespaces and
+// NetworkPolicies are read whole.
 
 // lastApplied is kubectl apply's annotation: the whole object again, as JSON.
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+// podAnnotations are the pod annotations the agent reads.
+var podAnnotations = []string{
+	agent.AnnotationEgressBandwidth, agent.AnnotationIngressBandwidth, // bandwidth.go
+	networkStatusAnnotation,                           // vmitrust.go: a launcher pod's networks
+	annotationDomain, kvv1.MigrationJobNameAnnotation, // vmi.go: a launcher pod's VMI and migration
+}
 
 func slim(obj any) (any, error) {
 	m, ok := obj.(metav1.Object)
@@ -44,52 +55,44 @@ func slim(obj any) (any, error) {
 	}
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		slimPod(o)
-		o.TypeMeta = typeMeta[k8sobj.KindPod]
+		p := slimPod(o)
+		internMeta(p, true)
+		internPod(p)
+		return p, nil
 	case *corev1.Node:
 		slimNode(o)
 	case *corev1.Namespace:
 		o.TypeMeta = typeMeta[k8sobj.KindNamespace]
 	case *corev1.Service:
 		o.TypeMeta = typeMeta[k8sobj.KindService]
+		internService(o)
 	case *discoveryv1.EndpointSlice:
 		o.TypeMeta = typeMeta[k8sobj.KindEndpointSlice]
+		internSlice(o)
+		internMeta(o, false) // its labels name its Service: a set of its own
+		return obj, nil
 	case *networkingv1.NetworkPolicy:
 		o.TypeMeta = typeMeta[k8sobj.KindNetworkPolicy]
 	}
+	internMeta(m, true)
 	return obj, nil
 }
 
-func slimPod(p *corev1.Pod) {
-	s := &p.Spec
-	*s = corev1.PodSpec{
-		NodeName: s.NodeName, HostNetwork: s.HostNetwork,
-		InitContainers: slimContainers(s.InitContainers), Containers: slimContainers(s.Containers),
-	}
-	st := &p.Status
-	*st = corev1.PodStatus{Phase: st.Phase, Reason: st.Reason, PodIP: st.PodIP, PodIPs: st.PodIPs, HostIP: st.HostIP, HostIPs: st.HostIPs}
-}
-
-// slimContainers keeps the containers that declare ports (the agent reads
-// named ports and hostPorts, nothing else of a container): a Container is
-// ~500 bytes even with only its name set, so 50,000 pods without ports
-// kept 26 MB of empty containers.
-func slimContainers(cs []corev1.Container) []corev1.Container {
-	n := 0
-	for _, c := range cs {
-		if len(c.Ports) > 0 {
-			n++
+// slimPod is what the agent keeps of a pod from the API server: the
+// transform's, or a pod read with a Get.
+func slimPod(p *corev1.Pod) *k8sobj.Pod {
+	out := k8sobj.SlimPod(p)
+	out.ManagedFields = nil
+	var keep map[string]string
+	for _, k := range podAnnotations {
+		if v, ok := p.Annotations[k]; ok {
+			if keep == nil {
+				keep = map[string]string{}
+			}
+			keep[k] = v
 		}
 	}
-	if n == 0 {
-		return nil
-	}
-	out := make([]corev1.Container, 0, n)
-	for _, c := range cs {
-		if len(c.Ports) > 0 {
-			out = append(out, corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy})
-		}
-	}
+	out.Annotations = keep
 	return out
 }
 

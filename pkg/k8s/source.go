@@ -40,6 +40,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
+	networkinginformers "k8s.io/client-go/informers/networking/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -166,11 +169,24 @@ func New(cfg Config) (*Source, error) {
 	// Only what the agent reads enters the caches (slim.go).
 	s.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(slim))
 	f := s.factory
-	s.kinds[k8sobj.KindNamespace] = f.Core().V1().Namespaces().Informer()
-	s.kinds[k8sobj.KindPod] = f.Core().V1().Pods().Informer()
-	s.kinds[k8sobj.KindService] = f.Core().V1().Services().Informer()
-	s.kinds[k8sobj.KindEndpointSlice] = f.Discovery().V1().EndpointSlices().Informer()
-	s.kinds[k8sobj.KindNetworkPolicy] = f.Networking().V1().NetworkPolicies().Informer()
+	// Without the factory's namespace index: nothing here looks objects up
+	// by namespace, and it held an entry per object.
+	all, none := metav1.NamespaceAll, cache.Indexers{}
+	s.kinds[k8sobj.KindNamespace] = f.InformerFor(&corev1.Namespace{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewNamespaceInformer(c, r, none)
+	})
+	s.kinds[k8sobj.KindPod] = f.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewPodInformer(c, all, r, none)
+	})
+	s.kinds[k8sobj.KindService] = f.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewServiceInformer(c, all, r, none)
+	})
+	s.kinds[k8sobj.KindEndpointSlice] = f.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewEndpointSliceInformer(c, all, r, none)
+	})
+	s.kinds[k8sobj.KindNetworkPolicy] = f.InformerFor(&networkingv1.NetworkPolicy{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return networkinginformers.NewNetworkPolicyInformer(c, all, r, none)
+	})
 	s.pods = s.kinds[k8sobj.KindPod]
 	if err := s.pods.AddIndexers(podAddrIndexers); err != nil { // vmitrust.go
 		return nil, fmt.Errorf("k8s source: pod index: %w", err)
@@ -183,7 +199,9 @@ func New(cfg Config) (*Source, error) {
 			return nil, fmt.Errorf("k8s source: %s handler: %w", kind, err)
 		}
 	}
-	s.nodes = f.Core().V1().Nodes().Informer()
+	s.nodes = f.InformerFor(&corev1.Node{}, func(c kubernetes.Interface, r time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewNodeInformer(c, r, none)
+	})
 	if _, err := s.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.kickNodes() },
 		UpdateFunc: func(any, any) { s.kickNodes() },
@@ -610,8 +628,10 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 	switch v := o.(type) {
 	case *corev1.Namespace:
 		is, obj.NamespaceObj = k8sobj.KindNamespace, typed(v, k8sobj.KindNamespace)
-	case *corev1.Pod:
-		is, obj.Pod = k8sobj.KindPod, typed(v, k8sobj.KindPod)
+	case *k8sobj.Pod:
+		is, obj.Pod = k8sobj.KindPod, v
+	case *corev1.Pod: // not from the transform
+		is, obj.Pod = k8sobj.KindPod, slimPod(v)
 	case *corev1.Service:
 		is, obj.Service = k8sobj.KindService, typed(v, k8sobj.KindService)
 	case *discoveryv1.EndpointSlice:

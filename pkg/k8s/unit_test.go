@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
@@ -60,8 +62,11 @@ func TestDesiredRoutes(t *testing.T) {
 func TestToObjectValidates(t *testing.T) {
 	ok := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}}
 	o, err := toObject(k8sobj.KindPod, ok)
-	if err != nil || o.Pod == nil || o.Pod.APIVersion != "v1" || o.Pod.Kind != "Pod" || o.Pod == ok {
-		t.Fatalf("toObject: %+v, %v (want a typed copy)", o, err)
+	if err != nil || o.Pod == nil || o.Pod.APIVersion != "v1" || o.Pod.Kind != "Pod" || o.Pod.Name != "p" {
+		t.Fatalf("toObject: %+v, %v (want the agent's slim pod)", o, err)
+	}
+	if sp := slimPod(ok); func() *k8sobj.Pod { o, _ := toObject(k8sobj.KindPod, sp); return o.Pod }() != sp {
+		t.Error("toObject copied the transform's pod (a second copy of every pod)")
 	}
 	bad := ok.DeepCopy()
 	bad.Status.PodIP = "not-an-ip"
@@ -80,5 +85,31 @@ func TestVMName(t *testing.T) {
 	long := VMName(strings.Repeat("n", 40), strings.Repeat("v", 40))
 	if err := endpoint.ValidateVMName(long); err != nil || long == VMName(strings.Repeat("n", 40), strings.Repeat("v", 41)) {
 		t.Errorf("long VMName %q: %v (want valid and distinct)", long, err)
+	}
+}
+
+// TestInformersIndexOnlyWhatIsLookedUp: the caches keep the indexes the
+// source looks objects up by (pods by address, slices by pod), not the
+// factory's namespace index, which held an entry per object and is read by
+// nothing here.
+func TestInformersIndexOnlyWhatIsLookedUp(t *testing.T) {
+	s, err := New(Config{NodeName: "n", Client: fake.NewClientset()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	infs := map[string]cache.SharedIndexInformer{"Node": s.nodes}
+	for k, inf := range s.kinds {
+		infs[string(k)] = inf
+	}
+	for k, inf := range infs {
+		if _, ok := inf.GetIndexer().GetIndexers()[cache.NamespaceIndex]; ok {
+			t.Errorf("%s informer keeps a namespace index", k)
+		}
+	}
+	if _, ok := s.pods.GetIndexer().GetIndexers()[podAddrIndex]; !ok {
+		t.Error("pods are not indexed by address")
+	}
+	if _, ok := s.kinds[k8sobj.KindEndpointSlice].GetIndexer().GetIndexers()[sliceByPodIndex]; !ok {
+		t.Error("slices are not indexed by pod")
 	}
 }

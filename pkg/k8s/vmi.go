@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
@@ -130,7 +130,7 @@ func (r *vmiResolver) resolve(podNamespace, podName, podUID string) (agent.VMIIn
 // error (the ADD is retried: a new address would break the VM's
 // connections); so is a dual-stack VM, whose IPv6 address cannot move
 // through this path.
-func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, pod *corev1.Pod) error {
+func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *kubevirt.VMI, u *unstructured.Unstructured, pod *k8sobj.Pod) error {
 	podName := pod.Name
 	m, err := kv.Migration()
 	if err != nil {
@@ -149,7 +149,7 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 		return fmt.Errorf("vmi %s/%s migrates to launcher pod %s but reports %d IPv4 addresses for its lanekit interface (want 1: the address it keeps)",
 			u.GetNamespace(), u.GetName(), podName, len(addrs))
 	}
-	var src *corev1.Pod
+	var src *k8sobj.Pod
 	if m.SourcePod != "" {
 		if src, err = r.launcherPod(ctx, u.GetNamespace(), m.SourcePod, ""); err != nil {
 			return fmt.Errorf("vmi %s/%s migrates to %s: source launcher pod: %w", u.GetNamespace(), u.GetName(), podName, err)
@@ -190,11 +190,11 @@ func incomingOf(ctx context.Context, r *vmiResolver, info *agent.VMIInfo, kv *ku
 
 // launcherPod returns the pod if it is a KubeVirt launcher pod (nil if it is
 // another pod), from the cache or else the API.
-func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid string) (*corev1.Pod, error) {
-	var pod *corev1.Pod
+func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid string) (*k8sobj.Pod, error) {
+	var pod *k8sobj.Pod
 	if r.s.pods != nil {
 		if o, ok, _ := r.s.pods.GetIndexer().GetByKey(namespace + "/" + name); ok {
-			if p, _ := o.(*corev1.Pod); p != nil && (uid == "" || string(p.UID) == uid) {
+			if p, _ := o.(*k8sobj.Pod); p != nil && (uid == "" || string(p.UID) == uid) {
 				pod = p
 			}
 		}
@@ -210,7 +210,7 @@ func (r *vmiResolver) launcherPod(ctx context.Context, namespace, name, uid stri
 		if uid != "" && string(p.UID) != uid {
 			return nil, fmt.Errorf("pod %s/%s is %s, CNI_ARGS say %s", namespace, name, p.UID, uid)
 		}
-		pod = p
+		pod = slimPod(p)
 	}
 	if pod.Labels[kvv1.AppLabel] != "virt-launcher" && pod.Labels[labelCreatedBy] == "" {
 		return nil, nil
@@ -429,7 +429,7 @@ func migrationOf(u *unstructured.Unstructured, node string) (*agent.VMIMigration
 // the migration object's creation: after the source's own (its VM was
 // active before the migration was asked for), before the claim of any
 // later migration.
-func (r *vmiResolver) pendingTarget(ctx context.Context, u *unstructured.Unstructured, pod *corev1.Pod) (*kubevirt.Migration, error) {
+func (r *vmiResolver) pendingTarget(ctx context.Context, u *unstructured.Unstructured, pod *k8sobj.Pod) (*kubevirt.Migration, error) {
 	uid, name := pod.Labels[kvv1.MigrationJobLabel], pod.Annotations[kvv1.MigrationJobNameAnnotation]
 	if uid == "" {
 		return nil, nil

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/lanekit/lanekit/pkg/agent"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
 
@@ -129,16 +130,16 @@ func incomingGeneration(m *kubevirt.Migration) uint64 {
 // podCache is what the claims read of the Pods.
 type podCache interface {
 	// Pod is a pod by name (nil when unknown).
-	Pod(namespace, name string) *corev1.Pod
+	Pod(namespace, name string) *k8sobj.Pod
 	// Holding are the pods that hold address a (podAddrs).
-	Holding(a netip.Addr) []*corev1.Pod
+	Holding(a netip.Addr) []*k8sobj.Pod
 }
 
 // cachedPods is a podCache over a pod informer's indexer (with
 // podAddrIndexers).
 type cachedPods struct{ idx cache.Indexer }
 
-func (c cachedPods) Pod(namespace, name string) *corev1.Pod {
+func (c cachedPods) Pod(namespace, name string) *k8sobj.Pod {
 	if c.idx == nil || name == "" {
 		return nil
 	}
@@ -146,18 +147,18 @@ func (c cachedPods) Pod(namespace, name string) *corev1.Pod {
 	if !ok {
 		return nil
 	}
-	p, _ := o.(*corev1.Pod)
+	p, _ := o.(*k8sobj.Pod)
 	return p
 }
 
-func (c cachedPods) Holding(a netip.Addr) []*corev1.Pod {
+func (c cachedPods) Holding(a netip.Addr) []*k8sobj.Pod {
 	if c.idx == nil {
 		return nil
 	}
 	os, _ := c.idx.ByIndex(podAddrIndex, a.String())
-	var out []*corev1.Pod
+	var out []*k8sobj.Pod
 	for _, o := range os {
-		if p, ok := o.(*corev1.Pod); ok {
+		if p, ok := o.(*k8sobj.Pod); ok {
 			out = append(out, p)
 		}
 	}

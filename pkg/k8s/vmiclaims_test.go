@@ -22,6 +22,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 	"github.com/lanekit/lanekit/pkg/netdev/netnstest"
 	"github.com/lanekit/lanekit/pkg/policy"
@@ -98,12 +99,12 @@ func launcherPods(uid string, ips ...string) map[string]*corev1.Pod {
 }
 
 // podMap is a podCache over pods by name (one namespace).
-type podMap map[string]*corev1.Pod
+type podMap map[string]*k8sobj.Pod
 
-func (m podMap) Pod(_, name string) *corev1.Pod { return m[name] }
+func (m podMap) Pod(_, name string) *k8sobj.Pod { return m[name] }
 
-func (m podMap) Holding(a netip.Addr) []*corev1.Pod {
-	var out []*corev1.Pod
+func (m podMap) Holding(a netip.Addr) []*k8sobj.Pod {
+	var out []*k8sobj.Pod
 	for _, p := range m {
 		if slices.Contains(podAddrs(p), a) {
 			out = append(out, p)
@@ -112,7 +113,14 @@ func (m podMap) Holding(a netip.Addr) []*corev1.Pod {
 	return out
 }
 
-func lookupIn(pods map[string]*corev1.Pod) podCache { return podMap(pods) }
+// lookupIn is a podCache over pods as the source's cache holds them.
+func lookupIn(pods map[string]*corev1.Pod) podCache {
+	m := podMap{}
+	for name, p := range pods {
+		m[name] = slimPod(p)
+	}
+	return m
+}
 
 // withIfaces sets status.interfaces: the lanekit-bound "fast" with addr and
 // another network's "other" with 10.9.9.9 (never claimed).
@@ -664,14 +672,14 @@ func TestClaimInputsChanged(t *testing.T) {
 	} {
 		cur := base.DeepCopy()
 		change(cur)
-		if !claimInputsChanged(base, cur) {
+		if !claimInputsChanged(slimPod(base), slimPod(cur)) {
 			t.Errorf("%s changed: claims not recomputed", name)
 		}
 	}
 	cur := base.DeepCopy()
 	cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 	cur.ResourceVersion = "7"
-	if claimInputsChanged(base, cur) {
+	if claimInputsChanged(slimPod(base), slimPod(cur)) {
 		t.Error("a status update that changes no claim input recomputed the claims")
 	}
 }

@@ -41,6 +41,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // networkStatusAnnotation is Multus' record of a pod's networks.
@@ -70,7 +72,7 @@ func (s networkStatus) addrs() []netip.Addr {
 // launcherNetworks returns the address sets of a VMI's launcher pod's
 // secondary networks (one per network-status entry), after checking that the
 // pod is that VMI's launcher (created by its UID) on node.
-func launcherNetworks(pod *corev1.Pod, vmiUID types.UID, node string) ([][]netip.Addr, error) {
+func launcherNetworks(pod *k8sobj.Pod, vmiUID types.UID, node string) ([][]netip.Addr, error) {
 	if pod == nil {
 		return nil, fmt.Errorf("launcher pod not found")
 	}
@@ -88,7 +90,7 @@ func launcherNetworks(pod *corev1.Pod, vmiUID types.UID, node string) ([][]netip
 
 // networkStatuses are the entries of a pod's network-status annotation
 // (none without it).
-func networkStatuses(pod *corev1.Pod) ([]networkStatus, error) {
+func networkStatuses(pod *k8sobj.Pod) ([]networkStatus, error) {
 	raw := pod.Annotations[networkStatusAnnotation]
 	if raw == "" {
 		return nil, nil
@@ -102,7 +104,7 @@ func networkStatuses(pod *corev1.Pod) ([]networkStatus, error) {
 
 // secondaryNetworks are the address sets of a pod's secondary networks, one
 // per entry of its network-status annotation (none without it).
-func secondaryNetworks(pod *corev1.Pod) ([][]netip.Addr, error) {
+func secondaryNetworks(pod *k8sobj.Pod) ([][]netip.Addr, error) {
 	st, err := networkStatuses(pod)
 	if err != nil {
 		return nil, err
@@ -121,7 +123,7 @@ const podAddrIndex = "lanekit-addr"
 
 // podAddrIndexers index a pod under each address it holds (podAddrs).
 var podAddrIndexers = cache.Indexers{podAddrIndex: func(o any) ([]string, error) {
-	p, ok := o.(*corev1.Pod)
+	p, ok := o.(*k8sobj.Pod)
 	if !ok {
 		return nil, nil
 	}
@@ -135,7 +137,7 @@ var podAddrIndexers = cache.Indexers{podAddrIndex: func(o any) ([]string, error)
 // podAddrs are the addresses a pod holds: its status.podIPs and the
 // addresses of its secondary networks, unless it runs in the host network
 // or has terminated (its addresses went back to the IPAM).
-func podAddrs(p *corev1.Pod) []netip.Addr {
+func podAddrs(p *k8sobj.Pod) []netip.Addr {
 	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return nil
 	}
@@ -158,7 +160,7 @@ func podAddrs(p *corev1.Pod) []netip.Addr {
 
 // heldByOther refuses address a of the VMI vmiUID when a pod other than
 // that VMI's launcher pods holds it (holders: the pods that hold a).
-func heldByOther(a netip.Addr, vmiUID types.UID, holders []*corev1.Pod) error {
+func heldByOther(a netip.Addr, vmiUID types.UID, holders []*k8sobj.Pod) error {
 	for _, p := range holders {
 		if p.Labels[labelCreatedBy] == string(vmiUID) && !slices.Contains(p.Status.PodIPs, corev1.PodIP{IP: a.String()}) {
 			continue // one of this VMI's launcher pods, given a on lanekit's network
@@ -171,7 +173,7 @@ func heldByOther(a netip.Addr, vmiUID types.UID, holders []*corev1.Pod) error {
 // launcherAddrs keeps the reported addresses of VMI vmiUID that its launcher
 // pod on node was given (launcherNetworks, verifiedAddrs), with the network
 // each is in.
-func launcherAddrs(reported []netip.Addr, pod *corev1.Pod, vmiUID types.UID, node string) (kept []netip.Addr, net [][]netip.Addr, err error) {
+func launcherAddrs(reported []netip.Addr, pod *k8sobj.Pod, vmiUID types.UID, node string) (kept []netip.Addr, net [][]netip.Addr, err error) {
 	nets, err := launcherNetworks(pod, vmiUID, node)
 	if err != nil {
 		return nil, nil, err
@@ -231,8 +233,8 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // moved VM addresses read from pods (launcherNetworks, podAddrs): every pod
 // update in the cluster would otherwise recompute every VMI's claims.
 func claimInputsChanged(old, cur any) bool {
-	o, ok1 := old.(*corev1.Pod)
-	c, ok2 := cur.(*corev1.Pod)
+	o, ok1 := old.(*k8sobj.Pod)
+	c, ok2 := cur.(*k8sobj.Pod)
 	if !ok1 || !ok2 {
 		return true
 	}

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -62,7 +61,7 @@ func targetPod(es *discoveryv1.EndpointSlice, e discoveryv1.Endpoint) (ns, name 
 
 // vmNetworks are the address sets of a pod's lanekit VM attachments: the
 // network-status entries whose device-info is vhost-user.
-func vmNetworks(pod *corev1.Pod) [][]netip.Addr {
+func vmNetworks(pod *k8sobj.Pod) [][]netip.Addr {
 	st, _ := networkStatuses(pod)
 	var out [][]netip.Addr
 	for _, s := range st {
@@ -76,7 +75,7 @@ func vmNetworks(pod *corev1.Pod) [][]netip.Addr {
 // vmBackend is the VM address that stands for a launcher pod's endpoint of
 // the given family (discovery address type), if the pod is a VMI's launcher
 // with exactly one trusted lanekit VM address of that family.
-func vmBackend(pod *corev1.Pod, family discoveryv1.AddressType, pods podCache, nodes []any) (netip.Addr, bool) {
+func vmBackend(pod *k8sobj.Pod, family discoveryv1.AddressType, pods podCache, nodes []any) (netip.Addr, bool) {
 	vmi := types.UID(pod.Labels[labelCreatedBy])
 	if vmi == "" || pod.Spec.HostNetwork {
 		return netip.Addr{}, false
@@ -145,7 +144,7 @@ func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes func() []any) *
 }
 
 // kickSlicesOf queues the EndpointSlices that name pod p.
-func (s *Source) kickSlicesOf(p *corev1.Pod) {
+func (s *Source) kickSlicesOf(p *k8sobj.Pod) {
 	if p == nil || p.Labels[labelCreatedBy] == "" {
 		return
 	}
@@ -168,10 +167,10 @@ func (s *Source) object(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 }
 
 // podOf is the pod of an informer event (a tombstone's too), or nil.
-func podOf(o any) *corev1.Pod {
+func podOf(o any) *k8sobj.Pod {
 	if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 		o = d.Obj
 	}
-	p, _ := o.(*corev1.Pod)
+	p, _ := o.(*k8sobj.Pod)
 	return p
 }

@@ -99,13 +99,13 @@ func TestVMSliceTrust(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			pods := map[string]*corev1.Pod{}
+			pods := podMap{}
 			for _, p := range c.pods {
-				pods[p.Name] = p
+				pods[p.Name] = slimPod(p)
 			}
 			es := sliceOf(discoveryv1.AddressTypeIPv4, c.pods...)
 			orig := addrsOf(es)
-			out := vmSlice(es, podMap(pods), func() []any { return nodes })
+			out := vmSlice(es, pods, func() []any { return nodes })
 			if got := addrsOf(out); !slices.Equal(got, c.want) {
 				t.Errorf("addresses %v, want %v", got, c.want)
 			}
@@ -116,7 +116,7 @@ func TestVMSliceTrust(t *testing.T) {
 	}
 	// An IPv6 slice of an IPv4-only VM is left alone.
 	l := vmLauncher("virt-launcher-vm1-a", "node-a", "uid-1", "fd00::9", vmLauncherStatus("vhost-user", "10.244.1.5"))
-	es := vmSlice(sliceOf(discoveryv1.AddressTypeIPv6, l), podMap{l.Name: l}, func() []any { return nodes })
+	es := vmSlice(sliceOf(discoveryv1.AddressTypeIPv6, l), podMap{l.Name: slimPod(l)}, func() []any { return nodes })
 	if got := addrsOf(es); !slices.Equal(got, []string{"fd00::9"}) {
 		t.Errorf("IPv6 slice: %v", got)
 	}

@@ -86,7 +86,7 @@ type Object struct {
 	EndpointSlice *discoveryv1.EndpointSlice
 	NetworkPolicy *networkingv1.NetworkPolicy
 	NamespaceObj  *corev1.Namespace // Kind Namespace (Namespace() is every kind's namespace accessor)
-	Pod           *corev1.Pod
+	Pod           *Pod              // what lanekit reads of a v1 Pod (pod.go)
 }
 
 // Namespace returns the object's namespace.
@@ -329,11 +329,13 @@ func decodeOne(index int, js []byte) (Object, error) {
 		o.NamespaceObj = &corev1.Namespace{}
 		target = o.NamespaceObj
 	case KindPod:
-		o.Pod = &corev1.Pod{}
-		target = o.Pod
+		target = &corev1.Pod{}
 	}
 	if err := strictUnmarshal(js, target); err != nil {
 		return Object{}, &DocError{Index: index, Object: what, Err: err}
+	}
+	if p, ok := target.(*corev1.Pod); ok {
+		o.Pod = SlimPod(p)
 	}
 	defaultNamespace(&o)
 	if err := Validate(o); err != nil {
@@ -419,29 +421,31 @@ func EncodeJSON(o Object) ([]byte, error) {
 	return b, nil
 }
 
-// typed returns a copy of o's object with its TypeMeta filled in.
+// typed returns a shallow copy of o's object with its TypeMeta filled in:
+// what it shares with o is only read (encoded), and a deep copy of each
+// object a store transaction writes was most of what it allocated.
 func typed(o Object) (any, error) {
 	switch {
 	case o.Service != nil:
-		c := o.Service.DeepCopy()
+		c := *o.Service
 		c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
-		return c, nil
+		return &c, nil
 	case o.EndpointSlice != nil:
-		c := o.EndpointSlice.DeepCopy()
+		c := *o.EndpointSlice
 		c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
-		return c, nil
+		return &c, nil
 	case o.NetworkPolicy != nil:
-		c := o.NetworkPolicy.DeepCopy()
+		c := *o.NetworkPolicy
 		c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
-		return c, nil
+		return &c, nil
 	case o.NamespaceObj != nil:
-		c := o.NamespaceObj.DeepCopy()
+		c := *o.NamespaceObj
 		c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
-		return c, nil
+		return &c, nil
 	case o.Pod != nil:
-		c := o.Pod.DeepCopy()
+		c := *o.Pod
 		c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
-		return c, nil
+		return &c, nil
 	}
 	return nil, errors.New("empty object")
 }

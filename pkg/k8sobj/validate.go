@@ -542,7 +542,7 @@ func validateNamespace(ns *corev1.Namespace) field.ErrorList {
 
 // PodIPv4 returns the pod's IPv4 address (status.podIPs, else status.podIP);
 // ok is false when it has none yet.
-func PodIPv4(pod *corev1.Pod) (netip.Addr, bool) {
+func PodIPv4(pod *Pod) (netip.Addr, bool) {
 	for _, pip := range pod.Status.PodIPs {
 		if ip, err := netip.ParseAddr(pip.IP); err == nil && ip.Is4() {
 			return ip, true
@@ -556,7 +556,7 @@ func PodIPv4(pod *corev1.Pod) (netip.Addr, bool) {
 
 // PodIPv6 returns the pod's IPv6 address (status.podIPs, else status.podIP);
 // ok is false when it has none.
-func PodIPv6(pod *corev1.Pod) (netip.Addr, bool) {
+func PodIPv6(pod *Pod) (netip.Addr, bool) {
 	for _, pip := range pod.Status.PodIPs {
 		if ip, err := netip.ParseAddr(pip.IP); err == nil && ip.Is6() && !ip.Is4In6() {
 			return ip, true
@@ -568,7 +568,7 @@ func PodIPv6(pod *corev1.Pod) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-func validatePod(pod *corev1.Pod) field.ErrorList {
+func validatePod(pod *Pod) field.ErrorList {
 	errs := validateMeta(&pod.ObjectMeta, field.NewPath("metadata"))
 	if pod.Namespace == "" {
 		errs = append(errs, field.Required(field.NewPath("metadata", "namespace"), ""))

@@ -120,7 +120,7 @@ func (p *NamedPod) podObject() k8sobj.Object {
 		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports,
 			corev1.ContainerPort{Name: pp.Name, ContainerPort: pp.Port, Protocol: corev1.Protocol(pp.Protocol)})
 	}
-	return k8sobj.Object{Kind: k8sobj.KindPod, Pod: pod}
+	return k8sobj.Object{Kind: k8sobj.KindPod, Pod: k8sobj.SlimPod(pod)}
 }
 
 // cniArgs are the CNI_ARGS of the pod's ADD: what kubelet passes plus one
@@ -168,7 +168,7 @@ func AddPod(ctx context.Context, o PodOptions) (_ *NamedPod, err error) {
 	// Validate the Pod object (name, labels, ports) before creating anything;
 	// the IP is filled in after the ADD.
 	probe := p.podObject()
-	probe.Pod.Status = corev1.PodStatus{}
+	probe.Pod.Status = k8sobj.PodStatus{}
 	if err := k8sobj.Check(probe); err != nil {
 		return nil, fmt.Errorf("pod %s: %w", o.Name, err)
 	}

@@ -72,7 +72,7 @@ func (t *Tables) adoptFront(fk FrontendKey, v ServiceValue, u *Update, byFront m
 	}
 	p := &programmed{id: v.FrontendID, svcVal: v}
 	if v.MaglevSize > 0 {
-		p.adopted = slices.Clone(u.Maglev[v.FrontendID])
+		p.adopted = u.Maglev[v.FrontendID].Table()
 	}
 	t.fronts[fk] = p
 	t.usedFront[p.id] = true

@@ -26,7 +26,7 @@ func TestAdoptKeepsIDs(t *testing.T) {
 	// An orphan backend and rev-NAT entry, and a frontend the new model drops.
 	dp.back[BackendKey{9999}] = BackendValue{FrontendID: 4242}
 	dp.revnat[RevNatKey{4242}] = RevNatValue{}
-	dump := &Update{Services: dp.svc, Backends: dp.back, Maglev: dp.maglev, RevNat: dp.revnat}
+	dump := &Update{Services: dp.svc, Backends: dp.back, Maglev: maglevIDsOf(dp.maglev), RevNat: dp.revnat}
 
 	// Restart: the model lost service 0 and service 1 gained a backend.
 	m2 := m.Without(ServiceID{svcs[0].Namespace, svcs[0].Name})

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // HostPortPrefix starts the ServiceID name of a pod's hostPorts: "hostport/"
@@ -13,7 +15,7 @@ import (
 const HostPortPrefix = "hostport/"
 
 // HostPortID names the pseudo-service that holds a pod's hostPorts.
-func HostPortID(pod *corev1.Pod) ServiceID {
+func HostPortID(pod *k8sobj.Pod) ServiceID {
 	return ServiceID{Namespace: pod.Namespace, Name: HostPortPrefix + pod.Name}
 }
 
@@ -21,7 +23,7 @@ func HostPortID(pod *corev1.Pod) ServiceID {
 func (id ServiceID) IsHostPort() bool { return strings.HasPrefix(id.Name, HostPortPrefix) }
 
 // HasHostPorts says whether any container of the pod asks for a hostPort.
-func HasHostPorts(pod *corev1.Pod) bool {
+func HasHostPorts(pod *k8sobj.Pod) bool {
 	for _, c := range pod.Spec.Containers {
 		for _, p := range c.Ports {
 			if p.HostPort > 0 {
@@ -48,7 +50,7 @@ func HasHostPorts(pod *corev1.Pod) bool {
 // processes send, so a pod naming another pod's address, 169.254.169.254 or
 // the API server's as hostIP would capture their connections to it. Such
 // ports are what HostPortsIgnored returns; the pod's other hostPorts stay.
-func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
+func HostPortFrontends(pod *k8sobj.Pod, opts Options) []*Frontend {
 	out, _ := hostPorts(pod, opts)
 	return out
 }
@@ -56,13 +58,13 @@ func HostPortFrontends(pod *corev1.Pod, opts Options) []*Frontend {
 // HostPortsIgnored returns the hostPorts of a pod on this node that get no
 // frontend because their hostIP is not an address of this node or their
 // protocol is not load-balanced (SCTP).
-func HostPortsIgnored(pod *corev1.Pod, opts Options) []Ignored {
+func HostPortsIgnored(pod *k8sobj.Pod, opts Options) []Ignored {
 	_, ignored := hostPorts(pod, opts)
 	return ignored
 }
 
 // hostPorts is HostPortFrontends and HostPortsIgnored in one pass.
-func hostPorts(pod *corev1.Pod, opts Options) ([]*Frontend, []Ignored) {
+func hostPorts(pod *k8sobj.Pod, opts Options) ([]*Frontend, []Ignored) {
 	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil, nil
 	}
@@ -119,7 +121,7 @@ func hostPorts(pod *corev1.Pod, opts Options) ([]*Frontend, []Ignored) {
 	return out, ignored
 }
 
-func podIPStrings(pod *corev1.Pod) []string {
+func podIPStrings(pod *k8sobj.Pod) []string {
 	out := make([]string, 0, len(pod.Status.PodIPs))
 	for _, p := range pod.Status.PodIPs {
 		out = append(out, p.IP)

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 func TestHostPortFrontends(t *testing.T) {
@@ -14,17 +16,17 @@ func TestHostPortFrontends(t *testing.T) {
 		NodeAddrs:     []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1")},
 		LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
 	}
-	pod := func(mut func(*corev1.Pod)) *corev1.Pod {
-		p := &corev1.Pod{
+	pod := func(mut func(*k8sobj.Pod)) *k8sobj.Pod {
+		p := &k8sobj.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+			Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 				{ContainerPort: 80, HostPort: 8080},
 				{ContainerPort: 53, HostPort: 5353, Protocol: corev1.ProtocolUDP, HostIP: "0.0.0.0"},
 				{ContainerPort: 81, HostPort: 8081, HostIP: "192.168.2.1"},
 				{ContainerPort: 82, HostPort: 8082, HostIP: "fd00::1"},
 				{ContainerPort: 83},
 			}}}},
-			Status: corev1.PodStatus{PodIP: "10.244.1.7", Phase: corev1.PodRunning},
+			Status: k8sobj.PodStatus{PodIP: "10.244.1.7", Phase: corev1.PodRunning},
 		}
 		if mut != nil {
 			mut(p)
@@ -53,15 +55,15 @@ func TestHostPortFrontends(t *testing.T) {
 		}
 	}
 	now := metav1.Now()
-	if fes := HostPortFrontends(pod(func(p *corev1.Pod) { p.DeletionTimestamp = &now }), opts); len(fes) != 5 {
+	if fes := HostPortFrontends(pod(func(p *k8sobj.Pod) { p.DeletionTimestamp = &now }), opts); len(fes) != 5 {
 		t.Errorf("terminating: %d frontends, want 5 (kept until it stops)", len(fes))
 	}
-	for name, p := range map[string]*corev1.Pod{
-		"remote":       pod(func(p *corev1.Pod) { p.Status.PodIP = "10.244.2.7" }),
-		"no address":   pod(func(p *corev1.Pod) { p.Status.PodIP = "" }),
-		"hostNetwork":  pod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
-		"succeeded":    pod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
-		"no hostPorts": pod(func(p *corev1.Pod) { p.Spec.Containers[0].Ports = p.Spec.Containers[0].Ports[4:] }),
+	for name, p := range map[string]*k8sobj.Pod{
+		"remote":       pod(func(p *k8sobj.Pod) { p.Status.PodIP = "10.244.2.7" }),
+		"no address":   pod(func(p *k8sobj.Pod) { p.Status.PodIP = "" }),
+		"hostNetwork":  pod(func(p *k8sobj.Pod) { p.Spec.HostNetwork = true }),
+		"succeeded":    pod(func(p *k8sobj.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+		"no hostPorts": pod(func(p *k8sobj.Pod) { p.Spec.Containers[0].Ports = p.Spec.Containers[0].Ports[4:] }),
 	} {
 		if fes := HostPortFrontends(p, opts); len(fes) != 0 {
 			t.Errorf("%s: %d frontends, want none", name, len(fes))
@@ -78,14 +80,14 @@ func TestHostPortFrontendsDualStack(t *testing.T) {
 		NodeAddrs:     []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("fd00:77::1")},
 		LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")},
 	}
-	p := &corev1.Pod{
+	p := &k8sobj.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 80, HostPort: 8080},
 			{ContainerPort: 81, HostPort: 8081, HostIP: "192.168.1.1"},
 			{ContainerPort: 82, HostPort: 8082, HostIP: "fd00:77::1"},
 		}}}},
-		Status: corev1.PodStatus{PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00:10:244:1::7"}},
+		Status: k8sobj.PodStatus{PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00:10:244:1::7"}},
 			Phase: corev1.PodRunning},
 	}
 	var got []string
@@ -139,13 +141,13 @@ func TestHostPortForeignHostIP(t *testing.T) {
 	} {
 		t.Run(c.hostIP, func(t *testing.T) {
 			hostIP := netip.MustParseAddr(c.hostIP)
-			p := &corev1.Pod{
+			p := &k8sobj.Pod{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "p"},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+				Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 					{ContainerPort: 80, HostPort: 80, HostIP: c.hostIP},
 					{ContainerPort: 81, HostPort: 8081}, // every node address: stays
 				}}}},
-				Status: corev1.PodStatus{PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00:10:244:1::7"}},
+				Status: k8sobj.PodStatus{PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00:10:244:1::7"}},
 					Phase: corev1.PodRunning},
 			}
 			onHostIP, others := 0, 0
@@ -176,11 +178,11 @@ func TestHostPortForeignHostIP(t *testing.T) {
 		})
 	}
 	// Another node's pod: neither frontends nor anything reported.
-	remote := &corev1.Pod{
+	remote := &k8sobj.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "r"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 80, HostPort: 80, HostIP: "169.254.169.254"}}}}},
-		Status: corev1.PodStatus{PodIP: "10.244.2.7", Phase: corev1.PodRunning},
+		Status: k8sobj.PodStatus{PodIP: "10.244.2.7", Phase: corev1.PodRunning},
 	}
 	if g := HostPortsIgnored(remote, opts); len(g) != 0 {
 		t.Errorf("another node's pod: ignored %v, want nothing (not this node's to serve or report)", g)

@@ -574,7 +574,7 @@ func (m *Model) remove(id ServiceID) {
 
 // Shadowed returns the hostPort frontends of pod that the model does not
 // hold for it (another service has the address, port and protocol).
-func (m *Model) Shadowed(pod *corev1.Pod) []FrontendKey {
+func (m *Model) Shadowed(pod *k8sobj.Pod) []FrontendKey {
 	var out []FrontendKey
 	for _, f := range HostPortFrontends(pod, m.opts) {
 		if h := m.frontends[f.Key]; h == nil || h.Service != f.Service {
@@ -619,7 +619,7 @@ type Edit struct {
 	ID      ServiceID
 	Service *corev1.Service
 	Slices  []*discoveryv1.EndpointSlice
-	Pod     *corev1.Pod
+	Pod     *k8sobj.Pod
 }
 
 // Batch applies edits to the model in place, all or nothing: on error the

@@ -95,7 +95,7 @@ endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addre
 	if rn := u.RevNat6[RevNatKey{id}]; netip.AddrFrom16(rn.Addr) != netip.MustParseAddr("fd00:96::10") || rn.Port != 80 {
 		t.Errorf("IPv6 rev-NAT entry %+v", rn)
 	}
-	for _, b := range u.Maglev[id] {
+	for _, b := range u.Maglev[id].Table() {
 		if _, ok := u.Backends6[BackendKey{b}]; !ok {
 			t.Fatalf("the IPv6 frontend's Maglev table names backend %d, no IPv6 backend", b)
 		}

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // TestSCTPPortBesideTCPAndUDP: a Service with TCP, UDP and SCTP ports, and an
@@ -57,12 +59,12 @@ endpoints:
 		t.Errorf("ignored %v, want 5060/SCTP and 2905/SCTP (%s)", ign, ReasonProtocolUnsupported)
 	}
 
-	pod := &corev1.Pod{
+	pod := &k8sobj.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "tel", Name: "p"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{
+		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 2905, HostPort: 2905, Protocol: corev1.ProtocolSCTP},
 			{ContainerPort: 80, HostPort: 8080, Protocol: corev1.ProtocolTCP}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.8"},
+		Status: k8sobj.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.8"},
 	}
 	opts := Options{NodeAddrs: []netip.Addr{netip.MustParseAddr("192.168.1.1")}, LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
 	hp, ignored := hostPorts(pod, opts)

@@ -79,7 +79,7 @@ func (u *Update) Part(in func(id uint32) bool) *Update {
 	p := &Update{}
 	p.Backends = partOf(u.Backends, func(_ BackendKey, v BackendValue) bool { return in(v.FrontendID) })
 	p.Backends6 = partOf(u.Backends6, func(_ BackendKey, v BackendValue6) bool { return in(v.FrontendID) })
-	p.Maglev = partOf(u.Maglev, func(id uint32, _ []uint32) bool { return in(id) })
+	p.Maglev = partOf(u.Maglev, func(id uint32, _ MaglevIDs) bool { return in(id) })
 	p.RevNat = partOf(u.RevNat, func(k RevNatKey, _ RevNatValue) bool { return in(k.FrontendID) })
 	p.RevNat6 = partOf(u.RevNat6, func(k RevNatKey, _ RevNatValue6) bool { return in(k.FrontendID) })
 	p.Services = partOf(u.Services, func(_ ServiceKey, v ServiceValue) bool { return in(v.FrontendID) })

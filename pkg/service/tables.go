@@ -123,7 +123,7 @@ type RevNatValue struct {
 // flags them; ranges taken away go after it.)
 type Update struct {
 	Backends       map[BackendKey]BackendValue
-	Maglev         map[uint32][]uint32 // FrontendID → backend ID per slot
+	Maglev         map[uint32]MaglevIDs // FrontendID → backend ID per slot
 	RevNat         map[RevNatKey]RevNatValue
 	Services       map[ServiceKey]ServiceValue
 	ServiceDeletes []ServiceKey
@@ -181,12 +181,54 @@ type programmed struct {
 // hasMaglev says whether p has a Maglev table programmed.
 func (p *programmed) hasMaglev() bool { return !p.maglev.None() || p.adopted != nil }
 
-// maglevTable is p's programmed Maglev table (nil: none).
-func (p *programmed) maglevTable() []uint32 {
+// maglevTable is p's programmed Maglev table (p.hasMaglev).
+func (p *programmed) maglevTable() MaglevIDs {
 	if p.adopted != nil {
-		return slices.Clone(p.adopted)
+		return MaglevIDs{raw: p.adopted}
 	}
-	return maglevTable(p.maglev, p.maglevIDs)
+	return MaglevIDs{idx: p.maglev, ids: p.maglevIDs}
+}
+
+// MaglevIDs is a Maglev table of backend IDs as an update carries it: a
+// frontend's table of backend indexes (a byte a slot up to 256 backends)
+// over its backends' IDs, or a table as read from the maps. Expanded to 4
+// bytes a slot only as the datapath writes it (Table): an update of every
+// frontend (the first full set) held them all expanded, 2 KB per
+// 4-backend frontend. Its parts are never changed once in an update.
+type MaglevIDs struct {
+	idx MaglevTable
+	ids []uint32
+	raw []uint32
+}
+
+// MaglevIDsOf is a table of backend IDs as read.
+func MaglevIDsOf(table []uint32) MaglevIDs { return MaglevIDs{raw: table} }
+
+// Len is the table's size (its slots).
+func (m MaglevIDs) Len() int {
+	if m.raw != nil {
+		return len(m.raw)
+	}
+	return m.idx.Len()
+}
+
+// At is slot i's backend ID.
+func (m MaglevIDs) At(i int) uint32 {
+	if m.raw != nil {
+		return m.raw[i]
+	}
+	return m.ids[m.idx.At(i)]
+}
+
+// String prints the table of backend IDs (whichever way it is held).
+func (m MaglevIDs) String() string { return fmt.Sprint(m.Table()) }
+
+// Table returns the table of backend IDs, a new slice.
+func (m MaglevIDs) Table() []uint32 {
+	if m.raw != nil {
+		return slices.Clone(m.raw)
+	}
+	return maglevTable(m.idx, m.ids)
 }
 
 // maglevTable maps a Maglev table of backend indexes to backend IDs.
@@ -353,7 +395,7 @@ func (t *Tables) upsert(f *Frontend, u *Update) {
 		if f.Maglev.None() {
 			u.MaglevDeletes = append(u.MaglevDeletes, p.id)
 		} else {
-			u.Maglev[p.id] = maglevTable(f.Maglev, ids)
+			u.Maglev[p.id] = MaglevIDs{idx: f.Maglev, ids: ids}
 		}
 	}
 	// The frontend's table, not a copy (an equal one programmed before, or

@@ -45,7 +45,7 @@ func (k FrontendKey) is6() bool { return !k.Addr.Is4() }
 // newUpdate returns an Update with every map allocated.
 func newUpdate() *Update {
 	return &Update{
-		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32][]uint32{},
+		Backends: map[BackendKey]BackendValue{}, Maglev: map[uint32]MaglevIDs{},
 		RevNat: map[RevNatKey]RevNatValue{}, Services: map[ServiceKey]ServiceValue{},
 		Backends6: map[BackendKey]BackendValue6{}, RevNat6: map[RevNatKey]RevNatValue6{},
 		Services6: map[ServiceKey6]ServiceValue{},

@@ -131,8 +131,55 @@ func TestAdoptedMaglevTablesKept(t *testing.T) {
 		t.Fatalf("%d Maglev tables after adoption, want %d", len(got.Maglev), len(pinned.Maglev))
 	}
 	for id, table := range pinned.Maglev {
-		if !slices.Equal(got.Maglev[id], table) {
+		if !slices.Equal(got.Maglev[id].Table(), table.Table()) {
 			t.Errorf("frontend %d: Maglev table changed across the adoption", id)
 		}
 	}
+}
+
+// TestUpdateHoldsMaglevTablesPacked: an update programming every frontend
+// (the first full set) holds each Maglev table as the frontend's backend
+// indexes over its backend IDs, not expanded to 4-byte IDs (1.6 KB per
+// 4-backend frontend; 61 MB at 30,000 Services, the largest part of the
+// initial sync's peak); the datapath expands one table at a time as it
+// writes it (Table), to the same IDs.
+func TestUpdateHoldsMaglevTablesPacked(t *testing.T) {
+	const n = 2000
+	var svcs []*corev1.Service
+	var eps []*discoveryv1.EndpointSlice
+	for i := range n {
+		s, es := genService(i, active(4), false)
+		svcs, eps = append(svcs, s), append(eps, es)
+	}
+	m, err := Build(svcs, eps, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := Diff(nil, m)
+	tables := NewTables()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	u := tables.Apply(ch)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("the tables and the update hold %d B per frontend (Maglev table of %d slots)", per, MaglevSize(4))
+	if max := int64(1800); per > max { // packed ~1,100; each table expanded to 4-byte IDs adds 1.6 KB
+		t.Errorf("the tables and the update hold %d B per frontend, want <= %d: the update's Maglev tables expanded?", per, max)
+	}
+	for id, mt := range u.Maglev {
+		table := mt.Table()
+		if len(table) != MaglevSize(4) || mt.Len() != len(table) {
+			t.Fatalf("frontend %d: %d slots, want %d", id, len(table), MaglevSize(4))
+		}
+		for i, b := range table {
+			if b == 0 || mt.At(i) != b || u.Backends[BackendKey{b}].FrontendID != id {
+				t.Fatalf("frontend %d slot %d: backend %d (At %d), not one of its own", id, i, b, mt.At(i))
+			}
+		}
+	}
+	runtime.KeepAlive(u)
+	runtime.KeepAlive(tables)
+	runtime.KeepAlive(m)
 }

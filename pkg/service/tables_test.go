@@ -65,7 +65,9 @@ func newFakeMaps() *fakeMaps {
 func (f *fakeMaps) apply(t *testing.T, u *Update) {
 	t.Helper()
 	maps.Copy(f.back, u.Backends)
-	maps.Copy(f.maglev, u.Maglev)
+	for id, t := range u.Maglev {
+		f.maglev[id] = t.Table()
+	}
 	maps.Copy(f.revnat, u.RevNat)
 	maps.Copy(f.svc, u.Services)
 	f.check(t, "after upserts")
@@ -393,4 +395,13 @@ func TestSetMatchesDiff(t *testing.T) {
 			t.Fatalf("step %d: views differ", step)
 		}
 	}
+}
+
+// maglevIDsOf is tables as an update carries them.
+func maglevIDsOf(tables map[uint32][]uint32) map[uint32]MaglevIDs {
+	out := make(map[uint32]MaglevIDs, len(tables))
+	for id, t := range tables {
+		out[id] = MaglevIDsOf(t)
+	}
+	return out
 }

@@ -3,6 +3,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +37,14 @@ type Store struct {
 	db *bolt.DB
 }
 
+// initialMmapSize is the address space the database is mapped with from the
+// start (pages are read in only as they are used: not memory). Each time a
+// write outgrows the mapping, bbolt copies every key and value the
+// transaction touched to the heap before remapping: the agent's first full
+// set of EndpointSlices, tens of megabytes of JSON in one transaction, was
+// copied once per doubling of the file.
+const initialMmapSize = 1 << 30
+
 // Open opens (creating if needed) the database in dir. It fails after a
 // second if another process holds the database.
 func Open(dir string) (*Store, error) {
@@ -43,7 +52,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("create state dir %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, InitialMmapSize: initialMmapSize})
 	if err != nil {
 		return nil, fmt.Errorf("open state db %s: %w", path, err)
 	}
@@ -53,7 +62,7 @@ func Open(dir string) (*Store, error) {
 				return fmt.Errorf("create bucket %s: %w", b, err)
 			}
 		}
-		return nil
+		return migrateObjects(tx) // objects.go
 	})
 	if err != nil {
 		db.Close()
@@ -91,13 +100,28 @@ func (t *Tx) bucket(b Bucket) (*bolt.Bucket, error) {
 	return bk, nil
 }
 
+// get returns the value at key (nil: absent).
+func (t *Tx) get(b Bucket, key []byte) ([]byte, error) {
+	if b == Objects {
+		bk, sub, err := t.objectBucket(key, false)
+		if err != nil || bk == nil {
+			return nil, err
+		}
+		return bk.Get(sub), nil
+	}
+	bk, err := t.bucket(b)
+	if err != nil {
+		return nil, err
+	}
+	return bk.Get(key), nil
+}
+
 // Get decodes the value at key into v. It reports false if key is absent.
 func (t *Tx) Get(b Bucket, key []byte, v any) (bool, error) {
-	bk, err := t.bucket(b)
+	raw, err := t.get(b, key)
 	if err != nil {
 		return false, err
 	}
-	raw := bk.Get(key)
 	if raw == nil {
 		return false, nil
 	}
@@ -109,11 +133,8 @@ func (t *Tx) Get(b Bucket, key []byte, v any) (bool, error) {
 
 // Has reports whether key is present.
 func (t *Tx) Has(b Bucket, key []byte) (bool, error) {
-	bk, err := t.bucket(b)
-	if err != nil {
-		return false, err
-	}
-	return bk.Get(key) != nil, nil
+	raw, err := t.get(b, key)
+	return raw != nil, err
 }
 
 // Put stores v as JSON at key.
@@ -121,6 +142,11 @@ func (t *Tx) Put(b Bucket, key []byte, v any) error {
 	bk, err := t.bucket(b)
 	if err != nil {
 		return err
+	}
+	if b == Objects {
+		if bk, key, err = t.objectBucket(key, true); err != nil {
+			return err
+		}
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
@@ -132,11 +158,31 @@ func (t *Tx) Put(b Bucket, key []byte, v any) error {
 	return nil
 }
 
+// PutRawIfChanged stores raw (one JSON value) at key unless key holds those
+// bytes already: a rewrite of an unchanged value still costs the
+// transaction its node and page (the agent's full sets after a restart are
+// mostly the objects it stored).
+func (t *Tx) PutRawIfChanged(b Bucket, key []byte, raw json.RawMessage) error {
+	old, err := t.get(b, key)
+	if err != nil {
+		return err
+	}
+	if old != nil && bytes.Equal(old, raw) {
+		return nil
+	}
+	return t.Put(b, key, raw)
+}
+
 // Delete removes key; removing an absent key is not an error.
 func (t *Tx) Delete(b Bucket, key []byte) error {
 	bk, err := t.bucket(b)
 	if err != nil {
 		return err
+	}
+	if b == Objects {
+		if bk, key, err = t.objectBucket(key, false); err != nil || bk == nil {
+			return err
+		}
 	}
 	if err := bk.Delete(key); err != nil {
 		return fmt.Errorf("delete %s/%x: %w", b, key, err)
@@ -147,6 +193,9 @@ func (t *Tx) Delete(b Bucket, key []byte) error {
 // ForEach calls fn for each key in byte order with its raw JSON value.
 // fn must not modify the bucket.
 func (t *Tx) ForEach(b Bucket, fn func(key []byte, raw json.RawMessage) error) error {
+	if b == Objects {
+		return t.forEachObject(fn)
+	}
 	bk, err := t.bucket(b)
 	if err != nil {
 		return err
@@ -156,6 +205,9 @@ func (t *Tx) ForEach(b Bucket, fn func(key []byte, raw json.RawMessage) error) e
 
 // Count returns the number of keys in b.
 func (t *Tx) Count(b Bucket) (int, error) {
+	if b == Objects {
+		return t.countObjects()
+	}
 	bk, err := t.bucket(b)
 	if err != nil {
 		return 0, err

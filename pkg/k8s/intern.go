@@ -1,0 +1,200 @@
+package k8s
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"unique"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// The transform (slim.go) also interns the strings that repeat across
+// objects — namespaces, label keys and values, annotation keys, node names,
+// enum fields — so that each is held once however many objects carry it: a
+// decoded object holds its own copy of every string. unique.Make holds its
+// strings weakly: a string no object uses any more is dropped. Names, UIDs,
+// addresses and annotation values, which seldom repeat, are left alone.
+
+func intern(s string) string {
+	if s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
+}
+
+// internMap returns m with its keys and values interned (a new map: the
+// keys of a map cannot be replaced in place).
+func internMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return m
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[intern(k)] = intern(v)
+	}
+	return out
+}
+
+// internKeys returns m with its keys interned.
+func internKeys(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return m
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[intern(k)] = v
+	}
+	return out
+}
+
+// Label sets repeat too: a Deployment's pods carry one set, Services select
+// with the sets their pods carry. labelSets hands out one map per set for
+// the objects the transform keeps (the agent and the caches only read
+// them: nothing changes an object it was given). It is bounded: when full,
+// an arbitrary set is forgotten (the objects holding it keep it; a later
+// object carrying it gets a map of its own, then the set again), so
+// objects with ever-new label sets cost it nothing but turnover.
+type labelSets struct {
+	mu   sync.Mutex
+	sets map[string]map[string]string // by labelSetKey
+	max  int
+}
+
+// labelSetMax bounds the shared sets (each a few hundred bytes).
+const labelSetMax = 8192
+
+// sharedLabels is the transform's: one process, one set of caches.
+var sharedLabels = &labelSets{sets: map[string]map[string]string{}, max: labelSetMax}
+
+// labelSetKey is m's key among the sets: its pairs in key order, each
+// string length-prefixed (unambiguous whatever the labels hold).
+func labelSetKey(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		v := m[k]
+		b.WriteString(strconv.Itoa(len(k)))
+		b.WriteByte(':')
+		b.WriteString(k)
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// share returns the shared map equal to m (interned), m's own interned copy
+// if m is large.
+func (ls *labelSets) share(m map[string]string) map[string]string {
+	if len(m) == 0 || len(m) > 32 {
+		return internMap(m)
+	}
+	key := labelSetKey(m)
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if s, ok := ls.sets[key]; ok {
+		return s
+	}
+	s := internMap(m)
+	if len(ls.sets) >= ls.max {
+		for k := range ls.sets { // an arbitrary one
+			delete(ls.sets, k)
+			break
+		}
+	}
+	ls.sets[key] = s
+	return s
+}
+
+func internPtr(p *string) {
+	if p != nil {
+		*p = intern(*p)
+	}
+}
+
+// internMeta interns m's namespace, labels and annotation keys; with
+// shareLabels its label set is shared (labelSets) too.
+func internMeta(m metav1.Object, shareLabels bool) {
+	m.SetNamespace(intern(m.GetNamespace()))
+	if shareLabels {
+		m.SetLabels(sharedLabels.share(m.GetLabels()))
+	} else {
+		m.SetLabels(internMap(m.GetLabels()))
+	}
+	m.SetAnnotations(internKeys(m.GetAnnotations()))
+	if refs := m.GetOwnerReferences(); len(refs) > 0 {
+		for i := range refs {
+			refs[i].APIVersion, refs[i].Kind = intern(refs[i].APIVersion), intern(refs[i].Kind)
+		}
+	}
+}
+
+func internPod(p *k8sobj.Pod) {
+	p.Spec.NodeName = intern(p.Spec.NodeName)
+	p.Status.Phase = corev1.PodPhase(intern(string(p.Status.Phase)))
+	p.Status.HostIP = intern(p.Status.HostIP)
+	for i := range p.Status.HostIPs {
+		p.Status.HostIPs[i].IP = intern(p.Status.HostIPs[i].IP)
+	}
+	for _, cs := range [][]k8sobj.Container{p.Spec.InitContainers, p.Spec.Containers} {
+		for i := range cs {
+			cs[i].Name = intern(cs[i].Name)
+			for j := range cs[i].Ports {
+				pt := &cs[i].Ports[j]
+				pt.Name, pt.Protocol = intern(pt.Name), corev1.Protocol(intern(string(pt.Protocol)))
+			}
+		}
+	}
+}
+
+func internService(s *corev1.Service) {
+	sp := &s.Spec
+	sp.Selector = sharedLabels.share(sp.Selector)
+	sp.Type = corev1.ServiceType(intern(string(sp.Type)))
+	sp.SessionAffinity = corev1.ServiceAffinity(intern(string(sp.SessionAffinity)))
+	sp.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(intern(string(sp.ExternalTrafficPolicy)))
+	if sp.InternalTrafficPolicy != nil {
+		*sp.InternalTrafficPolicy = corev1.ServiceInternalTrafficPolicy(intern(string(*sp.InternalTrafficPolicy)))
+	}
+	if sp.IPFamilyPolicy != nil {
+		*sp.IPFamilyPolicy = corev1.IPFamilyPolicy(intern(string(*sp.IPFamilyPolicy)))
+	}
+	for i := range sp.IPFamilies {
+		sp.IPFamilies[i] = corev1.IPFamily(intern(string(sp.IPFamilies[i])))
+	}
+	for i := range sp.Ports {
+		pt := &sp.Ports[i]
+		pt.Name, pt.Protocol = intern(pt.Name), corev1.Protocol(intern(string(pt.Protocol)))
+		if pt.TargetPort.StrVal != "" {
+			pt.TargetPort.StrVal = intern(pt.TargetPort.StrVal)
+		}
+	}
+}
+
+func internSlice(s *discoveryv1.EndpointSlice) {
+	s.AddressType = discoveryv1.AddressType(intern(string(s.AddressType)))
+	for i := range s.Ports {
+		internPtr(s.Ports[i].Name)
+		if p := s.Ports[i].Protocol; p != nil {
+			*p = corev1.Protocol(intern(string(*p)))
+		}
+	}
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		internPtr(e.NodeName)
+		internPtr(e.Zone)
+		if r := e.TargetRef; r != nil {
+			r.Kind, r.Namespace, r.APIVersion = intern(r.Kind), intern(r.Namespace), intern(r.APIVersion)
+		}
+	}
+}

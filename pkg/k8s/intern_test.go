@@ -1,0 +1,128 @@
+package k8s
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"strings"
+	"testing"
+	"unsafe"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
+)
+
+// fresh is s in memory of its own, as a decoder leaves each object's strings.
+func fresh(s string) string { return strings.Clone(s) }
+
+func same(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+
+// TestTransformInternsRepeatedStrings: two objects decoded apart hold their
+// namespace, label keys and values, node names and enum fields in one copy
+// after the transform, with their values unchanged; names and annotation
+// values keep their own.
+func TestTransformInternsRepeatedStrings(t *testing.T) {
+	mkPod := func(name string) *k8sobj.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-i"),
+			Labels:      map[string]string{fresh("app.kubernetes.io/name"): fresh("web"), fresh("pod-template-hash"): fresh("5d8f7b")},
+			Annotations: map[string]string{fresh(networkStatusAnnotation): fresh(`[{"name":"x"}]`)}},
+			Spec:   corev1.PodSpec{NodeName: fresh("node-1"), Containers: []corev1.Container{{Name: fresh("c"), Ports: []corev1.ContainerPort{{Name: fresh("http"), ContainerPort: 80, Protocol: corev1.Protocol(fresh("TCP"))}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodPhase(fresh("Running")), HostIP: fresh("192.168.1.1"), PodIP: name}}
+		o, err := slim(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*k8sobj.Pod)
+	}
+	a, b := mkPod("a"), mkPod("b")
+	if !maps.Equal(a.Labels, map[string]string{"app.kubernetes.io/name": "web", "pod-template-hash": "5d8f7b"}) || a.Namespace != "team-i" ||
+		a.Spec.NodeName != "node-1" || a.Status.Phase != corev1.PodRunning || a.Annotations[networkStatusAnnotation] != `[{"name":"x"}]` {
+		t.Fatalf("the transform changed the pod: %+v", a)
+	}
+	for k, v := range a.Labels {
+		for k2, v2 := range b.Labels {
+			if k == k2 && (!same(k, k2) || !same(v, v2)) {
+				t.Errorf("label %s=%s held twice", k, v)
+			}
+		}
+	}
+	for what, pair := range map[string][2]string{
+		"namespace": {a.Namespace, b.Namespace}, "node": {a.Spec.NodeName, b.Spec.NodeName}, "phase": {string(a.Status.Phase), string(b.Status.Phase)},
+		"host IP": {a.Status.HostIP, b.Status.HostIP}, "port name": {a.Spec.Containers[0].Ports[0].Name, b.Spec.Containers[0].Ports[0].Name},
+	} {
+		if !same(pair[0], pair[1]) {
+			t.Errorf("%s %q held twice", what, pair[0])
+		}
+	}
+	if same(a.Annotations[networkStatusAnnotation], b.Annotations[networkStatusAnnotation]) {
+		t.Error("annotation values interned (they seldom repeat)")
+	}
+
+	mkSlice := func(name string) *discoveryv1.EndpointSlice {
+		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-i"),
+			Labels: map[string]string{fresh(discoveryv1.LabelManagedBy): fresh("endpointslice-controller.k8s.io")}},
+			AddressType: discoveryv1.AddressType(fresh("IPv4")),
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.7"}, NodeName: ptr.To(fresh("node-1"))}}}
+		o, err := slim(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*discoveryv1.EndpointSlice)
+	}
+	x, y := mkSlice("x"), mkSlice("y")
+	if !same(x.Namespace, y.Namespace) || !same(*x.Endpoints[0].NodeName, *y.Endpoints[0].NodeName) || !same(string(x.AddressType), string(y.AddressType)) ||
+		!same(x.Labels[discoveryv1.LabelManagedBy], y.Labels[discoveryv1.LabelManagedBy]) {
+		t.Error("a slice's namespace, node names, address type or labels held twice")
+	}
+	if *x.Endpoints[0].NodeName != "node-1" || x.Labels[discoveryv1.LabelManagedBy] != "endpointslice-controller.k8s.io" {
+		t.Errorf("the transform changed the slice: %+v", x)
+	}
+}
+
+func mapID(m map[string]string) uintptr { return reflect.ValueOf(m).Pointer() }
+
+// TestLabelSetsShared: objects carrying one label set (a Deployment's pods,
+// the Services selecting them) share one map of it, with its content; the
+// sets kept are bounded, and a forgotten set is still whole in the objects
+// that hold it.
+func TestLabelSetsShared(t *testing.T) {
+	ls := &labelSets{sets: map[string]map[string]string{}, max: 4}
+	a := ls.share(map[string]string{fresh("app"): fresh("web"), fresh("tier"): fresh("front")})
+	b := ls.share(map[string]string{fresh("tier"): fresh("front"), fresh("app"): fresh("web")})
+	c := ls.share(map[string]string{fresh("app"): fresh("web")})
+	if mapID(a) != mapID(b) {
+		t.Error("two equal label sets held twice")
+	}
+	if mapID(a) == mapID(c) || !maps.Equal(c, map[string]string{"app": "web"}) || !maps.Equal(a, map[string]string{"app": "web", "tier": "front"}) {
+		t.Errorf("different sets shared or changed: %v %v", a, c)
+	}
+	// Sets that would read alike joined by a separator are different sets
+	// (labels are the API server's to validate, not the key's to trust).
+	if x, y := ls.share(map[string]string{"a:b": "c"}), ls.share(map[string]string{"a": "b:c"}); mapID(x) == mapID(y) {
+		t.Errorf("%v and %v shared one map", x, y)
+	}
+	var held []map[string]string
+	for i := range 20 {
+		m := map[string]string{"app": fmt.Sprint("app-", i)}
+		held = append(held, ls.share(m))
+	}
+	if len(ls.sets) > 4 {
+		t.Errorf("%d sets kept, want <= 4", len(ls.sets))
+	}
+	for i, m := range held {
+		if !maps.Equal(m, map[string]string{"app": fmt.Sprint("app-", i)}) {
+			t.Errorf("set %d: %v", i, m)
+		}
+	}
+	// Through the transform: two pods of one set share it; a slice's labels
+	// (its Service's name) are its own.
+	p1, _ := slim(pod("team-l", "p1", "node-1", map[string]string{fresh("app"): fresh("shared-set-test")}))
+	p2, _ := slim(pod("team-l", "p2", "node-1", map[string]string{fresh("app"): fresh("shared-set-test")}))
+	if mapID(p1.(*k8sobj.Pod).Labels) != mapID(p2.(*k8sobj.Pod).Labels) {
+		t.Error("two pods of one label set hold two maps")
+	}
+}

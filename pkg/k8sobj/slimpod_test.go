@@ -1,0 +1,139 @@
+package k8sobj
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"unsafe"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// fullPod is a pod as the API server serves it: what lanekit reads and much
+// it does not.
+func fullPod() *corev1.Pod {
+	always := corev1.ContainerRestartPolicyAlways
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-1", GenerateName: "web-", Namespace: "shop", UID: "u-1", ResourceVersion: "42",
+			Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"kubernetes.io/egress-bandwidth": "10M"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web", UID: "rs-1"}},
+			Finalizers:      []string{"example.com/f"}, ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec: corev1.PodSpec{NodeName: "node-1", HostNetwork: true,
+			InitContainers: []corev1.Container{{Name: "init", Image: "x"},
+				{Name: "side", Image: "s", RestartPolicy: &always, Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090}}}},
+			Containers: []corev1.Container{{Name: "c", Image: "busybox", Env: []corev1.EnvVar{{Name: "E", Value: "v"}},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, HostPort: 30080, Protocol: corev1.ProtocolTCP}}},
+				{Name: "noports", Image: "y"}},
+			Volumes: []corev1.Volume{{Name: "data"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Reason: "r", HostIP: "192.168.1.1", HostIPs: []corev1.HostIP{{IP: "192.168.1.1"}},
+			PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00::7"}},
+			Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "busybox"}}},
+	}
+}
+
+// TestSlimPod: a Pod keeps every field lanekit reads of a corev1.Pod and
+// none of the rest, in a struct a third of a corev1.Pod's size.
+func TestSlimPod(t *testing.T) {
+	p := SlimPod(fullPod())
+	always := corev1.ContainerRestartPolicyAlways
+	want := &Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "shop", UID: "u-1", ResourceVersion: "42",
+			Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"kubernetes.io/egress-bandwidth": "10M"}},
+		Spec: PodSpec{NodeName: "node-1", HostNetwork: true,
+			InitContainers: []Container{{Name: "side", RestartPolicy: &always, Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090}}}},
+			Containers:     []Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, HostPort: 30080, Protocol: corev1.ProtocolTCP}}}}},
+		Status: PodStatus{Phase: corev1.PodRunning, Reason: "r", HostIP: "192.168.1.1", HostIPs: []corev1.HostIP{{IP: "192.168.1.1"}},
+			PodIP: "10.244.1.7", PodIPs: []corev1.PodIP{{IP: "10.244.1.7"}, {IP: "fd00::7"}}},
+	}
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("SlimPod:\n got %+v\nwant %+v", p, want)
+	}
+	if sz := unsafe.Sizeof(Pod{}); sz > 512 {
+		t.Errorf("a Pod is %d bytes, want <= 512 (a corev1.Pod is %d)", sz, unsafe.Sizeof(corev1.Pod{}))
+	}
+	// A copy shares nothing: changing it leaves the pod alone.
+	c := p.DeepCopy()
+	if !reflect.DeepEqual(c, p) {
+		t.Fatalf("DeepCopy: %+v, want %+v", c, p)
+	}
+	c.Labels["app"] = "x"
+	c.Spec.Containers[0].Ports[0].HostPort = 1
+	*c.Spec.InitContainers[0].RestartPolicy = corev1.ContainerRestartPolicy("Never")
+	c.Status.PodIPs[0].IP = "10.0.0.1"
+	c.Status.HostIPs[0].IP = "10.0.0.2"
+	if !reflect.DeepEqual(p, want) {
+		t.Errorf("changing a DeepCopy changed the pod: %+v", p)
+	}
+	if o, ok := p.DeepCopyObject().(*Pod); !ok || !reflect.DeepEqual(o, p) {
+		t.Errorf("DeepCopyObject: %+v", o)
+	}
+}
+
+// TestSlimPodJSON: a Pod encodes as a v1 Pod (what the store keeps) and
+// decodes back to itself through Decode, which reads the v1 Pod strictly.
+func TestSlimPodJSON(t *testing.T) {
+	o := Object{Kind: KindPod, Pod: SlimPod(fullPod())}
+	raw, err := EncodeJSON(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full corev1.Pod
+	if err := json.Unmarshal(raw, &full); err != nil || full.Spec.Containers[0].Ports[0].HostPort != 30080 || full.Status.PodIPs[1].IP != "fd00::7" {
+		t.Fatalf("not a v1 Pod: %v %s", err, raw)
+	}
+	back, err := DecodeJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back.Pod, o.Pod) {
+		t.Errorf("decoded\n %+v\nwant\n %+v", back.Pod, o.Pod)
+	}
+	// A file's full pod decodes to its slim form.
+	fb, _ := json.Marshal(fullPod())
+	var m map[string]any
+	_ = json.Unmarshal(fb, &m)
+	m["apiVersion"], m["kind"] = "v1", "Pod"
+	fb, _ = json.Marshal(m)
+	got, err := DecodeJSON(fb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Pod, o.Pod) {
+		t.Errorf("a full pod decoded to\n %+v\nwant\n %+v", got.Pod, o.Pod)
+	}
+}
+
+// TestEncodeLeavesObjectAlone: encoding (the store writes every object it
+// is given) sets apiVersion and kind in what it writes, not in the object,
+// which the informers' caches share.
+func TestEncodeLeavesObjectAlone(t *testing.T) {
+	objs := []Object{{Pod: SlimPod(fullPod())}, {Service: &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "n"},
+		Spec: corev1.ServiceSpec{ClusterIP: "None", Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}}}}
+	objs[0].Pod.TypeMeta = metav1.TypeMeta{}
+	for _, o := range objs {
+		raw, err := EncodeJSON(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := DecodeJSON(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		if back.Kind != kindOfObject(o) {
+			t.Errorf("%s decoded as a %s", raw, back.Kind)
+		}
+	}
+	if objs[0].Pod.Kind != "" || objs[1].Service.Kind != "" {
+		t.Errorf("encoding set the objects' TypeMeta: %+v %+v", objs[0].Pod.TypeMeta, objs[1].Service.TypeMeta)
+	}
+}
+
+func kindOfObject(o Object) Kind {
+	if o.Pod != nil {
+		return KindPod
+	}
+	return KindService
+}
