@@ -54,6 +54,7 @@ type backendProc struct {
 	pid      int
 	restarts uint32
 	stopping bool
+	detached bool          // stopping because the agent closes: the process runs on
 	wake     chan struct{} // closed by stop
 	done     chan struct{} // closed when run returns
 }
@@ -210,7 +211,7 @@ func (a *Agent) detachBackends() {
 	for name, p := range a.backends {
 		delete(a.backends, name)
 		p.mu.Lock()
-		p.stopping = true
+		p.stopping, p.detached = true, true
 		close(p.wake)
 		p.mu.Unlock()
 	}
@@ -305,10 +306,16 @@ func (p *backendProc) run(cmd *exec.Cmd, pidfd int) {
 			p.log.Error("restart vm backend", "err", err, "next_in", backoff)
 		}
 		p.mu.Lock()
-		if p.stopping { // stopped while starting: stopBackend saw pid 0
-			pid := p.pid
+		if p.stopping { // stopped or detached while starting
+			pid, detached := p.pid, p.detached
 			p.mu.Unlock()
-			_ = syscall.Kill(pid, syscall.SIGTERM)
+			if !detached {
+				_ = syscall.Kill(pid, syscall.SIGTERM)
+			}
+			// Detached (the agent closing): the process runs on, its pid
+			// file written, for the next agent to adopt — killing it here
+			// cut a VM's network whenever the agent restarted just as its
+			// backend was restarted.
 			_ = cmd.Wait()
 			return
 		}
