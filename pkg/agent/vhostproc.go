@@ -301,6 +301,9 @@ func (p *backendProc) run(cmd *exec.Cmd, pidfd int) {
 			p.mu.Unlock()
 			var err error
 			if cmd, err = p.spawn(); err == nil {
+				if backendRespawned != nil {
+					backendRespawned(p)
+				}
 				break
 			}
 			p.log.Error("restart vm backend", "err", err, "next_in", backoff)
@@ -323,6 +326,10 @@ func (p *backendProc) run(cmd *exec.Cmd, pidfd int) {
 		pidfd = -1
 	}
 }
+
+// backendRespawned, when set (tests), runs right after the supervisor
+// started a backend again, before it looks whether it was stopped meanwhile.
+var backendRespawned func(p *backendProc)
 
 // matches reports whether pid runs this backend's exact command line
 // (same), or at least a backend of this VM (ours).
