@@ -23,7 +23,11 @@ func TestDetachWhileRestartingLeavesBackendRunning(t *testing.T) {
 		logPath: filepath.Join(dir, "vm.log"), pidPath: filepath.Join(dir, "vm.pid"),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), wake: make(chan struct{}), done: make(chan struct{})}
 	respawned := make(chan int, 1)
+	ours := p
 	backendRespawned = func(p *backendProc) {
+		if p != ours { // another test's supervisor, still running
+			return
+		}
 		// What detachBackends does, at the worst moment.
 		p.mu.Lock()
 		p.stopping, p.detached = true, true
