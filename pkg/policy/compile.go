@@ -233,7 +233,7 @@ func Compile(in Input, ids *Identities) (*Compiled, error) {
 		l[MetadataNameLabel] = ns
 		return l
 	}
-	comp := compiler{c: c, cidrs: sortedPrefixes(c.CIDRs), states: byID, nsLabels: nsLabels}
+	comp := compiler{c: c, cidrs: slices.SortedFunc(maps.Keys(c.CIDRs), netip.Prefix.Compare), states: byID, nsLabels: nsLabels}
 	// Every policy isolates its pods, whether its rules fit or not: a pod
 	// whose policy is left out stays isolated (fail closed).
 	for i, p := range in.Policies {
@@ -284,8 +284,9 @@ func EffectivePolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool) 
 
 type compiler struct {
 	c *Compiled
-	// cidrs are c.CIDRs's prefixes sorted by address, then length: the
-	// known prefixes inside an ipBlock are a run of it (peers).
+	// cidrs are c.CIDRs's prefixes (all masked) sorted by address, then
+	// length (netip.Prefix.Compare): the known prefixes inside an ipBlock
+	// are a run of it (peers).
 	cidrs []netip.Prefix
 	// out collects the rules of the policy being compiled: keys c.Rules
 	// lacks or holds for a later policy (fit.go).
@@ -400,17 +401,6 @@ func (cp *compiler) peers(ns string, from []networkingv1.NetworkPolicyPeer) []pe
 		out = append(out, peer{id: id, state: set[id]})
 	}
 	return out
-}
-
-// sortedPrefixes returns the keys of m sorted by address (IPv4 before
-// IPv6), then by length.
-func sortedPrefixes[V any](m map[netip.Prefix]V) []netip.Prefix {
-	return slices.SortedFunc(maps.Keys(m), func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Bits(), b.Bits())
-	})
 }
 
 // inside returns the known prefixes (cp.cidrs) contained in cidr (masked):
