@@ -11,7 +11,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
+
+	"github.com/lanekit/lanekit/internal/workpool"
 )
 
 // Store is a bulk create for large test fills: objects are written to etcd
@@ -99,34 +100,13 @@ func (s *Server) Store(ctx context.Context, objs []runtime.Object) error {
 		}
 	}
 	// One transaction per group, storeWorkers at a time: each object gets
-	// a revision of its own, as a create would give it.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	// One client (its connections reused) for all of them.
+	// a revision of its own, as a create would give it. One client (its
+	// connections reused) for all of them.
 	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DialContext: s.dialContext, MaxIdleConnsPerHost: storeWorkers}}
 	defer hc.CloseIdleConnections()
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range storeWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for g := range next {
-				if err := s.etcdCreate(ctx, hc, encoded[g].keys, encoded[g].vals); err != nil {
-					cancel(err)
-				}
-			}
-		}()
-	}
-	for g := range encoded {
-		if ctx.Err() != nil {
-			break
-		}
-		next <- g
-	}
-	close(next)
-	wg.Wait()
-	return context.Cause(ctx)
+	return workpool.Run(ctx, len(encoded), storeWorkers, func(ctx context.Context, g int) error {
+		return s.etcdCreate(ctx, hc, encoded[g].keys, encoded[g].vals)
+	})
 }
 
 // storeGroups cuts objs into the objects of one transaction each: one

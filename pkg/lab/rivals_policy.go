@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/lanekit/lanekit/internal/workpool"
 	"github.com/lanekit/lanekit/pkg/bench"
 )
 
@@ -102,7 +103,7 @@ func (p *rivalPolicies) ensure(ctx context.Context, n int) error {
 		}
 		return nil
 	}
-	if err := parallel(ctx, len(old), 16, func(ctx context.Context, i int) error { return del(ctx, old[i]) }); err != nil {
+	if err := workpool.Run(ctx, len(old), 16, func(ctx context.Context, i int) error { return del(ctx, old[i]) }); err != nil {
 		return err
 	}
 	if n == 0 {
@@ -126,7 +127,7 @@ func (p *rivalPolicies) ensure(ctx context.Context, n int) error {
 	}
 	// The probe and the decoys first: the server is isolated from the client.
 	decoys := append([]*networkingv1.NetworkPolicy{probe[1]}, set[1:]...)
-	if err := parallel(ctx, len(decoys), 16, func(ctx context.Context, i int) error { return create(ctx, decoys[i]) }); err != nil {
+	if err := workpool.Run(ctx, len(decoys), 16, func(ctx context.Context, i int) error { return create(ctx, decoys[i]) }); err != nil {
 		return err
 	}
 	if err := p.waitReach(ctx, false); err != nil {

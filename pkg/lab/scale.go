@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/lanekit/lanekit/internal/workpool"
 )
 
 // The scale lab: the two real agents of a `lab up --k8s` lab, driven only
@@ -106,30 +107,6 @@ func scaleAddr(k, j int) string {
 
 var scaleLabels = map[string]string{ScaleLabel: "1"}
 
-// parallel runs f(0..n-1) on w workers; the first error stops it.
-func parallel(ctx context.Context, n, w int, f func(ctx context.Context, i int) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range w {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := f(ctx, i); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return context.Cause(ctx)
-}
-
 // FillScale creates what `lanekit lab scale` creates before it churns —
 // cfg.Nodes Nodes, cfg.Services Services with their EndpointSlices, pods and
 // policies — through c on any API server (lanekitd's memory harness fills a
@@ -195,7 +172,7 @@ func createNodes(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) e
 	if cfg.Store != nil {
 		return cfg.Store(ctx, scaleNodeObjects(cfg))
 	}
-	return parallel(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, k int) error {
+	return workpool.Run(ctx, cfg.Nodes, cfg.Workers, func(ctx context.Context, k int) error {
 		want := scaleNode(k)
 		n, err := c.CoreV1().Nodes().Create(ctx, want, metav1.CreateOptions{})
 		if err != nil {
@@ -244,7 +221,7 @@ func createServices(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig
 	if cfg.Store != nil {
 		return cfg.Store(ctx, scaleServiceObjects(cfg))
 	}
-	return parallel(ctx, cfg.Services, cfg.Workers, func(ctx context.Context, i int) error {
+	return workpool.Run(ctx, cfg.Services, cfg.Workers, func(ctx context.Context, i int) error {
 		svc := scaleService(i)
 		if _, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("service %s: %w", svc.Name, err)
@@ -284,7 +261,7 @@ func createPods(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) er
 	if cfg.Store != nil {
 		return cfg.Store(ctx, scalePodObjects(cfg))
 	}
-	err := parallel(ctx, cfg.Pods, cfg.Workers, func(ctx context.Context, p int) error {
+	err := workpool.Run(ctx, cfg.Pods, cfg.Workers, func(ctx context.Context, p int) error {
 		want := scalePod(cfg, p)
 		out, err := c.CoreV1().Pods(ScaleNamespace).Create(ctx, want, metav1.CreateOptions{})
 		if err != nil {
@@ -297,7 +274,7 @@ func createPods(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) er
 	if err != nil {
 		return err
 	}
-	return parallel(ctx, cfg.Policies, cfg.Workers, func(ctx context.Context, q int) error {
+	return workpool.Run(ctx, cfg.Policies, cfg.Workers, func(ctx context.Context, q int) error {
 		_, err := c.NetworkingV1().NetworkPolicies(ScaleNamespace).Create(ctx, scalePolicy(cfg, q), metav1.CreateOptions{})
 		return err
 	})
@@ -390,7 +367,7 @@ func cleanScale(ctx context.Context, c kubernetes.Interface, workers int) error 
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	errs = append(errs, parallel(ctx, len(svcs.Items), workers, func(ctx context.Context, i int) error {
+	errs = append(errs, workpool.Run(ctx, len(svcs.Items), workers, func(ctx context.Context, i int) error {
 		return c.CoreV1().Services(ScaleNamespace).Delete(ctx, svcs.Items[i].Name, now)
 	}))
 	return errors.Join(errs...)
