@@ -3,6 +3,8 @@ package lab
 import (
 	"strings"
 	"testing"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 func TestDPUBenchRows(t *testing.T) {
@@ -88,5 +90,22 @@ func TestDPUVMNode(t *testing.T) {
 		if err := bad.checkVMNode(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+// lab up refuses --vm with --baseline-only before it builds anything (the
+// VM's fast lane needs the agents), as it refuses --k8s with it.
+func TestCheckRefusesVMWithoutAgents(t *testing.T) {
+	bins := testBins(t)
+	if err := bins.checkBaseline(); err != nil {
+		testutil.MissingDep(t, "%v", err)
+	}
+	cfg := Config{Nodes: 2, PodsPerNode: 1, VM: true, BaselineOnly: true, Bins: bins}
+	if _, err := cfg.check(); err == nil || !strings.Contains(err.Error(), "--vm needs the agents") {
+		t.Fatalf("check of --vm --baseline-only: %v", err)
+	}
+	cfg.BaselineOnly = false
+	if _, err := cfg.check(); err != nil && strings.Contains(err.Error(), "--vm needs the agents") {
+		t.Fatalf("check of --vm with the agents: %v", err)
 	}
 }

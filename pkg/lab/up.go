@@ -119,6 +119,9 @@ func (cfg Config) check() (string, error) {
 	if cfg.K8s && cfg.BaselineOnly {
 		return "", fmt.Errorf("--k8s needs the agents (not --baseline-only)")
 	}
+	if cfg.VM && cfg.BaselineOnly {
+		return "", fmt.Errorf("--vm needs the agents (not --baseline-only)")
+	}
 	if !cfg.BaselineOnly {
 		if err := cfg.Bins.checkLanekit(); err != nil {
 			return "", err
@@ -270,9 +273,6 @@ func upPods(ctx context.Context, cfg Config, st *State, kc kubernetes.Interface)
 // --k8s), the second VM of a dual-stack lab and, unless --no-std-vm, the
 // baseline tap VM.
 func upVMs(ctx context.Context, cfg Config, st *State, kc kubernetes.Interface) error {
-	if cfg.BaselineOnly {
-		return fmt.Errorf("--vm needs the agents (not --baseline-only)")
-	}
 	up := upVM
 	if cfg.K8s {
 		up = func(ctx context.Context, cfg Config, st *State, i int) error {
