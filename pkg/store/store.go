@@ -100,20 +100,24 @@ func (t *Tx) bucket(b Bucket) (*bolt.Bucket, error) {
 	return bk, nil
 }
 
-// get returns the value at key (nil: absent).
-func (t *Tx) get(b Bucket, key []byte) ([]byte, error) {
+// place is where key lives: its bucket and its key there. An Objects key
+// lives in its kind's bucket (objects.go); create makes a missing kind's
+// bucket, which is nil otherwise (the key is absent).
+func (t *Tx) place(b Bucket, key []byte, create bool) (*bolt.Bucket, []byte, error) {
 	if b == Objects {
-		bk, sub, err := t.objectBucket(key, false)
-		if err != nil || bk == nil {
-			return nil, err
-		}
-		return bk.Get(sub), nil
+		return t.objectBucket(key, create)
 	}
 	bk, err := t.bucket(b)
-	if err != nil {
+	return bk, key, err
+}
+
+// get returns the value at key (nil: absent).
+func (t *Tx) get(b Bucket, key []byte) ([]byte, error) {
+	bk, k, err := t.place(b, key, false)
+	if err != nil || bk == nil {
 		return nil, err
 	}
-	return bk.Get(key), nil
+	return bk.Get(k), nil
 }
 
 // Get decodes the value at key into v. It reports false if key is absent.
@@ -139,20 +143,15 @@ func (t *Tx) Has(b Bucket, key []byte) (bool, error) {
 
 // Put stores v as JSON at key.
 func (t *Tx) Put(b Bucket, key []byte, v any) error {
-	bk, err := t.bucket(b)
+	bk, k, err := t.place(b, key, true)
 	if err != nil {
 		return err
-	}
-	if b == Objects {
-		if bk, key, err = t.objectBucket(key, true); err != nil {
-			return err
-		}
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode %s/%x: %w", b, key, err)
 	}
-	if err := bk.Put(key, raw); err != nil {
+	if err := bk.Put(k, raw); err != nil {
 		return fmt.Errorf("put %s/%x: %w", b, key, err)
 	}
 	return nil
@@ -175,16 +174,11 @@ func (t *Tx) PutRawIfChanged(b Bucket, key []byte, raw json.RawMessage) error {
 
 // Delete removes key; removing an absent key is not an error.
 func (t *Tx) Delete(b Bucket, key []byte) error {
-	bk, err := t.bucket(b)
-	if err != nil {
+	bk, k, err := t.place(b, key, false)
+	if err != nil || bk == nil {
 		return err
 	}
-	if b == Objects {
-		if bk, key, err = t.objectBucket(key, false); err != nil || bk == nil {
-			return err
-		}
-	}
-	if err := bk.Delete(key); err != nil {
+	if err := bk.Delete(k); err != nil {
 		return fmt.Errorf("delete %s/%x: %w", b, key, err)
 	}
 	return nil
