@@ -19,12 +19,7 @@ import (
 // 4-byte table alone took.
 func TestTablesHoldNoCopyOfMaglevTables(t *testing.T) {
 	const n = 2000
-	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
-	for i := range n {
-		s, es := genService(i, active(4), false)
-		svcs, eps = append(svcs, s), append(eps, es)
-	}
+	svcs, eps := genServices(n)
 	m, err := Build(svcs, eps, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -62,12 +57,7 @@ func TestTablesHoldNoCopyOfMaglevTables(t *testing.T) {
 // 256 backends whole.
 func TestModelMaglevTablesPacked(t *testing.T) {
 	const n = 2000
-	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
-	for i := range n {
-		s, es := genService(i, active(4), false)
-		svcs, eps = append(svcs, s), append(eps, es)
-	}
+	svcs, eps := genServices(n)
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
@@ -145,12 +135,7 @@ func TestAdoptedMaglevTablesKept(t *testing.T) {
 // writes it (Table), to the same IDs.
 func TestUpdateHoldsMaglevTablesPacked(t *testing.T) {
 	const n = 2000
-	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
-	for i := range n {
-		s, es := genService(i, active(4), false)
-		svcs, eps = append(svcs, s), append(eps, es)
-	}
+	svcs, eps := genServices(n)
 	m, err := Build(svcs, eps, Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -182,4 +167,16 @@ func TestUpdateHoldsMaglevTablesPacked(t *testing.T) {
 	runtime.KeepAlive(u)
 	runtime.KeepAlive(tables)
 	runtime.KeepAlive(m)
+}
+
+// genServices is genService's first n ClusterIP Services, 4 active
+// endpoints each.
+func genServices(n int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+	var svcs []*corev1.Service
+	var eps []*discoveryv1.EndpointSlice
+	for i := range n {
+		s, es := genService(i, active(4), false)
+		svcs, eps = append(svcs, s), append(eps, es)
+	}
+	return svcs, eps
 }
