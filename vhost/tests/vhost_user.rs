@@ -157,11 +157,15 @@ fn set_vring_enable_before_set_features_keeps_the_connection() {
     };
     let path = socket_path("early-enable");
     let (_backend, _peers, h) = start(1, 1, &path);
+    // The path appears at bind(), before listen(): connect until it answers.
     let deadline = std::time::Instant::now() + T;
-    while !path.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut s = UnixStream::connect(&path).unwrap();
+    let mut s = loop {
+        match UnixStream::connect(&path) {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() >= deadline => panic!("connect {}: {e}", path.display()),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
     s.set_read_timeout(Some(T)).unwrap();
     s.write_all(&msg(3, 1, &[])).unwrap(); // SET_OWNER
     let enable = [0u32.to_le_bytes(), 1u32.to_le_bytes()].concat();
