@@ -109,20 +109,11 @@ RESULTS := $(CURDIR)/.testresults
 TESTSUMMARY := $(BIN)/testsummary
 TEST_ENV := LANEKIT_BIN=$(BIN) $(if $(LANEKIT_TEST_UNPRIVILEGED),,LANEKIT_TEST_STRICT=1)
 
-# The Rust suite runs beside the Go suite (its log is printed when both are
-# done): the Go suite keeps the machine about half busy (its lab tests mostly
-# wait on guests, agents and API servers), and the Rust root tests ran for two
-# minutes after it. They share nothing: the Rust tests' namespaces are
-# lk-vhost-test-<pid>-*, outside the lab's names, and their DPDK runs take
-# their own --file-prefix. Niced: on a clean clone its first minutes compile
-# the Rust test binaries, which must not starve the lab's guest boots.
 test: test-preflight build helm $(TESTSUMMARY)
 	@rm -rf $(RESULTS) && mkdir -p $(RESULTS)
 	@rc=0; \
-	nice -n 10 $(MAKE) --no-print-directory test-vhost TESTSUMMARY_BUILT=1 >$(RESULTS)/vhost.log 2>&1 & vhost=$$!; \
 	$(MAKE) --no-print-directory test-go TESTSUMMARY_BUILT=1 || rc=1; \
-	wait $$vhost || rc=1; \
-	cat $(RESULTS)/vhost.log; \
+	$(MAKE) --no-print-directory test-vhost TESTSUMMARY_BUILT=1 || rc=1; \
 	$(TESTSUMMARY) report $(RESULTS) || rc=1; \
 	exit $$rc
 
