@@ -23,7 +23,8 @@ change relabels a pod). Reports: when the agents routed to every node and progra
 policy; network programming latency from the agents' kubeproxy_network_programming_duration_seconds
 (bucket bounds) and from polling node 1's lk_lb_backends for each new backend (sampled); the policy
 histogram; node 1's agent RSS and CPU at rest and under churn; its restart time to ready with every
-frontend; the service maps' fill; the API server's LIST calls, streamed initial lists and ended watches
+frontend; the service maps' fill; with --first-packet-at, new connections through a probe Service at each
+count; the API server's LIST calls, streamed initial lists and ended watches
 during the churn and the restart (its own request metrics). The scale objects are deleted afterwards unless
 --keep.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +52,9 @@ during the churn and the restart (its own request metrics). The scale objects ar
 	f.IntVar(&cfg.Burst, "burst", cfg.Burst, "API client burst")
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "objects created in parallel")
 	f.BoolVar(&cfg.FillEtcd, "fill-etcd", false, "write the scale objects into the lab API server's etcd as it stores them, a kind at a time, instead of one create each (kube-apiserver's ClusterIP allocator makes N creates cost O(N²): 30,000 Services took 29 min); the agents still see them, and the churn, through the API server's watches")
+	f.IntSliceVar(&cfg.FirstPacketAt, "first-packet-at", nil, "Service counts (ascending, e.g. 100,10000,100000) at which the fill pauses, once both agents programmed them, to time new connections (connect() p50/p99 and conn/s, one loop) from node 1's lanekit pod through a probe Service to node 2's lanekit pods")
+	f.DurationVar(&cfg.FirstPacketFor, "first-packet-for", cfg.FirstPacketFor, "length of one --first-packet-at run")
+	f.IntVar(&cfg.FirstPacketRepeat, "first-packet-repeat", cfg.FirstPacketRepeat, "runs per --first-packet-at count (medians reported)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&keep, "keep", false, "keep the scale objects afterwards")
 	return cmd

@@ -267,6 +267,11 @@ func TestCPSLoopback(t *testing.T) {
 	if res.Conns < 10 || res.CPS <= 0 || res.Seconds < 0.3 {
 		t.Errorf("result = %+v", res)
 	}
+	// connect() times: recorded, ordered, and each shorter than a whole
+	// exchange on average (two loops: 2/CPS seconds per exchange).
+	if res.ConnectP50Us <= 0 || res.ConnectP99Us < res.ConnectP50Us || res.ConnectP50Us > 2e6/res.CPS {
+		t.Errorf("connect p50 %.1f µs, p99 %.1f µs at %.0f conn/s", res.ConnectP50Us, res.ConnectP99Us, res.CPS)
+	}
 	line, _ := json.Marshal(res)
 	back, err := ParseCPS(line)
 	if err != nil || !reflect.DeepEqual(back, res) {

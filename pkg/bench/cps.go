@@ -24,7 +24,17 @@ type CPSResult struct {
 	CPS     float64 `json:"cps"`
 	// ErrorKinds counts the failed connections by cause.
 	ErrorKinds map[string]int64 `json:"error_kinds,omitempty"`
+	// ConnectP50Us and ConnectP99Us: how long connect() took for the
+	// successful connections, in µs — the SYN out and the SYN-ACK back, the
+	// first packet of a new flow each way (through a Service: the load
+	// balancer's lookup, a new conntrack entry, the NAT).
+	ConnectP50Us float64 `json:"connect_p50_us,omitempty"`
+	ConnectP99Us float64 `json:"connect_p99_us,omitempty"`
 }
+
+// maxConnectSamples bounds the connect() times one run keeps (the first
+// ones; a run opens some thousands per second).
+const maxConnectSamples = 1 << 20
 
 // errorKind names the cause of a failed connection, without addresses.
 func errorKind(err error) string {
@@ -75,6 +85,7 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 	var conns, errs atomic.Int64
 	var mu sync.Mutex
 	kinds := map[string]int64{}
+	var connects []time.Duration
 	start := time.Now() // before the deadline: the run lasts at least d
 	deadline := start.Add(d)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
@@ -86,7 +97,8 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if err := oneConn(ctx, &dialer, addr); err != nil {
+				took, err := oneConn(ctx, &dialer, addr)
+				if err != nil {
 					// Past the deadline a dial fails at once ("i/o
 					// timeout") even before ctx reports it: not an error.
 					if ctx.Err() == nil && time.Now().Before(deadline) {
@@ -98,6 +110,11 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 					continue
 				}
 				conns.Add(1)
+				mu.Lock()
+				if len(connects) < maxConnectSamples {
+					connects = append(connects, took)
+				}
+				mu.Unlock()
 			}
 		}()
 	}
@@ -106,6 +123,10 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 	res := CPSResult{Conns: conns.Load(), Errors: errs.Load(), Seconds: secs}
 	if len(kinds) > 0 {
 		res.ErrorKinds = kinds
+	}
+	if len(connects) > 0 {
+		q := rrResult(connects) // nearest-rank percentiles
+		res.ConnectP50Us, res.ConnectP99Us = q.P50us, q.P99us
 	}
 	if secs > 0 {
 		res.CPS = float64(res.Conns) / secs
@@ -116,21 +137,24 @@ func RunCPS(ctx context.Context, addr string, d time.Duration, parallel int) (CP
 	return res, nil
 }
 
-func oneConn(ctx context.Context, d *net.Dialer, addr string) error {
+// oneConn runs one exchange and returns how long its connect() took.
+func oneConn(ctx context.Context, d *net.Dialer, addr string) (time.Duration, error) {
+	start := time.Now()
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	took := time.Since(start)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte{'x'}); err != nil {
-		return err
+		return took, err
 	}
 	var b [1]byte
 	if _, err := c.Read(b[:]); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w, got %w", errNoClose, err)
+		return took, fmt.Errorf("%w, got %w", errNoClose, err)
 	}
-	return nil
+	return took, nil
 }
 
 // ParseCPS decodes the JSON line printed by the cps client subcommand.

@@ -321,23 +321,47 @@ func backendServers(ctx context.Context, life time.Duration, p SvcPath, port int
 
 // svcConnRate: connections/s to the VIP, spread over the backends.
 func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSamples) error {
+	out, err := vipConns(ctx, o.Options, p, vip, 2)
+	if err != nil {
+		return err
+	}
+	return s.addCPS(out)
+}
+
+// vipConns runs the cps client's `parallel` loops against vip's
+// SvcProbePort from p's client, with cps servers in p's backends, and
+// returns its JSON line.
+func vipConns(ctx context.Context, o Options, p SvcPath, vip string, parallel int) ([]byte, error) {
 	if o.Self == "" {
-		return fmt.Errorf("cps: lanekit executable unknown")
+		return nil, fmt.Errorf("cps: lanekit executable unknown")
 	}
 	life := o.Duration + 20*time.Second
 	stop, err := backendServers(ctx, life, p, svcCPSPort, func(ip string) []string {
 		return []string{o.Self, "lab", "cps-server", "--listen", hostPort(ip, svcCPSPort), "--for", life.String()}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stop()
-	out, err := runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
-		o.Self, "lab", "cps-client", "--addr", hostPort(vip, svcCPSPort), "--duration", o.Duration.String())
+	return runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
+		o.Self, "lab", "cps-client", "--addr", hostPort(vip, svcCPSPort), "--duration", o.Duration.String(),
+		"--parallel", strconv.Itoa(parallel))
+}
+
+// SvcProbePort is the port ConnectProbe's Service must carry (and its
+// endpoints' target port).
+const SvcProbePort = svcCPSPort
+
+// ConnectProbe opens new connections to vip:SvcProbePort from p's client
+// one at a time for o.Duration, with servers in p's backends: connect()
+// time (the first packet of each new flow through the Service) and
+// connections per second. The Service must already be programmed.
+func ConnectProbe(ctx context.Context, o Options, p SvcPath, vip string) (CPSResult, error) {
+	out, err := vipConns(ctx, o, p, vip, 1)
 	if err != nil {
-		return err
+		return CPSResult{}, err
 	}
-	return s.addCPS(out)
+	return ParseCPS(out)
 }
 
 // svcRR: sockperf ping-pong to the VIP (one connection: one backend).

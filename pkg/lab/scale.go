@@ -57,13 +57,25 @@ type ScaleConfig struct {
 	// the churn, through the API server's watches; only the fill skips its
 	// creates (30,000 Services took 29 min through them).
 	FillEtcd bool
-	Out      io.Writer // progress lines
+	// FirstPacketAt: Service counts (ascending, at most Services) at which
+	// the fill pauses, once both agents programmed that many, to time new
+	// connections from a lab pod on node 1 through a probe Service to the
+	// lab pods on node 2 (scaleprobe.go): FirstPacketRepeat runs of
+	// FirstPacketFor each.
+	FirstPacketAt     []int
+	FirstPacketFor    time.Duration
+	FirstPacketRepeat int
+	// Self is the lanekit executable (its hidden cps client and server run
+	// the probe); default: this process's.
+	Self string
+	Out  io.Writer // progress lines
 }
 
 // DefaultScaleConfig fits this lab's 2-core machine in a few minutes.
 func DefaultScaleConfig() ScaleConfig {
 	return ScaleConfig{Nodes: 100, Services: 5000, Endpoints: 4, Pods: 2000, Identities: 200, Policies: 100,
-		ChurnRate: 20, ChurnFor: 30 * time.Second, QPS: 2000, Burst: 4000, Workers: 16}
+		ChurnRate: 20, ChurnFor: 30 * time.Second, QPS: 2000, Burst: 4000, Workers: 16,
+		FirstPacketFor: 3 * time.Second, FirstPacketRepeat: 3}
 }
 
 // Scale objects carry this label (and live in ScaleNamespace) so that a
@@ -95,6 +107,14 @@ func (c ScaleConfig) validate() error {
 	case c.Identities < 1 || c.Policies < 0 || c.ChurnRate < 0 || c.Workers < 1:
 		return errors.New("lab scale: --identities and --workers must be >= 1, --policies and --churn-rate >= 0")
 	}
+	for k, n := range c.FirstPacketAt {
+		if n < 1 || n > c.Services || (k > 0 && n <= c.FirstPacketAt[k-1]) {
+			return fmt.Errorf("lab scale: --first-packet-at %v: want ascending counts from 1 to --services %d", c.FirstPacketAt, c.Services)
+		}
+	}
+	if len(c.FirstPacketAt) > 0 && (c.FirstPacketFor < time.Second || c.FirstPacketRepeat < 1) {
+		return fmt.Errorf("lab scale: --first-packet-for %v (want >= 1s) and --first-packet-repeat %d (want >= 1)", c.FirstPacketFor, c.FirstPacketRepeat)
+	}
 	return nil
 }
 
@@ -118,7 +138,7 @@ func FillScale(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) err
 	if err := createNodes(ctx, c, cfg); err != nil {
 		return fmt.Errorf("nodes: %w", err)
 	}
-	if err := createServices(ctx, c, cfg); err != nil {
+	if err := createServices(ctx, c, cfg, 0, cfg.Services); err != nil {
 		return fmt.Errorf("services: %w", err)
 	}
 	if err := createPods(ctx, c, cfg); err != nil {
@@ -137,10 +157,10 @@ func scaleNodeObjects(cfg ScaleConfig) []runtime.Object {
 	return out
 }
 
-func scaleServiceObjects(cfg ScaleConfig) []runtime.Object {
+func scaleServiceObjects(cfg ScaleConfig, from, to int) []runtime.Object {
 	var out []runtime.Object
 	now := time.Now()
-	for i := range cfg.Services {
+	for i := from; i < to; i++ {
 		out = append(out, scaleService(i), scaleSlice(cfg, i, 0, now))
 	}
 	return out
@@ -216,12 +236,13 @@ func scaleSlice(cfg ScaleConfig, i, gen int, trigger time.Time) *discoveryv1.End
 	return s
 }
 
-// createServices creates the Services and their slices.
-func createServices(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig) error {
+// createServices creates Services from to to (exclusive) and their slices.
+func createServices(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig, from, to int) error {
 	if cfg.Store != nil {
-		return cfg.Store(ctx, scaleServiceObjects(cfg))
+		return cfg.Store(ctx, scaleServiceObjects(cfg, from, to))
 	}
-	return workpool.Run(ctx, cfg.Services, cfg.Workers, func(ctx context.Context, i int) error {
+	return workpool.Run(ctx, to-from, cfg.Workers, func(ctx context.Context, k int) error {
+		i := from + k
 		svc := scaleService(i)
 		if _, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("service %s: %w", svc.Name, err)

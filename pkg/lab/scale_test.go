@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 // Quantiles from the difference of two cumulative histogram scrapes are
@@ -209,5 +212,90 @@ func TestFillScaleStoreSameObjects(t *testing.T) {
 		if _, ok := created[k]; !ok {
 			t.Errorf("stored %s, not created by the client path", k)
 		}
+	}
+}
+
+// The staged fill (--first-packet-at) creates every Service once, through
+// the client and through a bulk store alike.
+func TestCreateServicesInStages(t *testing.T) {
+	cfg := DefaultScaleConfig()
+	cfg.Nodes, cfg.Services = 3, 7
+	ctx := context.Background()
+	c := fake.NewClientset()
+	stored := map[string]int{}
+	viaStore := cfg
+	viaStore.Store = func(_ context.Context, objs []runtime.Object) error {
+		for _, o := range objs {
+			stored[fmt.Sprintf("%T %s", o, o.(metav1.Object).GetName())]++
+		}
+		return nil
+	}
+	for _, st := range [][2]int{{0, 2}, {2, 3}, {3, 7}} {
+		if err := createServices(ctx, c, cfg, st[0], st[1]); err != nil {
+			t.Fatal(err)
+		}
+		if err := createServices(ctx, nil, viaStore, st[0], st[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svcs, _ := c.CoreV1().Services(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	slices, _ := c.DiscoveryV1().EndpointSlices(ScaleNamespace).List(ctx, metav1.ListOptions{})
+	if len(svcs.Items) != 7 || len(slices.Items) != 7 {
+		t.Fatalf("client: %d Services and %d slices, want 7 each", len(svcs.Items), len(slices.Items))
+	}
+	for i := range 7 {
+		for _, key := range []string{fmt.Sprintf("*v1.Service scale-%d", i), fmt.Sprintf("*v1.EndpointSlice scale-%d-x", i)} {
+			if stored[key] != 1 {
+				t.Errorf("store: %s written %d times, want once", key, stored[key])
+			}
+		}
+	}
+	if len(stored) != 14 {
+		t.Errorf("store: %d objects, want 14: %v", len(stored), stored)
+	}
+}
+
+func TestFirstPacketAtFlag(t *testing.T) {
+	for _, tc := range []struct {
+		at   []int
+		ok   bool
+		what string
+	}{
+		{nil, true, "none"},
+		{[]int{100, 10000, 30000}, true, "ascending, the last the whole set"},
+		{[]int{100, 10000}, true, "below the whole set"},
+		{[]int{0}, false, "zero"},
+		{[]int{100, 100}, false, "repeated"},
+		{[]int{10000, 100}, false, "descending"},
+		{[]int{30001}, false, "more than --services"},
+	} {
+		cfg := DefaultScaleConfig()
+		cfg.Services, cfg.FirstPacketAt = 30000, tc.at
+		if err := cfg.validate(); (err == nil) != tc.ok {
+			t.Errorf("%s %v: validate = %v", tc.what, tc.at, err)
+		}
+	}
+	cfg := DefaultScaleConfig()
+	cfg.FirstPacketAt, cfg.FirstPacketRepeat = []int{10}, 0
+	if cfg.validate() == nil {
+		t.Error("--first-packet-repeat 0 accepted")
+	}
+}
+
+func TestFirstPacketDescribe(t *testing.T) {
+	if m := medianOf([]float64{5, 1, 3}); m != 3 {
+		t.Errorf("median of 5 1 3 = %v", m)
+	}
+	if m := medianOf([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of 4 1 3 2 = %v", m)
+	}
+	base := ScaleFirstPacket{Services: 100, ConnectP50Us: 200, ConnectP99Us: 400, CPS: 1000, Runs: make([]bench.CPSResult, 3)}
+	at := ScaleFirstPacket{Services: 100000, ConnectP50Us: 220, ConnectP99Us: 500, CPS: 900, Runs: make([]bench.CPSResult, 3)}
+	want := "connect p50 220 µs, p99 500 µs, 900 conn/s (one loop; medians of 3 runs); 1.10 × the p50 and 0.90 × the conn/s at 100"
+	if got := at.describe(base); got != want {
+		t.Errorf("describe =\n %s\nwant\n %s", got, want)
+	}
+	if got := base.describe(base); strings.Contains(got, "×") {
+		t.Errorf("the first count compared with itself: %s", got)
 	}
 }

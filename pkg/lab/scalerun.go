@@ -59,6 +59,9 @@ type ScaleReport struct {
 	RestartRSSMB float64    `json:"restart_rss_mb"`
 	RestartError string     `json:"restart_error,omitempty"`
 	Maps         []ScaleMap `json:"maps"`
+	// FirstPacket: new connections through a probe Service at each
+	// --first-packet-at count (scaleprobe.go).
+	FirstPacket []ScaleFirstPacket `json:"first_packet,omitempty"`
 	// The API server's own request metrics around the churn and the restart.
 	API APILoad `json:"api_server"`
 }
@@ -151,19 +154,10 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	}
 
 	progress(out, "lab scale: %d Services x %d endpoints", cfg.Services, cfg.Endpoints)
-	t = time.Now()
-	if err := createServices(ctx, c, cfg); err != nil {
-		return nil, err
-	}
-	r.CreateServicesS = time.Since(t).Seconds()
-	wantFronts := baseFronts + cfg.Services
-	d, err := waitAgents(ctx, nodes, 10*time.Minute, "services programmed", func(s *apiv1.StatusResponse) bool {
-		return statusMapEntries(s, service.MapFrontends) >= wantFronts
-	})
+	wantFronts, err := r.fillServices(ctx, c, cfg, st, nodes, baseFronts)
 	if err != nil {
 		return nil, err
 	}
-	r.ServicesS = d.Seconds()
 
 	progress(out, "lab scale: %d pods (%d identities), %d NetworkPolicies", cfg.Pods, cfg.Identities, cfg.Policies)
 	t = time.Now()
@@ -171,7 +165,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 		return nil, err
 	}
 	r.CreatePodsS = time.Since(t).Seconds()
-	d, err = waitAgents(ctx, nodes, 10*time.Minute, "policies programmed", func(s *apiv1.StatusResponse) bool {
+	d, err := waitAgents(ctx, nodes, 10*time.Minute, "policies programmed", func(s *apiv1.StatusResponse) bool {
 		return int(s.GetControlPlane().GetPolicies()) >= basePols+cfg.Policies
 	})
 	if err != nil {
@@ -352,6 +346,9 @@ func (r *ScaleReport) WriteTable(w io.Writer) error {
 	}
 	for _, m := range r.Maps {
 		fmt.Fprintf(tw, "map %s\t%d/%d entries\n", m.Name, m.Entries, m.Capacity)
+	}
+	for _, f := range r.FirstPacket {
+		fmt.Fprintf(tw, "first packet at %d Services\t%s\n", f.Services, f.describe(r.FirstPacket[0]))
 	}
 	fmt.Fprintf(tw, "API server: open watches at rest\t%d\n", r.API.OpenWatches)
 	fmt.Fprintf(tw, "API server: during the churn\tLIST %s; streamed lists %s; WATCH ended %s\n",
