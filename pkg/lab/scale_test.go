@@ -290,8 +290,8 @@ func TestFirstPacketDescribe(t *testing.T) {
 		t.Errorf("median of 4 1 3 2 = %v", m)
 	}
 	base := ScaleFirstPacket{Services: 100, ConnectP50Us: 200, ConnectP99Us: 400, CPS: 1000, Runs: make([]bench.CPSResult, 3)}
-	at := ScaleFirstPacket{Services: 100000, ConnectP50Us: 220, ConnectP99Us: 500, CPS: 900, Runs: make([]bench.CPSResult, 3)}
-	want := "connect p50 220 µs, p99 500 µs, 900 conn/s (one loop; medians of 3 runs); 1.10 × the p50 and 0.90 × the conn/s at 100"
+	at := ScaleFirstPacket{Services: 100000, ConnectP50Us: 220, ConnectP99Us: 500, CPS: 900, Runs: make([]bench.CPSResult, 3), Load1: 1.5}
+	want := "connect p50 220 µs, p99 500 µs, 900 conn/s (one loop; medians of 3 runs; load 1.5); 1.10 × the p50 and 0.90 × the conn/s at 100"
 	if got := at.describe(base); got != want {
 		t.Errorf("describe =\n %s\nwant\n %s", got, want)
 	}

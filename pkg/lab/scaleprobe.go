@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,11 +32,15 @@ type ScaleFirstPacket struct {
 	ConnectP99Us float64           `json:"connect_p99_us"`
 	CPS          float64           `json:"conns_per_s"`
 	Runs         []bench.CPSResult `json:"runs"`
+	// SettleS: how long the agents took to fall quiet before the runs
+	// (settle); Load1: the machine's 1-minute load average then.
+	SettleS float64 `json:"settle_s"`
+	Load1   float64 `json:"load1"`
 }
 
 // describe is f's table cell, with its ratios to base (the first count).
 func (f ScaleFirstPacket) describe(base ScaleFirstPacket) string {
-	s := fmt.Sprintf("connect p50 %.0f µs, p99 %.0f µs, %.0f conn/s (one loop; medians of %d runs)", f.ConnectP50Us, f.ConnectP99Us, f.CPS, len(f.Runs))
+	s := fmt.Sprintf("connect p50 %.0f µs, p99 %.0f µs, %.0f conn/s (one loop; medians of %d runs; load %.1f)", f.ConnectP50Us, f.ConnectP99Us, f.CPS, len(f.Runs), f.Load1)
 	if f.Services != base.Services && base.ConnectP50Us > 0 && base.CPS > 0 {
 		s += fmt.Sprintf("; %.2f × the p50 and %.2f × the conn/s at %d", f.ConnectP50Us/base.ConnectP50Us, f.CPS/base.CPS, base.Services)
 	}
@@ -88,6 +95,60 @@ func newScaleProbe(ctx context.Context, c kubernetes.Interface, st *State) (*sca
 		Backends: backends, NodeNS: n1.NS, Includes: IncludesSvcLanekit}}, nil
 }
 
+// Before a probe the agents must be quiet: one right after a fill measured
+// the agents catching up (205 conn/s at 100 Services, then 3,940 at 10,000).
+const (
+	settleCPUPct = 10.0 // of one CPU, each agent, over settleWindow
+	settleWindow = time.Second
+	settleMax    = 2 * time.Minute
+)
+
+// settle waits until every agent of nodes used under settleCPUPct over a
+// settleWindow (at most settleMax; then it goes on, and says so).
+func settle(ctx context.Context, nodes []int, out io.Writer) time.Duration {
+	start := time.Now()
+	for {
+		var before []procSample
+		for _, i := range nodes {
+			s, _ := sampleProc(readPID(AgentPIDFile(i)))
+			before = append(before, s)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start)
+		case <-time.After(settleWindow):
+		}
+		quiet := true
+		for k, i := range nodes {
+			s, err := sampleProc(readPID(AgentPIDFile(i)))
+			if err != nil || cpuPercent(before[k], s) >= settleCPUPct {
+				quiet = false
+			}
+		}
+		if quiet {
+			return time.Since(start)
+		}
+		if time.Since(start) > settleMax {
+			progress(out, "lab scale: the agents did not fall under %.0f %% CPU in %v; probing anyway", settleCPUPct, settleMax)
+			return time.Since(start)
+		}
+	}
+}
+
+// loadAvg1 is the 1-minute load average (0 if unreadable).
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
 // measure runs the probe cfg.FirstPacketRepeat times with n Services.
 func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (ScaleFirstPacket, error) {
 	self := cfg.Self
@@ -98,7 +159,7 @@ func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (Scale
 		}
 	}
 	o := bench.Options{Self: self, Duration: cfg.FirstPacketFor}
-	f := ScaleFirstPacket{Services: n}
+	f := ScaleFirstPacket{Services: n, Load1: loadAvg1()}
 	var p50, p99, cps []float64
 	for rep := range cfg.FirstPacketRepeat {
 		res, err := bench.ConnectProbe(ctx, o, p.path, p.vip)
@@ -158,11 +219,13 @@ func (r *ScaleReport) fillServices(ctx context.Context, c kubernetes.Interface, 
 		}
 		r.ServicesS = d.Seconds() // the last stage's
 		if probe != nil && slices.Contains(cfg.FirstPacketAt, to) {
-			progress(cfg.Out, "lab scale: first packet at %d Services (%d × %v)", to, cfg.FirstPacketRepeat, cfg.FirstPacketFor)
+			quiet := settle(ctx, nodes, cfg.Out)
+			progress(cfg.Out, "lab scale: first packet at %d Services (%d × %v; agents quiet after %.1f s)", to, cfg.FirstPacketRepeat, cfg.FirstPacketFor, quiet.Seconds())
 			f, err := probe.measure(ctx, cfg, to)
 			if err != nil {
 				return 0, err
 			}
+			f.SettleS = quiet.Seconds()
 			progress(cfg.Out, "lab scale: %s", f.describe(append(r.FirstPacket, f)[0]))
 			r.FirstPacket = append(r.FirstPacket, f)
 		}
