@@ -183,29 +183,32 @@ func labCheckCmd() *cobra.Command {
 	}
 }
 
+// benchFlags are `lab bench`'s flags.
+type benchFlags struct {
+	asJSON           bool
+	opts             bench.Options
+	chart            string
+	vmBackend        string
+	vhostBin         string
+	vmBackendOwnOnly bool
+	from             string
+	svcCounts        []int
+	svcModes         []string
+	servicesOnly     bool
+	svcTimeout       time.Duration
+	svcRepeat        int
+	policyCounts     []int
+	policiesOnly     bool
+	routings         []string
+	cnis             []string
+	noHostCPU        bool
+	bigTCP           bool
+	bigTCPOnly       bool
+	noKubeVirt       bool
+}
+
 func labBenchCmd() *cobra.Command {
-	var (
-		asJSON           bool
-		opts             bench.Options
-		chart            string
-		vmBackend        string
-		vhostBin         string
-		vmBackendOwnOnly bool
-		from             string
-		svcCounts        []int
-		svcModes         []string
-		servicesOnly     bool
-		svcTimeout       time.Duration
-		svcRepeat        int
-		policyCounts     []int
-		policiesOnly     bool
-		routings         []string
-		cnis             []string
-		noHostCPU        bool
-		bigTCP           bool
-		bigTCPOnly       bool
-		noKubeVirt       bool
-	)
+	b := &benchFlags{}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmark host-raw, host, bridge-iptables, lanekit-pod and VM paths side by side (node1 -> node2), and the VM backend vs DPDK",
@@ -232,181 +235,191 @@ streams (iperf3 -P), per family of the lab, with BIG TCP as the agents set it an
 GSO/GRO on both ends of the pods' veths and the nodes' uplinks, restored as found afterwards, also
 on failure or interrupt), interleaved in every repetition; the sending pod's from-pod bytes per
 packet show which sizes crossed the datapath. --big-tcp-only measures them alone.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if from != "" {
-				rep, err := loadReport(from)
-				if err != nil {
-					return err
-				}
-				if chart != "" {
-					if err := writeChart(rep, chart); err != nil {
-						return err
-					}
-				}
-				if asJSON {
-					return rep.WriteJSON(cmd.OutOrStdout())
-				}
-				return rep.WriteTable(cmd.OutOrStdout())
-			}
-			if len(cnis) > 0 {
-				if (len(policyCounts) > 0 && len(svcCounts) > 0) || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") || len(routings) > 1 {
-					return errors.New("lab bench: --cni measures the pod (or --policies) and service rows of its own real-node labs: --policies not with --services, no --big-tcp or --vm-backend on|only, at most one --routing")
-				}
-				routing := lab.RoutingNative
-				if len(routings) == 1 {
-					routing = routings[0]
-				}
-				if len(svcCounts) > 0 {
-					so := bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}
-					if svcRepeat > 0 {
-						so.Repeat = svcRepeat
-					}
-					return runCNIServiceBench(cmd, cnis, routing, svcCounts, so, asJSON)
-				}
-				return runCNIBench(cmd, cnis, routing, policyCounts, policiesOnly, opts, asJSON, chart)
-			}
-			if len(routings) > 0 {
-				if len(svcCounts) > 0 || len(policyCounts) > 0 || bigTCP || bigTCPOnly || (vmBackend != "auto" && vmBackend != "off") {
-					return errors.New("lab bench: --routing measures the pod rows of its own labs: no --services, --policies, --big-tcp or --vm-backend on|only with it")
-				}
-				return runRoutingBench(cmd, routings, opts, asJSON, chart)
-			}
-			if vmBackend != "auto" && vmBackend != "on" && vmBackend != "off" && vmBackend != "only" {
-				return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", vmBackend)
-			}
-			bins, err := lab.FindBins()
-			if err != nil {
-				return err
-			}
-			st, err := lab.LoadState()
-			switch {
-			case vmBackend == "only":
-				st = &lab.State{}
-			case errors.Is(err, lab.ErrNoLab) && vmBackend == "on":
-				st = &lab.State{}
-			case err != nil:
-				return fmt.Errorf("lab bench: %w", err)
-			}
-			opts.Self = bins.Self
-			opts.Progress = cmd.ErrOrStderr()
-			ctx, cancel := signalContext()
-			defer cancel()
-			rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: opts.Repeat, DurationS: opts.Duration.Seconds()}
-			bigTCP = bigTCP || bigTCPOnly
-			if len(st.Nodes) > 0 && !servicesOnly && !bigTCPOnly {
-				paths, skipped := st.BenchPaths()
-				if !noHostCPU {
-					opts.GuestPIDs = st.GuestQEMUPIDs()
-				}
-				if st.KubeVirt && !noKubeVirt && !policiesOnly {
-					kb, err := st.KubeVirtBenchRows(ctx, func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), "lab bench: "+f+"\n", a...) })
-					if err != nil {
-						return fmt.Errorf("lab bench: the KubeVirt rows: %w", err)
-					}
-					defer func() {
-						if err := kb.Close(); err != nil {
-							fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: removing the KubeVirt rows' VMIs:", err)
-						}
-					}()
-					for _, s := range kb.Skipped {
-						fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
-					}
-					paths = append(paths, kb.Paths...)
-					if !noHostCPU {
-						opts.GuestPIDs = append(opts.GuestPIDs, kb.GuestPIDs...)
-					}
-				}
-				if policiesOnly {
-					paths = nil
-				}
-				if len(policyCounts) > 0 {
-					var pskipped []string
-					var pcleanup func()
-					paths, pskipped, pcleanup = st.PolicyRows(policyCounts, paths)
-					defer pcleanup()
-					skipped = append(skipped, pskipped...)
-				}
-				for _, s := range skipped {
-					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
-				}
-				if rep, err = bench.Run(ctx, paths, opts); err != nil {
-					return err
-				}
-			}
-			if vmBackend == "on" || vmBackend == "only" || (vmBackend == "auto" && st.HasVM()) {
-				if vhostBin == "" {
-					vhostBin = filepath.Join(bins.Dir, "lanekit-vhost")
-				}
-				rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
-					VhostBin: vhostBin, Duration: opts.Duration, OwnOnly: vmBackendOwnOnly,
-					Repeat: opts.Repeat, Progress: cmd.ErrOrStderr()})
-				switch {
-				case errors.Is(err, bench.ErrBackendUnavailable) && vmBackend == "auto":
-					fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping the VM backend comparison:", err)
-				case err != nil:
-					return fmt.Errorf("lab bench: %w", err)
-				}
-			}
-			if len(svcCounts) > 0 {
-				so := bench.SvcOptions{Options: opts, ProgramTimeout: svcTimeout}
-				if svcRepeat > 0 {
-					so.Repeat = svcRepeat
-				}
-				if rep.Services, err = runServiceRows(ctx, cmd, st, svcCounts, svcModes, so); err != nil {
-					return err
-				}
-			}
-			if bigTCP {
-				if rep.BigTCP, err = runBigTCPRows(ctx, cmd, st, opts); err != nil {
-					return err
-				}
-			}
-			if chart != "" && (len(rep.Rows) > 0 || rep.Services != nil) {
-				if err := writeChart(rep, chart); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				err = rep.WriteJSON(cmd.OutOrStdout())
-			} else {
-				err = rep.WriteTable(cmd.OutOrStdout())
-			}
-			if err != nil {
-				return err
-			}
-			if rep.Failed() {
-				return errors.New("lab bench: some measurements failed (see errors)")
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return b.run(cmd) },
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON document instead of the table")
-	cmd.Flags().IntVar(&opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
-	cmd.Flags().DurationVar(&opts.Duration, "duration", 5*time.Second, "duration of each measurement")
-	cmd.Flags().StringVar(&chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
-	cmd.Flags().IntVar(&opts.CPUTCPMbps, "cpu-tcp-mbps", bench.DefaultCPUTCPMbps, "guest rows' host CPU per byte: the fixed TCP rate (Mbit/s) it is measured at, both directions")
-	cmd.Flags().BoolVar(&noKubeVirt, "no-kubevirt", false, "on a lab up with --kubevirt: skip the KubeVirt rows ("+lab.KubeVirtBenchLanekit+", "+lab.KubeVirtBenchBridge+" and "+lab.KubeVirtBenchMasquerade+
+	cmd.Flags().BoolVar(&b.asJSON, "json", false, "print one JSON document instead of the table")
+	cmd.Flags().IntVar(&b.opts.Repeat, "repeat", 3, "repetitions (paths interleaved within each)")
+	cmd.Flags().DurationVar(&b.opts.Duration, "duration", 5*time.Second, "duration of each measurement")
+	cmd.Flags().StringVar(&b.chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
+	cmd.Flags().IntVar(&b.opts.CPUTCPMbps, "cpu-tcp-mbps", bench.DefaultCPUTCPMbps, "guest rows' host CPU per byte: the fixed TCP rate (Mbit/s) it is measured at, both directions")
+	cmd.Flags().BoolVar(&b.noKubeVirt, "no-kubevirt", false, "on a lab up with --kubevirt: skip the KubeVirt rows ("+lab.KubeVirtBenchLanekit+", "+lab.KubeVirtBenchBridge+" and "+lab.KubeVirtBenchMasquerade+
 		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge and masquerade bindings; VMIs made for the run and deleted after it; bridge needs a kernel with dummy links)")
-	cmd.Flags().BoolVar(&noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
-	cmd.Flags().BoolVar(&opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
-	cmd.Flags().StringVar(&vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
-	cmd.Flags().StringVar(&from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
-	cmd.Flags().BoolVar(&vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
-	cmd.Flags().IntSliceVar(&svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
-	cmd.Flags().StringSliceVar(&svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit,
+	cmd.Flags().BoolVar(&b.noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
+	cmd.Flags().BoolVar(&b.opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
+	cmd.Flags().StringVar(&b.vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
+	cmd.Flags().StringVar(&b.from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
+	cmd.Flags().BoolVar(&b.vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")
+	cmd.Flags().IntSliceVar(&b.svcCounts, "services", nil, "service rows: these service counts (e.g. 10,1000,10000), kube-proxy iptables and nftables modes vs lanekit through a VIP")
+	cmd.Flags().StringSliceVar(&b.svcModes, "svc-modes", []string{bench.SvcModeIptables, bench.SvcModeNftables, bench.SvcModeLanekit,
 		bench.SvcModeIptablesHost, bench.SvcModeNftablesHost, bench.SvcModeLanekitHost},
 		"service rows: which datapaths (a -host mode: the client is a process in the node netns, e.g. socket LB vs kube-proxy's nat OUTPUT rules)")
-	cmd.Flags().BoolVar(&servicesOnly, "services-only", false, "with --services: skip the pod rows")
-	cmd.Flags().DurationVar(&svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
-	cmd.Flags().IntVar(&svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
-	cmd.Flags().IntSliceVar(&policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows; with --cni, the cross-node row of each network that enforces NetworkPolicy (lanekit, cilium), the policies written through the API server and enforced before each measurement")
-	cmd.Flags().BoolVar(&policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
-	cmd.Flags().BoolVar(&bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
-	cmd.Flags().BoolVar(&bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
-	cmd.Flags().StringSliceVar(&routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
-	cmd.Flags().StringSliceVar(&cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,cilium,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
-	cmd.Flags().StringVar(&vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
+	cmd.Flags().BoolVar(&b.servicesOnly, "services-only", false, "with --services: skip the pod rows")
+	cmd.Flags().DurationVar(&b.svcTimeout, "svc-program-timeout", 5*time.Minute, "service rows: bound on one timed full programming step (one iptables-restore of 10,000 services takes longer; the rules are then loaded in chunks, untimed)")
+	cmd.Flags().IntVar(&b.svcRepeat, "svc-repeat", 0, "service rows: repetitions (default --repeat)")
+	cmd.Flags().IntSliceVar(&b.policyCounts, "policies", nil, "policy rows: lanekit pod to pod with each count of NetworkPolicies selecting the pods (e.g. 0,1000), interleaved with the other pod rows; with --cni, the cross-node row of each network that enforces NetworkPolicy (lanekit, cilium), the policies written through the API server and enforced before each measurement")
+	cmd.Flags().BoolVar(&b.policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
+	cmd.Flags().BoolVar(&b.bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
+	cmd.Flags().BoolVar(&b.bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
+	cmd.Flags().StringSliceVar(&b.routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
+	cmd.Flags().StringSliceVar(&b.cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,cilium,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
+	cmd.Flags().StringVar(&b.vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
 	return cmd
+}
+
+// run measures what the flags ask for and prints the report.
+func (b *benchFlags) run(cmd *cobra.Command) error {
+	if b.from != "" {
+		rep, err := loadReport(b.from)
+		if err != nil {
+			return err
+		}
+		return b.output(cmd, rep)
+	}
+	if len(b.cnis) > 0 || len(b.routings) > 0 {
+		return b.runOwnLabs(cmd)
+	}
+	if b.vmBackend != "auto" && b.vmBackend != "on" && b.vmBackend != "off" && b.vmBackend != "only" {
+		return fmt.Errorf("lab bench: --vm-backend %q: want auto, on, off or only", b.vmBackend)
+	}
+	bins, err := lab.FindBins()
+	if err != nil {
+		return err
+	}
+	st, err := lab.LoadState()
+	switch {
+	case b.vmBackend == "only":
+		st = &lab.State{}
+	case errors.Is(err, lab.ErrNoLab) && b.vmBackend == "on":
+		st = &lab.State{}
+	case err != nil:
+		return fmt.Errorf("lab bench: %w", err)
+	}
+	b.opts.Self = bins.Self
+	b.opts.Progress = cmd.ErrOrStderr()
+	ctx, cancel := signalContext()
+	defer cancel()
+	rep := &bench.Report{Machine: bench.DescribeMachine(), Repeat: b.opts.Repeat, DurationS: b.opts.Duration.Seconds()}
+	b.bigTCP = b.bigTCP || b.bigTCPOnly
+	if len(st.Nodes) > 0 && !b.servicesOnly && !b.bigTCPOnly {
+		if rep, err = b.podRows(ctx, cmd, st); err != nil {
+			return err
+		}
+	}
+	if b.vmBackend == "on" || b.vmBackend == "only" || (b.vmBackend == "auto" && st.HasVM()) {
+		if b.vhostBin == "" {
+			b.vhostBin = filepath.Join(bins.Dir, "lanekit-vhost")
+		}
+		rep.VMBackend, err = bench.RunBackendCompare(ctx, bench.BackendOptions{
+			VhostBin: b.vhostBin, Duration: b.opts.Duration, OwnOnly: b.vmBackendOwnOnly,
+			Repeat: b.opts.Repeat, Progress: cmd.ErrOrStderr()})
+		switch {
+		case errors.Is(err, bench.ErrBackendUnavailable) && b.vmBackend == "auto":
+			fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping the VM backend comparison:", err)
+		case err != nil:
+			return fmt.Errorf("lab bench: %w", err)
+		}
+	}
+	if len(b.svcCounts) > 0 {
+		if rep.Services, err = runServiceRows(ctx, cmd, st, b.svcCounts, b.svcModes, b.svcOptions()); err != nil {
+			return err
+		}
+	}
+	if b.bigTCP {
+		if rep.BigTCP, err = runBigTCPRows(ctx, cmd, st, b.opts); err != nil {
+			return err
+		}
+	}
+	if err := b.output(cmd, rep); err != nil {
+		return err
+	}
+	if rep.Failed() {
+		return errors.New("lab bench: some measurements failed (see errors)")
+	}
+	return nil
+}
+
+// svcOptions are the service rows' options.
+func (b *benchFlags) svcOptions() bench.SvcOptions {
+	so := bench.SvcOptions{Options: b.opts, ProgramTimeout: b.svcTimeout}
+	if b.svcRepeat > 0 {
+		so.Repeat = b.svcRepeat
+	}
+	return so
+}
+
+// runOwnLabs measures --cni's real-node labs or --routing's labs, each
+// brought up and down by the bench.
+func (b *benchFlags) runOwnLabs(cmd *cobra.Command) error {
+	if len(b.cnis) == 0 {
+		if len(b.svcCounts) > 0 || len(b.policyCounts) > 0 || b.bigTCP || b.bigTCPOnly || (b.vmBackend != "auto" && b.vmBackend != "off") {
+			return errors.New("lab bench: --routing measures the pod rows of its own labs: no --services, --policies, --big-tcp or --vm-backend on|only with it")
+		}
+		return runRoutingBench(cmd, b.routings, b.opts, b.asJSON, b.chart)
+	}
+	if (len(b.policyCounts) > 0 && len(b.svcCounts) > 0) || b.bigTCP || b.bigTCPOnly || (b.vmBackend != "auto" && b.vmBackend != "off") || len(b.routings) > 1 {
+		return errors.New("lab bench: --cni measures the pod (or --policies) and service rows of its own real-node labs: --policies not with --services, no --big-tcp or --vm-backend on|only, at most one --routing")
+	}
+	routing := lab.RoutingNative
+	if len(b.routings) == 1 {
+		routing = b.routings[0]
+	}
+	if len(b.svcCounts) > 0 {
+		return runCNIServiceBench(cmd, b.cnis, routing, b.svcCounts, b.svcOptions(), b.asJSON)
+	}
+	return runCNIBench(cmd, b.cnis, routing, b.policyCounts, b.policiesOnly, b.opts, b.asJSON, b.chart)
+}
+
+// podRows measures the lab's pod and VM rows (with the KubeVirt and policy
+// rows when asked), and removes what they added (the KubeVirt rows' VMIs,
+// the policies) before it returns.
+func (b *benchFlags) podRows(ctx context.Context, cmd *cobra.Command, st *lab.State) (*bench.Report, error) {
+	paths, skipped := st.BenchPaths()
+	if !b.noHostCPU {
+		b.opts.GuestPIDs = st.GuestQEMUPIDs()
+	}
+	if st.KubeVirt && !b.noKubeVirt && !b.policiesOnly {
+		kb, err := st.KubeVirtBenchRows(ctx, func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), "lab bench: "+f+"\n", a...) })
+		if err != nil {
+			return nil, fmt.Errorf("lab bench: the KubeVirt rows: %w", err)
+		}
+		defer func() {
+			if err := kb.Close(); err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: removing the KubeVirt rows' VMIs:", err)
+			}
+		}()
+		skipped = append(skipped, kb.Skipped...)
+		paths = append(paths, kb.Paths...)
+		if !b.noHostCPU {
+			b.opts.GuestPIDs = append(b.opts.GuestPIDs, kb.GuestPIDs...)
+		}
+	}
+	if b.policiesOnly {
+		paths = nil
+	}
+	if len(b.policyCounts) > 0 {
+		var pskipped []string
+		var pcleanup func()
+		paths, pskipped, pcleanup = st.PolicyRows(b.policyCounts, paths)
+		defer pcleanup()
+		skipped = append(skipped, pskipped...)
+	}
+	for _, s := range skipped {
+		fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
+	}
+	return bench.Run(ctx, paths, b.opts)
+}
+
+// output draws --chart and prints rep as the table or --json.
+func (b *benchFlags) output(cmd *cobra.Command, rep *bench.Report) error {
+	if b.chart != "" && (len(rep.Rows) > 0 || rep.Services != nil) {
+		if err := writeChart(rep, b.chart); err != nil {
+			return err
+		}
+	}
+	if b.asJSON {
+		return rep.WriteJSON(cmd.OutOrStdout())
+	}
+	return rep.WriteTable(cmd.OutOrStdout())
 }
 
 // runBigTCPRows measures the BIG TCP rows and gives every device its
