@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,7 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/bench"
+	"github.com/lanekit/lanekit/pkg/service"
 )
 
 // Quantiles from the difference of two cumulative histogram scrapes are
@@ -297,5 +301,35 @@ func TestFirstPacketDescribe(t *testing.T) {
 	}
 	if got := base.describe(base); strings.Contains(got, "×") {
 		t.Errorf("the first count compared with itself: %s", got)
+	}
+}
+
+// The churn probe finds a backend wherever it sits in a map of more
+// entries than one batch holds, and says so when it is absent.
+func TestHoldsBackend(t *testing.T) {
+	testutil.RequireRoot(t)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(binary.Size(service.BackendValue{})), MaxEntries: 3 * backendBatch})
+	if err != nil {
+		t.Skipf("no BPF hash map: %v", err)
+	}
+	defer m.Close()
+	n := 2*backendBatch + 100
+	for id := range n {
+		v := service.BackendValue{Addr: [4]byte{10, byte(id >> 16), byte(id >> 8), byte(id)}, Port: 8080, Proto: 6}
+		if err := m.Put(uint32(id), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []int{0, backendBatch, n - 1} {
+		addr := [4]byte{10, byte(id >> 16), byte(id >> 8), byte(id)}
+		if ok, err := holdsBackend(m, addr, 8080); !ok || err != nil {
+			t.Errorf("backend %d (%v): found %v, %v", id, addr, ok, err)
+		}
+		if ok, err := holdsBackend(m, addr, 8081); ok || err != nil {
+			t.Errorf("backend %d on another port: found %v, %v", id, ok, err)
+		}
+	}
+	if ok, err := holdsBackend(m, [4]byte{10, 9, 9, 9}, 8080); ok || err != nil {
+		t.Errorf("absent backend: found %v, %v", ok, err)
 	}
 }

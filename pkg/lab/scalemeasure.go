@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -19,6 +20,11 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -231,6 +237,42 @@ func histQuantiles(before, after map[float64]uint64) (p50, p99, max float64, n u
 	return q(0.5), q(0.99), q(1), n
 }
 
+// backendBatch is how many lk_lb_backends entries one read syscall takes:
+// at 100,000 Services the map holds 400,000, which one syscall per entry
+// took about a second to scan (and a CPU the agents needed).
+const backendBatch = 8192
+
+// holdsBackend scans m (lk_lb_backends) for a backend at addr:port, a batch
+// per syscall (entry by entry where the kernel has no batches).
+func holdsBackend(m *ebpf.Map, addr [4]byte, port uint16) (bool, error) {
+	match := func(v service.BackendValue) bool { return v.Addr == addr && v.Port == port }
+	keys := make([]uint32, backendBatch)
+	vals := make([]service.BackendValue, backendBatch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if slices.ContainsFunc(vals[:n], match) {
+			return true, nil
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return false, nil // the whole map read
+		case errors.Is(err, ebpf.ErrNotSupported):
+			var k uint32
+			var v service.BackendValue
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				if match(v) {
+					return true, nil
+				}
+			}
+			return false, it.Err()
+		case err != nil:
+			return false, err
+		}
+	}
+}
+
 // probeBackends measures, for each endpoint change it receives, how long
 // after its trigger time node i's pinned lk_lb_backends holds the new
 // backend: the datapath's side of the programming latency.
@@ -252,14 +294,8 @@ func probeBackends(ctx context.Context, i int, events <-chan churnEvent) ([]time
 		want := ev.backend.As4()
 		found := false
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !found; {
-			var k uint32
-			var v service.BackendValue
-			it := m.Iterate()
-			for it.Next(&k, &v) {
-				if v.Addr == want && v.Port == 8080 {
-					found = true
-					break
-				}
+			if found, err = holdsBackend(m, want, 8080); err != nil {
+				return lats, missed, fmt.Errorf("lab scale: read lk_lb_backends: %w", err)
 			}
 			if !found {
 				time.Sleep(2 * time.Millisecond)
@@ -282,4 +318,42 @@ func durQuantiles(ds []time.Duration) (p50, p99, max time.Duration) {
 	slices.Sort(s)
 	at := func(p float64) time.Duration { return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)] }
 	return at(0.5), at(0.99), s[len(s)-1]
+}
+
+// watchDelays watches the scale EndpointSlices as the agents do and
+// records, for each update, how long after its trigger time the API server
+// delivered it: the part of the programming latency that is not the
+// agents'. Stop it with stop, which returns the delays.
+func watchDelays(ctx context.Context, c kubernetes.Interface) (stop func() []time.Duration, err error) {
+	sel := ScaleLabel + "=1"
+	list, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
+	if err != nil {
+		return nil, fmt.Errorf("lab scale: list EndpointSlices: %w", err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).Watch(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("lab scale: watch EndpointSlices: %w", err)
+	}
+	var delays []time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			s, ok := ev.Object.(*discoveryv1.EndpointSlice)
+			if !ok || ev.Type != watch.Modified {
+				continue
+			}
+			if t, err := time.Parse(time.RFC3339Nano, s.Annotations[corev1.EndpointsLastChangeTriggerTime]); err == nil {
+				delays = append(delays, time.Since(t))
+			}
+		}
+	}()
+	return func() []time.Duration {
+		w.Stop()
+		cancel()
+		<-done
+		return delays
+	}, nil
 }

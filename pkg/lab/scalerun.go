@@ -50,6 +50,12 @@ type ScaleReport struct {
 	ProbeP50Ms     float64 `json:"probe_p50_ms"`
 	ProbeP99Ms     float64 `json:"probe_p99_ms"`
 	ProbeMaxMs     float64 `json:"probe_max_ms"`
+	// The API server's share: from each update's trigger time to its
+	// delivery on the driver's own watch of the scale EndpointSlices.
+	WatchCount int     `json:"watch_count"`
+	WatchP50Ms float64 `json:"watch_p50_ms"`
+	WatchP99Ms float64 `json:"watch_p99_ms"`
+	WatchMaxMs float64 `json:"watch_max_ms"`
 	// Node 1's agent.
 	RestRSSMB    float64    `json:"rest_rss_mb"`
 	RestCPUPct   float64    `json:"rest_cpu_pct"`
@@ -173,27 +179,61 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	}
 	r.PoliciesS = d.Seconds()
 
+	if err := r.restAndChurn(ctx, c, cfg, nodes); err != nil {
+		return nil, err
+	}
+
+	st1, err := scaleAgentStatus(ctx, first)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range st1.GetControlPlane().GetMaps() {
+		r.Maps = append(r.Maps, ScaleMap{m.GetName(), m.GetEntries(), m.GetCapacity()})
+	}
+
+	progress(out, "lab scale: restarting node %d's agent", first)
+	apiBefore, err := scrapeAPILoad(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	if r.RestartS, r.RestartRSSMB, err = restartAgentTimed(ctx, st, first, wantFronts); err != nil {
+		r.RestartS, r.RestartError = -1, err.Error() // the rest stands
+	}
+	apiAfter, err := scrapeAPILoad(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	r.API.RestartLists, r.API.RestartWatchLists = apiBefore.callsTo(apiAfter, "LIST"), apiBefore.callsTo(apiAfter, "WATCHLIST")
+	return r, nil
+}
+
+// restAndChurn measures node 1's agent at rest for 10 s, then churns
+// endpoints and pods for cfg.ChurnFor: the agents' histograms, the polled
+// backends map, the API server's watch delivery and request counts, the
+// agent's RSS and CPU.
+func (r *ScaleReport) restAndChurn(ctx context.Context, c kubernetes.Interface, cfg ScaleConfig, nodes []int) error {
+	first, out := nodes[0], cfg.Out
 	pid := readPID(AgentPIDFile(first))
 	progress(out, "lab scale: at rest (10 s)")
 	a, err := sampleProc(pid)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	time.Sleep(10 * time.Second)
 	b, err := sampleProc(pid)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.RestRSSMB, r.RestCPUPct = float64(b.rssKB)/1024, cpuPercent(a, b)
 
 	progress(out, "lab scale: churn %.0f changes/s for %v", cfg.ChurnRate, cfg.ChurnFor)
 	histBefore, polBefore, err := scrapeAll(ctx, nodes)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	apiBefore, err := scrapeAPILoad(ctx, c)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.API.OpenWatches = int(apiBefore.openWatches)
 	events := make(chan churnEvent)
@@ -208,6 +248,12 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 		l, m, err := probeBackends(pctx, first, events)
 		probeDone <- probed{l, m, err}
 	}()
+	stopWatch, err := watchDelays(ctx, c)
+	if err != nil {
+		stopProbe()
+		<-probeDone
+		return err
+	}
 	a, _ = sampleProc(pid)
 	r.Changes, r.Relabels, err = churn(ctx, c, cfg, events)
 	b, _ = sampleProc(pid)
@@ -215,19 +261,20 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	time.Sleep(2 * time.Second) // the last changes reach the agents
 	stopProbe()
 	p := <-probeDone
+	delays := stopWatch()
 	if err != nil {
-		return nil, fmt.Errorf("lab scale: churn: %w", err)
+		return fmt.Errorf("lab scale: churn: %w", err)
 	}
 	if p.err != nil {
-		return nil, p.err
+		return p.err
 	}
 	histAfter, polAfter, err := scrapeAll(ctx, nodes)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	apiAfter, err := scrapeAPILoad(ctx, c)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.API.ChurnLists, r.API.ChurnWatches = apiBefore.callsTo(apiAfter, "LIST"), apiBefore.callsTo(apiAfter, "WATCH")
 	r.API.ChurnWatchLists = apiBefore.callsTo(apiAfter, "WATCHLIST")
@@ -236,28 +283,10 @@ func RunScale(ctx context.Context, cfg ScaleConfig, keep bool) (*ScaleReport, er
 	r.ProbeCount, r.ProbeMissed = len(p.lats), p.missed
 	p50, p99, mx := durQuantiles(p.lats)
 	r.ProbeP50Ms, r.ProbeP99Ms, r.ProbeMaxMs = ms(p50), ms(p99), ms(mx)
-
-	st1, err := scaleAgentStatus(ctx, first)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range st1.GetControlPlane().GetMaps() {
-		r.Maps = append(r.Maps, ScaleMap{m.GetName(), m.GetEntries(), m.GetCapacity()})
-	}
-
-	progress(out, "lab scale: restarting node %d's agent", first)
-	apiBefore, err = scrapeAPILoad(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	if r.RestartS, r.RestartRSSMB, err = restartAgentTimed(ctx, st, first, wantFronts); err != nil {
-		r.RestartS, r.RestartError = -1, err.Error() // the rest stands
-	}
-	if apiAfter, err = scrapeAPILoad(ctx, c); err != nil {
-		return nil, err
-	}
-	r.API.RestartLists, r.API.RestartWatchLists = apiBefore.callsTo(apiAfter, "LIST"), apiBefore.callsTo(apiAfter, "WATCHLIST")
-	return r, nil
+	r.WatchCount = len(delays)
+	p50, p99, mx = durQuantiles(delays)
+	r.WatchP50Ms, r.WatchP99Ms, r.WatchMaxMs = ms(p50), ms(p99), ms(mx)
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -336,6 +365,7 @@ func (r *ScaleReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "policies programmed\t%.2f s after the last object was written (%.2f s to write them)\n", r.PoliciesS, r.CreatePodsS)
 	fmt.Fprintf(tw, "network programming latency (histogram)\tp50 <= %g s, p99 <= %g s, max <= %g s (%d observations, both agents)\n", r.HistP50S, r.HistP99S, r.HistMaxS, r.HistCount)
 	fmt.Fprintf(tw, "network programming latency (lk_lb_backends polled)\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (%d changes, %d not seen in 10 s)\n", r.ProbeP50Ms, r.ProbeP99Ms, r.ProbeMaxMs, r.ProbeCount, r.ProbeMissed)
+	fmt.Fprintf(tw, "API server watch delivery (the driver's own watch)\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (%d updates): the part of the latency before any agent sees a change\n", r.WatchP50Ms, r.WatchP99Ms, r.WatchMaxMs, r.WatchCount)
 	fmt.Fprintf(tw, "policy programming latency (histogram)\tp99 <= %g s (%d observations)\n", r.PolicyHistP99S, r.PolicyHistN)
 	fmt.Fprintf(tw, "agent at rest\tRSS %.0f MB, CPU %.1f %%\n", r.RestRSSMB, r.RestCPUPct)
 	fmt.Fprintf(tw, "agent under churn\tRSS %.0f MB, CPU %.1f %%\n", r.ChurnRSSMB, r.ChurnCPUPct)
