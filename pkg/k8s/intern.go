@@ -53,8 +53,8 @@ func internKeys(m map[string]string) map[string]string {
 	return out
 }
 
-// Label sets repeat too: a Deployment's pods carry one set, Services select
-// with the sets their pods carry. labelSets hands out one map per set for
+// Label sets repeat too: a Deployment's pods carry one set, the objects of
+// one chart another. labelSets hands out one map per set for
 // the objects the transform keeps (the agent and the caches only read
 // them: nothing changes an object it was given). It is bounded: when full,
 // an arbitrary set is forgotten (the objects holding it keep it; a later
@@ -159,7 +159,6 @@ func internPod(p *k8sobj.Pod) {
 
 func internService(s *corev1.Service) {
 	sp := &s.Spec
-	sp.Selector = sharedLabels.share(sp.Selector)
 	sp.Type = corev1.ServiceType(intern(string(sp.Type)))
 	sp.SessionAffinity = corev1.ServiceAffinity(intern(string(sp.SessionAffinity)))
 	sp.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(intern(string(sp.ExternalTrafficPolicy)))
