@@ -181,6 +181,10 @@ type memRun struct {
 	RSSPerServiceB  uint64    `json:"rss_per_service_b"`
 	RestartSocketS  float64   `json:"restart_socket_s"`
 	RestartReadyS   float64   `json:"restart_ready_with_every_frontend_s"`
+	// The restarted agent once ready: it read every stored object back,
+	// so its file-backed RSS holds the store's pages (a fresh agent's only
+	// those it wrote and read again).
+	Restarted usageJSON `json:"restarted"`
 }
 
 type usageJSON struct {
@@ -237,6 +241,9 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	e.waitReady(t, log, 10*time.Minute)
 	e.waitFrontends(t, log, n)
 	run.RestartSocketS, run.RestartReadyS = answered.Seconds(), time.Since(started).Seconds()
+	re := measure(t, agent.Process.Pid, pprofAt, strings.TrimSuffix(file, ".pb.gz")+"-restart.pb.gz")
+	run.Restarted = re.report()
+	t.Logf("%s: restarted: %s", tag, re)
 	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+"-restart.log", log.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
