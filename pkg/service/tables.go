@@ -155,12 +155,33 @@ func (u *Update) Ops() int {
 		len(u.SrcRanges) + len(u.SrcRangeDeletes)
 }
 
-// progBackend is one programmed backend of a frontend.
+// progBackend is one programmed backend of a frontend. The value the
+// backends map holds for it is not kept but derived (value, value6): its
+// address and port are ap's, its frontend ID its frontend's, its protocol
+// and state these; held is the family whose map holds it (0: none yet).
+// Keeping both families' values made a backend 72 bytes, 40 now.
 type progBackend struct {
-	ap   netip.AddrPort
-	id   uint32
-	val  BackendValue
-	val6 BackendValue6 // an IPv6 frontend's
+	ap    netip.AddrPort
+	id    uint32
+	proto uint8
+	state uint8
+	held  uint8 // 4 or 6
+}
+
+// value is what the IPv4 backends map holds for pb (zero: nothing).
+func (pb *progBackend) value(frontID uint32) BackendValue {
+	if pb.held != 4 {
+		return BackendValue{}
+	}
+	return BackendValue{Addr: pb.ap.Addr().As4(), Port: pb.ap.Port(), Proto: pb.proto, State: pb.state, FrontendID: frontID}
+}
+
+// value6 is what the IPv6 backends map holds for pb (zero: nothing).
+func (pb *progBackend) value6(frontID uint32) BackendValue6 {
+	if pb.held != 6 {
+		return BackendValue6{}
+	}
+	return BackendValue6{Addr: pb.ap.Addr().As16(), Port: pb.ap.Port(), Proto: pb.proto, State: pb.state, FrontendID: frontID}
 }
 
 type programmed struct {
@@ -445,9 +466,9 @@ func (t *Tables) Snapshot() *Update {
 		putSrcRanges(u, p.id, nil, p.ranges)
 		for _, b := range p.backends {
 			if k.is6() {
-				u.Backends6[BackendKey{b.id}] = b.val6
+				u.Backends6[BackendKey{b.id}] = b.value6(p.id)
 			} else {
-				u.Backends[BackendKey{b.id}] = b.val
+				u.Backends[BackendKey{b.id}] = b.value(p.id)
 			}
 		}
 	}
