@@ -20,7 +20,10 @@ func (c Changes) Empty() bool { return len(c.Upserted) == 0 && len(c.Removed) ==
 // Diff returns what changed from old to new. Frontends shared between the
 // models (the common case after Model.With) cost one pointer compare; others
 // are compared by value, so re-translating an unchanged service yields nothing.
-// A nil old is an empty model.
+// A nil old is an empty model. Where the two are equal, new keeps old's
+// frontend: the tables hold old's (its Maglev table and backends), and an
+// equal copy kept beside it would double what they share (every frontend
+// after a restart, whose restored model the informers' objects rebuild).
 func Diff(old, new *Model) Changes {
 	var c Changes
 	var oldF map[FrontendKey]*Frontend
@@ -28,8 +31,12 @@ func Diff(old, new *Model) Changes {
 		oldF = old.frontends
 	}
 	for k, f := range new.frontends {
-		if o, ok := oldF[k]; !ok || (o != f && !equalFrontend(o, f)) {
+		o, ok := oldF[k]
+		switch {
+		case !ok || (o != f && !equalFrontend(o, f)):
 			c.Upserted = append(c.Upserted, f)
+		case o != f:
+			new.frontends[k] = o
 		}
 	}
 	for k := range oldF {

@@ -182,3 +182,50 @@ func genServices(n int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
 	}
 	return svcs, eps
 }
+
+// TestUnchangedFrontendsKeepTheirCopy: a model re-translated (Batch) or
+// rebuilt (Build, then Diff) from equal objects — a restart: the restored
+// objects, then the informers' own — keeps the frontends it had, which the
+// tables hold, not an equal copy of each (every Maglev table and backend
+// list twice after a restart).
+func TestUnchangedFrontendsKeepTheirCopy(t *testing.T) {
+	const n = 50
+	svcs, eps := genServices(n)
+	m, err := Build(svcs, eps, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	had := map[FrontendKey]*Frontend{}
+	for _, f := range m.Frontends() {
+		had[f.Key] = f
+	}
+	same := func(m *Model, how string) {
+		t.Helper()
+		for _, f := range m.Frontends() {
+			if had[f.Key] != f {
+				t.Fatalf("%s: frontend %s is a new copy of an unchanged one", how, f.Key)
+			}
+		}
+		if len(m.Frontends()) != len(had) {
+			t.Fatalf("%s: %d frontends, want %d", how, len(m.Frontends()), len(had))
+		}
+	}
+	svcs, eps = genServices(n) // the same objects, decoded anew
+	edits := make([]Edit, n)
+	for i := range edits {
+		edits[i] = Edit{ID: ServiceID{svcs[i].Namespace, svcs[i].Name}, Service: svcs[i], Slices: []*discoveryv1.EndpointSlice{eps[i]}}
+	}
+	c, _, err := m.Batch(edits)
+	if err != nil || !c.Empty() {
+		t.Fatalf("re-translating unchanged Services: %+v, %v", c, err)
+	}
+	same(m, "Batch")
+	rebuilt, err := Build(svcs, eps, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := Diff(m, rebuilt); !c.Empty() {
+		t.Fatalf("Diff of equal models: %+v", c)
+	}
+	same(rebuilt, "Build + Diff")
+}
