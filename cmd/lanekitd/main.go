@@ -24,6 +24,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/deviceplugin"
+	"github.com/lanekit/lanekit/pkg/k8s"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -257,6 +258,7 @@ func run(args []string) error {
 		}
 		podCIDR, cidr6 = facts.PodCIDR, facts.PodCIDR6
 		cfg.NodeName, cfg.Zone = kube.nodeName, facts.Zone
+		cfg.RestoreObject = k8s.InternObject // as the informers' transform does
 		if cfg.Uplink == "" {
 			cfg.Uplink = facts.Uplink
 			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)

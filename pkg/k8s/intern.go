@@ -197,3 +197,28 @@ func internSlice(s *discoveryv1.EndpointSlice) {
 		}
 	}
 }
+
+// InternObject interns an object the agent read back from its store at a
+// restart (agent.Config.RestoreObject) as the transform interns the
+// informers' objects: the restored objects are held beside the informers'
+// caches until each kind's full set replaces them, and shared strings and
+// label sets make that overlap — a restart's peak — smaller. Only interning:
+// what the object says is unchanged (an object applied from a file keeps
+// what the transform would drop).
+func InternObject(o *k8sobj.Object) {
+	switch {
+	case o.Pod != nil:
+		internMeta(o.Pod, true)
+		internPod(o.Pod)
+	case o.Service != nil:
+		internMeta(o.Service, true)
+		internService(o.Service)
+	case o.EndpointSlice != nil:
+		internMeta(o.EndpointSlice, false)
+		internSlice(o.EndpointSlice)
+	case o.NetworkPolicy != nil:
+		internMeta(o.NetworkPolicy, true)
+	case o.NamespaceObj != nil:
+		internMeta(o.NamespaceObj, true)
+	}
+}
