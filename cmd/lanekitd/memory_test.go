@@ -29,7 +29,9 @@ import (
 // bpffs of the test's own) — against a real API server filled as `lanekit
 // lab scale` fills the lab's, no lab needed. It reads the agent's RSS and
 // its Go heap (the --pprof-address endpoint) with nothing, then with N
-// Services x 4 endpoints synced, and times a restart at N.
+// Services x 4 endpoints synced, and times a restart at N, reading the
+// restarted agent when ready and 30 s later (RSS split into anonymous and
+// file-backed: the binary's and the store's pages).
 //
 //	LANEKIT_MEM_SERVICES=30000 LANEKIT_MEM_PODS=50000 LANEKIT_MEM_PROFILE_DIR=/tmp/prof \
 //	  go test ./cmd/lanekitd -run TestAgentMemoryAtScale -v -timeout 25m
