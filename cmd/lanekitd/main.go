@@ -20,6 +20,7 @@ import (
 	"github.com/lanekit/lanekit/internal/labswitch"
 	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/deviceplugin"
+	"github.com/lanekit/lanekit/pkg/k8s"
 	lkmetrics "github.com/lanekit/lanekit/pkg/metrics"
 	"github.com/lanekit/lanekit/pkg/observe"
 )
@@ -101,6 +102,7 @@ func (f *daemonFlags) node(ctx context.Context, cidr4, cidr6 string, log *slog.L
 		}
 		cidr4, cidr6 = n.facts.PodCIDR, n.facts.PodCIDR6
 		cfg.NodeName, cfg.Zone = f.kube.nodeName, n.facts.Zone
+		cfg.RestoreObject = k8s.InternObject // as the informers' transform does
 		if cfg.Uplink == "" {
 			cfg.Uplink = n.facts.Uplink
 			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)

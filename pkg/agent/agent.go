@@ -21,6 +21,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/ipam"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/netdev"
 	"github.com/lanekit/lanekit/pkg/service"
 	"github.com/lanekit/lanekit/pkg/store"
@@ -67,6 +68,13 @@ type Config struct {
 	// OpenDatapath overrides how the datapath is opened: tests inject an
 	// in-memory one (internal/agenttest) or fakes. Nil: the BPF datapath.
 	OpenDatapath func(datapath.Config, *slog.Logger) (datapath.Datapath, error)
+	// RestoreObject, when set, is given each object read back from the
+	// store at start before the agent keeps it: the Kubernetes source's
+	// interning (k8s.InternObject), so that the restored objects, held
+	// beside the informers' caches until each kind's full set replaces
+	// them, share their strings and label sets. It may not change what the
+	// object says.
+	RestoreObject func(*k8sobj.Object)
 	// ServerOptions are added to the API's gRPC server (the metrics
 	// interceptor that times each call).
 	ServerOptions []grpc.ServerOption

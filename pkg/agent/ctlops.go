@@ -297,6 +297,9 @@ func (a *Agent) restoreLocked() error {
 				bad = append(bad, string(k))
 				return nil
 			}
+			if a.cfg.RestoreObject != nil {
+				a.cfg.RestoreObject(&o)
+			}
 			c.objs[string(k)] = o
 			return nil
 		})

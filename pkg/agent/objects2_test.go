@@ -367,3 +367,35 @@ func TestDeleteObjectsOneCommit(t *testing.T) {
 		t.Fatalf("deleting them again: %v", err)
 	}
 }
+
+// TestRestoreObjectHook: at a restart every stored object goes through
+// Config.RestoreObject (the Kubernetes source's interning) before the agent
+// keeps it, and the agent keeps what the hook left.
+func TestRestoreObjectHook(t *testing.T) {
+	dp := agenttest.NewMemoryDatapath()
+	dir := t.TempDir()
+	a := newCtlAgent(t, dir, dp)
+	if err := a.UpsertObjects(decodeObjs(t, ctlServices+"---\n"+ctlPolicy+"---\n"+webPod)); err != nil {
+		t.Fatal(err)
+	}
+	stored := len(a.Objects(""))
+	a.st.Close()
+	seen := map[string]bool{}
+	marked := map[string]string{"restored": "yes"}
+	b := newCtlAgentWith(t, dir, dp, func(c *Config) {
+		c.RestoreObject = func(o *k8sobj.Object) {
+			seen[o.Key()] = true
+			if o.Pod != nil {
+				o.Pod.Labels = marked
+			}
+		}
+	})
+	if len(seen) != stored || stored == 0 {
+		t.Fatalf("RestoreObject saw %d objects, the store held %d", len(seen), stored)
+	}
+	for _, o := range b.Objects(k8sobj.KindPod) {
+		if o.Pod.Labels["restored"] != "yes" {
+			t.Errorf("pod %s: the agent kept the object as decoded, not as RestoreObject left it", o)
+		}
+	}
+}

@@ -53,8 +53,8 @@ func internKeys(m map[string]string) map[string]string {
 	return out
 }
 
-// Label sets repeat too: a Deployment's pods carry one set, Services select
-// with the sets their pods carry. labelSets hands out one map per set for
+// Label sets repeat too: a Deployment's pods carry one set, the objects of
+// one chart another. labelSets hands out one map per set for
 // the objects the transform keeps (the agent and the caches only read
 // them: nothing changes an object it was given). It is bounded: when full,
 // an arbitrary set is forgotten (the objects holding it keep it; a later
@@ -159,7 +159,6 @@ func internPod(p *k8sobj.Pod) {
 
 func internService(s *corev1.Service) {
 	sp := &s.Spec
-	sp.Selector = sharedLabels.share(sp.Selector)
 	sp.Type = corev1.ServiceType(intern(string(sp.Type)))
 	sp.SessionAffinity = corev1.ServiceAffinity(intern(string(sp.SessionAffinity)))
 	sp.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(intern(string(sp.ExternalTrafficPolicy)))
@@ -196,5 +195,30 @@ func internSlice(s *discoveryv1.EndpointSlice) {
 		if r := e.TargetRef; r != nil {
 			r.Kind, r.Namespace, r.APIVersion = intern(r.Kind), intern(r.Namespace), intern(r.APIVersion)
 		}
+	}
+}
+
+// InternObject interns an object the agent read back from its store at a
+// restart (agent.Config.RestoreObject) as the transform interns the
+// informers' objects: the restored objects are held beside the informers'
+// caches until each kind's full set replaces them, and shared strings and
+// label sets make that overlap — a restart's peak — smaller. Only interning:
+// what the object says is unchanged (an object applied from a file keeps
+// what the transform would drop).
+func InternObject(o *k8sobj.Object) {
+	switch {
+	case o.Pod != nil:
+		internMeta(o.Pod, true)
+		internPod(o.Pod)
+	case o.Service != nil:
+		internMeta(o.Service, true)
+		internService(o.Service)
+	case o.EndpointSlice != nil:
+		internMeta(o.EndpointSlice, false)
+		internSlice(o.EndpointSlice)
+	case o.NetworkPolicy != nil:
+		internMeta(o.NetworkPolicy, true)
+	case o.NamespaceObj != nil:
+		internMeta(o.NamespaceObj, true)
 	}
 }

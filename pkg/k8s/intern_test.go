@@ -126,3 +126,65 @@ func TestLabelSetsShared(t *testing.T) {
 		t.Error("two pods of one label set hold two maps")
 	}
 }
+
+// TestInternObjectSharesWithTheInformers: objects read back from the
+// agent's store at a restart (InternObject, agent.Config.RestoreObject)
+// share their namespace, label sets and interned strings with the
+// informers' objects, which they are held beside until each kind's full
+// set replaces them, and say what they said.
+func TestInternObjectSharesWithTheInformers(t *testing.T) {
+	labels := map[string]string{"app.kubernetes.io/name": "web", "pod-template-hash": "7c9d"}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "team-r", Labels: maps.Clone(labels)},
+		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}}}
+	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", Namespace: "team-r",
+		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, NodeName: ptr.To("node-1")}}}
+	informed := map[k8sobj.Kind]any{}
+	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy()} {
+		s, err := slim(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		informed[kind] = s
+	}
+	// As the store has them: JSON, decoded apart.
+	restore := func(kind k8sobj.Kind) (k8sobj.Object, k8sobj.Object) {
+		t.Helper()
+		o, err := toObject(kind, informed[kind])
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := k8sobj.EncodeJSON(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := k8sobj.DecodeJSON(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := k8sobj.DecodeJSON(raw)
+		InternObject(&got)
+		return got, want
+	}
+	pod, want := restore(k8sobj.KindPod)
+	if !reflect.DeepEqual(pod, want) {
+		t.Errorf("interning changed the pod:\n%+v\nwant\n%+v", pod.Pod, want.Pod)
+	}
+	ip := informed[k8sobj.KindPod].(*k8sobj.Pod)
+	if reflect.ValueOf(pod.Pod.Labels).UnsafePointer() != reflect.ValueOf(ip.Labels).UnsafePointer() {
+		t.Error("the restored pod's label set is a map of its own, not the informers' pod's")
+	}
+	if !same(pod.Pod.Namespace, ip.Namespace) || !same(pod.Pod.Spec.NodeName, ip.Spec.NodeName) || !same(string(pod.Pod.Status.Phase), string(ip.Status.Phase)) {
+		t.Error("the restored pod's namespace, node or phase is a copy of its own")
+	}
+	slice, want := restore(k8sobj.KindEndpointSlice)
+	if !reflect.DeepEqual(slice, want) {
+		t.Errorf("interning changed the slice:\n%+v\nwant\n%+v", slice.EndpointSlice, want.EndpointSlice)
+	}
+	is := informed[k8sobj.KindEndpointSlice].(*discoveryv1.EndpointSlice)
+	if !same(slice.EndpointSlice.Labels[discoveryv1.LabelServiceName], is.Labels[discoveryv1.LabelServiceName]) ||
+		!same(*slice.EndpointSlice.Endpoints[0].NodeName, *is.Endpoints[0].NodeName) {
+		t.Error("the restored slice's label values or node names are copies of their own")
+	}
+}

@@ -28,8 +28,10 @@ import (
 // generateName, and only the annotations the agent reads (podAnnotations:
 // pod annotations are anyone's who may edit pods, of any size). Nodes keep
 // their pod CIDRs, addresses and taints; their image lists, volumes,
-// capacity and conditions go. Services, EndpointSlices, Namespaces and
-// NetworkPolicies are read whole.
+// capacity and conditions go. Services lose their spec.selector: it is
+// the endpointslice controller's input, the agent reads the slices (and a
+// Service's selector is nearly always a label set of its own, a map per
+// Service). EndpointSlices, Namespaces and NetworkPolicies are read whole.
 
 // lastApplied is kubectl apply's annotation: the whole object again, as JSON.
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
@@ -65,6 +67,7 @@ func slim(obj any) (any, error) {
 		o.TypeMeta = typeMeta[k8sobj.KindNamespace]
 	case *corev1.Service:
 		o.TypeMeta = typeMeta[k8sobj.KindService]
+		o.Spec.Selector = nil
 		internService(o)
 	case *discoveryv1.EndpointSlice:
 		o.TypeMeta = typeMeta[k8sobj.KindEndpointSlice]

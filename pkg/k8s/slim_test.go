@@ -164,3 +164,24 @@ func TestSlimPodKeepsContainersWithPorts(t *testing.T) {
 	}
 	runtime.KeepAlive(pods)
 }
+
+// A Service is kept without its spec.selector (the endpointslice
+// controller's input, not the agent's: a map per Service, as selectors are
+// nearly always sets of their own), with what the agent reads.
+func TestSlimServiceDropsSelector(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-s", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}}}}
+	o, err := slim(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.(*corev1.Service)
+	if got.Spec.Selector != nil {
+		t.Errorf("the selector was kept: %v", got.Spec.Selector)
+	}
+	if got.Labels["app"] != "web" || got.Spec.ClusterIP != "10.96.0.10" || len(got.Spec.Ports) != 1 || got.Spec.Ports[0].TargetPort.StrVal != "http" ||
+		got.Kind != "Service" {
+		t.Errorf("the Service lost what the agent reads: %+v", got)
+	}
+}

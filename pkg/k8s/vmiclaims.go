@@ -155,10 +155,10 @@ func (c cachedPods) Holding(a netip.Addr) []*k8sobj.Pod {
 	if c.idx == nil {
 		return nil
 	}
-	os, _ := c.idx.ByIndex(podAddrIndex, a.String())
+	os, _ := c.idx.ByIndex(podAddrIndex, addrBucket(a))
 	var out []*k8sobj.Pod
 	for _, o := range os {
-		if p, ok := o.(*k8sobj.Pod); ok {
+		if p, ok := o.(*k8sobj.Pod); ok && slices.Contains(podAddrs(p), a) { // its bucket's other pods hold other addresses
 			out = append(out, p)
 		}
 	}

@@ -35,8 +35,10 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"hash/maphash"
 	"net/netip"
 	"slices"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -118,10 +120,36 @@ func secondaryNetworks(pod *k8sobj.Pod) ([][]netip.Addr, error) {
 	return out, nil
 }
 
-// podAddrIndex indexes the source's Pods by the addresses they hold.
+// podAddrIndex indexes the source's Pods by the addresses they hold, in
+// buckets: a pod is indexed under the bucket of each address it holds
+// (addrBucket), and Holding keeps the bucket's pods that hold the address.
+// The informer's index keeps a set (a map) per index value: a value per
+// address was a map per pod, most of the index at 50,000 pods; a bucket's
+// set holds many. The hash is seeded per process, so addresses written
+// into annotations cannot be chosen to fill one bucket.
 const podAddrIndex = "lanekit-addr"
 
-// podAddrIndexers index a pod under each address it holds (podAddrs).
+// podAddrBuckets bounds the index's values (a dozen pods a bucket at 50,000).
+const podAddrBuckets = 4096
+
+var (
+	addrSeed    = maphash.MakeSeed()
+	bucketNames = func() []string {
+		out := make([]string, podAddrBuckets)
+		for i := range out {
+			out[i] = strconv.Itoa(i)
+		}
+		return out
+	}()
+)
+
+// addrBucket is a's bucket in podAddrIndex.
+func addrBucket(a netip.Addr) string {
+	return bucketNames[maphash.Comparable(addrSeed, a)%podAddrBuckets]
+}
+
+// podAddrIndexers index a pod under the bucket of each address it holds
+// (podAddrs).
 var podAddrIndexers = cache.Indexers{podAddrIndex: func(o any) ([]string, error) {
 	p, ok := o.(*k8sobj.Pod)
 	if !ok {
@@ -129,7 +157,9 @@ var podAddrIndexers = cache.Indexers{podAddrIndex: func(o any) ([]string, error)
 	}
 	var out []string
 	for _, a := range podAddrs(p) {
-		out = append(out, a.String())
+		if b := addrBucket(a); !slices.Contains(out, b) {
+			out = append(out, b)
+		}
 	}
 	return out, nil
 }}

@@ -33,7 +33,7 @@ func (t *Tables) Adopt(u *Update) (adopted []FrontendKey, repair *Update) {
 			orphans.BackendDeletes = append(orphans.BackendDeletes, k)
 			continue
 		}
-		p.backends = append(p.backends, progBackend{ap: netip.AddrPortFrom(netip.AddrFrom4(v.Addr), v.Port), id: k.ID, val: v})
+		p.backends = append(p.backends, progBackend{ap: netip.AddrPortFrom(netip.AddrFrom4(v.Addr), v.Port), id: k.ID, proto: v.Proto, state: v.State, held: 4})
 		t.usedBack[k.ID] = true
 		t.nextBack = max(t.nextBack, k.ID)
 	}

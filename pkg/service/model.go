@@ -626,7 +626,9 @@ type Edit struct {
 // model is as it was. It returns the edited services' changes and an undo
 // that restores the model as it was before the batch (for a caller whose
 // later step fails). Its cost depends on the edited services only, not on
-// how many the model holds (With/Without copy the model per call).
+// how many the model holds (With/Without copy the model per call). A
+// re-translated frontend equal to the one it replaces is not kept: the
+// model keeps the old one, which the tables hold (as Diff).
 func (m *Model) Batch(edits []Edit) (Changes, func(), error) {
 	type saved struct {
 		keys    []FrontendKey
@@ -706,8 +708,12 @@ func (m *Model) Batch(edits []Edit) (Changes, func(), error) {
 		}
 		for _, k := range m.byService[id] {
 			f := m.frontends[k]
-			if o, ok := prev[k]; !ok || (o != f && !equalFrontend(o, f)) {
+			o, ok := prev[k]
+			switch {
+			case !ok || (o != f && !equalFrontend(o, f)):
 				c.Upserted = append(c.Upserted, f)
+			case o != f:
+				m.frontends[k] = o
 			}
 			delete(prev, k)
 		}

@@ -20,7 +20,10 @@ func (c Changes) Empty() bool { return len(c.Upserted) == 0 && len(c.Removed) ==
 // Diff returns what changed from old to new. Frontends shared between the
 // models (the common case after Model.With) cost one pointer compare; others
 // are compared by value, so re-translating an unchanged service yields nothing.
-// A nil old is an empty model.
+// A nil old is an empty model. Where the two are equal, new keeps old's
+// frontend: the tables hold old's (its Maglev table and backends), and an
+// equal copy kept beside it would double what they share (every frontend
+// after a restart, whose restored model the informers' objects rebuild).
 func Diff(old, new *Model) Changes {
 	var c Changes
 	var oldF map[FrontendKey]*Frontend
@@ -28,8 +31,12 @@ func Diff(old, new *Model) Changes {
 		oldF = old.frontends
 	}
 	for k, f := range new.frontends {
-		if o, ok := oldF[k]; !ok || (o != f && !equalFrontend(o, f)) {
+		o, ok := oldF[k]
+		switch {
+		case !ok || (o != f && !equalFrontend(o, f)):
 			c.Upserted = append(c.Upserted, f)
+		case o != f:
+			new.frontends[k] = o
 		}
 	}
 	for k := range oldF {
@@ -155,12 +162,33 @@ func (u *Update) Ops() int {
 		len(u.SrcRanges) + len(u.SrcRangeDeletes)
 }
 
-// progBackend is one programmed backend of a frontend.
+// progBackend is one programmed backend of a frontend. The value the
+// backends map holds for it is not kept but derived (value, value6): its
+// address and port are ap's, its frontend ID its frontend's, its protocol
+// and state these; held is the family whose map holds it (0: none yet).
+// Keeping both families' values made a backend 72 bytes, 40 now.
 type progBackend struct {
-	ap   netip.AddrPort
-	id   uint32
-	val  BackendValue
-	val6 BackendValue6 // an IPv6 frontend's
+	ap    netip.AddrPort
+	id    uint32
+	proto uint8
+	state uint8
+	held  uint8 // 4 or 6
+}
+
+// value is what the IPv4 backends map holds for pb (zero: nothing).
+func (pb *progBackend) value(frontID uint32) BackendValue {
+	if pb.held != 4 {
+		return BackendValue{}
+	}
+	return BackendValue{Addr: pb.ap.Addr().As4(), Port: pb.ap.Port(), Proto: pb.proto, State: pb.state, FrontendID: frontID}
+}
+
+// value6 is what the IPv6 backends map holds for pb (zero: nothing).
+func (pb *progBackend) value6(frontID uint32) BackendValue6 {
+	if pb.held != 6 {
+		return BackendValue6{}
+	}
+	return BackendValue6{Addr: pb.ap.Addr().As16(), Port: pb.ap.Port(), Proto: pb.proto, State: pb.state, FrontendID: frontID}
 }
 
 type programmed struct {
@@ -445,9 +473,9 @@ func (t *Tables) Snapshot() *Update {
 		putSrcRanges(u, p.id, nil, p.ranges)
 		for _, b := range p.backends {
 			if k.is6() {
-				u.Backends6[BackendKey{b.id}] = b.val6
+				u.Backends6[BackendKey{b.id}] = b.value6(p.id)
 			} else {
-				u.Backends[BackendKey{b.id}] = b.val
+				u.Backends[BackendKey{b.id}] = b.value(p.id)
 			}
 		}
 	}

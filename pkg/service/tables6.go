@@ -93,16 +93,16 @@ func deleteBackend(u *Update, id, front uint32) {
 func putBackend(u *Update, f *Frontend, b Backend, frontID uint32, pb *progBackend) {
 	if f.Key.is6() {
 		v := BackendValue6{Addr: b.Addr.As16(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: frontID}
-		if pb.val6 != v {
+		if pb.value6(frontID) != v {
 			u.Backends6[BackendKey{pb.id}] = v
-			pb.val6 = v
+			pb.proto, pb.state, pb.held = v.Proto, v.State, 6
 		}
 		return
 	}
 	v := BackendValue{Addr: b.Addr.As4(), Port: b.Port, Proto: uint8(f.Key.Proto), State: uint8(b.State), FrontendID: frontID}
-	if pb.val != v {
+	if pb.value(frontID) != v {
 		u.Backends[BackendKey{pb.id}] = v
-		pb.val = v
+		pb.proto, pb.state, pb.held = v.Proto, v.State, 4
 	}
 }
 
@@ -124,7 +124,7 @@ func (t *Tables) adopt6(u *Update, byFront map[uint32]*programmed, orphans *Upda
 			orphans.BackendDeletes = append(orphans.BackendDeletes, k)
 			continue
 		}
-		p.backends = append(p.backends, progBackend{ap: netip.AddrPortFrom(netip.AddrFrom16(v.Addr), v.Port), id: k.ID, val6: v})
+		p.backends = append(p.backends, progBackend{ap: netip.AddrPortFrom(netip.AddrFrom16(v.Addr), v.Port), id: k.ID, proto: v.Proto, state: v.State, held: 6})
 		t.usedBack[k.ID] = true
 		t.nextBack = max(t.nextBack, k.ID)
 	}
