@@ -321,43 +321,48 @@ func backendServers(ctx context.Context, life time.Duration, p SvcPath, port int
 
 // svcConnRate: connections/s to the VIP, spread over the backends.
 func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSamples) error {
-	out, err := vipConns(ctx, o.Options, p, vip, 2)
+	out, err := vipConns(ctx, o.Options, p, vip, svcCPSPort, 2)
 	if err != nil {
 		return err
 	}
 	return s.addCPS(out)
 }
 
-// vipConns runs the cps client's `parallel` loops against vip's
-// SvcProbePort from p's client, with cps servers in p's backends, and
-// returns its JSON line.
-func vipConns(ctx context.Context, o Options, p SvcPath, vip string, parallel int) ([]byte, error) {
+// vipConns runs the cps client's `parallel` loops against vip:port from
+// p's client, with cps servers in p's backends on port, and returns its
+// JSON line.
+func vipConns(ctx context.Context, o Options, p SvcPath, vip string, port, parallel int) ([]byte, error) {
 	if o.Self == "" {
 		return nil, fmt.Errorf("cps: lanekit executable unknown")
 	}
 	life := o.Duration + 20*time.Second
-	stop, err := backendServers(ctx, life, p, svcCPSPort, func(ip string) []string {
-		return []string{o.Self, "lab", "cps-server", "--listen", hostPort(ip, svcCPSPort), "--for", life.String()}
+	stop, err := backendServers(ctx, life, p, port, func(ip string) []string {
+		return []string{o.Self, "lab", "cps-server", "--listen", hostPort(ip, port), "--for", life.String()}
 	})
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 	return runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
-		o.Self, "lab", "cps-client", "--addr", hostPort(vip, svcCPSPort), "--duration", o.Duration.String(),
+		o.Self, "lab", "cps-client", "--addr", hostPort(vip, port), "--duration", o.Duration.String(),
 		"--parallel", strconv.Itoa(parallel))
 }
 
-// SvcProbePort is the port ConnectProbe's Service must carry (and its
-// endpoints' target port).
-const SvcProbePort = svcCPSPort
-
-// ConnectProbe opens new connections to vip:SvcProbePort from p's client
-// one at a time for o.Duration, with servers in p's backends: connect()
-// time (the first packet of each new flow through the Service) and
-// connections per second. The Service must already be programmed.
-func ConnectProbe(ctx context.Context, o Options, p SvcPath, vip string) (CPSResult, error) {
-	out, err := vipConns(ctx, o, p, vip, 1)
+// ConnectProbe opens new connections to vip:port from p's client one at a
+// time for o.Duration, with servers on port in p's backends (the Service's
+// port and target port): connect() time (the first packet of each new flow
+// through the Service) and connections per second. The Service must
+// already be programmed.
+//
+// Give each Service a port of its own: a client that reached the same
+// backend port through another address (an earlier Service's VIP, or the
+// pod directly) within the server's TIME_WAIT (60 s) derives different
+// initial sequence numbers and timestamps for the reused tuples, the
+// server's TIME_WAIT sockets refuse a share of the new SYNs, and
+// connections slow ~20× (measured: 4,700 → 180 conn/s) — any DNAT does this,
+// kube-proxy's too; the bench would measure the collision.
+func ConnectProbe(ctx context.Context, o Options, p SvcPath, vip string, port int) (CPSResult, error) {
+	out, err := vipConns(ctx, o, p, vip, port, 1)
 	if err != nil {
 		return CPSResult{}, err
 	}

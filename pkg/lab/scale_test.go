@@ -333,3 +333,18 @@ func TestHoldsBackend(t *testing.T) {
 		t.Errorf("absent backend: found %v, %v", ok, err)
 	}
 }
+
+// Probe ports stay below the ephemeral range and vary between runs.
+func TestScaleProbePort(t *testing.T) {
+	seen := map[int]bool{}
+	for range 200 {
+		p := scaleProbePort()
+		if p < scaleProbePortBase || p >= scaleProbePortBase+scaleProbePortSpan || p >= 32768 {
+			t.Fatalf("probe port %d outside %d+%d", p, scaleProbePortBase, scaleProbePortSpan)
+		}
+		seen[p] = true
+	}
+	if len(seen) < 100 {
+		t.Errorf("200 runs drew %d distinct ports", len(seen))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"slices"
@@ -54,8 +55,21 @@ const scaleProbeName = "lk-scale-probe"
 // scaleProbe is the probe Service and the lab pods it measures between.
 type scaleProbe struct {
 	vip  string
+	port int
 	path bench.SvcPath
 }
+
+// scaleProbePort is a run's probe port: one of its own, so that no run's
+// connections meet the previous run's TIME_WAIT sockets on the backends
+// through another VIP (bench.ConnectProbe).
+func scaleProbePort() int { return scaleProbePortBase + rand.IntN(scaleProbePortSpan) }
+
+// The probe ports: below the ephemeral range (32768), above the lab's
+// fixed server ports.
+const (
+	scaleProbePortBase = 20000
+	scaleProbePortSpan = 10000
+)
 
 // newScaleProbe creates the probe Service (no selector) and its
 // EndpointSlice: node 1's first lanekit pod connects, the last node's
@@ -67,7 +81,7 @@ func newScaleProbe(ctx context.Context, c kubernetes.Interface, st *State) (*sca
 	if !ok || len(backends) == 0 || len(st.Nodes) < 2 {
 		return nil, errors.New("lab scale: --first-packet-at needs lanekit pods on two nodes (lab up --k8s --nodes 2 --pods-per-node 1)")
 	}
-	port := int32(bench.SvcProbePort)
+	port := int32(scaleProbePort())
 	svc, err := c.CoreV1().Services(ScaleNamespace).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: scaleProbeName, Namespace: ScaleNamespace, Labels: scaleLabels},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "cps", Port: port, TargetPort: intstr.FromInt32(port), Protocol: corev1.ProtocolTCP}}},
@@ -91,7 +105,7 @@ func newScaleProbe(ctx context.Context, c kubernetes.Interface, st *State) (*sca
 	if _, err := c.DiscoveryV1().EndpointSlices(ScaleNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("lab scale: probe EndpointSlice: %w", err)
 	}
-	return &scaleProbe{vip: svc.Spec.ClusterIP, path: bench.SvcPath{Mode: bench.SvcModeLanekit, ClientNS: client.NS,
+	return &scaleProbe{vip: svc.Spec.ClusterIP, port: int(port), path: bench.SvcPath{Mode: bench.SvcModeLanekit, ClientNS: client.NS,
 		Backends: backends, NodeNS: n1.NS, Includes: IncludesSvcLanekit}}, nil
 }
 
@@ -162,7 +176,7 @@ func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (Scale
 	f := ScaleFirstPacket{Services: n, Load1: loadAvg1()}
 	var p50, p99, cps []float64
 	for rep := range cfg.FirstPacketRepeat {
-		res, err := bench.ConnectProbe(ctx, o, p.path, p.vip)
+		res, err := bench.ConnectProbe(ctx, o, p.path, p.vip, p.port)
 		if err != nil {
 			return f, fmt.Errorf("lab scale: first packet at %d Services, run %d: %w", n, rep+1, err)
 		}
