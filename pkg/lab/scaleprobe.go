@@ -109,8 +109,8 @@ func newScaleProbe(ctx context.Context, c kubernetes.Interface, st *State) (*sca
 		Backends: backends, NodeNS: n1.NS, Includes: IncludesSvcLanekit}}, nil
 }
 
-// Before a probe the agents must be quiet: one right after a fill measured
-// the agents catching up (205 conn/s at 100 Services, then 3,940 at 10,000).
+// Before a probe the agents must be quiet: a probe while they still
+// program the fill would measure their CPU beside the datapath.
 const (
 	settleCPUPct = 10.0 // of one CPU, each agent, over settleWindow
 	settleWindow = time.Second
