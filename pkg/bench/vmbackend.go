@@ -130,8 +130,8 @@ func RunBackendCompare(ctx context.Context, o BackendOptions) (*BackendReport, e
 	defer b.cleanup()
 
 	rep := &BackendReport{Repeat: o.Repeat, Seconds: o.Duration.Seconds(), Setup: backendSetup}
-	rep.LoadAvg[0] = loadAvg1()
-	defer func() { rep.LoadAvg[1] = loadAvg1() }()
+	rep.LoadAvg[0] = LoadAvg1()
+	defer func() { rep.LoadAvg[1] = LoadAvg1() }()
 	kinds := allBackendKinds[:2]
 	if !o.OwnOnly {
 		if err := b.startAgent(); err != nil {

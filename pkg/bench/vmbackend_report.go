@@ -387,8 +387,8 @@ func (c *BackendCPU) WriteTable(w io.Writer) error {
 	return nil
 }
 
-// loadAvg1 reads the 1-minute load average (0 if unreadable).
-func loadAvg1() float64 {
+// LoadAvg1 reads the 1-minute load average (0 if unreadable).
+func LoadAvg1() float64 {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return 0

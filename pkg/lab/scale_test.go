@@ -287,12 +287,6 @@ func TestFirstPacketAtFlag(t *testing.T) {
 }
 
 func TestFirstPacketDescribe(t *testing.T) {
-	if m := medianOf([]float64{5, 1, 3}); m != 3 {
-		t.Errorf("median of 5 1 3 = %v", m)
-	}
-	if m := medianOf([]float64{4, 1, 3, 2}); m != 2.5 {
-		t.Errorf("median of 4 1 3 2 = %v", m)
-	}
 	base := ScaleFirstPacket{Services: 100, ConnectP50Us: 200, ConnectP99Us: 400, CPS: 1000, Runs: make([]bench.CPSResult, 3)}
 	at := ScaleFirstPacket{Services: 100000, ConnectP50Us: 220, ConnectP99Us: 500, CPS: 900, Runs: make([]bench.CPSResult, 3), Load1: 1.5}
 	want := "connect p50 220 µs, p99 500 µs, 900 conn/s (one loop; medians of 3 runs; load 1.5); 1.10 × the p50 and 0.90 × the conn/s at 100"

@@ -9,8 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -149,20 +147,6 @@ func settle(ctx context.Context, nodes []int, out io.Writer) time.Duration {
 	}
 }
 
-// loadAvg1 is the 1-minute load average (0 if unreadable).
-func loadAvg1() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
 // measure runs the probe cfg.FirstPacketRepeat times with n Services.
 func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (ScaleFirstPacket, error) {
 	self := cfg.Self
@@ -173,7 +157,7 @@ func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (Scale
 		}
 	}
 	o := bench.Options{Self: self, Duration: cfg.FirstPacketFor}
-	f := ScaleFirstPacket{Services: n, Load1: loadAvg1()}
+	f := ScaleFirstPacket{Services: n, Load1: bench.LoadAvg1()}
 	var p50, p99, cps []float64
 	for rep := range cfg.FirstPacketRepeat {
 		res, err := bench.ConnectProbe(ctx, o, p.path, p.vip, p.port)
@@ -183,22 +167,8 @@ func (p *scaleProbe) measure(ctx context.Context, cfg ScaleConfig, n int) (Scale
 		f.Runs = append(f.Runs, res)
 		p50, p99, cps = append(p50, res.ConnectP50Us), append(p99, res.ConnectP99Us), append(cps, res.CPS)
 	}
-	f.ConnectP50Us, f.ConnectP99Us, f.CPS = medianOf(p50), medianOf(p99), medianOf(cps)
+	f.ConnectP50Us, f.ConnectP99Us, f.CPS = bench.Summarize(p50).Median, bench.Summarize(p99).Median, bench.Summarize(cps).Median
 	return f, nil
-}
-
-// medianOf is the median of v (the mean of the middle two for an even
-// count).
-func medianOf(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // fillServices creates the scale Services in stages: at each
