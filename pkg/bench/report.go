@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -74,6 +75,11 @@ type Row struct {
 	CPSErrors int64 `json:"cps_errors"`
 	// CPSErrorKinds counts the failed connections by cause.
 	CPSErrorKinds map[string]int64 `json:"cps_error_kinds,omitempty"`
+	// BPFNsPerConn: what every BPF program on the machine ran per
+	// connection during the conn/s runs (Options.BPFCost), with each
+	// program name's median share; nil when not measured.
+	BPFNsPerConn *Summary         `json:"bpf_ns_per_conn,omitempty"`
+	BPFPrograms  []BPFProgramCost `json:"bpf_programs,omitempty"`
 	// Policies: measured with this many NetworkPolicies selecting the pods
 	// (policy rows only); PolicyBase groups a row with its zero-policy twin.
 	Policies   *int   `json:"policies,omitempty"`
@@ -82,6 +88,15 @@ type Row struct {
 	// per-repetition ratios to it (both measured back to back in the same
 	// repetition).
 	Paired map[string]PairedRatios `json:"paired_ratios,omitempty"`
+}
+
+// BPFProgramCost is one program name's median run time and runs per
+// connection over the repetitions (programs of one name summed: one per
+// node or device).
+type BPFProgramCost struct {
+	Name        string  `json:"name"`
+	NsPerConn   float64 `json:"ns_per_conn"`
+	RunsPerConn float64 `json:"runs_per_conn"`
 }
 
 // HostCPU is a guest row's host CPU at fixed loads: ns per byte of TCP
@@ -190,7 +205,9 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 				guestReps.CPUUsPerTxn = reps(s.cpuTxn)
 			}
 		}
+		bpfTotal, bpfProgs := bpfCostOf(&s)
 		r.Rows = append(r.Rows, Row{
+			BPFNsPerConn: bpfTotal, BPFPrograms: bpfProgs,
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
 			Server: server, Note: p.Note,
 			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev, HostCPU: hc,
@@ -211,6 +228,33 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 	r.BusyCPUs = o.BusyCPUs
 	r.ComputeRatios()
 	return r
+}
+
+// bpfCostOf summarizes a row's BPF run time per connection: nil when no
+// repetition measured it; programs by median cost, highest first.
+func bpfCostOf(s *samples) (*Summary, []BPFProgramCost) {
+	if !slices.ContainsFunc(s.bpfNsConn, func(x float64) bool { return !math.IsNaN(x) }) {
+		return nil, nil
+	}
+	total := Summarize(s.bpfNsConn)
+	med := map[string]float64{}
+	measured := func(xs []float64) []float64 { // a program that did not run in a measured repetition ran 0 ns
+		out := slices.Clone(xs)
+		for i := range out {
+			if math.IsNaN(out[i]) && !math.IsNaN(s.bpfNsConn[i]) {
+				out[i] = 0
+			}
+		}
+		return out
+	}
+	for name, xs := range s.bpfByName {
+		med[name] = Summarize(measured(xs)).Median
+	}
+	var progs []BPFProgramCost
+	for _, name := range topPrograms(med, len(med)) {
+		progs = append(progs, BPFProgramCost{Name: name, NsPerConn: med[name], RunsPerConn: Summarize(measured(s.bpfRunsByName[name])).Median})
+	}
+	return &total, progs
 }
 
 func reps(xs []float64) []*float64 {
@@ -350,6 +394,7 @@ func (r *Report) writeRows(w io.Writer) error {
 		}
 	}
 	r.writeHostCPU(w)
+	r.writeBPFCost(w)
 	for _, row := range r.Rows {
 		if row.Includes.Detail != "" {
 			fmt.Fprintf(w, "includes: %s: %s\n", row.Path, row.Includes.Detail)
