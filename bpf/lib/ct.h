@@ -68,7 +68,7 @@
  * entry is treated as absent by the datapath and removed by the agent's GC
  * (datapath.Loader.GCConntrack), which uses the same rules.
  *
- * last_seen is bpf_ktime_get_ns() (CLOCK_MONOTONIC). */
+ * last_seen is ct_now(): CLOCK_MONOTONIC, read coarse (below). */
 #ifndef LK_CT_H
 #define LK_CT_H
 
@@ -137,7 +137,7 @@ enum lk_ct_counter {
 
 
 struct ct_entry {
-	__u64 last_seen; /* bpf_ktime_get_ns */
+	__u64 last_seen; /* ct_now() */
 	__u32 backend_id; /* LB service entries: the chosen backend */
 	__u32 rev_nat_id; /* CT_F_REVNAT: lk_lb_revnat key (the frontend id) */
 	__be32 nat_addr; /* CT_F_SNAT flow entries: the original source; service entries: the SNAT source used */
@@ -226,6 +226,19 @@ const enum lk_ct_counter *lk_unused_ct_counter __attribute__((unused));
 #define CT_TCP_ACK 0x10
 #define CT_REFRESH_NS 1000000000ULL
 
+/* ct_now is the conntrack's clock: CLOCK_MONOTONIC as of the last tick
+ * (bpf_ktime_get_coarse_ns, at most a tick behind; the timeouts are seconds
+ * and the agent's GC reads CLOCK_MONOTONIC). bpf_ktime_get_ns reads the
+ * clocksource on every call: one or two per packet, a measurable share of
+ * a program's run under a hypervisor's pvclock (what Cilium's jiffies-based
+ * bpf_mono_now avoids too). An entry stamped by the precise clock (the agent
+ * writes some) may read as a little in the future: ct_expired says not
+ * expired, and the refresh below rewrites it once. */
+static __always_inline __u64 ct_now(void)
+{
+	return bpf_ktime_get_coarse_ns();
+}
+
 static __always_inline int ct_tuple4(struct __sk_buff *skb, const struct iphdr *ip4, struct ct_key *key,
 				     __u8 *tcp_flags)
 {
@@ -304,21 +317,26 @@ static __always_inline int ct_expired(const struct ct_entry *e, __u8 proto, __u6
 static __always_inline int ct_advance(struct ct_entry *e, int res, __u8 proto, __u8 tcp_flags,
 				      struct ct_entry **out)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = ct_now();
 	__u16 flags;
 
 	if (ct_expired(e, proto, now))
 		return CT_NEW;
 	flags = e->flags;
+	/* Written only when they change: both directions' packets meet in
+	 * this entry, often on two CPUs, and a store on every packet would
+	 * move its cache line between them each time. */
 	if (res == CT_REPLY) {
 		flags |= CT_F_SEEN_REPLY;
-		e->tcp_flags_rev |= tcp_flags;
+		if ((e->tcp_flags_rev | tcp_flags) != e->tcp_flags_rev)
+			e->tcp_flags_rev |= tcp_flags;
 	} else {
 		/* A fresh SYN on a closed flow's tuple (port reuse): a new
 		 * connection, its reply not seen yet. */
 		if ((tcp_flags & (CT_TCP_SYN | CT_TCP_ACK)) == CT_TCP_SYN && (flags & CT_F_CLOSING))
 			flags &= ~(CT_F_CLOSING | CT_F_SEEN_REPLY);
-		e->tcp_flags_fwd |= tcp_flags;
+		if ((e->tcp_flags_fwd | tcp_flags) != e->tcp_flags_fwd)
+			e->tcp_flags_fwd |= tcp_flags;
 	}
 	if (tcp_flags & (CT_TCP_FIN | CT_TCP_RST))
 		flags |= CT_F_CLOSING;
@@ -391,7 +409,7 @@ static __always_inline int ct_create_in(__u8 v6, const void *key, const struct c
 	struct ct_entry e = *init;
 	struct ct_entry *old;
 
-	e.last_seen = bpf_ktime_get_ns();
+	e.last_seen = ct_now();
 	if (!bpf_map_update_elem(CT_MAP(v6), key, &e, BPF_NOEXIST)) {
 		ct_note_created(v6);
 		return 0;

@@ -272,7 +272,7 @@ static __always_inline void lb_commit(const struct lb_pending *p)
 	if (!p->flow)
 		return;
 	fe = bpf_map_lookup_elem(&lk_ct4, &p->ft);
-	if (fe && !ct_expired(fe, p->ft.proto, bpf_ktime_get_ns())) {
+	if (fe && !ct_expired(fe, p->ft.proto, ct_now())) {
 		fe->rev_nat_id = p->fe.rev_nat_id;
 		fe->nat_addr = p->fe.nat_addr;
 		fe->nat_port = p->fe.nat_port;

@@ -647,3 +647,36 @@ func TestConntrackFullCounted(t *testing.T) {
 		t.Fatalf("after gc the live count is %d, the table holds %d", st.ConntrackEntries, n)
 	}
 }
+
+// The datapath stamps conntrack entries with CLOCK_MONOTONIC, read coarse
+// (ct_now: at most a tick behind), the clock the agent's GC compares them
+// with: an entry just created reads between a tick before the packet and
+// the time after it.
+func TestConntrackClockIsMonotonic(t *testing.T) {
+	s := newSvcEnv(t)
+	s.apply(t, svcYAML("clock", "10.96.0.31", 53, "UDP", "", "10.244.2.5"))
+	pod := fromPod(s.fixtureEnv)
+	before := monotonicNow()
+	in := l4Frame(s.ep1.HostMAC, pod1MAC, "10.244.1.10", 31000, "10.96.0.31", 53, 17, 0, 0, 0, []byte("q"))
+	if r := s.run(t, pod, ifH1(s.fixtureEnv), in); r.verdict != tcActRedirect {
+		t.Fatalf("verdict %d", r.verdict)
+	}
+	after := monotonicNow()
+	const tick = 100 * time.Millisecond // HZ >= 100: a tick is <= 10 ms; room for a loaded machine
+	n := 0
+	var k podCtKey
+	var v podCtEntry
+	it := s.dp.pod.LkCt4.Iterate()
+	for it.Next(&k, &v) {
+		n++
+		if v.LastSeen > after || v.LastSeen+uint64(tick) < before {
+			t.Errorf("entry %+v: last_seen %d, want within [%d - %v, %d] (CLOCK_MONOTONIC)", k, v.LastSeen, before, tick, after)
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("no conntrack entry created")
+	}
+}
