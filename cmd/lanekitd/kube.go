@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -122,12 +123,21 @@ func (f kubeFlags) clients(log *slog.Logger) (*kubeClients, error) {
 	return &kubeClients{client: c, dynamic: d}, nil
 }
 
+// earlyRoutesTimeout bounds the early routes' LIST and sync: the source
+// waits for them before its first sync.
+const earlyRoutesTimeout = 30 * time.Second
+
 // startSource wires the Kubernetes source to the agent: objects to its
 // object seam, launcher pods' VMIs to its VM attachments, other nodes' pod CIDRs to routes in the
-// node's netns, and "caches synced" into its readiness.
-func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, log *slog.Logger) (*k8s.Source, error) {
+// node's netns (through early, when the routes were started before the
+// agent: k8s.EarlyRoutes), and "caches synced" into its readiness.
+func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string, early k8s.RouteSink, log *slog.Logger) (*k8s.Source, error) {
 	var routes k8s.RouteSink = tunnelPeers{a}
-	if a.RoutingMode() != agent.RoutingTunnel {
+	switch {
+	case a.RoutingMode() == agent.RoutingTunnel:
+	case early != nil:
+		routes = early
+	default:
 		var err error
 		if routes, err = k8s.NewNetlinkRoutes(hostNetns); err != nil {
 			return nil, err

@@ -84,6 +84,10 @@ type nodeStart struct {
 	kc      *kubeClients
 	offline bool      // started from the stored node facts (nodestart.go)
 	facts   nodeFacts // what the Node said, or the store
+	// routes: native routing with the API server reachable, the routes to
+	// the other Nodes, installed from one LIST while the datapath loads
+	// (k8s.EarlyRoutes); the source syncs through it.
+	routes k8s.RouteSink
 }
 
 // node takes the node's facts (with --node-name: the Node's pod CIDRs,
@@ -106,6 +110,13 @@ func (f *daemonFlags) node(ctx context.Context, cidr4, cidr6 string, log *slog.L
 		if cfg.Uplink == "" {
 			cfg.Uplink = n.facts.Uplink
 			log.Info("uplink from the Node's InternalIP", "uplink", cfg.Uplink)
+		}
+		if !n.offline && cfg.RoutingMode != agent.RoutingTunnel {
+			r, err := k8s.NewNetlinkRoutes(cfg.HostNetns)
+			if err != nil {
+				return n, err
+			}
+			n.routes = k8s.StartEarlyRoutes(ctx, n.kc.client, f.kube.nodeName, r, earlyRoutesTimeout, log)
 		}
 	}
 	if cidr4 != "" { // empty: an IPv6-only node
@@ -198,7 +209,7 @@ func (f *daemonFlags) serve(ctx context.Context, stop context.CancelFunc, n node
 			}
 		}()
 	case kc != nil:
-		src, err := startSource(kc, kube.nodeName, a, cfg.HostNetns, log)
+		src, err := startSource(kc, kube.nodeName, a, cfg.HostNetns, n.routes, log)
 		if err != nil {
 			a.Close()
 			return err

@@ -227,7 +227,7 @@ func (f kubeFlags) runWhenReachable(ctx context.Context, kc *kubeClients, starte
 		return nil
 	}
 	log.Info("API server reachable: the Node's pod CIDR is the stored one; starting the Kubernetes source", "node", f.nodeName)
-	src, err := startSource(kc, f.nodeName, a, hostNetns, log)
+	src, err := startSource(kc, f.nodeName, a, hostNetns, nil, log)
 	if err != nil {
 		ready.set(fmt.Errorf("kubernetes source: %w", err))
 		log.Error("kubernetes source", "err", err)
