@@ -7,14 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
@@ -57,7 +54,7 @@ func TestNodeRoutesAfterAgentStart(t *testing.T) {
 	cidr := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256) }
 	addr := func(i int) string { return fmt.Sprintf("10.78.%d.%d", i/250, i%250+1) }
 	created := time.Now()
-	if err := createNodes(ctx, admin, n, cidr, addr); err != nil {
+	if err := k8stest.CreateNodes(ctx, admin, n, cidr, addr); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d Nodes created in %s", n, time.Since(created).Round(time.Millisecond))
@@ -115,38 +112,6 @@ func TestNodeRoutesAfterAgentStart(t *testing.T) {
 	}
 	t.Logf("%d Nodes: the %d routes to the other Nodes' pod CIDRs in place %s after lanekitd started (ready after %s)",
 		n, len(want), took.Round(time.Millisecond), time.Since(started).Round(time.Millisecond))
-}
-
-// createNodes creates Nodes 0..n-1 with their pod CIDRs and InternalIPs.
-func createNodes(ctx context.Context, c kubernetes.Interface, n int, cidr, addr func(int) string) error {
-	work := make(chan int)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-					Spec: corev1.NodeSpec{PodCIDR: cidr(i), PodCIDRs: []string{cidr(i)}}}
-				out, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-				if err == nil {
-					out.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr(i)}}
-					_, err = c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{})
-				}
-				if err != nil {
-					errs <- fmt.Errorf("node %d: %w", i, err)
-				}
-			}
-		}()
-	}
-	for i := range n {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	return <-errs // nil when none
 }
 
 func nodeHandle(path string) (*netlink.Handle, error) {

@@ -6,13 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
+	"github.com/lanekit/lanekit/internal/k8stest"
 	"github.com/lanekit/lanekit/internal/testutil"
 )
 
@@ -49,35 +46,9 @@ func TestNodeRoutesAtScale(t *testing.T) {
 
 	// Node i: pod CIDR 10.(100+i/256).(i%256).0/24, InternalIP 10.78.i/250.i%250+1 (node 0 is this one).
 	created := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	work := make(chan int)
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				cidr := fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256)
-				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-					Spec: corev1.NodeSpec{PodCIDR: cidr, PodCIDRs: []string{cidr}}}
-				out, err := e.c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-				if err == nil {
-					out.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.78.%d.%d", i/250, i%250+1)}}
-					_, err = e.c.CoreV1().Nodes().UpdateStatus(ctx, out, metav1.UpdateOptions{})
-				}
-				if err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	for i := range n {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	cidr := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 100+i/256, i%256) }
+	addr := func(i int) string { return fmt.Sprintf("10.78.%d.%d", i/250, i%250+1) }
+	if err := k8stest.CreateNodes(ctx, e.c, n, cidr, addr); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d Nodes created in %s", n, time.Since(created).Round(time.Millisecond))
