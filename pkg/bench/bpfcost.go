@@ -137,7 +137,13 @@ func (r *Report) writeBPFCost(w io.Writer) {
 		}
 		var top []string
 		for _, p := range row.BPFPrograms[:min(3, len(row.BPFPrograms))] {
+			if p.NsPerConn < 50 { // background traffic (a row whose path runs no BPF reads ~0)
+				break
+			}
 			top = append(top, fmt.Sprintf("%s %.1f µs (%.1f runs)", p.Name, p.NsPerConn/1e3, p.RunsPerConn))
+		}
+		if len(top) == 0 {
+			top = append(top, "no program on the path")
 		}
 		fmt.Fprintf(w, "  %-28s %.1f µs (%.1f–%.1f): %s\n", row.Path, row.BPFNsPerConn.Median/1e3,
 			row.BPFNsPerConn.Min/1e3, row.BPFNsPerConn.Max/1e3, strings.Join(top, ", "))

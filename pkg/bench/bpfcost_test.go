@@ -80,10 +80,13 @@ func TestBPFCostReport(t *testing.T) {
 			t.Errorf("program %d: %+v, want %+v", i, progs[i], want[i])
 		}
 	}
-	r := &Report{Rows: []Row{{Path: "lanekit-pod", BPFNsPerConn: total, BPFPrograms: progs}, {Path: "host"}}}
+	raw := &Summary{Median: 10}
+	r := &Report{Rows: []Row{{Path: "lanekit-pod", BPFNsPerConn: total, BPFPrograms: progs}, {Path: "host"},
+		{Path: "host-raw", BPFNsPerConn: raw, BPFPrograms: []BPFProgramCost{{Name: "arp", NsPerConn: 10, RunsPerConn: 0.01}}}}}
 	var buf bytes.Buffer
 	r.writeBPFCost(&buf)
-	if out := buf.String(); !strings.Contains(out, "lanekit-pod") || !strings.Contains(out, "11.0 µs (10.0–12.0): a 9.0 µs (4.0 runs), b 2.0 µs (2.0 runs)") || strings.Contains(out, "host ") {
+	if out := buf.String(); !strings.Contains(out, "lanekit-pod") || !strings.Contains(out, "11.0 µs (10.0–12.0): a 9.0 µs (4.0 runs), b 2.0 µs (2.0 runs)") || strings.Contains(out, "host ") ||
+		!strings.Contains(out, "no program on the path") || strings.Contains(out, "arp") {
 		t.Errorf("table:\n%s", out)
 	}
 	empty := newSamples(2)
