@@ -246,7 +246,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge and masquerade bindings; VMIs made for the run and deleted after it; bridge needs a kernel with dummy links)")
 	cmd.Flags().BoolVar(&b.noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
 	cmd.Flags().BoolVar(&b.opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
-	cmd.Flags().BoolVar(&b.opts.BPFCost, "bpf-cost", true, "read every BPF program's run time during each conn/s run (BPF_ENABLE_STATS, root) and report it per connection: the datapath's own cost, apart from the client's and the kernel's TCP work; the statistics add a few tens of ns per program run")
+	cmd.Flags().BoolVar(&b.opts.BPFCost, "bpf-cost", true, "read every BPF program's run time during each conn/s and RR (sockperf) run (BPF_ENABLE_STATS, root) and report it per connection and per round trip: the datapath's own cost, apart from the client's and the kernel's TCP work; the statistics add a few tens of ns per program run")
 	cmd.Flags().StringVar(&b.vmBackend, "vm-backend", "auto", "VM backend vs DPDK comparison: auto (when the lab has a VM), on, off, only (no lab rows)")
 	cmd.Flags().StringVar(&b.from, "from", "", "measure nothing: print the table (or --json) and draw --chart of this saved --json report")
 	cmd.Flags().BoolVar(&b.vmBackendOwnOnly, "vm-backend-own-only", false, "VM backend comparison: only guest→wire with lanekit-vhost's own sockets (skip the agent path: steer_vm, socket handover, wire→guest)")

@@ -83,6 +83,9 @@ func TestParseSockperf(t *testing.T) {
 	if lat.P50 != 4.709 || lat.P99 != 11.573 || lat.Observations == 0 {
 		t.Errorf("got %+v, want p50 4.709 p99 11.573 and observations", lat)
 	}
+	if lat.Received != 190739 { // the whole run's round trips: what the BPF cost per round trip divides by
+		t.Errorf("received %d, want 190739 ([Total Run] ReceivedMessages)", lat.Received)
+	}
 	if _, err := ParseSockperf([]byte("sockperf: ---> percentile 50.000 = 3.1\n")); err == nil {
 		t.Error("missing p99: want error")
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -13,17 +14,90 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The datapath's own cost of a connection: during each conn/s measurement
+// The datapath's own cost of a connection and of a round trip: during each
+// conn/s and each RR (sockperf) measurement
 // the kernel's BPF run-time statistics (BPF_ENABLE_STATS: run_cnt and
 // run_time_ns of every program, counted while the returned descriptor is
 // open, so nothing global is left changed) are read for every program on
 // the machine before and after, and the difference is divided by the
-// connections made. Every BPF datapath in the lab counts (lanekit's,
+// connections made (the round trips of the whole RR run, its warm-up
+// included). Every BPF datapath in the lab counts (lanekit's,
 // Cilium's); a netfilter or bridge path's cost is not BPF and reads zero,
 // so the figure compares BPF datapaths with each other and a row with its
 // own policy twin, not a BPF row with an iptables one. Unlike conn/s it
 // does not move with the rest of the machine's load (the client's and the
 // kernel's TCP work are not in it), which is what a row's noise hides.
+
+// bpfStart is the statistics held on for a run and the snapshot taken
+// before it; nil when not measured.
+type bpfStart struct {
+	stats io.Closer
+	snap  bpfSnapshot
+}
+
+// bpfBefore turns the statistics on and snapshots every program, when
+// o.BPFCost and this process may; close it after the run's snapshot.
+func (o Options) bpfBefore() *bpfStart {
+	if !o.BPFCost {
+		return nil
+	}
+	c := enableBPFStats()
+	if c == nil {
+		return nil
+	}
+	snap, err := snapshotBPF()
+	if err != nil {
+		c.Close()
+		return nil
+	}
+	return &bpfStart{stats: c, snap: snap}
+}
+
+func (b *bpfStart) close() { b.stats.Close() }
+
+// bpfSamples are a row's BPF run time per unit (connection or round trip)
+// per repetition, in total and by program name, with runs per unit by
+// program name.
+type bpfSamples struct {
+	total              []float64
+	byName, runsByName map[string][]float64
+}
+
+// add records repetition cur: what ran since before, over n units.
+func (b *bpfSamples) add(cur int, before *bpfStart, n int64) {
+	if before == nil {
+		return
+	}
+	after, err := snapshotBPF()
+	if err != nil {
+		return
+	}
+	if c, ok := costPerConn(before.snap, after, n); ok {
+		b.record(cur, c)
+	}
+}
+
+func (b *bpfSamples) record(cur int, c bpfCost) {
+	b.total[cur] = c.nsPerConn
+	put := func(m *map[string][]float64, name string, v float64) {
+		if *m == nil {
+			*m = map[string][]float64{}
+		}
+		xs, ok := (*m)[name]
+		if !ok {
+			xs = make([]float64, len(b.total))
+			for i := range xs {
+				xs[i] = math.NaN()
+			}
+			(*m)[name] = xs
+		}
+		xs[cur] = v
+	}
+	for name, ns := range c.byName {
+		put(&b.byName, name, ns)
+		put(&b.runsByName, name, c.runs[name])
+	}
+}
 
 // bpfSnapshot is every program's run count and run time, by program ID.
 type bpfSnapshot map[ebpf.ProgramID]bpfProgStat
@@ -123,29 +197,37 @@ func topPrograms(byName map[string]float64, n int) []string {
 	return names[:min(n, len(names))]
 }
 
-// writeBPFCost prints each row's BPF run time per connection with its
-// three costliest programs, when measured.
+// writeBPFCost prints each row's BPF run time per connection and per
+// round trip with its three costliest programs, when measured.
 func (r *Report) writeBPFCost(w io.Writer) {
-	head := false
-	for _, row := range r.Rows {
-		if row.BPFNsPerConn == nil {
-			continue
-		}
-		if !head {
-			fmt.Fprintln(w, "BPF run time per connection during conn/s (every program on the machine, BPF_ENABLE_STATS; not the client's or the kernel's TCP work), median (min–max):")
-			head = true
-		}
-		var top []string
-		for _, p := range row.BPFPrograms[:min(3, len(row.BPFPrograms))] {
-			if p.NsPerConn < 50 { // background traffic (a row whose path runs no BPF reads ~0)
-				break
+	for _, m := range []struct {
+		what  string
+		total func(Row) (*Summary, []BPFProgramCost)
+	}{
+		{"connection during conn/s", func(r Row) (*Summary, []BPFProgramCost) { return r.BPFNsPerConn, r.BPFPrograms }},
+		{"round trip during RR", func(r Row) (*Summary, []BPFProgramCost) { return r.BPFNsPerRR, r.BPFProgramsRR }},
+	} {
+		head := false
+		for _, row := range r.Rows {
+			total, progs := m.total(row)
+			if total == nil {
+				continue
 			}
-			top = append(top, fmt.Sprintf("%s %.1f µs (%.1f runs)", p.Name, p.NsPerConn/1e3, p.RunsPerConn))
+			if !head {
+				fmt.Fprintf(w, "BPF run time per %s (every program on the machine, BPF_ENABLE_STATS; not the client's or the kernel's TCP work), median (min–max):\n", m.what)
+				head = true
+			}
+			var top []string
+			for _, p := range progs[:min(3, len(progs))] {
+				if p.NsPerConn < 50 { // background traffic (a row whose path runs no BPF reads ~0)
+					break
+				}
+				top = append(top, fmt.Sprintf("%s %.1f µs (%.1f runs)", p.Name, p.NsPerConn/1e3, p.RunsPerConn))
+			}
+			if len(top) == 0 {
+				top = append(top, "no program on the path")
+			}
+			fmt.Fprintf(w, "  %-28s %.1f µs (%.1f–%.1f): %s\n", row.Path, total.Median/1e3, total.Min/1e3, total.Max/1e3, strings.Join(top, ", "))
 		}
-		if len(top) == 0 {
-			top = append(top, "no program on the path")
-		}
-		fmt.Fprintf(w, "  %-28s %.1f µs (%.1f–%.1f): %s\n", row.Path, row.BPFNsPerConn.Median/1e3,
-			row.BPFNsPerConn.Min/1e3, row.BPFNsPerConn.Max/1e3, strings.Join(top, ", "))
 	}
 }

@@ -62,11 +62,10 @@ func TestBPFCostReport(t *testing.T) {
 		{nsPerConn: 10_000, byName: map[string]float64{"a": 6_000, "b": 4_000}, runs: map[string]float64{"a": 4, "b": 4}},
 		{nsPerConn: 12_000, byName: map[string]float64{"a": 12_000}, runs: map[string]float64{"a": 4}},
 	} {
-		s.cur = rep
-		s.addBPFCost(c)
+		s.bpfConn.record(rep, c)
 	}
 	// repetition 3 failed: not measured
-	total, progs := bpfCostOf(&s)
+	total, progs := bpfCostOf(&s.bpfConn)
 	if total == nil || total.Median != 11_000 || total.Min != 10_000 || total.Max != 12_000 {
 		t.Fatalf("total %+v, want 10000/11000/12000", total)
 	}
@@ -81,16 +80,18 @@ func TestBPFCostReport(t *testing.T) {
 		}
 	}
 	raw := &Summary{Median: 10}
-	r := &Report{Rows: []Row{{Path: "lanekit-pod", BPFNsPerConn: total, BPFPrograms: progs}, {Path: "host"},
+	rr := &Summary{Min: 1_000, Median: 2_000, Max: 3_000}
+	r := &Report{Rows: []Row{{Path: "lanekit-pod", BPFNsPerConn: total, BPFPrograms: progs}, {Path: "host", BPFNsPerRR: rr, BPFProgramsRR: []BPFProgramCost{{Name: "from_uplink", NsPerConn: 2_000, RunsPerConn: 2}}},
 		{Path: "host-raw", BPFNsPerConn: raw, BPFPrograms: []BPFProgramCost{{Name: "arp", NsPerConn: 10, RunsPerConn: 0.01}}}}}
 	var buf bytes.Buffer
 	r.writeBPFCost(&buf)
-	if out := buf.String(); !strings.Contains(out, "lanekit-pod") || !strings.Contains(out, "11.0 µs (10.0–12.0): a 9.0 µs (4.0 runs), b 2.0 µs (2.0 runs)") || strings.Contains(out, "host ") ||
-		!strings.Contains(out, "no program on the path") || strings.Contains(out, "arp") {
+	if out := buf.String(); !strings.Contains(out, "lanekit-pod") || !strings.Contains(out, "11.0 µs (10.0–12.0): a 9.0 µs (4.0 runs), b 2.0 µs (2.0 runs)") || strings.Contains(strings.Split(out, "per round trip")[0], "host ") ||
+		!strings.Contains(out, "no program on the path") || strings.Contains(out, "arp") ||
+		!strings.Contains(out, "per round trip during RR") || !strings.Contains(out, "2.0 µs (1.0–3.0): from_uplink 2.0 µs (2.0 runs)") {
 		t.Errorf("table:\n%s", out)
 	}
 	empty := newSamples(2)
-	if total, progs := bpfCostOf(&empty); total != nil || progs != nil {
+	if total, progs := bpfCostOf(&empty.bpfConn); total != nil || progs != nil {
 		t.Errorf("nothing measured: %+v %+v", total, progs)
 	}
 }

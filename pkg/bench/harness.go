@@ -120,12 +120,11 @@ type samples struct {
 	cpuPartByte, cpuPartByteRev, cpuPartTxn map[string][]float64
 	cpsConns, cpsErrs                       []float64 // connections made and failed, per repetition
 	cpsKinds                                map[string]int64
-	// BPF run time per connection during the conn/s run, in total and by
-	// program name (bpfcost.go); runs per connection by program name
-	bpfNsConn                []float64
-	bpfByName, bpfRunsByName map[string][]float64
-	errs                     []string
-	cur                      int // the repetition being measured
+	// BPF run time per connection of the conn/s runs and per round trip
+	// of the RR runs (bpfcost.go)
+	bpfConn, bpfRR bpfSamples
+	errs           []string
+	cur            int // the repetition being measured
 }
 
 func newSamples(repeat int) samples {
@@ -137,31 +136,7 @@ func newSamples(repeat int) samples {
 		return xs
 	}
 	return samples{gbps: nan(), gbpsRev: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan(),
-		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan(), bpfNsConn: nan()}
-}
-
-// addBPFCost records what the BPF programs ran per connection of the
-// current repetition's conn/s run.
-func (s *samples) addBPFCost(c bpfCost) {
-	s.bpfNsConn[s.cur] = c.nsPerConn
-	put := func(m *map[string][]float64, name string, v float64) {
-		if *m == nil {
-			*m = map[string][]float64{}
-		}
-		xs, ok := (*m)[name]
-		if !ok {
-			xs = make([]float64, len(s.bpfNsConn))
-			for i := range xs {
-				xs[i] = math.NaN()
-			}
-			(*m)[name] = xs
-		}
-		xs[s.cur] = v
-	}
-	for name, ns := range c.byName {
-		put(&s.bpfByName, name, ns)
-		put(&s.bpfRunsByName, name, c.runs[name])
-	}
+		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan(), bpfConn: bpfSamples{total: nan()}, bpfRR: bpfSamples{total: nan()}}
 }
 
 // addLatency records a sockperf ping-pong run's output as the current
@@ -394,9 +369,16 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 		}
 		defer sp.stop()
 	}
+	before := o.bpfBefore()
+	if before != nil {
+		defer before.close()
+	}
 	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
 	if err != nil {
 		return err
+	}
+	if lat, perr := ParseSockperf(out); perr == nil {
+		s.bpfRR.add(s.cur, before, int64(lat.Received))
 	}
 	return s.addLatency(out)
 }
@@ -416,25 +398,17 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 		return err
 	}
 	defer srv.stop()
-	var before bpfSnapshot
-	if o.BPFCost {
-		if c := enableBPFStats(); c != nil {
-			defer c.Close()
-			before, _ = snapshotBPF()
-		}
+	before := o.bpfBefore()
+	if before != nil {
+		defer before.close()
 	}
 	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
 		o.Self, "lab", "cps-client", "--addr", addr, "--duration", o.Duration.String())
 	if err != nil {
 		return err
 	}
-	if before != nil {
-		after, serr := snapshotBPF()
-		if res, perr := ParseCPS(out); serr == nil && perr == nil {
-			if c, ok := costPerConn(before, after, res.Conns); ok {
-				s.addBPFCost(c)
-			}
-		}
+	if res, perr := ParseCPS(out); perr == nil {
+		s.bpfConn.add(s.cur, before, res.Conns)
 	}
 	return s.addCPS(out)
 }

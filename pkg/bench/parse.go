@@ -42,12 +42,16 @@ func ParseIperf3(data []byte) (float64, error) {
 type Latency struct {
 	P50, P99     float64
 	Observations int
+	// Received: the round trips of the whole run, warm-up included
+	// (sockperf's "[Total Run] ... ReceivedMessages"); 0 if not printed.
+	Received int
 }
 
 var (
 	ansiRe = regexp.MustCompile("\x1b\\[[0-9;]*m")
 	pctRe  = regexp.MustCompile(`percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)
 	obsRe  = regexp.MustCompile(`Total\s+([0-9]+)\s+observations`)
+	rcvdRe = regexp.MustCompile(`\[Total Run\][^\n]*ReceivedMessages=([0-9]+)`)
 )
 
 // ParseSockperf reads the percentile lines of `sockperf ping-pong` output
@@ -76,6 +80,9 @@ func ParseSockperf(out []byte) (Latency, error) {
 	}
 	if m := obsRe.FindSubmatch(text); m != nil {
 		lat.Observations, _ = strconv.Atoi(string(m[1]))
+	}
+	if m := rcvdRe.FindSubmatch(text); m != nil {
+		lat.Received, _ = strconv.Atoi(string(m[1]))
 	}
 	return lat, nil
 }

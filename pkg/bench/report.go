@@ -80,6 +80,10 @@ type Row struct {
 	// program name's median share; nil when not measured.
 	BPFNsPerConn *Summary         `json:"bpf_ns_per_conn,omitempty"`
 	BPFPrograms  []BPFProgramCost `json:"bpf_programs,omitempty"`
+	// BPFNsPerRR and BPFProgramsRR: the same per round trip of the RR runs
+	// (sockperf rows).
+	BPFNsPerRR    *Summary         `json:"bpf_ns_per_rr,omitempty"`
+	BPFProgramsRR []BPFProgramCost `json:"bpf_programs_rr,omitempty"`
 	// Policies: measured with this many NetworkPolicies selecting the pods
 	// (policy rows only); PolicyBase groups a row with its zero-policy twin.
 	Policies   *int   `json:"policies,omitempty"`
@@ -205,9 +209,10 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 				guestReps.CPUUsPerTxn = reps(s.cpuTxn)
 			}
 		}
-		bpfTotal, bpfProgs := bpfCostOf(&s)
+		bpfTotal, bpfProgs := bpfCostOf(&s.bpfConn)
+		bpfRR, bpfProgsRR := bpfCostOf(&s.bpfRR)
 		r.Rows = append(r.Rows, Row{
-			BPFNsPerConn: bpfTotal, BPFPrograms: bpfProgs,
+			BPFNsPerConn: bpfTotal, BPFPrograms: bpfProgs, BPFNsPerRR: bpfRR, BPFProgramsRR: bpfProgsRR,
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
 			Server: server, Note: p.Note,
 			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev, HostCPU: hc,
@@ -230,29 +235,29 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 	return r
 }
 
-// bpfCostOf summarizes a row's BPF run time per connection: nil when no
+// bpfCostOf summarizes a row's BPF run time per unit: nil when no
 // repetition measured it; programs by median cost, highest first.
-func bpfCostOf(s *samples) (*Summary, []BPFProgramCost) {
-	if !slices.ContainsFunc(s.bpfNsConn, func(x float64) bool { return !math.IsNaN(x) }) {
+func bpfCostOf(s *bpfSamples) (*Summary, []BPFProgramCost) {
+	if !slices.ContainsFunc(s.total, func(x float64) bool { return !math.IsNaN(x) }) {
 		return nil, nil
 	}
-	total := Summarize(s.bpfNsConn)
+	total := Summarize(s.total)
 	med := map[string]float64{}
 	measured := func(xs []float64) []float64 { // a program that did not run in a measured repetition ran 0 ns
 		out := slices.Clone(xs)
 		for i := range out {
-			if math.IsNaN(out[i]) && !math.IsNaN(s.bpfNsConn[i]) {
+			if math.IsNaN(out[i]) && !math.IsNaN(s.total[i]) {
 				out[i] = 0
 			}
 		}
 		return out
 	}
-	for name, xs := range s.bpfByName {
+	for name, xs := range s.byName {
 		med[name] = Summarize(measured(xs)).Median
 	}
 	var progs []BPFProgramCost
 	for _, name := range topPrograms(med, len(med)) {
-		progs = append(progs, BPFProgramCost{Name: name, NsPerConn: med[name], RunsPerConn: Summarize(measured(s.bpfRunsByName[name])).Median})
+		progs = append(progs, BPFProgramCost{Name: name, NsPerConn: med[name], RunsPerConn: Summarize(measured(s.runsByName[name])).Median})
 	}
 	return &total, progs
 }
