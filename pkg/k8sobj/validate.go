@@ -365,11 +365,15 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 	return errs
 }
 
-func validateEndpointSlice(es *discoveryv1.EndpointSlice) field.ErrorList {
+func validateEndpointSlice(es *EndpointSlice) field.ErrorList {
+	// es.Labels is nil unless a label is invalid (SlimEndpointSlice): then
+	// validateMeta names it; else the service name is checked as a label.
 	errs := validateMeta(&es.ObjectMeta, field.NewPath("metadata"))
-	svc := es.Labels[ServiceNameLabel]
+	svc := es.ServiceName
 	if svc == "" {
 		errs = append(errs, field.Required(field.NewPath("metadata", "labels").Key(ServiceNameLabel), "names the slice's Service"))
+	} else if es.ObjectMeta.Labels == nil {
+		errs = append(errs, validateLabels(map[string]string{ServiceNameLabel: svc}, field.NewPath("metadata", "labels"))...)
 	}
 	switch es.AddressType {
 	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
