@@ -182,7 +182,7 @@ func internService(s *corev1.Service) {
 
 func internSlice(s *k8sobj.EndpointSlice) {
 	s.Namespace, s.ServiceName = intern(s.Namespace), intern(s.ServiceName)
-	s.ObjectMeta.Labels = internMap(s.ObjectMeta.Labels) // nil unless a label is invalid
+	s.InvalidLabels = internMap(s.InvalidLabels) // nil unless a label is invalid
 	s.AddressType = discoveryv1.AddressType(intern(string(s.AddressType)))
 	for i := range s.Ports {
 		internPtr(s.Ports[i].Name)

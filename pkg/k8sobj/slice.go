@@ -2,6 +2,7 @@ package k8sobj
 
 import (
 	"encoding/json"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -22,17 +23,20 @@ import (
 // informers' transform) and encodes as a v1 EndpointSlice (V1, MarshalJSON):
 // a stored slice reads back the same, and one stored whole by an older agent
 // reads as any decoded one.
+//
+// Of its metadata it keeps the name, namespace, resourceVersion and
+// creationTimestamp (a metav1.ObjectMeta is 232 bytes whatever it holds);
+// it implements metav1.Object (meta.go) for the informers' caches, and its
+// kind is always discovery.k8s.io/v1 EndpointSlice (no TypeMeta). There is
+// no Labels or Annotations field: what is read of them is ServiceName,
+// Headless and TriggerTime.
 type EndpointSlice struct {
-	metav1.TypeMeta
-	// Name, namespace, resourceVersion and creationTimestamp only. Its
-	// Labels is nil unless a label of the slice is invalid: then it holds
-	// them all, so that Validate refuses the slice as it refuses the v1
-	// object.
-	metav1.ObjectMeta
-	// Labels and Annotations hide ObjectMeta's: what is read of them is
-	// ServiceName, Headless and TriggerTime, and code reading
-	// es.Labels[...] does not compile rather than read nothing.
-	Labels, Annotations noMap
+	Name, Namespace, ResourceVersion string
+	CreationTimestamp                metav1.Time
+	// InvalidLabels is nil unless a label of the slice is invalid: then it
+	// holds them all, so that Validate refuses the slice as it refuses the
+	// v1 object.
+	InvalidLabels map[string]string
 	// ServiceName is the kubernetes.io/service-name label.
 	ServiceName string
 	// Headless: the slice carries service.kubernetes.io/headless.
@@ -44,9 +48,6 @@ type EndpointSlice struct {
 	Endpoints   []Endpoint
 	Ports       []discoveryv1.EndpointPort
 }
-
-// noMap is a field that hides one of ObjectMeta's maps.
-type noMap struct{}
 
 // Endpoint is what lanekit reads of a discoveryv1.Endpoint: not its node
 // name or zone (topology is read from the hints; the health check counts
@@ -109,15 +110,13 @@ func (c Condition) ptr() *bool {
 // SlimEndpointSlice returns what lanekit keeps of es. It shares es's
 // strings, hints and ports: es must not change afterwards.
 func SlimEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
-	out := &EndpointSlice{TypeMeta: metav1.TypeMeta{APIVersion: apiVersions[KindEndpointSlice], Kind: string(KindEndpointSlice)},
-		ObjectMeta: metav1.ObjectMeta{Name: es.Name, Namespace: es.Namespace, ResourceVersion: es.ResourceVersion,
-			CreationTimestamp: es.CreationTimestamp},
-		ServiceName: es.Labels[ServiceNameLabel], TriggerTime: es.Annotations[corev1.EndpointsLastChangeTriggerTime],
+	out := &EndpointSlice{Name: es.Name, Namespace: es.Namespace, ResourceVersion: es.ResourceVersion,
+		CreationTimestamp: es.CreationTimestamp, ServiceName: es.Labels[ServiceNameLabel], TriggerTime: es.Annotations[corev1.EndpointsLastChangeTriggerTime],
 		AddressType: es.AddressType, Ports: es.Ports}
 	_, out.Headless = es.Labels[corev1.IsHeadlessService]
 	for k, v := range es.Labels {
 		if len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
-			out.ObjectMeta.Labels = es.Labels // Validate names them: the slice is refused
+			out.InvalidLabels = es.Labels // Validate names them: the slice is refused
 			break
 		}
 	}
@@ -141,20 +140,8 @@ func SlimEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
 func (es *EndpointSlice) V1() *discoveryv1.EndpointSlice {
 	out := &discoveryv1.EndpointSlice{TypeMeta: metav1.TypeMeta{APIVersion: apiVersions[KindEndpointSlice], Kind: string(KindEndpointSlice)},
 		ObjectMeta: metav1.ObjectMeta{Name: es.Name, Namespace: es.Namespace, ResourceVersion: es.ResourceVersion,
-			CreationTimestamp: es.CreationTimestamp, Labels: es.ObjectMeta.Labels},
+			CreationTimestamp: es.CreationTimestamp, Labels: es.GetLabels(), Annotations: es.GetAnnotations()},
 		AddressType: es.AddressType, Ports: es.Ports}
-	if out.Labels == nil && (es.ServiceName != "" || es.Headless) {
-		out.Labels = make(map[string]string, 2)
-		if es.ServiceName != "" {
-			out.Labels[ServiceNameLabel] = es.ServiceName
-		}
-		if es.Headless {
-			out.Labels[corev1.IsHeadlessService] = ""
-		}
-	}
-	if es.TriggerTime != "" {
-		out.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: es.TriggerTime}
-	}
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]discoveryv1.Endpoint, len(es.Endpoints))
 		for i, e := range es.Endpoints {
@@ -189,9 +176,12 @@ func (es *EndpointSlice) DeepCopy() *EndpointSlice {
 	if es == nil {
 		return nil
 	}
-	out := &EndpointSlice{TypeMeta: es.TypeMeta, ServiceName: es.ServiceName, Headless: es.Headless,
-		TriggerTime: es.TriggerTime, AddressType: es.AddressType}
-	es.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	out := &EndpointSlice{Name: es.Name, Namespace: es.Namespace, ResourceVersion: es.ResourceVersion,
+		ServiceName: es.ServiceName, Headless: es.Headless, TriggerTime: es.TriggerTime, AddressType: es.AddressType}
+	es.CreationTimestamp.DeepCopyInto(&out.CreationTimestamp)
+	if es.InvalidLabels != nil {
+		out.InvalidLabels = maps.Clone(es.InvalidLabels)
+	}
 	if es.Endpoints != nil {
 		out.Endpoints = make([]Endpoint, len(es.Endpoints))
 		for i, e := range es.Endpoints {

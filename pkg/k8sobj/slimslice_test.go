@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -51,8 +52,7 @@ func TestSlimEndpointSlice(t *testing.T) {
 	full := fullSlice()
 	es := SlimEndpointSlice(full)
 	want := &EndpointSlice{
-		TypeMeta:    metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-abc12", Namespace: "shop", ResourceVersion: "42", CreationTimestamp: full.CreationTimestamp},
+		Name: "web-abc12", Namespace: "shop", ResourceVersion: "42", CreationTimestamp: full.CreationTimestamp,
 		ServiceName: "web", Headless: true, TriggerTime: "2026-11-30T07:00:00.123456789Z",
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []Endpoint{
@@ -76,6 +76,10 @@ func TestSlimEndpointSlice(t *testing.T) {
 	// hostname and object reference.
 	if sz, v1 := unsafe.Sizeof(Endpoint{}), unsafe.Sizeof(discoveryv1.Endpoint{}); sz > 48 {
 		t.Errorf("an Endpoint is %d bytes, want <= 48 (a discoveryv1.Endpoint is %d)", sz, v1)
+	}
+	// And its metadata is what is read of it, not a metav1.ObjectMeta.
+	if sz, v1 := unsafe.Sizeof(EndpointSlice{}), unsafe.Sizeof(discoveryv1.EndpointSlice{}); sz > 192 {
+		t.Errorf("an EndpointSlice is %d bytes, want <= 192 (a discoveryv1.EndpointSlice is %d)", sz, v1)
 	}
 
 	// Encoded, it is a v1 EndpointSlice with what was kept; decoded (as
@@ -105,6 +109,15 @@ func TestSlimEndpointSlice(t *testing.T) {
 	var u EndpointSlice
 	if err := json.Unmarshal(raw, &u); err != nil || !sameSlice(&u, es) {
 		t.Errorf("json.Unmarshal: %+v, %v", u, err)
+	}
+
+	// The informers' caches key it by its metav1.Object; its labels and
+	// annotations are those it keeps.
+	m, err := meta.Accessor(es)
+	if err != nil || m.GetNamespace() != "shop" || m.GetName() != "web-abc12" || m.GetResourceVersion() != "42" ||
+		!reflect.DeepEqual(m.GetLabels(), v1.Labels) || !reflect.DeepEqual(m.GetAnnotations(), v1.Annotations) ||
+		es.GetObjectKind().GroupVersionKind().String() != "discovery.k8s.io/v1, Kind=EndpointSlice" {
+		t.Errorf("metav1.Object: %v %v", m, err)
 	}
 
 	// A copy shares nothing: changing it leaves the slice alone.

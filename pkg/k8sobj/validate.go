@@ -366,13 +366,13 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 }
 
 func validateEndpointSlice(es *EndpointSlice) field.ErrorList {
-	// es.Labels is nil unless a label is invalid (SlimEndpointSlice): then
-	// validateMeta names it; else the service name is checked as a label.
-	errs := validateMeta(&es.ObjectMeta, field.NewPath("metadata"))
+	// es.InvalidLabels is nil unless a label is invalid (SlimEndpointSlice):
+	// then validateMeta names it; else the service name is checked as a label.
+	errs := validateMeta(&metav1.ObjectMeta{Name: es.Name, Namespace: es.Namespace, Labels: es.InvalidLabels}, field.NewPath("metadata"))
 	svc := es.ServiceName
 	if svc == "" {
 		errs = append(errs, field.Required(field.NewPath("metadata", "labels").Key(ServiceNameLabel), "names the slice's Service"))
-	} else if es.ObjectMeta.Labels == nil {
+	} else if es.InvalidLabels == nil {
 		errs = append(errs, validateLabels(map[string]string{ServiceNameLabel: svc}, field.NewPath("metadata", "labels"))...)
 	}
 	switch es.AddressType {
