@@ -26,7 +26,7 @@ import (
 //
 // Of its metadata it keeps the name, namespace, resourceVersion and
 // creationTimestamp (a metav1.ObjectMeta is 232 bytes whatever it holds);
-// it implements metav1.Object (meta.go) for the informers' caches, and its
+// it implements metav1.Object (slicemeta.go) for the informers' caches, and its
 // kind is always discovery.k8s.io/v1 EndpointSlice (no TypeMeta). There is
 // no Labels or Annotations field: what is read of them is ServiceName,
 // Headless and TriggerTime.
@@ -42,7 +42,8 @@ type EndpointSlice struct {
 	// Headless: the slice carries service.kubernetes.io/headless.
 	Headless bool
 	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
-	// annotation, as written ("" if none).
+	// annotation, as written ("" if none; an empty annotation reads as none:
+	// the latency tracker falls back to the Service's creation for a new slice).
 	TriggerTime string
 	AddressType discoveryv1.AddressType
 	Endpoints   []Endpoint
