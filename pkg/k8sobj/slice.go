@@ -3,6 +3,7 @@ package k8sobj
 import (
 	"encoding/json"
 	"maps"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -108,12 +109,35 @@ func (c Condition) ptr() *bool {
 	return &b
 }
 
-// SlimEndpointSlice returns what lanekit keeps of es. It shares es's
-// strings, hints and ports: es must not change afterwards.
+// SlimEndpointSlice returns what lanekit keeps of es, in a few allocations
+// of its own: one string holds its name, resourceVersion, trigger time,
+// addresses and pod names, and one array each its endpoints, addresses, pod
+// references and ports. A decoded slice is hundreds of small allocations; a
+// converted slice that kept some of them (an address here, a port pointer
+// there) would keep the heap's spans they sit in from being reused once the
+// rest is garbage. It shares es's namespace, Service name, address type,
+// hints and invalid labels (the transform interns the strings).
 func SlimEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
-	out := &EndpointSlice{Name: es.Name, Namespace: es.Namespace, ResourceVersion: es.ResourceVersion,
-		CreationTimestamp: es.CreationTimestamp, ServiceName: es.Labels[ServiceNameLabel], TriggerTime: es.Annotations[corev1.EndpointsLastChangeTriggerTime],
-		AddressType: es.AddressType, Ports: es.Ports}
+	trigger := es.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	size, naddrs, nrefs := len(es.Name)+len(es.ResourceVersion)+len(trigger), 0, 0
+	for _, e := range es.Endpoints {
+		naddrs += len(e.Addresses)
+		for _, a := range e.Addresses {
+			size += len(a)
+		}
+		if isPodRef(e.TargetRef) {
+			nrefs++
+			size += len(e.TargetRef.Name)
+		}
+	}
+	// The strings go into b in order; each is then cut from b's string.
+	var b strings.Builder
+	b.Grow(size)
+	for _, s := range []string{es.Name, es.ResourceVersion, trigger} {
+		b.WriteString(s)
+	}
+	out := &EndpointSlice{Namespace: es.Namespace, CreationTimestamp: es.CreationTimestamp,
+		ServiceName: es.Labels[ServiceNameLabel], AddressType: es.AddressType, Ports: copyPorts(es.Ports)}
 	_, out.Headless = es.Labels[corev1.IsHeadlessService]
 	for k, v := range es.Labels {
 		if len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
@@ -123,14 +147,82 @@ func SlimEndpointSlice(es *discoveryv1.EndpointSlice) *EndpointSlice {
 	}
 	if len(es.Endpoints) > 0 {
 		out.Endpoints = make([]Endpoint, len(es.Endpoints))
+		addrs := make([]string, naddrs)
+		var refs []PodRef
+		if nrefs > 0 {
+			refs = make([]PodRef, nrefs)
+		}
 		for i, e := range es.Endpoints {
 			o := &out.Endpoints[i]
-			o.Addresses, o.Hints = e.Addresses, e.Hints
+			if e.Addresses != nil {
+				n := len(e.Addresses)
+				o.Addresses, addrs = addrs[:n:n], addrs[n:]
+				for _, a := range e.Addresses {
+					b.WriteString(a)
+				}
+			}
+			o.Hints = e.Hints
 			o.Conditions = EndpointConditions{conditionOf(e.Conditions.Ready), conditionOf(e.Conditions.Serving),
 				conditionOf(e.Conditions.Terminating)}
-			if r := e.TargetRef; r != nil && r.Kind == string(KindPod) && r.Name != "" {
-				o.TargetRef = &PodRef{Namespace: r.Namespace, Name: r.Name}
+			if isPodRef(e.TargetRef) {
+				o.TargetRef, refs = &refs[0], refs[1:]
+				o.TargetRef.Namespace = e.TargetRef.Namespace
+				b.WriteString(e.TargetRef.Name)
 			}
+		}
+	}
+	all := b.String()
+	cut := func(n int) string {
+		s := all[:n]
+		all = all[n:]
+		return s
+	}
+	out.Name, out.ResourceVersion, out.TriggerTime = cut(len(es.Name)), cut(len(es.ResourceVersion)), cut(len(trigger))
+	for i, e := range es.Endpoints {
+		o := &out.Endpoints[i]
+		for j, a := range e.Addresses {
+			o.Addresses[j] = cut(len(a))
+		}
+		if o.TargetRef != nil {
+			o.TargetRef.Name = cut(len(e.TargetRef.Name))
+		}
+	}
+	return out
+}
+
+// isPodRef reports whether an endpoint's targetRef names a pod.
+func isPodRef(r *corev1.ObjectReference) bool {
+	return r != nil && r.Kind == string(KindPod) && r.Name != ""
+}
+
+// portValues are what an EndpointPort's pointers point at.
+type portValues struct {
+	name, appProtocol string
+	protocol          corev1.Protocol
+	port              int32
+}
+
+// copyPorts copies ports into two allocations (the ports and the values
+// they point at), sharing only their strings.
+func copyPorts(ports []discoveryv1.EndpointPort) []discoveryv1.EndpointPort {
+	if ports == nil {
+		return nil
+	}
+	out := make([]discoveryv1.EndpointPort, len(ports))
+	vals := make([]portValues, len(ports))
+	for i, p := range ports {
+		v, o := &vals[i], &out[i]
+		if p.Name != nil {
+			v.name, o.Name = *p.Name, &v.name
+		}
+		if p.AppProtocol != nil {
+			v.appProtocol, o.AppProtocol = *p.AppProtocol, &v.appProtocol
+		}
+		if p.Protocol != nil {
+			v.protocol, o.Protocol = *p.Protocol, &v.protocol
+		}
+		if p.Port != nil {
+			v.port, o.Port = *p.Port, &v.port
 		}
 	}
 	return out

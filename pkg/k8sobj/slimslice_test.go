@@ -63,7 +63,7 @@ func TestSlimEndpointSlice(t *testing.T) {
 				TargetRef: &PodRef{Name: "web-1"}},
 			{Addresses: []string{"10.244.3.7"}}, // not a pod
 		},
-		Ports: full.Ports,
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080), AppProtocol: ptr.To("http")}},
 	}
 	if !reflect.DeepEqual(es, want) {
 		t.Errorf("SlimEndpointSlice:\n got %+v\nwant %+v", es, want)
@@ -80,6 +80,19 @@ func TestSlimEndpointSlice(t *testing.T) {
 	// And its metadata is what is read of it, not a metav1.ObjectMeta.
 	if sz, v1 := unsafe.Sizeof(EndpointSlice{}), unsafe.Sizeof(discoveryv1.EndpointSlice{}); sz > 192 {
 		t.Errorf("an EndpointSlice is %d bytes, want <= 192 (a discoveryv1.EndpointSlice is %d)", sz, v1)
+	}
+
+	// It holds none of the decoded object's small allocations (they would
+	// keep the heap's spans they sit in): its strings and ports are its own.
+	for _, pair := range [][2]string{{es.Name, full.Name}, {es.ResourceVersion, full.ResourceVersion},
+		{es.TriggerTime, full.Annotations[corev1.EndpointsLastChangeTriggerTime]},
+		{es.Endpoints[0].Addresses[0], full.Endpoints[0].Addresses[0]}, {es.Endpoints[1].TargetRef.Name, full.Endpoints[1].TargetRef.Name}} {
+		if unsafe.StringData(pair[0]) == unsafe.StringData(pair[1]) {
+			t.Errorf("%q is the decoded object's string", pair[0])
+		}
+	}
+	if &es.Endpoints[0].Addresses[0] == &full.Endpoints[0].Addresses[0] || es.Ports[0].Port == full.Ports[0].Port || es.Ports[0].Name == full.Ports[0].Name {
+		t.Error("the addresses or ports are the decoded object's")
 	}
 
 	// Encoded, it is a v1 EndpointSlice with what was kept; decoded (as
