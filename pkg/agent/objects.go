@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/policy"
@@ -345,7 +343,7 @@ func (c *ctlPlane) refuseClashes(next map[string]k8sobj.Object, changed map[stri
 
 // holders returns the keys of the Services in m that hold a frontend svc
 // claims, and svc's own key.
-func holders(m *service.Model, svc k8sobj.Object, eps []*discoveryv1.EndpointSlice, opts service.Options) []string {
+func holders(m *service.Model, svc k8sobj.Object, eps []*k8sobj.EndpointSlice, opts service.Options) []string {
 	by := []string{svc.Key()}
 	fes, err := service.Translate(svc.Service, eps, opts)
 	if err != nil {
@@ -430,7 +428,7 @@ func affectedServices(old, next map[string]k8sobj.Object, changed map[string]boo
 		case o.Service != nil:
 			set[service.ServiceID{Namespace: o.Service.Namespace, Name: o.Service.Name}] = true
 		case o.EndpointSlice != nil:
-			set[service.ServiceID{Namespace: o.EndpointSlice.Namespace, Name: o.EndpointSlice.Labels[k8sobj.ServiceNameLabel]}] = true
+			set[service.ServiceID{Namespace: o.EndpointSlice.Namespace, Name: o.EndpointSlice.ServiceName}] = true
 		case o.Pod != nil && service.HasHostPorts(o.Pod):
 			set[service.HostPortID(o.Pod)] = true
 		}
@@ -535,11 +533,11 @@ func (c *ctlPlane) logShadowed(m *service.Model, edits []service.Edit) {
 	}
 }
 
-func splitSlices(objs map[string]k8sobj.Object) map[service.ServiceID][]*discoveryv1.EndpointSlice {
-	out := map[service.ServiceID][]*discoveryv1.EndpointSlice{}
+func splitSlices(objs map[string]k8sobj.Object) map[service.ServiceID][]*k8sobj.EndpointSlice {
+	out := map[service.ServiceID][]*k8sobj.EndpointSlice{}
 	for _, key := range slices.Sorted(maps.Keys(objs)) {
 		if es := objs[key].EndpointSlice; es != nil {
-			id := service.ServiceID{Namespace: es.Namespace, Name: es.Labels[k8sobj.ServiceNameLabel]}
+			id := service.ServiceID{Namespace: es.Namespace, Name: es.ServiceName}
 			out[id] = append(out[id], es)
 		}
 	}

@@ -39,7 +39,7 @@ func benchServiceObjects(n int) []k8sobj.Object {
 			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 100+j, i/250, i%250+1)}})
 		}
 		objs = append(objs, k8sobj.Object{Kind: k8sobj.KindService, Service: svc},
-			k8sobj.Object{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es})
+			k8sobj.Object{Kind: k8sobj.KindEndpointSlice, EndpointSlice: k8sobj.SlimEndpointSlice(es)})
 	}
 	return objs
 }
@@ -62,7 +62,10 @@ func BenchmarkOneChangeAt10kServices(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		es = es.DeepCopy()
-		es.Endpoints[0].Conditions.Ready = ptrTo(i%2 == 1)
+		es.Endpoints[0].Conditions.Ready = k8sobj.ConditionFalse
+		if i%2 == 1 {
+			es.Endpoints[0].Conditions.Ready = k8sobj.ConditionTrue
+		}
 		if err := a.UpsertObjects([]k8sobj.Object{{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es}}); err != nil {
 			b.Fatal(err)
 		}

@@ -3,8 +3,6 @@ package agent
 import (
 	"slices"
 
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
@@ -24,7 +22,7 @@ func sliceOwner(o k8sobj.Object) (service.ServiceID, bool) {
 	if es == nil {
 		return service.ServiceID{}, false
 	}
-	return service.ServiceID{Namespace: es.Namespace, Name: es.Labels[k8sobj.ServiceNameLabel]}, true
+	return service.ServiceID{Namespace: es.Namespace, Name: es.ServiceName}, true
 }
 
 // newSliceIndex indexes every slice in objs.
@@ -80,7 +78,7 @@ func (x sliceIndex) update(prev, next map[string]k8sobj.Object, changed map[stri
 // service's in key order. objs is the indexed set changed at the keys of
 // changed (nil: unchanged): their slices are looked at too, and every
 // candidate is checked against objs.
-func (x sliceIndex) slicesFor(objs map[string]k8sobj.Object, changed map[string]bool, ids []service.ServiceID) map[service.ServiceID][]*discoveryv1.EndpointSlice {
+func (x sliceIndex) slicesFor(objs map[string]k8sobj.Object, changed map[string]bool, ids []service.ServiceID) map[service.ServiceID][]*k8sobj.EndpointSlice {
 	var moved map[service.ServiceID][]string
 	if len(changed) > 0 {
 		moved = map[service.ServiceID][]string{}
@@ -90,7 +88,7 @@ func (x sliceIndex) slicesFor(objs map[string]k8sobj.Object, changed map[string]
 			}
 		}
 	}
-	out := make(map[service.ServiceID][]*discoveryv1.EndpointSlice, len(ids))
+	out := make(map[service.ServiceID][]*k8sobj.EndpointSlice, len(ids))
 	var keys []string
 	for _, id := range ids {
 		keys = append(keys[:0], x[id]...)

@@ -33,8 +33,7 @@ func TestSliceIndexFollowsChanges(t *testing.T) {
 		case 0: // the slice moves to another Service (a relabel)
 			o := slice(i)
 			es := o.EndpointSlice.DeepCopy()
-			es.Labels = maps.Clone(es.Labels)
-			es.Labels[k8sobj.ServiceNameLabel] = fmt.Sprintf("svc-%d", rng.IntN(12))
+			es.ServiceName = fmt.Sprintf("svc-%d", rng.IntN(12))
 			err = a.UpsertObjects([]k8sobj.Object{{Kind: k8sobj.KindEndpointSlice, EndpointSlice: es}})
 		case 1:
 			err = a.DeleteObject(k8sobj.KindEndpointSlice, "bench", fmt.Sprintf("svc-%d-1", i))

@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -55,9 +56,11 @@ func (d *DatapathProgrammer) Program(ctx context.Context, set *SvcSet, _ time.Du
 	}
 	d.dp = dp
 	svcs := make([]*corev1.Service, len(set.Services))
-	slices := make([]*discoveryv1.EndpointSlice, len(set.Services))
+	slices := make([]*k8sobj.EndpointSlice, len(set.Services))
 	for i := range set.Services {
-		svcs[i], slices[i] = set.Objects(i)
+		var es *discoveryv1.EndpointSlice
+		svcs[i], es = set.Objects(i)
+		slices[i] = k8sobj.SlimEndpointSlice(es)
 	}
 	start := time.Now()
 	m, err := service.Build(svcs, slices, service.Options{})
@@ -77,9 +80,10 @@ func (d *DatapathProgrammer) Change(_ context.Context, _, cur *SvcSet, changed i
 	if d.dp == nil {
 		return 0, fmt.Errorf("datapath change: nothing programmed")
 	}
-	svc, slice := cur.Objects(changed)
+	svc, v1 := cur.Objects(changed)
+	slice := k8sobj.SlimEndpointSlice(v1) // as the agent's decode does, before it applies
 	start := time.Now()
-	c, err := d.model.Set(svc, []*discoveryv1.EndpointSlice{slice})
+	c, err := d.model.Set(svc, []*k8sobj.EndpointSlice{slice})
 	if err != nil {
 		return 0, fmt.Errorf("datapath change: %w", err)
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
@@ -173,7 +172,7 @@ func applyYAML(t *testing.T, dp *Loader, m *service.Model, tables *service.Table
 		t.Fatal(err)
 	}
 	var svc *corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for _, o := range objs {
 		if o.Service != nil {
 			svc = o.Service

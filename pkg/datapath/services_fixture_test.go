@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
@@ -240,7 +239,7 @@ func TestServiceFixtures(t *testing.T) {
 		grown := svcYAML("sticky", "10.96.0.13", 80, "TCP", "", "10.244.2.5", "10.244.2.6", "10.244.2.7", "10.244.2.8", "10.244.2.9")
 		m2 := service.NewModel(service.Options{})
 		objs, _ := k8sobj.Decode([]byte(grown))
-		if _, err := m2.Set(objs[0].Service, []*discoveryv1.EndpointSlice{objs[1].EndpointSlice}); err != nil {
+		if _, err := m2.Set(objs[0].Service, []*k8sobj.EndpointSlice{objs[1].EndpointSlice}); err != nil {
 			t.Fatal(err)
 		}
 		nf := m2.Frontend(old.Key)

@@ -32,9 +32,9 @@ func cpuTime() time.Duration {
 
 // scaleObjects returns n ClusterIP+NodePort services with `backends` ready
 // endpoints each.
-func scaleObjects(n, backends int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+func scaleObjects(n, backends int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		name := fmt.Sprintf("s%d", i)
 		svcs = append(svcs, &corev1.Service{
@@ -53,7 +53,7 @@ func scaleObjects(n, backends int) ([]*corev1.Service, []*discoveryv1.EndpointSl
 			j := i*backends + b
 			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 100+j/65000, j/250%260, j%250+1)}})
 		}
-		eps = append(eps, es)
+		eps = append(eps, k8sobj.SlimEndpointSlice(es))
 	}
 	return svcs, eps
 }
@@ -93,15 +93,15 @@ func TestServiceProgrammingTime(t *testing.T) {
 
 	// One change: one backend of one service becomes not ready.
 	es := eps[1234].DeepCopy()
-	es.Endpoints[0].Conditions.Ready = ptr(false)
+	es.Endpoints[0].Conditions.Ready = k8sobj.ConditionFalse
 	var worst time.Duration
 	for i := range 5 {
 		if i%2 == 1 {
-			es.Endpoints[0].Conditions.Ready = ptr(true)
+			es.Endpoints[0].Conditions.Ready = k8sobj.ConditionTrue
 		} else {
-			es.Endpoints[0].Conditions.Ready = ptr(false)
+			es.Endpoints[0].Conditions.Ready = k8sobj.ConditionFalse
 		}
-		c, err := m.Set(svcs[1234], []*discoveryv1.EndpointSlice{es})
+		c, err := m.Set(svcs[1234], []*k8sobj.EndpointSlice{es})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,8 +124,8 @@ func TestServiceProgrammingTime(t *testing.T) {
 	var resize time.Duration
 	for i := range 4 {
 		es := eps[2000+i].DeepCopy()
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.200.0.%d", i+1)}})
-		c, err := m.Set(svcs[2000+i], []*discoveryv1.EndpointSlice{es})
+		es.Endpoints = append(es.Endpoints, k8sobj.Endpoint{Addresses: []string{fmt.Sprintf("10.200.0.%d", i+1)}})
+		c, err := m.Set(svcs[2000+i], []*k8sobj.EndpointSlice{es})
 		if err != nil {
 			t.Fatal(err)
 		}

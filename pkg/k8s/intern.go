@@ -180,7 +180,9 @@ func internService(s *corev1.Service) {
 	}
 }
 
-func internSlice(s *discoveryv1.EndpointSlice) {
+func internSlice(s *k8sobj.EndpointSlice) {
+	s.Namespace, s.ServiceName = intern(s.Namespace), intern(s.ServiceName)
+	s.InvalidLabels = internMap(s.InvalidLabels) // nil unless a label is invalid
 	s.AddressType = discoveryv1.AddressType(intern(string(s.AddressType)))
 	for i := range s.Ports {
 		internPtr(s.Ports[i].Name)
@@ -190,10 +192,8 @@ func internSlice(s *discoveryv1.EndpointSlice) {
 	}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]
-		internPtr(e.NodeName)
-		internPtr(e.Zone)
 		if r := e.TargetRef; r != nil {
-			r.Kind, r.Namespace, r.APIVersion = intern(r.Kind), intern(r.Namespace), intern(r.APIVersion)
+			r.Namespace = intern(r.Namespace)
 		}
 	}
 }
@@ -214,7 +214,6 @@ func InternObject(o *k8sobj.Object) {
 		internMeta(o.Service, true)
 		internService(o.Service)
 	case o.EndpointSlice != nil:
-		internMeta(o.EndpointSlice, false)
 		internSlice(o.EndpointSlice)
 	case o.NetworkPolicy != nil:
 		internMeta(o.NetworkPolicy, true)

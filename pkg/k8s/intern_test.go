@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -62,23 +61,24 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 		t.Error("annotation values interned (they seldom repeat)")
 	}
 
-	mkSlice := func(name string) *discoveryv1.EndpointSlice {
+	mkSlice := func(name string) *k8sobj.EndpointSlice {
 		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-i"),
-			Labels: map[string]string{fresh(discoveryv1.LabelManagedBy): fresh("endpointslice-controller.k8s.io")}},
+			Labels: map[string]string{fresh(discoveryv1.LabelServiceName): fresh("web")}},
 			AddressType: discoveryv1.AddressType(fresh("IPv4")),
-			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.7"}, NodeName: ptr.To(fresh("node-1"))}}}
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.7"},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: fresh("team-p"), Name: "web-1"}}}}
 		o, err := slim(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return o.(*discoveryv1.EndpointSlice)
+		return o.(*k8sobj.EndpointSlice)
 	}
 	x, y := mkSlice("x"), mkSlice("y")
-	if !same(x.Namespace, y.Namespace) || !same(*x.Endpoints[0].NodeName, *y.Endpoints[0].NodeName) || !same(string(x.AddressType), string(y.AddressType)) ||
-		!same(x.Labels[discoveryv1.LabelManagedBy], y.Labels[discoveryv1.LabelManagedBy]) {
-		t.Error("a slice's namespace, node names, address type or labels held twice")
+	if !same(x.Namespace, y.Namespace) || !same(x.Endpoints[0].TargetRef.Namespace, y.Endpoints[0].TargetRef.Namespace) ||
+		!same(string(x.AddressType), string(y.AddressType)) || !same(x.ServiceName, y.ServiceName) {
+		t.Error("a slice's namespace, pods' namespaces, address type or Service name held twice")
 	}
-	if *x.Endpoints[0].NodeName != "node-1" || x.Labels[discoveryv1.LabelManagedBy] != "endpointslice-controller.k8s.io" {
+	if x.Endpoints[0].TargetRef.Namespace != "team-p" || x.ServiceName != "web" {
 		t.Errorf("the transform changed the slice: %+v", x)
 	}
 }
@@ -139,7 +139,7 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}}}
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", Namespace: "team-r",
 		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, NodeName: ptr.To("node-1")}}}
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "team-r", Name: "web-1"}}}}
 	informed := map[k8sobj.Kind]any{}
 	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy()} {
 		s, err := slim(o)
@@ -182,9 +182,8 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	if !reflect.DeepEqual(slice, want) {
 		t.Errorf("interning changed the slice:\n%+v\nwant\n%+v", slice.EndpointSlice, want.EndpointSlice)
 	}
-	is := informed[k8sobj.KindEndpointSlice].(*discoveryv1.EndpointSlice)
-	if !same(slice.EndpointSlice.Labels[discoveryv1.LabelServiceName], is.Labels[discoveryv1.LabelServiceName]) ||
-		!same(*slice.EndpointSlice.Endpoints[0].NodeName, *is.Endpoints[0].NodeName) {
-		t.Error("the restored slice's label values or node names are copies of their own")
+	is := informed[k8sobj.KindEndpointSlice].(*k8sobj.EndpointSlice)
+	if !same(slice.EndpointSlice.ServiceName, is.ServiceName) || !same(slice.EndpointSlice.Endpoints[0].TargetRef.Namespace, is.Endpoints[0].TargetRef.Namespace) {
+		t.Error("the restored slice's Service name or pods' namespaces are copies of their own")
 	}
 }

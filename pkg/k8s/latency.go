@@ -58,7 +58,7 @@ func newLatencyTracker(obs LatencyObserver, now time.Time) *latencyTracker {
 func (lt *latencyTracker) changeTrigger(kind k8sobj.Kind, old, cur any, now time.Time, services cache.Store) (trigger, bool) {
 	switch kind {
 	case k8sobj.KindEndpointSlice:
-		s, ok := cur.(*discoveryv1.EndpointSlice)
+		s, ok := cur.(*k8sobj.EndpointSlice)
 		if !ok {
 			return trigger{}, false
 		}
@@ -82,15 +82,15 @@ func (lt *latencyTracker) changeTrigger(kind k8sobj.Kind, old, cur any, now time
 // annotation the endpointslice controller stamps (the time of the pod or
 // Service change it reacts to); without it, a new slice's Service's
 // creation (what the controller stamps for a new Service).
-func sliceTriggerTime(s *discoveryv1.EndpointSlice, added bool, services cache.Store) (time.Time, bool) {
-	if v, ok := s.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+func sliceTriggerTime(s *k8sobj.EndpointSlice, added bool, services cache.Store) (time.Time, bool) {
+	if v := s.TriggerTime; v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		return t, err == nil
 	}
 	if !added || services == nil {
 		return time.Time{}, false
 	}
-	name := s.Labels[discoveryv1.LabelServiceName]
+	name := s.ServiceName
 	o, ok, err := services.GetByKey(s.Namespace + "/" + name)
 	if name == "" || !ok || err != nil {
 		return time.Time{}, false
@@ -103,7 +103,7 @@ func sliceTriggerTime(s *discoveryv1.EndpointSlice, added bool, services cache.S
 }
 
 // sliceFamily is kube-proxy's ip_family label of a slice's backends.
-func sliceFamily(s *discoveryv1.EndpointSlice) string {
+func sliceFamily(s *k8sobj.EndpointSlice) string {
 	if s.AddressType == discoveryv1.AddressTypeIPv6 {
 		return string(corev1.IPv6Protocol)
 	}

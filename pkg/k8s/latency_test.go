@@ -49,13 +49,18 @@ func TestLatencyTrigger(t *testing.T) {
 	services := cache.NewStore(cache.MetaNamespaceKeyFunc)
 	svcCreated := start.Add(2 * time.Second)
 	_ = services.Add(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "a", CreationTimestamp: metav1.NewTime(svcCreated)}})
-	slice := func(ann string, at discoveryv1.AddressType) *discoveryv1.EndpointSlice {
+	// As the informers' transform hands them to the handler.
+	slice := func(ann string, at discoveryv1.AddressType) *k8sobj.EndpointSlice {
 		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "a",
 			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: at}
 		if ann != "" {
 			s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: ann}
 		}
-		return s
+		o, err := slim(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*k8sobj.EndpointSlice)
 	}
 	now := start.Add(time.Minute)
 	trig := start.Add(1500 * time.Millisecond)

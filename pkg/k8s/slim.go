@@ -19,9 +19,8 @@ import (
 // changes an object it was given.
 //
 // Kept: every object's metadata (labels and annotations are read: the
-// service-name label, trigger times, bandwidth and network-status
-// annotations) but its managedFields and kubectl's last-applied copy of the
-// whole object. Pods become the agent's own k8sobj.Pod (a corev1.Pod is
+// bandwidth and network-status annotations) but its managedFields and
+// kubectl's last-applied copy of the whole object. Pods become the agent's own k8sobj.Pod (a corev1.Pod is
 // 1,240 bytes whatever it holds): their node, hostNetwork, each container
 // with ports (its name, ports, restart policy) and their addresses and
 // phase; of their metadata, not the owner references, finalizers or
@@ -31,7 +30,14 @@ import (
 // capacity and conditions go. Services lose their spec.selector: it is
 // the endpointslice controller's input, the agent reads the slices (and a
 // Service's selector is nearly always a label set of its own, a map per
-// Service). EndpointSlices, Namespaces and NetworkPolicies are read whole.
+// Service). EndpointSlices become the agent's own k8sobj.EndpointSlice:
+// their name, namespace, Service name, headless mark, trigger-time
+// annotation, address type, ports and, of each endpoint, its addresses,
+// conditions (three states, not three pointers), hints and the pod it
+// names (namespace and name); not the labels the controller copies from
+// the Service (a map per slice), the annotation map, owner references and
+// UID, nor the endpoints' node names, zones, hostnames and the rest of
+// their object references. Namespaces and NetworkPolicies are read whole.
 
 // lastApplied is kubectl apply's annotation: the whole object again, as JSON.
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
@@ -70,10 +76,9 @@ func slim(obj any) (any, error) {
 		o.Spec.Selector = nil
 		internService(o)
 	case *discoveryv1.EndpointSlice:
-		o.TypeMeta = typeMeta[k8sobj.KindEndpointSlice]
-		internSlice(o)
-		internMeta(o, false) // its labels name its Service: a set of its own
-		return obj, nil
+		es := k8sobj.SlimEndpointSlice(o)
+		internSlice(es)
+		return es, nil
 	case *networkingv1.NetworkPolicy:
 		o.TypeMeta = typeMeta[k8sobj.KindNetworkPolicy]
 	}

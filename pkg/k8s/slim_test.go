@@ -3,14 +3,17 @@ package k8s
 import (
 	"context"
 	"maps"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -183,5 +186,53 @@ func TestSlimServiceDropsSelector(t *testing.T) {
 	if got.Labels["app"] != "web" || got.Spec.ClusterIP != "10.96.0.10" || len(got.Spec.Ports) != 1 || got.Spec.Ports[0].TargetPort.StrVal != "http" ||
 		got.Kind != "Service" {
 		t.Errorf("the Service lost what the agent reads: %+v", got)
+	}
+}
+
+// TestCachedSliceKeepsWhatTheAgentReads: through a real API server, a slice
+// as the endpointslice controller writes it reaches the agent as the
+// k8sobj.EndpointSlice of what the API server serves — its Service, headless
+// mark, trigger time, address type, ports, and each endpoint's addresses,
+// conditions, hints and pod; no label or annotation map — and the agent's
+// object is the cache's own.
+func TestCachedSliceKeepsWhatTheAgentReads(t *testing.T) {
+	e := newEnv(t)
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-s"}})
+	trig := "2026-11-30T07:00:00.123456789Z"
+	created := mustCreate(t, e.c.DiscoveryV1().EndpointSlices("team-s").Create, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-abc", Namespace: "team-s",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io",
+				"app.kubernetes.io/name": "web", corev1.IsHeadlessService: ""},
+			Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: trig, lastApplied: "{}"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)},
+			NodeName:   ptr.To("node-1"), Zone: ptr.To("z1"), Hostname: ptr.To("web-0"),
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "team-s", Name: "web-0", UID: "pod-uid"},
+			Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}}}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	})
+	store := newObjectStore()
+	src, _ := run(t, Config{NodeName: "node-1", Client: e.c, Objects: store})
+	eventually(t, "initial sync", func() bool { return src.Synced() == nil })
+	o, ok := store.get(k8sobj.ObjectKey(k8sobj.KindEndpointSlice, "team-s", "web-abc"))
+	if !ok {
+		t.Fatal("the slice did not reach the agent")
+	}
+	got, want := o.EndpointSlice, k8sobj.SlimEndpointSlice(created)
+	want.CreationTimestamp = got.CreationTimestamp // a decoded time is local
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("cached slice:\n got %+v\nwant %+v", got, want)
+	}
+	if got.ServiceName != "web" || !got.Headless || got.TriggerTime != trig || got.Endpoints[0].TargetRef.Name != "web-0" ||
+		got.Endpoints[0].Conditions.Serving != k8sobj.ConditionTrue || got.Endpoints[0].Hints == nil || len(got.Ports) != 1 {
+		t.Errorf("the slice lost what the agent reads: %+v", got)
+	}
+	if got.InvalidLabels != nil {
+		t.Errorf("the slice keeps its labels: %v", got.InvalidLabels)
+	}
+	cached, ok, err := src.cached(objKey{kind: k8sobj.KindEndpointSlice, namespace: "team-s", name: "web-abc"})
+	if err != nil || !ok || cached.(*k8sobj.EndpointSlice) != got {
+		t.Errorf("the agent's slice is not the cache's own object (a second copy of every object)")
 	}
 }

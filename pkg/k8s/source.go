@@ -634,8 +634,10 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 		is, obj.Pod = k8sobj.KindPod, slimPod(v)
 	case *corev1.Service:
 		is, obj.Service = k8sobj.KindService, typed(v, k8sobj.KindService)
-	case *discoveryv1.EndpointSlice:
-		is, obj.EndpointSlice = k8sobj.KindEndpointSlice, typed(v, k8sobj.KindEndpointSlice)
+	case *k8sobj.EndpointSlice:
+		is, obj.EndpointSlice = k8sobj.KindEndpointSlice, v
+	case *discoveryv1.EndpointSlice: // not from the transform
+		is, obj.EndpointSlice = k8sobj.KindEndpointSlice, k8sobj.SlimEndpointSlice(v)
 	case *networkingv1.NetworkPolicy:
 		is, obj.NetworkPolicy = k8sobj.KindNetworkPolicy, typed(v, k8sobj.KindNetworkPolicy)
 	default:

@@ -32,7 +32,7 @@ import (
 const sliceByPodIndex = "lanekit-pod"
 
 var sliceIndexers = cache.Indexers{sliceByPodIndex: func(o any) ([]string, error) {
-	es, ok := o.(*discoveryv1.EndpointSlice)
+	es, ok := o.(*k8sobj.EndpointSlice)
 	if !ok {
 		return nil, nil
 	}
@@ -47,9 +47,9 @@ var sliceIndexers = cache.Indexers{sliceByPodIndex: func(o any) ([]string, error
 
 // targetPod is the pod an endpoint of es names (its namespace defaults to
 // the slice's).
-func targetPod(es *discoveryv1.EndpointSlice, e discoveryv1.Endpoint) (ns, name string, ok bool) {
-	r := e.TargetRef
-	if r == nil || r.Kind != "Pod" || r.Name == "" {
+func targetPod(es *k8sobj.EndpointSlice, e k8sobj.Endpoint) (ns, name string, ok bool) {
+	r := e.TargetRef // a Pod's, or nil (k8sobj.SlimEndpointSlice)
+	if r == nil || r.Name == "" {
 		return "", "", false
 	}
 	ns = r.Namespace
@@ -103,7 +103,7 @@ func vmBackend(pod *k8sobj.Pod, family discoveryv1.AddressType, pods podCache, n
 // or es itself when none does; a VM listed twice (its source and target
 // launcher pods during a migration) keeps its first endpoint. nodes is
 // called only for a slice that names a launcher pod.
-func vmSlice(es *discoveryv1.EndpointSlice, pods podCache, nodes func() []any) *discoveryv1.EndpointSlice {
+func vmSlice(es *k8sobj.EndpointSlice, pods podCache, nodes func() []any) *k8sobj.EndpointSlice {
 	if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 		return es
 	}
@@ -151,7 +151,7 @@ func (s *Source) kickSlicesOf(p *k8sobj.Pod) {
 	inf := s.kinds[k8sobj.KindEndpointSlice]
 	os, _ := inf.GetIndexer().ByIndex(sliceByPodIndex, p.Namespace+"/"+p.Name)
 	for _, o := range os {
-		if es, ok := o.(*discoveryv1.EndpointSlice); ok {
+		if es, ok := o.(*k8sobj.EndpointSlice); ok {
 			s.queue.Add(objKey{kind: k8sobj.KindEndpointSlice, namespace: es.Namespace, name: es.Name})
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // vmLauncherStatus is a launcher pod's network-status as Multus writes it
@@ -43,7 +45,7 @@ func sliceOf(addrType discoveryv1.AddressType, pods ...*corev1.Pod) *discoveryv1
 	return es
 }
 
-func addrsOf(es *discoveryv1.EndpointSlice) []string {
+func addrsOf(es *k8sobj.EndpointSlice) []string {
 	var out []string
 	for _, e := range es.Endpoints {
 		out = append(out, e.Addresses...)
@@ -103,7 +105,7 @@ func TestVMSliceTrust(t *testing.T) {
 			for _, p := range c.pods {
 				pods[p.Name] = slimPod(p)
 			}
-			es := sliceOf(discoveryv1.AddressTypeIPv4, c.pods...)
+			es := k8sobj.SlimEndpointSlice(sliceOf(discoveryv1.AddressTypeIPv4, c.pods...))
 			orig := addrsOf(es)
 			out := vmSlice(es, pods, func() []any { return nodes })
 			if got := addrsOf(out); !slices.Equal(got, c.want) {
@@ -116,7 +118,7 @@ func TestVMSliceTrust(t *testing.T) {
 	}
 	// An IPv6 slice of an IPv4-only VM is left alone.
 	l := vmLauncher("virt-launcher-vm1-a", "node-a", "uid-1", "fd00::9", vmLauncherStatus("vhost-user", "10.244.1.5"))
-	es := vmSlice(sliceOf(discoveryv1.AddressTypeIPv6, l), podMap{l.Name: slimPod(l)}, func() []any { return nodes })
+	es := vmSlice(k8sobj.SlimEndpointSlice(sliceOf(discoveryv1.AddressTypeIPv6, l)), podMap{l.Name: slimPod(l)}, func() []any { return nodes })
 	if got := addrsOf(es); !slices.Equal(got, []string{"fd00::9"}) {
 		t.Errorf("IPv6 slice: %v", got)
 	}

@@ -83,7 +83,7 @@ type Object struct {
 	Index         int
 	Kind          Kind
 	Service       *corev1.Service
-	EndpointSlice *discoveryv1.EndpointSlice
+	EndpointSlice *EndpointSlice // what lanekit reads of a v1 EndpointSlice (slice.go)
 	NetworkPolicy *networkingv1.NetworkPolicy
 	NamespaceObj  *corev1.Namespace // Kind Namespace (Namespace() is every kind's namespace accessor)
 	Pod           *Pod              // what lanekit reads of a v1 Pod (pod.go)
@@ -320,8 +320,7 @@ func decodeOne(index int, js []byte) (Object, error) {
 		o.Service = &corev1.Service{}
 		target = o.Service
 	case KindEndpointSlice:
-		o.EndpointSlice = &discoveryv1.EndpointSlice{}
-		target = o.EndpointSlice
+		target = &discoveryv1.EndpointSlice{}
 	case KindNetworkPolicy:
 		o.NetworkPolicy = &networkingv1.NetworkPolicy{}
 		target = o.NetworkPolicy
@@ -334,8 +333,11 @@ func decodeOne(index int, js []byte) (Object, error) {
 	if err := strictUnmarshal(js, target); err != nil {
 		return Object{}, &DocError{Index: index, Object: what, Err: err}
 	}
-	if p, ok := target.(*corev1.Pod); ok {
-		o.Pod = SlimPod(p)
+	switch v := target.(type) {
+	case *corev1.Pod:
+		o.Pod = SlimPod(v)
+	case *discoveryv1.EndpointSlice:
+		o.EndpointSlice = SlimEndpointSlice(v)
 	}
 	defaultNamespace(&o)
 	if err := Validate(o); err != nil {
@@ -431,9 +433,7 @@ func typed(o Object) (any, error) {
 		c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
 		return &c, nil
 	case o.EndpointSlice != nil:
-		c := *o.EndpointSlice
-		c.APIVersion, c.Kind = apiVersions[KindEndpointSlice], string(KindEndpointSlice)
-		return &c, nil
+		return o.EndpointSlice.V1(), nil
 	case o.NetworkPolicy != nil:
 		c := *o.NetworkPolicy
 		c.APIVersion, c.Kind = apiVersions[KindNetworkPolicy], string(KindNetworkPolicy)
@@ -478,7 +478,7 @@ func Check(o Object) error {
 
 // Split sorts decoded Services, EndpointSlices and NetworkPolicies by kind,
 // keeping their order (other kinds are left out).
-func Split(objs []Object) (svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, policies []*networkingv1.NetworkPolicy) {
+func Split(objs []Object) (svcs []*corev1.Service, slices []*EndpointSlice, policies []*networkingv1.NetworkPolicy) {
 	for _, o := range objs {
 		switch {
 		case o.Service != nil:

@@ -27,11 +27,11 @@ func TestIPv6ServicesValidated(t *testing.T) {
 		return Object{Kind: KindService, Service: s}
 	}
 	slice := func(typ discoveryv1.AddressType, addr string) Object {
-		return Object{Kind: KindEndpointSlice, EndpointSlice: &discoveryv1.EndpointSlice{
+		return Object{Kind: KindEndpointSlice, EndpointSlice: SlimEndpointSlice(&discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 			AddressType: typ,
 			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{addr}}},
-		}}
+		})}
 	}
 	dual := svc(corev1.ServiceTypeClusterIP, "10.96.0.10", "fd00:96::10")
 	pol := corev1.IPFamilyPolicyRequireDualStack

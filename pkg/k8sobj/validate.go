@@ -365,11 +365,15 @@ func validateExternalAccess(s *corev1.Service) field.ErrorList {
 	return errs
 }
 
-func validateEndpointSlice(es *discoveryv1.EndpointSlice) field.ErrorList {
-	errs := validateMeta(&es.ObjectMeta, field.NewPath("metadata"))
-	svc := es.Labels[ServiceNameLabel]
+func validateEndpointSlice(es *EndpointSlice) field.ErrorList {
+	// es.InvalidLabels is nil unless a label is invalid (SlimEndpointSlice):
+	// then validateMeta names it; else the service name is checked as a label.
+	errs := validateMeta(&metav1.ObjectMeta{Name: es.Name, Namespace: es.Namespace, Labels: es.InvalidLabels}, field.NewPath("metadata"))
+	svc := es.ServiceName
 	if svc == "" {
 		errs = append(errs, field.Required(field.NewPath("metadata", "labels").Key(ServiceNameLabel), "names the slice's Service"))
+	} else if es.InvalidLabels == nil {
+		errs = append(errs, validateLabels(map[string]string{ServiceNameLabel: svc}, field.NewPath("metadata", "labels"))...)
 	}
 	switch es.AddressType {
 	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:

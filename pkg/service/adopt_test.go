@@ -4,12 +4,13 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 func TestAdoptKeepsIDs(t *testing.T) {
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range 6 {
 		s, es := genService(i, active(3), i%2 == 0)
 		svcs = append(svcs, s)
@@ -31,7 +32,7 @@ func TestAdoptKeepsIDs(t *testing.T) {
 	// Restart: the model lost service 0 and service 1 gained a backend.
 	m2 := m.Without(ServiceID{svcs[0].Namespace, svcs[0].Name})
 	s1, es1 := genService(1, active(4), false)
-	if m2, err = m2.With(s1, []*discoveryv1.EndpointSlice{es1}); err != nil {
+	if m2, err = m2.With(s1, []*k8sobj.EndpointSlice{es1}); err != nil {
 		t.Fatal(err)
 	}
 	tb := NewTables()

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -38,7 +37,7 @@ func TestBatchAgreesWithBuildAndDiff(t *testing.T) {
 					svcs[i] = batchService(i)
 				}
 				eps[i] = batchSlice(i, rng)
-				edits = append(edits, Edit{ID: id, Service: svcs[i], Slices: []*discoveryv1.EndpointSlice{eps[i]}})
+				edits = append(edits, Edit{ID: id, Service: svcs[i], Slices: []*k8sobj.EndpointSlice{eps[i]}})
 			}
 		}
 		c, undo, err := m.Batch(edits)
@@ -79,7 +78,7 @@ func TestBatchClashChangesNothing(t *testing.T) {
 	clash := batchService(1)
 	clash.Name = "other"
 	edits := []Edit{
-		{ID: ServiceID{"bench", "svc-0"}, Service: svcs[0], Slices: []*discoveryv1.EndpointSlice{batchSlice(0, rng)}},
+		{ID: ServiceID{"bench", "svc-0"}, Service: svcs[0], Slices: []*k8sobj.EndpointSlice{batchSlice(0, rng)}},
 		{ID: ServiceID{"bench", "other"}, Service: clash},
 	}
 	if _, _, err := m.Batch(edits); err == nil {
@@ -116,9 +115,9 @@ func keysOf(fs []*Frontend) []FrontendKey {
 	return out
 }
 
-func batchObjects(n int, rng *rand.Rand) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+func batchObjects(n int, rng *rand.Rand) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		svcs = append(svcs, batchService(i))
 		eps = append(eps, batchSlice(i, rng))
@@ -138,7 +137,7 @@ spec:
 	return mustDecode(y).Service
 }
 
-func batchSlice(i int, rng *rand.Rand) *discoveryv1.EndpointSlice {
+func batchSlice(i int, rng *rand.Rand) *k8sobj.EndpointSlice {
 	addrs := ""
 	for j := range 1 + rng.IntN(4) {
 		addrs += fmt.Sprintf("\n  - addresses: [10.%d.0.%d]", 100+j, i+1)

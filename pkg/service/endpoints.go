@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -18,18 +17,14 @@ import (
 
 // ownSlice says whether an EndpointSlice is one of the Service's that a proxy
 // programs: labelled with its name in its namespace, and not labelled headless.
-func ownSlice(svc *corev1.Service, es *discoveryv1.EndpointSlice) bool {
-	if es.Namespace != svc.Namespace || es.Labels[k8sobj.ServiceNameLabel] != svc.Name {
-		return false
-	}
-	_, headless := es.Labels[HeadlessLabel]
-	return !headless
+func ownSlice(svc *corev1.Service, es *k8sobj.EndpointSlice) bool {
+	return es.Namespace == svc.Namespace && es.ServiceName == svc.Name && !es.Headless
 }
 
 // LocalEndpoints counts the Service's distinct endpoint addresses on this
 // node that are ready (what kube-proxy's healthCheckNodePort reports): of
 // every slice of the Service, for any port.
-func LocalEndpoints(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) int {
+func LocalEndpoints(svc *corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) int {
 	seen := map[netip.Addr]bool{}
 	for _, es := range eps {
 		if !ownSlice(svc, es) {
@@ -58,7 +53,7 @@ type topoHints struct{ nodes, zones []string }
 // with that name and protocol gives the target port number for the slice's
 // endpoints (that is how Kubernetes resolves named target ports, which may
 // differ per pod).
-func resolveBackends(portName string, proto Proto, eps []*discoveryv1.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
+func resolveBackends(portName string, proto Proto, eps []*k8sobj.EndpointSlice) ([]Backend, map[netip.Addr]topoHints) {
 	seen := map[netip.AddrPort]int{}
 	hints := map[netip.Addr]topoHints{}
 	var out []Backend
@@ -149,13 +144,13 @@ func topologyFilter(backends []Backend, hints map[netip.Addr]topoHints, opts Opt
 // Ready wins over terminating: the EndpointSlice controller keeps a
 // terminating endpoint ready only for a Service with publishNotReadyAddresses,
 // which asks for exactly that (kube-proxy counts it ready too).
-func endpointState(c discoveryv1.EndpointConditions) BackendState {
-	ready := c.Ready == nil || *c.Ready
+func endpointState(c k8sobj.EndpointConditions) BackendState {
+	ready := !c.Ready.Is(false)
 	serving := ready
-	if c.Serving != nil {
-		serving = *c.Serving
+	if c.Serving.IsSet() {
+		serving = c.Serving.Is(true)
 	}
-	terminating := c.Terminating != nil && *c.Terminating
+	terminating := c.Terminating.Is(true)
 	switch {
 	case ready:
 		return BackendActive

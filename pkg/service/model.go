@@ -23,7 +23,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -263,12 +262,12 @@ const HeadlessLabel = corev1.IsHeadlessService
 // kubernetes.io/service-name=<name> in its namespace; others are ignored) into
 // frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
 // Translate validates them again and returns an error naming the object.
-func Translate(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) ([]*Frontend, error) {
+func Translate(svc *corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) ([]*Frontend, error) {
 	if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindService, Service: svc}); err != nil {
 		return nil, fmt.Errorf("service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	id := ServiceID{svc.Namespace, svc.Name}
-	var mine []*discoveryv1.EndpointSlice
+	var mine []*k8sobj.EndpointSlice
 	for _, es := range eps {
 		if !ownSlice(svc, es) {
 			continue
@@ -439,10 +438,10 @@ func NewModel(opts Options) *Model {
 
 // Build translates all services with their slices into a model. Slices of
 // services not in svcs are ignored.
-func Build(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (*Model, error) {
-	bySvc := map[ServiceID][]*discoveryv1.EndpointSlice{}
+func Build(svcs []*corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) (*Model, error) {
+	bySvc := map[ServiceID][]*k8sobj.EndpointSlice{}
 	for _, es := range eps {
-		id := ServiceID{es.Namespace, es.Labels[k8sobj.ServiceNameLabel]}
+		id := ServiceID{es.Namespace, es.ServiceName}
 		bySvc[id] = append(bySvc[id], es)
 	}
 	// Translation is per service and independent: spread it over the CPUs,
@@ -501,7 +500,7 @@ func (m *Model) clone() *Model {
 
 // With returns a model where svc (with its slices) replaces any earlier version
 // of that service. The receiver is unchanged.
-func (m *Model) With(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*Model, error) {
+func (m *Model) With(svc *corev1.Service, eps []*k8sobj.EndpointSlice) (*Model, error) {
 	fes, err := Translate(svc, eps, m.opts)
 	if err != nil {
 		return nil, err
@@ -518,7 +517,7 @@ func (m *Model) With(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*Mo
 // Set replaces the service in place (the agent's incremental path) and returns
 // only that service's changes; the cost does not depend on how many other
 // services the model holds. On error the model is unchanged.
-func (m *Model) Set(svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (Changes, error) {
+func (m *Model) Set(svc *corev1.Service, eps []*k8sobj.EndpointSlice) (Changes, error) {
 	fes, err := Translate(svc, eps, m.opts)
 	if err != nil {
 		return Changes{}, err
@@ -618,7 +617,7 @@ func (f *Frontend) Select(hash uint32) (Backend, bool) {
 type Edit struct {
 	ID      ServiceID
 	Service *corev1.Service
-	Slices  []*discoveryv1.EndpointSlice
+	Slices  []*k8sobj.EndpointSlice
 	Pod     *k8sobj.Pod
 }
 

@@ -14,14 +14,14 @@ import (
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
-func decode(t testing.TB, y string) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+func decode(t testing.TB, y string) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
 	t.Helper()
 	objs, err := k8sobj.Decode([]byte(y))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for _, o := range objs {
 		if o.Service != nil {
 			svcs = append(svcs, o.Service)
@@ -242,7 +242,7 @@ func TestTranslateHeadlessLabel(t *testing.T) {
 		t.Fatalf("without the label: %d frontends, %v", len(fes), err)
 	}
 	for _, es := range eps {
-		es.Labels[HeadlessLabel] = ""
+		es.Headless = true // the slice labelled service.kubernetes.io/headless
 	}
 	fes, err = Translate(svcs[0], eps, opts)
 	if err != nil || len(fes) == 0 {
@@ -279,7 +279,8 @@ func TestEndpointState(t *testing.T) {
 		{"not ready", discoveryv1.EndpointConditions{Ready: b(false)}, BackendNotReady},
 		{"serving, not ready, not terminating", discoveryv1.EndpointConditions{Ready: b(false), Serving: b(true)}, BackendNotReady},
 	} {
-		if got := endpointState(c.c); got != c.want {
+		es := k8sobj.SlimEndpointSlice(&discoveryv1.EndpointSlice{Endpoints: []discoveryv1.Endpoint{{Conditions: c.c}}})
+		if got := endpointState(es.Endpoints[0].Conditions); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	discoveryv1 "k8s.io/api/discovery/v1"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // An update's parts by frontend hold each of its entries once, and the
@@ -132,6 +132,6 @@ func frontendKeyOf(t *testing.T, m *Model, i int) FrontendKey {
 	return FrontendKey{}
 }
 
-func oneSlice(es *discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
-	return []*discoveryv1.EndpointSlice{es}
+func oneSlice(es *k8sobj.EndpointSlice) []*k8sobj.EndpointSlice {
+	return []*k8sobj.EndpointSlice{es}
 }

@@ -7,7 +7,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // TestTablesHoldNoCopyOfMaglevTables: what the tables keep per programmed
@@ -81,9 +82,9 @@ func TestModelMaglevTablesPacked(t *testing.T) {
 	big, es := genService(1, active(300), false)
 	es.Endpoints = es.Endpoints[:0]
 	for j := range 300 {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{netip.AddrFrom4([4]byte{10, 201, byte(j >> 8), byte(j)}).String()}})
+		es.Endpoints = append(es.Endpoints, k8sobj.Endpoint{Addresses: []string{netip.AddrFrom4([4]byte{10, 201, byte(j >> 8), byte(j)}).String()}})
 	}
-	fes, err := Translate(big, []*discoveryv1.EndpointSlice{es}, Options{})
+	fes, err := Translate(big, []*k8sobj.EndpointSlice{es}, Options{})
 	if err != nil || len(fes) != 1 {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestModelMaglevTablesPacked(t *testing.T) {
 // keeps them (Snapshot) in the packed form.
 func TestAdoptedMaglevTablesKept(t *testing.T) {
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range 20 {
 		s, es := genService(i, active(1+i%6), false)
 		svcs, eps = append(svcs, s), append(eps, es)
@@ -173,9 +174,9 @@ func TestUpdateHoldsMaglevTablesPacked(t *testing.T) {
 
 // genServices is genService's first n ClusterIP Services, 4 active
 // endpoints each.
-func genServices(n int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+func genServices(n int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		s, es := genService(i, active(4), false)
 		svcs, eps = append(svcs, s), append(eps, es)
@@ -213,7 +214,7 @@ func TestUnchangedFrontendsKeepTheirCopy(t *testing.T) {
 	svcs, eps = genServices(n) // the same objects, decoded anew
 	edits := make([]Edit, n)
 	for i := range edits {
-		edits[i] = Edit{ID: ServiceID{svcs[i].Namespace, svcs[i].Name}, Service: svcs[i], Slices: []*discoveryv1.EndpointSlice{eps[i]}}
+		edits[i] = Edit{ID: ServiceID{svcs[i].Namespace, svcs[i].Name}, Service: svcs[i], Slices: []*k8sobj.EndpointSlice{eps[i]}}
 	}
 	c, _, err := m.Batch(edits)
 	if err != nil || !c.Empty() {

@@ -13,11 +13,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // genService builds a kube-proxy-shaped Service (one TCP port, named target
 // port) and one slice with the given backend states.
-func genService(i int, states []BackendState, nodePort bool) (*corev1.Service, *discoveryv1.EndpointSlice) {
+func genService(i int, states []BackendState, nodePort bool) (*corev1.Service, *k8sobj.EndpointSlice) {
 	ns, name := fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc%d", i)
 	s := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -43,7 +45,7 @@ func genService(i int, states []BackendState, nodePort bool) (*corev1.Service, *
 		}
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: c})
 	}
-	return s, es
+	return s, k8sobj.SlimEndpointSlice(es)
 }
 
 func active(n int) []BackendState { return make([]BackendState, n) }
@@ -147,7 +149,7 @@ func equalViews(a, b map[ServiceKey][]netip.AddrPort) bool {
 func TestTablesIncremental(t *testing.T) {
 	opts := Options{NodeAddrs: []netip.Addr{node}}
 	var svcs []*corev1.Service
-	var eps []*discoveryv1.EndpointSlice
+	var eps []*k8sobj.EndpointSlice
 	for i := range 20 {
 		s, e := genService(i, active(6), i%2 == 0)
 		svcs, eps = append(svcs, s), append(eps, e)
@@ -168,7 +170,7 @@ func TestTablesIncremental(t *testing.T) {
 	}
 
 	// Re-translating an unchanged service is free.
-	m2, err := m.With(svcs[3], []*discoveryv1.EndpointSlice{eps[3]})
+	m2, err := m.With(svcs[3], []*k8sobj.EndpointSlice{eps[3]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +183,7 @@ func TestTablesIncremental(t *testing.T) {
 	s4, e4 := genService(4, active(6), true)
 	e4.Endpoints = slices.Delete(e4.Endpoints, 2, 3)
 	idsBefore := backendIDs(tab, m.Frontend(FrontendKey{Addr: netip.MustParseAddr(s4.Spec.ClusterIP), Port: 80, Proto: TCP}))
-	m3, err := m2.With(s4, []*discoveryv1.EndpointSlice{e4})
+	m3, err := m2.With(s4, []*k8sobj.EndpointSlice{e4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +226,7 @@ func TestTablesIncremental(t *testing.T) {
 	states[1] = BackendTerminating
 	s4, e4 = genService(4, states, true)
 	e4.Endpoints = slices.Delete(e4.Endpoints, 2, 3)
-	m4, err := m3.With(s4, []*discoveryv1.EndpointSlice{e4})
+	m4, err := m3.With(s4, []*k8sobj.EndpointSlice{e4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +286,7 @@ func TestTablesRandomized(t *testing.T) {
 			}
 			s, e := genService(i, states, rng.IntN(2) == 0)
 			var err error
-			if next, err = m.With(s, []*discoveryv1.EndpointSlice{e}); err != nil {
+			if next, err = m.With(s, []*k8sobj.EndpointSlice{e}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -300,9 +302,9 @@ func TestTablesRandomized(t *testing.T) {
 	}
 }
 
-func genMany(n, backends int) ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+func genMany(n, backends int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
 	svcs := make([]*corev1.Service, n)
-	eps := make([]*discoveryv1.EndpointSlice, n)
+	eps := make([]*k8sobj.EndpointSlice, n)
 	for i := range n {
 		svcs[i], eps[i] = genService(i, active(backends), false)
 	}
@@ -340,7 +342,7 @@ func BenchmarkOneChange10k(b *testing.B) {
 	tab.Apply(Diff(nil, m))
 	alt := eps[777].DeepCopy()
 	alt.Endpoints = alt.Endpoints[:4]
-	variants := []*discoveryv1.EndpointSlice{alt, eps[777]}
+	variants := []*k8sobj.EndpointSlice{alt, eps[777]}
 	b.ResetTimer()
 	i := 0
 	for b.Loop() {
@@ -377,10 +379,10 @@ func TestSetMatchesDiff(t *testing.T) {
 			}
 			s, e := genService(i, states, rng.IntN(2) == 0)
 			var err error
-			if next, err = snap.With(s, []*discoveryv1.EndpointSlice{e}); err != nil {
+			if next, err = snap.With(s, []*k8sobj.EndpointSlice{e}); err != nil {
 				t.Fatal(err)
 			}
-			if c, err = inplace.Set(s, []*discoveryv1.EndpointSlice{e}); err != nil {
+			if c, err = inplace.Set(s, []*k8sobj.EndpointSlice{e}); err != nil {
 				t.Fatal(err)
 			}
 		}
