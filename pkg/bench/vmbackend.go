@@ -318,13 +318,25 @@ type proc struct {
 	stdin io.WriteCloser
 	lines chan string // stdout+stderr lines; closed at EOF
 	log   *tailLog
+	eof   chan struct{} // closed once every line is in log
 	done  chan struct{}
 	err   error
 }
 
+// exitLog is the last lines of an exited process's output: read after its
+// output has all been logged (the process can exit before the reader has
+// taken its last lines — its error among them), waiting at most a second.
+func (p *proc) exitLog() string {
+	select {
+	case <-p.eof:
+	case <-time.After(time.Second):
+	}
+	return p.log.last()
+}
+
 func startProc(ctx context.Context, life time.Duration, name string, argv ...string) (*proc, error) {
 	ctx, cancel := context.WithTimeout(ctx, life)
-	p := &proc{name: name, lines: make(chan string, 256), log: &tailLog{}, done: make(chan struct{})}
+	p := &proc{name: name, lines: make(chan string, 256), log: &tailLog{}, eof: make(chan struct{}), done: make(chan struct{})}
 	p.cmd = nsexec.GroupCommand(ctx, 2*time.Second, argv...)
 	in, err := p.cmd.StdinPipe()
 	if err != nil {
@@ -357,6 +369,7 @@ func startProc(ctx context.Context, life time.Duration, name string, argv ...str
 		}
 		pr.Close()
 		close(p.lines)
+		close(p.eof)
 	}()
 	go func() {
 		p.err = p.cmd.Wait()
@@ -375,7 +388,7 @@ func (p *proc) waitLine(want string, timeout time.Duration) error {
 		case l, ok := <-p.lines:
 			if !ok {
 				<-p.done
-				return fmt.Errorf("%s exited (%v) before %q: %s", p.name, p.err, want, p.log.last())
+				return fmt.Errorf("%s exited (%v) before %q: %s", p.name, p.err, want, p.exitLog())
 			}
 			if strings.Contains(l, want) {
 				return nil
@@ -570,7 +583,7 @@ func (b *backendBench) startBackend(ctx context.Context, life time.Duration, kin
 		}
 		be.stop(time.Second)
 		os.Remove(sock)
-		busy := strings.Contains(strings.ToLower(be.log.last()), "busy")
+		busy := strings.Contains(strings.ToLower(be.exitLog()), "busy") // its bind of the device: EBUSY
 		if !busy || time.Now().After(deadline) || ctx.Err() != nil {
 			return nil, err
 		}
@@ -661,7 +674,7 @@ func waitSocket(path string, timeout time.Duration, p *proc) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited (%v) before creating %s: %s", p.name, p.err, path, p.log.last())
+			return fmt.Errorf("%s exited (%v) before creating %s: %s", p.name, p.err, path, p.exitLog())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -2,10 +2,13 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBackendFillRows: each row compares the right lanekit-vhost kind with
@@ -182,5 +185,21 @@ func TestProbeFrame(t *testing.T) {
 	f := probeFrame(benchVMMAC, []byte{2, 0, 0, 0, 0, 2})
 	if len(f) != 60 || !bytes.Equal(f[:6], benchVMMAC) || f[6] != 2 || f[11] != 2 || f[12] != 8 || f[13] != 0 {
 		t.Errorf("frame % x", f)
+	}
+}
+
+// A backend that exits at once: its error line is in the message every
+// time (the process can exit before the reader has logged its output; the
+// busy retry of startBackend reads the same lines).
+func TestWaitSocketReportsExitOutput(t *testing.T) {
+	for i := range 20 {
+		p, err := startProc(context.Background(), 10*time.Second, "backend", "sh", "-c", "echo 'bind: device or resource busy' >&2; exit 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = waitSocket(filepath.Join(t.TempDir(), "none.sock"), 5*time.Second, p)
+		if err == nil || !strings.Contains(err.Error(), "resource busy") {
+			t.Fatalf("run %d: %v, want the backend's output in the error", i, err)
+		}
 	}
 }
