@@ -19,7 +19,7 @@ func labBPFStatsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "bpf-stats",
-		Short: "Per network namespace BPF run time (kernel.bpf_stats_enabled) of an iperf3 transfer from each node's pod to the last node's pod: a DPU node's host vs its DPU vs a plain node",
+		Short: "Per network namespace BPF run time (BPF_ENABLE_STATS, on for the run only) of an iperf3 transfer from each node's pod to the last node's pod: a DPU node's host vs its DPU vs a plain node",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rows, err := lab.BPFStats(cmd.Context(), dur)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"os"
 	"slices"
 	"strings"
@@ -79,23 +78,12 @@ func (b *bpfSamples) add(cur int, before *bpfStart, n int64) {
 
 func (b *bpfSamples) record(cur int, c bpfCost) {
 	b.total[cur] = c.nsPerConn
-	put := func(m *map[string][]float64, name string, v float64) {
-		if *m == nil {
-			*m = map[string][]float64{}
-		}
-		xs, ok := (*m)[name]
-		if !ok {
-			xs = make([]float64, len(b.total))
-			for i := range xs {
-				xs[i] = math.NaN()
-			}
-			(*m)[name] = xs
-		}
-		xs[cur] = v
+	if b.byName == nil {
+		b.byName, b.runsByName = map[string][]float64{}, map[string][]float64{}
 	}
 	for name, ns := range c.byName {
-		put(&b.byName, name, ns)
-		put(&b.runsByName, name, c.runs[name])
+		partSlot(b.byName, name, len(b.total))[cur] = ns // hostcpu.go
+		partSlot(b.runsByName, name, len(b.total))[cur] = c.runs[name]
 	}
 }
 
@@ -107,14 +95,24 @@ type bpfProgStat struct {
 	runs, ns uint64
 }
 
-// enableBPFStats turns the run-time statistics on until the closer is
-// closed; nil when this process may not (not root, or a kernel without
-// BPF_ENABLE_STATS).
+// EnableBPFStats turns the kernel's BPF run-time statistics (run_cnt and
+// run_time_ns of every program) on until the closer is closed
+// (BPF_ENABLE_STATS: nothing global is left changed if the process dies).
+func EnableBPFStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF run-time statistics: %w", err)
+	}
+	return c, nil
+}
+
+// enableBPFStats is EnableBPFStats, or nil when this process may not (not
+// root, or a kernel without BPF_ENABLE_STATS).
 func enableBPFStats() io.Closer {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	c, err := EnableBPFStats()
 	if err != nil {
 		return nil
 	}

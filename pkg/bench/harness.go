@@ -146,9 +146,11 @@ func (s *samples) addLatency(out []byte) error {
 	if err != nil {
 		return err
 	}
-	s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99
+	s.setLatency(lat)
 	return nil
 }
+
+func (s *samples) setLatency(lat Latency) { s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99 }
 
 // addCPS records a cps-client run's output as the current repetition.
 func (s *samples) addCPS(out []byte) error {
@@ -156,6 +158,11 @@ func (s *samples) addCPS(out []byte) error {
 	if err != nil {
 		return err
 	}
+	s.setCPS(res)
+	return nil
+}
+
+func (s *samples) setCPS(res CPSResult) {
 	s.cps[s.cur] = res.CPS
 	s.cpsConns[s.cur], s.cpsErrs[s.cur] = float64(res.Conns), float64(res.Errors)
 	for k, n := range res.ErrorKinds {
@@ -164,7 +171,6 @@ func (s *samples) addCPS(out []byte) error {
 		}
 		s.cpsKinds[k] += n
 	}
-	return nil
 }
 
 // metric is one measurement kind; each runs one path once.
@@ -377,10 +383,13 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	if lat, perr := ParseSockperf(out); perr == nil {
-		s.bpfRR.add(s.cur, before, int64(lat.Received))
+	lat, err := ParseSockperf(out)
+	if err != nil {
+		return err
 	}
-	return s.addLatency(out)
+	s.bpfRR.add(s.cur, before, int64(lat.Received))
+	s.setLatency(lat)
+	return nil
 }
 
 // runConnRate: TCP connections per second (connect, 1 byte, close) with the
@@ -407,8 +416,11 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
-	if res, perr := ParseCPS(out); perr == nil {
-		s.bpfConn.add(s.cur, before, res.Conns)
+	res, err := ParseCPS(out)
+	if err != nil {
+		return err
 	}
-	return s.addCPS(out)
+	s.bpfConn.add(s.cur, before, res.Conns)
+	s.setCPS(res)
+	return nil
 }

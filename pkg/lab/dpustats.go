@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -15,10 +14,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 // Where the datapath's CPU goes on a DPU node (issue 28): the kernel's BPF
-// run-time statistics (kernel.bpf_stats_enabled: run_time_ns and run_cnt of
+// run-time statistics (bench.EnableBPFStats: run_time_ns and run_cnt of
 // every program) summed per network namespace over the same iperf3
 // transfer, for a pod on a DPU node and a pod on a plain node sending to the
 // same pod on a plain node.
@@ -40,8 +40,6 @@ type BPFStatsRow struct {
 	Gbps     float64     `json:"tcp_gbps"`
 	NS       []BPFNSStat `json:"netns"`
 }
-
-const bpfStatsSysctl = "/proc/sys/kernel/bpf_stats_enabled"
 
 // progsIn lists the programs attached in a namespace: tcx ingress and
 // egress, and XDP, on every device.
@@ -92,8 +90,7 @@ func progStats(ids []ebpf.ProgramID) (runs, ns uint64, err error) {
 // BPFStats measures, for each lanekit pod on nodes before the last (pod 1)
 // sending to pod 1 on the last node, a dur-long iperf3 transfer and the BPF
 // run time per namespace (the sender's node, its DPU if it has one, the
-// receiver's node). kernel.bpf_stats_enabled is set for the measurement and
-// restored after.
+// receiver's node). The statistics are on for the measurement only.
 func BPFStats(ctx context.Context, dur time.Duration) ([]BPFStatsRow, error) {
 	st, err := LoadState()
 	if err != nil {
@@ -102,14 +99,11 @@ func BPFStats(ctx context.Context, dur time.Duration) ([]BPFStatsRow, error) {
 	if len(st.Nodes) < 2 || len(st.PodsOf(KindLanekit)) == 0 {
 		return nil, errors.New("bpf stats: need a lab with 2 or more nodes and lanekit pods")
 	}
-	old, err := os.ReadFile(bpfStatsSysctl)
+	stats, err := bench.EnableBPFStats()
 	if err != nil {
 		return nil, fmt.Errorf("bpf stats: %w", err)
 	}
-	if err := os.WriteFile(bpfStatsSysctl, []byte("1"), 0o644); err != nil {
-		return nil, fmt.Errorf("bpf stats: enable: %w", err)
-	}
-	defer os.WriteFile(bpfStatsSysctl, old, 0o644)
+	defer stats.Close()
 
 	last := st.Nodes[len(st.Nodes)-1].Index
 	server := PodNS(last, 1, KindLanekit)
