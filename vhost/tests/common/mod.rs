@@ -292,16 +292,19 @@ impl Guest {
     /// guest memory into a new memfd (the destination's memory as the migration's last round
     /// leaves it) and continue on the backend at `path` from the bases the old one reported.
     /// Returns them.
-    pub fn migrate(self, path: &Path, protocol: VhostUserProtocolFeatures) -> (Guest, Vec<u32>) {
+    /// Also returns each ring's used index as the stop left it: read before the destination
+    /// starts, since a started destination may go on at once with chains the guest had added.
+    pub fn migrate(self, path: &Path, protocol: VhostUserProtocolFeatures) -> (Guest, Vec<u32>, Vec<u16>) {
         let mut old = self;
         let bases = old.stop();
+        let used_at_stop = (0..old.queues.len()).map(|q| old.used_idx(q)).collect();
         let file = memfd("guest-destination", MEM_SIZE as u64).unwrap();
         use std::os::unix::fs::FileExt;
         file.write_all_at(&old.snapshot(), 0).unwrap();
         let features = old.features;
         let queues = std::mem::take(&mut old.queues);
         drop(old);
-        (Self::start(path, file, queues, &bases, features, protocol), bases)
+        (Self::start(path, file, queues, &bases, features, protocol), bases, used_at_stop)
     }
 
     /// Config space bytes (needs the CONFIG protocol feature).
