@@ -16,6 +16,7 @@
 #include "lib/fib.h"
 #include "lib/arp.h"
 #include "lib/lb.h" /* [LB] */
+#include "lib/masq.h"
 #include "lib/policy.h"
 #include "lib/ipv6.h"
 #include "lib/edt.h"
@@ -116,6 +117,17 @@ int from_pod(struct __sk_buff *skb)
 	 * kernel refuses unless accept_source_route) are the stack's to process. */
 	if (p.ip4->ihl > 5)
 		return to_stack(skb, ep->id);
+	/* Tunnel mode: what leaves the cluster leaves with the node's address
+	 * (lib/masq.h). */
+	{
+		int changed;
+
+		reason = masq4(skb, &p, &changed);
+		if (reason)
+			return drop(skb, ep->id, reason);
+		if (changed && (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4))
+			return drop(skb, ep->id, DROP_MALFORMED);
+	}
 	return route_ipv4(skb, &p, ep->id);
 }
 

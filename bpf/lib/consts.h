@@ -36,7 +36,7 @@ enum lk_drop_reason {
 	DROP_VLAN = 11, /* 802.1Q/802.1ad tagged frame from an endpoint */
 	/* [LB] */
 	DROP_NO_BACKEND = 12, /* service without a backend for new flows: TCP reset / ICMP unreachable sent */
-	DROP_NAT_NO_PORT = 13, /* no free source port for a NodePort/hairpin SNAT */
+	DROP_NAT_NO_PORT = 13, /* no free source port for a NodePort/hairpin SNAT or a masquerade */
 	/* [/LB] */
 	/* policy (bpf/lib/policy.h) */
 	DROP_POLICY_INGRESS = 14, /* the receiving local endpoint's NetworkPolicy ingress denies it */
@@ -108,7 +108,9 @@ enum lk_lb_stat {
 	LB_STAT_HAIRPIN = 6, /* a new flow whose client is its own backend (SNAT to the hairpin address) */
 	LB_STAT_NODEPORT_LOCAL = 7, /* a new NodePort flow to a local backend (client address kept) */
 	LB_STAT_NODEPORT_SNAT = 8, /* a new NodePort flow to a remote backend (SNAT to the node address) */
-	LB_STAT_MAX = 9,
+	LB_STAT_MASQ = 9, /* a new flow from an endpoint to outside the cluster, masqueraded (masq.h) */
+	LB_STAT_MASQ_PKT = 10, /* a packet masqueraded (masq.h) */
+	LB_STAT_MAX = 11,
 };
 const enum lk_lb_stat *lk_unused_lb_stat __attribute__((unused));
 /* [/LB] */

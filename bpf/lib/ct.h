@@ -105,6 +105,7 @@ enum lk_ct_result {
 /* struct ct_key.flags */
 enum lk_ct_key_flags {
 	CT_KEY_SERVICE = 1, /* LB pre-DNAT entry: client -> frontend */
+	CT_KEY_MASQ = 2, /* masquerade pre-SNAT entry: endpoint -> outside (masq.h) */
 };
 
 /* struct ct_entry.flags */
@@ -116,6 +117,7 @@ enum lk_ct_flags {
 	CT_F_HAIRPIN = 1 << 4,
 	CT_F_NODEPORT = 1 << 5,
 	CT_F_POLICY = 1 << 6,
+	CT_F_MASQ = 1 << 7, /* a masquerade's entry (masq.h): its reply may be a service flow's too */
 };
 
 /* Timeouts in seconds. */
@@ -356,8 +358,8 @@ static __always_inline int ct_lookup4(const struct ct_key *key, __u8 tcp_flags, 
 	if (!e) {
 		struct ct_key rev;
 
-		if (key->flags & CT_KEY_SERVICE)
-			return CT_NEW; /* service entries have no reply direction */
+		if (key->flags & (CT_KEY_SERVICE | CT_KEY_MASQ))
+			return CT_NEW; /* service and masquerade entries have no reply direction */
 		ct_key_reverse(key, &rev);
 		e = bpf_map_lookup_elem(&lk_ct4, &rev);
 		if (!e)

@@ -454,6 +454,28 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 		return 0;
 	nat_addr = e->nat_addr;
 	nat_port = e->nat_port;
+	if (flags & CT_F_MASQ) {
+		/* A masqueraded flow's reply (masq.h): its destination back to
+		 * the endpoint. The tuple it then has may be the reply of a
+		 * flow load balancing translated (a Service whose backend is
+		 * outside the cluster): its source goes back to the frontend. */
+		struct ct_key m = *t;
+
+		if (lb_rewrite4(skb, l4off, t->proto, 0, t->daddr, nat_addr, t->dport, nat_port) < 0)
+			return -1;
+		lb_stat(LB_STAT_REVNAT);
+		m.daddr = nat_addr;
+		m.dport = nat_port;
+		e = 0;
+		if (ct_lookup4(&m, tcpf, &e) != CT_REPLY || !e || !(e->flags & CT_F_REVNAT))
+			return 1;
+		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
+		if (rn && lb_rewrite4(skb, l4off, m.proto, 1, m.saddr, rn->addr, m.sport, bpf_htons(rn->port)) < 0)
+			return -1;
+		if (pend && (e->flags & CT_F_POLICY))
+			pend->allowed_reply = 1;
+		return 1;
+	}
 	if (flags & CT_F_REVNAT) {
 		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
 		if (rn && lb_rewrite4(skb, l4off, t->proto, 1, t->saddr, rn->addr, t->sport, bpf_htons(rn->port)) < 0)

@@ -120,8 +120,8 @@ func (f *daemonFlags) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&cfg.MaintenanceInterval, "conntrack-gc-interval", agent.DefaultMaintenanceInterval, "how often expired conntrack entries are collected (and failed datapath updates retried)")
 	fs.StringVar(&f.cgroupRoot, "cgroup-root", "/run/lanekit/cgroupv2", "cgroup2 directory the socket load balancer (services for the node's processes and hostNetwork pods) attaches to; cgroup2 is mounted there if it is not on one")
 	fs.StringVar(&f.snatPorts, "nodeport-snat-ports", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax),
-		"source ports (MIN-MAX) for NodePort-to-remote-backend and hairpin SNAT; not the node's ephemeral range: reserve them with sysctl net.ipv4.ip_local_reserved_ports")
-	fs.Func("routing-mode", "how pod traffic reaches other nodes: native (the node's routes; default) or tunnel (VXLAN driven by the datapath, for networks that cannot route pod CIDRs)", func(v string) error {
+		"source ports (MIN-MAX) for NodePort-to-remote-backend and hairpin SNAT and tunnel mode's masquerading; not the node's ephemeral range: reserve them with sysctl net.ipv4.ip_local_reserved_ports")
+	fs.Func("routing-mode", "how pod traffic reaches other nodes: native (the node's routes; default) or tunnel (VXLAN driven by the datapath, for networks that cannot route pod CIDRs; what pods send outside the cluster is masqueraded to the node's address)", func(v string) error {
 		cfg.RoutingMode = unsetRef(v)
 		return nil
 	})

@@ -639,6 +639,7 @@ func LBCounters(st datapath.ServiceStats) map[string]uint64 {
 		"new-flow": st.NewFlows, "conntrack-hit": st.ConntrackHits, "reselected": st.Reselected,
 		"affinity-hit": st.AffinityHits, "rev-nat": st.RevNAT, "no-backend": st.NoBackend, "hairpin": st.Hairpin,
 		"nodeport-local": st.NodePortLocal, "nodeport-snat": st.NodePortSNAT,
+		"masquerade": st.Masqueraded, "masquerade-packets": st.MasqueradedPackets,
 	}
 	// The socket load balancer (node processes, hostNetwork pods), per hook.
 	for hook, c := range st.Sock {

@@ -281,12 +281,14 @@ const (
 	podLkCtFlagsCT_F_HAIRPIN    podLkCtFlags = 16
 	podLkCtFlagsCT_F_NODEPORT   podLkCtFlags = 32
 	podLkCtFlagsCT_F_POLICY     podLkCtFlags = 64
+	podLkCtFlagsCT_F_MASQ       podLkCtFlags = 128
 )
 
 type podLkCtKeyFlags uint32
 
 const (
 	podLkCtKeyFlagsCT_KEY_SERVICE podLkCtKeyFlags = 1
+	podLkCtKeyFlagsCT_KEY_MASQ    podLkCtKeyFlags = 2
 )
 
 type podLkCtTimeout uint32
@@ -379,7 +381,9 @@ const (
 	podLkLbStatLB_STAT_HAIRPIN        podLkLbStat = 6
 	podLkLbStatLB_STAT_NODEPORT_LOCAL podLkLbStat = 7
 	podLkLbStatLB_STAT_NODEPORT_SNAT  podLkLbStat = 8
-	podLkLbStatLB_STAT_MAX            podLkLbStat = 9
+	podLkLbStatLB_STAT_MASQ           podLkLbStat = 9
+	podLkLbStatLB_STAT_MASQ_PKT       podLkLbStat = 10
+	podLkLbStatLB_STAT_MAX            podLkLbStat = 11
 )
 
 type podLkMetricKind uint32

@@ -62,6 +62,9 @@ type ServiceStats struct {
 	Hairpin       uint64 // new flows whose client is its own backend
 	NodePortLocal uint64 // new NodePort flows to a local backend
 	NodePortSNAT  uint64 // new NodePort flows to a remote backend (SNAT)
+	// Tunnel mode's masquerading (bpf/lib/masq.h): new flows from
+	// endpoints to outside the cluster, and the packets translated.
+	Masqueraded, MasqueradedPackets uint64
 
 	// Sock are the socket load balancer's counters by hook (sock.go);
 	// empty while it is not attached.
@@ -757,6 +760,8 @@ func (l *Loader) ServiceStats() (ServiceStats, error) {
 	s.Hairpin = stats[podLkLbStatLB_STAT_HAIRPIN]
 	s.NodePortLocal = stats[podLkLbStatLB_STAT_NODEPORT_LOCAL]
 	s.NodePortSNAT = stats[podLkLbStatLB_STAT_NODEPORT_SNAT]
+	s.Masqueraded = stats[podLkLbStatLB_STAT_MASQ]
+	s.MasqueradedPackets = stats[podLkLbStatLB_STAT_MASQ_PKT]
 	var err error
 	s.Sock, err = l.sockStats()
 	return s, err

@@ -101,12 +101,14 @@ func TestTunnelFixtures(t *testing.T) {
 			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, e.neighMAC, e.up.Attrs().HardwareAddr) },
 		},
 		{
-			name: "outside every pod CIDR: FIB out of the uplink", prog: fromPod, ifindex: ifH1,
+			name: "outside every pod CIDR: masqueraded, FIB out of the uplink", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.200.0.1", 64)
 			},
 			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1,
-			out: func(e *fixtureEnv, in []byte) []byte { return routed(in, e.neighMAC, e.up.Attrs().HardwareAddr) },
+			out: func(e *fixtureEnv, in []byte) []byte {
+				return routed(masqueraded(in, "10.77.0.1"), e.neighMAC, e.up.Attrs().HardwareAddr)
+			},
 		},
 		{
 			name: "TSO packet (3600 bytes) with 1410-byte segments (fit 1450): into the tunnel whole", prog: fromPod, ifindex: ifH1,

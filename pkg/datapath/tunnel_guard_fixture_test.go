@@ -259,8 +259,9 @@ func TestTunnelPortFixtures(t *testing.T) {
 			in: pod("10.77.0.2", 8473), verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: uplinkOut,
 		},
 		{
-			name: "to an address outside the node mesh, port 8472: routed", prog: fromPod, ifindex: ifH1,
-			in: pod("10.200.0.1", 8472), verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: uplinkOut,
+			name: "to an address outside the node mesh, port 8472: masqueraded and routed", prog: fromPod, ifindex: ifH1,
+			in: pod("10.200.0.1", 8472), verdict: tcActRedirect, redirIf: ifUp, redirKind: 1,
+			out: func(e *fixtureEnv, in []byte) []byte { return uplinkOut(e, masqueraded(in, "10.77.0.1")) },
 		},
 		{
 			name: "a later fragment to another node's underlay address: routed (no UDP header)", prog: fromPod, ifindex: ifH1,

@@ -140,7 +140,7 @@ func upRealNodes(ctx context.Context, cfg Config, st *State, kc kubernetes.Inter
 		}
 	default:
 		progress(cfg.Out, "lab: %d nodes registered; installing lanekit (kubectl apply -k %s)", len(st.Nodes), cfg.Bins.DeployDir())
-		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv, cfg.LBPool); err != nil {
+		if err := installLanekit(ctx, nodeBins, cfg.Bins.DeployDir(), srv, cfg.LBPool, cfg.routing()); err != nil {
 			return err
 		}
 	}
@@ -363,11 +363,13 @@ func kubectl(ctx context.Context, nodeBins string, stdin []byte, args ...string)
 // installLanekit installs deploy/ the way a user does, `kubectl apply -k`,
 // through an overlay that sets only what a cluster without kube-proxy must
 // set: the API server's own address for the agents (the ConfigMap's
-// k8s-service-host and k8s-service-port). With lbPool (addresses in the
+// k8s-service-host and k8s-service-port); with routing RoutingTunnel, the
+// ConfigMap's routing-mode and tunnel-port (VXLAN between the nodes'
+// InternalIPs, as an admin whose network cannot route pod CIDRs sets it). With lbPool (addresses in the
 // pools' syntax: a CIDR or FIRST-LAST) it also applies deploy/lb as its
 // comment says (the LB RBAC and the lanekit-lb-pools ConfigMap, its one pool
 // set to lbPool) and turns on lb-ipam and l2-announce.
-func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stest.Server, lbPool string) error {
+func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stest.Server, lbPool, routing string) error {
 	if _, err := os.Stat(filepath.Join(deployDir, "kustomization.yaml")); err != nil {
 		return fmt.Errorf("lanekit manifests: %w", err)
 	}
@@ -381,13 +383,13 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 		return err
 	}
 	resources := "  - " + base + "\n"
-	lbKeys, lbPoolPatch := "", ""
+	cmKeys, lbPoolPatch := "", ""
 	if lbPool != "" {
 		if err := routeLBClients(ctx, lbPool); err != nil {
 			return err
 		}
 		resources += "  - " + filepath.Join(base, "lb") + "\n"
-		lbKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
+		cmKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
 		lbPoolPatch = fmt.Sprintf(`  - patch: |-
       apiVersion: v1
       kind: ConfigMap
@@ -402,6 +404,9 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
                 - %s
 `, LanekitNamespace, lbPool)
 	}
+	if routing == RoutingTunnel {
+		cmKeys += fmt.Sprintf("        routing-mode: %s\n        tunnel-port: \"%d\"\n", RoutingTunnel, TunnelPort)
+	}
 	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -415,7 +420,7 @@ resources:
       data:
         k8s-service-host: %q
         k8s-service-port: %q
-%s%s`, resources, LanekitNamespace, srv.Address, strconv.Itoa(srv.APIPort), lbKeys, lbPoolPatch)
+%s%s`, resources, LanekitNamespace, srv.Address, strconv.Itoa(srv.APIPort), cmKeys, lbPoolPatch)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		return err
 	}

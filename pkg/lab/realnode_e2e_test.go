@@ -309,7 +309,7 @@ func TestLabRealNodes(t *testing.T) {
 			t.Fatalf("helm uninstall: %v: %s", err, out)
 		}
 		// With deploy/lb and a pool on the underlay (lab up --lb-pool).
-		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv, testLBPool); err != nil {
+		if err := installLanekit(ctx, nodeBins, bins.DeployDir(), srv, testLBPool, RoutingNative); err != nil {
 			t.Fatal(err)
 		}
 		if err := waitDaemonSet(ctx, kc, LanekitNamespace, "lanekit-agent", 2); err != nil {

@@ -80,8 +80,8 @@ func (c Config) checkRouting() error {
 	if c.routing() == RoutingTunnel && c.underlay() != UnderlayRouted {
 		return fmt.Errorf("--routing tunnel runs on the routed underlay")
 	}
-	if _, rival, _ := rivalFor(c.CNI, c.routing()); c.Kubelet && c.underlay() == UnderlayRouted && !rival {
-		return fmt.Errorf("--kubelet with a routed underlay (--routing tunnel) is not supported by the lab yet: the real nodes' DaemonSet config is native")
+	if _, rival, _ := rivalFor(c.CNI, c.routing()); c.Kubelet && !rival && c.routing() == RoutingTunnel && c.install() == InstallHelm {
+		return fmt.Errorf("--routing tunnel with --kubelet installs lanekit with kustomize (the ConfigMap's routing-mode); --install helm runs %s's commands as written, native", InstallDoc)
 	}
 	if c.Nodes > 200 {
 		return fmt.Errorf("routed underlay: at most 200 nodes")

@@ -1,0 +1,144 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+)
+
+// TestLabRealNodesTunnel: lanekit installed as an admin whose network routes
+// no pod CIDR installs it (kustomize, the ConfigMap's routing-mode tunnel) on
+// the real-node lab's routed underlay, whose router knows no pod CIDR and
+// hosts the API server. CoreDNS, which reaches the API server through the
+// kubernetes Service, gets Ready only through lanekit's masquerading (the
+// router cannot route a reply to a pod address); the test then checks from
+// the pods: pod to pod across the nodes (lk_vxlan's tx counter moves, the
+// nodes' kernels forward nothing), the API server by its address and through
+// the kubernetes Service's ClusterIP (the masquerade counters on the
+// client's node move), and a ClusterIP Service of the two pods. Opt-in with
+// the rival labs (EnvLabRivals): it is the lab `lab bench --routing tunnel`
+// compares with flannel's and Cilium's VXLAN.
+func TestLabRealNodesTunnel(t *testing.T) {
+	if os.Getenv(EnvLabRivals) == "" {
+		t.Skipf("opt-in: set %s=1 (the real-node labs of the rival comparisons; lanekit's tunnel one, about 1.5 minutes)", EnvLabRivals)
+	}
+	testutil.RequireTools(t, "curl")
+	bins, nodeBins := realNodeTestBins(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	srv, kc, down := upRealNodeLab(t, ctx, bins, Config{Nodes: 2, PodsPerNode: 1, K8s: true, Kubelet: true, Routing: RoutingTunnel})
+	defer down()
+
+	web := webDeployment()
+	if _, err := kc.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: web.Spec.Selector.MatchLabels,
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDeployment(ctx, kc, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	pods := webPods(t, ctx, kc)
+	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Fatalf("the scheduler put both pods on %s", pods[0].Spec.NodeName)
+	}
+	if pods[0].Spec.NodeName != KubeNodeName(1) {
+		pods[0], pods[1] = pods[1], pods[0]
+	}
+	inPod := func(p corev1.Pod, args ...string) (string, error) {
+		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
+	}
+	counter := func(ns, file string) uint64 {
+		out, err := nsCommand(ctx, ns, "cat", file).Output()
+		if err != nil {
+			t.Fatalf("%s %s: %v", ns, file, err)
+		}
+		n, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
+		return n
+	}
+	forwarded := func() uint64 {
+		var sum uint64
+		for i := 1; i <= 2; i++ {
+			v, err := IPForwDatagrams(ctx, NodeNS(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += v
+		}
+		return sum
+	}
+	masq := func() uint64 {
+		sock, err := RealNodeAgentSocket(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return agentStatusOf(t, sock).GetControlPlane().GetLbCounters()["masquerade"]
+	}
+
+	// Pod to pod across the nodes, in the tunnel, nothing kernel-forwarded.
+	vxTx := "/sys/class/net/lk_vxlan/statistics/tx_packets"
+	tx0, fwd0, m0 := counter(NodeNS(1), vxTx), forwarded(), masq()
+	for k, p := range pods {
+		peer := pods[1-k]
+		got, err := inPod(p, "curl", "-sS", "-m", "5", fmt.Sprintf("http://%s:8080/hostname", peer.Status.PodIP))
+		if err != nil || strings.TrimSpace(got) != peer.Name {
+			t.Errorf("%s (%s) -> %s (%s): %q, %v", p.Name, p.Spec.NodeName, peer.Name, peer.Status.PodIP, got, err)
+		}
+	}
+	if tx1 := counter(NodeNS(1), vxTx); tx1 <= tx0 {
+		t.Errorf("lk_vxlan on %s: tx packets %d -> %d over the cross-node requests, want them to move", NodeNS(1), tx0, tx1)
+	}
+	if d := forwarded() - fwd0; d != 0 {
+		t.Errorf("the nodes' kernels forwarded %d datagrams of pod-to-pod traffic, want 0", d)
+	}
+	if m := masq(); m != m0 {
+		t.Errorf("pod-to-pod traffic masqueraded: %d -> %d flows", m0, m)
+	}
+
+	// Outside the cluster: the API server on the router, by its address and
+	// through the kubernetes Service. Its replies reach the pod only
+	// because the request left with the node's address.
+	apiSvc, err := kc.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{fmt.Sprintf("%s:%d", srv.Address, srv.APIPort), apiSvc.Spec.ClusterIP + ":443"} {
+		before := masq()
+		got, err := inPod(pods[0], "curl", "-sSk", "-m", "5", "https://"+target+"/version")
+		if err != nil || !strings.Contains(got, "gitVersion") {
+			t.Errorf("%s -> https://%s/version: %q, %v", pods[0].Name, target, got, err)
+		}
+		if after := masq(); after <= before {
+			t.Errorf("%s -> %s: masquerade counter on %s %d -> %d, want it to move", pods[0].Name, target, NodeNS(1), before, after)
+		}
+	}
+
+	// A ClusterIP of the two pods.
+	seen := map[string]bool{}
+	for try := 0; try < 30 && len(seen) < 2; try++ {
+		got, err := inPod(pods[0], "curl", "-sS", "-m", "5", "http://"+svc.Spec.ClusterIP+"/hostname")
+		if err != nil {
+			t.Fatalf("%s -> %s: %v", pods[0].Name, svc.Spec.ClusterIP, err)
+		}
+		seen[strings.TrimSpace(got)] = true
+	}
+	if !seen[pods[0].Name] || !seen[pods[1].Name] {
+		t.Errorf("service %s: answers from %v, want both pods", svc.Spec.ClusterIP, seen)
+	}
+}
