@@ -122,7 +122,7 @@ int from_pod(struct __sk_buff *skb)
 	{
 		int changed;
 
-		reason = masq4(skb, &p, &changed);
+		reason = masq4(skb, &p, ep, &changed);
 		if (reason)
 			return drop(skb, ep->id, reason);
 		if (changed && (parse_eth(&p, (void *)(long)skb->data, (void *)(long)skb->data_end) < 0 || !p.ip4))

@@ -38,10 +38,14 @@ static __always_inline int masq_outside(__be32 dst)
 	return !bpf_map_lookup_elem(&lk_tunnel_peers, &dst);
 }
 
-/* masq4 masquerades p (see above). Returns 0 to go on, or a drop reason;
- * *changed is set when it rewrote the packet (the caller parses it again:
- * its packet pointers are gone). */
-static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, int *changed)
+/* masq4 masquerades p, which endpoint ep sent (see above). Only a packet
+ * from the endpoint's own address: one load balancing translated back (a
+ * local backend's reply to a NodePort or hostPort client outside the
+ * cluster, from the node's address and that port now) is a reply, and
+ * leaves as it is. Returns 0 to go on, or a drop reason; *changed is set
+ * when it rewrote the packet (the caller parses it again: its packet
+ * pointers are gone). */
+static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const struct endpoint_info *ep, int *changed)
 {
 	struct ct_entry *se = 0, *fe = 0;
 	struct ct_key t, sk, ft;
@@ -51,7 +55,7 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, int *ch
 	__u8 tcpf;
 
 	*changed = 0;
-	if (!tunnel_ifindex || !masq_outside(p->ip4->daddr))
+	if (!tunnel_ifindex || p->ip4->saddr != ep->ip || !masq_outside(p->ip4->daddr))
 		return 0;
 	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0 || (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP))
 		return 0;

@@ -36,7 +36,8 @@ func masqueraded(in []byte, node string) []byte {
 // same destination gets another one; the reply, arriving on the uplink, goes
 // to the pod with its own address and port restored; packets to a pod CIDR
 // (another node's: encapsulated; this node's) and to another node's underlay
-// address keep the pod's source; a Service whose backend is outside the
+// address keep the pod's source; a local NodePort backend's reply to a client
+// outside leaves from the NodePort, not masqueraded; a Service whose backend is outside the
 // cluster is load-balanced and masqueraded, and its reply comes back from the
 // ClusterIP. The counters move with each. (Native mode masquerades nothing:
 // TestFixtures' "pod to remote pod" rows route pod sources unchanged.)
@@ -113,6 +114,24 @@ func TestMasqueradeFixtures(t *testing.T) {
 	}
 	if flows, pkts := stats(); flows != flows0 || pkts != pkts0 {
 		t.Errorf("traffic inside the cluster masqueraded: +%d flows, +%d packets", flows-flows0, pkts-pkts0)
+	}
+
+	// A NodePort from a client outside the cluster to a local backend keeps
+	// the client's address; the backend's reply, translated back to the
+	// NodePort, is a reply: not masqueraded (it would leave from another
+	// port than the client dialled).
+	s.apply(t, svcYAML("npl", "10.96.0.19", 80, "TCP", "nodePort=30080", "10.244.1.11"))
+	in := l4Frame(e.up.Attrs().HardwareAddr, neighMAC, "10.200.0.5", 50000, node.String(), 30080, 6, tcpSYN, 1, 0, payload)
+	if got := parseTuple(t, s.run(t, fromUplink, ifUp, in).out); got.dst != netip.MustParseAddrPort("10.244.1.11:8080") {
+		t.Fatalf("NodePort from 10.200.0.5: to %s, want 10.244.1.11:8080", got.dst)
+	}
+	flows0, pkts0 = stats()
+	npReply := l4Frame(e.ep2.HostMAC, pod2MAC, "10.244.1.11", 8080, "10.200.0.5", 50000, 6, tcpSYN|tcpACK, 9, 2, payload)
+	if got := parseTuple(t, s.run(t, fromPod, ifH2, npReply).out); got.src != netip.AddrPortFrom(node, 30080) {
+		t.Errorf("the NodePort backend's reply left from %s, want %s:30080", got.src, node)
+	}
+	if flows, pkts := stats(); flows != flows0 || pkts != pkts0 {
+		t.Errorf("a NodePort reply masqueraded: +%d flows, +%d packets", flows-flows0, pkts-pkts0)
 	}
 
 	// A Service whose endpoint is outside the cluster (the kubernetes
