@@ -25,7 +25,8 @@ import (
 // the pods: pod to pod across the nodes (lk_vxlan's tx counter moves, the
 // nodes' kernels forward nothing), the API server by its address and through
 // the kubernetes Service's ClusterIP (the masquerade counters on the
-// client's node move), and a ClusterIP Service of the two pods. Opt-in with
+// client's node move), a ClusterIP Service of the two pods and its NodePort
+// from the router on both nodes (local and remote backends). Opt-in with
 // the rival labs (EnvLabRivals): it is the lab `lab bench --routing tunnel`
 // compares with flannel's and Cilium's VXLAN.
 func TestLabRealNodesTunnel(t *testing.T) {
@@ -45,7 +46,7 @@ func TestLabRealNodesTunnel(t *testing.T) {
 	}
 	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: web.Spec.Selector.MatchLabels,
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: web.Spec.Selector.MatchLabels,
 			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -140,5 +141,25 @@ func TestLabRealNodesTunnel(t *testing.T) {
 	}
 	if !seen[pods[0].Name] || !seen[pods[1].Name] {
 		t.Errorf("service %s: answers from %v, want both pods", svc.Spec.ClusterIP, seen)
+	}
+
+	// The NodePort from outside the cluster (the router), on both nodes,
+	// until each pod has answered on each: a local backend's reply leaves
+	// from the NodePort (not masqueraded), a remote one's comes back
+	// through the tunnel.
+	for i := 1; i <= 2; i++ {
+		url := fmt.Sprintf("http://%s:%d/hostname", UnderlayIP(i), svc.Spec.Ports[0].NodePort)
+		seen := map[string]bool{}
+		for try := 0; try < 30 && len(seen) < 2; try++ {
+			out, err := nsCommand(ctx, WireNS, "curl", "-sS", "-m", "5", url).Output()
+			if err != nil {
+				t.Errorf("NodePort %s from %s: %v", url, WireNS, err)
+				break
+			}
+			seen[strings.TrimSpace(string(out))] = true
+		}
+		if !seen[pods[0].Name] || !seen[pods[1].Name] {
+			t.Errorf("NodePort %s from %s: answers from %v, want both pods", url, WireNS, seen)
+		}
 	}
 }
