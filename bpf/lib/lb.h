@@ -529,23 +529,30 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 	k.dport = h.dport;
 	k.proto = h.in.protocol;
 	e = bpf_map_lookup_elem(&lk_ct4, &k);
-	if (!e || !(e->flags & CT_F_REVNAT))
+	/* A load-balanced flow's (CT_F_REVNAT), or a masqueraded one's
+	 * (masq.h: only its source was translated). */
+	if (!e || !(e->flags & (CT_F_REVNAT | CT_F_MASQ)))
 		return 0;
-	rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
-	if (!rn)
-		return 0;
+	rn = 0;
+	if (e->flags & CT_F_REVNAT) {
+		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
+		if (!rn)
+			return 0;
+	}
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &outer_saddr, 4) < 0)
 		return -1;
 	old_check = h.in.check;
 	/* Quoted destination -> the frontend. */
-	if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.daddr, rn->addr, 4) < 0 ||
-	    bpf_l4_csum_replace(skb, csum_off, h.in.daddr, rn->addr, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, daddr), &rn->addr, 4, 0) < 0)
-		return -1;
-	fport = bpf_htons(rn->port);
-	if (bpf_l4_csum_replace(skb, csum_off, h.dport, fport, 2) < 0 ||
-	    bpf_skb_store_bytes(skb, in_off + 22, &fport, 2, 0) < 0)
-		return -1;
+	if (rn) {
+		if (bpf_l3_csum_replace(skb, in_off + offsetof(struct iphdr, check), h.in.daddr, rn->addr, 4) < 0 ||
+		    bpf_l4_csum_replace(skb, csum_off, h.in.daddr, rn->addr, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + offsetof(struct iphdr, daddr), &rn->addr, 4, 0) < 0)
+			return -1;
+		fport = bpf_htons(rn->port);
+		if (bpf_l4_csum_replace(skb, csum_off, h.dport, fport, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, in_off + 22, &fport, 2, 0) < 0)
+			return -1;
+	}
 	/* Quoted source -> the client, for a flow this node SNATed. */
 	if (e->flags & CT_F_SNAT) {
 		__be32 ca = e->nat_addr;
@@ -567,7 +574,7 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 	    bpf_l4_csum_replace(skb, csum_off, old_check, new_check, 2) < 0)
 		return -1;
 	/* Sent by the backend itself: it comes from the frontend. */
-	if (outer_saddr == h.in.daddr) {
+	if (rn && outer_saddr == h.in.daddr) {
 		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), outer_saddr, rn->addr, 4) < 0 ||
 		    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &rn->addr, 4, 0) < 0)
 			return -1;

@@ -34,7 +34,8 @@ func masqueraded(in []byte, node string) []byte {
 // its route's source) and a port of the SNAT range, checksums valid; the
 // flow's next packets keep that port; a second pod with the same port to the
 // same destination gets another one; the reply, arriving on the uplink, goes
-// to the pod with its own address and port restored; packets to a pod CIDR
+// to the pod with its own address and port restored, as does an ICMP error
+// about it (the quoted packet the pod's own); packets to a pod CIDR
 // (another node's: encapsulated; this node's) and to another node's underlay
 // address keep the pod's source; a local NodePort backend's reply to a client
 // outside leaves from the NodePort, not masqueraded; a Service whose backend is outside the
@@ -90,6 +91,21 @@ func TestMasqueradeFixtures(t *testing.T) {
 		if r.verdict != tcActRedirect || r.redirIf != ifH1 || got.dst != netip.MustParseAddrPort("10.244.1.10:40000") || got.src != out {
 			t.Errorf("proto %d: reply %s -> %s:%d: verdict %d redirect %d, %s -> %s; want into pod 1 (%d) as %s -> 10.244.1.10:40000",
 				proto, out, node, masqPort, r.verdict, r.redirIf, got.src, got.dst, ifH1, out)
+		}
+		// An ICMP error about the flow (a router's "fragmentation
+		// needed"): to the pod, about the pod's own packet.
+		icmp := icmpErrorFrameProto(e.up.Attrs().HardwareAddr, neighMAC, "10.200.0.254", node.String(), node.String(),
+			out.Addr().String(), proto, masqPort, out.Port())
+		r = s.run(t, fromUplink, ifUp, icmp)
+		if len(r.out) < 64 {
+			t.Fatalf("proto %d: ICMP error: output %x", proto, r.out)
+		}
+		outerDst, _ := netip.AddrFromSlice(r.out[30:34])
+		quotedSrc, _ := netip.AddrFromSlice(r.out[54:58])
+		quoted := netip.AddrPortFrom(quotedSrc, binary.BigEndian.Uint16(r.out[62:]))
+		if r.verdict != tcActRedirect || r.redirIf != ifH1 || outerDst.String() != "10.244.1.10" || quoted.String() != "10.244.1.10:40000" {
+			t.Errorf("proto %d: ICMP error about %s:%d: verdict %d redirect %d, to %s quoting %s; want into pod 1 (%d), to 10.244.1.10 quoting 10.244.1.10:40000",
+				proto, node, masqPort, r.verdict, r.redirIf, outerDst, quoted, ifH1)
 		}
 		if flows, pkts := stats(); flows-flows0 != 2 || pkts-pkts0 != 3 {
 			t.Errorf("proto %d: masquerade counters +%d flows, +%d packets; want +2, +3", proto, flows-flows0, pkts-pkts0)
