@@ -122,6 +122,25 @@ static __always_inline int lb_rewrite4(struct __sk_buff *skb, __u32 l4off, __u8 
 	return 0;
 }
 
+/* lb_icmp_echo_rewrite rewrites the source (src=1) or destination address
+ * and the identifier of an ICMP echo request or reply (masq.h): the ICMP
+ * checksum covers no pseudo-header, only the identifier changes it. */
+static __always_inline int lb_icmp_echo_rewrite(struct __sk_buff *skb, __u32 l4off, int src, __be32 old_addr,
+						__be32 new_addr, __be16 old_id, __be16 new_id)
+{
+	__u32 addr_off = ETH_HLEN + (src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+
+	if (old_addr != new_addr &&
+	    (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_addr, new_addr, 4) < 0 ||
+	     bpf_skb_store_bytes(skb, addr_off, &new_addr, 4, 0) < 0))
+		return -1;
+	if (old_id != new_id &&
+	    (bpf_l4_csum_replace(skb, l4off + 2, old_id, new_id, 2) < 0 ||
+	     bpf_skb_store_bytes(skb, l4off + 4, &new_id, 2, 0) < 0))
+		return -1;
+	return 0;
+}
+
 /* lb_snat_flow_in creates the flow entry of a source-NATed flow with a free
  * source port, for either family: ft is the translated tuple (a struct
  * ct_key, or a ct6_key when v6) and sport its source port field. keep
@@ -507,6 +526,32 @@ struct lb_icmp_err {
  * fragment" for the address it used. The quoted L4 checksum is left alone
  * (receivers do not check it; for TCP it is not even quoted). Returns 1 when
  * rewritten, 0 when not, -1 on a failed rewrite. */
+/* lb_icmp_echo_unmasq translates an echo reply to a masqueraded echo
+ * request (masq.h) back: to the endpoint's address and identifier. Returns
+ * 1 when it did, 0 when the reply is no masquerade's, -1 to drop. */
+static __always_inline int lb_icmp_echo_unmasq(struct __sk_buff *skb, __u32 l4off)
+{
+	struct ct_entry *e = 0;
+	struct ct_key k = {};
+	__be32 addrs[2];
+	__u8 b[6];
+
+	if (bpf_skb_load_bytes(skb, l4off, b, sizeof(b)) < 0 || b[0] != LK_ICMP_ECHOREPLY ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), addrs, sizeof(addrs)) < 0)
+		return 0;
+	k.saddr = addrs[0];
+	k.daddr = addrs[1];
+	__builtin_memcpy(&k.sport, &b[4], 2);
+	k.dport = k.sport;
+	k.proto = IPPROTO_ICMP;
+	if (ct_lookup4(&k, 0, &e) != CT_REPLY || !e || !(e->flags & CT_F_MASQ))
+		return 0;
+	if (lb_icmp_echo_rewrite(skb, l4off, 0, addrs[1], e->nat_addr, k.sport, e->nat_port) < 0)
+		return -1;
+	lb_stat(LB_STAT_REVNAT);
+	return 1;
+}
+
 static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 {
 	__u32 in_off = l4off + 8, csum_off = l4off + 2;
@@ -517,6 +562,12 @@ static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 	__be32 outer_saddr;
 	__be16 old_check, new_check, fport;
 
+	if (tunnel_ifindex) { /* masquerading runs in tunnel mode only */
+		int r = lb_icmp_echo_unmasq(skb, l4off);
+
+		if (r)
+			return r;
+	}
 	if (bpf_skb_load_bytes(skb, l4off, &h, sizeof(h)) < 0)
 		return 0;
 	if (h.type != LK_ICMP_DEST_UNREACH && h.type != LB_ICMP_TIME_EXCEEDED)

@@ -2,7 +2,7 @@
 /* masq.h: masquerading in tunnel mode. There the network routes no pod
  * CIDR: a reply to a pod's address from outside the cluster (the API server
  * on a control-plane host that runs no agent, a registry, the internet)
- * has no way back. So a TCP or UDP packet an endpoint sends to a destination
+ * has no way back. So a TCP, UDP or ICMP echo packet an endpoint sends to a destination
  * outside the cluster — in no pod CIDR or VM claim of lk_tunnel_nodes and
  * no other node's underlay address (lk_tunnel_peers) — leaves with the
  * node's address towards it (the kernel's route's source, lb_node_src) and
@@ -19,9 +19,12 @@
  *     cluster, the frontend as its source).
  * It runs last in from_pod, after load balancing and policy (which judge
  * the endpoint's own tuple), right before routing. Traffic to the node's
- * own addresses (no forwarding route) is left alone, as are ICMP and
- * untrackable packets. Native routing: off (tunnel_ifindex 0; the network
- * routes pod CIDRs back). IPv4 only. */
+ * own addresses (no forwarding route) is left alone, as are ICMP other
+ * than echo requests (an echo's identifier is translated as its port;
+ * replies come back through lb_icmp_echo_unmasq; ICMP errors about a
+ * masqueraded flow through lb_icmp_rev_nat) and untrackable packets.
+ * Native routing: off (tunnel_ifindex 0; the network routes pod CIDRs
+ * back). IPv4 only. */
 #ifndef LK_MASQ_H
 #define LK_MASQ_H
 
@@ -36,6 +39,26 @@ static __always_inline int masq_outside(__be32 dst)
 	if (bpf_map_lookup_elem(&lk_tunnel_nodes, &k))
 		return 0;
 	return !bpf_map_lookup_elem(&lk_tunnel_peers, &dst);
+}
+
+/* masq_flow creates the flow entry of a new masquerade with a free source
+ * port (lb_snat_flow's range and tries); an ICMP echo's identifier is both
+ * of its tuple's ports. Returns the port (network order), 0 if none was
+ * free. */
+static __always_inline __be16 masq_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h)
+{
+	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
+	__u32 span = hi >= lo ? hi - lo + 1 : 1;
+
+	if (ft->proto != IPPROTO_ICMP)
+		return lb_snat_flow(ft, fe, h, 0);
+	for (int i = 0; i < LB_SNAT_TRIES; i++) {
+		ft->sport = bpf_htons(lo + (h + i * 7919) % span);
+		ft->dport = ft->sport;
+		if (!ct_create4_unique(ft, fe))
+			return ft->sport;
+	}
+	return 0;
 }
 
 /* masq4 masquerades p, which endpoint ep sent (see above). Only a packet
@@ -57,9 +80,19 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const s
 	*changed = 0;
 	if (!tunnel_ifindex || p->ip4->saddr != ep->ip || !masq_outside(p->ip4->daddr))
 		return 0;
-	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0 || (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP))
+	if (ct_tuple4(skb, p->ip4, &t, &tcpf) < 0)
 		return 0;
 	l4off = frag4_later(p->ip4) ? 0 : ETH_HLEN + p->ip4->ihl * 4;
+	if (t.proto == IPPROTO_ICMP) {
+		__u8 type;
+
+		/* Echo requests (ct_tuple4: the identifier as both ports);
+		 * an echo reply from an endpoint answers no one outside. */
+		if (bpf_skb_load_bytes(skb, l4off, &type, 1) < 0 || type != LK_ICMP_ECHO)
+			return 0;
+	} else if (t.proto != IPPROTO_TCP && t.proto != IPPROTO_UDP) {
+		return 0;
+	}
 	sk = t;
 	sk.flags = CT_KEY_MASQ;
 	ft = t;
@@ -68,6 +101,8 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const s
 		port = se->nat_port;
 		ft.saddr = node;
 		ft.sport = port;
+		if (t.proto == IPPROTO_ICMP)
+			ft.dport = port;
 		/* The flow entry takes this direction's TCP state; an LRU
 		 * eviction of it alone is repaired. */
 		if (ct_lookup4(&ft, tcpf, &fe) == CT_NEW) {
@@ -88,7 +123,7 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const s
 		if (lb_node_src(skb, &fib, 0, &t.daddr, &node) < 0)
 			return 0; /* the node's own address, or no route: as it is */
 		ft.saddr = node;
-		port = lb_snat_flow(&ft, &nf, lb_flow_hash(&t), 0);
+		port = masq_flow(&ft, &nf, lb_flow_hash(&t));
 		if (!port)
 			return DROP_NAT_NO_PORT;
 		ne.nat_addr = node;
@@ -97,7 +132,8 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const s
 		lb_stat(LB_STAT_MASQ);
 	}
 	*changed = 1;
-	if (lb_rewrite4(skb, l4off, t.proto, 1, t.saddr, node, t.sport, port) < 0)
+	if (t.proto == IPPROTO_ICMP ? lb_icmp_echo_rewrite(skb, l4off, 1, t.saddr, node, t.sport, port) < 0
+				    : lb_rewrite4(skb, l4off, t.proto, 1, t.saddr, node, t.sport, port) < 0)
 		return DROP_MALFORMED;
 	lb_stat(LB_STAT_MASQ_PKT);
 	return 0;

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -35,7 +36,8 @@ func masqueraded(in []byte, node string) []byte {
 // flow's next packets keep that port; a second pod with the same port to the
 // same destination gets another one; the reply, arriving on the uplink, goes
 // to the pod with its own address and port restored, as does an ICMP error
-// about it (the quoted packet the pod's own); packets to a pod CIDR
+// about it (the quoted packet the pod's own); an ICMP echo request leaves
+// with an identifier of the range and its reply gets the pod's back; packets to a pod CIDR
 // (another node's: encapsulated; this node's) and to another node's underlay
 // address keep the pod's source; a local NodePort backend's reply to a client
 // outside leaves from the NodePort, not masqueraded; a Service whose backend is outside the
@@ -112,8 +114,37 @@ func TestMasqueradeFixtures(t *testing.T) {
 		}
 	}
 
-	// Inside the cluster: the pod's own source.
+	// ICMP echo: the request leaves from the node with an identifier of the
+	// range; the reply comes back to the pod with its own; checksums valid.
+	echo := func(dst, src net.HardwareAddr, saddr, daddr string, typ byte, id uint16) []byte {
+		b := testutil.EthIPv4(dst, src, saddr, daddr, 64, 1, 8+len(payload))
+		b[34] = typ
+		binary.BigEndian.PutUint16(b[38:], id)
+		binary.BigEndian.PutUint16(b[40:], 1)
+		copy(b[42:], payload)
+		binary.BigEndian.PutUint16(b[36:], ^icmpChecksum(b[34:]))
+		return b
+	}
 	flows0, pkts0 := stats()
+	r := s.run(t, fromPod, ifH1, echo(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.200.0.1", 8, 0x1234))
+	src, _ := netip.AddrFromSlice(r.out[26:30])
+	id := binary.BigEndian.Uint16(r.out[38:])
+	if r.redirIf != ifUp || src != node || !inRange(id) || icmpChecksum(r.out[34:]) != 0xffff {
+		t.Fatalf("echo request: redirect %d, from %s id %d, ICMP checksum valid %t; want out of the uplink from %s, an id in the range",
+			r.redirIf, src, id, icmpChecksum(r.out[34:]) == 0xffff, node)
+	}
+	r = s.run(t, fromUplink, ifUp, echo(e.up.Attrs().HardwareAddr, neighMAC, "10.200.0.1", node.String(), 0, id))
+	dst, _ := netip.AddrFromSlice(r.out[30:34])
+	if r.redirIf != ifH1 || dst.String() != "10.244.1.10" || binary.BigEndian.Uint16(r.out[38:]) != 0x1234 || icmpChecksum(r.out[34:]) != 0xffff {
+		t.Errorf("echo reply: redirect %d, to %s id %#x, ICMP checksum valid %t; want into pod 1 (%d), to 10.244.1.10 id 0x1234",
+			r.redirIf, dst, binary.BigEndian.Uint16(r.out[38:]), icmpChecksum(r.out[34:]) == 0xffff, ifH1)
+	}
+	if flows, pkts := stats(); flows-flows0 != 1 || pkts-pkts0 != 1 {
+		t.Errorf("echo: masquerade counters +%d flows, +%d packets; want +1, +1", flows-flows0, pkts-pkts0)
+	}
+
+	// Inside the cluster: the pod's own source.
+	flows0, pkts0 = stats()
 	for _, c := range []struct {
 		dst   string
 		redir int
@@ -171,7 +202,7 @@ endpoints:
     conditions: {ready: true}
 `)
 	syn := l4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", 41000, "10.96.0.1", 443, 6, tcpSYN, 1, 0, payload)
-	r := s.run(t, fromPod, ifH1, syn)
+	r = s.run(t, fromPod, ifH1, syn)
 	got := parseTuple(t, r.out)
 	if r.redirIf != ifUp || got.src.Addr() != node || !inRange(got.src.Port()) || got.dst != netip.MustParseAddrPort("10.200.0.9:6443") {
 		t.Fatalf("pod -> 10.96.0.1:443: redirect %d, %s -> %s; want out of the uplink, from %s, to 10.200.0.9:6443", r.redirIf, got.src, got.dst, node)
