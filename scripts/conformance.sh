@@ -18,6 +18,10 @@
 #   CONFORMANCE_NODES   the lab's nodes (default 2)
 #   CONFORMANCE_ZONES   the nodes' zones, round robin (lab up --zones; e.g. a,b,c with
 #                       CONFORMANCE_NODES=3 for the Topology Hints and Traffic Distribution tests)
+#   CONFORMANCE_CNI     the lab's --cni (default lanekit): a rival's network (cilium,
+#                       kube-proxy-iptables, kube-proxy-nftables; `make k8s-rival-images`)
+#                       run with lanekit's skip list as the reference for what lanekit
+#                       should pass; the reports are conformance-<cni>.{json,md}, no LB pool
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -42,6 +46,11 @@ case $family in
   dual) name=conformance-dualstack; defskip=test/conformance/skip-dualstack.txt ;;
   *) echo "conformance: CONFORMANCE_IP_FAMILY=$family: want ipv4 or dual" >&2; exit 1 ;;
 esac
+cni=${CONFORMANCE_CNI:-lanekit}
+if [ "$cni" != lanekit ]; then
+  [ "$family" = ipv4 ] || { echo "conformance: CONFORMANCE_CNI=$cni runs on the IPv4 lab only" >&2; exit 1; }
+  name=conformance-$cni
+fi
 focus=${CONFORMANCE_FOCUS:-'\[sig-network\]'}
 skipfile=${CONFORMANCE_SKIP:-$defskip}
 procs=${CONFORMANCE_PROCS:-4}
@@ -68,9 +77,10 @@ start=$SECONDS
 # the underlay, which the runner reaches from outside the nodes' subnet.
 lbpool=${CONFORMANCE_LB_POOL-10.77.0.200-10.77.0.239}
 [ "$family" = ipv4 ] || lbpool=${CONFORMANCE_LB_POOL:-}
+[ "$cni" = lanekit ] || lbpool=  # lanekit's LB IPAM; the rivals' labs have none
 nodes=${CONFORMANCE_NODES:-2}
 zones=${CONFORMANCE_ZONES:-}
-bin/lanekit lab up --k8s --kubelet --nodes "$nodes" ${zones:+--zones "$zones"} --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
+bin/lanekit lab up --k8s --kubelet --cni "$cni" --nodes "$nodes" ${zones:+--zones "$zones"} --ip-family "$family" ${lbpool:+--lb-pool "$lbpool"} >&2
 if [ -n "${CONFORMANCE_DEADLINE:-}" ]; then
   left=$(( $(date -d "$CONFORMANCE_DEADLINE" +%s) - $(date +%s) - 60 ))
   [ "$left" -gt 120 ] || { echo "conformance: deadline $CONFORMANCE_DEADLINE too close" >&2; exit 1; }
@@ -93,6 +103,6 @@ cp "$work/ginkgo.log" "bin/$name.log"
 [ -f "$work/$name.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
 cp "$work/$name.json" "$out/$name.json"
 go run ./internal/tools/conformancereport -focus "$focus" -skip-file "$skipfile" -procs "$procs" \
-  -raw "docs/$name.json" -ip-family "$family" -nodes "$nodes" -zones "$zones" "$out/$name.json" >"$out/$name.md"
+  -raw "docs/$name.json" -ip-family "$family" -nodes "$nodes" -zones "$zones" -cni "$cni" "$out/$name.json" >"$out/$name.md"
 sed -n '1,/^## Failed/p' "$out/$name.md" >&2
 exit $rc

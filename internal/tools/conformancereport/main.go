@@ -106,6 +106,7 @@ type runDesc struct {
 	ipFamily string // the lab's --ip-family
 	nodes    int    // the lab's --nodes
 	zones    string // the lab's --zones
+	cni      string // the lab's --cni: "" or lanekit, else a rival's network (kube-proxy + flannel, Cilium)
 }
 
 func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry, d runDesc) error {
@@ -163,9 +164,17 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	byText(failed)
 	byText(selfSkipped)
 	p := func(f string, a ...any) { fmt.Fprintf(w, f+"\n", a...) }
-	p("# Upstream Kubernetes e2e tests on lanekit (`make conformance`)")
+	rival := d.cni != "" && d.cni != "lanekit"
+	if rival {
+		p("# Upstream Kubernetes e2e tests on %s, the reference for lanekit (`CONFORMANCE_CNI=%s make conformance`)", d.cni, d.cni)
+	} else {
+		p("# Upstream Kubernetes e2e tests on lanekit (`make conformance`)")
+	}
 	p("")
 	up := "lanekit lab up --k8s --kubelet"
+	if rival {
+		up += " --cni " + d.cni
+	}
 	if d.ipFamily != "" && d.ipFamily != "ipv4" {
 		up += " --ip-family " + d.ipFamily
 	}
@@ -178,8 +187,14 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 		up += " --zones " + d.zones
 		nodes += " in zones " + d.zones + " (round robin)"
 	}
-	p("The real-node lab (`%s`: %s, each kubelet + containerd, lanekit installed", up, nodes)
-	p("with `kubectl apply -k deploy/`, **no kube-proxy**) against the upstream e2e binary, run by ginkgo.")
+	if rival {
+		p("The real-node lab (`%s`: %s, each kubelet + containerd, %s installed the way its users install it,", up, nodes, d.cni)
+		p("no lanekit; [benchmarks.md](benchmarks.md) says how) against the upstream e2e binary, run by ginkgo, with lanekit's")
+		p("skip list: a test it passes that lanekit's run skips or fails is a gap ([conformance.md](conformance.md)).")
+	} else {
+		p("The real-node lab (`%s`: %s, each kubelet + containerd, lanekit installed", up, nodes)
+		p("with `kubectl apply -k deploy/`, **no kube-proxy**) against the upstream e2e binary, run by ginkgo.")
+	}
 	p("")
 	p("- Suite: %s; run %s, %s, %d ginkgo processes", r.SuiteDescription, r.StartTime.UTC().Format("2006-01-02 15:04 MST"),
 		r.EndTime.Sub(r.StartTime).Round(time.Second), d.procs)
@@ -234,8 +249,9 @@ func main() {
 	family := flag.String("ip-family", "ipv4", "the lab's --ip-family")
 	nodes := flag.Int("nodes", 2, "the lab's --nodes")
 	zones := flag.String("zones", "", "the lab's --zones")
+	cni := flag.String("cni", "", "the lab's --cni (empty: lanekit)")
 	flag.Parse()
-	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family, nodes: *nodes, zones: *zones}, flag.Args()); err != nil {
+	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family, nodes: *nodes, zones: *zones, cni: *cni}, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "conformancereport:", err)
 		os.Exit(1)
 	}

@@ -69,4 +69,22 @@ func TestWrite(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "--cni") || !strings.Contains(out, "lanekit installed") {
+		t.Errorf("lanekit's report names another network:\n%s", out)
+	}
+	// A rival's run, the reference for lanekit's: named as what ran.
+	b.Reset()
+	if err := write(&b, reps, regexp.MustCompile(`\[sig-network\]`), skips, runDesc{procs: 4, skipFile: "test/conformance/skip.txt",
+		raw: "docs/conformance-cilium.json", cni: "cilium"}); err != nil {
+		t.Fatal(err)
+	}
+	out = b.String()
+	for _, want := range []string{"# Upstream Kubernetes e2e tests on cilium", "`lanekit lab up --k8s --kubelet --cni cilium`", "cilium installed", "no lanekit"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the rival's report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "lanekit installed") {
+		t.Errorf("the rival's report says lanekit was installed:\n%s", out)
+	}
 }
