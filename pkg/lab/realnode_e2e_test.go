@@ -524,6 +524,36 @@ func webDeployment() *appsv1.Deployment {
 	}
 }
 
+// webNodePort creates the web Deployment (a pod on each node) and a
+// NodePort Service "web" of it (port 80 to 8080), waits for the pods and
+// returns the Service and the pods, the one on node 1 first.
+func webNodePort(t *testing.T, ctx context.Context, kc kubernetes.Interface) (*corev1.Service, []corev1.Pod) {
+	t.Helper()
+	web := webDeployment()
+	if _, err := kc.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: web.Spec.Selector.MatchLabels,
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitDeployment(ctx, kc, "default", "web"); err != nil {
+		t.Fatal(err)
+	}
+	pods := webPods(t, ctx, kc)
+	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Fatalf("the scheduler put both pods on %s", pods[0].Spec.NodeName)
+	}
+	if pods[0].Spec.NodeName != KubeNodeName(1) {
+		pods[0], pods[1] = pods[1], pods[0]
+	}
+	return svc, pods
+}
+
 func webPods(t *testing.T, ctx context.Context, kc kubernetes.Interface) []corev1.Pod {
 	t.Helper()
 	pods, err := kc.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})

@@ -15,7 +15,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 )
@@ -161,28 +160,7 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 		}
 	}
 
-	web := webDeployment()
-	if _, err := kc.AppsV1().Deployments("default").Create(ctx, web, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: web.Spec.Selector.MatchLabels,
-			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := waitDeployment(ctx, kc, "default", "web"); err != nil {
-		t.Fatal(err)
-	}
-	pods := webPods(t, ctx, kc)
-	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
-		t.Fatalf("the scheduler put both pods on %s", pods[0].Spec.NodeName)
-	}
-	if pods[0].Spec.NodeName != KubeNodeName(1) {
-		pods[0], pods[1] = pods[1], pods[0]
-	}
+	svc, pods := webNodePort(t, ctx, kc)
 	exec := func(p corev1.Pod, args ...string) (string, error) {
 		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
 	}
