@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -17,16 +16,71 @@ import (
 // The transform (slim.go) also interns the strings that repeat across
 // objects — namespaces, label keys and values, annotation keys, node names,
 // enum fields — so that each is held once however many objects carry it: a
-// decoded object holds its own copy of every string. unique.Make holds its
-// strings weakly: a string no object uses any more is dropped. Names, UIDs,
-// addresses and annotation values, which seldom repeat, are left alone.
+// decoded object holds its own copy of every string. Names, UIDs, addresses
+// and annotation values, which seldom repeat, are left alone.
+//
+// The table holds its strings strongly (unique.Make would hold them weakly:
+// the objects keep a string's bytes, not the unique.Handle, so its entry
+// went at the next GC and equal strings decoded on either side of one were
+// held twice). It is bounded, for a tenant creating ever-new label values:
+// two generations, each of at most half the bound; a string found in the
+// old one moves to the new one, and when the new one is full the old one is
+// forgotten — a string still in use is back in the table at its next
+// lookup, one no object carries any more leaves it after two generations.
+// The objects holding a forgotten string keep it; a later object carrying
+// it gets a copy of its own, then the table's again.
+type internTable struct {
+	mu       sync.Mutex
+	cur, old map[string]string
+	max      int // strings in both generations together
+	maxLen   int // longer strings are not kept (each holds its bytes)
+}
 
-func intern(s string) string {
-	if s == "" {
+// internMax bounds the table's strings, internMaxLen their length (a label
+// value is at most 63 bytes, a qualified key 253 + 63): a full table holds
+// at most a few MB.
+const (
+	internMax    = 1 << 16
+	internMaxLen = 320
+)
+
+// strs is the transform's: one process, one set of caches.
+var strs = newInternTable(internMax, internMaxLen)
+
+func newInternTable(max, maxLen int) *internTable {
+	return &internTable{cur: map[string]string{}, max: max, maxLen: maxLen}
+}
+
+func (t *internTable) intern(s string) string {
+	if s == "" || len(s) > t.maxLen {
 		return s
 	}
-	return unique.Make(s).Value()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c, ok := t.cur[s]; ok {
+		return c
+	}
+	c, ok := t.old[s]
+	if ok {
+		delete(t.old, s)
+	} else {
+		c = strings.Clone(s) // not s's backing array: s may be a part of a larger decoded buffer
+	}
+	if len(t.cur) >= t.max/2 {
+		t.old, t.cur = t.cur, make(map[string]string, len(t.cur))
+	}
+	t.cur[c] = c
+	return c
 }
+
+// len is the strings the table holds.
+func (t *internTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.cur) + len(t.old)
+}
+
+func intern(s string) string { return strs.intern(s) }
 
 // internMap returns m with its keys and values interned (a new map: the
 // keys of a map cannot be replaced in place).
