@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -12,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -220,5 +223,67 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	is := informed[k8sobj.KindEndpointSlice].(*k8sobj.EndpointSlice)
 	if !same(slice.EndpointSlice.ServiceName, is.ServiceName) || !same(slice.EndpointSlice.Endpoints[0].TargetRef.Namespace, is.Endpoints[0].TargetRef.Namespace) {
 		t.Error("the restored slice's Service name or pods' namespaces are copies of their own")
+	}
+}
+
+// TestServiceSpecPartsShared: Services decoded apart with equal port
+// lists, IP families and policies share one of each after the transform,
+// with their values; the first ClusterIP is the ClusterIP's string; port
+// lists differing in any field are not shared.
+func TestServiceSpecPartsShared(t *testing.T) {
+	// portsKey must see every field of a port: a field added by a
+	// k8s.io/api bump would let two different lists share one.
+	if n := reflect.TypeFor[corev1.ServicePort]().NumField(); n != 6 {
+		t.Fatalf("corev1.ServicePort has %d fields, portsKey knows 6", n)
+	}
+	mk := func(name string, edit func(*corev1.ServicePort)) *corev1.Service {
+		p := corev1.ServicePort{Name: fresh("http"), Protocol: corev1.Protocol(fresh("TCP")), Port: 80, TargetPort: intstr.FromInt32(8080)}
+		if edit != nil {
+			edit(&p)
+		}
+		single, local := corev1.IPFamilyPolicy(fresh("SingleStack")), corev1.ServiceInternalTrafficPolicy(fresh("Local"))
+		ip := "10.96." + name
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-s")},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{p}, ClusterIP: fresh(ip), ClusterIPs: []string{fresh(ip)},
+				IPFamilies: []corev1.IPFamily{corev1.IPFamily(fresh("IPv4"))}, IPFamilyPolicy: &single, InternalTrafficPolicy: &local}}
+		o, err := slim(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*corev1.Service)
+	}
+	sliceID := func(v any) uintptr { return reflect.ValueOf(v).Pointer() }
+	a, b := mk("0.1", nil), mk("0.2", nil)
+	want := []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}
+	if !reflect.DeepEqual(a.Spec.Ports, want) || !reflect.DeepEqual(b.Spec.Ports, want) || *a.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack ||
+		*a.Spec.InternalTrafficPolicy != corev1.ServiceInternalTrafficPolicyLocal || !slices.Equal(a.Spec.IPFamilies, []corev1.IPFamily{corev1.IPv4Protocol}) ||
+		!slices.Equal(a.Spec.ClusterIPs, []string{"10.96.0.1"}) || b.Spec.ClusterIP != "10.96.0.2" {
+		t.Fatalf("the transform changed the Service's spec: %+v", a.Spec)
+	}
+	if sliceID(a.Spec.Ports) != sliceID(b.Spec.Ports) || sliceID(a.Spec.IPFamilies) != sliceID(b.Spec.IPFamilies) ||
+		a.Spec.IPFamilyPolicy != b.Spec.IPFamilyPolicy || a.Spec.InternalTrafficPolicy != b.Spec.InternalTrafficPolicy {
+		t.Error("two Services' equal port lists, IP families or policies held twice")
+	}
+	if !same(a.Spec.ClusterIP, a.Spec.ClusterIPs[0]) {
+		t.Error("the first ClusterIP is a copy of the ClusterIP")
+	}
+	for what, edit := range map[string]func(*corev1.ServicePort){
+		"name":         func(p *corev1.ServicePort) { p.Name = "web" },
+		"protocol":     func(p *corev1.ServicePort) { p.Protocol = corev1.ProtocolUDP },
+		"appProtocol":  func(p *corev1.ServicePort) { p.AppProtocol = ptr.To("") },
+		"port":         func(p *corev1.ServicePort) { p.Port = 81 },
+		"target int":   func(p *corev1.ServicePort) { p.TargetPort = intstr.FromInt32(8081) },
+		"target named": func(p *corev1.ServicePort) { p.TargetPort = intstr.FromString("8080") },
+		"nodePort":     func(p *corev1.ServicePort) { p.NodePort = 30080 },
+	} {
+		c := mk("0.3", edit)
+		if sliceID(c.Spec.Ports) == sliceID(a.Spec.Ports) {
+			t.Errorf("a port list with another %s shares the list: %+v", what, c.Spec.Ports)
+		}
+		wantC := slices.Clone(want)
+		edit(&wantC[0])
+		if !reflect.DeepEqual(c.Spec.Ports, wantC) {
+			t.Errorf("%s: ports %+v, want %+v", what, c.Spec.Ports, wantC)
+		}
 	}
 }

@@ -30,7 +30,9 @@ import (
 // capacity and conditions go. Services lose their spec.selector: it is
 // the endpointslice controller's input, the agent reads the slices (and a
 // Service's selector is nearly always a label set of its own, a map per
-// Service). EndpointSlices become the agent's own k8sobj.EndpointSlice:
+// Service); their port lists, IP families and family and internal traffic
+// policies are shared between Services that have equal ones (sharedSpec,
+// intern.go). EndpointSlices become the agent's own k8sobj.EndpointSlice:
 // their name, namespace, Service name, headless mark, trigger-time
 // annotation, address type, ports and, of each endpoint, its addresses,
 // conditions (three states, not three pointers), hints and the pod it
