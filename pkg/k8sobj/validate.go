@@ -166,7 +166,7 @@ func validateService(s *corev1.Service) field.ErrorList {
 			errs = append(errs, field.TooMany(spec.Child("clusterIPs"), len(s.Spec.ClusterIPs), 2))
 		case err != nil || ip.Is4In6():
 			errs = append(errs, field.Invalid(p, a, "must be an IPv4 or IPv6 address"))
-		case i == 1 && ip.Is4() == (netip.MustParseAddr(s.Spec.ClusterIPs[0]).Is4()):
+		case i == 1 && sameFamily(ip, s.Spec.ClusterIPs[0]):
 			errs = append(errs, field.Invalid(p, a, "must be of the other family than clusterIPs[0]"))
 		}
 	}
@@ -241,6 +241,13 @@ func validateService(s *corev1.Service) field.ErrorList {
 }
 
 // validateExternalName checks an ExternalName Service as the API server does.
+// sameFamily reports whether ip is of first's family; false if first is
+// not an address (refused for itself).
+func sameFamily(ip netip.Addr, first string) bool {
+	f, err := netip.ParseAddr(first)
+	return err == nil && ip.Is4() == f.Is4()
+}
+
 func validateExternalName(s *corev1.Service) field.ErrorList {
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
