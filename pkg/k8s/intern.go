@@ -211,7 +211,7 @@ func internPod(p *k8sobj.Pod) {
 	}
 }
 
-func internService(s *corev1.Service) {
+func internService(s *k8sobj.Service) {
 	sp := &s.Spec
 	sp.Type = corev1.ServiceType(intern(string(sp.Type)))
 	sp.SessionAffinity = corev1.ServiceAffinity(intern(string(sp.SessionAffinity)))

@@ -236,7 +236,7 @@ func TestServiceSpecPartsShared(t *testing.T) {
 	if n := reflect.TypeFor[corev1.ServicePort]().NumField(); n != 6 {
 		t.Fatalf("corev1.ServicePort has %d fields, portsKey knows 6", n)
 	}
-	mk := func(name string, edit func(*corev1.ServicePort)) *corev1.Service {
+	mk := func(name string, edit func(*corev1.ServicePort)) *k8sobj.Service {
 		p := corev1.ServicePort{Name: fresh("http"), Protocol: corev1.Protocol(fresh("TCP")), Port: 80, TargetPort: intstr.FromInt32(8080)}
 		if edit != nil {
 			edit(&p)
@@ -250,7 +250,7 @@ func TestServiceSpecPartsShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return o.(*corev1.Service)
+		return o.(*k8sobj.Service)
 	}
 	sliceID := func(v any) uintptr { return reflect.ValueOf(v).Pointer() }
 	a, b := mk("0.1", nil), mk("0.2", nil)
