@@ -174,8 +174,11 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", Namespace: "team-r",
 		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "team-r", Name: "web-1"}}}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-r", Labels: maps.Clone(labels)},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.5", ClusterIPs: []string{"10.96.0.5"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}}}
 	informed := map[k8sobj.Kind]any{}
-	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy()} {
+	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy(), k8sobj.KindService: svc.DeepCopy()} {
 		s, err := slim(o)
 		if err != nil {
 			t.Fatal(err)
@@ -219,6 +222,15 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	slice, want := restore(k8sobj.KindEndpointSlice)
 	if !reflect.DeepEqual(slice, want) {
 		t.Errorf("interning changed the slice:\n%+v\nwant\n%+v", slice.EndpointSlice, want.EndpointSlice)
+	}
+	restored, want := restore(k8sobj.KindService)
+	if !reflect.DeepEqual(restored, want) {
+		t.Errorf("interning changed the Service:\n%+v\nwant\n%+v", restored.Service, want.Service)
+	}
+	isvc := informed[k8sobj.KindService].(*k8sobj.Service)
+	if mapID(restored.Service.Labels) != mapID(isvc.Labels) || reflect.ValueOf(restored.Service.Spec.Ports).Pointer() != reflect.ValueOf(isvc.Spec.Ports).Pointer() ||
+		!same(restored.Service.Namespace, isvc.Namespace) {
+		t.Error("the restored Service's labels, port list or namespace are its own, not the informers' Service's")
 	}
 	is := informed[k8sobj.KindEndpointSlice].(*k8sobj.EndpointSlice)
 	if !same(slice.EndpointSlice.ServiceName, is.ServiceName) || !same(slice.EndpointSlice.Endpoints[0].TargetRef.Namespace, is.Endpoints[0].TargetRef.Namespace) {
