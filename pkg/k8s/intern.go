@@ -17,7 +17,9 @@ import (
 // objects — namespaces, label keys and values, annotation keys, node names,
 // enum fields — so that each is held once however many objects carry it: a
 // decoded object holds its own copy of every string. Names, UIDs, addresses
-// and annotation values, which seldom repeat, are left alone.
+// and annotation values, which seldom repeat, are left alone, and so is a
+// slice's Service name: one per Service but for the few Services with more
+// than one slice, it would fill the table with an entry per Service.
 //
 // The table holds its strings strongly (unique.Make would hold them weakly:
 // the objects keep a string's bytes, not the unique.Handle, so its entry
@@ -336,7 +338,7 @@ func portsKey(ports []corev1.ServicePort) string {
 }
 
 func internSlice(s *k8sobj.EndpointSlice) {
-	s.Namespace, s.ServiceName = intern(s.Namespace), intern(s.ServiceName)
+	s.Namespace = intern(s.Namespace)
 	s.InvalidLabels = internMap(s.InvalidLabels) // nil unless a label is invalid
 	s.AddressType = discoveryv1.AddressType(intern(string(s.AddressType)))
 	for i := range s.Ports {
