@@ -20,14 +20,14 @@ func benchServiceObjects(n int) []k8sobj.Object {
 	objs := make([]k8sobj.Object, 0, 2*n)
 	for i := range n {
 		name := fmt.Sprintf("svc-%d", i)
-		svc := &corev1.Service{
+		svc := k8sobj.SlimService(&corev1.Service{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench"},
 			Spec: corev1.ServiceSpec{
 				ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1),
 				Ports:     []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}},
 			},
-		}
+		})
 		es := &discoveryv1.EndpointSlice{
 			TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
 			ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Namespace: "bench",

@@ -8,9 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -55,12 +52,11 @@ func (d *DatapathProgrammer) Program(ctx context.Context, set *SvcSet, _ time.Du
 		return 0, fmt.Errorf("datapath programming: %w", err)
 	}
 	d.dp = dp
-	svcs := make([]*corev1.Service, len(set.Services))
+	svcs := make([]*k8sobj.Service, len(set.Services))
 	slices := make([]*k8sobj.EndpointSlice, len(set.Services))
 	for i := range set.Services {
-		var es *discoveryv1.EndpointSlice
-		svcs[i], es = set.Objects(i)
-		slices[i] = k8sobj.SlimEndpointSlice(es)
+		svc, es := set.Objects(i)
+		svcs[i], slices[i] = k8sobj.SlimService(svc), k8sobj.SlimEndpointSlice(es)
 	}
 	start := time.Now()
 	m, err := service.Build(svcs, slices, service.Options{})
@@ -81,9 +77,9 @@ func (d *DatapathProgrammer) Change(_ context.Context, _, cur *SvcSet, changed i
 		return 0, fmt.Errorf("datapath change: nothing programmed")
 	}
 	svc, v1 := cur.Objects(changed)
-	slice := k8sobj.SlimEndpointSlice(v1) // as the agent's decode does, before it applies
+	slice := k8sobj.SlimEndpointSlice(v1) // as the agent's decode does (and SlimService below), before it applies
 	start := time.Now()
-	c, err := d.model.Set(svc, []*k8sobj.EndpointSlice{slice})
+	c, err := d.model.Set(k8sobj.SlimService(svc), []*k8sobj.EndpointSlice{slice})
 	if err != nil {
 		return 0, fmt.Errorf("datapath change: %w", err)
 	}

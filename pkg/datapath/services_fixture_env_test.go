@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
@@ -171,7 +170,7 @@ func applyYAML(t *testing.T, dp *Loader, m *service.Model, tables *service.Table
 	if err != nil {
 		t.Fatal(err)
 	}
-	var svc *corev1.Service
+	var svc *k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for _, o := range objs {
 		if o.Service != nil {

@@ -32,18 +32,18 @@ func cpuTime() time.Duration {
 
 // scaleObjects returns n ClusterIP+NodePort services with `backends` ready
 // endpoints each.
-func scaleObjects(n, backends int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
-	var svcs []*corev1.Service
+func scaleObjects(n, backends int) ([]*k8sobj.Service, []*k8sobj.EndpointSlice) {
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		name := fmt.Sprintf("s%d", i)
-		svcs = append(svcs, &corev1.Service{
+		svcs = append(svcs, k8sobj.SlimService(&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "scale"},
 			Spec: corev1.ServiceSpec{
 				ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1),
 				Ports:     []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}},
 			},
-		})
+		}))
 		es := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: "scale", Labels: map[string]string{k8sobj.ServiceNameLabel: name}},
 			AddressType: discoveryv1.AddressTypeIPv4,

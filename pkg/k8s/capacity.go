@@ -136,7 +136,7 @@ func (w *capacityWatcher) event(id service.ServiceID, typ, reason, msg string) {
 	if err != nil || !ok {
 		return
 	}
-	if svc, ok := o.(*corev1.Service); ok {
+	if svc, ok := o.(*k8sobj.Service); ok {
 		w.recorder.Event(svc, typ, reason, msg)
 	}
 }

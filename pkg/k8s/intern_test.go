@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
-	"runtime/debug"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -12,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -76,11 +79,41 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 	}
 	x, y := mkSlice("x"), mkSlice("y")
 	if !same(x.Namespace, y.Namespace) || !same(x.Endpoints[0].TargetRef.Namespace, y.Endpoints[0].TargetRef.Namespace) ||
-		!same(string(x.AddressType), string(y.AddressType)) || !same(x.ServiceName, y.ServiceName) {
-		t.Error("a slice's namespace, pods' namespaces, address type or Service name held twice")
+		!same(string(x.AddressType), string(y.AddressType)) {
+		t.Error("a slice's namespace, pods' namespaces or address type held twice")
 	}
 	if x.Endpoints[0].TargetRef.Namespace != "team-p" || x.ServiceName != "web" {
 		t.Errorf("the transform changed the slice: %+v", x)
+	}
+}
+
+// TestInternSharesAcrossGC: equal strings interned on either side of a
+// collection are held once (the table holds its strings, not the objects
+// alone); the table stays bounded under ever-new strings, and a string in
+// use through them stays shared.
+func TestInternSharesAcrossGC(t *testing.T) {
+	a := intern(fresh("team-gc-across"))
+	runtime.GC()
+	runtime.GC()
+	if b := intern(fresh("team-gc-across")); !same(a, b) || b != "team-gc-across" {
+		t.Error("a string interned after a GC is a copy of its own")
+	}
+	tb := newInternTable(8, 16)
+	hot := tb.intern(fresh("hot"))
+	for i := range 100 {
+		if v := fmt.Sprint("v-", i); tb.intern(fresh(v)) != v {
+			t.Fatalf("interned %q changed", v)
+		}
+		if i%3 == 0 && !same(tb.intern(fresh("hot")), hot) {
+			t.Fatalf("after %d new strings a string in use is held twice", i)
+		}
+		if n := tb.len(); n > 8 {
+			t.Fatalf("the table holds %d strings, want <= 8", n)
+		}
+	}
+	long := strings.Repeat("x", 17)
+	if a, b := tb.intern(fresh(long)), tb.intern(fresh(long)); a != long || same(a, b) || tb.len() > 8 {
+		t.Error("a string over the table's length bound was kept")
 	}
 }
 
@@ -134,13 +167,6 @@ func TestLabelSetsShared(t *testing.T) {
 // informers' objects, which they are held beside until each kind's full
 // set replaces them, and say what they said.
 func TestInternObjectSharesWithTheInformers(t *testing.T) {
-	// intern keeps no unique.Handle, so a canonical string lives only until
-	// the next GC (unique holds its entries weakly; the objects keep the
-	// bytes, not the entry): a GC between the informers' slim and the
-	// restore's intern (a full package run's other tests allocate) made
-	// this test read copies. No GC while it runs; what that weakness costs
-	// the agent is the interning's, not this test's.
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	labels := map[string]string{"app.kubernetes.io/name": "web", "pod-template-hash": "7c9d"}
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "team-r", Labels: maps.Clone(labels)},
 		Spec:   corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}},
@@ -148,14 +174,21 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", Namespace: "team-r",
 		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "team-r", Name: "web-1"}}}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-r", Labels: maps.Clone(labels)},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.5", ClusterIPs: []string{"10.96.0.5"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}}}
 	informed := map[k8sobj.Kind]any{}
-	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy()} {
+	for kind, o := range map[k8sobj.Kind]any{k8sobj.KindPod: p.DeepCopy(), k8sobj.KindEndpointSlice: es.DeepCopy(), k8sobj.KindService: svc.DeepCopy()} {
 		s, err := slim(o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		informed[kind] = s
 	}
+	// A restart's restore runs long after the informers decoded what the
+	// store holds: collections between them must not lose the strings.
+	runtime.GC()
+	runtime.GC()
 	// As the store has them: JSON, decoded apart.
 	restore := func(kind k8sobj.Kind) (k8sobj.Object, k8sobj.Object) {
 		t.Helper()
@@ -190,8 +223,79 @@ func TestInternObjectSharesWithTheInformers(t *testing.T) {
 	if !reflect.DeepEqual(slice, want) {
 		t.Errorf("interning changed the slice:\n%+v\nwant\n%+v", slice.EndpointSlice, want.EndpointSlice)
 	}
+	restored, want := restore(k8sobj.KindService)
+	if !reflect.DeepEqual(restored, want) {
+		t.Errorf("interning changed the Service:\n%+v\nwant\n%+v", restored.Service, want.Service)
+	}
+	isvc := informed[k8sobj.KindService].(*k8sobj.Service)
+	if mapID(restored.Service.Labels) != mapID(isvc.Labels) || reflect.ValueOf(restored.Service.Spec.Ports).Pointer() != reflect.ValueOf(isvc.Spec.Ports).Pointer() ||
+		!same(restored.Service.Namespace, isvc.Namespace) {
+		t.Error("the restored Service's labels, port list or namespace are its own, not the informers' Service's")
+	}
 	is := informed[k8sobj.KindEndpointSlice].(*k8sobj.EndpointSlice)
-	if !same(slice.EndpointSlice.ServiceName, is.ServiceName) || !same(slice.EndpointSlice.Endpoints[0].TargetRef.Namespace, is.Endpoints[0].TargetRef.Namespace) {
-		t.Error("the restored slice's Service name or pods' namespaces are copies of their own")
+	if !same(slice.EndpointSlice.Namespace, is.Namespace) || !same(slice.EndpointSlice.Endpoints[0].TargetRef.Namespace, is.Endpoints[0].TargetRef.Namespace) {
+		t.Error("the restored slice's namespace or pods' namespaces are copies of their own")
+	}
+}
+
+// TestServiceSpecPartsShared: Services decoded apart with equal port
+// lists, IP families and policies share one of each after the transform,
+// with their values; the first ClusterIP is the ClusterIP's string; port
+// lists differing in any field are not shared.
+func TestServiceSpecPartsShared(t *testing.T) {
+	// portsKey must see every field of a port: a field added by a
+	// k8s.io/api bump would let two different lists share one.
+	if n := reflect.TypeFor[corev1.ServicePort]().NumField(); n != 6 {
+		t.Fatalf("corev1.ServicePort has %d fields, portsKey knows 6", n)
+	}
+	mk := func(name string, edit func(*corev1.ServicePort)) *k8sobj.Service {
+		p := corev1.ServicePort{Name: fresh("http"), Protocol: corev1.Protocol(fresh("TCP")), Port: 80, TargetPort: intstr.FromInt32(8080)}
+		if edit != nil {
+			edit(&p)
+		}
+		single, local := corev1.IPFamilyPolicy(fresh("SingleStack")), corev1.ServiceInternalTrafficPolicy(fresh("Local"))
+		ip := "10.96." + name
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-s")},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{p}, ClusterIP: fresh(ip), ClusterIPs: []string{fresh(ip)},
+				IPFamilies: []corev1.IPFamily{corev1.IPFamily(fresh("IPv4"))}, IPFamilyPolicy: &single, InternalTrafficPolicy: &local}}
+		o, err := slim(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*k8sobj.Service)
+	}
+	sliceID := func(v any) uintptr { return reflect.ValueOf(v).Pointer() }
+	a, b := mk("0.1", nil), mk("0.2", nil)
+	want := []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}
+	if !reflect.DeepEqual(a.Spec.Ports, want) || !reflect.DeepEqual(b.Spec.Ports, want) || *a.Spec.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack ||
+		*a.Spec.InternalTrafficPolicy != corev1.ServiceInternalTrafficPolicyLocal || !slices.Equal(a.Spec.IPFamilies, []corev1.IPFamily{corev1.IPv4Protocol}) ||
+		!slices.Equal(a.Spec.ClusterIPs, []string{"10.96.0.1"}) || b.Spec.ClusterIP != "10.96.0.2" {
+		t.Fatalf("the transform changed the Service's spec: %+v", a.Spec)
+	}
+	if sliceID(a.Spec.Ports) != sliceID(b.Spec.Ports) || sliceID(a.Spec.IPFamilies) != sliceID(b.Spec.IPFamilies) ||
+		a.Spec.IPFamilyPolicy != b.Spec.IPFamilyPolicy || a.Spec.InternalTrafficPolicy != b.Spec.InternalTrafficPolicy {
+		t.Error("two Services' equal port lists, IP families or policies held twice")
+	}
+	if !same(a.Spec.ClusterIP, a.Spec.ClusterIPs[0]) {
+		t.Error("the first ClusterIP is a copy of the ClusterIP")
+	}
+	for what, edit := range map[string]func(*corev1.ServicePort){
+		"name":         func(p *corev1.ServicePort) { p.Name = "web" },
+		"protocol":     func(p *corev1.ServicePort) { p.Protocol = corev1.ProtocolUDP },
+		"appProtocol":  func(p *corev1.ServicePort) { p.AppProtocol = ptr.To("") },
+		"port":         func(p *corev1.ServicePort) { p.Port = 81 },
+		"target int":   func(p *corev1.ServicePort) { p.TargetPort = intstr.FromInt32(8081) },
+		"target named": func(p *corev1.ServicePort) { p.TargetPort = intstr.FromString("8080") },
+		"nodePort":     func(p *corev1.ServicePort) { p.NodePort = 30080 },
+	} {
+		c := mk("0.3", edit)
+		if sliceID(c.Spec.Ports) == sliceID(a.Spec.Ports) {
+			t.Errorf("a port list with another %s shares the list: %+v", what, c.Spec.Ports)
+		}
+		wantC := slices.Clone(want)
+		edit(&wantC[0])
+		if !reflect.DeepEqual(c.Spec.Ports, wantC) {
+			t.Errorf("%s: ports %+v, want %+v", what, c.Spec.Ports, wantC)
+		}
 	}
 }

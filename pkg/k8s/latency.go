@@ -95,7 +95,7 @@ func sliceTriggerTime(s *k8sobj.EndpointSlice, added bool, services cache.Store)
 	if name == "" || !ok || err != nil {
 		return time.Time{}, false
 	}
-	svc, ok := o.(*corev1.Service)
+	svc, ok := o.(*k8sobj.Service)
 	if !ok {
 		return time.Time{}, false
 	}

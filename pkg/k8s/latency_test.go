@@ -48,7 +48,7 @@ func TestLatencyTrigger(t *testing.T) {
 	lt := newLatencyTracker(obs, start)
 	services := cache.NewStore(cache.MetaNamespaceKeyFunc)
 	svcCreated := start.Add(2 * time.Second)
-	_ = services.Add(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "a", CreationTimestamp: metav1.NewTime(svcCreated)}})
+	_ = services.Add(&k8sobj.Service{Name: "web", Namespace: "a", CreationTimestamp: metav1.NewTime(svcCreated)})
 	// As the informers' transform hands them to the handler.
 	slice := func(ann string, at discoveryv1.AddressType) *k8sobj.EndpointSlice {
 		s := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-1", Namespace: "a",

@@ -27,10 +27,17 @@ import (
 // generateName, and only the annotations the agent reads (podAnnotations:
 // pod annotations are anyone's who may edit pods, of any size). Nodes keep
 // their pod CIDRs, addresses and taints; their image lists, volumes,
-// capacity and conditions go. Services lose their spec.selector: it is
-// the endpointslice controller's input, the agent reads the slices (and a
-// Service's selector is nearly always a label set of its own, a map per
-// Service). EndpointSlices become the agent's own k8sobj.EndpointSlice:
+// capacity and conditions go. Services become the agent's own
+// k8sobj.Service (a corev1.Service is 592 bytes, its ObjectMeta 232 of
+// them): their name, namespace, UID, resourceVersion, creation time,
+// labels, the source-ranges annotation, the spec the agent reads and the
+// load-balancer status; not their spec.selector (the endpointslice
+// controller's input: the agent reads the slices, and a Service's selector
+// is nearly always a label set of its own, a map per Service), their other
+// annotations, owner references and finalizers, nor the spec fields only
+// the LB IPAM controller reads (it has informers of its own). Their port
+// lists, IP families and family and internal traffic policies are shared
+// between Services that have equal ones (sharedSpec, intern.go). EndpointSlices become the agent's own k8sobj.EndpointSlice:
 // their name, namespace, Service name, headless mark, trigger-time
 // annotation, address type, ports and, of each endpoint, its addresses,
 // conditions (three states, not three pointers), hints and the pod it
@@ -72,9 +79,11 @@ func slim(obj any) (any, error) {
 	case *corev1.Namespace:
 		o.TypeMeta = typeMeta[k8sobj.KindNamespace]
 	case *corev1.Service:
-		o.TypeMeta = typeMeta[k8sobj.KindService]
-		o.Spec.Selector = nil
-		internService(o)
+		svc := k8sobj.SlimService(o)
+		svc.Labels = sharedLabels.share(svc.Labels)
+		svc.Namespace = intern(svc.Namespace)
+		internService(svc)
+		return svc, nil
 	case *discoveryv1.EndpointSlice:
 		es := k8sobj.SlimEndpointSlice(o)
 		internSlice(es)

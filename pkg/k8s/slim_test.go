@@ -168,23 +168,26 @@ func TestSlimPodKeepsContainersWithPorts(t *testing.T) {
 	runtime.KeepAlive(pods)
 }
 
-// A Service is kept without its spec.selector (the endpointslice
-// controller's input, not the agent's: a map per Service, as selectors are
-// nearly always sets of their own), with what the agent reads.
+// A Service becomes the agent's k8sobj.Service: without its spec.selector
+// (the endpointslice controller's input, not the agent's: a map per
+// Service, as selectors are nearly always sets of their own) or the rest of
+// what the agent does not read, with what it reads.
 func TestSlimServiceDropsSelector(t *testing.T) {
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-s", Labels: map[string]string{"app": "web"}},
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-s", Labels: map[string]string{"app": "web"},
+		UID: "u-1", Annotations: map[string]string{"team": "s", corev1.AnnotationLoadBalancerSourceRangesKey: "10.0.0.0/8"}},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}}}}
 	o, err := slim(svc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := o.(*corev1.Service)
-	if got.Spec.Selector != nil {
-		t.Errorf("the selector was kept: %v", got.Spec.Selector)
+	got := o.(*k8sobj.Service)
+	if v1 := got.V1(); v1.Spec.Selector != nil || len(v1.Annotations) != 1 {
+		t.Errorf("the selector or an unread annotation was kept: %v %v", v1.Spec.Selector, v1.Annotations)
 	}
 	if got.Labels["app"] != "web" || got.Spec.ClusterIP != "10.96.0.10" || len(got.Spec.Ports) != 1 || got.Spec.Ports[0].TargetPort.StrVal != "http" ||
-		got.Kind != "Service" {
+		got.UID != "u-1" || got.Annotations[corev1.AnnotationLoadBalancerSourceRangesKey] != "10.0.0.0/8" ||
+		got.GetObjectKind().GroupVersionKind().Kind != "Service" {
 		t.Errorf("the Service lost what the agent reads: %+v", got)
 	}
 }

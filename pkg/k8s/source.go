@@ -632,8 +632,10 @@ func toObject(kind k8sobj.Kind, o any) (k8sobj.Object, error) {
 		is, obj.Pod = k8sobj.KindPod, v
 	case *corev1.Pod: // not from the transform
 		is, obj.Pod = k8sobj.KindPod, slimPod(v)
-	case *corev1.Service:
-		is, obj.Service = k8sobj.KindService, typed(v, k8sobj.KindService)
+	case *k8sobj.Service:
+		is, obj.Service = k8sobj.KindService, v
+	case *corev1.Service: // not from the transform
+		is, obj.Service = k8sobj.KindService, k8sobj.SlimService(v)
 	case *k8sobj.EndpointSlice:
 		is, obj.EndpointSlice = k8sobj.KindEndpointSlice, v
 	case *discoveryv1.EndpointSlice: // not from the transform

@@ -103,10 +103,8 @@ func TestObjectsReachTheAgent(t *testing.T) {
 	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a", Labels: map[string]string{"team": "a"}}})
 	mustCreate(t, e.c.CoreV1().Pods("team-a").Create, pod("team-a", "web-1", "node-1", map[string]string{"app": "web"}))
 	store := newObjectStore()
-	stale := k8sobj.Object{Kind: k8sobj.KindService, Service: &corev1.Service{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{Name: "gone", Namespace: "team-a"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.96.0.99", Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
+	stale := k8sobj.Object{Kind: k8sobj.KindService, Service: &k8sobj.Service{Name: "gone", Namespace: "team-a",
+		Spec: k8sobj.ServiceSpec{ClusterIP: "10.96.0.99", Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
 	}}
 	if err := store.UpsertObjects([]k8sobj.Object{stale}); err != nil {
 		t.Fatal(err)
@@ -147,8 +145,8 @@ func TestObjectsReachTheAgent(t *testing.T) {
 	for _, k := range []string{"Service/team-a/web", "EndpointSlice/team-a/web-abc", "NetworkPolicy/team-a/deny"} {
 		eventually(t, "agent gets "+k, func() bool { return store.has(k) })
 	}
-	if o, _ := store.get("Service/team-a/web"); o.Service.Spec.ClusterIP != svc.Spec.ClusterIP || o.Service.APIVersion != "v1" {
-		t.Errorf("service in the agent: clusterIP %q apiVersion %q, want %q v1", o.Service.Spec.ClusterIP, o.Service.APIVersion, svc.Spec.ClusterIP)
+	if o, _ := store.get("Service/team-a/web"); o.Service.Spec.ClusterIP != svc.Spec.ClusterIP || o.Service.V1().APIVersion != "v1" {
+		t.Errorf("service in the agent: clusterIP %q apiVersion %q, want %q v1", o.Service.Spec.ClusterIP, o.Service.V1().APIVersion, svc.Spec.ClusterIP)
 	}
 	// An update reaches it too (pod status: the pod IP gives its identity).
 	p, err := e.c.CoreV1().Pods("team-a").Get(ctx, "web-1", metav1.GetOptions{})

@@ -82,7 +82,7 @@ type Object struct {
 	// non-empty documents only (items of a List share their List's index).
 	Index         int
 	Kind          Kind
-	Service       *corev1.Service
+	Service       *Service       // what lanekit reads of a v1 Service (service.go)
 	EndpointSlice *EndpointSlice // what lanekit reads of a v1 EndpointSlice (slice.go)
 	NetworkPolicy *networkingv1.NetworkPolicy
 	NamespaceObj  *corev1.Namespace // Kind Namespace (Namespace() is every kind's namespace accessor)
@@ -317,8 +317,7 @@ func decodeOne(index int, js []byte) (Object, error) {
 	var target any
 	switch o.Kind {
 	case KindService:
-		o.Service = &corev1.Service{}
-		target = o.Service
+		target = &corev1.Service{}
 	case KindEndpointSlice:
 		target = &discoveryv1.EndpointSlice{}
 	case KindNetworkPolicy:
@@ -334,6 +333,8 @@ func decodeOne(index int, js []byte) (Object, error) {
 		return Object{}, &DocError{Index: index, Object: what, Err: err}
 	}
 	switch v := target.(type) {
+	case *corev1.Service:
+		o.Service = SlimService(v)
 	case *corev1.Pod:
 		o.Pod = SlimPod(v)
 	case *discoveryv1.EndpointSlice:
@@ -429,9 +430,7 @@ func EncodeJSON(o Object) ([]byte, error) {
 func typed(o Object) (any, error) {
 	switch {
 	case o.Service != nil:
-		c := *o.Service
-		c.APIVersion, c.Kind = apiVersions[KindService], string(KindService)
-		return &c, nil
+		return o.Service.V1(), nil
 	case o.EndpointSlice != nil:
 		return o.EndpointSlice.V1(), nil
 	case o.NetworkPolicy != nil:
@@ -478,7 +477,7 @@ func Check(o Object) error {
 
 // Split sorts decoded Services, EndpointSlices and NetworkPolicies by kind,
 // keeping their order (other kinds are left out).
-func Split(objs []Object) (svcs []*corev1.Service, slices []*EndpointSlice, policies []*networkingv1.NetworkPolicy) {
+func Split(objs []Object) (svcs []*Service, slices []*EndpointSlice, policies []*networkingv1.NetworkPolicy) {
 	for _, o := range objs {
 		switch {
 		case o.Service != nil:

@@ -105,6 +105,8 @@ func TestDecodeInvalid(t *testing.T) {
 		{"unknown type", svcHead + "spec: {type: Magic, clusterIP: 10.96.0.1, ports: [{port: 80}]}\n", []string{"spec.type", "Unsupported"}},
 		{"name not dns-1035", "apiVersion: v1\nkind: Service\nmetadata: {name: 1web, namespace: ns1}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n",
 			[]string{"metadata.name", "1web", "DNS-1035"}},
+		{"second clusterIP beside an invalid first", "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns1}\nspec: {clusterIP: 10.96.0.300, clusterIPs: [10.96.0.300, 'fd00::1'], ports: [{port: 80}]}\n",
+			[]string{"spec.clusterIPs[0]"}},
 		{"name with dot", "apiVersion: v1\nkind: Service\nmetadata: {name: web.v1, namespace: ns1}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n",
 			[]string{"metadata.name", "DNS-1035"}},
 		{"headless nodeport", svcHead + "spec: {type: NodePort, clusterIP: None, ports: [{port: 80, nodePort: 30000}]}\n", []string{"spec.clusterIP", "may not be set to 'None'"}},

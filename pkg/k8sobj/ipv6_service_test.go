@@ -16,11 +16,11 @@ import (
 // object with the field named.
 func TestIPv6ServicesValidated(t *testing.T) {
 	svc := func(typ corev1.ServiceType, ips ...string) Object {
-		s := &corev1.Service{
+		s := SlimService(&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
 			Spec: corev1.ServiceSpec{Type: typ, ClusterIP: ips[0], ClusterIPs: ips,
 				Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
-		}
+		})
 		if typ == corev1.ServiceTypeNodePort {
 			s.Spec.Ports[0].NodePort = 30080
 		}

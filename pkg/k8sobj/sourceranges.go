@@ -15,7 +15,7 @@ import (
 // providers read them (each entry trimmed of white space; host bits
 // masked). None (nil): every source. An entry that is not a CIDR is an
 // error naming the field, as validation reports it.
-func LoadBalancerSourceRanges(s *corev1.Service) ([]netip.Prefix, field.ErrorList) {
+func LoadBalancerSourceRanges(s *Service) ([]netip.Prefix, field.ErrorList) {
 	var (
 		vals []string
 		path func(i int) *field.Path
@@ -55,7 +55,7 @@ func LoadBalancerSourceRanges(s *corev1.Service) ([]netip.Prefix, field.ErrorLis
 
 // validateSourceRanges checks loadBalancerSourceRanges (field or
 // annotation) as the API server does: LoadBalancer Services only, CIDRs.
-func validateSourceRanges(s *corev1.Service) field.ErrorList {
+func validateSourceRanges(s *Service) field.ErrorList {
 	var errs field.ErrorList
 	if s.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		if len(s.Spec.LoadBalancerSourceRanges) > 0 {

@@ -117,8 +117,8 @@ func validatePortNumOrName(v intstr.IntOrString, p *field.Path, allowZero bool) 
 	return errs
 }
 
-func validateService(s *corev1.Service) field.ErrorList {
-	errs := validateMeta(&s.ObjectMeta, field.NewPath("metadata"))
+func validateService(s *Service) field.ErrorList {
+	errs := validateMeta(&metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: s.Labels}, field.NewPath("metadata"))
 	// The API server's rule for Service names (ValidateServiceName): a
 	// DNS-1035 label, stricter than validateMeta's subdomain.
 	if s.Name != "" {
@@ -166,7 +166,7 @@ func validateService(s *corev1.Service) field.ErrorList {
 			errs = append(errs, field.TooMany(spec.Child("clusterIPs"), len(s.Spec.ClusterIPs), 2))
 		case err != nil || ip.Is4In6():
 			errs = append(errs, field.Invalid(p, a, "must be an IPv4 or IPv6 address"))
-		case i == 1 && ip.Is4() == (netip.MustParseAddr(s.Spec.ClusterIPs[0]).Is4()):
+		case i == 1 && sameFamily(ip, s.Spec.ClusterIPs[0]):
 			errs = append(errs, field.Invalid(p, a, "must be of the other family than clusterIPs[0]"))
 		}
 	}
@@ -241,7 +241,14 @@ func validateService(s *corev1.Service) field.ErrorList {
 }
 
 // validateExternalName checks an ExternalName Service as the API server does.
-func validateExternalName(s *corev1.Service) field.ErrorList {
+// sameFamily reports whether ip is of first's family; false if first is
+// not an address (refused for itself).
+func sameFamily(ip netip.Addr, first string) bool {
+	f, err := netip.ParseAddr(first)
+	return err == nil && ip.Is4() == f.Is4()
+}
+
+func validateExternalName(s *Service) field.ErrorList {
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	name := strings.TrimSuffix(s.Spec.ExternalName, ".")
@@ -272,21 +279,21 @@ func validateExternalName(s *corev1.Service) field.ErrorList {
 
 // ExternallyAccessible says whether a Service is reached from outside the
 // cluster (the API server's rule): NodePort, LoadBalancer, or external IPs.
-func ExternallyAccessible(s *corev1.Service) bool {
+func ExternallyAccessible(s *Service) bool {
 	return s.Spec.Type == corev1.ServiceTypeNodePort || s.Spec.Type == corev1.ServiceTypeLoadBalancer ||
 		((s.Spec.Type == "" || s.Spec.Type == corev1.ServiceTypeClusterIP) && len(s.Spec.ExternalIPs) > 0)
 }
 
 // NeedsHealthCheck says whether the Service has a healthCheckNodePort to
 // serve: type LoadBalancer with externalTrafficPolicy Local.
-func NeedsHealthCheck(s *corev1.Service) bool {
+func NeedsHealthCheck(s *Service) bool {
 	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 }
 
 // validateExternalAccess checks the traffic policies, external IPs, the
 // health check port and load-balancer status as the API server does, and
 // refuses what lanekit does not implement with the reason.
-func validateExternalAccess(s *corev1.Service) field.ErrorList {
+func validateExternalAccess(s *Service) field.ErrorList {
 	var errs field.ErrorList
 	spec := field.NewPath("spec")
 	switch etp := s.Spec.ExternalTrafficPolicy; {

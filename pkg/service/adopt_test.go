@@ -3,13 +3,11 @@ package service
 import (
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 func TestAdoptKeepsIDs(t *testing.T) {
-	var svcs []*corev1.Service
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range 6 {
 		s, es := genService(i, active(3), i%2 == 0)

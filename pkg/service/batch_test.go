@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -89,8 +87,8 @@ func TestBatchClashChangesNothing(t *testing.T) {
 	}
 }
 
-func liveServices(svcs []*corev1.Service) []*corev1.Service {
-	var live []*corev1.Service
+func liveServices(svcs []*k8sobj.Service) []*k8sobj.Service {
+	var live []*k8sobj.Service
 	for _, s := range svcs {
 		if s != nil {
 			live = append(live, s)
@@ -115,8 +113,8 @@ func keysOf(fs []*Frontend) []FrontendKey {
 	return out
 }
 
-func batchObjects(n int, rng *rand.Rand) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
-	var svcs []*corev1.Service
+func batchObjects(n int, rng *rand.Rand) ([]*k8sobj.Service, []*k8sobj.EndpointSlice) {
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		svcs = append(svcs, batchService(i))
@@ -125,7 +123,7 @@ func batchObjects(n int, rng *rand.Rand) ([]*corev1.Service, []*k8sobj.EndpointS
 	return svcs, eps
 }
 
-func batchService(i int) *corev1.Service {
+func batchService(i int) *k8sobj.Service {
 	y := fmt.Sprintf(`
 apiVersion: v1
 kind: Service

@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -17,14 +15,14 @@ import (
 
 // ownSlice says whether an EndpointSlice is one of the Service's that a proxy
 // programs: labelled with its name in its namespace, and not labelled headless.
-func ownSlice(svc *corev1.Service, es *k8sobj.EndpointSlice) bool {
+func ownSlice(svc *k8sobj.Service, es *k8sobj.EndpointSlice) bool {
 	return es.Namespace == svc.Namespace && es.ServiceName == svc.Name && !es.Headless
 }
 
 // LocalEndpoints counts the Service's distinct endpoint addresses on this
 // node that are ready (what kube-proxy's healthCheckNodePort reports): of
 // every slice of the Service, for any port.
-func LocalEndpoints(svc *corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) int {
+func LocalEndpoints(svc *k8sobj.Service, eps []*k8sobj.EndpointSlice, opts Options) int {
 	seen := map[netip.Addr]bool{}
 	for _, es := range eps {
 		if !ownSlice(svc, es) {

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // Addresses a Pod or Service names that this node refuses to serve: each
@@ -119,7 +121,7 @@ func (p ExternalIPPolicy) String() string {
 // ServiceIgnored returns what of a Service gets no frontend on purpose: its
 // spec.externalIPs outside opts.ExternalIPs and its ports of a protocol
 // lanekit does not load-balance (SCTP).
-func ServiceIgnored(svc *corev1.Service, opts Options) []Ignored {
+func ServiceIgnored(svc *k8sobj.Service, opts Options) []Ignored {
 	out := ExternalIPsIgnored(svc, opts)
 	if !servedByUs(svc) {
 		return out
@@ -134,7 +136,7 @@ func ServiceIgnored(svc *corev1.Service, opts Options) []Ignored {
 
 // servedByUs says whether lanekit gives the Service frontends at all (not
 // ExternalName, headless or another proxy's).
-func servedByUs(svc *corev1.Service) bool {
+func servedByUs(svc *k8sobj.Service) bool {
 	_, otherProxy := svc.Labels[ServiceProxyNameLabel]
 	_, headless := svc.Labels[HeadlessLabel]
 	return svc.Spec.Type != corev1.ServiceTypeExternalName && svc.Spec.ClusterIP != corev1.ClusterIPNone && !otherProxy && !headless
@@ -143,7 +145,7 @@ func servedByUs(svc *corev1.Service) bool {
 // ExternalIPsIgnored returns the spec.externalIPs of a Service that
 // opts.ExternalIPs does not serve (none for a Service that gets no frontend
 // at all: ExternalName, headless, another proxy's).
-func ExternalIPsIgnored(svc *corev1.Service, opts Options) []Ignored {
+func ExternalIPsIgnored(svc *k8sobj.Service, opts Options) []Ignored {
 	if !servedByUs(svc) {
 		return nil
 	}

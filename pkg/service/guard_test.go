@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 func TestParseExternalIPPolicy(t *testing.T) {
@@ -43,13 +45,13 @@ func TestParseExternalIPPolicy(t *testing.T) {
 // inside, the cluster IP, the NodePorts and a LoadBalancer's ingress IP
 // (set by the controller, not the Service's author) stay.
 func TestExternalIPsGuard(t *testing.T) {
-	svc := &corev1.Service{
+	svc := k8sobj.SlimService(&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "grab"},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIP: "10.96.0.20", ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
 			ExternalIPs: []string{"10.96.0.1", "10.244.1.9", "203.0.113.5"},
 			Ports:       []corev1.ServicePort{{Name: "http", Port: 443, NodePort: 30443, Protocol: corev1.ProtocolTCP}}},
 		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "198.51.100.9"}}}},
-	}
+	})
 	addrs := func(opts Options) map[string]bool {
 		fes, err := Translate(svc, nil, opts)
 		if err != nil {

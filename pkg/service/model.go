@@ -226,7 +226,7 @@ func (o Options) IsLocal(a netip.Addr) bool {
 // without duplicates. An ingress IP whose ipMode is Proxy is not the node's
 // to serve: the load balancer proxies to the NodePort (as kube-proxy leaves
 // it alone).
-func ExternalAddrs(svc *corev1.Service, opts Options) []netip.Addr {
+func ExternalAddrs(svc *k8sobj.Service, opts Options) []netip.Addr {
 	var out []netip.Addr
 	add := func(s string) {
 		if a, err := netip.ParseAddr(s); err == nil && !a.Is4In6() && !slices.Contains(out, a) {
@@ -262,7 +262,7 @@ const HeadlessLabel = corev1.IsHeadlessService
 // kubernetes.io/service-name=<name> in its namespace; others are ignored) into
 // frontends, sorted by key. Inputs are expected to have passed k8sobj.Validate;
 // Translate validates them again and returns an error naming the object.
-func Translate(svc *corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) ([]*Frontend, error) {
+func Translate(svc *k8sobj.Service, eps []*k8sobj.EndpointSlice, opts Options) ([]*Frontend, error) {
 	if err := k8sobj.Validate(k8sobj.Object{Kind: k8sobj.KindService, Service: svc}); err != nil {
 		return nil, fmt.Errorf("service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
@@ -373,7 +373,7 @@ func Translate(svc *corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) (
 
 // ClusterIPs returns a Service's cluster IPs: spec.clusterIPs (a dual-stack
 // Service has one of each family), else spec.clusterIP. Validated input.
-func ClusterIPs(svc *corev1.Service) []netip.Addr {
+func ClusterIPs(svc *k8sobj.Service) []netip.Addr {
 	ips := svc.Spec.ClusterIPs
 	if len(ips) == 0 {
 		ips = []string{svc.Spec.ClusterIP}
@@ -438,7 +438,7 @@ func NewModel(opts Options) *Model {
 
 // Build translates all services with their slices into a model. Slices of
 // services not in svcs are ignored.
-func Build(svcs []*corev1.Service, eps []*k8sobj.EndpointSlice, opts Options) (*Model, error) {
+func Build(svcs []*k8sobj.Service, eps []*k8sobj.EndpointSlice, opts Options) (*Model, error) {
 	bySvc := map[ServiceID][]*k8sobj.EndpointSlice{}
 	for _, es := range eps {
 		id := ServiceID{es.Namespace, es.ServiceName}
@@ -500,7 +500,7 @@ func (m *Model) clone() *Model {
 
 // With returns a model where svc (with its slices) replaces any earlier version
 // of that service. The receiver is unchanged.
-func (m *Model) With(svc *corev1.Service, eps []*k8sobj.EndpointSlice) (*Model, error) {
+func (m *Model) With(svc *k8sobj.Service, eps []*k8sobj.EndpointSlice) (*Model, error) {
 	fes, err := Translate(svc, eps, m.opts)
 	if err != nil {
 		return nil, err
@@ -517,7 +517,7 @@ func (m *Model) With(svc *corev1.Service, eps []*k8sobj.EndpointSlice) (*Model, 
 // Set replaces the service in place (the agent's incremental path) and returns
 // only that service's changes; the cost does not depend on how many other
 // services the model holds. On error the model is unchanged.
-func (m *Model) Set(svc *corev1.Service, eps []*k8sobj.EndpointSlice) (Changes, error) {
+func (m *Model) Set(svc *k8sobj.Service, eps []*k8sobj.EndpointSlice) (Changes, error) {
 	fes, err := Translate(svc, eps, m.opts)
 	if err != nil {
 		return Changes{}, err
@@ -616,7 +616,7 @@ func (f *Frontend) Select(hash uint32) (Backend, bool) {
 // both nil removes ID.
 type Edit struct {
 	ID      ServiceID
-	Service *corev1.Service
+	Service *k8sobj.Service
 	Slices  []*k8sobj.EndpointSlice
 	Pod     *k8sobj.Pod
 }

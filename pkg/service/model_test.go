@@ -8,19 +8,18 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
-func decode(t testing.TB, y string) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
+func decode(t testing.TB, y string) ([]*k8sobj.Service, []*k8sobj.EndpointSlice) {
 	t.Helper()
 	objs, err := k8sobj.Decode([]byte(y))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var svcs []*corev1.Service
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for _, o := range objs {
 		if o.Service != nil {
@@ -182,15 +181,15 @@ func TestBuildErrors(t *testing.T) {
 	svcs, eps := decode(t, webYAML)
 	clash := svcs[0].DeepCopy()
 	clash.Name = "web2"
-	if _, err := Build([]*corev1.Service{svcs[0], clash}, eps, Options{}); err == nil || !strings.Contains(err.Error(), "already belongs to service shop/web") {
+	if _, err := Build([]*k8sobj.Service{svcs[0], clash}, eps, Options{}); err == nil || !strings.Contains(err.Error(), "already belongs to service shop/web") {
 		t.Errorf("frontend clash: err = %v", err)
 	}
-	if _, err := Build([]*corev1.Service{svcs[0], svcs[0]}, eps, Options{}); err == nil || !strings.Contains(err.Error(), "duplicate") {
+	if _, err := Build([]*k8sobj.Service{svcs[0], svcs[0]}, eps, Options{}); err == nil || !strings.Contains(err.Error(), "duplicate") {
 		t.Errorf("duplicate service: err = %v", err)
 	}
 	bad := svcs[0].DeepCopy()
 	bad.Spec.Ports[0].Port = 0
-	if _, err := Build([]*corev1.Service{bad}, nil, Options{}); err == nil || !strings.Contains(err.Error(), "spec.ports[0].port") {
+	if _, err := Build([]*k8sobj.Service{bad}, nil, Options{}); err == nil || !strings.Contains(err.Error(), "spec.ports[0].port") {
 		t.Errorf("invalid service: err = %v", err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // loadBalancerSourceRanges (k8sobj.LoadBalancerSourceRanges) as kube-proxy
@@ -17,7 +19,7 @@ import (
 
 // lbVIPs returns the LoadBalancer ingress IPs of svc the node serves (not
 // ipMode Proxy; ExternalAddrs).
-func lbVIPs(svc *corev1.Service) []netip.Addr {
+func lbVIPs(svc *k8sobj.Service) []netip.Addr {
 	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 		return nil
 	}

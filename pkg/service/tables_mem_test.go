@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
@@ -101,7 +99,7 @@ func TestModelMaglevTablesPacked(t *testing.T) {
 // Maglev tables; programming the same model again writes none of them and
 // keeps them (Snapshot) in the packed form.
 func TestAdoptedMaglevTablesKept(t *testing.T) {
-	var svcs []*corev1.Service
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range 20 {
 		s, es := genService(i, active(1+i%6), false)
@@ -174,8 +172,8 @@ func TestUpdateHoldsMaglevTablesPacked(t *testing.T) {
 
 // genServices is genService's first n ClusterIP Services, 4 active
 // endpoints each.
-func genServices(n int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
-	var svcs []*corev1.Service
+func genServices(n int) ([]*k8sobj.Service, []*k8sobj.EndpointSlice) {
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range n {
 		s, es := genService(i, active(4), false)

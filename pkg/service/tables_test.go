@@ -19,15 +19,15 @@ import (
 
 // genService builds a kube-proxy-shaped Service (one TCP port, named target
 // port) and one slice with the given backend states.
-func genService(i int, states []BackendState, nodePort bool) (*corev1.Service, *k8sobj.EndpointSlice) {
+func genService(i int, states []BackendState, nodePort bool) (*k8sobj.Service, *k8sobj.EndpointSlice) {
 	ns, name := fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc%d", i)
-	s := &corev1.Service{
+	s := k8sobj.SlimService(&corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{
 			ClusterIP: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}).String(),
 			Ports:     []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("web")}},
 		},
-	}
+	})
 	if nodePort {
 		s.Spec.Type = corev1.ServiceTypeNodePort
 		s.Spec.Ports[0].NodePort = int32(30000 + i%2000)
@@ -148,7 +148,7 @@ func equalViews(a, b map[ServiceKey][]netip.AddrPort) bool {
 
 func TestTablesIncremental(t *testing.T) {
 	opts := Options{NodeAddrs: []netip.Addr{node}}
-	var svcs []*corev1.Service
+	var svcs []*k8sobj.Service
 	var eps []*k8sobj.EndpointSlice
 	for i := range 20 {
 		s, e := genService(i, active(6), i%2 == 0)
@@ -302,8 +302,8 @@ func TestTablesRandomized(t *testing.T) {
 	}
 }
 
-func genMany(n, backends int) ([]*corev1.Service, []*k8sobj.EndpointSlice) {
-	svcs := make([]*corev1.Service, n)
+func genMany(n, backends int) ([]*k8sobj.Service, []*k8sobj.EndpointSlice) {
+	svcs := make([]*k8sobj.Service, n)
 	eps := make([]*k8sobj.EndpointSlice, n)
 	for i := range n {
 		svcs[i], eps[i] = genService(i, active(backends), false)
