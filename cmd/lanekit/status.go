@@ -92,6 +92,7 @@ func agentStatus(ctx context.Context, out io.Writer) (*apiv1.StatusResponse, err
 	fmt.Fprintf(out, "endpoints:    %d\n", st.GetEndpointCount())
 	printVMs(ctx, out, c, dp.GetBackend() == "dpu")
 	printRouting(out, st.GetRouting())
+	printMasquerade(out, st.GetRouting(), st.GetControlPlane())
 	if cp := st.GetControlPlane(); cp != nil {
 		lb, pol := "load-balanced", "enforced"
 		if !cp.GetServiceDatapath() {
@@ -166,6 +167,18 @@ func agentNotReady(ctx context.Context) string {
 		return "not ready: " + st.GetReason()
 	}
 	return ""
+}
+
+// printMasquerade prints tunnel mode's masquerading (bpf/lib/masq.h) with
+// its counters: where a pod cannot reach the outside, this is the line
+// that says whether anything left.
+func printMasquerade(out io.Writer, r *apiv1.RoutingStatus, cp *apiv1.ControlPlaneStatus) {
+	if r.GetMode() != "tunnel" {
+		return
+	}
+	lb := cp.GetLbCounters()
+	fmt.Fprintf(out, "masquerade:   to outside the cluster (TCP, UDP, ICMP echo over IPv4) from the node's address: %d flows, %d packets\n",
+		lb["masquerade"], lb["masquerade-packets"])
 }
 
 // printSocketLB prints the socket load balancer's state and the served

@@ -28,3 +28,17 @@ func TestPrintSocketLB(t *testing.T) {
 		}
 	}
 }
+
+func TestPrintMasquerade(t *testing.T) {
+	cp := &apiv1.ControlPlaneStatus{LbCounters: map[string]uint64{"masquerade": 3, "masquerade-packets": 40}}
+	var b strings.Builder
+	printMasquerade(&b, &apiv1.RoutingStatus{Mode: "tunnel"}, cp)
+	if want := "masquerade:   to outside the cluster (TCP, UDP, ICMP echo over IPv4) from the node's address: 3 flows, 40 packets"; !strings.Contains(b.String(), want) {
+		t.Errorf("tunnel mode: %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	printMasquerade(&b, &apiv1.RoutingStatus{Mode: "native"}, cp)
+	if b.Len() != 0 {
+		t.Errorf("native mode printed %q: it masquerades nothing", b.String())
+	}
+}
