@@ -21,7 +21,8 @@
 #   CONFORMANCE_CNI     the lab's --cni (default lanekit): a rival's network (cilium,
 #                       kube-proxy-iptables, kube-proxy-nftables; `make k8s-rival-images`)
 #                       run with lanekit's skip list as the reference for what lanekit
-#                       should pass; the reports are conformance-<cni>.{json,md}, no LB pool
+#                       should pass (plus LoadBalancer: no LB IPAM there; bin/skip-<cni>.txt);
+#                       the reports are conformance-<cni>.{json,md}
 #   CONFORMANCE_IP_FAMILY the lab's --ip-family: ipv4 (default) or dual (then the
 #                       reports are conformance-dualstack.{json,md} and the skip
 #                       list defaults to test/conformance/skip-dualstack.txt)
@@ -53,6 +54,16 @@ if [ "$cni" != lanekit ]; then
 fi
 focus=${CONFORMANCE_FOCUS:-'\[sig-network\]'}
 skipfile=${CONFORMANCE_SKIP:-$defskip}
+if [ "$cni" != lanekit ]; then
+  # lanekit's list, plus what only lanekit's lab provides: LoadBalancer
+  # addresses (its LB IPAM on the lab's pool). Without one each of those
+  # tests waits 15 minutes for an address and fails.
+  mkdir -p bin
+  { cat "$skipfile"
+    echo 'LoadBalancer # the rival labs run no load-balancer IPAM (lanekit serves these tests from its own, lab up --lb-pool)'
+  } >"bin/skip-$cni.txt"
+  skipfile=bin/skip-$cni.txt
+fi
 procs=${CONFORMANCE_PROCS:-4}
 timeout=${CONFORMANCE_TIMEOUT:-6h}
 out=${CONFORMANCE_OUT:-docs}
