@@ -117,3 +117,39 @@ func setMemoryLimit(ratio float64, log *slog.Logger) (int64, error) {
 	log.Info("Go soft memory limit from the cgroup's", "cgroup_limit_bytes", limit, "ratio", ratio, "gomemlimit_bytes", soft)
 	return soft, nil
 }
+
+// The initial sync (and a restart's restore before it) decodes and
+// translates the whole cluster: once the agent has programmed it, that
+// garbage is dead, but Go's background scavenger returns the heap it grew
+// to only slowly, so RSS stays near the sync's peak for minutes. The
+// source calls releaseSyncMemory once then (k8s.Config.OnSynced), never
+// per event: FreeOSMemory forces a GC and returns every free page at once.
+
+// releaseSyncMemory returns the initial sync's free heap to the OS, logging
+// the RSS before and after.
+func releaseSyncMemory(log *slog.Logger) {
+	before := selfRSS()
+	freeOSMemory()
+	log.Info("initial sync done: returned its free memory to the OS", "rss_before_mb", before>>20, "rss_after_mb", selfRSS()>>20)
+}
+
+// freeOSMemory is debug.FreeOSMemory (a test counts the calls).
+var freeOSMemory = debug.FreeOSMemory
+
+// selfRSS is the process's resident set (bytes; 0 if unreadable).
+func selfRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
