@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A Go program's heap may grow to twice its live size between collections
@@ -121,16 +122,18 @@ func setMemoryLimit(ratio float64, log *slog.Logger) (int64, error) {
 // The initial sync (and a restart's restore before it) decodes and
 // translates the whole cluster: once the agent has programmed it, that
 // garbage is dead, but Go's background scavenger returns the heap it grew
-// to only slowly, so RSS stays near the sync's peak for minutes. The
-// source calls releaseSyncMemory once then (k8s.Config.OnSynced), never
-// per event: FreeOSMemory forces a GC and returns every free page at once.
+// to only over the following tens of seconds, so a probe or an operator
+// reading RSS at ready sees most of the sync's peak. The source calls
+// releaseSyncMemory once then (k8s.Config.OnSynced), never per event:
+// FreeOSMemory forces a GC and returns every free page at once.
 
 // releaseSyncMemory returns the initial sync's free heap to the OS, logging
 // the RSS before and after.
 func releaseSyncMemory(log *slog.Logger) {
-	before := selfRSS()
+	before, start := selfRSS(), time.Now()
 	freeOSMemory()
-	log.Info("initial sync done: returned its free memory to the OS", "rss_before_mb", before>>20, "rss_after_mb", selfRSS()>>20)
+	log.Info("initial sync done: returned its free memory to the OS", "rss_before_mb", before>>20, "rss_after_mb", selfRSS()>>20,
+		"took", time.Since(start).Round(time.Millisecond))
 }
 
 // freeOSMemory is debug.FreeOSMemory (a test counts the calls).
