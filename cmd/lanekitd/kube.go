@@ -150,6 +150,7 @@ func startSource(kc *kubeClients, node string, a *agent.Agent, hostNetns string,
 	src, err := k8s.New(k8s.Config{
 		NodeName: node, Client: kc.client, Dynamic: kc.dynamic,
 		Objects: a, VMs: a, Routes: routes, EndpointRoutes: moved, Latency: kc.latency, Log: log,
+		OnSynced: func() { releaseSyncMemory(log, a.DropStorePages) },
 	})
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A Go program's heap may grow to twice its live size between collections
@@ -116,4 +117,49 @@ func setMemoryLimit(ratio float64, log *slog.Logger) (int64, error) {
 	debug.SetMemoryLimit(soft)
 	log.Info("Go soft memory limit from the cgroup's", "cgroup_limit_bytes", limit, "ratio", ratio, "gomemlimit_bytes", soft)
 	return soft, nil
+}
+
+// The initial sync (and a restart's restore before it) decodes and
+// translates the whole cluster: once the agent has programmed it, that
+// garbage is dead, but Go's background scavenger returns the heap it grew
+// to only over the following tens of seconds, so a probe or an operator
+// reading RSS at ready sees most of the sync's peak. And a restart's
+// restore read every stored object through the store's mapping, whose
+// pages stay resident (file-backed RSS) though nothing reads them again.
+// The source calls releaseSyncMemory once then (k8s.Config.OnSynced),
+// never per event: FreeOSMemory forces a GC and returns every free page at
+// once.
+
+// releaseSyncMemory returns the initial sync's free heap to the OS and
+// drops the store's mapped pages (dropStorePages), logging the RSS before
+// and after.
+func releaseSyncMemory(log *slog.Logger, dropStorePages func() error) {
+	before, start := selfRSS(), time.Now()
+	if err := dropStorePages(); err != nil {
+		log.Warn("initial sync done: the store's pages stay resident", "err", err)
+	}
+	freeOSMemory()
+	log.Info("initial sync done: returned its free memory to the OS", "rss_before_mb", before>>20, "rss_after_mb", selfRSS()>>20,
+		"took", time.Since(start).Round(time.Millisecond))
+}
+
+// freeOSMemory is debug.FreeOSMemory (a test counts the calls).
+var freeOSMemory = debug.FreeOSMemory
+
+// selfRSS is the process's resident set (bytes; 0 if unreadable).
+func selfRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }

@@ -122,3 +122,21 @@ func TestMemoryLimitFromOwnCgroup(t *testing.T) {
 		t.Errorf("ratio 0 (off): %s, want no limit", got)
 	}
 }
+
+// releaseSyncMemory returns the free heap and drops the store's pages once
+// per call and logs the RSS around it (the source calls it once: TestSyncedRunsOnceAfterTheFullSets).
+func TestReleaseSyncMemory(t *testing.T) {
+	calls := 0
+	orig := freeOSMemory
+	freeOSMemory = func() { calls++; orig() }
+	t.Cleanup(func() { freeOSMemory = orig })
+	var b strings.Builder
+	drops := 0
+	releaseSyncMemory(slog.New(slog.NewTextHandler(&b, nil)), func() error { drops++; return nil })
+	if calls != 1 || drops != 1 {
+		t.Errorf("FreeOSMemory called %d times, the store's pages dropped %d times, want once each", calls, drops)
+	}
+	if rss := selfRSS(); rss == 0 || !strings.Contains(b.String(), "rss_before_mb=") || !strings.Contains(b.String(), "rss_after_mb=") {
+		t.Errorf("RSS %d, log %q: want the RSS before and after", rss, b.String())
+	}
+}

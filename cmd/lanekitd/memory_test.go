@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -176,9 +177,12 @@ type memConfig struct {
 
 // memRun is one agent build at N Services.
 type memRun struct {
-	Agent           string    `json:"agent"` // "built", or LANEKIT_MEM_COMPARE_BIN
-	ReadyS          float64   `json:"ready_with_every_frontend_s"`
-	At              usageJSON `json:"at_n"`
+	Agent  string    `json:"agent"` // "built", or LANEKIT_MEM_COMPARE_BIN
+	ReadyS float64   `json:"ready_with_every_frontend_s"`
+	At     usageJSON `json:"at_n"`
+	// restartSettle after At: what the scavenger (or the agent) has
+	// returned of the sync's peak since.
+	AtSettled       usageJSON `json:"at_n_settled,omitzero"`
 	HeapPerServiceB uint64    `json:"heap_per_service_b"`
 	RSSPerServiceB  uint64    `json:"rss_per_service_b"`
 	RestartSocketS  float64   `json:"restart_socket_s"`
@@ -191,8 +195,8 @@ type memRun struct {
 	RestartedSettled usageJSON `json:"restarted_settled,omitzero"`
 }
 
-// restartSettle is how long after a restart's ready the second reading
-// waits; not in the suite's run (memServicesDefault), which keeps its minute.
+// restartSettle is how long after ready (a fresh agent's and a restart's)
+// the second reading waits; not in the suite's run (memServicesDefault), which keeps its minute.
 const restartSettle = 30 * time.Second
 
 type usageJSON struct {
@@ -233,9 +237,16 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	run.HeapPerServiceB, run.RSSPerServiceB = (at.heap-base.heap)/uint64(n), (at.rss-base.rss)/uint64(n)
 	t.Logf("%s: per Service: heap %d B, RSS %d B", tag, run.HeapPerServiceB, run.RSSPerServiceB)
 	topOf(t, file)
+	if n != memServicesDefault {
+		time.Sleep(restartSettle)
+		settled := measure(t, agent.Process.Pid, pprofAt, strings.TrimSuffix(file, ".pb.gz")+"-settled.pb.gz")
+		run.AtSettled = settled.report()
+		t.Logf("%s: %s later: %s", tag, restartSettle, settled)
+	}
 
 	// A restart at N: the socket answers at once, ready follows.
 	e.stop(t, agent, log)
+	releasedOnce(t, tag, name, log)
 	// Its log beside the profiles (LANEKIT_MEM_AGENT_ENV=GODEBUG=gctrace=1
 	// puts the heap at each GC of the sync in it).
 	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+".log", log.Bytes(), 0o644); err != nil {
@@ -261,6 +272,7 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 	if err := os.WriteFile(strings.TrimSuffix(file, ".pb.gz")+"-restart.log", log.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	releasedOnce(t, tag+" restarted", name, log)
 	t.Logf("%s: restart: socket answered after %s (ready %v %q), ready with every frontend after %s",
 		tag, answered.Round(time.Millisecond), st.GetReady(), st.GetReason(), time.Since(started).Round(time.Millisecond))
 	if answered > 2*time.Second { // what came before the socket
@@ -268,6 +280,18 @@ func (e *offlineEnv) atScale(t *testing.T, name string, n int, base usage, pprof
 		t.Logf("%s: the restarted agent's log:\n%s", tag, strings.Join(lines[:min(len(lines), 25)], "\n"))
 	}
 	return run
+}
+
+// releasedOnce checks that the built agent (name "") returned the initial
+// sync's free memory to the OS once (releaseSyncMemory), not per event.
+func releasedOnce(t *testing.T, tag, name string, log *bytes.Buffer) {
+	t.Helper()
+	if name != "" {
+		return // an older build may not
+	}
+	if n := strings.Count(log.String(), "initial sync done: returned its free memory to the OS"); n != 1 {
+		t.Errorf("%s: the agent returned the initial sync's memory %d times, want once", tag, n)
+	}
 }
 
 // usage is what the agent holds: RSS and the Go heap in use after a GC.

@@ -69,6 +69,11 @@ func (a *Agent) waitRestore() error {
 	return a.restore.err
 }
 
+// DropStorePages takes the state store's pages out of the agent's
+// resident set (store.DropMappedPages): a restore reads every stored
+// object through the store's mapping, and the pages stay mapped in.
+func (a *Agent) DropStorePages() error { return a.st.DropMappedPages() }
+
 // statsWait bounds how long ControlStats waits for the control plane's
 // lock before it answers with the last counts: a restore or a full set of
 // 30,000 Services holds it for seconds, and Status must answer meanwhile.

@@ -14,7 +14,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/internal/socktest"
 	"github.com/lanekit/lanekit/pkg/k8sobj"
@@ -230,7 +229,7 @@ func TestLiveSockLB(t *testing.T) {
 	// that asked for it, another loopback address still means the node's
 	// NodePort (both backends of web).
 	hp := &k8sobj.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hp"},
+		Namespace: "default", Name: "hp",
 		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 8080, HostPort: 30090, HostIP: "127.0.0.1"}}}}},
 		Status: k8sobj.PodStatus{PodIP: "10.244.2.1", Phase: corev1.PodRunning},

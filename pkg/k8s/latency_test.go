@@ -79,7 +79,7 @@ func TestLatencyTrigger(t *testing.T) {
 		{"new slice: service creation", k8sobj.KindEndpointSlice, nil, slice("", discoveryv1.AddressTypeIPv4), true, svcCreated, "IPv4"},
 		{"updated slice, no annotation", k8sobj.KindEndpointSlice, slice("", ""), slice("", discoveryv1.AddressTypeIPv4), false, time.Time{}, ""},
 		{"policy", k8sobj.KindNetworkPolicy, nil, &networkingv1.NetworkPolicy{}, true, now, "NetworkPolicy"},
-		{"pod relabelled", k8sobj.KindPod, &k8sobj.Pod{}, &k8sobj.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "b"}}}, true, now, "Pod"},
+		{"pod relabelled", k8sobj.KindPod, &k8sobj.Pod{}, &k8sobj.Pod{Labels: map[string]string{"a": "b"}}, true, now, "Pod"},
 		{"pod status churn", k8sobj.KindPod, &k8sobj.Pod{}, &k8sobj.Pod{Status: k8sobj.PodStatus{Phase: corev1.PodRunning}}, false, time.Time{}, ""},
 	} {
 		got, ok := lt.changeTrigger(tc.kind, tc.old, tc.cur, now, services)

@@ -99,7 +99,6 @@ func slim(obj any) (any, error) {
 // transform's, or a pod read with a Get.
 func slimPod(p *corev1.Pod) *k8sobj.Pod {
 	out := k8sobj.SlimPod(p)
-	out.ManagedFields = nil
 	var keep map[string]string
 	for _, k := range podAnnotations {
 		if v, ok := p.Annotations[k]; ok {

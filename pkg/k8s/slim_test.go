@@ -68,8 +68,8 @@ func TestCachesKeepOnlyWhatTheAgentReads(t *testing.T) {
 	})
 	// The rest (volumes, images, environment, probes, tolerations,
 	// conditions, container statuses) has no field in a k8sobj.Pod.
-	if got.Annotations[lastApplied] != "" || len(got.ManagedFields) > 0 || len(got.OwnerReferences) > 0 {
-		t.Errorf("kubectl's last-applied copy, managed fields or owner references kept: %+v", got.ObjectMeta)
+	if got.Annotations[lastApplied] != "" {
+		t.Errorf("kubectl's last-applied copy kept: %v", slices.Sorted(maps.Keys(got.Annotations)))
 	}
 	if _, ok := got.Annotations["example.com/unread"]; ok {
 		t.Errorf("an annotation the agent does not read was kept: %v", slices.Sorted(maps.Keys(got.Annotations)))
@@ -80,8 +80,8 @@ func TestCachesKeepOnlyWhatTheAgentReads(t *testing.T) {
 		got.Status.PodIP != "10.244.1.7" || got.Status.HostIP != "192.168.50.1" || got.Status.Phase != corev1.PodRunning {
 		t.Errorf("pod lost what the agent reads: %+v", got)
 	}
-	if got.Kind != "Pod" || got.APIVersion != "v1" {
-		t.Errorf("pod TypeMeta %+v, want v1 Pod", got.TypeMeta)
+	if gvk := got.GetObjectKind().GroupVersionKind(); gvk.Kind != "Pod" || gvk.GroupVersion().String() != "v1" {
+		t.Errorf("pod kind %v, want v1 Pod", gvk)
 	}
 	cached, ok, err := src.cached(objKey{kind: k8sobj.KindPod, namespace: "team-s", name: "fat"})
 	if err != nil || !ok || cached.(*k8sobj.Pod) != got {

@@ -87,7 +87,12 @@ type Config struct {
 	// Latency records how long each change took to reach the datapath
 	// (latency.go); nil: not measured.
 	Latency LatencyObserver
-	Log     *slog.Logger
+	// OnSynced runs once, when the agent first has the full set of every
+	// kind (after a restart, its restore of the stored objects too: the
+	// full sets wait for it): the initial sync's transient garbage is dead
+	// then. nil: nothing runs.
+	OnSynced func()
+	Log      *slog.Logger
 }
 
 // Source runs the informers. Create it with New, then Run.
@@ -356,6 +361,9 @@ func (s *Source) Run(ctx context.Context) error {
 	s.synced, s.syncErr = true, nil
 	s.mu.Unlock()
 	s.log.Info("API caches synced", "node", s.cfg.NodeName)
+	if s.cfg.OnSynced != nil {
+		s.cfg.OnSynced()
+	}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { s.work(ctx) })

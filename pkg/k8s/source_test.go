@@ -197,6 +197,55 @@ func TestSinkFailuresAreRetried(t *testing.T) {
 	eventually(t, "a failed upsert is retried", func() bool { return store.has("Namespace//later") })
 }
 
+// Config.OnSynced (the agent returns the initial sync's garbage to the OS
+// there) runs once, when the agent has every kind's full set: not while the
+// initial sync fails, not again for the changes that follow.
+func TestSyncedRunsOnceAfterTheFullSets(t *testing.T) {
+	e := newEnv(t)
+	mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+	store := newObjectStore()
+	store.fail = errTest
+	var mu sync.Mutex
+	calls, fullSets := 0, 0
+	src, _ := run(t, Config{NodeName: "n", Client: e.c, Objects: store, OnSynced: func() {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		fullSets = 0
+		for _, kind := range k8sobj.Kinds {
+			if store.replaces[kind] > 0 {
+				fullSets++
+			}
+		}
+	}})
+	time.Sleep(500 * time.Millisecond)
+	count := func() int { mu.Lock(); defer mu.Unlock(); return calls }
+	if n := count(); n != 0 {
+		t.Fatalf("OnSynced ran %d times while the initial sync fails", n)
+	}
+	store.mu.Lock()
+	store.fail = nil
+	store.mu.Unlock()
+	eventually(t, "sync", func() bool { return src.Synced() == nil })
+	eventually(t, "OnSynced runs", func() bool { return count() > 0 })
+	mu.Lock()
+	if fullSets != len(k8sobj.Kinds) {
+		t.Errorf("OnSynced ran when the agent had %d of %d kinds' full sets", fullSets, len(k8sobj.Kinds))
+	}
+	mu.Unlock()
+
+	for _, name := range []string{"b", "c"} {
+		mustCreate(t, e.c.CoreV1().Namespaces().Create, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		mustCreate(t, e.c.CoreV1().Pods("a").Create, pod("a", "p-"+name, "", nil))
+	}
+	eventually(t, "changes reach the agent", func() bool { return store.has("Namespace//c") && store.has("Pod/a/p-c") })
+	if n := count(); n != 1 {
+		t.Errorf("OnSynced ran %d times, want once", n)
+	}
+}
+
 type testErr string
 
 func (e testErr) Error() string { return string(e) }

@@ -442,9 +442,7 @@ func typed(o Object) (any, error) {
 		c.APIVersion, c.Kind = apiVersions[KindNamespace], string(KindNamespace)
 		return &c, nil
 	case o.Pod != nil:
-		c := *o.Pod
-		c.APIVersion, c.Kind = apiVersions[KindPod], string(KindPod)
-		return &c, nil
+		return o.Pod.V1(), nil
 	}
 	return nil, errors.New("empty object")
 }

@@ -1,27 +1,38 @@
 package k8sobj
 
 import (
+	"encoding/json"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 )
 
-// Pod is what lanekit reads of a v1 Pod: its metadata, node, host network,
-// the containers that declare ports (named ports, hostPorts) and its phase
-// and addresses. A corev1.Pod is 1,240 bytes before any of its contents,
+// Pod is what lanekit reads of a v1 Pod: its name, namespace,
+// resourceVersion, UID, creation and deletion times, labels and
+// annotations, node, host network, the containers that declare ports (named
+// ports, hostPorts) and its phase and addresses. A corev1.Pod is 1,240 bytes before any of its contents,
 // whatever it holds; the agent keeps every pod of the cluster (remote pods
-// give identities), so it keeps this one (as Cilium's slim types do). The
-// field names and JSON are a Pod's: code reads pod.Spec.NodeName or
-// pod.Status.PodIPs as before, and a Pod encoded as JSON decodes as a v1 Pod.
+// give identities), so it keeps this one (as Cilium's slim types do), with
+// metadata of its own as Service and EndpointSlice (no ObjectMeta or
+// TypeMeta: podmeta.go). The field names are a Pod's (pod.Name,
+// pod.Spec.NodeName, pod.Status.PodIPs) and it encodes as a v1 Pod (V1,
+// MarshalJSON): a Pod stored by an older agent, with its whole metadata,
+// reads back as a decoded one.
 //
 // Decode reads a file's Pod into a corev1.Pod (strictly, as any object) and
 // keeps this of it (SlimPod); the API-server watchers convert in their
 // informers' transform, before the cache keeps anything.
 type Pod struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata,omitempty"`
-	Spec              PodSpec   `json:"spec,omitempty"`
-	Status            PodStatus `json:"status,omitempty"`
+	Name, Namespace, ResourceVersion string
+	UID                              types.UID
+	CreationTimestamp                metav1.Time
+	DeletionTimestamp                *metav1.Time
+	Labels                           map[string]string
+	Annotations                      map[string]string
+	Spec                             PodSpec   `json:"spec,omitempty"`
+	Status                           PodStatus `json:"status,omitempty"`
 }
 
 // PodSpec is what lanekit reads of a corev1.PodSpec.
@@ -51,14 +62,14 @@ type PodStatus struct {
 	PodIPs  []corev1.PodIP  `json:"podIPs,omitempty"`
 }
 
-// SlimPod returns what lanekit keeps of p: its metadata but the managed
-// fields, owner references, finalizers and generateName (which nothing
-// reads), and the fields of Pod. The result shares p's strings, maps and
-// port slices: p must not change afterwards.
+// SlimPod returns what lanekit keeps of p: the fields of Pod (not the
+// managed fields, owner references, finalizers, generateName and the rest
+// of the metadata, which nothing reads). The result shares p's strings,
+// maps and port slices: p must not change afterwards.
 func SlimPod(p *corev1.Pod) *Pod {
-	out := &Pod{TypeMeta: metav1.TypeMeta{APIVersion: apiVersions[KindPod], Kind: string(KindPod)}, ObjectMeta: p.ObjectMeta}
-	m := &out.ObjectMeta
-	m.ManagedFields, m.OwnerReferences, m.Finalizers, m.GenerateName = nil, nil, nil, ""
+	m := &p.ObjectMeta
+	out := &Pod{Name: m.Name, Namespace: m.Namespace, ResourceVersion: m.ResourceVersion, UID: m.UID,
+		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Labels: m.Labels, Annotations: m.Annotations}
 	out.Spec = PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork,
 		InitContainers: slimContainers(p.Spec.InitContainers), Containers: slimContainers(p.Spec.Containers)}
 	s := &p.Status
@@ -92,8 +103,10 @@ func (p *Pod) DeepCopy() *Pod {
 	if p == nil {
 		return nil
 	}
-	out := &Pod{TypeMeta: p.TypeMeta}
-	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	m := (&metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion, UID: p.UID,
+		CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp, Labels: p.Labels, Annotations: p.Annotations}).DeepCopy()
+	out := &Pod{Name: m.Name, Namespace: m.Namespace, ResourceVersion: m.ResourceVersion, UID: m.UID,
+		CreationTimestamp: m.CreationTimestamp, DeletionTimestamp: m.DeletionTimestamp, Labels: m.Labels, Annotations: m.Annotations}
 	out.Spec = PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork,
 		InitContainers: copyContainers(p.Spec.InitContainers), Containers: copyContainers(p.Spec.Containers)}
 	s := p.Status
@@ -134,3 +147,40 @@ func copyContainers(cs []Container) []Container {
 }
 
 var _ runtime.Object = (*Pod)(nil)
+
+// V1 returns p as a v1 Pod (what it encodes as). It shares p's strings,
+// maps, slices and pointers.
+func (p *Pod) V1() *corev1.Pod {
+	s := &p.Status
+	return &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: apiVersions[KindPod], Kind: string(KindPod)},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion, UID: p.UID,
+			CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp, Labels: p.Labels, Annotations: p.Annotations},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork,
+			InitContainers: v1Containers(p.Spec.InitContainers), Containers: v1Containers(p.Spec.Containers)},
+		Status: corev1.PodStatus{Phase: s.Phase, Reason: s.Reason, HostIP: s.HostIP, HostIPs: s.HostIPs, PodIP: s.PodIP, PodIPs: s.PodIPs}}
+}
+
+func v1Containers(cs []Container) []corev1.Container {
+	if cs == nil {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy}
+	}
+	return out
+}
+
+// MarshalJSON encodes p as a v1 Pod.
+func (p *Pod) MarshalJSON() ([]byte, error) { return json.Marshal(p.V1()) }
+
+// UnmarshalJSON decodes a v1 Pod into p (not strictly: Decode and
+// DecodeJSON are the strict, validating readers).
+func (p *Pod) UnmarshalJSON(b []byte) error {
+	var v corev1.Pod
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*p = *SlimPod(&v)
+	return nil
+}

@@ -580,7 +580,7 @@ func PodIPv6(pod *Pod) (netip.Addr, bool) {
 }
 
 func validatePod(pod *Pod) field.ErrorList {
-	errs := validateMeta(&pod.ObjectMeta, field.NewPath("metadata"))
+	errs := validateMeta(&metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels}, field.NewPath("metadata"))
 	if pod.Namespace == "" {
 		errs = append(errs, field.Required(field.NewPath("metadata", "namespace"), ""))
 	}

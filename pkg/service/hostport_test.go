@@ -18,7 +18,7 @@ func TestHostPortFrontends(t *testing.T) {
 	}
 	pod := func(mut func(*k8sobj.Pod)) *k8sobj.Pod {
 		p := &k8sobj.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+			Namespace: "ns", Name: "p",
 			Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 				{ContainerPort: 80, HostPort: 8080},
 				{ContainerPort: 53, HostPort: 5353, Protocol: corev1.ProtocolUDP, HostIP: "0.0.0.0"},
@@ -81,7 +81,7 @@ func TestHostPortFrontendsDualStack(t *testing.T) {
 		LocalPrefixes: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")},
 	}
 	p := &k8sobj.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+		Namespace: "ns", Name: "p",
 		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 80, HostPort: 8080},
 			{ContainerPort: 81, HostPort: 8081, HostIP: "192.168.1.1"},
@@ -142,7 +142,7 @@ func TestHostPortForeignHostIP(t *testing.T) {
 		t.Run(c.hostIP, func(t *testing.T) {
 			hostIP := netip.MustParseAddr(c.hostIP)
 			p := &k8sobj.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "p"},
+				Namespace: "evil", Name: "p",
 				Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 					{ContainerPort: 80, HostPort: 80, HostIP: c.hostIP},
 					{ContainerPort: 81, HostPort: 8081}, // every node address: stays
@@ -179,7 +179,7 @@ func TestHostPortForeignHostIP(t *testing.T) {
 	}
 	// Another node's pod: neither frontends nor anything reported.
 	remote := &k8sobj.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "r"},
+		Namespace: "evil", Name: "r",
 		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 80, HostPort: 80, HostIP: "169.254.169.254"}}}}},
 		Status: k8sobj.PodStatus{PodIP: "10.244.2.7", Phase: corev1.PodRunning},

@@ -385,15 +385,15 @@ func ClusterIPs(svc *k8sobj.Service) []netip.Addr {
 	return out
 }
 
-// sameFamily returns the backends of vip's address family.
+// sameFamily returns the backends of vip's address family: bs itself when
+// every one is (a single-stack Service's; the frontends share it and never
+// write to it), else a copy without the other family's.
 func sameFamily(bs []Backend, vip netip.Addr) []Backend {
-	out := make([]Backend, 0, len(bs))
-	for _, b := range bs {
-		if b.Addr.Is4() == vip.Is4() {
-			out = append(out, b)
-		}
+	other := func(b Backend) bool { return b.Addr.Is4() != vip.Is4() }
+	if !slices.ContainsFunc(bs, other) {
+		return bs
 	}
-	return out
+	return slices.DeleteFunc(slices.Clone(bs), other)
 }
 
 func compareKeys(a, b FrontendKey) int {

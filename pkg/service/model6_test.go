@@ -2,6 +2,7 @@ package service
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -112,5 +113,34 @@ endpoints: [{addresses: ["fd00:10:244:1::5"], conditions: {ready: true}}, {addre
 	if len(u.ServiceDeletes) != 3 || len(u.ServiceDeletes6) != 3 || len(u.BackendDeletes) != 9 || len(u.RevNatDeletes) != 6 {
 		t.Errorf("deleting the Service: %s (service deletes %d+%d), want 3+3 services, 9 backends, 6 rev-NAT entries",
 			u, len(u.ServiceDeletes), len(u.ServiceDeletes6))
+	}
+}
+
+// sameFamily shares a single-stack Service's backends with its frontends
+// (no copy per frontend) and filters a dual-stack one's by family, leaving
+// the whole list as it was.
+func TestSameFamilySharesSingleStack(t *testing.T) {
+	b := func(s string) Backend { return Backend{Addr: netip.MustParseAddr(s), Port: 8080, State: BackendActive} }
+	v4, v6 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")
+	single := []Backend{b("10.244.1.5"), b("10.244.2.5")}
+	if got := sameFamily(single, v4); len(got) != 2 || &got[0] != &single[0] {
+		t.Errorf("single-stack: got %v, not the backends themselves", got)
+	}
+	if n := testing.AllocsPerRun(10, func() { sameFamily(single, v4) }); n != 0 {
+		t.Errorf("single-stack: %v allocations, want none", n)
+	}
+	dual := []Backend{b("10.244.1.5"), b("fd00:244:1::5"), b("10.244.2.5"), b("fd00:244:2::5")}
+	want := map[netip.Addr][]Backend{v4: {dual[0], dual[2]}, v6: {dual[1], dual[3]}}
+	for _, vip := range []netip.Addr{v4, v6} {
+		got := sameFamily(dual, vip)
+		if !slices.Equal(got, want[vip]) {
+			t.Errorf("dual-stack, %s: got %v, want %v", vip, got, want[vip])
+		}
+	}
+	if dual[1] != b("fd00:244:1::5") || len(dual) != 4 {
+		t.Errorf("dual-stack: the backends were changed: %v", dual)
+	}
+	if got := sameFamily(single, v6); len(got) != 0 {
+		t.Errorf("IPv4 backends for an IPv6 cluster IP: %v", got)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
@@ -60,7 +59,7 @@ endpoints:
 	}
 
 	pod := &k8sobj.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "tel", Name: "p"},
+		Namespace: "tel", Name: "p",
 		Spec: k8sobj.PodSpec{Containers: []k8sobj.Container{{Name: "c", Ports: []corev1.ContainerPort{
 			{ContainerPort: 2905, HostPort: 2905, Protocol: corev1.ProtocolSCTP},
 			{ContainerPort: 80, HostPort: 8080, Protocol: corev1.ProtocolTCP}}}}},

@@ -3,6 +3,10 @@ package store
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -115,4 +119,71 @@ func TestUnknownBucketAndSecondOpener(t *testing.T) {
 		s2.Close()
 		t.Error("second Open of a locked db succeeded")
 	}
+}
+
+// rssFile is the process's file-backed resident set (bytes).
+func rssFile(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Skip("no RssFile in /proc/self/status")
+	return 0
+}
+
+// A restore reads every stored record through bbolt's mapping: afterwards
+// DropMappedPages takes those pages out of the resident set, and the
+// records still read back.
+func TestDropMappedPages(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n, size = 2000, 16 << 10 // 32 MB of values
+	key := func(i int) []byte { return []byte(fmt.Sprintf("k%05d", i)) }
+	if err := s.Update(func(tx *Tx) error {
+		for i := range n {
+			if err := tx.Put(Meta, key(i), rec{Name: strings.Repeat(string(rune('a'+i%26)), size), N: i}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	readAll := func() {
+		t.Helper()
+		if err := s.View(func(tx *Tx) error {
+			for i := range n {
+				var r rec
+				if ok, err := tx.Get(Meta, key(i), &r); err != nil || !ok || r.N != i || len(r.Name) != size || r.Name[0] != byte('a'+i%26) {
+					return fmt.Errorf("record %d: ok %v n %d len %d: %v", i, ok, r.N, len(r.Name), err)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readAll()
+	before := rssFile(t)
+	if err := s.DropMappedPages(); err != nil {
+		t.Fatal(err)
+	}
+	after := rssFile(t)
+	if before < after+n*size/2 {
+		t.Errorf("file-backed RSS %d MB before, %d MB after: want the store's %d MB of pages out", before>>20, after>>20, n*size>>20)
+	}
+	readAll() // mapped in again
 }
