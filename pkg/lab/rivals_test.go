@@ -212,12 +212,11 @@ func TestCheckCNI(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", c.cfg, err, c.want)
 		}
 	}
-	// A rival may use the routed underlay (flannel vxlan); lanekit's real
-	// nodes may not yet.
-	if err := (Config{Nodes: 2, CNI: CNIKubeProxyIptables, K8s: true, Kubelet: true, Routing: RoutingTunnel}).checkRouting(); err != nil {
-		t.Errorf("rival on the routed underlay: %v", err)
-	}
-	if err := (Config{Nodes: 2, K8s: true, Kubelet: true, Routing: RoutingTunnel}).checkRouting(); err == nil {
-		t.Error("lanekit real nodes on the routed underlay accepted")
+	// A rival may use the routed underlay (flannel vxlan), and so may
+	// lanekit's real nodes (the ConfigMap's routing-mode tunnel).
+	for _, cni := range []string{CNIKubeProxyIptables, CNICilium, ""} {
+		if err := (Config{Nodes: 2, CNI: cni, K8s: true, Kubelet: true, Routing: RoutingTunnel}).checkRouting(); err != nil {
+			t.Errorf("%q on the routed underlay: %v", cni, err)
+		}
 	}
 }

@@ -20,7 +20,8 @@ func TestCheckRouting(t *testing.T) {
 		{Config{Routing: RoutingTunnel, Underlay: UnderlayBridged}, "routed underlay"},
 		{Config{Underlay: "flat"}, "want bridged or routed"},
 		{Config{Routing: RoutingTunnel, K8s: true}, ""},
-		{Config{Routing: RoutingTunnel, K8s: true, Kubelet: true}, "not supported"},
+		{Config{Routing: RoutingTunnel, K8s: true, Kubelet: true}, ""},
+		{Config{Routing: RoutingTunnel, K8s: true, Kubelet: true, Install: InstallHelm}, "installs lanekit with kustomize"},
 	} {
 		err := c.cfg.checkRouting()
 		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
