@@ -146,14 +146,15 @@ static __always_inline int lb_icmp_echo_rewrite(struct __sk_buff *skb, __u32 l4o
  * ct_key, or a ct6_key when v6) and sport its source port field. keep
  * (network order; 0: none) is tried first if its tuple is free, else one of
  * LB_SNAT_TRIES ports in [lb_snat_port_min, lb_snat_port_max] picked from
- * the original flow's hash h. Each is checked against the live entries
+ * the original flow's hash h; mirror (NULL: none) takes each too: an ICMP
+ * echo's identifier is both ports of its tuple (masq.h). Each is checked against the live entries
  * (ct_create_in BPF_NOEXIST), so two flows never share a translated tuple.
  * NodePort SNAT to the node's address keeps no client port: it may be in the
  * node's ephemeral range, whose sockets conntrack does not see (hairpin's
  * address is no address of the node's sockets: the client's port is kept
  * there). Returns the port (network order), 0 if none was free. */
-static __always_inline __be16 lb_snat_flow_in(__u8 v6, void *ft, __be16 *sport, const struct ct_entry *fe, __u32 h,
-					      __be16 keep)
+static __always_inline __be16 lb_snat_flow_in(__u8 v6, void *ft, __be16 *sport, __be16 *mirror,
+					      const struct ct_entry *fe, __u32 h, __be16 keep)
 {
 	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
 	__u32 span = hi >= lo ? hi - lo + 1 : 1;
@@ -165,6 +166,8 @@ static __always_inline __be16 lb_snat_flow_in(__u8 v6, void *ft, __be16 *sport, 
 		__u32 p = lo + (h + i * 7919) % span;
 
 		*sport = bpf_htons(p);
+		if (mirror)
+			*mirror = *sport;
 		if (!ct_create_in(v6, ft, fe, BPF_NOEXIST))
 			return *sport;
 	}
@@ -204,7 +207,7 @@ static __always_inline __u16 lb_snat_kind(int self, __u8 scope, const struct end
 
 static __always_inline __be16 lb_snat_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h, __be16 keep)
 {
-	return lb_snat_flow_in(0, ft, &ft->sport, fe, h, keep);
+	return lb_snat_flow_in(0, ft, &ft->sport, 0, fe, h, keep);
 }
 
 /* lb_node_src returns in src (4 or 16 bytes) the node's source address
@@ -445,6 +448,7 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 {
 	struct ct_entry *e = 0;
 	struct lb_revnat_value *rn;
+	struct ct_key inner;
 	__u16 flags;
 	__be32 nat_addr;
 	__be16 nat_port;
@@ -477,23 +481,20 @@ static __always_inline int lb_rev_nat(struct __sk_buff *skb, const struct ct_key
 		/* A masqueraded flow's reply (masq.h): its destination back to
 		 * the endpoint. The tuple it then has may be the reply of a
 		 * flow load balancing translated (a Service whose backend is
-		 * outside the cluster): its source goes back to the frontend. */
-		struct ct_key m = *t;
-
+		 * outside the cluster): that flow's entry translates it on,
+		 * below (its destination is restored already). */
 		if (lb_rewrite4(skb, l4off, t->proto, 0, t->daddr, nat_addr, t->dport, nat_port) < 0)
 			return -1;
-		lb_stat(LB_STAT_REVNAT);
-		m.daddr = nat_addr;
-		m.dport = nat_port;
+		inner = *t;
+		inner.daddr = nat_addr;
+		inner.dport = nat_port;
 		e = 0;
-		if (ct_lookup4(&m, tcpf, &e) != CT_REPLY || !e || !(e->flags & CT_F_REVNAT))
+		if (ct_lookup4(&inner, tcpf, &e) != CT_REPLY || !e || !(e->flags & CT_F_REVNAT)) {
+			lb_stat(LB_STAT_REVNAT);
 			return 1;
-		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
-		if (rn && lb_rewrite4(skb, l4off, m.proto, 1, m.saddr, rn->addr, m.sport, bpf_htons(rn->port)) < 0)
-			return -1;
-		if (pend && (e->flags & CT_F_POLICY))
-			pend->allowed_reply = 1;
-		return 1;
+		}
+		t = &inner;
+		flags = e->flags & ~CT_F_SNAT;
 	}
 	if (flags & CT_F_REVNAT) {
 		rn = bpf_map_lookup_elem(&lk_lb_revnat, &e->rev_nat_id);
@@ -518,14 +519,6 @@ struct lb_icmp_err {
 
 #define LB_ICMP_TIME_EXCEEDED 11
 
-/* lb_icmp_rev_nat translates an ICMP error (destination unreachable, time
- * exceeded) about a load-balanced flow back, as its replies are: the
- * quoted packet's destination becomes the frontend again (and its source
- * the client, for SNATed flows), the outer source the frontend when the
- * backend itself sent it. So a client learns "port unreachable" or "need to
- * fragment" for the address it used. The quoted L4 checksum is left alone
- * (receivers do not check it; for TCP it is not even quoted). Returns 1 when
- * rewritten, 0 when not, -1 on a failed rewrite. */
 /* lb_icmp_echo_unmasq translates an echo reply to a masqueraded echo
  * request (masq.h) back: to the endpoint's address and identifier. Returns
  * 1 when it did, 0 when the reply is no masquerade's, -1 to drop. */
@@ -552,6 +545,17 @@ static __always_inline int lb_icmp_echo_unmasq(struct __sk_buff *skb, __u32 l4of
 	return 1;
 }
 
+/* lb_icmp_rev_nat translates an ICMP error (destination unreachable, time
+ * exceeded) about a load-balanced flow back, as its replies are: the
+ * quoted packet's destination becomes the frontend again (and its source
+ * the client, for SNATed flows), the outer source the frontend when the
+ * backend itself sent it. So a client learns "port unreachable" or "need to
+ * fragment" for the address it used. The quoted L4 checksum is left alone
+ * (receivers do not check it; for TCP it is not even quoted). An error about
+ * a masqueraded flow (masq.h) gets only its quoted source and outer
+ * destination back, and an echo reply to a masqueraded echo request its
+ * destination and identifier (lb_icmp_echo_unmasq). Returns 1 when
+ * rewritten, 0 when not, -1 on a failed rewrite. */
 static __always_inline int lb_icmp_rev_nat(struct __sk_buff *skb, __u32 l4off)
 {
 	__u32 in_off = l4off + 8, csum_off = l4off + 2;

@@ -568,7 +568,7 @@ static __always_inline int lb6_forward(struct __sk_buff *skb, const struct lk_ip
 			__builtin_memcpy(&ft->saddr, pd->nat.addr, 16);
 			__builtin_memcpy(&ft->daddr, be->addr, 16);
 			ft->dport = bpf_htons(be->port);
-			pd->snat_port = lb_snat_flow_in(1, ft, &ft->sport, &pd->fe, lb_flow_hash(&pd->h),
+			pd->snat_port = lb_snat_flow_in(1, ft, &ft->sport, 0, &pd->fe, lb_flow_hash(&pd->h),
 							(pd->snat_flags & CT_F_HAIRPIN) ? pd->sk.sport : 0);
 			if (!pd->snat_port) {
 				lb_count_drop(skb, ep_id, DROP_NAT_NO_PORT);

@@ -41,26 +41,6 @@ static __always_inline int masq_outside(__be32 dst)
 	return !bpf_map_lookup_elem(&lk_tunnel_peers, &dst);
 }
 
-/* masq_flow creates the flow entry of a new masquerade with a free source
- * port (lb_snat_flow's range and tries); an ICMP echo's identifier is both
- * of its tuple's ports. Returns the port (network order), 0 if none was
- * free. */
-static __always_inline __be16 masq_flow(struct ct_key *ft, const struct ct_entry *fe, __u32 h)
-{
-	__u32 lo = lb_snat_port_min, hi = lb_snat_port_max;
-	__u32 span = hi >= lo ? hi - lo + 1 : 1;
-
-	if (ft->proto != IPPROTO_ICMP)
-		return lb_snat_flow(ft, fe, h, 0);
-	for (int i = 0; i < LB_SNAT_TRIES; i++) {
-		ft->sport = bpf_htons(lo + (h + i * 7919) % span);
-		ft->dport = ft->sport;
-		if (!ct_create4_unique(ft, fe))
-			return ft->sport;
-	}
-	return 0;
-}
-
 /* masq4 masquerades p, which endpoint ep sent (see above). Only a packet
  * from the endpoint's own address: one load balancing translated back (a
  * local backend's reply to a NodePort or hostPort client outside the
@@ -123,7 +103,7 @@ static __always_inline __u32 masq4(struct __sk_buff *skb, struct pkt *p, const s
 		if (lb_node_src(skb, &fib, 0, &t.daddr, &node) < 0)
 			return 0; /* the node's own address, or no route: as it is */
 		ft.saddr = node;
-		port = masq_flow(&ft, &nf, lb_flow_hash(&t));
+		port = lb_snat_flow_in(0, &ft, &ft.sport, t.proto == IPPROTO_ICMP ? &ft.dport : 0, &nf, lb_flow_hash(&t), 0);
 		if (!port)
 			return DROP_NAT_NO_PORT;
 		ne.nat_addr = node;
