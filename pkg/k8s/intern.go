@@ -110,23 +110,19 @@ func internKeys(m map[string]string) map[string]string {
 }
 
 // Label sets repeat too: a Deployment's pods carry one set, the objects of
-// one chart another. labelSets hands out one map per set for
-// the objects the transform keeps (the agent and the caches only read
-// them: nothing changes an object it was given). It is bounded: when full,
-// an arbitrary set is forgotten (the objects holding it keep it; a later
-// object carrying it gets a map of its own, then the set again), so
+// one chart another. labelSets hands out one map per set for the objects
+// the transform keeps (the agent and the caches only read them: nothing
+// changes an object it was given), bounded as every shareTable is: when
+// full, an arbitrary set is forgotten (the objects holding it keep it; a
+// later object carrying it gets a map of its own, then the set again), so
 // objects with ever-new label sets cost it nothing but turnover.
-type labelSets struct {
-	mu   sync.Mutex
-	sets map[string]map[string]string // by labelSetKey
-	max  int
-}
+type labelSets struct{ *shareTable[map[string]string] }
 
 // labelSetMax bounds the shared sets (each a few hundred bytes).
 const labelSetMax = 8192
 
 // sharedLabels is the transform's: one process, one set of caches.
-var sharedLabels = &labelSets{sets: map[string]map[string]string{}, max: labelSetMax}
+var sharedLabels = labelSets{newShareTable[map[string]string](labelSetMax)}
 
 // labelSetKey is m's key among the sets: its pairs in key order, each
 // string length-prefixed (unambiguous whatever the labels hold).
@@ -138,38 +134,19 @@ func labelSetKey(m map[string]string) string {
 	slices.Sort(keys)
 	var b strings.Builder
 	for _, k := range keys {
-		v := m[k]
-		b.WriteString(strconv.Itoa(len(k)))
-		b.WriteByte(':')
-		b.WriteString(k)
-		b.WriteString(strconv.Itoa(len(v)))
-		b.WriteByte(':')
-		b.WriteString(v)
+		writeKey(&b, k)
+		writeKey(&b, m[k])
 	}
 	return b.String()
 }
 
 // share returns the shared map equal to m (interned), m's own interned copy
 // if m is large.
-func (ls *labelSets) share(m map[string]string) map[string]string {
+func (ls labelSets) share(m map[string]string) map[string]string {
 	if len(m) == 0 || len(m) > 32 {
 		return internMap(m)
 	}
-	key := labelSetKey(m)
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if s, ok := ls.sets[key]; ok {
-		return s
-	}
-	s := internMap(m)
-	if len(ls.sets) >= ls.max {
-		for k := range ls.sets { // an arbitrary one
-			delete(ls.sets, k)
-			break
-		}
-	}
-	ls.sets[key] = s
-	return s
+	return ls.shareTable.share(labelSetKey(m), func() map[string]string { return internMap(m) })
 }
 
 func internPtr(p *string) {
@@ -269,7 +246,7 @@ func internService(s *k8sobj.Service) {
 // Parts of a Service's spec repeat across Services as label sets do: most
 // ClusterIP Services have one of a few port lists ("http" 80 to 8080), one
 // IP family list and policy. sharedSpec hands out one of each for the
-// objects the transform keeps, bounded as labelSets are; the agent and the
+// objects the transform keeps, bounded as label sets are; the agent and the
 // caches only read them.
 var sharedSpec = struct {
 	ports          *shareTable[[]corev1.ServicePort]
@@ -289,6 +266,13 @@ type shareTable[T any] struct {
 
 func newShareTable[T any](max int) *shareTable[T] {
 	return &shareTable[T]{m: map[string]T{}, max: max}
+}
+
+// len is the values the table holds.
+func (t *shareTable[T]) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
 }
 
 // share returns the value held for key, made by mk if there is none.

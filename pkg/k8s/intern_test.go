@@ -124,7 +124,7 @@ func mapID(m map[string]string) uintptr { return reflect.ValueOf(m).Pointer() }
 // sets kept are bounded, and a forgotten set is still whole in the objects
 // that hold it.
 func TestLabelSetsShared(t *testing.T) {
-	ls := &labelSets{sets: map[string]map[string]string{}, max: 4}
+	ls := labelSets{newShareTable[map[string]string](4)}
 	a := ls.share(map[string]string{fresh("app"): fresh("web"), fresh("tier"): fresh("front")})
 	b := ls.share(map[string]string{fresh("tier"): fresh("front"), fresh("app"): fresh("web")})
 	c := ls.share(map[string]string{fresh("app"): fresh("web")})
@@ -144,8 +144,8 @@ func TestLabelSetsShared(t *testing.T) {
 		m := map[string]string{"app": fmt.Sprint("app-", i)}
 		held = append(held, ls.share(m))
 	}
-	if len(ls.sets) > 4 {
-		t.Errorf("%d sets kept, want <= 4", len(ls.sets))
+	if ls.len() > 4 {
+		t.Errorf("%d sets kept, want <= 4", ls.len())
 	}
 	for i, m := range held {
 		if !maps.Equal(m, map[string]string{"app": fmt.Sprint("app-", i)}) {
