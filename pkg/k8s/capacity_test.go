@@ -64,6 +64,24 @@ func TestFullMapsFailLoudly(t *testing.T) {
 	eventually(t, "Warning events on s4 and s5", func() bool {
 		return slices.Equal(eventsFor(t, e, ReasonNotProgrammed), []string{"s4", "s5"})
 	})
+	// Each names its Service by UID too (kubectl describe finds a Service's
+	// events by it).
+	evs, err := e.c.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason != ReasonNotProgrammed {
+			continue
+		}
+		svc, err := e.c.CoreV1().Services("default").Get(ctx, ev.InvolvedObject.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.InvolvedObject.UID != svc.UID || svc.UID == "" {
+			t.Errorf("event on %s names UID %q, the Service's is %q", ev.InvolvedObject.Name, ev.InvolvedObject.UID, svc.UID)
+		}
+	}
 
 	for _, n := range []string{"s1", "s2"} {
 		if err := e.c.CoreV1().Services("default").Delete(ctx, n, metav1.DeleteOptions{}); err != nil {

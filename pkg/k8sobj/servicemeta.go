@@ -27,8 +27,8 @@ func (s *Service) GetName() string                               { return s.Name
 func (s *Service) SetName(name string)                           { s.Name = name }
 func (s *Service) GetGenerateName() string                       { return "" }
 func (s *Service) SetGenerateName(string)                        {}
-func (s *Service) GetUID() types.UID                             { return "" }
-func (s *Service) SetUID(types.UID)                              {}
+func (s *Service) GetUID() types.UID                             { return s.UID }
+func (s *Service) SetUID(uid types.UID)                          { s.UID = uid }
 func (s *Service) GetResourceVersion() string                    { return s.ResourceVersion }
 func (s *Service) SetResourceVersion(v string)                   { s.ResourceVersion = v }
 func (s *Service) GetGeneration() int64                          { return 0 }
@@ -43,8 +43,8 @@ func (s *Service) GetDeletionGracePeriodSeconds() *int64         { return nil }
 func (s *Service) SetDeletionGracePeriodSeconds(*int64)          {}
 func (s *Service) GetLabels() map[string]string                  { return s.Labels }
 func (s *Service) SetLabels(l map[string]string)                 { s.Labels = l }
-func (s *Service) GetAnnotations() map[string]string             { return nil }
-func (s *Service) SetAnnotations(map[string]string)              {}
+func (s *Service) GetAnnotations() map[string]string             { return s.Annotations }
+func (s *Service) SetAnnotations(a map[string]string)            { s.Annotations = a }
 func (s *Service) GetFinalizers() []string                       { return nil }
 func (s *Service) SetFinalizers([]string)                        {}
 func (s *Service) GetOwnerReferences() []metav1.OwnerReference   { return nil }
