@@ -25,6 +25,7 @@ import (
 // keeps this of it (SlimPod); the API-server watchers convert in their
 // informers' transform, before the cache keeps anything.
 type Pod struct {
+	unkeptMeta                       // metav1.Object's accessors of what it does not keep (meta.go)
 	Name, Namespace, ResourceVersion string
 	UID                              types.UID
 	CreationTimestamp                metav1.Time

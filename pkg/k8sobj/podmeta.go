@@ -14,40 +14,22 @@ import (
 var _ metav1.Object = (*Pod)(nil)
 
 // podKind is every Pod's schema.ObjectKind.
-type podKind struct{}
+var podKind = fixedKind{schema.GroupVersionKind{Version: "v1", Kind: string(KindPod)}}
 
-var podGVK = schema.GroupVersionKind{Version: "v1", Kind: string(KindPod)}
-
-func (podKind) SetGroupVersionKind(schema.GroupVersionKind)  {}
-func (podKind) GroupVersionKind() schema.GroupVersionKind    { return podGVK }
-func (p *Pod) GetObjectKind() schema.ObjectKind              { return podKind{} }
-func (p *Pod) GetNamespace() string                          { return p.Namespace }
-func (p *Pod) SetNamespace(ns string)                        { p.Namespace = ns }
-func (p *Pod) GetName() string                               { return p.Name }
-func (p *Pod) SetName(name string)                           { p.Name = name }
-func (p *Pod) GetGenerateName() string                       { return "" }
-func (p *Pod) SetGenerateName(string)                        {}
-func (p *Pod) GetUID() types.UID                             { return p.UID }
-func (p *Pod) SetUID(uid types.UID)                          { p.UID = uid }
-func (p *Pod) GetResourceVersion() string                    { return p.ResourceVersion }
-func (p *Pod) SetResourceVersion(v string)                   { p.ResourceVersion = v }
-func (p *Pod) GetGeneration() int64                          { return 0 }
-func (p *Pod) SetGeneration(int64)                           {}
-func (p *Pod) GetSelfLink() string                           { return "" }
-func (p *Pod) SetSelfLink(string)                            {}
-func (p *Pod) GetCreationTimestamp() metav1.Time             { return p.CreationTimestamp }
-func (p *Pod) SetCreationTimestamp(t metav1.Time)            { p.CreationTimestamp = t }
-func (p *Pod) GetDeletionTimestamp() *metav1.Time            { return p.DeletionTimestamp }
-func (p *Pod) SetDeletionTimestamp(t *metav1.Time)           { p.DeletionTimestamp = t }
-func (p *Pod) GetDeletionGracePeriodSeconds() *int64         { return nil }
-func (p *Pod) SetDeletionGracePeriodSeconds(*int64)          {}
-func (p *Pod) GetLabels() map[string]string                  { return p.Labels }
-func (p *Pod) SetLabels(l map[string]string)                 { p.Labels = l }
-func (p *Pod) GetAnnotations() map[string]string             { return p.Annotations }
-func (p *Pod) SetAnnotations(a map[string]string)            { p.Annotations = a }
-func (p *Pod) GetFinalizers() []string                       { return nil }
-func (p *Pod) SetFinalizers([]string)                        {}
-func (p *Pod) GetOwnerReferences() []metav1.OwnerReference   { return nil }
-func (p *Pod) SetOwnerReferences([]metav1.OwnerReference)    {}
-func (p *Pod) GetManagedFields() []metav1.ManagedFieldsEntry { return nil }
-func (p *Pod) SetManagedFields([]metav1.ManagedFieldsEntry)  {}
+func (p *Pod) GetObjectKind() schema.ObjectKind    { return &podKind }
+func (p *Pod) GetNamespace() string                { return p.Namespace }
+func (p *Pod) SetNamespace(ns string)              { p.Namespace = ns }
+func (p *Pod) GetName() string                     { return p.Name }
+func (p *Pod) SetName(name string)                 { p.Name = name }
+func (p *Pod) GetUID() types.UID                   { return p.UID }
+func (p *Pod) SetUID(uid types.UID)                { p.UID = uid }
+func (p *Pod) GetResourceVersion() string          { return p.ResourceVersion }
+func (p *Pod) SetResourceVersion(v string)         { p.ResourceVersion = v }
+func (p *Pod) GetCreationTimestamp() metav1.Time   { return p.CreationTimestamp }
+func (p *Pod) SetCreationTimestamp(t metav1.Time)  { p.CreationTimestamp = t }
+func (p *Pod) GetDeletionTimestamp() *metav1.Time  { return p.DeletionTimestamp }
+func (p *Pod) SetDeletionTimestamp(t *metav1.Time) { p.DeletionTimestamp = t }
+func (p *Pod) GetLabels() map[string]string        { return p.Labels }
+func (p *Pod) SetLabels(l map[string]string)       { p.Labels = l }
+func (p *Pod) GetAnnotations() map[string]string   { return p.Annotations }
+func (p *Pod) SetAnnotations(a map[string]string)  { p.Annotations = a }

@@ -30,6 +30,7 @@ import (
 // status conditions. It implements metav1.Object (servicemeta.go) for the
 // informers' caches, and its kind is always v1 Service (no TypeMeta).
 type Service struct {
+	unkeptMeta                       // metav1.Object's accessors of what it does not keep (meta.go)
 	Name, Namespace, ResourceVersion string
 	// UID names the Service in the events the agent records on it.
 	UID               types.UID

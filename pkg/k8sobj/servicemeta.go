@@ -14,40 +14,22 @@ import (
 var _ metav1.Object = (*Service)(nil)
 
 // serviceKind is every Service's schema.ObjectKind.
-type serviceKind struct{}
+var serviceKind = fixedKind{schema.GroupVersionKind{Version: "v1", Kind: string(KindService)}}
 
-var serviceGVK = schema.GroupVersionKind{Version: "v1", Kind: string(KindService)}
-
-func (serviceKind) SetGroupVersionKind(schema.GroupVersionKind)  {}
-func (serviceKind) GroupVersionKind() schema.GroupVersionKind    { return serviceGVK }
-func (s *Service) GetObjectKind() schema.ObjectKind              { return serviceKind{} }
-func (s *Service) GetNamespace() string                          { return s.Namespace }
-func (s *Service) SetNamespace(ns string)                        { s.Namespace = ns }
-func (s *Service) GetName() string                               { return s.Name }
-func (s *Service) SetName(name string)                           { s.Name = name }
-func (s *Service) GetGenerateName() string                       { return "" }
-func (s *Service) SetGenerateName(string)                        {}
-func (s *Service) GetUID() types.UID                             { return s.UID }
-func (s *Service) SetUID(uid types.UID)                          { s.UID = uid }
-func (s *Service) GetResourceVersion() string                    { return s.ResourceVersion }
-func (s *Service) SetResourceVersion(v string)                   { s.ResourceVersion = v }
-func (s *Service) GetGeneration() int64                          { return 0 }
-func (s *Service) SetGeneration(int64)                           {}
-func (s *Service) GetSelfLink() string                           { return "" }
-func (s *Service) SetSelfLink(string)                            {}
-func (s *Service) GetCreationTimestamp() metav1.Time             { return s.CreationTimestamp }
-func (s *Service) SetCreationTimestamp(t metav1.Time)            { s.CreationTimestamp = t }
-func (s *Service) GetDeletionTimestamp() *metav1.Time            { return nil }
-func (s *Service) SetDeletionTimestamp(*metav1.Time)             {}
-func (s *Service) GetDeletionGracePeriodSeconds() *int64         { return nil }
-func (s *Service) SetDeletionGracePeriodSeconds(*int64)          {}
-func (s *Service) GetLabels() map[string]string                  { return s.Labels }
-func (s *Service) SetLabels(l map[string]string)                 { s.Labels = l }
-func (s *Service) GetAnnotations() map[string]string             { return s.Annotations }
-func (s *Service) SetAnnotations(a map[string]string)            { s.Annotations = a }
-func (s *Service) GetFinalizers() []string                       { return nil }
-func (s *Service) SetFinalizers([]string)                        {}
-func (s *Service) GetOwnerReferences() []metav1.OwnerReference   { return nil }
-func (s *Service) SetOwnerReferences([]metav1.OwnerReference)    {}
-func (s *Service) GetManagedFields() []metav1.ManagedFieldsEntry { return nil }
-func (s *Service) SetManagedFields([]metav1.ManagedFieldsEntry)  {}
+func (s *Service) GetObjectKind() schema.ObjectKind   { return &serviceKind }
+func (s *Service) GetNamespace() string               { return s.Namespace }
+func (s *Service) SetNamespace(ns string)             { s.Namespace = ns }
+func (s *Service) GetName() string                    { return s.Name }
+func (s *Service) SetName(name string)                { s.Name = name }
+func (s *Service) GetUID() types.UID                  { return s.UID }
+func (s *Service) SetUID(uid types.UID)               { s.UID = uid }
+func (s *Service) GetResourceVersion() string         { return s.ResourceVersion }
+func (s *Service) SetResourceVersion(v string)        { s.ResourceVersion = v }
+func (s *Service) GetCreationTimestamp() metav1.Time  { return s.CreationTimestamp }
+func (s *Service) SetCreationTimestamp(t metav1.Time) { s.CreationTimestamp = t }
+func (s *Service) GetDeletionTimestamp() *metav1.Time { return nil }
+func (s *Service) SetDeletionTimestamp(*metav1.Time)  {}
+func (s *Service) GetLabels() map[string]string       { return s.Labels }
+func (s *Service) SetLabels(l map[string]string)      { s.Labels = l }
+func (s *Service) GetAnnotations() map[string]string  { return s.Annotations }
+func (s *Service) SetAnnotations(a map[string]string) { s.Annotations = a }

@@ -32,6 +32,7 @@ import (
 // no Labels or Annotations field: what is read of them is ServiceName,
 // Headless and TriggerTime.
 type EndpointSlice struct {
+	unkeptMeta                       // metav1.Object's accessors of what it does not keep (meta.go)
 	Name, Namespace, ResourceVersion string
 	CreationTimestamp                metav1.Time
 	// InvalidLabels is nil unless a label of the slice is invalid: then it

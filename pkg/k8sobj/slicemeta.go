@@ -16,40 +16,22 @@ import (
 var _ metav1.Object = (*EndpointSlice)(nil)
 
 // sliceKind is every EndpointSlice's schema.ObjectKind.
-type sliceKind struct{}
+var sliceKind = fixedKind{schema.GroupVersionKind{Group: "discovery.k8s.io", Version: "v1", Kind: string(KindEndpointSlice)}}
 
-var sliceGVK = schema.GroupVersionKind{Group: "discovery.k8s.io", Version: "v1", Kind: string(KindEndpointSlice)}
-
-func (sliceKind) SetGroupVersionKind(schema.GroupVersionKind)           {}
-func (sliceKind) GroupVersionKind() schema.GroupVersionKind             { return sliceGVK }
-func (es *EndpointSlice) GetObjectKind() schema.ObjectKind              { return sliceKind{} }
-func (es *EndpointSlice) GetNamespace() string                          { return es.Namespace }
-func (es *EndpointSlice) SetNamespace(ns string)                        { es.Namespace = ns }
-func (es *EndpointSlice) GetName() string                               { return es.Name }
-func (es *EndpointSlice) SetName(name string)                           { es.Name = name }
-func (es *EndpointSlice) GetGenerateName() string                       { return "" }
-func (es *EndpointSlice) SetGenerateName(string)                        {}
-func (es *EndpointSlice) GetUID() types.UID                             { return "" }
-func (es *EndpointSlice) SetUID(types.UID)                              {}
-func (es *EndpointSlice) GetResourceVersion() string                    { return es.ResourceVersion }
-func (es *EndpointSlice) SetResourceVersion(v string)                   { es.ResourceVersion = v }
-func (es *EndpointSlice) GetGeneration() int64                          { return 0 }
-func (es *EndpointSlice) SetGeneration(int64)                           {}
-func (es *EndpointSlice) GetSelfLink() string                           { return "" }
-func (es *EndpointSlice) SetSelfLink(string)                            {}
-func (es *EndpointSlice) GetCreationTimestamp() metav1.Time             { return es.CreationTimestamp }
-func (es *EndpointSlice) SetCreationTimestamp(t metav1.Time)            { es.CreationTimestamp = t }
-func (es *EndpointSlice) GetDeletionTimestamp() *metav1.Time            { return nil }
-func (es *EndpointSlice) SetDeletionTimestamp(*metav1.Time)             {}
-func (es *EndpointSlice) GetDeletionGracePeriodSeconds() *int64         { return nil }
-func (es *EndpointSlice) SetDeletionGracePeriodSeconds(*int64)          {}
-func (es *EndpointSlice) SetLabels(map[string]string)                   {}
-func (es *EndpointSlice) GetFinalizers() []string                       { return nil }
-func (es *EndpointSlice) SetFinalizers([]string)                        {}
-func (es *EndpointSlice) GetOwnerReferences() []metav1.OwnerReference   { return nil }
-func (es *EndpointSlice) SetOwnerReferences([]metav1.OwnerReference)    {}
-func (es *EndpointSlice) GetManagedFields() []metav1.ManagedFieldsEntry { return nil }
-func (es *EndpointSlice) SetManagedFields([]metav1.ManagedFieldsEntry)  {}
+func (es *EndpointSlice) GetObjectKind() schema.ObjectKind   { return &sliceKind }
+func (es *EndpointSlice) GetNamespace() string               { return es.Namespace }
+func (es *EndpointSlice) SetNamespace(ns string)             { es.Namespace = ns }
+func (es *EndpointSlice) GetName() string                    { return es.Name }
+func (es *EndpointSlice) SetName(name string)                { es.Name = name }
+func (es *EndpointSlice) GetUID() types.UID                  { return "" }
+func (es *EndpointSlice) SetUID(types.UID)                   {}
+func (es *EndpointSlice) GetResourceVersion() string         { return es.ResourceVersion }
+func (es *EndpointSlice) SetResourceVersion(v string)        { es.ResourceVersion = v }
+func (es *EndpointSlice) GetCreationTimestamp() metav1.Time  { return es.CreationTimestamp }
+func (es *EndpointSlice) SetCreationTimestamp(t metav1.Time) { es.CreationTimestamp = t }
+func (es *EndpointSlice) GetDeletionTimestamp() *metav1.Time { return nil }
+func (es *EndpointSlice) SetDeletionTimestamp(*metav1.Time)  {}
+func (es *EndpointSlice) SetLabels(map[string]string)        {}
 
 // GetLabels returns the slice's labels: those it keeps (all of them if one
 // is invalid).
