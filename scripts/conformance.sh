@@ -14,7 +14,7 @@
 #   CONFORMANCE_OUT     directory for the two reports (default: docs)
 #   CONFORMANCE_LB_POOL  the lab's --lb-pool: lanekit's LB IPAM + L2 announcement serve the
 #                       [Feature:LoadBalancer] tests (default 10.77.0.200-10.77.0.239 on the IPv4
-#                       lab; set it empty for none; the dual-stack lab has none yet)
+#                       lab, plus fd00:77::c8-fd00:77::ef on the dual-stack one; set it empty for none)
 #   CONFORMANCE_NODES   the lab's nodes (default 2)
 #   CONFORMANCE_ZONES   the nodes' zones, round robin (lab up --zones; e.g. a,b,c with
 #                       CONFORMANCE_NODES=3 for the Topology Hints and Traffic Distribution tests)
@@ -86,8 +86,9 @@ bin/lanekit lab down >&2
 start=$SECONDS
 # LoadBalancer Services: lanekit's LB IPAM + L2 announcement with a pool on
 # the underlay, which the runner reaches from outside the nodes' subnet.
+# (pkg/lab LabLBPool, and LabLBPool6 beside it on the dual-stack lab).
 lbpool=${CONFORMANCE_LB_POOL-10.77.0.200-10.77.0.239}
-[ "$family" = ipv4 ] || lbpool=${CONFORMANCE_LB_POOL:-}
+[ "$family" = ipv4 ] || lbpool=${CONFORMANCE_LB_POOL-10.77.0.200-10.77.0.239,fd00:77::c8-fd00:77::ef}
 [ "$cni" = lanekit ] || lbpool=  # lanekit's LB IPAM; the rivals' labs have none
 nodes=${CONFORMANCE_NODES:-2}
 zones=${CONFORMANCE_ZONES:-}

@@ -12,41 +12,76 @@ import (
 // The lab's LoadBalancer clients sit outside the cluster's network, as a
 // bare-metal cluster's clients reach it through a router: the underlay
 // namespace (where the e2e runner and hand-run clients live) reaches the
-// LoadBalancer pool from ExternalClientIP, an address of ExternalClientNet,
-// which no node has on a link and every node routes to the router. A pod
-// behind an externalTrafficPolicy Local Service then sees a client outside
-// the nodes' subnet, as the upstream tests require (source IP preserved,
-// told apart from a node's address).
+// LoadBalancer pool from ExternalClientIP (IPv4 ranges) or ExternalClientIP6
+// (IPv6 ranges, a dual-stack lab), addresses of ExternalClientNet(6), which
+// no node has on a link and every node routes to the router. A pod behind an
+// externalTrafficPolicy Local Service then sees a client outside the nodes'
+// subnet, as the upstream tests require (source IP preserved, told apart
+// from a node's address).
 const (
-	ExternalClientIP  = "10.78.0.254"
-	ExternalClientNet = "10.78.0.0/24"
+	ExternalClientIP   = "10.78.0.254"
+	ExternalClientNet  = "10.78.0.0/24"
+	ExternalClientIP6  = "fd00:78::fe"
+	ExternalClientNet6 = "fd00:78::/64"
 )
 
-// routeLBClients adds ExternalClientIP to the underlay namespace, a route
-// for each CIDR of the pool's IPv4 ranges from it, and on every node
-// namespace the route back through the router (APIAddress, the underlay
-// namespace's own address). IPv6 pool ranges stay reached from the
-// underlay's own address.
-func routeLBClients(ctx context.Context, pool string) error {
-	var prefixes []netip.Prefix
+// LabLBPool is the LoadBalancer pool `make conformance` and the real-node
+// tests give the lab (lab up --lb-pool), on the underlay's IPv4 subnet;
+// LabLBPool6 the IPv6 range a dual-stack lab adds (on the underlay's IPv6
+// subnet, answered by NDP).
+const (
+	LabLBPool  = "10.77.0.200-10.77.0.239"
+	LabLBPool6 = "fd00:77::c8-fd00:77::ef"
+)
+
+// lbPoolRanges parses a --lb-pool value: ranges (a CIDR or FIRST-LAST)
+// separated by commas.
+func lbPoolRanges(pool string) ([]lbipam.Range, error) {
+	var out []lbipam.Range
 	for _, part := range strings.Split(pool, ",") {
 		r, err := lbipam.ParseRange(part)
 		if err != nil {
-			return fmt.Errorf("--lb-pool: %w", err)
+			return nil, fmt.Errorf("--lb-pool: %w", err)
 		}
-		if r.First.Is4() {
-			prefixes = append(prefixes, r.Prefixes()...)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// routeLBClients adds the external client addresses to the underlay
+// namespace, a route for each CIDR of the pool's ranges from the client of
+// its family, and on every node namespace the route back through the
+// router (APIAddress or WireIP6, the underlay namespace's own addresses).
+func routeLBClients(ctx context.Context, pool string) error {
+	ranges, err := lbPoolRanges(pool)
+	if err != nil {
+		return err
+	}
+	var steps [][]string
+	for _, fam := range []struct {
+		v6              bool
+		client, net, gw string
+	}{{false, ExternalClientIP, ExternalClientNet, APIAddress}, {true, ExternalClientIP6, ExternalClientNet6, WireIP6}} {
+		var prefixes []netip.Prefix
+		for _, r := range ranges {
+			if r.First.Is6() == fam.v6 {
+				prefixes = append(prefixes, r.Prefixes()...)
+			}
 		}
-	}
-	if len(prefixes) == 0 {
-		return nil
-	}
-	steps := [][]string{{"-n", WireNS, "addr", "replace", ExternalClientIP + "/32", "dev", "lo"}}
-	for _, p := range prefixes {
-		steps = append(steps, []string{"-n", WireNS, "route", "replace", p.String(), "dev", WireBridge, "src", ExternalClientIP})
-	}
-	for i := 1; netnsExists(NodeNS(i)); i++ {
-		steps = append(steps, []string{"-n", NodeNS(i), "route", "replace", ExternalClientNet, "via", APIAddress, "dev", Uplink})
+		if len(prefixes) == 0 {
+			continue
+		}
+		plen, f := "/32", "-4"
+		if fam.v6 {
+			plen, f = "/128", "-6"
+		}
+		steps = append(steps, []string{"-n", WireNS, f, "addr", "replace", fam.client + plen, "dev", "lo"})
+		for _, p := range prefixes {
+			steps = append(steps, []string{"-n", WireNS, f, "route", "replace", p.String(), "dev", WireBridge, "src", fam.client})
+		}
+		for i := 1; netnsExists(NodeNS(i)); i++ {
+			steps = append(steps, []string{"-n", NodeNS(i), f, "route", "replace", fam.net, "via", fam.gw, "dev", Uplink})
+		}
 	}
 	for _, args := range steps {
 		if err := ip(ctx, args...); err != nil {

@@ -390,6 +390,14 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 		}
 		resources += "  - " + filepath.Join(base, "lb") + "\n"
 		cmKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
+		ranges, err := lbPoolRanges(lbPool)
+		if err != nil {
+			return err
+		}
+		var addrs strings.Builder
+		for _, r := range ranges {
+			fmt.Fprintf(&addrs, "\n                - %s-%s", r.First, r.Last)
+		}
 		lbPoolPatch = fmt.Sprintf(`  - patch: |-
       apiVersion: v1
       kind: ConfigMap
@@ -400,9 +408,8 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
         pools.yaml: |
           pools:
             - name: lab
-              addresses:
-                - %s
-`, LanekitNamespace, lbPool)
+              addresses:%s
+`, LanekitNamespace, addrs.String())
 	}
 	if routing == RoutingTunnel {
 		cmKeys += fmt.Sprintf("        routing-mode: %s\n        tunnel-port: \"%d\"\n", RoutingTunnel, TunnelPort)

@@ -111,9 +111,11 @@ func TestKubeletConfigFencesTheMachine(t *testing.T) {
 //     down (processes, namespaces, cgroups, directories, mounts).
 //
 // One lab-up for all of it (the real-node lab takes minutes to come up).
-// The kustomize install carries deploy/lb with a pool (testLBPool): a
-// LoadBalancer Service gets an address of it and answers a client on the
-// underlay from both pods.
+// The kustomize install carries deploy/lb with a pool of both families
+// (testLBPool): a dual-stack LoadBalancer Service gets an address of each
+// range, announced by ARP and NDP, and both answer a client on the underlay
+// from both pods, with the client's own address kept under
+// externalTrafficPolicy Local.
 func TestLabRealNodes(t *testing.T) {
 	bins, nodeBins := realNodeTestBins(t)
 	before, err := ReadKernelTunables()
@@ -326,55 +328,75 @@ func TestLabRealNodes(t *testing.T) {
 		serves(t, client, []string{svc.Spec.ClusterIPs[0]})
 		programmed(t, svc.Spec.ClusterIPs[0], []string{pods[0].Status.PodIP, pods[1].Status.PodIP})
 
-		// A LoadBalancer Service: an address from the pool (LB IPAM), answered
-		// by ARP from an elected node (L2 announcement) and load-balanced to
-		// both pods, for a client on the underlay outside the cluster.
+		// A dual-stack LoadBalancer Service: an address of each family from
+		// the pool (LB IPAM), answered by ARP / NDP from an elected node (L2
+		// announcement) and load-balanced to both pods, for a client on the
+		// underlay outside the cluster.
 		lb, err := kc.CoreV1().Services("default").Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "web-lb"},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: web.Spec.Selector.MatchLabels,
-				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+				IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyRequireDualStack),
+				Ports:          []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var lbIP string
-		for deadline := time.Now().Add(30 * time.Second); lbIP == "" && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		var lbIPs []netip.Addr
+		for deadline := time.Now().Add(30 * time.Second); len(lbIPs) < 2 && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 			got, err := kc.CoreV1().Services("default").Get(ctx, lb.Name, metav1.GetOptions{})
-			if err == nil && len(got.Status.LoadBalancer.Ingress) > 0 {
-				lbIP = got.Status.LoadBalancer.Ingress[0].IP
-			}
-		}
-		if a, err := netip.ParseAddr(lbIP); err != nil || a.Compare(netip.MustParseAddr("10.77.0.200")) < 0 || a.Compare(netip.MustParseAddr("10.77.0.239")) > 0 {
-			t.Fatalf("LoadBalancer ingress %q, want an address of the pool %s", lbIP, testLBPool)
-		}
-		seen := map[string]bool{}
-		for try := 0; try < 30 && len(seen) < 2; try++ {
-			out, err := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", "curl", "-sS", "-m", "3", "http://"+lbIP+"/hostname").Output()
 			if err != nil {
-				time.Sleep(300 * time.Millisecond)
 				continue
 			}
-			seen[strings.TrimSpace(string(out))] = true
+			lbIPs = lbIPs[:0]
+			for _, in := range got.Status.LoadBalancer.Ingress {
+				if a, err := netip.ParseAddr(in.IP); err == nil {
+					lbIPs = append(lbIPs, a)
+				}
+			}
 		}
-		if !seen[pods[0].Name] || !seen[pods[1].Name] {
-			t.Errorf("LoadBalancer %s from the underlay: answers from %v, want both pods", lbIP, seen)
+		ranges, err := lbPoolRanges(testLBPool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lbIPs) != 2 || !ranges[0].Contains(lbIPs[0]) || !ranges[1].Contains(lbIPs[1]) {
+			t.Fatalf("LoadBalancer ingress %v, want an address of each range of the pool %s (IPv4 first)", lbIPs, testLBPool)
+		}
+		fromWire := func(path string, lbIP netip.Addr) (string, error) {
+			out, err := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", "curl", "-sS", "-m", "3",
+				"http://"+netip.AddrPortFrom(lbIP, 80).String()+path).Output()
+			return strings.TrimSpace(string(out)), err
+		}
+		for _, lbIP := range lbIPs {
+			seen := map[string]bool{}
+			for try := 0; try < 30 && len(seen) < 2; try++ {
+				out, err := fromWire("/hostname", lbIP)
+				if err != nil {
+					time.Sleep(300 * time.Millisecond)
+					continue
+				}
+				seen[out] = true
+			}
+			if !seen[pods[0].Name] || !seen[pods[1].Name] {
+				t.Errorf("LoadBalancer %s from the underlay: answers from %v, want both pods", lbIP, seen)
+			}
 		}
 		// externalTrafficPolicy Local: the pod sees the client's own
-		// address, from outside the nodes' subnet (ExternalClientIP).
+		// address, from outside the nodes' subnet (ExternalClientIP, 6).
 		if _, err := kc.CoreV1().Services("default").Patch(ctx, lb.Name, types.MergePatchType,
 			[]byte(`{"spec":{"externalTrafficPolicy":"Local"}}`), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		var client string
-		for try := 0; try < 30 && !strings.HasPrefix(client, ExternalClientIP+":"); try++ {
-			time.Sleep(300 * time.Millisecond)
-			out, err := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", "curl", "-sS", "-m", "3", "http://"+lbIP+"/clientip").Output()
-			if err == nil {
-				client = strings.TrimSpace(string(out))
+		for k, want := range []string{ExternalClientIP, ExternalClientIP6} {
+			var client netip.AddrPort
+			for try := 0; try < 30 && client.Addr().String() != want; try++ {
+				time.Sleep(300 * time.Millisecond)
+				if out, err := fromWire("/clientip", lbIPs[k]); err == nil {
+					client, _ = netip.ParseAddrPort(out)
+				}
 			}
-		}
-		if !strings.HasPrefix(client, ExternalClientIP+":") {
-			t.Errorf("LoadBalancer %s with externalTrafficPolicy Local: the pod saw client %q, want %s (source preserved)", lbIP, client, ExternalClientIP)
+			if client.Addr().String() != want {
+				t.Errorf("LoadBalancer %s with externalTrafficPolicy Local: the pod saw client %v, want %s (source preserved)", lbIPs[k], client, want)
+			}
 		}
 	})
 
@@ -496,8 +518,9 @@ func realNodeTestBins(t *testing.T) (Bins, string) {
 	return bins, nodeBins
 }
 
-// testLBPool is TestLabRealNodes' LoadBalancer pool, on the underlay.
-const testLBPool = "10.77.0.200-10.77.0.239"
+// testLBPool is TestLabRealNodes' LoadBalancer pool, on the underlay: an
+// IPv4 and an IPv6 range.
+const testLBPool = LabLBPool + "," + LabLBPool6
 
 // webHostPort is the web pods' hostPort (served by lanekit's BPF, no portmap).
 const webHostPort = 8090

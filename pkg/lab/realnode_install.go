@@ -84,6 +84,17 @@ func (c Config) checkInstall() error {
 	if c.LBPool != "" && !c.Kubelet {
 		return fmt.Errorf("--lb-pool needs --k8s --kubelet (real nodes)")
 	}
+	if c.LBPool != "" {
+		ranges, err := lbPoolRanges(c.LBPool)
+		if err != nil {
+			return err
+		}
+		for _, r := range ranges {
+			if r.First.Is6() && c.IPFamily != IPFamilyDual {
+				return fmt.Errorf("--lb-pool %s-%s: an IPv6 range needs --ip-family dual (the real-node lab's nodes have no IPv6 otherwise)", r.First, r.Last)
+			}
+		}
+	}
 	if c.CNI != "" && c.CNI != CNILanekit && (c.Install != "" && c.Install != InstallKustomize || c.LBPool != "") {
 		return fmt.Errorf("--install and --lb-pool install lanekit: not with --cni %s", c.CNI)
 	}
