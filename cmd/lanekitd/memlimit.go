@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lanekit/lanekit/internal/procstat"
 )
 
 // A Go program's heap may grow to twice its live size between collections
@@ -148,18 +150,6 @@ var freeOSMemory = debug.FreeOSMemory
 
 // selfRSS is the process's resident set (bytes; 0 if unreadable).
 func selfRSS() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for l := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
+	rss, _ := procstat.RSS(0)
+	return rss
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/internal/procstat"
 	"github.com/lanekit/lanekit/internal/testutil"
 	"github.com/lanekit/lanekit/pkg/lab"
 	"github.com/lanekit/lanekit/pkg/service"
@@ -335,34 +335,13 @@ func measure(t *testing.T, pid int, pprofAt, file string) usage {
 			u.sys, _ = strconv.ParseUint(v, 10, 64)
 		}
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procstat.Status(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), ":")
-		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "VmRSS":
-			u.rss = kb << 10
-		case "RssFile": // the store's mmap, the binary
-			u.rssFile = kb << 10
-		case "VmHWM":
-			u.rssPeak = kb << 10
-		}
-	}
-	// utime and stime, fields 14 and 15 of /proc/PID/stat, in clock ticks
-	// (100 a second on Linux), after the command's parenthesised name.
-	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
-			if f := strings.Fields(string(stat)[i+1:]); len(f) > 12 {
-				ut, _ := strconv.ParseUint(f[11], 10, 64)
-				st, _ := strconv.ParseUint(f[12], 10, 64)
-				u.cpu = time.Duration(ut+st) * 10 * time.Millisecond
-			}
-		}
+	u.rss, u.rssFile, u.rssPeak = st["VmRSS"], st["RssFile"], st["VmHWM"] // RssFile: the store's mmap, the binary
+	if u.cpu, err = procstat.CPU(pid); err != nil {
+		t.Fatal(err)
 	}
 	if u.heap == 0 || u.rss == 0 {
 		t.Fatalf("no heap or RSS read: %+v", u)

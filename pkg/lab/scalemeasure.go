@@ -7,11 +7,8 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -27,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	apiv1 "github.com/lanekit/lanekit/api/v1"
+	"github.com/lanekit/lanekit/internal/procstat"
 	"github.com/lanekit/lanekit/pkg/service"
 )
 
@@ -127,45 +125,32 @@ func waitRoutes(ctx context.Context, nodes []int, n int, timeout time.Duration) 
 
 // procSample is a process's CPU time and RSS at one moment.
 type procSample struct {
-	at       time.Time
-	cpuTicks uint64
-	rssKB    uint64
+	at    time.Time
+	cpu   time.Duration
+	rssKB uint64
 }
 
 func sampleProc(pid int) (procSample, error) {
 	s := procSample{at: time.Now()}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	var err error
+	if s.cpu, err = procstat.CPU(pid); err != nil {
+		return s, err
+	}
+	rss, err := procstat.RSS(pid)
 	if err != nil {
 		return s, err
 	}
-	// Fields after the command (which may hold spaces) start at ") ".
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-	if len(f) < 13 {
-		return s, fmt.Errorf("/proc/%d/stat: short", pid)
-	}
-	ut, _ := strconv.ParseUint(f[11], 10, 64)
-	st, _ := strconv.ParseUint(f[12], 10, 64)
-	s.cpuTicks = ut + st
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return s, err
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			s.rssKB, _ = strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		}
-	}
+	s.rssKB = rss >> 10
 	return s, nil
 }
 
 // cpuPercent is the CPU the process used between two samples (100: one core).
 func cpuPercent(a, b procSample) float64 {
-	const hz = 100 // USER_HZ
-	d := b.at.Sub(a.at).Seconds()
+	d := b.at.Sub(a.at)
 	if d <= 0 {
 		return 0
 	}
-	return float64(b.cpuTicks-a.cpuTicks) / hz / d * 100
+	return float64(b.cpu-a.cpu) / float64(d) * 100
 }
 
 // scrapeHistograms reads the named histograms from the metrics at url,
