@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -270,11 +271,22 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 // run measures what the flags ask for and prints the report.
 func (b *benchFlags) run(cmd *cobra.Command) error {
 	if b.from != "" {
-		rep, err := loadReport(b.from)
+		rep, other, err := loadReport(b.from)
 		if err != nil {
 			return err
 		}
-		return b.output(cmd, rep)
+		if other == nil {
+			return b.output(cmd, rep)
+		}
+		if b.chart != "" {
+			return fmt.Errorf("lab bench: --chart: %s is a --cni report (no chart)", b.from)
+		}
+		if b.asJSON {
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(other)
+		}
+		return other.WriteTable(cmd.OutOrStdout())
 	}
 	if len(b.cnis) > 0 || len(b.routings) > 0 {
 		return b.runOwnLabs(cmd)
@@ -474,17 +486,45 @@ func runServiceRows(ctx context.Context, cmd *cobra.Command, st *lab.State, coun
 
 // loadReport reads a report saved with --json; ratios and targets are
 // recomputed from its per-repetition values.
-func loadReport(from string) (*bench.Report, error) {
+// loadReport reads a saved --json report: a lab's (rep), or one of --cni's
+// own labs (other: the pod rows' per-network groups, or the rival service
+// rows), told apart by their top-level keys.
+func loadReport(from string) (rep *bench.Report, other interface{ WriteTable(io.Writer) error }, err error) {
 	data, err := os.ReadFile(from)
 	if err != nil {
-		return nil, fmt.Errorf("lab bench: %w", err)
+		return nil, nil, fmt.Errorf("lab bench: %w", err)
 	}
-	var rep bench.Report
-	if err := json.Unmarshal(data, &rep); err != nil {
-		return nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return nil, nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
+	}
+	_, groups := keys["groups"]
+	_, machine := keys["machine"]
+	switch {
+	case groups:
+		var g bench.GroupReport
+		if err := json.Unmarshal(data, &g); err != nil {
+			return nil, nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
+		}
+		for _, r := range g.Groups {
+			if r.Report != nil {
+				r.Report.ComputeRatios()
+			}
+		}
+		return nil, &g, nil
+	case !machine && keys["rows"] != nil && strings.Contains(string(keys["rows"]), `"services"`):
+		var s bench.SvcReport
+		if err := json.Unmarshal(data, &s); err != nil {
+			return nil, nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
+		}
+		return nil, &s, nil
+	}
+	rep = &bench.Report{}
+	if err := json.Unmarshal(data, rep); err != nil {
+		return nil, nil, fmt.Errorf("lab bench: parse %s: %w", from, err)
 	}
 	rep.ComputeRatios()
-	return &rep, nil
+	return rep, nil, nil
 }
 
 func writeChart(rep *bench.Report, path string) error {

@@ -19,9 +19,9 @@ func TestBenchFromJSON(t *testing.T) {
 	if err := os.WriteFile(in, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := loadReport(in)
-	if err != nil {
-		t.Fatal(err)
+	rep, other, err := loadReport(in)
+	if err != nil || other != nil {
+		t.Fatalf("a lab's report read as %T, %v", other, err)
 	}
 	if err := writeChart(rep, out); err != nil {
 		t.Fatal(err)
@@ -37,7 +37,32 @@ func TestBenchFromJSON(t *testing.T) {
 	if err := os.WriteFile(in, []byte("{"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loadReport(in); err == nil || !strings.Contains(err.Error(), "parse") {
+	if _, _, err := loadReport(in); err == nil || !strings.Contains(err.Error(), "parse") {
 		t.Errorf("bad json: %v", err)
+	}
+}
+
+// TestBenchFromCNIReports: `lab bench --from` prints the saved reports of
+// --cni's own labs as the run printed them: each network's group table and
+// the paired ratios across groups; the rival service rows' table.
+func TestBenchFromCNIReports(t *testing.T) {
+	out, err := runCLI(t, "lab", "bench", "--from", "../../docs/bench-rivals-tunnel.json")
+	if err != nil {
+		t.Fatalf("--from a --cni report: %v\n%s", err, out)
+	}
+	for _, want := range []string{"groups interleaved per repetition", "== lanekit", "== cilium", "paired across groups", "pod-cross-node"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--from a --cni report: no %q in\n%s", want, out)
+		}
+	}
+	out, err = runCLI(t, "lab", "bench", "--from", "../../docs/bench-rivals-services.json")
+	if err != nil {
+		t.Fatalf("--from a --cni --services report: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "kube-proxy-iptables  10000") || !strings.Contains(out, "lanekit              10000") {
+		t.Errorf("--from a --cni --services report: no network's rows in\n%s", out)
+	}
+	if out, err = runCLI(t, "lab", "bench", "--chart", filepath.Join(t.TempDir(), "c.png"), "--from", "../../docs/bench-rivals-tunnel.json"); err == nil {
+		t.Errorf("--chart of a --cni report: no error\n%s", out)
 	}
 }
