@@ -2,7 +2,8 @@
 # `make conformance`: the upstream Kubernetes e2e tests (e2e.test from
 # scripts/k8s-node-bins.sh, run by ginkgo) against the real-node lab
 # (`lanekit lab up --k8s --kubelet`: kubelet + containerd per node, lanekit from
-# deploy/, no kube-proxy). Writes docs/conformance.json (ginkgo's JSON report)
+# deploy/, no kube-proxy). Writes docs/conformance.json (ginkgo's JSON report cut to the
+# run's facts and the specs in focus; the full one stays in bin/)
 # and docs/conformance.md (passed, failed, skipped; each failure with its cause).
 #
 #   CONFORMANCE_FOCUS   ginkgo --focus (default: '\[sig-network\]')
@@ -113,8 +114,11 @@ nsenter --net=/run/netns/lk-wire -- "$nodebins/ginkgo" run --procs="$procs" --ti
 echo "conformance: ginkgo exited $rc after $((SECONDS - start)) s (full log: bin/$name.log)" >&2
 cp "$work/ginkgo.log" "bin/$name.log"
 [ -f "$work/$name.json" ] || { echo "conformance: no JSON report; tail of the log:" >&2; tail -40 "$work/ginkgo.log" >&2; exit 1; }
-cp "$work/$name.json" "$out/$name.json"
+# ginkgo's full report (~10 MB: every spec's output and events, and the
+# 3,000 specs outside the focus) stays in bin/; docs/ gets the slim one.
+cp "$work/$name.json" "bin/$name.full.json"
 go run ./internal/tools/conformancereport -focus "$focus" -skip-file "$skipfile" -procs "$procs" \
-  -raw "docs/$name.json" -ip-family "$family" -nodes "$nodes" -zones "$zones" -cni "$cni" "$out/$name.json" >"$out/$name.md"
+  -raw "docs/$name.json" -ip-family "$family" -nodes "$nodes" -zones "$zones" -cni "$cni" \
+  -slim "$out/$name.json" "$work/$name.json" >"$out/$name.md"
 sed -n '1,/^## Failed/p' "$out/$name.md" >&2
 exit $rc

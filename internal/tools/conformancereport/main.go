@@ -3,7 +3,14 @@
 // the run, the totals, every failure with its cause, the passed tests, and
 // the tests the skip list left out, counted per entry with its reason.
 //
-//	go run ./internal/tools/conformancereport -focus RE -skip-file FILE [-procs N] REPORT.json > conformance.md
+//	go run ./internal/tools/conformancereport -focus RE -skip-file FILE [-procs N] [-slim OUT.json] REPORT.json > conformance.md
+//
+// With -slim it also writes the report docs/ keeps: the run's facts (suite,
+// times, ginkgo's configuration) and only the specs in focus, each with its
+// name, labels, location, state, times and failure or skip message — not
+// the captured output, progress events and stack traces of ginkgo's full
+// report (about 10 MB for the [sig-network] focus, most of it the 3,000
+// specs outside it, which the slim report only counts).
 //
 // This is a development tool: no shipped binary links it.
 package main
@@ -27,6 +34,9 @@ type report struct {
 	StartTime        time.Time    `json:"StartTime"`
 	EndTime          time.Time    `json:"EndTime"`
 	SpecReports      []specReport `json:"SpecReports"`
+	// OutOfFocus counts the specs a slim report (-slim) left out: those
+	// outside the run's focus.
+	OutOfFocus int `json:"LanekitSpecsOutOfFocus,omitempty"`
 }
 
 type specReport struct {
@@ -115,7 +125,7 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	}
 	r := reps[0]
 	var passed, failed, selfSkipped []specReport
-	outOfFocus, notRun := 0, 0
+	outOfFocus, notRun := r.OutOfFocus, 0
 	for _, s := range r.SpecReports {
 		if s.LeafNodeType != "It" {
 			if s.State != "passed" && s.State != "skipped" && s.Failure != nil {
@@ -199,7 +209,7 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	p("- Suite: %s; run %s, %s, %d ginkgo processes", r.SuiteDescription, r.StartTime.UTC().Format("2006-01-02 15:04 MST"),
 		r.EndTime.Sub(r.StartTime).Round(time.Second), d.procs)
 	p("- Focus: `%s`; skip list: `%s`", focus.String(), d.skipFile)
-	p("- Raw report: `%s` (ginkgo's JSON report)", d.raw)
+	p("- Raw report: `%s` (ginkgo's JSON report, the specs in focus only)", d.raw)
 	p("")
 	p("| passed | failed | skipped (skip list) | skipped by the test | not run (run ended first) | not in focus |")
 	p("|---:|---:|---:|---:|---:|---:|")
@@ -250,14 +260,15 @@ func main() {
 	nodes := flag.Int("nodes", 2, "the lab's --nodes")
 	zones := flag.String("zones", "", "the lab's --zones")
 	cni := flag.String("cni", "", "the lab's --cni (empty: lanekit)")
+	slimOut := flag.String("slim", "", "also write the report docs/ keeps here: the run's facts and the specs in focus only")
 	flag.Parse()
-	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family, nodes: *nodes, zones: *zones, cni: *cni}, flag.Args()); err != nil {
+	if err := run(*focus, runDesc{procs: *procs, skipFile: *skipFile, raw: *raw, ipFamily: *family, nodes: *nodes, zones: *zones, cni: *cni}, *slimOut, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "conformancereport:", err)
 		os.Exit(1)
 	}
 }
 
-func run(focus string, d runDesc, args []string) error {
+func run(focus string, d runDesc, slimOut string, args []string) error {
 	if len(args) != 1 {
 		return errors.New("want one argument: ginkgo's JSON report")
 	}
@@ -281,5 +292,100 @@ func run(focus string, d runDesc, args []string) error {
 	if err := json.Unmarshal(data, &reps); err != nil {
 		return fmt.Errorf("%s: %w", args[0], err)
 	}
+	if slimOut != "" {
+		out, err := slim(data, fre)
+		if err != nil {
+			return fmt.Errorf("%s: %w", args[0], err)
+		}
+		if err := os.WriteFile(slimOut, out, 0o644); err != nil {
+			return err
+		}
+	}
 	return write(os.Stdout, reps, fre, skips, d)
+}
+
+// Kept of each spec in focus (ginkgo's types.SpecReport field names), and
+// of its failure; the rest (captured output, events, report entries, stack
+// traces, timelines) is left out.
+var (
+	slimSpecKeys    = []string{"ContainerHierarchyTexts", "LeafNodeType", "LeafNodeLocation", "LeafNodeLabels", "LeafNodeText", "State", "StartTime", "EndTime", "RunTime", "ParallelProcess", "NumAttempts", "Failure"}
+	slimFailureKeys = []string{"Message", "Location", "FailureNodeType"}
+	slimLocation    = []string{"FileName", "LineNumber"}
+)
+
+// slim is ginkgo's JSON report data with only the specs in focus (and any
+// suite-level node that failed), each cut to slimSpecKeys; the specs left
+// out are counted in LanekitSpecsOutOfFocus.
+func slim(data []byte, focus *regexp.Regexp) ([]byte, error) {
+	var reps []map[string]json.RawMessage
+	if err := json.Unmarshal(data, &reps); err != nil {
+		return nil, err
+	}
+	for _, r := range reps {
+		var specs []map[string]json.RawMessage
+		if err := json.Unmarshal(r["SpecReports"], &specs); err != nil {
+			return nil, fmt.Errorf("SpecReports: %w", err)
+		}
+		kept, out := []map[string]json.RawMessage{}, 0
+		for _, sp := range specs {
+			var s specReport
+			raw, _ := json.Marshal(sp)
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, err
+			}
+			inFocus := s.LeafNodeType == "It" && (s.State != "skipped" && s.State != "pending" || focus.MatchString(s.fullText()))
+			suiteFailed := s.LeafNodeType != "It" && s.State != "passed" && s.State != "skipped" && s.Failure != nil
+			if !inFocus && !suiteFailed {
+				if s.LeafNodeType == "It" {
+					out++
+				}
+				continue
+			}
+			k := pick(sp, slimSpecKeys)
+			if f, ok := k["Failure"]; ok {
+				var fm map[string]json.RawMessage
+				if err := json.Unmarshal(f, &fm); err != nil {
+					return nil, fmt.Errorf("Failure: %w", err)
+				}
+				fk := pick(fm, slimFailureKeys)
+				if loc, ok := fk["Location"]; ok {
+					var lm map[string]json.RawMessage
+					if err := json.Unmarshal(loc, &lm); err != nil {
+						return nil, fmt.Errorf("Failure.Location: %w", err)
+					}
+					fk["Location"] = rawJSON(pick(lm, slimLocation), "")
+				}
+				k["Failure"] = rawJSON(fk, "")
+			}
+			kept = append(kept, k)
+		}
+		r["SpecReports"] = rawJSON(kept, "")
+		r["LanekitSpecsOutOfFocus"] = rawJSON(out, "")
+	}
+	return rawJSON(reps, " "), nil
+}
+
+// rawJSON encodes v (maps of raw messages, numbers: it cannot fail) without
+// escaping <, > and & as json.Marshal does: the failure messages stay
+// readable ("Requires >= 3 zones").
+func rawJSON(v any, indent string) json.RawMessage {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
+	if err := enc.Encode(v); err != nil {
+		panic(err)
+	}
+	return json.RawMessage(strings.TrimSuffix(b.String(), "\n"))
+}
+
+// pick is m with only keys (those it has).
+func pick(m map[string]json.RawMessage, keys []string) map[string]json.RawMessage {
+	out := map[string]json.RawMessage{}
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"regexp"
 	"strings"
@@ -86,5 +87,60 @@ func TestWrite(t *testing.T) {
 	}
 	if strings.Contains(out, "lanekit installed") {
 		t.Errorf("the rival's report says lanekit was installed:\n%s", out)
+	}
+}
+
+// TestSlim: the slim report keeps the run's facts and the specs in focus
+// (passed, failed, skip-listed, self-skipped with its message), cut to
+// their names, states, times and failures; it drops the specs outside the
+// focus (counted) and every spec's captured output, events and stack
+// traces; the Markdown report reads the same from either.
+func TestSlim(t *testing.T) {
+	full := `[{"SuiteDescription":"Kubernetes e2e suite","SuiteSucceeded":false,"StartTime":"2026-11-30T16:21:00Z","EndTime":"2026-11-30T16:45:00Z",
+	 "SuiteConfig":{"FocusStrings":["\\[sig-network\\]"],"ParallelTotal":4},
+	 "SpecReports":[
+	  {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeText":"should serve","LeafNodeType":"It","State":"passed","RunTime":2000000000,
+	   "CapturedGinkgoWriterOutput":"BIG OUTPUT","SpecEvents":[{"Message":"BIG EVENT"}],"LeafNodeLocation":{"FileName":"service.go","LineNumber":7}},
+	  {"ContainerHierarchyTexts":["[sig-network] DNS"],"LeafNodeText":"should resolve","LeafNodeType":"It","State":"failed",
+	   "Failure":{"Message":"timed out","Location":{"FileName":"dns.go","LineNumber":3,"FullStackTrace":"BIG TRACE"},"FailureNodeType":"It","TimelineLocation":{"Offset":1}}},
+	  {"ContainerHierarchyTexts":["[sig-network] Services"],"LeafNodeText":"should be sctp","LeafNodeType":"It","State":"skipped"},
+	  {"ContainerHierarchyTexts":["[sig-network] Topology"],"LeafNodeText":"zones","LeafNodeType":"It","State":"skipped","Failure":{"Message":"Requires >= 3 zones"}},
+	  {"ContainerHierarchyTexts":["[sig-storage] CSI"],"LeafNodeText":"mounts","LeafNodeType":"It","State":"skipped"},
+	  {"ContainerHierarchyTexts":["[sig-apps] Deployment"],"LeafNodeText":"rolls","LeafNodeType":"It","State":"skipped"},
+	  {"LeafNodeType":"SynchronizedBeforeSuite","State":"passed","CapturedGinkgoWriterOutput":"BIG SETUP"}]}]`
+	focus := regexp.MustCompile(`\[sig-network\]`)
+	out, err := slim([]byte(full), focus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{"BIG", "mounts", "rolls", "TimelineLocation", "SynchronizedBeforeSuite"} {
+		if strings.Contains(string(out), gone) {
+			t.Errorf("slim report keeps %q:\n%s", gone, out)
+		}
+	}
+	for _, kept := range []string{"should serve", "should resolve", "timed out", "dns.go", "should be sctp", "Requires >= 3 zones", `"LanekitSpecsOutOfFocus": 2`, "ParallelTotal", `"LineNumber": 7`} {
+		if !strings.Contains(string(out), kept) {
+			t.Errorf("slim report lacks %q:\n%s", kept, out)
+		}
+	}
+	md := func(data []byte) string {
+		skips, err := parseSkipList("sctp # no sctp module\n") // counts per run
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reps []report
+		if err := json.Unmarshal(data, &reps); err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := write(&b, reps, focus, skips, runDesc{procs: 4, skipFile: "skip.txt", raw: "r.json"}); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	if a, b := md([]byte(full)), md(out); a != b {
+		t.Errorf("the Markdown differs:\nfrom the full report:\n%s\nfrom the slim one:\n%s", a, b)
+	} else if !strings.Contains(a, "| 1 | 1 | 1 | 1 | 0 | 2 |") {
+		t.Errorf("totals: want 1 passed, 1 failed, 1 skip-listed, 1 self-skipped, 2 out of focus:\n%s", a)
 	}
 }
