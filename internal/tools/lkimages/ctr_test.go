@@ -23,7 +23,10 @@ func nodeBins(t *testing.T, need ...string) string {
 	dir := strings.TrimSpace(string(out))
 	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			t.Skipf("node binaries not built (opt-in: make k8s-node-bins): %v", err)
+			if os.Getenv("LANEKIT_K8S_NODE_REQUIRED") != "" { // make test-real-nodes
+				t.Fatalf("node binaries not built (LANEKIT_K8S_NODE_REQUIRED is set): %v", err)
+			}
+			t.Skipf("node binaries not built (opt-in: make k8s-lab-bins or k8s-node-bins): %v", err)
 		}
 	}
 	return dir

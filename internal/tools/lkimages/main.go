@@ -211,17 +211,7 @@ func specFor(n string, in inputs) (spec, error) {
 		if err != nil {
 			return spec{}, err
 		}
-		// Its fake registry serves the pause image as pause:testing, as
-		// upstream's image does (built here from this pause).
-		ps, err := specFor("pause", in)
-		if err != nil {
-			return spec{}, err
-		}
-		pauseImg, err := build(ps)
-		if err != nil {
-			return spec{}, err
-		}
-		reg, err := registryEntries(pauseImg, "pause", "testing")
+		reg, err := registryPause(in)
 		if err != nil {
 			return spec{}, fmt.Errorf("agnhost: fake registry: %w", err)
 		}

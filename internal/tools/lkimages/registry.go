@@ -18,6 +18,27 @@ func digestPath(base string, d v1.Hash) string {
 	return path.Join(base, d.Algorithm, d.Hex[:2], d.Hex, "data")
 }
 
+// registryPause is the fake registry of the agnhost image: pause served as
+// pause:testing, as upstream's image does, built here from this pause with
+// a configuration of its own (an environment variable): an image of its
+// own ID. A node that pulls it (the LocalhostNodePorts test) must not hold
+// it as a second name of its sandbox image registry.k8s.io/pause: two names
+// of one image ID share its fate in containerd's CRI image store, and the
+// node once lost its pause image in the middle of a conformance run, with
+// kubelet then trying registry.k8s.io on the internet (ImagePullBackOff).
+func registryPause(in inputs) ([]entry, error) {
+	ps, err := specFor("pause", in)
+	if err != nil {
+		return nil, err
+	}
+	ps.Env = append(ps.Env, "LANEKIT_IMAGE=fake-registry-pause")
+	img, err := build(ps)
+	if err != nil {
+		return nil, err
+	}
+	return registryEntries(img, "pause", "testing")
+}
+
 // registryEntries lay img out the way upstream's prepare_registry.sh lays
 // out the images of agnhost's fake registry (images.txt: pause 3.10.2 as
 // "testing"): a tag file holding the manifest's digest, the manifest by

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"path"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -19,11 +20,11 @@ func TestFakeRegistryLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := build(ps)
+	img, err := build(ps) // the node's sandbox image
 	if err != nil {
 		t.Fatal(err)
 	}
-	entries, err := registryEntries(img, "pause", "testing")
+	entries, err := registryPause(in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,9 +63,29 @@ func TestFakeRegistryLayout(t *testing.T) {
 	if m.MediaType == "" || len(m.Layers) == 0 {
 		t.Fatalf("manifest %+v: want a media type (the server sends it as Content-Type) and layers", m)
 	}
-	byDigest("blobs", m.Config.Digest)
+	var cf struct{ Config struct{ Env []string } }
+	if err := json.Unmarshal(byDigest("blobs", m.Config.Digest), &cf); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cf.Config.Env, "LANEKIT_IMAGE=fake-registry-pause") {
+		t.Errorf("the registry's pause config: env %q", cf.Config.Env)
+	}
 	for _, l := range m.Layers {
 		byDigest("blobs", l.Digest)
+	}
+	// An image of its own: neither its ID (the config digest) nor its
+	// manifest digest is the sandbox image's.
+	sandboxID, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sandboxManifest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Config.Digest == sandboxID.String() || strings.TrimSpace(string(tag)) == sandboxManifest.String() {
+		t.Errorf("the fake registry's pause:testing is the sandbox image (config %s, manifest %s): a node pulling it holds "+
+			"registry.k8s.io/pause under a second name of the same image ID", m.Config.Digest, strings.TrimSpace(string(tag)))
 	}
 	if _, err := registryEntries(img, "a/b", "testing"); err == nil {
 		t.Error("a repository with a slash: no error")
