@@ -6,7 +6,7 @@ CARGO ?= cargo
 BIN := $(CURDIR)/bin
 GO_CMDS := lanekitd lanekit-cni lanekit lanekit-kubevirt-sidecar
 
-.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins kubevirt-bins kubevirt-images k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
+.PHONY: all deps demo-deps helm k8s-bins k8s-node-bins k8s-lab-bins test-real-nodes kubevirt-bins kubevirt-images k8s-node-images k8s-rival-images conformance generate check-generated build build-go build-vhost test test-preflight test-unprivileged test-go test-vhost demo bench clean lint lint-go lint-vhost docs FORCE
 
 all: build
 
@@ -36,6 +36,29 @@ k8s-bins:
 # (scripts/k8s-node-bins.sh).
 k8s-node-bins:
 	./scripts/k8s-node-bins.sh
+
+# Only what the real-node lab runs with lanekit (kubelet, kube-controller-manager,
+# kube-scheduler, kubectl, containerd, runc, pause, agnhost, CoreDNS): no e2e.test,
+# kube-proxy, flanneld or Cilium. About ten minutes the first time; CI builds it
+# for make test-real-nodes. `make k8s-node-bins` adds the rest to the same cache.
+k8s-lab-bins:
+	./scripts/k8s-node-bins.sh lab
+
+# The tests that need real nodes (kubelet + containerd from make k8s-lab-bins):
+# TestLabRealNodes (the real-node lab, dual-stack: Helm and kustomize installs,
+# pods, Services, hostPort, a dual-stack LoadBalancer pool, the machine left as
+# found) and TestCtrImport (the image archives in a real containerd), required:
+# they fail instead of skipping when something is missing. make test runs them
+# too wherever the binaries are cached; CI, whose make test has none, runs this
+# target after it.
+REALNODE_RESULTS := $(CURDIR)/.testresults-realnodes
+test-real-nodes: test-preflight build helm k8s-lab-bins $(TESTSUMMARY)
+	@rm -rf $(REALNODE_RESULTS) && mkdir -p $(REALNODE_RESULTS)
+	@rc=0; set -o pipefail; $(TEST_ENV) LANEKIT_K8S_NODE_REQUIRED=1 $(GO) test -json -count=1 -timeout 20m \
+		-run '^(TestLabRealNodes|TestCtrImport)$$' ./pkg/lab ./internal/tools/lkimages 2>&1 | \
+		$(TESTSUMMARY) go $(REALNODE_RESULTS)/go.json || rc=1; \
+	$(TESTSUMMARY) report $(REALNODE_RESULTS) || rc=1; \
+	exit $$rc
 
 # The node image archives (pause, the agent, agnhost, CoreDNS) that
 # `lanekit lab up --k8s --kubelet` imports into each node's containerd

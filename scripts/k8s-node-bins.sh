@@ -8,6 +8,10 @@
 # takes tens of minutes on two cores. Idempotent: skips what exists.
 #
 #   scripts/k8s-node-bins.sh          build (if needed), check, print the directory
+#   scripts/k8s-node-bins.sh lab      only what `lab up --k8s --kubelet` runs with lanekit
+#                                     (kubelet, the control plane's two, kubectl, containerd,
+#                                     runc, pause, agnhost, CoreDNS: no e2e.test, kube-proxy,
+#                                     flanneld or Cilium), as CI builds it for the real-node tests
 #   scripts/k8s-node-bins.sh dir      print the directory only (no build)
 #
 # Every version is pinned here and is part of the directory name, so changing
@@ -39,10 +43,15 @@ FLANNEL_VERSION=v0.28.10 # not in the directory name: added to existing sets
 CILIUM_VERSION=v1.19.0   # likewise; 1.20.x has dependencies the module proxy refuses
 DIR=${LANEKIT_K8S_NODE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/lanekit/k8s-node/kube-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_coredns-${COREDNS_VERSION}}
 
-if [ "${1:-}" = dir ]; then
-  echo "$DIR"
-  exit 0
-fi
+case ${1:-} in
+  dir) echo "$DIR"; exit 0 ;;
+  lab) LAB=1 ;;
+  "") LAB= ;;
+  *) echo "k8s-node-bins: unknown argument $1 (want lab, dir or none)" >&2; exit 1 ;;
+esac
+
+# all: true unless only the lab's set is asked for (the rest is skipped).
+all() { [ -z "$LAB" ]; }
 
 NAME=k8s-node-bins
 # shellcheck source=scripts/gobuild-lib.sh
@@ -117,8 +126,10 @@ if need containerd containerd-shim-runc-v2 ctr; then
   install -m 0755 "$work/shim.bin" "$DIR/containerd-shim-runc-v2"
 fi
 
-kube_bins=(kubelet kubectl kube-controller-manager kube-scheduler kube-proxy)
-if need "${kube_bins[@]}" agnhost e2e.test ginkgo; then
+kube_bins=(kubelet kubectl kube-controller-manager kube-scheduler)
+kube_test=(agnhost)
+all && kube_bins+=(kube-proxy) && kube_test+=(e2e.test ginkgo)
+if need "${kube_bins[@]}" "${kube_test[@]}"; then
   log "building Kubernetes $K8S_VERSION node binaries into $DIR (slow: tens of minutes)"
   (
     kube_module
@@ -132,11 +143,11 @@ if need "${kube_bins[@]}" agnhost e2e.test ginkgo; then
       timed agnhost "${build[@]}" -ldflags "-s -w" -o "$work/agnhost.bin" k8s.io/kubernetes/test/images/agnhost
       install -m 0755 "$work/agnhost.bin" "$DIR/agnhost"
     fi
-    if need ginkgo; then
+    if all && need ginkgo; then
       timed ginkgo "${build[@]}" -ldflags "-s -w" -o "$work/ginkgo.bin" github.com/onsi/ginkgo/v2/ginkgo
       install -m 0755 "$work/ginkgo.bin" "$DIR/ginkgo"
     fi
-    if need e2e.test; then
+    if all && need e2e.test; then
       timed e2e.test nice -n 19 "$GO" test -c -trimpath -ldflags "$ldflags" \
         -o "$work/e2e.test.bin" k8s.io/kubernetes/test/e2e
       install -m 0755 "$work/e2e.test.bin" "$DIR/e2e.test"
@@ -146,7 +157,7 @@ fi
 
 # The conntrack test's server (test/images/regression-issue-74839: answers a
 # TCP connection with an out-of-window packet), static as its image needs.
-if need regression-issue-74839; then
+if all && need regression-issue-74839; then
   log "building regression-issue-74839 into $DIR"
   (
     kube_module
@@ -190,7 +201,7 @@ fi
 # main.go less one blank import: the tencentvpc backend's SDK
 # (github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc) is refused by
 # the module proxy (403). The lab uses the host-gw and vxlan backends.
-if need flanneld; then
+if all && need flanneld; then
   log "building flanneld $FLANNEL_VERSION into $DIR"
   (
     module flannel
@@ -213,7 +224,7 @@ fi
 # compiles at start (bpf/, installed where --bpf-dir defaults to), the CNI
 # install/uninstall and init-container scripts, and its Helm chart (rendered by
 # `lab up --cni cilium`). Envoy (the L7 proxy) is C++ and not built here.
-if need cilium-agent cilium-operator-generic cilium-cni cilium-dbg cilium/chart/Chart.yaml cilium/bpf/bpf_lxc.c; then
+if all && need cilium-agent cilium-operator-generic cilium-cni cilium-dbg cilium/chart/Chart.yaml cilium/bpf/bpf_lxc.c; then
   log "building Cilium $CILIUM_VERSION into $DIR (slow: tens of minutes)"
   (
     module cilium
@@ -267,16 +278,18 @@ check runc "${RUNC_VERSION#v}" --version
 check containerd "$CONTAINERD_VERSION" --version
 check ctr "$CONTAINERD_VERSION" --version
 check containerd-shim-runc-v2 "$CONTAINERD_VERSION" -v
-for b in kubelet kube-controller-manager kube-scheduler kube-proxy; do
-  check "$b" "$K8S_VERSION" --version
+for b in "${kube_bins[@]}"; do
+  [ "$b" = kubectl ] || check "$b" "$K8S_VERSION" --version
 done
 check kubectl "$K8S_VERSION" version --client
 check agnhost "" --help
-check ginkgo "${GINKGO_VERSION#v}" version
-check e2e.test "$K8S_VERSION" --version
 check coredns "CoreDNS-${COREDNS_VERSION#v}" -version
-check flanneld "$FLANNEL_VERSION" --version
-check cilium-agent "${CILIUM_VERSION#v}" --version
-check cilium-operator-generic "${CILIUM_VERSION#v}" --version
-check cilium-dbg "Client: ${CILIUM_VERSION#v}" version
+if all; then
+  check ginkgo "${GINKGO_VERSION#v}" version
+  check e2e.test "$K8S_VERSION" --version
+  check flanneld "$FLANNEL_VERSION" --version
+  check cilium-agent "${CILIUM_VERSION#v}" --version
+  check cilium-operator-generic "${CILIUM_VERSION#v}" --version
+  check cilium-dbg "Client: ${CILIUM_VERSION#v}" version
+fi
 echo "$DIR"

@@ -39,7 +39,7 @@ func requireNodeBins(t *testing.T) string {
 		if os.Getenv(EnvNodeRequired) != "" {
 			t.Fatalf("%v (%s is set)", err, EnvNodeRequired)
 		}
-		t.Skipf("skipping: real-node binaries not built (opt-in, tens of minutes the first time; "+
+		t.Skipf("skipping: real-node binaries not built (opt-in: make k8s-lab-bins, about ten minutes the first time; "+
 			"the test then runs in make test, about 2 minutes): %v", err)
 	}
 	return d
