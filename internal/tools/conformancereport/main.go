@@ -324,7 +324,7 @@ func slim(data []byte, focus *regexp.Regexp) ([]byte, error) {
 	for _, r := range reps {
 		var specs []map[string]json.RawMessage
 		if err := json.Unmarshal(r["SpecReports"], &specs); err != nil {
-			return nil, fmt.Errorf("SpecReports: %w", err)
+			return nil, fmt.Errorf("spec reports: %w", err)
 		}
 		kept, out := []map[string]json.RawMessage{}, 0
 		for _, sp := range specs {
@@ -345,13 +345,13 @@ func slim(data []byte, focus *regexp.Regexp) ([]byte, error) {
 			if f, ok := k["Failure"]; ok {
 				var fm map[string]json.RawMessage
 				if err := json.Unmarshal(f, &fm); err != nil {
-					return nil, fmt.Errorf("Failure: %w", err)
+					return nil, fmt.Errorf("a spec's failure: %w", err)
 				}
 				fk := pick(fm, slimFailureKeys)
 				if loc, ok := fk["Location"]; ok {
 					var lm map[string]json.RawMessage
 					if err := json.Unmarshal(loc, &lm); err != nil {
-						return nil, fmt.Errorf("Failure.Location: %w", err)
+						return nil, fmt.Errorf("a failure's location: %w", err)
 					}
 					fk["Location"] = rawJSON(pick(lm, slimLocation), "")
 				}
