@@ -59,6 +59,18 @@ func (s specReport) fullText() string {
 	return strings.TrimSpace(strings.Join(append(append([]string{}, s.ContainerHierarchyTexts...), s.LeafNodeText), " "))
 }
 
+// suiteFailed reports whether s is a suite-level node (not an It) that
+// failed: reported among the failures.
+func (s specReport) suiteFailed() bool {
+	return s.LeafNodeType != "It" && s.State != "passed" && s.State != "skipped" && s.Failure != nil
+}
+
+// outOfFocus reports whether s is a test the run's focus left out (only
+// counted in the report).
+func (s specReport) outOfFocus(focus *regexp.Regexp) bool {
+	return s.LeafNodeType == "It" && (s.State == "skipped" || s.State == "pending") && !focus.MatchString(s.fullText())
+}
+
 // skipEntry is one line of the skip list.
 type skipEntry struct {
 	re     *regexp.Regexp
@@ -128,9 +140,13 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 	outOfFocus, notRun := r.OutOfFocus, 0
 	for _, s := range r.SpecReports {
 		if s.LeafNodeType != "It" {
-			if s.State != "passed" && s.State != "skipped" && s.Failure != nil {
-				failed = append(failed, s) // a suite-level node failed
+			if s.suiteFailed() {
+				failed = append(failed, s)
 			}
+			continue
+		}
+		if s.outOfFocus(focus) {
+			outOfFocus++
 			continue
 		}
 		text := s.fullText()
@@ -138,10 +154,6 @@ func write(w io.Writer, reps []report, focus *regexp.Regexp, skips []*skipEntry,
 		case "passed":
 			passed = append(passed, s)
 		case "skipped", "pending":
-			if !focus.MatchString(text) {
-				outOfFocus++
-				continue
-			}
 			listed := false
 			for _, e := range skips {
 				if e.re.MatchString(text) {
@@ -322,23 +334,22 @@ func slim(data []byte, focus *regexp.Regexp) ([]byte, error) {
 		return nil, err
 	}
 	for _, r := range reps {
+		// The same array twice: as fields (what is kept is copied as it is)
+		// and typed (what decides whether a spec is kept).
 		var specs []map[string]json.RawMessage
+		var typed []specReport
 		if err := json.Unmarshal(r["SpecReports"], &specs); err != nil {
 			return nil, fmt.Errorf("spec reports: %w", err)
 		}
+		if err := json.Unmarshal(r["SpecReports"], &typed); err != nil {
+			return nil, fmt.Errorf("spec reports: %w", err)
+		}
 		kept, out := []map[string]json.RawMessage{}, 0
-		for _, sp := range specs {
-			var s specReport
-			raw, _ := json.Marshal(sp)
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return nil, err
-			}
-			inFocus := s.LeafNodeType == "It" && (s.State != "skipped" && s.State != "pending" || focus.MatchString(s.fullText()))
-			suiteFailed := s.LeafNodeType != "It" && s.State != "passed" && s.State != "skipped" && s.Failure != nil
-			if !inFocus && !suiteFailed {
-				if s.LeafNodeType == "It" {
-					out++
-				}
+		for i, sp := range specs {
+			if s := typed[i]; s.outOfFocus(focus) {
+				out++
+				continue
+			} else if s.LeafNodeType != "It" && !s.suiteFailed() {
 				continue
 			}
 			k := pick(sp, slimSpecKeys)
