@@ -52,11 +52,7 @@ func lbPoolRanges(pool string) ([]lbipam.Range, error) {
 // namespace, a route for each CIDR of the pool's ranges from the client of
 // its family, and on every node namespace the route back through the
 // router (APIAddress or WireIP6, the underlay namespace's own addresses).
-func routeLBClients(ctx context.Context, pool string) error {
-	ranges, err := lbPoolRanges(pool)
-	if err != nil {
-		return err
-	}
+func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 	var steps [][]string
 	for _, fam := range []struct {
 		v6              bool

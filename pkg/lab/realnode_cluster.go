@@ -385,15 +385,15 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 	resources := "  - " + base + "\n"
 	cmKeys, lbPoolPatch := "", ""
 	if lbPool != "" {
-		if err := routeLBClients(ctx, lbPool); err != nil {
-			return err
-		}
-		resources += "  - " + filepath.Join(base, "lb") + "\n"
-		cmKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
 		ranges, err := lbPoolRanges(lbPool)
 		if err != nil {
 			return err
 		}
+		if err := routeLBClients(ctx, ranges); err != nil {
+			return err
+		}
+		resources += "  - " + filepath.Join(base, "lb") + "\n"
+		cmKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
 		var addrs strings.Builder
 		for _, r := range ranges {
 			fmt.Fprintf(&addrs, "\n                - %s-%s", r.First, r.Last)
