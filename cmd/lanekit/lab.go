@@ -484,11 +484,10 @@ func runServiceRows(ctx context.Context, cmd *cobra.Command, st *lab.State, coun
 	return rep, nil
 }
 
-// loadReport reads a report saved with --json; ratios and targets are
-// recomputed from its per-repetition values.
-// loadReport reads a saved --json report: a lab's (rep), or one of --cni's
-// own labs (other: the pod rows' per-network groups, or the rival service
-// rows), told apart by their top-level keys.
+// loadReport reads a saved --json report: a lab's (rep, its ratios and
+// targets recomputed from its per-repetition values), or one of --cni's own
+// labs (other: the pod rows' per-network groups, their ratios recomputed
+// too, or the rival service rows), told apart by their top-level keys.
 func loadReport(from string) (rep *bench.Report, other interface{ WriteTable(io.Writer) error }, err error) {
 	data, err := os.ReadFile(from)
 	if err != nil {
