@@ -192,8 +192,15 @@ func readStream(t *testing.T, fd int, dst netip.Addr, port uint16, want int) ([]
 // metrics on a unix socket (summed over queues).
 func scrapeOffload(t *testing.T, sock, kind string) uint64 {
 	t.Helper()
+	return sumVhost(t, sock, "lanekit_vhost_offloads_total", `kind="`+kind+`"`)
+}
+
+// sumVhost is the sum over the queues of the backend's metric name (samples
+// whose labels contain label, if one is given).
+func sumVhost(t *testing.T, sock, name string, label ...string) uint64 {
+	t.Helper()
 	var sum uint64
-	for _, v := range scrapeVhost(t, sock, "lanekit_vhost_offloads_total", `kind="`+kind+`"`) {
+	for _, v := range scrapeVhost(t, sock, name, strings.Join(label, "")) {
 		sum += v
 	}
 	return sum

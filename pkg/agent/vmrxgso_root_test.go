@@ -60,6 +60,7 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 					fam.dst = ep.IP6
 				}
 				kernelBefore, groBefore := scrapeOffload(t, metrics, "rx_gso_kernel"), scrapeOffload(t, metrics, "rx_gro_frames")
+				framesBefore := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total")
 				g := exec.Command(guest, "--socket", sock, "--bytes", strconv.Itoa(pkts*payload), "--timeout-ms", "15000")
 				out, err := g.StdoutPipe()
 				if err != nil {
@@ -85,7 +86,8 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 				}
 				kernel := scrapeOffload(t, metrics, "rx_gso_kernel") - kernelBefore
 				gro := scrapeOffload(t, metrics, "rx_gro_frames") - groBefore
-				t.Logf("%s %s: guest: %s; rx_gso_kernel +%d, rx_gro_frames +%d", mode, fam.name, got[len(got)-1], kernel, gro)
+				frames := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total") - framesBefore
+				t.Logf("%s %s: guest: %s; rx_gso_kernel +%d, rx_gro_frames +%d, rx packets +%d", mode, fam.name, got[len(got)-1], kernel, gro, frames)
 				whole := 0
 				for _, l := range got {
 					if strings.HasPrefix(l, "packet gso_type=") && strings.Contains(l, fmt.Sprintf(" len=%d ", payload+map[bool]int{true: 54, false: 74}[fam.dst.Is4()])) {
@@ -97,9 +99,13 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 						t.Errorf("%s: rx_gso_kernel +%d, rx_gro_frames +%d, %d whole packets in the guest; want %d, 0, %d",
 							fam.name, kernel, gro, whole, pkts, pkts)
 					}
-				} else if kernel != 0 || gro < pkts*(payload/mss) {
-					t.Errorf("%s: rx_gso_kernel +%d, rx_gro_frames +%d; want 0 and at least %d (AF_XDP frames)",
-						fam.name, kernel, gro, pkts*(payload/mss))
+				} else if kernel != 0 || frames < pkts*(payload/mss) || gro == 0 {
+					// Every wire frame came through AF_XDP; how many of them the
+					// coalescer glued depends on how many buffers the guest had
+					// posted when a batch arrived (rx_gro_split passes the rest
+					// one by one), so only "some" is certain.
+					t.Errorf("%s: rx_gso_kernel +%d, rx packets +%d, rx_gro_frames +%d; want 0, at least %d (AF_XDP frames), some coalesced",
+						fam.name, kernel, frames, gro, pkts*(payload/mss))
 				}
 			}
 			if mode == RxGSOKernel {
