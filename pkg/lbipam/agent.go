@@ -43,7 +43,7 @@ func RunAgent(ctx context.Context, cfg AgentConfig) error {
 		runs = append(runs, m.Run)
 	}
 	if cfg.Announce != nil {
-		l, err := NewL2(L2Config{Client: cfg.Client, Node: cfg.Node, Namespace: cfg.Namespace,
+		l, err := NewL2(L2Config{Client: cfg.Client, Node: cfg.Node, Namespace: cfg.Namespace, PoolsConfigMap: cfg.PoolsConfigMap,
 			LeaseDuration: cfg.L2LeaseDuration, Announce: cfg.Announce, Log: cfg.Log})
 		if err != nil {
 			return err

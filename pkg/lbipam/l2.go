@@ -17,6 +17,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -38,7 +39,10 @@ type Announce interface {
 type L2Config struct {
 	Client    kubernetes.Interface
 	Node      string
-	Namespace string // of the per-node Leases
+	Namespace string // of the per-node Leases and the pools ConfigMap
+	// PoolsConfigMap is the pools ConfigMap (default DefaultPoolsConfigMap):
+	// only its addresses are ever answered for.
+	PoolsConfigMap string
 	// LeaseDuration is how long a node's Lease counts after its last renewal
 	// (default 3 s); the node renews every LeaseDuration/3.
 	LeaseDuration time.Duration
@@ -55,8 +59,15 @@ type L2Config struct {
 // nodes — with externalTrafficPolicy Local, among those with the most
 // ready local endpoints (mostLocal) — so every agent computes the same
 // answer, and only the Services of a node that stops move.
+//
+// A node answers only for addresses of the pools the cluster admin wrote
+// (the pools ConfigMap): a Service's status, which anyone allowed to write
+// services/status can fill, never makes it claim an underlay address
+// outside them (the gateway's, another host's). A malformed ConfigMap
+// keeps the last pools read; none (deleted) answers for nothing.
 type L2 struct {
 	cfg   L2Config
+	pools poolsSeen
 	mu    sync.Mutex
 	seen  map[string]seenLease // node -> last renewal observed
 	kick  chan struct{}
@@ -76,6 +87,9 @@ func NewL2(cfg L2Config) (*L2, error) {
 	if cfg.Client == nil || cfg.Node == "" || cfg.Namespace == "" || cfg.Announce == nil {
 		return nil, errors.New("lbipam: L2 needs a client, node, namespace and responder")
 	}
+	if cfg.PoolsConfigMap == "" {
+		cfg.PoolsConfigMap = DefaultPoolsConfigMap
+	}
 	if cfg.LeaseDuration == 0 {
 		cfg.LeaseDuration = 3 * time.Second
 	}
@@ -93,22 +107,28 @@ func (l *L2) Run(ctx context.Context) error {
 	f := informers.NewSharedInformerFactory(l.cfg.Client, 0)
 	lf := informers.NewSharedInformerFactoryWithOptions(l.cfg.Client, 0, informers.WithNamespace(l.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelL2Member + "=true" }))
+	cmf := informers.NewSharedInformerFactoryWithOptions(l.cfg.Client, 0, informers.WithNamespace(l.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", l.cfg.PoolsConfigMap).String()
+		}))
 	kick := cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { l.poke() }, UpdateFunc: func(any, any) { l.poke() }, DeleteFunc: func(any) { l.poke() },
 	}
 	svcs, slices, leases := f.Core().V1().Services(), f.Discovery().V1().EndpointSlices(), lf.Coordination().V1().Leases()
-	for _, inf := range []cache.SharedIndexInformer{svcs.Informer(), slices.Informer(), leases.Informer()} {
+	cms := cmf.Core().V1().ConfigMaps()
+	for _, inf := range []cache.SharedIndexInformer{svcs.Informer(), slices.Informer(), leases.Informer(), cms.Informer()} {
 		if _, err := inf.AddEventHandler(kick); err != nil {
 			return err
 		}
 	}
-	f.Start(ctx.Done())
-	lf.Start(ctx.Done())
-	defer f.Shutdown()
-	defer lf.Shutdown()
+	for _, fac := range []informers.SharedInformerFactory{f, lf, cmf} {
+		fac.Start(ctx.Done())
+		defer fac.Shutdown()
+	}
 	defer l.stop()
-	f.WaitForCacheSync(ctx.Done())
-	lf.WaitForCacheSync(ctx.Done())
+	for _, fac := range []informers.SharedInformerFactory{f, lf, cmf} {
+		fac.WaitForCacheSync(ctx.Done())
+	}
 
 	hb := time.NewTicker(l.renew)
 	defer hb.Stop()
@@ -119,6 +139,13 @@ func (l *L2) Run(ctx context.Context) error {
 		ll, _ := leases.Lister().Leases(l.cfg.Namespace).List(labels.Everything())
 		sl, _ := svcs.Lister().List(labels.Everything())
 		el, _ := slices.Lister().List(labels.Everything())
+		cm, err := cms.Lister().ConfigMaps(l.cfg.Namespace).Get(l.cfg.PoolsConfigMap)
+		if err != nil && !apierrors.IsNotFound(err) {
+			l.cfg.Log.Warn("l2: pools ConfigMap", "err", err)
+		}
+		if err := l.pools.update(cm, l.cfg.Log); err != nil {
+			l.cfg.Log.Warn("l2: pools ConfigMap malformed; answering for the last pools read", "err", err)
+		}
 		if err := l.cfg.Announce.Set(l.announce(time.Now(), ll, sl, el)); err != nil {
 			l.cfg.Log.Warn("l2: set announced addresses", "err", err)
 		}
@@ -237,11 +264,64 @@ func (l *L2) announce(now time.Time, leases []*coordinationv1.Lease, svcs []*cor
 			cands = mostLocal(live, local[key])
 		}
 		if Elect(key, cands) == l.cfg.Node {
-			out = append(out, IngressAddrs(svc)...)
+			for _, a := range IngressAddrs(svc) {
+				if l.pools.contain(a) {
+					out = append(out, a)
+				} else {
+					l.pools.outside(key, a, l.cfg.Log)
+				}
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return slices.Compact(out)
+}
+
+// poolsSeen is what the announcer knows of the pools ConfigMap.
+type poolsSeen struct {
+	version string // resourceVersion last parsed ("": none)
+	pools   []*Pool
+	warned  map[string]bool // "svc addr" already logged as outside
+}
+
+// update takes the ConfigMap as it is now (nil: none). A malformed one
+// keeps the last pools read (as the IPAM keeps its assignments) and is
+// reported once per version.
+func (p *poolsSeen) update(cm *corev1.ConfigMap, log *slog.Logger) error {
+	if cm == nil {
+		if p.version != "" {
+			log.Info("l2: no pools ConfigMap; answering for nothing")
+		}
+		p.version, p.pools = "", nil
+		return nil
+	}
+	if cm.ResourceVersion == p.version {
+		return nil
+	}
+	p.version, p.warned = cm.ResourceVersion, nil
+	pools, err := ParsePools(cm.Data[PoolsKey])
+	if err != nil {
+		return err
+	}
+	p.pools = pools
+	return nil
+}
+
+func (p *poolsSeen) contain(a netip.Addr) bool {
+	return slices.ContainsFunc(p.pools, func(pl *Pool) bool { return pl.Contains(a) })
+}
+
+// outside logs, once, an address in a Service's status that no pool holds.
+func (p *poolsSeen) outside(svc string, a netip.Addr, log *slog.Logger) {
+	k := svc + " " + a.String()
+	if p.warned[k] {
+		return
+	}
+	if p.warned == nil {
+		p.warned = map[string]bool{}
+	}
+	p.warned[k] = true
+	log.Warn("l2: not answering for an address of no pool", "service", svc, "addr", a)
 }
 
 // Elect is the node that announces the Service key: the highest

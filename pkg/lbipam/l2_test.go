@@ -2,6 +2,7 @@ package lbipam
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -32,20 +33,70 @@ func assigned(name, ip string, local bool) *corev1.Service {
 	return s
 }
 
+// testL2 is node's announcer, its own Lease renewed at now, with one pool
+// of 192.0.2.0/24 and 2001:db8::/64 read.
+func testL2(t *testing.T, node string, now time.Time) *L2 {
+	t.Helper()
+	l, err := NewL2(L2Config{Client: fake.NewClientset(), Node: node, Namespace: "x", Announce: &fakeAnnounce{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.ownOK = now
+	if err := l.pools.update(poolsCM("1", "pools: [{name: p, addresses: ['192.0.2.0/24', '2001:db8::/64']}]"), slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func poolsCM(version, doc string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: DefaultPoolsConfigMap, Namespace: "x", ResourceVersion: version},
+		Data: map[string]string{PoolsKey: doc}}
+}
+
+// From the side of whoever can write a Service's status (another
+// controller, a tenant granted services/status): addresses lanekit's pools
+// do not hold — the underlay's gateway, another host — are never answered
+// for, whatever the status and its condition say; the pool's own are. A
+// malformed pools ConfigMap keeps the pools last read; a deleted one
+// answers for nothing.
+func TestL2AnswersOnlyForPoolAddresses(t *testing.T) {
+	now := time.Unix(5000, 0)
+	l := testL2(t, "a", now)
+	leases := []*coordinationv1.Lease{lease("a", now)}
+	hijack := assigned("hijack", "10.77.0.1", false) // the underlay's gateway
+	hijack.Status.LoadBalancer.Ingress = append(hijack.Status.LoadBalancer.Ingress,
+		corev1.LoadBalancerIngress{IP: "192.0.2.5"}, corev1.LoadBalancerIngress{IP: "2001:db8:1::1"})
+	svcs := []*corev1.Service{hijack, assigned("ok", "2001:db8::7", false)}
+	if got := l.announce(now, leases, svcs, nil); !slices.Equal(got, addrs("192.0.2.5", "2001:db8::7")) {
+		t.Fatalf("announces %v, want only the pool's 192.0.2.5 and 2001:db8::7", got)
+	}
+	if err := l.pools.update(poolsCM("2", "pools: [{name: p, addresses: ['192.0.2.0/24'"), slog.Default()); err == nil {
+		t.Fatal("malformed pools accepted")
+	}
+	if got := l.announce(now, leases, svcs, nil); !slices.Equal(got, addrs("192.0.2.5", "2001:db8::7")) {
+		t.Errorf("after a malformed edit: %v, want the last pools' addresses", got)
+	}
+	if err := l.pools.update(poolsCM("3", "pools: [{name: p, addresses: ['2001:db8::/64']}]"), slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.announce(now, leases, svcs, nil); !slices.Equal(got, addrs("2001:db8::7")) {
+		t.Errorf("after the IPv4 range left the pool: %v, want 2001:db8::7", got)
+	}
+	if err := l.pools.update(nil, slog.Default()); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.announce(now, leases, svcs, nil); len(got) != 0 {
+		t.Errorf("with no pools ConfigMap: %v, want nothing", got)
+	}
+}
+
 // The announcer set of each node: eTP Local only on a node with a ready
 // endpoint, nothing lanekit did not assign, nothing from a node whose own
 // Lease renewals fail, and a node whose Lease stops being renewed drops out
 // after the Lease duration (by the observer's clock).
 func TestL2Announce(t *testing.T) {
 	now := time.Unix(5000, 0)
-	mk := func(node string) *L2 {
-		l, err := NewL2(L2Config{Client: fake.NewClientset(), Node: node, Namespace: "x", Announce: &fakeAnnounce{}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.ownOK = now
-		return l
-	}
+	mk := func(node string) *L2 { return testL2(t, node, now) }
 	leases := []*coordinationv1.Lease{lease("a", now), lease("b", now)}
 	// A Service the hash alone would give to a, whose only ready endpoint
 	// is on b.
@@ -142,11 +193,7 @@ func TestL2LocalPrefersMostEndpoints(t *testing.T) {
 	announcer := func(eps []*discoveryv1.EndpointSlice) string {
 		var who []string
 		for _, n := range []string{"a", "b"} {
-			l, err := NewL2(L2Config{Client: fake.NewClientset(), Node: n, Namespace: "x", Announce: &fakeAnnounce{}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			l.ownOK = now
+			l := testL2(t, n, now)
 			if got := l.announce(now, leases, svcs, eps); len(got) > 0 {
 				who = append(who, n)
 			}
