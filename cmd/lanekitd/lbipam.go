@@ -35,7 +35,7 @@ func (f *lbFlags) addFlags(fs *flag.FlagSet) {
 	}
 	fs.Func("lb-ipam", "assign LoadBalancer Services (no loadBalancerClass, or "+lbipam.Class+") addresses from the pools in the --lb-pools-configmap "+
 		"ConfigMap; the agents elect one writer by a Lease (needs --node-name; default false)", boolFunc(&f.ipam))
-	fs.Func("l2-announce", "answer ARP and NDP on the uplink for the LoadBalancer addresses lanekit assigned, from one node per Service "+
+	fs.Func("l2-announce", "answer ARP and NDP on the uplink for the LoadBalancer addresses lanekit assigned (only those of its pools), from one node per Service "+
 		"(moved within seconds when that node's agent stops; needs --node-name; default false)", boolFunc(&f.l2))
 	f.namespace = os.Getenv("POD_NAMESPACE")
 	if f.namespace == "" {
