@@ -196,11 +196,11 @@ func scrapeOffload(t *testing.T, sock, kind string) uint64 {
 }
 
 // sumVhost is the sum over the queues of the backend's metric name (samples
-// whose labels contain label, if one is given).
-func sumVhost(t *testing.T, sock, name string, label ...string) uint64 {
+// whose labels contain label; "": all).
+func sumVhost(t *testing.T, sock, name, label string) uint64 {
 	t.Helper()
 	var sum uint64
-	for _, v := range scrapeVhost(t, sock, name, strings.Join(label, "")) {
+	for _, v := range scrapeVhost(t, sock, name, label) {
 		sum += v
 	}
 	return sum

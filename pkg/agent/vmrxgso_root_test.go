@@ -60,7 +60,7 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 					fam.dst = ep.IP6
 				}
 				kernelBefore, groBefore := scrapeOffload(t, metrics, "rx_gso_kernel"), scrapeOffload(t, metrics, "rx_gro_frames")
-				framesBefore := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total")
+				framesBefore := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total", "")
 				g := exec.Command(guest, "--socket", sock, "--bytes", strconv.Itoa(pkts*payload), "--timeout-ms", "15000")
 				out, err := g.StdoutPipe()
 				if err != nil {
@@ -86,7 +86,7 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 				}
 				kernel := scrapeOffload(t, metrics, "rx_gso_kernel") - kernelBefore
 				gro := scrapeOffload(t, metrics, "rx_gro_frames") - groBefore
-				frames := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total") - framesBefore
+				frames := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total", "") - framesBefore
 				t.Logf("%s %s: guest: %s; rx_gso_kernel +%d, rx_gro_frames +%d, rx packets +%d", mode, fam.name, got[len(got)-1], kernel, gro, frames)
 				whole := 0
 				for _, l := range got {

@@ -109,10 +109,7 @@ func (m *IPAM) Run(ctx context.Context) error {
 // status alone).
 func (m *IPAM) lead(ctx context.Context) error {
 	f := informers.NewSharedInformerFactory(m.cfg.Client, 0)
-	cmf := informers.NewSharedInformerFactoryWithOptions(m.cfg.Client, 0, informers.WithNamespace(m.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", m.cfg.ConfigMap).String()
-		}))
+	cmf := poolsInformers(m.cfg.Client, m.cfg.Namespace, m.cfg.ConfigMap)
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	defer q.ShutDown()
 	h := cache.ResourceEventHandlerFuncs{
@@ -326,4 +323,13 @@ func (m *IPAM) pools(cl listerscorev1.ConfigMapLister) (pools []*Pool, found boo
 		return nil, true, fmt.Errorf("configmap %s/%s key %s: %w", cm.Namespace, cm.Name, PoolsKey, err)
 	}
 	return pools, true, nil
+}
+
+// poolsInformers is an informer factory that watches only the pools
+// ConfigMap ns/name (the IPAM leader's and each L2 announcer's view of it).
+func poolsInformers(c kubernetes.Interface, ns, name string) informers.SharedInformerFactory {
+	return informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
 }

@@ -17,7 +17,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -107,10 +106,7 @@ func (l *L2) Run(ctx context.Context) error {
 	f := informers.NewSharedInformerFactory(l.cfg.Client, 0)
 	lf := informers.NewSharedInformerFactoryWithOptions(l.cfg.Client, 0, informers.WithNamespace(l.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelL2Member + "=true" }))
-	cmf := informers.NewSharedInformerFactoryWithOptions(l.cfg.Client, 0, informers.WithNamespace(l.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", l.cfg.PoolsConfigMap).String()
-		}))
+	cmf := poolsInformers(l.cfg.Client, l.cfg.Namespace, l.cfg.PoolsConfigMap)
 	kick := cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { l.poke() }, UpdateFunc: func(any, any) { l.poke() }, DeleteFunc: func(any) { l.poke() },
 	}
