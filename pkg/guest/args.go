@@ -49,6 +49,10 @@ type Config struct {
 	// QEMU waits for the host to connect before the guest runs, so no output is
 	// lost). Start fills it in; empty in QEMUArgs means "-serial stdio".
 	SerialSocket string
+	// SerialLog, with SerialSocket: a file QEMU appends the guest's console
+	// output to (the chardev's logfile), so its last words (a panic before a
+	// reset) are kept when no client is attached.
+	SerialLog string
 	// CmdTimeout bounds one control command inside the guest (lk.cmdtimeout).
 	CmdTimeout time.Duration
 	// ExtraAppend is added to the kernel command line verbatim.
@@ -252,8 +256,11 @@ func QEMUArgs(cfg Config) ([]string, error) {
 		a = append(a, "-nic", "none")
 	}
 	if c.SerialSocket != "" {
-		a = append(a, "-chardev", "socket,id=ser0,path="+c.SerialSocket+",server=on,wait=on",
-			"-serial", "chardev:ser0")
+		ser := "socket,id=ser0,path=" + c.SerialSocket + ",server=on,wait=on"
+		if c.SerialLog != "" {
+			ser += ",logfile=" + c.SerialLog + ",logappend=on"
+		}
+		a = append(a, "-chardev", ser, "-serial", "chardev:ser0")
 	} else {
 		a = append(a, "-serial", "stdio")
 	}

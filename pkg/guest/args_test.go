@@ -92,6 +92,15 @@ func TestQEMUArgsVhostUser(t *testing.T) {
 	if strings.Contains(joined, "-nic none") {
 		t.Errorf("vhost-user args carry -nic none")
 	}
+	if strings.Contains(joined, "logfile") {
+		t.Errorf("a console log without SerialLog: %s", joined)
+	}
+	c.SerialLog = "/tmp/console.log"
+	if a, err = QEMUArgs(c); err != nil || !strings.Contains(strings.Join(a, " "),
+		"-chardev socket,id=ser0,path=/tmp/s.sock,server=on,wait=on,logfile=/tmp/console.log,logappend=on -serial chardev:ser0") {
+		t.Errorf("SerialLog: %v %v", err, a)
+	}
+	c.SerialLog = ""
 	if strings.Contains(joined, "reconnect") {
 		t.Errorf("reconnect without VhostReconnect: %s", joined)
 	}

@@ -2,9 +2,11 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/lanekit/lanekit/pkg/lbipam"
 )
@@ -71,7 +73,11 @@ func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 		if fam.v6 {
 			plen, f = "/128", "-6"
 		}
-		steps = append(steps, []string{"-n", WireNS, f, "addr", "replace", fam.client + plen, "dev", "lo"})
+		addr := []string{"-n", WireNS, f, "addr", "replace", fam.client + plen, "dev", "lo"}
+		if fam.v6 {
+			addr = append(addr, "nodad") // no tentative window (a tentative address is no route's src)
+		}
+		steps = append(steps, addr)
 		for _, p := range prefixes {
 			steps = append(steps, []string{"-n", WireNS, f, "route", "replace", p.String(), "dev", WireBridge, "src", fam.client})
 		}
@@ -80,9 +86,29 @@ func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 		}
 	}
 	for _, args := range steps {
-		if err := ip(ctx, args...); err != nil {
+		if err := ipSrcRoute(ctx, args...); err != nil {
 			return fmt.Errorf("LoadBalancer clients' routes: %w", err)
 		}
 	}
 	return nil
+}
+
+// ipSrcRoute runs ip and, while the kernel refuses a route's src as
+// "Invalid source address", tries again for up to 3 s: an IPv6 address is
+// no route's source until it leaves the tentative state, which the kernel
+// settles in a work item after the address is added or replaced (CI saw
+// the refusal once, on a reinstall that replaced the address).
+func ipSrcRoute(ctx context.Context, args ...string) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		err := ip(ctx, args...)
+		if err == nil || !strings.Contains(err.Error(), "Invalid source address") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

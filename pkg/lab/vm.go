@@ -70,6 +70,10 @@ func vmFile(i int, name, suffix string) string {
 	return filepath.Join(NodeDir(i), name+"-"+suffix)
 }
 
+// vmConsoleLog is the file QEMU appends lv's console output to (the guest's
+// last words when it ends with nobody on its console: a migrated guest's).
+func vmConsoleLog(lv LabVM) string { return vmFile(lv.Node, lv.Name, "console.log") }
+
 // vmBackendDir holds the backend's vhost-user socket, owned by backendUser.
 func vmBackendDir(i int, name string) string { return filepath.Join(NodeDir(i), name+"-backend") }
 
@@ -200,6 +204,7 @@ func bootLabVM(ctx context.Context, cfg Config, st *State, lv LabVM, gc guest.Co
 		return err
 	}
 	gc.IP, gc.Gateway, gc.MAC, gc.Queues, gc.VhostSocket, gc.SerialSocket = lv.IP+"/32", "169.254.1.1", lv.MAC, lv.Queues, lv.VhostSocket, lv.SerialSocket
+	gc.SerialLog = vmConsoleLog(lv)
 	guestIPv6(&gc, lv) // vm6.go
 	args, err := guest.QEMUArgs(gc)
 	if err != nil {

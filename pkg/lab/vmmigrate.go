@@ -262,7 +262,8 @@ func MigrateVM(ctx context.Context, opts MigrateOptions) (rep *MigrationReport, 
 	rep.Total = time.Since(began)
 	select {
 	case m := <-sw.shutdown:
-		err = errors.Join(fmt.Errorf("the guest's QEMU on node %d ended after the switch: SHUTDOWN %s", to, m.Data), err)
+		err = errors.Join(fmt.Errorf("the guest's QEMU on node %d ended after the switch: SHUTDOWN %s; its console's last lines: %s",
+			to, m.Data, nsexec.LogTail(vmConsoleLog(dst), 25)), err)
 	default:
 		if !nsexec.Alive(dst.QEMUPID) {
 			err = errors.Join(fmt.Errorf("the guest's QEMU on node %d is gone", to), err)
@@ -355,7 +356,7 @@ func prepareTarget(ctx context.Context, src LabVM, to int, rep *MigrationReport,
 		return dst, nil, fmt.Errorf("lab vm migrate: %w", err)
 	}
 	gc := guest.Config{Kernel: kernel, Initrd: initrd, MTU: src.MTU, IP: src.IP + "/32", Gateway: "169.254.1.1", MAC: src.MAC,
-		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket}
+		Queues: src.Queues, VhostSocket: dst.VhostSocket, SerialSocket: dst.SerialSocket, SerialLog: vmConsoleLog(dst)}
 	guestIPv6(&gc, dst) // vm6.go
 	if args, err = guest.QEMUArgs(gc); err != nil {
 		return dst, nil, fmt.Errorf("lab vm migrate: %w", err)
@@ -662,7 +663,7 @@ func migrateTapVM(ctx context.Context, st *State, idx int, opts MigrateOptions, 
 		}
 	}()
 	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: fmt.Sprintf("%s/%d", src.IP, plen),
-		Gateway: gw, MAC: src.MAC, Tap: TapVMDev, SerialSocket: dst.SerialSocket, MTU: src.MTU})
+		Gateway: gw, MAC: src.MAC, Tap: TapVMDev, SerialSocket: dst.SerialSocket, SerialLog: vmConsoleLog(dst), MTU: src.MTU})
 	if err != nil {
 		return nil, fmt.Errorf("lab vm migrate: %w", err)
 	}

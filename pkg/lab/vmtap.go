@@ -54,7 +54,7 @@ func upTapVM(ctx context.Context, cfg Config, st *State, i int) error {
 	// VXLAN's).
 	lv.MTU, _ = strconv.Atoi(mtu)
 	args, err := guest.QEMUArgs(guest.Config{Kernel: kernel, Initrd: initrd, IP: fmt.Sprintf("%s/%d", addr, plen),
-		Gateway: gw, MAC: lv.MAC, Tap: TapVMDev, SerialSocket: lv.SerialSocket, MTU: lv.MTU})
+		Gateway: gw, MAC: lv.MAC, Tap: TapVMDev, SerialSocket: lv.SerialSocket, SerialLog: vmConsoleLog(lv), MTU: lv.MTU})
 	if err != nil {
 		return fmt.Errorf("vm %s: %w", name, err)
 	}
