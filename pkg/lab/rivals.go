@@ -210,6 +210,9 @@ func installRival(ctx context.Context, r rival, st *State, nodeBins string, b Bi
 	if r.Cilium {
 		return installCilium(ctx, r, st, nodeBins, b, srv, kc, out)
 	}
+	if err := routeServiceRange(ctx, st, srv.ServiceCIDR); err != nil {
+		return err
+	}
 	manifests, err := rivalManifests(r, srv)
 	if err != nil {
 		return err
@@ -240,6 +243,38 @@ func installRival(ctx context.Context, r rival, st *State, nodeBins string, b Bi
 		}
 	}
 	progress(out, "lab: flannel %s (backend %s) Ready on every node; bridge + host-local conflist written", flannelVersion, r.FlannelBackend)
+	return nil
+}
+
+// routeServiceRange gives every node a route for the Service ranges
+// (serviceCIDR: one or two CIDRs, comma-separated) to the underlay's router.
+// kube-proxy rewrites a node's own connection to a ClusterIP in the nat
+// OUTPUT hook, which runs after the kernel has routed the packet to the
+// ClusterIP itself: a kubeadm node finds its default route there, the lab's
+// nodes have none (nothing leaves the lab), so without this route every
+// hostNetwork client of a Service failed with "network unreachable" before
+// kube-proxy saw it, and a pod's connection to a Service without endpoints
+// got the kernel's "no route" instead of kube-proxy's REJECT. What kube-proxy
+// does not rewrite goes to the router, which has no route for it either.
+func routeServiceRange(ctx context.Context, st *State, serviceCIDR string) error {
+	for _, cidr := range strings.Split(serviceCIDR, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(cidr))
+		if err != nil {
+			return fmt.Errorf("service range %q: %w", cidr, err)
+		}
+		for _, n := range st.Nodes {
+			args := []string{"-n", n.NS, "-4", "route", "replace", p.String(), "via", APIAddress, "dev", Uplink}
+			if p.Addr().Is6() {
+				if n.UnderlayIP6 == "" {
+					continue
+				}
+				args = []string{"-n", n.NS, "-6", "route", "replace", p.String(), "via", WireIP6, "dev", Uplink}
+			}
+			if err := ip(ctx, args...); err != nil {
+				return fmt.Errorf("node %s: the Service range's route: %w", n.NS, err)
+			}
+		}
+	}
 	return nil
 }
 

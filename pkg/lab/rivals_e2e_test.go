@@ -62,7 +62,8 @@ func rivalTestBins(t *testing.T, cni string) (Bins, string) {
 // TestLabRivals brings up the real-node lab with each rival network (upstream
 // kube-proxy + flannel, or Cilium; no lanekit) and checks, from a user's
 // side, that pods reach each other across the nodes, a ClusterIP Service (by
-// address and by name), a NodePort from outside the nodes and a hostPort;
+// address and by name; and from a node's own netns, a hostNetwork client), a
+// NodePort from outside the nodes and a hostPort;
 // and the path. kube-proxy + flannel: kube-proxy's DNAT in the client node's
 // conntrack table, its rules for the Service (iptables: the KUBE-SVC chain's
 // packet counter moved; nftables: the ClusterIP in its services map),
@@ -212,6 +213,15 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 		if err != nil || (strings.TrimSpace(string(out)) != pods[0].Name && strings.TrimSpace(string(out)) != pods[1].Name) {
 			t.Errorf("NodePort %s from %s: %q, %v", url, WireNS, out, err)
 		}
+	}
+	// A node's own process to the ClusterIP (a hostNetwork client, as in the
+	// upstream "node-Service" tests): kube-proxy's nat OUTPUT (the node has a
+	// route for the Service range, as a kubeadm node's default route gives
+	// it), Cilium's socket LB.
+	svcURL := "http://" + svc.Spec.ClusterIP + "/hostname"
+	if out, err := nsCommand(ctx, NodeNS(1), "curl", "-sS", "-m", "5", svcURL).Output(); err != nil ||
+		(strings.TrimSpace(string(out)) != pods[0].Name && strings.TrimSpace(string(out)) != pods[1].Name) {
+		t.Errorf("service %s from node %s's own netns: %q, %v", svcURL, NodeNS(1), out, err)
 	}
 	// hostPort (portmap; Cilium: its BPF hostPort), from the other node's pod.
 	url := fmt.Sprintf("http://%s:%d/hostname", pods[1].Status.HostIP, webHostPort)
