@@ -57,9 +57,9 @@ func lbPoolRanges(pool string) ([]lbipam.Range, error) {
 func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 	var steps [][]string
 	for _, fam := range []struct {
-		v6              bool
-		client, net, gw string
-	}{{false, ExternalClientIP, ExternalClientNet, APIAddress}, {true, ExternalClientIP6, ExternalClientNet6, WireIP6}} {
+		v6          bool
+		client, net string
+	}{{false, ExternalClientIP, ExternalClientNet}, {true, ExternalClientIP6, ExternalClientNet6}} {
 		var prefixes []netip.Prefix
 		for _, r := range ranges {
 			if r.First.Is6() == fam.v6 {
@@ -82,7 +82,7 @@ func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 			steps = append(steps, []string{"-n", WireNS, f, "route", "replace", p.String(), "dev", WireBridge, "src", fam.client})
 		}
 		for i := 1; netnsExists(NodeNS(i)); i++ {
-			steps = append(steps, []string{"-n", NodeNS(i), f, "route", "replace", fam.net, "via", fam.gw, "dev", Uplink})
+			steps = append(steps, routeViaRouter(NodeNS(i), netip.MustParsePrefix(fam.net)))
 		}
 	}
 	for _, args := range steps {
@@ -91,6 +91,16 @@ func routeLBClients(ctx context.Context, ranges []lbipam.Range) error {
 		}
 	}
 	return nil
+}
+
+// routeViaRouter is the `ip` arguments of node namespace ns's route for p
+// through the underlay's router, the underlay namespace's own address of p's
+// family (APIAddress or WireIP6).
+func routeViaRouter(ns string, p netip.Prefix) []string {
+	if p.Addr().Is6() {
+		return []string{"-n", ns, "-6", "route", "replace", p.String(), "via", WireIP6, "dev", Uplink}
+	}
+	return []string{"-n", ns, "-4", "route", "replace", p.String(), "via", APIAddress, "dev", Uplink}
 }
 
 // ipSrcRoute runs ip and, while the kernel refuses a route's src as

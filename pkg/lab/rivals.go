@@ -263,14 +263,10 @@ func routeServiceRange(ctx context.Context, st *State, serviceCIDR string) error
 			return fmt.Errorf("service range %q: %w", cidr, err)
 		}
 		for _, n := range st.Nodes {
-			args := []string{"-n", n.NS, "-4", "route", "replace", p.String(), "via", APIAddress, "dev", Uplink}
-			if p.Addr().Is6() {
-				if n.UnderlayIP6 == "" {
-					continue
-				}
-				args = []string{"-n", n.NS, "-6", "route", "replace", p.String(), "via", WireIP6, "dev", Uplink}
+			if p.Addr().Is6() && n.UnderlayIP6 == "" {
+				continue
 			}
-			if err := ip(ctx, args...); err != nil {
+			if err := ip(ctx, routeViaRouter(n.NS, p)...); err != nil {
 				return fmt.Errorf("node %s: the Service range's route: %w", n.NS, err)
 			}
 		}
