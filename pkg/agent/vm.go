@@ -406,6 +406,9 @@ func (a *Agent) serveVM(ep *endpoint.Endpoint, dvm datapath.VM, vdp VMDatapath) 
 		if err == nil && rxSteered {
 			// The host end is in the node's netns.
 			err = a.host.Do(func() error { return netdev.SetTxChecksum(ep.HostIfName, rxKernel) })
+			if err == nil {
+				err = a.host.SetBIGTCP(ep.HostIfName, a.vmRxBIGTCP(rxKernel))
+			}
 		}
 		if err != nil {
 			xsk.CloseAll(socks)

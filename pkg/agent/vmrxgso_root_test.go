@@ -34,7 +34,9 @@ import (
 // rx_gso_kernel does not. Both families, every payload byte checked in the
 // guest. In kernel mode the VM netns' own stack never sees the VM's frames:
 // with the VM's address on its device it still does not answer a ping
-// (vm_rx_drop at tcx ingress), and its IP InReceives does not move.
+// (vm_rx_drop at tcx ingress), and its IP InReceives does not move. With
+// BIG TCP, a 150,000-byte IPv4 packet reaches the guest as three GSO packets
+// (bigTCPReachesGuestInChunks).
 func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 	testutil.RequireBPFFS(t)
 	vhost, guest := vmTestBins(t, "lanekit-rx-guest")
@@ -45,7 +47,8 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 	)
 	for _, mode := range []string{RxGSOKernel, RxGSOXDP} {
 		t.Run(mode, func(t *testing.T) {
-			l := startVMLane(t, "rxgso-"+mode, func(c *Config) { c.RxGSO, c.DeviceMode = mode, "veth" }, vhost, "--rx-gso", mode)
+			// BIG TCP on: the pod device takes IPv4 GSO packets above 64 KiB.
+			l := startVMLane(t, "rxgso-"+mode, func(c *Config) { c.RxGSO, c.DeviceMode, c.BIGTCP = mode, "veth", true }, vhost, "--rx-gso", mode)
 			podNS, pod, vmNS, ep, sock, metrics := l.podNS, l.pod, l.vmNS, l.ep, l.sock, l.metrics
 			scrapeOffload(t, metrics, "rx_gso_kernel") // the backend took its sockets
 			if xdp := vmDeviceXDP(t, vmNS); xdp != (mode == RxGSOXDP) {
@@ -61,29 +64,9 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 				}
 				kernelBefore, groBefore := scrapeOffload(t, metrics, "rx_gso_kernel"), scrapeOffload(t, metrics, "rx_gro_frames")
 				framesBefore := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total", "")
-				g := exec.Command(guest, "--socket", sock, "--bytes", strconv.Itoa(pkts*payload), "--timeout-ms", "15000")
-				out, err := g.StdoutPipe()
-				if err != nil {
-					t.Fatal(err)
-				}
-				var gerr strings.Builder
-				g.Stderr = &gerr
-				if err := g.Start(); err != nil {
-					t.Fatal(err)
-				}
-				lines := bufio.NewScanner(out)
-				if !lines.Scan() || lines.Text() != "ready" {
-					g.Wait()
-					t.Fatalf("%s: rx guest did not start: %q %s", fam.name, lines.Text(), gerr.String())
-				}
-				sendGSO(t, podNS, pod.MAC, pod.HostMAC, fam.src, fam.dst, uint16(5001+i), pkts, payload, mss)
-				var got []string
-				for lines.Scan() {
-					got = append(got, lines.Text())
-				}
-				if err := g.Wait(); err != nil {
-					t.Fatalf("%s: rx guest: %v: %s\n%s", fam.name, err, gerr.String(), strings.Join(got, "\n"))
-				}
+				got := rxGuestReceives(t, guest, sock, fam.name, pkts*payload, func() {
+					sendGSO(t, podNS, pod.MAC, pod.HostMAC, fam.src, fam.dst, uint16(5001+i), pkts, payload, mss)
+				})
 				kernel := scrapeOffload(t, metrics, "rx_gso_kernel") - kernelBefore
 				gro := scrapeOffload(t, metrics, "rx_gro_frames") - groBefore
 				frames := sumVhost(t, metrics, "lanekit_vhost_rx_packets_total", "") - framesBefore
@@ -109,10 +92,69 @@ func TestVMRxGSOKernelReceivesWholePackets(t *testing.T) {
 				}
 			}
 			if mode == RxGSOKernel {
+				bigTCPReachesGuestInChunks(t, l, guest, mss)
 				checkRxSockets(t, metrics, 2*pkts)
 				checkVMNetnsSilent(t, podNS, vmNS, ep.IP)
 			}
 		})
+	}
+}
+
+// rxGuestReceives runs the rx guest on sock until it has received bytes of
+// TCP payload (checked byte by byte), with send sending them, and returns its
+// lines (one per packet: "packet gso_type=T len=N ...").
+func rxGuestReceives(t *testing.T, guest, sock, name string, bytes int, send func()) []string {
+	t.Helper()
+	g := exec.Command(guest, "--socket", sock, "--bytes", strconv.Itoa(bytes), "--timeout-ms", "15000")
+	out, err := g.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gerr strings.Builder
+	g.Stderr = &gerr
+	if err := g.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "ready" {
+		g.Wait()
+		t.Fatalf("%s: rx guest did not start: %q %s", name, lines.Text(), gerr.String())
+	}
+	send()
+	var got []string
+	for lines.Scan() {
+		got = append(got, lines.Text())
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatalf("%s: rx guest: %v: %s\n%s", name, err, gerr.String(), strings.Join(got, "\n"))
+	}
+	return got
+}
+
+// bigTCPReachesGuestInChunks: with BIG TCP on the pod's device, a 150,000-byte
+// IPv4 GSO packet (total length 0, as the kernel builds them) crosses the VM's
+// host end whole (the agent gives it the IPv4 BIG TCP size: at 64 KiB its
+// transmit would cut the packet into MSS-sized frames in software) and reaches
+// the guest as three GSO packets of at most 64 KiB, every byte in order.
+func bigTCPReachesGuestInChunks(t *testing.T, l *vmLane, guest string, mss int) {
+	t.Helper()
+	const pkts, payload = 2, 150_000
+	kernelBefore, chunksBefore := scrapeOffload(t, l.metrics, "rx_gso_kernel"), scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks")
+	got := rxGuestReceives(t, guest, l.sock, "ipv4 BIG TCP", pkts*payload, func() {
+		sendGSO(t, l.podNS, l.pod.MAC, l.pod.HostMAC, l.pod.IP, l.ep.IP, 5009, pkts, payload, mss)
+	})
+	kernel := scrapeOffload(t, l.metrics, "rx_gso_kernel") - kernelBefore
+	chunks := scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks") - chunksBefore
+	gso := 0
+	for _, line := range got {
+		if strings.HasPrefix(line, "packet gso_type=1 ") {
+			gso++
+		}
+	}
+	t.Logf("ipv4 BIG TCP: guest: %s; rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest", got[len(got)-1], kernel, chunks, gso)
+	if kernel != pkts || chunks != 3*pkts || gso != 3*pkts {
+		t.Errorf("ipv4 BIG TCP: rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest; want %d, %d, %d",
+			kernel, chunks, gso, pkts, 3*pkts, 3*pkts)
 	}
 }
 
@@ -316,7 +358,9 @@ func sendGSO(t *testing.T, n ns.NetNS, srcMAC, dstMAC string, src, dst netip.Add
 		if v4 {
 			binary.BigEndian.PutUint16(e[12:], unix.ETH_P_IP)
 			ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_TCP
-			binary.BigEndian.PutUint16(ip[2:], uint16(20+20+payload))
+			if n := 20 + 20 + payload; n <= 0xffff {
+				binary.BigEndian.PutUint16(ip[2:], uint16(n))
+			} // else 0: a BIG TCP packet, its length is the skb's
 			copy(ip[12:16], src.AsSlice())
 			copy(ip[16:20], dst.AsSlice())
 			binary.BigEndian.PutUint16(ip[10:], ^csumFold(ip[:20]))

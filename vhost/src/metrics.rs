@@ -81,7 +81,7 @@ pub const FAMILIES: &[Family] = &[
         &["vm", "queue", "direction", "reason"],
         "Frames dropped: rx no_room (did not fit the guest buffer), bad_chain, refused (a kernel header that failed \
          the checks), and with --rx-gso kernel socket_full (the kernel's PACKET_STATISTICS tp_drops: the packet \
-         socket's receive queue was full, each one skb of up to 64 KiB) and too_big (larger than the backend's \
+         socket's receive queue was full, each one skb, up to 192 KiB with BIG TCP) and too_big (larger than the backend's \
          buffer); tx port_full or too_large"
     ),
     fam!(
@@ -102,7 +102,8 @@ pub const FAMILIES: &[Family] = &[
          GUEST_TSO), rx_gro_frames (frames in them), rx_gro_split (frames of a segment the guest's buffers could \
          not take whole, delivered one by one), rx_gso_kernel (GSO packets received whole from the kernel's packet \
          socket, --rx-gso kernel, delivered whole), rx_gso_kernel_cut (such packets cut here: GSO type not acked or \
-         buffers too few), rx_kernel_refused (a kernel header that failed the checks: packet dropped)"
+         buffers too few), rx_gso_kernel_chunks (the GSO packets of at most 64 KiB a TSO guest got of the \
+         kernel's packets larger than that, BIG TCP), rx_kernel_refused (a kernel header that failed the checks: packet dropped)"
     ),
     fam!(
         "lanekit_vhost_guest_notifications",
@@ -284,6 +285,7 @@ impl Collector for Exporter {
             offloads.push((with(i, &[("kind", "rx_gro_split")]), s.rx_gro_split));
             offloads.push((with(i, &[("kind", "rx_gso_kernel")]), s.rx_gso_kernel));
             offloads.push((with(i, &[("kind", "rx_gso_kernel_cut")]), s.rx_gso_kernel_cut));
+            offloads.push((with(i, &[("kind", "rx_gso_kernel_chunks")]), s.rx_gso_kernel_chunks));
             offloads.push((with(i, &[("kind", "rx_kernel_refused")]), s.rx_kernel_refused));
             drops.push((with(i, &[("direction", "rx"), ("reason", "no_room")]), s.rx_dropped_no_room));
             drops.push((with(i, &[("direction", "rx"), ("reason", "bad_chain")]), s.rx_dropped_bad_chain));

@@ -621,7 +621,7 @@ fn rx_fill<M: GuestMemory>(
                 // Buffers that appeared while notifications were being re-enabled are used at
                 // once, but only once: a ring that still yields nothing (corrupt index) waits.
                 RxOutcome::NoBuffers if rearmed => return run,
-                RxOutcome::NoBuffers => match q.enable_notification(mem) {
+                RxOutcome::NoBuffers => match arm_for_more(q, mem) {
                     Ok(true) => {
                         rearmed = true;
                         continue;
@@ -732,7 +732,7 @@ fn offer<M: GuestMemory>(
             // Buffers that appeared while notifications were being re-enabled are used at
             // once, but only once: a ring that still yields nothing (corrupt index) waits.
             RxOutcome::NoBuffers if rearmed.get() => {}
-            RxOutcome::NoBuffers => match q.enable_notification(mem) {
+            RxOutcome::NoBuffers => match arm_for_more(q, mem) {
                 Ok(true) => {
                     rearmed.set(true);
                     continue;
@@ -749,6 +749,22 @@ fn offer<M: GuestMemory>(
         stop.set(true);
         return false;
     }
+}
+
+/// Ask the guest to kick when it adds its next RX buffer; true when it added some since its
+/// index was read (look again). `enable_notification` arms `avail_event` at `next_avail`, which
+/// is right when every posted buffer is used; but a packet that needs more buffers than are
+/// posted (a 64 KiB GSO packet across mergeable buffers) leaves `next_avail` behind buffers the
+/// guest has already posted, and with EVENT_IDX the guest kicks only when its index crosses
+/// `avail_event`: it would never kick again, and the packet would wait for the next one to
+/// arrive. So the event is put at the guest's current index, as QEMU's virtio-net does.
+fn arm_for_more<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, virtio_queue::Error> {
+    let pos = q.next_avail();
+    let avail = q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)?;
+    q.set_next_avail(avail.0);
+    let more = q.enable_notification(mem);
+    q.set_next_avail(pos);
+    more
 }
 
 #[path = "net_krx.rs"]

@@ -8,6 +8,9 @@
 //! - a TCP GSO packet to a guest that acked GUEST_CSUM and the family's GUEST_TSO goes whole
 //!   (`NEEDS_CSUM`, the checksum field holding the pseudo-header sum, as tap hands it), across as
 //!   many mergeable buffers as it needs; counted in [`Stats::rx_gso_kernel`];
+//! - a TCP GSO packet larger than one IP packet (BIG TCP: the agent lets IPv4 packets of up to
+//!   192 KiB cross the VM's device whole) goes to such a guest as consecutive GSO packets of at
+//!   most 64 KiB (`Gso::write_chunk`; [`Stats::rx_gso_kernel_chunks`]);
 //! - a GSO packet the posted mergeable buffers cannot take whole waits for the guest to add
 //!   buffers (it is cut only when the ring is full of buffers and still too small);
 //! - any other GSO packet (no such ack, UDP or ECN GSO, a ring of buffers too small for it, or
@@ -15,7 +18,8 @@
 //!   computed ([`Stats::rx_gso_kernel_cut`]);
 //! - a `NEEDS_CSUM` frame keeps the request for a GUEST_CSUM guest, else its checksum is filled;
 //! - a `DATA_VALID` frame (checked by a NIC or the stack) keeps the flag for a GUEST_CSUM guest;
-//! - a header that does not pass the checks drops the packet ([`Stats::rx_kernel_refused`]).
+//! - a header that does not pass the checks, or a frame above 64 KiB without GSO, drops the
+//!   packet ([`Stats::rx_kernel_refused`]).
 //!
 //! No hash report: the kernel does not hand the Toeplitz hash, so a HASH_REPORT guest sees
 //! report type NONE on this path (the rx queue itself still follows its RSS table: the agent's
@@ -81,7 +85,7 @@ fn deliver_packet<M: GuestMemory>(
 ) -> RxOutcome {
     let valid = h.flags & HDR_F_DATA_VALID != 0;
     let req = TxHdr { flags: h.flags & !HDR_F_DATA_VALID, ..h };
-    let plan = match offload::plan(&req, frame, kernel_offloads(), MAX_GSO_FRAME) {
+    let plan = match offload::plan_kernel(&req, frame, kernel_offloads()) {
         Ok(p) => p,
         Err(e) => {
             log::debug!("packet socket header refused: {e}");
@@ -91,6 +95,12 @@ fn deliver_packet<M: GuestMemory>(
         }
     };
     let off = mode.offloads;
+    if matches!(plan, Plan::Single { .. }) && frame.len() > MAX_GSO_FRAME {
+        // Only a GSO packet may exceed one IP packet (BIG TCP); the kernel sends no such frame.
+        Stats::add(&stats.rx_kernel_refused, 1);
+        stats.rx_drop(RxDrop::Refused);
+        return RxOutcome::Dropped;
+    }
     match plan {
         Plan::Gso(g) => {
             let acked = off.guest_csum
@@ -99,7 +109,12 @@ fn deliver_packet<M: GuestMemory>(
                     GSO_TCPV6 => off.guest_tso6,
                     _ => false, // UDP (no GUEST_USO offered), ECN (no GUEST_ECN offered)
                 };
-            if acked && *seg == 0 {
+            if acked && g.needs_chunks(frame.len()) {
+                match chunks(q, mem, ring, frame, &g, mode, s, cut, seg, stats) {
+                    RxOutcome::Split => {} // the buffers cannot take a chunk whole: cut the rest
+                    o => return o,
+                }
+            } else if acked && *seg == 0 {
                 if let Some(kh) = g.kernel_hdr(frame) {
                     let kh = TxHdr::parse(&kh);
                     match rx_frame_in(q, mem, ring, frame, None, Some(&kh), mode, s, stats) {
@@ -143,6 +158,43 @@ fn deliver_packet<M: GuestMemory>(
         }
         Plan::Single { csum: None } => plain(q, mem, ring, frame, valid, mode, s, stats),
     }
+}
+
+/// Offer a packet larger than one IP packet (BIG TCP, up to 192 KiB) to a TSO guest as
+/// consecutive GSO packets of at most 64 KiB, resuming at segment `seg`; waits for buffers as a
+/// whole packet does, [`RxOutcome::Split`] (with `seg` at the first segment not yet delivered)
+/// when the ring cannot take a chunk whole.
+#[allow(clippy::too_many_arguments)]
+fn chunks<M: GuestMemory>(
+    q: &mut Queue,
+    mem: &M,
+    ring: &mut FastRing<'_, M>,
+    frame: &[u8],
+    g: &offload::Gso,
+    mode: NetMode,
+    s: &mut Scratch,
+    cut: &mut Vec<u8>,
+    seg: &mut usize,
+    stats: &Stats,
+) -> RxOutcome {
+    let k = g.chunk_segs();
+    cut.resize(MAX_GSO_FRAME, 0);
+    while *seg < g.segs {
+        let Some((n, h)) = g.write_chunk(frame, *seg, k, cut) else {
+            return RxOutcome::Split; // cannot happen: the plan and the buffer hold every chunk
+        };
+        match rx_frame_in(q, mem, ring, &cut[..n], None, Some(&h), mode, s, stats) {
+            RxOutcome::Delivered => {
+                Stats::add(&stats.rx_gso_kernel_chunks, 1);
+                *seg += k;
+            }
+            RxOutcome::Split if mode.mergeable && !ring_full(q, mem) => return RxOutcome::NoBuffers,
+            o => return o,
+        }
+    }
+    *seg = 0;
+    Stats::add(&stats.rx_gso_kernel, 1);
+    RxOutcome::Delivered
 }
 
 /// Every descriptor of the ring is posted: the guest cannot add buffers before we use some.

@@ -139,6 +139,9 @@ pub struct Stats {
     /// GSO packets from the kernel cut here into frames (the guest did not ack the GSO type, or
     /// its buffers could not take the packet whole).
     pub rx_gso_kernel_cut: AtomicU64,
+    /// GSO packets of a kernel packet larger than 64 KiB (BIG TCP) delivered to a TSO guest, each
+    /// at most 64 KiB; the packet itself counts once in `rx_gso_kernel`.
+    pub rx_gso_kernel_chunks: AtomicU64,
     /// Packets from the kernel whose `virtio_net_hdr` did not pass the checks: dropped.
     pub rx_kernel_refused: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, RX queue.
@@ -179,6 +182,7 @@ pub struct StatsSnapshot {
     pub rx_gro_split: u64,
     pub rx_gso_kernel: u64,
     pub rx_gso_kernel_cut: u64,
+    pub rx_gso_kernel_chunks: u64,
     pub rx_kernel_refused: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
@@ -217,6 +221,7 @@ impl StatsSnapshot {
             rx_gro_split: self.rx_gro_split + o.rx_gro_split,
             rx_gso_kernel: self.rx_gso_kernel + o.rx_gso_kernel,
             rx_gso_kernel_cut: self.rx_gso_kernel_cut + o.rx_gso_kernel_cut,
+            rx_gso_kernel_chunks: self.rx_gso_kernel_chunks + o.rx_gso_kernel_chunks,
             rx_kernel_refused: self.rx_kernel_refused + o.rx_kernel_refused,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
@@ -285,6 +290,7 @@ impl Stats {
             rx_gro_split: l(&self.rx_gro_split),
             rx_gso_kernel: l(&self.rx_gso_kernel),
             rx_gso_kernel_cut: l(&self.rx_gso_kernel_cut),
+            rx_gso_kernel_chunks: l(&self.rx_gso_kernel_chunks),
             rx_kernel_refused: l(&self.rx_kernel_refused),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),

@@ -30,6 +30,14 @@ pub const MAX_SEGS: usize = 128;
 /// Largest frame (without virtio header) a TX chain may carry when segmentation is negotiated:
 /// an IPv6 packet of 40 + 65,535 bytes behind an Ethernet header and a VLAN tag.
 pub const MAX_GSO_FRAME: usize = 18 + 40 + 65_535;
+/// The largest packet the kernel may hand the wire -> guest path (`pkt_rx.rs`): a BIG TCP GSO
+/// packet (the agent gives a VM's device at most 192 KiB, `netdev.BIGTCPSize`), bounded here at
+/// 256 KiB. It reaches a guest as several GSO packets of at most 64 KiB ([`Gso::write_chunk`]).
+pub const MAX_KERNEL_FRAME: usize = 18 + 60 + 262_144;
+/// Segments a kernel packet may describe: [`MAX_KERNEL_FRAME`] at an MSS of 536.
+pub const MAX_KERNEL_SEGS: usize = 512;
+/// The most an IP packet's length field can say (IPv4 total length, IPv6 payload length).
+const MAX_IP_LEN: usize = 65_535;
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -328,9 +336,66 @@ impl Gso {
     }
 }
 
+impl Gso {
+    /// Whether the frame is more than one IP packet can carry (a BIG TCP packet), so that it
+    /// reaches a guest only as chunks ([`Gso::write_chunk`]).
+    pub fn needs_chunks(&self, frame_len: usize) -> bool {
+        frame_len - self.l3 - if self.v4 { 0 } else { 40 } > MAX_IP_LEN
+    }
+
+    /// Segments in one chunk: as many as one IP packet (64 KiB) holds.
+    pub fn chunk_segs(&self) -> usize {
+        let ip_hdrs = self.hdrs - self.l3 - if self.v4 { 0 } else { 40 };
+        (MAX_IP_LEN.saturating_sub(ip_hdrs) / self.mss).max(1)
+    }
+
+    /// Write the chunk of segments `first .. first + count` of a TCP frame into `out` as one
+    /// packet a TSO guest takes: the first segment's headers with the IP length (IPv4: also id
+    /// and header checksum), sequence number and flags of the range (FIN/PSH only if it ends the
+    /// frame, CWR only if it starts it), and the TCP checksum field holding the pseudo-header sum,
+    /// with the `virtio_net_hdr` that says so (`NEEDS_CSUM`, and the GSO type and `gso_size` when
+    /// the chunk is more than one segment). None when `out` is too small, the range is empty or
+    /// the chunk would not fit one IP packet.
+    pub fn write_chunk(&self, frame: &[u8], first: usize, count: usize, out: &mut [u8]) -> Option<(usize, TxHdr)> {
+        if !self.tcp || count == 0 || first >= self.segs || count > self.chunk_segs() {
+            return None;
+        }
+        let count = count.min(self.segs - first);
+        let n = segments(frame, self, first, count, out, true)?;
+        let gso_type = if count < 2 {
+            0
+        } else if self.v4 {
+            VIRTIO_NET_HDR_GSO_TCPV4 as u8
+        } else {
+            VIRTIO_NET_HDR_GSO_TCPV6 as u8
+        };
+        let h = TxHdr {
+            flags: F_NEEDS_CSUM,
+            gso_type,
+            hdr_len: if count < 2 { 0 } else { self.hdrs as u16 },
+            gso_size: if count < 2 { 0 } else { self.mss as u16 },
+            csum_start: self.l4 as u16,
+            csum_offset: 16,
+        };
+        Some((n, h))
+    }
+}
+
 /// Check `h` against `frame` and the negotiated offloads; `max_frame` bounds each resulting
 /// frame. Only the frame's first bytes (headers) are read.
 pub fn plan(h: &TxHdr, frame: &[u8], off: Offloads, max_frame: usize) -> Result<Plan, OffloadError> {
+    plan_segs(h, frame, off, max_frame, MAX_SEGS)
+}
+
+/// [`plan`] for a packet the kernel hands (`--rx-gso kernel`): the same checks, but up to
+/// [`MAX_KERNEL_SEGS`] segments, since a BIG TCP packet may carry more than a guest's TX chain.
+/// An IPv4 BIG TCP packet's total length is 0 (it cannot say more than 64 KiB); no length field
+/// is trusted here: every frame written from the plan gets its own.
+pub fn plan_kernel(h: &TxHdr, frame: &[u8], off: Offloads) -> Result<Plan, OffloadError> {
+    plan_segs(h, frame, off, MAX_GSO_FRAME, MAX_KERNEL_SEGS)
+}
+
+fn plan_segs(h: &TxHdr, frame: &[u8], off: Offloads, max_frame: usize, max_segs: usize) -> Result<Plan, OffloadError> {
     if h.is_plain() {
         return Ok(Plan::Single { csum: None });
     }
@@ -389,7 +454,7 @@ pub fn plan(h: &TxHdr, frame: &[u8], off: Offloads, max_frame: usize) -> Result<
     let (mss, payload) = (usize::from(h.gso_size), len - hdrs);
     let max = max_frame.saturating_sub(hdrs);
     let segs = payload.div_ceil(mss.max(1)).max(1);
-    if mss == 0 || mss > max || segs > MAX_SEGS {
+    if mss == 0 || mss > max || segs > max_segs {
         return Err(OffloadError::GsoSize { gso_size: mss, payload, max });
     }
     Ok(Plan::Gso(Gso { l3, l4, hdrs, mss, segs, v4, tcp, ecn }))
@@ -531,8 +596,14 @@ pub fn write_segment_partial(frame: &[u8], g: &Gso, i: usize, out: &mut [u8]) ->
 }
 
 fn segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8], partial: bool) -> Option<usize> {
+    segments(frame, g, i, 1, out, partial)
+}
+
+/// Write segments `i .. i + count` of `frame` as one frame (one segment: [`write_segment`]):
+/// the headers of the first, fixed for the range, and the payload of all of them.
+fn segments(frame: &[u8], g: &Gso, i: usize, count: usize, out: &mut [u8], partial: bool) -> Option<usize> {
     let start = g.hdrs + i * g.mss;
-    let n = g.seg_len(i, frame.len());
+    let n = g.hdrs + frame.len().checked_sub(start)?.min(count * g.mss);
     let out = out.get_mut(..n)?;
     out[..g.hdrs].copy_from_slice(frame.get(..g.hdrs)?);
     out[g.hdrs..].copy_from_slice(frame.get(start..start + n - g.hdrs)?);
@@ -553,7 +624,7 @@ fn segment(frame: &[u8], g: &Gso, i: usize, out: &mut [u8], partial: bool) -> Op
     let (proto, at) = if g.tcp {
         let seq = u32::from_be_bytes([out[l4 + 4], out[l4 + 5], out[l4 + 6], out[l4 + 7]]);
         out[l4 + 4..l4 + 8].copy_from_slice(&seq.wrapping_add((i * g.mss) as u32).to_be_bytes());
-        if i + 1 < g.segs {
+        if i + count < g.segs {
             out[l4 + 13] &= !(TCP_FIN | TCP_PSH);
         }
         if i > 0 {

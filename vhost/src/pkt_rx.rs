@@ -38,8 +38,8 @@ const ETH_P_ALL: u16 = 0x0003;
 
 /// The `virtio_net_hdr` in front of each received packet.
 pub const VNET_HDR_LEN: usize = 10;
-/// Room for one packet: an IP packet of 64 KiB, Ethernet and one VLAN tag, the header.
-pub const RX_BUF: usize = VNET_HDR_LEN + 18 + 65_535 + 64;
+/// Room for one packet: a BIG TCP GSO packet of up to 256 KiB with its headers, and the header.
+pub const RX_BUF: usize = VNET_HDR_LEN + crate::offload::MAX_KERNEL_FRAME;
 
 /// The socket of an [`RxGsoSocket`] and its counters, shared between the worker that receives
 /// on it and the metrics scrape (which reads the kernel's counters with [`Self::read`]). The
