@@ -132,29 +132,36 @@ func rxGuestReceives(t *testing.T, guest, sock, name string, bytes int, send fun
 }
 
 // bigTCPReachesGuestInChunks: with BIG TCP on the pod's device, a 150,000-byte
-// IPv4 GSO packet (total length 0, as the kernel builds them) crosses the VM's
-// host end whole (the agent gives it the IPv4 BIG TCP size: at 64 KiB its
-// transmit would cut the packet into MSS-sized frames in software) and reaches
-// the guest as three GSO packets of at most 64 KiB, every byte in order.
+// GSO packet (IPv4: total length 0; IPv6: a jumbo hop-by-hop header, as the
+// kernel builds them) crosses the VM's host end whole (the agent gives it the
+// BIG TCP sizes: at 64 KiB its transmit would cut the packet into MSS-sized
+// frames in software) and reaches the guest as three GSO packets of at most
+// 64 KiB, every byte in order.
 func bigTCPReachesGuestInChunks(t *testing.T, l *vmLane, guest string, mss int) {
 	t.Helper()
 	const pkts, payload = 2, 150_000
-	kernelBefore, chunksBefore := scrapeOffload(t, l.metrics, "rx_gso_kernel"), scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks")
-	got := rxGuestReceives(t, guest, l.sock, "ipv4 BIG TCP", pkts*payload, func() {
-		sendGSO(t, l.podNS, l.pod.MAC, l.pod.HostMAC, l.pod.IP, l.ep.IP, 5009, pkts, payload, mss)
-	})
-	kernel := scrapeOffload(t, l.metrics, "rx_gso_kernel") - kernelBefore
-	chunks := scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks") - chunksBefore
-	gso := 0
-	for _, line := range got {
-		if strings.HasPrefix(line, "packet gso_type=1 ") {
-			gso++
+	for i, fam := range []struct {
+		name     string
+		src, dst netip.Addr
+		gsoType  int
+	}{{"ipv4", l.pod.IP, l.ep.IP, 1}, {"ipv6", l.pod.IP6, l.ep.IP6, 4}} {
+		kernelBefore, chunksBefore := scrapeOffload(t, l.metrics, "rx_gso_kernel"), scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks")
+		got := rxGuestReceives(t, guest, l.sock, fam.name+" BIG TCP", pkts*payload, func() {
+			sendGSO(t, l.podNS, l.pod.MAC, l.pod.HostMAC, fam.src, fam.dst, uint16(5009+i), pkts, payload, mss)
+		})
+		kernel := scrapeOffload(t, l.metrics, "rx_gso_kernel") - kernelBefore
+		chunks := scrapeOffload(t, l.metrics, "rx_gso_kernel_chunks") - chunksBefore
+		gso := 0
+		for _, line := range got {
+			if strings.HasPrefix(line, fmt.Sprintf("packet gso_type=%d ", fam.gsoType)) {
+				gso++
+			}
 		}
-	}
-	t.Logf("ipv4 BIG TCP: guest: %s; rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest", got[len(got)-1], kernel, chunks, gso)
-	if kernel != pkts || chunks != 3*pkts || gso != 3*pkts {
-		t.Errorf("ipv4 BIG TCP: rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest; want %d, %d, %d",
-			kernel, chunks, gso, pkts, 3*pkts, 3*pkts)
+		t.Logf("%s BIG TCP: guest: %s; rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest", fam.name, got[len(got)-1], kernel, chunks, gso)
+		if kernel != pkts || chunks != 3*pkts || gso != 3*pkts {
+			t.Errorf("%s BIG TCP: rx_gso_kernel +%d, rx_gso_kernel_chunks +%d, %d GSO packets in the guest; want %d, %d, %d",
+				fam.name, kernel, chunks, gso, pkts, 3*pkts, 3*pkts)
+		}
 	}
 }
 
@@ -340,7 +347,13 @@ func sendGSO(t *testing.T, n ns.NetNS, srcMAC, dstMAC string, src, dst netip.Add
 	}
 	defer unix.Close(fd)
 	v4 := src.Is4()
+	// IPv6 BIG TCP: a hop-by-hop header with the jumbo payload option, as
+	// the kernel builds such packets (RFC 2675).
+	jumbo := !v4 && 20+payload > 0xffff
 	l3len := map[bool]int{true: 20, false: 40}[v4]
+	if jumbo {
+		l3len += 8
+	}
 	l4 := 14 + l3len
 	for k := 0; k < count; k++ {
 		f := make([]byte, 10+l4+20+payload)
@@ -368,7 +381,13 @@ func sendGSO(t *testing.T, n ns.NetNS, srcMAC, dstMAC string, src, dst netip.Add
 		} else {
 			binary.BigEndian.PutUint16(e[12:], unix.ETH_P_IPV6)
 			ip[0], ip[6], ip[7] = 0x60, unix.IPPROTO_TCP, 64
-			binary.BigEndian.PutUint16(ip[4:], uint16(20+payload))
+			if jumbo {
+				ip[6] = 0 // hop-by-hop; the payload length stays 0
+				copy(ip[40:44], []byte{unix.IPPROTO_TCP, 0, 0xc2, 4})
+				binary.BigEndian.PutUint32(ip[44:], uint32(8+20+payload))
+			} else {
+				binary.BigEndian.PutUint16(ip[4:], uint16(20+payload))
+			}
 			copy(ip[8:24], src.AsSlice())
 			copy(ip[24:40], dst.AsSlice())
 			pseudo = append([]byte{}, ip[8:40]...)

@@ -389,3 +389,64 @@ fn rx_kernel_big_tcp_packet_reaches_a_tso_guest_in_64k_chunks() {
         }
     }
 }
+
+/// IPv6 BIG TCP as the kernel hands it to the packet socket: a hop-by-hop header holding only the
+/// jumbo payload option between the IPv6 and TCP headers. `strip_jumbo` removes it in the receive
+/// buffer, and the packet then reaches a TSO guest in 64 KiB chunks that cut back into exactly the
+/// segments of the packet without it. Anything else with a hop-by-hop header is left as it is
+/// (and then refused: its next header is not TCP).
+#[test]
+fn rx_kernel_ipv6_big_tcp_jumbo_header_is_removed() {
+    use crate::pkt_rx::{strip_jumbo, VNET_HDR_LEN};
+    let (h, f) = big_packet(false);
+    let with_hbh = |opt: [u8; 2]| {
+        let mut hh = h;
+        hh.hdr_len += 8;
+        hh.csum_start += 8;
+        let mut buf = hh.bytes().to_vec();
+        buf.extend_from_slice(&f[..54]);
+        buf[VNET_HDR_LEN + 20] = 0; // next header: hop-by-hop
+        buf.extend_from_slice(&[6, 0, opt[0], opt[1]]);
+        buf.extend_from_slice(&(f.len() as u32 - 54 + 8).to_be_bytes());
+        buf.extend_from_slice(&f[54..]);
+        buf
+    };
+    let mut buf = with_hbh([0xc2, 4]);
+    let at = strip_jumbo(&mut buf);
+    assert_eq!(at, 8);
+    let (vh, frame) = buf[at..].split_at(VNET_HDR_LEN);
+    assert_eq!(TxHdr::parse(vh), h, "the header as for the packet without the option");
+    assert!(frame == &f[..], "the packet without the option");
+
+    let mut plain = h.bytes().to_vec();
+    plain.extend_from_slice(&f);
+    assert_eq!(strip_jumbo(&mut plain), 0, "no hop-by-hop header: untouched");
+    let mut other = with_hbh([0x05, 2]); // a router alert, not the jumbo option
+    let before = other.clone();
+    assert_eq!(strip_jumbo(&mut other), 0);
+    assert!(other == before, "any other hop-by-hop header: untouched");
+
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 256);
+    post_rx(&vq, 0, 200, CHAIN);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut st, stats) = (RxState::default(), Stats::default());
+    let (vh, frame) = buf[at..].split_at(VNET_HDR_LEN);
+    let (ovh, oframe) = other.split_at(VNET_HDR_LEN);
+    let mut port =
+        KernelPort { packets: [(TxHdr::parse(vh), frame.to_vec()), (TxHdr::parse(ovh), oframe.to_vec())].into() };
+    run(&mut port, &m, &mut q, &mut st, TSO, &stats);
+    let s = stats.snapshot();
+    assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_chunks, s.rx_kernel_refused), (1, 3, 1));
+    let Ok(Plan::Gso(g)) = offload::plan_kernel(&h, &f, Offloads::ALL) else { panic!("no plan") };
+    let mut o = vec![0u8; MAX_GSO_FRAME];
+    let want: Vec<Vec<u8>> = (0..g.segs)
+        .map(|i| {
+            let n = offload::write_segment(&f, &g, i, &mut o).unwrap();
+            o[..n].to_vec()
+        })
+        .collect();
+    let got: Vec<Vec<u8>> =
+        guest_packets(&m, &vq, TSO.hdr_len).iter().flat_map(|(vh, p)| resegment(&TxHdr::parse(vh), p)).collect();
+    assert!(got == want, "the packet's segments, in order, each once");
+}

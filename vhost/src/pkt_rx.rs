@@ -103,13 +103,45 @@ fn getsockopt_into(fd: RawFd, level: libc::c_int, name: libc::c_int, out: &mut [
     Ok(())
 }
 
+/// IPv6 BIG TCP: the kernel carries a TCP GSO packet above 64 KiB with a hop-by-hop header that
+/// holds only the jumbo payload option (RFC 2675; payload length 0), and hands it so to a packet
+/// socket. Remove it, in `pkt` (`virtio_net_hdr` + frame), so that the packet reads like any other
+/// GSO packet (the IPv6 next header taken from it, its length left 0: every frame written from the
+/// plan gets its own): the header and the Ethernet and IPv6 headers move 8 bytes on, and the
+/// `virtio_net_hdr`'s `hdr_len` and `csum_start` 8 back. Returns where the packet now starts (8, or
+/// 0 for a packet without that header: left as it is).
+pub fn strip_jumbo(pkt: &mut [u8]) -> usize {
+    const GSO_TCPV6: u8 = 4;
+    const L3: usize = VNET_HDR_LEN + 14;
+    const HBH: usize = L3 + 40;
+    let jumbo = pkt.len() > HBH + 8
+        && pkt[1] & 0x7f == GSO_TCPV6
+        && pkt[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14] == [0x86, 0xdd]
+        && pkt[L3] >> 4 == 6
+        && pkt[L3 + 6] == 0 // next header: hop-by-hop
+        && pkt[HBH + 1] == 0 // 8 bytes
+        && pkt[HBH + 2..HBH + 4] == [0xc2, 4]; // jumbo payload, 4 bytes
+    if !jumbo {
+        return 0;
+    }
+    pkt[L3 + 6] = pkt[HBH];
+    pkt.copy_within(..HBH, 8);
+    let h = &mut pkt[8..8 + VNET_HDR_LEN];
+    for at in [2, 6] {
+        let v = u16::from_le_bytes([h[at], h[at + 1]]).saturating_sub(8);
+        h[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    8
+}
+
 /// An `AF_PACKET` socket that receives whole (GSO) packets behind a `virtio_net_hdr`.
 #[derive(Debug)]
 pub struct RxGsoSocket {
     sock: Arc<RxSocketCounters>,
     buf: Box<[u8]>,
-    /// Length (header included) of a packet received but not yet taken by the guest.
-    held: Option<usize>,
+    /// Where a packet received but not yet taken by the guest starts in `buf` and ends (header
+    /// included).
+    held: Option<(usize, usize)>,
     /// Packets received.
     pub received: u64,
 }
@@ -169,16 +201,16 @@ impl RxGsoSocket {
     pub fn each(&mut self, max: usize, f: &mut dyn FnMut(TxHdr, &mut [u8]) -> bool) -> io::Result<usize> {
         let mut took = 0;
         while took < max {
-            let n = match self.held.take() {
-                Some(n) => n,
+            let (at, n) = match self.held.take() {
+                Some(p) => p,
                 None => match self.recv_one()? {
-                    Some(n) => n,
+                    Some(n) => (strip_jumbo(&mut self.buf[..n]), n),
                     None => break,
                 },
             };
-            let (hdr, frame) = self.buf[..n].split_at_mut(VNET_HDR_LEN);
+            let (hdr, frame) = self.buf[at..n].split_at_mut(VNET_HDR_LEN);
             if !f(TxHdr::parse(hdr), frame) {
-                self.held = Some(n);
+                self.held = Some((at, n));
                 break;
             }
             took += 1;
