@@ -126,6 +126,7 @@ fn run(direct: bool, size: usize, rounds: usize) -> f64 {
         max_frame: 1518,
         hash_report: false,
         offloads: lanekit_vhost::offload::Offloads::NONE,
+        rx_hash: None,
     }
     .with_hash_report(true);
     let mut idx: u16 = QLEN;

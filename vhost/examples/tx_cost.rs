@@ -78,6 +78,7 @@ fn backend_tx(q: &mut Queue, mem: &GuestMem, port: &mut UmemPort, st: &mut TxSta
         max_frame: 1518,
         hash_report: false,
         offloads: lanekit_vhost::offload::Offloads::NONE,
+        rx_hash: None,
     };
     tx_queue(q, mem, port, st, mode, stats, usize::from(QLEN)).handled
 }

@@ -481,8 +481,10 @@ impl NetBackend {
             max_frame: usize::from(self.config.mtu) + L2_OVERHEAD,
             hash_report: false,
             offloads: Offloads::NONE,
+            rx_hash: None,
         }
         .with_hash_report(has(rss::VIRTIO_NET_F_HASH_REPORT) && has(VIRTIO_F_VERSION_1))
+        .with_rx_hash(lock(&self.rss_config).as_ref().map(|c| net::RxHash { types: c.hash_types, key: c.key }))
         .with_offloads(Offloads::from_features(self.offload_features(acked)))
     }
 

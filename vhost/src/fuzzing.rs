@@ -56,6 +56,7 @@ pub fn queues_from_bytes(data: &[u8]) -> StatsSnapshot {
         } else {
             crate::offload::Offloads::NONE
         },
+        rx_hash: None,
     };
     let new_queue = || -> Option<Queue> {
         let mut q = Queue::new(QSIZE).ok()?;

@@ -82,6 +82,25 @@ pub struct NetMode {
     /// TX offloads negotiated (checksum, segmentation): with segmentation a TX chain may carry
     /// up to [`MAX_GSO_FRAME`] bytes of frame.
     pub offloads: Offloads,
+    /// With `hash_report`, the guest's hash configuration (enabled types, key), for the path that
+    /// computes the hash itself (`--rx-gso kernel`: no `steer_vm` puts it in front of the frame).
+    pub rx_hash: Option<RxHash>,
+}
+
+/// The hash a `HASH_REPORT` guest configured (`RSS_CONFIG` / `HASH_CONFIG`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxHash {
+    /// `VIRTIO_NET_RSS_HASH_TYPE_*` bits (non-zero).
+    pub types: u32,
+    /// Toeplitz key.
+    pub key: [u8; crate::rss::KEY_SIZE],
+}
+
+impl RxHash {
+    /// The hash and report type of `frame`, None when it gets none.
+    pub fn of(&self, frame: &[u8]) -> Option<XskMeta> {
+        crate::rss::hash::frame_hash(frame, self.types, &self.key)
+    }
 }
 
 impl NetMode {
@@ -91,6 +110,12 @@ impl NetMode {
         if on {
             self.hdr_len = HASH_HDR_LEN;
         }
+        self
+    }
+
+    /// With the guest's hash configuration `h` (kept only with `hash_report` and some type on).
+    pub fn with_rx_hash(mut self, h: Option<RxHash>) -> Self {
+        self.rx_hash = h.filter(|h| self.hash_report && h.types != 0);
         self
     }
 

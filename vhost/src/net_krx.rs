@@ -21,9 +21,10 @@
 //! - a header that does not pass the checks, or a frame above 64 KiB without GSO, drops the
 //!   packet ([`Stats::rx_kernel_refused`]).
 //!
-//! No hash report: the kernel does not hand the Toeplitz hash, so a HASH_REPORT guest sees
-//! report type NONE on this path (the rx queue itself still follows its RSS table: the agent's
-//! fanout group delivers on the queue the datapath chose).
+//! Hash report: the kernel does not hand the Toeplitz hash, so for a HASH_REPORT guest the
+//! backend computes it (`rss::hash`, the BPF code's rules) from the guest's key and types (the rx
+//! queue itself follows its RSS table: the agent's fanout group delivers on the queue the
+//! datapath chose).
 
 use std::cell::Cell;
 use std::num::Wrapping;
@@ -35,6 +36,7 @@ use vm_memory::GuestMemory;
 use super::{rx_frame_in, FastRing, NetMode, QueueRun, RxDrop, RxOutcome, RxState, Scratch, Stats, HDR_F_DATA_VALID};
 use crate::offload::{self, Offloads, Plan, TxHdr, F_NEEDS_CSUM, MAX_GSO_FRAME};
 use crate::port::Port;
+use crate::rss::XskMeta;
 
 const GSO_TCPV4: u8 = 1;
 const GSO_TCPV6: u8 = 4;
@@ -84,6 +86,8 @@ fn deliver_packet<M: GuestMemory>(
     stats: &Stats,
 ) -> RxOutcome {
     let valid = h.flags & HDR_F_DATA_VALID != 0;
+    // The guest's hash of the packet, for every frame it becomes (one flow).
+    let meta = mode.rx_hash.and_then(|r| r.of(frame));
     let req = TxHdr { flags: h.flags & !HDR_F_DATA_VALID, ..h };
     let plan = match offload::plan_kernel(&req, frame, kernel_offloads()) {
         Ok(p) => p,
@@ -110,14 +114,14 @@ fn deliver_packet<M: GuestMemory>(
                     _ => false, // UDP (no GUEST_USO offered), ECN (no GUEST_ECN offered)
                 };
             if acked && g.needs_chunks(frame.len()) {
-                match chunks(q, mem, ring, frame, &g, mode, s, cut, seg, stats) {
+                match chunks(q, mem, ring, frame, meta, &g, mode, s, cut, seg, stats) {
                     RxOutcome::Split => {} // the buffers cannot take a chunk whole: cut the rest
                     o => return o,
                 }
             } else if acked && *seg == 0 {
                 if let Some(kh) = g.kernel_hdr(frame) {
                     let kh = TxHdr::parse(&kh);
-                    match rx_frame_in(q, mem, ring, frame, None, Some(&kh), mode, s, stats) {
+                    match rx_frame_in(q, mem, ring, frame, meta, Some(&kh), mode, s, stats) {
                         RxOutcome::Delivered => {
                             Stats::add(&stats.rx_gso_kernel, 1);
                             return RxOutcome::Delivered;
@@ -135,7 +139,7 @@ fn deliver_packet<M: GuestMemory>(
                 let Some(n) = offload::write_segment(frame, &g, *seg, cut) else {
                     break; // cannot happen: the buffer holds the largest segment
                 };
-                if plain(q, mem, ring, &cut[..n], true, mode, s, stats) == RxOutcome::NoBuffers {
+                if plain(q, mem, ring, &cut[..n], meta, true, mode, s, stats) == RxOutcome::NoBuffers {
                     return RxOutcome::NoBuffers;
                 }
                 *seg += 1;
@@ -148,15 +152,15 @@ fn deliver_packet<M: GuestMemory>(
             if off.guest_csum {
                 let (csum_start, csum_offset) = (start as u16, offset as u16);
                 let ch = TxHdr { flags: F_NEEDS_CSUM, csum_start, csum_offset, ..TxHdr::default() };
-                match rx_frame_in(q, mem, ring, frame, None, Some(&ch), mode, s, stats) {
+                match rx_frame_in(q, mem, ring, frame, meta, Some(&ch), mode, s, stats) {
                     RxOutcome::Split => {}
                     o => return o,
                 }
             }
             offload::fill_csum(frame, start, offset);
-            plain(q, mem, ring, frame, true, mode, s, stats)
+            plain(q, mem, ring, frame, meta, true, mode, s, stats)
         }
-        Plan::Single { csum: None } => plain(q, mem, ring, frame, valid, mode, s, stats),
+        Plan::Single { csum: None } => plain(q, mem, ring, frame, meta, valid, mode, s, stats),
     }
 }
 
@@ -170,6 +174,7 @@ fn chunks<M: GuestMemory>(
     mem: &M,
     ring: &mut FastRing<'_, M>,
     frame: &[u8],
+    meta: Option<XskMeta>,
     g: &offload::Gso,
     mode: NetMode,
     s: &mut Scratch,
@@ -183,7 +188,7 @@ fn chunks<M: GuestMemory>(
         let Some((n, h)) = g.write_chunk(frame, *seg, k, cut) else {
             return RxOutcome::Split; // cannot happen: the plan and the buffer hold every chunk
         };
-        match rx_frame_in(q, mem, ring, &cut[..n], None, Some(&h), mode, s, stats) {
+        match rx_frame_in(q, mem, ring, &cut[..n], meta, Some(&h), mode, s, stats) {
             RxOutcome::Delivered => {
                 Stats::add(&stats.rx_gso_kernel_chunks, 1);
                 *seg += k;
@@ -210,6 +215,7 @@ fn plain<M: GuestMemory>(
     mem: &M,
     ring: &mut FastRing<'_, M>,
     frame: &[u8],
+    meta: Option<XskMeta>,
     valid: bool,
     mode: NetMode,
     s: &mut Scratch,
@@ -217,10 +223,10 @@ fn plain<M: GuestMemory>(
 ) -> RxOutcome {
     if valid && mode.offloads.guest_csum {
         let vh = TxHdr { flags: HDR_F_DATA_VALID, ..TxHdr::default() };
-        match rx_frame_in(q, mem, ring, frame, None, Some(&vh), mode, s, stats) {
+        match rx_frame_in(q, mem, ring, frame, meta, Some(&vh), mode, s, stats) {
             RxOutcome::Split => {}
             o => return o,
         }
     }
-    rx_frame_in(q, mem, ring, frame, None, None, mode, s, stats)
+    rx_frame_in(q, mem, ring, frame, meta, None, mode, s, stats)
 }

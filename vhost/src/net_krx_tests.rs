@@ -450,3 +450,42 @@ fn rx_kernel_ipv6_big_tcp_jumbo_header_is_removed() {
         guest_packets(&m, &vq, TSO.hdr_len).iter().flat_map(|(vh, p)| resegment(&TxHdr::parse(vh), p)).collect();
     assert!(got == want, "the packet's segments, in order, each once");
 }
+
+/// A HASH_REPORT guest gets, on this path that no steer_vm serves, the Toeplitz hash of the
+/// packet's flow under its own key and types (`rss::hash`): on the whole GSO packet, and on
+/// every frame when it is cut; TCP disabled, the addresses' hash; no configuration, none.
+#[test]
+fn rx_kernel_reports_the_guests_hash() {
+    use crate::rss::{hash::frame_hash, hash_type, SUPPORTED_HASH_TYPES};
+    let key: [u8; crate::rss::KEY_SIZE] = std::array::from_fn(|i| (i * 37 + 11) as u8);
+    for v4 in [true, false] {
+        let (frames, h, f) = gso_packet(v4);
+        let addrs_only = hash_type::IPV4 | hash_type::IPV6;
+        for (tso, types, want_report) in [
+            (true, SUPPORTED_HASH_TYPES, if v4 { 2 } else { 5 }),
+            (false, SUPPORTED_HASH_TYPES, if v4 { 2 } else { 5 }),
+            (true, addrs_only, if v4 { 1 } else { 4 }),
+            (true, 0, 0),
+        ] {
+            let base = if tso { TSO } else { MODE };
+            let rx_hash = Some(RxHash { types, key });
+            let mode = base.with_hash_report(true).with_rx_hash(rx_hash);
+            let want = frame_hash(&f, types, &key).map_or(0, |m| m.hash);
+            assert_eq!(want != 0, types != 0, "v4 {v4}: the test's own expectation");
+            let m = mem();
+            let vq = MockSplitQueue::new(&m, 256);
+            post_rx(&vq, 0, 64, CHAIN);
+            let mut q: Queue = vq.create_queue().unwrap();
+            let (mut st, stats) = (RxState::default(), Stats::default());
+            let mut port = KernelPort { packets: [(h, f.clone())].into() };
+            run(&mut port, &m, &mut q, &mut st, mode, &stats);
+            let pk = guest_packets(&m, &vq, mode.hdr_len);
+            assert_eq!(pk.len(), if tso { 1 } else { frames.len() }, "v4 {v4} tso {tso}");
+            for (vh, _) in &pk {
+                let hash = u32::from_le_bytes([vh[12], vh[13], vh[14], vh[15]]);
+                let report = u16::from_le_bytes([vh[16], vh[17]]);
+                assert_eq!((hash, report), (want, want_report), "v4 {v4} tso {tso} types {types:#x}");
+            }
+        }
+    }
+}

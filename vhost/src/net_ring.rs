@@ -336,6 +336,7 @@ mod tests {
             max_frame: 1518,
             hash_report: false,
             offloads: crate::offload::Offloads::NONE,
+            rx_hash: None,
         };
         let run = tx_queue(&mut q, &mem, &mut port, &mut st, mode, &stats, 64);
         assert_eq!(run.handled, 6);
@@ -367,6 +368,7 @@ mod tests {
             max_frame: 1518,
             hash_report: false,
             offloads: crate::offload::Offloads::NONE,
+            rx_hash: None,
         };
         let (mut st, stats) = (RxState::default(), Stats::default());
         for round in 0..2u16 {

@@ -15,8 +15,14 @@ use crate::port::{finish_csum, Batch, Port, TxFrame};
 
 const MEM_SIZE: usize = 0x40_0000;
 const BUF_BASE: u64 = 0x10_0000;
-const MODE: NetMode =
-    NetMode { hdr_len: HDR_LEN, mergeable: true, max_frame: 1518, hash_report: false, offloads: Offloads::NONE };
+const MODE: NetMode = NetMode {
+    hdr_len: HDR_LEN,
+    mergeable: true,
+    max_frame: 1518,
+    hash_report: false,
+    offloads: Offloads::NONE,
+    rx_hash: None,
+};
 
 /// A port fed and drained directly by the test; `room` bounds what `send` accepts.
 /// With `lend` set it also lends buffers of that size (direct TX).

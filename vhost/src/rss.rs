@@ -339,6 +339,9 @@ impl XskMeta {
     }
 }
 
+#[path = "rss_hash.rs"]
+pub mod hash;
+
 #[cfg(test)]
 #[path = "rss_tests.rs"]
 pub(crate) mod tests;

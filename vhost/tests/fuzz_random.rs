@@ -58,6 +58,7 @@ const MODE: NetMode = NetMode {
     max_frame: 1518,
     hash_report: false,
     offloads: lanekit_vhost::offload::Offloads::NONE,
+    rx_hash: None,
 };
 
 /// A guest ring in fresh memory where the test writes chains of its choosing.
