@@ -114,8 +114,11 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 	if b.MetricsSocket != "" {
 		argv = append(argv, "--metrics-listen", b.MetricsSocket)
 	}
+	// The backend asks for what the agent hands (its own default may differ).
 	if a.cfg.RxGSO == RxGSOKernel {
 		argv = append(argv, "--rx-gso", RxGSOKernel)
+	} else {
+		argv = append(argv, "--rx-gso", RxGSOXDP)
 	}
 	frontend := uint32(DefaultVhostFrontendUID)
 	if a.cfg.VhostFrontendUID != nil {

@@ -106,10 +106,10 @@ func vmCPUParts(v LabVM) []bench.CPUPart {
 // includesLanekitVM is the VM row's label for the receive path the lab's
 // backends run (RxGSOEnv).
 func includesLanekitVM() bench.Includes {
-	if os.Getenv(RxGSOEnv) == "kernel" {
-		return IncludesLanekitVMKernel
+	if os.Getenv(RxGSOEnv) == "xdp" {
+		return IncludesLanekitVM
 	}
-	return IncludesLanekitVM
+	return IncludesLanekitVMKernel
 }
 
 // What each row's traffic goes through between the two endpoints (the
@@ -124,7 +124,8 @@ var (
 		Detail: "tcx redirect_neigh/redirect_peer past both nodes' netfilter; packets the program hands to the kernel pay it"}
 	IncludesLanekitVM = bench.Includes{BPF: true,
 		Detail: "lanekit pod to the fast-lane guest: tcx + steer_vm + AF_XDP, TCG guest"}
-	// IncludesLanekitVMKernel: the VM path with --rx-gso kernel (RxGSOEnv).
+	// IncludesLanekitVMKernel: the VM path with --rx-gso kernel (the
+	// default; IncludesLanekitVM: RxGSOEnv=xdp).
 	IncludesLanekitVMKernel = bench.Includes{BPF: true,
 		Detail: "lanekit pod to the fast-lane guest: tcx + AF_PACKET (whole GSO packets, --rx-gso kernel), TCG guest"}
 	IncludesTapVM = bench.Includes{Netfilter: true, Conntrack: true,

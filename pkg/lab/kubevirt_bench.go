@@ -50,7 +50,7 @@ const (
 // What the KubeVirt rows' traffic goes through (the bench table's labels).
 var (
 	IncludesKubeVirtLanekit = bench.Includes{BPF: true,
-		Detail: "real pod to a KubeVirt VMI on lanekit's binding: tcx + steer_vm + AF_XDP + lanekit-vhost (vhost-user), QEMU from virt-launcher, TCG guest"}
+		Detail: "real pod to a KubeVirt VMI on lanekit's binding: tcx + AF_PACKET (whole GSO packets, --rx-gso kernel) + lanekit-vhost (vhost-user), QEMU from virt-launcher, TCG guest"}
 	IncludesKubeVirtBridge = bench.Includes{BPF: true,
 		Detail: "real pod to a KubeVirt VMI on KubeVirt's bridge binding over lanekit's pod network: tcx to the launcher pod's veth, virt-launcher's in-pod bridge, tap, QEMU's virtio-net, TCG guest"}
 	IncludesKubeVirtMasquerade = bench.Includes{BPF: true, Netfilter: true, Conntrack: true,

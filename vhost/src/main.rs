@@ -70,7 +70,7 @@ struct Args {
     /// hands over (the agent then steers the VM's frames there, no XDP on its device); `xdp`
     /// receives MTU-sized frames through the AF_XDP sockets and coalesces them here. `kernel`
     /// falls back to `xdp` with an agent that hands no such socket (older, or --rx-gso xdp).
-    #[arg(long, value_name = "kernel|xdp", default_value = "xdp", value_parser = parse_rx_gso)]
+    #[arg(long, value_name = "kernel|xdp", default_value = "kernel", value_parser = parse_rx_gso)]
     rx_gso: RxGso,
     /// Drop every privilege and run as UID:GID (start as root; the agent gives each VM its own
     /// uid). Done before the AF_XDP handover.
