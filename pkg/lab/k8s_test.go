@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +37,7 @@ import (
 	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
+	"github.com/lanekit/lanekit/pkg/rss"
 )
 
 // nodeAgent dials node i's agent API.
@@ -472,7 +474,9 @@ func testLabKubeVirtGuest(ctx context.Context, t *testing.T, b Bins, st *State, 
 // network-status; the binding sidecar's planner turns it (as network-info)
 // into the domain's vhost-user interface; a virtio frontend (rss_guest) on
 // that socket receives what a pod on node 1 sends to the VM's address, which
-// only the fast lane delivers there. Deleting the pod removes it all.
+// only the fast lane delivers there, each datagram with the RSS hash the BPF
+// reference gives its flow under the guest's key (on the default --rx-gso
+// kernel path lanekit-vhost computes it). Deleting the pod removes it all.
 func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubernetes.Interface, bins Bins, client Pod) {
 	dc, err := SetupKubeVirt(ctx, srv.RESTConfig())
 	if err != nil {
@@ -553,8 +557,11 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 	if err := os.Symlink(PodVolumeDir(launcher.UID, "sockets"), mount); err != nil {
 		t.Fatal(err)
 	}
+	// --rss: RSS and hash report negotiated, the RSS verification key, types
+	// IPv4/TCPv4/UDPv4; the backend computes each packet's hash itself on
+	// the default --rx-gso kernel path (no steer_vm).
 	guest := exec.CommandContext(ctx, filepath.Join(bins.Dir, "lanekit-rss-guest"), "--socket", filepath.Join(mount, filepath.Base(hostSock)), "--queues", "2",
-		"--stdin-stop", "--duration", "60")
+		"--rss", "--stdin-stop", "--duration", "60")
 	var report bytes.Buffer
 	guest.Stdout = &report
 	stop, err := guest.StdinPipe()
@@ -601,19 +608,48 @@ func testLabVMI(ctx context.Context, t *testing.T, srv *k8stest.Server, c kubern
 		t.Fatalf("rss_guest: %v; backend log: %s", err, logTail(filepath.Join(NodeDir(2), "state", "vhost", name+".log")))
 	}
 	var rep struct {
-		Frames uint64 `json:"frames"`
-		Flows  []struct {
-			Flow   string `json:"flow"`
-			Frames uint64 `json:"frames"`
+		HashReport bool   `json:"hash_report"`
+		Frames     uint64 `json:"frames"`
+		Flows      []struct {
+			Flow    string            `json:"flow"`
+			Frames  uint64            `json:"frames"`
+			Hashes  map[string]uint64 `json:"hashes"`
+			Reports map[string]uint64 `json:"reports"`
 		} `json:"flows"`
 	}
 	if err := json.Unmarshal(report.Bytes(), &rep); err != nil {
 		t.Fatalf("rss_guest report %q: %v", report.String(), err)
 	}
+	t.Logf("rss_guest: %s", report.String())
+	if !rep.HashReport {
+		t.Errorf("the frontend did not get VIRTIO_NET_F_HASH_REPORT: %s", report.String())
+	}
+	hasher, err := rss.NewHasher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hasher.Close()
 	fromClient := uint64(0)
 	for _, f := range rep.Flows {
-		if strings.Contains(f.Flow, client.IP+":") && strings.Contains(f.Flow, vmIP+":") {
-			fromClient += f.Frames
+		// "udp SRC:SPORT DST:DPORT"
+		fields := strings.Fields(f.Flow)
+		if len(fields) != 3 || fields[0] != "udp" || !strings.HasPrefix(fields[1], client.IP+":") || !strings.HasPrefix(fields[2], vmIP+":") {
+			continue
+		}
+		fromClient += f.Frames
+		src, err1 := netip.ParseAddrPort(fields[1])
+		dst, err2 := netip.ParseAddrPort(fields[2])
+		if err1 != nil || err2 != nil {
+			t.Fatalf("flow %q: %v %v", f.Flow, err1, err2)
+		}
+		want, err := hasher.Hash(rss.DefaultKey, rss.TypeUDPv4, rss.Flow{Src: src.Addr(), Dst: dst.Addr(), Sport: src.Port(), Dport: dst.Port()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every frame of the flow carries the BPF reference's hash, type UDPv4.
+		wantHash := fmt.Sprintf("0x%08x", want.Hash)
+		if len(f.Hashes) != 1 || f.Hashes[wantHash] != f.Frames || len(f.Reports) != 1 || f.Reports[strconv.Itoa(int(rss.ReportUDPv4))] != f.Frames {
+			t.Errorf("flow %s: hashes %v, reports %v; want {%s: %d}, {%d: %d}", f.Flow, f.Hashes, f.Reports, wantHash, f.Frames, rss.ReportUDPv4, f.Frames)
 		}
 	}
 	if fromClient < 8 {
