@@ -141,8 +141,9 @@ func (p *proc) term(grace time.Duration) {
 }
 
 // BackendPackets scrapes a lanekit-vhost metrics socket (--metrics-listen
-// PATH) and returns the frames it moved into the guest (rx: from its AF_XDP
-// sockets) and out of it (tx), summed over queue pairs.
+// PATH) and returns the packets it moved into the guest (rx: wire frames
+// from its AF_XDP sockets, or whole GSO packets with --rx-gso kernel) and out
+// of it (tx), summed over queue pairs.
 func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -155,10 +156,43 @@ func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error)
 
 // backendPackets sums lanekit_vhost_{rx,tx}_packets_total over their labels.
 func backendPackets(text string) (rx, tx uint64, err error) {
-	found := 0
+	rx, nrx, err := sumCounter(text, "lanekit_vhost_rx_packets_total")
+	if err != nil {
+		return 0, 0, err
+	}
+	tx, ntx, err := sumCounter(text, "lanekit_vhost_tx_packets_total")
+	if err != nil {
+		return 0, 0, err
+	}
+	if nrx+ntx == 0 {
+		return 0, 0, errors.New("backend metrics: no lanekit_vhost_{rx,tx}_packets_total")
+	}
+	return rx, tx, nil
+}
+
+// BackendRxBytes is what the backend on metrics socket sock delivered into
+// its guest, in bytes (lanekit_vhost_rx_bytes_total over its queues): the
+// same amount whether the guest got wire frames or GSO packets.
+func BackendRxBytes(ctx context.Context, sock string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	body, err := unixhttp.Get(ctx, sock, "/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("backend: %w", err)
+	}
+	v, n, err := sumCounter(string(body), "lanekit_vhost_rx_bytes_total")
+	if err == nil && n == 0 {
+		err = errors.New("backend metrics: no lanekit_vhost_rx_bytes_total")
+	}
+	return v, err
+}
+
+// sumCounter sums the samples of the labelled counter name in a metrics
+// text and says how many there were.
+func sumCounter(text, name string) (sum uint64, n int, err error) {
 	for _, l := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(l, "{")
-		if !ok || (name != "lanekit_vhost_rx_packets_total" && name != "lanekit_vhost_tx_packets_total") {
+		metric, rest, ok := strings.Cut(l, "{")
+		if !ok || metric != name {
 			continue
 		}
 		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
@@ -169,15 +203,8 @@ func backendPackets(text string) (rx, tx uint64, err error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("backend metrics: %q: %w", l, err)
 		}
-		found++
-		if name == "lanekit_vhost_rx_packets_total" {
-			rx += uint64(v)
-		} else {
-			tx += uint64(v)
-		}
+		sum += uint64(v)
+		n++
 	}
-	if found == 0 {
-		return 0, 0, errors.New("backend metrics: no lanekit_vhost_{rx,tx}_packets_total")
-	}
-	return rx, tx, nil
+	return sum, n, nil
 }

@@ -176,6 +176,9 @@ func TestBackendPacketsParse(t *testing.T) {
 	if _, _, err := backendPackets(`lanekit_vhost_up{vm="x"} 1`); err == nil {
 		t.Error("no packet counters: no error")
 	}
+	if b, n, err := sumCounter(text, "lanekit_vhost_rx_bytes_total"); err != nil || b != 64000 || n != 1 {
+		t.Errorf("rx bytes: got %d (%d samples), %v; want 64000 (1)", b, n, err)
+	}
 	if _, _, err := backendPackets(`lanekit_vhost_rx_packets_total{vm="x"} abc`); err == nil {
 		t.Error("bad value: no error")
 	}

@@ -63,8 +63,9 @@ func podVMBulkPath(t *testing.T, ctx context.Context, vm LabVM, con *guest.Conso
 			a := takeVMPath(t, ctx, fwd, pod, podIPAddr, vmIP, vm.MetricsSocket)
 			podD, _ := judgePodVMPath(t, b, a, dir.reverse, maxKernelShare, fwdWhat)
 			sent, recv := podD.sent, podD.recv
-			// And the fast lane carried them: the backend moved them through
-			// its AF_XDP sockets (its own metrics).
+			// And the fast lane carried them: the backend moved them (its own
+			// metrics: whole GSO packets through its packet sockets with
+			// --rx-gso kernel, the default; AF_XDP frames with xdp).
 			t.Logf("lanekit-vhost: %d frames into the guest, %d out", since(a.vhRX, b.vhRX), since(a.vhTX, b.vhTX))
 			if rx := since(a.vhRX, b.vhRX); float64(rx) < (1-maxKernelShare)*float64(sent) {
 				t.Errorf("lanekit-vhost moved %d frames into the guest, of the %d the pod sent", rx, sent)
