@@ -335,6 +335,18 @@ fn big_packet(v4: bool) -> (TxHdr, Vec<u8>) {
     (h, f)
 }
 
+/// The wire segments a kernel GSO packet describes (its plan, cut here).
+fn kernel_segments(h: &TxHdr, f: &[u8]) -> Vec<Vec<u8>> {
+    let Ok(Plan::Gso(g)) = offload::plan_kernel(h, f, Offloads::ALL) else { panic!("no plan for {h:?}") };
+    let mut o = vec![0u8; MAX_GSO_FRAME];
+    (0..g.segs)
+        .map(|i| {
+            let n = offload::write_segment(f, &g, i, &mut o).unwrap();
+            o[..n].to_vec()
+        })
+        .collect()
+}
+
 /// A BIG TCP packet (the kernel's IPv4 total length 0, 150,000 bytes of payload, more than one IP
 /// packet holds) reaches a TSO guest as GSO packets of at most 64 KiB that cut back, in order,
 /// into exactly the segments the whole packet describes; a guest without TSO gets those segments.
@@ -343,14 +355,7 @@ fn rx_kernel_big_tcp_packet_reaches_a_tso_guest_in_64k_chunks() {
     for v4 in [true, false] {
         let (h, f) = big_packet(v4);
         let (l3, l4) = if v4 { (14, 34) } else { (14, 54) };
-        let Ok(Plan::Gso(g)) = offload::plan_kernel(&h, &f, Offloads::ALL) else { panic!("v4 {v4}: no plan") };
-        let mut o = vec![0u8; MAX_GSO_FRAME];
-        let want: Vec<Vec<u8>> = (0..g.segs)
-            .map(|i| {
-                let n = offload::write_segment(&f, &g, i, &mut o).unwrap();
-                o[..n].to_vec()
-            })
-            .collect();
+        let want = kernel_segments(&h, &f);
         assert_eq!(want.len(), 150_000usize.div_ceil(1448));
         for (mode, chunked) in [(TSO, true), (MODE, false)] {
             let m = mem();
@@ -438,14 +443,7 @@ fn rx_kernel_ipv6_big_tcp_jumbo_header_is_removed() {
     run(&mut port, &m, &mut q, &mut st, TSO, &stats);
     let s = stats.snapshot();
     assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_chunks, s.rx_kernel_refused), (1, 3, 1));
-    let Ok(Plan::Gso(g)) = offload::plan_kernel(&h, &f, Offloads::ALL) else { panic!("no plan") };
-    let mut o = vec![0u8; MAX_GSO_FRAME];
-    let want: Vec<Vec<u8>> = (0..g.segs)
-        .map(|i| {
-            let n = offload::write_segment(&f, &g, i, &mut o).unwrap();
-            o[..n].to_vec()
-        })
-        .collect();
+    let want = kernel_segments(&h, &f);
     let got: Vec<Vec<u8>> =
         guest_packets(&m, &vq, TSO.hdr_len).iter().flat_map(|(vh, p)| resegment(&TxHdr::parse(vh), p)).collect();
     assert!(got == want, "the packet's segments, in order, each once");
