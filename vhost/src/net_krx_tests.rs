@@ -55,24 +55,29 @@ fn run(port: &mut KernelPort, m: &GuestMemoryMmap, q: &mut Queue, st: &mut RxSta
     rx_queue(q, m, port, st, mode, s, 64);
 }
 
+/// Offer `packets` once to a fresh guest that posted `buffers` buffers of [`CHAIN`] bytes:
+/// what it got, the counters, and how many packets stayed in the port.
+fn deliver(packets: Vec<(TxHdr, Vec<u8>)>, mode: NetMode, buffers: u16) -> (Vec<Packet>, StatsSnapshot, usize) {
+    let m = mem();
+    let vq = MockSplitQueue::new(&m, 256);
+    post_rx(&vq, 0, buffers, CHAIN);
+    let mut q: Queue = vq.create_queue().unwrap();
+    let (mut st, stats) = (RxState::default(), Stats::default());
+    let mut port = KernelPort { packets: packets.into() };
+    run(&mut port, &m, &mut q, &mut st, mode, &stats);
+    (guest_packets(&m, &vq, mode.hdr_len), stats.snapshot(), port.packets.len())
+}
+
 #[test]
 fn rx_kernel_gso_packet_reaches_a_tso_guest_whole() {
     for v4 in [true, false] {
         let (frames, h, f) = gso_packet(v4);
-        let m = mem();
-        let vq = MockSplitQueue::new(&m, 256);
-        post_rx(&vq, 0, 64, CHAIN);
-        let mut q: Queue = vq.create_queue().unwrap();
-        let (mut st, stats) = (RxState::default(), Stats::default());
-        let mut port = KernelPort { packets: [(h, f.clone())].into() };
-        run(&mut port, &m, &mut q, &mut st, TSO, &stats);
-        let pk = guest_packets(&m, &vq, TSO.hdr_len);
+        let (pk, s, _) = deliver(vec![(h, f.clone())], TSO, 64);
         assert_eq!(pk.len(), 1, "v4 {v4}: one guest packet");
         let gh = TxHdr::parse(&pk[0].0);
         assert_eq!(gh, h, "v4 {v4}: the header rebuilt from the validated plan");
         assert_eq!(pk[0].1, f, "v4 {v4}: the packet as the kernel gave it");
         assert!(resegment(&gh, &pk[0].1) == frames, "v4 {v4}: it cuts back into the wire frames");
-        let s = stats.snapshot();
         assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_cut, s.rx_kernel_refused, s.rx_frames), (1, 0, 0, 1));
         assert_eq!(s.rx_bytes, f.len() as u64);
     }
@@ -358,16 +363,8 @@ fn rx_kernel_big_tcp_packet_reaches_a_tso_guest_in_64k_chunks() {
         let want = kernel_segments(&h, &f);
         assert_eq!(want.len(), 150_000usize.div_ceil(1448));
         for (mode, chunked) in [(TSO, true), (MODE, false)] {
-            let m = mem();
-            let vq = MockSplitQueue::new(&m, 256);
-            post_rx(&vq, 0, 200, CHAIN);
-            let mut q: Queue = vq.create_queue().unwrap();
-            let (mut st, stats) = (RxState::default(), Stats::default());
-            let mut port = KernelPort { packets: [(h, f.clone())].into() };
-            run(&mut port, &m, &mut q, &mut st, mode, &stats);
-            assert!(port.packets.is_empty(), "v4 {v4}: taken");
-            let pk = guest_packets(&m, &vq, mode.hdr_len);
-            let s = stats.snapshot();
+            let (pk, s, left) = deliver(vec![(h, f.clone())], mode, 200);
+            assert_eq!(left, 0, "v4 {v4}: taken");
             let got: Vec<Vec<u8>> = if chunked {
                 assert_eq!(pk.len(), 3, "v4 {v4}: 150,000 bytes in three GSO packets");
                 assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_chunks, s.rx_gso_kernel_cut), (1, 3, 0));
@@ -431,21 +428,12 @@ fn rx_kernel_ipv6_big_tcp_jumbo_header_is_removed() {
     assert_eq!(strip_jumbo(&mut other), 0);
     assert!(other == before, "any other hop-by-hop header: untouched");
 
-    let m = mem();
-    let vq = MockSplitQueue::new(&m, 256);
-    post_rx(&vq, 0, 200, CHAIN);
-    let mut q: Queue = vq.create_queue().unwrap();
-    let (mut st, stats) = (RxState::default(), Stats::default());
     let (vh, frame) = buf[at..].split_at(VNET_HDR_LEN);
     let (ovh, oframe) = other.split_at(VNET_HDR_LEN);
-    let mut port =
-        KernelPort { packets: [(TxHdr::parse(vh), frame.to_vec()), (TxHdr::parse(ovh), oframe.to_vec())].into() };
-    run(&mut port, &m, &mut q, &mut st, TSO, &stats);
-    let s = stats.snapshot();
+    let (pk, s, _) = deliver(vec![(TxHdr::parse(vh), frame.to_vec()), (TxHdr::parse(ovh), oframe.to_vec())], TSO, 200);
     assert_eq!((s.rx_gso_kernel, s.rx_gso_kernel_chunks, s.rx_kernel_refused), (1, 3, 1));
     let want = kernel_segments(&h, &f);
-    let got: Vec<Vec<u8>> =
-        guest_packets(&m, &vq, TSO.hdr_len).iter().flat_map(|(vh, p)| resegment(&TxHdr::parse(vh), p)).collect();
+    let got: Vec<Vec<u8>> = pk.iter().flat_map(|(vh, p)| resegment(&TxHdr::parse(vh), p)).collect();
     assert!(got == want, "the packet's segments, in order, each once");
 }
 
@@ -470,14 +458,7 @@ fn rx_kernel_reports_the_guests_hash() {
             let mode = base.with_hash_report(true).with_rx_hash(rx_hash);
             let want = frame_hash(&f, types, &key).map_or(0, |m| m.hash);
             assert_eq!(want != 0, types != 0, "v4 {v4}: the test's own expectation");
-            let m = mem();
-            let vq = MockSplitQueue::new(&m, 256);
-            post_rx(&vq, 0, 64, CHAIN);
-            let mut q: Queue = vq.create_queue().unwrap();
-            let (mut st, stats) = (RxState::default(), Stats::default());
-            let mut port = KernelPort { packets: [(h, f.clone())].into() };
-            run(&mut port, &m, &mut q, &mut st, mode, &stats);
-            let pk = guest_packets(&m, &vq, mode.hdr_len);
+            let (pk, _, _) = deliver(vec![(h, f.clone())], mode, 64);
             assert_eq!(pk.len(), if tso { 1 } else { frames.len() }, "v4 {v4} tso {tso}");
             for (vh, _) in &pk {
                 let hash = u32::from_le_bytes([vh[12], vh[13], vh[14], vh[15]]);
