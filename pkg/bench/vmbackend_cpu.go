@@ -20,7 +20,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/lanekit/lanekit/internal/unixhttp"
 	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
@@ -740,36 +739,17 @@ func startPacedSender(nsPath, dev string, frame []byte, rate, cpu int) (*pacedSe
 // BackendBusySeconds scrapes lanekit_vhost_busy_seconds_total from a
 // lanekit-vhost metrics socket, summed over queue pairs.
 func BackendBusySeconds(ctx context.Context, sock string) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	body, err := unixhttp.Get(ctx, sock, "/metrics")
+	text, err := scrapeBackend(ctx, sock)
 	if err != nil {
-		return 0, fmt.Errorf("backend: %w", err)
+		return 0, err
 	}
-	return backendBusy(string(body))
+	return backendBusy(text)
 }
 
 func backendBusy(text string) (float64, error) {
-	var sum float64
-	found := false
-	for _, l := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(l, "{")
-		if !ok || name != "lanekit_vhost_busy_seconds_total" {
-			continue
-		}
-		f := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
-		if len(f) == 0 {
-			return 0, fmt.Errorf("backend metrics: no value in %q", l)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("backend metrics: %q: %w", l, err)
-		}
-		sum += v
-		found = true
+	sum, n, err := sumCounter(text, "lanekit_vhost_busy_seconds_total")
+	if err == nil && n == 0 {
+		err = errors.New("backend metrics: no lanekit_vhost_busy_seconds_total")
 	}
-	if !found {
-		return 0, errors.New("backend metrics: no lanekit_vhost_busy_seconds_total")
-	}
-	return sum, nil
+	return sum, err
 }

@@ -145,17 +145,26 @@ func (p *proc) term(grace time.Duration) {
 // from its AF_XDP sockets, or whole GSO packets with --rx-gso kernel) and out
 // of it (tx), summed over queue pairs.
 func BackendPackets(ctx context.Context, sock string) (rx, tx uint64, err error) {
+	text, err := scrapeBackend(ctx, sock)
+	if err != nil {
+		return 0, 0, err
+	}
+	return backendPackets(text)
+}
+
+// scrapeBackend reads a lanekit-vhost metrics socket (--metrics-listen PATH).
+func scrapeBackend(ctx context.Context, sock string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	body, err := unixhttp.Get(ctx, sock, "/metrics")
 	if err != nil {
-		return 0, 0, fmt.Errorf("backend: %w", err)
+		return "", fmt.Errorf("backend: %w", err)
 	}
-	return backendPackets(string(body))
+	return string(body), nil
 }
 
 // backendPackets sums lanekit_vhost_{rx,tx}_packets_total over their labels.
-func backendPackets(text string) (rx, tx uint64, err error) {
+func backendPackets(text string) (uint64, uint64, error) {
 	rx, nrx, err := sumCounter(text, "lanekit_vhost_rx_packets_total")
 	if err != nil {
 		return 0, 0, err
@@ -167,29 +176,28 @@ func backendPackets(text string) (rx, tx uint64, err error) {
 	if nrx+ntx == 0 {
 		return 0, 0, errors.New("backend metrics: no lanekit_vhost_{rx,tx}_packets_total")
 	}
-	return rx, tx, nil
+	return uint64(rx), uint64(tx), nil
 }
 
 // BackendRxBytes is what the backend on metrics socket sock delivered into
 // its guest, in bytes (lanekit_vhost_rx_bytes_total over its queues): the
 // same amount whether the guest got wire frames or GSO packets.
 func BackendRxBytes(ctx context.Context, sock string) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	body, err := unixhttp.Get(ctx, sock, "/metrics")
+	text, err := scrapeBackend(ctx, sock)
 	if err != nil {
-		return 0, fmt.Errorf("backend: %w", err)
+		return 0, err
 	}
-	v, n, err := sumCounter(string(body), "lanekit_vhost_rx_bytes_total")
+	v, n, err := sumCounter(text, "lanekit_vhost_rx_bytes_total")
 	if err == nil && n == 0 {
 		err = errors.New("backend metrics: no lanekit_vhost_rx_bytes_total")
 	}
-	return v, err
+	return uint64(v), err
 }
 
 // sumCounter sums the samples of the labelled counter name in a metrics
-// text and says how many there were.
-func sumCounter(text, name string) (sum uint64, n int, err error) {
+// text (lanekit-vhost labels every sample: vm, queue) and says how many
+// there were.
+func sumCounter(text, name string) (sum float64, n int, err error) {
 	for _, l := range strings.Split(text, "\n") {
 		metric, rest, ok := strings.Cut(l, "{")
 		if !ok || metric != name {
@@ -203,7 +211,7 @@ func sumCounter(text, name string) (sum uint64, n int, err error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("backend metrics: %q: %w", l, err)
 		}
-		sum += uint64(v)
+		sum += v
 		n++
 	}
 	return sum, n, nil

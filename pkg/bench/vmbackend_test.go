@@ -177,7 +177,7 @@ func TestBackendPacketsParse(t *testing.T) {
 		t.Error("no packet counters: no error")
 	}
 	if b, n, err := sumCounter(text, "lanekit_vhost_rx_bytes_total"); err != nil || b != 64000 || n != 1 {
-		t.Errorf("rx bytes: got %d (%d samples), %v; want 64000 (1)", b, n, err)
+		t.Errorf("rx bytes: got %v (%d samples), %v; want 64000 (1)", b, n, err)
 	}
 	if _, _, err := backendPackets(`lanekit_vhost_rx_packets_total{vm="x"} abc`); err == nil {
 		t.Error("bad value: no error")

@@ -6,9 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/lanekit/lanekit/internal/unixhttp"
 )
 
 // offloadBits names the virtio-net offload feature bits a VM row reports.
@@ -20,13 +17,11 @@ var offloadBits = map[int]string{
 // BackendOffloads names the offloads the guest acked on a lanekit-vhost,
 // read from its metrics socket (lanekit_vhost_virtio_features).
 func BackendOffloads(ctx context.Context, sock string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	body, err := unixhttp.Get(ctx, sock, "/metrics")
+	text, err := scrapeBackend(ctx, sock)
 	if err != nil {
-		return "", fmt.Errorf("backend: %w", err)
+		return "", err
 	}
-	return ackedOffloads(string(body))
+	return ackedOffloads(text)
 }
 
 // ackedOffloads reads the acked feature bits from a scrape and names the
