@@ -86,8 +86,6 @@ fn deliver_packet<M: GuestMemory>(
     stats: &Stats,
 ) -> RxOutcome {
     let valid = h.flags & HDR_F_DATA_VALID != 0;
-    // The guest's hash of the packet, for every frame it becomes (one flow).
-    let meta = mode.rx_hash.and_then(|r| r.of(frame));
     let req = TxHdr { flags: h.flags & !HDR_F_DATA_VALID, ..h };
     let plan = match offload::plan_kernel(&req, frame, kernel_offloads()) {
         Ok(p) => p,
@@ -105,6 +103,8 @@ fn deliver_packet<M: GuestMemory>(
         stats.rx_drop(RxDrop::Refused);
         return RxOutcome::Dropped;
     }
+    // The guest's hash of the packet, for every frame it becomes (one flow).
+    let meta = mode.rx_hash.and_then(|r| r.of(frame));
     match plan {
         Plan::Gso(g) => {
             let acked = off.guest_csum

@@ -306,8 +306,7 @@ impl Gso {
             return None;
         }
         let put = |o: &mut [u8], at: usize, v: u16| o[at..at + 2].copy_from_slice(&v.to_be_bytes());
-        let ip_len = if self.v4 { n - l3 } else { n - l3 - 40 };
-        put(frame, if self.v4 { l3 + 2 } else { l3 + 4 }, u16::try_from(ip_len).ok()?);
+        put(frame, if self.v4 { l3 + 2 } else { l3 + 4 }, u16::try_from(self.ip_len(n)).ok()?);
         if self.v4 {
             put(frame, l3 + 10, 0);
             let c = !csum_fold(csum_add(0, &frame[l3..l4]));
@@ -319,34 +318,42 @@ impl Gso {
             put(frame, l4 + 4, u16::try_from(n - l4).unwrap_or(0));
         }
         put(frame, at, csum_fold(pseudo(frame, self, n - l4, proto)));
+        Some(self.gso_hdr().bytes())
+    }
+
+    /// The `virtio_net_hdr` of this plan's GSO packet: `NEEDS_CSUM` at the L4 checksum, its GSO
+    /// type (with ECN as requested), `hdr_len` and `gso_size`.
+    fn gso_hdr(&self) -> TxHdr {
         let gso_type = match (self.tcp, self.v4) {
             (true, true) => VIRTIO_NET_HDR_GSO_TCPV4 as u8,
             (true, false) => VIRTIO_NET_HDR_GSO_TCPV6 as u8,
             (false, _) => GSO_UDP_L4,
         } | if self.ecn { VIRTIO_NET_HDR_GSO_ECN as u8 } else { 0 };
-        let h = TxHdr {
+        TxHdr {
             flags: F_NEEDS_CSUM,
             gso_type,
             hdr_len: self.hdrs as u16,
             gso_size: self.mss as u16,
-            csum_start: l4 as u16,
-            csum_offset: (at - l4) as u16,
-        };
-        Some(h.bytes())
+            csum_start: self.l4 as u16,
+            csum_offset: if self.tcp { 16 } else { 6 },
+        }
     }
-}
 
-impl Gso {
+    /// What the IP length field (IPv4 total length, IPv6 payload length) of a `frame_len`-byte
+    /// frame with this plan's headers says.
+    fn ip_len(&self, frame_len: usize) -> usize {
+        frame_len - self.l3 - if self.v4 { 0 } else { 40 }
+    }
+
     /// Whether the frame is more than one IP packet can carry (a BIG TCP packet), so that it
     /// reaches a guest only as chunks ([`Gso::write_chunk`]).
     pub fn needs_chunks(&self, frame_len: usize) -> bool {
-        frame_len - self.l3 - if self.v4 { 0 } else { 40 } > MAX_IP_LEN
+        self.ip_len(frame_len) > MAX_IP_LEN
     }
 
     /// Segments in one chunk: as many as one IP packet (64 KiB) holds.
     pub fn chunk_segs(&self) -> usize {
-        let ip_hdrs = self.hdrs - self.l3 - if self.v4 { 0 } else { 40 };
-        (MAX_IP_LEN.saturating_sub(ip_hdrs) / self.mss).max(1)
+        (MAX_IP_LEN.saturating_sub(self.ip_len(self.hdrs)) / self.mss).max(1)
     }
 
     /// Write the chunk of segments `first .. first + count` of a TCP frame into `out` as one
@@ -362,21 +369,9 @@ impl Gso {
         }
         let count = count.min(self.segs - first);
         let n = segments(frame, self, first, count, out, true)?;
-        let gso_type = if count < 2 {
-            0
-        } else if self.v4 {
-            VIRTIO_NET_HDR_GSO_TCPV4 as u8
-        } else {
-            VIRTIO_NET_HDR_GSO_TCPV6 as u8
-        };
-        let h = TxHdr {
-            flags: F_NEEDS_CSUM,
-            gso_type,
-            hdr_len: if count < 2 { 0 } else { self.hdrs as u16 },
-            gso_size: if count < 2 { 0 } else { self.mss as u16 },
-            csum_start: self.l4 as u16,
-            csum_offset: 16,
-        };
+        let h = self.gso_hdr();
+        // One segment: a plain NEEDS_CSUM packet.
+        let h = if count < 2 { TxHdr { gso_type: 0, hdr_len: 0, gso_size: 0, ..h } } else { h };
         Some((n, h))
     }
 }
@@ -610,7 +605,7 @@ fn segments(frame: &[u8], g: &Gso, i: usize, count: usize, out: &mut [u8], parti
     let (l3, l4) = (g.l3, g.l4);
     let put = |o: &mut [u8], at: usize, v: u16| o[at..at + 2].copy_from_slice(&v.to_be_bytes());
     if g.v4 {
-        put(out, l3 + 2, (n - l3) as u16);
+        put(out, l3 + 2, g.ip_len(n) as u16);
         let id = u16::from_be_bytes([out[l3 + 4], out[l3 + 5]]).wrapping_add(i as u16);
         put(out, l3 + 4, id);
         put(out, l3 + 10, 0);
@@ -618,7 +613,7 @@ fn segments(frame: &[u8], g: &Gso, i: usize, count: usize, out: &mut [u8], parti
         let c = !csum_fold(csum_add(0, &out[l3..l3 + ihl]));
         put(out, l3 + 10, c);
     } else {
-        put(out, l3 + 4, (n - l3 - 40) as u16);
+        put(out, l3 + 4, g.ip_len(n) as u16);
     }
     let seg_len = n - l4;
     let (proto, at) = if g.tcp {

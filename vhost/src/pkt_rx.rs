@@ -111,7 +111,7 @@ fn getsockopt_into(fd: RawFd, level: libc::c_int, name: libc::c_int, out: &mut [
 /// `virtio_net_hdr`'s `hdr_len` and `csum_start` 8 back. Returns where the packet now starts (8, or
 /// 0 for a packet without that header: left as it is).
 pub fn strip_jumbo(pkt: &mut [u8]) -> usize {
-    const GSO_TCPV6: u8 = 4;
+    const GSO_TCPV6: u8 = virtio_bindings::virtio_net::VIRTIO_NET_HDR_GSO_TCPV6 as u8;
     const L3: usize = VNET_HDR_LEN + 14;
     const HBH: usize = L3 + 40;
     let jumbo = pkt.len() > HBH + 8
