@@ -115,11 +115,11 @@ func (a *Agent) newBackendProc(ep *endpoint.Endpoint) (*backendProc, error) {
 		argv = append(argv, "--metrics-listen", b.MetricsSocket)
 	}
 	// The backend asks for what the agent hands (its own default may differ).
+	rxGSO := RxGSOXDP
 	if a.cfg.RxGSO == RxGSOKernel {
-		argv = append(argv, "--rx-gso", RxGSOKernel)
-	} else {
-		argv = append(argv, "--rx-gso", RxGSOXDP)
+		rxGSO = RxGSOKernel
 	}
+	argv = append(argv, "--rx-gso", rxGSO)
 	frontend := uint32(DefaultVhostFrontendUID)
 	if a.cfg.VhostFrontendUID != nil {
 		frontend = *a.cfg.VhostFrontendUID
