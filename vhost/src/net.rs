@@ -14,8 +14,9 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 use crate::offload::gro::{self, Out};
 use crate::offload::{OffloadError, Offloads, TxHdr, MAX_GSO_FRAME};
 use crate::port::{Batch, Port};
+pub use crate::rss::hash::RxHash;
 use crate::rss::XskMeta;
-use ring::{add_used_fast, publish_used, Next, RegionOf, Regions, Ring};
+use ring::{add_used_fast, arm_for_more, publish_used, Next, RegionOf, Regions, Ring};
 
 /// The fast path's view of a queue run (None: everything takes the checked path).
 type FastRing<'a, M> = Option<Ring<'a, RegionOf<M>>>;
@@ -85,22 +86,6 @@ pub struct NetMode {
     /// With `hash_report`, the guest's hash configuration (enabled types, key), for the path that
     /// computes the hash itself (`--rx-gso kernel`: no `steer_vm` puts it in front of the frame).
     pub rx_hash: Option<RxHash>,
-}
-
-/// The hash a `HASH_REPORT` guest configured (`RSS_CONFIG` / `HASH_CONFIG`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RxHash {
-    /// `VIRTIO_NET_RSS_HASH_TYPE_*` bits (non-zero).
-    pub types: u32,
-    /// Toeplitz key.
-    pub key: [u8; crate::rss::KEY_SIZE],
-}
-
-impl RxHash {
-    /// The hash and report type of `frame`, None when it gets none.
-    pub fn of(&self, frame: &[u8]) -> Option<XskMeta> {
-        crate::rss::hash::frame_hash(frame, self.types, &self.key)
-    }
 }
 
 impl NetMode {
@@ -774,22 +759,6 @@ fn offer<M: GuestMemory>(
         stop.set(true);
         return false;
     }
-}
-
-/// Ask the guest to kick when it adds its next RX buffer; true when it added some since its
-/// index was read (look again). `enable_notification` arms `avail_event` at `next_avail`, which
-/// is right when every posted buffer is used; but a packet that needs more buffers than are
-/// posted (a 64 KiB GSO packet across mergeable buffers) leaves `next_avail` behind buffers the
-/// guest has already posted, and with EVENT_IDX the guest kicks only when its index crosses
-/// `avail_event`: it would never kick again, and the packet would wait for the next one to
-/// arrive. So the event is put at the guest's current index, as QEMU's virtio-net does.
-fn arm_for_more<M: GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, virtio_queue::Error> {
-    let pos = q.next_avail();
-    let avail = q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)?;
-    q.set_next_avail(avail.0);
-    let more = q.enable_notification(mem);
-    q.set_next_avail(pos);
-    more
 }
 
 #[path = "net_krx.rs"]

@@ -253,6 +253,22 @@ pub(super) fn publish_used<R: vm_memory::GuestMemoryRegion>(
     }
 }
 
+/// Ask the guest to kick when it adds its next RX buffer; true when it added some since its
+/// index was read (look again). `enable_notification` arms `avail_event` at `next_avail`, which
+/// is right when every posted buffer is used; but a packet that needs more buffers than are
+/// posted (a 64 KiB GSO packet across mergeable buffers) leaves `next_avail` behind buffers the
+/// guest has already posted, and with EVENT_IDX the guest kicks only when its index crosses
+/// `avail_event`: it would never kick again, and the packet would wait for the next one to
+/// arrive. So the event is put at the guest's current index, as QEMU's virtio-net does.
+pub(super) fn arm_for_more<M: vm_memory::GuestMemory>(q: &mut Queue, mem: &M) -> Result<bool, virtio_queue::Error> {
+    let pos = q.next_avail();
+    let avail = q.avail_idx(mem, Ordering::Acquire)?;
+    q.set_next_avail(avail.0);
+    let more = q.enable_notification(mem);
+    q.set_next_avail(pos);
+    more
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;

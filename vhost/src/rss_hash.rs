@@ -44,6 +44,22 @@ pub fn toeplitz(key: &[u8; KEY_SIZE], input: &[u8]) -> u32 {
     result
 }
 
+/// The hash a `HASH_REPORT` guest configured (`RSS_CONFIG` / `HASH_CONFIG`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxHash {
+    /// `VIRTIO_NET_RSS_HASH_TYPE_*` bits (non-zero).
+    pub types: u32,
+    /// Toeplitz key.
+    pub key: [u8; KEY_SIZE],
+}
+
+impl RxHash {
+    /// The hash and report type of `frame`, None when it gets none.
+    pub fn of(&self, frame: &[u8]) -> Option<XskMeta> {
+        frame_hash(frame, self.types, &self.key)
+    }
+}
+
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
