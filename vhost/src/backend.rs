@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::bitmap::MemRegionBitmap;
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringState, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CTRL_VQ, VIRTIO_NET_F_GUEST_ANNOUNCE, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
@@ -39,6 +39,7 @@ use vm_memory::{
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
 use crate::dirty::{DirtyBitmap, RegionLog, VHOST_F_LOG_ALL};
 use crate::net::{self, NetMode, QueueRun, RxState, Stats, StatsSnapshot, TxState};
@@ -50,6 +51,7 @@ use crate::sigbus;
 use dirty_log::region_bitmap;
 
 mod dirty_log;
+mod notify;
 mod serve;
 
 /// Queue size offered to the frontend.
@@ -72,6 +74,9 @@ pub fn default_poll(cpus: usize) -> Duration {
         Duration::ZERO
     }
 }
+/// Default hold of a TX notification (`notify.rs`): above a request/response round trip of a
+/// TCG guest, so the next request's RX notification usually makes it moot.
+pub const DEFAULT_TX_NOTIFY_DELAY: Duration = Duration::from_millis(1);
 /// Largest config space read answered (`virtio_net_config` is 24 bytes today).
 const CONFIG_SPACE_MAX: usize = 256;
 /// Ethernet header + one VLAN tag: added to the MTU to get the largest frame.
@@ -130,6 +135,12 @@ struct Pair {
     port_ep: Epoll,
     /// The port fd is on `port_ep`.
     armed: bool,
+    /// A TX notification held back (`notify.rs`).
+    tx_owed: Option<net::TxOwed>,
+    /// Fires when `tx_owed` runs out of delay ([`NetBackend::timer_event`]).
+    timer: TimerFd,
+    /// `timer` is armed (for the episode that started then).
+    timer_for: Option<Instant>,
 }
 
 /// What one serve-loop iteration found.
@@ -170,6 +181,8 @@ pub struct NetBackend {
     connection_errors: AtomicU64,
     signal_errors: AtomicU64,
     poll: Duration,
+    /// How long a TX notification the guest asked for may be held back (zero: never).
+    tx_notify_delay: Duration,
     /// The VM's RSS map (from the agent): with it, VIRTIO_NET_F_RSS and F_HASH_REPORT are
     /// offered and the guest's configuration is written there (see `rss.rs`).
     rss: Option<Mutex<RssMap>>,
@@ -229,7 +242,8 @@ impl NetBackend {
             .map(|port| {
                 let (rx, tx) = (RxState::default(), TxState::default());
                 let port_ep = Epoll::new()?;
-                Ok(Mutex::new(Pair { port, rx, tx, port_ep, armed: false }))
+                let timer = notify::nonblocking_timer()?;
+                Ok(Mutex::new(Pair { port, rx, tx, port_ep, armed: false, tx_owed: None, timer, timer_for: None }))
             })
             .collect::<io::Result<_>>()
             .map_err(BackendError::EventFd)?;
@@ -253,6 +267,7 @@ impl NetBackend {
             connection_errors: AtomicU64::new(0),
             signal_errors: AtomicU64::new(0),
             poll: DEFAULT_POLL,
+            tx_notify_delay: DEFAULT_TX_NOTIFY_DELAY,
             rss: None,
             rss_config: Mutex::new(None),
             offloads: Offloads::ALL,
@@ -293,6 +308,13 @@ impl NetBackend {
     /// Set the polling window (zero: purely event-driven). See the module docs.
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// Hold a TX used-buffer notification the guest asked for up to `delay` (zero: send each at
+    /// once), see `notify.rs`.
+    pub fn with_tx_notify_delay(mut self, delay: Duration) -> Self {
+        self.tx_notify_delay = delay;
         self
     }
 
@@ -372,11 +394,17 @@ impl NetBackend {
         self.num_queues() as u64 + 2
     }
 
+    /// Event id of the held TX notification's timer on a worker's epoll.
+    pub fn timer_event(&self) -> u64 {
+        self.num_queues() as u64 + 3
+    }
+
     /// Forget per-connection state: pending frames, negotiated features, active pairs.
     pub fn reset(&self) {
         for p in &self.pairs {
             let mut p = lock(p);
             p.rx.reset();
+            p.tx_owed = None;
         }
         self.acked.store(0, Ordering::Relaxed);
         self.guest_offloads.store(u64::MAX, Ordering::Relaxed);
@@ -419,7 +447,7 @@ impl NetBackend {
         self as *const NetBackend as usize
     }
 
-    /// Register each pair's port fd and wakeup fd on the worker thread that owns the pair.
+    /// Register each pair's port fd, wakeup fd and timer on the worker thread that owns the pair.
     pub fn register_listeners(&self, handlers: &[Arc<VringEpollHandler<Arc<NetBackend>>>]) -> io::Result<()> {
         if handlers.len() != self.pairs.len() {
             return Err(io::Error::other(format!(
@@ -433,6 +461,7 @@ impl NetBackend {
             h.register_listener(p.port_ep.as_raw_fd(), EventSet::IN, self.port_event())?;
             self.arm_port(&mut p, true)?;
             h.register_listener(self.resched[i].as_raw_fd(), EventSet::IN, self.resched_event())?;
+            h.register_listener(p.timer.as_raw_fd(), EventSet::IN, self.timer_event())?;
         }
         Ok(())
     }
@@ -687,6 +716,7 @@ impl VhostUserBackend for NetBackend {
                 if let Some(ctrl) = vrings.get(2) {
                     self.run_ctrl(ctrl);
                 }
+                return Ok(());
             }
             _ if event == self.port_event() => {
                 self.drain_port_ep(pair);
@@ -698,8 +728,14 @@ impl VhostUserBackend for NetBackend {
                 }
                 self.serve(pair, rx, tx);
             }
-            _ => warn!("worker {thread_id}: unknown event {device_event}"),
+            _ if event == self.timer_event() => self.timer_fired(pair),
+            _ => {
+                warn!("worker {thread_id}: unknown event {device_event}");
+                return Ok(());
+            }
         }
+        // After every event of the pair: a held TX notification is sent, dropped or timed.
+        self.settle_tx(pair, tx);
         Ok(())
     }
 }

@@ -213,6 +213,8 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_sigaltstack,
     libc::SYS_statx,
     libc::SYS_tgkill,
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
     libc::SYS_unlink,
     libc::SYS_unlinkat,
     libc::SYS_write,

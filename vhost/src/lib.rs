@@ -106,6 +106,8 @@ pub struct Config {
     pub ports: PortSource,
     /// Adaptive polling window (zero: event-driven only); see `backend.rs`.
     pub poll: std::time::Duration,
+    /// Longest hold of a TX notification the guest asked for (zero: none); see `backend/notify.rs`.
+    pub tx_notify_delay: std::time::Duration,
     /// Serve Prometheus metrics here (`host:port`, or a unix socket path); see `metrics.rs`.
     pub metrics_listen: Option<String>,
     /// The `vm` label of the metrics.
@@ -211,7 +213,10 @@ pub fn start_backend(config: Config) -> Result<()> {
     confine::lock_down().map_err(|e| Error::Setup("lock down", e))?;
     let max_frame = usize::from(config.device.mtu) + 18;
     let (ports, rss) = open_ports(&config.ports, config.device.queue_pairs, max_frame, config.tx_gso, config.rx_gso)?;
-    let mut backend = NetBackend::new(config.device, ports)?.with_poll(config.poll).with_offloads(config.offloads);
+    let mut backend = NetBackend::new(config.device, ports)?
+        .with_poll(config.poll)
+        .with_tx_notify_delay(config.tx_notify_delay)
+        .with_offloads(config.offloads);
     if let Some(map) = rss {
         info!("offering virtio RSS and hash report (the agent handed the VM's RSS map)");
         backend = backend.with_rss(map);

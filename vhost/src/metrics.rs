@@ -112,6 +112,14 @@ pub const FAMILIES: &[Family] = &[
         "Used-buffer notifications (interrupts) sent to the guest; tx includes the control queue"
     ),
     fam!(
+        "lanekit_vhost_tx_notifications_held",
+        true,
+        &["vm", "queue", "outcome"],
+        "TX used-buffer notifications the guest asked for: held (held back, --tx-notify-delay-us), sent_late \
+         (of those, sent after all: the delay ran out or too many buffers waited); the others the guest showed it no \
+         longer needed (it consumed the buffers when it polled its RX queue)"
+    ),
+    fam!(
         "lanekit_vhost_busy_seconds",
         true,
         VQ,
@@ -258,7 +266,7 @@ impl Collector for Exporter {
         };
         let mut drops = Vec::new();
         let mut errors = Vec::new();
-        let mut notes = Vec::new();
+        let (mut notes, mut held) = (Vec::new(), Vec::new());
         let mut offloads = Vec::new();
         let rx_socks: Vec<(usize, RxSocketStats)> = b
             .rx_sockets()
@@ -297,11 +305,14 @@ impl Collector for Exporter {
             }
             notes.push((with(i, &[("direction", "rx")]), s.rx_notifications));
             notes.push((with(i, &[("direction", "tx")]), s.tx_notifications));
+            held.push((with(i, &[("outcome", "held")]), s.tx_notify_held));
+            held.push((with(i, &[("outcome", "sent_late")]), s.tx_notify_late));
         }
         emit(&mut enc, "lanekit_vhost_dropped", &drops)?;
         emit(&mut enc, "lanekit_vhost_guest_errors", &errors)?;
         emit(&mut enc, "lanekit_vhost_offloads", &offloads)?;
         emit(&mut enc, "lanekit_vhost_guest_notifications", &notes)?;
+        emit(&mut enc, "lanekit_vhost_tx_notifications_held", &held)?;
         emit_seconds(&mut enc, "lanekit_vhost_busy_seconds", &per(|s| s.busy_ns))?;
         let backlog: Vec<(Labels, u64)> =
             b.rx_backlog().into_iter().enumerate().map(|(i, n)| (self.q(i), n as u64)).collect();

@@ -782,7 +782,9 @@ mod ring;
 
 #[path = "net_tx.rs"]
 mod tx;
-pub use tx::{arm_tx, needs_signal, tx_chain, tx_poll, tx_queue, TxState};
+pub use tx::{
+    arm_tx, moderate_tx, needs_signal, tx_chain, tx_consumed, tx_poll, tx_queue, TxOwed, TxState, TX_NOTIFY_MAX_FRAMES,
+};
 
 #[cfg(test)]
 #[path = "net_tests.rs"]

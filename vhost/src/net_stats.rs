@@ -148,6 +148,11 @@ pub struct Stats {
     pub rx_notifications: AtomicU64,
     /// Used-buffer notifications (interrupts) sent to the guest, TX and control queues.
     pub tx_notifications: AtomicU64,
+    /// TX notifications the guest asked for and the backend held back (`--tx-notify-delay-us`):
+    /// each one the guest did not get is one it showed it no longer needed.
+    pub tx_notify_held: AtomicU64,
+    /// Held TX notifications sent after all (their delay ran out, or too many entries waited).
+    pub tx_notify_late: AtomicU64,
     /// Nanoseconds spent in queue runs that moved frames (or commands): the backend's work
     /// without its sleeping, waking and empty polls (what testpmd's --record-core-cycles counts
     /// for its forwarding loop).
@@ -186,6 +191,8 @@ pub struct StatsSnapshot {
     pub rx_kernel_refused: u64,
     pub rx_notifications: u64,
     pub tx_notifications: u64,
+    pub tx_notify_held: u64,
+    pub tx_notify_late: u64,
     pub busy_ns: u64,
 }
 
@@ -225,6 +232,8 @@ impl StatsSnapshot {
             rx_kernel_refused: self.rx_kernel_refused + o.rx_kernel_refused,
             rx_notifications: self.rx_notifications + o.rx_notifications,
             tx_notifications: self.tx_notifications + o.tx_notifications,
+            tx_notify_held: self.tx_notify_held + o.tx_notify_held,
+            tx_notify_late: self.tx_notify_late + o.tx_notify_late,
             busy_ns: self.busy_ns + o.busy_ns,
         }
     }
@@ -294,6 +303,8 @@ impl Stats {
             rx_kernel_refused: l(&self.rx_kernel_refused),
             rx_notifications: l(&self.rx_notifications),
             tx_notifications: l(&self.tx_notifications),
+            tx_notify_held: l(&self.tx_notify_held),
+            tx_notify_late: l(&self.tx_notify_late),
             busy_ns: l(&self.busy_ns),
         }
     }

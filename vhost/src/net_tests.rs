@@ -540,83 +540,6 @@ fn tx_with_lent_buffers_matches_the_batch_path() {
     }
 }
 
-#[test]
-fn needs_signal_follows_used_event_and_no_interrupt() {
-    let m = mem();
-    let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> =
-        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
-    add_chains(&vq, 0, &chains);
-    let mut q: Queue = vq.create_queue().unwrap();
-    q.set_event_idx(true);
-    let used_event = GuestAddress(q.avail_ring() + 4 + 2 * 16);
-    let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
-    tx_queue(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
-    assert_eq!(q.next_used(), 4);
-    // used_event in [old, new): the driver asked to be told once entry used_event is used.
-    for (ev, old, want) in
-        [(0u16, 0u16, true), (3, 0, true), (4, 0, false), (10, 0, false), (1, 2, false), (2, 2, true)]
-    {
-        m.write_obj(ev.to_le(), used_event).unwrap();
-        assert_eq!(needs_signal(&q, &m, old, &stats), want, "used_event {ev} old {old}");
-    }
-    assert!(!needs_signal(&q, &m, 4, &stats), "nothing used, nothing to signal");
-    // Without EVENT_IDX only VRING_AVAIL_F_NO_INTERRUPT suppresses.
-    q.set_event_idx(false);
-    let flags = GuestAddress(q.avail_ring());
-    m.write_obj(1u16.to_le(), flags).unwrap();
-    assert!(!needs_signal(&q, &m, 0, &stats));
-    m.write_obj(0u16.to_le(), flags).unwrap();
-    assert!(needs_signal(&q, &m, 0, &stats));
-    assert_eq!(stats.snapshot().errors, 0);
-}
-
-#[test]
-fn polling_keeps_kicks_off_and_arming_reports_chains_that_raced() {
-    for event_idx in [false, true] {
-        let m = mem();
-        let vq = MockSplitQueue::new(&m, 64);
-        let mut q: Queue = vq.create_queue().unwrap();
-        q.set_event_idx(event_idx);
-        let used_flags = GuestAddress(q.used_ring());
-        let avail_event = GuestAddress(q.used_ring() + 4 + 8 * 64);
-        let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
-        let add = |first: u16, n: u16| {
-            let chains: Vec<_> = (first..first + n)
-                .map(|i| tx_descs(&m, BUF_BASE + 0x1000 * u64::from(i), [0; 12], &frame(64, i as u8), 128))
-                .collect();
-            add_chains(&vq, first, &chains);
-        };
-        add(0, 3);
-        let run = tx_poll(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
-        assert_eq!((run.handled, run.more), (3, false));
-        if !event_idx {
-            // Polling: the driver is told not to kick.
-            assert_eq!(m.read_obj::<u16>(used_flags).unwrap(), 1, "VRING_USED_F_NO_NOTIFY while polling");
-        }
-        // A chain published after the last poll but before arming: arming must report it, so
-        // the worker polls again instead of sleeping on a kick the driver never sends.
-        add(3, 1);
-        assert!(arm_tx(&mut q, &m, &stats), "event_idx {event_idx}: raced chain reported");
-        if event_idx {
-            assert_eq!(m.read_obj::<u16>(avail_event).unwrap(), 3, "kick wanted at the next chain");
-        } else {
-            assert_eq!(m.read_obj::<u16>(used_flags).unwrap(), 0, "kicks re-enabled");
-        }
-        let run = tx_poll(&mut q, &m, &mut port, &mut st, MODE, &stats, 64);
-        assert_eq!(run.handled, 1);
-        // Nothing pending: arming says sleep, and the driver will kick for the next chain.
-        assert!(!arm_tx(&mut q, &m, &stats));
-        if event_idx {
-            assert_eq!(m.read_obj::<u16>(avail_event).unwrap(), 4);
-        } else {
-            assert_eq!(m.read_obj::<u16>(used_flags).unwrap(), 0);
-        }
-        assert_eq!(port.sent.len(), 4);
-        assert_eq!(stats.snapshot().errors, 0);
-    }
-}
-
 /// Control commands for RSS: accepted only with the feature negotiated, a valid one sets the
 /// configuration (and RSS_CONFIG's queue pairs), an invalid one is refused and changes nothing.
 #[test]
@@ -799,3 +722,6 @@ mod gso_tx;
 
 #[path = "net_gro_tests.rs"]
 mod gro_rx;
+
+#[path = "net_notify_tests.rs"]
+mod notify;

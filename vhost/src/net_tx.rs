@@ -548,6 +548,62 @@ fn tx_run<M: GuestMemory>(
     }
 }
 
+/// Most TX chains returned to a guest without the notification it asked for: with this many
+/// unconsumed, the notification goes at once (a guest that only frees its buffers on it must not
+/// run out of them).
+pub const TX_NOTIFY_MAX_FRAMES: u16 = 32;
+
+/// A TX used-buffer notification the driver asked for and the backend held back (`--tx-notify-
+/// delay-us`, `backend/notify.rs`): since when, and the used index it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxOwed {
+    /// When the first notification of this episode was held back.
+    pub since: std::time::Instant,
+    /// The used index when it was held back (the run's old index: what the guest had been told).
+    pub first: u16,
+    /// The used index it covers now (the latest run's new index).
+    pub used: u16,
+}
+
+/// Decide a TX queue run's notification under moderation: `asked` (the driver's `used_event`
+/// fell in the run's range), `old`..`new` the run's used indexes. Returns true when the
+/// notification goes now; else it is held in `owed` (a new episode when `asked`: the guest moved
+/// `used_event` past every entry held before, so it has consumed them) until the guest shows it
+/// no longer needs it ([`tx_consumed`]) or its delay runs out. A held episode that reaches
+/// [`TX_NOTIFY_MAX_FRAMES`] unconsumed entries goes at once.
+pub fn moderate_tx(owed: &mut Option<TxOwed>, asked: bool, old: u16, new: u16, now: std::time::Instant) -> bool {
+    match owed {
+        _ if asked => *owed = Some(TxOwed { since: now, first: old, used: new }),
+        Some(o) => o.used = new,
+        None => return false,
+    }
+    let o = owed.expect("set above");
+    if o.used.wrapping_sub(o.first) >= TX_NOTIFY_MAX_FRAMES {
+        *owed = None;
+        return true;
+    }
+    false
+}
+
+/// Whether the driver has consumed the used entries up to `used` (a held notification is then
+/// moot): with EVENT_IDX it moved `used_event` to `used` or past it (a Linux guest cleans its TX
+/// ring when it polls the pair's RX queue and re-arms `used_event` at its new position), at most
+/// a ring ahead (`used_event` 0, which Linux writes while it disables callbacks, is not taken
+/// for consumption unless it lies in that window). Unreadable: not consumed.
+pub fn tx_consumed<M: GuestMemory>(q: &Queue, mem: &M, used: u16) -> bool {
+    if !q.event_idx_enabled() {
+        return false;
+    }
+    let Some(at) = GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size())) else {
+        return false;
+    };
+    fence(Ordering::SeqCst);
+    match mem.load::<u16>(at, Ordering::Relaxed).map(u16::from_le) {
+        Ok(used_event) => used_event.wrapping_sub(used) <= q.size(),
+        Err(_) => false,
+    }
+}
+
 /// Whether the driver wants a used-buffer notification now that the used index moved from
 /// `old` to `q.next_used()`: with EVENT_IDX when `used_event` lies in `[old, new)`, else unless
 /// the driver set `VRING_AVAIL_F_NO_INTERRUPT`. Unreadable fields count as an error and signal.

@@ -220,3 +220,28 @@ fn scrape_counts_frames_drops_errors_notifications_and_frontends() {
     assert_eq!(val(&s, "lanekit_vhost_rx_packets_total", &q0(&[])), N);
     b.assert_alive("after scrapes");
 }
+
+/// The binary as the agent runs it (seccomp filter on) holds TX notifications of an EVENT_IDX
+/// guest (`backend/notify.rs`: a timerfd per pair) and still tells the guest, late: the held and
+/// late counts are exported, and the backend survives its filter.
+#[test]
+fn held_tx_notifications_are_counted_and_sent_under_the_seccomp_filter() {
+    let sock = std::env::temp_dir().join(format!("lk-vhost-metrics-notify-{}.sock", std::process::id()));
+    let m = Metrics { sock: sock.clone() };
+    let mut b = Backend::start_with("metrics-notify", &["--vm", VM, "--metrics-listen", sock.to_str().unwrap()]);
+    const EVENT_IDX: u64 = 1 << 29;
+    let mut g = Guest::with_features(&b, EVENT_IDX);
+    g.setup();
+    for i in 0..3 {
+        g.round_trip(i);
+    }
+    // This guest never moves used_event: the held notification goes when its delay runs out.
+    let mut tx_calls = 0;
+    let s = m.until("a held TX notification sent late", |s| {
+        tx_calls += g.calls[TX].read().unwrap_or(0);
+        val(s, "lanekit_vhost_tx_notifications_held_total", &q0(&[("outcome", "sent_late")])) >= 1 && tx_calls >= 1
+    });
+    assert!(val(&s, "lanekit_vhost_tx_notifications_held_total", &q0(&[("outcome", "held")])) >= 1);
+    b.assert_alive("held TX notifications");
+    assert!(b.wait_log("seccomp filter installed", 1), "the filter was on:\n{}", b.log());
+}

@@ -2,6 +2,7 @@
 //! polling loop over both queues of a pair, re-arming the guest's kicks and the port before the
 //! worker sleeps, and the control queue (module docs of `backend.rs`).
 
+use super::notify::Side;
 use super::*;
 
 impl NetBackend {
@@ -9,7 +10,7 @@ impl NetBackend {
     pub(super) fn run(
         &self,
         pair: usize,
-        is_rx: bool,
+        side: Side,
         vring: &Vring,
         f: impl FnOnce(&mut Pair, &mut virtio_queue::Queue, &GuestMem, NetMode, &Stats) -> QueueRun,
     ) -> Served {
@@ -26,23 +27,32 @@ impl NetBackend {
         }
         let old_used = vs.get_queue().next_used();
         let run = f(&mut p, vs.get_queue_mut(), &mem, self.mode(), stats);
-        drop(p);
         // One notification decision per run (not per frame), from the used index before it.
-        if run.used && net::needs_signal(vs.get_queue(), &*mem, old_used, stats) {
-            let sent = if is_rx { &stats.rx_notifications } else { &stats.tx_notifications };
-            if let Err(e) = vs.signal_used_queue() {
-                // A call eventfd at its maximum count (the frontend never reads it) fails every
-                // time: log the 1st, 2nd, 4th, 8th... failure only.
-                let n = self.signal_errors.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
-                    warn!("queue pair {pair}: signal guest: {e} ({n} failed signals)");
+        if run.used {
+            let q = vs.get_queue();
+            let asked = net::needs_signal(q, &*mem, old_used, stats);
+            let signal = if side == Side::Tx && self.holds_tx(q) {
+                let now = net::moderate_tx(&mut p.tx_owed, asked, old_used, q.next_used(), start);
+                if asked && !now {
+                    Stats::add(&stats.tx_notify_held, 1);
+                } else if now && !asked {
+                    Stats::add(&stats.tx_notify_late, 1);
                 }
+                now
             } else {
-                Stats::add(sent, 1);
+                asked
+            };
+            drop(p);
+            if signal {
+                self.signal(
+                    pair,
+                    &vs,
+                    if side == Side::Rx { &stats.rx_notifications } else { &stats.tx_notifications },
+                );
             }
-        }
-        if run.used && self.log_all.load(Ordering::Relaxed) {
-            self.signal_log();
+            if self.log_all.load(Ordering::Relaxed) {
+                self.signal_log();
+            }
         }
         if run.handled > 0 {
             // Busy time: runs that moved something, their notification included.
@@ -58,14 +68,14 @@ impl NetBackend {
     }
 
     pub(super) fn run_rx(&self, pair: usize, vring: &Vring) -> Served {
-        self.run(pair, true, vring, |p, q, mem, mode, stats| {
+        self.run(pair, Side::Rx, vring, |p, q, mem, mode, stats| {
             net::rx_queue(q, mem, p.port.as_mut(), &mut p.rx, mode, stats, BUDGET)
         })
     }
 
     /// Run TX; with `poll` guest kicks stay disabled when the queue runs empty.
     pub(super) fn run_tx(&self, pair: usize, vring: &Vring, poll: bool) -> Served {
-        self.run(pair, false, vring, |p, q, mem, mode, stats| {
+        self.run(pair, Side::Tx, vring, |p, q, mem, mode, stats| {
             let (port, st) = (p.port.as_mut(), &mut p.tx);
             if poll {
                 net::tx_poll(q, mem, port, st, mode, stats, BUDGET)
@@ -107,6 +117,7 @@ impl NetBackend {
                 return;
             }
             if t.handled + r.handled > 0 {
+                self.settle_tx(pair, tx);
                 last_work = Instant::now();
                 rechecked = false;
                 busy_rounds += 1;
@@ -135,7 +146,7 @@ impl NetBackend {
     }
 
     pub(super) fn run_ctrl(&self, vring: &Vring) {
-        let run = self.run(0, false, vring, |_, q, mem, _, stats| {
+        let run = self.run(0, Side::Ctrl, vring, |_, q, mem, _, stats| {
             let (run, changes) = net::ctrl_queue(q, mem, self.config.queue_pairs, self.ctrl_features(), stats, BUDGET);
             if let Some(n) = changes.pairs {
                 info!("guest enabled {n} queue pair(s)");
