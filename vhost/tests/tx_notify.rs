@@ -46,6 +46,15 @@ fn calls(g: &Guest, q: usize) -> u64 {
     g.queues[q].call.read().unwrap_or(0)
 }
 
+/// Wait (up to [`T`]) for a notification on queue `q`; `what` names it in the failure.
+fn wait_call(g: &Guest, q: usize, what: &str) {
+    let deadline = Instant::now() + T;
+    while calls(g, q) == 0 {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Send one frame on TX and wait until the backend returned the chain.
 fn send_one(g: &mut Guest, peer: &ChannelPeer, seed: u8) {
     let used = g.used_idx(TX);
@@ -91,10 +100,7 @@ fn a_held_tx_notification_is_sent_when_its_delay_runs_out() {
     let sent = Instant::now();
     send_one(&mut g, &peer, 1);
     // Nothing else happens on the pair: the timer sends it, not before the delay.
-    while calls(&g, TX) == 0 {
-        assert!(sent.elapsed() < T, "the held notification was never sent");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_call(&g, TX, "the held notification was never sent");
     assert!(sent.elapsed() >= delay, "sent after {:?}, before the delay", sent.elapsed());
     let s = backend.stats();
     assert_eq!((s.tx_notify_held, s.tx_notify_late, s.tx_notifications), (1, 1, 1), "{s:?}");
@@ -112,11 +118,7 @@ fn a_held_tx_notification_is_sent_once_32_buffers_wait() {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(calls(&g, TX), 0, "held while fewer than 32 wait");
     send_one(&mut g, &peer, 31);
-    let deadline = Instant::now() + T;
-    while calls(&g, TX) == 0 {
-        assert!(Instant::now() < deadline, "32 buffers wait and the guest was not told");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_call(&g, TX, "32 buffers wait and the guest was not told");
     let s = backend.stats();
     assert_eq!((s.tx_frames, s.tx_notify_held, s.tx_notify_late), (32, 1, 1), "{s:?}");
     end(g, h, &path);
@@ -127,11 +129,7 @@ fn no_delay_sends_every_tx_notification_at_once() {
     let (backend, peer, h, path) = start("notify-off", Duration::ZERO);
     let mut g = Guest::connect(&path, 1, GUEST_FEATURES);
     send_one(&mut g, &peer, 1);
-    let deadline = Instant::now() + T;
-    while calls(&g, TX) == 0 {
-        assert!(Instant::now() < deadline, "the notification was not sent");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_call(&g, TX, "the notification was not sent");
     let s = backend.stats();
     assert_eq!((s.tx_notify_held, s.tx_notify_late, s.tx_notifications), (0, 0, 1), "{s:?}");
     end(g, h, &path);
