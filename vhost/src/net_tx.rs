@@ -572,17 +572,19 @@ pub struct TxOwed {
 /// no longer needs it ([`tx_consumed`]) or its delay runs out. A held episode that reaches
 /// [`TX_NOTIFY_MAX_FRAMES`] unconsumed entries goes at once.
 pub fn moderate_tx(owed: &mut Option<TxOwed>, asked: bool, old: u16, new: u16, now: std::time::Instant) -> bool {
-    match owed {
-        _ if asked => *owed = Some(TxOwed { since: now, first: old, used: new }),
-        Some(o) => o.used = new,
-        None => return false,
-    }
-    let o = owed.expect("set above");
-    if o.used.wrapping_sub(o.first) >= TX_NOTIFY_MAX_FRAMES {
+    let o = if asked {
+        owed.insert(TxOwed { since: now, first: old, used: new })
+    } else if let Some(o) = owed.as_mut() {
+        o.used = new;
+        o
+    } else {
+        return false;
+    };
+    let full = o.used.wrapping_sub(o.first) >= TX_NOTIFY_MAX_FRAMES;
+    if full {
         *owed = None;
-        return true;
     }
-    false
+    full
 }
 
 /// Whether the driver has consumed the used entries up to `used` (a held notification is then
