@@ -139,8 +139,8 @@ struct Pair {
     tx_owed: Option<net::TxOwed>,
     /// Fires when `tx_owed` runs out of delay ([`NetBackend::timer_event`]).
     timer: TimerFd,
-    /// `timer` is armed (for the episode that started then).
-    timer_for: Option<Instant>,
+    /// `timer` is armed.
+    timer_armed: bool,
 }
 
 /// What one serve-loop iteration found.
@@ -243,7 +243,7 @@ impl NetBackend {
                 let (rx, tx) = (RxState::default(), TxState::default());
                 let port_ep = Epoll::new()?;
                 let timer = notify::nonblocking_timer()?;
-                Ok(Mutex::new(Pair { port, rx, tx, port_ep, armed: false, tx_owed: None, timer, timer_for: None }))
+                Ok(Mutex::new(Pair { port, rx, tx, port_ep, armed: false, tx_owed: None, timer, timer_armed: false }))
             })
             .collect::<io::Result<_>>()
             .map_err(BackendError::EventFd)?;

@@ -81,24 +81,22 @@ impl NetBackend {
             return;
         }
         let age = owed.since.elapsed();
-        if age >= self.tx_notify_delay || !self.holds_tx(q) {
+        let mut due = age >= self.tx_notify_delay || !self.holds_tx(q);
+        if !due && !p.timer_armed {
+            match p.timer.reset(self.tx_notify_delay * IDLE_FACTOR - age, None) {
+                Ok(()) => p.timer_armed = true,
+                Err(e) => {
+                    // Without its timer a held notification could wait for the next event: send it.
+                    warn!("queue pair {pair}: arm the TX notification timer: {e}");
+                    due = true;
+                }
+            }
+        }
+        if due {
             p.tx_owed = None;
             drop(p);
             self.signal(pair, &vs, &stats.tx_notifications);
             Stats::add(&stats.tx_notify_late, 1);
-            return;
-        }
-        if p.timer_for.is_none() {
-            if let Err(e) = p.timer.reset(self.tx_notify_delay * IDLE_FACTOR - age, None) {
-                // Without its timer a held notification could wait for the next event: send it.
-                warn!("queue pair {pair}: arm the TX notification timer: {e}");
-                p.tx_owed = None;
-                drop(p);
-                self.signal(pair, &vs, &stats.tx_notifications);
-                Stats::add(&stats.tx_notify_late, 1);
-                return;
-            }
-            p.timer_for = Some(owed.since);
         }
     }
 
@@ -108,7 +106,7 @@ impl NetBackend {
         let Some(p) = self.pairs.get(pair) else { return };
         let mut p = lock(p);
         if p.timer.wait().is_ok() {
-            p.timer_for = None;
+            p.timer_armed = false;
         }
     }
 }
