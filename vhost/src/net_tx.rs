@@ -587,6 +587,12 @@ pub fn moderate_tx(owed: &mut Option<TxOwed>, asked: bool, old: u16, new: u16, n
     full
 }
 
+/// Where the driver writes `used_event` (EVENT_IDX): after the avail ring's flags, idx and
+/// `size` entries. None when that overflows the address space.
+fn used_event_at(q: &Queue) -> Option<GuestAddress> {
+    GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size()))
+}
+
 /// Whether the driver has consumed the used entries up to `used` (a held notification is then
 /// moot): with EVENT_IDX it moved `used_event` to `used` or past it (a Linux guest cleans its TX
 /// ring when it polls the pair's RX queue and re-arms `used_event` at its new position), at most
@@ -596,7 +602,7 @@ pub fn tx_consumed<M: GuestMemory>(q: &Queue, mem: &M, used: u16) -> bool {
     if !q.event_idx_enabled() {
         return false;
     }
-    let Some(at) = GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size())) else {
+    let Some(at) = used_event_at(q) else {
         return false;
     };
     fence(Ordering::SeqCst);
@@ -618,12 +624,7 @@ pub fn needs_signal<M: GuestMemory>(q: &Queue, mem: &M, old: u16, stats: &Stats)
     // the driver's barrier between writing them and reading the used index).
     fence(Ordering::SeqCst);
     let avail = GuestAddress(q.avail_ring());
-    let (at, event_idx) = if q.event_idx_enabled() {
-        // used_event follows the avail ring's flags, idx and `size` entries.
-        (avail.checked_add(4 + 2 * u64::from(q.size())), true)
-    } else {
-        (Some(avail), false)
-    };
+    let (at, event_idx) = if q.event_idx_enabled() { (used_event_at(q), true) } else { (Some(avail), false) };
     let Some(at) = at else {
         stats.error(&ChainError::BadAddress(avail.0, 2));
         return true;
