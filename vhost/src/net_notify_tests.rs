@@ -10,9 +10,7 @@ use super::*;
 fn needs_signal_follows_used_event_and_no_interrupt() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> =
-        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
-    add_chains(&vq, 0, &chains);
+    add_small_tx_chains(&m, &vq, 4);
     let mut q: Queue = vq.create_queue().unwrap();
     q.set_event_idx(true);
     let used_event = GuestAddress(q.avail_ring() + 4 + 2 * 16);

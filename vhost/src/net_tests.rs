@@ -137,6 +137,13 @@ fn tx_descs(m: &GuestMemoryMmap, addr: u64, hdr: [u8; 12], f: &[u8], piece: usiz
     bytes.chunks(piece).enumerate().map(|(i, c)| (addr + (i * piece) as u64, c.len() as u32, false)).collect()
 }
 
+/// `n` TX chains of a 64-byte frame each (header + frame in two descriptors of up to 64 bytes),
+/// from slot 0.
+fn add_small_tx_chains(m: &GuestMemoryMmap, vq: &MockSplitQueue<GuestMemoryMmap>, n: u64) {
+    let chains: Vec<_> = (0..n).map(|i| tx_descs(m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
+    add_chains(vq, 0, &chains);
+}
+
 #[test]
 fn tx_strips_header_and_sends_frames_split_over_descriptors() {
     let m = mem();
@@ -243,9 +250,7 @@ fn chains_that_loop_or_run_off_the_table_are_refused_not_truncated() {
 fn tx_counts_frames_the_port_refuses_and_stops_on_budget() {
     let m = mem();
     let vq = MockSplitQueue::new(&m, 16);
-    let chains: Vec<_> =
-        (0..4).map(|i| tx_descs(&m, BUF_BASE + 0x1000 * i, [0; 12], &frame(64, i as u8), 64)).collect();
-    add_chains(&vq, 0, &chains);
+    add_small_tx_chains(&m, &vq, 4);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut port, mut st, stats) = (TestPort::new(), TxState::default(), Stats::default());
     port.room = 1;
