@@ -15,6 +15,7 @@
 #include "lib/parse.h"
 #include "lib/fib.h"
 #include "lib/arp.h"
+#include "lib/dhcp.h"
 #include "lib/lb.h" /* [LB] */
 #include "lib/masq.h"
 #include "lib/policy.h"
@@ -66,6 +67,12 @@ int from_pod(struct __sk_buff *skb)
 	}
 	if (!p.ip4)
 		return drop(skb, ep->id, DROP_UNSUPPORTED_L3);
+	if (ep->flags & EP_F_VM) { /* a guest asking for its address (lib/dhcp.h) */
+		int v;
+
+		if (dhcp_serve(skb, &p, ep, &v))
+			return v;
+	}
 
 	reason = antispoof(&p, ep);
 	if (reason)

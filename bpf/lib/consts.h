@@ -61,6 +61,9 @@ enum lk_drop_reason {
 	/* [LB] a LoadBalancer ingress IP's frontend with loadBalancerSourceRanges
 	 * (LB_SVC_F_SRC_RANGE): the source is in none of its ranges (lb_src_range_ok) */
 	DROP_LB_SRC_RANGE = 25,
+	/* a VM's DHCP message its link's server does not answer (dhcp.h): RELEASE,
+	 * DECLINE, INFORM, a REQUEST naming another server, no message type */
+	DROP_DHCP = 26,
 };
 
 /* Metric kinds: the "kind" half of struct metrics_key. */

@@ -17,4 +17,14 @@ static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
 	iph->ttl--;
 }
 
+/* csum_fold folds a bpf_csum_diff sum into a header checksum. */
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
 #endif

@@ -439,7 +439,7 @@ static __always_inline int lb6_reply_for(struct __sk_buff *skb, const struct lk_
 		}
 		cs->nh = IPPROTO_TCP;
 		cs->len = bpf_htonl(LB6_RST_LEN);
-		cs->rst.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_RST_LEN, 0));
+		cs->rst.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_RST_LEN, 0));
 		r->ip.nexthdr = IPPROTO_TCP;
 		r->ip.payload_len = bpf_htons(LB6_RST_LEN);
 		return 0;
@@ -450,7 +450,7 @@ static __always_inline int lb6_reply_for(struct __sk_buff *skb, const struct lk_
 		return -1;
 	cs->nh = IPPROTO_ICMPV6;
 	cs->len = bpf_htonl(LB6_UNREACH_LEN);
-	cs->unreach.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_UNREACH_LEN, 0));
+	cs->unreach.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)cs, 40 + LB6_UNREACH_LEN, 0));
 	r->ip.nexthdr = IPPROTO_ICMPV6;
 	r->ip.payload_len = bpf_htons(LB6_UNREACH_LEN);
 	return 0;

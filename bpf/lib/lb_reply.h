@@ -14,6 +14,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "consts.h"
+#include "csum.h"
 #include "structs.h"
 #include "maps.h"
 #include "parse.h"
@@ -21,15 +22,6 @@
 #include "events.h"
 #include "fib.h"
 #include "lb_maps.h"
-
-static __always_inline __u16 lb_csum_fold(__s64 sum)
-{
-	__u32 s = (__u32)sum;
-
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
-}
 
 /* lb_count_drop counts a packet the LB answered instead of forwarding. */
 static __always_inline void lb_count_drop(struct __sk_buff *skb, __u32 ep_id, __u32 reason)
@@ -67,7 +59,7 @@ static __always_inline int lb_reply_ip(struct __sk_buff *skb, struct lb_reply_hd
 	ip.protocol = proto;
 	ip.saddr = t->daddr;
 	ip.daddr = t->saddr;
-	ip.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
 	__builtin_memcpy(&h->ip, &ip, sizeof(ip));
 	return 0;
 }
@@ -130,7 +122,7 @@ static __always_inline int lb_reply_rst(struct __sk_buff *skb, const struct ct_k
 	ps.proto = IPPROTO_TCP;
 	ps.len = bpf_htons(20);
 	__builtin_memcpy(&ps.sport, &r.sport, 20);
-	r.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ps, sizeof(ps), 0));
+	r.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ps, sizeof(ps), 0));
 	if (bpf_skb_change_tail(skb, sizeof(r), 0) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, 0, &r, sizeof(r), 0) < 0)
@@ -164,7 +156,7 @@ static __always_inline int lb_reply_unreach(struct __sk_buff *skb, const struct 
 		return -1;
 	icmp.type = LK_ICMP_DEST_UNREACH;
 	icmp.code = LK_ICMP_PORT_UNREACH;
-	icmp.check = lb_csum_fold(bpf_csum_diff(0, 0, (__be32 *)&icmp, sizeof(icmp), 0));
+	icmp.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&icmp, sizeof(icmp), 0));
 	__builtin_memcpy(&r.icmp, &icmp, sizeof(icmp));
 	if (bpf_skb_change_tail(skb, sizeof(r), 0) < 0)
 		return -1;

@@ -94,6 +94,8 @@ const (
 	// [LB] to a LoadBalancer ingress IP from a source outside its
 	// loadBalancerSourceRanges
 	DropLBSrcRange DropReason = DropReason(podLkDropReasonDROP_LB_SRC_RANGE)
+	// a VM's DHCP message its link's server does not answer (bpf/lib/dhcp.h)
+	DropDHCP DropReason = DropReason(podLkDropReasonDROP_DHCP)
 )
 
 func (r DropReason) String() string {
@@ -150,6 +152,8 @@ func (r DropReason) String() string {
 		return "bandwidth-horizon"
 	case DropLBSrcRange:
 		return "lb-src-range"
+	case DropDHCP:
+		return "dhcp-unanswered"
 	}
 	return "unknown"
 }

@@ -21,7 +21,7 @@ const (
 	maxEndpoints = 4096
 	// metricDropKinds is how many drop reasons (0..metricDropKinds-1) each
 	// endpoint gets a counter slot for; DropReason values stay below it.
-	metricDropKinds = 26
+	metricDropKinds = 27
 	// metricKinds is the number of counter keys one endpoint can have.
 	metricKinds = 3 + metricDropKinds
 	// MetricsMaxEntries sizes lk_metrics so that every endpoint the maps can

@@ -48,6 +48,51 @@ type podCtKey struct {
 	Pad   uint16
 }
 
+type podDhcpReply struct {
+	_     structs.HostLayout
+	Dmac  [6]uint8
+	Smac  [6]uint8
+	Proto uint16
+	Ip    struct {
+		_        structs.HostLayout
+		VerIhl   uint8
+		Tos      uint8
+		TotLen   uint16
+		Id       uint16
+		FragOff  uint16
+		Ttl      uint8
+		Protocol uint8
+		Check    uint16
+		Saddr    uint32
+		Daddr    uint32
+	}
+	Udp struct {
+		_      structs.HostLayout
+		Source uint16
+		Dest   uint16
+		Len    uint16
+		Check  uint16
+	}
+	B struct {
+		_      structs.HostLayout
+		Op     uint8
+		Htype  uint8
+		Hlen   uint8
+		Hops   uint8
+		Xid    uint32
+		Secs   uint16
+		Flags  uint16
+		Ciaddr uint32
+		Yiaddr uint32
+		Siaddr uint32
+		Giaddr uint32
+		Chaddr [16]uint8
+	}
+	Names  [192]uint8
+	Cookie uint32
+	Opts   [60]uint8
+}
+
 type podEdtInfo struct {
 	_           structs.HostLayout
 	BytesPerSec uint64
@@ -328,6 +373,7 @@ const (
 	podLkDropReasonDROP_TUNNEL_FOREIGN_SRC  podLkDropReason = 23
 	podLkDropReasonDROP_EDT_HORIZON         podLkDropReason = 24
 	podLkDropReasonDROP_LB_SRC_RANGE        podLkDropReason = 25
+	podLkDropReasonDROP_DHCP                podLkDropReason = 26
 )
 
 type podLkEndpointFlags uint32
@@ -502,6 +548,7 @@ const (
 	podMapLkCt6Count            = "lk_ct6_count"
 	podMapLkCt6Nat              = "lk_ct6_nat"
 	podMapLkCtCount             = "lk_ct_count"
+	podMapLkDhcpReply           = "lk_dhcp_reply"
 	podMapLkEdt                 = "lk_edt"
 	podMapLkEndpoints           = "lk_endpoints"
 	podMapLkEndpoints6          = "lk_endpoints6"
@@ -630,6 +677,7 @@ type podMapSpecs struct {
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkDhcpReply       *ebpf.MapSpec `ebpf:"lk_dhcp_reply"`
 	LkEdt             *ebpf.MapSpec `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.MapSpec `ebpf:"lk_endpoints6"`
@@ -730,6 +778,7 @@ type podMaps struct {
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkDhcpReply       *ebpf.Map `ebpf:"lk_dhcp_reply"`
 	LkEdt             *ebpf.Map `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
 	LkEndpoints6      *ebpf.Map `ebpf:"lk_endpoints6"`
@@ -779,6 +828,7 @@ func (m *podMaps) Close() error {
 		m.LkCt6Count,
 		m.LkCt6Nat,
 		m.LkCtCount,
+		m.LkDhcpReply,
 		m.LkEdt,
 		m.LkEndpoints,
 		m.LkEndpoints6,

@@ -41,6 +41,7 @@ func podVMTakesTheBPFPath(t *testing.T, ctx context.Context, bins Bins, st *Stat
 
 	podVMBulkPath(t, ctx, vm, con, pod, vmIP, podIPAddr, vm.IP, IPForwDatagrams, "datagrams")
 	t.Run("guest checksums left to the kernel", func(t *testing.T) { vmChecksums(t, ctx, bins, vm, con) })
+	t.Run("guest leases its address by DHCP from its link", func(t *testing.T) { vmDHCP(t, ctx, vm, con) })
 }
 
 // podVMBulkPath runs bulk TCP between the lanekit pod on node 1 and the

@@ -1,0 +1,363 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/google/gopacket"
+	"github.com/google/gopacket/layers"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+)
+
+// dhcpMsg is a guest's DHCP client message as the fixtures vary it.
+type dhcpMsg struct {
+	ethSrc, chaddr  net.HardwareAddr
+	src, dst        string // IPv4 source and destination
+	sport, dport    uint16 // 0: 68, 67
+	typ             layers.DHCPMsgType
+	ciaddr, giaddr  string
+	broadcast       bool
+	opts            []layers.DHCPOption
+	noCookie        bool
+	truncate, padTo int    // cut the frame by truncate bytes; pad the DHCP payload to padTo (0: 300, as clients do)
+	rawOpts         []byte // the options area as given (no END added)
+}
+
+// frame serialises m with gopacket (Ethernet + IPv4 + UDP + DHCPv4).
+func (m dhcpMsg) frame(t *testing.T) []byte {
+	t.Helper()
+	if m.sport == 0 {
+		m.sport = 68
+	}
+	if m.dport == 0 {
+		m.dport = 67
+	}
+	d := &layers.DHCPv4{Operation: layers.DHCPOpRequest, HardwareType: layers.LinkTypeEthernet,
+		Xid: 0x1234abcd, ClientHWAddr: m.chaddr, ClientIP: net.IPv4zero, YourClientIP: net.IPv4zero,
+		NextServerIP: net.IPv4zero, RelayAgentIP: net.IPv4zero}
+	if m.ciaddr != "" {
+		d.ClientIP = net.ParseIP(m.ciaddr)
+	}
+	if m.giaddr != "" {
+		d.RelayAgentIP = net.ParseIP(m.giaddr)
+	}
+	if m.broadcast {
+		d.Flags = 0x8000
+	}
+	if m.typ != 0 {
+		d.Options = append(d.Options, layers.NewDHCPOption(layers.DHCPOptMessageType, []byte{byte(m.typ)}))
+	}
+	d.Options = append(d.Options, m.opts...)
+	eth := &layers.Ethernet{SrcMAC: m.ethSrc, DstMAC: layers.EthernetBroadcast, EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: net.ParseIP(m.src), DstIP: net.ParseIP(m.dst)}
+	udp := &layers.UDP{SrcPort: layers.UDPPort(m.sport), DstPort: layers.UDPPort(m.dport)}
+	if err := udp.SetNetworkLayerForChecksum(ip); err != nil {
+		t.Fatal(err)
+	}
+	var dhcp []byte
+	if m.rawOpts != nil {
+		b := gopacket.NewSerializeBuffer()
+		d.Options = nil
+		if err := d.SerializeTo(b, gopacket.SerializeOptions{FixLengths: true}); err != nil {
+			t.Fatal(err)
+		}
+		dhcp = append(b.Bytes()[:240], m.rawOpts...)
+	} else {
+		b := gopacket.NewSerializeBuffer()
+		if err := d.SerializeTo(b, gopacket.SerializeOptions{FixLengths: true}); err != nil {
+			t.Fatal(err)
+		}
+		dhcp = b.Bytes()
+	}
+	if m.noCookie {
+		copy(dhcp[236:240], []byte{0, 0, 0, 0})
+	}
+	pad := m.padTo
+	if pad == 0 {
+		pad = 300
+	}
+	if len(dhcp) < pad {
+		dhcp = append(dhcp, make([]byte, pad-len(dhcp))...)
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, udp, gopacket.Payload(dhcp)); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.Bytes()
+	return out[:len(out)-m.truncate]
+}
+
+// runDHCP runs frame through from_pod on ifindex: verdict, output and the
+// last redirect.
+func runDHCP(t *testing.T, e *fixtureEnv, ifindex int, in []byte) (uint32, []byte, podRedirectTrace) {
+	t.Helper()
+	if err := e.dp.pod.LastRedirect.Set(podRedirectTrace{}); err != nil {
+		t.Fatal(err)
+	}
+	opts := &ebpf.RunOptions{Data: bytes.Clone(in), DataOut: make([]byte, len(in)+512), Context: skbCtx{Ifindex: uint32(ifindex)}}
+	ret, err := e.dp.pod.FromPod.Run(opts)
+	if err != nil {
+		t.Fatalf("run from_pod: %v", err)
+	}
+	var tr podRedirectTrace
+	if err := e.dp.pod.LastRedirect.Get(&tr); err != nil {
+		t.Fatal(err)
+	}
+	return ret, opts.DataOut, tr
+}
+
+// udpChecksumOK verifies an IPv4 UDP frame's checksum (0: none, valid).
+func udpChecksumOK(f []byte) bool {
+	ihl := int(f[14]&0xf) * 4
+	udp := f[14+ihl:]
+	ulen := int(binary.BigEndian.Uint16(udp[4:]))
+	if binary.BigEndian.Uint16(udp[6:]) == 0 {
+		return true
+	}
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(b[i:]))
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(f[14+12 : 14+20])
+	sum += 17 + uint32(ulen)
+	add(udp[:ulen])
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return sum == 0xffff
+}
+
+// dhcpReply decodes a reply from_pod built and checks what every reply
+// must be: from the gateway's MAC and address, port 67 to 68, valid IPv4 and
+// UDP checksums, a BOOTREPLY of 300 bytes echoing the client's xid and
+// hardware address, names zeroed.
+func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *layers.IPv4, *layers.DHCPv4) {
+	t.Helper()
+	pkt := gopacket.NewPacket(out, layers.LayerTypeEthernet, gopacket.Default)
+	eth, _ := pkt.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	ip, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	udp, _ := pkt.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	d, _ := pkt.Layer(layers.LayerTypeDHCPv4).(*layers.DHCPv4)
+	if eth == nil || ip == nil || udp == nil || d == nil {
+		t.Fatalf("reply does not decode as Ethernet/IPv4/UDP/DHCPv4: %v\n%x", pkt.ErrorLayer(), out)
+	}
+	if !bytes.Equal(eth.SrcMAC, e.ep3.HostMAC) || !ip.SrcIP.Equal(DefaultGatewayIP.AsSlice()) {
+		t.Errorf("reply from %s %s, want the gateway %s %s", eth.SrcMAC, ip.SrcIP, e.ep3.HostMAC, DefaultGatewayIP)
+	}
+	if udp.SrcPort != 67 || udp.DstPort != 68 || len(udp.Payload) != 300 {
+		t.Errorf("reply UDP %d -> %d with %d bytes, want 67 -> 68 with 300", udp.SrcPort, udp.DstPort, len(udp.Payload))
+	}
+	if !testutil.IPv4HeaderValid(out) || !udpChecksumOK(out) || udp.Checksum == 0 {
+		t.Errorf("reply checksums invalid (IPv4 %v, UDP %#04x)", testutil.IPv4HeaderValid(out), udp.Checksum)
+	}
+	if d.Operation != layers.DHCPOpReply || d.Xid != 0x1234abcd || !bytes.Equal(d.ClientHWAddr, vm3MAC) {
+		t.Errorf("reply op %v xid %#x chaddr %s", d.Operation, d.Xid, d.ClientHWAddr)
+	}
+	if !bytes.Equal(udp.Payload[44:236], make([]byte, 192)) {
+		t.Errorf("reply sname/file not zero")
+	}
+	return eth, ip, d
+}
+
+func dhcpOpt(d *layers.DHCPv4, typ layers.DHCPOpt) []byte {
+	for _, o := range d.Options {
+		if o.Type == typ {
+			return o.Data
+		}
+	}
+	return nil
+}
+
+// TestDHCPServerFixture: from_pod answers a VM endpoint's DISCOVER and
+// REQUEST (lib/dhcp.h) with its own address and the gateway's routes, and
+// refuses what a guest could forge.
+func TestDHCPServerFixture(t *testing.T) {
+	e := newFixtureEnv(t)
+	vmIP, gw := "10.244.1.12", DefaultGatewayIP.String()
+	gw4 := DefaultGatewayIP.AsSlice()
+	discover := dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover}
+	request := func(m dhcpMsg, req, server string) dhcpMsg {
+		m.typ = layers.DHCPMsgTypeRequest
+		if req != "" {
+			m.opts = append(m.opts, layers.NewDHCPOption(layers.DHCPOptRequestIP, net.ParseIP(req).To4()))
+		}
+		if server != "" {
+			m.opts = append(m.opts, layers.NewDHCPOption(layers.DHCPOptServerID, net.ParseIP(server).To4()))
+		}
+		return m
+	}
+	lease := func(t *testing.T, d *layers.DHCPv4, want layers.DHCPMsgType) {
+		t.Helper()
+		if got := dhcpOpt(d, layers.DHCPOptMessageType); len(got) != 1 || layers.DHCPMsgType(got[0]) != want {
+			t.Fatalf("message type %v, want %v", got, want)
+		}
+		if !d.YourClientIP.Equal(net.ParseIP(vmIP)) {
+			t.Errorf("yiaddr %s, want the VM's %s", d.YourClientIP, vmIP)
+		}
+		for _, c := range []struct {
+			opt  layers.DHCPOpt
+			want []byte
+		}{
+			{layers.DHCPOptServerID, gw4},
+			{layers.DHCPOptLeaseTime, []byte{0xff, 0xff, 0xff, 0xff}},
+			{layers.DHCPOptSubnetMask, []byte{255, 255, 255, 255}},
+			{layers.DHCPOptRouter, gw4},
+			// gateway/32 on-link, then the default route via it (RFC 3442)
+			{layers.DHCPOptClasslessStaticRoute, append(append(append([]byte{32}, gw4...), 0, 0, 0, 0, 0), gw4...)},
+		} {
+			if got := dhcpOpt(d, c.opt); !bytes.Equal(got, c.want) {
+				t.Errorf("option %v = %v, want %v", c.opt, got, c.want)
+			}
+		}
+	}
+	answered := func(t *testing.T, in []byte) ([]byte, podRedirectTrace) {
+		t.Helper()
+		v, out, tr := runDHCP(t, e, ifH3(e), in)
+		if v != tcActRedirect || int(tr.Ifindex) != ifH3(e) || tr.Kind != 1 {
+			t.Fatalf("verdict %d redirect %+v, want a redirect back through the VM's device %d", v, tr, ifH3(e))
+		}
+		return out, tr
+	}
+
+	t.Run("DISCOVER: OFFER of the VM's address, unicast to its MAC", func(t *testing.T) {
+		e.enter(t)
+		out, _ := answered(t, discover.frame(t))
+		eth, ip, d := dhcpReply(t, e, out)
+		lease(t, d, layers.DHCPMsgTypeOffer)
+		if !bytes.Equal(eth.DstMAC, vm3MAC) || !ip.DstIP.Equal(net.ParseIP(vmIP)) {
+			t.Errorf("OFFER to %s %s, want %s %s", eth.DstMAC, ip.DstIP, vm3MAC, vmIP)
+		}
+	})
+	t.Run("DISCOVER with the broadcast flag: broadcast OFFER", func(t *testing.T) {
+		e.enter(t)
+		m := discover
+		m.broadcast = true
+		out, _ := answered(t, m.frame(t))
+		eth, ip, d := dhcpReply(t, e, out)
+		lease(t, d, layers.DHCPMsgTypeOffer)
+		if !bytes.Equal(eth.DstMAC, layers.EthernetBroadcast) || !ip.DstIP.Equal(net.IPv4bcast) {
+			t.Errorf("OFFER to %s %s, want broadcast", eth.DstMAC, ip.DstIP)
+		}
+	})
+	t.Run("short DISCOVER (no padding): the reply grows to BOOTP's 300 bytes", func(t *testing.T) {
+		e.enter(t)
+		m := discover
+		m.padTo = 1
+		out, _ := answered(t, m.frame(t))
+		_, _, d := dhcpReply(t, e, out)
+		lease(t, d, layers.DHCPMsgTypeOffer)
+	})
+	t.Run("REQUEST (selecting) for its address from this server: ACK", func(t *testing.T) {
+		e.enter(t)
+		out, _ := answered(t, request(discover, vmIP, gw).frame(t))
+		_, _, d := dhcpReply(t, e, out)
+		lease(t, d, layers.DHCPMsgTypeAck)
+	})
+	t.Run("REQUEST (renewing, unicast to the gateway from its address): ACK", func(t *testing.T) {
+		e.enter(t)
+		m := discover
+		m.src, m.dst, m.ciaddr = vmIP, gw, vmIP
+		out, _ := answered(t, request(m, "", "").frame(t))
+		eth, ip, d := dhcpReply(t, e, out)
+		lease(t, d, layers.DHCPMsgTypeAck)
+		if !bytes.Equal(eth.DstMAC, vm3MAC) || !ip.DstIP.Equal(net.ParseIP(vmIP)) {
+			t.Errorf("ACK to %s %s, want %s %s", eth.DstMAC, ip.DstIP, vm3MAC, vmIP)
+		}
+	})
+	t.Run("REQUEST for another address: broadcast NAK without a lease", func(t *testing.T) {
+		e.enter(t)
+		out, _ := answered(t, request(discover, "10.244.1.11", "").frame(t))
+		eth, ip, d := dhcpReply(t, e, out)
+		if got := dhcpOpt(d, layers.DHCPOptMessageType); len(got) != 1 || layers.DHCPMsgType(got[0]) != layers.DHCPMsgTypeNak {
+			t.Fatalf("message type %v, want NAK", got)
+		}
+		if !d.YourClientIP.Equal(net.IPv4zero) || dhcpOpt(d, layers.DHCPOptLeaseTime) != nil || dhcpOpt(d, layers.DHCPOptRouter) != nil {
+			t.Errorf("NAK carries yiaddr %s / a lease / routes: %v", d.YourClientIP, d.Options)
+		}
+		if !bytes.Equal(eth.DstMAC, layers.EthernetBroadcast) || !ip.DstIP.Equal(net.IPv4bcast) {
+			t.Errorf("NAK to %s %s, want broadcast", eth.DstMAC, ip.DstIP)
+		}
+	})
+
+	// What a guest can forge: each is dropped and counted against the VM.
+	pads := make([]byte, 0, 64)
+	for range 50 {
+		pads = append(pads, 0)
+	}
+	for _, c := range []struct {
+		name   string
+		ep     func(*fixtureEnv) int
+		epID   uint32
+		m      dhcpMsg
+		reason DropReason
+	}{
+		{"REQUEST naming another server", ifH3, 3, request(discover, vmIP, "10.244.1.1"), DropDHCP},
+		{"RELEASE", ifH3, 3, dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: vmIP, dst: gw, ciaddr: vmIP, typ: layers.DHCPMsgTypeRelease}, DropDHCP},
+		{"INFORM", ifH3, 3, dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: vmIP, dst: "255.255.255.255", ciaddr: vmIP, typ: layers.DHCPMsgTypeInform}, DropDHCP},
+		{"no message type", ifH3, 3, dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255"}, DropDHCP},
+		{"the type past the walk's " + "option limit (50 pads first)", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", rawOpts: append(pads, 53, 1, 1, 255)}, DropDHCP},
+		{"another client's hardware address (chaddr)", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: pod1MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover}, DropSpoofedMAC},
+		{"another source MAC", ifH3, 3,
+			dhcpMsg{ethSrc: pod1MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover}, DropSpoofedMAC},
+		{"another endpoint's source address", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "10.244.1.11", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover}, DropSpoofedIP},
+		{"an option running past the payload", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", rawOpts: []byte{53, 1, 1, 12, 200, 'x'}, padTo: 1}, DropMalformed},
+		{"no DHCP cookie", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover, noCookie: true}, DropMalformed},
+		{"through a relay agent (giaddr)", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover, giaddr: "10.244.1.1"}, DropMalformed},
+		{"UDP length past the frame", ifH3, 3,
+			dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover, truncate: 20}, DropMalformed},
+		// Pods get no DHCP: a pod's DISCOVER is the anti-spoofing drop it was.
+		{"a pod's DISCOVER", ifH1, 1,
+			dhcpMsg{ethSrc: pod1MAC, chaddr: pod1MAC, src: "0.0.0.0", dst: "255.255.255.255", typ: layers.DHCPMsgTypeDiscover}, DropSpoofedIP},
+	} {
+		t.Run(c.name+": dropped", func(t *testing.T) {
+			e.enter(t)
+			in := c.m.frame(t)
+			if c.m.truncate > 0 {
+				// a frame cut short with its IPv4 length still whole is
+				// malformed to parse_eth already: keep the IPv4 header
+				// consistent and lie only in the UDP length
+				binary.BigEndian.PutUint16(in[16:], uint16(len(in)-14))
+				binary.BigEndian.PutUint16(in[24:], 0)
+				binary.BigEndian.PutUint16(in[24:], testutil.IPv4Checksum(in[14:34]))
+			}
+			before, err := e.dp.Counters(c.epID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, _, _ := runDHCP(t, e, c.ep(e), in)
+			after, err := e.dp.Counters(c.epID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := after.Drops[c.reason] - before.Drops[c.reason]; v != tcActShot || d != 1 {
+				t.Errorf("verdict %d, %s drops +%d; want a drop counted as %s", v, c.reason, d, c.reason)
+			}
+		})
+	}
+
+	t.Run("DHCP to a server elsewhere (unicast): not answered here, routed as any packet", func(t *testing.T) {
+		e.enter(t)
+		m := discover
+		m.src, m.dst, m.ciaddr = vmIP, "10.244.2.5", vmIP
+		v, out, tr := runDHCP(t, e, ifH3(e), request(m, "", "").frame(t))
+		if v == tcActRedirect && int(tr.Ifindex) == ifH3(e) {
+			t.Fatalf("answered by the VM's own link: %x", out)
+		}
+	})
+}
