@@ -111,32 +111,6 @@ func runDHCP(t *testing.T, e *fixtureEnv, ifindex int, in []byte) (uint32, []byt
 	return ret, opts.DataOut, tr
 }
 
-// udpChecksumOK verifies an IPv4 UDP frame's checksum (0: none, valid).
-func udpChecksumOK(f []byte) bool {
-	ihl := int(f[14]&0xf) * 4
-	udp := f[14+ihl:]
-	ulen := int(binary.BigEndian.Uint16(udp[4:]))
-	if binary.BigEndian.Uint16(udp[6:]) == 0 {
-		return true
-	}
-	var sum uint32
-	add := func(b []byte) {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(binary.BigEndian.Uint16(b[i:]))
-		}
-		if len(b)%2 == 1 {
-			sum += uint32(b[len(b)-1]) << 8
-		}
-	}
-	add(f[14+12 : 14+20])
-	sum += 17 + uint32(ulen)
-	add(udp[:ulen])
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return sum == 0xffff
-}
-
 // dhcpReply decodes a reply from_pod built and checks what every reply
 // must be: from the gateway's MAC and address, port 67 to 68, valid IPv4 and
 // UDP checksums, a BOOTREPLY of 300 bytes echoing the client's xid and
@@ -157,7 +131,7 @@ func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *laye
 	if udp.SrcPort != 67 || udp.DstPort != 68 || len(udp.Payload) != 300 {
 		t.Errorf("reply UDP %d -> %d with %d bytes, want 67 -> 68 with 300", udp.SrcPort, udp.DstPort, len(udp.Payload))
 	}
-	if !testutil.IPv4HeaderValid(out) || !udpChecksumOK(out) || udp.Checksum == 0 {
+	if !testutil.IPv4HeaderValid(out) || !testutil.L4ChecksumValid(out) || udp.Checksum == 0 {
 		t.Errorf("reply checksums invalid (IPv4 %v, UDP %#04x)", testutil.IPv4HeaderValid(out), udp.Checksum)
 	}
 	if d.Operation != layers.DHCPOpReply || d.Xid != 0x1234abcd || !bytes.Equal(d.ClientHWAddr, vm3MAC) {
@@ -220,6 +194,12 @@ func TestDHCPServerFixture(t *testing.T) {
 			}
 		}
 	}
+	sentTo := func(t *testing.T, eth *layers.Ethernet, ip *layers.IPv4, mac net.HardwareAddr, addr net.IP) {
+		t.Helper()
+		if !bytes.Equal(eth.DstMAC, mac) || !ip.DstIP.Equal(addr) {
+			t.Errorf("reply to %s %s, want %s %s", eth.DstMAC, ip.DstIP, mac, addr)
+		}
+	}
 	answered := func(t *testing.T, in []byte) ([]byte, podRedirectTrace) {
 		t.Helper()
 		v, out, tr := runDHCP(t, e, ifH3(e), in)
@@ -234,9 +214,7 @@ func TestDHCPServerFixture(t *testing.T) {
 		out, _ := answered(t, discover.frame(t))
 		eth, ip, d := dhcpReply(t, e, out)
 		lease(t, d, layers.DHCPMsgTypeOffer)
-		if !bytes.Equal(eth.DstMAC, vm3MAC) || !ip.DstIP.Equal(net.ParseIP(vmIP)) {
-			t.Errorf("OFFER to %s %s, want %s %s", eth.DstMAC, ip.DstIP, vm3MAC, vmIP)
-		}
+		sentTo(t, eth, ip, vm3MAC, net.ParseIP(vmIP))
 	})
 	t.Run("DISCOVER with the broadcast flag: broadcast OFFER", func(t *testing.T) {
 		e.enter(t)
@@ -245,9 +223,7 @@ func TestDHCPServerFixture(t *testing.T) {
 		out, _ := answered(t, m.frame(t))
 		eth, ip, d := dhcpReply(t, e, out)
 		lease(t, d, layers.DHCPMsgTypeOffer)
-		if !bytes.Equal(eth.DstMAC, layers.EthernetBroadcast) || !ip.DstIP.Equal(net.IPv4bcast) {
-			t.Errorf("OFFER to %s %s, want broadcast", eth.DstMAC, ip.DstIP)
-		}
+		sentTo(t, eth, ip, layers.EthernetBroadcast, net.IPv4bcast)
 	})
 	t.Run("short DISCOVER (no padding): the reply grows to BOOTP's 300 bytes", func(t *testing.T) {
 		e.enter(t)
@@ -270,9 +246,7 @@ func TestDHCPServerFixture(t *testing.T) {
 		out, _ := answered(t, request(m, "", "").frame(t))
 		eth, ip, d := dhcpReply(t, e, out)
 		lease(t, d, layers.DHCPMsgTypeAck)
-		if !bytes.Equal(eth.DstMAC, vm3MAC) || !ip.DstIP.Equal(net.ParseIP(vmIP)) {
-			t.Errorf("ACK to %s %s, want %s %s", eth.DstMAC, ip.DstIP, vm3MAC, vmIP)
-		}
+		sentTo(t, eth, ip, vm3MAC, net.ParseIP(vmIP))
 	})
 	t.Run("REQUEST for another address: broadcast NAK without a lease", func(t *testing.T) {
 		e.enter(t)
@@ -284,9 +258,7 @@ func TestDHCPServerFixture(t *testing.T) {
 		if !d.YourClientIP.Equal(net.IPv4zero) || dhcpOpt(d, layers.DHCPOptLeaseTime) != nil || dhcpOpt(d, layers.DHCPOptRouter) != nil {
 			t.Errorf("NAK carries yiaddr %s / a lease / routes: %v", d.YourClientIP, d.Options)
 		}
-		if !bytes.Equal(eth.DstMAC, layers.EthernetBroadcast) || !ip.DstIP.Equal(net.IPv4bcast) {
-			t.Errorf("NAK to %s %s, want broadcast", eth.DstMAC, ip.DstIP)
-		}
+		sentTo(t, eth, ip, layers.EthernetBroadcast, net.IPv4bcast)
 	})
 
 	// What a guest can forge: each is dropped and counted against the VM.

@@ -116,9 +116,17 @@ func KubeVirtVMI(name, node, binding, mac string) string {
 	// endpoint takes (kubevirt.io/domain itself is only an annotation).
 	iface := "        - name: fast\n          binding:\n            name: lanekit\n"
 	network := "    - name: fast\n      multus:\n        networkName: " + VMNetwork + "\n"
+	// On lanekit's binding the guest leases its address by DHCP from its
+	// link (bpf/lib/dhcp.h), as a cloud image would; the others are
+	// configured over the console (ConfigureKubeVirtGuest).
+	args := "console=ttyS0 quiet panic=-1 lk.ip=dhcp"
+	if mac != "" {
+		args += " lk.mac=" + mac
+	}
 	if binding == BindingBridge || binding == BindingMasquerade {
 		iface = "        - name: default\n          " + binding + ": {}\n"
 		network = "    - name: default\n      pod: {}\n"
+		args = "console=ttyS0 quiet panic=-1"
 	}
 	if mac != "" {
 		iface += "          macAddress: \"" + mac + "\"\n"
@@ -145,7 +153,7 @@ spec:
         memory: 256Mi
     firmware:
       kernelBoot:
-        kernelArgs: "console=ttyS0 quiet panic=-1"
+        kernelArgs: "` + args + `"
         container:
           image: ghcr.io/lanekit/lanekit-guest:v0.1.0
           imagePullPolicy: IfNotPresent
@@ -285,8 +293,10 @@ func kubevirtVMAddress(pod *corev1.Pod, binding string) (string, error) {
 
 // kubevirtGuestUp readies the guest of the VMI whose launcher pod runs on
 // lab node node: the address it is reached at (kubevirtVMAddress), its
-// console (DialKubeVirtConsole) and its NIC configured
-// (ConfigureKubeVirtGuest). The caller closes the console.
+// console (DialKubeVirtConsole) and its NIC configured: on lanekit's binding
+// by the DHCP lease the guest took at boot (kubevirtGuestLeased), on
+// KubeVirt's over the console (ConfigureKubeVirtGuest). The caller closes
+// the console.
 func kubevirtGuestUp(ctx context.Context, node int, launcher *corev1.Pod, binding, mac string) (string, *guest.Console, error) {
 	addr, err := kubevirtVMAddress(launcher, binding)
 	if err != nil {
@@ -296,11 +306,30 @@ func kubevirtGuestUp(ctx context.Context, node int, launcher *corev1.Pod, bindin
 	if err != nil {
 		return "", nil, err
 	}
-	if _, err := ConfigureKubeVirtGuest(ctx, con, mac, addr, binding == BindingMasquerade); err != nil {
+	if binding == BindingLanekit {
+		err = kubevirtGuestLeased(ctx, con, addr)
+	} else {
+		_, err = ConfigureKubeVirtGuest(ctx, con, mac, addr, binding == BindingMasquerade)
+	}
+	if err != nil {
 		con.Close()
 		return "", nil, err
 	}
 	return addr, con, nil
+}
+
+// kubevirtGuestLeased checks that the guest holds addr/32 with the default
+// route through lanekit's gateway: what its boot-time DHCP (lk.ip=dhcp)
+// leased from the datapath, with nothing configured over the console.
+func kubevirtGuestLeased(ctx context.Context, con *guest.Console, addr string) error {
+	gw := datapath.DefaultGatewayIP.String()
+	out, code, err := con.Run(ctx, "ip -o -4 addr show; ip -4 route show")
+	if err != nil || code != 0 || !strings.Contains(out, " "+addr+"/32 ") || !strings.Contains(out, "default via "+gw+" ") {
+		log, _, _ := con.Run(ctx, "cat /tmp/udhcpc.log")
+		return fmt.Errorf("the guest has no DHCP lease of %s/32 with the default route via %s (%v, exit %d):\n%s\nudhcpc:\n%s",
+			addr, gw, err, code, out, log)
+	}
+	return nil
 }
 
 // findProc is a process of this machine (as the root PID namespace numbers

@@ -50,7 +50,8 @@ func TestKubeVirtBenchProcs(t *testing.T) {
 // admit).
 func TestKubeVirtVMI(t *testing.T) {
 	l := KubeVirtVMI("a", "lk-node2", BindingLanekit, "02:00:00:aa:00:11")
-	for _, want := range []string{"name: a\n", "binding:\n            name: lanekit", `macAddress: "02:00:00:aa:00:11"`, "networkName: " + VMNetwork, "values: [lk-node2]"} {
+	for _, want := range []string{"name: a\n", "binding:\n            name: lanekit", `macAddress: "02:00:00:aa:00:11"`, "networkName: " + VMNetwork, "values: [lk-node2]",
+		`kernelArgs: "console=ttyS0 quiet panic=-1 lk.ip=dhcp lk.mac=02:00:00:aa:00:11"`} {
 		if !strings.Contains(l, want) {
 			t.Errorf("lanekit VMI lacks %q:\n%s", want, l)
 		}
@@ -64,7 +65,7 @@ func TestKubeVirtVMI(t *testing.T) {
 	if m := KubeVirtVMI("m", "lk-node2", BindingMasquerade, ""); !strings.Contains(m, "masquerade: {}") || !strings.Contains(m, "pod: {}") {
 		t.Errorf("masquerade VMI:\n%s", m)
 	}
-	if strings.Contains(b, "macAddress") || strings.Contains(b, "multus") {
+	if strings.Contains(b, "macAddress") || strings.Contains(b, "multus") || strings.Contains(b, "lk.ip") {
 		t.Errorf("bridge VMI has a MAC or a Multus network:\n%s", b)
 	}
 	// Both are VMIs to KubeVirt's own types (strict: no unknown field).
