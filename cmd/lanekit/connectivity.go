@@ -24,6 +24,7 @@ import (
 
 var connOpts struct {
 	kubeconfig string
+	vmSpec     string
 	conncheck.Options
 	lab bool
 }
@@ -46,6 +47,7 @@ func connectivityCmd() *cobra.Command {
 	f.DurationVar(&connOpts.Timeout, "timeout", 30*time.Second, "how long each check waits for its expected outcome")
 	f.BoolVar(&connOpts.VM, "vm", false, "also start a KubeVirt VMI on the lanekit binding and reach it")
 	f.StringVar(&connOpts.VMImage, "vm-image", "quay.io/kubevirt/cirros-container-disk-demo:latest", "the VMI's containerDisk")
+	f.StringVar(&connOpts.vmSpec, "vm-spec", "", "start this VirtualMachineInstance (YAML file, with an interface on the lanekit binding) instead of the --vm-image one")
 	if labConnRuntime != nil {
 		f.BoolVar(&connOpts.lab, "lab", false, "run against `lanekit lab up --k8s` (pods are network namespaces: probes run there)")
 	}
@@ -60,6 +62,13 @@ func runConnectivityTest(cmd *cobra.Command, _ []string) error {
 	defer stop()
 	o := connOpts.Options
 	o.Out = cmd.ErrOrStderr()
+	if connOpts.vmSpec != "" {
+		b, err := os.ReadFile(connOpts.vmSpec)
+		if err != nil {
+			return err
+		}
+		o.VMSpec = b
+	}
 	var cfg *rest.Config
 	var err error
 	if connOpts.lab {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -205,6 +206,7 @@ type benchFlags struct {
 	noHostCPU        bool
 	bigTCP           bool
 	bigTCPOnly       bool
+	vmOnly           bool
 	noKubeVirt       bool
 }
 
@@ -262,6 +264,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().BoolVar(&b.policiesOnly, "policies-only", false, "with --policies: skip the other pod rows")
 	cmd.Flags().BoolVar(&b.bigTCP, "big-tcp", false, "BIG TCP rows: lanekit pod to pod on one node and across nodes, 1 and 8 streams, with BIG TCP as the agents set it and off (64 KiB GSO/GRO sizes on the same devices, restored after), interleaved")
 	cmd.Flags().BoolVar(&b.bigTCPOnly, "big-tcp-only", false, "the BIG TCP rows alone (no other pod rows)")
+	cmd.Flags().BoolVar(&b.vmOnly, "vm-only", false, "the guest rows alone (lanekit-vm, bridge-tap-vm, the KubeVirt rows) with host-raw, the baseline of every ratio")
 	cmd.Flags().StringSliceVar(&b.routings, "routing", nil, "measure these routing modes' labs (e.g. native,tunnel) interleaved: each repetition brings up a 2-node lab per mode in turn, measures its rows, takes it down (needs no lab up)")
 	cmd.Flags().StringSliceVar(&b.cnis, "cni", nil, "measure these networks' real-node labs (lab up --k8s --kubelet --cni, e.g. lanekit,cilium,kube-proxy-iptables,kube-proxy-nftables) lab after lab: each repetition brings up a 2-node lab per network in turn with the same pods, measures host-raw, host, pod-same-node and pod-cross-node, takes it down (needs no lab up; one --routing applies to all); with --services, the service rows instead: per network one lab, API-created Services (first answer of a new one, conn/s, RR through its ClusterIP)")
 	cmd.Flags().StringVar(&b.vhostBin, "vhost-bin", "", "lanekit-vhost for the VM backend comparison (default: next to the other binaries)")
@@ -409,6 +412,9 @@ func (b *benchFlags) podRows(ctx context.Context, cmd *cobra.Command, st *lab.St
 	if b.policiesOnly {
 		paths = nil
 	}
+	if b.vmOnly {
+		paths = guestPaths(paths)
+	}
 	if len(b.policyCounts) > 0 {
 		var pskipped []string
 		var pcleanup func()
@@ -420,6 +426,11 @@ func (b *benchFlags) podRows(ctx context.Context, cmd *cobra.Command, st *lab.St
 		fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: skipping", s)
 	}
 	return bench.Run(ctx, paths, b.opts)
+}
+
+// guestPaths keeps the guest rows and host-raw (--vm-only).
+func guestPaths(paths []bench.Path) []bench.Path {
+	return slices.DeleteFunc(paths, func(p bench.Path) bool { return p.Guest == nil && p.Name != bench.RawPath })
 }
 
 // output draws --chart and prints rep as the table or --json.

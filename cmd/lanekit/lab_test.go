@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 func TestBenchFromJSON(t *testing.T) {
@@ -64,5 +66,18 @@ func TestBenchFromCNIReports(t *testing.T) {
 	}
 	if out, err = runCLI(t, "lab", "bench", "--chart", filepath.Join(t.TempDir(), "c.png"), "--from", "../../docs/bench-rivals-tunnel.json"); err == nil {
 		t.Errorf("--chart of a --cni report: no error\n%s", out)
+	}
+}
+
+// TestGuestPaths: --vm-only keeps the guest rows and host-raw, in order.
+func TestGuestPaths(t *testing.T) {
+	g := &bench.Guest{}
+	in := []bench.Path{{Name: bench.RawPath}, {Name: "host"}, {Name: "lanekit-pod"}, {Name: "lanekit-vm", Guest: g}, {Name: "bridge-tap-vm", Guest: g}}
+	var got []string
+	for _, p := range guestPaths(in) {
+		got = append(got, p.Name)
+	}
+	if strings.Join(got, ",") != "host-raw,lanekit-vm,bridge-tap-vm" {
+		t.Errorf("guestPaths kept %v", got)
 	}
 }

@@ -71,7 +71,12 @@ type Options struct {
 	VM      bool
 	// VMImage is the VMI's containerDisk.
 	VMImage string
-	Out     io.Writer
+	// VMSpec, when set, is the VMI to start instead (YAML or JSON of a
+	// VirtualMachineInstance, e.g. a kernel-boot guest): its name and
+	// namespace are the run's; it must have an interface on the lanekit
+	// binding.
+	VMSpec []byte
+	Out    io.Writer
 }
 
 func (o *Options) defaults() {

@@ -170,6 +170,7 @@ func TestLabKubeVirt(t *testing.T) {
 		return
 	}
 	t.Run("guest on lanekit's fast lane", func(t *testing.T) { kubevirtGuestNet(t, ctx, kc, nodeBins, launcher) })
+	t.Run("lanekit connectivity test --vm", func(t *testing.T) { kubevirtConnectivity(t, ctx, bins) })
 	t.Run("virt-launcher pod of a VirtualMachine deleted: its next VMI is on the fast lane", func(t *testing.T) {
 		kubevirtLauncherRestart(t, ctx, kc, nodeBins)
 	})

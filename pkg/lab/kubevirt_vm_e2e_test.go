@@ -408,3 +408,30 @@ func kvEndpointCounters(t *testing.T, n int, ip netip.Addr) datapath.Counters {
 	}
 	return c
 }
+
+// kubevirtConnectivity runs `lanekit connectivity test --vm` against the
+// KubeVirt lab as a user would, with --vm-spec naming the lab's kernel-boot
+// guest on lanekit's binding (the default containerDisk image is not
+// reachable here): every check must pass, the VM's among them — a VMI in the
+// check's own namespace, its address read from its launcher's
+// network-status, the guest configured by nothing but its DHCP lease
+// (lk.ip=dhcp), reached from the check's client pod.
+func kubevirtConnectivity(t *testing.T, ctx context.Context, bins Bins) {
+	spec := strings.Replace(KubeVirtVMI("conncheck", KubeNodeName(1), BindingLanekit, ""),
+		"networkName: "+VMNetwork, "networkName: "+PodNamespace+"/"+VMNetwork, 1)
+	f := writeTemp(t, "vmi.yaml", spec)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(bins.Dir, "lanekit"),
+		"connectivity", "test", "--kubeconfig", Kubeconfig, "--timeout", "90s", "--vm", "--vm-spec", f)
+	b, err := cmd.CombinedOutput()
+	t.Logf("lanekit connectivity test --vm:\n%s", b)
+	if err != nil {
+		t.Fatalf("connectivity test --vm: %v", err)
+	}
+	for _, want := range []string{`vm: pod-to-VMI \(lanekit binding\)\s+pass`, `pod-to-pod \(across nodes\)\s+pass`, ` 0 failed`} {
+		if !regexp.MustCompile(want).Match(b) {
+			t.Errorf("summary lacks %q", want)
+		}
+	}
+}
