@@ -18,8 +18,8 @@
  * and no relay agent (giaddr); options are walked within the UDP payload, at
  * most LK_DHCP_OPTS_MAX of them (what lies beyond is not read), and one
  * running past the payload is malformed. A REQUEST for another address gets a NAK; a REQUEST naming
- * another server, RELEASE, DECLINE, INFORM and messages without a type are
- * dropped and counted (DROP_DHCP). Pods get no DHCP: this runs for VM
+ * another server, RELEASE, DECLINE, INFORM, messages without a type and
+ * any from a VM without an IPv4 address are dropped and counted (DROP_DHCP). Pods get no DHCP: this runs for VM
  * endpoints only. */
 #ifndef LK_DHCP_H
 #define LK_DHCP_H
@@ -225,6 +225,8 @@ static __always_inline int dhcp_serve(struct __sk_buff *skb, struct pkt *p, cons
 		return 0;
 	if (ip->daddr != 0xffffffff && ip->daddr != gateway_ip)
 		return 0; /* for some other server: the normal path judges it */
+	if (!ep->ip)
+		return dhcp_drop(skb, ep, DROP_DHCP, verdict); /* an IPv6-only VM: no address to lease */
 	if (!mac_equal(p->eth->h_source, ep->mac))
 		return dhcp_drop(skb, ep, DROP_SPOOFED_MAC, verdict);
 	if (ip->saddr != 0 && ip->saddr != ep->ip)

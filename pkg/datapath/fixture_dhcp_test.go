@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -323,6 +324,31 @@ func TestDHCPServerFixture(t *testing.T) {
 		})
 	}
 
+	t.Run("a VM without an IPv4 address: dropped, no lease of 0.0.0.0", func(t *testing.T) {
+		e.enter(t)
+		v6only := e.ep3
+		v6only.IP, v6only.IP6 = netip.Addr{}, netip.MustParseAddr("fd00:10:244:1::12")
+		if err := e.dp.UpsertEndpoint(v6only); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := e.dp.UpsertEndpoint(e.ep3); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		before, err := e.dp.Counters(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _, _ := runDHCP(t, e, ifH3(e), discover.frame(t))
+		after, err := e.dp.Counters(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := after.Drops[DropDHCP] - before.Drops[DropDHCP]; v != tcActShot || d != 1 {
+			t.Errorf("verdict %d, dhcp-unanswered drops +%d; want a counted drop", v, d)
+		}
+	})
 	t.Run("DHCP to a server elsewhere (unicast): not answered here, routed as any packet", func(t *testing.T) {
 		e.enter(t)
 		m := discover
