@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"testing"
@@ -358,4 +359,128 @@ func TestDHCPServerFixture(t *testing.T) {
 			t.Fatalf("answered by the VM's own link: %x", out)
 		}
 	})
+}
+
+// TestDHCPServerRandomOptions feeds from_pod DHCP messages from the VM whose
+// options area is random (TLVs of random codes and lengths, message types,
+// requested addresses, pads, a last option running past the end, random
+// bytes): each must end as dhcpModel says, a counted drop or a well-formed
+// reply of that type leasing the VM its own address, never anything else.
+func TestDHCPServerRandomOptions(t *testing.T) {
+	e := newFixtureEnv(t)
+	e.enter(t)
+	rng := rand.New(rand.NewPCG(37, 1))
+	var answered, dropped int
+	for i := range 400 {
+		// options as TLVs of random codes and lengths, a message type
+		// among them half the time, sometimes a requested address, some
+		// with pads, some with a last option running past the end or
+		// plain random bytes
+		var opts []byte
+		for range rng.IntN(10) {
+			switch rng.IntN(8) {
+			case 0:
+				opts = append(opts, 53, 1, byte(1+rng.IntN(8)))
+			case 1:
+				opts = append(opts, 50, 4, 10, 244, 1, byte(10+rng.IntN(4)))
+			case 2:
+				opts = append(opts, 0)
+			default:
+				n := rng.IntN(9)
+				opts = append(opts, byte(1+rng.IntN(254)), byte(n))
+				for range n {
+					opts = append(opts, byte(rng.IntN(256)))
+				}
+			}
+		}
+		switch rng.IntN(4) {
+		case 0:
+			opts = append(opts, byte(1+rng.IntN(254)), byte(10+rng.IntN(200))) // runs past the end
+		case 1:
+			for range rng.IntN(40) {
+				opts = append(opts, byte(rng.IntN(256)))
+			}
+		default:
+			opts = append(opts, 255)
+		}
+		m := dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", rawOpts: opts, padTo: 1}
+		before, err := e.dp.Counters(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, out, tr := runDHCP(t, e, ifH3(e), m.frame(t))
+		after, err := e.dp.Counters(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var drops uint64
+		for r, n := range after.Drops {
+			drops += n - before.Drops[r]
+		}
+		want := dhcpModel(opts)
+		switch {
+		case v == tcActShot && drops == 1 && want == 0:
+			dropped++
+		case v == tcActRedirect && int(tr.Ifindex) == ifH3(e) && drops == 0 && want != 0:
+			_, _, d := dhcpReply(t, e, out)
+			typ := dhcpOpt(d, layers.DHCPOptMessageType)
+			if len(typ) != 1 || layers.DHCPMsgType(typ[0]) != want ||
+				(want != layers.DHCPMsgTypeNak && !d.YourClientIP.Equal(net.ParseIP("10.244.1.12"))) {
+				t.Fatalf("message %d (options %x): reply type %v yiaddr %s, want %v", i, opts, typ, d.YourClientIP, want)
+			}
+			answered++
+		default:
+			t.Fatalf("message %d (options %x): verdict %d, redirect %+v, %d drops counted; want %v (0: a drop)", i, opts, v, tr, drops, want)
+		}
+	}
+	t.Logf("400 random option areas: %d answered, %d dropped and counted", answered, dropped)
+	if answered == 0 || dropped == 0 {
+		t.Errorf("answered %d, dropped %d: the generator should reach both", answered, dropped)
+	}
+}
+
+// dhcpModel is what lib/dhcp.h must answer a DISCOVER-shaped message (from
+// 0.0.0.0, no ciaddr) whose options area is opts, ending the payload: the
+// reply type, or 0 for a drop. The same walk (at most 48 options, END or the
+// payload's end stops it, a length past the end is malformed, the last of
+// each option counts), written independently.
+func dhcpModel(opts []byte) layers.DHCPMsgType {
+	var typ byte
+	var requested, server []byte
+	off := 0
+	for range 48 {
+		if off >= len(opts) || opts[off] == 255 {
+			break
+		}
+		if opts[off] == 0 {
+			off++
+			continue
+		}
+		if off+2 > len(opts) || off+2+int(opts[off+1]) > len(opts) {
+			return 0
+		}
+		code, val := opts[off], opts[off+2:off+2+int(opts[off+1])]
+		switch {
+		case code == 53 && len(val) == 1:
+			typ = val[0]
+		case code == 50 && len(val) == 4:
+			requested = val
+		case code == 54 && len(val) == 4:
+			server = val
+		}
+		off += 2 + len(val)
+	}
+	switch typ {
+	case 1:
+		return layers.DHCPMsgTypeOffer
+	case 3:
+		if server != nil && !bytes.Equal(server, DefaultGatewayIP.AsSlice()) {
+			return 0
+		}
+		if bytes.Equal(requested, []byte{10, 244, 1, 12}) {
+			return layers.DHCPMsgTypeAck
+		}
+		return layers.DHCPMsgTypeNak
+	}
+	return 0
 }
