@@ -711,9 +711,18 @@ pub(super) fn rx_budgeted(
             run.more = true;
             return Some(run);
         }
-        match pull(&mut *port, BATCH.min(budget - run.handled)) {
+        let max = BATCH.min(budget - run.handled);
+        match pull(&mut *port, max) {
             None => return if run.handled == 0 { None } else { Some(run) },
             Some(Ok(0)) => return Some(run),
+            // Fewer than asked and the guest took all it was offered: the port ran dry (a packet
+            // socket said EAGAIN, the AF_XDP ring was short). Asking again would only hear that
+            // once more, a syscall per wake-up on a packet socket; what arrives later fires the
+            // port's edge-triggered fd.
+            Some(Ok(n)) if n < max && !stop.get() => {
+                run.handled += n;
+                return Some(run);
+            }
             Some(Ok(n)) => run.handled += n,
             Some(Err(e)) => {
                 log::warn!("{}: receive failed: {e}", port.describe());

@@ -11,6 +11,13 @@ use crate::offload::{self, Plan};
 /// A port that hands whole packets behind a kernel header (like `XskPort` with `pkt_rx.rs`).
 struct KernelPort {
     packets: VecDeque<(TxHdr, Vec<u8>)>,
+    reads: usize, // rx_kernel calls
+}
+
+impl KernelPort {
+    fn new(packets: VecDeque<(TxHdr, Vec<u8>)>) -> Self {
+        KernelPort { packets, reads: 0 }
+    }
 }
 
 impl Port for KernelPort {
@@ -21,6 +28,7 @@ impl Port for KernelPort {
         Ok(batch.len())
     }
     fn rx_kernel(&mut self, max: usize, f: &mut dyn FnMut(TxHdr, &mut [u8]) -> bool) -> Option<io::Result<usize>> {
+        self.reads += 1;
         let mut n = 0;
         while n < max {
             let Some((h, fr)) = self.packets.front_mut() else { break };
@@ -63,7 +71,7 @@ fn deliver(packets: Vec<(TxHdr, Vec<u8>)>, mode: NetMode, buffers: u16) -> (Vec<
     post_rx(&vq, 0, buffers, CHAIN);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut st, stats) = (RxState::default(), Stats::default());
-    let mut port = KernelPort { packets: packets.into() };
+    let mut port = KernelPort::new(packets.into());
     run(&mut port, &m, &mut q, &mut st, mode, &stats);
     (guest_packets(&m, &vq, mode.hdr_len), stats.snapshot(), port.packets.len())
 }
@@ -94,7 +102,7 @@ fn rx_kernel_gso_packet_is_cut_for_a_guest_without_tso() {
             post_rx(&vq, 0, 64, CHAIN);
             let mut q: Queue = vq.create_queue().unwrap();
             let (mut st, stats) = (RxState::default(), Stats::default());
-            let mut port = KernelPort { packets: [(h, f)].into() };
+            let mut port = KernelPort::new([(h, f)].into());
             run(&mut port, &m, &mut q, &mut st, mode, &stats);
             let pk = guest_packets(&m, &vq, mode.hdr_len);
             let got: Vec<Vec<u8>> = pk.iter().map(|p| p.1.clone()).collect();
@@ -117,7 +125,7 @@ fn rx_kernel_cut_resumes_after_the_guest_adds_buffers() {
     post_rx(&vq, 0, 10, CHAIN);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut st, stats) = (RxState::default(), Stats::default());
-    let mut port = KernelPort { packets: [(h, f)].into() };
+    let mut port = KernelPort::new([(h, f)].into());
     run(&mut port, &m, &mut q, &mut st, MODE, &stats);
     assert_eq!(guest_packets(&m, &vq, MODE.hdr_len).len(), 10);
     assert_eq!(port.packets.len(), 1, "the packet waits for buffers");
@@ -138,7 +146,7 @@ fn rx_kernel_a_tso_guest_with_too_few_buffers_gets_the_frames() {
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut st, stats) = (RxState::default(), Stats::default());
     let no_mrg = NetMode { mergeable: false, ..TSO };
-    let mut port = KernelPort { packets: [(h, f)].into() };
+    let mut port = KernelPort::new([(h, f)].into());
     run(&mut port, &m, &mut q, &mut st, no_mrg, &stats);
     let got: Vec<Vec<u8>> = guest_packets(&m, &vq, no_mrg.hdr_len).into_iter().map(|p| p.1).collect();
     assert!(got == frames, "without MRG_RXBUF a chain cannot take 64 KiB: the frames instead");
@@ -167,7 +175,7 @@ fn rx_kernel_lying_headers_are_dropped() {
         post_rx(&vq, 0, 64, CHAIN);
         let mut q: Queue = vq.create_queue().unwrap();
         let (mut st, stats) = (RxState::default(), Stats::default());
-        let mut port = KernelPort { packets: [(bad, fr)].into() };
+        let mut port = KernelPort::new([(bad, fr)].into());
         run(&mut port, &m, &mut q, &mut st, TSO, &stats);
         assert!(guest_packets(&m, &vq, TSO.hdr_len).is_empty(), "{what}: nothing reaches the guest");
         let s = stats.snapshot();
@@ -194,7 +202,7 @@ fn rx_kernel_needs_csum_frame_keeps_the_request_or_is_filled() {
         post_rx(&vq, 0, 8, CHAIN);
         let mut q: Queue = vq.create_queue().unwrap();
         let (mut st, stats) = (RxState::default(), Stats::default());
-        let mut port = KernelPort { packets: [(h, partial.clone())].into() };
+        let mut port = KernelPort::new([(h, partial.clone())].into());
         run(&mut port, &m, &mut q, &mut st, mode, &stats);
         let pk = guest_packets(&m, &vq, mode.hdr_len);
         assert_eq!(pk.len(), 1);
@@ -245,7 +253,7 @@ fn rx_kernel_random_headers_never_break_the_guest_contract() {
         post_rx(&vq, 0, 64, CHAIN);
         let mut q: Queue = vq.create_queue().unwrap();
         let (mut st, stats) = (RxState::default(), Stats::default());
-        let mut port = KernelPort { packets: [(hdr, fr)].into() };
+        let mut port = KernelPort::new([(hdr, fr)].into());
         run(&mut port, &m, &mut q, &mut st, mode, &stats);
         // A packet stays only to wait for buffers: when those left cannot take its next piece,
         // at most one IP packet (33 buffers of 2,048 bytes): a small gso_size the kernel may hand
@@ -291,7 +299,7 @@ fn rx_kernel_gso_packet_waits_for_buffers_unless_the_ring_is_full() {
     let mut q: Queue = vq.create_queue().unwrap();
     q.set_event_idx(true);
     let (mut st, stats) = (RxState::default(), Stats::default());
-    let mut port = KernelPort { packets: [(h, f.clone())].into() };
+    let mut port = KernelPort::new([(h, f.clone())].into());
     run(&mut port, &m, &mut q, &mut st, TSO, &stats);
     assert!(guest_packets(&m, &vq, TSO.hdr_len).is_empty(), "nothing delivered yet");
     assert_eq!(port.packets.len(), 1, "the packet waits for buffers");
@@ -314,7 +322,7 @@ fn rx_kernel_gso_packet_waits_for_buffers_unless_the_ring_is_full() {
     post_rx(&vq, 0, 64, 200);
     let mut q: Queue = vq.create_queue().unwrap();
     let (mut st, stats) = (RxState::default(), Stats::default());
-    let mut port = KernelPort { packets: [(h, f)].into() };
+    let mut port = KernelPort::new([(h, f)].into());
     run(&mut port, &m, &mut q, &mut st, TSO, &stats);
     let s = stats.snapshot();
     assert_eq!((s.rx_gso_kernel, s.rx_frames), (0, 8), "cut: 8 frames of 8 buffers each");
@@ -466,5 +474,23 @@ fn rx_kernel_reports_the_guests_hash() {
                 assert_eq!((hash, report), (want, want_report), "v4 {v4} tso {tso} types {types:#x}");
             }
         }
+    }
+}
+
+/// A run stops at the first short read: the packets waiting are one read of the port (on a packet
+/// socket a second would only say EAGAIN, a syscall per wake-up).
+#[test]
+fn rx_kernel_stops_at_the_first_short_read() {
+    for (n, reads) in [(1, 1), (10, 1)] {
+        let m = mem();
+        let vq = MockSplitQueue::new(&m, 256);
+        post_rx(&vq, 0, 200, CHAIN);
+        let mut q: Queue = vq.create_queue().unwrap();
+        let (mut st, stats) = (RxState::default(), Stats::default());
+        let frame = wire(true, 100, 1448, 40000, 0xffff_f000).remove(0);
+        let mut port = KernelPort::new((0..n).map(|_| (TxHdr::default(), frame.clone())).collect());
+        run(&mut port, &m, &mut q, &mut st, MODE, &stats);
+        assert_eq!(port.packets.len(), 0, "{n} packets: all delivered");
+        assert_eq!(port.reads, reads, "{n} packets: port reads");
     }
 }
