@@ -458,7 +458,11 @@ impl NetBackend {
         }
         for (i, h) in handlers.iter().enumerate() {
             let mut p = lock(&self.pairs[i]);
-            h.register_listener(p.port_ep.as_raw_fd(), EventSet::IN, self.port_event())?;
+            // Edge-triggered: each port event reaches the worker once, with nothing to drain. The
+            // port's own edge-triggered entry in port_ep wakes port_ep's waiters on every arrival,
+            // already-reported or not, so each arrival is a new edge here too; port_ep itself
+            // drops an entry that is no longer ready whenever it is polled.
+            h.register_listener(p.port_ep.as_raw_fd(), EventSet::IN | EventSet::EDGE_TRIGGERED, self.port_event())?;
             self.arm_port(&mut p, true)?;
             h.register_listener(self.resched[i].as_raw_fd(), EventSet::IN, self.resched_event())?;
             h.register_listener(p.timer.as_raw_fd(), EventSet::IN, self.timer_event())?;
@@ -478,16 +482,6 @@ impl NetBackend {
         p.port_ep.ctl(op, p.port.fd(), ev)?;
         p.armed = on;
         Ok(())
-    }
-
-    /// Consume `port_ep`'s readiness (its edge-triggered entry), so the level-triggered
-    /// registration on the worker's epoll stops reporting it until the port fires again.
-    fn drain_port_ep(&self, pair: usize) {
-        let Some(p) = self.pairs.get(pair) else { return };
-        let mut ev = [EpollEvent::default(); 4];
-        if let Err(e) = lock(p).port_ep.wait(0, &mut ev) {
-            warn!("queue pair {pair}: port epoll: {e}");
-        }
     }
 
     fn set_port_armed(&self, pair: usize, on: bool) {
@@ -718,10 +712,7 @@ impl VhostUserBackend for NetBackend {
                 }
                 return Ok(());
             }
-            _ if event == self.port_event() => {
-                self.drain_port_ep(pair);
-                self.serve(pair, rx, tx);
-            }
+            _ if event == self.port_event() => self.serve(pair, rx, tx),
             _ if event == self.resched_event() => {
                 if let Some(r) = self.resched.get(pair) {
                     let _ = r.read();
