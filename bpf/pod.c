@@ -33,7 +33,9 @@ static __always_inline __u32 antispoof(const struct pkt *p, const struct endpoin
 {
 	if (!(ep->flags & EP_F_L3) && !mac_equal(p->eth->h_source, ep->mac))
 		return DROP_SPOOFED_MAC;
-	if (p->ip4->saddr != ep->ip)
+	/* 0.0.0.0 is nobody's: an endpoint without IPv4 (an IPv6-only node's)
+	 * is written with 0, and what it sends from there is spoofed too. */
+	if (p->ip4->saddr != ep->ip || !p->ip4->saddr)
 		return DROP_SPOOFED_IP;
 	return 0;
 }

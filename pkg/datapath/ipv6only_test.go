@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/lanekit/lanekit/internal/testutil"
 )
 
 // TestIPv6OnlyEndpoint: an endpoint of an IPv6-only node (no IPv4 address)
@@ -32,6 +34,23 @@ func TestIPv6OnlyEndpoint(t *testing.T) {
 	}
 	if id, _, err := PinnedCounters(e.pinDir, ep.IP6); err != nil || id != ep.ID {
 		t.Fatalf("PinnedCounters by %v: id %d %v, want %d", ep.IP6, id, err, ep.ID)
+	}
+	// Any IPv4 it sends is spoofed: from its old address, and from 0.0.0.0,
+	// which equals the 0 it is written with.
+	e.enter(t)
+	for _, src := range []string{e.ep1.IP.String(), "0.0.0.0"} {
+		before, err := e.dp.Counters(ep.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := runPod(t, e, ep.IfIndex, testutil.IPv4Frame(ep.HostMAC, ep.MAC, src, "10.244.2.5", 64))
+		after, err := e.dp.Counters(ep.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := after.Drops[DropSpoofedIP] - before.Drops[DropSpoofedIP]; v != tcActShot || d != 1 {
+			t.Errorf("IPv4 from %s: verdict %d, spoofed-ip drops +%d; want a drop", src, v, d)
+		}
 	}
 	ep.IP6 = netip.Addr{}
 	if err := e.dp.UpsertEndpoint(ep); err == nil {
