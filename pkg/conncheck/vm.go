@@ -2,7 +2,6 @@ package conncheck
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
+
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 var (
@@ -147,17 +148,12 @@ func (r *run) vmi() (*unstructured.Unstructured, error) {
 // first address of its network-status entry whose device-info is
 // vhost-user (what lanekit-cni writes for a VM attachment).
 func laneAddr(pod *corev1.Pod) (netip.Addr, error) {
-	raw := pod.Annotations["k8s.v1.cni.cncf.io/network-status"]
+	raw := pod.Annotations[k8sobj.NetworkStatusAnnotation]
 	if raw == "" {
 		return netip.Addr{}, fmt.Errorf("launcher pod %s has no network-status yet", pod.Name)
 	}
-	var st []struct {
-		IPs        []string `json:"ips"`
-		DeviceInfo *struct {
-			Type string `json:"type"`
-		} `json:"device-info"`
-	}
-	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+	st, err := k8sobj.ParseNetworkStatus(raw)
+	if err != nil {
 		return netip.Addr{}, fmt.Errorf("launcher pod %s network-status: %w", pod.Name, err)
 	}
 	for _, s := range st {

@@ -32,7 +32,7 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 	mkPod := func(name string) *k8sobj.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fresh(name), Namespace: fresh("team-i"),
 			Labels:      map[string]string{fresh("app.kubernetes.io/name"): fresh("web"), fresh("pod-template-hash"): fresh("5d8f7b")},
-			Annotations: map[string]string{fresh(networkStatusAnnotation): fresh(`[{"name":"x"}]`)}},
+			Annotations: map[string]string{fresh(k8sobj.NetworkStatusAnnotation): fresh(`[{"name":"x"}]`)}},
 			Spec:   corev1.PodSpec{NodeName: fresh("node-1"), Containers: []corev1.Container{{Name: fresh("c"), Ports: []corev1.ContainerPort{{Name: fresh("http"), ContainerPort: 80, Protocol: corev1.Protocol(fresh("TCP"))}}}}},
 			Status: corev1.PodStatus{Phase: corev1.PodPhase(fresh("Running")), HostIP: fresh("192.168.1.1"), PodIP: name}}
 		o, err := slim(p)
@@ -43,7 +43,7 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 	}
 	a, b := mkPod("a"), mkPod("b")
 	if !maps.Equal(a.Labels, map[string]string{"app.kubernetes.io/name": "web", "pod-template-hash": "5d8f7b"}) || a.Namespace != "team-i" ||
-		a.Spec.NodeName != "node-1" || a.Status.Phase != corev1.PodRunning || a.Annotations[networkStatusAnnotation] != `[{"name":"x"}]` {
+		a.Spec.NodeName != "node-1" || a.Status.Phase != corev1.PodRunning || a.Annotations[k8sobj.NetworkStatusAnnotation] != `[{"name":"x"}]` {
 		t.Fatalf("the transform changed the pod: %+v", a)
 	}
 	for k, v := range a.Labels {
@@ -61,7 +61,7 @@ func TestTransformInternsRepeatedStrings(t *testing.T) {
 			t.Errorf("%s %q held twice", what, pair[0])
 		}
 	}
-	if same(a.Annotations[networkStatusAnnotation], b.Annotations[networkStatusAnnotation]) {
+	if same(a.Annotations[k8sobj.NetworkStatusAnnotation], b.Annotations[k8sobj.NetworkStatusAnnotation]) {
 		t.Error("annotation values interned (they seldom repeat)")
 	}
 

@@ -52,7 +52,7 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 // podAnnotations are the pod annotations the agent reads.
 var podAnnotations = []string{
 	agent.AnnotationEgressBandwidth, agent.AnnotationIngressBandwidth, // bandwidth.go
-	networkStatusAnnotation,                           // vmitrust.go: a launcher pod's networks
+	k8sobj.NetworkStatusAnnotation,                    // vmitrust.go: a launcher pod's networks
 	annotationDomain, kvv1.MigrationJobNameAnnotation, // vmi.go: a launcher pod's VMI and migration
 }
 

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/lanekit/lanekit/internal/k8stest"
+	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
 
 // TestVMIResolverMigrationTarget: on a real API server, the target launcher
@@ -51,7 +52,7 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 	}
 	launcher := func(name, node string, ips ...string) (string, string) {
 		lp := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
-		lp.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
+		lp.Annotations = map[string]string{annotationDomain: "vm1", k8sobj.NetworkStatusAnnotation: launcherStatus(ips...)}
 		p := mustCreate(t, e.c.CoreV1().Pods("default").Create, lp)
 		return p.Name, string(p.UID)
 	}
@@ -81,7 +82,7 @@ func TestVMIResolverMigrationTarget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sp.Annotations[networkStatusAnnotation] = launcherStatus(ips...)
+		sp.Annotations[k8sobj.NetworkStatusAnnotation] = launcherStatus(ips...)
 		if _, err := e.c.CoreV1().Pods("default").Update(ctx, sp, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +170,7 @@ func TestVMIResolverPendingMigrationTarget(t *testing.T) {
 	}
 	launcher := func(name, node string, job *unstructured.Unstructured, jobUID string, ips ...string) (string, string) {
 		lp := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: string(created.GetUID())})
-		lp.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
+		lp.Annotations = map[string]string{annotationDomain: "vm1", k8sobj.NetworkStatusAnnotation: launcherStatus(ips...)}
 		if job != nil {
 			lp.Labels["kubevirt.io/migrationJobUID"] = jobUID
 			lp.Annotations["kubevirt.io/migrationJobName"] = job.GetName()

@@ -92,7 +92,7 @@ func launcherPods(uid string, ips ...string) map[string]*corev1.Pod {
 	out := map[string]*corev1.Pod{}
 	for name, node := range map[string]string{"virt-launcher-vm1-aaaaa": "node-a", "virt-launcher-vm1-bbbbb": "node-b", "virt-launcher-vm1-ccccc": "node-a"} {
 		p := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: uid})
-		p.Annotations = map[string]string{annotationDomain: "vm1", networkStatusAnnotation: launcherStatus(ips...)}
+		p.Annotations = map[string]string{annotationDomain: "vm1", k8sobj.NetworkStatusAnnotation: launcherStatus(ips...)}
 		out[name] = p
 	}
 	return out
@@ -207,7 +207,7 @@ func TestDesiredClaimsTrustOnlyLanekit(t *testing.T) {
 	victim := pod("default", "victim", "node-c", nil)
 	victim.Status.Phase, victim.Status.PodIPs = corev1.PodRunning, []corev1.PodIP{{IP: "10.244.3.7"}}
 	otherVM := pod("default", "virt-launcher-vm2-xxxxx", "node-c", map[string]string{labelCreatedBy: "another-vmi"})
-	otherVM.Annotations = map[string]string{networkStatusAnnotation: launcherStatus("10.244.3.8")}
+	otherVM.Annotations = map[string]string{k8sobj.NetworkStatusAnnotation: launcherStatus("10.244.3.8")}
 	forged := launcherPods("6a1b3d5e", "10.244.3.7", "10.244.3.8")
 	forged["victim"], forged["virt-launcher-vm2-xxxxx"] = victim, otherVM
 	// The pod that had the address before has terminated: it holds nothing.
@@ -653,7 +653,7 @@ func movedAddressOnAgents(t *testing.T, tunnel bool) {
 func TestClaimInputsChanged(t *testing.T) {
 	base := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "n", Labels: map[string]string{labelCreatedBy: "uid-1"},
-			Annotations: map[string]string{networkStatusAnnotation: `[{"name":"lanekit","ips":["10.244.1.6"]}]`}},
+			Annotations: map[string]string{k8sobj.NetworkStatusAnnotation: `[{"name":"lanekit","ips":["10.244.1.6"]}]`}},
 		Spec:   corev1.PodSpec{NodeName: "node-a"},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}}},
 	}
@@ -661,11 +661,11 @@ func TestClaimInputsChanged(t *testing.T) {
 		"launcher label": func(p *corev1.Pod) { p.Labels[labelCreatedBy] = "uid-2" },
 		"node":           func(p *corev1.Pod) { p.Spec.NodeName = "node-b" },
 		"network-status": func(p *corev1.Pod) {
-			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.7"]}]`
+			p.Annotations[k8sobj.NetworkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.7"]}]`
 		},
 		// The same addresses, in other networks: what launcherNetworks returns changes.
 		"networks": func(p *corev1.Pod) {
-			p.Annotations[networkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.6"]},{"name":"other","ips":["10.244.1.5"]}]`
+			p.Annotations[k8sobj.NetworkStatusAnnotation] = `[{"name":"lanekit","ips":["10.244.1.6"]},{"name":"other","ips":["10.244.1.5"]}]`
 		},
 		"pod IPs":  func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.8"}} },
 		"finished": func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded },

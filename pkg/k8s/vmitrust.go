@@ -33,7 +33,6 @@ package k8s
 // pod's network-status from taking a live pod's or VM's address.
 
 import (
-	"encoding/json"
 	"fmt"
 	"hash/maphash"
 	"net/netip"
@@ -46,30 +45,6 @@ import (
 
 	"github.com/lanekit/lanekit/pkg/k8sobj"
 )
-
-// networkStatusAnnotation is Multus' record of a pod's networks.
-const networkStatusAnnotation = "k8s.v1.cni.cncf.io/network-status"
-
-// networkStatus is one entry of the network-status annotation.
-type networkStatus struct {
-	Name       string   `json:"name"`
-	IPs        []string `json:"ips"`
-	Default    bool     `json:"default"`
-	DeviceInfo *struct {
-		Type string `json:"type"`
-	} `json:"device-info"`
-}
-
-// addrs are the entry's parseable addresses.
-func (s networkStatus) addrs() []netip.Addr {
-	var set []netip.Addr
-	for _, ip := range s.IPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			set = append(set, a.Unmap())
-		}
-	}
-	return set
-}
 
 // launcherNetworks returns the address sets of a VMI's launcher pod's
 // secondary networks (one per network-status entry), after checking that the
@@ -84,7 +59,7 @@ func launcherNetworks(pod *k8sobj.Pod, vmiUID types.UID, node string) ([][]netip
 	if node != "" && pod.Spec.NodeName != node {
 		return nil, fmt.Errorf("launcher pod %s/%s runs on %q, not %q", pod.Namespace, pod.Name, pod.Spec.NodeName, node)
 	}
-	if pod.Annotations[networkStatusAnnotation] == "" {
+	if pod.Annotations[k8sobj.NetworkStatusAnnotation] == "" {
 		return nil, fmt.Errorf("launcher pod %s/%s has no network-status yet", pod.Namespace, pod.Name)
 	}
 	return secondaryNetworks(pod)
@@ -92,13 +67,9 @@ func launcherNetworks(pod *k8sobj.Pod, vmiUID types.UID, node string) ([][]netip
 
 // networkStatuses are the entries of a pod's network-status annotation
 // (none without it).
-func networkStatuses(pod *k8sobj.Pod) ([]networkStatus, error) {
-	raw := pod.Annotations[networkStatusAnnotation]
-	if raw == "" {
-		return nil, nil
-	}
-	var st []networkStatus
-	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+func networkStatuses(pod *k8sobj.Pod) ([]k8sobj.NetworkStatus, error) {
+	st, err := k8sobj.ParseNetworkStatus(pod.Annotations[k8sobj.NetworkStatusAnnotation])
+	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s network-status: %w", pod.Namespace, pod.Name, err)
 	}
 	return st, nil
@@ -114,7 +85,7 @@ func secondaryNetworks(pod *k8sobj.Pod) ([][]netip.Addr, error) {
 	var out [][]netip.Addr
 	for _, s := range st {
 		if !s.Default {
-			out = append(out, s.addrs())
+			out = append(out, s.Addrs())
 		}
 	}
 	return out, nil
@@ -269,6 +240,6 @@ func claimInputsChanged(old, cur any) bool {
 		return true
 	}
 	return o.Labels[labelCreatedBy] != c.Labels[labelCreatedBy] || o.Spec.NodeName != c.Spec.NodeName ||
-		o.Annotations[networkStatusAnnotation] != c.Annotations[networkStatusAnnotation] ||
+		o.Annotations[k8sobj.NetworkStatusAnnotation] != c.Annotations[k8sobj.NetworkStatusAnnotation] ||
 		!slices.Equal(podAddrs(o), podAddrs(c))
 }

@@ -66,7 +66,7 @@ func vmNetworks(pod *k8sobj.Pod) [][]netip.Addr {
 	var out [][]netip.Addr
 	for _, s := range st {
 		if !s.Default && s.DeviceInfo != nil && s.DeviceInfo.Type == "vhost-user" {
-			out = append(out, s.addrs())
+			out = append(out, s.Addrs())
 		}
 	}
 	return out

@@ -29,7 +29,7 @@ func vmLauncherStatus(deviceType string, ips ...string) string {
 // network-status.
 func vmLauncher(name, node, uid, podIP, status string) *corev1.Pod {
 	p := pod("default", name, node, map[string]string{"kubevirt.io": "virt-launcher", labelCreatedBy: uid, "app": "web"})
-	p.Annotations = map[string]string{networkStatusAnnotation: status}
+	p.Annotations = map[string]string{k8sobj.NetworkStatusAnnotation: status}
 	p.Status.PodIPs = []corev1.PodIP{{IP: podIP}}
 	p.Status.PodIP = podIP
 	return p
@@ -134,7 +134,7 @@ func TestVMServiceBackendsFromAPIServer(t *testing.T) {
 	n := claimNode("node-a", "192.168.0.1")
 	mustCreate(t, e.c.CoreV1().Nodes().Create, n)
 	l := vmLauncher("virt-launcher-vm1-a", "node-a", "uid-1", "10.244.1.9", "")
-	delete(l.Annotations, networkStatusAnnotation)
+	delete(l.Annotations, k8sobj.NetworkStatusAnnotation)
 	st := l.Status
 	created := mustCreate(t, e.c.CoreV1().Pods("default").Create, l)
 	created.Status = st
@@ -156,7 +156,7 @@ func TestVMServiceBackendsFromAPIServer(t *testing.T) {
 		return fmt.Sprint(addrsOf(o.EndpointSlice))
 	}
 	eventually(t, "the launcher pod's own address first", func() bool { return got() == "[10.244.1.9]" })
-	created.Annotations = map[string]string{networkStatusAnnotation: vmLauncherStatus("vhost-user", "10.244.1.5")}
+	created.Annotations = map[string]string{k8sobj.NetworkStatusAnnotation: vmLauncherStatus("vhost-user", "10.244.1.5")}
 	if _, err := e.c.CoreV1().Pods("default").Update(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
