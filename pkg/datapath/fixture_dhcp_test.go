@@ -145,6 +145,27 @@ func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *laye
 	return eth, ip, d
 }
 
+// dropsDuring runs f and returns how each drop counter of endpoint id grew.
+func dropsDuring(t *testing.T, e *fixtureEnv, id uint32, f func()) map[DropReason]uint64 {
+	t.Helper()
+	before, err := e.dp.Counters(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f()
+	after, err := e.dp.Counters(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grew := map[DropReason]uint64{}
+	for r, n := range after.Drops {
+		if d := n - before.Drops[r]; d != 0 {
+			grew[r] = d
+		}
+	}
+	return grew
+}
+
 func dhcpOpt(d *layers.DHCPv4, typ layers.DHCPOpt) []byte {
 	for _, o := range d.Options {
 		if o.Type == typ {
@@ -310,16 +331,9 @@ func TestDHCPServerFixture(t *testing.T) {
 				binary.BigEndian.PutUint16(in[24:], 0)
 				binary.BigEndian.PutUint16(in[24:], testutil.IPv4Checksum(in[14:34]))
 			}
-			before, err := e.dp.Counters(c.epID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			v, _, _ := runDHCP(t, e, c.ep(e), in)
-			after, err := e.dp.Counters(c.epID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := after.Drops[c.reason] - before.Drops[c.reason]; v != tcActShot || d != 1 {
+			var v uint32
+			drops := dropsDuring(t, e, c.epID, func() { v, _, _ = runDHCP(t, e, c.ep(e), in) })
+			if d := drops[c.reason]; v != tcActShot || d != 1 {
 				t.Errorf("verdict %d, %s drops +%d; want a drop counted as %s", v, c.reason, d, c.reason)
 			}
 		})
@@ -337,16 +351,9 @@ func TestDHCPServerFixture(t *testing.T) {
 				t.Fatal(err)
 			}
 		}()
-		before, err := e.dp.Counters(3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, _, _ := runDHCP(t, e, ifH3(e), discover.frame(t))
-		after, err := e.dp.Counters(3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := after.Drops[DropDHCP] - before.Drops[DropDHCP]; v != tcActShot || d != 1 {
+		var v uint32
+		drops := dropsDuring(t, e, 3, func() { v, _, _ = runDHCP(t, e, ifH3(e), discover.frame(t)) })
+		if d := drops[DropDHCP]; v != tcActShot || d != 1 {
 			t.Errorf("verdict %d, dhcp-unanswered drops +%d; want a counted drop", v, d)
 		}
 	})
@@ -404,18 +411,12 @@ func TestDHCPServerRandomOptions(t *testing.T) {
 			opts = append(opts, 255)
 		}
 		m := dhcpMsg{ethSrc: vm3MAC, chaddr: vm3MAC, src: "0.0.0.0", dst: "255.255.255.255", rawOpts: opts, padTo: 1}
-		before, err := e.dp.Counters(3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, out, tr := runDHCP(t, e, ifH3(e), m.frame(t))
-		after, err := e.dp.Counters(3)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var v uint32
+		var out []byte
+		var tr podRedirectTrace
 		var drops uint64
-		for r, n := range after.Drops {
-			drops += n - before.Drops[r]
+		for _, n := range dropsDuring(t, e, 3, func() { v, out, tr = runDHCP(t, e, ifH3(e), m.frame(t)) }) {
+			drops += n
 		}
 		want := dhcpModel(opts)
 		switch {

@@ -116,17 +116,18 @@ func KubeVirtVMI(name, node, binding, mac string) string {
 	// endpoint takes (kubevirt.io/domain itself is only an annotation).
 	iface := "        - name: fast\n          binding:\n            name: lanekit\n"
 	network := "    - name: fast\n      multus:\n        networkName: " + VMNetwork + "\n"
-	// On lanekit's binding the guest leases its address by DHCP from its
-	// link (bpf/lib/dhcp.h), as a cloud image would; the others are
-	// configured over the console (ConfigureKubeVirtGuest).
-	args := "console=ttyS0 quiet panic=-1 lk.ip=dhcp"
-	if mac != "" {
-		args += " lk.mac=" + mac
-	}
+	args := "console=ttyS0 quiet panic=-1"
 	if binding == BindingBridge || binding == BindingMasquerade {
 		iface = "        - name: default\n          " + binding + ": {}\n"
 		network = "    - name: default\n      pod: {}\n"
-		args = "console=ttyS0 quiet panic=-1"
+	} else {
+		// On lanekit's binding the guest leases its address by DHCP from
+		// its link (bpf/lib/dhcp.h), as a cloud image would; the others are
+		// configured over the console (ConfigureKubeVirtGuest).
+		args += " lk.ip=dhcp"
+		if mac != "" {
+			args += " lk.mac=" + mac
+		}
 	}
 	if mac != "" {
 		iface += "          macAddress: \"" + mac + "\"\n"
