@@ -197,7 +197,10 @@ func topPrograms(byName map[string]float64, n int) []string {
 
 // writeBPFCost prints each row's BPF run time per connection and per
 // round trip with its three costliest programs, when measured.
-func (r *Report) writeBPFCost(w io.Writer) {
+func (r *Report) writeBPFCost(w io.Writer) { writeBPFCost(w, r.Rows) }
+
+// writeBPFCost prints rows' BPF run time, each labelled by its Path.
+func writeBPFCost(w io.Writer, rows []Row) {
 	for _, m := range []struct {
 		what  string
 		total func(Row) (*Summary, []BPFProgramCost)
@@ -206,7 +209,7 @@ func (r *Report) writeBPFCost(w io.Writer) {
 		{"round trip during RR", func(r Row) (*Summary, []BPFProgramCost) { return r.BPFNsPerRR, r.BPFProgramsRR }},
 	} {
 		head := false
-		for _, row := range r.Rows {
+		for _, row := range rows {
 			total, progs := m.total(row)
 			if total == nil {
 				continue

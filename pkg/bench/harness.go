@@ -139,17 +139,6 @@ func newSamples(repeat int) samples {
 		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan(), bpfConn: bpfSamples{total: nan()}, bpfRR: bpfSamples{total: nan()}}
 }
 
-// addLatency records a sockperf ping-pong run's output as the current
-// repetition.
-func (s *samples) addLatency(out []byte) error {
-	lat, err := ParseSockperf(out)
-	if err != nil {
-		return err
-	}
-	s.setLatency(lat)
-	return nil
-}
-
 func (s *samples) setLatency(lat Latency) { s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99 }
 
 // addCPS records a cps-client run's output as the current repetition.

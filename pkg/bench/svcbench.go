@@ -321,11 +321,21 @@ func backendServers(ctx context.Context, life time.Duration, p SvcPath, port int
 
 // svcConnRate: connections/s to the VIP, spread over the backends.
 func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSamples) error {
+	before := o.bpfBefore()
+	if before != nil {
+		defer before.close()
+	}
 	out, err := vipConns(ctx, o.Options, p, vip, svcCPSPort, 2)
 	if err != nil {
 		return err
 	}
-	return s.addCPS(out)
+	res, err := ParseCPS(out)
+	if err != nil {
+		return err
+	}
+	s.bpfConn.add(s.cur, before, res.Conns)
+	s.setCPS(res)
+	return nil
 }
 
 // vipConns runs the cps client's `parallel` loops against vip:port from
@@ -386,13 +396,23 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 		}
 		defer sp.stop()
 	}
+	before := o.bpfBefore()
+	if before != nil {
+		defer before.close()
+	}
 	out, err := runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
 		"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(svcRRPort),
 		"-t", secondsArg(o.Duration), "--full-rtt")
 	if err != nil {
 		return err
 	}
-	return s.addLatency(out)
+	lat, err := ParseSockperf(out)
+	if err != nil {
+		return err
+	}
+	s.bpfRR.add(s.cur, before, int64(lat.Received))
+	s.setLatency(lat)
+	return nil
 }
 
 // RuleProgrammer loads kube-proxy-shaped rules into a node netns the way

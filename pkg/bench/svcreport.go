@@ -106,8 +106,11 @@ func buildSvcReport(paths []SvcPath, all []svcSamples, o SvcOptions) *SvcReport 
 			ports += len(svc.Ports)
 		}
 		used := s.set.Services[s.set.Used]
+		bpfTotal, bpfProgs := bpfCostOf(&s.bpfConn)
+		bpfRR, bpfProgsRR := bpfCostOf(&s.bpfRR)
 		r.Rows = append(r.Rows, SvcRow{
 			Row: Row{
+				BPFNsPerConn: bpfTotal, BPFPrograms: bpfProgs, BPFNsPerRR: bpfRR, BPFProgramsRR: bpfProgsRR,
 				Path: "svc-" + p.Mode, ClientNS: p.ClientNS, ServerNS: p.NodeNS, ServerIP: used.IP.String(), Server: "netns",
 				RRP50us: p50.Median, RRP50Range: p50, RRP99us: p99.Median, RRP99Range: p99,
 				CPS: cps.Median, CPSRange: cps, Errors: s.errs, Includes: p.Includes,
@@ -301,6 +304,12 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 	for _, t := range r.Targets {
 		fmt.Fprintf(w, "target: %s\n", t)
 	}
+	bpfRows := make([]Row, len(r.Rows))
+	for i, row := range r.Rows {
+		bpfRows[i] = row.Row
+		bpfRows[i].Path = fmt.Sprintf("%s/%d", row.Mode, row.Services)
+	}
+	writeBPFCost(w, bpfRows)
 	for _, row := range r.Rows {
 		if row.DatapathWhat != "" {
 			fmt.Fprintf(w, "datapath only: %s/%d: program %s ms, one change %s ms (%s)\n", row.Mode, row.Services,
