@@ -10,7 +10,10 @@
  * infinite lease, the gateway (gateway_ip) as server, router and, in the
  * classless static routes (RFC 3442, which clients prefer to the router
  * option), as an on-link /32 plus the default route, the routes the CNI
- * result gives a pod. No DNS servers are offered.
+ * result gives a pod. The agent adds what KubeVirt's own DHCP (its bridge
+ * binding) gives a guest from the launcher pod: DNS servers, search domains
+ * and the MTU, rendered per endpoint into lk_dhcp_opts (datapath.DHCPOptions)
+ * and copied in after the fixed options; none without an entry.
  *
  * What the guest writes is not trusted: the frame's source MAC and the
  * client hardware address must be the endpoint's MAC, the source address
@@ -76,7 +79,12 @@ struct bootp_head {
 } __attribute__((packed));
 
 #define BOOTP_NAMES_LEN (64 + 128) /* sname, file: zero in replies */
-#define DHCP_OPTS_AREA 60 /* 4 (cookie) + 60: BOOTP's 300-byte minimum */
+#define DHCP_FIXED_OPTS 43 /* what dhcp_opts writes before END */
+/* The agent's options per endpoint: bytes of whole options, up to what
+ * keeps a reply within the 576-byte datagram every client accepts (RFC
+ * 2131 2: 548 bytes of DHCP message, of which 240 before the options). */
+#define LK_DHCP_EXTRA_MAX 224
+#define DHCP_OPTS_AREA (DHCP_FIXED_OPTS + LK_DHCP_EXTRA_MAX + 1) /* + END */
 #define DHCP_HEAD_OFF (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
 #define DHCP_COOKIE_OFF (DHCP_HEAD_OFF + sizeof(struct bootp_head) + BOOTP_NAMES_LEN)
 #define DHCP_OPTS_OFF (DHCP_COOKIE_OFF + 4)
@@ -107,6 +115,22 @@ struct {
 	__type(key, __u32);
 	__type(value, struct dhcp_reply);
 } lk_dhcp_reply SEC(".maps");
+
+/* lk_dhcp_opts value: len bytes of options (each whole: code, length,
+ * value), zero after them. */
+struct dhcp_extra {
+	__u16 len;
+	__u8 opts[LK_DHCP_EXTRA_MAX];
+};
+
+/* An endpoint's extra DHCP options (key: endpoint ID), VM endpoints only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LK_MAX_ENDPOINTS);
+	__type(key, __u32);
+	__type(value, struct dhcp_extra);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lk_dhcp_opts SEC(".maps");
 
 /* What the walk of the options found (0: absent). */
 struct dhcp_req {
@@ -153,14 +177,16 @@ static __always_inline __u32 dhcp_parse_opts(struct __sk_buff *skb, __u32 off, _
 }
 
 /* dhcp_opts fills the reply's options: message type and server, and for an
- * OFFER or ACK the lease (infinite), mask (/32), router and classless routes. */
-static __always_inline void dhcp_opts(__u8 *o, __u8 type)
+ * OFFER or ACK the lease (infinite), mask (/32), router and classless routes,
+ * then the endpoint's entry in lk_dhcp_opts. The area was zeroed. */
+static __always_inline void dhcp_opts(__u8 *o, __u8 type, const __u32 *ep_id)
 {
+	struct dhcp_extra *x;
+	__u32 n;
 	__be32 g = gateway_ip; /* read through the volatile object (see vm.c is_vm_mac) */
 	__u8 gw[4];
 
 	__builtin_memcpy(gw, &g, 4);
-	__builtin_memset(o, 0, DHCP_OPTS_AREA);
 	o[0] = DHCP_OPT_TYPE;
 	o[1] = 1;
 	o[2] = type;
@@ -188,7 +214,16 @@ static __always_inline void dhcp_opts(__u8 *o, __u8 type)
 	/* o[34..37]: router 0.0.0.0 (zeroed) */
 	o[38] = 0;
 	__builtin_memcpy(&o[39], gw, 4);
-	o[43] = DHCP_OPT_END;
+	o[DHCP_FIXED_OPTS] = DHCP_OPT_END;
+	/* The key is the endpoint entry's own field (a map value): no stack. */
+	x = bpf_map_lookup_elem(&lk_dhcp_opts, ep_id);
+	if (!x)
+		return;
+	n = x->len;
+	if (n > LK_DHCP_EXTRA_MAX)
+		return; /* the agent never writes one; nothing half */
+	__builtin_memcpy(&o[DHCP_FIXED_OPTS], x->opts, LK_DHCP_EXTRA_MAX);
+	o[DHCP_FIXED_OPTS + n] = DHCP_OPT_END;
 }
 
 static __always_inline int dhcp_drop(struct __sk_buff *skb, const struct endpoint_info *ep, __u32 reason,
@@ -283,7 +318,7 @@ static __always_inline int dhcp_serve(struct __sk_buff *skb, struct pkt *p, cons
 	r->b.yiaddr = type == DHCP_NAK ? 0 : ep->ip;
 	r->b.siaddr = 0;
 	r->cookie = bpf_htonl(DHCP_MAGIC);
-	dhcp_opts(r->opts, type);
+	dhcp_opts(r->opts, type, &ep->id);
 
 	/* UDP checksum: the pseudo header (addresses, protocol, length), then
 	 * the datagram */

@@ -53,6 +53,25 @@ func (f *daemonFlags) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&cfg.BandwidthManager, "bandwidth-manager", true, "enforce pods' kubernetes.io/egress-bandwidth in BPF (EDT, paced by an fq qdisc the agent installs on the uplink when the first pod has a limit); ingress-bandwidth is reported, not enforced")
 	fs.StringVar(&cfg.DeviceMode, "device-mode", agent.DeviceAuto, "pod device: auto (netkit L3 if the kernel has it), veth, netkit (L3: no MACs, no ARP) or netkit-l2 (MACs and ARP, for workloads that need them)")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod device MTU (default: the uplink's MTU)")
+	fs.Func("cluster-dns", "the cluster's DNS Service address (kubelet's clusterDNS; comma-separated or repeated, IPv4): VMs' DHCP offers it as their name server with the search list of a ClusterFirst pod of their namespace; empty: VMs get no name server", func(v string) error {
+		for _, s := range strings.Split(unsetRef(v), ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return err
+			}
+			cfg.ClusterDNS = append(cfg.ClusterDNS, a)
+		}
+		return nil
+	})
+	fs.Func("cluster-domain", "the cluster's DNS domain (kubelet's clusterDomain; default cluster.local): VMs' DHCP search list is <namespace>.svc.<domain>, svc.<domain>, <domain> (with --cluster-dns)", func(v string) error {
+		if v = unsetRef(v); v != "" {
+			cfg.ClusterDomain = v
+		}
+		return nil
+	})
 	fs.StringVar(&cfg.TxGSO, "tx-gso", agent.TxGSOKernel, "who segments a VM guest's TSO/USO frames: kernel (each backend gets an AF_PACKET GSO socket per queue; a 64 KB segment leaves as one GSO packet the kernel segments where the route leaves, after the datapath saw one packet) or software (the backend cuts it into MTU-sized AF_XDP frames)")
 	fs.StringVar(&cfg.RxGSO, "rx-gso", agent.RxGSOKernel, "how frames reach a VM's backend: kernel (each backend that asks gets an AF_PACKET socket per queue and the VM's device runs no XDP program, so a pod's 64 KB (BIG TCP: 192 KB) TCP segment reaches the backend as one GSO packet) or xdp (steer_vm redirects MTU-sized frames into the AF_XDP sockets and the backend coalesces them)")
 	fs.StringVar(&cfg.VMSocketDir, "vm-socket-dir", agent.DefaultVMSocketDir, "directory (mode 0700) of the per-VM sockets the vhost-user backend fetches its AF_XDP sockets from")

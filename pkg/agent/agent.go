@@ -49,6 +49,12 @@ type Config struct {
 	BPFDir         string // pin directory; on a BPF filesystem (mounted if missing under /sys/fs/bpf)
 	DeviceMode     string // DeviceAuto, "veth", "netkit" (L3) or "netkit-l2"
 	MTU            int    // 0: the uplink's MTU
+	// ClusterDNS and ClusterDomain are what VM endpoints' DHCP offers as
+	// name servers and search domains (kubelet's clusterDNS and
+	// clusterDomain, as a ClusterFirst pod's resolv.conf has them); no
+	// ClusterDNS: no name servers and no search list.
+	ClusterDNS    []netip.Addr
+	ClusterDomain string
 	// SNATPortMin..SNATPortMax: the NodePort/hairpin SNAT source ports
 	// (datapath.Config; 0, 0: the default 61000-65535).
 	SNATPortMin, SNATPortMax uint16
@@ -266,6 +272,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err := checkVhostUIDs(cfg); err != nil { // vhostuid.go
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
+	if err := checkClusterDNS(cfg); err != nil { // vmdhcp.go
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
 	if cfg.DeviceMode == "" {
 		cfg.DeviceMode = DeviceAuto
 	}
@@ -451,7 +460,7 @@ func (a *Agent) adopt() error {
 		}
 		if !ok {
 			a.log.Info("dropping endpoint whose device is gone", "id", ep.ID, "container", ep.ContainerID, "dev", ep.HostIfName)
-			if dpEp, err := ep.Datapath(); err == nil {
+			if dpEp, err := a.dpEndpoint(&ep); err == nil {
 				if err := a.host.Do(func() error { return a.dp.DeleteEndpoint(dpEp) }); err != nil {
 					a.log.Warn("delete datapath entry of dropped endpoint", "id", ep.ID, "err", err)
 				}
@@ -475,7 +484,7 @@ func (a *Agent) adopt() error {
 				return fmt.Errorf("adopt endpoint %d: %w", ep.ID, err)
 			}
 		}
-		dpEp, err := ep.Datapath()
+		dpEp, err := a.dpEndpoint(&ep)
 		if err == nil && claimsAddress(&ep) { // not an incoming or moved VM (vmmigrate.go)
 			err = a.host.Do(func() error { return a.dp.UpsertEndpoint(dpEp) })
 		}

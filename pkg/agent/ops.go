@@ -219,7 +219,7 @@ func (a *Agent) Add(req AddRequest) (added *endpoint.Endpoint, err error) {
 	}
 	crashAt(StepRecorded)
 
-	dpEp, err := ep.Datapath()
+	dpEp, err := a.dpEndpoint(&ep)
 	if err != nil {
 		return nil, fmt.Errorf("add %s: %w", key, err)
 	}
@@ -268,7 +268,7 @@ func (a *Agent) del(key, hostIf string) (bool, error) {
 		return false, fmt.Errorf("del %s: %w", key, err)
 	}
 	if ok {
-		dpEp, err := ep.Datapath()
+		dpEp, err := a.dpEndpoint(&ep)
 		if err != nil {
 			return true, fmt.Errorf("del %s: %w", key, err)
 		}

@@ -307,7 +307,7 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 	crashAt(StepRecorded)
 
 	if !req.Incoming {
-		dpEp, err := ep.Datapath()
+		dpEp, err := a.dpEndpoint(&ep)
 		if err != nil {
 			return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 		}

@@ -243,7 +243,7 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 	if m.State != endpoint.VMIncoming {
 		return nil, fmt.Errorf("activate vm %s: it is %s: %w", name, m.State, ErrConflict)
 	}
-	dpEp, err := ep.Datapath()
+	dpEp, err := a.dpEndpoint(&ep)
 	if err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
@@ -416,7 +416,7 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 // (mu held). DelVM removes the rest when the source's pod goes. The claim
 // of a dual-stack VM's other address is routed by the sync after it.
 func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
-	dpEp, err := ep.Datapath()
+	dpEp, err := a.dpEndpoint(ep)
 	if err != nil {
 		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}

@@ -45,6 +45,9 @@ type Endpoint struct {
 	HostMAC net.HardwareAddr // host-side device MAC: the pod's gateway MAC
 	Queues  uint16           // rx queues of the endpoint's device; > 1 spreads flows (VMs)
 	VM      bool             // a VM endpoint: delivered through the device, to the AF_XDP steering
+	// DHCP: what a VM endpoint's DHCP server offers beside the lease
+	// (DNS, search domains, MTU); ignored for pods.
+	DHCP DHCPOptions
 }
 
 // Endpoint flags (enum lk_endpoint_flags in bpf/lib/consts.h, generated).

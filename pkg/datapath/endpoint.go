@@ -91,6 +91,9 @@ func (l *Loader) UpsertEndpoint(ep Endpoint) error {
 			return fmt.Errorf("upsert endpoint %d: ipv6 entry: %w", ep.ID, err)
 		}
 	}
+	if err := l.writeDHCPOptions(ep); err != nil {
+		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
+	}
 	if err := l.attach(pinPodLink+ep.IfName, ep.IfIndex, podAttachMode(ep.Mode), l.pod.FromPod); err != nil {
 		return fmt.Errorf("upsert endpoint %d: %w", ep.ID, err)
 	}
@@ -177,7 +180,8 @@ func (l *Loader) DeleteEndpoint(ep Endpoint) error {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints6, ep.IP6.As16()))
 	}
 	if ep.ID != 0 {
-		errs = append(errs, l.deleteMetrics(ep.ID), deleteIgnoreMissing(l.pod.LkEdt, ep.ID))
+		errs = append(errs, l.deleteMetrics(ep.ID), deleteIgnoreMissing(l.pod.LkEdt, ep.ID),
+			deleteIgnoreMissing(l.pod.LkDhcpOpts, ep.ID))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete endpoint %d: %w", ep.ID, err)

@@ -115,7 +115,7 @@ func runDHCP(t *testing.T, e *fixtureEnv, ifindex int, in []byte) (uint32, []byt
 
 // dhcpReply decodes a reply from_pod built and checks what every reply
 // must be: from the gateway's MAC and address, port 67 to 68, valid IPv4 and
-// UDP checksums, a BOOTREPLY of 300 bytes echoing the client's xid and
+// UDP checksums, a BOOTREPLY of dhcpReplyLen bytes echoing the client's xid and
 // hardware address, names zeroed.
 func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *layers.IPv4, *layers.DHCPv4) {
 	t.Helper()
@@ -130,8 +130,8 @@ func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *laye
 	if !bytes.Equal(eth.SrcMAC, e.ep3.HostMAC) || !ip.SrcIP.Equal(DefaultGatewayIP.AsSlice()) {
 		t.Errorf("reply from %s %s, want the gateway %s %s", eth.SrcMAC, ip.SrcIP, e.ep3.HostMAC, DefaultGatewayIP)
 	}
-	if udp.SrcPort != 67 || udp.DstPort != 68 || len(udp.Payload) != 300 {
-		t.Errorf("reply UDP %d -> %d with %d bytes, want 67 -> 68 with 300", udp.SrcPort, udp.DstPort, len(udp.Payload))
+	if udp.SrcPort != 67 || udp.DstPort != 68 || len(udp.Payload) != dhcpReplyLen {
+		t.Errorf("reply UDP %d -> %d with %d bytes, want 67 -> 68 with %d", udp.SrcPort, udp.DstPort, len(udp.Payload), dhcpReplyLen)
 	}
 	if !testutil.IPv4HeaderValid(out) || !testutil.L4ChecksumValid(out) || udp.Checksum == 0 {
 		t.Errorf("reply checksums invalid (IPv4 %v, UDP %#04x)", testutil.IPv4HeaderValid(out), udp.Checksum)
@@ -144,6 +144,11 @@ func dhcpReply(t *testing.T, e *fixtureEnv, out []byte) (*layers.Ethernet, *laye
 	}
 	return eth, ip, d
 }
+
+// dhcpReplyLen is every reply's DHCP message: 240 bytes to the options,
+// 43 of fixed options, the endpoint's DHCPExtraMax and END — at most 548,
+// what every client takes (a 576-byte datagram).
+const dhcpReplyLen = 240 + 43 + DHCPExtraMax + 1
 
 // dropsDuring runs f and returns how each drop counter of endpoint id grew.
 func dropsDuring(t *testing.T, e *fixtureEnv, id uint32, f func()) map[DropReason]uint64 {
@@ -193,6 +198,7 @@ func TestDHCPServerFixture(t *testing.T) {
 		}
 		return m
 	}
+	extras := false // the endpoint has DHCPOptions (the subtest that sets them)
 	lease := func(t *testing.T, d *layers.DHCPv4, want layers.DHCPMsgType) {
 		t.Helper()
 		if got := dhcpOpt(d, layers.DHCPOptMessageType); len(got) != 1 || layers.DHCPMsgType(got[0]) != want {
@@ -215,6 +221,9 @@ func TestDHCPServerFixture(t *testing.T) {
 			if got := dhcpOpt(d, c.opt); !bytes.Equal(got, c.want) {
 				t.Errorf("option %v = %v, want %v", c.opt, got, c.want)
 			}
+		}
+		if got := dhcpOpt(d, layers.DHCPOptDNS); got != nil && !extras {
+			t.Errorf("name servers %v offered with none configured", got)
 		}
 	}
 	sentTo := func(t *testing.T, eth *layers.Ethernet, ip *layers.IPv4, mac net.HardwareAddr, addr net.IP) {
@@ -247,6 +256,54 @@ func TestDHCPServerFixture(t *testing.T) {
 		eth, ip, d := dhcpReply(t, e, out)
 		lease(t, d, layers.DHCPMsgTypeOffer)
 		sentTo(t, eth, ip, layers.EthernetBroadcast, net.IPv4bcast)
+	})
+	t.Run("the endpoint's DHCPOptions: MTU, name servers, domain and search list on OFFER and ACK, not on NAK", func(t *testing.T) {
+		e.enter(t)
+		withOpts := e.ep3
+		withOpts.DHCP = DHCPOptions{DNS: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")},
+			Search: []string{"vms.svc.cluster.local", "svc.cluster.local", "cluster.local"}, MTU: 1450}
+		if err := e.dp.UpsertEndpoint(withOpts); err != nil {
+			t.Fatal(err)
+		}
+		extras = true
+		defer func() {
+			extras = false
+			if err := e.dp.UpsertEndpoint(e.ep3); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		search := []byte("\x03vms\x03svc\x07cluster\x05local\x00\x03svc\x07cluster\x05local\x00\x07cluster\x05local\x00")
+		for _, m := range []dhcpMsg{discover, request(discover, vmIP, gw)} {
+			out, _ := answered(t, m.frame(t))
+			_, _, d := dhcpReply(t, e, out)
+			lease(t, d, map[layers.DHCPMsgType]layers.DHCPMsgType{layers.DHCPMsgTypeDiscover: layers.DHCPMsgTypeOffer,
+				layers.DHCPMsgTypeRequest: layers.DHCPMsgTypeAck}[m.typ])
+			for _, c := range []struct {
+				opt  layers.DHCPOpt
+				want []byte
+			}{
+				{layers.DHCPOptInterfaceMTU, []byte{0x05, 0xaa}},
+				{layers.DHCPOptDNS, []byte{10, 96, 0, 10, 10, 96, 0, 11}},
+				{layers.DHCPOptDomainName, []byte("vms.svc.cluster.local")},
+				{layers.DHCPOptDomainSearch, search},
+			} {
+				if got := dhcpOpt(d, c.opt); !bytes.Equal(got, c.want) {
+					t.Errorf("%v: option %v = %q, want %q", m.typ, c.opt, got, c.want)
+				}
+			}
+			// After the fixed options, exactly these, then END and zeros.
+			want := append([]byte{26, 2, 0x05, 0xaa, 6, 8, 10, 96, 0, 10, 10, 96, 0, 11, 15, 21}, "vms.svc.cluster.local"...)
+			want = append(append(append(want, 119, byte(len(search))), search...), 255)
+			want = append(want, make([]byte, DHCPExtraMax+1-len(want))...)
+			if got := d.Contents[240+43:]; !bytes.Equal(got, want) {
+				t.Errorf("%v: options after the fixed ones\n%x, want\n%x", m.typ, got, want)
+			}
+		}
+		out, _ := answered(t, request(discover, "10.244.1.11", "").frame(t))
+		_, _, d := dhcpReply(t, e, out)
+		if dhcpOpt(d, layers.DHCPOptDNS) != nil || dhcpOpt(d, layers.DHCPOptDomainSearch) != nil {
+			t.Errorf("NAK carries the endpoint's options: %v", d.Options)
+		}
 	})
 	t.Run("short DISCOVER (no padding): the reply grows to BOOTP's 300 bytes", func(t *testing.T) {
 		e.enter(t)

@@ -48,6 +48,12 @@ type podCtKey struct {
 	Pad   uint16
 }
 
+type podDhcpExtra struct {
+	_    structs.HostLayout
+	Len  uint16
+	Opts [224]uint8
+}
+
 type podDhcpReply struct {
 	_     structs.HostLayout
 	Dmac  [6]uint8
@@ -90,7 +96,7 @@ type podDhcpReply struct {
 	}
 	Names  [192]uint8
 	Cookie uint32
-	Opts   [60]uint8
+	Opts   [268]uint8
 }
 
 type podEdtInfo struct {
@@ -548,6 +554,7 @@ const (
 	podMapLkCt6Count            = "lk_ct6_count"
 	podMapLkCt6Nat              = "lk_ct6_nat"
 	podMapLkCtCount             = "lk_ct_count"
+	podMapLkDhcpOpts            = "lk_dhcp_opts"
 	podMapLkDhcpReply           = "lk_dhcp_reply"
 	podMapLkEdt                 = "lk_edt"
 	podMapLkEndpoints           = "lk_endpoints"
@@ -677,6 +684,7 @@ type podMapSpecs struct {
 	LkCt6Count        *ebpf.MapSpec `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.MapSpec `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.MapSpec `ebpf:"lk_ct_count"`
+	LkDhcpOpts        *ebpf.MapSpec `ebpf:"lk_dhcp_opts"`
 	LkDhcpReply       *ebpf.MapSpec `ebpf:"lk_dhcp_reply"`
 	LkEdt             *ebpf.MapSpec `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.MapSpec `ebpf:"lk_endpoints"`
@@ -778,6 +786,7 @@ type podMaps struct {
 	LkCt6Count        *ebpf.Map `ebpf:"lk_ct6_count"`
 	LkCt6Nat          *ebpf.Map `ebpf:"lk_ct6_nat"`
 	LkCtCount         *ebpf.Map `ebpf:"lk_ct_count"`
+	LkDhcpOpts        *ebpf.Map `ebpf:"lk_dhcp_opts"`
 	LkDhcpReply       *ebpf.Map `ebpf:"lk_dhcp_reply"`
 	LkEdt             *ebpf.Map `ebpf:"lk_edt"`
 	LkEndpoints       *ebpf.Map `ebpf:"lk_endpoints"`
@@ -828,6 +837,7 @@ func (m *podMaps) Close() error {
 		m.LkCt6Count,
 		m.LkCt6Nat,
 		m.LkCtCount,
+		m.LkDhcpOpts,
 		m.LkDhcpReply,
 		m.LkEdt,
 		m.LkEndpoints,

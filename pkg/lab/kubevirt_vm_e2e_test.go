@@ -21,6 +21,7 @@ import (
 
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
+	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
@@ -147,6 +148,9 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 			t.Errorf("node %d's kernel forwarded %d datagrams during %d echoes: the path is the kernel's, not lanekit's", i+1, n, recv)
 		}
 	}
+	t.Run("the lease names the cluster's DNS; the guest resolves a Service by name", func(t *testing.T) {
+		kubevirtGuestDNS(t, ctx, kc, con)
+	})
 	t.Run("ClusterIP Service selecting the VM", func(t *testing.T) {
 		kubevirtService(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
@@ -162,6 +166,37 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 	t.Run("VMI deleted: its endpoint and backend are released", func(t *testing.T) {
 		kubevirtDeleteVMI(t, ctx, nodeBins, vmIP)
 	})
+}
+
+// kubevirtGuestDNS: the guest's boot-time DHCP lease (lanekit's datapath,
+// the agents' --cluster-dns) wrote the lab's CoreDNS and the search list of
+// a ClusterFirst pod in the VMI's namespace into its resolv.conf, and the
+// guest resolves the kubernetes Service through it: UDP from the VM to
+// CoreDNS's ClusterIP, answered.
+func kubevirtGuestDNS(t *testing.T, ctx context.Context, kc kubernetes.Interface, con *guest.Console) {
+	svc, err := kc.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, code, err := con.Run(ctx, "cat /etc/resolv.conf")
+	want := []string{"search default.svc." + ClusterDomain + " svc." + ClusterDomain + " " + ClusterDomain, "nameserver " + ClusterDNS}
+	if err != nil || code != 0 || !strings.Contains(rc, want[0]+"\n") || !strings.Contains(rc, want[1]+"\n") {
+		t.Fatalf("guest resolv.conf (%v, exit %d):\n%s\nwant the lines %q", err, code, rc, want)
+	}
+	name := "kubernetes.default.svc." + ClusterDomain
+	var out string
+	ok := false
+	for range 10 { // CoreDNS may still be warming up its caches
+		out, code, err = con.Run(ctx, "nslookup "+name+" 2>&1")
+		if ok = err == nil && code == 0 && strings.Contains(out, svc.Spec.ClusterIP); ok {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if !ok {
+		t.Fatalf("the guest's nslookup %s (%v, exit %d):\n%s\nwant %s", name, err, code, out, svc.Spec.ClusterIP)
+	}
+	t.Logf("guest resolv.conf:\n%sguest resolves %s to %s", rc, name, svc.Spec.ClusterIP)
 }
 
 // kubevirtDeleteVMI deletes VMI vm1 (wherever the migration left it) and

@@ -383,7 +383,9 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 		return err
 	}
 	resources := "  - " + base + "\n"
-	cmKeys, lbPoolPatch := "", ""
+	// VMs' DHCP offers the lab's CoreDNS as kubelet gives it to pods.
+	cmKeys := fmt.Sprintf("        cluster-dns: %s\n        cluster-domain: %s\n", ClusterDNS, ClusterDomain)
+	lbPoolPatch := ""
 	if lbPool != "" {
 		ranges, err := lbPoolRanges(lbPool)
 		if err != nil {
@@ -393,7 +395,7 @@ func installLanekit(ctx context.Context, nodeBins, deployDir string, srv *k8stes
 			return err
 		}
 		resources += "  - " + filepath.Join(base, "lb") + "\n"
-		cmKeys = "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
+		cmKeys += "        lb-ipam: \"true\"\n        l2-announce: \"true\"\n"
 		var addrs strings.Builder
 		for _, r := range ranges {
 			fmt.Fprintf(&addrs, "\n                - %s-%s", r.First, r.Last)
