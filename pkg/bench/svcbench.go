@@ -92,6 +92,17 @@ type SvcPath struct {
 	// repetition, without traffic: lanekit's datapath alone next to the
 	// agent's end-to-end times.
 	Datapath SvcProgrammer
+	// Raw, when set, is measured right after each conn/s run: the same
+	// client (cps-client, 2 loops) between two raw hosts on the lab's wire,
+	// no rules, no BPF: this lab's physical limit for the row, and the
+	// reference that makes labs measured one after the other comparable
+	// (the machine's load moves both alike).
+	Raw *SvcRaw
+}
+
+// SvcRaw is a raw-host pair of the lab (network namespaces).
+type SvcRaw struct {
+	ClientNS, ServerNS, ServerIP string
 }
 
 // Name is the row's label.
@@ -109,8 +120,9 @@ type SvcOptions struct {
 // pod rows' ports, so that no flow of the service rows shares its backend
 // 4-tuple with a pod row's direct flow to the same pod.
 const (
-	svcCPSPort = cpsPort + 1
-	svcRRPort  = sockperfPort + 1
+	svcCPSPort    = cpsPort + 1
+	svcRRPort     = sockperfPort + 1
+	svcRawCPSPort = cpsPort + 2 // SvcPath.Raw's server, on a raw host
 )
 
 var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSPort}, {Name: "rr", Port: svcRRPort, TargetPort: svcRRPort}}
@@ -119,6 +131,7 @@ var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSP
 type svcSamples struct {
 	samples
 	program, change, changeBack []float64 // ms
+	rawCPS                      []float64 // SvcPath.Raw's conn/s, per repetition
 	dpProgram, dpChange         []float64 // ms, SvcPath.Datapath
 	set                         *SvcSet
 	programmed                  bool
@@ -159,7 +172,7 @@ func RunServices(ctx context.Context, paths []SvcPath, o SvcOptions) (*SvcReport
 		}
 		nan := func() []float64 { return newSamples(o.Repeat).cps }
 		all[i] = svcSamples{samples: newSamples(o.Repeat), program: nan(), change: nan(), changeBack: nan(),
-			dpProgram: nan(), dpChange: nan(), set: set}
+			dpProgram: nan(), dpChange: nan(), rawCPS: nan(), set: set}
 	}
 	defer func() {
 		for _, p := range paths {
@@ -269,6 +282,14 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 	} else {
 		o.progress("services rep %d/%d %-26s %.0f conn/s, %.0f connection errors", rep+1, o.Repeat, p.Name(), s.cps[rep], s.cpsErrs[rep])
 	}
+	if p.Raw != nil {
+		if res, err := rawConnRate(ctx, o.Options, *p.Raw); err != nil {
+			fail("raw cps", err)
+		} else {
+			s.rawCPS[rep] = res.CPS
+			o.progress("services rep %d/%d %-26s raw hosts, same client: %.0f conn/s", rep+1, o.Repeat, p.Name(), res.CPS)
+		}
+	}
 	if err := svcRR(ctx, o, p, vip, s); err != nil {
 		fail("rr", err)
 	} else {
@@ -336,6 +357,27 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 	s.bpfConn.add(s.cur, before, res.Conns)
 	s.setCPS(res)
 	return nil
+}
+
+// rawConnRate runs the service rows' conn/s client (2 loops) between raw
+// hosts r.
+func rawConnRate(ctx context.Context, o Options, r SvcRaw) (CPSResult, error) {
+	if o.Self == "" {
+		return CPSResult{}, fmt.Errorf("cps: lanekit executable unknown")
+	}
+	life := o.Duration + 20*time.Second
+	srv, err := startServer(ctx, life, r.ServerNS, svcRawCPSPort,
+		o.Self, "lab", "cps-server", "--listen", hostPort(r.ServerIP, svcRawCPSPort), "--for", life.String())
+	if err != nil {
+		return CPSResult{}, err
+	}
+	defer srv.stop()
+	out, err := runIn(ctx, o.Duration+15*time.Second, r.ClientNS,
+		o.Self, "lab", "cps-client", "--addr", hostPort(r.ServerIP, svcRawCPSPort), "--duration", o.Duration.String(), "--parallel", "2")
+	if err != nil {
+		return CPSResult{}, err
+	}
+	return ParseCPS(out)
 }
 
 // vipConns runs the cps client's `parallel` loops against vip:port from

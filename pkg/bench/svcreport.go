@@ -57,6 +57,12 @@ type SvcRow struct {
 	// services (flatness).
 	VsIptables *PairedRatios `json:"paired_to_iptables,omitempty"`
 	VsFewest   *PairedRatios `json:"paired_to_fewest,omitempty"`
+	// RawCPS: the same client between the lab's raw hosts right after each
+	// conn/s run (SvcPath.Raw), the physical limit; CPSVsRaw: conn/s over
+	// it per repetition, which compares labs measured one after the other.
+	RawCPS     Summary    `json:"raw_cps"`
+	RawCPSReps []*float64 `json:"raw_cps_reps,omitempty"`
+	CPSVsRaw   *Summary   `json:"cps_vs_raw,omitempty"`
 }
 
 // SvcTarget is one service goal checked against a run.
@@ -122,6 +128,7 @@ func buildSvcReport(paths []SvcPath, all []svcSamples, o SvcOptions) *SvcReport 
 			ProgramMs: Summarize(s.program), ProgramWhat: p.Prog.ProgramLabel(), ProgramNote: s.programNote,
 			ChangeMs: Summarize(s.change), ChangeBackMs: Summarize(s.changeBack), ChangeWhat: p.Prog.ChangeLabel(),
 			ProgramReps: reps(s.program), ChangeReps: reps(s.change), ChangeBack: reps(s.changeBack),
+			RawCPS: Summarize(s.rawCPS), RawCPSReps: reps(s.rawCPS),
 		})
 		if p.Datapath != nil {
 			row := &r.Rows[len(r.Rows)-1]
@@ -146,6 +153,7 @@ func (r *SvcReport) Compute() {
 	for i := range r.Rows {
 		row := &r.Rows[i]
 		row.VsIptables, row.VsFewest = nil, nil
+		row.CPSVsRaw = pairedRatio(row.Reps.CPS, row.RawCPSReps)
 		iptables := SvcModeIptables
 		if _, host := SvcBaseMode(row.Mode); host {
 			iptables = SvcModeIptablesHost // host clients against host clients
@@ -273,7 +281,7 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "\nservices: client pod -> ClusterIP (VIP) of one service among N, backends are real pods on node 2; %d × %gs per metric, rows interleaved\n",
 		r.Repeat, r.DurationS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "row\tservices\tendpoints\tconn/s\t×iptables\t×fewest\tRR p50 µs\tRR p99 µs\t×iptables p99\tprogram ms\tone change ms\trestore ms\tconn errors\t")
+	fmt.Fprintln(tw, "row\tservices\tendpoints\tconn/s\t×iptables\t×fewest\t×raw\tRR p50 µs\tRR p99 µs\t×iptables p99\tprogram ms\tone change ms\trestore ms\tconn errors\t")
 	for _, row := range r.Rows {
 		var vi, vf PairedRatios
 		if row.VsIptables != nil {
@@ -282,8 +290,8 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		if row.VsFewest != nil {
 			vf = *row.VsFewest
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", row.Mode, row.Services, row.Endpoints,
-			spread(row.CPSRange, "%.0f"), pairedText(vi.CPS), pairedText(vf.CPS),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", row.Mode, row.Services, row.Endpoints,
+			spread(row.CPSRange, "%.0f"), pairedText(vi.CPS), pairedText(vf.CPS), pairedText(row.CPSVsRaw),
 			spread(row.RRP50Range, "%.1f"), spread(row.RRP99Range, "%.1f"), pairedText(vi.RRP99us),
 			programText(row), spread(row.ChangeMs, "%.2f"), spread(row.ChangeBackMs, "%.2f"), row.CPSErrors)
 	}
@@ -291,6 +299,17 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		return fmt.Errorf("write services table: %w", err)
 	}
 	fmt.Fprintln(w, "×iptables: per-repetition ratio to kube-proxy-iptables with the same services; ×fewest: to the same mode with the fewest services; median (min–max)")
+	for _, row := range r.Rows {
+		if row.CPSVsRaw != nil {
+			fmt.Fprintln(w, "×raw: conn/s over the same client's between the lab's two raw hosts (no rules, no BPF: the physical limit), measured right after it, per repetition")
+			break
+		}
+	}
+	for _, row := range r.Rows {
+		if row.CPSVsRaw != nil {
+			fmt.Fprintf(w, "raw hosts: %s/%d: %s conn/s\n", row.Mode, row.Services, spread(row.RawCPS, "%.0f"))
+		}
+	}
 	seen := map[string]bool{}
 	for _, row := range r.Rows {
 		if seen[row.Mode] {

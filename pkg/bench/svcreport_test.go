@@ -83,6 +83,7 @@ func TestSvcReportTableJSON(t *testing.T) {
 		svcRow(SvcModeLanekit, 10000, ptrs(980, 1100, 900), ptrs(25, 25, 25), ptrs(48, 48, 48), Summary{800, 900, 1200}, Summary{8, 12, 30}),
 	}}}
 	rep.Services.Rows[0].Errors = []string{"rep 2 cps: boom"}
+	rep.Services.Rows[1].RawCPSReps, rep.Services.Rows[1].RawCPS = ptrs(1000, 1000, 1200), Summary{Median: 1000, Min: 1000, Max: 1200}
 	rep.Services.Rows[1].BPFNsPerConn = &Summary{Median: 10200, Min: 10100, Max: 10400}
 	rep.Services.Rows[1].BPFPrograms = []BPFProgramCost{{Name: "from_pod", NsPerConn: 6600, RunsPerConn: 8}}
 	rep.Services.Compute()
@@ -93,10 +94,14 @@ func TestSvcReportTableJSON(t *testing.T) {
 	for _, want := range []string{"kube-proxy-iptables  10000", "100000.0 (100000.0–100000.0)", "12.00 (8.00–30.00)",
 		"1.96 (1.50–2.75)", "target: lanekit conn/s at 10000 services vs kube-proxy iptables mode >= 1.30 ×: 1.960 × (1.500–2.750), met",
 		"error: kube-proxy-iptables/10000: rep 2 cps: boom",
-		"  lanekit/10000                10.2 µs (10.1–10.4): from_pod 6.6 µs (8.0 runs)"} {
+		"  lanekit/10000                10.2 µs (10.1–10.4): from_pod 6.6 µs (8.0 runs)",
+		"0.98 (0.75–1.10)", "raw hosts: lanekit/10000: 1000 (1000–1200) conn/s"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tb.String())
 		}
+	}
+	if strings.Contains(tb.String(), "raw hosts: kube-proxy-iptables") {
+		t.Errorf("a row without raw measurements lists raw hosts:\n%s", tb.String())
 	}
 	if !rep.Failed() {
 		t.Error("a failed service measurement does not fail the report")

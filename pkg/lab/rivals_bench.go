@@ -151,7 +151,7 @@ func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing str
 					fmt.Fprintf(out, "lab bench: %s lab down: %v\n", c, err)
 				}
 			}()
-			_, _, pods, err := upBenchLab(ctx, cfg)
+			st, _, pods, err := upBenchLab(ctx, cfg)
 			if err != nil {
 				return nil, err
 			}
@@ -161,7 +161,7 @@ func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing str
 				return nil, err
 			}
 			prog := &APIProgrammer{Client: fast, Self: o.Self, ClientNS: benchPods[0].Netns, Workers: 16}
-			rows, err := rivalServiceRows(c, counts, pods, prog)
+			rows, err := rivalServiceRows(c, counts, pods, prog, st.svcRaw())
 			if err != nil {
 				return nil, err
 			}
@@ -222,6 +222,15 @@ func fastClient() (kubernetes.Interface, error) {
 	rc := srv.RESTConfig()
 	rc.QPS = -1
 	return kubernetes.NewForConfig(rc)
+}
+
+// svcRaw is the lab's raw-host pair for the service rows' ceiling (nil:
+// the lab has none).
+func (s *State) svcRaw() *bench.SvcRaw {
+	if len(s.Nodes) < 2 || s.Nodes[0].RawNS == "" || s.Nodes[1].RawNS == "" {
+		return nil
+	}
+	return &bench.SvcRaw{ClientNS: s.Nodes[0].RawNS, ServerNS: s.Nodes[1].RawNS, ServerIP: s.Nodes[1].RawIP}
 }
 
 // rivalBenchPaths are a real-node lab's rows: host-raw, host, and the pod

@@ -215,7 +215,7 @@ func (a *APIProgrammer) waitNoAnswer(ctx context.Context, vip string, limit time
 
 // rivalServiceRows are the service rows of a real-node lab: one per count,
 // the client pod to a service whose endpoints are the two server pods.
-func rivalServiceRows(cni string, counts []int, pods map[string]corev1.Pod, prog *APIProgrammer) ([]bench.SvcPath, error) {
+func rivalServiceRows(cni string, counts []int, pods map[string]corev1.Pod, prog *APIProgrammer, raw *bench.SvcRaw) ([]bench.SvcPath, error) {
 	var backends []bench.SvcBackend
 	for _, bp := range benchPods[1:] {
 		a, err := netip.ParseAddr(pods[bp.Name].Status.PodIP)
@@ -232,7 +232,7 @@ func rivalServiceRows(cni string, counts []int, pods map[string]corev1.Pod, prog
 	var out []bench.SvcPath
 	for _, n := range counts {
 		out = append(out, bench.SvcPath{Mode: cni, Services: n, ClientNS: benchPods[0].Netns, Backends: backends,
-			NodeNS: NodeNS(1), ClusterCIDR: cidr, Includes: inc, Prog: prog, Shared: true})
+			NodeNS: NodeNS(1), ClusterCIDR: cidr, Includes: inc, Prog: prog, Shared: true, Raw: raw})
 	}
 	return out, nil
 }

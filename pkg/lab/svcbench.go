@@ -120,7 +120,7 @@ func (s *State) ServiceRows(ctx context.Context, b SvcBench) ([]bench.SvcPath, [
 				client = SvcNodeNS(k) // a process of the node: nat OUTPUT
 			}
 			paths = append(paths, bench.SvcPath{Mode: mode, Services: n, ClientNS: client, NodeNS: SvcNodeNS(k),
-				Backends: backends, ClusterCIDR: cidr, Includes: inc,
+				Backends: backends, ClusterCIDR: cidr, Includes: inc, Raw: s.svcRaw(),
 				Prog: bench.RuleProgrammer{NS: SvcNodeNS(k), Mode: base}})
 		}
 	}

@@ -56,7 +56,7 @@ func (s *State) lanekitSvcRows(counts []int, cidr netip.Prefix, host bool, prog 
 	var rows []bench.SvcPath
 	for _, n := range counts {
 		row := bench.SvcPath{Mode: mode, Services: n, ClientNS: clientNS, ClientCgroup: cgroup, NodeNS: n1.NS,
-			Backends: backends, ClusterCIDR: cidr, Includes: inc, Prog: prog, Shared: true}
+			Backends: backends, ClusterCIDR: cidr, Includes: inc, Prog: prog, Shared: true, Raw: s.svcRaw()}
 		if !host {
 			row.Datapath = dp // timed once, with the pod rows
 		}
