@@ -22,8 +22,15 @@ func (a *Agent) dpEndpoint(ep *endpoint.Endpoint) (datapath.Endpoint, error) {
 	if len(a.cfg.ClusterDNS) > 0 {
 		dp.DHCP.DNS = a.cfg.ClusterDNS
 		if d := a.cfg.ClusterDomain; d != "" {
+			// The namespace comes with the CNI call: a name that makes no
+			// domain (too long with a long cluster domain) is left out,
+			// not a failed ADD.
 			ns, _, _ := argsView(ep)
-			dp.DHCP.Search = []string{ns + ".svc." + d, "svc." + d, d}
+			for _, s := range []string{ns + ".svc." + d, "svc." + d, d} {
+				if datapath.ValidDomain(s) {
+					dp.DHCP.Search = append(dp.DHCP.Search, s)
+				}
+			}
 		}
 	}
 	return dp, nil

@@ -27,6 +27,13 @@ func TestVMDHCPOptions(t *testing.T) {
 	if _, err := dp.DHCP.Render(); err != nil {
 		t.Errorf("render: %v", err)
 	}
+	// A namespace that makes no domain name (from a CNI caller) is left
+	// out of the list; the rest stays.
+	bad := vm
+	bad.Labels = map[string]string{ArgPodNamespace: "no spaces allowed"}
+	if dp, err := a.dpEndpoint(&bad); err != nil || !slices.Equal(dp.DHCP.Search, []string{"svc.corp.example", "corp.example"}) {
+		t.Errorf("bad namespace: %+v %v", dp.DHCP, err)
+	}
 	a.cfg.ClusterDNS = nil
 	if dp, _ := a.dpEndpoint(&vm); dp.DHCP.MTU != 1450 || dp.DHCP.DNS != nil || dp.DHCP.Search != nil {
 		t.Errorf("no cluster DNS: %+v", dp.DHCP)

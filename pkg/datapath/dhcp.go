@@ -94,6 +94,12 @@ func (o DHCPOptions) Fit() ([]byte, int, error) {
 
 var errDHCPTooLong = errors.New("too long")
 
+// ValidDomain reports whether d can be offered as a search domain.
+func ValidDomain(d string) bool {
+	_, err := dnsName(d)
+	return err == nil
+}
+
 // dnsName encodes a domain name in DNS wire format (RFC 1035 3.1, no
 // compression): labels of 1-63 letters, digits and hyphens.
 func dnsName(d string) ([]byte, error) {
