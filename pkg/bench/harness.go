@@ -396,12 +396,21 @@ func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
 		return err
 	}
 	defer srv.stop()
+	return s.connRun(o, func() ([]byte, error) {
+		return runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
+			o.Self, "lab", "cps-client", "--addr", addr, "--duration", o.Duration.String())
+	})
+}
+
+// connRun runs a conn/s client (run returns its JSON line) with the BPF
+// programs' run time read around it, and records both as the current
+// repetition.
+func (s *samples) connRun(o Options, run func() ([]byte, error)) error {
 	before := o.bpfBefore()
 	if before != nil {
 		defer before.close()
 	}
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
-		o.Self, "lab", "cps-client", "--addr", addr, "--duration", o.Duration.String())
+	out, err := run()
 	if err != nil {
 		return err
 	}

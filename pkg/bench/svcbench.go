@@ -342,21 +342,7 @@ func backendServers(ctx context.Context, life time.Duration, p SvcPath, port int
 
 // svcConnRate: connections/s to the VIP, spread over the backends.
 func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSamples) error {
-	before := o.bpfBefore()
-	if before != nil {
-		defer before.close()
-	}
-	out, err := vipConns(ctx, o.Options, p, vip, svcCPSPort, 2)
-	if err != nil {
-		return err
-	}
-	res, err := ParseCPS(out)
-	if err != nil {
-		return err
-	}
-	s.bpfConn.add(s.cur, before, res.Conns)
-	s.setCPS(res)
-	return nil
+	return s.connRun(o.Options, func() ([]byte, error) { return vipConns(ctx, o.Options, p, vip, svcCPSPort, 2) })
 }
 
 // rawConnRate runs the service rows' conn/s client (2 loops) between raw
