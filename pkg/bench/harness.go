@@ -364,11 +364,18 @@ func runSockperf(ctx context.Context, o Options, p Path, s *samples) error {
 		}
 		defer sp.stop()
 	}
+	return s.rrRun(o, func() ([]byte, error) { return runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...) })
+}
+
+// rrRun runs a sockperf ping-pong client (run returns its output) with the
+// BPF programs' run time read around it, and records both as the current
+// repetition.
+func (s *samples) rrRun(o Options, run func() ([]byte, error)) error {
 	before := o.bpfBefore()
 	if before != nil {
 		defer before.close()
 	}
-	out, err := runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
+	out, err := run()
 	if err != nil {
 		return err
 	}

@@ -424,23 +424,11 @@ func svcRR(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *svcSampl
 		}
 		defer sp.stop()
 	}
-	before := o.bpfBefore()
-	if before != nil {
-		defer before.close()
-	}
-	out, err := runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
-		"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(svcRRPort),
-		"-t", secondsArg(o.Duration), "--full-rtt")
-	if err != nil {
-		return err
-	}
-	lat, err := ParseSockperf(out)
-	if err != nil {
-		return err
-	}
-	s.bpfRR.add(s.cur, before, int64(lat.Received))
-	s.setLatency(lat)
-	return nil
+	return s.rrRun(o.Options, func() ([]byte, error) {
+		return runInCgroup(ctx, o.Duration+15*time.Second, p.ClientNS, p.ClientCgroup,
+			"sockperf", "pp", "--tcp", "-i", vip, "-p", strconv.Itoa(svcRRPort),
+			"-t", secondsArg(o.Duration), "--full-rtt")
+	})
 }
 
 // RuleProgrammer loads kube-proxy-shaped rules into a node netns the way
