@@ -391,22 +391,32 @@ func (s *samples) rrRun(o Options, run func() ([]byte, error)) error {
 // runConnRate: TCP connections per second (connect, 1 byte, close) with the
 // lanekit helper subcommands.
 func runConnRate(ctx context.Context, o Options, p Path, s *samples) error {
-	if o.Self == "" {
-		return fmt.Errorf("cps: lanekit executable unknown")
-	}
-	life := o.Duration + 20*time.Second
-	addr, listen := hostPort(p.ServerIP, cpsPort), hostPort(p.listenIP(), cpsPort)
-	srv, err := p.server(ctx, life, cpsPort,
-		[]string{o.Self, "lab", "cps-server", "--listen", listen, "--for", life.String()},
-		[]string{"lk-bench", "cps-server", "--listen", listen, "--for", life.String()})
+	srv, run, err := pathConns(ctx, o, p, cpsPort)
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
-	return s.connRun(o, func() ([]byte, error) {
+	return s.connRun(o, run)
+}
+
+// pathConns starts p's cps server on port and returns it with the client's
+// run (its JSON line), for the caller to time and stop.
+func pathConns(ctx context.Context, o Options, p Path, port int) (stopper, func() ([]byte, error), error) {
+	if o.Self == "" {
+		return nil, nil, fmt.Errorf("cps: lanekit executable unknown")
+	}
+	life := o.Duration + 20*time.Second
+	addr, listen := hostPort(p.ServerIP, port), hostPort(p.listenIP(), port)
+	srv, err := p.server(ctx, life, port,
+		[]string{o.Self, "lab", "cps-server", "--listen", listen, "--for", life.String()},
+		[]string{"lk-bench", "cps-server", "--listen", listen, "--for", life.String()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return srv, func() ([]byte, error) {
 		return runIn(ctx, o.Duration+15*time.Second, p.ClientNS,
 			o.Self, "lab", "cps-client", "--addr", addr, "--duration", o.Duration.String())
-	})
+	}, nil
 }
 
 // connRun runs a conn/s client (run returns its JSON line) with the BPF

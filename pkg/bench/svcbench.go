@@ -125,7 +125,10 @@ const (
 	svcRawCPSPort = cpsPort + 2 // SvcPath.Raw's server, on a raw host
 )
 
-var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSPort}, {Name: "rr", Port: svcRRPort, TargetPort: svcRRPort}}
+// SvcPortRR names the client service's RR port (one sockperf connection a run).
+const SvcPortRR = "rr"
+
+var svcUsedPorts = []SvcPort{{Name: "cps", Port: svcCPSPort, TargetPort: svcCPSPort}, {Name: SvcPortRR, Port: svcRRPort, TargetPort: svcRRPort}}
 
 // svcSamples are one service row's raw values per repetition.
 type svcSamples struct {
@@ -345,21 +348,15 @@ func svcConnRate(ctx context.Context, o SvcOptions, p SvcPath, vip string, s *sv
 	return s.connRun(o.Options, func() ([]byte, error) { return vipConns(ctx, o.Options, p, vip, svcCPSPort, 2) })
 }
 
-// rawConnRate runs the service rows' conn/s client (2 loops) between raw
-// hosts r.
+// rawConnRate runs the pod rows' conn/s client (2 loops, as the service
+// rows') between raw hosts r.
 func rawConnRate(ctx context.Context, o Options, r SvcRaw) (CPSResult, error) {
-	if o.Self == "" {
-		return CPSResult{}, fmt.Errorf("cps: lanekit executable unknown")
-	}
-	life := o.Duration + 20*time.Second
-	srv, err := startServer(ctx, life, r.ServerNS, svcRawCPSPort,
-		o.Self, "lab", "cps-server", "--listen", hostPort(r.ServerIP, svcRawCPSPort), "--for", life.String())
+	srv, run, err := pathConns(ctx, o, Path{ClientNS: r.ClientNS, ServerNS: r.ServerNS, ServerIP: r.ServerIP}, svcRawCPSPort)
 	if err != nil {
 		return CPSResult{}, err
 	}
 	defer srv.stop()
-	out, err := runIn(ctx, o.Duration+15*time.Second, r.ClientNS,
-		o.Self, "lab", "cps-client", "--addr", hostPort(r.ServerIP, svcRawCPSPort), "--duration", o.Duration.String(), "--parallel", "2")
+	out, err := run()
 	if err != nil {
 		return CPSResult{}, err
 	}

@@ -299,16 +299,16 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		return fmt.Errorf("write services table: %w", err)
 	}
 	fmt.Fprintln(w, "×iptables: per-repetition ratio to kube-proxy-iptables with the same services; ×fewest: to the same mode with the fewest services; median (min–max)")
+	legend := false
 	for _, row := range r.Rows {
-		if row.CPSVsRaw != nil {
+		if row.CPSVsRaw == nil {
+			continue
+		}
+		if !legend {
 			fmt.Fprintln(w, "×raw: conn/s over the same client's between the lab's two raw hosts (no rules, no BPF: the physical limit), measured right after it, per repetition")
-			break
+			legend = true
 		}
-	}
-	for _, row := range r.Rows {
-		if row.CPSVsRaw != nil {
-			fmt.Fprintf(w, "raw hosts: %s/%d: %s conn/s\n", row.Mode, row.Services, spread(row.RawCPS, "%.0f"))
-		}
+		fmt.Fprintf(w, "raw hosts: %s/%d: %s conn/s\n", row.Mode, row.Services, spread(row.RawCPS, "%.0f"))
 	}
 	seen := map[string]bool{}
 	for _, row := range r.Rows {

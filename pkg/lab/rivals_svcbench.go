@@ -93,7 +93,7 @@ func (a *APIProgrammer) Program(ctx context.Context, set *bench.SvcSet, limit ti
 	// kube-proxy-iptables at 806-925 conn/s). RR uses one connection.
 	probe := used.Ports[len(used.Ports)-1]
 	for _, p := range used.Ports {
-		if p.Name == "rr" {
+		if p.Name == bench.SvcPortRR {
 			probe = p
 		}
 	}
