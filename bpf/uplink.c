@@ -3,7 +3,9 @@
 /* uplink.c: programs on the node uplink (the "wire").
  *   from_uplink (tcx ingress): untagged IPv4 and IPv6 for a local pod goes straight
  *     into the pod's netns with bpf_redirect_peer; everything else (VLAN
- *     tagged frames included) continues to the host stack.
+ *     tagged frames included) continues to the host stack. In tunnel mode
+ *     another node's VXLAN packet for a local pod is decapsulated here
+ *     first (lib/tunnel.h: tunnel_uplink_decap).
  *   to_uplink (tcx egress): replies of the node's own stack to service flows
  *     it was the backend of get the frontend's address back.
  *   from_tunnel (tcx ingress of the VXLAN device, tunnel routing mode): the
@@ -97,9 +99,15 @@ static __always_inline int from_wire(struct __sk_buff *skb, __u32 src_hint)
 SEC("tc")
 int from_uplink(struct __sk_buff *skb)
 {
+	long ident = TUNNEL_UPLINK_PASS;
+
 	if (skb->pkt_type != PACKET_HOST)
 		return TC_ACT_OK;
-	return from_wire(skb, 0);
+	/* Tunnel mode: another node's VXLAN packet for a local endpoint is
+	 * decapsulated here (lib/tunnel.h), the rest goes on as it came. */
+	if (tunnel_ifindex)
+		ident = tunnel_uplink_decap(skb);
+	return from_wire(skb, ident == TUNNEL_UPLINK_PASS ? 0 : (__u32)ident);
 }
 
 /* to_uplink (tcx egress of the uplink): what the node's own stack sends

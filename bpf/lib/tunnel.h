@@ -65,6 +65,13 @@ static const __u8 tunnel_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x4c };
  * receiving VXLAN device drops as a loop (vxlan_set_mac). */
 static const __u8 tunnel_src_mac[6] = { 0x02, 0x4c, 0x4b, 0x54, 0x4e, 0x53 };
 
+/* bpf_skb_set_tunnel_key flags: outer UDP checksum 0, as RFC 7348 says an
+ * IPv4 VXLAN sender should (the helper asks for one by default; the
+ * device's own udpcsum setting does not apply to collect_md). The inner
+ * packet keeps its own checksums, and the receiving node's from_uplink
+ * decapsulates only packets without one (tunnel_uplink_decap). */
+#define TUNNEL_KEY_FLAGS BPF_F_ZERO_CSUM_TX
+
 /* lk_tunnel_nodes key: an LPM trie key over pod CIDRs. */
 struct tunnel_node_key {
 	__u32 prefixlen;
@@ -87,7 +94,8 @@ enum lk_tunnel_stat {
 	TUNNEL_STAT_OVERSIZE = 3, /* too big for the tunnel: to the host stack (ICMP frag needed or fragments) */
 	TUNNEL_STAT_ENCAP_ERR = 4, /* bpf_skb_set_tunnel_key failed (dropped) */
 	TUNNEL_STAT_HOST_ENCAP = 5, /* the node's own packets to another node's pod (to_tunnel) */
-	TUNNEL_STAT_MAX = 6,
+	TUNNEL_STAT_DECAP_UPLINK = 6, /* of DECAP: decapsulated in from_uplink, the kernel's VXLAN receive skipped */
+	TUNNEL_STAT_MAX = 7,
 };
 const enum lk_tunnel_stat *lk_unused_tunnel_stat __attribute__((unused));
 
@@ -178,50 +186,140 @@ static __always_inline __u32 tunnel_identity_of(__u32 vni)
 	return *id;
 }
 
-/* tunnel_rx_check judges where a packet the tunnel device decapsulated
- * comes from. Its outer source must be another node's underlay address
- * (lk_tunnel_peers; none, or an IPv6 underlay: DROP_TUNNEL_UNKNOWN_NODE)
- * and the inner packet IPv4 (the tunnel carries nothing else). Its inner
- * source, when some pod CIDR or moved VM claim of lk_tunnel_nodes holds it,
- * must be the sending node's: then *ident is the identity its VNI carries.
- * Any other inner source is the sending node's stack (its underlay address,
- * another of its addresses a hostNetwork socket answers from, a NodePort
- * flow it source-NATed to the address its client dialed), judged by address
- * (*ident 0: a VNI never lends it a pod's identity), unless it is another
- * node's underlay address or one of this node's own (the host identity).
- * Else DROP_TUNNEL_FOREIGN_SRC. Returns 0 or a drop reason. Not inlined:
- * the tunnel key stays off the caller's stack, which from_wire's pipeline
- * fills nearly to the limit. */
-static __noinline __attribute__((unused)) __u32 tunnel_rx_check(struct __sk_buff *skb, __u32 *ident)
+/* tunnel_src_check judges where a decapsulated packet comes from: outer,
+ * its outer source; src, its inner IPv4 source; vni, the VNI it carried.
+ * The outer source must be another node's underlay address
+ * (lk_tunnel_peers; else DROP_TUNNEL_UNKNOWN_NODE). The inner source, when
+ * some pod CIDR or moved VM claim of lk_tunnel_nodes holds it, must be the
+ * sending node's: then *ident is the identity its VNI carries. Any other
+ * inner source is the sending node's stack (its underlay address, another of
+ * its addresses a hostNetwork socket answers from, a NodePort flow it
+ * source-NATed to the address its client dialed), judged by address (*ident
+ * 0: a VNI never lends it a pod's identity), unless it is another node's
+ * underlay address or one of this node's own (the host identity). Else
+ * DROP_TUNNEL_FOREIGN_SRC. Returns 0 or a drop reason. */
+static __always_inline __u32 tunnel_src_check(__be32 outer, __be32 src, __u32 vni, __u32 *ident)
 {
-	struct tunnel_node_key k = { .prefixlen = 32 };
-	struct bpf_tunnel_key key = {};
+	struct tunnel_node_key k = { .prefixlen = 32, .addr = src };
 	struct tunnel_node *n;
-	__be16 proto;
-	__be32 outer;
 
-	if (!skb || !ident || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
-		return DROP_TUNNEL_UNKNOWN_NODE;
-	outer = bpf_htonl(key.remote_ipv4);
+	*ident = 0;
 	if (!bpf_map_lookup_elem(&lk_tunnel_peers, &outer))
 		return DROP_TUNNEL_UNKNOWN_NODE;
-	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0 ||
-	    proto != bpf_htons(ETH_P_IP) ||
-	    bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, saddr), &k.addr, sizeof(k.addr)) < 0)
-		return DROP_TUNNEL_FOREIGN_SRC;
-	*ident = 0;
-	if (k.addr == outer)
+	if (src == outer)
 		return 0; /* the node itself */
 	n = bpf_map_lookup_elem(&lk_tunnel_nodes, &k);
 	if (n) {
 		if ((n->flags & TUNNEL_NODE_F_SELF) || n->underlay != outer)
 			return DROP_TUNNEL_FOREIGN_SRC; /* a pod of this node's or a third node's */
-		*ident = tunnel_identity_of(key.tunnel_id);
+		*ident = tunnel_identity_of(vni);
 		return 0;
 	}
-	if (bpf_map_lookup_elem(&lk_tunnel_peers, &k.addr) || policy_endpoint_identity(k.addr) == LK_IDENTITY_HOST)
+	if (bpf_map_lookup_elem(&lk_tunnel_peers, &src) || policy_endpoint_identity(src) == LK_IDENTITY_HOST)
 		return DROP_TUNNEL_FOREIGN_SRC; /* speaking as another node, or as this one */
 	return 0;
+}
+
+/* tunnel_rx_check is tunnel_src_check for a packet the tunnel device
+ * decapsulated (from_tunnel): the outer source and VNI from its tunnel
+ * metadata (none, or an IPv6 underlay: DROP_TUNNEL_UNKNOWN_NODE), the inner
+ * packet IPv4 (the tunnel carries nothing else: else
+ * DROP_TUNNEL_FOREIGN_SRC). Not inlined: the tunnel key stays off the
+ * caller's stack, which from_wire's pipeline fills nearly to the limit. */
+static __noinline __attribute__((unused)) __u32 tunnel_rx_check(struct __sk_buff *skb, __u32 *ident)
+{
+	struct bpf_tunnel_key key = {};
+	__be16 proto;
+	__be32 outer, src;
+
+	if (!skb || !ident || bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) < 0)
+		return DROP_TUNNEL_UNKNOWN_NODE;
+	outer = bpf_htonl(key.remote_ipv4);
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto)) < 0 ||
+	    proto != bpf_htons(ETH_P_IP) ||
+	    bpf_skb_load_bytes(skb, sizeof(struct ethhdr) + offsetof(struct iphdr, saddr), &src, sizeof(src)) < 0)
+		return bpf_map_lookup_elem(&lk_tunnel_peers, &outer) ? DROP_TUNNEL_FOREIGN_SRC : DROP_TUNNEL_UNKNOWN_NODE;
+	return tunnel_src_check(outer, src, key.tunnel_id, ident);
+}
+
+/* The VXLAN header (RFC 7348): the I flag (VNI valid) and nothing else set
+ * in the first word; the VNI in the top 24 bits of the second. */
+struct tunnel_vxlanhdr {
+	__be32 flags;
+	__be32 vni;
+};
+
+#define TUNNEL_VXLAN_FLAGS 0x08000000
+/* Outer IPv4 + UDP + VXLAN + inner Ethernet: what decapsulation removes
+ * after the outer Ethernet header. */
+#define TUNNEL_OVERHEAD (sizeof(struct iphdr) + sizeof(struct udphdr) + sizeof(struct tunnel_vxlanhdr) + sizeof(struct ethhdr))
+
+/* TUNNEL_UPLINK_PASS: tunnel_uplink_decap left the packet to the kernel. */
+#define TUNNEL_UPLINK_PASS (-1)
+
+/* tunnel_uplink_decap decapsulates, in from_uplink, a VXLAN packet another
+ * node sent about its pod to a pod or VM of this one, so that it skips the
+ * node's IP and UDP receive, the VXLAN device and its GRO cell: from_wire
+ * then runs on the inner packet as from_tunnel would, and redirect_peer
+ * takes it into the pod. Only the plain case, as our nodes send it: outer
+ * IPv4 to one of this node's addresses (the host identity) with a valid
+ * header checksum, no options, not a fragment, its length the frame's; UDP
+ * to the tunnel port, checksum 0 (the VXLAN devices send none), its length
+ * the datagram's; the VXLAN I flag alone; an inner IPv4 frame to the tunnel
+ * MAC, no options, not a fragment, TTL > 1, for a local endpoint; not a GSO
+ * packet (on this kernel bpf_skb_adjust_room leaves a GSO packet's UDP
+ * tunnel type and encapsulation mark in place, which would break its
+ * segmentation if forwarded: the kernel device takes those, bulk TCP's GRO
+ * aggregates); and the sender judged by tunnel_src_check with the identity
+ * its VNI carries. Everything else, a forged or foreign packet included,
+ * is left unchanged to the VXLAN device and from_tunnel, which judges and
+ * counts it as before: one place decides drops. Returns the sender's
+ * identity (0: resolve the inner source) once decapsulated, else
+ * TUNNEL_UPLINK_PASS. Not inlined: its frame stays off from_wire's. */
+static __noinline __attribute__((unused)) long tunnel_uplink_decap(struct __sk_buff *skb)
+{
+	void *data, *end;
+	struct ethhdr *eth, *ieth;
+	struct iphdr *ip, *iip;
+	struct udphdr *udp;
+	struct tunnel_vxlanhdr *vx;
+	__u32 ident, vni;
+
+	if (!skb || !tunnel_ifindex || skb->gso_size || skb->vlan_present)
+		return TUNNEL_UPLINK_PASS;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	udp = (void *)(ip + 1);
+	vx = (void *)(udp + 1);
+	ieth = (void *)(vx + 1);
+	iip = (void *)(ieth + 1);
+	if ((void *)(iip + 1) > end)
+		return TUNNEL_UPLINK_PASS;
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
+	    (ip->frag_off & bpf_htons(0x3fff)) || bpf_ntohs(ip->tot_len) != skb->len - sizeof(*eth))
+		return TUNNEL_UPLINK_PASS;
+	if (udp->dest != bpf_htons(tunnel_port) || udp->check ||
+	    bpf_ntohs(udp->len) != bpf_ntohs(ip->tot_len) - sizeof(*ip))
+		return TUNNEL_UPLINK_PASS;
+	if (vx->flags != bpf_htonl(TUNNEL_VXLAN_FLAGS) || (vx->vni & bpf_htonl(0xff)))
+		return TUNNEL_UPLINK_PASS;
+	if (ieth->h_proto != bpf_htons(ETH_P_IP) || !mac_equal(ieth->h_dest, tunnel_mac) || iip->version != 4 ||
+	    iip->ihl != 5 || (iip->frag_off & bpf_htons(0x3fff)) || iip->ttl <= 1)
+		return TUNNEL_UPLINK_PASS;
+	if (csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0)))
+		return TUNNEL_UPLINK_PASS; /* a broken outer header: the stack drops it */
+	if (policy_endpoint_identity(ip->daddr) != LK_IDENTITY_HOST || !bpf_map_lookup_elem(&lk_endpoints, &iip->daddr))
+		return TUNNEL_UPLINK_PASS;
+	vni = bpf_ntohl(vx->vni) >> 8;
+	if (tunnel_src_check(ip->saddr, iip->saddr, vni, &ident))
+		return TUNNEL_UPLINK_PASS; /* from_tunnel drops it, with the reason */
+	if (bpf_skb_adjust_room(skb, -(__s32)TUNNEL_OVERHEAD, BPF_ADJ_ROOM_MAC, 0) < 0)
+		return TUNNEL_UPLINK_PASS; /* unchanged: the device's */
+	tunnel_count(TUNNEL_STAT_DECAP);
+	tunnel_count(TUNNEL_STAT_DECAP_UPLINK);
+	return ident;
 }
 
 /* tunnel_port_guard returns DROP_TUNNEL_PORT for a packet an endpoint sent
@@ -273,7 +371,7 @@ static __always_inline __attribute__((unused)) int tunnel_host_key(struct __sk_b
 	 * too, the receiver would drop it as a loop. */
 	mac_copy(p->eth->h_dest, tunnel_mac);
 	mac_copy(p->eth->h_source, tunnel_src_mac);
-	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
+	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), TUNNEL_KEY_FLAGS) < 0) {
 		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
 		return TC_ACT_SHOT;
 	}
@@ -315,7 +413,7 @@ static __always_inline int tunnel_route(struct __sk_buff *skb, struct pkt *p, __
 	ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, tunnel_mac);
 	mac_copy(p->eth->h_source, tunnel_src_mac);
-	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0) < 0) {
+	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), TUNNEL_KEY_FLAGS) < 0) {
 		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
 		return drop(skb, ep_id, DROP_REDIRECT);
 	}

@@ -472,7 +472,8 @@ const (
 	podLkTunnelStatTUNNEL_STAT_OVERSIZE     podLkTunnelStat = 3
 	podLkTunnelStatTUNNEL_STAT_ENCAP_ERR    podLkTunnelStat = 4
 	podLkTunnelStatTUNNEL_STAT_HOST_ENCAP   podLkTunnelStat = 5
-	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 6
+	podLkTunnelStatTUNNEL_STAT_DECAP_UPLINK podLkTunnelStat = 6
+	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 7
 )
 
 type podMetricsKey struct {

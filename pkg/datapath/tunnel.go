@@ -45,6 +45,7 @@ const (
 	TunnelOversize    = TunnelStat(podLkTunnelStatTUNNEL_STAT_OVERSIZE)     // too big for the tunnel: to the stack (ICMP frag needed)
 	TunnelEncapErr    = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP_ERR)    // setting the tunnel key failed
 	TunnelHostEncap   = TunnelStat(podLkTunnelStatTUNNEL_STAT_HOST_ENCAP)   // the node's own packets into the tunnel
+	TunnelDecapUplink = TunnelStat(podLkTunnelStatTUNNEL_STAT_DECAP_UPLINK) // of TunnelDecap: decapsulated in from_uplink, the kernel's VXLAN receive skipped
 	tunnelStatMax     = int(podLkTunnelStatTUNNEL_STAT_MAX)
 )
 
@@ -62,6 +63,8 @@ func (s TunnelStat) String() string {
 		return "encap-error"
 	case TunnelHostEncap:
 		return "host-encap"
+	case TunnelDecapUplink:
+		return "decap-uplink"
 	}
 	return "unknown"
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/datapath"
 )
 
@@ -95,14 +97,15 @@ func TestTunnelPathTruth(t *testing.T) {
 				ts, tb := tunnelStats(t, n), tunBefore[n]
 				encap, decap := since(ts[datapath.TunnelEncap], tb[datapath.TunnelEncap]), since(ts[datapath.TunnelDecap], tb[datapath.TunnelDecap])
 				vni := since(ts[datapath.TunnelVNIIdentity], tb[datapath.TunnelVNIIdentity])
+				upDecap := since(ts[datapath.TunnelDecapUplink], tb[datapath.TunnelDecapUplink])
 				up := uplinkTx(t, ctx, n)
 				wireTx, wireBytes := since(up.packets, upBefore[n].packets), since(up.bytes, upBefore[n].bytes)
 				perSkb := uint64(0)
 				if wireTx > 0 {
 					perSkb = wireBytes / wireTx
 				}
-				t.Logf("node%d: tunnel encap %d (uplink sent %d skbs, %d bytes each on average), decap %d (%d with a VNI identity)",
-					n, encap, wireTx, perSkb, decap, vni)
+				t.Logf("node%d: tunnel encap %d (uplink sent %d skbs, %d bytes each on average), decap %d (%d with a VNI identity, %d in from_uplink)",
+					n, encap, wireTx, perSkb, decap, vni, upDecap)
 				if float64(encap) < (1-maxKernelShare)*float64(bpfFwd) {
 					t.Errorf("node%d: %d encapsulations for %d packets BPF forwarded off the node", n, encap, bpfFwd)
 				}
@@ -119,6 +122,31 @@ func TestTunnelPathTruth(t *testing.T) {
 			}
 		})
 	}
+
+	// Packets that are no GSO aggregate (pings here; requests, replies, a
+	// connection's handshake, bulk TCP's ACKs) are decapsulated in
+	// from_uplink: the node's VXLAN device receives none of them.
+	t.Run("small packets decapsulated in from_uplink, not by the VXLAN device", func(t *testing.T) {
+		const pings = 50
+		tb := map[int]datapath.TunnelStats{}
+		vb := map[int]uint64{}
+		for n := range pods {
+			tb[n], vb[n] = tunnelStats(t, n), vxlanRx(t, ctx, n)
+		}
+		if out, err := ping(ctx, pods[1], ips[2].String(), pings, "0.02"); err != nil {
+			t.Fatalf("ping node1 pod -> node2 pod: %v\n%s", err, out)
+		}
+		for n := range pods {
+			ts := tunnelStats(t, n)
+			up := since(ts[datapath.TunnelDecapUplink], tb[n][datapath.TunnelDecapUplink])
+			decap := since(ts[datapath.TunnelDecap], tb[n][datapath.TunnelDecap])
+			dev := since(vxlanRx(t, ctx, n), vb[n])
+			t.Logf("node%d: %d decapsulated, %d of them in from_uplink; %s received %d", n, decap, up, agent.TunnelDevice, dev)
+			if up < pings || up != decap || dev > up/10 {
+				t.Errorf("node%d: %d pings' packets: %d decapsulated in from_uplink of %d, the VXLAN device received %d", n, pings, up, decap, dev)
+			}
+		}
+	})
 
 	t.Run("parallel flows spread over UDP source ports", func(t *testing.T) {
 		ports := captureVXLANSourcePorts(t, fmt.Sprintf("lk-w%d", 1), func() {
@@ -167,6 +195,21 @@ print("mtu", s.getsockopt(socket.IPPROTO_IP,14)) # IP_MTU
 			t.Fatalf("oversize counter grew by %d", d)
 		}
 	})
+}
+
+// vxlanRx reads node n's VXLAN device's receive counter (packets the kernel
+// decapsulated).
+func vxlanRx(t *testing.T, ctx context.Context, n int) uint64 {
+	t.Helper()
+	out, err := inNS(ctx, NodeNS(n), "cat", "/sys/class/net/"+agent.TunnelDevice+"/statistics/rx_packets")
+	if err != nil {
+		t.Fatalf("node%d %s rx_packets: %v", n, agent.TunnelDevice, err)
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("node%d %s rx_packets %q: %v", n, agent.TunnelDevice, out, err)
+	}
+	return v
 }
 
 func tunnelStats(t *testing.T, node int) datapath.TunnelStats {

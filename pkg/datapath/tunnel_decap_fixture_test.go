@@ -1,0 +1,206 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"testing"
+
+	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/policy"
+)
+
+// fixtureTunnelPort is the fixture VXLAN device's UDP port (tunnelFixtureEnv).
+const fixtureTunnelPort = 8472
+
+// vxlanFrame is inner as another node's VXLAN device sends it to this node's
+// uplink: outer IPv4 outerSrc -> outerDst (header checksum valid), UDP
+// 50123 -> 8472 with checksum 0, the VXLAN header with the I flag and vni.
+func vxlanFrame(e *fixtureEnv, outerSrc, outerDst string, vni uint32, inner []byte) []byte {
+	payload := make([]byte, 8+len(inner))
+	binary.BigEndian.PutUint32(payload[0:], 0x08000000)
+	binary.BigEndian.PutUint32(payload[4:], vni<<8)
+	copy(payload[8:], inner)
+	b := testutil.UDPFrame(e.up.Attrs().HardwareAddr, e.neighMAC, outerSrc, outerDst, 64, payload)
+	binary.BigEndian.PutUint16(b[34:], 50123)
+	binary.BigEndian.PutUint16(b[36:], fixtureTunnelPort)
+	binary.BigEndian.PutUint16(b[40:], 0)
+	return b
+}
+
+// TestTunnelUplinkDecapFixtures: in tunnel mode from_uplink decapsulates
+// another node's VXLAN packet about its own pod for a local pod or VM and
+// delivers the inner packet as from_tunnel would (redirect_peer into the pod,
+// the VM's host end's transmit), the sender's identity from the VNI,
+// counted as a decapsulation and an uplink one. Everything else leaves
+// from_uplink unchanged for the kernel's VXLAN device, whose from_tunnel
+// judges it (TestTunnelSourceFixtures): a forged or foreign sender (an
+// unknown outer source, another node's pod, this node's address as the
+// inner source), a GSO packet, a UDP checksum, other VXLAN flags, a
+// fragment, a broken outer header, a packet for no local endpoint or with
+// TTL 1 inside, a truncated one; and in native mode the same packet is
+// nobody's to decapsulate.
+func TestTunnelUplinkDecapFixtures(t *testing.T) {
+	e, _ := tunnelFixtureEnv(t)
+	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
+	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
+		t.Fatal(err)
+	}
+	vni := TunnelVNI(client)
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	wire := func(outer, src, dst string, edit func(b []byte)) func(*fixtureEnv) []byte {
+		return func(e *fixtureEnv) []byte {
+			b := vxlanFrame(e, outer, "10.77.0.1", vni, udpFrame4(src, dst, 5201))
+			if edit != nil {
+				edit(b)
+			}
+			return b
+		}
+	}
+	// decapped is the inner frame as it reaches the endpoint: its MACs the
+	// endpoint's, TTL decremented.
+	decapped := func(dst, mac func(*fixtureEnv) []byte) func(*fixtureEnv, []byte) []byte {
+		return func(e *fixtureEnv, in []byte) []byte {
+			return routed(bytes.Clone(in[50:]), mac(e), dst(e))
+		}
+	}
+	pod2 := func(*fixtureEnv) []byte { return pod2MAC }
+	vm3 := func(*fixtureEnv) []byte { return vm3MAC }
+	h2mac := func(e *fixtureEnv) []byte { return e.ep2.HostMAC }
+	h3mac := func(e *fixtureEnv) []byte { return e.ep3.HostMAC }
+	uplinkDecap := map[TunnelStat]uint64{TunnelDecap: 1, TunnelDecapUplink: 1, TunnelVNIIdentity: 1}
+	refixIP := func(b []byte) { binary.BigEndian.PutUint16(b[24:], testutil.IPv4Checksum(b[14:34])) }
+	runFixtures(t, e, []fixture{
+		{
+			name: "node 5 about its pod to a local pod, the client's VNI: decapsulated, redirect_peer, identity from the VNI",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.244.5.7", "10.244.1.11", nil),
+			verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: decapped(h2mac, pod2), tunnel: uplinkDecap,
+		},
+		{
+			name: "node 5 about its pod to a local VM: decapsulated, through the VM's host end (plain redirect)",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.244.5.7", "10.244.1.12", nil),
+			verdict: tcActRedirect, redirIf: ifH3, redirKind: 1, out: decapped(h3mac, vm3), tunnel: uplinkDecap,
+		},
+		{
+			name: "node 5's own address inside: decapsulated, judged by address (the VNI ignored)",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.77.0.5", "10.244.1.11", nil),
+			verdict: tcActRedirect, redirIf: ifH2, redirKind: 2, out: decapped(h2mac, pod2),
+			tunnel: map[TunnelStat]uint64{TunnelDecap: 1, TunnelDecapUplink: 1},
+		},
+		{
+			name: "node 5 about node 2's pod (foreign source): left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.244.2.5", "10.244.1.11", nil), verdict: tcActOK,
+		},
+		{
+			name: "node 5 speaking as this node: left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.77.0.1", "10.244.1.11", nil), verdict: tcActOK,
+		},
+		{
+			name: "an unknown outer source (a pod's own VXLAN, the client's VNI): left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.244.5.7", "10.244.5.7", "10.244.1.11", nil), verdict: tcActOK,
+		},
+		{
+			name: "GSO packet (bulk TCP's GRO aggregates): left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.244.5.7", "10.244.1.11", nil), gsoSize: 1400,
+			verdict: tcActOK,
+		},
+		{
+			name: "outer UDP checksum set: left to the VXLAN device (it verifies)",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { binary.BigEndian.PutUint16(b[40:], 0x1234) }),
+			verdict: tcActOK,
+		},
+		{
+			name: "VXLAN G flag set besides I: left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { b[42] |= 0x80 }),
+			verdict: tcActOK,
+		},
+		{
+			name: "VNI word's reserved byte set: left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { b[49] = 1 }),
+			verdict: tcActOK,
+		},
+		{
+			name: "another UDP port: not the tunnel's, the stack's",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { binary.BigEndian.PutUint16(b[36:], fixtureTunnelPort+1) }),
+			verdict: tcActOK,
+		},
+		{
+			name: "outer first fragment (MF): left to the stack to reassemble",
+			prog: fromUplink, ifindex: ifUp,
+			in: wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) {
+				b[20] |= 0x20
+				refixIP(b)
+			}),
+			verdict: tcActOK,
+		},
+		{
+			name: "outer header checksum broken: left to the stack (it drops it)",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { b[24] ^= 0xff }),
+			verdict: tcActOK,
+		},
+		{
+			name: "outer length shorter than the frame: left to the stack",
+			prog: fromUplink, ifindex: ifUp,
+			in: wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) {
+				binary.BigEndian.PutUint16(b[16:], binary.BigEndian.Uint16(b[16:])-4)
+				refixIP(b)
+			}),
+			verdict: tcActOK,
+		},
+		{
+			name: "outer destination not this node's address: the stack's",
+			prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				return vxlanFrame(e, "10.77.0.5", "10.77.0.99", vni, udpFrame4("10.244.5.7", "10.244.1.11", 5201))
+			},
+			verdict: tcActOK,
+		},
+		{
+			name: "inner frame not to the tunnel MAC: left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp,
+			in:      wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) { b[50] ^= 0x04 }),
+			verdict: tcActOK,
+		},
+		{
+			name: "inner packet for no local endpoint: left to the VXLAN device",
+			prog: fromUplink, ifindex: ifUp, in: wire("10.77.0.5", "10.244.5.7", "10.244.1.99", nil), verdict: tcActOK,
+		},
+		{
+			name: "inner TTL 1: left to the VXLAN device (ICMP time exceeded from the stack)",
+			prog: fromUplink, ifindex: ifUp,
+			in: wire("10.77.0.5", "10.244.5.7", "10.244.1.11", func(b []byte) {
+				b[64+8] = 1
+				binary.BigEndian.PutUint16(b[64+10:], testutil.IPv4Checksum(b[64:84]))
+			}),
+			verdict: tcActOK,
+		},
+		{
+			name: "truncated inside the inner IPv4 header: left to the stack",
+			prog: fromUplink, ifindex: ifUp,
+			in: func(e *fixtureEnv) []byte {
+				return vxlanFrame(e, "10.77.0.5", "10.77.0.1", vni, udpFrame4("10.244.5.7", "10.244.1.11", 5201)[:24])
+			},
+			verdict: tcActOK,
+		},
+	})
+}
+
+// TestTunnelUplinkDecapNativeMode: without a tunnel device a VXLAN packet on
+// the uplink is the stack's: from_uplink decapsulates nothing.
+func TestTunnelUplinkDecapNativeMode(t *testing.T) {
+	e := newFixtureEnv(t)
+	runFixtures(t, e, []fixture{{
+		name: "native mode: a VXLAN packet for a local pod: the stack's, unchanged", prog: fromUplink, ifindex: ifUp,
+		in: func(e *fixtureEnv) []byte {
+			return vxlanFrame(e, "10.77.0.2", "10.77.0.1", 0, udpFrame4("10.244.2.5", "10.244.1.11", 5201))
+		},
+		verdict: tcActOK,
+	}})
+}
