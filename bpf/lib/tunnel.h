@@ -95,7 +95,8 @@ enum lk_tunnel_stat {
 	TUNNEL_STAT_ENCAP_ERR = 4, /* bpf_skb_set_tunnel_key failed (dropped) */
 	TUNNEL_STAT_HOST_ENCAP = 5, /* the node's own packets to another node's pod (to_tunnel) */
 	TUNNEL_STAT_DECAP_UPLINK = 6, /* of DECAP: decapsulated in from_uplink, the kernel's VXLAN receive skipped */
-	TUNNEL_STAT_MAX = 7,
+	TUNNEL_STAT_ENCAP_BPF = 7, /* of ENCAP: encapsulated by tunnel_bpf_encap, the kernel's VXLAN transmit skipped */
+	TUNNEL_STAT_MAX = 8,
 };
 const enum lk_tunnel_stat *lk_unused_tunnel_stat __attribute__((unused));
 
@@ -379,6 +380,102 @@ static __always_inline __attribute__((unused)) int tunnel_host_key(struct __sk_b
 	return TC_ACT_OK;
 }
 
+/* The outer UDP source port range: the one the VXLAN device draws from
+ * (its own, else the node's local port range; load-time settings, the
+ * agent reads them). The inner flow's hash picks the port as
+ * udp_flow_src_port does, so that a network's ECMP and a receiver's RSS
+ * spread flows and a flow keeps one port whichever path encapsulates it. */
+const volatile __u32 tunnel_sport_min = 32768;
+const volatile __u32 tunnel_sport_max = 60999;
+
+/* tunnel_bpf_encap encapsulates a packet for another node itself (outer
+ * Ethernet from the FIB, IPv4 from the route's source address to underlay,
+ * UDP to the tunnel port with checksum 0, the VXLAN header with vni, the
+ * inner Ethernet header the tunnel device would write) and redirects it out
+ * of the route's device: the kernel's VXLAN transmit (the device's queue,
+ * its route lookup, the UDP tunnel and IP output path) is skipped. Only what
+ * is no GSO packet (requests, replies, handshakes, ACKs: bulk TCP's GSO
+ * packets stay whole through the device, whose segmentation offload knows
+ * UDP tunnels) and only with the route and its neighbour known and the
+ * encapsulated packet within the device's MTU. The outer header is what the
+ * device would write for the metadata tunnel_route gives it: TTL 64, no DF,
+ * the inner packet's ECN bits (a CE mark as ECT(0), INET_ECN_encapsulate).
+ * The inner MACs must have been set. Returns a TC verdict, or -1: not done
+ * here, the packet unchanged (the caller hands it to the device). Not
+ * inlined: its frame stays off from_pod's. */
+static __noinline __attribute__((unused)) int tunnel_bpf_encap(struct __sk_buff *skb, __be32 underlay, __u32 vni)
+{
+	struct bpf_fib_lookup fib = {};
+	struct ethhdr *eth, *ieth;
+	struct iphdr *ip, *iip;
+	struct udphdr *udp;
+	struct tunnel_vxlanhdr *vx;
+	void *data, *end;
+	__u32 hash, len, mtu = 0;
+	__u8 ecn;
+
+	if (!skb || skb->gso_size)
+		return -1;
+	fib.family = AF_INET;
+	fib.ipv4_dst = underlay;
+	fib.ifindex = skb->ifindex;
+	if (bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC) != BPF_FIB_LKUP_RET_SUCCESS ||
+	    bpf_check_mtu(skb, fib.ifindex, &mtu, TUNNEL_OVERHEAD, 0) != BPF_MTU_CHK_RET_SUCCESS)
+		return -1;
+	/* The flow's hash as the device would take it (skb_get_hash: the
+	 * socket's, set on the packet, else the flow dissector's), so that a
+	 * flow's packets keep one outer port whichever path encapsulates them
+	 * (ECMP keeps them in order). */
+	hash = skb->hash;
+	if (!hash)
+		hash = bpf_get_hash_recalc(skb);
+	len = skb->len;
+	if (bpf_skb_adjust_room(skb, TUNNEL_OVERHEAD, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+					BPF_F_ADJ_ROOM_ENCAP_L2(sizeof(struct ethhdr))) < 0)
+		return -1;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	udp = (void *)(ip + 1);
+	vx = (void *)(udp + 1);
+	ieth = (void *)(vx + 1);
+	iip = (void *)(ieth + 1);
+	if ((void *)(iip + 1) > end)
+		return drop(skb, 0, DROP_REDIRECT); /* grown, yet not there: cannot happen */
+	mac_copy(eth->h_dest, fib.dmac);
+	mac_copy(eth->h_source, fib.smac);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	mac_copy(ieth->h_dest, tunnel_mac);
+	mac_copy(ieth->h_source, tunnel_src_mac);
+	ieth->h_proto = bpf_htons(ETH_P_IP);
+	ecn = iip->tos & 3;
+	*(__u8 *)ip = 0x45;
+	ip->tos = ecn == 3 ? 2 : ecn;
+	ip->tot_len = bpf_htons(len - sizeof(struct ethhdr) + TUNNEL_OVERHEAD);
+	ip->id = (__be16)bpf_get_prandom_u32();
+	ip->frag_off = 0;
+	ip->ttl = LK_TUNNEL_TTL;
+	ip->protocol = IPPROTO_UDP;
+	ip->check = 0;
+	ip->saddr = fib.ipv4_src;
+	ip->daddr = underlay;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+	hash ^= hash << 16;
+	udp->source = bpf_htons((__u16)((((__u64)hash * (tunnel_sport_max - tunnel_sport_min)) >> 32) + tunnel_sport_min));
+	udp->dest = bpf_htons(tunnel_port);
+	udp->len = bpf_htons(len - sizeof(struct ethhdr) + TUNNEL_OVERHEAD - sizeof(struct iphdr));
+	udp->check = 0;
+	vx->flags = bpf_htonl(TUNNEL_VXLAN_FLAGS);
+	vx->vni = bpf_htonl(vni << 8);
+	tunnel_count(TUNNEL_STAT_ENCAP);
+	tunnel_count(TUNNEL_STAT_ENCAP_BPF);
+	trace_redirect(fib.ifindex, REDIR_PLAIN, skb->queue_mapping);
+	bpf_redirect(fib.ifindex, 0);
+	return TC_ACT_REDIRECT; /* as tunnel_route's device path, below */
+}
+
 /* tunnel_route sends an IPv4 packet for a remote node's pod CIDR into the
  * tunnel. Returns a TC verdict, or -1 when the destination is no remote pod
  * CIDR (native routing or not a pod: the caller routes by the FIB). The TTL
@@ -413,13 +510,24 @@ static __always_inline int tunnel_route(struct __sk_buff *skb, struct pkt *p, __
 	ipv4_decrease_ttl(p->ip4);
 	mac_copy(p->eth->h_dest, tunnel_mac);
 	mac_copy(p->eth->h_source, tunnel_src_mac);
+	{
+		int v = tunnel_bpf_encap(skb, n->underlay, key.tunnel_id);
+
+		if (v >= 0)
+			return v;
+	}
 	if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), TUNNEL_KEY_FLAGS) < 0) {
 		tunnel_count(TUNNEL_STAT_ENCAP_ERR);
 		return drop(skb, ep_id, DROP_REDIRECT);
 	}
 	tunnel_count(TUNNEL_STAT_ENCAP);
 	trace_redirect(ifindex, REDIR_PLAIN, skb->queue_mapping);
-	return bpf_redirect(ifindex, 0);
+	/* TC_ACT_REDIRECT, as bpf_redirect with flags 0 answers, as a constant:
+	 * the caller's packet pointers do not survive tunnel_bpf_encap, and the
+	 * compiler would otherwise keep a path for a negative answer back into
+	 * route_ipv4's FIB lookup, which reads them. */
+	bpf_redirect(ifindex, 0);
+	return TC_ACT_REDIRECT;
 }
 
 #endif

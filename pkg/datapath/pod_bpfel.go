@@ -473,7 +473,8 @@ const (
 	podLkTunnelStatTUNNEL_STAT_ENCAP_ERR    podLkTunnelStat = 4
 	podLkTunnelStatTUNNEL_STAT_HOST_ENCAP   podLkTunnelStat = 5
 	podLkTunnelStatTUNNEL_STAT_DECAP_UPLINK podLkTunnelStat = 6
-	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 7
+	podLkTunnelStatTUNNEL_STAT_ENCAP_BPF    podLkTunnelStat = 7
+	podLkTunnelStatTUNNEL_STAT_MAX          podLkTunnelStat = 8
 )
 
 type podMetricsKey struct {
@@ -627,6 +628,8 @@ const (
 	podVarTraceRedirects        = "trace_redirects"
 	podVarTunnelIfindex         = "tunnel_ifindex"
 	podVarTunnelPort            = "tunnel_port"
+	podVarTunnelSportMax        = "tunnel_sport_max"
+	podVarTunnelSportMin        = "tunnel_sport_min"
 )
 
 // loadPod returns the embedded CollectionSpec for pod.
@@ -760,6 +763,8 @@ type podVariableSpecs struct {
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
 	TunnelPort            *ebpf.VariableSpec `ebpf:"tunnel_port"`
+	TunnelSportMax        *ebpf.VariableSpec `ebpf:"tunnel_sport_max"`
+	TunnelSportMin        *ebpf.VariableSpec `ebpf:"tunnel_sport_min"`
 }
 
 // podObjects contains all objects after they have been loaded into the kernel.
@@ -914,6 +919,8 @@ type podVariables struct {
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
 	TunnelPort            *ebpf.Variable `ebpf:"tunnel_port"`
+	TunnelSportMax        *ebpf.Variable `ebpf:"tunnel_sport_max"`
+	TunnelSportMin        *ebpf.Variable `ebpf:"tunnel_sport_min"`
 }
 
 // podPrograms contains all programs after they have been loaded into the kernel.

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -46,6 +47,7 @@ const (
 	TunnelEncapErr    = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP_ERR)    // setting the tunnel key failed
 	TunnelHostEncap   = TunnelStat(podLkTunnelStatTUNNEL_STAT_HOST_ENCAP)   // the node's own packets into the tunnel
 	TunnelDecapUplink = TunnelStat(podLkTunnelStatTUNNEL_STAT_DECAP_UPLINK) // of TunnelDecap: decapsulated in from_uplink, the kernel's VXLAN receive skipped
+	TunnelEncapBPF    = TunnelStat(podLkTunnelStatTUNNEL_STAT_ENCAP_BPF)    // of TunnelEncap: encapsulated in BPF, the kernel's VXLAN transmit skipped
 	tunnelStatMax     = int(podLkTunnelStatTUNNEL_STAT_MAX)
 )
 
@@ -65,6 +67,8 @@ func (s TunnelStat) String() string {
 		return "host-encap"
 	case TunnelDecapUplink:
 		return "decap-uplink"
+	case TunnelEncapBPF:
+		return "encap-bpf"
 	}
 	return "unknown"
 }
@@ -97,13 +101,24 @@ const (
 type tunnelDev struct {
 	ifindex uint32
 	port    uint16
+	// sportMin, sportMax: the outer UDP source port range the device
+	// draws from (udp_flow_src_port), which tunnel_bpf_encap follows.
+	sportMin, sportMax uint32
 }
 
-// setTunnel sets tunnel_ifindex and tunnel_port in a program spec.
+// setTunnel sets tunnel_ifindex, tunnel_port and the source port range in a
+// program spec (programs without the range do not encapsulate).
 func setTunnel(spec *ebpf.CollectionSpec, d tunnelDev) error {
-	for name, v := range map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port} {
+	vars := map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port}
+	if d.sportMax > d.sportMin {
+		vars["tunnel_sport_min"], vars["tunnel_sport_max"] = d.sportMin, d.sportMax
+	}
+	for name, v := range vars {
 		sv, ok := spec.Variables[name]
 		if !ok {
+			if name == "tunnel_sport_min" || name == "tunnel_sport_max" {
+				continue
+			}
 			return fmt.Errorf("set %s: not in the program", name)
 		}
 		if err := sv.Set(v); err != nil {
@@ -128,7 +143,27 @@ func (c Config) tunnelDevice() (tunnelDev, error) {
 	if !ok || vx.Port <= 0 || vx.Port > 65535 {
 		return tunnelDev{}, fmt.Errorf("tunnel device %q: not a VXLAN device with a UDP port (%s)", c.Tunnel, l.Type())
 	}
-	return tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port)}, nil
+	d := tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port), sportMin: uint32(vx.PortLow), sportMax: uint32(vx.PortHigh)}
+	if d.sportMin >= d.sportMax {
+		// No range of its own: the device takes the namespace's local
+		// port range at each transmit.
+		d.sportMin, d.sportMax = localPortRange()
+	}
+	return d, nil
+}
+
+// localPortRange reads the current network namespace's
+// net.ipv4.ip_local_port_range (the kernel's default when unreadable).
+func localPortRange() (uint32, uint32) {
+	var lo, hi uint32
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768, 60999
+	}
+	if n, err := fmt.Sscan(string(b), &lo, &hi); err != nil || n != 2 || lo >= hi || hi > 65535 {
+		return 32768, 60999
+	}
+	return lo, hi
 }
 
 // attachTunnel attaches from_tunnel to the VXLAN device (tunnel mode), or

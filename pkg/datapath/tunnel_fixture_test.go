@@ -77,12 +77,12 @@ func TestTunnelFixtures(t *testing.T) {
 			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
 		},
 		{
-			name: "pod CIDR with a kernel route too: the tunnel, not the route", prog: fromPod, ifindex: ifH1,
+			name: "pod CIDR with a kernel route too: the tunnel (encapsulated in BPF), not the route", prog: fromPod, ifindex: ifH1,
 			in: func(e *fixtureEnv) []byte {
 				return testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 64)
 			},
-			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1, out: encapped,
-			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: bpfEncapped("10.77.0.2", 0), masked: encapMasked,
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1, TunnelEncapBPF: 1},
 		},
 		{
 			name: "VM to a pod on another node: into the tunnel like a pod's", prog: fromPod, ifindex: ifH3,
@@ -257,8 +257,7 @@ func TestTunnelIdentities(t *testing.T) {
 // agent tells claims from CIDRs by it), and without it the own CIDR wins
 // again.
 func TestTunnelClaimEntries(t *testing.T) {
-	e, vx := tunnelFixtureEnv(t)
-	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
+	e, _ := tunnelFixtureEnv(t)
 	nodes, err := e.dp.TunnelNodes()
 	if err != nil {
 		t.Fatal(err)
@@ -276,9 +275,8 @@ func TestTunnelClaimEntries(t *testing.T) {
 	}
 	runFixtures(t, e, []fixture{{
 		name: "a moved VM's address of this node's own CIDR, claimed by another node: into the tunnel", prog: fromPod, ifindex: ifH1,
-		in: moved, verdict: tcActRedirect, redirIf: ifVx, redirKind: 1,
-		out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) },
-		tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+		in: moved, verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: bpfEncapped("10.77.0.2", 0), masked: encapMasked,
+		tunnel: map[TunnelStat]uint64{TunnelEncap: 1, TunnelEncapBPF: 1},
 	}})
 	if err := e.dp.SetTunnelNodes(nodes); err != nil {
 		t.Fatal(err)

@@ -412,6 +412,8 @@ const (
 	uplinkVarTraceRedirects        = "trace_redirects"
 	uplinkVarTunnelIfindex         = "tunnel_ifindex"
 	uplinkVarTunnelPort            = "tunnel_port"
+	uplinkVarTunnelSportMax        = "tunnel_sport_max"
+	uplinkVarTunnelSportMin        = "tunnel_sport_min"
 )
 
 // loadUplink returns the embedded CollectionSpec for uplink.
@@ -545,6 +547,8 @@ type uplinkVariableSpecs struct {
 	TraceRedirects        *ebpf.VariableSpec `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.VariableSpec `ebpf:"tunnel_ifindex"`
 	TunnelPort            *ebpf.VariableSpec `ebpf:"tunnel_port"`
+	TunnelSportMax        *ebpf.VariableSpec `ebpf:"tunnel_sport_max"`
+	TunnelSportMin        *ebpf.VariableSpec `ebpf:"tunnel_sport_min"`
 }
 
 // uplinkObjects contains all objects after they have been loaded into the kernel.
@@ -694,6 +698,8 @@ type uplinkVariables struct {
 	TraceRedirects        *ebpf.Variable `ebpf:"trace_redirects"`
 	TunnelIfindex         *ebpf.Variable `ebpf:"tunnel_ifindex"`
 	TunnelPort            *ebpf.Variable `ebpf:"tunnel_port"`
+	TunnelSportMax        *ebpf.Variable `ebpf:"tunnel_sport_max"`
+	TunnelSportMin        *ebpf.Variable `ebpf:"tunnel_sport_min"`
 }
 
 // uplinkPrograms contains all programs after they have been loaded into the kernel.

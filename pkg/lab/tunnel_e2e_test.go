@@ -106,6 +106,16 @@ func TestTunnelPathTruth(t *testing.T) {
 				}
 				t.Logf("node%d: tunnel encap %d (uplink sent %d skbs, %d bytes each on average), decap %d (%d with a VNI identity, %d in from_uplink)",
 					n, encap, wireTx, perSkb, decap, vni, upDecap)
+				// What BPF encapsulates itself is what is no GSO packet:
+				// the receiver's ACKs, not the sender's segments.
+				bpfEnc := since(ts[datapath.TunnelEncapBPF], tb[datapath.TunnelEncapBPF])
+				t.Logf("node%d: %d of the encapsulations in BPF", n, bpfEnc)
+				if n == dir.client && bpfEnc > encap/2 {
+					t.Errorf("node%d: %d of %d encapsulations in BPF: bulk TCP's GSO packets must go through the VXLAN device", n, bpfEnc, encap)
+				}
+				if n == dir.server && float64(bpfEnc) < (1-maxKernelShare)*float64(encap) {
+					t.Errorf("node%d: %d of %d encapsulations (ACKs) in BPF", n, bpfEnc, encap)
+				}
 				if float64(encap) < (1-maxKernelShare)*float64(bpfFwd) {
 					t.Errorf("node%d: %d encapsulations for %d packets BPF forwarded off the node", n, encap, bpfFwd)
 				}
@@ -124,14 +134,15 @@ func TestTunnelPathTruth(t *testing.T) {
 	}
 
 	// Packets that are no GSO aggregate (pings here; requests, replies, a
-	// connection's handshake, bulk TCP's ACKs) are decapsulated in
-	// from_uplink: the node's VXLAN device receives none of them.
-	t.Run("small packets decapsulated in from_uplink, not by the VXLAN device", func(t *testing.T) {
+	// connection's handshake, bulk TCP's ACKs) are encapsulated by
+	// tunnel_bpf_encap and decapsulated in from_uplink: the nodes' VXLAN
+	// devices send and receive none of them.
+	t.Run("small packets encapsulated and decapsulated in BPF, not by the VXLAN device", func(t *testing.T) {
 		const pings = 50
 		tb := map[int]datapath.TunnelStats{}
-		vb := map[int]uint64{}
+		vb, vtb := map[int]uint64{}, map[int]uint64{}
 		for n := range pods {
-			tb[n], vb[n] = tunnelStats(t, n), vxlanRx(t, ctx, n)
+			tb[n], vb[n], vtb[n] = tunnelStats(t, n), vxlanRx(t, ctx, n), vxlanTx(t, ctx, n)
 		}
 		if out, err := ping(ctx, pods[1], ips[2].String(), pings, "0.02"); err != nil {
 			t.Fatalf("ping node1 pod -> node2 pod: %v\n%s", err, out)
@@ -141,9 +152,16 @@ func TestTunnelPathTruth(t *testing.T) {
 			up := since(ts[datapath.TunnelDecapUplink], tb[n][datapath.TunnelDecapUplink])
 			decap := since(ts[datapath.TunnelDecap], tb[n][datapath.TunnelDecap])
 			dev := since(vxlanRx(t, ctx, n), vb[n])
-			t.Logf("node%d: %d decapsulated, %d of them in from_uplink; %s received %d", n, decap, up, agent.TunnelDevice, dev)
+			bpfEnc := since(ts[datapath.TunnelEncapBPF], tb[n][datapath.TunnelEncapBPF])
+			encap := since(ts[datapath.TunnelEncap], tb[n][datapath.TunnelEncap])
+			devTx := since(vxlanTx(t, ctx, n), vtb[n])
+			t.Logf("node%d: %d decapsulated, %d of them in from_uplink; %s received %d; %d encapsulated, %d of them in BPF; %s sent %d",
+				n, decap, up, agent.TunnelDevice, dev, encap, bpfEnc, agent.TunnelDevice, devTx)
 			if up < pings || up != decap || dev > up/10 {
 				t.Errorf("node%d: %d pings' packets: %d decapsulated in from_uplink of %d, the VXLAN device received %d", n, pings, up, decap, dev)
+			}
+			if bpfEnc < pings || bpfEnc != encap || devTx > bpfEnc/10 {
+				t.Errorf("node%d: %d pings' packets: %d encapsulated in BPF of %d, the VXLAN device sent %d", n, pings, bpfEnc, encap, devTx)
 			}
 		}
 	})
@@ -155,6 +173,12 @@ func TestTunnelPathTruth(t *testing.T) {
 		t.Logf("VXLAN UDP source ports seen from node1: %d distinct", len(ports))
 		if len(ports) < 3 {
 			t.Fatalf("8 flows used %d UDP source ports (%v): the outer port does not follow the flow hash", len(ports), ports)
+		}
+		// One port per flow (8 and iperf3's control connection), whichever
+		// path encapsulated a packet (GSO segments through the VXLAN
+		// device, the rest in BPF): else ECMP could reorder a flow.
+		if len(ports) > 9 {
+			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): a flow's packets leave on more than one", len(ports), ports)
 		}
 	})
 
@@ -197,17 +221,24 @@ print("mtu", s.getsockopt(socket.IPPROTO_IP,14)) # IP_MTU
 	})
 }
 
-// vxlanRx reads node n's VXLAN device's receive counter (packets the kernel
-// decapsulated).
+// vxlanRx and vxlanTx read node n's VXLAN device's packet counters (what the
+// kernel decapsulated, encapsulated).
 func vxlanRx(t *testing.T, ctx context.Context, n int) uint64 {
+	return vxlanCount(t, ctx, n, "rx_packets")
+}
+func vxlanTx(t *testing.T, ctx context.Context, n int) uint64 {
+	return vxlanCount(t, ctx, n, "tx_packets")
+}
+
+func vxlanCount(t *testing.T, ctx context.Context, n int, name string) uint64 {
 	t.Helper()
-	out, err := inNS(ctx, NodeNS(n), "cat", "/sys/class/net/"+agent.TunnelDevice+"/statistics/rx_packets")
+	out, err := inNS(ctx, NodeNS(n), "cat", "/sys/class/net/"+agent.TunnelDevice+"/statistics/"+name)
 	if err != nil {
-		t.Fatalf("node%d %s rx_packets: %v", n, agent.TunnelDevice, err)
+		t.Fatalf("node%d %s %s: %v", n, agent.TunnelDevice, name, err)
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
 	if err != nil {
-		t.Fatalf("node%d %s rx_packets %q: %v", n, agent.TunnelDevice, out, err)
+		t.Fatalf("node%d %s %s %q: %v", n, agent.TunnelDevice, name, out, err)
 	}
 	return v
 }

@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -17,16 +18,34 @@ const fixtureTunnelPort = 8472
 // uplink: outer IPv4 outerSrc -> outerDst (header checksum valid), UDP
 // 50123 -> 8472 with checksum 0, the VXLAN header with the I flag and vni.
 func vxlanFrame(e *fixtureEnv, outerSrc, outerDst string, vni uint32, inner []byte) []byte {
+	return vxlanWire(e.up.Attrs().HardwareAddr, e.neighMAC, outerSrc, outerDst, vni, inner)
+}
+
+// vxlanWire is inner in VXLAN between the MACs dst and src.
+func vxlanWire(dst, src net.HardwareAddr, outerSrc, outerDst string, vni uint32, inner []byte) []byte {
 	payload := make([]byte, 8+len(inner))
 	binary.BigEndian.PutUint32(payload[0:], 0x08000000)
 	binary.BigEndian.PutUint32(payload[4:], vni<<8)
 	copy(payload[8:], inner)
-	b := testutil.UDPFrame(e.up.Attrs().HardwareAddr, e.neighMAC, outerSrc, outerDst, 64, payload)
+	b := testutil.UDPFrame(dst, src, outerSrc, outerDst, 64, payload)
 	binary.BigEndian.PutUint16(b[34:], 50123)
 	binary.BigEndian.PutUint16(b[36:], fixtureTunnelPort)
 	binary.BigEndian.PutUint16(b[40:], 0)
 	return b
 }
+
+// bpfEncapped is what tunnel_bpf_encap makes of the packet in for the node
+// at underlay: in with the tunnel's inner MACs and TTL decremented, in
+// VXLAN with vni from this node (10.77.0.1) out of the uplink to the
+// neighbour. encapMasked are the bytes it derives from the flow hash (the
+// UDP source port) and a random IP ID, and the header checksum over that.
+func bpfEncapped(underlay string, vni uint32) func(e *fixtureEnv, in []byte) []byte {
+	return func(e *fixtureEnv, in []byte) []byte {
+		return vxlanWire(e.neighMAC, e.up.Attrs().HardwareAddr, "10.77.0.1", underlay, vni, routed(in, TunnelMAC, TunnelSrcMAC))
+	}
+}
+
+var encapMasked = []int{14 + 4, 14 + 5, 14 + 10, 14 + 11, 34, 35}
 
 // TestTunnelUplinkDecapFixtures: in tunnel mode from_uplink decapsulates
 // another node's VXLAN packet about its own pod for a local pod or VM and
@@ -202,5 +221,84 @@ func TestTunnelUplinkDecapNativeMode(t *testing.T) {
 			return vxlanFrame(e, "10.77.0.2", "10.77.0.1", 0, udpFrame4("10.244.2.5", "10.244.1.11", 5201))
 		},
 		verdict: tcActOK,
+	}})
+}
+
+// TestTunnelBPFEncapFixtures: a packet for another node's pod that is no GSO
+// packet is encapsulated by tunnel_bpf_encap when the route to that node and
+// its neighbour are known: the whole VXLAN packet (outer MACs from the FIB,
+// this node's address as the route's source, the tunnel port, checksum 0,
+// the VNI, the inner frame as the device would write it) out of the uplink,
+// counted as an encapsulation and a BPF one; the inner ECN mark carried
+// (CE as ECT(0)). A GSO packet, or a node whose neighbour is not resolved
+// yet, goes to the VXLAN device as before.
+func TestTunnelBPFEncapFixtures(t *testing.T) {
+	e, vx := tunnelFixtureEnv(t)
+	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
+	bpfEncap := map[TunnelStat]uint64{TunnelEncap: 1, TunnelEncapBPF: 1}
+	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
+	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
+		t.Fatal(err)
+	}
+	pod1To := func(dst string, tos byte) func(e *fixtureEnv) []byte {
+		return func(e *fixtureEnv) []byte {
+			b := testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, 64)
+			b[15] = tos
+			binary.BigEndian.PutUint16(b[24:], testutil.IPv4Checksum(b[14:34]))
+			return b
+		}
+	}
+	runFixtures(t, e, []fixture{
+		{
+			name: "pod to node 2's pod (neighbour known): encapsulated in BPF, out of the uplink",
+			prog: fromPod, ifindex: ifH1, in: pod1To("10.244.2.5", 0),
+			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, out: bpfEncapped("10.77.0.2", 0), masked: encapMasked,
+			tunnel: bpfEncap,
+		},
+		{
+			name: "pod to node 2's pod, ECT(1) inside: ECT(1) outside",
+			prog: fromPod, ifindex: ifH1, in: pod1To("10.244.2.5", 0x01),
+			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, masked: encapMasked, tunnel: bpfEncap,
+			out: func(e *fixtureEnv, in []byte) []byte {
+				b := bpfEncapped("10.77.0.2", 0)(e, in)
+				b[15] = 0x01
+				return b
+			},
+		},
+		{
+			name: "pod to node 2's pod, CE inside (DSCP 0x28): ECT(0) outside, no DSCP",
+			prog: fromPod, ifindex: ifH1, in: pod1To("10.244.2.5", 0xa3),
+			verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, masked: encapMasked, tunnel: bpfEncap,
+			out: func(e *fixtureEnv, in []byte) []byte {
+				b := bpfEncapped("10.77.0.2", 0)(e, in)
+				b[15] = 0x02
+				return b
+			},
+		},
+		{
+			name: "TSO packet to node 2's pod: whole into the VXLAN device (its UDP tunnel GSO)",
+			prog: fromPod, ifindex: ifH1, gsoSize: 1410,
+			in:      func(e *fixtureEnv) []byte { return tcpFrame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", "10.244.2.5", 3600) },
+			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1,
+			out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) },
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+		},
+		{
+			name: "pod to node 5's pod (its neighbour unresolved): into the VXLAN device",
+			prog: fromPod, ifindex: ifH1, in: pod1To("10.244.5.7", 0),
+			verdict: tcActRedirect, redirIf: ifVx, redirKind: 1,
+			out:    func(e *fixtureEnv, in []byte) []byte { return routed(in, TunnelMAC, TunnelSrcMAC) },
+			tunnel: map[TunnelStat]uint64{TunnelEncap: 1},
+		},
+	})
+	// The sending pod with an identity that has a tunnel identity.
+	if err := e.dp.pod.LkPolicyIpcache.Put(netip.MustParseAddr("10.244.1.10").As4(), uint32(70000)); err != nil {
+		t.Fatal(err)
+	}
+	runFixtures(t, e, []fixture{{
+		name: "pod with an identity to node 2's pod: its VNI in the VXLAN header",
+		prog: fromPod, ifindex: ifH1, in: pod1To("10.244.2.5", 0),
+		verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, masked: encapMasked, tunnel: bpfEncap,
+		out: bpfEncapped("10.77.0.2", TunnelVNI(client)),
 	}})
 }
