@@ -255,6 +255,20 @@ struct tunnel_vxlanhdr {
  * after the outer Ethernet header. */
 #define TUNNEL_OVERHEAD (sizeof(struct iphdr) + sizeof(struct udphdr) + sizeof(struct tunnel_vxlanhdr) + sizeof(struct ethhdr))
 
+/* TUNNEL_LAYOUT points eth, ip, udp, vx, ieth and iip at the headers of a
+ * VXLAN packet that starts at data (outer Ethernet, IPv4 without options,
+ * UDP, VXLAN, inner Ethernet, inner IPv4); the caller checks iip + 1
+ * against the packet's end. */
+#define TUNNEL_LAYOUT(data, eth, ip, udp, vx, ieth, iip)                                                      \
+	do {                                                                                                  \
+		(eth) = (data);                                                                               \
+		(ip) = (void *)((eth) + 1);                                                                   \
+		(udp) = (void *)((ip) + 1);                                                                   \
+		(vx) = (void *)((udp) + 1);                                                                   \
+		(ieth) = (void *)((vx) + 1);                                                                  \
+		(iip) = (void *)((ieth) + 1);                                                                 \
+	} while (0)
+
 /* TUNNEL_UPLINK_PASS: tunnel_uplink_decap left the packet to the kernel. */
 #define TUNNEL_UPLINK_PASS (-1)
 
@@ -290,12 +304,7 @@ static __noinline __attribute__((unused)) long tunnel_uplink_decap(struct __sk_b
 		return TUNNEL_UPLINK_PASS;
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
-	eth = data;
-	ip = (void *)(eth + 1);
-	udp = (void *)(ip + 1);
-	vx = (void *)(udp + 1);
-	ieth = (void *)(vx + 1);
-	iip = (void *)(ieth + 1);
+	TUNNEL_LAYOUT(data, eth, ip, udp, vx, ieth, iip);
 	if ((void *)(iip + 1) > end)
 		return TUNNEL_UPLINK_PASS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->version != 4 || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
@@ -436,12 +445,7 @@ static __noinline __attribute__((unused)) int tunnel_bpf_encap(struct __sk_buff 
 		return -1;
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
-	eth = data;
-	ip = (void *)(eth + 1);
-	udp = (void *)(ip + 1);
-	vx = (void *)(udp + 1);
-	ieth = (void *)(vx + 1);
-	iip = (void *)(ieth + 1);
+	TUNNEL_LAYOUT(data, eth, ip, udp, vx, ieth, iip);
 	if ((void *)(iip + 1) > end)
 		return drop(skb, 0, DROP_REDIRECT); /* grown, yet not there: cannot happen */
 	mac_copy(eth->h_dest, fib.dmac);

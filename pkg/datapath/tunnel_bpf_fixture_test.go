@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/lanekit/lanekit/internal/testutil"
-	"github.com/lanekit/lanekit/pkg/policy"
 )
 
 // fixtureTunnelPort is the fixture VXLAN device's UDP port (tunnelFixtureEnv).
@@ -61,14 +60,7 @@ var encapMasked = []int{14 + 4, 14 + 5, 14 + 10, 14 + 11, 34, 35}
 // nobody's to decapsulate.
 func TestTunnelUplinkDecapFixtures(t *testing.T) {
 	e, _ := tunnelFixtureEnv(t)
-	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
-	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
-		t.Fatal(err)
-	}
-	vni := TunnelVNI(client)
-	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
-		t.Fatal(err)
-	}
+	vni := withTunnelClient(t, e)
 	wire := func(outer, src, dst string, edit func(b []byte)) func(*fixtureEnv) []byte {
 		return func(e *fixtureEnv) []byte {
 			b := vxlanFrame(e, outer, "10.77.0.1", vni, udpFrame4(src, dst, 5201))
@@ -236,10 +228,7 @@ func TestTunnelBPFEncapFixtures(t *testing.T) {
 	e, vx := tunnelFixtureEnv(t)
 	ifVx := func(*fixtureEnv) int { return vx.Attrs().Index }
 	bpfEncap := map[TunnelStat]uint64{TunnelEncap: 1, TunnelEncapBPF: 1}
-	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
-	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
-		t.Fatal(err)
-	}
+	vni := withTunnelClient(t, e)
 	pod1To := func(dst string, tos byte) func(e *fixtureEnv) []byte {
 		return func(e *fixtureEnv) []byte {
 			b := testutil.IPv4Frame(e.ep1.HostMAC, pod1MAC, "10.244.1.10", dst, 64)
@@ -299,6 +288,6 @@ func TestTunnelBPFEncapFixtures(t *testing.T) {
 		name: "pod with an identity to node 2's pod: its VNI in the VXLAN header",
 		prog: fromPod, ifindex: ifH1, in: pod1To("10.244.2.5", 0),
 		verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, masked: encapMasked, tunnel: bpfEncap,
-		out: bpfEncapped("10.77.0.2", TunnelVNI(client)),
+		out: bpfEncapped("10.77.0.2", vni),
 	}})
 }

@@ -106,14 +106,7 @@ func TestTunnelSourceFixtures(t *testing.T) {
 	if err != nil || len(peers) != 2 || peers[0].String() != "10.77.0.2" || peers[1].String() != "10.77.0.5" {
 		t.Fatalf("tunnel peers %v, %v: want the two other nodes' underlay addresses", peers, err)
 	}
-	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
-	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
-		t.Fatal(err)
-	}
-	vni := TunnelVNI(client)
-	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
-		t.Fatal(err)
-	}
+	vni := withTunnelClient(t, e)
 	delivered := func(e *fixtureEnv, in []byte) []byte { return routed(in, pod2MAC, e.ep2.HostMAC) }
 	accepted := map[TunnelStat]uint64{TunnelDecap: 1, TunnelVNIIdentity: 1}
 	refused := map[TunnelStat]uint64{TunnelDecap: 1} // no identity taken from the VNI
@@ -194,6 +187,21 @@ func TestTunnelSourceFixtures(t *testing.T) {
 		name: "node 5 gone from the node map: unknown node", prog: from5, ifindex: ifVxOf,
 		in: inner("10.244.5.7"), verdict: tcActShot, dropReason: DropTunnelUnknownNode, tunnel: refused,
 	}})
+}
+
+// withTunnelClient gives identity 70000 (shop, role=client) its tunnel
+// identity and makes 10.77.0.1 this node's address; it returns the VNI
+// that carries 70000.
+func withTunnelClient(t *testing.T, e *fixtureEnv) uint32 {
+	t.Helper()
+	client := policy.IdentityInfo{Namespace: "shop", Labels: map[string]string{"role": "client"}}
+	if err := e.dp.SetTunnelIdentities(map[policy.Identity]policy.IdentityInfo{70000: client}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.SetPolicyHostAddrs([]netip.Addr{netip.MustParseAddr("10.77.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	return TunnelVNI(client)
 }
 
 // ifVxOf is the fixture's VXLAN device.
