@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/lanekit/lanekit/internal/nsexec"
+	"github.com/lanekit/lanekit/pkg/datapath"
 )
 
 // Versions and places of scripts/k8s-node-bins.sh (TestNodeBinDirMatchesScript
@@ -112,12 +113,27 @@ func CheckNodeBins() (string, error) {
 // them there (lkimages -out bin/images).
 func (b Bins) ImagesDir() string { return filepath.Join(b.Dir, "images") }
 
-// checkImages verifies every archive a node imports exists.
+// AgentDatapathStamp names the file beside agent.tar that holds the digest
+// of the BPF programs the agent image carries (datapath.ObjectsDigest;
+// internal/tools/lkimages writes it when it builds the agent's binaries).
+const AgentDatapathStamp = "agent.datapath"
+
+// checkImages verifies every archive a node imports exists, and that the
+// agent image carries the BPF programs this binary does: an image built
+// before the datapath changed would run (and benchmark) the older one.
 func (b Bins) checkImages() error {
 	for _, n := range NodeImages {
 		if _, err := os.Stat(filepath.Join(b.ImagesDir(), n+".tar")); err != nil {
 			return fmt.Errorf("image archive %s.tar missing in %s: run `make k8s-node-images`", n, b.ImagesDir())
 		}
+	}
+	stamp, err := os.ReadFile(filepath.Join(b.ImagesDir(), AgentDatapathStamp))
+	if err != nil {
+		return fmt.Errorf("%s: no record of the agent image's BPF programs (%v): run `make k8s-node-images`", b.ImagesDir(), err)
+	}
+	if got, want := strings.TrimSpace(string(stamp)), datapath.ObjectsDigest(); got != want {
+		return fmt.Errorf("the agent image in %s carries other BPF programs (%s) than this lanekit (%s): run `make k8s-node-images`",
+			b.ImagesDir(), got, want)
 	}
 	return nil
 }

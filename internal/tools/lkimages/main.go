@@ -38,7 +38,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
+	"github.com/lanekit/lanekit/pkg/lab"
 )
 
 // Image names. The pause and agnhost tags are the e2e tests' (test/utils/image/
@@ -314,6 +316,13 @@ func run(out string, in inputs, want []string) error {
 			return err
 		}
 		in.AgentGo = tmp
+		// The agent's BPF programs are this tree's, as lkimages' own:
+		// lab up refuses an image whose stamp differs from its own.
+		if err := os.WriteFile(filepath.Join(out, lab.AgentDatapathStamp), []byte(datapath.ObjectsDigest()+"\n"), 0o644); err != nil {
+			return err
+		}
+	} else if slices.Contains(want, "agent") {
+		os.Remove(filepath.Join(out, lab.AgentDatapathStamp)) // binaries from elsewhere: unknown
 	}
 	for _, n := range want {
 		s, err := specFor(n, in)
