@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +20,9 @@ import (
 // hosts the API server. CoreDNS, which reaches the API server through the
 // kubernetes Service, gets Ready only through lanekit's masquerading (the
 // router cannot route a reply to a pod address); the test then checks from
-// the pods: pod to pod across the nodes (lk_vxlan's tx counter moves, the
-// nodes' kernels forward nothing), the API server by its address and through
+// the pods: pod to pod across the nodes (the agent's tunnel counters move,
+// its BPF encapsulation and uplink decapsulation among them; the nodes'
+// kernels forward nothing), the API server by its address and through
 // the kubernetes Service's ClusterIP (the masquerade counters on the
 // client's node move), a ClusterIP Service of the two pods and its NodePort
 // from the router on both nodes (local and remote backends). Opt-in with
@@ -43,14 +43,6 @@ func TestLabRealNodesTunnel(t *testing.T) {
 	inPod := func(p corev1.Pod, args ...string) (string, error) {
 		return kubectl(ctx, nodeBins, nil, append([]string{"exec", "-n", p.Namespace, p.Name, "--"}, args...)...)
 	}
-	counter := func(ns, file string) uint64 {
-		out, err := nsCommand(ctx, ns, "cat", file).Output()
-		if err != nil {
-			t.Fatalf("%s %s: %v", ns, file, err)
-		}
-		n, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
-		return n
-	}
 	forwarded := func() uint64 {
 		var sum uint64
 		for i := 1; i <= 2; i++ {
@@ -70,9 +62,18 @@ func TestLabRealNodesTunnel(t *testing.T) {
 		return agentStatusOf(t, sock).GetControlPlane().GetLbCounters()["masquerade"]
 	}
 
-	// Pod to pod across the nodes, in the tunnel, nothing kernel-forwarded.
-	vxTx := "/sys/class/net/lk_vxlan/statistics/tx_packets"
-	tx0, fwd0, m0 := counter(NodeNS(1), vxTx), forwarded(), masq()
+	tunnel := func() map[string]uint64 {
+		sock, err := RealNodeAgentSocket(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return agentStatusOf(t, sock).GetRouting().GetTunnelCounters()
+	}
+
+	// Pod to pod across the nodes, in the tunnel (what is no GSO packet, as
+	// these requests and answers, encapsulated and decapsulated in BPF),
+	// nothing kernel-forwarded.
+	tun0, fwd0, m0 := tunnel(), forwarded(), masq()
 	for k, p := range pods {
 		peer := pods[1-k]
 		got, err := inPod(p, "curl", "-sS", "-m", "5", fmt.Sprintf("http://%s:8080/hostname", peer.Status.PodIP))
@@ -80,8 +81,11 @@ func TestLabRealNodesTunnel(t *testing.T) {
 			t.Errorf("%s (%s) -> %s (%s): %q, %v", p.Name, p.Spec.NodeName, peer.Name, peer.Status.PodIP, got, err)
 		}
 	}
-	if tx1 := counter(NodeNS(1), vxTx); tx1 <= tx0 {
-		t.Errorf("lk_vxlan on %s: tx packets %d -> %d over the cross-node requests, want them to move", NodeNS(1), tx0, tx1)
+	tun1 := tunnel()
+	for _, c := range []string{"encap", "encap-bpf", "decap", "decap-uplink"} {
+		if tun1[c] <= tun0[c] {
+			t.Errorf("tunnel counter %s on %s: %d -> %d over the cross-node requests, want it to move", c, NodeNS(1), tun0[c], tun1[c])
+		}
 	}
 	if d := forwarded() - fwd0; d != 0 {
 		t.Errorf("the nodes' kernels forwarded %d datagrams of pod-to-pod traffic, want 0", d)
