@@ -3,9 +3,12 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/lanekit/lanekit/internal/testutil"
 )
@@ -290,4 +293,128 @@ func TestTunnelBPFEncapFixtures(t *testing.T) {
 		verdict: tcActRedirect, redirIf: ifUp, redirKind: 1, masked: encapMasked, tunnel: bpfEncap,
 		out: bpfEncapped("10.77.0.2", vni),
 	}})
+}
+
+// TestTunnelUplinkDecapDifferential: from_uplink's decision to decapsulate
+// a frame itself (its decap-uplink counter) agrees with a Go statement of
+// the rules (wantUplinkDecap) on thousands of frames an attacker on the
+// underlay could send: frames the rules accept with one bit of their
+// headers changed, and VXLAN frames of every combination of outer source
+// (peers, a pod, this node, a stranger), inner source and destination with
+// up to three bits changed; the outer checksum mostly repaired (so that the
+// other checks are reached), some cut short. A seeded random
+// walk, so a failure repeats; the seed is in the failure.
+func TestTunnelUplinkDecapDifferential(t *testing.T) {
+	e, _ := tunnelFixtureEnv(t)
+	vni := withTunnelClient(t, e)
+	e.enter(t)
+	const seed, n = 20261201, 8000
+	rng := rand.New(rand.NewPCG(seed, 0))
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	decapped := 0
+	for i := 0; i < n; i++ {
+		var in []byte
+		if rng.IntN(2) == 0 { // an accepted frame, then one bit changed (or none)
+			in = vxlanFrame(e, "10.77.0.5", "10.77.0.1", vni, udpFrame4("10.244.5.7", pick("10.244.1.11", "10.244.1.12"), 5201))
+			if rng.IntN(5) > 0 {
+				in[rng.IntN(84)] ^= byte(1 << rng.IntN(8))
+			}
+		} else { // any combination, then up to three bits changed
+			inner := udpFrame4(pick("10.244.5.7", "10.244.2.5", "10.244.1.50", "10.77.0.5", "10.77.0.2", "10.77.0.1", "10.200.0.1"),
+				pick("10.244.1.11", "10.244.1.12", "10.244.1.99", "10.96.0.1"), 5201)
+			in = vxlanFrame(e, pick("10.77.0.5", "10.77.0.2", "10.77.0.9", "10.244.5.7", "10.77.0.1"),
+				pick("10.77.0.1", "10.77.0.1", "10.77.0.99"), vni, inner)
+			for m := rng.IntN(4); m > 0; m-- {
+				in[rng.IntN(84)] ^= byte(1 << rng.IntN(8))
+			}
+		}
+		if rng.IntN(10) == 0 {
+			in[64+8] = byte(rng.IntN(3)) // inner TTL 0, 1 or 2
+		}
+		if rng.IntN(5) > 0 {
+			binary.BigEndian.PutUint16(in[24:], testutil.IPv4Checksum(in[14:34]))
+		}
+		if rng.IntN(10) == 0 {
+			in = in[:34+rng.IntN(len(in)-34)] // cut short, within the headers or the payload
+		}
+		before, err := e.dp.TunnelStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := &ebpf.RunOptions{Data: bytes.Clone(in), DataOut: make([]byte, len(in)+256), Context: skbCtx{Ifindex: uint32(ifUp(e))}}
+		if _, err := e.dp.uplink.FromUplink.Run(opts); err != nil {
+			t.Fatalf("run (%d bytes): %v", len(in), err)
+		}
+		after, err := e.dp.TunnelStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := after[TunnelDecapUplink] - before[TunnelDecapUplink]
+		want := wantUplinkDecap(in, e.up.Attrs().HardwareAddr, func(a netip.Addr) bool {
+			v, err := e.dp.pod.LkEndpoints.LookupBytes(a.As4())
+			return err == nil && v != nil
+		})
+		if (got == 1) != want || got > 1 {
+			t.Fatalf("seed %d, frame %d: from_uplink decapsulated %d, the rules say %v\n%x", seed, i, got, want, in)
+		}
+		if want {
+			decapped++
+		}
+	}
+	t.Logf("%d frames, %d decapsulated in from_uplink", n, decapped)
+	if decapped < n/10 {
+		t.Fatalf("only %d of %d frames decapsulated: the walk hardly reaches the accepting side", decapped, n)
+	}
+}
+
+// wantUplinkDecap states tunnel_uplink_decap's rules for tunnelFixtureEnv's
+// node (10.77.0.1; peers 10.77.0.2 with 10.244.2.0/24 and 10.77.0.5 with
+// 10.244.5.0/24; its own 10.244.1.0/24), endpoint saying which addresses
+// are local endpoints.
+func wantUplinkDecap(b []byte, uplinkMAC net.HardwareAddr, endpoint func(netip.Addr) bool) bool {
+	if len(b) < 84 || !bytes.Equal(b[0:6], uplinkMAC) || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
+		return false
+	}
+	ip, udp, vx, ieth, iip := b[14:34], b[34:42], b[42:50], b[50:64], b[64:84]
+	ipAt := func(h []byte, off int) netip.Addr { return netip.AddrFrom4([4]byte(h[off : off+4])) }
+	outerSrc, outerDst, src, dst := ipAt(ip, 12), ipAt(ip, 16), ipAt(iip, 12), ipAt(iip, 16)
+	switch {
+	case ip[0] != 0x45, ip[9] != 17, binary.BigEndian.Uint16(ip[6:])&0x3fff != 0,
+		int(binary.BigEndian.Uint16(ip[2:])) != len(b)-14, binary.BigEndian.Uint16(ip[10:]) != testutil.IPv4Checksum(ip):
+		return false
+	case binary.BigEndian.Uint16(udp[2:]) != fixtureTunnelPort, binary.BigEndian.Uint16(udp[6:]) != 0,
+		int(binary.BigEndian.Uint16(udp[4:])) != len(b)-34:
+		return false
+	case binary.BigEndian.Uint32(vx[0:]) != 0x08000000, vx[7] != 0:
+		return false
+	case binary.BigEndian.Uint16(ieth[12:]) != 0x0800, !bytes.Equal(ieth[0:6], TunnelMAC), iip[0] != 0x45,
+		binary.BigEndian.Uint16(iip[6:])&0x3fff != 0, iip[8] <= 1:
+		return false
+	}
+	node := netip.MustParseAddr("10.77.0.1")
+	peers := map[netip.Addr]netip.Prefix{
+		netip.MustParseAddr("10.77.0.2"): netip.MustParsePrefix("10.244.2.0/24"),
+		netip.MustParseAddr("10.77.0.5"): netip.MustParsePrefix("10.244.5.0/24"),
+	}
+	local := netip.MustParsePrefix("10.244.1.0/24")
+	if outerDst != node || !endpoint(dst) {
+		return false
+	}
+	cidr, ok := peers[outerSrc]
+	if !ok {
+		return false
+	}
+	if src == outerSrc {
+		return true
+	}
+	if local.Contains(src) {
+		return false
+	}
+	for _, c := range peers {
+		if c.Contains(src) {
+			return c == cidr
+		}
+	}
+	_, isPeer := peers[src]
+	return !isPeer && src != node
 }
