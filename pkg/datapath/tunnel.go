@@ -107,7 +107,7 @@ type tunnelDev struct {
 }
 
 // setTunnel sets tunnel_ifindex, tunnel_port and the source port range in a
-// program spec (programs without the range do not encapsulate).
+// program spec (a program that does not encapsulate has no range to set).
 func setTunnel(spec *ebpf.CollectionSpec, d tunnelDev) error {
 	vars := map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port}
 	if d.sportMax > d.sportMin {
