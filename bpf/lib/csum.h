@@ -3,8 +3,10 @@
 #ifndef LK_CSUM_H
 #define LK_CSUM_H
 
+#include <linux/bpf.h>
 #include <linux/ip.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
 
 /* Decrement the IPv4 TTL and patch the header checksum incrementally
  * (RFC 1624), as the kernel's ip_decrease_ttl does. */
@@ -25,6 +27,14 @@ static __always_inline __u16 csum_fold(__s64 sum)
 	s = (s & 0xffff) + (s >> 16);
 	s = (s & 0xffff) + (s >> 16);
 	return (__u16)~s;
+}
+
+/* ipv4_csum is the header checksum over the 20-byte IPv4 header (no
+ * options) at iph, checksum field included: what to store with the field 0,
+ * and 0 over a header whose checksum is valid. */
+static __always_inline __u16 ipv4_csum(void *iph)
+{
+	return csum_fold(bpf_csum_diff(0, 0, (__be32 *)iph, sizeof(struct iphdr), 0));
 }
 
 #endif

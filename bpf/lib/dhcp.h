@@ -309,7 +309,7 @@ static __always_inline int dhcp_serve(struct __sk_buff *skb, struct pkt *p, cons
 	r->ip.protocol = IPPROTO_UDP;
 	r->ip.saddr = gateway_ip;
 	r->ip.daddr = bcast ? 0xffffffff : ep->ip;
-	r->ip.check = csum_fold(bpf_csum_diff(0, 0, (void *)r + offsetof(struct dhcp_reply, ip), sizeof(r->ip), 0));
+	r->ip.check = ipv4_csum(&r->ip);
 	r->udp.source = bpf_htons(DHCP_SERVER_PORT);
 	r->udp.dest = bpf_htons(DHCP_CLIENT_PORT);
 	r->udp.len = bpf_htons(sizeof(*r) - offsetof(struct dhcp_reply, udp));

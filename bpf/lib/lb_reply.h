@@ -59,7 +59,7 @@ static __always_inline int lb_reply_ip(struct __sk_buff *skb, struct lb_reply_hd
 	ip.protocol = proto;
 	ip.saddr = t->daddr;
 	ip.daddr = t->saddr;
-	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	ip.check = ipv4_csum(&ip);
 	__builtin_memcpy(&h->ip, &ip, sizeof(ip));
 	return 0;
 }

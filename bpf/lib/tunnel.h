@@ -318,7 +318,7 @@ static __noinline __attribute__((unused)) long tunnel_uplink_decap(struct __sk_b
 	if (ieth->h_proto != bpf_htons(ETH_P_IP) || !mac_equal(ieth->h_dest, tunnel_mac) || iip->version != 4 ||
 	    iip->ihl != 5 || (iip->frag_off & bpf_htons(0x3fff)) || iip->ttl <= 1)
 		return TUNNEL_UPLINK_PASS;
-	if (csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0)))
+	if (ipv4_csum(ip))
 		return TUNNEL_UPLINK_PASS; /* a broken outer header: the stack drops it */
 	if (policy_endpoint_identity(ip->daddr) != LK_IDENTITY_HOST || !bpf_map_lookup_elem(&lk_endpoints, &iip->daddr))
 		return TUNNEL_UPLINK_PASS;
@@ -465,7 +465,7 @@ static __noinline __attribute__((unused)) int tunnel_bpf_encap(struct __sk_buff 
 	ip->check = 0;
 	ip->saddr = fib.ipv4_src;
 	ip->daddr = underlay;
-	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+	ip->check = ipv4_csum(ip);
 	hash ^= hash << 16;
 	udp->source = bpf_htons((__u16)((((__u64)hash * (tunnel_sport_max - tunnel_sport_min)) >> 32) + tunnel_sport_min));
 	udp->dest = bpf_htons(tunnel_port);
