@@ -107,18 +107,12 @@ type tunnelDev struct {
 }
 
 // setTunnel sets tunnel_ifindex, tunnel_port and the source port range in a
-// program spec (a program that does not encapsulate has no range to set).
+// program spec (native routing: all 0, nothing encapsulates).
 func setTunnel(spec *ebpf.CollectionSpec, d tunnelDev) error {
-	vars := map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port}
-	if d.sportMax > d.sportMin {
-		vars["tunnel_sport_min"], vars["tunnel_sport_max"] = d.sportMin, d.sportMax
-	}
-	for name, v := range vars {
+	for name, v := range map[string]any{"tunnel_ifindex": d.ifindex, "tunnel_port": d.port,
+		"tunnel_sport_min": d.sportMin, "tunnel_sport_max": d.sportMax} {
 		sv, ok := spec.Variables[name]
 		if !ok {
-			if name == "tunnel_sport_min" || name == "tunnel_sport_max" {
-				continue
-			}
 			return fmt.Errorf("set %s: not in the program", name)
 		}
 		if err := sv.Set(v); err != nil {
