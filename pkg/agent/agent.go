@@ -469,7 +469,7 @@ func (a *Agent) adopt() error {
 				a.detachVM(&ep)
 				a.stopVMBackend(&ep)
 			}
-			if err := a.forget(ep.Key(), ep.ID); err != nil {
+			if err := a.forget(ep.StoreKey(), ep.ID); err != nil {
 				return fmt.Errorf("adopt: %w", err)
 			}
 			dropped++
@@ -480,7 +480,7 @@ func (a *Agent) adopt() error {
 			if len(hl.MAC) > 0 {
 				ep.HostMAC = hl.MAC.String()
 			}
-			if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(ep.Key()), ep) }); err != nil {
+			if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(ep.StoreKey()), ep) }); err != nil {
 				return fmt.Errorf("adopt endpoint %d: %w", ep.ID, err)
 			}
 		}
@@ -531,7 +531,7 @@ func (a *Agent) rollback(ep *endpoint.Endpoint) error {
 			return fmt.Errorf("roll back %s: remove socket: %w", ep.Key(), err)
 		}
 	}
-	if err := a.forget(ep.Key(), ep.ID); err != nil {
+	if err := a.forget(ep.StoreKey(), ep.ID); err != nil {
 		return fmt.Errorf("roll back %s: %w", ep.Key(), err)
 	}
 	return nil

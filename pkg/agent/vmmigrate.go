@@ -434,7 +434,7 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 	if err != nil {
 		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
-	key := ep.Key()
+	key := ep.StoreKey()
 	if ep.VM.Migration == nil {
 		ep.VM.Migration = &endpoint.VMMigration{}
 	}

@@ -312,3 +312,121 @@ func TestVMMigrationAddressMove(t *testing.T) {
 		t.Errorf("IPv6 claim via an IPv4 node address: %v, want ErrInvalid", err)
 	}
 }
+
+// vmRecords counts the stored endpoint records of VM name.
+func (n *migNode) vmRecords(t *testing.T, name string) int {
+	t.Helper()
+	eps, err := n.a.endpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := 0
+	for _, ep := range eps {
+		if ep.Kind == endpoint.KindVM && ep.VM != nil && ep.VM.Name == name {
+			c++
+		}
+	}
+	return c
+}
+
+// TestVMMigrationKubeVirtIfName: a KubeVirt attachment's VM device is named
+// like the launcher pod's interface ("pod" and a hash), not
+// endpoint.VMIfName, while the agent stores one record per VM under its
+// name. A VM moved away from the node whose pod CIDR its address is in must
+// be superseded there (the address held as moved), and one moved away from
+// another node must leave one record, which its DelVM removes: moved a → b
+// and back, neither agent lists the VM once both pods went. (With the
+// record's attachment key the owner's supersede failed, "held by another
+// owner", and left the VM delivered locally until its pod went; the other
+// node wrote a second record that no DelVM removed.)
+func TestVMMigrationKubeVirtIfName(t *testing.T) {
+	testutil.RequireRoot(t)
+	a := startMigNode(t, "kvmiga", "10.77.0.0/28")
+	b := startMigNode(t, "kvmigb", "10.78.0.0/28")
+	const ifn = "pod115dc3606fb"
+	av, err := a.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvvm-a").Path(), Queues: 1, IfName: ifn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmIP, mac, gw := av.Endpoint.IP, av.Endpoint.MAC, av.Endpoint.HostMAC
+	// a -> b.
+	bv, err := b.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvvm-b").Path(), Queues: 1, IfName: ifn, MAC: mac,
+		Incoming: true, Address: vmIP, Generation: 5, GatewayMAC: gw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.a.VMMigrationEvent("vm1", "target", "completed"); err != nil {
+		t.Fatal(err)
+	}
+	toB := EndpointRoute{Addr: vmIP, Via: netip.MustParseAddr("192.0.2.2"), Generation: 5, VM: "vm1", Node: "b"}
+	if n, sup, err := a.a.SyncEndpointRoutes([]EndpointRoute{toB}); err != nil || n != 1 || !slices.Equal(sup, []string{"vm1"}) {
+		t.Fatalf("a (the address's pod CIDR) learns b's claim: %d routes, superseded %v, %v", n, sup, err)
+	}
+	if a.inDatapath(t, av.Endpoint.ID) || a.holder(t, vmIP) != movedOwner("vm1") || a.vmRecords(t, "vm1") != 1 {
+		t.Errorf("a after the move: in its datapath %v, %s held by %q, %d records of vm1", a.inDatapath(t, av.Endpoint.ID), vmIP,
+			a.holder(t, vmIP), a.vmRecords(t, "vm1"))
+	}
+	if _, err := a.a.DelVM("vm1"); err != nil { // the source pod goes
+		t.Fatal(err)
+	}
+	// b -> a.
+	av2, err := a.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvvm-a2").Path(), Queues: 1, IfName: ifn, MAC: mac,
+		Incoming: true, Address: vmIP, Generation: 9, GatewayMAC: gw})
+	if err != nil {
+		t.Fatalf("a's incoming endpoint for the move back: %v", err)
+	}
+	if _, err := a.a.VMMigrationEvent("vm1", "target", "completed"); err != nil {
+		t.Fatal(err)
+	}
+	toA := EndpointRoute{Addr: vmIP, Via: netip.MustParseAddr("192.0.2.1"), Generation: 9, VM: "vm1", Node: "a"}
+	if _, sup, err := b.a.SyncEndpointRoutes([]EndpointRoute{toA}); err != nil || !slices.Equal(sup, []string{"vm1"}) {
+		t.Fatalf("b learns a's claim: superseded %v, %v", sup, err)
+	}
+	if b.inDatapath(t, bv.Endpoint.ID) || b.vmRecords(t, "vm1") != 1 {
+		t.Errorf("b after the move back: in its datapath %v, %d records of vm1", b.inDatapath(t, bv.Endpoint.ID), b.vmRecords(t, "vm1"))
+	}
+	if _, err := b.a.DelVM("vm1"); err != nil { // b's pod goes
+		t.Fatal(err)
+	}
+	if _, err := a.a.DelVM("vm1"); err != nil { // the VMI is deleted
+		t.Fatal(err)
+	}
+	for _, n := range []*migNode{a, b} {
+		vms, err := n.a.ListVMs()
+		if err != nil || len(vms) != 0 || n.vmRecords(t, "vm1") != 0 {
+			t.Errorf("%s after both pods went: %d vms listed (%v), %d records", n.fx.nodeNS.Path(), len(vms), err, n.vmRecords(t, "vm1"))
+		}
+	}
+	_ = av2
+}
+
+// TestVMAdoptKubeVirtIfName: a restarted agent that finds a KubeVirt
+// attachment's VM device gone forgets the VM's one record (by the key it is
+// stored under, not its attachment key), its address with it.
+func TestVMAdoptKubeVirtIfName(t *testing.T) {
+	testutil.RequireRoot(t)
+	n := startMigNode(t, "kvadopt", "10.77.0.0/28")
+	v, err := n.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvadopt-vm").Path(), Queues: 1, IfName: "pod115dc3606fb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.fx.nodeNS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(v.Endpoint.HostIfName)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n.restart(t)
+	if c := n.vmRecords(t, "vm1"); c != 0 {
+		t.Errorf("%d records of vm1 after its device went", c)
+	}
+	if h := n.holder(t, v.Endpoint.IP); h != "" {
+		t.Errorf("%s still held by %q", v.Endpoint.IP, h)
+	}
+}

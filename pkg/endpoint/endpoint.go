@@ -197,6 +197,17 @@ func Key(containerID, ifname string) string { return containerID + "/" + ifname 
 // Key returns e's attachment key.
 func (e *Endpoint) Key() string { return Key(e.ContainerID, e.IfName) }
 
+// StoreKey is the key e's record is stored under: its attachment key, but
+// for a VM its container ID with VMIfName whatever its device's name in its
+// netns (a KubeVirt attachment's is the pod interface's, "pod" and a hash),
+// so that one VM has one record and its name finds it.
+func (e *Endpoint) StoreKey() string {
+	if e.Kind == KindVM {
+		return Key(e.ContainerID, VMIfName)
+	}
+	return e.Key()
+}
+
 // HostIfName is the host-side device name for an attachment: "lk" and the
 // first 11 hex digits of sha256(containerID+ifname), 13 characters.
 func HostIfName(containerID, ifname string) string {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,7 +162,10 @@ func kubevirtGuestNet(t *testing.T, ctx context.Context, kc kubernetes.Interface
 		kubevirtAgentRestart(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
 	t.Run("live migration by KubeVirt keeps the address", func(t *testing.T) {
-		kubevirtMigrate(t, ctx, kc, nodeBins, client.Name, vmIP)
+		kubevirtMigrate(t, ctx, kc, nodeBins, client.Name, vmIP, 2, 1, "vm1-move")
+	})
+	t.Run("and back under a MigrationPolicy with maxDowntimeMs 50", func(t *testing.T) {
+		kubevirtMigrateTightDowntime(t, ctx, kc, nodeBins, client.Name, vmIP)
 	})
 	t.Run("VMI deleted: its endpoint and backend are released", func(t *testing.T) {
 		kubevirtDeleteVMI(t, ctx, nodeBins, vmIP)
@@ -230,15 +234,19 @@ func kubevirtDeleteVMI(t *testing.T, ctx context.Context, nodeBins string, vmIP 
 	}
 	deleted := time.Since(start)
 	var left []string
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(pctx context.Context) (bool, error) {
+		// Each look with its own deadline, so that the poll's end does not
+		// replace what was left with its own deadline error.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), 10*time.Second)
+		defer cancel()
 		left = nil
 		for i := 1; i <= 2; i++ {
 			sock, err := RealNodeAgentSocket(i)
 			if err != nil {
 				return false, err
 			}
-			if _, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1")); err == nil || !strings.Contains(err.Error(), "has no vm") {
-				left = append(left, fmt.Sprintf("node %d's agent lists the VM (%v)", i, err))
+			if vm, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1")); err == nil || !strings.Contains(err.Error(), "has no vm") {
+				left = append(left, fmt.Sprintf("node %d's agent lists the VM (%v): %v", i, err, vm))
 			}
 		}
 		if _, _, err := datapath.PinnedCounters(filepath.Join(root, "sys/fs/bpf/lanekit"), vmIP); err == nil {
@@ -250,7 +258,9 @@ func kubevirtDeleteVMI(t *testing.T, ctx context.Context, nodeBins string, vmIP 
 		return len(left) == 0, nil
 	})
 	if err != nil {
-		t.Fatalf("%.0f s after VMI vm1 was deleted (%.1f s for KubeVirt): %s", time.Since(start).Seconds(), deleted.Seconds(), strings.Join(left, "; "))
+		t.Errorf("%.0f s after VMI vm1 was deleted (%.1f s for KubeVirt): %s", time.Since(start).Seconds(), deleted.Seconds(), strings.Join(left, "; "))
+		agentGoroutines(t, ctx, nodeBins)
+		t.FailNow()
 	}
 	t.Logf("VMI vm1 deleted on %s in %.1f s; the agent released its endpoint and backend %.1f s after the delete began",
 		KubeNodeName(n), deleted.Seconds(), time.Since(start).Seconds())
@@ -468,5 +478,42 @@ func kubevirtConnectivity(t *testing.T, ctx context.Context, bins Bins) {
 		if !regexp.MustCompile(want).Match(b) {
 			t.Errorf("summary lacks %q", want)
 		}
+	}
+}
+
+// agentGoroutines, for a failure in which an agent may hang: each agent
+// container's goroutines (SIGQUIT to every lanekitd, which dumps them and
+// exits; the DaemonSet restarts it), written to a file per pod under
+// /tmp, with the goroutines waiting on a lock logged.
+func agentGoroutines(t *testing.T, ctx context.Context, nodeBins string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(comm)) == "lanekitd" {
+			if pid, err := strconv.Atoi(e.Name()); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGQUIT)
+			}
+		}
+	}
+	time.Sleep(5 * time.Second)
+	names, err := kubectl(ctx, nodeBins, nil, "get", "pods", "-n", LanekitNamespace, "-l", "app.kubernetes.io/name=lanekit-agent", "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil {
+		t.Logf("agent pods: %v", err)
+		return
+	}
+	for _, pod := range strings.Fields(names) {
+		dump, err := kubectl(ctx, nodeBins, nil, "logs", "-n", LanekitNamespace, pod, "-c", "agent", "--previous")
+		if err != nil {
+			t.Logf("goroutines of %s: %v", pod, err)
+			continue
+		}
+		f := filepath.Join(os.TempDir(), "lanekit-goroutines-"+pod+".txt")
+		_ = os.WriteFile(f, []byte(dump), 0o644)
+		var locked []string
+		for _, g := range strings.Split(dump, "\n\n") {
+			if strings.Contains(g, "[sync.Mutex.Lock") || strings.Contains(g, "[sync.RWMutex") || strings.Contains(g, "[semacquire") {
+				locked = append(locked, g)
+			}
+		}
+		t.Logf("goroutines of %s in %s; %d waiting on a lock:\n%s", pod, f, len(locked), tail(strings.Join(locked, "\n\n"), 12000))
 	}
 }
