@@ -27,7 +27,9 @@ import (
 // the client pod pings the guest every 20 ms and holds a TCP connection to
 // it: the migration succeeds, the VMI runs on node to with the address it
 // had, that node's agent holds its VM endpoint active on that address, the
-// connection kept every echo in order, and the guest answers HTTP there. The network's blackout — from the replies' timestamps around the
+// source's agent has taken its own out (moved, or gone with the source
+// pod), the connection kept every echo in order, and the guest answers HTTP
+// there. The network's blackout — from the replies' timestamps around the
 // longest run of lost pings, and as pings lost at 20 ms — is logged beside
 // the downtime libvirt measured for the switchover (the source
 // virt-launcher's "Migration info" line, read from its log, which must have

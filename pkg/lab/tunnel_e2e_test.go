@@ -176,9 +176,18 @@ func TestTunnelPathTruth(t *testing.T) {
 		}
 		// One port per flow (8 and iperf3's control connection), whichever
 		// path encapsulated a packet (GSO segments through the VXLAN
-		// device, the rest in BPF): else ECMP could reorder a flow.
-		if len(ports) > 9 {
-			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): a flow's packets leave on more than one", len(ports), ports)
+		// device, the rest in BPF): else ECMP could reorder a flow. A port
+		// with one or two packets is not counted: TCP draws a socket a new
+		// hash when it retransmits after a timeout (a SYN on a busy
+		// machine), and the outer port follows it, as the device's would.
+		used := 0
+		for _, n := range ports {
+			if n > 2 {
+				used++
+			}
+		}
+		if used > 9 {
+			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): a flow's packets leave on more than one", used, ports)
 		}
 	})
 
