@@ -109,7 +109,11 @@ spec:
 	// that failed kept it so until the source pod went, ~10 s).
 	if sock, err := RealNodeAgentSocket(from); err == nil {
 		var state string
-		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Second, true, func(pctx context.Context) (bool, error) {
+			// Each look with its own deadline: the poll's end must not
+			// replace the state seen with its own deadline error.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), 10*time.Second)
+			defer cancel()
 			sv, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
 			state = "gone"
 			if err == nil {
