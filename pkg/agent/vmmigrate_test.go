@@ -370,7 +370,7 @@ func TestVMMigrationKubeVirtIfName(t *testing.T) {
 		t.Fatal(err)
 	}
 	// b -> a.
-	av2, err := a.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvvm-a2").Path(), Queues: 1, IfName: ifn, MAC: mac,
+	_, err = a.a.AddVM(AddVMRequest{Name: "vm1", Netns: netnstest.New(t, "kvvm-a2").Path(), Queues: 1, IfName: ifn, MAC: mac,
 		Incoming: true, Address: vmIP, Generation: 9, GatewayMAC: gw})
 	if err != nil {
 		t.Fatalf("a's incoming endpoint for the move back: %v", err)
@@ -397,7 +397,6 @@ func TestVMMigrationKubeVirtIfName(t *testing.T) {
 			t.Errorf("%s after both pods went: %d vms listed (%v), %d records", n.fx.nodeNS.Path(), len(vms), err, n.vmRecords(t, "vm1"))
 		}
 	}
-	_ = av2
 }
 
 // TestVMAdoptKubeVirtIfName: a restarted agent that finds a KubeVirt
