@@ -15,7 +15,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -38,10 +37,14 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	const interval, count = 20 * time.Millisecond, 6000 // 120 s at most
 	// The source launcher's log, followed from before the move: the source
 	// pod ends with the migration.
-	source, err := runningLauncher(ctx, kc, KubeNodeName(from))
+	launcher, err := waitVMILauncher(ctx, kc, "vm1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if launcher.Spec.NodeName != KubeNodeName(from) {
+		t.Fatalf("vm1's launcher %s runs on %s, want %s", launcher.Name, launcher.Spec.NodeName, KubeNodeName(from))
+	}
+	source := launcher.Name
 	logCtx, stopLog := context.WithCancel(ctx)
 	defer stopLog()
 	sourceLog := followLogs(logCtx, kc, source, "compute")
@@ -109,11 +112,10 @@ spec:
 	// that failed kept it so until the source pod went, ~10 s).
 	if sock, err := RealNodeAgentSocket(from); err == nil {
 		var state string
-		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Second, true, func(pctx context.Context) (bool, error) {
-			// Each look with its own deadline: the poll's end must not
-			// replace the state seen with its own deadline error.
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(pctx), 10*time.Second)
-			defer cancel()
+		// Each look on the test's context (each agent call has its own
+		// deadline), not the poll's: its end must not replace the state
+		// seen with its own deadline error.
+		_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Second, true, func(context.Context) (bool, error) {
 			sv, err := findAgentVM(ctx, sock, k8s.VMName("default", "vm1"))
 			state = "gone"
 			if err == nil {
@@ -222,22 +224,6 @@ spec:
 	if f := strings.Fields(out); err != nil || len(f) != 2 || f[0] != name || f[1] != "50" {
 		t.Errorf("the migration's policy and max downtime %q (%v), want %s 50", out, err, name)
 	}
-}
-
-// runningLauncher names the virt-launcher pod whose compute container runs
-// on node.
-func runningLauncher(ctx context.Context, kc kubernetes.Interface, node string) (string, error) {
-	pods, err := kc.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "kubevirt.io=virt-launcher"})
-	if err != nil {
-		return "", err
-	}
-	for _, p := range pods.Items {
-		if p.Spec.NodeName != node || p.Status.Phase != corev1.PodRunning {
-			continue
-		}
-		return p.Name, nil
-	}
-	return "", fmt.Errorf("no running virt-launcher pod on %s: %s", node, podSummary(ctx, kc, "default"))
 }
 
 // followLogs follows a container's log until ctx ends; the returned
