@@ -14,7 +14,9 @@ import (
 // (OpenMetrics), lanekit_vhost_tx_packets_total being the number in the file
 // FakeVhostTxFile names (0 without it): a test writes it to play the guest's
 // first frames; as many acked feature bits as the number in
-// FakeVhostAckedFile (0 without it: a device not started), one offered.
+// FakeVhostAckedFile (0 without it: a device not started), one offered;
+// lanekit_vhost_device_running the number in FakeVhostRunningFile (not
+// exported without it, as by a backend older than the hand-over).
 const fakeVhost = `#!/usr/bin/python3
 import http.server, os, signal, socket, socketserver, sys, threading
 a = sys.argv[1:]
@@ -43,6 +45,9 @@ if "--metrics-listen" in a:
             for bit in range(num(".acked")):
                 body += 'lanekit_vhost_virtio_features{vm="fake",set="acked",bit="%d"} 1\n' % bit
             body += 'lanekit_vhost_virtio_features{vm="fake",set="offered",bit="0"} 1\n'
+            if os.path.exists(mpath + ".running"):
+                body += ("# TYPE lanekit_vhost_device_running gauge\n"
+                         'lanekit_vhost_device_running{vm="fake"} %d\n' % num(".running"))
             body = (body + "# TYPE lanekit_vhost_tx_packets counter\n"
                     'lanekit_vhost_tx_packets_total{vm="fake",queue="0"} %d\n# EOF\n' % num(".tx")).encode()
             self.send_response(200)
@@ -68,6 +73,10 @@ func FakeVhostTxFile(sock string) string { return sock + ".tx" }
 // FakeVhostAckedFile is the file whose number the fake backend serving
 // metrics at sock reports as the count of virtio feature bits acked.
 func FakeVhostAckedFile(sock string) string { return sock + ".acked" }
+
+// FakeVhostRunningFile is the file whose number the fake backend serving
+// metrics at sock reports as lanekit_vhost_device_running.
+func FakeVhostRunningFile(sock string) string { return sock + ".running" }
 
 // FakeVhost writes the fake backend and returns its path; every process of
 // it is killed when the test ends (backends outlive their agent by design).

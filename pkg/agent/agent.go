@@ -207,6 +207,11 @@ type Agent struct {
 	// epRoutes are the /32 routes to other nodes' claims of moved VM
 	// addresses that this agent installed (vmmigrate.go), under mu.
 	epRoutes map[netip.Addr]EndpointRoute
+	// handovers are the addresses of local VMs handed over to their
+	// migration's target (vmhandover.go), kept in every claims sync, and
+	// sourceWatches the running hand-over watches by VM name; under mu.
+	handovers     map[netip.Addr]EndpointRoute
+	sourceWatches map[string]sourceWatch
 
 	resolverMu sync.Mutex
 	resolver   VMIResolver // how VM attachments find their VMI (SetVMIResolver)

@@ -25,6 +25,7 @@ type attachEnv struct {
 	vmDir    string
 	hostRoot string // the agent's only VMHostSocketRoots entry
 	root     uint32
+	dp       *fakeDatapath // the datapath start gives the agent (nil: a new fake each time)
 }
 
 func newAttachEnv(t *testing.T) *attachEnv {
@@ -41,7 +42,12 @@ func (e *attachEnv) start(t *testing.T) *Agent {
 		PodCIDR: netip.MustParsePrefix("10.77.0.0/28"), MTU: 1400, HostNetns: e.fx.nodeNS.Path(),
 		VMSocketDir: e.vmDir, VhostBin: e.bin, VhostUID: &e.root, VhostGID: &e.root, KubeletRootDir: e.kubelet,
 		VMHostSocketRoots: []string{e.hostRoot},
-		OpenDatapath:      func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return newFake(), nil },
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) {
+			if e.dp != nil {
+				return e.dp, nil
+			}
+			return newFake(), nil
+		},
 	}, quietLog())
 	if err != nil {
 		t.Fatalf("start agent: %v", err)

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"net/netip"
+
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 )
@@ -13,6 +15,9 @@ type VMIMigration struct {
 	VM              string // the agent's VM name for it (endpoint.VMName)
 	Role            kubevirt.MigrationRole
 	kubevirt.Migration
+	// TargetVia is the target node's IPv4 InternalIP (invalid: unknown),
+	// where the source hands the address over at the switch-over.
+	TargetVia netip.Addr
 }
 
 // VMIMigrationChanged applies a VMI's migration state on this node: the
@@ -33,6 +38,9 @@ func (a *Agent) VMIMigrationChanged(m VMIMigration) {
 	}
 	if m.FailureReason != "" {
 		attrs = append(attrs, "failure", m.FailureReason)
+	}
+	if m.Role == kubevirt.RoleSource {
+		a.watchSource(m)
 	}
 	if m.Role == kubevirt.RoleTarget && (m.Phase() == kubevirt.MigrationCompleted || m.Phase() == kubevirt.MigrationFailed) {
 		if a.hasIncomingVM(m.VM) {

@@ -360,6 +360,13 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// Addresses this node handed over to their migration's target
+	// (vmhandover.go) stay routed there until a higher claim replaces them.
+	for addr, h := range a.handovers {
+		if b, ok := best[addr]; !ok || h.Generation > b.Generation {
+			best[addr] = h
+		}
+	}
 	eps, err := a.endpoints()
 	if err != nil {
 		return 0, nil, err

@@ -56,6 +56,28 @@ func startMigNode(t *testing.T, name, cidr string) *migNode {
 func startMigNode6(t *testing.T, name, cidr, cidr6 string) *migNode {
 	t.Helper()
 	fx := &fixture{stateDir: t.TempDir(), nodeNS: netnstest.New(t, name)}
+	addMigUplink(t, fx, name)
+	dp := newFake()
+	var p6 netip.Prefix
+	if cidr6 != "" {
+		p6 = netip.MustParsePrefix(cidr6)
+	}
+	a, err := New(Config{
+		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"), PodCIDR: netip.MustParsePrefix(cidr),
+		PodCIDR6: p6, MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
+		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
+	}, quietLog())
+	if err != nil {
+		t.Fatalf("start agent %s: %v", name, err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return &migNode{a: a, fx: fx, dp: dp}
+}
+
+// addMigUplink gives the node an uplink, up0 with 192.0.2.1/24 and
+// 2001:db8::1/64, where the other nodes' claims are routed.
+func addMigUplink(t *testing.T, fx *fixture, name string) {
+	t.Helper()
 	if err := fx.nodeNS.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "up0"
@@ -84,21 +106,6 @@ func startMigNode6(t *testing.T, name, cidr, cidr6 string) *migNode {
 	}); err != nil {
 		t.Fatalf("uplink in %s: %v", name, err)
 	}
-	dp := newFake()
-	var p6 netip.Prefix
-	if cidr6 != "" {
-		p6 = netip.MustParsePrefix(cidr6)
-	}
-	a, err := New(Config{
-		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"), PodCIDR: netip.MustParsePrefix(cidr),
-		PodCIDR6: p6, MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
-		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
-	}, quietLog())
-	if err != nil {
-		t.Fatalf("start agent %s: %v", name, err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return &migNode{a: a, fx: fx, dp: dp}
 }
 
 func (n *migNode) inDatapath(t *testing.T, id uint32) bool {

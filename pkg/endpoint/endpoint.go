@@ -108,6 +108,10 @@ type VMMigration struct {
 	ActivatedBy string           `json:"activatedBy,omitempty"`
 	Activated   time.Time        `json:"activated,omitzero"`
 	MovedTo     string           `json:"movedTo,omitempty"` // the claiming node's address
+	// HandedOver: moved by this node itself when its backend saw the
+	// source QEMU stop the device during a migration away (not by another
+	// node's claim); taken back if the device runs again here.
+	HandedOver bool `json:"handedOver,omitempty"`
 }
 
 // CNIAttachment is a CNI container ID + ifname.

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -327,6 +328,15 @@ func (f *migrationFollower) observe(o any, gone bool) {
 		f.log.Warn("VMI migration state", "vmi", key, "err", err)
 		return
 	}
+	if m != nil && m.Role == kubevirt.RoleSource && f.nodes != nil {
+		// Where the source hands the address over at the switch-over
+		// (agent vmhandover.go): the node map's and the claims' address.
+		if o, ok, _ := f.nodes.GetByKey(m.TargetNode); ok {
+			if n, ok := o.(*corev1.Node); ok {
+				m.TargetVia = nodeInternalIPv4(n)
+			}
+		}
+	}
 	f.mu.Lock()
 	prev, seen := f.last[key]
 	changed := m != nil && (!seen || !sameMigration(prev, *m))
@@ -347,7 +357,8 @@ func sameMigration(a, b agent.VMIMigration) bool {
 	return a.Namespace == b.Namespace && a.Name == b.Name && a.VM == b.VM && a.Role == b.Role &&
 		a.UID == b.UID && a.SourceNode == b.SourceNode && a.SourcePod == b.SourcePod &&
 		a.TargetNode == b.TargetNode && a.TargetPod == b.TargetPod && a.Start.Equal(b.Start) && a.End.Equal(b.End) &&
-		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason
+		a.Completed == b.Completed && a.Failed == b.Failed && a.AbortRequested == b.AbortRequested && a.FailureReason == b.FailureReason &&
+		a.TargetVia == b.TargetVia
 }
 
 // slimVMI keeps a VMI's name, namespace, uid, resourceVersion,

@@ -3,11 +3,13 @@ package k8s
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -313,5 +315,26 @@ func TestSlimVMI(t *testing.T) {
 	m, err := migrationOf(s, "node-b")
 	if err != nil || m == nil || m.Role != kubevirt.RoleTarget || m.TargetPod != "virt-launcher-vm1-bbbbb" {
 		t.Fatalf("slim VMI's migration %+v, %v", m, err)
+	}
+}
+
+// The source's migration carries the target node's IPv4 InternalIP (where
+// the agent hands the address over at the switch-over), once the node is
+// known; the node's address appearing later is a change.
+func TestMigrationFollowerTargetVia(t *testing.T) {
+	sink := &migrationLog{}
+	f := newMigrationFollower("node-a", newFakeDynamic(), sink, slog.New(slog.DiscardHandler))
+	f.nodes = cache.NewStore(cache.MetaNamespaceKeyFunc)
+	f.observe(fakeVMI(nil, running()), false)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "fd00::2"}, {Type: corev1.NodeInternalIP, Address: "192.168.7.2"}}}}
+	if err := f.nodes.Add(node); err != nil {
+		t.Fatal(err)
+	}
+	f.observe(fakeVMI(nil, running()), false)
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.got) != 2 || sink.got[0].TargetVia.IsValid() || sink.got[1].TargetVia != netip.MustParseAddr("192.168.7.2") {
+		t.Fatalf("sink got %+v: want the running migration without, then with the target's 192.168.7.2", sink.got)
 	}
 }

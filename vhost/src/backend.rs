@@ -169,6 +169,10 @@ pub struct NetBackend {
     /// memory while logging.
     log_fd: Mutex<Option<EventFd>>,
     acked: AtomicU64,
+    /// The frontend started the device (acked its features) and has stopped no ring since
+    /// (`GET_VRING_BASE`) nor gone: the guest runs on this backend. A migration's source sees it
+    /// fall at the switch-over, when its QEMU stops the device (`device_running`).
+    running: AtomicBool,
     active_pairs: AtomicU16,
     /// One per queue pair (the control queue counts with pair 0).
     stats: Vec<Stats>,
@@ -258,6 +262,7 @@ impl NetBackend {
             log_all: AtomicBool::new(false),
             log_fd: Mutex::new(None),
             acked: AtomicU64::new(0),
+            running: AtomicBool::new(false),
             active_pairs: AtomicU16::new(1),
             stats: (0..usize::from(config.queue_pairs)).map(|_| Stats::default()).collect(),
             xsk_fds,
@@ -379,6 +384,15 @@ impl NetBackend {
         self.connection_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether the device runs: its frontend acked the features (which QEMU sends at every
+    /// device start, and while running only to switch the dirty log) and has stopped no ring
+    /// since, nor disconnected. A live migration's source QEMU stops the device at the
+    /// switch-over (and starts it again if the migration fails): the agent reads this to
+    /// route the VM's address to the target at that moment.
+    pub fn device_running(&self) -> bool {
+        self.running.load(Ordering::SeqCst)
+    }
+
     /// Queue pairs the guest enabled with `VQ_PAIRS_SET` (1 until it does).
     pub fn active_pairs(&self) -> u16 {
         self.active_pairs.load(Ordering::Relaxed)
@@ -407,6 +421,7 @@ impl NetBackend {
             p.tx_owed = None;
         }
         self.acked.store(0, Ordering::Relaxed);
+        self.running.store(false, Ordering::SeqCst);
         self.guest_offloads.store(u64::MAX, Ordering::Relaxed);
         self.active_pairs.store(1, Ordering::Relaxed);
         if self.rss.is_some() && self.rss_config().is_some() {
@@ -586,6 +601,7 @@ impl VhostUserBackend for NetBackend {
 
     fn acked_features(&self, features: u64) {
         self.acked.store(features, Ordering::Relaxed);
+        self.running.store(true, Ordering::SeqCst);
         // Feature negotiation turns every negotiated guest offload on.
         self.guest_offloads.store(u64::MAX, Ordering::Relaxed);
         let off = Offloads::from_features(features & self.offloads.features());
@@ -602,6 +618,14 @@ impl VhostUserBackend for NetBackend {
 
     fn reset_device(&self) {
         self.reset();
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // GET_VRING_BASE: the frontend stops the device (a ring of it at a time).
+        if self.running.swap(false, Ordering::SeqCst) {
+            info!("frontend stopped the device (ring {queue_index})");
+        }
+        Ok(())
     }
 
     fn set_event_idx(&self, _enabled: bool) {

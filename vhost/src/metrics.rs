@@ -62,6 +62,12 @@ pub const FAMILIES: &[Family] = &[
     fam!("lanekit_vhost_up", false, VM, "1 while the backend process serves"),
     fam!("lanekit_vhost_queue_pairs", false, VM, "Queue pairs offered to the guest"),
     fam!("lanekit_vhost_active_queue_pairs", false, VM, "Queue pairs the guest enabled (VQ_PAIRS_SET)"),
+    fam!(
+        "lanekit_vhost_device_running",
+        false,
+        VM,
+        "1 from the frontend's device start (features acked) to its first ring stop or disconnect"
+    ),
     fam!("lanekit_vhost_frontend_connections", true, VM, "Frontend (VMM) connections accepted"),
     fam!("lanekit_vhost_frontend_refused", true, VM, "Frontend connections refused by the hostile-frontend checks"),
     fam!("lanekit_vhost_frontend_errors", true, VM, "Frontend connections ended by an error (refusals included)"),
@@ -240,6 +246,7 @@ impl Collector for Exporter {
         emit(&mut enc, "lanekit_vhost_up", &[(self.vm(), 1)])?;
         emit(&mut enc, "lanekit_vhost_queue_pairs", &[(self.vm(), u64::from(b.config().queue_pairs))])?;
         emit(&mut enc, "lanekit_vhost_active_queue_pairs", &[(self.vm(), u64::from(b.active_pairs()))])?;
+        emit(&mut enc, "lanekit_vhost_device_running", &[(self.vm(), u64::from(b.device_running()))])?;
         emit(&mut enc, "lanekit_vhost_frontend_connections", &[(self.vm(), b.connections())])?;
         emit(&mut enc, "lanekit_vhost_frontend_refused", &[(self.vm(), b.refusals())])?;
         emit(&mut enc, "lanekit_vhost_frontend_errors", &[(self.vm(), b.connection_errors())])?;

@@ -139,6 +139,7 @@ fn scrape_counts_frames_drops_errors_notifications_and_frontends() {
     let s = m.scrape();
     assert_eq!(val(&s, "lanekit_vhost_up", &[]), 1);
     assert_eq!(val(&s, "lanekit_vhost_queue_pairs", &[]), 1);
+    assert_eq!(val(&s, "lanekit_vhost_device_running", &[]), 0, "no frontend yet");
     assert_eq!(val(&s, "lanekit_vhost_frontend_connections_total", &[]), 0);
     assert_eq!(val(&s, "lanekit_vhost_rx_packets_total", &q0(&[])), 0);
     assert!(!s.keys().any(|(n, _)| n.contains("_xdp_")), "loopback has no AF_XDP socket");
@@ -199,7 +200,12 @@ fn scrape_counts_frames_drops_errors_notifications_and_frontends() {
     assert_eq!(bits("offered") & all, all, "every offload offered");
     assert_eq!(bits("acked"), 1 << 32 | 1 << 30);
     assert_eq!(val(&s, "lanekit_vhost_frontend_connections_total", &[]), 1);
+    // The device runs from the feature ack to its first ring stop (a migration source's
+    // switch-over, which the agent watches for).
+    assert_eq!(val(&s, "lanekit_vhost_device_running", &[]), 1);
     assert!(matches!(g.stop(), Outcome::Reply(_)));
+    let s = m.scrape();
+    assert_eq!(val(&s, "lanekit_vhost_device_running", &[]), 0, "a stopped ring stops the device");
     drop(g);
 
     // A frontend refused by the hostile-frontend checks (a pipe as kick fd).
