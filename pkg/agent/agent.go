@@ -360,6 +360,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err := a.adopt(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}
+	if eps, err := a.endpoints(); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	} else if err := a.syncIncomingDrops(eps); err != nil { // vmincoming.go
+		a.log.Warn("drop rules of incoming VM endpoints", "err", err)
+	}
 	if err := a.setupSockLB(); err != nil {
 		return nil, fmt.Errorf("new agent: %w", err)
 	}

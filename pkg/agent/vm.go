@@ -300,6 +300,10 @@ func (a *Agent) AddVM(req AddVMRequest) (_ *VMInfo, err error) {
 		if err := a.prepareIncoming(&ep, req.GatewayMAC); err != nil {
 			return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
 		}
+		undo = append(undo, func() error { return a.delIncomingDrops(&ep) })
+		if err := a.addIncomingDrops(&ep); err != nil { // vmincoming.go
+			return nil, fmt.Errorf("add vm %s: %w", req.Name, err)
+		}
 	}
 	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(key), ep) }); err != nil {
 		return nil, fmt.Errorf("add vm %s: record devices: %w", req.Name, err)
@@ -543,6 +547,9 @@ func (a *Agent) delVM(name string) (existed bool, err error) {
 			return true, fmt.Errorf("del vm %s: record %s has no vm part: %w", name, key, ErrConflict)
 		}
 		a.stopVMBackend(&ep)
+		if err := a.delIncomingDrops(&ep); err != nil {
+			return true, fmt.Errorf("del vm %s: %w", name, err)
+		}
 		vdp, err := a.vmDatapath()
 		if err != nil {
 			return true, fmt.Errorf("del vm %s: %w", name, err)

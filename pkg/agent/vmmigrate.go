@@ -265,6 +265,10 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
 	changed = true
+	if err := a.delIncomingDrops(&ep); err != nil {
+		// Only what the uplink brings for it is dropped until a restart.
+		a.log.Warn("activate vm: its incoming drop rule stays", "vm", name, "err", err)
+	}
 	for _, addr := range addrsOf(&ep) {
 		if err := a.claims().drop(addr); err != nil {
 			// The datapath delivers locally before it looks at the node map;

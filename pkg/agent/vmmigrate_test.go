@@ -37,6 +37,7 @@ func (n *migNode) restart(t *testing.T) {
 	a, err := New(Config{
 		StateDir: n.fx.stateDir, Socket: filepath.Join(n.fx.stateDir, "agent.sock"), PodCIDR: n.a.cfg.PodCIDR,
 		PodCIDR6: n.a.cfg.PodCIDR6, MTU: 1400, HostNetns: n.fx.nodeNS.Path(), VMSocketDir: filepath.Join(n.fx.stateDir, "vm"),
+		Uplink:       n.a.cfg.Uplink,
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return n.dp, nil },
 	}, quietLog())
 	if err != nil {
@@ -55,6 +56,13 @@ func startMigNode(t *testing.T, name, cidr string) *migNode {
 // cidr6 "": IPv4 only).
 func startMigNode6(t *testing.T, name, cidr, cidr6 string) *migNode {
 	t.Helper()
+	return startMigNodeUplink(t, name, cidr, cidr6, "")
+}
+
+// startMigNodeUplink is startMigNode6 with the agent's --uplink (up0 is
+// there; "": none).
+func startMigNodeUplink(t *testing.T, name, cidr, cidr6, uplink string) *migNode {
+	t.Helper()
 	fx := &fixture{stateDir: t.TempDir(), nodeNS: netnstest.New(t, name)}
 	addMigUplink(t, fx, name)
 	dp := newFake()
@@ -64,7 +72,7 @@ func startMigNode6(t *testing.T, name, cidr, cidr6 string) *migNode {
 	}
 	a, err := New(Config{
 		StateDir: fx.stateDir, Socket: filepath.Join(fx.stateDir, "agent.sock"), PodCIDR: netip.MustParsePrefix(cidr),
-		PodCIDR6: p6, MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"),
+		PodCIDR6: p6, MTU: 1400, HostNetns: fx.nodeNS.Path(), VMSocketDir: filepath.Join(fx.stateDir, "vm"), Uplink: uplink,
 		OpenDatapath: func(datapath.Config, *slog.Logger) (datapath.Datapath, error) { return dp, nil },
 	}, quietLog())
 	if err != nil {
