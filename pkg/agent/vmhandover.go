@@ -136,13 +136,14 @@ func (a *Agent) stopSourceWatch(name, uid string) {
 func (a *Agent) awaitSourceStop(ctx context.Context, name, uid, metricsSock string, backendUID uint32, handedOver bool) {
 	defer a.stopSourceWatch(name, uid)
 	deadline := time.Now().Add(guestPollFor)
-	sawRunning := false
+	var lastRunning time.Time // the last poll that saw the device run
 	for time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(guestPollEvery):
 		}
+		asked := time.Now()
 		running, known, err := readBackendRunning(metricsSock, backendUID)
 		if err != nil || !known {
 			continue
@@ -153,9 +154,9 @@ func (a *Agent) awaitSourceStop(ctx context.Context, name, uid, metricsSock stri
 			herr = a.reclaimHandover(name, "its device runs again on this node")
 			handedOver = herr != nil
 		case running:
-			sawRunning = true
-		case sawRunning && !handedOver:
-			herr = a.handOver(ctx, name, uid)
+			lastRunning = asked
+		case !lastRunning.IsZero() && !handedOver:
+			herr = a.handOver(ctx, name, uid, lastRunning, asked)
 			handedOver = herr == nil
 		}
 		if errors.Is(herr, ErrNotFound) {
@@ -191,7 +192,8 @@ func readBackendRunning(sock string, uid uint32) (running, known bool, err error
 // handOver routes VM name's address to the target of its running
 // migration (the watch's): the VM leaves the datapath as when a claim
 // elsewhere supersedes it, marked handed over.
-func (a *Agent) handOver(ctx context.Context, name, uid string) (err error) {
+// lastRunning and stopSeen are the polls around the stop (for the log).
+func (a *Agent) handOver(ctx context.Context, name, uid string, lastRunning, stopSeen time.Time) (err error) {
 	changed := false
 	defer func() {
 		if changed {
@@ -221,17 +223,17 @@ func (a *Agent) handOver(ctx context.Context, name, uid string) (err error) {
 	// claims (IPv4) move the VM: its datapath entry goes with this.
 	r := w.target
 	r.Addr = ep.IP
-	if err := a.supersede(&ep, r); err != nil {
-		return err
+	switched, err := a.supersede(&ep, r, true)
+	if !switched.IsZero() {
+		changed = true
 	}
-	changed = true
-	ep.VM.Migration.HandedOver = true
-	if err := a.st.Update(func(tx *store.Tx) error { return tx.Put(store.Endpoints, []byte(ep.StoreKey()), ep) }); err != nil {
-		return fmt.Errorf("hand over vm %s: %w", name, err)
+	if err != nil {
+		return err
 	}
 	a.putHandovers(&ep, w.target)
 	a.log.Info("vm handed over: its backend's device stopped, the address goes to the migration's target", "vm", name,
-		"ip", ep.IP, "target_node", w.target.Node, "via", w.target.Via, "generation", w.target.Generation)
+		"ip", ep.IP, "target_node", w.target.Node, "via", w.target.Via, "generation", w.target.Generation,
+		"last_running", lastRunning.UTC(), "stop_seen", stopSeen.UTC(), "switched", switched.UTC(), "took", time.Since(stopSeen))
 	return nil
 }
 

@@ -402,7 +402,7 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 			if gen >= r.Generation {
 				continue // ours wins: the local route stays
 			}
-			if err := a.supersede(&ep, r); err != nil {
+			if _, err := a.supersede(&ep, r, false); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -426,30 +426,33 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 // node's pod CIDRs) stay held as moved, the record says where it went
 // (mu held). DelVM removes the rest when the source's pod goes. The claim
 // of a dual-stack VM's other address is routed by the sync after it.
-func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
+// handedOver records that this node moved it itself (vmhandover.go);
+// switched is when the datapath stopped delivering it here.
+func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute, handedOver bool) (switched time.Time, err error) {
 	dpEp, err := a.dpEndpoint(ep)
 	if err != nil {
-		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+		return switched, fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
 	// The claim's route (or node map entry) first: the datapath delivers
 	// locally until the endpoint leaves it.
 	if err := a.claims().put(r); err != nil {
-		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+		return switched, fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
 	err = a.host.Do(func() error {
 		if err := a.dp.DeleteEndpoint(dpEp); err != nil {
 			return fmt.Errorf("datapath: %w", err)
 		}
+		switched = time.Now()
 		return setForwarding(ep.HostIfName, false)
 	})
 	if err != nil {
-		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+		return switched, fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
 	key := ep.StoreKey()
 	if ep.VM.Migration == nil {
 		ep.VM.Migration = &endpoint.VMMigration{}
 	}
-	ep.VM.Migration.State, ep.VM.Migration.MovedTo = endpoint.VMMoved, r.Via.String()
+	ep.VM.Migration.State, ep.VM.Migration.MovedTo, ep.VM.Migration.HandedOver = endpoint.VMMoved, r.Via.String(), handedOver
 	err = a.st.Update(func(tx *store.Tx) error {
 		for _, addr := range addrsOf(ep) {
 			pool := a.poolOf(addr)
@@ -468,11 +471,13 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute) error {
 		return tx.Put(store.Endpoints, []byte(key), *ep)
 	})
 	if err != nil {
-		return fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
+		return switched, fmt.Errorf("supersede vm %s: %w", ep.VM.Name, err)
 	}
-	a.log.Info("vm moved: another node claims its address", "vm", ep.VM.Name, "id", ep.ID, "ip", ep.IP,
-		"to", r.Via, "node", r.Node, "generation", r.Generation)
-	return nil
+	if !handedOver {
+		a.log.Info("vm moved: another node claims its address", "vm", ep.VM.Name, "id", ep.ID, "ip", ep.IP,
+			"to", r.Via, "node", r.Node, "generation", r.Generation)
+	}
+	return switched, nil
 }
 
 // syncMovedHolds holds each address of this node's pod CIDR that a claim

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -47,7 +49,14 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	source := launcher.Name
 	logCtx, stopLog := context.WithCancel(ctx)
 	defer stopLog()
-	sourceLog := followLogs(logCtx, kc, source, "compute")
+	sourceLog := followLogs(logCtx, kc, "default", source, "compute")
+	// The source node's agent: when it handed the address over.
+	agents, err := kc.CoreV1().Pods(LanekitNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lanekit-agent",
+		FieldSelector: "spec.nodeName=" + KubeNodeName(from)})
+	if err != nil || len(agents.Items) != 1 {
+		t.Fatalf("the agent pod on %s: %v", KubeNodeName(from), err)
+	}
+	sourceAgentLog := followLogs(logCtx, kc, LanekitNamespace, agents.Items[0].Name, "agent")
 	pingCtx, stopPing := context.WithCancel(ctx)
 	defer stopPing()
 	ping := exec.CommandContext(pingCtx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
@@ -148,19 +157,27 @@ spec:
 		t.Logf("TCP connection held through the migration: %d/%d echoes in order, longest gap between echoes %v (100 ms apart without a move)", got, lines, tcpGap.Round(time.Millisecond))
 	}
 	sent, lost, gap := pingGaps(pingOut.String())
-	// Where the blackout went: the last reply before the longest gap, the
-	// target agent's activation (what told it, when), the first reply after.
-	blackout := "no reply lost"
+	// Where the blackout went: the last reply before the longest silence,
+	// the target agent's activation (what told it, when), the first reply
+	// after, and the source agent's hand-over.
+	blackout := "unknown (fewer than two replies)"
 	if last, first, ok := pingGapEdges(pingOut.String()); ok {
-		// Replies are stamped when they arrive: a reply held up before the
-		// gap (queued in the source) makes the gap between replies shorter
-		// than the pings lost say.
-		blackout = fmt.Sprintf("%v between the replies around it", first.Sub(last).Round(time.Millisecond))
+		blackout = fmt.Sprintf("%v without a reply", first.Sub(last).Round(time.Millisecond))
 		if vm.GetActivatedUnixNano() != 0 {
 			act := time.Unix(0, vm.GetActivatedUnixNano())
-			t.Logf("the target agent activated the VM endpoint %v after the last reply before the longest gap (by %s), the first reply after it came %v after that",
+			t.Logf("the target agent activated the VM endpoint %v after the last reply before the longest silence (by %s), the first reply after it came %v after that",
 				act.Sub(last).Round(time.Millisecond), vm.GetActivatedBy(), first.Sub(act).Round(time.Millisecond))
 		}
+		if h, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); ok {
+			r := func(at time.Time) time.Duration { return at.Sub(last).Round(time.Millisecond) }
+			t.Logf("node %d's agent handed the address over to node %d %v after the last reply before the longest silence (its backend's device last seen running at %v, seen stopped at %v; logged at %v)",
+				from, to, r(h.Switched), r(h.LastRunning), r(h.StopSeen), r(h.At))
+		}
+	}
+	// The source routes the address to the target at the switch-over, not
+	// when the VMI's status says completed (vmhandover.go).
+	if _, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); !ok {
+		t.Errorf("node %d's agent logged no hand-over of the VM's address to node %d:\n%s", from, to, tail(grepLines(sourceAgentLog(), "hand"), 3000))
 	}
 	// libvirt's own figures for the switchover, from the source launcher.
 	stopLog()
@@ -228,11 +245,11 @@ spec:
 
 // followLogs follows a container's log until ctx ends; the returned
 // function gives what arrived so far.
-func followLogs(ctx context.Context, kc kubernetes.Interface, pod, container string) func() string {
+func followLogs(ctx context.Context, kc kubernetes.Interface, namespace, pod, container string) func() string {
 	var mu sync.Mutex
 	var b strings.Builder
 	go func() {
-		rc, err := kc.CoreV1().Pods("default").GetLogs(pod, &corev1.PodLogOptions{Container: container, Follow: true}).Stream(ctx)
+		rc, err := kc.CoreV1().Pods(namespace).GetLogs(pod, &corev1.PodLogOptions{Container: container, Follow: true}).Stream(ctx)
 		if err != nil {
 			mu.Lock()
 			fmt.Fprintf(&b, "follow %s/%s: %v\n", pod, container, err)
@@ -329,6 +346,59 @@ func echoGaps(out string, want int) (got int, longest time.Duration, err error) 
 	return got, longest, nil
 }
 
+// handOver is the source agent's log of a hand-over: when it was done,
+// and the polls of the backend around the device's stop.
+type handOver struct {
+	At          time.Time `json:"time"`
+	LastRunning time.Time `json:"last_running"`
+	StopSeen    time.Time `json:"stop_seen"`
+	Switched    time.Time `json:"switched"` // the datapath stopped delivering locally
+}
+
+// handOverTime is the last hand-over of VM vm's address to its
+// migration's target in the agent's JSON log.
+func handOverTime(log, vm string) (handOver, bool) {
+	var last handOver
+	for _, l := range strings.Split(log, "\n") {
+		var rec struct {
+			handOver
+			Msg string `json:"msg"`
+			VM  string `json:"vm"`
+		}
+		if json.Unmarshal([]byte(l), &rec) != nil || rec.VM != vm || !strings.HasPrefix(rec.Msg, "vm handed over") {
+			continue
+		}
+		last = rec.handOver
+	}
+	return last, !last.At.IsZero()
+}
+
+// grepLines are log's lines that contain s.
+func grepLines(log, s string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestHandOverTime(t *testing.T) {
+	log := `{"time":"2026-12-01T23:50:01.5Z","level":"INFO","msg":"vm hand-over: watching the source backend for the switch-over","vm":"default.vm1"}
+not json
+{"time":"2026-12-01T23:50:02.25Z","level":"INFO","msg":"vm handed over: its backend's device stopped, the address goes to the migration's target","vm":"default.vm2"}
+{"time":"2026-12-01T23:50:03.125Z","level":"INFO","msg":"vm handed over: its backend's device stopped, the address goes to the migration's target","vm":"default.vm1","last_running":"2026-12-01T23:50:03.1Z","stop_seen":"2026-12-01T23:50:03.11Z"}
+`
+	if h, ok := handOverTime(log, "default.vm1"); !ok || !h.At.Equal(time.Date(2026, 12, 1, 23, 50, 3, 125e6, time.UTC)) ||
+		!h.LastRunning.Equal(time.Date(2026, 12, 1, 23, 50, 3, 100e6, time.UTC)) || !h.StopSeen.Equal(time.Date(2026, 12, 1, 23, 50, 3, 110e6, time.UTC)) {
+		t.Errorf("handOverTime = %+v %v", h, ok)
+	}
+	if _, ok := handOverTime(log, "default.vm3"); ok {
+		t.Error("a hand-over of a VM the log does not name")
+	}
+}
+
 // pingGaps reads ping's output: the echoes sent (the highest sequence
 // seen or the summary's count), how many got no reply, and the longest
 // run of consecutive sequence numbers without one.
@@ -356,13 +426,16 @@ func pingGaps(out string) (sent, lost, longest int) {
 	return sent, lost, longest
 }
 
-// pingGapEdges reads `ping -D` output: the time of the last reply before
-// the longest run of missing replies and of the first one after it.
+// pingGapEdges reads `ping -D` output: the arrival of the reply before the
+// longest silence (no reply arriving) and of the reply that ended it. By
+// arrival, not by sequence: echoes sent while the guest was paused can be
+// answered late (frames the source's backend put into the guest's rings
+// move with its memory), so the longest run of lost sequence numbers can
+// sit elsewhere than the client's longest wait.
 func pingGapEdges(out string) (last, first time.Time, ok bool) {
 	re := regexp.MustCompile(`^\[(\d+)\.(\d+)\] .*icmp_seq=(\d+)`)
-	var prevSeq int
-	var prevT time.Time
-	longest := 0
+	var prev time.Time
+	var longest time.Duration
 	for _, l := range strings.Split(out, "\n") {
 		m := re.FindStringSubmatch(l)
 		if m == nil {
@@ -372,11 +445,10 @@ func pingGapEdges(out string) (last, first time.Time, ok bool) {
 		frac := (m[2] + "000000000")[:9]
 		ns, _ := strconv.ParseInt(frac, 10, 64)
 		ts := time.Unix(sec, ns)
-		seq, _ := strconv.Atoi(m[3])
-		if prevSeq != 0 && seq-prevSeq-1 > longest {
-			longest, last, first, ok = seq-prevSeq-1, prevT, ts, true
+		if !prev.IsZero() && ts.Sub(prev) > longest {
+			longest, last, first, ok = ts.Sub(prev), prev, ts, true
 		}
-		prevSeq, prevT = seq, ts
+		prev = ts
 	}
 	return last, first, ok
 }
@@ -387,6 +459,13 @@ func TestPingGapEdges(t *testing.T) {
 	last, first, ok := pingGapEdges(out)
 	if !ok || !last.Equal(time.Unix(1000, 150000000)) || !first.Equal(time.Unix(1000, 500000000)) {
 		t.Errorf("pingGapEdges = %v %v %v", last, first, ok)
+	}
+	// Late replies (seq 3 and 4 answered after the pause) end the silence,
+	// not the later single loss.
+	late := "[1000.100000] x icmp_seq=1 ttl=63\n[1000.120000] x icmp_seq=2 ttl=63\n[1000.400000] x icmp_seq=3 ttl=63\n" +
+		"[1000.401000] x icmp_seq=4 ttl=63\n[1000.420000] x icmp_seq=5 ttl=63\n[1000.460000] x icmp_seq=7 ttl=63\n"
+	if last, first, ok := pingGapEdges(late); !ok || !last.Equal(time.Unix(1000, 120000000)) || !first.Equal(time.Unix(1000, 400000000)) {
+		t.Errorf("pingGapEdges(late replies) = %v %v %v", last, first, ok)
 	}
 	if _, _, ok := pingGapEdges("no replies\n"); ok {
 		t.Error("edges without replies")
