@@ -160,18 +160,28 @@ spec:
 	// Where the blackout went: the last reply before the longest silence,
 	// the target agent's activation (what told it, when), the first reply
 	// after, and the source agent's hand-over.
-	blackout := "unknown (fewer than two replies)"
-	if last, first, ok := pingGapEdges(pingOut.String()); ok {
-		blackout = fmt.Sprintf("%v without a reply", first.Sub(last).Round(time.Millisecond))
-		if vm.GetActivatedUnixNano() != 0 {
-			act := time.Unix(0, vm.GetActivatedUnixNano())
-			t.Logf("the target agent activated the VM endpoint %v after the last reply before the longest silence (by %s), the first reply after it came %v after that",
+	// The blackout is the silence around the switch-over: from the last
+	// reply before the target agent's activation (the guest runs there
+	// from its device start; none can answer between the source's stop
+	// and that) to the first reply after it. The longest silence of the
+	// whole run is logged beside it when it lies elsewhere (TCG guests
+	// stall under a migration's load too).
+	blackout := "unknown (no activation time or no replies around it)"
+	replies := pingReplyTimes(pingOut.String())
+	if vm.GetActivatedUnixNano() != 0 {
+		act := time.Unix(0, vm.GetActivatedUnixNano())
+		if last, first, ok := around(replies, act); ok {
+			blackout = fmt.Sprintf("%v without a reply around the switch-over", first.Sub(last).Round(time.Millisecond))
+			t.Logf("the target agent activated the VM endpoint %v after the last reply before it (by %s), the first reply came %v after the activation",
 				act.Sub(last).Round(time.Millisecond), vm.GetActivatedBy(), first.Sub(act).Round(time.Millisecond))
-		}
-		if h, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); ok {
-			r := func(at time.Time) time.Duration { return at.Sub(last).Round(time.Millisecond) }
-			t.Logf("node %d's agent handed the address over to node %d %v after the last reply before the longest silence (its backend's device last seen running at %v, seen stopped at %v; logged at %v)",
-				from, to, r(h.Switched), r(h.LastRunning), r(h.StopSeen), r(h.At))
+			if h, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); ok {
+				r := func(at time.Time) time.Duration { return at.Sub(last).Round(time.Millisecond) }
+				t.Logf("node %d's agent handed the address over to node %d %v after that last reply (its backend's device last seen running at %v, seen stopped at %v; logged at %v)",
+					from, to, r(h.Switched), r(h.LastRunning), r(h.StopSeen), r(h.At))
+			}
+			if l, f, ok := pingGapEdges(pingOut.String()); ok && !l.Equal(last) {
+				blackout += fmt.Sprintf(" (the run's longest silence, %v, %v before it)", f.Sub(l).Round(time.Millisecond), last.Sub(l).Round(time.Millisecond))
+			}
 		}
 	}
 	// The source routes the address to the target at the switch-over, not
@@ -426,16 +436,10 @@ func pingGaps(out string) (sent, lost, longest int) {
 	return sent, lost, longest
 }
 
-// pingGapEdges reads `ping -D` output: the arrival of the reply before the
-// longest silence (no reply arriving) and of the reply that ended it. By
-// arrival, not by sequence: echoes sent while the guest was paused can be
-// answered late (frames the source's backend put into the guest's rings
-// move with its memory), so the longest run of lost sequence numbers can
-// sit elsewhere than the client's longest wait.
-func pingGapEdges(out string) (last, first time.Time, ok bool) {
+// pingReplyTimes are the arrival times of `ping -D`'s replies, in order.
+func pingReplyTimes(out string) []time.Time {
 	re := regexp.MustCompile(`^\[(\d+)\.(\d+)\] .*icmp_seq=(\d+)`)
-	var prev time.Time
-	var longest time.Duration
+	var ts []time.Time
 	for _, l := range strings.Split(out, "\n") {
 		m := re.FindStringSubmatch(l)
 		if m == nil {
@@ -444,7 +448,34 @@ func pingGapEdges(out string) (last, first time.Time, ok bool) {
 		sec, _ := strconv.ParseInt(m[1], 10, 64)
 		frac := (m[2] + "000000000")[:9]
 		ns, _ := strconv.ParseInt(frac, 10, 64)
-		ts := time.Unix(sec, ns)
+		ts = append(ts, time.Unix(sec, ns))
+	}
+	return ts
+}
+
+// around is the last reply before at and the first after it.
+func around(replies []time.Time, at time.Time) (last, first time.Time, ok bool) {
+	for i, r := range replies {
+		if r.After(at) {
+			if i == 0 {
+				return last, first, false
+			}
+			return replies[i-1], r, true
+		}
+	}
+	return last, first, false
+}
+
+// pingGapEdges reads `ping -D` output: the arrival of the reply before the
+// longest silence (no reply arriving) and of the reply that ended it. By
+// arrival, not by sequence: echoes sent while the guest was paused can be
+// answered late (frames the source's backend put into the guest's rings
+// move with its memory), so the longest run of lost sequence numbers can
+// sit elsewhere than the client's longest wait.
+func pingGapEdges(out string) (last, first time.Time, ok bool) {
+	var prev time.Time
+	var longest time.Duration
+	for _, ts := range pingReplyTimes(out) {
 		if !prev.IsZero() && ts.Sub(prev) > longest {
 			longest, last, first, ok = ts.Sub(prev), prev, ts, true
 		}
@@ -466,6 +497,13 @@ func TestPingGapEdges(t *testing.T) {
 		"[1000.401000] x icmp_seq=4 ttl=63\n[1000.420000] x icmp_seq=5 ttl=63\n[1000.460000] x icmp_seq=7 ttl=63\n"
 	if last, first, ok := pingGapEdges(late); !ok || !last.Equal(time.Unix(1000, 120000000)) || !first.Equal(time.Unix(1000, 400000000)) {
 		t.Errorf("pingGapEdges(late replies) = %v %v %v", last, first, ok)
+	}
+	if last, first, ok := around(pingReplyTimes(late), time.Unix(1000, 410000000)); !ok || !last.Equal(time.Unix(1000, 401000000)) ||
+		!first.Equal(time.Unix(1000, 420000000)) {
+		t.Errorf("around(410 ms) = %v %v %v", last, first, ok)
+	}
+	if _, _, ok := around(pingReplyTimes(late), time.Unix(1000, 500000000)); ok {
+		t.Error("around a time after the last reply")
 	}
 	if _, _, ok := pingGapEdges("no replies\n"); ok {
 		t.Error("edges without replies")
