@@ -167,17 +167,21 @@ func (l *Loader) DeleteEndpoint(ep Endpoint) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var errs []error
-	if ep.IfName != "" {
-		errs = append(errs, l.detach(pinPodLink+ep.IfName), l.detach(pinToPod+ep.IfName))
-	}
-	if ep.IfIndex > 0 {
-		errs = append(errs, deleteIgnoreMissing(l.pod.LkEpByIfindex, uint32(ep.IfIndex)))
-	}
+	// The address first: the datapath stops delivering to the endpoint at
+	// once (a live migration's source hands it over with this); detaching
+	// its programs waits for RCU grace periods (tcx), tens of ms on a busy
+	// node.
 	if ep.IP.Is4() {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints, ipKey(ep.IP.As4())))
 	}
 	if ep.IP6.IsValid() && ep.IP6.Is6() {
 		errs = append(errs, deleteIgnoreMissing(l.pod.LkEndpoints6, ep.IP6.As16()))
+	}
+	if ep.IfName != "" {
+		errs = append(errs, l.detach(pinPodLink+ep.IfName), l.detach(pinToPod+ep.IfName))
+	}
+	if ep.IfIndex > 0 {
+		errs = append(errs, deleteIgnoreMissing(l.pod.LkEpByIfindex, uint32(ep.IfIndex)))
 	}
 	if ep.ID != 0 {
 		errs = append(errs, l.deleteMetrics(ep.ID), deleteIgnoreMissing(l.pod.LkEdt, ep.ID),
