@@ -32,8 +32,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/kubevirt"
 	"github.com/lanekit/lanekit/pkg/store"
@@ -294,21 +292,7 @@ func (a *Agent) reclaimHandover(name, why string) error {
 			return fmt.Errorf("reclaim vm %s: %w", name, err)
 		}
 	}
-	err = a.host.Do(func() error {
-		if err := a.dp.UpsertEndpoint(dpEp); err != nil {
-			return fmt.Errorf("program datapath: %w", err)
-		}
-		if err := netlink.RouteReplace(localRoute(&ep)); err != nil {
-			return fmt.Errorf("route %s/32 to %s: %w", ep.IP, ep.HostIfName, err)
-		}
-		if ep.IP6.IsValid() {
-			if err := netlink.RouteReplace(localRoute6(&ep)); err != nil {
-				return fmt.Errorf("route %s/128 to %s: %w", ep.IP6, ep.HostIfName, err)
-			}
-		}
-		return setForwarding(ep.HostIfName, true)
-	})
-	if err != nil {
+	if err := a.deliverLocally(dpEp, &ep); err != nil {
 		return fmt.Errorf("reclaim vm %s: %w", name, err)
 	}
 	changed = true

@@ -38,6 +38,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/endpoint"
 	"github.com/lanekit/lanekit/pkg/ipam"
 	"github.com/lanekit/lanekit/pkg/store"
@@ -247,21 +248,7 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
-	err = a.host.Do(func() error {
-		if err := a.dp.UpsertEndpoint(dpEp); err != nil {
-			return fmt.Errorf("program datapath: %w", err)
-		}
-		if err := netlink.RouteReplace(localRoute(&ep)); err != nil {
-			return fmt.Errorf("route %s/32 to %s: %w", ep.IP, ep.HostIfName, err)
-		}
-		if ep.IP6.IsValid() {
-			if err := netlink.RouteReplace(localRoute6(&ep)); err != nil {
-				return fmt.Errorf("route %s/128 to %s: %w", ep.IP6, ep.HostIfName, err)
-			}
-		}
-		return setForwarding(ep.HostIfName, true)
-	})
-	if err != nil {
+	if err := a.deliverLocally(dpEp, &ep); err != nil {
 		return nil, fmt.Errorf("activate vm %s: %w", name, err)
 	}
 	changed = true
@@ -284,6 +271,26 @@ func (a *Agent) ActivateVM(name, by string) (_ *VMInfo, err error) {
 		"generation", m.Generation, "by", by)
 	vi := a.vmInfo(ep)
 	return &vi, nil
+}
+
+// deliverLocally makes VM ep this node's claim of its addresses in the
+// host netns: datapath entry, /32 (and /128) route to its host end
+// (replacing any route to another node), forwarding on.
+func (a *Agent) deliverLocally(dpEp datapath.Endpoint, ep *endpoint.Endpoint) error {
+	return a.host.Do(func() error {
+		if err := a.dp.UpsertEndpoint(dpEp); err != nil {
+			return fmt.Errorf("program datapath: %w", err)
+		}
+		if err := netlink.RouteReplace(localRoute(ep)); err != nil {
+			return fmt.Errorf("route %s/32 to %s: %w", ep.IP, ep.HostIfName, err)
+		}
+		if ep.IP6.IsValid() {
+			if err := netlink.RouteReplace(localRoute6(ep)); err != nil {
+				return fmt.Errorf("route %s/128 to %s: %w", ep.IP6, ep.HostIfName, err)
+			}
+		}
+		return setForwarding(ep.HostIfName, true)
+	})
 }
 
 // VMMigrationEvent applies a migration state reported for VM name on this
