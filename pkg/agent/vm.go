@@ -530,10 +530,7 @@ func (a *Agent) DelVM(name string) (existed bool, err error) {
 // delVM is DelVM with mu held.
 func (a *Agent) delVM(name string) (existed bool, err error) {
 	key := vmKey(name)
-	if w, ok := a.sourceWatches[name]; ok {
-		w.cancel()
-		delete(a.sourceWatches, name)
-	}
+	a.stopSourceWatchLocked(name, "") // vmhandover.go
 	a.dropHandovers(name)
 	if err := a.stopVMServer(name); err != nil {
 		return false, fmt.Errorf("del vm %s: %w", name, err)

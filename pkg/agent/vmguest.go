@@ -94,12 +94,14 @@ func (a *Agent) vmIncoming(name string) bool {
 	return err == nil && ok && ep.VM != nil && ep.VM.Migration != nil && ep.VM.Migration.State == endpoint.VMIncoming
 }
 
-// backendProgress is what an incoming endpoint's backend reports: the
-// virtio feature bits the frontend acked (none until it starts the device)
-// and the frames it moved out of the guest, over all queues.
+// backendProgress is what a VM's backend reports: the virtio feature bits
+// the frontend acked (none until it starts the device), the frames it moved
+// out of the guest, over all queues, and whether the device runs
+// (runningKnown false: the backend does not export it; vmhandover.go).
 type backendProgress struct {
-	ackedBits int
-	txPackets uint64
+	ackedBits             int
+	txPackets             uint64
+	running, runningKnown bool
 }
 
 // by is the activation the progress allows ("": none yet).
@@ -113,7 +115,8 @@ func (p backendProgress) by() string {
 	return ""
 }
 
-// readBackendProgress scrapes the backend at sock (run as uid).
+// readBackendProgress scrapes the backend at sock (run as uid), as an
+// incoming endpoint's watch and a migration source's hand-over watch do.
 func readBackendProgress(sock string, uid uint32) (backendProgress, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -128,6 +131,10 @@ func readBackendProgress(sock string, uid uint32) (backendProgress, error) {
 				p.txPackets += uint64(v)
 			}
 		}
+	}
+	for _, m := range fams[backendRunningMetric].GetMetric() {
+		p.runningKnown = true
+		p.running = p.running || m.GetGauge().GetValue()+m.GetUntyped().GetValue() > 0
 	}
 	for _, m := range fams[backendFeaturesMetric].GetMetric() {
 		if m.GetGauge().GetValue()+m.GetUntyped().GetValue() <= 0 {

@@ -121,6 +121,11 @@ func (a *Agent) watchSource(m VMIMigration) {
 func (a *Agent) stopSourceWatch(name, uid string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.stopSourceWatchLocked(name, uid)
+}
+
+// stopSourceWatchLocked is stopSourceWatch with mu held.
+func (a *Agent) stopSourceWatchLocked(name, uid string) {
 	if w, ok := a.sourceWatches[name]; ok && (uid == "" || w.migration == uid) {
 		w.cancel()
 		delete(a.sourceWatches, name)
@@ -142,10 +147,11 @@ func (a *Agent) awaitSourceStop(ctx context.Context, name, uid, metricsSock stri
 		case <-time.After(guestPollEvery):
 		}
 		asked := time.Now()
-		running, known, err := readBackendRunning(metricsSock, backendUID)
-		if err != nil || !known {
+		p, err := readBackendProgress(metricsSock, backendUID)
+		if err != nil || !p.runningKnown {
 			continue
 		}
+		running := p.running
 		var herr error
 		switch {
 		case running && handedOver:
@@ -164,27 +170,6 @@ func (a *Agent) awaitSourceStop(ctx context.Context, name, uid, metricsSock stri
 			a.log.Warn("vm hand-over", "vm", name, "err", herr)
 		}
 	}
-}
-
-// readBackendRunning reads the backend's device_running gauge; known is
-// false when the backend does not export it.
-func readBackendRunning(sock string, uid uint32) (running, known bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	fams, err := ScrapeBackend(ctx, sock, uid)
-	if err != nil {
-		return false, false, err
-	}
-	f, ok := fams[backendRunningMetric]
-	if !ok || len(f.GetMetric()) == 0 {
-		return false, false, nil
-	}
-	for _, m := range f.GetMetric() {
-		if m.GetGauge().GetValue()+m.GetUntyped().GetValue() > 0 {
-			return true, true, nil
-		}
-	}
-	return false, true, nil
 }
 
 // handOver routes VM name's address to the target of its running
