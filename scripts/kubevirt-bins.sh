@@ -86,6 +86,37 @@ kubevirt_ldflags() {
   echo "-s -w -X $p.gitVersion=$KUBEVIRT_VERSION -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 }
 
+# Local changes to upstream's source, each a patch in third_party/kubevirt/patches
+# (see the README there), for the binaries named here: they are built against a
+# patched copy of the module in $work (`go build -overlay` refuses files in the
+# module cache), the others against upstream's. A binary built before the
+# patches changed is built again ($DIR/BIN.patches holds their sum).
+patched_bins=(virt-handler)
+patch_files=("$REPO"/third_party/kubevirt/patches/*.patch)
+patch_sum=$(cat "${patch_files[@]}" | sha256sum | cut -d' ' -f1)
+for b in "${patched_bins[@]}"; do
+  [ "$(cat "$DIR/$b.patches" 2>/dev/null)" = "$patch_sum" ] || rm -f "$DIR/$b"
+done
+
+# kubevirt_patched: (in the wrapper module) replaces kubevirt.io/kubevirt with a
+# copy of its source in $work/kubevirt-patched with the patches applied.
+kubevirt_patched() {
+  local src p dst=$work/kubevirt-patched
+  if [ ! -d "$dst" ]; then
+    src=$(mod_field "kubevirt.io/kubevirt@$KUBEVIRT_VERSION" Dir)
+    cp -r "$src" "$dst.tmp"
+    chmod -R u+w "$dst.tmp"
+    git -C "$dst.tmp" init -q
+    for p in "${patch_files[@]}"; do
+      git -C "$dst.tmp" apply "$p" ||
+        { echo "kubevirt-bins: $p does not apply to kubevirt.io/kubevirt@$KUBEVIRT_VERSION" >&2; exit 1; }
+    done
+    rm -rf "$dst.tmp/.git"
+    mv "$dst.tmp" "$dst"
+  fi
+  "$GO" mod edit -replace="kubevirt.io/kubevirt=$dst"
+}
+
 # The pure-Go binaries first (virt-handler's node labeller has a little cgo, no
 # libraries), virt-launcher last: it needs libvirt-dev.
 kv_bins=(virt-operator virt-api virt-controller virt-handler virt-chroot virt-launcher-monitor
@@ -102,8 +133,17 @@ if need "${kv_bins[@]}"; then
       [ "$b" != manifest-templator ] || pkg=kubevirt.io/kubevirt/tools/$b
       # virt-launcher links /etc/libvirt/hooks/qemu to it at start.
       [ "$b" != libvirt-hook-client ] || pkg=kubevirt.io/kubevirt/cmd/virt-launcher/$b
+      patched=false
+      if [[ " ${patched_bins[*]} " == *" $b "* ]]; then
+        patched=true
+        kubevirt_patched
+      fi
       timed "$b" "${build[@]}" -ldflags "$ldflags" -o "$work/$b.bin" "$pkg"
       install -m 0755 "$work/$b.bin" "$DIR/$b"
+      if $patched; then
+        echo "$patch_sum" >"$DIR/$b.patches"
+        "$GO" mod edit -dropreplace=kubevirt.io/kubevirt
+      fi
     done
   )
 fi

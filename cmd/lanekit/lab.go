@@ -246,7 +246,7 @@ packet show which sizes crossed the datapath. --big-tcp-only measures them alone
 	cmd.Flags().StringVar(&b.chart, "chart", "", "write a PNG chart (TCP, RR and conn/s panels; guests in their own row) to this file")
 	cmd.Flags().IntVar(&b.opts.CPUTCPMbps, "cpu-tcp-mbps", bench.DefaultCPUTCPMbps, "guest rows' host CPU per byte: the fixed TCP rate (Mbit/s) it is measured at, both directions")
 	cmd.Flags().BoolVar(&b.noKubeVirt, "no-kubevirt", false, "on a lab up with --kubevirt: skip the KubeVirt rows ("+lab.KubeVirtBenchLanekit+", "+lab.KubeVirtBenchBridge+" and "+lab.KubeVirtBenchMasquerade+
-		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge and masquerade bindings; VMIs made for the run and deleted after it; bridge needs a kernel with dummy links)")
+		": a real pod on node 1 to the same guest booted by KubeVirt on node 2 on lanekit's binding and on KubeVirt's bridge and masquerade bindings; VMIs made for the run and deleted after it)")
 	cmd.Flags().BoolVar(&b.noHostCPU, "no-host-cpu", false, "skip the guest rows' host CPU measurements (cpu-tcp, cpu-tcp-rev, cpu-rr)")
 	cmd.Flags().BoolVar(&b.opts.BusyCPUs, "busy-cpus", false, "keep every CPU busy with SCHED_IDLE spinners during RR, so latencies exclude idle-exit")
 	cmd.Flags().BoolVar(&b.opts.BPFCost, "bpf-cost", true, "read every BPF program's run time during each conn/s and RR (sockperf) run (BPF_ENABLE_STATS, root) and report it per connection and per round trip: the datapath's own cost, apart from the client's and the kernel's TCP work; the statistics add a few tens of ns per program run")
@@ -403,7 +403,6 @@ func (b *benchFlags) podRows(ctx context.Context, cmd *cobra.Command, st *lab.St
 				fmt.Fprintln(cmd.ErrOrStderr(), "lab bench: removing the KubeVirt rows' VMIs:", err)
 			}
 		}()
-		skipped = append(skipped, kb.Skipped...)
 		paths = append(paths, kb.Paths...)
 		if !b.noHostCPU {
 			b.opts.GuestPIDs = append(b.opts.GuestPIDs, kb.GuestPIDs...)
