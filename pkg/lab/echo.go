@@ -16,6 +16,10 @@ import (
 // EchoPort is the TCP echo port `lab check` uses in every target netns.
 const EchoPort = 7777
 
+// UDPEchoPort is the lanekit test guest's UDP echo (lk-bench udp-echo, from
+// scripts/guest/init): the live-migration tests' sequenced datagram stream.
+const UDPEchoPort = 7779
+
 // ServeEcho echoes every connection on ln back until ctx ends.
 func ServeEcho(ctx context.Context, ln net.Listener) error {
 	return nsexec.ServeEcho(ctx, ln, "echo")

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +82,20 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	}
 	streamDone := make(chan error, 1)
 	go func() { streamDone <- stream.Wait() }()
+	// A sequenced UDP stream through the move: a datagram every 20 ms to
+	// the guest's UDP echo (UDPEchoPort), each echo stamped on arrival,
+	// until the test touches the stop file (or 6,000 were sent).
+	stopFile := "/tmp/lk-udp-stop-" + name
+	udp := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
+		"exec", "-n", "default", client, "--", "bash", "-c", "rm -f "+stopFile+"; for i in $(seq 1 6000); do [ -e "+stopFile+" ] && break; echo $i; sleep 0.02; done | "+
+			"socat -t 1 - UDP-SENDTO:"+vmIP.String()+":"+strconv.Itoa(UDPEchoPort)+" | while read -r l; do echo \"$l $(date +%s%N)\"; done")
+	var udpOut strings.Builder
+	udp.Stdout, udp.Stderr = &udpOut, &udpOut
+	if err := udp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	udpDone := make(chan error, 1)
+	go func() { udpDone <- udp.Wait() }()
 	time.Sleep(2 * time.Second) // a baseline before the move
 
 	mig := `apiVersion: kubevirt.io/v1
@@ -108,6 +123,19 @@ spec:
 	time.Sleep(3 * time.Second) // the pings after the move
 	stopPing()
 	<-pingDone
+	if _, err := kubectl(ctx, nodeBins, nil, "exec", "-n", "default", client, "--", "touch", stopFile); err != nil {
+		t.Errorf("stopping the UDP stream: %v", err)
+	}
+	var udpErr error
+	select {
+	case udpErr = <-udpDone:
+	case <-time.After(30 * time.Second):
+		udpErr = errors.New("still running 30 s after its stop")
+	}
+	udpStats := readUDPStream(udpOut.String())
+	if udpErr != nil || udpStats.Got == 0 || udpStats.Lost*2 > udpStats.Sent {
+		t.Errorf("the UDP stream through the migration: %v; %s:\n%s", udpErr, udpStats, tail(udpOut.String(), 1500))
+	}
 
 	node, _ := kubectl(ctx, nodeBins, nil, "get", "vmi", "vm1", "-n", "default", "-o", "jsonpath={.status.nodeName} {.status.interfaces[0].ipAddress}")
 	if f := strings.Fields(node); len(f) != 2 || f[0] != KubeNodeName(to) || f[1] != vmIP.String() {
@@ -182,6 +210,13 @@ spec:
 			if l, f, ok := pingGapEdges(pingOut.String()); ok && !l.Equal(last) {
 				blackout += fmt.Sprintf(" (the run's longest silence, %v, %v before it)", f.Sub(l).Round(time.Millisecond), last.Sub(l).Round(time.Millisecond))
 			}
+		}
+		// The UDP stream's silence around the switch-over; it must have
+		// gone on after it (the guest answering on the target).
+		if last, first, ok := around(udpStats.Arrivals, act); ok {
+			t.Logf("UDP stream: %v without an echo around the switch-over; %s", first.Sub(last).Round(time.Millisecond), udpStats)
+		} else {
+			t.Errorf("the UDP stream has no echo after the target's activation (or none before it): %s", udpStats)
 		}
 	}
 	// The source routes the address to the target at the switch-over, not
@@ -548,5 +583,89 @@ func TestParseMigrationInfo(t *testing.T) {
 	}
 	if _, ok := parseMigrationInfo("level=info msg=\"migration done\"\n"); ok {
 		t.Error("a log without the line parsed")
+	}
+}
+
+// udpStream is what readUDPStream found in the UDP stream's output.
+type udpStream struct {
+	Sent, Got, Lost int // sent: the highest sequence echoed
+	LongestLost     int // the longest run of consecutive sequences lost
+	Reordered       int // echoes that arrived after a higher one
+	Arrivals        []time.Time
+}
+
+func (u udpStream) String() string {
+	return fmt.Sprintf("%d of %d datagrams echoed, %d lost (longest run %d), %d out of order, echoes %v apart (median)",
+		u.Got, u.Sent, u.Lost, u.LongestLost, u.Reordered, u.Spacing().Round(time.Millisecond))
+}
+
+// Spacing is the median time between two echoes' arrivals (the stream's
+// pace: a 20 ms sleep per datagram plus the shell's forks).
+func (u udpStream) Spacing() time.Duration {
+	var gaps []time.Duration
+	for i := 1; i < len(u.Arrivals); i++ {
+		gaps = append(gaps, u.Arrivals[i].Sub(u.Arrivals[i-1]))
+	}
+	if len(gaps) == 0 {
+		return 0
+	}
+	slices.Sort(gaps)
+	return gaps[len(gaps)/2]
+}
+
+// readUDPStream reads the UDP stream's output: one "SEQ UNIXNANO" line per
+// echo, in arrival order (other lines are ignored). Sequences never echoed
+// below the highest one echoed count as lost; a duplicate counts once.
+func readUDPStream(out string) udpStream {
+	var u udpStream
+	seen := map[int]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			continue
+		}
+		seq, err1 := strconv.Atoi(f[0])
+		ns, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 != nil || err2 != nil || seq < 1 || seen[seq] {
+			continue
+		}
+		if seq < u.Sent {
+			u.Reordered++
+		}
+		seen[seq] = true
+		u.Sent = max(u.Sent, seq)
+		u.Arrivals = append(u.Arrivals, time.Unix(0, ns))
+	}
+	u.Got = len(seen)
+	run := 0
+	for seq := 1; seq <= u.Sent; seq++ {
+		if seen[seq] {
+			run = 0
+			continue
+		}
+		u.Lost++
+		run++
+		u.LongestLost = max(u.LongestLost, run)
+	}
+	return u
+}
+
+func TestReadUDPStream(t *testing.T) {
+	out := "1 1000000000\n2 1020000000\nwarning: something\n5 1500000000\n4 1510000000\n4 1510000001\n7 1600000000\n"
+	u := readUDPStream(out)
+	if u.Sent != 7 || u.Got != 5 || u.Lost != 2 || u.LongestLost != 1 || u.Reordered != 1 || len(u.Arrivals) != 5 {
+		t.Errorf("readUDPStream = %+v", u)
+	}
+	if last, first, ok := around(u.Arrivals, time.Unix(1, 100000000)); !ok || !last.Equal(time.Unix(1, 20000000)) || !first.Equal(time.Unix(1, 500000000)) {
+		t.Errorf("around the stream's gap: %v %v %v", last, first, ok)
+	}
+	if u := readUDPStream("1 1000000000\n2 1000000001\n3 1000000002\n6 1100000000\n"); u.Lost != 2 || u.LongestLost != 2 {
+		t.Errorf("two in a row lost: %+v", u)
+	}
+	if d := u.Spacing(); d != 90*time.Millisecond { // gaps 20, 480, 10, 90 ms
+		t.Errorf("median spacing %v, want 90ms", d)
+	}
+	if u := readUDPStream(""); u.Sent != 0 || u.Got != 0 || u.Lost != 0 || u.Spacing() != 0 {
+		t.Errorf("no output: %+v", u)
 	}
 }

@@ -6,6 +6,7 @@
 //
 //	lk-bench cps-server --listen ADDR [--for DURATION]
 //	lk-bench cps-client --addr ADDR [--duration DURATION] [--parallel N]
+//	lk-bench udp-echo --listen ADDR [--for DURATION]
 package main
 
 import (
@@ -29,7 +30,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: lk-bench cps-server|cps-client [flags]")
+		return fmt.Errorf("usage: lk-bench cps-server|cps-client|udp-echo [flags]")
 	}
 	fs := flag.NewFlagSet("lk-bench "+args[0], flag.ContinueOnError)
 	switch args[0] {
@@ -58,6 +59,23 @@ func run(args []string) error {
 			return err
 		}
 		return json.NewEncoder(os.Stdout).Encode(res)
+	case "udp-echo":
+		listen := fs.String("listen", "", "UDP address to listen on")
+		life := fs.Duration("for", 0, "exit after this long (0: never)")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		pc, err := net.ListenPacket("udp", *listen)
+		if err != nil {
+			return fmt.Errorf("udp-echo: %w", err)
+		}
+		ctx := context.Background()
+		if *life > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, *life)
+			defer cancel()
+		}
+		return bench.ServeUDPEcho(ctx, pc)
 	}
-	return fmt.Errorf("unknown subcommand %q (cps-server, cps-client)", args[0])
+	return fmt.Errorf("unknown subcommand %q (cps-server, cps-client, udp-echo)", args[0])
 }
