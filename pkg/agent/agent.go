@@ -207,10 +207,8 @@ type Agent struct {
 	// epRoutes are the /32 routes to other nodes' claims of moved VM
 	// addresses that this agent installed (vmmigrate.go), under mu.
 	epRoutes map[netip.Addr]EndpointRoute
-	// handovers are the addresses of local VMs handed over to their
-	// migration's target (vmhandover.go), kept in every claims sync, and
-	// sourceWatches the running hand-over watches by VM name; under mu.
-	handovers     map[netip.Addr]EndpointRoute
+	// sourceWatches are the running hand-over watches by VM name
+	// (vmhandover.go), under mu.
 	sourceWatches map[string]sourceWatch
 
 	resolverMu sync.Mutex
@@ -405,6 +403,9 @@ func (a *Agent) Close() error {
 	a.mu.Lock()
 	for name := range a.vms {
 		errs = append(errs, a.stopVMServer(name))
+	}
+	for name := range a.sourceWatches {
+		a.stopSourceWatchLocked(name, "")
 	}
 	a.detachBackends()
 	a.mu.Unlock()

@@ -81,7 +81,12 @@ func (f *fakeDatapath) DeleteEndpoint(ep datapath.Endpoint) error {
 
 func (f *fakeDatapath) Close() error { f.closeHits++; return nil }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quietLog() *slog.Logger {
+	if os.Getenv("LK_DEBUG_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
 type fixture struct {
 	stateDir string

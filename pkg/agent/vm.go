@@ -531,7 +531,6 @@ func (a *Agent) DelVM(name string) (existed bool, err error) {
 func (a *Agent) delVM(name string) (existed bool, err error) {
 	key := vmKey(name)
 	a.stopSourceWatchLocked(name, "") // vmhandover.go
-	a.dropHandovers(name)
 	if err := a.stopVMServer(name); err != nil {
 		return false, fmt.Errorf("del vm %s: %w", name, err)
 	}

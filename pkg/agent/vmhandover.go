@@ -14,8 +14,9 @@ package agent
 // source VM's backend; when the running device stops it hands the address
 // over: the VM leaves the datapath and its address is routed to the target
 // node (supersede, with a generation above the VM's own), kept there by the
-// claims' syncs (a.handovers) until the cluster's claim (the completed
-// migration's) replaces it or the VM goes. If the device runs again (the
+// claims' syncs (the VM's record says where: handovers) until the cluster's
+// claim (the completed migration's) replaces it or the VM goes — also
+// across a restart of the agent. If the device runs again (the
 // source QEMU resumed the guest: the migration failed or was cancelled) or
 // the migration state says failed, the node takes the address back
 // (reclaimHandover).
@@ -103,10 +104,6 @@ func (a *Agent) watchSource(m VMIMigration) {
 		gen++
 	}
 	target := EndpointRoute{Via: m.TargetVia, Generation: gen, VM: m.VM, Node: m.TargetNode}
-	if state == endpoint.VMMoved {
-		// A restarted agent: the hand-over it made stays routed.
-		a.putHandovers(&ep, target)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if a.sourceWatches == nil {
 		a.sourceWatches = map[string]sourceWatch{}
@@ -157,6 +154,7 @@ func (a *Agent) awaitSourceStop(ctx context.Context, name, uid, metricsSock stri
 		case running && handedOver:
 			herr = a.reclaimHandover(name, "its device runs again on this node")
 			handedOver = herr != nil
+			lastRunning = asked // a stop after this hands over again
 		case running:
 			lastRunning = asked
 		case !lastRunning.IsZero() && !handedOver:
@@ -213,33 +211,29 @@ func (a *Agent) handOver(ctx context.Context, name, uid string, lastRunning, sto
 	if err != nil {
 		return err
 	}
-	a.putHandovers(&ep, w.target)
 	a.log.Info("vm handed over: its backend's device stopped, the address goes to the migration's target", "vm", name,
 		"ip", ep.IP, "target_node", w.target.Node, "via", w.target.Via, "generation", w.target.Generation,
 		"last_running", lastRunning.UTC(), "stop_seen", stopSeen.UTC(), "switched", switched.UTC(), "took", time.Since(stopSeen))
 	return nil
 }
 
-// putHandovers keeps ep's IPv4 address routed to target in every claims
-// sync (mu held).
-func (a *Agent) putHandovers(ep *endpoint.Endpoint, target EndpointRoute) {
-	if a.handovers == nil {
-		a.handovers = map[netip.Addr]EndpointRoute{}
-	}
-	if ep.IP.IsValid() && ep.IP.Is4() {
-		r := target
-		r.Addr = ep.IP
-		a.handovers[ep.IP] = r
-	}
-}
-
-// dropHandovers forgets VM name's hand-over routes (mu held).
-func (a *Agent) dropHandovers(name string) {
-	for addr, r := range a.handovers {
-		if r.VM == name {
-			delete(a.handovers, addr)
+// handovers are the claims of the VMs among eps that this node handed
+// over (moved, handedOver): each VM's IPv4 address routed to the node its
+// record names, at the hand-over's generation.
+func handovers(eps []endpoint.Endpoint) []EndpointRoute {
+	var out []EndpointRoute
+	for _, ep := range eps {
+		if ep.Pending || ep.VM == nil || ep.VM.Migration == nil || !ep.IP.IsValid() || !ep.IP.Is4() {
+			continue
 		}
+		m := ep.VM.Migration
+		via, err := netip.ParseAddr(m.MovedTo)
+		if m.State != endpoint.VMMoved || !m.HandedOver || err != nil || !via.Is4() {
+			continue
+		}
+		out = append(out, EndpointRoute{Addr: ep.IP, Via: via, Generation: m.HandOverGeneration, VM: ep.VM.Name, Node: m.MovedToNode})
 	}
+	return out
 }
 
 // reclaimHandover takes VM name's handed-over address back: datapath
@@ -260,7 +254,6 @@ func (a *Agent) reclaimHandover(name, why string) error {
 		return err
 	}
 	if !ok || ep.VM == nil || ep.Pending {
-		a.dropHandovers(name)
 		return fmt.Errorf("reclaim vm %s: %w", name, ErrNotFound)
 	}
 	m := ep.VM.Migration
@@ -271,7 +264,6 @@ func (a *Agent) reclaimHandover(name, why string) error {
 	if err != nil {
 		return fmt.Errorf("reclaim vm %s: %w", name, err)
 	}
-	a.dropHandovers(name)
 	for _, addr := range addrsOf(&ep) {
 		if err := a.claims().drop(addr); err != nil {
 			return fmt.Errorf("reclaim vm %s: %w", name, err)
@@ -282,7 +274,8 @@ func (a *Agent) reclaimHandover(name, why string) error {
 	}
 	changed = true
 	storeKey := ep.StoreKey()
-	m.State, m.MovedTo, m.HandedOver, m.Activated, m.ActivatedBy = endpoint.VMActive, "", false, time.Now().UTC(), ActivatedByReclaim
+	m.State, m.MovedTo, m.HandedOver, m.HandOverGeneration, m.MovedToNode = endpoint.VMActive, "", false, 0, ""
+	m.Activated, m.ActivatedBy = time.Now().UTC(), ActivatedByReclaim
 	err = a.st.Update(func(tx *store.Tx) error {
 		for _, addr := range addrsOf(&ep) {
 			if err := a.claimAddrTx(tx, storeKey, name, addr); err != nil {

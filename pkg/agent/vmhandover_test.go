@@ -18,8 +18,9 @@ import (
 // source QEMU's switch-over), before any claim of the cluster says so; the
 // claims' syncs keep it there; a device running again (the source QEMU
 // resumed the guest) or a failed migration takes it back; a completed
-// migration leaves it with the target even if the device runs again. A
-// backend that does not export the gauge hands nothing over.
+// migration leaves it with the target even if the device runs again; a
+// restarted agent keeps a hand-over. A backend that does not export the
+// gauge hands nothing over.
 func TestVMHandOverOnSourceStop(t *testing.T) {
 	e := newAttachEnv(t)
 	addMigUplink(t, e.fx, "handover")
@@ -117,6 +118,16 @@ func TestVMHandOverOnSourceStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertHanded("after a claims sync without the target's claim")
+	// A restarted agent keeps the hand-over from its records, before the
+	// migration's state is sent again; the state re-sent re-arms the watch.
+	a.Close()
+	a = e.start(t)
+	n.a = a
+	if _, _, err := a.SyncEndpointRoutes(nil); err != nil {
+		t.Fatal(err)
+	}
+	assertHanded("a restarted agent, after a claims sync")
+	a.VMIMigrationChanged(m1)
 	// The source QEMU resumes the guest (a failed switch-over): taken back.
 	running("1")
 	waitState("the source device runs again", endpoint.VMActive)
@@ -163,9 +174,10 @@ func TestVMHandOverOnSourceStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.mu.Lock()
-	left, watches := len(a.handovers), len(a.sourceWatches)
+	eps, err := a.endpoints()
+	watches := len(a.sourceWatches)
 	a.mu.Unlock()
-	if left != 0 || watches != 0 {
-		t.Errorf("after the source pod's DEL: %d hand-over routes, %d watches", left, watches)
+	if left := handovers(eps); err != nil || len(left) != 0 || watches != 0 {
+		t.Errorf("after the source pod's DEL: hand-over routes %v (%v), %d watches", left, err, watches)
 	}
 }

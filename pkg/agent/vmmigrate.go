@@ -371,16 +371,16 @@ func (a *Agent) SyncEndpointRoutes(routes []EndpointRoute) (installed int, super
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// Addresses this node handed over to their migration's target
-	// (vmhandover.go) stay routed there until a higher claim replaces them.
-	for addr, h := range a.handovers {
-		if b, ok := best[addr]; !ok || h.Generation > b.Generation {
-			best[addr] = h
-		}
-	}
 	eps, err := a.endpoints()
 	if err != nil {
 		return 0, nil, err
+	}
+	// Addresses this node handed over to their migration's target
+	// (vmhandover.go) stay routed there until a higher claim replaces them.
+	for _, h := range handovers(eps) {
+		if b, ok := best[h.Addr]; !ok || h.Generation > b.Generation {
+			best[h.Addr] = h
+		}
 	}
 	byIP := map[netip.Addr]endpoint.Endpoint{}
 	for _, ep := range eps {
@@ -459,7 +459,11 @@ func (a *Agent) supersede(ep *endpoint.Endpoint, r EndpointRoute, handedOver boo
 	if ep.VM.Migration == nil {
 		ep.VM.Migration = &endpoint.VMMigration{}
 	}
-	ep.VM.Migration.State, ep.VM.Migration.MovedTo, ep.VM.Migration.HandedOver = endpoint.VMMoved, r.Via.String(), handedOver
+	m := ep.VM.Migration
+	m.State, m.MovedTo, m.HandedOver, m.HandOverGeneration, m.MovedToNode = endpoint.VMMoved, r.Via.String(), handedOver, 0, ""
+	if handedOver {
+		m.HandOverGeneration, m.MovedToNode = r.Generation, r.Node
+	}
 	err = a.st.Update(func(tx *store.Tx) error {
 		for _, addr := range addrsOf(ep) {
 			pool := a.poolOf(addr)

@@ -112,6 +112,11 @@ type VMMigration struct {
 	// source QEMU stop the device during a migration away (not by another
 	// node's claim); taken back if the device runs again here.
 	HandedOver bool `json:"handedOver,omitempty"`
+	// HandOverGeneration and MovedToNode: a hand-over's claim (its
+	// generation, the target node's name), which the node keeps routing
+	// until a higher claim replaces it or the VM goes.
+	HandOverGeneration uint64 `json:"handOverGeneration,omitempty"`
+	MovedToNode        string `json:"movedToNode,omitempty"`
 }
 
 // CNIAttachment is a CNI container ID + ifname.

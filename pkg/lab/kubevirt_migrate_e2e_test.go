@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/lanekit/lanekit/pkg/agent"
 	"github.com/lanekit/lanekit/pkg/k8s"
 )
 
@@ -206,6 +207,13 @@ spec:
 				r := func(at time.Time) time.Duration { return at.Sub(last).Round(time.Millisecond) }
 				t.Logf("node %d's agent handed the address over to node %d %v after that last reply (its backend's device last seen running at %v, seen stopped at %v; logged at %v)",
 					from, to, r(h.Switched), r(h.LastRunning), r(h.StopSeen), r(h.At))
+				// The guest's device ran on neither node from the source's
+				// stop to the target's start (the activation: device-start):
+				// the pause as the two backends saw it, beside libvirt's.
+				if vm.GetActivatedBy() == agent.ActivatedByDeviceStart {
+					t.Logf("the VM's device ran on neither node for %v (the source's stop seen → the target's activation at its device start, both within a 10 ms poll)",
+						act.Sub(h.StopSeen).Round(time.Millisecond))
+				}
 			}
 			if l, f, ok := pingGapEdges(pingOut.String()); ok && !l.Equal(last) {
 				blackout += fmt.Sprintf(" (the run's longest silence, %v, %v before it)", f.Sub(l).Round(time.Millisecond), last.Sub(l).Round(time.Millisecond))
