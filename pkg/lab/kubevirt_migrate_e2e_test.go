@@ -61,42 +61,19 @@ func kubevirtMigrate(t *testing.T, ctx context.Context, kc kubernetes.Interface,
 	sourceAgentLog := followLogs(logCtx, kc, LanekitNamespace, agents.Items[0].Name, "agent")
 	pingCtx, stopPing := context.WithCancel(ctx)
 	defer stopPing()
-	ping := exec.CommandContext(pingCtx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
-		"exec", "-n", "default", client, "--", "ping", "-D", "-i", strconv.FormatFloat(interval.Seconds(), 'f', 3, 64), "-c", strconv.Itoa(count), "-W", "1", vmIP.String())
-	var pingOut strings.Builder
-	ping.Stdout, ping.Stderr = &pingOut, &pingOut
-	if err := ping.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pingDone := make(chan error, 1)
-	go func() { pingDone <- ping.Wait() }()
+	pingOut, pingDone := podStream(t, pingCtx, nodeBins, client,
+		"ping", "-D", "-i", strconv.FormatFloat(interval.Seconds(), 'f', 3, 64), "-c", strconv.Itoa(count), "-W", "1", vmIP.String())
 	// A TCP connection held through the move: a line every 100 ms to the
 	// guest's echo port, each echo stamped on arrival.
 	const lines = 350
-	stream := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
-		"exec", "-n", "default", client, "--", "bash", "-c", "set -o pipefail; for i in $(seq 1 "+strconv.Itoa(lines)+"); do echo $i; sleep 0.1; done | "+
-			"socat -t 10 - TCP:"+vmIP.String()+":7777 | while read -r l; do echo \"$l $(date +%s%N)\"; done")
-	var streamOut strings.Builder
-	stream.Stdout, stream.Stderr = &streamOut, &streamOut
-	if err := stream.Start(); err != nil {
-		t.Fatal(err)
-	}
-	streamDone := make(chan error, 1)
-	go func() { streamDone <- stream.Wait() }()
+	streamOut, streamDone := podStream(t, ctx, nodeBins, client, "bash", "-c", "set -o pipefail; for i in $(seq 1 "+strconv.Itoa(lines)+"); do echo $i; sleep 0.1; done | "+
+		"socat -t 10 - TCP:"+vmIP.String()+":7777 | while read -r l; do echo \"$l $(date +%s%N)\"; done")
 	// A sequenced UDP stream through the move: a datagram every 20 ms to
 	// the guest's UDP echo (UDPEchoPort), each echo stamped on arrival,
 	// until the test touches the stop file (or 6,000 were sent).
 	stopFile := "/tmp/lk-udp-stop-" + name
-	udp := exec.CommandContext(ctx, "nsenter", "--net="+netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"), "--kubeconfig", Kubeconfig,
-		"exec", "-n", "default", client, "--", "bash", "-c", "rm -f "+stopFile+"; for i in $(seq 1 6000); do [ -e "+stopFile+" ] && break; echo $i; sleep 0.02; done | "+
-			"socat -t 1 - UDP-SENDTO:"+vmIP.String()+":"+strconv.Itoa(UDPEchoPort)+" | while read -r l; do echo \"$l $(date +%s%N)\"; done")
-	var udpOut strings.Builder
-	udp.Stdout, udp.Stderr = &udpOut, &udpOut
-	if err := udp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	udpDone := make(chan error, 1)
-	go func() { udpDone <- udp.Wait() }()
+	udpOut, udpDone := podStream(t, ctx, nodeBins, client, "bash", "-c", "rm -f "+stopFile+"; for i in $(seq 1 6000); do [ -e "+stopFile+" ] && break; echo $i; sleep 0.02; done | "+
+		"socat -t 1 - UDP-SENDTO:"+vmIP.String()+":"+strconv.Itoa(UDPEchoPort)+" | while read -r l; do echo \"$l $(date +%s%N)\"; done")
 	time.Sleep(2 * time.Second) // a baseline before the move
 
 	mig := `apiVersion: kubevirt.io/v1
@@ -592,6 +569,23 @@ func TestParseMigrationInfo(t *testing.T) {
 	if _, ok := parseMigrationInfo("level=info msg=\"migration done\"\n"); ok {
 		t.Error("a log without the line parsed")
 	}
+}
+
+// podStream starts argv in pod (namespace default; kubectl exec from the
+// lab's wire netns) in the background: its output (stdout and stderr; read
+// it once done has answered) and its end.
+func podStream(t *testing.T, ctx context.Context, nodeBins, pod string, argv ...string) (*strings.Builder, <-chan error) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + netnsPath(WireNS), "--", filepath.Join(nodeBins, "kubectl"),
+		"--kubeconfig", Kubeconfig, "exec", "-n", "default", pod, "--"}, argv...)...)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return out, done
 }
 
 // udpStream is what readUDPStream found in the UDP stream's output.
