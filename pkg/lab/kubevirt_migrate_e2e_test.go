@@ -347,21 +347,38 @@ func parseMigrationInfo(log string) (launcherMigrationInfo, bool) {
 	return m, found
 }
 
-// echoGaps reads the stamped echoes ("<seq> <unix ns>" lines): how many
-// came back, and the longest time between two consecutive ones; an echo
-// out of order or missing is an error.
-func echoGaps(out string, want int) (got int, longest time.Duration, err error) {
-	var last int64
+// stampedEcho is one line of a stream's output: an echo's sequence number
+// and its arrival (unix ns), as the in-pod loop stamps it.
+type stampedEcho struct {
+	seq int
+	ns  int64
+}
+
+// stampedEchoes reads the "<seq> <unix ns>" lines of out, in order; other
+// lines are skipped.
+func stampedEchoes(out string) []stampedEcho {
+	var es []stampedEcho
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
 		if len(f) != 2 {
 			continue
 		}
 		seq, err1 := strconv.Atoi(f[0])
-		ts, err2 := strconv.ParseInt(f[1], 10, 64)
-		if err1 != nil || err2 != nil {
-			continue
+		ns, err2 := strconv.ParseInt(f[1], 10, 64)
+		if err1 == nil && err2 == nil {
+			es = append(es, stampedEcho{seq, ns})
 		}
+	}
+	return es
+}
+
+// echoGaps reads the stamped echoes ("<seq> <unix ns>" lines): how many
+// came back, and the longest time between two consecutive ones; an echo
+// out of order or missing is an error.
+func echoGaps(out string, want int) (got int, longest time.Duration, err error) {
+	var last int64
+	for _, e := range stampedEchoes(out) {
+		seq, ts := e.seq, e.ns
 		if seq != got+1 {
 			return got, longest, fmt.Errorf("echo %d after %d", seq, got)
 		}
@@ -621,14 +638,9 @@ func (u udpStream) Spacing() time.Duration {
 func readUDPStream(out string) udpStream {
 	var u udpStream
 	seen := map[int]bool{}
-	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		if len(f) != 2 {
-			continue
-		}
-		seq, err1 := strconv.Atoi(f[0])
-		ns, err2 := strconv.ParseInt(f[1], 10, 64)
-		if err1 != nil || err2 != nil || seq < 1 || seen[seq] {
+	for _, e := range stampedEchoes(out) {
+		seq, ns := e.seq, e.ns
+		if seq < 1 || seen[seq] {
 			continue
 		}
 		if seq < u.Sent {
