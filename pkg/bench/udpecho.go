@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 )
@@ -21,10 +20,6 @@ func ServeUDPEcho(ctx context.Context, pc net.PacketConn) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
 			}
 			return fmt.Errorf("udp echo: %w", err)
 		}

@@ -174,13 +174,14 @@ spec:
 	// stall under a migration's load too).
 	blackout := "unknown (no activation time or no replies around it)"
 	replies := pingReplyTimes(pingOut.String())
+	h, handed := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1"))
 	if vm.GetActivatedUnixNano() != 0 {
 		act := time.Unix(0, vm.GetActivatedUnixNano())
 		if last, first, ok := around(replies, act); ok {
 			blackout = fmt.Sprintf("%v without a reply around the switch-over", first.Sub(last).Round(time.Millisecond))
 			t.Logf("the target agent activated the VM endpoint %v after the last reply before it (by %s), the first reply came %v after the activation",
 				act.Sub(last).Round(time.Millisecond), vm.GetActivatedBy(), first.Sub(act).Round(time.Millisecond))
-			if h, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); ok {
+			if handed {
 				r := func(at time.Time) time.Duration { return at.Sub(last).Round(time.Millisecond) }
 				t.Logf("node %d's agent handed the address over to node %d %v after that last reply (its backend's device last seen running at %v, seen stopped at %v; logged at %v)",
 					from, to, r(h.Switched), r(h.LastRunning), r(h.StopSeen), r(h.At))
@@ -206,7 +207,7 @@ spec:
 	}
 	// The source routes the address to the target at the switch-over, not
 	// when the VMI's status says completed (vmhandover.go).
-	if _, ok := handOverTime(sourceAgentLog(), k8s.VMName("default", "vm1")); !ok {
+	if !handed {
 		t.Errorf("node %d's agent logged no hand-over of the VM's address to node %d:\n%s", from, to, tail(grepLines(sourceAgentLog(), "hand"), 3000))
 	}
 	// libvirt's own figures for the switchover, from the source launcher.
@@ -460,6 +461,13 @@ func pingGaps(out string) (sent, lost, longest int) {
 		n, _ := strconv.Atoi(m[1])
 		sent = max(sent, n)
 	}
+	lost, longest = missing(got, sent)
+	return sent, lost, longest
+}
+
+// missing counts the sequence numbers 1..sent that got lacks, and the
+// longest run of them in a row.
+func missing(got map[int]bool, sent int) (lost, longest int) {
 	run := 0
 	for seq := 1; seq <= sent; seq++ {
 		if got[seq] {
@@ -470,7 +478,7 @@ func pingGaps(out string) (sent, lost, longest int) {
 		run++
 		longest = max(longest, run)
 	}
-	return sent, lost, longest
+	return lost, longest
 }
 
 // pingReplyTimes are the arrival times of `ping -D`'s replies, in order.
@@ -651,16 +659,7 @@ func readUDPStream(out string) udpStream {
 		u.Arrivals = append(u.Arrivals, time.Unix(0, ns))
 	}
 	u.Got = len(seen)
-	run := 0
-	for seq := 1; seq <= u.Sent; seq++ {
-		if seen[seq] {
-			run = 0
-			continue
-		}
-		u.Lost++
-		run++
-		u.LongestLost = max(u.LongestLost, run)
-	}
+	u.Lost, u.LongestLost = missing(seen, u.Sent)
 	return u
 }
 
