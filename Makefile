@@ -62,7 +62,9 @@ test-real-nodes: test-preflight build helm k8s-lab-bins $(TESTSUMMARY)
 
 # The node image archives (pause, the agent, agnhost, CoreDNS) that
 # `lanekit lab up --k8s --kubelet` imports into each node's containerd
-# (internal/tools/lkimages; the agent image carries this tree's binaries).
+# (internal/tools/lkimages; the agent image carries this tree's binaries),
+# and BusyBox and regression-issue-74839 for make conformance (the latter left
+# out, with a note, when only make k8s-lab-bins has run).
 k8s-node-images: build
 	nice $(GO) run ./internal/tools/lkimages -out $(BIN)/images
 

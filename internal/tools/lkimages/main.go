@@ -32,6 +32,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,6 +137,13 @@ type inputs struct {
 
 // names are the images in the order they are written by default.
 var names = []string{"pause", "agent", "agnhost", "coredns", "regression", "busybox"}
+
+// optionalNodeFiles: images of names that the default set leaves out, with a
+// note, when the node binary they carry is missing — make k8s-lab-bins builds
+// only what the real-node lab runs with lanekit (no regression-issue-74839,
+// which only the upstream conformance run needs); named explicitly, their
+// absence is an error.
+var optionalNodeFiles = map[string]string{"regression": "regression-issue-74839"}
 
 // rivalNames are written only when named (make k8s-rival-images): the
 // images of the rival labs.
@@ -285,8 +293,25 @@ func main() {
 	}
 }
 
+// withoutMissingOptional is want less the optionalNodeFiles images whose
+// binary is not in nodeBins, each left out with a line on w.
+func withoutMissingOptional(want []string, nodeBins string, w io.Writer) []string {
+	return slices.DeleteFunc(slices.Clone(want), func(n string) bool {
+		f, ok := optionalNodeFiles[n]
+		if !ok {
+			return false
+		}
+		if _, err := os.Stat(filepath.Join(nodeBins, f)); err == nil {
+			return false
+		}
+		fmt.Fprintf(w, "lkimages: %s left out: %s is not in %s (make k8s-node-bins builds it; only make conformance needs the image)\n", n, f, nodeBins)
+		return true
+	})
+}
+
 func run(out string, in inputs, want []string) error {
-	if len(want) == 0 {
+	defaults := len(want) == 0
+	if defaults {
 		want = names
 	}
 	if in.NodeBins == "" {
@@ -295,6 +320,9 @@ func run(out string, in inputs, want []string) error {
 			return fmt.Errorf("-node-bins not given and scripts/k8s-node-bins.sh dir failed (run from the repo root): %w", err)
 		}
 		in.NodeBins = strings.TrimSpace(string(d))
+	}
+	if defaults {
+		want = withoutMissingOptional(want, in.NodeBins, os.Stderr)
 	}
 	if in.KubeVirtBins == "" && slices.ContainsFunc(want, func(n string) bool { return slices.Contains(kubevirtNames, n) }) {
 		d, err := exec.Command("scripts/kubevirt-bins.sh", "dir").Output()

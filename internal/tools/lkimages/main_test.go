@@ -320,6 +320,41 @@ func TestMissingInput(t *testing.T) {
 	}
 }
 
+// TestDefaultsLeaveOutMissingOptional: with only make k8s-lab-bins' node
+// binaries the default set leaves the conformance-only regression image out
+// and says so; named, its missing binary is still an error.
+func TestDefaultsLeaveOutMissingOptional(t *testing.T) {
+	in := fakeInputs(t)
+	var note strings.Builder
+	got := withoutMissingOptional(names, in.NodeBins, &note)
+	if !slices.Contains(got, "regression") || note.Len() != 0 {
+		t.Fatalf("binary present: %v, note %q; want regression kept, no note", got, note.String())
+	}
+	if err := os.Remove(filepath.Join(in.NodeBins, optionalNodeFiles["regression"])); err != nil {
+		t.Fatal(err)
+	}
+	got = withoutMissingOptional(names, in.NodeBins, &note)
+	if slices.Contains(got, "regression") || !slices.Contains(got, "busybox") || len(got) != len(names)-1 {
+		t.Errorf("binary missing: %v, want names less regression", got)
+	}
+	if !strings.Contains(note.String(), "make k8s-node-bins") {
+		t.Errorf("note %q does not say how to build it", note.String())
+	}
+	out := t.TempDir()
+	if err := run(out, in, nil); err != nil {
+		t.Fatalf("the default set without regression-issue-74839: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "regression.tar")); err == nil {
+		t.Error("regression.tar written without its binary")
+	}
+	if _, err := os.Stat(filepath.Join(out, "busybox.tar")); err != nil {
+		t.Errorf("the rest of the default set: %v", err)
+	}
+	if err := run(t.TempDir(), in, []string{"regression"}); err == nil || !strings.Contains(err.Error(), "regression-issue-74839") {
+		t.Errorf("named regression without its binary: err = %v, want one naming it", err)
+	}
+}
+
 // TestDebianRecipe: mmdebstrap's arguments, and a cache key that changes with
 // the recipe (a stale rootfs is never reused for a new package list).
 func TestDebianRecipe(t *testing.T) {
