@@ -123,8 +123,11 @@ type samples struct {
 	// BPF run time per connection of the conn/s runs and per round trip
 	// of the RR runs (bpfcost.go)
 	bpfConn, bpfRR bpfSamples
-	errs           []string
-	cur            int // the repetition being measured
+	// offloads: guest rows, the virtio offloads the guest's driver
+	// negotiated (vmfeatures.go)
+	offloads string
+	errs     []string
+	cur      int // the repetition being measured
 }
 
 func newSamples(repeat int) samples {
@@ -207,6 +210,10 @@ func Run(ctx context.Context, paths []Path, o Options) (*Report, error) {
 	all := make([]samples, len(paths))
 	for i := range all {
 		all[i] = newSamples(o.Repeat)
+		if g := paths[i].Guest; g != nil {
+			all[i].offloads = guestOffloads(ctx, g)
+			o.progress("%s: virtio offloads negotiated: %s", paths[i].Name, all[i].offloads)
+		}
 	}
 	for rep := 0; rep < o.Repeat; rep++ {
 		if err := measureRep(ctx, "", paths, all, rep, o); err != nil {

@@ -52,15 +52,18 @@ type Row struct {
 	TCPRevGbps *Summary `json:"tcp_rev_gbps,omitempty"`
 	// HostCPU: guest rows only, what the host spent (all CPU but the
 	// guests' vCPU threads) at a fixed offered load (hostcpu.go).
-	HostCPU     *HostCPU `json:"host_cpu,omitempty"`
-	RRP50us     float64  `json:"rr_p50_us"`
-	RRP50Range  Summary  `json:"rr_p50_us_range"`
-	RRP99us     float64  `json:"rr_p99_us"`
-	RRP99Range  Summary  `json:"rr_p99_us_range"`
-	CPS         float64  `json:"cps"`
-	CPSRange    Summary  `json:"cps_range"`
-	RatioToHost *Ratios  `json:"ratio_to_host,omitempty"`
-	Errors      []string `json:"errors,omitempty"`
+	HostCPU *HostCPU `json:"host_cpu,omitempty"`
+	// GuestOffloads: guest rows only, the virtio offloads the guest's
+	// driver negotiated, read inside the guest (vmfeatures.go).
+	GuestOffloads string   `json:"guest_offloads,omitempty"`
+	RRP50us       float64  `json:"rr_p50_us"`
+	RRP50Range    Summary  `json:"rr_p50_us_range"`
+	RRP99us       float64  `json:"rr_p99_us"`
+	RRP99Range    Summary  `json:"rr_p99_us_range"`
+	CPS           float64  `json:"cps"`
+	CPSRange      Summary  `json:"cps_range"`
+	RatioToHost   *Ratios  `json:"ratio_to_host,omitempty"`
+	Errors        []string `json:"errors,omitempty"`
 
 	Includes Includes `json:"includes"`
 	// Family is "ipv6" for a row whose server address is IPv6 (its ratios
@@ -214,7 +217,7 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 		r.Rows = append(r.Rows, Row{
 			BPFNsPerConn: bpfTotal, BPFPrograms: bpfProgs, BPFNsPerRR: bpfRR, BPFProgramsRR: bpfProgsRR,
 			Path: p.Name, ClientNS: p.ClientNS, ServerNS: p.ServerNS, ServerIP: p.ServerIP,
-			Server: server, Note: p.Note,
+			Server: server, Note: p.Note, GuestOffloads: s.offloads,
 			TCPGbps: Summarize(s.gbps), TCPRevGbps: rev, HostCPU: hc,
 			RRP50us: p50.Median, RRP50Range: p50,
 			RRP99us: p99.Median, RRP99Range: p99,
@@ -396,6 +399,11 @@ func (r *Report) writeRows(w io.Writer) error {
 	for _, row := range r.Rows {
 		if row.TCPRevGbps != nil {
 			fmt.Fprintf(w, "TCP from the guest (%s -> client, iperf3 -R): %s Gbit/s\n", row.Path, spread(*row.TCPRevGbps, "%.2f"))
+		}
+	}
+	for _, row := range r.Rows {
+		if row.GuestOffloads != "" {
+			fmt.Fprintf(w, "virtio offloads negotiated (%s, read in the guest): %s\n", row.Path, row.GuestOffloads)
 		}
 	}
 	r.writeHostCPU(w)

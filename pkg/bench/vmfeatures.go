@@ -4,59 +4,59 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 )
 
 // offloadBits names the virtio-net offload feature bits a VM row reports.
 var offloadBits = map[int]string{
 	0: "csum", 1: "guest_csum", 7: "guest_tso4", 8: "guest_tso6", 10: "guest_ufo",
-	11: "host_tso4", 12: "host_tso6", 13: "host_ecn", 14: "host_ufo", 56: "host_uso",
+	11: "host_tso4", 12: "host_tso6", 13: "host_ecn", 14: "host_ufo", 54: "guest_uso4", 55: "guest_uso6", 56: "host_uso",
 }
 
-// BackendOffloads names the offloads the guest acked on a lanekit-vhost,
-// read from its metrics socket (lanekit_vhost_virtio_features).
-func BackendOffloads(ctx context.Context, sock string) (string, error) {
-	text, err := scrapeBackend(ctx, sock)
+// guestFeaturesFile is where the guest's kernel shows the features its
+// virtio-net driver negotiated with the device behind eth0 (one '0' or '1'
+// per bit, bit 0 first): the same for a vhost-user backend and for QEMU's
+// own virtio-net on a tap, and read where they take effect.
+const guestFeaturesFile = "/sys/class/net/eth0/device/features"
+
+// Offloads names the virtio offloads the guest's driver negotiated for its
+// eth0, read inside the guest.
+func (g *Guest) Offloads(ctx context.Context) (string, error) {
+	out, code, err := g.run(ctx, "cat "+guestFeaturesFile)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("guest %s: %w", g.Name, err)
 	}
-	return ackedOffloads(text)
+	if code != 0 {
+		return "", fmt.Errorf("guest %s: cat %s: exit %d: %s", g.Name, guestFeaturesFile, code, strings.TrimSpace(out))
+	}
+	return offloadsFromBits(out)
 }
 
-// ackedOffloads reads the acked feature bits from a scrape and names the
-// offloads among them ("none" when there are none).
-func ackedOffloads(text string) (string, error) {
+// offloadsFromBits names the offloads among the set bits of a virtio
+// features file ("none" when there are none).
+func offloadsFromBits(out string) (string, error) {
+	bits := strings.TrimSpace(out)
+	if bits == "" || strings.Trim(bits, "01") != "" {
+		return "", fmt.Errorf("virtio features %q: want a string of 0 and 1", bits)
+	}
 	var names []string
-	seen := false
-	for _, l := range strings.Split(text, "\n") {
-		name, rest, ok := strings.Cut(l, "{")
-		if !ok || name != "lanekit_vhost_virtio_features" {
-			continue
-		}
-		labels, value, _ := strings.Cut(rest, "} ")
-		if !strings.Contains(labels, `set="acked"`) || strings.TrimSpace(value) != "1" {
-			continue
-		}
-		_, b, ok := strings.Cut(labels, `bit="`)
-		if !ok {
-			return "", fmt.Errorf("backend metrics: no bit in %q", l)
-		}
-		bit, err := strconv.Atoi(strings.TrimSuffix(b[:strings.IndexByte(b+`"`, '"')], `"`))
-		if err != nil {
-			return "", fmt.Errorf("backend metrics: %q: %w", l, err)
-		}
-		seen = true
-		if n, ok := offloadBits[bit]; ok {
+	for bit, c := range bits {
+		if n, ok := offloadBits[bit]; ok && c == '1' {
 			names = append(names, n)
 		}
-	}
-	if !seen {
-		return "", fmt.Errorf("backend metrics: no acked features (older backend, or no guest yet)")
 	}
 	if len(names) == 0 {
 		return "none", nil
 	}
 	sort.Strings(names)
 	return strings.Join(names, " "), nil
+}
+
+// guestOffloads is g.Offloads for a row, or what kept it unknown.
+func guestOffloads(ctx context.Context, g *Guest) string {
+	o, err := g.Offloads(ctx)
+	if err != nil {
+		return fmt.Sprintf("unknown (%v)", err)
+	}
+	return o
 }

@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"context"
 	"fmt"
 	"os"
 
@@ -80,7 +79,6 @@ func (s *State) BenchPaths() ([]bench.Path, []string) {
 			if v.BackendNS != "" && v.BackendNS != v.NS {
 				note = fmt.Sprintf("to %s on %s, whose fast lane runs on its DPU %s; %s", v.Name, NodeNS(v.Node), v.BackendNS, TCGNote)
 			}
-			note += "; " + vmOffloads(row.kind, v)
 			paths = append(paths, bench.Path{Name: row.name, ClientNS: c.NS, ServerNS: v.NS, ServerIP: v.IP,
 				Guest: &bench.Guest{Name: v.Name, Serial: v.SerialSocket}, Note: note, Includes: row.includes,
 				CPUParts: vmCPUParts(v)})
@@ -131,23 +129,6 @@ var (
 	IncludesTapVM = bench.Includes{Netfilter: true, Conntrack: true,
 		Detail: "baseline pod to a tap guest on the baseline bridge, TCG guest"}
 )
-
-// vmOffloads says which virtio offloads a VM row's guest runs with: what it
-// acked on lanekit-vhost (from the backend's metrics), or for the tap guest
-// QEMU's defaults on a vnet_hdr tap (the KubeVirt bridge binding's).
-func vmOffloads(kind string, v LabVM) string {
-	if kind != KindLanekit {
-		return "virtio offloads: QEMU's defaults on a vnet_hdr tap"
-	}
-	if v.MetricsSocket == "" {
-		return "virtio offloads acked: unknown (no backend metrics socket)"
-	}
-	names, err := bench.BackendOffloads(context.Background(), v.MetricsSocket)
-	if err != nil {
-		return fmt.Sprintf("virtio offloads acked: unknown (%v)", err)
-	}
-	return "virtio offloads acked: " + names
-}
 
 // HasVM reports whether the lab runs a fast-lane guest.
 func (s *State) HasVM() bool { return len(s.VMs) > 0 }

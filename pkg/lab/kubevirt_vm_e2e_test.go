@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -308,8 +309,19 @@ func kubevirtBench(t *testing.T, ctx context.Context, bins Bins) {
 		if h := r.HostCPU; h != nil {
 			cpu = fmt.Sprintf("%.1f / %.1f ns/byte, %.0f µs/transaction (%d parts)", h.NsPerByte.Median, h.NsPerByteRev.Median, h.UsPerTxn.Median, len(h.Parts))
 		}
-		t.Logf("%s: TCP %.2f Gbit/s (from the guest %s), RR p50 %.0f µs, %.0f conn/s, host CPU %s; %s", name, r.TCPGbps.Median,
-			rev, r.RRP50us, r.CPS, cpu, r.Note)
+		t.Logf("%s: TCP %.2f Gbit/s (from the guest %s), RR p50 %.0f µs, %.0f conn/s, host CPU %s; offloads %s; %s", name, r.TCPGbps.Median,
+			rev, r.RRP50us, r.CPS, cpu, r.GuestOffloads, r.Note)
+		if !strings.Contains(r.Includes.Detail, KubeVirtClientNoBIGTCP) {
+			t.Errorf("%s: the label does not say the client sends no BIG TCP: %q", name, r.Includes.Detail)
+		}
+		// Every row says what its guest negotiated, read in the guest; on
+		// lanekit's binding that is lanekit-vhost's offer (TSO both ways).
+		if r.GuestOffloads == "" || strings.HasPrefix(r.GuestOffloads, "unknown") {
+			t.Errorf("%s: virtio offloads negotiated: %q", name, r.GuestOffloads)
+		}
+		if o := strings.Fields(r.GuestOffloads); name == KubeVirtBenchLanekit && (!slices.Contains(o, "guest_tso4") || !slices.Contains(o, "host_tso4")) {
+			t.Errorf("%s: the guest negotiated %q, without lanekit-vhost's TSO", name, r.GuestOffloads)
+		}
 		// The host CPU breakdown found the row's processes on this machine.
 		wantParts := []string{"qemu without vCPUs"}
 		if name == KubeVirtBenchLanekit {
