@@ -28,13 +28,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/lanekit/lanekit/pkg/bench"
 	"github.com/lanekit/lanekit/pkg/datapath"
 	"github.com/lanekit/lanekit/pkg/guest"
 	"github.com/lanekit/lanekit/pkg/k8s"
-	"github.com/lanekit/lanekit/pkg/netdev"
 )
 
 // The KubeVirt bench rows and the binding each VMI uses.
@@ -116,27 +113,23 @@ func noDummyLinks(ctx context.Context) string {
 const KubeVirtClientNoBIGTCP = "client pod at 64 KiB GSO (no BIG TCP), which a tap takes whole"
 
 // clientNoBIGTCP gives dev in netns 64 KiB GSO/GRO sizes for both families
-// and reads them back.
+// (the --big-tcp rows' switch) and reads them back.
 func clientNoBIGTCP(netns, dev string) error {
-	h, err := netdev.NewHost(netnsPath(netns))
+	found, err := readGSOSizes(netns, dev)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	if err := h.SetBIGTCP(dev, netdev.BIGTCP{}); err != nil {
+	if err := setGSOSizes(netns, dev, found.off()); err != nil {
 		return err
 	}
-	return h.Do(func() error {
-		link, err := netlink.LinkByName(dev)
-		if err != nil {
-			return err
-		}
-		la := link.Attrs()
-		if la.GSOMaxSize > netdev.LegacyGSOMaxSize || la.GSOIPv4MaxSize > netdev.LegacyGSOMaxSize {
-			return fmt.Errorf("%s in %s: gso_max_size %d, gso_ipv4_max_size %d after setting 64 KiB", dev, netns, la.GSOMaxSize, la.GSOIPv4MaxSize)
-		}
-		return nil
-	})
+	got, err := readGSOSizes(netns, dev)
+	if err != nil {
+		return err
+	}
+	if got != found.off() {
+		return fmt.Errorf("%s in %s: %s after setting %s", dev, netns, got, found.off())
+	}
+	return nil
 }
 
 // kubevirtBenchClient is the client pod of the KubeVirt rows (node 1).
