@@ -37,10 +37,13 @@ export PATH=$PATH:/usr/local/go/bin
 
 [ "$(id -u)" = 0 ] || { echo "conformance: needs root (the lab's namespaces)" >&2; exit 1; }
 nodebins=$(scripts/k8s-node-bins.sh dir)
-for b in e2e.test ginkgo kubectl kubelet containerd; do
+for b in e2e.test ginkgo kubectl kubelet containerd regression-issue-74839; do
   [ -x "$nodebins/$b" ] || { echo "conformance: $nodebins/$b missing: run make k8s-node-bins" >&2; exit 1; }
 done
 [ -x bin/lanekit ] && [ -f bin/images/agent.tar ] || { echo "conformance: run make k8s-node-images first" >&2; exit 1; }
+# The conntrack test's server: make k8s-node-images leaves its image out when
+# only make k8s-lab-bins had run; without it that test fails after its timeout.
+[ -f bin/images/regression.tar ] || { echo "conformance: bin/images/regression.tar missing: run make k8s-node-bins, then make k8s-node-images" >&2; exit 1; }
 
 family=${CONFORMANCE_IP_FAMILY:-ipv4}
 case $family in

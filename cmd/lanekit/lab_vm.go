@@ -28,9 +28,11 @@ func labVMExecCmd() *cobra.Command {
 				return err
 			}
 			var vm *lab.LabVM
-			for i := range st.VMs {
-				if st.VMs[i].Name == args[0] {
-					vm = &st.VMs[i]
+			for _, vms := range [][]lab.LabVM{st.VMs, st.TapVMs} { // vm-std too: lab bench's baseline guest
+				for i := range vms {
+					if vms[i].Name == args[0] {
+						vm = &vms[i]
+					}
 				}
 			}
 			if vm == nil {

@@ -100,6 +100,11 @@ func TestLabEndToEnd(t *testing.T) {
 		!strings.Contains(strings.Join(strings.Fields(out), " "), "Current hardware settings: RX: n/a TX: n/a Other: n/a Combined: 2") {
 		t.Errorf("guest does not run 2 combined queues: %v\n%s", err, out)
 	}
+	// vm-exec reaches the baseline guest too (lab status lists it; lab bench runs commands in it).
+	if out, err := lk(t, "lab", "vm-exec", "vm-std", "--", "cat", "/sys/class/net/eth0/address"); err != nil ||
+		!strings.HasPrefix(strings.TrimSpace(out), "52:54:00:") {
+		t.Errorf("lab vm-exec vm-std: %v\n%s", err, out)
+	}
 
 	agentKilledDuringTransfer(t, bins, lk)
 	vmAgentKilled(t, bins, lk)
