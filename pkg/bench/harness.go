@@ -116,6 +116,9 @@ type samples struct {
 	// guest rows: host CPU ns per byte at the fixed TCP rate (to the guest,
 	// from it) and µs per transaction at the fixed RR rate (hostcpu.go)
 	cpuByte, cpuByteRev, cpuTxn []float64
+	// the guest NIC's interrupts in those runs, per MB (to, from) and per
+	// transaction (guestirq.go)
+	irqMB, irqMBRev, irqTxn []float64
 	// the same per CPUPart, by part name
 	cpuPartByte, cpuPartByteRev, cpuPartTxn map[string][]float64
 	cpsConns, cpsErrs                       []float64 // connections made and failed, per repetition
@@ -139,7 +142,7 @@ func newSamples(repeat int) samples {
 		return xs
 	}
 	return samples{gbps: nan(), gbpsRev: nan(), p50: nan(), p99: nan(), cps: nan(), cpsConns: nan(), cpsErrs: nan(),
-		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan(), bpfConn: bpfSamples{total: nan()}, bpfRR: bpfSamples{total: nan()}}
+		cpuByte: nan(), cpuByteRev: nan(), cpuTxn: nan(), irqMB: nan(), irqMBRev: nan(), irqTxn: nan(), bpfConn: bpfSamples{total: nan()}, bpfRR: bpfSamples{total: nan()}}
 }
 
 func (s *samples) setLatency(lat Latency) { s.p50[s.cur], s.p99[s.cur] = lat.P50, lat.P99 }

@@ -208,13 +208,14 @@ func ParseIperf3Bytes(data []byte) (int64, error) {
 
 // cpuTCP measures host CPU ns per byte of single-stream TCP at
 // o.CPUTCPMbps (reverse: the guest sends).
-func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64, parts map[string][]float64, cur int) error {
+func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into, irqInto []float64, parts map[string][]float64, cur int) error {
 	srv, args, err := startIperf(ctx, o, p, reverse, "-b", strconv.Itoa(o.cpuTCPMbps())+"M")
 	if err != nil {
 		return err
 	}
 	defer srv.stop()
 	var out []byte
+	irq0, ok0 := guestIRQs(ctx, o, p)
 	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
 		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
@@ -223,24 +224,26 @@ func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into []float64
 	if err != nil {
 		return err
 	}
+	irq1, ok1 := guestIRQs(ctx, o, p)
 	n, err := ParseIperf3Bytes(out)
 	if err != nil {
 		return err
 	}
 	per := float64(n) // ns per byte
 	into[cur] = float64(host.Nanoseconds()) / per
+	irqInto[cur] = irqRate(irq0, irq1, ok0, ok1, per/1e6) // per MB
 	recordParts(parts, pd, per, len(into), cur)
 	return nil
 }
 
 // runCPUTCP: host CPU per byte, client -> guest, at the fixed rate.
 func runCPUTCP(ctx context.Context, o Options, p Path, s *samples) error {
-	return cpuTCP(ctx, o, p, false, s.cpuByte, s.partMap(&s.cpuPartByte), s.cur)
+	return cpuTCP(ctx, o, p, false, s.cpuByte, s.irqMB, s.partMap(&s.cpuPartByte), s.cur)
 }
 
 // runCPUTCPRev: host CPU per byte, guest -> client, at the fixed rate.
 func runCPUTCPRev(ctx context.Context, o Options, p Path, s *samples) error {
-	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.partMap(&s.cpuPartByteRev), s.cur)
+	return cpuTCP(ctx, o, p, true, s.cpuByteRev, s.irqMBRev, s.partMap(&s.cpuPartByteRev), s.cur)
 }
 
 // runCPURR: host CPU µs per request/response transaction, closed loop (one
@@ -252,6 +255,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	}
 	defer srv.stop()
 	var out []byte
+	irq0, ok0 := guestIRQs(ctx, o, p)
 	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
 		var err error
 		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
@@ -260,6 +264,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	if err != nil {
 		return err
 	}
+	irq1, ok1 := guestIRQs(ctx, o, p)
 	lat, err := ParseSockperf(out)
 	if err != nil {
 		return err
@@ -269,6 +274,7 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 	}
 	per := 1e3 * float64(lat.Observations) // µs per transaction
 	s.cpuTxn[s.cur] = float64(host.Nanoseconds()) / per
+	s.irqTxn[s.cur] = irqRate(irq0, irq1, ok0, ok1, per/1e3) // per transaction
 	recordParts(s.partMap(&s.cpuPartTxn), pd, per, len(s.cpuTxn), s.cur)
 	return nil
 }
@@ -330,6 +336,7 @@ func (r *Report) writeHostCPU(w io.Writer) {
 		if len(hc.Parts) > 0 {
 			fmt.Fprintln(w, "  the rest: the kernel (softirq, the path between client and guest), the client, other work on the machine")
 		}
+		writeGuestIRQs(w, hc)
 	}
 	if note == "" {
 		return

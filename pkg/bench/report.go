@@ -113,6 +113,11 @@ type HostCPU struct {
 	NsPerByte    Summary `json:"ns_per_byte"`
 	NsPerByteRev Summary `json:"ns_per_byte_rev"`
 	UsPerTxn     Summary `json:"us_per_txn"`
+	// Guest NIC interrupts in the same runs, read in the guest: per MB to
+	// and from the guest, per transaction (guestirq.go).
+	IRQPerMB    Summary `json:"guest_irq_per_mb,omitzero"`
+	IRQPerMBRev Summary `json:"guest_irq_per_mb_rev,omitzero"`
+	IRQPerTxn   Summary `json:"guest_irq_per_txn,omitzero"`
 	// Parts: the same for single processes of the row (the backend, QEMU
 	// without its vCPUs); the rest is the kernel (softirq, the path between
 	// the client and the guest), the client and other work on the machine.
@@ -197,7 +202,8 @@ func buildReport(paths []Path, all []samples, o Options) *Report {
 			guestReps.TCPRevGbps = reps(s.gbpsRev)
 			if hostCPURow(p) && len(o.GuestPIDs) > 0 {
 				hc = &HostCPU{TCPMbps: o.cpuTCPMbps(), MachineWideNote: hostCPUNote,
-					NsPerByte: Summarize(s.cpuByte), NsPerByteRev: Summarize(s.cpuByteRev), UsPerTxn: Summarize(s.cpuTxn)}
+					NsPerByte: Summarize(s.cpuByte), NsPerByteRev: Summarize(s.cpuByteRev), UsPerTxn: Summarize(s.cpuTxn),
+					IRQPerMB: Summarize(s.irqMB), IRQPerMBRev: Summarize(s.irqMBRev), IRQPerTxn: Summarize(s.irqTxn)}
 				for _, part := range p.CPUParts {
 					sum := func(m map[string][]float64) Summary {
 						if xs, ok := m[part.Name]; ok {
