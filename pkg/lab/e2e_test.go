@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lanekit/lanekit/internal/testutil"
+	"github.com/lanekit/lanekit/pkg/bench"
 )
 
 // TestLabEndToEnd builds the lanekit CLI, brings up a full 2-node lab
@@ -132,6 +133,12 @@ func TestLabEndToEnd(t *testing.T) {
 			P50 float64 `json:"rr_p50_us"`
 			P99 float64 `json:"rr_p99_us"`
 			CPS float64 `json:"cps"`
+			// Guest rows: the guest NIC's interrupts in the host CPU runs, read in the guest.
+			HostCPU *struct {
+				IRQPerMB    bench.Summary `json:"guest_irq_per_mb"`
+				IRQPerMBRev bench.Summary `json:"guest_irq_per_mb_rev"`
+				IRQPerTxn   bench.Summary `json:"guest_irq_per_txn"`
+			} `json:"host_cpu"`
 		} `json:"rows"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
@@ -145,6 +152,11 @@ func TestLabEndToEnd(t *testing.T) {
 		got[r.Path] = true
 		if r.TCP.Median <= 0 || r.P50 <= 0 || r.P99 < r.P50 || r.CPS <= 0 {
 			t.Errorf("row %d = %+v: want positive metrics", i, r)
+		}
+		if r.Path == "lanekit-vm" || r.Path == "bridge-tap-vm" {
+			if h := r.HostCPU; h == nil || h.IRQPerMB.Median <= 0 || h.IRQPerMBRev.Median <= 0 || h.IRQPerTxn.Median <= 0 {
+				t.Errorf("%s: the guest NIC's interrupts were not counted in its host CPU runs: %+v", r.Path, h)
+			}
 		}
 	}
 	for _, want := range []string{"host-raw", "host", "bridge-iptables", "lanekit-pod", "lanekit-vm", "bridge-tap-vm"} {
