@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 )
@@ -23,12 +22,9 @@ const guestIRQScript = "basename $(readlink /sys/class/net/eth0/device); cat /pr
 // INTx "virtio0", or MSI-X "virtio0-input.0", "virtio0-output.0", ...) took
 // on every CPU since boot.
 func (g *Guest) NICInterrupts(ctx context.Context) (uint64, error) {
-	out, code, err := g.run(ctx, guestIRQScript)
+	out, err := g.output(ctx, guestIRQScript)
 	if err != nil {
-		return 0, fmt.Errorf("guest %s: %w", g.Name, err)
-	}
-	if code != 0 {
-		return 0, fmt.Errorf("guest %s: read interrupts: exit %d: %s", g.Name, code, strings.TrimSpace(out))
+		return 0, err
 	}
 	return parseNICInterrupts(out)
 }
@@ -39,7 +35,7 @@ func parseNICInterrupts(out string) (uint64, error) {
 	lines := strings.Split(strings.ReplaceAll(out, "\r", ""), "\n")
 	dev := strings.TrimSpace(lines[0])
 	if dev == "" || strings.ContainsAny(dev, " /") || len(lines) < 3 {
-		return 0, fmt.Errorf("guest interrupts: want a device name then /proc/interrupts, got %q", firstLine(out))
+		return 0, fmt.Errorf("guest interrupts: want a device name then /proc/interrupts, got %q", lines[0])
 	}
 	cpus := 0
 	for _, f := range strings.Fields(lines[1]) {
@@ -76,11 +72,6 @@ func parseNICInterrupts(out string) (uint64, error) {
 	return total, nil
 }
 
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	return l
-}
-
 // guestIRQs reads the NIC interrupts of p's guest; ok is false for a row
 // without a guest or when they could not be read (the run's figure is then
 // NaN, never a guess).
@@ -96,12 +87,13 @@ func guestIRQs(ctx context.Context, o Options, p Path) (n uint64, ok bool) {
 	return n, true
 }
 
-// irqRate is (after - before) / per, NaN unless both reads worked.
-func irqRate(before, after uint64, okBefore, okAfter bool, per float64) float64 {
-	if !okBefore || !okAfter || after < before || per <= 0 {
-		return math.NaN()
+// irqDelta is after - before, ok only when both reads worked and the count
+// did not go back (a rebooted guest).
+func irqDelta(before, after uint64, okBefore, okAfter bool) (uint64, bool) {
+	if !okBefore || !okAfter || after < before {
+		return 0, false
 	}
-	return float64(after-before) / per
+	return after - before, true
 }
 
 // writeGuestIRQs prints a host CPU row's guest NIC interrupts and what each

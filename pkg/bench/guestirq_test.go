@@ -49,18 +49,24 @@ func TestParseNICInterrupts(t *testing.T) {
 	}
 }
 
-func TestIRQRate(t *testing.T) {
-	if got := irqRate(100, 600, true, true, 250); got != 2 {
-		t.Errorf("irqRate = %v, want 2", got)
+func TestIRQDelta(t *testing.T) {
+	if n, ok := irqDelta(100, 600, true, true); !ok || n != 500 {
+		t.Errorf("irqDelta = %d, %v; want 500, true", n, ok)
+	}
+	if got := (hostCPURun{irqs: 500, irqsOK: true}).irqsPer(250); got != 2 {
+		t.Errorf("irqsPer = %v, want 2", got)
 	}
 	for _, c := range []struct {
 		b, a   uint64
 		ob, oa bool
-		per    float64
-	}{{100, 600, false, true, 250}, {100, 600, true, false, 250}, {600, 100, true, true, 250}, {100, 600, true, true, 0}} {
-		if got := irqRate(c.b, c.a, c.ob, c.oa, c.per); !math.IsNaN(got) {
-			t.Errorf("irqRate(%+v) = %v, want NaN (not counted)", c, got)
+	}{{100, 600, false, true}, {100, 600, true, false}, {600, 100, true, true}} {
+		n, ok := irqDelta(c.b, c.a, c.ob, c.oa)
+		if got := (hostCPURun{irqs: n, irqsOK: ok}).irqsPer(250); ok || !math.IsNaN(got) {
+			t.Errorf("irqDelta(%+v) = %d, %v (%v per unit), want not counted (NaN)", c, n, ok, got)
 		}
+	}
+	if got := (hostCPURun{irqs: 500, irqsOK: true}).irqsPer(0); !math.IsNaN(got) {
+		t.Errorf("irqsPer(0) = %v, want NaN", got)
 	}
 }
 

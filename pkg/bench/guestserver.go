@@ -80,6 +80,19 @@ func (g *Guest) run(ctx context.Context, cmd string) (string, int, error) {
 	return sh.Run(rctx, cmd)
 }
 
+// output runs cmd and returns its output, an error naming the guest unless
+// it exited 0.
+func (g *Guest) output(ctx context.Context, cmd string) (string, error) {
+	out, code, err := g.run(ctx, cmd)
+	if err != nil {
+		return "", fmt.Errorf("guest %s: %w", g.Name, err)
+	}
+	if code != 0 {
+		return "", fmt.Errorf("guest %s: %s: exit %d: %s", g.Name, cmd, code, strings.TrimSpace(out))
+	}
+	return out, nil
+}
+
 // stopper ends a measurement's server.
 type stopper interface{ stop() }
 

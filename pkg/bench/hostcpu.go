@@ -206,6 +206,46 @@ func ParseIperf3Bytes(data []byte) (int64, error) {
 	return rep.End.SumReceived.Bytes, nil
 }
 
+// hostCPURun is one fixed-load run of a guest row's client, measured: its
+// output, the host CPU it cost and each part's share, and the interrupts the
+// guest's NIC took meanwhile (irqsOK false when they could not be read).
+type hostCPURun struct {
+	out    []byte
+	host   time.Duration
+	parts  map[string]time.Duration
+	irqs   uint64
+	irqsOK bool
+}
+
+// measureHostCPU runs the client args of p in its netns and measures it,
+// reading the guest's NIC interrupts before and after (outside the CPU
+// window).
+func measureHostCPU(ctx context.Context, o Options, p Path, args []string) (hostCPURun, error) {
+	var r hostCPURun
+	irq0, ok0 := guestIRQs(ctx, o, p)
+	var err error
+	r.host, r.parts, err = hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
+		var err error
+		r.out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	irq1, ok1 := guestIRQs(ctx, o, p)
+	r.irqs, r.irqsOK = irqDelta(irq0, irq1, ok0, ok1)
+	return r, nil
+}
+
+// irqsPer is the run's guest NIC interrupts per unit (per units in the run),
+// NaN when they were not counted.
+func (r hostCPURun) irqsPer(per float64) float64 {
+	if !r.irqsOK || per <= 0 {
+		return math.NaN()
+	}
+	return float64(r.irqs) / per
+}
+
 // cpuTCP measures host CPU ns per byte of single-stream TCP at
 // o.CPUTCPMbps (reverse: the guest sends).
 func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into, irqInto []float64, parts map[string][]float64, cur int) error {
@@ -214,25 +254,18 @@ func cpuTCP(ctx context.Context, o Options, p Path, reverse bool, into, irqInto 
 		return err
 	}
 	defer srv.stop()
-	var out []byte
-	irq0, ok0 := guestIRQs(ctx, o, p)
-	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
-		var err error
-		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
-		return err
-	})
+	run, err := measureHostCPU(ctx, o, p, args)
 	if err != nil {
 		return err
 	}
-	irq1, ok1 := guestIRQs(ctx, o, p)
-	n, err := ParseIperf3Bytes(out)
+	n, err := ParseIperf3Bytes(run.out)
 	if err != nil {
 		return err
 	}
 	per := float64(n) // ns per byte
-	into[cur] = float64(host.Nanoseconds()) / per
-	irqInto[cur] = irqRate(irq0, irq1, ok0, ok1, per/1e6) // per MB
-	recordParts(parts, pd, per, len(into), cur)
+	into[cur] = float64(run.host.Nanoseconds()) / per
+	irqInto[cur] = run.irqsPer(per / 1e6) // per MB
+	recordParts(parts, run.parts, per, len(into), cur)
 	return nil
 }
 
@@ -254,18 +287,11 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 		return err
 	}
 	defer srv.stop()
-	var out []byte
-	irq0, ok0 := guestIRQs(ctx, o, p)
-	host, pd, err := hostCPUDuring(o.GuestPIDs, p.CPUParts, func() error {
-		var err error
-		out, err = runIn(ctx, o.Duration+15*time.Second, p.ClientNS, args...)
-		return err
-	})
+	run, err := measureHostCPU(ctx, o, p, args)
 	if err != nil {
 		return err
 	}
-	irq1, ok1 := guestIRQs(ctx, o, p)
-	lat, err := ParseSockperf(out)
+	lat, err := ParseSockperf(run.out)
 	if err != nil {
 		return err
 	}
@@ -273,9 +299,9 @@ func runCPURR(ctx context.Context, o Options, p Path, s *samples) error {
 		return errors.New("sockperf: no observations counted")
 	}
 	per := 1e3 * float64(lat.Observations) // µs per transaction
-	s.cpuTxn[s.cur] = float64(host.Nanoseconds()) / per
-	s.irqTxn[s.cur] = irqRate(irq0, irq1, ok0, ok1, per/1e3) // per transaction
-	recordParts(s.partMap(&s.cpuPartTxn), pd, per, len(s.cpuTxn), s.cur)
+	s.cpuTxn[s.cur] = float64(run.host.Nanoseconds()) / per
+	s.irqTxn[s.cur] = run.irqsPer(per / 1e3) // per transaction
+	recordParts(s.partMap(&s.cpuPartTxn), run.parts, per, len(s.cpuTxn), s.cur)
 	return nil
 }
 

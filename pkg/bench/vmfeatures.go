@@ -22,12 +22,9 @@ const guestFeaturesFile = "/sys/class/net/eth0/device/features"
 // Offloads names the virtio offloads the guest's driver negotiated for its
 // eth0, read inside the guest.
 func (g *Guest) Offloads(ctx context.Context) (string, error) {
-	out, code, err := g.run(ctx, "cat "+guestFeaturesFile)
+	out, err := g.output(ctx, "cat "+guestFeaturesFile)
 	if err != nil {
-		return "", fmt.Errorf("guest %s: %w", g.Name, err)
-	}
-	if code != 0 {
-		return "", fmt.Errorf("guest %s: cat %s: exit %d: %s", g.Name, guestFeaturesFile, code, strings.TrimSpace(out))
+		return "", err
 	}
 	return offloadsFromBits(out)
 }
