@@ -139,7 +139,9 @@ type svcSamples struct {
 	set                         *SvcSet
 	programmed                  bool
 	programNote                 string // the timed programming step did not finish
-	broken                      bool   // programming failed: no traffic rows
+	proxyMetrics                []ProxyMetric
+	proxyMetricsNote            string
+	broken                      bool // programming failed: no traffic rows
 }
 
 // RunServices measures every service row Repeat times: each repetition runs
@@ -251,6 +253,15 @@ func runSvcRow(ctx context.Context, o SvcOptions, p SvcPath, s *svcSamples, rep 
 		default:
 			s.program[rep] = ms(d)
 			o.progress("services rep %d/%d %-26s program %d services: %.1f ms", rep+1, o.Repeat, p.Name(), p.Services, ms(d))
+			if r, ok := p.Prog.(ProxyMetricsReader); ok {
+				s.proxyMetrics, s.proxyMetricsNote = r.ProxyMetrics()
+				for _, m := range s.proxyMetrics {
+					o.progress("services rep %d/%d %-26s own metric: %s", rep+1, o.Repeat, p.Name(), m)
+				}
+				if s.proxyMetricsNote != "" {
+					o.progress("services rep %d/%d %-26s own metrics: %s", rep+1, o.Repeat, p.Name(), s.proxyMetricsNote)
+				}
+			}
 		}
 		s.programmed = true
 	}

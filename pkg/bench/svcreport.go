@@ -63,6 +63,10 @@ type SvcRow struct {
 	RawCPS     Summary    `json:"raw_cps"`
 	RawCPSReps []*float64 `json:"raw_cps_reps,omitempty"`
 	CPSVsRaw   *Summary   `json:"cps_vs_raw,omitempty"`
+	// ProxyMetrics: the proxy's own histograms around the timed programming
+	// step (ProxyMetricsReader); ProxyMetricsNote: why they could not be read.
+	ProxyMetrics     []ProxyMetric `json:"proxy_metrics,omitempty"`
+	ProxyMetricsNote string        `json:"proxy_metrics_note,omitempty"`
 }
 
 // SvcTarget is one service goal checked against a run.
@@ -129,6 +133,7 @@ func buildSvcReport(paths []SvcPath, all []svcSamples, o SvcOptions) *SvcReport 
 			ChangeMs: Summarize(s.change), ChangeBackMs: Summarize(s.changeBack), ChangeWhat: p.Prog.ChangeLabel(),
 			ProgramReps: reps(s.program), ChangeReps: reps(s.change), ChangeBack: reps(s.changeBack),
 			RawCPS: Summarize(s.rawCPS), RawCPSReps: reps(s.rawCPS),
+			ProxyMetrics: s.proxyMetrics, ProxyMetricsNote: s.proxyMetricsNote,
 		})
 		if p.Datapath != nil {
 			row := &r.Rows[len(r.Rows)-1]
@@ -329,6 +334,7 @@ func (r *SvcReport) WriteTable(w io.Writer) error {
 		bpfRows[i].Path = fmt.Sprintf("%s/%d", row.Mode, row.Services)
 	}
 	writeBPFCost(w, bpfRows)
+	writeProxyMetrics(w, r.Rows)
 	for _, row := range r.Rows {
 		if row.DatapathWhat != "" {
 			fmt.Fprintf(w, "datapath only: %s/%d: program %s ms, one change %s ms (%s)\n", row.Mode, row.Services,

@@ -125,3 +125,37 @@ func TestSvcReportTableJSON(t *testing.T) {
 		t.Errorf("chart of a services-only report: %v", err)
 	}
 }
+
+// The proxies' own histograms print beside each row's first-answer time,
+// with what each measures once, and a failed read says why.
+func TestWriteProxyMetrics(t *testing.T) {
+	nw := ProxyMetric{Name: "kubeproxy_network_programming_duration_seconds", Labels: `{ip_family="IPv4"}`,
+		What: "trigger time to the rules synced", Count: 1, Ms: 812.5}
+	rows := []SvcRow{
+		{Mode: "kube-proxy-nftables", Services: 1000, ProgramMs: Summary{900, 900, 900},
+			ProxyMetrics: []ProxyMetric{nw, {Name: "kubeproxy_sync_proxy_rules_duration_seconds", What: "one sync", Count: 2, Ms: 40}}},
+		{Mode: "kube-proxy-nftables", Services: 10000, ProgramMs: Summary{950, 950, 950}, ProxyMetrics: []ProxyMetric{nw}},
+		{Mode: "cilium", Services: 1000, ProgramMs: Summary{200, 200, 200}, ProxyMetricsNote: "not read before the write: refused"},
+		{Mode: "lanekit", Services: 1000, ProgramMs: Summary{20, 20, 20}},
+	}
+	var b bytes.Buffer
+	writeProxyMetrics(&b, rows)
+	out := b.String()
+	for _, want := range []string{
+		"own metrics: kube-proxy-nftables/1000: first answer 900.0 ms; kubeproxy_network_programming_duration_seconds{ip_family=\"IPv4\"} 812.5 ms (1 observation); kubeproxy_sync_proxy_rules_duration_seconds 40.0 ms (2 observations)\n",
+		"own metrics: cilium/1000: first answer 200.0 ms; not read before the write: refused\n",
+		"own metric: kubeproxy_network_programming_duration_seconds: trigger time to the rules synced\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "own metric: kubeproxy_network_programming_duration_seconds:") != 1 || strings.Contains(out, "lanekit/1000") {
+		t.Errorf("each metric explained once, rows without metrics left out:\n%s", out)
+	}
+	b.Reset()
+	writeProxyMetrics(&b, rows[3:])
+	if b.Len() != 0 {
+		t.Errorf("no metrics: printed %q", b.String())
+	}
+}

@@ -160,7 +160,7 @@ func RunRivalServices(ctx context.Context, bins Bins, cnis []string, routing str
 			if err != nil {
 				return nil, err
 			}
-			prog := &APIProgrammer{Client: fast, Self: o.Self, ClientNS: benchPods[0].Netns, Workers: 16}
+			prog := &APIProgrammer{Client: fast, Self: o.Self, ClientNS: benchPods[0].Netns, Workers: 16, Metrics: proxyScrapeFor(c)}
 			rows, err := rivalServiceRows(c, counts, pods, prog, st.svcRaw())
 			if err != nil {
 				return nil, err

@@ -69,16 +69,21 @@ const (
 //   - the images are the lab's (pullPolicy Never, no digests).
 func ciliumValues(routing string, srv *k8stest.Server) map[string]any {
 	v := map[string]any{
-		"kubeProxyReplacement":   true,
-		"k8sServiceHost":         srv.Address,
-		"k8sServicePort":         srv.APIPort,
-		"ipam":                   map[string]any{"mode": "kubernetes"},
-		"ipv4":                   map[string]any{"enabled": true},
-		"ipv6":                   map[string]any{"enabled": false},
-		"bpf":                    map[string]any{"masquerade": true},
-		"l7Proxy":                false,
-		"envoy":                  map[string]any{"enabled": false},
-		"hubble":                 map[string]any{"enabled": false},
+		"kubeProxyReplacement": true,
+		"k8sServiceHost":       srv.Address,
+		"k8sServicePort":       srv.APIPort,
+		"ipam":                 map[string]any{"mode": "kubernetes"},
+		"ipv4":                 map[string]any{"enabled": true},
+		"ipv6":                 map[string]any{"enabled": false},
+		"bpf":                  map[string]any{"masquerade": true},
+		"l7Proxy":              false,
+		"envoy":                map[string]any{"enabled": false},
+		"hubble":               map[string]any{"enabled": false},
+		// The agent's metrics (off in a stock install, on in most), with
+		// its BPF map reconcilers' write times: the bench reads the load
+		// balancer's beside its own first-answer time (proxymetrics.go).
+		"prometheus": map[string]any{"enabled": true, "port": ciliumMetricsPort,
+			"metrics": []string{"+" + ciliumReconcilerDur}},
 		"endpointHealthChecking": map[string]any{"enabled": false},
 		"socketLB":               map[string]any{"enabled": true, "hostNamespaceOnly": true},
 		"cgroup":                 map[string]any{"autoMount": map[string]any{"enabled": false}, "hostRoot": CgroupMount},

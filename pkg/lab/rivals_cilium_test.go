@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -120,6 +121,11 @@ func TestCiliumChartRender(t *testing.T) {
 				"enable-l7-proxy": "false", "enable-hubble": "false", "ipam": "kubernetes",
 				"enable-bpf-masquerade": "true", "enable-ipv6": "false", "enable-endpoint-health-checking": "false",
 				"routing-mode": routing, "devices": Uplink, "direct-routing-device": Uplink,
+				// The bench's scrape (proxymetrics.go).
+				"prometheus-serve-addr": fmt.Sprintf(":%d", ciliumMetricsPort),
+			}
+			if m := strings.Fields(cm.Data["metrics"]); !slices.Contains(m, "+"+ciliumReconcilerDur) {
+				t.Errorf("cilium-config metrics %q: the reconciler's durations (the bench reads them) are not enabled", cm.Data["metrics"])
 			}
 			if routing == RoutingTunnel {
 				want["tunnel-protocol"] = "vxlan"

@@ -34,6 +34,21 @@ type APIProgrammer struct {
 	ClientNS string
 	// Workers write the untimed services concurrently.
 	Workers int
+	// Metrics, when set, is the proxy's own programming histograms, read
+	// around the timed write (ProxyMetrics).
+	Metrics *proxyScrape
+
+	metrics     []bench.ProxyMetric
+	metricsNote string
+}
+
+// ProxyMetrics is what the proxy's own histograms recorded of the last
+// Program's timed write (bench.ProxyMetricsReader).
+func (a *APIProgrammer) ProxyMetrics() ([]bench.ProxyMetric, string) {
+	if a.Metrics == nil {
+		return nil, ""
+	}
+	return a.metrics, a.metricsNote
 }
 
 // ProgramLabel says what Program times.
@@ -112,7 +127,18 @@ func (a *APIProgrammer) Program(ctx context.Context, set *bench.SvcSet, limit ti
 	if err := a.waitNoAnswer(ctx, vip, limit); err != nil {
 		return 0, err
 	}
-	return a.timeCreate(ctx, set, vip, limit)
+	a.metrics, a.metricsNote = nil, ""
+	var before map[string]map[string]histTotal
+	if a.Metrics != nil {
+		if before, err = a.Metrics.read(ctx); err != nil {
+			a.metricsNote = fmt.Sprintf("not read before the write: %v", err)
+		}
+	}
+	d, err := a.timeCreate(ctx, set, vip, limit)
+	if err == nil && before != nil {
+		a.metrics, a.metricsNote = a.Metrics.since(ctx, before, 5*time.Second)
+	}
+	return d, err
 }
 
 func (a *APIProgrammer) ensureNamespace(ctx context.Context, ns string) error {
@@ -126,6 +152,13 @@ func (a *APIProgrammer) ensureNamespace(ctx context.Context, ns string) error {
 // create writes service i and its EndpointSlice (an existing one is kept).
 func (a *APIProgrammer) create(ctx context.Context, set *bench.SvcSet, i int) error {
 	svc, slice := set.Objects(i)
+	// The change's time, as the endpointslice controller stamps it on the
+	// slices it writes: kube-proxy's (and lanekit's) network programming
+	// latency is measured from it.
+	if slice.Annotations == nil {
+		slice.Annotations = map[string]string{}
+	}
+	slice.Annotations[corev1.EndpointsLastChangeTriggerTime] = time.Now().UTC().Format(time.RFC3339Nano)
 	if _, err := a.Client.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("service %s: %w", svc.Name, err)
 	}

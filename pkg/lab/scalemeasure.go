@@ -159,6 +159,26 @@ func cpuPercent(a, b procSample) float64 {
 // hid the scale lab's histograms once: a 404 from outside the lab parsed as
 // an empty page).
 func scrapeHistograms(ctx context.Context, c *http.Client, url string, names ...string) (map[string]map[float64]uint64, error) {
+	fams, err := scrapeFamilies(ctx, c, url)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[float64]uint64{}
+	for _, name := range names {
+		h := map[float64]uint64{}
+		if f := fams[name]; f != nil {
+			for _, m := range f.GetMetric() {
+				addBuckets(h, m.GetHistogram())
+			}
+		}
+		out[name] = h
+	}
+	return out, nil
+}
+
+// scrapeFamilies reads the metrics page at url (text format); an answer
+// other than 200 is an error.
+func scrapeFamilies(ctx context.Context, c *http.Client, url string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -176,17 +196,7 @@ func scrapeHistograms(ctx context.Context, c *http.Client, url string, names ...
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", url, err)
 	}
-	out := map[string]map[float64]uint64{}
-	for _, name := range names {
-		h := map[float64]uint64{}
-		if f := fams[name]; f != nil {
-			for _, m := range f.GetMetric() {
-				addBuckets(h, m.GetHistogram())
-			}
-		}
-		out[name] = h
-	}
-	return out, nil
+	return fams, nil
 }
 
 func addBuckets(out map[float64]uint64, h *dto.Histogram) {
