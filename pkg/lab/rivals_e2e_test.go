@@ -205,6 +205,24 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 			t.Errorf("service %s from %s: answers from %v, want both pods", target, pods[0].Name, seen)
 		}
 	}
+	// The proxy's own programming histograms, where the services bench
+	// reads them (proxymetrics.go): served in node 1's netns, each with the
+	// observations of the web Service just programmed.
+	if ps := proxyScrapeFor(cni); ps == nil {
+		t.Errorf("%s: no programming histograms named", cni)
+	} else if got, err := ps.read(ctx); err != nil {
+		t.Errorf("%s: own metrics at %s: %v", cni, ps.URL, err)
+	} else {
+		for _, s := range ps.Series {
+			var n uint64
+			for _, h := range got[s.Name] {
+				n += h.count
+			}
+			if n == 0 {
+				t.Errorf("%s: %s (labels matching %q) has no observation after a Service was programmed", cni, s.Name, s.Match)
+			}
+		}
+	}
 	// NodePort, from the underlay (outside every node), on both nodes.
 	nodePort := svc.Spec.Ports[0].NodePort
 	for i := 1; i <= 2; i++ {
@@ -217,9 +235,17 @@ func testRivalLab(t *testing.T, bins Bins, nodeBins, cni, routing string) {
 	// A node's own process to the ClusterIP (a hostNetwork client, as in the
 	// upstream "node-Service" tests): kube-proxy's nat OUTPUT (the node has a
 	// route for the Service range, as a kubeadm node's default route gives
-	// it), Cilium's socket LB.
+	// it), Cilium's socket LB — attached to the node's cgroup2 directory
+	// (cgroup.hostRoot), so the client runs in it as the node's processes do.
 	svcURL := "http://" + svc.Spec.ClusterIP + "/hostname"
-	if out, err := nsCommand(ctx, NodeNS(1), "curl", "-sS", "-m", "5", svcURL).Output(); err != nil ||
+	cg, err := os.Open(realNodeCgroup2(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	curl := nsCommand(ctx, NodeNS(1), "curl", "-sS", "-m", "5", svcURL)
+	curl.SysProcAttr.UseCgroupFD, curl.SysProcAttr.CgroupFD = true, int(cg.Fd())
+	if out, err := curl.Output(); err != nil ||
 		(strings.TrimSpace(string(out)) != pods[0].Name && strings.TrimSpace(string(out)) != pods[1].Name) {
 		t.Errorf("service %s from node %s's own netns: %q, %v", svcURL, NodeNS(1), out, err)
 	}
@@ -304,4 +330,19 @@ func kubeSvcPackets(t *testing.T, ctx context.Context, ns, svc string) int {
 	}
 	n, _ := strconv.Atoi(string(m[1]))
 	return n
+}
+
+// realNodeCgroup2 is real node i's cgroup2 directory (makeKubeletCgroups):
+// where its processes run and Cilium's socket LB is attached.
+func realNodeCgroup2(t *testing.T, i int) string {
+	t.Helper()
+	root, err := KubeletCgroupRoot(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, v2, err := cgroupHierarchies()
+	if err != nil || len(v2) == 0 {
+		t.Fatalf("cgroup2 hierarchy: %v %v", v2, err)
+	}
+	return filepath.Join(v2[0], root)
 }
