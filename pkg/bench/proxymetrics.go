@@ -9,8 +9,8 @@ import (
 // ProxyMetric is a proxy's own account of a row's timed programming step:
 // one series of one of its histograms (kube-proxy's
 // kubeproxy_network_programming_duration_seconds and
-// kubeproxy_sync_proxy_rules_duration_seconds, Cilium's
-// cilium_service_implementation_delay, lanekit's agent's
+// kubeproxy_sync_proxy_rules_duration_seconds, Cilium's load-balancer map
+// reconciler's cilium_reconciler_duration_seconds, lanekit's agent's
 // kubeproxy_network_programming_duration_seconds), the observations between
 // a scrape right before the timed API write and one after its first answer.
 type ProxyMetric struct {

@@ -3,8 +3,8 @@ package lab
 // The proxies' own account of the service rows' timed programming step:
 // each network's proxy on the client's node serves histograms that time its
 // work (kube-proxy's network programming latency and rules sync, Cilium's
-// service implementation delay, lanekit's agent's network programming
-// latency under kube-proxy's name). APIProgrammer reads them right before
+// load-balancer map writes, lanekit's agent's network programming latency
+// under kube-proxy's name). APIProgrammer reads them right before
 // the timed API write and again after the first answer, and reports the
 // observations in between beside its own measurement.
 
@@ -132,7 +132,7 @@ func labelText(ls []*dto.LabelPair) string {
 	return "{" + strings.Join(parts, ",") + "}"
 }
 
-// proxyDelta are the observations between two reads, one ProxyMetric per
+// delta is the observations between two reads, one ProxyMetric per
 // series that has any, and the histograms that have none.
 func (p *proxyScrape) delta(before, after map[string]map[string]histTotal) ([]bench.ProxyMetric, []string) {
 	var out []bench.ProxyMetric
