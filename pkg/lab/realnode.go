@@ -461,12 +461,16 @@ func dirExists(d string) bool {
 	return err == nil && st.IsDir()
 }
 
+// nodeSpecFile is where startNodeInit writes the NodeSpec of the node whose
+// RealNodeDir is dir.
+func nodeSpecFile(dir string) string { return filepath.Join(dir, "node.json") }
+
 // startNodeInit runs `lanekit lab node --spec FILE` for node i: in the
 // node's network namespace and its cgroup2 directory (spec.Cgroup2), as PID 1 of a
 // new PID namespace with a new mount namespace.
 func startNodeInit(ctx context.Context, b Bins, spec NodeSpec) (int, error) {
 	i := spec.Index
-	specFile := filepath.Join(spec.Dir, "node.json")
+	specFile := nodeSpecFile(spec.Dir)
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return 0, err

@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -332,17 +333,18 @@ func kubeSvcPackets(t *testing.T, ctx context.Context, ns, svc string) int {
 	return n
 }
 
-// realNodeCgroup2 is real node i's cgroup2 directory (makeKubeletCgroups):
-// where its processes run and Cilium's socket LB is attached.
+// realNodeCgroup2 is real node i's cgroup2 directory, as its init was
+// started with it (NodeSpec.Cgroup2): where its processes run and Cilium's
+// socket LB is attached.
 func realNodeCgroup2(t *testing.T, i int) string {
 	t.Helper()
-	root, err := KubeletCgroupRoot(i)
+	data, err := os.ReadFile(nodeSpecFile(RealNodeDir(i)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, v2, err := cgroupHierarchies()
-	if err != nil || len(v2) == 0 {
-		t.Fatalf("cgroup2 hierarchy: %v %v", v2, err)
+	var spec NodeSpec
+	if err := json.Unmarshal(data, &spec); err != nil || spec.Cgroup2 == "" {
+		t.Fatalf("node %d spec: cgroup2 %q, %v", i, spec.Cgroup2, err)
 	}
-	return filepath.Join(v2[0], root)
+	return spec.Cgroup2
 }
