@@ -209,11 +209,16 @@ func (a *Agent) setupRouting() error {
 }
 
 // ensureVXLAN creates (or re-creates, when its settings differ) the
-// collect_md VXLAN device in the current namespace and sets it up.
+// collect_md VXLAN device in the current namespace and sets it up. The
+// device gets an outer UDP source port range of its own, the namespace's
+// local port range as it is now: the programs' encapsulation
+// (tunnel_bpf_encap) draws from the device's range, so a flow's GSO packets
+// (the device's) and its others (BPF's) share one outer port even after
+// the sysctl changes. A device without one (an older agent's) is re-created.
 func ensureVXLAN(port, mtu int) error {
 	if l, err := netlink.LinkByName(TunnelDevice); err == nil {
 		vx, ok := l.(*netlink.Vxlan)
-		if ok && vx.FlowBased && vx.Port == port && !vx.Learning {
+		if ok && vx.FlowBased && vx.Port == port && !vx.Learning && vx.PortLow > 0 && vx.PortLow < vx.PortHigh {
 			if vx.MTU != mtu {
 				if err := netlink.LinkSetMTU(l, mtu); err != nil {
 					return fmt.Errorf("set %s mtu: %w", TunnelDevice, err)
@@ -231,12 +236,13 @@ func ensureVXLAN(port, mtu int) error {
 			return fmt.Errorf("replace %s: %w", TunnelDevice, err)
 		}
 	}
+	lo, hi := datapath.LocalPortRange()
 	vx := &netlink.Vxlan{
 		LinkAttrs: netlink.LinkAttrs{Name: TunnelDevice, MTU: mtu, HardwareAddr: datapath.TunnelMAC},
-		FlowBased: true, Port: port, Learning: false,
+		FlowBased: true, Port: port, Learning: false, PortLow: int(lo), PortHigh: int(hi),
 	}
 	if err := netlink.LinkAdd(vx); err != nil {
-		return fmt.Errorf("add vxlan %s (external, port %d): %w", TunnelDevice, port, err)
+		return fmt.Errorf("add vxlan %s (external, port %d, source ports %d-%d): %w", TunnelDevice, port, lo, hi, err)
 	}
 	l, err := netlink.LinkByName(TunnelDevice)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,6 +163,57 @@ func TestTunnelRoutesSource(t *testing.T) {
 			if r.Src.String() != "10.77.0.1" {
 				t.Errorf("route %s dev %s: source %v, want 10.77.0.1 (towards the peer's underlay)", r.Dst, TunnelDevice, r.Src)
 			}
+		}
+		return nil
+	})
+}
+
+// TestEnsureVXLANSourcePortRange: the tunnel device gets an outer source
+// port range of its own, the node namespace's local port range when it is
+// made (the programs' encapsulation draws from the device's range); a
+// device without one (an older agent's) is re-created with it; a later
+// change of the sysctl leaves the device, and its range, as they are.
+func TestEnsureVXLANSourcePortRange(t *testing.T) {
+	fx := newFixture(t)
+	const key = "/proc/sys/net/ipv4/ip_local_port_range"
+	fx.nodeNS.Do(func(ns.NetNS) error {
+		setRange := func(r string) {
+			t.Helper()
+			if err := os.WriteFile(key, []byte(r), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		device := func() *netlink.Vxlan {
+			t.Helper()
+			l, err := netlink.LinkByName(TunnelDevice)
+			if err != nil {
+				t.Fatal(err)
+			}
+			vx, ok := l.(*netlink.Vxlan)
+			if !ok {
+				t.Fatalf("%s is a %s", TunnelDevice, l.Type())
+			}
+			return vx
+		}
+		// An older agent's device: no range of its own.
+		if err := netlink.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: TunnelDevice}, FlowBased: true, Port: DefaultTunnelPort}); err != nil {
+			t.Fatal(err)
+		}
+		old := device().Index
+		setRange("40000 50000")
+		if err := ensureVXLAN(DefaultTunnelPort, 1450); err != nil {
+			t.Fatal(err)
+		}
+		vx := device()
+		if vx.PortLow != 40000 || vx.PortHigh != 50000 || vx.Index == old {
+			t.Fatalf("device %d range %d-%d, want re-created (not %d) with 40000-50000", vx.Index, vx.PortLow, vx.PortHigh, old)
+		}
+		setRange("20000 24999")
+		if err := ensureVXLAN(DefaultTunnelPort, 1450); err != nil {
+			t.Fatal(err)
+		}
+		if again := device(); again.Index != vx.Index || again.PortLow != 40000 || again.PortHigh != 50000 {
+			t.Fatalf("after the sysctl changed: device %d range %d-%d, want %d kept with 40000-50000", again.Index, again.PortLow, again.PortHigh, vx.Index)
 		}
 		return nil
 	})

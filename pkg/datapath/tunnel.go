@@ -139,22 +139,27 @@ func (c Config) tunnelDevice() (tunnelDev, error) {
 	}
 	d := tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port), sportMin: uint32(vx.PortLow), sportMax: uint32(vx.PortHigh)}
 	if d.sportMin >= d.sportMax {
-		// No range of its own: the device takes the namespace's local
-		// port range at each transmit.
-		d.sportMin, d.sportMax = localPortRange()
+		// No range of its own (a device the agent did not make): the
+		// device takes the namespace's local port range at each
+		// transmit, the programs the one read now; a later change of
+		// it gives a flow two outer ports until the next load.
+		lo, hi := LocalPortRange()
+		d.sportMin, d.sportMax = uint32(lo), uint32(hi)
 	}
 	return d, nil
 }
 
-// localPortRange reads the current network namespace's
-// net.ipv4.ip_local_port_range (the kernel's default when unreadable).
-func localPortRange() (uint32, uint32) {
-	var lo, hi uint32
+// LocalPortRange reads the current network namespace's
+// net.ipv4.ip_local_port_range (the kernel's default when unreadable): the
+// outer UDP source ports a VXLAN device without a range of its own draws
+// from ([lo, hi): udp_flow_src_port).
+func LocalPortRange() (uint16, uint16) {
+	var lo, hi uint16
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 32768, 60999
 	}
-	if n, err := fmt.Sscan(string(b), &lo, &hi); err != nil || n != 2 || lo >= hi || hi > 65535 {
+	if n, err := fmt.Sscan(string(b), &lo, &hi); err != nil || n != 2 || lo == 0 || lo >= hi {
 		return 32768, 60999
 	}
 	return lo, hi

@@ -191,6 +191,39 @@ func TestTunnelPathTruth(t *testing.T) {
 		}
 	})
 
+	// The node's local port range changed after the agent started (an
+	// admin's sysctl): tunnel_bpf_encap and the VXLAN device must still
+	// give a flow one outer port, from the range the device was made with.
+	t.Run("local port range changed: still one outer port per flow", func(t *testing.T) {
+		lo, hi := vxlanSourcePortRange(t, ctx, 1)
+		const key = "/proc/sys/net/ipv4/ip_local_port_range"
+		old, err := inNS(ctx, NodeNS(1), "cat", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := inNS(ctx, NodeNS(1), "sh", "-c", "echo 20000 24999 > "+key); err != nil {
+			t.Fatal(err)
+		}
+		defer inNS(ctx, NodeNS(1), "sh", "-c", "echo "+strings.Join(strings.Fields(old), " ")+" > "+key)
+		ports := captureVXLANSourcePorts(t, "lk-w1", func() {
+			bulkTCPParallel(t, ctx, pods[1], pods[2], ips[2].String(), 8)
+		})
+		used := 0
+		for p, n := range ports {
+			if n <= 2 { // a retransmitted SYN's new hash, as above
+				continue
+			}
+			used++
+			if p < lo || p >= hi {
+				t.Errorf("outer source port %d (%d packets) outside the device's range %d-%d", p, n, lo, hi)
+			}
+		}
+		t.Logf("range %d-%d, node's local port range now 20000-24999: %d ports with more than 2 packets %v", lo, hi, used, ports)
+		if used > 9 {
+			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): BPF and the VXLAN device draw from different ranges", used, ports)
+		}
+	})
+
 	t.Run("DF packet over the tunnel MTU: ICMP fragmentation needed", func(t *testing.T) {
 		tb := tunnelStats(t, 1)
 		// The pod's MTU is 1450; raise it (both ends of its veth) so that a
@@ -468,4 +501,29 @@ func TestTunnelPolicyByVNI(t *testing.T) {
 	if n := ask(); n != 0 {
 		t.Fatalf("client -> web with neither the address nor the VNI's identity known on node 1: %d answers, want 0", n)
 	}
+}
+
+// vxlanSourcePortRange reads node n's VXLAN device's outer source port range
+// ([lo, hi), udp_flow_src_port's); 0, 0 when it has none of its own.
+func vxlanSourcePortRange(t *testing.T, ctx context.Context, n int) (uint16, uint16) {
+	t.Helper()
+	out, err := run(ctx, "ip", "-n", NodeNS(n), "-d", "-j", "link", "show", "dev", agent.TunnelDevice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links []struct {
+		Info struct {
+			Data struct {
+				Range struct {
+					Low  uint16 `json:"low"`
+					High uint16 `json:"high"`
+				} `json:"port_range"`
+			} `json:"info_data"`
+		} `json:"linkinfo"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil || len(links) != 1 {
+		t.Fatalf("%s of node%d: %v: %s", agent.TunnelDevice, n, err, out)
+	}
+	r := links[0].Info.Data.Range
+	return r.Low, r.High
 }
