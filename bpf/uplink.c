@@ -181,6 +181,8 @@ int from_tunnel(struct __sk_buff *skb)
 	reason = tunnel_rx_check(skb, &ident);
 	if (reason)
 		return drop(skb, 0, reason);
+	if (ident)
+		tunnel_count(TUNNEL_STAT_VNI_IDENTITY);
 	return from_wire(skb, ident);
 }
 

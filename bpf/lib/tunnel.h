@@ -173,7 +173,9 @@ static __always_inline __u32 tunnel_vni_of(__be32 src)
 }
 
 /* tunnel_identity_of maps a received VNI to this node's identity (0: unknown,
- * resolve the inner source address). */
+ * resolve the inner source address). Counted (TUNNEL_STAT_VNI_IDENTITY) by
+ * the path that takes the packet, once: a packet from_uplink judged and then
+ * left to the device is judged again by from_tunnel. */
 static __always_inline __u32 tunnel_identity_of(__u32 vni)
 {
 	__u32 *id;
@@ -181,10 +183,7 @@ static __always_inline __u32 tunnel_identity_of(__u32 vni)
 	if (!vni)
 		return 0;
 	id = bpf_map_lookup_elem(&lk_tunnel_ident, &vni);
-	if (!id)
-		return 0;
-	tunnel_count(TUNNEL_STAT_VNI_IDENTITY);
-	return *id;
+	return id ? *id : 0;
 }
 
 /* tunnel_src_check judges where a decapsulated packet comes from: outer,
@@ -326,9 +325,11 @@ static __noinline __attribute__((unused)) long tunnel_uplink_decap(struct __sk_b
 	if (tunnel_src_check(ip->saddr, iip->saddr, vni, &ident))
 		return TUNNEL_UPLINK_PASS; /* from_tunnel drops it, with the reason */
 	if (bpf_skb_adjust_room(skb, -(__s32)TUNNEL_OVERHEAD, BPF_ADJ_ROOM_MAC, 0) < 0)
-		return TUNNEL_UPLINK_PASS; /* unchanged: the device's */
+		return TUNNEL_UPLINK_PASS; /* unchanged: the device's (from_tunnel judges and counts it) */
 	tunnel_count(TUNNEL_STAT_DECAP);
 	tunnel_count(TUNNEL_STAT_DECAP_UPLINK);
+	if (ident)
+		tunnel_count(TUNNEL_STAT_VNI_IDENTITY);
 	return ident;
 }
 
