@@ -218,7 +218,7 @@ func (a *Agent) setupRouting() error {
 func ensureVXLAN(port, mtu int) error {
 	if l, err := netlink.LinkByName(TunnelDevice); err == nil {
 		vx, ok := l.(*netlink.Vxlan)
-		if ok && vx.FlowBased && vx.Port == port && !vx.Learning && vx.PortLow > 0 && vx.PortLow < vx.PortHigh {
+		if ok && vx.FlowBased && vx.Port == port && !vx.Learning && ownSourcePorts(vx) {
 			if vx.MTU != mtu {
 				if err := netlink.LinkSetMTU(l, mtu); err != nil {
 					return fmt.Errorf("set %s mtu: %w", TunnelDevice, err)
@@ -297,6 +297,12 @@ func (a *Agent) writeTunnelNodesLocked() error {
 		}
 		return syncTunnelRoutes(append(append([]datapath.TunnelNode{}, peers...), claims...))
 	})
+}
+
+// ownSourcePorts: vx has an outer source port range of its own.
+func ownSourcePorts(vx *netlink.Vxlan) bool {
+	_, _, own := datapath.VXLANSourcePorts(vx)
+	return own
 }
 
 // tunnelRouteProto marks the routes syncTunnelRoutes installs ("lk").

@@ -137,16 +137,23 @@ func (c Config) tunnelDevice() (tunnelDev, error) {
 	if !ok || vx.Port <= 0 || vx.Port > 65535 {
 		return tunnelDev{}, fmt.Errorf("tunnel device %q: not a VXLAN device with a UDP port (%s)", c.Tunnel, l.Type())
 	}
-	d := tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port), sportMin: uint32(vx.PortLow), sportMax: uint32(vx.PortHigh)}
-	if d.sportMin >= d.sportMax {
-		// No range of its own (a device the agent did not make): the
-		// device takes the namespace's local port range at each
-		// transmit, the programs the one read now; a later change of
-		// it gives a flow two outer ports until the next load.
-		lo, hi := LocalPortRange()
-		d.sportMin, d.sportMax = uint32(lo), uint32(hi)
+	lo, hi, _ := VXLANSourcePorts(vx)
+	return tunnelDev{ifindex: uint32(l.Attrs().Index), port: uint16(vx.Port), sportMin: uint32(lo), sportMax: uint32(hi)}, nil
+}
+
+// VXLANSourcePorts is the outer UDP source port range [lo, hi) device vx
+// draws from (udp_flow_src_port): its own when it has one (own: low below
+// high, as the kernel decides), else the
+// current namespace's local port range, which the device reads at each
+// transmit and the programs when they load — a later change of it then
+// gives a flow two outer ports until the next load (the agent's device
+// always has its own: ensureVXLAN).
+func VXLANSourcePorts(vx *netlink.Vxlan) (lo, hi uint16, own bool) {
+	if vx.PortLow < vx.PortHigh {
+		return uint16(vx.PortLow), uint16(vx.PortHigh), true
 	}
-	return d, nil
+	lo, hi = LocalPortRange()
+	return lo, hi, false
 }
 
 // LocalPortRange reads the current network namespace's
