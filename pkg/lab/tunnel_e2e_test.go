@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,16 +177,8 @@ func TestTunnelPathTruth(t *testing.T) {
 		}
 		// One port per flow (8 and iperf3's control connection), whichever
 		// path encapsulated a packet (GSO segments through the VXLAN
-		// device, the rest in BPF): else ECMP could reorder a flow. A port
-		// with one or two packets is not counted: TCP draws a socket a new
-		// hash when it retransmits after a timeout (a SYN on a busy
-		// machine), and the outer port follows it, as the device's would.
-		used := 0
-		for _, n := range ports {
-			if n > 2 {
-				used++
-			}
-		}
+		// device, the rest in BPF): else ECMP could reorder a flow.
+		used := len(flowPorts(ports))
 		if used > 9 {
 			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): a flow's packets leave on more than one", used, ports)
 		}
@@ -208,19 +201,15 @@ func TestTunnelPathTruth(t *testing.T) {
 		ports := captureVXLANSourcePorts(t, "lk-w1", func() {
 			bulkTCPParallel(t, ctx, pods[1], pods[2], ips[2].String(), 8)
 		})
-		used := 0
-		for p, n := range ports {
-			if n <= 2 { // a retransmitted SYN's new hash, as above
-				continue
-			}
-			used++
+		used := flowPorts(ports)
+		for _, p := range used {
 			if p < lo || p >= hi {
-				t.Errorf("outer source port %d (%d packets) outside the device's range %d-%d", p, n, lo, hi)
+				t.Errorf("outer source port %d (%d packets) outside the device's range %d-%d", p, ports[p], lo, hi)
 			}
 		}
-		t.Logf("range %d-%d, node's local port range now 20000-24999: %d ports with more than 2 packets %v", lo, hi, used, ports)
-		if used > 9 {
-			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): BPF and the VXLAN device draw from different ranges", used, ports)
+		t.Logf("range %d-%d, node's local port range now 20000-24999: %d ports with more than 2 packets %v", lo, hi, len(used), ports)
+		if len(used) > 9 {
+			t.Fatalf("8 flows (and a control connection) used %d UDP source ports (%v): BPF and the VXLAN device draw from different ranges", len(used), ports)
 		}
 	})
 
@@ -501,6 +490,21 @@ func TestTunnelPolicyByVNI(t *testing.T) {
 	if n := ask(); n != 0 {
 		t.Fatalf("client -> web with neither the address nor the VNI's identity known on node 1: %d answers, want 0", n)
 	}
+}
+
+// flowPorts are the captured outer source ports that carried a flow: a port
+// with one or two packets is not counted, since TCP draws a socket a new
+// hash when it retransmits after a timeout (a SYN on a busy machine) and
+// the outer port follows it, as the device's would.
+func flowPorts(ports map[uint16]int) []uint16 {
+	var out []uint16
+	for p, n := range ports {
+		if n > 2 {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // vxlanSourcePortRange reads node n's VXLAN device's outer source port range
