@@ -46,7 +46,11 @@ func agentArgs(i int, k8s bool) []string {
 
 // AgentMetricsAddr is where a --k8s lab's agent i serves its metrics: on
 // its underlay address, which the host reaches.
-func AgentMetricsAddr(i int) string { return net.JoinHostPort(UnderlayIP(i), "9964") }
+func AgentMetricsAddr(i int) string { return net.JoinHostPort(UnderlayIP(i), agentMetricsPort) }
+
+// agentMetricsPort is lanekitd's metrics port, the stand-in lab's and the
+// deployed one's (deploy/configmap.yaml's metrics-port).
+const agentMetricsPort = "9964"
 
 // startAgent starts lanekitd for node i as a detached daemon inside the node
 // netns, writes its pid file and waits until its socket accepts connections.

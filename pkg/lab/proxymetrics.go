@@ -26,7 +26,7 @@ import (
 // kube-proxy on metricsBindAddress (manifests/kube-proxy.yaml), Cilium's
 // agent on the chart's prometheus.port (ciliumValues enables it).
 const (
-	lanekitMetricsURL   = "http://127.0.0.1:9964/metrics"
+	lanekitMetricsURL   = "http://127.0.0.1:" + agentMetricsPort + "/metrics"
 	kubeProxyMetricsURL = "http://127.0.0.1:10249/metrics"
 	ciliumMetricsPort   = 9962
 )
