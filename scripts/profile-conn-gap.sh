@@ -121,8 +121,10 @@ import collections, json, subprocess, sys
 out, pairs, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 IDLE = ("pv_native_safe_halt", "default_idle", "cpu_idle_poll", "poll_idle", "intel_idle", "acpi_idle")
 CATS = [
-    ("BPF programs and what they call", ("bpf_prog_", "lookup_nulls_elem_raw", "htab_map", "htab_lru", "bpf_",
-                                         "fib_table_lookup", "fib_lookup_good_nhc", "memcmp", "lru")),
+    # bpf_ covers the programs (bpf_prog_*), helpers and the BPF LRU; htab_
+    # the hash maps; memcmp is their key compare on this path.
+    ("BPF programs and what they call", ("bpf_", "lookup_nulls_elem_raw", "htab_", "fib_table_lookup",
+                                         "fib_lookup_good_nhc", "memcmp")),
     ("veth crossing and redirects", ("veth_", "__dev_queue_xmit", "__netif_receive_skb", "handle_softirqs",
                                      "do_softirq", "skb_do_redirect", "dev_hard_start_xmit", "dev_get_by_index",
                                      "validate_xmit", "eth_type_trans", "__dev_forward_skb", "process_backlog",
